@@ -1,0 +1,15 @@
+"""The Celery application of the control plane.
+
+Configuration comes from Django settings under the ``CELERY_`` prefix; tasks
+live in each app's ``tasks.py``.
+"""
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+
+app = Celery("controlplane")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()

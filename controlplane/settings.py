@@ -1,0 +1,165 @@
+"""Settings for the control plane, read from environment variables.
+
+Every setting has an embedded default that needs no server (SQLite under
+``var/``, Celery's filesystem transport, the ``local`` runner); production and
+the test suite point ``DATABASE_URL`` at PostgreSQL and ``CELERY_BROKER_URL``
+at Redis.
+"""
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+VAR_DIR = Path(env("CONTROLPLANE_VAR_DIR", default=str(BASE_DIR / "var")))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+SECRET_KEY = env("SECRET_KEY", default="insecure-dev-key-change-me-in-production")
+DEBUG = env.bool("DEBUG", default=False)
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "django_celery_beat",
+    "quotas",
+    "runners",
+    "jobs",
+    "costs",
+    "frontend",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "controlplane.wsgi.application"
+
+DATABASES = {
+    "default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'controlplane.sqlite3'}"),
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # The web process, the worker and beat all write: IMMEDIATE transactions
+    # take SQLite's write lock at BEGIN, so a read-check-write admission can
+    # never interleave with another writer, and the timeout waits instead of
+    # failing with "database is locked".
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {"transaction_mode": "IMMEDIATE", "timeout": 30, "init_command": "PRAGMA journal_mode=WAL;"}
+    )
+else:
+    DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+LOGIN_URL = "/admin/login/"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "quotas.authentication.ApiTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_FILTER_BACKENDS": [
+        "django_filters.rest_framework.DjangoFilterBackend",
+        "rest_framework.filters.OrderingFilter",
+    ],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "COERCE_DECIMAL_TO_STRING": True,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "ML control plane API",
+    "DESCRIPTION": "Submit GPU jobs, admit them against quotas and budgets, follow them and their cost.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# --- Celery -----------------------------------------------------------------
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="filesystem://")
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    _queue_dir = VAR_DIR / "celery" / "queue"
+    (_queue_dir).mkdir(parents=True, exist_ok=True)
+    (VAR_DIR / "celery" / "processed").mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_queue_dir),
+        "data_folder_out": str(_queue_dir),
+        "processed_folder": str(VAR_DIR / "celery" / "processed"),
+        "store_processed": False,
+    }
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
+CELERY_TASK_EAGER_PROPAGATES = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_ACKS_ON_FAILURE_OR_TIMEOUT = True
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_BEAT_SCHEDULE = {
+    "schedule-pass": {"task": "jobs.tasks.schedule_pending", "schedule": env.float("SCHEDULE_INTERVAL_SECONDS", default=10.0)},
+    "reconcile": {"task": "jobs.tasks.reconcile_all", "schedule": env.float("RECONCILE_INTERVAL_SECONDS", default=5.0)},
+    "accrue-costs": {"task": "costs.tasks.accrue_running_costs", "schedule": env.float("ACCRUAL_INTERVAL_SECONDS", default=60.0)},
+}
+
+# --- Runners ------------------------------------------------------------------
+# Emulated GPUs offered by the local runner on a machine without NVIDIA GPUs.
+LOCAL_RUNNER_EMULATED_GPUS = env.int("LOCAL_RUNNER_EMULATED_GPUS", default=8)
+LOCAL_RUNNER_NODES = env.int("LOCAL_RUNNER_NODES", default=2)
+LOCAL_RUNNER_ACCELERATOR = env("LOCAL_RUNNER_ACCELERATOR", default="H100-80GB")
+LOCAL_RUNNER_DIR = Path(env("LOCAL_RUNNER_DIR", default=str(VAR_DIR / "runs")))
+# Seconds between SIGTERM and SIGKILL when a job is cancelled or runs past max_runtime.
+LOCAL_RUNNER_KILL_GRACE_SECONDS = env.float("LOCAL_RUNNER_KILL_GRACE_SECONDS", default=10.0)
+
+# Largest accepted job spec, in bytes of its JSON encoding.
+JOB_SPEC_MAX_BYTES = 64 * 1024
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
+}

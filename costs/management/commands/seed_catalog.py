@@ -1,0 +1,14 @@
+"""``manage.py seed_catalog``: accelerators and public list prices (idempotent)."""
+
+from django.core.management.base import BaseCommand
+
+from costs.seed import seed_accelerators, seed_prices
+
+
+class Command(BaseCommand):
+    help = "Create the accelerators and the price catalog from costs/data/*.csv (idempotent)."
+
+    def handle(self, *args, **options):
+        a = seed_accelerators()
+        p = seed_prices()
+        self.stdout.write(f"accelerators created: {a}, prices created: {p}")

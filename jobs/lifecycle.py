@@ -1,0 +1,155 @@
+"""Job lifecycle services: submit, dispatch, observe, end an attempt, cancel.
+
+Each function is one transaction: the job's state change (compare and set),
+its JobEvent and the attempt's end (which releases quota and capacity,
+since both are counted from live attempts) commit together or not at all.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+from django.utils import timezone
+
+from runners.base import Observation, backend_for
+
+from .models import Job, JobAttempt, JobState
+from .states import StaleState, record_event, transition
+
+log = logging.getLogger(__name__)
+S = JobState
+
+
+class NotCancellable(Exception):
+    """The job already reached a final state."""
+
+
+def submit_job(*, team, submitter, name: str, kind: str, spec: dict, resources: dict) -> Job:
+    """Store a validated job as QUEUED, write its first event, and enqueue a scheduling pass on commit.
+
+    ``spec`` must already be validated (``jobs.spec``); ``resources`` holds the
+    accelerator instance and integer fields copied to columns.
+    """
+    from .tasks import enqueue_schedule
+
+    with transaction.atomic():
+        job = Job.objects.create(
+            team=team, submitter=submitter, name=name, kind=kind, spec=spec,
+            accelerator=resources["accelerator"], gpus_per_node=resources["gpus_per_node"], nodes=resources["nodes"],
+            priority=resources["priority"], preemptible=resources["preemptible"],
+            max_runtime_seconds=resources["max_runtime_seconds"], max_retries=resources["max_retries"],
+        )
+        record_event(job, "submitted", f"submitted by {submitter}", actor=submitter)
+        enqueue_schedule()
+    return job
+
+
+def end_attempt(job: Job, attempt: JobAttempt, to_state: str, *, reason: str, end_reason: str,
+                exit_code: int | None = None, message: str = "", actor=None) -> Job:
+    """End ``attempt`` and move ``job`` to ``to_state`` in one transaction.
+
+    Ending the attempt releases its GPUs from quota and capacity. Raises
+    StaleState or InvalidTransition (and writes nothing) like ``transition``.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        updated = JobAttempt.objects.filter(pk=attempt.pk, ended_at__isnull=True).update(
+            ended_at=now, end_reason=end_reason, exit_code=exit_code, message=message[:4000]
+        )
+        if updated:
+            attempt.ended_at, attempt.end_reason, attempt.exit_code = now, end_reason, exit_code
+        transition(job, to_state, reason=reason, actor=actor, attempt=attempt,
+                   data={"end_reason": end_reason, "exit_code": exit_code})
+    from costs.tasks import enqueue_final_accrual
+
+    from .tasks import enqueue_schedule
+
+    enqueue_final_accrual(attempt.pk)
+    enqueue_schedule()  # the GPUs it held may admit a waiting job
+    return job
+
+
+def mark_started(job: Job, attempt: JobAttempt, runner_state: dict) -> Job:
+    """Record that ``attempt``'s objects exist (billing starts now) and move ADMITTED -> STARTING."""
+    with transaction.atomic():
+        JobAttempt.objects.filter(pk=attempt.pk, started_at__isnull=True).update(started_at=timezone.now())
+        JobAttempt.objects.filter(pk=attempt.pk).update(runner_state=runner_state)
+        transition(job, S.STARTING, reason=f"objects created on {attempt.cluster.name}", attempt=attempt)
+    return job
+
+
+def apply_observation(job: Job, attempt: JobAttempt, obs: Observation) -> None:
+    """Move ``job`` as ``obs`` says; a race lost to another worker is ignored (it did the work).
+
+    STARTING goes through RUNNING before any end, so no state is skipped.
+    Lost attempts are recovered while ``max_retries`` allows, else failed.
+    """
+    try:
+        if job.state == S.CANCELLING:
+            return
+        if obs.phase in ("running", "succeeded", "failed") and job.state == S.STARTING:
+            transition(job, S.RUNNING, reason="all nodes running" if obs.phase == "running" else f"observed {obs.phase}",
+                       attempt=attempt)
+        if obs.phase == "succeeded" and job.state == S.RUNNING:
+            end_attempt(job, attempt, S.SUCCEEDED, reason="all nodes exited 0", end_reason=JobAttempt.EndReason.SUCCEEDED,
+                        exit_code=0)
+        elif obs.phase == "failed" and job.state in (S.RUNNING, S.STARTING):
+            reason = obs.end_reason or JobAttempt.EndReason.FAILED
+            text = f"{reason}" + (f" (exit code {obs.exit_code})" if obs.exit_code is not None else "")
+            end_attempt(job, attempt, S.FAILED, reason=text, end_reason=reason, exit_code=obs.exit_code, message=obs.message)
+        elif obs.phase in ("lost", "absent") and job.state in (S.STARTING, S.RUNNING):
+            recover_or_fail(job, attempt, end_reason=obs.end_reason or JobAttempt.EndReason.NODE_LOST, message=obs.message)
+    except StaleState:
+        log.info("job %s changed under reconcile; leaving it to the winner", job.pk)
+
+
+def recover_or_fail(job: Job, attempt: JobAttempt, *, end_reason: str, message: str = "") -> Job:
+    """End a lost attempt: RECOVERING (back to admission) while retries remain, FAILED after ``max_retries``."""
+    retries_used = attempt.number - 1
+    if retries_used < job.max_retries:
+        return end_attempt(job, attempt, S.RECOVERING, reason=f"{end_reason}: attempt {attempt.number} lost, recovering",
+                           end_reason=end_reason, message=message)
+    return end_attempt(job, attempt, S.FAILED, reason=f"{end_reason}: attempt lost and {job.max_retries} retries used",
+                       end_reason=end_reason, message=message)
+
+
+def cancel_job(job: Job, actor=None) -> Job:
+    """Cancel ``job``: straight to CANCELLED when nothing runs, else CANCELLING until the cluster confirms.
+
+    Raises NotCancellable for a job in a final state, StaleState when it
+    changed meanwhile.
+    """
+    from .tasks import enqueue_cancel
+
+    if job.is_final:
+        raise NotCancellable(f"job {job.pk} is already {job.state}")
+    with transaction.atomic():
+        if job.state == S.QUEUED or (job.state == S.RECOVERING and not job.attempts.filter(ended_at__isnull=True).exists()):
+            return transition(job, S.CANCELLED, reason=f"cancelled by {actor}" if actor else "cancelled", actor=actor,
+                              queue_info={})
+        transition(job, S.CANCELLING, reason=f"cancel requested by {actor}" if actor else "cancel requested", actor=actor)
+        enqueue_cancel(job.pk)
+    return job
+
+
+def finish_cancel(job_id: int) -> bool:
+    """Delete a CANCELLING job's objects; when the backend confirms they are gone, end it CANCELLED.
+
+    Returns True when the job reached CANCELLED. Safe to call repeatedly.
+    """
+    job = Job.objects.select_related("current_attempt__cluster").get(pk=job_id)
+    if job.state != S.CANCELLING:
+        return job.state == S.CANCELLED
+    attempt = job.current_attempt
+    gone = attempt is None or attempt.ended_at is not None or backend_for(attempt.cluster).delete(attempt)
+    if not gone:
+        return False
+    try:
+        if attempt is not None and attempt.ended_at is None:
+            end_attempt(job, attempt, S.CANCELLED, reason="objects deleted", end_reason=JobAttempt.EndReason.CANCELLED)
+        else:
+            transition(job, S.CANCELLED, reason="nothing was running")
+    except StaleState:
+        return False
+    return True

@@ -1,0 +1,96 @@
+"""Celery tasks of the job lifecycle. Each takes ids only, is idempotent, and is enqueued on commit.
+
+``dispatch_attempt`` is ``acks_late`` with ``reject_on_worker_lost``: a worker
+that dies mid-dispatch leaves the message for another worker, and the
+backend's idempotent dispatch makes the second run harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from django.db import transaction
+
+from runners.base import PermanentDispatchError, TransientDispatchError, backend_for
+
+from .models import JobAttempt, JobState
+
+log = logging.getLogger(__name__)
+
+
+def enqueue_schedule() -> None:
+    """Run a scheduling pass after the current transaction commits."""
+    transaction.on_commit(lambda: schedule_pending.delay())
+
+
+def enqueue_dispatch(attempt_id: int) -> None:
+    """Dispatch ``attempt_id`` after the current transaction commits."""
+    transaction.on_commit(lambda: dispatch_attempt.delay(attempt_id))
+
+
+def enqueue_cancel(job_id: int) -> None:
+    """Delete a cancelled job's objects after the current transaction commits."""
+    transaction.on_commit(lambda: cancel_job_objects.delay(job_id))
+
+
+@shared_task(name="jobs.tasks.schedule_pending", ignore_result=True)
+def schedule_pending() -> dict:
+    """One scheduling pass (periodic, and after each submission or end of an attempt)."""
+    from .scheduler import schedule_pending as run_pass
+
+    result = run_pass()
+    return {"admitted": len(result.admitted), "waiting": result.waiting, "rejected": result.rejected}
+
+
+@shared_task(
+    name="jobs.tasks.dispatch_attempt", bind=True, acks_late=True, reject_on_worker_lost=True,
+    autoretry_for=(TransientDispatchError,), retry_backoff=2, retry_backoff_max=60, retry_jitter=True, max_retries=8,
+    ignore_result=True,
+)
+def dispatch_attempt(self, attempt_id: int) -> str:
+    """Create attempt ``attempt_id``'s objects on its cluster and move its job ADMITTED -> STARTING.
+
+    A no-op when the job moved on or the attempt is not its current one.
+    Transient backend errors retry with exponential backoff; a permanent one
+    ends the attempt and fails the job with the backend's message.
+    """
+    from .lifecycle import end_attempt, mark_started
+    from .states import StaleState
+
+    attempt = JobAttempt.objects.select_related("job", "cluster", "node_pool__accelerator").get(pk=attempt_id)
+    job = attempt.job
+    if job.state != JobState.ADMITTED or job.current_attempt_id != attempt.pk or attempt.ended_at is not None:
+        return "skipped"
+    try:
+        runner_state = backend_for(attempt.cluster).dispatch(attempt)
+    except PermanentDispatchError as exc:
+        try:
+            end_attempt(job, attempt, JobState.FAILED, reason=f"dispatch failed: {exc}",
+                        end_reason=JobAttempt.EndReason.DISPATCH_ERROR, message=str(exc))
+        except StaleState:
+            pass
+        return "failed"
+    try:
+        mark_started(job, attempt, runner_state)
+    except StaleState:
+        return "raced"  # another dispatch, or a cancel, moved the job first; reconcile deletes orphans
+    return "dispatched"
+
+
+@shared_task(name="jobs.tasks.cancel_job_objects", bind=True, ignore_result=True, max_retries=None)
+def cancel_job_objects(self, job_id: int) -> bool:
+    """Delete a CANCELLING job's objects; until the cluster confirms, periodic reconcile retries."""
+    from .lifecycle import finish_cancel
+
+    return finish_cancel(job_id)
+
+
+@shared_task(name="jobs.tasks.reconcile_all", ignore_result=True)
+def reconcile_all() -> list:
+    """Periodic reconcile of every cluster, then a scheduling pass for the capacity it freed."""
+    from .reconcile import reconcile_all as run
+
+    results = run()
+    schedule_pending.delay()
+    return results

@@ -1,0 +1,182 @@
+"""Tenancy and entitlement: teams, their members and API tokens, GPU quotas and money budgets."""
+
+import datetime as dt
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+class TeamQuerySet(models.QuerySet):
+    def visible_to(self, user) -> "TeamQuerySet":
+        """Teams ``user`` belongs to; all teams for staff."""
+        if user.is_staff:
+            return self
+        return self.filter(memberships__user=user).distinct()
+
+
+class Team(models.Model):
+    """A group of people that shares GPU quota and a budget; the unit of tenancy."""
+
+    slug = models.SlugField(max_length=63, unique=True)
+    name = models.CharField(max_length=200)
+    cost_center = models.CharField(max_length=64, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = TeamQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Membership(models.Model):
+    """A user's role in a team: ``admin`` edits quotas and budgets, ``member`` submits, ``viewer`` reads."""
+
+    class Role(models.TextChoices):
+        ADMIN = "admin"
+        MEMBER = "member"
+        VIEWER = "viewer"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "user"], name="membership_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.team} ({self.role})"
+
+
+class ApiToken(models.Model):
+    """A bearer token for ``Authorization: Token <key>``.
+
+    Only the SHA-256 digest of the key is stored; the key itself is shown once,
+    when :meth:`issue` creates it.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=8, help_text="First characters of the key, to recognise it")
+    digest = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @staticmethod
+    def hash_key(key: str) -> str:
+        """SHA-256 hex digest of a token key."""
+        return hashlib.sha256(key.encode()).hexdigest()
+
+    @classmethod
+    def issue(cls, user, name: str, expires_at=None) -> tuple["ApiToken", str]:
+        """Create a token for ``user``; returns ``(token, key)``. The key is not stored."""
+        key = secrets.token_urlsafe(32)
+        token = cls.objects.create(user=user, name=name, prefix=key[:8], digest=cls.hash_key(key), expires_at=expires_at)
+        return token, key
+
+    def is_expired(self) -> bool:
+        return self.expires_at is not None and self.expires_at <= timezone.now()
+
+
+class Quota(models.Model):
+    """A team's GPU entitlement for one accelerator (optionally on one cluster), in whole GPUs.
+
+    ``nominal_gpus`` is guaranteed; ``borrowing_limit_gpus`` is how many more
+    the team may use while others leave capacity idle (Kueue's
+    ``nominalQuota`` and ``borrowingLimit``); ``max_gpus_per_job`` caps one
+    job (0 means no cap beyond the quota).
+    """
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="quotas")
+    accelerator = models.ForeignKey("runners.Accelerator", on_delete=models.PROTECT, related_name="quotas")
+    cluster = models.ForeignKey("runners.Cluster", on_delete=models.CASCADE, null=True, blank=True, related_name="quotas")
+    nominal_gpus = models.PositiveIntegerField()
+    borrowing_limit_gpus = models.PositiveIntegerField(default=0)
+    max_gpus_per_job = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["team__slug", "accelerator__name"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "accelerator", "cluster"], name="quota_unique"),
+            models.UniqueConstraint(
+                fields=["team", "accelerator"], condition=models.Q(cluster__isnull=True), name="quota_unique_global"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team} {self.accelerator}: {self.nominal_gpus}+{self.borrowing_limit_gpus}"
+
+    @property
+    def limit_gpus(self) -> int:
+        """The most GPUs the team may hold at once: nominal plus borrowing limit."""
+        return self.nominal_gpus + self.borrowing_limit_gpus
+
+
+class Budget(models.Model):
+    """A team's money for a period, in USD, with alert thresholds (percent of the amount).
+
+    At 100 %, action ``alert`` only raises an alert; ``block`` stops new
+    admissions whose estimated cost would not fit what remains (running jobs
+    continue unless ``stop_running`` is set).
+    """
+
+    class Period(models.TextChoices):
+        MONTHLY = "monthly"
+        QUARTERLY = "quarterly"
+        CUSTOM = "custom"
+
+    class Action(models.TextChoices):
+        ALERT = "alert"
+        BLOCK = "block"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="budgets")
+    period = models.CharField(max_length=16, choices=Period.choices, default=Period.MONTHLY)
+    # Only for period=custom: [starts_at, ends_at).
+    starts_at = models.DateTimeField(null=True, blank=True)
+    ends_at = models.DateTimeField(null=True, blank=True)
+    amount_usd = models.DecimalField(max_digits=14, decimal_places=2)
+    alert_thresholds = models.JSONField(default=list, blank=True, help_text="Percent of the amount, e.g. [50, 80, 100]")
+    action = models.CharField(max_length=8, choices=Action.choices, default=Action.ALERT)
+    stop_running = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["team__slug", "period"]
+
+    def __str__(self) -> str:
+        return f"{self.team} {self.period} ${self.amount_usd} ({self.action})"
+
+    def save(self, *args, **kwargs):
+        if not self.alert_thresholds:
+            self.alert_thresholds = [50, 80, 100]
+        super().save(*args, **kwargs)
+
+    def window(self, at=None):
+        """The ``[start, end)`` of the period that contains ``at`` (default now), as aware UTC datetimes.
+
+        Monthly periods are calendar months, quarterly periods calendar
+        quarters (Jan, Apr, Jul, Oct), custom periods the stored dates.
+        """
+        at = at or timezone.now()
+        if self.period == self.Period.CUSTOM:
+            return self.starts_at, self.ends_at
+        at = at.astimezone(dt.timezone.utc)
+        months = 1 if self.period == self.Period.MONTHLY else 3
+        first_month = ((at.month - 1) // months) * months + 1
+        start = at.replace(month=first_month, day=1, hour=0, minute=0, second=0, microsecond=0)
+        end_month = first_month + months
+        end = start.replace(year=start.year + (end_month - 1) // 12, month=(end_month - 1) % 12 + 1)
+        return start, end
+
+    def contains(self, at) -> bool:
+        start, end = self.window(at)
+        return start <= at < end
+

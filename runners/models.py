@@ -1,0 +1,104 @@
+"""Where work runs: accelerators (resource flavors), clusters and their node pools.
+
+A cluster is served by one backend (``kubernetes`` or ``local``); its node
+pools say how many GPUs of which accelerator it offers, on demand or spot.
+"""
+
+from django.db import models
+
+
+class Accelerator(models.Model):
+    """A GPU model, Kueue's *resource flavor*: ``H100-80GB``, ``A100-80GB``, ``L4``.
+
+    ``peak_bf16_tflops`` is the peak dense BF16 throughput per GPU in TFLOP/s
+    from NVIDIA's data sheets (H100 SXM 989, A100 312, L4 121), used for MFU.
+    """
+
+    name = models.CharField(max_length=64, unique=True)
+    memory_gib = models.PositiveIntegerField(help_text="GPU memory, GiB")
+    peak_bf16_tflops = models.DecimalField(max_digits=8, decimal_places=1, help_text="Peak dense BF16 TFLOP/s per GPU")
+    # The value Kubernetes nodes carry in the nvidia.com/gpu.product label.
+    product_label = models.CharField(max_length=128, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Cluster(models.Model):
+    """A place that runs jobs: a Kubernetes cluster, or this machine (``local``).
+
+    Credentials are never returned by the API; ``health`` moves between
+    ``healthy``, ``degraded`` and ``unreachable`` from the reconcile probe.
+    """
+
+    class Provider(models.TextChoices):
+        AWS = "aws"
+        GCP = "gcp"
+        AZURE = "azure"
+        OCI = "oci"
+        ONPREM = "onprem"
+        LOCAL = "local"
+
+    class Backend(models.TextChoices):
+        KUBERNETES = "kubernetes"
+        LOCAL = "local"
+
+    class Health(models.TextChoices):
+        HEALTHY = "healthy"
+        DEGRADED = "degraded"
+        UNREACHABLE = "unreachable"
+
+    name = models.SlugField(max_length=63, unique=True)
+    provider = models.CharField(max_length=16, choices=Provider.choices)
+    region = models.CharField(max_length=64)
+    backend = models.CharField(max_length=16, choices=Backend.choices)
+    api_endpoint = models.URLField(blank=True)
+    prometheus_url = models.URLField(blank=True)
+    # True when the local runner offers emulated GPUs because this machine has
+    # none: jobs then run on the CPU. Shown in the UI and the API.
+    emulated = models.BooleanField(default=False)
+    health = models.CharField(max_length=16, choices=Health.choices, default=Health.HEALTHY)
+    last_contact_at = models.DateTimeField(null=True, blank=True)
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class NodePool(models.Model):
+    """A group of identical nodes in a cluster: ``nodes`` x ``gpus_per_node`` GPUs.
+
+    Its price per GPU-hour comes from the effective-dated price catalog
+    (``costs.Price``) for the cluster's provider and region, the accelerator
+    and the capacity type, or from an override for this cluster.
+    """
+
+    class CapacityType(models.TextChoices):
+        ON_DEMAND = "on-demand"
+        SPOT = "spot"
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="node_pools")
+    name = models.SlugField(max_length=63)
+    accelerator = models.ForeignKey(Accelerator, on_delete=models.PROTECT, related_name="node_pools")
+    capacity_type = models.CharField(max_length=16, choices=CapacityType.choices, default=CapacityType.ON_DEMAND)
+    nodes = models.PositiveIntegerField()
+    gpus_per_node = models.PositiveIntegerField()
+
+    class Meta:
+        ordering = ["cluster__name", "name"]
+        constraints = [models.UniqueConstraint(fields=["cluster", "name"], name="nodepool_unique_name")]
+
+    def __str__(self) -> str:
+        return f"{self.cluster.name}/{self.name}"
+
+    @property
+    def capacity_gpus(self) -> int:
+        """Total GPUs of the pool (nodes x GPUs per node)."""
+        return self.nodes * self.gpus_per_node

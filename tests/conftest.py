@@ -1,0 +1,103 @@
+"""Shared fixtures: the catalog, a local cluster, and the three personas (owner, teammate, outsider).
+
+``make test`` runs the suite on PostgreSQL and Redis (DATABASE_URL and
+CELERY_BROKER_URL set by the Makefile); the personas follow healthchecks'
+``hc/test.py``: an owner (team admin), a teammate (member) and an outsider
+(member of another team only).
+"""
+
+from decimal import Decimal
+
+import pytest
+from django.contrib.auth import get_user_model
+from rest_framework.test import APIClient
+
+from costs.models import Price
+from costs.seed import CATALOG_EFFECTIVE_FROM, seed_accelerators, seed_prices
+from quotas.models import ApiToken, Budget, Membership, Quota, Team
+from runners.models import Accelerator, Cluster, NodePool
+
+
+@pytest.fixture
+def catalog(db):
+    """Accelerators and the public price catalog."""
+    seed_accelerators()
+    seed_prices()
+    return {a.name: a for a in Accelerator.objects.all()}
+
+
+@pytest.fixture
+def h100(catalog):
+    return catalog["H100-80GB"]
+
+
+def make_cluster(name, provider, region, accelerator, *, nodes=2, gpus_per_node=8, capacity_type="on-demand",
+                 backend="kubernetes", price=None):
+    """A cluster with one node pool; ``price`` (USD/GPU-h) adds a cluster override in force since the catalog epoch."""
+    cluster = Cluster.objects.create(name=name, provider=provider, region=region, backend=backend)
+    pool = NodePool.objects.create(cluster=cluster, name=f"{accelerator.name.lower()}-{capacity_type}",
+                                   accelerator=accelerator, capacity_type=capacity_type, nodes=nodes,
+                                   gpus_per_node=gpus_per_node)
+    if price is not None:
+        Price.objects.create(provider=provider, region=region, accelerator=accelerator, capacity_type=capacity_type,
+                             cluster=cluster, usd_per_gpu_hour=Decimal(price), effective_from=CATALOG_EFFECTIVE_FROM)
+    return cluster, pool
+
+
+@pytest.fixture
+def cluster_factory(catalog):
+    return make_cluster
+
+
+class Persona:
+    """A user with an API client authenticated by a real token."""
+
+    def __init__(self, user, key):
+        self.user = user
+        self.key = key
+        self.client = APIClient()
+        self.client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+
+
+def make_persona(username, team=None, role="member"):
+    user = get_user_model().objects.create_user(username=username, password="pw-" + username)
+    if team is not None:
+        Membership.objects.create(team=team, user=user, role=role)
+    _, key = ApiToken.issue(user, "tests")
+    return Persona(user, key)
+
+
+@pytest.fixture
+def teams(db):
+    """Two teams: ``alpha`` (the personas' team) and ``beta`` (the outsider's)."""
+    return Team.objects.create(slug="alpha", name="Alpha"), Team.objects.create(slug="beta", name="Beta")
+
+
+@pytest.fixture
+def owner(teams):
+    return make_persona("owner", teams[0], "admin")
+
+
+@pytest.fixture
+def teammate(teams):
+    return make_persona("teammate", teams[0], "member")
+
+
+@pytest.fixture
+def outsider(teams):
+    return make_persona("outsider", teams[1], "admin")
+
+
+@pytest.fixture
+def quota_factory(db):
+    def make(team, accelerator, nominal, borrowing=0, max_per_job=0):
+        return Quota.objects.create(team=team, accelerator=accelerator, nominal_gpus=nominal,
+                                    borrowing_limit_gpus=borrowing, max_gpus_per_job=max_per_job)
+    return make
+
+
+@pytest.fixture
+def budget_factory(db):
+    def make(team, amount, action="block", period="monthly"):
+        return Budget.objects.create(team=team, amount_usd=Decimal(amount), action=action, period=period)
+    return make
