@@ -1,0 +1,32 @@
+# Two commands for a fresh machine: `make demo` (embedded defaults: SQLite,
+# filesystem Celery transport, local runner) and `make test` (PostgreSQL and
+# Redis on localhost, as on the CI machines).
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/controlplane
+TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
+PYTEST_ARGS ?=
+
+.PHONY: install demo test bench clean
+
+$(VENV)/.installed: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(PY) manage.py demo $(if $(ONCE),--once,)
+
+test: install
+	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
+		$(PY) -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf var
