@@ -56,7 +56,7 @@ class GPTConfig:
     """Model hyper-parameters (everything needed to rebuild the module)."""
 
     vocab_size: int = ByteTokenizer.vocab_size
-    block_size: int = 64  # maximum context length in tokens
+    block_size: int = 128  # maximum context length in tokens
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 64

@@ -150,13 +150,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--steps", type=_positive_int, default=200, help="total optimizer steps")
-    p.add_argument("--batch-size", type=_positive_int, default=16, help="sequences per rank per step")
-    p.add_argument("--block-size", type=_positive_int, default=64, help="context length, tokens")
+    p.add_argument("--batch-size", type=_positive_int, default=48, help="sequences per rank per step")
+    p.add_argument("--block-size", type=_positive_int, default=128, help="context length, tokens")
     p.add_argument("--n-layer", type=_positive_int, default=4)
     p.add_argument("--n-embd", type=_positive_int, default=64)
     p.add_argument("--n-head", type=_positive_int, default=4)
-    p.add_argument("--lr", type=_positive_float, default=3e-3, help="peak learning rate")
-    p.add_argument("--warmup-steps", type=int, default=10, help="linear LR warm-up steps")
+    p.add_argument("--lr", type=_positive_float, default=6e-3, help="peak learning rate")
+    p.add_argument(
+        "--warmup-steps", type=int, default=10,
+        help="linear LR warm-up steps (capped at 10%% of --steps)",
+    )
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--log-every", type=_positive_int, default=20, help="steps between log lines")
     p.add_argument(
@@ -362,6 +365,7 @@ def atomic_write(path: str, write: Any) -> None:
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; let other users (e.g. a serving job) read it
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -539,6 +543,7 @@ def train(args: argparse.Namespace, ctx: DistContext) -> dict[str, Any]:
             torch.cuda.synchronize(device)
 
     ckpt_path = checkpoint_path(args.checkpoint_dir) if args.checkpoint_dir else None
+    warmup_steps = min(args.warmup_steps, max(1, args.steps // 10))
     model.train()
     interval_loss = torch.zeros((), device=device)
     interval_steps = 0
@@ -548,7 +553,7 @@ def train(args: argparse.Namespace, ctx: DistContext) -> dict[str, Any]:
     tokens_per_s = 0.0
 
     for step in range(start_step + 1, args.steps + 1):
-        lr = lr_at(step, args.steps, args.lr, args.warmup_steps)
+        lr = lr_at(step, args.steps, args.lr, warmup_steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
         x, y = get_batch(shard, args.batch_size, config.block_size, generator, device)

@@ -1,0 +1,329 @@
+"""Serve the byte-level GPT trained by ``train_gpt.py`` over HTTP (standard library only).
+
+Loads ``<checkpoint-dir>/checkpoint.pt`` (``--checkpoint-dir``, default env
+``CHECKPOINT_DIR``), then listens on ``--host`` (default ``0.0.0.0``) and
+``--port`` (default env ``PORT``, else 8000) with a ``ThreadingHTTPServer``.
+Generation is serialised by a lock (one request at a time on the model).
+
+Endpoints
+    ``GET /healthz``
+        ``200`` with body ``ok`` (the model is loaded before the socket is
+        bound, so any answer means ready).
+    ``POST /generate``
+        Request JSON::
+
+            {"prompt": str,               # required, 1..10000 characters
+             "max_new_tokens": int,       # optional, 1..512 (default 64)
+             "temperature": float,        # optional, 0..10 (default 1.0; 0 = greedy)
+             "seed": int}                 # optional, for reproducible sampling
+
+        Response ``200`` JSON::
+
+            {"text": str,                 # the generated continuation (prompt excluded)
+             "prompt": str, "max_new_tokens": int, "temperature": float,
+             "checkpoint_step": int}
+
+        Invalid input gives ``400`` JSON
+        ``{"error": "invalid_request", "field": <name>, "reason": <text>}``
+        (``field`` is ``"body"`` for malformed JSON or a non-object body);
+        bodies over 64 KiB give ``413``; unknown paths ``404``; wrong methods
+        ``405``.
+
+Tokens are UTF-8 bytes, so ``max_new_tokens`` counts bytes; a multi-byte
+character cut at the end is rendered as U+FFFD.
+
+The process prints ``serving on http://HOST:PORT ...`` (flushed) once
+listening, and exits 0 on SIGTERM/SIGINT; it exits 2 if the checkpoint is
+missing or unreadable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import time
+import warnings
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+
+import torch  # noqa: E402
+
+if __package__:
+    from .gpt import GPT, ByteTokenizer, checkpoint_path, load_checkpoint, model_from_checkpoint
+else:  # run as a script: make the sibling module importable
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from gpt import (  # type: ignore[no-redef]
+        GPT,
+        ByteTokenizer,
+        checkpoint_path,
+        load_checkpoint,
+        model_from_checkpoint,
+    )
+
+MAX_NEW_TOKENS = 512
+DEFAULT_MAX_NEW_TOKENS = 64
+MAX_TEMPERATURE = 10.0
+MAX_PROMPT_CHARS = 10_000
+MAX_BODY_BYTES = 64 * 1024
+ALLOWED_FIELDS = ("prompt", "max_new_tokens", "temperature", "seed")
+
+
+class RequestError(ValueError):
+    """A client error in a request: which field and why."""
+
+    def __init__(self, field: str, reason: str, status: HTTPStatus = HTTPStatus.BAD_REQUEST) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+        self.status = status
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def validate_generate_request(body: Any) -> dict[str, Any]:
+    """Check a decoded ``/generate`` JSON body and fill in defaults.
+
+    Returns ``{"prompt": str, "max_new_tokens": int, "temperature": float,
+    "seed": int | None}``; raises :class:`RequestError` naming the first bad field.
+    """
+    if not isinstance(body, dict):
+        raise RequestError("body", "must be a JSON object")
+    for key in body:
+        if key not in ALLOWED_FIELDS:
+            raise RequestError(str(key), f"unknown field (allowed: {', '.join(ALLOWED_FIELDS)})")
+
+    if "prompt" not in body:
+        raise RequestError("prompt", "is required")
+    prompt = body["prompt"]
+    if not isinstance(prompt, str):
+        raise RequestError("prompt", "must be a string")
+    if not prompt:
+        raise RequestError("prompt", "must not be empty")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise RequestError("prompt", f"must be at most {MAX_PROMPT_CHARS} characters")
+
+    max_new_tokens = body.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
+    if not _is_int(max_new_tokens):
+        raise RequestError("max_new_tokens", "must be an integer")
+    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
+        raise RequestError("max_new_tokens", f"must be between 1 and {MAX_NEW_TOKENS}")
+
+    temperature = body.get("temperature", 1.0)
+    if not (_is_int(temperature) or isinstance(temperature, float)):
+        raise RequestError("temperature", "must be a number")
+    if not (math.isfinite(temperature) and 0.0 <= temperature <= MAX_TEMPERATURE):
+        raise RequestError("temperature", f"must be between 0 and {MAX_TEMPERATURE:g}")
+
+    seed = body.get("seed")
+    if seed is not None and not (_is_int(seed) and 0 <= seed < 2**63):
+        raise RequestError("seed", "must be a non-negative integer below 2**63")
+
+    return {
+        "prompt": prompt,
+        "max_new_tokens": max_new_tokens,
+        "temperature": float(temperature),
+        "seed": seed,
+    }
+
+
+class Generator:
+    """Thread-safe wrapper around a loaded :class:`GPT` for text completion."""
+
+    def __init__(self, model: GPT, device: torch.device, checkpoint_step: int) -> None:
+        self.model = model
+        self.device = device
+        self.checkpoint_step = checkpoint_step
+        self.tokenizer = ByteTokenizer()
+        self._lock = threading.Lock()
+
+    def complete(self, prompt: str, max_new_tokens: int, temperature: float, seed: int | None) -> str:
+        """Return the ``max_new_tokens``-byte continuation of ``prompt`` as text."""
+        ids = torch.tensor([self.tokenizer.encode(prompt)], dtype=torch.long, device=self.device)
+        rng = None
+        if seed is not None:
+            rng = torch.Generator(device=self.device).manual_seed(seed)
+        with self._lock:
+            out = self.model.generate(ids, max_new_tokens, temperature=temperature, generator=rng)
+        return self.tokenizer.decode(out[0, ids.size(1) :].tolist())
+
+
+class Handler(BaseHTTPRequestHandler):
+    """HTTP handler; the model lives on ``self.server.generator``."""
+
+    server_version = "gpt-serve/1"
+    protocol_version = "HTTP/1.1"
+
+    # -- helpers ------------------------------------------------------------ #
+
+    def _send(self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _send_json(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+        self._send(status, (json.dumps(payload) + "\n").encode(), "application/json", headers)
+
+    def _send_error(self, err: RequestError) -> None:
+        self._send_json(err.status, {"error": "invalid_request", "field": err.field, "reason": err.reason})
+
+    def _read_json(self) -> Any:
+        length_header = self.headers.get("Content-Length")
+        if length_header is None:
+            raise RequestError("body", "Content-Length header is required", HTTPStatus.LENGTH_REQUIRED)
+        try:
+            length = int(length_header)
+        except ValueError:
+            raise RequestError("body", "invalid Content-Length") from None
+        if length < 0:
+            raise RequestError("body", "invalid Content-Length")
+        if length > MAX_BODY_BYTES:
+            self.close_connection = True  # the unread body would poison keep-alive
+            raise RequestError("body", f"must be at most {MAX_BODY_BYTES} bytes", HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
+        raw = self.rfile.read(length)
+        try:
+            return json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise RequestError("body", f"invalid JSON: {exc}") from None
+
+    # -- routes ------------------------------------------------------------- #
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+        """``GET /healthz``."""
+        path = self.path.split("?", 1)[0]
+        if path == "/healthz":
+            self._send(HTTPStatus.OK, b"ok", "text/plain; charset=utf-8")
+        elif path == "/generate":
+            self._send_json(HTTPStatus.METHOD_NOT_ALLOWED, {"error": "method_not_allowed"}, {"Allow": "POST"})
+        else:
+            self._send_json(HTTPStatus.NOT_FOUND, {"error": "not_found", "path": path})
+
+    do_HEAD = do_GET
+
+    def do_POST(self) -> None:  # noqa: N802
+        """``POST /generate``."""
+        path = self.path.split("?", 1)[0]
+        if path != "/generate":
+            if path == "/healthz":
+                self._send_json(HTTPStatus.METHOD_NOT_ALLOWED, {"error": "method_not_allowed"}, {"Allow": "GET"})
+            else:
+                self._send_json(HTTPStatus.NOT_FOUND, {"error": "not_found", "path": path})
+            return
+        try:
+            request = validate_generate_request(self._read_json())
+        except RequestError as err:
+            self._send_error(err)
+            return
+        generator: Generator = self.server.generator  # type: ignore[attr-defined]
+        started = time.perf_counter()
+        try:
+            text = generator.complete(**request)
+        except Exception as exc:  # noqa: BLE001 -- report, keep serving
+            self.log_error("generation failed: %r", exc)
+            self._send_json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": "internal_error", "reason": str(exc)})
+            return
+        self._send_json(
+            HTTPStatus.OK,
+            {
+                "text": text,
+                "prompt": request["prompt"],
+                "max_new_tokens": request["max_new_tokens"],
+                "temperature": request["temperature"],
+                "checkpoint_step": generator.checkpoint_step,
+                "latency_s": round(time.perf_counter() - started, 4),
+            },
+        )
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        """Access log to stderr (one line per request)."""
+        sys.stderr.write(f"{self.address_string()} - {format % args}\n")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse arguments; ``--checkpoint-dir`` and ``--port`` default to env ``CHECKPOINT_DIR`` / ``PORT``."""
+    p = argparse.ArgumentParser(
+        description="Serve the GPT checkpoint written by train_gpt.py over HTTP.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--checkpoint-dir", default=os.environ.get("CHECKPOINT_DIR") or None,
+                   help="directory holding checkpoint.pt (env CHECKPOINT_DIR)")
+    p.add_argument("--host", default="0.0.0.0", help="bind address")
+    p.add_argument("--port", type=int, default=int(os.environ.get("PORT") or 8000),
+                   help="TCP port, 0 for any free port (env PORT)")
+    p.add_argument("--wait-seconds", type=float, default=0.0,
+                   help="wait up to this long for the checkpoint file to appear")
+    args = p.parse_args(argv)
+    if not args.checkpoint_dir:
+        p.error("--checkpoint-dir (or env CHECKPOINT_DIR) is required")
+    if not 0 <= args.port <= 65535:
+        p.error("--port must be in 0..65535")
+    return args
+
+
+def load_generator(checkpoint_dir: str, wait_seconds: float = 0.0) -> Generator:
+    """Load ``<checkpoint_dir>/checkpoint.pt`` onto CUDA if available, else CPU.
+
+    Waits up to ``wait_seconds`` for the file to exist; raises
+    ``FileNotFoundError`` if it never does.
+    """
+    path = checkpoint_path(checkpoint_dir)
+    deadline = time.monotonic() + wait_seconds
+    while not os.path.exists(path):
+        if time.monotonic() >= deadline:
+            raise FileNotFoundError(f"no checkpoint at {path}")
+        time.sleep(1.0)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    ckpt = load_checkpoint(path)
+    model = model_from_checkpoint(ckpt, device)
+    return Generator(model, device, int(ckpt.get("step", 0)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit status."""
+    args = parse_args(argv)
+    try:
+        generator = load_generator(args.checkpoint_dir, args.wait_seconds)
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        print(f"error: cannot load checkpoint: {exc}", file=sys.stderr, flush=True)
+        return 2
+
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    server.daemon_threads = True
+    server.generator = generator  # type: ignore[attr-defined]
+
+    def stop(signum: int, _frame: Any) -> None:
+        # shutdown() blocks until serve_forever returns, so call it off this thread.
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    host, port = server.server_address[:2]
+    print(
+        f"serving on http://{host}:{port} checkpoint_step={generator.checkpoint_step} "
+        f"params={generator.model.num_params()} device={generator.device.type}",
+        flush=True,
+    )
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+    print("shut down", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,306 @@
+"""End-to-end tests of the example workloads (no Django needed).
+
+* ``examples/train_gpt.py`` run as two local processes with exactly the
+  environment an Indexed Kubernetes Job gives each pod, and as a plain single
+  process;
+* resuming from ``checkpoint.pt``;
+* ``examples/serve.py`` answering ``/healthz`` and ``/generate``;
+* the job specs in ``examples/jobs`` parse and have the expected shape.
+
+Every subprocess runs with a timeout and is killed in ``finally`` blocks.
+Run with ``python -m pytest tests/examples -q -p no:django -p no:cacheprovider``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = REPO / "examples" / "train_gpt.py"
+SERVE = REPO / "examples" / "serve.py"
+JOBS = REPO / "examples" / "jobs"
+
+TRAIN_TIMEOUT_S = 120
+STEP_RE = re.compile(r"^step=(\d+) loss=(\d+\.\d{4}) tokens_per_s=(\d+\.\d) mfu=(\d+\.\d{4})$")
+FINAL_RE = re.compile(r"^final step=(\d+) loss=(\S+) ")
+RESUME_RE = re.compile(r"^resumed from step (\d+)\b")
+
+# Variables a launcher or the developer's shell might set that would change
+# how the scripts behave; removed so each test controls them exactly.
+_SCRUBBED_PREFIXES = ("TORCHELASTIC_",)
+_SCRUBBED = {
+    "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE",
+    "CHECKPOINT_DIR", "PORT", "PEAK_TFLOPS", "OMP_NUM_THREADS",
+}
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """``os.environ`` without distributed/job variables, plus ``extra``."""
+    env = {
+        k: v for k, v in os.environ.items()
+        if k not in _SCRUBBED and not k.startswith(_SCRUBBED_PREFIXES)
+    }
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on 127.0.0.1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def kill(proc: subprocess.Popen) -> None:
+    """Kill ``proc`` if it is still running and reap it."""
+    if proc.poll() is None:
+        proc.kill()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # pragma: no cover
+        pass
+
+
+def run_indexed_job(args: list[str], workdir: Path, nodes: int = 2) -> list[tuple[int, str]]:
+    """Run ``train_gpt.py`` as ``nodes`` processes, one per "node", like an Indexed Job.
+
+    Each process gets exactly MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK,
+    NODE_RANK, LOCAL_RANK and LOCAL_WORLD_SIZE. Returns ``[(returncode,
+    combined output)]`` by rank.
+    """
+    port = str(free_port())
+    procs: list[subprocess.Popen] = []
+    logs = []
+    try:
+        for rank in range(nodes):
+            log = open(workdir / f"rank{rank}.log", "w+")
+            logs.append(log)
+            env = clean_env(
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE=str(nodes),
+                RANK=str(rank), NODE_RANK=str(rank), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+            )
+            procs.append(subprocess.Popen(
+                [sys.executable, str(TRAIN), *args], cwd=REPO, env=env,
+                stdout=log, stderr=subprocess.STDOUT,
+            ))
+        deadline = time.monotonic() + TRAIN_TIMEOUT_S
+        for proc in procs:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        results = []
+        for proc, log in zip(procs, logs):
+            log.seek(0)
+            results.append((proc.returncode, log.read()))
+        return results
+    finally:
+        for proc in procs:
+            kill(proc)
+        for log in logs:
+            log.close()
+
+
+def parse_steps(output: str) -> list[tuple[int, float]]:
+    """``[(step, loss)]`` from the ``step=... loss=...`` lines, checking their exact format."""
+    rows = []
+    for line in output.splitlines():
+        if line.startswith("step="):
+            m = STEP_RE.match(line)
+            assert m, f"malformed log line: {line!r}"
+            rows.append((int(m.group(1)), float(m.group(2))))
+    return rows
+
+
+def assert_ok(results: list[tuple[int, str]]) -> None:
+    for rank, (rc, out) in enumerate(results):
+        assert rc == 0, f"rank {rank} exited {rc}:\n{out[-4000:]}"
+
+
+# --------------------------------------------------------------------------- #
+# Training
+# --------------------------------------------------------------------------- #
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A 2-node, 30-step training run with a checkpoint directory (shared by several tests)."""
+    workdir = tmp_path_factory.mktemp("train")
+    ckpt_dir = workdir / "ckpt"
+    started = time.monotonic()
+    results = run_indexed_job(
+        ["--steps", "30", "--log-every", "10", "--checkpoint-dir", str(ckpt_dir)], workdir
+    )
+    return {"results": results, "ckpt_dir": ckpt_dir, "wall_s": time.monotonic() - started}
+
+
+def test_two_node_training_reduces_loss(trained: dict[str, Any]) -> None:
+    results = trained["results"]
+    assert_ok(results)
+    out0, out1 = results[0][1], results[1][1]
+
+    steps = parse_steps(out0)
+    assert [s for s, _ in steps] == [1, 10, 20, 30]
+    first_loss, last_loss = steps[0][1], steps[-1][1]
+    assert first_loss > 5.0  # ~ln(256) = 5.55 for an untrained byte-level model
+    assert last_loss < first_loss - 1.0, steps
+    assert "world_size=2" in out0 and "backend=gloo" in out0
+    assert not parse_steps(out1), "only rank 0 should log"
+
+    final = [m for m in map(FINAL_RE.match, out0.splitlines()) if m]
+    assert len(final) == 1 and int(final[0].group(1)) == 30
+    assert float(final[0].group(2)) == pytest.approx(last_loss, abs=1e-4)
+
+    metrics = json.loads((trained["ckpt_dir"] / "metrics.json").read_text())
+    assert metrics["steps"] == 30
+    assert metrics["first_loss"] == pytest.approx(first_loss, abs=1e-4)
+    assert metrics["last_loss"] == pytest.approx(last_loss, abs=1e-4)
+    assert metrics["last_loss"] < metrics["first_loss"]
+    assert metrics["tokens_per_s"] > 0 and metrics["mfu_percent"] > 0
+    assert (trained["ckpt_dir"] / "checkpoint.pt").is_file()
+    assert not [p for p in trained["ckpt_dir"].iterdir() if p.name.endswith(".tmp")]
+
+
+def test_single_process_without_distributed_env() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(TRAIN), "--steps", "5", "--log-every", "5", "--batch-size", "8"],
+        cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=TRAIN_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert [s for s, _ in parse_steps(proc.stdout)] == [1, 5]
+    assert "world_size=1 backend=none" in proc.stdout
+
+
+def test_resume_from_checkpoint(tmp_path: Path) -> None:
+    ckpt_dir = tmp_path / "ckpt"
+    common = ["--log-every", "5", "--checkpoint-every", "10", "--checkpoint-dir", str(ckpt_dir)]
+
+    first = run_indexed_job(["--steps", "10", *common], tmp_path)
+    assert_ok(first)
+    assert not RESUME_RE.search(first[0][1])
+    first_metrics = json.loads((ckpt_dir / "metrics.json").read_text())
+    assert first_metrics["steps"] == 10
+
+    second = run_indexed_job(["--steps", "20", *common], tmp_path)
+    assert_ok(second)
+    out0 = second[0][1]
+    resumed = [m for m in map(RESUME_RE.match, out0.splitlines()) if m]
+    assert [int(m.group(1)) for m in resumed] == [10], out0
+    assert [s for s, _ in parse_steps(out0)] == [11, 15, 20]
+    metrics = json.loads((ckpt_dir / "metrics.json").read_text())
+    assert metrics["steps"] == 20
+    assert metrics["resumed_from_step"] == 10
+    # first_loss is the job's untrained loss, carried over in the checkpoint.
+    assert metrics["first_loss"] == pytest.approx(first_metrics["first_loss"])
+    assert metrics["last_loss"] < metrics["first_loss"]
+
+
+# --------------------------------------------------------------------------- #
+# Serving
+# --------------------------------------------------------------------------- #
+
+
+def http(method: str, url: str, body: Any = None, raw: bytes | None = None) -> tuple[int, bytes]:
+    """Send a request; returns ``(status, body)`` for success and HTTP errors alike."""
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def test_serve_generates_and_rejects_bad_input(trained: dict[str, Any], tmp_path: Path) -> None:
+    assert_ok(trained["results"])
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = open(tmp_path / "serve.log", "w+")
+    proc = subprocess.Popen(
+        [sys.executable, str(SERVE), "--host", "127.0.0.1"],
+        cwd=REPO, env=clean_env(CHECKPOINT_DIR=str(trained["ckpt_dir"]), PORT=str(port)),
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, f"server exited early: {(tmp_path / 'serve.log').read_text()}"
+            try:
+                status, body = http("GET", f"{base}/healthz")
+                if status == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "server never became healthy"
+            time.sleep(0.2)
+        assert body == b"ok"
+
+        status, body = http("POST", f"{base}/generate",
+                            {"prompt": "The ", "max_new_tokens": 32, "temperature": 0.8})
+        assert status == 200, body
+        reply = json.loads(body)
+        assert isinstance(reply["text"], str) and reply["text"]
+        assert reply["checkpoint_step"] == 30
+
+        greedy = {"prompt": "def ", "max_new_tokens": 16, "temperature": 0}
+        texts = [json.loads(http("POST", f"{base}/generate", greedy)[1])["text"] for _ in range(2)]
+        assert texts[0] == texts[1]  # temperature 0 is greedy, hence deterministic
+
+        bad_requests = [
+            ({"prompt": "x", "max_new_tokens": 513, "temperature": 1.0}, "max_new_tokens"),
+            ({"prompt": "x", "max_new_tokens": "ten"}, "max_new_tokens"),
+            ({"max_new_tokens": 8}, "prompt"),
+            ({"prompt": 42}, "prompt"),
+            ({"prompt": "x", "temperature": "hot"}, "temperature"),
+            ({"prompt": "x", "temperature": -1}, "temperature"),
+            ({"prompt": "x", "colour": "blue"}, "colour"),
+            ([1, 2, 3], "body"),
+        ]
+        for payload, field in bad_requests:
+            status, body = http("POST", f"{base}/generate", payload)
+            assert status == 400, (payload, status, body)
+            error = json.loads(body)
+            assert error["field"] == field and error["reason"], (payload, error)
+        status, body = http("POST", f"{base}/generate", raw=b"{not json")
+        assert status == 400 and json.loads(body)["field"] == "body"
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+    finally:
+        kill(proc)
+        log.close()
+
+
+# --------------------------------------------------------------------------- #
+# Job specs
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("name,kind", [("train-gpt", "training"), ("serve-gpt", "inference")])
+def test_job_specs_parse(name: str, kind: str) -> None:
+    yaml = pytest.importorskip("yaml")
+    doc = yaml.safe_load((JOBS / f"{name}.yaml").read_text())
+    assert doc["name"] == name and doc["kind"] == kind and doc["team"]
+    spec = doc["spec"]
+    for key in ("image", "command", "args", "resources", "priority", "max_runtime_seconds",
+                "preemptible", "max_retries", "placement"):
+        assert key in spec, key
+    assert (REPO / spec["command"][-1]).is_file()
+    assert all(isinstance(a, str) for a in spec["command"] + spec["args"])
+    assert set(spec["resources"]) >= {"accelerator", "gpus_per_node", "nodes", "cpu", "memory_gib"}
+    if kind == "inference":
+        assert spec["replicas"] >= 1 and 0 < spec["port"] < 65536
+    else:
+        assert spec["resources"]["nodes"] == 2
