@@ -1,10 +1,510 @@
-"""The local backend (stub, filled in by the local-runner work)."""
+"""The ``local`` backend: runs each node of an attempt as a supervised process group on this machine.
 
-from ..base import Backend, register
+Dispatch starts one supervisor per node (``runners.local.launcher``) with
+the torchrun environment; reconcile reads the files the supervisors write
+under ``<LOCAL_RUNNER_DIR>/<attempt object name>/`` (see
+``runners.local.layout``) and checks their pids against ``/proc``. Nothing
+depends on the dispatching worker being the parent of the processes, so a
+worker restart loses nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from django.conf import settings
+
+from ..base import ABSENT, Backend, Observation, PermanentDispatchError, PoolCapacity, TransientDispatchError, register
+from .layout import ATTEMPT_FILE, STOP_FILE, create_exclusive, node_path, read_json, write_json_atomic
+from .procs import (ProcessRef, ProcInfo, boot_id, group_members, proc_table, ref_of, signal_group, signal_name,
+                    signal_process)
+
+# A node claimed by a dispatch that never recorded its supervisor (the worker died in between) counts as
+# lost after this many seconds.
+LAUNCH_TIMEOUT_SECONDS = 30.0
+# Environment variables of the worker that a job's processes inherit; the rest (database URL, secrets) is not theirs.
+INHERITED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "SHELL", "TERM")
+PYTHON_WORDS = frozenset({"python", "python3"})
+
+
+def run_dir() -> Path:
+    """The directory holding every attempt directory: ``settings.LOCAL_RUNNER_DIR``, absolute."""
+    return Path(settings.LOCAL_RUNNER_DIR).resolve()
+
+
+def attempt_dir(attempt) -> Path:
+    """``<LOCAL_RUNNER_DIR>/<attempt.object_name>/`` (logs, pid and exit files of the attempt)."""
+    return run_dir() / attempt.object_name
+
+
+def checkpoint_dir(job_id: int) -> Path:
+    """``<LOCAL_RUNNER_DIR>/job-<job id>/checkpoints``: shared by all attempts of a job, so a new attempt resumes."""
+    return run_dir() / f"job-{job_id}" / "checkpoints"
+
+
+def build_command(spec: dict) -> list[str]:
+    """argv of a job: ``spec["command"] + spec.get("args", [])`` with a leading ``python``/``python3`` made ``sys.executable``.
+
+    The executable is resolved on PATH (or, for a path with a slash,
+    against the repository root). Raises PermanentDispatchError for an
+    empty or non-list command, a non-string word, or a missing executable.
+    """
+    command, args = spec.get("command"), spec.get("args") or []
+    if not isinstance(command, list) or not command or not isinstance(args, list):
+        raise PermanentDispatchError("spec.command must be a non-empty list of strings (and spec.args a list)")
+    argv = command + args
+    if not all(isinstance(word, str) for word in argv) or not argv[0]:
+        raise PermanentDispatchError("spec.command and spec.args must hold strings only")
+    if argv[0] in PYTHON_WORDS:
+        return [sys.executable, *argv[1:]]
+    return [_resolve_executable(argv[0]), *argv[1:]]
+
+
+def _resolve_executable(word: str) -> str:
+    if os.sep in word:
+        path = Path(word) if os.path.isabs(word) else Path(settings.BASE_DIR) / word
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path)
+        raise PermanentDispatchError(f"executable {word!r} not found or not executable")
+    found = shutil.which(word, path=os.environ.get("PATH", os.defpath))
+    if found is None:
+        raise PermanentDispatchError(f"executable {word!r} not found on PATH")
+    return found
+
+
+def spec_env(spec: dict) -> dict[str, str]:
+    """The job's ``spec["env"]`` (a dict str -> str). Raises PermanentDispatchError for any other shape."""
+    env = spec.get("env") or {}
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise PermanentDispatchError("spec.env must map strings to strings")
+    return env
+
+
+def node_env(attempt, meta: dict, node: int) -> dict[str, str]:
+    """The environment of node ``node`` of ``attempt`` (torchrun's variables, the job's env, the platform's).
+
+    ``meta`` is the attempt's ``attempt.json`` (master port, devices). The
+    job's env may set anything but the rendezvous, rank, device and
+    ``CONTROLPLANE_*`` variables, which the platform owns.
+    """
+    job = attempt.job
+    env = {k: v for k, v in os.environ.items() if k in INHERITED_ENV or k.startswith("LC_")}
+    env["PYTHONUNBUFFERED"] = "1"  # so node logs show output as it happens
+    devices = meta.get("devices")
+    if devices is None:
+        # CPU work: split this machine's cores among the node processes, as torchrun does (OMP_NUM_THREADS).
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, meta["nodes"])))
+    env.update(spec_env(job.spec))
+    env.update({
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(meta["master_port"]),
+        "WORLD_SIZE": str(meta["nodes"]),
+        "NODE_RANK": str(node),
+        "RANK": str(node),
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "CHECKPOINT_DIR": meta["checkpoint_dir"],
+        "CONTROLPLANE_JOB_ID": str(job.pk),
+        "CONTROLPLANE_ATTEMPT": str(attempt.number),
+        "CONTROLPLANE_TEAM": job.team.slug,
+        "CUDA_VISIBLE_DEVICES": "" if devices is None else ",".join(str(d) for d in devices[node]),
+    })
+    return env
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the kernel's pick), for the attempt's rendezvous (MASTER_PORT)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclasses.dataclass
+class NodeStatus:
+    """What the files and ``/proc`` say of one node.
+
+    ``state``: ``waiting`` (supervisor starting), ``running`` (the command
+    runs), ``ended`` (``exit`` holds the exit record) or ``lost`` (the
+    supervisor died without writing one). ``supervisor``/``child`` are the
+    process identities when known.
+    """
+
+    node: int
+    state: str
+    exit: dict | None = None
+    supervisor: ProcessRef | None = None
+    child: ProcessRef | None = None
+
+    def live_pids(self, table: dict[int, ProcInfo]) -> list[int]:
+        """Pids of this node still running: its supervisor's group and the command (even if it left the group)."""
+        pids = set(group_members(self.supervisor, table)) if self.supervisor else set()
+        if self.child and self.child.alive(table):
+            pids.add(self.child.pid)
+        return sorted(pids)
+
+
+def read_node(directory: Path, node: int, table: dict[int, ProcInfo], now: float) -> NodeStatus:
+    """The status of node ``node`` in attempt directory ``directory`` against the ``proc_table`` snapshot ``table``."""
+    exit_record = read_json(node_path(directory, node, "exit"))
+    pid_info = read_json(node_path(directory, node, "pid"))
+    claim_path = node_path(directory, node, "claim")
+    claim = read_json(claim_path)
+    supervisor = ProcessRef.from_json((pid_info or {}).get("supervisor") or (claim or {}).get("supervisor"))
+    child = ProcessRef.from_json((pid_info or {}).get("child"))
+    if exit_record is not None:
+        return NodeStatus(node, "ended", exit_record, supervisor, child)
+    if supervisor is not None:
+        if supervisor.alive(table):
+            return NodeStatus(node, "running" if pid_info else "waiting", None, supervisor, child)
+        # It may have written its exit file and ended after we read it.
+        exit_record = read_json(node_path(directory, node, "exit"))
+        return NodeStatus(node, "ended" if exit_record else "lost", exit_record, supervisor, child)
+    # Claimed but the supervisor is not recorded yet, or not even claimed: a dispatch is under way, or died.
+    since = now
+    for path in (claim_path, directory / ATTEMPT_FILE):
+        try:
+            since = path.stat().st_mtime
+            break
+        except OSError:
+            continue
+    return NodeStatus(node, "lost" if now - since > LAUNCH_TIMEOUT_SECONDS else "waiting")
+
+
+def summarise(statuses: list[NodeStatus], stop_reason: str | None) -> Observation:
+    """One Observation from the nodes of an attempt (see ``Backend.observe`` for the phases).
+
+    A node's own failure wins over the stop of its siblings that it caused:
+    deadline, then a non-zero exit, then death by a signal, then a lost
+    supervisor, then a stop.
+    """
+    ended = sorted((s for s in statuses if s.state == "ended"), key=lambda s: s.exit.get("ended_at") or 0)
+
+    def first(reason: str, test=lambda r: True) -> NodeStatus | None:
+        """The earliest ended node whose exit record has ``reason`` and passes ``test``."""
+        return next((s for s in ended if s.exit.get("reason") == reason and test(s.exit)), None)
+
+    if (s := first("deadline")) is not None:
+        return Observation("failed", "DeadlineExceeded", s.exit.get("exit_code"),
+                           f"node {s.node} ran past max_runtime_seconds and was stopped")
+    if (s := first("exited", lambda r: r.get("exit_code") != 0)) is not None:
+        code = s.exit.get("exit_code")
+        detail = f": {s.exit['error']}" if s.exit.get("error") else ""
+        return Observation("failed", "Failed", code, f"node {s.node} exited with code {code}{detail}")
+    if (s := first("signal")) is not None:
+        sig = s.exit.get("signal")
+        if sig == signal.SIGKILL:
+            return Observation("failed", "OOMKilled", 128 + sig,
+                               f"node {s.node} was killed by SIGKILL (the kernel's OOM killer sends it when memory runs out)")
+        return Observation("failed", "Failed", 128 + sig if sig else None, f"node {s.node} was killed by {signal_name(sig)}")
+    if (s := next((s for s in statuses if s.state == "lost"), None)) is not None:
+        return Observation("lost", "NodeLost", None, f"the supervisor of node {s.node} died without recording an exit")
+    if (s := first("cancelled")) is not None:
+        if stop_reason:
+            return Observation("failed", "Cancelled", s.exit.get("exit_code"), f"stopped by the control plane: {stop_reason}")
+        return Observation("lost", "Evicted", s.exit.get("exit_code"),
+                           f"node {s.node} was stopped by a signal from outside the control plane")
+    if all(s.state == "ended" for s in statuses):
+        return Observation("succeeded", exit_code=0)
+    if all(s.state in ("running", "ended") for s in statuses):
+        return Observation("running")
+    return Observation("pending")
 
 
 class LocalBackend(Backend):
+    """Runs attempts as processes on this machine: one supervised process group per node.
+
+    Files and units are described in ``runners.local.layout`` and
+    ``runners.local.launcher``; times are seconds.
+    """
+
     name = "local"
+
+    # --- discovery ---------------------------------------------------------------------------------------------
+
+    def discover(self, cluster) -> list[PoolCapacity]:
+        """This machine's node pool: NVIDIA GPUs found by NVML, or the emulated pool of the settings.
+
+        ``cluster.emulated`` selects the emulated pool; a non-emulated cluster
+        on a machine where NVML finds no GPU has no pool (an empty list).
+        """
+        from .capacity import local_pools
+
+        return local_pools(emulated=cluster.emulated)
+
+    # --- dispatch ----------------------------------------------------------------------------------------------
+
+    def dispatch(self, attempt) -> dict:
+        """Start one supervisor per node of ``attempt`` unless started already; returns its ``runner_state``.
+
+        Idempotent, also under concurrent calls from several processes: the
+        attempt's ``attempt.json`` (master port, GPU devices) is written once
+        under a lock, and each node is launched only by the caller that
+        creates its ``node-<i>.claim`` with O_CREAT|O_EXCL. Reads
+        ``attempt.job`` (and its team), ``attempt.cluster`` and, for real GPUs,
+        ``attempt.node_pool``. Returns ``{"attempt_dir", "master_port",
+        "nodes", "pids", "logs", "cuda_visible_devices"}``.
+
+        Raises PermanentDispatchError for an invalid command or env, a missing
+        executable or an attempt already stopped; TransientDispatchError for
+        OSError (EAGAIN, ENOMEM, a full disk) and for GPUs still held by
+        other processes.
+        """
+        job = attempt.job
+        argv = build_command(job.spec)
+        spec_env(job.spec)
+        directory = attempt_dir(attempt)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            meta = self._ensure_meta(attempt, directory)
+            Path(meta["checkpoint_dir"]).mkdir(parents=True, exist_ok=True)
+            if (directory / STOP_FILE).exists():
+                raise PermanentDispatchError(f"{attempt.object_name} was stopped; it cannot start again")
+            for node in range(meta["nodes"]):
+                self._launch_node(attempt, directory, meta, node, argv)
+        except OSError as exc:
+            raise TransientDispatchError(f"cannot start {attempt.object_name}: {exc}") from exc
+        return self._runner_state(directory, meta)
+
+    def _ensure_meta(self, attempt, directory: Path) -> dict:
+        """Read ``attempt.json``, writing it first if this is the attempt's first dispatch (under a run-dir lock)."""
+        path = directory / ATTEMPT_FILE
+        meta = read_json(path)
+        if meta is not None:
+            return meta
+        with open(run_dir() / ".dispatch.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # serialises first dispatches: port and GPU picks do not collide
+            meta = read_json(path)
+            if meta is None:
+                nodes = attempt.job.nodes
+                meta = {
+                    "attempt_id": attempt.pk, "job_id": attempt.job_id, "number": attempt.number,
+                    "object_name": attempt.object_name, "cluster_id": attempt.cluster_id, "nodes": nodes,
+                    "master_port": free_port(), "checkpoint_dir": str(checkpoint_dir(attempt.job_id)),
+                    "devices": None if attempt.cluster.emulated else self._pick_devices(attempt, nodes),
+                    "created_at": time.time(),
+                }
+                write_json_atomic(path, meta)
+        return meta
+
+    def _pick_devices(self, attempt, nodes: int) -> list[list[int]]:
+        """GPU indices per node, from the pool's GPUs that no live attempt holds. Raises TransientDispatchError."""
+        per_node = attempt.job.gpus_per_node
+        total = attempt.node_pool.nodes * attempt.node_pool.gpus_per_node
+        table = proc_table()
+        held: set[int] = set()
+        for directory, meta in _attempt_dirs():
+            if meta.get("devices") and meta.get("cluster_id") == attempt.cluster_id and \
+                    _live_pids(directory, meta["nodes"], table):
+                held.update(d for node_devices in meta["devices"] for d in node_devices)
+        free = [d for d in range(total) if d not in held]
+        if len(free) < nodes * per_node:
+            raise TransientDispatchError(f"{nodes * per_node} GPUs needed, {len(free)} free on this machine")
+        return [free[i * per_node:(i + 1) * per_node] for i in range(nodes)]
+
+    def _launch_node(self, attempt, directory: Path, meta: dict, node: int, argv: list[str]) -> None:
+        """Start node ``node``'s supervisor if this call wins its claim file; a lost claim means it started elsewhere."""
+        claim = node_path(directory, node, "claim")
+        try:
+            fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return
+        try:
+            with open(node_path(directory, node, "log"), "ab") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "runners.local.launcher", "--attempt-dir", str(directory),
+                     "--node", str(node), "--max-runtime", str(attempt.job.max_runtime_seconds),
+                     "--grace", str(settings.LOCAL_RUNNER_KILL_GRACE_SECONDS), "--", *argv],
+                    cwd=settings.BASE_DIR, env=node_env(attempt, meta, node), stdin=subprocess.DEVNULL,
+                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                )
+        except BaseException:
+            os.close(fd)
+            claim.unlink(missing_ok=True)  # so a retry can launch it
+            raise
+        # The supervisor outlives us if this worker stops; while we live, reap it so it leaves no zombie.
+        threading.Thread(target=proc.wait, name=f"reap-{attempt.object_name}-{node}", daemon=True).start()
+        ref = ref_of(proc.pid) or ProcessRef(proc.pid, 0, boot_id())
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps({"supervisor": ref.to_json(), "launched_at": time.time(), "dispatcher_pid": os.getpid()}))
+
+    def _runner_state(self, directory: Path, meta: dict) -> dict:
+        pids = []
+        for node in range(meta["nodes"]):
+            deadline = time.monotonic() + 2.0  # a concurrent dispatcher may still be writing its claim
+            while True:
+                ref = ProcessRef.from_json((read_json(node_path(directory, node, "claim")) or {}).get("supervisor"))
+                if ref is not None or time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
+            pids.append(ref.pid if ref else None)
+        devices = meta.get("devices")
+        return {
+            "attempt_dir": str(directory), "master_port": meta["master_port"], "nodes": meta["nodes"], "pids": pids,
+            "logs": [str(node_path(directory, n, "log")) for n in range(meta["nodes"])],
+            "cuda_visible_devices": None if devices is None else [",".join(map(str, d)) for d in devices],
+        }
+
+    # --- observation -------------------------------------------------------------------------------------------
+
+    def observe(self, cluster, attempts: Iterable) -> dict[int, Observation]:
+        """One look at the run directory and ``/proc`` for ``attempts``; an Observation per attempt id.
+
+        Phases: ``absent`` (no attempt directory), ``pending`` (not every
+        node's command started), ``running``, ``succeeded`` (every node exited
+        0), ``failed`` (a node exited non-zero: ``Failed`` with its code; ran
+        past max_runtime: ``DeadlineExceeded``; killed by SIGKILL:
+        ``OOMKilled``; by another signal: ``Failed`` with 128 + the signal)
+        and ``lost`` (a supervisor died without an exit record: ``NodeLost``;
+        terminated from outside the control plane: ``Evicted``). On
+        ``failed`` or ``lost`` the attempt's other nodes are stopped at once
+        (SIGTERM to their groups; their supervisors escalate to SIGKILL), so a
+        half-dead distributed job does not keep running.
+        """
+        table = proc_table()
+        now = time.time()
+        result = {}
+        for attempt in attempts:
+            directory = attempt_dir(attempt)
+            if not directory.is_dir():
+                result[attempt.pk] = ABSENT
+                continue
+            nodes = (read_json(directory / ATTEMPT_FILE) or {}).get("nodes") or attempt.job.nodes
+            statuses = [read_node(directory, node, table, now) for node in range(nodes)]
+            stop = read_json(directory / STOP_FILE)
+            obs = summarise(statuses, stop.get("reason") if stop else None)
+            if obs.phase in ("failed", "lost"):
+                self._stop_nodes(directory, statuses, table, reason=f"{obs.end_reason}: {obs.message}")
+            result[attempt.pk] = obs
+        return result
+
+    def _stop_nodes(self, directory: Path, statuses: list[NodeStatus], table: dict[int, ProcInfo], reason: str) -> bool:
+        """Write the stop marker and signal every live node: SIGTERM to supervised groups, SIGKILL to unsupervised ones.
+
+        Returns True when some process was signalled.
+        """
+        create_exclusive(directory / STOP_FILE, {"reason": reason, "at": time.time()})
+        sent = False
+        for status in statuses:
+            if not status.live_pids(table):
+                continue
+            supervised = status.supervisor is not None and status.supervisor.alive(table)
+            sig = signal.SIGTERM if supervised else signal.SIGKILL
+            if status.supervisor is not None:
+                sent |= signal_group(status.supervisor, sig, table)
+            sent |= signal_process(status.child, sig, table)
+        return sent
+
+    def owned_attempt_ids(self, cluster) -> set[int]:
+        """Ids of attempts of ``cluster`` with any live process (supervisor, command, or what it forked)."""
+        table = proc_table()
+        owned = set()
+        for directory, meta in _attempt_dirs():
+            if meta.get("cluster_id") not in (None, cluster.pk):
+                continue
+            if _live_pids(directory, meta.get("nodes") or 0, table):
+                owned.add(meta["attempt_id"])
+        return owned
+
+    # --- deletion and logs -------------------------------------------------------------------------------------
+
+    def delete(self, attempt) -> bool:
+        """Stop every process of ``attempt``; True once none is left (also when nothing existed).
+
+        Sends SIGTERM to each node's group (each supervisor records a cancel,
+        waits ``LOCAL_RUNNER_KILL_GRACE_SECONDS`` and kills what is left),
+        waits up to that grace + 2 s, then sends SIGKILL to the groups and
+        waits up to 2 s more. Blocks at most about grace + 4 seconds.
+        """
+        directory = attempt_dir(attempt)
+        if not directory.is_dir():
+            return True
+        meta = read_json(directory / ATTEMPT_FILE) or {}
+        nodes = meta.get("nodes") or attempt.job.nodes
+        create_exclusive(directory / STOP_FILE, {"reason": "deleted", "at": time.time()})
+        grace = float(settings.LOCAL_RUNNER_KILL_GRACE_SECONDS)
+        statuses = self._statuses(directory, nodes)
+        for status in statuses:
+            if status.supervisor is not None:
+                signal_group(status.supervisor, signal.SIGTERM)
+            signal_process(status.child, signal.SIGTERM)
+        if self._wait_gone(directory, nodes, grace + 2.0):
+            return True
+        for status in self._statuses(directory, nodes):
+            if status.supervisor is not None:
+                signal_group(status.supervisor, signal.SIGKILL)
+            signal_process(status.child, signal.SIGKILL)
+        return self._wait_gone(directory, nodes, 2.0)
+
+    def _statuses(self, directory: Path, nodes: int) -> list[NodeStatus]:
+        table, now = proc_table(), time.time()
+        return [read_node(directory, node, table, now) for node in range(nodes)]
+
+    def _wait_gone(self, directory: Path, nodes: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            if not _live_pids(directory, nodes, proc_table()):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
+    def logs(self, attempt, node: int = 0, tail_lines: int = 200) -> str:
+        """The last ``tail_lines`` lines of ``node-<node>.log`` of ``attempt`` ("" when there is no log)."""
+        return tail(node_path(attempt_dir(attempt), node, "log"), tail_lines)
+
+
+def _live_pids(directory: Path, nodes: int, table: dict[int, ProcInfo]) -> list[int]:
+    """Every live pid of the attempt in ``directory`` (all its nodes)."""
+    now = time.time()
+    return [pid for node in range(nodes) for pid in read_node(directory, node, table, now).live_pids(table)]
+
+
+def _attempt_dirs() -> list[tuple[Path, dict]]:
+    """``(directory, attempt.json)`` of every attempt directory under the run directory."""
+    root = run_dir()
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in os.scandir(root):
+        if entry.is_dir():
+            meta = read_json(Path(entry.path) / ATTEMPT_FILE)
+            if meta is not None and isinstance(meta.get("attempt_id"), int):
+                found.append((Path(entry.path), meta))
+    return found
+
+
+def tail(path: Path, lines: int, block: int = 8192) -> str:
+    """The last ``lines`` lines of the text file ``path``, read backwards in ``block``-byte steps ("" if missing)."""
+    if lines <= 0:
+        return ""
+    try:
+        fh = open(path, "rb")
+    except FileNotFoundError:
+        return ""
+    with fh:
+        end = fh.seek(0, os.SEEK_END)
+        data = b""
+        pos = end
+        while pos > 0 and data.count(b"\n") <= lines:
+            step = min(block, pos)
+            pos -= step
+            fh.seek(pos)
+            data = fh.read(step) + data
+    text = data.decode("utf-8", "replace")
+    keep = text.splitlines(keepends=True)[-lines:]
+    return "".join(keep)
 
 
 register(LocalBackend())

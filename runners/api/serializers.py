@@ -1,0 +1,124 @@
+"""Serializers of accelerators, clusters and node pools, with each pool's free GPUs and price now.
+
+Cluster serializers list their fields explicitly: a credential column added
+to the model later is never returned by accident.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from decimal import Decimal
+
+from django.db.models import Sum
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from costs.catalog import NoPrice, price_at
+from costs.models import Price
+from jobs.models import JobAttempt
+
+from ..models import Accelerator, Cluster, NodePool
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolStatus:
+    """A node pool now: free GPUs (capacity minus GPUs held by live attempts) and USD per GPU-hour (None if unpriced)."""
+
+    free_gpus: int
+    usd_per_gpu_hour: Decimal | None
+
+
+def pool_statuses(pools: list[NodePool], at: dt.datetime | None = None) -> dict[int, PoolStatus]:
+    """Free GPUs and price in force at ``at`` (default now) for each pool, keyed by pool id; three queries in all.
+
+    Free GPUs count attempts that have not ended, as admission does
+    (``jobs.scheduler.pool_offers``); prices follow ``costs.catalog.price_at``.
+    """
+    at = at or timezone.now()
+    if not pools:
+        return {}
+    in_use = dict(
+        JobAttempt.objects.filter(node_pool__in=pools, ended_at__isnull=True)
+        .values_list("node_pool_id")
+        .annotate(n=Sum("gpus"))
+    )
+    prices = list(Price.objects.filter(accelerator_id__in={p.accelerator_id for p in pools}, effective_from__lte=at))
+    statuses = {}
+    for pool in pools:
+        cluster = pool.cluster
+        rows = [
+            r for r in prices
+            if r.accelerator_id == pool.accelerator_id and r.capacity_type == pool.capacity_type
+            and (r.cluster_id == cluster.pk
+                 or (r.cluster_id is None and r.provider == cluster.provider and r.region == cluster.region))
+        ]
+        try:
+            price = price_at(pool, at, rows)
+        except NoPrice:
+            price = None
+        statuses[pool.pk] = PoolStatus(max(pool.capacity_gpus - in_use.get(pool.pk, 0), 0), price)
+    return statuses
+
+
+class AcceleratorSerializer(serializers.ModelSerializer):
+    """A GPU model: name, memory (GiB), peak dense BF16 TFLOP/s per GPU, Kubernetes product label."""
+
+    class Meta:
+        model = Accelerator
+        fields = ["id", "name", "memory_gib", "peak_bf16_tflops", "product_label"]
+        read_only_fields = fields
+
+
+class NodePoolSerializer(serializers.ModelSerializer):
+    """A node pool with its capacity, GPUs free now and the USD per GPU-hour in force now (null when unpriced).
+
+    The statuses of all pools are computed once per request, on first use,
+    and kept in the serializer context (three queries, whatever the page size).
+    """
+
+    cluster = serializers.CharField(source="cluster.name", read_only=True)
+    accelerator = serializers.CharField(source="accelerator.name", read_only=True)
+    capacity_gpus = serializers.IntegerField(read_only=True)
+    free_gpus = serializers.SerializerMethodField()
+    usd_per_gpu_hour = serializers.SerializerMethodField()
+
+    class Meta:
+        model = NodePool
+        fields = ["id", "cluster", "name", "accelerator", "capacity_type", "nodes", "gpus_per_node", "capacity_gpus",
+                  "free_gpus", "usd_per_gpu_hour"]
+        read_only_fields = fields
+
+    def _status(self, pool: NodePool) -> PoolStatus:
+        statuses = self.context.get("pool_statuses")
+        if statuses is None or pool.pk not in statuses:
+            statuses = pool_statuses(list(NodePool.objects.select_related("cluster")))
+            self.context["pool_statuses"] = statuses
+        return statuses[pool.pk]
+
+    @extend_schema_field(serializers.IntegerField())
+    def get_free_gpus(self, pool: NodePool) -> int:
+        return self._status(pool).free_gpus
+
+    @extend_schema_field(serializers.DecimalField(max_digits=12, decimal_places=6, allow_null=True))
+    def get_usd_per_gpu_hour(self, pool: NodePool) -> str | None:
+        price = self._status(pool).usd_per_gpu_hour
+        return None if price is None else str(price)
+
+
+class ClusterSerializer(serializers.ModelSerializer):
+    """A cluster as users see it: where it is, its backend, health, whether its GPUs are emulated, its node pools.
+
+    Staff may create and update the descriptive fields; health, contact time
+    and node pools are maintained by the reconcile loop. No credential is
+    ever part of this serializer.
+    """
+
+    node_pools = NodePoolSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Cluster
+        fields = ["id", "name", "provider", "region", "backend", "api_endpoint", "prometheus_url", "emulated", "health",
+                  "last_contact_at", "created_at", "node_pools"]
+        read_only_fields = ["id", "health", "last_contact_at", "created_at", "node_pools"]

@@ -1,0 +1,210 @@
+"""What this machine offers to the local runner: NVIDIA GPUs found by NVML, or emulated GPUs on the CPU.
+
+``ensure_local_cluster`` records it as the ``local`` cluster (or
+``local-emulated``), its ``gpu`` node pool and a price override, so the
+scheduler can place and price jobs here like on any cloud cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from ..base import PoolCapacity
+from ..models import Accelerator, Cluster, NodePool
+
+log = logging.getLogger(__name__)
+
+GPU_CLUSTER_NAME = "local"
+EMULATED_CLUSTER_NAME = "local-emulated"
+POOL_NAME = "gpu"
+PROVIDER = "local"
+REGION = "this-machine"
+# The catalog row whose price the local GPUs borrow, so the demo's money is realistic.
+REFERENCE_PROVIDER, REFERENCE_REGION = "aws", "us-east-1"
+FALLBACK_PRICE = Decimal("1.00")
+GIB = 1024**3
+
+# NVML device-name pattern -> accelerator name; an A100 with 60 GiB or less is the 40 GB part.
+KNOWN_GPUS: list[tuple[str, str]] = [
+    (r"H200", "H200-141GB"),
+    (r"H100", "H100-80GB"),
+    (r"A100", "A100-80GB"),
+    (r"\bL4\b", "L4"),
+]
+# Peak dense BF16 TFLOP/s per GPU from NVIDIA's data sheets, for accelerators the catalog may lack.
+PEAK_BF16_TFLOPS = {"H200-141GB": 989, "H100-80GB": 989, "A100-80GB": 312, "A100-40GB": 312, "L4": 121}
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalGpu:
+    """One NVIDIA GPU as NVML reports it: index, product name, total memory in bytes."""
+
+    index: int
+    name: str
+    memory_bytes: int
+
+
+def detect_gpus() -> list[LocalGpu]:
+    """This machine's NVIDIA GPUs through NVML (``nvidia-ml-py``); an empty list when there is no driver or GPU."""
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return []
+    try:
+        gpus = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            name = pynvml.nvmlDeviceGetName(handle)
+            name = name.decode() if isinstance(name, bytes) else name
+            gpus.append(LocalGpu(index, name, int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)))
+        return gpus
+    except pynvml.NVMLError as exc:
+        log.warning("NVML initialised but listing GPUs failed: %s", exc)
+        return []
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def accelerator_name(gpu: LocalGpu) -> str:
+    """The accelerator (resource flavor) name of ``gpu``: ``H100-80GB`` for an "NVIDIA H100 80GB HBM3", etc.
+
+    A GPU outside ``KNOWN_GPUS`` is named from its product name and memory
+    (``L40S-45GB``).
+    """
+    memory_gib = round(gpu.memory_bytes / GIB)
+    if "A100" in gpu.name and memory_gib <= 60:
+        return "A100-40GB"
+    for pattern, name in KNOWN_GPUS:
+        if re.search(pattern, gpu.name):
+            return name
+    model = re.sub(r"[^A-Za-z0-9]+", "-", gpu.name.replace("NVIDIA", "")).strip("-")
+    return f"{model}-{memory_gib}GB"
+
+
+def _accelerator_for(gpu: LocalGpu) -> Accelerator:
+    """The Accelerator row for ``gpu``, created from NVML's figures when the catalog lacks it."""
+    name = accelerator_name(gpu)
+    peak = PEAK_BF16_TFLOPS.get(name, 0)
+    accelerator, _ = Accelerator.objects.get_or_create(
+        name=name,
+        defaults={"memory_gib": round(gpu.memory_bytes / GIB), "peak_bf16_tflops": Decimal(peak),
+                  "product_label": re.sub(r"\s+", "-", gpu.name.strip())},
+    )
+    return accelerator
+
+
+def emulated_shape() -> tuple[int, int]:
+    """``(nodes, gpus_per_node)`` of the emulated pool: ``LOCAL_RUNNER_NODES`` and ``LOCAL_RUNNER_EMULATED_GPUS // nodes``, each at least 1."""
+    nodes = max(1, int(settings.LOCAL_RUNNER_NODES))
+    return nodes, max(1, int(settings.LOCAL_RUNNER_EMULATED_GPUS) // nodes)
+
+
+def local_pools(emulated: bool | None = None, gpus: list[LocalGpu] | None = None) -> list[PoolCapacity]:
+    """This machine's node pool as the local backend discovers it.
+
+    ``emulated``: True for the emulated pool of the settings, False for the
+    NVML GPUs (an empty list when there are none), None to choose by what
+    NVML finds. ``gpus`` may pass a ``detect_gpus()`` result.
+    """
+    if emulated is not True:
+        gpus = detect_gpus() if gpus is None else gpus
+        if gpus:
+            return [PoolCapacity(POOL_NAME, accelerator_name(gpus[0]), NodePool.CapacityType.ON_DEMAND, 1, len(gpus))]
+        if emulated is False:
+            return []
+    nodes, per_node = emulated_shape()
+    return [PoolCapacity(POOL_NAME, settings.LOCAL_RUNNER_ACCELERATOR, NodePool.CapacityType.ON_DEMAND, nodes, per_node)]
+
+
+def ensure_local_cluster() -> Cluster:
+    """Create or update the local cluster, its ``gpu`` node pool and its price; returns the cluster.
+
+    With NVML GPUs: cluster ``local`` with one pool of 1 node x (GPU count)
+    GPUs of the first GPU's accelerator. Without: cluster ``local-emulated``
+    (``emulated=True``) with ``LOCAL_RUNNER_NODES`` nodes x
+    ``LOCAL_RUNNER_EMULATED_GPUS // nodes`` GPUs of ``LOCAL_RUNNER_ACCELERATOR``.
+    The price is a cluster override (see ``ensure_local_price``).
+    Idempotent: a second call with the same machine and settings writes
+    nothing. Raises Accelerator.DoesNotExist when ``LOCAL_RUNNER_ACCELERATOR``
+    is neither in the database nor in ``costs/data/accelerators.csv``.
+    """
+    gpus = detect_gpus()
+    with transaction.atomic():
+        if gpus:
+            name, emulated, accelerator = GPU_CLUSTER_NAME, False, _accelerator_for(gpus[0])
+            nodes, per_node = 1, len(gpus)
+        else:
+            name, emulated, accelerator = EMULATED_CLUSTER_NAME, True, _configured_accelerator()
+            nodes, per_node = emulated_shape()
+        cluster = _update_or_create(Cluster, {"name": name}, {"provider": PROVIDER, "region": REGION,
+                                                              "backend": Cluster.Backend.LOCAL, "emulated": emulated})
+        _update_or_create(NodePool, {"cluster": cluster, "name": POOL_NAME},
+                          {"accelerator": accelerator, "capacity_type": NodePool.CapacityType.ON_DEMAND,
+                           "nodes": nodes, "gpus_per_node": per_node})
+        ensure_local_price(cluster, accelerator)
+    return cluster
+
+
+def _configured_accelerator() -> Accelerator:
+    name = settings.LOCAL_RUNNER_ACCELERATOR
+    if not Accelerator.objects.filter(name=name).exists():
+        from costs.seed import seed_accelerators
+
+        seed_accelerators()
+    return Accelerator.objects.get(name=name)
+
+
+def _update_or_create(model, keys: dict, values: dict):
+    """Like ``update_or_create`` but saves only when a value differs, so a repeated call writes nothing."""
+    obj, created = model.objects.get_or_create(**keys, defaults=values)
+    changed = [field for field, value in values.items() if getattr(obj, field) != value]
+    if not created and changed:
+        for field in changed:
+            setattr(obj, field, values[field])
+        obj.save(update_fields=changed)
+    return obj
+
+
+def ensure_local_price(cluster: Cluster, accelerator: Accelerator):
+    """The cluster's on-demand price override for ``accelerator`` (USD per GPU-hour); created if missing.
+
+    Equal to the AWS us-east-1 on-demand catalog price of the accelerator
+    in force now (``costs/data/prices.csv``, SkyPilot's catalog), else
+    $1.00, effective from ``costs.seed.CATALOG_EFFECTIVE_FROM``. An existing
+    override at that instant is kept as it is: later prices are new
+    effective-dated rows, never a rewrite of the past. Returns the Price.
+    """
+    from costs.models import Price
+    from costs.seed import CATALOG_EFFECTIVE_FROM
+
+    existing = Price.objects.filter(cluster=cluster, accelerator=accelerator, capacity_type=NodePool.CapacityType.ON_DEMAND,
+                                    effective_from=CATALOG_EFFECTIVE_FROM).first()
+    if existing is not None:
+        return existing
+    reference = (
+        Price.objects.filter(cluster__isnull=True, provider=REFERENCE_PROVIDER, region=REFERENCE_REGION,
+                             accelerator=accelerator, capacity_type=NodePool.CapacityType.ON_DEMAND,
+                             effective_from__lte=timezone.now())
+        .order_by("-effective_from").first()
+    )
+    if reference is not None:
+        amount = reference.usd_per_gpu_hour
+        basis = f"priced like {REFERENCE_PROVIDER} {REFERENCE_REGION} on-demand {accelerator.name}"
+    else:
+        amount, basis = FALLBACK_PRICE, "no catalog price for this accelerator, flat $1.00/GPU-h"
+    what = "demo price for emulated GPUs (jobs run on the CPU)" if cluster.emulated else "local GPUs"
+    return Price.objects.create(
+        provider=PROVIDER, region=REGION, accelerator=accelerator, capacity_type=NodePool.CapacityType.ON_DEMAND,
+        cluster=cluster, usd_per_gpu_hour=amount, effective_from=CATALOG_EFFECTIVE_FROM, source=f"{what}: {basis}"[:200],
+    )
