@@ -18,6 +18,12 @@ from quotas.models import ApiToken, Budget, Membership, Quota, Team
 from runners.models import Accelerator, Cluster, NodePool
 
 
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings):
+    """Personas have passwords; the production hasher's PBKDF2 rounds would only slow the suite."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def catalog(db):
     """Accelerators and the public price catalog."""

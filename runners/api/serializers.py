@@ -24,7 +24,7 @@ from ..models import Accelerator, Cluster, NodePool
 
 @dataclasses.dataclass(frozen=True)
 class PoolStatus:
-    """A node pool now: free GPUs (capacity minus GPUs held by live attempts) and USD per GPU-hour (None if unpriced)."""
+    """A node pool now: free GPUs (capacity minus live attempts' GPUs) and USD per GPU-hour (None if unpriced)."""
 
     free_gpus: int
     usd_per_gpu_hour: Decimal | None

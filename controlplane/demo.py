@@ -1,0 +1,262 @@
+"""The main job end to end on this machine: seed, start the platform, submit, follow, charge.
+
+``manage.py demo`` (``make demo``) migrates, seeds two teams with quotas and
+budgets, the local cluster and the price catalog, starts the web server, a
+Celery worker and Celery beat as child processes, submits a PyTorch training
+job (and a job the budget must refuse) through the REST API with a real
+token, follows them to a final state and prints a summary. With ``--once``
+it then stops and exits 0 only if training SUCCEEDED with a lower final loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from decimal import Decimal
+from pathlib import Path
+
+import requests
+import yaml
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+
+from quotas.models import ApiToken, Budget, Membership, Quota, Team
+from runners.models import Accelerator
+
+FINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "REJECTED"}
+LOSS_LINE = re.compile(r"^step=(\d+) loss=([0-9.]+)", re.MULTILINE)
+
+
+@dataclasses.dataclass
+class DemoTeam:
+    """A seeded team, its admin user and that user's API token key."""
+
+    slug: str
+    username: str
+    token: str
+
+
+def seed_demo() -> dict[str, DemoTeam]:
+    """Create (idempotently) the catalog, the local cluster, two teams with quotas and budgets, and users with tokens.
+
+    ``ml-research``: 4 nominal + 4 borrowable GPUs of the local accelerator,
+    a $5,000 monthly budget that alerts. ``applied-ml``: 2 nominal GPUs and a
+    $5 monthly budget that blocks, so a one-hour job on an H100 is refused.
+    Returns the teams keyed by slug; token keys are new on every call.
+    """
+    from runners.local.capacity import ensure_local_cluster
+
+    call_command("seed_catalog", verbosity=0)
+    cluster = ensure_local_cluster()
+    accelerator = Accelerator.objects.get(pk=cluster.node_pools.first().accelerator_id)
+    User = get_user_model()
+    teams = {}
+    for slug, name, username, nominal, borrowing, amount, action in [
+        ("ml-research", "ML Research", "alice", 4, 4, "5000", Budget.Action.ALERT),
+        ("applied-ml", "Applied ML", "bob", 2, 0, "5", Budget.Action.BLOCK),
+    ]:
+        team, _ = Team.objects.get_or_create(slug=slug, defaults={"name": name, "cost_center": f"cc-{slug}"})
+        user, created = User.objects.get_or_create(username=username)
+        if created:
+            user.set_unusable_password()
+            user.save()
+        Membership.objects.get_or_create(team=team, user=user, defaults={"role": Membership.Role.ADMIN})
+        Quota.objects.get_or_create(
+            team=team, accelerator=accelerator, cluster=None,
+            defaults={"nominal_gpus": nominal, "borrowing_limit_gpus": borrowing},
+        )
+        Budget.objects.get_or_create(team=team, period=Budget.Period.MONTHLY,
+                                     defaults={"amount_usd": Decimal(amount), "action": action})
+        _, key = ApiToken.issue(user, "demo")
+        teams[slug] = DemoTeam(slug, username, key)
+    return teams
+
+
+class Platform:
+    """The web server, a Celery worker and Celery beat as child processes of the demo, logging under ``var/logs``."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.procs: list[subprocess.Popen] = []
+        self.log_dir = Path(settings.VAR_DIR) / "logs"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+
+    def _start(self, name: str, args: list[str]) -> None:
+        log = open(self.log_dir / f"{name}.log", "ab")
+        self.procs.append(
+            subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=settings.BASE_DIR, start_new_session=True)
+        )
+
+    def start(self) -> None:
+        py = sys.executable
+        celery = [py, "-m", "celery", "-A", "controlplane"]
+        self._start("web", [py, "manage.py", "runserver", f"127.0.0.1:{self.port}", "--noreload"])
+        self._start("worker", celery + ["worker", "--loglevel=INFO", "--concurrency=2", "--without-gossip",
+                                        "--without-mingle", "--hostname", f"demo-{os.getpid()}@%h"])
+        self._start("beat", celery + ["beat", "--loglevel=INFO",
+                                      "--pidfile", str(Path(settings.VAR_DIR) / "celerybeat.pid")])
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        """Wait for /readyz to answer 200. Raises RuntimeError with the web log's tail otherwise."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(f"http://127.0.0.1:{self.port}/readyz", timeout=2).status_code == 200:
+                    return
+            except requests.ConnectionError:
+                pass
+            if any(p.poll() is not None for p in self.procs):
+                break
+            time.sleep(0.5)
+        tail = (self.log_dir / "web.log").read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"the platform did not become ready; web log:\n{tail}")
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+
+
+class Api:
+    """A tiny REST client for the demo: ``Authorization: Token <key>`` against ``/api/v1/``."""
+
+    def __init__(self, port: int, token: str):
+        self.base = f"http://127.0.0.1:{port}/api/v1/"
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Token {token}"
+
+    def get(self, path: str, **params) -> dict:
+        r = self.session.get(self.base + path, params=params, timeout=30)
+        r.raise_for_status()
+        return r.json()
+
+    def post_yaml(self, path: str, document: dict) -> dict:
+        r = self.session.post(self.base + path, data=yaml.safe_dump(document),
+                              headers={"Content-Type": "application/yaml"}, timeout=30)
+        if r.status_code >= 400:
+            raise RuntimeError(f"POST {path} answered {r.status_code}: {r.text}")
+        return r.json()
+
+
+def training_document(steps: int, nodes: int) -> dict:
+    """The example training job spec (examples/jobs/train-gpt.yaml) sized for the demo."""
+    doc = yaml.safe_load((Path(settings.BASE_DIR) / "examples/jobs/train-gpt.yaml").read_text())
+    doc["team"] = "ml-research"
+    doc["spec"]["args"] = ["--steps", str(steps)]
+    doc["spec"]["resources"]["nodes"] = nodes
+    doc["spec"]["resources"]["accelerator"] = settings.LOCAL_RUNNER_ACCELERATOR
+    return doc
+
+
+def over_budget_document() -> dict:
+    """A one-hour, one-GPU job for applied-ml, whose $5 block budget cannot pay for it."""
+    return {
+        "team": "applied-ml", "name": "too-expensive-sweep", "kind": "training",
+        "spec": {
+            "image": "python:3.11", "command": ["python", "-c", "print('never runs')"],
+            "resources": {"accelerator": settings.LOCAL_RUNNER_ACCELERATOR, "gpus_per_node": 1, "nodes": 1},
+            "max_runtime_seconds": 3600,
+        },
+    }
+
+
+def losses(log_text: str) -> tuple[float, float] | None:
+    """The first and last training loss printed as ``step=N loss=X`` lines, or None."""
+    found = LOSS_LINE.findall(log_text)
+    if not found:
+        return None
+    return float(found[0][1]), float(found[-1][1])
+
+
+def follow(apis: dict[int, Api], timeout: float, out) -> dict[int, dict]:
+    """Poll each job (id -> client) until it is final, printing every state change; returns the last views."""
+    seen: dict[int, str] = {}
+    views: dict[int, dict] = {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for job_id, api in apis.items():
+            view = api.get(f"jobs/{job_id}/")
+            views[job_id] = view
+            if seen.get(job_id) != view["state"]:
+                seen[job_id] = view["state"]
+                reason = f" ({view['state_reason']})" if view.get("state_reason") else ""
+                out.write(f"  job {job_id} {view['name']}: {view['state']}{reason}\n")
+                out.flush()
+        if all(v["state"] in FINAL for v in views.values()):
+            return views
+        time.sleep(1)
+    return views
+
+
+def job_cost(api: Api, job_id: int, timeout: float = 60) -> tuple[float, str]:
+    """GPU-hours and cost (USD, cents) of a finished job from ``/costs/?group_by=job``, once its ledger is complete."""
+    deadline = time.monotonic() + timeout
+    while True:
+        view = api.get(f"jobs/{job_id}/")
+        attempt = view.get("current_attempt") or {}
+        rows = [r for r in api.get("costs/", group_by="job", start="2000-01-01T00:00:00Z",
+                                   end="2100-01-01T00:00:00Z").get("results", []) if r.get("job") == job_id]
+        complete = not attempt or Decimal(view["accrued_cost_usd"]) > 0
+        if (rows and complete) or time.monotonic() > deadline:
+            return (rows[0]["gpu_hours"], rows[0]["cost_usd"]) if rows else (0.0, "0.00")
+        time.sleep(1)
+
+
+def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, out) -> int:
+    """Run the demo; returns the process exit status (0 when training succeeded and its loss fell)."""
+    call_command("migrate", verbosity=0)
+    teams = seed_demo()
+    platform = Platform(port)
+    out.write(f"Starting the platform on http://127.0.0.1:{port}/ (web, Celery worker, Celery beat)...\n")
+    platform.start()
+    try:
+        platform.wait_ready()
+        research = Api(port, teams["ml-research"].token)
+        applied = Api(port, teams["applied-ml"].token)
+        clusters = research.get("clusters/")["results"]
+        for c in clusters:
+            note = " (emulated GPUs: jobs run on the CPU)" if c.get("emulated") else ""
+            out.write(f"Cluster {c['name']} [{c['provider']}/{c['region']}]{note}\n")
+        train = research.post_yaml("jobs/", training_document(steps, nodes))
+        sweep = applied.post_yaml("jobs/", over_budget_document())
+        out.write(f"Submitted job {train['id']} ({train['name']}) and job {sweep['id']} ({sweep['name']}).\n")
+        views = follow({train["id"]: research, sweep["id"]: applied}, timeout, out)
+
+        ok = True
+        out.write("\nSummary\n")
+        for job_id, api in ((train["id"], research), (sweep["id"], applied)):
+            view = views[job_id]
+            gpu_hours, cost = job_cost(api, job_id) if view.get("current_attempt") else (0.0, "0.00")
+            line = f"  job {job_id} {view['name']:<20} {view['state']:<10} GPU-hours {gpu_hours:.4f}  cost ${cost}"
+            if job_id == train["id"]:
+                logs = api.get(f"jobs/{job_id}/logs/", node=0, tail=100000)["text"]
+                pair = losses(logs)
+                if pair:
+                    line += f"  loss {pair[0]:.4f} -> {pair[1]:.4f}"
+                ok = view["state"] == "SUCCEEDED" and pair is not None and pair[1] < pair[0]
+            out.write(line + "\n")
+        out.write(("Demo OK: training succeeded and its loss fell.\n" if ok else "Demo FAILED.\n"))
+        if not once:
+            out.write(f"\nThe platform keeps running: API http://127.0.0.1:{port}/api/v1/ , docs /api/docs/ , "
+                      f"admin /admin/ . Token for alice (ml-research): {teams['ml-research'].token}\n"
+                      "Press Ctrl-C to stop.\n")
+            out.flush()
+            try:
+                while all(p.poll() is None for p in platform.procs):
+                    time.sleep(1)
+            except KeyboardInterrupt:
+                pass
+        return 0 if ok else 1
+    finally:
+        platform.stop()

@@ -1,0 +1,125 @@
+"""``/api/v1/prices/`` (the price catalog) and ``/api/v1/costs/`` (aggregates of the cost ledger).
+
+Aggregation is pushed to the database (one GROUP BY query, by group and
+GPU count); an entry counts in the window that contains its
+``interval_start``, the rule budgets use.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+from django.db.models import DurationField, ExpressionWrapper, F, Sum
+from django.db.models.functions import TruncDate
+from drf_spectacular.utils import extend_schema
+from rest_framework.response import Response
+
+from controlplane.api import ScopedGenericViewSet, ScopedReadOnlyViewSet, usd_cents
+
+from ..models import CostEntry, Price
+from .filtersets import PriceFilterSet
+from .serializers import CostQuerySerializer, CostReportSerializer, PriceSerializer
+
+# Output key -> ledger lookup, per group_by ("day" is annotated first).
+GROUP_KEYS = {
+    "team": {"team": "team__slug"},
+    "cluster": {"cluster": "cluster__name"},
+    "accelerator": {"accelerator": "accelerator__name"},
+    "job": {"job": "job_id", "job_name": "job__name"},
+    "day": {"day": "day"},
+}
+UTC_DAY = TruncDate("interval_start", tzinfo=dt.timezone.utc)
+# Summed per (group, gpus) and multiplied by gpus in Python: SQLite cannot multiply a duration in SQL.
+HELD_TIME = ExpressionWrapper(F("interval_end") - F("interval_start"), output_field=DurationField())
+
+
+def gpu_hours(gpu_time: dt.timedelta | None) -> float:
+    """GPU-time as GPU-hours, rounded to 6 decimals."""
+    return round((gpu_time or dt.timedelta()).total_seconds() / 3600, 6)
+
+
+def aggregate_costs(entries, group_by: str) -> tuple[list[dict], dict]:
+    """Group ledger ``entries`` (a CostEntry queryset) by ``group_by``; returns ``(rows, total)``.
+
+    Each row holds the group's key fields (see ``GROUP_KEYS``), ``gpu_hours``
+    (float) and ``cost_usd`` (string, cents, half-even); the total is the
+    exact sum of all entries, rounded once.
+    """
+    keys = GROUP_KEYS[group_by]
+    if group_by == "day":
+        entries = entries.annotate(day=UTC_DAY)
+    lookups = list(keys.values())
+    grouped = (
+        entries.values(*lookups, "gpus").annotate(held=Sum(HELD_TIME), cost=Sum("amount_usd")).order_by(*lookups)
+    )
+    rows: dict[tuple, dict] = {}
+    for part in grouped:
+        row = rows.setdefault(tuple(part[lookup] for lookup in lookups),
+                              {"gpu_time": dt.timedelta(), "cost": Decimal(0)})
+        row["gpu_time"] += part["gpus"] * (part["held"] or dt.timedelta())
+        row["cost"] += part["cost"] or Decimal(0)
+    results = []
+    for key, sums in rows.items():
+        row = dict(zip(keys, key))
+        if group_by == "day":
+            row["day"] = row["day"].isoformat()
+        row.update(gpu_hours=gpu_hours(sums["gpu_time"]), cost_usd=usd_cents(sums["cost"]))
+        results.append(row)
+    total_time = sum((sums["gpu_time"] for sums in rows.values()), dt.timedelta())
+    total_cost = sum((sums["cost"] for sums in rows.values()), Decimal(0))
+    return results, {"gpu_hours": gpu_hours(total_time), "cost_usd": usd_cents(total_cost)}
+
+
+@extend_schema(tags=["costs"])
+class PriceViewSet(ScopedReadOnlyViewSet):
+    """The effective-dated price catalog (USD per GPU-hour), readable by every user."""
+
+    queryset = Price.objects.select_related("accelerator", "cluster")
+    serializer_class = PriceSerializer
+    filterset_class = PriceFilterSet
+    ordering_fields = ["usd_per_gpu_hour", "effective_from"]
+
+    def scope_queryset(self, queryset, user):
+        return queryset  # public list prices
+
+
+@extend_schema(tags=["costs"])
+class CostViewSet(ScopedGenericViewSet):
+    """Cost aggregates of the user's teams (all teams for staff) from the append-only ledger."""
+
+    queryset = CostEntry.objects.all()
+    filter_backends = []
+    pagination_class = None
+    serializer_class = CostReportSerializer
+
+    def scope_queryset(self, queryset, user):
+        if user.is_staff:
+            return queryset
+        return queryset.filter(team__memberships__user=user)
+
+    @extend_schema(parameters=[CostQuerySerializer], responses=CostReportSerializer)
+    def list(self, request):
+        """GPU-hours and USD per team, cluster, accelerator, job or UTC day over ``[start, end)``.
+
+        400 with field errors for a bad ``group_by``, a naive or malformed
+        datetime, or ``end <= start``.
+        """
+        query = CostQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        params = query.validated_data
+        entries = self.get_queryset()
+        if "start" in params:
+            entries = entries.filter(interval_start__gte=params["start"])
+        if "end" in params:
+            entries = entries.filter(interval_start__lt=params["end"])
+        if "team" in params:
+            entries = entries.filter(team__slug=params["team"])
+        rows, total = aggregate_costs(entries, params["group_by"])
+        return Response({
+            "group_by": params["group_by"],
+            "start": params["start"].isoformat() if "start" in params else None,
+            "end": params["end"].isoformat() if "end" in params else None,
+            "results": rows,
+            "total": total,
+        })

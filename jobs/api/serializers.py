@@ -1,0 +1,108 @@
+"""Read serializers of jobs, their attempts and events, and the query parameters of the logs endpoint.
+
+Job creation is validated by ``jobs.spec.JobSubmissionSerializer``; these
+serializers only present what is stored. Money is shown in USD cents.
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from controlplane.api import UsdCentsField
+
+from ..models import PRIORITY_CLASSES, Job, JobAttempt, JobEvent
+
+PRIORITY_NAMES = {value: name for name, value in PRIORITY_CLASSES.items()}
+
+
+class AttemptSummarySerializer(serializers.ModelSerializer):
+    """The current attempt in a job view: number, where it runs, when, and why it ended."""
+
+    cluster = serializers.CharField(source="cluster.name", read_only=True)
+    node_pool = serializers.CharField(source="node_pool.name", read_only=True)
+
+    class Meta:
+        model = JobAttempt
+        fields = ["number", "cluster", "node_pool", "started_at", "ended_at", "end_reason"]
+        read_only_fields = fields
+
+
+class JobAttemptSerializer(serializers.ModelSerializer):
+    """One dispatch of a job: cluster and node pool, GPUs held, the price at admission (USD/GPU-hour), its end."""
+
+    cluster = serializers.CharField(source="cluster.name", read_only=True)
+    node_pool = serializers.CharField(source="node_pool.name", read_only=True)
+
+    class Meta:
+        model = JobAttempt
+        fields = ["id", "number", "cluster", "node_pool", "gpus", "object_name", "usd_per_gpu_hour", "created_at",
+                  "started_at", "ended_at", "end_reason", "exit_code", "message"]
+        read_only_fields = fields
+
+
+class JobEventSerializer(serializers.ModelSerializer):
+    """A line of the job's timeline: kind (``submitted``, ``state``, ``waiting``...), states, reason, actor."""
+
+    actor = serializers.CharField(source="actor.username", read_only=True, default=None)
+    attempt = serializers.IntegerField(source="attempt.number", read_only=True, default=None)
+
+    class Meta:
+        model = JobEvent
+        fields = ["id", "kind", "from_state", "to_state", "reason", "actor", "attempt", "data", "created_at"]
+        read_only_fields = fields
+
+
+class JobSerializer(serializers.ModelSerializer):
+    """A job as the API shows it.
+
+    ``queue_info`` says why a QUEUED job waits (``{"reason": "quota" |
+    "budget" | "capacity", "message": ..., numbers}``); ``position`` is
+    reserved for its place in the queue and is null for now. ``priority`` is
+    the numeric priority (higher first), ``priority_class`` its name. Costs
+    are USD strings rounded to cents: ``estimated_cost_usd`` is the worst case
+    (GPUs x max runtime x price), ``accrued_cost_usd`` what the ledger holds.
+    """
+
+    team = serializers.CharField(source="team.slug", read_only=True)
+    submitter = serializers.CharField(source="submitter.username", read_only=True)
+    accelerator = serializers.CharField(source="accelerator.name", read_only=True)
+    priority_class = serializers.SerializerMethodField()
+    position = serializers.SerializerMethodField()
+    current_attempt = AttemptSummarySerializer(read_only=True, allow_null=True)
+    estimated_cost_usd = UsdCentsField()
+    accrued_cost_usd = UsdCentsField()
+    total_gpus = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = Job
+        fields = [
+            "id", "team", "submitter", "name", "kind", "spec", "state", "state_reason", "queue_info", "position",
+            "current_attempt", "estimated_cost_usd", "accrued_cost_usd", "accelerator", "nodes", "gpus_per_node",
+            "total_gpus", "priority", "priority_class", "preemptible", "max_runtime_seconds", "max_retries",
+            "created_at", "admitted_at", "started_at", "ended_at", "updated_at",
+        ]
+        read_only_fields = fields
+
+    @extend_schema_field(serializers.CharField(allow_null=True, help_text="low, normal or high; null otherwise"))
+    def get_priority_class(self, job: Job) -> str | None:
+        return PRIORITY_NAMES.get(job.priority)
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_position(self, job: Job) -> int | None:
+        return None
+
+
+class LogQuerySerializer(serializers.Serializer):
+    """Query parameters of ``jobs/{id}/logs/``: node index (0-based) and how many trailing lines."""
+
+    node = serializers.IntegerField(min_value=0, default=0)
+    tail = serializers.IntegerField(min_value=1, max_value=100_000, default=200)
+
+
+class JobLogsSerializer(serializers.Serializer):
+    """The tail of one node's log of the job's current attempt; ``attempt`` is null and ``text`` empty before one."""
+
+    node = serializers.IntegerField()
+    attempt = serializers.IntegerField(allow_null=True)
+    text = serializers.CharField(allow_blank=True)

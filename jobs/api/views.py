@@ -1,0 +1,145 @@
+"""``/api/v1/jobs/``: submit (JSON or YAML), list and follow jobs, cancel them, read their events, attempts and logs.
+
+Thin views: validation lives in ``jobs.spec``, state changes in
+``jobs.lifecycle``; every lookup goes through the team-scoped queryset.
+"""
+
+from __future__ import annotations
+
+from django_filters.rest_framework import DjangoFilterBackend
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import mixins, serializers, status
+from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.parsers import JSONParser
+from rest_framework.response import Response
+
+from controlplane.api import ScopedGenericViewSet, YAMLParser
+from quotas.models import Membership
+from runners.base import ClusterUnreachable, backend_for
+
+from ..lifecycle import NotCancellable, cancel_job, submit_job
+from ..models import Job
+from ..spec import JobSubmissionSerializer
+from ..states import StaleState
+from .filtersets import JobFilterSet
+from .serializers import (
+    JobAttemptSerializer,
+    JobEventSerializer,
+    JobLogsSerializer,
+    JobSerializer,
+    LogQuerySerializer,
+)
+
+DETAIL_RESPONSE = inline_serializer("Detail", fields={"detail": serializers.CharField()})
+
+
+def may_cancel(user, job: Job) -> bool:
+    """Whether ``user`` may cancel ``job``: its submitter, an admin of its team, or platform staff."""
+    if user.is_staff or job.submitter_id == user.pk:
+        return True
+    return Membership.objects.filter(team_id=job.team_id, user=user, role=Membership.Role.ADMIN).exists()
+
+
+@extend_schema(tags=["jobs"])
+class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGenericViewSet):
+    """Jobs of the user's teams (all jobs for staff); another team's job is a 404.
+
+    ``POST /jobs/`` takes a submission as JSON or ``application/yaml`` (the
+    shape of ``examples/jobs/*.yaml``) and answers 201 with the QUEUED job,
+    or 400 with dotted field paths (see ``jobs.spec``).
+    """
+
+    queryset = Job.objects.select_related(
+        "team", "submitter", "accelerator", "current_attempt__cluster", "current_attempt__node_pool"
+    )
+    serializer_class = JobSerializer
+    filter_backends = [DjangoFilterBackend]
+    filterset_class = JobFilterSet
+    parser_classes = [JSONParser, YAMLParser]
+
+    def scope_queryset(self, queryset, user):
+        return queryset.visible_to(user)
+
+    @extend_schema(
+        request={"application/json": JobSubmissionSerializer, "application/yaml": JobSubmissionSerializer},
+        responses={201: JobSerializer, 400: OpenApiResponse(description="Field errors keyed by dotted path")},
+    )
+    def create(self, request, *args, **kwargs):
+        """Validate a submission and store it as a QUEUED job (nothing is stored when it is rejected)."""
+        submission = JobSubmissionSerializer(data=request.data, context=self.get_serializer_context())
+        submission.is_valid(raise_exception=True)
+        job = submit_job(**submission.submission())
+        job = self.get_queryset().get(pk=job.pk)
+        location = self.reverse_action("detail", kwargs={"pk": job.pk})
+        return Response(self.get_serializer(job).data, status=status.HTTP_201_CREATED, headers={"Location": location})
+
+    @extend_schema(request=None, responses={200: JobSerializer, 403: DETAIL_RESPONSE, 409: DETAIL_RESPONSE})
+    @action(detail=True, methods=["post"], filter_backends=[])
+    def cancel(self, request, pk=None):
+        """Cancel the job: CANCELLED at once when nothing runs, else CANCELLING until the cluster confirms.
+
+        Allowed to the submitter, team admins and staff (403 otherwise); 409
+        when the job is already final or changed meanwhile.
+        """
+        job = self.get_object()
+        if not may_cancel(request.user, job):
+            raise PermissionDenied("only the submitter, a team admin or staff may cancel this job")
+        try:
+            cancel_job(job, actor=request.user)
+        except NotCancellable as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        except StaleState:
+            return Response({"detail": f"job {job.pk} changed meanwhile; read it again and retry"},
+                            status=status.HTTP_409_CONFLICT)
+        return Response(self.get_serializer(self.get_queryset().get(pk=job.pk)).data)
+
+    @extend_schema(responses=JobEventSerializer(many=True))
+    @action(detail=True, methods=["get"], filter_backends=[])
+    def events(self, request, pk=None):
+        """The job's timeline, oldest first (paginated)."""
+        job = self.get_object()
+        events = job.events.select_related("actor", "attempt").order_by("created_at", "id")
+        page = self.paginate_queryset(events)
+        return self.get_paginated_response(JobEventSerializer(page, many=True).data)
+
+    @extend_schema(responses=JobAttemptSerializer(many=True))
+    @action(detail=True, methods=["get"], filter_backends=[])
+    def attempts(self, request, pk=None):
+        """The job's attempts (one per dispatch, retries and failovers included), by number (paginated)."""
+        job = self.get_object()
+        attempts = job.attempts.select_related("cluster", "node_pool").order_by("number")
+        page = self.paginate_queryset(attempts)
+        return self.get_paginated_response(JobAttemptSerializer(page, many=True).data)
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("node", int, description="Node index, 0-based (default 0)"),
+            OpenApiParameter("tail", int, description="Trailing lines, 1 to 100000 (default 200)"),
+        ],
+        responses={200: JobLogsSerializer, 400: OpenApiResponse(description="Bad node or tail"),
+                   503: DETAIL_RESPONSE},
+    )
+    @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None)
+    def logs(self, request, pk=None):
+        """The last ``tail`` lines of node ``node``'s log of the current attempt, from the cluster's backend.
+
+        Before any attempt exists ``attempt`` is null and ``text`` empty; 503
+        when the cluster cannot be reached.
+        """
+        job = self.get_object()
+        query = LogQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        node, tail = query.validated_data["node"], query.validated_data["tail"]
+        if node >= job.nodes:
+            return Response({"node": [f"the job has {job.nodes} node(s): 0 to {job.nodes - 1}"]},
+                            status=status.HTTP_400_BAD_REQUEST)
+        attempt = job.current_attempt
+        if attempt is None:
+            return Response({"node": node, "attempt": None, "text": ""})
+        try:
+            text = backend_for(attempt.cluster).logs(attempt, node, tail)
+        except ClusterUnreachable as exc:
+            return Response({"detail": f"cluster {attempt.cluster.name} is unreachable: {exc}"},
+                            status=status.HTTP_503_SERVICE_UNAVAILABLE)
+        return Response({"node": node, "attempt": attempt.number, "text": text})

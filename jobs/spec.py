@@ -1,0 +1,351 @@
+"""Validation of a submitted job (JSON or YAML) into the normalized spec and the columns admission reads.
+
+Errors are field-keyed JSON with flat dotted paths, e.g.
+``{"spec.resources.gpus_per_node": ["..."]}``; nothing is stored for a rejected request.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+
+from django.conf import settings
+from django.db.models import Max
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+from rest_framework.settings import api_settings
+from rest_framework.utils.serializer_helpers import ReturnDict
+
+from controlplane.api import INT32_MAX, StrictBooleanField, StrictCharField, StrictIntegerField
+from quotas.models import Membership, Team
+from runners.models import Accelerator, Cluster, NodePool
+
+from .models import PRIORITY_CLASSES, Job
+
+# Kubernetes DNS-1123 label: the job name ends up in object names and labels.
+DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_1123_LABEL_MAX = 63
+# POSIX portable environment variable names (IEEE Std 1003.1, 8.1).
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+IMAGE_MAX_LENGTH = 512
+SUBMIT_ROLES = (Membership.Role.ADMIN, Membership.Role.MEMBER)
+INFERENCE_ONLY = ("replicas", "port")
+INFERENCE_DEFAULT_PORT = 8000
+
+
+def flatten_errors(detail, prefix: str = "") -> dict[str, list[str]]:
+    """DRF's nested error detail as ``{"a.b.c": [messages]}``.
+
+    A nested serializer's ``non_field_errors`` belong to the nested field
+    itself (``spec``), list items get their index (``spec.command.1``), and
+    only the top level keeps ``non_field_errors``.
+    """
+    if isinstance(detail, Mapping):
+        flat: dict[str, list[str]] = {}
+        for key, value in detail.items():
+            if key == api_settings.NON_FIELD_ERRORS_KEY and prefix:
+                path = prefix
+            else:
+                path = f"{prefix}.{key}" if prefix else str(key)
+            for sub_path, messages in flatten_errors(value, path).items():
+                flat.setdefault(sub_path, []).extend(messages)
+        return flat
+    if isinstance(detail, list) and any(isinstance(item, (Mapping, list)) for item in detail):
+        flat = {}
+        for index, item in enumerate(detail):
+            if item:
+                flat.update(flatten_errors(item, f"{prefix}.{index}"))
+        return flat
+    key = prefix or api_settings.NON_FIELD_ERRORS_KEY
+    return {key: [str(m) for m in (detail if isinstance(detail, list) else [detail])]}
+
+
+def spec_size_bytes(spec) -> int:
+    """Bytes of ``spec``'s compact UTF-8 JSON encoding (what ``settings.JOB_SPEC_MAX_BYTES`` limits)."""
+    return len(json.dumps(spec, separators=(",", ":"), ensure_ascii=False, default=str).encode())
+
+
+@extend_schema_field({"type": "number", "minimum": 0, "exclusiveMinimum": True})
+class PositiveNumberField(serializers.Field):
+    """A finite number above zero (integer or float, not a string or boolean), returned unchanged."""
+
+    default_error_messages = {"invalid": "A number is required.", "not_positive": "Must be greater than 0."}
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, (int, float)) or not math.isfinite(data):
+            self.fail("invalid")
+        if data <= 0:
+            self.fail("not_positive")
+        return data
+
+    def to_representation(self, value):
+        return value
+
+
+@extend_schema_field({"type": "array", "items": {"type": "string"}})
+class StringListField(serializers.Field):
+    """A list of strings; ``allow_empty=False`` also refuses ``[]`` and empty strings in it."""
+
+    default_error_messages = {
+        "not_a_list": "Expected a list of strings.",
+        "empty": "Must be a non-empty list of strings.",
+        "not_a_string": "Item {index} is not a string.",
+        "blank_item": "Item {index} is an empty string.",
+    }
+
+    def __init__(self, *, allow_empty: bool = True, choices=None, **kwargs):
+        self.allow_empty = allow_empty
+        self.choices = tuple(choices) if choices is not None else None
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, list):
+            self.fail("not_a_list")
+        if not data and not self.allow_empty:
+            self.fail("empty")
+        for index, item in enumerate(data):
+            if not isinstance(item, str):
+                self.fail("not_a_string", index=index)
+            if not self.allow_empty and not item:
+                self.fail("blank_item", index=index)
+            if self.choices is not None and item not in self.choices:
+                raise serializers.ValidationError(f'unknown value "{item}"; one of {", ".join(self.choices)}')
+        return list(data)
+
+    def to_representation(self, value):
+        return list(value)
+
+
+@extend_schema_field({"type": "object", "additionalProperties": {"type": "string"}})
+class EnvField(serializers.Field):
+    """Environment variables: a mapping of POSIX names (``[A-Za-z_][A-Za-z0-9_]*``) to string values."""
+
+    default_error_messages = {
+        "not_a_dict": "Expected a mapping of variable names to string values.",
+        "bad_name": 'invalid environment variable name "{name}": names must match [A-Za-z_][A-Za-z0-9_]*',
+        "bad_value": 'the value of environment variable "{name}" must be a string',
+    }
+
+    def to_internal_value(self, data):
+        if not isinstance(data, Mapping):
+            self.fail("not_a_dict")
+        for name, value in data.items():
+            if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
+                self.fail("bad_name", name=name)
+            if not isinstance(value, str):
+                self.fail("bad_value", name=name)
+        return dict(data)
+
+    def to_representation(self, value):
+        return dict(value)
+
+
+class StrictSerializer(serializers.Serializer):
+    """A serializer that refuses keys it does not declare (a typo must not be silently dropped)."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, Mapping):
+            return super().to_internal_value(data)  # raises DRF's "Invalid data. Expected a dictionary"
+        unknown = sorted(str(key) for key in data if key not in self.fields)
+        errors = {key: [f"unknown field; expected one of {', '.join(self.fields)}"] for key in unknown}
+        try:
+            value = super().to_internal_value(data)
+        except serializers.ValidationError as exc:
+            errors = {**exc.detail, **errors}
+        if errors:
+            raise serializers.ValidationError(errors)
+        return value
+
+
+# --- The job spec.
+
+class ResourcesSerializer(StrictSerializer):
+    """``spec.resources``: accelerator name, GPUs per node, nodes; optional CPU cores and memory (GiB) per node."""
+
+    accelerator = StrictCharField()
+    gpus_per_node = StrictIntegerField(min_value=1, max_value=INT32_MAX)
+    nodes = StrictIntegerField(min_value=1, max_value=INT32_MAX)
+    cpu = PositiveNumberField(required=False)
+    memory_gib = PositiveNumberField(required=False)
+
+    def validate_accelerator(self, value: str) -> Accelerator:
+        accelerator = Accelerator.objects.filter(name=value).first()
+        if accelerator is None:
+            known = ", ".join(Accelerator.objects.values_list("name", flat=True))
+            raise serializers.ValidationError(f'unknown accelerator "{value}"; known: {known or "none"}')
+        return accelerator
+
+    def validate(self, attrs):
+        accelerator = attrs["accelerator"]
+        largest = NodePool.objects.filter(accelerator=accelerator).aggregate(m=Max("gpus_per_node"))["m"]
+        if largest is None:
+            raise serializers.ValidationError(
+                {"accelerator": [f"no node pool offers {accelerator.name} GPUs, so the job could never run"]}
+            )
+        if attrs["gpus_per_node"] > largest:
+            raise serializers.ValidationError(
+                {"gpus_per_node": [f"{attrs['gpus_per_node']} GPUs per node is more than any {accelerator.name} "
+                                   f"node pool has; the maximum is {largest}"]}
+            )
+        return attrs
+
+
+class PlacementSerializer(StrictSerializer):
+    """``spec.placement``: allowed providers (Cluster.Provider values), regions and cluster names; empty means any."""
+
+    providers = StringListField(choices=Cluster.Provider.values, required=False, default=list)
+    regions = StringListField(required=False, default=list)
+    clusters = StringListField(required=False, default=list)
+
+
+class JobSpecSerializer(StrictSerializer):
+    """``spec``: what to run (image, command, args, env), on what (resources), how (priority, limits, placement).
+
+    ``max_runtime_seconds`` is required: it bounds the cost estimate that
+    admission checks against the budget. ``replicas`` (default 1) and
+    ``port`` (the container port the Service targets, default 8000) apply to
+    inference only.
+    """
+
+    image = StrictCharField(max_length=IMAGE_MAX_LENGTH)
+    command = StringListField(allow_empty=False)
+    args = StringListField(required=False, default=list)
+    env = EnvField(required=False, default=dict)
+    resources = ResourcesSerializer()
+    priority = serializers.ChoiceField(
+        choices=list(PRIORITY_CLASSES), required=False, default="normal",
+        error_messages={"invalid_choice": f'unknown priority "{{input}}"; one of {", ".join(PRIORITY_CLASSES)}'},
+    )
+    max_runtime_seconds = StrictIntegerField(min_value=1, max_value=INT32_MAX)
+    preemptible = StrictBooleanField(required=False, default=False)
+    placement = PlacementSerializer(required=False)
+    max_retries = StrictIntegerField(min_value=0, max_value=INT32_MAX, required=False, default=0)
+    replicas = StrictIntegerField(min_value=1, max_value=INT32_MAX, required=False)
+    port = StrictIntegerField(min_value=1, max_value=65535, required=False)
+
+    def to_internal_value(self, data):
+        # Measured before anything else, so an oversized spec costs no further work.
+        if isinstance(data, Mapping) and spec_size_bytes(data) > settings.JOB_SPEC_MAX_BYTES:
+            raise serializers.ValidationError(
+                [f"the spec's JSON encoding is {spec_size_bytes(data)} bytes, over the limit of "
+                 f"{settings.JOB_SPEC_MAX_BYTES} bytes"]
+            )
+        return super().to_internal_value(data)
+
+
+class JobSubmissionSerializer(StrictSerializer):
+    """A job submission: ``{"team", "name", "kind", "spec"}`` as in ``examples/jobs/*.yaml``.
+
+    Validation needs ``context["request"]`` (the submitter). ``team`` must be
+    a team where the submitter is an ``admin`` or ``member`` (staff may submit
+    for any team); a team the user does not belong to gets the same answer as
+    an unknown one, so the API does not reveal which teams exist.
+
+    Errors (400): a dict of flat dotted paths to messages, e.g.
+    ``{"spec.resources.accelerator": ['unknown accelerator "X"; ...']}``; an
+    oversized spec is reported on ``spec``. After ``is_valid()``,
+    :meth:`submission` gives the keyword arguments of
+    ``jobs.lifecycle.submit_job``.
+    """
+
+    team = StrictCharField()
+    name = StrictCharField(max_length=DNS_1123_LABEL_MAX)
+    kind = serializers.ChoiceField(choices=Job.Kind.choices, required=False, default=Job.Kind.TRAINING)
+    spec = JobSpecSerializer()
+
+    @property
+    def errors(self):
+        return ReturnDict(flatten_errors(super().errors), serializer=self)
+
+    def validate_team(self, slug: str) -> Team:
+        user = self.context["request"].user
+        team = Team.objects.filter(slug=slug).first()
+        role = None
+        if team is not None and not user.is_staff:
+            role = Membership.objects.filter(team=team, user=user).values_list("role", flat=True).first()
+            if role is None:
+                team = None
+        if team is None:
+            raise serializers.ValidationError(f'unknown team "{slug}", or you are not a member of it')
+        if not user.is_staff and role not in SUBMIT_ROLES:
+            raise serializers.ValidationError(
+                f'your role in team "{slug}" is {role}; only admins and members may submit jobs'
+            )
+        return team
+
+    def validate_name(self, name: str) -> str:
+        if not DNS_1123_LABEL.fullmatch(name):
+            raise serializers.ValidationError(
+                "must be a DNS-1123 label: lowercase letters, digits and '-', starting and ending with a letter or "
+                "digit, at most 63 characters (it names Kubernetes objects)"
+            )
+        return name
+
+    def validate(self, attrs):
+        spec = attrs["spec"]
+        if attrs["kind"] == Job.Kind.INFERENCE:
+            spec.setdefault("replicas", 1)
+            spec.setdefault("port", INFERENCE_DEFAULT_PORT)
+            return attrs
+        misplaced = [name for name in INFERENCE_ONLY if name in spec]
+        if misplaced:
+            raise serializers.ValidationError(
+                {"spec": {name: [f"{name} applies to inference jobs only"] for name in misplaced}}
+            )
+        return attrs
+
+    def normalized_spec(self) -> dict:
+        """The validated spec as stored on the Job: every optional key present, the accelerator by name."""
+        spec = self.validated_data["spec"]
+        resources = spec["resources"]
+        placement = spec.get("placement") or {}
+        normalized = {
+            "image": spec["image"],
+            "command": spec["command"],
+            "args": spec["args"],
+            "env": spec["env"],
+            "resources": {
+                "accelerator": resources["accelerator"].name,
+                "gpus_per_node": resources["gpus_per_node"],
+                "nodes": resources["nodes"],
+                "cpu": resources.get("cpu"),
+                "memory_gib": resources.get("memory_gib"),
+            },
+            "priority": spec["priority"],
+            "max_runtime_seconds": spec["max_runtime_seconds"],
+            "preemptible": spec["preemptible"],
+            "placement": {
+                "providers": placement.get("providers", []),
+                "regions": placement.get("regions", []),
+                "clusters": placement.get("clusters", []),
+            },
+            "max_retries": spec["max_retries"],
+        }
+        for name in INFERENCE_ONLY:
+            if name in spec:
+                normalized[name] = spec[name]
+        return normalized
+
+    def submission(self) -> dict:
+        """Keyword arguments for ``submit_job``: team, submitter, name, kind, spec and the resource columns."""
+        data = self.validated_data
+        spec = data["spec"]
+        resources = spec["resources"]
+        return {
+            "team": data["team"],
+            "submitter": self.context["request"].user,
+            "name": data["name"],
+            "kind": data["kind"],
+            "spec": self.normalized_spec(),
+            "resources": {
+                "accelerator": resources["accelerator"],
+                "gpus_per_node": resources["gpus_per_node"],
+                "nodes": resources["nodes"],
+                "priority": PRIORITY_CLASSES[spec["priority"]],
+                "preemptible": spec["preemptible"],
+                "max_runtime_seconds": spec["max_runtime_seconds"],
+                "max_retries": spec["max_retries"],
+            },
+        }

@@ -1,0 +1,207 @@
+"""Serializers of teams (with members and roles), GPU quotas and money budgets.
+
+Teams are named by slug, accelerators and clusters by name. A team the user
+does not belong to is reported as unknown, exactly like a missing one.
+"""
+
+from __future__ import annotations
+
+import math
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from controlplane.api import INT32_MAX, AwareDateTimeField, StrictBooleanField, StrictIntegerField
+from runners.models import Accelerator, Cluster
+
+from ..models import Budget, Membership, Quota, Team
+
+# Alert thresholds are percent of the budget; above 100 warns of overspending, up to ten times the amount.
+THRESHOLD_MAX_PERCENT = 1000
+
+
+class MemberSerializer(serializers.ModelSerializer):
+    """A team member: username and role (``admin``, ``member``, ``viewer``)."""
+
+    username = serializers.CharField(source="user.username", read_only=True)
+
+    class Meta:
+        model = Membership
+        fields = ["username", "role"]
+        read_only_fields = fields
+
+
+class TeamSerializer(serializers.ModelSerializer):
+    """A team with its members and their roles."""
+
+    members = MemberSerializer(source="memberships", many=True, read_only=True)
+
+    class Meta:
+        model = Team
+        fields = ["id", "slug", "name", "cost_center", "created_at", "members"]
+        read_only_fields = fields
+
+
+class VisibleTeamField(serializers.SlugRelatedField):
+    """A team by slug, looked up among the requesting user's teams only (all teams for staff)."""
+
+    default_error_messages = {
+        "does_not_exist": 'unknown team "{value}", or you are not a member of it',
+        "invalid": "Expected a team slug.",
+    }
+
+    def __init__(self, **kwargs):
+        super().__init__(slug_field="slug", **kwargs)
+
+    def get_queryset(self):
+        return Team.objects.visible_to(self.context["request"].user)
+
+
+class NamedField(serializers.SlugRelatedField):
+    """A related object by its ``name``, with an error that says which kind of object is unknown."""
+
+    def __init__(self, kind: str, **kwargs):
+        kwargs.setdefault("error_messages", {})["does_not_exist"] = f'unknown {kind} "{{value}}"'
+        super().__init__(slug_field="name", **kwargs)
+
+
+class QuotaSerializer(serializers.ModelSerializer):
+    """A team's GPU quota for one accelerator (optionally one cluster), in whole GPUs.
+
+    Input: ``team`` (slug, fixed after creation), ``accelerator`` (name),
+    ``cluster`` (name or null for all clusters), ``nominal_gpus``,
+    ``borrowing_limit_gpus`` and ``max_gpus_per_job`` (integers >= 0; 0 means
+    no per-job cap). ``limit_gpus`` = nominal + borrowing limit. 400 on a
+    duplicate (team, accelerator, cluster).
+    """
+
+    team = VisibleTeamField()
+    accelerator = NamedField("accelerator", queryset=Accelerator.objects.all())
+    cluster = NamedField("cluster", queryset=Cluster.objects.all(), allow_null=True, required=False)
+    nominal_gpus = StrictIntegerField(min_value=0, max_value=INT32_MAX)
+    borrowing_limit_gpus = StrictIntegerField(min_value=0, max_value=INT32_MAX, required=False, default=0)
+    max_gpus_per_job = StrictIntegerField(min_value=0, max_value=INT32_MAX, required=False, default=0)
+    limit_gpus = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = Quota
+        fields = ["id", "team", "accelerator", "cluster", "nominal_gpus", "borrowing_limit_gpus", "max_gpus_per_job",
+                  "limit_gpus"]
+        validators = []  # uniqueness is checked in validate(), with a message that names the quota
+
+    def validate_team(self, team: Team) -> Team:
+        if self.instance is not None and team.pk != self.instance.team_id:
+            raise serializers.ValidationError("a quota cannot move to another team")
+        return team
+
+    def validate(self, attrs):
+        def current(name):
+            return attrs[name] if name in attrs else getattr(self.instance, name, None)
+
+        team, accelerator, cluster = current("team"), current("accelerator"), current("cluster")
+        clash = Quota.objects.filter(team=team, accelerator=accelerator, cluster=cluster)
+        if self.instance is not None:
+            clash = clash.exclude(pk=self.instance.pk)
+        if clash.exists():
+            where = f"cluster {cluster.name}" if cluster else "all clusters"
+            raise serializers.ValidationError(
+                {"accelerator": [f"team {team.slug} already has a {accelerator.name} quota for {where}"]}
+            )
+        return attrs
+
+
+@extend_schema_field({"type": "array", "items": {"type": "number", "minimum": 0, "exclusiveMinimum": True,
+                                                  "maximum": THRESHOLD_MAX_PERCENT}})
+class ThresholdListField(serializers.Field):
+    """Alert thresholds: a list of numbers in (0, 1000] percent of the budget; stored sorted, without repeats.
+
+    An empty list stands for the default ``[50, 80, 100]``.
+    """
+
+    default_error_messages = {
+        "not_a_list": "Expected a list of numbers (percent of the budget).",
+        "not_a_number": "Item {index} is not a number.",
+        "out_of_range": f"Item {{index}} ({{value}}) is outside (0, {THRESHOLD_MAX_PERCENT}] percent.",
+    }
+
+    def to_internal_value(self, data):
+        if not isinstance(data, list):
+            self.fail("not_a_list")
+        for index, value in enumerate(data):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                self.fail("not_a_number", index=index)
+            if not 0 < value <= THRESHOLD_MAX_PERCENT:
+                self.fail("out_of_range", index=index, value=value)
+        return sorted(set(data))
+
+    def to_representation(self, value):
+        return list(value)
+
+
+class BudgetSerializer(serializers.ModelSerializer):
+    """A team's money for a period, USD.
+
+    Input: ``team`` (slug, fixed after creation), ``period`` (``monthly``,
+    ``quarterly``, or ``custom`` with aware ``starts_at`` < ``ends_at``),
+    ``amount_usd`` (Decimal > 0, cents; send it as a string to keep it exact),
+    ``alert_thresholds`` (see ThresholdListField), ``action`` (``alert`` or
+    ``block``) and ``stop_running`` (bool). ``window_start``/``window_end``
+    show the period in force now.
+    """
+
+    team = VisibleTeamField()
+    period = serializers.ChoiceField(choices=Budget.Period.choices, required=False, default=Budget.Period.MONTHLY)
+    starts_at = AwareDateTimeField(required=False, allow_null=True)
+    ends_at = AwareDateTimeField(required=False, allow_null=True)
+    amount_usd = serializers.DecimalField(max_digits=14, decimal_places=2)
+    alert_thresholds = ThresholdListField(required=False, default=list)
+    action = serializers.ChoiceField(choices=Budget.Action.choices, required=False, default=Budget.Action.ALERT)
+    stop_running = StrictBooleanField(required=False, default=False)
+    window_start = serializers.SerializerMethodField()
+    window_end = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Budget
+        fields = ["id", "team", "period", "starts_at", "ends_at", "amount_usd", "alert_thresholds", "action",
+                  "stop_running", "window_start", "window_end"]
+
+    def validate_team(self, team: Team) -> Team:
+        if self.instance is not None and team.pk != self.instance.team_id:
+            raise serializers.ValidationError("a budget cannot move to another team")
+        return team
+
+    def validate_amount_usd(self, value):
+        if value <= 0:
+            raise serializers.ValidationError("Must be greater than 0.")
+        return value
+
+    def validate(self, attrs):
+        def current(name):
+            return attrs[name] if name in attrs else getattr(self.instance, name, None)
+
+        period, starts_at, ends_at = current("period"), current("starts_at"), current("ends_at")
+        if period == Budget.Period.CUSTOM:
+            errors = {name: ["required for a custom period"] for name, value in
+                      (("starts_at", starts_at), ("ends_at", ends_at)) if value is None}
+            if errors:
+                raise serializers.ValidationError(errors)
+            if ends_at <= starts_at:
+                raise serializers.ValidationError({"ends_at": ["must be after starts_at"]})
+        elif starts_at is not None or ends_at is not None:
+            raise serializers.ValidationError(
+                {"period": [f"starts_at and ends_at apply to custom periods only, not {period}"]}
+            )
+        return attrs
+
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    def get_window_start(self, budget: Budget):
+        return self._window(budget)[0]
+
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    def get_window_end(self, budget: Budget):
+        return self._window(budget)[1]
+
+    def _window(self, budget: Budget):
+        start, end = budget.window()
+        field = serializers.DateTimeField()
+        return (field.to_representation(start) if start else None, field.to_representation(end) if end else None)

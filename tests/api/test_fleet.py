@@ -1,0 +1,102 @@
+"""Accelerators, clusters, node pools and prices: readable by every user, clusters writable by staff, no secrets."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from costs.models import Price
+from costs.seed import CATALOG_EFFECTIVE_FROM
+from runners.models import Cluster
+from tests.conftest import make_cluster
+
+from .conftest import make_attempt, make_job
+
+SECRET_WORDS = ("credential", "token", "kubeconfig", "secret", "password", "key")
+
+
+def all_keys(value) -> set[str]:
+    """Every dict key anywhere in a decoded JSON value."""
+    if isinstance(value, dict):
+        return set(value) | {k for v in value.values() for k in all_keys(v)}
+    if isinstance(value, list):
+        return {k for v in value for k in all_keys(v)}
+    return set()
+
+
+def test_every_user_lists_accelerators(owner, teammate, outsider, catalog):
+    for persona in (owner, teammate, outsider):
+        names = [a["name"] for a in persona.client.get("/api/v1/accelerators/").json()["results"]]
+        assert names == ["A100-80GB", "H100-80GB", "L4"]
+
+
+def test_a_cluster_shows_pools_with_free_gpus_and_price_now(teammate, teams, fleet, h100):
+    job = make_job(teams[0], teammate.user, h100, gpus_per_node=4, nodes=1)
+    make_attempt(job, fleet["cluster"], fleet["pool"])
+    body = teammate.client.get(f"/api/v1/clusters/{fleet['cluster'].pk}/").json()
+    assert (body["name"], body["provider"], body["region"], body["emulated"], body["health"]) == (
+        "aws-use1", "aws", "us-east-1", False, "healthy")
+    (pool,) = body["node_pools"]
+    assert (pool["accelerator"], pool["capacity_gpus"], pool["free_gpus"]) == ("H100-80GB", 16, 12)
+    assert Decimal(pool["usd_per_gpu_hour"]) == Decimal("6.88")
+
+
+def test_a_cluster_override_price_wins(teammate, h100, catalog):
+    cluster, _ = make_cluster("cheap", "aws", "us-east-1", h100, price="5.00")
+    pool = teammate.client.get(f"/api/v1/clusters/{cluster.pk}/").json()["node_pools"][0]
+    assert Decimal(pool["usd_per_gpu_hour"]) == Decimal("5.00")
+
+
+def test_an_unpriced_pool_shows_a_null_price(teammate, h100, catalog):
+    cluster, _ = make_cluster("onprem-1", "onprem", "basement", h100)
+    pool = teammate.client.get(f"/api/v1/clusters/{cluster.pk}/").json()["node_pools"][0]
+    assert pool["usd_per_gpu_hour"] is None
+
+
+def test_clusters_never_show_credentials(teammate, staff, fleet):
+    for persona in (teammate, staff):
+        keys = all_keys(persona.client.get("/api/v1/clusters/").json())
+        assert not [k for k in keys if any(word in k.lower() for word in SECRET_WORDS)], keys
+
+
+def test_the_cluster_list_has_no_n_plus_one(teammate, h100, catalog, django_assert_max_num_queries):
+    for i in range(5):
+        make_cluster(f"c{i}", "aws", "us-east-1", h100)
+    with django_assert_max_num_queries(10):
+        r = teammate.client.get("/api/v1/clusters/")
+    assert r.json()["count"] == 5
+
+
+def test_staff_create_and_update_clusters(staff, catalog):
+    r = staff.client.post("/api/v1/clusters/", {"name": "gcp-usc1", "provider": "gcp", "region": "us-central1",
+                                                "backend": "kubernetes", "health": "unreachable"}, format="json")
+    assert r.status_code == 201, r.content
+    assert r.json()["health"] == "healthy"  # health belongs to the reconcile loop
+    r = staff.client.patch(f"/api/v1/clusters/{r.json()['id']}/", {"region": "us-east4"}, format="json")
+    assert r.status_code == 200
+    assert Cluster.objects.get(name="gcp-usc1").region == "us-east4"
+
+
+def test_users_cannot_write_clusters(owner, fleet):
+    r = owner.client.post("/api/v1/clusters/", {"name": "mine", "provider": "aws", "region": "x",
+                                                "backend": "kubernetes"}, format="json")
+    assert r.status_code == 403
+    assert owner.client.patch(f"/api/v1/clusters/{fleet['cluster'].pk}/", {"region": "x"},
+                              format="json").status_code == 403
+    assert owner.client.delete(f"/api/v1/clusters/{fleet['cluster'].pk}/").status_code in (403, 405)
+    assert Cluster.objects.get(pk=fleet["cluster"].pk).region == "us-east-1"
+
+
+def test_node_pools_filter_by_cluster_and_accelerator(outsider, fleet, h100, catalog):
+    make_cluster("other", "gcp", "us-central1", catalog["L4"], gpus_per_node=4)
+    body = outsider.client.get("/api/v1/node-pools/", {"accelerator": "L4"}).json()
+    assert [(p["cluster"], p["gpus_per_node"]) for p in body["results"]] == [("other", 4)]
+    assert outsider.client.get("/api/v1/node-pools/", {"cluster": "aws-use1"}).json()["count"] == 1
+
+
+def test_prices_filter_by_provider_region_accelerator_and_capacity(outsider, catalog):
+    params = {"provider": "aws", "region": "us-east-1", "accelerator": "H100-80GB", "capacity_type": "spot"}
+    rows = outsider.client.get("/api/v1/prices/", params).json()["results"]
+    expected = Price.objects.get(provider="aws", region="us-east-1", accelerator__name="H100-80GB",
+                                 capacity_type="spot", effective_from=CATALOG_EFFECTIVE_FROM)
+    assert [(r["id"], Decimal(r["usd_per_gpu_hour"])) for r in rows] == [(expected.pk, expected.usd_per_gpu_hour)]
+    assert outsider.client.post("/api/v1/prices/", {}, format="json").status_code == 405

@@ -1,0 +1,264 @@
+"""The jobs API: submit (JSON and YAML), read, filter, cancel, and the events, attempts and logs of a job."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+import yaml
+from django.conf import settings
+from django.utils import timezone
+
+from jobs.models import PRIORITY_CLASSES, Job, JobEvent, JobState
+from runners import base
+from tests.conftest import make_persona
+
+from .conftest import make_attempt, make_job
+
+JOBS = "/api/v1/jobs/"
+
+
+def test_it_submits_a_json_job_as_queued(teammate, fleet, submission, h100):
+    r = teammate.client.post(JOBS, submission, format="json")
+    assert r.status_code == 201, r.content
+    body = r.json()
+    assert body["state"] == "QUEUED"
+    assert (body["team"], body["submitter"]) == ("alpha", "teammate")
+    assert (body["name"], body["kind"]) == ("train-small", "training")
+    assert r["Location"].endswith(f"/api/v1/jobs/{body['id']}/")
+    job = Job.objects.get(pk=body["id"])
+    assert (job.accelerator, job.gpus_per_node, job.nodes) == (h100, 8, 2)
+    assert job.priority == PRIORITY_CLASSES["high"]
+    assert job.preemptible is True and job.max_runtime_seconds == 3600 and job.max_retries == 1
+    assert list(job.events.values_list("kind", flat=True)) == ["submitted"]
+    assert job.events.get().actor == teammate.user
+
+
+def test_it_stores_the_spec_normalized_with_defaults(teammate, fleet):
+    minimal = {"team": "alpha", "name": "tiny", "spec": {
+        "image": "python:3.11", "command": ["python", "-V"],
+        "resources": {"accelerator": "H100-80GB", "gpus_per_node": 1, "nodes": 1}, "max_runtime_seconds": 60}}
+    r = teammate.client.post(JOBS, minimal, format="json")
+    assert r.status_code == 201, r.content
+    assert Job.objects.get(pk=r.json()["id"]).spec == {
+        "image": "python:3.11", "command": ["python", "-V"], "args": [], "env": {},
+        "resources": {"accelerator": "H100-80GB", "gpus_per_node": 1, "nodes": 1, "cpu": None, "memory_gib": None},
+        "priority": "normal", "max_runtime_seconds": 60, "preemptible": False,
+        "placement": {"providers": [], "regions": [], "clusters": []}, "max_retries": 0,
+    }
+    assert r.json()["kind"] == "training"
+
+
+def example_yaml(name: str) -> str:
+    """An example job document from examples/jobs/, for team alpha."""
+    path = Path(settings.BASE_DIR) / "examples" / "jobs" / name
+    if not path.exists():
+        pytest.skip(f"{path} is not in this tree")
+    document = yaml.safe_load(path.read_text())
+    document["team"] = "alpha"
+    return yaml.safe_dump(document)
+
+
+@pytest.mark.parametrize("example, kind", [("train-gpt.yaml", "training"), ("serve-gpt.yaml", "inference")])
+def test_it_submits_the_yaml_examples(teammate, fleet, example, kind):
+    r = teammate.client.post(JOBS, data=example_yaml(example), content_type="application/yaml")
+    assert r.status_code == 201, r.content
+    body = r.json()
+    assert body["state"] == "QUEUED" and body["kind"] == kind
+    assert JobEvent.objects.filter(job_id=body["id"], kind="submitted").exists()
+
+
+def test_it_submits_an_inline_yaml_document(teammate, fleet):
+    document = """
+    team: alpha
+    name: yaml-job
+    kind: training
+    spec:
+      image: python:3.11
+      command: [python, train.py]
+      env: {SEED: "1"}
+      resources: {accelerator: H100-80GB, gpus_per_node: 2, nodes: 1}
+      max_runtime_seconds: 600
+    """
+    r = teammate.client.post(JOBS, data=document.replace("\n    ", "\n"), content_type="application/yaml")
+    assert r.status_code == 201, r.content
+    assert r.json()["gpus_per_node"] == 2
+    assert r.json()["spec"]["env"] == {"SEED": "1"}
+
+
+def test_it_shows_a_job_with_its_current_attempt_and_costs(teammate, teams, fleet, h100):
+    job = make_job(teams[0], teammate.user, h100, gpus_per_node=8, nodes=2)
+    attempt = make_attempt(job, fleet["cluster"], fleet["pool"])
+    Job.objects.filter(pk=job.pk).update(estimated_cost_usd="110.080000", accrued_cost_usd="1.234999999")
+    body = teammate.client.get(f"{JOBS}{job.pk}/").json()
+    assert body["current_attempt"]["number"] == 1
+    assert body["current_attempt"]["cluster"] == "aws-use1"
+    assert body["current_attempt"]["node_pool"] == fleet["pool"].name
+    assert body["current_attempt"]["started_at"] is not None
+    assert (body["estimated_cost_usd"], body["accrued_cost_usd"]) == ("110.08", "1.23")
+    assert (body["accelerator"], body["nodes"], body["gpus_per_node"], body["total_gpus"]) == ("H100-80GB", 2, 8, 16)
+    assert body["priority"] == 500 and body["priority_class"] == "normal"
+    assert body["position"] is None
+    assert attempt.object_name == f"job-{job.pk}-1"
+
+
+def test_it_filters_and_orders_the_job_list(owner, teammate, teams, fleet, h100, catalog):
+    alpha = teams[0]
+    queued = make_job(alpha, teammate.user, h100, name="queued")
+    running = make_job(alpha, owner.user, h100, name="running")
+    make_attempt(running, fleet["cluster"], fleet["pool"])
+    failed = make_job(alpha, owner.user, h100, name="failed", state=JobState.FAILED)
+    Job.objects.filter(pk=failed.pk).update(priority=PRIORITY_CLASSES["high"],
+                                            created_at=timezone.now() - dt.timedelta(days=2))
+
+    def names(**params):
+        r = teammate.client.get(JOBS, params)
+        assert r.status_code == 200, r.content
+        return sorted(j["name"] for j in r.json()["results"])
+
+    assert names() == ["failed", "queued", "running"]
+    assert names(state=["QUEUED", "RUNNING"]) == ["queued", "running"]
+    assert names(submitter="owner") == ["failed", "running"]
+    assert names(cluster="aws-use1") == ["running"]
+    assert names(accelerator="A100-80GB") == []
+    assert names(team="alpha", kind="training") == ["failed", "queued", "running"]
+    assert names(created_before=(timezone.now() - dt.timedelta(days=1)).isoformat()) == ["failed"]
+    assert names(created_after=(timezone.now() - dt.timedelta(days=1)).isoformat()) == ["queued", "running"]
+    ordered = teammate.client.get(JOBS, {"ordering": "-priority"}).json()["results"]
+    assert ordered[0]["name"] == "failed"
+    assert teammate.client.get(JOBS, {"state": "SLEEPING"}).status_code == 400
+
+
+def test_it_cancels_a_queued_job(teammate, teams, fleet, h100):
+    job = make_job(teams[0], teammate.user, h100)
+    r = teammate.client.post(f"{JOBS}{job.pk}/cancel/")
+    assert r.status_code == 200, r.content
+    assert r.json()["state"] == "CANCELLED"
+    job.refresh_from_db()
+    assert job.state == JobState.CANCELLED and job.ended_at is not None
+    assert job.events.filter(to_state="CANCELLED", actor=teammate.user).exists()
+
+
+def test_it_answers_409_when_cancelling_a_final_job(teammate, teams, fleet, h100):
+    job = make_job(teams[0], teammate.user, h100, state=JobState.SUCCEEDED)
+    r = teammate.client.post(f"{JOBS}{job.pk}/cancel/")
+    assert r.status_code == 409
+    assert r.json() == {"detail": f"job {job.pk} is already SUCCEEDED"}
+    assert Job.objects.get(pk=job.pk).state == JobState.SUCCEEDED
+
+
+def test_it_lets_a_team_admin_cancel_a_teammates_job(owner, teammate, teams, fleet, h100):
+    job = make_job(teams[0], teammate.user, h100)
+    assert owner.client.post(f"{JOBS}{job.pk}/cancel/").status_code == 200
+
+
+def test_it_refuses_cancel_to_members_who_did_not_submit(owner, teammate, viewer, teams, fleet, h100):
+    job = make_job(teams[0], owner.user, h100)
+    for persona in (teammate, viewer):
+        r = persona.client.post(f"{JOBS}{job.pk}/cancel/")
+        assert r.status_code == 403
+        assert "submitter" in r.json()["detail"]
+    assert Job.objects.get(pk=job.pk).state == JobState.QUEUED
+
+
+def test_it_moves_a_running_job_to_cancelling(teammate, teams, fleet, h100):
+    job = make_job(teams[0], teammate.user, h100)
+    make_attempt(job, fleet["cluster"], fleet["pool"])
+    r = teammate.client.post(f"{JOBS}{job.pk}/cancel/")
+    assert r.status_code == 200
+    assert r.json()["state"] == "CANCELLING"
+
+
+def test_it_lists_the_events_of_a_job(teammate, teams, fleet, h100):
+    job = make_job(teams[0], teammate.user, h100)
+    teammate.client.post(f"{JOBS}{job.pk}/cancel/")
+    body = teammate.client.get(f"{JOBS}{job.pk}/events/").json()
+    assert body["count"] == 2
+    submitted, cancelled = body["results"]
+    assert (submitted["kind"], submitted["actor"]) == ("submitted", "teammate")
+    assert (cancelled["from_state"], cancelled["to_state"]) == ("QUEUED", "CANCELLED")
+
+
+def test_it_lists_the_attempts_of_a_job(teammate, teams, fleet, h100):
+    job = make_job(teams[0], teammate.user, h100)
+    make_attempt(job, fleet["cluster"], fleet["pool"])
+    body = teammate.client.get(f"{JOBS}{job.pk}/attempts/").json()
+    assert [a["number"] for a in body["results"]] == [1]
+    assert body["results"][0]["cluster"] == "aws-use1"
+    assert "runner_state" not in body["results"][0]
+
+
+def test_it_answers_empty_logs_before_any_attempt(teammate, teams, fleet, h100):
+    job = make_job(teams[0], teammate.user, h100)
+    r = teammate.client.get(f"{JOBS}{job.pk}/logs/")
+    assert r.status_code == 200
+    assert r.json() == {"node": 0, "attempt": None, "text": ""}
+
+
+class FakeBackend(base.Backend):
+    """A backend that remembers the logs call and returns canned text."""
+
+    name = "fake-logs"
+
+    def __init__(self, fail=False):
+        self.calls = []
+        self.fail = fail
+
+    def logs(self, attempt, node=0, tail_lines=200):
+        if self.fail:
+            raise base.ClusterUnreachable("connection refused")
+        self.calls.append((attempt.pk, node, tail_lines))
+        return f"node {node} last {tail_lines} lines\n"
+
+
+@pytest.fixture
+def fake_backend_cluster(monkeypatch, fleet):
+    backend = FakeBackend()
+    monkeypatch.setitem(base._BACKENDS, backend.name, backend)
+    fleet["cluster"].backend = backend.name
+    fleet["cluster"].save(update_fields=["backend"])
+    return backend
+
+
+def test_it_reads_logs_from_the_clusters_backend(teammate, teams, fleet, h100, fake_backend_cluster):
+    job = make_job(teams[0], teammate.user, h100, nodes=2)
+    attempt = make_attempt(job, fleet["cluster"], fleet["pool"])
+    r = teammate.client.get(f"{JOBS}{job.pk}/logs/", {"node": 1, "tail": 50})
+    assert r.status_code == 200, r.content
+    assert r.json() == {"node": 1, "attempt": 1, "text": "node 1 last 50 lines\n"}
+    assert fake_backend_cluster.calls == [(attempt.pk, 1, 50)]
+
+
+def test_it_validates_log_parameters(teammate, teams, fleet, h100, fake_backend_cluster):
+    job = make_job(teams[0], teammate.user, h100, nodes=2)
+    make_attempt(job, fleet["cluster"], fleet["pool"])
+    assert "node" in teammate.client.get(f"{JOBS}{job.pk}/logs/", {"node": 2}).json()
+    assert teammate.client.get(f"{JOBS}{job.pk}/logs/", {"node": -1}).status_code == 400
+    assert teammate.client.get(f"{JOBS}{job.pk}/logs/", {"tail": 0}).status_code == 400
+    assert teammate.client.get(f"{JOBS}{job.pk}/logs/", {"tail": "many"}).status_code == 400
+
+
+def test_it_answers_503_when_the_cluster_is_unreachable(teammate, teams, fleet, h100, fake_backend_cluster):
+    fake_backend_cluster.fail = True
+    job = make_job(teams[0], teammate.user, h100)
+    make_attempt(job, fleet["cluster"], fleet["pool"])
+    r = teammate.client.get(f"{JOBS}{job.pk}/logs/")
+    assert r.status_code == 503
+    assert "unreachable" in r.json()["detail"]
+
+
+def test_the_job_list_has_no_n_plus_one(teammate, teams, fleet, h100, django_assert_max_num_queries):
+    for i in range(5):
+        job = make_job(teams[0], teammate.user, h100, name=f"j{i}")
+        make_attempt(job, fleet["cluster"], fleet["pool"], number=1)
+    with django_assert_max_num_queries(6):
+        r = teammate.client.get(JOBS)
+    assert r.json()["count"] == 5
+
+
+def test_a_session_user_can_submit(fleet, submission, client, teams):
+    persona = make_persona("sessionuser", teams[0], "member")
+    client.force_login(persona.user)
+    r = client.post(JOBS, submission, content_type="application/json")
+    assert r.status_code == 201, r.content

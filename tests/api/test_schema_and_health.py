@@ -1,0 +1,87 @@
+"""The OpenAPI schema and Swagger UI (served without a CDN), and the /healthz and /readyz probes."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+from django.test import Client
+
+from controlplane import views
+from controlplane.celery import app as celery_app
+
+JOB_PATHS = ["/api/v1/jobs/", "/api/v1/jobs/{id}/", "/api/v1/jobs/{id}/cancel/", "/api/v1/jobs/{id}/events/",
+             "/api/v1/jobs/{id}/logs/", "/api/v1/jobs/{id}/attempts/"]
+
+
+def test_the_schema_is_openapi_3_json_with_the_job_paths(db):
+    r = Client().get("/api/schema/", {"format": "json"})
+    assert r.status_code == 200
+    schema = json.loads(r.content)
+    assert schema["openapi"].startswith("3.")
+    for path in JOB_PATHS + ["/api/v1/costs/", "/api/v1/quotas/", "/api/v1/budgets/", "/api/v1/clusters/"]:
+        assert path in schema["paths"], path
+    create = schema["paths"]["/api/v1/jobs/"]["post"]["requestBody"]["content"]
+    assert {"application/json", "application/yaml"} <= set(create)
+    assert "tokenAuth" in schema["components"]["securitySchemes"]
+
+
+def test_the_schema_is_served_as_yaml_too(db):
+    r = Client().get("/api/schema/")
+    assert r.status_code == 200
+    schema = yaml.safe_load(r.content)
+    assert schema["openapi"].startswith("3.") and "/api/v1/jobs/{id}/cancel/" in schema["paths"]
+
+
+def test_the_schema_generates_without_warnings(db):
+    from drf_spectacular.drainage import GENERATOR_STATS
+    from drf_spectacular.generators import SchemaGenerator
+    from drf_spectacular.validation import validate_schema
+
+    GENERATOR_STATS.reset()  # warnings already shown once in this process would not be counted again
+    schema = SchemaGenerator().get_schema(request=None, public=True)
+    validate_schema(schema)
+    assert not GENERATOR_STATS._warn_cache and not GENERATOR_STATS._error_cache, (
+        dict(GENERATOR_STATS._warn_cache), dict(GENERATOR_STATS._error_cache))
+
+
+def test_the_docs_page_uses_local_swagger_assets(db):
+    r = Client().get("/api/docs/")
+    assert r.status_code == 200
+    page = r.content.decode()
+    assert "drf_spectacular_sidecar/swagger-ui-dist/" in page
+    assert "cdn.jsdelivr.net" not in page and "unpkg.com" not in page
+
+
+def test_healthz_answers_ok(client):
+    r = client.get("/healthz")
+    assert r.status_code == 200
+    assert r.json() == {"status": "ok"}
+
+
+def test_readyz_checks_the_database_and_the_broker(db, client):
+    r = client.get("/readyz")
+    assert r.status_code == 200, r.content
+    assert r.json() == {"status": "ok", "checks": {"database": "ok", "broker": "ok"}}
+
+
+def test_readyz_answers_503_naming_an_unreachable_broker(db, client, monkeypatch):
+    # Celery reads CELERY_BROKER_URL from the environment before its configuration.
+    monkeypatch.setenv("CELERY_BROKER_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setattr(celery_app.conf, "broker_url", "redis://127.0.0.1:1/0")
+    r = client.get("/readyz")
+    assert r.status_code == 503
+    body = r.json()
+    assert body["status"] == "unavailable"
+    assert body["checks"]["database"] == "ok"
+    assert body["checks"]["broker"] != "ok"
+
+
+def test_readyz_answers_503_naming_a_failed_database(db, client, monkeypatch):
+    def broken():
+        raise ConnectionError("database is down")
+
+    monkeypatch.setitem(views.READINESS_CHECKS, "database", broken)
+    r = client.get("/readyz")
+    assert r.status_code == 503
+    assert r.json()["checks"]["database"] == "ConnectionError: database is down"
