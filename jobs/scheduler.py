@@ -22,7 +22,7 @@ import datetime as dt
 import logging
 from decimal import ROUND_HALF_EVEN, Decimal
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
@@ -246,3 +246,35 @@ def schedule_pending(limit: int | None = None) -> PassResult:
         else:
             result.skipped += 1
     return result
+
+
+# Key of the PostgreSQL advisory lock held by the pass that serves queued submissions.
+SCHEDULER_LOCK_KEY = 0x6A6F6273  # "jobs"
+
+
+def schedule_coalesced() -> PassResult | None:
+    """Run passes until no job arrived during the last one, unless another process is already doing so.
+
+    Returns None when another pass holds the lock (it re-checks for jobs
+    submitted while it ran, and the periodic pass catches any left). Without
+    PostgreSQL (SQLite, one worker) it simply runs one pass. Correctness
+    never depends on this lock: ``try_admit`` holds its own row locks.
+    """
+    if connection.vendor != "postgresql":
+        return schedule_pending()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [SCHEDULER_LOCK_KEY])
+        if not cursor.fetchone()[0]:
+            return None
+    try:
+        total = PassResult()
+        while True:
+            started = timezone.now()
+            result = schedule_pending()
+            total.admitted += result.admitted
+            total.waiting, total.rejected = result.waiting, total.rejected + result.rejected
+            if not Job.objects.filter(state=JobState.QUEUED, created_at__gte=started).exists():
+                return total
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [SCHEDULER_LOCK_KEY])

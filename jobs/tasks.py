@@ -36,10 +36,17 @@ def enqueue_cancel(job_id: int) -> None:
 
 @shared_task(name="jobs.tasks.schedule_pending", ignore_result=True)
 def schedule_pending() -> dict:
-    """One scheduling pass (periodic, and after each submission or end of an attempt)."""
-    from .scheduler import schedule_pending as run_pass
+    """A scheduling pass (periodic, and after each submission or end of an attempt), coalesced.
 
-    result = run_pass()
+    Many submissions each enqueue a pass; one pass serves them all, so a
+    task that finds another pass running returns at once (see
+    ``jobs.scheduler.schedule_coalesced``).
+    """
+    from .scheduler import schedule_coalesced
+
+    result = schedule_coalesced()
+    if result is None:
+        return {"coalesced": True}
     return {"admitted": len(result.admitted), "waiting": result.waiting, "rejected": result.rejected}
 
 

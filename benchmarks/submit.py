@@ -1,0 +1,182 @@
+"""Submission throughput: POST /api/v1/jobs/ with admission on, against a bare create of the same row.
+
+Run: ``.venv/bin/python benchmarks/submit.py`` (PostgreSQL at
+``BENCH_DATABASE_URL``, default ``postgres://postgres@127.0.0.1:5432/controlplane_bench``,
+recreated on each run; Redis at ``BENCH_BROKER_URL``). It starts gunicorn
+(gthread workers, keep-alive) and one Celery worker that runs the
+scheduling passes the submissions enqueue, then drives 16 concurrent
+clients over loopback for ``--seconds`` per phase:
+
+- ``admission``: the real endpoint (spec validation, job + event rows,
+  scheduling pass enqueued on commit and run by the worker);
+- ``bare``: an endpoint of this benchmark's own URLconf that authenticates
+  the same token and inserts the same Job row, nothing else.
+
+Ends with one JSON line: jobs/s, p50/p99 latency (ms) per phase and the
+overhead ratio. Goals (issue 2): >= 500 jobs/s, overhead < 25 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+JOB = {
+    "team": "bench", "name": "bench-job", "kind": "training",
+    "spec": {
+        "image": "python:3.11", "command": ["python", "train.py"], "args": ["--steps", "10"],
+        "env": {"SEED": "1"},
+        "resources": {"accelerator": "H100-80GB", "gpus_per_node": 1, "nodes": 1},
+        "max_runtime_seconds": 600,
+    },
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def prepare(env: dict) -> str:
+    """Recreate the benchmark database, migrate, seed a team, quota, cluster and token; returns the token key."""
+    url = env["DATABASE_URL"]
+    dbname = url.rsplit("/", 1)[1]
+    admin_url = url.rsplit("/", 1)[0] + "/postgres"
+    import psycopg
+
+    with psycopg.connect(admin_url.replace("postgres://", "postgresql://"), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{dbname}"')
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
+    seed = (
+        "from decimal import Decimal\n"
+        "from django.contrib.auth import get_user_model\n"
+        "from costs.seed import seed_accelerators, seed_prices\n"
+        "from quotas.models import ApiToken, Membership, Quota, Team\n"
+        "from runners.models import Accelerator, Cluster, NodePool\n"
+        "seed_accelerators(); seed_prices()\n"
+        "h100 = Accelerator.objects.get(name='H100-80GB')\n"
+        "c = Cluster.objects.create(name='bench-aws', provider='aws', region='us-east-1', backend='kubernetes')\n"
+        "NodePool.objects.create(cluster=c, name='h100', accelerator=h100, nodes=4, gpus_per_node=8)\n"
+        "t = Team.objects.create(slug='bench', name='Bench')\n"
+        "u = get_user_model().objects.create_user('bench')\n"
+        "Membership.objects.create(team=t, user=u, role='member')\n"
+        "Quota.objects.create(team=t, accelerator=h100, nominal_gpus=16)\n"
+        "print(ApiToken.issue(u, 'bench')[1])\n"
+    )
+    out = subprocess.run([sys.executable, "manage.py", "shell", "-c", seed], cwd=ROOT, env=env, check=True,
+                         capture_output=True, text=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def client(port: int, path: str, token: str, body: bytes, stop_at: float, latencies: list, errors: list) -> None:
+    """One keep-alive HTTP client posting ``body`` until ``stop_at`` (monotonic seconds)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"Authorization": f"Token {token}", "Content-Type": "application/json"}
+    while time.monotonic() < stop_at:
+        t0 = time.perf_counter()
+        try:
+            conn.request("POST", path, body=body, headers=headers)
+            resp = conn.getresponse()
+            resp.read()
+            ok = resp.status == 201
+        except (OSError, http.client.HTTPException):
+            ok = False
+            conn.close()
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        if ok:
+            latencies.append(time.perf_counter() - t0)
+        else:
+            errors.append(1)
+    conn.close()
+
+
+def phase(port: int, path: str, token: str, clients: int, seconds: float) -> dict:
+    """Run ``clients`` concurrent clients for ``seconds``; jobs/s and latency percentiles (ms)."""
+    latencies: list[float] = []
+    errors: list[int] = []
+    body = json.dumps(JOB).encode()
+    stop_at = time.monotonic() + seconds
+    threads = [threading.Thread(target=client, args=(port, path, token, body, stop_at, latencies, errors))
+               for _ in range(clients)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - t0
+    lat = sorted(latencies)
+    pick = lambda q: round(lat[min(len(lat) - 1, int(q * len(lat)))] * 1000, 2) if lat else None  # noqa: E731
+    return {"jobs": len(lat), "errors": len(errors), "jobs_per_s": round(len(lat) / elapsed, 1),
+            "p50_ms": pick(0.50), "p99_ms": pick(0.99), "mean_ms": round(statistics.fmean(lat) * 1000, 2) if lat else None}
+
+
+def wait_up(port: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError("gunicorn did not start")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10, help="duration of each phase (default 10)")
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--workers", type=int, default=2, help="gunicorn worker processes (default 2)")
+    parser.add_argument("--threads", type=int, default=8, help="threads per gunicorn worker (default 8)")
+    args = parser.parse_args()
+
+    env = dict(os.environ)
+    env["DATABASE_URL"] = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/controlplane_bench")
+    env["CELERY_BROKER_URL"] = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/13")
+    env["ROOT_URLCONF"] = "benchmarks.bench_urls"
+    env["LOG_LEVEL"] = "WARNING"
+    token = prepare(env)
+    port = free_port()
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "gunicorn", "controlplane.wsgi", "-b", f"127.0.0.1:{port}",
+                          "-k", "gthread", "-w", str(args.workers), "--threads", str(args.threads),
+                          "--keep-alive", "30", "--log-level", "warning"], cwd=ROOT, env=env),
+        subprocess.Popen([sys.executable, "-m", "celery", "-A", "controlplane", "worker", "-c", "1",
+                          "--loglevel=WARNING", "--without-gossip", "--without-mingle"], cwd=ROOT, env=env),
+    ]
+    try:
+        wait_up(port)
+        phase(port, "/api/v1/jobs/", token, 2, 1.0)  # warm-up: imports, connections
+        phase(port, "/bench/bare-jobs/", token, 2, 1.0)
+        bare = phase(port, "/bench/bare-jobs/", token, args.clients, args.seconds)
+        admission = phase(port, "/api/v1/jobs/", token, args.clients, args.seconds)
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)
+    overhead = (bare["jobs_per_s"] / admission["jobs_per_s"] - 1) if admission["jobs_per_s"] else None
+    print(json.dumps({
+        "benchmark": "submit", "clients": args.clients, "seconds_per_phase": args.seconds,
+        "gunicorn": f"{args.workers}x{args.threads} gthread", "cpus": os.cpu_count(),
+        "admission": admission, "bare_create": bare,
+        "admission_overhead_pct": round(overhead * 100, 1) if overhead is not None else None,
+        "goal": {"jobs_per_s": 500, "overhead_pct_max": 25},
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""The main job end to end: ``manage.py demo --once`` with real Celery worker and beat on Redis and PostgreSQL.
+
+The demo starts the web server, a worker and beat as separate processes,
+submits through the REST API and exits 0 only if training succeeded with a
+falling loss. Afterwards the test checks the ledger independently: the cost
+entries of the training attempt tile its running interval and each amount
+is GPUs x seconds x price, computed here from the rows' own times.
+"""
+
+import datetime as dt
+import os
+import re
+import socket
+import subprocess
+import sys
+from decimal import Decimal
+from pathlib import Path
+
+import psycopg
+import redis
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _fresh_database(base_url: str, name: str) -> str:
+    server = base_url.rsplit("/", 1)[0]
+    with psycopg.connect(server.replace("postgres://", "postgresql://") + "/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return f"{server}/{name}"
+
+
+def test_demo_once_trains_and_charges_with_real_workers(tmp_path):
+    db_url = _fresh_database(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/controlplane"),
+                             "controlplane_demo_it")
+    broker = "redis://127.0.0.1:6379/14"
+    redis.Redis.from_url(broker).flushdb()
+    env = {**os.environ, "DATABASE_URL": db_url, "CELERY_BROKER_URL": broker, "CONTROLPLANE_VAR_DIR": str(tmp_path),
+           "RECONCILE_INTERVAL_SECONDS": "2", "SCHEDULE_INTERVAL_SECONDS": "3", "ACCRUAL_INTERVAL_SECONDS": "5"}
+    proc = subprocess.run(
+        [sys.executable, "manage.py", "demo", "--once", "--steps", "40", "--port", str(_free_port()), "--timeout", "400"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "Demo OK" in out
+    assert re.search(r"train-gpt\s+SUCCEEDED", out), out
+    assert re.search(r"too-expensive-sweep\s+REJECTED", out), out
+
+    with psycopg.connect(db_url.replace("postgres://", "postgresql://")) as conn:
+        (job_id, accrued), = conn.execute("SELECT id, accrued_cost_usd FROM jobs_job WHERE name = 'train-gpt'").fetchall()
+        (attempt_id, gpus, started, ended), = conn.execute(
+            "SELECT id, gpus, started_at, ended_at FROM jobs_jobattempt WHERE job_id = %s", [job_id]).fetchall()
+        entries = conn.execute(
+            "SELECT interval_start, interval_end, gpus, usd_per_gpu_hour, amount_usd FROM costs_costentry "
+            "WHERE attempt_id = %s ORDER BY interval_start", [attempt_id]).fetchall()
+        events = [r[0] for r in conn.execute(
+            "SELECT to_state FROM jobs_jobevent WHERE job_id = %s AND kind = 'state' ORDER BY created_at, id", [job_id])]
+    assert events == ["ADMITTED", "STARTING", "RUNNING", "SUCCEEDED"]
+    assert entries, "the training attempt was never charged"
+    # The entries tile [started, ended) exactly: no gap, no overlap.
+    assert entries[0][0] == started and entries[-1][1] == ended
+    assert all(a[1] == b[0] for a, b in zip(entries, entries[1:]))
+    total = Decimal(0)
+    for start, end, n, price, amount in entries:
+        seconds = Decimal((end - start) // dt.timedelta(microseconds=1)) / Decimal(10**6)
+        expected = (Decimal(n) * seconds * price / Decimal(3600)).quantize(Decimal("1e-9"))
+        assert n == gpus == 2  # two nodes of one GPU each
+        assert abs(amount - expected) <= Decimal("1e-9")
+        total += amount
+    assert total == accrued
