@@ -141,6 +141,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--workers", type=int, default=2, help="gunicorn worker processes (default 2)")
     parser.add_argument("--threads", type=int, default=8, help="threads per gunicorn worker (default 8)")
+    parser.add_argument("--no-scheduler", action="store_true",
+                        help="run no Celery worker (submissions are only enqueued), to isolate the API's own cost")
     args = parser.parse_args()
 
     env = dict(os.environ)
@@ -154,9 +156,10 @@ def main() -> None:
         subprocess.Popen([sys.executable, "-m", "gunicorn", "controlplane.wsgi", "-b", f"127.0.0.1:{port}",
                           "-k", "gthread", "-w", str(args.workers), "--threads", str(args.threads),
                           "--keep-alive", "30", "--log-level", "warning"], cwd=ROOT, env=env),
-        subprocess.Popen([sys.executable, "-m", "celery", "-A", "controlplane", "worker", "-c", "1",
-                          "--loglevel=WARNING", "--without-gossip", "--without-mingle"], cwd=ROOT, env=env),
     ]
+    if not args.no_scheduler:
+        procs.append(subprocess.Popen([sys.executable, "-m", "celery", "-A", "controlplane", "worker", "-c", "1",
+                                       "--loglevel=WARNING", "--without-gossip", "--without-mingle"], cwd=ROOT, env=env))
     try:
         wait_up(port)
         phase(port, "/api/v1/jobs/", token, 2, 1.0)  # warm-up: imports, connections
@@ -172,6 +175,7 @@ def main() -> None:
     print(json.dumps({
         "benchmark": "submit", "clients": args.clients, "seconds_per_phase": args.seconds,
         "gunicorn": f"{args.workers}x{args.threads} gthread", "cpus": os.cpu_count(),
+        "scheduler_worker": not args.no_scheduler,
         "admission": admission, "bare_create": bare,
         "admission_overhead_pct": round(overhead * 100, 1) if overhead is not None else None,
         "goal": {"jobs_per_s": 500, "overhead_pct_max": 25},

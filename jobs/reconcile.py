@@ -13,7 +13,7 @@ import time
 from django.db.models import F
 from django.utils import timezone
 
-from runners.base import ClusterUnreachable, backend_for
+from runners.base import ClusterUnreachable, UnknownBackend, backend_for
 from runners.models import Cluster
 
 from .lifecycle import apply_observation, finish_cancel
@@ -62,7 +62,13 @@ def reconcile_cluster(cluster: Cluster) -> dict:
 
 def reconcile_all() -> list[dict]:
     """Reconcile every cluster, then finish cancels whose attempt never started."""
-    results = [reconcile_cluster(c) for c in Cluster.objects.all()]
+    results = []
+    for cluster in Cluster.objects.all():
+        try:
+            results.append(reconcile_cluster(cluster))
+        except UnknownBackend as exc:  # one misconfigured cluster must not stop the others' reconcile
+            log.error("%s", exc)
+            results.append({"cluster": cluster.name, "error": str(exc)})
     from .models import Job
 
     for job_id in Job.objects.filter(state=JobState.CANCELLING).values_list("pk", flat=True):

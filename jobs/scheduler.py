@@ -28,7 +28,7 @@ from django.utils import timezone
 
 from costs.catalog import NoPrice, price_at
 from costs.models import CostEntry, Price
-from quotas.admission import BudgetView, QuotaView, Verdict, check_budgets, check_quota
+from quotas.admission import OK, BudgetView, QuotaView, Verdict, check_budgets, check_quota
 from quotas.models import Budget, Quota, Team
 from runners.models import Cluster, NodePool
 from runners.placement import PlacementRequest, PoolOffer, choose_pool, matches
@@ -139,10 +139,11 @@ def pool_offers(accelerator_id: int, now: dt.datetime, lock: bool) -> list[PoolO
 
 
 def _wait(job: Job, verdict: Verdict) -> None:
-    """Keep ``job`` waiting and record why; an event is written only when the reason changes."""
+    """Keep ``job`` waiting and record why: queue_info gets the numbers; an event only when the reason changes."""
     info = {"reason": verdict.reason, "message": verdict.message, **verdict.detail}
-    if job.queue_info.get("reason") != verdict.reason or job.queue_info.get("message") != verdict.message:
+    if job.queue_info != info:
         Job.objects.filter(pk=job.pk, state=job.state).update(queue_info=info, state_reason=verdict.message[:500])
+    if job.queue_info.get("reason") != verdict.reason:
         record_event(job, "waiting", verdict.message, data=info)
 
 
@@ -159,6 +160,11 @@ def try_admit(job_id: int, now: dt.datetime | None = None) -> str:
 
     ``skipped`` means the job is no longer waiting or another scheduler holds it.
     """
+    return _try_admit(job_id, now)[0]
+
+
+def _try_admit(job_id: int, now: dt.datetime | None = None) -> tuple[str, Verdict]:
+    """``try_admit`` that also returns the verdict that keeps a job waiting (or OK)."""
     from .tasks import enqueue_dispatch
 
     now = now or timezone.now()
@@ -169,7 +175,7 @@ def try_admit(job_id: int, now: dt.datetime | None = None) -> str:
             .first()
         )
         if job is None or (job.state == JobState.RECOVERING and _has_live_attempt(job)):
-            return "skipped"
+            return "skipped", OK
         Team.objects.select_for_update().filter(pk=job.team_id).first()
 
         quota_row = Quota.objects.filter(team_id=job.team_id, accelerator_id=job.accelerator_id, cluster__isnull=True).first()
@@ -177,7 +183,7 @@ def try_admit(job_id: int, now: dt.datetime | None = None) -> str:
         verdict = check_quota(job.total_gpus, team_used_gpus(job.team_id, job.accelerator_id), quota)
         if not verdict.ok:
             (_reject if verdict.never else _wait)(job, verdict)
-            return "rejected" if verdict.never else "waiting"
+            return ("rejected" if verdict.never else "waiting"), verdict
 
         request = placement_request(job)
         offers = pool_offers(job.accelerator_id, now, lock=True)
@@ -190,7 +196,7 @@ def try_admit(job_id: int, now: dt.datetime | None = None) -> str:
                 {"request_gpus": request.total_gpus, "free_gpus_by_pool": {str(o.node_pool_id): o.free_gpus for o in matching}},
             )
             _wait(job, verdict)
-            return "waiting"
+            return "waiting", verdict
 
         estimate = estimate_cost(job.total_gpus, job.max_runtime_seconds, offer.usd_per_gpu_hour)
         cheapest = min(o.usd_per_gpu_hour for o in offers if matches(request, o))
@@ -201,7 +207,7 @@ def try_admit(job_id: int, now: dt.datetime | None = None) -> str:
             )
             verdict = dataclasses.replace(verdict, never=never)
             (_reject if never else _wait)(job, verdict)
-            return "rejected" if never else "waiting"
+            return ("rejected" if never else "waiting"), verdict
 
         number = job.attempts.count() + 1
         attempt = JobAttempt.objects.create(
@@ -216,31 +222,62 @@ def try_admit(job_id: int, now: dt.datetime | None = None) -> str:
             )
         except StaleState:
             transaction.set_rollback(True)
-            return "skipped"
+            return "skipped", OK
         enqueue_dispatch(attempt.pk)
-        return "admitted"
+        return "admitted", OK
 
 
 def _has_live_attempt(job: Job) -> bool:
     return job.attempts.filter(ended_at__isnull=True).exists()
 
 
-def waiting_job_ids(limit: int | None = None) -> list[int]:
-    """Ids of waiting jobs in admission order: priority (high first), then submission time."""
-    qs = Job.objects.filter(state__in=WAITING_STATES).order_by("-priority", "created_at", "pk").values_list("pk", flat=True)
-    return list(qs[:limit] if limit else qs)
+def waiting_jobs(limit: int | None = None) -> list[tuple]:
+    """Waiting jobs in admission order (priority, high first, then submission time).
+
+    Rows of ``(id, team_id, accelerator_id, GPUs per node, total GPUs, preemptible, placement)``.
+    """
+    qs = (
+        Job.objects.filter(state__in=WAITING_STATES)
+        .order_by("-priority", "created_at", "pk")
+        .values_list("pk", "team_id", "accelerator_id", "nodes", "gpus_per_node", "preemptible", "spec__placement")
+    )
+    rows = qs[:limit] if limit else qs
+    return [(pk, team, acc, gpn, nodes * gpn, pre, repr(placement)) for pk, team, acc, nodes, gpn, pre, placement in rows]
 
 
 def schedule_pending(limit: int | None = None) -> PassResult:
-    """One scheduling pass over every waiting job (or the first ``limit``); safe to run concurrently."""
+    """One scheduling pass over every waiting job (or the first ``limit``); safe to run concurrently.
+
+    Within a pass, usage only grows, so once a job of ``n`` GPUs waits for
+    its team's quota, no job of that team and accelerator asking ``n`` or
+    more can be admitted in the same pass; likewise for capacity, for jobs
+    of the same node shape (GPUs per node) and placement. Such jobs are skipped without a transaction, which keeps
+    a pass over a long queue cheap. They are looked at again next pass.
+    """
     result = PassResult()
     now = timezone.now()
-    for job_id in waiting_job_ids(limit):
-        outcome = try_admit(job_id, now)
+    # (team, accelerator) -> (smallest GPU count that waited for quota, limit, per-job cap); jobs
+    # above the limit or cap are still tried, because they must be rejected, not skipped.
+    quota_floor: dict[tuple, tuple[int, int, int]] = {}
+    capacity_floor: dict[tuple, int] = {}
+    for job_id, team_id, accelerator_id, per_node, gpus, preemptible, placement in waiting_jobs(limit):
+        quota_key = (team_id, accelerator_id)
+        capacity_key = (accelerator_id, per_node, preemptible, placement)
+        floor, quota_limit, cap = quota_floor.get(quota_key, (gpus + 1, 0, 0))
+        if (floor <= gpus <= quota_limit and (not cap or gpus <= cap)) or gpus >= capacity_floor.get(capacity_key, gpus + 1):
+            result.waiting += 1
+            continue
+        outcome, verdict = _try_admit(job_id, now)
         if outcome == "admitted":
             result.admitted.append(job_id)
         elif outcome == "waiting":
             result.waiting += 1
+            if verdict.reason == "quota":
+                d = verdict.detail
+                quota_floor[quota_key] = (min(gpus, floor), d["nominal_gpus"] + d["borrowing_limit_gpus"],
+                                          d.get("max_gpus_per_job", 0))
+            elif verdict.reason == "capacity":
+                capacity_floor[capacity_key] = min(gpus, capacity_floor.get(capacity_key, gpus))
         elif outcome == "rejected":
             result.rejected += 1
         else:
@@ -269,11 +306,12 @@ def schedule_coalesced() -> PassResult | None:
     try:
         total = PassResult()
         while True:
-            started = timezone.now()
+            # Ids grow with submission: any id above the newest seen now arrived during the pass.
+            newest = Job.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
             result = schedule_pending()
             total.admitted += result.admitted
             total.waiting, total.rejected = result.waiting, total.rejected + result.rejected
-            if not Job.objects.filter(state=JobState.QUEUED, created_at__gte=started).exists():
+            if not Job.objects.filter(state=JobState.QUEUED, pk__gt=newest).exists():
                 return total
     finally:
         with connection.cursor() as cursor:

@@ -12,7 +12,7 @@ import logging
 from celery import shared_task
 from django.db import transaction
 
-from runners.base import PermanentDispatchError, TransientDispatchError, backend_for
+from runners.base import PermanentDispatchError, TransientDispatchError, UnknownBackend, backend_for
 
 from .models import JobAttempt, JobState
 
@@ -71,7 +71,7 @@ def dispatch_attempt(self, attempt_id: int) -> str:
         return "skipped"
     try:
         runner_state = backend_for(attempt.cluster).dispatch(attempt)
-    except PermanentDispatchError as exc:
+    except (PermanentDispatchError, UnknownBackend) as exc:
         try:
             end_attempt(job, attempt, JobState.FAILED, reason=f"dispatch failed: {exc}",
                         end_reason=JobAttempt.EndReason.DISPATCH_ERROR, message=str(exc))

@@ -24,6 +24,10 @@ class PermanentDispatchError(DispatchError):
     """A failure that a retry would repeat (HTTP 403, 422, a bad command); fails the attempt."""
 
 
+class UnknownBackend(LookupError):
+    """No backend is registered under the cluster's ``backend`` name (e.g. kubernetes before its runner exists)."""
+
+
 class ClusterUnreachable(Exception):
     """The backend could not talk to the cluster at all."""
 
@@ -106,5 +110,8 @@ def register(backend: Backend) -> Backend:
 
 
 def backend_for(cluster) -> Backend:
-    """The backend serving ``cluster``. Raises KeyError for an unknown backend name."""
-    return _BACKENDS[cluster.backend]
+    """The backend serving ``cluster``. Raises UnknownBackend for a name no backend registered."""
+    try:
+        return _BACKENDS[cluster.backend]
+    except KeyError:
+        raise UnknownBackend(f"cluster {cluster.name}: no backend named {cluster.backend!r} is installed") from None

@@ -16,7 +16,7 @@ from rest_framework.response import Response
 
 from controlplane.api import ScopedGenericViewSet, YAMLParser
 from quotas.models import Membership
-from runners.base import ClusterUnreachable, backend_for
+from runners.base import ClusterUnreachable, UnknownBackend, backend_for
 
 from ..lifecycle import NotCancellable, cancel_job, submit_job
 from ..models import Job
@@ -69,8 +69,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
         """Validate a submission and store it as a QUEUED job (nothing is stored when it is rejected)."""
         submission = JobSubmissionSerializer(data=request.data, context=self.get_serializer_context())
         submission.is_valid(raise_exception=True)
+        # The new job carries its team, submitter and accelerator instances: no need to read it back.
         job = submit_job(**submission.submission())
-        job = self.get_queryset().get(pk=job.pk)
         location = self.reverse_action("detail", kwargs={"pk": job.pk})
         return Response(self.get_serializer(job).data, status=status.HTTP_201_CREATED, headers={"Location": location})
 
@@ -139,7 +139,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
             return Response({"node": node, "attempt": None, "text": ""})
         try:
             text = backend_for(attempt.cluster).logs(attempt, node, tail)
-        except ClusterUnreachable as exc:
+        except (ClusterUnreachable, UnknownBackend) as exc:
             return Response({"detail": f"cluster {attempt.cluster.name} is unreachable: {exc}"},
                             status=status.HTTP_503_SERVICE_UNAVAILABLE)
         return Response({"node": node, "attempt": attempt.number, "text": text})

@@ -11,4 +11,5 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         a = seed_accelerators()
         p = seed_prices()
-        self.stdout.write(f"accelerators created: {a}, prices created: {p}")
+        if options["verbosity"] > 0:
+            self.stdout.write(f"accelerators created: {a}, prices created: {p}")
