@@ -3,21 +3,30 @@
 One backend call per cluster (``observe``) for all its live attempts, not
 one per job. Objects on a cluster that no live attempt owns are orphans and
 are deleted, so nothing keeps running or billing after its job ended.
+
+The pass is also the cluster's health probe: one failure makes it
+``degraded``, ``CLUSTER_UNREACHABLE_AFTER_FAILURES`` in a row ``unreachable``;
+its jobs are left alone until ``CLUSTER_LOST_GRACE_SECONDS`` after the last
+contact, then their attempts are recovered elsewhere (a control plane that
+loses contact never kills healthy work before that).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import time
 
+from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 
 from runners.base import ClusterUnreachable, UnknownBackend, backend_for
 from runners.models import Cluster
 
-from .lifecycle import apply_observation, finish_cancel
-from .models import JobAttempt, JobState
+from .lifecycle import apply_observation, finish_cancel, recover_or_fail
+from .models import Job, JobAttempt, JobState
+from .states import StaleState
 
 log = logging.getLogger(__name__)
 
@@ -34,17 +43,17 @@ def reconcile_cluster(cluster: Cluster) -> dict:
         observations = backend.observe(cluster, attempts)
         owned = backend.owned_attempt_ids(cluster)
     except ClusterUnreachable as exc:
-        Cluster.objects.filter(pk=cluster.pk).update(consecutive_failures=F("consecutive_failures") + 1)
-        log.warning("cluster %s unreachable: %s", cluster.name, exc)
-        return {"cluster": cluster.name, "unreachable": True}
-    Cluster.objects.filter(pk=cluster.pk).update(last_contact_at=timezone.now(), consecutive_failures=0)
+        log.warning("cluster %s did not answer: %s", cluster.name, exc)
+        return _record_failure(cluster, attempts)
+    Cluster.objects.filter(pk=cluster.pk).update(last_contact_at=timezone.now(), consecutive_failures=0,
+                                                 health=Cluster.Health.HEALTHY)
 
     for attempt in attempts:
         job = attempt.job
         if job.current_attempt_id != attempt.pk:
             continue
         if job.state == JobState.CANCELLING:
-            finish_cancel(job.pk)
+            _finish_cancel(job.pk)
             continue
         obs = observations.get(attempt.pk)
         if obs is not None:
@@ -54,10 +63,65 @@ def reconcile_cluster(cluster: Cluster) -> dict:
     orphans = 0
     for attempt in JobAttempt.objects.filter(pk__in=owned - live_ids).select_related("cluster"):
         log.info("deleting orphaned objects of %s on %s", attempt.object_name, cluster.name)
-        backend.delete(attempt)
+        try:
+            backend.delete(attempt)
+        except ClusterUnreachable as exc:  # the next pass retries
+            log.warning("cluster %s: deleting %s failed: %s", cluster.name, attempt.object_name, exc)
+            break
         orphans += 1
     return {"cluster": cluster.name, "observed": len(attempts), "orphans_deleted": orphans,
             "seconds": round(time.monotonic() - started, 4)}
+
+
+def _record_failure(cluster: Cluster, attempts: list[JobAttempt]) -> dict:
+    """Count a failed probe; mark ``unreachable`` after enough in a row; past the grace period recover its attempts."""
+    Cluster.objects.filter(pk=cluster.pk).update(consecutive_failures=F("consecutive_failures") + 1)
+    cluster.refresh_from_db(fields=["consecutive_failures", "last_contact_at", "health"])
+    unreachable = cluster.consecutive_failures >= settings.CLUSTER_UNREACHABLE_AFTER_FAILURES
+    health = Cluster.Health.UNREACHABLE if unreachable else Cluster.Health.DEGRADED
+    if cluster.health != health:
+        Cluster.objects.filter(pk=cluster.pk).update(health=health)
+        log.warning("cluster %s is %s after %d failed probe(s)", cluster.name, health, cluster.consecutive_failures)
+    result = {"cluster": cluster.name, "unreachable": True, "health": str(health),
+              "consecutive_failures": cluster.consecutive_failures, "recovered": 0}
+    if unreachable:
+        result["recovered"] = recover_lost_cluster(cluster, attempts)
+    return result
+
+
+def recover_lost_cluster(cluster: Cluster, attempts: list[JobAttempt], now: dt.datetime | None = None) -> int:
+    """Recover the STARTING/RUNNING attempts of an unreachable ``cluster`` once ``CLUSTER_LOST_GRACE_SECONDS`` passed.
+
+    The grace period runs from the last successful contact (or the cluster's
+    creation). Returns how many attempts were ended (RECOVERING, or FAILED
+    when no retry is left). CANCELLING jobs stay CANCELLING: their deletion
+    is retried when the cluster answers again, and the objects of recovered
+    attempts are deleted then as orphans.
+    """
+    now = now or timezone.now()
+    since = cluster.last_contact_at or cluster.created_at
+    if (now - since).total_seconds() < settings.CLUSTER_LOST_GRACE_SECONDS:
+        return 0
+    recovered = 0
+    for attempt in attempts:
+        job = attempt.job
+        if job.current_attempt_id != attempt.pk or job.state not in (JobState.STARTING, JobState.RUNNING):
+            continue
+        try:
+            recover_or_fail(job, attempt, end_reason=JobAttempt.EndReason.NODE_LOST,
+                            message=f"cluster {cluster.name} unreachable since {since.isoformat()}")
+            recovered += 1
+        except StaleState:
+            log.info("job %s changed under reconcile; leaving it to the winner", job.pk)
+    return recovered
+
+
+def _finish_cancel(job_id: int) -> None:
+    """``finish_cancel`` that leaves the job CANCELLING when its cluster cannot be reached (retried next pass)."""
+    try:
+        finish_cancel(job_id)
+    except (ClusterUnreachable, UnknownBackend) as exc:
+        log.warning("job %s stays CANCELLING: %s", job_id, exc)
 
 
 def reconcile_all() -> list[dict]:
@@ -69,8 +133,6 @@ def reconcile_all() -> list[dict]:
         except UnknownBackend as exc:  # one misconfigured cluster must not stop the others' reconcile
             log.error("%s", exc)
             results.append({"cluster": cluster.name, "error": str(exc)})
-    from .models import Job
-
     for job_id in Job.objects.filter(state=JobState.CANCELLING).values_list("pk", flat=True):
-        finish_cancel(job_id)
+        _finish_cancel(job_id)
     return results

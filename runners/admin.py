@@ -1,3 +1,4 @@
+from django import forms
 from django.contrib import admin
 
 from .models import Accelerator, Cluster, NodePool
@@ -18,6 +19,41 @@ class ClusterAdmin(admin.ModelAdmin):
     list_display = ["name", "provider", "region", "backend", "emulated", "health", "last_contact_at"]
     list_filter = ["provider", "backend", "health"]
     inlines = [NodePoolInline]
+    # Credentials are never rendered: the form takes new values in password inputs that are not re-filled.
+
+    def get_form(self, request, obj=None, **kwargs):
+        kwargs["form"] = ClusterAdminForm
+        return super().get_form(request, obj, **kwargs)
+
+
+class ClusterAdminForm(forms.ModelForm):
+    """Cluster form whose credential fields are write-only: empty on display, kept when left empty on save."""
+
+    api_token = forms.CharField(required=False, widget=forms.PasswordInput(render_value=False),
+                                help_text="Leave empty to keep the stored token.")
+    ca_cert = forms.CharField(required=False, widget=forms.PasswordInput(render_value=False),
+                              help_text="PEM; leave empty to keep the stored CA.")
+    kubeconfig = forms.CharField(required=False, widget=forms.PasswordInput(render_value=False),
+                                 help_text="Leave empty to keep the stored kubeconfig.")
+
+    class Meta:
+        model = Cluster
+        fields = "__all__"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name in CREDENTIAL_FIELDS:
+            self.initial[name] = ""
+
+    def clean(self):
+        cleaned = super().clean()
+        for name in CREDENTIAL_FIELDS:
+            if not cleaned.get(name) and self.instance.pk:
+                cleaned[name] = getattr(self.instance, name)
+        return cleaned
+
+
+CREDENTIAL_FIELDS = ("api_token", "ca_cert", "kubeconfig")
 
 
 @admin.register(NodePool)

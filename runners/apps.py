@@ -7,4 +7,5 @@ class RunnersConfig(AppConfig):
 
     def ready(self):
         # Backends register themselves in runners.base on import.
+        from .kubernetes import runner as kubernetes_runner  # noqa: F401
         from .local import runner  # noqa: F401

@@ -54,13 +54,18 @@ ABSENT = Observation("absent")
 
 @dataclasses.dataclass(frozen=True)
 class PoolCapacity:
-    """A node pool as the backend discovers it: accelerator name, capacity type, nodes, GPUs per node."""
+    """A node pool as the backend discovers it: accelerator name, capacity type, nodes, GPUs per node.
+
+    ``free_gpus``: GPUs not requested by running pods now, when the backend
+    can tell (None: unknown).
+    """
 
     name: str
     accelerator: str
     capacity_type: str
     nodes: int
     gpus_per_node: int
+    free_gpus: int | None = None
 
 
 class Backend:

@@ -116,9 +116,21 @@ class ClusterSerializer(serializers.ModelSerializer):
     """
 
     node_pools = NodePoolSerializer(many=True, read_only=True)
+    # Write-only: staff set or rotate credentials; no response ever carries them (stored encrypted).
+    api_token = serializers.CharField(write_only=True, required=False, allow_blank=True, trim_whitespace=True,
+                                      style={"input_type": "password"})
+    ca_cert = serializers.CharField(write_only=True, required=False, allow_blank=True, trim_whitespace=False)
+    kubeconfig = serializers.CharField(write_only=True, required=False, allow_blank=True, trim_whitespace=False)
+    auth_configured = serializers.SerializerMethodField()
 
     class Meta:
         model = Cluster
         fields = ["id", "name", "provider", "region", "backend", "api_endpoint", "prometheus_url", "emulated", "health",
-                  "last_contact_at", "created_at", "node_pools"]
-        read_only_fields = ["id", "health", "last_contact_at", "created_at", "node_pools"]
+                  "last_contact_at", "created_at", "node_pools", "api_token", "ca_cert", "kubeconfig",
+                  "auth_configured"]
+        read_only_fields = ["id", "health", "last_contact_at", "created_at", "node_pools", "auth_configured"]
+
+    @extend_schema_field(serializers.BooleanField())
+    def get_auth_configured(self, cluster: Cluster) -> bool:
+        """Whether a token or kubeconfig is stored (never the credential itself)."""
+        return bool(cluster.api_token or cluster.kubeconfig)

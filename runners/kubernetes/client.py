@@ -1,0 +1,148 @@
+"""One configured Kubernetes API client per cluster: endpoint, CA, bearer token or kubeconfig, timeouts, rate limit.
+
+Each cluster gets its own ``ApiClient`` (its own urllib3 connection pool),
+its own token bucket and bounded connect/read timeouts, so a slow or dead
+cluster costs its own calls at most ``K8S_CONNECT_TIMEOUT_SECONDS`` +
+``K8S_READ_TIMEOUT_SECONDS`` and never takes connections or tokens from another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import urllib3
+import yaml
+from django.conf import settings
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
+from ..base import ClusterUnreachable
+
+
+class ApiError(Exception):
+    """The API server answered with an error Status: ``status`` (HTTP code), ``reason`` and the server's ``message``."""
+
+    def __init__(self, status: int, reason: str, message: str):
+        super().__init__(f"HTTP {status} {reason}: {message}")
+        self.status, self.reason, self.message = status, reason, message
+
+
+class RateLimiter:
+    """A thread-safe token bucket: ``qps`` tokens per second, at most ``burst`` saved (client-go's flowcontrol)."""
+
+    def __init__(self, qps: float, burst: int):
+        self.qps, self.burst = float(qps), max(1, int(burst))
+        self._tokens = float(self.burst)
+        self._at = time.monotonic()
+        self._lock = threading.Lock()
+
+    def acquire(self, timeout: float) -> None:
+        """Take one token, waiting at most ``timeout`` seconds. Raises ClusterUnreachable when none comes in time."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                self._tokens = min(self.burst, self._tokens + (now - self._at) * self.qps)
+                self._at = now
+                if self._tokens >= 1:
+                    self._tokens -= 1
+                    return
+                wait = (1 - self._tokens) / self.qps
+            if time.monotonic() + wait > deadline:
+                raise ClusterUnreachable(f"client-side rate limit ({self.qps:g} requests/s) not available in {timeout:g} s")
+            time.sleep(wait)
+
+
+def _server_message(exc: ApiException) -> tuple[str, str]:
+    """``(reason, message)`` from the Status object in an ApiException's body (falls back to the HTTP reason)."""
+    try:
+        body = json.loads(exc.body or "{}")
+    except (TypeError, ValueError):
+        body = {}
+    if not isinstance(body, dict):
+        body = {}
+    return str(body.get("reason") or exc.reason or ""), str(body.get("message") or exc.reason or "")
+
+
+class ClusterClient:
+    """The API groups of one cluster (``core``, ``batch``, ``apps``, ``version``) behind one rate limit and timeouts."""
+
+    def __init__(self, api_client: k8s.ApiClient, limiter: RateLimiter, timeouts: tuple[float, float]):
+        self.api_client = api_client
+        self.core = k8s.CoreV1Api(api_client)
+        self.batch = k8s.BatchV1Api(api_client)
+        self.apps = k8s.AppsV1Api(api_client)
+        self.version = k8s.VersionApi(api_client)
+        self.limiter = limiter
+        self.timeouts = timeouts
+
+    def call(self, fn: Callable[..., Any], *args, **kwargs) -> Any:
+        """``fn(*args, **kwargs)`` under the rate limit and timeouts.
+
+        Raises ApiError for an HTTP error answer, ClusterUnreachable when the
+        server cannot be reached or does not answer in time.
+        """
+        self.limiter.acquire(timeout=self.timeouts[1])
+        kwargs.setdefault("_request_timeout", self.timeouts)
+        try:
+            return fn(*args, **kwargs)
+        except ApiException as exc:
+            if exc.status == 0 or exc.status is None:
+                raise ClusterUnreachable(str(exc.reason)) from exc
+            reason, message = _server_message(exc)
+            raise ApiError(int(exc.status), reason, message) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ClusterUnreachable(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _configuration(cluster) -> k8s.Configuration:
+    """A client Configuration from the cluster's kubeconfig, or from its endpoint, bearer token and CA bundle."""
+    cfg = k8s.Configuration()
+    if cluster.kubeconfig:
+        k8s_config.load_kube_config_from_dict(yaml.safe_load(str(cluster.kubeconfig)), client_configuration=cfg,
+                                             persist_config=False)
+    else:
+        cfg.host = cluster.api_endpoint.rstrip("/")
+        if cluster.api_token:
+            cfg.api_key = {"authorization": str(cluster.api_token)}
+            cfg.api_key_prefix = {"authorization": "Bearer"}
+        if cluster.ca_cert:
+            ca = tempfile.NamedTemporaryFile("w", suffix=".crt", prefix="cp-ca-", delete=False)
+            with ca:
+                ca.write(str(cluster.ca_cert))
+            cfg.ssl_ca_cert = ca.name
+    cfg.retries = False  # one attempt per call: the callers own retries (dispatch backoff, the next reconcile)
+    cfg.connection_pool_maxsize = 8
+    return cfg
+
+
+_CLIENTS: dict[int, tuple[str, ClusterClient]] = {}
+_LOCK = threading.Lock()
+
+
+def _fingerprint(cluster) -> str:
+    parts = [cluster.api_endpoint, str(cluster.api_token), str(cluster.ca_cert), str(cluster.kubeconfig),
+             str(settings.K8S_QPS), str(settings.K8S_BURST), str(settings.K8S_CONNECT_TIMEOUT_SECONDS),
+             str(settings.K8S_READ_TIMEOUT_SECONDS)]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def client_for(cluster) -> ClusterClient:
+    """The cached client of ``cluster``; rebuilt when its endpoint, credentials or the settings change."""
+    fingerprint = _fingerprint(cluster)
+    with _LOCK:
+        cached = _CLIENTS.get(cluster.pk)
+        if cached is not None and cached[0] == fingerprint:
+            return cached[1]
+        api_client = k8s.ApiClient(_configuration(cluster))
+        made = ClusterClient(api_client, RateLimiter(settings.K8S_QPS, settings.K8S_BURST),
+                             (float(settings.K8S_CONNECT_TIMEOUT_SECONDS), float(settings.K8S_READ_TIMEOUT_SECONDS)))
+        _CLIENTS[cluster.pk] = (fingerprint, made)
+        return made

@@ -1,0 +1,248 @@
+"""Kubernetes manifests of an attempt, as plain dicts: training Job (+ headless Service), inference Deployment + Service.
+
+Pure functions of a ``Workload`` (no database, no network), so tests can
+validate every shape against the official schema (``kubernetes-validate``).
+Conventions: Kubernetes docs "Indexed Job for parallel processing with static
+work assignment", the Job pod hostname/subdomain DNS rule, and each cloud's
+spot documentation (EKS managed node groups and Karpenter, GKE Spot VMs, AKS
+spot node pools).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+LABEL_TEAM = "controlplane.io/team"
+LABEL_JOB = "controlplane.io/job"
+LABEL_ATTEMPT = "controlplane.io/attempt"
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+CONTAINER = "main"
+
+# Node labels that mark spot capacity, per provider: (label key, value on spot nodes).
+SPOT_LABELS: dict[str, tuple[tuple[str, str], ...]] = {
+    # EKS managed node groups label eks.amazonaws.com/capacityType=SPOT; Karpenter karpenter.sh/capacity-type=spot.
+    "aws": (("eks.amazonaws.com/capacityType", "SPOT"), ("karpenter.sh/capacity-type", "spot")),
+    # GKE Spot VMs: cloud.google.com/gke-spot=true (and a NoSchedule taint of the same key when configured).
+    "gcp": (("cloud.google.com/gke-spot", "true"),),
+    # AKS spot pools: label and NoSchedule taint kubernetes.azure.com/scalesetpriority=spot.
+    "azure": (("kubernetes.azure.com/scalesetpriority", "spot"),),
+}
+# Every provider's spot labels, for clusters of other providers (on-prem, OCI) and for keeping on-demand work off spot.
+ALL_SPOT_LABELS = tuple(pair for pairs in SPOT_LABELS.values() for pair in pairs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What an attempt runs, flattened from Job, JobAttempt, NodePool and Accelerator.
+
+    ``cpu`` in cores, ``memory_gib`` in GiB, ``max_runtime_seconds`` in
+    seconds; ``gpu_product`` is the node label value of the accelerator
+    (empty: no accelerator selector); ``spot`` when the attempt's node pool is spot.
+    """
+
+    name: str
+    namespace: str
+    team: str
+    job_id: int
+    attempt_id: int
+    attempt_number: int
+    kind: str
+    image: str
+    command: tuple[str, ...]
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    nodes: int = 1
+    gpus_per_node: int = 1
+    cpu: float | None = None
+    memory_gib: float | None = None
+    gpu_product: str = ""
+    provider: str = ""
+    spot: bool = False
+    max_runtime_seconds: int = 3600
+    replicas: int = 1
+    port: int = 8000
+    master_port: int = 29500
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """The three platform labels every object and pod carries."""
+        return {LABEL_TEAM: self.team, LABEL_JOB: str(self.job_id), LABEL_ATTEMPT: str(self.attempt_id)}
+
+    @property
+    def master_addr(self) -> str:
+        """DNS name of the pod of completion index 0: ``<job>-0.<headless service>.<namespace>.svc``."""
+        if self.nodes == 1:
+            return "127.0.0.1"
+        return f"{self.name}-0.{self.name}.{self.namespace}.svc"
+
+
+def namespace_name(prefix: str, team_slug: str) -> str:
+    """The team's namespace: ``<prefix><team slug>`` cut to 63 characters (a DNS label)."""
+    return f"{prefix}{team_slug}"[:63].rstrip("-")
+
+
+def namespace(name: str, team: str) -> dict:
+    """A v1 Namespace labelled with its team."""
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {LABEL_TEAM: team}}}
+
+
+def _metadata(w: Workload) -> dict:
+    return {"name": w.name, "namespace": w.namespace, "labels": dict(w.labels)}
+
+
+def _quantity_cpu(cores: float) -> str:
+    return f"{round(cores * 1000)}m"
+
+
+def _quantity_memory(gib: float) -> str:
+    return f"{round(gib * 1024)}Mi"
+
+
+def _resources(w: Workload) -> dict:
+    """GPU limits (extended resources must have limit == request), CPU and memory requests = limits."""
+    limits: dict[str, str] = {}
+    if w.gpus_per_node:
+        limits[GPU_RESOURCE] = str(w.gpus_per_node)
+    if w.cpu:
+        limits["cpu"] = _quantity_cpu(w.cpu)
+    if w.memory_gib:
+        limits["memory"] = _quantity_memory(w.memory_gib)
+    resources: dict = {"limits": limits}
+    requests = {k: v for k, v in limits.items() if k != GPU_RESOURCE}
+    if requests:
+        resources["requests"] = requests
+    return resources
+
+
+def _spot_labels(provider: str) -> tuple[tuple[str, str], ...]:
+    return SPOT_LABELS.get(provider, ALL_SPOT_LABELS)
+
+
+def _scheduling(w: Workload) -> dict:
+    """nodeSelector, affinity and tolerations: the accelerator, and spot capacity only (spot) or never (on-demand).
+
+    Spot: nodes carrying any of the provider's spot labels (nodeSelectorTerms
+    are ORed), tolerating their taints. On-demand: a single term excluding
+    every spot label (NotIn also matches nodes without the label).
+    """
+    out: dict = {}
+    if w.gpu_product:
+        out["nodeSelector"] = {GPU_PRODUCT_LABEL: w.gpu_product}
+    tolerations = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    labels = _spot_labels(w.provider)
+    if w.spot:
+        terms = [{"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]} for key, value in labels]
+        tolerations += [{"key": key, "operator": "Equal", "value": value, "effect": "NoSchedule"} for key, value in labels]
+    else:
+        terms = [{"matchExpressions": [{"key": key, "operator": "NotIn", "values": [value]} for key, value in labels]}]
+    out["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
+    out["tolerations"] = tolerations
+    return out
+
+
+def _platform_env(w: Workload) -> list[dict]:
+    env = [{"name": k, "value": v} for k, v in w.env]
+    env += [
+        {"name": "CONTROLPLANE_JOB_ID", "value": str(w.job_id)},
+        {"name": "CONTROLPLANE_ATTEMPT", "value": str(w.attempt_number)},
+        {"name": "CONTROLPLANE_TEAM", "value": w.team},
+    ]
+    return env
+
+
+def rendezvous_env(w: Workload) -> list[dict]:
+    """torchrun's variables for one process per node: MASTER_ADDR/PORT, WORLD_SIZE, NODE_RANK and RANK.
+
+    NODE_RANK and RANK come from the pod's completion index (downward API on
+    the ``batch.kubernetes.io/job-completion-index`` annotation; Kubernetes
+    also sets JOB_COMPLETION_INDEX itself in Indexed Jobs).
+    """
+    if w.nodes > 1:
+        index = {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}
+        rank = [{"name": "NODE_RANK", "valueFrom": index}, {"name": "RANK", "valueFrom": index}]
+    else:
+        rank = [{"name": "NODE_RANK", "value": "0"}, {"name": "RANK", "value": "0"}]
+    return [
+        {"name": "MASTER_ADDR", "value": w.master_addr},
+        {"name": "MASTER_PORT", "value": str(w.master_port)},
+        {"name": "WORLD_SIZE", "value": str(w.nodes)},
+        *rank,
+        {"name": "LOCAL_RANK", "value": "0"},
+        {"name": "LOCAL_WORLD_SIZE", "value": "1"},
+    ]
+
+
+def _container(w: Workload, env: list[dict], ports: list[dict]) -> dict:
+    container = {"name": CONTAINER, "image": w.image, "command": list(w.command), "env": env,
+                 "resources": _resources(w)}
+    if w.args:
+        container["args"] = list(w.args)
+    if ports:
+        container["ports"] = ports
+    return container
+
+
+def training_job(w: Workload) -> dict:
+    """A batch/v1 Job: Indexed with ``nodes`` completions run in parallel, no pod retries (the platform owns them).
+
+    ``activeDeadlineSeconds`` = max_runtime (the Job fails DeadlineExceeded);
+    multi-node pods get hostname ``<name>-<index>`` under subdomain ``<name>``
+    (the headless Service), which MASTER_ADDR names.
+    """
+    env = _platform_env(w) + rendezvous_env(w)
+    pod_spec = {"restartPolicy": "Never", "containers": [
+        _container(w, env, [{"name": "rendezvous", "containerPort": w.master_port}] if w.nodes > 1 else [])
+    ], **_scheduling(w)}
+    if w.nodes > 1:
+        pod_spec["subdomain"] = w.name
+    return {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": _metadata(w),
+        "spec": {
+            "completions": w.nodes, "parallelism": w.nodes, "completionMode": "Indexed",
+            "backoffLimit": 0, "activeDeadlineSeconds": int(w.max_runtime_seconds),
+            "template": {"metadata": {"labels": dict(w.labels)}, "spec": pod_spec},
+        },
+    }
+
+
+def headless_service(w: Workload) -> dict:
+    """The v1 Service (clusterIP None) giving each pod of a multi-node Job its DNS name, ready or not."""
+    return {
+        "apiVersion": "v1", "kind": "Service", "metadata": _metadata(w),
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": dict(w.labels),
+                 "ports": [{"name": "rendezvous", "port": w.master_port, "targetPort": w.master_port}]},
+    }
+
+
+def inference_deployment(w: Workload) -> dict:
+    """An apps/v1 Deployment of ``replicas`` pods serving on ``port`` (env PORT), ready once the port accepts TCP."""
+    env = _platform_env(w) + [{"name": "PORT", "value": str(w.port)}]
+    container = _container(w, env, [{"name": "http", "containerPort": w.port}])
+    container["readinessProbe"] = {"tcpSocket": {"port": w.port}, "periodSeconds": 5, "failureThreshold": 3}
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _metadata(w),
+        "spec": {
+            "replicas": w.replicas, "selector": {"matchLabels": dict(w.labels)},
+            "template": {"metadata": {"labels": dict(w.labels)},
+                         "spec": {"containers": [container], **_scheduling(w)}},
+        },
+    }
+
+
+def inference_service(w: Workload) -> dict:
+    """The v1 ClusterIP Service in front of the inference pods, on ``port``."""
+    return {
+        "apiVersion": "v1", "kind": "Service", "metadata": _metadata(w),
+        "spec": {"selector": dict(w.labels), "ports": [{"name": "http", "port": w.port, "targetPort": w.port}]},
+    }
+
+
+def manifests(w: Workload) -> list[dict]:
+    """Every object of the attempt in creation order (Service first, so DNS exists when pods start)."""
+    if w.kind == "inference":
+        return [inference_service(w), inference_deployment(w)]
+    if w.nodes > 1:
+        return [headless_service(w), training_job(w)]
+    return [training_job(w)]

@@ -1,0 +1,494 @@
+"""The kubernetes backend over HTTP against three kmock emulators (aws, gcp, azure) with a test-side kubelet.
+
+State changes go through ``jobs.scheduler.try_admit``, the ``dispatch_attempt``
+task body and ``jobs.reconcile.reconcile_cluster``, called directly (on-commit
+callbacks do not run inside these tests' transactions). Every object the
+backend sends is validated against the Kubernetes 1.33 schema.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+import kubernetes_validate
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from jobs.lifecycle import cancel_job, finish_cancel
+from jobs.models import Job, JobAttempt, JobState
+from jobs.reconcile import reconcile_all, reconcile_cluster
+from jobs.scheduler import try_admit
+from jobs.tasks import dispatch_attempt
+from quotas.models import Quota
+from runners.base import PermanentDispatchError, backend_for
+from runners.kubernetes import manifests as m
+from runners.models import Cluster, NodePool
+from tests.conftest import make_cluster, make_persona
+
+from .emulators import Emulators, Kubelet
+
+S = JobState
+SLEEP = ["python", "-c", "import time; time.sleep(600)"]
+# (emulator/cluster name, provider, region, USD per GPU-hour override)
+CLUSTERS = [("aws-use1", "aws", "us-east-1", "3.10"), ("gcp-usc1", "gcp", "us-central1", "2.50"),
+            ("azure-eastus", "azure", "eastus", "4.20")]
+
+
+def validate(obj: dict) -> None:
+    kubernetes_validate.validate(obj, "1.33", strict=True)
+
+
+@pytest.fixture
+def fleet(settings, catalog, teams):
+    """Three emulated clusters with an 2x8 H100 on-demand pool each, priced differently; the alpha team's quota."""
+    settings.K8S_IMAGE_PULL_GRACE_SECONDS = 0
+    settings.K8S_CONNECT_TIMEOUT_SECONDS = 1.0
+    settings.K8S_READ_TIMEOUT_SECONDS = 3.0
+    settings.CLUSTER_UNREACHABLE_AFTER_FAILURES = 3
+    settings.CLUSTER_LOST_GRACE_SECONDS = 600
+    Quota.objects.create(team=teams[0], accelerator=catalog["H100-80GB"], nominal_gpus=64)
+    with Emulators([name for name, *_ in CLUSTERS]) as emulators:
+        clusters = {}
+        for name, provider, region, price in CLUSTERS:
+            cluster, _ = make_cluster(name, provider, region, catalog["H100-80GB"], price=price)
+            cluster.api_endpoint = emulators.url(name)
+            cluster.api_token = f"token-of-{name}"
+            cluster.save()
+            clusters[name] = cluster
+        yield emulators, clusters
+
+
+@pytest.fixture
+def submitter(teams):
+    return make_persona("owner", teams[0], "admin").user
+
+
+@pytest.fixture
+def submit(fleet, teams, submitter, catalog):
+    """Factory: a training job admitted by the scheduler; returns its attempt."""
+    def make(*, nodes=1, gpus=1, preemptible=False, placement=None, max_retries=0, kind="training",
+             image="registry.example/train:1") -> JobAttempt:
+        spec = {"image": image, "command": SLEEP, "args": [], "env": {"GREETING": "hi"},
+                "resources": {"accelerator": "H100-80GB", "gpus_per_node": gpus, "nodes": nodes, "cpu": 2,
+                              "memory_gib": 8},
+                "placement": placement or {}}
+        if kind == "inference":
+            spec.update(replicas=2, port=8000)
+        job = Job.objects.create(team=teams[0], submitter=submitter, name="t", kind=kind, spec=spec,
+                                 accelerator=catalog["H100-80GB"], gpus_per_node=gpus, nodes=nodes,
+                                 preemptible=preemptible, max_runtime_seconds=3600, max_retries=max_retries)
+        assert try_admit(job.pk) == "admitted", job.queue_info
+        return load(Job.objects.get(pk=job.pk).current_attempt_id)
+    return make
+
+
+def load(attempt_id: int) -> JobAttempt:
+    return JobAttempt.objects.select_related("job__team", "cluster", "node_pool__accelerator").get(pk=attempt_id)
+
+
+def kubelet(fleet, attempt: JobAttempt) -> Kubelet:
+    return Kubelet(fleet[0].url(attempt.cluster.name))
+
+
+def start(fleet, attempt: JobAttempt) -> tuple[Kubelet, dict, list[dict]]:
+    """Dispatch ``attempt``, validate what was created, and run its pods; returns the kubelet, Job and pods."""
+    assert dispatch_attempt(attempt.pk) == "dispatched"
+    k = kubelet(fleet, attempt)
+    job = k.job(attempt.pk)
+    validate(job)
+    for svc in k.services():
+        validate(svc)
+    pods = k.start_pods(job)
+    reconcile_cluster(attempt.cluster)
+    assert Job.objects.get(pk=attempt.job_id).state == S.RUNNING
+    return k, job, pods
+
+
+def state(attempt: JobAttempt) -> str:
+    return Job.objects.get(pk=attempt.job_id).state
+
+
+# --- manifests ----------------------------------------------------------------------------------------------
+
+
+def workload(**kw) -> m.Workload:
+    base = dict(name="job-7-1", namespace="cp-alpha", team="alpha", job_id=7, attempt_id=11, attempt_number=1,
+                kind="training", image="img:1", command=("python", "train.py"), args=("--steps", "5"),
+                env=(("A", "1"),), nodes=2, gpus_per_node=8, cpu=4, memory_gib=32.5, gpu_product="NVIDIA-H100-80GB-HBM3",
+                provider="aws", spot=False, max_runtime_seconds=900)
+    base.update(kw)
+    return m.Workload(**base)
+
+
+@pytest.mark.parametrize("provider", ["aws", "gcp", "azure", "onprem"])
+@pytest.mark.parametrize("spot", [True, False])
+@pytest.mark.parametrize("kind,nodes", [("training", 1), ("training", 3), ("inference", 1)])
+def test_it_builds_manifests_that_validate_for_1_33(provider, spot, kind, nodes):
+    for obj in m.manifests(workload(provider=provider, spot=spot, kind=kind, nodes=nodes)):
+        validate(obj)
+        assert obj["metadata"]["labels"] == {m.LABEL_TEAM: "alpha", m.LABEL_JOB: "7", m.LABEL_ATTEMPT: "11"}
+    validate(m.namespace("cp-alpha", "alpha"))
+
+
+def test_it_gives_multi_node_pods_torchrun_rendezvous_env():
+    service, job = m.manifests(workload(nodes=3))
+    assert service["spec"]["clusterIP"] == "None" and service["metadata"]["name"] == "job-7-1"
+    spec = job["spec"]
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 3, 3)
+    assert spec["backoffLimit"] == 0 and spec["activeDeadlineSeconds"] == 900
+    pod = spec["template"]["spec"]
+    assert pod["subdomain"] == "job-7-1" and pod["restartPolicy"] == "Never"
+    container = pod["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["MASTER_ADDR"]["value"] == "job-7-1-0.job-7-1.cp-alpha.svc"
+    assert env["MASTER_PORT"]["value"] == "29500" and env["WORLD_SIZE"]["value"] == "3"
+    index_ref = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    assert env["NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == index_ref
+    assert env["RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == index_ref
+    assert env["A"]["value"] == "1"
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "8", "cpu": "4000m", "memory": "33280Mi"}
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+
+
+@pytest.mark.parametrize("provider,key,value", [
+    ("aws", "eks.amazonaws.com/capacityType", "SPOT"), ("aws", "karpenter.sh/capacity-type", "spot"),
+    ("gcp", "cloud.google.com/gke-spot", "true"), ("azure", "kubernetes.azure.com/scalesetpriority", "spot"),
+])
+def test_it_selects_and_tolerates_spot_nodes_per_cloud_and_keeps_on_demand_work_off_them(provider, key, value):
+    spot_pod = m.training_job(workload(provider=provider, spot=True, nodes=1))["spec"]["template"]["spec"]
+    terms = spot_pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]} in terms
+    assert {"key": key, "operator": "Equal", "value": value, "effect": "NoSchedule"} in spot_pod["tolerations"]
+    od_pod = m.training_job(workload(provider=provider, spot=False, nodes=1))["spec"]["template"]["spec"]
+    (term,) = od_pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {"key": key, "operator": "NotIn", "values": [value]} in term["matchExpressions"]
+    assert not any(t.get("key") == key for t in od_pod["tolerations"])
+
+
+# --- placement, dispatch, end reasons -------------------------------------------------------------------------
+
+
+def test_it_runs_on_the_cheapest_cluster_then_within_constraints(fleet, submit):
+    emulators, clusters = fleet
+    attempt = submit()
+    assert attempt.cluster.name == "gcp-usc1"
+    k, job, pods = start(fleet, attempt)
+    assert job["metadata"]["namespace"] == "cp-alpha" and job["metadata"]["name"] == attempt.object_name
+    assert Kubelet(emulators.url("aws-use1")).jobs() == []  # nothing went anywhere else
+    k.terminate(pods[0], 0)
+    k.finish_job(job, "Complete")
+    reconcile_cluster(attempt.cluster)
+    assert state(attempt) == S.SUCCEEDED
+    assert load(attempt.pk).end_reason == "Succeeded"
+
+    assert submit(placement={"providers": ["aws", "azure"]}).cluster.name == "aws-use1"
+    assert submit(placement={"regions": ["eastus"]}).cluster.name == "azure-eastus"
+
+
+def test_it_sends_the_bearer_token_of_each_cluster(fleet, submit):
+    emulators, _ = fleet
+    attempt = submit()
+    dispatch_attempt(attempt.pk)
+    headers = [r.headers.get("Authorization") for r in emulators.requests("gcp-usc1")]
+    assert headers and set(headers) == {"Bearer token-of-gcp-usc1"}
+
+
+def test_it_redispatches_idempotently_and_refuses_objects_of_another_attempt(fleet, submit):
+    attempt = submit(nodes=2)
+    backend = backend_for(attempt.cluster)
+    first = backend.dispatch(attempt)
+    second = backend.dispatch(attempt)  # every create answers 409 AlreadyExists: created before
+    assert first == second == {"namespace": "cp-alpha", "objects": [["Service", attempt.object_name],
+                                                                     ["Job", attempt.object_name]]}
+    k = kubelet(fleet, attempt)
+    assert len(k.jobs()) == 1 and len(k.services()) == 1
+    assert dispatch_attempt(attempt.pk) == "dispatched"
+
+    other = submit()
+    other.object_name = attempt.object_name  # a name collision with an object another attempt owns
+    with pytest.raises(PermanentDispatchError, match="belongs to attempt"):
+        backend.dispatch(other)
+
+
+def _fail_oom(k, job, pods):
+    k.terminate(pods[0], 137, "OOMKilled")
+    k.finish_job(job, "Failed", "BackoffLimitExceeded")
+
+
+def _fail_exit(k, job, pods):
+    k.terminate(pods[0], 3, "Error")
+    k.finish_job(job, "Failed", "BackoffLimitExceeded")
+
+
+def _fail_deadline(k, job, pods):
+    k.finish_job(job, "Failed", "DeadlineExceeded", "Job was active longer than specified deadline")
+
+
+@pytest.mark.parametrize("fail,reason,code", [(_fail_oom, "OOMKilled", 137), (_fail_exit, "Failed", 3),
+                                              (_fail_deadline, "DeadlineExceeded", None)])
+def test_it_reads_the_end_reason_from_the_pods(fleet, submit, fail, reason, code):
+    attempt = submit()
+    k, job, pods = start(fleet, attempt)
+    fail(k, job, pods)
+    reconcile_cluster(attempt.cluster)
+    assert state(attempt) == S.FAILED
+    ended = load(attempt.pk)
+    assert (ended.end_reason, ended.exit_code) == (reason, code)
+
+
+def test_it_fails_an_image_that_cannot_be_pulled_after_the_grace_period(fleet, submit, settings):
+    attempt = submit()
+    assert dispatch_attempt(attempt.pk) == "dispatched"
+    k = kubelet(fleet, attempt)
+    (pod,) = k.start_pods(k.job(attempt.pk), phase="Pending")
+    k.patch_pod(pod, {"containerStatuses": [{"name": "main", "ready": False, "restartCount": 0, "image": "x",
+                                             "imageID": "", "state": {"waiting": {"reason": "ImagePullBackOff",
+                                                                                  "message": "not found"}}}]})
+    settings.K8S_IMAGE_PULL_GRACE_SECONDS = 3600
+    reconcile_cluster(attempt.cluster)
+    assert state(attempt) == S.STARTING  # a registry hiccup may heal: still waiting
+    settings.K8S_IMAGE_PULL_GRACE_SECONDS = 0
+    reconcile_cluster(attempt.cluster)
+    assert state(attempt) == S.FAILED and load(attempt.pk).end_reason == "ImagePullBackOff"
+    reconcile_cluster(attempt.cluster)  # the ended attempt's objects are orphans now
+    k.gc()
+    assert k.jobs() == [] and k.pods() == []
+
+
+def test_it_recovers_a_spot_eviction_on_another_cluster(fleet, submit, catalog):
+    emulators, clusters = fleet
+    spot = NodePool.objects.create(cluster=clusters["aws-use1"], name="h100-spot", accelerator=catalog["H100-80GB"],
+                                   capacity_type="spot", nodes=2, gpus_per_node=8)
+    attempt = submit(preemptible=True, max_retries=1)
+    assert attempt.node_pool_id == spot.pk  # spot is the cheapest for a preemptible job
+    k, job, pods = start(fleet, attempt)
+    affinity = job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    assert "karpenter.sh/capacity-type" in str(affinity)
+    k.patch_pod(pods[0], {"phase": "Failed", "reason": "", "conditions": [
+        {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
+         "message": "spot instance reclaimed"}]})
+    k.finish_job(job, "Failed", "PodFailurePolicy")
+    reconcile_cluster(attempt.cluster)
+    assert state(attempt) == S.RECOVERING
+    assert load(attempt.pk).end_reason == "Preempted"
+    NodePool.objects.filter(pk=spot.pk).update(nodes=0)  # the reclaimed spot node is gone from the pool
+    assert try_admit(attempt.job_id) == "admitted"
+    second = load(Job.objects.get(pk=attempt.job_id).current_attempt_id)
+    assert second.number == 2 and second.cluster.name == "gcp-usc1"
+    start(fleet, second)
+    reconcile_cluster(attempt.cluster)  # the first attempt's objects are deleted as orphans
+    k.gc()
+    assert k.jobs() == [] and k.pods() == []
+
+
+# --- cluster outages -----------------------------------------------------------------------------------------
+
+
+def test_an_outage_shorter_than_the_grace_period_touches_nothing(fleet, submit):
+    emulators, clusters = fleet
+    attempt = submit()
+    k, job, pods = start(fleet, attempt)
+    emulators.stop("gcp-usc1")
+    healths = []
+    for _ in range(4):
+        reconcile_cluster(attempt.cluster)
+        healths.append(Cluster.objects.get(pk=attempt.cluster_id).health)
+    assert healths == ["degraded", "degraded", "unreachable", "unreachable"]
+    assert state(attempt) == S.RUNNING
+    emulators.start("gcp-usc1")
+    reconcile_cluster(attempt.cluster)
+    cluster = Cluster.objects.get(pk=attempt.cluster_id)
+    assert (cluster.health, cluster.consecutive_failures) == ("healthy", 0)
+    assert state(attempt) == S.RUNNING and len(k.pods(attempt.pk)) == 1 and k.job(attempt.pk) is not None
+
+
+def test_an_outage_longer_than_the_grace_period_recovers_elsewhere_and_cleans_up_on_return(fleet, submit):
+    emulators, clusters = fleet
+    attempt = submit(nodes=2, max_retries=1)
+    k, job, pods = start(fleet, attempt)
+    Cluster.objects.filter(pk=attempt.cluster_id).update(last_contact_at=timezone.now() - dt.timedelta(seconds=601))
+    emulators.stop("gcp-usc1")
+    for _ in range(2):
+        reconcile_all()
+        assert state(attempt) == S.RUNNING  # degraded, not yet unreachable
+    reconcile_all()
+    assert state(attempt) == S.RECOVERING and load(attempt.pk).end_reason == "NodeLost"
+    assert try_admit(attempt.job_id) == "admitted"
+    second = load(Job.objects.get(pk=attempt.job_id).current_attempt_id)
+    assert second.cluster.name == "aws-use1"  # gcp is unreachable; aws is the next cheapest
+    start(fleet, second)
+    emulators.start("gcp-usc1")
+    reconcile_all()
+    k.gc()
+    assert k.jobs() == [] and k.services() == [] and k.pods() == []  # the job never runs twice
+    assert Cluster.objects.get(pk=attempt.cluster_id).health == "healthy"
+    assert state(second) == S.RUNNING
+
+
+# --- cancel and orphans --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("when", ["admitted", "starting", "running"])
+def test_it_cancels_in_every_state(fleet, submit, when):
+    attempt = submit(kind="inference" if when == "running" else "training")
+    k = kubelet(fleet, attempt)
+    if when != "admitted":
+        assert dispatch_attempt(attempt.pk) == "dispatched"
+        for obj in k.deployments() + k.jobs() + k.services():
+            validate(obj)
+    if when == "running":
+        k.start_pods(k.deployments()[0])
+        reconcile_cluster(attempt.cluster)
+        assert state(attempt) == S.RUNNING
+    job = Job.objects.get(pk=attempt.job_id)
+    cancel_job(job)
+    assert state(attempt) == S.CANCELLING
+    finish_cancel(job.pk)  # the Job/Deployment is deleted (Foreground); its pods are still there
+    if when == "running":
+        assert state(attempt) == S.CANCELLING
+        k.gc()
+        finish_cancel(job.pk)
+    assert state(attempt) == S.CANCELLED
+    assert k.jobs() == [] and k.deployments() == [] and k.services() == [] and k.pods() == []
+
+
+def test_a_cancel_on_an_unreachable_cluster_waits_for_it(fleet, submit):
+    emulators, _ = fleet
+    attempt = submit()
+    k, job, pods = start(fleet, attempt)
+    emulators.stop("gcp-usc1")
+    cancel_job(Job.objects.get(pk=attempt.job_id))
+    reconcile_all()
+    assert state(attempt) == S.CANCELLING
+    emulators.start("gcp-usc1")
+    reconcile_all()
+    k.gc()
+    reconcile_all()
+    assert state(attempt) == S.CANCELLED and k.jobs() == [] and k.pods() == []
+
+
+def test_it_cancels_a_recovering_job_without_a_live_attempt(fleet, submit):
+    attempt = submit(max_retries=1)
+    k, job, pods = start(fleet, attempt)
+    k.patch_pod(pods[0], {"phase": "Failed", "reason": "Evicted", "message": "node low on memory"})
+    reconcile_cluster(attempt.cluster)
+    assert state(attempt) == S.RECOVERING and load(attempt.pk).end_reason == "Evicted"
+    cancel_job(Job.objects.get(pk=attempt.job_id))
+    assert state(attempt) == S.CANCELLED
+    reconcile_cluster(attempt.cluster)
+    k.gc()
+    assert k.jobs() == [] and k.pods() == []
+
+
+def test_it_deletes_objects_no_live_attempt_owns(fleet, submit):
+    attempt = submit()
+    k, job, pods = start(fleet, attempt)
+    JobAttempt.objects.filter(pk=attempt.pk).update(ended_at=timezone.now())  # e.g. ended by an operator
+    result = reconcile_cluster(attempt.cluster)
+    assert result["orphans_deleted"] == 1
+    k.gc()
+    assert k.jobs() == [] and k.pods() == []
+
+
+# --- credentials ---------------------------------------------------------------------------------------------
+
+
+def test_credentials_are_encrypted_write_only_and_never_logged(fleet, teams, caplog, submit):
+    staff = make_persona("root")
+    staff.user.is_staff = True
+    staff.user.save()
+    secret = "sup3r-s3cret-bearer-token"
+    caplog.set_level(logging.DEBUG)
+    answer = staff.client.post("/api/v1/clusters/", {
+        "name": "oci-fra", "provider": "oci", "region": "eu-frankfurt-1", "backend": "kubernetes",
+        "api_endpoint": "https://k8s.example:6443", "api_token": secret, "ca_cert": "-----BEGIN CERTIFICATE-----"},
+        format="json")
+    assert answer.status_code == 201, answer.content
+    assert secret not in answer.content.decode() and "BEGIN CERTIFICATE" not in answer.content.decode()
+    assert answer.json()["auth_configured"] is True
+    cluster = Cluster.objects.get(name="oci-fra")
+    assert cluster.api_token == secret and secret not in repr(cluster.api_token)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT api_token, ca_cert FROM runners_cluster WHERE name = 'oci-fra'")
+        raw_token, raw_ca = cursor.fetchone()
+    assert raw_token.startswith("fernet:") and secret not in raw_token and "BEGIN" not in raw_ca
+    for path in ("/api/v1/clusters/", f"/api/v1/clusters/{cluster.pk}/"):
+        body = staff.client.get(path).content.decode()
+        assert secret not in body and "fernet:" not in body
+    attempt = submit()
+    dispatch_attempt(attempt.pk)
+    reconcile_all()
+    assert secret not in caplog.text and "token-of-gcp-usc1" not in caplog.text
+
+
+# --- logs and node pool discovery ----------------------------------------------------------------------------
+
+
+def test_the_logs_endpoint_returns_the_tail_of_a_node_pod(fleet, submit, submitter):
+    emulators, _ = fleet
+    attempt = submit(nodes=2)
+    k, job, pods = start(fleet, attempt)
+    second = next(p for p in pods if p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == "1")
+    path = f"/api/v1/namespaces/cp-alpha/pods/{second['metadata']['name']}/log"
+
+    async def serve_log():
+        emulators.handlers["gcp-usc1"][f"get {path}"] << b"step 10 loss 2.1\nstep 20 loss 1.7\n"
+
+    emulators.run(serve_log())
+    owner = make_persona("owner2", attempt.job.team, "admin")
+    answer = owner.client.get(f"/api/v1/jobs/{attempt.job_id}/logs/?node=1&tail=50")
+    assert answer.status_code == 200, answer.content
+    assert answer.json() == {"node": 1, "attempt": 1, "text": "step 10 loss 2.1\nstep 20 loss 1.7\n"}
+    log_requests = [r for r in emulators.requests("gcp-usc1") if r.url.path == path]
+    assert log_requests and log_requests[-1].params.get("tailLines") == "50"
+
+
+def test_it_discovers_gpu_node_pools_with_free_gpus(fleet):
+    emulators, clusters = fleet
+    k = Kubelet(emulators.url("azure-eastus"))
+
+    def node(name, product, spot, gpus):
+        labels = {"nvidia.com/gpu.product": product}
+        if spot:
+            labels["kubernetes.azure.com/scalesetpriority"] = "spot"
+        return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+                "status": {"allocatable": {"nvidia.com/gpu": str(gpus)},
+                           "conditions": [{"type": "Ready", "status": "True"}]}}
+
+    for body in (node("n1", "NVIDIA-H100-80GB-HBM3", False, 8), node("n2", "NVIDIA-H100-80GB-HBM3", False, 8),
+                 node("n3", "NVIDIA-H100-80GB-HBM3", True, 8), node("cpu", "", False, 0)):
+        k._req("POST", "/api/v1/nodes", body)
+    k._req("POST", "/api/v1/namespaces/cp-x/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "busy", "namespace": "cp-x"},
+        "spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "3"}}}]},
+        "status": {"phase": "Running"}})
+    pools = backend_for(clusters["azure-eastus"]).discover(clusters["azure-eastus"])
+    shapes = {(p.accelerator, p.capacity_type): (p.nodes, p.gpus_per_node, p.free_gpus) for p in pools}
+    assert shapes == {("NVIDIA-H100-80GB-HBM3", "on-demand"): (2, 8, 13), ("NVIDIA-H100-80GB-HBM3", "spot"): (1, 8, 8)}
+
+
+@pytest.mark.parametrize("status,outcome", [(422, "failed"), (403, "failed"), (429, "retry"), (503, "retry")])
+def test_dispatch_errors_are_permanent_or_transient_by_status(fleet, submit, status, outcome):
+    import kmock
+
+    from runners.base import TransientDispatchError
+
+    emulators, _ = fleet
+    attempt = submit()
+
+    async def refuse():
+        emulators.handlers["gcp-usc1"]["post /apis/batch/v1/namespaces/cp-alpha/jobs"] << kmock.KubernetesError(
+            status=status, reason="Refused", message=f"the server says {status}")
+
+    emulators.run(refuse())
+    if outcome == "retry":
+        with pytest.raises(TransientDispatchError, match=f"HTTP {status}"):
+            backend_for(attempt.cluster).dispatch(attempt)
+        assert state(attempt) == S.ADMITTED
+    else:
+        assert dispatch_attempt(attempt.pk) == "failed"
+        ended = load(attempt.pk)
+        assert state(attempt) == S.FAILED and ended.end_reason == "DispatchError"
+        assert f"the server says {status}" in ended.message
