@@ -12,7 +12,7 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
-from runners.base import Observation, backend_for
+from runners.base import ClusterUnreachable, Observation, backend_for
 
 from .models import Job, JobAttempt, JobState
 from .states import StaleState, record_event, transition
@@ -134,22 +134,61 @@ def cancel_job(job: Job, actor=None) -> Job:
 
 
 def finish_cancel(job_id: int) -> bool:
-    """Delete a CANCELLING job's objects; when the backend confirms they are gone, end it CANCELLED.
+    """Delete a CANCELLING job's objects; end it CANCELLED when the backend confirms they are gone or cannot be reached.
 
-    Returns True when the job reached CANCELLED. Safe to call repeatedly.
+    On an unreachable cluster the attempt ends at once (end reason
+    Cancelled, so billing stops) with a reason saying the deletion is
+    pending: reconcile's orphan cleanup deletes the objects of ended
+    attempts when the cluster answers again. Returns True when the job
+    reached CANCELLED. Safe to call repeatedly.
     """
     job = Job.objects.select_related("current_attempt__cluster").get(pk=job_id)
     if job.state != S.CANCELLING:
         return job.state == S.CANCELLED
     attempt = job.current_attempt
-    gone = attempt is None or attempt.ended_at is not None or backend_for(attempt.cluster).delete(attempt)
+    reason = "objects deleted"
+    try:
+        gone = attempt is None or attempt.ended_at is not None or backend_for(attempt.cluster).delete(attempt)
+    except ClusterUnreachable as exc:
+        log.warning("job %s: cluster %s unreachable, cancelled with deletion pending: %s", job_id,
+                    attempt.cluster.name, exc)
+        gone, reason = True, (f"cluster {attempt.cluster.name} unreachable: objects will be deleted when it "
+                              f"answers again (deletion pending)")
     if not gone:
         return False
     try:
         if attempt is not None and attempt.ended_at is None:
-            end_attempt(job, attempt, S.CANCELLED, reason="objects deleted", end_reason=JobAttempt.EndReason.CANCELLED)
+            end_attempt(job, attempt, S.CANCELLED, reason=reason, end_reason=JobAttempt.EndReason.CANCELLED)
         else:
             transition(job, S.CANCELLED, reason="nothing was running")
     except StaleState:
         return False
     return True
+
+
+def preempt_attempt(job: Job, attempt: JobAttempt, *, reason: str, actor=None) -> Job:
+    """End ``attempt`` as Preempted and move ``job`` to RECOVERING in one transaction (its quota is released).
+
+    The job is requeued with its original priority and submission time
+    (resuming from its checkpoint); its objects are deleted on commit by
+    ``jobs.tasks.delete_attempt_objects`` (reconcile's orphan cleanup is the
+    safety net). Preemption does not count against ``max_retries``. Raises
+    StaleState or InvalidTransition (and writes nothing) like ``transition``.
+    """
+    from .tasks import enqueue_delete_attempt
+
+    now = timezone.now()
+    with transaction.atomic():
+        updated = JobAttempt.objects.filter(pk=attempt.pk, ended_at__isnull=True).update(
+            ended_at=now, end_reason=JobAttempt.EndReason.PREEMPTED, message=reason[:4000]
+        )
+        if not updated:
+            raise StaleState(job.pk, job.state)
+        attempt.ended_at, attempt.end_reason = now, JobAttempt.EndReason.PREEMPTED
+        transition(job, S.RECOVERING, reason=reason, actor=actor, attempt=attempt,
+                   data={"end_reason": JobAttempt.EndReason.PREEMPTED})
+        enqueue_delete_attempt(attempt.pk)
+    from costs.tasks import enqueue_final_accrual
+
+    enqueue_final_accrual(attempt.pk)
+    return job

@@ -94,9 +94,10 @@ def recover_lost_cluster(cluster: Cluster, attempts: list[JobAttempt], now: dt.d
 
     The grace period runs from the last successful contact (or the cluster's
     creation). Returns how many attempts were ended (RECOVERING, or FAILED
-    when no retry is left). CANCELLING jobs stay CANCELLING: their deletion
-    is retried when the cluster answers again, and the objects of recovered
-    attempts are deleted then as orphans.
+    when no retry is left). Cancels on an unreachable cluster end CANCELLED
+    with deletion pending (``jobs.lifecycle.finish_cancel``); the objects of
+    those and of recovered attempts are deleted as orphans when the cluster
+    answers again.
     """
     now = now or timezone.now()
     since = cluster.last_contact_at or cluster.created_at
@@ -117,11 +118,11 @@ def recover_lost_cluster(cluster: Cluster, attempts: list[JobAttempt], now: dt.d
 
 
 def _finish_cancel(job_id: int) -> None:
-    """``finish_cancel`` that leaves the job CANCELLING when its cluster cannot be reached (retried next pass)."""
+    """``finish_cancel`` that logs instead of raising when the cluster's backend is missing (retried next pass)."""
     try:
         finish_cancel(job_id)
     except (ClusterUnreachable, UnknownBackend) as exc:
-        log.warning("job %s stays CANCELLING: %s", job_id, exc)
+        log.warning("job %s: cancel not finished: %s", job_id, exc)
 
 
 def reconcile_all() -> list[dict]:

@@ -9,6 +9,8 @@ call per cluster, and deletes what it owns. Backends never change job states:
 from __future__ import annotations
 
 import dataclasses
+import time
+from collections.abc import Iterator
 from typing import ClassVar
 
 
@@ -103,6 +105,82 @@ class Backend:
     def logs(self, attempt, node: int = 0, tail_lines: int = 200) -> str:
         """The last ``tail_lines`` lines of the log of node ``node`` of ``attempt``."""
         raise NotImplementedError
+
+    # Phases after which an attempt's log grows no more.
+    FINAL_PHASES: ClassVar[frozenset[str]] = frozenset({"succeeded", "failed", "lost"})
+    # Lines re-read on each poll of the default ``follow_logs`` to find what is new.
+    FOLLOW_WINDOW_LINES: ClassVar[int] = 2000
+
+    def attempt_finished(self, attempt) -> bool:
+        """Whether ``attempt`` ended: in the database, or in the backend's own view (``observe``: a final phase)."""
+        from jobs.models import JobAttempt
+
+        if JobAttempt.objects.filter(pk=attempt.pk, ended_at__isnull=False).exists():
+            return True
+        try:
+            obs = self.observe(attempt.cluster, [attempt]).get(attempt.pk)
+        except ClusterUnreachable:
+            return False
+        return obs is not None and obs.phase in self.FINAL_PHASES
+
+    def follow_logs(self, attempt, node: int = 0, tail_lines: int = 200, *, max_seconds: float | None = None,
+                    poll_seconds: float | None = None) -> Iterator[str]:
+        """Yield the last ``tail_lines`` lines of node ``node``'s log, then each new complete line as it appears.
+
+        Ends when the attempt ends (after a last read) or after
+        ``max_seconds`` (default ``settings.LOG_FOLLOW_MAX_SECONDS``); polls
+        ``logs()`` every ``poll_seconds`` (default ``LOG_FOLLOW_POLL_SECONDS``),
+        reading a window of ``FOLLOW_WINDOW_LINES`` lines and yielding what
+        follows the window read before (see ``overlap``). Backends with a native stream
+        override it. Raises ClusterUnreachable only before the first chunk;
+        afterwards an unreachable cluster ends the stream.
+        """
+        from django.conf import settings
+
+        max_seconds = float(settings.LOG_FOLLOW_MAX_SECONDS if max_seconds is None else max_seconds)
+        poll = float(settings.LOG_FOLLOW_POLL_SECONDS if poll_seconds is None else poll_seconds)
+        deadline = time.monotonic() + max_seconds
+        window = max(self.FOLLOW_WINDOW_LINES, tail_lines)
+        sent = complete_lines(self.logs(attempt, node, window))  # the window as last seen (complete lines)
+        yield "".join(sent[-tail_lines:]) if tail_lines > 0 else ""
+        while True:
+            finished = self.attempt_finished(attempt)  # checked before reading, so the last read sees every line
+            try:
+                text = self.logs(attempt, node, window)
+            except ClusterUnreachable:
+                return
+            if finished or time.monotonic() >= deadline:
+                lines = text.splitlines(keepends=True)
+                new = lines[overlap(sent, lines):]
+                if new:
+                    yield "".join(new)
+                return
+            complete = complete_lines(text)
+            new = complete[overlap(sent, complete):]
+            if new:
+                yield "".join(new)
+            sent = complete
+            time.sleep(min(poll, max(deadline - time.monotonic(), 0)))
+
+
+def complete_lines(text: str) -> list[str]:
+    """The lines of ``text`` that end with a newline (a trailing partial line waits for its end)."""
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith(("\n", "\r")):
+        lines.pop()
+    return lines
+
+
+def overlap(sent: list[str], now: list[str]) -> int:
+    """How many leading lines of ``now`` were already sent: the longest suffix of ``sent`` that is a prefix of ``now``.
+
+    Logs only grow, so the window read before (``sent``) and the one read now
+    overlap where the older one ends; with no overlap every line is new.
+    """
+    for k in range(min(len(sent), len(now)), 0, -1):
+        if sent[-k:] == now[:k]:
+            return k
+    return 0
 
 
 _BACKENDS: dict[str, Backend] = {}

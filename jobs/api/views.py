@@ -6,6 +6,9 @@ Thin views: validation lives in ``jobs.spec``, state changes in
 
 from __future__ import annotations
 
+import itertools
+
+from django.http import StreamingHttpResponse
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status
@@ -116,6 +119,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
         parameters=[
             OpenApiParameter("node", int, description="Node index, 0-based (default 0)"),
             OpenApiParameter("tail", int, description="Trailing lines, 1 to 100000 (default 200)"),
+            OpenApiParameter("follow", bool, description="Stream text/plain: the tail, then new lines until the "
+                                                         "attempt ends or LOG_FOLLOW_MAX_SECONDS pass"),
         ],
         responses={200: JobLogsSerializer, 400: OpenApiResponse(description="Bad node or tail"),
                    503: DETAIL_RESPONSE},
@@ -125,7 +130,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
         """The last ``tail`` lines of node ``node``'s log of the current attempt, from the cluster's backend.
 
         Before any attempt exists ``attempt`` is null and ``text`` empty; 503
-        when the cluster cannot be reached.
+        when the cluster cannot be reached. With ``follow=1`` the answer is a
+        ``text/plain`` stream: the tail, then each new line while the attempt
+        runs, ending when it ends or after ``LOG_FOLLOW_MAX_SECONDS`` seconds
+        (empty at once when there is no attempt yet).
         """
         job = self.get_object()
         query = LogQuerySerializer(data=request.query_params)
@@ -134,12 +142,25 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
         if node >= job.nodes:
             return Response({"node": [f"the job has {job.nodes} node(s): 0 to {job.nodes - 1}"]},
                             status=status.HTTP_400_BAD_REQUEST)
+        follow = str(request.query_params.get("follow", "")).lower() in ("1", "true", "yes", "on")
         attempt = job.current_attempt
         if attempt is None:
+            if follow:
+                return StreamingHttpResponse(iter(()), content_type="text/plain; charset=utf-8")
             return Response({"node": node, "attempt": None, "text": ""})
         try:
-            text = backend_for(attempt.cluster).logs(attempt, node, tail)
+            if follow:
+                stream = backend_for(attempt.cluster).follow_logs(attempt, node, tail)
+                first = next(stream, "")  # a cluster that does not answer is a 503, not an empty stream
+            else:
+                text = backend_for(attempt.cluster).logs(attempt, node, tail)
         except (ClusterUnreachable, UnknownBackend) as exc:
             return Response({"detail": f"cluster {attempt.cluster.name} is unreachable: {exc}"},
                             status=status.HTTP_503_SERVICE_UNAVAILABLE)
+        if follow:
+            response = StreamingHttpResponse(itertools.chain([first], stream), content_type="text/plain; charset=utf-8")
+            response["Cache-Control"] = "no-cache"
+            response["X-Accel-Buffering"] = "no"  # nginx: pass lines on as they come
+            response["X-Job-Attempt"] = str(attempt.number)
+            return response
         return Response({"node": node, "attempt": attempt.number, "text": text})

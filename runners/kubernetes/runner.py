@@ -395,6 +395,22 @@ class KubernetesBackend(Backend):
         return answer.data.decode("utf-8", "replace")
 
 
+    def attempt_finished(self, attempt) -> bool:
+        """Whether ``attempt`` ended in the database, or every pod of it finished (one pod LIST by label, not a full observe).
+
+        Used by the polling ``follow_logs``; an unreachable cluster counts as not finished.
+        """
+        from jobs.models import JobAttempt
+
+        if JobAttempt.objects.filter(pk=attempt.pk, ended_at__isnull=False).exists():
+            return True
+        try:
+            pods = self._pods(client_for(attempt.cluster), team_namespace(attempt.job.team.slug), attempt.pk)
+        except ClusterUnreachable:
+            return False
+        return bool(pods) and all((p.get("status") or {}).get("phase") in ("Succeeded", "Failed") for p in pods)
+
+
 def pod_of_node(pods: list[dict], node: int) -> dict | None:
     """The pod whose completion index annotation is ``node``; without indexes, the ``node``-th pod by name."""
     indexed = {((p.get("metadata") or {}).get("annotations") or {}).get(m.COMPLETION_INDEX_ANNOTATION): p for p in pods}

@@ -354,19 +354,26 @@ def test_it_cancels_in_every_state(fleet, submit, when):
     assert k.jobs() == [] and k.deployments() == [] and k.services() == [] and k.pods() == []
 
 
-def test_a_cancel_on_an_unreachable_cluster_waits_for_it(fleet, submit):
+def test_a_cancel_on_an_unreachable_cluster_ends_at_once_and_deletes_the_objects_on_return(fleet, submit):
     emulators, _ = fleet
     attempt = submit()
     k, job, pods = start(fleet, attempt)
     emulators.stop("gcp-usc1")
     cancel_job(Job.objects.get(pk=attempt.job_id))
-    reconcile_all()
     assert state(attempt) == S.CANCELLING
+    reconcile_all()
+    assert state(attempt) == S.CANCELLED  # no waiting on a cluster that does not answer
+    ended = load(attempt.pk)
+    assert ended.ended_at is not None and ended.end_reason == "Cancelled"  # billing stops now
+    event = Job.objects.get(pk=attempt.job_id).events.filter(to_state=S.CANCELLED).get()
+    assert "deletion pending" in event.reason
     emulators.start("gcp-usc1")
-    reconcile_all()
+    assert k.job(attempt.pk) is not None and len(k.pods(attempt.pk)) == 1  # kept while the cluster was away
+    result = reconcile_cluster(attempt.cluster)  # the orphan cleanup retries the deletion
+    assert result["orphans_deleted"] == 1
     k.gc()
-    reconcile_all()
-    assert state(attempt) == S.CANCELLED and k.jobs() == [] and k.pods() == []
+    assert k.jobs() == [] and k.services() == [] and k.pods() == []
+    assert state(attempt) == S.CANCELLED
 
 
 def test_it_cancels_a_recovering_job_without_a_live_attempt(fleet, submit):
