@@ -105,8 +105,14 @@ def apply_observation(job: Job, attempt: JobAttempt, obs: Observation) -> None:
 
 
 def recover_or_fail(job: Job, attempt: JobAttempt, *, end_reason: str, message: str = "") -> Job:
-    """End a lost attempt: RECOVERING (back to admission) while retries remain, FAILED after ``max_retries``."""
-    retries_used = attempt.number - 1
+    """End a lost attempt: RECOVERING (back to admission) while retries remain, FAILED after ``max_retries``.
+
+    Retries count earlier attempts that were lost; attempts ended by
+    preemption were the scheduler's choice, not a failure, and do not count.
+    """
+    retries_used = (
+        job.attempts.filter(number__lt=attempt.number).exclude(end_reason=JobAttempt.EndReason.PREEMPTED).count()
+    )
     if retries_used < job.max_retries:
         return end_attempt(job, attempt, S.RECOVERING, reason=f"{end_reason}: attempt {attempt.number} lost, recovering",
                            end_reason=end_reason, message=message)

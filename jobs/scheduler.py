@@ -1,16 +1,23 @@
-"""The scheduling pass: admit waiting jobs against quota, budget and capacity, and place them.
+"""The scheduling pass: a thin database layer around the pure fair-share core (``quotas.fairshare``).
 
-For each waiting job (QUEUED, or RECOVERING without a live attempt) in
-priority order, then submission order, one transaction:
+A pass loads a snapshot (waiting jobs, teams with cohorts, weights and
+quotas, live usage, node pools with free GPUs and prices, budgets,
+preemptible live attempts), asks the core for decisions, and applies each
+admission in its own transaction that re-checks it (the core proposes, the
+transaction verifies):
 
-1. lock the job row (SKIP LOCKED: another scheduler owns it), then the
-   team row (serialises every admission of one team, so quota and budget
-   checks see all the team's reservations), then the candidate node pools in
-   id order (serialises capacity; one global order, so no deadlock);
-2. ask the pure rules (``quotas.admission``, ``runners.placement``);
+1. lock the job row (SKIP LOCKED: another scheduler owns it), then the team
+   row, then the victims' job rows if it preempts (SKIP LOCKED: a victim
+   another worker holds cancels this admission for now), then every node
+   pool of the accelerator in id order (serialises capacity and the cohort's
+   borrowing of that accelerator; one global order, so no deadlock);
+2. preempt the victims (``jobs.lifecycle.preempt_attempt``), then check quota,
+   cohort lending, the pool's room and the budgets again on fresh rows;
 3. create the attempt and move the job to ADMITTED by compare-and-set, and
-   enqueue its dispatch on commit.
+   enqueue its dispatch on commit; any failed check rolls everything back.
 
+Waiting jobs get their reason, numbers and queue positions in ``queue_info``
+(one bulk UPDATE); a ``waiting`` event is written when the reason changes.
 On SQLite the IMMEDIATE transaction mode serialises whole transactions,
 which gives the same guarantee.
 """
@@ -19,27 +26,45 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import logging
-from decimal import ROUND_HALF_EVEN, Decimal
+from decimal import Decimal
 
 from django.db import connection, transaction
-from django.db.models import Sum
+from django.db.models import F, Sum
 from django.utils import timezone
 
 from costs.catalog import NoPrice, price_at
 from costs.models import CostEntry, Price
-from quotas.admission import OK, BudgetView, QuotaView, Verdict, check_budgets, check_quota
+from quotas.admission import BudgetView, QuotaView, Verdict, check_budgets, check_quota
+from quotas.fairshare import (
+    ESTIMATE_QUANTUM,
+    Admission,
+    Decisions,
+    FairShareScheduler,
+    QueuedJob,
+    Rejection,
+    RunningJob,
+    Snapshot,
+    TeamQuota,
+    TeamState,
+    Waiting,
+    cohort_has_room,
+    estimate_cost,
+)
 from quotas.models import Budget, Quota, Team
 from runners.models import Cluster, NodePool
-from runners.placement import PlacementRequest, PoolOffer, choose_pool, matches
+from runners.placement import PlacementRequest, PoolOffer, choose_pool, fits_now
 
-from .models import ACTIVE_STATES, Job, JobAttempt, JobState
-from .states import StaleState, record_event, transition
+from .models import ACTIVE_STATES, Job, JobAttempt, JobEvent, JobState
+from .states import StaleState, transition
+
+__all__ = ["ESTIMATE_QUANTUM", "PassResult", "estimate_cost", "placement_request", "pool_offers", "schedule_coalesced",
+           "schedule_pending", "team_used_gpus", "try_admit"]
 
 log = logging.getLogger(__name__)
 
 WAITING_STATES = (JobState.QUEUED, JobState.RECOVERING)
-ESTIMATE_QUANTUM = Decimal("0.000001")
 
 
 @dataclasses.dataclass
@@ -50,13 +75,6 @@ class PassResult:
     waiting: int = 0
     rejected: int = 0
     skipped: int = 0
-
-
-def estimate_cost(total_gpus: int, max_runtime_seconds: int, usd_per_gpu_hour: Decimal) -> Decimal:
-    """Worst-case cost of an attempt, USD: GPUs x max_runtime (s) / 3600 x price, to 1e-6 half-even."""
-    return (Decimal(total_gpus) * Decimal(max_runtime_seconds) * usd_per_gpu_hour / Decimal(3600)).quantize(
-        ESTIMATE_QUANTUM, ROUND_HALF_EVEN
-    )
 
 
 def placement_request(job: Job) -> PlacementRequest:
@@ -138,151 +156,295 @@ def pool_offers(accelerator_id: int, now: dt.datetime, lock: bool) -> list[PoolO
     return offers
 
 
-def _wait(job: Job, verdict: Verdict) -> None:
-    """Keep ``job`` waiting and record why: queue_info gets the numbers; an event only when the reason changes."""
-    info = {"reason": verdict.reason, "message": verdict.message, **verdict.detail}
-    if job.queue_info != info:
-        Job.objects.filter(pk=job.pk, state=job.state).update(queue_info=info, state_reason=verdict.message[:500])
-    if job.queue_info.get("reason") != verdict.reason:
-        record_event(job, "waiting", verdict.message, data=info)
+# --- the snapshot -------------------------------------------------------------------------
+
+def _queued_job(row: dict) -> QueuedJob:
+    placement = (row["spec"] or {}).get("placement") or {}
+    return QueuedJob(
+        job_id=row["pk"], team_id=row["team_id"], accelerator_id=row["accelerator_id"], nodes=row["nodes"],
+        gpus_per_node=row["gpus_per_node"], priority=row["priority"], submitted=row["created_at"].timestamp(),
+        preemptible=row["preemptible"], max_runtime_seconds=row["max_runtime_seconds"],
+        providers=tuple(placement.get("providers") or ()), regions=tuple(placement.get("regions") or ()),
+        clusters=tuple(placement.get("clusters") or ()), recovering=row["state"] == JobState.RECOVERING,
+    )
 
 
-def _reject(job: Job, verdict: Verdict) -> None:
-    if job.state == JobState.QUEUED:
-        transition(job, JobState.REJECTED, reason=verdict.message, data={"reason": verdict.reason, **verdict.detail},
-                   queue_info={})
-    else:  # a RECOVERING job that no longer fits (quota lowered): it fails rather than waits forever
-        transition(job, JobState.FAILED, reason=verdict.message, data={"reason": verdict.reason, **verdict.detail})
+@dataclasses.dataclass
+class _Loaded:
+    snapshot: Snapshot
+    rows: dict[int, dict]  # job id -> {"state", "queue_info"} as loaded
 
 
-def try_admit(job_id: int, now: dt.datetime | None = None) -> str:
-    """One admission attempt for one job; returns ``admitted``, ``waiting``, ``rejected`` or ``skipped``.
+def load_snapshot(now: dt.datetime, *, job_ids: list[int] | None = None, limit: int | None = None) -> _Loaded:
+    """Read everything a pass needs, without locks: waiting jobs (in admission order, first ``limit``, or just
+    ``job_ids``), every team with its cohort, weight, quotas (all clusters), live usage and budgets in force, node pools
+    of the accelerators asked for (free GPUs, price now), and the live attempts of preemptible jobs."""
+    qs = Job.objects.filter(state__in=WAITING_STATES).order_by("-priority", "created_at", "pk")
+    if job_ids is not None:
+        qs = qs.filter(pk__in=job_ids)
+    rows = list(qs.values("pk", "team_id", "accelerator_id", "nodes", "gpus_per_node", "priority", "created_at",
+                          "preemptible", "max_runtime_seconds", "spec", "state", "queue_info")[:limit] if limit else
+                qs.values("pk", "team_id", "accelerator_id", "nodes", "gpus_per_node", "priority", "created_at",
+                          "preemptible", "max_runtime_seconds", "spec", "state", "queue_info"))
+    recovering = [r["pk"] for r in rows if r["state"] == JobState.RECOVERING]
+    if recovering:
+        live = set(JobAttempt.objects.filter(job_id__in=recovering, ended_at__isnull=True).values_list("job_id", flat=True))
+        rows = [r for r in rows if r["pk"] not in live]
+    queue = [_queued_job(r) for r in rows]
 
-    ``skipped`` means the job is no longer waiting or another scheduler holds it.
-    """
-    return _try_admit(job_id, now)[0]
+    teams = {t.pk: TeamState(t.pk, cohort=t.cohort_id, weight=float(t.weight)) for t in Team.objects.all()}
+    for q in Quota.objects.filter(cluster__isnull=True):
+        teams[q.team_id].quotas[q.accelerator_id] = TeamQuota(q.nominal_gpus, q.borrowing_limit_gpus,
+                                                              q.lending_limit_gpus, q.max_gpus_per_job)
+    for team_id, acc, gpus in (JobAttempt.objects.filter(ended_at__isnull=True)
+                               .values_list("job__team_id", "node_pool__accelerator_id").annotate(n=Sum("gpus"))):
+        teams[team_id].used[acc] = gpus
+    queued_teams = {j.team_id for j in queue}
+    for team_id in set(Budget.objects.filter(team_id__in=queued_teams).values_list("team_id", flat=True)):
+        teams[team_id].budgets = budget_views(team_id, now)
+
+    accelerators = {j.accelerator_id for j in queue}
+    pools = {acc: pool_offers(acc, now, lock=False) for acc in accelerators}
+    running = [
+        RunningJob(job_id, attempt_id, team_id, acc, pool_id, gpus, priority,
+                   (admitted_at or created_at).timestamp(), True)
+        for attempt_id, job_id, team_id, acc, pool_id, gpus, priority, admitted_at, created_at in
+        JobAttempt.objects.filter(ended_at__isnull=True, job__preemptible=True, job__current_attempt_id=F("pk"),
+                                  job__state__in=[JobState.ADMITTED, JobState.STARTING, JobState.RUNNING])
+        .values_list("pk", "job_id", "job__team_id", "node_pool__accelerator_id", "node_pool_id", "gpus",
+                     "job__priority", "job__admitted_at", "created_at")
+    ] if accelerators else []
+    return _Loaded(Snapshot(teams, pools, queue, running),
+                   {r["pk"]: {"state": r["state"], "queue_info": r["queue_info"]} for r in rows})
 
 
-def _try_admit(job_id: int, now: dt.datetime | None = None) -> tuple[str, Verdict]:
-    """``try_admit`` that also returns the verdict that keeps a job waiting (or OK)."""
+# --- applying decisions ---------------------------------------------------------------------
+
+def _cohort_usage(team: Team, accelerator_id: int) -> tuple[int, int]:
+    """(lendable GPUs, borrowed GPUs) of ``team``'s cohort for one accelerator, from fresh rows."""
+    members = Team.objects.filter(cohort_id=team.cohort_id) if team.cohort_id else Team.objects.filter(cohort__isnull=True)
+    quotas = {q.team_id: q for q in Quota.objects.filter(team__in=members, accelerator_id=accelerator_id,
+                                                        cluster__isnull=True)}
+    used = dict(JobAttempt.objects.filter(job__team__in=members, node_pool__accelerator_id=accelerator_id,
+                                          ended_at__isnull=True).values_list("job__team_id").annotate(n=Sum("gpus")))
+    lendable = borrowed = 0
+    for team_id in set(quotas) | set(used):
+        q = quotas.get(team_id)
+        view = TeamQuota(q.nominal_gpus, q.borrowing_limit_gpus, q.lending_limit_gpus) if q else TeamQuota(0)
+        lendable += view.lendable_gpus
+        borrowed += max(0, used.get(team_id, 0) - view.guaranteed_gpus)
+    return lendable, borrowed
+
+
+def _apply_admission(decision: Admission, now: dt.datetime) -> tuple[str, Verdict | None]:
+    """Verify and commit one admission (with its preemptions); ``admitted``, ``waiting`` (with why) or ``skipped``."""
+    from .lifecycle import preempt_attempt
     from .tasks import enqueue_dispatch
 
-    now = now or timezone.now()
     with transaction.atomic():
-        job = (
-            Job.objects.select_for_update(skip_locked=True)
-            .filter(pk=job_id, state__in=WAITING_STATES)
-            .first()
-        )
+        job = Job.objects.select_for_update(skip_locked=True).filter(pk=decision.job.job_id,
+                                                                      state__in=WAITING_STATES).first()
         if job is None or (job.state == JobState.RECOVERING and _has_live_attempt(job)):
-            return "skipped", OK
-        Team.objects.select_for_update().filter(pk=job.team_id).first()
-
-        quota_row = Quota.objects.filter(team_id=job.team_id, accelerator_id=job.accelerator_id, cluster__isnull=True).first()
-        quota = quota_row and QuotaView(quota_row.nominal_gpus, quota_row.borrowing_limit_gpus, quota_row.max_gpus_per_job)
-        verdict = check_quota(job.total_gpus, team_used_gpus(job.team_id, job.accelerator_id), quota)
+            return "skipped", None
+        team = Team.objects.select_for_update().get(pk=job.team_id)
+        victims = []
+        for v in decision.victims:
+            victim = (Job.objects.select_for_update(skip_locked=True)
+                      .filter(pk=v.job_id, current_attempt_id=v.attempt_id,
+                              state__in=[JobState.ADMITTED, JobState.STARTING, JobState.RUNNING]).first())
+            if victim is None:
+                transaction.set_rollback(True)
+                return "waiting", Verdict(False, "capacity", "a job to preempt changed meanwhile; retried next pass",
+                                          {"request_gpus": job.total_gpus})
+            victims.append(victim)
+        pool_offers(job.accelerator_id, now, lock=True)  # lock every pool of the accelerator, in id order
+        for victim, v in zip(victims, decision.victims):
+            attempt = JobAttempt.objects.get(pk=v.attempt_id)
+            preempt_attempt(victim, attempt, reason=f"preempted for job {job.pk} of team {team.slug}, "
+                                                    f"within its nominal quota, while team {victim.team_id} borrows")
+        verdict, offer, estimate = _verify(job, team, decision, now)
         if not verdict.ok:
-            (_reject if verdict.never else _wait)(job, verdict)
-            return ("rejected" if verdict.never else "waiting"), verdict
-
-        request = placement_request(job)
-        offers = pool_offers(job.accelerator_id, now, lock=True)
-        offer = choose_pool(request, offers)
-        if offer is None:
-            matching = [o for o in offers if matches(request, o)]
-            verdict = Verdict(
-                False, "capacity",
-                "no healthy node pool matching the job has room now" if matching else "no node pool can ever hold this job",
-                {"request_gpus": request.total_gpus, "free_gpus_by_pool": {str(o.node_pool_id): o.free_gpus for o in matching}},
-            )
-            _wait(job, verdict)
+            transaction.set_rollback(True)
             return "waiting", verdict
-
-        estimate = estimate_cost(job.total_gpus, job.max_runtime_seconds, offer.usd_per_gpu_hour)
-        cheapest = min(o.usd_per_gpu_hour for o in offers if matches(request, o))
-        verdict = check_budgets(estimate, budget_views(job.team_id, now))
-        if not verdict.ok:
-            never = verdict.never and estimate_cost(job.total_gpus, job.max_runtime_seconds, cheapest) > Decimal(
-                verdict.detail["amount_usd"]
-            )
-            verdict = dataclasses.replace(verdict, never=never)
-            (_reject if never else _wait)(job, verdict)
-            return ("rejected" if never else "waiting"), verdict
-
         number = job.attempts.count() + 1
         attempt = JobAttempt.objects.create(
             job=job, number=number, cluster_id=offer.cluster_id, node_pool_id=offer.node_pool_id,
             gpus=job.total_gpus, object_name=f"job-{job.pk}-{number}", usd_per_gpu_hour=offer.usd_per_gpu_hour,
         )
+        data = {"cluster": offer.cluster_name, "node_pool_id": offer.node_pool_id, "estimate_usd": str(estimate)}
+        if decision.victims:
+            data["preempted_job_ids"] = [v.job_id for v in decision.victims]
         try:
-            transition(
-                job, JobState.ADMITTED, reason=f"placed on {offer.cluster_name} at ${offer.usd_per_gpu_hour}/GPU-h",
-                attempt=attempt, current_attempt=attempt, estimated_cost_usd=job.accrued_cost_usd + estimate,
-                data={"cluster": offer.cluster_name, "node_pool_id": offer.node_pool_id, "estimate_usd": str(estimate)},
-            )
+            transition(job, JobState.ADMITTED, reason=f"placed on {offer.cluster_name} at ${offer.usd_per_gpu_hour}/GPU-h",
+                       attempt=attempt, current_attempt=attempt, estimated_cost_usd=job.accrued_cost_usd + estimate,
+                       data=data)
         except StaleState:
             transaction.set_rollback(True)
-            return "skipped", OK
+            return "skipped", None
         enqueue_dispatch(attempt.pk)
-        return "admitted", OK
+        return "admitted", None
+
+
+def _verify(job: Job, team: Team, decision: Admission, now: dt.datetime) -> tuple[Verdict, PoolOffer | None, Decimal]:
+    """Re-check quota, cohort lending, victims' nominal, the pool's room and the budgets on fresh (locked) rows."""
+    acc = job.accelerator_id
+    quota_row = Quota.objects.filter(team_id=job.team_id, accelerator_id=acc, cluster__isnull=True).first()
+    quota = quota_row and QuotaView(quota_row.nominal_gpus, quota_row.borrowing_limit_gpus, quota_row.max_gpus_per_job)
+    used = team_used_gpus(job.team_id, acc)
+    verdict = check_quota(job.total_gpus, used, quota)
+    if not verdict.ok:
+        return verdict, None, Decimal(0)
+    q = TeamQuota(quota_row.nominal_gpus, quota_row.borrowing_limit_gpus, quota_row.lending_limit_gpus)
+    lendable, borrowed = _cohort_usage(team, acc)
+    if not cohort_has_room(lendable, borrowed, used, q.guaranteed_gpus, job.total_gpus):
+        return Verdict(False, "quota", f"the cohort lends {lendable} GPUs and {borrowed} are borrowed; "
+                                       f"{job.total_gpus} more do not fit",
+                       {"request_gpus": job.total_gpus, "used_gpus": used, "cohort_lendable_gpus": lendable,
+                        "cohort_borrowed_gpus": borrowed}), None, Decimal(0)
+    for owner_id in {v.team_id for v in decision.victims}:
+        owner_quota = Quota.objects.filter(team_id=owner_id, accelerator_id=acc, cluster__isnull=True).first()
+        if team_used_gpus(owner_id, acc) < (owner_quota.nominal_gpus if owner_quota else 0):
+            return Verdict(False, "quota", "preemption would reach into another team's nominal quota",
+                           {"request_gpus": job.total_gpus}), None, Decimal(0)
+    request = placement_request(job)
+    offers = pool_offers(acc, now, lock=True)
+    if decision.victims:
+        chosen = next((o for o in offers if o.node_pool_id == decision.offer.node_pool_id and fits_now(request, o)), None)
+    else:
+        chosen = choose_pool(request, offers)
+    if chosen is None:
+        return Verdict(False, "capacity", "no healthy node pool matching the job has room now",
+                       {"request_gpus": job.total_gpus}), None, Decimal(0)
+    estimate = estimate_cost(job.total_gpus, job.max_runtime_seconds, chosen.usd_per_gpu_hour)
+    verdict = check_budgets(estimate, budget_views(job.team_id, now))
+    return verdict, chosen, estimate
+
+
+def _apply_rejection(decision: Rejection) -> bool:
+    """REJECTED (a QUEUED job) or FAILED (a RECOVERING job whose quota was lowered), if it still waits."""
+    verdict = decision.verdict
+    with transaction.atomic():
+        job = Job.objects.select_for_update(skip_locked=True).filter(pk=decision.job.job_id,
+                                                                      state__in=WAITING_STATES).first()
+        if job is None or (job.state == JobState.RECOVERING and _has_live_attempt(job)):
+            return False
+        data = {"reason": verdict.reason, **verdict.detail}
+        if job.state == JobState.QUEUED:
+            transition(job, JobState.REJECTED, reason=verdict.message, data=data, queue_info={})
+        else:
+            transition(job, JobState.FAILED, reason=verdict.message, data=data)
+    return True
+
+
+def _store_waiting(infos: dict[int, tuple[str, str, dict]], rows: dict[int, dict]) -> None:
+    """Write ``queue_info`` of waiting jobs whose info changed: a ``waiting`` event where the reason changed (except
+    ``priority``, which only says a job is behind its team's head), one bulk UPDATE for the rest."""
+    bulk = []
+    for job_id, (reason, message, info) in infos.items():
+        loaded = rows[job_id]
+        old = loaded["queue_info"] or {}
+        if old == info:
+            continue
+        if old.get("reason") != reason and reason != "priority":
+            with transaction.atomic():
+                updated = Job.objects.filter(pk=job_id, state=loaded["state"]).update(
+                    queue_info=info, state_reason=message[:500])
+                if updated:
+                    JobEvent.objects.create(job_id=job_id, kind="waiting", reason=message[:500], data=info,
+                                            from_state=loaded["state"], to_state=loaded["state"])
+        else:
+            bulk.append((job_id, info, message[:500]))
+    if connection.vendor != "postgresql":
+        for job_id, info, message in bulk:
+            Job.objects.filter(pk=job_id, state__in=WAITING_STATES).update(queue_info=info, state_reason=message)
+        return
+    table = Job._meta.db_table
+    for start in range(0, len(bulk), 2000):
+        chunk = bulk[start:start + 2000]
+        values = ", ".join(["(%s, %s, %s)"] * len(chunk))
+        params = [p for job_id, info, message in chunk for p in (job_id, json.dumps(info), message)]
+        # Lock the rows in id order and skip those another worker holds: concurrent passes updating
+        # overlapping rows in different orders would deadlock; the skipped rows get their info from that worker.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f'WITH locked AS (SELECT id FROM "{table}" WHERE id = ANY(%s) AND state IN (%s, %s) '
+                f"ORDER BY id FOR UPDATE SKIP LOCKED) "
+                f'UPDATE "{table}" AS j SET queue_info = v.info::jsonb, state_reason = v.msg '
+                f"FROM (VALUES {values}) AS v(id, info, msg), locked "
+                f"WHERE j.id = v.id::bigint AND j.id = locked.id",
+                [[job_id for job_id, _, _ in chunk], JobState.QUEUED, JobState.RECOVERING] + params,
+            )
 
 
 def _has_live_attempt(job: Job) -> bool:
     return job.attempts.filter(ended_at__isnull=True).exists()
 
 
-def waiting_jobs(limit: int | None = None) -> list[tuple]:
-    """Waiting jobs in admission order (priority, high first, then submission time).
-
-    Rows of ``(id, team_id, accelerator_id, GPUs per node, total GPUs, preemptible, placement)``.
-    """
-    qs = (
-        Job.objects.filter(state__in=WAITING_STATES)
-        .order_by("-priority", "created_at", "pk")
-        .values_list("pk", "team_id", "accelerator_id", "nodes", "gpus_per_node", "preemptible", "spec__placement")
-    )
-    rows = qs[:limit] if limit else qs
-    return [(pk, team, acc, gpn, nodes * gpn, pre, repr(placement)) for pk, team, acc, nodes, gpn, pre, placement in rows]
+def _waiting_info(w: Waiting, keep_position: dict | None = None) -> tuple[str, str, dict]:
+    info = w.info()
+    if keep_position is not None:
+        if keep_position.get("position"):
+            info["position"] = keep_position["position"]
+        else:
+            info.pop("position")
+    return w.reason, w.message, info
 
 
-def schedule_pending(limit: int | None = None) -> PassResult:
-    """One scheduling pass over every waiting job (or the first ``limit``); safe to run concurrently.
-
-    Within a pass, usage only grows, so once a job of ``n`` GPUs waits for
-    its team's quota, no job of that team and accelerator asking ``n`` or
-    more can be admitted in the same pass; likewise for capacity, for jobs
-    of the same node shape (GPUs per node) and placement. Such jobs are skipped without a transaction, which keeps
-    a pass over a long queue cheap. They are looked at again next pass.
-    """
+def _run_pass(loaded: _Loaded, decisions: Decisions, now: dt.datetime, *, positions: bool = True) -> PassResult:
     result = PassResult()
-    now = timezone.now()
-    # (team, accelerator) -> (smallest GPU count that waited for quota, limit, per-job cap); jobs
-    # above the limit or cap are still tried, because they must be rejected, not skipped.
-    quota_floor: dict[tuple, tuple[int, int, int]] = {}
-    capacity_floor: dict[tuple, int] = {}
-    for job_id, team_id, accelerator_id, per_node, gpus, preemptible, placement in waiting_jobs(limit):
-        quota_key = (team_id, accelerator_id)
-        capacity_key = (accelerator_id, per_node, preemptible, placement)
-        floor, quota_limit, cap = quota_floor.get(quota_key, (gpus + 1, 0, 0))
-        if (floor <= gpus <= quota_limit and (not cap or gpus <= cap)) or gpus >= capacity_floor.get(capacity_key, gpus + 1):
-            result.waiting += 1
-            continue
-        outcome, verdict = _try_admit(job_id, now)
+    infos: dict[int, tuple[str, str, dict]] = {}
+    for decision in decisions.admissions:
+        outcome, verdict = _apply_admission(decision, now)
         if outcome == "admitted":
-            result.admitted.append(job_id)
+            result.admitted.append(decision.job.job_id)
         elif outcome == "waiting":
             result.waiting += 1
-            if verdict.reason == "quota":
-                d = verdict.detail
-                quota_floor[quota_key] = (min(gpus, floor), d["nominal_gpus"] + d["borrowing_limit_gpus"],
-                                          d.get("max_gpus_per_job", 0))
-            elif verdict.reason == "capacity":
-                capacity_floor[capacity_key] = min(gpus, capacity_floor.get(capacity_key, gpus))
-        elif outcome == "rejected":
+            infos[decision.job.job_id] = (verdict.reason, verdict.message,
+                                          {"reason": verdict.reason, "message": verdict.message, **verdict.detail})
+        else:
+            result.skipped += 1
+    for decision in decisions.rejections:
+        if _apply_rejection(decision):
             result.rejected += 1
         else:
             result.skipped += 1
+    for job_id, w in decisions.waiting.items():
+        result.waiting += 1
+        infos[job_id] = _waiting_info(w, None if positions else loaded.rows[job_id]["queue_info"] or {})
+    _store_waiting(infos, loaded.rows)
     return result
+
+
+def try_admit(job_id: int, now: dt.datetime | None = None) -> str:
+    """One admission attempt for one job; returns ``admitted``, ``waiting``, ``rejected`` or ``skipped``.
+
+    ``skipped`` means the job is no longer waiting or another scheduler holds it.
+    The rules are the pass's, with only this job in the queue; its stored
+    queue positions are kept until the next pass.
+    """
+    now = now or timezone.now()
+    loaded = load_snapshot(now, job_ids=[job_id])
+    if not loaded.snapshot.queue:
+        return "skipped"
+    result = _run_pass(loaded, FairShareScheduler(loaded.snapshot).full_pass(), now, positions=False)
+    if result.admitted:
+        return "admitted"
+    if result.rejected:
+        return "rejected"
+    return "waiting" if result.waiting else "skipped"
+
+
+def schedule_pending(limit: int | None = None) -> PassResult:
+    """One scheduling pass over every waiting job (or the first ``limit`` in priority order); safe to run concurrently.
+
+    The fair-share core decides on a snapshot; each admission is then
+    verified and committed in its own transaction (see the module docstring).
+    """
+    now = timezone.now()
+    loaded = load_snapshot(now, limit=limit)
+    if not loaded.snapshot.queue:
+        return PassResult()
+    return _run_pass(loaded, FairShareScheduler(loaded.snapshot).full_pass(), now)
 
 
 # Key of the PostgreSQL advisory lock held by the pass that serves queued submissions.

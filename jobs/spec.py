@@ -19,7 +19,7 @@ from rest_framework.settings import api_settings
 from rest_framework.utils.serializer_helpers import ReturnDict
 
 from controlplane.api import INT32_MAX, StrictBooleanField, StrictCharField, StrictIntegerField
-from quotas.models import Membership, Team
+from quotas.models import Membership, Team, priority_classes
 from runners.models import Accelerator, Cluster, NodePool
 
 from .models import PRIORITY_CLASSES, Job
@@ -200,6 +200,16 @@ class PlacementSerializer(StrictSerializer):
     clusters = StringListField(required=False, default=list)
 
 
+class PriorityClassField(serializers.ChoiceField):
+    """A priority class name from the ``quotas.PriorityClass`` table, read when the spec is validated."""
+
+    def to_internal_value(self, data):
+        names = list(priority_classes())
+        self.choices = names
+        self.error_messages["invalid_choice"] = f'unknown priority "{{input}}"; one of {", ".join(names)}'
+        return super().to_internal_value(data)
+
+
 class JobSpecSerializer(StrictSerializer):
     """``spec``: what to run (image, command, args, env), on what (resources), how (priority, limits, placement).
 
@@ -214,10 +224,7 @@ class JobSpecSerializer(StrictSerializer):
     args = StringListField(required=False, default=list)
     env = EnvField(required=False, default=dict)
     resources = ResourcesSerializer()
-    priority = serializers.ChoiceField(
-        choices=list(PRIORITY_CLASSES), required=False, default="normal",
-        error_messages={"invalid_choice": f'unknown priority "{{input}}"; one of {", ".join(PRIORITY_CLASSES)}'},
-    )
+    priority = PriorityClassField(choices=list(PRIORITY_CLASSES), required=False, default="normal")
     max_runtime_seconds = StrictIntegerField(min_value=1, max_value=INT32_MAX)
     preemptible = StrictBooleanField(required=False, default=False)
     placement = PlacementSerializer(required=False)
@@ -343,7 +350,7 @@ class JobSubmissionSerializer(StrictSerializer):
                 "accelerator": resources["accelerator"],
                 "gpus_per_node": resources["gpus_per_node"],
                 "nodes": resources["nodes"],
-                "priority": PRIORITY_CLASSES[spec["priority"]],
+                "priority": priority_classes()[spec["priority"]],
                 "preemptible": spec["preemptible"],
                 "max_runtime_seconds": spec["max_runtime_seconds"],
                 "max_retries": spec["max_retries"],

@@ -34,6 +34,11 @@ def enqueue_cancel(job_id: int) -> None:
     transaction.on_commit(lambda: cancel_job_objects.delay(job_id))
 
 
+def enqueue_delete_attempt(attempt_id: int) -> None:
+    """Delete a preempted attempt's objects after the current transaction commits."""
+    transaction.on_commit(lambda: delete_attempt_objects.delay(attempt_id))
+
+
 @shared_task(name="jobs.tasks.schedule_pending", ignore_result=True)
 def schedule_pending() -> dict:
     """A scheduling pass (periodic, and after each submission or end of an attempt), coalesced.
@@ -101,3 +106,24 @@ def reconcile_all() -> list:
     results = run()
     schedule_pending.delay()
     return results
+
+
+@shared_task(
+    name="jobs.tasks.delete_attempt_objects", bind=True, acks_late=True, reject_on_worker_lost=True,
+    autoretry_for=(TransientDispatchError,), retry_backoff=2, retry_backoff_max=60, retry_jitter=True, max_retries=8,
+    ignore_result=True,
+)
+def delete_attempt_objects(self, attempt_id: int) -> bool:
+    """Delete the objects of an ended (preempted) attempt on its cluster; True when the backend confirms they are gone.
+
+    Idempotent; a live attempt is left alone. Whatever stays behind is
+    removed by reconcile's orphan cleanup.
+    """
+    attempt = JobAttempt.objects.select_related("job", "cluster", "node_pool__accelerator").get(pk=attempt_id)
+    if attempt.ended_at is None:
+        return False
+    try:
+        return bool(backend_for(attempt.cluster).delete(attempt))
+    except UnknownBackend:
+        log.warning("attempt %s: cluster %s has an unknown backend; left to reconcile", attempt_id, attempt.cluster)
+        return False

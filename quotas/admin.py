@@ -1,6 +1,24 @@
-from django.contrib import admin
+"""Django admin of tenancy and entitlement; changes to quotas, cohorts, team fair share and priority classes are audited."""
 
-from .models import ApiToken, Budget, Membership, Quota, Team
+from django.contrib import admin
+from django.db import transaction
+
+from .models import ApiToken, Budget, Cohort, Membership, PriorityClass, Quota, QuotaEvent, Team, audited_values
+
+
+class AuditedAdmin(admin.ModelAdmin):
+    """Saves and deletes that write a QuotaEvent in the same transaction."""
+
+    def save_model(self, request, obj, form, change):
+        with transaction.atomic():
+            old = audited_values(type(obj).objects.get(pk=obj.pk)) if change else {}
+            super().save_model(request, obj, form, change)
+            QuotaEvent.record(request.user, obj, "updated" if change else "created", old, audited_values(obj))
+
+    def delete_model(self, request, obj):
+        with transaction.atomic():
+            QuotaEvent.record(request.user, obj, "deleted", audited_values(obj), {})
+            super().delete_model(request, obj)
 
 
 class MembershipInline(admin.TabularInline):
@@ -10,8 +28,9 @@ class MembershipInline(admin.TabularInline):
 
 
 @admin.register(Team)
-class TeamAdmin(admin.ModelAdmin):
-    list_display = ["slug", "name", "cost_center", "created_at"]
+class TeamAdmin(AuditedAdmin):
+    list_display = ["slug", "name", "cost_center", "cohort", "weight", "created_at"]
+    list_filter = ["cohort"]
     search_fields = ["slug", "name", "cost_center"]
     inlines = [MembershipInline]
 
@@ -29,8 +48,9 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
 
 @admin.register(Quota)
-class QuotaAdmin(admin.ModelAdmin):
-    list_display = ["team", "accelerator", "cluster", "nominal_gpus", "borrowing_limit_gpus", "max_gpus_per_job"]
+class QuotaAdmin(AuditedAdmin):
+    list_display = ["team", "accelerator", "cluster", "nominal_gpus", "borrowing_limit_gpus", "lending_limit_gpus",
+                    "max_gpus_per_job"]
     list_filter = ["accelerator", "team"]
 
 
@@ -38,3 +58,29 @@ class QuotaAdmin(admin.ModelAdmin):
 class BudgetAdmin(admin.ModelAdmin):
     list_display = ["team", "period", "amount_usd", "action", "alert_thresholds"]
     list_filter = ["action", "period"]
+
+
+@admin.register(Cohort)
+class CohortAdmin(AuditedAdmin):
+    list_display = ["name", "created_at"]
+    search_fields = ["name"]
+
+
+@admin.register(PriorityClass)
+class PriorityClassAdmin(AuditedAdmin):
+    list_display = ["name", "value", "description"]
+
+
+@admin.register(QuotaEvent)
+class QuotaEventAdmin(admin.ModelAdmin):
+    """The audit trail: read only."""
+
+    list_display = ["created_at", "actor", "action", "object_type", "object_repr"]
+    list_filter = ["object_type", "action"]
+    readonly_fields = ["created_at", "actor", "action", "object_type", "object_id", "object_repr", "old", "new"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

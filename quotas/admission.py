@@ -45,11 +45,13 @@ def check_quota(request_gpus: int, used_gpus: int, quota: QuotaView | None) -> V
     if quota is None:
         return Verdict(False, "quota", "the team has no quota for this accelerator", {"request_gpus": request_gpus}, never=True)
     limit = quota.nominal_gpus + quota.borrowing_limit_gpus
+    # The per-job cap is in every verdict: a scheduling pass that skips jobs at least as large as one that
+    # waited must still try (and reject) those over the cap.
     detail = {"request_gpus": request_gpus, "used_gpus": used_gpus, "nominal_gpus": quota.nominal_gpus,
-              "borrowing_limit_gpus": quota.borrowing_limit_gpus}
+              "borrowing_limit_gpus": quota.borrowing_limit_gpus, "max_gpus_per_job": quota.max_gpus_per_job}
     if quota.max_gpus_per_job and request_gpus > quota.max_gpus_per_job:
         return Verdict(False, "quota", f"job asks {request_gpus} GPUs, over the per-job cap of {quota.max_gpus_per_job}",
-                       {**detail, "max_gpus_per_job": quota.max_gpus_per_job}, never=True)
+                       detail, never=True)
     if request_gpus > limit:
         return Verdict(False, "quota", f"job asks {request_gpus} GPUs, over the team's limit of {limit}", detail, never=True)
     if used_gpus + request_gpus > limit:

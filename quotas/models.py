@@ -3,8 +3,10 @@
 import datetime as dt
 import hashlib
 import secrets
+from decimal import Decimal
 
 from django.conf import settings
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -17,12 +19,37 @@ class TeamQuerySet(models.QuerySet):
         return self.filter(memberships__user=user).distinct()
 
 
+class Cohort(models.Model):
+    """A set of teams that lend each other their unused nominal quota (Kueue's Cohort).
+
+    Teams without a cohort form the default cohort together.
+    """
+
+    name = models.SlugField(max_length=63, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class Team(models.Model):
-    """A group of people that shares GPU quota and a budget; the unit of tenancy."""
+    """A group of people that shares GPU quota and a budget; the unit of tenancy.
+
+    ``cohort`` (null: the default cohort of all such teams) is whom it
+    borrows from and lends to; ``weight`` (> 0, default 1) divides its
+    dominant share, so a team of weight 2 may borrow twice as much before
+    others go first (Kueue's fair-sharing weight).
+    """
 
     slug = models.SlugField(max_length=63, unique=True)
     name = models.CharField(max_length=200)
     cost_center = models.CharField(max_length=64, blank=True)
+    cohort = models.ForeignKey(Cohort, on_delete=models.SET_NULL, null=True, blank=True, related_name="teams")
+    weight = models.DecimalField(max_digits=8, decimal_places=3, default=Decimal("1"),
+                                 validators=[MinValueValidator(Decimal("0.001"))])
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = TeamQuerySet.as_manager()
@@ -92,8 +119,10 @@ class Quota(models.Model):
 
     ``nominal_gpus`` is guaranteed; ``borrowing_limit_gpus`` is how many more
     the team may use while others leave capacity idle (Kueue's
-    ``nominalQuota`` and ``borrowingLimit``); ``max_gpus_per_job`` caps one
-    job (0 means no cap beyond the quota).
+    ``nominalQuota`` and ``borrowingLimit``); ``lending_limit_gpus`` is how
+    much of its nominal others may borrow (null: all of it; Kueue's
+    ``lendingLimit``); ``max_gpus_per_job`` caps one job (0 means no cap
+    beyond the quota).
     """
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="quotas")
@@ -102,6 +131,7 @@ class Quota(models.Model):
     nominal_gpus = models.PositiveIntegerField()
     borrowing_limit_gpus = models.PositiveIntegerField(default=0)
     max_gpus_per_job = models.PositiveIntegerField(default=0)
+    lending_limit_gpus = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["team__slug", "accelerator__name"]
@@ -180,3 +210,81 @@ class Budget(models.Model):
         start, end = self.window(at)
         return start <= at < end
 
+
+
+class PriorityClass(models.Model):
+    """A named job priority (``low`` 100, ``normal`` 500, ``high`` 1000 by default); higher values go first.
+
+    Job specs name a class; the job stores its value (Kubernetes'
+    PriorityClass, as Kueue's WorkloadPriorityClass).
+    """
+
+    name = models.SlugField(max_length=63, unique=True)
+    value = models.IntegerField(unique=True)
+    description = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["value"]
+        verbose_name_plural = "priority classes"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.value})"
+
+
+def priority_classes() -> dict[str, int]:
+    """Priority class names and values from the PriorityClass table; ``jobs.models.PRIORITY_CLASSES`` if it is empty.
+
+    The fallback keeps job submission working on a database whose seeded rows
+    were flushed (test databases of transactional tests).
+    """
+    rows = dict(PriorityClass.objects.values_list("name", "value"))
+    if rows:
+        return rows
+    from jobs.models import PRIORITY_CLASSES
+
+    return dict(PRIORITY_CLASSES)
+
+
+class QuotaEvent(models.Model):
+    """An append-only record of a change to quotas, cohorts, team weights or priority classes: who, what, before, after."""
+
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+                              related_name="+")
+    object_type = models.CharField(max_length=32)
+    object_id = models.PositiveBigIntegerField()
+    object_repr = models.CharField(max_length=200)
+    action = models.CharField(max_length=16)
+    old = models.JSONField(default=dict, blank=True)
+    new = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.object_type} {self.object_repr}"
+
+    @classmethod
+    def record(cls, actor, obj, action: str, old: dict, new: dict) -> "QuotaEvent":
+        """Write one change of ``obj`` (``created``, ``updated``, ``deleted``); call it inside the change's transaction."""
+        return cls.objects.create(actor=actor if actor is not None and actor.is_authenticated else None,
+                                  object_type=obj._meta.model_name, object_id=obj.pk, object_repr=str(obj)[:200],
+                                  action=action, old=old, new=new)
+
+
+# The fields whose changes QuotaEvent records, by model.
+AUDITED_FIELDS = {
+    "quota": ["nominal_gpus", "borrowing_limit_gpus", "lending_limit_gpus", "max_gpus_per_job"],
+    "team": ["cohort_id", "weight"],
+    "cohort": ["name"],
+    "priorityclass": ["name", "value", "description"],
+}
+
+
+def audited_values(obj) -> dict:
+    """The audited fields of ``obj`` as JSON-ready values (Decimal weights as strings)."""
+    values = {}
+    for name in AUDITED_FIELDS[obj._meta.model_name]:
+        value = getattr(obj, name)
+        values[name] = str(value) if isinstance(value, Decimal) else value
+    return values

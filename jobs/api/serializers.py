@@ -57,8 +57,10 @@ class JobSerializer(serializers.ModelSerializer):
     """A job as the API shows it.
 
     ``queue_info`` says why a QUEUED job waits (``{"reason": "quota" |
-    "budget" | "capacity", "message": ..., numbers}``); ``position`` is
-    reserved for its place in the queue and is null for now. ``priority`` is
+    "budget" | "capacity" | "priority", "message": ..., numbers}``);
+    ``position`` is its 1-based place in its team's queue and among all
+    waiting jobs (``{"team": n, "overall": m}``) as of the last scheduling
+    pass, null before one and once the job no longer waits. ``priority`` is
     the numeric priority (higher first), ``priority_class`` its name. Costs
     are USD strings rounded to cents: ``estimated_cost_usd`` is the worst case
     (GPUs x max runtime x price), ``accrued_cost_usd`` what the ledger holds.
@@ -88,9 +90,12 @@ class JobSerializer(serializers.ModelSerializer):
     def get_priority_class(self, job: Job) -> str | None:
         return PRIORITY_NAMES.get(job.priority)
 
-    @extend_schema_field(serializers.IntegerField(allow_null=True))
-    def get_position(self, job: Job) -> int | None:
-        return None
+    @extend_schema_field({"type": "object", "nullable": True,
+                          "properties": {"team": {"type": "integer"}, "overall": {"type": "integer"}}})
+    def get_position(self, job: Job) -> dict | None:
+        if job.state not in ("QUEUED", "RECOVERING"):
+            return None
+        return (job.queue_info or {}).get("position")
 
 
 class LogQuerySerializer(serializers.Serializer):

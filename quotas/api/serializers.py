@@ -7,6 +7,7 @@ does not belong to is reported as unknown, exactly like a missing one.
 from __future__ import annotations
 
 import math
+from decimal import Decimal
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -14,7 +15,7 @@ from rest_framework import serializers
 from controlplane.api import INT32_MAX, AwareDateTimeField, StrictBooleanField, StrictIntegerField
 from runners.models import Accelerator, Cluster
 
-from ..models import Budget, Membership, Quota, Team
+from ..models import Budget, Cohort, Membership, PriorityClass, Quota, Team
 
 # Alert thresholds are percent of the budget; above 100 warns of overspending, up to ten times the amount.
 THRESHOLD_MAX_PERCENT = 1000
@@ -32,13 +33,15 @@ class MemberSerializer(serializers.ModelSerializer):
 
 
 class TeamSerializer(serializers.ModelSerializer):
-    """A team with its members and their roles."""
+    """A team with its members and their roles, its cohort (name, null: the default cohort) and fair-share weight."""
 
     members = MemberSerializer(source="memberships", many=True, read_only=True)
+    cohort = serializers.CharField(source="cohort.name", read_only=True, default=None)
+    weight = serializers.DecimalField(max_digits=8, decimal_places=3, read_only=True)
 
     class Meta:
         model = Team
-        fields = ["id", "slug", "name", "cost_center", "created_at", "members"]
+        fields = ["id", "slug", "name", "cost_center", "created_at", "members", "cohort", "weight"]
         read_only_fields = fields
 
 
@@ -71,8 +74,9 @@ class QuotaSerializer(serializers.ModelSerializer):
     Input: ``team`` (slug, fixed after creation), ``accelerator`` (name),
     ``cluster`` (name or null for all clusters), ``nominal_gpus``,
     ``borrowing_limit_gpus`` and ``max_gpus_per_job`` (integers >= 0; 0 means
-    no per-job cap). ``limit_gpus`` = nominal + borrowing limit. 400 on a
-    duplicate (team, accelerator, cluster).
+    no per-job cap), ``lending_limit_gpus`` (null: all of nominal may be lent
+    to the cohort; else at most nominal). ``limit_gpus`` = nominal + borrowing
+    limit. 400 on a duplicate (team, accelerator, cluster).
     """
 
     team = VisibleTeamField()
@@ -81,12 +85,14 @@ class QuotaSerializer(serializers.ModelSerializer):
     nominal_gpus = StrictIntegerField(min_value=0, max_value=INT32_MAX)
     borrowing_limit_gpus = StrictIntegerField(min_value=0, max_value=INT32_MAX, required=False, default=0)
     max_gpus_per_job = StrictIntegerField(min_value=0, max_value=INT32_MAX, required=False, default=0)
+    lending_limit_gpus = StrictIntegerField(min_value=0, max_value=INT32_MAX, required=False, allow_null=True,
+                                            default=None)
     limit_gpus = serializers.IntegerField(read_only=True)
 
     class Meta:
         model = Quota
         fields = ["id", "team", "accelerator", "cluster", "nominal_gpus", "borrowing_limit_gpus", "max_gpus_per_job",
-                  "limit_gpus"]
+                  "lending_limit_gpus", "limit_gpus"]
         validators = []  # uniqueness is checked in validate(), with a message that names the quota
 
     def validate_team(self, team: Team) -> Team:
@@ -99,6 +105,9 @@ class QuotaSerializer(serializers.ModelSerializer):
             return attrs[name] if name in attrs else getattr(self.instance, name, None)
 
         team, accelerator, cluster = current("team"), current("accelerator"), current("cluster")
+        lending, nominal = current("lending_limit_gpus"), current("nominal_gpus")
+        if lending is not None and nominal is not None and lending > nominal:
+            raise serializers.ValidationError({"lending_limit_gpus": [f"at most the nominal quota ({nominal})"]})
         clash = Quota.objects.filter(team=team, accelerator=accelerator, cluster=cluster)
         if self.instance is not None:
             clash = clash.exclude(pk=self.instance.pk)
@@ -205,3 +214,36 @@ class BudgetSerializer(serializers.ModelSerializer):
         start, end = budget.window()
         field = serializers.DateTimeField()
         return (field.to_representation(start) if start else None, field.to_representation(end) if end else None)
+
+
+class CohortSerializer(serializers.ModelSerializer):
+    """A cohort (a slug ``name``) and the slugs of its teams; teams without a cohort share the default one."""
+
+    teams = serializers.SlugRelatedField(slug_field="slug", many=True, read_only=True)
+
+    class Meta:
+        model = Cohort
+        fields = ["id", "name", "teams", "created_at"]
+        read_only_fields = ["id", "teams", "created_at"]
+
+
+class TeamFairShareSerializer(serializers.ModelSerializer):
+    """A team's place in fair sharing: ``cohort`` (name, or null for the default cohort) and ``weight`` (> 0)."""
+
+    cohort = NamedField("cohort", queryset=Cohort.objects.all(), allow_null=True, required=False)
+    weight = serializers.DecimalField(max_digits=8, decimal_places=3, min_value=Decimal("0.001"), required=False)
+
+    class Meta:
+        model = Team
+        fields = ["slug", "cohort", "weight"]
+        read_only_fields = ["slug"]
+
+
+class PriorityClassSerializer(serializers.ModelSerializer):
+    """A named job priority: ``name`` (slug), ``value`` (integer, higher goes first, unique), ``description``."""
+
+    value = StrictIntegerField(min_value=-INT32_MAX, max_value=INT32_MAX)
+
+    class Meta:
+        model = PriorityClass
+        fields = ["id", "name", "value", "description"]

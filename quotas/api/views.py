@@ -1,21 +1,32 @@
-"""``/api/v1/teams/``, ``quotas/`` and ``budgets/``: tenancy and entitlement, scoped to the user's teams.
+"""``/api/v1/teams/``, ``quotas/``, ``budgets/``, ``cohorts/`` and ``priority-classes/``, scoped to the user's teams.
 
 Everyone in a team reads its quotas and budgets; only the team's admins and
 platform staff create or change them (403 for other members, 404 for
-outsiders, who cannot see them at all).
+outsiders, who cannot see them at all). Cohorts, team weights and cohort
+membership, and priority classes are read by everyone and changed by staff.
+Every change of a quota, cohort, team's fair share or priority class writes
+a ``QuotaEvent`` in the same transaction.
 """
 
 from __future__ import annotations
 
+from django.db import transaction
 from drf_spectacular.utils import extend_schema
-from rest_framework import mixins, permissions
+from rest_framework import mixins, permissions, viewsets
 from rest_framework.exceptions import PermissionDenied
 
-from controlplane.api import ScopedGenericViewSet, ScopedReadOnlyViewSet
+from controlplane.api import IsStaffOrReadOnly, ScopedGenericViewSet, ScopedReadOnlyViewSet, ScopedViewSetMixin
 
-from ..models import Budget, Membership, Quota, Team
+from ..models import Budget, Cohort, Membership, PriorityClass, Quota, QuotaEvent, Team, audited_values
 from .filtersets import BudgetFilterSet, QuotaFilterSet
-from .serializers import BudgetSerializer, QuotaSerializer, TeamSerializer
+from .serializers import (
+    BudgetSerializer,
+    CohortSerializer,
+    PriorityClassSerializer,
+    QuotaSerializer,
+    TeamFairShareSerializer,
+    TeamSerializer,
+)
 
 ADMIN_ONLY = "only admins of the team and platform staff may change its quotas and budgets"
 
@@ -54,21 +65,46 @@ class TeamAdminWriteViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mi
         serializer.save()
 
 
-@extend_schema(tags=["teams"])
-class TeamViewSet(ScopedReadOnlyViewSet):
-    """The user's teams (all teams for staff) with members and roles."""
+class AuditedWriteMixin:
+    """Create, update and delete that record a QuotaEvent (who, what, old and new values) in the same transaction."""
 
-    queryset = Team.objects.prefetch_related("memberships__user")
+    def perform_create(self, serializer):
+        with transaction.atomic():
+            super().perform_create(serializer)
+            QuotaEvent.record(self.request.user, serializer.instance, "created", {}, audited_values(serializer.instance))
+
+    def perform_update(self, serializer):
+        with transaction.atomic():
+            old = audited_values(serializer.instance)
+            serializer.save()
+            QuotaEvent.record(self.request.user, serializer.instance, "updated", old, audited_values(serializer.instance))
+
+    def perform_destroy(self, instance):
+        with transaction.atomic():
+            QuotaEvent.record(self.request.user, instance, "deleted", audited_values(instance), {})
+            instance.delete()
+
+
+@extend_schema(tags=["teams"])
+class TeamViewSet(AuditedWriteMixin, mixins.UpdateModelMixin, ScopedReadOnlyViewSet):
+    """The user's teams (all teams for staff) with members and roles; staff PATCH ``cohort`` and ``weight``."""
+
+    queryset = Team.objects.select_related("cohort").prefetch_related("memberships__user")
     serializer_class = TeamSerializer
+    permission_classes = [IsStaffOrReadOnly]
     lookup_field = "slug"
     ordering_fields = ["slug", "name"]
+    http_method_names = ["get", "patch", "head", "options"]
+
+    def get_serializer_class(self):
+        return TeamFairShareSerializer if self.request.method == "PATCH" else TeamSerializer
 
     def scope_queryset(self, queryset, user):
         return queryset.visible_to(user)
 
 
 @extend_schema(tags=["teams"])
-class QuotaViewSet(TeamAdminWriteViewSet):
+class QuotaViewSet(AuditedWriteMixin, TeamAdminWriteViewSet):
     """GPU quotas of the user's teams."""
 
     queryset = Quota.objects.select_related("team", "accelerator", "cluster")
@@ -85,3 +121,36 @@ class BudgetViewSet(TeamAdminWriteViewSet):
     serializer_class = BudgetSerializer
     filterset_class = BudgetFilterSet
     ordering_fields = ["amount_usd"]
+
+
+class StaffWriteViewSet(AuditedWriteMixin, ScopedViewSetMixin, viewsets.ModelViewSet):
+    """Platform-wide objects: every authenticated user reads, staff write; every write is audited."""
+
+    permission_classes = [IsStaffOrReadOnly]
+
+    def scope_queryset(self, queryset, user):
+        return queryset
+
+
+@extend_schema(tags=["teams"])
+class CohortViewSet(StaffWriteViewSet):
+    """Cohorts: sets of teams that lend each other unused nominal quota."""
+
+    queryset = Cohort.objects.prefetch_related("teams")
+    serializer_class = CohortSerializer
+    ordering_fields = ["name"]
+
+
+@extend_schema(tags=["jobs"])
+class PriorityClassViewSet(StaffWriteViewSet):
+    """Priority classes that job specs name (``low``, ``normal``, ``high`` by default)."""
+
+    queryset = PriorityClass.objects.all()
+    serializer_class = PriorityClassSerializer
+    ordering_fields = ["value", "name"]
+
+
+def register_fairshare_routes(router) -> None:
+    """Mount ``cohorts/`` and ``priority-classes/`` on the ``/api/v1/`` router (``controlplane.api.api_router``)."""
+    router.register("cohorts", CohortViewSet)
+    router.register("priority-classes", PriorityClassViewSet)

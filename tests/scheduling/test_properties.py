@@ -1,0 +1,134 @@
+"""Property-based tests of the pure core over random teams, quotas, pools and job streams (hypothesis).
+
+Each example runs scheduling cycles (a full pass, then its admissions start and its victims are requeued) until
+nothing changes, checking after every decision: never above nominal + borrowing, never above the cohort's
+lendable pool (so never above the cohort's nominal), never above a pool's GPUs, gangs whole on one pool, no
+preemption of non-preemptible work or of work within its team's nominal quota, preemptors within nominal, and
+no loop: a fixed point is reached and then stays.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from quotas.fairshare import FairShareScheduler, QueuedJob, RunningJob, Snapshot, TeamQuota, TeamState
+from runners.placement import PoolOffer
+
+H100 = 1
+PRICES = [Decimal("2.99"), Decimal("4.20"), Decimal("6.88")]
+
+
+@st.composite
+def worlds(draw):
+    n_teams = draw(st.integers(2, 5))
+    teams = []
+    for t in range(n_teams):
+        nominal = draw(st.integers(0, 16))
+        lending = draw(st.one_of(st.none(), st.integers(0, nominal)))
+        teams.append((t, nominal, draw(st.integers(0, 16)), lending, draw(st.integers(0, 1)),
+                      draw(st.sampled_from([1.0, 2.0, 3.0]))))
+    pools = []
+    for p in range(draw(st.integers(1, 4))):
+        gpn = draw(st.sampled_from([2, 4, 8]))
+        pools.append((p + 1, draw(st.integers(1, 4)), gpn, draw(st.sampled_from(PRICES)),
+                      draw(st.sampled_from(["on-demand", "on-demand", "spot"]))))
+    jobs = []
+    for j in range(draw(st.integers(1, 25))):
+        jobs.append((j + 1, draw(st.integers(0, n_teams - 1)), draw(st.sampled_from([1, 1, 2])),
+                     draw(st.sampled_from([1, 2, 4, 8])), draw(st.sampled_from([100, 500, 500, 1000])),
+                     draw(st.booleans())))
+    return teams, pools, jobs
+
+
+def build(world, running: dict[int, RunningJob], queue: dict[int, QueuedJob]) -> Snapshot:
+    teams_spec, pools_spec, _ = world
+    teams = {t: TeamState(t, cohort, weight, {H100: TeamQuota(nominal, borrowing, lending)})
+             for t, nominal, borrowing, lending, cohort, weight in teams_spec}
+    held: dict[int, int] = {}
+    for r in running.values():
+        teams[r.team_id].used[H100] = teams[r.team_id].used.get(H100, 0) + r.gpus
+        held[r.node_pool_id] = held.get(r.node_pool_id, 0) + r.gpus
+    pools = [PoolOffer(pid, pid, f"c{pid}", "aws", "r", ctype, nodes, gpn, nodes * gpn - held.get(pid, 0), price)
+             for pid, nodes, gpn, price, ctype in pools_spec]
+    return Snapshot(teams, {H100: pools}, list(queue.values()), list(running.values()))
+
+
+def check_state(world, running: dict[int, RunningJob]) -> None:
+    teams_spec, pools_spec, _ = world
+    used = {t[0]: 0 for t in teams_spec}
+    for r in running.values():
+        used[r.team_id] += r.gpus
+    for t, nominal, borrowing, lending, cohort, _ in teams_spec:
+        assert used[t] <= nominal + borrowing, (t, used[t], nominal, borrowing)
+    for cohort in (0, 1):
+        members = [t for t in teams_spec if t[4] == cohort]
+        lendable = sum(nominal if lending is None else min(lending, nominal) for _, nominal, _, lending, _, _ in members)
+        borrowed = sum(max(0, used[t] - (nominal - (nominal if lending is None else min(lending, nominal))))
+                       for t, nominal, _, lending, _, _ in members)
+        assert borrowed <= lendable
+        assert sum(used[t[0]] for t in members) <= sum(t[1] for t in members)
+    for pid, nodes, gpn, _, _ in pools_spec:
+        assert sum(r.gpus for r in running.values() if r.node_pool_id == pid) <= nodes * gpn
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(worlds())
+def test_invariants_hold_over_repeated_cycles_and_a_fixed_point_is_reached(world):
+    teams_spec, pools_spec, jobs_spec = world
+    nominal = {t[0]: t[1] for t in teams_spec}
+    pools = {p[0]: p for p in pools_spec}
+    queue = {jid: QueuedJob(jid, team, H100, nodes, gpn, prio, float(jid), pre)
+             for jid, team, nodes, gpn, prio, pre in jobs_spec}
+    running: dict[int, RunningJob] = {}
+    clock = 100.0
+    quiet = 0
+    for cycle in range(2 * len(jobs_spec) + 4):
+        decisions = FairShareScheduler(build(world, running, queue)).full_pass()
+        decided = {a.job.job_id for a in decisions.admissions} | {r.job.job_id for r in decisions.rejections}
+        assert set(decisions.waiting) == set(queue) - decided  # every job left waiting has a reason
+        for a in decisions.admissions:
+            job = a.job
+            pid, nodes, gpn, _, ctype = pools[a.offer.node_pool_id]
+            assert job.nodes <= nodes and job.gpus_per_node <= gpn  # the gang fits the pool's nodes, whole
+            assert job.preemptible or ctype != "spot"
+            if a.victims:
+                team_used = sum(r.gpus for r in running.values() if r.team_id == job.team_id)
+                assert team_used + job.total_gpus <= nominal[job.team_id]  # the preemptor stays within nominal
+            for v in a.victims:
+                assert v.preemptible and v.team_id != job.team_id
+                del running[v.job_id]
+                queue[v.job_id] = QueuedJob(v.job_id, v.team_id, H100, *_shape(jobs_spec, v.job_id))
+            for v in {v.team_id for v in a.victims}:
+                assert sum(r.gpus for r in running.values() if r.team_id == v) >= nominal[v]  # never below nominal
+            clock += 1
+            del queue[job.job_id]
+            running[job.job_id] = RunningJob(job.job_id, job.job_id, job.team_id, H100, a.offer.node_pool_id,
+                                             job.total_gpus, job.priority, clock, job.preemptible)
+            check_state(world, running)
+        for r in decisions.rejections:
+            del queue[r.job.job_id]
+        quiet = quiet + 1 if not decisions.admissions and not decisions.rejections else 0
+        if quiet >= 2:
+            break
+    assert quiet >= 2, "no fixed point: the scheduler keeps changing its mind"
+
+
+def _shape(jobs_spec, job_id):
+    _, _, nodes, gpn, prio, pre = jobs_spec[job_id - 1]
+    return nodes, gpn, prio, float(job_id), pre
+
+
+@settings(max_examples=100, deadline=None)
+@given(worlds())
+def test_positions_number_every_waiting_job_once_in_each_team_and_overall(world):
+    queue = {jid: QueuedJob(jid, team, H100, nodes, gpn, prio, float(jid), pre)
+             for jid, team, nodes, gpn, prio, pre in world[2]}
+    d = FairShareScheduler(build(world, {}, queue)).full_pass()
+    overall = sorted(w.overall_position for w in d.waiting.values())
+    assert overall == list(range(1, len(d.waiting) + 1))
+    for t in {w.job.team_id for w in d.waiting.values()}:
+        mine = sorted(w.team_position for w in d.waiting.values() if w.job.team_id == t)
+        assert mine == list(range(1, len(mine) + 1))

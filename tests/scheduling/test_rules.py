@@ -1,0 +1,240 @@
+"""Each rule of issue 4 on the pure core, with the expected admissions worked out by hand in each test.
+
+One accelerator; teams are numbered; GPU counts are whole GPUs; prices USD/GPU-hour.
+"""
+
+from decimal import Decimal
+
+from quotas.fairshare import FairShareScheduler, TeamState
+
+from .core import admitted, block_budget, decide, job, pool, running, snapshot, team
+
+
+# --- borrowing, cohorts, lending limits -----------------------------------------------------
+
+def test_a_team_borrows_the_idle_nominal_quota_of_its_cohort_up_to_its_borrowing_limit():
+    a1, a2, a3 = job(1, 8), job(1, 8), job(1, 8)
+    # team 1: 8 + 8 borrowing; team 2 lends its idle 8. Limit 16: the third 8 would make 24.
+    d, _ = decide([team(1, 8, 8), team(2, 8)], [pool(1, 32)], [a1, a2, a3])
+    assert admitted(d) == [a1.job_id, a2.job_id]
+    w = d.waiting[a3.job_id]
+    assert w.reason == "quota" and (w.detail["used_gpus"], w.detail["nominal_gpus"], w.detail["borrowing_limit_gpus"]) == (16, 8, 8)
+
+
+def test_a_team_cannot_borrow_more_than_its_cohort_lends():
+    a1, a2 = job(1, 8), job(1, 8)
+    # cohort nominal 8 + 4 = 12: 16 would overdraw it even though the borrowing limit (16) allows it
+    d, _ = decide([team(1, 8, 16), team(2, 4)], [pool(1, 32)], [a1, a2])
+    assert admitted(d) == [a1.job_id]
+    w = d.waiting[a2.job_id]
+    assert w.reason == "quota" and (w.detail["cohort_lendable_gpus"], w.detail["cohort_borrowed_gpus"]) == (12, 8)
+
+
+def test_teams_of_another_cohort_lend_nothing():
+    a1, a2 = job(1, 8), job(1, 8)
+    d, _ = decide([team(1, 8, 8, cohort="x"), team(2, 8, cohort="y")], [pool(1, 32)], [a1, a2])
+    assert admitted(d) == [a1.job_id]
+    assert d.waiting[a2.job_id].reason == "quota"
+
+
+def test_a_lending_limit_keeps_the_rest_of_the_nominal_quota_from_being_lent():
+    # team 2 lends only 2 of its 8: the cohort pool is team 1's 8 + 2 = 10
+    a1, a2 = job(1, 8), job(1, 4)
+    d, _ = decide([team(1, 8, 8), team(2, 8, lending=2)], [pool(1, 32)], [a1, a2])
+    assert admitted(d) == [a1.job_id]  # 8 + 4 = 12 > 10
+    b1, b2 = job(1, 8), job(1, 2)
+    d, _ = decide([team(1, 8, 8), team(2, 8, lending=2)], [pool(1, 32)], [b1, b2])
+    assert admitted(d) == [b1.job_id, b2.job_id]  # 8 + 2 = 10
+
+
+# --- order: priority, dominant share, weight, submission ----------------------------------------
+
+def test_a_higher_priority_job_of_another_team_goes_first_when_only_one_fits():
+    normal, high = job(1, 8, at=1), job(2, 8, priority=1000, at=2)
+    d, _ = decide([team(1, 8), team(2, 8)], [pool(1, 8)], [normal, high])
+    assert admitted(d) == [high.job_id]
+    assert d.waiting[normal.job_id].reason == "capacity"
+
+
+def _share_scenario(weight_1: float):
+    # cohort lendable 4 + 4 + 16 = 24. Team 1 holds 8 (borrows 4: share 4/24), team 2 holds 6 (borrows 2: 2/24),
+    # team 3 holds 6 within nominal. 24 - 20 = 4 GPUs left in the pool: one 4-GPU job fits.
+    teams = [team(1, 4, 12, weight=weight_1), team(2, 4, 12), team(3, 16)]
+    runs = [running(901, 1, 8, 1, preemptible=False), running(902, 2, 6, 1, preemptible=False),
+            running(903, 3, 6, 1, preemptible=False)]
+    first, second = job(1, 4, at=1), job(2, 4, at=2)
+    d, _ = decide(teams, [pool(1, 24, gpus_per_node=4)], [first, second], runs)
+    return d, first, second
+
+
+def test_the_team_with_the_lower_dominant_share_goes_first_even_if_it_submitted_later():
+    d, first, second = _share_scenario(1.0)  # 4/24 > 2/24
+    assert admitted(d) == [second.job_id]
+
+
+def test_a_weight_divides_the_dominant_share():
+    d, first, second = _share_scenario(3.0)  # (4/24)/3 = 1/18 < 2/24 = 1/12
+    assert admitted(d) == [first.job_id]
+
+
+def test_equal_priority_and_share_go_in_submission_order():
+    jobs = [job(1, 8, at=3), job(2, 8, at=1), job(3, 8, at=2)]
+    d, _ = decide([team(1, 8), team(2, 8), team(3, 8)], [pool(1, 16)], jobs)
+    assert admitted(d) == [jobs[1].job_id, jobs[2].job_id]
+
+
+# --- best-effort FIFO between teams, strict order within a team ---------------------------------
+
+def test_a_job_that_does_not_fit_blocks_its_own_team_but_not_smaller_jobs_of_other_teams():
+    # pool of 2 nodes x 8, one node busy: team 1's 16-GPU gang cannot start; team 2's 8 can
+    big, small_same_team, other = job(1, 8, nodes=2, at=1), job(1, 4, at=2), job(2, 8, at=3)
+    runs = [running(900, 3, 8, 1, preemptible=False)]
+    d, _ = decide([team(1, 16), team(2, 8), team(3, 8)], [pool(1, 16)], [big, small_same_team, other], runs)
+    assert admitted(d) == [other.job_id]
+    assert d.waiting[big.job_id].reason == "capacity"
+    behind = d.waiting[small_same_team.job_id]
+    assert behind.reason == "priority" and behind.detail["behind_job_id"] == big.job_id
+
+
+def test_a_job_no_node_pool_can_ever_hold_does_not_block_its_team():
+    never, fits = job(1, 16, at=1), job(1, 8, at=2)  # no node has 16 GPUs
+    d, _ = decide([team(1, 32)], [pool(1, 16)], [never, fits])
+    assert admitted(d) == [fits.job_id]
+    assert d.waiting[never.job_id].reason == "capacity" and d.waiting[never.job_id].detail["never_placeable"]
+
+
+def test_a_gang_is_admitted_whole_or_not_at_all():
+    gang = job(1, 4, nodes=4)  # 16 GPUs on one pool of 4-GPU nodes
+    d, _ = decide([team(1, 32)], [pool(1, 16, gpus_per_node=4, free=12), pool(2, 16, gpus_per_node=4, free=12)], [gang])
+    assert admitted(d) == [] and d.waiting[gang.job_id].reason == "capacity"
+    d, _ = decide([team(1, 32)], [pool(1, 16, gpus_per_node=4, free=12), pool(2, 16, gpus_per_node=4)], [gang])
+    assert [(a.job.job_id, a.offer.node_pool_id) for a in d.admissions] == [(gang.job_id, 2)]
+
+
+def test_placement_keeps_todays_rules_cheapest_then_most_free_and_spot_only_if_preemptible():
+    pools = [pool(1, 16, price="6.88"), pool(2, 16, price="4.20", free=8), pool(3, 16, price="4.20"),
+             pool(4, 16, price="2.99", capacity_type="spot")]
+    steady, cheap = job(1, 8), job(1, 8, preemptible=True)
+    d, _ = decide([team(1, 64)], pools, [steady, cheap])
+    assert [a.offer.node_pool_id for a in d.admissions] == [3, 4]
+    assert d.admissions[0].estimate_usd == Decimal("33.600000")  # 8 GPUs x 1 h x 4.20
+
+
+# --- preemption --------------------------------------------------------------------------------
+
+def test_a_team_within_nominal_preempts_borrowers_lowest_priority_then_most_recent():
+    # team 1 (nominal 8) holds 16: a1 4 normal t1, a2 4 low t2, a3 4 normal t3 (preemptible), a4 4 not preemptible
+    runs = [running(1, 1, 4, 1, admitted=1), running(2, 1, 4, 1, priority=100, admitted=2),
+            running(3, 1, 4, 1, admitted=3), running(4, 1, 4, 1, admitted=4, preemptible=False)]
+    want = job(2, 4, nodes=2)  # team 2 asks its nominal 8: 8 to free in the pool and in the cohort (16 + 8 - 16)
+    d, _ = decide([team(1, 8, 8), team(2, 8)], [pool(1, 16, gpus_per_node=4)], [want], runs)
+    assert admitted(d) == [want.job_id]
+    assert [v.job_id for v in d.admissions[0].victims] == [2, 3]  # a2 (low), then a3 (admitted last)
+
+
+def test_the_fewest_victims_are_taken():
+    # team 1 (nominal 4) holds 16: x 4 low t5, y 8 normal t1 (preemptible), z 4 not preemptible
+    runs = [running(11, 1, 4, 1, priority=100, admitted=5), running(12, 1, 8, 1, admitted=1),
+            running(13, 1, 4, 1, admitted=2, preemptible=False)]
+    want = job(2, 8)
+    d, _ = decide([team(1, 4, 12), team(2, 12)], [pool(1, 16)], [want], runs)
+    # greedy takes x then y; x alone frees too little and y alone is enough, so only y goes
+    assert [v.job_id for v in d.admissions[0].victims] == [12]
+
+
+def test_work_within_the_victims_nominal_quota_is_never_preempted():
+    # team 1 (nominal 8) holds 12 in three preemptible 4-GPU jobs: only 4 GPUs of it are above its nominal.
+    # Team 3 holds 4 within its nominal. The pool (16) is full; team 2 asks its nominal 8.
+    runs = [running(21, 1, 4, 1, admitted=1), running(22, 1, 4, 1, admitted=2), running(23, 1, 4, 1, admitted=3),
+            running(24, 3, 4, 1, preemptible=False)]
+    want = job(2, 8)
+    d, _ = decide([team(1, 8, 8), team(2, 8), team(3, 8)], [pool(1, 16)], [want], runs)
+    # freeing 8 would take team 1 down to 4 < 8: nothing is preempted, the job waits for capacity
+    assert admitted(d) == [] and d.preemptions == []
+    assert d.waiting[want.job_id].reason == "capacity"
+
+
+def test_non_preemptible_jobs_are_never_preempted():
+    runs = [running(31, 1, 16, 1, preemptible=False)]
+    want = job(2, 8)
+    d, _ = decide([team(1, 8, 8), team(2, 8)], [pool(1, 16)], [want], runs)
+    assert admitted(d) == [] and d.waiting[want.job_id].reason == "quota"
+
+
+def test_a_borrowing_job_never_preempts():
+    runs = [running(41, 1, 16, 1)]
+    want = job(2, 8, nodes=1)
+    # team 2's nominal is 4: 8 would borrow, so it waits instead of preempting team 1's borrowed work
+    d, _ = decide([team(1, 8, 8), team(2, 4, 8), team(3, 4)], [pool(1, 16)], [want], runs)
+    assert admitted(d) == [] and d.preemptions == []
+
+
+def test_preemption_does_not_loop_the_victim_waits_and_preempts_nobody():
+    runs = [running(51, 1, 8, 1, admitted=1), running(52, 1, 8, 1, admitted=2)]
+    want = job(2, 8, at=10)
+    d, _ = decide([team(1, 8, 8), team(2, 8)], [pool(1, 16)], [want], runs)
+    assert [v.job_id for v in d.admissions[0].victims] == [52]
+    # next pass: the victim is queued again (its submission time is older), the preemptor runs within nominal
+    victim = job(1, 8, at=0, job_id=52, preemptible=True)
+    runs2 = [running(51, 1, 8, 1, admitted=1), running(want.job_id, 2, 8, 1, admitted=11, preemptible=False)]
+    d2, _ = decide([team(1, 8, 8), team(2, 8)], [pool(1, 16)], [victim], runs2)
+    assert admitted(d2) == [] and d2.preemptions == []
+    assert d2.waiting[52].reason in ("quota", "capacity")
+
+
+# --- budgets and quota changes -----------------------------------------------------------------------
+
+def test_a_block_budget_keeps_jobs_waiting_and_rejects_one_over_the_whole_amount():
+    # 8 GPUs x 1 h x 4.00 = 32.00 each; 100.00 holds three. 8 x 4 h x 4.00 = 128.00 can never fit.
+    jobs = [job(1, 8) for _ in range(4)]
+    huge = job(1, 8, runtime=4 * 3600)
+    d, _ = decide([team(1, 64, budgets=[block_budget("100.00")])], [pool(1, 64)], jobs + [huge])
+    assert admitted(d) == [j.job_id for j in jobs[:3]]
+    w = d.waiting[jobs[3].job_id]
+    assert w.reason == "budget" and Decimal(w.detail["remaining_usd"]) == Decimal("100.00") - 3 * Decimal("32.00")
+    assert [r.job.job_id for r in d.rejections] == [huge.job_id]
+
+
+def test_a_quota_lowered_below_use_stops_new_admissions_only():
+    runs = [running(61, 1, 8, 1, preemptible=False)]
+    small = job(1, 1)
+    d, _ = decide([team(1, 4), team(2, 8)], [pool(1, 16)], [small], runs)  # nominal now 4, 8 in use
+    assert admitted(d) == [] and d.preemptions == []
+    assert d.waiting[small.job_id].reason == "quota" and d.waiting[small.job_id].detail["used_gpus"] == 8
+
+
+def test_jobs_over_the_cap_or_without_quota_are_rejected_even_behind_a_blocked_head():
+    head, capped = job(1, 8), job(1, 8, nodes=2)
+    d, _ = decide([team(1, 8, 8, max_per_job=8), team(2, 8)], [pool(1, 8, free=0)], [head, capped])
+    assert [r.job.job_id for r in d.rejections] == [capped.job_id]
+    stranger = job(3, 1)  # team 3 has no quota for the accelerator
+    d, _ = decide([team(1, 8), TeamState(3)], [pool(1, 8)], [stranger])
+    assert [(r.job.job_id, r.verdict.reason, r.verdict.never) for r in d.rejections] == [(stranger.job_id, "quota", True)]
+
+
+# --- positions and the incremental pass ---------------------------------------------------------------
+
+def test_every_waiting_job_has_its_position_in_its_team_and_overall():
+    a = [job(1, 8, at=t) for t in (1, 3, 5)]
+    b = [job(2, 8, at=t) for t in (2, 4)]
+    d, _ = decide([team(1, 8), team(2, 8)], [pool(1, 8, free=0)], a + b)
+    assert [(d.waiting[j.job_id].team_position, d.waiting[j.job_id].overall_position) for j in a] == [(1, 1), (2, 3), (3, 5)]
+    assert [(d.waiting[j.job_id].team_position, d.waiting[j.job_id].overall_position) for j in b] == [(1, 2), (2, 4)]
+    assert d.waiting[a[0].job_id].info()["position"] == {"team": 1, "overall": 1}
+
+
+def test_the_incremental_pass_decides_a_new_submission_as_a_full_pass_would():
+    teams = lambda: [team(1, 8), team(2, 16)]  # noqa: E731
+    queue = [job(1, 8, at=1), job(1, 8, at=2), job(2, 8, at=3)]
+    scheduler = FairShareScheduler(snapshot(teams(), [pool(1, 32)], queue))
+    d = scheduler.full_pass()
+    assert admitted(d) == [queue[0].job_id, queue[2].job_id]
+    behind = job(1, 4, at=4)  # team 1 is blocked on its quota: waits behind its head
+    inc = scheduler.submit(behind)
+    assert inc.admissions == [] and inc.waiting[behind.job_id].reason == "priority"
+    assert (inc.waiting[behind.job_id].team_position, inc.waiting[behind.job_id].overall_position) == (2, 2)
+    fits = job(2, 8, at=5)  # team 2 has 8 of its 16 left and the pool has 16 free
+    inc = scheduler.submit(fits)
+    assert admitted(inc) == [fits.job_id]
+    full, _ = decide(teams(), [pool(1, 32)], queue + [behind, fits])
+    assert admitted(full) == [queue[0].job_id, queue[2].job_id, fits.job_id]
