@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from .models import CostEntry, Price
+from .models import BudgetAlert, CostEntry, DailyCostRollup, LedgerDiscrepancy, Price, UtilizationRollup
 
 
 @admin.register(Price)
@@ -22,3 +22,34 @@ class CostEntryAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+@admin.register(DailyCostRollup)
+class DailyCostRollupAdmin(admin.ModelAdmin):
+    """Derived from the ledger (``manage.py rebuild_rollups``): read only."""
+
+    list_display = ["day", "team", "cluster", "accelerator", "gpu_seconds", "cost_usd", "entries"]
+    list_filter = ["team", "cluster", "accelerator"]
+    readonly_fields = [f.name for f in DailyCostRollup._meta.fields]
+
+
+@admin.register(UtilizationRollup)
+class UtilizationRollupAdmin(admin.ModelAdmin):
+    list_display = ["day", "attempt", "team", "cluster", "avg_gpu_util_percent", "samples", "expected_samples",
+                    "idle_gpu_seconds"]
+    list_filter = ["team", "cluster", "accelerator"]
+    readonly_fields = [f.name for f in UtilizationRollup._meta.fields]
+
+
+@admin.register(BudgetAlert)
+class BudgetAlertAdmin(admin.ModelAdmin):
+    list_display = ["budget", "period_start", "threshold_percent", "fired_at", "spent_usd", "amount_usd"]
+    readonly_fields = [f.name for f in BudgetAlert._meta.fields]
+
+
+@admin.register(LedgerDiscrepancy)
+class LedgerDiscrepancyAdmin(admin.ModelAdmin):
+    list_display = ["cluster", "window_start", "window_end", "ledger_gpu_hours", "metrics_gpu_hours",
+                    "difference_percent", "flagged", "checked_at"]
+    list_filter = ["flagged", "cluster"]
+    readonly_fields = [f.name for f in LedgerDiscrepancy._meta.fields]

@@ -65,3 +65,109 @@ class CostEntry(models.Model):
     @property
     def gpu_seconds(self) -> float:
         return self.gpus * (self.interval_end - self.interval_start).total_seconds()
+
+
+class DailyCostRollup(models.Model):
+    """Ledger totals per UTC day, team, cluster and accelerator: GPU-seconds and USD (exact, 1e-9).
+
+    Derived only from CostEntry (an entry counts on the UTC day of its
+    ``interval_start``, the rule of the costs API and of budgets) and
+    rebuilt by ``costs.rollups.rebuild_rollups`` / ``manage.py rebuild_rollups``.
+    """
+
+    day = models.DateField()
+    team = models.ForeignKey("quotas.Team", on_delete=models.CASCADE, related_name="cost_rollups")
+    cluster = models.ForeignKey("runners.Cluster", on_delete=models.CASCADE, related_name="cost_rollups")
+    accelerator = models.ForeignKey("runners.Accelerator", on_delete=models.CASCADE, related_name="cost_rollups")
+    gpu_seconds = models.DecimalField(max_digits=24, decimal_places=6)
+    cost_usd = models.DecimalField(max_digits=20, decimal_places=9)
+    entries = models.PositiveIntegerField()
+    rebuilt_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["day", "team__slug"]
+        constraints = [models.UniqueConstraint(fields=["day", "team", "cluster", "accelerator"], name="costrollup_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.team_id}/{self.cluster_id}/{self.accelerator_id} ${self.cost_usd}"
+
+
+class UtilizationRollup(models.Model):
+    """GPU utilization of one attempt on one UTC day, read from Prometheus (DCGM exporter).
+
+    Only samples inside the attempt's running interval count. Sums are kept
+    (not only averages) so that teams, clusters and days aggregate exactly:
+    average utilization = ``util_sum / samples`` (percent 0-100, sample
+    weighted), coverage = ``samples / expected_samples``. ``samples == 0``
+    means "no data": the averages are NULL, never 0 %.
+    ``gpu_seconds`` is the allocation (GPUs x seconds running) on that day;
+    ``idle_gpu_seconds`` the part of it whose utilization was under the idle
+    threshold (NULL without data).
+    """
+
+    attempt = models.ForeignKey("jobs.JobAttempt", on_delete=models.CASCADE, related_name="utilization_rollups")
+    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="utilization_rollups")
+    team = models.ForeignKey("quotas.Team", on_delete=models.CASCADE, related_name="utilization_rollups")
+    cluster = models.ForeignKey("runners.Cluster", on_delete=models.CASCADE, related_name="utilization_rollups")
+    accelerator = models.ForeignKey("runners.Accelerator", on_delete=models.CASCADE, related_name="utilization_rollups")
+    day = models.DateField()
+    gpu_seconds = models.FloatField(help_text="GPUs x seconds running on this day")
+    samples = models.PositiveIntegerField(help_text="DCGM utilization samples found")
+    expected_samples = models.FloatField(help_text="GPUs x seconds / scrape interval")
+    util_sum = models.FloatField(help_text="sum of utilization samples, percent")
+    avg_gpu_util_percent = models.FloatField(null=True, blank=True)
+    memory_samples = models.PositiveIntegerField(default=0)
+    avg_memory_used_mib = models.FloatField(null=True, blank=True)
+    idle_gpu_seconds = models.FloatField(null=True, blank=True)
+    collected_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["day", "attempt_id"]
+        constraints = [models.UniqueConstraint(fields=["attempt", "day"], name="utilrollup_unique")]
+        indexes = [models.Index(fields=["team", "day"])]
+
+    def __str__(self) -> str:
+        return f"attempt {self.attempt_id} {self.day}: {self.avg_gpu_util_percent}%"
+
+
+class BudgetAlert(models.Model):
+    """A budget threshold crossed in one period; the unique key makes each fire exactly once per period."""
+
+    budget = models.ForeignKey("quotas.Budget", on_delete=models.CASCADE, related_name="alerts")
+    period_start = models.DateTimeField()
+    threshold_percent = models.PositiveIntegerField()
+    fired_at = models.DateTimeField()
+    spent_usd = models.DecimalField(max_digits=20, decimal_places=9)
+    amount_usd = models.DecimalField(max_digits=14, decimal_places=2)
+
+    class Meta:
+        ordering = ["-fired_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["budget", "period_start", "threshold_percent"], name="budgetalert_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"budget {self.budget_id} {self.threshold_percent}% at {self.fired_at:%Y-%m-%d %H:%M}"
+
+
+class LedgerDiscrepancy(models.Model):
+    """One check of a cluster's ledger GPU-hours against kube-state-metrics GPU-hours over a window.
+
+    ``flagged`` when ``|metrics - ledger| / ledger`` exceeds the tolerance
+    (1 % by default); the cluster's latest check is its flag.
+    """
+
+    cluster = models.ForeignKey("runners.Cluster", on_delete=models.CASCADE, related_name="ledger_discrepancies")
+    window_start = models.DateTimeField()
+    window_end = models.DateTimeField()
+    ledger_gpu_hours = models.FloatField()
+    metrics_gpu_hours = models.FloatField(null=True, blank=True)
+    difference_percent = models.FloatField(null=True, blank=True)
+    flagged = models.BooleanField(default=False)
+    checked_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-checked_at"]
+
+    def __str__(self) -> str:
+        return f"{self.cluster_id} {self.window_start:%Y-%m-%d}..{self.window_end:%Y-%m-%d} {self.difference_percent}%"

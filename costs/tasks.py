@@ -1,7 +1,13 @@
-"""Celery tasks of the cost ledger: periodic accrual and the final accrual when an attempt ends."""
+"""Celery tasks of costs: ledger accrual, budget checks, utilization collection and the ledger-vs-metrics check."""
+
+import datetime as dt
 
 from celery import shared_task
+from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
+
+from runners.models import Cluster
 
 from .ledger import accrue_attempt, accrue_running
 
@@ -21,3 +27,38 @@ def accrue_running_costs() -> int:
 def accrue_attempt_task(attempt_id: int) -> str:
     """Accrue one attempt up to now (its end, if it ended); idempotent."""
     return str(accrue_attempt(attempt_id))
+
+
+@shared_task(name="costs.tasks.check_budgets", ignore_result=True)
+def check_budgets() -> int:
+    """Fire budget threshold alerts due now (periodic); each fires once per period. Returns alerts fired."""
+    from .budgets import check_budgets as check
+
+    return check()
+
+
+def _lookback_start(now: dt.datetime) -> dt.datetime:
+    start = now - dt.timedelta(seconds=settings.COSTS_COLLECT_LOOKBACK_SECONDS)
+    return start.replace(hour=0, minute=0, second=0, microsecond=0)  # whole UTC days
+
+
+@shared_task(name="costs.tasks.collect_utilization", ignore_result=True)
+def collect_utilization() -> int:
+    """Re-read utilization of the last ``COSTS_COLLECT_LOOKBACK_SECONDS`` (from a UTC midnight) up to now."""
+    from .utilization import collect_utilization as collect
+
+    now = timezone.now().astimezone(dt.timezone.utc)
+    return collect(_lookback_start(now), now)
+
+
+@shared_task(name="costs.tasks.check_ledger", ignore_result=True)
+def check_ledger() -> int:
+    """Compare each cluster's ledger GPU-hours with kube-state-metrics over the lookback window; returns flags raised."""
+    from .utilization import check_ledger as check
+
+    now = timezone.now().astimezone(dt.timezone.utc)
+    flagged = 0
+    for cluster in Cluster.objects.all():
+        result = check(cluster, _lookback_start(now), now)
+        flagged += bool(result and result.flagged)
+    return flagged

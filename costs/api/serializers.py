@@ -43,6 +43,8 @@ class CostQuerySerializer(serializers.Serializer):
     start = AwareDateTimeField(required=False)
     end = AwareDateTimeField(required=False)
     team = serializers.CharField(required=False)
+    with_utilization = serializers.BooleanField(
+        default=False, help_text="costs/ only: add avg_gpu_util_percent, idle_gpu_hours and idle_cost_usd per row")
 
     def validate(self, attrs):
         if "start" in attrs and "end" in attrs and attrs["end"] <= attrs["start"]:
@@ -61,6 +63,11 @@ class CostRowSerializer(serializers.Serializer):
     day = serializers.DateField(required=False, help_text="group_by=day: UTC date")
     gpu_hours = serializers.FloatField(help_text="GPUs x hours held, 6 decimals")
     cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, help_text="USD, rounded to cents half-even")
+    avg_gpu_util_percent = serializers.FloatField(required=False, allow_null=True,
+                                                  help_text="with_utilization: over the UTC days touched; null: no data")
+    idle_gpu_hours = serializers.FloatField(required=False, allow_null=True,
+                                            help_text="with_utilization: GPU-hours under the idle threshold")
+    idle_cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, required=False, allow_null=True)
 
 
 class CostTotalSerializer(serializers.Serializer):
@@ -68,6 +75,9 @@ class CostTotalSerializer(serializers.Serializer):
 
     gpu_hours = serializers.FloatField()
     cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2)
+    avg_gpu_util_percent = serializers.FloatField(required=False, allow_null=True)
+    idle_gpu_hours = serializers.FloatField(required=False, allow_null=True)
+    idle_cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, required=False, allow_null=True)
 
 
 @extend_schema_serializer(many=False)  # one report object, although served by the list action
@@ -79,3 +89,48 @@ class CostReportSerializer(serializers.Serializer):
     end = serializers.DateTimeField(allow_null=True)
     results = CostRowSerializer(many=True)
     total = CostTotalSerializer()
+
+
+class UtilizationRowSerializer(serializers.Serializer):
+    """One group of utilization rollups; null averages mean "no data" (no samples), never 0 %."""
+
+    team = serializers.CharField(required=False)
+    cluster = serializers.CharField(required=False)
+    accelerator = serializers.CharField(required=False)
+    job = serializers.IntegerField(required=False)
+    job_name = serializers.CharField(required=False)
+    day = serializers.DateField(required=False)
+    gpu_hours = serializers.FloatField(help_text="GPUs x hours running (allocation)")
+    avg_gpu_util_percent = serializers.FloatField(allow_null=True, help_text="sample-weighted mean, percent 0-100")
+    coverage = serializers.FloatField(allow_null=True, help_text="samples found / samples expected, 0-1")
+    avg_memory_used_mib = serializers.FloatField(allow_null=True, help_text="DCGM_FI_DEV_FB_USED mean, MiB")
+    idle_gpu_hours = serializers.FloatField(help_text="allocated GPU-hours under the idle threshold")
+    idle_cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, help_text="USD of the idle GPU-hours")
+
+
+@extend_schema_serializer(many=False)
+class UtilizationReportSerializer(serializers.Serializer):
+    """The answer of ``utilization/``: the query echoed, one row per group, and the total."""
+
+    group_by = serializers.CharField()
+    start = serializers.DateTimeField(allow_null=True)
+    end = serializers.DateTimeField(allow_null=True)
+    results = UtilizationRowSerializer(many=True)
+    total = UtilizationRowSerializer()
+
+
+class BudgetStatusSerializer(serializers.Serializer):
+    """A budget's current period in USD (cents, half-even); see ``costs.budgets.BudgetStatus`` for the forecast."""
+
+    id = serializers.IntegerField(source="budget.pk")
+    team = serializers.CharField(source="budget.team.slug")
+    period = serializers.CharField(source="budget.period")
+    action = serializers.CharField(source="budget.action")
+    period_start = serializers.DateTimeField()
+    period_end = serializers.DateTimeField()
+    amount_usd = serializers.DecimalField(max_digits=20, decimal_places=2)
+    spent_usd = serializers.DecimalField(max_digits=20, decimal_places=2)
+    committed_usd = serializers.DecimalField(max_digits=20, decimal_places=2)
+    remaining_usd = serializers.DecimalField(max_digits=20, decimal_places=2)
+    forecast_usd = serializers.DecimalField(max_digits=20, decimal_places=2)
+    burn_rate_usd_per_hour = serializers.DecimalField(max_digits=20, decimal_places=2)

@@ -17,7 +17,8 @@ from rest_framework.response import Response
 
 from controlplane.api import ScopedGenericViewSet, ScopedReadOnlyViewSet, usd_cents
 
-from ..models import CostEntry, Price
+from ..models import CostEntry, Price, UtilizationRollup
+from .utilization import aggregate_utilization, filter_days
 from .filtersets import PriceFilterSet
 from .serializers import CostQuerySerializer, CostReportSerializer, PriceSerializer
 
@@ -71,6 +72,24 @@ def aggregate_costs(entries, group_by: str) -> tuple[list[dict], dict]:
     return results, {"gpu_hours": gpu_hours(total_time), "cost_usd": usd_cents(total_cost)}
 
 
+UTILIZATION_COLUMNS = ("avg_gpu_util_percent", "idle_gpu_hours", "idle_cost_usd")
+
+
+def add_utilization(rows: list[dict], total: dict, rollups, group_by: str) -> None:
+    """Add the utilization columns (``UTILIZATION_COLUMNS``) of each group to the cost rows, in place.
+
+    Utilization comes from day rollups, so for a window that cuts a UTC day
+    it covers the whole day; a group without rollups gets nulls ("no data").
+    """
+    util_rows, util_total = aggregate_utilization(rollups, group_by)
+    keys = list(GROUP_KEYS[group_by])
+    by_key = {tuple(r[k] for k in keys): r for r in util_rows}
+    for row in rows:
+        found = by_key.get(tuple(row[k] for k in keys), {})
+        row.update({c: found.get(c) for c in UTILIZATION_COLUMNS})
+    total.update({c: util_total[c] if util_rows else None for c in UTILIZATION_COLUMNS})
+
+
 @extend_schema(tags=["costs"])
 class PriceViewSet(ScopedReadOnlyViewSet):
     """The effective-dated price catalog (USD per GPU-hour), readable by every user."""
@@ -98,6 +117,16 @@ class CostViewSet(ScopedGenericViewSet):
             return queryset
         return queryset.filter(team__memberships__user=user)
 
+    @staticmethod
+    def utilization_rollups(user, params):
+        """The user's utilization rollups of the UTC days the query touches (scoped as the ledger is)."""
+        rollups = UtilizationRollup.objects.all()
+        if not user.is_staff:
+            rollups = rollups.filter(team__memberships__user=user)
+        if "team" in params:
+            rollups = rollups.filter(team__slug=params["team"])
+        return filter_days(rollups, params.get("start"), params.get("end"))
+
     @extend_schema(parameters=[CostQuerySerializer], responses=CostReportSerializer)
     def list(self, request):
         """GPU-hours and USD per team, cluster, accelerator, job or UTC day over ``[start, end)``.
@@ -116,6 +145,8 @@ class CostViewSet(ScopedGenericViewSet):
         if "team" in params:
             entries = entries.filter(team__slug=params["team"])
         rows, total = aggregate_costs(entries, params["group_by"])
+        if params["with_utilization"]:
+            add_utilization(rows, total, self.utilization_rollups(request.user, params), params["group_by"])
         return Response({
             "group_by": params["group_by"],
             "start": params["start"].isoformat() if "start" in params else None,

@@ -1,0 +1,165 @@
+"""Budget status (spent, committed, remaining, forecast) and threshold alerts that fire once per period.
+
+Spent and committed use the scheduler's definitions (``jobs.scheduler.budget_views``):
+spent is the ledger's USD with ``interval_start`` in the period; committed is
+what active jobs may still spend, ``max(estimated - accrued, 0)`` summed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.mail import send_mail
+from django.db import IntegrityError, transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+from jobs.models import ACTIVE_STATES, Job
+from quotas.models import Budget, Membership
+
+from .ledger import exact_seconds
+from .metrics import BUDGET_ALERTS, BUDGET_AMOUNT_USD, BUDGET_FORECAST_USD, BUDGET_SPENT_USD
+from .models import BudgetAlert, CostEntry
+
+log = logging.getLogger(__name__)
+DEFAULT_THRESHOLDS = (50, 80, 100)
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetStatus:
+    """A budget in the period containing ``at``; all money in exact Decimal USD.
+
+    ``forecast_usd = spent + max(committed, burn_rate x seconds left)`` where
+    ``burn_rate`` is the ledger's USD per second over the last
+    ``COSTS_BURN_RATE_WINDOW_SECONDS`` (clipped to the period; entries
+    prorated by their overlap with that window). The burn rate
+    already includes the jobs now running, so adding their committed money on
+    top would count them twice; the max keeps the forecast at least at what
+    is already committed.
+    """
+
+    budget: Budget
+    at: dt.datetime
+    period_start: dt.datetime
+    period_end: dt.datetime
+    amount_usd: Decimal
+    spent_usd: Decimal
+    committed_usd: Decimal
+    burn_rate_usd_per_hour: Decimal
+    forecast_usd: Decimal
+
+    @property
+    def remaining_usd(self) -> Decimal:
+        return self.amount_usd - self.spent_usd - self.committed_usd
+
+    @property
+    def spent_percent(self) -> Decimal:
+        return self.spent_usd / self.amount_usd * 100 if self.amount_usd else Decimal(0)
+
+
+def ledger_usd(team_id: int, start: dt.datetime, end: dt.datetime) -> Decimal:
+    """USD of the team's ledger entries with ``interval_start`` in ``[start, end)``."""
+    return CostEntry.objects.filter(team_id=team_id, interval_start__gte=start, interval_start__lt=end).aggregate(
+        s=Sum("amount_usd"))["s"] or Decimal(0)
+
+
+def ledger_usd_prorated(team_id: int, start: dt.datetime, end: dt.datetime) -> Decimal:
+    """USD the team's ledger entries accrued inside ``[start, end)``, an entry counted by the share of it inside.
+
+    For the burn rate: an entry written once for a long interval (a final
+    accrual after a pause) must spread over the hours it covers.
+    """
+    total = Decimal(0)
+    for lo, hi, amount in CostEntry.objects.filter(team_id=team_id, interval_start__lt=end, interval_end__gt=start) \
+            .values_list("interval_start", "interval_end", "amount_usd"):
+        inside = exact_seconds(min(hi, end) - max(lo, start))
+        total += amount * inside / exact_seconds(hi - lo)
+    return total
+
+
+def committed_usd(team_id: int) -> Decimal:
+    """What the team's active jobs may still spend: ``sum(max(estimated - accrued, 0))``, USD."""
+    rows = Job.objects.filter(team_id=team_id, state__in=ACTIVE_STATES).values_list("estimated_cost_usd", "accrued_cost_usd")
+    return sum((max(est - acc, Decimal(0)) for est, acc in rows), Decimal(0))
+
+
+def budget_status(budget: Budget, at: dt.datetime | None = None) -> BudgetStatus | None:
+    """The status of ``budget`` in the period containing ``at`` (default now); None outside a custom period."""
+    at = at or timezone.now()
+    start, end = budget.window(at)
+    if start is None or end is None or not (start <= at < end):
+        return None
+    spent = ledger_usd(budget.team_id, start, end)
+    committed = committed_usd(budget.team_id)
+    burn_start = max(start, at - dt.timedelta(seconds=settings.COSTS_BURN_RATE_WINDOW_SECONDS))
+    burn_seconds = exact_seconds(at - burn_start)
+    per_second = ledger_usd_prorated(budget.team_id, burn_start, at) / burn_seconds if burn_seconds else Decimal(0)
+    forecast = spent + max(committed, per_second * exact_seconds(end - at))
+    return BudgetStatus(budget, at, start, end, budget.amount_usd, spent, committed, per_second * 3600, forecast)
+
+
+def admin_emails(team_id: int) -> list[str]:
+    """E-mail addresses of the team's admins (empty addresses left out)."""
+    return sorted(
+        e for e in Membership.objects.filter(team_id=team_id, role=Membership.Role.ADMIN)
+        .values_list("user__email", flat=True) if e
+    )
+
+
+def _fire(status: BudgetStatus, threshold: int) -> BudgetAlert | None:
+    """Insert the alert row; None when this threshold already fired in this period (the unique key decides)."""
+    try:
+        with transaction.atomic():
+            return BudgetAlert.objects.create(
+                budget=status.budget, period_start=status.period_start, threshold_percent=threshold, fired_at=status.at,
+                spent_usd=status.spent_usd, amount_usd=status.amount_usd,
+            )
+    except IntegrityError:
+        return None
+
+
+def check_budget(budget: Budget, at: dt.datetime | None = None) -> list[BudgetAlert]:
+    """Fire every threshold (percent of the amount) that the period's spend has reached and that has not fired yet.
+
+    Each new alert is a BudgetAlert row, an e-mail to the team's admins
+    (Django mail) and an increment of ``controlplane_budget_alerts_total``.
+    Safe to run concurrently: the unique (budget, period, threshold) key
+    lets one caller fire each alert. Returns the alerts fired now.
+    """
+    status = budget_status(budget, at)
+    if status is None:
+        return []
+    labels = {"team": budget.team.slug, "budget": str(budget.pk)}
+    BUDGET_SPENT_USD.labels(**labels).set(float(status.spent_usd))
+    BUDGET_AMOUNT_USD.labels(**labels).set(float(status.amount_usd))
+    BUDGET_FORECAST_USD.labels(**labels).set(float(status.forecast_usd))
+    fired = []
+    for threshold in sorted(int(t) for t in (budget.alert_thresholds or DEFAULT_THRESHOLDS)):
+        if status.spent_percent < threshold:
+            break
+        alert = _fire(status, threshold)
+        if alert is None:
+            continue
+        fired.append(alert)
+        BUDGET_ALERTS.labels(threshold=str(threshold), **labels).inc()
+        recipients = admin_emails(budget.team_id)
+        if recipients:
+            send_mail(
+                subject=f"[controlplane] {budget.team.slug}: {threshold}% of the {budget.period} budget spent",
+                message=(f"Team {budget.team.slug} has spent ${status.spent_usd:.2f} of ${status.amount_usd:.2f} "
+                         f"({status.spent_percent:.1f}%) in the period from {status.period_start:%Y-%m-%d}.\n"
+                         f"Committed by running jobs: ${status.committed_usd:.2f}. "
+                         f"Forecast at period end: ${status.forecast_usd:.2f}. Action at 100%: {budget.action}.\n"),
+                from_email=settings.DEFAULT_FROM_EMAIL, recipient_list=recipients,
+            )
+        log.info("budget %s: %s%% threshold fired", budget.pk, threshold)
+    return fired
+
+
+def check_budgets(at: dt.datetime | None = None) -> int:
+    """``check_budget`` for every budget; returns the number of alerts fired."""
+    return sum(len(check_budget(b, at)) for b in Budget.objects.select_related("team"))

@@ -1,0 +1,154 @@
+"""A real Prometheus (Debian package ``prometheus``) over the synthetic fleet, and the fleet in the database.
+
+Two servers start once per session: a shared one holding aws-east and
+gcp-central under a ``cluster`` label (the global Thanos-like case), and
+oci-ash's own one without that label. Their TSDBs are built with
+``promtool tsdb create-blocks-from openmetrics``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+from django.db import transaction
+
+from costs.ledger import accrue_attempt
+from costs.models import Price
+from costs.seed import seed_accelerators, seed_prices
+from costs.utilization import collect_utilization
+from jobs.models import Job, JobAttempt, JobState
+from quotas.models import Team
+from runners.models import Accelerator, Cluster, NodePool
+from tests.conftest import make_persona
+
+from . import fleet as F
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_prometheus(workdir, text: str) -> tuple[subprocess.Popen, str]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    source, data = workdir / "fleet.om", workdir / "data"
+    source.write_text(text)
+    subprocess.run([shutil.which("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)],
+                   check=True, capture_output=True)
+    source.unlink()
+    config = workdir / "prometheus.yml"
+    config.write_text("global:\n  scrape_interval: 1m\nscrape_configs: []\n")
+    port = _free_port()
+    log = open(workdir / "prometheus.log", "wb")
+    proc = subprocess.Popen(
+        [shutil.which("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={data}",
+         f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=3650d"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if urllib.request.urlopen(url + "/-/ready", timeout=1).status == 200:
+                return proc, url
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"prometheus did not start: {(workdir / 'prometheus.log').read_text()[-2000:]}")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def fleet() -> F.Fleet:
+    return F.generate()
+
+
+@pytest.fixture(scope="session")
+def prometheus_urls(fleet, tmp_path_factory) -> dict[str, str]:
+    """``{"global": url, "oci-ash": url}``: the two servers, started once and stopped at the end of the session."""
+    root = tmp_path_factory.mktemp("prometheus")
+    procs = []
+    try:
+        shared, shared_url = _start_prometheus(root / "global", F.openmetrics(fleet, ["aws-east", "gcp-central"], True))
+        procs.append(shared)
+        own, own_url = _start_prometheus(root / "oci", F.openmetrics(fleet, ["oci-ash"], False))
+        procs.append(own)
+        yield {"global": shared_url, "oci-ash": own_url}
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def build_fleet(fleet: F.Fleet, urls: dict[str, str]) -> dict:
+    """Clusters, node pools, prices, teams and one attempt per generated job, with the ledger accrued at midnights."""
+    seed_accelerators()
+    seed_prices()
+    accelerators = {a.name: a for a in Accelerator.objects.all()}
+    teams = {slug: Team.objects.create(slug=slug, name=slug.title()) for slug in F.TEAMS}
+    clusters, pools = {}, {}
+    for spec in F.CLUSTERS:
+        cluster = Cluster.objects.create(name=spec.name, provider=spec.provider, region=spec.region,
+                                         backend="kubernetes", prometheus_url=urls.get(spec.name, ""))
+        clusters[spec.name] = cluster
+        pools[spec.name] = NodePool.objects.create(cluster=cluster, name="gpu", accelerator=accelerators[spec.accelerator],
+                                                   capacity_type=spec.capacity_type, nodes=spec.nodes, gpus_per_node=8)
+        for effective_from, price in spec.prices:
+            Price.objects.create(provider=spec.provider, region=spec.region, accelerator=accelerators[spec.accelerator],
+                                 capacity_type=spec.capacity_type, cluster=cluster, usd_per_gpu_hour=price,
+                                 effective_from=effective_from)
+    staff = make_persona("finance")
+    staff.user.is_staff = True
+    staff.user.save()
+    midnights = [F.T0 + dt.timedelta(days=d) for d in range(1, F.DAYS + 1)]
+    attempts = {}
+    for job in fleet.jobs:
+        pool = pools[job.cluster]
+        row = Job.objects.create(
+            team=teams[job.team], submitter=staff.user, name=job.object_name, kind="training", spec={},
+            accelerator=pool.accelerator, gpus_per_node=job.gpus, nodes=1, max_runtime_seconds=86400,
+            state=JobState.SUCCEEDED,
+        )
+        attempt = JobAttempt.objects.create(
+            job=row, number=1, cluster=pool.cluster, node_pool=pool, gpus=job.gpus, object_name=job.object_name,
+            usd_per_gpu_hour=0, started_at=job.start, ended_at=job.end,
+        )
+        for until in [m for m in midnights if job.start < m < job.end] + [job.end]:
+            accrue_attempt(attempt.pk, until=until)  # periodic accrual, then the final one
+        attempts[job.n] = attempt
+    return {"teams": teams, "clusters": clusters, "attempts": attempts, "staff": staff}
+
+
+@pytest.fixture(scope="module")
+def fleet_db(django_db_setup, django_db_blocker, fleet, prometheus_urls):
+    """The fleet in the database with utilization collected, built once per module and rolled back after it.
+
+    Each test runs in a savepoint inside this transaction (pytest-django's ``db``).
+    """
+    from django.test import override_settings
+
+    with django_db_blocker.unblock(), override_settings(
+        COSTS_PROMETHEUS_URL=prometheus_urls["global"], COSTS_SCRAPE_INTERVAL_SECONDS=F.STEP,
+        COSTS_IDLE_UTIL_PERCENT=F.IDLE_PERCENT,
+    ):
+        with transaction.atomic():
+            built = build_fleet(fleet, prometheus_urls)
+            collect_utilization(F.T0, F.END)
+            yield built
+            transaction.set_rollback(True)
+
+
+@pytest.fixture
+def costs_settings(settings, prometheus_urls):
+    settings.COSTS_PROMETHEUS_URL = prometheus_urls["global"]
+    settings.COSTS_SCRAPE_INTERVAL_SECONDS = F.STEP
+    settings.COSTS_IDLE_UTIL_PERCENT = F.IDLE_PERCENT
+    return settings
