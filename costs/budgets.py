@@ -1,6 +1,6 @@
 """Budget status (spent, committed, remaining, forecast) and threshold alerts that fire once per period.
 
-Spent and committed use the scheduler's definitions (``jobs.scheduler.budget_views``):
+Admission (``jobs.scheduler.budget_views``) reads spent and committed from here:
 spent is the ledger's USD with ``interval_start`` in the period; committed is
 what active jobs may still spend, ``max(estimated - accrued, 0)`` summed.
 """

@@ -35,7 +35,8 @@ from django.db.models import F, Sum
 from django.utils import timezone
 
 from costs.catalog import NoPrice, price_at
-from costs.models import CostEntry, Price
+from costs.budgets import committed_usd, ledger_usd
+from costs.models import Price
 from quotas.admission import BudgetView, QuotaView, Verdict, check_budgets, check_quota
 from quotas.fairshare import (
     ESTIMATE_QUANTUM,
@@ -100,22 +101,19 @@ def team_used_gpus(team_id: int, accelerator_id: int) -> int:
 
 
 def budget_views(team_id: int, now: dt.datetime) -> list[BudgetView]:
-    """The team's budgets in their current period, with spent (ledger) and committed (running estimates) USD."""
+    """The team's budgets in their current period, with spent (ledger) and committed (running estimates) USD.
+
+    Spent and committed follow ``costs.budgets`` (one definition for admission, status and alerts).
+    """
     views = []
-    remaining_estimates = Job.objects.filter(team_id=team_id, state__in=ACTIVE_STATES).values_list(
-        "estimated_cost_usd", "accrued_cost_usd"
-    )
-    committed_usd = sum((max(est - acc, Decimal(0)) for est, acc in remaining_estimates), Decimal(0))
+    committed = None
     for budget in Budget.objects.filter(team_id=team_id):
         start, end = budget.window(now)
         if start is None or not (start <= now < end):
             continue
-        spent = (
-            CostEntry.objects.filter(team_id=team_id, interval_start__gte=start, interval_start__lt=end)
-            .aggregate(s=Sum("amount_usd"))["s"]
-            or Decimal(0)
-        )
-        views.append(BudgetView(budget.pk, budget.amount_usd, spent, committed_usd, budget.action))
+        if committed is None:
+            committed = committed_usd(team_id)
+        views.append(BudgetView(budget.pk, budget.amount_usd, ledger_usd(team_id, start, end), committed, budget.action))
     return views
 
 
