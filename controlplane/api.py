@@ -189,9 +189,11 @@ def api_router() -> DefaultRouter:
     Built in a function because the app viewsets import this module's base
     classes; importing them at module level here would be circular.
     """
+    from costs.api.utilization import BudgetStatusViewSet, UtilizationViewSet
     from costs.api.views import CostViewSet, PriceViewSet
+    from frontend.api import ReportViewSet
     from jobs.api.views import JobViewSet
-    from quotas.api.views import BudgetViewSet, QuotaViewSet, TeamViewSet
+    from quotas.api.views import BudgetViewSet, QuotaViewSet, TeamViewSet, register_fairshare_routes
     from runners.api.views import AcceleratorViewSet, ClusterViewSet, NodePoolViewSet
 
     router = DefaultRouter()
@@ -204,5 +206,9 @@ def api_router() -> DefaultRouter:
     router.register("budgets", BudgetViewSet)
     router.register("jobs", JobViewSet)
     router.register("costs", CostViewSet, basename="cost")
+    router.register("utilization", UtilizationViewSet, basename="utilization")
+    router.register("budget-status", BudgetStatusViewSet, basename="budget-status")
+    router.register("reports", ReportViewSet)
+    register_fairshare_routes(router)  # cohorts/, priority-classes/
     return router
 

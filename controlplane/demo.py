@@ -75,6 +75,7 @@ def seed_demo() -> dict[str, DemoTeam]:
                                      defaults={"amount_usd": Decimal(amount), "action": action})
         _, key = ApiToken.issue(user, "demo")
         teams[slug] = DemoTeam(slug, username, key)
+    call_command("ensure_report_schedules", verbosity=0)
     return teams
 
 

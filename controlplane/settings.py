@@ -157,6 +157,31 @@ CELERY_BEAT_SCHEDULE = {
     "accrue-costs": {"task": "costs.tasks.accrue_running_costs", "schedule": env.float("ACCRUAL_INTERVAL_SECONDS", default=60.0)},
 }
 
+# --- Costs and utilization ---------------------------------------------------
+# One Prometheus (or Thanos) holding every cluster under a ``cluster`` label; a cluster's own
+# prometheus_url wins over it. Empty: only clusters with their own URL are read.
+COSTS_PROMETHEUS_URL = env("COSTS_PROMETHEUS_URL", default="")
+COSTS_PROMETHEUS_TIMEOUT_SECONDS = env.float("COSTS_PROMETHEUS_TIMEOUT_SECONDS", default=30.0)
+# The dcgm-exporter / kube-state-metrics scrape interval, seconds (coverage and subquery step).
+COSTS_SCRAPE_INTERVAL_SECONDS = env.float("COSTS_SCRAPE_INTERVAL_SECONDS", default=15.0)
+# Pods map to attempts by namespace (K8S_NAMESPACE_PREFIX + team slug, the runner's) and pod name prefix.
+COSTS_IDLE_UTIL_PERCENT = env.float("COSTS_IDLE_UTIL_PERCENT", default=5.0)
+COSTS_DISCREPANCY_TOLERANCE_PERCENT = env.float("COSTS_DISCREPANCY_TOLERANCE_PERCENT", default=1.0)
+# How far back each collection pass re-reads utilization (late scrapes are picked up), seconds.
+COSTS_COLLECT_LOOKBACK_SECONDS = env.int("COSTS_COLLECT_LOOKBACK_SECONDS", default=2 * 86400)
+# Budget forecast: the window of recent ledger spend that gives the burn rate, seconds.
+COSTS_BURN_RATE_WINDOW_SECONDS = env.int("COSTS_BURN_RATE_WINDOW_SECONDS", default=86400)
+# Budget alerts go to team admins through Django mail (console in dev; pytest-django uses locmem).
+EMAIL_BACKEND = env("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
+DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="controlplane@localhost")
+CELERY_BEAT_SCHEDULE.update({
+    "check-budgets": {"task": "costs.tasks.check_budgets", "schedule": env.float("BUDGET_CHECK_INTERVAL_SECONDS", default=300.0)},
+    "collect-utilization": {"task": "costs.tasks.collect_utilization",
+                            "schedule": env.float("UTILIZATION_INTERVAL_SECONDS", default=900.0)},
+    "check-ledger": {"task": "costs.tasks.check_ledger", "schedule": env.float("LEDGER_CHECK_INTERVAL_SECONDS", default=3600.0)},
+})
+# --- end Costs and utilization -------------------------------------------------
+
 # --- Runners ------------------------------------------------------------------
 # Emulated GPUs offered by the local runner on a machine without NVIDIA GPUs.
 LOCAL_RUNNER_EMULATED_GPUS = env.int("LOCAL_RUNNER_EMULATED_GPUS", default=8)
@@ -165,6 +190,36 @@ LOCAL_RUNNER_ACCELERATOR = env("LOCAL_RUNNER_ACCELERATOR", default="H100-80GB")
 LOCAL_RUNNER_DIR = Path(env("LOCAL_RUNNER_DIR", default=str(VAR_DIR / "runs")))
 # Seconds between SIGTERM and SIGKILL when a job is cancelled or runs past max_runtime.
 LOCAL_RUNNER_KILL_GRACE_SECONDS = env.float("LOCAL_RUNNER_KILL_GRACE_SECONDS", default=10.0)
+
+# --- Kubernetes runner ---------------------------------------------------------
+# Seconds to open a TCP/TLS connection to a cluster's API server, and to wait for its answer.
+K8S_CONNECT_TIMEOUT_SECONDS = env.float("K8S_CONNECT_TIMEOUT_SECONDS", default=3.0)
+K8S_READ_TIMEOUT_SECONDS = env.float("K8S_READ_TIMEOUT_SECONDS", default=10.0)
+# Client-side rate limit per cluster (token bucket: requests/s and burst), as client-go's QPS/Burst
+# defaults (5/10) scaled for a control plane; each cluster has its own bucket, so a slow one stalls no other.
+K8S_QPS = env.float("K8S_QPS", default=50.0)
+K8S_BURST = env.int("K8S_BURST", default=100)
+# Namespace of a team's objects: this prefix + the team slug.
+K8S_NAMESPACE_PREFIX = env("K8S_NAMESPACE_PREFIX", default="cp-")
+# Port the rendezvous of multi-node training listens on (torchrun's default, 29500).
+K8S_MASTER_PORT = env.int("K8S_MASTER_PORT", default=29500)
+# Seconds a pod may wait on ImagePullBackOff/ErrImagePull before the attempt fails (a registry hiccup heals).
+K8S_IMAGE_PULL_GRACE_SECONDS = env.float("K8S_IMAGE_PULL_GRACE_SECONDS", default=120.0)
+# Consecutive failed probes before a cluster is marked unreachable (one failure is only "degraded").
+CLUSTER_UNREACHABLE_AFTER_FAILURES = env.int("CLUSTER_UNREACHABLE_AFTER_FAILURES", default=3)
+# Seconds the running jobs of an unreachable cluster are left alone before their attempts are recovered elsewhere.
+CLUSTER_LOST_GRACE_SECONDS = env.float("CLUSTER_LOST_GRACE_SECONDS", default=600.0)
+# Seconds between two syncs of the Kubernetes clusters' GPU node pools into NodePool rows.
+NODE_POOL_SYNC_INTERVAL_SECONDS = env.float("NODE_POOL_SYNC_INTERVAL_SECONDS", default=60.0)
+CELERY_BEAT_SCHEDULE["sync-node-pools"] = {"task": "runners.tasks.sync_node_pools",
+                                           "schedule": NODE_POOL_SYNC_INTERVAL_SECONDS}
+# Log streaming (GET /jobs/{id}/logs/?follow=1): longest stream, and seconds between two polls of a log.
+LOG_FOLLOW_MAX_SECONDS = env.float("LOG_FOLLOW_MAX_SECONDS", default=300.0)
+LOG_FOLLOW_POLL_SECONDS = env.float("LOG_FOLLOW_POLL_SECONDS", default=1.0)
+# Key of the cluster credentials encrypted at rest (Fernet, urlsafe base64 of 32 bytes); derived from
+# SECRET_KEY when empty. Read from FIELD_ENCRYPTION_KEY_FILE when that is set.
+FIELD_ENCRYPTION_KEY = (Path(env("FIELD_ENCRYPTION_KEY_FILE")).read_text().strip()
+                        if env("FIELD_ENCRYPTION_KEY_FILE", default="") else env("FIELD_ENCRYPTION_KEY", default=""))
 
 # Largest accepted job spec, in bytes of its JSON encoding.
 JOB_SPEC_MAX_BYTES = 64 * 1024
@@ -176,3 +231,18 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
 }
+
+# --- Web UI -------------------------------------------------------------------
+# Sign-in of the server-rendered UI (frontend/); overrides the admin login set above.
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
+# Seconds between htmx refreshes of live job states and log tails.
+UI_POLL_SECONDS = env.int("UI_POLL_SECONDS", default=3)
+# Trailing log lines shown on a job page.
+UI_LOG_TAIL_LINES = env.int("UI_LOG_TAIL_LINES", default=200)
+# Report.kind (daily/weekly/custom) and Job.kind (training/inference) share a field name: name both enums
+# in the OpenAPI schema, or drf-spectacular warns about the collision.
+SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {}).update(
+    {"ReportKindEnum": ["daily", "weekly", "custom"], "KindEnum": [("training", "Training"), ("inference", "Inference")]})
+# --- end Web UI ---------------------------------------------------------------

@@ -19,6 +19,5 @@ urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     path("readyz", views.readyz, name="readyz"),
     # --- Frontend (web UI) -------------------------------------------------
-    # Mount it here, last, when frontend/urls.py exists:
-    #     path("", include("frontend.urls")),
+    path("", include("frontend.urls")),
 ]

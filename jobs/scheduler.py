@@ -57,7 +57,7 @@ from quotas.models import Budget, Quota, Team
 from runners.models import Cluster, NodePool
 from runners.placement import PlacementRequest, PoolOffer, choose_pool, fits_now
 
-from .models import ACTIVE_STATES, Job, JobAttempt, JobEvent, JobState
+from .models import Job, JobAttempt, JobEvent, JobState
 from .states import StaleState, transition
 
 __all__ = ["ESTIMATE_QUANTUM", "PassResult", "estimate_cost", "placement_request", "pool_offers", "schedule_coalesced",

@@ -107,3 +107,26 @@ def budget_factory(db):
     def make(team, amount, action="block", period="monthly"):
         return Budget.objects.create(team=team, amount_usd=Decimal(amount), action=action, period=period)
     return make
+
+
+TEST_BROKER_URL = "redis://127.0.0.1:6379/15"  # as in the Makefile's `make test`
+
+
+@pytest.fixture
+def redis_broker():
+    """Send the on-commit tasks (schedule, dispatch) to Redis db 15, never to the filesystem queue under var/.
+
+    Under ``make test`` CELERY_BROKER_URL already is that; otherwise the app is
+    pointed there before it opens its first connection. Purged afterwards.
+    """
+    from controlplane.celery import app
+
+    url, options = app.conf.broker_url, app.conf.broker_transport_options
+    if not str(url).startswith("redis://"):
+        app.conf.broker_url, app.conf.broker_transport_options = TEST_BROKER_URL, {}
+    with app.pool.acquire(block=True) as conn:
+        assert conn.transport.driver_type == "redis", (
+            "the Celery app already holds connections to a non-Redis broker; run with CELERY_BROKER_URL=" + TEST_BROKER_URL)
+    yield app.conf.broker_url
+    app.control.purge()
+    app.conf.broker_url, app.conf.broker_transport_options = url, options

@@ -45,14 +45,13 @@ from tests.core.test_states import EXPECTED_EDGES
 D = Decimal
 S = JobState
 REPO = Path(__file__).resolve().parents[2]
-TEST_BROKER_URL = "redis://127.0.0.1:6379/15"  # as in the Makefile's `make test`
 
 THREADS = 8
-ROUNDS = 8  # each round: every thread submits, all meet at a barrier, then all run passes at once
+ROUNDS = 10  # each round: every thread submits, all meet at a barrier, then all run passes at once
 JOBS_PER_ROUND = 2
-PASSES_PER_ROUND = 2
+PASSES_PER_ROUND = 3
 JOBS_PER_THREAD = ROUNDS * JOBS_PER_ROUND
-MAX_FINISHED = 60
+MAX_FINISHED = 400
 
 PROCESS_SCRIPT = textwrap.dedent("""
     import json, sys, time
@@ -71,26 +70,6 @@ PROCESS_SCRIPT = textwrap.dedent("""
     connection.close()
     print(json.dumps({"passes": passes, "admitted": admitted}), flush=True)
 """)
-
-
-@pytest.fixture
-def test_redis_broker():
-    """Send the on-commit tasks (schedule, dispatch) to Redis db 15, never to the filesystem queue under var/.
-
-    Under ``make test`` CELERY_BROKER_URL already is that; otherwise the app is
-    pointed there before it opens its first connection. Purged afterwards.
-    """
-    from controlplane.celery import app
-
-    url, options = app.conf.broker_url, app.conf.broker_transport_options
-    if not str(url).startswith("redis://"):
-        app.conf.broker_url, app.conf.broker_transport_options = TEST_BROKER_URL, {}
-    with app.pool.acquire(block=True) as conn:
-        assert conn.transport.driver_type == "redis", (
-            "the Celery app already holds connections to a non-Redis broker; run with CELERY_BROKER_URL=" + TEST_BROKER_URL)
-    yield app.conf.broker_url
-    app.control.purge()
-    app.conf.broker_url, app.conf.broker_transport_options = url, options
 
 
 def database_url() -> str:
@@ -137,7 +116,7 @@ def run_to_success(job: Job) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_quota_capacity_and_budget_hold_under_concurrent_submitters_and_schedulers(
-        catalog, teams, cluster_factory, test_redis_broker, tmp_path):
+        catalog, teams, cluster_factory, redis_broker, tmp_path):
     h100 = catalog["H100-80GB"]
     alpha, beta = teams
     users = {t.pk: get_user_model().objects.create(username=f"u-{t.slug}") for t in teams}
@@ -160,7 +139,7 @@ def test_quota_capacity_and_budget_hold_under_concurrent_submitters_and_schedule
     snapshots: list[list[str]] = []
     finished: list[int] = []
     submitters_done = threading.Event()
-    env = {**os.environ, "DATABASE_URL": database_url(), "CELERY_BROKER_URL": test_redis_broker,
+    env = {**os.environ, "DATABASE_URL": database_url(), "CELERY_BROKER_URL": redis_broker,
            "DJANGO_SETTINGS_MODULE": "controlplane.settings", "CONN_MAX_AGE": "0"}
     stop = tmp_path / "stop"
     processes = [subprocess.Popen([sys.executable, "-c", PROCESS_SCRIPT, str(stop)], cwd=REPO, env=env,
@@ -208,7 +187,7 @@ def test_quota_capacity_and_budget_hold_under_concurrent_submitters_and_schedule
                             finished.append(job.pk)
                         except StaleState:
                             pass
-                    time.sleep(0.02)
+                    time.sleep(0.002)
             except BaseException as exc:  # noqa: BLE001
                 errors.append(exc)
             finally:

@@ -32,7 +32,7 @@ from jobs.scheduler import schedule_pending
 from jobs.states import StaleState, transition
 from quotas.models import Quota, Team
 from runners.models import NodePool
-from tests.core.test_concurrency import PROCESS_SCRIPT, REPO, database_url, test_redis_broker  # noqa: F401
+from tests.core.test_concurrency import PROCESS_SCRIPT, REPO, database_url
 from tests.core.test_states import EXPECTED_EDGES
 
 S = JobState
@@ -71,7 +71,7 @@ def violations() -> list[str]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_two_racing_schedulers_never_overdraw_a_quota_a_cohort_or_a_pool(catalog, cluster_factory, test_redis_broker,
+def test_two_racing_schedulers_never_overdraw_a_quota_a_cohort_or_a_pool(catalog, cluster_factory, redis_broker,
                                                                           tmp_path):
     h100 = catalog["H100-80GB"]
     user = get_user_model().objects.create(username="racer")
@@ -84,7 +84,7 @@ def test_two_racing_schedulers_never_overdraw_a_quota_a_cohort_or_a_pool(catalog
     cluster_factory("mid", "aws", "us-east-1", h100, nodes=2, gpus_per_node=4, price="6.88")  # 24 GPUs > 20 nominal
     connection.close()
 
-    env = {**os.environ, "DATABASE_URL": database_url(), "CELERY_BROKER_URL": test_redis_broker,
+    env = {**os.environ, "DATABASE_URL": database_url(), "CELERY_BROKER_URL": redis_broker,
            "DJANGO_SETTINGS_MODULE": "controlplane.settings", "CONN_MAX_AGE": "0"}
     stop = tmp_path / "stop"
     processes = [subprocess.Popen([sys.executable, "-c", PROCESS_SCRIPT, str(stop)], cwd=REPO, env=env,

@@ -1,0 +1,191 @@
+"""Web UI forms: job submission (validated by the API's JobSubmissionSerializer), quota and budget edits, cost queries.
+
+The submission form only collects text; every rule lives in ``jobs.spec`` so the UI and the API answer alike.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import shlex
+
+import yaml
+from django import forms
+from django.utils import timezone
+
+from jobs.models import Job
+from quotas.models import Budget, Quota
+from runners.models import Accelerator
+
+# Serializer error paths (``jobs.spec.flatten_errors``) -> the form field that shows them.
+ERROR_FIELDS = {
+    "team": "team",
+    "name": "name",
+    "kind": "kind",
+    "spec.image": "image",
+    "spec.command": "command",
+    "spec.resources.accelerator": "accelerator",
+    "spec.resources.gpus_per_node": "gpus_per_node",
+    "spec.resources.nodes": "nodes",
+    "spec.max_runtime_seconds": "max_runtime_seconds",
+    "spec.priority": "priority",
+    "spec.preemptible": "preemptible",
+}
+GROUP_BY_CHOICES = [("day", "Day"), ("team", "Team"), ("cluster", "Cluster"), ("accelerator", "Accelerator"),
+                    ("job", "Job")]
+
+
+def _number(text: str):
+    """``"8"`` -> 8; anything else is passed on unchanged, so the serializer reports it."""
+    text = (text or "").strip()
+    return int(text) if text.isdigit() else text
+
+
+class SubmitJobForm(forms.Form):
+    """A job submission as form fields, or as a whole YAML document (``examples/jobs/*.yaml``) that wins when given.
+
+    ``submission()`` builds the dict given to ``JobSubmissionSerializer``;
+    ``add_serializer_errors`` puts its dotted-path errors next to the fields.
+    """
+
+    team = forms.ChoiceField(required=False)
+    name = forms.CharField(required=False, max_length=200, help_text="Lowercase letters, digits and '-'.")
+    kind = forms.ChoiceField(choices=Job.Kind.choices, required=False, initial=Job.Kind.TRAINING)
+    image = forms.CharField(required=False, max_length=512, initial="python:3.11")
+    command = forms.CharField(required=False, max_length=4000, help_text="Shell words, e.g. python train.py --steps 10")
+    accelerator = forms.ChoiceField(required=False)
+    gpus_per_node = forms.CharField(required=False, initial="1", label="GPUs per node")
+    nodes = forms.CharField(required=False, initial="1")
+    max_runtime_seconds = forms.CharField(required=False, initial="3600", label="Max runtime (seconds)")
+    priority = forms.ChoiceField(required=False, initial="normal")
+    preemptible = forms.BooleanField(required=False, help_text="May run on spot capacity and be preempted.")
+    spec_yaml = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 12, "spellcheck": "false"}),
+                                label="Or the whole submission as YAML",
+                                help_text="team, name, kind and spec, as in examples/jobs; replaces the fields above.")
+
+    def __init__(self, *args, teams=(), priorities=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["team"].choices = [(t.slug, t.slug) for t in teams]
+        self.fields["accelerator"].choices = [(a, a) for a in Accelerator.objects.values_list("name", flat=True)]
+        self.fields["priority"].choices = [(p, p) for p in priorities]
+
+    def submission(self) -> dict | None:
+        """The submission dict; None (with an error on ``spec_yaml``) when the YAML does not parse to a mapping."""
+        data = self.cleaned_data
+        if data.get("spec_yaml", "").strip():
+            try:
+                parsed = yaml.safe_load(data["spec_yaml"])
+            except yaml.YAMLError as exc:
+                self.add_error("spec_yaml", f"YAML parse error: {exc}")
+                return None
+            if not isinstance(parsed, dict):
+                self.add_error("spec_yaml", "the YAML must be a mapping with team, name, kind and spec")
+                return None
+            return parsed
+        try:
+            command = shlex.split(data.get("command") or "")
+        except ValueError as exc:
+            self.add_error("command", f"cannot split into words: {exc}")
+            return None
+        return {
+            "team": data.get("team") or "",
+            "name": data.get("name") or "",
+            "kind": data.get("kind") or Job.Kind.TRAINING,
+            "spec": {
+                "image": data.get("image") or "",
+                "command": command,
+                "resources": {"accelerator": data.get("accelerator") or "",
+                              "gpus_per_node": _number(data.get("gpus_per_node")),
+                              "nodes": _number(data.get("nodes"))},
+                "max_runtime_seconds": _number(data.get("max_runtime_seconds")),
+                "priority": data.get("priority") or "normal",
+                "preemptible": bool(data.get("preemptible")),
+            },
+        }
+
+    def add_serializer_errors(self, errors: dict[str, list[str]]) -> None:
+        """Show serializer errors (flat dotted paths) on their fields; YAML mode or unknown paths go to ``spec_yaml``
+        (prefixed with the path) or to the form's non-field errors."""
+        yaml_mode = bool(self.cleaned_data.get("spec_yaml", "").strip())
+        for path, messages in errors.items():
+            field = None if yaml_mode else ERROR_FIELDS.get(path)
+            for message in messages:
+                if field is not None:
+                    self.add_error(field, message)
+                elif yaml_mode:
+                    self.add_error("spec_yaml", f"{path}: {message}")
+                else:
+                    self.add_error(None, f"{path}: {message}")
+
+
+class QuotaForm(forms.ModelForm):
+    """A team's quota for one accelerator: nominal, borrowing limit, lending limit and per-job cap, in GPUs."""
+
+    class Meta:
+        model = Quota
+        fields = ["nominal_gpus", "borrowing_limit_gpus", "lending_limit_gpus", "max_gpus_per_job"]
+        labels = {"nominal_gpus": "Nominal GPUs", "borrowing_limit_gpus": "Borrowing limit (GPUs)",
+                  "lending_limit_gpus": "Lending limit (GPUs, empty: all)", "max_gpus_per_job": "Max GPUs per job (0: no cap)"}
+
+
+class BudgetForm(forms.ModelForm):
+    """A team's budget: period, amount (USD), alert thresholds (percent, comma separated), action at 100 %."""
+
+    alert_thresholds = forms.CharField(required=False, help_text="Percent of the amount, comma separated, e.g. 50, 80, 100")
+
+    class Meta:
+        model = Budget
+        fields = ["period", "starts_at", "ends_at", "amount_usd", "alert_thresholds", "action", "stop_running"]
+        labels = {"amount_usd": "Amount (USD)", "starts_at": "Starts at (custom period, UTC)",
+                  "ends_at": "Ends at (custom period, UTC)"}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.instance.pk and not self.is_bound:
+            self.initial["alert_thresholds"] = ", ".join(str(t) for t in self.instance.alert_thresholds)
+
+    def clean_alert_thresholds(self) -> list[int]:
+        text = self.cleaned_data.get("alert_thresholds") or ""
+        try:
+            values = sorted({int(part) for part in text.replace(" ", "").split(",") if part})
+        except ValueError:
+            raise forms.ValidationError("whole percents separated by commas, e.g. 50, 80, 100") from None
+        if any(v <= 0 for v in values):
+            raise forms.ValidationError("thresholds must be above 0 %")
+        return values
+
+    def clean(self):
+        data = super().clean()
+        if data.get("period") == Budget.Period.CUSTOM:
+            start, end = data.get("starts_at"), data.get("ends_at")
+            if not start or not end or end <= start:
+                raise forms.ValidationError("a custom period needs a start before its end")
+        return data
+
+
+class CostQueryForm(forms.Form):
+    """Costs page query: group by, the UTC days ``[start, end]`` (end inclusive), optionally one team (slug)."""
+
+    group_by = forms.ChoiceField(choices=GROUP_BY_CHOICES, required=False, initial="day", label="Group by")
+    start = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}), label="From (UTC day)")
+    end = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}), label="To (UTC day, inclusive)")
+    team = forms.ChoiceField(required=False)
+
+    def __init__(self, *args, teams=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["team"].choices = [("", "All my teams"), *((t.slug, t.slug) for t in teams)]
+
+    def clean(self):
+        data = super().clean()
+        today = timezone.now().astimezone(dt.timezone.utc).date()
+        data["group_by"] = data.get("group_by") or "day"
+        data["end"] = data.get("end") or today
+        data["start"] = data.get("start") or data["end"] - dt.timedelta(days=29)
+        if data["end"] < data["start"]:
+            raise forms.ValidationError("the end day is before the start day")
+        return data
+
+    def window(self) -> tuple[dt.datetime, dt.datetime]:
+        """``[start 00:00 UTC, end + 1 day 00:00 UTC)`` of the cleaned days."""
+        start = dt.datetime.combine(self.cleaned_data["start"], dt.time(), tzinfo=dt.timezone.utc)
+        end = dt.datetime.combine(self.cleaned_data["end"] + dt.timedelta(days=1), dt.time(), tzinfo=dt.timezone.utc)
+        return start, end

@@ -1,0 +1,34 @@
+"""URLs of the web UI, mounted at the site root (``controlplane/urls.py``) under the ``frontend`` namespace."""
+
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from . import views
+
+app_name = "frontend"
+
+urlpatterns = [
+    path("login/", auth_views.LoginView.as_view(template_name="frontend/login.html",
+                                                redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", views.dashboard, name="dashboard"),
+    path("jobs/", views.job_list, name="job-list"),
+    path("jobs/rows/", views.job_rows, name="job-rows"),
+    path("jobs/new/", views.job_submit, name="job-submit"),
+    path("jobs/new/preview/", views.job_preview, name="job-preview"),
+    path("jobs/<int:pk>/", views.job_detail, name="job-detail"),
+    path("jobs/<int:pk>/status/", views.job_status, name="job-status"),
+    path("jobs/<int:pk>/logs/", views.job_logs, name="job-logs"),
+    path("jobs/<int:pk>/cancel/", views.job_cancel, name="job-cancel"),
+    path("teams/", views.team_list, name="team-list"),
+    path("teams/<slug:slug>/", views.team_detail, name="team-detail"),
+    path("teams/<slug:slug>/quotas/<int:pk>/edit/", views.quota_edit, name="quota-edit"),
+    path("teams/<slug:slug>/budgets/new/", views.budget_edit, name="budget-new"),
+    path("teams/<slug:slug>/budgets/<int:pk>/edit/", views.budget_edit, name="budget-edit"),
+    path("clusters/", views.cluster_list, name="cluster-list"),
+    path("costs/", views.costs, name="costs"),
+    path("costs.csv", views.costs_csv, name="costs-csv"),
+    path("reports/", views.report_list, name="report-list"),
+    path("reports/<int:pk>/", views.report_detail, name="report-detail"),
+    path("reports/<int:pk>.csv", views.report_csv, name="report-csv"),
+]

@@ -1,0 +1,483 @@
+"""Web UI views: dashboard, jobs (list, page, submit, cancel), teams' quotas and budgets, clusters, costs, reports.
+
+Thin views over the same services as the API (``jobs.lifecycle``, ``jobs.spec``,
+``jobs.scheduler``, ``costs``); every lookup goes through a ``visible_to(user)``
+queryset, so another team's object is a 404, never a 403.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+from decimal import Decimal
+
+import yaml
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db import transaction
+from django.db.models import Sum
+from django.http import HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_http_methods, require_POST
+
+from costs.api.views import aggregate_costs
+from costs.budgets import budget_status
+from costs.models import CostEntry, UtilizationRollup
+from jobs.api.filtersets import JobFilterSet
+from jobs.api.views import may_cancel
+from jobs.lifecycle import NotCancellable, cancel_job, submit_job
+from jobs.models import FINAL_STATES, Job, JobAttempt, JobState
+from jobs.scheduler import budget_views, pool_offers, team_used_gpus
+from jobs.spec import JobSubmissionSerializer
+from jobs.states import StaleState
+from quotas.admission import QuotaView, check_budgets, check_quota
+from quotas.api.views import may_administer
+from quotas.fairshare import estimate_cost
+from quotas.models import Budget, Membership, Quota, QuotaEvent, Team, audited_values, priority_classes
+from runners.base import ClusterUnreachable, UnknownBackend, backend_for
+from runners.models import Accelerator, Cluster
+from runners.placement import PlacementRequest, choose_pool, matches
+
+from .forms import BudgetForm, CostQueryForm, QuotaForm, SubmitJobForm
+from .models import Report
+
+LIVE_STATES = [JobState.QUEUED, JobState.ADMITTED, JobState.STARTING, JobState.RUNNING, JobState.RECOVERING,
+               JobState.CANCELLING]
+JOBS_PER_PAGE = 50
+
+
+class _Request:
+    """The minimal request the serializers' context needs (``request.user``) when a view builds one itself."""
+
+    def __init__(self, user):
+        self.user = user
+
+
+def _scoped_costs(user):
+    """Ledger entries of the user's teams (all for staff)."""
+    entries = CostEntry.objects.all()
+    return entries if user.is_staff else entries.filter(team__memberships__user=user)
+
+
+def _chart(labels: list, values: list, label: str, kind: str = "bar") -> dict:
+    """Chart.js input (``frontend/static/frontend/app.js`` draws it): labels, one dataset, chart type."""
+    return {"type": kind, "labels": labels, "datasets": [{"label": label, "data": values}]}
+
+
+# --- dashboard ----------------------------------------------------------------------------------
+
+def _gpu_usage(teams) -> list[dict]:
+    """Per team and accelerator with a quota: GPUs in use (live attempts), nominal and borrowing limit (GPUs)."""
+    in_use = {
+        (row["job__team_id"], row["node_pool__accelerator_id"]): row["n"]
+        for row in JobAttempt.objects.filter(ended_at__isnull=True, job__team__in=teams)
+        .values("job__team_id", "node_pool__accelerator_id").annotate(n=Sum("gpus"))
+    }
+    rows = []
+    for quota in Quota.objects.filter(team__in=teams, cluster__isnull=True).select_related("team", "accelerator"):
+        used = in_use.get((quota.team_id, quota.accelerator_id), 0)
+        rows.append({"team": quota.team, "accelerator": quota.accelerator.name, "used": used,
+                     "nominal": quota.nominal_gpus, "borrowing": quota.borrowing_limit_gpus,
+                     "limit": quota.limit_gpus, "borrowed": max(used - quota.nominal_gpus, 0),
+                     "percent": round(used / quota.limit_gpus * 100) if quota.limit_gpus else 0})
+    return rows
+
+
+def _budget_rows(teams) -> list[dict]:
+    """Budget status (spent, committed, remaining, forecast, USD) of every budget of ``teams`` in force now."""
+    rows = []
+    for budget in Budget.objects.filter(team__in=teams).select_related("team"):
+        status = budget_status(budget)
+        if status is not None:
+            rows.append({"budget": budget, "status": status, "percent": min(round(status.spent_percent), 100)})
+    return rows
+
+
+@login_required
+def dashboard(request):
+    """My teams, running and queued jobs, GPUs in use against quota, budgets and the last 30 days of cost."""
+    user = request.user
+    teams = Team.objects.visible_to(user)
+    jobs = (Job.objects.visible_to(user).filter(state__in=LIVE_STATES)
+            .select_related("team", "accelerator", "current_attempt__cluster").order_by("-priority", "created_at"))
+    since = timezone.now() - dt.timedelta(days=30)
+    by_day, total = aggregate_costs(_scoped_costs(user).filter(interval_start__gte=since), "day")
+    live = list(jobs[:200])
+    context = {
+        "teams": teams,
+        "running": [j for j in live if j.state != JobState.QUEUED],
+        "queued": [j for j in live if j.state == JobState.QUEUED],
+        "gpu_usage": _gpu_usage(teams),
+        "budgets": _budget_rows(teams),
+        "cost_total": total,
+        "cost_chart": _chart([r["day"] for r in by_day], [float(r["cost_usd"]) for r in by_day], "USD per day"),
+    }
+    return render(request, "frontend/dashboard.html", context)
+
+
+# --- jobs -----------------------------------------------------------------------------------------
+
+def _filtered_jobs(request):
+    """``(filterset, page)`` of the user's jobs through the API's JobFilterSet; invalid filters give no rows."""
+    queryset = Job.objects.visible_to(request.user).select_related(
+        "team", "submitter", "accelerator", "current_attempt__cluster")
+    filterset = JobFilterSet(request.GET or None, queryset=queryset)
+    jobs = filterset.qs if filterset.is_bound and filterset.is_valid() else (queryset if not filterset.is_bound
+                                                                               else queryset.none())
+    page = Paginator(jobs, JOBS_PER_PAGE).get_page(request.GET.get("page"))
+    return filterset, page
+
+
+@login_required
+def job_list(request):
+    """Jobs filtered by team, state, kind, accelerator, cluster, submitter and dates; rows refresh by htmx polling."""
+    filterset, page = _filtered_jobs(request)
+    query = request.GET.copy()
+    query.pop("page", None)
+    return render(request, "frontend/job_list.html", {"filterset": filterset, "page": page,
+                                                      "query": query.urlencode(),
+                                                      "poll_seconds": settings.UI_POLL_SECONDS})
+
+
+@login_required
+def job_rows(request):
+    """The job list's table body alone (the htmx polling target)."""
+    _, page = _filtered_jobs(request)
+    return render(request, "frontend/partials/job_rows.html", {"page": page})
+
+
+def _visible_job(request, pk: int) -> Job:
+    return get_object_or_404(Job.objects.visible_to(request.user).select_related(
+        "team", "submitter", "accelerator", "current_attempt__cluster", "current_attempt__node_pool"), pk=pk)
+
+
+def _job_status_context(job: Job, user) -> dict:
+    """What the live part of a job page shows: state, why it waits, timeline, attempts, cost so far (USD), and
+    the cancel link while ``user`` may still cancel."""
+    ledger = job.cost_entries.aggregate(s=Sum("amount_usd"))["s"] or Decimal(0)
+    return {
+        "job": job,
+        "live": job.state not in FINAL_STATES,
+        "may_cancel": job.state not in FINAL_STATES and may_cancel(user, job),
+        "events": job.events.select_related("actor", "attempt").order_by("created_at", "id"),
+        "attempts": job.attempts.select_related("cluster", "node_pool").order_by("number"),
+        "cost_so_far": max(ledger, job.accrued_cost_usd),
+        "queue_info": job.queue_info if job.state in (JobState.QUEUED, JobState.RECOVERING) else {},
+        "poll_seconds": settings.UI_POLL_SECONDS,
+    }
+
+
+@login_required
+def job_detail(request, pk: int):
+    """A job: spec, live status (timeline, attempts, queue position, cost), log tail and GPU-utilization chart."""
+    job = _visible_job(request, pk)
+    rollups = list(UtilizationRollup.objects.filter(job=job).order_by("day", "attempt_id")
+                   .values("day", "attempt__number", "avg_gpu_util_percent"))
+    context = _job_status_context(job, request.user)
+    context.update(
+        spec_yaml=yaml.safe_dump(job.spec, sort_keys=False, default_flow_style=False),
+        utilization_chart=_chart([f"{r['day']} #{r['attempt__number']}" for r in rollups],
+                                 [r["avg_gpu_util_percent"] for r in rollups], "Average GPU utilization (%)"),
+        has_utilization=any(r["avg_gpu_util_percent"] is not None for r in rollups),
+    )
+    return render(request, "frontend/job_detail.html", context)
+
+
+@login_required
+def job_status(request, pk: int):
+    """The live part of a job page (polled while the job is not final)."""
+    return render(request, "frontend/partials/job_status.html", _job_status_context(_visible_job(request, pk), request.user))
+
+
+@login_required
+def job_logs(request, pk: int):
+    """The tail of node 0's log of the current attempt (polled while the job is not final)."""
+    job = _visible_job(request, pk)
+    attempt, text, error = job.current_attempt, "", ""
+    if attempt is not None:
+        try:
+            text = backend_for(attempt.cluster).logs(attempt, 0, settings.UI_LOG_TAIL_LINES)
+        except (ClusterUnreachable, UnknownBackend) as exc:
+            error = f"cluster {attempt.cluster.name} is unreachable: {exc}"
+    return render(request, "frontend/partials/job_logs.html", {
+        "job": job, "attempt": attempt, "text": text, "error": error,
+        "live": job.state not in FINAL_STATES, "poll_seconds": settings.UI_POLL_SECONDS})
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def job_cancel(request, pk: int):
+    """GET: a confirmation page; POST: cancel the job (submitter, team admins and staff; 403 for others)."""
+    job = _visible_job(request, pk)
+    if not may_cancel(request.user, job):
+        raise PermissionDenied("only the submitter, a team admin or staff may cancel this job")
+    if request.method == "POST":
+        try:
+            cancel_job(job, actor=request.user)
+            messages.success(request, f"Cancellation of job {job.pk} requested.")
+        except (NotCancellable, StaleState) as exc:
+            messages.error(request, f"Job {job.pk} could not be cancelled: {exc}")
+        return redirect("frontend:job-detail", pk=job.pk)
+    return render(request, "frontend/job_cancel.html", {"job": job})
+
+
+# --- submit ------------------------------------------------------------------------------------------
+
+def _submit_teams(user):
+    """Teams where ``user`` may submit (admin or member; every team for staff)."""
+    if user.is_staff:
+        return Team.objects.all()
+    return Team.objects.filter(memberships__user=user,
+                               memberships__role__in=[Membership.Role.ADMIN, Membership.Role.MEMBER])
+
+
+def _submit_form(request, data=None) -> SubmitJobForm:
+    return SubmitJobForm(data, teams=_submit_teams(request.user), priorities=list(priority_classes()))
+
+
+def _validate_submission(request, form: SubmitJobForm) -> JobSubmissionSerializer | None:
+    """Run the API's JobSubmissionSerializer on the form's submission; its errors go onto the form."""
+    if not form.is_valid():
+        return None
+    submission = form.submission()
+    if submission is None:
+        return None
+    serializer = JobSubmissionSerializer(data=submission, context={"request": _Request(request.user)})
+    if not serializer.is_valid():
+        form.add_serializer_errors(dict(serializer.errors))
+        return None
+    return serializer
+
+
+def submission_preview(serializer: JobSubmissionSerializer) -> dict:
+    """Before submitting: where the job would run now, its estimated cost (USD), and whether quota and budget allow it.
+
+    Placement uses the scheduler's offers and rule (cheapest matching pool
+    with room; if none has room, the cheapest that matches, where it would
+    wait for capacity). The estimate is GPUs x max runtime x that pool's
+    price (``quotas.fairshare.estimate_cost``); the quota check is the team's
+    own nominal + borrowing limit (the cohort's idle capacity is decided at
+    admission).
+    """
+    args = serializer.submission()
+    resources, team = args["resources"], args["team"]
+    accelerator: Accelerator = resources["accelerator"]
+    placement = args["spec"]["placement"]
+    request = PlacementRequest(nodes=resources["nodes"], gpus_per_node=resources["gpus_per_node"],
+                               preemptible=resources["preemptible"], providers=tuple(placement["providers"]),
+                               regions=tuple(placement["regions"]), clusters=tuple(placement["clusters"]))
+    now = timezone.now()
+    offers = pool_offers(accelerator.pk, now, lock=False)
+    pool = choose_pool(request, offers)
+    fits_now = pool is not None
+    if pool is None:
+        matching = [o for o in offers if matches(request, o)]
+        pool = min(matching, key=lambda o: (o.usd_per_gpu_hour, o.cluster_name)) if matching else None
+    estimate = (estimate_cost(request.total_gpus, resources["max_runtime_seconds"], pool.usd_per_gpu_hour)
+                if pool is not None else None)
+    quota = Quota.objects.filter(team=team, accelerator=accelerator, cluster__isnull=True).first()
+    quota_verdict = check_quota(
+        request.total_gpus, team_used_gpus(team.pk, accelerator.pk),
+        QuotaView(quota.nominal_gpus, quota.borrowing_limit_gpus, quota.max_gpus_per_job) if quota else None)
+    budget_verdict = check_budgets(estimate, budget_views(team.pk, now)) if estimate is not None else None
+    return {"team": team, "accelerator": accelerator.name, "total_gpus": request.total_gpus, "pool": pool,
+            "fits_now": fits_now, "estimate_usd": estimate, "quota": quota_verdict, "budget": budget_verdict}
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def job_submit(request):
+    """The submission form; POST validates with the API's serializer, stores the job and opens its page."""
+    if request.method == "POST":
+        form = _submit_form(request, request.POST)
+        serializer = _validate_submission(request, form)
+        if serializer is not None:
+            job = submit_job(**serializer.submission())
+            messages.success(request, f"Job {job.pk} ({job.name}) submitted.")
+            return redirect("frontend:job-detail", pk=job.pk)
+    else:
+        form = _submit_form(request)
+    return render(request, "frontend/job_submit.html", {"form": form})
+
+
+@login_required
+@require_POST
+def job_preview(request):
+    """The submission preview partial (htmx): field errors, or placement, estimated cost, quota and budget."""
+    form = _submit_form(request, request.POST)
+    serializer = _validate_submission(request, form)
+    preview = submission_preview(serializer) if serializer is not None else None
+    return render(request, "frontend/partials/job_preview.html", {"form": form, "preview": preview})
+
+
+# --- teams: quotas and budgets --------------------------------------------------------------------------
+
+def _visible_team(request, slug: str) -> Team:
+    return get_object_or_404(Team.objects.visible_to(request.user), slug=slug)
+
+
+@login_required
+def team_list(request):
+    """The user's teams (every team for staff), each linking to its quotas and budgets."""
+    return render(request, "frontend/team_list.html", {"teams": Team.objects.visible_to(request.user)})
+
+
+@login_required
+def team_detail(request, slug: str):
+    """A team's quotas (with GPUs in use) and budgets (with spent, committed, forecast); edit links for admins."""
+    team = _visible_team(request, slug)
+    teams = Team.objects.filter(pk=team.pk)
+    members = team.memberships.select_related("user").order_by("role", "user__username")
+    budgets = _budget_rows(teams)
+    return render(request, "frontend/team_detail.html", {
+        "team": team, "gpu_usage": _gpu_usage(teams), "budgets": budgets,
+        "quotas": team.quotas.select_related("accelerator", "cluster"),
+        "members": members, "may_edit": may_administer(request.user, team.pk),
+        "other_budgets": team.budgets.exclude(pk__in=[r["budget"].pk for r in budgets]),
+    })
+
+
+def _administered_team(request, slug: str) -> Team:
+    """The team if visible (else 404) and administered by the user (else 403: they can already see it)."""
+    team = _visible_team(request, slug)
+    if not may_administer(request.user, team.pk):
+        raise PermissionDenied("only admins of the team and platform staff may change its quotas and budgets")
+    return team
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def quota_edit(request, slug: str, pk: int):
+    """Edit one quota of the team (admins and staff); the change is audited as a QuotaEvent."""
+    team = _administered_team(request, slug)
+    quota = get_object_or_404(Quota.objects.select_related("accelerator"), team=team, pk=pk)
+    old = audited_values(quota)
+    form = QuotaForm(request.POST or None, instance=quota)
+    if request.method == "POST" and form.is_valid():
+        with transaction.atomic():
+            form.save()
+            QuotaEvent.record(request.user, quota, "updated", old, audited_values(quota))
+        messages.success(request, f"Quota {quota.accelerator.name} saved.")
+        return redirect("frontend:team-detail", slug=team.slug)
+    return render(request, "frontend/edit_form.html", {"team": team, "form": form,
+                                                       "title": f"Quota {quota.accelerator.name} of {team.slug}"})
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def budget_edit(request, slug: str, pk: int | None = None):
+    """Create (no ``pk``) or edit a budget of the team (admins and staff)."""
+    team = _administered_team(request, slug)
+    budget = get_object_or_404(Budget, team=team, pk=pk) if pk is not None else Budget(team=team)
+    form = BudgetForm(request.POST or None, instance=budget)
+    if request.method == "POST" and form.is_valid():
+        form.save()
+        messages.success(request, "Budget saved.")
+        return redirect("frontend:team-detail", slug=team.slug)
+    title = f"Budget of {team.slug}" if pk is not None else f"New budget for {team.slug}"
+    return render(request, "frontend/edit_form.html", {"team": team, "form": form, "title": title})
+
+
+# --- clusters ---------------------------------------------------------------------------------------------
+
+@login_required
+def cluster_list(request):
+    """Every cluster: health, last contact, emulated flag, and per node pool capacity, free GPUs and price now."""
+    now = timezone.now()
+    clusters = list(Cluster.objects.prefetch_related("node_pools__accelerator"))
+    accelerator_ids = {p.accelerator_id for c in clusters for p in c.node_pools.all()}
+    offers = {o.node_pool_id: o for acc in accelerator_ids for o in pool_offers(acc, now, lock=False)}
+    rows = []
+    for cluster in clusters:
+        pools = []
+        for pool in cluster.node_pools.all():
+            offer = offers.get(pool.pk)
+            pools.append({"pool": pool, "capacity": pool.capacity_gpus,
+                          "free": offer.free_gpus if offer else None,
+                          "price": offer.usd_per_gpu_hour if offer else None})
+        rows.append({"cluster": cluster, "pools": pools})
+    return render(request, "frontend/cluster_list.html", {"rows": rows})
+
+
+# --- costs ----------------------------------------------------------------------------------------------
+
+def _cost_query(request):
+    """``(form, rows, total)`` of the costs page's query over the user's ledger (rows empty when the form is invalid)."""
+    teams = Team.objects.visible_to(request.user)
+    form = CostQueryForm(request.GET or {}, teams=teams)
+    if not form.is_valid():
+        return form, [], None
+    start, end = form.window()
+    entries = _scoped_costs(request.user).filter(interval_start__gte=start, interval_start__lt=end)
+    if form.cleaned_data.get("team"):
+        entries = entries.filter(team__slug=form.cleaned_data["team"])
+    rows, total = aggregate_costs(entries, form.cleaned_data["group_by"])
+    return form, rows, total
+
+
+def _row_label(row: dict, group_by: str) -> str:
+    if group_by == "job":
+        return f"{row['job']} {row['job_name']}"
+    return str(row[group_by])
+
+
+@login_required
+def costs(request):
+    """GPU-hours and USD by team, cluster, accelerator, job or day over a date range, as a table and a chart."""
+    form, rows, total = _cost_query(request)
+    group_by = form.cleaned_data.get("group_by", "day") if form.is_valid() else "day"
+    chart = _chart([_row_label(r, group_by) for r in rows], [float(r["cost_usd"]) for r in rows], "USD",
+                   "line" if group_by == "day" else "bar")
+    return render(request, "frontend/costs.html", {"form": form, "rows": rows, "total": total, "group_by": group_by,
+                                                   "chart": chart, "query": request.GET.urlencode()})
+
+
+@login_required
+def costs_csv(request):
+    """The costs page's rows as CSV: group key(s), GPU-hours, USD."""
+    form, rows, total = _cost_query(request)
+    response = HttpResponse(content_type="text/csv")
+    response["Content-Disposition"] = 'attachment; filename="costs.csv"'
+    writer = csv.writer(response)
+    if not form.is_valid():
+        writer.writerow(["error"])
+        for errors in form.errors.values():
+            writer.writerows([[e] for e in errors])
+        response.status_code = 400
+        return response
+    group_by = form.cleaned_data["group_by"]
+    keys = ["job", "job_name"] if group_by == "job" else [group_by]
+    writer.writerow([*keys, "gpu_hours", "cost_usd"])
+    for row in rows:
+        writer.writerow([*(row[k] for k in keys), row["gpu_hours"], row["cost_usd"]])
+    writer.writerow(["total", *([""] * (len(keys) - 1)), total["gpu_hours"], total["cost_usd"]])
+    return response
+
+
+# --- reports ----------------------------------------------------------------------------------------------
+
+@login_required
+def report_list(request):
+    """Stored reports of the user's teams (platform-wide ones for staff), newest period first."""
+    reports = Report.objects.visible_to(request.user).select_related("team")[:200]
+    return render(request, "frontend/report_list.html", {"reports": reports})
+
+
+@login_required
+def report_detail(request, pk: int):
+    """One report as a page (its stored HTML)."""
+    report = get_object_or_404(Report.objects.visible_to(request.user).select_related("team"), pk=pk)
+    return render(request, "frontend/report_detail.html", {"report": report})
+
+
+@login_required
+def report_csv(request, pk: int):
+    """One report's CSV (``section,item,metric,value``)."""
+    report = get_object_or_404(Report.objects.visible_to(request.user), pk=pk)
+    response = HttpResponse(report.csv, content_type="text/csv")
+    response["Content-Disposition"] = f'attachment; filename="report-{report.pk}.csv"'
+    return response
