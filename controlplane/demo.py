@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -35,10 +36,11 @@ LOSS_LINE = re.compile(r"^step=(\d+) loss=([0-9.]+)", re.MULTILINE)
 
 @dataclasses.dataclass
 class DemoTeam:
-    """A seeded team, its admin user and that user's API token key."""
+    """A seeded team, its admin user, that user's web password and API token key (both new on every seed)."""
 
     slug: str
     username: str
+    password: str
     token: str
 
 
@@ -62,10 +64,10 @@ def seed_demo() -> dict[str, DemoTeam]:
         ("applied-ml", "Applied ML", "bob", 2, 0, "5", Budget.Action.BLOCK),
     ]:
         team, _ = Team.objects.get_or_create(slug=slug, defaults={"name": name, "cost_center": f"cc-{slug}"})
-        user, created = User.objects.get_or_create(username=username)
-        if created:
-            user.set_unusable_password()
-            user.save()
+        user, _ = User.objects.get_or_create(username=username)
+        password = secrets.token_urlsafe(9)  # a fresh one per demo run, printed for the web UI's sign-in
+        user.set_password(password)
+        user.save()
         Membership.objects.get_or_create(team=team, user=user, defaults={"role": Membership.Role.ADMIN})
         Quota.objects.get_or_create(
             team=team, accelerator=accelerator, cluster=None,
@@ -74,7 +76,7 @@ def seed_demo() -> dict[str, DemoTeam]:
         Budget.objects.get_or_create(team=team, period=Budget.Period.MONTHLY,
                                      defaults={"amount_usd": Decimal(amount), "action": action})
         _, key = ApiToken.issue(user, "demo")
-        teams[slug] = DemoTeam(slug, username, key)
+        teams[slug] = DemoTeam(slug, username, password, key)
     call_command("ensure_report_schedules", verbosity=0)
     return teams
 
@@ -249,8 +251,11 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
             out.write(line + "\n")
         out.write(("Demo OK: training succeeded and its loss fell.\n" if ok else "Demo FAILED.\n"))
         if not once:
-            out.write(f"\nThe platform keeps running: API http://127.0.0.1:{port}/api/v1/ , docs /api/docs/ , "
-                      f"admin /admin/ . Token for alice (ml-research): {teams['ml-research'].token}\n"
+            alice, bob = teams["ml-research"], teams["applied-ml"]
+            out.write(f"\nThe platform keeps running at http://127.0.0.1:{port}/ (API /api/v1/, docs /api/docs/).\n"
+                      f"  Web UI sign-in: {alice.username} / {alice.password} (ml-research admin), "
+                      f"{bob.username} / {bob.password} (applied-ml admin)\n"
+                      f"  API token for {alice.username}: {alice.token}\n"
                       "Press Ctrl-C to stop.\n")
             out.flush()
             try:
