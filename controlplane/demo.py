@@ -221,6 +221,13 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
     call_command("migrate", verbosity=0)
     teams = seed_demo()
     platform = Platform(port)
+    from runners.local.exporter import (
+        job_average_utilization,
+        start_demo_monitoring,
+        stop_demo_monitoring,
+    )
+
+    monitoring = start_demo_monitoring(port, out)  # GPU metrics when `prometheus` is on PATH; None otherwise
     out.write(f"Starting the platform on http://127.0.0.1:{port}/ (web, Celery worker, Celery beat)...\n")
     platform.start()
     try:
@@ -248,6 +255,9 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
                 if pair:
                     line += f"  loss {pair[0]:.4f} -> {pair[1]:.4f}"
                 ok = view["state"] == "SUCCEEDED" and pair is not None and pair[1] < pair[0]
+            if monitoring is not None and view.get("current_attempt"):
+                util = job_average_utilization(job_id)
+                line += "  GPU util no data" if util is None else f"  GPU util {util:.1f}%"
             out.write(line + "\n")
         out.write(("Demo OK: training succeeded and its loss fell.\n" if ok else "Demo FAILED.\n"))
         if not once:
@@ -266,3 +276,4 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
         return 0 if ok else 1
     finally:
         platform.stop()
+        stop_demo_monitoring(monitoring)

@@ -7,8 +7,10 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from . import views
+from . import metrics, views
 from .api import api_router
+
+metrics.register_job_state_collector()  # job states and queue depth, read at scrape time
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -18,6 +20,8 @@ urlpatterns = [
     path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),
     path("healthz", views.healthz, name="healthz"),
     path("readyz", views.readyz, name="readyz"),
+    # --- Observability: /metrics (django-prometheus and controlplane.metrics) ---
+    path("", include("django_prometheus.urls")),
     # --- Frontend (web UI) -------------------------------------------------
     path("", include("frontend.urls")),
 ]

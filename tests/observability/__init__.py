@@ -1,0 +1,1 @@
+"""The platform's /metrics and the local runner's dcgm-exporter look-alike."""
