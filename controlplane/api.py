@@ -20,6 +20,8 @@ from rest_framework.exceptions import ParseError
 from rest_framework.parsers import BaseParser
 from rest_framework.routers import DefaultRouter
 
+from .parsers import JSONParser, refuse_unencodable_text  # noqa: F401 (JSONParser re-exported)
+
 
 class ScopedViewSetMixin:
     """Narrows the queryset to what the requesting user may see, before any view code runs.
@@ -121,7 +123,10 @@ class AwareDateTimeField(serializers.DateTimeField):
 
     def to_internal_value(self, value):
         if isinstance(value, str):
-            parsed = parse_datetime(value.strip())
+            try:
+                parsed = parse_datetime(value.strip())
+            except ValueError:  # well formed but impossible: 2026-02-30, an offset of +25:00
+                self.fail("invalid", format="YYYY-MM-DDThh:mm[:ss[.uuuuuu]][+HH:MM|-HH:MM|Z]")
             if parsed is not None and parsed.tzinfo is None:
                 self.fail("naive")
         elif isinstance(value, dt.datetime) and value.tzinfo is None:
@@ -176,11 +181,14 @@ class YAMLParser(BaseParser):
         if len(raw) > limit:
             raise ParseError(f"YAML body over {limit} bytes")
         try:
-            return yaml.load(raw.decode("utf-8"), Loader=_NoAliasSafeLoader)  # a SafeLoader subclass
+            data = yaml.load(raw.decode("utf-8"), Loader=_NoAliasSafeLoader)  # a SafeLoader subclass
+        except RecursionError as exc:
+            raise ParseError("YAML parse error: nesting too deep") from exc
         except UnicodeDecodeError as exc:
             raise ParseError(f"YAML body is not UTF-8: {exc}") from exc
         except yaml.YAMLError as exc:
             raise ParseError(f"YAML parse error: {exc}") from exc
+        return refuse_unencodable_text(data)
 
 
 def api_router() -> DefaultRouter:

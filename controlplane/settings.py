@@ -109,11 +109,17 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # DRF's JSON parser, plus 400 (not 500) for too-deep nesting and lone surrogates.
+    "DEFAULT_PARSER_CLASSES": [
+        "controlplane.parsers.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_FILTER_BACKENDS": [
         "django_filters.rest_framework.DjangoFilterBackend",
         "rest_framework.filters.OrderingFilter",
     ],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "controlplane.pagination.CappedLimitOffsetPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "COERCE_DECIMAL_TO_STRING": True,
@@ -246,3 +252,17 @@ UI_LOG_TAIL_LINES = env.int("UI_LOG_TAIL_LINES", default=200)
 SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {}).update(
     {"ReportKindEnum": ["daily", "weekly", "custom"], "KindEnum": [("training", "Training"), ("inference", "Inference")]})
 # --- end Web UI ---------------------------------------------------------------
+
+# --- Observability ----------------------------------------------------------------
+# /metrics (Prometheus text format): django-prometheus' request metrics and controlplane.metrics. Its
+# middlewares wrap all others (WhiteNoise stays right after SecurityMiddleware).
+INSTALLED_APPS.append("django_prometheus")
+MIDDLEWARE = ["django_prometheus.middleware.PrometheusBeforeMiddleware", *MIDDLEWARE,
+              "django_prometheus.middleware.PrometheusAfterMiddleware"]
+# Celery pool processes serve their counters on CELERY_METRICS_PORT + pool index (0: off).
+CELERY_METRICS_PORT = env.int("CELERY_METRICS_PORT", default=0)
+CELERY_METRICS_ADDR = env("CELERY_METRICS_ADDR", default="127.0.0.1")
+# The local runner's dcgm-exporter-like endpoint (runners.local.exporter), dcgm-exporter's port.
+LOCAL_METRICS_PORT = env.int("LOCAL_METRICS_PORT", default=9400)
+LOCAL_METRICS_ADDR = env("LOCAL_METRICS_ADDR", default="127.0.0.1")
+# --- end Observability ------------------------------------------------------------

@@ -12,6 +12,7 @@ import yaml
 from django import forms
 from django.utils import timezone
 
+from controlplane.api import _NoAliasSafeLoader as NoAliasSafeLoader
 from jobs.models import Job
 from quotas.models import Budget, Quota
 from runners.models import Accelerator
@@ -73,9 +74,13 @@ class SubmitJobForm(forms.Form):
         data = self.cleaned_data
         if data.get("spec_yaml", "").strip():
             try:
-                parsed = yaml.safe_load(data["spec_yaml"])
+                # The API's loader: safe, and without aliases (a few lines of aliases expand exponentially).
+                parsed = yaml.load(data["spec_yaml"], Loader=NoAliasSafeLoader)
             except yaml.YAMLError as exc:
                 self.add_error("spec_yaml", f"YAML parse error: {exc}")
+                return None
+            except RecursionError:
+                self.add_error("spec_yaml", "YAML parse error: nesting too deep")
                 return None
             if not isinstance(parsed, dict):
                 self.add_error("spec_yaml", "the YAML must be a mapping with team, name, kind and spec")
@@ -126,6 +131,13 @@ class QuotaForm(forms.ModelForm):
         labels = {"nominal_gpus": "Nominal GPUs", "borrowing_limit_gpus": "Borrowing limit (GPUs)",
                   "lending_limit_gpus": "Lending limit (GPUs, empty: all)", "max_gpus_per_job": "Max GPUs per job (0: no cap)"}
 
+    def clean(self):
+        data = super().clean()
+        lending, nominal = data.get("lending_limit_gpus"), data.get("nominal_gpus")
+        if lending is not None and nominal is not None and lending > nominal:  # the API's rule (QuotaSerializer)
+            self.add_error("lending_limit_gpus", f"at most the nominal quota ({nominal})")
+        return data
+
 
 class BudgetForm(forms.ModelForm):
     """A team's budget: period, amount (USD), alert thresholds (percent, comma separated), action at 100 %."""
@@ -142,6 +154,12 @@ class BudgetForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         if self.instance.pk and not self.is_bound:
             self.initial["alert_thresholds"] = ", ".join(str(t) for t in self.instance.alert_thresholds)
+
+    def clean_amount_usd(self):
+        amount = self.cleaned_data.get("amount_usd")
+        if amount is not None and amount <= 0:  # the API's rule (BudgetSerializer)
+            raise forms.ValidationError("Must be greater than 0.")
+        return amount
 
     def clean_alert_thresholds(self) -> list[int]:
         text = self.cleaned_data.get("alert_thresholds") or ""
@@ -179,7 +197,9 @@ class CostQueryForm(forms.Form):
         today = timezone.now().astimezone(dt.timezone.utc).date()
         data["group_by"] = data.get("group_by") or "day"
         data["end"] = data.get("end") or today
-        data["start"] = data.get("start") or data["end"] - dt.timedelta(days=29)
+        if data["end"] >= dt.date.max:  # the window ends the day after: it must exist
+            raise forms.ValidationError(f"the end day must be before {dt.date.max.isoformat()}")
+        data["start"] = data.get("start") or max(data["end"], dt.date.min + dt.timedelta(days=29)) - dt.timedelta(days=29)
         if data["end"] < data["start"]:
             raise forms.ValidationError("the end day is before the start day")
         return data

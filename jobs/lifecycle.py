@@ -123,13 +123,15 @@ def recover_or_fail(job: Job, attempt: JobAttempt, *, end_reason: str, message: 
 def cancel_job(job: Job, actor=None) -> Job:
     """Cancel ``job``: straight to CANCELLED when nothing runs, else CANCELLING until the cluster confirms.
 
-    Raises NotCancellable for a job in a final state, StaleState when it
-    changed meanwhile.
+    Raises NotCancellable for a job in a final state or already CANCELLING,
+    StaleState when it changed meanwhile.
     """
     from .tasks import enqueue_cancel
 
     if job.is_final:
         raise NotCancellable(f"job {job.pk} is already {job.state}")
+    if job.state == S.CANCELLING:  # a second cancel: CANCELLING -> CANCELLING is no transition
+        raise NotCancellable(f"job {job.pk} is already being cancelled")
     with transaction.atomic():
         if job.state == S.QUEUED or (job.state == S.RECOVERING and not job.attempts.filter(ended_at__isnull=True).exists()):
             return transition(job, S.CANCELLED, reason=f"cancelled by {actor}" if actor else "cancelled", actor=actor,

@@ -34,8 +34,9 @@ from django.db import connection, transaction
 from django.db.models import F, Sum
 from django.utils import timezone
 
-from costs.catalog import NoPrice, price_at
+from controlplane import metrics
 from costs.budgets import committed_usd, ledger_usd
+from costs.catalog import NoPrice, price_at
 from costs.models import Price
 from quotas.admission import BudgetView, QuotaView, Verdict, check_budgets, check_quota
 from quotas.fairshare import (
@@ -395,6 +396,8 @@ def _run_pass(loaded: _Loaded, decisions: Decisions, now: dt.datetime, *, positi
         outcome, verdict = _apply_admission(decision, now)
         if outcome == "admitted":
             result.admitted.append(decision.job.job_id)
+            metrics.ADMISSIONS.inc()
+            metrics.PREEMPTIONS.inc(len(decision.victims))
         elif outcome == "waiting":
             result.waiting += 1
             infos[decision.job.job_id] = (verdict.reason, verdict.message,
@@ -404,6 +407,7 @@ def _run_pass(loaded: _Loaded, decisions: Decisions, now: dt.datetime, *, positi
     for decision in decisions.rejections:
         if _apply_rejection(decision):
             result.rejected += 1
+            metrics.REJECTIONS.labels(reason=decision.verdict.reason).inc()
         else:
             result.skipped += 1
     for job_id, w in decisions.waiting.items():

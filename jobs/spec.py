@@ -20,7 +20,7 @@ from rest_framework.utils.serializer_helpers import ReturnDict
 
 from controlplane.api import INT32_MAX, StrictBooleanField, StrictCharField, StrictIntegerField
 from quotas.models import Membership, Team, priority_classes
-from runners.models import Accelerator, Cluster, NodePool
+from runners.models import Accelerator, Cluster
 
 from .models import PRIORITY_CLASSES, Job
 
@@ -93,6 +93,7 @@ class StringListField(serializers.Field):
         "empty": "Must be a non-empty list of strings.",
         "not_a_string": "Item {index} is not a string.",
         "blank_item": "Item {index} is an empty string.",
+        "null_character": "Item {index} contains a NUL character (\\x00).",
     }
 
     def __init__(self, *, allow_empty: bool = True, choices=None, **kwargs):
@@ -110,6 +111,8 @@ class StringListField(serializers.Field):
                 self.fail("not_a_string", index=index)
             if not self.allow_empty and not item:
                 self.fail("blank_item", index=index)
+            if "\x00" in item:
+                self.fail("null_character", index=index)
             if self.choices is not None and item not in self.choices:
                 raise serializers.ValidationError(f'unknown value "{item}"; one of {", ".join(self.choices)}')
         return list(data)
@@ -126,6 +129,7 @@ class EnvField(serializers.Field):
         "not_a_dict": "Expected a mapping of variable names to string values.",
         "bad_name": 'invalid environment variable name "{name}": names must match [A-Za-z_][A-Za-z0-9_]*',
         "bad_value": 'the value of environment variable "{name}" must be a string',
+        "null_character": 'the value of environment variable "{name}" contains a NUL character (\\x00)',
     }
 
     def to_internal_value(self, data):
@@ -136,6 +140,8 @@ class EnvField(serializers.Field):
                 self.fail("bad_name", name=name)
             if not isinstance(value, str):
                 self.fail("bad_value", name=name)
+            if "\x00" in value:
+                self.fail("null_character", name=name)
         return dict(data)
 
     def to_representation(self, value):
@@ -171,7 +177,9 @@ class ResourcesSerializer(StrictSerializer):
     memory_gib = PositiveNumberField(required=False)
 
     def validate_accelerator(self, value: str) -> Accelerator:
-        accelerator = Accelerator.objects.filter(name=value).first()
+        # One query: the accelerator and the largest node pool offering it (read again by ``validate``).
+        accelerator = Accelerator.objects.filter(name=value).annotate(
+            largest_pool_gpus=Max("node_pools__gpus_per_node")).first()
         if accelerator is None:
             known = ", ".join(Accelerator.objects.values_list("name", flat=True))
             raise serializers.ValidationError(f'unknown accelerator "{value}"; known: {known or "none"}')
@@ -179,7 +187,7 @@ class ResourcesSerializer(StrictSerializer):
 
     def validate(self, attrs):
         accelerator = attrs["accelerator"]
-        largest = NodePool.objects.filter(accelerator=accelerator).aggregate(m=Max("gpus_per_node"))["m"]
+        largest = accelerator.largest_pool_gpus
         if largest is None:
             raise serializers.ValidationError(
                 {"accelerator": [f"no node pool offers {accelerator.name} GPUs, so the job could never run"]}
@@ -234,11 +242,15 @@ class JobSpecSerializer(StrictSerializer):
 
     def to_internal_value(self, data):
         # Measured before anything else, so an oversized spec costs no further work.
-        if isinstance(data, Mapping) and spec_size_bytes(data) > settings.JOB_SPEC_MAX_BYTES:
-            raise serializers.ValidationError(
-                [f"the spec's JSON encoding is {spec_size_bytes(data)} bytes, over the limit of "
-                 f"{settings.JOB_SPEC_MAX_BYTES} bytes"]
-            )
+        if isinstance(data, Mapping):
+            try:
+                size = spec_size_bytes(data)
+            except (TypeError, ValueError, RecursionError) as exc:  # YAML keys such as dates or bytes; deep nesting
+                raise serializers.ValidationError([f"the spec cannot be encoded as JSON: {exc}"]) from exc
+            if size > settings.JOB_SPEC_MAX_BYTES:
+                raise serializers.ValidationError(
+                    [f"the spec's JSON encoding is {size} bytes, over the limit of {settings.JOB_SPEC_MAX_BYTES} bytes"]
+                )
         return super().to_internal_value(data)
 
 
@@ -268,12 +280,12 @@ class JobSubmissionSerializer(StrictSerializer):
 
     def validate_team(self, slug: str) -> Team:
         user = self.context["request"].user
-        team = Team.objects.filter(slug=slug).first()
         role = None
-        if team is not None and not user.is_staff:
-            role = Membership.objects.filter(team=team, user=user).values_list("role", flat=True).first()
-            if role is None:
-                team = None
+        if user.is_staff:
+            team = Team.objects.filter(slug=slug).first()
+        else:  # one query: the membership with its team (none: unknown team, or not a member)
+            membership = Membership.objects.select_related("team").filter(team__slug=slug, user=user).first()
+            team, role = (membership.team, membership.role) if membership is not None else (None, None)
         if team is None:
             raise serializers.ValidationError(f'unknown team "{slug}", or you are not a member of it')
         if not user.is_staff and role not in SUBMIT_ROLES:

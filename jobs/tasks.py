@@ -12,6 +12,7 @@ import logging
 from celery import shared_task
 from django.db import transaction
 
+from controlplane import metrics
 from runners.base import PermanentDispatchError, TransientDispatchError, UnknownBackend, backend_for
 
 from .models import JobAttempt, JobState
@@ -75,8 +76,13 @@ def dispatch_attempt(self, attempt_id: int) -> str:
     if job.state != JobState.ADMITTED or job.current_attempt_id != attempt.pk or attempt.ended_at is not None:
         return "skipped"
     try:
-        runner_state = backend_for(attempt.cluster).dispatch(attempt)
+        with metrics.DISPATCH_SECONDS.time():
+            runner_state = backend_for(attempt.cluster).dispatch(attempt)
+    except TransientDispatchError:
+        metrics.DISPATCH_ERRORS.labels(kind="transient").inc()
+        raise  # autoretry_for retries it with backoff
     except (PermanentDispatchError, UnknownBackend) as exc:
+        metrics.DISPATCH_ERRORS.labels(kind="unknown_backend" if isinstance(exc, UnknownBackend) else "permanent").inc()
         try:
             end_attempt(job, attempt, JobState.FAILED, reason=f"dispatch failed: {exc}",
                         end_reason=JobAttempt.EndReason.DISPATCH_ERROR, message=str(exc))

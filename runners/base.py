@@ -98,6 +98,15 @@ class Backend:
         """Ids of every attempt that has live objects on ``cluster`` (to find orphans)."""
         raise NotImplementedError
 
+    def observe_all(self, cluster, attempts) -> tuple[dict[int, Observation], set[int]]:
+        """``(observe(cluster, attempts), owned_attempt_ids(cluster))`` for one reconcile pass.
+
+        Backends that can answer both from the same look at the cluster
+        (Kubernetes: one LIST per kind) override it. Raises ClusterUnreachable.
+        """
+        observations = self.observe(cluster, attempts)
+        return observations, self.owned_attempt_ids(cluster)
+
     def delete(self, attempt) -> bool:
         """Delete ``attempt``'s objects (processes, pods); True once nothing of it is left running."""
         raise NotImplementedError

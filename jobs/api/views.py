@@ -14,10 +14,9 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework import mixins, serializers, status
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
-from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 
-from controlplane.api import ScopedGenericViewSet, YAMLParser
+from controlplane.api import JSONParser, ScopedGenericViewSet, YAMLParser
 from quotas.models import Membership
 from runners.base import ClusterUnreachable, UnknownBackend, backend_for
 

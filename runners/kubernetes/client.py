@@ -82,6 +82,9 @@ class ClusterClient:
         self.version = k8s.VersionApi(api_client)
         self.limiter = limiter
         self.timeouts = timeouts
+        # Namespaces seen to exist on this cluster (created, or answered 409): dispatch skips their create. A new
+        # client (endpoint or credentials changed) starts empty; the runner drops one whose objects answer 404.
+        self.namespaces: set[str] = set()
 
     def call(self, fn: Callable[..., Any], *args, **kwargs) -> Any:
         """``fn(*args, **kwargs)`` under the rate limit and timeouts.

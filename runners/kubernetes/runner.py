@@ -72,6 +72,10 @@ def _api(c: ClusterClient, kind: str):
     raise ValueError(kind)
 
 
+class _NamespaceMissing(Exception):
+    """An object create answered 404 for a namespace the client had cached as existing."""
+
+
 def _dispatch_error(exc: ApiError, what: str) -> Exception:
     """Transient for 408, 429 and 5xx (and 409 conflicts of a concurrent change); permanent for the rest (400/403/404/422)."""
     text = f"{what}: HTTP {exc.status} {exc.reason}: {exc.message}"
@@ -236,29 +240,50 @@ class KubernetesBackend(Backend):
             raise PermanentDispatchError("spec.image and spec.command are required on a Kubernetes cluster")
         c = client_for(attempt.cluster)
         try:
-            self._ensure_namespace(c, w)
-            created = []
-            for manifest in m.manifests(w):
-                self._create(c, w, manifest)
-                created.append([manifest["kind"], manifest["metadata"]["name"]])
+            try:
+                return self._dispatch(c, w)
+            except _NamespaceMissing:  # deleted since this client saw it: create it again, once
+                return self._dispatch(c, w)
+        except _NamespaceMissing as exc:
+            raise TransientDispatchError(f"namespace {w.namespace} vanished twice while creating {w.name}") from exc
         except ClusterUnreachable as exc:
             raise TransientDispatchError(f"cluster {attempt.cluster.name} unreachable: {exc}") from exc
+
+    def _dispatch(self, c: ClusterClient, w: m.Workload) -> dict:
+        self._ensure_namespace(c, w)
+        created = []
+        for manifest in m.manifests(w):
+            self._create(c, w, manifest)
+            created.append([manifest["kind"], manifest["metadata"]["name"]])
         return {"namespace": w.namespace, "objects": created}
 
     def _ensure_namespace(self, c: ClusterClient, w: m.Workload) -> None:
+        """Create the team namespace unless this cluster's client saw it exist before (``ClusterClient.namespaces``).
+
+        The cache only skips a create that would answer 409; a namespace
+        deleted behind our back makes the object create answer 404, which
+        drops it from the cache and dispatches again (``_NamespaceMissing``).
+        """
+        if w.namespace in c.namespaces:
+            return
         try:
-            c.call(c.core.create_namespace, body=m.namespace(w.namespace, w.team))
+            c.call(c.core.create_namespace, body=m.namespace(w.namespace, w.team), _preload_content=False).data
         except ApiError as exc:
             if exc.status != 409:
                 raise _dispatch_error(exc, f"creating namespace {w.namespace}") from exc
+        c.namespaces.add(w.namespace)
 
     def _create(self, c: ClusterClient, w: m.Workload, manifest: dict) -> None:
         create, read, _, _ = _api(c, manifest["kind"])
         what = f"creating {manifest['kind']} {w.namespace}/{w.name}"
         try:
-            c.call(create, w.namespace, manifest, _preload_content=False)
+            # Read the body: an unread raw answer keeps its connection out of the pool (a new TCP connection per call).
+            c.call(create, w.namespace, manifest, _preload_content=False).data
             return
         except ApiError as exc:
+            if exc.status == 404 and w.namespace in c.namespaces:
+                c.namespaces.discard(w.namespace)
+                raise _NamespaceMissing(w.namespace) from exc
             if exc.status != 409:
                 raise _dispatch_error(exc, what) from exc
         try:
@@ -297,28 +322,21 @@ class KubernetesBackend(Backend):
         jobs = self._list(c, "Job") if "training" in kinds or not attempts else []
         deployments = self._list(c, "Deployment") if "inference" in kinds else []
         pods = self._list(c, "Pod") if attempts else []
-        by_attempt = {_attempt_of(o): o for o in jobs + deployments}
-        pods_of: dict[int | None, list[dict]] = defaultdict(list)
-        for pod in pods:
-            pods_of[_attempt_of(pod)].append(pod)
-        now = timezone.now()
-        grace = float(settings.K8S_IMAGE_PULL_GRACE_SECONDS)
-        result = {}
-        for attempt in attempts:
-            obj, attempt_pods = by_attempt.get(attempt.pk), pods_of.get(attempt.pk, [])
-            if attempt.job.kind == "inference":
-                result[attempt.pk] = observe_inference(obj, attempt_pods, now, grace)
-            else:
-                result[attempt.pk] = observe_training(obj, attempt_pods, attempt.job.nodes, now, grace)
-        return result
+        return _observations(attempts, jobs, deployments, pods)
 
     def owned_attempt_ids(self, cluster) -> set[int]:
         """Attempt ids labelled on any Job, Deployment or Service of the platform on ``cluster`` (three LISTs)."""
         c = client_for(cluster)
-        owned = set()
-        for kind in ("Job", "Deployment", "Service"):
-            owned.update(i for i in (_attempt_of(o) for o in self._list(c, kind)) if i is not None)
-        return owned
+        return _owned(*(self._list(c, kind) for kind in ("Job", "Deployment", "Service")))
+
+    def observe_all(self, cluster, attempts: Iterable) -> tuple[dict[int, Observation], set[int]]:
+        """``observe`` and ``owned_attempt_ids`` from one LIST per kind (Job, Deployment, Service, and Pod when
+        there are attempts): four LISTs instead of up to six, each kind parsed once."""
+        attempts = list(attempts)
+        c = client_for(cluster)
+        jobs, deployments, services = (self._list(c, kind) for kind in ("Job", "Deployment", "Service"))
+        pods = self._list(c, "Pod") if attempts else []
+        return _observations(attempts, jobs, deployments, pods), _owned(jobs, deployments, services)
 
     # --- deletion and logs -------------------------------------------------------------------------------------
 
@@ -409,6 +427,29 @@ class KubernetesBackend(Backend):
         except ClusterUnreachable:
             return False
         return bool(pods) and all((p.get("status") or {}).get("phase") in ("Succeeded", "Failed") for p in pods)
+
+
+def _observations(attempts: list, jobs: list[dict], deployments: list[dict], pods: list[dict]) -> dict[int, Observation]:
+    """An Observation per attempt id from the listed Jobs, Deployments and Pods (see ``KubernetesBackend.observe``)."""
+    by_attempt = {_attempt_of(o): o for o in jobs + deployments}
+    pods_of: dict[int | None, list[dict]] = defaultdict(list)
+    for pod in pods:
+        pods_of[_attempt_of(pod)].append(pod)
+    now = timezone.now()
+    grace = float(settings.K8S_IMAGE_PULL_GRACE_SECONDS)
+    result = {}
+    for attempt in attempts:
+        obj, attempt_pods = by_attempt.get(attempt.pk), pods_of.get(attempt.pk, [])
+        if attempt.job.kind == "inference":
+            result[attempt.pk] = observe_inference(obj, attempt_pods, now, grace)
+        else:
+            result[attempt.pk] = observe_training(obj, attempt_pods, attempt.job.nodes, now, grace)
+    return result
+
+
+def _owned(*listed: list[dict]) -> set[int]:
+    """Attempt ids labelled on the listed objects."""
+    return {i for objects in listed for i in (_attempt_of(o) for o in objects) if i is not None}
 
 
 def pod_of_node(pods: list[dict], node: int) -> dict | None:

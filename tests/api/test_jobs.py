@@ -105,7 +105,7 @@ def test_it_shows_a_job_with_its_current_attempt_and_costs(teammate, teams, flee
 
 def test_it_filters_and_orders_the_job_list(owner, teammate, teams, fleet, h100, catalog):
     alpha = teams[0]
-    queued = make_job(alpha, teammate.user, h100, name="queued")
+    make_job(alpha, teammate.user, h100, name="queued")
     running = make_job(alpha, owner.user, h100, name="running")
     make_attempt(running, fleet["cluster"], fleet["pool"])
     failed = make_job(alpha, owner.user, h100, name="failed", state=JobState.FAILED)

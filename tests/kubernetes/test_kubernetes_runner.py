@@ -499,3 +499,46 @@ def test_dispatch_errors_are_permanent_or_transient_by_status(fleet, submit, sta
         ended = load(attempt.pk)
         assert state(attempt) == S.FAILED and ended.end_reason == "DispatchError"
         assert f"the server says {status}" in ended.message
+
+
+def test_reconcile_of_attempts_that_stay_running_costs_a_constant_number_of_queries(fleet, submit):
+    """Attempts whose state does not change cost no query of their own: the pass's queries do not grow with N."""
+    from django.test.utils import CaptureQueriesContext
+
+    only_aws = {"clusters": ["aws-use1"]}
+
+    def queries_of_a_steady_pass(count: int) -> int:
+        for _ in range(count):
+            start(fleet, submit(placement=only_aws))
+        cluster = Cluster.objects.get(name="aws-use1")
+        reconcile_cluster(cluster)
+        with CaptureQueriesContext(connection) as captured:
+            result = reconcile_cluster(cluster)
+        assert result["orphans_deleted"] == 0
+        assert not Job.objects.filter(current_attempt__cluster=cluster).exclude(state=S.RUNNING).exists()
+        return result["observed"], len(captured.captured_queries)
+
+    few = queries_of_a_steady_pass(2)
+    many = queries_of_a_steady_pass(6)  # 8 running in all
+    assert (few[0], many[0]) == (2, 8)
+    assert many[1] == few[1]
+
+
+def test_dispatch_creates_a_team_namespace_once_per_cluster_client(fleet, submit, monkeypatch):
+    """The namespace create (409 after the first) is skipped once the cluster's client saw the namespace exist."""
+    from runners.kubernetes.client import ClusterClient
+
+    creates = []
+    real_call = ClusterClient.call
+
+    def counting_call(self, fn, *args, **kwargs):
+        if getattr(fn, "__name__", "") == "create_namespace":
+            creates.append(kwargs["body"]["metadata"]["name"])
+        return real_call(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(ClusterClient, "call", counting_call)
+    only_aws = {"clusters": ["aws-use1"]}
+    for _ in range(3):
+        assert dispatch_attempt(submit(placement=only_aws).pk) == "dispatched"
+    assert creates == ["cp-alpha"]
+    assert len(kubelet(fleet, load(Job.objects.filter(state=S.STARTING).first().current_attempt_id)).jobs()) == 3

@@ -1,0 +1,283 @@
+"""Hostile job submissions: every one answers 400 (never 500) and stores neither a Job nor a JobEvent."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from jobs.models import Job, JobEvent
+
+JOBS = "/api/v1/jobs/"
+
+
+def counts():
+    return Job.objects.count(), JobEvent.objects.count()
+
+
+def post_raw(persona, body, content_type="application/json"):
+    if isinstance(body, str):
+        body = body.encode()
+    return persona.client.generic("POST", JOBS, body, content_type=content_type)
+
+
+def assert_rejected(response, before, field=None):
+    assert response.status_code == 400, (response.status_code, getattr(response, "content", b"")[:500])
+    assert counts() == before
+    if field is not None:
+        assert field in response.json(), response.json()
+
+
+def with_path(submission, path, value):
+    doc = copy.deepcopy(submission)
+    *parents, leaf = path.split(".")
+    node = doc
+    for key in parents:
+        node = node[key]
+    node[leaf] = value
+    return doc
+
+
+BAD = [
+    ("bool-for-int", "spec.resources.nodes", True, "spec.resources.nodes"),
+    ("false-for-int", "spec.max_retries", False, "spec.max_retries"),
+    ("int-for-bool", "spec.preemptible", 0, "spec.preemptible"),
+    ("float-int", "spec.resources.gpus_per_node", 1.0, "spec.resources.gpus_per_node"),
+    ("huge-int", "spec.max_runtime_seconds", 2**70, "spec.max_runtime_seconds"),
+    ("int32-plus-one", "spec.max_retries", 2**31, "spec.max_retries"),
+    ("negative-retries", "spec.max_retries", -1, "spec.max_retries"),
+    ("cpu-zero", "spec.resources.cpu", 0, "spec.resources.cpu"),
+    ("cpu-negative", "spec.resources.cpu", -1.5, "spec.resources.cpu"),
+    ("cpu-string", "spec.resources.cpu", "4", "spec.resources.cpu"),
+    ("cpu-bool", "spec.resources.cpu", True, "spec.resources.cpu"),
+    ("memory-null", "spec.resources.memory_gib", None, "spec.resources.memory_gib"),
+    ("null-team", "team", None, "team"),
+    ("null-name", "name", None, "name"),
+    ("null-spec", "spec", None, "spec"),
+    ("null-image", "spec.image", None, "spec.image"),
+    ("null-command", "spec.command", None, "spec.command"),
+    ("null-resources", "spec.resources", None, "spec.resources"),
+    ("null-env", "spec.env", None, "spec.env"),
+    ("null-placement", "spec.placement", None, "spec.placement"),
+    ("list-for-spec", "spec", [], "spec"),
+    ("list-for-resources", "spec.resources", [{"accelerator": "H100-80GB"}], "spec.resources"),
+    ("list-for-placement", "spec.placement", ["aws"], "spec.placement"),
+    ("string-for-placement", "spec.placement", "aws", "spec.placement"),
+    ("list-team", "team", ["alpha"], "team"),
+    ("dict-kind", "kind", {"a": 1}, "kind"),
+    ("list-kind", "kind", ["training"], "kind"),
+    ("list-priority", "spec.priority", ["high"], "spec.priority"),
+    ("dict-priority", "spec.priority", {"x": 1}, "spec.priority"),
+    ("int-priority", "spec.priority", 100, "spec.priority"),
+    ("nested-env-value", "spec.env", {"A": {"B": "C"}}, "spec.env"),
+    ("unicode-name", "name", "tr\u00e4in", "name"),
+    ("unicode-env-name", "spec.env", {"\u00c9T\u00c9": "x"}, "spec.env"),
+    ("nul-in-name", "name", "train\x00x", "name"),
+    ("nul-in-image", "spec.image", "python\x00:3.11", "spec.image"),
+    ("nul-in-command", "spec.command", ["python", "-c\x00"], "spec.command"),
+    ("nul-in-args", "spec.args", ["--a\x00b"], "spec.args"),
+    ("nul-in-env-value", "spec.env", {"A": "x\x00y"}, "spec.env"),
+    ("nul-in-env-name", "spec.env", {"A\x00": "x"}, "spec.env"),
+    ("nul-in-region", "spec.placement.regions", ["us-east-1\x00"], "spec.placement.regions"),
+    ("nul-in-team", "team", "alpha\x00", "team"),
+    ("unknown-top-key", "extra", 1, "extra"),
+    ("unknown-resources-key", "spec.resources.gpu", 1, "spec.resources.gpu"),
+    ("port-on-training", "spec.port", 8080, "spec.port"),
+]
+
+
+@pytest.mark.parametrize("case,path,value,field", BAD, ids=[b[0] for b in BAD])
+def test_bad_field_is_400_on_its_path_and_stores_nothing(owner, fleet, submission, case, path, value, field):
+    before = counts()
+    response = owner.client.post(JOBS, with_path(submission, path, value), format="json")
+    assert_rejected(response, before, field)
+
+
+RAW_BODIES = [
+    ("empty", b""),
+    ("whitespace", b"   "),
+    ("not-json", b"team=alpha&name=x"),
+    ("truncated", b'{"team": "alpha", '),
+    ("nan", b'{"team": "alpha", "name": "x", "spec": {"resources": {"cpu": NaN}}}'),
+    ("infinity", b'{"team": "alpha", "name": "x", "spec": {"max_runtime_seconds": Infinity}}'),
+    ("neg-infinity", b'{"team": "alpha", "name": "x", "spec": {"resources": {"cpu": -Infinity}}}'),
+    ("list-body", b'[{"team": "alpha"}]'),
+    ("scalar-body", b"42"),
+    ("string-body", b'"alpha"'),
+    ("null-body", b"null"),
+    ("true-body", b"true"),
+    ("deep-nesting", b"[" * 100_000 + b"]" * 100_000),
+    ("deep-nesting-in-spec", b'{"team": "alpha", "name": "x", "spec": ' + b'{"a":' * 50_000 + b"1" + b"}" * 50_000 + b"}"),
+    ("huge-int-literal", b'{"team": "alpha", "spec": {"max_runtime_seconds": ' + b"9" * 5000 + b"}}"),
+    ("overflow-float", b'{"team": "alpha", "spec": {"resources": {"cpu": 1e400}}}'),
+    ("latin1", '{"team": "\u00e9"}'.encode("latin-1")),
+    ("nul-escape", b'{"team": "alpha", "name": "x\\u0000"}'),
+    ("lone-surrogate", b'{"team": "alpha", "name": "\\ud800"}'),
+]
+
+
+@pytest.mark.parametrize("case,body", RAW_BODIES, ids=[b[0] for b in RAW_BODIES])
+def test_raw_json_body_is_400(owner, fleet, case, body):
+    before = counts()
+    assert_rejected(post_raw(owner, body), before)
+
+
+def test_lone_surrogate_inside_spec_is_400(owner, fleet, submission):
+    before = counts()
+    body = json.dumps(submission).replace('"python:3.11"', '"python\\ud800"').encode()
+    assert_rejected(post_raw(owner, body), before)
+
+
+def test_lone_surrogate_in_command_is_400(owner, fleet, submission):
+    before = counts()
+    body = json.dumps(submission).replace('"print(\'hello\')"', '"\\udfff"').encode()
+    assert "udfff" in body.decode()
+    assert_rejected(post_raw(owner, body), before)
+
+
+def test_nul_escape_in_env_value_is_400(owner, fleet, submission):
+    submission["spec"]["env"] = {"A": "a\u0000b"}
+    before = counts()
+    assert_rejected(post_raw(owner, json.dumps(submission)), before, "spec.env")
+
+
+def test_duplicate_keys_do_not_crash(owner, fleet, submission):
+    body = json.dumps(submission)[:-1] + ', "team": "beta"}'
+    before = counts()
+    response = post_raw(owner, body)
+    # beta is not the owner's team: last key wins and the submission is refused, never stored.
+    assert_rejected(response, before, "team")
+
+
+YAML_BODIES = [
+    ("alias-bomb", "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+                   "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n"),
+    ("merge-key-alias", "base: &base {image: x}\nspec:\n  <<: *base\n"),
+    ("python-object", "team: !!python/object/apply:os.system ['true']\n"),
+    ("python-name", "team: !!python/name:os.system\n"),
+    ("custom-tag", "team: !foo bar\n"),
+    ("list", "- team: alpha\n- name: x\n"),
+    ("scalar", "just a string\n"),
+    ("number", "42\n"),
+    ("empty", ""),
+    ("null", "~\n"),
+    ("syntax", "team: [alpha\n"),
+    ("tabs", "team:\t\talpha\n\tname: x\n"),
+    ("binary-team", "team: !!binary YWxwaGE=\nname: x\n"),
+    ("date-name", "team: alpha\nname: 2024-01-01\n"),
+    ("deep-flow", "[" * 20_000 + "]" * 20_000),
+    ("deep-block", "spec:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 3000)) + "  " * 3000 + "v: 1\n"),
+    ("not-utf8", b"team: \xff\xfe\n"),
+    ("nul-char", "team: alpha\x00\n"),
+]
+
+
+@pytest.mark.parametrize("case,body", YAML_BODIES, ids=[b[0] for b in YAML_BODIES])
+def test_hostile_yaml_is_400(owner, fleet, case, body):
+    before = counts()
+    assert_rejected(post_raw(owner, body, "application/yaml"), before)
+
+
+def yaml_submission(spec_extra: str = "", top_extra: str = "") -> str:
+    return (
+        "team: alpha\nname: yaml-job\n" + top_extra + "spec:\n  image: python:3.11\n  command: [python, -V]\n"
+        "  resources: {accelerator: H100-80GB, gpus_per_node: 1, nodes: 1}\n  max_runtime_seconds: 60\n" + spec_extra
+    )
+
+
+YAML_KEY_ATTACKS = [
+    ("date-key-in-spec", "  2024-01-01: x\n"),
+    ("binary-key-in-spec", "  !!binary aGVsbG8=: x\n"),
+    ("int-key-in-env", "  env: {1: x}\n"),
+    ("date-key-in-env", "  env: {2024-01-01: x}\n"),
+    ("null-key-in-resources", ""),
+    ("set-in-spec", "  args: !!set {a, b}\n"),
+    ("timestamp-value-in-env", "  env: {A: 2024-01-01T00:00:00Z}\n"),
+    ("float-nan-cpu", ""),
+]
+
+
+@pytest.mark.parametrize("case,extra", YAML_KEY_ATTACKS, ids=[a[0] for a in YAML_KEY_ATTACKS])
+def test_yaml_odd_keys_and_values_are_400(owner, fleet, case, extra):
+    body = yaml_submission(extra)
+    if case == "null-key-in-resources":
+        body = body.replace("nodes: 1}", "nodes: 1, ~: 2}")
+    if case == "float-nan-cpu":
+        body = body.replace("nodes: 1}", "nodes: 1, cpu: .nan}")
+    before = counts()
+    assert_rejected(post_raw(owner, body, "application/yaml"), before)
+
+
+def test_yaml_date_key_at_top_level_is_400(owner, fleet):
+    before = counts()
+    assert_rejected(post_raw(owner, yaml_submission(top_extra="2024-01-01: x\n"), "application/yaml"), before)
+
+
+def test_valid_yaml_is_accepted(owner, fleet, redis_broker):
+    response = post_raw(owner, yaml_submission(), "application/yaml")
+    assert response.status_code == 201, response.content
+
+
+def _pad_to(submission, target: int):
+    """The submission with spec.env padded so the spec's compact JSON is exactly ``target`` bytes."""
+    from jobs.spec import spec_size_bytes
+
+    doc = copy.deepcopy(submission)
+    doc["spec"]["env"]["PAD"] = ""
+    missing = target - spec_size_bytes(doc["spec"])
+    doc["spec"]["env"]["PAD"] = "x" * missing
+    assert spec_size_bytes(doc["spec"]) == target
+    return doc
+
+
+def test_spec_at_64_kib_is_accepted_and_one_byte_over_is_refused(owner, fleet, submission, redis_broker, settings):
+    limit = settings.JOB_SPEC_MAX_BYTES
+    assert limit == 64 * 1024
+    response = owner.client.post(JOBS, _pad_to(submission, limit), format="json")
+    assert response.status_code == 201, response.content
+    before = counts()
+    over = _pad_to(submission, limit + 1)
+    over["name"] = "other"
+    response = owner.client.post(JOBS, over, format="json")
+    assert_rejected(response, before, "spec")
+
+
+def test_multibyte_env_counts_bytes_not_characters(owner, fleet, submission, settings):
+    submission["spec"]["env"]["PAD"] = "\u20ac" * (settings.JOB_SPEC_MAX_BYTES // 3 + 10)  # 3 bytes each
+    before = counts()
+    assert_rejected(owner.client.post(JOBS, submission, format="json"), before, "spec")
+
+
+def test_very_long_command_list_is_refused_by_size(owner, fleet, submission):
+    submission["spec"]["command"] = ["x"] * 100_000
+    before = counts()
+    assert_rejected(owner.client.post(JOBS, submission, format="json"), before, "spec")
+
+
+def test_many_env_vars_over_limit(owner, fleet, submission):
+    submission["spec"]["env"] = {f"V{i}": "1" for i in range(20_000)}
+    before = counts()
+    assert_rejected(owner.client.post(JOBS, submission, format="json"), before, "spec")
+
+
+def test_viewer_cannot_submit(viewer, fleet, submission):
+    before = counts()
+    assert_rejected(viewer.client.post(JOBS, submission, format="json"), before, "team")
+
+
+def test_outsider_cannot_submit_for_alpha(outsider, fleet, submission):
+    before = counts()
+    response = outsider.client.post(JOBS, submission, format="json")
+    assert_rejected(response, before, "team")
+    # Same answer as a team that does not exist.
+    submission["team"] = "nope"
+    other = outsider.client.post(JOBS, submission, format="json")
+    assert other.json()["team"][0].replace("nope", "alpha") == response.json()["team"][0]
+
+
+def test_form_encoded_submission_does_not_500(owner, fleet):
+    before = counts()
+    response = owner.client.post(JOBS, {"team": "alpha", "name": "x"})  # multipart: not an accepted parser
+    assert response.status_code in (400, 415)
+    assert counts() == before
