@@ -37,7 +37,7 @@ from jobs.states import StaleState
 from quotas.admission import QuotaView, check_budgets, check_quota
 from quotas.api.views import may_administer
 from quotas.fairshare import estimate_cost
-from quotas.models import Budget, Membership, Quota, QuotaEvent, Team, audited_values, priority_classes
+from quotas.models import Budget, Membership, Quota, QuotaEvent, Team, audited_values, priority_classes, scope_to_teams
 from runners.base import ClusterUnreachable, UnknownBackend, backend_for
 from runners.models import Accelerator, Cluster
 from runners.placement import PlacementRequest, choose_pool, matches
@@ -60,7 +60,7 @@ class _Request:
 def _scoped_costs(user):
     """Ledger entries of the user's teams (all for staff)."""
     entries = CostEntry.objects.all()
-    return entries if user.is_staff else entries.filter(team__memberships__user=user)
+    return scope_to_teams(entries, user)
 
 
 def _chart(labels: list, values: list, label: str, kind: str = "bar") -> dict:

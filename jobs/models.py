@@ -35,9 +35,9 @@ PRIORITY_CLASSES = {"low": 100, "normal": 500, "high": 1000}
 class JobQuerySet(models.QuerySet):
     def visible_to(self, user) -> "JobQuerySet":
         """Jobs of the teams ``user`` belongs to; all jobs for staff."""
-        if user.is_staff:
-            return self
-        return self.filter(team__memberships__user=user)
+        from quotas.models import scope_to_teams
+
+        return scope_to_teams(self, user)
 
 
 class Job(models.Model):

@@ -11,6 +11,17 @@ from django.db import models
 from django.utils import timezone
 
 
+def scope_to_teams(queryset, user, team_field: str = "team"):
+    """The rows of ``queryset`` whose team (reached by ``team_field``) has ``user`` as a member; all rows for staff.
+
+    One definition of tenancy for every team-owned model, so a view cannot
+    scope one way and a report another. A user in no team sees nothing.
+    """
+    if user.is_staff:
+        return queryset
+    return queryset.filter(**{f"{team_field}__memberships__user": user})
+
+
 class TeamQuerySet(models.QuerySet):
     def visible_to(self, user) -> "TeamQuerySet":
         """Teams ``user`` belongs to; all teams for staff."""

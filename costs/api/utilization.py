@@ -21,7 +21,7 @@ from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
 from controlplane.api import ScopedGenericViewSet, usd_cents
-from quotas.models import Budget
+from quotas.models import Budget, scope_to_teams
 
 from ..budgets import budget_status
 from ..models import CostEntry, UtilizationRollup
@@ -115,9 +115,7 @@ class UtilizationViewSet(ScopedGenericViewSet):
     serializer_class = UtilizationReportSerializer
 
     def scope_queryset(self, queryset, user):
-        if user.is_staff:
-            return queryset
-        return queryset.filter(team__memberships__user=user)
+        return scope_to_teams(queryset, user)
 
     @extend_schema(parameters=[CostQuerySerializer], responses=UtilizationReportSerializer)
     def list(self, request):
@@ -154,9 +152,7 @@ class BudgetStatusViewSet(ScopedGenericViewSet):
     pagination_class = None
 
     def scope_queryset(self, queryset, user):
-        if user.is_staff:
-            return queryset
-        return queryset.filter(team__memberships__user=user).distinct()
+        return scope_to_teams(queryset, user).distinct()
 
     def list(self, request):
         now = timezone.now()

@@ -21,6 +21,7 @@ from ..models import CostEntry, Price, UtilizationRollup
 from .utilization import aggregate_utilization, filter_days
 from .filtersets import PriceFilterSet
 from .serializers import CostQuerySerializer, CostReportSerializer, PriceSerializer
+from quotas.models import scope_to_teams
 
 # Output key -> ledger lookup, per group_by ("day" is annotated first).
 GROUP_KEYS = {
@@ -113,16 +114,12 @@ class CostViewSet(ScopedGenericViewSet):
     serializer_class = CostReportSerializer
 
     def scope_queryset(self, queryset, user):
-        if user.is_staff:
-            return queryset
-        return queryset.filter(team__memberships__user=user)
+        return scope_to_teams(queryset, user)
 
     @staticmethod
     def utilization_rollups(user, params):
         """The user's utilization rollups of the UTC days the query touches (scoped as the ledger is)."""
-        rollups = UtilizationRollup.objects.all()
-        if not user.is_staff:
-            rollups = rollups.filter(team__memberships__user=user)
+        rollups = scope_to_teams(UtilizationRollup.objects.all(), user)
         if "team" in params:
             rollups = rollups.filter(team__slug=params["team"])
         return filter_days(rollups, params.get("start"), params.get("end"))

@@ -17,7 +17,7 @@ from rest_framework.exceptions import PermissionDenied
 
 from controlplane.api import IsStaffOrReadOnly, ScopedGenericViewSet, ScopedReadOnlyViewSet, ScopedViewSetMixin
 
-from ..models import Budget, Cohort, Membership, PriorityClass, Quota, QuotaEvent, Team, audited_values
+from ..models import Budget, Cohort, Membership, PriorityClass, Quota, QuotaEvent, Team, audited_values, scope_to_teams
 from .filtersets import BudgetFilterSet, QuotaFilterSet
 from .serializers import (
     BudgetSerializer,
@@ -54,9 +54,7 @@ class TeamAdminWriteViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mi
     permission_classes = [permissions.IsAuthenticated, TeamAdminWritePermission]
 
     def scope_queryset(self, queryset, user):
-        if user.is_staff:
-            return queryset
-        return queryset.filter(team__memberships__user=user)
+        return scope_to_teams(queryset, user)
 
     def perform_create(self, serializer):
         # The team comes from the body, so the object permission cannot see it yet.
