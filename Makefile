@@ -22,7 +22,7 @@ $(VENV)/.installed: requirements.txt
 install: $(VENV)/.installed
 
 demo: install
-	$(PY) manage.py demo $(if $(ONCE),--once,) $(ARGS)
+	$(PY) manage.py demo $(if $(ONCE),--once,) $(if $(PORT),--port $(PORT),) $(ARGS)
 
 test: install
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \

@@ -14,6 +14,7 @@ import dataclasses
 import os
 import re
 import secrets
+import socket
 import signal
 import subprocess
 import sys
@@ -105,12 +106,23 @@ class Platform:
         self._start("beat", celery + ["beat", "--loglevel=INFO",
                                       "--pidfile", str(Path(settings.VAR_DIR) / "celerybeat.pid")])
 
-    def wait_ready(self, timeout: float = 60) -> None:
-        """Wait for /readyz to answer 200. Raises RuntimeError with the web log's tail otherwise."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+    def check_port_free(self) -> None:
+        """Raise RuntimeError with a one-line explanation when something already listens on the port."""
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
-                if requests.get(f"http://127.0.0.1:{self.port}/readyz", timeout=2).status_code == 200:
+                s.bind(("127.0.0.1", self.port))
+            except OSError:
+                raise RuntimeError(f"port {self.port} on 127.0.0.1 is in use (an earlier demo still running?); "
+                                   f"stop it or choose another port: make demo PORT=8001") from None
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        """Wait for our own web server's /readyz to answer 200. Raises RuntimeError with the web log's tail otherwise."""
+        deadline = time.monotonic() + timeout
+        web = self.procs[0]
+        while time.monotonic() < deadline and web.poll() is None:
+            try:
+                if requests.get(f"http://127.0.0.1:{self.port}/readyz", timeout=2).status_code == 200 and web.poll() is None:
                     return
             except requests.ConnectionError:
                 pass
@@ -121,14 +133,19 @@ class Platform:
         raise RuntimeError(f"the platform did not become ready; web log:\n{tail}")
 
     def stop(self) -> None:
+        """SIGTERM each main process (a Celery worker then stops its own pool: a warm shutdown), SIGKILL stragglers."""
         for p in self.procs:
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
+                p.send_signal(signal.SIGTERM)
         for p in self.procs:
             try:
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+                pass
+            try:
+                os.killpg(p.pid, signal.SIGKILL)  # whatever is left in its session: pool children, threads
+            except ProcessLookupError:
+                pass
 
 
 class Api:
@@ -202,18 +219,40 @@ def follow(apis: dict[int, Api], timeout: float, out) -> dict[int, dict]:
     return views
 
 
-def job_cost(api: Api, job_id: int, timeout: float = 60) -> tuple[float, str]:
-    """GPU-hours and cost (USD, cents) of a finished job from ``/costs/?group_by=job``, once its ledger is complete."""
+def job_cost(api: Api, job_id: int, timeout: float = 90) -> tuple[float, str]:
+    """GPU-hours and cost (USD, cents) of a finished job from ``/costs/?group_by=job``.
+
+    Waits until every attempt's ledger reaches its end (``accrued_until ==
+    ended_at``): the final accrual runs in the worker just after the job ends.
+    """
     deadline = time.monotonic() + timeout
     while True:
-        view = api.get(f"jobs/{job_id}/")
-        attempt = view.get("current_attempt") or {}
-        rows = [r for r in api.get("costs/", group_by="job", start="2000-01-01T00:00:00Z",
-                                   end="2100-01-01T00:00:00Z").get("results", []) if r.get("job") == job_id]
-        complete = not attempt or Decimal(view["accrued_cost_usd"]) > 0
-        if (rows and complete) or time.monotonic() > deadline:
+        attempts = api.get(f"jobs/{job_id}/attempts/")["results"]
+        final = all(a["ended_at"] is None or a["started_at"] is None or a["accrued_until"] == a["ended_at"]
+                    for a in attempts)
+        if final or time.monotonic() > deadline:
+            rows = [r for r in api.get("costs/", group_by="job", start="2000-01-01T00:00:00Z",
+                                       end="2100-01-01T00:00:00Z").get("results", []) if r.get("job") == job_id]
             return (rows[0]["gpu_hours"], rows[0]["cost_usd"]) if rows else (0.0, "0.00")
         time.sleep(1)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def cancel_unfinished(job_ids: list[int]) -> None:
+    """Cancel the demo's jobs that are not final and delete their processes now, so nothing outlives the demo."""
+    from jobs.lifecycle import NotCancellable, cancel_job, finish_cancel
+    from jobs.models import Job
+    from jobs.states import StaleState
+
+    for job in Job.objects.filter(pk__in=job_ids).exclude(state__in=FINAL):
+        try:
+            cancel_job(job)
+            finish_cancel(job.pk)
+        except (NotCancellable, StaleState):
+            pass
 
 
 def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, out) -> int:
@@ -227,9 +266,20 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
         stop_demo_monitoring,
     )
 
+    platform.check_port_free()
+    # SIGINT (even when inherited as ignored), SIGTERM and SIGHUP stop the demo like Ctrl-C: the
+    # finally below then cancels its unfinished jobs and stops every process it started.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGHUP, _raise_interrupt)
     monitoring = start_demo_monitoring(port, out)  # GPU metrics when `prometheus` is on PATH; None otherwise
     out.write(f"Starting the platform on http://127.0.0.1:{port}/ (web, Celery worker, Celery beat)...\n")
+    alice, bob = teams["ml-research"], teams["applied-ml"]
+    out.write(f"  Web UI sign-in: {alice.username} / {alice.password} (ml-research admin), "
+              f"{bob.username} / {bob.password} (applied-ml admin)\n"
+              f"  API tokens: {alice.username} {alice.token}  {bob.username} {bob.token}\n")
     platform.start()
+    submitted: list[int] = []
     try:
         platform.wait_ready()
         research = Api(port, teams["ml-research"].token)
@@ -240,6 +290,7 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
             out.write(f"Cluster {c['name']} [{c['provider']}/{c['region']}]{note}\n")
         train = research.post_yaml("jobs/", training_document(steps, nodes))
         sweep = applied.post_yaml("jobs/", over_budget_document())
+        submitted += [train["id"], sweep["id"]]
         out.write(f"Submitted job {train['id']} ({train['name']}) and job {sweep['id']} ({sweep['name']}).\n")
         views = follow({train["id"]: research, sweep["id"]: applied}, timeout, out)
 
@@ -261,19 +312,21 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
             out.write(line + "\n")
         out.write(("Demo OK: training succeeded and its loss fell.\n" if ok else "Demo FAILED.\n"))
         if not once:
-            alice, bob = teams["ml-research"], teams["applied-ml"]
             out.write(f"\nThe platform keeps running at http://127.0.0.1:{port}/ (API /api/v1/, docs /api/docs/).\n"
                       f"  Web UI sign-in: {alice.username} / {alice.password} (ml-research admin), "
                       f"{bob.username} / {bob.password} (applied-ml admin)\n"
                       f"  API token for {alice.username}: {alice.token}\n"
                       "Press Ctrl-C to stop.\n")
             out.flush()
-            try:
-                while all(p.poll() is None for p in platform.procs):
-                    time.sleep(1)
-            except KeyboardInterrupt:
-                pass
+            while all(p.poll() is None for p in platform.procs):
+                time.sleep(1)
         return 0 if ok else 1
+    except KeyboardInterrupt:
+        out.write("\nInterrupted.\n")
+        return 130
     finally:
+        out.write("Stopping the platform...\n")
+        out.flush()
+        cancel_unfinished(submitted)
         platform.stop()
         stop_demo_monitoring(monitoring)

@@ -85,6 +85,8 @@ else:
     DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# Django 6's default for URL form fields, adopted now (silences its deprecation warning).
+FORMS_URLFIELD_ASSUME_HTTPS = True
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -101,7 +103,6 @@ STATIC_ROOT.mkdir(exist_ok=True)
 # WhiteNoise serves the admin's and the API docs' assets with DEBUG off (no
 # CDN, no separate web server); finders avoid a collectstatic step in the demo.
 WHITENOISE_USE_FINDERS = env.bool("WHITENOISE_USE_FINDERS", default=True)
-LOGIN_URL = "/admin/login/"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -29,7 +29,11 @@ class AttemptSummarySerializer(serializers.ModelSerializer):
 
 
 class JobAttemptSerializer(serializers.ModelSerializer):
-    """One dispatch of a job: cluster and node pool, GPUs held, the price at admission (USD/GPU-hour), its end."""
+    """One dispatch of a job: cluster and node pool, GPUs held, the price at admission (USD/GPU-hour), its end.
+
+    ``accrued_until``: the ledger holds this attempt's cost up to that instant;
+    once it equals ``ended_at`` the attempt's cost is final.
+    """
 
     cluster = serializers.CharField(source="cluster.name", read_only=True)
     node_pool = serializers.CharField(source="node_pool.name", read_only=True)
@@ -37,7 +41,7 @@ class JobAttemptSerializer(serializers.ModelSerializer):
     class Meta:
         model = JobAttempt
         fields = ["id", "number", "cluster", "node_pool", "gpus", "object_name", "usd_per_gpu_hour", "created_at",
-                  "started_at", "ended_at", "end_reason", "exit_code", "message"]
+                  "started_at", "ended_at", "accrued_until", "end_reason", "exit_code", "message"]
         read_only_fields = fields
 
 
