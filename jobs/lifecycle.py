@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 
 from django.db import transaction
+from django.db.models import DateTimeField, F, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from runners.base import ClusterUnreachable, Observation, backend_for
@@ -73,8 +75,10 @@ def end_attempt(job: Job, attempt: JobAttempt, to_state: str, *, reason: str, en
 def mark_started(job: Job, attempt: JobAttempt, runner_state: dict) -> Job:
     """Record that ``attempt``'s objects exist (billing starts now) and move ADMITTED -> STARTING."""
     with transaction.atomic():
-        JobAttempt.objects.filter(pk=attempt.pk, started_at__isnull=True).update(started_at=timezone.now())
-        JobAttempt.objects.filter(pk=attempt.pk).update(runner_state=runner_state)
+        # One UPDATE: started_at keeps its first value (a repeated dispatch does not move billing's start).
+        JobAttempt.objects.filter(pk=attempt.pk).update(
+            started_at=Coalesce(F("started_at"), Value(timezone.now(), output_field=DateTimeField())),
+            runner_state=runner_state)
         transition(job, S.STARTING, reason=f"objects created on {attempt.cluster.name}", attempt=attempt)
     return job
 

@@ -71,7 +71,7 @@ def dispatch_attempt(self, attempt_id: int) -> str:
     from .lifecycle import end_attempt, mark_started
     from .states import StaleState
 
-    attempt = JobAttempt.objects.select_related("job", "cluster", "node_pool__accelerator").get(pk=attempt_id)
+    attempt = JobAttempt.objects.select_related("job__team", "cluster", "node_pool__accelerator").get(pk=attempt_id)
     job = attempt.job
     if job.state != JobState.ADMITTED or job.current_attempt_id != attempt.pk or attempt.ended_at is not None:
         return "skipped"
@@ -125,7 +125,7 @@ def delete_attempt_objects(self, attempt_id: int) -> bool:
     Idempotent; a live attempt is left alone. Whatever stays behind is
     removed by reconcile's orphan cleanup.
     """
-    attempt = JobAttempt.objects.select_related("job", "cluster", "node_pool__accelerator").get(pk=attempt_id)
+    attempt = JobAttempt.objects.select_related("job__team", "cluster", "node_pool__accelerator").get(pk=attempt_id)
     if attempt.ended_at is None:
         return False
     try:
