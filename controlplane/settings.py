@@ -210,6 +210,10 @@ K8S_BURST = env.int("K8S_BURST", default=100)
 K8S_NAMESPACE_PREFIX = env("K8S_NAMESPACE_PREFIX", default="cp-")
 # Port the rendezvous of multi-node training listens on (torchrun's default, 29500).
 K8S_MASTER_PORT = env.int("K8S_MASTER_PORT", default=29500)
+# PersistentVolumeClaim (provisioned by the operator in every team namespace, e.g. ReadWriteMany on shared
+# storage) mounted at /checkpoints (subPath job-<job id>; read-only for inference) so recovered attempts resume;
+# empty: an emptyDir, and a recovered attempt starts over.
+K8S_CHECKPOINT_CLAIM = env("K8S_CHECKPOINT_CLAIM", default="")
 # Seconds a pod may wait on ImagePullBackOff/ErrImagePull before the attempt fails (a registry hiccup heals).
 K8S_IMAGE_PULL_GRACE_SECONDS = env.float("K8S_IMAGE_PULL_GRACE_SECONDS", default=120.0)
 # Consecutive failed probes before a cluster is marked unreachable (one failure is only "degraded").

@@ -19,6 +19,9 @@ GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 CONTAINER = "main"
+# Checkpoint volume: its name in the pod spec and where every container mounts it (env CHECKPOINT_DIR).
+CHECKPOINT_VOLUME = "checkpoints"
+CHECKPOINT_DIR = "/checkpoints"
 
 # Node labels that mark spot capacity, per provider: (label key, value on spot nodes).
 SPOT_LABELS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -39,7 +42,9 @@ class Workload:
 
     ``cpu`` in cores, ``memory_gib`` in GiB, ``max_runtime_seconds`` in
     seconds; ``gpu_product`` is the node label value of the accelerator
-    (empty: no accelerator selector); ``spot`` when the attempt's node pool is spot.
+    (empty: no accelerator selector); ``spot`` when the attempt's node pool is spot;
+    ``checkpoint_claim`` the team namespace's PersistentVolumeClaim holding
+    checkpoints (empty: an emptyDir, see ``checkpoint_volume``).
     """
 
     name: str
@@ -64,6 +69,7 @@ class Workload:
     replicas: int = 1
     port: int = 8000
     master_port: int = 29500
+    checkpoint_claim: str = ""
 
     @property
     def labels(self) -> dict[str, str]:
@@ -174,9 +180,44 @@ def rendezvous_env(w: Workload) -> list[dict]:
     ]
 
 
-def _container(w: Workload, env: list[dict], ports: list[dict]) -> dict:
+def checkpoint_subpath(job_id: int) -> str:
+    """Directory of a job's checkpoints inside the claim: ``job-<job id>``, the same for every attempt of the job."""
+    return f"job-{job_id}"
+
+
+def checkpoint_volume(w: Workload, read_only: bool = False) -> dict:
+    """The pod volume behind ``/checkpoints`` (env CHECKPOINT_DIR).
+
+    With ``checkpoint_claim`` (``settings.K8S_CHECKPOINT_CLAIM``): that
+    PersistentVolumeClaim, which the operator provisions in each team
+    namespace (e.g. ReadWriteMany on shared storage, present on every cluster
+    that may run the team's jobs), so a recovered attempt, on another cluster
+    too, resumes from the job's last checkpoint. Without: an emptyDir, which
+    dies with the pod, so the workload code is the same but a recovered
+    attempt starts over from step 0.
+    """
+    if w.checkpoint_claim:
+        claim: dict = {"claimName": w.checkpoint_claim}
+        if read_only:
+            claim["readOnly"] = True
+        return {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": claim}
+    return {"name": CHECKPOINT_VOLUME, "emptyDir": {}}
+
+
+def checkpoint_mount(w: Workload, read_only: bool = False) -> dict:
+    """The container's mount of ``checkpoint_volume`` at ``/checkpoints``: the job's subPath of the claim, if any."""
+    mount: dict = {"name": CHECKPOINT_VOLUME, "mountPath": CHECKPOINT_DIR}
+    if w.checkpoint_claim:
+        mount["subPath"] = checkpoint_subpath(w.job_id)
+    if read_only:
+        mount["readOnly"] = True
+    return mount
+
+
+def _container(w: Workload, env: list[dict], ports: list[dict], read_only_checkpoints: bool = False) -> dict:
+    env = env + [{"name": "CHECKPOINT_DIR", "value": CHECKPOINT_DIR}]
     container = {"name": CONTAINER, "image": w.image, "command": list(w.command), "env": env,
-                 "resources": _resources(w)}
+                 "resources": _resources(w), "volumeMounts": [checkpoint_mount(w, read_only_checkpoints)]}
     if w.args:
         container["args"] = list(w.args)
     if ports:
@@ -189,12 +230,13 @@ def training_job(w: Workload) -> dict:
 
     ``activeDeadlineSeconds`` = max_runtime (the Job fails DeadlineExceeded);
     multi-node pods get hostname ``<name>-<index>`` under subdomain ``<name>``
-    (the headless Service), which MASTER_ADDR names.
+    (the headless Service), which MASTER_ADDR names. Checkpoints: read-write
+    ``/checkpoints`` (``checkpoint_volume``).
     """
     env = _platform_env(w) + rendezvous_env(w)
     pod_spec = {"restartPolicy": "Never", "containers": [
         _container(w, env, [{"name": "rendezvous", "containerPort": w.master_port}] if w.nodes > 1 else [])
-    ], **_scheduling(w)}
+    ], "volumes": [checkpoint_volume(w)], **_scheduling(w)}
     if w.nodes > 1:
         pod_spec["subdomain"] = w.name
     return {
@@ -217,16 +259,20 @@ def headless_service(w: Workload) -> dict:
 
 
 def inference_deployment(w: Workload) -> dict:
-    """An apps/v1 Deployment of ``replicas`` pods serving on ``port`` (env PORT), ready once the port accepts TCP."""
+    """An apps/v1 Deployment of ``replicas`` pods serving on ``port`` (env PORT), ready once the port accepts TCP.
+
+    Checkpoints: ``/checkpoints`` read-only (``checkpoint_volume``).
+    """
     env = _platform_env(w) + [{"name": "PORT", "value": str(w.port)}]
-    container = _container(w, env, [{"name": "http", "containerPort": w.port}])
+    container = _container(w, env, [{"name": "http", "containerPort": w.port}], read_only_checkpoints=True)
     container["readinessProbe"] = {"tcpSocket": {"port": w.port}, "periodSeconds": 5, "failureThreshold": 3}
     return {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _metadata(w),
         "spec": {
             "replicas": w.replicas, "selector": {"matchLabels": dict(w.labels)},
             "template": {"metadata": {"labels": dict(w.labels)},
-                         "spec": {"containers": [container], **_scheduling(w)}},
+                         "spec": {"containers": [container], "volumes": [checkpoint_volume(w, read_only=True)],
+                                  **_scheduling(w)}},
         },
     }
 

@@ -54,7 +54,7 @@ def workload(attempt) -> m.Workload:
         gpu_product=attempt.node_pool.accelerator.product_label, provider=attempt.cluster.provider,
         spot=attempt.node_pool.capacity_type == "spot", max_runtime_seconds=job.max_runtime_seconds,
         replicas=int(spec.get("replicas") or 1), port=int(spec.get("port") or 8000),
-        master_port=settings.K8S_MASTER_PORT,
+        master_port=settings.K8S_MASTER_PORT, checkpoint_claim=settings.K8S_CHECKPOINT_CLAIM,
     )
 
 

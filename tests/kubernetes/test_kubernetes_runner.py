@@ -167,6 +167,55 @@ def test_it_selects_and_tolerates_spot_nodes_per_cloud_and_keeps_on_demand_work_
     assert not any(t.get("key") == key for t in od_pod["tolerations"])
 
 
+def _pod_specs(objs: list[dict]) -> list[dict]:
+    return [o["spec"]["template"]["spec"] for o in objs if o["kind"] in ("Job", "Deployment")]
+
+
+@pytest.mark.parametrize("claim", ["", "checkpoints"])
+@pytest.mark.parametrize("kind,nodes", [("training", 1), ("training", 3), ("inference", 1)])
+def test_it_mounts_checkpoints_from_the_claim_or_an_empty_dir_and_sets_checkpoint_dir(claim, kind, nodes):
+    objs = m.manifests(workload(kind=kind, nodes=nodes, checkpoint_claim=claim))
+    for obj in objs:
+        validate(obj)
+    (pod,) = _pod_specs(objs)
+    (volume,) = pod["volumes"]
+    read_only = kind == "inference"
+    if claim:
+        assert volume["persistentVolumeClaim"]["claimName"] == "checkpoints"
+        assert volume["persistentVolumeClaim"].get("readOnly", False) is read_only
+    else:
+        assert volume == {"name": "checkpoints", "emptyDir": {}}
+    for container in pod["containers"]:
+        assert {"name": "CHECKPOINT_DIR", "value": "/checkpoints"} in container["env"]
+        (mount,) = container["volumeMounts"]
+        assert mount["name"] == volume["name"] and mount["mountPath"] == "/checkpoints"
+        assert mount.get("readOnly", False) is read_only
+        assert mount.get("subPath") == ("job-7" if claim else None)
+
+
+def test_every_attempt_of_a_job_shares_its_checkpoint_subpath_and_other_jobs_do_not():
+    def subpath(**kw):
+        (pod,) = _pod_specs(m.manifests(workload(checkpoint_claim="checkpoints", **kw)))
+        return pod["containers"][0]["volumeMounts"][0]["subPath"]
+
+    first = subpath(name="job-7-1", attempt_id=11, attempt_number=1)
+    second = subpath(name="job-7-2", attempt_id=12, attempt_number=2)
+    assert first == second == "job-7"
+    assert subpath(name="job-8-1", job_id=8, attempt_id=13, attempt_number=1) == "job-8" != first
+
+
+def test_it_dispatches_with_the_checkpoint_claim_of_the_setting(fleet, submit, settings):
+    settings.K8S_CHECKPOINT_CLAIM = "team-checkpoints"
+    attempt = submit(nodes=2)
+    assert dispatch_attempt(attempt.pk) == "dispatched"
+    job = kubelet(fleet, attempt).job(attempt.pk)
+    validate(job)
+    pod = job["spec"]["template"]["spec"]
+    assert pod["volumes"] == [{"name": "checkpoints", "persistentVolumeClaim": {"claimName": "team-checkpoints"}}]
+    assert pod["containers"][0]["volumeMounts"] == [
+        {"name": "checkpoints", "mountPath": "/checkpoints", "subPath": f"job-{attempt.job_id}"}]
+
+
 # --- placement, dispatch, end reasons -------------------------------------------------------------------------
 
 
