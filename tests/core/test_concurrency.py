@@ -261,7 +261,8 @@ def test_quota_capacity_and_budget_hold_under_concurrent_submitters_and_schedule
     assert len(finished) > 0
     for team in teams:
         assert Job.objects.filter(team=team, state__in=[S.ADMITTED, S.SUCCEEDED]).exists()
-        assert Job.objects.filter(team=team, state=S.QUEUED).exists()
+        # Some job of the team had to wait (how many still wait at the end depends on timing).
+        assert JobEvent.objects.filter(job__team=team, kind="waiting").exists()
     reasons = {e.data.get("reason") for e in JobEvent.objects.filter(kind="waiting")}
     assert {"quota", "budget", "capacity"} <= reasons, reasons
     connection.close()
