@@ -460,7 +460,20 @@ def schedule_coalesced() -> PassResult | None:
     submitted while it ran, and the periodic pass catches any left). Without
     PostgreSQL (SQLite, one worker) it simply runs one pass. Correctness
     never depends on this lock: ``try_admit`` holds its own row locks.
+
+    First it clears the Redis flag ``controlplane:schedule-pending`` (see
+    ``jobs.tasks.publish_schedule``), *before* reading the queue. Ordering
+    argument: a submission whose ``SET NX`` fails found the flag set; its job
+    committed before that SET, so before the DELETE that clears this
+    particular flag value, and that DELETE is followed by this pass's read of
+    the queue, which therefore sees the job. A submission arriving after the
+    DELETE sets the flag anew and publishes its own pass. A lost task leaves
+    the flag for at most 30 s (its expiry); meanwhile the periodic pass
+    (every 10 s) admits the jobs.
     """
+    from .tasks import clear_schedule_flag
+
+    clear_schedule_flag()
     if connection.vendor != "postgresql":
         return schedule_pending()
     with connection.cursor() as cursor:

@@ -20,9 +20,71 @@ from .models import JobAttempt, JobState
 log = logging.getLogger(__name__)
 
 
+#: Redis key (on the broker's Redis) that says "a scheduling pass is published and has not started yet".
+SCHEDULE_PENDING_KEY = "controlplane:schedule-pending"
+#: Seconds the flag lives at most: bounds how long a lost task can suppress publishes
+#: (the periodic pass, every 10 s, is the safety net meanwhile).
+SCHEDULE_PENDING_TTL = 30
+
+_redis_client = None
+_redis_url = None
+
+
+def schedule_flag_client():
+    """The broker's Redis (a cached ``redis.Redis``), or None when the broker is not Redis.
+
+    The URL is the Celery app's ``broker_url``, i.e. ``settings.CELERY_BROKER_URL``
+    (read by the app), so the flag lives where the tasks are published even
+    when a test repoints the app. Cached per process and per URL.
+    """
+    global _redis_client, _redis_url
+    from controlplane.celery import app
+
+    url = str(app.conf.broker_url or "")
+    if not url.startswith(("redis://", "rediss://")):
+        return None
+    if _redis_client is None or _redis_url != url:
+        import redis
+
+        _redis_client, _redis_url = redis.Redis.from_url(url), url
+    return _redis_client
+
+
+def publish_schedule() -> bool:
+    """Publish a scheduling pass unless one is already published and not yet started; True when published.
+
+    With a Redis broker, ``SET controlplane:schedule-pending NX EX 30`` decides:
+    only the caller that sets the flag publishes. The pass clears the flag
+    (``jobs.scheduler.schedule_coalesced``) *before* it reads the queue, so a
+    job committed before a failed SET NX is read by the pass that clears the
+    flag afterwards (see there). Any other broker, or a Redis error, publishes
+    every time: coalescing only saves work, it never decides correctness.
+    """
+    client = schedule_flag_client()
+    if client is not None:
+        try:
+            if not client.set(SCHEDULE_PENDING_KEY, "1", nx=True, ex=SCHEDULE_PENDING_TTL):
+                return False
+        except Exception:  # noqa: BLE001 - Redis down: publish (the publish itself will report broker trouble)
+            log.warning("schedule flag: Redis error; publishing anyway", exc_info=True)
+    schedule_pending.delay()
+    return True
+
+
+def clear_schedule_flag() -> None:
+    """Clear the "pass published" flag; called by the pass before it reads the queue."""
+    client = schedule_flag_client()
+    if client is None:
+        return
+    try:
+        client.delete(SCHEDULE_PENDING_KEY)
+    except Exception:  # noqa: BLE001 - the flag expires by itself within SCHEDULE_PENDING_TTL
+        log.warning("schedule flag: Redis error on delete", exc_info=True)
+
+
 def enqueue_schedule() -> None:
-    """Run a scheduling pass after the current transaction commits."""
-    transaction.on_commit(lambda: schedule_pending.delay())
+    """Run a scheduling pass after the current transaction commits (coalesced on a Redis broker)."""
+    transaction.on_commit(publish_schedule)
 
 
 def enqueue_dispatch(attempt_id: int) -> None:
