@@ -80,6 +80,22 @@ def teams(db):
 
 
 @pytest.fixture
+def alpha(teams):
+    return teams[0]
+
+
+@pytest.fixture
+def beta(teams):
+    return teams[1]
+
+
+@pytest.fixture
+def user(alpha):
+    """The alpha team's admin, as a plain user (no API client)."""
+    return make_persona("owner", alpha, "admin").user
+
+
+@pytest.fixture
 def owner(teams):
     return make_persona("owner", teams[0], "admin")
 

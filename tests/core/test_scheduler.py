@@ -17,27 +17,11 @@ from jobs.scheduler import schedule_pending
 from jobs.states import transition
 from quotas.models import Budget, Quota
 from runners.models import Cluster
-from tests.conftest import make_persona
 
 S = JobState
 D = Decimal
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def alpha(teams):
-    return teams[0]
-
-
-@pytest.fixture
-def beta(teams):
-    return teams[1]
-
-
-@pytest.fixture
-def user(alpha):
-    return make_persona("owner", alpha, "admin").user
 
 
 @pytest.fixture

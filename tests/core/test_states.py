@@ -39,6 +39,26 @@ EXPECTED_EDGES = {
     ("RECOVERING", "CANCELLING"),
     ("CANCELLING", "CANCELLED"),
 }
+
+
+def assert_event_chains_valid(jobs) -> dict[int, list]:
+    """Each job's events form one chain: every event starts where the previous ended, every state event is an
+    edge of EXPECTED_EDGES, and the last one ends in the job's current state. Returns the chains by job id."""
+    from collections import defaultdict
+
+    from jobs.models import JobEvent
+
+    events = defaultdict(list)
+    for event in JobEvent.objects.order_by("id"):
+        events[event.job_id].append(event)
+    for job in jobs:
+        chain = events[job.pk]
+        for before, after in zip(chain, chain[1:]):
+            assert after.from_state == before.to_state, (job, [(e.kind, e.from_state, e.to_state) for e in chain])
+            if after.kind == "state":
+                assert (after.from_state, after.to_state) in EXPECTED_EDGES
+        assert chain[-1].to_state == job.state
+    return events
 ALL_STATES = ["QUEUED", "ADMITTED", "STARTING", "RUNNING", "RECOVERING", "CANCELLING",
               "SUCCEEDED", "FAILED", "CANCELLED", "REJECTED"]
 FINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "REJECTED"}

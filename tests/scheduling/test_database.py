@@ -20,21 +20,6 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def alpha(teams):
-    return teams[0]
-
-
-@pytest.fixture
-def beta(teams):
-    return teams[1]
-
-
-@pytest.fixture
-def user(alpha):
-    return make_persona("owner", alpha, "admin").user
-
-
-@pytest.fixture
 def staff(db):
     persona = make_persona("staff")
     persona.user.is_staff = True

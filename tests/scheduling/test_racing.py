@@ -27,13 +27,13 @@ from django.db import connection, transaction
 from django.db.models import Count, Q, Sum
 
 from jobs.lifecycle import end_attempt, mark_started, submit_job
-from jobs.models import ACTIVE_STATES, Job, JobAttempt, JobEvent, JobState
+from jobs.models import ACTIVE_STATES, Job, JobAttempt, JobState
 from jobs.scheduler import schedule_pending
 from jobs.states import StaleState, transition
 from quotas.models import Quota, Team
 from runners.models import NodePool
 from tests.core.test_concurrency import PROCESS_SCRIPT, REPO, database_url
-from tests.core.test_states import EXPECTED_EDGES
+from tests.core.test_states import assert_event_chains_valid
 
 S = JobState
 QUOTAS = {"alpha": (8, 8, None), "beta": (8, 8, 4), "gamma": (4, 12, None)}  # nominal, borrowing, lending
@@ -147,16 +147,7 @@ def test_two_racing_schedulers_never_overdraw_a_quota_a_cohort_or_a_pool(catalog
     assert [v for v in snapshots if v] == []
     assert violations() == []
 
-    events = defaultdict(list)
-    for event in JobEvent.objects.order_by("id"):
-        events[event.job_id].append(event)
-    for job in Job.objects.all():
-        chain = events[job.pk]
-        for before, after in zip(chain, chain[1:]):
-            assert after.from_state == before.to_state, (job, [(e.kind, e.from_state, e.to_state) for e in chain])
-            if after.kind == "state":
-                assert (after.from_state, after.to_state) in EXPECTED_EDGES
-        assert chain[-1].to_state == job.state
+    assert_event_chains_valid(Job.objects.all())
     assert Job.objects.filter(state__in=[S.ADMITTED, S.SUCCEEDED]).count() > 5
     assert Job.objects.filter(state=S.QUEUED).exists()
     connection.close()
