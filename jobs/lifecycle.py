@@ -56,13 +56,15 @@ def end_attempt(job: Job, attempt: JobAttempt, to_state: str, *, reason: str, en
     """
     now = timezone.now()
     with transaction.atomic():
+        # Job row first, then the attempt: the one lock order of every lifecycle change and of the
+        # scheduler, so two of them can never deadlock on a job and its attempt.
+        transition(job, to_state, reason=reason, actor=actor, attempt=attempt,
+                   data={"end_reason": end_reason, "exit_code": exit_code})
         updated = JobAttempt.objects.filter(pk=attempt.pk, ended_at__isnull=True).update(
             ended_at=now, end_reason=end_reason, exit_code=exit_code, message=message[:4000]
         )
         if updated:
             attempt.ended_at, attempt.end_reason, attempt.exit_code = now, end_reason, exit_code
-        transition(job, to_state, reason=reason, actor=actor, attempt=attempt,
-                   data={"end_reason": end_reason, "exit_code": exit_code})
     from costs.tasks import enqueue_final_accrual
 
     from .tasks import enqueue_schedule
@@ -75,11 +77,12 @@ def end_attempt(job: Job, attempt: JobAttempt, to_state: str, *, reason: str, en
 def mark_started(job: Job, attempt: JobAttempt, runner_state: dict) -> Job:
     """Record that ``attempt``'s objects exist (billing starts now) and move ADMITTED -> STARTING."""
     with transaction.atomic():
-        # One UPDATE: started_at keeps its first value (a repeated dispatch does not move billing's start).
+        transition(job, S.STARTING, reason=f"objects created on {attempt.cluster.name}", attempt=attempt)
+        # One UPDATE, after the job's (lock order: job, then attempt); started_at keeps its first
+        # value, so a repeated dispatch does not move billing's start.
         JobAttempt.objects.filter(pk=attempt.pk).update(
             started_at=Coalesce(F("started_at"), Value(timezone.now(), output_field=DateTimeField())),
             runner_state=runner_state)
-        transition(job, S.STARTING, reason=f"objects created on {attempt.cluster.name}", attempt=attempt)
     return job
 
 
@@ -190,15 +193,18 @@ def preempt_attempt(job: Job, attempt: JobAttempt, *, reason: str, actor=None) -
     from .tasks import enqueue_delete_attempt
 
     now = timezone.now()
+    before = job.state
     with transaction.atomic():
+        # Job row first, then the attempt (the lock order of every lifecycle change).
+        transition(job, S.RECOVERING, reason=reason, actor=actor, attempt=attempt,
+                   data={"end_reason": JobAttempt.EndReason.PREEMPTED})
         updated = JobAttempt.objects.filter(pk=attempt.pk, ended_at__isnull=True).update(
             ended_at=now, end_reason=JobAttempt.EndReason.PREEMPTED, message=reason[:4000]
         )
-        if not updated:
-            raise StaleState(job.pk, job.state)
+        if not updated:  # the attempt ended meanwhile: roll the transition back
+            job.state = before
+            raise StaleState(job.pk, before)
         attempt.ended_at, attempt.end_reason = now, JobAttempt.EndReason.PREEMPTED
-        transition(job, S.RECOVERING, reason=reason, actor=actor, attempt=attempt,
-                   data={"end_reason": JobAttempt.EndReason.PREEMPTED})
         enqueue_delete_attempt(attempt.pk)
     from costs.tasks import enqueue_final_accrual
 
