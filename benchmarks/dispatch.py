@@ -5,9 +5,10 @@ created batch/v1 Jobs by 2 real ``celery worker`` processes (one process
 each, ``-P solo``) over Redis; the rate is jobs whose objects exist (attempt
 started, job STARTING) per second of wall time from the first enqueue to the
 last start. Goal: 200/s.
-(b) reconcile: one ``jobs.reconcile.reconcile_cluster`` pass over each of
-``--clusters`` clusters (default 10) holding ``--attempts`` RUNNING attempts
-in all (default 10,000), the emulators pre-filled with one Job and one Running
+(b) reconcile: one ``jobs.reconcile.reconcile_clusters`` pass (clusters
+looked at concurrently, as in ``reconcile_all``) over ``--clusters``
+clusters (default 10) holding ``--attempts`` RUNNING attempts in all
+(default 10,000), the emulators pre-filled with one Job and one Running
 pod per attempt. Goal: under 2 s for the whole pass.
 
 The emulators (``tests/kubernetes/emulators.py``) run in a child process, so
@@ -201,16 +202,17 @@ def dispatch_phase(env: dict, attempt_ids: list[int], timeout: float) -> dict:
 
 
 def reconcile_phase(clusters: list[str], passes: int) -> dict:
-    """``passes`` reconcile passes over ``clusters``; the seconds of each (the first has cold clients)."""
+    """``passes`` reconcile passes over ``clusters`` (``reconcile_clusters``: what the periodic ``reconcile_all`` runs,
+    less the dispatch cluster); the seconds of each (the first has cold clients)."""
     from jobs.models import Job, JobState
-    from jobs.reconcile import reconcile_cluster
+    from jobs.reconcile import reconcile_clusters
     from runners.models import Cluster
 
     rows = list(Cluster.objects.filter(name__in=clusters))
     times, observed = [], 0
     for _ in range(passes):
         started = time.monotonic()
-        observed = sum(reconcile_cluster(cluster)["observed"] for cluster in rows)
+        observed = sum(result["observed"] for result in reconcile_clusters(rows))
         times.append(round(time.monotonic() - started, 3))
     still_running = Job.objects.filter(current_attempt__cluster__in=rows, state=JobState.RUNNING).count()
     return {"reconcile_attempts": observed, "reconcile_still_running": still_running, "reconcile_pass_seconds": times}

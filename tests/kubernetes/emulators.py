@@ -88,6 +88,31 @@ class Emulators:
     def requests(self, name: str) -> list:
         return list(self.handlers[name])  # the handler iterates over the requests it served
 
+    def hold(self, name: str) -> "Gate":
+        """From now on, hold every request to ``name`` unanswered until the returned gate's ``release()``."""
+        gate = Gate(self.loop)
+        self.fronts[name].gate = gate
+        return gate
+
+
+class Gate:
+    """A slow API server: requests wait (on the emulators' loop) until ``release()``; ``waiting`` counts them."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.event = asyncio.Event()
+        self.waiting = 0
+
+    async def wait(self) -> None:
+        self.waiting += 1
+        try:
+            await self.event.wait()
+        finally:
+            self.waiting -= 1
+
+    def release(self) -> None:
+        self.loop.call_soon_threadsafe(self.event.set)
+
 
 class Namespaces:
     """Serves the cluster-scoped ``/api/v1/namespaces`` collection in front of the emulator.
@@ -101,12 +126,17 @@ class Namespaces:
     def __init__(self, emulator: kmock.KubernetesEmulator):
         self.emulator = emulator
         self.namespaces: dict[str, dict] = {}
+        self.namespace_creates = 0  # POSTs to the namespaces collection, answered 201 or 409
+        self.gate: Gate | None = None  # set by ``Emulators.hold``
 
     async def __call__(self, request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        if self.gate is not None:
+            await self.gate.wait()
         parts = request.path.strip("/").split("/")
         if parts[:3] != ["api", "v1", "namespaces"] or len(parts) > 4:
             return await self.emulator(request)
         if request.method == "POST" and len(parts) == 3:
+            self.namespace_creates += 1
             body = await request.json()
             name = body["metadata"]["name"]
             if name in self.namespaces:

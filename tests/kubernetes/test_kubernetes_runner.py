@@ -573,21 +573,12 @@ def test_reconcile_of_attempts_that_stay_running_costs_a_constant_number_of_quer
     assert many[1] == few[1]
 
 
-def test_dispatch_creates_a_team_namespace_once_per_cluster_client(fleet, submit, monkeypatch):
+def test_dispatch_creates_a_team_namespace_once_per_cluster_client(fleet, submit):
     """The namespace create (409 after the first) is skipped once the cluster's client saw the namespace exist."""
-    from runners.kubernetes.client import ClusterClient
-
-    creates = []
-    real_call = ClusterClient.call
-
-    def counting_call(self, fn, *args, **kwargs):
-        if getattr(fn, "__name__", "") == "create_namespace":
-            creates.append(kwargs["body"]["metadata"]["name"])
-        return real_call(self, fn, *args, **kwargs)
-
-    monkeypatch.setattr(ClusterClient, "call", counting_call)
+    emulators, _ = fleet
     only_aws = {"clusters": ["aws-use1"]}
     for _ in range(3):
         assert dispatch_attempt(submit(placement=only_aws).pk) == "dispatched"
-    assert creates == ["cp-alpha"]
+    assert emulators.fronts["aws-use1"].namespace_creates == 1
+    assert list(emulators.fronts["aws-use1"].namespaces) == ["cp-alpha"]
     assert len(kubelet(fleet, load(Job.objects.filter(state=S.STARTING).first().current_attempt_id)).jobs()) == 3
