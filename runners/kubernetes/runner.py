@@ -8,10 +8,15 @@ selector, and maps Jobs, Deployments and Pods to attempts through the
 
 from __future__ import annotations
 
+import codecs
 import datetime as dt
 import logging
+import threading
+import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+
+import urllib3
 
 from django.conf import settings
 from django.utils import timezone
@@ -413,6 +418,59 @@ class KubernetesBackend(Backend):
         return answer.data.decode("utf-8", "replace")
 
 
+    def follow_logs(self, attempt, node: int = 0, tail_lines: int = 200, *, max_seconds: float | None = None,
+                    poll_seconds: float | None = None) -> Iterator[str]:
+        """Stream node ``node``'s log: one ``follow=true`` read of the ``main`` container (tail, then each new line).
+
+        Yields ``""`` once the pod lookup answered (raises ClusterUnreachable
+        before that), then chunks of complete lines as the API server sends
+        them, and the last partial line at the end. Ends when the API server
+        ends the stream (the container exited, the pod went away), after
+        ``max_seconds`` (default ``settings.LOG_FOLLOW_MAX_SECONDS``; a timer
+        shuts the socket down, so a quiet container cannot hold it longer), or
+        when the cluster stops answering. While the pod or its container does
+        not exist yet (HTTP 404/400) it looks again every ``poll_seconds``
+        (default ``LOG_FOLLOW_POLL_SECONDS``) until the attempt ends.
+        """
+        max_seconds = float(settings.LOG_FOLLOW_MAX_SECONDS if max_seconds is None else max_seconds)
+        poll = float(settings.LOG_FOLLOW_POLL_SECONDS if poll_seconds is None else poll_seconds)
+        deadline = time.monotonic() + max_seconds
+        c = client_for(attempt.cluster)
+        namespace = team_namespace(attempt.job.team.slug)
+        pod = pod_of_node(self._pods(c, namespace, attempt.pk), node)  # ClusterUnreachable here is the caller's 503
+        yield ""
+        while True:
+            try:
+                if pod is not None:
+                    stream = self._open_log_stream(c, namespace, pod["metadata"]["name"], tail_lines,
+                                                   deadline - time.monotonic())
+                    if stream is not None:
+                        yield from _stream_lines(stream, deadline)
+                        return
+                if time.monotonic() + poll >= deadline or self.attempt_finished(attempt):
+                    return
+                time.sleep(poll)
+                pod = pod_of_node(self._pods(c, namespace, attempt.pk), node)
+            except ClusterUnreachable as exc:
+                log.info("log follow of %s ended: %s", attempt.object_name, exc)
+                return
+
+    def _open_log_stream(self, c: ClusterClient, namespace: str, pod: str, tail_lines: int,
+                         seconds: float) -> urllib3.BaseHTTPResponse | None:
+        """The raw ``follow=true`` log answer of ``pod``'s main container, reading for at most ``seconds``;
+        None while the container has not started (400) or the pod is gone (404). Raises ClusterUnreachable."""
+        if seconds <= 0:
+            return None
+        try:
+            return c.call(c.core.read_namespaced_pod_log, pod, namespace, container=m.CONTAINER, follow=True,
+                          tail_lines=max(0, tail_lines), _preload_content=False,
+                          _request_timeout=(c.timeouts[0], seconds))
+        except ApiError as exc:
+            if exc.status in (400, 404):
+                return None
+            raise ClusterUnreachable(f"following the log of {pod}: {exc}") from exc
+
+
     def attempt_finished(self, attempt) -> bool:
         """Whether ``attempt`` ended in the database, or every pod of it finished (one pod LIST by label, not a full observe).
 
@@ -459,6 +517,43 @@ def pod_of_node(pods: list[dict], node: int) -> dict | None:
         return indexed[str(node)]
     ordered = sorted(pods, key=lambda p: p["metadata"].get("name", ""))
     return ordered[node] if 0 <= node < len(ordered) and None in indexed else None
+
+
+def _stream_lines(answer: urllib3.BaseHTTPResponse, deadline: float) -> Iterator[str]:
+    """Text of a streamed answer as it arrives, cut after its last newline (the rest waits for its end); ends at EOF,
+    on a read error or at ``deadline`` (``time.monotonic()``), when a timer shuts the socket down. Releases it."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    timer = threading.Timer(max(deadline - time.monotonic(), 0), _shutdown, args=(answer,))
+    timer.daemon = True
+    timer.start()
+    pending = ""
+    try:
+        while time.monotonic() < deadline:
+            try:
+                data = answer.read1(65536)
+            except (urllib3.exceptions.HTTPError, OSError, ValueError):
+                break  # timed out, shut down at the deadline, or the connection dropped
+            if not data:
+                break
+            pending += decoder.decode(data)
+            cut = pending.rfind("\n") + 1
+            if cut:
+                yield pending[:cut]
+                pending = pending[cut:]
+        pending += decoder.decode(b"", final=True)
+        if pending:
+            yield pending
+    finally:
+        timer.cancel()
+        answer.close()  # a follow stream is never reused: close its connection instead of returning it to the pool
+
+
+def _shutdown(answer: urllib3.BaseHTTPResponse) -> None:
+    """Unblock a read of ``answer`` waiting in another thread (urllib3 ``HTTPResponse.shutdown``)."""
+    try:
+        answer.shutdown()
+    except (ValueError, RuntimeError, OSError):
+        pass  # already closed or released: nothing is blocked on it
 
 
 def _json(answer) -> dict:
