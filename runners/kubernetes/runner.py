@@ -15,6 +15,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
+from urllib.parse import quote
 
 import urllib3
 
@@ -61,6 +62,12 @@ def workload(attempt) -> m.Workload:
         replicas=int(spec.get("replicas") or 1), port=int(spec.get("port") or 8000),
         master_port=settings.K8S_MASTER_PORT, checkpoint_claim=settings.K8S_CHECKPOINT_CLAIM,
     )
+
+
+# Collection paths of the kinds dispatch creates, by kind (Kubernetes API reference: "HTTP request" of each create).
+_COLLECTIONS = {"Job": "/apis/batch/v1/namespaces/{namespace}/jobs",
+                "Deployment": "/apis/apps/v1/namespaces/{namespace}/deployments",
+                "Service": "/api/v1/namespaces/{namespace}/services"}
 
 
 def _api(c: ClusterClient, kind: str):
@@ -272,18 +279,17 @@ class KubernetesBackend(Backend):
         if w.namespace in c.namespaces:
             return
         try:
-            c.call(c.core.create_namespace, body=m.namespace(w.namespace, w.team), _preload_content=False).data
+            c.create("/api/v1/namespaces", m.namespace(w.namespace, w.team))
         except ApiError as exc:
             if exc.status != 409:
                 raise _dispatch_error(exc, f"creating namespace {w.namespace}") from exc
         c.namespaces.add(w.namespace)
 
     def _create(self, c: ClusterClient, w: m.Workload, manifest: dict) -> None:
-        create, read, _, _ = _api(c, manifest["kind"])
+        _, read, _, _ = _api(c, manifest["kind"])
         what = f"creating {manifest['kind']} {w.namespace}/{w.name}"
         try:
-            # Read the body: an unread raw answer keeps its connection out of the pool (a new TCP connection per call).
-            c.call(create, w.namespace, manifest, _preload_content=False).data
+            c.create(_COLLECTIONS[manifest["kind"]].format(namespace=quote(w.namespace, safe="")), manifest)
             return
         except ApiError as exc:
             if exc.status == 404 and w.namespace in c.namespaces:
