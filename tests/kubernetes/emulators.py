@@ -23,10 +23,18 @@ RESOURCES = ["v1/namespaces", "v1/services", "v1/pods", "v1/nodes", "batch/v1/jo
 
 
 class Emulators:
-    """``names`` emulated clusters; ``url(name)``, ``stop(name)``/``start(name)`` (an outage on the same port)."""
+    """``names`` emulated clusters; ``url(name)``, ``stop(name)``/``start(name)`` (an outage on the same port).
 
-    def __init__(self, names: list[str]):
+    ``forget_requests``: drop each emulator's request history whenever no
+    request is in flight (tests keep it for assertions). kmock matches every
+    new request by filtering its whole history once per built-in reaction, so
+    an emulator that serves thousands of requests (a benchmark) slows with
+    each one unless it forgets them.
+    """
+
+    def __init__(self, names: list[str], forget_requests: bool = False):
         self.names = names
+        self.forget_requests = forget_requests
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.handlers: dict[str, kmock.KubernetesEmulator] = {}
@@ -56,7 +64,7 @@ class Emulators:
             handler.resources[resource] = {}
         await handler.__aenter__()
         self.handlers[name] = handler
-        self.fronts[name] = Namespaces(handler)
+        self.fronts[name] = Namespaces(handler, self.forget_requests)
         await self._serve(name)
 
     async def _serve(self, name: str) -> None:
@@ -123,8 +131,10 @@ class Namespaces:
     GET of one or all); every other request goes to the KubernetesEmulator.
     """
 
-    def __init__(self, emulator: kmock.KubernetesEmulator):
+    def __init__(self, emulator: kmock.KubernetesEmulator, forget_requests: bool = False):
         self.emulator = emulator
+        self.forget_requests = forget_requests
+        self.in_flight = 0
         self.namespaces: dict[str, dict] = {}
         self.namespace_creates = 0  # POSTs to the namespaces collection, answered 201 or 409
         self.gate: Gate | None = None  # set by ``Emulators.hold``
@@ -134,7 +144,13 @@ class Namespaces:
             await self.gate.wait()
         parts = request.path.strip("/").split("/")
         if parts[:3] != ["api", "v1", "namespaces"] or len(parts) > 4:
-            return await self.emulator(request)
+            self.in_flight += 1
+            try:
+                return await self.emulator(request)
+            finally:
+                self.in_flight -= 1
+                if self.forget_requests and not self.in_flight:
+                    self.emulator._requests.clear()  # none is being matched: nothing still needs its history
         if request.method == "POST" and len(parts) == 3:
             self.namespace_creates += 1
             body = await request.json()
