@@ -18,9 +18,12 @@ from rest_framework import serializers
 from rest_framework.settings import api_settings
 from rest_framework.utils.serializer_helpers import ReturnDict
 
-from controlplane.api import INT32_MAX, StrictBooleanField, StrictCharField, StrictIntegerField
+from django.contrib.auth import get_user_model
+
+from controlplane.api import INT32_MAX, SharedFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
+from controlplane.lookups import LookupCache
 from quotas.models import Membership, Team, priority_classes
-from runners.models import Accelerator, Cluster
+from runners.models import Accelerator, Cluster, NodePool
 
 from .models import PRIORITY_CLASSES, Job
 
@@ -33,6 +36,10 @@ IMAGE_MAX_LENGTH = 512
 SUBMIT_ROLES = (Membership.Role.ADMIN, Membership.Role.MEMBER)
 INFERENCE_ONLY = ("replicas", "port")
 INFERENCE_DEFAULT_PORT = 8000
+
+# Rows every submission reads, cached per process for settings.LOOKUP_CACHE_SECONDS (controlplane.lookups).
+ACCELERATORS = LookupCache("accelerators").invalidate_on(Accelerator, NodePool)
+MEMBERSHIPS = LookupCache("memberships").invalidate_on(Membership, Team, get_user_model())
 
 
 def flatten_errors(detail, prefix: str = "") -> dict[str, list[str]]:
@@ -167,7 +174,7 @@ class StrictSerializer(serializers.Serializer):
 
 # --- The job spec.
 
-class ResourcesSerializer(StrictSerializer):
+class ResourcesSerializer(SharedFieldsMixin, StrictSerializer):
     """``spec.resources``: accelerator name, GPUs per node, nodes; optional CPU cores and memory (GiB) per node."""
 
     accelerator = StrictCharField()
@@ -178,8 +185,8 @@ class ResourcesSerializer(StrictSerializer):
 
     def validate_accelerator(self, value: str) -> Accelerator:
         # One query: the accelerator and the largest node pool offering it (read again by ``validate``).
-        accelerator = Accelerator.objects.filter(name=value).annotate(
-            largest_pool_gpus=Max("node_pools__gpus_per_node")).first()
+        accelerator = ACCELERATORS.get(value, lambda: Accelerator.objects.filter(name=value).annotate(
+            largest_pool_gpus=Max("node_pools__gpus_per_node")).first())
         if accelerator is None:
             known = ", ".join(Accelerator.objects.values_list("name", flat=True))
             raise serializers.ValidationError(f'unknown accelerator "{value}"; known: {known or "none"}')
@@ -200,7 +207,7 @@ class ResourcesSerializer(StrictSerializer):
         return attrs
 
 
-class PlacementSerializer(StrictSerializer):
+class PlacementSerializer(SharedFieldsMixin, StrictSerializer):
     """``spec.placement``: allowed providers (Cluster.Provider values), regions and cluster names; empty means any."""
 
     providers = StringListField(choices=Cluster.Provider.values, required=False, default=list)
@@ -212,13 +219,14 @@ class PriorityClassField(serializers.ChoiceField):
     """A priority class name from the ``quotas.PriorityClass`` table, read when the spec is validated."""
 
     def to_internal_value(self, data):
+        # Read per call, and without storing anything on the field: it is shared between requests.
         names = list(priority_classes())
-        self.choices = names
-        self.error_messages["invalid_choice"] = f'unknown priority "{{input}}"; one of {", ".join(names)}'
-        return super().to_internal_value(data)
+        if isinstance(data, str) and data in names:
+            return data
+        raise serializers.ValidationError(f'unknown priority "{data}"; one of {", ".join(names)}', code="invalid_choice")
 
 
-class JobSpecSerializer(StrictSerializer):
+class JobSpecSerializer(SharedFieldsMixin, StrictSerializer):
     """``spec``: what to run (image, command, args, env), on what (resources), how (priority, limits, placement).
 
     ``max_runtime_seconds`` is required: it bounds the cost estimate that
@@ -254,7 +262,7 @@ class JobSpecSerializer(StrictSerializer):
         return super().to_internal_value(data)
 
 
-class JobSubmissionSerializer(StrictSerializer):
+class JobSubmissionSerializer(SharedFieldsMixin, StrictSerializer):
     """A job submission: ``{"team", "name", "kind", "spec"}`` as in ``examples/jobs/*.yaml``.
 
     Validation needs ``context["request"]`` (the submitter). ``team`` must be
@@ -282,9 +290,10 @@ class JobSubmissionSerializer(StrictSerializer):
         user = self.context["request"].user
         role = None
         if user.is_staff:
-            team = Team.objects.filter(slug=slug).first()
+            team = MEMBERSHIPS.get(("staff", slug), lambda: Team.objects.filter(slug=slug).first())
         else:  # one query: the membership with its team (none: unknown team, or not a member)
-            membership = Membership.objects.select_related("team").filter(team__slug=slug, user=user).first()
+            membership = MEMBERSHIPS.get((user.pk, slug), lambda: Membership.objects.select_related("team").filter(
+                team__slug=slug, user=user).first())
             team, role = (membership.team, membership.role) if membership is not None else (None, None)
         if team is None:
             raise serializers.ValidationError(f'unknown team "{slug}", or you are not a member of it')

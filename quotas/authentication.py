@@ -1,25 +1,40 @@
 """``Authorization: Token <key>`` authentication against hashed ApiToken rows."""
 
+from django.contrib.auth import get_user_model
 from django.utils import timezone
 from rest_framework import exceptions
 from rest_framework.authentication import TokenAuthentication
 
+from controlplane.lookups import LookupCache
+
 from .models import ApiToken
+
+# Digest -> ApiToken with its user; see controlplane.lookups for how stale an entry may be.
+TOKENS = LookupCache("api-tokens").invalidate_on(ApiToken, get_user_model())
+TOUCH_EVERY_SECONDS = 60
 
 
 class ApiTokenAuthentication(TokenAuthentication):
-    """DRF token authentication where only the SHA-256 digest of each key is stored."""
+    """DRF token authentication where only the SHA-256 digest of each key is stored.
+
+    Raises AuthenticationFailed (401) for an unknown, expired or inactive
+    user's token. A valid token is cached per process for
+    ``settings.LOOKUP_CACHE_SECONDS``; expiry is checked on every request.
+    """
 
     keyword = "Token"
 
     def authenticate_credentials(self, key: str):
-        token = ApiToken.objects.select_related("user").filter(digest=ApiToken.hash_key(key)).first()
+        digest = ApiToken.hash_key(key)
+        token = TOKENS.get(digest, lambda: ApiToken.objects.select_related("user").filter(digest=digest).first())
         if token is None or token.is_expired():
             raise exceptions.AuthenticationFailed("Invalid or expired token.")
         if not token.user.is_active:
             raise exceptions.AuthenticationFailed("User inactive or deleted.")
         # Touch at most once a minute, so a busy client does not write on every request.
         now = timezone.now()
-        if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
+        last = token.last_used_at
+        if last is None or (now - last).total_seconds() > TOUCH_EVERY_SECONDS:
+            token.last_used_at = now  # the cached copy too, so other requests do not write again
             ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         return token.user, token

@@ -10,6 +10,8 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
+from controlplane.lookups import LookupCache
+
 
 def scope_to_teams(queryset, user, team_field: str = "team"):
     """The rows of ``queryset`` whose team (reached by ``team_field``) has ``user`` as a member; all rows for staff.
@@ -242,15 +244,18 @@ class PriorityClass(models.Model):
         return f"{self.name} ({self.value})"
 
 
+PRIORITY_CLASS_CACHE = LookupCache("priority-classes").invalidate_on(PriorityClass)
+
+
 def priority_classes() -> dict[str, int]:
     """Priority class names and values from the PriorityClass table; ``jobs.models.PRIORITY_CLASSES`` if it is empty.
 
     The fallback keeps job submission working on a database whose seeded rows
     were flushed (test databases of transactional tests).
     """
-    rows = dict(PriorityClass.objects.values_list("name", "value"))
+    rows = PRIORITY_CLASS_CACHE.get("all", lambda: dict(PriorityClass.objects.values_list("name", "value")) or None)
     if rows:
-        return rows
+        return dict(rows)
     from jobs.models import PRIORITY_CLASSES
 
     return dict(PRIORITY_CLASSES)

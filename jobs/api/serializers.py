@@ -9,14 +9,14 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from controlplane.api import UsdCentsField
+from controlplane.api import SharedFieldsMixin, UsdCentsField
 
 from ..models import PRIORITY_CLASSES, Job, JobAttempt, JobEvent
 
 PRIORITY_NAMES = {value: name for name, value in PRIORITY_CLASSES.items()}
 
 
-class AttemptSummarySerializer(serializers.ModelSerializer):
+class AttemptSummarySerializer(SharedFieldsMixin, serializers.ModelSerializer):
     """The current attempt in a job view: number, where it runs, when, and why it ended."""
 
     cluster = serializers.CharField(source="cluster.name", read_only=True)
@@ -57,7 +57,7 @@ class JobEventSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class JobSerializer(serializers.ModelSerializer):
+class JobSerializer(SharedFieldsMixin, serializers.ModelSerializer):
     """A job as the API shows it.
 
     ``queue_info`` says why a QUEUED job waits (``{"reason": "quota" |
