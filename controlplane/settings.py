@@ -126,6 +126,11 @@ REST_FRAMEWORK = {
     "COERCE_DECIMAL_TO_STRING": True,
 }
 
+# Seconds the API keeps the rows every request reads (token and user, membership, accelerator, priority
+# classes) in each process; changes made in that process clear them at once, other processes see them
+# within this time. 0 turns the caches off. See controlplane/lookups.py.
+LOOKUP_CACHE_SECONDS = env.float("LOOKUP_CACHE_SECONDS", default=5.0)
+
 SPECTACULAR_SETTINGS = {
     "TITLE": "ML control plane API",
     "DESCRIPTION": "Submit GPU jobs, admit them against quotas and budgets, follow them and their cost.",
@@ -157,6 +162,11 @@ CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ACKS_ON_FAILURE_OR_TIMEOUT = True
+# Pacing of scheduling passes under a storm of submissions (jobs.scheduler.schedule_coalesced): after a pass
+# of d seconds the next waits min(d x FACTOR, MAX); pauses under MIN are skipped.
+SCHEDULE_PASS_PAUSE_FACTOR = env.float("SCHEDULE_PASS_PAUSE_FACTOR", default=1.0)
+SCHEDULE_PASS_PAUSE_MAX_SECONDS = env.float("SCHEDULE_PASS_PAUSE_MAX_SECONDS", default=2.0)
+SCHEDULE_PASS_PAUSE_MIN_SECONDS = env.float("SCHEDULE_PASS_PAUSE_MIN_SECONDS", default=0.02)
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_BEAT_SCHEDULE = {
     "schedule-pass": {"task": "jobs.tasks.schedule_pending", "schedule": env.float("SCHEDULE_INTERVAL_SECONDS", default=10.0)},

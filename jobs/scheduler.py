@@ -28,10 +28,13 @@ import dataclasses
 import datetime as dt
 import json
 import logging
+import time
 from decimal import Decimal
 
 from django.db import connection, transaction
-from django.db.models import F, Sum
+from django.db.models import F, Sum, TextField
+from django.db.models.fields.json import KeyTransform
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from controlplane import metrics
@@ -158,13 +161,12 @@ def pool_offers(accelerator_id: int, now: dt.datetime, lock: bool) -> list[PoolO
 # --- the snapshot -------------------------------------------------------------------------
 
 def _queued_job(row: dict) -> QueuedJob:
-    placement = (row["spec"] or {}).get("placement") or {}
+    providers, regions, clusters = row["placement"]
     return QueuedJob(
         job_id=row["pk"], team_id=row["team_id"], accelerator_id=row["accelerator_id"], nodes=row["nodes"],
         gpus_per_node=row["gpus_per_node"], priority=row["priority"], submitted=row["created_at"].timestamp(),
         preemptible=row["preemptible"], max_runtime_seconds=row["max_runtime_seconds"],
-        providers=tuple(placement.get("providers") or ()), regions=tuple(placement.get("regions") or ()),
-        clusters=tuple(placement.get("clusters") or ()), recovering=row["state"] == JobState.RECOVERING,
+        providers=providers, regions=regions, clusters=clusters, recovering=row["state"] == JobState.RECOVERING,
     )
 
 
@@ -181,10 +183,20 @@ def load_snapshot(now: dt.datetime, *, job_ids: list[int] | None = None, limit: 
     qs = Job.objects.filter(state__in=WAITING_STATES).order_by("-priority", "created_at", "pk")
     if job_ids is not None:
         qs = qs.filter(pk__in=job_ids)
-    rows = list(qs.values("pk", "team_id", "accelerator_id", "nodes", "gpus_per_node", "priority", "created_at",
-                          "preemptible", "max_runtime_seconds", "spec", "state", "queue_info")[:limit] if limit else
-                qs.values("pk", "team_id", "accelerator_id", "nodes", "gpus_per_node", "priority", "created_at",
-                          "preemptible", "max_runtime_seconds", "spec", "state", "queue_info"))
+    # Only spec.placement, as text: most jobs share a few placements, decoded once per pass (_placements),
+    # where decoding the whole spec of thousands of waiting jobs would dominate the pass.
+    qs = qs.values("pk", "team_id", "accelerator_id", "nodes", "gpus_per_node", "priority", "created_at",
+                   "preemptible", "max_runtime_seconds", "state", "queue_info",
+                   placement=Cast(KeyTransform("placement", "spec"), TextField()))
+    rows = list(qs[:limit] if limit else qs)
+    placements: dict[str | None, tuple] = {}
+    for r in rows:
+        text = r["placement"]
+        if text not in placements:
+            placement = json.loads(text) if text else None
+            placement = placement if isinstance(placement, dict) else {}
+            placements[text] = tuple(tuple(placement.get(k) or ()) for k in ("providers", "regions", "clusters"))
+        r["placement"] = placements[text]
     recovering = [r["pk"] for r in rows if r["state"] == JobState.RECOVERING]
     if recovering:
         live = set(JobAttempt.objects.filter(job_id__in=recovering, ended_at__isnull=True).values_list("job_id", flat=True))
@@ -337,42 +349,65 @@ def _apply_rejection(decision: Rejection) -> bool:
 
 def _store_waiting(infos: dict[int, tuple[str, str, dict]], rows: dict[int, dict]) -> None:
     """Write ``queue_info`` of waiting jobs whose info changed: a ``waiting`` event where the reason changed (except
-    ``priority``, which only says a job is behind its team's head), one bulk UPDATE for the rest."""
-    bulk = []
+    ``priority``, which only says a job is behind its team's head), a plain update for the rest.
+
+    On PostgreSQL each kind is one statement per 2,000 jobs, whatever the queue's length: a burst of
+    submissions that all wait for quota costs one UPDATE and one INSERT of events, not a transaction per job.
+    An event is written only for a job still in the state the pass loaded (compare and set), in the same
+    transaction as its update.
+    """
+    events, plain = [], []
     for job_id, (reason, message, info) in infos.items():
         loaded = rows[job_id]
         old = loaded["queue_info"] or {}
         if old == info:
             continue
         if old.get("reason") != reason and reason != "priority":
-            with transaction.atomic():
-                updated = Job.objects.filter(pk=job_id, state=loaded["state"]).update(
-                    queue_info=info, state_reason=message[:500])
-                if updated:
-                    JobEvent.objects.create(job_id=job_id, kind="waiting", reason=message[:500], data=info,
-                                            from_state=loaded["state"], to_state=loaded["state"])
+            events.append((job_id, info, message[:500], loaded["state"]))
         else:
-            bulk.append((job_id, info, message[:500]))
+            plain.append((job_id, info, message[:500], None))
     if connection.vendor != "postgresql":
-        for job_id, info, message in bulk:
+        for job_id, info, message, state in events:
+            with transaction.atomic():
+                if Job.objects.filter(pk=job_id, state=state).update(queue_info=info, state_reason=message):
+                    JobEvent.objects.create(job_id=job_id, kind="waiting", reason=message, data=info,
+                                            from_state=state, to_state=state)
+        for job_id, info, message, _ in plain:
             Job.objects.filter(pk=job_id, state__in=WAITING_STATES).update(queue_info=info, state_reason=message)
         return
+    for start in range(0, len(events), 2000):
+        chunk = events[start:start + 2000]
+        with transaction.atomic():
+            updated = set(_update_waiting_rows(chunk))
+            JobEvent.objects.bulk_create([
+                JobEvent(job_id=job_id, kind="waiting", reason=message, data=info, from_state=state, to_state=state)
+                for job_id, info, message, state in chunk if job_id in updated
+            ])
+    for start in range(0, len(plain), 2000):
+        _update_waiting_rows(plain[start:start + 2000])
+
+
+def _update_waiting_rows(chunk: list[tuple[int, dict, str, str | None]]) -> list[int]:
+    """One UPDATE of ``(job id, queue_info, state_reason, expected state or None)`` rows; returns the updated ids.
+
+    Only jobs still waiting (and in the expected state, where one is given) change. Rows are locked in id
+    order and those another worker holds are skipped: concurrent passes updating overlapping rows in
+    different orders would deadlock; the skipped rows get their info from that worker.
+    """
     table = Job._meta.db_table
-    for start in range(0, len(bulk), 2000):
-        chunk = bulk[start:start + 2000]
-        values = ", ".join(["(%s, %s, %s)"] * len(chunk))
-        params = [p for job_id, info, message in chunk for p in (job_id, json.dumps(info), message)]
-        # Lock the rows in id order and skip those another worker holds: concurrent passes updating
-        # overlapping rows in different orders would deadlock; the skipped rows get their info from that worker.
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f'WITH locked AS (SELECT id FROM "{table}" WHERE id = ANY(%s) AND state IN (%s, %s) '
-                f"ORDER BY id FOR UPDATE SKIP LOCKED) "
-                f'UPDATE "{table}" AS j SET queue_info = v.info::jsonb, state_reason = v.msg '
-                f"FROM (VALUES {values}) AS v(id, info, msg), locked "
-                f"WHERE j.id = v.id::bigint AND j.id = locked.id",
-                [[job_id for job_id, _, _ in chunk], JobState.QUEUED, JobState.RECOVERING] + params,
-            )
+    values = ", ".join(["(%s, %s, %s, %s)"] * len(chunk))
+    params = [p for job_id, info, message, state in chunk for p in (job_id, json.dumps(info), message, state)]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'WITH locked AS (SELECT id FROM "{table}" WHERE id = ANY(%s) AND state IN (%s, %s) '
+            f"ORDER BY id FOR UPDATE SKIP LOCKED) "
+            f'UPDATE "{table}" AS j SET queue_info = v.info::jsonb, state_reason = v.msg '
+            f"FROM (VALUES {values}) AS v(id, info, msg, state), locked "
+            f"WHERE j.id = v.id::bigint AND j.id = locked.id AND (v.state IS NULL OR j.state = v.state::text) "
+            f"RETURNING j.id",
+            [[job_id for job_id, _, _, _ in chunk], JobState.QUEUED, JobState.RECOVERING] + params,
+        )
+        return [row[0] for row in cursor.fetchall()]
 
 
 def _has_live_attempt(job: Job) -> bool:
@@ -457,9 +492,10 @@ def schedule_coalesced() -> PassResult | None:
     """Run passes until no job arrived during the last one, unless another process is already doing so.
 
     Returns None when another pass holds the lock (it re-checks for jobs
-    submitted while it ran, and the periodic pass catches any left). Without
-    PostgreSQL (SQLite, one worker) it simply runs one pass. Correctness
-    never depends on this lock: ``try_admit`` holds its own row locks.
+    submitted while it ran, and the periodic pass catches any left) or when
+    this pass was deferred (below). Without PostgreSQL (SQLite, one worker)
+    it simply runs one pass. Correctness never depends on this lock:
+    ``try_admit`` holds its own row locks.
 
     First it clears the Redis flag ``controlplane:schedule-pending`` (see
     ``jobs.tasks.publish_schedule``), *before* reading the queue. Ordering
@@ -470,12 +506,28 @@ def schedule_coalesced() -> PassResult | None:
     DELETE sets the flag anew and publishes its own pass. A lost task leaves
     the flag for at most 30 s (its expiry); meanwhile the periodic pass
     (every 10 s) admits the jobs.
-    """
-    from .tasks import clear_schedule_flag
 
-    clear_schedule_flag()
+    Pacing (Redis broker only): a pass reads every waiting job, so under a
+    storm of submissions back-to-back passes would cost the queue's length
+    per handful of new jobs. After a pass of ``d`` seconds the next one waits
+    ``min(d x SCHEDULE_PASS_PAUSE_FACTOR, SCHEDULE_PASS_PAUSE_MAX_SECONDS)``
+    (Slurm's ``sched_min_interval`` plays the same part): a pass that comes
+    too early publishes itself again with that countdown, leaving the flag
+    set so that submissions meanwhile publish nothing, and returns. The
+    deferred copy clears the flag when it runs, so the ordering argument
+    above holds for it. With the defaults the scheduler uses at most half a
+    core, and a pass over a short queue (milliseconds) delays nothing.
+    """
+    from .tasks import clear_schedule_flag, defer_schedule, pass_pause_remaining, record_pass
+
     if connection.vendor != "postgresql":
+        clear_schedule_flag()
         return schedule_pending()
+    wait = pass_pause_remaining()
+    if wait > 0:
+        defer_schedule(wait, own_flag=True)
+        return None
+    clear_schedule_flag()
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_lock(%s)", [SCHEDULER_LOCK_KEY])
         if not cursor.fetchone()[0]:
@@ -485,10 +537,15 @@ def schedule_coalesced() -> PassResult | None:
         while True:
             # Ids grow with submission: any id above the newest seen now arrived during the pass.
             newest = Job.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
+            started = time.monotonic()
             result = schedule_pending()
+            pause = record_pass(time.monotonic() - started)
             total.admitted += result.admitted
             total.waiting, total.rejected = result.waiting, total.rejected + result.rejected
             if not Job.objects.filter(state=JobState.QUEUED, pk__gt=newest).exists():
+                return total
+            if pause > 0:  # jobs arrived: a paced pass serves them, and this worker is free meanwhile
+                defer_schedule(pause, own_flag=False)
                 return total
     finally:
         with connection.cursor() as cursor:

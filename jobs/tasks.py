@@ -8,6 +8,7 @@ backend's idempotent dispatch makes the second run harmless.
 from __future__ import annotations
 
 import logging
+import time
 
 from celery import shared_task
 from django.db import transaction
@@ -69,6 +70,68 @@ def publish_schedule() -> bool:
             log.warning("schedule flag: Redis error; publishing anyway", exc_info=True)
     schedule_pending.delay()
     return True
+
+
+#: Redis key holding ``"<unix end time> <pause seconds>"`` of the last pass (see ``jobs.scheduler.schedule_coalesced``).
+SCHEDULE_LAST_PASS_KEY = "controlplane:schedule-last-pass"
+
+
+def record_pass(duration_s: float) -> float:
+    """Record that a pass of ``duration_s`` seconds just ended; returns the pause (seconds) before the next one.
+
+    The pause is ``min(duration_s x SCHEDULE_PASS_PAUSE_FACTOR, SCHEDULE_PASS_PAUSE_MAX_SECONDS)``, or 0
+    below ``SCHEDULE_PASS_PAUSE_MIN_SECONDS`` (a pass over a short queue is not worth deferring), and 0
+    without a Redis broker.
+    """
+    from django.conf import settings
+
+    pause = min(duration_s * settings.SCHEDULE_PASS_PAUSE_FACTOR, settings.SCHEDULE_PASS_PAUSE_MAX_SECONDS)
+    if pause < settings.SCHEDULE_PASS_PAUSE_MIN_SECONDS:
+        pause = 0.0
+    client = schedule_flag_client()
+    if client is None:
+        return 0.0
+    try:
+        client.set(SCHEDULE_LAST_PASS_KEY, f"{time.time():.6f} {pause:.6f}", ex=60)
+    except Exception:  # noqa: BLE001 - pacing only saves work
+        log.warning("schedule pacing: Redis error", exc_info=True)
+        return 0.0
+    return pause
+
+
+def pass_pause_remaining() -> float:
+    """Seconds until the pause after the last recorded pass ends (0 when it has, or without Redis)."""
+    client = schedule_flag_client()
+    if client is None:
+        return 0.0
+    try:
+        value = client.get(SCHEDULE_LAST_PASS_KEY)
+    except Exception:  # noqa: BLE001 - pacing only saves work
+        log.warning("schedule pacing: Redis error", exc_info=True)
+        return 0.0
+    if not value:
+        return 0.0
+    ended, pause = (float(x) for x in value.split())
+    return max(0.0, ended + pause - time.time())
+
+
+def defer_schedule(countdown_s: float, *, own_flag: bool) -> None:
+    """Publish a scheduling pass to run in ``countdown_s`` seconds, with the flag set for it.
+
+    ``own_flag``: the caller is the published pass that holds the flag (it has not cleared it), and hands
+    the flag to its deferred copy. Otherwise the copy is published only if the flag is free (SET NX): a
+    set flag means a pass is already on its way, and it will pace itself.
+    """
+    client = schedule_flag_client()
+    if client is not None:
+        try:
+            if own_flag:
+                client.set(SCHEDULE_PENDING_KEY, "1", ex=SCHEDULE_PENDING_TTL)
+            elif not client.set(SCHEDULE_PENDING_KEY, "1", nx=True, ex=SCHEDULE_PENDING_TTL):
+                return
+        except Exception:  # noqa: BLE001 - publish anyway
+            log.warning("schedule flag: Redis error", exc_info=True)
+    schedule_pending.apply_async(countdown=countdown_s)
 
 
 def clear_schedule_flag() -> None:

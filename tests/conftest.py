@@ -12,6 +12,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
+from controlplane.lookups import clear_all
 from costs.models import Price
 from costs.seed import CATALOG_EFFECTIVE_FROM, seed_accelerators, seed_prices
 from quotas.models import ApiToken, Budget, Membership, Quota, Team
@@ -22,6 +23,20 @@ from runners.models import Accelerator, Cluster, NodePool
 def fast_password_hashing(settings):
     """Personas have passwords; the production hasher's PBKDF2 rounds would only slow the suite."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def fresh_lookup_caches():
+    """A test's rolled-back rows send no signal: start and end every test with empty per-process lookup caches,
+    and with no scheduling-pass pause left by another test's pass (``jobs.tasks.record_pass``)."""
+    from jobs import tasks
+
+    clear_all()
+    client = tasks.schedule_flag_client()
+    if client is not None:
+        client.delete(tasks.SCHEDULE_LAST_PASS_KEY)
+    yield
+    clear_all()
 
 
 @pytest.fixture
@@ -143,6 +158,14 @@ def redis_broker():
     with app.pool.acquire(block=True) as conn:
         assert conn.transport.driver_type == "redis", (
             "the Celery app already holds connections to a non-Redis broker; run with CELERY_BROKER_URL=" + TEST_BROKER_URL)
+    from jobs import tasks
+
+    def forget_passes():  # no pacing pause left over from another test's pass, no flag either
+        client = tasks.schedule_flag_client()
+        client.delete(tasks.SCHEDULE_LAST_PASS_KEY, tasks.SCHEDULE_PENDING_KEY)
+
+    forget_passes()
     yield app.conf.broker_url
+    forget_passes()
     app.control.purge()
     app.conf.broker_url, app.conf.broker_transport_options = url, options

@@ -84,3 +84,41 @@ def test_any_other_broker_publishes_every_time(monkeypatch):
     assert tasks.schedule_flag_client() is None
     assert tasks.publish_schedule() and tasks.publish_schedule()
     assert len(published) == 2
+
+
+def test_a_pass_that_comes_before_the_pause_ends_defers_itself_and_keeps_the_flag(broker, submit, settings):
+    """Pacing: after a pass of d seconds the next waits d x factor; an early pass republishes itself with a
+    countdown, the flag stays set so submissions meanwhile publish nothing, and the deferred pass admits them."""
+    import json
+
+    settings.SCHEDULE_PASS_PAUSE_FACTOR, settings.SCHEDULE_PASS_PAUSE_MAX_SECONDS = 1.0, 2.0
+    client = tasks.schedule_flag_client()
+    client.delete(tasks.SCHEDULE_LAST_PASS_KEY)
+    first = submit()  # sets the flag and publishes the pass
+    assert tasks.record_pass(5.0) == 2.0  # a long pass just ended: capped pause of 2 s
+    before = broker()
+
+    assert schedule_coalesced() is None  # too early
+
+    assert broker() == before + 1
+    message = json.loads(client.lindex("celery", 0))
+    assert message["headers"]["task"] == "jobs.tasks.schedule_pending" and message["headers"]["eta"]
+    assert client.exists(tasks.SCHEDULE_PENDING_KEY)
+    assert Job.objects.get(pk=first.pk).state == JobState.QUEUED
+    second = submit()
+    assert broker() == before + 1  # the flag is held for the deferred pass
+
+    client.delete(tasks.SCHEDULE_LAST_PASS_KEY)  # the pause has passed
+    result = schedule_coalesced()  # the deferred copy
+
+    assert result is not None and {first.pk, second.pk} <= set(result.admitted)
+    assert not client.exists(tasks.SCHEDULE_PENDING_KEY)
+
+
+def test_a_short_pass_asks_for_no_pause(redis_broker, settings):
+    settings.SCHEDULE_PASS_PAUSE_FACTOR, settings.SCHEDULE_PASS_PAUSE_MIN_SECONDS = 1.0, 0.02
+    assert tasks.record_pass(0.005) == 0.0
+    assert tasks.pass_pause_remaining() == 0.0
+    assert tasks.record_pass(0.5) == 0.5
+    assert 0.0 < tasks.pass_pause_remaining() <= 0.5
+    tasks.schedule_flag_client().delete(tasks.SCHEDULE_LAST_PASS_KEY)

@@ -101,6 +101,38 @@ def test_a_waiting_job_gets_one_waiting_event_not_one_per_pass(cluster_factory, 
     assert JobEvent.objects.filter(job=waiting, kind="waiting").count() == 1
 
 
+def test_a_burst_of_waiting_jobs_gets_one_event_each_and_a_job_that_changed_meanwhile_none(
+        cluster_factory, quota_factory, h100, submit):
+    """Waiting events are written in bulk, but only for jobs still in the state the pass read (compare and set)."""
+    from jobs.scheduler import FairShareScheduler, _run_pass, load_snapshot
+    from quotas.models import Team
+
+    cluster_factory("big", "aws", "us-east-1", h100, nodes=4, price="6.88")
+    teams = [Team.objects.create(slug=f"t{i}", name=f"T{i}") for i in range(12)]
+    heads = []
+    for team in teams:
+        quota_factory(team, h100, nominal=1)
+        submit(team, 1)  # admitted: the team's quota is then full
+        heads.append(submit(team, 1))  # waits for quota, at the head of its team's queue
+        submit(team, 1)  # waits behind it (reason "priority": no event)
+    now = timezone.now()
+    loaded = load_snapshot(now)
+    decisions = FairShareScheduler(loaded.snapshot).full_pass()
+    cancelled = heads[7]
+    Job.objects.filter(pk=cancelled.pk).update(state=S.CANCELLED)  # cancelled between the read and the write
+
+    _run_pass(loaded, decisions, now)
+
+    for job in heads:
+        events = JobEvent.objects.filter(job=job, kind="waiting")
+        if job == cancelled:
+            assert not events.exists() and fresh(job).queue_info == {}
+        else:
+            assert events.count() == 1 and fresh(job).queue_info["reason"] == "quota"
+            assert (events.get().from_state, events.get().to_state) == (S.QUEUED, S.QUEUED)
+    assert JobEvent.objects.filter(kind="waiting").count() == len(heads) - 1
+
+
 def test_a_team_without_quota_for_the_accelerator_is_rejected(cluster_factory, quota_factory, catalog, h100, alpha, submit):
     cluster_factory("big", "aws", "us-east-1", h100, price="6.88")
     quota_factory(alpha, catalog["A100-80GB"], nominal=64)  # quota, but for another accelerator
