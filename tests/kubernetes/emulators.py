@@ -128,7 +128,9 @@ class Namespaces:
     kmock 0.8 parses any path starting ``/api/v1/namespaces`` as a namespaced
     prefix and answers 500 for the collection itself, so namespaces are kept
     here with the API's semantics (201 Created, 409 AlreadyExists Status,
-    GET of one or all); every other request goes to the KubernetesEmulator.
+    GET of one or all, DELETE); every other request goes to the
+    KubernetesEmulator, except a create in a namespace that does not exist,
+    which is a 404 NotFound Status as on a real API server.
     """
 
     def __init__(self, emulator: kmock.KubernetesEmulator, forget_requests: bool = False):
@@ -143,6 +145,11 @@ class Namespaces:
         if self.gate is not None:
             await self.gate.wait()
         parts = request.path.strip("/").split("/")
+        if request.method == "POST" and (missing := self._missing_namespace(parts)):
+            return aiohttp.web.json_response(
+                {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 404, "reason": "NotFound",
+                 "message": f'namespaces "{missing}" not found', "details": {"name": missing, "kind": "namespaces"}},
+                status=404)
         if parts[:3] != ["api", "v1", "namespaces"] or len(parts) > 4:
             self.in_flight += 1
             try:
@@ -167,8 +174,19 @@ class Namespaces:
                                               "items": list(self.namespaces.values())})
         if request.method == "GET" and parts[3] in self.namespaces:
             return aiohttp.web.json_response(self.namespaces[parts[3]])
+        if request.method == "DELETE" and parts[3] in self.namespaces:
+            return aiohttp.web.json_response(self.namespaces.pop(parts[3]))
         return aiohttp.web.json_response({"kind": "Status", "code": 404, "reason": "NotFound", "message": "not found"},
                                          status=404)
+
+
+    def _missing_namespace(self, parts: list[str]) -> str:
+        """The namespace of a namespaced collection path (``/api/v1/namespaces/<ns>/<kind>``,
+        ``/apis/<group>/<version>/namespaces/<ns>/<kind>``) when it does not exist, else ""."""
+        index = 2 if parts[:1] == ["api"] else 3 if parts[:1] == ["apis"] else None
+        if index is None or len(parts) != index + 3 or parts[index] != "namespaces":
+            return ""
+        return "" if parts[index + 1] in self.namespaces else parts[index + 1]
 
 
 def now_iso() -> str:

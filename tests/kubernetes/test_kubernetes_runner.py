@@ -516,6 +516,7 @@ def test_it_discovers_gpu_node_pools_with_free_gpus(fleet):
     for body in (node("n1", "NVIDIA-H100-80GB-HBM3", False, 8), node("n2", "NVIDIA-H100-80GB-HBM3", False, 8),
                  node("n3", "NVIDIA-H100-80GB-HBM3", True, 8), node("cpu", "", False, 0)):
         k._req("POST", "/api/v1/nodes", body)
+    k._req("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "cp-x"}})
     k._req("POST", "/api/v1/namespaces/cp-x/pods", {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "busy", "namespace": "cp-x"},
         "spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "3"}}}]},
@@ -582,3 +583,18 @@ def test_dispatch_creates_a_team_namespace_once_per_cluster_client(fleet, submit
     assert emulators.fronts["aws-use1"].namespace_creates == 1
     assert list(emulators.fronts["aws-use1"].namespaces) == ["cp-alpha"]
     assert len(kubelet(fleet, load(Job.objects.filter(state=S.STARTING).first().current_attempt_id)).jobs()) == 3
+
+
+def test_dispatch_creates_the_namespace_again_when_it_was_deleted_behind_its_back(fleet, submit):
+    """The cached "namespace exists" is dropped when an object create answers 404, and the namespace is created again."""
+    emulators, _ = fleet
+    only_aws = {"clusters": ["aws-use1"]}
+    first = submit(placement=only_aws)
+    assert dispatch_attempt(first.pk) == "dispatched"
+    k = kubelet(fleet, first)
+    k._req("DELETE", "/api/v1/namespaces/cp-alpha")
+
+    assert dispatch_attempt(submit(placement=only_aws).pk) == "dispatched"
+
+    assert emulators.fronts["aws-use1"].namespace_creates == 2
+    assert "cp-alpha" in emulators.fronts["aws-use1"].namespaces and len(k.jobs()) == 2
