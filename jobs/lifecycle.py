@@ -67,8 +67,8 @@ def _insert_sql(obj, fields: list) -> tuple[str, list]:
 def _insert_job_with_event(job: Job, event: JobEvent) -> None:
     """Insert ``job`` and its first ``event`` in one PostgreSQL statement (one round trip, atomic by itself).
 
-    A data-modifying CTE: ``WITH job AS (INSERT ... RETURNING id) INSERT INTO
-    event ... SELECT job.id ...``. The SQL of both rows is Django's own
+    A data-modifying CTE: ``WITH new_job AS (INSERT ... RETURNING id) INSERT
+    INTO event ... VALUES ((SELECT id FROM new_job), ...)``. The SQL of both rows is Django's own
     (``InsertQuery``), so column types, defaults and ``auto_now_add`` are the
     ORM's; sets ``job.pk`` and ``event.pk``. Sends no ``post_save`` signal
     (nothing listens for these two models). Submission is the hottest write
@@ -80,12 +80,10 @@ def _insert_job_with_event(job: Job, event: JobEvent) -> None:
     event_fields = [event_meta.get_field("job")] + [
         f for f in event_meta.local_concrete_fields if f is not event_meta.auto_field and f.name != "job"]
     event_sql, event_params = _insert_sql(event, event_fields)
-    head, values = event_sql.split(" VALUES (", 1)
-    first, rest = values[:-1].split(", ", 1)
-    assert first == "%s" and values.endswith(")"), event_sql
+    head, values = event_sql.split(" VALUES (%s, ", 1)  # the job id's placeholder comes first (event_fields)
     qn = connection.ops.quote_name
     sql = (f"WITH new_job AS ({job_sql} RETURNING {qn(job_meta.pk.column)}) "
-           f"{head} SELECT new_job.{qn(job_meta.pk.column)}, {rest} FROM new_job "
+           f"{head} VALUES ((SELECT {qn(job_meta.pk.column)} FROM new_job), {values} "
            f"RETURNING {qn(event_meta.get_field('job').column)}, {qn(event_meta.pk.column)}")
     with connection.cursor() as cursor:
         cursor.execute(sql, job_params + event_params[1:])
