@@ -104,6 +104,20 @@ def team_used_gpus(team_id: int, accelerator_id: int) -> int:
     )
 
 
+def cluster_caps(team_id: int, accelerator_id: int) -> dict[int, int]:
+    """The team's per-cluster quota caps for one accelerator: cluster id -> nominal + borrowing limit (GPUs)."""
+    return {cluster_id: nominal + borrowing for cluster_id, nominal, borrowing in
+            Quota.objects.filter(team_id=team_id, accelerator_id=accelerator_id, cluster__isnull=False)
+            .values_list("cluster_id", "nominal_gpus", "borrowing_limit_gpus")}
+
+
+def team_cluster_used(team_id: int, accelerator_id: int) -> dict[int, int]:
+    """GPUs the team's live attempts hold per cluster, for one accelerator."""
+    return dict(JobAttempt.objects.filter(job__team_id=team_id, node_pool__accelerator_id=accelerator_id,
+                                          ended_at__isnull=True)
+                .values("cluster_id").annotate(n=Sum("gpus")).values_list("cluster_id", "n"))
+
+
 def budget_views(team_id: int, now: dt.datetime) -> list[BudgetView]:
     """The team's budgets in their current period, with spent (ledger) and committed (running estimates) USD.
 
@@ -204,9 +218,18 @@ def load_snapshot(now: dt.datetime, *, job_ids: list[int] | None = None, limit: 
     queue = [_queued_job(r) for r in rows]
 
     teams = {t.pk: TeamState(t.pk, cohort=t.cohort_id, weight=float(t.weight)) for t in Team.objects.all()}
-    for q in Quota.objects.filter(cluster__isnull=True):
-        teams[q.team_id].quotas[q.accelerator_id] = TeamQuota(q.nominal_gpus, q.borrowing_limit_gpus,
-                                                              q.lending_limit_gpus, q.max_gpus_per_job)
+    for q in Quota.objects.all():
+        if q.cluster_id is None:
+            teams[q.team_id].quotas[q.accelerator_id] = TeamQuota(q.nominal_gpus, q.borrowing_limit_gpus,
+                                                                  q.lending_limit_gpus, q.max_gpus_per_job)
+        else:
+            teams[q.team_id].cluster_caps[(q.accelerator_id, q.cluster_id)] = q.nominal_gpus + q.borrowing_limit_gpus
+    if any(t.cluster_caps for t in teams.values()):
+        for team_id, acc, cluster_id, gpus in (
+                JobAttempt.objects.filter(ended_at__isnull=True)
+                .values_list("job__team_id", "node_pool__accelerator_id", "cluster_id").annotate(n=Sum("gpus"))):
+            if (acc, cluster_id) in teams[team_id].cluster_caps:
+                teams[team_id].cluster_used[(acc, cluster_id)] = gpus
     for team_id, acc, gpus in (JobAttempt.objects.filter(ended_at__isnull=True)
                                .values_list("job__team_id", "node_pool__accelerator_id").annotate(n=Sum("gpus"))):
         teams[team_id].used[acc] = gpus
@@ -319,6 +342,16 @@ def _verify(job: Job, team: Team, decision: Admission, now: dt.datetime) -> tupl
                            {"request_gpus": job.total_gpus}), None, Decimal(0)
     request = placement_request(job)
     offers = pool_offers(acc, now, lock=True)
+    caps = cluster_caps(job.team_id, acc)
+    if caps:  # the team row is locked: no other admission of this team counts meanwhile
+        used_on = team_cluster_used(job.team_id, acc)
+        capped = [o for o in offers if o.cluster_id in caps and used_on.get(o.cluster_id, 0) + job.total_gpus > caps[o.cluster_id]]
+        offers = [o for o in offers if o not in capped]
+        if not offers:
+            names = sorted({o.cluster_name for o in capped})
+            return Verdict(False, "quota", f"the team's per-cluster quota leaves no room for {job.total_gpus} GPUs on "
+                                           f"{', '.join(names)}",
+                           {"request_gpus": job.total_gpus, "clusters": names}), None, Decimal(0)
     if decision.victims:
         chosen = next((o for o in offers if o.node_pool_id == decision.offer.node_pool_id and fits_now(request, o)), None)
     else:

@@ -137,6 +137,11 @@ class TeamState:
     quotas: dict[int, TeamQuota] = dataclasses.field(default_factory=dict)
     used: dict[int, int] = dataclasses.field(default_factory=dict)
     budgets: list[BudgetView] = dataclasses.field(default_factory=list)
+    #: Per-cluster caps, GPUs, by (accelerator id, cluster id): the team's nominal + borrowing limit there
+    #: (a ``Quota`` row with a cluster). Only clusters listed are capped; the team-wide quota still applies.
+    cluster_caps: dict[tuple[int, int], int] = dataclasses.field(default_factory=dict)
+    #: Live GPUs by (accelerator id, cluster id), for the capped clusters.
+    cluster_used: dict[tuple[int, int], int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -234,6 +239,8 @@ class FairShareScheduler:
         self.queues: dict[int, _TeamQueue] = {tid: _TeamQueue(t) for tid, t in snapshot.teams.items()}
         self._pools: dict[int, list[PoolOffer]] = snapshot.pools
         self.free: dict[int, int] = {o.node_pool_id: o.free_gpus for offers in snapshot.pools.values() for o in offers}
+        self.pool_cluster: dict[int, int] = {o.node_pool_id: o.cluster_id for offers in snapshot.pools.values()
+                                             for o in offers}
         self._matching: dict[tuple, list[PoolOffer]] = {}
         # Cohort lendable pool and borrowed GPUs, by (cohort, accelerator).
         self.lendable: dict[tuple, int] = {}
@@ -340,6 +347,18 @@ class FairShareScheduler:
         if not pools:
             return Waiting(job, "capacity", "no node pool can ever hold this job",
                            {"request_gpus": gpus, "free_gpus_by_pool": {}, "never_placeable": True})
+        if team.cluster_caps:
+            allowed = [o for o in pools if self._cluster_room(team, acc, o.cluster_id, gpus)]
+            if not allowed:
+                capped = sorted({o.cluster_name for o in pools})
+                return Waiting(job, "quota", f"the team's per-cluster quota leaves no room for {gpus} GPUs on "
+                                             f"{', '.join(capped)}",
+                               {"request_gpus": gpus, "clusters": capped,
+                                "cluster_quota_gpus": {o.cluster_name: team.cluster_caps[(acc, o.cluster_id)]
+                                                       for o in pools if (acc, o.cluster_id) in team.cluster_caps},
+                                "cluster_used_gpus": {o.cluster_name: team.cluster_used.get((acc, o.cluster_id), 0)
+                                                      for o in pools if (acc, o.cluster_id) in team.cluster_caps}})
+            pools = allowed
         ckey = (team.cohort, acc)
         cohort_ok = cohort_has_room(self.lendable.get(ckey, 0), self.borrowed.get(ckey, 0), used, q.guaranteed_gpus,
                                     gpus)
@@ -416,6 +435,12 @@ class FairShareScheduler:
                 cap_need += pool_gain
         return picked
 
+    @staticmethod
+    def _cluster_room(team: TeamState, acc: int, cluster_id: int, gpus: int) -> bool:
+        """Whether ``gpus`` more fit under the team's cap on ``cluster_id`` (no cap: yes)."""
+        cap = team.cluster_caps.get((acc, cluster_id))
+        return cap is None or team.cluster_used.get((acc, cluster_id), 0) + gpus <= cap
+
     # --- applying a decision to the in-memory state ----------------------------------------
 
     def _use(self, team: TeamState, acc: int, delta: int) -> None:
@@ -434,10 +459,17 @@ class FairShareScheduler:
             self.preempted.add(v.job_id)
             self.candidates[(self.teams[v.team_id].cohort, v.accelerator_id)].remove(v)
             self.free[v.node_pool_id] += v.gpus
-            self._use(self.teams[v.team_id], v.accelerator_id, -v.gpus)
+            owner = self.teams[v.team_id]
+            self._use(owner, v.accelerator_id, -v.gpus)
+            ckey = (v.accelerator_id, self.pool_cluster.get(v.node_pool_id))
+            if ckey in owner.cluster_used:
+                owner.cluster_used[ckey] -= v.gpus
         self.free[a.offer.node_pool_id] -= job.total_gpus
         team = self.teams[job.team_id]
         self._use(team, job.accelerator_id, job.total_gpus)
+        ckey = (job.accelerator_id, a.offer.cluster_id)
+        if ckey in team.cluster_caps:
+            team.cluster_used[ckey] = team.cluster_used.get(ckey, 0) + job.total_gpus
         if team.budgets:
             team.budgets = [dataclasses.replace(b, committed_usd=b.committed_usd + a.estimate_usd)
                             for b in team.budgets]

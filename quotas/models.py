@@ -136,6 +136,12 @@ class Quota(models.Model):
     much of its nominal others may borrow (null: all of it; Kueue's
     ``lendingLimit``); ``max_gpus_per_job`` caps one job (0 means no cap
     beyond the quota).
+
+    A row with a ``cluster`` caps the team's GPUs of that accelerator on that
+    cluster at its nominal plus borrowing limit: jobs go to other clusters,
+    or wait with reason ``quota``, when it is full. It works inside the
+    team-wide row (no cluster), which still decides admission and fair
+    share; a team needs that row to run on the accelerator at all.
     """
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="quotas")

@@ -77,6 +77,11 @@ class QuotaSerializer(serializers.ModelSerializer):
     no per-job cap), ``lending_limit_gpus`` (null: all of nominal may be lent
     to the cohort; else at most nominal). ``limit_gpus`` = nominal + borrowing
     limit. 400 on a duplicate (team, accelerator, cluster).
+
+    A quota with a ``cluster`` is a cap: the team holds at most its
+    ``limit_gpus`` of that accelerator on that cluster, inside its team-wide
+    quota (the row without a cluster), which alone decides admission and
+    fair share (docs/adr/0005-per-cluster-quotas-are-caps.md).
     """
 
     team = VisibleTeamField()

@@ -133,6 +133,43 @@ def test_a_burst_of_waiting_jobs_gets_one_event_each_and_a_job_that_changed_mean
     assert JobEvent.objects.filter(kind="waiting").count() == len(heads) - 1
 
 
+def test_a_per_cluster_quota_caps_the_team_there_and_the_rest_goes_elsewhere(
+        cluster_factory, quota_factory, h100, alpha, submit):
+    cheap, _ = cluster_factory("cheap", "aws", "us-east-1", h100, nodes=2, price="4.00")
+    dear, _ = cluster_factory("dear", "gcp", "us-central1", h100, nodes=2, price="6.00")
+    quota_factory(alpha, h100, nominal=64)
+    Quota.objects.create(team=alpha, accelerator=h100, cluster=cheap, nominal_gpus=8)
+    Quota.objects.create(team=alpha, accelerator=h100, cluster=dear, nominal_gpus=4, borrowing_limit_gpus=4)
+    a, b, c = submit(alpha, 8), submit(alpha, 8), submit(alpha, 8)
+
+    schedule_pending()
+
+    assert live_attempt(a).cluster == cheap and live_attempt(b).cluster == dear
+    c = fresh(c)
+    assert c.state == S.QUEUED and c.queue_info["reason"] == "quota"
+    assert "cheap" in c.queue_info["message"] and "dear" in c.queue_info["message"]
+
+
+def test_the_locked_recheck_refuses_a_placement_a_new_per_cluster_quota_forbids(
+        cluster_factory, quota_factory, h100, alpha, submit):
+    """The pass decided on a snapshot; a per-cluster quota created meanwhile is enforced when it commits."""
+    from jobs.scheduler import FairShareScheduler, _run_pass, load_snapshot
+
+    cheap, _ = cluster_factory("cheap", "aws", "us-east-1", h100, nodes=2, price="4.00")
+    quota_factory(alpha, h100, nominal=16)
+    job = submit(alpha, 8)
+    now = timezone.now()
+    loaded = load_snapshot(now)
+    decisions = FairShareScheduler(loaded.snapshot).full_pass()
+    assert len(decisions.admissions) == 1
+    Quota.objects.create(team=alpha, accelerator=h100, cluster=cheap, nominal_gpus=4)
+
+    result = _run_pass(loaded, decisions, now)
+
+    assert result.admitted == [] and fresh(job).state == S.QUEUED
+    assert fresh(job).queue_info["reason"] == "quota" and not job.attempts.exists()
+
+
 def test_a_team_without_quota_for_the_accelerator_is_rejected(cluster_factory, quota_factory, catalog, h100, alpha, submit):
     cluster_factory("big", "aws", "us-east-1", h100, price="6.88")
     quota_factory(alpha, catalog["A100-80GB"], nominal=64)  # quota, but for another accelerator

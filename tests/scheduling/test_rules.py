@@ -7,7 +7,7 @@ from decimal import Decimal
 
 from quotas.fairshare import FairShareScheduler, TeamState
 
-from .core import admitted, block_budget, decide, job, pool, running, snapshot, team
+from .core import H100, admitted, block_budget, decide, job, pool, running, snapshot, team
 
 
 # --- borrowing, cohorts, lending limits -----------------------------------------------------
@@ -238,3 +238,46 @@ def test_the_incremental_pass_decides_a_new_submission_as_a_full_pass_would():
     assert admitted(inc) == [fits.job_id]
     full, _ = decide(teams(), [pool(1, 32)], queue + [behind, fits])
     assert admitted(full) == [queue[0].job_id, queue[2].job_id, fits.job_id]
+
+
+# --- per-cluster quotas ------------------------------------------------------------------------
+
+def test_a_per_cluster_quota_sends_the_overflow_to_the_next_cheapest_cluster():
+    capped = team(1, 32)
+    capped.cluster_caps[(H100, 1)] = 8  # at most 8 GPUs on cluster 1, the cheapest
+    a, b, c, d_ = job(1, 8), job(1, 8), job(1, 8), job(1, 8)
+    d, _ = decide([capped], [pool(1, 16, price="2.00"), pool(2, 16, price="4.00")], [a, b, c, d_])
+    assert [(x.job.job_id, x.offer.cluster_id) for x in d.admissions] == [(a.job_id, 1), (b.job_id, 2), (c.job_id, 2)]
+    assert d.waiting[d_.job_id].reason == "capacity"  # cluster 2 is full; cluster 1 has room but not for this team
+    assert capped.cluster_used[(H100, 1)] == 8
+
+
+def test_a_job_whose_matching_clusters_are_all_capped_waits_for_quota_and_says_where():
+    capped = team(1, 32)
+    capped.cluster_caps[(H100, 1)] = 12
+    capped.cluster_used[(H100, 1)] = 8  # running work counts
+    d, _ = decide([capped], [pool(1, 32)], [job(1, 8)])
+    w = next(iter(d.waiting.values()))
+    assert w.reason == "quota" and "c1" in w.message
+    assert (w.detail["cluster_quota_gpus"], w.detail["cluster_used_gpus"]) == ({"c1": 12}, {"c1": 8})
+
+
+def test_a_per_cluster_cap_of_another_team_or_cluster_changes_nothing():
+    other = team(2, 8)
+    other.cluster_caps[(H100, 1)] = 0
+    free_team = team(1, 16)
+    free_team.cluster_caps[(H100, 9)] = 0  # a cluster this job does not match
+    d, _ = decide([free_team, other], [pool(1, 16)], [job(1, 8, nodes=2)])
+    assert len(d.admissions) == 1 and d.admissions[0].offer.cluster_id == 1
+
+
+def test_preempting_a_capped_teams_job_gives_its_cluster_room_back():
+    borrower = team(1, 0, 16)
+    borrower.cluster_caps[(H100, 1)] = 16
+    borrower.cluster_used[(H100, 1)] = 8
+    owner = team(2, 8)
+    runs = [running(1, 1, 8, 1)]
+    want = job(2, 8)
+    d, scheduler = decide([borrower, owner], [pool(1, 8)], [want], runs)
+    assert admitted(d) == [want.job_id] and [v.job_id for v in d.admissions[0].victims] == [1]
+    assert scheduler.teams[1].cluster_used[(H100, 1)] == 0
