@@ -206,11 +206,17 @@ def dispatch_phase(env: dict, attempt_ids: list[int], timeout: float, emulator_p
                 worker.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 worker.kill()
-    used = [None if a is None or b is None else b - a for a, b in zip(cpu_before, cpu_after)]
-    per_job = (lambda xs: None if None in xs or not done else round(1000 * sum(xs) / done, 2))
+    used = [None if a is None or b is None else b - a for a, b in zip(cpu_before, cpu_after, strict=True)]
+
+    def ms_per_job(seconds_used: list[float | None]) -> float | None:
+        if None in seconds_used or not done:
+            return None
+        return round(1000 * sum(seconds_used) / done, 2)
+
     return {"dispatch_jobs": len(ids), "dispatch_started": done, "dispatch_seconds": round(seconds, 3),
             "dispatch_enqueue_seconds": round(enqueued, 3), "dispatch_jobs_per_second": round(done / seconds, 1),
-            "dispatch_worker_cpu_ms_per_job": per_job(used[:-1]), "dispatch_emulator_cpu_ms_per_job": per_job(used[-1:])}
+            "dispatch_worker_cpu_ms_per_job": ms_per_job(used[:-1]),
+            "dispatch_emulator_cpu_ms_per_job": ms_per_job(used[-1:])}
 
 
 def reconcile_phase(clusters: list[str], passes: int) -> dict:

@@ -586,7 +586,7 @@ def test_dispatch_creates_a_team_namespace_once_per_cluster_client(fleet, submit
 
 
 def test_dispatch_creates_the_namespace_again_when_it_was_deleted_behind_its_back(fleet, submit):
-    """The cached "namespace exists" is dropped when an object create answers 404, and the namespace is created again."""
+    """The cached "namespace exists" is dropped when an object create answers 404; the namespace is created again."""
     emulators, _ = fleet
     only_aws = {"clusters": ["aws-use1"]}
     first = submit(placement=only_aws)

@@ -1,4 +1,4 @@
-"""One reconcile pass over several emulated clusters: clusters are looked at concurrently, steady attempts write nothing.
+"""One reconcile pass over several emulated clusters: looked at concurrently; steady attempts write nothing.
 
 The fixtures (three kmock emulators, a scheduler-admitted job factory) are
 those of ``test_kubernetes_runner``.
