@@ -1,0 +1,78 @@
+"""Fixtures of the CLI tests: the app served over real HTTP (pytest-django's ``live_server``), a fleet, and a runner.
+
+The CLI is run in-process through ``controlplane.cli.main(argv)`` (stdout and
+stderr captured by ``capsys``) or as ``python -m controlplane.cli`` in a
+subprocess; either way it reaches the API over HTTP only.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from controlplane import cli
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Result:
+    """What one CLI run left: its exit code, stdout and stderr."""
+
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def server(live_server, transactional_db, redis_broker, monkeypatch):
+    """The live server's URL; the environment's CONTROLPLANE_* variables are cleared so only the tests' count.
+
+    Submissions enqueue scheduling passes: ``redis_broker`` sends them to Redis and purges them afterwards.
+    """
+    monkeypatch.delenv("CONTROLPLANE_URL", raising=False)
+    monkeypatch.delenv("CONTROLPLANE_TOKEN", raising=False)
+    return live_server.url
+
+
+@pytest.fixture
+def fleet(cluster_factory, catalog, teams, quota_factory, budget_factory):
+    """An AWS H100 cluster (2 x 8 GPUs), alpha's 16-GPU quota and $1000 block budget."""
+    cluster, pool = cluster_factory("aws-use1", "aws", "us-east-1", catalog["H100-80GB"], nodes=2, gpus_per_node=8)
+    quota = quota_factory(teams[0], catalog["H100-80GB"], 16, borrowing=4, max_per_job=8)
+    budget = budget_factory(teams[0], "1000.00")
+    return {"cluster": cluster, "pool": pool, "quota": quota, "budget": budget}
+
+
+@pytest.fixture
+def run_cli(server, capsys):
+    """Run ``main([...])`` against the live server as ``persona`` (or with ``token``); returns a Result."""
+
+    def run(*argv: str, persona=None, token: str | None = None) -> Result:
+        capsys.readouterr()  # drop anything printed before
+        key = token if token is not None else (persona.key if persona is not None else None)
+        prefix = ["--url", server] + (["--token", key] if key else [])
+        code = cli.main([*prefix, *argv])
+        captured = capsys.readouterr()
+        return Result(code, captured.out, captured.err)
+
+    return run
+
+
+def cli_env(server: str, key: str) -> dict:
+    """The environment of a ``python -m controlplane.cli`` subprocess: URL and token by variable."""
+    env = dict(os.environ, CONTROLPLANE_URL=server, CONTROLPLANE_TOKEN=key)
+    env["PYTHONPATH"] = str(REPO)
+    return env
+
+
+def spawn_cli(server: str, key: str, *argv: str) -> subprocess.Popen:
+    """Start ``python -m controlplane.cli ARGV`` in a subprocess (text stdout and stderr piped)."""
+    return subprocess.Popen([sys.executable, "-m", "controlplane.cli", *argv], cwd=REPO, env=cli_env(server, key),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+

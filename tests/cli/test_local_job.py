@@ -1,0 +1,93 @@
+"""A job run for real on the local runner, followed with ``cpctl``: ``submit --wait`` to SUCCEEDED, ``logs --follow``.
+
+The CLI runs as ``python -m controlplane.cli`` subprocesses against the live
+server while this test thread takes the Celery worker's steps (admit,
+dispatch, reconcile), as the browser test does.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import yaml
+
+from jobs.models import Job
+from jobs.reconcile import reconcile_cluster
+from jobs.scheduler import try_admit
+from jobs.tasks import dispatch_attempt
+from runners.local.capacity import ensure_local_cluster
+from tests.runners.test_local_runner import kill_everything_under
+
+from .conftest import spawn_cli
+
+PROGRAM = "import time; print('first line', flush=True); time.sleep(3); print('second line', flush=True)"
+
+
+@pytest.fixture
+def local_cluster(settings, tmp_path, teams, quota_factory, budget_factory, catalog):
+    """The local cluster (runs under ``tmp_path``) with alpha's quota for all of it and a $1000 budget."""
+    settings.LOCAL_RUNNER_DIR = tmp_path / "runs"
+    settings.LOCAL_RUNNER_KILL_GRACE_SECONDS = 1.0
+    settings.LOG_FOLLOW_POLL_SECONDS = 0.2
+    cluster = ensure_local_cluster()
+    pool = cluster.node_pools.get()
+    quota_factory(teams[0], pool.accelerator, pool.capacity_gpus)
+    budget_factory(teams[0], "1000.00")
+    yield cluster
+    kill_everything_under(tmp_path / "runs")
+
+
+def wait_for(predicate, what: str, timeout: float = 60.0, step=None):
+    """Call ``step`` (if any) until ``predicate()`` holds; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        if step is not None:
+            step()
+        time.sleep(0.2)
+
+
+def test_submit_wait_and_logs_follow_a_job_to_succeeded(server, owner, local_cluster, run_cli, tmp_path):
+    accelerator = local_cluster.node_pools.get().accelerator.name
+    document = {"team": "alpha", "name": "hello-cli", "spec": {
+        "image": "python:3.11", "command": ["python", "-c", PROGRAM],
+        "resources": {"accelerator": accelerator, "gpus_per_node": 1, "nodes": 1}, "max_runtime_seconds": 120}}
+    path = tmp_path / "hello.yaml"
+    path.write_text(yaml.safe_dump(document))
+
+    submit = spawn_cli(server, owner.key, "submit", str(path), "--wait", "--interval", "0.3")
+    follow = None
+    try:
+        wait_for(lambda: Job.objects.exists() or submit.poll() is not None, "the submission")
+        job = Job.objects.get()
+        assert try_admit(job.pk) == "admitted"
+        job.refresh_from_db()
+        assert dispatch_attempt(job.current_attempt_id) == "dispatched"
+        follow = spawn_cli(server, owner.key, "logs", str(job.pk), "--follow")
+        wait_for(lambda: Job.objects.get(pk=job.pk).is_final, "the job's end", step=lambda: reconcile_cluster(
+            local_cluster))
+        submitted_out, submitted_err = submit.communicate(timeout=60)
+        followed_out, followed_err = follow.communicate(timeout=60)
+    finally:
+        for process in (submit, follow):
+            if process is not None and process.poll() is None:
+                process.kill()
+
+    assert Job.objects.get(pk=job.pk).state == "SUCCEEDED"
+    assert submit.returncode == 0, (submitted_out, submitted_err)
+    lines = submitted_out.splitlines()
+    assert lines[0] == f"job {job.pk} submitted: hello-cli (team alpha), QUEUED"
+    assert any(f"job {job.pk}: RUNNING" in line for line in lines[1:-1])  # it ran about 3 s, polled every 0.3 s
+    assert lines[-1].startswith(f"job {job.pk} ended SUCCEEDED, cost $")
+
+    assert follow.returncode == 0, followed_err
+    assert followed_out == "first line\nsecond line\n"
+
+    tail = run_cli("logs", str(job.pk), "--tail", "1", persona=owner)
+    assert (tail.code, tail.out) == (0, "second line\n")
+    body = json.loads(run_cli("logs", str(job.pk), "--json", persona=owner).out)
+    assert body["attempt"] == 1 and body["text"] == "first line\nsecond line\n"
+    events = run_cli("events", str(job.pk), persona=owner).out
+    assert "RUNNING -> SUCCEEDED" in events

@@ -1,0 +1,145 @@
+"""``cpctl submit`` against the live API: YAML and JSON documents, overrides, field errors, bad tokens, --wait."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from pathlib import Path
+
+import yaml
+
+from jobs.lifecycle import cancel_job
+from jobs.models import Job
+
+from .conftest import REPO, spawn_cli
+
+EXAMPLE = REPO / "examples" / "jobs" / "train-gpt.yaml"
+
+
+def write_yaml(tmp_path: Path, **changes) -> Path:
+    """The train-gpt example for team alpha, with ``changes`` to its top level, as a .yaml file."""
+    document = yaml.safe_load(EXAMPLE.read_text())
+    document.update(team="alpha", **changes)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def test_it_submits_a_yaml_document_and_prints_the_id_and_state(run_cli, owner, fleet, tmp_path):
+    result = run_cli("submit", str(write_yaml(tmp_path)), persona=owner)
+    assert result.code == 0, result.err
+    job = Job.objects.get()
+    assert (job.name, job.team.slug, job.submitter, job.nodes, job.gpus_per_node) == (
+        "train-gpt", "alpha", owner.user, 2, 1)
+    assert job.spec["args"] == ["--steps", "200", "--log-every", "20", "--checkpoint-every", "50"]
+    assert result.out == f"job {job.pk} submitted: train-gpt (team alpha), QUEUED\n"
+
+
+def test_it_submits_the_example_as_is_with_team_and_name_overridden(run_cli, owner, fleet):
+    result = run_cli("submit", str(EXAMPLE), "--team", "alpha", "--name", "my-run", persona=owner)
+    assert result.code == 0, result.err
+    job = Job.objects.get()
+    assert (job.team.slug, job.name, job.state) == ("alpha", "my-run", "QUEUED")
+    assert f"job {job.pk} submitted: my-run (team alpha), QUEUED" in result.out
+
+
+def test_it_submits_json_and_json_output_parses(run_cli, teammate, fleet, tmp_path):
+    document = yaml.safe_load(EXAMPLE.read_text())
+    document.update(team="alpha", name="from-json")
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(document))
+    result = run_cli("submit", str(path), "--json", persona=teammate)
+    assert result.code == 0, result.err
+    body = json.loads(result.out)
+    assert (body["name"], body["state"], body["submitter"], body["total_gpus"]) == (
+        "from-json", "QUEUED", "teammate", 2)
+    assert Job.objects.get().pk == body["id"]
+
+
+def test_a_refused_document_prints_each_field_path_and_exits_2_storing_nothing(run_cli, owner, fleet, tmp_path):
+    document = yaml.safe_load(EXAMPLE.read_text())
+    document["team"] = "alpha"
+    document["spec"]["resources"].update(gpus_per_node=0, accelerator="Z80")
+    document["spec"]["max_runtime_seconds"] = "soon"
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(document))
+    result = run_cli("submit", str(path), persona=owner)
+    assert result.code == 2
+    assert result.out == ""
+    lines = result.err.splitlines()
+    assert lines[0] == "error: the API refused the request (HTTP 400):"
+    paths = {line.split(": ", 1)[0] for line in lines[1:]}
+    assert {"spec.resources.gpus_per_node", "spec.resources.accelerator", "spec.max_runtime_seconds"} <= paths
+    assert all(": " in line for line in lines[1:])
+    assert Job.objects.count() == 0
+
+
+def test_a_yaml_syntax_error_is_the_apis_detail_and_exit_2(run_cli, owner, fleet, tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: x\nspec: [unclosed\n")
+    result = run_cli("submit", str(path), persona=owner)
+    assert result.code == 2
+    assert "YAML parse error" in result.err and "(HTTP 400)" in result.err
+    assert Job.objects.count() == 0
+
+
+def test_a_missing_file_exits_2_without_a_request(run_cli, owner, tmp_path):
+    result = run_cli("submit", str(tmp_path / "nope.yaml"), persona=owner)
+    assert result.code == 2
+    assert result.err.startswith(f"error: cannot read {tmp_path / 'nope.yaml'}")
+
+
+def test_a_bad_token_is_a_401_with_the_apis_detail_and_exit_3_and_is_never_printed(run_cli, owner, fleet):
+    secret = "not-a-token-3f9c1d2e"
+    result = run_cli("submit", str(EXAMPLE), "--team", "alpha", token=secret)
+    assert result.code == 3
+    assert "Invalid or expired token. (HTTP 401)" in result.err
+    assert "CONTROLPLANE_TOKEN" in result.err
+    assert secret not in result.out + result.err
+    assert Job.objects.count() == 0
+    missing = run_cli("jobs")
+    assert missing.code == 3 and "Authentication credentials were not provided" in missing.err
+
+
+def test_an_unreachable_server_is_a_one_line_hint_with_the_url(capsys, monkeypatch, db):
+    from controlplane import cli
+
+    monkeypatch.setenv("CONTROLPLANE_TOKEN", "secret-token-value")
+    code = cli.main(["--url", "http://127.0.0.1:9", "jobs"])
+    captured = capsys.readouterr()
+    assert code == 7
+    assert captured.err == ("error: cannot reach the control plane at http://127.0.0.1:9: is it running? "
+                            "Set --url or CONTROLPLANE_URL\n")
+    assert "secret-token-value" not in captured.err
+
+
+def test_submit_wait_in_a_subprocess_follows_the_job_and_exits_1_when_it_is_cancelled(server, owner, fleet):
+    process = spawn_cli(server, owner.key, "submit", str(EXAMPLE), "--team", "alpha", "--wait", "--interval", "0.2")
+    try:
+        deadline = time.monotonic() + 30
+        while not Job.objects.exists():
+            assert time.monotonic() < deadline and process.poll() is None, process.communicate()
+            time.sleep(0.1)
+        job = Job.objects.get()
+        time.sleep(0.5)  # let it poll the QUEUED job at least once
+        cancel_job(job, actor=owner.user)
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 1, (out, err)
+    lines = out.splitlines()
+    assert lines[0] == f"job {job.pk} submitted: train-gpt (team alpha), QUEUED"
+    assert lines[-2].endswith(f"job {job.pk}: CANCELLED: cancelled by owner")
+    assert lines[-1].startswith(f"job {job.pk} ended CANCELLED")
+    assert owner.key not in out + err
+
+
+def test_it_submits_json_from_stdin(run_cli, owner, fleet, monkeypatch):
+    document = yaml.safe_load(EXAMPLE.read_text())
+    document.update(team="alpha", name="from-stdin")
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(json.dumps(document).encode())))
+    result = run_cli("submit", "-", persona=owner)
+    assert result.code == 0, result.err
+    assert Job.objects.get().name == "from-stdin"
