@@ -284,3 +284,16 @@ def test_the_image_user_is_the_pods_user():
     assert user, "the image runs as a numeric user"
     for _, pod in pods(render(BASE)):
         assert (str(pod["securityContext"]["runAsUser"]), str(pod["securityContext"]["runAsGroup"])) == user[-1]
+
+
+@pytest.mark.parametrize("directory", kustomization_dirs(), ids=lambda d: d.relative_to(KUBERNETES).as_posix())
+def test_the_services_are_shared_servers_not_the_embedded_defaults(directory):
+    """SQLite and the filesystem broker live in each pod's emptyDir: every pod would have its own."""
+    import environ
+
+    objects = by_key(render(directory))
+    assert objects["ConfigMap", "controlplane-config"]["data"]["CELERY_BROKER_URL"].startswith(("redis://", "amqp://"))
+    secret = objects.get(("Secret", "controlplane-secrets"))
+    if secret is not None:
+        database = environ.Env.db_url_config(secret["stringData"]["DATABASE_URL"])
+        assert database["ENGINE"] == "django.db.backends.postgresql"
