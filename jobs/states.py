@@ -69,20 +69,24 @@ def transition(job: Job, to_state: str, *, reason: str = "", actor=None, attempt
         fields.setdefault("started_at", now)
     if to_state in FINAL_STATES:
         fields.setdefault("ended_at", now)
-    with transaction.atomic():
+    # No savepoint: inside a caller's transaction (admission, dispatch, an attempt's end) it would cost two
+    # round trips. A lost compare-and-set writes nothing, so StaleState is raised after the block and leaves
+    # the caller's transaction usable; a database error inside still rolls the whole transaction back.
+    with transaction.atomic(savepoint=False):
         updated = Job.objects.filter(pk=job.pk, state=from_state).update(state=to_state, updated_at=now, **fields)
-        if updated != 1:
-            raise StaleState(job.pk, from_state)
-        JobEvent.objects.create(
-            job_id=job.pk,
-            attempt=attempt,
-            kind="state",
-            from_state=from_state,
-            to_state=to_state,
-            reason=reason[:500],
-            actor=actor,
-            data=data or {},
-        )
+        if updated == 1:
+            JobEvent.objects.create(
+                job_id=job.pk,
+                attempt=attempt,
+                kind="state",
+                from_state=from_state,
+                to_state=to_state,
+                reason=reason[:500],
+                actor=actor,
+                data=data or {},
+            )
+    if updated != 1:
+        raise StaleState(job.pk, from_state)
     job.state = to_state
     job.updated_at = now
     for name, value in fields.items():

@@ -159,6 +159,20 @@ def test_two_racers_from_the_same_state_only_one_wins(make_job):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_lost_compare_and_set_inside_a_transaction_leaves_it_usable(make_job):
+    """transition() takes no savepoint; a StaleState it raises must not poison the caller's transaction."""
+    lost, won = make_job(S.RUNNING), make_job(S.QUEUED)
+    Job.objects.filter(pk=lost.pk).update(state=S.CANCELLING)
+    with transaction.atomic():
+        with pytest.raises(StaleState):
+            transition(lost, S.SUCCEEDED)
+        transition(won, S.ADMITTED, reason="same transaction, after the loss")
+    assert Job.objects.get(pk=won.pk).state == S.ADMITTED
+    assert JobEvent.objects.filter(job_id=won.pk).count() == 1
+    assert not JobEvent.objects.filter(job_id=lost.pk).exists()
+
+
+@pytest.mark.django_db(transaction=True)
 def test_state_and_event_roll_back_together_with_the_outer_transaction(make_job):
     job = make_job(S.QUEUED)
     with pytest.raises(RuntimeError), transaction.atomic():
