@@ -19,6 +19,12 @@ VAR_DIR.mkdir(parents=True, exist_ok=True)
 SECRET_KEY = env("SECRET_KEY", default="insecure-dev-key-change-me-in-production")
 DEBUG = env.bool("DEBUG", default=False)
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
+# Behind a TLS-terminating proxy or ingress: the origins the web UI's forms come from (e.g.
+# https://controlplane.example.com), and whether to trust its X-Forwarded-Proto header for "is this HTTPS".
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+if env.bool("TRUST_X_FORWARDED_PROTO", default=False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -190,6 +196,10 @@ COSTS_COLLECT_LOOKBACK_SECONDS = env.int("COSTS_COLLECT_LOOKBACK_SECONDS", defau
 COSTS_BURN_RATE_WINDOW_SECONDS = env.int("COSTS_BURN_RATE_WINDOW_SECONDS", default=86400)
 # Budget alerts go to team admins through Django mail (console in dev; pytest-django uses locmem).
 EMAIL_BACKEND = env("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
+# SMTP for budget alerts and reports: EMAIL_URL=smtp+tls://user:password@smtp.example.com:587 sets the SMTP
+# backend and its host, port, credentials and TLS (django-environ's email_url).
+if env("EMAIL_URL", default=""):
+    vars().update(env.email_url("EMAIL_URL"))
 DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="controlplane@localhost")
 CELERY_BEAT_SCHEDULE.update({
     "check-budgets": {"task": "costs.tasks.check_budgets", "schedule": env.float("BUDGET_CHECK_INTERVAL_SECONDS", default=300.0)},

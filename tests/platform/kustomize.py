@@ -3,7 +3,7 @@
 
 Strategic merge follows Kubernetes' patch strategy for the lists these manifests patch (containers and env
 by ``name``, ...) and Kustomize's order: a merged list holds the patch's items first, then the other items
-of the original (tests/platform checks it against ``kubectl kustomize`` where kubectl is installed).
+of the original (no CI machine has kubectl to compare with; ``kubectl kustomize`` is the reference by hand).
 """
 
 from __future__ import annotations
