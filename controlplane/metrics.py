@@ -40,7 +40,8 @@ RECONCILE_SECONDS = Histogram("controlplane_reconcile_duration_seconds", "Time o
 
 
 class JobStateCollector:
-    """``controlplane_jobs{state}`` (every state, 0 included) and ``controlplane_queue_depth`` from one query."""
+    """``controlplane_jobs{state}`` (every state, 0 included) and ``controlplane_queue_depth`` from one query, and
+    ``controlplane_cluster_health`` from another."""
 
     def collect(self):
         from django.db.models import Count
@@ -54,6 +55,21 @@ class JobStateCollector:
         yield jobs
         yield GaugeMetricFamily("controlplane_queue_depth", "Jobs waiting for admission (QUEUED and RECOVERING)",
                                 value=counts.get(JobState.QUEUED, 0) + counts.get(JobState.RECOVERING, 0))
+        yield from self.collect_clusters()
+
+    @staticmethod
+    def collect_clusters():
+        """``controlplane_cluster_health{cluster,provider,region,health}``: 1 for each cluster's current health, 0
+        for the others (the kube-state-metrics style of a state set), from the database at scrape time."""
+        from runners.models import Cluster
+
+        health = GaugeMetricFamily("controlplane_cluster_health", "A cluster's health as the control plane sees it "
+                                   "(1 on the current one), from the database at scrape time",
+                                   labels=["cluster", "provider", "region", "health"])
+        for name, provider, region, current in Cluster.objects.values_list("name", "provider", "region", "health"):
+            for value in Cluster.Health.values:
+                health.add_metric([name, provider, region, value], 1 if value == current else 0)
+        yield health
 
     def describe(self):
         return []  # no describe-time query: the collector registers without touching the database

@@ -51,6 +51,21 @@ def test_metrics_exports_job_states_from_the_database(client, teams, h100, user)
     assert any(name.startswith("django_http_requests") for name, _ in samples)
 
 
+def test_metrics_exports_each_clusters_health_as_a_state_set(client, h100):
+    east, _ = make_cluster("aws-east", "aws", "us-east-1", h100)
+    central, _ = make_cluster("gcp-central", "gcp", "us-central1", h100)
+    Cluster.objects.filter(pk=central.pk).update(health=Cluster.Health.UNREACHABLE)
+
+    samples = scrape(client)
+
+    def health(cluster, provider, region, state):
+        key = (("cluster", cluster), ("health", state), ("provider", provider), ("region", region))
+        return samples[("controlplane_cluster_health", key)]
+
+    assert [health("aws-east", "aws", "us-east-1", h) for h in ("healthy", "degraded", "unreachable")] == [1, 0, 0]
+    assert [health("gcp-central", "gcp", "us-central1", h) for h in ("healthy", "degraded", "unreachable")] == [0, 0, 1]
+
+
 def test_admission_and_rejection_counters(client, teams, h100, user, quota_factory):
     make_cluster("aws-east", "aws", "us-east-1", h100, price="3.00")
     quota_factory(teams[0], h100, nominal=8, max_per_job=8)
