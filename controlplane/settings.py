@@ -169,8 +169,8 @@ CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ACKS_ON_FAILURE_OR_TIMEOUT = True
 # Pacing of scheduling passes under a storm of submissions (jobs.scheduler.schedule_coalesced): after a pass
-# of d seconds the next waits min(d x FACTOR, MAX); pauses under MIN are skipped.
-SCHEDULE_PASS_PAUSE_FACTOR = env.float("SCHEDULE_PASS_PAUSE_FACTOR", default=1.0)
+# of d seconds the next waits min(d x FACTOR, MAX); none after a pass shorter than MIN seconds.
+SCHEDULE_PASS_PAUSE_FACTOR = env.float("SCHEDULE_PASS_PAUSE_FACTOR", default=3.0)
 SCHEDULE_PASS_PAUSE_MAX_SECONDS = env.float("SCHEDULE_PASS_PAUSE_MAX_SECONDS", default=2.0)
 SCHEDULE_PASS_PAUSE_MIN_SECONDS = env.float("SCHEDULE_PASS_PAUSE_MIN_SECONDS", default=0.02)
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"

@@ -79,14 +79,14 @@ SCHEDULE_LAST_PASS_KEY = "controlplane:schedule-last-pass"
 def record_pass(duration_s: float) -> float:
     """Record that a pass of ``duration_s`` seconds just ended; returns the pause (seconds) before the next one.
 
-    The pause is ``min(duration_s x SCHEDULE_PASS_PAUSE_FACTOR, SCHEDULE_PASS_PAUSE_MAX_SECONDS)``, or 0
-    below ``SCHEDULE_PASS_PAUSE_MIN_SECONDS`` (a pass over a short queue is not worth deferring), and 0
-    without a Redis broker.
+    The pause is ``min(duration_s x SCHEDULE_PASS_PAUSE_FACTOR, SCHEDULE_PASS_PAUSE_MAX_SECONDS)``; 0 after
+    a pass shorter than ``SCHEDULE_PASS_PAUSE_MIN_SECONDS`` (a short queue is not worth deferring for), and
+    0 without a Redis broker.
     """
     from django.conf import settings
 
     pause = min(duration_s * settings.SCHEDULE_PASS_PAUSE_FACTOR, settings.SCHEDULE_PASS_PAUSE_MAX_SECONDS)
-    if pause < settings.SCHEDULE_PASS_PAUSE_MIN_SECONDS:
+    if duration_s < settings.SCHEDULE_PASS_PAUSE_MIN_SECONDS:
         pause = 0.0
     client = schedule_flag_client()
     if client is None:

@@ -30,8 +30,10 @@ def fresh_lookup_caches():
     """A test's rolled-back rows send no signal: start and end every test with empty per-process lookup caches,
     and with no scheduling-pass pause left by another test's pass (``jobs.tasks.record_pass``)."""
     from jobs import tasks
+    from jobs.scheduler import clear_row_cache
 
     clear_all()
+    clear_row_cache()
     client = tasks.schedule_flag_client()
     if client is not None:
         client.delete(tasks.SCHEDULE_LAST_PASS_KEY)

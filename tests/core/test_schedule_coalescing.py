@@ -118,6 +118,9 @@ def test_a_pass_that_comes_before_the_pause_ends_defers_itself_and_keeps_the_fla
 def test_a_short_pass_asks_for_no_pause(redis_broker, settings):
     settings.SCHEDULE_PASS_PAUSE_FACTOR, settings.SCHEDULE_PASS_PAUSE_MIN_SECONDS = 1.0, 0.02
     assert tasks.record_pass(0.005) == 0.0
+    settings.SCHEDULE_PASS_PAUSE_FACTOR = 3.0
+    assert tasks.record_pass(0.019) == 0.0  # the pass's own length decides, not the pause it would give
+    settings.SCHEDULE_PASS_PAUSE_FACTOR = 1.0
     assert tasks.pass_pause_remaining() == 0.0
     assert tasks.record_pass(0.5) == 0.5
     assert 0.0 < tasks.pass_pause_remaining() <= 0.5

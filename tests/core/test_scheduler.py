@@ -170,6 +170,29 @@ def test_the_locked_recheck_refuses_a_placement_a_new_per_cluster_quota_forbids(
     assert fresh(job).queue_info["reason"] == "quota" and not job.attempts.exists()
 
 
+def test_a_pass_sees_every_change_to_the_queue_since_the_last_one(cluster_factory, quota_factory, h100, alpha, submit):
+    """Passes re-read only rows whose version changed: a new job, a changed priority, a job gone, all seen."""
+    cluster_factory("big", "aws", "us-east-1", h100, nodes=1, price="6.88")  # room for one 8-GPU job
+    quota_factory(alpha, h100, nominal=16)
+    running = submit(alpha, 8)
+    first, second = submit(alpha, 8), submit(alpha, 8)
+    schedule_pending()  # admits `running`; caches the two waiting rows
+    assert fresh(running).state == S.ADMITTED
+    gone, urgent = submit(alpha, 8, priority=900), submit(alpha, 8)
+    Job.objects.filter(pk=gone.pk).update(state=S.CANCELLED)  # left the queue behind the cache's back
+    Job.objects.filter(pk=urgent.pk).update(priority=1000)  # changed behind the cache's back
+    Job.objects.filter(pk=second.pk).update(priority=950)
+    job, attempt = run(running)
+    end_attempt(job, attempt, S.SUCCEEDED, reason="done", end_reason="succeeded")
+
+    schedule_pending()
+
+    assert fresh(urgent).state == S.ADMITTED  # highest priority now, though cached at the default one
+    assert fresh(gone).state == S.CANCELLED and not fresh(gone).attempts.exists()
+    assert fresh(second).queue_info["position"]["team"] == 1  # 950 before first's 500
+    assert fresh(first).queue_info["position"]["team"] == 2
+
+
 def test_a_team_without_quota_for_the_accelerator_is_rejected(cluster_factory, quota_factory, catalog, h100, alpha, submit):
     cluster_factory("big", "aws", "us-east-1", h100, price="6.88")
     quota_factory(alpha, catalog["A100-80GB"], nominal=64)  # quota, but for another accelerator
