@@ -7,7 +7,7 @@ an API token.
 Configuration (an option wins over the environment):
 
   --url URL      or CONTROLPLANE_URL     default http://127.0.0.1:8000
-  --token KEY    or CONTROLPLANE_TOKEN   sent as ``Authorization: Token KEY``; never printed
+  --token=KEY    or CONTROLPLANE_TOKEN   sent as ``Authorization: Token KEY``; never printed
                                          (prefer the variable: options show in ``ps``)
 
 Commands::

@@ -120,6 +120,8 @@ class ApiToken(models.Model):
     def issue(cls, user, name: str, expires_at=None) -> tuple["ApiToken", str]:
         """Create a token for ``user``; returns ``(token, key)``. The key is not stored."""
         key = secrets.token_urlsafe(32)
+        while key[0] in "-_":  # a key starting with "-" reads as an option on command lines (cpctl --token KEY)
+            key = secrets.token_urlsafe(32)
         token = cls.objects.create(user=user, name=name, prefix=key[:8], digest=cls.hash_key(key), expires_at=expires_at)
         return token, key
 

@@ -56,7 +56,7 @@ def run_cli(server, capsys):
     def run(*argv: str, persona=None, token: str | None = None) -> Result:
         capsys.readouterr()  # drop anything printed before
         key = token if token is not None else (persona.key if persona is not None else None)
-        prefix = ["--url", server] + (["--token", key] if key else [])
+        prefix = ["--url", server] + ([f"--token={key}"] if key else [])  # "=": a key may start with "-"
         code = cli.main([*prefix, *argv])
         captured = capsys.readouterr()
         return Result(code, captured.out, captured.err)

@@ -143,3 +143,15 @@ def test_it_submits_json_from_stdin(run_cli, owner, fleet, monkeypatch):
     result = run_cli("submit", "-", persona=owner)
     assert result.code == 0, result.err
     assert Job.objects.get().name == "from-stdin"
+
+
+def test_issued_keys_never_start_like_an_option(db):
+    """A key starting with "-" would read as an option after ``--token`` (seen: a flaky CLI test)."""
+    from django.contrib.auth import get_user_model
+
+    from quotas.models import ApiToken
+
+    user = get_user_model().objects.create(username="keys")
+    keys = [ApiToken.issue(user, f"k{i}")[1] for i in range(300)]
+    assert not [k for k in keys if k[0] in "-_"]
+    assert len(set(keys)) == 300
