@@ -163,7 +163,8 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def dispatch_phase(env: dict, attempt_ids: list[int], timeout: float, emulator_pid: int) -> dict:
+def dispatch_phase(env: dict, attempt_ids: list[int], timeout: float, emulator_pid: int, pool: str = "solo",
+                   concurrency: int = 1) -> dict:
     """Start 2 celery workers, enqueue every dispatch, and wait until every attempt started; returns rate and times.
 
     Also the CPU milliseconds per dispatched job spent by the two workers and
@@ -175,8 +176,8 @@ def dispatch_phase(env: dict, attempt_ids: list[int], timeout: float, emulator_p
     from jobs.tasks import dispatch_attempt
 
     app.control.purge()
-    workers = [subprocess.Popen([sys.executable, "-m", "celery", "-A", "controlplane", "worker", "-P", "solo",
-                                 "-n", f"bench{i}@%h", "-l", "warning", "--without-gossip", "--without-mingle",
+    workers = [subprocess.Popen([sys.executable, "-m", "celery", "-A", "controlplane", "worker", "-P", pool,
+                                 "-c", str(concurrency), "-n", f"bench{i}@%h", "-l", "warning", "--without-gossip", "--without-mingle",
                                  "--without-heartbeat"], cwd=ROOT, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
                for i in range(2)]
@@ -243,6 +244,9 @@ def main() -> None:
     parser.add_argument("--clusters", type=int, default=10, help="clusters holding the running attempts")
     parser.add_argument("--passes", type=int, default=3, help="reconcile passes")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the dispatches")
+    parser.add_argument("--pool", choices=["solo", "threads"], default="solo",
+                        help="each worker's pool (default solo: one dispatch at a time per worker)")
+    parser.add_argument("--concurrency", type=int, default=1, help="threads per worker with --pool threads")
     args = parser.parse_args()
 
     env = dict(os.environ)
@@ -267,8 +271,9 @@ def main() -> None:
         parent.send(("prefill", running))
         parent.recv()
 
-        result = {"benchmark": "dispatch", "workers": 2, "cores": os.cpu_count()}
-        result.update(dispatch_phase(env, admitted, args.timeout, emulator.pid))
+        result = {"benchmark": "dispatch", "workers": 2, "pool": f"{args.pool} x{args.concurrency}",
+                  "cores": os.cpu_count()}
+        result.update(dispatch_phase(env, admitted, args.timeout, emulator.pid, args.pool, args.concurrency))
         parent.send(("count", DISPATCH_CLUSTER))
         result["dispatch_objects_created"] = parent.recv()
         result.update(reconcile_phase(names, args.passes))
