@@ -215,6 +215,8 @@ class YAMLParser(BaseParser):
             raise ParseError(f"YAML body is not UTF-8: {exc}") from exc
         except yaml.YAMLError as exc:
             raise ParseError(f"YAML parse error: {exc}") from exc
+        except (ValueError, OverflowError) as exc:  # a scalar PyYAML cannot build: 2024-13-45, a 5,000-digit int
+            raise ParseError(f"YAML parse error: {exc}") from exc
         return refuse_unencodable_text(data)
 
 

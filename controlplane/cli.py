@@ -47,6 +47,7 @@ import argparse
 import codecs
 import datetime as dt
 import json
+import math
 import os
 import sys
 import time
@@ -597,11 +598,25 @@ def cmd_costs(client: Client, args) -> int:
 # --- command line -----------------------------------------------------------------------------------------------------
 
 def positive_float(value: str) -> float:
-    """argparse type: a number above zero."""
+    """argparse type: a finite number above zero (seconds: ``inf`` would overflow the socket timeout)."""
     number = float(value)
-    if not number > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, not {value}")
+    if not number > 0 or not math.isfinite(number) or number > 1e6:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1000000, not {value}")
     return number
+
+
+def check_connection_settings(url: str, token: str | None) -> str | None:
+    """Why ``url`` or ``token`` cannot be used (a one-line message), or None when both can."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range
+    except ValueError as exc:  # not echoed: a URL that does not parse cannot be cleaned of a password either
+        return f"error: bad control plane URL (CONTROLPLANE_URL or --url): {exc}"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"error: bad control plane URL {redact(url)}: expected http(s)://host[:port]"
+    if token is not None and not (token.isascii() and token.isprintable() and " " not in token):
+        return "error: the API token must be printable ASCII without spaces (as issued); check CONTROLPLANE_TOKEN"
+    return None
 
 
 def positive_int(value: str) -> int:
@@ -683,6 +698,10 @@ def main(argv: list[str] | None = None) -> int:
     args.json = getattr(args, "json", False)
     url = getattr(args, "url", None) or os.environ.get("CONTROLPLANE_URL") or DEFAULT_URL
     token = getattr(args, "token", None) or os.environ.get("CONTROLPLANE_TOKEN") or None
+    problem = check_connection_settings(url, token)
+    if problem is not None:
+        err(problem)
+        return EXIT_BAD_INPUT
     client = Client(url, token, timeout=getattr(args, "timeout", 30.0))
     try:
         return args.handler(client, args)

@@ -12,7 +12,10 @@ authentication results (``--authentication-token-webhook-cache-ttl``, 2 min
 by default):
 
 * in the process that makes the change, a ``post_save`` / ``post_delete`` of
-  any model a cache depends on empties that cache at once;
+  any model a cache depends on empties that cache at once and again when the
+  transaction commits (another thread may have re-read the old row meanwhile),
+  and an answer loaded while a clear happened is not kept; code that changes
+  such rows with a queryset ``update()`` calls :func:`changed`;
 * in other processes (other gunicorn workers), a revoked token, a removed
   membership or a deactivated user stays usable for at most the TTL.
 
@@ -30,10 +33,12 @@ from typing import Any
 
 from cachetools import TTLCache
 from django.conf import settings
+from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
 _MISSING = object()
 _ALL: list[LookupCache] = []
+_BY_MODEL: dict[type, list[LookupCache]] = {}
 
 
 def clear_all() -> None:
@@ -59,6 +64,7 @@ class LookupCache:
         self._lock = threading.Lock()
         self._ttl: float | None = None
         self._cache: TTLCache | None = None
+        self._generation = 0  # bumped by every clear: a load that saw an older one must not store its answer
         _ALL.append(self)
 
     def _current(self) -> TTLCache | None:
@@ -74,24 +80,49 @@ class LookupCache:
         with self._lock:
             cache = self._current()
             value = cache.get(key, _MISSING) if cache is not None else _MISSING
+            generation = self._generation
         if value is not _MISSING:
             return value
         value = load()
         if value is not None and cache is not None:
             with self._lock:
-                if self._cache is cache:
+                # A clear while ``load`` ran means the row may have changed after it was read: do not keep it.
+                if self._cache is cache and self._generation == generation:
                     cache[key] = value
         return value
 
     def clear(self, *args, **kwargs) -> None:
         """Forget every entry (also a signal receiver: extra arguments are ignored)."""
         with self._lock:
+            self._generation += 1
             if self._cache is not None:
                 self._cache.clear()
 
+    def changed(self, *args, **kwargs) -> None:
+        """A row this cache depends on changed: clear now, and again when the current transaction commits.
+
+        The second clear drops what another thread may have read, from the
+        still-committed old row, while the change was not yet committed.
+        """
+        self.clear()
+        transaction.on_commit(self.clear)
+
     def invalidate_on(self, *models) -> LookupCache:
-        """Empty this cache whenever an instance of one of ``models`` is saved or deleted; returns self."""
+        """Empty this cache whenever an instance of one of ``models`` is saved or deleted (now and at commit).
+
+        Queryset ``update()`` and ``delete()`` of many rows send no signal: code
+        that changes these models that way calls :func:`changed` itself.
+        Returns self.
+        """
         for model in models:
-            post_save.connect(self.clear, sender=model, weak=False, dispatch_uid=f"lookup-{self.name}-{model}-save")
-            post_delete.connect(self.clear, sender=model, weak=False, dispatch_uid=f"lookup-{self.name}-{model}-del")
+            _BY_MODEL.setdefault(model, []).append(self)
+            post_save.connect(self.changed, sender=model, weak=False, dispatch_uid=f"lookup-{self.name}-{model}-save")
+            post_delete.connect(self.changed, sender=model, weak=False,
+                                dispatch_uid=f"lookup-{self.name}-{model}-del")
         return self
+
+
+def changed(model) -> None:
+    """Rows of ``model`` changed without a signal (a queryset ``update()``): clear the caches that depend on it."""
+    for cache in _BY_MODEL.get(model, ()):
+        cache.changed()

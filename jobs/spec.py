@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 
 from django.conf import settings
-from django.db.models import Max
+from django.db.models import Max, Q
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.settings import api_settings
@@ -184,9 +184,10 @@ class ResourcesSerializer(SharedFieldsMixin, StrictSerializer):
     memory_gib = PositiveNumberField(required=False)
 
     def validate_accelerator(self, value: str) -> Accelerator:
-        # One query: the accelerator and the largest node pool offering it (read again by ``validate``).
+        # One query: the accelerator and the largest node pool offering it (read again by ``validate``); a pool
+        # kept with 0 nodes (gone from its cluster, still referenced by attempts) offers nothing.
         accelerator = ACCELERATORS.get(value, lambda: Accelerator.objects.filter(name=value).annotate(
-            largest_pool_gpus=Max("node_pools__gpus_per_node")).first())
+            largest_pool_gpus=Max("node_pools__gpus_per_node", filter=Q(node_pools__nodes__gt=0))).first())
         if accelerator is None:
             known = ", ".join(Accelerator.objects.values_list("name", flat=True))
             raise serializers.ValidationError(f'unknown accelerator "{value}"; known: {known or "none"}')

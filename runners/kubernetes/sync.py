@@ -18,6 +18,8 @@ import logging
 
 from django.db import transaction
 
+from controlplane import lookups
+
 from ..base import ClusterUnreachable, PoolCapacity, UnknownBackend, backend_for
 from ..models import Accelerator, Cluster, NodePool
 
@@ -72,6 +74,7 @@ def apply_pools(cluster: Cluster, pools: list[PoolCapacity]) -> dict:
                 changed = {k: v for k, v in wanted.items() if getattr(row, k) != v}
                 if changed:
                     NodePool.objects.filter(pk=row.pk).update(**changed)
+                    lookups.changed(NodePool)  # no signal from update(): submissions' pool sizes are cached
                     counts["updated"] += 1
                 else:
                     counts["unchanged"] += 1
@@ -82,6 +85,7 @@ def apply_pools(cluster: Cluster, pools: list[PoolCapacity]) -> dict:
             if row.attempts.exists():
                 if row.nodes:
                     NodePool.objects.filter(pk=row.pk).update(nodes=0)
+                    lookups.changed(NodePool)
                     log.info("cluster %s: pool %s is gone from the cluster; kept with 0 nodes (attempts use it)",
                              cluster.name, row.name)
                 counts["emptied"] += 1
