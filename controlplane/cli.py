@@ -500,7 +500,9 @@ def cmd_logs(client: Client, args) -> int:
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     try:
         with response:
-            for chunk in response.iter_content(chunk_size=None):
+            # read1: whatever has arrived, at once. iter_content(None) waits for the end of a stream that is
+            # not chunked (a server answering "Connection: close"), which a followed log may never reach.
+            while chunk := response.raw.read1(65536):
                 sys.stdout.write(decoder.decode(chunk))
                 sys.stdout.flush()
             sys.stdout.write(decoder.decode(b"", final=True))

@@ -325,6 +325,10 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
         out.write("\nInterrupted.\n")
         return 130
     finally:
+        # Shutting down must finish: make passes a group's SIGTERM on to us a second time, and a Ctrl-C
+        # pressed twice would otherwise abort the cleanup and leave the servers and training running.
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)
         out.write("Stopping the platform...\n")
         out.flush()
         cancel_unfinished(submitted)

@@ -8,6 +8,8 @@ dispatch, reconcile), as the browser test does.
 from __future__ import annotations
 
 import json
+import queue
+import threading
 import time
 
 import pytest
@@ -22,7 +24,10 @@ from tests.runners.test_local_runner import kill_everything_under
 
 from .conftest import spawn_cli
 
-PROGRAM = "import time; print('first line', flush=True); time.sleep(3); print('second line', flush=True)"
+# Prints a line, then waits for the file named by its argument (the test's go-ahead), then prints another.
+PROGRAM = ("import os, sys, time; print('first line', flush=True); "
+           "[time.sleep(0.05) for _ in iter(lambda: os.path.exists(sys.argv[1]), True)]; "
+           "print('second line', flush=True)")
 
 
 @pytest.fixture
@@ -51,8 +56,9 @@ def wait_for(predicate, what: str, timeout: float = 60.0, step=None):
 
 def test_submit_wait_and_logs_follow_a_job_to_succeeded(server, owner, local_cluster, run_cli, tmp_path):
     accelerator = local_cluster.node_pools.get().accelerator.name
+    go = tmp_path / "go"
     document = {"team": "alpha", "name": "hello-cli", "spec": {
-        "image": "python:3.11", "command": ["python", "-c", PROGRAM],
+        "image": "python:3.11", "command": ["python", "-c", PROGRAM, str(go)],
         "resources": {"accelerator": accelerator, "gpus_per_node": 1, "nodes": 1}, "max_runtime_seconds": 120}}
     path = tmp_path / "hello.yaml"
     path.write_text(yaml.safe_dump(document))
@@ -66,10 +72,20 @@ def test_submit_wait_and_logs_follow_a_job_to_succeeded(server, owner, local_clu
         job.refresh_from_db()
         assert dispatch_attempt(job.current_attempt_id) == "dispatched"
         follow = spawn_cli(server, owner.key, "logs", str(job.pk), "--follow")
+        lines: queue.Queue = queue.Queue()
+        reader = threading.Thread(target=lambda: lines.put(follow.stdout.readline()), daemon=True)
+        reader.start()
+        # The first line must come through while the job still runs (it waits for `go`): streamed, not
+        # delivered when the attempt ends.
+        wait_for(lambda: not lines.empty(), "the first followed line", step=lambda: reconcile_cluster(local_cluster))
+        assert not Job.objects.get(pk=job.pk).is_final
+        first = lines.get()
+        go.touch()
         wait_for(lambda: Job.objects.get(pk=job.pk).is_final, "the job's end", step=lambda: reconcile_cluster(
             local_cluster))
         submitted_out, submitted_err = submit.communicate(timeout=60)
-        followed_out, followed_err = follow.communicate(timeout=60)
+        rest, followed_err = follow.communicate(timeout=60)
+        followed_out = first + rest
     finally:
         for process in (submit, follow):
             if process is not None and process.poll() is None:
@@ -79,7 +95,7 @@ def test_submit_wait_and_logs_follow_a_job_to_succeeded(server, owner, local_clu
     assert submit.returncode == 0, (submitted_out, submitted_err)
     lines = submitted_out.splitlines()
     assert lines[0] == f"job {job.pk} submitted: hello-cli (team alpha), QUEUED"
-    assert any(f"job {job.pk}: RUNNING" in line for line in lines[1:-1])  # it ran about 3 s, polled every 0.3 s
+    assert any(f"job {job.pk}: RUNNING" in line for line in lines[1:-1])  # it ran until `go`, polled every 0.3 s
     assert lines[-1].startswith(f"job {job.pk} ended SUCCEEDED, cost $")
 
     assert follow.returncode == 0, followed_err
