@@ -18,9 +18,7 @@ Two kinds, so that every number is right across processes:
 
 from __future__ import annotations
 
-import functools
 import logging
-import time
 
 from celery.signals import worker_process_init
 from prometheus_client import REGISTRY, Counter, Histogram
@@ -85,20 +83,6 @@ def register_job_state_collector(registry=REGISTRY) -> JobStateCollector:
         _job_states = JobStateCollector()
         registry.register(_job_states)
     return _job_states
-
-
-def observe_reconcile(fn):
-    """Decorate ``reconcile_cluster(cluster, ...)``: its duration goes to ``RECONCILE_SECONDS{cluster}``."""
-
-    @functools.wraps(fn)
-    def wrapper(cluster, *args, **kwargs):
-        started = time.monotonic()
-        try:
-            return fn(cluster, *args, **kwargs)
-        finally:
-            RECONCILE_SECONDS.labels(cluster=cluster.name).observe(time.monotonic() - started)
-
-    return wrapper
 
 
 @worker_process_init.connect
