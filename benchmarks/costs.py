@@ -48,6 +48,7 @@ import django  # noqa: E402
 
 django.setup()
 
+from benchmarks.procstat import cpu_seconds  # noqa: E402
 from costs import prometheus as P  # noqa: E402
 
 UTC = dt.timezone.utc
@@ -188,15 +189,6 @@ def tsdb_shape(data: Path) -> tuple[int, int]:
     blocks = [b for b in data.iterdir() if (b / "meta.json").exists()]
     size = sum(f.stat().st_size for f in data.rglob("*") if f.is_file())
     return len(blocks), size
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of a process so far (Linux ``/proc``), None elsewhere."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pushed_down_day(source: P.Source, day: int, step: int) -> dict:

@@ -36,6 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.procstat import cpu_seconds  # noqa: E402
+
 DISPATCH_CLUSTER = "bench-dispatch"
 
 
@@ -151,16 +153,6 @@ def seed(urls: dict[str, str], jobs: int, attempts: int, clusters: list[str]) ->
 
 
 # --- phases --------------------------------------------------------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds used so far by process ``pid`` (Linux ``/proc``; None elsewhere)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def dispatch_phase(env: dict, attempt_ids: list[int], timeout: float, emulator_pid: int, pool: str = "solo",

@@ -33,6 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.procstat import tree_cpu_seconds  # noqa: E402
+
 JOB = {
     "team": "bench", "name": "bench-job", "kind": "training",
     "spec": {
@@ -102,32 +104,6 @@ def client(port: int, path: str, token: str, body: bytes, stop_at: float, latenc
         else:
             errors.append(1)
     conn.close()
-
-
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def tree_cpu_seconds(root: int) -> float:
-    """User + system CPU seconds of process ``root`` and its live descendants, from /proc (Linux)."""
-    parents, cpu = {}, {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents[int(entry)] = int(fields[1])
-        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-    total = 0.0
-    for pid in cpu:
-        p = pid
-        while p > 1 and p != root:
-            p = parents.get(p, 0)
-        if p == root:
-            total += cpu[pid]
-    return total
 
 
 def phase(port: int, path: str, token: str, clients: int, seconds: float, procs: dict | None = None) -> dict:
