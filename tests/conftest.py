@@ -146,6 +146,54 @@ TEST_BROKER_URL = "redis://127.0.0.1:6379/15"  # as in the Makefile's `make test
 
 
 @pytest.fixture
+def submit(h100, user):
+    """Create a QUEUED job the way the API stores one (columns plus the validated spec), for scheduler tests.
+
+    ``submit(team, gpus_per_node, nodes=1, *, priority, preemptible, max_runtime, placement, max_retries,
+    accelerator)``; jobs are named ``job-1``, ``job-2``... in creation order.
+    """
+    from jobs.models import Job
+
+    counter = iter(range(1, 10_000))
+
+    def make(team, gpus_per_node, nodes=1, *, priority=500, preemptible=False, max_runtime=3600, placement=None,
+             max_retries=0, accelerator=None):
+        accelerator = accelerator or h100
+        spec = {
+            "image": "python:3.11", "command": ["python", "train.py"],
+            "resources": {"accelerator": accelerator.name, "gpus_per_node": gpus_per_node, "nodes": nodes},
+            "priority": priority, "max_runtime_seconds": max_runtime, "preemptible": preemptible,
+            "placement": placement or {}, "max_retries": max_retries,
+        }
+        return Job.objects.create(
+            team=team, submitter=user, name=f"job-{next(counter)}", kind="training", spec=spec,
+            accelerator=accelerator, gpus_per_node=gpus_per_node, nodes=nodes, priority=priority,
+            preemptible=preemptible, max_runtime_seconds=max_runtime, max_retries=max_retries,
+        )
+    return make
+
+
+def fresh(job):
+    """``job`` read again from the database."""
+    from jobs.models import Job
+
+    return Job.objects.get(pk=job.pk)
+
+
+def run(job):
+    """Take an ADMITTED job to RUNNING through the lifecycle (objects created, then all pods running);
+    returns the job (read again) and its attempt."""
+    from jobs.lifecycle import mark_started
+    from jobs.states import transition
+
+    job = fresh(job)
+    attempt = job.current_attempt
+    mark_started(job, attempt, {"test": True})
+    transition(job, "RUNNING", reason="all nodes running", attempt=attempt)
+    return fresh(job), attempt
+
+
+@pytest.fixture
 def redis_broker():
     """Send the on-commit tasks (schedule, dispatch) to Redis db 15, never to the filesystem queue under var/.
 

@@ -13,15 +13,15 @@ import pytest
 from django.utils import timezone
 
 from controlplane.cli import main as cpctl
-from jobs.lifecycle import mark_started, recover_or_fail
+from jobs.lifecycle import recover_or_fail
 from jobs.models import Job, JobAttempt, JobEvent, JobState
 from jobs.scheduler import schedule_pending
-from jobs.states import transition
 from quotas.authentication import TOKENS
 from quotas.models import ApiToken, Membership, PriorityClass, Quota
 from runners.base import PoolCapacity
 from runners.kubernetes.sync import apply_pools
 from tests.api.conftest import make_attempt
+from tests.conftest import fresh, run
 
 JOBS = "/api/v1/jobs/"
 S = JobState
@@ -242,34 +242,6 @@ def test_every_job_has_exactly_one_submitted_event_under_concurrency(cached, tea
 
 
 # --- 4. per-cluster quotas ----------------------------------------------------------------------------------------
-
-@pytest.fixture
-def submit(h100, owner):
-    counter = iter(range(1, 10_000))
-
-    def make(team, gpus_per_node, nodes=1, *, priority=500, preemptible=False, max_retries=0):
-        n = next(counter)
-        spec = {"image": "python:3.11", "command": ["python", "train.py"],
-                "resources": {"accelerator": h100.name, "gpus_per_node": gpus_per_node, "nodes": nodes},
-                "priority": priority, "max_runtime_seconds": 3600, "preemptible": preemptible,
-                "placement": {}, "max_retries": max_retries}
-        return Job.objects.create(team=team, submitter=owner.user, name=f"job-{n}", kind="training", spec=spec,
-                                  accelerator=h100, gpus_per_node=gpus_per_node, nodes=nodes, priority=priority,
-                                  preemptible=preemptible, max_runtime_seconds=3600, max_retries=max_retries)
-    return make
-
-
-def fresh(job):
-    return Job.objects.get(pk=job.pk)
-
-
-def run(job):
-    job = fresh(job)
-    attempt = job.current_attempt
-    mark_started(job, attempt, {"test": True})
-    transition(job, S.RUNNING, reason="all nodes running", attempt=attempt)
-    return job, attempt
-
 
 def held_on(team, cluster):
     return sum(JobAttempt.objects.filter(job__team=team, cluster=cluster, ended_at__isnull=True)

@@ -100,7 +100,7 @@ def test_a_new_priority_class_is_accepted_at_once(cached, teammate, fleet, submi
     assert Job.objects.get(pk=r.json()["id"]).priority == 5000
 
 
-def test_a_zero_ttl_reads_every_time(settings, teammate, fleet):
+def test_a_zero_ttl_reads_every_time(settings):
     settings.LOOKUP_CACHE_SECONDS = 0
     loads = []
     cache = LookupCache("test-zero")

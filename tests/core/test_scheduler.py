@@ -11,10 +11,10 @@ import pytest
 from django.utils import timezone
 
 from costs.ledger import accrue_attempt
-from jobs.lifecycle import cancel_job, end_attempt, mark_started, recover_or_fail
+from jobs.lifecycle import cancel_job, end_attempt, recover_or_fail
 from jobs.models import Job, JobAttempt, JobEvent, JobState
 from jobs.scheduler import schedule_pending
-from jobs.states import transition
+from tests.conftest import fresh, run
 from quotas.models import Budget, Quota
 from runners.models import Cluster
 
@@ -24,43 +24,8 @@ D = Decimal
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def submit(h100, user):
-    """Create a QUEUED job the way the API stores one (columns plus the validated spec)."""
-    counter = iter(range(1, 10_000))
-
-    def make(team, gpus_per_node, nodes=1, *, priority=500, preemptible=False, max_runtime=3600, placement=None,
-             max_retries=0, accelerator=None):
-        n = next(counter)
-        spec = {
-            "image": "python:3.11", "command": ["python", "train.py"],
-            "resources": {"accelerator": (accelerator or h100).name, "gpus_per_node": gpus_per_node, "nodes": nodes},
-            "priority": priority, "max_runtime_seconds": max_runtime, "preemptible": preemptible,
-            "placement": placement or {}, "max_retries": max_retries,
-        }
-        return Job.objects.create(
-            team=team, submitter=user, name=f"job-{n}", kind="training", spec=spec, accelerator=accelerator or h100,
-            gpus_per_node=gpus_per_node, nodes=nodes, priority=priority, preemptible=preemptible,
-            max_runtime_seconds=max_runtime, max_retries=max_retries,
-        )
-    return make
-
-
-def fresh(job):
-    return Job.objects.get(pk=job.pk)
-
-
 def live_attempt(job):
     return JobAttempt.objects.get(job=job, ended_at__isnull=True)
-
-
-def run(job):
-    """Take an ADMITTED job to RUNNING through the lifecycle (objects created, then all pods running)."""
-    job = fresh(job)
-    attempt = job.current_attempt
-    mark_started(job, attempt, {"test": True})
-    transition(job, S.RUNNING, reason="all nodes running", attempt=attempt)
-    return job, attempt
 
 
 def state_events(job):

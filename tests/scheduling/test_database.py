@@ -7,13 +7,12 @@ from decimal import Decimal
 
 import pytest
 
-from jobs.lifecycle import apply_observation, cancel_job, end_attempt, mark_started, preempt_attempt, recover_or_fail
+from jobs.lifecycle import apply_observation, cancel_job, end_attempt, preempt_attempt, recover_or_fail
 from jobs.models import Job, JobAttempt, JobEvent, JobState
 from jobs.scheduler import schedule_pending, team_used_gpus, try_admit
-from jobs.states import transition
 from quotas.models import Cohort, PriorityClass, Quota, QuotaEvent, Team
 from runners.base import Observation
-from tests.conftest import make_persona
+from tests.conftest import fresh, make_persona, run
 
 S = JobState
 pytestmark = pytest.mark.django_db
@@ -25,30 +24,6 @@ def staff(db):
     persona.user.is_staff = True
     persona.user.save(update_fields=["is_staff"])
     return persona
-
-
-@pytest.fixture
-def submit(h100, user):
-    def make(team, gpus_per_node, nodes=1, *, priority=500, preemptible=False, max_retries=0):
-        spec = {"image": "python:3.11", "command": ["python"], "priority": "normal", "max_runtime_seconds": 3600,
-                "preemptible": preemptible, "placement": {}, "max_retries": max_retries,
-                "resources": {"accelerator": h100.name, "gpus_per_node": gpus_per_node, "nodes": nodes}}
-        return Job.objects.create(team=team, submitter=user, name="j", kind="training", spec=spec, accelerator=h100,
-                                  gpus_per_node=gpus_per_node, nodes=nodes, priority=priority, preemptible=preemptible,
-                                  max_runtime_seconds=3600, max_retries=max_retries)
-    return make
-
-
-def fresh(job):
-    return Job.objects.get(pk=job.pk)
-
-
-def run(job):
-    job = fresh(job)
-    attempt = job.current_attempt
-    mark_started(job, attempt, {})
-    transition(job, S.RUNNING, reason="running", attempt=attempt)
-    return fresh(job), attempt
 
 
 # --- preemption through the pass ---------------------------------------------------------------
