@@ -234,6 +234,12 @@ K8S_MASTER_PORT = env.int("K8S_MASTER_PORT", default=29500)
 # storage) mounted at /checkpoints (subPath job-<job id>; read-only for inference) so recovered attempts resume;
 # empty: an emptyDir, and a recovered attempt starts over.
 K8S_CHECKPOINT_CLAIM = env("K8S_CHECKPOINT_CLAIM", default="")
+# Object store shared by every cluster (s3://bucket/prefix, gs://..., abfs://..., file:///mnt/shared/...): every
+# training and inference pod gets env CHECKPOINT_URI=<this>/<team slug>/job-<job id>, the same for every attempt
+# on every cluster, and examples/train_gpt.py uploads checkpoint.pt there and resumes from it, so an attempt
+# recovered on another cluster or cloud resumes too (docs/adr/0006). The images need fsspec plus s3fs/gcsfs/adlfs
+# and the pods the store's credentials. Empty: no CHECKPOINT_URI, only /checkpoints (above).
+CHECKPOINT_STORE_URI = env("CHECKPOINT_STORE_URI", default="")
 # Seconds a pod may wait on ImagePullBackOff/ErrImagePull before the attempt fails (a registry hiccup heals).
 K8S_IMAGE_PULL_GRACE_SECONDS = env.float("K8S_IMAGE_PULL_GRACE_SECONDS", default=120.0)
 # Consecutive failed probes before a cluster is marked unreachable (one failure is only "degraded").

@@ -44,7 +44,9 @@ class Workload:
     seconds; ``gpu_product`` is the node label value of the accelerator
     (empty: no accelerator selector); ``spot`` when the attempt's node pool is spot;
     ``checkpoint_claim`` the team namespace's PersistentVolumeClaim holding
-    checkpoints (empty: an emptyDir, see ``checkpoint_volume``).
+    checkpoints (empty: an emptyDir, see ``checkpoint_volume``);
+    ``checkpoint_uri`` the job's directory in the object store shared by every
+    cluster (``checkpoint_uri()``; empty: no env CHECKPOINT_URI).
     """
 
     name: str
@@ -70,6 +72,7 @@ class Workload:
     port: int = 8000
     master_port: int = 29500
     checkpoint_claim: str = ""
+    checkpoint_uri: str = ""
 
     @property
     def labels(self) -> dict[str, str]:
@@ -185,6 +188,21 @@ def checkpoint_subpath(job_id: int) -> str:
     return f"job-{job_id}"
 
 
+def checkpoint_uri(store_uri: str, team_slug: str, job_id: int) -> str:
+    """The job's checkpoint directory in the shared store: ``<store_uri>/<team slug>/job-<job id>``.
+
+    ``store_uri`` is ``settings.CHECKPOINT_STORE_URI`` (e.g.
+    ``s3://ml-checkpoints/controlplane``; trailing slashes are ignored). A
+    function of the team and job only, so every attempt of the job, on every
+    cluster and cloud, reads and writes the same place and a recovered attempt
+    resumes from the job's last uploaded checkpoint. Empty ``store_uri``: empty
+    (no store). A plain path (no scheme) is a local path to fsspec, as file://.
+    """
+    if not store_uri:
+        return ""
+    return f"{store_uri.rstrip('/')}/{team_slug}/{checkpoint_subpath(job_id)}"
+
+
 def checkpoint_volume(w: Workload, read_only: bool = False) -> dict:
     """The pod volume behind ``/checkpoints`` (env CHECKPOINT_DIR).
 
@@ -214,8 +232,21 @@ def checkpoint_mount(w: Workload, read_only: bool = False) -> dict:
     return mount
 
 
+def checkpoint_env(w: Workload) -> list[dict]:
+    """CHECKPOINT_DIR (``/checkpoints``, the local working directory) and, with a store, CHECKPOINT_URI.
+
+    CHECKPOINT_URI is ``w.checkpoint_uri`` unless the job's own spec env sets
+    CHECKPOINT_URI (e.g. a serving job naming the store directory of the
+    training job it serves): that one is kept and not duplicated.
+    """
+    env = [{"name": "CHECKPOINT_DIR", "value": CHECKPOINT_DIR}]
+    if w.checkpoint_uri and not any(name == "CHECKPOINT_URI" for name, _ in w.env):
+        env.append({"name": "CHECKPOINT_URI", "value": w.checkpoint_uri})
+    return env
+
+
 def _container(w: Workload, env: list[dict], ports: list[dict], read_only_checkpoints: bool = False) -> dict:
-    env = env + [{"name": "CHECKPOINT_DIR", "value": CHECKPOINT_DIR}]
+    env = env + checkpoint_env(w)
     container = {"name": CONTAINER, "image": w.image, "command": list(w.command), "env": env,
                  "resources": _resources(w), "volumeMounts": [checkpoint_mount(w, read_only_checkpoints)]}
     if w.args:

@@ -61,6 +61,7 @@ def workload(attempt) -> m.Workload:
         spot=attempt.node_pool.capacity_type == "spot", max_runtime_seconds=job.max_runtime_seconds,
         replicas=int(spec.get("replicas") or 1), port=int(spec.get("port") or 8000),
         master_port=settings.K8S_MASTER_PORT, checkpoint_claim=settings.K8S_CHECKPOINT_CLAIM,
+        checkpoint_uri=m.checkpoint_uri(settings.CHECKPOINT_STORE_URI, job.team.slug, job.pk),
     )
 
 
