@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
+import uuid
 import warnings
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -35,6 +37,9 @@ from torch.nn import functional as F  # noqa: E402
 CHECKPOINT_FILENAME = "checkpoint.pt"
 #: Bumped when the checkpoint layout changes incompatibly.
 CHECKPOINT_FORMAT_VERSION = 1
+#: fsspec protocols of object stores, where an upload becomes visible whole or not at all (one PUT), so it goes
+#: straight to its final name; every other file system gets a temporary name and a rename.
+OBJECT_STORE_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "adl", "memory"})
 
 
 class ByteTokenizer:
@@ -284,3 +289,87 @@ def model_from_checkpoint(ckpt: dict[str, Any], device: str | torch.device = "cp
     model = GPT(GPTConfig.from_dict(ckpt["model_config"]))
     model.load_state_dict(ckpt["model"])
     return model.to(device).eval()
+
+
+class CheckpointStore:
+    """A checkpoint directory shared by every cluster, addressed by an fsspec URI (env ``CHECKPOINT_URI``).
+
+    ``file:///mnt/shared/ckpt/...`` and ``memory://...`` work with fsspec
+    alone; ``s3://`` needs ``s3fs``, ``gs://`` ``gcsfs``, ``abfs://``/``az://``
+    ``adlfs`` in the image, and the store's credentials in the pod's
+    environment as those libraries read them. Files keep their names
+    (``checkpoint.pt``, ``metrics.json``) under the URI.
+
+    Raises ``ImportError`` (the protocol's library is missing) or
+    ``ValueError`` (unknown protocol) on construction; no network I/O happens
+    until ``download``/``upload``.
+    """
+
+    def __init__(self, uri: str) -> None:
+        import fsspec  # a torch dependency; imported here so training without a store does not need it
+
+        self.uri = uri.rstrip("/")
+        self.fs, self.root = fsspec.core.url_to_fs(self.uri)
+        protocols = {self.fs.protocol} if isinstance(self.fs.protocol, str) else set(self.fs.protocol)
+        self.atomic_put = bool(protocols & OBJECT_STORE_PROTOCOLS)
+
+    def url(self, name: str) -> str:
+        """The URI of file ``name`` in the store."""
+        return f"{self.uri}/{name}"
+
+    def _path(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    def download(self, name: str, local_path: str | os.PathLike[str]) -> bool:
+        """Copy ``name`` from the store to ``local_path`` atomically (temp file next to it, then ``os.replace``).
+
+        Returns False, leaving ``local_path`` untouched, when the store has no
+        ``name`` (or no directory yet). Any other error (network,
+        permissions) is raised: starting over instead would later overwrite
+        the job's good checkpoint with a worse one.
+        """
+        local_path = os.fspath(local_path)
+        directory = os.path.dirname(os.path.abspath(local_path))
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(local_path)}.", suffix=".tmp", dir=directory)
+        os.close(fd)
+        try:
+            try:
+                self.fs.get_file(self._path(name), tmp)
+            except FileNotFoundError:
+                return False
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, local_path)
+            return True
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def upload(self, local_path: str | os.PathLike[str], name: str) -> None:
+        """Copy ``local_path`` to ``name`` in the store so that no reader ever sees part of it.
+
+        Object stores: one PUT to the final name (objects appear whole).
+        Other file systems (``file://``, NFS, ...): a hidden temporary name in
+        the same directory, then a rename, which replaces the old file
+        atomically on POSIX. Raises whatever the file system raises.
+        """
+        local_path = os.fspath(local_path)
+        if self.atomic_put:
+            self.fs.put_file(local_path, self._path(name))
+            return
+        self.fs.makedirs(self.root, exist_ok=True)
+        tmp = self._path(f".{name}.{uuid.uuid4().hex}.tmp")
+        try:
+            self.fs.put_file(local_path, tmp)
+            self.fs.mv(tmp, self._path(name))
+        except BaseException:
+            try:
+                self.fs.rm_file(tmp)
+            except OSError:
+                pass
+            raise
+
+
+def checkpoint_step(path: str | os.PathLike[str]) -> int:
+    """The ``step`` of the checkpoint at ``path``, memory-mapped so the tensors are not read."""
+    return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["step"])

@@ -38,6 +38,24 @@ Checkpointing
     carried over in the checkpoint, so after a resume it still is the untrained
     loss of the original run.
 
+Checkpoint store (another cluster)
+    With ``--checkpoint-uri`` (default: env ``CHECKPOINT_URI``, which the
+    Kubernetes runner sets to ``<CHECKPOINT_STORE_URI>/<team>/job-<id>`` for
+    every attempt of a job) the checkpoint directory is a local working copy
+    of a directory in an object store every cluster reaches (an fsspec URI:
+    ``s3://``, ``gs://``, ``abfs://`` with s3fs/gcsfs/adlfs installed,
+    ``file://`` on a shared mount, ``memory://``). On start, before the resume
+    above, rank 0 downloads the store's ``checkpoint.pt`` (and
+    ``metrics.json``) when the local directory has none or an older step, and
+    prints ``fetched checkpoint step N from <uri>``; an empty store means a
+    fresh start, an unreachable one is an error (never a silent restart that
+    would later overwrite the job's checkpoint). The other ranks wait in the
+    resume broadcast meanwhile (bounded by ``--dist-timeout``). After each
+    checkpoint write rank 0 uploads ``checkpoint.pt`` (``uploaded checkpoint
+    step=N to <uri>``), whole or not at all (``CheckpointStore.upload``); a
+    failed upload is a warning, except for the last checkpoint, where it is an
+    error. ``metrics.json`` is uploaded at the end.
+
 Output (rank 0, stdout, flushed)
     One line per log interval (the first at the first step, then every
     ``--log-every`` steps and at the last step)::
@@ -89,21 +107,27 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 if __package__:
     from .gpt import (
+        CHECKPOINT_FILENAME,
         CHECKPOINT_FORMAT_VERSION,
         GPT,
         ByteTokenizer,
         GPTConfig,
+        CheckpointStore,
         checkpoint_path,
+        checkpoint_step,
         load_checkpoint,
     )
 else:  # run as a script: make the sibling module importable
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from gpt import (  # type: ignore[no-redef]
+        CHECKPOINT_FILENAME,
         CHECKPOINT_FORMAT_VERSION,
         GPT,
         ByteTokenizer,
         GPTConfig,
+        CheckpointStore,
         checkpoint_path,
+        checkpoint_step,
         load_checkpoint,
     )
 
@@ -169,6 +193,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--checkpoint-every", type=_positive_int, default=100, help="steps between checkpoints")
     p.add_argument(
+        "--checkpoint-uri",
+        default=os.environ.get("CHECKPOINT_URI") or None,
+        help="fsspec URI of the job's checkpoint directory shared by every cluster (env CHECKPOINT_URI)",
+    )
+    p.add_argument(
         "--dist-timeout", type=_positive_int, default=600, help="process-group timeout, seconds"
     )
     args = p.parse_args(argv)
@@ -176,6 +205,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--n-embd ({args.n_embd}) must be divisible by --n-head ({args.n_head})")
     if args.warmup_steps < 0:
         p.error("--warmup-steps must be >= 0")
+    if args.checkpoint_uri and not args.checkpoint_dir:
+        p.error("--checkpoint-uri (env CHECKPOINT_URI) needs --checkpoint-dir (env CHECKPOINT_DIR) as working copy")
     return args
 
 
@@ -450,6 +481,51 @@ def write_metrics(directory: str, metrics: dict[str, Any]) -> None:
     atomic_write(os.path.join(directory, METRICS_FILENAME), lambda fh: fh.write(payload))
 
 
+def fetch_from_store(store: CheckpointStore, directory: str) -> int | None:
+    """Rank 0 only: make ``<directory>/checkpoint.pt`` the newer of the local one and the store's.
+
+    Downloads the store's checkpoint (to a temporary file) and keeps it when
+    the directory has none or an older step, together with the store's
+    ``metrics.json`` if there is one. Returns the step fetched, or None when
+    the store has no checkpoint or the local one is as new. Raises the
+    store's errors other than "not found" (see ``CheckpointStore.download``).
+    """
+    local = checkpoint_path(directory)
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".store-checkpoint.", suffix=".tmp", dir=directory)
+    os.close(fd)
+    try:
+        if not store.download(CHECKPOINT_FILENAME, tmp):
+            return None
+        step = checkpoint_step(tmp)
+        if os.path.exists(local) and checkpoint_step(local) >= step:
+            return None
+        os.replace(tmp, local)
+        store.download(METRICS_FILENAME, os.path.join(directory, METRICS_FILENAME))
+        return step
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def upload_to_store(store: CheckpointStore, path: str, step: int, final: bool) -> None:
+    """Rank 0 only: upload ``path`` (a checkpoint of ``step``) to the store as ``checkpoint.pt``.
+
+    A failure is printed as a warning (the next checkpoint tries again) unless
+    ``final``, where it is raised: success then means the store holds the
+    job's last checkpoint.
+    """
+    try:
+        store.upload(path, CHECKPOINT_FILENAME)
+    except Exception as exc:
+        if final:
+            raise
+        print(f"warning: upload of checkpoint step={step} to {store.uri} failed: {exc!r}",
+              file=sys.stderr, flush=True)
+        return
+    print(f"uploaded checkpoint step={step} to {store.url(CHECKPOINT_FILENAME)}", flush=True)
+
+
 def load_resume_state(ctx: DistContext, directory: str | None) -> dict[str, Any] | None:
     """Collective: rank 0 loads ``<directory>/checkpoint.pt`` if present and shares it with all ranks."""
     ckpt = None
@@ -471,13 +547,20 @@ def log(ctx: DistContext, message: str) -> None:
         print(message, flush=True)
 
 
-def train(args: argparse.Namespace, ctx: DistContext) -> dict[str, Any]:
-    """Run the training loop; returns the final metrics dict (meaningful on rank 0)."""
+def train(args: argparse.Namespace, ctx: DistContext, store: CheckpointStore | None = None) -> dict[str, Any]:
+    """Run the training loop; returns the final metrics dict (meaningful on rank 0).
+
+    ``store``: the job's checkpoint store (``--checkpoint-uri``), if any.
+    """
     device = ctx.device
     if device.type == "cpu" and ctx.world_size > 1 and not os.environ.get("OMP_NUM_THREADS"):
         torch.set_num_threads(1)
     torch.manual_seed(args.seed)  # identical initial weights on every rank
 
+    if store is not None and ctx.is_main:
+        fetched = fetch_from_store(store, args.checkpoint_dir)
+        if fetched is not None:
+            log(ctx, f"fetched checkpoint step {fetched} from {store.url(CHECKPOINT_FILENAME)}")
     ckpt = load_resume_state(ctx, args.checkpoint_dir)
     config = GPTConfig(
         block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd
@@ -592,6 +675,8 @@ def train(args: argparse.Namespace, ctx: DistContext) -> dict[str, Any]:
                 ctx, ckpt_path, model, optimizer, step, generator,
                 {"first_loss": first_loss, "last_loss": last_loss, "args": vars(args)},
             )
+            if store is not None and ctx.is_main:
+                upload_to_store(store, ckpt_path, step, final=step == args.steps)
 
     sync()
     t_end = time.perf_counter()
@@ -621,9 +706,16 @@ def train(args: argparse.Namespace, ctx: DistContext) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit status."""
     args = parse_args(argv)
+    store = None
+    if args.checkpoint_uri:
+        try:  # on every rank, so a configuration error stops them all at once
+            store = CheckpointStore(args.checkpoint_uri)
+        except (ImportError, ValueError) as exc:
+            print(f"error: checkpoint store {args.checkpoint_uri}: {exc}", file=sys.stderr, flush=True)
+            return 2
     ctx = setup_distributed(args.dist_timeout)
     try:
-        metrics = train(args, ctx)
+        metrics = train(args, ctx, store)
         if ctx.is_main:
             fmt = lambda v: "nan" if v is None else f"{v:.4f}"  # noqa: E731
             print(
@@ -635,6 +727,12 @@ def main(argv: list[str] | None = None) -> int:
             )
             if args.checkpoint_dir:
                 write_metrics(args.checkpoint_dir, metrics)
+                if store is not None:
+                    try:
+                        store.upload(os.path.join(args.checkpoint_dir, METRICS_FILENAME), METRICS_FILENAME)
+                    except Exception as exc:
+                        print(f"warning: upload of {METRICS_FILENAME} to {store.uri} failed: {exc!r}",
+                              file=sys.stderr, flush=True)
         if ctx.distributed:
             dist.barrier()  # nobody reports success before rank 0's files are durable
     finally:

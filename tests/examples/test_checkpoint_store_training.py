@@ -1,0 +1,161 @@
+"""``examples/train_gpt.py`` with a checkpoint store (env CHECKPOINT_URI): an attempt on another cluster resumes.
+
+Each attempt runs with its own, empty local CHECKPOINT_DIR per rank (as a pod's
+emptyDir on another cluster would be) and the same ``file://`` store URI (the
+Kubernetes runner's ``<CHECKPOINT_STORE_URI>/<team>/job-<id>``). The store's
+checkpoint is read back independently with ``torch.load``. Nothing here
+touches the database.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = REPO / "examples" / "train_gpt.py"
+TIMEOUT_S = 120
+# Small and fast: a few seconds per attempt on one CPU core.
+FAST = ["--batch-size", "8", "--log-every", "5", "--checkpoint-every", "5"]
+STEP_RE = re.compile(r"^step=(\d+) loss=")
+RESUME_RE = re.compile(r"^resumed from step (\d+) ")
+FETCH_RE = re.compile(r"^fetched checkpoint step (\d+) from (\S+)$")
+UPLOAD_RE = re.compile(r"^uploaded checkpoint step=(\d+) to (\S+)$")
+
+_SCRUBBED = {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+             "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "CHECKPOINT_DIR", "CHECKPOINT_URI",
+             "PORT", "PEAK_TFLOPS", "OMP_NUM_THREADS"}
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """``os.environ`` without distributed, checkpoint and job variables, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED and not k.startswith("TORCHELASTIC_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def attempt(args: list[str], ckpt_dir: Path, uri: str, nodes: int = 1) -> str:
+    """Run one attempt as ``nodes`` processes (one per pod of an Indexed Job), each with its own empty
+    ``CHECKPOINT_DIR`` (``<ckpt_dir>/rank<r>``) and env ``CHECKPOINT_URI=uri``; returns rank 0's output.
+
+    Fails the test if any rank exits non-zero or runs past ``TIMEOUT_S`` seconds.
+    """
+    port = str(free_port())
+    procs = []
+    try:
+        for rank in range(nodes):
+            env = clean_env(CHECKPOINT_DIR=str(ckpt_dir / f"rank{rank}"), CHECKPOINT_URI=uri)
+            if nodes > 1:
+                env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE=str(nodes), RANK=str(rank),
+                           NODE_RANK=str(rank), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+            procs.append(subprocess.Popen([sys.executable, str(TRAIN), *args], cwd=REPO, env=env, text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        outputs = [proc.communicate(timeout=TIMEOUT_S)[0] for proc in procs]
+        for rank, (proc, out) in enumerate(zip(procs, outputs)):
+            assert proc.returncode == 0, f"rank {rank} exited {proc.returncode}:\n{out[-4000:]}"
+        return outputs[0]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+def matches(regex: re.Pattern, output: str) -> list[re.Match]:
+    return [m for m in map(regex.match, output.splitlines()) if m]
+
+
+def steps(output: str) -> list[int]:
+    return [int(m.group(1)) for m in matches(STEP_RE, output)]
+
+
+def stored_step(store: Path) -> int:
+    """The step of the store's checkpoint.pt, read with torch.load (not with the example's code)."""
+    return int(torch.load(store / "checkpoint.pt", map_location="cpu", weights_only=True)["step"])
+
+
+def test_an_attempt_on_another_cluster_resumes_from_the_store(tmp_path: Path) -> None:
+    store = tmp_path / "store" / "alpha" / "job-1"
+    uri = store.as_uri()  # file:///.../store/alpha/job-1
+
+    first = attempt(["--steps", "12", *FAST], tmp_path / "a", uri, nodes=2)
+    assert not matches(FETCH_RE, first) and not matches(RESUME_RE, first)
+    assert steps(first) == [1, 5, 10, 12]
+    assert [int(m.group(1)) for m in matches(UPLOAD_RE, first)] == [5, 10, 12]
+    assert stored_step(store) == 12
+    first_metrics = json.loads((store / "metrics.json").read_text())
+    assert first_metrics["steps"] == 12
+    assert sorted(p.name for p in store.iterdir()) == ["checkpoint.pt", "metrics.json"]  # no temporary left
+
+    # Attempt 2 "on another cluster": different, empty local directories; the same URI.
+    second = attempt(["--steps", "20", *FAST], tmp_path / "b", uri, nodes=2)
+    assert [(int(m.group(1)), m.group(2)) for m in matches(FETCH_RE, second)] == [(12, f"{uri}/checkpoint.pt")]
+    assert [int(m.group(1)) for m in matches(RESUME_RE, second)] == [12]
+    assert steps(second) == [13, 15, 20]
+    assert stored_step(store) == 20
+    metrics = json.loads((store / "metrics.json").read_text())
+    assert metrics["steps"] == 20 and metrics["resumed_from_step"] == 12
+    # The job's untrained loss travelled with the checkpoint from the other "cluster".
+    assert metrics["first_loss"] == pytest.approx(first_metrics["first_loss"])
+    assert metrics["last_loss"] < metrics["first_loss"]
+    assert not (tmp_path / "b" / "rank1" / "checkpoint.pt").exists()  # rank 1 got the state by broadcast
+    assert sorted(p.name for p in store.iterdir()) == ["checkpoint.pt", "metrics.json"]
+
+
+@pytest.mark.parametrize("store_exists", [False, True], ids=["missing", "empty"])
+def test_a_missing_or_empty_store_starts_fresh_and_fills_it(tmp_path: Path, store_exists: bool) -> None:
+    store = tmp_path / "store" / "alpha" / "job-2"
+    if store_exists:
+        store.mkdir(parents=True)
+    out = attempt(["--steps", "5", *FAST], tmp_path / "a", store.as_uri())
+    assert not matches(FETCH_RE, out) and not matches(RESUME_RE, out)
+    assert steps(out) == [1, 5]
+    assert stored_step(store) == 5
+
+
+def test_the_newer_of_the_local_and_the_store_checkpoint_wins(tmp_path: Path) -> None:
+    """The same cluster again (a claim still holding an older or a newer checkpoint than the store)."""
+    store = tmp_path / "store"
+    attempt(["--steps", "5", *FAST], tmp_path / "a", store.as_uri())  # local a and the store: step 5
+    attempt(["--steps", "10", *FAST], tmp_path / "b", store.as_uri())  # the store: step 10; local a is older
+    out = attempt(["--steps", "15", *FAST], tmp_path / "a", store.as_uri())
+    assert [int(m.group(1)) for m in matches(FETCH_RE, out)] == [10]
+    assert [int(m.group(1)) for m in matches(RESUME_RE, out)] == [10]
+    assert stored_step(store) == 15
+
+    older = tmp_path / "older"  # a store lagging behind the local directory (its uploads failed, say)
+    older.mkdir()
+    newest = torch.load(store / "checkpoint.pt", weights_only=True)
+    torch.save({**newest, "step": 3}, older / "checkpoint.pt")
+    torch.save(newest, tmp_path / "b" / "rank0" / "checkpoint.pt")  # step 15
+    out = attempt(["--steps", "20", *FAST], tmp_path / "b", older.as_uri())
+    assert not matches(FETCH_RE, out)
+    assert [int(m.group(1)) for m in matches(RESUME_RE, out)] == [15]
+    assert stored_step(older) == 20
+
+
+@pytest.mark.parametrize("args,env,message", [
+    (["--checkpoint-uri", "nosuchprotocol://bucket/job-1"], {"CHECKPOINT_DIR": "ckpt"}, "nosuchprotocol"),
+    ([], {"CHECKPOINT_URI": "memory://job-1"}, "needs --checkpoint-dir"),
+])
+def test_a_store_it_cannot_use_is_a_configuration_error(tmp_path: Path, args, env, message) -> None:
+    env = {k: (str(tmp_path / v) if k == "CHECKPOINT_DIR" else v) for k, v in env.items()}
+    proc = subprocess.run([sys.executable, str(TRAIN), "--steps", "1", *args], cwd=REPO, env=clean_env(**env),
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr and "step=" not in proc.stdout
