@@ -32,6 +32,11 @@ Endpoints
 Tokens are UTF-8 bytes, so ``max_new_tokens`` counts bytes; a multi-byte
 character cut at the end is rendered as U+FFFD.
 
+With ``--checkpoint-uri`` (default env ``CHECKPOINT_URI``, an fsspec URI of
+the training job's checkpoint store, see ``train_gpt.py``) and no local
+``checkpoint.pt``, the file is downloaded from the store into the checkpoint
+directory (which must then be writable), also while waiting.
+
 The process prints ``serving on http://HOST:PORT ...`` (flushed) once
 listening, and exits 0 on SIGTERM/SIGINT; it exits 2 if the checkpoint is
 missing or unreadable.
@@ -57,12 +62,22 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 import torch  # noqa: E402
 
 if __package__:
-    from .gpt import GPT, ByteTokenizer, checkpoint_path, load_checkpoint, model_from_checkpoint
+    from .gpt import (
+        CHECKPOINT_FILENAME,
+        GPT,
+        ByteTokenizer,
+        CheckpointStore,
+        checkpoint_path,
+        load_checkpoint,
+        model_from_checkpoint,
+    )
 else:  # run as a script: make the sibling module importable
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from gpt import (  # type: ignore[no-redef]
+        CHECKPOINT_FILENAME,
         GPT,
         ByteTokenizer,
+        CheckpointStore,
         checkpoint_path,
         load_checkpoint,
         model_from_checkpoint,
@@ -266,6 +281,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="TCP port, 0 for any free port (env PORT)")
     p.add_argument("--wait-seconds", type=float, default=0.0,
                    help="wait up to this long for the checkpoint file to appear")
+    p.add_argument("--checkpoint-uri", default=os.environ.get("CHECKPOINT_URI") or None,
+                   help="fsspec URI of a checkpoint store to fetch checkpoint.pt from when the directory lacks it "
+                        "(env CHECKPOINT_URI)")
     args = p.parse_args(argv)
     if not args.checkpoint_dir:
         p.error("--checkpoint-dir (or env CHECKPOINT_DIR) is required")
@@ -274,17 +292,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def load_generator(checkpoint_dir: str, wait_seconds: float = 0.0) -> Generator:
+def load_generator(checkpoint_dir: str, wait_seconds: float = 0.0, store: CheckpointStore | None = None) -> Generator:
     """Load ``<checkpoint_dir>/checkpoint.pt`` onto CUDA if available, else CPU.
 
-    Waits up to ``wait_seconds`` for the file to exist; raises
-    ``FileNotFoundError`` if it never does.
+    While the file is missing, fetches it from ``store`` if given (and the
+    store has it). Waits up to ``wait_seconds`` for the file to exist; raises
+    ``FileNotFoundError`` if it never does, and the store's errors other than
+    "not found".
     """
     path = checkpoint_path(checkpoint_dir)
     deadline = time.monotonic() + wait_seconds
     while not os.path.exists(path):
+        if store is not None and store.download(CHECKPOINT_FILENAME, path):
+            print(f"fetched checkpoint from {store.url(CHECKPOINT_FILENAME)}", flush=True)
+            break
         if time.monotonic() >= deadline:
-            raise FileNotFoundError(f"no checkpoint at {path}")
+            where = f" or {store.url(CHECKPOINT_FILENAME)}" if store is not None else ""
+            raise FileNotFoundError(f"no checkpoint at {path}{where}")
         time.sleep(1.0)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     ckpt = load_checkpoint(path)
@@ -296,8 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit status."""
     args = parse_args(argv)
     try:
-        generator = load_generator(args.checkpoint_dir, args.wait_seconds)
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        store = CheckpointStore(args.checkpoint_uri) if args.checkpoint_uri else None
+        generator = load_generator(args.checkpoint_dir, args.wait_seconds, store)
+    except (ImportError, OSError, ValueError, KeyError, RuntimeError) as exc:
         print(f"error: cannot load checkpoint: {exc}", file=sys.stderr, flush=True)
         return 2
 

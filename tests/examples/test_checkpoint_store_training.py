@@ -15,6 +15,8 @@ import re
 import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "examples" / "train_gpt.py"
+SERVE = REPO / "examples" / "serve.py"
 TIMEOUT_S = 120
 # Small and fast: a few seconds per attempt on one CPU core.
 FAST = ["--batch-size", "8", "--log-every", "5", "--checkpoint-every", "5"]
@@ -159,3 +162,36 @@ def test_a_store_it_cannot_use_is_a_configuration_error(tmp_path: Path, args, en
                           capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert message in proc.stderr and "step=" not in proc.stdout
+
+
+def test_serve_fetches_the_checkpoint_from_the_store(tmp_path: Path) -> None:
+    """A serving pod on another cluster: empty CHECKPOINT_DIR, the training job's CHECKPOINT_URI."""
+    store = tmp_path / "store"
+    attempt(["--steps", "5", *FAST], tmp_path / "train", store.as_uri())
+    port = free_port()
+    log = open(tmp_path / "serve.log", "w+")
+    proc = subprocess.Popen([sys.executable, str(SERVE), "--host", "127.0.0.1"], cwd=REPO, stdout=log,
+                            stderr=subprocess.STDOUT,
+                            env=clean_env(CHECKPOINT_DIR=str(tmp_path / "serve"), CHECKPOINT_URI=store.as_uri(),
+                                          PORT=str(port)))
+    try:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/generate", method="POST",
+                                         data=json.dumps({"prompt": "def ", "max_new_tokens": 4}).encode())
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    reply = json.loads(response.read())
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the server never answered"
+                time.sleep(0.2)
+        assert reply["checkpoint_step"] == 5
+        assert (tmp_path / "serve" / "checkpoint.pt").is_file()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+        log.close()
+    assert "fetched checkpoint from " + store.as_uri() in (tmp_path / "serve.log").read_text()
