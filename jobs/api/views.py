@@ -73,7 +73,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
         submission.is_valid(raise_exception=True)
         # The new job carries its team, submitter and accelerator instances: no need to read it back.
         job = submit_job(**submission.submission())
-        location = self.reverse_action("detail", kwargs={"pk": job.pk})
+        # The router's detail route is the list route plus "<pk>/" (what reverse_action("detail") answers,
+        # without resolving the URLconf on every submission).
+        location = request.build_absolute_uri(f"{request.path.rstrip('/')}/{job.pk}/")
         return Response(self.get_serializer(job).data, status=status.HTTP_201_CREATED, headers={"Location": location})
 
     @extend_schema(request=None, responses={200: JobSerializer, 403: DETAIL_RESPONSE, 409: DETAIL_RESPONSE})

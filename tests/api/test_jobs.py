@@ -8,10 +8,12 @@ from pathlib import Path
 import pytest
 import yaml
 from django.conf import settings
+from django.urls import reverse
 from django.utils import timezone
 
 from jobs.models import PRIORITY_CLASSES, Job, JobEvent, JobState
 from runners import base
+
 from tests.conftest import make_persona
 
 from .conftest import make_attempt, make_job
@@ -26,7 +28,8 @@ def test_it_submits_a_json_job_as_queued(teammate, fleet, submission, h100):
     assert body["state"] == "QUEUED"
     assert (body["team"], body["submitter"]) == ("alpha", "teammate")
     assert (body["name"], body["kind"]) == ("train-small", "training")
-    assert r["Location"].endswith(f"/api/v1/jobs/{body['id']}/")
+    assert r["Location"] == f"http://testserver{reverse('job-detail', kwargs={'pk': body['id']})}"
+    assert teammate.client.get(r["Location"]).json()["id"] == body["id"]
     job = Job.objects.get(pk=body["id"])
     assert (job.accelerator, job.gpus_per_node, job.nodes) == (h100, 8, 2)
     assert job.priority == PRIORITY_CLASSES["high"]

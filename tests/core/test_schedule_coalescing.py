@@ -43,8 +43,10 @@ def submit(teams, h100, quota_factory, cluster_factory, django_capture_on_commit
         resources = {"accelerator": h100, "gpus_per_node": 1, "nodes": 1, "priority": 500, "preemptible": False,
                      "max_runtime_seconds": 3600, "max_retries": 0}
         with django_capture_on_commit_callbacks(execute=True):
-            return submit_job(team=alpha, submitter=user, name=f"job-{next(counter)}", kind="training",
-                              spec=spec, resources=resources)
+            job = submit_job(team=alpha, submitter=user, name=f"job-{next(counter)}", kind="training",
+                             spec=spec, resources=resources)
+        assert tasks.SCHEDULE_NOTIFIER.flush()  # the notifier thread's publish (or not) has happened
+        return job
     return make
 
 
@@ -125,3 +127,46 @@ def test_a_short_pass_asks_for_no_pause(redis_broker, settings):
     assert tasks.record_pass(0.5) == 0.5
     assert 0.0 < tasks.pass_pause_remaining() <= 0.5
     tasks.schedule_flag_client().delete(tasks.SCHEDULE_LAST_PASS_KEY)
+
+
+def test_a_burst_of_notifications_from_many_threads_publishes_once_and_after_each_of_them(broker):
+    """The API's submissions notify ``SCHEDULE_NOTIFIER`` on commit; its one thread publishes for all of them."""
+    import threading
+
+    def set_calls():  # SET commands the Redis server has run (server-wide counter)
+        return tasks.schedule_flag_client().info("commandstats").get("cmdstat_set", {}).get("calls", 0)
+
+    before, sets_before = broker(), set_calls()
+    threads = [threading.Thread(target=lambda: [tasks.SCHEDULE_NOTIFIER.notify() for _ in range(50)]) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert tasks.SCHEDULE_NOTIFIER.flush()
+    assert broker() == before + 1  # 400 notifications, one pass published: the flag stayed set
+    assert set_calls() - sets_before < 200  # coalesced in the process too: far fewer SET NX than notifications
+    tasks.schedule_flag_client().delete(tasks.SCHEDULE_PENDING_KEY)  # the pass started
+    tasks.SCHEDULE_NOTIFIER.notify()
+    assert tasks.SCHEDULE_NOTIFIER.flush()
+    assert broker() == before + 2  # a notification after the pass started publishes the next one
+
+
+def test_a_forked_process_gets_a_notifier_of_its_own(broker):
+    """gunicorn and Celery fork workers: a child must not inherit a dead thread or a held lock."""
+    import os
+
+    tasks.SCHEDULE_NOTIFIER.notify()  # the parent's thread exists before the fork
+    assert tasks.SCHEDULE_NOTIFIER.flush()
+    tasks.schedule_flag_client().delete(tasks.SCHEDULE_PENDING_KEY)
+    before = broker()
+    pid = os.fork()
+    if pid == 0:  # the child: publish one pass through its own notifier thread, then leave without cleanup
+        ok = False
+        try:
+            tasks.SCHEDULE_NOTIFIER.notify()
+            ok = tasks.SCHEDULE_NOTIFIER.flush(10.0)
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert broker() == before + 1
