@@ -1,4 +1,11 @@
-"""URLconf of benchmarks/submit.py: the platform's URLs plus a bare create of a Job row, the baseline.
+"""URLconf of benchmarks/submit.py: the platform's URLs plus two baselines without admission.
+
+``bench/bare-jobs/`` is a bare create of a Job row. ``bench/validated-jobs/``
+is the real submission without admission: the endpoint's own validation
+(``JobSubmissionSerializer``) and rows (``jobs.lifecycle.store_submitted_job``:
+the job and its ``submitted`` event), and no scheduling pass.
+
+Bare create:
 
 The baseline goes through the same stack as the real endpoint (middleware,
 DRF token authentication, JSON parsing, the job's JSON representation in
@@ -18,7 +25,9 @@ from rest_framework.views import APIView
 
 from controlplane.lookups import LookupCache
 from jobs.api.serializers import JobSerializer
+from jobs.lifecycle import store_submitted_job
 from jobs.models import Job, JobState
+from jobs.spec import JobSubmissionSerializer
 from quotas.models import Team
 from runners.models import Accelerator
 
@@ -43,7 +52,24 @@ class BareCreate(APIView):
         return Response(JobSerializer(job, context={"request": request}).data, status=status.HTTP_201_CREATED)
 
 
+class ValidatedCreate(APIView):
+    """``POST /api/v1/jobs/`` without admission: the same validation, job row and event, no scheduling pass.
+
+    Its rows are QUEUED like real submissions, but no pass is published for them. A pass would read them,
+    so ``benchmarks/submit.py`` runs this phase last, once the admission phase's passes are over.
+    """
+
+    def post(self, request):
+        submission = JobSubmissionSerializer(data=request.data, context={"request": request})
+        submission.is_valid(raise_exception=True)
+        job = store_submitted_job(**submission.submission())
+        location = request.build_absolute_uri(f"/api/v1/jobs/{job.pk}/")
+        return Response(JobSerializer(job, context={"request": request}).data, status=status.HTTP_201_CREATED,
+                        headers={"Location": location})
+
+
 urlpatterns = [
     path("bench/bare-jobs/", BareCreate.as_view()),
+    path("bench/validated-jobs/", ValidatedCreate.as_view()),
     path("", include("controlplane.urls")),
 ]

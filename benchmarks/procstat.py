@@ -37,3 +37,24 @@ def tree_cpu_seconds(root: int) -> float:
         if p == root:
             total += seconds
     return total
+
+
+def named_cpu_seconds(names: tuple[str, ...]) -> dict[str, float]:
+    """User + system CPU seconds of the live processes whose command name (``/proc/<pid>/comm``) is in
+    ``names``, summed per name: e.g. ``("postgres", "redis-server")``, the servers a benchmark talks to.
+
+    A process that exits takes its CPU time with it, so a phase's figure is only complete when the
+    servers' processes outlive it (PostgreSQL backends of persistent connections, ``CONN_MAX_AGE``).
+    """
+    total = dict.fromkeys(names, 0.0)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/comm") as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        if comm in total and (fields := _stat(entry)) is not None:
+            total[comm] += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return total
