@@ -448,8 +448,9 @@ def cmd_job(client: Client, args) -> int:
         if attempt.get("end_reason"):
             text += f": {attempt['end_reason']}"
         fields.append(("attempt", text))
-    fields.append(("cost", (f"{usd(job.get('accrued_cost_usd'))} accrued, "
-                            f"{usd(job.get('estimated_cost_usd'))} estimated (worst case)")))
+    estimate = job.get("estimated_cost_usd")
+    fields.append(("cost", f"{usd(job.get('accrued_cost_usd'))} accrued, " + (
+        "estimated once placed" if estimate is None else f"{usd(estimate)} estimated (worst case)")))
     for name in ("created", "admitted", "started", "ended"):
         value = job.get(f"{name}_at")
         if value:

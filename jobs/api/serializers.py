@@ -57,6 +57,20 @@ class JobEventSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+@extend_schema_field({"type": "string", "format": "decimal", "example": "12.35", "nullable": True})
+class EstimatedCostField(UsdCentsField):
+    """``estimated_cost_usd``: null until the job is first placed (the estimate needs the node pool's price)."""
+
+    def __init__(self, **kwargs):
+        kwargs["allow_null"] = True
+        super().__init__(**kwargs)
+
+    def get_attribute(self, instance):
+        if instance.admitted_at is None and instance.current_attempt_id is None:
+            return None  # never placed: a stored 0 would read as "free"
+        return super().get_attribute(instance)
+
+
 class JobSerializer(SharedFieldsMixin, serializers.ModelSerializer):
     """A job as the API shows it.
 
@@ -67,7 +81,8 @@ class JobSerializer(SharedFieldsMixin, serializers.ModelSerializer):
     pass, null before one and once the job no longer waits. ``priority`` is
     the numeric priority (higher first), ``priority_class`` its name. Costs
     are USD strings rounded to cents: ``estimated_cost_usd`` is the worst case
-    (GPUs x max runtime x price), ``accrued_cost_usd`` what the ledger holds.
+    (GPUs x max runtime x price), null until the job is first placed;
+    ``accrued_cost_usd`` what the ledger holds.
     """
 
     team = serializers.CharField(source="team.slug", read_only=True)
@@ -76,7 +91,7 @@ class JobSerializer(SharedFieldsMixin, serializers.ModelSerializer):
     priority_class = serializers.SerializerMethodField()
     position = serializers.SerializerMethodField()
     current_attempt = AttemptSummarySerializer(read_only=True, allow_null=True)
-    estimated_cost_usd = UsdCentsField()
+    estimated_cost_usd = EstimatedCostField()
     accrued_cost_usd = UsdCentsField()
     total_gpus = serializers.IntegerField(read_only=True)
 

@@ -36,6 +36,22 @@ def test_it_submits_a_json_job_as_queued(teammate, fleet, submission, h100):
     assert job.preemptible is True and job.max_runtime_seconds == 3600 and job.max_retries == 1
     assert list(job.events.values_list("kind", flat=True)) == ["submitted"]
     assert job.events.get().actor == teammate.user
+    assert body["estimated_cost_usd"] is None  # not placed yet: no price, and 0.00 would read as free
+
+
+def test_the_estimate_is_null_until_the_job_is_placed_then_gpus_x_runtime_x_price(teammate, teams, fleet, submission,
+                                                                                   h100, quota_factory):
+    from jobs.scheduler import schedule_pending
+
+    submission["spec"]["max_runtime_seconds"] = 5400  # 1.5 h
+    job_id = teammate.client.post(JOBS, submission, format="json").json()["id"]
+    assert teammate.client.get(f"{JOBS}{job_id}/").json()["estimated_cost_usd"] is None
+    quota_factory(teams[0], h100, nominal=16)
+    schedule_pending()
+    body = teammate.client.get(f"{JOBS}{job_id}/").json()
+    assert body["state"] == "ADMITTED"
+    # 2 nodes x 8 GPUs x 1.5 h x 6.88 USD/GPU-h (AWS us-east-1 H100 on demand, ../shared/reference/prices.md)
+    assert body["estimated_cost_usd"] == "165.12"
 
 
 def test_it_stores_the_spec_normalized_with_defaults(teammate, fleet):
