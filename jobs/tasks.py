@@ -17,7 +17,9 @@ from celery import shared_task
 from django.db import transaction
 
 from controlplane import metrics
+from controlplane.lookups import LookupCache
 from runners.base import PermanentDispatchError, TransientDispatchError, UnknownBackend, backend_for
+from runners.models import Accelerator, Cluster, NodePool
 
 from .models import JobAttempt, JobState
 
@@ -267,10 +269,11 @@ def dispatch_attempt(self, attempt_id: int) -> str:
     from .lifecycle import end_attempt, mark_started
     from .states import StaleState
 
-    attempt = JobAttempt.objects.select_related("job__team", "cluster", "node_pool__accelerator").get(pk=attempt_id)
+    attempt = JobAttempt.objects.select_related("job__team").get(pk=attempt_id)
     job = attempt.job
     if job.state != JobState.ADMITTED or job.current_attempt_id != attempt.pk or attempt.ended_at is not None:
         return "skipped"
+    attach_placement_rows(attempt)
     try:
         with metrics.DISPATCH_SECONDS.time():
             runner_state = backend_for(attempt.cluster).dispatch(attempt)
@@ -290,6 +293,25 @@ def dispatch_attempt(self, attempt_id: int) -> str:
     except StaleState:
         return "raced"  # another dispatch, or a cancel, moved the job first; reconcile deletes orphans
     return "dispatched"
+
+
+#: The attempt's cluster and node pool (with its accelerator) by id, for dispatch: rows every dispatch to a
+#: cluster reads again and that rarely change. Cleared when one is saved in this process; another process's
+#: change shows within ``settings.LOOKUP_CACHE_SECONDS`` (the Kubernetes client is rebuilt when the cluster's
+#: endpoint or credentials differ, ``runners.kubernetes.client.client_for``).
+PLACEMENT_ROWS = LookupCache("dispatch-placement-rows").invalidate_on(Cluster, NodePool, Accelerator)
+
+
+def attach_placement_rows(attempt: JobAttempt) -> None:
+    """Set ``attempt.cluster`` and ``attempt.node_pool`` (with ``.accelerator``) from ``PLACEMENT_ROWS``.
+
+    The instances are shared between dispatches in this process: read them, never save them.
+    """
+    attempt.cluster = PLACEMENT_ROWS.get(("cluster", attempt.cluster_id),
+                                         lambda: Cluster.objects.filter(pk=attempt.cluster_id).first())
+    attempt.node_pool = PLACEMENT_ROWS.get(
+        ("pool", attempt.node_pool_id),
+        lambda: NodePool.objects.select_related("accelerator").filter(pk=attempt.node_pool_id).first())
 
 
 @shared_task(name="jobs.tasks.cancel_job_objects", bind=True, ignore_result=True, max_retries=None)

@@ -244,6 +244,19 @@ def test_it_sends_the_bearer_token_of_each_cluster(fleet, submit):
     assert headers and set(headers) == {"Bearer token-of-gcp-usc1"}
 
 
+def test_a_rotated_token_is_sent_by_the_next_dispatch(fleet, submit):
+    """Dispatch reads the cluster from a per-process cache (``jobs.tasks.PLACEMENT_ROWS``); saving the cluster clears it."""
+    emulators, clusters = fleet
+    dispatch_attempt(submit().pk)  # caches the cluster row and its client
+    cluster = Cluster.objects.get(pk=clusters["gcp-usc1"].pk)
+    cluster.api_token = "rotated-token"
+    cluster.save()
+    seen = len(emulators.requests("gcp-usc1"))
+    assert dispatch_attempt(submit().pk) == "dispatched"
+    headers = {r.headers.get("Authorization") for r in emulators.requests("gcp-usc1")[seen:]}
+    assert headers == {"Bearer rotated-token"}
+
+
 def test_it_redispatches_idempotently_and_refuses_objects_of_another_attempt(fleet, submit):
     attempt = submit(nodes=2)
     backend = backend_for(attempt.cluster)
