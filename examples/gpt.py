@@ -308,8 +308,10 @@ class CheckpointStore:
     def __init__(self, uri: str) -> None:
         import fsspec  # a torch dependency; imported here so training without a store does not need it
 
-        self.uri = uri.rstrip("/")
-        self.fs, self.root = fsspec.core.url_to_fs(self.uri)
+        self.uri = strip_trailing_slashes(uri)
+        # The URI as given: fsspec drops trailing slashes itself, and ``memory:``/``file:`` (a stripped
+        # ``memory://``/``file:///``) would be a path relative to the working directory.
+        self.fs, self.root = fsspec.core.url_to_fs(uri)
         protocols = {self.fs.protocol} if isinstance(self.fs.protocol, str) else set(self.fs.protocol)
         self.atomic_put = bool(protocols & OBJECT_STORE_PROTOCOLS)
 
@@ -318,7 +320,20 @@ class CheckpointStore:
         return f"{self.uri}/{name}"
 
     def _path(self, name: str) -> str:
-        return f"{self.root}/{name}"
+        return f"{self.root.rstrip('/')}/{name}"
+
+    def _check_directory(self) -> None:
+        """On a file system (not an object store): raise ``NotADirectoryError`` when the store's directory,
+        or the nearest of its parents that exists, is a file. fsspec reports that as "not found", which
+        would read as an empty store and a fresh start."""
+        path = self.root.rstrip("/") or "/"
+        while not self.fs.exists(path):
+            parent = path.rsplit("/", 1)[0] or "/"
+            if parent == path:
+                return
+            path = parent
+        if not self.fs.isdir(path):
+            raise NotADirectoryError(f"checkpoint store {self.uri}: {path} is not a directory")
 
     def download(self, name: str, local_path: str | os.PathLike[str]) -> bool:
         """Copy ``name`` from the store to ``local_path`` atomically (temp file next to it, then ``os.replace``).
@@ -337,6 +352,8 @@ class CheckpointStore:
             try:
                 self.fs.get_file(self._path(name), tmp)
             except FileNotFoundError:
+                if not self.atomic_put:
+                    self._check_directory()
                 return False
             os.chmod(tmp, 0o644)
             os.replace(tmp, local_path)
@@ -368,6 +385,15 @@ class CheckpointStore:
             except OSError:
                 pass
             raise
+
+
+def strip_trailing_slashes(uri: str) -> str:
+    """``uri`` without trailing slashes, but never the ``//`` after its scheme (``memory://`` stays itself:
+    ``memory:`` would be a relative local path to fsspec). A plain path may become empty (``/``)."""
+    scheme, sep, rest = uri.partition("://")
+    if sep:
+        return f"{scheme}://{rest.rstrip('/')}"
+    return uri.rstrip("/")
 
 
 def checkpoint_step(path: str | os.PathLike[str]) -> int:

@@ -35,7 +35,9 @@ character cut at the end is rendered as U+FFFD.
 With ``--checkpoint-uri`` (default env ``CHECKPOINT_URI``, an fsspec URI of
 the training job's checkpoint store, see ``train_gpt.py``) and no local
 ``checkpoint.pt``, the file is downloaded from the store into the checkpoint
-directory (which must then be writable), also while waiting.
+directory, also while waiting; when that directory is read-only (the
+Kubernetes runner mounts ``/checkpoints`` read-only in inference pods), into
+``<tmp>/checkpoint-store/<hash of the URI>/`` instead.
 
 The process prints ``serving on http://HOST:PORT ...`` (flushed) once
 listening, and exits 0 on SIGTERM/SIGINT; it exits 2 if the checkpoint is
@@ -45,11 +47,13 @@ missing or unreadable.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -292,6 +296,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _writable_directory(directory: str) -> bool:
+    """Whether files can be created in ``directory`` (created if missing)."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            return True
+    except OSError:
+        return False
+
+
+def store_cache_path(uri: str) -> str:
+    """Where a store's checkpoint goes when the checkpoint directory is read-only: under the temp directory."""
+    digest = hashlib.sha256(uri.encode()).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), "checkpoint-store", digest, CHECKPOINT_FILENAME)
+
+
 def load_generator(checkpoint_dir: str, wait_seconds: float = 0.0, store: CheckpointStore | None = None) -> Generator:
     """Load ``<checkpoint_dir>/checkpoint.pt`` onto CUDA if available, else CPU.
 
@@ -303,9 +323,12 @@ def load_generator(checkpoint_dir: str, wait_seconds: float = 0.0, store: Checkp
     path = checkpoint_path(checkpoint_dir)
     deadline = time.monotonic() + wait_seconds
     while not os.path.exists(path):
-        if store is not None and store.download(CHECKPOINT_FILENAME, path):
-            print(f"fetched checkpoint from {store.url(CHECKPOINT_FILENAME)}", flush=True)
-            break
+        if store is not None:
+            target = path if _writable_directory(checkpoint_dir) else store_cache_path(store.uri)
+            if store.download(CHECKPOINT_FILENAME, target):
+                print(f"fetched checkpoint from {store.url(CHECKPOINT_FILENAME)} to {target}", flush=True)
+                path = target
+                break
         if time.monotonic() >= deadline:
             where = f" or {store.url(CHECKPOINT_FILENAME)}" if store is not None else ""
             raise FileNotFoundError(f"no checkpoint at {path}{where}")

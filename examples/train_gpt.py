@@ -490,19 +490,24 @@ def fetch_from_store(store: CheckpointStore, directory: str) -> int | None:
     the store has no checkpoint or the local one is as new. Raises the
     store's errors other than "not found" (see ``CheckpointStore.download``).
     """
+    return sync_from_store(store, directory)[0]
+
+
+def sync_from_store(store: CheckpointStore, directory: str) -> tuple[int | None, int | None]:
+    """``fetch_from_store``, returning (the step fetched or None, the store's step or None when it has none)."""
     local = checkpoint_path(directory)
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".store-checkpoint.", suffix=".tmp", dir=directory)
     os.close(fd)
     try:
         if not store.download(CHECKPOINT_FILENAME, tmp):
-            return None
+            return None, None
         step = checkpoint_step(tmp)
         if os.path.exists(local) and checkpoint_step(local) >= step:
-            return None
+            return None, step
         os.replace(tmp, local)
         store.download(METRICS_FILENAME, os.path.join(directory, METRICS_FILENAME))
-        return step
+        return step, step
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -557,8 +562,9 @@ def train(args: argparse.Namespace, ctx: DistContext, store: CheckpointStore | N
         torch.set_num_threads(1)
     torch.manual_seed(args.seed)  # identical initial weights on every rank
 
+    store_step: int | None = None  # the store's checkpoint step (rank 0), None: it has none
     if store is not None and ctx.is_main:
-        fetched = fetch_from_store(store, args.checkpoint_dir)
+        fetched, store_step = sync_from_store(store, args.checkpoint_dir)
         if fetched is not None:
             log(ctx, f"fetched checkpoint step {fetched} from {store.url(CHECKPOINT_FILENAME)}")
     ckpt = load_resume_state(ctx, args.checkpoint_dir)
@@ -677,6 +683,12 @@ def train(args: argparse.Namespace, ctx: DistContext, store: CheckpointStore | N
             )
             if store is not None and ctx.is_main:
                 upload_to_store(store, ckpt_path, step, final=step == args.steps)
+
+    if store is not None and ctx.is_main and ckpt_path and start_step >= args.steps and (
+            store_step is None or store_step < start_step):
+        # No step ran (resumed at the last one) but the store lags behind the local checkpoint, e.g. the
+        # previous attempt's final upload failed: upload it, or the job succeeds with a stale store.
+        upload_to_store(store, ckpt_path, start_step, final=True)
 
     sync()
     t_end = time.perf_counter()

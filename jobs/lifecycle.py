@@ -107,9 +107,14 @@ def _job_with_event_statement(job: Job, event: JobEvent) -> tuple[list, list, st
     event_fields = [event_meta.get_field("job")] + [
         f for f in event_meta.local_concrete_fields if f is not event_meta.auto_field and f.name != "job"]
     # Compiled from copies: pre_save (auto_now_add) must run once, on the rows actually inserted.
-    job_sql, _ = _insert_sql(Job(**{f.attname: getattr(job, f.attname) for f in job_fields}), job_fields)
+    job_copy = Job(**{f.attname: getattr(job, f.attname) for f in job_fields})
     event_copy = JobEvent(**{f.attname: getattr(event, f.attname) for f in event_fields})
     event_copy.job_id = 0
+    # Only plain values may shape the cached text: an expression would compile into it (e.g. UPPER(%s))
+    # and apply to every later job of the process.
+    if _insert_params(job_copy, job_fields) is None or _insert_params(event_copy, event_fields) is None:
+        raise ValueError("submit_job stores plain values only; an expression reached _insert_job_with_event")
+    job_sql, _ = _insert_sql(job_copy, job_fields)
     event_sql, _ = _insert_sql(event_copy, event_fields)
     head, values = event_sql.split(" VALUES (%s, ", 1)  # the job id's placeholder comes first (event_fields)
     qn = connection.ops.quote_name

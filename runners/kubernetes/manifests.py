@@ -200,7 +200,9 @@ def checkpoint_uri(store_uri: str, team_slug: str, job_id: int) -> str:
     """
     if not store_uri:
         return ""
-    return f"{store_uri.rstrip('/')}/{team_slug}/{checkpoint_subpath(job_id)}"
+    scheme, sep, rest = store_uri.partition("://")  # never strip the scheme's "//": "memory:" is a local path
+    base = f"{scheme}://{rest.rstrip('/')}" if sep else store_uri.rstrip("/")
+    return f"{base}/{team_slug}/{checkpoint_subpath(job_id)}"
 
 
 def checkpoint_volume(w: Workload, read_only: bool = False) -> dict:

@@ -1,0 +1,222 @@
+"""Attacks on the checkpoint store (examples/gpt.py, train_gpt.py, serve.py, manifests.checkpoint_uri) and on
+the job+event INSERT compiled once per process (jobs/lifecycle.py).
+
+Real parts only: train_gpt.py/serve.py run as subprocesses or their functions in-process against file:// and
+memory:// stores; the INSERT runs against the test PostgreSQL database.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+from runners.kubernetes import manifests as m
+from tests.examples.test_checkpoint_store_training import (
+    FAST,
+    REPO,
+    TIMEOUT_S,
+    TRAIN,
+    attempt,
+    clean_env,
+    stored_step,
+)
+
+sys.path.insert(0, str(REPO / "examples"))
+import gpt  # noqa: E402
+import serve  # noqa: E402
+
+# --------------------------------------------------------------------------- #
+# Checkpoint store
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("store_uri", ["memory://", "memory:///", "file:///"])
+def test_a_store_at_the_root_keeps_its_scheme(store_uri: str) -> None:
+    """``rstrip('/')`` turned ``memory://`` into ``memory:``, which fsspec reads as a *local relative path*: the
+    job's checkpoints went to ``./memory:/alpha/job-7`` in the pod's working directory, not to the store."""
+    uri = m.checkpoint_uri(store_uri, "alpha", 7)
+    scheme = store_uri.split(":")[0]
+    assert uri == f"{scheme}:///alpha/job-7" or uri == f"{scheme}://alpha/job-7"
+    store = gpt.CheckpointStore(uri)
+    protocols = {store.fs.protocol} if isinstance(store.fs.protocol, str) else set(store.fs.protocol)
+    assert scheme in protocols
+    assert store.root.rstrip("/").endswith("/alpha/job-7") and store.root.startswith("/")
+    assert not os.path.isabs(uri)  # a URI, never a cwd-relative path
+
+
+def test_a_memory_store_at_the_root_really_holds_the_upload(tmp_path: Path) -> None:
+    src = tmp_path / "ckpt.pt"
+    src.write_bytes(b"payload")
+    name = f"job-{uuid.uuid4().hex[:8]}"
+    store = gpt.CheckpointStore(m.checkpoint_uri("memory://", "alpha", 1).replace("job-1", name))
+    store.upload(src, "checkpoint.pt")
+    import fsspec
+
+    assert fsspec.filesystem("memory").cat(f"/alpha/{name}/checkpoint.pt") == b"payload"
+    assert not Path("memory:").exists()
+    dst = tmp_path / "back.pt"
+    assert store.download("checkpoint.pt", dst) and dst.read_bytes() == b"payload"
+
+
+def test_a_finished_job_whose_last_upload_failed_uploads_it_on_retry(tmp_path: Path) -> None:
+    """The last checkpoint's upload failed (an error: the attempt failed), the retry lands on the same cluster,
+    whose claim holds the final checkpoint: it resumes at the last step and runs no step. The store must then
+    get the final checkpoint, or a serving job on another cluster loads a stale model while the job SUCCEEDED."""
+    first_store = tmp_path / "first"
+    attempt(["--steps", "5", *FAST], tmp_path / "a", first_store.as_uri())  # local a: step 5
+    lagging = tmp_path / "lagging"
+    lagging.mkdir()
+    final = torch.load(first_store / "checkpoint.pt", weights_only=True)
+    torch.save({**final, "step": 3}, lagging / "checkpoint.pt")  # the store only got an earlier checkpoint
+    out = attempt(["--steps", "5", *FAST], tmp_path / "a", lagging.as_uri())
+    assert "resumed from step 5 " in out
+    assert stored_step(lagging) == 5
+
+
+def test_a_finished_job_rerun_does_not_upload_again(tmp_path: Path) -> None:
+    """The store already holds the final step: nothing to upload (a checkpoint can be gigabytes)."""
+    store = tmp_path / "store"
+    attempt(["--steps", "5", *FAST], tmp_path / "a", store.as_uri())
+    before = (store / "checkpoint.pt").stat().st_mtime_ns
+    out = attempt(["--steps", "5", *FAST], tmp_path / "a", store.as_uri())
+    assert "uploaded checkpoint" not in out
+    assert (store / "checkpoint.pt").stat().st_mtime_ns == before
+
+
+@pytest.mark.parametrize("broken", ["truncated", "file-as-store"])
+def test_a_broken_store_fails_the_attempt_instead_of_starting_over(tmp_path: Path, broken: str) -> None:
+    """Starting from step 0 would later overwrite the job's checkpoint with a worse one."""
+    store = tmp_path / "store"
+    if broken == "truncated":
+        attempt(["--steps", "5", *FAST], tmp_path / "a", store.as_uri())
+        data = (store / "checkpoint.pt").read_bytes()
+        (store / "checkpoint.pt").write_bytes(data[: len(data) // 2])
+    else:
+        store.write_bytes(b"not a directory")
+    proc = subprocess.run([sys.executable, str(TRAIN), "--steps", "10", *FAST], cwd=REPO, capture_output=True,
+                          text=True, timeout=TIMEOUT_S,
+                          env=clean_env(CHECKPOINT_DIR=str(tmp_path / "b"), CHECKPOINT_URI=store.as_uri()))
+    assert proc.returncode != 0, proc.stdout
+    assert "step=1 " not in proc.stdout
+
+
+def _make_read_only(path: Path) -> None:
+    if os.geteuid() != 0:
+        path.chmod(0o555)
+        return
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip("cannot make a read-only directory here (not root-immutable)")
+
+
+def _undo_read_only(path: Path) -> None:
+    if os.geteuid() != 0:
+        path.chmod(0o755)
+    else:
+        subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+
+
+def test_serve_fetches_from_the_store_into_a_read_only_checkpoint_dir(tmp_path: Path) -> None:
+    """The Kubernetes runner mounts /checkpoints read-only in inference pods (``inference_deployment``), so a
+    serving pod on a cluster without the training job's volume could never write the fetched checkpoint.pt
+    there: the store was useless for serving exactly where it is needed."""
+    store = tmp_path / "store"
+    attempt(["--steps", "5", *FAST], tmp_path / "train", store.as_uri())
+    mount = tmp_path / "checkpoints"
+    mount.mkdir()
+    assert m.inference_deployment(m.Workload(
+        name="w", namespace="cp-alpha", job_id=1, attempt_id=1, attempt_number=1, kind="inference", team="alpha",
+        image="i", command=("python",),
+    ))["spec"]["template"]["spec"]["containers"][0]["volumeMounts"][0].get("readOnly") is True
+    _make_read_only(mount)
+    try:
+        generator = serve.load_generator(str(mount), 0.0, gpt.CheckpointStore(store.as_uri()))
+        assert generator.checkpoint_step == 5
+        assert not (mount / "checkpoint.pt").exists()
+    finally:
+        _undo_read_only(mount)
+
+
+def test_checkpoint_env_keeps_a_spec_override_even_empty() -> None:
+    """A job may opt out of the store with CHECKPOINT_URI="" in its spec env: no second CHECKPOINT_URI."""
+    w = m.Workload(name="w", namespace="cp-alpha", job_id=3, attempt_id=1, attempt_number=1, kind="training",
+                   team="alpha", image="i",
+                   command=("python",), env=(("CHECKPOINT_URI", ""),), checkpoint_uri="s3://b/p/alpha/job-3")
+    env = m._container(w, m._platform_env(w), [])["env"]
+    assert [e["value"] for e in env if e["name"] == "CHECKPOINT_URI"] == [""]
+
+
+# --------------------------------------------------------------------------- #
+# The job+event INSERT compiled once per process (jobs/lifecycle.py)
+# --------------------------------------------------------------------------- #
+
+
+def _resources(accelerator) -> dict:
+    return {"accelerator": accelerator, "gpus_per_node": 2, "nodes": 1, "priority": 700, "preemptible": True,
+            "max_runtime_seconds": 1234, "max_retries": 3}
+
+
+ODD_SPEC = {"image": "x", "none": None, "pct": "100%s %% %(x)s", "uni": "ü\u2028\\", "nested": [[], {}, 1.5, True]}
+
+
+@pytest.mark.django_db
+def test_the_cached_insert_stores_what_django_save_stores(teams, h100):
+    from jobs import lifecycle
+    from jobs.models import Job, JobEvent
+    from jobs.states import record_event
+    from tests.conftest import make_persona
+
+    accelerator = h100
+    alpha, user = teams[0], make_persona("owner", teams[0], "admin").user
+    lifecycle._JOB_WITH_EVENT_SQL.clear()  # compiled from the first job below
+    cached = [lifecycle.store_submitted_job(team=alpha, submitter=user, name=f"c{i}", kind="training",
+                                            spec=dict(ODD_SPEC, i=i), resources=_resources(accelerator))
+              for i in range(2)]  # the second one reuses the compiled statement
+    r = _resources(accelerator)
+    orm = Job(team=alpha, submitter=user, name="orm", kind="training", spec=dict(ODD_SPEC, i=1),
+              accelerator=r["accelerator"], gpus_per_node=2, nodes=1, priority=700, preemptible=True,
+              max_runtime_seconds=1234, max_retries=3)
+    orm.save(force_insert=True)
+    record_event(orm, "submitted", f"submitted by {user}", actor=user)
+
+    skip = {"id", "name", "created_at", "updated_at"}
+    row = lambda pk: {k: v for k, v in Job.objects.filter(pk=pk).values().get().items() if k not in skip}  # noqa: E731
+    assert row(cached[1].pk) == row(orm.pk)
+    assert Job.objects.get(pk=cached[1].pk).spec == dict(ODD_SPEC, i=1)
+    for job in cached:
+        stored = Job.objects.get(pk=job.pk)
+        assert stored.created_at == job.created_at and stored.updated_at == job.updated_at
+        assert stored.created_at is not None and stored.created_at != cached[0].created_at or job is cached[0]
+    ev = lambda pk: {k: v for k, v in JobEvent.objects.filter(job_id=pk).values().get().items()  # noqa: E731
+                     if k not in {"id", "job_id", "created_at"}}
+    assert ev(cached[1].pk) == ev(orm.pk)
+
+
+@pytest.mark.django_db
+def test_an_expression_in_the_first_job_does_not_poison_the_cached_statement(teams, h100):
+    """The statement was compiled (and cached) from the first job *before* its values were checked: an
+    expression there (rejected with ValueError) stayed baked into the SQL of every later submission."""
+    from django.db.models import Value
+    from django.db.models.functions import Upper
+
+    from jobs import lifecycle
+    from jobs.models import Job, JobEvent
+    from tests.conftest import make_persona
+
+    accelerator = h100
+    alpha, user = teams[0], make_persona("owner", teams[0], "admin").user
+    r = _resources(accelerator)
+    bad = Job(team=alpha, submitter=user, name=Upper(Value("shout")), kind="training", spec={},
+              accelerator=accelerator, gpus_per_node=1, nodes=1)
+    lifecycle._JOB_WITH_EVENT_SQL.clear()
+    with pytest.raises(ValueError):
+        lifecycle._insert_job_with_event(bad, JobEvent(kind="submitted", reason="x", data={}, from_state="QUEUED",
+                                                       to_state="QUEUED"))
+    job = lifecycle.store_submitted_job(team=alpha, submitter=user, name="quiet", kind="training", spec={},
+                                        resources=r)
+    assert Job.objects.get(pk=job.pk).name == "quiet"
