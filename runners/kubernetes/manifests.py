@@ -247,8 +247,16 @@ def checkpoint_env(w: Workload) -> list[dict]:
     return env
 
 
+def _last_wins(env: list[dict]) -> list[dict]:
+    """``env`` with each name once, at its last definition: what the kubelet would use anyway (a later entry
+    hides an earlier one), without the duplicates. So a job's env naming a variable the platform sets
+    (CHECKPOINT_DIR, MASTER_ADDR, CONTROLPLANE_*) yields the platform's value, as on the local runner."""
+    last = {e["name"]: i for i, e in enumerate(env)}
+    return [e for i, e in enumerate(env) if last[e["name"]] == i]
+
+
 def _container(w: Workload, env: list[dict], ports: list[dict], read_only_checkpoints: bool = False) -> dict:
-    env = env + checkpoint_env(w)
+    env = _last_wins(env + checkpoint_env(w))
     container = {"name": CONTAINER, "image": w.image, "command": list(w.command), "env": env,
                  "resources": _resources(w), "volumeMounts": [checkpoint_mount(w, read_only_checkpoints)]}
     if w.args:

@@ -109,3 +109,20 @@ def test_a_checkpoint_uri_in_the_job_spec_wins_and_is_not_duplicated():
 
 def test_no_store_means_no_uri():
     assert m.checkpoint_uri("", "alpha", 7) == ""
+
+
+@pytest.mark.parametrize("kind,nodes", [("training", 1), ("training", 2), ("inference", 1)])
+def test_a_job_env_naming_platform_variables_gets_the_platforms_values_once(kind, nodes):
+    """The local runner lets the platform's CHECKPOINT_DIR, rendezvous and CONTROLPLANE_* win; so do the manifests,
+    without sending the name twice (the kubelet would hide the first, and the API server warns)."""
+    w = workload(kind=kind, nodes=nodes, env=(("CHECKPOINT_DIR", "/checkpoints/train-gpt"), ("MASTER_ADDR", "evil"),
+                                                ("CONTROLPLANE_TEAM", "beta"), ("SEED", "1")))
+    for obj in m.manifests(w):
+        if obj["kind"] not in ("Job", "Deployment"):
+            continue
+        validate(obj)
+        env = env_of(obj)  # asserts each name appears once
+        assert env["CHECKPOINT_DIR"] == m.CHECKPOINT_DIR and env["CONTROLPLANE_TEAM"] == w.team
+        assert env["SEED"] == "1"
+        if kind == "training":
+            assert env["MASTER_ADDR"] == w.master_addr
