@@ -18,6 +18,7 @@ Shape conventions used in the docstrings:
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import tempfile
@@ -385,6 +386,30 @@ class CheckpointStore:
             except OSError:
                 pass
             raise
+
+
+    def read_json(self, name: str) -> dict | None:
+        """The JSON object stored as ``name``, or None when the store has none (or it is not an object).
+
+        Raises the store's errors other than "not found", and ``ValueError`` for a file that is not JSON.
+        """
+        try:
+            with self.fs.open(self._path(name), "rb") as fh:
+                data = fh.read()
+        except FileNotFoundError:
+            return None
+        value = json.loads(data)
+        return value if isinstance(value, dict) else None
+
+    def write_json(self, name: str, value: dict) -> None:
+        """Store ``value`` as the JSON file ``name``, whole or not at all (``upload``)."""
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as fh:
+                json.dump(value, fh)
+            self.upload(tmp, name)
+        finally:
+            os.unlink(tmp)
 
 
 def strip_trailing_slashes(uri: str) -> str:

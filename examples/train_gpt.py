@@ -56,6 +56,13 @@ Checkpoint store (another cluster)
     failed upload is a warning, except for the last checkpoint, where it is an
     error. ``metrics.json`` is uploaded at the end.
 
+    Fencing: under the platform (env ``CONTROLPLANE_ATTEMPT``, the attempt
+    number), rank 0 records ``{"attempt": N}`` in the store's ``owner.json``
+    at start and checks it before every upload. An attempt that finds a later
+    one there (it was recovered elsewhere while this one ran on a cluster the
+    control plane lost) uploads nothing more and exits with status 3, instead
+    of overwriting the new attempt's newer checkpoint.
+
 Output (rank 0, stdout, flushed)
     One line per log interval (the first at the first step, then every
     ``--log-every`` steps and at the last step)::
@@ -513,13 +520,60 @@ def sync_from_store(store: CheckpointStore, directory: str) -> tuple[int | None,
             os.unlink(tmp)
 
 
-def upload_to_store(store: CheckpointStore, path: str, step: int, final: bool) -> None:
+#: The store's record of the attempt that writes it: ``{"attempt": <number>}`` (see ``claim_store``).
+OWNER_FILENAME = "owner.json"
+
+
+class SupersededAttempt(RuntimeError):
+    """A later attempt of the job writes the checkpoint store: this one must stop and write nothing."""
+
+
+def attempt_number() -> int:
+    """This process's attempt of the job: env ``CONTROLPLANE_ATTEMPT`` (set by both runners); 0 outside the
+    platform, which turns the fencing of ``claim_store`` off."""
+    try:
+        return max(0, int(os.environ.get("CONTROLPLANE_ATTEMPT", "0")))
+    except ValueError:
+        return 0
+
+
+def check_owner(store: CheckpointStore, attempt: int) -> None:
+    """Raise SupersededAttempt when the store's owner record names an attempt later than ``attempt``.
+
+    The platform recovers a job lost with its cluster on another cluster; the old attempt may still run
+    where the control plane cannot reach it until that cluster returns. Attempt numbers only grow, so the
+    record is a fencing token: the old attempt stops at its next checkpoint instead of overwriting the new
+    attempt's newer checkpoint. (A check and the upload after it are not atomic: an upload already under
+    way when the new attempt claims the store can still land once; the new attempt's next upload wins.)
+    """
+    if attempt <= 0:
+        return
+    owner = store.read_json(OWNER_FILENAME) or {}
+    try:
+        later = int(owner.get("attempt", 0))
+    except (TypeError, ValueError):
+        later = 0
+    if later > attempt:
+        raise SupersededAttempt(f"attempt {later} of this job writes {store.uri} now; attempt {attempt} stops")
+
+
+def claim_store(store: CheckpointStore, attempt: int) -> None:
+    """Rank 0, at start: record ``attempt`` as the store's writer, after ``check_owner`` (attempt 0: nothing)."""
+    if attempt <= 0:
+        return
+    check_owner(store, attempt)
+    store.write_json(OWNER_FILENAME, {"attempt": attempt})
+
+
+def upload_to_store(store: CheckpointStore, path: str, step: int, final: bool, attempt: int = 0) -> None:
     """Rank 0 only: upload ``path`` (a checkpoint of ``step``) to the store as ``checkpoint.pt``.
 
     A failure is printed as a warning (the next checkpoint tries again) unless
     ``final``, where it is raised: success then means the store holds the
-    job's last checkpoint.
+    job's last checkpoint. Raises SupersededAttempt (uploading nothing) when a
+    later attempt than ``attempt`` owns the store (``check_owner``).
     """
+    check_owner(store, attempt)
     try:
         store.upload(path, CHECKPOINT_FILENAME)
     except Exception as exc:
@@ -564,6 +618,7 @@ def train(args: argparse.Namespace, ctx: DistContext, store: CheckpointStore | N
 
     store_step: int | None = None  # the store's checkpoint step (rank 0), None: it has none
     if store is not None and ctx.is_main:
+        claim_store(store, attempt_number())  # before reading: an older attempt stops uploading from now on
         fetched, store_step = sync_from_store(store, args.checkpoint_dir)
         if fetched is not None:
             log(ctx, f"fetched checkpoint step {fetched} from {store.url(CHECKPOINT_FILENAME)}")
@@ -682,13 +737,13 @@ def train(args: argparse.Namespace, ctx: DistContext, store: CheckpointStore | N
                 {"first_loss": first_loss, "last_loss": last_loss, "args": vars(args)},
             )
             if store is not None and ctx.is_main:
-                upload_to_store(store, ckpt_path, step, final=step == args.steps)
+                upload_to_store(store, ckpt_path, step, final=step == args.steps, attempt=attempt_number())
 
     if store is not None and ctx.is_main and ckpt_path and start_step >= args.steps and (
             store_step is None or store_step < start_step):
         # No step ran (resumed at the last one) but the store lags behind the local checkpoint, e.g. the
         # previous attempt's final upload failed: upload it, or the job succeeds with a stale store.
-        upload_to_store(store, ckpt_path, start_step, final=True)
+        upload_to_store(store, ckpt_path, start_step, final=True, attempt=attempt_number())
 
     sync()
     t_end = time.perf_counter()
@@ -740,6 +795,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.checkpoint_dir:
                 write_metrics(args.checkpoint_dir, metrics)
                 if store is not None:
+                    check_owner(store, attempt_number())
                     try:
                         store.upload(os.path.join(args.checkpoint_dir, METRICS_FILENAME), METRICS_FILENAME)
                     except Exception as exc:
@@ -747,6 +803,9 @@ def main(argv: list[str] | None = None) -> int:
                               file=sys.stderr, flush=True)
         if ctx.distributed:
             dist.barrier()  # nobody reports success before rank 0's files are durable
+    except SupersededAttempt as exc:  # rank 0; the other ranks fail when it leaves the process group
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 3
     finally:
         if ctx.distributed:
             dist.destroy_process_group()

@@ -35,7 +35,7 @@ UPLOAD_RE = re.compile(r"^uploaded checkpoint step=(\d+) to (\S+)$")
 
 _SCRUBBED = {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
              "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "CHECKPOINT_DIR", "CHECKPOINT_URI",
-             "PORT", "PEAK_TFLOPS", "OMP_NUM_THREADS"}
+             "PORT", "PEAK_TFLOPS", "OMP_NUM_THREADS", "CONTROLPLANE_ATTEMPT"}
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -195,3 +195,70 @@ def test_serve_fetches_the_checkpoint_from_the_store(tmp_path: Path) -> None:
         proc.wait(timeout=10)
         log.close()
     assert "fetched checkpoint from " + store.as_uri() in (tmp_path / "serve.log").read_text()
+
+
+def store_step(store: Path) -> int:
+    return int(torch.load(store / "checkpoint.pt", map_location="cpu", weights_only=True)["step"])
+
+
+def test_a_superseded_attempt_stops_before_overwriting_the_new_attempts_checkpoint(tmp_path):
+    """A cluster is lost: attempt 2 resumes elsewhere while attempt 1 still runs where the control plane cannot
+    reach it (frozen here with SIGSTOP, as behind a partition). Attempt 2's claim (owner.json) stops attempt 1 at
+    its next checkpoint, exit status 3, and the store keeps attempt 2's final checkpoint."""
+    import signal
+
+    store = tmp_path / "store" / "alpha" / "job-5"
+    uri = store.as_uri()
+    old = subprocess.Popen(
+        [sys.executable, str(TRAIN), "--steps", "100000", "--batch-size", "8", "--log-every", "1",
+         "--checkpoint-every", "2"],
+        cwd=REPO, env=clean_env(CHECKPOINT_DIR=str(tmp_path / "old"), CHECKPOINT_URI=uri, CONTROLPLANE_ATTEMPT="1"),
+        text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        seen = []
+        for line in old.stdout:  # until attempt 1's first upload is complete
+            seen.append(line)
+            if UPLOAD_RE.match(line):
+                old.send_signal(signal.SIGSTOP)
+                break
+        else:
+            pytest.fail("attempt 1 ended before uploading:\n" + "".join(seen)[-3000:])
+        assert json.loads((store / "owner.json").read_text()) == {"attempt": 1}
+        resumed_from = store_step(store)
+
+        new = subprocess.run(  # attempt 2 on another cluster: an empty local directory, the same store
+            [sys.executable, str(TRAIN), "--steps", str(resumed_from + 4), *FAST], cwd=REPO, text=True,
+            capture_output=True, timeout=TIMEOUT_S,
+            env=clean_env(CHECKPOINT_DIR=str(tmp_path / "new"), CHECKPOINT_URI=uri, CONTROLPLANE_ATTEMPT="2"))
+        assert new.returncode == 0, new.stdout + new.stderr
+        assert f"resumed from step {resumed_from} " in new.stdout
+        assert json.loads((store / "owner.json").read_text()) == {"attempt": 2}
+        final = (store / "checkpoint.pt").read_bytes()
+        assert store_step(store) == resumed_from + 4
+
+        old.send_signal(signal.SIGCONT)  # the partition heals; attempt 1 reaches its next checkpoint
+        rest = old.communicate(timeout=TIMEOUT_S)[0]
+        assert old.returncode == 3, rest[-3000:]
+        assert "attempt 2 of this job writes" in rest
+        assert not any(UPLOAD_RE.match(line) for line in rest.splitlines())
+        assert (store / "checkpoint.pt").read_bytes() == final
+    finally:
+        if old.poll() is None:
+            old.send_signal(signal.SIGCONT)
+            old.kill()
+            old.wait(timeout=10)
+
+
+def test_an_attempt_older_than_the_stores_owner_does_not_start(tmp_path):
+    store = tmp_path / "store"
+    attempt(["--steps", "5", *FAST], tmp_path / "a3", store.as_uri())  # no CONTROLPLANE_ATTEMPT: no fencing
+    assert not (store / "owner.json").exists()
+    (store / "owner.json").write_text(json.dumps({"attempt": 3}))
+    before = (store / "checkpoint.pt").read_bytes()
+    out = subprocess.run([sys.executable, str(TRAIN), "--steps", "10", *FAST], cwd=REPO, text=True,
+                         capture_output=True, timeout=TIMEOUT_S,
+                         env=clean_env(CHECKPOINT_DIR=str(tmp_path / "a2"), CHECKPOINT_URI=store.as_uri(),
+                                       CONTROLPLANE_ATTEMPT="2"))
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert (store / "checkpoint.pt").read_bytes() == before
+    assert json.loads((store / "owner.json").read_text()) == {"attempt": 3}
