@@ -220,6 +220,12 @@ class YAMLParser(BaseParser):
         return refuse_unencodable_text(data)
 
 
+class TextYAMLParser(YAMLParser):
+    """``YAMLParser`` for ``Content-Type: text/yaml``, the older name many tools (curl scripts, editors) still send."""
+
+    media_type = "text/yaml"
+
+
 def api_router() -> DefaultRouter:
     """The ``/api/v1/`` router with every resource registered (DESIGN.md's paths).
 

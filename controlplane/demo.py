@@ -37,7 +37,8 @@ LOSS_LINE = re.compile(r"^step=(\d+) loss=([0-9.]+)", re.MULTILINE)
 
 @dataclasses.dataclass
 class DemoTeam:
-    """A seeded team, its admin user, that user's web password and API token key (both new on every seed)."""
+    """A seeded team, its admin user, that user's web password and API token key (both new on every seed; the
+    previous seed's demo token is revoked)."""
 
     slug: str
     username: str
@@ -76,10 +77,15 @@ def seed_demo() -> dict[str, DemoTeam]:
         )
         Budget.objects.get_or_create(team=team, period=Budget.Period.MONTHLY,
                                      defaults={"amount_usd": Decimal(amount), "action": action})
+        ApiToken.objects.filter(user=user, name="demo").delete()  # an earlier run's token stops working
         _, key = ApiToken.issue(user, "demo")
         teams[slug] = DemoTeam(slug, username, password, key)
     call_command("ensure_report_schedules", verbosity=0)
     return teams
+
+
+class PortInUse(RuntimeError):
+    """The demo's web port is taken; the message says which and what to do."""
 
 
 class Platform:
@@ -107,13 +113,13 @@ class Platform:
                                       "--pidfile", str(Path(settings.VAR_DIR) / "celerybeat.pid")])
 
     def check_port_free(self) -> None:
-        """Raise RuntimeError with a one-line explanation when something already listens on the port."""
+        """Raise PortInUse with a one-line explanation when something already listens on the port."""
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind(("127.0.0.1", self.port))
             except OSError:
-                raise RuntimeError(f"port {self.port} on 127.0.0.1 is in use (an earlier demo still running?); "
+                raise PortInUse(f"port {self.port} on 127.0.0.1 is in use (an earlier demo still running?); "
                                    f"stop it or choose another port: make demo PORT=8001") from None
 
     def wait_ready(self, timeout: float = 60) -> None:
@@ -241,34 +247,46 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def cancel_unfinished(job_ids: list[int]) -> None:
-    """Cancel the demo's jobs that are not final and delete their processes now, so nothing outlives the demo."""
+def cancel_unfinished(job_ids: list[int]) -> list[int]:
+    """Cancel, and delete the processes of, every unfinished job that could run on this machine after the demo:
+    the demo's own jobs (``job_ids``) and any job with a live attempt on the local cluster (one a user
+    submitted while the demo ran), so nothing outlives the demo. Jobs still QUEUED elsewhere are left alone.
+    Returns the ids of the jobs cancelled."""
+    from django.db.models import Q
+
     from jobs.lifecycle import NotCancellable, cancel_job, finish_cancel
     from jobs.models import Job
     from jobs.states import StaleState
+    from runners.local.capacity import ensure_local_cluster
 
-    for job in Job.objects.filter(pk__in=job_ids).exclude(state__in=FINAL):
+    local = ensure_local_cluster()
+    cancelled = []
+    unfinished = Job.objects.exclude(state__in=FINAL).filter(
+        Q(pk__in=job_ids) | Q(attempts__cluster=local, attempts__ended_at__isnull=True)).distinct()
+    for job in unfinished:
         try:
             cancel_job(job)
             finish_cancel(job.pk)
+            cancelled.append(job.pk)
         except (NotCancellable, StaleState):
             pass
+    return cancelled
 
 
 def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, out) -> int:
     """Run the demo; returns the process exit status (0 when training succeeded and its loss fell)."""
+    platform = Platform(port)
+    platform.check_port_free()  # before any work: a busy port is the commonest reason a demo cannot start
     call_command("migrate", verbosity=0)
     teams = seed_demo()
-    platform = Platform(port)
     from runners.local.exporter import (
         job_average_utilization,
         start_demo_monitoring,
         stop_demo_monitoring,
     )
 
-    platform.check_port_free()
     # SIGINT (even when inherited as ignored), SIGTERM and SIGHUP stop the demo like Ctrl-C: the
-    # finally below then cancels its unfinished jobs and stops every process it started.
+    # finally below then cancels the unfinished jobs running here and stops every process it started.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     signal.signal(signal.SIGHUP, _raise_interrupt)
@@ -331,6 +349,8 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
             signal.signal(signum, signal.SIG_IGN)
         out.write("Stopping the platform...\n")
         out.flush()
-        cancel_unfinished(submitted)
+        cancelled = cancel_unfinished(submitted)
+        if cancelled:
+            out.write(f"Cancelled unfinished job(s) {', '.join(map(str, cancelled))} so no process outlives the demo.\n")
         platform.stop()
         stop_demo_monitoring(monitoring)

@@ -16,7 +16,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 
-from controlplane.api import JSONParser, ScopedGenericViewSet, YAMLParser
+from controlplane.api import JSONParser, ScopedGenericViewSet, TextYAMLParser, YAMLParser
 from quotas.models import Membership
 from runners.base import ClusterUnreachable, UnknownBackend, backend_for
 
@@ -58,7 +58,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
     serializer_class = JobSerializer
     filter_backends = [DjangoFilterBackend]
     filterset_class = JobFilterSet
-    parser_classes = [JSONParser, YAMLParser]
+    parser_classes = [JSONParser, YAMLParser, TextYAMLParser]
 
     def scope_queryset(self, queryset, user):
         return queryset.visible_to(user)

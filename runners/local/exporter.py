@@ -407,7 +407,9 @@ def start_demo_monitoring(platform_port: int, out) -> Monitoring | None:
     try:
         monitoring.start()
     except (OSError, RuntimeError) as exc:
-        out.write(f"GPU metrics off: {exc}\n")
+        where = (f" (the GPU exporter listens on {monitoring.exporter.addr}:{monitoring.exporter.port}: "
+                 "LOCAL_METRICS_ADDR and LOCAL_METRICS_PORT; is another demo running?)") if isinstance(exc, OSError) else ""
+        out.write(f"GPU metrics off: {exc}{where}\n")
         monitoring.stop()
         return None
     cluster = ensure_local_cluster()

@@ -77,9 +77,10 @@ def example_yaml(name: str) -> str:
     return yaml.safe_dump(document)
 
 
+@pytest.mark.parametrize("content_type", ["application/yaml", "text/yaml"])
 @pytest.mark.parametrize("example, kind", [("train-gpt.yaml", "training"), ("serve-gpt.yaml", "inference")])
-def test_it_submits_the_yaml_examples(teammate, fleet, example, kind):
-    r = teammate.client.post(JOBS, data=example_yaml(example), content_type="application/yaml")
+def test_it_submits_the_yaml_examples(teammate, fleet, example, kind, content_type):
+    r = teammate.client.post(JOBS, data=example_yaml(example), content_type=content_type)
     assert r.status_code == 201, r.content
     body = r.json()
     assert body["state"] == "QUEUED" and body["kind"] == kind

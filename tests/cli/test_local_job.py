@@ -80,6 +80,9 @@ def test_submit_wait_and_logs_follow_a_job_to_succeeded(server, owner, local_clu
         wait_for(lambda: not lines.empty(), "the first followed line", step=lambda: reconcile_cluster(local_cluster))
         assert not Job.objects.get(pk=job.pk).is_final
         first = lines.get()
+        wait_for(lambda: Job.objects.get(pk=job.pk).state == "RUNNING", "RUNNING",
+                 step=lambda: reconcile_cluster(local_cluster))
+        time.sleep(1.0)  # a few of the --wait client's 0.3 s polls fall while it runs, however loaded the machine
         go.touch()
         wait_for(lambda: Job.objects.get(pk=job.pk).is_final, "the job's end", step=lambda: reconcile_cluster(
             local_cluster))

@@ -428,3 +428,19 @@ def test_the_management_command_ensures_the_local_cluster(local):
     call_command("ensure_local_cluster", stdout=out)
     assert "local-emulated" in out.getvalue() and "2 nodes x 4 H100-80GB" in out.getvalue()
     assert Cluster.objects.filter(backend="local").count() == 1
+
+
+def test_the_demos_shutdown_cancels_every_job_running_here_and_leaves_queued_ones(admitted, teams, submitter, catalog):
+    """Ctrl-C on ``make demo``: a job a user submitted meanwhile must not keep training with no platform."""
+    from controlplane.demo import cancel_unfinished
+
+    running = dispatched(admitted([sys.executable, "-c", "import time; time.sleep(120)"], nodes=1))
+    reconcile_until(running, {JobState.RUNNING})
+    queued = Job.objects.create(team=teams[0], submitter=submitter, name="waits", spec={"command": ["true"]},
+                                accelerator=catalog["H100-80GB"], gpus_per_node=1, nodes=1, max_runtime_seconds=60)
+
+    assert cancel_unfinished([]) == [running.job_id]
+
+    assert Job.objects.get(pk=running.job_id).state == JobState.CANCELLED
+    assert Job.objects.get(pk=queued.pk).state == JobState.QUEUED
+    assert observe(running).phase not in ("pending", "running")  # its processes are gone

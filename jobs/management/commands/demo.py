@@ -1,8 +1,8 @@
 """``manage.py demo [--once]``: the main job end to end on embedded defaults (see controlplane.demo)."""
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
-from controlplane.demo import run_demo
+from controlplane.demo import PortInUse, run_demo
 
 
 class Command(BaseCommand):
@@ -16,7 +16,10 @@ class Command(BaseCommand):
         parser.add_argument("--timeout", type=float, default=900, help="seconds to wait for the jobs (default 900)")
 
     def handle(self, *args, **opts):
-        code = run_demo(once=opts["once"], port=opts["port"], steps=opts["steps"], nodes=opts["nodes"],
-                        timeout=opts["timeout"], out=self.stdout)
+        try:
+            code = run_demo(once=opts["once"], port=opts["port"], steps=opts["steps"], nodes=opts["nodes"],
+                            timeout=opts["timeout"], out=self.stdout)
+        except PortInUse as exc:  # a one-line message and exit status 1, not a traceback
+            raise CommandError(str(exc)) from exc
         if code:
             raise SystemExit(code)
