@@ -436,7 +436,10 @@ def _apply_rejection(decision: Rejection) -> bool:
             return False
         data = {"reason": verdict.reason, **verdict.detail}
         if job.state == JobState.QUEUED:
-            transition(job, JobState.REJECTED, reason=verdict.message, data=data, queue_info={})
+            # A budget refusal carries the estimate it refused (the price of the pool it would have run on).
+            estimate = {"estimated_cost_usd": Decimal(verdict.detail["estimate_usd"])} \
+                if "estimate_usd" in verdict.detail else {}
+            transition(job, JobState.REJECTED, reason=verdict.message, data=data, queue_info={}, **estimate)
         else:
             transition(job, JobState.FAILED, reason=verdict.message, data=data)
     return True

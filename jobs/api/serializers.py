@@ -59,15 +59,16 @@ class JobEventSerializer(serializers.ModelSerializer):
 
 @extend_schema_field({"type": "string", "format": "decimal", "example": "12.35", "nullable": True})
 class EstimatedCostField(UsdCentsField):
-    """``estimated_cost_usd``: null until the job is first placed (the estimate needs the node pool's price)."""
+    """``estimated_cost_usd``: null until the job is first placed (the estimate needs the node pool's price) or
+    refused for its cost (then the estimate the budget refused)."""
 
     def __init__(self, **kwargs):
         kwargs["allow_null"] = True
         super().__init__(**kwargs)
 
     def get_attribute(self, instance):
-        if instance.admitted_at is None and instance.current_attempt_id is None:
-            return None  # never placed: a stored 0 would read as "free"
+        if instance.admitted_at is None and instance.current_attempt_id is None and not instance.estimated_cost_usd:
+            return None  # never placed nor priced: a stored 0 would read as "free"
         return super().get_attribute(instance)
 
 
@@ -81,7 +82,8 @@ class JobSerializer(SharedFieldsMixin, serializers.ModelSerializer):
     pass, null before one and once the job no longer waits. ``priority`` is
     the numeric priority (higher first), ``priority_class`` its name. Costs
     are USD strings rounded to cents: ``estimated_cost_usd`` is the worst case
-    (GPUs x max runtime x price), null until the job is first placed;
+    (GPUs x max runtime x price), null until the job is first placed (or
+    refused by a budget: then the refused estimate);
     ``accrued_cost_usd`` what the ledger holds.
     """
 

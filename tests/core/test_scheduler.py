@@ -467,6 +467,7 @@ def test_an_estimate_over_the_whole_block_budget_is_rejected(
     job = fresh(job)
     assert job.state == S.REJECTED and not job.attempts.exists()
     assert state_events(job) == [("QUEUED", "REJECTED")]
+    assert job.estimated_cost_usd == D(8) * D("4.20")  # the estimate the budget refused, kept on the job
 
 
 def test_an_alert_budget_admits_over_its_amount(cluster_factory, quota_factory, budget_factory, h100, alpha, submit):
