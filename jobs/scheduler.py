@@ -613,9 +613,9 @@ def schedule_coalesced() -> PassResult | None:
     too early publishes itself again with that countdown, leaving the flag
     set so that submissions meanwhile publish nothing, and returns. The
     deferred copy clears the flag when it runs, so the ordering argument
-    above holds for it. With the defaults (factor 3) the scheduler uses at
-    most a quarter of a core, and a pass over a short queue (under 20 ms)
-    delays nothing.
+    above holds for it. With the defaults (factor 6) the scheduler uses at
+    most a seventh of a core, new jobs wait at most 2 s for a pass, and a
+    pass over a short queue (under 20 ms) delays nothing.
     """
     from .tasks import clear_schedule_flag, defer_schedule, pass_pause_remaining, record_pass
 
