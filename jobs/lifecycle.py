@@ -39,11 +39,11 @@ def submit_job(*, team, submitter, name: str, kind: str, spec: dict, resources: 
     fields = dict(team=team, submitter=submitter, name=name, kind=kind, spec=spec, resources=resources)
     if connection.vendor == "postgresql":
         job = store_submitted_job(**fields)  # one statement, committed on its own: on_commit runs at once
-        enqueue_schedule()
+        enqueue_schedule(background=True)
         return job
     with transaction.atomic():
         job = store_submitted_job(**fields)
-        enqueue_schedule()
+        enqueue_schedule(background=True)
     return job
 
 

@@ -73,7 +73,15 @@ def publish_schedule() -> bool:
                 return False
         except Exception:  # noqa: BLE001 - Redis down: publish (the publish itself will report broker trouble)
             log.warning("schedule flag: Redis error; publishing anyway", exc_info=True)
-    schedule_pending.delay()
+    try:
+        schedule_pending.delay()
+    except Exception:
+        if client is not None:  # the flag this call set announces a pass that was never published: free it
+            try:
+                client.delete(SCHEDULE_PENDING_KEY)
+            except Exception:  # noqa: BLE001 - it expires within SCHEDULE_PENDING_TTL anyway
+                pass
+        raise
     return True
 
 
@@ -219,17 +227,19 @@ class ScheduleNotifier:
             return self._cond.wait_for(lambda: self._done >= target or self._thread is None, timeout)
 
 
-#: The process's notifier (``enqueue_schedule``).
+#: The process's notifier (``enqueue_schedule(background=True)``).
 SCHEDULE_NOTIFIER = ScheduleNotifier()
 atexit.register(SCHEDULE_NOTIFIER.flush, 2.0)
 
 
-def enqueue_schedule() -> None:
+def enqueue_schedule(*, background: bool = False) -> None:
     """Run a scheduling pass after the current transaction commits (coalesced on a Redis broker).
 
-    Published by this process's ``ScheduleNotifier`` thread, so the caller never waits on the broker.
+    ``background``: published by this process's ``ScheduleNotifier`` thread, so the caller never waits on
+    the broker (the API's submissions); otherwise published in the committing thread (workers, whose
+    pool processes may end with ``os._exit`` and would take a pending notification with them).
     """
-    transaction.on_commit(SCHEDULE_NOTIFIER.notify)
+    transaction.on_commit(SCHEDULE_NOTIFIER.notify if background else publish_schedule)
 
 
 def enqueue_dispatch(attempt_id: int) -> None:
