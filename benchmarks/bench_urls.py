@@ -2,7 +2,7 @@
 
 ``bench/bare-jobs/`` is a bare create of a Job row. ``bench/validated-jobs/``
 is the real submission without admission: the endpoint's own validation
-(``JobSubmissionSerializer``) and rows (``jobs.lifecycle.store_submitted_job``:
+(``jobs.spec.validated_submission``) and rows (``jobs.lifecycle.store_submitted_job``:
 the job and its ``submitted`` event), and no scheduling pass.
 
 Bare create:
@@ -27,7 +27,7 @@ from controlplane.lookups import LookupCache
 from jobs.api.serializers import JobSerializer
 from jobs.lifecycle import store_submitted_job
 from jobs.models import Job, JobState
-from jobs.spec import JobSubmissionSerializer
+from jobs.spec import validated_submission
 from quotas.models import Team
 from runners.models import Accelerator
 
@@ -60,9 +60,7 @@ class ValidatedCreate(APIView):
     """
 
     def post(self, request):
-        submission = JobSubmissionSerializer(data=request.data, context={"request": request})
-        submission.is_valid(raise_exception=True)
-        job = store_submitted_job(**submission.submission())
+        job = store_submitted_job(**validated_submission(request.data, {"request": request}))  # the endpoint's own
         location = request.build_absolute_uri(f"/api/v1/jobs/{job.pk}/")
         return Response(JobSerializer(job, context={"request": request}).data, status=status.HTTP_201_CREATED,
                         headers={"Location": location})

@@ -74,14 +74,55 @@ def spec_size_bytes(spec) -> int:
     return len(json.dumps(spec, separators=(",", ":"), ensure_ascii=False, default=str).encode())
 
 
+def accelerator_named(value: str) -> Accelerator:
+    """The Accelerator called ``value``, annotated with ``largest_pool_gpus`` (GPUs per node of its largest node
+    pool that has nodes; None when none has). Cached per process (``ACCELERATORS``). Raises ValidationError for
+    an unknown name, listing the known ones."""
+    # One query: the accelerator and the largest node pool offering it; a pool kept with 0 nodes (gone from its
+    # cluster, still referenced by attempts) offers nothing.
+    accelerator = ACCELERATORS.get(value, lambda: Accelerator.objects.filter(name=value).annotate(
+        largest_pool_gpus=Max("node_pools__gpus_per_node", filter=Q(node_pools__nodes__gt=0))).first())
+    if accelerator is None:
+        known = ", ".join(Accelerator.objects.values_list("name", flat=True))
+        raise serializers.ValidationError(f'unknown accelerator "{value}"; known: {known or "none"}')
+    return accelerator
+
+
+def team_for_submission(user, slug: str) -> Team:
+    """The team ``slug`` if ``user`` may submit jobs to it (its admin or member, or platform staff).
+
+    Raises ValidationError otherwise; a team the user does not belong to gets the same message as an unknown
+    one, so the API does not reveal which teams exist. Memberships are cached per process (``MEMBERSHIPS``).
+    """
+    role = None
+    if user.is_staff:
+        team = MEMBERSHIPS.get(("staff", slug), lambda: Team.objects.filter(slug=slug).first())
+    else:  # one query: the membership with its team (none: unknown team, or not a member)
+        membership = MEMBERSHIPS.get((user.pk, slug), lambda: Membership.objects.select_related("team").filter(
+            team__slug=slug, user=user).first())
+        team, role = (membership.team, membership.role) if membership is not None else (None, None)
+    if team is None:
+        raise serializers.ValidationError(f'unknown team "{slug}", or you are not a member of it')
+    if not user.is_staff and role not in SUBMIT_ROLES:
+        raise serializers.ValidationError(f'your role in team "{slug}" is {role}; only admins and members may submit jobs')
+    return team
+
+
 @extend_schema_field({"type": "number", "minimum": 0, "exclusiveMinimum": True})
 class PositiveNumberField(serializers.Field):
     """A finite number above zero (integer or float, not a string or boolean), returned unchanged."""
 
-    default_error_messages = {"invalid": "A number is required.", "not_positive": "Must be greater than 0."}
+    default_error_messages = {"invalid": "A number is required.", "not_positive": "Must be greater than 0.",
+                              "too_large": "Too large: at most about 1.8e308."}
 
     def to_internal_value(self, data):
-        if isinstance(data, bool) or not isinstance(data, (int, float)) or not math.isfinite(data):
+        if isinstance(data, bool) or not isinstance(data, (int, float)):
+            self.fail("invalid")
+        try:
+            finite = math.isfinite(data)
+        except OverflowError:  # an integer beyond any float (JSON allows any number of digits)
+            self.fail("too_large")
+        if not finite:
             self.fail("invalid")
         if data <= 0:
             self.fail("not_positive")
@@ -184,14 +225,7 @@ class ResourcesSerializer(SharedFieldsMixin, StrictSerializer):
     memory_gib = PositiveNumberField(required=False)
 
     def validate_accelerator(self, value: str) -> Accelerator:
-        # One query: the accelerator and the largest node pool offering it (read again by ``validate``); a pool
-        # kept with 0 nodes (gone from its cluster, still referenced by attempts) offers nothing.
-        accelerator = ACCELERATORS.get(value, lambda: Accelerator.objects.filter(name=value).annotate(
-            largest_pool_gpus=Max("node_pools__gpus_per_node", filter=Q(node_pools__nodes__gt=0))).first())
-        if accelerator is None:
-            known = ", ".join(Accelerator.objects.values_list("name", flat=True))
-            raise serializers.ValidationError(f'unknown accelerator "{value}"; known: {known or "none"}')
-        return accelerator
+        return accelerator_named(value)
 
     def validate(self, attrs):
         accelerator = attrs["accelerator"]
@@ -288,21 +322,7 @@ class JobSubmissionSerializer(SharedFieldsMixin, StrictSerializer):
         return ReturnDict(flatten_errors(super().errors), serializer=self)
 
     def validate_team(self, slug: str) -> Team:
-        user = self.context["request"].user
-        role = None
-        if user.is_staff:
-            team = MEMBERSHIPS.get(("staff", slug), lambda: Team.objects.filter(slug=slug).first())
-        else:  # one query: the membership with its team (none: unknown team, or not a member)
-            membership = MEMBERSHIPS.get((user.pk, slug), lambda: Membership.objects.select_related("team").filter(
-                team__slug=slug, user=user).first())
-            team, role = (membership.team, membership.role) if membership is not None else (None, None)
-        if team is None:
-            raise serializers.ValidationError(f'unknown team "{slug}", or you are not a member of it')
-        if not user.is_staff and role not in SUBMIT_ROLES:
-            raise serializers.ValidationError(
-                f'your role in team "{slug}" is {role}; only admins and members may submit jobs'
-            )
-        return team
+        return team_for_submission(self.context["request"].user, slug)
 
     def validate_name(self, name: str) -> str:
         if not DNS_1123_LABEL.fullmatch(name):
@@ -378,3 +398,138 @@ class JobSubmissionSerializer(SharedFieldsMixin, StrictSerializer):
                 "max_retries": spec["max_retries"],
             },
         }
+
+
+# --- The fast path of a plain, valid submission.
+
+_SUBMISSION_KEYS = frozenset({"team", "name", "kind", "spec"})
+_SPEC_KEYS = frozenset(JobSpecSerializer._declared_fields)
+_RESOURCES_KEYS = frozenset(ResourcesSerializer._declared_fields)
+_PLACEMENT_KEYS = frozenset(PlacementSerializer._declared_fields)
+_KINDS = frozenset(Job.Kind.values)
+_PROVIDERS = frozenset(Cluster.Provider.values)
+
+
+def _plain_str(value, max_length: int | None = None) -> bool:
+    """What a StrictCharField accepts unchanged: an ASCII str, not blank, without outer whitespace or NUL."""
+    return (type(value) is str and value != "" and value.isascii() and "\x00" not in value
+            and value == value.strip() and (max_length is None or len(value) <= max_length))
+
+
+def _int_in(value, low: int, high: int) -> bool:
+    return type(value) is int and low <= value <= high
+
+
+def _str_list(value, *, allow_empty: bool, choices: frozenset | None = None) -> bool:
+    """What StringListField accepts: a list of str without NUL (non-empty items, and the list, if not allow_empty)."""
+    if type(value) is not list or (not allow_empty and not value):
+        return False
+    for item in value:
+        if type(item) is not str or "\x00" in item or (not allow_empty and not item):
+            return False
+        if choices is not None and item not in choices:
+            return False
+    return True
+
+
+def _positive_number(value) -> bool:
+    try:
+        return type(value) in (int, float) and math.isfinite(value) and value > 0
+    except OverflowError:  # an int beyond any float: the serializer refuses it
+        return False
+
+
+def fast_submission(data, user) -> dict | None:
+    """``submit_job``'s keyword arguments for a plain, valid submission, or None to leave it to the serializer.
+
+    The hot path of ``POST /api/v1/jobs/``: the same rules as ``JobSubmissionSerializer`` and the same result
+    as its ``submission()``, checked with plain comparisons instead of DRF's per-field machinery (which cost
+    more than admission itself). It only accepts what it is sure the serializer accepts unchanged (JSON
+    types exactly, ASCII names, no whitespace to trim); anything else, valid or not, returns None and goes
+    through the serializer, which then writes the 400 with its field paths. A property test
+    (``tests/api/test_fast_submission.py``) holds both to the same answers over generated submissions.
+    """
+    if type(data) is not dict or not data.keys() <= _SUBMISSION_KEYS or not {"team", "name", "spec"} <= data.keys():
+        return None
+    slug, name, kind, spec = data["team"], data["name"], data.get("kind", Job.Kind.TRAINING.value), data["spec"]
+    if not (_plain_str(slug) and _plain_str(name, DNS_1123_LABEL_MAX) and DNS_1123_LABEL.fullmatch(name)
+            and type(kind) is str and kind in _KINDS):
+        return None
+    if type(spec) is not dict or not spec.keys() <= _SPEC_KEYS:
+        return None
+    try:
+        if spec_size_bytes(spec) > settings.JOB_SPEC_MAX_BYTES:
+            return None
+    except (TypeError, ValueError, RecursionError):
+        return None
+    resources, placement = spec.get("resources"), spec.get("placement", {})
+    env, args = spec.get("env", {}), spec.get("args", [])
+    priority, preemptible = spec.get("priority", "normal"), spec.get("preemptible", False)
+    max_retries = spec.get("max_retries", 0)
+    if not (_plain_str(spec.get("image"), IMAGE_MAX_LENGTH) and _str_list(spec.get("command"), allow_empty=False)
+            and _str_list(args, allow_empty=True) and _int_in(spec.get("max_runtime_seconds"), 1, INT32_MAX)
+            and type(preemptible) is bool and _int_in(max_retries, 0, INT32_MAX) and type(priority) is str):
+        return None
+    if type(env) is not dict or not all(type(k) is str and ENV_NAME.fullmatch(k) and type(v) is str and "\x00" not in v
+                                        for k, v in env.items()):
+        return None
+    if type(resources) is not dict or not resources.keys() <= _RESOURCES_KEYS:
+        return None
+    gpus, nodes = resources.get("gpus_per_node"), resources.get("nodes")
+    if not (_plain_str(resources.get("accelerator")) and _int_in(gpus, 1, INT32_MAX) and _int_in(nodes, 1, INT32_MAX)):
+        return None
+    if any(key in resources and not _positive_number(resources[key]) for key in ("cpu", "memory_gib")):
+        return None
+    if type(placement) is not dict or not placement.keys() <= _PLACEMENT_KEYS:
+        return None
+    if not (_str_list(placement.get("providers", []), allow_empty=True, choices=_PROVIDERS)
+            and _str_list(placement.get("regions", []), allow_empty=True)
+            and _str_list(placement.get("clusters", []), allow_empty=True)):
+        return None
+    inference = {}
+    if kind == Job.Kind.INFERENCE:
+        inference = {"replicas": spec.get("replicas", 1), "port": spec.get("port", INFERENCE_DEFAULT_PORT)}
+        if not (_int_in(inference["replicas"], 1, INT32_MAX) and _int_in(inference["port"], 1, 65535)):
+            return None
+    elif any(key in spec for key in INFERENCE_ONLY):
+        return None
+    classes = priority_classes()
+    if priority not in classes:
+        return None
+    try:
+        team = team_for_submission(user, slug)
+        accelerator = accelerator_named(resources["accelerator"])
+    except serializers.ValidationError:
+        return None
+    if accelerator.largest_pool_gpus is None or gpus > accelerator.largest_pool_gpus:
+        return None
+    normalized = {
+        "image": spec["image"], "command": list(spec["command"]), "args": list(args), "env": dict(env),
+        "resources": {"accelerator": accelerator.name, "gpus_per_node": gpus, "nodes": nodes,
+                      "cpu": resources.get("cpu"), "memory_gib": resources.get("memory_gib")},
+        "priority": priority, "max_runtime_seconds": spec["max_runtime_seconds"], "preemptible": preemptible,
+        "placement": {"providers": list(placement.get("providers", [])), "regions": list(placement.get("regions", [])),
+                      "clusters": list(placement.get("clusters", []))},
+        "max_retries": max_retries,
+        **inference,
+    }
+    return {
+        "team": team, "submitter": user, "name": name, "kind": kind, "spec": normalized,
+        "resources": {"accelerator": accelerator, "gpus_per_node": gpus, "nodes": nodes,
+                      "priority": classes[priority], "preemptible": preemptible,
+                      "max_runtime_seconds": spec["max_runtime_seconds"], "max_retries": max_retries},
+    }
+
+
+def validated_submission(data, context: dict) -> dict:
+    """``submit_job``'s keyword arguments for the submission ``data`` by ``context["request"].user``.
+
+    ``fast_submission`` first, else ``JobSubmissionSerializer(data, context=context)``, which raises DRF's
+    ValidationError (a 400 with dotted field paths) for a bad submission.
+    """
+    fields = fast_submission(data, context["request"].user)
+    if fields is None:
+        serializer = JobSubmissionSerializer(data=data, context=context)
+        serializer.is_valid(raise_exception=True)
+        fields = serializer.submission()
+    return fields

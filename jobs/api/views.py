@@ -22,7 +22,7 @@ from runners.base import ClusterUnreachable, UnknownBackend, backend_for
 
 from ..lifecycle import NotCancellable, cancel_job, submit_job
 from ..models import Job
-from ..spec import JobSubmissionSerializer
+from ..spec import JobSubmissionSerializer, validated_submission
 from ..states import StaleState
 from .filtersets import JobFilterSet
 from .serializers import (
@@ -69,10 +69,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
     )
     def create(self, request, *args, **kwargs):
         """Validate a submission and store it as a QUEUED job (nothing is stored when it is rejected)."""
-        submission = JobSubmissionSerializer(data=request.data, context=self.get_serializer_context())
-        submission.is_valid(raise_exception=True)
+        fields = validated_submission(request.data, self.get_serializer_context())
         # The new job carries its team, submitter and accelerator instances: no need to read it back.
-        job = submit_job(**submission.submission())
+        job = submit_job(**fields)
         # The router's detail route is the list route plus "<pk>/" (what reverse_action("detail") answers,
         # without resolving the URLconf on every submission).
         location = request.build_absolute_uri(f"{request.path.rstrip('/')}/{job.pk}/")
