@@ -10,9 +10,7 @@ touches the database.
 from __future__ import annotations
 
 import json
-import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +19,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from tests.examples.test_workloads import clean_env, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "examples" / "train_gpt.py"
@@ -32,25 +32,6 @@ STEP_RE = re.compile(r"^step=(\d+) loss=")
 RESUME_RE = re.compile(r"^resumed from step (\d+) ")
 FETCH_RE = re.compile(r"^fetched checkpoint step (\d+) from (\S+)$")
 UPLOAD_RE = re.compile(r"^uploaded checkpoint step=(\d+) to (\S+)$")
-
-_SCRUBBED = {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-             "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "CHECKPOINT_DIR", "CHECKPOINT_URI",
-             "PORT", "PEAK_TFLOPS", "OMP_NUM_THREADS", "CONTROLPLANE_ATTEMPT"}
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """``os.environ`` without distributed, checkpoint and job variables, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED and not k.startswith("TORCHELASTIC_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra)
-    return env
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def attempt(args: list[str], ckpt_dir: Path, uri: str, nodes: int = 1) -> str:
     """Run one attempt as ``nodes`` processes (one per pod of an Indexed Job), each with its own empty
