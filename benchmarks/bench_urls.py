@@ -12,7 +12,7 @@ DRF token authentication, JSON parsing, the job's JSON representation in
 the answer) but inserts the row with no validation, no event and no
 scheduling pass, so the difference is what admission costs. Its team and
 accelerator come from a per-process cache like the real endpoint's
-(``controlplane.lookups``), so both do one INSERT round trip per job. The
+(``core.lookups``), so both do one INSERT round trip per job. The
 row is stored CANCELLED (the only column that differs): a QUEUED row nobody
 submitted would be read and placed by the admission phase's scheduling
 passes, charging the baseline's rows to admission.
@@ -23,7 +23,7 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.lookups import LookupCache
+from core.lookups import LookupCache
 from jobs.api.serializers import JobSerializer
 from jobs.lifecycle import store_submitted_job
 from jobs.models import Job, JobState

@@ -8,7 +8,9 @@ import logging
 import os
 
 from celery import Celery
-from celery.signals import task_postrun, task_prerun, worker_init
+from celery.signals import task_postrun, task_prerun, worker_init, worker_process_init
+
+from core.metrics import start_worker_exporter
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
@@ -36,6 +38,7 @@ def _close_old_connections(sender=None, **_kwargs) -> None:
 
 task_prerun.connect(_close_old_connections, weak=False)
 task_postrun.connect(_close_old_connections, weak=False)
+worker_process_init.connect(start_worker_exporter, weak=False)  # CELERY_METRICS_PORT + pool index
 
 
 @worker_init.connect(weak=False)

@@ -43,6 +43,7 @@ INSTALLED_APPS = [
     "jobs",
     "costs",
     "frontend",
+    "demo",
 ]
 
 MIDDLEWARE = [
@@ -118,7 +119,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     # DRF's JSON parser, plus 400 (not 500) for too-deep nesting and lone surrogates.
     "DEFAULT_PARSER_CLASSES": [
-        "controlplane.parsers.JSONParser",
+        "core.parsers.JSONParser",
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
@@ -126,7 +127,7 @@ REST_FRAMEWORK = {
         "django_filters.rest_framework.DjangoFilterBackend",
         "rest_framework.filters.OrderingFilter",
     ],
-    "DEFAULT_PAGINATION_CLASS": "controlplane.pagination.CappedLimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "core.pagination.CappedLimitOffsetPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "COERCE_DECIMAL_TO_STRING": True,
@@ -288,7 +289,7 @@ SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {}).update(
 # --- end Web UI ---------------------------------------------------------------
 
 # --- Observability ----------------------------------------------------------------
-# /metrics (Prometheus text format): django-prometheus' request metrics and controlplane.metrics. Its
+# /metrics (Prometheus text format): django-prometheus' request metrics and jobs.metrics. Its
 # middlewares wrap all others (WhiteNoise stays right after SecurityMiddleware).
 INSTALLED_APPS.append("django_prometheus")
 MIDDLEWARE = ["django_prometheus.middleware.PrometheusBeforeMiddleware", *MIDDLEWARE,

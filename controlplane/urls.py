@@ -1,16 +1,34 @@
-"""URL map: admin, the REST API (``/api/v1/``), its OpenAPI schema and docs, and the health probes.
+"""URL map: admin, the REST API (``/api/v1/``), its OpenAPI schema and docs, the health probes, the web UI.
 
-The web UI's URLs go last, at the marked place, once the ``frontend`` app has them.
+Every app that has a REST API exposes ``<app>.api.routes.register_routes(router)``;
+the router is built here, the only module that knows every app.
 """
+
+from importlib import import_module
 
 from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from rest_framework.routers import DefaultRouter
 
-from . import metrics, views
-from .api import api_router
+from jobs.metrics import register_job_state_collector
 
-metrics.register_job_state_collector()  # job states and queue depth, read at scrape time
+from . import views
+
+#: Apps whose ``api.routes`` mount resources under ``/api/v1/``, in order. Jobs first: URL resolution tries the
+#: routes in order, and job submission is the hottest endpoint.
+API_APPS = ("jobs", "quotas", "runners", "costs", "frontend")
+
+
+def api_router() -> DefaultRouter:
+    """The ``/api/v1/`` router with every app's resources registered (DESIGN.md's paths)."""
+    router = DefaultRouter()
+    for app in API_APPS:
+        import_module(f"{app}.api.routes").register_routes(router)
+    return router
+
+
+register_job_state_collector()  # job states and queue depth, read at scrape time
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -20,7 +38,7 @@ urlpatterns = [
     path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),
     path("healthz", views.healthz, name="healthz"),
     path("readyz", views.readyz, name="readyz"),
-    # --- Observability: /metrics (django-prometheus and controlplane.metrics) ---
+    # --- Observability: /metrics (django-prometheus and the job state collector) ---
     path("", include("django_prometheus.urls")),
     # --- Frontend (web UI) -------------------------------------------------
     path("", include("frontend.urls")),

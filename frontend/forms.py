@@ -12,7 +12,7 @@ import yaml
 from django import forms
 from django.utils import timezone
 
-from controlplane.api import _NoAliasSafeLoader as NoAliasSafeLoader
+from core.parsers import _NoAliasSafeLoader as NoAliasSafeLoader
 from jobs.models import Job
 from quotas.models import Budget, Quota
 from runners.models import Accelerator

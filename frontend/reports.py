@@ -20,7 +20,7 @@ from django.db import transaction
 from django.template.loader import render_to_string
 from django.utils import timezone
 
-from controlplane.api import usd_cents
+from core.money import usd_cents
 from costs.api.utilization import aggregate_utilization, filter_days
 from costs.api.views import aggregate_costs
 from costs.budgets import admin_emails, budget_status

@@ -36,7 +36,7 @@ from django.db import connections
 from django.db.models import F
 from django.utils import timezone
 
-from controlplane.metrics import RECONCILE_SECONDS
+from .metrics import RECONCILE_SECONDS
 from runners.base import Backend, ClusterUnreachable, Observation, UnknownBackend, backend_for
 from runners.models import Cluster
 

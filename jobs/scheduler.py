@@ -39,7 +39,7 @@ from django.db.models.fields.json import KeyTransform
 from django.db.models.functions import Cast
 from django.utils import timezone
 
-from controlplane import metrics
+from jobs import metrics
 from costs.budgets import committed_usd, ledger_usd
 from costs.catalog import NoPrice, price_at
 from costs.models import Price

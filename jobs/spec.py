@@ -20,8 +20,8 @@ from rest_framework.utils.serializer_helpers import ReturnDict
 
 from django.contrib.auth import get_user_model
 
-from controlplane.api import INT32_MAX, SharedFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
-from controlplane.lookups import LookupCache
+from core.fields import INT32_MAX, SharedFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
+from core.lookups import LookupCache
 from quotas.models import Membership, Team, priority_classes
 from runners.models import Accelerator, Cluster, NodePool
 
@@ -37,7 +37,7 @@ SUBMIT_ROLES = (Membership.Role.ADMIN, Membership.Role.MEMBER)
 INFERENCE_ONLY = ("replicas", "port")
 INFERENCE_DEFAULT_PORT = 8000
 
-# Rows every submission reads, cached per process for settings.LOOKUP_CACHE_SECONDS (controlplane.lookups).
+# Rows every submission reads, cached per process for settings.LOOKUP_CACHE_SECONDS (core.lookups).
 ACCELERATORS = LookupCache("accelerators").invalidate_on(Accelerator, NodePool)
 MEMBERSHIPS = LookupCache("memberships").invalidate_on(Membership, Team, get_user_model())
 

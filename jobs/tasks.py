@@ -16,8 +16,8 @@ import time
 from celery import shared_task
 from django.db import transaction
 
-from controlplane import metrics
-from controlplane.lookups import LookupCache
+from jobs import metrics
+from core.lookups import LookupCache
 from runners.base import PermanentDispatchError, TransientDispatchError, UnknownBackend, backend_for
 from runners.models import Accelerator, Cluster, NodePool
 

@@ -5,11 +5,11 @@ from django.utils import timezone
 from rest_framework import exceptions
 from rest_framework.authentication import TokenAuthentication
 
-from controlplane.lookups import LookupCache
+from core.lookups import LookupCache
 
 from .models import ApiToken
 
-# Digest -> ApiToken with its user; see controlplane.lookups for how stale an entry may be.
+# Digest -> ApiToken with its user; see core.lookups for how stale an entry may be.
 TOKENS = LookupCache("api-tokens").invalidate_on(ApiToken, get_user_model())
 TOUCH_EVERY_SECONDS = 60
 

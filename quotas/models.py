@@ -10,7 +10,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
-from controlplane.lookups import LookupCache
+from core.lookups import LookupCache
 
 
 def scope_to_teams(queryset, user, team_field: str = "team"):

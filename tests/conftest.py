@@ -12,7 +12,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
-from controlplane.lookups import clear_all
+from core.lookups import clear_all
 from costs.models import Price
 from costs.seed import CATALOG_EFFECTIVE_FROM, seed_accelerators, seed_prices
 from quotas.models import ApiToken, Budget, Membership, Quota, Team

@@ -9,7 +9,7 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
 
-from controlplane.api import AwareDateTimeField
+from core.fields import AwareDateTimeField
 
 from ..models import Price
 

@@ -20,7 +20,8 @@ from django.utils import timezone
 from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
-from controlplane.api import ScopedGenericViewSet, usd_cents
+from core.money import usd_cents
+from core.viewsets import ScopedGenericViewSet
 from quotas.models import Budget, scope_to_teams
 
 from ..budgets import budget_status

@@ -15,7 +15,8 @@ from django.db.models.functions import TruncDate
 from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 
-from controlplane.api import ScopedGenericViewSet, ScopedReadOnlyViewSet, usd_cents
+from core.money import usd_cents
+from core.viewsets import ScopedGenericViewSet, ScopedReadOnlyViewSet
 
 from ..models import CostEntry, Price, UtilizationRollup
 from .utilization import aggregate_utilization, filter_days

@@ -9,7 +9,7 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from controlplane.api import SharedFieldsMixin, UsdCentsField
+from core.fields import SharedFieldsMixin, UsdCentsField
 
 from ..models import PRIORITY_CLASSES, Job, JobAttempt, JobEvent
 

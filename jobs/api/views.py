@@ -16,7 +16,8 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 
-from controlplane.api import JSONParser, ScopedGenericViewSet, TextYAMLParser, YAMLParser
+from core.parsers import JSONParser, TextYAMLParser, YAMLParser
+from core.viewsets import ScopedGenericViewSet
 from quotas.models import Membership
 from runners.base import ClusterUnreachable, UnknownBackend, backend_for
 

@@ -12,7 +12,7 @@ from decimal import Decimal
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from controlplane.api import INT32_MAX, AwareDateTimeField, StrictBooleanField, StrictIntegerField
+from core.fields import AwareDateTimeField, INT32_MAX, StrictBooleanField, StrictIntegerField
 from runners.models import Accelerator, Cluster
 
 from ..models import Budget, Cohort, Membership, PriorityClass, Quota, Team

@@ -15,7 +15,8 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, permissions, viewsets
 from rest_framework.exceptions import PermissionDenied
 
-from controlplane.api import IsStaffOrReadOnly, ScopedGenericViewSet, ScopedReadOnlyViewSet, ScopedViewSetMixin
+from core.permissions import IsStaffOrReadOnly
+from core.viewsets import ScopedGenericViewSet, ScopedReadOnlyViewSet, ScopedViewSetMixin
 
 from ..models import Budget, Cohort, Membership, PriorityClass, Quota, QuotaEvent, Team, audited_values, scope_to_teams
 from .filtersets import BudgetFilterSet, QuotaFilterSet
@@ -146,9 +147,3 @@ class PriorityClassViewSet(StaffWriteViewSet):
     queryset = PriorityClass.objects.all()
     serializer_class = PriorityClassSerializer
     ordering_fields = ["value", "name"]
-
-
-def register_fairshare_routes(router) -> None:
-    """Mount ``cohorts/`` and ``priority-classes/`` on the ``/api/v1/`` router (``controlplane.api.api_router``)."""
-    router.register("cohorts", CohortViewSet)
-    router.register("priority-classes", PriorityClassViewSet)

@@ -10,7 +10,8 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins
 
-from controlplane.api import IsStaffOrReadOnly, ScopedGenericViewSet, ScopedReadOnlyViewSet
+from core.permissions import IsStaffOrReadOnly
+from core.viewsets import ScopedGenericViewSet, ScopedReadOnlyViewSet
 
 from ..models import Accelerator, Cluster, NodePool
 from .filtersets import ClusterFilterSet, NodePoolFilterSet

@@ -18,7 +18,7 @@ import logging
 
 from django.db import transaction
 
-from controlplane import lookups
+from core import lookups
 
 from ..base import ClusterUnreachable, PoolCapacity, UnknownBackend, backend_for
 from ..models import Accelerator, Cluster, NodePool

@@ -12,7 +12,7 @@ import threading
 import pytest
 from django.utils import timezone
 
-from controlplane.cli import main as cpctl
+from cpctl.cli import main as cpctl
 from jobs.lifecycle import recover_or_fail
 from jobs.models import Job, JobAttempt, JobEvent, JobState
 from jobs.scheduler import schedule_pending

@@ -6,7 +6,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from rest_framework.test import APIClient, APIRequestFactory
 
-from controlplane.api import ScopedReadOnlyViewSet
+from core.viewsets import ScopedReadOnlyViewSet
 from jobs.models import Job
 from quotas.models import Team
 

@@ -18,7 +18,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from controlplane.lookups import LookupCache
+from core.lookups import LookupCache
 from jobs.models import Job, JobEvent
 from jobs.spec import JobSubmissionSerializer
 from quotas.authentication import TOKENS

@@ -1,7 +1,7 @@
 """Fixtures of the CLI tests: the app served over real HTTP (pytest-django's ``live_server``), a fleet, and a runner.
 
-The CLI is run in-process through ``controlplane.cli.main(argv)`` (stdout and
-stderr captured by ``capsys``) or as ``python -m controlplane.cli`` in a
+The CLI is run in-process through ``cpctl.cli.main(argv)`` (stdout and
+stderr captured by ``capsys``) or as ``python -m cpctl`` in a
 subprocess; either way it reaches the API over HTTP only.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane import cli
+from cpctl import cli
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -65,14 +65,14 @@ def run_cli(server, capsys):
 
 
 def cli_env(server: str, key: str) -> dict:
-    """The environment of a ``python -m controlplane.cli`` subprocess: URL and token by variable."""
+    """The environment of a ``python -m cpctl`` subprocess: URL and token by variable."""
     env = dict(os.environ, CONTROLPLANE_URL=server, CONTROLPLANE_TOKEN=key)
     env["PYTHONPATH"] = str(REPO)
     return env
 
 
 def spawn_cli(server: str, key: str, *argv: str) -> subprocess.Popen:
-    """Start ``python -m controlplane.cli ARGV`` in a subprocess (text stdout and stderr piped)."""
-    return subprocess.Popen([sys.executable, "-m", "controlplane.cli", *argv], cwd=REPO, env=cli_env(server, key),
+    """Start ``python -m cpctl ARGV`` in a subprocess (text stdout and stderr piped)."""
+    return subprocess.Popen([sys.executable, "-m", "cpctl.cli", *argv], cwd=REPO, env=cli_env(server, key),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

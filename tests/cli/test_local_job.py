@@ -1,6 +1,6 @@
 """A job run for real on the local runner, followed with ``cpctl``: ``submit --wait`` to SUCCEEDED, ``logs --follow``.
 
-The CLI runs as ``python -m controlplane.cli`` subprocesses against the live
+The CLI runs as ``python -m cpctl`` subprocesses against the live
 server while this test thread takes the Celery worker's steps (admit,
 dispatch, reconcile), as the browser test does.
 """

@@ -103,7 +103,7 @@ def test_a_bad_token_is_a_401_with_the_apis_detail_and_exit_3_and_is_never_print
 
 
 def test_an_unreachable_server_is_a_one_line_hint_with_the_url(capsys, monkeypatch, db):
-    from controlplane import cli
+    from cpctl import cli
 
     monkeypatch.setenv("CONTROLPLANE_TOKEN", "secret-token-value")
     code = cli.main(["--url", "http://127.0.0.1:9", "jobs"])

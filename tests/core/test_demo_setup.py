@@ -6,7 +6,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
-from controlplane.demo import seed_demo
+from demo.run import seed_demo
 
 pytestmark = pytest.mark.django_db
 

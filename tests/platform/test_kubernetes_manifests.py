@@ -174,7 +174,7 @@ def test_the_migration_job_runs_migrate_and_existing_commands():
 
 
 def test_the_worker_declares_one_metrics_port_per_pool_process():
-    """controlplane.metrics serves pool process i on CELERY_METRICS_PORT + i, on CELERY_METRICS_ADDR."""
+    """core.metrics serves pool process i on CELERY_METRICS_PORT + i, on CELERY_METRICS_ADDR."""
     objects = by_key(render(BASE))
     config = objects["ConfigMap", "controlplane-config"]["data"]
     worker = objects["Deployment", "controlplane-worker"]["spec"]["template"]["spec"]["containers"][0]

@@ -432,7 +432,7 @@ def test_the_management_command_ensures_the_local_cluster(local):
 
 def test_the_demos_shutdown_cancels_every_job_running_here_and_leaves_queued_ones(admitted, teams, submitter, catalog):
     """Ctrl-C on ``make demo``: a job a user submitted meanwhile must not keep training with no platform."""
-    from controlplane.demo import cancel_unfinished
+    from demo.run import cancel_unfinished
 
     running = dispatched(admitted([sys.executable, "-c", "import time; time.sleep(120)"], nodes=1))
     reconcile_until(running, {JobState.RUNNING})

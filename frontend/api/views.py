@@ -7,9 +7,9 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.decorators import action
 
-from controlplane.api import ScopedReadOnlyViewSet
+from core.viewsets import ScopedReadOnlyViewSet
 
-from .models import Report
+from frontend.models import Report
 
 
 class ReportSerializer(serializers.ModelSerializer):

@@ -1,4 +1,4 @@
-"""The platform's own Prometheus metrics (prometheus_client), exposed at ``/metrics`` with django-prometheus' ones.
+"""The scheduling and dispatch metrics (prometheus_client), exposed at ``/metrics`` with django-prometheus' ones.
 
 Two kinds, so that every number is right across processes:
 
@@ -11,20 +11,15 @@ Two kinds, so that every number is right across processes:
   incremented where it happens, which is mostly a Celery worker. Each worker
   pool process serves its own on ``CELERY_METRICS_PORT + <pool process
   index>`` (prefork pool, ``worker_process_init``) when ``CELERY_METRICS_PORT``
-  is set; Prometheus scrapes those ports and sums with ``sum by``/``rate``.
+  is set (``core.metrics``); Prometheus scrapes those ports and sums with ``sum by``/``rate``.
   Off by default (tests, demo). Work done in the web process (an eager task,
   ``try_admit`` from a view) shows in its ``/metrics``.
 """
 
 from __future__ import annotations
 
-import logging
-
-from celery.signals import worker_process_init
 from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
-
-log = logging.getLogger(__name__)
 
 ADMISSIONS = Counter("controlplane_admissions_total", "Jobs admitted by the scheduler (quota reserved, attempt created)")
 REJECTIONS = Counter("controlplane_rejections_total", "Queued jobs rejected by the scheduler", ["reason"])
@@ -83,22 +78,3 @@ def register_job_state_collector(registry=REGISTRY) -> JobStateCollector:
         _job_states = JobStateCollector()
         registry.register(_job_states)
     return _job_states
-
-
-@worker_process_init.connect
-def start_worker_exporter(**_kwargs) -> None:
-    """In each prefork pool process: serve this process' counters on ``CELERY_METRICS_PORT + index`` if set."""
-    from billiard.process import current_process
-    from django.conf import settings
-    from prometheus_client import start_http_server
-
-    base = getattr(settings, "CELERY_METRICS_PORT", 0)
-    if not base:
-        return
-    port = base + int(getattr(current_process(), "index", 0) or 0)
-    try:
-        start_http_server(port, addr=settings.CELERY_METRICS_ADDR)
-    except OSError as exc:
-        log.warning("worker metrics not served on port %s: %s", port, exc)
-        return
-    log.info("worker metrics on http://%s:%s/metrics", settings.CELERY_METRICS_ADDR, port)

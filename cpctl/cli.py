@@ -1,6 +1,6 @@
 """``cpctl``: submit and follow jobs, read quotas, budgets and costs, through the control plane's REST API.
 
-Run it as ``python -m controlplane.cli COMMAND ...`` (README: ``alias cpctl=...``).
+Run it as ``python -m cpctl COMMAND ...`` (README: ``alias cpctl=...``).
 It talks HTTP to ``/api/v1/`` only, so it needs no database access: a URL and
 an API token.
 

@@ -1,8 +1,8 @@
-"""``manage.py demo [--once]``: the main job end to end on embedded defaults (see controlplane.demo)."""
+"""``manage.py demo [--once]``: the main job end to end on embedded defaults (see demo.run)."""
 
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane.demo import PortInUse, run_demo
+from demo.run import PortInUse, run_demo
 
 
 class Command(BaseCommand):

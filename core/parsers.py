@@ -1,0 +1,90 @@
+"""Request parsers that answer 400 instead of 500 for hostile bodies.
+
+JSON and YAML (``application/yaml`` and ``text/yaml``), each refusing lone
+surrogates and nesting too deep to decode; YAML through a safe loader that
+also refuses aliases.
+"""
+
+from __future__ import annotations
+
+import yaml
+from django.conf import settings
+from rest_framework.exceptions import ParseError
+from rest_framework.parsers import BaseParser
+from rest_framework.parsers import JSONParser as DRFJSONParser
+
+
+def refuse_unencodable_text(data):
+    """Raise ParseError when a string (key or value) of parsed ``data`` is not valid Unicode (a lone surrogate).
+
+    JSON's ``\\ud800`` escapes decode to lone surrogates, which no UTF-8 column or database driver accepts
+    (they would fail at save time, a 500). Walked iteratively: the parsers already bounded the depth.
+    """
+    stack = [data]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ParseError(f"invalid Unicode in the body: {exc.reason} at position {exc.start} of a string")
+        elif isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            stack.extend(value)
+    return data
+
+
+class JSONParser(DRFJSONParser):
+    """DRF's JSON parser that answers 400 (not 500) for nesting too deep to decode and for lone surrogates."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        try:
+            data = super().parse(stream, media_type, parser_context)
+        except RecursionError as exc:
+            raise ParseError("JSON parse error - nesting too deep") from exc
+        return refuse_unencodable_text(data)
+
+
+class _NoAliasSafeLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader without anchors and aliases, so a small document cannot expand exponentially."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, "YAML aliases are not accepted", event.start_mark)
+        return super().compose_node(parent, index)
+
+
+class YAMLParser(BaseParser):
+    """Parses ``Content-Type: application/yaml`` bodies with a safe loader (no Python objects, no aliases).
+
+    A body over ``4 x JOB_SPEC_MAX_BYTES`` (comments included) is refused;
+    syntax errors answer 400 with the line and column.
+    """
+
+    media_type = "application/yaml"
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        limit = 4 * settings.JOB_SPEC_MAX_BYTES
+        raw = stream.read(limit + 1) if stream is not None else b""
+        if len(raw) > limit:
+            raise ParseError(f"YAML body over {limit} bytes")
+        try:
+            data = yaml.load(raw.decode("utf-8"), Loader=_NoAliasSafeLoader)  # a SafeLoader subclass
+        except RecursionError as exc:
+            raise ParseError("YAML parse error: nesting too deep") from exc
+        except UnicodeDecodeError as exc:
+            raise ParseError(f"YAML body is not UTF-8: {exc}") from exc
+        except yaml.YAMLError as exc:
+            raise ParseError(f"YAML parse error: {exc}") from exc
+        except (ValueError, OverflowError) as exc:  # a scalar PyYAML cannot build: 2024-13-45, a 5,000-digit int
+            raise ParseError(f"YAML parse error: {exc}") from exc
+        return refuse_unencodable_text(data)
+
+
+class TextYAMLParser(YAMLParser):
+    """``YAMLParser`` for ``Content-Type: text/yaml``, the older name many tools (curl scripts, editors) still send."""
+
+    media_type = "text/yaml"

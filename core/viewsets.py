@@ -1,0 +1,62 @@
+"""The scoped base viewsets every app's REST API builds on.
+
+Tenant scoping follows PostHog's ``routing.py``: the base viewset owns
+``get_queryset`` and narrows every queryset through a ``scope_queryset`` hook
+that each viewset must define, so a view cannot forget it.
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import ImproperlyConfigured
+from rest_framework import viewsets
+
+
+class ScopedViewSetMixin:
+    """Narrows the queryset to what the requesting user may see, before any view code runs.
+
+    Subclasses set ``queryset`` and define ``scope_queryset(queryset, user)``
+    returning the visible rows (usually ``Model.objects.visible_to(user)``,
+    which is everything for staff). Objects outside the scope are simply not
+    found: retrieve, update and custom actions answer 404, never 403, so a
+    user cannot learn that another team's object exists.
+
+    Overriding ``get_queryset`` is refused at class creation (raises
+    ImproperlyConfigured); a deliberate bypass must be spelled
+    ``dangerously_get_queryset``. A viewset without ``scope_queryset``
+    raises ImproperlyConfigured on its first request.
+    """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "get_queryset" in cls.__dict__:
+            raise ImproperlyConfigured(
+                f"{cls.__name__} overrides get_queryset; define scope_queryset(queryset, user) instead, "
+                "or dangerously_get_queryset() for a deliberate bypass of team scoping"
+            )
+
+    def dangerously_get_queryset(self):
+        """Return a queryset here to bypass scoping on purpose; None (the default) keeps it."""
+        return None
+
+    def get_queryset(self):
+        """``self.queryset`` narrowed by ``scope_queryset`` for the request's user (none for anonymous users)."""
+        bypass = self.dangerously_get_queryset()
+        if bypass is not None:
+            return bypass
+        scope = getattr(self, "scope_queryset", None)
+        if scope is None:
+            raise ImproperlyConfigured(f"{type(self).__name__} must define scope_queryset(queryset, user)")
+        queryset = super().get_queryset()
+        user = getattr(self.request, "user", None)
+        # Schema generation (drf-spectacular) builds views with an anonymous user.
+        if user is None or not user.is_authenticated:
+            return queryset.none()
+        return scope(queryset, user)
+
+
+class ScopedGenericViewSet(ScopedViewSetMixin, viewsets.GenericViewSet):
+    """A GenericViewSet with team scoping; add the mixins (list, retrieve...) a resource needs."""
+
+
+class ScopedReadOnlyViewSet(ScopedViewSetMixin, viewsets.ReadOnlyModelViewSet):
+    """List and retrieve, scoped."""

@@ -1,0 +1,10 @@
+"""The runners app's resources on the ``/api/v1/`` router."""
+
+from .views import AcceleratorViewSet, ClusterViewSet, NodePoolViewSet
+
+
+def register_routes(router) -> None:
+    """Mount ``accelerators/``, ``clusters/`` and ``node-pools/`` on ``router``."""
+    router.register("accelerators", AcceleratorViewSet)
+    router.register("clusters", ClusterViewSet)
+    router.register("node-pools", NodePoolViewSet)
