@@ -1,6 +1,6 @@
 """Benchmark: per-team, per-day GPU-hours, cost and utilization of a month of a GPU fleet in a real Prometheus.
 
-Default size is issue 5's: 30 days of 1,024 GPUs (128 nodes of 8) scraped
+Default size: 30 days of 1,024 GPUs (128 nodes of 8) scraped
 every 15 s (about 200 million samples). Two ways to the same table:
 
 * pushed down (the platform's way, ``costs.prometheus``): per UTC day one
@@ -18,7 +18,7 @@ month of history would be) is cached under ``var/bench/`` and reused.
 Goal: pushed down under 10 s and at least 10 x faster than the raw pull.
 Ends with one JSON line.
 
-    .venv/bin/python benchmarks/costs.py                   # the issue's size (builds ~200 M samples once)
+    .venv/bin/python benchmarks/costs.py                   # full size (builds ~200 M samples once)
     .venv/bin/python benchmarks/costs.py --gpus 64 --days 3  # a quick run
 """
 

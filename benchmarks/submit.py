@@ -18,9 +18,9 @@ clients over loopback for ``--seconds`` per phase:
 Ends with one JSON line: jobs/s, p50/p99 latency (ms) and CPU milliseconds per
 job of each process (gunicorn, the Celery worker, and PostgreSQL and Redis
 server processes: run it on a machine where nothing else uses them) per
-phase, and two overhead ratios: admission over the bare create (the issue's
+phase, and two overhead ratios: admission over the bare create (the
 goal: < 25 %) and admission over the validated create (what admission
-itself adds). Goals (issue 2): >= 500 jobs/s, overhead < 25 %.
+itself adds). Goals: >= 500 jobs/s, overhead < 25 %.
 """
 
 from __future__ import annotations
