@@ -27,7 +27,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from costs.api.views import aggregate_costs
 from costs.budgets import budget_status
 from costs.models import CostEntry, UtilizationRollup
-from jobs.api.filtersets import JobFilterSet
+from jobs.filters import JobFilterSet
 from jobs.lifecycle import NotCancellable, cancel_job, submit_job
 from jobs.models import FINAL_STATES, Job, JobAttempt, JobState
 from jobs.permissions import CANCEL_REFUSED, may_cancel
@@ -122,7 +122,7 @@ def dashboard(request):
 # --- jobs -----------------------------------------------------------------------------------------
 
 def _filtered_jobs(request):
-    """``(filterset, page)`` of the user's jobs through the API's JobFilterSet; invalid filters give no rows."""
+    """``(filterset, page)`` of the user's jobs through ``jobs.filters.JobFilterSet`` (the API's); invalid filters give no rows."""
     queryset = Job.objects.visible_to(request.user).select_related(
         "team", "submitter", "accelerator", "current_attempt__cluster")
     filterset = JobFilterSet(request.GET or None, queryset=queryset)

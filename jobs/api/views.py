@@ -20,12 +20,12 @@ from core.parsers import JSONParser, TextYAMLParser, YAMLParser
 from core.viewsets import ScopedGenericViewSet
 from runners.base import ClusterUnreachable, UnknownBackend, backend_for
 
+from ..filters import JobFilterSet
 from ..lifecycle import NotCancellable, cancel_job, submit_job
 from ..models import Job
 from ..permissions import CANCEL_REFUSED, may_cancel
 from ..spec import JobSubmissionSerializer, validated_submission
 from ..states import StaleState
-from .filtersets import JobFilterSet
 from .serializers import (
     JobAttemptSerializer,
     JobEventSerializer,
