@@ -21,8 +21,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 
 from core.money import usd_cents
-from costs.api.utilization import aggregate_utilization, filter_days
-from costs.api.views import aggregate_costs
+from costs.aggregation import aggregate_costs, aggregate_utilization, filter_days
 from costs.budgets import admin_emails, budget_status
 from costs.models import CostEntry, UtilizationRollup
 from quotas.models import Budget, Quota, Team

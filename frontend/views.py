@@ -24,7 +24,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
-from costs.api.views import aggregate_costs
+from costs.aggregation import aggregate_costs
 from costs.budgets import budget_status
 from costs.models import CostEntry, UtilizationRollup
 from jobs.filters import JobFilterSet
