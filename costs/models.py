@@ -1,4 +1,4 @@
-"""Money: the effective-dated price catalog and the append-only cost ledger."""
+"""Money: the effective-dated price catalog and the append-only cost ledger, its rollups, utilization and reports."""
 
 from django.db import models
 
@@ -171,3 +171,7 @@ class LedgerDiscrepancy(models.Model):
 
     def __str__(self) -> str:
         return f"{self.cluster_id} {self.window_start:%Y-%m-%d}..{self.window_end:%Y-%m-%d} {self.difference_percent}%"
+
+
+# Reports live in their own package; imported here so that Django registers the model with the costs app.
+from .reports.models import Report, ReportQuerySet  # noqa: E402,F401

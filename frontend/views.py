@@ -26,7 +26,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from costs.aggregation import aggregate_costs
 from costs.budgets import budget_status
-from costs.models import CostEntry, UtilizationRollup
+from costs.models import CostEntry, Report, UtilizationRollup
 from jobs.filters import JobFilterSet
 from jobs.lifecycle import NotCancellable, cancel_job, submit_job
 from jobs.models import FINAL_STATES, Job, JobAttempt, JobState
@@ -43,7 +43,6 @@ from runners.models import Accelerator, Cluster
 from runners.placement import PlacementRequest, choose_pool, matches
 
 from .forms import BudgetForm, CostQueryForm, QuotaForm, SubmitJobForm
-from .models import Report
 
 LIVE_STATES = [JobState.QUEUED, JobState.ADMITTED, JobState.STARTING, JobState.RUNNING, JobState.RECOVERING,
                JobState.CANCELLING]
