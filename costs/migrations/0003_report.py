@@ -1,4 +1,4 @@
-"""The Report model belongs to costs (``costs.reports``); its table ``frontend_report`` stays as it is.
+"""The Report model belongs to costs (``costs.models``, used by ``costs.reports``); its table ``frontend_report`` stays.
 
 State only: the table was created by ``frontend.0001_initial``. The model's
 content type (and with it the admin permissions given on reports) is

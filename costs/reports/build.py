@@ -20,9 +20,8 @@ from quotas.models import Budget, Quota, Team
 
 from ..aggregation import aggregate_costs, aggregate_utilization, filter_days
 from ..budgets import budget_status
-from ..models import CostEntry, UtilizationRollup
+from ..models import CostEntry, Report, UtilizationRollup
 from .mail import send_report
-from .models import Report
 from .render import render_csv, render_html
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 from django.core.mail import EmailMultiAlternatives
 
 from ..budgets import admin_emails
-from .models import Report
+from ..models import Report
 from .render import render_charts, render_html
 
 

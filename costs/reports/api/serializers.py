@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from ..models import Report
+from costs.models import Report
 
 
 class ReportSerializer(serializers.ModelSerializer):

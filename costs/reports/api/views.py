@@ -7,8 +7,8 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.decorators import action
 
 from core.viewsets import ScopedReadOnlyViewSet
+from costs.models import Report
 
-from ..models import Report
 from .serializers import ReportSerializer
 
 
