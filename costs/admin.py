@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from .models import BudgetAlert, CostEntry, DailyCostRollup, LedgerDiscrepancy, Price, UtilizationRollup
+from .models import BudgetAlert, CostEntry, DailyCostRollup, LedgerDiscrepancy, Price, Report, UtilizationRollup
 
 
 @admin.register(Price)
@@ -53,3 +53,12 @@ class LedgerDiscrepancyAdmin(admin.ModelAdmin):
                     "difference_percent", "flagged", "checked_at"]
     list_filter = ["flagged", "cluster"]
     readonly_fields = [f.name for f in LedgerDiscrepancy._meta.fields]
+
+
+@admin.register(Report)
+class ReportAdmin(admin.ModelAdmin):
+    """Stored reports (read mostly); their schedules are django-celery-beat's PeriodicTask rows."""
+
+    list_display = ("id", "team", "kind", "period_start", "period_end", "generated_at")
+    list_filter = ("kind", "team")
+    readonly_fields = ("generated_at",)

@@ -1,4 +1,4 @@
-"""Money: the effective-dated price catalog and the append-only cost ledger."""
+"""Money: the effective-dated price catalog and the append-only cost ledger, its rollups, utilization and reports."""
 
 from django.db import models
 
@@ -171,3 +171,59 @@ class LedgerDiscrepancy(models.Model):
 
     def __str__(self) -> str:
         return f"{self.cluster_id} {self.window_start:%Y-%m-%d}..{self.window_end:%Y-%m-%d} {self.difference_percent}%"
+
+
+# --- reports (built, rendered and sent by ``costs.reports``) ---------------------------------------------------
+
+class ReportQuerySet(models.QuerySet):
+    """Report queries, with the scoping every reader (API, web UI) goes through."""
+
+    def visible_to(self, user) -> "ReportQuerySet":
+        """Reports of the teams ``user`` belongs to; everything (platform-wide reports too) for staff.
+
+        Platform-wide reports name other teams' jobs and spend, so only staff see them.
+        """
+        if user.is_staff:
+            return self
+        return self.filter(team__memberships__user=user).distinct()
+
+
+class Report(models.Model):
+    """A utilization and cost report over ``[period_start, period_end)`` for ``team`` (null: platform-wide).
+
+    ``kind`` is the schedule that made it (``daily``, ``weekly``) or ``custom``.
+    ``data`` holds the numbers (money as strings of USD cents, GPU-hours as
+    floats, utilization in percent or null for "no data"); ``html`` and
+    ``csv`` are its renderings, kept as generated (``costs.reports.build``).
+    The table is named ``frontend_report``: existing databases hold the
+    reports under that name.
+    """
+
+    class Kind(models.TextChoices):
+        DAILY = "daily"
+        WEEKLY = "weekly"
+        CUSTOM = "custom"
+
+    team = models.ForeignKey("quotas.Team", on_delete=models.CASCADE, null=True, blank=True, related_name="reports")
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.CUSTOM)
+    period_start = models.DateTimeField()
+    period_end = models.DateTimeField()
+    generated_at = models.DateTimeField(auto_now_add=True)
+    data = models.JSONField(default=dict)
+    html = models.TextField(blank=True)
+    csv = models.TextField(blank=True)
+
+    objects = ReportQuerySet.as_manager()
+
+    class Meta:
+        db_table = "frontend_report"
+        ordering = ["-period_end", "-generated_at", "-id"]
+        indexes = [models.Index(fields=["team", "-period_end"])]
+
+    def __str__(self) -> str:
+        return f"{self.scope_name} {self.kind} {self.period_start:%Y-%m-%d}..{self.period_end:%Y-%m-%d}"
+
+    @property
+    def scope_name(self) -> str:
+        """The team's slug, or ``platform`` for a platform-wide report."""
+        return self.team.slug if self.team_id else "platform"

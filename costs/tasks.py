@@ -1,4 +1,7 @@
-"""Celery tasks of costs: ledger accrual, budget checks, utilization collection and the ledger-vs-metrics check."""
+"""Celery tasks of costs: ledger accrual, budget checks, utilization collection, the ledger-vs-metrics check, reports.
+
+The report task lives in ``costs.reports.tasks``; it is imported here so that autodiscovery (``<app>.tasks``) finds it.
+"""
 
 import datetime as dt
 
@@ -10,6 +13,7 @@ from django.utils import timezone
 from runners.models import Cluster
 
 from .ledger import accrue_attempt, accrue_running
+from .reports.tasks import generate_reports  # noqa: F401  (registers the task)
 
 
 def enqueue_final_accrual(attempt_id: int) -> None:

@@ -24,26 +24,25 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
-from costs.api.views import aggregate_costs
+from costs.aggregation import aggregate_costs
 from costs.budgets import budget_status
-from costs.models import CostEntry, UtilizationRollup
-from jobs.api.filtersets import JobFilterSet
-from jobs.api.views import may_cancel
+from costs.models import CostEntry, Report, UtilizationRollup
+from jobs.filters import JobFilterSet
 from jobs.lifecycle import NotCancellable, cancel_job, submit_job
 from jobs.models import FINAL_STATES, Job, JobAttempt, JobState
+from jobs.permissions import CANCEL_REFUSED, may_cancel
 from jobs.scheduler import budget_views, pool_offers, team_used_gpus
 from jobs.spec import JobSubmissionSerializer
 from jobs.states import StaleState
 from quotas.admission import QuotaView, check_budgets, check_quota
-from quotas.api.views import may_administer
 from quotas.fairshare import estimate_cost
 from quotas.models import Budget, Membership, Quota, QuotaEvent, Team, audited_values, priority_classes, scope_to_teams
+from quotas.permissions import ADMIN_ONLY, may_administer
 from runners.base import ClusterUnreachable, UnknownBackend, backend_for
 from runners.models import Accelerator, Cluster
 from runners.placement import PlacementRequest, choose_pool, matches
 
 from .forms import BudgetForm, CostQueryForm, QuotaForm, SubmitJobForm
-from .models import Report
 
 LIVE_STATES = [JobState.QUEUED, JobState.ADMITTED, JobState.STARTING, JobState.RUNNING, JobState.RECOVERING,
                JobState.CANCELLING]
@@ -122,7 +121,7 @@ def dashboard(request):
 # --- jobs -----------------------------------------------------------------------------------------
 
 def _filtered_jobs(request):
-    """``(filterset, page)`` of the user's jobs through the API's JobFilterSet; invalid filters give no rows."""
+    """``(filterset, page)`` of the user's jobs through ``jobs.filters.JobFilterSet`` (the API's); invalid filters give no rows."""
     queryset = Job.objects.visible_to(request.user).select_related(
         "team", "submitter", "accelerator", "current_attempt__cluster")
     filterset = JobFilterSet(request.GET or None, queryset=queryset)
@@ -214,7 +213,7 @@ def job_cancel(request, pk: int):
     """GET: a confirmation page; POST: cancel the job (submitter, team admins and staff; 403 for others)."""
     job = _visible_job(request, pk)
     if not may_cancel(request.user, job):
-        raise PermissionDenied("only the submitter, a team admin or staff may cancel this job")
+        raise PermissionDenied(CANCEL_REFUSED)
     if request.method == "POST":
         try:
             cancel_job(job, actor=request.user)
@@ -345,7 +344,7 @@ def _administered_team(request, slug: str) -> Team:
     """The team if visible (else 404) and administered by the user (else 403: they can already see it)."""
     team = _visible_team(request, slug)
     if not may_administer(request.user, team.pk):
-        raise PermissionDenied("only admins of the team and platform staff may change its quotas and budgets")
+        raise PermissionDenied(ADMIN_ONLY)
     return team
 
 

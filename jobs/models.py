@@ -9,6 +9,8 @@ from decimal import Decimal
 from django.conf import settings
 from django.db import models
 
+from quotas.models import DEFAULT_PRIORITY_CLASSES, scope_to_teams
+
 
 class JobState(models.TextChoices):
     """The job states of DESIGN.md."""
@@ -29,14 +31,14 @@ FINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLE
 # States in which a job holds quota and cluster capacity.
 ACTIVE_STATES = frozenset({JobState.ADMITTED, JobState.STARTING, JobState.RUNNING, JobState.CANCELLING})
 
-PRIORITY_CLASSES = {"low": 100, "normal": 500, "high": 1000}
+# The default priority classes (name -> value), defined with the PriorityClass model; the table's rows, read by
+# ``quotas.models.priority_classes()``, are the ones in force.
+PRIORITY_CLASSES = DEFAULT_PRIORITY_CLASSES
 
 
 class JobQuerySet(models.QuerySet):
     def visible_to(self, user) -> "JobQuerySet":
         """Jobs of the teams ``user`` belongs to; all jobs for staff."""
-        from quotas.models import scope_to_teams
-
         return scope_to_teams(self, user)
 
 

@@ -253,10 +253,12 @@ class PriorityClass(models.Model):
 
 
 PRIORITY_CLASS_CACHE = LookupCache("priority-classes").invalidate_on(PriorityClass)
+# The default priority classes, name -> value (migration 0003 seeds the same rows); jobs default to ``normal``.
+DEFAULT_PRIORITY_CLASSES = {"low": 100, "normal": 500, "high": 1000}
 
 
 def priority_classes() -> dict[str, int]:
-    """Priority class names and values from the PriorityClass table; ``jobs.models.PRIORITY_CLASSES`` if it is empty.
+    """Priority class names and values from the PriorityClass table; ``DEFAULT_PRIORITY_CLASSES`` if it is empty.
 
     The fallback keeps job submission working on a database whose seeded rows
     were flushed (test databases of transactional tests).
@@ -264,9 +266,7 @@ def priority_classes() -> dict[str, int]:
     rows = PRIORITY_CLASS_CACHE.get("all", lambda: dict(PriorityClass.objects.values_list("name", "value")) or None)
     if rows:
         return dict(rows)
-    from jobs.models import PRIORITY_CLASSES
-
-    return dict(PRIORITY_CLASSES)
+    return dict(DEFAULT_PRIORITY_CLASSES)
 
 
 class QuotaEvent(models.Model):

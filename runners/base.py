@@ -121,10 +121,12 @@ class Backend:
     FOLLOW_WINDOW_LINES: ClassVar[int] = 2000
 
     def attempt_finished(self, attempt) -> bool:
-        """Whether ``attempt`` ended: in the database, or in the backend's own view (``observe``: a final phase)."""
-        from jobs.models import JobAttempt
+        """Whether ``attempt`` ended: in the database, or in the backend's own view (``observe``: a final phase).
 
-        if JobAttempt.objects.filter(pk=attempt.pk, ended_at__isnull=False).exists():
+        ``attempt`` is a ``jobs.JobAttempt``; its row is read again through the attempt's own model, since this
+        module sits below the jobs app and does not import it. An unreachable cluster counts as not finished.
+        """
+        if type(attempt)._default_manager.filter(pk=attempt.pk, ended_at__isnull=False).exists():
             return True
         try:
             obs = self.observe(attempt.cluster, [attempt]).get(attempt.pk)

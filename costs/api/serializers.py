@@ -11,9 +11,10 @@ from rest_framework import serializers
 
 from core.fields import AwareDateTimeField
 
+from ..aggregation import GROUP_KEYS
 from ..models import Price
 
-GROUP_BY_CHOICES = ["team", "cluster", "accelerator", "job", "day"]
+GROUP_BY_CHOICES = list(GROUP_KEYS)  # team, cluster, accelerator, job, day
 
 
 class PriceSerializer(serializers.ModelSerializer):

@@ -18,14 +18,14 @@ from rest_framework.response import Response
 
 from core.parsers import JSONParser, TextYAMLParser, YAMLParser
 from core.viewsets import ScopedGenericViewSet
-from quotas.models import Membership
 from runners.base import ClusterUnreachable, UnknownBackend, backend_for
 
+from ..filters import JobFilterSet
 from ..lifecycle import NotCancellable, cancel_job, submit_job
 from ..models import Job
+from ..permissions import CANCEL_REFUSED, may_cancel
 from ..spec import JobSubmissionSerializer, validated_submission
 from ..states import StaleState
-from .filtersets import JobFilterSet
 from .serializers import (
     JobAttemptSerializer,
     JobEventSerializer,
@@ -35,13 +35,6 @@ from .serializers import (
 )
 
 DETAIL_RESPONSE = inline_serializer("Detail", fields={"detail": serializers.CharField()})
-
-
-def may_cancel(user, job: Job) -> bool:
-    """Whether ``user`` may cancel ``job``: its submitter, an admin of its team, or platform staff."""
-    if user.is_staff or job.submitter_id == user.pk:
-        return True
-    return Membership.objects.filter(team_id=job.team_id, user=user, role=Membership.Role.ADMIN).exists()
 
 
 @extend_schema(tags=["jobs"])
@@ -88,7 +81,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
         """
         job = self.get_object()
         if not may_cancel(request.user, job):
-            raise PermissionDenied("only the submitter, a team admin or staff may cancel this job")
+            raise PermissionDenied(CANCEL_REFUSED)
         try:
             cancel_job(job, actor=request.user)
         except NotCancellable as exc:

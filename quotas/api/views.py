@@ -18,7 +18,8 @@ from rest_framework.exceptions import PermissionDenied
 from core.permissions import IsStaffOrReadOnly
 from core.viewsets import ScopedGenericViewSet, ScopedReadOnlyViewSet, ScopedViewSetMixin
 
-from ..models import Budget, Cohort, Membership, PriorityClass, Quota, QuotaEvent, Team, audited_values, scope_to_teams
+from ..models import Budget, Cohort, PriorityClass, Quota, QuotaEvent, Team, audited_values, scope_to_teams
+from ..permissions import ADMIN_ONLY, TeamAdminWritePermission, may_administer
 from .filtersets import BudgetFilterSet, QuotaFilterSet
 from .serializers import (
     BudgetSerializer,
@@ -28,25 +29,6 @@ from .serializers import (
     TeamFairShareSerializer,
     TeamSerializer,
 )
-
-ADMIN_ONLY = "only admins of the team and platform staff may change its quotas and budgets"
-
-
-def may_administer(user, team_id: int) -> bool:
-    """Whether ``user`` may change team ``team_id``'s quotas and budgets: a team admin, or staff."""
-    if user.is_staff:
-        return True
-    return Membership.objects.filter(team_id=team_id, user=user, role=Membership.Role.ADMIN).exists()
-
-
-class TeamAdminWritePermission(permissions.BasePermission):
-    """Reads for the team's members; writes to an existing object for its team's admins and staff."""
-
-    message = ADMIN_ONLY
-
-    def has_object_permission(self, request, view, obj) -> bool:
-        return request.method in permissions.SAFE_METHODS or may_administer(request.user, obj.team_id)
-
 
 class TeamAdminWriteViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
                             mixins.UpdateModelMixin, ScopedGenericViewSet):

@@ -11,8 +11,7 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from costs.models import CostEntry
-from frontend.models import Report
+from costs.models import CostEntry, Report
 from quotas.models import ApiToken, Budget, Quota
 from tests.api.conftest import make_attempt
 

@@ -18,7 +18,7 @@ from django.utils import timezone
 from playwright.sync_api import expect, sync_playwright
 
 from costs.models import CostEntry
-from frontend.reports import generate_report
+from costs.reports.build import generate_report
 from jobs.models import Job, JobAttempt, JobState
 from jobs.reconcile import reconcile_cluster
 from jobs.scheduler import try_admit

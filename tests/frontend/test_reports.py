@@ -16,10 +16,9 @@ from django_celery_beat.schedulers import ModelEntry
 from controlplane.celery import app
 
 app.loader.import_default_modules()  # what a worker and beat do at start: autodiscover every app's tasks.py
-from costs.models import CostEntry, UtilizationRollup
-from frontend.models import Report
-from frontend.reports import build_report_data, generate_report, period_window
-from frontend.schedules import TASK, ensure_report_schedules
+from costs.models import CostEntry, Report, UtilizationRollup
+from costs.reports.build import build_report_data, generate_report, period_window
+from costs.reports.schedules import TASK, ensure_report_schedules
 from quotas.models import Budget, Quota
 from tests.api.conftest import make_attempt, make_job
 from tests.conftest import make_cluster

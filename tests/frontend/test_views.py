@@ -12,9 +12,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from costs.models import CostEntry
-from frontend.models import Report
-from frontend.reports import generate_report
+from costs.models import CostEntry, Report
+from costs.reports.build import generate_report
 from jobs.models import Job, JobState
 from quotas.models import Budget, Quota, QuotaEvent
 from runners.models import NodePool

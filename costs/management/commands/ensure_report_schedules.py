@@ -2,7 +2,7 @@
 
 from django.core.management.base import BaseCommand
 
-from frontend.schedules import ensure_report_schedules
+from costs.reports.schedules import ensure_report_schedules
 
 
 class Command(BaseCommand):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import django_filters
 
-from ..models import Job, JobState
+from .models import Job, JobState
 
 
 class JobFilterSet(django_filters.FilterSet):

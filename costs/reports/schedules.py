@@ -9,7 +9,8 @@ from django_celery_beat.models import CrontabSchedule, PeriodicTask
 
 from quotas.models import Team
 
-TASK = "frontend.tasks.generate_reports"
+from .tasks import TASK_NAME as TASK  # the Celery task every report schedule fires
+
 # Minute, hour, day of week (UTC): daily at 06:00, weekly on Monday at 06:30, after the day's rollups.
 CRONTABS = {"daily": ("0", "6", "*"), "weekly": ("30", "6", "1")}
 

@@ -1,5 +1,6 @@
-"""Utilization and cost reports: the numbers of one scope and period, their HTML/CSV renderings, PNG charts and e-mail.
+"""Utilization and cost reports: the numbers of one scope and period, stored as a Report, and their generation.
 
+Renderings are ``costs.reports.render``, e-mail ``costs.reports.mail``.
 Money comes from the append-only ledger (``costs.CostEntry``; an entry counts in
 the period holding its ``interval_start``, the rule of the costs API and of
 budgets); utilization and idle GPU time from ``costs.UtilizationRollup``.
@@ -7,27 +8,21 @@ budgets); utilization and idle GPU time from ``costs.UtilizationRollup``.
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
-import io
 import logging
 from decimal import Decimal
-from email.mime.image import MIMEImage
 
-from django.conf import settings
-from django.core.mail import EmailMultiAlternatives
 from django.db import transaction
-from django.template.loader import render_to_string
 from django.utils import timezone
 
 from core.money import usd_cents
-from costs.api.utilization import aggregate_utilization, filter_days
-from costs.api.views import aggregate_costs
-from costs.budgets import admin_emails, budget_status
-from costs.models import CostEntry, UtilizationRollup
 from quotas.models import Budget, Quota, Team
 
-from .models import Report
+from ..aggregation import aggregate_costs, aggregate_utilization, filter_days
+from ..budgets import budget_status
+from ..models import CostEntry, Report, UtilizationRollup
+from .mail import send_report
+from .render import render_csv, render_html
 
 log = logging.getLogger(__name__)
 
@@ -188,77 +183,6 @@ def build_report_data(team: Team | None, start: dt.datetime, end: dt.datetime) -
     }
 
 
-def render_csv(data: dict) -> str:
-    """The report as long-form CSV: ``section,item,metric,value`` (one number per line, USD with cents)."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["section", "item", "metric", "value"])
-    writer.writerow(["period", data["scope"], "start", data["period_start"]])
-    writer.writerow(["period", data["scope"], "end", data["period_end"]])
-    for metric in ("gpu_hours", "cost_usd"):
-        writer.writerow(["total", data["scope"], metric, data["totals"][metric]])
-    for section, key in (("accelerator", "accelerator"), ("cluster", "cluster")):
-        for row in data[f"by_{section}"]:
-            writer.writerow([section, row[key], "gpu_hours", row["gpu_hours"]])
-            writer.writerow([section, row[key], "cost_usd", row["cost_usd"]])
-    util = data["utilization"]
-    for metric in ("avg_gpu_util_percent", "coverage_percent", "idle_gpu_hours", "idle_cost_usd"):
-        value = util[metric]
-        writer.writerow(["utilization", data["scope"], metric, "no data" if value is None else value])
-    for rank, job in enumerate(data["top_jobs"], start=1):
-        item = f"{rank}:{job['job']}:{job['job_name']}"
-        writer.writerow(["top_job", item, "gpu_hours", job["gpu_hours"]])
-        writer.writerow(["top_job", item, "cost_usd", job["cost_usd"]])
-    for row in data["quota_use"]:
-        for metric in ("nominal_gpus", "borrowing_limit_gpus", "gpu_hours", "avg_gpus_in_use", "percent_of_nominal"):
-            writer.writerow(["quota", row["accelerator"], metric, "" if row[metric] is None else row[metric]])
-    for row in data["budgets"]:
-        for metric in ("amount_usd", "spent_usd", "committed_usd", "remaining_usd", "forecast_usd"):
-            writer.writerow(["budget", f"{row['team']}:{row['period']}", metric, row[metric]])
-    previous = data["previous"]
-    for metric in ("gpu_hours", "cost_usd", "gpu_hours_change_percent", "cost_change_percent"):
-        value = previous[metric]
-        writer.writerow(["previous_period", data["scope"], metric, "" if value is None else value])
-    return out.getvalue()
-
-
-def render_charts(data: dict) -> dict[str, bytes]:
-    """PNG charts of the report, rendered server-side with matplotlib's Agg backend: ``{"cost_by_accelerator",
-    "cost_by_day"}`` -> PNG bytes (only charts with data)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
-    charts = {}
-    series = {
-        "cost_by_accelerator": ([r["accelerator"] for r in data["by_accelerator"]],
-                                [float(r["cost_usd"]) for r in data["by_accelerator"]], "Cost by accelerator (USD)"),
-        "cost_by_day": ([r["day"] for r in data["by_day"]], [float(r["cost_usd"]) for r in data["by_day"]],
-                        "Cost by day (USD)"),
-    }
-    for name, (labels, values, title) in series.items():
-        if not labels:
-            continue
-        figure = Figure(figsize=(6, 3), dpi=100)
-        axes = figure.subplots()
-        axes.bar(labels, values, color="#1f5fa8")
-        axes.set_title(title)
-        axes.set_ylabel("USD")
-        axes.tick_params(axis="x", labelrotation=30, labelsize=8)
-        figure.tight_layout()
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png")
-        charts[name] = buffer.getvalue()
-    return charts
-
-
-def render_html(data: dict, chart_urls: dict[str, str] | None = None) -> str:
-    """The report body as HTML (``frontend/report_body.html``); ``chart_urls`` maps chart names to image URLs
-    (``cid:`` references in e-mail)."""
-    return render_to_string("frontend/report_body.html", {"data": data, "chart_urls": chart_urls or {}})
-
-
 def generate_report(team: Team | None, start: dt.datetime, end: dt.datetime, kind: str = Report.Kind.CUSTOM
                     ) -> tuple[Report, bool]:
     """Compute and store the report of ``team`` (None: platform-wide) for ``[start, end)``.
@@ -273,43 +197,6 @@ def generate_report(team: Team | None, start: dt.datetime, end: dt.datetime, kin
             defaults={"data": data, "html": render_html(data), "csv": render_csv(data)},
         )
     return report, created
-
-
-def report_recipients(report: Report) -> list[str]:
-    """Who gets ``report`` by e-mail: its team's admins; platform staff for a platform-wide report."""
-    if report.team_id is not None:
-        return admin_emails(report.team_id)
-    from django.contrib.auth import get_user_model
-
-    return sorted(e for e in get_user_model().objects.filter(is_staff=True, is_active=True)
-                  .values_list("email", flat=True) if e)
-
-
-def send_report(report: Report) -> int:
-    """E-mail ``report`` (HTML with PNG charts inline by ``cid:``, the CSV attached) through Django's mail.
-
-    Returns the number of messages sent (0 when the scope has no recipient).
-    """
-    recipients = report_recipients(report)
-    if not recipients:
-        return 0
-    charts = render_charts(report.data)
-    html = render_html(report.data, {name: f"cid:{name}" for name in charts})
-    totals = report.data["totals"]
-    text = (f"{report}: {totals['gpu_hours']} GPU-hours, ${totals['cost_usd']}.\n"
-            f"{report.data['utilization']['note']}\nThe full report is attached as CSV.\n")
-    message = EmailMultiAlternatives(
-        subject=f"[controlplane] {report.kind} report {report.scope_name} {report.period_start:%Y-%m-%d}",
-        body=text, from_email=settings.DEFAULT_FROM_EMAIL, to=recipients,
-    )
-    message.attach_alternative(html, "text/html")
-    for name, png in charts.items():
-        image = MIMEImage(png, "png")
-        image.add_header("Content-ID", f"<{name}>")
-        image.add_header("Content-Disposition", "inline", filename=f"{name}.png")
-        message.attach(image)
-    message.attach(f"report-{report.scope_name}-{report.period_start:%Y%m%d}.csv", report.csv, "text/csv")
-    return message.send()
 
 
 def generate_reports(kind: str, scope: str = "all", at: dt.datetime | None = None) -> list[int]:

@@ -4,23 +4,12 @@ from __future__ import annotations
 
 from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework import serializers
 from rest_framework.decorators import action
 
 from core.viewsets import ScopedReadOnlyViewSet
+from costs.models import Report
 
-from frontend.models import Report
-
-
-class ReportSerializer(serializers.ModelSerializer):
-    """A report: scope (team slug, null for platform-wide), kind, period ``[start, end)``, when generated, its data."""
-
-    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-
-    class Meta:
-        model = Report
-        fields = ["id", "team", "kind", "period_start", "period_end", "generated_at", "data"]
-        read_only_fields = fields
+from .serializers import ReportSerializer
 
 
 @extend_schema(tags=["reports"])

@@ -1,0 +1,176 @@
+"""Aggregates of the cost ledger and of the utilization rollups, by team, cluster, accelerator, job or UTC day.
+
+The one implementation behind ``/api/v1/costs/``, ``/api/v1/utilization/``,
+the web UI's cost pages and the reports (``costs.reports``).
+
+Cost: aggregation is pushed to the database (one GROUP BY query, by group
+and GPU count); an entry counts in the window that contains its
+``interval_start``, the rule budgets use.
+
+Utilization rows aggregate UtilizationRollup exactly: average utilization
+is sample weighted (``sum(util_sum) / sum(samples)``), "no data" is null,
+coverage is ``samples / expected samples``. Rollups are per UTC day, so a
+window ``[start, end)`` selects whole days: those whose midnight-to-midnight
+span starts in ``[floor(start), end)`` (``filter_days``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from decimal import Decimal
+
+from django.db.models import DurationField, ExpressionWrapper, F, Sum
+from django.db.models.functions import TruncDate
+
+from core.money import usd_cents
+
+from .models import CostEntry
+
+# Output key -> lookup, per group_by (the ledger and the rollups name them alike; the ledger's "day" is annotated).
+GROUP_KEYS = {
+    "team": {"team": "team__slug"},
+    "cluster": {"cluster": "cluster__name"},
+    "accelerator": {"accelerator": "accelerator__name"},
+    "job": {"job": "job_id", "job_name": "job__name"},
+    "day": {"day": "day"},
+}
+UTC_DAY = TruncDate("interval_start", tzinfo=dt.timezone.utc)
+# Summed per (group, gpus) and multiplied by gpus in Python: SQLite cannot multiply a duration in SQL.
+HELD_TIME = ExpressionWrapper(F("interval_end") - F("interval_start"), output_field=DurationField())
+# The columns ``add_utilization`` puts on cost rows.
+UTILIZATION_COLUMNS = ("avg_gpu_util_percent", "idle_gpu_hours", "idle_cost_usd")
+
+
+def gpu_hours(gpu_time: dt.timedelta | None) -> float:
+    """GPU-time as GPU-hours, rounded to 6 decimals (None counts as no time)."""
+    return round((gpu_time or dt.timedelta()).total_seconds() / 3600, 6)
+
+
+def aggregate_costs(entries, group_by: str) -> tuple[list[dict], dict]:
+    """Group ledger ``entries`` (a CostEntry queryset) by ``group_by``; returns ``(rows, total)``.
+
+    Each row holds the group's key fields (see ``GROUP_KEYS``), ``gpu_hours``
+    (float) and ``cost_usd`` (string, cents, half-even); rows are ordered by
+    key. The total is the exact sum of all entries, rounded once. Raises
+    KeyError for a ``group_by`` not in ``GROUP_KEYS``.
+    """
+    keys = GROUP_KEYS[group_by]
+    if group_by == "day":
+        entries = entries.annotate(day=UTC_DAY)
+    lookups = list(keys.values())
+    grouped = (
+        entries.values(*lookups, "gpus").annotate(held=Sum(HELD_TIME), cost=Sum("amount_usd")).order_by(*lookups)
+    )
+    rows: dict[tuple, dict] = {}
+    for part in grouped:
+        row = rows.setdefault(tuple(part[lookup] for lookup in lookups),
+                              {"gpu_time": dt.timedelta(), "cost": Decimal(0)})
+        row["gpu_time"] += part["gpus"] * (part["held"] or dt.timedelta())
+        row["cost"] += part["cost"] or Decimal(0)
+    results = []
+    for key, sums in rows.items():
+        row = dict(zip(keys, key))
+        if group_by == "day":
+            row["day"] = row["day"].isoformat()
+        row.update(gpu_hours=gpu_hours(sums["gpu_time"]), cost_usd=usd_cents(sums["cost"]))
+        results.append(row)
+    total_time = sum((sums["gpu_time"] for sums in rows.values()), dt.timedelta())
+    total_cost = sum((sums["cost"] for sums in rows.values()), Decimal(0))
+    return results, {"gpu_hours": gpu_hours(total_time), "cost_usd": usd_cents(total_cost)}
+
+
+def add_utilization(rows: list[dict], total: dict, rollups, group_by: str) -> None:
+    """Add the utilization columns (``UTILIZATION_COLUMNS``) of each group to the cost rows, in place.
+
+    ``rows`` and ``total`` are what ``aggregate_costs`` returned for the same
+    ``group_by``; ``rollups`` a UtilizationRollup queryset (already narrowed
+    with ``filter_days``). Utilization comes from day rollups, so for a window
+    that cuts a UTC day it covers the whole day; a group without rollups gets
+    nulls ("no data").
+    """
+    util_rows, util_total = aggregate_utilization(rollups, group_by)
+    keys = list(GROUP_KEYS[group_by])
+    by_key = {tuple(r[k] for k in keys): r for r in util_rows}
+    for row in rows:
+        found = by_key.get(tuple(row[k] for k in keys), {})
+        row.update({c: found.get(c) for c in UTILIZATION_COLUMNS})
+    total.update({c: util_total[c] if util_rows else None for c in UTILIZATION_COLUMNS})
+
+
+def filter_days(rollups, start: dt.datetime | None, end: dt.datetime | None):
+    """Rollups (a UtilizationRollup queryset) of the UTC days that start in ``[floor(start), end)``.
+
+    ``start`` and ``end`` are aware datetimes; None leaves that end open.
+    """
+    if start is not None:
+        rollups = rollups.filter(day__gte=start.astimezone(dt.timezone.utc).date())
+    if end is not None:
+        end = end.astimezone(dt.timezone.utc)
+        last = end.date() if end.time() != dt.time() else end.date() - dt.timedelta(days=1)
+        rollups = rollups.filter(day__lte=last)
+    return rollups
+
+
+def idle_costs(rollups) -> dict[int, Decimal]:
+    """USD of idle GPU time per rollup id: the ledger cost of its attempt on its day x idle share.
+
+    ``rollups`` is a UtilizationRollup queryset; rollups without idle time
+    are left out. Two queries.
+    """
+    rows = list(rollups.filter(idle_gpu_seconds__gt=0).values("pk", "attempt_id", "day", "gpu_seconds", "idle_gpu_seconds"))
+    if not rows:
+        return {}
+    ledger = {
+        (r["attempt_id"], r["d"]): r["usd"]
+        for r in CostEntry.objects.filter(attempt_id__in={r["attempt_id"] for r in rows})
+        .annotate(d=TruncDate("interval_start", tzinfo=dt.timezone.utc))
+        .values("attempt_id", "d").annotate(usd=Sum("amount_usd"))
+    }
+    return {
+        r["pk"]: ledger.get((r["attempt_id"], r["day"]), Decimal(0)) * Decimal(r["idle_gpu_seconds"] / r["gpu_seconds"])
+        for r in rows
+    }
+
+
+def aggregate_utilization(rollups, group_by: str) -> tuple[list[dict], dict]:
+    """Group UtilizationRollup rows by ``group_by``; returns ``(rows, total)`` (see the module docstring).
+
+    Each row: key fields, ``gpu_hours`` (allocated), ``avg_gpu_util_percent``
+    (null for no data), ``coverage`` (0-1, null without expected samples),
+    ``avg_memory_used_mib``, ``idle_gpu_hours``, ``idle_cost_usd`` (cents).
+    Rows are ordered by key. Raises KeyError for a ``group_by`` not in
+    ``GROUP_KEYS``.
+    """
+    keys = GROUP_KEYS[group_by]
+    idle_usd = idle_costs(rollups)
+    sums: dict[tuple, dict] = defaultdict(lambda: defaultdict(float))
+    for r in rollups.values("pk", *keys.values(), "gpu_seconds", "samples", "expected_samples", "util_sum",
+                            "memory_samples", "avg_memory_used_mib", "idle_gpu_seconds"):
+        for group in (tuple(r[k] for k in keys.values()), None):
+            s = sums[group]
+            for f in ("gpu_seconds", "samples", "expected_samples", "util_sum", "memory_samples"):
+                s[f] += r[f]
+            s["memory_sum"] += (r["avg_memory_used_mib"] or 0) * r["memory_samples"]
+            s["idle_gpu_seconds"] += r["idle_gpu_seconds"] or 0
+            s["idle_usd"] = s.get("idle_usd", Decimal(0)) + idle_usd.get(r["pk"], Decimal(0))
+
+    def present(s) -> dict:
+        return {
+            "gpu_hours": round(s["gpu_seconds"] / 3600, 6),
+            "avg_gpu_util_percent": round(s["util_sum"] / s["samples"], 3) if s["samples"] else None,
+            "coverage": round(min(1.0, s["samples"] / s["expected_samples"]), 4) if s["expected_samples"] else None,
+            "avg_memory_used_mib": round(s["memory_sum"] / s["memory_samples"], 1) if s["memory_samples"] else None,
+            "idle_gpu_hours": round(s["idle_gpu_seconds"] / 3600, 6),
+            "idle_cost_usd": usd_cents(s.get("idle_usd", Decimal(0))),
+        }
+
+    rows = []
+    for group in sorted((g for g in sums if g is not None), key=lambda g: tuple(str(x) for x in g)):
+        row = dict(zip(keys, group))
+        if group_by == "day":
+            row["day"] = row["day"].isoformat()
+        row.update(present(sums[group]))
+        rows.append(row)
+    total = present(sums[None]) if None in sums else present(defaultdict(float))
+    return rows, total
