@@ -2,40 +2,38 @@
 
 Errors are field-keyed JSON with flat dotted paths, e.g.
 ``{"spec.resources.gpus_per_node": ["..."]}``; nothing is stored for a rejected request.
+
+The fields are declared once, in ``jobs.specfields.SUBMISSION``; this module builds from that table the
+DRF serializers (``JobSubmissionSerializer`` and its nested ones) and the plain checks of the fast path
+(``fast_submission``), and holds the rules a single field cannot state (lookups, kind rules, size limit),
+each written once and used by both.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from django.conf import settings
 from django.db.models import Max, Q
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.fields import empty
 from rest_framework.settings import api_settings
 from rest_framework.utils.serializer_helpers import ReturnDict
 
 from django.contrib.auth import get_user_model
 
-from core.fields import INT32_MAX, SharedFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
+from core.fields import SharedFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
 from core.lookups import LookupCache
 from quotas.models import Membership, Team, priority_classes
-from runners.models import Accelerator, Cluster, NodePool
+from runners.models import Accelerator, NodePool
 
-from .models import PRIORITY_CLASSES, Job
+from .specfields import ENV_NAME, SUBMISSION, FieldType, SpecField, field_at, kind_specific
 
-# Kubernetes DNS-1123 label: the job name ends up in object names and labels.
-DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-DNS_1123_LABEL_MAX = 63
-# POSIX portable environment variable names (IEEE Std 1003.1, 8.1).
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-IMAGE_MAX_LENGTH = 512
 SUBMIT_ROLES = (Membership.Role.ADMIN, Membership.Role.MEMBER)
-INFERENCE_ONLY = ("replicas", "port")
-INFERENCE_DEFAULT_PORT = 8000
 
 # Rows every submission reads, cached per process for settings.LOOKUP_CACHE_SECONDS (core.lookups).
 ACCELERATORS = LookupCache("accelerators").invalidate_on(Accelerator, NodePool)
@@ -213,43 +211,6 @@ class StrictSerializer(serializers.Serializer):
         return value
 
 
-# --- The job spec.
-
-class ResourcesSerializer(SharedFieldsMixin, StrictSerializer):
-    """``spec.resources``: accelerator name, GPUs per node, nodes; optional CPU cores and memory (GiB) per node."""
-
-    accelerator = StrictCharField()
-    gpus_per_node = StrictIntegerField(min_value=1, max_value=INT32_MAX)
-    nodes = StrictIntegerField(min_value=1, max_value=INT32_MAX)
-    cpu = PositiveNumberField(required=False)
-    memory_gib = PositiveNumberField(required=False)
-
-    def validate_accelerator(self, value: str) -> Accelerator:
-        return accelerator_named(value)
-
-    def validate(self, attrs):
-        accelerator = attrs["accelerator"]
-        largest = accelerator.largest_pool_gpus
-        if largest is None:
-            raise serializers.ValidationError(
-                {"accelerator": [f"no node pool offers {accelerator.name} GPUs, so the job could never run"]}
-            )
-        if attrs["gpus_per_node"] > largest:
-            raise serializers.ValidationError(
-                {"gpus_per_node": [f"{attrs['gpus_per_node']} GPUs per node is more than any {accelerator.name} "
-                                   f"node pool has; the maximum is {largest}"]}
-            )
-        return attrs
-
-
-class PlacementSerializer(SharedFieldsMixin, StrictSerializer):
-    """``spec.placement``: allowed providers (Cluster.Provider values), regions and cluster names; empty means any."""
-
-    providers = StringListField(choices=Cluster.Provider.values, required=False, default=list)
-    regions = StringListField(required=False, default=list)
-    clusters = StringListField(required=False, default=list)
-
-
 class PriorityClassField(serializers.ChoiceField):
     """A priority class name from the ``quotas.PriorityClass`` table, read when the spec is validated."""
 
@@ -261,7 +222,210 @@ class PriorityClassField(serializers.ChoiceField):
         raise serializers.ValidationError(f'unknown priority "{data}"; one of {", ".join(names)}', code="invalid_choice")
 
 
-class JobSpecSerializer(SharedFieldsMixin, StrictSerializer):
+class PatternCharField(StrictCharField):
+    """A StrictCharField whose valid value must also match ``pattern`` in full (else ``pattern_error``).
+
+    The pattern is checked after the field's own rules (type, blank, length), so a value gets one reason at a
+    time, and it stays out of the OpenAPI schema like a ``validate_<field>`` method's rule.
+    """
+
+    def __init__(self, *, pattern, pattern_error: str, **kwargs):
+        self.pattern = pattern
+        self.pattern_error = pattern_error
+        super().__init__(**kwargs)
+
+    def run_validation(self, data=empty):
+        value = super().run_validation(data)
+        if isinstance(value, str) and not self.pattern.fullmatch(value):
+            raise serializers.ValidationError(self.pattern_error)
+        return value
+
+
+# --- The serializer fields built from the table (jobs.specfields), one builder per field type.
+
+def _object_serializer(field: SpecField, path: str, **kwargs) -> serializers.Serializer:
+    return TableSerializer.for_path(path, field)(**kwargs)
+
+
+_DRF_FIELDS: dict[FieldType, Callable[..., serializers.Field]] = {
+    FieldType.STRING: lambda f, path, **kw: (
+        PatternCharField(pattern=f.pattern, pattern_error=f.pattern_error, max_length=f.max_length, **kw)
+        if f.pattern is not None else StrictCharField(max_length=f.max_length, **kw)),
+    FieldType.INTEGER: lambda f, path, **kw: StrictIntegerField(min_value=f.min_value, max_value=f.max_value, **kw),
+    FieldType.BOOLEAN: lambda f, path, **kw: StrictBooleanField(**kw),
+    FieldType.POSITIVE_NUMBER: lambda f, path, **kw: PositiveNumberField(**kw),
+    FieldType.STRING_LIST: lambda f, path, **kw: StringListField(allow_empty=f.allow_empty, choices=f.choices, **kw),
+    FieldType.ENV: lambda f, path, **kw: EnvField(**kw),
+    FieldType.CHOICE: lambda f, path, **kw: serializers.ChoiceField(choices=list(f.choices), **kw),
+    FieldType.PRIORITY: lambda f, path, **kw: PriorityClassField(choices=list(f.choices), **kw),
+    FieldType.OBJECT: _object_serializer,
+}
+
+
+def serializer_field(field: SpecField, path: str) -> serializers.Field:
+    """The DRF field that validates ``field`` (at dotted ``path``): its type's builder, with ``required=False``
+    unless the field is required, and its default unless it applies to some job kinds only (then the kind rule
+    sets it, see :func:`apply_kind`)."""
+    kwargs = {}
+    if not field.required:
+        kwargs["required"] = False
+    if field.has_default and not field.kinds:
+        kwargs["default"] = field.default
+    return _DRF_FIELDS[field.type](field, path, **kwargs)
+
+
+class TableSerializer(SharedFieldsMixin, StrictSerializer):
+    """A StrictSerializer of one OBJECT of ``jobs.specfields.SUBMISSION``: its fields are built from the table.
+
+    A subclass names the object by ``path`` (dotted, ``""`` for the submission itself) and adds what the table
+    cannot say: ``validate_<field>`` for each ``looked_up`` field, and ``validate``. An OBJECT field's serializer
+    is the subclass declared for its path (declare a nested one before its parent), else a plain one.
+    """
+
+    path: str | None = None
+    _by_path: dict[str, type[TableSerializer]] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        path = cls.__dict__.get("path")
+        if path is None:
+            return
+        table = field_at(path)
+        cls._declared_fields = {field.name: serializer_field(field, f"{path}.{field.name}" if path else field.name)
+                                for field in table.fields}
+        unchecked = [field.name for field in table.fields
+                     if field.looked_up and not hasattr(cls, f"validate_{field.name}")]
+        if unchecked:
+            raise TypeError(f"{cls.__name__} must look up {', '.join(unchecked)} in validate_<field>")
+        TableSerializer._by_path[path] = cls
+
+    @classmethod
+    def for_path(cls, path: str, field: SpecField) -> type[TableSerializer]:
+        """The serializer class of the OBJECT ``field`` at ``path``: the declared one, else a plain one for it."""
+        if path not in cls._by_path:
+            name = "".join(part.capitalize() for part in field.name.split("_")) + "Serializer"
+            type(name, (TableSerializer,), {"path": path, "__doc__": field.doc, "__module__": __name__})
+        return cls._by_path[path]
+
+
+# --- Rules that a single field cannot state, shared by the serializers and the fast path.
+
+def spec_error(spec: Mapping) -> str | None:
+    """Why ``spec`` is refused before any of its fields is read (it cannot be encoded as JSON, or its encoding is
+    over ``settings.JOB_SPEC_MAX_BYTES``), or None."""
+    try:
+        size = spec_size_bytes(spec)
+    except (TypeError, ValueError, RecursionError) as exc:  # YAML keys such as dates or bytes; deep nesting
+        return f"the spec cannot be encoded as JSON: {exc}"
+    if size > settings.JOB_SPEC_MAX_BYTES:
+        return f"the spec's JSON encoding is {size} bytes, over the limit of {settings.JOB_SPEC_MAX_BYTES} bytes"
+    return None
+
+
+def pool_errors(accelerator: Accelerator, gpus_per_node: int) -> dict[str, list[str]]:
+    """Errors by ``spec.resources`` field when no node pool of ``accelerator`` (from :func:`accelerator_named`)
+    could ever hold a node of the job; empty when one could."""
+    largest = accelerator.largest_pool_gpus
+    if largest is None:
+        return {"accelerator": [f"no node pool offers {accelerator.name} GPUs, so the job could never run"]}
+    if gpus_per_node > largest:
+        return {"gpus_per_node": [f"{gpus_per_node} GPUs per node is more than any {accelerator.name} "
+                                  f"node pool has; the maximum is {largest}"]}
+    return {}
+
+
+KIND_SPECIFIC = kind_specific()
+
+
+def apply_kind(kind: str, spec: dict) -> dict[str, list[str]]:
+    """Apply the kind rules to the validated ``spec`` in place: a field of some kinds only (``replicas``,
+    ``port``) gets its default for those kinds; errors by spec field for those given to another kind."""
+    errors = {}
+    for field in KIND_SPECIFIC:
+        if kind in field.kinds:
+            spec.setdefault(field.name, field.default_value())
+        elif field.name in spec:
+            errors[field.name] = [f"{field.name} applies to {' and '.join(field.kinds)} jobs only"]
+    return errors
+
+
+def _store_plan(field: SpecField) -> tuple:
+    """``(name, looked_up, default factory, child plan, skip)`` per child of ``field``, for :func:`stored_spec`."""
+    plan = []
+    for child in field.fields:
+        default = child.default if callable(child.default) else (lambda d=child.default: d)
+        plan.append((child.name, child.looked_up, default if child.has_default else (lambda: None),
+                     _store_plan(child) if child.type is FieldType.OBJECT else None, bool(child.kinds)))
+    return tuple(plan)
+
+
+_SPEC_STORE_PLAN = _store_plan(SUBMISSION.child("spec"))
+
+
+def stored_spec(values: Mapping, plan: tuple = _SPEC_STORE_PLAN) -> dict:
+    """The validated spec ``values`` as stored on the Job, in table order: every field present (an optional one
+    without default as null) except those of other job kinds, a looked-up row by its name."""
+    stored = {}
+    for name, looked_up, default, children, of_some_kinds in plan:
+        if children is not None:
+            stored[name] = stored_spec(values.get(name) or {}, children)
+        elif name in values:
+            stored[name] = values[name].name if looked_up else values[name]
+        elif not of_some_kinds:
+            stored[name] = default()
+    return stored
+
+
+def submission_fields(values: Mapping, submitter, classes: Mapping[str, int] | None = None) -> dict:
+    """``submit_job``'s keyword arguments from validated submission ``values`` (team and accelerator as rows):
+    team, submitter, name, kind, the stored spec, and the columns admission reads (``resources``: accelerator,
+    GPUs per node, nodes, numeric priority from ``classes`` (default ``priority_classes()``), preemptible, max
+    runtime in seconds, max retries)."""
+    spec = values["spec"]
+    resources = spec["resources"]
+    classes = priority_classes() if classes is None else classes
+    return {
+        "team": values["team"],
+        "submitter": submitter,
+        "name": values["name"],
+        "kind": values["kind"],
+        "spec": stored_spec(spec),
+        "resources": {
+            "accelerator": resources["accelerator"],
+            "gpus_per_node": resources["gpus_per_node"],
+            "nodes": resources["nodes"],
+            "priority": classes[spec["priority"]],
+            "preemptible": spec["preemptible"],
+            "max_runtime_seconds": spec["max_runtime_seconds"],
+            "max_retries": spec["max_retries"],
+        },
+    }
+
+
+# --- The job spec.
+
+class ResourcesSerializer(TableSerializer):
+    """``spec.resources``: accelerator name, GPUs per node, nodes; optional CPU cores and memory (GiB) per node."""
+
+    path = "spec.resources"
+
+    def validate_accelerator(self, value: str) -> Accelerator:
+        return accelerator_named(value)
+
+    def validate(self, attrs):
+        errors = pool_errors(attrs["accelerator"], attrs["gpus_per_node"])
+        if errors:
+            raise serializers.ValidationError(errors)
+        return attrs
+
+
+class PlacementSerializer(TableSerializer):
+    """``spec.placement``: allowed providers (Cluster.Provider values), regions and cluster names; empty means any."""
+
+    path = "spec.placement"
+
+
+class JobSpecSerializer(TableSerializer):
     """``spec``: what to run (image, command, args, env), on what (resources), how (priority, limits, placement).
 
     ``max_runtime_seconds`` is required: it bounds the cost estimate that
@@ -270,34 +434,18 @@ class JobSpecSerializer(SharedFieldsMixin, StrictSerializer):
     inference only.
     """
 
-    image = StrictCharField(max_length=IMAGE_MAX_LENGTH)
-    command = StringListField(allow_empty=False)
-    args = StringListField(required=False, default=list)
-    env = EnvField(required=False, default=dict)
-    resources = ResourcesSerializer()
-    priority = PriorityClassField(choices=list(PRIORITY_CLASSES), required=False, default="normal")
-    max_runtime_seconds = StrictIntegerField(min_value=1, max_value=INT32_MAX)
-    preemptible = StrictBooleanField(required=False, default=False)
-    placement = PlacementSerializer(required=False)
-    max_retries = StrictIntegerField(min_value=0, max_value=INT32_MAX, required=False, default=0)
-    replicas = StrictIntegerField(min_value=1, max_value=INT32_MAX, required=False)
-    port = StrictIntegerField(min_value=1, max_value=65535, required=False)
+    path = "spec"
 
     def to_internal_value(self, data):
         # Measured before anything else, so an oversized spec costs no further work.
         if isinstance(data, Mapping):
-            try:
-                size = spec_size_bytes(data)
-            except (TypeError, ValueError, RecursionError) as exc:  # YAML keys such as dates or bytes; deep nesting
-                raise serializers.ValidationError([f"the spec cannot be encoded as JSON: {exc}"]) from exc
-            if size > settings.JOB_SPEC_MAX_BYTES:
-                raise serializers.ValidationError(
-                    [f"the spec's JSON encoding is {size} bytes, over the limit of {settings.JOB_SPEC_MAX_BYTES} bytes"]
-                )
+            error = spec_error(data)
+            if error is not None:
+                raise serializers.ValidationError([error])
         return super().to_internal_value(data)
 
 
-class JobSubmissionSerializer(SharedFieldsMixin, StrictSerializer):
+class JobSubmissionSerializer(TableSerializer):
     """A job submission: ``{"team", "name", "kind", "spec"}`` as in ``examples/jobs/*.yaml``.
 
     Validation needs ``context["request"]`` (the submitter). ``team`` must be
@@ -312,10 +460,7 @@ class JobSubmissionSerializer(SharedFieldsMixin, StrictSerializer):
     ``jobs.lifecycle.submit_job``.
     """
 
-    team = StrictCharField()
-    name = StrictCharField(max_length=DNS_1123_LABEL_MAX)
-    kind = serializers.ChoiceField(choices=Job.Kind.choices, required=False, default=Job.Kind.TRAINING)
-    spec = JobSpecSerializer()
+    path = ""
 
     @property
     def errors(self):
@@ -324,201 +469,184 @@ class JobSubmissionSerializer(SharedFieldsMixin, StrictSerializer):
     def validate_team(self, slug: str) -> Team:
         return team_for_submission(self.context["request"].user, slug)
 
-    def validate_name(self, name: str) -> str:
-        if not DNS_1123_LABEL.fullmatch(name):
-            raise serializers.ValidationError(
-                "must be a DNS-1123 label: lowercase letters, digits and '-', starting and ending with a letter or "
-                "digit, at most 63 characters (it names Kubernetes objects)"
-            )
-        return name
-
     def validate(self, attrs):
-        spec = attrs["spec"]
-        if attrs["kind"] == Job.Kind.INFERENCE:
-            spec.setdefault("replicas", 1)
-            spec.setdefault("port", INFERENCE_DEFAULT_PORT)
-            return attrs
-        misplaced = [name for name in INFERENCE_ONLY if name in spec]
-        if misplaced:
-            raise serializers.ValidationError(
-                {"spec": {name: [f"{name} applies to inference jobs only"] for name in misplaced}}
-            )
+        errors = apply_kind(attrs["kind"], attrs["spec"])
+        if errors:
+            raise serializers.ValidationError({"spec": errors})
         return attrs
 
     def normalized_spec(self) -> dict:
         """The validated spec as stored on the Job: every optional key present, the accelerator by name."""
-        spec = self.validated_data["spec"]
-        resources = spec["resources"]
-        placement = spec.get("placement") or {}
-        normalized = {
-            "image": spec["image"],
-            "command": spec["command"],
-            "args": spec["args"],
-            "env": spec["env"],
-            "resources": {
-                "accelerator": resources["accelerator"].name,
-                "gpus_per_node": resources["gpus_per_node"],
-                "nodes": resources["nodes"],
-                "cpu": resources.get("cpu"),
-                "memory_gib": resources.get("memory_gib"),
-            },
-            "priority": spec["priority"],
-            "max_runtime_seconds": spec["max_runtime_seconds"],
-            "preemptible": spec["preemptible"],
-            "placement": {
-                "providers": placement.get("providers", []),
-                "regions": placement.get("regions", []),
-                "clusters": placement.get("clusters", []),
-            },
-            "max_retries": spec["max_retries"],
-        }
-        for name in INFERENCE_ONLY:
-            if name in spec:
-                normalized[name] = spec[name]
-        return normalized
+        return stored_spec(self.validated_data["spec"])
 
     def submission(self) -> dict:
         """Keyword arguments for ``submit_job``: team, submitter, name, kind, spec and the resource columns."""
-        data = self.validated_data
-        spec = data["spec"]
-        resources = spec["resources"]
-        return {
-            "team": data["team"],
-            "submitter": self.context["request"].user,
-            "name": data["name"],
-            "kind": data["kind"],
-            "spec": self.normalized_spec(),
-            "resources": {
-                "accelerator": resources["accelerator"],
-                "gpus_per_node": resources["gpus_per_node"],
-                "nodes": resources["nodes"],
-                "priority": priority_classes()[spec["priority"]],
-                "preemptible": spec["preemptible"],
-                "max_runtime_seconds": spec["max_runtime_seconds"],
-                "max_retries": spec["max_retries"],
-            },
-        }
+        return submission_fields(self.validated_data, self.context["request"].user)
 
 
-# --- The fast path of a plain, valid submission.
+# --- The fast path of a plain, valid submission: the same table, checked with plain comparisons.
 
-_SUBMISSION_KEYS = frozenset({"team", "name", "kind", "spec"})
-_SPEC_KEYS = frozenset(JobSpecSerializer._declared_fields)
-_RESOURCES_KEYS = frozenset(ResourcesSerializer._declared_fields)
-_PLACEMENT_KEYS = frozenset(PlacementSerializer._declared_fields)
-_KINDS = frozenset(Job.Kind.values)
-_PROVIDERS = frozenset(Cluster.Provider.values)
+_REFUSED: Any = object()  # what a fast check returns for a value it does not accept unchanged
 
 
-def _plain_str(value, max_length: int | None = None) -> bool:
+def _fast_string(f: SpecField):
     """What a StrictCharField accepts unchanged: an ASCII str, not blank, without outer whitespace or NUL."""
-    return (type(value) is str and value != "" and value.isascii() and "\x00" not in value
-            and value == value.strip() and (max_length is None or len(value) <= max_length))
+    max_length, pattern = f.max_length, f.pattern
+
+    def check(value):
+        if (type(value) is str and value != "" and value.isascii() and "\x00" not in value and value == value.strip()
+                and (max_length is None or len(value) <= max_length)
+                and (pattern is None or pattern.fullmatch(value) is not None)):
+            return value
+        return _REFUSED
+    return check
 
 
-def _int_in(value, low: int, high: int) -> bool:
-    return type(value) is int and low <= value <= high
+def _fast_integer(f: SpecField):
+    low, high = f.min_value, f.max_value
+
+    def check(value):
+        if type(value) is int and (low is None or low <= value) and (high is None or value <= high):
+            return value
+        return _REFUSED
+    return check
 
 
-def _str_list(value, *, allow_empty: bool, choices: frozenset | None = None) -> bool:
+def _fast_boolean(f: SpecField):
+    return lambda value: value if type(value) is bool else _REFUSED
+
+
+def _fast_positive_number(f: SpecField):
+    def check(value):
+        try:
+            if type(value) in (int, float) and math.isfinite(value) and value > 0:
+                return value
+        except OverflowError:  # an int beyond any float: the serializer refuses it
+            pass
+        return _REFUSED
+    return check
+
+
+def _fast_string_list(f: SpecField):
     """What StringListField accepts: a list of str without NUL (non-empty items, and the list, if not allow_empty)."""
-    if type(value) is not list or (not allow_empty and not value):
-        return False
-    for item in value:
-        if type(item) is not str or "\x00" in item or (not allow_empty and not item):
-            return False
-        if choices is not None and item not in choices:
-            return False
-    return True
+    allow_empty = f.allow_empty
+    choices = frozenset(f.choices) if f.choices is not None else None
+
+    def check(value):
+        if type(value) is not list or (not allow_empty and not value):
+            return _REFUSED
+        for item in value:
+            if type(item) is not str or "\x00" in item or (not allow_empty and not item):
+                return _REFUSED
+            if choices is not None and item not in choices:
+                return _REFUSED
+        return list(value)
+    return check
 
 
-def _positive_number(value) -> bool:
-    try:
-        return type(value) in (int, float) and math.isfinite(value) and value > 0
-    except OverflowError:  # an int beyond any float: the serializer refuses it
-        return False
+def _fast_env(f: SpecField):
+    def check(value):
+        if type(value) is not dict or not all(type(k) is str and ENV_NAME.fullmatch(k) and type(v) is str
+                                              and "\x00" not in v for k, v in value.items()):
+            return _REFUSED
+        return dict(value)
+    return check
+
+
+def _fast_choice(f: SpecField):
+    values = frozenset(f.choice_values)
+    return lambda value: value if type(value) is str and value in values else _REFUSED
+
+
+def _fast_priority(f: SpecField):
+    # A str here; whether the PriorityClass table has it is read once per submission by fast_submission.
+    return lambda value: value if type(value) is str else _REFUSED
+
+
+def _fast_object(f: SpecField):
+    """A dict of the child fields only; each present one accepted, the required ones present, defaults filled."""
+    keys = frozenset(child.name for child in f.fields)
+    entries = []
+    for child in f.fields:
+        default = (child.default if callable(child.default) else (lambda d=child.default: d)) \
+            if child.has_default and not child.kinds else None
+        entries.append((child.name, child.required, default, fast_check(child)))
+    entries = tuple(entries)
+
+    def check(value):
+        if type(value) is not dict or not value.keys() <= keys:
+            return _REFUSED
+        values = {}
+        for name, required, default, check_child in entries:
+            if name in value:
+                checked = check_child(value[name])
+                if checked is _REFUSED:
+                    return _REFUSED
+                values[name] = checked
+            elif required:
+                return _REFUSED
+            elif default is not None:
+                values[name] = default()
+        return values
+    return check
+
+
+_FAST_CHECKS: dict[FieldType, Callable[[SpecField], Callable[[Any], Any]]] = {
+    FieldType.STRING: _fast_string,
+    FieldType.INTEGER: _fast_integer,
+    FieldType.BOOLEAN: _fast_boolean,
+    FieldType.POSITIVE_NUMBER: _fast_positive_number,
+    FieldType.STRING_LIST: _fast_string_list,
+    FieldType.ENV: _fast_env,
+    FieldType.CHOICE: _fast_choice,
+    FieldType.PRIORITY: _fast_priority,
+    FieldType.OBJECT: _fast_object,
+}
+
+_unbuilt = [t.name for t in FieldType if t not in _DRF_FIELDS or t not in _FAST_CHECKS]
+if _unbuilt:
+    raise TypeError(f"field types without a serializer field or a fast check: {', '.join(_unbuilt)}")
+
+
+def fast_check(field: SpecField) -> Callable[[Any], Any]:
+    """The fast path's check of ``field``: a function of the submitted value that returns what the serializer
+    field would return (a copy of a list or mapping, an OBJECT's values with their defaults), or a sentinel
+    for anything it is not sure the serializer field accepts unchanged. Lookups are not done here."""
+    return _FAST_CHECKS[field.type](field)
+
+
+_FAST_SUBMISSION = fast_check(SUBMISSION)
 
 
 def fast_submission(data, user) -> dict | None:
     """``submit_job``'s keyword arguments for a plain, valid submission, or None to leave it to the serializer.
 
-    The hot path of ``POST /api/v1/jobs/``: the same rules as ``JobSubmissionSerializer`` and the same result
-    as its ``submission()``, checked with plain comparisons instead of DRF's per-field machinery (which cost
-    more than admission itself). It only accepts what it is sure the serializer accepts unchanged (JSON
-    types exactly, ASCII names, no whitespace to trim); anything else, valid or not, returns None and goes
-    through the serializer, which then writes the 400 with its field paths. A property test
-    (``tests/api/test_fast_submission.py``) holds both to the same answers over generated submissions.
+    The hot path of ``POST /api/v1/jobs/``: the same rules as ``JobSubmissionSerializer`` (the same table,
+    ``jobs.specfields``, and the same shared rules) and the same result as its ``submission()``, checked with
+    plain comparisons instead of DRF's per-field machinery (which cost more than admission itself). It only
+    accepts what it is sure the serializer accepts unchanged (JSON types exactly, ASCII names, no whitespace to
+    trim); anything else, valid or not, returns None and goes through the serializer, which then writes the 400
+    with its field paths. A property test (``tests/api/test_fast_submission.py``) holds both to the same
+    answers over generated submissions.
     """
-    if type(data) is not dict or not data.keys() <= _SUBMISSION_KEYS or not {"team", "name", "spec"} <= data.keys():
+    values = _FAST_SUBMISSION(data)
+    if values is _REFUSED:
         return None
-    slug, name, kind, spec = data["team"], data["name"], data.get("kind", Job.Kind.TRAINING.value), data["spec"]
-    if not (_plain_str(slug) and _plain_str(name, DNS_1123_LABEL_MAX) and DNS_1123_LABEL.fullmatch(name)
-            and type(kind) is str and kind in _KINDS):
-        return None
-    if type(spec) is not dict or not spec.keys() <= _SPEC_KEYS:
-        return None
-    try:
-        if spec_size_bytes(spec) > settings.JOB_SPEC_MAX_BYTES:
-            return None
-    except (TypeError, ValueError, RecursionError):
-        return None
-    resources, placement = spec.get("resources"), spec.get("placement", {})
-    env, args = spec.get("env", {}), spec.get("args", [])
-    priority, preemptible = spec.get("priority", "normal"), spec.get("preemptible", False)
-    max_retries = spec.get("max_retries", 0)
-    if not (_plain_str(spec.get("image"), IMAGE_MAX_LENGTH) and _str_list(spec.get("command"), allow_empty=False)
-            and _str_list(args, allow_empty=True) and _int_in(spec.get("max_runtime_seconds"), 1, INT32_MAX)
-            and type(preemptible) is bool and _int_in(max_retries, 0, INT32_MAX) and type(priority) is str):
-        return None
-    if type(env) is not dict or not all(type(k) is str and ENV_NAME.fullmatch(k) and type(v) is str and "\x00" not in v
-                                        for k, v in env.items()):
-        return None
-    if type(resources) is not dict or not resources.keys() <= _RESOURCES_KEYS:
-        return None
-    gpus, nodes = resources.get("gpus_per_node"), resources.get("nodes")
-    if not (_plain_str(resources.get("accelerator")) and _int_in(gpus, 1, INT32_MAX) and _int_in(nodes, 1, INT32_MAX)):
-        return None
-    if any(key in resources and not _positive_number(resources[key]) for key in ("cpu", "memory_gib")):
-        return None
-    if type(placement) is not dict or not placement.keys() <= _PLACEMENT_KEYS:
-        return None
-    if not (_str_list(placement.get("providers", []), allow_empty=True, choices=_PROVIDERS)
-            and _str_list(placement.get("regions", []), allow_empty=True)
-            and _str_list(placement.get("clusters", []), allow_empty=True)):
-        return None
-    inference = {}
-    if kind == Job.Kind.INFERENCE:
-        inference = {"replicas": spec.get("replicas", 1), "port": spec.get("port", INFERENCE_DEFAULT_PORT)}
-        if not (_int_in(inference["replicas"], 1, INT32_MAX) and _int_in(inference["port"], 1, 65535)):
-            return None
-    elif any(key in spec for key in INFERENCE_ONLY):
+    spec = values["spec"]
+    if spec_error(data["spec"]) is not None or apply_kind(values["kind"], spec):
         return None
     classes = priority_classes()
-    if priority not in classes:
+    if spec["priority"] not in classes:
         return None
+    resources = spec["resources"]
     try:
-        team = team_for_submission(user, slug)
-        accelerator = accelerator_named(resources["accelerator"])
+        values["team"] = team_for_submission(user, values["team"])
+        resources["accelerator"] = accelerator_named(resources["accelerator"])
     except serializers.ValidationError:
         return None
-    if accelerator.largest_pool_gpus is None or gpus > accelerator.largest_pool_gpus:
+    if pool_errors(resources["accelerator"], resources["gpus_per_node"]):
         return None
-    normalized = {
-        "image": spec["image"], "command": list(spec["command"]), "args": list(args), "env": dict(env),
-        "resources": {"accelerator": accelerator.name, "gpus_per_node": gpus, "nodes": nodes,
-                      "cpu": resources.get("cpu"), "memory_gib": resources.get("memory_gib")},
-        "priority": priority, "max_runtime_seconds": spec["max_runtime_seconds"], "preemptible": preemptible,
-        "placement": {"providers": list(placement.get("providers", [])), "regions": list(placement.get("regions", [])),
-                      "clusters": list(placement.get("clusters", []))},
-        "max_retries": max_retries,
-        **inference,
-    }
-    return {
-        "team": team, "submitter": user, "name": name, "kind": kind, "spec": normalized,
-        "resources": {"accelerator": accelerator, "gpus_per_node": gpus, "nodes": nodes,
-                      "priority": classes[priority], "preemptible": preemptible,
-                      "max_runtime_seconds": spec["max_runtime_seconds"], "max_retries": max_retries},
-    }
+    return submission_fields(values, user, classes)
 
 
 def validated_submission(data, context: dict) -> dict:

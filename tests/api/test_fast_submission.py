@@ -4,7 +4,9 @@ The fast path may decline anything (None: the serializer decides), but what it a
 what the serializer accepts, with the same ``submission()``: same team, accelerator, columns and the same
 normalized spec, key order included (it is the job's stored JSON). Hypothesis mutates valid submissions
 (wrong types, blanks, whitespace, NUL, unknown keys, missing keys, out-of-range numbers, other teams) and
-holds both to the same answer.
+holds both to the same answer. The fields to mutate, and values at their edges, come from the table both
+paths are built from (``jobs.specfields``), so a new field is covered without editing this file; the answer
+each case must get is the serializer's.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jobs.spec import JobSubmissionSerializer, fast_submission
+from jobs.specfields import FieldType, SpecField, walk
 from tests.conftest import make_persona
 
 from .conftest import VALID_SPEC
@@ -32,15 +35,11 @@ INFERENCE = {"team": "alpha", "name": "serve", "kind": "inference", "spec": {
     "resources": {"accelerator": "H100-80GB", "gpus_per_node": 1, "nodes": 1}, "max_runtime_seconds": 600}}
 TEMPLATES = [MINIMAL, TRAINING, INFERENCE]
 
-PATHS_LIST = [
-    ("team",), ("name",), ("kind",), ("spec",), ("extra",),
-    ("spec", "image"), ("spec", "command"), ("spec", "args"), ("spec", "env"), ("spec", "resources"),
-    ("spec", "priority"), ("spec", "max_runtime_seconds"), ("spec", "preemptible"), ("spec", "placement"),
-    ("spec", "max_retries"), ("spec", "replicas"), ("spec", "port"), ("spec", "unknown"),
-    ("spec", "resources", "accelerator"), ("spec", "resources", "gpus_per_node"), ("spec", "resources", "nodes"),
-    ("spec", "resources", "cpu"), ("spec", "resources", "memory_gib"), ("spec", "resources", "gpus"),
-    ("spec", "placement", "providers"), ("spec", "placement", "regions"), ("spec", "placement", "clusters"),
-    ("spec", "placement", "zones"), ("spec", "env", "A"), ("spec", "env", "9X"),
+# Every field of the submission table, and keys that are no field (unknown keys, environment variable names).
+FIELDS = {tuple(path.split(".")): field for path, field in walk()}
+PATHS_LIST = list(FIELDS) + [
+    ("extra",), ("spec", "unknown"), ("spec", "resources", "gpus"), ("spec", "placement", "zones"),
+    ("spec", "env", "A"), ("spec", "env", "9X"),
 ]
 PATHS = st.sampled_from(PATHS_LIST)
 ODD = [
@@ -55,8 +54,8 @@ INTS = [-2, -1, 0, 1, 2, 7, 8, 9, 16, 17, 65535, 65536, 2**31 - 1, 2**31, 10**40
 STRINGS = ["x", " x", "x ", "", " ", "x\x00", "é", "a" * 512, "a" * 513, "\tx"]
 STRING_LISTS = [[], ["a"], [""], [" "], ["a\x00"], ["é"], ["a", "--x"], ["a", ""]]
 NUMBERS = INTS + [0.5, 2.5, -0.5, float("inf"), float("nan"), True]
-# Values aimed at each field (near the edges of what it accepts); every field also gets ODD.
-NEAR = {
+# Values picked by hand for some fields (near the edges of what each accepts).
+HAND_PICKED = {
     ("name",): ["ok", "ok-2", "a" * 63, "a" * 64, "Ok", "ok_", "ok.", "-ok", "ok-", "o k", " ok", "ok\n"],
     ("team",): ["alpha", "beta", "gamma", " alpha", "alpha ", "ALPHA"],
     ("kind",): ["training", "inference", "Training", ""],
@@ -72,6 +71,25 @@ NEAR = {
     ("spec", "placement", "providers"): [["aws"], ["gcp", "azure"], ["onprem"], ["mars"], [""], ["aws", "aws"]],
     ("spec", "placement", "regions"): STRING_LISTS, ("spec", "placement", "clusters"): STRING_LISTS,
 }
+
+
+def edges(field: SpecField) -> list:
+    """Inputs at the edges of what the table says of ``field`` (bounds, lengths, choices, default); whether each
+    is valid is the serializer's answer, not this list's."""
+    values = [field.default_value()] if field.has_default else []
+    for bound in (field.min_value, field.max_value):
+        if bound is not None:
+            values += [bound - 1, bound, bound + 1]
+    if field.max_length is not None:
+        values += ["a" * (field.max_length - 1), "a" * field.max_length, "a" * (field.max_length + 1)]
+    for choice in field.choice_values:
+        values += [[choice], [choice, "x"]] if field.type is FieldType.STRING_LIST else [choice, choice.upper()]
+    return values
+
+
+# Values aimed at each field: the hand-picked ones and its edges; every field also gets ODD.
+NEAR = {path: HAND_PICKED.get(path, []) + edges(field) for path, field in FIELDS.items()}
+NEAR = {path: values for path, values in NEAR.items() if values}
 ODD_VALUES = st.sampled_from(ODD)
 MUTATION = PATHS.flatmap(lambda path: st.tuples(
     st.sampled_from(["set", "set", "set", "delete"]), st.just(path),
