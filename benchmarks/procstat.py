@@ -80,13 +80,17 @@ def used_since(before: dict[int, float], after: dict[int, float]) -> float:
     return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
 
 
-def client_cpu_seconds() -> float:
-    """User + system CPU seconds of this process (all its threads) and of its waited-for children, e.g. the
-    ``sbatch`` processes a client thread ran: the load generator's own cost."""
+def client_cpu_seconds(children: bool = True) -> float:
+    """User + system CPU seconds of this process (all its threads) and, with ``children``, of its waited-for
+    children, e.g. the ``sbatch`` processes a client thread ran: the load generator's own cost."""
     import resource
 
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    total = own.ru_utime + own.ru_stime
+    if children:
+        waited = resource.getrusage(resource.RUSAGE_CHILDREN)
+        total += waited.ru_utime + waited.ru_stime
+    return total
 
 
 class DatabaseBackends:
@@ -110,12 +114,13 @@ class DatabaseBackends:
         own_pid = self.conn.execute("SELECT pg_backend_pid()").fetchone()[0]
         self.local = cpu_seconds(own_pid) is not None and _comm(own_pid) == "postgres"
 
-    def snapshot(self) -> dict[int, float] | None:
-        """``{pid: CPU seconds}`` of the database's backends now, or None when the server is not on this machine."""
+    def snapshot(self, exclude: frozenset[int] = frozenset()) -> dict[int, float] | None:
+        """``{pid: CPU seconds}`` of the database's backends now, less those of ``exclude`` (e.g. the backend of
+        the benchmark's own polling connection); None when the server is not on this machine."""
         if not self.local:
             return None
         pids = [row[0] for row in self.conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = %s", [self.dbname])]
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s", [self.dbname]) if row[0] not in exclude]
         return pids_cpu_seconds(pids)
 
     def close(self) -> None:
