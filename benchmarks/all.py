@@ -9,7 +9,9 @@ Each benchmark checks its own services and says what is missing; one that
 lacks them, fails or prints no JSON line still gets a line in the file
 (``missing`` or ``error``), the others still run, and the exit status is 1.
 The environment passes through (``BENCH_DATABASE_URL``, ``BENCH_BROKER_URL``).
-Each line gains ``command`` and ``finished_at`` (UTC).
+Each line gains ``command``, ``seconds`` (its duration), ``finished_at`` (UTC) and
+``loadavg_before``: the machine's load averages before it started (its own
+``loadavg``, read at its end, counts its own processes too).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import subprocess
 import sys
 import time
@@ -50,6 +53,7 @@ def run(name: str, args: list[str], timeout: float) -> tuple[dict, bool]:
     command = [sys.executable, f"benchmarks/{name}.py", *args]
     shown = " ".join(["benchmarks/" + name + ".py", *args])
     print(f"== {shown}", file=sys.stderr, flush=True)
+    load_before = [round(x, 2) for x in os.getloadavg()]
     started = time.monotonic()
     try:
         done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, text=True, timeout=timeout)
@@ -63,6 +67,7 @@ def run(name: str, args: list[str], timeout: float) -> tuple[dict, bool]:
             result["error"] = (f"ran past {timeout:.0f} s" if status is None else f"exit status {status}") + (
                 "" if len(result) > 1 else ", no JSON line")
     result["command"] = shown
+    result["loadavg_before"] = load_before
     result["seconds"] = round(time.monotonic() - started, 1)
     result["finished_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     return result, status == 0

@@ -40,6 +40,7 @@ JSON line; times in seconds.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import multiprocessing
 import os
@@ -317,8 +318,8 @@ def dispatch_phase(env: dict, attempt_ids: list[int], timeout: float, emulator_p
 
 def list_phase(urls: list[str], passes: int, emulator_pid: int) -> dict:
     """Baseline of the reconcile pass: the LISTs it reads (labelled Jobs and Pods of every cluster in ``urls``, one
-    thread per cluster, answers JSON-decoded), ``passes`` times; seconds of each and CPU ms per pass of this
-    process and of the emulator process."""
+    thread per cluster, answers JSON-decoded with the cyclic garbage collector paused as in the pass), ``passes``
+    times; seconds of each and CPU ms per pass of this process and of the emulator process."""
     from concurrent.futures import ThreadPoolExecutor
     from urllib.parse import quote
 
@@ -340,7 +341,11 @@ def list_phase(urls: list[str], passes: int, emulator_pid: int) -> dict:
     with ThreadPoolExecutor(len(urls)) as pool:
         for _ in range(passes):
             started = time.monotonic()
-            objects = sum(pool.map(read, urls))
+            gc.disable()  # as the pass does while it decodes (jobs.reconcile.paused_gc)
+            try:
+                objects = sum(pool.map(read, urls))
+            finally:
+                gc.enable()
             times.append(round(time.monotonic() - started, 3))
     cpu_after = (client_cpu_seconds(children=False), cpu_seconds(emulator_pid))
     ms = per_op({"benchmark": cpu_after[0] - cpu_before[0],

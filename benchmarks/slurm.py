@@ -139,9 +139,9 @@ class SlurmPeer:
             if dead:
                 break
             time.sleep(0.2)
-        logs = "".join((self.dir / f).read_text(errors="replace")[-2000:]
-                       for f in ("munged.out", "munged.log", "slurmctld.out", "slurmctld.log", "slurmd.out", "slurmd.log")
-                       if (self.dir / f).exists())
+        logs = "".join((self.dir / f"{name}.{ext}").read_text(errors="replace")[-2000:]
+                       for name in ("munged", "slurmctld", "slurmd") for ext in ("out", "log")
+                       if (self.dir / f"{name}.{ext}").exists())
         raise RuntimeError(f"Slurm: {what} did not happen in {self.timeout:.0f} s\n{logs}")
 
     def _run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:

@@ -144,7 +144,8 @@ class Servers:
 
     def snapshot(self) -> dict:
         own = self.backends.snapshot() if self.postgres_of == "database backends" else None
-        return {"postgres": own, **named_cpu_seconds(("redis-server",) if own is not None else ("postgres", "redis-server"))}
+        names = ("redis-server",) if own is not None else ("postgres", "redis-server")
+        return {"postgres": own, **named_cpu_seconds(names)}
 
     @staticmethod
     def used(before: dict, after: dict) -> dict[str, float]:
