@@ -1,6 +1,8 @@
 # Two commands for a fresh machine: `make demo` (embedded defaults: SQLite,
 # filesystem Celery transport, local runner) and `make test` (PostgreSQL and
-# Redis on localhost, as on the CI machines).
+# Redis on localhost, as on the CI machines). `make bench` runs every
+# benchmark with its documented defaults (benchmarks/README.md) and writes
+# their JSON lines to $(BENCH_OUT).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -10,6 +12,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/controlplane
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
 PYTEST_ARGS ?=
+BENCH_OUT ?= var/bench/results.jsonl
+BENCH_ARGS ?=
 
 .PHONY: install demo test bench clean
 
@@ -27,6 +31,9 @@ demo: install
 test: install
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
 		$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: install
+	$(PY) benchmarks/all.py --out $(BENCH_OUT) $(BENCH_ARGS)
 
 clean:
 	rm -rf var

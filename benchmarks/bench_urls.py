@@ -56,7 +56,7 @@ class ValidatedCreate(APIView):
     """``POST /api/v1/jobs/`` without admission: the same validation, job row and event, no scheduling pass.
 
     Its rows are QUEUED like real submissions, but no pass is published for them. A pass would read them,
-    so ``benchmarks/submit.py`` runs this phase last, once the admission phase's passes are over.
+    so ``benchmarks/submit.py`` cancels every QUEUED row before each phase.
     """
 
     def post(self, request):

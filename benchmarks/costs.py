@@ -16,7 +16,12 @@ Both must give identical GPU-hours and cents and the same utilization to
 openmetrics``, one file per day, then compacted once by Prometheus as a
 month of history would be) is cached under ``var/bench/`` and reused.
 Goal: pushed down under 10 s and at least 10 x faster than the raw pull.
-Ends with one JSON line.
+Next to the wall times, the CPU seconds of Prometheus and of this process
+(the client) for each way, per table and per million samples, and their
+ratios (raw pull over pushed down): the figures that hold on a shared
+machine, where the wall times do not. Needs ``prometheus`` and ``promtool``
+on PATH (Debian package ``prometheus``); without them it ends with status
+3 and says so. Ends with one JSON line.
 
     .venv/bin/python benchmarks/costs.py                   # full size (builds ~200 M samples once)
     .venv/bin/python benchmarks/costs.py --gpus 64 --days 3  # a quick run
@@ -48,7 +53,8 @@ import django  # noqa: E402
 
 django.setup()
 
-from benchmarks.procstat import cpu_seconds  # noqa: E402
+from benchmarks.procstat import client_cpu_seconds, cpu_seconds, machine  # noqa: E402
+from benchmarks.services import commands_missing, require  # noqa: E402
 from costs import prometheus as P  # noqa: E402
 
 UTC = dt.timezone.utc
@@ -253,6 +259,13 @@ def present(table: dict, days: int) -> dict:
     return rows
 
 
+def per_million(prometheus_cpu: float | None, client_cpu: float, samples: int) -> dict:
+    """CPU milliseconds per million samples of the table's month, of Prometheus and of the client."""
+    scale = 1000 * 1e6 / samples
+    return {"prometheus": None if prometheus_cpu is None else round(prometheus_cpu * scale, 2),
+            "client": round(client_cpu * scale, 2)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gpus", type=int, default=1024, help="a multiple of 8 (default 1024)")
@@ -263,6 +276,7 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=ROOT / "var" / "bench")
     parser.add_argument("--workers", type=int, default=os.cpu_count(), help="build processes and query threads")
     args = parser.parse_args()
+    require("costs", commands_missing({"prometheus": "prometheus", "promtool": "prometheus"}))
     nodes = args.gpus // GPUS_PER_NODE
     home = args.data_dir / f"costs-{args.gpus}gpus-{args.days}d-{args.step}s"
     data = home / "data"
@@ -278,14 +292,17 @@ def main() -> None:
     proc, url = start_prometheus(data)
     try:
         source = P.Source(url, "")
-        cpu, t = cpu_seconds(proc.pid), time.perf_counter()
+        cpu, client, t = cpu_seconds(proc.pid), client_cpu_seconds(children=False), time.perf_counter()
         pushed = present(pushed_down(source, args.days, args.step, args.workers), args.days)
         pushed_seconds = time.perf_counter() - t
         # Prometheus's CPU time for the pushed-down queries: the wall time above is this over the cores it got.
         pushed_cpu = None if cpu is None else round(cpu_seconds(proc.pid) - cpu, 2)
-        t = time.perf_counter()
+        pushed_client_cpu = round(client_cpu_seconds(children=False) - client, 2)
+        cpu, client, t = cpu_seconds(proc.pid), client_cpu_seconds(children=False), time.perf_counter()
         raw = present(raw_pull(source, args.days, args.step, args.chunk_hours), args.days)
         raw_seconds = time.perf_counter() - t
+        raw_cpu = None if cpu is None else round(cpu_seconds(proc.pid) - cpu, 2)
+        raw_client_cpu = round(client_cpu_seconds(children=False) - client, 2)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -297,8 +314,14 @@ def main() -> None:
         "benchmark": "costs", "gpus": args.gpus, "days": args.days, "step_s": args.step, "samples": samples,
         "rows": len(pushed), "workers": args.workers, "blocks": blocks, "tsdb_mib": round(tsdb_bytes / 2**20, 1),
         "build_s": round(build_seconds, 1), "pushed_down_s": round(pushed_seconds, 3),
-        "pushed_down_prometheus_cpu_s": pushed_cpu,
+        "pushed_down_prometheus_cpu_s": pushed_cpu, "pushed_down_client_cpu_s": pushed_client_cpu,
+        "pushed_down_cpu_ms_per_million_samples": per_million(pushed_cpu, pushed_client_cpu, samples),
         "raw_pull_s": round(raw_seconds, 3), "speedup": round(raw_seconds / pushed_seconds, 1),
+        "raw_pull_prometheus_cpu_s": raw_cpu, "raw_pull_client_cpu_s": raw_client_cpu,
+        "raw_pull_cpu_ms_per_million_samples": per_million(raw_cpu, raw_client_cpu, samples),
+        "raw_over_pushed_cpu": (round((raw_cpu + raw_client_cpu) / (pushed_cpu + pushed_client_cpu), 1)
+                                if None not in (raw_cpu, pushed_cpu) and pushed_cpu + pushed_client_cpu else None),
+        **machine(),
         "identical": identical, "goal_met": identical and pushed_seconds < 10 and raw_seconds >= 10 * pushed_seconds,
     }))
 

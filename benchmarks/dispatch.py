@@ -5,11 +5,27 @@ created batch/v1 Jobs by 2 real ``celery worker`` processes (one process
 each, ``-P solo``) over Redis; the rate is jobs whose objects exist (attempt
 started, job STARTING) per second of wall time from the first enqueue to the
 last start. Goal: 200/s.
+Its baseline in the same run, ``bare create``: the same number of
+batch/v1 Job manifests POSTed straight to an emulator of its own by 2
+client threads (urllib3, no database, broker or Celery): what creating
+the objects costs at least; ``dispatch_over_bare_*`` are the ratios.
 (b) reconcile: one ``jobs.reconcile.reconcile_clusters`` pass (clusters
 looked at concurrently, as in ``reconcile_all``) over ``--clusters``
 clusters (default 10) holding ``--attempts`` RUNNING attempts in all
 (default 10,000), the emulators pre-filled with one Job and one Running
-pod per attempt. Goal: under 2 s for the whole pass.
+pod per attempt. Goal: under 2 s for the whole pass. Its baseline: the
+LISTs the pass reads (the labelled Jobs and Pods of every cluster,
+clusters concurrently, JSON decoded, nothing done with them);
+``reconcile_over_list`` is the ratio.
+
+Next to the rates, CPU milliseconds per dispatched job (per reconciled
+attempt and pass) of each process involved: the Celery workers, the
+emulator process, PostgreSQL (the backends of the benchmark's database,
+less this process's polling connection during the dispatch phase), the
+Redis server (the whole server), and this process (the reconcile pass, or
+the bare create's clients). CPU per operation and the ratios hold on a
+shared machine; the rates do not. A missing PostgreSQL or Redis ends the
+run with status 3 and says so.
 
 The emulators (``tests/kubernetes/emulators.py``) run in a child process, so
 their serving does not share this process's interpreter. The database is
@@ -24,6 +40,7 @@ JSON line; times in seconds.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import multiprocessing
 import os
@@ -36,9 +53,14 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.procstat import cpu_seconds  # noqa: E402
+from benchmarks.procstat import (  # noqa: E402
+    DatabaseBackends, client_cpu_seconds, cpu_seconds, machine, named_cpu_seconds, used_since,
+)
+from benchmarks.services import postgres_missing, redis_missing, require  # noqa: E402
 
 DISPATCH_CLUSTER = "bench-dispatch"
+BARE_CLUSTER = "bench-bare"
+NAMESPACE = "cp-bench"
 
 
 # --- the emulator process ----------------------------------------------------------------------------------------
@@ -155,13 +177,96 @@ def seed(urls: dict[str, str], jobs: int, attempts: int, clusters: list[str]) ->
 # --- phases --------------------------------------------------------------------------------------------------
 
 
+def database_backends(env: dict) -> DatabaseBackends:
+    admin_url, dbname = env["DATABASE_URL"].rsplit("/", 1)
+    return DatabaseBackends(admin_url + "/postgres", dbname)
+
+
+def own_backend_pid() -> int:
+    """The PostgreSQL backend of this process's Django connection."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+def servers_used(backends: DatabaseBackends, before: tuple, after: tuple) -> dict[str, float | None]:
+    """CPU seconds of PostgreSQL's backends (None where the server is not on this machine) and of Redis between
+    two ``(backends snapshot, redis-server seconds)`` readings."""
+    pg = None if before[0] is None or after[0] is None else used_since(before[0], after[0])
+    return {"postgres": pg, "redis-server": after[1] - before[1]}
+
+
+def read_servers(backends: DatabaseBackends, exclude: frozenset[int] = frozenset()) -> tuple:
+    return backends.snapshot(exclude), named_cpu_seconds(("redis-server",))["redis-server"]
+
+
+def per_op(seconds: dict[str, float | None], operations: int) -> dict[str, float | None]:
+    """CPU seconds by process -> milliseconds per operation (None stays None)."""
+    return {key: None if value is None or not operations else round(1000 * value / operations, 3)
+            for key, value in seconds.items()}
+
+
+def total(ms: dict[str, float | None]) -> float | None:
+    return None if None in ms.values() else round(sum(ms.values()), 3)
+
+
+def bare_create_phase(url: str, count: int, emulator_pid: int, threads: int = 2) -> dict:
+    """Baseline of the dispatch phase: ``count`` batch/v1 Job manifests like the dispatched ones (built before the
+    clock starts) POSTed to the emulator at ``url`` by ``threads`` client threads over one urllib3 pool, after
+    one namespace create. Returns the rate and the CPU milliseconds per object of the clients (this process)
+    and of the emulator process."""
+    import threading
+
+    import urllib3
+
+    from runners.kubernetes import manifests as m
+
+    http = urllib3.PoolManager(maxsize=threads)
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    answer = http.request("POST", url + "/api/v1/namespaces", body=json.dumps(m.namespace(NAMESPACE, "bench")),
+                          headers=headers)
+    assert answer.status in (201, 409), answer.data
+    manifests = [m.training_job(m.Workload(
+        name=f"bare-{i}", namespace=NAMESPACE, team="bench", job_id=i, attempt_id=i, attempt_number=1,
+        kind="training", image="registry.example/train:1", command=("python", "train.py"), gpus_per_node=1,
+        gpu_product="NVIDIA-H100-80GB-HBM3", provider="aws")) for i in range(count)]
+    path = f"{url}/apis/batch/v1/namespaces/{NAMESPACE}/jobs"
+    todo, errors = iter(manifests), []
+
+    def client() -> None:
+        for manifest in todo:  # a shared iterator: next() is atomic under the GIL
+            answer = http.request("POST", path, body=json.dumps(manifest), headers=headers)
+            if not 200 <= answer.status <= 299:  # the emulator answers 200, an API server 201
+                errors.append(answer.status)
+
+    workers = [threading.Thread(target=client) for _ in range(threads)]
+    cpu_before = (client_cpu_seconds(children=False), cpu_seconds(emulator_pid))
+    started = time.monotonic()
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    seconds = time.monotonic() - started
+    cpu_after = (client_cpu_seconds(children=False), cpu_seconds(emulator_pid))
+    created = count - len(errors)
+    ms = per_op({"client": cpu_after[0] - cpu_before[0],
+                 "emulator": None if None in (cpu_before[1], cpu_after[1]) else cpu_after[1] - cpu_before[1]}, created)
+    if not created:
+        raise RuntimeError(f"bare create: every POST failed, e.g. HTTP {errors[0]}")
+    return {"bare_create_jobs": created, "bare_create_errors": len(errors), "bare_create_seconds": round(seconds, 3),
+            "bare_create_jobs_per_second": round(created / seconds, 1), "bare_create_cpu_ms_per_job": ms,
+            "bare_create_cpu_ms_per_job_total": total(ms)}
+
+
 def dispatch_phase(env: dict, attempt_ids: list[int], timeout: float, emulator_pid: int, pool: str = "solo",
                    concurrency: int = 1) -> dict:
     """Start 2 celery workers, enqueue every dispatch, and wait until every attempt started; returns rate and times.
 
-    Also the CPU milliseconds per dispatched job spent by the two workers and
-    by the emulator process: unlike the rate, they hardly move when other
-    work shares the machine's cores.
+    Also the CPU milliseconds per dispatched job spent by the two workers, the
+    emulator process, PostgreSQL's backends and Redis: unlike the rate, they
+    hardly move when other work shares the machine's cores.
     """
     from controlplane.celery import app
     from jobs.models import JobAttempt
@@ -179,6 +284,8 @@ def dispatch_phase(env: dict, attempt_ids: list[int], timeout: float, emulator_p
             if time.monotonic() > deadline:
                 raise RuntimeError("the celery workers did not answer a ping in 60 s")
         pids = [worker.pid for worker in workers]
+        backends, poller = database_backends(env), frozenset([own_backend_pid()])
+        servers_before = read_servers(backends, poller)
         cpu_before = [cpu_seconds(pid) for pid in [*pids, emulator_pid]]
         started = time.monotonic()
         for attempt_id in attempt_ids:
@@ -191,6 +298,8 @@ def dispatch_phase(env: dict, attempt_ids: list[int], timeout: float, emulator_p
             done = JobAttempt.objects.filter(cluster__name=DISPATCH_CLUSTER, started_at__isnull=False).count()
         seconds = time.monotonic() - started
         cpu_after = [cpu_seconds(pid) for pid in [*pids, emulator_pid]]
+        servers = servers_used(backends, servers_before, read_servers(backends, poller))
+        backends.close()
     finally:
         for worker in workers:
             worker.terminate()
@@ -200,33 +309,79 @@ def dispatch_phase(env: dict, attempt_ids: list[int], timeout: float, emulator_p
             except subprocess.TimeoutExpired:
                 worker.kill()
     used = [None if a is None or b is None else b - a for a, b in zip(cpu_before, cpu_after, strict=True)]
-
-    def ms_per_job(seconds_used: list[float | None]) -> float | None:
-        if None in seconds_used or not done:
-            return None
-        return round(1000 * sum(seconds_used) / done, 2)
-
+    ms = per_op({"workers": None if None in used[:-1] else sum(used[:-1]), "emulator": used[-1], **servers}, done)
     return {"dispatch_jobs": len(ids), "dispatch_started": done, "dispatch_seconds": round(seconds, 3),
             "dispatch_enqueue_seconds": round(enqueued, 3), "dispatch_jobs_per_second": round(done / seconds, 1),
-            "dispatch_worker_cpu_ms_per_job": ms_per_job(used[:-1]),
-            "dispatch_emulator_cpu_ms_per_job": ms_per_job(used[-1:])}
+            "dispatch_worker_cpu_ms_per_job": ms["workers"], "dispatch_emulator_cpu_ms_per_job": ms["emulator"],
+            "dispatch_cpu_ms_per_job": ms, "dispatch_cpu_ms_per_job_total": total(ms)}
 
 
-def reconcile_phase(clusters: list[str], passes: int) -> dict:
+def list_phase(urls: list[str], passes: int, emulator_pid: int) -> dict:
+    """Baseline of the reconcile pass: the LISTs it reads (labelled Jobs and Pods of every cluster in ``urls``, one
+    thread per cluster, answers JSON-decoded with the cyclic garbage collector paused as in the pass), ``passes``
+    times; seconds of each and CPU ms per pass of this process and of the emulator process."""
+    from concurrent.futures import ThreadPoolExecutor
+    from urllib.parse import quote
+
+    import urllib3
+
+    from runners.kubernetes.runner import SELECTOR
+
+    http = urllib3.PoolManager(maxsize=len(urls))
+    query = f"?labelSelector={quote(SELECTOR)}"
+
+    def read(url: str) -> int:
+        found = 0
+        for path in ("/apis/batch/v1/jobs", "/api/v1/pods"):
+            found += len(json.loads(http.request("GET", url + path + query).data)["items"])
+        return found
+
+    times = []
+    cpu_before = (client_cpu_seconds(children=False), cpu_seconds(emulator_pid))
+    with ThreadPoolExecutor(len(urls)) as pool:
+        for _ in range(passes):
+            started = time.monotonic()
+            gc.disable()  # as the pass does while it decodes (jobs.reconcile.paused_gc)
+            try:
+                objects = sum(pool.map(read, urls))
+            finally:
+                gc.enable()
+            times.append(round(time.monotonic() - started, 3))
+    cpu_after = (client_cpu_seconds(children=False), cpu_seconds(emulator_pid))
+    ms = per_op({"benchmark": cpu_after[0] - cpu_before[0],
+                 "emulator": None if None in (cpu_before[1], cpu_after[1]) else cpu_after[1] - cpu_before[1]}, passes)
+    return {"list_objects": objects, "list_pass_seconds": times, "list_cpu_ms_per_pass": ms,
+            "list_cpu_ms_per_pass_total": total(ms)}
+
+
+def reconcile_phase(env: dict, clusters: list[str], passes: int, emulator_pid: int) -> dict:
     """``passes`` reconcile passes over ``clusters`` (``reconcile_clusters``: what the periodic ``reconcile_all`` runs,
-    less the dispatch cluster); the seconds of each (the first has cold clients)."""
+    less the dispatch cluster); the seconds of each (the first has cold clients), and the CPU milliseconds per
+    pass of this process (the pass runs here), the emulator process, PostgreSQL's backends and Redis."""
     from jobs.models import Job, JobState
     from jobs.reconcile import reconcile_clusters
     from runners.models import Cluster
 
     rows = list(Cluster.objects.filter(name__in=clusters))
+    backends = database_backends(env)
     times, observed = [], 0
+    servers_before = read_servers(backends)
+    cpu_before = (client_cpu_seconds(children=False), cpu_seconds(emulator_pid))
     for _ in range(passes):
         started = time.monotonic()
         observed = sum(result["observed"] for result in reconcile_clusters(rows))
         times.append(round(time.monotonic() - started, 3))
+    cpu_after = (client_cpu_seconds(children=False), cpu_seconds(emulator_pid))
+    servers = servers_used(backends, servers_before, read_servers(backends))
+    backends.close()
     still_running = Job.objects.filter(current_attempt__cluster__in=rows, state=JobState.RUNNING).count()
-    return {"reconcile_attempts": observed, "reconcile_still_running": still_running, "reconcile_pass_seconds": times}
+    ms = per_op({"benchmark": cpu_after[0] - cpu_before[0],
+                 "emulator": None if None in (cpu_before[1], cpu_after[1]) else cpu_after[1] - cpu_before[1],
+                 **servers}, passes)
+    return {"reconcile_attempts": observed, "reconcile_still_running": still_running, "reconcile_pass_seconds": times,
+            "reconcile_cpu_ms_per_pass": ms, "reconcile_cpu_ms_per_pass_total": total(ms),
+            "reconcile_cpu_us_per_attempt": None if total(ms) is None or not observed else
+            round(1000 * total(ms) / observed, 2)}
 
 
 def main() -> None:
@@ -246,13 +401,14 @@ def main() -> None:
     env["CELERY_BROKER_URL"] = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/14")
     env.update(DJANGO_SETTINGS_MODULE="controlplane.settings", CELERY_TASK_ALWAYS_EAGER="false",
                K8S_QPS="100000", K8S_BURST="100000", PYTHONPATH=str(ROOT))
+    require("dispatch", [postgres_missing(env["DATABASE_URL"]), redis_missing(env["CELERY_BROKER_URL"])])
     recreate_database(env)
     os.environ.update(env)
 
     names = [f"bench-{i:02d}" for i in range(args.clusters)]
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
-    emulator = ctx.Process(target=emulator_process, args=([DISPATCH_CLUSTER, *names], child), daemon=True)
+    emulator = ctx.Process(target=emulator_process, args=([DISPATCH_CLUSTER, BARE_CLUSTER, *names], child), daemon=True)
     emulator.start()
     try:
         urls = parent.recv()
@@ -263,12 +419,23 @@ def main() -> None:
         parent.send(("prefill", running))
         parent.recv()
 
-        result = {"benchmark": "dispatch", "workers": 2, "pool": f"{args.pool} x{args.concurrency}",
-                  "cores": os.cpu_count()}
+        result = {"benchmark": "dispatch", "workers": 2, "pool": f"{args.pool} x{args.concurrency}", **machine()}
+        result.update(bare_create_phase(urls[BARE_CLUSTER], len(admitted), emulator.pid))
         result.update(dispatch_phase(env, admitted, args.timeout, emulator.pid, args.pool, args.concurrency))
         parent.send(("count", DISPATCH_CLUSTER))
         result["dispatch_objects_created"] = parent.recv()
-        result.update(reconcile_phase(names, args.passes))
+        result["dispatch_over_bare_jobs_per_second"] = round(
+            result["dispatch_jobs_per_second"] / result["bare_create_jobs_per_second"], 3)
+        result["dispatch_over_bare_cpu_per_job"] = (
+            None if not result["dispatch_cpu_ms_per_job_total"] or not result["bare_create_cpu_ms_per_job_total"]
+            else round(result["dispatch_cpu_ms_per_job_total"] / result["bare_create_cpu_ms_per_job_total"], 3))
+        result.update(list_phase([urls[name] for name in names], args.passes, emulator.pid))
+        result.update(reconcile_phase(env, names, args.passes, emulator.pid))
+        result["reconcile_over_list_seconds"] = round(min(result["reconcile_pass_seconds"])
+                                                      / min(result["list_pass_seconds"]), 3)
+        result["reconcile_over_list_cpu_per_pass"] = (
+            None if not result["reconcile_cpu_ms_per_pass_total"] or not result["list_cpu_ms_per_pass_total"]
+            else round(result["reconcile_cpu_ms_per_pass_total"] / result["list_cpu_ms_per_pass_total"], 3))
         result["reconcile_clusters"] = args.clusters
         result["goal_dispatch_jobs_per_second"] = 200
         result["goal_reconcile_seconds"] = 2.0

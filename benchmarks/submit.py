@@ -1,26 +1,41 @@
-"""Submission throughput: POST /api/v1/jobs/ with admission on, against a bare create of the same row.
+"""Submission throughput: POST /api/v1/jobs/ with admission on, against a bare create of the same row and Slurm.
 
 Run: ``.venv/bin/python benchmarks/submit.py`` (PostgreSQL at
 ``BENCH_DATABASE_URL``, default ``postgres://postgres@127.0.0.1:5432/controlplane_bench``,
-recreated on each run; Redis at ``BENCH_BROKER_URL``). It starts gunicorn
-(gthread workers, keep-alive) and one Celery worker that runs the
-scheduling passes the submissions enqueue, then drives 16 concurrent
-clients over loopback for ``--seconds`` per phase:
+recreated on each run; Redis at ``BENCH_BROKER_URL``, default
+``redis://127.0.0.1:6379/13``; Slurm's ``slurm-wlm`` and ``munge`` packages
+for the peer phase). It starts gunicorn (gthread workers, keep-alive), one
+Celery worker that runs the scheduling passes the submissions enqueue, and
+its own Slurm (``benchmarks/slurm.py``), then drives 16 concurrent clients
+over loopback for ``--seconds`` per phase:
 
 - ``admission``: the real endpoint (spec validation, job + event rows,
   scheduling pass enqueued on commit and run by the worker);
 - ``bare``: an endpoint of this benchmark's own URLconf that authenticates
   the same token and inserts the same Job row, nothing else;
 - ``validated``: the real submission without admission (same validation,
-  job and event rows, no scheduling pass); its QUEUED rows are cancelled
-  before the next phase, so no pass reads them.
+  job and event rows, no scheduling pass);
+- ``slurm``: the peer: each client runs ``sbatch --hold --wrap true`` one
+  after another (a process per job, as a Slurm user submits), answered by
+  the private slurmctld.
 
-Ends with one JSON line: jobs/s, p50/p99 latency (ms) and CPU milliseconds per
-job of each process (gunicorn, the Celery worker, and PostgreSQL and Redis
-server processes: run it on a machine where nothing else uses them) per
-phase, and two overhead ratios: admission over the bare create (the
-goal: < 25 %) and admission over the validated create (what admission
-itself adds). Goals: >= 500 jobs/s, overhead < 25 %.
+The phases run in rotating order each round, each one with both queues
+emptied first (the platform's QUEUED jobs cancelled, Slurm's jobs
+scancelled). When Slurm's commands are missing the peer phase is left out:
+the ``slurm`` keys are null, ``slurm_missing`` says what to install, and the
+run still succeeds (``--no-slurm`` leaves it out on purpose). A missing
+PostgreSQL or Redis ends the run with status 3 and says so.
+
+Ends with one JSON line: per phase jobs/s, p50/p99 latency (ms), CPU
+milliseconds per job of each server process (gunicorn, the Celery worker,
+PostgreSQL's backends of the benchmark's database, the Redis server;
+for Slurm: slurmctld, slurmd, munged) and, apart, of the clients (this
+process, and for Slurm its sbatch children); the overhead of admission over
+the bare and the validated create, and the ratios against Slurm measured in
+the same run: ``ratio_vs_slurm_jobs_per_s`` (admission's jobs/s over
+Slurm's; goal >= 1) and ``ratio_vs_slurm_cpu_per_job`` (admission's CPU per
+job, all its server processes and the database included, over
+slurmctld's; goal <= 1). Goals: >= 500 jobs/s, overhead < 25 %.
 """
 
 from __future__ import annotations
@@ -29,6 +44,7 @@ import argparse
 import http.client
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -40,9 +56,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.procstat import named_cpu_seconds, tree_cpu_seconds  # noqa: E402
-
-SERVERS = ("postgres", "redis-server")
+from benchmarks import slurm as slurm_peer  # noqa: E402
+from benchmarks.procstat import (  # noqa: E402
+    DatabaseBackends, client_cpu_seconds, machine, named_cpu_seconds, tree_cpu_seconds, used_since,
+)
+from benchmarks.services import postgres_missing, redis_missing, require  # noqa: E402
 
 JOB = {
     "team": "bench", "name": "bench-job", "kind": "training",
@@ -115,39 +133,69 @@ def client(port: int, path: str, token: str, body: bytes, stop_at: float, latenc
     conn.close()
 
 
+class Servers:
+    """CPU seconds of the servers the platform's phases use: PostgreSQL (the backends of the benchmark's
+    database, or the whole server where its processes are not on this machine) and the Redis server."""
+
+    def __init__(self, database_url: str):
+        admin_url, dbname = database_url.rsplit("/", 1)
+        self.backends = DatabaseBackends(admin_url + "/postgres", dbname)
+        self.postgres_of = "database backends" if self.backends.snapshot() is not None else "whole server"
+
+    def snapshot(self) -> dict:
+        own = self.backends.snapshot() if self.postgres_of == "database backends" else None
+        names = ("redis-server",) if own is not None else ("postgres", "redis-server")
+        return {"postgres": own, **named_cpu_seconds(names)}
+
+    @staticmethod
+    def used(before: dict, after: dict) -> dict[str, float]:
+        used = {"redis-server": after["redis-server"] - before["redis-server"]}
+        if isinstance(after["postgres"], dict):
+            used["postgres"] = used_since(before["postgres"], after["postgres"])
+        else:
+            used["postgres"] = after["postgres"] - before["postgres"]
+        return used
+
+    def close(self) -> None:
+        self.backends.close()
+
+
 def phase(port: int, path: str, token: str, clients: int, seconds: float, procs: dict | None = None,
-          name: str = "bench-job") -> dict:
+          name: str = "bench-job", servers: Servers | None = None) -> dict:
     """Run ``clients`` concurrent clients posting a job named ``name`` for ``seconds``; the raw samples:
-    latencies (s), errors, elapsed seconds, and the CPU seconds of each process tree of ``procs`` (name ->
-    Popen) and of the PostgreSQL and Redis server processes (``summarize`` turns them into the results).
+    latencies (s), errors, elapsed seconds, the CPU seconds of each process tree of ``procs`` (name ->
+    Popen) and of ``servers``, and of the clients (this process's threads); ``summarize`` turns them into
+    the results.
     """
     latencies: list[float] = []
     errors: list[int] = []
     body = json.dumps({**JOB, "name": name}).encode()
     procs = procs or {}
     cpu_before = {key: tree_cpu_seconds(p.pid) for key, p in procs.items()}
-    servers_before = named_cpu_seconds(SERVERS) if procs else {}
+    servers_before = servers.snapshot() if servers else None
     stop_at = time.monotonic() + seconds
     threads = [threading.Thread(target=client, args=(port, path, token, body, stop_at, latencies, errors))
                for _ in range(clients)]
+    client_before = client_cpu_seconds()
     t0 = time.monotonic()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     elapsed = time.monotonic() - t0
+    client_used = client_cpu_seconds() - client_before
     if "scheduler" in procs:
         time.sleep(1.0)  # let the scheduling passes this phase published finish: their CPU is this phase's
     cpu = {key: tree_cpu_seconds(p.pid) - cpu_before[key] for key, p in procs.items()}
-    if procs:
-        servers_after = named_cpu_seconds(SERVERS)
-        cpu.update({key: servers_after[key] - servers_before[key] for key in SERVERS})
-    return {"latencies": latencies, "errors": len(errors), "elapsed": elapsed, "cpu": cpu}
+    if servers:
+        cpu.update(servers.used(servers_before, servers.snapshot()))
+    return {"latencies": latencies, "errors": len(errors), "elapsed": elapsed, "cpu": cpu, "client_cpu": client_used}
 
 
 def summarize(samples: list[dict]) -> dict:
-    """One phase's results over its rounds: jobs, jobs/s, latency percentiles (ms), and CPU milliseconds per
-    accepted job of each measured process.
+    """One phase's results over its rounds: jobs, jobs/s, latency percentiles (ms), CPU milliseconds per
+    accepted job of each measured server process (``cpu_ms_per_job``, summed in ``cpu_ms_per_job_total``) and
+    of the clients (``client_cpu_ms_per_job``, apart: the load generator, not the system under test).
 
     CPU per job depends less on what else the machine runs than jobs/s does on a shared 2-core machine.
     """
@@ -157,7 +205,8 @@ def summarize(samples: list[dict]) -> dict:
     pick = lambda q: round(lat[min(len(lat) - 1, int(q * len(lat)))] * 1000, 2) if lat else None  # noqa: E731
     return {"jobs": jobs, "errors": sum(s["errors"] for s in samples), "jobs_per_s": round(jobs / elapsed, 1),
             "p50_ms": pick(0.50), "p99_ms": pick(0.99), "mean_ms": round(statistics.fmean(lat) * 1000, 2) if lat else None,
-            "cpu_ms_per_job": cpu}
+            "cpu_ms_per_job": cpu, "cpu_ms_per_job_total": round(sum(cpu.values()), 3),
+            "client_cpu_ms_per_job": round(sum(s["client_cpu"] for s in samples) * 1000 / max(1, jobs), 3)}
 
 
 def cancel_waiting(database_url: str) -> None:
@@ -204,16 +253,39 @@ def wait_up(port: int, timeout: float = 30) -> None:
     raise RuntimeError("gunicorn did not start")
 
 
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def versus_slurm(admission: dict, slurm: dict | None) -> dict:
+    """The platform's admission phase against Slurm's from the same run: jobs/s (>= 1: the platform is faster),
+    server CPU per job with the database against slurmctld's (<= 1: the platform uses less), the same against
+    slurmctld and munged together (Slurm's authentication daemon, which every sbatch asks twice), and the
+    clients' CPU per job."""
+    if slurm is None:
+        return {"ratio_vs_slurm_jobs_per_s": None, "ratio_vs_slurm_cpu_per_job": None,
+                "ratio_vs_slurm_cpu_per_job_with_munged": None, "ratio_vs_slurm_client_cpu_per_job": None}
+    s_cpu = slurm["cpu_ms_per_job"]
+    return {
+        "ratio_vs_slurm_jobs_per_s": ratio(admission["jobs_per_s"], slurm["jobs_per_s"]),
+        "ratio_vs_slurm_cpu_per_job": ratio(admission["cpu_ms_per_job_total"], s_cpu["slurmctld"]),
+        "ratio_vs_slurm_cpu_per_job_with_munged": ratio(admission["cpu_ms_per_job_total"],
+                                                        s_cpu["slurmctld"] + s_cpu["munged"]),
+        "ratio_vs_slurm_client_cpu_per_job": ratio(admission["client_cpu_ms_per_job"], slurm["client_cpu_ms_per_job"]),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10, help="duration of each phase (default 10)")
     parser.add_argument("--rounds", type=int, default=3,
-                        help="rounds of the three phases in rotating order, results summed over them (default 3)")
+                        help="rounds of the phases in rotating order, results summed over them (default 3)")
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--workers", type=int, default=2, help="gunicorn worker processes (default 2)")
     parser.add_argument("--threads", type=int, default=8, help="threads per gunicorn worker (default 8)")
     parser.add_argument("--no-scheduler", action="store_true",
                         help="run no Celery worker (submissions are only enqueued), to isolate the API's own cost")
+    parser.add_argument("--no-slurm", action="store_true", help="leave out the Slurm peer phase")
     args = parser.parse_args()
 
     env = dict(os.environ)
@@ -221,54 +293,88 @@ def main() -> None:
     env["CELERY_BROKER_URL"] = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/13")
     env["ROOT_URLCONF"] = "benchmarks.bench_urls"
     env["LOG_LEVEL"] = "WARNING"
-    env["CONN_MAX_AGE"] = "3600"  # a backend that exits takes its CPU time with it (see named_cpu_seconds)
+    env["CONN_MAX_AGE"] = "3600"  # a backend that exits takes its CPU time with it (see procstat.DatabaseBackends)
+    require("submit", [postgres_missing(env["DATABASE_URL"]), redis_missing(env["CELERY_BROKER_URL"])])
+    slurm_missing = "left out (--no-slurm)" if args.no_slurm else slurm_peer.missing()
+    if slurm_missing and not args.no_slurm:
+        print(f"submit: Slurm peer phase left out: {slurm_missing}", file=sys.stderr)
+    # SIGTERM unwinds like Ctrl-C, so every process started below is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
     token = prepare(env)
     port = free_port()
-    procs = {
-        "api": subprocess.Popen([sys.executable, "-m", "gunicorn", "controlplane.wsgi", "-b", f"127.0.0.1:{port}",
-                                 "-k", "gthread", "-w", str(args.workers), "--threads", str(args.threads),
-                                 "--keep-alive", "30", "--log-level", "warning"], cwd=ROOT, env=env),
-    }
-    if not args.no_scheduler:
-        procs["scheduler"] = subprocess.Popen([sys.executable, "-m", "celery", "-A", "controlplane", "worker", "-c", "1",
-                                               "--loglevel=WARNING", "--without-gossip", "--without-mingle"],
-                                              cwd=ROOT, env=env)
-    samples: dict[str, list[dict]] = {"bare": [], "admission": [], "validated": []}
+    procs: dict[str, subprocess.Popen] = {}
+    servers = slurm = None
+    samples: dict[str, list[dict]] = {"bare": [], "admission": [], "validated": [], "slurm": []}
     try:
+        procs["api"] = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "controlplane.wsgi", "-b", f"127.0.0.1:{port}", "-k", "gthread",
+             "-w", str(args.workers), "--threads", str(args.threads), "--keep-alive", "30", "--log-level", "warning"],
+            cwd=ROOT, env=env)
+        if not args.no_scheduler:
+            procs["scheduler"] = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "-c", "1", "--loglevel=WARNING",
+                 "--without-gossip", "--without-mingle"], cwd=ROOT, env=env)
+        if not slurm_missing:
+            try:
+                slurm = slurm_peer.SlurmPeer().__enter__()  # stopped in the finally below
+            except RuntimeError as exc:  # it stopped what it had started
+                print(f"submit: Slurm peer phase left out: {exc}", file=sys.stderr)
+                slurm_missing = f"did not start: {str(exc).splitlines()[0]}"
+        servers = Servers(env["DATABASE_URL"])
         wait_up(port)
         phase(port, "/api/v1/jobs/", token, 2, 1.0)  # warm-up: imports, connections
         phase(port, "/bench/bare-jobs/", token, 2, 1.0)
         phase(port, "/bench/validated-jobs/", token, 2, 1.0)
+        if slurm:
+            slurm.phase(2, 1.0, settle=0)
         paths = {"bare": ("/bench/bare-jobs/", "bench-job"), "admission": ("/api/v1/jobs/", "bench-job"),
                  "validated": ("/bench/validated-jobs/", "bench-validated")}
-        order = list(paths)
+        order = [*paths, *(["slurm"] if slurm else [])]
         for round_number in range(args.rounds):
             # The order rotates each round: on this machine a phase run later in a round measured up to 30 %
             # more CPU per job for the same work (the VM's clock), which favoured whichever ran first.
-            for name in order[round_number % 3:] + order[:round_number % 3]:
+            shift = round_number % len(order)
+            for name in order[shift:] + order[:shift]:
                 if "scheduler" in procs:
                     wait_worker_ready(env["CELERY_BROKER_URL"])  # no pass of an earlier phase still runs
-                cancel_waiting(env["DATABASE_URL"])  # each phase starts with an empty queue
-                path, job_name = paths[name]
-                samples[name].append(phase(port, path, token, args.clients, args.seconds, procs, name=job_name))
+                cancel_waiting(env["DATABASE_URL"])  # each phase starts with empty queues
+                if slurm:
+                    slurm.cancel_all()
+                if name == "slurm":
+                    samples[name].append(slurm.phase(args.clients, args.seconds))
+                else:
+                    path, job_name = paths[name]
+                    samples[name].append(phase(port, path, token, args.clients, args.seconds, procs, name=job_name,
+                                               servers=servers))
     finally:
+        if slurm:
+            slurm.stop()
+        if servers:
+            servers.close()
         for p in procs.values():
             p.terminate()
         for p in procs.values():
             p.wait(timeout=30)
     bare, admission, validated = (summarize(samples[k]) for k in ("bare", "admission", "validated"))
+    slurm_result = summarize(samples["slurm"]) if samples["slurm"] else None
+    if slurm_result:
+        slurm_result["error_sample"] = next((e for s in samples["slurm"] for e in s["error_sample"]), None)
     overhead = (bare["jobs_per_s"] / admission["jobs_per_s"] - 1) if admission["jobs_per_s"] else None
     admission_only = (validated["jobs_per_s"] / admission["jobs_per_s"] - 1) if admission["jobs_per_s"] else None
     print(json.dumps({
         "benchmark": "submit", "clients": args.clients, "seconds_per_phase": args.seconds, "rounds": args.rounds,
-        "gunicorn": f"{args.workers}x{args.threads} gthread", "cpus": os.cpu_count(),
-        "scheduler_worker": not args.no_scheduler,
+        "gunicorn": f"{args.workers}x{args.threads} gthread", **machine(),
+        "scheduler_worker": not args.no_scheduler, "postgres_cpu_of": servers.postgres_of,
         "admission": admission, "bare_create": bare, "validated_create": validated,
+        "slurm": slurm_result, "slurm_missing": slurm_missing,
         "admission_overhead_pct": round(overhead * 100, 1) if overhead is not None else None,
         "cpu_overhead_pct": cpu_overhead(bare, admission),
         "admission_over_validated_pct": round(admission_only * 100, 1) if admission_only is not None else None,
         "cpu_admission_over_validated_pct": cpu_overhead(validated, admission),
-        "goal": {"jobs_per_s": 500, "overhead_pct_max": 25},
+        **versus_slurm(admission, slurm_result),
+        "goal": {"jobs_per_s": 500, "overhead_pct_max": 25, "ratio_vs_slurm_jobs_per_s_min": 1.0,
+                 "ratio_vs_slurm_cpu_per_job_max": 1.0},
     }))
 
 
