@@ -32,15 +32,13 @@ from jobs.api.views import may_cancel
 from jobs.lifecycle import NotCancellable, cancel_job, submit_job
 from jobs.models import FINAL_STATES, Job, JobAttempt, JobState
 from jobs.scheduler import budget_views, pool_offers, team_used_gpus
+from jobs.scheduling.core import PlacementRequest, QuotaView, check_budgets, check_quota, choose_pool, estimate_cost, matches
 from jobs.spec import JobSubmissionSerializer
 from jobs.states import StaleState
-from quotas.admission import QuotaView, check_budgets, check_quota
 from quotas.api.views import may_administer
-from quotas.fairshare import estimate_cost
 from quotas.models import Budget, Membership, Quota, QuotaEvent, Team, audited_values, priority_classes, scope_to_teams
 from runners.base import ClusterUnreachable, UnknownBackend, backend_for
 from runners.models import Accelerator, Cluster
-from runners.placement import PlacementRequest, choose_pool, matches
 
 from .forms import BudgetForm, CostQueryForm, QuotaForm, SubmitJobForm
 from .models import Report
@@ -259,7 +257,7 @@ def submission_preview(serializer: JobSubmissionSerializer) -> dict:
     Placement uses the scheduler's offers and rule (cheapest matching pool
     with room; if none has room, the cheapest that matches, where it would
     wait for capacity). The estimate is GPUs x max runtime x that pool's
-    price (``quotas.fairshare.estimate_cost``); the quota check is the team's
+    price (``jobs.scheduling.core.estimate_cost``); the quota check is the team's
     own nominal + borrowing limit (the cohort's idle capacity is decided at
     admission).
     """

@@ -1,4 +1,4 @@
-"""The scheduling pass: a thin database layer around the pure fair-share core (``quotas.fairshare``).
+"""The scheduling pass: a thin database layer around the pure fair-share core (``jobs.scheduling.core``).
 
 A pass loads a snapshot (waiting jobs, teams with cohorts, weights and
 quotas, live usage, node pools with free GPUs and prices, budgets,
@@ -43,25 +43,32 @@ from jobs import metrics
 from costs.budgets import committed_usd, ledger_usd
 from costs.catalog import NoPrice, price_at
 from costs.models import Price
-from quotas.admission import BudgetView, QuotaView, Verdict, check_budgets, check_quota
-from quotas.fairshare import (
+from jobs.scheduling.core import (
     ESTIMATE_QUANTUM,
     Admission,
+    BudgetView,
     Decisions,
     FairShareScheduler,
+    PlacementRequest,
+    PoolOffer,
     QueuedJob,
+    QuotaView,
     Rejection,
     RunningJob,
     Snapshot,
     TeamQuota,
     TeamState,
+    Verdict,
     Waiting,
+    check_budgets,
+    check_quota,
+    choose_pool,
     cohort_has_room,
     estimate_cost,
+    fits_now,
 )
 from quotas.models import Budget, Quota, Team
 from runners.models import Cluster, NodePool
-from runners.placement import PlacementRequest, PoolOffer, choose_pool, fits_now
 
 from .models import Job, JobAttempt, JobEvent, JobState
 from .states import StaleState, transition
