@@ -26,9 +26,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.procstat import machine  # noqa: E402
 
-from quotas.admission import BudgetView  # noqa: E402
-from quotas.fairshare import FairShareScheduler, QueuedJob, RunningJob, Snapshot, TeamQuota, TeamState  # noqa: E402
-from runners.placement import PoolOffer  # noqa: E402
+from jobs.scheduling.core import (  # noqa: E402
+    BudgetView,
+    FairShareScheduler,
+    PoolOffer,
+    QueuedJob,
+    RunningJob,
+    Snapshot,
+    TeamQuota,
+    TeamState,
+)
 
 JOBS, TEAMS, CLUSTERS, POOLS_PER_CLUSTER, ACCELERATORS = 100_000, 40, 50, 4, 4
 PROVIDERS = ("aws", "gcp", "azure", "oci", "onprem")

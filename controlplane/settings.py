@@ -169,7 +169,7 @@ CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ACKS_ON_FAILURE_OR_TIMEOUT = True
-# Pacing of scheduling passes under a storm of submissions (jobs.scheduler.schedule_coalesced): after a pass
+# Pacing of scheduling passes under a storm of submissions (jobs.scheduling.passes.schedule_coalesced): after a pass
 # of d seconds the next waits min(d x FACTOR, MAX); none after a pass shorter than MIN seconds. FACTOR 6: the
 # scheduler takes at most 1/7 of a core while a storm lasts (measured: 0.14 ms of CPU per submitted job against
 # 0.21-0.27 with 3), and new jobs wait at most 2 s for their pass; Slurm's event passes only look at

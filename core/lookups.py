@@ -21,7 +21,7 @@ by default):
 
 Only positive answers are cached: an unknown token or team is read again on
 every request. None of this touches admission itself: quotas and budgets are
-always checked by the scheduler under row locks (``jobs.scheduler``).
+always checked by the scheduler under row locks (``jobs.scheduling.apply``).
 """
 
 from __future__ import annotations
@@ -37,14 +37,22 @@ from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
 _MISSING = object()
-_ALL: list[LookupCache] = []
+_ALL: list = []  # every LookupCache, and the other caches given to ``register``
 _BY_MODEL: dict[type, list[LookupCache]] = {}
 
 
 def clear_all() -> None:
-    """Empty every LookupCache of this process (tests call it between cases: a rollback sends no signal)."""
+    """Empty every LookupCache of this process, and every cache given to :func:`register` (tests call it between
+    cases: a rollback sends no signal)."""
     for cache in list(_ALL):
         cache.clear()
+
+
+def register(cache):
+    """Have :func:`clear_all` empty ``cache`` too: any per-process cache with a ``clear()`` method that is not a
+    LookupCache (one validated by row versions rather than a TTL, say). Returns ``cache``."""
+    _ALL.append(cache)
+    return cache
 
 
 class LookupCache:

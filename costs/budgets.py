@@ -1,6 +1,6 @@
 """Budget status (spent, committed, remaining, forecast) and threshold alerts that fire once per period.
 
-Admission (``jobs.scheduler.budget_views``) reads spent and committed from here:
+Admission (``jobs.scheduling.snapshot.budget_views``) reads spent and committed from here:
 spent is the ledger's USD with ``interval_start`` in the period; committed is
 what active jobs may still spend, ``max(estimated - accrued, 0)`` summed.
 """

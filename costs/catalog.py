@@ -8,8 +8,6 @@ instant wins. Prices never apply before their effective time.
 import datetime as dt
 from decimal import Decimal
 
-from django.db.models import Q
-
 from .models import Price
 
 
@@ -17,23 +15,50 @@ class NoPrice(LookupError):
     """No catalog row covers this node pool at this instant."""
 
 
-def _rows(node_pool):
+def _row_key(price: Price) -> tuple:
+    if price.cluster_id is not None:  # a per-cluster override
+        return ("cluster", price.accelerator_id, price.capacity_type, price.cluster_id)
+    return ("catalog", price.accelerator_id, price.capacity_type, price.provider, price.region)
+
+
+def _pool_keys(node_pool) -> tuple[tuple, tuple]:
     cluster = node_pool.cluster
-    return Price.objects.filter(
-        accelerator_id=node_pool.accelerator_id, capacity_type=node_pool.capacity_type
-    ).filter(
-        # Overrides for this cluster, or catalog rows for its provider and region.
-        Q(cluster=cluster) | Q(cluster__isnull=True, provider=cluster.provider, region=cluster.region)
-    )
+    return (("cluster", node_pool.accelerator_id, node_pool.capacity_type, node_pool.cluster_id),
+            ("catalog", node_pool.accelerator_id, node_pool.capacity_type, cluster.provider, cluster.region))
+
+
+def prices_by_pool(node_pools, rows) -> dict[int, list[Price]]:
+    """Which of the Price ``rows`` apply to each of ``node_pools``: pool id -> its rows (every pool has a list).
+
+    A row applies to a pool of its accelerator and capacity type when it is
+    an override for the pool's cluster, or a catalog row (no cluster) of the
+    cluster's provider and region. The one definition of it: ``price_at``,
+    ``price_segments``, admission's offers and the fleet API all use it.
+    ``node_pools`` need ``cluster`` loaded.
+    """
+    by_key: dict[tuple, list[Price]] = {}
+    for row in rows:
+        by_key.setdefault(_row_key(row), []).append(row)
+    found = {}
+    for pool in node_pools:
+        override, catalog = _pool_keys(pool)
+        found[pool.pk] = by_key.get(override, []) + by_key.get(catalog, [])
+    return found
+
+
+def _rows(node_pool) -> list[Price]:
+    """The Price rows of ``node_pool`` (``prices_by_pool`` of it), from the database."""
+    rows = Price.objects.filter(accelerator_id=node_pool.accelerator_id, capacity_type=node_pool.capacity_type)
+    return prices_by_pool([node_pool], rows)[node_pool.pk]
 
 
 def price_at(node_pool, at: dt.datetime, rows=None) -> Decimal:
     """USD per GPU-hour for ``node_pool`` at instant ``at`` (aware datetime).
 
-    ``rows`` may pass preloaded Price rows of this pool to avoid a query.
+    ``rows`` may pass preloaded Price rows of this pool (``prices_by_pool``) to avoid a query.
     Raises NoPrice when neither an override nor a catalog row is in force.
     """
-    rows = list(_rows(node_pool)) if rows is None else rows
+    rows = _rows(node_pool) if rows is None else rows
     in_force = [r for r in rows if r.effective_from <= at]
     overrides = [r for r in in_force if r.cluster_id is not None]
     pool = overrides or in_force
@@ -47,7 +72,7 @@ def price_segments(node_pool, start: dt.datetime, end: dt.datetime) -> list[tupl
 
     Raises NoPrice when some part of the interval has no price in force.
     """
-    rows = list(_rows(node_pool))
+    rows = _rows(node_pool)
     cuts = sorted({start, end} | {r.effective_from for r in rows if start < r.effective_from < end})
     segments: list[tuple[dt.datetime, dt.datetime, Decimal]] = []
     for seg_start, seg_end in zip(cuts, cuts[1:]):

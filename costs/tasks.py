@@ -7,18 +7,12 @@ import datetime as dt
 
 from celery import shared_task
 from django.conf import settings
-from django.db import transaction
 from django.utils import timezone
 
 from runners.models import Cluster
 
 from .ledger import accrue_attempt, accrue_running
 from .reports.tasks import generate_reports  # noqa: F401  (registers the task)
-
-
-def enqueue_final_accrual(attempt_id: int) -> None:
-    """Write the last ledger entries of an ended attempt after the current transaction commits."""
-    transaction.on_commit(lambda: accrue_attempt_task.delay(attempt_id))
 
 
 @shared_task(name="costs.tasks.accrue_running_costs", ignore_result=True)

@@ -1,7 +1,7 @@
 """Web UI views: dashboard, jobs (list, page, submit, cancel), teams' quotas and budgets, clusters, costs, reports.
 
 Thin views over the same services as the API (``jobs.lifecycle``, ``jobs.spec``,
-``jobs.scheduler``, ``costs``); every lookup goes through a ``visible_to(user)``
+``jobs.scheduling``, ``costs``); every lookup goes through a ``visible_to(user)``
 queryset, so another team's object is a 404, never a 403.
 """
 
@@ -31,16 +31,14 @@ from jobs.filters import JobFilterSet
 from jobs.lifecycle import NotCancellable, cancel_job, submit_job
 from jobs.models import FINAL_STATES, Job, JobAttempt, JobState
 from jobs.permissions import CANCEL_REFUSED, may_cancel
-from jobs.scheduler import budget_views, pool_offers, team_used_gpus
+from jobs.scheduling.offers import pool_offers
+from jobs.scheduling.preview import preview_submission
 from jobs.spec import JobSubmissionSerializer
 from jobs.states import StaleState
-from quotas.admission import QuotaView, check_budgets, check_quota
-from quotas.fairshare import estimate_cost
 from quotas.models import Budget, Membership, Quota, QuotaEvent, Team, audited_values, priority_classes, scope_to_teams
 from quotas.permissions import ADMIN_ONLY, may_administer
 from runners.base import ClusterUnreachable, UnknownBackend, backend_for
-from runners.models import Accelerator, Cluster
-from runners.placement import PlacementRequest, choose_pool, matches
+from runners.models import Cluster
 
 from .forms import BudgetForm, CostQueryForm, QuotaForm, SubmitJobForm
 
@@ -253,38 +251,15 @@ def _validate_submission(request, form: SubmitJobForm) -> JobSubmissionSerialize
 
 
 def submission_preview(serializer: JobSubmissionSerializer) -> dict:
-    """Before submitting: where the job would run now, its estimated cost (USD), and whether quota and budget allow it.
-
-    Placement uses the scheduler's offers and rule (cheapest matching pool
-    with room; if none has room, the cheapest that matches, where it would
-    wait for capacity). The estimate is GPUs x max runtime x that pool's
-    price (``quotas.fairshare.estimate_cost``); the quota check is the team's
-    own nominal + borrowing limit (the cohort's idle capacity is decided at
-    admission).
-    """
+    """Before submitting: where the job would run now, its estimated cost (USD), and whether quota and budget allow it,
+    as the scheduler's rules say (``jobs.scheduling.preview.preview_submission``)."""
     args = serializer.submission()
     resources, team = args["resources"], args["team"]
-    accelerator: Accelerator = resources["accelerator"]
-    placement = args["spec"]["placement"]
-    request = PlacementRequest(nodes=resources["nodes"], gpus_per_node=resources["gpus_per_node"],
-                               preemptible=resources["preemptible"], providers=tuple(placement["providers"]),
-                               regions=tuple(placement["regions"]), clusters=tuple(placement["clusters"]))
-    now = timezone.now()
-    offers = pool_offers(accelerator.pk, now, lock=False)
-    pool = choose_pool(request, offers)
-    fits_now = pool is not None
-    if pool is None:
-        matching = [o for o in offers if matches(request, o)]
-        pool = min(matching, key=lambda o: (o.usd_per_gpu_hour, o.cluster_name)) if matching else None
-    estimate = (estimate_cost(request.total_gpus, resources["max_runtime_seconds"], pool.usd_per_gpu_hour)
-                if pool is not None else None)
-    quota = Quota.objects.filter(team=team, accelerator=accelerator, cluster__isnull=True).first()
-    quota_verdict = check_quota(
-        request.total_gpus, team_used_gpus(team.pk, accelerator.pk),
-        QuotaView(quota.nominal_gpus, quota.borrowing_limit_gpus, quota.max_gpus_per_job) if quota else None)
-    budget_verdict = check_budgets(estimate, budget_views(team.pk, now)) if estimate is not None else None
-    return {"team": team, "accelerator": accelerator.name, "total_gpus": request.total_gpus, "pool": pool,
-            "fits_now": fits_now, "estimate_usd": estimate, "quota": quota_verdict, "budget": budget_verdict}
+    assessment = preview_submission(team, resources, args["spec"]["placement"])
+    return {"team": team, "accelerator": resources["accelerator"].name,
+            "total_gpus": resources["nodes"] * resources["gpus_per_node"], "pool": assessment.offer,
+            "fits_now": assessment.fits_now, "estimate_usd": assessment.estimate_usd, "quota": assessment.quota,
+            "budget": assessment.budget}
 
 
 @login_required

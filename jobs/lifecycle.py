@@ -1,4 +1,4 @@
-"""Job lifecycle services: submit, dispatch, observe, end an attempt, cancel.
+"""Job lifecycle services: submit, dispatch, observe, end an attempt, cancel, preempt.
 
 Each function is one transaction: the job's state change (compare and set),
 its JobEvent and the attempt's end (which releases quota and capacity,
@@ -15,8 +15,19 @@ from django.db.models.functions import Coalesce
 from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
-from runners.base import ClusterUnreachable, Observation, backend_for
+from core.lookups import LookupCache
+from runners.base import (
+    ClusterUnreachable,
+    Observation,
+    PermanentDispatchError,
+    TransientDispatchError,
+    UnknownBackend,
+    backend_for,
+)
+from runners.models import Accelerator, Cluster, NodePool
 
+from . import metrics
+from .enqueue import enqueue_cancel, enqueue_delete_attempt, enqueue_final_accrual, enqueue_schedule
 from .models import Job, JobAttempt, JobEvent, JobState
 from .states import StaleState, record_event, transition
 
@@ -34,8 +45,6 @@ def submit_job(*, team, submitter, name: str, kind: str, spec: dict, resources: 
     ``spec`` must already be validated (``jobs.spec``); ``resources`` holds the
     accelerator instance and integer fields copied to columns.
     """
-    from .tasks import enqueue_schedule
-
     fields = dict(team=team, submitter=submitter, name=name, kind=kind, spec=spec, resources=resources)
     if connection.vendor == "postgresql":
         job = store_submitted_job(**fields)  # one statement, committed on its own: on_commit runs at once
@@ -165,10 +174,6 @@ def end_attempt(job: Job, attempt: JobAttempt, to_state: str, *, reason: str, en
         )
         if updated:
             attempt.ended_at, attempt.end_reason, attempt.exit_code = now, end_reason, exit_code
-    from costs.tasks import enqueue_final_accrual
-
-    from .tasks import enqueue_schedule
-
     enqueue_final_accrual(attempt.pk)
     enqueue_schedule()  # the GPUs it held may admit a waiting job
     return job
@@ -184,6 +189,79 @@ def mark_started(job: Job, attempt: JobAttempt, runner_state: dict) -> Job:
             started_at=Coalesce(F("started_at"), Value(timezone.now(), output_field=DateTimeField())),
             runner_state=runner_state)
     return job
+
+
+#: The attempt's cluster and node pool (with its accelerator) by id, for dispatch: rows every dispatch to a
+#: cluster reads again and that rarely change. Cleared when one is saved in this process; another process's
+#: change shows within ``settings.LOOKUP_CACHE_SECONDS`` (the Kubernetes client is rebuilt when the cluster's
+#: endpoint or credentials differ, ``runners.kubernetes.client.client_for``).
+PLACEMENT_ROWS = LookupCache("dispatch-placement-rows").invalidate_on(Cluster, NodePool, Accelerator)
+
+
+def attach_placement_rows(attempt: JobAttempt) -> None:
+    """Set ``attempt.cluster`` and ``attempt.node_pool`` (with ``.accelerator``) from ``PLACEMENT_ROWS``.
+
+    The instances are shared between dispatches in this process: read them, never save them.
+    """
+    attempt.cluster = PLACEMENT_ROWS.get(("cluster", attempt.cluster_id),
+                                         lambda: Cluster.objects.filter(pk=attempt.cluster_id).first())
+    attempt.node_pool = PLACEMENT_ROWS.get(
+        ("pool", attempt.node_pool_id),
+        lambda: NodePool.objects.select_related("accelerator").filter(pk=attempt.node_pool_id).first())
+
+
+def dispatch(attempt_id: int) -> str:
+    """Create attempt ``attempt_id``'s objects on its cluster and move its job ADMITTED -> STARTING.
+
+    Returns ``dispatched``; ``skipped`` when the job moved on or the attempt
+    is not its current one; ``failed`` when the backend refused for good (or
+    no backend serves the cluster): the attempt ends and the job FAILS with
+    the backend's message; ``raced`` when another dispatch or a cancel moved
+    the job first (reconcile deletes orphans). Raises TransientDispatchError
+    for the caller to retry (the dispatch task does, with backoff).
+    """
+    attempt = JobAttempt.objects.select_related("job__team").get(pk=attempt_id)
+    job = attempt.job
+    if job.state != S.ADMITTED or job.current_attempt_id != attempt.pk or attempt.ended_at is not None:
+        return "skipped"
+    attach_placement_rows(attempt)
+    try:
+        with metrics.DISPATCH_SECONDS.time():
+            runner_state = backend_for(attempt.cluster).dispatch(attempt)
+    except TransientDispatchError:
+        metrics.DISPATCH_ERRORS.labels(kind="transient").inc()
+        raise
+    except (PermanentDispatchError, UnknownBackend) as exc:
+        metrics.DISPATCH_ERRORS.labels(kind="unknown_backend" if isinstance(exc, UnknownBackend) else "permanent").inc()
+        try:
+            end_attempt(job, attempt, S.FAILED, reason=f"dispatch failed: {exc}",
+                        end_reason=JobAttempt.EndReason.DISPATCH_ERROR, message=str(exc))
+        except StaleState:
+            pass
+        return "failed"
+    try:
+        mark_started(job, attempt, runner_state)
+    except StaleState:
+        return "raced"
+    return "dispatched"
+
+
+def delete_ended_attempt(attempt_id: int) -> bool:
+    """Delete the objects of an ended (preempted) attempt on its cluster; True when the backend confirms they are gone.
+
+    Idempotent; a live attempt is left alone (False), and so is a cluster
+    without a backend (logged). Whatever stays behind is removed by
+    reconcile's orphan cleanup. Raises TransientDispatchError for the caller
+    to retry.
+    """
+    attempt = JobAttempt.objects.select_related("job__team", "cluster", "node_pool__accelerator").get(pk=attempt_id)
+    if attempt.ended_at is None:
+        return False
+    try:
+        return bool(backend_for(attempt.cluster).delete(attempt))
+    except UnknownBackend:
+        log.warning("attempt %s: cluster %s has an unknown backend; left to reconcile", attempt_id, attempt.cluster)
+        return False
 
 
 def apply_observation(job: Job, attempt: JobAttempt, obs: Observation) -> None:
@@ -233,8 +311,6 @@ def cancel_job(job: Job, actor=None) -> Job:
     Raises NotCancellable for a job in a final state or already CANCELLING,
     StaleState when it changed meanwhile.
     """
-    from .tasks import enqueue_cancel
-
     if job.is_final:
         raise NotCancellable(f"job {job.pk} is already {job.state}")
     if job.state == S.CANCELLING:  # a second cancel: CANCELLING -> CANCELLING is no transition
@@ -290,8 +366,6 @@ def preempt_attempt(job: Job, attempt: JobAttempt, *, reason: str, actor=None) -
     safety net). Preemption does not count against ``max_retries``. Raises
     StaleState or InvalidTransition (and writes nothing) like ``transition``.
     """
-    from .tasks import enqueue_delete_attempt
-
     now = timezone.now()
     before = job.state
     with transaction.atomic():
@@ -306,7 +380,5 @@ def preempt_attempt(job: Job, attempt: JobAttempt, *, reason: str, actor=None) -
             raise StaleState(job.pk, before)
         attempt.ended_at, attempt.end_reason = now, JobAttempt.EndReason.PREEMPTED
         enqueue_delete_attempt(attempt.pk)
-    from costs.tasks import enqueue_final_accrual
-
     enqueue_final_accrual(attempt.pk)
     return job

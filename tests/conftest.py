@@ -27,16 +27,15 @@ def fast_password_hashing(settings):
 
 @pytest.fixture(autouse=True)
 def fresh_lookup_caches():
-    """A test's rolled-back rows send no signal: start and end every test with empty per-process lookup caches,
-    and with no scheduling-pass pause left by another test's pass (``jobs.tasks.record_pass``)."""
-    from jobs import tasks
-    from jobs.scheduler import clear_row_cache
+    """A test's rolled-back rows send no signal: start and end every test with empty per-process lookup caches
+    (the scheduler's cache of waiting rows among them), and with no scheduling-pass pause left by another test's
+    pass (``jobs.scheduling.pacing.record_pass``)."""
+    from jobs.scheduling import pacing
 
     clear_all()
-    clear_row_cache()
-    client = tasks.schedule_flag_client()
+    client = pacing.schedule_flag_client()
     if client is not None:
-        client.delete(tasks.SCHEDULE_LAST_PASS_KEY)
+        client.delete(pacing.SCHEDULE_LAST_PASS_KEY)
     yield
     clear_all()
 
@@ -208,15 +207,15 @@ def redis_broker():
     with app.pool.acquire(block=True) as conn:
         assert conn.transport.driver_type == "redis", (
             "the Celery app already holds connections to a non-Redis broker; run with CELERY_BROKER_URL=" + TEST_BROKER_URL)
-    from jobs import tasks
+    from jobs.scheduling import pacing
 
     def forget_passes():  # no pacing pause left over from another test's pass, no flag either
-        client = tasks.schedule_flag_client()
-        client.delete(tasks.SCHEDULE_LAST_PASS_KEY, tasks.SCHEDULE_PENDING_KEY)
+        client = pacing.schedule_flag_client()
+        client.delete(pacing.SCHEDULE_LAST_PASS_KEY, pacing.SCHEDULE_PENDING_KEY)
 
     forget_passes()
     yield app.conf.broker_url
-    tasks.SCHEDULE_NOTIFIER.flush()  # publishes of this test's submissions land before the purge, not in the next test
+    pacing.SCHEDULE_NOTIFIER.flush()  # publishes of this test's submissions land before the purge, not in the next test
     forget_passes()
     app.control.purge()
     app.conf.broker_url, app.conf.broker_transport_options = url, options

@@ -15,7 +15,7 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from costs.catalog import NoPrice, price_at
+from costs.catalog import NoPrice, price_at, prices_by_pool
 from costs.models import Price
 from jobs.models import JobAttempt
 
@@ -34,7 +34,7 @@ def pool_statuses(pools: list[NodePool], at: dt.datetime | None = None) -> dict[
     """Free GPUs and price in force at ``at`` (default now) for each pool, keyed by pool id; three queries in all.
 
     Free GPUs count attempts that have not ended, as admission does
-    (``jobs.scheduler.pool_offers``); prices follow ``costs.catalog.price_at``.
+    (``jobs.scheduling.offers.pool_offers``); prices follow ``costs.catalog.price_at``.
     """
     at = at or timezone.now()
     if not pools:
@@ -44,18 +44,12 @@ def pool_statuses(pools: list[NodePool], at: dt.datetime | None = None) -> dict[
         .values_list("node_pool_id")
         .annotate(n=Sum("gpus"))
     )
-    prices = list(Price.objects.filter(accelerator_id__in={p.accelerator_id for p in pools}, effective_from__lte=at))
+    prices = prices_by_pool(pools, Price.objects.filter(accelerator_id__in={p.accelerator_id for p in pools},
+                                                        effective_from__lte=at))
     statuses = {}
     for pool in pools:
-        cluster = pool.cluster
-        rows = [
-            r for r in prices
-            if r.accelerator_id == pool.accelerator_id and r.capacity_type == pool.capacity_type
-            and (r.cluster_id == cluster.pk
-                 or (r.cluster_id is None and r.provider == cluster.provider and r.region == cluster.region))
-        ]
         try:
-            price = price_at(pool, at, rows)
+            price = price_at(pool, at, prices[pool.pk])
         except NoPrice:
             price = None
         statuses[pool.pk] = PoolStatus(max(pool.capacity_gpus - in_use.get(pool.pk, 0), 0), price)

@@ -15,7 +15,7 @@ from django.utils import timezone
 from cpctl.cli import main as cpctl
 from jobs.lifecycle import recover_or_fail
 from jobs.models import Job, JobAttempt, JobEvent, JobState
-from jobs.scheduler import schedule_pending
+from jobs.scheduling.passes import schedule_pending
 from quotas.authentication import TOKENS
 from quotas.models import ApiToken, Membership, PriorityClass, Quota
 from runners.base import PoolCapacity

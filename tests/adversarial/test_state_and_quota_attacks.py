@@ -10,7 +10,7 @@ from django.test import Client
 
 from jobs.lifecycle import NotCancellable, cancel_job
 from jobs.models import Job, JobAttempt, JobEvent, JobState
-from jobs.scheduler import schedule_pending
+from jobs.scheduling.passes import schedule_pending
 from jobs.states import StaleState
 from quotas.models import Budget, Quota, QuotaEvent
 from tests.api.conftest import make_attempt, make_job

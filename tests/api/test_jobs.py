@@ -41,7 +41,7 @@ def test_it_submits_a_json_job_as_queued(teammate, fleet, submission, h100):
 
 def test_the_estimate_is_null_until_the_job_is_placed_then_gpus_x_runtime_x_price(teammate, teams, fleet, submission,
                                                                                    h100, quota_factory):
-    from jobs.scheduler import schedule_pending
+    from jobs.scheduling.passes import schedule_pending
 
     submission["spec"]["max_runtime_seconds"] = 5400  # 1.5 h
     job_id = teammate.client.post(JOBS, submission, format="json").json()["id"]

@@ -17,7 +17,7 @@ import yaml
 
 from jobs.models import Job
 from jobs.reconcile import reconcile_cluster
-from jobs.scheduler import try_admit
+from jobs.scheduling.passes import try_admit
 from jobs.tasks import dispatch_attempt
 from runners.local.capacity import ensure_local_cluster
 from tests.runners.test_local_runner import kill_everything_under

@@ -2,8 +2,15 @@
 
 from decimal import Decimal
 
-from quotas.admission import BudgetView, QuotaView, check_budgets, check_quota
-from runners.placement import PlacementRequest, PoolOffer, choose_pool
+from jobs.scheduling.core import (
+    BudgetView,
+    PlacementRequest,
+    PoolOffer,
+    QuotaView,
+    check_budgets,
+    check_quota,
+    choose_pool,
+)
 
 D = Decimal
 

@@ -36,7 +36,7 @@ from django.db.models import Count, Q, Sum
 
 from jobs.lifecycle import end_attempt, mark_started, submit_job
 from jobs.models import ACTIVE_STATES, Job, JobAttempt, JobEvent, JobState
-from jobs.scheduler import schedule_pending
+from jobs.scheduling.passes import schedule_pending
 from jobs.states import StaleState, transition
 from quotas.models import Budget, Quota
 from runners.models import NodePool
@@ -59,7 +59,7 @@ PROCESS_SCRIPT = textwrap.dedent("""
     import django
     django.setup()
     from django.db import connection
-    from jobs.scheduler import schedule_pending
+    from jobs.scheduling.passes import schedule_pending
     stop = Path(sys.argv[1])
     print("ready", flush=True)
     passes = admitted = 0

@@ -1,4 +1,4 @@
-"""Coalesced publishing of scheduling passes on a Redis broker (``jobs.tasks.publish_schedule``).
+"""Coalesced publishing of scheduling passes on a Redis broker (``jobs.scheduling.pacing.publish_schedule``).
 
 A submission publishes a pass only when it sets the flag ``controlplane:schedule-pending``
 (SET NX EX 30); the pass clears the flag before it reads the queue, so a job whose
@@ -10,7 +10,8 @@ import pytest
 from jobs import tasks
 from jobs.lifecycle import submit_job
 from jobs.models import Job, JobState
-from jobs.scheduler import schedule_coalesced
+from jobs.scheduling import pacing
+from jobs.scheduling.passes import schedule_coalesced
 from tests.conftest import make_persona
 
 pytestmark = pytest.mark.django_db
@@ -19,11 +20,11 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def broker(redis_broker):
     """The test broker's Redis, flag cleared; yields a function counting messages in the default queue."""
-    client = tasks.schedule_flag_client()
+    client = pacing.schedule_flag_client()
     assert client is not None
-    client.delete(tasks.SCHEDULE_PENDING_KEY)
+    client.delete(pacing.SCHEDULE_PENDING_KEY)
     yield lambda: client.llen("celery")
-    client.delete(tasks.SCHEDULE_PENDING_KEY)
+    client.delete(pacing.SCHEDULE_PENDING_KEY)
 
 
 @pytest.fixture
@@ -45,7 +46,7 @@ def submit(teams, h100, quota_factory, cluster_factory, django_capture_on_commit
         with django_capture_on_commit_callbacks(execute=True):
             job = submit_job(team=alpha, submitter=user, name=f"job-{next(counter)}", kind="training",
                              spec=spec, resources=resources)
-        assert tasks.SCHEDULE_NOTIFIER.flush()  # the notifier thread's publish (or not) has happened
+        assert pacing.SCHEDULE_NOTIFIER.flush()  # the notifier thread's publish (or not) has happened
         return job
     return make
 
@@ -55,11 +56,11 @@ def test_two_submissions_in_a_row_publish_one_pass_and_the_pass_reopens_publishi
     submit()
     submit()
     assert broker() == before + 1  # the second found the flag set
-    assert tasks.schedule_flag_client().ttl(tasks.SCHEDULE_PENDING_KEY) > 0  # bounded by its expiry
+    assert pacing.schedule_flag_client().ttl(pacing.SCHEDULE_PENDING_KEY) > 0  # bounded by its expiry
 
     schedule_coalesced()  # what the published task runs: clears the flag first
 
-    assert not tasks.schedule_flag_client().exists(tasks.SCHEDULE_PENDING_KEY)
+    assert not pacing.schedule_flag_client().exists(pacing.SCHEDULE_PENDING_KEY)
     submit()
     assert broker() == before + 2
 
@@ -83,8 +84,8 @@ def test_any_other_broker_publishes_every_time(monkeypatch):
     monkeypatch.setattr(app.conf, "broker_url", "filesystem://")
     published = []
     monkeypatch.setattr(tasks.schedule_pending, "delay", lambda: published.append(1))
-    assert tasks.schedule_flag_client() is None
-    assert tasks.publish_schedule() and tasks.publish_schedule()
+    assert pacing.schedule_flag_client() is None
+    assert pacing.publish_schedule() and pacing.publish_schedule()
     assert len(published) == 2
 
 
@@ -94,10 +95,10 @@ def test_a_pass_that_comes_before_the_pause_ends_defers_itself_and_keeps_the_fla
     import json
 
     settings.SCHEDULE_PASS_PAUSE_FACTOR, settings.SCHEDULE_PASS_PAUSE_MAX_SECONDS = 1.0, 2.0
-    client = tasks.schedule_flag_client()
-    client.delete(tasks.SCHEDULE_LAST_PASS_KEY)
+    client = pacing.schedule_flag_client()
+    client.delete(pacing.SCHEDULE_LAST_PASS_KEY)
     first = submit()  # sets the flag and publishes the pass
-    assert tasks.record_pass(5.0) == 2.0  # a long pass just ended: capped pause of 2 s
+    assert pacing.record_pass(5.0) == 2.0  # a long pass just ended: capped pause of 2 s
     before = broker()
 
     assert schedule_coalesced() is None  # too early
@@ -105,28 +106,28 @@ def test_a_pass_that_comes_before_the_pause_ends_defers_itself_and_keeps_the_fla
     assert broker() == before + 1
     message = json.loads(client.lindex("celery", 0))
     assert message["headers"]["task"] == "jobs.tasks.schedule_pending" and message["headers"]["eta"]
-    assert client.exists(tasks.SCHEDULE_PENDING_KEY)
+    assert client.exists(pacing.SCHEDULE_PENDING_KEY)
     assert Job.objects.get(pk=first.pk).state == JobState.QUEUED
     second = submit()
     assert broker() == before + 1  # the flag is held for the deferred pass
 
-    client.delete(tasks.SCHEDULE_LAST_PASS_KEY)  # the pause has passed
+    client.delete(pacing.SCHEDULE_LAST_PASS_KEY)  # the pause has passed
     result = schedule_coalesced()  # the deferred copy
 
     assert result is not None and {first.pk, second.pk} <= set(result.admitted)
-    assert not client.exists(tasks.SCHEDULE_PENDING_KEY)
+    assert not client.exists(pacing.SCHEDULE_PENDING_KEY)
 
 
 def test_a_short_pass_asks_for_no_pause(redis_broker, settings):
     settings.SCHEDULE_PASS_PAUSE_FACTOR, settings.SCHEDULE_PASS_PAUSE_MIN_SECONDS = 1.0, 0.02
-    assert tasks.record_pass(0.005) == 0.0
+    assert pacing.record_pass(0.005) == 0.0
     settings.SCHEDULE_PASS_PAUSE_FACTOR = 3.0
-    assert tasks.record_pass(0.019) == 0.0  # the pass's own length decides, not the pause it would give
+    assert pacing.record_pass(0.019) == 0.0  # the pass's own length decides, not the pause it would give
     settings.SCHEDULE_PASS_PAUSE_FACTOR = 1.0
-    assert tasks.pass_pause_remaining() == 0.0
-    assert tasks.record_pass(0.5) == 0.5
-    assert 0.0 < tasks.pass_pause_remaining() <= 0.5
-    tasks.schedule_flag_client().delete(tasks.SCHEDULE_LAST_PASS_KEY)
+    assert pacing.pass_pause_remaining() == 0.0
+    assert pacing.record_pass(0.5) == 0.5
+    assert 0.0 < pacing.pass_pause_remaining() <= 0.5
+    pacing.schedule_flag_client().delete(pacing.SCHEDULE_LAST_PASS_KEY)
 
 
 def test_a_burst_of_notifications_from_many_threads_publishes_once_and_after_each_of_them(broker):
@@ -134,20 +135,20 @@ def test_a_burst_of_notifications_from_many_threads_publishes_once_and_after_eac
     import threading
 
     def set_calls():  # SET commands the Redis server has run (server-wide counter)
-        return tasks.schedule_flag_client().info("commandstats").get("cmdstat_set", {}).get("calls", 0)
+        return pacing.schedule_flag_client().info("commandstats").get("cmdstat_set", {}).get("calls", 0)
 
     before, sets_before = broker(), set_calls()
-    threads = [threading.Thread(target=lambda: [tasks.SCHEDULE_NOTIFIER.notify() for _ in range(50)]) for _ in range(8)]
+    threads = [threading.Thread(target=lambda: [pacing.SCHEDULE_NOTIFIER.notify() for _ in range(50)]) for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert tasks.SCHEDULE_NOTIFIER.flush()
+    assert pacing.SCHEDULE_NOTIFIER.flush()
     assert broker() == before + 1  # 400 notifications, one pass published: the flag stayed set
     assert set_calls() - sets_before < 20  # coalesced in the process too: one SET NX per coalesce window
-    tasks.schedule_flag_client().delete(tasks.SCHEDULE_PENDING_KEY)  # the pass started
-    tasks.SCHEDULE_NOTIFIER.notify()
-    assert tasks.SCHEDULE_NOTIFIER.flush()
+    pacing.schedule_flag_client().delete(pacing.SCHEDULE_PENDING_KEY)  # the pass started
+    pacing.SCHEDULE_NOTIFIER.notify()
+    assert pacing.SCHEDULE_NOTIFIER.flush()
     assert broker() == before + 2  # a notification after the pass started publishes the next one
 
 
@@ -155,16 +156,16 @@ def test_a_forked_process_gets_a_notifier_of_its_own(broker):
     """gunicorn and Celery fork workers: a child must not inherit a dead thread or a held lock."""
     import os
 
-    tasks.SCHEDULE_NOTIFIER.notify()  # the parent's thread exists before the fork
-    assert tasks.SCHEDULE_NOTIFIER.flush()
-    tasks.schedule_flag_client().delete(tasks.SCHEDULE_PENDING_KEY)
+    pacing.SCHEDULE_NOTIFIER.notify()  # the parent's thread exists before the fork
+    assert pacing.SCHEDULE_NOTIFIER.flush()
+    pacing.schedule_flag_client().delete(pacing.SCHEDULE_PENDING_KEY)
     before = broker()
     pid = os.fork()
     if pid == 0:  # the child: publish one pass through its own notifier thread, then leave without cleanup
         ok = False
         try:
-            tasks.SCHEDULE_NOTIFIER.notify()
-            ok = tasks.SCHEDULE_NOTIFIER.flush(10.0)
+            pacing.SCHEDULE_NOTIFIER.notify()
+            ok = pacing.SCHEDULE_NOTIFIER.flush(10.0)
         finally:
             os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)

@@ -13,7 +13,7 @@ from django.utils import timezone
 from costs.ledger import accrue_attempt
 from jobs.lifecycle import cancel_job, end_attempt, recover_or_fail
 from jobs.models import Job, JobAttempt, JobEvent, JobState
-from jobs.scheduler import schedule_pending
+from jobs.scheduling.passes import schedule_pending
 from tests.conftest import fresh, run
 from quotas.models import Budget, Quota
 from runners.models import Cluster
@@ -69,7 +69,9 @@ def test_a_waiting_job_gets_one_waiting_event_not_one_per_pass(cluster_factory, 
 def test_a_burst_of_waiting_jobs_gets_one_event_each_and_a_job_that_changed_meanwhile_none(
         cluster_factory, quota_factory, h100, submit):
     """Waiting events are written in bulk, but only for jobs still in the state the pass read (compare and set)."""
-    from jobs.scheduler import FairShareScheduler, _run_pass, load_snapshot
+    from jobs.scheduling.core import FairShareScheduler
+    from jobs.scheduling.passes import run_pass
+    from jobs.scheduling.snapshot import load_snapshot
     from quotas.models import Team
 
     cluster_factory("big", "aws", "us-east-1", h100, nodes=4, price="6.88")
@@ -86,7 +88,7 @@ def test_a_burst_of_waiting_jobs_gets_one_event_each_and_a_job_that_changed_mean
     cancelled = heads[7]
     Job.objects.filter(pk=cancelled.pk).update(state=S.CANCELLED)  # cancelled between the read and the write
 
-    _run_pass(loaded, decisions, now)
+    run_pass(loaded, decisions, now)
 
     for job in heads:
         events = JobEvent.objects.filter(job=job, kind="waiting")
@@ -118,7 +120,9 @@ def test_a_per_cluster_quota_caps_the_team_there_and_the_rest_goes_elsewhere(
 def test_the_locked_recheck_refuses_a_placement_a_new_per_cluster_quota_forbids(
         cluster_factory, quota_factory, h100, alpha, submit):
     """The pass decided on a snapshot; a per-cluster quota created meanwhile is enforced when it commits."""
-    from jobs.scheduler import FairShareScheduler, _run_pass, load_snapshot
+    from jobs.scheduling.core import FairShareScheduler
+    from jobs.scheduling.passes import run_pass
+    from jobs.scheduling.snapshot import load_snapshot
 
     cheap, _ = cluster_factory("cheap", "aws", "us-east-1", h100, nodes=2, price="4.00")
     quota_factory(alpha, h100, nominal=16)
@@ -129,7 +133,7 @@ def test_the_locked_recheck_refuses_a_placement_a_new_per_cluster_quota_forbids(
     assert len(decisions.admissions) == 1
     Quota.objects.create(team=alpha, accelerator=h100, cluster=cheap, nominal_gpus=4)
 
-    result = _run_pass(loaded, decisions, now)
+    result = run_pass(loaded, decisions, now)
 
     assert result.admitted == [] and fresh(job).state == S.QUEUED
     assert fresh(job).queue_info["reason"] == "quota" and not job.attempts.exists()

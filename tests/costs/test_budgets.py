@@ -18,7 +18,7 @@ from costs.budgets import budget_status, check_budget, check_budgets
 from costs.ledger import accrue_attempt
 from costs.models import BudgetAlert
 from jobs.models import Job, JobAttempt, JobState
-from jobs.scheduler import try_admit
+from jobs.scheduling.passes import try_admit
 
 D = Decimal
 UTC = dt.timezone.utc

@@ -21,7 +21,7 @@ from costs.models import CostEntry
 from costs.reports.build import generate_report
 from jobs.models import Job, JobAttempt, JobState
 from jobs.reconcile import reconcile_cluster
-from jobs.scheduler import try_admit
+from jobs.scheduling.passes import try_admit
 from jobs.tasks import dispatch_attempt
 from quotas.models import Budget, Quota
 from runners.local.capacity import ensure_local_cluster

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from jobs.models import Job, JobState
 from jobs.reconcile import reconcile_all
-from jobs.scheduler import try_admit
+from jobs.scheduling.passes import try_admit
 from runners.kubernetes import manifests as m
 from runners.models import Cluster
 

@@ -1,6 +1,6 @@
 """The kubernetes backend over HTTP against three kmock emulators (aws, gcp, azure) with a test-side kubelet.
 
-State changes go through ``jobs.scheduler.try_admit``, the ``dispatch_attempt``
+State changes go through ``jobs.scheduling.passes.try_admit``, the ``dispatch_attempt``
 task body and ``jobs.reconcile.reconcile_cluster``, called directly (on-commit
 callbacks do not run inside these tests' transactions). Every object the
 backend sends is validated against the Kubernetes 1.33 schema.
@@ -19,7 +19,7 @@ from django.utils import timezone
 from jobs.lifecycle import cancel_job, finish_cancel
 from jobs.models import Job, JobAttempt, JobState
 from jobs.reconcile import reconcile_all, reconcile_cluster
-from jobs.scheduler import try_admit
+from jobs.scheduling.passes import try_admit
 from jobs.tasks import dispatch_attempt
 from quotas.models import Quota
 from runners.base import PermanentDispatchError, backend_for
@@ -245,7 +245,7 @@ def test_it_sends_the_bearer_token_of_each_cluster(fleet, submit):
 
 
 def test_a_rotated_token_is_sent_by_the_next_dispatch(fleet, submit):
-    """Dispatch reads the cluster from a per-process cache (``jobs.tasks.PLACEMENT_ROWS``); saving the cluster clears it."""
+    """Dispatch reads the cluster from a per-process cache (``jobs.lifecycle.PLACEMENT_ROWS``); saving the cluster clears it."""
     emulators, clusters = fleet
     dispatch_attempt(submit().pk)  # caches the cluster row and its client
     cluster = Cluster.objects.get(pk=clusters["gcp-usc1"].pk)

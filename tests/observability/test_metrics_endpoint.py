@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from jobs.models import JobState
 from jobs.reconcile import reconcile_cluster
-from jobs.scheduler import schedule_pending
+from jobs.scheduling.passes import schedule_pending
 from jobs.tasks import dispatch_attempt
 from runners.models import Cluster
 from tests.conftest import make_cluster

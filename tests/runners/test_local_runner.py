@@ -1,7 +1,7 @@
 """The local backend: supervised node processes, their environment, ends, deadlines, cancels, losses and orphans.
 
 Jobs run real (short) Python processes under ``tmp_path``; state changes go
-through ``jobs.scheduler.try_admit``, the ``dispatch_attempt`` task body and
+through ``jobs.scheduling.passes.try_admit``, the ``dispatch_attempt`` task body and
 ``jobs.reconcile.reconcile_cluster``, called directly because on-commit
 callbacks do not run inside these tests' transactions.
 """
@@ -27,7 +27,7 @@ from costs.seed import CATALOG_EFFECTIVE_FROM
 from jobs.lifecycle import cancel_job, finish_cancel
 from jobs.models import Job, JobAttempt, JobEvent, JobState
 from jobs.reconcile import reconcile_cluster
-from jobs.scheduler import try_admit
+from jobs.scheduling.passes import try_admit
 from jobs.tasks import dispatch_attempt
 from quotas.models import Quota
 from runners.base import PermanentDispatchError, TransientDispatchError, backend_for

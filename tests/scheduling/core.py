@@ -6,9 +6,16 @@ import dataclasses
 import itertools
 from decimal import Decimal
 
-from quotas.admission import BudgetView
-from quotas.fairshare import FairShareScheduler, QueuedJob, RunningJob, Snapshot, TeamQuota, TeamState
-from runners.placement import PoolOffer
+from jobs.scheduling.core import (
+    BudgetView,
+    FairShareScheduler,
+    PoolOffer,
+    QueuedJob,
+    RunningJob,
+    Snapshot,
+    TeamQuota,
+    TeamState,
+)
 
 H100 = 1
 

@@ -9,7 +9,8 @@ import pytest
 
 from jobs.lifecycle import apply_observation, cancel_job, end_attempt, preempt_attempt, recover_or_fail
 from jobs.models import Job, JobAttempt, JobEvent, JobState
-from jobs.scheduler import schedule_pending, team_used_gpus, try_admit
+from jobs.scheduling.passes import schedule_pending, try_admit
+from jobs.scheduling.snapshot import team_used_gpus
 from quotas.models import Cohort, PriorityClass, Quota, QuotaEvent, Team
 from runners.base import Observation
 from tests.conftest import fresh, make_persona, run

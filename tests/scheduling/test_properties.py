@@ -14,8 +14,7 @@ from decimal import Decimal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quotas.fairshare import FairShareScheduler, QueuedJob, RunningJob, Snapshot, TeamQuota, TeamState
-from runners.placement import PoolOffer
+from jobs.scheduling.core import FairShareScheduler, PoolOffer, QueuedJob, RunningJob, Snapshot, TeamQuota, TeamState
 
 H100 = 1
 PRICES = [Decimal("2.99"), Decimal("4.20"), Decimal("6.88")]

@@ -28,7 +28,7 @@ from django.db.models import Count, Q, Sum
 
 from jobs.lifecycle import end_attempt, mark_started, submit_job
 from jobs.models import ACTIVE_STATES, Job, JobAttempt, JobState
-from jobs.scheduler import schedule_pending
+from jobs.scheduling.passes import schedule_pending
 from jobs.states import StaleState, transition
 from quotas.models import Quota, Team
 from runners.models import NodePool

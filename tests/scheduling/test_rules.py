@@ -5,7 +5,7 @@ One accelerator; teams are numbered; GPU counts are whole GPUs; prices USD/GPU-h
 
 from decimal import Decimal
 
-from quotas.fairshare import FairShareScheduler, TeamState
+from jobs.scheduling.core import FairShareScheduler, TeamState
 
 from .core import H100, admitted, block_budget, decide, job, pool, running, snapshot, team
 

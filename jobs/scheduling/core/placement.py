@@ -1,7 +1,7 @@
-"""Placement: choose the node pool for a job among offers, by fit and then by price.
+"""Placement (Kueue's resource flavors): which node pools could ever hold a job, which has room now, which is cheapest.
 
-Pure functions over plain data, so the scheduler can call them in a tight
-loop and tests can compute expected choices by hand.
+Pure functions over plain data, so the decision loop can call them in a
+tight loop and tests can compute expected choices by hand.
 """
 
 from __future__ import annotations
@@ -76,3 +76,22 @@ def choose_pool(request: PlacementRequest, offers: list[PoolOffer]) -> PoolOffer
     if not candidates:
         return None
     return min(candidates, key=lambda o: (o.usd_per_gpu_hour, -o.free_gpus, o.cluster_name, o.node_pool_id))
+
+
+def price_order(offer: PoolOffer) -> tuple:
+    """The order pools are tried in: cheapest first, then by cluster name and pool id (stable between passes)."""
+    return (offer.usd_per_gpu_hour, offer.cluster_name, offer.node_pool_id)
+
+
+def cheapest_with_room(offers: list[PoolOffer], gpus: int, free: dict[int, int]) -> PoolOffer | None:
+    """``choose_pool`` over offers already in ``price_order`` whose free GPUs (by pool id) are ``free``, not the
+    offers' own ``free_gpus``: the cheapest with room for ``gpus``, ties to the most free GPUs; None when none has room.
+    """
+    best = None
+    for o in offers:
+        if best is not None and o.usd_per_gpu_hour != best.usd_per_gpu_hour:
+            break
+        f = free[o.node_pool_id]
+        if f >= gpus and (best is None or f > free[best.node_pool_id]):
+            best = o
+    return best

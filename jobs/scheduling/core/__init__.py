@@ -1,0 +1,46 @@
+"""The pure scheduling core: no Django, no database, so a pass over 100,000 jobs is plain Python over plain data.
+
+Split as Kueue decomposes scheduling:
+
+- ``types``: the model (queued and running jobs, teams with quotas, budgets
+  and usage, the snapshot) and the decisions (admission, rejection, waiting);
+- ``placement``: node pools as resource flavors, which could ever hold a job,
+  which has room now, which is cheapest;
+- ``rules``: every admission rule, written once (quota, per-cluster caps,
+  cohort borrowing, capacity, budgets, the cost estimate);
+- ``order``: priority, then fair share (dominant share), then submission;
+- ``preemption``: victim selection within a cohort;
+- ``decide``: the decision loop (``decide``, ``FairShareScheduler`` for
+  incremental passes, ``recheck`` of one admission, ``assess`` of a job not
+  yet submitted).
+
+Everything a caller needs is importable from here.
+"""
+
+from .decide import FairShareScheduler, assess, decide, recheck
+from .placement import PlacementRequest, PoolOffer, choose_pool, fits_now, matches
+from .rules import ESTIMATE_QUANTUM, check_budgets, check_quota, cohort_has_room, estimate_cost
+from .types import (
+    OK,
+    Admission,
+    Assessment,
+    BudgetView,
+    Decision,
+    Decisions,
+    QueuedJob,
+    QuotaView,
+    Rejection,
+    RunningJob,
+    Snapshot,
+    TeamQuota,
+    TeamState,
+    Verdict,
+    Waiting,
+)
+
+__all__ = [
+    "ESTIMATE_QUANTUM", "OK", "Admission", "Assessment", "BudgetView", "Decision", "Decisions", "FairShareScheduler",
+    "PlacementRequest", "PoolOffer", "QueuedJob", "QuotaView", "Rejection", "RunningJob", "Snapshot", "TeamQuota",
+    "TeamState", "Verdict", "Waiting", "assess", "check_budgets", "check_quota", "choose_pool", "cohort_has_room",
+    "decide", "estimate_cost", "fits_now", "matches", "recheck",
+]

@@ -1,0 +1,51 @@
+"""Queue order: priority first, then fair share between teams, then submission time.
+
+Within one team jobs keep their order (Kueue's StrictFIFO): priority high
+first, then submission time, then id. Between teams the next job comes from
+the team whose head has the highest priority, then the lowest dominant share
+(Kueue's DRS: borrowed GPUs over the cohort's lendable GPUs, max over
+accelerators, divided by the team's weight), then the earliest submission.
+"""
+
+from __future__ import annotations
+
+from .types import QueuedJob, TeamState, Waiting
+
+
+def dominant_share(team: TeamState, lendable: dict[tuple, int]) -> float:
+    """max over accelerators of GPUs above nominal / the cohort's lendable GPUs, divided by weight (Kueue's DRS).
+
+    ``lendable``: lendable GPUs by (cohort, accelerator id). A team that
+    borrows from a cohort that lends nothing, or of weight 0, has an infinite share.
+    """
+    share = 0.0
+    for acc, used in team.used.items():
+        q = team.quotas.get(acc)
+        above = used - (q.nominal_gpus if q else 0)
+        if above > 0:
+            pool = lendable.get((team.cohort, acc), 0)
+            share = max(share, above / pool if pool else float("inf"))
+    return share / team.weight if team.weight > 0 else float("inf")
+
+
+def team_key(head: QueuedJob, share: float) -> tuple:
+    """The order between teams, by their head job: priority high first, lower share first, then submission and id."""
+    return (-head.priority, share, head.submitted, head.job_id)
+
+
+class TeamQueue:
+    """One team's waiting jobs in order, how far a pass got (``pos``), and the head that blocks the rest, if any.
+
+    ``version`` changes whenever the team's usage (hence its share) changes,
+    so a heap entry made before is known to be stale.
+    """
+
+    __slots__ = ("team", "jobs", "pos", "blocked", "version", "waiting_before")
+
+    def __init__(self, team: TeamState):
+        self.team = team
+        self.jobs: list[QueuedJob] = []
+        self.pos = 0
+        self.blocked: Waiting | None = None
+        self.version = 0
+        self.waiting_before: list[QueuedJob] = []  # passed over without blocking (no pool can ever hold them)

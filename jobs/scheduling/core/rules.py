@@ -1,0 +1,155 @@
+"""Admission rules, each written once: quota, per-cluster caps, cohort borrowing, capacity, budgets, cost estimate.
+
+Pure functions over plain numbers (GPUs, USD) returning a ``Verdict``: the
+decision loop (``decide``), the locked re-check of an admission and the
+submission preview all ask these, so a job is told the same reason
+wherever it is judged. Sources: Kueue's ClusterQueue rule (nominal +
+borrowing limit), its cohort lending, and money budgets in the spirit of
+Slurm's GrpTRESMins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from decimal import ROUND_HALF_EVEN, Decimal
+
+from .placement import PoolOffer
+from .types import OK, BudgetView, QueuedJob, QuotaView, TeamQuota, TeamState, Verdict
+
+ESTIMATE_QUANTUM = Decimal("0.000001")
+_3600 = Decimal(3600)
+
+
+def estimate_cost(total_gpus: int, max_runtime_seconds: int, usd_per_gpu_hour: Decimal) -> Decimal:
+    """Worst-case cost of an attempt, USD: GPUs x max_runtime (s) / 3600 x price (USD/GPU-hour), to 1e-6 half-even."""
+    return (Decimal(total_gpus) * Decimal(max_runtime_seconds) * usd_per_gpu_hour / _3600).quantize(
+        ESTIMATE_QUANTUM, ROUND_HALF_EVEN
+    )
+
+
+# --- quota ------------------------------------------------------------------------------------------------
+
+def check_quota(request_gpus: int, used_gpus: int, quota: QuotaView | None) -> Verdict:
+    """Admit when ``used_gpus + request_gpus <= nominal + borrowing limit`` (Kueue's ClusterQueue rule).
+
+    A job larger than the per-job cap or than the whole limit can never run.
+    """
+    if quota is None:
+        return Verdict(False, "quota", "the team has no quota for this accelerator", {"request_gpus": request_gpus}, never=True)
+    limit = quota.nominal_gpus + quota.borrowing_limit_gpus
+    # The per-job cap is in every verdict: a scheduling pass that skips jobs at least as large as one that
+    # waited must still try (and reject) those over the cap.
+    detail = {"request_gpus": request_gpus, "used_gpus": used_gpus, "nominal_gpus": quota.nominal_gpus,
+              "borrowing_limit_gpus": quota.borrowing_limit_gpus, "max_gpus_per_job": quota.max_gpus_per_job}
+    if quota.max_gpus_per_job and request_gpus > quota.max_gpus_per_job:
+        return Verdict(False, "quota", f"job asks {request_gpus} GPUs, over the per-job cap of {quota.max_gpus_per_job}",
+                       detail, never=True)
+    if request_gpus > limit:
+        return Verdict(False, "quota", f"job asks {request_gpus} GPUs, over the team's limit of {limit}", detail, never=True)
+    if used_gpus + request_gpus > limit:
+        return Verdict(False, "quota", f"{used_gpus} of {limit} GPUs in use; {request_gpus} more would exceed the quota", detail)
+    return OK
+
+
+def team_quota_verdict(team: TeamState, job: QueuedJob) -> Verdict:
+    """``check_quota`` of ``job`` against its team's quota and live usage of the job's accelerator."""
+    q = team.quotas.get(job.accelerator_id)
+    return check_quota(job.total_gpus, team.used.get(job.accelerator_id, 0), q.view() if q is not None else None)
+
+
+def quota_never(team: TeamState, job: QueuedJob) -> Verdict | None:
+    """The quota verdict that rejects ``job`` for good (no quota, over the per-job cap or the whole limit), or None."""
+    q = team.quotas.get(job.accelerator_id)
+    gpus = job.total_gpus
+    if q is None:
+        return check_quota(gpus, 0, None)
+    if gpus > q.nominal_gpus + q.borrowing_limit_gpus or (q.max_gpus_per_job and gpus > q.max_gpus_per_job):
+        return team_quota_verdict(team, job)
+    return None
+
+
+def cluster_room(team: TeamState, accelerator_id: int, cluster_id: int, gpus: int) -> bool:
+    """Whether ``gpus`` more fit under the team's cap on ``cluster_id`` (no cap: yes)."""
+    cap = team.cluster_caps.get((accelerator_id, cluster_id))
+    return cap is None or team.cluster_used.get((accelerator_id, cluster_id), 0) + gpus <= cap
+
+
+def within_cluster_caps(team: TeamState, job: QueuedJob, pools: list[PoolOffer]) -> tuple[list[PoolOffer], Verdict]:
+    """The pools of ``pools`` whose cluster has room for ``job`` under the team's per-cluster caps, and OK; or no
+    pools and the verdict that says so (reason ``quota``, with each capped cluster's cap and usage)."""
+    acc, gpus = job.accelerator_id, job.total_gpus
+    allowed = [o for o in pools if cluster_room(team, acc, o.cluster_id, gpus)]
+    if allowed:
+        return allowed, OK
+    capped = sorted({o.cluster_name for o in pools})
+    return [], Verdict(False, "quota", f"the team's per-cluster quota leaves no room for {gpus} GPUs on "
+                                       f"{', '.join(capped)}",
+                       {"request_gpus": gpus, "clusters": capped,
+                        "cluster_quota_gpus": {o.cluster_name: team.cluster_caps[(acc, o.cluster_id)]
+                                               for o in pools if (acc, o.cluster_id) in team.cluster_caps},
+                        "cluster_used_gpus": {o.cluster_name: team.cluster_used.get((acc, o.cluster_id), 0)
+                                              for o in pools if (acc, o.cluster_id) in team.cluster_caps}})
+
+
+# --- cohort borrowing -------------------------------------------------------------------------------------
+
+def cohort_has_room(pool_gpus: int, borrowed_gpus: int, team_used: int, team_guaranteed: int, request: int) -> bool:
+    """Whether ``request`` more GPUs for a team keep the cohort's borrowed GPUs within its lendable pool.
+
+    ``borrowed_gpus`` = sum over the cohort of max(0, used - guaranteed); the
+    team's own share of it changes from max(0, used - g) to max(0, used + request - g).
+    """
+    after = borrowed_gpus - max(0, team_used - team_guaranteed) + max(0, team_used + request - team_guaranteed)
+    return after <= pool_gpus
+
+
+def cohort_full(job: QueuedJob, used: int, q: TeamQuota, lendable: int, borrowed: int) -> Verdict:
+    """The verdict for a job the cohort's lendable pool cannot take (``cohort_has_room`` said no): reason ``quota``."""
+    gpus = job.total_gpus
+    return Verdict(False, "quota", f"the cohort lends {lendable} GPUs and {borrowed} are borrowed; {gpus} more do not fit",
+                   {"request_gpus": gpus, "used_gpus": used, "nominal_gpus": q.nominal_gpus,
+                    "borrowing_limit_gpus": q.borrowing_limit_gpus, "lending_limit_gpus": q.lending_limit_gpus,
+                    "cohort_lendable_gpus": lendable, "cohort_borrowed_gpus": borrowed})
+
+
+# --- capacity ---------------------------------------------------------------------------------------------
+
+def never_placeable(job: QueuedJob) -> Verdict:
+    """No node pool can ever hold ``job`` (none matches): it waits for one to appear, without blocking its team."""
+    return Verdict(False, "capacity", "no node pool can ever hold this job",
+                   {"request_gpus": job.total_gpus, "free_gpus_by_pool": {}, "never_placeable": True})
+
+
+def no_room(job: QueuedJob, pools: list[PoolOffer], free: dict[int, int]) -> Verdict:
+    """Pools match ``job`` but none has room for it now; ``free``: free GPUs by node pool id."""
+    return Verdict(False, "capacity", "no healthy node pool matching the job has room now",
+                   {"request_gpus": job.total_gpus,
+                    "free_gpus_by_pool": {str(o.node_pool_id): free[o.node_pool_id] for o in pools}})
+
+
+# --- budgets ----------------------------------------------------------------------------------------------
+
+def check_budgets(estimate_usd: Decimal, budgets: list[BudgetView]) -> Verdict:
+    """Admit unless a ``block`` budget's remaining money (amount - spent - committed) is below ``estimate_usd``.
+
+    ``alert`` budgets never stop admission. An estimate above a block
+    budget's whole amount can never fit: ``never`` is set.
+    """
+    for b in budgets:
+        if b.action != "block" or estimate_usd <= b.remaining_usd:
+            continue
+        detail = {"budget_id": b.budget_id, "estimate_usd": str(estimate_usd), "amount_usd": str(b.amount_usd),
+                  "spent_usd": str(b.spent_usd), "committed_usd": str(b.committed_usd), "remaining_usd": str(b.remaining_usd)}
+        never = estimate_usd > b.amount_usd
+        msg = (f"estimated ${estimate_usd:.2f} is over the whole budget of ${b.amount_usd:.2f}" if never else
+               f"estimated ${estimate_usd:.2f} is over the ${max(b.remaining_usd, Decimal(0)):.2f} left in the budget")
+        return Verdict(False, "budget", msg, detail, never=never)
+    return OK
+
+
+def budget_never(cheapest_estimate_usd: Decimal, budgets: list[BudgetView]) -> Verdict | None:
+    """The verdict that rejects a job for good whose cheapest estimate is over a whole ``block`` budget, or None."""
+    for b in budgets:
+        if b.action == "block" and cheapest_estimate_usd > b.amount_usd:
+            return dataclasses.replace(check_budgets(cheapest_estimate_usd, [b]), never=True)
+    return None

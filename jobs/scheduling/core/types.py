@@ -1,0 +1,238 @@
+"""The scheduling model as plain data: jobs, teams with quotas and budgets, the snapshot, and the decisions.
+
+Kueue's vocabulary: a team is a ClusterQueue (nominal quota, borrowing and
+lending limits per accelerator), teams sharing a ``cohort`` lend each other
+their idle nominal quota, a node pool is a resource flavor. GPUs are
+integers, money is Decimal USD, times are seconds on one monotonic epoch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from decimal import Decimal
+
+from .placement import PlacementRequest, PoolOffer
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """The answer of one rule: ``ok``, otherwise ``reason`` (``quota``, ``budget``, ``capacity``) with the numbers in
+    ``detail``.
+
+    ``never`` is True when the request could not pass even with nothing else
+    running or spent: the job should be rejected rather than wait.
+    """
+
+    ok: bool
+    reason: str = ""
+    message: str = ""
+    detail: dict = dataclasses.field(default_factory=dict)
+    never: bool = False
+
+
+OK = Verdict(True)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuotaView:
+    """A team's quota for one accelerator: nominal and borrowing limit, GPUs; per-job cap (0 = none)."""
+
+    nominal_gpus: int
+    borrowing_limit_gpus: int = 0
+    max_gpus_per_job: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetView:
+    """A budget's state in its current period, USD: amount, spent (ledger), committed (running jobs' remaining estimate)."""
+
+    budget_id: int
+    amount_usd: Decimal
+    spent_usd: Decimal
+    committed_usd: Decimal
+    action: str
+
+    @property
+    def remaining_usd(self) -> Decimal:
+        return self.amount_usd - self.spent_usd - self.committed_usd
+
+
+@dataclasses.dataclass(slots=True)
+class QueuedJob:
+    """A waiting job: ``nodes`` x ``gpus_per_node`` GPUs of one accelerator, its priority (higher first),
+    submission time (seconds, any monotonic epoch), max runtime (s) and placement constraints."""
+
+    job_id: int
+    team_id: int
+    accelerator_id: int
+    nodes: int
+    gpus_per_node: int
+    priority: int = 500
+    submitted: float = 0.0
+    preemptible: bool = False
+    max_runtime_seconds: int = 3600
+    providers: tuple[str, ...] = ()
+    regions: tuple[str, ...] = ()
+    clusters: tuple[str, ...] = ()
+    recovering: bool = False
+    key: tuple = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        self.key = (-self.priority, self.submitted, self.job_id)
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def order_key(self) -> tuple:
+        """A team's queue order: priority high first, then submission time, then id."""
+        return self.key
+
+    def placement(self) -> PlacementRequest:
+        return PlacementRequest(self.nodes, self.gpus_per_node, self.preemptible, self.providers, self.regions,
+                                self.clusters)
+
+
+@dataclasses.dataclass(slots=True)
+class RunningJob:
+    """A live attempt that holds ``gpus`` GPUs on ``node_pool_id``; ``admitted`` in seconds (same epoch as submissions)."""
+
+    job_id: int
+    attempt_id: int
+    team_id: int
+    accelerator_id: int
+    node_pool_id: int
+    gpus: int
+    priority: int = 500
+    admitted: float = 0.0
+    preemptible: bool = False
+
+
+@dataclasses.dataclass(slots=True)
+class TeamQuota:
+    """One team's quota for one accelerator, GPUs: nominal, borrowing limit, lending limit (None = all of
+    nominal is lendable), per-job cap (0 = none)."""
+
+    nominal_gpus: int
+    borrowing_limit_gpus: int = 0
+    lending_limit_gpus: int | None = None
+    max_gpus_per_job: int = 0
+
+    @property
+    def lendable_gpus(self) -> int:
+        if self.lending_limit_gpus is None:
+            return self.nominal_gpus
+        return min(self.lending_limit_gpus, self.nominal_gpus)
+
+    @property
+    def guaranteed_gpus(self) -> int:
+        """The part of nominal the team never lends."""
+        return self.nominal_gpus - self.lendable_gpus
+
+    def view(self) -> QuotaView:
+        """The numbers ``rules.check_quota`` reads."""
+        return QuotaView(self.nominal_gpus, self.borrowing_limit_gpus, self.max_gpus_per_job)
+
+
+@dataclasses.dataclass(slots=True)
+class TeamState:
+    """A team: cohort key (None = the default cohort), weight (> 0), quotas and live usage by accelerator id (GPUs),
+    and its budgets in force (USD)."""
+
+    team_id: int
+    cohort: object = None
+    weight: float = 1.0
+    quotas: dict[int, TeamQuota] = dataclasses.field(default_factory=dict)
+    used: dict[int, int] = dataclasses.field(default_factory=dict)
+    budgets: list[BudgetView] = dataclasses.field(default_factory=list)
+    #: Per-cluster caps, GPUs, by (accelerator id, cluster id): the team's nominal + borrowing limit there
+    #: (a ``Quota`` row with a cluster). Only clusters listed are capped; the team-wide quota still applies.
+    cluster_caps: dict[tuple[int, int], int] = dataclasses.field(default_factory=dict)
+    #: Live GPUs by (accelerator id, cluster id), for the capped clusters.
+    cluster_used: dict[tuple[int, int], int] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Snapshot:
+    """Everything one pass needs: teams by id, node pools by accelerator id (free GPUs now, price),
+    the waiting jobs and the live attempts (for preemption)."""
+
+    teams: dict[int, TeamState]
+    pools: dict[int, list[PoolOffer]]
+    queue: list[QueuedJob]
+    running: list[RunningJob] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(slots=True)
+class Admission:
+    """Admit ``job`` on ``offer`` at ``estimate_usd``, after preempting ``victims`` (usually none)."""
+
+    job: QueuedJob
+    offer: PoolOffer
+    estimate_usd: Decimal
+    victims: tuple[RunningJob, ...] = ()
+
+
+@dataclasses.dataclass(slots=True)
+class Rejection:
+    """``job`` can never run (no quota, over a cap or limit, over a whole block budget)."""
+
+    job: QueuedJob
+    verdict: Verdict
+
+
+@dataclasses.dataclass(slots=True)
+class Waiting:
+    """``job`` stays queued: ``reason`` (quota, budget, capacity, priority), a message, the numbers, and its
+    1-based position in its team's queue and among all waiting jobs."""
+
+    job: QueuedJob
+    reason: str
+    message: str
+    detail: dict
+    team_position: int = 0
+    overall_position: int = 0
+
+    @classmethod
+    def because(cls, job: QueuedJob, verdict: Verdict) -> Waiting:
+        """``job`` waits for the rule that said ``verdict`` (not ok)."""
+        return cls(job, verdict.reason, verdict.message, verdict.detail)
+
+    def verdict(self) -> Verdict:
+        """Why the job waits, as the rule's answer (never ok)."""
+        return Verdict(False, self.reason, self.message, self.detail)
+
+    def info(self) -> dict:
+        """The job's ``queue_info``: reason, message, numbers and ``position`` {team, overall}."""
+        return {"reason": self.reason, "message": self.message, **self.detail,
+                "position": {"team": self.team_position, "overall": self.overall_position}}
+
+
+Decision = Admission | Rejection | Waiting
+
+
+@dataclasses.dataclass
+class Decisions:
+    """The outcome of a pass, in decision order."""
+
+    admissions: list[Admission] = dataclasses.field(default_factory=list)
+    rejections: list[Rejection] = dataclasses.field(default_factory=list)
+    waiting: dict[int, Waiting] = dataclasses.field(default_factory=dict)
+
+    @property
+    def preemptions(self) -> list[tuple[RunningJob, int]]:
+        """``(victim, preemptor job id)`` pairs."""
+        return [(v, a.job.job_id) for a in self.admissions for v in a.victims]
+
+
+@dataclasses.dataclass(frozen=True)
+class Assessment:
+    """What the rules say of one job before it is submitted: the pool it would run on (``fits_now``: it has room
+    now; otherwise the cheapest that could ever hold it; None when none can), the estimated cost at that pool's
+    price (USD, None without a pool), and the quota and budget verdicts (``budget`` None without an estimate)."""
+
+    offer: PoolOffer | None
+    fits_now: bool
+    estimate_usd: Decimal | None
+    quota: Verdict
+    budget: Verdict | None

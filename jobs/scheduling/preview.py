@@ -1,0 +1,39 @@
+"""What the submission form shows before a job exists: where it would run now, its estimated cost, and whether its
+team's quota and budget allow it, as the core's rules say (``core.assess``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from django.utils import timezone
+
+from quotas.models import Team
+
+from .core import Assessment, QueuedJob, assess
+from .offers import pool_offers
+from .snapshot import job_snapshot
+
+
+def preview_submission(team: Team, resources: dict, placement: dict, now: dt.datetime | None = None) -> Assessment:
+    """The core's assessment of a job not yet stored, for ``team``.
+
+    ``resources``: the validated submission's ``accelerator`` (instance),
+    ``gpus_per_node``, ``nodes``, ``priority``, ``preemptible`` and
+    ``max_runtime_seconds`` (s); ``placement``: its ``providers``, ``regions``
+    and ``clusters`` lists. Placement is the scheduler's (cheapest matching
+    pool with room; if none has room, the cheapest that matches, where it
+    would wait for capacity); the estimate is GPUs x max runtime x that
+    pool's price (USD); the quota verdict is on the team's own nominal +
+    borrowing limit (the cohort's idle capacity is decided at admission).
+    """
+    now = now or timezone.now()
+    accelerator = resources["accelerator"]
+    job = QueuedJob(
+        job_id=0, team_id=team.pk, accelerator_id=accelerator.pk, nodes=resources["nodes"],
+        gpus_per_node=resources["gpus_per_node"], priority=resources["priority"], submitted=now.timestamp(),
+        preemptible=resources["preemptible"], max_runtime_seconds=resources["max_runtime_seconds"],
+        providers=tuple(placement.get("providers") or ()), regions=tuple(placement.get("regions") or ()),
+        clusters=tuple(placement.get("clusters") or ()),
+    )
+    snapshot = job_snapshot(team, job, now, pool_offers(accelerator.pk, now, lock=False), cohort=False)
+    return assess(snapshot, job)

@@ -1,0 +1,263 @@
+"""The snapshot a pass decides on, read from the database without locks; and the one-job snapshots of a locked
+re-check and of the submission preview.
+
+A pass reads the waiting jobs (in admission order), every team with its
+cohort, weight, quotas (all clusters), live usage and budgets in force, the
+node pools of the accelerators asked for (``offers``) and the live attempts
+of preemptible jobs. On PostgreSQL waiting rows are kept per process between
+passes and read again only when their row version changed (``ROW_CACHE``,
+emptied by ``core.lookups.clear_all`` too).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import threading
+
+from django.db import connection
+from django.db.models import F, Q, Sum, TextField
+from django.db.models.expressions import RawSQL
+from django.db.models.fields.json import KeyTransform
+from django.db.models.functions import Cast
+
+from core.lookups import register
+from costs.budgets import committed_usd, ledger_usd
+from quotas.models import Budget, Quota, Team
+
+from ..models import Job, JobAttempt, JobState
+from .core import BudgetView, PoolOffer, QueuedJob, RunningJob, Snapshot, TeamQuota, TeamState
+from .offers import pool_offers
+
+#: The states of a job that waits for admission.
+WAITING_STATES = (JobState.QUEUED, JobState.RECOVERING)
+
+
+def team_used_gpus(team_id: int, accelerator_id: int) -> int:
+    """GPUs of ``accelerator_id`` held by the team's live attempts (an attempt holds GPUs until it ends)."""
+    return (
+        JobAttempt.objects.filter(job__team_id=team_id, node_pool__accelerator_id=accelerator_id, ended_at__isnull=True)
+        .aggregate(n=Sum("gpus"))["n"]
+        or 0
+    )
+
+
+def budget_views(team_id: int, now: dt.datetime) -> list[BudgetView]:
+    """The team's budgets in their current period, with spent (ledger) and committed (running estimates) USD.
+
+    Spent and committed follow ``costs.budgets`` (one definition for admission, status and alerts).
+    """
+    views = []
+    committed = None
+    for budget in Budget.objects.filter(team_id=team_id):
+        start, end = budget.window(now)
+        if start is None or not (start <= now < end):
+            continue
+        if committed is None:
+            committed = committed_usd(team_id)
+        views.append(BudgetView(budget.pk, budget.amount_usd, ledger_usd(team_id, start, end), committed, budget.action))
+    return views
+
+
+def _constraints(placement) -> tuple[tuple, tuple, tuple]:
+    """(providers, regions, clusters) of a spec's ``placement`` (anything but a dict: no constraint)."""
+    placement = placement if isinstance(placement, dict) else {}
+    return tuple(tuple(placement.get(k) or ()) for k in ("providers", "regions", "clusters"))
+
+
+def _queued_job(row: dict) -> QueuedJob:
+    providers, regions, clusters = row["placement"]
+    return QueuedJob(
+        job_id=row["pk"], team_id=row["team_id"], accelerator_id=row["accelerator_id"], nodes=row["nodes"],
+        gpus_per_node=row["gpus_per_node"], priority=row["priority"], submitted=row["created_at"].timestamp(),
+        preemptible=row["preemptible"], max_runtime_seconds=row["max_runtime_seconds"],
+        providers=providers, regions=regions, clusters=clusters, recovering=row["state"] == JobState.RECOVERING,
+    )
+
+
+def queued_job(job: Job) -> QueuedJob:
+    """``job`` (a model instance, e.g. the row a re-check locked) as the core sees a waiting job."""
+    providers, regions, clusters = _constraints((job.spec or {}).get("placement"))
+    return QueuedJob(
+        job_id=job.pk, team_id=job.team_id, accelerator_id=job.accelerator_id, nodes=job.nodes,
+        gpus_per_node=job.gpus_per_node, priority=job.priority, submitted=job.created_at.timestamp(),
+        preemptible=job.preemptible, max_runtime_seconds=job.max_runtime_seconds,
+        providers=providers, regions=regions, clusters=clusters, recovering=job.state == JobState.RECOVERING,
+    )
+
+
+@dataclasses.dataclass
+class Loaded:
+    """A pass's snapshot and the rows it was read from."""
+
+    snapshot: Snapshot
+    rows: dict[int, dict]  # job id -> its row as loaded ("state", "queue_info"...); read only (cached between passes)
+
+
+_ROW_COLUMNS = ("pk", "team_id", "accelerator_id", "nodes", "gpus_per_node", "priority", "created_at", "preemptible",
+                "max_runtime_seconds", "state", "queue_info")
+
+
+class _RowCache:
+    """Per process: job id -> (row version, row) of waiting jobs read by earlier passes (PostgreSQL only).
+
+    Validated by row versions, not by a time to live; ``clear()`` forgets
+    every row (tests: a rolled-back row may come back with the same version).
+    """
+
+    def __init__(self) -> None:
+        self.rows: dict[int, tuple[str, dict]] = {}
+        self.lock = threading.Lock()
+
+    def clear(self) -> None:
+        with self.lock:
+            self.rows.clear()
+
+
+#: The waiting rows this process read; ``core.lookups.clear_all()`` empties it with the lookup caches.
+ROW_CACHE = register(_RowCache())
+
+
+def _row_version():
+    """A PostgreSQL row version as text: ``xmin`` (the writing transaction) and ``ctid`` (where this version lies).
+
+    Every UPDATE writes a new row version at a new ``ctid``, even a second
+    UPDATE in the same transaction (which keeps ``xmin``), and a version's
+    place is not reused while its transaction could still see it.
+    """
+    table = Job._meta.db_table
+    return RawSQL(f'"{table}"."xmin"::text || \'/\' || "{table}"."ctid"::text', [])
+
+
+def _full_rows(qs, *, with_version: bool = False) -> list[dict]:
+    """Waiting rows of ``qs`` with ``placement`` decoded once per distinct value (and ``version``, if asked).
+
+    Only spec.placement is read, as text: most jobs share a few placements,
+    where decoding the whole spec of thousands of waiting jobs would dominate
+    the pass.
+    """
+    extra = {"version": _row_version()} if with_version else {}
+    rows = list(qs.values(*_ROW_COLUMNS, placement=Cast(KeyTransform("placement", "spec"), TextField()), **extra))
+    placements: dict[str | None, tuple] = {}
+    for r in rows:
+        text = r["placement"]
+        if text not in placements:
+            placements[text] = _constraints(json.loads(text) if text else None)
+        r["placement"] = placements[text]
+        r["queued"] = _queued_job(r)
+    return rows
+
+
+def _waiting_rows(qs, limit: int | None) -> list[dict]:
+    """The waiting rows of ``qs`` in its order; on PostgreSQL only rows that changed since the last pass are read.
+
+    A storm of submissions makes every pass read the whole queue again, while
+    between two passes only the new jobs and the few that changed differ.
+    First one narrow query (id and the row version, which every UPDATE
+    changes: ``_row_version``), then the full rows of the ids whose version this process
+    has not seen, then the rest from the per-process cache. A row that left
+    the waiting states between the two queries is dropped.
+    """
+    if connection.vendor != "postgresql":
+        return _full_rows(qs[:limit] if limit else qs)
+    versions = qs.values_list("pk", _row_version())
+    versions = list(versions[:limit] if limit else versions)
+    cache = ROW_CACHE.rows
+    with ROW_CACHE.lock:  # one pass at a time per process reads and prunes the cache
+        missing = [pk for pk, version in versions if cache.get(pk, ("",))[0] != version]
+        for start in range(0, len(missing), 5000):
+            for row in _full_rows(Job.objects.filter(pk__in=missing[start:start + 5000]).order_by(),
+                                  with_version=True):
+                cache[row["pk"]] = (row.pop("version"), row)
+        waiting = {pk for pk, _ in versions}
+        for pk in [pk for pk in cache if pk not in waiting]:
+            del cache[pk]
+        # A job that left the queue between the two queries has no cached row, or one in its new state.
+        return [entry[1] for pk, _ in versions
+                if (entry := cache.get(pk)) is not None and entry[1]["state"] in WAITING_STATES]
+
+
+def load_snapshot(now: dt.datetime, *, job_ids: list[int] | None = None, limit: int | None = None) -> Loaded:
+    """Read everything a pass needs, without locks: waiting jobs (in admission order, first ``limit``, or just
+    ``job_ids``), every team with its cohort, weight, quotas (all clusters), live usage and budgets in force, node pools
+    of the accelerators asked for (free GPUs, price now), and the live attempts of preemptible jobs."""
+    qs = Job.objects.filter(state__in=WAITING_STATES).order_by("-priority", "created_at", "pk")
+    if job_ids is not None:
+        rows = _full_rows(qs.filter(pk__in=job_ids))
+    else:
+        rows = _waiting_rows(qs, limit)
+    recovering = [r["pk"] for r in rows if r["state"] == JobState.RECOVERING]
+    if recovering:
+        live = set(JobAttempt.objects.filter(job_id__in=recovering, ended_at__isnull=True).values_list("job_id", flat=True))
+        rows = [r for r in rows if r["pk"] not in live]
+    queue = [r["queued"] for r in rows]
+
+    teams = {t.pk: TeamState(t.pk, cohort=t.cohort_id, weight=float(t.weight)) for t in Team.objects.all()}
+    for q in Quota.objects.all():
+        if q.cluster_id is None:
+            teams[q.team_id].quotas[q.accelerator_id] = TeamQuota(q.nominal_gpus, q.borrowing_limit_gpus,
+                                                                  q.lending_limit_gpus, q.max_gpus_per_job)
+        else:
+            teams[q.team_id].cluster_caps[(q.accelerator_id, q.cluster_id)] = q.nominal_gpus + q.borrowing_limit_gpus
+    if any(t.cluster_caps for t in teams.values()):
+        for team_id, acc, cluster_id, gpus in (
+                JobAttempt.objects.filter(ended_at__isnull=True)
+                .values_list("job__team_id", "node_pool__accelerator_id", "cluster_id").annotate(n=Sum("gpus"))):
+            if (acc, cluster_id) in teams[team_id].cluster_caps:
+                teams[team_id].cluster_used[(acc, cluster_id)] = gpus
+    for team_id, acc, gpus in (JobAttempt.objects.filter(ended_at__isnull=True)
+                               .values_list("job__team_id", "node_pool__accelerator_id").annotate(n=Sum("gpus"))):
+        teams[team_id].used[acc] = gpus
+    queued_teams = {j.team_id for j in queue}
+    for team_id in set(Budget.objects.filter(team_id__in=queued_teams).values_list("team_id", flat=True)):
+        teams[team_id].budgets = budget_views(team_id, now)
+
+    accelerators = {j.accelerator_id for j in queue}
+    pools = {acc: pool_offers(acc, now, lock=False) for acc in accelerators}
+    running = [
+        RunningJob(job_id, attempt_id, team_id, acc, pool_id, gpus, priority,
+                   (admitted_at or created_at).timestamp(), True)
+        for attempt_id, job_id, team_id, acc, pool_id, gpus, priority, admitted_at, created_at in
+        JobAttempt.objects.filter(ended_at__isnull=True, job__preemptible=True, job__current_attempt_id=F("pk"),
+                                  job__state__in=[JobState.ADMITTED, JobState.STARTING, JobState.RUNNING])
+        .values_list("pk", "job_id", "job__team_id", "node_pool__accelerator_id", "node_pool_id", "gpus",
+                     "job__priority", "job__admitted_at", "created_at")
+    ] if accelerators else []
+    return Loaded(Snapshot(teams, pools, queue, running), {r["pk"]: r for r in rows})
+
+
+def job_snapshot(team: Team, job: QueuedJob, now: dt.datetime, offers: list[PoolOffer], *, cohort: bool = True,
+                 also: tuple[int, ...] = ()) -> Snapshot:
+    """A snapshot to decide ``job`` alone, read now: its ``team`` with the quotas of the job's accelerator (team-wide
+    and per cluster), live usage and budgets in force; with ``cohort`` every team of its cohort (their quotas and
+    usage make the cohort's lendable pool and its borrowing); the teams in ``also`` too; ``offers`` as the job's
+    pools; no running jobs (nothing more to preempt).
+
+    Read inside the admission's transaction, after its locks, it is what the
+    core re-checks the admission on (``apply``); with ``cohort=False`` it is
+    what the submission preview assesses (``preview``).
+    """
+    acc = job.accelerator_id
+    members = Q(pk=team.pk) | Q(pk__in=also)
+    if cohort:
+        members |= Q(cohort_id=team.cohort_id) if team.cohort_id else Q(cohort__isnull=True)
+    teams = {pk: TeamState(pk, cohort=cohort_id, weight=float(weight))
+             for pk, cohort_id, weight in Team.objects.filter(members).values_list("pk", "cohort_id", "weight")}
+    teams[team.pk] = TeamState(team.pk, cohort=team.cohort_id, weight=float(team.weight))  # the row as locked
+    for q in Quota.objects.filter(team_id__in=teams, accelerator_id=acc):
+        if q.cluster_id is None:
+            teams[q.team_id].quotas[acc] = TeamQuota(q.nominal_gpus, q.borrowing_limit_gpus, q.lending_limit_gpus,
+                                                     q.max_gpus_per_job)
+        else:
+            teams[q.team_id].cluster_caps[(acc, q.cluster_id)] = q.nominal_gpus + q.borrowing_limit_gpus
+    live = JobAttempt.objects.filter(job__team_id__in=teams, node_pool__accelerator_id=acc, ended_at__isnull=True)
+    for team_id, gpus in live.values_list("job__team_id").annotate(n=Sum("gpus")):
+        teams[team_id].used[acc] = gpus
+    own = teams[team.pk]
+    if own.cluster_caps:
+        for cluster_id, gpus in (live.filter(job__team_id=team.pk).values_list("cluster_id").annotate(n=Sum("gpus"))):
+            if (acc, cluster_id) in own.cluster_caps:
+                own.cluster_used[(acc, cluster_id)] = gpus
+    own.budgets = budget_views(team.pk, now)
+    return Snapshot(teams, {acc: offers}, [job])
