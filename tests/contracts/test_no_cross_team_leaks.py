@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 from costs.models import CostEntry
 from frontend.models import Report
 from quotas.models import ApiToken, Budget, Quota
-from tests.api.conftest import make_attempt
+from tests.support.factories import make_attempt
 
 
 def web(persona) -> Client:
@@ -24,12 +24,12 @@ def web(persona) -> Client:
 
 
 @pytest.fixture
-def beta_world(beta_objects, fleet, teams):
+def beta_world(beta_objects, aws_cluster, teams):
     """Beta's job with an attempt, a ledger entry and a report."""
     job = beta_objects["job"]
-    attempt = make_attempt(job, fleet["cluster"], fleet["pool"])
+    attempt = make_attempt(job, aws_cluster["cluster"], aws_cluster["pool"])
     start = timezone.now().replace(microsecond=0) - dt.timedelta(hours=2)
-    CostEntry.objects.create(attempt=attempt, job=job, team=teams[1], cluster=fleet["cluster"],
+    CostEntry.objects.create(attempt=attempt, job=job, team=teams[1], cluster=aws_cluster["cluster"],
                              accelerator=job.accelerator, interval_start=start,
                              interval_end=start + dt.timedelta(hours=1), gpus=1, usd_per_gpu_hour="7.000000",
                              amount_usd="7.000000000")
@@ -152,15 +152,15 @@ def entry(attempt, team, cluster, start, amount, minutes=1):
 
 
 @pytest.fixture
-def alpha_ledger(alpha_objects, fleet, teams):
-    attempt = make_attempt(alpha_objects["job"], fleet["cluster"], fleet["pool"])
+def alpha_ledger(alpha_objects, aws_cluster, teams):
+    attempt = make_attempt(alpha_objects["job"], aws_cluster["cluster"], aws_cluster["pool"])
     base = dt.datetime(2026, 3, 10, 12, 0, tzinfo=dt.timezone.utc)
     # 0.1 + 0.2 (x10) in the ledger: binary floats would drift; Decimals sum to exactly 3.00.
     for i in range(10):
-        entry(attempt, teams[0], fleet["cluster"], base + dt.timedelta(minutes=2 * i), "0.100000000")
-        entry(attempt, teams[0], fleet["cluster"], base + dt.timedelta(minutes=2 * i + 1), "0.200000000")
+        entry(attempt, teams[0], aws_cluster["cluster"], base + dt.timedelta(minutes=2 * i), "0.100000000")
+        entry(attempt, teams[0], aws_cluster["cluster"], base + dt.timedelta(minutes=2 * i + 1), "0.200000000")
     # half-even at presentation: 0.005 alone on another day
-    entry(attempt, teams[0], fleet["cluster"], base + dt.timedelta(days=1), "0.005000000")
+    entry(attempt, teams[0], aws_cluster["cluster"], base + dt.timedelta(days=1), "0.005000000")
     return base
 
 

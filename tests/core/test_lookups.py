@@ -20,8 +20,8 @@ from quotas.authentication import TOKENS
 from quotas.models import ApiToken, Membership, PriorityClass, Quota
 from runners.base import PoolCapacity
 from runners.kubernetes.sync import apply_pools
-from tests.api.conftest import make_attempt
-from tests.conftest import fresh, run
+from tests.support.factories import make_attempt
+from tests.support.factories import fresh, run
 
 JOBS = "/api/v1/jobs/"
 S = JobState
@@ -36,41 +36,41 @@ def cached(settings):
 
 # --- 1. lookup caches: same-process staleness -------------------------------------------------------------------
 
-def test_a_node_pool_shrunk_by_sync_is_seen_by_the_next_submission(cached, teammate, fleet, submission):
+def test_a_node_pool_shrunk_by_sync_is_seen_by_the_next_submission(cached, teammate, aws_cluster, submission):
     """apply_pools shrinks gpus_per_node with QuerySet.update(): no post_save, so ACCELERATORS keeps the old max."""
     assert teammate.client.post(JOBS, submission, format="json").status_code == 201
-    apply_pools(fleet["cluster"], [PoolCapacity(name=fleet["pool"].name, accelerator="H100-80GB",
+    apply_pools(aws_cluster["cluster"], [PoolCapacity(name=aws_cluster["pool"].name, accelerator="H100-80GB",
                                                 capacity_type="on-demand", nodes=2, gpus_per_node=4)])
     r = teammate.client.post(JOBS, submission, format="json")  # still asks 8 GPUs per node
     assert r.status_code == 400, r.content
     assert "spec.resources.gpus_per_node" in r.json()
 
 
-def test_a_node_pool_shrunk_by_sync_is_refused_without_the_cache_too(settings, teammate, fleet, submission):
+def test_a_node_pool_shrunk_by_sync_is_refused_without_the_cache_too(settings, teammate, aws_cluster, submission):
     """Control: with caching off the same shrink is refused, so the stale answer above comes from the cache."""
     settings.LOOKUP_CACHE_SECONDS = 0
-    apply_pools(fleet["cluster"], [PoolCapacity(name=fleet["pool"].name, accelerator="H100-80GB",
+    apply_pools(aws_cluster["cluster"], [PoolCapacity(name=aws_cluster["pool"].name, accelerator="H100-80GB",
                                                 capacity_type="on-demand", nodes=2, gpus_per_node=4)])
     r = teammate.client.post(JOBS, submission, format="json")
     assert r.status_code == 400, r.content
 
 
 def test_a_pool_emptied_by_sync_does_not_make_a_never_runnable_job_acceptable(
-        settings, teammate, owner, alpha, fleet, submission, h100):
+        settings, teammate, owner, alpha, aws_cluster, submission, h100):
     """A pool gone from the cluster but kept with 0 nodes (attempts refer to it) offers no GPUs; with no other pool
     the submission must get 'no node pool offers ...' (caching off: this is not about the cache).
     ResourcesSerializer.validate_accelerator's Max("node_pools__gpus_per_node") counts pools with nodes=0."""
     settings.LOOKUP_CACHE_SECONDS = 0
-    from tests.api.conftest import make_job
+    from tests.support.factories import make_job
     job = make_job(alpha, owner.user, h100, name="old")
-    make_attempt(job, fleet["cluster"], fleet["pool"])
-    counts = apply_pools(fleet["cluster"], [])
+    make_attempt(job, aws_cluster["cluster"], aws_cluster["pool"])
+    counts = apply_pools(aws_cluster["cluster"], [])
     assert counts["emptied"] == 1
     r = teammate.client.post(JOBS, submission, format="json")
     assert r.status_code == 400, r.content
 
 
-def test_an_invalidation_during_an_in_flight_token_load_is_not_lost(cached, teammate, fleet):
+def test_an_invalidation_during_an_in_flight_token_load_is_not_lost(cached, teammate, aws_cluster):
     """Request A misses TOKENS and reads the token row; meanwhile the token is deleted (post_delete empties TOKENS);
     then A stores what it read. LookupCache.get loads outside its lock and only checks that the TTLCache object is
     the same, not that no clear() happened, so the deleted token goes back in and authenticates for the whole TTL.
@@ -87,7 +87,7 @@ def test_an_invalidation_during_an_in_flight_token_load_is_not_lost(cached, team
     assert teammate.client.get(JOBS).status_code == 401
 
 
-def test_a_member_turned_viewer_can_no_longer_submit(cached, teammate, fleet, submission):
+def test_a_member_turned_viewer_can_no_longer_submit(cached, teammate, aws_cluster, submission):
     assert teammate.client.post(JOBS, submission, format="json").status_code == 201
     m = Membership.objects.get(user=teammate.user)
     m.role = Membership.Role.VIEWER
@@ -96,7 +96,7 @@ def test_a_member_turned_viewer_can_no_longer_submit(cached, teammate, fleet, su
     assert r.status_code == 400 and "team" in r.json()
 
 
-def test_a_renamed_team_slug_is_refused_under_the_old_name(cached, teammate, alpha, fleet, submission):
+def test_a_renamed_team_slug_is_refused_under_the_old_name(cached, teammate, alpha, aws_cluster, submission):
     assert teammate.client.post(JOBS, submission, format="json").status_code == 201
     alpha.slug = "alpha-renamed"
     alpha.save()
@@ -106,7 +106,7 @@ def test_a_renamed_team_slug_is_refused_under_the_old_name(cached, teammate, alp
     assert teammate.client.post(JOBS, sub, format="json").status_code == 201
 
 
-def test_a_renamed_accelerator_is_refused_under_the_old_name(cached, teammate, fleet, submission, h100):
+def test_a_renamed_accelerator_is_refused_under_the_old_name(cached, teammate, aws_cluster, submission, h100):
     assert teammate.client.post(JOBS, submission, format="json").status_code == 201
     h100.name = "H100-renamed"
     h100.save()
@@ -114,14 +114,14 @@ def test_a_renamed_accelerator_is_refused_under_the_old_name(cached, teammate, f
     assert r.status_code == 400 and "spec.resources.accelerator" in r.json()
 
 
-def test_a_deleted_node_pool_is_seen_at_once(cached, teammate, fleet, submission):
+def test_a_deleted_node_pool_is_seen_at_once(cached, teammate, aws_cluster, submission):
     assert teammate.client.post(JOBS, submission, format="json").status_code == 201
-    fleet["pool"].delete()
+    aws_cluster["pool"].delete()
     r = teammate.client.post(JOBS, submission, format="json")
     assert r.status_code == 400 and "spec.resources.accelerator" in r.json()
 
 
-def test_a_deleted_priority_class_is_refused_at_once(cached, teammate, fleet, submission):
+def test_a_deleted_priority_class_is_refused_at_once(cached, teammate, aws_cluster, submission):
     PriorityClass.objects.get_or_create(name="urgent", defaults={"value": 900})
     PriorityClass.objects.get_or_create(name="high", defaults={"value": 700})
     sub = copy.deepcopy(submission)
@@ -143,7 +143,7 @@ FIELD_PATHS = [("team",), ("name",), ("kind",), ("spec",), ("spec", "image"), ("
 
 
 @pytest.mark.parametrize("path", FIELD_PATHS, ids=".".join)
-def test_odd_values_in_every_field_get_400_and_only_their_own_errors(cached, teammate, fleet, submission, path):
+def test_odd_values_in_every_field_get_400_and_only_their_own_errors(cached, teammate, aws_cluster, submission, path):
     for value in ODD_VALUES:
         sub = copy.deepcopy(submission)
         node = sub
@@ -169,13 +169,13 @@ def test_odd_values_in_every_field_get_400_and_only_their_own_errors(cached, tea
     "team: {? [1, 2] : 3}\n",
     "team: alpha\nname: .nan\nspec:\n  priority: .inf\n",
 ])
-def test_odd_yaml_submissions_get_400(cached, teammate, fleet, body):
+def test_odd_yaml_submissions_get_400(cached, teammate, aws_cluster, body):
     r = teammate.client.post(JOBS, body.encode(), content_type="application/yaml")
     assert r.status_code in (400, 415), (r.status_code, r.content[:300])
 
 
 @pytest.mark.parametrize("priority", [["high"], {"high": 1}, 700, None, True, "high\x00"])
-def test_a_priority_that_is_not_a_string_gets_400(cached, teammate, fleet, submission, priority):
+def test_a_priority_that_is_not_a_string_gets_400(cached, teammate, aws_cluster, submission, priority):
     submission["spec"]["priority"] = priority
     r = teammate.client.post(JOBS, submission, format="json")
     assert r.status_code == 400 and "spec.priority" in r.json(), r.content
@@ -188,7 +188,7 @@ def test_a_priority_that_is_not_a_string_gets_400(cached, teammate, fleet, submi
     ("reg.io/ünïcødé/图像:✓", ["python", "🚀.py"], {"U": "ß" * 1000}),
     ("r/" + "a" * 510, ["x" * 10000], {"K": "$1 $2 %s %(x)s"}),
 ])
-def test_the_stored_job_and_its_event_match_the_response(cached, teammate, fleet, submission, image, command, env):
+def test_the_stored_job_and_its_event_match_the_response(cached, teammate, aws_cluster, submission, image, command, env):
     submission["name"] = "a" * 63
     submission["spec"].update(image=image, command=command, env=env)
     r = teammate.client.post(JOBS, submission, format="json")
@@ -204,7 +204,7 @@ def test_the_stored_job_and_its_event_match_the_response(cached, teammate, fleet
 
 @pytest.mark.parametrize("field,value", [("name", "a" * 64), ("name", "a\x00b"), ("team", "al\x00pha"),
                                          ("image", "x\x00y"), ("image", "x" * 513)])
-def test_nul_and_overlong_values_get_400_and_store_nothing(cached, teammate, fleet, submission, field, value):
+def test_nul_and_overlong_values_get_400_and_store_nothing(cached, teammate, aws_cluster, submission, field, value):
     if field == "image":
         submission["spec"]["image"] = value
     else:
@@ -216,7 +216,7 @@ def test_nul_and_overlong_values_get_400_and_store_nothing(cached, teammate, fle
 
 
 @pytest.mark.django_db(transaction=True)
-def test_every_job_has_exactly_one_submitted_event_under_concurrency(cached, teammate, fleet, submission):
+def test_every_job_has_exactly_one_submitted_event_under_concurrency(cached, teammate, aws_cluster, submission):
     from django.db import connection
     from rest_framework.test import APIClient
     results = []
@@ -327,8 +327,8 @@ def test_racing_passes_never_exceed_a_cluster_cap(cluster_factory, quota_factory
 @pytest.mark.parametrize("patch", [{"nominal_gpus": -1}, {"nominal_gpus": "lots"}, {"nominal_gpus": 2**40},
                                    {"borrowing_limit_gpus": -5}, {"cluster": 999999}, {"cluster": "nope"},
                                    {"cluster": ["x"]}, {"nominal_gpus": None}, {"nominal_gpus": 1.5}])
-def test_bad_per_cluster_quota_values_get_400(staff, alpha, h100, fleet, patch):
-    body = {"team": alpha.slug, "accelerator": h100.name, "cluster": fleet["cluster"].name, "nominal_gpus": 8,
+def test_bad_per_cluster_quota_values_get_400(staff, alpha, h100, aws_cluster, patch):
+    body = {"team": alpha.slug, "accelerator": h100.name, "cluster": aws_cluster["cluster"].name, "nominal_gpus": 8,
             "borrowing_limit_gpus": 0}
     body.update(patch)
     r = staff.client.post("/api/v1/quotas/", body, format="json")
@@ -377,22 +377,22 @@ def test_cpctl_answers_bad_arguments_with_a_clean_nonzero_exit(argv, capsys):
     assert "Traceback" not in capsys.readouterr().err
 
 
-def test_a_duplicate_per_cluster_quota_gets_400_not_500(staff, alpha, h100, fleet):
-    body = {"team": alpha.slug, "accelerator": h100.name, "cluster": fleet["cluster"].name, "nominal_gpus": 8}
+def test_a_duplicate_per_cluster_quota_gets_400_not_500(staff, alpha, h100, aws_cluster):
+    body = {"team": alpha.slug, "accelerator": h100.name, "cluster": aws_cluster["cluster"].name, "nominal_gpus": 8}
     assert staff.client.post("/api/v1/quotas/", body, format="json").status_code == 201
     r = staff.client.post("/api/v1/quotas/", {**body, "nominal_gpus": 64}, format="json")
     assert r.status_code == 400, (r.status_code, r.content[:300])
-    assert Quota.objects.filter(team=alpha, cluster=fleet["cluster"]).count() == 1
+    assert Quota.objects.filter(team=alpha, cluster=aws_cluster["cluster"]).count() == 1
 
 
-def test_moving_a_per_cluster_quota_onto_an_existing_one_gets_400_not_500(staff, alpha, h100, fleet, quota_factory,
+def test_moving_a_per_cluster_quota_onto_an_existing_one_gets_400_not_500(staff, alpha, h100, aws_cluster, quota_factory,
                                                                            cluster_factory):
     other, _ = cluster_factory("other", "gcp", "us-central1", h100)
     quota_factory(alpha, h100, nominal=16)
     body = {"team": alpha.slug, "accelerator": h100.name, "nominal_gpus": 8}
-    a = staff.client.post("/api/v1/quotas/", {**body, "cluster": fleet["cluster"].name}, format="json").json()["id"]
+    a = staff.client.post("/api/v1/quotas/", {**body, "cluster": aws_cluster["cluster"].name}, format="json").json()["id"]
     b = staff.client.post("/api/v1/quotas/", {**body, "cluster": other.name}, format="json").json()["id"]
-    for patch, target in (({"cluster": None}, a), ({"cluster": other.name}, a), ({"cluster": fleet["cluster"].name}, b)):
+    for patch, target in (({"cluster": None}, a), ({"cluster": other.name}, a), ({"cluster": aws_cluster["cluster"].name}, b)):
         r = staff.client.patch(f"/api/v1/quotas/{target}/", patch, format="json")
         assert r.status_code == 400, (patch, r.status_code, r.content[:300])
 
@@ -402,7 +402,7 @@ def test_moving_a_per_cluster_quota_onto_an_existing_one_gets_400_not_500(staff,
     b"team: alpha\nname: 2024-13-45\n",  # matches YAML's timestamp pattern, but month 13
     b"team: alpha\nname: 2024-02-30 10:00:00\n",  # February 30th
 ], ids=["int-over-4300-digits", "month-13", "february-30"])
-def test_yaml_scalars_that_pyyaml_cannot_construct_get_400_not_500(teammate, fleet, body):
+def test_yaml_scalars_that_pyyaml_cannot_construct_get_400_not_500(teammate, aws_cluster, body):
     """PyYAML's SafeLoader raises a plain ValueError (not yaml.YAMLError) from int()/datetime() for these;
     controlplane.api.YAMLParser only catches RecursionError, UnicodeDecodeError and YAMLError."""
     teammate.client.raise_request_exception = False
@@ -411,7 +411,7 @@ def test_yaml_scalars_that_pyyaml_cannot_construct_get_400_not_500(teammate, fle
 
 
 @pytest.mark.parametrize("kind", ["training", "inference"])
-def test_the_submit_response_is_what_a_get_of_the_stored_row_shows(cached, teammate, fleet, submission, kind):
+def test_the_submit_response_is_what_a_get_of_the_stored_row_shows(cached, teammate, aws_cluster, submission, kind):
     submission["kind"] = kind
     submission["name"] = "z9-" + "é".encode().hex() + "-" + kind
     submission["spec"]["env"] = {"A": "it's \"q\" \\ ünï 🚀"}
@@ -422,16 +422,16 @@ def test_the_submit_response_is_what_a_get_of_the_stored_row_shows(cached, teamm
     assert posted == got
 
 
-def test_a_deleted_cluster_takes_its_pools_out_of_validation_at_once(cached, teammate, fleet, submission):
+def test_a_deleted_cluster_takes_its_pools_out_of_validation_at_once(cached, teammate, aws_cluster, submission):
     assert teammate.client.post(JOBS, submission, format="json").status_code == 201
     Job.objects.all().delete()
-    fleet["cluster"].delete()  # cascades to the node pool
+    aws_cluster["cluster"].delete()  # cascades to the node pool
     r = teammate.client.post(JOBS, submission, format="json")
     assert r.status_code == 400 and "spec.resources.accelerator" in r.json(), r.content
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_membership_removed_in_a_transaction_is_not_recached_from_the_old_row(cached, teammate, fleet, submission):
+def test_a_membership_removed_in_a_transaction_is_not_recached_from_the_old_row(cached, teammate, aws_cluster, submission):
     """post_delete empties MEMBERSHIPS when the DELETE runs, not when it commits. A request of another thread of
     the same process that runs between the two reads the still-committed membership and caches it; after the
     commit the removed member keeps submitting for the whole TTL. Real code only, two threads, one process."""
@@ -459,7 +459,7 @@ def test_a_membership_removed_in_a_transaction_is_not_recached_from_the_old_row(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_token_revoked_in_a_transaction_is_not_recached_from_the_old_row(cached, teammate, fleet):
+def test_a_token_revoked_in_a_transaction_is_not_recached_from_the_old_row(cached, teammate, aws_cluster):
     from django.db import connection, transaction
     from rest_framework.test import APIClient
 

@@ -154,7 +154,7 @@ def test_the_cached_insert_stores_what_django_save_stores(teams, h100):
     from jobs import lifecycle
     from jobs.models import Job, JobEvent
     from jobs.states import record_event
-    from tests.conftest import make_persona
+    from tests.support.personas import make_persona
 
     accelerator = h100
     alpha, user = teams[0], make_persona("owner", teams[0], "admin").user
@@ -191,7 +191,7 @@ def test_an_expression_in_the_first_job_does_not_poison_the_cached_statement(tea
 
     from jobs import lifecycle
     from jobs.models import Job, JobEvent
-    from tests.conftest import make_persona
+    from tests.support.personas import make_persona
 
     accelerator = h100
     alpha, user = teams[0], make_persona("owner", teams[0], "admin").user

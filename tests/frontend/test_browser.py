@@ -25,7 +25,7 @@ from jobs.scheduler import try_admit
 from jobs.tasks import dispatch_attempt
 from quotas.models import Budget, Quota
 from runners.local.capacity import ensure_local_cluster
-from tests.api.conftest import make_attempt, make_job
+from tests.support.factories import make_attempt, make_job
 from tests.runners.test_local_runner import kill_everything_under
 
 CHROMIUM = "/usr/bin/chromium"

@@ -18,10 +18,10 @@ from frontend.reports import generate_report
 from jobs.models import Job, JobState
 from quotas.models import Budget, Quota, QuotaEvent
 from runners.models import NodePool
-from tests.api.conftest import make_attempt, make_job
-from tests.conftest import make_cluster
+from tests.support.factories import make_attempt, make_job
+from tests.support.factories import make_cluster
 
-from .conftest import signed_in
+from tests.support.personas import signed_in
 
 pytestmark = pytest.mark.django_db
 

@@ -14,9 +14,9 @@ from jobs.reconcile import reconcile_cluster
 from jobs.scheduler import schedule_pending
 from jobs.tasks import dispatch_attempt
 from runners.models import Cluster
-from tests.conftest import make_cluster
+from tests.support.factories import make_cluster
 
-from .conftest import make_job
+from tests.support.factories import make_job
 
 pytestmark = pytest.mark.django_db
 

@@ -8,9 +8,9 @@ from decimal import ROUND_HALF_EVEN, Decimal
 import pytest
 
 from costs.models import CostEntry
-from tests.conftest import make_cluster
+from tests.support.factories import make_cluster
 
-from .conftest import make_attempt, make_job
+from tests.support.factories import make_attempt, make_job
 
 COSTS = "/api/v1/costs/"
 UTC = dt.timezone.utc

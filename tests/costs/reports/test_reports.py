@@ -21,8 +21,8 @@ from frontend.models import Report
 from frontend.reports import build_report_data, generate_report, period_window
 from frontend.schedules import TASK, ensure_report_schedules
 from quotas.models import Budget, Quota
-from tests.api.conftest import make_attempt, make_job
-from tests.conftest import make_cluster
+from tests.support.factories import make_attempt, make_job
+from tests.support.factories import make_cluster
 
 pytestmark = pytest.mark.django_db
 UTC = dt.timezone.utc

@@ -13,7 +13,7 @@ from jobs.models import Job, JobAttempt, JobEvent, JobState
 from jobs.scheduler import schedule_pending
 from jobs.states import StaleState
 from quotas.models import Budget, Quota, QuotaEvent
-from tests.api.conftest import make_attempt, make_job
+from tests.support.factories import make_attempt, make_job
 from tests.core.test_states import EXPECTED_EDGES
 
 S = JobState
@@ -49,10 +49,10 @@ def web(persona) -> Client:
     (S.CANCELLED, 409, S.CANCELLED),
     (S.REJECTED, 409, S.REJECTED),
 ])
-def test_cancel_in_each_state(owner, teammate, fleet, h100, teams, redis_broker, state, status, after):
+def test_cancel_in_each_state(owner, teammate, aws_cluster, h100, teams, redis_broker, state, status, after):
     job = make_job(teams[0], teammate.user, h100)
     if state in (S.ADMITTED, S.STARTING, S.RUNNING, S.CANCELLING):
-        make_attempt(job, fleet["cluster"], fleet["pool"], state=state)
+        make_attempt(job, aws_cluster["cluster"], aws_cluster["pool"], state=state)
     else:
         Job.objects.filter(pk=job.pk).update(state=state)
     events = JobEvent.objects.count()
@@ -66,27 +66,27 @@ def test_cancel_in_each_state(owner, teammate, fleet, h100, teams, redis_broker,
     assert page.status_code == 302
 
 
-def test_cancel_recovering_without_live_attempt_is_immediate(owner, teammate, fleet, h100, teams, redis_broker):
+def test_cancel_recovering_without_live_attempt_is_immediate(owner, teammate, aws_cluster, h100, teams, redis_broker):
     job = make_job(teams[0], teammate.user, h100)
-    attempt = make_attempt(job, fleet["cluster"], fleet["pool"], state=S.RECOVERING)
+    attempt = make_attempt(job, aws_cluster["cluster"], aws_cluster["pool"], state=S.RECOVERING)
     JobAttempt.objects.filter(pk=attempt.pk).update(ended_at=attempt.started_at)
     assert owner.client.post(f"/api/v1/jobs/{job.pk}/cancel/").json()["state"] == S.CANCELLED
 
 
-def test_cancel_recovering_with_live_attempt_waits_for_cluster(owner, teammate, fleet, h100, teams, redis_broker):
+def test_cancel_recovering_with_live_attempt_waits_for_cluster(owner, teammate, aws_cluster, h100, teams, redis_broker):
     job = make_job(teams[0], teammate.user, h100)
-    make_attempt(job, fleet["cluster"], fleet["pool"], state=S.RECOVERING)
+    make_attempt(job, aws_cluster["cluster"], aws_cluster["pool"], state=S.RECOVERING)
     assert owner.client.post(f"/api/v1/jobs/{job.pk}/cancel/").json()["state"] == S.CANCELLING
 
 
-def test_cancel_with_stale_in_memory_cancelling_raises_not_cancellable(teammate, fleet, h100, teams, redis_broker):
+def test_cancel_with_stale_in_memory_cancelling_raises_not_cancellable(teammate, aws_cluster, h100, teams, redis_broker):
     job = make_job(teams[0], teammate.user, h100)
-    make_attempt(job, fleet["cluster"], fleet["pool"], state=S.CANCELLING)
+    make_attempt(job, aws_cluster["cluster"], aws_cluster["pool"], state=S.CANCELLING)
     with pytest.raises(NotCancellable):
         cancel_job(job)
 
 
-def test_viewer_and_other_member_cannot_cancel(owner, viewer, teams, h100, fleet):
+def test_viewer_and_other_member_cannot_cancel(owner, viewer, teams, h100, aws_cluster):
     job = make_job(teams[0], owner.user, h100)
     assert viewer.client.post(f"/api/v1/jobs/{job.pk}/cancel/").status_code == 403
     job.refresh_from_db()
@@ -118,11 +118,11 @@ def _run_threads(*targets):
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("state", [S.QUEUED, S.RUNNING])
-def test_two_concurrent_cancels(owner, teammate, fleet, h100, teams, redis_broker, state):
+def test_two_concurrent_cancels(owner, teammate, aws_cluster, h100, teams, redis_broker, state):
     for _ in range(5):
         job = make_job(teams[0], teammate.user, h100)
         if state == S.RUNNING:
-            make_attempt(job, fleet["cluster"], fleet["pool"])
+            make_attempt(job, aws_cluster["cluster"], aws_cluster["pool"])
         clients = []
         for persona in (owner, teammate):
             from rest_framework.test import APIClient
@@ -139,7 +139,7 @@ def test_two_concurrent_cancels(owner, teammate, fleet, h100, teams, redis_broke
 
 
 @pytest.mark.django_db(transaction=True)
-def test_cancel_racing_admission_leaves_a_consistent_job(owner, teammate, fleet, h100, teams, redis_broker,
+def test_cancel_racing_admission_leaves_a_consistent_job(owner, teammate, aws_cluster, h100, teams, redis_broker,
                                                          quota_factory):
     quota_factory(teams[0], h100, 16)
     outcomes = set()
@@ -191,9 +191,9 @@ def test_bad_quota_patch_is_400(owner, alpha_objects, beta_objects, field, value
     assert QuotaEvent.objects.count() == events
 
 
-def test_quota_lowered_below_use_is_accepted_and_audited(owner, alpha_objects, fleet, h100, teams, teammate):
+def test_quota_lowered_below_use_is_accepted_and_audited(owner, alpha_objects, aws_cluster, h100, teams, teammate):
     job = make_job(teams[0], teammate.user, h100, gpus_per_node=8, nodes=2)
-    make_attempt(job, fleet["cluster"], fleet["pool"])
+    make_attempt(job, aws_cluster["cluster"], aws_cluster["pool"])
     response = owner.client.patch(f"/api/v1/quotas/{alpha_objects['quota'].pk}/", {"nominal_gpus": 0}, format="json")
     assert response.status_code == 200
     assert QuotaEvent.objects.filter(action="updated").exists()
@@ -294,7 +294,7 @@ def test_web_budget_amount_must_be_positive(owner, alpha_objects, amount):
     'team: alpha\nname: nul\nspec: {image: x, command: ["a\\0b"], resources: {accelerator: H100-80GB, '
     "gpus_per_node: 1, nodes: 1}, max_runtime_seconds: 60}\n",
 ])
-def test_web_submit_hostile_yaml(owner, fleet, text):
+def test_web_submit_hostile_yaml(owner, aws_cluster, text):
     jobs = Job.objects.count()
     for url in ("/jobs/new/", "/jobs/new/preview/"):
         response = web(owner).post(url, {"spec_yaml": text})

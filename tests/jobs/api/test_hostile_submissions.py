@@ -88,7 +88,7 @@ BAD = [
 
 
 @pytest.mark.parametrize("case,path,value,field", BAD, ids=[b[0] for b in BAD])
-def test_bad_field_is_400_on_its_path_and_stores_nothing(owner, fleet, submission, case, path, value, field):
+def test_bad_field_is_400_on_its_path_and_stores_nothing(owner, aws_cluster, submission, case, path, value, field):
     before = counts()
     response = owner.client.post(JOBS, with_path(submission, path, value), format="json")
     assert_rejected(response, before, field)
@@ -118,31 +118,31 @@ RAW_BODIES = [
 
 
 @pytest.mark.parametrize("case,body", RAW_BODIES, ids=[b[0] for b in RAW_BODIES])
-def test_raw_json_body_is_400(owner, fleet, case, body):
+def test_raw_json_body_is_400(owner, aws_cluster, case, body):
     before = counts()
     assert_rejected(post_raw(owner, body), before)
 
 
-def test_lone_surrogate_inside_spec_is_400(owner, fleet, submission):
+def test_lone_surrogate_inside_spec_is_400(owner, aws_cluster, submission):
     before = counts()
     body = json.dumps(submission).replace('"python:3.11"', '"python\\ud800"').encode()
     assert_rejected(post_raw(owner, body), before)
 
 
-def test_lone_surrogate_in_command_is_400(owner, fleet, submission):
+def test_lone_surrogate_in_command_is_400(owner, aws_cluster, submission):
     before = counts()
     body = json.dumps(submission).replace('"print(\'hello\')"', '"\\udfff"').encode()
     assert "udfff" in body.decode()
     assert_rejected(post_raw(owner, body), before)
 
 
-def test_nul_escape_in_env_value_is_400(owner, fleet, submission):
+def test_nul_escape_in_env_value_is_400(owner, aws_cluster, submission):
     submission["spec"]["env"] = {"A": "a\u0000b"}
     before = counts()
     assert_rejected(post_raw(owner, json.dumps(submission)), before, "spec.env")
 
 
-def test_duplicate_keys_do_not_crash(owner, fleet, submission):
+def test_duplicate_keys_do_not_crash(owner, aws_cluster, submission):
     body = json.dumps(submission)[:-1] + ', "team": "beta"}'
     before = counts()
     response = post_raw(owner, body)
@@ -174,7 +174,7 @@ YAML_BODIES = [
 
 
 @pytest.mark.parametrize("case,body", YAML_BODIES, ids=[b[0] for b in YAML_BODIES])
-def test_hostile_yaml_is_400(owner, fleet, case, body):
+def test_hostile_yaml_is_400(owner, aws_cluster, case, body):
     before = counts()
     assert_rejected(post_raw(owner, body, "application/yaml"), before)
 
@@ -199,7 +199,7 @@ YAML_KEY_ATTACKS = [
 
 
 @pytest.mark.parametrize("case,extra", YAML_KEY_ATTACKS, ids=[a[0] for a in YAML_KEY_ATTACKS])
-def test_yaml_odd_keys_and_values_are_400(owner, fleet, case, extra):
+def test_yaml_odd_keys_and_values_are_400(owner, aws_cluster, case, extra):
     body = yaml_submission(extra)
     if case == "null-key-in-resources":
         body = body.replace("nodes: 1}", "nodes: 1, ~: 2}")
@@ -209,12 +209,12 @@ def test_yaml_odd_keys_and_values_are_400(owner, fleet, case, extra):
     assert_rejected(post_raw(owner, body, "application/yaml"), before)
 
 
-def test_yaml_date_key_at_top_level_is_400(owner, fleet):
+def test_yaml_date_key_at_top_level_is_400(owner, aws_cluster):
     before = counts()
     assert_rejected(post_raw(owner, yaml_submission(top_extra="2024-01-01: x\n"), "application/yaml"), before)
 
 
-def test_valid_yaml_is_accepted(owner, fleet, redis_broker):
+def test_valid_yaml_is_accepted(owner, aws_cluster, redis_broker):
     response = post_raw(owner, yaml_submission(), "application/yaml")
     assert response.status_code == 201, response.content
 
@@ -231,7 +231,7 @@ def _pad_to(submission, target: int):
     return doc
 
 
-def test_spec_at_64_kib_is_accepted_and_one_byte_over_is_refused(owner, fleet, submission, redis_broker, settings):
+def test_spec_at_64_kib_is_accepted_and_one_byte_over_is_refused(owner, aws_cluster, submission, redis_broker, settings):
     limit = settings.JOB_SPEC_MAX_BYTES
     assert limit == 64 * 1024
     response = owner.client.post(JOBS, _pad_to(submission, limit), format="json")
@@ -243,30 +243,30 @@ def test_spec_at_64_kib_is_accepted_and_one_byte_over_is_refused(owner, fleet, s
     assert_rejected(response, before, "spec")
 
 
-def test_multibyte_env_counts_bytes_not_characters(owner, fleet, submission, settings):
+def test_multibyte_env_counts_bytes_not_characters(owner, aws_cluster, submission, settings):
     submission["spec"]["env"]["PAD"] = "\u20ac" * (settings.JOB_SPEC_MAX_BYTES // 3 + 10)  # 3 bytes each
     before = counts()
     assert_rejected(owner.client.post(JOBS, submission, format="json"), before, "spec")
 
 
-def test_very_long_command_list_is_refused_by_size(owner, fleet, submission):
+def test_very_long_command_list_is_refused_by_size(owner, aws_cluster, submission):
     submission["spec"]["command"] = ["x"] * 100_000
     before = counts()
     assert_rejected(owner.client.post(JOBS, submission, format="json"), before, "spec")
 
 
-def test_many_env_vars_over_limit(owner, fleet, submission):
+def test_many_env_vars_over_limit(owner, aws_cluster, submission):
     submission["spec"]["env"] = {f"V{i}": "1" for i in range(20_000)}
     before = counts()
     assert_rejected(owner.client.post(JOBS, submission, format="json"), before, "spec")
 
 
-def test_viewer_cannot_submit(viewer, fleet, submission):
+def test_viewer_cannot_submit(viewer, aws_cluster, submission):
     before = counts()
     assert_rejected(viewer.client.post(JOBS, submission, format="json"), before, "team")
 
 
-def test_outsider_cannot_submit_for_alpha(outsider, fleet, submission):
+def test_outsider_cannot_submit_for_alpha(outsider, aws_cluster, submission):
     before = counts()
     response = outsider.client.post(JOBS, submission, format="json")
     assert_rejected(response, before, "team")
@@ -276,7 +276,7 @@ def test_outsider_cannot_submit_for_alpha(outsider, fleet, submission):
     assert other.json()["team"][0].replace("nope", "alpha") == response.json()["team"][0]
 
 
-def test_form_encoded_submission_does_not_500(owner, fleet):
+def test_form_encoded_submission_does_not_500(owner, aws_cluster):
     before = counts()
     response = owner.client.post(JOBS, {"team": "alpha", "name": "x"})  # multipart: not an accepted parser
     assert response.status_code in (400, 415)

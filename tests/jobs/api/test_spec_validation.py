@@ -79,7 +79,7 @@ def assert_nothing_stored():
 
 @pytest.mark.parametrize("change, value, field, fragment",
                          [case[1:] for case in BAD_FIELDS], ids=[case[0] for case in BAD_FIELDS])
-def test_it_rejects_a_bad_field_on_its_path(teammate, fleet, submission, change, value, field, fragment):
+def test_it_rejects_a_bad_field_on_its_path(teammate, aws_cluster, submission, change, value, field, fragment):
     set_path(submission, change, value)
     r = teammate.client.post(JOBS, submission, format="json")
     assert r.status_code == 400, r.content
@@ -89,7 +89,7 @@ def test_it_rejects_a_bad_field_on_its_path(teammate, fleet, submission, change,
     assert_nothing_stored()
 
 
-def test_it_reports_every_bad_field_at_once(teammate, fleet, submission):
+def test_it_reports_every_bad_field_at_once(teammate, aws_cluster, submission):
     submission["name"] = "Bad Name"
     submission["spec"]["resources"]["nodes"] = 0
     submission["spec"]["env"] = {"9X": "1"}
@@ -99,28 +99,28 @@ def test_it_reports_every_bad_field_at_once(teammate, fleet, submission):
     assert_nothing_stored()
 
 
-def test_it_rejects_a_team_the_user_is_not_a_member_of_like_an_unknown_one(outsider, fleet, submission):
+def test_it_rejects_a_team_the_user_is_not_a_member_of_like_an_unknown_one(outsider, aws_cluster, submission):
     r = outsider.client.post(JOBS, submission, format="json")
     assert r.status_code == 400
     assert r.json()["team"] == ['unknown team "alpha", or you are not a member of it']
     assert_nothing_stored()
 
 
-def test_it_refuses_a_viewer_with_the_reason(viewer, fleet, submission):
+def test_it_refuses_a_viewer_with_the_reason(viewer, aws_cluster, submission):
     r = viewer.client.post(JOBS, submission, format="json")
     assert r.status_code == 400
     assert "only admins and members may submit" in r.json()["team"][0]
     assert_nothing_stored()
 
 
-def test_it_lets_staff_submit_for_any_team(staff, fleet, submission):
+def test_it_lets_staff_submit_for_any_team(staff, aws_cluster, submission):
     submission["team"] = "beta"
     r = staff.client.post(JOBS, submission, format="json")
     assert r.status_code == 201, r.content
     assert r.json()["team"] == "beta"
 
 
-def test_it_says_the_largest_pool_in_the_gpu_error(teammate, fleet, submission):
+def test_it_says_the_largest_pool_in_the_gpu_error(teammate, aws_cluster, submission):
     submission["spec"]["resources"]["gpus_per_node"] = 9
     r = teammate.client.post(JOBS, submission, format="json")
     assert r.json()["spec.resources.gpus_per_node"] == [
@@ -128,7 +128,7 @@ def test_it_says_the_largest_pool_in_the_gpu_error(teammate, fleet, submission):
     ]
 
 
-def test_it_rejects_an_accelerator_no_pool_offers(teammate, fleet, submission):
+def test_it_rejects_an_accelerator_no_pool_offers(teammate, aws_cluster, submission):
     submission["spec"]["resources"].update(accelerator="L4", gpus_per_node=1)
     r = teammate.client.post(JOBS, submission, format="json")
     assert r.status_code == 400
@@ -137,7 +137,7 @@ def test_it_rejects_an_accelerator_no_pool_offers(teammate, fleet, submission):
 
 
 @override_settings(JOB_SPEC_MAX_BYTES=2048)
-def test_it_rejects_a_spec_over_the_size_limit_on_spec(teammate, fleet, submission):
+def test_it_rejects_a_spec_over_the_size_limit_on_spec(teammate, aws_cluster, submission):
     submission["spec"]["env"] = {"BIG": "x" * 4096}
     r = teammate.client.post(JOBS, submission, format="json")
     assert r.status_code == 400
@@ -145,7 +145,7 @@ def test_it_rejects_a_spec_over_the_size_limit_on_spec(teammate, fleet, submissi
     assert_nothing_stored()
 
 
-def test_it_rejects_a_spec_over_64_kib(teammate, fleet, submission):
+def test_it_rejects_a_spec_over_64_kib(teammate, aws_cluster, submission):
     submission["spec"]["env"] = {f"V{i}": "x" * 1000 for i in range(70)}
     r = teammate.client.post(JOBS, submission, format="json")
     assert r.status_code == 400
@@ -153,28 +153,28 @@ def test_it_rejects_a_spec_over_64_kib(teammate, fleet, submission):
     assert_nothing_stored()
 
 
-def test_it_rejects_a_body_that_is_not_an_object(teammate, fleet):
+def test_it_rejects_a_body_that_is_not_an_object(teammate, aws_cluster):
     r = teammate.client.post(JOBS, ["not", "a", "job"], format="json")
     assert r.status_code == 400
     assert "non_field_errors" in r.json()
     assert_nothing_stored()
 
 
-def test_it_rejects_malformed_yaml(teammate, fleet):
+def test_it_rejects_malformed_yaml(teammate, aws_cluster):
     r = teammate.client.post(JOBS, data="team: [alpha\n", content_type="application/yaml")
     assert r.status_code == 400
     assert "YAML parse error" in r.json()["detail"]
     assert_nothing_stored()
 
 
-def test_it_rejects_yaml_aliases(teammate, fleet):
+def test_it_rejects_yaml_aliases(teammate, aws_cluster):
     document = "a: &x [1, 2]\nb: *x\n"
     r = teammate.client.post(JOBS, data=document, content_type="application/yaml")
     assert r.status_code == 400
     assert "aliases" in r.json()["detail"]
 
 
-def test_it_accepts_inference_with_replicas_and_port(teammate, fleet, submission):
+def test_it_accepts_inference_with_replicas_and_port(teammate, aws_cluster, submission):
     submission.update(kind="inference", name="serve")
     submission["spec"].update(replicas=2, port=8080)
     r = teammate.client.post(JOBS, submission, format="json")

@@ -34,7 +34,7 @@ def cached(settings):
     settings.LOOKUP_CACHE_SECONDS = 30
 
 
-def test_a_warm_submission_is_one_statement(cached, teammate, fleet, submission):
+def test_a_warm_submission_is_one_statement(cached, teammate, aws_cluster, submission):
     assert teammate.client.post(JOBS, submission, format="json").status_code == 201  # warms the caches
     with CaptureQueriesContext(connection) as queries:
         r = teammate.client.post(JOBS, submission, format="json")
@@ -48,20 +48,20 @@ def test_a_warm_submission_is_one_statement(cached, teammate, fleet, submission)
     assert r.json()["created_at"] is not None and r.json()["id"] == job.pk
 
 
-def test_a_deleted_token_is_refused_at_once(cached, teammate, fleet):
+def test_a_deleted_token_is_refused_at_once(cached, teammate, aws_cluster):
     assert teammate.client.get(JOBS).status_code == 200  # cached now
     ApiToken.objects.filter(user=teammate.user).get().delete()
     assert teammate.client.get(JOBS).status_code == 401
 
 
-def test_a_deactivated_user_is_refused_at_once(cached, teammate, fleet):
+def test_a_deactivated_user_is_refused_at_once(cached, teammate, aws_cluster):
     assert teammate.client.get(JOBS).status_code == 200
     teammate.user.is_active = False
     teammate.user.save()
     assert teammate.client.get(JOBS).status_code == 401
 
 
-def test_a_cached_token_still_expires_on_time(cached, teammate, fleet):
+def test_a_cached_token_still_expires_on_time(cached, teammate, aws_cluster):
     token = ApiToken.objects.get(user=teammate.user)
     token.expires_at = timezone.now() + dt.timedelta(hours=1)
     token.save()
@@ -72,7 +72,7 @@ def test_a_cached_token_still_expires_on_time(cached, teammate, fleet):
     assert teammate.client.get(JOBS).status_code == 401
 
 
-def test_a_removed_member_can_no_longer_submit(cached, teammate, fleet, submission):
+def test_a_removed_member_can_no_longer_submit(cached, teammate, aws_cluster, submission):
     assert teammate.client.post(JOBS, submission, format="json").status_code == 201
     Membership.objects.get(user=teammate.user).delete()
     r = teammate.client.post(JOBS, submission, format="json")
@@ -81,16 +81,16 @@ def test_a_removed_member_can_no_longer_submit(cached, teammate, fleet, submissi
     assert Job.objects.count() == 1
 
 
-def test_a_new_node_pool_is_seen_by_the_next_submission(cached, teammate, fleet, submission):
+def test_a_new_node_pool_is_seen_by_the_next_submission(cached, teammate, aws_cluster, submission):
     submission["spec"]["resources"]["gpus_per_node"] = 16
     r = teammate.client.post(JOBS, submission, format="json")
     assert r.status_code == 400 and "spec.resources.gpus_per_node" in r.json()
-    NodePool.objects.create(cluster=fleet["cluster"], name="big", accelerator=fleet["pool"].accelerator,
+    NodePool.objects.create(cluster=aws_cluster["cluster"], name="big", accelerator=aws_cluster["pool"].accelerator,
                             nodes=1, gpus_per_node=16)
     assert teammate.client.post(JOBS, submission, format="json").status_code == 201
 
 
-def test_a_new_priority_class_is_accepted_at_once(cached, teammate, fleet, submission):
+def test_a_new_priority_class_is_accepted_at_once(cached, teammate, aws_cluster, submission):
     submission["spec"]["priority"] = "urgent"
     r = teammate.client.post(JOBS, submission, format="json")
     assert r.status_code == 400 and "spec.priority" in r.json()
@@ -131,7 +131,7 @@ def test_none_is_not_cached(settings):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_concurrent_validations_never_mix_their_data_or_errors(cached, teammate, fleet, submission):
+def test_concurrent_validations_never_mix_their_data_or_errors(cached, teammate, aws_cluster, submission):
     """Serializer fields are shared between instances: 8 threads validating different specs at once each
     get their own validated values and their own errors."""
     class Request:

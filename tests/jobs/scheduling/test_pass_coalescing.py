@@ -11,7 +11,7 @@ from jobs import tasks
 from jobs.lifecycle import submit_job
 from jobs.models import Job, JobState
 from jobs.scheduler import schedule_coalesced
-from tests.conftest import make_persona
+from tests.support.personas import make_persona
 
 pytestmark = pytest.mark.django_db
 

@@ -37,7 +37,7 @@ def test_staff_bad_priority_value(staff, value):
     assert response.status_code == 400, (value, response.status_code)
 
 
-def test_parseable_deep_nesting_inside_spec_is_400(owner, fleet, submission):
+def test_parseable_deep_nesting_inside_spec_is_400(owner, aws_cluster, submission):
     depth = 900
     body = json.dumps(submission)
     body = body.replace('"max_retries": 1', '"max_retries": 1, "deep": ' + "[" * depth + "]" * depth)

@@ -21,7 +21,7 @@ from runners.kubernetes import manifests as m
 from runners.models import Cluster
 
 from .test_kubernetes_runner import (  # noqa: F401 - fixtures
-    fleet,
+    emulated_clusters,
     kubelet,
     load,
     start,
@@ -44,9 +44,9 @@ def env_of(obj: dict) -> dict[str, str]:
     return {e["name"]: e.get("value") for e in container["env"]}
 
 
-def lose_cluster_and_recover(fleet, attempt):  # noqa: F811
+def lose_cluster_and_recover(emulated_clusters, attempt):  # noqa: F811
     """Make ``attempt``'s cluster unreachable past the grace period; returns the job's next (admitted) attempt."""
-    emulators, _ = fleet
+    emulators, _ = emulated_clusters
     Cluster.objects.filter(pk=attempt.cluster_id).update(last_contact_at=timezone.now() - dt.timedelta(seconds=601))
     emulators.stop(attempt.cluster.name)
     for _ in range(3):
@@ -56,13 +56,13 @@ def lose_cluster_and_recover(fleet, attempt):  # noqa: F811
     return load(Job.objects.get(pk=attempt.job_id).current_attempt_id)
 
 
-def test_attempts_on_two_clusters_get_the_same_checkpoint_uri(fleet, submit, settings):  # noqa: F811
+def test_attempts_on_two_clusters_get_the_same_checkpoint_uri(emulated_clusters, submit, settings):  # noqa: F811
     settings.CHECKPOINT_STORE_URI = STORE + "/"  # a trailing slash makes no double slash
     first = submit(nodes=2, max_retries=1)
-    _, job_a, _ = start(fleet, first)  # start() validates what was sent
-    second = lose_cluster_and_recover(fleet, first)
+    _, job_a, _ = start(emulated_clusters, first)  # start() validates what was sent
+    second = lose_cluster_and_recover(emulated_clusters, first)
     assert (second.number, second.cluster.name) == (2, "aws-use1") != (first.number, first.cluster.name)
-    _, job_b, _ = start(fleet, second)
+    _, job_b, _ = start(emulated_clusters, second)
 
     uri = f"{STORE}/alpha/job-{first.job_id}"
     for job in (job_a, job_b):
@@ -73,16 +73,16 @@ def test_attempts_on_two_clusters_get_the_same_checkpoint_uri(fleet, submit, set
     assert env_of(job_a)["CONTROLPLANE_ATTEMPT"] == "1" and env_of(job_b)["CONTROLPLANE_ATTEMPT"] == "2"
 
 
-def test_another_job_of_the_team_gets_another_directory(fleet, submit, settings):  # noqa: F811
+def test_another_job_of_the_team_gets_another_directory(emulated_clusters, submit, settings):  # noqa: F811
     settings.CHECKPOINT_STORE_URI = STORE
     one, other = submit(), submit()
-    uris = {env_of(start(fleet, attempt)[1])["CHECKPOINT_URI"] for attempt in (one, other)}
+    uris = {env_of(start(emulated_clusters, attempt)[1])["CHECKPOINT_URI"] for attempt in (one, other)}
     assert uris == {f"{STORE}/alpha/job-{one.job_id}", f"{STORE}/alpha/job-{other.job_id}"}
 
 
-def test_without_the_setting_there_is_no_checkpoint_uri(fleet, submit, settings):  # noqa: F811
+def test_without_the_setting_there_is_no_checkpoint_uri(emulated_clusters, submit, settings):  # noqa: F811
     settings.CHECKPOINT_STORE_URI = ""
-    _, job, _ = start(fleet, submit())
+    _, job, _ = start(emulated_clusters, submit())
     env = env_of(job)
     assert "CHECKPOINT_URI" not in env and env["CHECKPOINT_DIR"] == "/checkpoints"
 

@@ -25,7 +25,8 @@ from quotas.models import Quota
 from runners.base import PermanentDispatchError, backend_for
 from runners.kubernetes import manifests as m
 from runners.models import Cluster, NodePool
-from tests.conftest import make_cluster, make_persona
+from tests.support.factories import make_cluster
+from tests.support.personas import make_persona
 
 from .emulators import Emulators, Kubelet
 
@@ -41,7 +42,7 @@ def validate(obj: dict) -> None:
 
 
 @pytest.fixture
-def fleet(settings, catalog, teams):
+def emulated_clusters(settings, catalog, teams):
     """Three emulated clusters with an 2x8 H100 on-demand pool each, priced differently; the alpha team's quota."""
     settings.K8S_IMAGE_PULL_GRACE_SECONDS = 0
     settings.K8S_CONNECT_TIMEOUT_SECONDS = 1.0
@@ -66,7 +67,7 @@ def submitter(teams):
 
 
 @pytest.fixture
-def submit(fleet, teams, submitter, catalog):
+def submit(emulated_clusters, teams, submitter, catalog):
     """Factory: a training job admitted by the scheduler; returns its attempt."""
     def make(*, nodes=1, gpus=1, preemptible=False, placement=None, max_retries=0, kind="training",
              image="registry.example/train:1") -> JobAttempt:
@@ -88,14 +89,14 @@ def load(attempt_id: int) -> JobAttempt:
     return JobAttempt.objects.select_related("job__team", "cluster", "node_pool__accelerator").get(pk=attempt_id)
 
 
-def kubelet(fleet, attempt: JobAttempt) -> Kubelet:
-    return Kubelet(fleet[0].url(attempt.cluster.name))
+def kubelet(emulated_clusters, attempt: JobAttempt) -> Kubelet:
+    return Kubelet(emulated_clusters[0].url(attempt.cluster.name))
 
 
-def start(fleet, attempt: JobAttempt) -> tuple[Kubelet, dict, list[dict]]:
+def start(emulated_clusters, attempt: JobAttempt) -> tuple[Kubelet, dict, list[dict]]:
     """Dispatch ``attempt``, validate what was created, and run its pods; returns the kubelet, Job and pods."""
     assert dispatch_attempt(attempt.pk) == "dispatched"
-    k = kubelet(fleet, attempt)
+    k = kubelet(emulated_clusters, attempt)
     job = k.job(attempt.pk)
     validate(job)
     for svc in k.services():
@@ -204,11 +205,11 @@ def test_every_attempt_of_a_job_shares_its_checkpoint_subpath_and_other_jobs_do_
     assert subpath(name="job-8-1", job_id=8, attempt_id=13, attempt_number=1) == "job-8" != first
 
 
-def test_it_dispatches_with_the_checkpoint_claim_of_the_setting(fleet, submit, settings):
+def test_it_dispatches_with_the_checkpoint_claim_of_the_setting(emulated_clusters, submit, settings):
     settings.K8S_CHECKPOINT_CLAIM = "team-checkpoints"
     attempt = submit(nodes=2)
     assert dispatch_attempt(attempt.pk) == "dispatched"
-    job = kubelet(fleet, attempt).job(attempt.pk)
+    job = kubelet(emulated_clusters, attempt).job(attempt.pk)
     validate(job)
     pod = job["spec"]["template"]["spec"]
     assert pod["volumes"] == [{"name": "checkpoints", "persistentVolumeClaim": {"claimName": "team-checkpoints"}}]
@@ -219,11 +220,11 @@ def test_it_dispatches_with_the_checkpoint_claim_of_the_setting(fleet, submit, s
 # --- placement, dispatch, end reasons -------------------------------------------------------------------------
 
 
-def test_it_runs_on_the_cheapest_cluster_then_within_constraints(fleet, submit):
-    emulators, clusters = fleet
+def test_it_runs_on_the_cheapest_cluster_then_within_constraints(emulated_clusters, submit):
+    emulators, clusters = emulated_clusters
     attempt = submit()
     assert attempt.cluster.name == "gcp-usc1"
-    k, job, pods = start(fleet, attempt)
+    k, job, pods = start(emulated_clusters, attempt)
     assert job["metadata"]["namespace"] == "cp-alpha" and job["metadata"]["name"] == attempt.object_name
     assert Kubelet(emulators.url("aws-use1")).jobs() == []  # nothing went anywhere else
     k.terminate(pods[0], 0)
@@ -236,17 +237,17 @@ def test_it_runs_on_the_cheapest_cluster_then_within_constraints(fleet, submit):
     assert submit(placement={"regions": ["eastus"]}).cluster.name == "azure-eastus"
 
 
-def test_it_sends_the_bearer_token_of_each_cluster(fleet, submit):
-    emulators, _ = fleet
+def test_it_sends_the_bearer_token_of_each_cluster(emulated_clusters, submit):
+    emulators, _ = emulated_clusters
     attempt = submit()
     dispatch_attempt(attempt.pk)
     headers = [r.headers.get("Authorization") for r in emulators.requests("gcp-usc1")]
     assert headers and set(headers) == {"Bearer token-of-gcp-usc1"}
 
 
-def test_a_rotated_token_is_sent_by_the_next_dispatch(fleet, submit):
+def test_a_rotated_token_is_sent_by_the_next_dispatch(emulated_clusters, submit):
     """Dispatch reads the cluster from a per-process cache (``jobs.tasks.PLACEMENT_ROWS``); saving the cluster clears it."""
-    emulators, clusters = fleet
+    emulators, clusters = emulated_clusters
     dispatch_attempt(submit().pk)  # caches the cluster row and its client
     cluster = Cluster.objects.get(pk=clusters["gcp-usc1"].pk)
     cluster.api_token = "rotated-token"
@@ -257,14 +258,14 @@ def test_a_rotated_token_is_sent_by_the_next_dispatch(fleet, submit):
     assert headers == {"Bearer rotated-token"}
 
 
-def test_it_redispatches_idempotently_and_refuses_objects_of_another_attempt(fleet, submit):
+def test_it_redispatches_idempotently_and_refuses_objects_of_another_attempt(emulated_clusters, submit):
     attempt = submit(nodes=2)
     backend = backend_for(attempt.cluster)
     first = backend.dispatch(attempt)
     second = backend.dispatch(attempt)  # every create answers 409 AlreadyExists: created before
     assert first == second == {"namespace": "cp-alpha", "objects": [["Service", attempt.object_name],
                                                                      ["Job", attempt.object_name]]}
-    k = kubelet(fleet, attempt)
+    k = kubelet(emulated_clusters, attempt)
     assert len(k.jobs()) == 1 and len(k.services()) == 1
     assert dispatch_attempt(attempt.pk) == "dispatched"
 
@@ -290,9 +291,9 @@ def _fail_deadline(k, job, pods):
 
 @pytest.mark.parametrize("fail,reason,code", [(_fail_oom, "OOMKilled", 137), (_fail_exit, "Failed", 3),
                                               (_fail_deadline, "DeadlineExceeded", None)])
-def test_it_reads_the_end_reason_from_the_pods(fleet, submit, fail, reason, code):
+def test_it_reads_the_end_reason_from_the_pods(emulated_clusters, submit, fail, reason, code):
     attempt = submit()
-    k, job, pods = start(fleet, attempt)
+    k, job, pods = start(emulated_clusters, attempt)
     fail(k, job, pods)
     reconcile_cluster(attempt.cluster)
     assert state(attempt) == S.FAILED
@@ -300,10 +301,10 @@ def test_it_reads_the_end_reason_from_the_pods(fleet, submit, fail, reason, code
     assert (ended.end_reason, ended.exit_code) == (reason, code)
 
 
-def test_it_fails_an_image_that_cannot_be_pulled_after_the_grace_period(fleet, submit, settings):
+def test_it_fails_an_image_that_cannot_be_pulled_after_the_grace_period(emulated_clusters, submit, settings):
     attempt = submit()
     assert dispatch_attempt(attempt.pk) == "dispatched"
-    k = kubelet(fleet, attempt)
+    k = kubelet(emulated_clusters, attempt)
     (pod,) = k.start_pods(k.job(attempt.pk), phase="Pending")
     k.patch_pod(pod, {"containerStatuses": [{"name": "main", "ready": False, "restartCount": 0, "image": "x",
                                              "imageID": "", "state": {"waiting": {"reason": "ImagePullBackOff",
@@ -319,13 +320,13 @@ def test_it_fails_an_image_that_cannot_be_pulled_after_the_grace_period(fleet, s
     assert k.jobs() == [] and k.pods() == []
 
 
-def test_it_recovers_a_spot_eviction_on_another_cluster(fleet, submit, catalog):
-    emulators, clusters = fleet
+def test_it_recovers_a_spot_eviction_on_another_cluster(emulated_clusters, submit, catalog):
+    emulators, clusters = emulated_clusters
     spot = NodePool.objects.create(cluster=clusters["aws-use1"], name="h100-spot", accelerator=catalog["H100-80GB"],
                                    capacity_type="spot", nodes=2, gpus_per_node=8)
     attempt = submit(preemptible=True, max_retries=1)
     assert attempt.node_pool_id == spot.pk  # spot is the cheapest for a preemptible job
-    k, job, pods = start(fleet, attempt)
+    k, job, pods = start(emulated_clusters, attempt)
     affinity = job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
     assert "karpenter.sh/capacity-type" in str(affinity)
     k.patch_pod(pods[0], {"phase": "Failed", "reason": "", "conditions": [
@@ -339,7 +340,7 @@ def test_it_recovers_a_spot_eviction_on_another_cluster(fleet, submit, catalog):
     assert try_admit(attempt.job_id) == "admitted"
     second = load(Job.objects.get(pk=attempt.job_id).current_attempt_id)
     assert second.number == 2 and second.cluster.name == "gcp-usc1"
-    start(fleet, second)
+    start(emulated_clusters, second)
     reconcile_cluster(attempt.cluster)  # the first attempt's objects are deleted as orphans
     k.gc()
     assert k.jobs() == [] and k.pods() == []
@@ -348,10 +349,10 @@ def test_it_recovers_a_spot_eviction_on_another_cluster(fleet, submit, catalog):
 # --- cluster outages -----------------------------------------------------------------------------------------
 
 
-def test_an_outage_shorter_than_the_grace_period_touches_nothing(fleet, submit):
-    emulators, clusters = fleet
+def test_an_outage_shorter_than_the_grace_period_touches_nothing(emulated_clusters, submit):
+    emulators, clusters = emulated_clusters
     attempt = submit()
-    k, job, pods = start(fleet, attempt)
+    k, job, pods = start(emulated_clusters, attempt)
     emulators.stop("gcp-usc1")
     healths = []
     for _ in range(4):
@@ -366,10 +367,10 @@ def test_an_outage_shorter_than_the_grace_period_touches_nothing(fleet, submit):
     assert state(attempt) == S.RUNNING and len(k.pods(attempt.pk)) == 1 and k.job(attempt.pk) is not None
 
 
-def test_an_outage_longer_than_the_grace_period_recovers_elsewhere_and_cleans_up_on_return(fleet, submit):
-    emulators, clusters = fleet
+def test_an_outage_longer_than_the_grace_period_recovers_elsewhere_and_cleans_up_on_return(emulated_clusters, submit):
+    emulators, clusters = emulated_clusters
     attempt = submit(nodes=2, max_retries=1)
-    k, job, pods = start(fleet, attempt)
+    k, job, pods = start(emulated_clusters, attempt)
     Cluster.objects.filter(pk=attempt.cluster_id).update(last_contact_at=timezone.now() - dt.timedelta(seconds=601))
     emulators.stop("gcp-usc1")
     for _ in range(2):
@@ -380,7 +381,7 @@ def test_an_outage_longer_than_the_grace_period_recovers_elsewhere_and_cleans_up
     assert try_admit(attempt.job_id) == "admitted"
     second = load(Job.objects.get(pk=attempt.job_id).current_attempt_id)
     assert second.cluster.name == "aws-use1"  # gcp is unreachable; aws is the next cheapest
-    start(fleet, second)
+    start(emulated_clusters, second)
     emulators.start("gcp-usc1")
     reconcile_all()
     k.gc()
@@ -393,9 +394,9 @@ def test_an_outage_longer_than_the_grace_period_recovers_elsewhere_and_cleans_up
 
 
 @pytest.mark.parametrize("when", ["admitted", "starting", "running"])
-def test_it_cancels_in_every_state(fleet, submit, when):
+def test_it_cancels_in_every_state(emulated_clusters, submit, when):
     attempt = submit(kind="inference" if when == "running" else "training")
-    k = kubelet(fleet, attempt)
+    k = kubelet(emulated_clusters, attempt)
     if when != "admitted":
         assert dispatch_attempt(attempt.pk) == "dispatched"
         for obj in k.deployments() + k.jobs() + k.services():
@@ -416,10 +417,10 @@ def test_it_cancels_in_every_state(fleet, submit, when):
     assert k.jobs() == [] and k.deployments() == [] and k.services() == [] and k.pods() == []
 
 
-def test_a_cancel_on_an_unreachable_cluster_ends_at_once_and_deletes_the_objects_on_return(fleet, submit):
-    emulators, _ = fleet
+def test_a_cancel_on_an_unreachable_cluster_ends_at_once_and_deletes_the_objects_on_return(emulated_clusters, submit):
+    emulators, _ = emulated_clusters
     attempt = submit()
-    k, job, pods = start(fleet, attempt)
+    k, job, pods = start(emulated_clusters, attempt)
     emulators.stop("gcp-usc1")
     cancel_job(Job.objects.get(pk=attempt.job_id))
     assert state(attempt) == S.CANCELLING
@@ -438,9 +439,9 @@ def test_a_cancel_on_an_unreachable_cluster_ends_at_once_and_deletes_the_objects
     assert state(attempt) == S.CANCELLED
 
 
-def test_it_cancels_a_recovering_job_without_a_live_attempt(fleet, submit):
+def test_it_cancels_a_recovering_job_without_a_live_attempt(emulated_clusters, submit):
     attempt = submit(max_retries=1)
-    k, job, pods = start(fleet, attempt)
+    k, job, pods = start(emulated_clusters, attempt)
     k.patch_pod(pods[0], {"phase": "Failed", "reason": "Evicted", "message": "node low on memory"})
     reconcile_cluster(attempt.cluster)
     assert state(attempt) == S.RECOVERING and load(attempt.pk).end_reason == "Evicted"
@@ -451,9 +452,9 @@ def test_it_cancels_a_recovering_job_without_a_live_attempt(fleet, submit):
     assert k.jobs() == [] and k.pods() == []
 
 
-def test_it_deletes_objects_no_live_attempt_owns(fleet, submit):
+def test_it_deletes_objects_no_live_attempt_owns(emulated_clusters, submit):
     attempt = submit()
-    k, job, pods = start(fleet, attempt)
+    k, job, pods = start(emulated_clusters, attempt)
     JobAttempt.objects.filter(pk=attempt.pk).update(ended_at=timezone.now())  # e.g. ended by an operator
     result = reconcile_cluster(attempt.cluster)
     assert result["orphans_deleted"] == 1
@@ -464,7 +465,7 @@ def test_it_deletes_objects_no_live_attempt_owns(fleet, submit):
 # --- credentials ---------------------------------------------------------------------------------------------
 
 
-def test_credentials_are_encrypted_write_only_and_never_logged(fleet, teams, caplog, submit):
+def test_credentials_are_encrypted_write_only_and_never_logged(emulated_clusters, teams, caplog, submit):
     staff = make_persona("root")
     staff.user.is_staff = True
     staff.user.save()
@@ -495,10 +496,10 @@ def test_credentials_are_encrypted_write_only_and_never_logged(fleet, teams, cap
 # --- logs and node pool discovery ----------------------------------------------------------------------------
 
 
-def test_the_logs_endpoint_returns_the_tail_of_a_node_pod(fleet, submit, submitter):
-    emulators, _ = fleet
+def test_the_logs_endpoint_returns_the_tail_of_a_node_pod(emulated_clusters, submit, submitter):
+    emulators, _ = emulated_clusters
     attempt = submit(nodes=2)
-    k, job, pods = start(fleet, attempt)
+    k, job, pods = start(emulated_clusters, attempt)
     second = next(p for p in pods if p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == "1")
     path = f"/api/v1/namespaces/cp-alpha/pods/{second['metadata']['name']}/log"
 
@@ -514,8 +515,8 @@ def test_the_logs_endpoint_returns_the_tail_of_a_node_pod(fleet, submit, submitt
     assert log_requests and log_requests[-1].params.get("tailLines") == "50"
 
 
-def test_it_discovers_gpu_node_pools_with_free_gpus(fleet):
-    emulators, clusters = fleet
+def test_it_discovers_gpu_node_pools_with_free_gpus(emulated_clusters):
+    emulators, clusters = emulated_clusters
     k = Kubelet(emulators.url("azure-eastus"))
 
     def node(name, product, spot, gpus):
@@ -540,12 +541,12 @@ def test_it_discovers_gpu_node_pools_with_free_gpus(fleet):
 
 
 @pytest.mark.parametrize("status,outcome", [(422, "failed"), (403, "failed"), (429, "retry"), (503, "retry")])
-def test_dispatch_errors_are_permanent_or_transient_by_status(fleet, submit, status, outcome):
+def test_dispatch_errors_are_permanent_or_transient_by_status(emulated_clusters, submit, status, outcome):
     import kmock
 
     from runners.base import TransientDispatchError
 
-    emulators, _ = fleet
+    emulators, _ = emulated_clusters
     attempt = submit()
 
     async def refuse():
@@ -564,7 +565,7 @@ def test_dispatch_errors_are_permanent_or_transient_by_status(fleet, submit, sta
         assert f"the server says {status}" in ended.message
 
 
-def test_reconcile_of_attempts_that_stay_running_costs_a_constant_number_of_queries(fleet, submit):
+def test_reconcile_of_attempts_that_stay_running_costs_a_constant_number_of_queries(emulated_clusters, submit):
     """Attempts whose state does not change cost no query of their own: the pass's queries do not grow with N."""
     from django.test.utils import CaptureQueriesContext
 
@@ -572,7 +573,7 @@ def test_reconcile_of_attempts_that_stay_running_costs_a_constant_number_of_quer
 
     def queries_of_a_steady_pass(count: int) -> int:
         for _ in range(count):
-            start(fleet, submit(placement=only_aws))
+            start(emulated_clusters, submit(placement=only_aws))
         cluster = Cluster.objects.get(name="aws-use1")
         reconcile_cluster(cluster)
         with CaptureQueriesContext(connection) as captured:
@@ -587,24 +588,24 @@ def test_reconcile_of_attempts_that_stay_running_costs_a_constant_number_of_quer
     assert many[1] == few[1]
 
 
-def test_dispatch_creates_a_team_namespace_once_per_cluster_client(fleet, submit):
+def test_dispatch_creates_a_team_namespace_once_per_cluster_client(emulated_clusters, submit):
     """The namespace create (409 after the first) is skipped once the cluster's client saw the namespace exist."""
-    emulators, _ = fleet
+    emulators, _ = emulated_clusters
     only_aws = {"clusters": ["aws-use1"]}
     for _ in range(3):
         assert dispatch_attempt(submit(placement=only_aws).pk) == "dispatched"
     assert emulators.fronts["aws-use1"].namespace_creates == 1
     assert list(emulators.fronts["aws-use1"].namespaces) == ["cp-alpha"]
-    assert len(kubelet(fleet, load(Job.objects.filter(state=S.STARTING).first().current_attempt_id)).jobs()) == 3
+    assert len(kubelet(emulated_clusters, load(Job.objects.filter(state=S.STARTING).first().current_attempt_id)).jobs()) == 3
 
 
-def test_dispatch_creates_the_namespace_again_when_it_was_deleted_behind_its_back(fleet, submit):
+def test_dispatch_creates_the_namespace_again_when_it_was_deleted_behind_its_back(emulated_clusters, submit):
     """The cached "namespace exists" is dropped when an object create answers 404; the namespace is created again."""
-    emulators, _ = fleet
+    emulators, _ = emulated_clusters
     only_aws = {"clusters": ["aws-use1"]}
     first = submit(placement=only_aws)
     assert dispatch_attempt(first.pk) == "dispatched"
-    k = kubelet(fleet, first)
+    k = kubelet(emulated_clusters, first)
     k._req("DELETE", "/api/v1/namespaces/cp-alpha")
 
     assert dispatch_attempt(submit(placement=only_aws).pk) == "dispatched"

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.conftest import make_persona
+from tests.support.personas import make_persona
 
-from .test_kubernetes_runner import fleet, start, submit, submitter  # noqa: F401 - fixtures
+from .test_kubernetes_runner import emulated_clusters, start, submit, submitter  # noqa: F401 - fixtures
 
 
 def serve_log_stream(emulators, cluster: str, path: str):
@@ -38,11 +38,11 @@ def next_text(chunks) -> str:
     raise AssertionError("the stream ended")
 
 
-def test_follow_returns_lines_as_they_are_written_and_ends_with_the_container(fleet, submit, settings):  # noqa: F811
+def test_follow_returns_lines_as_they_are_written_and_ends_with_the_container(emulated_clusters, submit, settings):  # noqa: F811
     settings.LOG_FOLLOW_MAX_SECONDS = 120
-    emulators, _ = fleet
+    emulators, _ = emulated_clusters
     attempt = submit()
-    _, _, pods = start(fleet, attempt)
+    _, _, pods = start(emulated_clusters, attempt)
     path = f"/api/v1/namespaces/cp-alpha/pods/{pods[0]['metadata']['name']}/log"
     write = serve_log_stream(emulators, "gcp-usc1", path)
     write(b"step 1 loss 2.3\n")
@@ -65,11 +65,11 @@ def test_follow_returns_lines_as_they_are_written_and_ends_with_the_container(fl
     assert requests[0].params.get("follow") == "true" and requests[0].params.get("tailLines") == "10"
 
 
-def test_follow_ends_after_the_max_duration_when_the_container_stays_quiet(fleet, submit, settings):  # noqa: F811
+def test_follow_ends_after_the_max_duration_when_the_container_stays_quiet(emulated_clusters, submit, settings):  # noqa: F811
     settings.LOG_FOLLOW_MAX_SECONDS = 1.0
-    emulators, _ = fleet
+    emulators, _ = emulated_clusters
     attempt = submit()
-    _, _, pods = start(fleet, attempt)
+    _, _, pods = start(emulated_clusters, attempt)
     path = f"/api/v1/namespaces/cp-alpha/pods/{pods[0]['metadata']['name']}/log"
     write = serve_log_stream(emulators, "gcp-usc1", path)
     write(b"ready\n")  # then nothing, and the stream stays open
@@ -81,7 +81,7 @@ def test_follow_ends_after_the_max_duration_when_the_container_stays_quiet(fleet
     write(None)
 
 
-def test_follow_waits_for_the_pod_then_streams(fleet, submit, settings):  # noqa: F811
+def test_follow_waits_for_the_pod_then_streams(emulated_clusters, submit, settings):  # noqa: F811
     """Before the pod exists the stream is open and empty; once it runs, its log follows."""
     from jobs.tasks import dispatch_attempt
 
@@ -89,7 +89,7 @@ def test_follow_waits_for_the_pod_then_streams(fleet, submit, settings):  # noqa
 
     settings.LOG_FOLLOW_MAX_SECONDS = 120
     settings.LOG_FOLLOW_POLL_SECONDS = 0.05
-    emulators, _ = fleet
+    emulators, _ = emulated_clusters
     attempt = submit()
     assert dispatch_attempt(attempt.pk) == "dispatched"
     reader = make_persona("reader", attempt.job.team, "member")
@@ -108,10 +108,10 @@ def test_follow_waits_for_the_pod_then_streams(fleet, submit, settings):  # noqa
     assert b"".join(chunks) == b""
 
 
-def test_follow_on_an_unreachable_cluster_is_a_503(fleet, submit):  # noqa: F811
-    emulators, _ = fleet
+def test_follow_on_an_unreachable_cluster_is_a_503(emulated_clusters, submit):  # noqa: F811
+    emulators, _ = emulated_clusters
     attempt = submit()
-    start(fleet, attempt)
+    start(emulated_clusters, attempt)
     emulators.stop("gcp-usc1")
     reader = make_persona("reader", attempt.job.team, "member")
 

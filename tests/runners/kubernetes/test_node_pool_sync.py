@@ -10,7 +10,8 @@ from jobs.models import Job, JobAttempt
 from runners.kubernetes.sync import sync_cluster
 from runners.models import NodePool
 from runners.tasks import sync_node_pools
-from tests.conftest import make_cluster, make_persona
+from tests.support.factories import make_cluster
+from tests.support.personas import make_persona
 
 from .emulators import Emulators, Kubelet
 

@@ -11,7 +11,8 @@ from django.utils import timezone
 
 from jobs.models import Job, JobAttempt, JobState
 from runners.local.procs import ref_of
-from tests.conftest import make_cluster, make_persona
+from tests.support.factories import make_cluster
+from tests.support.personas import make_persona
 
 BUSY_LOOP = "import time\nend = time.time() + {seconds}\nwhile time.time() < end:\n    pass\n"
 

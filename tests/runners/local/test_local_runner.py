@@ -37,7 +37,7 @@ from runners.local.layout import node_path, read_json
 from runners.local.procs import ProcessRef, proc_table, signal_group, signal_process
 from runners.local.runner import attempt_dir, tail
 from runners.models import Accelerator, Cluster, NodePool
-from tests.conftest import make_persona
+from tests.support.personas import make_persona
 
 ENV_KEYS = ["MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
             "CHECKPOINT_DIR", "CONTROLPLANE_JOB_ID", "CONTROLPLANE_ATTEMPT", "CONTROLPLANE_TEAM",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from tests.conftest import make_persona
+from tests.support.personas import make_persona
 from tests.runners.test_local_runner import admitted, dispatched, local, submitter  # noqa: F401 - fixtures
 
 PRINT_OVER_TWO_SECONDS = ["python", "-c", "import time\nfor i in range(10):\n    print(f'line {i}', flush=True)\n"
