@@ -38,3 +38,10 @@ def fresh_lookup_caches():
         client.delete(tasks.SCHEDULE_LAST_PASS_KEY)
     yield
     clear_all()
+
+
+@pytest.fixture
+def cached(settings):
+    """Per-process lookups (tokens, memberships, teams, accelerators, node pools, priority classes) cached for
+    30 s, longer than any test: a stale entry would be served for the whole test."""
+    settings.LOOKUP_CACHE_SECONDS = 30

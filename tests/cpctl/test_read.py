@@ -10,9 +10,8 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from costs.models import CostEntry
 from jobs.models import Job
-from tests.support.factories import make_attempt, make_job
+from tests.support.factories import make_attempt, make_cost_entry, make_job
 
 from .conftest import spawn_cli
 
@@ -148,9 +147,7 @@ def ledger(jobs, funded_aws_cluster, teams, h100):
     first = max(timezone.now() - dt.timedelta(minutes=10), start)
     for offset, amount in ((0, "10.00"), (2, "5.50")):
         begin = first + dt.timedelta(minutes=offset)
-        CostEntry.objects.create(attempt=attempt, job=running, team=teams[0], cluster=funded_aws_cluster["cluster"],
-                                 accelerator=h100, interval_start=begin, interval_end=begin + dt.timedelta(minutes=1),
-                                 gpus=8, usd_per_gpu_hour=Decimal("6.88"), amount_usd=Decimal(amount))
+        make_cost_entry(attempt, begin, dt.timedelta(minutes=1), amount, gpus=8, usd_per_gpu_hour="6.88")
     return first
 
 

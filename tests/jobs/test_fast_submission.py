@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 
 from jobs.spec import JobSubmissionSerializer, fast_submission
 from tests.support.personas import make_persona
-
 from tests.support.factories import VALID_SPEC
 
 pytestmark = pytest.mark.django_db

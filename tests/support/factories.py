@@ -10,13 +10,14 @@ and budget (``alpha_objects``, ``beta_objects``).
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import itertools
 from decimal import Decimal
 
 import pytest
 from django.utils import timezone
 
-from costs.models import Price
+from costs.models import CostEntry, Price
 from costs.seed import CATALOG_EFFECTIVE_FROM, seed_accelerators, seed_prices
 from jobs.lifecycle import mark_started, submit_job
 from jobs.models import PRIORITY_CLASSES, Job, JobAttempt, JobState
@@ -181,6 +182,17 @@ def make_attempt(job, cluster, pool, *, number=1, gpus=None, started_at=_NOW, en
     return attempt
 
 
+def make_cost_entry(attempt, start, duration: dt.timedelta, amount, *, gpus=None, usd_per_gpu_hour="6.88") -> CostEntry:
+    """A ledger row written by hand: ``attempt`` (its job, team, cluster, pool's accelerator) over ``[start,
+    start + duration)``, ``gpus`` (default the attempt's) at ``usd_per_gpu_hour``, costing ``amount`` USD."""
+    return CostEntry.objects.create(
+        attempt=attempt, job=attempt.job, team=attempt.job.team, cluster=attempt.cluster,
+        accelerator=attempt.node_pool.accelerator, interval_start=start, interval_end=start + duration,
+        gpus=attempt.gpus if gpus is None else gpus, usd_per_gpu_hour=Decimal(usd_per_gpu_hour),
+        amount_usd=Decimal(amount),
+    )
+
+
 @pytest.fixture
 def queue_job(h100, user):
     """``queue_job(team, gpus_per_node, nodes=1, *, priority, preemptible, max_runtime, placement, max_retries,
@@ -222,6 +234,21 @@ def alpha_objects(teams, owner, teammate, aws_cluster, h100):
         "quota": Quota.objects.create(team=alpha, accelerator=h100, nominal_gpus=16),
         "budget": Budget.objects.create(team=alpha, amount_usd="1000.00", action="block"),
     }
+
+
+@pytest.fixture
+def alpha_ledger(alpha_objects, aws_cluster):
+    """Twenty one-minute ledger rows of alpha's job on 2026-03-10 from 12:00 UTC (returned), 0.10 and 0.20 USD
+    alternately: exactly 3.00 in Decimals, where binary floats would drift; and 0.005 alone a day later, which
+    rounds half-even to 0.00 on its own and leaves the total at 3.00."""
+    attempt = make_attempt(alpha_objects["job"], aws_cluster["cluster"], aws_cluster["pool"])
+    base = dt.datetime(2026, 3, 10, 12, 0, tzinfo=dt.timezone.utc)
+    minute = dt.timedelta(minutes=1)
+    for i in range(10):
+        make_cost_entry(attempt, base + 2 * i * minute, minute, "0.100000000", gpus=1, usd_per_gpu_hour="6.00")
+        make_cost_entry(attempt, base + (2 * i + 1) * minute, minute, "0.200000000", gpus=1, usd_per_gpu_hour="6.00")
+    make_cost_entry(attempt, base + dt.timedelta(days=1), minute, "0.005000000", gpus=1, usd_per_gpu_hour="6.00")
+    return base
 
 
 @pytest.fixture

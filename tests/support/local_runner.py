@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from jobs.models import JobAttempt
+from jobs.tasks import dispatch_attempt
 from runners.local.capacity import ensure_local_cluster
 from runners.local.layout import read_json
 from runners.local.procs import ProcessRef, proc_table, signal_group, signal_process
@@ -45,6 +47,12 @@ def wait_until(predicate, timeout: float = 15.0, what: str = "condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.05)
+
+
+def dispatched(attempt: JobAttempt) -> JobAttempt:
+    """Run the dispatch task body for ``attempt``; returns it reloaded (job STARTING)."""
+    assert dispatch_attempt(attempt.pk) == "dispatched"
+    return JobAttempt.objects.select_related("job__team", "cluster", "node_pool").get(pk=attempt.pk)
 
 
 @pytest.fixture

@@ -281,3 +281,85 @@ def test_form_encoded_submission_does_not_500(owner, aws_cluster):
     response = owner.client.post(JOBS, {"team": "alpha", "name": "x"})  # multipart: not an accepted parser
     assert response.status_code in (400, 415)
     assert counts() == before
+
+
+# --- odd values in every field -------------------------------------------------------------------------------------
+
+ODD_VALUES = [None, True, 0, -1, 1.5, float("1e308"), "", "x" * 5000, [], [1, [2]], {}, {"a": {"b": [None]}}]
+FIELD_PATHS = [("team",), ("name",), ("kind",), ("spec",), ("spec", "image"), ("spec", "command"), ("spec", "args"),
+               ("spec", "env"), ("spec", "resources"), ("spec", "resources", "accelerator"),
+               ("spec", "resources", "gpus_per_node"), ("spec", "resources", "nodes"), ("spec", "resources", "cpu"),
+               ("spec", "priority"), ("spec", "max_runtime_seconds"), ("spec", "preemptible"),
+               ("spec", "placement"), ("spec", "placement", "providers"), ("spec", "max_retries")]
+
+
+@pytest.mark.parametrize("path", FIELD_PATHS, ids=".".join)
+def test_odd_values_in_every_field_get_400_and_only_their_own_errors(cached, teammate, aws_cluster, submission, path):
+    for value in ODD_VALUES:
+        sub = copy.deepcopy(submission)
+        node = sub
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        r = teammate.client.post(JOBS, sub, format="json")
+        assert r.status_code in (400, 201), (path, value, r.status_code, r.content[:300])
+        if r.status_code == 400:
+            assert all(k.startswith(path[0]) or k == "non_field_errors" for k in r.json()), (path, value, r.json())
+        # the next valid request is unaffected
+        ok = teammate.client.post(JOBS, submission, format="json")
+        assert ok.status_code == 201, (path, value, ok.content[:300])
+
+
+# --- YAML that PyYAML parses oddly or cannot construct -------------------------------------------------------------
+
+@pytest.mark.parametrize("body", [
+    "team: alpha\nname: y\nspec:\n  priority: [high]\n",
+    "team: alpha\nname: y\nspec: {2024-01-01: 1}\n",
+    "team: alpha\nname: y\nspec:\n  image: !!binary aGVsbG8=\n",
+    "team: alpha\nname: y\nspec: &a [*a]\n",
+    "- 1\n- 2\n",
+    "just a string",
+    "team: {? [1, 2] : 3}\n",
+    "team: alpha\nname: .nan\nspec:\n  priority: .inf\n",
+])
+def test_odd_yaml_submissions_get_400(cached, teammate, aws_cluster, body):
+    r = teammate.client.post(JOBS, body.encode(), content_type="application/yaml")
+    assert r.status_code in (400, 415), (r.status_code, r.content[:300])
+
+
+@pytest.mark.parametrize("body", [
+    ("team: alpha\nname: x\nspec:\n  max_runtime_seconds: " + "1" * 5000 + "\n").encode(),  # int() digit limit
+    b"team: alpha\nname: 2024-13-45\n",  # matches YAML's timestamp pattern, but month 13
+    b"team: alpha\nname: 2024-02-30 10:00:00\n",  # February 30th
+], ids=["int-over-4300-digits", "month-13", "february-30"])
+def test_yaml_scalars_that_pyyaml_cannot_construct_get_400_not_500(teammate, aws_cluster, body):
+    """PyYAML's SafeLoader raises a plain ValueError (not yaml.YAMLError) from int()/datetime() for these;
+    controlplane.api.YAMLParser only catches RecursionError, UnicodeDecodeError and YAMLError."""
+    teammate.client.raise_request_exception = False
+    r = teammate.client.post(JOBS, body, content_type="application/yaml")
+    assert r.status_code == 400, (r.status_code, r.content[:200])
+
+
+# --- NUL and overlong values ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("field,value", [("name", "a" * 64), ("name", "a\x00b"), ("team", "al\x00pha"),
+                                         ("image", "x\x00y"), ("image", "x" * 513)])
+def test_nul_and_overlong_values_get_400_and_store_nothing(cached, teammate, aws_cluster, submission, field, value):
+    if field == "image":
+        submission["spec"]["image"] = value
+    else:
+        submission[field] = value
+    before = (Job.objects.count(), JobEvent.objects.count())
+    r = teammate.client.post(JOBS, submission, format="json")
+    assert r.status_code == 400, r.content
+    assert (Job.objects.count(), JobEvent.objects.count()) == before
+
+
+def test_parseable_deep_nesting_inside_spec_is_400(owner, aws_cluster, submission):
+    depth = 900
+    body = json.dumps(submission)
+    body = body.replace('"max_retries": 1', '"max_retries": 1, "deep": ' + "[" * depth + "]" * depth)
+    before = Job.objects.count()
+    response = owner.client.generic("POST", "/api/v1/jobs/", body.encode(), content_type="application/json")
+    assert response.status_code == 400
+    assert Job.objects.count() == before

@@ -7,6 +7,8 @@ from django.test import override_settings
 
 from jobs.models import Job, JobEvent
 from jobs.spec import flatten_errors
+from runners.kubernetes.sync import apply_pools
+from tests.support.factories import make_attempt, make_job
 
 JOBS = "/api/v1/jobs/"
 
@@ -189,3 +191,24 @@ def test_flatten_errors_joins_nested_paths():
     assert flatten_errors(detail) == {
         "spec.resources.nodes": ["bad"], "spec": ["too big"], "spec.command.0.x": ["y"], "non_field_errors": ["top"]
     }
+
+
+def test_a_pool_emptied_by_sync_does_not_make_a_never_runnable_job_acceptable(
+        settings, teammate, owner, alpha, aws_cluster, submission, h100):
+    """A pool gone from the cluster but kept with 0 nodes (attempts refer to it) offers no GPUs; with no other pool
+    the submission must get 'no node pool offers ...' (caching off: this is not about the cache).
+    ResourcesSerializer.validate_accelerator's Max("node_pools__gpus_per_node") counts pools with nodes=0."""
+    settings.LOOKUP_CACHE_SECONDS = 0
+    job = make_job(alpha, owner.user, h100, name="old")
+    make_attempt(job, aws_cluster["cluster"], aws_cluster["pool"])
+    counts = apply_pools(aws_cluster["cluster"], [])
+    assert counts["emptied"] == 1
+    r = teammate.client.post(JOBS, submission, format="json")
+    assert r.status_code == 400, r.content
+
+
+@pytest.mark.parametrize("priority", [["high"], {"high": 1}, 700, None, True, "high\x00"])
+def test_a_priority_that_is_not_a_string_gets_400(cached, teammate, aws_cluster, submission, priority):
+    submission["spec"]["priority"] = priority
+    r = teammate.client.post(JOBS, submission, format="json")
+    assert r.status_code == 400 and "spec.priority" in r.json(), r.content

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from costs.models import Price
-from costs.seed import CATALOG_EFFECTIVE_FROM
 from runners.models import Cluster
-from tests.support.factories import make_cluster
-
-from tests.support.factories import make_attempt, make_job
+from tests.support.factories import make_attempt, make_cluster, make_job
 
 SECRET_WORDS = ("credential", "token", "kubeconfig", "secret", "password", "key")
 
@@ -93,10 +89,3 @@ def test_node_pools_filter_by_cluster_and_accelerator(outsider, aws_cluster, h10
     assert outsider.client.get("/api/v1/node-pools/", {"cluster": "aws-use1"}).json()["count"] == 1
 
 
-def test_prices_filter_by_provider_region_accelerator_and_capacity(outsider, catalog):
-    params = {"provider": "aws", "region": "us-east-1", "accelerator": "H100-80GB", "capacity_type": "spot"}
-    rows = outsider.client.get("/api/v1/prices/", params).json()["results"]
-    expected = Price.objects.get(provider="aws", region="us-east-1", accelerator__name="H100-80GB",
-                                 capacity_type="spot", effective_from=CATALOG_EFFECTIVE_FROM)
-    assert [(r["id"], Decimal(r["usd_per_gpu_hour"])) for r in rows] == [(expected.pk, expected.usd_per_gpu_hour)]
-    assert outsider.client.post("/api/v1/prices/", {}, format="json").status_code == 405

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 
+from jobs.tasks import dispatch_attempt
+from tests.support.kubernetes import Kubelet
 from tests.support.personas import make_persona
 
-from .test_kubernetes_runner import emulated_clusters, start, submit, submitter  # noqa: F401 - fixtures
+from .steps import start
 
 
 def serve_log_stream(emulators, cluster: str, path: str):
@@ -38,10 +40,10 @@ def next_text(chunks) -> str:
     raise AssertionError("the stream ended")
 
 
-def test_follow_returns_lines_as_they_are_written_and_ends_with_the_container(emulated_clusters, submit, settings):  # noqa: F811
+def test_follow_returns_lines_as_they_are_written_and_ends_with_the_container(emulated_clusters, admitted, settings):
     settings.LOG_FOLLOW_MAX_SECONDS = 120
     emulators, _ = emulated_clusters
-    attempt = submit()
+    attempt = admitted()
     _, _, pods = start(emulated_clusters, attempt)
     path = f"/api/v1/namespaces/cp-alpha/pods/{pods[0]['metadata']['name']}/log"
     write = serve_log_stream(emulators, "gcp-usc1", path)
@@ -65,10 +67,10 @@ def test_follow_returns_lines_as_they_are_written_and_ends_with_the_container(em
     assert requests[0].params.get("follow") == "true" and requests[0].params.get("tailLines") == "10"
 
 
-def test_follow_ends_after_the_max_duration_when_the_container_stays_quiet(emulated_clusters, submit, settings):  # noqa: F811
+def test_follow_ends_after_the_max_duration_when_the_container_stays_quiet(emulated_clusters, admitted, settings):
     settings.LOG_FOLLOW_MAX_SECONDS = 1.0
     emulators, _ = emulated_clusters
-    attempt = submit()
+    attempt = admitted()
     _, _, pods = start(emulated_clusters, attempt)
     path = f"/api/v1/namespaces/cp-alpha/pods/{pods[0]['metadata']['name']}/log"
     write = serve_log_stream(emulators, "gcp-usc1", path)
@@ -81,16 +83,12 @@ def test_follow_ends_after_the_max_duration_when_the_container_stays_quiet(emula
     write(None)
 
 
-def test_follow_waits_for_the_pod_then_streams(emulated_clusters, submit, settings):  # noqa: F811
+def test_follow_waits_for_the_pod_then_streams(emulated_clusters, admitted, settings):
     """Before the pod exists the stream is open and empty; once it runs, its log follows."""
-    from jobs.tasks import dispatch_attempt
-
-    from .emulators import Kubelet
-
     settings.LOG_FOLLOW_MAX_SECONDS = 120
     settings.LOG_FOLLOW_POLL_SECONDS = 0.05
     emulators, _ = emulated_clusters
-    attempt = submit()
+    attempt = admitted()
     assert dispatch_attempt(attempt.pk) == "dispatched"
     reader = make_persona("reader", attempt.job.team, "member")
 
@@ -108,9 +106,9 @@ def test_follow_waits_for_the_pod_then_streams(emulated_clusters, submit, settin
     assert b"".join(chunks) == b""
 
 
-def test_follow_on_an_unreachable_cluster_is_a_503(emulated_clusters, submit):  # noqa: F811
+def test_follow_on_an_unreachable_cluster_is_a_503(emulated_clusters, admitted):
     emulators, _ = emulated_clusters
-    attempt = submit()
+    attempt = admitted()
     start(emulated_clusters, attempt)
     emulators.stop("gcp-usc1")
     reader = make_persona("reader", attempt.job.team, "member")

@@ -12,8 +12,7 @@ from runners.models import NodePool
 from runners.tasks import sync_node_pools
 from tests.support.factories import make_cluster
 from tests.support.personas import make_persona
-
-from .emulators import Emulators, Kubelet
+from tests.support.kubernetes import Emulators, Kubelet
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
+from tests.support.local_runner import dispatched
 from tests.support.personas import make_persona
-from tests.runners.test_local_runner import admitted, dispatched, local, submitter  # noqa: F401 - fixtures
 
 PRINT_OVER_TWO_SECONDS = ["python", "-c", "import time\nfor i in range(10):\n    print(f'line {i}', flush=True)\n"
                                           "    time.sleep(0.2)\n"]
@@ -19,7 +19,7 @@ def read_stream(response) -> tuple[list[bytes], float]:
     return chunks, time.monotonic() - started
 
 
-def test_follow_streams_every_line_while_the_attempt_runs_and_ends_with_it(admitted, teams, settings):  # noqa: F811
+def test_follow_streams_every_line_while_the_attempt_runs_and_ends_with_it(admitted, teams, settings):
     settings.LOG_FOLLOW_POLL_SECONDS = 0.1
     settings.LOG_FOLLOW_MAX_SECONDS = 30
     attempt = dispatched(admitted(PRINT_OVER_TWO_SECONDS, nodes=1))
@@ -36,7 +36,7 @@ def test_follow_streams_every_line_while_the_attempt_runs_and_ends_with_it(admit
     assert 1.0 < seconds < 20  # it waited for the job and stopped when the job ended, long before the 30 s cap
 
 
-def test_follow_stops_after_the_max_duration(admitted, teams, settings):  # noqa: F811
+def test_follow_stops_after_the_max_duration(admitted, teams, settings):
     settings.LOG_FOLLOW_POLL_SECONDS = 0.1
     settings.LOG_FOLLOW_MAX_SECONDS = 1.5
     attempt = dispatched(admitted(PRINT_AND_SLEEP, nodes=1))
@@ -53,7 +53,7 @@ def test_follow_stops_after_the_max_duration(admitted, teams, settings):  # noqa
     assert 1.0 < seconds < 5
 
 
-def test_plain_logs_stay_json_and_follow_checks_the_node(admitted, teams, settings):  # noqa: F811
+def test_plain_logs_stay_json_and_follow_checks_the_node(admitted, teams, settings):
     attempt = dispatched(admitted(PRINT_OVER_TWO_SECONDS, nodes=1))
     reader = make_persona("reader", teams[0], "member")
     plain = reader.client.get(f"/api/v1/jobs/{attempt.job_id}/logs/?follow=0")
