@@ -11,7 +11,7 @@ clusters (default 10) holding ``--attempts`` RUNNING attempts in all
 (default 10,000), the emulators pre-filled with one Job and one Running
 pod per attempt. Goal: under 2 s for the whole pass.
 
-The emulators (``tests/kubernetes/emulators.py``) run in a child process, so
+The emulators (``tests/support/kubernetes.py``) run in a child process, so
 their serving does not share this process's interpreter. The database is
 ``BENCH_DATABASE_URL`` (default ``postgres://postgres@127.0.0.1:5432/cp_bench_dispatch``),
 dropped and recreated per run; the broker ``BENCH_BROKER_URL`` (default
@@ -60,7 +60,7 @@ def emulator_process(names: list[str], conn) -> None:
     """Serve one emulator per name; answer ``("prefill", {name: [(job_id, attempt_id, object_name)]})``,
     ``("count", name)`` (batch/v1 Jobs stored) and ``("stop",)`` over ``conn``."""
     from runners.kubernetes import manifests as m
-    from tests.kubernetes.emulators import Emulators
+    from tests.support.kubernetes import Emulators
 
     # kmock matches each request against its whole request history (~3 ms per request at first, ~60 ms after 600
     # creates when kept): the benchmark never reads that history, so each emulator drops it whenever no request
