@@ -79,15 +79,15 @@ def test_outsider_gets_404_on_every_web_page(owner, beta_world):
     assert Budget.objects.count() == 1
 
 
-@pytest.mark.parametrize("query", [
-    "team=beta", "cluster=aws-use1", "submitter=outsider", "ordering=team__slug", "ordering=-submitter__username",
-    "state=RUNNING&team=beta", "accelerator=H100-80GB&team=beta", "team=beta&team=alpha",
+@pytest.mark.parametrize("query, status", [
+    ("team=beta", 200), ("cluster=aws-use1", 200), ("submitter=outsider", 200),
+    ("ordering=team__slug", 400), ("ordering=-submitter__username", 400),  # not orderable fields
+    ("state=RUNNING&team=beta", 200), ("accelerator=H100-80GB&team=beta", 200), ("team=beta&team=alpha", 200),
 ])
-def test_job_list_filters_do_not_leak(owner, beta_world, query):
+def test_job_list_filters_do_not_leak(owner, beta_world, query, status):
     response = owner.client.get(f"/api/v1/jobs/?{query}")
-    assert response.status_code in (200, 400)
-    if response.status_code == 200:
-        assert all(row["team"] != "beta" for row in response.json()["results"]), query
+    assert response.status_code == status, (query, response.content[:300])
+    assert b"beta-job" not in response.content and b'"beta"' not in response.content, query
     page = signed_in(owner).get(f"/jobs/?{query}")
     assert page.status_code == 200
     assert b"beta-job" not in page.content
@@ -116,7 +116,7 @@ def test_costs_and_utilization_do_not_leak(owner, beta_world, group_by):
     response = owner.client.get("/api/v1/costs/", {"group_by": group_by, "with_utilization": "true"})
     assert response.json()["results"] == []
     csv = signed_in(owner).get("/costs.csv", {"group_by": group_by, "team": "beta"})
-    assert csv.status_code in (200, 400)
+    assert csv.status_code == 400  # a team of which the user is not a member is a bad filter, as an unknown one
     assert b"7.00" not in csv.content
     page = signed_in(owner).get("/costs/", {"group_by": group_by, "team": "beta"})
     assert page.status_code == 200

@@ -209,7 +209,8 @@ def test_an_invalidation_during_an_in_flight_token_load_is_not_lost(cached, team
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_membership_removed_in_a_transaction_is_not_recached_from_the_old_row(cached, teammate, aws_cluster, submission):
+def test_a_membership_removed_in_a_transaction_is_not_recached_from_the_old_row(
+        cached, teammate, aws_cluster, submission):
     """post_delete empties MEMBERSHIPS when the DELETE runs, not when it commits. A request of another thread of
     the same process that runs between the two reads the still-committed membership and caches it; after the
     commit the removed member keeps submitting for the whole TTL. Real code only, two threads, one process."""

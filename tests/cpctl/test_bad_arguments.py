@@ -24,6 +24,6 @@ from cpctl.cli import main as cpctl
     ["--url", "http://127.0.0.1:99999", "jobs"],
 ], ids=["timeout-inf", "timeout-1e400", "non-latin1-token", "unclosed-ipv6-url", "timeout-nan", "missing-file",
         "directory", "bad-start", "negative-node", "negative-id", "ftp-url", "empty-url", "port-99999"])
-def test_cpctl_answers_bad_arguments_with_a_clean_nonzero_exit(argv, capsys):
+def test_bad_arguments_get_a_clean_nonzero_exit_and_no_traceback(argv, capsys):
     assert cpctl(argv) != 0
     assert "Traceback" not in capsys.readouterr().err

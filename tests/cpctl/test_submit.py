@@ -57,7 +57,8 @@ def test_it_submits_json_and_json_output_parses(run_cli, teammate, funded_aws_cl
     assert Job.objects.get().pk == body["id"]
 
 
-def test_a_refused_document_prints_each_field_path_and_exits_2_storing_nothing(run_cli, owner, funded_aws_cluster, tmp_path):
+def test_a_refused_document_prints_each_field_path_and_exits_2_storing_nothing(
+        run_cli, owner, funded_aws_cluster, tmp_path):
     document = yaml.safe_load(EXAMPLE.read_text())
     document["team"] = "alpha"
     document["spec"]["resources"].update(gpus_per_node=0, accelerator="Z80")
@@ -114,7 +115,8 @@ def test_an_unreachable_server_is_a_one_line_hint_with_the_url(capsys, monkeypat
     assert "secret-token-value" not in captured.err
 
 
-def test_submit_wait_in_a_subprocess_follows_the_job_and_exits_1_when_it_is_cancelled(server, owner, funded_aws_cluster):
+def test_submit_wait_in_a_subprocess_follows_the_job_and_exits_1_when_it_is_cancelled(
+        server, owner, funded_aws_cluster):
     process = spawn_cli(server, owner.key, "submit", str(EXAMPLE), "--team", "alpha", "--wait", "--interval", "0.2")
     try:
         deadline = time.monotonic() + 30
@@ -146,7 +148,7 @@ def test_it_submits_json_from_stdin(run_cli, owner, funded_aws_cluster, monkeypa
 
 
 def test_issued_keys_never_start_like_an_option(db):
-    """A key starting with "-" would read as an option after ``--token`` (seen: a flaky CLI test)."""
+    """A key starting with "-" would read as an option after ``--token`` (``--token=KEY`` is safe either way)."""
     from django.contrib.auth import get_user_model
 
     from quotas.models import ApiToken

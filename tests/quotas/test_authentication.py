@@ -29,7 +29,7 @@ def test_malformed_authorization_is_401(owner, header):
     assert response.status_code == 401, (header[:20], response.status_code)
 
 
-def test_expired_token_and_inactive_user(owner, teams):
+def test_an_expired_token_or_an_inactive_user_gets_401(owner, teams):
     token, key = ApiToken.issue(owner.user, "short", expires_at=timezone.now() - dt.timedelta(seconds=1))
     assert raw_client(f"Token {key}").get("/api/v1/jobs/").status_code == 401
     user = get_user_model().objects.create_user("gone", password="x", is_active=False)

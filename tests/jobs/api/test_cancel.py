@@ -76,7 +76,7 @@ def test_it_moves_a_running_job_to_cancelling(teammate, teams, aws_cluster, h100
     (S.CANCELLED, 409, S.CANCELLED),
     (S.REJECTED, 409, S.REJECTED),
 ])
-def test_cancel_in_each_state(owner, teammate, aws_cluster, h100, teams, redis_broker, state, status, after):
+def test_cancel_answers_in_each_state(owner, teammate, aws_cluster, h100, teams, redis_broker, state, status, after):
     job = make_job(teams[0], teammate.user, h100)
     if state in (S.ADMITTED, S.STARTING, S.RUNNING, S.CANCELLING):
         make_attempt(job, aws_cluster["cluster"], aws_cluster["pool"], state=state)
@@ -106,7 +106,8 @@ def test_cancel_recovering_with_live_attempt_waits_for_cluster(owner, teammate, 
     assert owner.client.post(f"/api/v1/jobs/{job.pk}/cancel/").json()["state"] == S.CANCELLING
 
 
-def test_cancel_with_stale_in_memory_cancelling_raises_not_cancellable(teammate, aws_cluster, h100, teams, redis_broker):
+def test_cancel_with_stale_in_memory_cancelling_raises_not_cancellable(
+        teammate, aws_cluster, h100, teams, redis_broker):
     job = make_job(teams[0], teammate.user, h100)
     make_attempt(job, aws_cluster["cluster"], aws_cluster["pool"], state=S.CANCELLING)
     with pytest.raises(NotCancellable):

@@ -38,8 +38,8 @@ def test_it_submits_a_json_job_as_queued(teammate, aws_cluster, submission, h100
     assert body["estimated_cost_usd"] is None  # not placed yet: no price, and 0.00 would read as free
 
 
-def test_the_estimate_is_null_until_the_job_is_placed_then_gpus_x_runtime_x_price(teammate, teams, aws_cluster, submission,
-                                                                                   h100, quota_factory):
+def test_the_estimate_is_null_until_the_job_is_placed_then_gpus_x_runtime_x_price(
+        teammate, teams, aws_cluster, submission, h100, quota_factory):
     from jobs.scheduler import schedule_pending
 
     submission["spec"]["max_runtime_seconds"] = 5400  # 1.5 h

@@ -64,7 +64,7 @@ BAD_FIELDS = [
     ("gpus-bool", "spec.resources.gpus_per_node", True, "spec.resources.gpus_per_node", "valid integer"),
     ("cpu-string", "spec.resources.cpu", "4", "spec.resources.cpu", "number"),
     ("memory-zero", "spec.resources.memory_gib", 0, "spec.resources.memory_gib", "greater than 0"),
-    ("cpu-beyond-float", "spec.resources.cpu", 10**400, "spec.resources.cpu", "Too large"),  # was a 500
+    ("cpu-beyond-float", "spec.resources.cpu", 10**400, "spec.resources.cpu", "Too large"),  # beyond a float
     ("retries-negative", "spec.max_retries", -1, "spec.max_retries", "greater than or equal to 0"),
     ("kind-unknown", "kind", "batch", "kind", "valid choice"),
     ("unknown-spec-key", "spec.gpus", 8, "spec.gpus", "unknown field"),

@@ -87,7 +87,8 @@ def test_concurrent_validations_never_mix_their_data_or_errors(cached, teammate,
     ("reg.io/ünïcødé/图像:✓", ["python", "🚀.py"], {"U": "ß" * 1000}),
     ("r/" + "a" * 510, ["x" * 10000], {"K": "$1 $2 %s %(x)s"}),
 ])
-def test_the_stored_job_and_its_event_match_the_response(cached, teammate, aws_cluster, submission, image, command, env):
+def test_the_stored_job_and_its_event_match_the_response(
+        cached, teammate, aws_cluster, submission, image, command, env):
     submission["name"] = "a" * 63
     submission["spec"].update(image=image, command=command, env=env)
     r = teammate.client.post(JOBS, submission, format="json")
