@@ -45,7 +45,17 @@ class TeamSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class VisibleTeamField(serializers.SlugRelatedField):
+class NoNulLookupMixin:
+    """Refuse a lookup value holding NUL as invalid (400): PostgreSQL text cannot hold one, so the query itself
+    would fail with a DataError (a 500) instead of finding no row."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, str) and "\x00" in data:
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class VisibleTeamField(NoNulLookupMixin, serializers.SlugRelatedField):
     """A team by slug, looked up among the requesting user's teams only (all teams for staff)."""
 
     default_error_messages = {
@@ -60,7 +70,7 @@ class VisibleTeamField(serializers.SlugRelatedField):
         return Team.objects.visible_to(self.context["request"].user)
 
 
-class NamedField(serializers.SlugRelatedField):
+class NamedField(NoNulLookupMixin, serializers.SlugRelatedField):
     """A related object by its ``name``, with an error that says which kind of object is unknown."""
 
     def __init__(self, kind: str, **kwargs):
