@@ -11,6 +11,7 @@ from decimal import Decimal
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.validators import UniqueValidator
 
 from core.fields import AwareDateTimeField, INT32_MAX, StrictBooleanField, StrictIntegerField
 from runners.models import Accelerator, Cluster
@@ -257,7 +258,9 @@ class TeamFairShareSerializer(serializers.ModelSerializer):
 class PriorityClassSerializer(serializers.ModelSerializer):
     """A named job priority: ``name`` (slug), ``value`` (integer, higher goes first, unique), ``description``."""
 
-    value = StrictIntegerField(min_value=-INT32_MAX, max_value=INT32_MAX)
+    # Declared here, so ModelSerializer does not add the model's uniqueness check: it is spelled out.
+    value = StrictIntegerField(min_value=-INT32_MAX, max_value=INT32_MAX,
+                               validators=[UniqueValidator(queryset=PriorityClass.objects.all())])
 
     class Meta:
         model = PriorityClass

@@ -39,3 +39,14 @@ def test_bad_priority_class_values_get_400(staff, value):
     assert response.status_code == 400, (value, response.status_code)
 
 
+
+
+def test_a_priority_class_with_the_value_of_another_is_400(staff):
+    """Values are unique (they order the queue): a second class at ``normal``'s 500 is refused on ``value``."""
+    response = staff.client.post("/api/v1/priority-classes/", {"name": "also-normal", "value": 500}, format="json")
+    assert response.status_code == 400, response.content
+    assert "value" in response.json()
+    assert not PriorityClass.objects.filter(name="also-normal").exists()
+    renamed = staff.client.patch(f"/api/v1/priority-classes/{PriorityClass.objects.get(name='low').pk}/",
+                                 {"value": 1000}, format="json")  # high's value
+    assert renamed.status_code == 400 and "value" in renamed.json()
