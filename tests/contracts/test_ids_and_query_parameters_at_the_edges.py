@@ -15,6 +15,9 @@ BIG = "9" * 25
     (f"/api/v1/jobs/{BIG}/cancel/", 404),
     ("/api/v1/jobs/-1/", 404),
     ("/api/v1/jobs/abc/", 404),
+    ("/api/v1/jobs/1%00/", 404),
+    ("/api/v1/teams/alpha%00/", 404),  # a NUL no text column can hold: no such team, not a database error
+    ("/api/v1/jobs/?team=alpha%00", 400),
     (f"/api/v1/quotas/{BIG}/", 404),
     (f"/api/v1/budget-status/{BIG}/", 404),
     (f"/api/v1/reports/{BIG}/csv/", 404),
