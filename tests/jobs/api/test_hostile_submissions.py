@@ -1,4 +1,6 @@
-"""Hostile job submissions: every one answers 400 (never 500) and stores neither a Job nor a JobEvent."""
+"""Hostile job submissions (wrong types, raw bodies that are not JSON objects, bad Unicode, hostile YAML, odd
+values in every field, specs over the size limit): every one answers 400 on its field (never 500) and stores
+neither a Job nor a JobEvent, and the next valid submission is unaffected."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The jobs API: submit (JSON and YAML), read, filter, cancel, and the events, attempts and logs of a job."""
+"""The jobs API: submit (JSON and YAML), read, filter and order, and the events, attempts and logs of a job;
+the response of a submission is what a read of the stored job shows. Cancelling is in ``test_cancel.py``."""
 
 from __future__ import annotations
 

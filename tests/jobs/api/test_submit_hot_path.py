@@ -12,11 +12,15 @@ import threading
 
 import pytest
 from django.db import connection
+from django.db.models import Value
+from django.db.models.functions import Upper
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
+from jobs import lifecycle
 from jobs.models import Job, JobEvent
 from jobs.spec import JobSubmissionSerializer
+from jobs.states import record_event
 
 JOBS = "/api/v1/jobs/"
 
@@ -137,14 +141,9 @@ ODD_SPEC = {"image": "x", "none": None, "pct": "100%s %% %(x)s", "uni": "ü\u202
 
 
 @pytest.mark.django_db
-def test_the_cached_insert_stores_what_django_save_stores(teams, h100):
-    from jobs import lifecycle
-    from jobs.models import Job, JobEvent
-    from jobs.states import record_event
-    from tests.support.personas import make_persona
-
+def test_the_cached_insert_stores_what_django_save_stores(teams, user, h100):
     accelerator = h100
-    alpha, user = teams[0], make_persona("owner", teams[0], "admin").user
+    alpha = teams[0]
     lifecycle._JOB_WITH_EVENT_SQL.clear()  # compiled from the first job below
     cached = [lifecycle.store_submitted_job(team=alpha, submitter=user, name=f"c{i}", kind="training",
                                             spec=dict(ODD_SPEC, i=i), resources=_resources(accelerator))
@@ -170,18 +169,11 @@ def test_the_cached_insert_stores_what_django_save_stores(teams, h100):
 
 
 @pytest.mark.django_db
-def test_an_expression_in_the_first_job_does_not_poison_the_cached_statement(teams, h100):
+def test_an_expression_in_the_first_job_does_not_poison_the_cached_statement(teams, user, h100):
     """The statement was compiled (and cached) from the first job *before* its values were checked: an
     expression there (rejected with ValueError) stayed baked into the SQL of every later submission."""
-    from django.db.models import Value
-    from django.db.models.functions import Upper
-
-    from jobs import lifecycle
-    from jobs.models import Job, JobEvent
-    from tests.support.personas import make_persona
-
     accelerator = h100
-    alpha, user = teams[0], make_persona("owner", teams[0], "admin").user
+    alpha = teams[0]
     r = _resources(accelerator)
     bad = Job(team=alpha, submitter=user, name=Upper(Value("shout")), kind="training", spec={},
               accelerator=accelerator, gpus_per_node=1, nodes=1)

@@ -14,7 +14,6 @@ from jobs.lifecycle import end_attempt, recover_or_fail
 from jobs.models import Job, JobAttempt, JobEvent, JobState
 from jobs.scheduler import schedule_pending, try_admit
 from tests.support.factories import fresh, run
-from tests.support.personas import make_persona
 from tests.support.states import state_events
 
 S = JobState
@@ -177,11 +176,12 @@ def test_try_admit_keeps_its_contract(cluster_factory, quota_factory, h100, alph
     assert try_admit(queue_job(alpha, 16, nodes=2).pk) == "rejected"
 
 
-def test_the_api_shows_why_a_job_waits_and_its_positions(cluster_factory, quota_factory, h100, alpha, beta, queue_job):
+def test_the_api_shows_why_a_job_waits_and_its_positions(
+        cluster_factory, quota_factory, h100, alpha, beta, queue_job, teammate):
     cluster_factory("big", "aws", "us-east-1", h100, nodes=1, gpus_per_node=8, price="4.20")
     quota_factory(alpha, h100, nominal=8)
     quota_factory(beta, h100, nominal=8)
-    owner = make_persona("reader", alpha, "member")
+    owner = teammate  # a member of alpha reads the queue
     running = queue_job(alpha, 8)
     a1, b1, a2 = queue_job(alpha, 8), queue_job(beta, 8), queue_job(alpha, 4)
     schedule_pending()

@@ -7,14 +7,13 @@ import pytest
 
 from jobs.models import Job
 from quotas.models import Cohort, PriorityClass, Quota, QuotaEvent, Team
-from tests.support.personas import make_persona
 
 pytestmark = pytest.mark.django_db
 
 
-def test_a_team_admin_sets_a_lending_limit_and_the_change_is_recorded(h100, alpha, quota_factory):
+def test_a_team_admin_sets_a_lending_limit_and_the_change_is_recorded(h100, alpha, quota_factory, owner):
     quota = quota_factory(alpha, h100, nominal=8)
-    admin = make_persona("boss", alpha, "admin")
+    admin = owner
     r = admin.client.patch(f"/api/v1/quotas/{quota.pk}/", {"lending_limit_gpus": 2}, format="json")
     assert r.status_code == 200, r.content
     assert Quota.objects.get(pk=quota.pk).lending_limit_gpus == 2
@@ -26,9 +25,9 @@ def test_a_team_admin_sets_a_lending_limit_and_the_change_is_recorded(h100, alph
     assert QuotaEvent.objects.count() == 1
 
 
-def test_staff_set_a_teams_cohort_and_weight_and_members_may_not(alpha, staff):
+def test_staff_set_a_teams_cohort_and_weight_and_members_may_not(alpha, staff, owner):
     Cohort.objects.create(name="research")
-    member = make_persona("member", alpha, "admin")
+    member = owner  # even the team's admin
     assert member.client.patch("/api/v1/teams/alpha/", {"weight": "2"}, format="json").status_code == 403
     r = staff.client.patch("/api/v1/teams/alpha/", {"cohort": "research", "weight": "2.5"}, format="json")
     assert r.status_code == 200, r.content
@@ -41,8 +40,8 @@ def test_staff_set_a_teams_cohort_and_weight_and_members_may_not(alpha, staff):
     assert staff.client.patch("/api/v1/teams/alpha/", {"weight": "0"}, format="json").status_code == 400
 
 
-def test_cohorts_and_priority_classes_are_edited_by_staff_and_audited(alpha, staff, h100, cluster_factory):
-    member = make_persona("member", alpha, "member")
+def test_cohorts_and_priority_classes_are_edited_by_staff_and_audited(alpha, staff, h100, cluster_factory, teammate):
+    member = teammate
     assert member.client.post("/api/v1/cohorts/", {"name": "x"}, format="json").status_code == 403
     assert staff.client.post("/api/v1/cohorts/", {"name": "research"}, format="json").status_code == 201
     classes = member.client.get("/api/v1/priority-classes/").json()["results"]

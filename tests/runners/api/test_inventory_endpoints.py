@@ -1,4 +1,4 @@
-"""Accelerators, clusters, node pools and prices: readable by every user, clusters writable by staff, no secrets."""
+"""Accelerators, clusters and node pools: readable by every user, clusters writable by staff, no secrets shown."""
 
 from __future__ import annotations
 

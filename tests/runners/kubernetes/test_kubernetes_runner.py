@@ -24,7 +24,6 @@ from jobs.tasks import dispatch_attempt
 from runners.base import PermanentDispatchError, backend_for
 from runners.models import Cluster, NodePool
 from tests.support.kubernetes import Kubelet
-from tests.support.personas import make_persona
 
 from .steps import kubelet, load, start, state, validate
 
@@ -294,8 +293,7 @@ def test_it_deletes_objects_no_live_attempt_owns(emulated_clusters, admitted):
 # --- credentials ---------------------------------------------------------------------------------------------
 
 
-def test_credentials_are_encrypted_write_only_and_never_logged(emulated_clusters, teams, caplog, admitted):
-    staff = make_persona("root", staff=True)
+def test_credentials_are_encrypted_write_only_and_never_logged(emulated_clusters, teams, caplog, admitted, staff):
     secret = "sup3r-s3cret-bearer-token"
     caplog.set_level(logging.DEBUG)
     answer = staff.client.post("/api/v1/clusters/", {
@@ -323,7 +321,7 @@ def test_credentials_are_encrypted_write_only_and_never_logged(emulated_clusters
 # --- logs and node pool discovery ----------------------------------------------------------------------------
 
 
-def test_the_logs_endpoint_returns_the_tail_of_a_node_pod(emulated_clusters, admitted, user):
+def test_the_logs_endpoint_returns_the_tail_of_a_node_pod(emulated_clusters, admitted, owner):
     emulators, _ = emulated_clusters
     attempt = admitted(nodes=2)
     k, job, pods = start(emulated_clusters, attempt)
@@ -334,7 +332,6 @@ def test_the_logs_endpoint_returns_the_tail_of_a_node_pod(emulated_clusters, adm
         emulators.handlers["gcp-usc1"][f"get {path}"] << b"step 10 loss 2.1\nstep 20 loss 1.7\n"
 
     emulators.run(serve_log())
-    owner = make_persona("owner2", attempt.job.team, "admin")
     answer = owner.client.get(f"/api/v1/jobs/{attempt.job_id}/logs/?node=1&tail=50")
     assert answer.status_code == 200, answer.content
     assert answer.json() == {"node": 1, "attempt": 1, "text": "step 10 loss 2.1\nstep 20 loss 1.7\n"}

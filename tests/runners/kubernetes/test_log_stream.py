@@ -11,7 +11,6 @@ import asyncio
 
 from jobs.tasks import dispatch_attempt
 from tests.support.kubernetes import Kubelet
-from tests.support.personas import make_persona
 
 from .steps import start
 
@@ -40,7 +39,8 @@ def next_text(chunks) -> str:
     raise AssertionError("the stream ended")
 
 
-def test_follow_returns_lines_as_they_are_written_and_ends_with_the_container(emulated_clusters, admitted, settings):
+def test_follow_returns_lines_as_they_are_written_and_ends_with_the_container(
+        emulated_clusters, admitted, settings, teammate):
     settings.LOG_FOLLOW_MAX_SECONDS = 120
     emulators, _ = emulated_clusters
     attempt = admitted()
@@ -48,7 +48,7 @@ def test_follow_returns_lines_as_they_are_written_and_ends_with_the_container(em
     path = f"/api/v1/namespaces/cp-alpha/pods/{pods[0]['metadata']['name']}/log"
     write = serve_log_stream(emulators, "gcp-usc1", path)
     write(b"step 1 loss 2.3\n")
-    reader = make_persona("reader", attempt.job.team, "member")
+    reader = teammate
 
     response = reader.client.get(f"/api/v1/jobs/{attempt.job_id}/logs/?follow=1&tail=10")
 
@@ -67,7 +67,8 @@ def test_follow_returns_lines_as_they_are_written_and_ends_with_the_container(em
     assert requests[0].params.get("follow") == "true" and requests[0].params.get("tailLines") == "10"
 
 
-def test_follow_ends_after_the_max_duration_when_the_container_stays_quiet(emulated_clusters, admitted, settings):
+def test_follow_ends_after_the_max_duration_when_the_container_stays_quiet(
+        emulated_clusters, admitted, settings, teammate):
     settings.LOG_FOLLOW_MAX_SECONDS = 1.0
     emulators, _ = emulated_clusters
     attempt = admitted()
@@ -75,7 +76,7 @@ def test_follow_ends_after_the_max_duration_when_the_container_stays_quiet(emula
     path = f"/api/v1/namespaces/cp-alpha/pods/{pods[0]['metadata']['name']}/log"
     write = serve_log_stream(emulators, "gcp-usc1", path)
     write(b"ready\n")  # then nothing, and the stream stays open
-    reader = make_persona("reader", attempt.job.team, "member")
+    reader = teammate
 
     response = reader.client.get(f"/api/v1/jobs/{attempt.job_id}/logs/?follow=1")
 
@@ -83,14 +84,14 @@ def test_follow_ends_after_the_max_duration_when_the_container_stays_quiet(emula
     write(None)
 
 
-def test_follow_waits_for_the_pod_then_streams(emulated_clusters, admitted, settings):
+def test_follow_waits_for_the_pod_then_streams(emulated_clusters, admitted, settings, teammate):
     """Before the pod exists the stream is open and empty; once it runs, its log follows."""
     settings.LOG_FOLLOW_MAX_SECONDS = 120
     settings.LOG_FOLLOW_POLL_SECONDS = 0.05
     emulators, _ = emulated_clusters
     attempt = admitted()
     assert dispatch_attempt(attempt.pk) == "dispatched"
-    reader = make_persona("reader", attempt.job.team, "member")
+    reader = teammate
 
     response = reader.client.get(f"/api/v1/jobs/{attempt.job_id}/logs/?follow=1")
 
@@ -106,12 +107,12 @@ def test_follow_waits_for_the_pod_then_streams(emulated_clusters, admitted, sett
     assert b"".join(chunks) == b""
 
 
-def test_follow_on_an_unreachable_cluster_is_a_503(emulated_clusters, admitted):
+def test_follow_on_an_unreachable_cluster_is_a_503(emulated_clusters, admitted, teammate):
     emulators, _ = emulated_clusters
     attempt = admitted()
     start(emulated_clusters, attempt)
     emulators.stop("gcp-usc1")
-    reader = make_persona("reader", attempt.job.team, "member")
+    reader = teammate
 
     response = reader.client.get(f"/api/v1/jobs/{attempt.job_id}/logs/?follow=1")
 

@@ -1,7 +1,7 @@
 """One reconcile pass over several emulated clusters: looked at concurrently; steady attempts write nothing.
 
 The fixtures (three kmock emulators, a scheduler-admitted job factory) are
-those of ``test_kubernetes_runner``.
+those of this folder's ``conftest.py``.
 """
 
 from __future__ import annotations
