@@ -129,9 +129,3 @@ def test_outsider_dashboard_and_lists_do_not_show_beta(owner, beta_world):
         response = client.get(url)
         assert response.status_code == 200, url
         assert b"beta-job" not in response.content and b"beta secret" not in response.content, url
-
-
-# --- money --------------------------------------------------------------------------------------
-
-# --- auth -------------------------------------------------------------------------------------------
-

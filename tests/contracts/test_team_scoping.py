@@ -96,5 +96,3 @@ def test_every_list_endpoint_answers_each_persona(owner, teammate, outsider, alp
     for persona in (owner, teammate, outsider):
         for url in ALL_ENDPOINTS:
             assert persona.client.get(url).status_code == 200, (persona.user.username, url)
-
-

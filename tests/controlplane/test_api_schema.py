@@ -48,5 +48,3 @@ def test_the_docs_page_uses_local_swagger_assets(db):
     page = r.content.decode()
     assert "drf_spectacular_sidecar/swagger-ui-dist/" in page
     assert "cdn.jsdelivr.net" not in page and "unpkg.com" not in page
-
-

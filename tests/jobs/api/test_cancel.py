@@ -22,7 +22,6 @@ S = JobState
 # --- who may cancel ---------------------------------------------------------------------------------------------
 
 
-
 def test_it_cancels_a_queued_job(teammate, teams, aws_cluster, h100):
     job = make_job(teams[0], teammate.user, h100)
     r = teammate.client.post(f"{JOBS}{job.pk}/cancel/")
@@ -176,7 +175,3 @@ def test_cancel_racing_admission_leaves_a_consistent_job(owner, teammate, aws_cl
         # tidy up so the next job has room
         JobAttempt.objects.filter(job=job, ended_at__isnull=True).update(ended_at=job.created_at)
         Job.objects.filter(pk=job.pk).exclude(state=S.CANCELLED).update(state=S.FAILED)
-
-
-
-

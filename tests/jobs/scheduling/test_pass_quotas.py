@@ -156,7 +156,6 @@ def test_a_quota_lowered_below_use_leaves_running_jobs_alone_but_stops_new_admis
     assert fresh(too_big).state == S.REJECTED
 
 
-
 # --- per-cluster quotas --------------------------------------------------------------------------------------------
 
 def held_on(team, cluster):

@@ -39,8 +39,6 @@ def test_bad_priority_class_values_get_400(staff, value):
     assert response.status_code == 400, (value, response.status_code)
 
 
-
-
 def test_a_priority_class_with_the_value_of_another_is_400(staff):
     """Values are unique (they order the queue): a second class at ``normal``'s 500 is refused on ``value``."""
     response = staff.client.post("/api/v1/priority-classes/", {"name": "also-normal", "value": 500}, format="json")

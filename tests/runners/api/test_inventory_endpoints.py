@@ -87,5 +87,3 @@ def test_node_pools_filter_by_cluster_and_accelerator(outsider, aws_cluster, h10
     body = outsider.client.get("/api/v1/node-pools/", {"accelerator": "L4"}).json()
     assert [(p["cluster"], p["gpus_per_node"]) for p in body["results"]] == [("other", 4)]
     assert outsider.client.get("/api/v1/node-pools/", {"cluster": "aws-use1"}).json()["count"] == 1
-
-

@@ -67,7 +67,6 @@ def fake_attempt(emulated_local_cluster, teams, user, settings):
         proc.wait()
 
 
-
 def samples(text: str, name: str) -> list:
     return [s for family in text_string_to_metric_families(text) for s in family.samples if s.name == name]
 

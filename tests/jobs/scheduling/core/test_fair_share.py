@@ -208,5 +208,3 @@ def test_a_per_cluster_cap_of_another_team_or_cluster_changes_nothing():
     free_team.cluster_caps[(H100, 9)] = 0  # a cluster this job does not match
     d, _ = decide([free_team, other], [pool(1, 16)], [job(1, 8, nodes=2)])
     assert len(d.admissions) == 1 and d.admissions[0].offer.cluster_id == 1
-
-
