@@ -27,7 +27,7 @@ the bare create's clients). CPU per operation and the ratios hold on a
 shared machine; the rates do not. A missing PostgreSQL or Redis ends the
 run with status 3 and says so.
 
-The emulators (``tests/kubernetes/emulators.py``) run in a child process, so
+The emulators (``tests/support/kubernetes.py``) run in a child process, so
 their serving does not share this process's interpreter. The database is
 ``BENCH_DATABASE_URL`` (default ``postgres://postgres@127.0.0.1:5432/cp_bench_dispatch``),
 dropped and recreated per run; the broker ``BENCH_BROKER_URL`` (default
@@ -82,7 +82,7 @@ def emulator_process(names: list[str], conn) -> None:
     """Serve one emulator per name; answer ``("prefill", {name: [(job_id, attempt_id, object_name)]})``,
     ``("count", name)`` (batch/v1 Jobs stored) and ``("stop",)`` over ``conn``."""
     from runners.kubernetes import manifests as m
-    from tests.kubernetes.emulators import Emulators
+    from tests.support.kubernetes import Emulators
 
     # kmock matches each request against its whole request history (~3 ms per request at first, ~60 ms after 600
     # creates when kept): the benchmark never reads that history, so each emulator drops it whenever no request

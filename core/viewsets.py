@@ -8,6 +8,7 @@ that each viewset must define, so a view cannot forget it.
 from __future__ import annotations
 
 from django.core.exceptions import ImproperlyConfigured
+from django.http import Http404
 from rest_framework import viewsets
 
 
@@ -52,6 +53,14 @@ class ScopedViewSetMixin:
         if user is None or not user.is_authenticated:
             return queryset.none()
         return scope(queryset, user)
+
+    def get_object(self):
+        """The scoped object of the URL's lookup; a lookup holding NUL is no object (404), since PostgreSQL text
+        cannot hold one and the query would fail instead of finding no row."""
+        value = self.kwargs.get(self.lookup_url_kwarg or self.lookup_field)
+        if isinstance(value, str) and "\x00" in value:
+            raise Http404
+        return super().get_object()
 
 
 class ScopedGenericViewSet(ScopedViewSetMixin, viewsets.GenericViewSet):

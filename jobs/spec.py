@@ -626,7 +626,7 @@ def fast_submission(data, user) -> dict | None:
     plain comparisons instead of DRF's per-field machinery (which cost more than admission itself). It only
     accepts what it is sure the serializer accepts unchanged (JSON types exactly, ASCII names, no whitespace to
     trim); anything else, valid or not, returns None and goes through the serializer, which then writes the 400
-    with its field paths. A property test (``tests/api/test_fast_submission.py``) holds both to the same
+    with its field paths. A property test (``tests/jobs/test_fast_submission.py``) holds both to the same
     answers over generated submissions.
     """
     values = _FAST_SUBMISSION(data)

@@ -11,6 +11,7 @@ from decimal import Decimal
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.validators import UniqueValidator
 
 from core.fields import AwareDateTimeField, INT32_MAX, StrictBooleanField, StrictIntegerField
 from runners.models import Accelerator, Cluster
@@ -45,7 +46,17 @@ class TeamSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class VisibleTeamField(serializers.SlugRelatedField):
+class NoNulLookupMixin:
+    """Refuse a lookup value holding NUL as invalid (400): PostgreSQL text cannot hold one, so the query itself
+    would fail with a DataError (a 500) instead of finding no row."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, str) and "\x00" in data:
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class VisibleTeamField(NoNulLookupMixin, serializers.SlugRelatedField):
     """A team by slug, looked up among the requesting user's teams only (all teams for staff)."""
 
     default_error_messages = {
@@ -60,7 +71,7 @@ class VisibleTeamField(serializers.SlugRelatedField):
         return Team.objects.visible_to(self.context["request"].user)
 
 
-class NamedField(serializers.SlugRelatedField):
+class NamedField(NoNulLookupMixin, serializers.SlugRelatedField):
     """A related object by its ``name``, with an error that says which kind of object is unknown."""
 
     def __init__(self, kind: str, **kwargs):
@@ -247,7 +258,9 @@ class TeamFairShareSerializer(serializers.ModelSerializer):
 class PriorityClassSerializer(serializers.ModelSerializer):
     """A named job priority: ``name`` (slug), ``value`` (integer, higher goes first, unique), ``description``."""
 
-    value = StrictIntegerField(min_value=-INT32_MAX, max_value=INT32_MAX)
+    # Declared here, so ModelSerializer does not add the model's uniqueness check: it is spelled out.
+    value = StrictIntegerField(min_value=-INT32_MAX, max_value=INT32_MAX,
+                               validators=[UniqueValidator(queryset=PriorityClass.objects.all())])
 
     class Meta:
         model = PriorityClass

@@ -9,7 +9,6 @@ import datetime as dt
 from decimal import Decimal
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.core import mail
 from django.utils import timezone
 from prometheus_client import REGISTRY
@@ -17,8 +16,9 @@ from prometheus_client import REGISTRY
 from costs.budgets import budget_status, check_budget, check_budgets
 from costs.ledger import accrue_attempt
 from costs.models import BudgetAlert
-from jobs.models import Job, JobAttempt, JobState
+from jobs.models import Job, JobState
 from jobs.scheduling.passes import try_admit
+from tests.support.factories import make_attempt, make_job_row
 
 D = Decimal
 UTC = dt.timezone.utc
@@ -31,17 +31,13 @@ def pool(cluster_factory, h100):
 
 
 @pytest.fixture
-def spend(teams, pool, h100):
+def spend(teams, user, pool, h100):
     """``spend(gpus, start, end, state=SUCCEEDED, estimate=0)``: a job of team alpha that ran and was accrued."""
-    user = get_user_model().objects.create(username="payer")
-
     def make(gpus, start, end, *, state=JobState.SUCCEEDED, estimate="0", team=None):
-        job = Job.objects.create(team=team or teams[0], submitter=user, name="j", spec={}, accelerator=h100,
-                                 gpus_per_node=gpus, nodes=1, max_runtime_seconds=86400, state=state,
-                                 estimated_cost_usd=D(estimate))
-        attempt = JobAttempt.objects.create(job=job, number=1, cluster=pool.cluster, node_pool=pool, gpus=gpus,
-                                            object_name=f"job-{job.pk}-1", usd_per_gpu_hour=D("5.00"),
-                                            started_at=start, ended_at=end)
+        job = make_job_row(team or teams[0], user, h100, name="j", spec={}, gpus_per_node=gpus, max_runtime=86400,
+                           state=state, estimated_cost_usd=D(estimate))
+        attempt = make_attempt(job, pool.cluster, pool, gpus=gpus, usd_per_gpu_hour=D("5.00"), started_at=start,
+                               ended_at=end, state=state)
         accrue_attempt(attempt.pk, until=end)
         return job
     return make
@@ -99,18 +95,15 @@ def test_forecast_is_spent_plus_recent_burn_rate_over_the_rest_of_the_period(tea
     assert status.remaining_usd == D(10000) - D(725) - D(3995)
 
 
-def test_a_block_budget_spent_stops_admission_and_an_alert_budget_does_not(teams, spend, budget_factory, quota_factory,
-                                                                           h100, pool):
+def test_a_block_budget_spent_stops_admission_and_an_alert_budget_does_not(teams, user, spend, budget_factory,
+                                                                           quota_factory, h100, pool):
     quota_factory(teams[0], h100, nominal=16)
     now = dt.datetime(2026, 3, 20, 12, tzinfo=UTC)
     spend(4, dt.datetime(2026, 3, 2, tzinfo=UTC), dt.datetime(2026, 3, 2, 19, tzinfo=UTC))  # $380
     budget = budget_factory(teams[0], "400", action="block")
-    user = get_user_model().objects.get(username="payer")
 
     def submit(hours):
-        return Job.objects.create(team=teams[0], submitter=user, name="next", kind="training",
-                                  spec={"resources": {"accelerator": h100.name, "gpus_per_node": 1, "nodes": 1}},
-                                  accelerator=h100, gpus_per_node=1, nodes=1, max_runtime_seconds=hours * 3600)
+        return make_job_row(teams[0], user, h100, name="next", max_runtime=hours * 3600)
 
     big = submit(5)  # 1 GPU x 5 h x $5 = $25 > $20 left
     assert try_admit(big.pk, now=now) == "waiting"

@@ -1,6 +1,6 @@
 """Cost and utilization of a synthetic three-cluster fleet read back through a real Prometheus.
 
-Expected numbers come from the generator's own jobs and samples (``fleet.py``):
+Expected numbers come from the generator's own jobs and samples (``tests/support/synthetic_fleet.py``):
 GPU-hours and cost by hand with Decimal, utilization as the plain mean of
 the samples scraped inside each job's run. The platform answers through
 the ledger, the rollups, the API and PromQL.
@@ -18,7 +18,7 @@ from costs import prometheus
 from costs.models import DailyCostRollup, UtilizationRollup
 from costs.utilization import check_ledger
 
-from . import fleet as F
+from tests.support import synthetic_fleet as F
 
 pytestmark = pytest.mark.django_db
 DAY = dt.timedelta(days=1)
@@ -34,22 +34,23 @@ def get(client, path, **params):
     return response.json()
 
 
-def test_costs_per_team_and_day_match_the_generator_to_the_cent(fleet, fleet_db):
+def test_costs_per_team_and_day_match_the_generator_to_the_cent(synthetic_fleet, fleet_db):
     client = fleet_db["staff"].client
     for lo in days():
         body = get(client, "/api/v1/costs/", group_by="team", start=lo.isoformat(), end=(lo + DAY).isoformat())
         got = {row["team"]: row["cost_usd"] for row in body["results"]}
-        expected = {team: F.Fleet.cents(sum((fleet.cost(j, lo, lo + DAY) for j in fleet.jobs if j.team == team),
-                                            Decimal(0))) for team in F.TEAMS}
+        expected = {team: F.Fleet.cents(sum((synthetic_fleet.cost(j, lo, lo + DAY)
+                                             for j in synthetic_fleet.jobs if j.team == team), Decimal(0)))
+                    for team in F.TEAMS}
         assert got == expected
         hours = {row["team"]: row["gpu_hours"] for row in body["results"]}
         for team in F.TEAMS:
-            assert hours[team] == pytest.approx(sum(fleet.gpu_hours(j, lo, lo + DAY) for j in fleet.jobs if j.team == team),
-                                                abs=1e-5)
+            assert hours[team] == pytest.approx(sum(synthetic_fleet.gpu_hours(j, lo, lo + DAY)
+                                                    for j in synthetic_fleet.jobs if j.team == team), abs=1e-5)
 
 
-def test_the_price_change_applies_from_its_time_on_only(fleet, fleet_db):
-    aws = [j for j in fleet.jobs if j.cluster == "aws-east"]
+def test_the_price_change_applies_from_its_time_on_only(synthetic_fleet, fleet_db):
+    aws = [j for j in synthetic_fleet.jobs if j.cluster == "aws-east"]
     change = F.CLUSTERS[0].prices[1][0]
     straddling = [j for j in aws if j.start < change < j.end]
     assert straddling, "the generator must put a job across the price change"
@@ -61,85 +62,91 @@ def test_the_price_change_applies_from_its_time_on_only(fleet, fleet_db):
                         * Decimal("5.50") / 3600 for j in aws), Decimal(0))
     assert got["aws-east"] == F.Fleet.cents(expected_aws)
     spot = sum((Decimal(j.gpus) * Decimal((j.end - j.start).total_seconds()) * Decimal("1.9035") / 3600
-                for j in fleet.jobs if j.cluster == "gcp-central"), Decimal(0))
+                for j in synthetic_fleet.jobs if j.cluster == "gcp-central"), Decimal(0))
     assert got["gcp-central"] == F.Fleet.cents(spot)
 
 
-def test_daily_rollups_rebuilt_from_the_ledger_sum_to_the_same_cents(fleet, fleet_db):
+def test_daily_rollups_rebuilt_from_the_ledger_sum_to_the_same_cents(synthetic_fleet, fleet_db):
     call_command("rebuild_rollups")
     call_command("rebuild_rollups")  # rebuilding twice changes nothing
     for lo in days():
         for team in F.TEAMS:
             rows = DailyCostRollup.objects.filter(day=lo.date(), team__slug=team)
             total = sum((r.cost_usd for r in rows), Decimal(0))
-            expected = sum((fleet.cost(j, lo, lo + DAY) for j in fleet.jobs if j.team == team), Decimal(0))
+            expected = sum((synthetic_fleet.cost(j, lo, lo + DAY) for j in synthetic_fleet.jobs if j.team == team),
+                           Decimal(0))
             assert F.Fleet.cents(total) == F.Fleet.cents(expected)
             hours = sum(float(r.gpu_seconds) for r in rows) / 3600
-            assert hours == pytest.approx(sum(fleet.gpu_hours(j, lo, lo + DAY) for j in fleet.jobs if j.team == team))
+            assert hours == pytest.approx(sum(synthetic_fleet.gpu_hours(j, lo, lo + DAY)
+                                              for j in synthetic_fleet.jobs if j.team == team))
 
 
-def test_utilization_per_team_and_day_is_the_mean_of_samples_inside_each_run(fleet, fleet_db):
+def test_utilization_per_team_and_day_is_the_mean_of_samples_inside_each_run(synthetic_fleet, fleet_db):
     client = fleet_db["staff"].client
     for lo in days():
         body = get(client, "/api/v1/utilization/", group_by="team", start=lo.isoformat(), end=(lo + DAY).isoformat())
         got = {row["team"]: row for row in body["results"]}
         for team in F.TEAMS:
-            samples = [u for j in fleet.jobs if j.team == team for u in fleet.util_samples(j, lo, lo + DAY)]
+            samples = [u for j in synthetic_fleet.jobs if j.team == team
+                       for u in synthetic_fleet.util_samples(j, lo, lo + DAY)]
             assert got[team]["avg_gpu_util_percent"] == pytest.approx(sum(samples) / len(samples), abs=0.5)
             assert got[team]["gpu_hours"] == pytest.approx(
-                sum(fleet.gpu_hours(j, lo, lo + DAY) for j in fleet.jobs if j.team == team), abs=1e-5)
+                sum(synthetic_fleet.gpu_hours(j, lo, lo + DAY) for j in synthetic_fleet.jobs if j.team == team),
+                abs=1e-5)
 
 
-def test_utilization_per_cluster_reads_both_dcgm_metrics_and_both_prometheus_layouts(fleet, fleet_db):
+def test_utilization_per_cluster_reads_both_dcgm_metrics_and_both_prometheus_layouts(synthetic_fleet, fleet_db):
     body = get(fleet_db["staff"].client, "/api/v1/utilization/", group_by="cluster",
                start=F.T0.isoformat(), end=F.END.isoformat())
     got = {row["cluster"]: row for row in body["results"]}
     for spec in F.CLUSTERS:
-        samples = [u for j in fleet.jobs if j.cluster == spec.name for u in fleet.util_samples(j, F.T0, F.END)]
+        samples = [u for j in synthetic_fleet.jobs if j.cluster == spec.name
+                   for u in synthetic_fleet.util_samples(j, F.T0, F.END)]
         assert got[spec.name]["avg_gpu_util_percent"] == pytest.approx(sum(samples) / len(samples), abs=0.5)
-        expected_coverage = len(samples) * F.STEP / sum(fleet.gpu_hours(j, F.T0, F.END) * 3600
-                                                        for j in fleet.jobs if j.cluster == spec.name)
+        expected_coverage = len(samples) * F.STEP / sum(synthetic_fleet.gpu_hours(j, F.T0, F.END) * 3600
+                                                        for j in synthetic_fleet.jobs if j.cluster == spec.name)
         assert got[spec.name]["coverage"] == pytest.approx(expected_coverage, abs=0.01)
     assert got["gcp-central"]["coverage"] < 1  # the scrape gaps show
 
 
-def test_a_job_whose_scrapes_all_went_missing_has_no_data_not_zero_percent(fleet, fleet_db):
-    job = fleet.no_data_job
-    assert fleet.util_samples(job, F.T0, F.END) == []
+def test_a_job_whose_scrapes_all_went_missing_has_no_data_not_zero_percent(synthetic_fleet, fleet_db):
+    job = synthetic_fleet.no_data_job
+    assert synthetic_fleet.util_samples(job, F.T0, F.END) == []
     attempt = fleet_db["attempts"][job.n]
     body = get(fleet_db["staff"].client, "/api/v1/utilization/", group_by="job")
     row = next(r for r in body["results"] if r["job"] == attempt.job_id)
     assert row["avg_gpu_util_percent"] is None and row["coverage"] == 0
-    assert row["gpu_hours"] == pytest.approx(fleet.gpu_hours(job, F.T0, F.END))
+    assert row["gpu_hours"] == pytest.approx(synthetic_fleet.gpu_hours(job, F.T0, F.END))
     assert UtilizationRollup.objects.filter(attempt=attempt).get().samples == 0
 
 
-def test_idle_gpu_hours_are_the_runs_of_idle_jobs_and_cost_their_share(fleet, fleet_db):
+def test_idle_gpu_hours_are_the_runs_of_idle_jobs_and_cost_their_share(synthetic_fleet, fleet_db):
     body = get(fleet_db["staff"].client, "/api/v1/utilization/", group_by="team")
     for row in body["results"]:
-        idle_jobs = [j for j in fleet.jobs if j.team == row["team"] and j.idle and fleet.util_samples(j, F.T0, F.END)]
-        expected = sum(fleet.gpu_hours(j, F.T0, F.END) for j in idle_jobs)
+        idle_jobs = [j for j in synthetic_fleet.jobs
+                     if j.team == row["team"] and j.idle and synthetic_fleet.util_samples(j, F.T0, F.END)]
+        expected = sum(synthetic_fleet.gpu_hours(j, F.T0, F.END) for j in idle_jobs)
         # Busy jobs may see one pending-phase scrape at their very start; nothing else is idle.
         assert row["idle_gpu_hours"] == pytest.approx(expected, rel=0.01, abs=0.5)
-        expected_usd = sum((fleet.cost(j, F.T0, F.END) for j in idle_jobs), Decimal(0))
+        expected_usd = sum((synthetic_fleet.cost(j, F.T0, F.END) for j in idle_jobs), Decimal(0))
         assert Decimal(row["idle_cost_usd"]) == pytest.approx(expected_usd, rel=Decimal("0.01"), abs=Decimal("2"))
 
 
-def test_ledger_agrees_with_kube_state_metrics_except_where_a_pod_ran_outside_the_platform(fleet, fleet_db):
+def test_ledger_agrees_with_kube_state_metrics_except_where_a_pod_ran_outside_the_platform(synthetic_fleet, fleet_db):
     clusters = fleet_db["clusters"]
     for name in ("aws-east", "oci-ash"):
         check = check_ledger(clusters[name], F.T0, F.END)
         assert not check.flagged, (name, check.ledger_gpu_hours, check.metrics_gpu_hours)
         assert check.difference_percent < 0.1
     check = check_ledger(clusters["gcp-central"], F.T0, F.END)
-    ledger = sum(fleet.gpu_hours(j, F.T0, F.END) for j in fleet.jobs if j.cluster == "gcp-central")
-    rogue = fleet.gpu_hours(fleet.rogue, F.T0, F.END)
+    ledger = sum(synthetic_fleet.gpu_hours(j, F.T0, F.END) for j in synthetic_fleet.jobs if j.cluster == "gcp-central")
+    rogue = synthetic_fleet.gpu_hours(synthetic_fleet.rogue, F.T0, F.END)
     assert check.flagged
     assert check.ledger_gpu_hours == pytest.approx(ledger)
     assert check.metrics_gpu_hours == pytest.approx(ledger + rogue, rel=0.001)
 
 
-def test_long_windows_are_split_under_the_point_limit(fleet, fleet_db, costs_settings):
+def test_long_windows_are_split_under_the_point_limit(synthetic_fleet, fleet_db, costs_settings):
     windows = prometheus.split_window(F.T0, F.END, step_seconds=15)
     assert len(windows) == 2  # 3 days of 15 s steps = 17,280 points
     assert all((b - a).total_seconds() / 15 <= prometheus.MAX_POINTS for a, b in windows)
@@ -147,7 +154,7 @@ def test_long_windows_are_split_under_the_point_limit(fleet, fleet_db, costs_set
     source = prometheus.source_for(fleet_db["clusters"]["aws-east"])
     whole = prometheus.allocated_gpu_hours(source, F.T0, F.END)
     by_day = sum(prometheus.allocated_gpu_hours(source, lo, lo + DAY) for lo in days())  # no sample lost or doubled
-    ledger = sum(fleet.gpu_hours(j, F.T0, F.END) for j in fleet.jobs if j.cluster == "aws-east")
+    ledger = sum(synthetic_fleet.gpu_hours(j, F.T0, F.END) for j in synthetic_fleet.jobs if j.cluster == "aws-east")
     assert whole == pytest.approx(ledger, rel=1e-3) and by_day == pytest.approx(whole, rel=1e-12)
     # The idle subquery at 15 s over 3 days is cut in two queries; idle points stay within what exists.
     usage = prometheus.read_usage(source, 'namespace=~"cp-.*"', F.T0, F.END, step_seconds=15)
@@ -156,19 +163,19 @@ def test_long_windows_are_split_under_the_point_limit(fleet, fleet_db, costs_set
         prometheus.split_window(dt.datetime(2026, 3, 2), F.END, 15)
 
 
-def test_each_job_counts_only_the_samples_of_its_running_interval(fleet, fleet_db):
+def test_each_job_counts_only_the_samples_of_its_running_interval(synthetic_fleet, fleet_db):
     body = get(fleet_db["staff"].client, "/api/v1/utilization/", group_by="job")
     got = {row["job"]: row for row in body["results"]}
-    for job in fleet.jobs:
-        samples = fleet.util_samples(job, F.T0, F.END)
+    for job in synthetic_fleet.jobs:
+        samples = synthetic_fleet.util_samples(job, F.T0, F.END)
         row = got[fleet_db["attempts"][job.n].job_id]
         if samples:  # the GPUs idle at 0 % for a while after the end; those scrapes must not count
             assert row["avg_gpu_util_percent"] == pytest.approx(sum(samples) / len(samples), abs=0.5), job.object_name
-            assert row["coverage"] == pytest.approx(len(samples) * F.STEP / (fleet.gpu_hours(job, F.T0, F.END) * 3600),
-                                                    abs=0.01)
+            hours = synthetic_fleet.gpu_hours(job, F.T0, F.END)
+            assert row["coverage"] == pytest.approx(len(samples) * F.STEP / (hours * 3600), abs=0.01)
 
 
-def test_the_costs_endpoint_carries_utilization_and_idle_money_next_to_cost(fleet, fleet_db):
+def test_the_costs_endpoint_carries_utilization_and_idle_money_next_to_cost(synthetic_fleet, fleet_db):
     costs = get(fleet_db["staff"].client, "/api/v1/costs/", group_by="team", start=F.T0.isoformat(), end=F.END.isoformat(),
                 with_utilization="true")
     util = get(fleet_db["staff"].client, "/api/v1/utilization/", group_by="team", start=F.T0.isoformat(),

@@ -8,13 +8,13 @@ import datetime as dt
 from decimal import ROUND_HALF_EVEN, Decimal
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.db.models import Sum
 
 from costs.catalog import NoPrice
 from costs.ledger import accrue_attempt
 from costs.models import CostEntry, Price
 from jobs.models import Job, JobAttempt, JobState
+from tests.support.factories import make_attempt, make_job_row
 
 D = Decimal
 T0 = dt.datetime(2026, 3, 10, 12, 0, tzinfo=dt.timezone.utc)
@@ -31,18 +31,14 @@ def usd(gpus, seconds, price):
 
 
 @pytest.fixture
-def make_attempt(teams, h100):
-    user = get_user_model().objects.create(username="payer")
-
+def attempt_on(teams, user, h100):
+    """``attempt_on(pool, *, gpus=4, started_at=T0, ended_at=None, job=None, number=1)``: an attempt of a RUNNING
+    job of alpha (a new one unless ``job``) on ``pool``, recorded at 0 USD/GPU-h so only the catalog can price it."""
     def make(pool, *, gpus=4, started_at=T0, ended_at=None, job=None, number=1):
-        job = job or Job.objects.create(
-            team=teams[0], submitter=user, name="j", spec={}, accelerator=h100, gpus_per_node=gpus, nodes=1,
-            max_runtime_seconds=86400, state=JobState.RUNNING,
-        )
-        return JobAttempt.objects.create(
-            job=job, number=number, cluster=pool.cluster, node_pool=pool, gpus=gpus,
-            object_name=f"job-{job.pk}-{number}", usd_per_gpu_hour=D("0"), started_at=started_at, ended_at=ended_at,
-        )
+        job = job or make_job_row(teams[0], user, h100, name="j", spec={}, gpus_per_node=gpus, max_runtime=86400,
+                                  state=JobState.RUNNING)
+        return make_attempt(job, pool.cluster, pool, number=number, gpus=gpus, started_at=started_at,
+                            ended_at=ended_at, usd_per_gpu_hour=D("0"))
     return make
 
 
@@ -63,8 +59,8 @@ def accrued(attempt):
     return Job.objects.get(pk=attempt.job_id).accrued_cost_usd
 
 
-def test_four_gpus_for_ninety_minutes_cost_four_times_one_and_a_half_hours_times_the_price(pool, make_attempt):
-    attempt = make_attempt(pool, gpus=4)
+def test_four_gpus_for_ninety_minutes_cost_four_times_one_and_a_half_hours_times_the_price(pool, attempt_on):
+    attempt = attempt_on(pool, gpus=4)
     added = accrue_attempt(attempt.pk, until=T0 + 90 * M)
     expected = D(4) * D("1.5") * D("6.88")
     assert expected == D("41.28")
@@ -78,8 +74,8 @@ def test_four_gpus_for_ninety_minutes_cost_four_times_one_and_a_half_hours_times
     assert JobAttempt.objects.get(pk=attempt.pk).accrued_until == T0 + 90 * M
 
 
-def test_accruing_twice_to_the_same_instant_adds_nothing(pool, make_attempt):
-    attempt = make_attempt(pool)
+def test_accruing_twice_to_the_same_instant_adds_nothing(pool, attempt_on):
+    attempt = attempt_on(pool)
     first = accrue_attempt(attempt.pk, until=T0 + H)
     assert accrue_attempt(attempt.pk, until=T0 + H) == 0
     assert accrue_attempt(attempt.pk, until=T0 + 30 * M) == 0  # an earlier instant neither
@@ -87,8 +83,8 @@ def test_accruing_twice_to_the_same_instant_adds_nothing(pool, make_attempt):
     assert accrued(attempt) == first == usd(4, 3600, "6.88")
 
 
-def test_a_later_accrual_continues_where_the_last_stopped_with_no_gap_or_overlap(pool, make_attempt):
-    attempt = make_attempt(pool, gpus=4)
+def test_a_later_accrual_continues_where_the_last_stopped_with_no_gap_or_overlap(pool, attempt_on):
+    attempt = attempt_on(pool, gpus=4)
     stops = [T0 + 10 * M, T0 + 25 * M, T0 + 25 * M + dt.timedelta(seconds=1, microseconds=500), T0 + 2 * H]
     for until in stops:
         accrue_attempt(attempt.pk, until=until)
@@ -106,28 +102,28 @@ def test_a_later_accrual_continues_where_the_last_stopped_with_no_gap_or_overlap
     assert abs(accrued(attempt) - D("55.04")) <= 4 * QUANTUM
 
 
-def test_a_price_change_inside_the_interval_splits_the_entry_at_the_change(pool, make_attempt, h100):
+def test_a_price_change_inside_the_interval_splits_the_entry_at_the_change(pool, attempt_on, h100):
     Price.objects.create(provider="aws", region="us-east-1", accelerator=h100, capacity_type="on-demand",
                          cluster=pool.cluster, usd_per_gpu_hour=D("8.00"), effective_from=T0 + H)
-    attempt = make_attempt(pool, gpus=4)
+    attempt = attempt_on(pool, gpus=4)
     added = accrue_attempt(attempt.pk, until=T0 + 90 * M)
     # [T0, T0+1h) at 6.88: 4 x 1 x 6.88 = 27.52; [T0+1h, T0+1.5h) at 8.00: 4 x 0.5 x 8 = 16.00
     assert spans(attempt) == [(T0, T0 + H, D("6.88"), D("27.52")), (T0 + H, T0 + 90 * M, D("8.00"), D("16.00"))]
     assert added == D("43.52") == accrued(attempt)
 
 
-def test_a_catalog_price_change_splits_too_when_the_cluster_has_no_override(cluster_factory, make_attempt, h100):
+def test_a_catalog_price_change_splits_too_when_the_cluster_has_no_override(cluster_factory, attempt_on, h100):
     _, pool = cluster_factory("gke", "gcp", "us-central1", h100)  # catalog: 4.20
     Price.objects.create(provider="gcp", region="us-central1", accelerator=h100, capacity_type="on-demand",
                          usd_per_gpu_hour=D("5.00"), effective_from=T0 + 20 * M)
-    attempt = make_attempt(pool, gpus=3)
+    attempt = attempt_on(pool, gpus=3)
     accrue_attempt(attempt.pk, until=T0 + H)
     # 3 x 1/3 h x 4.20 = 4.20; 3 x 2/3 h x 5.00 = 10.00
     assert spans(attempt) == [(T0, T0 + 20 * M, D("4.20"), D("4.20")), (T0 + 20 * M, T0 + H, D("5.00"), D("10.00"))]
 
 
-def test_a_price_added_later_never_reprices_what_is_already_in_the_ledger(pool, make_attempt, h100):
-    attempt = make_attempt(pool, gpus=4)
+def test_a_price_added_later_never_reprices_what_is_already_in_the_ledger(pool, attempt_on, h100):
+    attempt = attempt_on(pool, gpus=4)
     accrue_attempt(attempt.pk, until=T0 + H)
     before = spans(attempt)
     assert before == [(T0, T0 + H, D("6.88"), D("27.52"))]
@@ -143,8 +139,8 @@ def test_a_price_added_later_never_reprices_what_is_already_in_the_ledger(pool, 
     assert accrued(attempt) == D("27.52") + D("27.52") + D("38.00")
 
 
-def test_a_backdated_price_leaves_entries_already_written_as_they_were(pool, make_attempt, h100):
-    attempt = make_attempt(pool, gpus=2)
+def test_a_backdated_price_leaves_entries_already_written_as_they_were(pool, attempt_on, h100):
+    attempt = attempt_on(pool, gpus=2)
     accrue_attempt(attempt.pk, until=T0 + H)  # 2 x 1 x 6.88 = 13.76
     Price.objects.create(provider="aws", region="us-east-1", accelerator=h100, capacity_type="on-demand",
                          cluster=pool.cluster, usd_per_gpu_hour=D("1.00"), effective_from=T0 + 30 * M)
@@ -153,8 +149,8 @@ def test_a_backdated_price_leaves_entries_already_written_as_they_were(pool, mak
     assert accrued(attempt) == D("15.76")
 
 
-def test_an_ended_attempt_accrues_only_up_to_its_end(pool, make_attempt):
-    attempt = make_attempt(pool, gpus=4, ended_at=T0 + 45 * M)
+def test_an_ended_attempt_accrues_only_up_to_its_end(pool, attempt_on):
+    attempt = attempt_on(pool, gpus=4, ended_at=T0 + 45 * M)
     added = accrue_attempt(attempt.pk, until=T0 + 5 * H)
     assert added == D(4) * D("0.75") * D("6.88") == D("20.64")
     assert spans(attempt) == [(T0, T0 + 45 * M, D("6.88"), D("20.64"))]
@@ -163,17 +159,17 @@ def test_an_ended_attempt_accrues_only_up_to_its_end(pool, make_attempt):
     assert len(entries(attempt)) == 1 and accrued(attempt) == D("20.64")
 
 
-def test_an_attempt_that_never_started_costs_nothing(pool, make_attempt):
-    attempt = make_attempt(pool, started_at=None)
+def test_an_attempt_that_never_started_costs_nothing(pool, attempt_on):
+    attempt = attempt_on(pool, started_at=None)
     assert accrue_attempt(attempt.pk, until=T0 + 10 * H) == 0
     assert not CostEntry.objects.exists()
     assert JobAttempt.objects.get(pk=attempt.pk).accrued_until is None
     assert accrued(attempt) == 0
 
 
-def test_no_price_for_the_clusters_region_raises_no_price_and_writes_nothing(cluster_factory, make_attempt, h100):
+def test_no_price_for_the_clusters_region_raises_no_price_and_writes_nothing(cluster_factory, attempt_on, h100):
     _, pool = cluster_factory("basement", "onprem", "dc-1", h100)  # no catalog row, no override
-    attempt = make_attempt(pool)
+    attempt = attempt_on(pool)
     with pytest.raises(NoPrice):
         accrue_attempt(attempt.pk, until=T0 + H)
     assert not CostEntry.objects.exists()
@@ -182,11 +178,11 @@ def test_no_price_for_the_clusters_region_raises_no_price_and_writes_nothing(clu
 
 
 def test_a_price_starting_after_the_attempt_leaves_a_hole_that_raises_and_writes_nothing(
-        cluster_factory, make_attempt, h100):
+        cluster_factory, attempt_on, h100):
     cluster, pool = cluster_factory("basement", "onprem", "dc-1", h100)
     Price.objects.create(provider="onprem", region="dc-1", accelerator=h100, capacity_type="on-demand",
                          cluster=cluster, usd_per_gpu_hour=D("2.00"), effective_from=T0 + 30 * M)
-    attempt = make_attempt(pool)
+    attempt = attempt_on(pool)
     with pytest.raises(NoPrice):
         accrue_attempt(attempt.pk, until=T0 + H)  # [T0, T0+30m) has no price, [T0+30m, T0+1h) has one
     assert not CostEntry.objects.exists()
@@ -194,9 +190,9 @@ def test_a_price_starting_after_the_attempt_leaves_a_hole_that_raises_and_writes
     assert accrued(attempt) == 0
 
 
-def test_the_jobs_accrued_cost_is_the_sum_of_its_entries_over_attempts(pool, make_attempt):
-    first = make_attempt(pool, gpus=4, ended_at=T0 + 20 * M)
-    second = make_attempt(pool, gpus=4, job=first.job, number=2, started_at=T0 + 30 * M)
+def test_the_jobs_accrued_cost_is_the_sum_of_its_entries_over_attempts(pool, attempt_on):
+    first = attempt_on(pool, gpus=4, ended_at=T0 + 20 * M)
+    second = attempt_on(pool, gpus=4, job=first.job, number=2, started_at=T0 + 30 * M)
     for until in (T0 + 10 * M, T0 + 40 * M, T0 + 77 * M):
         accrue_attempt(first.pk, until=until)
         accrue_attempt(second.pk, until=until)
@@ -208,8 +204,8 @@ def test_the_jobs_accrued_cost_is_the_sum_of_its_entries_over_attempts(pool, mak
     assert CostEntry.objects.filter(attempt=second).first().interval_start == T0 + 30 * M
 
 
-def test_an_odd_interval_is_rounded_half_even_to_a_billionth_of_a_dollar(pool, make_attempt):
-    attempt = make_attempt(pool, gpus=3)
+def test_an_odd_interval_is_rounded_half_even_to_a_billionth_of_a_dollar(pool, attempt_on):
+    attempt = attempt_on(pool, gpus=3)
     added = accrue_attempt(attempt.pk, until=T0 + dt.timedelta(seconds=7))
     # 3 x 7 x 6.88 / 3600 = 144.48 / 3600 = 0.0401333...
     exact = D(3) * D(7) * D("6.88") / D(3600)
@@ -217,9 +213,9 @@ def test_an_odd_interval_is_rounded_half_even_to_a_billionth_of_a_dollar(pool, m
     assert added == D("0.040133333") == entries(attempt)[0].amount_usd == accrued(attempt)
 
 
-def test_a_tie_at_the_tenth_decimal_rounds_to_the_even_billionth(cluster_factory, make_attempt, h100):
+def test_a_tie_at_the_tenth_decimal_rounds_to_the_even_billionth(cluster_factory, attempt_on, h100):
     cluster, pool = cluster_factory("tiny", "onprem", "dc-1", h100, price="0.000009")
-    attempt = make_attempt(pool, gpus=1)
+    attempt = attempt_on(pool, gpus=1)
     # 1 x 1 s x 0.000009 / 3600 = 0.0000000025 -> 0.000000002 (half up would give ...3)
     assert accrue_attempt(attempt.pk, until=T0 + dt.timedelta(seconds=1)) == D("0.000000002")
     # 1 x 1.4 s x 0.000009 / 3600 = 0.0000000035 -> 0.000000004 (half down would give ...3)

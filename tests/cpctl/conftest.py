@@ -75,4 +75,3 @@ def spawn_cli(server: str, key: str, *argv: str) -> subprocess.Popen:
     """Start ``python -m cpctl ARGV`` in a subprocess (text stdout and stderr piped)."""
     return subprocess.Popen([sys.executable, "-m", "cpctl.cli", *argv], cwd=REPO, env=cli_env(server, key),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-

@@ -19,8 +19,6 @@ from jobs.models import Job
 from jobs.reconcile import reconcile_cluster
 from jobs.scheduling.passes import try_admit
 from jobs.tasks import dispatch_attempt
-from runners.local.capacity import ensure_local_cluster
-from tests.runners.test_local_runner import kill_everything_under
 
 from .conftest import spawn_cli
 
@@ -31,17 +29,10 @@ PROGRAM = ("import os, sys, time; print('first line', flush=True); "
 
 
 @pytest.fixture
-def local_cluster(settings, tmp_path, teams, quota_factory, budget_factory, catalog):
-    """The local cluster (runs under ``tmp_path``) with alpha's quota for all of it and a $1000 budget."""
-    settings.LOCAL_RUNNER_DIR = tmp_path / "runs"
-    settings.LOCAL_RUNNER_KILL_GRACE_SECONDS = 1.0
+def local_cluster(funded_local_cluster, settings):
+    """``funded_local_cluster``, with followed logs polled every 0.2 s."""
     settings.LOG_FOLLOW_POLL_SECONDS = 0.2
-    cluster = ensure_local_cluster()
-    pool = cluster.node_pools.get()
-    quota_factory(teams[0], pool.accelerator, pool.capacity_gpus)
-    budget_factory(teams[0], "1000.00")
-    yield cluster
-    kill_everything_under(tmp_path / "runs")
+    return funded_local_cluster
 
 
 def wait_for(predicate, what: str, timeout: float = 60.0, step=None):

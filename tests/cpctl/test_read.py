@@ -10,22 +10,21 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from costs.models import CostEntry
 from jobs.models import Job
-from tests.api.conftest import make_attempt, make_job
+from tests.support.factories import make_attempt, make_cost_entry, make_job
 
 from .conftest import spawn_cli
 
 
 @pytest.fixture
-def jobs(fleet, teams, owner, teammate, outsider, h100):
+def jobs(funded_aws_cluster, teams, owner, teammate, outsider, h100):
     """Alpha's QUEUED job (by the teammate, waiting for quota), alpha's RUNNING job (by the owner), beta's job."""
     alpha, beta = teams
     queued = make_job(alpha, teammate.user, h100, name="queued-one", gpus_per_node=2)
     Job.objects.filter(pk=queued.pk).update(queue_info={
         "reason": "quota", "message": "alpha uses 16 of 16 H100-80GB GPUs", "position": {"team": 1, "overall": 2}})
     running = make_job(alpha, owner.user, h100, name="running-one", gpus_per_node=4, nodes=2)
-    make_attempt(running, fleet["cluster"], fleet["pool"])
+    make_attempt(running, funded_aws_cluster["cluster"], funded_aws_cluster["pool"])
     Job.objects.filter(pk=running.pk).update(accrued_cost_usd=Decimal("3.495"))
     other = make_job(beta, outsider.user, h100, name="beta-secret")
     return {"queued": queued, "running": running, "beta": other}
@@ -132,7 +131,7 @@ def test_logs_before_any_attempt(run_cli, teammate, jobs):
     assert bad_node.code == 2 and "node: the job has 1 node(s): 0 to 0" in bad_node.err
 
 
-def test_quotas_table(run_cli, teammate, fleet):
+def test_quotas_table(run_cli, teammate, funded_aws_cluster):
     result = run_cli("quotas", persona=teammate)
     assert rows(result.out) == [["TEAM", "ACCELERATOR", "CLUSTER", "NOMINAL", "BORROWING", "LIMIT", "MAX/JOB"],
                                 ["alpha", "H100-80GB", "all", "16", "4", "20", "8"]]
@@ -140,17 +139,15 @@ def test_quotas_table(run_cli, teammate, fleet):
 
 
 @pytest.fixture
-def ledger(jobs, fleet, teams, h100):
+def ledger(jobs, funded_aws_cluster, teams, h100):
     """$15.50 of alpha's cost in the current budget period: two entries of the running job's attempt."""
     running = jobs["running"]
     attempt = running.current_attempt
-    start, _ = fleet["budget"].window()
+    start, _ = funded_aws_cluster["budget"].window()
     first = max(timezone.now() - dt.timedelta(minutes=10), start)
     for offset, amount in ((0, "10.00"), (2, "5.50")):
         begin = first + dt.timedelta(minutes=offset)
-        CostEntry.objects.create(attempt=attempt, job=running, team=teams[0], cluster=fleet["cluster"],
-                                 accelerator=h100, interval_start=begin, interval_end=begin + dt.timedelta(minutes=1),
-                                 gpus=8, usd_per_gpu_hour=Decimal("6.88"), amount_usd=Decimal(amount))
+        make_cost_entry(attempt, begin, dt.timedelta(minutes=1), amount, gpus=8, usd_per_gpu_hour="6.88")
     return first
 
 
@@ -186,7 +183,7 @@ def test_costs_grouped_with_a_total(run_cli, teammate, jobs, ledger):
     assert rows(later.out)[-1] == ["TOTAL", "0.00", "$0.00"]
 
 
-def test_costs_bad_window_is_a_field_error_exit_2(run_cli, teammate, fleet):
+def test_costs_bad_window_is_a_field_error_exit_2(run_cli, teammate, funded_aws_cluster):
     result = run_cli("costs", "--start", "2026-11-02", "--end", "2026-11-01", persona=teammate)
     assert result.code == 2
     assert result.err.splitlines()[1:] == ["end: must be after start"]

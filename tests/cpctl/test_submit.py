@@ -26,7 +26,7 @@ def write_yaml(tmp_path: Path, **changes) -> Path:
     return path
 
 
-def test_it_submits_a_yaml_document_and_prints_the_id_and_state(run_cli, owner, fleet, tmp_path):
+def test_it_submits_a_yaml_document_and_prints_the_id_and_state(run_cli, owner, funded_aws_cluster, tmp_path):
     result = run_cli("submit", str(write_yaml(tmp_path)), persona=owner)
     assert result.code == 0, result.err
     job = Job.objects.get()
@@ -36,7 +36,7 @@ def test_it_submits_a_yaml_document_and_prints_the_id_and_state(run_cli, owner, 
     assert result.out == f"job {job.pk} submitted: train-gpt (team alpha), QUEUED\n"
 
 
-def test_it_submits_the_example_as_is_with_team_and_name_overridden(run_cli, owner, fleet):
+def test_it_submits_the_example_as_is_with_team_and_name_overridden(run_cli, owner, funded_aws_cluster):
     result = run_cli("submit", str(EXAMPLE), "--team", "alpha", "--name", "my-run", persona=owner)
     assert result.code == 0, result.err
     job = Job.objects.get()
@@ -44,7 +44,7 @@ def test_it_submits_the_example_as_is_with_team_and_name_overridden(run_cli, own
     assert f"job {job.pk} submitted: my-run (team alpha), QUEUED" in result.out
 
 
-def test_it_submits_json_and_json_output_parses(run_cli, teammate, fleet, tmp_path):
+def test_it_submits_json_and_json_output_parses(run_cli, teammate, funded_aws_cluster, tmp_path):
     document = yaml.safe_load(EXAMPLE.read_text())
     document.update(team="alpha", name="from-json")
     path = tmp_path / "job.json"
@@ -57,7 +57,8 @@ def test_it_submits_json_and_json_output_parses(run_cli, teammate, fleet, tmp_pa
     assert Job.objects.get().pk == body["id"]
 
 
-def test_a_refused_document_prints_each_field_path_and_exits_2_storing_nothing(run_cli, owner, fleet, tmp_path):
+def test_a_refused_document_prints_each_field_path_and_exits_2_storing_nothing(
+        run_cli, owner, funded_aws_cluster, tmp_path):
     document = yaml.safe_load(EXAMPLE.read_text())
     document["team"] = "alpha"
     document["spec"]["resources"].update(gpus_per_node=0, accelerator="Z80")
@@ -75,7 +76,7 @@ def test_a_refused_document_prints_each_field_path_and_exits_2_storing_nothing(r
     assert Job.objects.count() == 0
 
 
-def test_a_yaml_syntax_error_is_the_apis_detail_and_exit_2(run_cli, owner, fleet, tmp_path):
+def test_a_yaml_syntax_error_is_the_apis_detail_and_exit_2(run_cli, owner, funded_aws_cluster, tmp_path):
     path = tmp_path / "broken.yaml"
     path.write_text("name: x\nspec: [unclosed\n")
     result = run_cli("submit", str(path), persona=owner)
@@ -90,7 +91,7 @@ def test_a_missing_file_exits_2_without_a_request(run_cli, owner, tmp_path):
     assert result.err.startswith(f"error: cannot read {tmp_path / 'nope.yaml'}")
 
 
-def test_a_bad_token_is_a_401_with_the_apis_detail_and_exit_3_and_is_never_printed(run_cli, owner, fleet):
+def test_a_bad_token_is_a_401_with_the_apis_detail_and_exit_3_and_is_never_printed(run_cli, owner, funded_aws_cluster):
     secret = "not-a-token-3f9c1d2e"
     result = run_cli("submit", str(EXAMPLE), "--team", "alpha", token=secret)
     assert result.code == 3
@@ -114,7 +115,8 @@ def test_an_unreachable_server_is_a_one_line_hint_with_the_url(capsys, monkeypat
     assert "secret-token-value" not in captured.err
 
 
-def test_submit_wait_in_a_subprocess_follows_the_job_and_exits_1_when_it_is_cancelled(server, owner, fleet):
+def test_submit_wait_in_a_subprocess_follows_the_job_and_exits_1_when_it_is_cancelled(
+        server, owner, funded_aws_cluster):
     process = spawn_cli(server, owner.key, "submit", str(EXAMPLE), "--team", "alpha", "--wait", "--interval", "0.2")
     try:
         deadline = time.monotonic() + 30
@@ -136,7 +138,7 @@ def test_submit_wait_in_a_subprocess_follows_the_job_and_exits_1_when_it_is_canc
     assert owner.key not in out + err
 
 
-def test_it_submits_json_from_stdin(run_cli, owner, fleet, monkeypatch):
+def test_it_submits_json_from_stdin(run_cli, owner, funded_aws_cluster, monkeypatch):
     document = yaml.safe_load(EXAMPLE.read_text())
     document.update(team="alpha", name="from-stdin")
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(json.dumps(document).encode())))
@@ -146,7 +148,7 @@ def test_it_submits_json_from_stdin(run_cli, owner, fleet, monkeypatch):
 
 
 def test_issued_keys_never_start_like_an_option(db):
-    """A key starting with "-" would read as an option after ``--token`` (seen: a flaky CLI test)."""
+    """A key starting with "-" would read as an option after ``--token`` (``--token=KEY`` is safe either way)."""
     from django.contrib.auth import get_user_model
 
     from quotas.models import ApiToken

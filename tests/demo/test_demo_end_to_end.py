@@ -10,7 +10,6 @@ is GPUs x seconds x price, computed here from the rows' own times.
 import datetime as dt
 import os
 import re
-import socket
 import subprocess
 import sys
 from decimal import Decimal
@@ -19,13 +18,9 @@ from pathlib import Path
 import psycopg
 import redis
 
+from tests.support.net import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _fresh_database(base_url: str, name: str) -> str:
@@ -44,7 +39,7 @@ def test_demo_once_trains_and_charges_with_real_workers(tmp_path):
     env = {**os.environ, "DATABASE_URL": db_url, "CELERY_BROKER_URL": broker, "CONTROLPLANE_VAR_DIR": str(tmp_path),
            "RECONCILE_INTERVAL_SECONDS": "2", "SCHEDULE_INTERVAL_SECONDS": "3", "ACCRUAL_INTERVAL_SECONDS": "5"}
     proc = subprocess.run(
-        [sys.executable, "manage.py", "demo", "--once", "--steps", "40", "--port", str(_free_port()), "--timeout", "400"],
+        [sys.executable, "manage.py", "demo", "--once", "--steps", "40", "--port", str(free_port()), "--timeout", "400"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )
     out = proc.stdout + proc.stderr

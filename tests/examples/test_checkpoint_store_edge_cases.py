@@ -1,8 +1,9 @@
-"""Attacks on the checkpoint store (examples/gpt.py, train_gpt.py, serve.py, manifests.checkpoint_uri) and on
-the job+event INSERT compiled once per process (jobs/lifecycle.py).
+"""The checkpoint store at its edges (examples/gpt.py, train_gpt.py, serve.py, manifests.checkpoint_uri): a store
+at the root of its scheme, a final upload that failed, a rerun of a finished job, a broken store, and serving
+into a read-only checkpoint directory.
 
 Real parts only: train_gpt.py/serve.py run as subprocesses or their functions in-process against file:// and
-memory:// stores; the INSERT runs against the test PostgreSQL database.
+memory:// stores.
 """
 
 from __future__ import annotations
@@ -18,24 +19,12 @@ import pytest
 import torch
 
 from runners.kubernetes import manifests as m
-from tests.examples.test_checkpoint_store_training import (
-    FAST,
-    REPO,
-    TIMEOUT_S,
-    TRAIN,
-    attempt,
-    clean_env,
-    stored_step,
-)
+
+from .workloads import FAST, REPO, TIMEOUT_S, TRAIN, attempt, clean_env, stored_step
 
 sys.path.insert(0, str(REPO / "examples"))
 import gpt  # noqa: E402
 import serve  # noqa: E402
-
-# --------------------------------------------------------------------------- #
-# Checkpoint store
-# --------------------------------------------------------------------------- #
-
 
 @pytest.mark.parametrize("store_uri", ["memory://", "memory:///", "file:///"])
 def test_a_store_at_the_root_keeps_its_scheme(store_uri: str) -> None:
@@ -125,83 +114,3 @@ def test_serve_fetches_from_the_store_into_a_read_only_checkpoint_dir(tmp_path: 
         assert not (mount / "checkpoint.pt").exists()
     finally:
         shutil.rmtree(Path(serve.store_cache_path(store.as_uri())).parent, ignore_errors=True)
-
-
-def test_checkpoint_env_keeps_a_spec_override_even_empty() -> None:
-    """A job may opt out of the store with CHECKPOINT_URI="" in its spec env: no second CHECKPOINT_URI."""
-    w = m.Workload(name="w", namespace="cp-alpha", job_id=3, attempt_id=1, attempt_number=1, kind="training",
-                   team="alpha", image="i",
-                   command=("python",), env=(("CHECKPOINT_URI", ""),), checkpoint_uri="s3://b/p/alpha/job-3")
-    env = m._container(w, m._platform_env(w), [])["env"]
-    assert [e["value"] for e in env if e["name"] == "CHECKPOINT_URI"] == [""]
-
-
-# --------------------------------------------------------------------------- #
-# The job+event INSERT compiled once per process (jobs/lifecycle.py)
-# --------------------------------------------------------------------------- #
-
-
-def _resources(accelerator) -> dict:
-    return {"accelerator": accelerator, "gpus_per_node": 2, "nodes": 1, "priority": 700, "preemptible": True,
-            "max_runtime_seconds": 1234, "max_retries": 3}
-
-
-ODD_SPEC = {"image": "x", "none": None, "pct": "100%s %% %(x)s", "uni": "ü\u2028\\", "nested": [[], {}, 1.5, True]}
-
-
-@pytest.mark.django_db
-def test_the_cached_insert_stores_what_django_save_stores(teams, h100):
-    from jobs import lifecycle
-    from jobs.models import Job, JobEvent
-    from jobs.states import record_event
-    from tests.conftest import make_persona
-
-    accelerator = h100
-    alpha, user = teams[0], make_persona("owner", teams[0], "admin").user
-    lifecycle._JOB_WITH_EVENT_SQL.clear()  # compiled from the first job below
-    cached = [lifecycle.store_submitted_job(team=alpha, submitter=user, name=f"c{i}", kind="training",
-                                            spec=dict(ODD_SPEC, i=i), resources=_resources(accelerator))
-              for i in range(2)]  # the second one reuses the compiled statement
-    r = _resources(accelerator)
-    orm = Job(team=alpha, submitter=user, name="orm", kind="training", spec=dict(ODD_SPEC, i=1),
-              accelerator=r["accelerator"], gpus_per_node=2, nodes=1, priority=700, preemptible=True,
-              max_runtime_seconds=1234, max_retries=3)
-    orm.save(force_insert=True)
-    record_event(orm, "submitted", f"submitted by {user}", actor=user)
-
-    skip = {"id", "name", "created_at", "updated_at"}
-    row = lambda pk: {k: v for k, v in Job.objects.filter(pk=pk).values().get().items() if k not in skip}  # noqa: E731
-    assert row(cached[1].pk) == row(orm.pk)
-    assert Job.objects.get(pk=cached[1].pk).spec == dict(ODD_SPEC, i=1)
-    for job in cached:
-        stored = Job.objects.get(pk=job.pk)
-        assert stored.created_at == job.created_at and stored.updated_at == job.updated_at
-        assert stored.created_at is not None and stored.created_at != cached[0].created_at or job is cached[0]
-    ev = lambda pk: {k: v for k, v in JobEvent.objects.filter(job_id=pk).values().get().items()  # noqa: E731
-                     if k not in {"id", "job_id", "created_at"}}
-    assert ev(cached[1].pk) == ev(orm.pk)
-
-
-@pytest.mark.django_db
-def test_an_expression_in_the_first_job_does_not_poison_the_cached_statement(teams, h100):
-    """The statement was compiled (and cached) from the first job *before* its values were checked: an
-    expression there (rejected with ValueError) stayed baked into the SQL of every later submission."""
-    from django.db.models import Value
-    from django.db.models.functions import Upper
-
-    from jobs import lifecycle
-    from jobs.models import Job, JobEvent
-    from tests.conftest import make_persona
-
-    accelerator = h100
-    alpha, user = teams[0], make_persona("owner", teams[0], "admin").user
-    r = _resources(accelerator)
-    bad = Job(team=alpha, submitter=user, name=Upper(Value("shout")), kind="training", spec={},
-              accelerator=accelerator, gpus_per_node=1, nodes=1)
-    lifecycle._JOB_WITH_EVENT_SQL.clear()
-    with pytest.raises(ValueError):
-        lifecycle._insert_job_with_event(bad, JobEvent(kind="submitted", reason="x", data={}, from_state="QUEUED",
-                                                       to_state="QUEUED"))
-    job = lifecycle.store_submitted_job(team=alpha, submitter=user, name="quiet", kind="training", spec={},
-                                        resources=r)
-    assert Job.objects.get(pk=job.pk).name == "quiet"

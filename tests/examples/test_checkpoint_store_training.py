@@ -20,45 +20,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.examples.test_workloads import clean_env, free_port
+from tests.support.net import free_port
 
-REPO = Path(__file__).resolve().parents[2]
-TRAIN = REPO / "examples" / "train_gpt.py"
-SERVE = REPO / "examples" / "serve.py"
-TIMEOUT_S = 120
-# Small and fast: a few seconds per attempt on one CPU core.
-FAST = ["--batch-size", "8", "--log-every", "5", "--checkpoint-every", "5"]
+from .workloads import FAST, REPO, SERVE, TIMEOUT_S, TRAIN, attempt, clean_env, stored_step
+
 STEP_RE = re.compile(r"^step=(\d+) loss=")
 RESUME_RE = re.compile(r"^resumed from step (\d+) ")
 FETCH_RE = re.compile(r"^fetched checkpoint step (\d+) from (\S+)$")
 UPLOAD_RE = re.compile(r"^uploaded checkpoint step=(\d+) to (\S+)$")
-
-def attempt(args: list[str], ckpt_dir: Path, uri: str, nodes: int = 1) -> str:
-    """Run one attempt as ``nodes`` processes (one per pod of an Indexed Job), each with its own empty
-    ``CHECKPOINT_DIR`` (``<ckpt_dir>/rank<r>``) and env ``CHECKPOINT_URI=uri``; returns rank 0's output.
-
-    Fails the test if any rank exits non-zero or runs past ``TIMEOUT_S`` seconds.
-    """
-    port = str(free_port())
-    procs = []
-    try:
-        for rank in range(nodes):
-            env = clean_env(CHECKPOINT_DIR=str(ckpt_dir / f"rank{rank}"), CHECKPOINT_URI=uri)
-            if nodes > 1:
-                env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE=str(nodes), RANK=str(rank),
-                           NODE_RANK=str(rank), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
-            procs.append(subprocess.Popen([sys.executable, str(TRAIN), *args], cwd=REPO, env=env, text=True,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-        outputs = [proc.communicate(timeout=TIMEOUT_S)[0] for proc in procs]
-        for rank, (proc, out) in enumerate(zip(procs, outputs)):
-            assert proc.returncode == 0, f"rank {rank} exited {proc.returncode}:\n{out[-4000:]}"
-        return outputs[0]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
-
 
 def matches(regex: re.Pattern, output: str) -> list[re.Match]:
     return [m for m in map(regex.match, output.splitlines()) if m]
@@ -66,11 +35,6 @@ def matches(regex: re.Pattern, output: str) -> list[re.Match]:
 
 def steps(output: str) -> list[int]:
     return [int(m.group(1)) for m in matches(STEP_RE, output)]
-
-
-def stored_step(store: Path) -> int:
-    """The step of the store's checkpoint.pt, read with torch.load (not with the example's code)."""
-    return int(torch.load(store / "checkpoint.pt", map_location="cpu", weights_only=True)["step"])
 
 
 def test_an_attempt_on_another_cluster_resumes_from_the_store(tmp_path: Path) -> None:
@@ -178,10 +142,6 @@ def test_serve_fetches_the_checkpoint_from_the_store(tmp_path: Path) -> None:
     assert "fetched checkpoint from " + store.as_uri() in (tmp_path / "serve.log").read_text()
 
 
-def store_step(store: Path) -> int:
-    return int(torch.load(store / "checkpoint.pt", map_location="cpu", weights_only=True)["step"])
-
-
 def test_a_superseded_attempt_stops_before_overwriting_the_new_attempts_checkpoint(tmp_path):
     """A cluster is lost: attempt 2 resumes elsewhere while attempt 1 still runs where the control plane cannot
     reach it (frozen here with SIGSTOP, as behind a partition). Attempt 2's claim (owner.json) stops attempt 1 at
@@ -205,7 +165,7 @@ def test_a_superseded_attempt_stops_before_overwriting_the_new_attempts_checkpoi
         else:
             pytest.fail("attempt 1 ended before uploading:\n" + "".join(seen)[-3000:])
         assert json.loads((store / "owner.json").read_text()) == {"attempt": 1}
-        resumed_from = store_step(store)
+        resumed_from = stored_step(store)
 
         new = subprocess.run(  # attempt 2 on another cluster: an empty local directory, the same store
             [sys.executable, str(TRAIN), "--steps", str(resumed_from + 4), *FAST], cwd=REPO, text=True,
@@ -215,7 +175,7 @@ def test_a_superseded_attempt_stops_before_overwriting_the_new_attempts_checkpoi
         assert f"resumed from step {resumed_from} " in new.stdout
         assert json.loads((store / "owner.json").read_text()) == {"attempt": 2}
         final = (store / "checkpoint.pt").read_bytes()
-        assert store_step(store) == resumed_from + 4
+        assert stored_step(store) == resumed_from + 4
 
         old.send_signal(signal.SIGCONT)  # the partition heals; attempt 1 reaches its next checkpoint
         rest = old.communicate(timeout=TIMEOUT_S)[0]

@@ -8,16 +8,14 @@
 * the job specs in ``examples/jobs`` parse and have the expected shape.
 
 Every subprocess runs with a timeout and is killed in ``finally`` blocks.
-Run with ``python -m pytest tests/examples -q -p no:django -p no:cacheprovider``.
+Run with ``python -m pytest tests/examples -q``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,53 +26,16 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-TRAIN = REPO / "examples" / "train_gpt.py"
-SERVE = REPO / "examples" / "serve.py"
+from tests.support.net import free_port
+
+from .workloads import REPO, SERVE, TRAIN, clean_env, kill
+
 JOBS = REPO / "examples" / "jobs"
 
 TRAIN_TIMEOUT_S = 120
 STEP_RE = re.compile(r"^step=(\d+) loss=(\d+\.\d{4}) tokens_per_s=(\d+\.\d) mfu=(\d+\.\d{4})$")
 FINAL_RE = re.compile(r"^final step=(\d+) loss=(\S+) ")
 RESUME_RE = re.compile(r"^resumed from step (\d+)\b")
-
-# Variables a launcher or the developer's shell might set that would change
-# how the scripts behave; removed so each test controls them exactly.
-_SCRUBBED_PREFIXES = ("TORCHELASTIC_",)
-_SCRUBBED = {
-    "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE",
-    "CHECKPOINT_DIR", "CHECKPOINT_URI", "CONTROLPLANE_ATTEMPT", "PORT", "PEAK_TFLOPS", "OMP_NUM_THREADS",
-}
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """``os.environ`` without distributed/job variables, plus ``extra``."""
-    env = {
-        k: v for k, v in os.environ.items()
-        if k not in _SCRUBBED and not k.startswith(_SCRUBBED_PREFIXES)
-    }
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra)
-    return env
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def kill(proc: subprocess.Popen) -> None:
-    """Kill ``proc`` if it is still running and reap it."""
-    if proc.poll() is None:
-        proc.kill()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:  # pragma: no cover
-        pass
-
 
 def run_indexed_job(args: list[str], workdir: Path, nodes: int = 2) -> list[tuple[int, str]]:
     """Run ``train_gpt.py`` as ``nodes`` processes, one per "node", like an Indexed Job.

@@ -1,18 +1,10 @@
-"""Fixtures of the web UI tests: browser-less clients signed in as the personas, and team alpha's and beta's objects."""
+"""Fixtures of the web UI tests: browser-less clients signed in as the personas (the UI authenticates by session)."""
 
 from __future__ import annotations
 
 import pytest
-from django.test import Client
 
-from tests.api.conftest import alpha_objects, beta_objects, fleet, staff, viewer  # noqa: F401 (fixtures)
-
-
-def signed_in(persona) -> Client:
-    """A Django test client with ``persona``'s session (the UI authenticates by session, not token)."""
-    client = Client()
-    client.force_login(persona.user)
-    return client
+from tests.support.personas import signed_in
 
 
 @pytest.fixture

@@ -17,16 +17,12 @@ import pytest
 from django.utils import timezone
 from playwright.sync_api import expect, sync_playwright
 
-from costs.models import CostEntry
 from costs.reports.build import generate_report
 from jobs.models import Job, JobAttempt, JobState
 from jobs.reconcile import reconcile_cluster
 from jobs.scheduling.passes import try_admit
 from jobs.tasks import dispatch_attempt
-from quotas.models import Budget, Quota
-from runners.local.capacity import ensure_local_cluster
-from tests.api.conftest import make_attempt, make_job
-from tests.runners.test_local_runner import kill_everything_under
+from tests.support.factories import make_attempt, make_cost_entry, make_job
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -49,26 +45,19 @@ def page(monkeypatch):
 
 
 @pytest.fixture
-def local_fleet(settings, tmp_path, catalog, teams, owner):
-    """The local cluster (runs under ``tmp_path``), alpha's quota and budget, and 3 days of alpha's cost."""
-    settings.LOCAL_RUNNER_DIR = tmp_path / "runs"
-    settings.LOCAL_RUNNER_KILL_GRACE_SECONDS = 1.0
+def local_fleet(funded_local_cluster, settings, teams, owner):
+    """``funded_local_cluster`` (pages polling every second) with 3 days of alpha's cost: a job of yesterday's."""
     settings.UI_POLL_SECONDS = 1
-    cluster = ensure_local_cluster()
+    cluster = funded_local_cluster
     pool = cluster.node_pools.get()
-    Quota.objects.create(team=teams[0], accelerator=pool.accelerator, nominal_gpus=pool.capacity_gpus)
-    Budget.objects.create(team=teams[0], amount_usd=Decimal("1000.00"), action="block")
     old = make_job(teams[0], owner.user, pool.accelerator, name="yesterdays-job")
     attempt = make_attempt(old, cluster, pool, started_at=timezone.now() - dt.timedelta(days=3),
                            state=JobState.SUCCEEDED)
     JobAttempt.objects.filter(pk=attempt.pk).update(ended_at=timezone.now() - dt.timedelta(hours=1))
     for days, hours in ((3, 2), (2, 5), (1, 3)):
         start = timezone.now() - dt.timedelta(days=days)
-        CostEntry.objects.create(attempt=attempt, job=old, team=teams[0], cluster=cluster, accelerator=pool.accelerator,
-                                 interval_start=start, interval_end=start + dt.timedelta(hours=hours), gpus=1,
-                                 usd_per_gpu_hour=Decimal("2.00"), amount_usd=Decimal(hours * 2))
-    yield {"cluster": cluster, "pool": pool}
-    kill_everything_under(tmp_path / "runs")
+        make_cost_entry(attempt, start, dt.timedelta(hours=hours), Decimal(hours * 2), gpus=1, usd_per_gpu_hour="2.00")
+    return {"cluster": cluster, "pool": pool}
 
 
 def shoot(page, name: str) -> None:

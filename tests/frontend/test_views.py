@@ -10,6 +10,7 @@ from decimal import Decimal
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.test import Client
 from django.utils import timezone
 
 from costs.models import CostEntry, Report
@@ -17,21 +18,16 @@ from costs.reports.build import generate_report
 from jobs.models import Job, JobState
 from quotas.models import Budget, Quota, QuotaEvent
 from runners.models import NodePool
-from tests.api.conftest import make_attempt, make_job
-from tests.conftest import make_cluster
-
-from .conftest import signed_in
+from tests.support.factories import make_attempt, make_cluster, make_cost_entry, make_job
+from tests.support.personas import signed_in
 
 pytestmark = pytest.mark.django_db
 
 
 def add_cost(job, attempt, start: dt.datetime, hours: int, price: str) -> CostEntry:
     """A ledger entry of ``attempt`` over ``hours`` hours from ``start`` at ``price`` USD/GPU-hour."""
-    gpus = attempt.gpus
-    return CostEntry.objects.create(
-        attempt=attempt, job=job, team=job.team, cluster=attempt.cluster, accelerator=attempt.node_pool.accelerator,
-        interval_start=start, interval_end=start + dt.timedelta(hours=hours), gpus=gpus,
-        usd_per_gpu_hour=Decimal(price), amount_usd=Decimal(gpus * hours) * Decimal(price))
+    return make_cost_entry(attempt, start, dt.timedelta(hours=hours), Decimal(attempt.gpus * hours) * Decimal(price),
+                           usd_per_gpu_hour=price)
 
 
 @pytest.fixture
@@ -286,3 +282,11 @@ def test_platform_reports_are_for_staff_only(owner_web, staff, objects):
     assert owner_web.get(f"/reports/{platform.pk}/").status_code == 404
     assert signed_in(staff).get(f"/reports/{platform.pk}/").status_code == 200
     assert Report.objects.visible_to(get_user_model().objects.get(username="owner")).count() == 1
+
+
+def test_anonymous_web_pages_redirect_to_login(alpha_objects):
+    client = Client()
+    job = alpha_objects["job"]
+    for url in ("/", "/jobs/", f"/jobs/{job.pk}/", "/costs.csv", "/teams/alpha/", f"/jobs/{job.pk}/cancel/"):
+        response = client.get(url)
+        assert response.status_code == 302 and "/login/" in response["Location"], url

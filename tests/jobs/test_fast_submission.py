@@ -20,9 +20,8 @@ from hypothesis import strategies as st
 
 from jobs.spec import JobSubmissionSerializer, fast_submission
 from jobs.specfields import FieldType, SpecField, walk
-from tests.conftest import make_persona
-
-from .conftest import VALID_SPEC
+from tests.support.factories import VALID_SPEC
+from tests.support.personas import make_persona
 
 pytestmark = pytest.mark.django_db
 
@@ -130,7 +129,7 @@ def same_submission(fast: dict, slow: dict) -> None:
 
 
 @pytest.fixture
-def users(teams, fleet):
+def users(teams, aws_cluster):
     """A member of alpha, a viewer of alpha (may not submit) and platform staff."""
     member = make_persona("member-x", teams[0], "member").user
     viewer = make_persona("viewer-x", teams[0], "viewer").user

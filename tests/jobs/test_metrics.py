@@ -14,9 +14,7 @@ from jobs.reconcile import reconcile_cluster
 from jobs.scheduling.passes import schedule_pending
 from jobs.tasks import dispatch_attempt
 from runners.models import Cluster
-from tests.conftest import make_cluster
-
-from .conftest import make_job
+from tests.support.factories import make_cluster, make_job_row
 
 pytestmark = pytest.mark.django_db
 
@@ -39,7 +37,7 @@ def value(name: str, **labels) -> float:
 def test_metrics_exports_job_states_from_the_database(client, teams, h100, user):
     wanted = [JobState.QUEUED] * 3 + [JobState.RUNNING] * 2 + [JobState.RECOVERING, JobState.SUCCEEDED, JobState.FAILED]
     for i, state in enumerate(wanted):
-        make_job(teams[i % 2], h100, user, state=state)
+        make_job_row(teams[i % 2], user, h100, state=state)
     expected = Counter(wanted)
 
     samples = scrape(client)
@@ -69,8 +67,8 @@ def test_metrics_exports_each_clusters_health_as_a_state_set(client, h100):
 def test_admission_and_rejection_counters(client, teams, h100, user, quota_factory):
     make_cluster("aws-east", "aws", "us-east-1", h100, price="3.00")
     quota_factory(teams[0], h100, nominal=8, max_per_job=8)
-    admitted = make_job(teams[0], h100, user, gpus_per_node=4)
-    too_big = make_job(teams[0], h100, user, gpus_per_node=8, nodes=2)  # over max_gpus_per_job: can never run
+    admitted = make_job_row(teams[0], user, h100, gpus_per_node=4)
+    too_big = make_job_row(teams[0], user, h100, gpus_per_node=8, nodes=2)  # over max_gpus_per_job: can never run
     before = scrape(client).get(("controlplane_admissions_total", ()), 0.0)
     rejected_before = sum(v for (name, _), v in scrape(client).items() if name == "controlplane_rejections_total")
 
@@ -89,7 +87,7 @@ def test_dispatch_error_and_latency(teams, h100, user, quota_factory):
     cluster, _ = make_cluster("misconfigured", "aws", "us-east-1", h100, price="3.00")
     Cluster.objects.filter(pk=cluster.pk).update(backend="no-such-backend")
     quota_factory(teams[0], h100, nominal=8)
-    job = make_job(teams[0], h100, user, gpus_per_node=1)
+    job = make_job_row(teams[0], user, h100, gpus_per_node=1)
     schedule_pending()
     job.refresh_from_db()
     errors, latency = value("controlplane_dispatch_errors_total", kind="unknown_backend"), \
@@ -101,8 +99,8 @@ def test_dispatch_error_and_latency(teams, h100, user, quota_factory):
     assert value("controlplane_dispatch_duration_seconds_count") == latency + 1
 
 
-def test_reconcile_duration_histogram(client, local_cluster):
-    cluster, _ = local_cluster
+def test_reconcile_duration_histogram(client, emulated_local_cluster):
+    cluster, _ = emulated_local_cluster
     key = ("controlplane_reconcile_duration_seconds_count", (("cluster", cluster.name),))
     before = scrape(client).get(key, 0.0)
 

@@ -1,67 +1,22 @@
 """The job state machine of DESIGN.md: every (from, to) pair, compare-and-set, and one event per change.
 
-The expected edges are written here by hand from DESIGN.md's diagram and its
-notes, not read from ``jobs.states``; every one of the 10 x 10 pairs is
-tried against the database.
+The expected edges are written by hand from DESIGN.md's diagram and its
+notes (``tests/support/states.py``), not read from ``jobs.states``; every
+one of the 10 x 10 pairs is tried against the database.
 """
 
 import itertools
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 
 from jobs.models import Job, JobEvent, JobState
 from jobs.states import InvalidTransition, StaleState, transition
+from tests.support.factories import make_job_row
+from tests.support.states import ALL_STATES, EXPECTED_EDGES, FINAL
 
 S = JobState
 
-# DESIGN.md, "Job states", edge by edge.
-EXPECTED_EDGES = {
-    ("QUEUED", "ADMITTED"),
-    ("QUEUED", "REJECTED"),
-    ("QUEUED", "CANCELLED"),  # cancel before admission: nothing to delete
-    ("ADMITTED", "STARTING"),
-    ("ADMITTED", "FAILED"),  # dispatch error
-    ("ADMITTED", "CANCELLING"),
-    ("ADMITTED", "RECOVERING"),
-    ("STARTING", "RUNNING"),
-    ("STARTING", "FAILED"),
-    ("STARTING", "CANCELLING"),
-    ("STARTING", "RECOVERING"),
-    ("RUNNING", "SUCCEEDED"),
-    ("RUNNING", "FAILED"),
-    ("RUNNING", "CANCELLING"),
-    ("RUNNING", "RECOVERING"),
-    ("RECOVERING", "ADMITTED"),  # a new attempt
-    ("RECOVERING", "FAILED"),  # retries used up
-    ("RECOVERING", "CANCELLED"),  # cancelled while no attempt lives
-    ("RECOVERING", "CANCELLING"),
-    ("CANCELLING", "CANCELLED"),
-}
-
-
-def assert_event_chains_valid(jobs) -> dict[int, list]:
-    """Each job's events form one chain: every event starts where the previous ended, every state event is an
-    edge of EXPECTED_EDGES, and the last one ends in the job's current state. Returns the chains by job id."""
-    from collections import defaultdict
-
-    from jobs.models import JobEvent
-
-    events = defaultdict(list)
-    for event in JobEvent.objects.order_by("id"):
-        events[event.job_id].append(event)
-    for job in jobs:
-        chain = events[job.pk]
-        for before, after in zip(chain, chain[1:]):
-            assert after.from_state == before.to_state, (job, [(e.kind, e.from_state, e.to_state) for e in chain])
-            if after.kind == "state":
-                assert (after.from_state, after.to_state) in EXPECTED_EDGES
-        assert chain[-1].to_state == job.state
-    return events
-ALL_STATES = ["QUEUED", "ADMITTED", "STARTING", "RUNNING", "RECOVERING", "CANCELLING",
-              "SUCCEEDED", "FAILED", "CANCELLED", "REJECTED"]
-FINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "REJECTED"}
 ALL_PAIRS = list(itertools.product(ALL_STATES, ALL_STATES))
 
 
@@ -71,21 +26,17 @@ def test_the_hand_written_state_list_is_the_models_state_list():
 
 
 @pytest.fixture
-def make_job(catalog, teams):
-    submitter = get_user_model().objects.create(username="submitter")  # no password: hashing is slow
-
+def job_in(teams, user, h100):
+    """``job_in(state)``: a bare job row of alpha in ``state``, with no event yet."""
     def make(state=S.QUEUED):
-        return Job.objects.create(
-            team=teams[0], submitter=submitter, name="j", spec={"image": "busybox"},
-            accelerator=catalog["H100-80GB"], gpus_per_node=1, nodes=1, max_runtime_seconds=600, state=state,
-        )
+        return make_job_row(teams[0], user, h100, name="j", state=state)
     return make
 
 
 @pytest.mark.django_db
 @pytest.mark.parametrize(("src", "dst"), ALL_PAIRS, ids=[f"{a}->{b}" for a, b in ALL_PAIRS])
-def test_transition_succeeds_exactly_on_the_edges_of_the_design(make_job, src, dst):
-    job = make_job(src)
+def test_transition_succeeds_exactly_on_the_edges_of_the_design(job_in, src, dst):
+    job = job_in(src)
     before = Job.objects.get(pk=job.pk)
     if (src, dst) in EXPECTED_EDGES:
         returned = transition(job, dst, reason="because")
@@ -113,9 +64,9 @@ def test_transition_succeeds_exactly_on_the_edges_of_the_design(make_job, src, d
 
 
 @pytest.mark.django_db
-def test_nothing_leaves_a_final_state(make_job):
+def test_nothing_leaves_a_final_state(job_in):
     for final in sorted(FINAL):
-        job = make_job(final)
+        job = job_in(final)
         for dst in ALL_STATES:
             with pytest.raises(InvalidTransition):
                 transition(job, dst)
@@ -124,8 +75,8 @@ def test_nothing_leaves_a_final_state(make_job):
 
 
 @pytest.mark.django_db
-def test_a_stale_in_memory_job_raises_and_writes_nothing(make_job):
-    job = make_job(S.QUEUED)
+def test_a_stale_in_memory_job_raises_and_writes_nothing(job_in):
+    job = job_in(S.QUEUED)
     stale = Job.objects.get(pk=job.pk)
     transition(job, S.ADMITTED, reason="winner")  # another worker moves the row on
     with pytest.raises(StaleState):
@@ -137,8 +88,8 @@ def test_a_stale_in_memory_job_raises_and_writes_nothing(make_job):
 
 
 @pytest.mark.django_db
-def test_a_row_changed_behind_the_object_by_a_plain_update_is_stale_too(make_job):
-    job = make_job(S.RUNNING)
+def test_a_row_changed_behind_the_object_by_a_plain_update_is_stale_too(job_in):
+    job = job_in(S.RUNNING)
     Job.objects.filter(pk=job.pk).update(state=S.CANCELLING)
     with pytest.raises(StaleState):
         transition(job, S.SUCCEEDED)
@@ -148,8 +99,8 @@ def test_a_row_changed_behind_the_object_by_a_plain_update_is_stale_too(make_job
 
 
 @pytest.mark.django_db
-def test_two_racers_from_the_same_state_only_one_wins(make_job):
-    job = make_job(S.RUNNING)
+def test_two_racers_from_the_same_state_only_one_wins(job_in):
+    job = job_in(S.RUNNING)
     a, b = Job.objects.get(pk=job.pk), Job.objects.get(pk=job.pk)
     transition(a, S.SUCCEEDED)
     with pytest.raises(StaleState):
@@ -159,9 +110,9 @@ def test_two_racers_from_the_same_state_only_one_wins(make_job):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_lost_compare_and_set_inside_a_transaction_leaves_it_usable(make_job):
+def test_a_lost_compare_and_set_inside_a_transaction_leaves_it_usable(job_in):
     """transition() takes no savepoint; a StaleState it raises must not poison the caller's transaction."""
-    lost, won = make_job(S.RUNNING), make_job(S.QUEUED)
+    lost, won = job_in(S.RUNNING), job_in(S.QUEUED)
     Job.objects.filter(pk=lost.pk).update(state=S.CANCELLING)
     with transaction.atomic():
         with pytest.raises(StaleState):
@@ -173,8 +124,8 @@ def test_a_lost_compare_and_set_inside_a_transaction_leaves_it_usable(make_job):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_state_and_event_roll_back_together_with_the_outer_transaction(make_job):
-    job = make_job(S.QUEUED)
+def test_state_and_event_roll_back_together_with_the_outer_transaction(job_in):
+    job = job_in(S.QUEUED)
     with pytest.raises(RuntimeError), transaction.atomic():
         transition(job, S.ADMITTED, reason="about to be undone")
         assert Job.objects.get(pk=job.pk).state == S.ADMITTED  # visible inside the transaction
@@ -186,8 +137,8 @@ def test_state_and_event_roll_back_together_with_the_outer_transaction(make_job)
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_failure_writing_the_event_undoes_the_state_update(make_job):
-    job = make_job(S.QUEUED)
+def test_a_failure_writing_the_event_undoes_the_state_update(job_in):
+    job = job_in(S.QUEUED)
     with pytest.raises(TypeError):  # the event's data cannot be stored as JSON: the event insert fails
         transition(job, S.ADMITTED, data={"unserialisable": object()})
     row = Job.objects.get(pk=job.pk)
@@ -196,8 +147,8 @@ def test_a_failure_writing_the_event_undoes_the_state_update(make_job):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_committed_transition_is_durable_with_its_event(make_job):
-    job = make_job(S.QUEUED)
+def test_a_committed_transition_is_durable_with_its_event(job_in):
+    job = job_in(S.QUEUED)
     transition(job, S.CANCELLED, reason="user")
     connection.close()  # read back on a fresh connection: both the row and the event were committed
     assert Job.objects.get(pk=job.pk).state == S.CANCELLED

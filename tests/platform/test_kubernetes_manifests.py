@@ -142,7 +142,7 @@ def test_beat_is_a_single_replica_recreated_on_the_database_scheduler(directory)
     assert beat["spec"]["strategy"] == {"type": "Recreate"}
     command = beat["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[:3] == ["celery", "--app=controlplane", "beat"]
-    assert f"--scheduler={django_settings.CELERY_BEAT_SCHEDULER}" in command
+    assert "--scheduler=django_celery_beat.schedulers:DatabaseScheduler" in command  # schedules edited in the admin
     assert django_settings.CELERY_BEAT_SCHEDULER == "django_celery_beat.schedulers:DatabaseScheduler"
 
 
@@ -152,8 +152,9 @@ def test_the_web_runs_the_projects_wsgi_application_under_gunicorn_gthread():
     web = by_key(render(BASE))["Deployment", "controlplane-web"]
     command = web["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[0] == "gunicorn" and "--worker-class=gthread" in command
-    assert command[1] == django_settings.WSGI_APPLICATION.replace(".application", ":application")
-    assert callable(import_string(django_settings.WSGI_APPLICATION))
+    assert command[1] == "controlplane.wsgi:application"
+    assert django_settings.WSGI_APPLICATION == "controlplane.wsgi.application"
+    assert callable(import_string("controlplane.wsgi.application"))
 
 
 def test_the_web_has_a_service_and_a_disruption_budget_that_select_its_pods():
@@ -174,14 +175,15 @@ def test_the_migration_job_runs_migrate_and_existing_commands():
 
 
 def test_the_worker_declares_one_metrics_port_per_pool_process():
-    """core.metrics serves pool process i on CELERY_METRICS_PORT + i, on CELERY_METRICS_ADDR."""
+    """core.metrics serves pool process i on CELERY_METRICS_PORT + i, on CELERY_METRICS_ADDR: 4 processes from
+    port 9100 are ports 9100 to 9103."""
     objects = by_key(render(BASE))
     config = objects["ConfigMap", "controlplane-config"]["data"]
     worker = objects["Deployment", "controlplane-worker"]["spec"]["template"]["spec"]["containers"][0]
-    concurrency = int(next(arg.split("=")[1] for arg in worker["command"] if arg.startswith("--concurrency=")))
-    base = int(config["CELERY_METRICS_PORT"])
+    assert "--concurrency=4" in worker["command"]
+    assert config["CELERY_METRICS_PORT"] == "9100"
     assert [(p["name"], p["containerPort"]) for p in worker["ports"]] == \
-        [(f"metrics-{i}", base + i) for i in range(concurrency)]
+        [("metrics-0", 9100), ("metrics-1", 9101), ("metrics-2", 9102), ("metrics-3", 9103)]
     assert config["CELERY_METRICS_ADDR"] == "0.0.0.0"
 
 
@@ -253,7 +255,8 @@ def test_the_probe_paths_are_the_projects_health_views():
 @pytest.mark.parametrize("directory", kustomization_dirs(), ids=lambda d: d.relative_to(KUBERNETES).as_posix())
 def test_every_pod_runs_unprivileged_on_a_read_only_root_with_a_writable_var(directory):
     objects = render(directory)
-    var_dir = by_key(objects)["ConfigMap", "controlplane-config"]["data"]["CONTROLPLANE_VAR_DIR"]
+    var_dir = "/app/var"
+    assert by_key(objects)["ConfigMap", "controlplane-config"]["data"]["CONTROLPLANE_VAR_DIR"] == var_dir
     for obj, pod in pods(objects):
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["automountServiceAccountToken"] is False
@@ -271,9 +274,9 @@ def test_every_pod_runs_unprivileged_on_a_read_only_root_with_a_writable_var(dir
 def test_the_image_user_is_the_pods_user():
     dockerfile = (PLATFORM / "Dockerfile").read_text()
     user = re.findall(r"^USER\s+(\d+):(\d+)\s*$", dockerfile, re.MULTILINE)
-    assert user, "the image runs as a numeric user"
+    assert user and user[-1] == ("10001", "10001"), "the image runs as the numeric user 10001:10001"
     for _, pod in pods(render(BASE)):
-        assert (str(pod["securityContext"]["runAsUser"]), str(pod["securityContext"]["runAsGroup"])) == user[-1]
+        assert (pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]) == (10001, 10001)
 
 
 @pytest.mark.parametrize("directory", kustomization_dirs(), ids=lambda d: d.relative_to(KUBERNETES).as_posix())

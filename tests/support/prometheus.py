@@ -1,4 +1,4 @@
-"""A real Prometheus (Debian package ``prometheus``) over the synthetic fleet, and the fleet in the database.
+"""A real Prometheus (Debian package ``prometheus``) over the synthetic fleet, and that fleet in the database.
 
 Two servers start once per session: a shared one holding aws-east and
 gcp-central under a ``cluster`` label (the global Thanos-like case), and
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -22,21 +21,19 @@ from costs.ledger import accrue_attempt
 from costs.models import Price
 from costs.seed import seed_accelerators, seed_prices
 from costs.utilization import collect_utilization
-from jobs.models import Job, JobAttempt, JobState
+from jobs.models import JobState
 from quotas.models import Team
 from runners.models import Accelerator, Cluster, NodePool
-from tests.conftest import make_persona
 
-from . import fleet as F
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from . import synthetic_fleet as F
+from .factories import make_attempt, make_job_row
+from .net import free_port
+from .personas import make_persona
 
 
-def _start_prometheus(workdir, text: str) -> tuple[subprocess.Popen, str]:
+def start_prometheus(workdir, text: str) -> tuple[subprocess.Popen, str]:
+    """A Prometheus serving the OpenMetrics ``text`` as its TSDB (built by ``promtool``) from ``workdir``;
+    returns the process and its URL once it is ready. Raises RuntimeError (with its log) if it does not start."""
     workdir.mkdir(parents=True, exist_ok=True)
     source, data = workdir / "fleet.om", workdir / "data"
     source.write_text(text)
@@ -45,7 +42,7 @@ def _start_prometheus(workdir, text: str) -> tuple[subprocess.Popen, str]:
     source.unlink()
     config = workdir / "prometheus.yml"
     config.write_text("global:\n  scrape_interval: 1m\nscrape_configs: []\n")
-    port = _free_port()
+    port = free_port()
     log = open(workdir / "prometheus.log", "wb")
     proc = subprocess.Popen(
         [shutil.which("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={data}",
@@ -67,19 +64,21 @@ def _start_prometheus(workdir, text: str) -> tuple[subprocess.Popen, str]:
 
 
 @pytest.fixture(scope="session")
-def fleet() -> F.Fleet:
+def synthetic_fleet() -> F.Fleet:
+    """The generated three-cluster fleet (``synthetic_fleet.generate``): the ground truth of the costs tests."""
     return F.generate()
 
 
 @pytest.fixture(scope="session")
-def prometheus_urls(fleet, tmp_path_factory) -> dict[str, str]:
+def prometheus_urls(synthetic_fleet, tmp_path_factory) -> dict[str, str]:
     """``{"global": url, "oci-ash": url}``: the two servers, started once and stopped at the end of the session."""
     root = tmp_path_factory.mktemp("prometheus")
     procs = []
     try:
-        shared, shared_url = _start_prometheus(root / "global", F.openmetrics(fleet, ["aws-east", "gcp-central"], True))
+        shared, shared_url = start_prometheus(root / "global",
+                                              F.openmetrics(synthetic_fleet, ["aws-east", "gcp-central"], True))
         procs.append(shared)
-        own, own_url = _start_prometheus(root / "oci", F.openmetrics(fleet, ["oci-ash"], False))
+        own, own_url = start_prometheus(root / "oci", F.openmetrics(synthetic_fleet, ["oci-ash"], False))
         procs.append(own)
         yield {"global": shared_url, "oci-ash": own_url}
     finally:
@@ -105,22 +104,15 @@ def build_fleet(fleet: F.Fleet, urls: dict[str, str]) -> dict:
             Price.objects.create(provider=spec.provider, region=spec.region, accelerator=accelerators[spec.accelerator],
                                  capacity_type=spec.capacity_type, cluster=cluster, usd_per_gpu_hour=price,
                                  effective_from=effective_from)
-    staff = make_persona("finance")
-    staff.user.is_staff = True
-    staff.user.save()
+    staff = make_persona("finance", staff=True)
     midnights = [F.T0 + dt.timedelta(days=d) for d in range(1, F.DAYS + 1)]
     attempts = {}
     for job in fleet.jobs:
         pool = pools[job.cluster]
-        row = Job.objects.create(
-            team=teams[job.team], submitter=staff.user, name=job.object_name, kind="training", spec={},
-            accelerator=pool.accelerator, gpus_per_node=job.gpus, nodes=1, max_runtime_seconds=86400,
-            state=JobState.SUCCEEDED,
-        )
-        attempt = JobAttempt.objects.create(
-            job=row, number=1, cluster=pool.cluster, node_pool=pool, gpus=job.gpus, object_name=job.object_name,
-            usd_per_gpu_hour=0, started_at=job.start, ended_at=job.end,
-        )
+        row = make_job_row(teams[job.team], staff.user, pool.accelerator, name=job.object_name, spec={},
+                           gpus_per_node=job.gpus, max_runtime=86400, state=JobState.SUCCEEDED)
+        attempt = make_attempt(row, pool.cluster, pool, gpus=job.gpus, usd_per_gpu_hour=0, started_at=job.start,
+                               ended_at=job.end, state=JobState.SUCCEEDED, object_name=job.object_name)
         for until in [m for m in midnights if job.start < m < job.end] + [job.end]:
             accrue_attempt(attempt.pk, until=until)  # periodic accrual, then the final one
         attempts[job.n] = attempt
@@ -128,7 +120,7 @@ def build_fleet(fleet: F.Fleet, urls: dict[str, str]) -> dict:
 
 
 @pytest.fixture(scope="module")
-def fleet_db(django_db_setup, django_db_blocker, fleet, prometheus_urls):
+def fleet_db(django_db_setup, django_db_blocker, synthetic_fleet, prometheus_urls):
     """The fleet in the database with utilization collected, built once per module and rolled back after it.
 
     Each test runs in a savepoint inside this transaction (pytest-django's ``db``).
@@ -140,7 +132,7 @@ def fleet_db(django_db_setup, django_db_blocker, fleet, prometheus_urls):
         COSTS_IDLE_UTIL_PERCENT=F.IDLE_PERCENT,
     ):
         with transaction.atomic():
-            built = build_fleet(fleet, prometheus_urls)
+            built = build_fleet(synthetic_fleet, prometheus_urls)
             collect_utilization(F.T0, F.END)
             yield built
             transaction.set_rollback(True)
@@ -148,6 +140,7 @@ def fleet_db(django_db_setup, django_db_blocker, fleet, prometheus_urls):
 
 @pytest.fixture
 def costs_settings(settings, prometheus_urls):
+    """The costs settings pointed at the shared Prometheus with the fleet's scrape interval and idle threshold."""
     settings.COSTS_PROMETHEUS_URL = prometheus_urls["global"]
     settings.COSTS_SCRAPE_INTERVAL_SECONDS = F.STEP
     settings.COSTS_IDLE_UTIL_PERCENT = F.IDLE_PERCENT

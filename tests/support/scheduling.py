@@ -1,4 +1,8 @@
-"""Builders of plain snapshots for the pure core's tests (no database)."""
+"""Builders of plain values for the pure scheduling core's tests (no database): pool offers, teams, budgets,
+queued and running jobs, snapshots, and one full pass.
+
+One accelerator (``H100``); teams are numbered; GPU counts are whole GPUs; prices USD per GPU-hour (strings).
+"""
 
 from __future__ import annotations
 
@@ -21,20 +25,31 @@ H100 = 1
 
 
 def pool(pool_id: int, gpus: int = 16, *, gpus_per_node: int = 8, price: str = "4.00", capacity_type: str = "on-demand",
-         cluster: str | None = None, free: int | None = None, healthy: bool = True) -> PoolOffer:
-    """A node pool of ``gpus`` GPUs (``gpus_per_node`` per node) at ``price`` USD/GPU-hour."""
-    return PoolOffer(pool_id, pool_id, cluster or f"c{pool_id}", "aws", "us-east-1", capacity_type,
-                     gpus // gpus_per_node, gpus_per_node, gpus if free is None else free, Decimal(price), healthy)
+         cluster: str | None = None, free: int | None = None, healthy: bool = True, provider: str = "aws",
+         region: str = "us-east-1", nodes: int | None = None) -> PoolOffer:
+    """The offer of a node pool of ``gpus`` GPUs (``gpus_per_node`` per node, or ``nodes`` of them) at ``price``
+    USD/GPU-hour, on cluster ``cluster`` (default ``c<pool_id>``, whose id is ``pool_id``); ``free`` GPUs
+    (default all)."""
+    nodes = gpus // gpus_per_node if nodes is None else nodes
+    return PoolOffer(pool_id, pool_id, cluster or f"c{pool_id}", provider, region, capacity_type,
+                     nodes, gpus_per_node, gpus if free is None else free, Decimal(price), healthy)
 
 
 def team(team_id: int, nominal: int, borrowing: int = 0, *, lending: int | None = None, cohort=None,
          weight: float = 1.0, used: int = 0, max_per_job: int = 0, budgets=()) -> TeamState:
+    """A team with an H100 quota (``nominal`` + ``borrowing``, ``lending`` limit) using ``used`` GPUs."""
     return TeamState(team_id, cohort, weight, {H100: TeamQuota(nominal, borrowing, lending, max_per_job)},
                      {H100: used} if used else {}, list(budgets))
 
 
-def block_budget(amount: str, spent: str = "0", committed: str = "0") -> BudgetView:
-    return BudgetView(1, Decimal(amount), Decimal(spent), Decimal(committed), "block")
+def block_budget(amount: str, spent: str = "0", committed: str = "0", budget_id: int = 1) -> BudgetView:
+    """A budget that blocks admission at ``amount`` USD, ``spent`` and ``committed`` already."""
+    return BudgetView(budget_id, Decimal(amount), Decimal(spent), Decimal(committed), "block")
+
+
+def alert_budget(amount: str, spent: str = "0", committed: str = "0", budget_id: int = 2) -> BudgetView:
+    """A budget that only alerts at ``amount`` USD."""
+    return BudgetView(budget_id, Decimal(amount), Decimal(spent), Decimal(committed), "alert")
 
 
 _ids = itertools.count(1)
@@ -50,6 +65,7 @@ def job(team_id: int, gpus: int, *, nodes: int = 1, priority: int = 500, at: flo
 
 def running(job_id: int, team_id: int, gpus: int, pool_id: int, *, priority: int = 500, admitted: float = 0.0,
             preemptible: bool = True) -> RunningJob:
+    """A live attempt (id ``1000 + job_id``) of ``gpus`` GPUs on ``pool_id``, admitted at ``admitted``."""
     return RunningJob(job_id, 1000 + job_id, team_id, H100, pool_id, gpus, priority, admitted, preemptible)
 
 
@@ -71,4 +87,5 @@ def decide(teams, pools, queue, runs=()):
 
 
 def admitted(decisions) -> list[int]:
+    """The ids of the jobs a pass admitted, in order."""
     return [a.job.job_id for a in decisions.admissions]

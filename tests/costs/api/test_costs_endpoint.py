@@ -1,4 +1,5 @@
-"""GET /api/v1/costs/: ledger aggregates by team, day and job, checked against sums of the rows inserted here."""
+"""GET /api/v1/costs/: ledger aggregates by team, day and job, checked against sums of the rows inserted here;
+Decimal sums exact to the cent, windows given with any UTC offset, bad queries answered 400 on their field."""
 
 from __future__ import annotations
 
@@ -8,9 +9,7 @@ from decimal import ROUND_HALF_EVEN, Decimal
 import pytest
 
 from costs.models import CostEntry
-from tests.conftest import make_cluster
-
-from .conftest import make_attempt, make_job
+from tests.support.factories import make_attempt, make_cluster, make_cost_entry, make_job
 
 COSTS = "/api/v1/costs/"
 UTC = dt.timezone.utc
@@ -23,12 +22,7 @@ def cents(amount: Decimal) -> str:
 
 def entry(attempt, start: dt.datetime, minutes: int, gpus: int, amount: str) -> CostEntry:
     """A ledger row written by hand: ``gpus`` GPUs for ``minutes`` from ``start``, costing ``amount`` USD."""
-    return CostEntry.objects.create(
-        attempt=attempt, job=attempt.job, team=attempt.job.team, cluster=attempt.cluster,
-        accelerator=attempt.node_pool.accelerator, interval_start=start,
-        interval_end=start + dt.timedelta(minutes=minutes), gpus=gpus, usd_per_gpu_hour="6.880000",
-        amount_usd=Decimal(amount),
-    )
+    return make_cost_entry(attempt, start, dt.timedelta(minutes=minutes), amount, gpus=gpus, usd_per_gpu_hour="6.88")
 
 
 @pytest.fixture
@@ -135,3 +129,58 @@ def test_an_empty_ledger_answers_zero(teammate):
     body = teammate.client.get(COSTS).json()
     assert body == {"group_by": "team", "start": None, "end": None, "results": [],
                     "total": {"gpu_hours": 0.0, "cost_usd": "0.00"}}
+
+
+# --- exact sums and windows at the edges ---------------------------------------------------------------------------
+
+def test_decimal_sums_are_exact(owner, alpha_ledger):
+    response = owner.client.get("/api/v1/costs/", {"group_by": "day"})
+    assert response.status_code == 200
+    body = response.json()
+    assert [r["cost_usd"] for r in body["results"]] == ["3.00", "0.00"]
+    assert body["total"]["cost_usd"] == "3.00"  # 3.005 rounded half-even once
+    for group_by in ("team", "cluster", "accelerator", "job"):
+        assert owner.client.get("/api/v1/costs/", {"group_by": group_by}).json()["total"]["cost_usd"] == "3.00"
+
+
+@pytest.mark.parametrize("start,end", [
+    ("2026-03-10T17:30:00+05:30", "2026-03-10T18:00:00+05:30"),  # 12:00-12:30 UTC
+    ("2026-03-10T07:00:00-05:00", "2026-03-10T07:30:00-05:00"),
+    ("2026-03-10T12:00:00Z", "2026-03-10T12:30:00Z"),
+])
+def test_offsets_select_the_same_utc_window(owner, alpha_ledger, start, end):
+    body = owner.client.get("/api/v1/costs/", {"start": start, "end": end}).json()
+    assert body["total"]["cost_usd"] == "3.00", body
+
+
+@pytest.mark.parametrize("params,field", [
+    ({"start": "2026-03-10T12:00:00"}, "start"),  # naive
+    ({"end": "2026-03-10"}, "end"),
+    ({"start": "2026-03-10T12:00:00Z", "end": "2026-03-10T12:00:00Z"}, "end"),
+    ({"start": "2026-03-10T12:00:00Z", "end": "2026-03-10T11:00:00Z"}, "end"),
+    ({"start": "2026-03-10T17:30:00+05:30", "end": "2026-03-10T12:00:00Z"}, "end"),  # the same instant
+    ({"group_by": "user"}, "group_by"),
+    ({"group_by": "team__slug"}, "group_by"),
+    ({"start": "not a date"}, "start"),
+    ({"start": "2026-02-30T00:00:00Z"}, "start"),
+    ({"start": "0001-01-01T00:00:00+05:30"}, "start"),  # before datetime.min in UTC
+    ({"end": "9999-12-31T23:59:59-05:00"}, "end"),  # after datetime.max in UTC
+    ({"start": "2026-03-10T12:00:00+25:00"}, "start"),
+    ({"with_utilization": "maybe"}, "with_utilization"),
+])
+def test_bad_cost_queries_are_400(owner, alpha_ledger, params, field):
+    for url in ("/api/v1/costs/", "/api/v1/utilization/"):
+        response = owner.client.get(url, params)
+        assert response.status_code == 400, (url, params, response.status_code)
+        assert field in response.json(), response.json()
+
+
+@pytest.mark.parametrize("params", [
+    {"start": "0001-01-01T00:00:00Z"}, {"end": "9999-12-31T23:59:59Z"},
+    {"start": "1970-01-01T00:00:00+14:00", "end": "2999-01-01T00:00:00-12:00"},
+    {"start": "0001-01-02T00:00:00Z", "end": "9999-12-30T00:00:00Z", "group_by": "day", "with_utilization": "1"},
+])
+def test_far_past_and_far_future_windows_answer_200(owner, alpha_ledger, params):
+    for url in ("/api/v1/costs/", "/api/v1/utilization/"):
+        response = owner.client.get(url, params)
+        assert response.status_code == 200, (url, params, response.content[:300])

@@ -20,8 +20,7 @@ from costs.models import CostEntry, Report, UtilizationRollup
 from costs.reports.build import build_report_data, generate_report, period_window
 from costs.reports.schedules import TASK, ensure_report_schedules
 from quotas.models import Budget, Quota
-from tests.api.conftest import make_attempt, make_job
-from tests.conftest import make_cluster
+from tests.support.factories import make_attempt, make_cluster, make_cost_entry, make_job
 
 pytestmark = pytest.mark.django_db
 UTC = dt.timezone.utc
@@ -36,10 +35,8 @@ def cents(x: Decimal) -> str:
 def entry(attempt, start: dt.datetime, hours: Decimal, price: str) -> CostEntry:
     """A ledger line: ``attempt``'s GPUs over ``hours`` from ``start`` at ``price`` USD/GPU-hour."""
     job = attempt.job
-    return CostEntry.objects.create(
-        attempt=attempt, job=job, team=job.team, cluster=attempt.cluster, accelerator=attempt.node_pool.accelerator,
-        interval_start=start, interval_end=start + dt.timedelta(seconds=float(hours * 3600)), gpus=attempt.gpus,
-        usd_per_gpu_hour=Decimal(price), amount_usd=attempt.gpus * hours * Decimal(price))
+    return make_cost_entry(attempt, start, dt.timedelta(seconds=float(hours * 3600)),
+                           attempt.gpus * hours * Decimal(price), usd_per_gpu_hour=price)
 
 
 @pytest.fixture

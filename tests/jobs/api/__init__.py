@@ -1,1 +1,1 @@
-"""Tests of the REST API under /api/v1/, the schema, and the health endpoints."""
+"""The jobs REST API under /api/v1/jobs/: submission, validation, reads, cancel, events, attempts and logs."""

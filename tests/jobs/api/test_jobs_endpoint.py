@@ -1,4 +1,5 @@
-"""The jobs API: submit (JSON and YAML), read, filter, cancel, and the events, attempts and logs of a job."""
+"""The jobs API: submit (JSON and YAML), read, filter and order, and the events, attempts and logs of a job;
+the response of a submission is what a read of the stored job shows. Cancelling is in ``test_cancel.py``."""
 
 from __future__ import annotations
 
@@ -14,14 +15,13 @@ from django.utils import timezone
 from jobs.models import PRIORITY_CLASSES, Job, JobEvent, JobState
 from runners import base
 
-from tests.conftest import make_persona
-
-from .conftest import make_attempt, make_job
+from tests.support.personas import make_persona
+from tests.support.factories import make_attempt, make_job
 
 JOBS = "/api/v1/jobs/"
 
 
-def test_it_submits_a_json_job_as_queued(teammate, fleet, submission, h100):
+def test_it_submits_a_json_job_as_queued(teammate, aws_cluster, submission, h100):
     r = teammate.client.post(JOBS, submission, format="json")
     assert r.status_code == 201, r.content
     body = r.json()
@@ -39,8 +39,8 @@ def test_it_submits_a_json_job_as_queued(teammate, fleet, submission, h100):
     assert body["estimated_cost_usd"] is None  # not placed yet: no price, and 0.00 would read as free
 
 
-def test_the_estimate_is_null_until_the_job_is_placed_then_gpus_x_runtime_x_price(teammate, teams, fleet, submission,
-                                                                                   h100, quota_factory):
+def test_the_estimate_is_null_until_the_job_is_placed_then_gpus_x_runtime_x_price(
+        teammate, teams, aws_cluster, submission, h100, quota_factory):
     from jobs.scheduling.passes import schedule_pending
 
     submission["spec"]["max_runtime_seconds"] = 5400  # 1.5 h
@@ -54,7 +54,7 @@ def test_the_estimate_is_null_until_the_job_is_placed_then_gpus_x_runtime_x_pric
     assert body["estimated_cost_usd"] == "165.12"
 
 
-def test_it_stores_the_spec_normalized_with_defaults(teammate, fleet):
+def test_it_stores_the_spec_normalized_with_defaults(teammate, aws_cluster):
     minimal = {"team": "alpha", "name": "tiny", "spec": {
         "image": "python:3.11", "command": ["python", "-V"],
         "resources": {"accelerator": "H100-80GB", "gpus_per_node": 1, "nodes": 1}, "max_runtime_seconds": 60}}
@@ -79,7 +79,7 @@ def example_yaml(name: str) -> str:
 
 @pytest.mark.parametrize("content_type", ["application/yaml", "text/yaml"])
 @pytest.mark.parametrize("example, kind", [("train-gpt.yaml", "training"), ("serve-gpt.yaml", "inference")])
-def test_it_submits_the_yaml_examples(teammate, fleet, example, kind, content_type):
+def test_it_submits_the_yaml_examples(teammate, aws_cluster, example, kind, content_type):
     r = teammate.client.post(JOBS, data=example_yaml(example), content_type=content_type)
     assert r.status_code == 201, r.content
     body = r.json()
@@ -87,7 +87,7 @@ def test_it_submits_the_yaml_examples(teammate, fleet, example, kind, content_ty
     assert JobEvent.objects.filter(job_id=body["id"], kind="submitted").exists()
 
 
-def test_it_submits_an_inline_yaml_document(teammate, fleet):
+def test_it_submits_an_inline_yaml_document(teammate, aws_cluster):
     document = """
     team: alpha
     name: yaml-job
@@ -105,14 +105,14 @@ def test_it_submits_an_inline_yaml_document(teammate, fleet):
     assert r.json()["spec"]["env"] == {"SEED": "1"}
 
 
-def test_it_shows_a_job_with_its_current_attempt_and_costs(teammate, teams, fleet, h100):
+def test_it_shows_a_job_with_its_current_attempt_and_costs(teammate, teams, aws_cluster, h100):
     job = make_job(teams[0], teammate.user, h100, gpus_per_node=8, nodes=2)
-    attempt = make_attempt(job, fleet["cluster"], fleet["pool"])
+    attempt = make_attempt(job, aws_cluster["cluster"], aws_cluster["pool"])
     Job.objects.filter(pk=job.pk).update(estimated_cost_usd="110.080000", accrued_cost_usd="1.234999999")
     body = teammate.client.get(f"{JOBS}{job.pk}/").json()
     assert body["current_attempt"]["number"] == 1
     assert body["current_attempt"]["cluster"] == "aws-use1"
-    assert body["current_attempt"]["node_pool"] == fleet["pool"].name
+    assert body["current_attempt"]["node_pool"] == aws_cluster["pool"].name
     assert body["current_attempt"]["started_at"] is not None
     assert (body["estimated_cost_usd"], body["accrued_cost_usd"]) == ("110.08", "1.23")
     assert (body["accelerator"], body["nodes"], body["gpus_per_node"], body["total_gpus"]) == ("H100-80GB", 2, 8, 16)
@@ -121,11 +121,11 @@ def test_it_shows_a_job_with_its_current_attempt_and_costs(teammate, teams, flee
     assert attempt.object_name == f"job-{job.pk}-1"
 
 
-def test_it_filters_and_orders_the_job_list(owner, teammate, teams, fleet, h100, catalog):
+def test_it_filters_and_orders_the_job_list(owner, teammate, teams, aws_cluster, h100, catalog):
     alpha = teams[0]
     make_job(alpha, teammate.user, h100, name="queued")
     running = make_job(alpha, owner.user, h100, name="running")
-    make_attempt(running, fleet["cluster"], fleet["pool"])
+    make_attempt(running, aws_cluster["cluster"], aws_cluster["pool"])
     failed = make_job(alpha, owner.user, h100, name="failed", state=JobState.FAILED)
     Job.objects.filter(pk=failed.pk).update(priority=PRIORITY_CLASSES["high"],
                                             created_at=timezone.now() - dt.timedelta(days=2))
@@ -148,47 +148,7 @@ def test_it_filters_and_orders_the_job_list(owner, teammate, teams, fleet, h100,
     assert teammate.client.get(JOBS, {"state": "SLEEPING"}).status_code == 400
 
 
-def test_it_cancels_a_queued_job(teammate, teams, fleet, h100):
-    job = make_job(teams[0], teammate.user, h100)
-    r = teammate.client.post(f"{JOBS}{job.pk}/cancel/")
-    assert r.status_code == 200, r.content
-    assert r.json()["state"] == "CANCELLED"
-    job.refresh_from_db()
-    assert job.state == JobState.CANCELLED and job.ended_at is not None
-    assert job.events.filter(to_state="CANCELLED", actor=teammate.user).exists()
-
-
-def test_it_answers_409_when_cancelling_a_final_job(teammate, teams, fleet, h100):
-    job = make_job(teams[0], teammate.user, h100, state=JobState.SUCCEEDED)
-    r = teammate.client.post(f"{JOBS}{job.pk}/cancel/")
-    assert r.status_code == 409
-    assert r.json() == {"detail": f"job {job.pk} is already SUCCEEDED"}
-    assert Job.objects.get(pk=job.pk).state == JobState.SUCCEEDED
-
-
-def test_it_lets_a_team_admin_cancel_a_teammates_job(owner, teammate, teams, fleet, h100):
-    job = make_job(teams[0], teammate.user, h100)
-    assert owner.client.post(f"{JOBS}{job.pk}/cancel/").status_code == 200
-
-
-def test_it_refuses_cancel_to_members_who_did_not_submit(owner, teammate, viewer, teams, fleet, h100):
-    job = make_job(teams[0], owner.user, h100)
-    for persona in (teammate, viewer):
-        r = persona.client.post(f"{JOBS}{job.pk}/cancel/")
-        assert r.status_code == 403
-        assert "submitter" in r.json()["detail"]
-    assert Job.objects.get(pk=job.pk).state == JobState.QUEUED
-
-
-def test_it_moves_a_running_job_to_cancelling(teammate, teams, fleet, h100):
-    job = make_job(teams[0], teammate.user, h100)
-    make_attempt(job, fleet["cluster"], fleet["pool"])
-    r = teammate.client.post(f"{JOBS}{job.pk}/cancel/")
-    assert r.status_code == 200
-    assert r.json()["state"] == "CANCELLING"
-
-
-def test_it_lists_the_events_of_a_job(teammate, teams, fleet, h100):
+def test_it_lists_the_events_of_a_job(teammate, teams, aws_cluster, h100):
     job = make_job(teams[0], teammate.user, h100)
     teammate.client.post(f"{JOBS}{job.pk}/cancel/")
     body = teammate.client.get(f"{JOBS}{job.pk}/events/").json()
@@ -198,16 +158,16 @@ def test_it_lists_the_events_of_a_job(teammate, teams, fleet, h100):
     assert (cancelled["from_state"], cancelled["to_state"]) == ("QUEUED", "CANCELLED")
 
 
-def test_it_lists_the_attempts_of_a_job(teammate, teams, fleet, h100):
+def test_it_lists_the_attempts_of_a_job(teammate, teams, aws_cluster, h100):
     job = make_job(teams[0], teammate.user, h100)
-    make_attempt(job, fleet["cluster"], fleet["pool"])
+    make_attempt(job, aws_cluster["cluster"], aws_cluster["pool"])
     body = teammate.client.get(f"{JOBS}{job.pk}/attempts/").json()
     assert [a["number"] for a in body["results"]] == [1]
     assert body["results"][0]["cluster"] == "aws-use1"
     assert "runner_state" not in body["results"][0]
 
 
-def test_it_answers_empty_logs_before_any_attempt(teammate, teams, fleet, h100):
+def test_it_answers_empty_logs_before_any_attempt(teammate, teams, aws_cluster, h100):
     job = make_job(teams[0], teammate.user, h100)
     r = teammate.client.get(f"{JOBS}{job.pk}/logs/")
     assert r.status_code == 200
@@ -231,52 +191,64 @@ class FakeBackend(base.Backend):
 
 
 @pytest.fixture
-def fake_backend_cluster(monkeypatch, fleet):
+def fake_backend_cluster(monkeypatch, aws_cluster):
     backend = FakeBackend()
     monkeypatch.setitem(base._BACKENDS, backend.name, backend)
-    fleet["cluster"].backend = backend.name
-    fleet["cluster"].save(update_fields=["backend"])
+    aws_cluster["cluster"].backend = backend.name
+    aws_cluster["cluster"].save(update_fields=["backend"])
     return backend
 
 
-def test_it_reads_logs_from_the_clusters_backend(teammate, teams, fleet, h100, fake_backend_cluster):
+def test_it_reads_logs_from_the_clusters_backend(teammate, teams, aws_cluster, h100, fake_backend_cluster):
     job = make_job(teams[0], teammate.user, h100, nodes=2)
-    attempt = make_attempt(job, fleet["cluster"], fleet["pool"])
+    attempt = make_attempt(job, aws_cluster["cluster"], aws_cluster["pool"])
     r = teammate.client.get(f"{JOBS}{job.pk}/logs/", {"node": 1, "tail": 50})
     assert r.status_code == 200, r.content
     assert r.json() == {"node": 1, "attempt": 1, "text": "node 1 last 50 lines\n"}
     assert fake_backend_cluster.calls == [(attempt.pk, 1, 50)]
 
 
-def test_it_validates_log_parameters(teammate, teams, fleet, h100, fake_backend_cluster):
+def test_it_validates_log_parameters(teammate, teams, aws_cluster, h100, fake_backend_cluster):
     job = make_job(teams[0], teammate.user, h100, nodes=2)
-    make_attempt(job, fleet["cluster"], fleet["pool"])
+    make_attempt(job, aws_cluster["cluster"], aws_cluster["pool"])
     assert "node" in teammate.client.get(f"{JOBS}{job.pk}/logs/", {"node": 2}).json()
     assert teammate.client.get(f"{JOBS}{job.pk}/logs/", {"node": -1}).status_code == 400
     assert teammate.client.get(f"{JOBS}{job.pk}/logs/", {"tail": 0}).status_code == 400
     assert teammate.client.get(f"{JOBS}{job.pk}/logs/", {"tail": "many"}).status_code == 400
 
 
-def test_it_answers_503_when_the_cluster_is_unreachable(teammate, teams, fleet, h100, fake_backend_cluster):
+def test_it_answers_503_when_the_cluster_is_unreachable(teammate, teams, aws_cluster, h100, fake_backend_cluster):
     fake_backend_cluster.fail = True
     job = make_job(teams[0], teammate.user, h100)
-    make_attempt(job, fleet["cluster"], fleet["pool"])
+    make_attempt(job, aws_cluster["cluster"], aws_cluster["pool"])
     r = teammate.client.get(f"{JOBS}{job.pk}/logs/")
     assert r.status_code == 503
     assert "unreachable" in r.json()["detail"]
 
 
-def test_the_job_list_has_no_n_plus_one(teammate, teams, fleet, h100, django_assert_max_num_queries):
+def test_the_job_list_has_no_n_plus_one(teammate, teams, aws_cluster, h100, django_assert_max_num_queries):
     for i in range(5):
         job = make_job(teams[0], teammate.user, h100, name=f"j{i}")
-        make_attempt(job, fleet["cluster"], fleet["pool"], number=1)
+        make_attempt(job, aws_cluster["cluster"], aws_cluster["pool"], number=1)
     with django_assert_max_num_queries(6):
         r = teammate.client.get(JOBS)
     assert r.json()["count"] == 5
 
 
-def test_a_session_user_can_submit(fleet, submission, client, teams):
+def test_a_session_user_can_submit(aws_cluster, submission, client, teams):
     persona = make_persona("sessionuser", teams[0], "member")
     client.force_login(persona.user)
     r = client.post(JOBS, submission, content_type="application/json")
     assert r.status_code == 201, r.content
+
+
+@pytest.mark.parametrize("kind", ["training", "inference"])
+def test_the_submit_response_is_what_a_get_of_the_stored_row_shows(cached, teammate, aws_cluster, submission, kind):
+    submission["kind"] = kind
+    submission["name"] = "z9-" + "é".encode().hex() + "-" + kind
+    submission["spec"]["env"] = {"A": "it's \"q\" \\ ünï 🚀"}
+    r = teammate.client.post(JOBS, submission, format="json")
+    assert r.status_code == 201, r.content
+    posted = r.json()
+    got = teammate.client.get(f"{JOBS}{posted['id']}/").json()
+    assert posted == got

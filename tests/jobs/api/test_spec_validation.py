@@ -7,6 +7,8 @@ from django.test import override_settings
 
 from jobs.models import Job, JobEvent
 from jobs.spec import flatten_errors
+from runners.kubernetes.sync import apply_pools
+from tests.support.factories import make_attempt, make_job
 
 JOBS = "/api/v1/jobs/"
 
@@ -62,7 +64,7 @@ BAD_FIELDS = [
     ("gpus-bool", "spec.resources.gpus_per_node", True, "spec.resources.gpus_per_node", "valid integer"),
     ("cpu-string", "spec.resources.cpu", "4", "spec.resources.cpu", "number"),
     ("memory-zero", "spec.resources.memory_gib", 0, "spec.resources.memory_gib", "greater than 0"),
-    ("cpu-beyond-float", "spec.resources.cpu", 10**400, "spec.resources.cpu", "Too large"),  # was a 500
+    ("cpu-beyond-float", "spec.resources.cpu", 10**400, "spec.resources.cpu", "Too large"),  # beyond a float
     ("retries-negative", "spec.max_retries", -1, "spec.max_retries", "greater than or equal to 0"),
     ("kind-unknown", "kind", "batch", "kind", "valid choice"),
     ("unknown-spec-key", "spec.gpus", 8, "spec.gpus", "unknown field"),
@@ -79,7 +81,7 @@ def assert_nothing_stored():
 
 @pytest.mark.parametrize("change, value, field, fragment",
                          [case[1:] for case in BAD_FIELDS], ids=[case[0] for case in BAD_FIELDS])
-def test_it_rejects_a_bad_field_on_its_path(teammate, fleet, submission, change, value, field, fragment):
+def test_it_rejects_a_bad_field_on_its_path(teammate, aws_cluster, submission, change, value, field, fragment):
     set_path(submission, change, value)
     r = teammate.client.post(JOBS, submission, format="json")
     assert r.status_code == 400, r.content
@@ -89,7 +91,7 @@ def test_it_rejects_a_bad_field_on_its_path(teammate, fleet, submission, change,
     assert_nothing_stored()
 
 
-def test_it_reports_every_bad_field_at_once(teammate, fleet, submission):
+def test_it_reports_every_bad_field_at_once(teammate, aws_cluster, submission):
     submission["name"] = "Bad Name"
     submission["spec"]["resources"]["nodes"] = 0
     submission["spec"]["env"] = {"9X": "1"}
@@ -99,28 +101,28 @@ def test_it_reports_every_bad_field_at_once(teammate, fleet, submission):
     assert_nothing_stored()
 
 
-def test_it_rejects_a_team_the_user_is_not_a_member_of_like_an_unknown_one(outsider, fleet, submission):
+def test_it_rejects_a_team_the_user_is_not_a_member_of_like_an_unknown_one(outsider, aws_cluster, submission):
     r = outsider.client.post(JOBS, submission, format="json")
     assert r.status_code == 400
     assert r.json()["team"] == ['unknown team "alpha", or you are not a member of it']
     assert_nothing_stored()
 
 
-def test_it_refuses_a_viewer_with_the_reason(viewer, fleet, submission):
+def test_it_refuses_a_viewer_with_the_reason(viewer, aws_cluster, submission):
     r = viewer.client.post(JOBS, submission, format="json")
     assert r.status_code == 400
     assert "only admins and members may submit" in r.json()["team"][0]
     assert_nothing_stored()
 
 
-def test_it_lets_staff_submit_for_any_team(staff, fleet, submission):
+def test_it_lets_staff_submit_for_any_team(staff, aws_cluster, submission):
     submission["team"] = "beta"
     r = staff.client.post(JOBS, submission, format="json")
     assert r.status_code == 201, r.content
     assert r.json()["team"] == "beta"
 
 
-def test_it_says_the_largest_pool_in_the_gpu_error(teammate, fleet, submission):
+def test_it_says_the_largest_pool_in_the_gpu_error(teammate, aws_cluster, submission):
     submission["spec"]["resources"]["gpus_per_node"] = 9
     r = teammate.client.post(JOBS, submission, format="json")
     assert r.json()["spec.resources.gpus_per_node"] == [
@@ -128,7 +130,7 @@ def test_it_says_the_largest_pool_in_the_gpu_error(teammate, fleet, submission):
     ]
 
 
-def test_it_rejects_an_accelerator_no_pool_offers(teammate, fleet, submission):
+def test_it_rejects_an_accelerator_no_pool_offers(teammate, aws_cluster, submission):
     submission["spec"]["resources"].update(accelerator="L4", gpus_per_node=1)
     r = teammate.client.post(JOBS, submission, format="json")
     assert r.status_code == 400
@@ -137,7 +139,7 @@ def test_it_rejects_an_accelerator_no_pool_offers(teammate, fleet, submission):
 
 
 @override_settings(JOB_SPEC_MAX_BYTES=2048)
-def test_it_rejects_a_spec_over_the_size_limit_on_spec(teammate, fleet, submission):
+def test_it_rejects_a_spec_over_the_size_limit_on_spec(teammate, aws_cluster, submission):
     submission["spec"]["env"] = {"BIG": "x" * 4096}
     r = teammate.client.post(JOBS, submission, format="json")
     assert r.status_code == 400
@@ -145,7 +147,7 @@ def test_it_rejects_a_spec_over_the_size_limit_on_spec(teammate, fleet, submissi
     assert_nothing_stored()
 
 
-def test_it_rejects_a_spec_over_64_kib(teammate, fleet, submission):
+def test_it_rejects_a_spec_over_64_kib(teammate, aws_cluster, submission):
     submission["spec"]["env"] = {f"V{i}": "x" * 1000 for i in range(70)}
     r = teammate.client.post(JOBS, submission, format="json")
     assert r.status_code == 400
@@ -153,28 +155,28 @@ def test_it_rejects_a_spec_over_64_kib(teammate, fleet, submission):
     assert_nothing_stored()
 
 
-def test_it_rejects_a_body_that_is_not_an_object(teammate, fleet):
+def test_it_rejects_a_body_that_is_not_an_object(teammate, aws_cluster):
     r = teammate.client.post(JOBS, ["not", "a", "job"], format="json")
     assert r.status_code == 400
     assert "non_field_errors" in r.json()
     assert_nothing_stored()
 
 
-def test_it_rejects_malformed_yaml(teammate, fleet):
+def test_it_rejects_malformed_yaml(teammate, aws_cluster):
     r = teammate.client.post(JOBS, data="team: [alpha\n", content_type="application/yaml")
     assert r.status_code == 400
     assert "YAML parse error" in r.json()["detail"]
     assert_nothing_stored()
 
 
-def test_it_rejects_yaml_aliases(teammate, fleet):
+def test_it_rejects_yaml_aliases(teammate, aws_cluster):
     document = "a: &x [1, 2]\nb: *x\n"
     r = teammate.client.post(JOBS, data=document, content_type="application/yaml")
     assert r.status_code == 400
     assert "aliases" in r.json()["detail"]
 
 
-def test_it_accepts_inference_with_replicas_and_port(teammate, fleet, submission):
+def test_it_accepts_inference_with_replicas_and_port(teammate, aws_cluster, submission):
     submission.update(kind="inference", name="serve")
     submission["spec"].update(replicas=2, port=8080)
     r = teammate.client.post(JOBS, submission, format="json")
@@ -189,3 +191,24 @@ def test_flatten_errors_joins_nested_paths():
     assert flatten_errors(detail) == {
         "spec.resources.nodes": ["bad"], "spec": ["too big"], "spec.command.0.x": ["y"], "non_field_errors": ["top"]
     }
+
+
+def test_a_pool_emptied_by_sync_does_not_make_a_never_runnable_job_acceptable(
+        settings, teammate, owner, alpha, aws_cluster, submission, h100):
+    """A pool gone from the cluster but kept with 0 nodes (attempts refer to it) offers no GPUs; with no other pool
+    the submission must get 'no node pool offers ...' (caching off: this is not about the cache).
+    ResourcesSerializer.validate_accelerator's Max("node_pools__gpus_per_node") counts pools with nodes=0."""
+    settings.LOOKUP_CACHE_SECONDS = 0
+    job = make_job(alpha, owner.user, h100, name="old")
+    make_attempt(job, aws_cluster["cluster"], aws_cluster["pool"])
+    counts = apply_pools(aws_cluster["cluster"], [])
+    assert counts["emptied"] == 1
+    r = teammate.client.post(JOBS, submission, format="json")
+    assert r.status_code == 400, r.content
+
+
+@pytest.mark.parametrize("priority", [["high"], {"high": 1}, 700, None, True, "high\x00"])
+def test_a_priority_that_is_not_a_string_gets_400(cached, teammate, aws_cluster, submission, priority):
+    submission["spec"]["priority"] = priority
+    r = teammate.client.post(JOBS, submission, format="json")
+    assert r.status_code == 400 and "spec.priority" in r.json(), r.content

@@ -1,40 +1,31 @@
-"""The submission hot path: per-process lookup caches, one-statement insert, serializer fields shared by threads.
+"""The submission hot path: a warm submission is one SQL statement (the job and its first event, inserted
+together by a statement compiled once per process), what it stores is what the ORM would store and what the
+response says, and serializer fields shared by threads never mix two requests' data or errors.
 
-Correctness of each shortcut: a revoked token, a removed membership or a new
-node pool takes effect at once in the process that made the change; the
-cache never serves a token past its expiry; a submission's job and first
-event are stored together; concurrent validations never see each other's
-data or errors.
+The per-process lookup caches that make it one statement are tested in ``tests/core/test_lookups.py``.
 """
 
 from __future__ import annotations
 
 import copy
-import datetime as dt
 import threading
 
 import pytest
 from django.db import connection
+from django.db.models import Value
+from django.db.models.functions import Upper
 from django.test.utils import CaptureQueriesContext
-from django.utils import timezone
+from rest_framework.test import APIClient
 
-from core.lookups import LookupCache
+from jobs import lifecycle
 from jobs.models import Job, JobEvent
 from jobs.spec import JobSubmissionSerializer
-from quotas.authentication import TOKENS
-from quotas.models import ApiToken, Membership, PriorityClass
-from runners.models import NodePool
+from jobs.states import record_event
 
 JOBS = "/api/v1/jobs/"
 
 
-@pytest.fixture
-def cached(settings):
-    """The production default: lookups cached for a few seconds."""
-    settings.LOOKUP_CACHE_SECONDS = 30
-
-
-def test_a_warm_submission_is_one_statement(cached, teammate, fleet, submission):
+def test_a_warm_submission_is_one_statement(cached, teammate, aws_cluster, submission):
     assert teammate.client.post(JOBS, submission, format="json").status_code == 201  # warms the caches
     with CaptureQueriesContext(connection) as queries:
         r = teammate.client.post(JOBS, submission, format="json")
@@ -48,90 +39,8 @@ def test_a_warm_submission_is_one_statement(cached, teammate, fleet, submission)
     assert r.json()["created_at"] is not None and r.json()["id"] == job.pk
 
 
-def test_a_deleted_token_is_refused_at_once(cached, teammate, fleet):
-    assert teammate.client.get(JOBS).status_code == 200  # cached now
-    ApiToken.objects.filter(user=teammate.user).get().delete()
-    assert teammate.client.get(JOBS).status_code == 401
-
-
-def test_a_deactivated_user_is_refused_at_once(cached, teammate, fleet):
-    assert teammate.client.get(JOBS).status_code == 200
-    teammate.user.is_active = False
-    teammate.user.save()
-    assert teammate.client.get(JOBS).status_code == 401
-
-
-def test_a_cached_token_still_expires_on_time(cached, teammate, fleet):
-    token = ApiToken.objects.get(user=teammate.user)
-    token.expires_at = timezone.now() + dt.timedelta(hours=1)
-    token.save()
-    assert teammate.client.get(JOBS).status_code == 200  # cached, with its expiry
-    cached_token = TOKENS.get(ApiToken.hash_key(teammate.key), lambda: None)
-    assert cached_token is not None and cached_token.pk == token.pk
-    cached_token.expires_at = timezone.now() - dt.timedelta(seconds=1)  # the hour has passed
-    assert teammate.client.get(JOBS).status_code == 401
-
-
-def test_a_removed_member_can_no_longer_submit(cached, teammate, fleet, submission):
-    assert teammate.client.post(JOBS, submission, format="json").status_code == 201
-    Membership.objects.get(user=teammate.user).delete()
-    r = teammate.client.post(JOBS, submission, format="json")
-    assert r.status_code == 400
-    assert "team" in r.json()
-    assert Job.objects.count() == 1
-
-
-def test_a_new_node_pool_is_seen_by_the_next_submission(cached, teammate, fleet, submission):
-    submission["spec"]["resources"]["gpus_per_node"] = 16
-    r = teammate.client.post(JOBS, submission, format="json")
-    assert r.status_code == 400 and "spec.resources.gpus_per_node" in r.json()
-    NodePool.objects.create(cluster=fleet["cluster"], name="big", accelerator=fleet["pool"].accelerator,
-                            nodes=1, gpus_per_node=16)
-    assert teammate.client.post(JOBS, submission, format="json").status_code == 201
-
-
-def test_a_new_priority_class_is_accepted_at_once(cached, teammate, fleet, submission):
-    submission["spec"]["priority"] = "urgent"
-    r = teammate.client.post(JOBS, submission, format="json")
-    assert r.status_code == 400 and "spec.priority" in r.json()
-    PriorityClass.objects.create(name="urgent", value=5000)
-    r = teammate.client.post(JOBS, submission, format="json")
-    assert r.status_code == 201, r.content
-    assert Job.objects.get(pk=r.json()["id"]).priority == 5000
-
-
-def test_a_zero_ttl_reads_every_time(settings):
-    settings.LOOKUP_CACHE_SECONDS = 0
-    loads = []
-    cache = LookupCache("test-zero")
-    for _ in range(3):
-        cache.get("k", lambda: loads.append(1) or "v")
-    assert len(loads) == 3
-
-
-def test_the_cache_expires_entries_after_its_ttl(settings):
-    settings.LOOKUP_CACHE_SECONDS = 30
-    now = [1000.0]
-    cache = LookupCache("test-ttl", timer=lambda: now[0])
-    loads = []
-    assert cache.get("k", lambda: loads.append(1) or "v1") == "v1"
-    now[0] += 29
-    assert cache.get("k", lambda: loads.append(1) or "v2") == "v1"
-    now[0] += 2
-    assert cache.get("k", lambda: loads.append(1) or "v3") == "v3"
-    assert len(loads) == 2
-
-
-def test_none_is_not_cached(settings):
-    settings.LOOKUP_CACHE_SECONDS = 30
-    cache = LookupCache("test-none")
-    answers = iter([None, "found"])
-    assert cache.get("k", lambda: next(answers)) is None
-    assert cache.get("k", lambda: next(answers)) == "found"
-
-
 @pytest.mark.django_db(transaction=True)
-def test_concurrent_validations_never_mix_their_data_or_errors(cached, teammate, fleet, submission):
+def test_concurrent_validations_never_mix_their_data_or_errors(cached, teammate, aws_cluster, submission):
     """Serializer fields are shared between instances: 8 threads validating different specs at once each
     get their own validated values and their own errors."""
     class Request:
@@ -173,3 +82,105 @@ def test_concurrent_validations_never_mix_their_data_or_errors(cached, teammate,
     for t in threads:
         t.join()
     assert failures == []
+
+
+# --- the one-statement insert --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("image,command,env", [
+    ("reg.io/it's/\"quoted\":v1", ["sh", "-c", "echo '); DROP TABLE jobs_job; --"], {"Q": "'\"\\"}),
+    ("reg.io/ünïcødé/图像:✓", ["python", "🚀.py"], {"U": "ß" * 1000}),
+    ("r/" + "a" * 510, ["x" * 10000], {"K": "$1 $2 %s %(x)s"}),
+])
+def test_the_stored_job_and_its_event_match_the_response(
+        cached, teammate, aws_cluster, submission, image, command, env):
+    submission["name"] = "a" * 63
+    submission["spec"].update(image=image, command=command, env=env)
+    r = teammate.client.post(JOBS, submission, format="json")
+    assert r.status_code == 201, r.content
+    body = r.json()
+    job = Job.objects.get(pk=body["id"])
+    assert job.name == body["name"] == "a" * 63
+    assert job.spec["image"] == image and job.spec["command"] == command and job.spec["env"] == env
+    assert body["spec"]["image"] == image and body["spec"]["env"] == env
+    assert JobEvent.objects.filter(job=job, kind="submitted").count() == 1
+    assert body["state"] == job.state == "QUEUED"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_every_job_has_exactly_one_submitted_event_under_concurrency(cached, teammate, aws_cluster, submission):
+    results = []
+
+    def post(i):
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Token {teammate.key}")
+        sub = copy.deepcopy(submission)
+        sub["name"] = f"c-{i}"
+        try:
+            results.append(client.post(JOBS, sub, format="json").status_code)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=post, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert all(code == 201 for code in results) and len(results) == 8
+    for job in Job.objects.filter(name__startswith="c-"):
+        assert JobEvent.objects.filter(job=job, kind="submitted").count() == 1
+
+
+# --- the job+event INSERT compiled once per process ----------------------------------------------------------------
+
+def _resources(accelerator) -> dict:
+    return {"accelerator": accelerator, "gpus_per_node": 2, "nodes": 1, "priority": 700, "preemptible": True,
+            "max_runtime_seconds": 1234, "max_retries": 3}
+
+
+ODD_SPEC = {"image": "x", "none": None, "pct": "100%s %% %(x)s", "uni": "ü\u2028\\", "nested": [[], {}, 1.5, True]}
+
+
+@pytest.mark.django_db
+def test_the_cached_insert_stores_what_django_save_stores(teams, user, h100):
+    accelerator = h100
+    alpha = teams[0]
+    lifecycle._JOB_WITH_EVENT_SQL.clear()  # compiled from the first job below
+    cached = [lifecycle.store_submitted_job(team=alpha, submitter=user, name=f"c{i}", kind="training",
+                                            spec=dict(ODD_SPEC, i=i), resources=_resources(accelerator))
+              for i in range(2)]  # the second one reuses the compiled statement
+    r = _resources(accelerator)
+    orm = Job(team=alpha, submitter=user, name="orm", kind="training", spec=dict(ODD_SPEC, i=1),
+              accelerator=r["accelerator"], gpus_per_node=2, nodes=1, priority=700, preemptible=True,
+              max_runtime_seconds=1234, max_retries=3)
+    orm.save(force_insert=True)
+    record_event(orm, "submitted", f"submitted by {user}", actor=user)
+
+    skip = {"id", "name", "created_at", "updated_at"}
+    row = lambda pk: {k: v for k, v in Job.objects.filter(pk=pk).values().get().items() if k not in skip}  # noqa: E731
+    assert row(cached[1].pk) == row(orm.pk)
+    assert Job.objects.get(pk=cached[1].pk).spec == dict(ODD_SPEC, i=1)
+    for job in cached:
+        stored = Job.objects.get(pk=job.pk)
+        assert stored.created_at == job.created_at and stored.updated_at == job.updated_at
+        assert stored.created_at is not None and stored.created_at != cached[0].created_at or job is cached[0]
+    ev = lambda pk: {k: v for k, v in JobEvent.objects.filter(job_id=pk).values().get().items()  # noqa: E731
+                     if k not in {"id", "job_id", "created_at"}}
+    assert ev(cached[1].pk) == ev(orm.pk)
+
+
+@pytest.mark.django_db
+def test_an_expression_in_the_first_job_does_not_poison_the_cached_statement(teams, user, h100):
+    """The statement was compiled (and cached) from the first job *before* its values were checked: an
+    expression there (rejected with ValueError) stayed baked into the SQL of every later submission."""
+    accelerator = h100
+    alpha = teams[0]
+    r = _resources(accelerator)
+    bad = Job(team=alpha, submitter=user, name=Upper(Value("shout")), kind="training", spec={},
+              accelerator=accelerator, gpus_per_node=1, nodes=1)
+    lifecycle._JOB_WITH_EVENT_SQL.clear()
+    with pytest.raises(ValueError):
+        lifecycle._insert_job_with_event(bad, JobEvent(kind="submitted", reason="x", data={}, from_state="QUEUED",
+                                                       to_state="QUEUED"))
+    job = lifecycle.store_submitted_job(team=alpha, submitter=user, name="quiet", kind="training", spec={},
+                                        resources=r)
+    assert Job.objects.get(pk=job.pk).name == "quiet"

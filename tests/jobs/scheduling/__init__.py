@@ -1,1 +1,1 @@
-"""Fair-share admission (issue 4): the pure core by hand and by property, and its database layer."""
+"""Scheduling against the database: passes, their pacing and coalescing, and passes racing each other."""

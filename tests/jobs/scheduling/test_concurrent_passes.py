@@ -1,12 +1,11 @@
-"""The admission invariants under real concurrency on PostgreSQL.
+"""Scheduling passes racing each other on PostgreSQL never overdraw a quota, a cohort, a budget or a pool.
 
-Eight threads submit jobs and run scheduling passes (in rounds that start
-together at a barrier) while two separate OS processes run scheduling passes
-in a loop, a ninth thread finishes admitted jobs (so GPUs and money are
-released and admitted again all along) and a monitor thread checks the
-invariants in consistent snapshots. Demand is well above quota, capacity and
-budget, so a missing lock shows as an overshoot. The invariants, in every
-snapshot and at the end:
+Two scenarios, each with two separate OS processes running passes in a loop (``tests/support/racing.py``) and a
+monitor checking the invariants in consistent (REPEATABLE READ) snapshots, while they run and at the end.
+
+Submitters and schedulers: eight threads submit jobs and run passes (in rounds that start together at a
+barrier), a ninth thread finishes admitted jobs (so GPUs and money are released and admitted again all along).
+Demand is well above quota, capacity and budget, so a missing lock shows as an overshoot. The invariants:
 
 - per team and accelerator, GPUs of live attempts <= nominal + borrowing;
 - per node pool, GPUs of live attempts <= its capacity;
@@ -15,19 +14,19 @@ snapshot and at the end:
 - every admitted job has exactly one live attempt, its current one;
 and at the end every job's events form a chain (each from_state is the
 previous to_state, along edges of the state machine).
+
+Cohorts, lending and preemption: this process submits jobs of three teams (preemptible and not), runs its own
+passes and ends admitted jobs. Per team live GPUs <= nominal + borrowing; per cohort the borrowed GPUs (usage
+above each team's unlendable part) <= the GPUs its teams lend, hence the cohort's usage <= its nominal; per
+node pool live GPUs <= its capacity; an active job has exactly one live attempt and a waiting one none; and
+every job's events form a chain along the state machine.
 """
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
+import random
 import threading
 import time
 from collections import defaultdict
 from decimal import Decimal
-from pathlib import Path
-from urllib.parse import quote
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -38,13 +37,13 @@ from jobs.lifecycle import end_attempt, mark_started, submit_job
 from jobs.models import ACTIVE_STATES, Job, JobAttempt, JobEvent, JobState
 from jobs.scheduling.passes import schedule_pending
 from jobs.states import StaleState, transition
-from quotas.models import Budget, Quota
+from quotas.models import Budget, Quota, Team
 from runners.models import NodePool
-from tests.core.test_states import assert_event_chains_valid
+from tests.support.racing import SnapshotMonitor, scheduler_processes
+from tests.support.states import assert_event_chains_valid
 
 D = Decimal
 S = JobState
-REPO = Path(__file__).resolve().parents[2]
 
 THREADS = 8
 ROUNDS = 10  # each round: every thread submits, all meet at a barrier, then all run passes at once
@@ -52,32 +51,11 @@ JOBS_PER_ROUND = 2
 PASSES_PER_ROUND = 3
 JOBS_PER_THREAD = ROUNDS * JOBS_PER_ROUND
 MAX_FINISHED = 400
-
-PROCESS_SCRIPT = textwrap.dedent("""
-    import json, sys, time
-    from pathlib import Path
-    import django
-    django.setup()
-    from django.db import connection
-    from jobs.scheduling.passes import schedule_pending
-    stop = Path(sys.argv[1])
-    print("ready", flush=True)
-    passes = admitted = 0
-    deadline = time.monotonic() + 25
-    while not stop.exists() and time.monotonic() < deadline:
-        admitted += len(schedule_pending().admitted)
-        passes += 1
-    connection.close()
-    print(json.dumps({"passes": passes, "admitted": admitted}), flush=True)
-""")
+# the racing scenario's teams: nominal, borrowing, lending limit
+QUOTAS = {"alpha": (8, 8, None), "beta": (8, 8, 4), "gamma": (4, 12, None)}
 
 
-def database_url() -> str:
-    """The URL of the test database this test runs on (not the one in the environment, which is its base name)."""
-    s = connection.settings_dict
-    auth = quote(s["USER"] or "") + (":" + quote(s["PASSWORD"]) if s.get("PASSWORD") else "")
-    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
-
+# --- submitters and schedulers: quota, capacity and budget ------------------------------------------------------
 
 def invariant_violations() -> list[str]:
     """Every broken invariant in one consistent snapshot of the database (REPEATABLE READ)."""
@@ -136,18 +114,9 @@ def test_quota_capacity_and_budget_hold_under_concurrent_submitters_and_schedule
     connection.close()  # the threads and processes open their own
 
     errors: list[BaseException] = []
-    snapshots: list[list[str]] = []
     finished: list[int] = []
     submitters_done = threading.Event()
-    env = {**os.environ, "DATABASE_URL": database_url(), "CELERY_BROKER_URL": redis_broker,
-           "DJANGO_SETTINGS_MODULE": "controlplane.settings", "CONN_MAX_AGE": "0"}
-    stop = tmp_path / "stop"
-    processes = [subprocess.Popen([sys.executable, "-c", PROCESS_SCRIPT, str(stop)], cwd=REPO, env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    try:
-        for p in processes:
-            assert p.stdout.readline().strip() == "ready", p.stderr.read()
-
+    with scheduler_processes(2, redis_broker, tmp_path):
         barrier = threading.Barrier(THREADS, timeout=60)
 
         def submitter(index: int) -> None:
@@ -169,7 +138,7 @@ def test_quota_capacity_and_budget_hold_under_concurrent_submitters_and_schedule
                         barrier.wait()  # everyone's batch is in: all schedulers start together
                         for _ in range(PASSES_PER_ROUND):
                             schedule_pending()
-            except BaseException as exc:  # noqa: BLE001 - reported by the test below
+            except BaseException as exc:  # noqa: BLE001 - reported below
                 errors.append(exc)
                 barrier.abort()  # release the others instead of leaving them at the barrier
             finally:
@@ -193,37 +162,23 @@ def test_quota_capacity_and_budget_hold_under_concurrent_submitters_and_schedule
             finally:
                 connection.close()
 
-        def monitor() -> None:
-            try:
-                while not submitters_done.is_set():
-                    snapshots.append(invariant_violations())
-                    time.sleep(0.01)
-            except BaseException as exc:  # noqa: BLE001
-                errors.append(exc)
-            finally:
-                connection.close()
-
+        monitor = SnapshotMonitor(invariant_violations, errors)
         threads = [threading.Thread(target=submitter, args=(i,)) for i in range(THREADS)]
-        helpers = [threading.Thread(target=finisher), threading.Thread(target=monitor)]
+        helpers = [threading.Thread(target=finisher), monitor]
         for t in threads + helpers:
             t.start()
         for t in threads:
             t.join(timeout=60)
         submitters_done.set()
+        monitor.stop()
         for t in helpers:
             t.join(timeout=30)
         assert not any(t.is_alive() for t in threads + helpers), "a thread hung (deadlock?)"
-    finally:
-        stop.touch()
-        outputs = [p.communicate(timeout=60) for p in processes]
     assert not errors, errors
-    for p, (out, err) in zip(processes, outputs):
-        assert p.returncode == 0, err
-        assert json.loads(out.strip().splitlines()[-1])["passes"] > 0
 
     # -- the invariants: in every snapshot taken during the run, and at the end ------------
-    assert len(snapshots) > 10
-    assert [v for v in snapshots if v] == []
+    assert len(monitor.snapshots) > 10
+    assert [v for v in monitor.snapshots if v] == []
     assert invariant_violations() == []
 
     jobs = list(Job.objects.all())
@@ -258,4 +213,93 @@ def test_quota_capacity_and_budget_hold_under_concurrent_submitters_and_schedule
         assert JobEvent.objects.filter(job__team=team, kind="waiting").exists()
     reasons = {e.data.get("reason") for e in JobEvent.objects.filter(kind="waiting")}
     assert {"quota", "budget", "capacity"} <= reasons, reasons
+    connection.close()
+
+
+# --- cohorts, lending and preemption -----------------------------------------------------------------------------
+
+def cohort_violations() -> list[str]:
+    found = []
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        used = defaultdict(int, JobAttempt.objects.filter(ended_at__isnull=True).values_list("job__team_id")
+                           .annotate(n=Sum("gpus")))
+        lendable = borrowed = nominal_sum = used_sum = 0
+        for q in Quota.objects.all():
+            if used[q.team_id] > q.nominal_gpus + q.borrowing_limit_gpus:
+                found.append(f"team {q.team_id} holds {used[q.team_id]} over {q}")
+            lend = q.nominal_gpus if q.lending_limit_gpus is None else min(q.lending_limit_gpus, q.nominal_gpus)
+            lendable += lend
+            borrowed += max(0, used[q.team_id] - (q.nominal_gpus - lend))
+            nominal_sum += q.nominal_gpus
+            used_sum += used[q.team_id]
+        if borrowed > lendable or used_sum > nominal_sum:
+            found.append(f"cohort borrows {borrowed} of {lendable} lendable; uses {used_sum} of {nominal_sum}")
+        for pool in NodePool.objects.all():
+            held = JobAttempt.objects.filter(node_pool=pool, ended_at__isnull=True).aggregate(n=Sum("gpus"))["n"] or 0
+            if held > pool.nodes * pool.gpus_per_node:
+                found.append(f"pool {pool.pk} holds {held}")
+        odd = Job.objects.filter(state__in=ACTIVE_STATES).annotate(
+            live=Count("attempts", filter=Q(attempts__ended_at__isnull=True))).exclude(live=1)
+        found += [f"active job {j.pk} has {j.live} live attempts" for j in odd]
+        queued = Job.objects.filter(state=S.QUEUED).annotate(
+            live=Count("attempts", filter=Q(attempts__ended_at__isnull=True))).exclude(live=0)
+        found += [f"queued job {j.pk} holds {j.live} live attempts" for j in queued]
+    return found
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_racing_schedulers_never_overdraw_a_quota_a_cohort_or_a_pool(catalog, cluster_factory, redis_broker,
+                                                                          tmp_path):
+    h100 = catalog["H100-80GB"]
+    user = get_user_model().objects.create(username="racer")
+    teams = {}
+    for slug, (nominal, borrowing, lending) in QUOTAS.items():
+        teams[slug] = Team.objects.create(slug=slug, name=slug)
+        Quota.objects.create(team=teams[slug], accelerator=h100, nominal_gpus=nominal, borrowing_limit_gpus=borrowing,
+                             lending_limit_gpus=lending)
+    cluster_factory("cheap", "gcp", "us-central1", h100, nodes=2, gpus_per_node=8, price="4.20")
+    cluster_factory("mid", "aws", "us-east-1", h100, nodes=2, gpus_per_node=4, price="6.88")  # 24 GPUs > 20 nominal
+    connection.close()
+
+    errors: list[BaseException] = []
+    rng = random.Random(4)
+    with scheduler_processes(2, redis_broker, tmp_path):
+        watcher = SnapshotMonitor(cohort_violations, errors)
+        watcher.start()
+        try:
+            for n in range(100):
+                slug = rng.choice(list(teams))
+                gpus = rng.choice([2, 4, 8])
+                preemptible = rng.random() < 0.6
+                spec = {"image": "python:3.11", "command": ["python"], "priority": "normal",
+                        "max_runtime_seconds": 3600, "preemptible": preemptible, "placement": {}, "max_retries": 0,
+                        "resources": {"accelerator": h100.name, "gpus_per_node": gpus, "nodes": 1}}
+                submit_job(team=teams[slug], submitter=user, name=f"r{n}", kind="training", spec=spec,
+                           resources={"accelerator": h100, "gpus_per_node": gpus, "nodes": 1,
+                                      "priority": rng.choice([100, 500, 1000]), "preemptible": preemptible,
+                                      "max_runtime_seconds": 3600, "max_retries": 0})
+                schedule_pending()
+                if n % 3 == 2:
+                    job = Job.objects.filter(state=S.ADMITTED).order_by("?").select_related("current_attempt").first()
+                    if job is not None:
+                        try:
+                            attempt = job.current_attempt
+                            mark_started(job, attempt, {})
+                            transition(job, S.RUNNING, reason="running", attempt=attempt)
+                            end_attempt(job, attempt, S.SUCCEEDED, reason="exit 0",
+                                        end_reason=JobAttempt.EndReason.SUCCEEDED, exit_code=0)
+                        except StaleState:
+                            pass
+        finally:
+            watcher.stop()
+    assert not errors, errors
+    assert len(watcher.snapshots) > 5
+    assert [v for v in watcher.snapshots if v] == []
+    assert cohort_violations() == []
+
+    assert_event_chains_valid(Job.objects.all())
+    assert Job.objects.filter(state__in=[S.ADMITTED, S.SUCCEEDED]).count() > 5
+    assert Job.objects.filter(state=S.QUEUED).exists()
     connection.close()

@@ -8,11 +8,10 @@ submission found the flag set is still read by that pass.
 import pytest
 
 from jobs import tasks
+from jobs.scheduling import pacing
 from jobs.lifecycle import submit_job
 from jobs.models import Job, JobState
-from jobs.scheduling import pacing
 from jobs.scheduling.passes import schedule_coalesced
-from tests.conftest import make_persona
 
 pytestmark = pytest.mark.django_db
 
@@ -28,9 +27,10 @@ def broker(redis_broker):
 
 
 @pytest.fixture
-def submit(teams, h100, quota_factory, cluster_factory, django_capture_on_commit_callbacks):
+def submit_and_publish(teams, user, h100, quota_factory, cluster_factory, django_capture_on_commit_callbacks):
+    """``submit_and_publish()``: a 1-GPU job of alpha submitted as the API does, its on-commit notification run and
+    flushed (the pass published, or not)."""
     alpha = teams[0]
-    user = make_persona("owner", alpha, "admin").user
     cluster_factory("c", "aws", "us-east-1", h100, nodes=1, gpus_per_node=8, price="6.88")
     quota_factory(alpha, h100, nominal=8)
     counter = iter(range(1, 10_000))
@@ -51,24 +51,24 @@ def submit(teams, h100, quota_factory, cluster_factory, django_capture_on_commit
     return make
 
 
-def test_two_submissions_in_a_row_publish_one_pass_and_the_pass_reopens_publishing(broker, submit):
+def test_two_submissions_in_a_row_publish_one_pass_and_the_pass_reopens_publishing(broker, submit_and_publish):
     before = broker()
-    submit()
-    submit()
+    submit_and_publish()
+    submit_and_publish()
     assert broker() == before + 1  # the second found the flag set
     assert pacing.schedule_flag_client().ttl(pacing.SCHEDULE_PENDING_KEY) > 0  # bounded by its expiry
 
     schedule_coalesced()  # what the published task runs: clears the flag first
 
     assert not pacing.schedule_flag_client().exists(pacing.SCHEDULE_PENDING_KEY)
-    submit()
+    submit_and_publish()
     assert broker() == before + 2
 
 
-def test_a_job_submitted_while_the_flag_is_set_is_admitted_by_the_pending_pass(broker, submit):
-    first = submit()
+def test_a_job_submitted_while_the_flag_is_set_is_admitted_by_the_pending_pass(broker, submit_and_publish):
+    first = submit_and_publish()
     before = broker()
-    second = submit()  # flag set by the first: no publish of its own
+    second = submit_and_publish()  # flag set by the first: no publish of its own
     assert broker() == before
 
     result = schedule_coalesced()  # the pass the first submission published
@@ -89,7 +89,7 @@ def test_any_other_broker_publishes_every_time(monkeypatch):
     assert len(published) == 2
 
 
-def test_a_pass_that_comes_before_the_pause_ends_defers_itself_and_keeps_the_flag(broker, submit, settings):
+def test_a_pass_that_comes_before_the_pause_ends_defers_itself_and_keeps_the_flag(broker, submit_and_publish, settings):
     """Pacing: after a pass of d seconds the next waits d x factor; an early pass republishes itself with a
     countdown, the flag stays set so submissions meanwhile publish nothing, and the deferred pass admits them."""
     import json
@@ -97,7 +97,7 @@ def test_a_pass_that_comes_before_the_pause_ends_defers_itself_and_keeps_the_fla
     settings.SCHEDULE_PASS_PAUSE_FACTOR, settings.SCHEDULE_PASS_PAUSE_MAX_SECONDS = 1.0, 2.0
     client = pacing.schedule_flag_client()
     client.delete(pacing.SCHEDULE_LAST_PASS_KEY)
-    first = submit()  # sets the flag and publishes the pass
+    first = submit_and_publish()  # sets the flag and publishes the pass
     assert pacing.record_pass(5.0) == 2.0  # a long pass just ended: capped pause of 2 s
     before = broker()
 
@@ -108,7 +108,7 @@ def test_a_pass_that_comes_before_the_pause_ends_defers_itself_and_keeps_the_fla
     assert message["headers"]["task"] == "jobs.tasks.schedule_pending" and message["headers"]["eta"]
     assert client.exists(pacing.SCHEDULE_PENDING_KEY)
     assert Job.objects.get(pk=first.pk).state == JobState.QUEUED
-    second = submit()
+    second = submit_and_publish()
     assert broker() == before + 1  # the flag is held for the deferred pass
 
     client.delete(pacing.SCHEDULE_LAST_PASS_KEY)  # the pause has passed

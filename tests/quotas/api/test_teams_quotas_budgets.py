@@ -35,7 +35,7 @@ def test_members_read_their_teams_quotas(teammate, viewer, alpha_objects, beta_o
         ]
 
 
-def test_a_team_admin_creates_and_updates_a_quota(owner, teams, catalog, fleet):
+def test_a_team_admin_creates_and_updates_a_quota(owner, teams, catalog, aws_cluster):
     r = owner.client.post(QUOTAS, {"team": "alpha", "accelerator": "A100-80GB", "nominal_gpus": 8,
                                    "borrowing_limit_gpus": 4, "max_gpus_per_job": 8}, format="json")
     assert r.status_code == 201, r.content

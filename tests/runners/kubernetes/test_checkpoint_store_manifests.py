@@ -3,7 +3,7 @@
 A PersistentVolumeClaim lives in one cluster; the object store is shared by
 all of them, so a job recovered on another cluster (another cloud) finds its
 checkpoints there. The manifests are those the backend really sends to the
-kmock emulators (fixtures of ``test_kubernetes_runner``), validated against the
+kmock emulators (``conftest.py`` of this folder), validated against the
 Kubernetes 1.33 schema.
 """
 
@@ -20,17 +20,7 @@ from jobs.scheduling.passes import try_admit
 from runners.kubernetes import manifests as m
 from runners.models import Cluster
 
-from .test_kubernetes_runner import (  # noqa: F401 - fixtures
-    fleet,
-    kubelet,
-    load,
-    start,
-    state,
-    submit,
-    submitter,
-    validate,
-    workload,
-)
+from .steps import load, start, state, validate, workload
 
 S = JobState
 STORE = "s3://ml-checkpoints/controlplane"
@@ -44,9 +34,9 @@ def env_of(obj: dict) -> dict[str, str]:
     return {e["name"]: e.get("value") for e in container["env"]}
 
 
-def lose_cluster_and_recover(fleet, attempt):  # noqa: F811
+def lose_cluster_and_recover(emulated_clusters, attempt):
     """Make ``attempt``'s cluster unreachable past the grace period; returns the job's next (admitted) attempt."""
-    emulators, _ = fleet
+    emulators, _ = emulated_clusters
     Cluster.objects.filter(pk=attempt.cluster_id).update(last_contact_at=timezone.now() - dt.timedelta(seconds=601))
     emulators.stop(attempt.cluster.name)
     for _ in range(3):
@@ -56,13 +46,13 @@ def lose_cluster_and_recover(fleet, attempt):  # noqa: F811
     return load(Job.objects.get(pk=attempt.job_id).current_attempt_id)
 
 
-def test_attempts_on_two_clusters_get_the_same_checkpoint_uri(fleet, submit, settings):  # noqa: F811
+def test_attempts_on_two_clusters_get_the_same_checkpoint_uri(emulated_clusters, admitted, settings):
     settings.CHECKPOINT_STORE_URI = STORE + "/"  # a trailing slash makes no double slash
-    first = submit(nodes=2, max_retries=1)
-    _, job_a, _ = start(fleet, first)  # start() validates what was sent
-    second = lose_cluster_and_recover(fleet, first)
+    first = admitted(nodes=2, max_retries=1)
+    _, job_a, _ = start(emulated_clusters, first)  # start() validates what was sent
+    second = lose_cluster_and_recover(emulated_clusters, first)
     assert (second.number, second.cluster.name) == (2, "aws-use1") != (first.number, first.cluster.name)
-    _, job_b, _ = start(fleet, second)
+    _, job_b, _ = start(emulated_clusters, second)
 
     uri = f"{STORE}/alpha/job-{first.job_id}"
     for job in (job_a, job_b):
@@ -73,16 +63,16 @@ def test_attempts_on_two_clusters_get_the_same_checkpoint_uri(fleet, submit, set
     assert env_of(job_a)["CONTROLPLANE_ATTEMPT"] == "1" and env_of(job_b)["CONTROLPLANE_ATTEMPT"] == "2"
 
 
-def test_another_job_of_the_team_gets_another_directory(fleet, submit, settings):  # noqa: F811
+def test_another_job_of_the_team_gets_another_directory(emulated_clusters, admitted, settings):
     settings.CHECKPOINT_STORE_URI = STORE
-    one, other = submit(), submit()
-    uris = {env_of(start(fleet, attempt)[1])["CHECKPOINT_URI"] for attempt in (one, other)}
+    one, other = admitted(), admitted()
+    uris = {env_of(start(emulated_clusters, attempt)[1])["CHECKPOINT_URI"] for attempt in (one, other)}
     assert uris == {f"{STORE}/alpha/job-{one.job_id}", f"{STORE}/alpha/job-{other.job_id}"}
 
 
-def test_without_the_setting_there_is_no_checkpoint_uri(fleet, submit, settings):  # noqa: F811
+def test_without_the_setting_there_is_no_checkpoint_uri(emulated_clusters, admitted, settings):
     settings.CHECKPOINT_STORE_URI = ""
-    _, job, _ = start(fleet, submit())
+    _, job, _ = start(emulated_clusters, admitted())
     env = env_of(job)
     assert "CHECKPOINT_URI" not in env and env["CHECKPOINT_DIR"] == "/checkpoints"
 
@@ -122,7 +112,17 @@ def test_a_job_env_naming_platform_variables_gets_the_platforms_values_once(kind
             continue
         validate(obj)
         env = env_of(obj)  # asserts each name appears once
-        assert env["CHECKPOINT_DIR"] == m.CHECKPOINT_DIR and env["CONTROLPLANE_TEAM"] == w.team
+        assert env["CHECKPOINT_DIR"] == "/checkpoints" and env["CONTROLPLANE_TEAM"] == "alpha"
         assert env["SEED"] == "1"
         if kind == "training":
-            assert env["MASTER_ADDR"] == w.master_addr
+            # one node rendezvouses with itself; more with node 0 behind the job's headless service
+            assert env["MASTER_ADDR"] == ("127.0.0.1" if nodes == 1 else "job-7-1-0.job-7-1.cp-alpha.svc")
+
+
+def test_checkpoint_env_keeps_a_spec_override_even_empty() -> None:
+    """A job may opt out of the store with CHECKPOINT_URI="" in its spec env: no second CHECKPOINT_URI."""
+    w = m.Workload(name="w", namespace="cp-alpha", job_id=3, attempt_id=1, attempt_number=1, kind="training",
+                   team="alpha", image="i",
+                   command=("python",), env=(("CHECKPOINT_URI", ""),), checkpoint_uri="s3://b/p/alpha/job-3")
+    env = m._container(w, m._platform_env(w), [])["env"]
+    assert [e["value"] for e in env if e["name"] == "CHECKPOINT_URI"] == [""]

@@ -1,4 +1,5 @@
-"""The kubernetes backend over HTTP against three kmock emulators (aws, gcp, azure) with a test-side kubelet.
+"""The kubernetes backend over HTTP against three kmock emulators (aws, gcp, azure) with a test-side kubelet:
+dispatch, end reasons, recovery, outages, cancels, credentials, logs, pool discovery and dispatch errors.
 
 State changes go through ``jobs.scheduling.passes.try_admit``, the ``dispatch_attempt``
 task body and ``jobs.reconcile.reconcile_cluster``, called directly (on-commit
@@ -11,7 +12,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
-import kubernetes_validate
 import pytest
 from django.db import connection
 from django.utils import timezone
@@ -21,194 +21,23 @@ from jobs.models import Job, JobAttempt, JobState
 from jobs.reconcile import reconcile_all, reconcile_cluster
 from jobs.scheduling.passes import try_admit
 from jobs.tasks import dispatch_attempt
-from quotas.models import Quota
 from runners.base import PermanentDispatchError, backend_for
-from runners.kubernetes import manifests as m
 from runners.models import Cluster, NodePool
-from tests.conftest import make_cluster, make_persona
+from tests.support.kubernetes import Kubelet
 
-from .emulators import Emulators, Kubelet
+from .steps import kubelet, load, start, state, validate
 
 S = JobState
-SLEEP = ["python", "-c", "import time; time.sleep(600)"]
-# (emulator/cluster name, provider, region, USD per GPU-hour override)
-CLUSTERS = [("aws-use1", "aws", "us-east-1", "3.10"), ("gcp-usc1", "gcp", "us-central1", "2.50"),
-            ("azure-eastus", "azure", "eastus", "4.20")]
 
 
-def validate(obj: dict) -> None:
-    kubernetes_validate.validate(obj, "1.33", strict=True)
+# --- dispatch ------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def fleet(settings, catalog, teams):
-    """Three emulated clusters with an 2x8 H100 on-demand pool each, priced differently; the alpha team's quota."""
-    settings.K8S_IMAGE_PULL_GRACE_SECONDS = 0
-    settings.K8S_CONNECT_TIMEOUT_SECONDS = 1.0
-    settings.K8S_READ_TIMEOUT_SECONDS = 3.0
-    settings.CLUSTER_UNREACHABLE_AFTER_FAILURES = 3
-    settings.CLUSTER_LOST_GRACE_SECONDS = 600
-    Quota.objects.create(team=teams[0], accelerator=catalog["H100-80GB"], nominal_gpus=64)
-    with Emulators([name for name, *_ in CLUSTERS]) as emulators:
-        clusters = {}
-        for name, provider, region, price in CLUSTERS:
-            cluster, _ = make_cluster(name, provider, region, catalog["H100-80GB"], price=price)
-            cluster.api_endpoint = emulators.url(name)
-            cluster.api_token = f"token-of-{name}"
-            cluster.save()
-            clusters[name] = cluster
-        yield emulators, clusters
-
-
-@pytest.fixture
-def submitter(teams):
-    return make_persona("owner", teams[0], "admin").user
-
-
-@pytest.fixture
-def submit(fleet, teams, submitter, catalog):
-    """Factory: a training job admitted by the scheduler; returns its attempt."""
-    def make(*, nodes=1, gpus=1, preemptible=False, placement=None, max_retries=0, kind="training",
-             image="registry.example/train:1") -> JobAttempt:
-        spec = {"image": image, "command": SLEEP, "args": [], "env": {"GREETING": "hi"},
-                "resources": {"accelerator": "H100-80GB", "gpus_per_node": gpus, "nodes": nodes, "cpu": 2,
-                              "memory_gib": 8},
-                "placement": placement or {}}
-        if kind == "inference":
-            spec.update(replicas=2, port=8000)
-        job = Job.objects.create(team=teams[0], submitter=submitter, name="t", kind=kind, spec=spec,
-                                 accelerator=catalog["H100-80GB"], gpus_per_node=gpus, nodes=nodes,
-                                 preemptible=preemptible, max_runtime_seconds=3600, max_retries=max_retries)
-        assert try_admit(job.pk) == "admitted", job.queue_info
-        return load(Job.objects.get(pk=job.pk).current_attempt_id)
-    return make
-
-
-def load(attempt_id: int) -> JobAttempt:
-    return JobAttempt.objects.select_related("job__team", "cluster", "node_pool__accelerator").get(pk=attempt_id)
-
-
-def kubelet(fleet, attempt: JobAttempt) -> Kubelet:
-    return Kubelet(fleet[0].url(attempt.cluster.name))
-
-
-def start(fleet, attempt: JobAttempt) -> tuple[Kubelet, dict, list[dict]]:
-    """Dispatch ``attempt``, validate what was created, and run its pods; returns the kubelet, Job and pods."""
-    assert dispatch_attempt(attempt.pk) == "dispatched"
-    k = kubelet(fleet, attempt)
-    job = k.job(attempt.pk)
-    validate(job)
-    for svc in k.services():
-        validate(svc)
-    pods = k.start_pods(job)
-    reconcile_cluster(attempt.cluster)
-    assert Job.objects.get(pk=attempt.job_id).state == S.RUNNING
-    return k, job, pods
-
-
-def state(attempt: JobAttempt) -> str:
-    return Job.objects.get(pk=attempt.job_id).state
-
-
-# --- manifests ----------------------------------------------------------------------------------------------
-
-
-def workload(**kw) -> m.Workload:
-    base = dict(name="job-7-1", namespace="cp-alpha", team="alpha", job_id=7, attempt_id=11, attempt_number=1,
-                kind="training", image="img:1", command=("python", "train.py"), args=("--steps", "5"),
-                env=(("A", "1"),), nodes=2, gpus_per_node=8, cpu=4, memory_gib=32.5, gpu_product="NVIDIA-H100-80GB-HBM3",
-                provider="aws", spot=False, max_runtime_seconds=900)
-    base.update(kw)
-    return m.Workload(**base)
-
-
-@pytest.mark.parametrize("provider", ["aws", "gcp", "azure", "onprem"])
-@pytest.mark.parametrize("spot", [True, False])
-@pytest.mark.parametrize("kind,nodes", [("training", 1), ("training", 3), ("inference", 1)])
-def test_it_builds_manifests_that_validate_for_1_33(provider, spot, kind, nodes):
-    for obj in m.manifests(workload(provider=provider, spot=spot, kind=kind, nodes=nodes)):
-        validate(obj)
-        assert obj["metadata"]["labels"] == {m.LABEL_TEAM: "alpha", m.LABEL_JOB: "7", m.LABEL_ATTEMPT: "11"}
-    validate(m.namespace("cp-alpha", "alpha"))
-
-
-def test_it_gives_multi_node_pods_torchrun_rendezvous_env():
-    service, job = m.manifests(workload(nodes=3))
-    assert service["spec"]["clusterIP"] == "None" and service["metadata"]["name"] == "job-7-1"
-    spec = job["spec"]
-    assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 3, 3)
-    assert spec["backoffLimit"] == 0 and spec["activeDeadlineSeconds"] == 900
-    pod = spec["template"]["spec"]
-    assert pod["subdomain"] == "job-7-1" and pod["restartPolicy"] == "Never"
-    container = pod["containers"][0]
-    env = {e["name"]: e for e in container["env"]}
-    assert env["MASTER_ADDR"]["value"] == "job-7-1-0.job-7-1.cp-alpha.svc"
-    assert env["MASTER_PORT"]["value"] == "29500" and env["WORLD_SIZE"]["value"] == "3"
-    index_ref = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
-    assert env["NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == index_ref
-    assert env["RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == index_ref
-    assert env["A"]["value"] == "1"
-    assert container["resources"]["limits"] == {"nvidia.com/gpu": "8", "cpu": "4000m", "memory": "33280Mi"}
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
-
-
-@pytest.mark.parametrize("provider,key,value", [
-    ("aws", "eks.amazonaws.com/capacityType", "SPOT"), ("aws", "karpenter.sh/capacity-type", "spot"),
-    ("gcp", "cloud.google.com/gke-spot", "true"), ("azure", "kubernetes.azure.com/scalesetpriority", "spot"),
-])
-def test_it_selects_and_tolerates_spot_nodes_per_cloud_and_keeps_on_demand_work_off_them(provider, key, value):
-    spot_pod = m.training_job(workload(provider=provider, spot=True, nodes=1))["spec"]["template"]["spec"]
-    terms = spot_pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert {"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]} in terms
-    assert {"key": key, "operator": "Equal", "value": value, "effect": "NoSchedule"} in spot_pod["tolerations"]
-    od_pod = m.training_job(workload(provider=provider, spot=False, nodes=1))["spec"]["template"]["spec"]
-    (term,) = od_pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert {"key": key, "operator": "NotIn", "values": [value]} in term["matchExpressions"]
-    assert not any(t.get("key") == key for t in od_pod["tolerations"])
-
-
-def _pod_specs(objs: list[dict]) -> list[dict]:
-    return [o["spec"]["template"]["spec"] for o in objs if o["kind"] in ("Job", "Deployment")]
-
-
-@pytest.mark.parametrize("claim", ["", "checkpoints"])
-@pytest.mark.parametrize("kind,nodes", [("training", 1), ("training", 3), ("inference", 1)])
-def test_it_mounts_checkpoints_from_the_claim_or_an_empty_dir_and_sets_checkpoint_dir(claim, kind, nodes):
-    objs = m.manifests(workload(kind=kind, nodes=nodes, checkpoint_claim=claim))
-    for obj in objs:
-        validate(obj)
-    (pod,) = _pod_specs(objs)
-    (volume,) = pod["volumes"]
-    read_only = kind == "inference"
-    if claim:
-        assert volume["persistentVolumeClaim"]["claimName"] == "checkpoints"
-        assert volume["persistentVolumeClaim"].get("readOnly", False) is read_only
-    else:
-        assert volume == {"name": "checkpoints", "emptyDir": {}}
-    for container in pod["containers"]:
-        assert {"name": "CHECKPOINT_DIR", "value": "/checkpoints"} in container["env"]
-        (mount,) = container["volumeMounts"]
-        assert mount["name"] == volume["name"] and mount["mountPath"] == "/checkpoints"
-        assert mount.get("readOnly", False) is read_only
-        assert mount.get("subPath") == ("job-7" if claim else None)
-
-
-def test_every_attempt_of_a_job_shares_its_checkpoint_subpath_and_other_jobs_do_not():
-    def subpath(**kw):
-        (pod,) = _pod_specs(m.manifests(workload(checkpoint_claim="checkpoints", **kw)))
-        return pod["containers"][0]["volumeMounts"][0]["subPath"]
-
-    first = subpath(name="job-7-1", attempt_id=11, attempt_number=1)
-    second = subpath(name="job-7-2", attempt_id=12, attempt_number=2)
-    assert first == second == "job-7"
-    assert subpath(name="job-8-1", job_id=8, attempt_id=13, attempt_number=1) == "job-8" != first
-
-
-def test_it_dispatches_with_the_checkpoint_claim_of_the_setting(fleet, submit, settings):
+def test_it_dispatches_with_the_checkpoint_claim_of_the_setting(emulated_clusters, admitted, settings):
     settings.K8S_CHECKPOINT_CLAIM = "team-checkpoints"
-    attempt = submit(nodes=2)
+    attempt = admitted(nodes=2)
     assert dispatch_attempt(attempt.pk) == "dispatched"
-    job = kubelet(fleet, attempt).job(attempt.pk)
+    job = kubelet(emulated_clusters, attempt).job(attempt.pk)
     validate(job)
     pod = job["spec"]["template"]["spec"]
     assert pod["volumes"] == [{"name": "checkpoints", "persistentVolumeClaim": {"claimName": "team-checkpoints"}}]
@@ -219,11 +48,11 @@ def test_it_dispatches_with_the_checkpoint_claim_of_the_setting(fleet, submit, s
 # --- placement, dispatch, end reasons -------------------------------------------------------------------------
 
 
-def test_it_runs_on_the_cheapest_cluster_then_within_constraints(fleet, submit):
-    emulators, clusters = fleet
-    attempt = submit()
+def test_it_runs_on_the_cheapest_cluster_then_within_constraints(emulated_clusters, admitted):
+    emulators, clusters = emulated_clusters
+    attempt = admitted()
     assert attempt.cluster.name == "gcp-usc1"
-    k, job, pods = start(fleet, attempt)
+    k, job, pods = start(emulated_clusters, attempt)
     assert job["metadata"]["namespace"] == "cp-alpha" and job["metadata"]["name"] == attempt.object_name
     assert Kubelet(emulators.url("aws-use1")).jobs() == []  # nothing went anywhere else
     k.terminate(pods[0], 0)
@@ -232,43 +61,43 @@ def test_it_runs_on_the_cheapest_cluster_then_within_constraints(fleet, submit):
     assert state(attempt) == S.SUCCEEDED
     assert load(attempt.pk).end_reason == "Succeeded"
 
-    assert submit(placement={"providers": ["aws", "azure"]}).cluster.name == "aws-use1"
-    assert submit(placement={"regions": ["eastus"]}).cluster.name == "azure-eastus"
+    assert admitted(placement={"providers": ["aws", "azure"]}).cluster.name == "aws-use1"
+    assert admitted(placement={"regions": ["eastus"]}).cluster.name == "azure-eastus"
 
 
-def test_it_sends_the_bearer_token_of_each_cluster(fleet, submit):
-    emulators, _ = fleet
-    attempt = submit()
+def test_it_sends_the_bearer_token_of_each_cluster(emulated_clusters, admitted):
+    emulators, _ = emulated_clusters
+    attempt = admitted()
     dispatch_attempt(attempt.pk)
     headers = [r.headers.get("Authorization") for r in emulators.requests("gcp-usc1")]
     assert headers and set(headers) == {"Bearer token-of-gcp-usc1"}
 
 
-def test_a_rotated_token_is_sent_by_the_next_dispatch(fleet, submit):
-    """Dispatch reads the cluster from a per-process cache (``jobs.lifecycle.PLACEMENT_ROWS``); saving the cluster clears it."""
-    emulators, clusters = fleet
-    dispatch_attempt(submit().pk)  # caches the cluster row and its client
+def test_a_rotated_token_is_sent_by_the_next_dispatch(emulated_clusters, admitted):
+    """Dispatch reads the cluster from a per-process cache (``jobs.tasks.PLACEMENT_ROWS``); saving the cluster clears it."""
+    emulators, clusters = emulated_clusters
+    dispatch_attempt(admitted().pk)  # caches the cluster row and its client
     cluster = Cluster.objects.get(pk=clusters["gcp-usc1"].pk)
     cluster.api_token = "rotated-token"
     cluster.save()
     seen = len(emulators.requests("gcp-usc1"))
-    assert dispatch_attempt(submit().pk) == "dispatched"
+    assert dispatch_attempt(admitted().pk) == "dispatched"
     headers = {r.headers.get("Authorization") for r in emulators.requests("gcp-usc1")[seen:]}
     assert headers == {"Bearer rotated-token"}
 
 
-def test_it_redispatches_idempotently_and_refuses_objects_of_another_attempt(fleet, submit):
-    attempt = submit(nodes=2)
+def test_it_redispatches_idempotently_and_refuses_objects_of_another_attempt(emulated_clusters, admitted):
+    attempt = admitted(nodes=2)
     backend = backend_for(attempt.cluster)
     first = backend.dispatch(attempt)
     second = backend.dispatch(attempt)  # every create answers 409 AlreadyExists: created before
     assert first == second == {"namespace": "cp-alpha", "objects": [["Service", attempt.object_name],
                                                                      ["Job", attempt.object_name]]}
-    k = kubelet(fleet, attempt)
+    k = kubelet(emulated_clusters, attempt)
     assert len(k.jobs()) == 1 and len(k.services()) == 1
     assert dispatch_attempt(attempt.pk) == "dispatched"
 
-    other = submit()
+    other = admitted()
     other.object_name = attempt.object_name  # a name collision with an object another attempt owns
     with pytest.raises(PermanentDispatchError, match="belongs to attempt"):
         backend.dispatch(other)
@@ -290,9 +119,9 @@ def _fail_deadline(k, job, pods):
 
 @pytest.mark.parametrize("fail,reason,code", [(_fail_oom, "OOMKilled", 137), (_fail_exit, "Failed", 3),
                                               (_fail_deadline, "DeadlineExceeded", None)])
-def test_it_reads_the_end_reason_from_the_pods(fleet, submit, fail, reason, code):
-    attempt = submit()
-    k, job, pods = start(fleet, attempt)
+def test_it_reads_the_end_reason_from_the_pods(emulated_clusters, admitted, fail, reason, code):
+    attempt = admitted()
+    k, job, pods = start(emulated_clusters, attempt)
     fail(k, job, pods)
     reconcile_cluster(attempt.cluster)
     assert state(attempt) == S.FAILED
@@ -300,10 +129,10 @@ def test_it_reads_the_end_reason_from_the_pods(fleet, submit, fail, reason, code
     assert (ended.end_reason, ended.exit_code) == (reason, code)
 
 
-def test_it_fails_an_image_that_cannot_be_pulled_after_the_grace_period(fleet, submit, settings):
-    attempt = submit()
+def test_it_fails_an_image_that_cannot_be_pulled_after_the_grace_period(emulated_clusters, admitted, settings):
+    attempt = admitted()
     assert dispatch_attempt(attempt.pk) == "dispatched"
-    k = kubelet(fleet, attempt)
+    k = kubelet(emulated_clusters, attempt)
     (pod,) = k.start_pods(k.job(attempt.pk), phase="Pending")
     k.patch_pod(pod, {"containerStatuses": [{"name": "main", "ready": False, "restartCount": 0, "image": "x",
                                              "imageID": "", "state": {"waiting": {"reason": "ImagePullBackOff",
@@ -319,13 +148,13 @@ def test_it_fails_an_image_that_cannot_be_pulled_after_the_grace_period(fleet, s
     assert k.jobs() == [] and k.pods() == []
 
 
-def test_it_recovers_a_spot_eviction_on_another_cluster(fleet, submit, catalog):
-    emulators, clusters = fleet
+def test_it_recovers_a_spot_eviction_on_another_cluster(emulated_clusters, admitted, catalog):
+    emulators, clusters = emulated_clusters
     spot = NodePool.objects.create(cluster=clusters["aws-use1"], name="h100-spot", accelerator=catalog["H100-80GB"],
                                    capacity_type="spot", nodes=2, gpus_per_node=8)
-    attempt = submit(preemptible=True, max_retries=1)
+    attempt = admitted(preemptible=True, max_retries=1)
     assert attempt.node_pool_id == spot.pk  # spot is the cheapest for a preemptible job
-    k, job, pods = start(fleet, attempt)
+    k, job, pods = start(emulated_clusters, attempt)
     affinity = job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
     assert "karpenter.sh/capacity-type" in str(affinity)
     k.patch_pod(pods[0], {"phase": "Failed", "reason": "", "conditions": [
@@ -339,7 +168,7 @@ def test_it_recovers_a_spot_eviction_on_another_cluster(fleet, submit, catalog):
     assert try_admit(attempt.job_id) == "admitted"
     second = load(Job.objects.get(pk=attempt.job_id).current_attempt_id)
     assert second.number == 2 and second.cluster.name == "gcp-usc1"
-    start(fleet, second)
+    start(emulated_clusters, second)
     reconcile_cluster(attempt.cluster)  # the first attempt's objects are deleted as orphans
     k.gc()
     assert k.jobs() == [] and k.pods() == []
@@ -348,10 +177,10 @@ def test_it_recovers_a_spot_eviction_on_another_cluster(fleet, submit, catalog):
 # --- cluster outages -----------------------------------------------------------------------------------------
 
 
-def test_an_outage_shorter_than_the_grace_period_touches_nothing(fleet, submit):
-    emulators, clusters = fleet
-    attempt = submit()
-    k, job, pods = start(fleet, attempt)
+def test_an_outage_shorter_than_the_grace_period_touches_nothing(emulated_clusters, admitted):
+    emulators, clusters = emulated_clusters
+    attempt = admitted()
+    k, job, pods = start(emulated_clusters, attempt)
     emulators.stop("gcp-usc1")
     healths = []
     for _ in range(4):
@@ -366,10 +195,10 @@ def test_an_outage_shorter_than_the_grace_period_touches_nothing(fleet, submit):
     assert state(attempt) == S.RUNNING and len(k.pods(attempt.pk)) == 1 and k.job(attempt.pk) is not None
 
 
-def test_an_outage_longer_than_the_grace_period_recovers_elsewhere_and_cleans_up_on_return(fleet, submit):
-    emulators, clusters = fleet
-    attempt = submit(nodes=2, max_retries=1)
-    k, job, pods = start(fleet, attempt)
+def test_an_outage_longer_than_the_grace_period_recovers_elsewhere_and_cleans_up_on_return(emulated_clusters, admitted):
+    emulators, clusters = emulated_clusters
+    attempt = admitted(nodes=2, max_retries=1)
+    k, job, pods = start(emulated_clusters, attempt)
     Cluster.objects.filter(pk=attempt.cluster_id).update(last_contact_at=timezone.now() - dt.timedelta(seconds=601))
     emulators.stop("gcp-usc1")
     for _ in range(2):
@@ -380,7 +209,7 @@ def test_an_outage_longer_than_the_grace_period_recovers_elsewhere_and_cleans_up
     assert try_admit(attempt.job_id) == "admitted"
     second = load(Job.objects.get(pk=attempt.job_id).current_attempt_id)
     assert second.cluster.name == "aws-use1"  # gcp is unreachable; aws is the next cheapest
-    start(fleet, second)
+    start(emulated_clusters, second)
     emulators.start("gcp-usc1")
     reconcile_all()
     k.gc()
@@ -393,9 +222,9 @@ def test_an_outage_longer_than_the_grace_period_recovers_elsewhere_and_cleans_up
 
 
 @pytest.mark.parametrize("when", ["admitted", "starting", "running"])
-def test_it_cancels_in_every_state(fleet, submit, when):
-    attempt = submit(kind="inference" if when == "running" else "training")
-    k = kubelet(fleet, attempt)
+def test_it_cancels_in_every_state(emulated_clusters, admitted, when):
+    attempt = admitted(kind="inference" if when == "running" else "training")
+    k = kubelet(emulated_clusters, attempt)
     if when != "admitted":
         assert dispatch_attempt(attempt.pk) == "dispatched"
         for obj in k.deployments() + k.jobs() + k.services():
@@ -416,10 +245,10 @@ def test_it_cancels_in_every_state(fleet, submit, when):
     assert k.jobs() == [] and k.deployments() == [] and k.services() == [] and k.pods() == []
 
 
-def test_a_cancel_on_an_unreachable_cluster_ends_at_once_and_deletes_the_objects_on_return(fleet, submit):
-    emulators, _ = fleet
-    attempt = submit()
-    k, job, pods = start(fleet, attempt)
+def test_a_cancel_on_an_unreachable_cluster_ends_at_once_and_deletes_the_objects_on_return(emulated_clusters, admitted):
+    emulators, _ = emulated_clusters
+    attempt = admitted()
+    k, job, pods = start(emulated_clusters, attempt)
     emulators.stop("gcp-usc1")
     cancel_job(Job.objects.get(pk=attempt.job_id))
     assert state(attempt) == S.CANCELLING
@@ -438,9 +267,9 @@ def test_a_cancel_on_an_unreachable_cluster_ends_at_once_and_deletes_the_objects
     assert state(attempt) == S.CANCELLED
 
 
-def test_it_cancels_a_recovering_job_without_a_live_attempt(fleet, submit):
-    attempt = submit(max_retries=1)
-    k, job, pods = start(fleet, attempt)
+def test_it_cancels_a_recovering_job_without_a_live_attempt(emulated_clusters, admitted):
+    attempt = admitted(max_retries=1)
+    k, job, pods = start(emulated_clusters, attempt)
     k.patch_pod(pods[0], {"phase": "Failed", "reason": "Evicted", "message": "node low on memory"})
     reconcile_cluster(attempt.cluster)
     assert state(attempt) == S.RECOVERING and load(attempt.pk).end_reason == "Evicted"
@@ -451,9 +280,9 @@ def test_it_cancels_a_recovering_job_without_a_live_attempt(fleet, submit):
     assert k.jobs() == [] and k.pods() == []
 
 
-def test_it_deletes_objects_no_live_attempt_owns(fleet, submit):
-    attempt = submit()
-    k, job, pods = start(fleet, attempt)
+def test_it_deletes_objects_no_live_attempt_owns(emulated_clusters, admitted):
+    attempt = admitted()
+    k, job, pods = start(emulated_clusters, attempt)
     JobAttempt.objects.filter(pk=attempt.pk).update(ended_at=timezone.now())  # e.g. ended by an operator
     result = reconcile_cluster(attempt.cluster)
     assert result["orphans_deleted"] == 1
@@ -464,10 +293,7 @@ def test_it_deletes_objects_no_live_attempt_owns(fleet, submit):
 # --- credentials ---------------------------------------------------------------------------------------------
 
 
-def test_credentials_are_encrypted_write_only_and_never_logged(fleet, teams, caplog, submit):
-    staff = make_persona("root")
-    staff.user.is_staff = True
-    staff.user.save()
+def test_credentials_are_encrypted_write_only_and_never_logged(emulated_clusters, teams, caplog, admitted, staff):
     secret = "sup3r-s3cret-bearer-token"
     caplog.set_level(logging.DEBUG)
     answer = staff.client.post("/api/v1/clusters/", {
@@ -486,7 +312,7 @@ def test_credentials_are_encrypted_write_only_and_never_logged(fleet, teams, cap
     for path in ("/api/v1/clusters/", f"/api/v1/clusters/{cluster.pk}/"):
         body = staff.client.get(path).content.decode()
         assert secret not in body and "fernet:" not in body
-    attempt = submit()
+    attempt = admitted()
     dispatch_attempt(attempt.pk)
     reconcile_all()
     assert secret not in caplog.text and "token-of-gcp-usc1" not in caplog.text
@@ -495,10 +321,10 @@ def test_credentials_are_encrypted_write_only_and_never_logged(fleet, teams, cap
 # --- logs and node pool discovery ----------------------------------------------------------------------------
 
 
-def test_the_logs_endpoint_returns_the_tail_of_a_node_pod(fleet, submit, submitter):
-    emulators, _ = fleet
-    attempt = submit(nodes=2)
-    k, job, pods = start(fleet, attempt)
+def test_the_logs_endpoint_returns_the_tail_of_a_node_pod(emulated_clusters, admitted, owner):
+    emulators, _ = emulated_clusters
+    attempt = admitted(nodes=2)
+    k, job, pods = start(emulated_clusters, attempt)
     second = next(p for p in pods if p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == "1")
     path = f"/api/v1/namespaces/cp-alpha/pods/{second['metadata']['name']}/log"
 
@@ -506,7 +332,6 @@ def test_the_logs_endpoint_returns_the_tail_of_a_node_pod(fleet, submit, submitt
         emulators.handlers["gcp-usc1"][f"get {path}"] << b"step 10 loss 2.1\nstep 20 loss 1.7\n"
 
     emulators.run(serve_log())
-    owner = make_persona("owner2", attempt.job.team, "admin")
     answer = owner.client.get(f"/api/v1/jobs/{attempt.job_id}/logs/?node=1&tail=50")
     assert answer.status_code == 200, answer.content
     assert answer.json() == {"node": 1, "attempt": 1, "text": "step 10 loss 2.1\nstep 20 loss 1.7\n"}
@@ -514,8 +339,8 @@ def test_the_logs_endpoint_returns_the_tail_of_a_node_pod(fleet, submit, submitt
     assert log_requests and log_requests[-1].params.get("tailLines") == "50"
 
 
-def test_it_discovers_gpu_node_pools_with_free_gpus(fleet):
-    emulators, clusters = fleet
+def test_it_discovers_gpu_node_pools_with_free_gpus(emulated_clusters):
+    emulators, clusters = emulated_clusters
     k = Kubelet(emulators.url("azure-eastus"))
 
     def node(name, product, spot, gpus):
@@ -540,13 +365,13 @@ def test_it_discovers_gpu_node_pools_with_free_gpus(fleet):
 
 
 @pytest.mark.parametrize("status,outcome", [(422, "failed"), (403, "failed"), (429, "retry"), (503, "retry")])
-def test_dispatch_errors_are_permanent_or_transient_by_status(fleet, submit, status, outcome):
+def test_dispatch_errors_are_permanent_or_transient_by_status(emulated_clusters, admitted, status, outcome):
     import kmock
 
     from runners.base import TransientDispatchError
 
-    emulators, _ = fleet
-    attempt = submit()
+    emulators, _ = emulated_clusters
+    attempt = admitted()
 
     async def refuse():
         emulators.handlers["gcp-usc1"]["post /apis/batch/v1/namespaces/cp-alpha/jobs"] << kmock.KubernetesError(
@@ -564,7 +389,7 @@ def test_dispatch_errors_are_permanent_or_transient_by_status(fleet, submit, sta
         assert f"the server says {status}" in ended.message
 
 
-def test_reconcile_of_attempts_that_stay_running_costs_a_constant_number_of_queries(fleet, submit):
+def test_reconcile_of_attempts_that_stay_running_costs_a_constant_number_of_queries(emulated_clusters, admitted):
     """Attempts whose state does not change cost no query of their own: the pass's queries do not grow with N."""
     from django.test.utils import CaptureQueriesContext
 
@@ -572,7 +397,7 @@ def test_reconcile_of_attempts_that_stay_running_costs_a_constant_number_of_quer
 
     def queries_of_a_steady_pass(count: int) -> int:
         for _ in range(count):
-            start(fleet, submit(placement=only_aws))
+            start(emulated_clusters, admitted(placement=only_aws))
         cluster = Cluster.objects.get(name="aws-use1")
         reconcile_cluster(cluster)
         with CaptureQueriesContext(connection) as captured:
@@ -587,27 +412,27 @@ def test_reconcile_of_attempts_that_stay_running_costs_a_constant_number_of_quer
     assert many[1] == few[1]
 
 
-def test_dispatch_creates_a_team_namespace_once_per_cluster_client(fleet, submit):
+def test_dispatch_creates_a_team_namespace_once_per_cluster_client(emulated_clusters, admitted):
     """The namespace create (409 after the first) is skipped once the cluster's client saw the namespace exist."""
-    emulators, _ = fleet
+    emulators, _ = emulated_clusters
     only_aws = {"clusters": ["aws-use1"]}
     for _ in range(3):
-        assert dispatch_attempt(submit(placement=only_aws).pk) == "dispatched"
+        assert dispatch_attempt(admitted(placement=only_aws).pk) == "dispatched"
     assert emulators.fronts["aws-use1"].namespace_creates == 1
     assert list(emulators.fronts["aws-use1"].namespaces) == ["cp-alpha"]
-    assert len(kubelet(fleet, load(Job.objects.filter(state=S.STARTING).first().current_attempt_id)).jobs()) == 3
+    assert len(kubelet(emulated_clusters, load(Job.objects.filter(state=S.STARTING).first().current_attempt_id)).jobs()) == 3
 
 
-def test_dispatch_creates_the_namespace_again_when_it_was_deleted_behind_its_back(fleet, submit):
+def test_dispatch_creates_the_namespace_again_when_it_was_deleted_behind_its_back(emulated_clusters, admitted):
     """The cached "namespace exists" is dropped when an object create answers 404; the namespace is created again."""
-    emulators, _ = fleet
+    emulators, _ = emulated_clusters
     only_aws = {"clusters": ["aws-use1"]}
-    first = submit(placement=only_aws)
+    first = admitted(placement=only_aws)
     assert dispatch_attempt(first.pk) == "dispatched"
-    k = kubelet(fleet, first)
+    k = kubelet(emulated_clusters, first)
     k._req("DELETE", "/api/v1/namespaces/cp-alpha")
 
-    assert dispatch_attempt(submit(placement=only_aws).pk) == "dispatched"
+    assert dispatch_attempt(admitted(placement=only_aws).pk) == "dispatched"
 
     assert emulators.fronts["aws-use1"].namespace_creates == 2
     assert "cp-alpha" in emulators.fronts["aws-use1"].namespaces and len(k.jobs()) == 2

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.conftest import make_persona
+from jobs.tasks import dispatch_attempt
+from tests.support.kubernetes import Kubelet
 
-from .test_kubernetes_runner import fleet, start, submit, submitter  # noqa: F401 - fixtures
+from .steps import start
 
 
 def serve_log_stream(emulators, cluster: str, path: str):
@@ -38,15 +39,16 @@ def next_text(chunks) -> str:
     raise AssertionError("the stream ended")
 
 
-def test_follow_returns_lines_as_they_are_written_and_ends_with_the_container(fleet, submit, settings):  # noqa: F811
+def test_follow_returns_lines_as_they_are_written_and_ends_with_the_container(
+        emulated_clusters, admitted, settings, teammate):
     settings.LOG_FOLLOW_MAX_SECONDS = 120
-    emulators, _ = fleet
-    attempt = submit()
-    _, _, pods = start(fleet, attempt)
+    emulators, _ = emulated_clusters
+    attempt = admitted()
+    _, _, pods = start(emulated_clusters, attempt)
     path = f"/api/v1/namespaces/cp-alpha/pods/{pods[0]['metadata']['name']}/log"
     write = serve_log_stream(emulators, "gcp-usc1", path)
     write(b"step 1 loss 2.3\n")
-    reader = make_persona("reader", attempt.job.team, "member")
+    reader = teammate
 
     response = reader.client.get(f"/api/v1/jobs/{attempt.job_id}/logs/?follow=1&tail=10")
 
@@ -65,15 +67,16 @@ def test_follow_returns_lines_as_they_are_written_and_ends_with_the_container(fl
     assert requests[0].params.get("follow") == "true" and requests[0].params.get("tailLines") == "10"
 
 
-def test_follow_ends_after_the_max_duration_when_the_container_stays_quiet(fleet, submit, settings):  # noqa: F811
+def test_follow_ends_after_the_max_duration_when_the_container_stays_quiet(
+        emulated_clusters, admitted, settings, teammate):
     settings.LOG_FOLLOW_MAX_SECONDS = 1.0
-    emulators, _ = fleet
-    attempt = submit()
-    _, _, pods = start(fleet, attempt)
+    emulators, _ = emulated_clusters
+    attempt = admitted()
+    _, _, pods = start(emulated_clusters, attempt)
     path = f"/api/v1/namespaces/cp-alpha/pods/{pods[0]['metadata']['name']}/log"
     write = serve_log_stream(emulators, "gcp-usc1", path)
     write(b"ready\n")  # then nothing, and the stream stays open
-    reader = make_persona("reader", attempt.job.team, "member")
+    reader = teammate
 
     response = reader.client.get(f"/api/v1/jobs/{attempt.job_id}/logs/?follow=1")
 
@@ -81,18 +84,14 @@ def test_follow_ends_after_the_max_duration_when_the_container_stays_quiet(fleet
     write(None)
 
 
-def test_follow_waits_for_the_pod_then_streams(fleet, submit, settings):  # noqa: F811
+def test_follow_waits_for_the_pod_then_streams(emulated_clusters, admitted, settings, teammate):
     """Before the pod exists the stream is open and empty; once it runs, its log follows."""
-    from jobs.tasks import dispatch_attempt
-
-    from .emulators import Kubelet
-
     settings.LOG_FOLLOW_MAX_SECONDS = 120
     settings.LOG_FOLLOW_POLL_SECONDS = 0.05
-    emulators, _ = fleet
-    attempt = submit()
+    emulators, _ = emulated_clusters
+    attempt = admitted()
     assert dispatch_attempt(attempt.pk) == "dispatched"
-    reader = make_persona("reader", attempt.job.team, "member")
+    reader = teammate
 
     response = reader.client.get(f"/api/v1/jobs/{attempt.job_id}/logs/?follow=1")
 
@@ -108,12 +107,12 @@ def test_follow_waits_for_the_pod_then_streams(fleet, submit, settings):  # noqa
     assert b"".join(chunks) == b""
 
 
-def test_follow_on_an_unreachable_cluster_is_a_503(fleet, submit):  # noqa: F811
-    emulators, _ = fleet
-    attempt = submit()
-    start(fleet, attempt)
+def test_follow_on_an_unreachable_cluster_is_a_503(emulated_clusters, admitted, teammate):
+    emulators, _ = emulated_clusters
+    attempt = admitted()
+    start(emulated_clusters, attempt)
     emulators.stop("gcp-usc1")
-    reader = make_persona("reader", attempt.job.team, "member")
+    reader = teammate
 
     response = reader.client.get(f"/api/v1/jobs/{attempt.job_id}/logs/?follow=1")
 

@@ -6,13 +6,12 @@ import logging
 
 import pytest
 
-from jobs.models import Job, JobAttempt
+from jobs.models import JobState
 from runners.kubernetes.sync import sync_cluster
 from runners.models import NodePool
 from runners.tasks import sync_node_pools
-from tests.conftest import make_cluster, make_persona
-
-from .emulators import Emulators, Kubelet
+from tests.support.factories import make_attempt, make_cluster, make_job_row
+from tests.support.kubernetes import Emulators, Kubelet
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 
@@ -75,7 +74,7 @@ def test_it_writes_discovered_pools_and_skips_unknown_products(clusters, caplog)
     assert (again["created"], again["updated"], again["unchanged"], again["deleted"]) == (0, 0, 3, 0)
 
 
-def test_it_never_deletes_a_pool_that_attempts_use(clusters, catalog, teams):
+def test_it_never_deletes_a_pool_that_attempts_use(clusters, catalog, teams, user):
     emulators, made = clusters
     cluster = made["azure-eastus"]
     k = Kubelet(emulators.url("azure-eastus"))
@@ -84,11 +83,8 @@ def test_it_never_deletes_a_pool_that_attempts_use(clusters, catalog, teams):
         k._req("POST", "/api/v1/nodes", body)
     sync_cluster(cluster)
     spot_pool = NodePool.objects.get(cluster=cluster, capacity_type="spot")
-    user = make_persona("owner", teams[0], "admin").user
-    job = Job.objects.create(team=teams[0], submitter=user, name="t", spec={}, accelerator=catalog["H100-80GB"],
-                             gpus_per_node=8, nodes=1, preemptible=True, max_runtime_seconds=3600)
-    JobAttempt.objects.create(job=job, number=1, cluster=cluster, node_pool=spot_pool, gpus=8,
-                              object_name=f"job-{job.pk}-1", usd_per_gpu_hour="1.0")
+    job = make_job_row(teams[0], user, catalog["H100-80GB"], name="t", spec={}, gpus_per_node=8, preemptible=True)
+    make_attempt(job, cluster, spot_pool, usd_per_gpu_hour="1.0", started_at=None, state=JobState.ADMITTED)
 
     for name in ("s1", "l1"):  # the spot node is reclaimed, the L4 node scaled away
         k._req("DELETE", f"/api/v1/nodes/{name}")

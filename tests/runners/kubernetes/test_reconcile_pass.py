@@ -1,7 +1,7 @@
 """One reconcile pass over several emulated clusters: looked at concurrently; steady attempts write nothing.
 
 The fixtures (three kmock emulators, a scheduler-admitted job factory) are
-those of ``test_kubernetes_runner``.
+those of this folder's ``conftest.py``.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from jobs.reconcile import reconcile_all
 from jobs.tasks import dispatch_attempt
 from runners.models import Cluster
 
-from .test_kubernetes_runner import fleet, kubelet, start, state, submit, submitter  # noqa: F401 - fixtures
+from .steps import kubelet, start, state
 
 S = JobState
 
 
-def test_a_slow_cluster_does_not_hold_back_the_reconcile_of_the_others(fleet, submit, settings):  # noqa: F811
+def test_a_slow_cluster_does_not_hold_back_the_reconcile_of_the_others(emulated_clusters, admitted, settings):
     """aws-use1 (first by name) answers only once gcp-usc1's job was moved to RUNNING by the same pass.
 
     Were the clusters visited one after another, aws's LIST would wait for
@@ -28,12 +28,12 @@ def test_a_slow_cluster_does_not_hold_back_the_reconcile_of_the_others(fleet, su
     ``degraded`` and its job stay STARTING.
     """
     settings.K8S_READ_TIMEOUT_SECONDS = 30.0  # aws answers late, not never
-    emulators, _ = fleet
-    slow = submit(placement={"clusters": ["aws-use1"]})
-    fast = submit(placement={"clusters": ["gcp-usc1"]})
+    emulators, _ = emulated_clusters
+    slow = admitted(placement={"clusters": ["aws-use1"]})
+    fast = admitted(placement={"clusters": ["gcp-usc1"]})
     for attempt in (slow, fast):
         assert dispatch_attempt(attempt.pk) == "dispatched"
-        k = kubelet(fleet, attempt)
+        k = kubelet(emulated_clusters, attempt)
         k.start_pods(k.job(attempt.pk))
     gate = emulators.hold("aws-use1")
     running_order = []
@@ -61,12 +61,12 @@ def test_a_slow_cluster_does_not_hold_back_the_reconcile_of_the_others(fleet, su
                                                                         "gcp-usc1": 1}
 
 
-def test_an_unreachable_cluster_is_counted_while_the_others_are_reconciled(fleet, submit):  # noqa: F811
-    emulators, _ = fleet
-    down = submit(placement={"clusters": ["aws-use1"]})
-    up = submit(placement={"clusters": ["gcp-usc1"]})
+def test_an_unreachable_cluster_is_counted_while_the_others_are_reconciled(emulated_clusters, admitted):
+    emulators, _ = emulated_clusters
+    down = admitted(placement={"clusters": ["aws-use1"]})
+    up = admitted(placement={"clusters": ["gcp-usc1"]})
     assert dispatch_attempt(down.pk) == "dispatched"
-    k = kubelet(fleet, up)
+    k = kubelet(emulated_clusters, up)
     assert dispatch_attempt(up.pk) == "dispatched"
     k.start_pods(k.job(up.pk))
     emulators.stop("aws-use1")
@@ -78,10 +78,10 @@ def test_an_unreachable_cluster_is_counted_while_the_others_are_reconciled(fleet
     assert state(down) == S.STARTING  # one failed probe touches nothing
 
 
-def test_a_steady_pass_writes_nothing_but_each_clusters_last_contact(fleet, submit):  # noqa: F811
+def test_a_steady_pass_writes_nothing_but_each_clusters_last_contact(emulated_clusters, admitted):
     """Attempts whose phase does not change cost no write: the pass's only writes are one health row per cluster."""
     for placement in ({"clusters": ["aws-use1"]}, {"clusters": ["gcp-usc1"]}, {"clusters": ["gcp-usc1"]}):
-        start(fleet, submit(placement=placement))
+        start(emulated_clusters, admitted(placement=placement))
     reconcile_all()
 
     with CaptureQueriesContext(connection) as captured:

@@ -1,1 +1,1 @@
-"""The platform's /metrics and the local runner's dcgm-exporter look-alike."""
+"""The local runner: supervised processes on this machine, their logs, and its dcgm-exporter look-alike."""

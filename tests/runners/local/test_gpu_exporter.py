@@ -4,9 +4,10 @@ emulated GPUs from the CPU usage of the attempt's real processes, and a real Pro
 from __future__ import annotations
 
 import datetime as dt
+import json
 import shutil
-import socket
 import subprocess
+import sys
 import time
 
 import pytest
@@ -15,6 +16,7 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from costs.prometheus import Source, attempt_pod_matchers, read_usage, team_namespace
+from jobs.models import JobState
 from runners.local.exporter import (
     Exporter,
     LocalGpuCollector,
@@ -22,10 +24,47 @@ from runners.local.exporter import (
     prometheus_config,
     render,
 )
+from runners.local.procs import ref_of
+from tests.support.factories import make_attempt, make_job_row
+from tests.support.net import free_port
 
-from .conftest import busy_argv
+BUSY_LOOP = "import time\nend = time.time() + {seconds}\nwhile time.time() < end:\n    pass\n"
+
+
+def busy_argv(seconds: float) -> list[str]:
+    """A command that keeps one CPU busy for ``seconds``."""
+    return [sys.executable, "-c", BUSY_LOOP.format(seconds=seconds)]
+
 
 HOST = "test-host"
+
+
+@pytest.fixture
+def fake_attempt(emulated_local_cluster, teams, user, settings):
+    """``make(argv, gpus)``: a RUNNING job with a started attempt whose node 0 is ``argv`` run as a process group leader
+    (as the launcher's supervisor is), recorded in the attempt directory as the runner records it."""
+    cluster, pool = emulated_local_cluster
+    procs = []
+
+    def make(argv, gpus=2):
+        job = make_job_row(teams[0], user, pool.accelerator, name="j", state=JobState.RUNNING, gpus_per_node=gpus)
+        attempt = make_attempt(job, cluster, pool, gpus=gpus, usd_per_gpu_hour="2.00")
+        directory = settings.LOCAL_RUNNER_DIR / attempt.object_name
+        directory.mkdir(parents=True)
+        (directory / "attempt.json").write_text(json.dumps(
+            {"attempt_id": attempt.pk, "job_id": job.pk, "number": 1, "object_name": attempt.object_name,
+             "cluster_id": cluster.pk, "nodes": 1, "devices": None}))
+        proc = subprocess.Popen(argv, start_new_session=True)
+        procs.append(proc)
+        ref = ref_of(proc.pid).to_json()
+        (directory / "node-0.pid").write_text(json.dumps({"supervisor": ref, "child": ref}))
+        return attempt, proc
+
+    yield make
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
 
 
 def samples(text: str, name: str) -> list:
@@ -95,12 +134,6 @@ def test_ended_attempts_have_no_pod_series(fake_attempt):
     assert all("pod" not in s.labels for s in samples(text, "DCGM_FI_DEV_GPU_UTIL"))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.django_db(transaction=True)
 def test_real_prometheus_scrapes_the_exporter(fake_attempt, teams, tmp_path):
     attempt, _ = fake_attempt(busy_argv(60), gpus=1)
@@ -108,7 +141,7 @@ def test_real_prometheus_scrapes_the_exporter(fake_attempt, teams, tmp_path):
     exporter = Exporter(port=0, addr="127.0.0.1", collector=emulated_collector()).start()
     config = tmp_path / "prometheus.yml"
     config.write_text(prometheus_config(f"127.0.0.1:{exporter.port}", interval=1))
-    port = _free_port()
+    port = free_port()
     with open(tmp_path / "prometheus.log", "wb") as log:
         prometheus = subprocess.Popen(
             [shutil.which("prometheus") or "/usr/bin/prometheus", f"--config.file={config}",

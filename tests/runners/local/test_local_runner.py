@@ -14,7 +14,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from decimal import Decimal
 from pathlib import Path
 
@@ -27,17 +26,16 @@ from costs.seed import CATALOG_EFFECTIVE_FROM
 from jobs.lifecycle import cancel_job, finish_cancel
 from jobs.models import Job, JobAttempt, JobEvent, JobState
 from jobs.reconcile import reconcile_cluster
-from jobs.scheduling.passes import try_admit
 from jobs.tasks import dispatch_attempt
-from quotas.models import Quota
 from runners.base import PermanentDispatchError, TransientDispatchError, backend_for
 from runners.local import capacity
 from runners.local.capacity import LocalGpu, ensure_local_cluster
 from runners.local.layout import node_path, read_json
-from runners.local.procs import ProcessRef, proc_table, signal_group, signal_process
+from runners.local.procs import ProcessRef
 from runners.local.runner import attempt_dir, tail
 from runners.models import Accelerator, Cluster, NodePool
-from tests.conftest import make_persona
+from tests.support.factories import make_attempt, make_job_row
+from tests.support.local_runner import dispatched, wait_until
 
 ENV_KEYS = ["MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
             "CHECKPOINT_DIR", "CONTROLPLANE_JOB_ID", "CONTROLPLANE_ATTEMPT", "CONTROLPLANE_TEAM",
@@ -45,76 +43,6 @@ ENV_KEYS = ["MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK", "RANK", "LO
 SLEEP = ["python", "-c", "import time; time.sleep(60)"]
 IGNORE_SIGTERM_AND_SLEEP = ["python", "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
                                             "print('ready', flush=True); time.sleep(60)"]
-
-
-def wait_until(predicate, timeout: float = 15.0, what: str = "condition"):
-    """Poll ``predicate`` every 50 ms until it returns something truthy (returned) or ``timeout`` seconds pass."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
-
-
-def kill_everything_under(root: Path) -> None:
-    """SIGKILL every process group and command recorded under ``root`` (the tests' finalizer)."""
-    if not root.is_dir():
-        return
-    table = proc_table()
-    for path in list(root.glob("*/node-*.claim")) + list(root.glob("*/node-*.pid")):
-        record = read_json(path) or {}
-        supervisor = ProcessRef.from_json(record.get("supervisor"))
-        if supervisor is not None:
-            signal_group(supervisor, signal.SIGKILL, table)
-        signal_process(ProcessRef.from_json(record.get("child")), signal.SIGKILL, table)
-
-
-@pytest.fixture
-def local(settings, tmp_path, monkeypatch, catalog, teams):
-    """The emulated local cluster with runs under ``tmp_path`` and a 1 s kill grace; kills leftovers afterwards."""
-    settings.LOCAL_RUNNER_DIR = tmp_path / "runs"
-    settings.LOCAL_RUNNER_KILL_GRACE_SECONDS = 1.0
-    settings.LOCAL_RUNNER_NODES = 2
-    settings.LOCAL_RUNNER_EMULATED_GPUS = 8
-    settings.LOCAL_RUNNER_ACCELERATOR = "H100-80GB"
-    monkeypatch.setattr(capacity, "detect_gpus", lambda: [])
-    cluster = ensure_local_cluster()
-    Quota.objects.create(team=teams[0], accelerator=catalog["H100-80GB"], nominal_gpus=8)
-    yield cluster
-    kill_everything_under(tmp_path / "runs")
-
-
-@pytest.fixture
-def submitter(teams):
-    """The alpha team's admin, who submits the tests' jobs."""
-    return make_persona("owner", teams[0], "admin").user
-
-
-@pytest.fixture
-def admitted(local, teams, submitter, catalog):
-    """Factory: a job with ``command`` admitted to the local cluster; returns its attempt (job and cluster loaded)."""
-
-    def make(command, *, nodes=2, max_runtime=60, max_retries=0, env=None, args=None) -> JobAttempt:
-        spec = {"command": command, "env": env or {}}
-        if args is not None:
-            spec["args"] = args
-        job = Job.objects.create(team=teams[0], submitter=submitter, name="t", spec=spec,
-                                 accelerator=catalog["H100-80GB"], gpus_per_node=1, nodes=nodes,
-                                 max_runtime_seconds=max_runtime, max_retries=max_retries)
-        assert try_admit(job.pk) == "admitted"
-        job.refresh_from_db()
-        return JobAttempt.objects.select_related("job__team", "cluster", "node_pool").get(pk=job.current_attempt_id)
-
-    return make
-
-
-def dispatched(attempt: JobAttempt) -> JobAttempt:
-    """Run the dispatch task body for ``attempt``; returns it reloaded (job STARTING)."""
-    assert dispatch_attempt(attempt.pk) == "dispatched"
-    return JobAttempt.objects.select_related("job__team", "cluster", "node_pool").get(pk=attempt.pk)
 
 
 def observe(attempt: JobAttempt):
@@ -335,8 +263,8 @@ def test_an_attempt_without_directory_is_absent(admitted):
     assert backend_for(attempt.cluster).delete(attempt) is True
 
 
-def test_ensure_local_cluster_emulates_gpus_and_is_idempotent(local, catalog):
-    cluster = local
+def test_ensure_local_cluster_emulates_gpus_and_is_idempotent(two_node_local_cluster, catalog):
+    cluster = two_node_local_cluster
     assert (cluster.name, cluster.provider, cluster.region, cluster.backend) == \
         ("local-emulated", "local", "this-machine", "local")
     assert cluster.emulated is True
@@ -354,7 +282,7 @@ def test_ensure_local_cluster_emulates_gpus_and_is_idempotent(local, catalog):
     assert backend_for(cluster).discover(cluster)[0].gpus_per_node == 4
 
 
-def test_ensure_local_cluster_follows_the_settings(local, settings):
+def test_ensure_local_cluster_follows_the_settings(two_node_local_cluster, settings):
     Accelerator.objects.create(name="T4", memory_gib=16, peak_bf16_tflops=Decimal("65"))
     settings.LOCAL_RUNNER_ACCELERATOR = "T4"
     settings.LOCAL_RUNNER_NODES = 3
@@ -400,18 +328,16 @@ def test_two_nodes_rendezvous_with_torch_distributed(admitted):
         assert "sum 3.0 world 2" in backend.logs(attempt, node)
 
 
-def test_real_gpus_are_shared_out_between_live_attempts(local, teams, submitter, catalog):
+def test_real_gpus_are_shared_out_between_live_attempts(two_node_local_cluster, teams, user, catalog):
     """On a non-emulated local cluster each node gets GPU indices no other live attempt holds."""
     cluster = Cluster.objects.create(name="local", provider="local", region="this-machine", backend="local")
     pool = NodePool.objects.create(cluster=cluster, name="gpu", accelerator=catalog["H100-80GB"], nodes=1, gpus_per_node=4)
     backend = backend_for(cluster)
 
     def attempt_on_gpus(gpus_per_node: int) -> JobAttempt:
-        job = Job.objects.create(team=teams[0], submitter=submitter, name="g", spec={"command": SLEEP},
-                                 accelerator=pool.accelerator, gpus_per_node=gpus_per_node, nodes=1,
-                                 max_runtime_seconds=60)
-        return JobAttempt.objects.create(job=job, number=1, cluster=cluster, node_pool=pool, gpus=gpus_per_node,
-                                         object_name=f"job-{job.pk}-1", usd_per_gpu_hour=Decimal("1"))
+        job = make_job_row(teams[0], user, pool.accelerator, name="g", spec={"command": SLEEP},
+                           gpus_per_node=gpus_per_node, max_runtime=60)
+        return make_attempt(job, cluster, pool, usd_per_gpu_hour=Decimal("1"), started_at=None, state=JobState.ADMITTED)
 
     first, second, third = attempt_on_gpus(2), attempt_on_gpus(2), attempt_on_gpus(1)
     assert backend.dispatch(first)["cuda_visible_devices"] == ["0,1"]
@@ -423,21 +349,20 @@ def test_real_gpus_are_shared_out_between_live_attempts(local, teams, submitter,
     assert backend.dispatch(third)["cuda_visible_devices"] == ["0"]
 
 
-def test_the_management_command_ensures_the_local_cluster(local):
+def test_the_management_command_ensures_the_local_cluster(two_node_local_cluster):
     out = io.StringIO()
     call_command("ensure_local_cluster", stdout=out)
     assert "local-emulated" in out.getvalue() and "2 nodes x 4 H100-80GB" in out.getvalue()
     assert Cluster.objects.filter(backend="local").count() == 1
 
 
-def test_the_demos_shutdown_cancels_every_job_running_here_and_leaves_queued_ones(admitted, teams, submitter, catalog):
+def test_the_demos_shutdown_cancels_every_job_running_here_and_leaves_queued_ones(admitted, teams, user, catalog):
     """Ctrl-C on ``make demo``: a job a user submitted meanwhile must not keep training with no platform."""
     from demo.run import cancel_unfinished
 
     running = dispatched(admitted([sys.executable, "-c", "import time; time.sleep(120)"], nodes=1))
     reconcile_until(running, {JobState.RUNNING})
-    queued = Job.objects.create(team=teams[0], submitter=submitter, name="waits", spec={"command": ["true"]},
-                                accelerator=catalog["H100-80GB"], gpus_per_node=1, nodes=1, max_runtime_seconds=60)
+    queued = make_job_row(teams[0], user, catalog["H100-80GB"], name="waits", spec={"command": ["true"]}, max_runtime=60)
 
     assert cancel_unfinished([]) == [running.job_id]
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import time
 
-from tests.conftest import make_persona
-from tests.runners.test_local_runner import admitted, dispatched, local, submitter  # noqa: F401 - fixtures
+from tests.support.local_runner import dispatched
 
 PRINT_OVER_TWO_SECONDS = ["python", "-c", "import time\nfor i in range(10):\n    print(f'line {i}', flush=True)\n"
                                           "    time.sleep(0.2)\n"]
@@ -19,11 +18,11 @@ def read_stream(response) -> tuple[list[bytes], float]:
     return chunks, time.monotonic() - started
 
 
-def test_follow_streams_every_line_while_the_attempt_runs_and_ends_with_it(admitted, teams, settings):  # noqa: F811
+def test_follow_streams_every_line_while_the_attempt_runs_and_ends_with_it(admitted, teams, settings, teammate):
     settings.LOG_FOLLOW_POLL_SECONDS = 0.1
     settings.LOG_FOLLOW_MAX_SECONDS = 30
     attempt = dispatched(admitted(PRINT_OVER_TWO_SECONDS, nodes=1))
-    reader = make_persona("reader", teams[0], "member")
+    reader = teammate
 
     response = reader.client.get(f"/api/v1/jobs/{attempt.job_id}/logs/?follow=1&tail=50")
 
@@ -36,11 +35,11 @@ def test_follow_streams_every_line_while_the_attempt_runs_and_ends_with_it(admit
     assert 1.0 < seconds < 20  # it waited for the job and stopped when the job ended, long before the 30 s cap
 
 
-def test_follow_stops_after_the_max_duration(admitted, teams, settings):  # noqa: F811
+def test_follow_stops_after_the_max_duration(admitted, teams, settings, teammate):
     settings.LOG_FOLLOW_POLL_SECONDS = 0.1
     settings.LOG_FOLLOW_MAX_SECONDS = 1.5
     attempt = dispatched(admitted(PRINT_AND_SLEEP, nodes=1))
-    reader = make_persona("reader", teams[0], "member")
+    reader = teammate
     deadline = time.monotonic() + 10
     while "ready" not in reader.client.get(f"/api/v1/jobs/{attempt.job_id}/logs/").json()["text"]:
         assert time.monotonic() < deadline, "the job never printed"
@@ -53,9 +52,9 @@ def test_follow_stops_after_the_max_duration(admitted, teams, settings):  # noqa
     assert 1.0 < seconds < 5
 
 
-def test_plain_logs_stay_json_and_follow_checks_the_node(admitted, teams, settings):  # noqa: F811
+def test_plain_logs_stay_json_and_follow_checks_the_node(admitted, teams, settings, teammate):
     attempt = dispatched(admitted(PRINT_OVER_TWO_SECONDS, nodes=1))
-    reader = make_persona("reader", teams[0], "member")
+    reader = teammate
     plain = reader.client.get(f"/api/v1/jobs/{attempt.job_id}/logs/?follow=0")
     assert plain.status_code == 200 and set(plain.json()) == {"node", "attempt", "text"}
     bad = reader.client.get(f"/api/v1/jobs/{attempt.job_id}/logs/?follow=1&node=3")

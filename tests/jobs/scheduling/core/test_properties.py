@@ -14,9 +14,9 @@ from decimal import Decimal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobs.scheduling.core import FairShareScheduler, PoolOffer, QueuedJob, RunningJob, Snapshot, TeamQuota, TeamState
+from jobs.scheduling.core import FairShareScheduler, QueuedJob, RunningJob, Snapshot
+from tests.support import scheduling as pure
 
-H100 = 1
 PRICES = [Decimal("2.99"), Decimal("4.20"), Decimal("6.88")]
 
 
@@ -43,16 +43,13 @@ def worlds(draw):
 
 
 def build(world, running: dict[int, RunningJob], queue: dict[int, QueuedJob]) -> Snapshot:
+    """The world's teams and pools with the ``running`` attempts counted in, and the ``queue``."""
     teams_spec, pools_spec, _ = world
-    teams = {t: TeamState(t, cohort, weight, {H100: TeamQuota(nominal, borrowing, lending)})
-             for t, nominal, borrowing, lending, cohort, weight in teams_spec}
-    held: dict[int, int] = {}
-    for r in running.values():
-        teams[r.team_id].used[H100] = teams[r.team_id].used.get(H100, 0) + r.gpus
-        held[r.node_pool_id] = held.get(r.node_pool_id, 0) + r.gpus
-    pools = [PoolOffer(pid, pid, f"c{pid}", "aws", "r", ctype, nodes, gpn, nodes * gpn - held.get(pid, 0), price)
+    teams = [pure.team(t, nominal, borrowing, lending=lending, cohort=cohort, weight=weight)
+             for t, nominal, borrowing, lending, cohort, weight in teams_spec]
+    pools = [pure.pool(pid, nodes * gpn, gpus_per_node=gpn, price=price, capacity_type=ctype, region="r")
              for pid, nodes, gpn, price, ctype in pools_spec]
-    return Snapshot(teams, {H100: pools}, list(queue.values()), list(running.values()))
+    return pure.snapshot(teams, pools, queue.values(), running.values())
 
 
 def check_state(world, running: dict[int, RunningJob]) -> None:
@@ -79,8 +76,7 @@ def test_invariants_hold_over_repeated_cycles_and_a_fixed_point_is_reached(world
     teams_spec, pools_spec, jobs_spec = world
     nominal = {t[0]: t[1] for t in teams_spec}
     pools = {p[0]: p for p in pools_spec}
-    queue = {jid: QueuedJob(jid, team, H100, nodes, gpn, prio, float(jid), pre)
-             for jid, team, nodes, gpn, prio, pre in jobs_spec}
+    queue = {jid: queued(jid, team, nodes, gpn, prio, pre) for jid, team, nodes, gpn, prio, pre in jobs_spec}
     running: dict[int, RunningJob] = {}
     clock = 100.0
     quiet = 0
@@ -99,13 +95,13 @@ def test_invariants_hold_over_repeated_cycles_and_a_fixed_point_is_reached(world
             for v in a.victims:
                 assert v.preemptible and v.team_id != job.team_id
                 del running[v.job_id]
-                queue[v.job_id] = QueuedJob(v.job_id, v.team_id, H100, *_shape(jobs_spec, v.job_id))
+                queue[v.job_id] = queued(v.job_id, v.team_id, *_shape(jobs_spec, v.job_id))
             for v in {v.team_id for v in a.victims}:
                 assert sum(r.gpus for r in running.values() if r.team_id == v) >= nominal[v]  # never below nominal
             clock += 1
             del queue[job.job_id]
-            running[job.job_id] = RunningJob(job.job_id, job.job_id, job.team_id, H100, a.offer.node_pool_id,
-                                             job.total_gpus, job.priority, clock, job.preemptible)
+            running[job.job_id] = pure.running(job.job_id, job.team_id, job.total_gpus, a.offer.node_pool_id,
+                                               priority=job.priority, admitted=clock, preemptible=job.preemptible)
             check_state(world, running)
         for r in decisions.rejections:
             del queue[r.job.job_id]
@@ -115,16 +111,21 @@ def test_invariants_hold_over_repeated_cycles_and_a_fixed_point_is_reached(world
     assert quiet >= 2, "no fixed point: the scheduler keeps changing its mind"
 
 
+def queued(job_id, team_id, nodes, gpus_per_node, priority, preemptible) -> QueuedJob:
+    """The world's job ``job_id``, submitted at time ``job_id``."""
+    return pure.job(team_id, gpus_per_node, nodes=nodes, priority=priority, at=float(job_id), job_id=job_id,
+                    preemptible=preemptible)
+
+
 def _shape(jobs_spec, job_id):
     _, _, nodes, gpn, prio, pre = jobs_spec[job_id - 1]
-    return nodes, gpn, prio, float(job_id), pre
+    return nodes, gpn, prio, pre
 
 
 @settings(max_examples=100, deadline=None)
 @given(worlds())
 def test_positions_number_every_waiting_job_once_in_each_team_and_overall(world):
-    queue = {jid: QueuedJob(jid, team, H100, nodes, gpn, prio, float(jid), pre)
-             for jid, team, nodes, gpn, prio, pre in world[2]}
+    queue = {jid: queued(jid, team, nodes, gpn, prio, pre) for jid, team, nodes, gpn, prio, pre in world[2]}
     d = FairShareScheduler(build(world, {}, queue)).full_pass()
     overall = sorted(w.overall_position for w in d.waiting.values())
     assert overall == list(range(1, len(d.waiting) + 1))

@@ -1,0 +1,139 @@
+"""The API's routes as the DRF router knows them (``controlplane.urls.api_router()``), not as a list written by hand,
+and the sample objects and bodies the contract tests call them with.
+
+Each ``Route`` is one (HTTP method, URL pattern) of the router: a list route, a detail route or an extra action.
+What each resource is (team-scoped, platform-wide, an aggregate) and who may write it is written here from
+DESIGN.md and the README, independently of the views; ``test_every_route_is_classified`` fails when a route
+appears that this file does not know yet.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime as dt
+
+from django.utils import timezone
+
+from controlplane.urls import api_router
+from costs.models import Price
+from costs.reports.build import generate_report
+from quotas.models import Cohort, PriorityClass
+from tests.support.factories import VALID_SPEC
+
+#: A user sees only their teams' objects: another team's object is a 404, not a 403 (DESIGN.md, Interfaces).
+TEAM_SCOPED = {"jobs", "teams", "quotas", "budgets", "budget-status", "reports"}
+#: The fleet and the platform's settings: every authenticated user reads them.
+PLATFORM_WIDE = {"accelerators", "clusters", "node-pools", "prices", "cohorts", "priority-classes"}
+#: Aggregates over the user's teams' ledger and samples: lists only.
+AGGREGATES = {"costs", "utilization"}
+#: Written by platform staff only; anyone else is refused before any lookup (403, whatever the object).
+STAFF_WRITES = {"teams", "cohorts", "priority-classes", "clusters"}
+#: Written by the team's admins and staff; members and viewers of the team get 403, outsiders 404.
+TEAM_ADMIN_WRITES = {"quotas", "budgets"}
+
+WRITE_METHODS = {"post", "put", "patch", "delete"}
+MISSING = {"pk": 999999999, "slug": "no-such-team"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    """One HTTP method of one router URL: ``prefix`` (``jobs``), ``action`` (``list``, ``retrieve``, ``cancel``...),
+    ``detail`` (has a lookup), ``lookup`` (``pk`` or ``slug``), ``template`` (``/api/v1/jobs/{lookup}/cancel/``)."""
+
+    prefix: str
+    method: str
+    action: str
+    detail: bool
+    lookup: str
+    template: str
+    http_method_names: tuple
+
+    @property
+    def id(self) -> str:
+        return f"{self.method.upper()} {self.template}"
+
+    @property
+    def served(self) -> bool:
+        """Whether the view answers this method at all (a router may map one the view refuses with 405)."""
+        return self.method in self.http_method_names
+
+    @property
+    def writes(self) -> bool:
+        return self.method in WRITE_METHODS
+
+    def url(self, lookup=None) -> str:
+        return self.template.format(lookup=lookup)
+
+
+def api_routes() -> list[Route]:
+    """Every (method, URL) the ``/api/v1/`` router serves, from its registry, in registration order."""
+    router = api_router()
+    routes = []
+    for prefix, viewset, basename in router.registry:
+        lookup = getattr(viewset, "lookup_field", "pk")
+        for route in router.get_routes(viewset):
+            # "^{prefix}/{lookup}/cancel{trailing_slash}$" -> "/api/v1/jobs/{lookup}/cancel/"
+            template = "/api/v1/" + route.url.lstrip("^").rstrip("$").replace("{prefix}", prefix).replace(
+                "{trailing_slash}", "/")
+            for method, action in route.mapping.items():
+                if not hasattr(viewset, action):
+                    continue
+                routes.append(Route(prefix, method, action, route.detail, lookup, template,
+                                    tuple(viewset.http_method_names)))
+    return routes
+
+
+ROUTES = api_routes()
+
+
+def world(teams, owner, teammate, outsider, aws_cluster, alpha_objects, beta_objects, h100) -> dict:
+    """Team alpha's object (or the platform's) behind every detail route, by prefix: the lookup value."""
+    now = timezone.now()
+    report, _ = generate_report(teams[0], now - dt.timedelta(days=1), now)
+    generate_report(teams[1], now - dt.timedelta(days=1), now)
+    cohort = Cohort.objects.create(name="research")
+    spare = PriorityClass.objects.create(name="spare", value=300)
+    return {
+        "jobs": alpha_objects["job"].pk,
+        "teams": "alpha",
+        "quotas": alpha_objects["quota"].pk,
+        "budgets": alpha_objects["budget"].pk,
+        "budget-status": alpha_objects["budget"].pk,
+        "reports": report.pk,
+        "accelerators": h100.pk,
+        "clusters": aws_cluster["cluster"].pk,
+        "node-pools": aws_cluster["pool"].pk,
+        "prices": Price.objects.filter(accelerator=h100).first().pk,
+        "cohorts": cohort.pk,
+        "priority-classes": spare.pk,
+    }
+
+
+def submission() -> dict:
+    return {"team": "alpha", "name": "train-small", "kind": "training", "spec": copy.deepcopy(VALID_SPEC)}
+
+
+#: A valid body for every writable (prefix, action), accepted from staff: the contract tests break one part of it
+#: at a time, so a 400 is the answer to that part alone.
+VALID_BODIES = {
+    ("jobs", "create"): submission,
+    ("quotas", "create"): lambda: {"team": "alpha", "accelerator": "A100-80GB", "nominal_gpus": 8},
+    ("quotas", "update"): lambda: {"team": "alpha", "accelerator": "H100-80GB", "nominal_gpus": 8},
+    ("quotas", "partial_update"): lambda: {"nominal_gpus": 8},
+    ("budgets", "create"): lambda: {"team": "alpha", "amount_usd": "10.00"},
+    ("budgets", "update"): lambda: {"team": "alpha", "amount_usd": "10.00"},
+    ("budgets", "partial_update"): lambda: {"amount_usd": "10.00"},
+    ("teams", "partial_update"): lambda: {"weight": "2"},
+    ("cohorts", "create"): lambda: {"name": "vision"},
+    ("cohorts", "update"): lambda: {"name": "speech"},
+    ("cohorts", "partial_update"): lambda: {"name": "speech"},
+    ("priority-classes", "create"): lambda: {"name": "urgent", "value": 2000},
+    ("priority-classes", "update"): lambda: {"name": "spare", "value": 301},
+    ("priority-classes", "partial_update"): lambda: {"value": 301},
+    ("clusters", "create"): lambda: {"name": "gcp-usc1", "provider": "gcp", "region": "us-central1",
+                                     "backend": "kubernetes"},
+    ("clusters", "update"): lambda: {"name": "aws-use1", "provider": "aws", "region": "us-east-2",
+                                     "backend": "kubernetes"},
+    ("clusters", "partial_update"): lambda: {"region": "us-east-2"},
+}

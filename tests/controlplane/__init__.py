@@ -1,0 +1,1 @@
+"""The Django project itself: health probes, the API schema, and the settings read from the environment."""

@@ -1,0 +1,1 @@
+"""The costs REST API: ledger aggregates and the price catalog."""

@@ -1,0 +1,1 @@
+"""Cost reports: their numbers, renderings and schedules."""

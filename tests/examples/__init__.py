@@ -1,0 +1,1 @@
+"""The example workloads and the checkpoint store they use (no Django models needed)."""

@@ -1,0 +1,1 @@
+"""The pure scheduling core (no database): admission checks, fair share, preemption, and its properties."""

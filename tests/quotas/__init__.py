@@ -1,0 +1,1 @@
+"""Tests of the quotas app: teams, memberships, tokens, quotas, budgets and fair-share settings."""

@@ -1,0 +1,1 @@
+"""The REST API of teams, quotas, budgets, cohorts and priority classes."""

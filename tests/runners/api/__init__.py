@@ -1,0 +1,1 @@
+"""The REST API of the fleet inventory: accelerators, clusters and node pools."""

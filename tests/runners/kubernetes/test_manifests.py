@@ -1,0 +1,99 @@
+"""The manifests the kubernetes backend builds (``runners.kubernetes.manifests``), without a cluster: they validate
+against the Kubernetes 1.33 schema, carry the contract's labels, give multi-node training torchrun's rendezvous
+environment, keep on-demand work off spot nodes and tolerate spot where asked, and mount checkpoints.
+
+Expected values are written here from DESIGN.md's contract (labels, GPU resource, node selector) and from the
+workload's own numbers, not read from the module.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from runners.kubernetes import manifests as m
+
+from .steps import validate, workload
+
+
+@pytest.mark.parametrize("provider", ["aws", "gcp", "azure", "onprem"])
+@pytest.mark.parametrize("spot", [True, False])
+@pytest.mark.parametrize("kind,nodes", [("training", 1), ("training", 3), ("inference", 1)])
+def test_it_builds_manifests_that_validate_for_1_33(provider, spot, kind, nodes):
+    for obj in m.manifests(workload(provider=provider, spot=spot, kind=kind, nodes=nodes)):
+        validate(obj)
+        # DESIGN.md: objects carry controlplane.io/team, controlplane.io/job and controlplane.io/attempt
+        assert obj["metadata"]["labels"] == {"controlplane.io/team": "alpha", "controlplane.io/job": "7",
+                                             "controlplane.io/attempt": "11"}
+    validate(m.namespace("cp-alpha", "alpha"))
+
+
+def test_it_gives_multi_node_pods_torchrun_rendezvous_env():
+    service, job = m.manifests(workload(nodes=3))
+    assert service["spec"]["clusterIP"] == "None" and service["metadata"]["name"] == "job-7-1"
+    spec = job["spec"]
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 3, 3)
+    assert spec["backoffLimit"] == 0 and spec["activeDeadlineSeconds"] == 900
+    pod = spec["template"]["spec"]
+    assert pod["subdomain"] == "job-7-1" and pod["restartPolicy"] == "Never"
+    container = pod["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["MASTER_ADDR"]["value"] == "job-7-1-0.job-7-1.cp-alpha.svc"
+    assert env["MASTER_PORT"]["value"] == "29500" and env["WORLD_SIZE"]["value"] == "3"
+    index_ref = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    assert env["NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == index_ref
+    assert env["RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == index_ref
+    assert env["A"]["value"] == "1"
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "8", "cpu": "4000m", "memory": "33280Mi"}
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+
+
+@pytest.mark.parametrize("provider,key,value", [
+    ("aws", "eks.amazonaws.com/capacityType", "SPOT"), ("aws", "karpenter.sh/capacity-type", "spot"),
+    ("gcp", "cloud.google.com/gke-spot", "true"), ("azure", "kubernetes.azure.com/scalesetpriority", "spot"),
+])
+def test_it_selects_and_tolerates_spot_nodes_per_cloud_and_keeps_on_demand_work_off_them(provider, key, value):
+    spot_pod = m.training_job(workload(provider=provider, spot=True, nodes=1))["spec"]["template"]["spec"]
+    terms = spot_pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]} in terms
+    assert {"key": key, "operator": "Equal", "value": value, "effect": "NoSchedule"} in spot_pod["tolerations"]
+    od_pod = m.training_job(workload(provider=provider, spot=False, nodes=1))["spec"]["template"]["spec"]
+    (term,) = od_pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {"key": key, "operator": "NotIn", "values": [value]} in term["matchExpressions"]
+    assert not any(t.get("key") == key for t in od_pod["tolerations"])
+
+
+def _pod_specs(objs: list[dict]) -> list[dict]:
+    return [o["spec"]["template"]["spec"] for o in objs if o["kind"] in ("Job", "Deployment")]
+
+
+@pytest.mark.parametrize("claim", ["", "checkpoints"])
+@pytest.mark.parametrize("kind,nodes", [("training", 1), ("training", 3), ("inference", 1)])
+def test_it_mounts_checkpoints_from_the_claim_or_an_empty_dir_and_sets_checkpoint_dir(claim, kind, nodes):
+    objs = m.manifests(workload(kind=kind, nodes=nodes, checkpoint_claim=claim))
+    for obj in objs:
+        validate(obj)
+    (pod,) = _pod_specs(objs)
+    (volume,) = pod["volumes"]
+    read_only = kind == "inference"
+    if claim:
+        assert volume["persistentVolumeClaim"]["claimName"] == "checkpoints"
+        assert volume["persistentVolumeClaim"].get("readOnly", False) is read_only
+    else:
+        assert volume == {"name": "checkpoints", "emptyDir": {}}
+    for container in pod["containers"]:
+        assert {"name": "CHECKPOINT_DIR", "value": "/checkpoints"} in container["env"]
+        (mount,) = container["volumeMounts"]
+        assert mount["name"] == volume["name"] and mount["mountPath"] == "/checkpoints"
+        assert mount.get("readOnly", False) is read_only
+        assert mount.get("subPath") == ("job-7" if claim else None)
+
+
+def test_every_attempt_of_a_job_shares_its_checkpoint_subpath_and_other_jobs_do_not():
+    def subpath(**kw):
+        (pod,) = _pod_specs(m.manifests(workload(checkpoint_claim="checkpoints", **kw)))
+        return pod["containers"][0]["volumeMounts"][0]["subPath"]
+
+    first = subpath(name="job-7-1", attempt_id=11, attempt_number=1)
+    second = subpath(name="job-7-2", attempt_id=12, attempt_number=2)
+    assert first == second == "job-7"
+    assert subpath(name="job-8-1", job_id=8, attempt_id=13, attempt_number=1) == "job-8" != first
