@@ -1,8 +1,9 @@
 """Budget status (spent, committed, remaining, forecast) and threshold alerts that fire once per period.
 
-Admission (``jobs.scheduling.snapshot.budget_views``) reads spent and committed from here:
-spent is the ledger's USD with ``interval_start`` in the period; committed is
-what active jobs may still spend, ``max(estimated - accrued, 0)`` summed.
+Spent is the ledger's USD with ``interval_start`` in the period
+(``costs.spend.ledger_usd``); committed is what active jobs may still spend,
+``max(estimated - accrued, 0)`` summed (``jobs.models.committed_usd``).
+Admission (``jobs.scheduling.snapshot.budget_views``) reads both directly.
 """
 
 from __future__ import annotations
@@ -15,15 +16,14 @@ from decimal import Decimal
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
-from django.db.models import Sum
 from django.utils import timezone
 
-from jobs.models import ACTIVE_STATES, Job
+from jobs.models import committed_usd
 from quotas.models import Budget, Membership
 
-from .ledger import exact_seconds
+from .spend import exact_seconds, ledger_usd, ledger_usd_prorated
 from .metrics import BUDGET_ALERTS, BUDGET_AMOUNT_USD, BUDGET_FORECAST_USD, BUDGET_SPENT_USD
-from .models import BudgetAlert, CostEntry
+from .models import BudgetAlert
 
 log = logging.getLogger(__name__)
 DEFAULT_THRESHOLDS = (50, 80, 100)
@@ -59,32 +59,6 @@ class BudgetStatus:
     @property
     def spent_percent(self) -> Decimal:
         return self.spent_usd / self.amount_usd * 100 if self.amount_usd else Decimal(0)
-
-
-def ledger_usd(team_id: int, start: dt.datetime, end: dt.datetime) -> Decimal:
-    """USD of the team's ledger entries with ``interval_start`` in ``[start, end)``."""
-    return CostEntry.objects.filter(team_id=team_id, interval_start__gte=start, interval_start__lt=end).aggregate(
-        s=Sum("amount_usd"))["s"] or Decimal(0)
-
-
-def ledger_usd_prorated(team_id: int, start: dt.datetime, end: dt.datetime) -> Decimal:
-    """USD the team's ledger entries accrued inside ``[start, end)``, an entry counted by the share of it inside.
-
-    For the burn rate: an entry written once for a long interval (a final
-    accrual after a pause) must spread over the hours it covers.
-    """
-    total = Decimal(0)
-    for lo, hi, amount in CostEntry.objects.filter(team_id=team_id, interval_start__lt=end, interval_end__gt=start) \
-            .values_list("interval_start", "interval_end", "amount_usd"):
-        inside = exact_seconds(min(hi, end) - max(lo, start))
-        total += amount * inside / exact_seconds(hi - lo)
-    return total
-
-
-def committed_usd(team_id: int) -> Decimal:
-    """What the team's active jobs may still spend: ``sum(max(estimated - accrued, 0))``, USD."""
-    rows = Job.objects.filter(team_id=team_id, state__in=ACTIVE_STATES).values_list("estimated_cost_usd", "accrued_cost_usd")
-    return sum((max(est - acc, Decimal(0)) for est, acc in rows), Decimal(0))
 
 
 def budget_status(budget: Budget, at: dt.datetime | None = None) -> BudgetStatus | None:

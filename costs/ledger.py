@@ -19,6 +19,7 @@ from jobs.models import Job, JobAttempt
 
 from .catalog import price_segments
 from .models import CostEntry
+from .spend import exact_seconds
 
 LEDGER_QUANTUM = Decimal("0.000000001")
 SECONDS_PER_HOUR = Decimal(3600)
@@ -27,11 +28,6 @@ SECONDS_PER_HOUR = Decimal(3600)
 def interval_cost(gpus: int, seconds: Decimal, usd_per_gpu_hour: Decimal) -> Decimal:
     """USD for ``gpus`` GPUs held ``seconds`` seconds at ``usd_per_gpu_hour``, rounded to 1e-9 half-even."""
     return (Decimal(gpus) * seconds * usd_per_gpu_hour / SECONDS_PER_HOUR).quantize(LEDGER_QUANTUM, ROUND_HALF_EVEN)
-
-
-def exact_seconds(delta: dt.timedelta) -> Decimal:
-    """A timedelta as an exact Decimal number of seconds (microsecond resolution)."""
-    return Decimal(delta.days * 86400 + delta.seconds) + Decimal(delta.microseconds) / Decimal(1_000_000)
 
 
 def accrue_attempt(attempt_id: int, until: dt.datetime | None = None) -> Decimal:

@@ -13,7 +13,7 @@ from django.db import transaction
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Sum
 from django.db.models.functions import TruncDate
 
-from .ledger import exact_seconds
+from .spend import exact_seconds
 from .models import CostEntry, DailyCostRollup
 
 HELD = ExpressionWrapper(F("interval_end") - F("interval_start"), output_field=DurationField())

@@ -171,3 +171,9 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id}: {self.from_state}->{self.to_state} {self.reason}"
+
+
+def committed_usd(team_id: int) -> Decimal:
+    """What the team's active jobs may still spend: ``sum(max(estimated - accrued, 0))``, USD."""
+    rows = Job.objects.filter(team_id=team_id, state__in=ACTIVE_STATES).values_list("estimated_cost_usd", "accrued_cost_usd")
+    return sum((max(est - acc, Decimal(0)) for est, acc in rows), Decimal(0))

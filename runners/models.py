@@ -6,7 +6,7 @@ pools say how many GPUs of which accelerator it offers, on demand or spot.
 
 from django.db import models
 
-from .kubernetes.credentials import EncryptedTextField
+from .credentials import EncryptedTextField
 
 
 class Accelerator(models.Model):
@@ -62,7 +62,7 @@ class Cluster(models.Model):
     # True when the local runner offers emulated GPUs because this machine has
     # none: jobs then run on the CPU. Shown in the UI and the API.
     emulated = models.BooleanField(default=False)
-    # Credentials of the kubernetes backend, encrypted at rest (runners.kubernetes.credentials); write-only in
+    # Credentials of the kubernetes backend, encrypted at rest (runners.credentials); write-only in
     # the API, never shown in the admin. A kubeconfig, when set, wins over the endpoint, token and CA.
     api_token = EncryptedTextField(blank=True, default="", help_text="Bearer token (encrypted at rest)")
     ca_cert = EncryptedTextField(blank=True, default="", help_text="PEM CA bundle of the API server (encrypted at rest)")

@@ -23,10 +23,10 @@ from django.db.models.fields.json import KeyTransform
 from django.db.models.functions import Cast
 
 from core.lookups import register
-from costs.budgets import committed_usd, ledger_usd
+from costs.spend import ledger_usd
 from quotas.models import Budget, Quota, Team
 
-from ..models import Job, JobAttempt, JobState
+from ..models import Job, JobAttempt, JobState, committed_usd
 from .core import BudgetView, PoolOffer, QueuedJob, RunningJob, Snapshot, TeamQuota, TeamState
 from .offers import pool_offers
 
