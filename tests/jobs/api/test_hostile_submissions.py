@@ -356,7 +356,7 @@ def test_odd_yaml_submissions_get_400(cached, teammate, aws_cluster, body):
 ], ids=["int-over-4300-digits", "month-13", "february-30"])
 def test_yaml_scalars_that_pyyaml_cannot_construct_get_400_not_500(teammate, aws_cluster, body):
     """PyYAML's SafeLoader raises a plain ValueError (not yaml.YAMLError) from int()/datetime() for these;
-    controlplane.api.YAMLParser only catches RecursionError, UnicodeDecodeError and YAMLError."""
+    core.parsers.YAMLParser only catches RecursionError, UnicodeDecodeError and YAMLError."""
     teammate.client.raise_request_exception = False
     r = teammate.client.post(JOBS, body, content_type="application/yaml")
     assert r.status_code == 400, (r.status_code, r.content[:200])
