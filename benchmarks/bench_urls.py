@@ -1,4 +1,9 @@
-"""URLconf of benchmarks/submit.py: the platform's URLs plus two baselines without admission.
+"""URLconf of benchmarks/submit.py: the platform's URLs plus three baselines without admission.
+
+``bench/floor/`` is the stack's floor: a plain Django view behind the same
+middleware that reads the body and answers 201 with a small JSON document,
+touching no database, authentication or serializer. Its CPU per request is
+the least any submission served by this stack (gunicorn, Django) can cost.
 
 ``bench/bare-jobs/`` is a bare create of a Job row. ``bench/validated-jobs/``
 is the real submission without admission: the endpoint's own validation
@@ -18,7 +23,9 @@ submitted would be read and placed by the admission phase's scheduling
 passes, charging the baseline's rows to admission.
 """
 
+from django.http import JsonResponse
 from django.urls import include, path
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -66,7 +73,15 @@ class ValidatedCreate(APIView):
                         headers={"Location": location})
 
 
+@csrf_exempt
+def floor(request):
+    """Read the posted body and answer 201 with a constant JSON document: the stack's cost per request."""
+    request.body  # noqa: B018 - read like the real endpoint reads it
+    return JsonResponse({"id": 0, "state": "QUEUED"}, status=201)
+
+
 urlpatterns = [
+    path("bench/floor/", floor),
     path("bench/bare-jobs/", BareCreate.as_view()),
     path("bench/validated-jobs/", ValidatedCreate.as_view()),
     path("", include("controlplane.urls")),

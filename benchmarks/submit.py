@@ -15,6 +15,11 @@ over loopback for ``--seconds`` per phase:
   the same token and inserts the same Job row, nothing else;
 - ``validated``: the real submission without admission (same validation,
   job and event rows, no scheduling pass);
+- ``floor``: the stack's floor: a plain Django view behind the same
+  middleware that reads the body and answers 201, with no database,
+  authentication or serializer (what any submission served by gunicorn and
+  Django costs at least; ``ratio_floor_vs_slurm_cpu_per_job`` compares it with
+  slurmctld's CPU per job);
 - ``slurm``: the peer: each client runs ``sbatch --hold --wrap true`` one
   after another (a process per job, as a Slurm user submits), answered by
   the private slurmctld.
@@ -305,7 +310,7 @@ def main() -> None:
     port = free_port()
     procs: dict[str, subprocess.Popen] = {}
     servers = slurm = None
-    samples: dict[str, list[dict]] = {"bare": [], "admission": [], "validated": [], "slurm": []}
+    samples: dict[str, list[dict]] = {"bare": [], "admission": [], "validated": [], "floor": [], "slurm": []}
     try:
         procs["api"] = subprocess.Popen(
             [sys.executable, "-m", "gunicorn", "controlplane.wsgi", "-b", f"127.0.0.1:{port}", "-k", "gthread",
@@ -325,11 +330,12 @@ def main() -> None:
         wait_up(port)
         phase(port, "/api/v1/jobs/", token, 2, 1.0)  # warm-up: imports, connections
         phase(port, "/bench/bare-jobs/", token, 2, 1.0)
+        phase(port, "/bench/floor/", token, 2, 1.0)
         phase(port, "/bench/validated-jobs/", token, 2, 1.0)
         if slurm:
             slurm.phase(2, 1.0, settle=0)
         paths = {"bare": ("/bench/bare-jobs/", "bench-job"), "admission": ("/api/v1/jobs/", "bench-job"),
-                 "validated": ("/bench/validated-jobs/", "bench-validated")}
+                 "validated": ("/bench/validated-jobs/", "bench-validated"), "floor": ("/bench/floor/", "bench-floor")}
         order = [*paths, *(["slurm"] if slurm else [])]
         for round_number in range(args.rounds):
             # The order rotates each round: on this machine a phase run later in a round measured up to 30 %
@@ -356,7 +362,7 @@ def main() -> None:
             p.terminate()
         for p in procs.values():
             p.wait(timeout=30)
-    bare, admission, validated = (summarize(samples[k]) for k in ("bare", "admission", "validated"))
+    bare, admission, validated, floor = (summarize(samples[k]) for k in ("bare", "admission", "validated", "floor"))
     slurm_result = summarize(samples["slurm"]) if samples["slurm"] else None
     if slurm_result:
         slurm_result["error_sample"] = next((e for s in samples["slurm"] for e in s["error_sample"]), None)
@@ -366,13 +372,15 @@ def main() -> None:
         "benchmark": "submit", "clients": args.clients, "seconds_per_phase": args.seconds, "rounds": args.rounds,
         "gunicorn": f"{args.workers}x{args.threads} gthread", **machine(),
         "scheduler_worker": not args.no_scheduler, "postgres_cpu_of": servers.postgres_of,
-        "admission": admission, "bare_create": bare, "validated_create": validated,
+        "admission": admission, "bare_create": bare, "validated_create": validated, "floor": floor,
         "slurm": slurm_result, "slurm_missing": slurm_missing,
         "admission_overhead_pct": round(overhead * 100, 1) if overhead is not None else None,
         "cpu_overhead_pct": cpu_overhead(bare, admission),
         "admission_over_validated_pct": round(admission_only * 100, 1) if admission_only is not None else None,
         "cpu_admission_over_validated_pct": cpu_overhead(validated, admission),
         **versus_slurm(admission, slurm_result),
+        "ratio_floor_vs_slurm_cpu_per_job": (ratio(floor["cpu_ms_per_job_total"], slurm_result["cpu_ms_per_job"]["slurmctld"])
+                                             if slurm_result else None),
         "goal": {"jobs_per_s": 500, "overhead_pct_max": 25, "ratio_vs_slurm_jobs_per_s_min": 1.0,
                  "ratio_vs_slurm_cpu_per_job_max": 1.0},
     }))
