@@ -380,7 +380,7 @@ def submission_fields(values: Mapping, submitter, classes: Mapping[str, int] | N
     """``submit_job``'s keyword arguments from validated submission ``values`` (team and accelerator as rows):
     team, submitter, name, kind, the stored spec, and the columns admission reads (``resources``: accelerator,
     GPUs per node, nodes, numeric priority from ``classes`` (default ``priority_classes()``), preemptible, max
-    runtime in seconds, max retries)."""
+    runtime in seconds, max retries, replicas: 1 for training)."""
     spec = values["spec"]
     resources = spec["resources"]
     classes = priority_classes() if classes is None else classes
@@ -398,6 +398,7 @@ def submission_fields(values: Mapping, submitter, classes: Mapping[str, int] | N
             "preemptible": spec["preemptible"],
             "max_runtime_seconds": spec["max_runtime_seconds"],
             "max_retries": spec["max_retries"],
+            "replicas": spec.get("replicas") or 1,
         },
     }
 
