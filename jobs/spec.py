@@ -339,8 +339,12 @@ KIND_SPECIFIC = kind_specific()
 
 def apply_kind(kind: str, spec: dict) -> dict[str, list[str]]:
     """Apply the kind rules to the validated ``spec`` in place: a field of some kinds only (``replicas``,
-    ``port``) gets its default for those kinds; errors by spec field for those given to another kind."""
+    ``port``) gets its default for those kinds; errors by spec field for those given to another kind, and for a
+    spec with neither ``command`` nor ``args`` (nothing would say what to run: a container with ``args`` and no
+    ``command`` runs the image's ENTRYPOINT with them, Kubernetes "Define a command and arguments")."""
     errors = {}
+    if not spec.get("command") and not spec.get("args"):
+        errors["command"] = ["required unless args are given (the image's ENTRYPOINT then runs with them)"]
     for field in KIND_SPECIFIC:
         if kind in field.kinds:
             spec.setdefault(field.name, field.default_value())
