@@ -380,7 +380,8 @@ def default_bind(pod: dict, nodes: list[dict], pods: list[dict]) -> str | None:
 
 def pod_gpus(pod: dict) -> int:
     """GPUs a pod requests (``nvidia.com/gpu`` limits of its containers)."""
-    return sum(int(((c.get("resources") or {}).get("limits") or {}).get(GPU, 0)) for c in pod["spec"]["containers"])
+    return sum(int(((c.get("resources") or {}).get("limits") or {}).get(GPU, 0))
+               for c in (pod.get("spec") or {}).get("containers") or [])
 
 
 def _selector_matches(selector: str, labels: dict) -> bool:
@@ -437,7 +438,7 @@ class ClusterEmulator:
 
     Time-driven changes (lifetimes, deadlines, backoff, end of termination) happen in ``step()``; a test calls
     it, a soak runs ``ticking()``. ``pod_gpu_seconds()`` is the cluster's own count of GPU time: each pod's
-    GPUs from its binding until it stopped (finished, was killed, or deleted).
+    GPUs from its creation (its objects exist) until it stopped (finished, was killed, or deleted).
     """
 
     def __init__(self, name: str = "cluster", *, bind: Callable | None = None,
@@ -455,7 +456,7 @@ class ClusterEmulator:
         self.faults_injected = 0
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request served
         self.deletions: list[tuple[float, str, str, dict]] = []  # (time, kind, name, labels) of client DELETEs
-        self.pod_times: dict[str, list] = {}  # pod uid -> [gpus, labels, bound at, stopped at | None]
+        self.pod_times: dict[str, list] = {}  # pod uid -> [gpus, labels, created at, stopped at | None]
         self._version = 0
         self._failed_indexes: dict[str, dict[int, int]] = {}  # Job uid -> index -> failures counted
         self._retry_at: dict[tuple[str, int], float] = {}
@@ -488,6 +489,9 @@ class ClusterEmulator:
         class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
             daemon_threads = True
             allow_reuse_address = True
+
+            def handle_error(self, request, client_address) -> None:  # a client that hung up: nothing to report
+                pass
 
         self._server = Server(("127.0.0.1", self.port), Handler)
         self.port = self._server.server_address[1]
@@ -646,7 +650,7 @@ class ClusterEmulator:
             obj["status"] = {"phase": "Active"}
         if kind == "Pod":
             obj["status"] = {"phase": "Pending"}
-            obj["_created"] = now
+            self.pod_times[obj["metadata"]["uid"]] = [pod_gpus(obj), dict(meta.get("labels") or {}), now, None]
         self._touch(obj)
         self.store[kind][key] = obj
         return 201, self._public(obj)
@@ -685,7 +689,6 @@ class ClusterEmulator:
                                             "message": "0/0 nodes are available", "lastTransitionTime": micro_time(now)}]
             return
         pod["spec"]["nodeName"] = node
-        self.pod_times[pod["metadata"]["uid"]] = [pod_gpus(pod), dict(pod["metadata"].get("labels") or {}), now, None]
         images = {c.get("image") for c in pod["spec"]["containers"]}
         if images & self.pull_failures:
             pod["status"]["containerStatuses"] = [
@@ -930,7 +933,7 @@ class ClusterEmulator:
                     if attempt_id is None or (o["metadata"].get("labels") or {}).get(ATTEMPT_LABEL) == str(attempt_id)]
 
     def pod_gpu_seconds(self, attempt_id: int | None = None, now: float | None = None) -> float:
-        """GPU-seconds of the pods (of one attempt): GPUs x (stopped, or ``now``, - bound), summed."""
+        """GPU-seconds of the pods (of one attempt): GPUs x (stopped, or ``now``, - created), summed."""
         now = now if now is not None else time.time()
         with self.lock:
             return sum(gpus * ((stopped or now) - bound) for gpus, labels, bound, stopped in self.pod_times.values()
