@@ -274,6 +274,16 @@ class Soak:
                 "max_attempt_billing_error_seconds": round(float(max((abs(e) for e in errors.values()),
                                                                       default=Decimal(0))), 3),
                 "pod_gpu_seconds": round(sum(counted.values()), 3),
+                "worst_billed_attempts": [
+                    {"attempt": a, "end_reason": attempts[a].end_reason, "kind": attempts[a].job.kind,
+                     "cluster_gpu_seconds": round(counted.get(a, 0.0), 3), "ledger_gpu_seconds": round(float(ledger.get(a, 0)), 3),
+                     "deletions": [(round(t % 1000, 3), k) for t, k, _, lb in deletions
+                                   if lb.get("controlplane.io/attempt") == str(a)],
+                     "pods_stopped": [round(s % 1000, 3) if s else None for e in self.emulators.values()
+                                      for g, lb, c, s in e.pod_times.values() if lb.get("controlplane.io/attempt") == str(a)],
+                     "billed": [round(attempts[a].started_at.timestamp() % 1000, 3) if attempts[a].started_at else None,
+                                round(attempts[a].ended_at.timestamp() % 1000, 3) if attempts[a].ended_at else None]}
+                    for a in sorted(errors, key=lambda a: -abs(errors[a]))[:3] if abs(errors[a]) >= 1],
                 "faults_injected": sum(e.faults_injected for e in self.emulators.values()),
                 "calls": sum(len(e.requests) for e in self.emulators.values()),
                 "disruptions": self.disruptions,

@@ -222,12 +222,13 @@ def mark_started(job: Job, attempt: JobAttempt, runner_state: dict, *, reason: s
     return job
 
 
-def bill_objects(attempt_id: int, created, *, until_now: bool) -> None:
+def bill_objects(attempt_id: int, created, *, until_now: bool, stopped_at=None) -> None:
     """Bill objects that exist for ``attempt_id`` although it ended (a dispatch that lost a race to a cancel or a
     release, objects of an ended attempt still running until deleted): billing starts at their creation
     ``created`` unless it started before, and with ``until_now`` its end moves to now (the objects were running
-    until this moment). The ledger picks the extra time up (it accrues to ``ended_at``)."""
-    now = timezone.now()
+    until this moment), or to ``stopped_at`` when the cluster accepted their deletion then. The ledger picks the
+    extra time up (it accrues to ``ended_at``)."""
+    now = stopped_at if stopped_at is not None and stopped_at <= timezone.now() else timezone.now()
     changes = {"started_at": Coalesce(F("started_at"), Value(created or now, output_field=DateTimeField()))}
     if until_now:
         changes["ended_at"] = Greatest(Coalesce(F("ended_at"), Value(now, output_field=DateTimeField())),
@@ -473,7 +474,9 @@ def finish_cancel(job_id: int) -> bool:
         return False
     try:
         if attempt is not None and attempt.ended_at is None:
-            end_attempt(job, attempt, S.CANCELLED, reason=reason, end_reason=JobAttempt.EndReason.CANCELLED)
+            # Billing ends when the cluster accepted the deletion of the pods' owner (they stop from then), or now.
+            end_attempt(job, attempt, S.CANCELLED, reason=reason, end_reason=JobAttempt.EndReason.CANCELLED,
+                        ended_at=getattr(attempt, "deletion_accepted_at", None))
         else:
             transition(job, S.CANCELLED, reason="nothing was running")
     except StaleState:

@@ -60,6 +60,10 @@ from .states import StaleState
 
 log = logging.getLogger(__name__)
 
+#: Seconds after admission before reconcile adopts the objects of an ADMITTED attempt: a dispatch still in flight
+#: (creating its objects one by one) records them itself, with the backend's own state.
+ADOPT_AFTER_SECONDS = 10.0
+
 #: Clusters looked at at the same time in one pass (threads; each waits on its own cluster's API server).
 MAX_CONCURRENT_LOOKS = 16
 
@@ -165,6 +169,8 @@ def _apply(look: _Look, future: Future) -> dict:
         if obs is None:
             continue
         if obs.phase != "absent":
+            if job.state == JobState.ADMITTED and (now - attempt.created_at).total_seconds() < ADOPT_AFTER_SECONDS:
+                continue  # a dispatch in flight records its own objects
             seen_again(attempt)
             apply_observation(job, attempt, obs)
         elif job.state == JobState.ADMITTED:
@@ -205,7 +211,8 @@ def _delete_orphans(cluster: Cluster, backend: Backend, candidates: dict[int, Ow
             break
         seen = candidates[attempt.pk]
         if seen.holding:
-            bill_objects(attempt.pk, seen.created_at, until_now=True)
+            bill_objects(attempt.pk, seen.created_at, until_now=True,
+                         stopped_at=getattr(attempt, "deletion_accepted_at", None))
         orphans += 1
     return orphans
 

@@ -322,7 +322,7 @@ class KubernetesBackend(Backend):
         the server's message (a 404 or 410 is transient: a proxy in front of a
         healthy API server answers them too). Returns ``{"namespace",
         "objects": [[kind, name]...], "created_at"}``: ``created_at`` (ISO 8601)
-        is the earliest creationTimestamp of the objects, where billing starts
+        is the creationTimestamp of the Job or Deployment, where billing starts
         (absent when the server reports none).
         """
         w = workload(attempt)
@@ -343,7 +343,9 @@ class KubernetesBackend(Backend):
         self._ensure_namespace(c, w)
         created, times = [], []
         for manifest in m.manifests(w):
-            times.append(self._create(c, w, manifest))
+            made = self._create(c, w, manifest)
+            if manifest["kind"] != "Service":  # a Service holds no GPU: billing starts with the Job or Deployment
+                times.append(made)
             created.append([manifest["kind"], manifest["metadata"]["name"]])
         times = [t for t in times if t is not None]
         state = {"namespace": w.namespace, "objects": created}
@@ -374,7 +376,10 @@ class KubernetesBackend(Backend):
         try:
             body = c.create(_COLLECTIONS[manifest["kind"]].format(namespace=quote(w.namespace, safe="")), manifest)
             made = _parse(body, what)
-            return _parse_time(((made if isinstance(made, dict) else {}).get("metadata") or {}).get("creationTimestamp"))
+            meta = (made.get("metadata") if isinstance(made, dict) else None) or {}
+            if meta.get("name") != manifest["metadata"]["name"]:  # a 2xx that is not the object: nothing says it exists
+                raise ClusterUnreachable(f"{what}: the answer is not the created object")
+            return _parse_time(meta.get("creationTimestamp"))
         except ApiError as exc:
             if exc.status == 404 and w.namespace in c.namespaces:
                 c.namespaces.discard(w.namespace)
@@ -382,11 +387,9 @@ class KubernetesBackend(Backend):
             if exc.status != 409:
                 raise _dispatch_error(exc, what) from exc
         try:
-            existing = _parse(c.call(read, w.name, w.namespace, _preload_content=False), what)
+            existing = _object(c.call(read, w.name, w.namespace, _preload_content=False), w.name, what)
         except ApiError as exc:
             raise _dispatch_error(exc, f"{what} (reading the existing one)") from exc
-        if not isinstance(existing, dict):
-            raise ClusterUnreachable(f"{what}: the existing object's answer is not an object")
         if _attempt_of(existing) != w.attempt_id:
             raise PermanentDispatchError(f"{what}: an object of that name exists and belongs to attempt "
                                          f"{_labels(existing).get(m.LABEL_ATTEMPT)!r}, not {w.attempt_id}")
@@ -423,10 +426,7 @@ class KubernetesBackend(Backend):
             if exc.status == 404:  # one look; reconcile acts only on a second in a row (a proxy may answer 404)
                 return None
             raise ClusterUnreachable(f"reading {kind} {namespace}/{name}: {exc}") from exc
-        obj = _parse(answer, f"reading {kind} {namespace}/{name}")
-        if not isinstance(obj, dict) or not isinstance(obj.get("metadata"), dict):
-            raise ClusterUnreachable(f"reading {kind} {namespace}/{name}: the answer is not an object")
-        return obj
+        return _object(answer, name, f"reading {kind} {namespace}/{name}")
 
     def observe(self, cluster, attempts: Iterable) -> dict[int, Observation]:
         """One LIST of Jobs, Deployments and Pods on ``cluster``; an Observation per attempt id.
@@ -443,6 +443,8 @@ class KubernetesBackend(Backend):
         jobs = self._list(c, "Job") if "training" in kinds or not attempts else []
         deployments = self._list(c, "Deployment") if "inference" in kinds else []
         pods = self._list(c, "Pod") if attempts else []
+        if attempts:
+            _check_pods_listed(jobs + deployments, pods)
         return self._observations(c, attempts, jobs, deployments, pods)
 
     def owned_attempt_ids(self, cluster) -> dict[int, Owned]:
@@ -458,6 +460,7 @@ class KubernetesBackend(Backend):
         attempts = list(attempts)
         c = client_for(cluster)
         jobs, deployments, services, pods = (self._list(c, kind) for kind in ("Job", "Deployment", "Service", "Pod"))
+        _check_pods_listed(jobs + deployments, pods)
         return self._observations(c, attempts, jobs, deployments, pods), _owned(jobs + deployments + services, pods)
 
     def _observations(self, c: ClusterClient, attempts: list, jobs: list[dict], deployments: list[dict],
@@ -489,6 +492,10 @@ class KubernetesBackend(Backend):
     def delete(self, attempt) -> bool:
         """Delete the attempt's Job or Deployment (Foreground: pods first) and Service; True once all answer 404 and no pod is left.
 
+        Sets ``attempt.deletion_accepted_at`` when the API server accepted the
+        Job's or Deployment's DELETE (its pods stop from then: where billing
+        ends once they are gone).
+
         Raises ClusterUnreachable when the cluster cannot be reached (the
         caller retries on reconnection).
         """
@@ -498,7 +505,8 @@ class KubernetesBackend(Backend):
         for kind, policy in (("Job", "Foreground"), ("Deployment", "Foreground"), ("Service", "Background")):
             _, read, delete, _ = _api(c, kind)
             try:
-                existing = _parse(c.call(read, name, namespace, _preload_content=False), f"reading {kind} {namespace}/{name}")
+                existing = _object(c.call(read, name, namespace, _preload_content=False), name,
+                                   f"reading {kind} {namespace}/{name}")
             except ApiError as exc:
                 if exc.status == 404:
                     continue
@@ -512,6 +520,8 @@ class KubernetesBackend(Backend):
                 if exc.status == 404:
                     continue
                 raise ClusterUnreachable(f"deleting {kind} {namespace}/{name}: {exc}") from exc
+            if kind != "Service":  # the pods are being stopped from now on: billing may end here
+                attempt.deletion_accepted_at = timezone.now()
         if not gone:
             return self._all_gone(c, attempt, namespace, name)
         return not self._pods(c, namespace, attempt.pk)
@@ -519,7 +529,8 @@ class KubernetesBackend(Backend):
     def _all_gone(self, c: ClusterClient, attempt, namespace: str, name: str) -> bool:
         for kind in ("Job", "Deployment", "Service"):
             try:
-                obj = _parse(c.call(_api(c, kind)[1], name, namespace, _preload_content=False), f"reading {kind} {namespace}/{name}")
+                obj = _object(c.call(_api(c, kind)[1], name, namespace, _preload_content=False), name,
+                              f"reading {kind} {namespace}/{name}")
             except ApiError as exc:
                 if exc.status == 404:
                     continue
@@ -626,6 +637,20 @@ class KubernetesBackend(Backend):
         return bool(pods) and all((p.get("status") or {}).get("phase") in ("Succeeded", "Failed") for p in pods)
 
 
+def _check_pods_listed(owners: list[dict], pods: list[dict]) -> None:
+    """Raise ClusterUnreachable when the Pod LIST lacks every pod of a Job or Deployment whose own status counts
+    pods (``status.active``, ``status.replicas``): an empty or cut answer, not evidence that the pods are gone
+    (their absence would read as pods deleted, and leave running pods unbilled)."""
+    listed = {_attempt_of(p) for p in pods}
+    for owner in owners:
+        status = owner.get("status") or {}
+        counted = status.get("active") if owner.get("kind") == "Job" else status.get("replicas")
+        if isinstance(counted, int) and counted > 0 and _attempt_of(owner) not in listed:
+            name = (owner.get("metadata") or {}).get("name", "?")
+            raise ClusterUnreachable(f"the Pod LIST lacks the {counted} pod(s) {owner.get('kind')} {name} counts: "
+                                     f"an incomplete answer")
+
+
 def _owned(objects: list[dict], pods: list[dict]) -> dict[int, Owned]:
     """Attempt ids labelled on the listed objects, with whether their pods hold GPUs and their creation time."""
     pods_of: dict[int | None, list[dict]] = defaultdict(list)
@@ -636,7 +661,8 @@ def _owned(objects: list[dict], pods: list[dict]) -> dict[int, Owned]:
         attempt_id = _attempt_of(obj)
         if attempt_id is None:
             continue
-        made = created_at(obj, pods_of.get(attempt_id, []))
+        # A Service holds no GPU: the creation that counts is its Job's or Deployment's (or its pods').
+        made = created_at(None if obj.get("kind") == "Service" else obj, pods_of.get(attempt_id, []))
         before = owned.get(attempt_id)
         if before is not None and before.created_at is not None and (made is None or before.created_at < made):
             made = before.created_at
@@ -697,6 +723,14 @@ def _parse(answer, what: str):
         return json.loads(data or b"")
     except (ValueError, TypeError, urllib3.exceptions.HTTPError, OSError) as exc:
         raise ClusterUnreachable(f"{what}: malformed answer: {exc}") from exc
+
+
+def _object(answer, name: str, what: str) -> dict:
+    """The object ``name`` of a GET's raw answer; ClusterUnreachable for a body that is not that object."""
+    obj = _parse(answer, what)
+    if not isinstance(obj, dict) or (obj.get("metadata") or {}).get("name") != name:
+        raise ClusterUnreachable(f"{what}: the answer is not that object")
+    return obj
 
 
 def _list_items(answer, what: str) -> list[dict]:

@@ -1,10 +1,17 @@
-"""Several kmock KubernetesEmulator servers on real TCP ports, run by a background event loop, and a test kubelet.
+"""Emulated Kubernetes clusters for the tests and benchmarks.
 
-The backend under test is synchronous (the official client over urllib3),
-so the emulators live in a thread with their own asyncio loop, each inside
-``async with`` (errors come back as real Status objects). ``Kubelet`` plays
-the cluster's controllers over HTTP: it creates a Job's pods and moves their
-status, and garbage-collects the pods of deleted Jobs.
+``Emulators``: several kmock KubernetesEmulator servers on real TCP ports,
+run by a background event loop, each inside ``async with`` (errors come back
+as real Status objects); they store objects, and ``Kubelet`` plays the
+cluster's controllers over HTTP by hand (creates a Job's pods, moves their
+status, garbage-collects pods of deleted Jobs).
+
+``ClusterEmulator``: a cluster that behaves like one on its own, for the
+tests of what the control plane believes: an API server with a Job and a
+Deployment controller, nodes with a pluggable binding hook, pod phases and
+reasons, the Eviction API, plain deletion, node loss and spot reclaims, and
+faults injected on any call for a count or a time window; it counts pod
+GPU-seconds itself, to check billing against.
 """
 
 from __future__ import annotations
@@ -13,9 +20,17 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
+import http.server
 import json
+import random
+import socket
+import socketserver
 import threading
+import time
+import uuid
 from collections import defaultdict
+from collections.abc import Callable
+from urllib.parse import parse_qs, urlsplit
 
 import aiohttp.test_utils
 import aiohttp.web
@@ -291,16 +306,6 @@ class Kubelet:
 # ==================================================================================================================
 # A cluster that behaves like one: an API server with controllers, nodes, pods, disruptions and injected faults.
 # ==================================================================================================================
-
-import http.server
-import random
-import re
-import socket
-import socketserver
-import time
-import uuid
-from collections.abc import Callable
-from urllib.parse import parse_qs, urlsplit
 
 #: Kinds the emulated API server serves: (group/version path prefix, plural) -> (kind, namespaced).
 KINDS = {

@@ -135,3 +135,33 @@ def test_orphan_cleanup_keeps_objects_of_an_attempt_being_dispatched(live_cluste
     result = world.reconcile("gcp-usc1")
 
     assert result["orphans_deleted"] == 0 and gcp.deletions == [] and state(attempt) == S.ADMITTED
+
+
+def test_an_empty_pod_list_while_the_job_counts_pods_is_a_failed_look(live_clusters):
+    """Pods missing from their LIST would read as pods deleted (a recovery) and leave running pods unbilled."""
+    world = live_clusters
+    attempt = running(world, max_retries=1)
+    gcp = world.emulators["gcp-usc1"]
+    gcp.inject(Fault("empty", method="GET", path="/api/v1/pods", count=1))
+
+    result = world.reconcile("gcp-usc1")
+
+    assert result.get("unreachable") is True and "lacks" in result["failure"]
+    assert state(attempt) == S.RUNNING
+
+
+@pytest.mark.parametrize("kind", ["empty", "truncated"])
+def test_a_create_answered_with_something_else_than_the_object_is_retried(live_clusters, kind):
+    """A 2xx whose body is not the created object says nothing about it: the dispatch is retried, and the retry
+    finds what exists (created, or not) instead of failing the job."""
+    from runners.base import TransientDispatchError
+
+    world = live_clusters
+    attempt = world.admit(cluster="gcp-usc1")
+    gcp = world.emulators["gcp-usc1"]
+    gcp.inject(Fault(kind, method="POST", path="/jobs", count=1))
+    with pytest.raises(TransientDispatchError):
+        dispatch(attempt.pk)
+    assert state(attempt) == S.ADMITTED
+    assert dispatch(attempt.pk) == "dispatched"
+    assert len(gcp.objects("Job", attempt.pk)) == 1

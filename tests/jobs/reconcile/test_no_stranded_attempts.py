@@ -90,6 +90,9 @@ def test_objects_created_by_a_dispatch_that_never_finished_are_adopted_and_bille
     attempt = world.admit(cluster="gcp-usc1", nodes=2, gpus=2)
     backend_for(attempt.cluster).dispatch(attempt)  # objects exist, the job is still ADMITTED
     gcp = world.emulators["gcp-usc1"]
+    world.reconcile("gcp-usc1")
+    assert state(attempt) == S.ADMITTED  # just admitted: a dispatch in flight records its own objects
+    JobAttempt.objects.filter(pk=attempt.pk).update(created_at=timezone.now() - dt.timedelta(seconds=11))
     (job_object,) = gcp.objects("Job", attempt.pk)
     created = dt.datetime.fromisoformat(job_object["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
 

@@ -78,3 +78,16 @@ def test_a_job_without_command_and_args_is_refused_with_the_field(owner, catalog
     answer = owner.client.post("/api/v1/jobs/", submission, format="json")
     assert answer.status_code == 400
     assert "required unless args are given" in answer.json()["spec.command"][0]
+
+
+def test_a_cpu_only_pod_requests_no_gpu_and_stays_off_gpu_nodes():
+    """gpus_per_node 0: no nvidia.com/gpu limit, no accelerator selector, no toleration of the GPU nodes' taint
+    (so it lands on CPU nodes), one torchrun process per node."""
+    w = workload(nodes=2, gpus_per_node=0, gpu_product="", cpu=8, memory_gib=16)
+    job = m.training_job(w)
+    validate(job)
+    pod = job["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"] == {"limits": {"cpu": "8000m", "memory": "16384Mi"},
+                                                 "requests": {"cpu": "8000m", "memory": "16384Mi"}}
+    assert "nodeSelector" not in pod and "tolerations" not in pod
+    assert {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}["PET_NPROC_PER_NODE"] == "1"
