@@ -204,15 +204,18 @@ def _delete_orphans(cluster: Cluster, backend: Backend, candidates: dict[int, Ow
     orphans = 0
     for attempt in JobAttempt.objects.filter(pk__in=set(candidates) - live_ids).select_related("job__team", "cluster"):
         log.info("deleting orphaned objects of %s on %s", attempt.object_name, cluster.name)
+        failure = None
         try:
             backend.delete(attempt)
         except ClusterUnreachable as exc:  # the next pass retries
             log.warning("cluster %s: deleting %s failed: %s", cluster.name, attempt.object_name, exc)
+            failure = exc
+        accepted = getattr(attempt, "deletion_accepted_at", None)
+        if candidates[attempt.pk].holding and (failure is None or accepted is not None):
+            # They ran until now, or until the deletion of their owner was accepted (a later call may have failed).
+            bill_objects(attempt.pk, candidates[attempt.pk].created_at, until_now=True, stopped_at=accepted)
+        if failure is not None:
             break
-        seen = candidates[attempt.pk]
-        if seen.holding:
-            bill_objects(attempt.pk, seen.created_at, until_now=True,
-                         stopped_at=getattr(attempt, "deletion_accepted_at", None))
         orphans += 1
     return orphans
 
