@@ -300,17 +300,30 @@ def delete_ended_attempt(attempt_id: int) -> bool:
 
     Idempotent; a live attempt is left alone (False), and so is a cluster
     without a backend (logged). Whatever stays behind is removed by
-    reconcile's orphan cleanup. Raises TransientDispatchError for the caller
-    to retry.
+    reconcile's orphan cleanup. A preempted attempt's pods ran until the
+    cluster accepted their deletion: billing ends there. Raises
+    TransientDispatchError (the cluster did not answer) for the caller to retry.
     """
     attempt = JobAttempt.objects.select_related("job__team", "cluster", "node_pool__accelerator").get(pk=attempt_id)
     if attempt.ended_at is None:
         return False
     try:
-        return bool(backend_for(attempt.cluster).delete(attempt))
+        gone = bool(backend_for(attempt.cluster).delete(attempt))
     except UnknownBackend:
         log.warning("attempt %s: cluster %s has an unknown backend; left to reconcile", attempt_id, attempt.cluster)
         return False
+    except ClusterUnreachable as exc:
+        _bill_until_deleted(attempt)
+        raise TransientDispatchError(f"deleting {attempt.object_name}: {exc}") from exc
+    _bill_until_deleted(attempt)
+    return gone
+
+
+def _bill_until_deleted(attempt: JobAttempt) -> None:
+    """A preempted attempt whose pods' owner the cluster just accepted to delete: bill it until then."""
+    accepted = getattr(attempt, "deletion_accepted_at", None)
+    if accepted is not None and attempt.end_reason == JobAttempt.EndReason.PREEMPTED:
+        bill_objects(attempt.pk, None, until_now=True, stopped_at=accepted)
 
 
 def apply_observation(job: Job, attempt: JobAttempt, obs: Observation) -> None:

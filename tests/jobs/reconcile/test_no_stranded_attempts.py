@@ -142,3 +142,23 @@ def test_a_dispatch_that_loses_the_race_to_a_cancel_bills_its_objects_until_they
     assert result["orphans_deleted"] == 1 and gcp.pods(attempt.pk) == [] and state(attempt) == S.CANCELLED
     billed, ran = ledger_gpu_seconds(attempt.pk), Decimal(str(gcp.pod_gpu_seconds(attempt.pk)))
     assert ran > Decimal("0.8") and abs(billed - ran) < Decimal("0.1"), (billed, ran)
+
+
+def test_a_preempted_attempt_is_billed_until_its_pods_are_deleted(live_clusters):
+    import time
+
+    from jobs.lifecycle import delete_ended_attempt, preempt_attempt
+
+    world = live_clusters
+    attempt = world.admit(cluster="gcp-usc1", nodes=2, gpus=2)
+    assert dispatch(attempt.pk) == "dispatched"
+    world.reconcile("gcp-usc1")
+    preempt_attempt(Job.objects.get(pk=attempt.job_id), load(attempt.pk), reason="preempted for a test")
+    time.sleep(0.3)  # the pods keep running until the deletion reaches the cluster
+
+    assert delete_ended_attempt(attempt.pk) is True
+
+    gcp = world.emulators["gcp-usc1"]
+    billed, ran = ledger_gpu_seconds(attempt.pk), Decimal(str(gcp.pod_gpu_seconds(attempt.pk)))
+    assert gcp.pods(attempt.pk) == [] and ran > Decimal("1.2")
+    assert abs(billed - ran) < Decimal("0.05"), (billed, ran)
