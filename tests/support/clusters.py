@@ -14,7 +14,7 @@ from decimal import Decimal
 
 import pytest
 
-from jobs.models import Job, JobAttempt, JobState
+from jobs.models import Job, JobAttempt
 from jobs.reconcile import reconcile_cluster
 from jobs.scheduling.passes import try_admit
 from quotas.models import Quota
