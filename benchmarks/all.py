@@ -32,6 +32,7 @@ BENCHMARKS = {
     "schedule": [],
     "submit": [],
     "dispatch": [],
+    "cluster_faults": [],
     "costs": ["--gpus", "128", "--days", "4"],
 }
 

@@ -164,6 +164,17 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "control_folder": str(VAR_DIR / "celery" / "control"),
         "store_processed": False,
     }
+elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    # Redis redelivers a message that was taken but not acknowledged (acks_late: a worker killed mid-task) after
+    # the visibility timeout; kombu's default is 3,600 s, so a dispatch lost with its worker waited an hour. It
+    # must exceed the longest task run, or a task still running is delivered twice: the longest is a dispatch
+    # (a namespace and up to two objects, each call at most K8S_CONNECT_TIMEOUT_SECONDS +
+    # K8S_READ_TIMEOUT_SECONDS, plus re-reads of existing objects: about 7 x 13 s = 91 s with the defaults) or a
+    # reconcile pass over a slow cluster (four LISTs and a GET per missing attempt); 300 s covers both with room.
+    # Countdowns of retries (up to 60 s) are shorter, so a retried task is not delivered early either.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "visibility_timeout": env.float("CELERY_VISIBILITY_TIMEOUT_SECONDS", default=300.0),
+    }
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 CELERY_TASK_EAGER_PROPAGATES = True
@@ -246,6 +257,10 @@ K8S_CHECKPOINT_CLAIM = env("K8S_CHECKPOINT_CLAIM", default="")
 CHECKPOINT_STORE_URI = env("CHECKPOINT_STORE_URI", default="")
 # Seconds a pod may wait on ImagePullBackOff/ErrImagePull before the attempt fails (a registry hiccup heals).
 K8S_IMAGE_PULL_GRACE_SECONDS = env.float("K8S_IMAGE_PULL_GRACE_SECONDS", default=120.0)
+# Seconds after admission (or a re-dispatch) an attempt may stay without objects on its cluster: then reconcile
+# dispatches it again once (the cluster answers) or releases it (quota and committed budget back) and places it
+# again. Longer than the dispatch task's own retries (8, backoff 2 s doubling up to 60 s: about 4 minutes).
+DISPATCH_DEADLINE_SECONDS = env.float("DISPATCH_DEADLINE_SECONDS", default=300.0)
 # Consecutive failed probes before a cluster is marked unreachable (one failure is only "degraded").
 CLUSTER_UNREACHABLE_AFTER_FAILURES = env.int("CLUSTER_UNREACHABLE_AFTER_FAILURES", default=3)
 # Seconds the running jobs of an unreachable cluster are left alone before their attempts are recovered elsewhere.

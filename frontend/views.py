@@ -29,7 +29,7 @@ from costs.budgets import budget_status
 from costs.models import CostEntry, Report, UtilizationRollup
 from jobs.filters import JobFilterSet
 from jobs.lifecycle import NotCancellable, cancel_job, submit_job
-from jobs.models import FINAL_STATES, Job, JobAttempt, JobState
+from jobs.models import FINAL_STATES, Job, JobAttempt, JobState, total_gpus
 from jobs.permissions import CANCEL_REFUSED, may_cancel
 from jobs.scheduling.offers import pool_offers
 from jobs.scheduling.preview import preview_submission
@@ -257,7 +257,8 @@ def submission_preview(serializer: JobSubmissionSerializer) -> dict:
     resources, team = args["resources"], args["team"]
     assessment = preview_submission(team, resources, args["spec"]["placement"])
     return {"team": team, "accelerator": resources["accelerator"].name,
-            "total_gpus": resources["nodes"] * resources["gpus_per_node"], "pool": assessment.offer,
+            "total_gpus": total_gpus(resources["nodes"], resources["gpus_per_node"], resources.get("replicas", 1)),
+            "pool": assessment.offer,
             "fits_now": assessment.fits_now, "estimate_usd": assessment.estimate_usd, "quota": assessment.quota,
             "budget": assessment.budget}
 

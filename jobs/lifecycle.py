@@ -7,11 +7,12 @@ since both are counted from live attempts) commit together or not at all.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 
 from django.db import connection, transaction
 from django.db.models import DateTimeField, F, Value
-from django.db.models.functions import Coalesce
+from django.db.models.functions import Coalesce, Greatest
 from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
@@ -27,8 +28,8 @@ from runners.base import (
 from runners.models import Accelerator, Cluster, NodePool
 
 from . import metrics
-from .enqueue import enqueue_cancel, enqueue_delete_attempt, enqueue_final_accrual, enqueue_schedule
-from .models import Job, JobAttempt, JobEvent, JobState
+from .enqueue import enqueue_cancel, enqueue_delete_attempt, enqueue_dispatch, enqueue_final_accrual, enqueue_schedule
+from .models import FREE_RETRY_END_REASONS, Job, JobAttempt, JobEvent, JobState
 from .states import StaleState, record_event, transition
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ def store_submitted_job(*, team, submitter, name: str, kind: str, spec: dict, re
         accelerator=resources["accelerator"], gpus_per_node=resources["gpus_per_node"], nodes=resources["nodes"],
         priority=resources["priority"], preemptible=resources["preemptible"],
         max_runtime_seconds=resources["max_runtime_seconds"], max_retries=resources["max_retries"],
+        replicas=resources.get("replicas", 1),
     )
     reason = f"submitted by {submitter}"
     if connection.vendor == "postgresql":
@@ -157,13 +159,15 @@ def _insert_job_with_event(job: Job, event: JobEvent) -> None:
 
 
 def end_attempt(job: Job, attempt: JobAttempt, to_state: str, *, reason: str, end_reason: str,
-                exit_code: int | None = None, message: str = "", actor=None) -> Job:
+                exit_code: int | None = None, message: str = "", actor=None, ended_at=None) -> Job:
     """End ``attempt`` and move ``job`` to ``to_state`` in one transaction.
 
-    Ending the attempt releases its GPUs from quota and capacity. Raises
+    Ending the attempt releases its GPUs from quota and capacity. ``ended_at``
+    is when its pods stopped holding GPUs as the cluster reports it (billing
+    ends there; default now), kept between its start and now. Raises
     StaleState or InvalidTransition (and writes nothing) like ``transition``.
     """
-    now = timezone.now()
+    now = billing_end(attempt, ended_at)
     with transaction.atomic():
         # Job row first, then the attempt: the one lock order of every lifecycle change and of the
         # scheduler, so two of them can never deadlock on a job and its attempt.
@@ -179,16 +183,58 @@ def end_attempt(job: Job, attempt: JobAttempt, to_state: str, *, reason: str, en
     return job
 
 
-def mark_started(job: Job, attempt: JobAttempt, runner_state: dict) -> Job:
-    """Record that ``attempt``'s objects exist (billing starts now) and move ADMITTED -> STARTING."""
+def billing_end(attempt: JobAttempt, ended_at=None):
+    """When billing of ``attempt`` ends: ``ended_at`` (the cluster's word on when its pods stopped), kept
+    between the attempt's start and now; now when the cluster did not say."""
+    now = timezone.now()
+    if ended_at is None or ended_at > now:
+        return now
+    return max(ended_at, attempt.started_at) if attempt.started_at is not None else ended_at
+
+
+def objects_created_at(runner_state: dict):
+    """The objects' creation time from a backend's ``runner_state`` (``created_at``, ISO 8601), else now."""
+    value = (runner_state or {}).get("created_at")
+    try:
+        made = dt.datetime.fromisoformat(str(value)) if value else None
+    except ValueError:
+        made = None
+    now = timezone.now()
+    return made if made is not None and made.tzinfo is not None and made <= now else now
+
+
+def mark_started(job: Job, attempt: JobAttempt, runner_state: dict, *, reason: str = "") -> Job:
+    """Record that ``attempt``'s objects exist and move ADMITTED -> STARTING.
+
+    Billing starts when the objects were created (``runner_state["created_at"]``, the cluster's
+    creationTimestamp; now when absent), not when this runs: an attempt adopted by reconcile is billed
+    from the creation of its objects.
+    """
+    created = objects_created_at(runner_state)
     with transaction.atomic():
-        transition(job, S.STARTING, reason=f"objects created on {attempt.cluster.name}", attempt=attempt)
+        transition(job, S.STARTING, reason=reason or f"objects created on {attempt.cluster.name}", attempt=attempt)
         # One UPDATE, after the job's (lock order: job, then attempt); started_at keeps its first
         # value, so a repeated dispatch does not move billing's start.
         JobAttempt.objects.filter(pk=attempt.pk).update(
-            started_at=Coalesce(F("started_at"), Value(timezone.now(), output_field=DateTimeField())),
+            started_at=Coalesce(F("started_at"), Value(created, output_field=DateTimeField())),
             runner_state=runner_state)
+        attempt.started_at = attempt.started_at or created
     return job
+
+
+def bill_objects(attempt_id: int, created, *, until_now: bool, stopped_at=None) -> None:
+    """Bill objects that exist for ``attempt_id`` although it ended (a dispatch that lost a race to a cancel or a
+    release, objects of an ended attempt still running until deleted): billing starts at their creation
+    ``created`` unless it started before, and with ``until_now`` its end moves to now (the objects were running
+    until this moment), or to ``stopped_at`` when the cluster accepted their deletion then. The ledger picks the
+    extra time up (it accrues to ``ended_at``)."""
+    now = stopped_at if stopped_at is not None and stopped_at <= timezone.now() else timezone.now()
+    changes = {"started_at": Coalesce(F("started_at"), Value(created or now, output_field=DateTimeField()))}
+    if until_now:
+        changes["ended_at"] = Greatest(Coalesce(F("ended_at"), Value(now, output_field=DateTimeField())),
+                                       Value(now, output_field=DateTimeField()))
+    if JobAttempt.objects.filter(pk=attempt_id, ended_at__isnull=False).update(**changes):
+        enqueue_final_accrual(attempt_id)
 
 
 #: The attempt's cluster and node pool (with its accelerator) by id, for dispatch: rows every dispatch to a
@@ -242,6 +288,9 @@ def dispatch(attempt_id: int) -> str:
     try:
         mark_started(job, attempt, runner_state)
     except StaleState:
+        # A cancel or a release won: the objects exist all the same, and are billed from their creation until
+        # reconcile's orphan cleanup deletes them (it moves the attempt's end to then).
+        bill_objects(attempt.pk, objects_created_at(runner_state), until_now=False)
         return "raced"
     return "dispatched"
 
@@ -251,58 +300,147 @@ def delete_ended_attempt(attempt_id: int) -> bool:
 
     Idempotent; a live attempt is left alone (False), and so is a cluster
     without a backend (logged). Whatever stays behind is removed by
-    reconcile's orphan cleanup. Raises TransientDispatchError for the caller
-    to retry.
+    reconcile's orphan cleanup. A preempted attempt's pods ran until the
+    cluster accepted their deletion: billing ends there. Raises
+    TransientDispatchError (the cluster did not answer) for the caller to retry.
     """
     attempt = JobAttempt.objects.select_related("job__team", "cluster", "node_pool__accelerator").get(pk=attempt_id)
     if attempt.ended_at is None:
         return False
     try:
-        return bool(backend_for(attempt.cluster).delete(attempt))
+        gone = bool(backend_for(attempt.cluster).delete(attempt))
     except UnknownBackend:
         log.warning("attempt %s: cluster %s has an unknown backend; left to reconcile", attempt_id, attempt.cluster)
         return False
+    except ClusterUnreachable as exc:
+        _bill_until_deleted(attempt)
+        raise TransientDispatchError(f"deleting {attempt.object_name}: {exc}") from exc
+    _bill_until_deleted(attempt)
+    return gone
+
+
+def _bill_until_deleted(attempt: JobAttempt) -> None:
+    """A preempted attempt whose pods' owner the cluster just accepted to delete: bill it until then."""
+    accepted = getattr(attempt, "deletion_accepted_at", None)
+    if accepted is not None and attempt.end_reason == JobAttempt.EndReason.PREEMPTED:
+        bill_objects(attempt.pk, None, until_now=True, stopped_at=accepted)
 
 
 def apply_observation(job: Job, attempt: JobAttempt, obs: Observation) -> None:
     """Move ``job`` as ``obs`` says; a race lost to another worker is ignored (it did the work).
 
-    STARTING goes through RUNNING before any end, so no state is skipped.
-    Lost attempts are recovered while ``max_retries`` allows, else failed.
+    An ADMITTED job whose objects exist (a dispatch that died after creating
+    them) is adopted: STARTING, billed from the objects' creation. STARTING
+    goes through RUNNING before any end, so no state is skipped. Lost
+    attempts are recovered while ``max_retries`` allows, else failed; the end
+    reason names the cause (Evicted, PodDeleted, NodeLost, Preempted...).
+    ``absent`` is not handled here: reconcile acts on it only after a second
+    look (``confirm_absent``).
     """
     try:
-        if job.state == S.CANCELLING:
+        if job.state == S.CANCELLING or obs.phase == "absent":
             return
+        if job.state == S.ADMITTED:
+            state = {"adopted": True, "created_at": (obs.created_at or timezone.now()).isoformat()}
+            mark_started(job, attempt, state, reason=f"objects found on {attempt.cluster.name}: adopted "
+                                                     f"(the dispatch that created them did not finish)")
         if obs.phase in ("running", "succeeded", "failed") and job.state == S.STARTING:
             transition(job, S.RUNNING, reason="all nodes running" if obs.phase == "running" else f"observed {obs.phase}",
                        attempt=attempt)
         if obs.phase == "succeeded" and job.state == S.RUNNING:
             end_attempt(job, attempt, S.SUCCEEDED, reason="all nodes exited 0", end_reason=JobAttempt.EndReason.SUCCEEDED,
-                        exit_code=0)
+                        exit_code=0, ended_at=obs.ended_at)
         elif obs.phase == "failed" and job.state in (S.RUNNING, S.STARTING):
             reason = obs.end_reason or JobAttempt.EndReason.FAILED
             text = f"{reason}" + (f" (exit code {obs.exit_code})" if obs.exit_code is not None else "")
-            end_attempt(job, attempt, S.FAILED, reason=text, end_reason=reason, exit_code=obs.exit_code, message=obs.message)
-        elif obs.phase in ("lost", "absent") and job.state in (S.STARTING, S.RUNNING):
-            recover_or_fail(job, attempt, end_reason=obs.end_reason or JobAttempt.EndReason.NODE_LOST, message=obs.message)
+            end_attempt(job, attempt, S.FAILED, reason=text, end_reason=reason, exit_code=obs.exit_code,
+                        message=obs.message, ended_at=obs.ended_at)
+        elif obs.phase == "lost" and job.state in (S.STARTING, S.RUNNING):
+            recover_or_fail(job, attempt, end_reason=obs.end_reason or JobAttempt.EndReason.NODE_LOST,
+                            message=obs.message, ended_at=obs.ended_at)
     except StaleState:
         log.info("job %s changed under reconcile; leaving it to the winner", job.pk)
 
 
-def recover_or_fail(job: Job, attempt: JobAttempt, *, end_reason: str, message: str = "") -> Job:
+def confirm_absent(job: Job, attempt: JobAttempt, now) -> bool:
+    """One look found none of ``attempt``'s objects (their own GET answered 404): the first such look is
+    recorded (``absent_since``), the second in a row ends the attempt (``Deleted``: recovered while retries
+    are left), billed up to the first. Returns True when the attempt ended."""
+    if attempt.absent_since is None:
+        JobAttempt.objects.filter(pk=attempt.pk, absent_since__isnull=True).update(absent_since=now)
+        attempt.absent_since = now
+        return False
+    if job.state not in (S.STARTING, S.RUNNING):
+        return False
+    try:
+        recover_or_fail(job, attempt, end_reason=JobAttempt.EndReason.DELETED, ended_at=attempt.absent_since,
+                        message=f"the attempt's objects answered 404 NotFound on two looks in a row, since "
+                                f"{attempt.absent_since.isoformat()}")
+    except StaleState:
+        return False
+    return True
+
+
+def seen_again(attempt: JobAttempt) -> None:
+    """The objects answered again after a look that missed them: forget that look."""
+    if attempt.absent_since is not None:
+        JobAttempt.objects.filter(pk=attempt.pk).update(absent_since=None)
+        attempt.absent_since = None
+
+
+def redispatch_or_release(job: Job, attempt: JobAttempt, *, cluster_answers: bool, deadline_seconds: float,
+                          now) -> str:
+    """An ADMITTED attempt without objects ``deadline_seconds`` after its admission (or its re-dispatch).
+
+    When its cluster answers and it was not re-dispatched yet: dispatched again (an event says why); returns
+    ``redispatched``. Otherwise released: the attempt ends NotDispatched (it never created objects, so it
+    costs $0 and uses no retry), its quota and committed budget are free at once, and the job goes back to
+    admission (RECOVERING) with an event naming the cluster; the cluster counts a failure in its health, so
+    the next placement avoids it while it refuses work. Returns ``released``, ``waiting`` (deadline not
+    reached) or ``raced``.
+    """
+    state = attempt.runner_state or {}
+    since = attempt.created_at
+    if state.get("redispatched_at"):
+        since = dt.datetime.fromisoformat(state["redispatched_at"])
+    if (now - since).total_seconds() < deadline_seconds:
+        return "waiting"
+    cluster = attempt.cluster
+    if cluster_answers and not state.get("redispatched_at"):
+        with transaction.atomic():
+            JobAttempt.objects.filter(pk=attempt.pk).update(runner_state={**state, "redispatched_at": now.isoformat()})
+            record_event(job, "dispatch_retry", f"no objects on {cluster.name} {deadline_seconds:g} s after "
+                                                f"admission: dispatching again", attempt=attempt)
+            enqueue_dispatch(attempt.pk)
+        return "redispatched"
+    why = "it answers, but its objects were never created" if cluster_answers else "it does not answer"
+    try:
+        end_attempt(job, attempt, S.RECOVERING, end_reason=JobAttempt.EndReason.NOT_DISPATCHED,
+                    reason=f"not dispatched within {deadline_seconds:g} s on {cluster.name} ({why}): quota and "
+                           f"committed budget released, placing it again")
+    except StaleState:
+        return "raced"
+    Cluster.objects.filter(pk=cluster.pk, health=Cluster.Health.HEALTHY).update(
+        health=Cluster.Health.DEGRADED, consecutive_failures=F("consecutive_failures") + 1)
+    return "released"
+
+
+def recover_or_fail(job: Job, attempt: JobAttempt, *, end_reason: str, message: str = "", ended_at=None) -> Job:
     """End a lost attempt: RECOVERING (back to admission) while retries remain, FAILED after ``max_retries``.
 
     Retries count earlier attempts that were lost; attempts ended by
-    preemption were the scheduler's choice, not a failure, and do not count.
+    preemption were the scheduler's choice, not a failure, and attempts
+    that never created objects never ran: neither counts. ``ended_at``: when
+    the pods stopped, as the cluster says (billing ends there).
     """
     retries_used = (
-        job.attempts.filter(number__lt=attempt.number).exclude(end_reason=JobAttempt.EndReason.PREEMPTED).count()
+        job.attempts.filter(number__lt=attempt.number).exclude(end_reason__in=FREE_RETRY_END_REASONS).count()
     )
     if retries_used < job.max_retries:
         return end_attempt(job, attempt, S.RECOVERING, reason=f"{end_reason}: attempt {attempt.number} lost, recovering",
-                           end_reason=end_reason, message=message)
+                           end_reason=end_reason, message=message, ended_at=ended_at)
     return end_attempt(job, attempt, S.FAILED, reason=f"{end_reason}: attempt lost and {job.max_retries} retries used",
-                       end_reason=end_reason, message=message)
+                       end_reason=end_reason, message=message, ended_at=ended_at)
 
 
 def cancel_job(job: Job, actor=None) -> Job:
@@ -349,7 +487,9 @@ def finish_cancel(job_id: int) -> bool:
         return False
     try:
         if attempt is not None and attempt.ended_at is None:
-            end_attempt(job, attempt, S.CANCELLED, reason=reason, end_reason=JobAttempt.EndReason.CANCELLED)
+            # Billing ends when the cluster accepted the deletion of the pods' owner (they stop from then), or now.
+            end_attempt(job, attempt, S.CANCELLED, reason=reason, end_reason=JobAttempt.EndReason.CANCELLED,
+                        ended_at=getattr(attempt, "deletion_accepted_at", None))
         else:
             transition(job, S.CANCELLED, reason="nothing was running")
     except StaleState:

@@ -68,6 +68,8 @@ class Job(models.Model):
     preemptible = models.BooleanField(default=False)
     max_runtime_seconds = models.PositiveIntegerField()
     max_retries = models.PositiveIntegerField(default=0)
+    # Pods per node of the job: serving replicas of an inference job (each a copy of the node), 1 for training.
+    replicas = models.PositiveIntegerField(default=1)
 
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.QUEUED, db_index=True)
     state_reason = models.CharField(max_length=500, blank=True)
@@ -94,8 +96,9 @@ class Job(models.Model):
 
     @property
     def total_gpus(self) -> int:
-        """GPUs the whole job holds: nodes x GPUs per node."""
-        return self.nodes * self.gpus_per_node
+        """GPUs the whole job holds: nodes x GPUs per node x replicas (an inference job's pods each hold
+        ``gpus_per_node``; training jobs have one replica)."""
+        return total_gpus(self.nodes, self.gpus_per_node, self.replicas)
 
     @property
     def is_final(self) -> bool:
@@ -122,12 +125,15 @@ class JobAttempt(models.Model):
         NODE_LOST = "NodeLost"
         PREEMPTED = "Preempted"
         DISPATCH_ERROR = "DispatchError"
+        POD_DELETED = "PodDeleted"  # a pod deleted directly (not through the Eviction API) while it ran
+        DELETED = "Deleted"  # the attempt's objects answered 404 on two looks in a row
+        NOT_DISPATCHED = "NotDispatched"  # no objects within DISPATCH_DEADLINE_SECONDS: released, placed again
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
     number = models.PositiveIntegerField()
     cluster = models.ForeignKey("runners.Cluster", on_delete=models.PROTECT, related_name="attempts")
     node_pool = models.ForeignKey("runners.NodePool", on_delete=models.PROTECT, related_name="attempts")
-    gpus = models.PositiveIntegerField(help_text="GPUs held by this attempt (nodes x GPUs per node)")
+    gpus = models.PositiveIntegerField(help_text="GPUs held by this attempt (nodes x GPUs per node x replicas)")
     object_name = models.CharField(max_length=63)
     usd_per_gpu_hour = models.DecimalField(max_digits=12, decimal_places=6, help_text="Price at admission, for the estimate")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -136,6 +142,9 @@ class JobAttempt(models.Model):
     # Cost is accrued up to here; the ledger continues from this instant.
     accrued_until = models.DateTimeField(null=True, blank=True)
     end_reason = models.CharField(max_length=32, choices=EndReason.choices, blank=True)
+    # The first of consecutive looks at the cluster in which this attempt's objects answered 404 (None: seen, or
+    # never looked for); a second look in a row that finds nothing ends the attempt, billed up to this instant.
+    absent_since = models.DateTimeField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     message = models.TextField(blank=True)
     runner_state = models.JSONField(default=dict, blank=True)
@@ -171,6 +180,15 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id}: {self.from_state}->{self.to_state} {self.reason}"
+
+
+#: End reasons that do not use up a retry: the scheduler's preemption, and an attempt that never created objects.
+FREE_RETRY_END_REASONS = (JobAttempt.EndReason.PREEMPTED, JobAttempt.EndReason.NOT_DISPATCHED)
+
+
+def total_gpus(nodes: int, gpus_per_node: int, replicas: int = 1) -> int:
+    """GPUs a job holds: ``nodes`` x ``gpus_per_node`` x ``replicas`` (every pod holds ``gpus_per_node``)."""
+    return nodes * gpus_per_node * max(1, replicas)
 
 
 def committed_usd(team_id: int) -> Decimal:

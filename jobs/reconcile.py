@@ -18,6 +18,19 @@ The pass is also the cluster's health probe: one failure makes it
 its jobs are left alone until ``CLUSTER_LOST_GRACE_SECONDS`` after the last
 contact, then their attempts are recovered elsewhere (a control plane that
 loses contact never kills healthy work before that).
+
+Evidence before verdicts: any failed, erroring (404, 410, 429, 5xx),
+timed-out or malformed answer fails the whole look at that cluster (counted
+in its health) and changes nothing else. An attempt is gone only when the
+kind was listed and the attempt's own GET answered 404, on two looks in a
+row (``lifecycle.confirm_absent``), or when its cluster is lost after the
+grace period. Orphan cleanup deletes only objects of ended attempts, and
+only after a look that succeeded.
+
+No attempt is stranded: ADMITTED attempts are looked at too. Objects found
+for one are adopted (billed from their creation); none found
+``DISPATCH_DEADLINE_SECONDS`` after admission are dispatched again once, then
+released and placed again (``lifecycle.redispatch_or_release``).
 """
 
 from __future__ import annotations
@@ -37,21 +50,26 @@ from django.db.models import F
 from django.utils import timezone
 
 from .metrics import RECONCILE_SECONDS
-from runners.base import Backend, ClusterUnreachable, Observation, UnknownBackend, backend_for
+from runners.base import Backend, ClusterUnreachable, Observation, Owned, UnknownBackend, backend_for
 from runners.models import Cluster
 
-from .lifecycle import apply_observation, finish_cancel, recover_or_fail
+from .lifecycle import (apply_observation, bill_objects, confirm_absent, finish_cancel, recover_or_fail,
+                        redispatch_or_release, seen_again)
 from .models import Job, JobAttempt, JobState
 from .states import StaleState
 
 log = logging.getLogger(__name__)
+
+#: Seconds after admission before reconcile adopts the objects of an ADMITTED attempt: a dispatch still in flight
+#: (creating its objects one by one) records them itself, with the backend's own state.
+ADOPT_AFTER_SECONDS = 10.0
 
 #: Clusters looked at at the same time in one pass (threads; each waits on its own cluster's API server).
 MAX_CONCURRENT_LOOKS = 16
 
 # Columns a pass never reads: JSON and decimals cost a parse per row (10,000s of rows per pass). A code path that
 # does read one (a rare state change) loads it on access, in this thread.
-_DEFERRED = ("runner_state", "message", "usd_per_gpu_hour", "created_at", "accrued_until",
+_DEFERRED = ("runner_state", "message", "usd_per_gpu_hour", "accrued_until",
              "job__spec", "job__queue_info", "job__state_reason", "job__estimated_cost_usd", "job__accrued_cost_usd",
              "job__created_at", "job__updated_at", "job__admitted_at", "job__ended_at")
 
@@ -108,9 +126,10 @@ def reconcile_clusters(clusters: Iterable[Cluster]) -> list[dict]:
 
 
 def _live_attempts(cluster: Cluster) -> list[JobAttempt]:
-    """The started, not ended attempts on ``cluster`` with their jobs (heavy columns deferred, ``cluster`` set)."""
-    attempts = list(JobAttempt.objects.filter(cluster=cluster, ended_at__isnull=True, started_at__isnull=False)
-                    .select_related("job").defer(*_DEFERRED))
+    """The not ended attempts on ``cluster`` (ADMITTED ones too) with their jobs (heavy columns deferred,
+    ``cluster`` set)."""
+    attempts = list(JobAttempt.objects.filter(cluster=cluster, ended_at__isnull=True)
+                    .select_related("job__team").defer(*_DEFERRED))
     for attempt in attempts:
         attempt.cluster = cluster  # the row just read: no join, no per-row decryption of its credentials
     return attempts
@@ -131,13 +150,14 @@ def _apply(look: _Look, future: Future) -> dict:
         observations, owned = future.result()
     except ClusterUnreachable as exc:
         log.warning("cluster %s did not answer: %s", cluster.name, exc)
-        return _record_failure(cluster, attempts)
+        return _record_failure(cluster, attempts, str(exc))
     except Exception as exc:  # noqa: BLE001 - a backend bug on one cluster must not stop the others' reconcile
         log.exception("cluster %s: observing failed", cluster.name)
-        return {"cluster": cluster.name, "error": f"{type(exc).__name__}: {exc}"}
+        return {**_record_failure(cluster, attempts, f"{type(exc).__name__}: {exc}"),
+                "error": f"{type(exc).__name__}: {exc}"}
     Cluster.objects.filter(pk=cluster.pk).update(last_contact_at=timezone.now(), consecutive_failures=0,
                                                  health=Cluster.Health.HEALTHY)
-
+    now = timezone.now()
     for attempt in attempts:
         job = attempt.job
         if job.current_attempt_id != attempt.pk:
@@ -146,34 +166,55 @@ def _apply(look: _Look, future: Future) -> dict:
             _finish_cancel(job.pk)
             continue
         obs = observations.get(attempt.pk)
-        if obs is not None:
+        if obs is None:
+            continue
+        if obs.phase != "absent":
+            if job.state == JobState.ADMITTED and (now - attempt.created_at).total_seconds() < ADOPT_AFTER_SECONDS:
+                continue  # a dispatch in flight records its own objects
+            seen_again(attempt)
             apply_observation(job, attempt, obs)
+        elif job.state == JobState.ADMITTED:
+            redispatch_or_release(job, attempt, cluster_answers=True, now=now,
+                                  deadline_seconds=settings.DISPATCH_DEADLINE_SECONDS)
+        else:
+            confirm_absent(job, attempt, now)
 
     # Attempts still live after this pass's changes own their objects; the rest of what the cluster runs is a
     # candidate orphan (ended this pass or before, or live elsewhere: _delete_orphans asks the database).
-    orphans = _delete_orphans(cluster, backend, owned - {a.pk for a in attempts if a.ended_at is None})
+    held = owned if isinstance(owned, dict) else dict.fromkeys(owned, Owned())
+    live = {a.pk for a in attempts if a.ended_at is None}
+    orphans = _delete_orphans(cluster, backend, {k: v for k, v in held.items() if k not in live})
     return {"cluster": cluster.name, "observed": len(attempts), "orphans_deleted": orphans,
             "seconds": round(time.monotonic() - look.started, 4)}
 
 
-def _delete_orphans(cluster: Cluster, backend: Backend, candidates: set[int]) -> int:
+def _delete_orphans(cluster: Cluster, backend: Backend, candidates: dict[int, Owned]) -> int:
     """Delete the objects on ``cluster`` of the attempts in ``candidates`` that ended; returns how many were deleted.
 
     ``candidates``: attempt ids seen on the cluster that the pass did not
-    load as live (so a steady pass asks nothing). A candidate that is still
-    live (e.g. dispatched, not yet marked started) is kept; ids without a
-    row are left alone.
+    load as live (so a steady pass asks nothing), with what the cluster
+    holds of each. A candidate that is still live (e.g. admitted since the
+    look) is kept; ids without a row are left alone. Objects whose pods
+    still held GPUs are billed until now (``lifecycle.bill_objects``): they
+    ran, whatever the attempt's state said.
     """
     if not candidates:
         return 0
     live_ids = set(JobAttempt.objects.filter(pk__in=candidates, ended_at__isnull=True).values_list("pk", flat=True))
     orphans = 0
-    for attempt in JobAttempt.objects.filter(pk__in=candidates - live_ids).select_related("cluster"):
+    for attempt in JobAttempt.objects.filter(pk__in=set(candidates) - live_ids).select_related("job__team", "cluster"):
         log.info("deleting orphaned objects of %s on %s", attempt.object_name, cluster.name)
+        failure = None
         try:
             backend.delete(attempt)
         except ClusterUnreachable as exc:  # the next pass retries
             log.warning("cluster %s: deleting %s failed: %s", cluster.name, attempt.object_name, exc)
+            failure = exc
+        accepted = getattr(attempt, "deletion_accepted_at", None)
+        if candidates[attempt.pk].holding and (failure is None or accepted is not None):
+            # They ran until now, or until the deletion of their owner was accepted (a later call may have failed).
+            bill_objects(attempt.pk, candidates[attempt.pk].created_at, until_now=True, stopped_at=accepted)
+        if failure is not None:
             break
         orphans += 1
     return orphans
@@ -198,8 +239,12 @@ def paused_gc():
             gc.enable()
 
 
-def _record_failure(cluster: Cluster, attempts: list[JobAttempt]) -> dict:
-    """Count a failed probe; mark ``unreachable`` after enough in a row; past the grace period recover its attempts."""
+def _record_failure(cluster: Cluster, attempts: list[JobAttempt], error: str = "") -> dict:
+    """Count a failed look; mark ``unreachable`` after enough in a row; past the grace period recover its attempts.
+
+    ADMITTED attempts past ``DISPATCH_DEADLINE_SECONDS`` are released and placed again at once (a cluster that
+    does not answer cannot be dispatched to). ``error``: what failed, in the result and the log.
+    """
     Cluster.objects.filter(pk=cluster.pk).update(consecutive_failures=F("consecutive_failures") + 1)
     cluster.refresh_from_db(fields=["consecutive_failures", "last_contact_at", "health"])
     unreachable = cluster.consecutive_failures >= settings.CLUSTER_UNREACHABLE_AFTER_FAILURES
@@ -208,7 +253,12 @@ def _record_failure(cluster: Cluster, attempts: list[JobAttempt]) -> dict:
         Cluster.objects.filter(pk=cluster.pk).update(health=health)
         log.warning("cluster %s is %s after %d failed probe(s)", cluster.name, health, cluster.consecutive_failures)
     result = {"cluster": cluster.name, "unreachable": True, "health": str(health),
-              "consecutive_failures": cluster.consecutive_failures, "recovered": 0}
+              "consecutive_failures": cluster.consecutive_failures, "recovered": 0, "failure": error}
+    now = timezone.now()
+    for attempt in attempts:
+        if attempt.job.current_attempt_id == attempt.pk and attempt.job.state == JobState.ADMITTED:
+            redispatch_or_release(attempt.job, attempt, cluster_answers=False, now=now,
+                                  deadline_seconds=settings.DISPATCH_DEADLINE_SECONDS)
     if unreachable:
         result["recovered"] = recover_lost_cluster(cluster, attempts)
     return result

@@ -339,8 +339,12 @@ KIND_SPECIFIC = kind_specific()
 
 def apply_kind(kind: str, spec: dict) -> dict[str, list[str]]:
     """Apply the kind rules to the validated ``spec`` in place: a field of some kinds only (``replicas``,
-    ``port``) gets its default for those kinds; errors by spec field for those given to another kind."""
+    ``port``) gets its default for those kinds; errors by spec field for those given to another kind, and for a
+    spec with neither ``command`` nor ``args`` (nothing would say what to run: a container with ``args`` and no
+    ``command`` runs the image's ENTRYPOINT with them, Kubernetes "Define a command and arguments")."""
     errors = {}
+    if not spec.get("command") and not spec.get("args"):
+        errors["command"] = ["required unless args are given (the image's ENTRYPOINT then runs with them)"]
     for field in KIND_SPECIFIC:
         if kind in field.kinds:
             spec.setdefault(field.name, field.default_value())
@@ -380,7 +384,7 @@ def submission_fields(values: Mapping, submitter, classes: Mapping[str, int] | N
     """``submit_job``'s keyword arguments from validated submission ``values`` (team and accelerator as rows):
     team, submitter, name, kind, the stored spec, and the columns admission reads (``resources``: accelerator,
     GPUs per node, nodes, numeric priority from ``classes`` (default ``priority_classes()``), preemptible, max
-    runtime in seconds, max retries)."""
+    runtime in seconds, max retries, replicas: 1 for training)."""
     spec = values["spec"]
     resources = spec["resources"]
     classes = priority_classes() if classes is None else classes
@@ -398,6 +402,7 @@ def submission_fields(values: Mapping, submitter, classes: Mapping[str, int] | N
             "preemptible": spec["preemptible"],
             "max_runtime_seconds": spec["max_runtime_seconds"],
             "max_retries": spec["max_retries"],
+            "replicas": spec.get("replicas") or 1,
         },
     }
 

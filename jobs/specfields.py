@@ -158,8 +158,9 @@ PLACEMENT = (
 
 SPEC = (
     SpecField("image", STRING, "container image reference", max_length=IMAGE_MAX_LENGTH),
-    SpecField("command", STRING_LIST, "the container's command", allow_empty=False),
-    SpecField("args", STRING_LIST, "arguments after the command", default=list),
+    SpecField("command", STRING_LIST, "the container's command; absent: the image's ENTRYPOINT runs with args "
+              "(then required)", default=list, allow_empty=False),
+    SpecField("args", STRING_LIST, "arguments after the command (or the image's ENTRYPOINT)", default=list),
     SpecField("env", FieldType.ENV, "environment variables, name to value", default=dict),
     SpecField("resources", OBJECT, "what the job runs on", fields=RESOURCES),
     SpecField("priority", FieldType.PRIORITY, "priority class name (quotas.PriorityClass); higher values go first",

@@ -9,6 +9,7 @@ call per cluster, and deletes what it owns. Backends never change job states:
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import time
 from collections.abc import Iterator
 from typing import ClassVar
@@ -31,7 +32,8 @@ class UnknownBackend(LookupError):
 
 
 class ClusterUnreachable(Exception):
-    """The backend could not talk to the cluster at all."""
+    """A failed observation of the cluster: no answer, a timeout, an error status (404, 410, 429, 5xx) or a
+    malformed body. Never evidence that objects are gone: callers count it against the cluster's health."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,15 +42,35 @@ class Observation:
 
     ``phase`` is one of ``pending`` (objects exist, not all nodes run),
     ``running``, ``succeeded``, ``failed`` (``end_reason`` and ``exit_code``
-    say why), ``lost`` (the objects vanished or their node went away: the
-    attempt should be recovered) and ``absent`` (no object of this attempt
-    exists).
+    say why), ``lost`` (a pod was evicted or deleted, or its node went away:
+    the attempt should be recovered; ``end_reason`` names the cause) and
+    ``absent`` (the kind is served and the attempt's own object answered 404
+    on this look: one piece of evidence, which reconcile confirms by a second
+    look before it acts).
+
+    ``created_at``: when the attempt's objects came into existence (the
+    earliest creationTimestamp the cluster reports; billing starts there).
+    ``ended_at``: for a final phase, when the attempt's pods stopped holding
+    their GPUs (their containers' finishedAt, a DisruptionTarget's or the
+    Job's final condition's transition time); None when the cluster does not
+    tell (the caller uses the time it saw it).
     """
 
     phase: str
     end_reason: str = ""
     exit_code: int | None = None
     message: str = ""
+    created_at: dt.datetime | None = None
+    ended_at: dt.datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Owned:
+    """What a cluster holds of one attempt (for orphan cleanup): ``holding`` when a pod of it still holds its
+    GPUs (not Succeeded/Failed), ``created_at`` the earliest creation time of its objects (None: unknown)."""
+
+    holding: bool = True
+    created_at: dt.datetime | None = None
 
 
 ABSENT = Observation("absent")
@@ -94,11 +116,12 @@ class Backend:
         """
         raise NotImplementedError
 
-    def owned_attempt_ids(self, cluster) -> set[int]:
-        """Ids of every attempt that has live objects on ``cluster`` (to find orphans)."""
+    def owned_attempt_ids(self, cluster) -> set[int] | dict[int, Owned]:
+        """Ids of every attempt that has live objects on ``cluster`` (to find orphans); a backend that can tell
+        more maps each id to an ``Owned``."""
         raise NotImplementedError
 
-    def observe_all(self, cluster, attempts) -> tuple[dict[int, Observation], set[int]]:
+    def observe_all(self, cluster, attempts) -> tuple[dict[int, Observation], set[int] | dict[int, Owned]]:
         """``(observe(cluster, attempts), owned_attempt_ids(cluster))`` for one reconcile pass.
 
         Backends that can answer both from the same look at the cluster

@@ -18,6 +18,7 @@ pytest_plugins = [
     "tests.support.broker",
     "tests.support.prometheus",
     "tests.support.local_runner",
+    "tests.support.clusters",
 ]
 
 

@@ -33,7 +33,7 @@ def preview_submission(team: Team, resources: dict, placement: dict, now: dt.dat
         gpus_per_node=resources["gpus_per_node"], priority=resources["priority"], submitted=now.timestamp(),
         preemptible=resources["preemptible"], max_runtime_seconds=resources["max_runtime_seconds"],
         providers=tuple(placement.get("providers") or ()), regions=tuple(placement.get("regions") or ()),
-        clusters=tuple(placement.get("clusters") or ()),
+        clusters=tuple(placement.get("clusters") or ()), replicas=resources.get("replicas", 1),
     )
     snapshot = job_snapshot(team, job, now, pool_offers(accelerator.pk, now, lock=False), cohort=False)
     return assess(snapshot, job)

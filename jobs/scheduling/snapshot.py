@@ -73,6 +73,7 @@ def _queued_job(row: dict) -> QueuedJob:
         gpus_per_node=row["gpus_per_node"], priority=row["priority"], submitted=row["created_at"].timestamp(),
         preemptible=row["preemptible"], max_runtime_seconds=row["max_runtime_seconds"],
         providers=providers, regions=regions, clusters=clusters, recovering=row["state"] == JobState.RECOVERING,
+        replicas=row["replicas"],
     )
 
 
@@ -84,6 +85,7 @@ def queued_job(job: Job) -> QueuedJob:
         gpus_per_node=job.gpus_per_node, priority=job.priority, submitted=job.created_at.timestamp(),
         preemptible=job.preemptible, max_runtime_seconds=job.max_runtime_seconds,
         providers=providers, regions=regions, clusters=clusters, recovering=job.state == JobState.RECOVERING,
+        replicas=job.replicas,
     )
 
 
@@ -96,7 +98,7 @@ class Loaded:
 
 
 _ROW_COLUMNS = ("pk", "team_id", "accelerator_id", "nodes", "gpus_per_node", "priority", "created_at", "preemptible",
-                "max_runtime_seconds", "state", "queue_info")
+                "max_runtime_seconds", "state", "queue_info", "replicas")
 
 
 class _RowCache:

@@ -139,7 +139,9 @@ def _scheduling(w: Workload) -> dict:
     out: dict = {}
     if w.gpu_product:
         out["nodeSelector"] = {GPU_PRODUCT_LABEL: w.gpu_product}
-    tolerations = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    # GPU nodes are tainted nvidia.com/gpu:NoSchedule (GPU operator, managed node groups); a CPU-only pod does not
+    # tolerate it, so it lands on CPU nodes and never takes a GPU node's CPUs.
+    tolerations = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}] if w.gpus_per_node else []
     labels = _spot_labels(w.provider)
     if w.spot:
         terms = [{"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]} for key, value in labels]
@@ -147,22 +149,25 @@ def _scheduling(w: Workload) -> dict:
     else:
         terms = [{"matchExpressions": [{"key": key, "operator": "NotIn", "values": [value]} for key, value in labels]}]
     out["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
-    out["tolerations"] = tolerations
+    if tolerations:
+        out["tolerations"] = tolerations
     return out
 
 
 def _platform_env(w: Workload) -> list[dict]:
-    env = [{"name": k, "value": v} for k, v in w.env]
-    env += [
+    return [
         {"name": "CONTROLPLANE_JOB_ID", "value": str(w.job_id)},
         {"name": "CONTROLPLANE_ATTEMPT", "value": str(w.attempt_number)},
         {"name": "CONTROLPLANE_TEAM", "value": w.team},
     ]
-    return env
 
 
 def rendezvous_env(w: Workload) -> list[dict]:
-    """torchrun's variables for one process per node: MASTER_ADDR/PORT, WORLD_SIZE, NODE_RANK and RANK.
+    """torchrun's variables: MASTER_ADDR/PORT, WORLD_SIZE, NODE_RANK, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE for
+    one process per node, and torchrun's own options as ``PET_*`` (``PET_NNODES``, ``PET_NPROC_PER_NODE`` = the
+    node's GPUs, at least 1, ``PET_NODE_RANK``, ``PET_MASTER_ADDR``, ``PET_MASTER_PORT``), so a bare
+    ``torchrun train.py`` forms one group across the nodes as under Kubeflow Trainer's torch runtime
+    (torch.distributed.run reads ``PET_<OPTION>`` for an option not given on its command line).
 
     NODE_RANK and RANK come from the pod's completion index (downward API on
     the ``batch.kubernetes.io/job-completion-index`` annotation; Kubernetes
@@ -170,9 +175,9 @@ def rendezvous_env(w: Workload) -> list[dict]:
     """
     if w.nodes > 1:
         index = {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}
-        rank = [{"name": "NODE_RANK", "valueFrom": index}, {"name": "RANK", "valueFrom": index}]
+        rank = [{"name": name, "valueFrom": index} for name in ("NODE_RANK", "RANK", "PET_NODE_RANK")]
     else:
-        rank = [{"name": "NODE_RANK", "value": "0"}, {"name": "RANK", "value": "0"}]
+        rank = [{"name": name, "value": "0"} for name in ("NODE_RANK", "RANK", "PET_NODE_RANK")]
     return [
         {"name": "MASTER_ADDR", "value": w.master_addr},
         {"name": "MASTER_PORT", "value": str(w.master_port)},
@@ -180,6 +185,10 @@ def rendezvous_env(w: Workload) -> list[dict]:
         *rank,
         {"name": "LOCAL_RANK", "value": "0"},
         {"name": "LOCAL_WORLD_SIZE", "value": "1"},
+        {"name": "PET_NNODES", "value": str(w.nodes)},
+        {"name": "PET_NPROC_PER_NODE", "value": str(max(1, w.gpus_per_node))},
+        {"name": "PET_MASTER_ADDR", "value": w.master_addr},
+        {"name": "PET_MASTER_PORT", "value": str(w.master_port)},
     ]
 
 
@@ -247,18 +256,26 @@ def checkpoint_env(w: Workload) -> list[dict]:
     return env
 
 
-def _last_wins(env: list[dict]) -> list[dict]:
-    """``env`` with each name once, at its last definition: what the kubelet would use anyway (a later entry
-    hides an earlier one), without the duplicates. So a job's env naming a variable the platform sets
-    (CHECKPOINT_DIR, MASTER_ADDR, CONTROLPLANE_*) yields the platform's value, as on the local runner."""
-    last = {e["name"]: i for i, e in enumerate(env)}
-    return [e for i, e in enumerate(env) if last[e["name"]] == i]
+def container_env(w: Workload, platform: list[dict]) -> list[dict]:
+    """The platform's variables first (``platform`` and ``checkpoint_env``), then the job's own ``env``.
+
+    Kubernetes expands ``$(VAR)`` in an env value only for variables defined
+    earlier in the list, so a job's value may use ``$(NODE_RANK)`` or
+    ``$(MASTER_ADDR)``. A job variable naming one the platform sets
+    (CHECKPOINT_DIR, MASTER_ADDR, CONTROLPLANE_*) is left out: the platform's
+    value holds, once, as on the local runner; CHECKPOINT_URI set by the job
+    is the job's (``checkpoint_env`` leaves its own out then).
+    """
+    env = platform + checkpoint_env(w)
+    names = {e["name"] for e in env}
+    return env + [{"name": k, "value": v} for k, v in w.env if k not in names]
 
 
 def _container(w: Workload, env: list[dict], ports: list[dict], read_only_checkpoints: bool = False) -> dict:
-    env = _last_wins(env + checkpoint_env(w))
-    container = {"name": CONTAINER, "image": w.image, "command": list(w.command), "env": env,
+    container = {"name": CONTAINER, "image": w.image, "env": container_env(w, env),
                  "resources": _resources(w), "volumeMounts": [checkpoint_mount(w, read_only_checkpoints)]}
+    if w.command:  # none: the image's ENTRYPOINT runs, with ``args``
+        container["command"] = list(w.command)
     if w.args:
         container["args"] = list(w.args)
     if ports:

@@ -9,7 +9,9 @@ selector, and maps Jobs, Deployments and Pods to attempts through the
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import datetime as dt
+import json
 import logging
 import threading
 import time
@@ -22,7 +24,7 @@ import urllib3
 from django.conf import settings
 from django.utils import timezone
 
-from ..base import (ABSENT, Backend, ClusterUnreachable, Observation, PermanentDispatchError, PoolCapacity,
+from ..base import (ABSENT, Backend, ClusterUnreachable, Observation, Owned, PermanentDispatchError, PoolCapacity,
                     TransientDispatchError, register)
 from . import manifests as m
 from .client import ApiError, ClusterClient, client_for
@@ -36,6 +38,11 @@ IMAGE_PULL_REASONS = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImag
 # DeletionByTaintManager, EvictionByEvictionAPI, DeletionByPodGC, TerminationByKubelet).
 LOST_POD_REASONS = frozenset({"Evicted", "NodeLost", "Preempting", "Shutdown", "NodeShutdown", "Terminated"})
 SPOT_LOST_REASONS = frozenset({"PreemptionByScheduler", "DeletionByTaintManager", "TerminationByKubelet"})
+# Pod status reasons of a node shut down or reclaimed by its provider (kubelet graceful node shutdown): spot.
+SPOT_STATUS_REASONS = frozenset({"Shutdown", "NodeShutdown", "Terminated"})
+# DisruptionTarget reasons that mean the pod's node is gone (the pod garbage collector deletes pods bound to
+# a node that no longer exists).
+NODE_LOST_REASONS = frozenset({"DeletionByPodGC"})
 
 
 def team_namespace(team_slug: str) -> str:
@@ -59,7 +66,7 @@ def workload(attempt) -> m.Workload:
         cpu=resources.get("cpu"), memory_gib=resources.get("memory_gib"),
         gpu_product=attempt.node_pool.accelerator.product_label, provider=attempt.cluster.provider,
         spot=attempt.node_pool.capacity_type == "spot", max_runtime_seconds=job.max_runtime_seconds,
-        replicas=int(spec.get("replicas") or 1), port=int(spec.get("port") or 8000),
+        replicas=job.replicas, port=int(spec.get("port") or 8000),
         master_port=settings.K8S_MASTER_PORT, checkpoint_claim=settings.K8S_CHECKPOINT_CLAIM,
         checkpoint_uri=m.checkpoint_uri(settings.CHECKPOINT_STORE_URI, job.team.slug, job.pk),
     )
@@ -90,9 +97,10 @@ class _NamespaceMissing(Exception):
 
 
 def _dispatch_error(exc: ApiError, what: str) -> Exception:
-    """Transient for 408, 429 and 5xx (and 409 conflicts of a concurrent change); permanent for the rest (400/403/404/422)."""
+    """Transient for 404, 408, 410, 429 and 5xx (a proxy answers 404/410 for a healthy server too); permanent
+    for the rest (400/403/422)."""
     text = f"{what}: HTTP {exc.status} {exc.reason}: {exc.message}"
-    if exc.status in (408, 429) or exc.status >= 500:
+    if exc.status in (404, 408, 410, 429) or exc.status >= 500:
         return TransientDispatchError(text)
     return PermanentDispatchError(text)
 
@@ -130,18 +138,64 @@ def _container_statuses(pod: dict) -> list[dict]:
 
 
 def pod_lost(pod: dict) -> Observation | None:
-    """``lost`` when ``pod`` was evicted, preempted or lost its node (DisruptionTarget, reason Evicted...), else None."""
+    """``lost`` when ``pod`` was taken away rather than failing, with the cause as end reason; else None.
+
+    DisruptionTarget (Kubernetes docs "Pod disruption conditions"): TerminationByKubelet, DeletionByTaintManager
+    and PreemptionByScheduler are a reclaimed (spot) node or a preemption: ``Preempted``; DeletionByPodGC is a
+    deleted node: ``NodeLost``; EvictionByEvictionAPI and the rest ``Evicted``. A pod status reason Evicted or
+    NodeLost says the same on older clusters, Shutdown/Terminated a node shut down (``Preempted``). A pod
+    being deleted (``deletionTimestamp``) with none of these was deleted directly: ``PodDeleted``.
+    """
     status = pod.get("status") or {}
     disruption = _conditions(pod).get("DisruptionTarget")
     name = (pod.get("metadata") or {}).get("name", "?")
     if disruption is not None:
         reason = disruption.get("reason") or ""
-        end = "Preempted" if reason in SPOT_LOST_REASONS else "Evicted"
+        end = "Preempted" if reason in SPOT_LOST_REASONS else "NodeLost" if reason in NODE_LOST_REASONS else "Evicted"
         return Observation("lost", end, None, f"pod {name}: {reason}: {disruption.get('message') or ''}".strip())
     if status.get("reason") in LOST_POD_REASONS:
-        end = "NodeLost" if status["reason"] == "NodeLost" else "Evicted"
-        return Observation("lost", end, None, f"pod {name}: {status['reason']}: {status.get('message') or ''}".strip())
+        reason = status["reason"]
+        end = "NodeLost" if reason == "NodeLost" else "Preempted" if reason in SPOT_STATUS_REASONS else "Evicted"
+        return Observation("lost", end, None, f"pod {name}: {reason}: {status.get('message') or ''}".strip())
     return None
+
+
+def pod_deleted(pod: dict) -> Observation | None:
+    """``lost PodDeleted`` when ``pod`` is being deleted (``deletionTimestamp``) before it succeeded, else None."""
+    meta = pod.get("metadata") or {}
+    if meta.get("deletionTimestamp") and (pod.get("status") or {}).get("phase") != "Succeeded":
+        return Observation("lost", "PodDeleted", None, f"pod {meta.get('name', '?')} was deleted while it ran")
+    return None
+
+
+def stopped_at(obj: dict | None, pods: list[dict]) -> dt.datetime | None:
+    """When the attempt's pods stopped holding GPUs, as the cluster reports it: the latest of the containers'
+    finishedAt, the pods' deletionTimestamp and DisruptionTarget time, and the Job's Complete/Failed time."""
+    times = []
+    for pod in pods:
+        times.append(_parse_time((pod.get("metadata") or {}).get("deletionTimestamp")))
+        for cs in _container_statuses(pod):
+            times.append(_parse_time(((cs.get("state") or {}).get("terminated") or {}).get("finishedAt")))
+        disruption = _conditions(pod).get("DisruptionTarget")
+        if disruption is not None:
+            times.append(_parse_time(disruption.get("lastTransitionTime")))
+    for kind, condition in _conditions(obj or {}).items():
+        if kind in ("Complete", "Failed"):
+            times.append(_parse_time(condition.get("lastTransitionTime")))
+    times = [t for t in times if t is not None]
+    return max(times) if times else None
+
+
+def created_at(obj: dict | None, pods: list[dict]) -> dt.datetime | None:
+    """The earliest creationTimestamp of ``obj`` and ``pods`` (None when none carries one)."""
+    times = [_parse_time((o.get("metadata") or {}).get("creationTimestamp")) for o in [obj or {}, *pods]]
+    times = [t for t in times if t is not None]
+    return min(times) if times else None
+
+
+def _holding(pods: list[dict]) -> bool:
+    return any((p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+               and not (p.get("metadata") or {}).get("deletionTimestamp") for p in pods)
 
 
 def pod_failure(pod: dict) -> Observation | None:
@@ -176,11 +230,20 @@ def image_pull_failure(pod: dict, now: dt.datetime, grace_seconds: float) -> Obs
 def observe_training(job: dict | None, pods: list[dict], nodes: int, now: dt.datetime, grace: float) -> Observation:
     """The phase of a training attempt from its batch/v1 Job and pods (see ``Backend.observe``).
 
-    A disrupted pod wins over the Job's Failed condition (with backoffLimit 0
-    a reclaimed spot node fails the Job, but the work was lost, not wrong).
+    In this order: a disrupted pod (evicted, node lost, spot reclaimed) wins
+    over the Job's Failed condition (with backoffLimit 0 a reclaimed node
+    fails the Job, but the work was lost, not wrong); then completion; then
+    DeadlineExceeded; then a container that failed by itself (OOMKilled, an
+    exit code); then a pod deleted directly (``PodDeleted``), or one that
+    vanished from a failed Job without a failure of its own; then image pulls.
     """
     if job is None:
         return ABSENT
+    return dataclasses.replace(_training_phase(job, pods, nodes, now, grace), created_at=created_at(job, pods),
+                               ended_at=stopped_at(job, pods))
+
+
+def _training_phase(job: dict, pods: list[dict], nodes: int, now: dt.datetime, grace: float) -> Observation:
     for pod in pods:
         if (lost := pod_lost(pod)) is not None:
             return lost
@@ -188,13 +251,22 @@ def observe_training(job: dict | None, pods: list[dict], nodes: int, now: dt.dat
     if "Complete" in conditions or "SuccessCriteriaMet" in conditions:
         return Observation("succeeded", exit_code=0)
     failed = conditions.get("Failed") or conditions.get("FailureTarget")
+    if failed is not None and failed.get("reason") == "DeadlineExceeded":
+        return Observation("failed", "DeadlineExceeded", None,
+                           failed.get("message") or "the Job ran past activeDeadlineSeconds (max_runtime_seconds)")
+    for pod in pods:
+        if not (pod.get("metadata") or {}).get("deletionTimestamp") and (failure := pod_failure(pod)) is not None:
+            return failure
+    for pod in pods:
+        if (deleted := pod_deleted(pod)) is not None:
+            return deleted
     if failed is not None:
-        if failed.get("reason") == "DeadlineExceeded":
-            return Observation("failed", "DeadlineExceeded", None,
-                               failed.get("message") or "the Job ran past activeDeadlineSeconds (max_runtime_seconds)")
         for pod in pods:
             if (failure := pod_failure(pod)) is not None:
                 return failure
+        if len(pods) < nodes:
+            return Observation("lost", "PodDeleted", None, f"a pod of the Job vanished: {failed.get('reason') or ''}"
+                                                           f" {failed.get('message') or ''}".strip())
         return Observation("failed", "Failed", None, f"{failed.get('reason') or 'Failed'}: {failed.get('message') or ''}")
     for pod in pods:
         if (pull := image_pull_failure(pod, now, grace)) is not None:
@@ -209,12 +281,13 @@ def observe_inference(deployment: dict | None, pods: list[dict], now: dt.datetim
     """The phase of an inference attempt: running once ``readyReplicas`` reaches ``replicas``; image pull failures fail it."""
     if deployment is None:
         return ABSENT
+    made = created_at(deployment, pods)
     for pod in pods:
         if (pull := image_pull_failure(pod, now, grace)) is not None:
-            return pull
+            return dataclasses.replace(pull, created_at=made, ended_at=stopped_at(deployment, pods))
     wanted = (deployment.get("spec") or {}).get("replicas") or 1
     ready = (deployment.get("status") or {}).get("readyReplicas") or 0
-    return Observation("running") if ready >= wanted else Observation("pending")
+    return Observation("running" if ready >= wanted else "pending", created_at=made)
 
 
 class KubernetesBackend(Backend):
@@ -235,7 +308,7 @@ class KubernetesBackend(Backend):
                           field_selector="status.phase!=Succeeded,status.phase!=Failed", _preload_content=False)
         except ApiError as exc:
             raise ClusterUnreachable(f"listing nodes failed: {exc}") from exc
-        return pools_from_nodes(_items(nodes), _items(pods), cluster.provider)
+        return pools_from_nodes(_list_items(nodes, "listing nodes"), _list_items(pods, "listing pods"), cluster.provider)
 
     # --- dispatch ----------------------------------------------------------------------------------------------
 
@@ -246,11 +319,15 @@ class KubernetesBackend(Backend):
         as created; one owned by another attempt is a PermanentDispatchError.
         Raises TransientDispatchError for timeouts, 408, 429, 5xx and an
         unreachable cluster; PermanentDispatchError for 400/403/404/422 with
-        the server's message. Returns ``{"namespace", "objects": [[kind, name]...]}``.
+        the server's message (a 404 or 410 is transient: a proxy in front of a
+        healthy API server answers them too). Returns ``{"namespace",
+        "objects": [[kind, name]...], "created_at"}``: ``created_at`` (ISO 8601)
+        is the creationTimestamp of the Job or Deployment, where billing starts
+        (absent when the server reports none).
         """
         w = workload(attempt)
-        if not w.image or not w.command:
-            raise PermanentDispatchError("spec.image and spec.command are required on a Kubernetes cluster")
+        if not w.image or not (w.command or w.args):
+            raise PermanentDispatchError("spec.image and spec.command or spec.args are required on a Kubernetes cluster")
         c = client_for(attempt.cluster)
         try:
             try:
@@ -264,11 +341,17 @@ class KubernetesBackend(Backend):
 
     def _dispatch(self, c: ClusterClient, w: m.Workload) -> dict:
         self._ensure_namespace(c, w)
-        created = []
+        created, times = [], []
         for manifest in m.manifests(w):
-            self._create(c, w, manifest)
+            made = self._create(c, w, manifest)
+            if manifest["kind"] != "Service":  # a Service holds no GPU: billing starts with the Job or Deployment
+                times.append(made)
             created.append([manifest["kind"], manifest["metadata"]["name"]])
-        return {"namespace": w.namespace, "objects": created}
+        times = [t for t in times if t is not None]
+        state = {"namespace": w.namespace, "objects": created}
+        if times:  # a server that reports no creationTimestamp: billing starts when dispatch records the start
+            state["created_at"] = min(times).isoformat()
+        return state
 
     def _ensure_namespace(self, c: ClusterClient, w: m.Workload) -> None:
         """Create the team namespace unless this cluster's client saw it exist before (``ClusterClient.namespaces``).
@@ -286,12 +369,17 @@ class KubernetesBackend(Backend):
                 raise _dispatch_error(exc, f"creating namespace {w.namespace}") from exc
         c.namespaces.add(w.namespace)
 
-    def _create(self, c: ClusterClient, w: m.Workload, manifest: dict) -> None:
+    def _create(self, c: ClusterClient, w: m.Workload, manifest: dict) -> dt.datetime | None:
+        """Create ``manifest`` (or find it created before by this attempt); returns its creationTimestamp."""
         _, read, _, _ = _api(c, manifest["kind"])
         what = f"creating {manifest['kind']} {w.namespace}/{w.name}"
         try:
-            c.create(_COLLECTIONS[manifest["kind"]].format(namespace=quote(w.namespace, safe="")), manifest)
-            return
+            body = c.create(_COLLECTIONS[manifest["kind"]].format(namespace=quote(w.namespace, safe="")), manifest)
+            made = _parse(body, what)
+            meta = (made.get("metadata") if isinstance(made, dict) else None) or {}
+            if meta.get("name") != manifest["metadata"]["name"]:  # a 2xx that is not the object: nothing says it exists
+                raise ClusterUnreachable(f"{what}: the answer is not the created object")
+            return _parse_time(meta.get("creationTimestamp"))
         except ApiError as exc:
             if exc.status == 404 and w.namespace in c.namespaces:
                 c.namespaces.discard(w.namespace)
@@ -299,33 +387,54 @@ class KubernetesBackend(Backend):
             if exc.status != 409:
                 raise _dispatch_error(exc, what) from exc
         try:
-            existing = _json(c.call(read, w.name, w.namespace, _preload_content=False))
+            existing = _object(c.call(read, w.name, w.namespace, _preload_content=False), w.name, what)
         except ApiError as exc:
             raise _dispatch_error(exc, f"{what} (reading the existing one)") from exc
         if _attempt_of(existing) != w.attempt_id:
             raise PermanentDispatchError(f"{what}: an object of that name exists and belongs to attempt "
                                          f"{_labels(existing).get(m.LABEL_ATTEMPT)!r}, not {w.attempt_id}")
+        return _parse_time((existing.get("metadata") or {}).get("creationTimestamp"))
 
     # --- observation -------------------------------------------------------------------------------------------
 
     def _list(self, c: ClusterClient, kind: str) -> list[dict]:
-        """Every object of ``kind`` carrying the platform's labels, in one LIST over all namespaces."""
+        """Every object of ``kind`` carrying the platform's labels, in one LIST over all namespaces.
+
+        Raises ClusterUnreachable for any answer that is not a well-formed
+        list: an error status (a 404 too: behind a load balancer during an
+        upgrade a healthy API server answers 404 for a kind it serves), a
+        timeout, a body that is not JSON or has no ``items`` list. Such an
+        answer says nothing about which objects exist.
+        """
         list_all = c.core.list_pod_for_all_namespaces if kind == "Pod" else _api(c, kind)[3]
         try:
             answer = c.call(list_all, label_selector=SELECTOR, _preload_content=False)
         except ApiError as exc:
-            if exc.status == 404:
-                return []  # the API server does not serve the kind (yet): nothing of ours exists
             raise ClusterUnreachable(f"listing {kind}s failed: {exc}") from exc
+        items = _list_items(answer, f"listing {kind}s")
         # Filter here too: the selector is a request, and a proxy or an old server may ignore it.
-        return [obj for obj in _items(answer) if m.LABEL_JOB in _labels(obj)]
+        return [obj for obj in items if m.LABEL_JOB in _labels(obj)]
+
+    def _read(self, c: ClusterClient, kind: str, name: str, namespace: str) -> dict | None:
+        """The object ``kind`` ``namespace/name``; None only when its own GET answers 404 NotFound.
+
+        Raises ClusterUnreachable for every other failure (an error status, a timeout, a malformed body).
+        """
+        try:
+            answer = c.call(_api(c, kind)[1], name, namespace, _preload_content=False)
+        except ApiError as exc:
+            if exc.status == 404:  # one look; reconcile acts only on a second in a row (a proxy may answer 404)
+                return None
+            raise ClusterUnreachable(f"reading {kind} {namespace}/{name}: {exc}") from exc
+        return _object(answer, name, f"reading {kind} {namespace}/{name}")
 
     def observe(self, cluster, attempts: Iterable) -> dict[int, Observation]:
         """One LIST of Jobs, Deployments and Pods on ``cluster``; an Observation per attempt id.
 
-        Phases as in ``observe_training`` and ``observe_inference``. Raises
-        ClusterUnreachable when the cluster does not answer (or answers an
-        error to a LIST).
+        Phases as in ``observe_training`` and ``observe_inference``; an attempt
+        missing from the LIST is read by its own GET, and is ``absent`` only
+        when that answers 404. Raises ClusterUnreachable when the cluster does
+        not answer, or answers an error or a malformed body to any call.
         """
         attempts = list(attempts)
         c = client_for(cluster)
@@ -334,26 +443,58 @@ class KubernetesBackend(Backend):
         jobs = self._list(c, "Job") if "training" in kinds or not attempts else []
         deployments = self._list(c, "Deployment") if "inference" in kinds else []
         pods = self._list(c, "Pod") if attempts else []
-        return _observations(attempts, jobs, deployments, pods)
+        if attempts:
+            _check_pods_listed(jobs + deployments, pods)
+        return self._observations(c, attempts, jobs, deployments, pods)
 
-    def owned_attempt_ids(self, cluster) -> set[int]:
-        """Attempt ids labelled on any Job, Deployment or Service of the platform on ``cluster`` (three LISTs)."""
-        c = client_for(cluster)
-        return _owned(*(self._list(c, kind) for kind in ("Job", "Deployment", "Service")))
-
-    def observe_all(self, cluster, attempts: Iterable) -> tuple[dict[int, Observation], set[int]]:
-        """``observe`` and ``owned_attempt_ids`` from one LIST per kind (Job, Deployment, Service, and Pod when
-        there are attempts): four LISTs instead of up to six, each kind parsed once."""
-        attempts = list(attempts)
+    def owned_attempt_ids(self, cluster) -> dict[int, Owned]:
+        """Attempt ids labelled on any Job, Deployment or Service of the platform on ``cluster`` (four LISTs),
+        each with whether its pods still hold GPUs and when its objects were created."""
         c = client_for(cluster)
         jobs, deployments, services = (self._list(c, kind) for kind in ("Job", "Deployment", "Service"))
-        pods = self._list(c, "Pod") if attempts else []
-        return _observations(attempts, jobs, deployments, pods), _owned(jobs, deployments, services)
+        return _owned(jobs + deployments + services, self._list(c, "Pod"))
+
+    def observe_all(self, cluster, attempts: Iterable) -> tuple[dict[int, Observation], dict[int, Owned]]:
+        """``observe`` and ``owned_attempt_ids`` from one LIST per kind (Job, Deployment, Service, Pod): four
+        LISTs instead of up to seven, each kind parsed once; GETs only for attempts missing from the LISTs."""
+        attempts = list(attempts)
+        c = client_for(cluster)
+        jobs, deployments, services, pods = (self._list(c, kind) for kind in ("Job", "Deployment", "Service", "Pod"))
+        _check_pods_listed(jobs + deployments, pods)
+        return self._observations(c, attempts, jobs, deployments, pods), _owned(jobs + deployments + services, pods)
+
+    def _observations(self, c: ClusterClient, attempts: list, jobs: list[dict], deployments: list[dict],
+                      pods: list[dict]) -> dict[int, Observation]:
+        """An Observation per attempt id from the listed objects (see ``observe``)."""
+        by_attempt = {_attempt_of(o): o for o in jobs + deployments}
+        pods_of: dict[int | None, list[dict]] = defaultdict(list)
+        for pod in pods:
+            pods_of[_attempt_of(pod)].append(pod)
+        now = timezone.now()
+        grace = float(settings.K8S_IMAGE_PULL_GRACE_SECONDS)
+        result = {}
+        for attempt in attempts:
+            kind = "Deployment" if attempt.job.kind == "inference" else "Job"
+            obj = by_attempt.get(attempt.pk)
+            if obj is None:  # not in the LIST: only the object's own GET can say it is gone
+                obj = self._read(c, kind, attempt.object_name, team_namespace(attempt.job.team.slug))
+                if obj is not None and _attempt_of(obj) != attempt.pk:
+                    obj = None  # a namesake of another attempt: this attempt's object does not exist
+            attempt_pods = pods_of.get(attempt.pk, [])
+            if kind == "Deployment":
+                result[attempt.pk] = observe_inference(obj, attempt_pods, now, grace)
+            else:
+                result[attempt.pk] = observe_training(obj, attempt_pods, attempt.job.nodes, now, grace)
+        return result
 
     # --- deletion and logs -------------------------------------------------------------------------------------
 
     def delete(self, attempt) -> bool:
         """Delete the attempt's Job or Deployment (Foreground: pods first) and Service; True once all answer 404 and no pod is left.
+
+        Sets ``attempt.deletion_accepted_at`` when the API server accepted the
+        Job's or Deployment's DELETE (its pods stop from then: where billing
+        ends once they are gone).
 
         Raises ClusterUnreachable when the cluster cannot be reached (the
         caller retries on reconnection).
@@ -364,7 +505,8 @@ class KubernetesBackend(Backend):
         for kind, policy in (("Job", "Foreground"), ("Deployment", "Foreground"), ("Service", "Background")):
             _, read, delete, _ = _api(c, kind)
             try:
-                existing = _json(c.call(read, name, namespace, _preload_content=False))
+                existing = _object(c.call(read, name, namespace, _preload_content=False), name,
+                                   f"reading {kind} {namespace}/{name}")
             except ApiError as exc:
                 if exc.status == 404:
                     continue
@@ -378,6 +520,8 @@ class KubernetesBackend(Backend):
                 if exc.status == 404:
                     continue
                 raise ClusterUnreachable(f"deleting {kind} {namespace}/{name}: {exc}") from exc
+            if kind != "Service":  # the pods are being stopped from now on: billing may end here
+                attempt.deletion_accepted_at = timezone.now()
         if not gone:
             return self._all_gone(c, attempt, namespace, name)
         return not self._pods(c, namespace, attempt.pk)
@@ -385,7 +529,8 @@ class KubernetesBackend(Backend):
     def _all_gone(self, c: ClusterClient, attempt, namespace: str, name: str) -> bool:
         for kind in ("Job", "Deployment", "Service"):
             try:
-                obj = _json(c.call(_api(c, kind)[1], name, namespace, _preload_content=False))
+                obj = _object(c.call(_api(c, kind)[1], name, namespace, _preload_content=False), name,
+                              f"reading {kind} {namespace}/{name}")
             except ApiError as exc:
                 if exc.status == 404:
                     continue
@@ -399,11 +544,9 @@ class KubernetesBackend(Backend):
         try:
             answer = c.call(c.core.list_namespaced_pod, namespace, label_selector=f"{m.LABEL_ATTEMPT}={attempt_id}",
                             _preload_content=False)
-        except ApiError as exc:
-            if exc.status == 404:
-                return []
+        except ApiError as exc:  # a namespace without pods answers an empty list, never 404
             raise ClusterUnreachable(f"listing pods in {namespace}: {exc}") from exc
-        return [p for p in _items(answer) if _attempt_of(p) == attempt_id]
+        return [p for p in _list_items(answer, f"listing pods in {namespace}") if _attempt_of(p) == attempt_id]
 
     def logs(self, attempt, node: int = 0, tail_lines: int = 200) -> str:
         """The last ``tail_lines`` lines of the ``main`` container of node ``node``'s pod ("" when it has no pod yet).
@@ -494,27 +637,37 @@ class KubernetesBackend(Backend):
         return bool(pods) and all((p.get("status") or {}).get("phase") in ("Succeeded", "Failed") for p in pods)
 
 
-def _observations(attempts: list, jobs: list[dict], deployments: list[dict], pods: list[dict]) -> dict[int, Observation]:
-    """An Observation per attempt id from the listed Jobs, Deployments and Pods (see ``KubernetesBackend.observe``)."""
-    by_attempt = {_attempt_of(o): o for o in jobs + deployments}
+def _check_pods_listed(owners: list[dict], pods: list[dict]) -> None:
+    """Raise ClusterUnreachable when the Pod LIST lacks every pod of a Job or Deployment whose own status counts
+    pods (``status.active``, ``status.replicas``): an empty or cut answer, not evidence that the pods are gone
+    (their absence would read as pods deleted, and leave running pods unbilled)."""
+    listed = {_attempt_of(p) for p in pods}
+    for owner in owners:
+        status = owner.get("status") or {}
+        counted = status.get("active") if owner.get("kind") == "Job" else status.get("replicas")
+        if isinstance(counted, int) and counted > 0 and _attempt_of(owner) not in listed:
+            name = (owner.get("metadata") or {}).get("name", "?")
+            raise ClusterUnreachable(f"the Pod LIST lacks the {counted} pod(s) {owner.get('kind')} {name} counts: "
+                                     f"an incomplete answer")
+
+
+def _owned(objects: list[dict], pods: list[dict]) -> dict[int, Owned]:
+    """Attempt ids labelled on the listed objects, with whether their pods hold GPUs and their creation time."""
     pods_of: dict[int | None, list[dict]] = defaultdict(list)
     for pod in pods:
         pods_of[_attempt_of(pod)].append(pod)
-    now = timezone.now()
-    grace = float(settings.K8S_IMAGE_PULL_GRACE_SECONDS)
-    result = {}
-    for attempt in attempts:
-        obj, attempt_pods = by_attempt.get(attempt.pk), pods_of.get(attempt.pk, [])
-        if attempt.job.kind == "inference":
-            result[attempt.pk] = observe_inference(obj, attempt_pods, now, grace)
-        else:
-            result[attempt.pk] = observe_training(obj, attempt_pods, attempt.job.nodes, now, grace)
-    return result
-
-
-def _owned(*listed: list[dict]) -> set[int]:
-    """Attempt ids labelled on the listed objects."""
-    return {i for objects in listed for i in (_attempt_of(o) for o in objects) if i is not None}
+    owned: dict[int, Owned] = {}
+    for obj in objects:
+        attempt_id = _attempt_of(obj)
+        if attempt_id is None:
+            continue
+        # A Service holds no GPU: the creation that counts is its Job's or Deployment's (or its pods').
+        made = created_at(None if obj.get("kind") == "Service" else obj, pods_of.get(attempt_id, []))
+        before = owned.get(attempt_id)
+        if before is not None and before.created_at is not None and (made is None or before.created_at < made):
+            made = before.created_at
+        owned[attempt_id] = Owned(_holding(pods_of.get(attempt_id, [])), made)
+    return owned
 
 
 def pod_of_node(pods: list[dict], node: int) -> dict | None:
@@ -563,15 +716,30 @@ def _shutdown(answer: urllib3.BaseHTTPResponse) -> None:
         pass  # already closed or released: nothing is blocked on it
 
 
-def _json(answer) -> dict:
-    """The JSON body of a raw (``_preload_content=False``) client answer."""
-    import json
+def _parse(answer, what: str):
+    """The JSON of a raw answer; ClusterUnreachable for a body cut short or not JSON (a malformed answer)."""
+    try:
+        data = answer.data if hasattr(answer, "data") else answer
+        return json.loads(data or b"")
+    except (ValueError, TypeError, urllib3.exceptions.HTTPError, OSError) as exc:
+        raise ClusterUnreachable(f"{what}: malformed answer: {exc}") from exc
 
-    return json.loads(answer.data or b"{}")
+
+def _object(answer, name: str, what: str) -> dict:
+    """The object ``name`` of a GET's raw answer; ClusterUnreachable for a body that is not that object."""
+    obj = _parse(answer, what)
+    if not isinstance(obj, dict) or (obj.get("metadata") or {}).get("name") != name:
+        raise ClusterUnreachable(f"{what}: the answer is not that object")
+    return obj
 
 
-def _items(answer) -> list[dict]:
-    return list(_json(answer).get("items") or [])
+def _list_items(answer, what: str) -> list[dict]:
+    """The ``items`` of a LIST answer; ClusterUnreachable unless the body is an object with a list of objects."""
+    body = _parse(answer, what)
+    items = body.get("items") if isinstance(body, dict) else None
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise ClusterUnreachable(f"{what}: the answer is not a list of objects")
+    return items
 
 
 register(KubernetesBackend())

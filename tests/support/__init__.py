@@ -7,7 +7,9 @@
 - ``states``: the job state machine's edges written by hand from DESIGN.md, and event-chain checks;
 - ``racing``: threads and scheduler processes racing on PostgreSQL;
 - ``scheduling``: plain snapshots for the pure scheduling core (no database);
-- ``kubernetes``: kmock Kubernetes emulators and a test-side kubelet;
+- ``kubernetes``: kmock Kubernetes emulators and a test-side kubelet, and ``ClusterEmulator``, a cluster that
+  behaves like one (controllers, nodes, disruptions, injected faults);
+- ``clusters``: two such clusters registered as the platform's (``live_clusters``) and the steps on them;
 - ``synthetic_fleet`` and ``prometheus``: a generated GPU fleet served by a real Prometheus;
 - ``local_runner``: the local runner's clusters under ``tmp_path`` and the cleanup of their processes.
 """

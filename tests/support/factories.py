@@ -154,6 +154,7 @@ def make_job_row(team, submitter, accelerator, *, name="job", kind="training", s
             "priority": priority, "max_runtime_seconds": max_runtime, "preemptible": preemptible,
             "placement": placement or {}, "max_retries": max_retries,
         }
+    columns.setdefault("replicas", int(spec.get("replicas") or 1) if isinstance(spec, dict) else 1)
     return Job.objects.create(
         team=team, submitter=submitter, name=name, kind=kind, spec=spec, accelerator=accelerator,
         gpus_per_node=gpus_per_node, nodes=nodes, priority=priority, preemptible=preemptible,

@@ -1,18 +1,36 @@
-"""Several kmock KubernetesEmulator servers on real TCP ports, run by a background event loop, and a test kubelet.
+"""Emulated Kubernetes clusters for the tests and benchmarks.
 
-The backend under test is synchronous (the official client over urllib3),
-so the emulators live in a thread with their own asyncio loop, each inside
-``async with`` (errors come back as real Status objects). ``Kubelet`` plays
-the cluster's controllers over HTTP: it creates a Job's pods and moves their
-status, and garbage-collects the pods of deleted Jobs.
+``Emulators``: several kmock KubernetesEmulator servers on real TCP ports,
+run by a background event loop, each inside ``async with`` (errors come back
+as real Status objects); they store objects, and ``Kubelet`` plays the
+cluster's controllers over HTTP by hand (creates a Job's pods, moves their
+status, garbage-collects pods of deleted Jobs).
+
+``ClusterEmulator``: a cluster that behaves like one on its own, for the
+tests of what the control plane believes: an API server with a Job and a
+Deployment controller, nodes with a pluggable binding hook, pod phases and
+reasons, the Eviction API, plain deletion, node loss and spot reclaims, and
+faults injected on any call for a count or a time window; it counts pod
+GPU-seconds itself, to check billing against.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import datetime as dt
+import http.server
 import json
+import random
+import socket
+import socketserver
 import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+from urllib.parse import parse_qs, urlsplit
 
 import aiohttp.test_utils
 import aiohttp.web
@@ -283,3 +301,749 @@ class Kubelet:
                 self._req("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}")
                 removed += 1
         return removed
+
+
+# ==================================================================================================================
+# A cluster that behaves like one: an API server with controllers, nodes, pods, disruptions and injected faults.
+# ==================================================================================================================
+
+#: Kinds the emulated API server serves: (group/version path prefix, plural) -> (kind, namespaced).
+KINDS = {
+    ("api/v1", "namespaces"): ("Namespace", False), ("api/v1", "nodes"): ("Node", False),
+    ("api/v1", "pods"): ("Pod", True), ("api/v1", "services"): ("Service", True),
+    ("apis/batch/v1", "jobs"): ("Job", True), ("apis/apps/v1", "deployments"): ("Deployment", True),
+}
+GPU = "nvidia.com/gpu"
+ATTEMPT_LABEL = "controlplane.io/attempt"
+JOB_LABEL = "controlplane.io/job"
+
+
+def micro_time(t: float) -> str:
+    """RFC 3339 with microseconds (Kubernetes' MicroTime format), UTC: exact, so billing can be checked to the second."""
+    return dt.datetime.fromtimestamp(t, dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+def status(code: int, reason: str, message: str, **details) -> dict:
+    """A ``v1 Status`` failure body, as the API server answers errors."""
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": reason, "details": details, "code": code}
+
+
+_FAULT_REASONS = {404: "NotFound", 410: "Gone", 429: "TooManyRequests", 500: "InternalError",
+                  502: "BadGateway", 503: "ServiceUnavailable", 504: "Timeout"}
+
+
+@dataclasses.dataclass
+class Fault:
+    """One injected failure: ``kind`` is an HTTP status (404, 410, 429, 5xx), ``"timeout"`` (no answer for
+    ``delay`` seconds, then the connection is closed), ``"truncated"`` (a 200 whose JSON body is cut short) or
+    ``"empty"`` (a 200 list with no items, whatever exists).
+
+    It applies to requests whose method is ``method`` (None: any) and whose path contains ``path`` (None: any),
+    ``count`` times (None: unlimited) and, with ``seconds``, only during that window from its injection.
+    """
+
+    kind: int | str
+    method: str | None = None
+    path: str | None = None
+    count: int | None = 1
+    seconds: float | None = None
+    delay: float = 2.0
+    since: float = dataclasses.field(default_factory=time.monotonic)
+
+    def matches(self, method: str, path: str) -> bool:
+        if self.count is not None and self.count <= 0:
+            return False
+        if self.seconds is not None and time.monotonic() - self.since > self.seconds:
+            return False
+        return (self.method is None or self.method == method) and (self.path is None or self.path in path)
+
+
+def default_bind(pod: dict, nodes: list[dict], pods: list[dict]) -> str | None:
+    """Bind ``pod`` to the first Ready node whose labels match its nodeSelector and that has its GPUs free;
+    without any node registered, to a node of its own (``node-<pod name>``). None leaves it Pending (Unschedulable).
+
+    The hook ``ClusterEmulator.bind`` replaces this (a scheduler of its own, e.g. node-exact admission).
+    """
+    if not nodes:
+        return f"node-{pod['metadata']['name']}"
+    want = pod_gpus(pod)
+    selector = pod["spec"].get("nodeSelector") or {}
+    for node in nodes:
+        labels = node["metadata"].get("labels") or {}
+        if any(labels.get(k) != v for k, v in selector.items()):
+            continue
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in (node.get("status") or {}).get("conditions") or [{"type": "Ready", "status": "True"}])
+        allocatable = int(((node.get("status") or {}).get("allocatable") or {}).get(GPU, 0))
+        used = sum(pod_gpus(p) for p in pods if p["spec"].get("nodeName") == node["metadata"]["name"]
+                   and p["status"].get("phase") in ("Pending", "Running"))
+        if ready and allocatable - used >= want:
+            return node["metadata"]["name"]
+    return None
+
+
+def pod_gpus(pod: dict) -> int:
+    """GPUs a pod requests (``nvidia.com/gpu`` limits of its containers)."""
+    return sum(int(((c.get("resources") or {}).get("limits") or {}).get(GPU, 0))
+               for c in (pod.get("spec") or {}).get("containers") or [])
+
+
+def _selector_matches(selector: str, labels: dict) -> bool:
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key) == value:
+                return False
+        elif "=" in term:
+            key, value = term.replace("==", "=").split("=", 1)
+            if labels.get(key) != value:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def _field_matches(selector: str, obj: dict) -> bool:
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        negate = "!=" in term
+        key, value = term.split("!=" if negate else "=", 1)
+        current: object = obj
+        for part in key.split("."):
+            current = (current or {}).get(part) if isinstance(current, dict) else None
+        if (str(current or "") == value) == negate:
+            return False
+    return True
+
+
+class ClusterEmulator:
+    """One emulated Kubernetes cluster: the API server (HTTP on a real port) and its controllers, in memory.
+
+    - the API server serves Namespaces, Nodes, Pods (with ``log`` and the ``eviction`` subresource), Services,
+      batch/v1 Jobs and apps/v1 Deployments: create (201, 409 AlreadyExists, 404 for a missing namespace), get,
+      list with label and field selectors, merge patch, delete (cascading to owned objects, Foreground or
+      Background), errors as ``v1 Status`` bodies;
+    - the Job controller creates one pod per completion index (Indexed Jobs), counts a pod that failed or was
+      deleted before it finished as failed, recreates it while failures stay within ``backoffLimit`` (after
+      ``backoff_seconds``), then fails the Job (BackoffLimitExceeded); Complete once every index succeeded;
+      ``activeDeadlineSeconds`` fails it DeadlineExceeded;
+    - the Deployment controller keeps ``replicas`` pods (a deleted or evicted one is replaced);
+    - pods are bound by ``bind(pod, nodes, pods) -> node name | None`` (``default_bind``; None: Pending,
+      Unschedulable), then run; ``lifetime(pod) -> seconds | None`` ends them (Succeeded) after that long;
+      ``pull_failures`` holds images that stay in ImagePullBackOff;
+    - disruptions: the Eviction API and a plain delete of a pod leave it Terminating (``deletionTimestamp``; its
+      containers stopped) until the next ``step()``; ``delete_node`` takes the node's pods with it (pod GC:
+      DisruptionTarget DeletionByPodGC), ``interrupt_spot`` as a provider's spot reclaim does (DisruptionTarget
+      TerminationByKubelet, then the node goes);
+    - ``inject(Fault(...))`` makes calls fail (404/410/429/5xx, timeouts, truncated bodies) for a count or a
+      time window; ``random_faults(rate)`` fails that fraction of all calls with a random one of them.
+
+    Time-driven changes (lifetimes, deadlines, backoff, end of termination) happen in ``step()``; a test calls
+    it, a soak runs ``ticking()``. ``pod_gpu_seconds()`` is the cluster's own count of GPU time: each pod's
+    GPUs from its creation (its objects exist) until it stopped (finished, was killed, or deleted).
+    """
+
+    def __init__(self, name: str = "cluster", *, bind: Callable | None = None,
+                 lifetime: Callable[[dict], float | None] | None = None, backoff_seconds: float = 0.0):
+        self.name = name
+        self.bind = bind or default_bind
+        self.lifetime = lifetime or (lambda pod: None)
+        self.backoff_seconds = backoff_seconds
+        self.pull_failures: set[str] = set()
+        self.lock = threading.RLock()
+        self.store: dict[str, dict[tuple[str, str], dict]] = {kind: {} for kind, _ in KINDS.values()}
+        self.faults: list[Fault] = []
+        self.fault_rate = 0.0
+        self.rng = random.Random(0)
+        self.faults_injected = 0
+        self.requests: list[tuple[str, str]] = []  # (method, path) of every request served
+        self.deletions: list[tuple[float, str, str, dict]] = []  # (time, kind, name, labels) of client DELETEs
+        self.pod_times: dict[str, list] = {}  # pod uid -> [gpus, labels, created at, stopped at | None]
+        self._version = 0
+        self._failed_indexes: dict[str, dict[int, int]] = {}  # Job uid -> index -> failures counted
+        self._retry_at: dict[tuple[str, int], float] = {}
+        self._server: socketserver.ThreadingTCPServer | None = None
+        self._sockets: set[socket.socket] = set()
+        self.holds: list[tuple[str, str, threading.Event]] = []
+        self.held = 0  # requests waiting on a hold now
+        self.port = 0
+
+    # --- serving ---------------------------------------------------------------------------------------------
+
+    def __enter__(self) -> "ClusterEmulator":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        """Listen (again, on the same port after ``stop``)."""
+        emulator = self
+
+        class Handler(_Handler):
+            cluster = emulator
+
+        class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+
+            def handle_error(self, request, client_address) -> None:  # a client that hung up: nothing to report
+                pass
+
+        self._server = Server(("127.0.0.1", self.port), Handler)
+        self.port = self._server.server_address[1]
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def stop(self) -> None:
+        """Stop answering: the port is closed and open connections are cut; the objects are kept."""
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        self._server = None
+        for sock in list(self._sockets):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self._sockets.clear()
+
+    # --- faults ------------------------------------------------------------------------------------------------
+
+    def inject(self, fault: Fault) -> Fault:
+        """Fail matching calls as ``fault`` says (see ``Fault``); returns it (its ``count`` counts down)."""
+        with self.lock:
+            fault.since = time.monotonic()
+            self.faults.append(fault)
+        return fault
+
+    def hold(self, method: str, path: str) -> threading.Event:
+        """Hold requests of ``method`` whose path contains ``path`` unanswered until the returned event is set
+        (a slow API server; ``held`` counts those waiting). They are then served as usual."""
+        event = threading.Event()
+        with self.lock:
+            self.holds.append((method, path, event))
+        return event
+
+    def _wait_on_holds(self, method: str, path: str) -> None:
+        for hold_method, hold_path, event in list(self.holds):
+            if hold_method == method and hold_path in path and not event.is_set():
+                with self.lock:
+                    self.held += 1
+                event.wait(60)
+                with self.lock:
+                    self.held -= 1
+
+    def random_faults(self, rate: float, seed: int = 0, delay: float = 2.0) -> None:
+        """Fail ``rate`` (0..1) of every call with a random fault: 404, 410, 429, 500, 503, timeout, truncated,
+        empty (an empty list answers a GET of one object too: not even a well-formed object)."""
+        self.fault_rate, self.rng, self.random_delay = rate, random.Random(seed), delay
+
+    def _fault_for(self, method: str, path: str) -> Fault | None:
+        with self.lock:
+            for fault in self.faults:
+                if fault.matches(method, path):
+                    if fault.count is not None:
+                        fault.count -= 1
+                    self.faults_injected += 1
+                    return fault
+            if self.fault_rate and self.rng.random() < self.fault_rate:
+                self.faults_injected += 1
+                kind = self.rng.choice([404, 410, 429, 500, 503, "timeout", "truncated", "empty"])
+                return Fault(kind, delay=getattr(self, "random_delay", 2.0))
+        return None
+
+    # --- the API server ----------------------------------------------------------------------------------------
+
+    def handle(self, method: str, raw_path: str, body: dict | None) -> tuple[int, object]:
+        """Answer one request: ``(HTTP status, JSON body or text)``; runs the controllers after every change."""
+        split = urlsplit(raw_path)
+        query = {k: v[-1] for k, v in parse_qs(split.query).items()}
+        parts = split.path.strip("/").split("/")
+        with self.lock:
+            self.requests.append((method, split.path))
+            answer = self._route(method, parts, query, body)
+            if method != "GET":
+                self._control()
+            return answer
+
+    def _route(self, method: str, parts: list[str], query: dict, body) -> tuple[int, object]:
+        prefix_len = 2 if parts[:1] == ["api"] else 3 if parts[:1] == ["apis"] else None
+        if prefix_len is None or len(parts) <= prefix_len:
+            return 404, status(404, "NotFound", "the server could not find the requested resource")
+        prefix, rest = "/".join(parts[:prefix_len]), parts[prefix_len:]
+        namespace = None
+        if rest[0] == "namespaces" and len(rest) >= 3:
+            namespace, rest = rest[1], rest[2:]
+        if (prefix, rest[0]) not in KINDS:
+            return 404, status(404, "NotFound", "the server could not find the requested resource")
+        kind, namespaced = KINDS[(prefix, rest[0])]
+        name = rest[1] if len(rest) > 1 else None
+        sub = rest[2] if len(rest) > 2 else None
+        if namespaced and namespace is None and (name is not None or method != "GET"):
+            return 404, status(404, "NotFound", "the server could not find the requested resource")
+        key = (namespace or "", name or "")
+        if name is None:
+            if method == "GET":
+                return 200, self._list(kind, namespace, query)
+            if method == "POST":
+                return self._create(kind, namespace, body or {})
+            return 405, status(405, "MethodNotAllowed", "method not allowed")
+        obj = self.store[kind].get(key)
+        if obj is None:
+            return 404, status(404, "NotFound", f'{rest[0]} "{name}" not found', name=name, kind=rest[0])
+        if sub == "log" and kind == "Pod":
+            return 200, obj.get("_log", "")
+        if sub == "eviction" and kind == "Pod" and method == "POST":
+            self._disrupt(obj, "EvictionByEvictionAPI", "Eviction API: evicting")
+            return 201, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
+        if sub is not None:
+            return 404, status(404, "NotFound", "the server could not find the requested resource")
+        if method == "GET":
+            return 200, self._public(obj)
+        if method == "PATCH":
+            _merge(obj, body or {})
+            self._touch(obj)
+            return 200, self._public(obj)
+        if method == "DELETE":
+            self.deletions.append((time.time(), kind, name, dict(obj["metadata"].get("labels") or {})))
+            self._delete(kind, key, cascade=True)
+            return 200, self._public(obj)
+        return 405, status(405, "MethodNotAllowed", "method not allowed")
+
+    def _public(self, obj: dict) -> dict:
+        return {k: v for k, v in obj.items() if not k.startswith("_")}
+
+    def _list(self, kind: str, namespace: str | None, query: dict) -> dict:
+        labels, fields = query.get("labelSelector", ""), query.get("fieldSelector", "")
+        items = [self._public(o) for (ns, _), o in self.store[kind].items()
+                 if (namespace is None or ns == namespace)
+                 and _selector_matches(labels, o["metadata"].get("labels") or {}) and _field_matches(fields, o)]
+        return {"kind": f"{kind}List", "apiVersion": "v1", "metadata": {"resourceVersion": str(self._version)},
+                "items": items}
+
+    def _touch(self, obj: dict) -> None:
+        self._version += 1
+        obj["metadata"]["resourceVersion"] = str(self._version)
+
+    def _create(self, kind: str, namespace: str | None, body: dict, now: float | None = None) -> tuple[int, dict]:
+        meta = body.setdefault("metadata", {})
+        name = meta.get("name")
+        if not name:
+            return 422, status(422, "Invalid", f"{kind}: metadata.name: Required value")
+        if namespace is not None and kind != "Namespace" and ("", namespace) not in self.store["Namespace"]:
+            return 404, status(404, "NotFound", f'namespaces "{namespace}" not found', name=namespace,
+                               kind="namespaces")
+        key = (namespace or "", name)
+        if key in self.store[kind]:
+            return 409, status(409, "AlreadyExists", f'{kind.lower()}s "{name}" already exists', name=name,
+                               kind=kind.lower() + "s")
+        now = now if now is not None else time.time()
+        obj = json.loads(json.dumps(body))
+        obj["kind"] = kind
+        obj["metadata"].update(uid=str(uuid.uuid4()), creationTimestamp=micro_time(now), generation=1)
+        if namespace is not None:
+            obj["metadata"]["namespace"] = namespace
+        obj.setdefault("status", {})
+        if kind == "Namespace":
+            obj["status"] = {"phase": "Active"}
+        if kind == "Pod":
+            obj["status"] = {"phase": "Pending"}
+            self.pod_times[obj["metadata"]["uid"]] = [pod_gpus(obj), dict(meta.get("labels") or {}), now, None]
+        self._touch(obj)
+        self.store[kind][key] = obj
+        return 201, self._public(obj)
+
+    def _delete(self, kind: str, key: tuple[str, str], cascade: bool, now: float | None = None) -> None:
+        obj = self.store[kind].pop(key, None)
+        if obj is None:
+            return
+        now = now if now is not None else time.time()
+        if kind == "Pod":
+            self._stop_pod(obj, now)
+        if cascade and kind in ("Job", "Deployment"):
+            uid = obj["metadata"]["uid"]
+            for pkey, pod in list(self.store["Pod"].items()):
+                if any(r.get("uid") == uid for r in pod["metadata"].get("ownerReferences") or []):
+                    self._delete("Pod", pkey, cascade=False, now=now)
+        if kind == "Namespace":
+            for other in ("Pod", "Service", "Job", "Deployment"):
+                for okey in [k for k in self.store[other] if k[0] == key[1]]:
+                    self._delete(other, okey, cascade=True, now=now)
+
+    # --- pods: binding, running, stopping ----------------------------------------------------------------------
+
+    def _stop_pod(self, pod: dict, now: float) -> None:
+        record = self.pod_times.get(pod["metadata"]["uid"])
+        if record is not None and record[3] is None:
+            record[3] = now
+
+    def _bind_and_run(self, pod: dict, now: float) -> None:
+        if pod["spec"].get("nodeName") or pod["status"].get("phase") != "Pending":
+            return
+        node = self.bind(pod, [self._public(n) for n in self.store["Node"].values()],
+                         [self._public(p) for p in self.store["Pod"].values()])
+        if node is None:
+            pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                            "message": "0/0 nodes are available", "lastTransitionTime": micro_time(now)}]
+            return
+        pod["spec"]["nodeName"] = node
+        images = {c.get("image") for c in pod["spec"]["containers"]}
+        if images & self.pull_failures:
+            pod["status"]["containerStatuses"] = [
+                {"name": c["name"], "ready": False, "restartCount": 0, "image": c.get("image", ""), "imageID": "",
+                 "state": {"waiting": {"reason": "ImagePullBackOff", "message": f"pull of {c.get('image')} failed"}}}
+                for c in pod["spec"]["containers"]]
+            return
+        pod["status"].update(phase="Running", startTime=micro_time(now), conditions=[
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": micro_time(now)},
+            {"type": "Ready", "status": "True", "lastTransitionTime": micro_time(now)}])
+        pod["status"]["containerStatuses"] = [
+            {"name": c["name"], "ready": True, "restartCount": 0, "image": c.get("image", ""), "imageID": "",
+             "state": {"running": {"startedAt": micro_time(now)}}} for c in pod["spec"]["containers"]]
+        self._touch(pod)
+
+    def finish_pod(self, pod_name: str, exit_code: int = 0, reason: str = "", now: float | None = None) -> None:
+        """End a pod's containers with ``exit_code`` (0: Succeeded; else Failed; ``reason`` e.g. OOMKilled)."""
+        with self.lock:
+            pod = self._pod(pod_name)
+            self._terminate(pod, exit_code, reason or ("Completed" if exit_code == 0 else "Error"),
+                            now if now is not None else time.time())
+            self._control()
+
+    def _terminate(self, pod: dict, exit_code: int, reason: str, now: float) -> None:
+        if pod["status"].get("phase") in ("Succeeded", "Failed"):
+            return
+        pod["status"]["phase"] = "Succeeded" if exit_code == 0 else "Failed"
+        pod["status"]["containerStatuses"] = [
+            {"name": c["name"], "ready": False, "restartCount": 0, "image": c.get("image", ""), "imageID": "",
+             "state": {"terminated": {"exitCode": exit_code, "reason": reason, "startedAt": pod["status"].get(
+                 "startTime", micro_time(now)), "finishedAt": micro_time(now)}}} for c in pod["spec"]["containers"]]
+        for condition in pod["status"].get("conditions") or []:
+            if condition["type"] == "Ready":
+                condition.update(status="False", lastTransitionTime=micro_time(now))
+        self._stop_pod(pod, now)
+        self._touch(pod)
+
+    def _disrupt(self, pod: dict, reason: str, message: str, now: float | None = None, status_reason: str = "") -> None:
+        """Kill ``pod``'s containers and mark it Terminating with a DisruptionTarget condition (``reason``)."""
+        now = now if now is not None else time.time()
+        conditions = [c for c in pod["status"].get("conditions") or [] if c.get("type") != "DisruptionTarget"]
+        conditions.append({"type": "DisruptionTarget", "status": "True", "reason": reason, "message": message,
+                           "lastTransitionTime": micro_time(now)})
+        self._terminate(pod, 143, "Error", now)
+        pod["status"]["phase"] = "Failed"
+        pod["status"]["conditions"] = conditions
+        if status_reason:
+            pod["status"]["reason"] = status_reason
+        pod["metadata"]["deletionTimestamp"] = micro_time(now)
+        self._touch(pod)
+
+    def evict(self, pod_name: str) -> None:
+        """What ``POST .../pods/<name>/eviction`` does (e.g. a node drain)."""
+        with self.lock:
+            self._disrupt(self._pod(pod_name), "EvictionByEvictionAPI", "Eviction API: evicting")
+            self._control()
+
+    def delete_pod(self, pod_name: str) -> None:
+        """A plain ``kubectl delete pod`` by someone else: Terminating (no DisruptionTarget) until ``step()``."""
+        with self.lock:
+            pod, now = self._pod(pod_name), time.time()
+            self._terminate(pod, 143, "Error", now)
+            pod["metadata"]["deletionTimestamp"] = micro_time(now)
+            self._control()
+
+    def add_node(self, name: str, gpus: int = 8, labels: dict | None = None) -> dict:
+        """Register a Ready node with ``gpus`` allocatable GPUs and ``labels``."""
+        with self.lock:
+            _, node = self._create("Node", None, {"apiVersion": "v1", "kind": "Node", "metadata": {
+                "name": name, "labels": dict(labels or {})}, "status": {}})
+            stored = self.store["Node"][("", name)]
+            stored["status"] = {"allocatable": {GPU: str(gpus), "cpu": "64", "memory": "512Gi"},
+                                "capacity": {GPU: str(gpus)}, "conditions": [{"type": "Ready", "status": "True"}]}
+            self._control()
+            return self._public(stored)
+
+    def delete_node(self, name: str, reason: str = "DeletionByPodGC", status_reason: str = "") -> None:
+        """The node goes (scale-down, hardware loss): its pods fail with DisruptionTarget ``reason`` and terminate."""
+        with self.lock:
+            now = time.time()
+            self.store["Node"].pop(("", name), None)
+            for pod in list(self.store["Pod"].values()):
+                if pod["spec"].get("nodeName") == name and not pod["metadata"].get("deletionTimestamp"):
+                    self._disrupt(pod, reason, f"node {name} is gone", now, status_reason)
+            self._control()
+
+    def interrupt_spot(self, name: str) -> None:
+        """A spot reclaim: the provider shuts the node down (pods: TerminationByKubelet, reason Terminated), it goes."""
+        self.delete_node(name, reason="TerminationByKubelet", status_reason="Terminated")
+
+    def _pod(self, name: str) -> dict:
+        for (_, pod_name), pod in self.store["Pod"].items():
+            if pod_name == name:
+                return pod
+        raise KeyError(name)
+
+    # --- controllers -------------------------------------------------------------------------------------------
+
+    def step(self, now: float | None = None) -> None:
+        """Let time-driven changes happen: pods end after their lifetime, Terminating pods go, deadlines, backoff."""
+        with self.lock:
+            now = now if now is not None else time.time()
+            for key, pod in list(self.store["Pod"].items()):
+                if pod["metadata"].get("deletionTimestamp"):
+                    self._delete("Pod", key, cascade=False, now=now)
+                    continue
+                if pod["status"].get("phase") == "Running":
+                    lifetime = self.lifetime(self._public(pod))
+                    if lifetime is not None and now - self.pod_times[pod["metadata"]["uid"]][2] >= lifetime:
+                        self._terminate(pod, 0, "Completed", now)
+            self._control(now)
+
+    def ticking(self, every: float = 0.1) -> "Ticker":
+        """A thread calling ``step()`` every ``every`` seconds until its ``stop()``."""
+        return Ticker(self, every)
+
+    def _control(self, now: float | None = None) -> None:
+        now = now if now is not None else time.time()
+        for _ in range(2):  # the second round records the status of the pods the first created and bound
+            for job in list(self.store["Job"].values()):
+                self._control_job(job, now)
+            for deployment in list(self.store["Deployment"].values()):
+                self._control_deployment(deployment, now)
+            for pod in list(self.store["Pod"].values()):
+                if not pod["metadata"].get("deletionTimestamp"):
+                    self._bind_and_run(pod, now)
+
+    def _owned_pods(self, owner: dict) -> list[dict]:
+        uid = owner["metadata"]["uid"]
+        return [p for p in self.store["Pod"].values()
+                if any(r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or [])]
+
+    def _new_pod(self, owner: dict, name: str, template: dict, now: float, annotations: dict | None = None,
+                 extra_labels: dict | None = None) -> dict:
+        meta = owner["metadata"]
+        labels = {**((template.get("metadata") or {}).get("labels") or {}), **(extra_labels or {})}
+        body = {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "labels": labels, "annotations": dict(annotations or {}),
+                             "ownerReferences": [{"apiVersion": owner["apiVersion"], "kind": owner["kind"],
+                                                  "name": meta["name"], "uid": meta["uid"], "controller": True}]},
+                "spec": json.loads(json.dumps(template["spec"]))}
+        self._create("Pod", meta["namespace"], body, now)
+        return self.store["Pod"][(meta["namespace"], name)]
+
+    def _control_job(self, job: dict, now: float) -> None:
+        spec, st = job["spec"], job.setdefault("status", {})
+        if any(c.get("status") == "True" and c.get("type") in ("Complete", "Failed") for c in st.get("conditions") or []):
+            return
+        st.setdefault("startTime", job["metadata"]["creationTimestamp"])
+        uid, completions = job["metadata"]["uid"], int(spec.get("completions") or 1)
+        failures = self._failed_indexes.setdefault(uid, {})
+        pods = self._owned_pods(job)
+        by_index: dict[int, list[dict]] = defaultdict(list)
+        for pod in pods:
+            by_index[int(pod["metadata"]["annotations"][COMPLETION_INDEX])].append(pod)
+        counted = job.setdefault("_counted", set())
+        for pod in pods:  # a failed pod, or one deleted before it succeeded, counts once as a failure
+            if pod["metadata"]["uid"] not in counted and (pod["status"].get("phase") == "Failed"
+                                                          or pod["metadata"].get("deletionTimestamp")) \
+                    and pod["status"].get("phase") != "Succeeded":
+                counted.add(pod["metadata"]["uid"])
+                index = int(pod["metadata"]["annotations"][COMPLETION_INDEX])
+                failures[index] = failures.get(index, 0) + 1
+        for index in range(completions):
+            seen = {p["metadata"]["uid"] for p in by_index.get(index, [])}
+            for lost_uid in job.setdefault("_index_pods", {}).get(index, set()) - seen - counted:
+                counted.add(lost_uid)  # vanished without a trace (force-deleted): a failure as well
+                failures[index] = failures.get(index, 0) + 1
+        failed, succeeded = sum(failures.values()), set()
+        for index, index_pods in by_index.items():
+            if any(p["status"].get("phase") == "Succeeded" for p in index_pods):
+                succeeded.add(index)
+        active = [p for p in pods if p["status"].get("phase") in ("Pending", "Running")
+                  and not p["metadata"].get("deletionTimestamp")]
+        deadline = spec.get("activeDeadlineSeconds")
+        started = _parse_micro(st["startTime"])
+        if failed > int(spec.get("backoffLimit", 6)):
+            active = self._fail_job(job, active, "BackoffLimitExceeded", "Job has reached the specified backoff limit",
+                                    now)
+        elif deadline is not None and now - started >= float(deadline):
+            active = self._fail_job(job, active, "DeadlineExceeded", "Job was active longer than specified deadline",
+                                    now)
+        elif len(succeeded) >= completions:
+            st["conditions"] = [{"type": t, "status": "True", "reason": "CompletionsReached",
+                                 "message": "Reached expected number of succeeded pods",
+                                 "lastTransitionTime": micro_time(now), "lastProbeTime": micro_time(now)}
+                                for t in ("SuccessCriteriaMet", "Complete")]
+            st["completionTime"] = micro_time(now)
+        else:
+            for index in range(completions):
+                if index in succeeded or any(p in active for p in by_index.get(index, [])):
+                    continue
+                if failures.get(index) and now < self._retry_at.setdefault((uid, index), now + self.backoff_seconds):
+                    continue
+                self._retry_at.pop((uid, index), None)
+                name = f"{job['metadata']['name']}-{index}-{uuid.uuid4().hex[:5]}"
+                pod = self._new_pod(job, name, spec["template"], now, {COMPLETION_INDEX: str(index)},
+                                    {COMPLETION_INDEX: str(index), "batch.kubernetes.io/controller-uid": uid})
+                pod["spec"].setdefault("hostname", f"{job['metadata']['name']}-{index}")
+                job["_index_pods"].setdefault(index, set()).add(pod["metadata"]["uid"])
+                active.append(pod)
+        st.update(active=len(active), failed=failed, succeeded=len(succeeded))
+        self._touch(job)
+
+    def _fail_job(self, job: dict, active: list[dict], reason: str, message: str, now: float) -> list:
+        job["status"]["conditions"] = [{"type": t, "status": "True", "reason": reason, "message": message,
+                                        "lastTransitionTime": micro_time(now), "lastProbeTime": micro_time(now)}
+                                       for t in ("FailureTarget", "Failed")]
+        for pod in active:  # the Job controller terminates what still runs
+            self._terminate(pod, 143, "Error", now)
+            pod["metadata"]["deletionTimestamp"] = micro_time(now)
+        return []
+
+    def _control_deployment(self, deployment: dict, now: float) -> None:
+        want = int(deployment["spec"].get("replicas", 1))
+        pods = [p for p in self._owned_pods(deployment) if not p["metadata"].get("deletionTimestamp")
+                and p["status"].get("phase") in ("Pending", "Running")]
+        for pod in pods[want:]:
+            self._delete("Pod", (pod["metadata"]["namespace"], pod["metadata"]["name"]), cascade=False, now=now)
+        template_hash = deployment["metadata"]["uid"][:10]
+        for _ in range(want - len(pods)):
+            name = f"{deployment['metadata']['name']}-{template_hash}-{uuid.uuid4().hex[:5]}"
+            pods.append(self._new_pod(deployment, name, deployment["spec"]["template"], now,
+                                      extra_labels={"pod-template-hash": template_hash}))
+        ready = sum(1 for p in pods if p["status"].get("phase") == "Running")
+        deployment["status"] = {"replicas": len(pods[:want]), "readyReplicas": ready, "availableReplicas": ready,
+                                "updatedReplicas": len(pods[:want]), "observedGeneration": 1}
+        self._touch(deployment)
+
+    # --- what the cluster saw ---------------------------------------------------------------------------------
+
+    def pods(self, attempt_id: int | None = None) -> list[dict]:
+        """The pods (Terminating ones too), all or those of attempt ``attempt_id``."""
+        with self.lock:
+            return [self._public(p) for p in self.store["Pod"].values()
+                    if attempt_id is None or (p["metadata"].get("labels") or {}).get(ATTEMPT_LABEL) == str(attempt_id)]
+
+    def objects(self, kind: str, attempt_id: int | None = None) -> list[dict]:
+        """The stored objects of ``kind`` (Job, Deployment, Service...), all or those of one attempt."""
+        with self.lock:
+            return [self._public(o) for o in self.store[kind].values()
+                    if attempt_id is None or (o["metadata"].get("labels") or {}).get(ATTEMPT_LABEL) == str(attempt_id)]
+
+    def pod_gpu_seconds(self, attempt_id: int | None = None, now: float | None = None) -> float:
+        """GPU-seconds of the pods (of one attempt): GPUs x (stopped, or ``now``, - created), summed."""
+        now = now if now is not None else time.time()
+        with self.lock:
+            return sum(gpus * ((stopped or now) - bound) for gpus, labels, bound, stopped in self.pod_times.values()
+                       if attempt_id is None or labels.get(ATTEMPT_LABEL) == str(attempt_id))
+
+
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+
+
+def _parse_micro(value: str) -> float:
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def _merge(target: dict, patch: dict) -> None:
+    """JSON merge patch (RFC 7386) of ``patch`` into ``target``."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = value
+
+
+class Ticker:
+    """A background thread that calls ``cluster.step()`` every ``every`` seconds; ``stop()`` ends it."""
+
+    def __init__(self, cluster: ClusterEmulator, every: float):
+        self.cluster, self.every = cluster, every
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done.wait(self.every):
+            self.cluster.step()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(timeout=5)
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """HTTP/1.1 (keep-alive) front of a ClusterEmulator: reads JSON bodies, applies injected faults, answers JSON."""
+
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go in two writes: without this each answer waits ~40 ms
+    cluster: ClusterEmulator
+
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+    def setup(self) -> None:
+        super().setup()
+        self.cluster._sockets.add(self.connection)
+
+    def finish(self) -> None:
+        self.cluster._sockets.discard(self.connection)
+        with contextlib.suppress(OSError):
+            super().finish()
+
+    def _serve(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        self.cluster._wait_on_holds(self.command, self.path)
+        fault = self.cluster._fault_for(self.command, self.path)
+        if fault is not None and fault.kind == "empty":
+            self._answer(200, {"kind": "List", "apiVersion": "v1", "metadata": {}, "items": []})
+            return
+        if fault is not None and fault.kind == "timeout":
+            time.sleep(fault.delay)
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if fault is not None and fault.kind != "truncated":
+            code = int(fault.kind)
+            self._answer(code, status(code, _FAULT_REASONS.get(code, "InternalError"), f"injected {code}"))
+            return
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            self._answer(400, status(400, "BadRequest", "the body is not JSON"))
+            return
+        if self.command == "DELETE" and isinstance(body, dict) and body.get("kind") == "DeleteOptions":
+            body = None
+        code, answer = self.cluster.handle(self.command, self.path, body)
+        if fault is not None:  # truncated: the answer is cut in the middle
+            data = json.dumps(answer).encode()
+            self._answer(200, data[: max(1, len(data) // 2)])
+            return
+        self._answer(code, answer)
+
+    def _answer(self, code: int, answer) -> None:
+        if isinstance(answer, bytes):
+            data, kind = answer, "application/json"
+        elif isinstance(answer, str):
+            data, kind = answer.encode(), "text/plain"
+        else:
+            data, kind = json.dumps(answer).encode(), "application/json"
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        with contextlib.suppress(OSError):
+            self.wfile.write(data)
+
+    do_GET = do_POST = do_PATCH = do_DELETE = do_PUT = _serve

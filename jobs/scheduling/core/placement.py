@@ -29,8 +29,9 @@ class PoolOffer:
 
 @dataclasses.dataclass(frozen=True)
 class PlacementRequest:
-    """What a job needs: ``nodes`` nodes of ``gpus_per_node`` GPUs, spot allowed if ``preemptible``,
-    and optional lists of allowed providers, regions and cluster names (empty: any)."""
+    """What a job needs: ``nodes`` nodes of ``gpus_per_node`` GPUs, each copied ``replicas`` times (serving
+    replicas; their pods may share nodes), spot allowed if ``preemptible``, and optional lists of allowed
+    providers, regions and cluster names (empty: any)."""
 
     nodes: int
     gpus_per_node: int
@@ -38,10 +39,11 @@ class PlacementRequest:
     providers: tuple[str, ...] = ()
     regions: tuple[str, ...] = ()
     clusters: tuple[str, ...] = ()
+    replicas: int = 1
 
     @property
     def total_gpus(self) -> int:
-        return self.nodes * self.gpus_per_node
+        return self.nodes * self.gpus_per_node * self.replicas
 
 
 def matches(request: PlacementRequest, offer: PoolOffer) -> bool:

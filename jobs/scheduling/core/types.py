@@ -75,6 +75,7 @@ class QueuedJob:
     regions: tuple[str, ...] = ()
     clusters: tuple[str, ...] = ()
     recovering: bool = False
+    replicas: int = 1
     key: tuple = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -82,7 +83,8 @@ class QueuedJob:
 
     @property
     def total_gpus(self) -> int:
-        return self.nodes * self.gpus_per_node
+        """nodes x gpus_per_node x replicas: every pod (a node's, or a serving replica's) holds gpus_per_node."""
+        return self.nodes * self.gpus_per_node * self.replicas
 
     def order_key(self) -> tuple:
         """A team's queue order: priority high first, then submission time, then id."""
@@ -90,7 +92,7 @@ class QueuedJob:
 
     def placement(self) -> PlacementRequest:
         return PlacementRequest(self.nodes, self.gpus_per_node, self.preemptible, self.providers, self.regions,
-                                self.clusters)
+                                self.clusters, self.replicas)
 
 
 @dataclasses.dataclass(slots=True)

@@ -1,0 +1,43 @@
+"""An inference job of 3 replicas x 2 GPUs holds 6 GPUs everywhere: admission, quota, capacity, the estimate, the
+attempt the ledger bills, and the API; the cluster runs 3 pods of 2 GPUs."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+from jobs.lifecycle import dispatch
+from jobs.models import Job, JobState
+from jobs.scheduling.offers import pool_offers
+from jobs.scheduling.snapshot import team_used_gpus
+from costs.ledger import accrue_attempt
+from costs.models import CostEntry
+from tests.support.clusters import state
+
+
+def test_replicas_count_in_quota_capacity_estimate_ledger_and_views(live_clusters, owner):
+    world = live_clusters
+    attempt = world.admit(kind="inference", replicas=3, gpus=2, cluster="gcp-usc1", max_runtime=7200)
+    job = Job.objects.get(pk=attempt.job_id)
+    assert job.total_gpus == 6 and attempt.gpus == 6
+    assert team_used_gpus(job.team_id, job.accelerator_id) == 6
+    offers = {o.cluster_name: o for o in pool_offers(job.accelerator_id, attempt.created_at, lock=False)}
+    assert offers["gcp-usc1"].free_gpus == 16 - 6
+    # 6 GPUs x 2 h x 2.50 USD/GPU-h (gcp's price)
+    assert job.estimated_cost_usd == Decimal("30.000000")
+
+    assert dispatch(attempt.pk) == "dispatched"
+    world.reconcile("gcp-usc1")
+    assert state(attempt) == JobState.RUNNING
+    pods = world.emulators["gcp-usc1"].pods(attempt.pk)
+    assert len(pods) == 3
+    assert all(p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2" for p in pods)
+
+    started = Job.objects.get(pk=job.pk).attempts.get().started_at
+    accrue_attempt(attempt.pk, until=started + dt.timedelta(hours=2))
+    gpu_hours = sum(e.gpus * (e.interval_end - e.interval_start).total_seconds() / 3600
+                    for e in CostEntry.objects.filter(attempt_id=attempt.pk))
+    assert gpu_hours == 12  # 3 pods x 2 GPUs x 2 h
+
+    answer = owner.client.get(f"/api/v1/jobs/{job.pk}/")
+    assert answer.status_code == 200 and answer.json()["total_gpus"] == 6
