@@ -26,8 +26,11 @@ from ..models import Job
 from ..permissions import CANCEL_REFUSED, may_cancel
 from ..spec import JobSubmissionSerializer, validated_submission
 from ..states import StaleState
+from ..workload import job_efficiency
 from .serializers import (
+    EFFICIENCY_SCHEMA,
     JobAttemptSerializer,
+    JobDetailSerializer,
     JobEventSerializer,
     JobLogsSerializer,
     JobSerializer,
@@ -56,6 +59,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
 
     def scope_queryset(self, queryset, user):
         return queryset.visible_to(user)
+
+    def get_serializer_class(self):
+        return JobDetailSerializer if self.action == "retrieve" else super().get_serializer_class()
 
     @extend_schema(
         request={"application/json": JobSubmissionSerializer, "application/yaml": JobSubmissionSerializer},
@@ -99,6 +105,13 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
         events = job.events.select_related("actor", "attempt").order_by("created_at", "id")
         page = self.paginate_queryset(events)
         return self.get_paginated_response(JobEventSerializer(page, many=True).data)
+
+    @extend_schema(responses={200: OpenApiResponse(response=EFFICIENCY_SCHEMA)})
+    @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None)
+    def efficiency(self, request, pk=None):
+        """The job's training efficiency (the detail's ``efficiency``) with each attempt's throughput series
+        (``[unix seconds, step, tokens/s, loss]``) for a chart."""
+        return Response(job_efficiency(self.get_object(), series=True))
 
     @extend_schema(responses=JobAttemptSerializer(many=True))
     @action(detail=True, methods=["get"], filter_backends=[])

@@ -83,3 +83,18 @@ def usd_per_million_tokens(cost_usd: Decimal, tokens: int | None) -> Decimal | N
     if not tokens or tokens <= 0:
         return None
     return cost_usd * Decimal(1_000_000) / Decimal(tokens)
+
+
+def spec_flops_per_token(model) -> float | None:
+    """FLOPs per token of a job spec's ``model`` declaration (a mapping, ``jobs.specfields.MODEL``), or None when
+    it lacks ``layers``, ``hidden_size``, ``heads`` or ``sequence_length``.
+
+    N is the declared ``parameters``, else the count of the shape without the position embedding
+    (``transformer_parameters`` with ``vocab_size`` and no sequence term: the token embedding, tied to the output
+    projection, takes part in a matmul per token, as ``examples/gpt.py`` counts for MFU); Q = hidden_size / heads.
+    """
+    layers, hidden, heads, seq = (model.get(k) for k in ("layers", "hidden_size", "heads", "sequence_length"))
+    if not (layers and hidden and heads and seq):
+        return None
+    parameters = model.get("parameters") or transformer_parameters(layers, hidden, model.get("vocab_size") or 0)
+    return flops_per_token(parameters, layers, heads, hidden / heads, seq)
