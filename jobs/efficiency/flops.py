@@ -98,3 +98,26 @@ def spec_flops_per_token(model) -> float | None:
         return None
     parameters = model.get("parameters") or transformer_parameters(layers, hidden, model.get("vocab_size") or 0)
     return flops_per_token(parameters, layers, heads, hidden / heads, seq)
+
+
+#: MFU bands of the reports, percent: ``[low, high)``; the last has no upper end. Large dense-transformer training
+#: reaches 46-57 % MFU at scale (PaLM, table 3: 46.2 %; Megatron-LM 2021 figures give ~52 %).
+MFU_BANDS = ((0.0, 10.0), (10.0, 20.0), (20.0, 35.0), (35.0, 50.0), (50.0, None))
+#: Below this MFU (percent) GPU-hours count as low-MFU in the reports.
+LOW_MFU_PERCENT = 20.0
+UNKNOWN_BAND = "unknown"
+
+
+def band_label(low: float, high: float | None) -> str:
+    """``"10-20 %"``, or ``">= 50 %"`` for the open band."""
+    return f">= {low:g} %" if high is None else f"{low:g}-{high:g} %"
+
+
+def mfu_band(percent: float | None) -> str:
+    """The label of the band of ``MFU_BANDS`` holding ``percent``; ``UNKNOWN_BAND`` for None."""
+    if percent is None:
+        return UNKNOWN_BAND
+    for low, high in MFU_BANDS:
+        if high is None or percent < high:
+            return band_label(low, high)
+    raise AssertionError("unreachable: the last band is open")

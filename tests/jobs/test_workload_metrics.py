@@ -9,13 +9,12 @@ from decimal import Decimal
 
 import pytest
 
-from jobs.efficiency.protocol import RunStats, parse_log
 from jobs.models import Job, JobAttempt, WorkloadMetrics
 from jobs.reconcile import reconcile_cluster
 from jobs.scheduling.passes import try_admit
 from jobs.workload import collect_workload_metrics
 from runners.local.runner import attempt_dir
-from tests.support.factories import make_attempt, make_job, make_job_row
+from tests.support.factories import make_attempt, make_job, make_job_row, make_workload_metrics
 from tests.support.local_runner import dispatched, emulated_local_cluster_for, wait_until
 
 pytestmark = pytest.mark.django_db
@@ -101,12 +100,9 @@ def test_a_workload_s_prometheus_exposition_is_scraped_on_the_port_the_runner_de
 def test_mfu_and_usd_per_million_tokens_through_the_api(aws_cluster, teams, user, h100, teammate):
     job = make_job(teams[0], user, h100, gpus_per_node=8)
     attempt = make_attempt(job, aws_cluster["cluster"], aws_cluster["pool"], state="SUCCEEDED")
-    stats = RunStats()
-    stats.add_all(parse_log("config flops_per_token=43200000000 tokens_per_step=1000000\n"
-                            "step=1 tokens_per_s=100000\nstep=50 tokens_per_s=120000\n"
-                            "final step=50 tokens_per_s=120000\n"), at=0.0)
-    WorkloadMetrics.objects.create(attempt=attempt, stats=stats.to_dict(), tokens_per_s=stats.run_tokens_per_s,
-                                   flops_per_token=stats.flops_per_token, tokens=stats.tokens)
+    make_workload_metrics(attempt, "config flops_per_token=43200000000 tokens_per_step=1000000\n"
+                                   "step=1 tokens_per_s=100000\nstep=50 tokens_per_s=120000\n"
+                                   "final step=50 tokens_per_s=120000\n")
     Job.objects.filter(pk=job.pk).update(accrued_cost_usd=Decimal("137.60"))
     efficiency = teammate.client.get(f"{JOBS}{job.pk}/").json()["efficiency"]
     # 120,000 tokens/s x 43.2e9 FLOPs = 5.184e15 FLOP/s over 8 x 989e12: 65.5207 %.
