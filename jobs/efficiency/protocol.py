@@ -179,7 +179,7 @@ class RunStats:
         self.reports += 1
         if self.first_step is None:
             self.first_step = step
-        self.last = {k: v for k, v in values.items() if k not in DECLARED_KEYS}
+        self.last = {k: v for k, v in values.items() if k not in DECLARED_KEYS} | {"step": step}
         self.series.append([round(at, 3), step, values.get("tokens_per_s"), values.get("loss")])
         if len(self.series) > SERIES_MAX_POINTS:
             self.series = self.series[:-1:2] + [self.series[-1]]  # every other point, and the newest
