@@ -240,15 +240,22 @@ def smallest_changes(model: Mapping, layout: Layout, capacity_bytes: float, *, g
                 changes.append(Change("spec.model.activation_recomputation", mode, est))
                 break
     if layout.zero_stage >= 1:  # without sharding, more data-parallel ranks hold the same bytes each
+        # Node counts whose GPUs the model-parallel group divides are the multiples of ``step``; the estimate
+        # falls as they grow, so the smallest that fits is found by bisection.
         group = layout.tensor * layout.pipeline
-        for nodes in range(layout.gpus // gpus_per_node + 1, MAX_SUGGESTED_NODES + 1):
-            gpus = nodes * gpus_per_node
-            if gpus % group:
-                continue
-            lay = Layout(gpus, layout.zero_stage, layout.tensor, layout.pipeline, layout.sequence_parallel)
-            if (est := fits(model, lay)) is not None:
-                changes.append(Change("spec.resources.nodes", nodes, est))
-                break
+        step = group // math.gcd(group, gpus_per_node)
+        current = layout.gpus // gpus_per_node
+
+        def at(k: int) -> Layout:
+            return Layout(k * step * gpus_per_node, layout.zero_stage, layout.tensor, layout.pipeline,
+                          layout.sequence_parallel)
+
+        low, high = current // step + 1, MAX_SUGGESTED_NODES // step
+        if low <= high and fits(model, at(high)) is not None:
+            while low < high:
+                middle = (low + high) // 2
+                low, high = (low, middle) if fits(model, at(middle)) is not None else (middle + 1, high)
+            changes.append(Change("spec.resources.nodes", low * step, estimate(model, at(low))))
     for name, memory in sorted(accelerators, key=lambda pair: (pair[1], pair[0])):
         if memory > capacity_bytes and (est := fits(model, layout, memory)) is not None:
             changes.append(Change("spec.resources.accelerator", name, est))

@@ -123,3 +123,12 @@ def test_the_fit_message_breaks_the_estimate_down_and_names_the_changes():
     assert "= 111.76 GiB per GPU" in summary and "80 GiB of one H100-80GB" in summary
     assert changes == "smallest changes that fit: spec.parallelism.zero_stage: 1 (38.42 GiB per GPU)"
     assert fit_errors({"parameters": 7_500_000_000}, Layout(8, zero_stage=1), "H100-80GB", 80, gpus_per_node=8) == {}
+
+
+def test_more_nodes_keep_the_model_parallel_group_whole():
+    # Ψ = 80 B with t = 2, p = 2 (Ψ' = 2e10) at stage 3 on 2 nodes x 2 GPUs (Nd = 1): 16 x 2e10 / Nd bytes per GPU
+    # fit 40 GiB (42.95e9 B) from Nd = 8, i.e. 32 GPUs = 16 nodes (an even count: 4 GPUs per group).
+    changes = smallest_changes({"parameters": 80_000_000_000}, Layout(4, zero_stage=3, tensor=2, pipeline=2),
+                               40 * GIB, gpus_per_node=2)
+    assert [(c.field, c.value) for c in changes] == [("spec.resources.nodes", 16)]
+    assert changes[0].estimate.total == 16 * 2e10 / 8 and changes[0].estimate.data_parallel == 8
