@@ -163,8 +163,9 @@ def job_efficiency(job: Job, *, series: bool = False) -> dict:
     """The efficiency of ``job``: each attempt's figures (:func:`attempt_efficiency`, by number), and for the job
     the latest attempt's ``tokens_per_s``, ``mfu_percent``/``mfu_reason``, the ``tokens`` of every attempt, the
     ledger's ``cost_usd`` and ``usd_per_million_tokens`` (USD strings, 6 decimals; null without tokens)."""
-    attempts = list(job.attempts.filter(started_at__isnull=False)
-                    .select_related("cluster", "node_pool__accelerator", "workload_metrics").order_by("number"))
+    attempts = [] if job.current_attempt_id is None else list(  # never dispatched: no query (a fresh submission)
+        job.attempts.filter(started_at__isnull=False)
+        .select_related("cluster", "node_pool__accelerator", "workload_metrics").order_by("number"))
     rows = []
     for attempt in attempts:
         try:

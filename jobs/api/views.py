@@ -61,11 +61,12 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
         return queryset.visible_to(user)
 
     def get_serializer_class(self):
-        return JobDetailSerializer if self.action == "retrieve" else super().get_serializer_class()
+        # One job (a GET, the answer to a submission or a cancel) carries its efficiency; a list does not.
+        return super().get_serializer_class() if self.action == "list" else JobDetailSerializer
 
     @extend_schema(
         request={"application/json": JobSubmissionSerializer, "application/yaml": JobSubmissionSerializer},
-        responses={201: JobSerializer, 400: OpenApiResponse(description="Field errors keyed by dotted path")},
+        responses={201: JobDetailSerializer, 400: OpenApiResponse(description="Field errors keyed by dotted path")},
     )
     def create(self, request, *args, **kwargs):
         """Validate a submission and store it as a QUEUED job (nothing is stored when it is rejected)."""
@@ -77,7 +78,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
         location = request.build_absolute_uri(f"{request.path.rstrip('/')}/{job.pk}/")
         return Response(self.get_serializer(job).data, status=status.HTTP_201_CREATED, headers={"Location": location})
 
-    @extend_schema(request=None, responses={200: JobSerializer, 403: DETAIL_RESPONSE, 409: DETAIL_RESPONSE})
+    @extend_schema(request=None, responses={200: JobDetailSerializer, 403: DETAIL_RESPONSE, 409: DETAIL_RESPONSE})
     @action(detail=True, methods=["post"], filter_backends=[])
     def cancel(self, request, pk=None):
         """Cancel the job: CANCELLED at once when nothing runs, else CANCELLING until the cluster confirms.
