@@ -29,8 +29,11 @@ from .models import Job, JobAttempt, WorkloadMetrics
 
 log = logging.getLogger(__name__)
 
-#: Lines of node 0's log read per collection (a log that grows more between two collections loses the oldest).
+#: Lines of node 0's log read by an attempt's first collection and by the one after it ended (a log that grew
+#: more meanwhile loses its oldest reports from the mean), and by the collections in between, every
+#: ``WORKLOAD_METRICS_INTERVAL_SECONDS`` (a workload logging more than that per interval loses reports too).
 LOG_TAIL_LINES = 5000
+LOG_TAIL_LINES_RUNNING = 500
 #: Seconds to wait for a workload's ``/metrics``.
 SCRAPE_TIMEOUT_SECONDS = 2.0
 #: Ended attempts are collected once more up to this long after their end (their logs may be gone after).
@@ -50,7 +53,8 @@ def collect_attempt(attempt: JobAttempt, now: dt.datetime | None = None) -> Work
     """Read what ``attempt``'s workload reported since the last collection and store it; returns the row (None
     when the workload has reported nothing yet).
 
-    Node 0's log tail (``LOG_TAIL_LINES``) through the cluster's backend, then, while the attempt runs, the
+    Node 0's log tail (``LOG_TAIL_LINES``; ``LOG_TAIL_LINES_RUNNING`` between the first and the last
+    collection) through the cluster's backend, then, while the attempt runs, the
     scrape of its ``runner_state["metrics_url"]``. Reports already kept are not counted again. Raises
     ClusterUnreachable or UnknownBackend from the backend.
     """
@@ -58,7 +62,8 @@ def collect_attempt(attempt: JobAttempt, now: dt.datetime | None = None) -> Work
     at = now.timestamp()
     row = WorkloadMetrics.objects.filter(attempt=attempt).first()
     stats = RunStats.from_dict(row.stats if row else None)
-    text = backend_for(attempt.cluster).logs(attempt, 0, LOG_TAIL_LINES)
+    lines = LOG_TAIL_LINES if row is None or attempt.ended_at is not None else LOG_TAIL_LINES_RUNNING
+    text = backend_for(attempt.cluster).logs(attempt, 0, lines)
     changed = stats.add_all(parse_log(text), at)
     source = row.source if row else WorkloadMetrics.Source.LOG
     url = (attempt.runner_state or {}).get("metrics_url")

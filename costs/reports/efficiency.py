@@ -39,7 +39,9 @@ def training_efficiency(entries, utilization: dict) -> dict:
     with an MFU; null without any), ``low_mfu`` (``below_percent``, ``gpu_hours``, ``cost_usd``), ``idle``
     (``gpu_hours``, ``cost_usd`` from the utilization section; null when metrics are missing), ``by_team``
     (``team``, ``gpu_hours``, ``mfu_percent``), ``top_jobs`` (the ``TOP_JOBS`` costliest: ``job``, ``job_name``,
-    ``team``, ``gpu_hours``, ``cost_usd``, ``tokens``, ``usd_per_million_tokens``, ``mfu_percent``).
+    ``team``, ``gpu_hours``, ``cost_usd``, ``tokens``, ``usd_per_million_tokens``, ``mfu_percent``) and
+    ``lowest_mfu_jobs`` (the same rows for the ``TOP_JOBS`` jobs with an MFU, lowest MFU first, then costliest:
+    where the money bought the least model FLOPs).
     """
     rows = list(entries.values("attempt_id", "job_id", "job__name", "team__slug", "gpus", "interval_start",
                                "interval_end", "amount_usd"))
@@ -104,7 +106,16 @@ def training_efficiency(entries, utilization: dict) -> dict:
     def mean_mfu(total: Decimal, known: Decimal) -> float | None:
         return round(float(total / known), 4) if known else None
 
+    def job_row(j: dict) -> dict:
+        return {"job": j["job"], "job_name": j["job_name"], "team": j["team"], "gpu_hours": hours(j["hours"]),
+                "cost_usd": usd_cents(j["cost"]), "tokens": None if j["tokens"] is None else int(j["tokens"]),
+                "usd_per_million_tokens": None if not j["tokens"] else
+                str((j["cost"] * Decimal(1_000_000) / j["tokens"]).quantize(Decimal("0.000001"))),
+                "mfu_percent": mean_mfu(j["weighted"], j["known"])}
+
     ranked = sorted(jobs.values(), key=lambda j: (-j["cost"], j["job"]))[:TOP_JOBS]
+    lowest = sorted((j for j in jobs.values() if j["known"]),
+                    key=lambda j: (j["weighted"] / j["known"], -j["cost"], j["job"]))[:TOP_JOBS]
     return {
         "by_mfu_band": [{"band": b["band"], "gpu_hours": hours(b["hours"]), "cost_usd": usd_cents(b["cost"]),
                          "attempts": b["attempts"]} for b in bands.values()],
@@ -114,10 +125,6 @@ def training_efficiency(entries, utilization: dict) -> dict:
         "idle": {"gpu_hours": utilization["idle_gpu_hours"], "cost_usd": utilization["idle_cost_usd"]},
         "by_team": [{"team": t["team"], "gpu_hours": hours(t["hours"]), "mfu_percent": mean_mfu(t["weighted"], t["known"])}
                     for t in sorted(teams.values(), key=lambda t: t["team"])],
-        "top_jobs": [{"job": j["job"], "job_name": j["job_name"], "team": j["team"], "gpu_hours": hours(j["hours"]),
-                      "cost_usd": usd_cents(j["cost"]),
-                      "tokens": None if j["tokens"] is None else int(j["tokens"]),
-                      "usd_per_million_tokens": None if not j["tokens"] else
-                      str((j["cost"] * Decimal(1_000_000) / j["tokens"]).quantize(Decimal("0.000001"))),
-                      "mfu_percent": mean_mfu(j["weighted"], j["known"])} for j in ranked],
+        "top_jobs": [job_row(j) for j in ranked],
+        "lowest_mfu_jobs": [job_row(j) for j in lowest],
     }

@@ -42,6 +42,9 @@ def render_csv(data: dict) -> str:
             item = f"{rank}:{job['job']}:{job['job_name']}"
             for metric in ("tokens", "usd_per_million_tokens", "mfu_percent"):
                 writer.writerow(["efficiency_job", item, metric, "" if job[metric] is None else job[metric]])
+        for rank, job in enumerate(efficiency.get("lowest_mfu_jobs", []), start=1):
+            for metric in ("mfu_percent", "cost_usd"):
+                writer.writerow(["lowest_mfu_job", f"{rank}:{job['job']}:{job['job_name']}", metric, job[metric]])
     for row in data["quota_use"]:
         for metric in ("nominal_gpus", "borrowing_limit_gpus", "gpu_hours", "avg_gpus_in_use", "percent_of_nominal"):
             writer.writerow(["quota", row["accelerator"], metric, "" if row[metric] is None else row[metric]])

@@ -86,11 +86,18 @@ def test_the_most_expensive_jobs_with_their_tokens_and_usd_per_million_tokens(fl
         ("silent", "6.88", None, None, None)]
 
 
+def test_the_jobs_with_the_lowest_mfu_come_first_among_those_with_one(fleet):
+    lowest = build_report_data(None, *PERIOD)["training_efficiency"]["lowest_mfu_jobs"]
+    assert [(j["job_name"], j["mfu_percent"], j["cost_usd"]) for j in lowest] == [
+        ("small", MFU_SMALL, "18.00"), ("mid", MFU_MID, "41.28"), ("big", MFU_BIG, "110.08")]  # silent has none
+
+
 def test_the_section_is_in_the_html_and_the_csv(fleet, teams):
     report, _ = generate_report(teams[0], *PERIOD)
     assert "Training efficiency" in report.html and "USD per million tokens" in report.html
     lines = report.csv.splitlines()
     big = fleet["big"].pk
     for line in ["mfu_band,>= 50 %,cost_usd,110.08", "low_mfu,below 20 %,cost_usd,18.00",
-                 f"efficiency_job,1:{big}:big,usd_per_million_tokens,0.137600"]:
+                 f"efficiency_job,1:{big}:big,usd_per_million_tokens,0.137600",
+                 f"lowest_mfu_job,1:{fleet['small'].pk}:small,mfu_percent,{MFU_SMALL}"]:
         assert line in lines, line
