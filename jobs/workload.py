@@ -17,7 +17,6 @@ import urllib.error
 import urllib.request
 from decimal import Decimal
 
-from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 

@@ -10,7 +10,6 @@ counts two thirds of its tokens there); USD per million tokens is the period's c
 
 from __future__ import annotations
 
-import datetime as dt
 from collections import defaultdict
 from decimal import Decimal
 
