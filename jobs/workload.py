@@ -147,7 +147,7 @@ def attempt_efficiency(attempt: JobAttempt, metrics: WorkloadMetrics | None, *, 
         "peak_bf16_tflops": float(accelerator.peak_bf16_tflops) if accelerator.peak_bf16_tflops else None,
         "tokens_per_s": _rounded(tokens_per_s, 1),
         "last": {k: stats.last.get(k) for k in keys},
-        "mean": {"step": None, **{k: _rounded(stats.mean(k), 4) for k in keys[1:]}},
+        "mean": {k: _rounded(stats.mean(k), 4) for k in keys[1:]},
         "final": stats.final,
         "flops_per_token": flops,
         "flops_source": flops_source,
@@ -157,7 +157,6 @@ def attempt_efficiency(attempt: JobAttempt, metrics: WorkloadMetrics | None, *, 
         "reports": stats.reports,
         "updated_at": metrics.updated_at.isoformat() if metrics else None,
     }
-    body["mean"].pop("step")
     if series:
         body["series"] = stats.series
     return body
