@@ -206,8 +206,8 @@ SPEC = (
     SpecField("placement", OBJECT, "where the job may run; absent: anywhere", optional=True, fields=PLACEMENT),
     SpecField("max_retries", INTEGER, "new attempts after a lost one (spot preemption, node or cluster loss)",
               default=0, min_value=0, max_value=INT32_MAX),
-    SpecField("model", OBJECT, "the model trained, for the memory-fit check at submission and MFU; absent: no "
-              "check", optional=True, fields=MODEL, kept_when_absent=False),
+    SpecField("model", OBJECT, "the model trained, for the memory-fit check at submission (training jobs) and "
+              "MFU; absent: no check", optional=True, fields=MODEL, kept_when_absent=False),
     SpecField("parallelism", OBJECT, "how the model is split over the job's GPUs; absent: DDP", optional=True,
               fields=PARALLELISM, kept_when_absent=False),
     SpecField("replicas", INTEGER, "serving replicas", default=1, min_value=1, max_value=INT32_MAX,
