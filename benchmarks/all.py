@@ -34,6 +34,7 @@ BENCHMARKS = {
     "dispatch": [],
     "cluster_faults": [],
     "costs": ["--gpus", "128", "--days", "4"],
+    "efficiency": [],
 }
 
 

@@ -193,6 +193,8 @@ CELERY_BEAT_SCHEDULE = {
     "schedule-pass": {"task": "jobs.tasks.schedule_pending", "schedule": env.float("SCHEDULE_INTERVAL_SECONDS", default=10.0)},
     "reconcile": {"task": "jobs.tasks.reconcile_all", "schedule": env.float("RECONCILE_INTERVAL_SECONDS", default=5.0)},
     "accrue-costs": {"task": "costs.tasks.accrue_running_costs", "schedule": env.float("ACCRUAL_INTERVAL_SECONDS", default=60.0)},
+    "collect-workload-metrics": {"task": "jobs.tasks.collect_workload_metrics",
+                                 "schedule": env.float("WORKLOAD_METRICS_INTERVAL_SECONDS", default=15.0)},
 }
 
 # --- Costs and utilization ---------------------------------------------------

@@ -16,6 +16,7 @@ Commands::
   jobs [--team T] [--state S ...] [--limit N]  a table: id, team, name, state, GPUs, accelerator, cost, age
   job ID                                       details, with why a queued job waits and its queue position
   events ID                                    the job's timeline
+  efficiency ID                                the job's throughput (last, run), loss, MFU, tokens per attempt
   logs ID [--node N] [--tail N] [--follow]     the current attempt's log of one node
   cancel ID
   quotas [--team T]                            GPU quotas
@@ -51,6 +52,7 @@ import math
 import os
 import sys
 import time
+from decimal import Decimal
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -451,6 +453,8 @@ def cmd_job(client: Client, args) -> int:
     estimate = job.get("estimated_cost_usd")
     fields.append(("cost", f"{usd(job.get('accrued_cost_usd'))} accrued, " + (
         "estimated once placed" if estimate is None else f"{usd(estimate)} estimated (worst case)")))
+    if (job.get("efficiency") or {}).get("attempts"):
+        fields += efficiency_fields(job["efficiency"])
     for name in ("created", "admitted", "started", "ended"):
         value = job.get(f"{name}_at")
         if value:
@@ -459,6 +463,45 @@ def cmd_job(client: Client, args) -> int:
     width = max(len(name) for name, _ in fields)
     for name, value in fields:
         out(f"  {name.ljust(width)}  {value}")
+    return EXIT_OK
+
+
+def mfu_text(mfu, reason: str) -> str:
+    """``"41.20 %"``, or ``"n/a (why)"`` when the API gives no MFU."""
+    return "n/a" + (f" ({reason})" if reason else "") if mfu is None else f"{mfu:.2f} %"
+
+
+def efficiency_fields(efficiency: dict) -> list[tuple[str, str]]:
+    """The job's ``efficiency`` (API) as ``cpctl job`` lines: throughput, MFU, tokens and USD per million."""
+    tokens_per_s = efficiency.get("tokens_per_s")
+    fields = [("throughput", "not reported" if tokens_per_s is None else f"{tokens_per_s:,.1f} tokens/s"),
+              ("MFU", mfu_text(efficiency.get("mfu_percent"), efficiency.get("mfu_reason") or ""))]
+    if efficiency.get("tokens") is not None:
+        per_million = efficiency.get("usd_per_million_tokens")
+        fields.append(("tokens", f"{efficiency['tokens']:,}" + (
+            "" if per_million is None else f", ${Decimal(per_million):.4f} per million")))
+    return fields
+
+
+def cmd_efficiency(client: Client, args) -> int:
+    """A job's training efficiency per attempt: last and mean throughput, loss, MFU, tokens."""
+    body = client.get(f"jobs/{args.id}/efficiency/")
+    if args.json:
+        print_json(body)
+        return EXIT_OK
+    rows = []
+    for a in body.get("attempts") or []:
+        last, mean = a.get("last") or {}, a.get("mean") or {}
+        rows.append([a["attempt"], "-" if last.get("step") is None else last["step"],
+                     "-" if last.get("tokens_per_s") is None else f"{last['tokens_per_s']:,.1f}",
+                     "-" if a.get("tokens_per_s") is None else f"{a['tokens_per_s']:,.1f}",
+                     "-" if mean.get("loss") is None else f"{mean['loss']:.4f}",
+                     "n/a" if a.get("mfu_percent") is None else f"{a['mfu_percent']:.2f} %",
+                     "-" if a.get("tokens") is None else f"{a['tokens']:,}"])
+    table(["ATTEMPT", "STEP", "LAST TOKENS/S", "RUN TOKENS/S", "MEAN LOSS", "MFU", "TOKENS"], rows,
+          right=("STEP", "LAST TOKENS/S", "RUN TOKENS/S", "MEAN LOSS", "MFU", "TOKENS"))
+    for name, value in efficiency_fields(body):
+        out(f"{name}: {value}")
     return EXIT_OK
 
 
@@ -669,6 +712,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, handler, help_text in (("job", cmd_job, "show a job: state, why it waits, attempt, cost"),
                                      ("events", cmd_events, "show a job's timeline"),
+                                     ("efficiency", cmd_efficiency,
+                                      "show a job's training throughput, MFU and cost per million tokens"),
                                      ("cancel", cmd_cancel, "cancel a job")):
         command(name, handler, help_text).add_argument("id", metavar="ID", type=int, help="job id")
 

@@ -324,6 +324,12 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
                 if pair:
                     line += f"  loss {pair[0]:.4f} -> {pair[1]:.4f}"
                 ok = view["state"] == "SUCCEEDED" and pair is not None and pair[1] < pair[0]
+                efficiency = api.get(f"jobs/{job_id}/").get("efficiency") or {}
+                if efficiency.get("tokens_per_s") is not None:  # collected by beat (every 15 s): maybe not yet
+                    mfu = efficiency.get("mfu_percent")
+                    line += f"  {efficiency['tokens_per_s']:.0f} tokens/s, MFU " + (
+                        "n/a (CPU)" if mfu is None and "CPU" in efficiency.get("mfu_reason", "") else
+                        "n/a" if mfu is None else f"{mfu:.2f}%")
             if monitoring is not None and view.get("current_attempt"):
                 util = job_average_utilization(job_id)
                 line += "  GPU util no data" if util is None else f"  GPU util {util:.1f}%"

@@ -35,6 +35,7 @@ from jobs.scheduling.offers import pool_offers
 from jobs.scheduling.preview import preview_submission
 from jobs.spec import JobSubmissionSerializer
 from jobs.states import StaleState
+from jobs.workload import job_efficiency
 from quotas.models import Budget, Membership, Quota, QuotaEvent, Team, audited_values, priority_classes, scope_to_teams
 from quotas.permissions import ADMIN_ONLY, may_administer
 from runners.base import ClusterUnreachable, UnknownBackend, backend_for
@@ -170,7 +171,8 @@ def _job_status_context(job: Job, user) -> dict:
 
 @login_required
 def job_detail(request, pk: int):
-    """A job: spec, live status (timeline, attempts, queue position, cost), log tail and GPU-utilization chart."""
+    """A job: spec, live status (timeline, attempts, queue position, cost), log tail, GPU-utilization chart and
+    training efficiency (throughput, MFU, USD per million tokens, a throughput chart by step)."""
     job = _visible_job(request, pk)
     rollups = list(UtilizationRollup.objects.filter(job=job).order_by("day", "attempt_id")
                    .values("day", "attempt__number", "avg_gpu_util_percent"))
@@ -181,6 +183,10 @@ def job_detail(request, pk: int):
                                  [r["avg_gpu_util_percent"] for r in rollups], "Average GPU utilization (%)"),
         has_utilization=any(r["avg_gpu_util_percent"] is not None for r in rollups),
     )
+    efficiency = job_efficiency(job, series=True)
+    series = next((a["series"] for a in reversed(efficiency["attempts"]) if a["series"]), [])
+    context.update(efficiency=efficiency, throughput_chart=_chart(
+        [point[1] for point in series], [point[2] for point in series], "Training throughput (tokens/s)", "line"))
     return render(request, "frontend/job_detail.html", context)
 
 

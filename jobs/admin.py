@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from .models import Job, JobAttempt, JobEvent
+from .models import Job, JobAttempt, JobEvent, WorkloadMetrics
 
 
 class JobAttemptInline(admin.TabularInline):
@@ -34,3 +34,12 @@ class JobEventAdmin(admin.ModelAdmin):
     list_display = ["job", "kind", "from_state", "to_state", "reason", "actor", "created_at"]
     list_filter = ["kind", "to_state"]
     readonly_fields = [f.name for f in JobEvent._meta.fields]
+
+
+@admin.register(WorkloadMetrics)
+class WorkloadMetricsAdmin(admin.ModelAdmin):
+    """What attempts' workloads reported; written by collection only."""
+
+    list_display = ["attempt", "source", "tokens_per_s", "flops_per_token", "tokens", "complete", "updated_at"]
+    list_filter = ["source", "complete"]
+    readonly_fields = [f.name for f in WorkloadMetrics._meta.fields]

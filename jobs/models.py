@@ -195,3 +195,31 @@ def committed_usd(team_id: int) -> Decimal:
     """What the team's active jobs may still spend: ``sum(max(estimated - accrued, 0))``, USD."""
     rows = Job.objects.filter(team_id=team_id, state__in=ACTIVE_STATES).values_list("estimated_cost_usd", "accrued_cost_usd")
     return sum((max(est - acc, Decimal(0)) for est, acc in rows), Decimal(0))
+
+
+class WorkloadMetrics(models.Model):
+    """What an attempt's workload reported of its training progress (``jobs.efficiency.protocol``).
+
+    ``stats`` is the ``RunStats`` dict (last report, step-weighted means, the run's own summary, a throughput
+    series); ``tokens_per_s`` (the run's throughput: its summary, else the mean), ``flops_per_token`` and
+    ``tokens`` (training tokens the attempt processed) are copied to columns for reports. ``source`` is
+    ``log`` or ``prometheus``; ``complete`` is set by the first collection after the attempt ended (nothing
+    more will come).
+    """
+
+    class Source(models.TextChoices):
+        LOG = "log"
+        PROMETHEUS = "prometheus"
+
+    attempt = models.OneToOneField(JobAttempt, on_delete=models.CASCADE, primary_key=True,
+                                   related_name="workload_metrics")
+    source = models.CharField(max_length=16, choices=Source.choices, default=Source.LOG)
+    stats = models.JSONField(default=dict)
+    tokens_per_s = models.FloatField(null=True, blank=True, help_text="Run throughput, tokens/s over all GPUs")
+    flops_per_token = models.FloatField(null=True, blank=True, help_text="Model FLOPs per training token")
+    tokens = models.BigIntegerField(null=True, blank=True, help_text="Training tokens processed")
+    complete = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"metrics of attempt {self.attempt_id}"

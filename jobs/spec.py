@@ -31,6 +31,8 @@ from core.lookups import LookupCache
 from quotas.models import Membership, Team, priority_classes
 from runners.models import Accelerator, NodePool
 
+from .efficiency.memory import Layout, declaration_errors, fit_errors
+from .models import Job
 from .specfields import ENV_NAME, SUBMISSION, FieldType, SpecField, field_at, kind_specific
 
 SUBMIT_ROLES = (Membership.Role.ADMIN, Membership.Role.MEMBER)
@@ -353,13 +355,38 @@ def apply_kind(kind: str, spec: dict) -> dict[str, list[str]]:
     return errors
 
 
+def memory_errors(kind: str, spec: Mapping) -> dict[str, list[str]]:
+    """Errors by spec field of the validated ``spec`` (``resources.accelerator`` a row) for its ``model`` and
+    ``parallelism`` declaration: impossible values (``jobs.efficiency.memory.declaration_errors``), then, for a
+    training job that declares a model, an estimate over the accelerator's memory per GPU with its breakdown
+    and the smallest changes that fit (``fit_errors``). Empty without a declaration, as before it existed."""
+    model, parallelism = spec.get("model"), spec.get("parallelism")
+    if not model and not parallelism:
+        return {}
+    resources = spec["resources"]
+    parallelism = parallelism or {}
+    layout = Layout(resources["nodes"] * resources["gpus_per_node"], parallelism.get("zero_stage", 0),
+                    parallelism.get("tensor_parallel", 1), parallelism.get("pipeline_parallel", 1),
+                    parallelism.get("sequence_parallel", False))
+    errors = declaration_errors(model, layout)
+    if errors or not model or kind != Job.Kind.TRAINING:
+        return errors
+    accelerator = resources["accelerator"]
+    others = Accelerator.objects.annotate(largest=Max("node_pools__gpus_per_node", filter=Q(node_pools__nodes__gt=0)))
+    return fit_errors(model, layout, accelerator.name, accelerator.memory_gib, gpus_per_node=resources["gpus_per_node"],
+                      accelerators=lambda: [(a.name, a.memory_gib) for a in others.filter(
+                          largest__gte=resources["gpus_per_node"])])
+
+
 def _store_plan(field: SpecField) -> tuple:
-    """``(name, looked_up, default factory, child plan, skip)`` per child of ``field``, for :func:`stored_spec`."""
+    """``(name, looked_up, default factory, child plan, left out when absent)`` per child of ``field``, for
+    :func:`stored_spec` (a field of some kinds only, or one not ``kept_when_absent``, is left out when absent)."""
     plan = []
     for child in field.fields:
         default = child.default if callable(child.default) else (lambda d=child.default: d)
         plan.append((child.name, child.looked_up, default if child.has_default else (lambda: None),
-                     _store_plan(child) if child.type is FieldType.OBJECT else None, bool(child.kinds)))
+                     _store_plan(child) if child.type is FieldType.OBJECT else None,
+                     bool(child.kinds) or not child.kept_when_absent))
     return tuple(plan)
 
 
@@ -368,14 +395,16 @@ _SPEC_STORE_PLAN = _store_plan(SUBMISSION.child("spec"))
 
 def stored_spec(values: Mapping, plan: tuple = _SPEC_STORE_PLAN) -> dict:
     """The validated spec ``values`` as stored on the Job, in table order: every field present (an optional one
-    without default as null) except those of other job kinds, a looked-up row by its name."""
+    without default as null) except those of other job kinds and absent declarations (``kept_when_absent``
+    False), a looked-up row by its name."""
     stored = {}
-    for name, looked_up, default, children, of_some_kinds in plan:
+    for name, looked_up, default, children, left_out_when_absent in plan:
         if children is not None:
-            stored[name] = stored_spec(values.get(name) or {}, children)
+            if name in values or not left_out_when_absent:
+                stored[name] = stored_spec(values.get(name) or {}, children)
         elif name in values:
             stored[name] = values[name].name if looked_up else values[name]
-        elif not of_some_kinds:
+        elif not left_out_when_absent:
             stored[name] = default()
     return stored
 
@@ -475,7 +504,7 @@ class JobSubmissionSerializer(TableSerializer):
         return team_for_submission(self.context["request"].user, slug)
 
     def validate(self, attrs):
-        errors = apply_kind(attrs["kind"], attrs["spec"])
+        errors = apply_kind(attrs["kind"], attrs["spec"]) or memory_errors(attrs["kind"], attrs["spec"])
         if errors:
             raise serializers.ValidationError({"spec": errors})
         return attrs
@@ -649,7 +678,7 @@ def fast_submission(data, user) -> dict | None:
         resources["accelerator"] = accelerator_named(resources["accelerator"])
     except serializers.ValidationError:
         return None
-    if pool_errors(resources["accelerator"], resources["gpus_per_node"]):
+    if pool_errors(resources["accelerator"], resources["gpus_per_node"]) or memory_errors(values["kind"], spec):
         return None
     return submission_fields(values, user, classes)
 

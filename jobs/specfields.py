@@ -98,6 +98,7 @@ class SpecField:
     kinds: tuple[str, ...] = ()
     looked_up: bool = False
     fields: tuple[SpecField, ...] = ()
+    kept_when_absent: bool = True
 
     def __post_init__(self):
         if (self.type is FieldType.OBJECT) != bool(self.fields):
@@ -156,6 +157,41 @@ PLACEMENT = (
     SpecField("clusters", STRING_LIST, "allowed cluster names; empty: any", default=list),
 )
 
+#: The most parameters a declared model may have (10^15: far above any trained model).
+MODEL_MAX_PARAMETERS = 10 ** 15
+
+MODEL = (
+    SpecField("parameters", INTEGER, "parameters of the model; absent: computed from layers and hidden_size "
+              "(jobs.efficiency.flops.transformer_parameters)", optional=True, min_value=1,
+              max_value=MODEL_MAX_PARAMETERS),
+    SpecField("layers", INTEGER, "transformer layers", optional=True, min_value=1, max_value=INT32_MAX),
+    SpecField("hidden_size", INTEGER, "hidden size (model width)", optional=True, min_value=1, max_value=INT32_MAX),
+    SpecField("heads", INTEGER, "attention heads; must divide hidden_size", optional=True, min_value=1,
+              max_value=INT32_MAX),
+    SpecField("vocab_size", INTEGER, "vocabulary size, tokens", optional=True, min_value=1, max_value=INT32_MAX),
+    SpecField("sequence_length", INTEGER, "training sequence length, tokens", optional=True, min_value=1,
+              max_value=INT32_MAX),
+    SpecField("micro_batch_size", INTEGER, "sequences per GPU per forward pass", optional=True, min_value=1,
+              max_value=INT32_MAX),
+    SpecField("precision", FieldType.CHOICE, "bf16 or fp16 (mixed precision: fp32 master weights) or fp32",
+              default="bf16", choices=("bf16", "fp16", "fp32")),
+    SpecField("optimizer", FieldType.CHOICE, "adam, adamw or sgd (with momentum)", default="adam",
+              choices=("adam", "adamw", "sgd")),
+    SpecField("activation_recomputation", FieldType.CHOICE, "none, selective (attention recomputed) or full "
+              "(every layer from its input)", default="none", choices=("none", "selective", "full")),
+)
+
+PARALLELISM = (
+    SpecField("zero_stage", INTEGER, "ZeRO / FSDP sharding over the data-parallel ranks: 0 (DDP), 1 (optimizer "
+              "states), 2 (and gradients), 3 (and parameters; FSDP full sharding)", default=0, min_value=0,
+              max_value=3),
+    SpecField("tensor_parallel", INTEGER, "tensor-parallel degree", default=1, min_value=1, max_value=INT32_MAX),
+    SpecField("pipeline_parallel", INTEGER, "pipeline-parallel stages", default=1, min_value=1,
+              max_value=INT32_MAX),
+    SpecField("sequence_parallel", FieldType.BOOLEAN, "sequence parallelism with the tensor parallelism",
+              default=False),
+)
+
 SPEC = (
     SpecField("image", STRING, "container image reference", max_length=IMAGE_MAX_LENGTH),
     SpecField("command", STRING_LIST, "the container's command; absent: the image's ENTRYPOINT runs with args "
@@ -171,6 +207,10 @@ SPEC = (
     SpecField("placement", OBJECT, "where the job may run; absent: anywhere", optional=True, fields=PLACEMENT),
     SpecField("max_retries", INTEGER, "new attempts after a lost one (spot preemption, node or cluster loss)",
               default=0, min_value=0, max_value=INT32_MAX),
+    SpecField("model", OBJECT, "the model trained, for the memory-fit check at submission (training jobs) and "
+              "MFU; absent: no check", optional=True, fields=MODEL, kept_when_absent=False),
+    SpecField("parallelism", OBJECT, "how the model is split over the job's GPUs; absent: DDP", optional=True,
+              fields=PARALLELISM, kept_when_absent=False),
     SpecField("replicas", INTEGER, "serving replicas", default=1, min_value=1, max_value=INT32_MAX,
               kinds=(INFERENCE,)),
     SpecField("port", INTEGER, "the container port the Service targets", default=INFERENCE_DEFAULT_PORT,

@@ -21,6 +21,7 @@ from quotas.models import Budget, Quota, Team
 from ..aggregation import aggregate_costs, aggregate_utilization, filter_days
 from ..budgets import budget_status
 from ..models import CostEntry, Report, UtilizationRollup
+from .efficiency import training_efficiency
 from .mail import send_report
 from .render import render_csv, render_html
 
@@ -148,7 +149,8 @@ def build_report_data(team: Team | None, start: dt.datetime, end: dt.datetime) -
     Keys: ``scope``, ``period_start``/``period_end`` (ISO), ``hours`` (period
     length), ``totals`` and ``by_accelerator``/``by_cluster``/``by_day``
     (GPU-hours, USD cents as strings), ``utilization`` (see ``_utilization``),
-    ``top_jobs``, ``quota_use``, ``budgets`` and ``previous`` (the equal-length
+    ``top_jobs``, ``training_efficiency`` (``costs.reports.efficiency``), ``quota_use``, ``budgets`` and
+    ``previous`` (the equal-length
     period before, with percent changes; null where the previous value is 0).
     """
     entries = _ledger(team, start, end)
@@ -158,6 +160,7 @@ def build_report_data(team: Team | None, start: dt.datetime, end: dt.datetime) -
     previous_start = start - (end - start)
     _, previous = aggregate_costs(_ledger(team, previous_start, start), "team")
     hours = (end - start).total_seconds() / 3600
+    utilization = _utilization(team, start, end, totals["gpu_hours"])
     return {
         "scope": team.slug if team is not None else "platform",
         "team": team.slug if team is not None else None,
@@ -168,8 +171,9 @@ def build_report_data(team: Team | None, start: dt.datetime, end: dt.datetime) -
         "by_accelerator": by_accelerator,
         "by_cluster": by_cluster,
         "by_day": by_day,
-        "utilization": _utilization(team, start, end, totals["gpu_hours"]),
+        "utilization": utilization,
         "top_jobs": _top_jobs(entries),
+        "training_efficiency": training_efficiency(entries, utilization),
         "quota_use": _quota_use(team, {r["accelerator"]: r["gpu_hours"] for r in by_accelerator}, hours),
         "budgets": _budgets(team, end),
         "previous": {

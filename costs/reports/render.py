@@ -29,6 +29,22 @@ def render_csv(data: dict) -> str:
         item = f"{rank}:{job['job']}:{job['job_name']}"
         writer.writerow(["top_job", item, "gpu_hours", job["gpu_hours"]])
         writer.writerow(["top_job", item, "cost_usd", job["cost_usd"]])
+    efficiency = data.get("training_efficiency")  # absent from reports stored before the section existed
+    if efficiency:
+        for band in efficiency["by_mfu_band"]:
+            writer.writerow(["mfu_band", band["band"], "gpu_hours", band["gpu_hours"]])
+            writer.writerow(["mfu_band", band["band"], "cost_usd", band["cost_usd"]])
+        writer.writerow(["low_mfu", f"below {efficiency['low_mfu']['below_percent']:g} %", "gpu_hours",
+                         efficiency["low_mfu"]["gpu_hours"]])
+        writer.writerow(["low_mfu", f"below {efficiency['low_mfu']['below_percent']:g} %", "cost_usd",
+                         efficiency["low_mfu"]["cost_usd"]])
+        for rank, job in enumerate(efficiency["top_jobs"], start=1):
+            item = f"{rank}:{job['job']}:{job['job_name']}"
+            for metric in ("tokens", "usd_per_million_tokens", "mfu_percent"):
+                writer.writerow(["efficiency_job", item, metric, "" if job[metric] is None else job[metric]])
+        for rank, job in enumerate(efficiency.get("lowest_mfu_jobs", []), start=1):
+            for metric in ("mfu_percent", "cost_usd"):
+                writer.writerow(["lowest_mfu_job", f"{rank}:{job['job']}:{job['job_name']}", metric, job[metric]])
     for row in data["quota_use"]:
         for metric in ("nominal_gpus", "borrowing_limit_gpus", "gpu_hours", "avg_gpus_in_use", "percent_of_nominal"):
             writer.writerow(["quota", row["accelerator"], metric, "" if row[metric] is None else row[metric]])

@@ -12,6 +12,7 @@ from rest_framework import serializers
 from core.fields import SharedFieldsMixin, UsdCentsField
 
 from ..models import PRIORITY_CLASSES, Job, JobAttempt, JobEvent
+from ..workload import job_efficiency
 
 PRIORITY_NAMES = {value: name for name, value in PRIORITY_CLASSES.items()}
 
@@ -117,6 +118,38 @@ class JobSerializer(SharedFieldsMixin, serializers.ModelSerializer):
         if job.state not in ("QUEUED", "RECOVERING"):
             return None
         return (job.queue_info or {}).get("position")
+
+
+EFFICIENCY_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "tokens_per_s": {"type": "number", "nullable": True, "description": "the latest attempt's run throughput, "
+                                                                            "tokens/s over all its GPUs"},
+        "mfu_percent": {"type": "number", "nullable": True, "description": "model FLOPs utilization, percent"},
+        "mfu_reason": {"type": "string", "description": "why mfu_percent is null; empty when it is not"},
+        "flops_per_token": {"type": "number", "nullable": True},
+        "tokens": {"type": "integer", "nullable": True, "description": "training tokens of every attempt"},
+        "cost_usd": {"type": "string", "format": "decimal"},
+        "usd_per_million_tokens": {"type": "string", "format": "decimal", "nullable": True},
+        "attempts": {"type": "array", "items": {"type": "object"}},
+    },
+}
+
+
+class JobDetailSerializer(JobSerializer):
+    """A job with its training ``efficiency`` (``jobs.workload.job_efficiency``): throughput, MFU (null with the
+    reason on the CPU or without a catalog peak), tokens and USD per million tokens, and each attempt's last and
+    mean reports."""
+
+    efficiency = serializers.SerializerMethodField()
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "efficiency"]
+        read_only_fields = fields
+
+    @extend_schema_field(EFFICIENCY_SCHEMA)
+    def get_efficiency(self, job: Job) -> dict:
+        return job_efficiency(job)
 
 
 class LogQuerySerializer(serializers.Serializer):

@@ -26,8 +26,11 @@ from ..models import Job
 from ..permissions import CANCEL_REFUSED, may_cancel
 from ..spec import JobSubmissionSerializer, validated_submission
 from ..states import StaleState
+from ..workload import job_efficiency
 from .serializers import (
+    EFFICIENCY_SCHEMA,
     JobAttemptSerializer,
+    JobDetailSerializer,
     JobEventSerializer,
     JobLogsSerializer,
     JobSerializer,
@@ -57,9 +60,13 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
     def scope_queryset(self, queryset, user):
         return queryset.visible_to(user)
 
+    def get_serializer_class(self):
+        # One job (a GET, the answer to a submission or a cancel) carries its efficiency; a list does not.
+        return super().get_serializer_class() if self.action == "list" else JobDetailSerializer
+
     @extend_schema(
         request={"application/json": JobSubmissionSerializer, "application/yaml": JobSubmissionSerializer},
-        responses={201: JobSerializer, 400: OpenApiResponse(description="Field errors keyed by dotted path")},
+        responses={201: JobDetailSerializer, 400: OpenApiResponse(description="Field errors keyed by dotted path")},
     )
     def create(self, request, *args, **kwargs):
         """Validate a submission and store it as a QUEUED job (nothing is stored when it is rejected)."""
@@ -71,7 +78,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
         location = request.build_absolute_uri(f"{request.path.rstrip('/')}/{job.pk}/")
         return Response(self.get_serializer(job).data, status=status.HTTP_201_CREATED, headers={"Location": location})
 
-    @extend_schema(request=None, responses={200: JobSerializer, 403: DETAIL_RESPONSE, 409: DETAIL_RESPONSE})
+    @extend_schema(request=None, responses={200: JobDetailSerializer, 403: DETAIL_RESPONSE, 409: DETAIL_RESPONSE})
     @action(detail=True, methods=["post"], filter_backends=[])
     def cancel(self, request, pk=None):
         """Cancel the job: CANCELLED at once when nothing runs, else CANCELLING until the cluster confirms.
@@ -99,6 +106,13 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
         events = job.events.select_related("actor", "attempt").order_by("created_at", "id")
         page = self.paginate_queryset(events)
         return self.get_paginated_response(JobEventSerializer(page, many=True).data)
+
+    @extend_schema(responses={200: OpenApiResponse(response=EFFICIENCY_SCHEMA)})
+    @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None)
+    def efficiency(self, request, pk=None):
+        """The job's training efficiency (the detail's ``efficiency``) with each attempt's throughput series
+        (``[unix seconds, step, tokens/s, loss]``) for a chart."""
+        return Response(job_efficiency(self.get_object(), series=True))
 
     @extend_schema(responses=JobAttemptSerializer(many=True))
     @action(detail=True, methods=["get"], filter_backends=[])

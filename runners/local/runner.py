@@ -121,6 +121,10 @@ def node_env(attempt, meta: dict, node: int) -> dict[str, str]:
         "CONTROLPLANE_TEAM": job.team.slug,
         "CUDA_VISIBLE_DEVICES": "" if devices is None else ",".join(str(d) for d in devices[node]),
     })
+    if node == 0 and meta.get("metrics_port"):
+        # The port where rank 0 may serve its workload metrics (jobs.efficiency.protocol); a job that serves
+        # none leaves it unused.
+        env["CONTROLPLANE_METRICS_PORT"] = str(meta["metrics_port"])
     return env
 
 
@@ -254,7 +258,8 @@ class LocalBackend(Backend):
         creates its ``node-<i>.claim`` with O_CREAT|O_EXCL. Reads
         ``attempt.job`` (and its team), ``attempt.cluster`` and, for real GPUs,
         ``attempt.node_pool``. Returns ``{"attempt_dir", "master_port",
-        "nodes", "pids", "logs", "cuda_visible_devices"}``.
+        "nodes", "pids", "logs", "cuda_visible_devices", "metrics_url"}`` (``metrics_url``: where node 0 may
+        serve its workload metrics, the port given to it in ``CONTROLPLANE_METRICS_PORT``).
 
         Raises PermanentDispatchError for an invalid command or env, a missing
         executable or an attempt already stopped; TransientDispatchError for
@@ -291,7 +296,8 @@ class LocalBackend(Backend):
                 meta = {
                     "attempt_id": attempt.pk, "job_id": attempt.job_id, "number": attempt.number,
                     "object_name": attempt.object_name, "cluster_id": attempt.cluster_id, "nodes": nodes,
-                    "master_port": free_port(), "checkpoint_dir": str(checkpoint_dir(attempt.job_id)),
+                    "master_port": free_port(), "metrics_port": free_port(),
+                    "checkpoint_dir": str(checkpoint_dir(attempt.job_id)),
                     "devices": None if attempt.cluster.emulated else self._pick_devices(attempt, nodes),
                     "created_at": time.time(),
                 }
@@ -354,6 +360,7 @@ class LocalBackend(Backend):
             "attempt_dir": str(directory), "master_port": meta["master_port"], "nodes": meta["nodes"], "pids": pids,
             "logs": [str(node_path(directory, n, "log")) for n in range(meta["nodes"])],
             "cuda_visible_devices": None if devices is None else [",".join(map(str, d)) for d in devices],
+            "metrics_url": f"http://127.0.0.1:{meta['metrics_port']}/metrics" if meta.get("metrics_port") else None,
         }
 
     # --- observation -------------------------------------------------------------------------------------------

@@ -20,7 +20,8 @@ from django.utils import timezone
 from costs.models import CostEntry, Price
 from costs.seed import CATALOG_EFFECTIVE_FROM, seed_accelerators, seed_prices
 from jobs.lifecycle import mark_started, submit_job
-from jobs.models import PRIORITY_CLASSES, Job, JobAttempt, JobState
+from jobs.efficiency.protocol import RunStats, parse_log
+from jobs.models import PRIORITY_CLASSES, Job, JobAttempt, JobState, WorkloadMetrics
 from jobs.states import transition
 from quotas.models import Budget, Quota
 from runners.models import Accelerator, Cluster, NodePool
@@ -261,3 +262,12 @@ def beta_objects(teams, outsider, aws_cluster, h100):
         "quota": Quota.objects.create(team=beta, accelerator=h100, nominal_gpus=8),
         "budget": Budget.objects.create(team=beta, amount_usd="500.00", action="alert"),
     }
+
+
+def make_workload_metrics(attempt, log: str):
+    """The WorkloadMetrics row of ``attempt`` as collection would store it after reading ``log`` (its workload's
+    log lines, ``jobs.efficiency.protocol``)."""
+    stats = RunStats()
+    stats.add_all(parse_log(log), at=0.0)
+    return WorkloadMetrics.objects.create(attempt=attempt, stats=stats.to_dict(), tokens_per_s=stats.run_tokens_per_s,
+                                          flops_per_token=stats.flops_per_token, tokens=stats.tokens)

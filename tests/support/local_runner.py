@@ -23,6 +23,21 @@ from runners.local.procs import ProcessRef, proc_table, signal_group, signal_pro
 from .factories import make_cluster
 
 
+def emulated_local_cluster_for(settings, monkeypatch, team, accelerator, nodes: int):
+    """The local cluster ``ensure_local_cluster`` makes with ``nodes`` x 8 emulated ``accelerator`` GPUs (no real
+    GPU detected) and ``team``'s 8-GPU quota of them."""
+    from quotas.models import Quota
+    from runners.local import capacity
+
+    settings.LOCAL_RUNNER_NODES = nodes
+    settings.LOCAL_RUNNER_EMULATED_GPUS = 8
+    settings.LOCAL_RUNNER_ACCELERATOR = accelerator.name
+    monkeypatch.setattr(capacity, "detect_gpus", lambda: [])
+    cluster = ensure_local_cluster()
+    Quota.objects.create(team=team, accelerator=accelerator, nominal_gpus=8)
+    return cluster
+
+
 def kill_everything_under(root: Path) -> None:
     """SIGKILL every process group and command recorded under ``root`` (a runner directory)."""
     if not root.is_dir():

@@ -7,23 +7,15 @@ import pytest
 
 from jobs.models import JobAttempt
 from jobs.scheduling.passes import try_admit
-from quotas.models import Quota
-from runners.local import capacity
-from runners.local.capacity import ensure_local_cluster
 from tests.support.factories import make_job_row
+from tests.support.local_runner import emulated_local_cluster_for
 
 
 @pytest.fixture
 def two_node_local_cluster(local_runs, settings, monkeypatch, catalog, teams):
     """The local cluster (runs under ``local_runs``) of 2 nodes x 8 emulated H100 GPUs, no real GPU detected,
     and alpha's 8-GPU quota."""
-    settings.LOCAL_RUNNER_NODES = 2
-    settings.LOCAL_RUNNER_EMULATED_GPUS = 8
-    settings.LOCAL_RUNNER_ACCELERATOR = "H100-80GB"
-    monkeypatch.setattr(capacity, "detect_gpus", lambda: [])
-    cluster = ensure_local_cluster()
-    Quota.objects.create(team=teams[0], accelerator=catalog["H100-80GB"], nominal_gpus=8)
-    return cluster
+    return emulated_local_cluster_for(settings, monkeypatch, teams[0], catalog["H100-80GB"], nodes=2)
 
 
 @pytest.fixture

@@ -1,0 +1,195 @@
+"""Workload metrics of attempts: collected from the runner (log lines, Prometheus exposition), stored per attempt
+(``jobs.models.WorkloadMetrics``), and turned into the efficiency figures the API, the UI, the CLI and the
+reports show: throughput (last, mean, the run's own), MFU, tokens and USD per million tokens.
+
+The protocol and the arithmetic are pure (``jobs.efficiency``); this module reads and writes rows and asks the
+backends. Collection runs from beat (``jobs.tasks.collect_workload_metrics``) over the live attempts and, once,
+over each attempt that ended since, so the run's final lines are kept; node 0's log is read (rank 0 is the one
+that reports, the convention of ``examples/workload_metrics.py``), and where the runner declared a metrics port
+(``runner_state["metrics_url"]``) its ``/metrics`` is scraped while the attempt runs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import urllib.error
+import urllib.request
+from decimal import Decimal
+
+from django.db.models import Q
+from django.utils import timezone
+
+from runners.base import ClusterUnreachable, UnknownBackend, backend_for
+
+from .efficiency.flops import model_flops_utilization, spec_flops_per_token, usd_per_million_tokens
+from .efficiency.protocol import RunStats, parse_exposition, parse_log
+from .models import Job, JobAttempt, WorkloadMetrics
+
+log = logging.getLogger(__name__)
+
+#: Lines of node 0's log read by an attempt's first collection and by the one after it ended (a log that grew
+#: more meanwhile loses its oldest reports from the mean), and by the collections in between, every
+#: ``WORKLOAD_METRICS_INTERVAL_SECONDS`` (a workload logging more than that per interval loses reports too).
+LOG_TAIL_LINES = 5000
+LOG_TAIL_LINES_RUNNING = 500
+#: Seconds to wait for a workload's ``/metrics``.
+SCRAPE_TIMEOUT_SECONDS = 2.0
+#: Ended attempts are collected once more up to this long after their end (their logs may be gone after).
+ENDED_COLLECTION_WINDOW = dt.timedelta(hours=6)
+
+
+def scrape(url: str, timeout: float = SCRAPE_TIMEOUT_SECONDS) -> str | None:
+    """The body of ``url`` (a workload's ``/metrics``), or None when it does not answer 200 in ``timeout`` s."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - a runner-declared http URL
+            return response.read().decode("utf-8", "replace") if response.status == 200 else None
+    except (OSError, urllib.error.URLError, ValueError):
+        return None
+
+
+def collect_attempt(attempt: JobAttempt, now: dt.datetime | None = None) -> WorkloadMetrics | None:
+    """Read what ``attempt``'s workload reported since the last collection and store it; returns the row (None
+    when the workload has reported nothing yet).
+
+    Node 0's log tail (``LOG_TAIL_LINES``; ``LOG_TAIL_LINES_RUNNING`` between the first and the last
+    collection) through the cluster's backend, then, while the attempt runs, the
+    scrape of its ``runner_state["metrics_url"]``. Reports already kept are not counted again. Raises
+    ClusterUnreachable or UnknownBackend from the backend.
+    """
+    now = now or timezone.now()
+    at = now.timestamp()
+    row = WorkloadMetrics.objects.filter(attempt=attempt).first()
+    stats = RunStats.from_dict(row.stats if row else None)
+    lines = LOG_TAIL_LINES if row is None or attempt.ended_at is not None else LOG_TAIL_LINES_RUNNING
+    text = backend_for(attempt.cluster).logs(attempt, 0, lines)
+    changed = stats.add_all(parse_log(text), at)
+    source = row.source if row else WorkloadMetrics.Source.LOG
+    url = (attempt.runner_state or {}).get("metrics_url")
+    if url and attempt.ended_at is None and (body := scrape(url)) is not None:
+        try:
+            report = parse_exposition(body)
+        except ValueError:
+            report = None
+        if report is not None and stats.add(report, at):
+            changed, source = True, WorkloadMetrics.Source.PROMETHEUS
+    complete = attempt.ended_at is not None
+    if row is None and not stats.reports and not stats.final and not stats.declared:
+        if complete:  # nothing will come: remember that, so the attempt is not read again
+            return WorkloadMetrics.objects.create(attempt=attempt, complete=True)
+        return None
+    fields = {"stats": stats.to_dict(), "source": source, "tokens_per_s": stats.run_tokens_per_s,
+              "flops_per_token": stats.flops_per_token, "tokens": stats.tokens, "complete": complete}
+    if row is None:
+        return WorkloadMetrics.objects.create(attempt=attempt, **fields)
+    if changed or complete != row.complete:
+        for key, value in fields.items():
+            setattr(row, key, value)
+        row.save()
+    return row
+
+
+def collect_workload_metrics(now: dt.datetime | None = None) -> dict:
+    """One collection over every started attempt that is live, or ended within ``ENDED_COLLECTION_WINDOW``
+    without a complete collection; returns ``{"collected", "unreachable"}`` counts. A cluster that does not
+    answer is skipped (its attempts are read on the next collection)."""
+    now = now or timezone.now()
+    attempts = (JobAttempt.objects.filter(started_at__isnull=False)
+                .filter(Q(ended_at__isnull=True) | Q(ended_at__gte=now - ENDED_COLLECTION_WINDOW,
+                                                     workload_metrics__isnull=True)
+                        | Q(ended_at__gte=now - ENDED_COLLECTION_WINDOW, workload_metrics__complete=False))
+                .filter(job__kind=Job.Kind.TRAINING).select_related("cluster", "job", "job__team"))
+    collected = unreachable = 0
+    down: set[int] = set()
+    for attempt in attempts:
+        if attempt.cluster_id in down:
+            continue
+        try:
+            collect_attempt(attempt, now)
+            collected += 1
+        except (ClusterUnreachable, UnknownBackend) as exc:
+            log.info("workload metrics of %s not read: %s", attempt.object_name, exc)
+            down.add(attempt.cluster_id)
+            unreachable += 1
+    return {"collected": collected, "unreachable": unreachable}
+
+
+def _rounded(value: float | None, digits: int = 2) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def attempt_efficiency(attempt: JobAttempt, metrics: WorkloadMetrics | None, *, series: bool = False) -> dict:
+    """The efficiency figures of ``attempt`` (its ``cluster`` and ``node_pool.accelerator`` loaded) from its
+    ``metrics`` row (None: nothing reported), JSON-ready.
+
+    ``tokens_per_s``: the run's throughput (its own summary, else the step-weighted mean); ``last`` and ``mean``
+    of step, tokens/s, samples/s, step time (s) and loss; ``flops_per_token`` and its ``flops_source``
+    (``workload`` or ``spec``); ``mfu_percent`` (``jobs.efficiency.flops.model_flops_utilization`` over
+    ``attempt.gpus`` at the accelerator's catalog peak) or null with ``mfu_reason``; ``tokens``; with
+    ``series``, the ``[unix seconds, step, tokens/s, loss]`` points.
+    """
+    stats = RunStats.from_dict(metrics.stats if metrics else None)
+    flops, flops_source = stats.flops_per_token, "workload"
+    if flops is None:
+        flops, flops_source = spec_flops_per_token(attempt.job.spec.get("model") or {}), "spec"
+    if flops is None:
+        flops_source = None
+    tokens_per_s = metrics.tokens_per_s if metrics else None
+    accelerator = attempt.node_pool.accelerator
+    mfu = model_flops_utilization(tokens_per_s, flops, attempt.gpus, accelerator.peak_bf16_tflops,
+                                  on_cpu=attempt.cluster.emulated)
+    keys = ("step", "tokens_per_s", "samples_per_s", "step_time_s", "loss")
+    body = {
+        "attempt": attempt.number,
+        "source": metrics.source if metrics and stats.reports else None,
+        "gpus": attempt.gpus,
+        "accelerator": accelerator.name,
+        "peak_bf16_tflops": float(accelerator.peak_bf16_tflops) if accelerator.peak_bf16_tflops else None,
+        "tokens_per_s": _rounded(tokens_per_s, 1),
+        "last": {k: stats.last.get(k) for k in keys},
+        "mean": {k: _rounded(stats.mean(k), 4) for k in keys[1:]},
+        "final": stats.final,
+        "flops_per_token": flops,
+        "flops_source": flops_source,
+        "mfu_percent": _rounded(mfu.percent, 4),
+        "mfu_reason": mfu.reason,
+        "tokens": metrics.tokens if metrics else None,
+        "reports": stats.reports,
+        "updated_at": metrics.updated_at.isoformat() if metrics else None,
+    }
+    if series:
+        body["series"] = stats.series
+    return body
+
+
+def job_efficiency(job: Job, *, series: bool = False) -> dict:
+    """The efficiency of ``job``: each attempt's figures (:func:`attempt_efficiency`, by number), and for the job
+    the latest attempt's ``tokens_per_s``, ``mfu_percent``/``mfu_reason``, the ``tokens`` of every attempt, the
+    ledger's ``cost_usd`` and ``usd_per_million_tokens`` (USD strings, 6 decimals; null without tokens)."""
+    attempts = [] if job.current_attempt_id is None else list(  # never dispatched: no query (a fresh submission)
+        job.attempts.filter(started_at__isnull=False)
+        .select_related("cluster", "node_pool__accelerator", "workload_metrics").order_by("number"))
+    rows = []
+    for attempt in attempts:
+        try:
+            metrics = attempt.workload_metrics
+        except WorkloadMetrics.DoesNotExist:
+            metrics = None
+        attempt.job = job
+        rows.append(attempt_efficiency(attempt, metrics, series=series))
+    reported = [r for r in rows if r["tokens_per_s"] is not None or r["reports"]]
+    latest = reported[-1] if reported else (rows[-1] if rows else None)
+    counted = [r["tokens"] for r in rows if r["tokens"] is not None]
+    tokens = sum(counted) if counted else None
+    cost = Decimal(job.accrued_cost_usd)
+    per_million = usd_per_million_tokens(cost, tokens)
+    return {
+        "tokens_per_s": latest["tokens_per_s"] if latest else None,
+        "mfu_percent": latest["mfu_percent"] if latest else None,
+        "mfu_reason": latest["mfu_reason"] if latest else "the job has not started",
+        "flops_per_token": latest["flops_per_token"] if latest else None,
+        "tokens": tokens,
+        "cost_usd": str(cost.quantize(Decimal("0.000001"))),
+        "usd_per_million_tokens": None if per_million is None else str(per_million.quantize(Decimal("0.000001"))),
+        "attempts": rows,
+    }

@@ -1,0 +1,48 @@
+"""``cpctl job`` and ``cpctl efficiency`` show a training job's throughput, MFU, tokens and USD per million tokens
+from the API (expected figures worked out here: H100 peak 989 TFLOP/s)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from jobs.models import Job
+from tests.support.factories import make_attempt, make_job, make_workload_metrics
+
+from .test_read import rows
+
+
+@pytest.fixture
+def reported(funded_aws_cluster, teams, owner, h100):
+    """A SUCCEEDED 8-GPU job whose run reported 120,000 tokens/s at 43.2e9 FLOPs per token over 50 steps of 1e6
+    tokens, costing 137.60 USD."""
+    job = make_job(teams[0], owner.user, h100, name="reported", gpus_per_node=8)
+    attempt = make_attempt(job, funded_aws_cluster["cluster"], funded_aws_cluster["pool"], state="SUCCEEDED")
+    make_workload_metrics(attempt, "config flops_per_token=43200000000 tokens_per_step=1000000\n"
+                                   "step=1 loss=5.0 tokens_per_s=100000\nstep=50 loss=3.0 tokens_per_s=120000\n"
+                                   "final step=50 tokens_per_s=120000\n")
+    Job.objects.filter(pk=job.pk).update(accrued_cost_usd=Decimal("137.60"))
+    return job
+
+
+def test_job_shows_throughput_mfu_and_cost_per_million_tokens(run_cli, teammate, reported):
+    result = run_cli("job", str(reported.pk), persona=teammate)
+    assert result.code == 0, result.err
+    lines = dict(row for row in rows(result.out)[1:] if len(row) == 2)
+    assert lines["throughput"] == "120,000.0 tokens/s"
+    assert lines["MFU"] == f"{100 * 1.2e5 * 43.2e9 / (8 * 989e12):.2f} %"  # 65.52 %
+    assert lines["tokens"] == "50,000,000, $2.7520 per million"  # 137.60 USD / 50 M tokens
+
+
+def test_efficiency_tables_each_attempt(run_cli, teammate, reported):
+    result = run_cli("efficiency", str(reported.pk), persona=teammate)
+    assert result.code == 0, result.err
+    table = rows(result.out)
+    assert table[0] == ["ATTEMPT", "STEP", "LAST TOKENS/S", "RUN TOKENS/S", "MEAN LOSS", "MFU", "TOKENS"]
+    # mean loss: step 1 counts 1 step, step 50 counts 49: (5.0 + 49 x 3.0) / 50 = 3.04.
+    assert table[1] == ["1", "50", "120,000.0", "120,000.0", "3.0400", "65.52 %", "50,000,000"]
+
+
+def test_efficiency_of_another_team_s_job_is_not_found(run_cli, outsider, reported):
+    assert run_cli("efficiency", str(reported.pk), persona=outsider).code == 5
