@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0001_initial'),
+        ('jobs', '0002_attempt_absence_and_job_replicas'),
     ]
 
     operations = [
