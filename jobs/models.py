@@ -177,3 +177,12 @@ def committed_usd(team_id: int) -> Decimal:
     """What the team's active jobs may still spend: ``sum(max(estimated - accrued, 0))``, USD."""
     rows = Job.objects.filter(team_id=team_id, state__in=ACTIVE_STATES).values_list("estimated_cost_usd", "accrued_cost_usd")
     return sum((max(est - acc, Decimal(0)) for est, acc in rows), Decimal(0))
+
+
+def committed_by_team(team_ids) -> dict[int, Decimal]:
+    """``committed_usd`` of each team in ``team_ids`` in one query: team id -> USD (0 for a team without active jobs)."""
+    found = {t: Decimal(0) for t in team_ids}
+    for team_id, est, acc in Job.objects.filter(team_id__in=list(found), state__in=ACTIVE_STATES).values_list(
+            "team_id", "estimated_cost_usd", "accrued_cost_usd"):
+        found[team_id] += max(est - acc, Decimal(0))
+    return found
