@@ -3,10 +3,11 @@
 The one implementation behind ``/api/v1/costs/``, ``/api/v1/utilization/``,
 the web UI's cost pages and the reports (``costs.reports``).
 
-Cost: ``aggregate_window`` reads the day rollups (``DailyCostRollup``,
-kept by the accrual) for the whole UTC days of a window and the ledger only
-for the partial days at its edges, so a 30-day query reads ~30 rollup rows
-per job whatever the ledger's length, with the same totals to the last
+Cost: ``aggregate_window`` reads the day rollups (``DailyCostRollup`` per
+team, cluster and accelerator; ``JobDailyCost`` per job; kept by the
+accrual) for the whole UTC days of a window and the ledger only for the
+partial days at its edges, so a 30-day query reads ~30 rollup rows per group
+whatever the ledger's length, with the same totals to the last
 1e-9 USD as summing the entries (``aggregate_costs``, still used for a
 queryset of entries). Aggregation is pushed to the database (GROUP BY); an
 entry counts in the window that contains its ``interval_start``, the rule
@@ -30,8 +31,8 @@ from django.db.models.functions import TruncDate
 
 from core.money import usd_cents
 
-from .models import CostEntry, DailyCostRollup
-from .spend import entries_in, exact_seconds, rollups_in, window_parts
+from .models import CostEntry, DailyCostRollup, JobDailyCost
+from .spend import entries_in, exact_seconds, rollups_in, utc_midnight, window_parts
 
 # Output key -> lookup, per group_by (the ledger and the rollups name them alike; the ledger's "day" is annotated).
 GROUP_KEYS = {
@@ -60,7 +61,7 @@ def _ledger_sums(entries, group_by: str, sums: dict[tuple, list]) -> None:
 
 
 def _rollup_sums(rollups, group_by: str, sums: dict[tuple, list]) -> None:
-    """Add DailyCostRollup ``rollups``' [GPU-seconds, USD] per group key of ``group_by`` to ``sums`` (one query)."""
+    """Add ``rollups``' (DailyCostRollup, JobDailyCost for jobs) [GPU-seconds, USD] per group key to ``sums``."""
     lookups = list(GROUP_KEYS[group_by].values())
     for part in rollups.values(*lookups).annotate(held=Sum("gpu_seconds"), cost=Sum("cost_usd")).order_by():
         row = sums.setdefault(tuple(part[lookup] for lookup in lookups), [Decimal(0), Decimal(0)])
@@ -115,7 +116,8 @@ def window_sums(group_by: str, start: dt.datetime | None, end: dt.datetime | Non
     parts = window_parts(start, end)
     sums: dict[tuple, list] = {}
     if parts.has_days:
-        _rollup_sums(rollups_in(narrow(DailyCostRollup.objects.all()), parts), group_by, sums)
+        model = JobDailyCost if group_by == "job" else DailyCostRollup
+        _rollup_sums(rollups_in(narrow(model.objects.all()), parts), group_by, sums)
     for lo, hi in parts.edges:
         _ledger_sums(entries_in(narrow(CostEntry.objects.all()), lo, hi), group_by, sums)
     return sums
@@ -164,14 +166,17 @@ def idle_costs(rollups) -> dict[int, Decimal]:
     """USD of idle GPU time per rollup id: the ledger cost of its attempt on its day x idle share.
 
     ``rollups`` is a UtilizationRollup queryset; rollups without idle time
-    are left out. Two queries.
+    are left out. Two queries; the ledger is read for the rollups' days only.
     """
     rows = list(rollups.filter(idle_gpu_seconds__gt=0).values("pk", "attempt_id", "day", "gpu_seconds", "idle_gpu_seconds"))
     if not rows:
         return {}
+    first, last = min(r["day"] for r in rows), max(r["day"] for r in rows)
     ledger = {
         (r["attempt_id"], r["d"]): r["usd"]
-        for r in CostEntry.objects.filter(attempt_id__in={r["attempt_id"] for r in rows})
+        for r in CostEntry.objects.filter(attempt_id__in={r["attempt_id"] for r in rows},
+                                          interval_start__gte=utc_midnight(first),
+                                          interval_start__lt=utc_midnight(last + dt.timedelta(days=1)))
         .annotate(d=TruncDate("interval_start", tzinfo=dt.timezone.utc))
         .values("attempt_id", "d").annotate(usd=Sum("amount_usd"))
     }

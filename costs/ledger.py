@@ -13,7 +13,8 @@ appends entries only past a boundary. Closed entries never change.
 
 Totals: in the transaction that writes the entries, the team's
 ``TeamSpend`` row, the ``DailyCostRollup`` rows (UTC day x team x cluster x
-accelerator x job) and the job's ``accrued_cost_usd`` grow by exactly what
+accelerator), the ``JobDailyCost`` rows (UTC day x job) and the job's
+``accrued_cost_usd`` grow by exactly what
 the entries gained, so budgets and cost queries read totals, not entries.
 ``costs.rollups.rebuild_totals`` recomputes them from the entries.
 
@@ -43,7 +44,7 @@ from jobs.models import Job, JobAttempt
 from runners.models import NodePool
 
 from .catalog import NoPrice, price_at, prices_by_pool
-from .models import CostEntry, DailyCostRollup, Price, TeamSpend
+from .models import CostEntry, DailyCostRollup, JobDailyCost, Price, TeamSpend
 from .spend import ENTRY_SPAN, exact_seconds
 
 log = logging.getLogger(__name__)
@@ -124,12 +125,14 @@ class _Batch:
     job_usd: dict[int, Decimal] = dataclasses.field(default_factory=lambda: defaultdict(Decimal))
     teams: dict[int, _Totals] = dataclasses.field(default_factory=lambda: defaultdict(_Totals))
     rollups: dict[tuple, _Totals] = dataclasses.field(default_factory=lambda: defaultdict(_Totals))
+    job_days: dict[tuple, _Totals] = dataclasses.field(default_factory=lambda: defaultdict(_Totals))
 
     def count(self, entry_start: dt.datetime, team_id: int, cluster_id: int, accelerator_id: int, job_id: int,
               cost: Decimal | None, gpu_seconds: Decimal, new_rows: int) -> None:
         day = entry_start.astimezone(UTC).date()
         self.teams[team_id].add(cost, gpu_seconds, new_rows)
-        self.rollups[(day, team_id, cluster_id, accelerator_id, job_id)].add(cost, gpu_seconds, new_rows)
+        self.rollups[(day, team_id, cluster_id, accelerator_id)].add(cost, gpu_seconds, new_rows)
+        self.job_days[(day, job_id, team_id)].add(cost, gpu_seconds, new_rows)
         if cost:
             self.job_usd[job_id] += cost
 
@@ -193,7 +196,8 @@ def _accrue_rows(rows: list[tuple], until: dt.datetime, *, isolate: bool) -> tup
     With ``isolate`` an attempt that fails to plan is logged and left out
     (its ledger stays where it was); without, the error propagates.
     """
-    pools = {p.pk: p for p in NodePool.objects.select_related("cluster").filter(pk__in={r[4] for r in rows})}
+    pools = {p.pk: p for p in NodePool.objects.select_related("cluster", "accelerator")
+             .filter(pk__in={r[4] for r in rows})}
     prices = prices_by_pool(pools.values(), Price.objects.filter(accelerator_id__in={p.accelerator_id
                                                                                      for p in pools.values()}))
     # The open entry of an attempt ends at its accrued_until and starts in that UTC hour: reading only entries from
@@ -228,6 +232,7 @@ def _write_postgresql(batch: _Batch) -> None:
     """The batch in set-based statements, in lock order: jobs, attempts, team totals, rollups, entries."""
     job_t, attempt_t = Job._meta.db_table, JobAttempt._meta.db_table
     spend_t, rollup_t, entry_t = TeamSpend._meta.db_table, DailyCostRollup._meta.db_table, CostEntry._meta.db_table
+    job_day_t = JobDailyCost._meta.db_table
     now = timezone.now()
     with connection.cursor() as cursor:
         for chunk in _chunks(sorted(batch.job_usd.items())):
@@ -246,14 +251,16 @@ def _write_postgresql(batch: _Batch) -> None:
             cursor.execute(f'INSERT INTO "{spend_t}" (team_id, {", ".join(sums)}, updated_at) VALUES {values} '
                            f"ON CONFLICT (team_id) DO UPDATE SET {added.format(t=spend_t)}, "
                            f"updated_at = EXCLUDED.updated_at", params)
-        keys = ("day", "team_id", "cluster_id", "accelerator_id", "job_id")
-        for chunk in _chunks(sorted((*key, t.cost, t.gpu_seconds, t.unpriced_gpu_seconds, t.entries, now)
-                                    for key, t in batch.rollups.items())):
-            values, params = _values(chunk, ("date", "bigint", "bigint", "bigint", "bigint",
-                                             "numeric", "numeric", "numeric", "integer", "timestamptz"))
-            cursor.execute(f'INSERT INTO "{rollup_t}" ({", ".join(keys)}, {", ".join(sums)}, rebuilt_at) '
-                           f"VALUES {values} ON CONFLICT ({', '.join(keys)}) DO UPDATE SET "
-                           f"{added.format(t=rollup_t)}, rebuilt_at = EXCLUDED.rebuilt_at", params)
+        for table, keys, conflict, rows in (
+                (rollup_t, ("day", "team_id", "cluster_id", "accelerator_id"), 4, batch.rollups),
+                (job_day_t, ("day", "job_id", "team_id"), 2, batch.job_days)):
+            for chunk in _chunks(sorted((*key, t.cost, t.gpu_seconds, t.unpriced_gpu_seconds, t.entries, now)
+                                        for key, t in rows.items())):
+                values, params = _values(chunk, ("date",) + ("bigint",) * len(keys[1:])
+                                         + ("numeric", "numeric", "numeric", "integer", "timestamptz"))
+                cursor.execute(f'INSERT INTO "{table}" ({", ".join(keys)}, {", ".join(sums)}, rebuilt_at) '
+                               f"VALUES {values} ON CONFLICT ({', '.join(keys[:conflict])}) DO UPDATE SET "
+                               f"{added.format(t=table)}, rebuilt_at = EXCLUDED.rebuilt_at", params)
         for chunk in _chunks(sorted(batch.extend)):
             values, params = _values(chunk, ("bigint", "timestamptz", "numeric"))
             cursor.execute(f'UPDATE "{entry_t}" AS e SET interval_end = v.e, amount_usd = v.a '
@@ -274,15 +281,16 @@ def _write_generic(batch: _Batch) -> None:
         row.unpriced_gpu_seconds += t.unpriced_gpu_seconds
         row.entries += t.entries
         row.save()
-    for (day, team_id, cluster_id, accelerator_id, job_id), t in sorted(batch.rollups.items()):
-        row, _ = DailyCostRollup.objects.get_or_create(
-            day=day, team_id=team_id, cluster_id=cluster_id, accelerator_id=accelerator_id, job_id=job_id,
-            defaults={"gpu_seconds": 0, "cost_usd": 0, "unpriced_gpu_seconds": 0, "entries": 0})
-        row.cost_usd += t.cost
-        row.gpu_seconds += t.gpu_seconds
-        row.unpriced_gpu_seconds += t.unpriced_gpu_seconds
-        row.entries += t.entries
-        row.save()
+    zero = {"gpu_seconds": 0, "cost_usd": 0, "unpriced_gpu_seconds": 0, "entries": 0}
+    for model, names, rows in ((DailyCostRollup, ("day", "team_id", "cluster_id", "accelerator_id"), batch.rollups),
+                               (JobDailyCost, ("day", "job_id", "team_id"), batch.job_days)):
+        for key, t in sorted(rows.items()):
+            row, _ = model.objects.get_or_create(**dict(zip(names, key)), defaults=zero)
+            row.cost_usd += t.cost
+            row.gpu_seconds += t.gpu_seconds
+            row.unpriced_gpu_seconds += t.unpriced_gpu_seconds
+            row.entries += t.entries
+            row.save()
     for entry_id, end, amount in sorted(batch.extend):
         CostEntry.objects.filter(pk=entry_id).update(interval_end=end, amount_usd=amount)
     CostEntry.objects.bulk_create(batch.insert, batch_size=CHUNK)

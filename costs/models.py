@@ -89,23 +89,10 @@ class CostEntry(models.Model):
         return self.gpus * (self.interval_end - self.interval_start).total_seconds()
 
 
-class DailyCostRollup(models.Model):
-    """Ledger totals per UTC day, team, cluster, accelerator and job: GPU-seconds and USD (exact, 1e-9).
+class LedgerTotals(models.Model):
+    """The sums a totals row keeps of its ledger entries: GPU-seconds (all), USD (priced), GPU-seconds of unknown
+    cost (no price in force, not in ``cost_usd``) and the number of entries."""
 
-    An entry counts on the UTC day of its ``interval_start`` (the rule of the
-    costs API and of budgets). Maintained by the accrual in the transaction
-    that writes the entries (``costs.ledger``), so the open day is always
-    current; ``costs.rollups.rebuild_totals`` / ``manage.py rebuild_rollups``
-    recompute them from the ledger. ``unpriced_gpu_seconds`` are GPU-seconds
-    accrued with no price in force (not in ``cost_usd``); ``entries`` counts
-    the ledger rows.
-    """
-
-    day = models.DateField()
-    team = models.ForeignKey("quotas.Team", on_delete=models.CASCADE, related_name="cost_rollups")
-    cluster = models.ForeignKey("runners.Cluster", on_delete=models.CASCADE, related_name="cost_rollups")
-    accelerator = models.ForeignKey("runners.Accelerator", on_delete=models.CASCADE, related_name="cost_rollups")
-    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="cost_rollups")
     gpu_seconds = models.DecimalField(max_digits=24, decimal_places=6)
     cost_usd = models.DecimalField(max_digits=20, decimal_places=9)
     unpriced_gpu_seconds = models.DecimalField(max_digits=24, decimal_places=6, default=0)
@@ -113,14 +100,53 @@ class DailyCostRollup(models.Model):
     rebuilt_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        abstract = True
+
+
+class DailyCostRollup(LedgerTotals):
+    """Ledger totals per UTC day, team, cluster and accelerator: GPU-seconds and USD (exact, 1e-9).
+
+    An entry counts on the UTC day of its ``interval_start`` (the rule of the
+    costs API and of budgets). Maintained by the accrual in the transaction
+    that writes the entries (``costs.ledger``), so the open day is always
+    current; ``costs.rollups.rebuild_totals`` / ``manage.py rebuild_rollups``
+    recompute them from the ledger. ``unpriced_gpu_seconds`` are GPU-seconds
+    accrued with no price in force (not in ``cost_usd``); ``entries`` counts
+    the ledger rows. ``JobDailyCost`` holds the same per job.
+    """
+
+    day = models.DateField()
+    team = models.ForeignKey("quotas.Team", on_delete=models.CASCADE, related_name="cost_rollups")
+    cluster = models.ForeignKey("runners.Cluster", on_delete=models.CASCADE, related_name="cost_rollups")
+    accelerator = models.ForeignKey("runners.Accelerator", on_delete=models.CASCADE, related_name="cost_rollups")
+
+    class Meta:
         ordering = ["day", "team__slug"]
-        constraints = [models.UniqueConstraint(fields=["day", "team", "cluster", "accelerator", "job"],
-                                               name="costrollup_unique")]
-        indexes = [models.Index(fields=["team", "day"], name="costrollup_team_day"),
-                   models.Index(fields=["day"], name="costrollup_day")]
+        constraints = [models.UniqueConstraint(fields=["day", "team", "cluster", "accelerator"], name="costrollup_unique")]
+        indexes = [models.Index(fields=["team", "day"], name="costrollup_team_day")]
 
     def __str__(self) -> str:
-        return f"{self.day} {self.team_id}/{self.cluster_id}/{self.accelerator_id}/{self.job_id} ${self.cost_usd}"
+        return f"{self.day} {self.team_id}/{self.cluster_id}/{self.accelerator_id} ${self.cost_usd}"
+
+
+class JobDailyCost(LedgerTotals):
+    """Ledger totals per UTC day and job (with its team): GPU-seconds and USD, kept and rebuilt as the day rollups.
+
+    For costs by job (the API's ``group_by=job``, reports' top jobs) without
+    reading a whole window of entries.
+    """
+
+    day = models.DateField()
+    team = models.ForeignKey("quotas.Team", on_delete=models.CASCADE, related_name="job_cost_rollups")
+    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="cost_rollups")
+
+    class Meta:
+        ordering = ["day", "job_id"]
+        constraints = [models.UniqueConstraint(fields=["day", "job"], name="jobcost_unique")]
+        indexes = [models.Index(fields=["team", "day"], name="jobcost_team_day")]
+
+    def __str__(self) -> str:
+        return f"{self.day} job {self.job_id} ${self.cost_usd}"
 
 
 class TeamSpend(models.Model):

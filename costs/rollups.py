@@ -1,9 +1,9 @@
-"""The ledger's running totals recomputed from the entries: daily rollups and each team's totals row.
+"""The ledger's running totals recomputed from the entries: day rollups, job-day rollups and each team's totals row.
 
-Accrual keeps ``DailyCostRollup`` (UTC day x team x cluster x accelerator x
-job) and ``TeamSpend`` in step with the entries it writes
-(``costs.ledger``); ``rebuild_totals`` recomputes them from the ledger alone
-(after a restore, a manual correction, or to prove they agree:
+Accrual keeps ``DailyCostRollup`` (UTC day x team x cluster x accelerator),
+``JobDailyCost`` (UTC day x job) and ``TeamSpend`` in step with the entries
+it writes (``costs.ledger``); ``rebuild_totals`` recomputes them from the
+ledger alone (after a restore, a manual correction, or to prove they agree:
 ``totals_mismatches``). An entry counts on the UTC day of its
 ``interval_start`` (the costs API's and the budgets' rule).
 """
@@ -17,94 +17,109 @@ from decimal import Decimal
 
 from django.db import connection, transaction
 
-from .models import CostEntry, DailyCostRollup, TeamSpend
-from .spend import exact_seconds
+from .models import CostEntry, DailyCostRollup, JobDailyCost, TeamSpend
+from .spend import exact_seconds, utc_midnight
 
 UTC = dt.timezone.utc
 _SUMS = ("gpu_seconds", "cost_usd", "unpriced_gpu_seconds", "entries")
+#: The key of each level of totals, in the ledger's column names.
+ROLLUP_KEYS = ("day", "team_id", "cluster_id", "accelerator_id")
+JOB_DAY_KEYS = ("day", "job_id", "team_id")
 
 
-def _midnight(day: dt.date) -> dt.datetime:
-    return dt.datetime(day.year, day.month, day.day, tzinfo=UTC)
+def _zero() -> list:
+    return [Decimal(0), Decimal(0), Decimal(0), 0]
 
 
-def _ledger_sums(entry_model, start_day: dt.date | None, end_day: dt.date | None) -> dict[tuple, list]:
-    """(day, team, cluster, accelerator, job) -> [GPU-seconds, USD, unknown-cost GPU-seconds, entries], in Python."""
+def ledger_sums(entry_model=CostEntry, start_day: dt.date | None = None, end_day: dt.date | None = None
+                ) -> tuple[dict[tuple, list], dict[tuple, list]]:
+    """The sums of the ledger, in Python: ``(by ROLLUP_KEYS, by JOB_DAY_KEYS)``, each key -> [GPU-seconds, USD,
+    unknown-cost GPU-seconds, entries], over the entries starting on UTC days ``[start_day, end_day]``."""
     entries = entry_model.objects.all()
     if start_day:
-        entries = entries.filter(interval_start__gte=_midnight(start_day))
+        entries = entries.filter(interval_start__gte=utc_midnight(start_day))
     if end_day:
-        entries = entries.filter(interval_start__lt=_midnight(end_day + dt.timedelta(days=1)))
-    sums: dict[tuple, list] = defaultdict(lambda: [Decimal(0), Decimal(0), Decimal(0), 0])
-    for day_of, team, cluster, acc, job, gpus, lo, hi, amount in entries.values_list(
-            "interval_start", "team_id", "cluster_id", "accelerator_id", "job_id", "gpus", "interval_start",
-            "interval_end", "amount_usd").iterator():
-        s = sums[(day_of.astimezone(UTC).date(), team, cluster, acc, job)]
+        entries = entries.filter(interval_start__lt=utc_midnight(end_day + dt.timedelta(days=1)))
+    rollups: dict[tuple, list] = defaultdict(_zero)
+    job_days: dict[tuple, list] = defaultdict(_zero)
+    for team, cluster, acc, job, gpus, lo, hi, amount in entries.values_list(
+            "team_id", "cluster_id", "accelerator_id", "job_id", "gpus", "interval_start", "interval_end",
+            "amount_usd").iterator():
+        day = lo.astimezone(UTC).date()
         held = gpus * exact_seconds(hi - lo)
-        s[0] += held
-        s[1] += amount or 0
-        s[2] += held if amount is None else 0
-        s[3] += 1
-    return sums
+        for s in (rollups[(day, team, cluster, acc)], job_days[(day, job, team)]):
+            s[0] += held
+            s[1] += amount or 0
+            s[2] += held if amount is None else 0
+            s[3] += 1
+    return rollups, job_days
+
+
+def _rebuild_postgresql(tables, start_day, end_day) -> int:
+    entry_t, rollup_t, job_day_t, spend_t = tables
+    where, params = ["TRUE"], []
+    if start_day:
+        where.append("interval_start >= %s")
+        params.append(utc_midnight(start_day))
+    if end_day:
+        where.append("interval_start < %s")
+        params.append(utc_midnight(end_day + dt.timedelta(days=1)))
+    days = [f"day {op} %s" for op, d in ((">=", start_day), ("<=", end_day)) if d] or ["TRUE"]
+    held = "e.gpus * EXTRACT(EPOCH FROM e.interval_end - e.interval_start)"
+    sums = (f"SUM({held}), COALESCE(SUM(e.amount_usd), 0), "
+            f"COALESCE(SUM({held}) FILTER (WHERE e.amount_usd IS NULL), 0), COUNT(*), now()")
+    day = "(e.interval_start AT TIME ZONE 'UTC')::date"
+    with connection.cursor() as cursor:
+        cursor.execute(f'LOCK TABLE "{spend_t}", "{rollup_t}", "{job_day_t}" IN SHARE ROW EXCLUSIVE MODE')
+        written = 0
+        for table, keys, select in ((rollup_t, ROLLUP_KEYS, f"{day}, e.team_id, e.cluster_id, e.accelerator_id"),
+                                    (job_day_t, JOB_DAY_KEYS, f"{day}, e.job_id, e.team_id")):
+            cursor.execute(f'DELETE FROM "{table}" WHERE {" AND ".join(days)}', [d for d in (start_day, end_day) if d])
+            cursor.execute(
+                f'INSERT INTO "{table}" ({", ".join(keys)}, gpu_seconds, cost_usd, unpriced_gpu_seconds, entries, '
+                f'rebuilt_at) SELECT {select}, {sums} FROM "{entry_t}" AS e WHERE {" AND ".join(where)} '
+                f"GROUP BY {', '.join(str(i + 1) for i in range(len(keys)))}", params)
+            written += cursor.rowcount
+        cursor.execute(
+            f'INSERT INTO "{spend_t}" (team_id, cost_usd, gpu_seconds, unpriced_gpu_seconds, entries, updated_at) '
+            f"SELECT team_id, SUM(cost_usd), SUM(gpu_seconds), SUM(unpriced_gpu_seconds), SUM(entries), now() "
+            f'FROM "{rollup_t}" GROUP BY team_id ON CONFLICT (team_id) DO UPDATE SET '
+            f"cost_usd = EXCLUDED.cost_usd, gpu_seconds = EXCLUDED.gpu_seconds, "
+            f"unpriced_gpu_seconds = EXCLUDED.unpriced_gpu_seconds, entries = EXCLUDED.entries, "
+            f"updated_at = EXCLUDED.updated_at")
+        cursor.execute(
+            f'UPDATE "{spend_t}" SET cost_usd = 0, gpu_seconds = 0, unpriced_gpu_seconds = 0, entries = 0 '
+            f'WHERE team_id NOT IN (SELECT team_id FROM "{rollup_t}")')
+    return written
 
 
 def rebuild_totals(start_day: dt.date | None = None, end_day: dt.date | None = None, *, models=None) -> int:
-    """Recompute the rollups of UTC days ``[start_day, end_day]`` (every day when left out) from the ledger, then
-    every team's ``TeamSpend`` from the rollups; returns the number of rollup rows written.
+    """Recompute the day and job-day rollups of UTC days ``[start_day, end_day]`` (every day when left out) from
+    the ledger, then every team's ``TeamSpend`` from the day rollups; returns the number of rollup rows written.
 
-    One transaction; on PostgreSQL it locks both totals tables against
+    One transaction; on PostgreSQL it locks the totals tables against
     writers first (accrual waits, readers see the old or the new totals,
     never half) and sums in SQL with exact numerics. ``models`` is
-    ``(CostEntry, DailyCostRollup, TeamSpend)`` (a migration passes its
-    historical models).
+    ``(CostEntry, DailyCostRollup, JobDailyCost, TeamSpend)`` (a migration
+    passes its historical models).
     """
-    entry_model, rollup_model, spend_model = models or (CostEntry, DailyCostRollup, TeamSpend)
-    entry_t, rollup_t, spend_t = (m._meta.db_table for m in (entry_model, rollup_model, spend_model))
+    entry_model, rollup_model, job_day_model, spend_model = models or (CostEntry, DailyCostRollup, JobDailyCost,
+                                                                        TeamSpend)
     with transaction.atomic():
         if connection.vendor == "postgresql":
-            where, params = ["TRUE"], []
+            return _rebuild_postgresql([m._meta.db_table for m in (entry_model, rollup_model, job_day_model,
+                                                                   spend_model)], start_day, end_day)
+        rollups, job_days = ledger_sums(entry_model, start_day, end_day)
+        for model, names, groups in ((rollup_model, ROLLUP_KEYS, rollups), (job_day_model, JOB_DAY_KEYS, job_days)):
+            stale = model.objects.all()
             if start_day:
-                where.append("interval_start >= %s")
-                params.append(_midnight(start_day))
+                stale = stale.filter(day__gte=start_day)
             if end_day:
-                where.append("interval_start < %s")
-                params.append(_midnight(end_day + dt.timedelta(days=1)))
-            days = [f"day {op} %s" for op, d in ((">=", start_day), ("<=", end_day)) if d] or ["TRUE"]
-            held = "e.gpus * EXTRACT(EPOCH FROM e.interval_end - e.interval_start)"
-            with connection.cursor() as cursor:
-                cursor.execute(f'LOCK TABLE "{spend_t}", "{rollup_t}" IN SHARE ROW EXCLUSIVE MODE')
-                cursor.execute(f'DELETE FROM "{rollup_t}" WHERE {" AND ".join(days)}', [d for d in (start_day, end_day) if d])
-                cursor.execute(
-                    f'INSERT INTO "{rollup_t}" (day, team_id, cluster_id, accelerator_id, job_id, gpu_seconds, '
-                    f"cost_usd, unpriced_gpu_seconds, entries, rebuilt_at) "
-                    f"SELECT (e.interval_start AT TIME ZONE 'UTC')::date, e.team_id, e.cluster_id, e.accelerator_id, "
-                    f"e.job_id, SUM({held}), COALESCE(SUM(e.amount_usd), 0), "
-                    f"COALESCE(SUM({held}) FILTER (WHERE e.amount_usd IS NULL), 0), COUNT(*), now() "
-                    f'FROM "{entry_t}" AS e WHERE {" AND ".join(where)} GROUP BY 1, 2, 3, 4, 5', params)
-                written = cursor.rowcount
-                cursor.execute(
-                    f'INSERT INTO "{spend_t}" (team_id, cost_usd, gpu_seconds, unpriced_gpu_seconds, entries, '
-                    f"updated_at) SELECT team_id, SUM(cost_usd), SUM(gpu_seconds), SUM(unpriced_gpu_seconds), "
-                    f'SUM(entries), now() FROM "{rollup_t}" GROUP BY team_id ON CONFLICT (team_id) DO UPDATE SET '
-                    f"cost_usd = EXCLUDED.cost_usd, gpu_seconds = EXCLUDED.gpu_seconds, "
-                    f"unpriced_gpu_seconds = EXCLUDED.unpriced_gpu_seconds, entries = EXCLUDED.entries, "
-                    f"updated_at = EXCLUDED.updated_at")
-                cursor.execute(
-                    f'UPDATE "{spend_t}" SET cost_usd = 0, gpu_seconds = 0, unpriced_gpu_seconds = 0, entries = 0 '
-                    f'WHERE team_id NOT IN (SELECT team_id FROM "{rollup_t}")')
-            return written
-        groups = _ledger_sums(entry_model, start_day, end_day)
-        rollups = rollup_model.objects.all()
-        if start_day:
-            rollups = rollups.filter(day__gte=start_day)
-        if end_day:
-            rollups = rollups.filter(day__lte=end_day)
-        rollups.delete()
-        rollup_model.objects.bulk_create(
-            rollup_model(day=day, team_id=team, cluster_id=cluster, accelerator_id=acc, job_id=job,
-                         **dict(zip(_SUMS, sums)))
-            for (day, team, cluster, acc, job), sums in groups.items())
-        teams: dict[int, list] = defaultdict(lambda: [Decimal(0), Decimal(0), Decimal(0), 0])
+                stale = stale.filter(day__lte=end_day)
+            stale.delete()
+            model.objects.bulk_create(model(**dict(zip(names, key)), **dict(zip(_SUMS, sums)))
+                                      for key, sums in groups.items())
+        teams: dict[int, list] = defaultdict(_zero)
         for row in rollup_model.objects.values_list("team_id", *_SUMS):
             for i, value in enumerate(row[1:]):
                 teams[row[0]][i] += value
@@ -112,7 +127,7 @@ def rebuild_totals(start_day: dt.date | None = None, end_day: dt.date | None = N
             cost_usd=0, gpu_seconds=0, unpriced_gpu_seconds=0, entries=0)
         for team, sums in teams.items():
             spend_model.objects.update_or_create(team_id=team, defaults=dict(zip(_SUMS, sums)))
-        return len(groups)
+        return len(rollups) + len(job_days)
 
 
 def rebuild_rollups(start_day: dt.date | None = None, end_day: dt.date | None = None) -> int:
@@ -124,31 +139,34 @@ def rebuild_rollups(start_day: dt.date | None = None, end_day: dt.date | None = 
 class Mismatch:
     """A totals row that disagrees with the ledger: which (``kind``, ``key``), and the stored and ledger sums."""
 
-    kind: str  # "rollup" or "team"
+    kind: str  # "rollup", "job-day" or "team"
     key: tuple
     stored: tuple
     ledger: tuple
 
 
+def _differences(kind: str, stored: dict, ledger: dict) -> list[Mismatch]:
+    zero = (0, 0, 0, 0)
+    return [Mismatch(kind, k, tuple(stored.get(k, zero)), tuple(ledger.get(k, zero)))
+            for k in sorted(set(ledger) | set(stored), key=str)
+            if tuple(map(Decimal, stored.get(k, zero))) != tuple(map(Decimal, ledger.get(k, zero)))]
+
+
 def totals_mismatches() -> list[Mismatch]:
-    """Every rollup and team totals row that differs from the sums of the ledger's entries (exact comparison).
+    """Every rollup, job-day and team totals row that differs from the sums of the ledger (exact comparison).
 
     Reads the whole ledger (an audit, not a hot path). Empty when the running
     totals agree with the entries to the last 1e-9 USD and microsecond.
     """
-    ledger = {k: tuple(v) for k, v in _ledger_sums(CostEntry, None, None).items()}
-    stored = {(r[0], r[1], r[2], r[3], r[4]): tuple(r[5:]) for r in DailyCostRollup.objects.values_list(
-        "day", "team_id", "cluster_id", "accelerator_id", "job_id", *_SUMS)}
-    found = [Mismatch("rollup", k, stored.get(k, (0, 0, 0, 0)), ledger.get(k, (0, 0, 0, 0)))
-             for k in sorted(set(ledger) | set(stored), key=str)
-             if tuple(map(Decimal, stored.get(k, (0, 0, 0, 0)))) != tuple(map(Decimal, ledger.get(k, (0, 0, 0, 0))))]
-    teams: dict[int, list] = defaultdict(lambda: [Decimal(0), Decimal(0), Decimal(0), 0])
-    for key, sums in ledger.items():
+    rollups, job_days = ledger_sums()
+    teams: dict[tuple, list] = defaultdict(_zero)
+    for key, sums in rollups.items():
         for i, value in enumerate(sums):
-            teams[key[1]][i] += value
-    rows = {r[0]: tuple(r[1:]) for r in TeamSpend.objects.values_list("team_id", *_SUMS)}
-    for team in sorted(set(teams) | set(rows)):
-        want, have = tuple(teams.get(team, (0, 0, 0, 0))), rows.get(team, (0, 0, 0, 0))
-        if tuple(map(Decimal, have)) != tuple(map(Decimal, want)):
-            found.append(Mismatch("team", (team,), have, want))
+            teams[(key[1],)][i] += value
+    found = []
+    for kind, model, keys, ledger in (("rollup", DailyCostRollup, ROLLUP_KEYS, rollups),
+                                      ("job-day", JobDailyCost, JOB_DAY_KEYS, job_days),
+                                      ("team", TeamSpend, ("team_id",), teams)):
+        stored = {r[:len(keys)]: r[len(keys):] for r in model.objects.values_list(*keys, *_SUMS)}
+        found += _differences(kind, stored, ledger)
     return found

@@ -26,7 +26,7 @@ import datetime as dt
 from collections import defaultdict
 from decimal import ROUND_HALF_EVEN, Decimal
 
-from django.db.models import Max, Sum
+from django.db.models import Max, Q, Sum
 
 from .models import CostEntry, DailyCostRollup, Price, TeamSpend
 
@@ -41,7 +41,8 @@ def exact_seconds(delta: dt.timedelta) -> Decimal:
     return Decimal(delta.days * 86400 + delta.seconds) + Decimal(delta.microseconds) / Decimal(1_000_000)
 
 
-def _midnight(day: dt.date) -> dt.datetime:
+def utc_midnight(day: dt.date) -> dt.datetime:
+    """The start of UTC day ``day``, an aware datetime."""
     return dt.datetime(day.year, day.month, day.day, tzinfo=UTC)
 
 
@@ -68,16 +69,16 @@ def window_parts(start: dt.datetime | None, end: dt.datetime | None) -> WindowPa
     """Split ``[start, end)`` (aware datetimes; None: open) into whole UTC days and partial edge intervals."""
     start = start.astimezone(UTC) if start is not None else None
     end = end.astimezone(UTC) if end is not None else None
-    first = None if start is None else (start.date() if start == _midnight(start.date())
+    first = None if start is None else (start.date() if start == utc_midnight(start.date())
                                         else start.date() + dt.timedelta(days=1))
     last = None if end is None else end.date()
     if first is not None and last is not None and first >= last:
         return WindowParts(first, last, ((start, end),) if start < end else ())
     edges = []
-    if start is not None and start < _midnight(first):
-        edges.append((start, _midnight(first)))
-    if end is not None and _midnight(last) < end:
-        edges.append((_midnight(last), end))
+    if start is not None and start < utc_midnight(first):
+        edges.append((start, utc_midnight(first)))
+    if end is not None and utc_midnight(last) < end:
+        edges.append((utc_midnight(last), end))
     return WindowParts(first, last, tuple(edges))
 
 
@@ -167,17 +168,19 @@ def ledger_usd_prorated(team_id: int, start: dt.datetime, end: dt.datetime) -> D
     """Priced USD the team's ledger accrued inside ``[start, end)``, an entry counted by the share of it inside.
 
     For the burn rate. Exact: an entry holds one price and one GPU count, so
-    its cost is uniform over its interval. Reads only the entries that start
-    in ``[start - ENTRY_SPAN, end)`` (index ``team, interval_start``), the
-    only ones that can overlap the window.
+    its cost is uniform over its interval. Entries wholly inside are summed
+    by the database; only those that cross an end of the window (they start
+    at most ``ENTRY_SPAN`` before it) are prorated here. Index
+    ``team, interval_start``: the window's entries, never the history.
     """
-    total = Decimal(0)
-    for lo, hi, amount in (CostEntry.objects.filter(team_id=team_id, interval_start__gte=start - ENTRY_SPAN,
-                                                    interval_start__lt=end, interval_end__gt=start,
-                                                    amount_usd__isnull=False)
-                           .values_list("interval_start", "interval_end", "amount_usd")):
-        inside = exact_seconds(min(hi, end) - max(lo, start))
-        total += amount * inside / exact_seconds(hi - lo)
+    team = CostEntry.objects.filter(team_id=team_id, amount_usd__isnull=False)
+    inside = team.filter(interval_start__gte=start, interval_start__lt=end, interval_end__lte=end).aggregate(
+        s=Sum("amount_usd"))["s"] or Decimal(0)
+    crossing = team.filter(interval_start__gte=start - ENTRY_SPAN, interval_start__lt=end, interval_end__gt=start) \
+        .filter(Q(interval_start__lt=start) | Q(interval_end__gt=end))
+    total = Decimal(inside)
+    for lo, hi, amount in crossing.values_list("interval_start", "interval_end", "amount_usd"):
+        total += amount * exact_seconds(min(hi, end) - max(lo, start)) / exact_seconds(hi - lo)
     return total
 
 

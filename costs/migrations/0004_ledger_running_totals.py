@@ -1,22 +1,17 @@
-"""Running totals beside the ledger: rollups per job too, unknown-cost entries, a totals row per team, and indexes.
+"""Running totals beside the ledger: unknown-cost entries, rollups per job, a totals row per team, and indexes.
 
-The rollups are emptied before their key grows a job and rebuilt from the
-ledger at the end (``costs.rollups.rebuild_totals``), with the team totals.
+Ends by rebuilding every total from the ledger (``costs.rollups.rebuild_totals``).
 """
 
 import django.db.models.deletion
 from django.db import migrations, models
 
 
-def empty_rollups(apps, schema_editor):
-    apps.get_model("costs", "DailyCostRollup").objects.all().delete()
-
-
 def rebuild(apps, schema_editor):
     from costs.rollups import rebuild_totals
 
-    rebuild_totals(models=(apps.get_model("costs", "CostEntry"), apps.get_model("costs", "DailyCostRollup"),
-                           apps.get_model("costs", "TeamSpend")))
+    rebuild_totals(models=tuple(apps.get_model("costs", name)
+                                for name in ("CostEntry", "DailyCostRollup", "JobDailyCost", "TeamSpend")))
 
 
 class Migration(migrations.Migration):
@@ -30,6 +25,21 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
+            name='JobDailyCost',
+            fields=[
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('day', models.DateField()),
+                ('gpu_seconds', models.DecimalField(decimal_places=6, max_digits=24)),
+                ('cost_usd', models.DecimalField(decimal_places=9, max_digits=20)),
+                ('unpriced_gpu_seconds', models.DecimalField(decimal_places=6, default=0, max_digits=24)),
+                ('entries', models.PositiveIntegerField()),
+                ('rebuilt_at', models.DateTimeField(auto_now=True)),
+            ],
+            options={
+                'ordering': ['day', 'job_id'],
+            },
+        ),
+        migrations.CreateModel(
             name='TeamSpend',
             fields=[
                 ('team', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, primary_key=True, related_name='spend', serialize=False, to='quotas.team')),
@@ -39,21 +49,6 @@ class Migration(migrations.Migration):
                 ('entries', models.BigIntegerField(default=0)),
                 ('updated_at', models.DateTimeField(auto_now=True)),
             ],
-        ),
-        migrations.RemoveConstraint(
-            model_name='dailycostrollup',
-            name='costrollup_unique',
-        ),
-        migrations.RunPython(empty_rollups, migrations.RunPython.noop),
-        migrations.AddField(
-            model_name='dailycostrollup',
-            name='job',
-            field=models.ForeignKey(default=None, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='cost_rollups', to='jobs.job'),
-        ),
-        migrations.AlterField(
-            model_name='dailycostrollup',
-            name='job',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='cost_rollups', to='jobs.job'),
         ),
         migrations.AddField(
             model_name='dailycostrollup',
@@ -82,17 +77,27 @@ class Migration(migrations.Migration):
             model_name='dailycostrollup',
             index=models.Index(fields=['team', 'day'], name='costrollup_team_day'),
         ),
-        migrations.AddIndex(
-            model_name='dailycostrollup',
-            index=models.Index(fields=['day'], name='costrollup_day'),
-        ),
         migrations.AddConstraint(
             model_name='costentry',
             constraint=models.CheckConstraint(condition=models.Q(models.Q(('amount_usd__isnull', True), ('usd_per_gpu_hour__isnull', True)), models.Q(('amount_usd__isnull', False), ('usd_per_gpu_hour__isnull', False)), _connector='OR'), name='costentry_priced_or_unknown'),
         ),
+        migrations.AddField(
+            model_name='jobdailycost',
+            name='job',
+            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='cost_rollups', to='jobs.job'),
+        ),
+        migrations.AddField(
+            model_name='jobdailycost',
+            name='team',
+            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='job_cost_rollups', to='quotas.team'),
+        ),
+        migrations.AddIndex(
+            model_name='jobdailycost',
+            index=models.Index(fields=['team', 'day'], name='jobcost_team_day'),
+        ),
         migrations.AddConstraint(
-            model_name='dailycostrollup',
-            constraint=models.UniqueConstraint(fields=('day', 'team', 'cluster', 'accelerator', 'job'), name='costrollup_unique'),
+            model_name='jobdailycost',
+            constraint=models.UniqueConstraint(fields=('day', 'job'), name='jobcost_unique'),
         ),
         migrations.RunPython(rebuild, migrations.RunPython.noop),
     ]

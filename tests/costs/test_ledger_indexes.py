@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 
 from costs.aggregation import aggregate_window
 from costs.ledger import accrue_running
-from costs.models import CostEntry, DailyCostRollup
+from costs.models import CostEntry, DailyCostRollup, JobDailyCost
 from costs.spend import ledger_usd_prorated, period_spend, unpriced_usage
 from jobs.models import JobAttempt, JobState
 from quotas.models import Team
@@ -33,7 +33,8 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def layout(user, h100, cluster_factory):
-    """40 teams x 3 running attempts; 40 days of hourly entries interleaved across teams; 400 days of rollups."""
+    """40 teams x 3 running attempts; 40 days of hourly entries interleaved across teams; 400 days of rollups
+    (per team and per job)."""
     _, pool = cluster_factory("eks", "aws", "us-east-1", h100, price="6.88", nodes=100)
     teams = [Team.objects.create(slug=f"t{i:02d}", name=f"T{i}") for i in range(TEAMS)]
     start = NOW.replace(minute=0) - dt.timedelta(hours=HOURS)
@@ -43,6 +44,7 @@ def layout(user, h100, cluster_factory):
                                state=JobState.RUNNING)
             make_attempt(job, pool.cluster, pool, gpus=2, started_at=start, usd_per_gpu_hour="6.88")
     entry_t, rollup_t, attempt_t = CostEntry._meta.db_table, DailyCostRollup._meta.db_table, JobAttempt._meta.db_table
+    job_day_t, team_t = JobDailyCost._meta.db_table, Team._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
             f'INSERT INTO "{entry_t}" (attempt_id, job_id, team_id, cluster_id, accelerator_id, interval_start, '
@@ -54,16 +56,22 @@ def layout(user, h100, cluster_factory):
             f"ORDER BY h, a.id", [h100.pk, start, start, HOURS - 1])
         cursor.execute(f'UPDATE "{attempt_t}" SET accrued_until = %s', [start + dt.timedelta(hours=HOURS)])
         cursor.execute(
-            f'INSERT INTO "{rollup_t}" (day, team_id, cluster_id, accelerator_id, job_id, gpu_seconds, cost_usd, '
+            f'INSERT INTO "{rollup_t}" (day, team_id, cluster_id, accelerator_id, gpu_seconds, cost_usd, '
             f"unpriced_gpu_seconds, entries, rebuilt_at) "
-            f"SELECT (%s::date - d), j.team_id, a.cluster_id, %s, a.job_id, 172800, 330.24, 0, 24, now() "
+            f"SELECT (%s::date - d), t.id, %s, %s, 172800, 330.24, 0, 24, now() "
+            f'FROM generate_series(1, %s) AS d CROSS JOIN "{team_t}" AS t '
+            f"ORDER BY d DESC, t.id", [NOW.date(), pool.cluster_id, h100.pk, DAYS])  # oldest day first
+        cursor.execute(
+            f'INSERT INTO "{job_day_t}" (day, job_id, team_id, gpu_seconds, cost_usd, unpriced_gpu_seconds, entries, '
+            f"rebuilt_at) SELECT (%s::date - d), a.job_id, j.team_id, 172800, 330.24, 0, 24, now() "
             f'FROM generate_series(1, %s) AS d CROSS JOIN "{attempt_t}" AS a JOIN jobs_job AS j ON j.id = a.job_id '
-            f"ORDER BY d DESC, a.id", [NOW.date(), h100.pk, DAYS])  # day by day, oldest first, as accrual adds them
-        cursor.execute(f'ANALYZE "{entry_t}"; ANALYZE "{rollup_t}"; ANALYZE "{attempt_t}"')
+            f"ORDER BY d DESC, a.id", [NOW.date(), DAYS])
+        for table in (entry_t, rollup_t, job_day_t, attempt_t):
+            cursor.execute(f'ANALYZE "{table}"')
     return teams
 
 
-LEDGER_TABLES = (CostEntry._meta.db_table, DailyCostRollup._meta.db_table)
+LEDGER_TABLES = (CostEntry._meta.db_table, DailyCostRollup._meta.db_table, JobDailyCost._meta.db_table)
 
 
 def scans(node: dict):
@@ -105,7 +113,7 @@ def index_name(model, fields: list[str]) -> str:
 def test_a_teams_month_of_budget_reads_its_rollups_by_team_and_day(layout):
     month = NOW.replace(day=1, hour=0, minute=0)
     assert_indexed(lambda: period_spend([layout[5].pk], month, NOW.replace(month=7, day=1, hour=0, minute=0)),
-                   "costrollup_team_day", "costrollup_day")
+                   "costrollup_team_day", "costrollup_unique")
 
 
 def test_the_edge_days_of_a_budget_and_the_burn_rate_read_one_teams_recent_entries(layout):
@@ -120,7 +128,12 @@ def test_the_edge_days_of_a_budget_and_the_burn_rate_read_one_teams_recent_entri
 
 def test_thirty_days_of_costs_by_team_read_the_rollups_by_day_and_the_edges_by_start(layout):
     assert_indexed(lambda: aggregate_window("team", NOW - dt.timedelta(days=30), NOW),
-                   "costrollup_day", "costrollup_unique", "costentry_start")
+                   "costrollup_unique", "costentry_start")
+
+
+def test_thirty_days_of_costs_by_job_read_the_job_day_rollups_by_day(layout):
+    assert_indexed(lambda: aggregate_window("job", NOW - dt.timedelta(days=30), NOW),
+                   "jobcost_unique", "costentry_start")
 
 
 def test_accrual_finds_the_open_entries_by_attempt_and_recent_start(layout):

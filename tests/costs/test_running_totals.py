@@ -17,7 +17,7 @@ from django.core.management import CommandError, call_command
 from costs.aggregation import GROUP_KEYS, aggregate_costs, aggregate_window
 from costs.budgets import budget_status
 from costs.ledger import accrue_attempt, accrue_running
-from costs.models import CostEntry, DailyCostRollup, Price, TeamSpend
+from costs.models import CostEntry, DailyCostRollup, JobDailyCost, Price, TeamSpend
 from jobs.models import JobAttempt, JobState
 from quotas.models import Budget
 from tests.support.factories import make_attempt, make_job_row
@@ -36,10 +36,11 @@ def seconds(entry) -> Decimal:
     return D(delta.days * 86400 + delta.seconds) + D(delta.microseconds) / D(10**6)
 
 
-def ledger_by_rollup_key() -> dict[tuple, tuple]:
+def ledger_by(key) -> dict[tuple, tuple]:
+    """[GPU-seconds, USD, unknown-cost GPU-seconds, entries] of the entries per ``key(entry, utc day)``."""
     sums = defaultdict(lambda: [D(0), D(0), D(0), 0])
     for e in CostEntry.objects.all():
-        s = sums[(e.interval_start.astimezone(UTC).date(), e.team_id, e.cluster_id, e.accelerator_id, e.job_id)]
+        s = sums[key(e, e.interval_start.astimezone(UTC).date())]
         s[0] += e.gpus * seconds(e)
         s[1] += e.amount_usd or 0
         s[2] += e.gpus * seconds(e) if e.amount_usd is None else 0
@@ -47,19 +48,14 @@ def ledger_by_rollup_key() -> dict[tuple, tuple]:
     return {k: tuple(v) for k, v in sums.items()}
 
 
-def stored_rollups() -> dict[tuple, tuple]:
-    return {(r.day, r.team_id, r.cluster_id, r.accelerator_id, r.job_id):
-            (r.gpu_seconds, r.cost_usd, r.unpriced_gpu_seconds, r.entries) for r in DailyCostRollup.objects.all()}
-
-
 def assert_totals_agree_with_entries():
-    ledger = ledger_by_rollup_key()
-    assert stored_rollups() == ledger
-    for team_id in {k[1] for k in ledger}:
-        mine = [v for k, v in ledger.items() if k[1] == team_id]
-        row = TeamSpend.objects.get(team_id=team_id)
-        assert (row.gpu_seconds, row.cost_usd, row.unpriced_gpu_seconds, row.entries) == tuple(
-            sum((v[i] for v in mine), D(0)) for i in range(4))
+    assert {(r.day, r.team_id, r.cluster_id, r.accelerator_id):
+            (r.gpu_seconds, r.cost_usd, r.unpriced_gpu_seconds, r.entries) for r in DailyCostRollup.objects.all()} \
+        == ledger_by(lambda e, day: (day, e.team_id, e.cluster_id, e.accelerator_id))
+    assert {(r.day, r.job_id, r.team_id): (r.gpu_seconds, r.cost_usd, r.unpriced_gpu_seconds, r.entries)
+            for r in JobDailyCost.objects.all()} == ledger_by(lambda e, day: (day, e.job_id, e.team_id))
+    assert {r.team_id: (r.gpu_seconds, r.cost_usd, r.unpriced_gpu_seconds, r.entries)
+            for r in TeamSpend.objects.all()} == ledger_by(lambda e, day: e.team_id)
 
 
 @pytest.fixture
@@ -93,6 +89,7 @@ def test_accrual_keeps_rollups_and_team_totals_equal_to_the_entries(history):
 
 def test_the_rebuild_command_restores_totals_from_the_entries_and_check_finds_a_difference(history, teams):
     DailyCostRollup.objects.filter(pk=DailyCostRollup.objects.order_by("pk").first().pk).update(cost_usd=D("1e6"))
+    JobDailyCost.objects.filter(pk=JobDailyCost.objects.order_by("pk").last().pk).delete()
     TeamSpend.objects.filter(team=teams[1]).update(entries=0)
     with pytest.raises(CommandError):
         call_command("rebuild_rollups", "--check")
@@ -101,6 +98,7 @@ def test_the_rebuild_command_restores_totals_from_the_entries_and_check_finds_a_
     call_command("rebuild_rollups", "--check")
     # A partial rebuild of one day leaves the others and the team totals right too.
     DailyCostRollup.objects.filter(day=dt.date(2026, 3, 10)).update(cost_usd=0)
+    JobDailyCost.objects.filter(day=dt.date(2026, 3, 10)).update(gpu_seconds=1)
     call_command("rebuild_rollups", "--start", "2026-03-10", "--end", "2026-03-10")
     assert_totals_agree_with_entries()
 
