@@ -10,10 +10,11 @@ hour (the ledger's entry span).
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from decimal import ROUND_HALF_EVEN, Decimal
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Max
 from django.test.utils import CaptureQueriesContext
 
@@ -23,6 +24,7 @@ from costs.models import CostEntry, Price
 from costs.spend import unpriced_usage
 from jobs.models import Job, JobAttempt, JobState
 from jobs.scheduling.passes import try_admit
+from runners.models import Cluster, NodePool
 from tests.support.factories import make_attempt, make_cost_entry, make_job_row
 
 D = Decimal
@@ -124,3 +126,32 @@ def test_a_block_budget_counts_unknown_cost_at_the_highest_catalog_price_of_the_
     job = make_job_row(teams[0], user, h100, name="next", max_runtime=3 * 3600)
     assert try_admit(job.pk, now=end) == "waiting"
     assert Job.objects.get(pk=job.pk).queue_info["reason"] == "budget"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_accrual_leaves_an_attempt_whose_job_row_is_held_to_the_next_run_and_never_waits_on_pools(fleet):
+    held, release = threading.Event(), threading.Event()
+
+    def admission_like():
+        """Hold what an admission holds: a running job's row (a victim) and node pool and cluster rows."""
+        with transaction.atomic():
+            Job.objects.select_for_update().get(pk=fleet["aws"].job_id)
+            NodePool.objects.select_for_update().get(pk=fleet["gcp"].node_pool_id)
+            Cluster.objects.select_for_update().get(pk=fleet["unpriced"].cluster_id)
+            held.set()
+            release.wait(30)
+        connection.close()
+
+    other = threading.Thread(target=admission_like)
+    other.start()
+    try:
+        assert held.wait(30)
+        assert accrue_running(until=T0 + H) == 2  # returns at once: nothing waits on the held rows
+        assert JobAttempt.objects.get(pk=fleet["aws"].pk).accrued_until is None
+        assert Job.objects.get(pk=fleet["gcp"].job_id).accrued_cost_usd == hourly_cost(2, T0 + 7 * M, T0 + H, "4.20")
+        assert JobAttempt.objects.get(pk=fleet["unpriced"].pk).accrued_until == T0 + H
+    finally:
+        release.set()
+        other.join()
+    assert accrue_running(until=T0 + 2 * H) == 3
+    assert Job.objects.get(pk=fleet["aws"].job_id).accrued_cost_usd == hourly_cost(4, T0, T0 + 2 * H, "6.88")
