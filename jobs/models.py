@@ -175,8 +175,7 @@ class JobEvent(models.Model):
 
 def committed_usd(team_id: int) -> Decimal:
     """What the team's active jobs may still spend: ``sum(max(estimated - accrued, 0))``, USD."""
-    rows = Job.objects.filter(team_id=team_id, state__in=ACTIVE_STATES).values_list("estimated_cost_usd", "accrued_cost_usd")
-    return sum((max(est - acc, Decimal(0)) for est, acc in rows), Decimal(0))
+    return committed_by_team([team_id])[team_id]
 
 
 def committed_by_team(team_ids) -> dict[int, Decimal]:
