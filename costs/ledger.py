@@ -19,7 +19,8 @@ the entries gained, so budgets and cost queries read totals, not entries.
 ``costs.rollups.rebuild_totals`` recomputes them from the entries.
 
 Accrual continues from ``attempt.accrued_until`` under the job and attempt
-row locks (lock order: job -> attempt -> totals rows -> entries); the
+row locks (lock order: team and cluster rows, key share only, as the
+entries' foreign keys need -> job -> attempt -> totals rows -> entries); the
 ledger's unique (attempt, interval_start) key refuses a second copy of an
 interval. An attempt with no price in force accrues its GPU-hours with an
 unknown cost (null price and amount) and never stops the others.
@@ -41,7 +42,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from jobs.models import Job, JobAttempt
-from runners.models import NodePool
+from quotas.models import Team
+from runners.models import Cluster, NodePool
 
 from .catalog import NoPrice, price_at, prices_by_pool
 from .models import CostEntry, DailyCostRollup, JobDailyCost, Price, TeamSpend
@@ -317,6 +319,25 @@ def post_entries(entries: list[CostEntry]) -> None:
         _write(batch)
 
 
+def _share_keys(team_ids, cluster_ids, *, skip_locked: bool) -> tuple[set[int], set[int]]:
+    """Take ``FOR KEY SHARE`` on the team and cluster rows the entries will reference (PostgreSQL), in id order;
+    returns the ids held (with ``skip_locked``, those another transaction holds FOR UPDATE are left out).
+
+    The lock an entry's foreign keys take anyway, taken first (the team row heads the platform's lock order):
+    an admission holds its team FOR UPDATE while it waits for the team's totals row, so accrual must never
+    hold a totals row and then wait for a team row. Other rows are not locked; nothing here is updated.
+    """
+    if connection.vendor != "postgresql":
+        return set(team_ids), set(cluster_ids)
+    held = []
+    with connection.cursor() as cursor:
+        for model, ids in ((Team, team_ids), (Cluster, cluster_ids)):
+            cursor.execute(f'SELECT id FROM "{model._meta.db_table}" WHERE id = ANY(%s) ORDER BY id FOR KEY SHARE'
+                           + (" SKIP LOCKED" if skip_locked else ""), [sorted(ids)])
+            held.append({row[0] for row in cursor.fetchall()})
+    return held[0], held[1]
+
+
 def accrue_attempt(attempt_id: int, until: dt.datetime | None = None) -> Decimal:
     """Write ledger entries for attempt ``attempt_id`` from where accrual stopped up to ``until``.
 
@@ -324,13 +345,16 @@ def accrue_attempt(attempt_id: int, until: dt.datetime | None = None) -> Decimal
     that never started costs nothing. Returns the priced USD added (0 when
     nothing was due, as on a repeated call). Where no price is in force the
     GPU-hours are written with an unknown cost (they add nothing to the
-    return value). Waits for the job and attempt row locks.
+    return value). Waits for its locks, in the platform's order: team and cluster rows (key share), job row,
+    attempt row, then the totals rows.
     """
     until = until or timezone.now()
     with transaction.atomic():
-        job_id = JobAttempt.objects.filter(pk=attempt_id).values_list("job_id", flat=True).first()
-        if job_id is None:
+        keys = JobAttempt.objects.filter(pk=attempt_id).values_list("job_id", "job__team_id", "cluster_id").first()
+        if keys is None:
             return Decimal(0)
+        job_id, team_id, cluster_id = keys
+        _share_keys([team_id], [cluster_id], skip_locked=False)
         list(Job.objects.select_for_update(of=("self",)).filter(pk=job_id).values_list("pk"))
         rows = _locked_rows(_due(until).filter(pk=attempt_id).select_for_update(of=("self",)))
         if not rows:
@@ -343,10 +367,11 @@ def accrue_attempt(attempt_id: int, until: dt.datetime | None = None) -> Decimal
 def accrue_running(until: dt.datetime | None = None) -> int:
     """Accrue every started attempt whose cost is not yet in the ledger up to ``until`` (default now).
 
-    PostgreSQL: one transaction over all due attempts whose job and attempt
-    rows are free (``SKIP LOCKED``: a row another transaction holds is
-    accrued by the next run, from where its ledger stopped), written in a few
-    set-based statements. If that transaction fails, every due attempt is
+    PostgreSQL: one transaction over all due attempts whose team and cluster
+    rows (key share) and job and attempt rows are free (``SKIP LOCKED``: an
+    attempt with a row another transaction holds, e.g. an admission of its
+    team, is accrued by the next run, from where its ledger stopped), written
+    in a few set-based statements; it waits for no lock but the totals rows. If that transaction fails, every due attempt is
     accrued in a transaction of its own, a failing one logged and skipped.
     Returns how many attempts were accrued.
     """
@@ -354,8 +379,11 @@ def accrue_running(until: dt.datetime | None = None) -> int:
     if connection.vendor == "postgresql":
         try:
             with transaction.atomic():
-                rows = _locked_rows(_due(until).select_for_update(of=("self", "job"), skip_locked=True)
-                                    .order_by("job_id", "pk"))
+                due = _due(until)
+                keys = list(due.order_by().values_list("job__team_id", "cluster_id").distinct())
+                teams, clusters = _share_keys({t for t, _ in keys}, {c for _, c in keys}, skip_locked=True)
+                rows = _locked_rows(due.filter(job__team_id__in=teams, cluster_id__in=clusters)
+                                    .select_for_update(of=("self", "job"), skip_locked=True).order_by("job_id", "pk"))
                 batch, added = _accrue_rows(rows, until, isolate=True)
                 _write(batch)
                 return len(added)

@@ -24,6 +24,7 @@ from costs.models import CostEntry, Price
 from costs.spend import unpriced_usage
 from jobs.models import Job, JobAttempt, JobState
 from jobs.scheduling.passes import try_admit
+from quotas.models import Team
 from runners.models import Cluster, NodePool
 from tests.support.factories import make_attempt, make_cost_entry, make_job_row
 
@@ -73,9 +74,9 @@ def test_an_unpriced_attempt_beside_priced_ones_over_several_runs_leaves_their_m
     for until in stops:
         with CaptureQueriesContext(connection) as run:
             assert accrue_running(until=until) == 3 - (until <= T0 + 7 * M)  # gcp starts at T0 + 7 min
-        # One transaction of set-based statements, not one per attempt: lock and read the attempts, their pools,
-        # prices and open entries; update jobs, attempts, team totals, both rollups, open entries; insert entries.
-        assert len(run) <= 14, [q["sql"][:80] for q in run.captured_queries]
+        # One transaction of set-based statements, not one per attempt: key-share the teams and clusters, lock
+        # and read the attempts, their pools, prices and open entries; update jobs, attempts, team totals, both rollups, open entries; insert entries.
+        assert len(run) <= 17, [q["sql"][:80] for q in run.captured_queries]
     end = stops[-1]
     aws, gcp, unpriced = (Job.objects.get(pk=fleet[k].job_id) for k in ("aws", "gcp", "unpriced"))
     assert aws.accrued_cost_usd == hourly_cost(4, T0, end, "6.88")
@@ -128,30 +129,55 @@ def test_a_block_budget_counts_unknown_cost_at_the_highest_catalog_price_of_the_
     assert Job.objects.get(pk=job.pk).queue_info["reason"] == "budget"
 
 
-@pytest.mark.django_db(transaction=True)
-def test_accrual_leaves_an_attempt_whose_job_row_is_held_to_the_next_run_and_never_waits_on_pools(fleet):
-    held, release = threading.Event(), threading.Event()
+def hold(*querysets):
+    """Lock the rows of ``querysets`` FOR UPDATE in another transaction until the returned ``release()``."""
+    held, done = threading.Event(), threading.Event()
 
-    def admission_like():
-        """Hold what an admission holds: a running job's row (a victim) and node pool and cluster rows."""
+    def holder():
         with transaction.atomic():
-            Job.objects.select_for_update().get(pk=fleet["aws"].job_id)
-            NodePool.objects.select_for_update().get(pk=fleet["gcp"].node_pool_id)
-            Cluster.objects.select_for_update().get(pk=fleet["unpriced"].cluster_id)
+            for qs in querysets:
+                list(qs.order_by("pk").select_for_update(of=("self",)))
             held.set()
-            release.wait(30)
+            done.wait(60)
         connection.close()
 
-    other = threading.Thread(target=admission_like)
-    other.start()
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert held.wait(30)
+
+    def release():
+        done.set()
+        thread.join()
+    release.thread = thread
+    return release
+
+
+@pytest.mark.django_db(transaction=True)
+def test_accrual_leaves_attempts_whose_rows_are_held_to_the_next_run_without_waiting(fleet):
+    # A victim's job row, a node pool and a cluster row held FOR UPDATE by other transactions.
+    release = hold(Job.objects.filter(pk=fleet["aws"].job_id), NodePool.objects.filter(pk=fleet["gcp"].node_pool_id),
+                   Cluster.objects.filter(pk=fleet["unpriced"].cluster_id))
     try:
-        assert held.wait(30)
-        assert accrue_running(until=T0 + H) == 2  # returns at once: nothing waits on the held rows
-        assert JobAttempt.objects.get(pk=fleet["aws"].pk).accrued_until is None
+        assert accrue_running(until=T0 + H) == 1  # only gcp: its pool row is not one the ledger references
+        assert release.thread.is_alive()  # returned while the rows were still held: it waited on none
         assert Job.objects.get(pk=fleet["gcp"].job_id).accrued_cost_usd == hourly_cost(2, T0 + 7 * M, T0 + H, "4.20")
-        assert JobAttempt.objects.get(pk=fleet["unpriced"].pk).accrued_until == T0 + H
+        assert JobAttempt.objects.get(pk=fleet["aws"].pk).accrued_until is None
+        assert JobAttempt.objects.get(pk=fleet["unpriced"].pk).accrued_until is None
     finally:
-        release.set()
-        other.join()
+        release()
     assert accrue_running(until=T0 + 2 * H) == 3
     assert Job.objects.get(pk=fleet["aws"].job_id).accrued_cost_usd == hourly_cost(4, T0, T0 + 2 * H, "6.88")
+    assert JobAttempt.objects.get(pk=fleet["unpriced"].pk).accrued_until == T0 + 2 * H
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_team_under_admission_is_skipped_so_accrual_never_waits_behind_it(fleet, teams):
+    # An admission holds its team row FOR UPDATE while it waits for the team's totals row: accrual must not
+    # take the totals row and then wait for the team row (that would deadlock), so it leaves the team for later.
+    release = hold(Team.objects.filter(pk=teams[0].pk))
+    try:
+        assert accrue_running(until=T0 + H) == 0
+        assert release.thread.is_alive()
+    finally:
+        release()
+    assert accrue_running(until=T0 + H) == 3
