@@ -35,6 +35,7 @@ BENCHMARKS = {
     "cluster_faults": [],
     "costs": ["--gpus", "128", "--days", "4"],
     "efficiency": [],
+    "ledger_scale": [],
 }
 
 

@@ -3,9 +3,15 @@
 The one implementation behind ``/api/v1/costs/``, ``/api/v1/utilization/``,
 the web UI's cost pages and the reports (``costs.reports``).
 
-Cost: aggregation is pushed to the database (one GROUP BY query, by group
-and GPU count); an entry counts in the window that contains its
-``interval_start``, the rule budgets use.
+Cost: ``aggregate_window`` reads the day rollups (``DailyCostRollup`` per
+team, cluster and accelerator; ``JobDailyCost`` per job; kept by the
+accrual) for the whole UTC days of a window and the ledger only for the
+partial days at its edges, so a 30-day query reads ~30 rollup rows per group
+whatever the ledger's length, with the same totals to the last
+1e-9 USD as summing the entries (``aggregate_costs``, still used for a
+queryset of entries). Aggregation is pushed to the database (GROUP BY); an
+entry counts in the window that contains its ``interval_start``, the rule
+budgets use. Entries of unknown cost count their GPU-hours and no USD.
 
 Utilization rows aggregate UtilizationRollup exactly: average utilization
 is sample weighted (``sum(util_sum) / sum(samples)``), "no data" is null,
@@ -25,7 +31,8 @@ from django.db.models.functions import TruncDate
 
 from core.money import usd_cents
 
-from .models import CostEntry
+from .models import CostEntry, DailyCostRollup, JobDailyCost
+from .spend import entries_in, exact_seconds, rollups_in, utc_midnight, window_parts
 
 # Output key -> lookup, per group_by (the ledger and the rollups name them alike; the ledger's "day" is annotated).
 GROUP_KEYS = {
@@ -42,9 +49,40 @@ HELD_TIME = ExpressionWrapper(F("interval_end") - F("interval_start"), output_fi
 UTILIZATION_COLUMNS = ("avg_gpu_util_percent", "idle_gpu_hours", "idle_cost_usd")
 
 
-def gpu_hours(gpu_time: dt.timedelta | None) -> float:
-    """GPU-time as GPU-hours, rounded to 6 decimals (None counts as no time)."""
-    return round((gpu_time or dt.timedelta()).total_seconds() / 3600, 6)
+def _ledger_sums(entries, group_by: str, sums: dict[tuple, list]) -> None:
+    """Add ledger ``entries``' [GPU-seconds, USD] per group key of ``group_by`` to ``sums`` (one GROUP BY query)."""
+    if group_by == "day":
+        entries = entries.annotate(day=UTC_DAY)
+    lookups = list(GROUP_KEYS[group_by].values())
+    for part in entries.values(*lookups, "gpus").annotate(held=Sum(HELD_TIME), cost=Sum("amount_usd")).order_by():
+        row = sums.setdefault(tuple(part[lookup] for lookup in lookups), [Decimal(0), Decimal(0)])
+        row[0] += part["gpus"] * exact_seconds(part["held"] or dt.timedelta())
+        row[1] += part["cost"] or Decimal(0)
+
+
+def _rollup_sums(rollups, group_by: str, sums: dict[tuple, list]) -> None:
+    """Add ``rollups``' (DailyCostRollup, JobDailyCost for jobs) [GPU-seconds, USD] per group key to ``sums``."""
+    lookups = list(GROUP_KEYS[group_by].values())
+    for part in rollups.values(*lookups).annotate(held=Sum("gpu_seconds"), cost=Sum("cost_usd")).order_by():
+        row = sums.setdefault(tuple(part[lookup] for lookup in lookups), [Decimal(0), Decimal(0)])
+        row[0] += part["held"] or Decimal(0)
+        row[1] += part["cost"] or Decimal(0)
+
+
+def _present(sums: dict[tuple, list], group_by: str) -> tuple[list[dict], dict]:
+    """Rows ordered by key and the exact total, rounded once each (see ``aggregate_costs``)."""
+    keys = GROUP_KEYS[group_by]
+    results = []
+    for key in sorted(sums):
+        seconds, cost = sums[key]
+        row = dict(zip(keys, key))
+        if group_by == "day":
+            row["day"] = row["day"].isoformat()
+        row.update(gpu_hours=round(float(seconds) / 3600, 6), cost_usd=usd_cents(cost))
+        results.append(row)
+    total_seconds = sum((v[0] for v in sums.values()), Decimal(0))
+    total_cost = sum((v[1] for v in sums.values()), Decimal(0))
+    return results, {"gpu_hours": round(float(total_seconds) / 3600, 6), "cost_usd": usd_cents(total_cost)}
 
 
 def aggregate_costs(entries, group_by: str) -> tuple[list[dict], dict]:
@@ -55,29 +93,41 @@ def aggregate_costs(entries, group_by: str) -> tuple[list[dict], dict]:
     key. The total is the exact sum of all entries, rounded once. Raises
     KeyError for a ``group_by`` not in ``GROUP_KEYS``.
     """
-    keys = GROUP_KEYS[group_by]
-    if group_by == "day":
-        entries = entries.annotate(day=UTC_DAY)
-    lookups = list(keys.values())
-    grouped = (
-        entries.values(*lookups, "gpus").annotate(held=Sum(HELD_TIME), cost=Sum("amount_usd")).order_by(*lookups)
-    )
-    rows: dict[tuple, dict] = {}
-    for part in grouped:
-        row = rows.setdefault(tuple(part[lookup] for lookup in lookups),
-                              {"gpu_time": dt.timedelta(), "cost": Decimal(0)})
-        row["gpu_time"] += part["gpus"] * (part["held"] or dt.timedelta())
-        row["cost"] += part["cost"] or Decimal(0)
-    results = []
-    for key, sums in rows.items():
-        row = dict(zip(keys, key))
-        if group_by == "day":
-            row["day"] = row["day"].isoformat()
-        row.update(gpu_hours=gpu_hours(sums["gpu_time"]), cost_usd=usd_cents(sums["cost"]))
-        results.append(row)
-    total_time = sum((sums["gpu_time"] for sums in rows.values()), dt.timedelta())
-    total_cost = sum((sums["cost"] for sums in rows.values()), Decimal(0))
-    return results, {"gpu_hours": gpu_hours(total_time), "cost_usd": usd_cents(total_cost)}
+    sums: dict[tuple, list] = {}
+    _ledger_sums(entries, group_by, sums)
+    return _present(sums, group_by)
+
+
+def window_sums(group_by: str, start: dt.datetime | None, end: dt.datetime | None, *, scope=None,
+                team_slug: str | None = None) -> dict[tuple, list]:
+    """Exact ``[GPU-seconds, USD]`` per group key of ``group_by`` over ``[start, end)`` (None: open).
+
+    Whole UTC days from the rollups, partial edge days from the ledger
+    (``costs.spend.window_parts``). ``scope`` narrows a queryset with a
+    ``team`` field (e.g. ``lambda qs: scope_to_teams(qs, user)``); ``team_slug``
+    keeps one team. Raises KeyError for a ``group_by`` not in ``GROUP_KEYS``.
+    """
+    GROUP_KEYS[group_by]  # noqa: B018  (KeyError before any query)
+
+    def narrow(qs):
+        qs = scope(qs) if scope is not None else qs
+        return qs.filter(team__slug=team_slug) if team_slug else qs
+
+    parts = window_parts(start, end)
+    sums: dict[tuple, list] = {}
+    if parts.has_days:
+        model = JobDailyCost if group_by == "job" else DailyCostRollup
+        _rollup_sums(rollups_in(narrow(model.objects.all()), parts), group_by, sums)
+    for lo, hi in parts.edges:
+        _ledger_sums(entries_in(narrow(CostEntry.objects.all()), lo, hi), group_by, sums)
+    return sums
+
+
+def aggregate_window(group_by: str, start: dt.datetime | None, end: dt.datetime | None, *, scope=None,
+                     team_slug: str | None = None) -> tuple[list[dict], dict]:
+    """Costs by ``group_by`` over ``[start, end)``: ``(rows, total)`` as ``aggregate_costs`` gives for the entries
+    whose ``interval_start`` lies in the window, read from the rollups and the edge days (``window_sums``)."""
+    return _present(window_sums(group_by, start, end, scope=scope, team_slug=team_slug), group_by)
 
 
 def add_utilization(rows: list[dict], total: dict, rollups, group_by: str) -> None:
@@ -116,14 +166,17 @@ def idle_costs(rollups) -> dict[int, Decimal]:
     """USD of idle GPU time per rollup id: the ledger cost of its attempt on its day x idle share.
 
     ``rollups`` is a UtilizationRollup queryset; rollups without idle time
-    are left out. Two queries.
+    are left out. Two queries; the ledger is read for the rollups' days only.
     """
     rows = list(rollups.filter(idle_gpu_seconds__gt=0).values("pk", "attempt_id", "day", "gpu_seconds", "idle_gpu_seconds"))
     if not rows:
         return {}
+    first, last = min(r["day"] for r in rows), max(r["day"] for r in rows)
     ledger = {
         (r["attempt_id"], r["d"]): r["usd"]
-        for r in CostEntry.objects.filter(attempt_id__in={r["attempt_id"] for r in rows})
+        for r in CostEntry.objects.filter(attempt_id__in={r["attempt_id"] for r in rows},
+                                          interval_start__gte=utc_midnight(first),
+                                          interval_start__lt=utc_midnight(last + dt.timedelta(days=1)))
         .annotate(d=TruncDate("interval_start", tzinfo=dt.timezone.utc))
         .values("attempt_id", "d").annotate(usd=Sum("amount_usd"))
     }

@@ -1,9 +1,13 @@
 """Budget status (spent, committed, remaining, forecast) and threshold alerts that fire once per period.
 
-Spent is the ledger's USD with ``interval_start`` in the period
-(``costs.spend.ledger_usd``); committed is what active jobs may still spend,
-``max(estimated - accrued, 0)`` summed (``jobs.models.committed_usd``).
-Admission (``jobs.scheduling.snapshot.budget_views``) reads both directly.
+Spent is the ledger's priced USD with ``interval_start`` in the period,
+read from the running totals (``costs.spend.period_spend``: day rollups and
+the partial edge days only, constant time whatever the history); GPU-hours
+of unknown cost (no price in force) count at the catalog's highest price for
+their accelerator (``unpriced_usd``, ``costs.spend.unpriced_bound_usd``);
+committed is what active jobs may still spend, ``max(estimated - accrued,
+0)`` summed (``jobs.models.committed_usd``). Admission
+(``jobs.scheduling.snapshot.budget_views``) reads the same figures.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from django.utils import timezone
 from jobs.models import committed_usd
 from quotas.models import Budget, Membership
 
-from .spend import exact_seconds, ledger_usd, ledger_usd_prorated
+from .spend import exact_seconds, ledger_usd_prorated, period_spend, unpriced_bound_usd
 from .metrics import BUDGET_ALERTS, BUDGET_AMOUNT_USD, BUDGET_FORECAST_USD, BUDGET_SPENT_USD
 from .models import BudgetAlert
 
@@ -33,7 +37,11 @@ DEFAULT_THRESHOLDS = (50, 80, 100)
 class BudgetStatus:
     """A budget in the period containing ``at``; all money in exact Decimal USD.
 
-    ``forecast_usd = spent + max(committed, burn_rate x seconds left)`` where
+    ``spent_usd`` is the priced ledger; ``unpriced_gpu_hours`` accrued with
+    no price in force count as ``unpriced_usd`` (at the catalog's highest
+    price for their accelerator) in ``remaining_usd``, ``spent_percent`` and
+    the forecast.
+    ``forecast_usd = spent + unpriced + max(committed, burn_rate x seconds left)`` where
     ``burn_rate`` is the ledger's USD per second over the last
     ``COSTS_BURN_RATE_WINDOW_SECONDS`` (clipped to the period; entries
     prorated by their overlap with that window). The burn rate
@@ -51,14 +59,17 @@ class BudgetStatus:
     committed_usd: Decimal
     burn_rate_usd_per_hour: Decimal
     forecast_usd: Decimal
+    unpriced_gpu_hours: Decimal = Decimal(0)
+    unpriced_usd: Decimal = Decimal(0)
 
     @property
     def remaining_usd(self) -> Decimal:
-        return self.amount_usd - self.spent_usd - self.committed_usd
+        return self.amount_usd - self.spent_usd - self.unpriced_usd - self.committed_usd
 
     @property
     def spent_percent(self) -> Decimal:
-        return self.spent_usd / self.amount_usd * 100 if self.amount_usd else Decimal(0)
+        """Spent and unknown-cost USD (at the highest price) as a percent of the amount."""
+        return (self.spent_usd + self.unpriced_usd) / self.amount_usd * 100 if self.amount_usd else Decimal(0)
 
 
 def budget_status(budget: Budget, at: dt.datetime | None = None) -> BudgetStatus | None:
@@ -67,13 +78,15 @@ def budget_status(budget: Budget, at: dt.datetime | None = None) -> BudgetStatus
     start, end = budget.window(at)
     if start is None or end is None or not (start <= at < end):
         return None
-    spent = ledger_usd(budget.team_id, start, end)
+    spend = period_spend([budget.team_id], start, end)[budget.team_id]
+    spent, unpriced = spend.cost_usd, unpriced_bound_usd(spend)
     committed = committed_usd(budget.team_id)
     burn_start = max(start, at - dt.timedelta(seconds=settings.COSTS_BURN_RATE_WINDOW_SECONDS))
     burn_seconds = exact_seconds(at - burn_start)
     per_second = ledger_usd_prorated(budget.team_id, burn_start, at) / burn_seconds if burn_seconds else Decimal(0)
-    forecast = spent + max(committed, per_second * exact_seconds(end - at))
-    return BudgetStatus(budget, at, start, end, budget.amount_usd, spent, committed, per_second * 3600, forecast)
+    forecast = spent + unpriced + max(committed, per_second * exact_seconds(end - at))
+    return BudgetStatus(budget, at, start, end, budget.amount_usd, spent, committed, per_second * 3600, forecast,
+                        spend.unpriced_gpu_hours, unpriced)
 
 
 def admin_emails(team_id: int) -> list[str]:

@@ -1,82 +1,399 @@
-"""The cost ledger: turning an attempt's held GPUs into CostEntry rows.
+"""The cost ledger: turning attempts' held GPUs into CostEntry rows, with the running totals beside them.
 
 Formula (OpenCost's allocation cost): ``amount = GPUs x seconds / 3600 x
-USD per GPU-hour``, split where the catalog price changes. Rounding rule:
-each entry is rounded half to even to 1e-9 USD; sums are exact Decimals, and
-money is rounded to cents only when shown. Accrual is idempotent: it
-continues from ``attempt.accrued_until`` under a row lock, and the ledger's
-unique (attempt, interval_start) key refuses a second copy of an interval.
+USD per GPU-hour``. Rounding rule: each entry's amount is its whole
+interval's cost rounded half to even to 1e-9 USD; sums are exact Decimals,
+and money is rounded to cents only when shown.
+
+Layout: an entry never crosses a UTC hour boundary or a price change, so a
+month of a running attempt is at most ~744 rows, whatever the accrual
+period. Each accrual extends the attempt's open entry (the one ending where
+accrual stopped, at the same price and GPUs, in the same UTC hour) and
+appends entries only past a boundary. Closed entries never change.
+
+Totals: in the transaction that writes the entries, the team's
+``TeamSpend`` row, the ``DailyCostRollup`` rows (UTC day x team x cluster x
+accelerator), the ``JobDailyCost`` rows (UTC day x job) and the job's
+``accrued_cost_usd`` grow by exactly what
+the entries gained, so budgets and cost queries read totals, not entries.
+``costs.rollups.rebuild_totals`` recomputes them from the entries.
+
+Accrual continues from ``attempt.accrued_until`` under the job and attempt
+row locks (lock order: team and cluster rows, key share only, as the
+entries' foreign keys need -> job -> attempt -> totals rows -> entries); the
+ledger's unique (attempt, interval_start) key refuses a second copy of an
+interval. An attempt with no price in force accrues its GPU-hours with an
+unknown cost (null price and amount) and never stops the others.
+``accrue_running`` writes every running attempt in a few set-based
+statements on PostgreSQL (one transaction); if that transaction fails, each
+attempt is retried alone, so one failing attempt stops only itself.
 """
 
+from __future__ import annotations
+
+import dataclasses
 import datetime as dt
+import logging
+from collections import defaultdict
 from decimal import ROUND_HALF_EVEN, Decimal
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
 from jobs.models import Job, JobAttempt
+from quotas.models import Team
+from runners.models import Cluster, NodePool
 
-from .catalog import price_segments
-from .models import CostEntry
-from .spend import exact_seconds
+from .catalog import NoPrice, price_at, prices_by_pool
+from .models import CostEntry, DailyCostRollup, JobDailyCost, Price, TeamSpend
+from .spend import ENTRY_SPAN, exact_seconds
+
+log = logging.getLogger(__name__)
 
 LEDGER_QUANTUM = Decimal("0.000000001")
 SECONDS_PER_HOUR = Decimal(3600)
+UTC = dt.timezone.utc
+#: Rows per set-based statement (bounded by PostgreSQL's 65,535 parameters).
+CHUNK = 2000
 
 
-def interval_cost(gpus: int, seconds: Decimal, usd_per_gpu_hour: Decimal) -> Decimal:
-    """USD for ``gpus`` GPUs held ``seconds`` seconds at ``usd_per_gpu_hour``, rounded to 1e-9 half-even."""
+def interval_cost(gpus: int, seconds: Decimal, usd_per_gpu_hour: Decimal | None) -> Decimal | None:
+    """USD for ``gpus`` GPUs held ``seconds`` seconds at ``usd_per_gpu_hour``, rounded to 1e-9 half-even.
+
+    None when the price is unknown (None).
+    """
+    if usd_per_gpu_hour is None:
+        return None
     return (Decimal(gpus) * seconds * usd_per_gpu_hour / SECONDS_PER_HOUR).quantize(LEDGER_QUANTUM, ROUND_HALF_EVEN)
+
+
+def hour_floor(at: dt.datetime) -> dt.datetime:
+    """The UTC hour that contains ``at`` (an aware datetime), as an aware UTC datetime."""
+    return at.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def ledger_pieces(node_pool, rows, start: dt.datetime, end: dt.datetime) -> list[tuple[dt.datetime, dt.datetime,
+                                                                                      Decimal | None]]:
+    """Split ``[start, end)`` at UTC hour boundaries and where the price in force changes.
+
+    ``rows`` are the pool's Price rows (``catalog.prices_by_pool``). Returns
+    ``[(piece_start, piece_end, usd_per_gpu_hour or None)]``; None where no
+    price is in force (``catalog.price_at`` raises NoPrice there).
+    """
+    cuts = {start, end} | {r.effective_from for r in rows if start < r.effective_from < end}
+    boundary = hour_floor(start) + ENTRY_SPAN
+    while boundary < end:
+        cuts.add(boundary)
+        boundary += ENTRY_SPAN
+    pieces: list[tuple[dt.datetime, dt.datetime, Decimal | None]] = []
+    ordered = sorted(cuts)
+    for lo, hi in zip(ordered, ordered[1:]):
+        try:
+            price = price_at(node_pool, lo, rows)
+        except NoPrice:
+            price = None
+        if pieces and pieces[-1][2] == price and hour_floor(pieces[-1][0]) == hour_floor(lo):
+            pieces[-1] = (pieces[-1][0], hi, price)
+        else:
+            pieces.append((lo, hi, price))
+    return pieces
+
+
+@dataclasses.dataclass
+class _Totals:
+    """What a set of entries adds: USD (priced part), GPU-seconds (all), unpriced GPU-seconds, new rows."""
+
+    cost: Decimal = Decimal(0)
+    gpu_seconds: Decimal = Decimal(0)
+    unpriced_gpu_seconds: Decimal = Decimal(0)
+    entries: int = 0
+
+    def add(self, cost: Decimal | None, gpu_seconds: Decimal, new_rows: int) -> None:
+        self.cost += cost or 0
+        self.gpu_seconds += gpu_seconds
+        if cost is None:
+            self.unpriced_gpu_seconds += gpu_seconds
+        self.entries += new_rows
+
+
+@dataclasses.dataclass
+class _Batch:
+    """Everything one accrual transaction writes."""
+
+    extend: list[tuple[int, dt.datetime, Decimal | None]] = dataclasses.field(default_factory=list)
+    insert: list[CostEntry] = dataclasses.field(default_factory=list)
+    accrued_until: list[tuple[int, dt.datetime]] = dataclasses.field(default_factory=list)
+    job_usd: dict[int, Decimal] = dataclasses.field(default_factory=lambda: defaultdict(Decimal))
+    teams: dict[int, _Totals] = dataclasses.field(default_factory=lambda: defaultdict(_Totals))
+    rollups: dict[tuple, _Totals] = dataclasses.field(default_factory=lambda: defaultdict(_Totals))
+    job_days: dict[tuple, _Totals] = dataclasses.field(default_factory=lambda: defaultdict(_Totals))
+
+    def count(self, entry_start: dt.datetime, team_id: int, cluster_id: int, accelerator_id: int, job_id: int,
+              cost: Decimal | None, gpu_seconds: Decimal, new_rows: int) -> None:
+        day = entry_start.astimezone(UTC).date()
+        self.teams[team_id].add(cost, gpu_seconds, new_rows)
+        self.rollups[(day, team_id, cluster_id, accelerator_id)].add(cost, gpu_seconds, new_rows)
+        self.job_days[(day, job_id, team_id)].add(cost, gpu_seconds, new_rows)
+        if cost:
+            self.job_usd[job_id] += cost
+
+    def add_entry(self, entry: CostEntry) -> None:
+        """Append a ledger row (``entry``, unsaved) with its totals."""
+        self.insert.append(entry)
+        self.count(entry.interval_start, entry.team_id, entry.cluster_id, entry.accelerator_id, entry.job_id,
+                   entry.amount_usd, entry.gpus * exact_seconds(entry.interval_end - entry.interval_start), 1)
+
+
+def _locked_rows(attempts) -> list[tuple]:
+    """The attempts of ``attempts`` (a JobAttempt queryset, locks included) as plain tuples for ``_plan``:
+    (id, job, team, cluster, node pool, accelerator, GPUs, started_at, ended_at, accrued_until)."""
+    return [(a.pk, a.job_id, a.job.team_id, a.cluster_id, a.node_pool_id, a.node_pool.accelerator_id, a.gpus,
+             a.started_at, a.ended_at, a.accrued_until)
+            for a in attempts.select_related("job", "node_pool").only(
+                "pk", "job_id", "job__team_id", "cluster_id", "node_pool_id", "node_pool__accelerator_id", "gpus",
+                "started_at", "ended_at", "accrued_until")]
+
+
+def _due(until: dt.datetime):
+    """Started attempts whose ledger stops before ``until`` and before their end."""
+    return (JobAttempt.objects.filter(started_at__isnull=False, started_at__lt=until)
+            .exclude(accrued_until__gte=until).exclude(ended_at__isnull=False, accrued_until__gte=F("ended_at")))
+
+
+def _plan(batch: _Batch, row: tuple, open_entry: CostEntry | None, pool, rows, until: dt.datetime) -> Decimal:
+    """Add one attempt's accrual up to ``until`` to ``batch``; returns the USD it adds (priced part)."""
+    attempt_id, job_id, team_id, cluster_id, _pool_id, accelerator_id, gpus, started_at, ended_at, accrued = row
+    end = min(until, ended_at) if ended_at is not None else until
+    start = accrued or started_at
+    if end <= start:
+        return Decimal(0)
+    added = Decimal(0)
+    batch.job_usd[job_id] += 0  # the job row is locked: it is updated even when only unknown cost is added
+    pieces = ledger_pieces(pool, rows, start, end)
+    first_start, first_end, first_price = pieces[0]
+    if (open_entry is not None and open_entry.interval_end == start and open_entry.gpus == gpus
+            and open_entry.usd_per_gpu_hour == first_price
+            and hour_floor(open_entry.interval_start) == hour_floor(first_start)):
+        amount = interval_cost(gpus, exact_seconds(first_end - open_entry.interval_start), first_price)
+        delta = None if amount is None else amount - open_entry.amount_usd
+        batch.extend.append((open_entry.pk, first_end, amount))
+        batch.count(open_entry.interval_start, team_id, cluster_id, accelerator_id, job_id, delta,
+                    gpus * exact_seconds(first_end - first_start), 0)
+        added += delta or 0
+        pieces = pieces[1:]
+    for lo, hi, price in pieces:
+        entry = CostEntry(attempt_id=attempt_id, job_id=job_id, team_id=team_id, cluster_id=cluster_id,
+                          accelerator_id=accelerator_id, interval_start=lo, interval_end=hi, gpus=gpus,
+                          usd_per_gpu_hour=price, amount_usd=interval_cost(gpus, exact_seconds(hi - lo), price))
+        batch.add_entry(entry)
+        added += entry.amount_usd or 0
+    batch.accrued_until.append((attempt_id, end))
+    return added
+
+
+def _accrue_rows(rows: list[tuple], until: dt.datetime, *, isolate: bool) -> tuple[_Batch, dict[int, Decimal]]:
+    """Plan the accrual of locked attempt ``rows`` (``_locked_rows``); returns the batch and USD per attempt.
+
+    With ``isolate`` an attempt that fails to plan is logged and left out
+    (its ledger stays where it was); without, the error propagates.
+    """
+    pools = {p.pk: p for p in NodePool.objects.select_related("cluster", "accelerator")
+             .filter(pk__in={r[4] for r in rows})}
+    prices = prices_by_pool(pools.values(), Price.objects.filter(accelerator_id__in={p.accelerator_id
+                                                                                     for p in pools.values()}))
+    # The open entry of an attempt ends at its accrued_until and starts in that UTC hour: reading only entries from
+    # the earliest such hour on keeps this an index range over the last hour or two, whatever the history.
+    accrued = [r for r in rows if r[9] is not None]
+    opened = {e.attempt_id: e for e in CostEntry.objects.filter(
+        attempt_id__in=[r[0] for r in accrued], interval_start__gte=min(hour_floor(r[9]) for r in accrued),
+        attempt__accrued_until=F("interval_end"))} if accrued else {}
+    batch, added = _Batch(), {}
+    for row in rows:
+        try:
+            added[row[0]] = _plan(batch, row, opened.get(row[0]), pools[row[4]], prices[row[4]], until)
+        except Exception:
+            if not isolate:
+                raise
+            log.exception("accrual of attempt %s failed; the other attempts accrue", row[0])
+    return batch, added
+
+
+def _values(rows: list[tuple], casts: tuple[str, ...]) -> tuple[str, list]:
+    """A ``VALUES`` list with typed placeholders for ``rows`` and its flat parameters."""
+    one = "(" + ", ".join(f"%s::{c}" for c in casts) + ")"
+    return ", ".join([one] * len(rows)), [v for row in rows for v in row]
+
+
+def _chunks(items: list):
+    for start in range(0, len(items), CHUNK):
+        yield items[start:start + CHUNK]
+
+
+def _write_postgresql(batch: _Batch) -> None:
+    """The batch in set-based statements, in lock order: jobs, attempts, team totals, rollups, entries."""
+    job_t, attempt_t = Job._meta.db_table, JobAttempt._meta.db_table
+    spend_t, rollup_t, entry_t = TeamSpend._meta.db_table, DailyCostRollup._meta.db_table, CostEntry._meta.db_table
+    job_day_t = JobDailyCost._meta.db_table
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        for chunk in _chunks(sorted(batch.job_usd.items())):
+            values, params = _values(chunk, ("bigint", "numeric"))
+            cursor.execute(f'UPDATE "{job_t}" AS j SET accrued_cost_usd = j.accrued_cost_usd + v.d '
+                           f"FROM (VALUES {values}) AS v(id, d) WHERE j.id = v.id", params)
+        for chunk in _chunks(sorted(batch.accrued_until)):
+            values, params = _values(chunk, ("bigint", "timestamptz"))
+            cursor.execute(f'UPDATE "{attempt_t}" AS a SET accrued_until = v.t '
+                           f"FROM (VALUES {values}) AS v(id, t) WHERE a.id = v.id", params)
+        sums = ("cost_usd", "gpu_seconds", "unpriced_gpu_seconds", "entries")
+        added = ", ".join(f'{c} = "{{t}}".{c} + EXCLUDED.{c}' for c in sums)
+        for chunk in _chunks(sorted((team, t.cost, t.gpu_seconds, t.unpriced_gpu_seconds, t.entries, now)
+                                    for team, t in batch.teams.items())):
+            values, params = _values(chunk, ("bigint", "numeric", "numeric", "numeric", "bigint", "timestamptz"))
+            cursor.execute(f'INSERT INTO "{spend_t}" (team_id, {", ".join(sums)}, updated_at) VALUES {values} '
+                           f"ON CONFLICT (team_id) DO UPDATE SET {added.format(t=spend_t)}, "
+                           f"updated_at = EXCLUDED.updated_at", params)
+        for table, keys, conflict, rows in (
+                (rollup_t, ("day", "team_id", "cluster_id", "accelerator_id"), 4, batch.rollups),
+                (job_day_t, ("day", "job_id", "team_id"), 2, batch.job_days)):
+            for chunk in _chunks(sorted((*key, t.cost, t.gpu_seconds, t.unpriced_gpu_seconds, t.entries, now)
+                                        for key, t in rows.items())):
+                values, params = _values(chunk, ("date",) + ("bigint",) * len(keys[1:])
+                                         + ("numeric", "numeric", "numeric", "integer", "timestamptz"))
+                cursor.execute(f'INSERT INTO "{table}" ({", ".join(keys)}, {", ".join(sums)}, rebuilt_at) '
+                               f"VALUES {values} ON CONFLICT ({', '.join(keys[:conflict])}) DO UPDATE SET "
+                               f"{added.format(t=table)}, rebuilt_at = EXCLUDED.rebuilt_at", params)
+        for chunk in _chunks(sorted(batch.extend)):
+            values, params = _values(chunk, ("bigint", "timestamptz", "numeric"))
+            cursor.execute(f'UPDATE "{entry_t}" AS e SET interval_end = v.e, amount_usd = v.a '
+                           f"FROM (VALUES {values}) AS v(id, e, a) WHERE e.id = v.id", params)
+    CostEntry.objects.bulk_create(batch.insert, batch_size=CHUNK)
+
+
+def _write_generic(batch: _Batch) -> None:
+    """The batch row by row (SQLite: its transactions are serialised whole, Decimal sums are kept in Python)."""
+    for job_id, usd in sorted(batch.job_usd.items()):
+        Job.objects.filter(pk=job_id).update(accrued_cost_usd=F("accrued_cost_usd") + usd)
+    for attempt_id, until in sorted(batch.accrued_until):
+        JobAttempt.objects.filter(pk=attempt_id).update(accrued_until=until)
+    for team_id, t in sorted(batch.teams.items()):
+        row, _ = TeamSpend.objects.get_or_create(team_id=team_id)
+        row.cost_usd += t.cost
+        row.gpu_seconds += t.gpu_seconds
+        row.unpriced_gpu_seconds += t.unpriced_gpu_seconds
+        row.entries += t.entries
+        row.save()
+    zero = {"gpu_seconds": 0, "cost_usd": 0, "unpriced_gpu_seconds": 0, "entries": 0}
+    for model, names, rows in ((DailyCostRollup, ("day", "team_id", "cluster_id", "accelerator_id"), batch.rollups),
+                               (JobDailyCost, ("day", "job_id", "team_id"), batch.job_days)):
+        for key, t in sorted(rows.items()):
+            row, _ = model.objects.get_or_create(**dict(zip(names, key)), defaults=zero)
+            row.cost_usd += t.cost
+            row.gpu_seconds += t.gpu_seconds
+            row.unpriced_gpu_seconds += t.unpriced_gpu_seconds
+            row.entries += t.entries
+            row.save()
+    for entry_id, end, amount in sorted(batch.extend):
+        CostEntry.objects.filter(pk=entry_id).update(interval_end=end, amount_usd=amount)
+    CostEntry.objects.bulk_create(batch.insert, batch_size=CHUNK)
+
+
+def _write(batch: _Batch) -> None:
+    (_write_postgresql if connection.vendor == "postgresql" else _write_generic)(batch)
+
+
+def post_entries(entries: list[CostEntry]) -> None:
+    """Append hand-made ledger rows (unsaved ``entries``: imports, corrections) with their running totals.
+
+    Each entry needs its attempt, job, team, cluster, accelerator, interval,
+    GPUs, price and amount set (price and amount None for an unknown cost).
+    One transaction; the job's ``accrued_cost_usd`` is left as it is.
+    Raises IntegrityError (nothing written) for an interval the attempt
+    already has.
+    """
+    batch = _Batch()
+    for entry in entries:
+        batch.add_entry(entry)
+    batch.job_usd.clear()
+    with transaction.atomic():
+        _write(batch)
+
+
+def _share_keys(team_ids, cluster_ids, *, skip_locked: bool) -> tuple[set[int], set[int]]:
+    """Take ``FOR KEY SHARE`` on the team and cluster rows the entries will reference (PostgreSQL), in id order;
+    returns the ids held (with ``skip_locked``, those another transaction holds FOR UPDATE are left out).
+
+    The lock an entry's foreign keys take anyway, taken first (the team row heads the platform's lock order):
+    an admission holds its team FOR UPDATE while it waits for the team's totals row, so accrual must never
+    hold a totals row and then wait for a team row. Other rows are not locked; nothing here is updated.
+    """
+    if connection.vendor != "postgresql":
+        return set(team_ids), set(cluster_ids)
+    held = []
+    with connection.cursor() as cursor:
+        for model, ids in ((Team, team_ids), (Cluster, cluster_ids)):
+            cursor.execute(f'SELECT id FROM "{model._meta.db_table}" WHERE id = ANY(%s) ORDER BY id FOR KEY SHARE'
+                           + (" SKIP LOCKED" if skip_locked else ""), [sorted(ids)])
+            held.append({row[0] for row in cursor.fetchall()})
+    return held[0], held[1]
 
 
 def accrue_attempt(attempt_id: int, until: dt.datetime | None = None) -> Decimal:
     """Write ledger entries for attempt ``attempt_id`` from where accrual stopped up to ``until``.
 
     ``until`` defaults to now and is capped at the attempt's end; an attempt
-    that never started costs nothing. Returns the USD added (0 when nothing
-    was due, as on a repeated call). Raises costs.catalog.NoPrice when no
-    price covers part of the interval; nothing is written then.
+    that never started costs nothing. Returns the priced USD added (0 when
+    nothing was due, as on a repeated call). Where no price is in force the
+    GPU-hours are written with an unknown cost (they add nothing to the
+    return value). Waits for its locks, in the platform's order: team and cluster rows (key share), job row,
+    attempt row, then the totals rows.
     """
+    until = until or timezone.now()
     with transaction.atomic():
-        attempt = (
-            JobAttempt.objects.select_for_update()
-            .select_related("job", "node_pool__cluster", "node_pool__accelerator")
-            .get(pk=attempt_id)
-        )
-        if attempt.started_at is None:
+        keys = JobAttempt.objects.filter(pk=attempt_id).values_list("job_id", "job__team_id", "cluster_id").first()
+        if keys is None:
             return Decimal(0)
-        end = until or timezone.now()
-        if attempt.ended_at is not None:
-            end = min(end, attempt.ended_at)
-        start = attempt.accrued_until or attempt.started_at
-        if end <= start:
+        job_id, team_id, cluster_id = keys
+        _share_keys([team_id], [cluster_id], skip_locked=False)
+        list(Job.objects.select_for_update(of=("self",)).filter(pk=job_id).values_list("pk"))
+        rows = _locked_rows(_due(until).filter(pk=attempt_id).select_for_update(of=("self",)))
+        if not rows:
             return Decimal(0)
-        total = Decimal(0)
-        entries = []
-        for seg_start, seg_end, price in price_segments(attempt.node_pool, start, end):
-            amount = interval_cost(attempt.gpus, exact_seconds(seg_end - seg_start), price)
-            total += amount
-            entries.append(
-                CostEntry(
-                    attempt=attempt, job_id=attempt.job_id, team_id=attempt.job.team_id, cluster_id=attempt.cluster_id,
-                    accelerator_id=attempt.node_pool.accelerator_id, interval_start=seg_start, interval_end=seg_end,
-                    gpus=attempt.gpus, usd_per_gpu_hour=price, amount_usd=amount,
-                )
-            )
-        CostEntry.objects.bulk_create(entries)
-        JobAttempt.objects.filter(pk=attempt.pk).update(accrued_until=end)
-        Job.objects.filter(pk=attempt.job_id).update(accrued_cost_usd=F("accrued_cost_usd") + total)
-        return total
+        batch, added = _accrue_rows(rows, until, isolate=False)
+        _write(batch)
+        return added[attempt_id]
 
 
 def accrue_running(until: dt.datetime | None = None) -> int:
-    """Accrue every started attempt whose cost is not yet fully in the ledger; returns how many were visited."""
-    pending = JobAttempt.objects.filter(started_at__isnull=False).exclude(
-        ended_at__isnull=False, accrued_until__gte=F("ended_at")
-    )
+    """Accrue every started attempt whose cost is not yet in the ledger up to ``until`` (default now).
+
+    PostgreSQL: one transaction over all due attempts whose team and cluster
+    rows (key share) and job and attempt rows are free (``SKIP LOCKED``: an
+    attempt with a row another transaction holds, e.g. an admission of its
+    team, is accrued by the next run, from where its ledger stopped), written
+    in a few set-based statements; it waits for no lock but the totals rows. If that transaction fails, every due attempt is
+    accrued in a transaction of its own, a failing one logged and skipped.
+    Returns how many attempts were accrued.
+    """
+    until = until or timezone.now()
+    if connection.vendor == "postgresql":
+        try:
+            with transaction.atomic():
+                due = _due(until)
+                keys = list(due.order_by().values_list("job__team_id", "cluster_id").distinct())
+                teams, clusters = _share_keys({t for t, _ in keys}, {c for _, c in keys}, skip_locked=True)
+                rows = _locked_rows(due.filter(job__team_id__in=teams, cluster_id__in=clusters)
+                                    .select_for_update(of=("self", "job"), skip_locked=True).order_by("job_id", "pk"))
+                batch, added = _accrue_rows(rows, until, isolate=True)
+                _write(batch)
+                return len(added)
+        except Exception:
+            log.exception("set-based accrual failed; accruing attempt by attempt")
     count = 0
-    for attempt_id in pending.values_list("pk", flat=True).iterator():
-        accrue_attempt(attempt_id, until)
-        count += 1
+    for attempt_id in list(_due(until).order_by("job_id", "pk").values_list("pk", flat=True)):
+        try:
+            accrue_attempt(attempt_id, until)
+            count += 1
+        except Exception:
+            log.exception("accrual of attempt %s failed; the other attempts accrue", attempt_id)
     return count

@@ -35,8 +35,17 @@ class CostEntry(models.Model):
     """One line of the ledger: an attempt's GPUs held over ``[interval_start, interval_end)`` at one price.
 
     ``amount_usd = gpus * seconds / 3600 * usd_per_gpu_hour``, rounded half
-    to even to 1e-9 USD (see ``costs.ledger``). Entries are only appended;
-    the unique (attempt, interval_start) key makes accrual idempotent.
+    to even to 1e-9 USD (see ``costs.ledger``). An entry never crosses a UTC
+    hour boundary, a price change or a change of the attempt's GPUs; the
+    latest entry of a running attempt is its open entry, which accrual
+    extends (``interval_end`` and ``amount_usd`` grow) until one of those
+    happens. Every other entry is closed and never changes, so the ledger
+    grows by about one row per attempt-hour, not per accrual run. The unique
+    (attempt, interval_start) key makes accrual idempotent.
+
+    An attempt with no price in force accrues entries with a null
+    ``usd_per_gpu_hour`` and ``amount_usd``: GPU-hours of unknown cost
+    (``costs.spend.unpriced_usage`` reads them).
     """
 
     attempt = models.ForeignKey("jobs.JobAttempt", on_delete=models.PROTECT, related_name="cost_entries")
@@ -47,8 +56,9 @@ class CostEntry(models.Model):
     interval_start = models.DateTimeField()
     interval_end = models.DateTimeField()
     gpus = models.PositiveIntegerField()
-    usd_per_gpu_hour = models.DecimalField(max_digits=12, decimal_places=6)
-    amount_usd = models.DecimalField(max_digits=20, decimal_places=9)
+    usd_per_gpu_hour = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True,
+                                           help_text="null: no price was in force (cost unknown)")
+    amount_usd = models.DecimalField(max_digits=20, decimal_places=9, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -56,8 +66,20 @@ class CostEntry(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["attempt", "interval_start"], name="costentry_unique_interval"),
             models.CheckConstraint(condition=models.Q(interval_end__gt=models.F("interval_start")), name="costentry_positive_interval"),
+            models.CheckConstraint(
+                condition=models.Q(usd_per_gpu_hour__isnull=True, amount_usd__isnull=True)
+                | models.Q(usd_per_gpu_hour__isnull=False, amount_usd__isnull=False),
+                name="costentry_priced_or_unknown"),
         ]
-        indexes = [models.Index(fields=["team", "interval_start"])]
+        # Edge days of a window: one team's (team, interval_start), every team's (interval_start); the unknown-cost
+        # entries have their own small partial index. No index holds interval_end or amount_usd, so extending the
+        # open entry is a HOT update that writes no index.
+        indexes = [
+            models.Index(fields=["team", "interval_start"]),
+            models.Index(fields=["interval_start"], name="costentry_start"),
+            models.Index(fields=["team", "job", "interval_start"], name="costentry_unpriced",
+                         condition=models.Q(usd_per_gpu_hour__isnull=True)),
+        ]
 
     def __str__(self) -> str:
         return f"{self.job_id}#{self.attempt_id} {self.interval_start:%Y-%m-%d %H:%M}..{self.interval_end:%H:%M} ${self.amount_usd}"
@@ -67,29 +89,86 @@ class CostEntry(models.Model):
         return self.gpus * (self.interval_end - self.interval_start).total_seconds()
 
 
-class DailyCostRollup(models.Model):
+class LedgerTotals(models.Model):
+    """The sums a totals row keeps of its ledger entries: GPU-seconds (all), USD (priced), GPU-seconds of unknown
+    cost (no price in force, not in ``cost_usd``) and the number of entries."""
+
+    gpu_seconds = models.DecimalField(max_digits=24, decimal_places=6)
+    cost_usd = models.DecimalField(max_digits=20, decimal_places=9)
+    unpriced_gpu_seconds = models.DecimalField(max_digits=24, decimal_places=6, default=0)
+    entries = models.PositiveIntegerField()
+    rebuilt_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        abstract = True
+
+
+class DailyCostRollup(LedgerTotals):
     """Ledger totals per UTC day, team, cluster and accelerator: GPU-seconds and USD (exact, 1e-9).
 
-    Derived only from CostEntry (an entry counts on the UTC day of its
-    ``interval_start``, the rule of the costs API and of budgets) and
-    rebuilt by ``costs.rollups.rebuild_rollups`` / ``manage.py rebuild_rollups``.
+    An entry counts on the UTC day of its ``interval_start`` (the rule of the
+    costs API and of budgets). Maintained by the accrual in the transaction
+    that writes the entries (``costs.ledger``), so the open day is always
+    current; ``costs.rollups.rebuild_totals`` / ``manage.py rebuild_rollups``
+    recompute them from the ledger. ``unpriced_gpu_seconds`` are GPU-seconds
+    accrued with no price in force (not in ``cost_usd``); ``entries`` counts
+    the ledger rows. ``JobDailyCost`` holds the same per job.
     """
 
     day = models.DateField()
     team = models.ForeignKey("quotas.Team", on_delete=models.CASCADE, related_name="cost_rollups")
     cluster = models.ForeignKey("runners.Cluster", on_delete=models.CASCADE, related_name="cost_rollups")
     accelerator = models.ForeignKey("runners.Accelerator", on_delete=models.CASCADE, related_name="cost_rollups")
-    gpu_seconds = models.DecimalField(max_digits=24, decimal_places=6)
-    cost_usd = models.DecimalField(max_digits=20, decimal_places=9)
-    entries = models.PositiveIntegerField()
-    rebuilt_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["day", "team__slug"]
         constraints = [models.UniqueConstraint(fields=["day", "team", "cluster", "accelerator"], name="costrollup_unique")]
+        indexes = [models.Index(fields=["team", "day"], name="costrollup_team_day")]
 
     def __str__(self) -> str:
         return f"{self.day} {self.team_id}/{self.cluster_id}/{self.accelerator_id} ${self.cost_usd}"
+
+
+class JobDailyCost(LedgerTotals):
+    """Ledger totals per UTC day and job (with its team): GPU-seconds and USD, kept and rebuilt as the day rollups.
+
+    For costs by job (the API's ``group_by=job``, reports' top jobs) without
+    reading a whole window of entries.
+    """
+
+    day = models.DateField()
+    team = models.ForeignKey("quotas.Team", on_delete=models.CASCADE, related_name="job_cost_rollups")
+    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="cost_rollups")
+
+    class Meta:
+        ordering = ["day", "job_id"]
+        constraints = [models.UniqueConstraint(fields=["day", "job"], name="jobcost_unique")]
+        indexes = [models.Index(fields=["team", "day"], name="jobcost_team_day")]
+
+    def __str__(self) -> str:
+        return f"{self.day} job {self.job_id} ${self.cost_usd}"
+
+
+class TeamSpend(models.Model):
+    """A team's running ledger totals since its first entry, and the row that serialises its spend.
+
+    Updated by the accrual in the transaction that writes the ledger, after
+    the job and attempt rows and before the rollups and entries (the lock
+    order of ``jobs.scheduling``). Admission's locked re-check locks this row
+    before it reads the team's spend (``costs.spend.lock_team_spend``), so an
+    accrual of the team commits wholly before or after the check. USD exact
+    to 1e-9; unpriced GPU-seconds are those accrued without a price.
+    """
+
+    team = models.OneToOneField("quotas.Team", on_delete=models.CASCADE, primary_key=True, related_name="spend")
+    cost_usd = models.DecimalField(max_digits=24, decimal_places=9, default=0)
+    gpu_seconds = models.DecimalField(max_digits=28, decimal_places=6, default=0)
+    unpriced_gpu_seconds = models.DecimalField(max_digits=28, decimal_places=6, default=0)
+    entries = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"team {self.team_id}: ${self.cost_usd} over {self.entries} entries"
 
 
 class UtilizationRollup(models.Model):

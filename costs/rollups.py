@@ -1,50 +1,172 @@
-"""Daily cost rollups per team, cluster and accelerator, derived from the ledger and rebuildable from it.
+"""The ledger's running totals recomputed from the entries: day rollups, job-day rollups and each team's totals row.
 
-An entry counts on the UTC day of its ``interval_start`` (the costs API's
-and the budgets' rule), so a rollup day always sums to the API's day.
+Accrual keeps ``DailyCostRollup`` (UTC day x team x cluster x accelerator),
+``JobDailyCost`` (UTC day x job) and ``TeamSpend`` in step with the entries
+it writes (``costs.ledger``); ``rebuild_totals`` recomputes them from the
+ledger alone (after a restore, a manual correction, or to prove they agree:
+``totals_mismatches``). An entry counts on the UTC day of its
+``interval_start`` (the costs API's and the budgets' rule).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+from collections import defaultdict
 from decimal import Decimal
 
-from django.db import transaction
-from django.db.models import Count, DurationField, ExpressionWrapper, F, Sum
-from django.db.models.functions import TruncDate
+from django.db import connection, transaction
 
-from .spend import exact_seconds
-from .models import CostEntry, DailyCostRollup
+from .models import CostEntry, DailyCostRollup, JobDailyCost, TeamSpend
+from .spend import exact_seconds, utc_midnight
 
-HELD = ExpressionWrapper(F("interval_end") - F("interval_start"), output_field=DurationField())
+UTC = dt.timezone.utc
+_SUMS = ("gpu_seconds", "cost_usd", "unpriced_gpu_seconds", "entries")
+#: The key of each level of totals, in the ledger's column names.
+ROLLUP_KEYS = ("day", "team_id", "cluster_id", "accelerator_id")
+JOB_DAY_KEYS = ("day", "job_id", "team_id")
+
+
+def _zero() -> list:
+    return [Decimal(0), Decimal(0), Decimal(0), 0]
+
+
+def ledger_sums(entry_model=CostEntry, start_day: dt.date | None = None, end_day: dt.date | None = None
+                ) -> tuple[dict[tuple, list], dict[tuple, list]]:
+    """The sums of the ledger, in Python: ``(by ROLLUP_KEYS, by JOB_DAY_KEYS)``, each key -> [GPU-seconds, USD,
+    unknown-cost GPU-seconds, entries], over the entries starting on UTC days ``[start_day, end_day]``."""
+    entries = entry_model.objects.all()
+    if start_day:
+        entries = entries.filter(interval_start__gte=utc_midnight(start_day))
+    if end_day:
+        entries = entries.filter(interval_start__lt=utc_midnight(end_day + dt.timedelta(days=1)))
+    rollups: dict[tuple, list] = defaultdict(_zero)
+    job_days: dict[tuple, list] = defaultdict(_zero)
+    for team, cluster, acc, job, gpus, lo, hi, amount in entries.values_list(
+            "team_id", "cluster_id", "accelerator_id", "job_id", "gpus", "interval_start", "interval_end",
+            "amount_usd").iterator():
+        day = lo.astimezone(UTC).date()
+        held = gpus * exact_seconds(hi - lo)
+        for s in (rollups[(day, team, cluster, acc)], job_days[(day, job, team)]):
+            s[0] += held
+            s[1] += amount or 0
+            s[2] += held if amount is None else 0
+            s[3] += 1
+    return rollups, job_days
+
+
+def _rebuild_postgresql(tables, start_day, end_day) -> int:
+    entry_t, rollup_t, job_day_t, spend_t = tables
+    where, params = ["TRUE"], []
+    if start_day:
+        where.append("interval_start >= %s")
+        params.append(utc_midnight(start_day))
+    if end_day:
+        where.append("interval_start < %s")
+        params.append(utc_midnight(end_day + dt.timedelta(days=1)))
+    days = [f"day {op} %s" for op, d in ((">=", start_day), ("<=", end_day)) if d] or ["TRUE"]
+    held = "e.gpus * EXTRACT(EPOCH FROM e.interval_end - e.interval_start)"
+    sums = (f"SUM({held}), COALESCE(SUM(e.amount_usd), 0), "
+            f"COALESCE(SUM({held}) FILTER (WHERE e.amount_usd IS NULL), 0), COUNT(*), now()")
+    day = "(e.interval_start AT TIME ZONE 'UTC')::date"
+    with connection.cursor() as cursor:
+        cursor.execute(f'LOCK TABLE "{spend_t}", "{rollup_t}", "{job_day_t}" IN SHARE ROW EXCLUSIVE MODE')
+        written = 0
+        for table, keys, select in ((rollup_t, ROLLUP_KEYS, f"{day}, e.team_id, e.cluster_id, e.accelerator_id"),
+                                    (job_day_t, JOB_DAY_KEYS, f"{day}, e.job_id, e.team_id")):
+            cursor.execute(f'DELETE FROM "{table}" WHERE {" AND ".join(days)}', [d for d in (start_day, end_day) if d])
+            cursor.execute(
+                f'INSERT INTO "{table}" ({", ".join(keys)}, gpu_seconds, cost_usd, unpriced_gpu_seconds, entries, '
+                f'rebuilt_at) SELECT {select}, {sums} FROM "{entry_t}" AS e WHERE {" AND ".join(where)} '
+                f"GROUP BY {', '.join(str(i + 1) for i in range(len(keys)))}", params)
+            written += cursor.rowcount
+        cursor.execute(
+            f'INSERT INTO "{spend_t}" (team_id, cost_usd, gpu_seconds, unpriced_gpu_seconds, entries, updated_at) '
+            f"SELECT team_id, SUM(cost_usd), SUM(gpu_seconds), SUM(unpriced_gpu_seconds), SUM(entries), now() "
+            f'FROM "{rollup_t}" GROUP BY team_id ON CONFLICT (team_id) DO UPDATE SET '
+            f"cost_usd = EXCLUDED.cost_usd, gpu_seconds = EXCLUDED.gpu_seconds, "
+            f"unpriced_gpu_seconds = EXCLUDED.unpriced_gpu_seconds, entries = EXCLUDED.entries, "
+            f"updated_at = EXCLUDED.updated_at")
+        cursor.execute(
+            f'UPDATE "{spend_t}" SET cost_usd = 0, gpu_seconds = 0, unpriced_gpu_seconds = 0, entries = 0 '
+            f'WHERE team_id NOT IN (SELECT team_id FROM "{rollup_t}")')
+    return written
+
+
+def rebuild_totals(start_day: dt.date | None = None, end_day: dt.date | None = None, *, models=None) -> int:
+    """Recompute the day and job-day rollups of UTC days ``[start_day, end_day]`` (every day when left out) from
+    the ledger, then every team's ``TeamSpend`` from the day rollups; returns the number of rollup rows written.
+
+    One transaction; on PostgreSQL it locks the totals tables against
+    writers first (accrual waits, readers see the old or the new totals,
+    never half) and sums in SQL with exact numerics. ``models`` is
+    ``(CostEntry, DailyCostRollup, JobDailyCost, TeamSpend)`` (a migration
+    passes its historical models).
+    """
+    entry_model, rollup_model, job_day_model, spend_model = models or (CostEntry, DailyCostRollup, JobDailyCost,
+                                                                        TeamSpend)
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            return _rebuild_postgresql([m._meta.db_table for m in (entry_model, rollup_model, job_day_model,
+                                                                   spend_model)], start_day, end_day)
+        rollups, job_days = ledger_sums(entry_model, start_day, end_day)
+        for model, names, groups in ((rollup_model, ROLLUP_KEYS, rollups), (job_day_model, JOB_DAY_KEYS, job_days)):
+            stale = model.objects.all()
+            if start_day:
+                stale = stale.filter(day__gte=start_day)
+            if end_day:
+                stale = stale.filter(day__lte=end_day)
+            stale.delete()
+            model.objects.bulk_create(model(**dict(zip(names, key)), **dict(zip(_SUMS, sums)))
+                                      for key, sums in groups.items())
+        teams: dict[int, list] = defaultdict(_zero)
+        for row in rollup_model.objects.values_list("team_id", *_SUMS):
+            for i, value in enumerate(row[1:]):
+                teams[row[0]][i] += value
+        spend_model.objects.exclude(team_id__in=list(teams)).update(
+            cost_usd=0, gpu_seconds=0, unpriced_gpu_seconds=0, entries=0)
+        for team, sums in teams.items():
+            spend_model.objects.update_or_create(team_id=team, defaults=dict(zip(_SUMS, sums)))
+        return len(rollups) + len(job_days)
 
 
 def rebuild_rollups(start_day: dt.date | None = None, end_day: dt.date | None = None) -> int:
-    """Replace the rollups of UTC days ``[start_day, end_day]`` (all days when left out) with sums of the ledger.
+    """``rebuild_totals`` of UTC days ``[start_day, end_day]`` (all days when left out); rollup rows written."""
+    return rebuild_totals(start_day, end_day)
 
-    One transaction: readers see the old or the new rollups, never half.
-    Returns the number of rollup rows written.
+
+@dataclasses.dataclass(frozen=True)
+class Mismatch:
+    """A totals row that disagrees with the ledger: which (``kind``, ``key``), and the stored and ledger sums."""
+
+    kind: str  # "rollup", "job-day" or "team"
+    key: tuple
+    stored: tuple
+    ledger: tuple
+
+
+def _differences(kind: str, stored: dict, ledger: dict) -> list[Mismatch]:
+    zero = (0, 0, 0, 0)
+    return [Mismatch(kind, k, tuple(stored.get(k, zero)), tuple(ledger.get(k, zero)))
+            for k in sorted(set(ledger) | set(stored), key=str)
+            if tuple(map(Decimal, stored.get(k, zero))) != tuple(map(Decimal, ledger.get(k, zero)))]
+
+
+def totals_mismatches() -> list[Mismatch]:
+    """Every rollup, job-day and team totals row that differs from the sums of the ledger (exact comparison).
+
+    Reads the whole ledger (an audit, not a hot path). Empty when the running
+    totals agree with the entries to the last 1e-9 USD and microsecond.
     """
-    entries = CostEntry.objects.annotate(day=TruncDate("interval_start", tzinfo=dt.timezone.utc))
-    rollups = DailyCostRollup.objects.all()
-    if start_day:
-        entries, rollups = entries.filter(day__gte=start_day), rollups.filter(day__gte=start_day)
-    if end_day:
-        entries, rollups = entries.filter(day__lte=end_day), rollups.filter(day__lte=end_day)
-    groups: dict[tuple, dict] = {}
-    for part in entries.values("day", "team_id", "cluster_id", "accelerator_id", "gpus").annotate(
-        held=Sum(HELD), cost=Sum("amount_usd"), n=Count("pk")
-    ):
-        key = (part["day"], part["team_id"], part["cluster_id"], part["accelerator_id"])
-        row = groups.setdefault(key, {"gpu_seconds": Decimal(0), "cost": Decimal(0), "n": 0})
-        row["gpu_seconds"] += part["gpus"] * exact_seconds(part["held"])
-        row["cost"] += part["cost"]
-        row["n"] += part["n"]
-    with transaction.atomic():
-        rollups.delete()
-        DailyCostRollup.objects.bulk_create(
-            DailyCostRollup(day=day, team_id=team, cluster_id=cluster, accelerator_id=acc,
-                            gpu_seconds=row["gpu_seconds"], cost_usd=row["cost"], entries=row["n"])
-            for (day, team, cluster, acc), row in groups.items()
-        )
-    return len(groups)
+    rollups, job_days = ledger_sums()
+    teams: dict[tuple, list] = defaultdict(_zero)
+    for key, sums in rollups.items():
+        for i, value in enumerate(sums):
+            teams[(key[1],)][i] += value
+    found = []
+    for kind, model, keys, ledger in (("rollup", DailyCostRollup, ROLLUP_KEYS, rollups),
+                                      ("job-day", JobDailyCost, JOB_DAY_KEYS, job_days),
+                                      ("team", TeamSpend, ("team_id",), teams)):
+        stored = {r[:len(keys)]: r[len(keys):] for r in model.objects.values_list(*keys, *_SUMS)}
+        found += _differences(kind, stored, ledger)
+    return found

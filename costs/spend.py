@@ -1,17 +1,39 @@
-"""Spend read from the ledger: the sums that admission and budget status need.
+"""Spend read from the running totals: what admission, budget status and cost queries need, in constant time.
 
-Reads ``CostEntry`` only, so admission (in ``jobs``) can use it without
-importing the accrual code above it.
+Reads the ledger's totals (``DailyCostRollup``, ``TeamSpend``, kept by
+``costs.ledger`` in the transaction that writes the entries) and, for the
+partial UTC days at a window's edges only, the entries themselves; never the
+entries of whole days, so a figure costs the same after a month of history
+as after an hour. It reads models only, so admission (in ``jobs``) can use
+it without importing the accrual code above it.
+
+Rule (the costs API's and the budgets'): an entry counts in the window that
+contains its ``interval_start``. Entries never cross a UTC hour boundary
+(``ENTRY_SPAN``), so a window on whole hours holds exactly the spend inside
+it.
+
+Unknown cost: GPU-seconds accrued with no price in force count at the
+highest price the catalog knows for their accelerator
+(``unpriced_bound_usd``), so a block budget cannot be overrun by a cluster
+without a price; ``unpriced_usage`` tells per job and team how many
+GPU-hours have an unknown cost and since when.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
-from decimal import Decimal
+from collections import defaultdict
+from decimal import ROUND_HALF_EVEN, Decimal
 
-from django.db.models import Sum
+from django.db.models import Max, Q, Sum
 
-from .models import CostEntry
+from .models import CostEntry, DailyCostRollup, Price, TeamSpend
+
+UTC = dt.timezone.utc
+#: The longest a ledger entry lasts: accrual cuts entries at every UTC hour (``costs.ledger``).
+ENTRY_SPAN = dt.timedelta(hours=1)
+QUANTUM = Decimal("0.000000001")
 
 
 def exact_seconds(delta: dt.timedelta) -> Decimal:
@@ -19,21 +41,206 @@ def exact_seconds(delta: dt.timedelta) -> Decimal:
     return Decimal(delta.days * 86400 + delta.seconds) + Decimal(delta.microseconds) / Decimal(1_000_000)
 
 
+def utc_midnight(day: dt.date) -> dt.datetime:
+    """The start of UTC day ``day``, an aware datetime."""
+    return dt.datetime(day.year, day.month, day.day, tzinfo=UTC)
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowParts:
+    """A window ``[start, end)`` split into whole UTC days ``[first_day, end_day)`` and partial edge intervals.
+
+    ``first_day``/``end_day`` None: open on that side (every day before /
+    after); ``edges`` are ``(lo, hi)`` instants whose entries come from the
+    ledger. No whole day when ``first_day >= end_day`` (then ``edges`` hold
+    the whole window).
+    """
+
+    first_day: dt.date | None
+    end_day: dt.date | None
+    edges: tuple[tuple[dt.datetime | None, dt.datetime | None], ...]
+
+    @property
+    def has_days(self) -> bool:
+        return self.first_day is None or self.end_day is None or self.first_day < self.end_day
+
+
+def window_parts(start: dt.datetime | None, end: dt.datetime | None) -> WindowParts:
+    """Split ``[start, end)`` (aware datetimes; None: open) into whole UTC days and partial edge intervals."""
+    start = start.astimezone(UTC) if start is not None else None
+    end = end.astimezone(UTC) if end is not None else None
+    first = None if start is None else (start.date() if start == utc_midnight(start.date())
+                                        else start.date() + dt.timedelta(days=1))
+    last = None if end is None else end.date()
+    if first is not None and last is not None and first >= last:
+        return WindowParts(first, last, ((start, end),) if start < end else ())
+    edges = []
+    if start is not None and start < utc_midnight(first):
+        edges.append((start, utc_midnight(first)))
+    if end is not None and utc_midnight(last) < end:
+        edges.append((utc_midnight(last), end))
+    return WindowParts(first, last, tuple(edges))
+
+
+def rollups_in(rollups, parts: WindowParts):
+    """``rollups`` (a DailyCostRollup queryset) narrowed to the whole days of ``parts``."""
+    if parts.first_day is not None:
+        rollups = rollups.filter(day__gte=parts.first_day)
+    if parts.end_day is not None:
+        rollups = rollups.filter(day__lt=parts.end_day)
+    return rollups
+
+
+def entries_in(entries, lo: dt.datetime | None, hi: dt.datetime | None):
+    """``entries`` (a CostEntry queryset) with ``interval_start`` in ``[lo, hi)`` (None: open)."""
+    if lo is not None:
+        entries = entries.filter(interval_start__gte=lo)
+    if hi is not None:
+        entries = entries.filter(interval_start__lt=hi)
+    return entries
+
+
+@dataclasses.dataclass
+class Spend:
+    """A team's spend in a window: priced USD and GPU-seconds of unknown cost per accelerator id."""
+
+    cost_usd: Decimal = Decimal(0)
+    unpriced_gpu_seconds: dict[int, Decimal] = dataclasses.field(default_factory=lambda: defaultdict(Decimal))
+
+    @property
+    def unpriced_gpu_hours(self) -> Decimal:
+        return sum(self.unpriced_gpu_seconds.values(), Decimal(0)) / 3600
+
+
+def period_spend(team_ids, start: dt.datetime, end: dt.datetime) -> dict[int, Spend]:
+    """Spend of each team in ``team_ids`` with ``interval_start`` in ``[start, end)``; team id -> Spend.
+
+    One query on the rollups of the whole days and one or two on the
+    ledger's partial edge days (plus one for unknown-cost rows there), for
+    any number of teams. Every team asked for has an entry.
+    """
+    team_ids = list(team_ids)
+    found = {t: Spend() for t in team_ids}
+    if not team_ids:
+        return found
+    parts = window_parts(start, end)
+    if parts.has_days:
+        for team_id, acc, cost, unpriced in (
+                rollups_in(DailyCostRollup.objects.filter(team_id__in=team_ids), parts).order_by()
+                .values_list("team_id", "accelerator_id").annotate(c=Sum("cost_usd"), u=Sum("unpriced_gpu_seconds"))):
+            found[team_id].cost_usd += cost or 0
+            if unpriced:
+                found[team_id].unpriced_gpu_seconds[acc] += unpriced
+    for lo, hi in parts.edges:
+        edge = entries_in(CostEntry.objects.filter(team_id__in=team_ids), lo, hi)
+        for team_id, cost in edge.order_by().values_list("team_id").annotate(c=Sum("amount_usd")):
+            found[team_id].cost_usd += cost or 0
+        for team_id, acc, gpus, lo_, hi_ in edge.filter(usd_per_gpu_hour__isnull=True).values_list(
+                "team_id", "accelerator_id", "gpus", "interval_start", "interval_end"):
+            found[team_id].unpriced_gpu_seconds[acc] += gpus * exact_seconds(hi_ - lo_)
+    return found
+
+
+def highest_prices() -> dict[int, Decimal]:
+    """Accelerator id -> the highest USD per GPU-hour of any catalog row or override, at any time (one query)."""
+    return dict(Price.objects.order_by().values_list("accelerator_id").annotate(m=Max("usd_per_gpu_hour")))
+
+
+def unpriced_bound_usd(spend: Spend, prices: dict[int, Decimal] | None = None) -> Decimal:
+    """USD at which ``spend``'s unknown-cost GPU-seconds count against a budget: each accelerator's at its
+    highest catalog price (``highest_prices``; an accelerator the catalog never priced at the highest price of
+    the whole catalog), ``GPU-seconds / 3600 x USD per GPU-hour`` rounded to 1e-9 half even."""
+    if not spend.unpriced_gpu_seconds:
+        return Decimal(0)
+    prices = highest_prices() if prices is None else prices
+    fallback = max(prices.values(), default=Decimal(0))
+    total = sum((seconds * prices.get(acc, fallback) / 3600 for acc, seconds in spend.unpriced_gpu_seconds.items()),
+                Decimal(0))
+    return total.quantize(QUANTUM, ROUND_HALF_EVEN)
+
+
 def ledger_usd(team_id: int, start: dt.datetime, end: dt.datetime) -> Decimal:
-    """USD of the team's ledger entries with ``interval_start`` in ``[start, end)``."""
-    return CostEntry.objects.filter(team_id=team_id, interval_start__gte=start, interval_start__lt=end).aggregate(
-        s=Sum("amount_usd"))["s"] or Decimal(0)
+    """Priced USD of the team's ledger entries with ``interval_start`` in ``[start, end)`` (``period_spend``)."""
+    return period_spend([team_id], start, end)[team_id].cost_usd
 
 
 def ledger_usd_prorated(team_id: int, start: dt.datetime, end: dt.datetime) -> Decimal:
-    """USD the team's ledger entries accrued inside ``[start, end)``, an entry counted by the share of it inside.
+    """Priced USD the team's ledger accrued inside ``[start, end)``, an entry counted by the share of it inside.
 
-    For the burn rate: an entry written once for a long interval (a final
-    accrual after a pause) must spread over the hours it covers.
+    For the burn rate. Exact: an entry holds one price and one GPU count, so
+    its cost is uniform over its interval. Entries wholly inside are summed
+    by the database; only those that cross an end of the window (they start
+    at most ``ENTRY_SPAN`` before it) are prorated here. Index
+    ``team, interval_start``: the window's entries, never the history.
     """
-    total = Decimal(0)
-    for lo, hi, amount in CostEntry.objects.filter(team_id=team_id, interval_start__lt=end, interval_end__gt=start) \
-            .values_list("interval_start", "interval_end", "amount_usd"):
-        inside = exact_seconds(min(hi, end) - max(lo, start))
-        total += amount * inside / exact_seconds(hi - lo)
+    team = CostEntry.objects.filter(team_id=team_id, amount_usd__isnull=False)
+    inside = team.filter(interval_start__gte=start, interval_start__lt=end, interval_end__lte=end).aggregate(
+        s=Sum("amount_usd"))["s"] or Decimal(0)
+    crossing = team.filter(interval_start__gte=start - ENTRY_SPAN, interval_start__lt=end, interval_end__gt=start) \
+        .filter(Q(interval_start__lt=start) | Q(interval_end__gt=end))
+    total = Decimal(inside)
+    for lo, hi, amount in crossing.values_list("interval_start", "interval_end", "amount_usd"):
+        total += amount * exact_seconds(min(hi, end) - max(lo, start)) / exact_seconds(hi - lo)
     return total
+
+
+def lock_team_spend(team_id: int) -> TeamSpend:
+    """Lock (creating it if missing) the team's totals row for the rest of the transaction; returns it.
+
+    Accrual updates this row before it writes the team's rollups and
+    entries, so spend read after the lock includes every accrual committed
+    before it and none that commits after until this transaction ends.
+    Lock order: after the job, attempt and node pool rows.
+    """
+    TeamSpend.objects.get_or_create(team_id=team_id)
+    return TeamSpend.objects.select_for_update(of=("self",)).get(team_id=team_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class UnpricedUsage:
+    """GPU-hours accrued with an unknown cost (no price in force) for one job, or one team when ``job_id`` is None.
+
+    ``since``: the start of the earliest such entry (when its cost became
+    unknown); ``until``: the end of the latest (``accrued_until`` while it
+    still runs unpriced).
+    """
+
+    team_id: int
+    job_id: int | None
+    gpu_hours: Decimal
+    since: dt.datetime
+    until: dt.datetime
+
+
+def unpriced_usage(*, team_ids=None, job_ids=None, by: str = "job") -> list[UnpricedUsage]:
+    """Unknown-cost GPU-hours per job (``by="job"``) or per team (``by="team"``), ordered by team then job.
+
+    ``team_ids``/``job_ids`` narrow it (None: all). Reads only the ledger's
+    unknown-cost rows (partial index ``costentry_unpriced``). Raises
+    ValueError for another ``by``.
+    """
+    if by not in ("job", "team"):
+        raise ValueError(f"by must be 'job' or 'team', not {by!r}")
+    rows = CostEntry.objects.filter(usd_per_gpu_hour__isnull=True)
+    if team_ids is not None:
+        rows = rows.filter(team_id__in=list(team_ids))
+    if job_ids is not None:
+        rows = rows.filter(job_id__in=list(job_ids))
+    sums: dict[tuple, list] = {}
+    for team_id, job_id, gpus, lo, hi in rows.values_list("team_id", "job_id", "gpus", "interval_start",
+                                                          "interval_end"):
+        key = (team_id, job_id if by == "job" else None)
+        s = sums.setdefault(key, [Decimal(0), lo, hi])
+        s[0] += gpus * exact_seconds(hi - lo)
+        s[1], s[2] = min(s[1], lo), max(s[2], hi)
+    return [UnpricedUsage(team, job, seconds / 3600, since, until)
+            for (team, job), (seconds, since, until) in sorted(sums.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0))]
+
+
+def team_totals(team_ids=None) -> dict[int, TeamSpend]:
+    """Team id -> its all-time totals row (``TeamSpend``): USD, GPU-seconds, unknown-cost GPU-seconds, entries."""
+    rows = TeamSpend.objects.all()
+    if team_ids is not None:
+        rows = rows.filter(team_id__in=list(team_ids))
+    return {r.team_id: r for r in rows}
+

@@ -24,9 +24,9 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
-from costs.aggregation import aggregate_costs
+from costs.aggregation import aggregate_window
 from costs.budgets import budget_status
-from costs.models import CostEntry, Report, UtilizationRollup
+from costs.models import Report, UtilizationRollup
 from jobs.filters import JobFilterSet
 from jobs.lifecycle import NotCancellable, cancel_job, submit_job
 from jobs.models import FINAL_STATES, Job, JobAttempt, JobState, total_gpus
@@ -53,12 +53,6 @@ class _Request:
 
     def __init__(self, user):
         self.user = user
-
-
-def _scoped_costs(user):
-    """Ledger entries of the user's teams (all for staff)."""
-    entries = CostEntry.objects.all()
-    return scope_to_teams(entries, user)
 
 
 def _chart(labels: list, values: list, label: str, kind: str = "bar") -> dict:
@@ -103,7 +97,7 @@ def dashboard(request):
     jobs = (Job.objects.visible_to(user).filter(state__in=LIVE_STATES)
             .select_related("team", "accelerator", "current_attempt__cluster").order_by("-priority", "created_at"))
     since = timezone.now() - dt.timedelta(days=30)
-    by_day, total = aggregate_costs(_scoped_costs(user).filter(interval_start__gte=since), "day")
+    by_day, total = aggregate_window("day", since, None, scope=lambda qs: scope_to_teams(qs, user))
     live = list(jobs[:200])
     context = {
         "teams": teams,
@@ -393,10 +387,9 @@ def _cost_query(request):
     if not form.is_valid():
         return form, [], None
     start, end = form.window()
-    entries = _scoped_costs(request.user).filter(interval_start__gte=start, interval_start__lt=end)
-    if form.cleaned_data.get("team"):
-        entries = entries.filter(team__slug=form.cleaned_data["team"])
-    rows, total = aggregate_costs(entries, form.cleaned_data["group_by"])
+    rows, total = aggregate_window(form.cleaned_data["group_by"], start, end,
+                                   scope=lambda qs: scope_to_teams(qs, request.user),
+                                   team_slug=form.cleaned_data.get("team") or None)
     return form, rows, total
 
 

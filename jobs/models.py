@@ -193,8 +193,16 @@ def total_gpus(nodes: int, gpus_per_node: int, replicas: int = 1) -> int:
 
 def committed_usd(team_id: int) -> Decimal:
     """What the team's active jobs may still spend: ``sum(max(estimated - accrued, 0))``, USD."""
-    rows = Job.objects.filter(team_id=team_id, state__in=ACTIVE_STATES).values_list("estimated_cost_usd", "accrued_cost_usd")
-    return sum((max(est - acc, Decimal(0)) for est, acc in rows), Decimal(0))
+    return committed_by_team([team_id])[team_id]
+
+
+def committed_by_team(team_ids) -> dict[int, Decimal]:
+    """``committed_usd`` of each team in ``team_ids`` in one query: team id -> USD (0 for a team without active jobs)."""
+    found = {t: Decimal(0) for t in team_ids}
+    for team_id, est, acc in Job.objects.filter(team_id__in=list(found), state__in=ACTIVE_STATES).values_list(
+            "team_id", "estimated_cost_usd", "accrued_cost_usd"):
+        found[team_id] += max(est - acc, Decimal(0))
+    return found
 
 
 class WorkloadMetrics(models.Model):

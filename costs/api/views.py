@@ -1,4 +1,4 @@
-"""``/api/v1/prices/`` (the price catalog) and ``/api/v1/costs/`` (aggregates of the cost ledger).
+"""``/api/v1/prices/`` (the price catalog) and ``/api/v1/costs/`` (aggregates of the cost ledger, from its rollups).
 
 The aggregation itself is ``costs.aggregation`` (its rules are documented there).
 """
@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from core.viewsets import ScopedGenericViewSet, ScopedReadOnlyViewSet
 from quotas.models import scope_to_teams
 
-from ..aggregation import add_utilization, aggregate_costs, filter_days
+from ..aggregation import add_utilization, aggregate_window, filter_days
 from ..models import CostEntry, Price, UtilizationRollup
 from .filtersets import PriceFilterSet
 from .serializers import CostQuerySerializer, CostReportSerializer, PriceSerializer
@@ -60,14 +60,9 @@ class CostViewSet(ScopedGenericViewSet):
         query = CostQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         params = query.validated_data
-        entries = self.get_queryset()
-        if "start" in params:
-            entries = entries.filter(interval_start__gte=params["start"])
-        if "end" in params:
-            entries = entries.filter(interval_start__lt=params["end"])
-        if "team" in params:
-            entries = entries.filter(team__slug=params["team"])
-        rows, total = aggregate_costs(entries, params["group_by"])
+        user = request.user
+        rows, total = aggregate_window(params["group_by"], params.get("start"), params.get("end"),
+                                       scope=lambda qs: self.scope_queryset(qs, user), team_slug=params.get("team"))
         if params["with_utilization"]:
             add_utilization(rows, total, self.utilization_rollups(request.user, params), params["group_by"])
         return Response({

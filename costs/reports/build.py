@@ -3,7 +3,9 @@
 Renderings are ``costs.reports.render``, e-mail ``costs.reports.mail``.
 Money comes from the append-only ledger (``costs.CostEntry``; an entry counts in
 the period holding its ``interval_start``, the rule of the costs API and of
-budgets); utilization and idle GPU time from ``costs.UtilizationRollup``.
+budgets), read through its day rollups for whole days
+(``costs.aggregation.aggregate_window``); utilization and idle GPU time from
+``costs.UtilizationRollup``.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from core.money import usd_cents
+from jobs.models import Job
 from quotas.models import Budget, Quota, Team
 
-from ..aggregation import aggregate_costs, aggregate_utilization, filter_days
+from ..aggregation import aggregate_utilization, aggregate_window, filter_days, window_sums
 from ..budgets import budget_status
 from ..models import CostEntry, Report, UtilizationRollup
 from .efficiency import training_efficiency
@@ -54,23 +57,28 @@ def _percent_change(now: Decimal | float, before: Decimal | float) -> float | No
     return round(float((Decimal(str(now)) - Decimal(str(before))) / Decimal(str(before)) * 100), 2)
 
 
+def _costs(team: Team | None, group_by: str, start: dt.datetime, end: dt.datetime, *, exact: bool = False):
+    """Costs of the scope over ``[start, end)`` by ``group_by``: ``(rows, total)``, or with ``exact`` the exact
+    ``{key: [GPU-seconds, USD]}`` (``costs.aggregation``)."""
+    scope = (lambda qs: qs.filter(team=team)) if team is not None else None
+    if exact:
+        return window_sums(group_by, start, end, scope=scope)
+    return aggregate_window(group_by, start, end, scope=scope)
+
+
 def _ledger(team: Team | None, start: dt.datetime, end: dt.datetime):
+    """The scope's ledger entries starting in ``[start, end)``: the per-attempt view the efficiency section needs."""
     entries = CostEntry.objects.filter(interval_start__gte=start, interval_start__lt=end)
     return entries.filter(team=team) if team is not None else entries
 
 
-def _top_jobs(entries) -> list[dict]:
-    """The ``TOP_JOBS`` jobs with the highest cost in ``entries``: id, name, team, GPU-hours, USD (cents)."""
-    sums = {}
-    for row in entries.values("job_id", "job__name", "team__slug", "amount_usd"):
-        item = sums.setdefault(row["job_id"], {"job": row["job_id"], "job_name": row["job__name"],
-                                               "team": row["team__slug"], "cost": Decimal(0)})
-        item["cost"] += row["amount_usd"]
-    rows, _ = aggregate_costs(entries, "job")
-    hours = {r["job"]: r["gpu_hours"] for r in rows}
-    ranked = sorted(sums.values(), key=lambda r: (-r["cost"], r["job"]))[:TOP_JOBS]
-    return [{"job": r["job"], "job_name": r["job_name"], "team": r["team"], "gpu_hours": hours.get(r["job"], 0.0),
-             "cost_usd": usd_cents(r["cost"])} for r in ranked]
+def _top_jobs(team: Team | None, start: dt.datetime, end: dt.datetime) -> list[dict]:
+    """The ``TOP_JOBS`` jobs with the highest cost in the period: id, name, team, GPU-hours, USD (cents)."""
+    sums = _costs(team, "job", start, end, exact=True)
+    ranked = sorted(sums.items(), key=lambda kv: (-kv[1][1], kv[0][0]))[:TOP_JOBS]
+    teams = dict(Job.objects.filter(pk__in=[job for (job, _), _ in ranked]).values_list("pk", "team__slug"))
+    return [{"job": job, "job_name": name, "team": teams[job], "gpu_hours": round(float(seconds) / 3600, 6),
+             "cost_usd": usd_cents(cost)} for (job, name), (seconds, cost) in ranked]
 
 
 def _quota_use(team: Team | None, gpu_hours_by_accelerator: dict[str, float], hours: float) -> list[dict]:
@@ -153,12 +161,11 @@ def build_report_data(team: Team | None, start: dt.datetime, end: dt.datetime) -
     ``previous`` (the equal-length
     period before, with percent changes; null where the previous value is 0).
     """
-    entries = _ledger(team, start, end)
-    by_accelerator, totals = aggregate_costs(entries, "accelerator")
-    by_cluster, _ = aggregate_costs(entries, "cluster")
-    by_day, _ = aggregate_costs(entries, "day")
+    by_accelerator, totals = _costs(team, "accelerator", start, end)
+    by_cluster, _ = _costs(team, "cluster", start, end)
+    by_day, _ = _costs(team, "day", start, end)
     previous_start = start - (end - start)
-    _, previous = aggregate_costs(_ledger(team, previous_start, start), "team")
+    _, previous = _costs(team, "team", previous_start, start)
     hours = (end - start).total_seconds() / 3600
     utilization = _utilization(team, start, end, totals["gpu_hours"])
     return {
@@ -172,8 +179,8 @@ def build_report_data(team: Team | None, start: dt.datetime, end: dt.datetime) -
         "by_cluster": by_cluster,
         "by_day": by_day,
         "utilization": utilization,
-        "top_jobs": _top_jobs(entries),
-        "training_efficiency": training_efficiency(entries, utilization),
+        "top_jobs": _top_jobs(team, start, end),
+        "training_efficiency": training_efficiency(_ledger(team, start, end), utilization),
         "quota_use": _quota_use(team, {r["accelerator"]: r["gpu_hours"] for r in by_accelerator}, hours),
         "budgets": _budgets(team, end),
         "previous": {

@@ -50,7 +50,7 @@ def training_efficiency(entries, utilization: dict) -> dict:
                                                           "team": row["team__slug"], "hours": Decimal(0),
                                                           "cost": Decimal(0)})
         item["hours"] += _hours(row)
-        item["cost"] += row["amount_usd"]
+        item["cost"] += row["amount_usd"] or Decimal(0)  # unpriced GPU-hours: cost unknown, shown apart
     billed = defaultdict(Decimal)  # all of each attempt's billed GPU-hours, in and out of the period
     for row in CostEntry.objects.filter(attempt_id__in=per_attempt).values("attempt_id", "gpus", "interval_start",
                                                                           "interval_end"):

@@ -10,7 +10,8 @@ The core proposes on an unlocked snapshot; the transaction verifies:
 2. preempt the victims (``jobs.lifecycle.preempt_attempt``), then read a
    one-job snapshot from the locked rows (``snapshot.job_snapshot``) and ask
    the core again (``core.recheck``): quota, per-cluster caps, cohort
-   lending, the victims' nominal, the pool's room and the budgets, by the
+   lending, the victims' nominal, the pool's room and the budgets (read
+   after locking the team's spend totals row, the last lock taken), by the
    very rules and messages of the pass;
 3. create the attempt and move the job to ADMITTED by compare-and-set, and
    enqueue its dispatch on commit; any failed check rolls everything back
@@ -99,7 +100,8 @@ def _recheck(job: Job, team: Team, decision: Admission, now: dt.datetime) -> Dec
     """
     queued = queued_job(job)
     offers = pool_offers(job.accelerator_id, now, lock=True)
-    snapshot = job_snapshot(team, queued, now, offers, also=tuple({v.team_id for v in decision.victims}))
+    snapshot = job_snapshot(team, queued, now, offers, also=tuple({v.team_id for v in decision.victims}),
+                            lock_spend=True)
     return recheck(snapshot, queued, decision)
 
 

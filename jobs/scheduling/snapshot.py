@@ -23,10 +23,10 @@ from django.db.models.fields.json import KeyTransform
 from django.db.models.functions import Cast
 
 from core.lookups import register
-from costs.spend import ledger_usd
+from costs.spend import highest_prices, lock_team_spend, period_spend, unpriced_bound_usd
 from quotas.models import Budget, Quota, Team
 
-from ..models import Job, JobAttempt, JobState, committed_usd
+from ..models import Job, JobAttempt, JobState, committed_by_team
 from .core import BudgetView, PoolOffer, QueuedJob, RunningJob, Snapshot, TeamQuota, TeamState
 from .offers import pool_offers
 
@@ -43,21 +43,47 @@ def team_used_gpus(team_id: int, accelerator_id: int) -> int:
     )
 
 
-def budget_views(team_id: int, now: dt.datetime) -> list[BudgetView]:
-    """The team's budgets in their current period, with spent (ledger) and committed (running estimates) USD.
+def budget_views_by_team(team_ids, now: dt.datetime, *, lock: bool = False) -> dict[int, list[BudgetView]]:
+    """Each team's budgets in their current period: team id -> [BudgetView], every team asked for included.
 
-    Spent and committed follow ``costs.budgets`` (one definition for admission, status and alerts).
+    Spent is the priced ledger plus the unknown-cost GPU-hours at the
+    catalog's highest price for their accelerator; committed is what the
+    team's active jobs may still spend; both as ``costs.budgets`` defines
+    them (one definition for admission, status and alerts). Read from the
+    running totals in a few queries for all teams together, whatever the
+    ledger's length (``costs.spend.period_spend``). With ``lock`` (inside the
+    admission's transaction, after the node pool locks) each team's totals
+    row is locked first, in team id order, so an accrual commits wholly
+    before or after the figures are read.
     """
-    views = []
-    committed = None
-    for budget in Budget.objects.filter(team_id=team_id):
+    views: dict[int, list[BudgetView]] = {t: [] for t in team_ids}
+    budgets = []
+    for budget in Budget.objects.filter(team_id__in=list(views)).order_by("team_id", "pk"):
         start, end = budget.window(now)
-        if start is None or not (start <= now < end):
-            continue
-        if committed is None:
-            committed = committed_usd(team_id)
-        views.append(BudgetView(budget.pk, budget.amount_usd, ledger_usd(team_id, start, end), committed, budget.action))
+        if start is not None and end is not None and start <= now < end:
+            budgets.append((budget, start, end))
+    if not budgets:
+        return views
+    teams = sorted({b.team_id for b, _, _ in budgets})
+    if lock:
+        for team_id in teams:
+            lock_team_spend(team_id)
+    committed = committed_by_team(teams)
+    spends = {}
+    for window in {(start, end) for _, start, end in budgets}:
+        spends[window] = period_spend(sorted({b.team_id for b, s, e in budgets if (s, e) == window}), *window)
+    prices = highest_prices() if any(sp.unpriced_gpu_seconds for by in spends.values() for sp in by.values()) else {}
+    for budget, start, end in budgets:
+        spend = spends[(start, end)][budget.team_id]
+        views[budget.team_id].append(BudgetView(budget.pk, budget.amount_usd,
+                                                spend.cost_usd + unpriced_bound_usd(spend, prices),
+                                                committed[budget.team_id], budget.action))
     return views
+
+
+def budget_views(team_id: int, now: dt.datetime, *, lock: bool = False) -> list[BudgetView]:
+    """The team's budgets in their current period (``budget_views_by_team`` of one team)."""
+    return budget_views_by_team([team_id], now, lock=lock)[team_id]
 
 
 def _constraints(placement) -> tuple[tuple, tuple, tuple]:
@@ -212,8 +238,9 @@ def load_snapshot(now: dt.datetime, *, job_ids: list[int] | None = None, limit: 
                                .values_list("job__team_id", "node_pool__accelerator_id").annotate(n=Sum("gpus"))):
         teams[team_id].used[acc] = gpus
     queued_teams = {j.team_id for j in queue}
-    for team_id in set(Budget.objects.filter(team_id__in=queued_teams).values_list("team_id", flat=True)):
-        teams[team_id].budgets = budget_views(team_id, now)
+    for team_id, views in budget_views_by_team(queued_teams, now).items():
+        if views:
+            teams[team_id].budgets = views
 
     accelerators = {j.accelerator_id for j in queue}
     pools = {acc: pool_offers(acc, now, lock=False) for acc in accelerators}
@@ -230,7 +257,7 @@ def load_snapshot(now: dt.datetime, *, job_ids: list[int] | None = None, limit: 
 
 
 def job_snapshot(team: Team, job: QueuedJob, now: dt.datetime, offers: list[PoolOffer], *, cohort: bool = True,
-                 also: tuple[int, ...] = ()) -> Snapshot:
+                 also: tuple[int, ...] = (), lock_spend: bool = False) -> Snapshot:
     """A snapshot to decide ``job`` alone, read now: its ``team`` with the quotas of the job's accelerator (team-wide
     and per cluster), live usage and budgets in force; with ``cohort`` every team of its cohort (their quotas and
     usage make the cohort's lendable pool and its borrowing); the teams in ``also`` too; ``offers`` as the job's
@@ -238,7 +265,8 @@ def job_snapshot(team: Team, job: QueuedJob, now: dt.datetime, offers: list[Pool
 
     Read inside the admission's transaction, after its locks, it is what the
     core re-checks the admission on (``apply``); with ``cohort=False`` it is
-    what the submission preview assesses (``preview``).
+    what the submission preview assesses (``preview``). ``lock_spend`` (the
+    re-check) reads the budgets from the team's locked totals row.
     """
     acc = job.accelerator_id
     members = Q(pk=team.pk) | Q(pk__in=also)
@@ -261,5 +289,5 @@ def job_snapshot(team: Team, job: QueuedJob, now: dt.datetime, offers: list[Pool
         for cluster_id, gpus in (live.filter(job__team_id=team.pk).values_list("cluster_id").annotate(n=Sum("gpus"))):
             if (acc, cluster_id) in own.cluster_caps:
                 own.cluster_used[(acc, cluster_id)] = gpus
-    own.budgets = budget_views(team.pk, now)
+    own.budgets = budget_views(team.pk, now, lock=lock_spend)
     return Snapshot(teams, {acc: offers}, [job])

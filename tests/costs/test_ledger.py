@@ -1,4 +1,5 @@
-"""The cost ledger: GPUs x time x price in force, idempotent, split at price changes, rounded 1e-9 half even.
+"""The cost ledger: GPUs x time x price in force, idempotent, split at price changes and UTC hours, rounded 1e-9
+half even; an open entry grows until a boundary; no price means GPU-hours of unknown cost.
 
 Times are fixed instants (after the catalog epoch), so every amount is
 worked out here with Decimal arithmetic from the formula of DESIGN.md.
@@ -10,7 +11,6 @@ from decimal import ROUND_HALF_EVEN, Decimal
 import pytest
 from django.db.models import Sum
 
-from costs.catalog import NoPrice
 from costs.ledger import accrue_attempt
 from costs.models import CostEntry, Price
 from jobs.models import Job, JobAttempt, JobState
@@ -65,11 +65,13 @@ def test_four_gpus_for_ninety_minutes_cost_four_times_one_and_a_half_hours_times
     expected = D(4) * D("1.5") * D("6.88")
     assert expected == D("41.28")
     assert added == expected
-    [entry] = entries(attempt)
-    assert (entry.interval_start, entry.interval_end, entry.gpus) == (T0, T0 + 90 * M, 4)
-    assert entry.usd_per_gpu_hour == D("6.88") and entry.amount_usd == expected
-    assert (entry.job_id, entry.team_id, entry.cluster_id, entry.accelerator_id) == (
-        attempt.job_id, attempt.job.team_id, pool.cluster_id, pool.accelerator_id)
+    first, second = entries(attempt)  # cut at the UTC hour: 4 x 1 h x 6.88 = 27.52, 4 x 0.5 h x 6.88 = 13.76
+    assert (first.interval_start, first.interval_end, first.amount_usd) == (T0, T0 + H, D("27.52"))
+    assert (second.interval_start, second.interval_end, second.amount_usd) == (T0 + H, T0 + 90 * M, D("13.76"))
+    for entry in (first, second):
+        assert entry.gpus == 4 and entry.usd_per_gpu_hour == D("6.88")
+        assert (entry.job_id, entry.team_id, entry.cluster_id, entry.accelerator_id) == (
+            attempt.job_id, attempt.job.team_id, pool.cluster_id, pool.accelerator_id)
     assert accrued(attempt) == expected
     assert JobAttempt.objects.get(pk=attempt.pk).accrued_until == T0 + 90 * M
 
@@ -83,23 +85,23 @@ def test_accruing_twice_to_the_same_instant_adds_nothing(pool, attempt_on):
     assert accrued(attempt) == first == usd(4, 3600, "6.88")
 
 
-def test_a_later_accrual_continues_where_the_last_stopped_with_no_gap_or_overlap(pool, attempt_on):
+def test_a_later_accrual_extends_the_open_entry_until_the_hour_ends_with_no_gap_or_overlap(pool, attempt_on):
     attempt = attempt_on(pool, gpus=4)
-    stops = [T0 + 10 * M, T0 + 25 * M, T0 + 25 * M + dt.timedelta(seconds=1, microseconds=500), T0 + 2 * H]
+    accrue_attempt(attempt.pk, until=T0 + 10 * M)
+    accrue_attempt(attempt.pk, until=T0 + 25 * M)
+    [entry] = entries(attempt)  # one open entry, grown: its amount is its whole interval's, rounded once
+    assert (entry.interval_start, entry.interval_end, entry.amount_usd) == (T0, T0 + 25 * M, usd(4, 25 * 60, "6.88"))
+    stops = [T0 + 25 * M + dt.timedelta(seconds=1, microseconds=500), T0 + 2 * H + 7 * M]
     for until in stops:
         accrue_attempt(attempt.pk, until=until)
     rows = entries(attempt)
-    assert [e.interval_start for e in rows] == [T0] + stops[:-1]
-    assert [e.interval_end for e in rows] == stops
-    for a, b in zip(rows, rows[1:]):
-        assert a.interval_end == b.interval_start
-    # per-entry rounding: the sum is the sum of the rounded parts
-    expected_parts = [usd(4, D(10 * 60), "6.88"), usd(4, D(15 * 60), "6.88"), usd(4, D("1.0005"), "6.88"),
-                      usd(4, D(7200) - D(25 * 60) - D("1.0005"), "6.88")]
-    assert [e.amount_usd for e in rows] == expected_parts
-    assert accrued(attempt) == sum(expected_parts)
-    # to 1e-9 that is the whole two hours: 4 x 2 x 6.88 = 55.04
-    assert abs(accrued(attempt) - D("55.04")) <= 4 * QUANTUM
+    assert [(e.interval_start, e.interval_end) for e in rows] == [(T0, T0 + H), (T0 + H, T0 + 2 * H),
+                                                                 (T0 + 2 * H, T0 + 2 * H + 7 * M)]
+    assert [e.amount_usd for e in rows] == [usd(4, 3600, "6.88"), usd(4, 3600, "6.88"), usd(4, 7 * 60, "6.88")]
+    assert accrued(attempt) == sum(e.amount_usd for e in rows)
+    # to 1e-9 that is the whole 127 minutes: 4 x 127/60 h x 6.88
+    assert abs(accrued(attempt) - D(4) * D(127) / D(60) * D("6.88")) <= 3 * QUANTUM
+    assert JobAttempt.objects.get(pk=attempt.pk).accrued_until == stops[-1]
 
 
 def test_a_price_change_inside_the_interval_splits_the_entry_at_the_change(pool, attempt_on, h100):
@@ -167,27 +169,26 @@ def test_an_attempt_that_never_started_costs_nothing(pool, attempt_on):
     assert accrued(attempt) == 0
 
 
-def test_no_price_for_the_clusters_region_raises_no_price_and_writes_nothing(cluster_factory, attempt_on, h100):
+def test_no_price_for_the_clusters_region_accrues_gpu_hours_of_unknown_cost(cluster_factory, attempt_on, h100):
     _, pool = cluster_factory("basement", "onprem", "dc-1", h100)  # no catalog row, no override
     attempt = attempt_on(pool)
-    with pytest.raises(NoPrice):
-        accrue_attempt(attempt.pk, until=T0 + H)
-    assert not CostEntry.objects.exists()
-    assert JobAttempt.objects.get(pk=attempt.pk).accrued_until is None
+    assert accrue_attempt(attempt.pk, until=T0 + 30 * M) == 0
+    assert accrue_attempt(attempt.pk, until=T0 + H) == 0
+    assert spans(attempt) == [(T0, T0 + H, None, None)]  # one entry, grown, price and amount unknown
+    assert JobAttempt.objects.get(pk=attempt.pk).accrued_until == T0 + H
     assert accrued(attempt) == 0
 
 
-def test_a_price_starting_after_the_attempt_leaves_a_hole_that_raises_and_writes_nothing(
+def test_a_price_starting_after_the_attempt_leaves_unknown_cost_before_it_and_prices_the_rest(
         cluster_factory, attempt_on, h100):
     cluster, pool = cluster_factory("basement", "onprem", "dc-1", h100)
     Price.objects.create(provider="onprem", region="dc-1", accelerator=h100, capacity_type="on-demand",
                          cluster=cluster, usd_per_gpu_hour=D("2.00"), effective_from=T0 + 30 * M)
     attempt = attempt_on(pool)
-    with pytest.raises(NoPrice):
-        accrue_attempt(attempt.pk, until=T0 + H)  # [T0, T0+30m) has no price, [T0+30m, T0+1h) has one
-    assert not CostEntry.objects.exists()
-    assert JobAttempt.objects.get(pk=attempt.pk).accrued_until is None
-    assert accrued(attempt) == 0
+    # [T0, T0+30m) has no price, [T0+30m, T0+1h) 4 GPUs x 0.5 h x 2.00 = 4.00
+    assert accrue_attempt(attempt.pk, until=T0 + H) == D("4.00")
+    assert spans(attempt) == [(T0, T0 + 30 * M, None, None), (T0 + 30 * M, T0 + H, D("2.00"), D("4.00"))]
+    assert accrued(attempt) == D("4.00")
 
 
 def test_the_jobs_accrued_cost_is_the_sum_of_its_entries_over_attempts(pool, attempt_on):
@@ -199,8 +200,8 @@ def test_the_jobs_accrued_cost_is_the_sum_of_its_entries_over_attempts(pool, att
     job = Job.objects.get(pk=first.job_id)
     total = CostEntry.objects.filter(job=job).aggregate(s=Sum("amount_usd"))["s"]
     assert job.accrued_cost_usd == total
-    # first: 20 min; second: 47 min; 4 GPUs at 6.88
-    assert total == usd(4, 600, "6.88") + usd(4, 600, "6.88") + usd(4, 10 * 60, "6.88") + usd(4, 37 * 60, "6.88")
+    # first: 20 min in one entry; second: 47 min from T0+30m, cut at T0+1h; 4 GPUs at 6.88
+    assert total == usd(4, 20 * 60, "6.88") + usd(4, 30 * 60, "6.88") + usd(4, 17 * 60, "6.88")
     assert CostEntry.objects.filter(attempt=second).first().interval_start == T0 + 30 * M
 
 

@@ -17,6 +17,7 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
+from costs.ledger import post_entries
 from costs.models import CostEntry, Price
 from costs.seed import CATALOG_EFFECTIVE_FROM, seed_accelerators, seed_prices
 from jobs.lifecycle import mark_started, submit_job
@@ -186,13 +187,16 @@ def make_attempt(job, cluster, pool, *, number=1, gpus=None, started_at=_NOW, en
 
 def make_cost_entry(attempt, start, duration: dt.timedelta, amount, *, gpus=None, usd_per_gpu_hour="6.88") -> CostEntry:
     """A ledger row written by hand: ``attempt`` (its job, team, cluster, pool's accelerator) over ``[start,
-    start + duration)``, ``gpus`` (default the attempt's) at ``usd_per_gpu_hour``, costing ``amount`` USD."""
-    return CostEntry.objects.create(
+    start + duration)``, ``gpus`` (default the attempt's) at ``usd_per_gpu_hour``, costing ``amount`` USD; posted
+    with its running totals (``costs.ledger.post_entries``), as accrual would."""
+    entry = CostEntry(
         attempt=attempt, job=attempt.job, team=attempt.job.team, cluster=attempt.cluster,
         accelerator=attempt.node_pool.accelerator, interval_start=start, interval_end=start + duration,
         gpus=attempt.gpus if gpus is None else gpus, usd_per_gpu_hour=Decimal(usd_per_gpu_hour),
         amount_usd=Decimal(amount),
     )
+    post_entries([entry])
+    return entry
 
 
 @pytest.fixture
