@@ -193,6 +193,8 @@ COSTS_PROMETHEUS_TIMEOUT_SECONDS = env.float("COSTS_PROMETHEUS_TIMEOUT_SECONDS",
 COSTS_SCRAPE_INTERVAL_SECONDS = env.float("COSTS_SCRAPE_INTERVAL_SECONDS", default=15.0)
 # Pods map to attempts by namespace (K8S_NAMESPACE_PREFIX + team slug, the runner's) and pod name prefix.
 COSTS_IDLE_UTIL_PERCENT = env.float("COSTS_IDLE_UTIL_PERCENT", default=5.0)
+# A running job's page and API re-read its utilization from Prometheus when the stored figures are older, seconds.
+COSTS_LIVE_CACHE_SECONDS = env.float("COSTS_LIVE_CACHE_SECONDS", default=60.0)
 COSTS_DISCREPANCY_TOLERANCE_PERCENT = env.float("COSTS_DISCREPANCY_TOLERANCE_PERCENT", default=1.0)
 # How far back each collection pass re-reads utilization (late scrapes are picked up), seconds.
 COSTS_COLLECT_LOOKBACK_SECONDS = env.int("COSTS_COLLECT_LOOKBACK_SECONDS", default=2 * 86400)
@@ -209,6 +211,8 @@ CELERY_BEAT_SCHEDULE.update({
     "check-budgets": {"task": "costs.tasks.check_budgets", "schedule": env.float("BUDGET_CHECK_INTERVAL_SECONDS", default=300.0)},
     "collect-utilization": {"task": "costs.tasks.collect_utilization",
                             "schedule": env.float("UTILIZATION_INTERVAL_SECONDS", default=900.0)},
+    "collect-ended-utilization": {"task": "costs.tasks.collect_ended_utilization",
+                                  "schedule": env.float("ENDED_UTILIZATION_INTERVAL_SECONDS", default=60.0)},
     "check-ledger": {"task": "costs.tasks.check_ledger", "schedule": env.float("LEDGER_CHECK_INTERVAL_SECONDS", default=3600.0)},
 })
 # --- end Costs and utilization -------------------------------------------------

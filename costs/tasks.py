@@ -49,6 +49,14 @@ def collect_utilization() -> int:
     return collect(_lookback_start(now), now)
 
 
+@shared_task(name="costs.tasks.collect_ended_utilization", ignore_result=True)
+def collect_ended_utilization() -> int:
+    """Collect the whole run of each attempt that ended since the last pass (every minute); returns attempts read."""
+    from .utilization import collect_ended
+
+    return collect_ended()
+
+
 @shared_task(name="costs.tasks.check_ledger", ignore_result=True)
 def check_ledger() -> int:
     """Compare each cluster's ledger GPU-hours with kube-state-metrics over the lookback window; returns flags raised."""
