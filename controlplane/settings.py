@@ -200,6 +200,8 @@ COSTS_DISCREPANCY_TOLERANCE_PERCENT = env.float("COSTS_DISCREPANCY_TOLERANCE_PER
 COSTS_COLLECT_LOOKBACK_SECONDS = env.int("COSTS_COLLECT_LOOKBACK_SECONDS", default=2 * 86400)
 # Budget forecast: the window of recent ledger spend that gives the burn rate, seconds.
 COSTS_BURN_RATE_WINDOW_SECONDS = env.int("COSTS_BURN_RATE_WINDOW_SECONDS", default=86400)
+# Budget forecast: complete UTC days whose median daily spend is the rate (costs.forecast).
+COSTS_FORECAST_WINDOW_DAYS = env.int("COSTS_FORECAST_WINDOW_DAYS", default=7)
 # Budget alerts go to team admins through Django mail (console in dev; pytest-django uses locmem).
 EMAIL_BACKEND = env("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
 # SMTP for budget alerts and reports: EMAIL_URL=smtp+tls://user:password@smtp.example.com:587 sets the SMTP

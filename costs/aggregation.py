@@ -24,7 +24,6 @@ from django.db.models.functions import TruncDate
 
 from core.money import usd_cents
 
-from .models import CostEntry
 from .utilization import aggregate_utilization  # noqa: F401  (utilization rows live with their collection)
 
 # Output key -> lookup, per group_by (the ledger and the rollups name them alike; the ledger's "day" is annotated).

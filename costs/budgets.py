@@ -21,7 +21,8 @@ from django.utils import timezone
 from jobs.models import committed_usd
 from quotas.models import Budget, Membership
 
-from .spend import exact_seconds, ledger_usd, ledger_usd_prorated
+from .forecast import Forecast, forecast
+from .spend import ledger_usd
 from .metrics import BUDGET_ALERTS, BUDGET_AMOUNT_USD, BUDGET_FORECAST_USD, BUDGET_SPENT_USD
 from .models import BudgetAlert
 
@@ -33,13 +34,9 @@ DEFAULT_THRESHOLDS = (50, 80, 100)
 class BudgetStatus:
     """A budget in the period containing ``at``; all money in exact Decimal USD.
 
-    ``forecast_usd = spent + max(committed, burn_rate x seconds left)`` where
-    ``burn_rate`` is the ledger's USD per second over the last
-    ``COSTS_BURN_RATE_WINDOW_SECONDS`` (clipped to the period; entries
-    prorated by their overlap with that window). The burn rate
-    already includes the jobs now running, so adding their committed money on
-    top would count them twice; the max keeps the forecast at least at what
-    is already committed.
+    ``forecast_usd`` is ``costs.forecast.forecast`` (spent + committed +
+    median daily spend x days left; its method and inputs in ``basis``);
+    ``burn_rate_usd_per_hour`` is that median daily spend / 24.
     """
 
     budget: Budget
@@ -51,6 +48,7 @@ class BudgetStatus:
     committed_usd: Decimal
     burn_rate_usd_per_hour: Decimal
     forecast_usd: Decimal
+    basis: Forecast | None = None
 
     @property
     def remaining_usd(self) -> Decimal:
@@ -69,11 +67,9 @@ def budget_status(budget: Budget, at: dt.datetime | None = None) -> BudgetStatus
         return None
     spent = ledger_usd(budget.team_id, start, end)
     committed = committed_usd(budget.team_id)
-    burn_start = max(start, at - dt.timedelta(seconds=settings.COSTS_BURN_RATE_WINDOW_SECONDS))
-    burn_seconds = exact_seconds(at - burn_start)
-    per_second = ledger_usd_prorated(budget.team_id, burn_start, at) / burn_seconds if burn_seconds else Decimal(0)
-    forecast = spent + max(committed, per_second * exact_seconds(end - at))
-    return BudgetStatus(budget, at, start, end, budget.amount_usd, spent, committed, per_second * 3600, forecast)
+    basis = forecast(budget.team_id, end, at, spent, committed)
+    return BudgetStatus(budget, at, start, end, budget.amount_usd, spent, committed, basis.burn_rate_usd_per_hour,
+                        basis.forecast_usd, basis)
 
 
 def admin_emails(team_id: int) -> list[str]:

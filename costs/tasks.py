@@ -31,7 +31,9 @@ def accrue_attempt_task(attempt_id: int) -> str:
 def check_budgets() -> int:
     """Fire budget threshold alerts due now (periodic); each fires once per period. Returns alerts fired."""
     from .budgets import check_budgets as check
+    from .unknown import check_unknown_costs
 
+    check_unknown_costs()  # GPU-hours accruing without a price: alerted once per attempt
     return check()
 
 
