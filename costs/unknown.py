@@ -16,7 +16,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
-from django.db.models import Min, Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from quotas.models import Membership
@@ -25,6 +25,8 @@ from .models import CostEntry, UnknownCostAlert
 
 log = logging.getLogger(__name__)
 UNPRICED = Q(usd_per_gpu_hour__isnull=True)
+# For a Job queryset: ``.annotate(has_unpriced_cost=HAS_UNPRICED)`` tells which rows need ``unknown_cost``.
+HAS_UNPRICED = Exists(CostEntry.objects.filter(UNPRICED, job=OuterRef("pk")))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,19 +56,31 @@ def unpriced_entries(team=None, job=None, until: dt.datetime | None = None):
     return entries
 
 
-def summarize(entries, until: dt.datetime | None = None) -> UnknownCost | None:
-    """``UnknownCost`` of a queryset of unpriced entries (their time before ``until`` only), or None if empty."""
-    since = entries.aggregate(m=Min("interval_start"))["m"]
-    if since is None:
-        return None
-    seconds, attempts, pools = 0.0, set(), set()
-    for start, end, gpus, attempt, cluster, pool, acc, capacity in entries.values_list(
-            "interval_start", "interval_end", "gpus", "attempt_id", "cluster__name", "attempt__node_pool__name",
-            "accelerator__name", "attempt__node_pool__capacity_type"):
+ENTRY_FIELDS = ("interval_start", "interval_end", "gpus", "attempt_id", "cluster__name", "attempt__node_pool__name",
+                "accelerator__name", "attempt__node_pool__capacity_type")
+
+
+def _summarize_rows(rows, until: dt.datetime | None) -> UnknownCost | None:
+    since, seconds, attempts, pools = None, 0.0, set(), set()
+    for start, end, gpus, attempt, cluster, pool, acc, capacity in rows:
+        since = start if since is None else min(since, start)
         seconds += gpus * ((min(end, until) if until else end) - start).total_seconds()
         attempts.add(attempt)
         pools.add(f"{cluster}/{pool} ({acc}, {capacity})")
+    if since is None:
+        return None
     return UnknownCost(since, round(seconds / 3600, 6), len(attempts), tuple(sorted(pools)))
+
+
+def summarize(entries, until: dt.datetime | None = None) -> UnknownCost | None:
+    """``UnknownCost`` of a queryset of unpriced entries (their time before ``until`` only), or None if empty."""
+    return _summarize_rows(entries.values_list(*ENTRY_FIELDS), until)
+
+
+def unknown_cost_json(found: UnknownCost | None) -> dict | None:
+    """``{"since": ISO 8601, "gpu_hours": float, "message": str}`` for the API, or None."""
+    return None if found is None else {"since": found.since.isoformat(), "gpu_hours": found.gpu_hours,
+                                       "message": found.message}
 
 
 def unknown_cost(team=None, job=None, until: dt.datetime | None = None) -> UnknownCost | None:

@@ -26,7 +26,9 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from costs.aggregation import aggregate_costs
 from costs.budgets import budget_status
-from costs.models import CostEntry, Report, UtilizationRollup
+from costs.models import ClusterMetrics, CostEntry, Report, UtilizationRollup
+from costs.unknown import unknown_cost
+from costs.utilization import refresh_running
 from jobs.filters import JobFilterSet
 from jobs.lifecycle import NotCancellable, cancel_job, submit_job
 from jobs.models import FINAL_STATES, Job, JobAttempt, JobState
@@ -90,7 +92,8 @@ def _budget_rows(teams) -> list[dict]:
     for budget in Budget.objects.filter(team__in=teams).select_related("team"):
         status = budget_status(budget)
         if status is not None:
-            rows.append({"budget": budget, "status": status, "percent": min(round(status.spent_percent), 100)})
+            rows.append({"budget": budget, "status": status, "percent": min(round(status.spent_percent), 100),
+                         "unknown": unknown_cost(team=budget.team_id)})
     return rows
 
 
@@ -163,6 +166,7 @@ def _job_status_context(job: Job, user) -> dict:
         "events": job.events.select_related("actor", "attempt").order_by("created_at", "id"),
         "attempts": job.attempts.select_related("cluster", "node_pool").order_by("number"),
         "cost_so_far": max(ledger, job.accrued_cost_usd),
+        "cost_unknown": unknown_cost(job=job),
         "queue_info": job.queue_info if job.state in (JobState.QUEUED, JobState.RECOVERING) else {},
         "poll_seconds": settings.UI_POLL_SECONDS,
     }
@@ -172,6 +176,8 @@ def _job_status_context(job: Job, user) -> dict:
 def job_detail(request, pk: int):
     """A job: spec, live status (timeline, attempts, queue position, cost), log tail and GPU-utilization chart."""
     job = _visible_job(request, pk)
+    refresh_running(job.attempts.filter(ended_at__isnull=True, started_at__isnull=False)
+                    .select_related("job__team", "node_pool", "cluster"))  # a running job: live, briefly cached
     rollups = list(UtilizationRollup.objects.filter(job=job).order_by("day", "attempt_id")
                    .values("day", "attempt__number", "avg_gpu_util_percent"))
     context = _job_status_context(job, request.user)
@@ -363,6 +369,7 @@ def cluster_list(request):
     """Every cluster: health, last contact, emulated flag, and per node pool capacity, free GPUs and price now."""
     now = timezone.now()
     clusters = list(Cluster.objects.prefetch_related("node_pools__accelerator"))
+    shapes = {m.cluster_id: m for m in ClusterMetrics.objects.filter(cluster__in=clusters)}
     accelerator_ids = {p.accelerator_id for c in clusters for p in c.node_pools.all()}
     offers = {o.node_pool_id: o for acc in accelerator_ids for o in pool_offers(acc, now, lock=False)}
     rows = []
@@ -373,7 +380,7 @@ def cluster_list(request):
             pools.append({"pool": pool, "capacity": pool.capacity_gpus,
                           "free": offer.free_gpus if offer else None,
                           "price": offer.usd_per_gpu_hour if offer else None})
-        rows.append({"cluster": cluster, "pools": pools})
+        rows.append({"cluster": cluster, "pools": pools, "dcgm": shapes.get(cluster.pk)})
     return render(request, "frontend/cluster_list.html", {"rows": rows})
 
 

@@ -26,7 +26,7 @@ from ..aggregation import GROUP_KEYS, UTC_DAY, aggregate_costs, aggregate_utiliz
 from ..forecast import committed_at, forecast
 from ..models import CostEntry, Report, UtilizationRollup
 from ..spend import ledger_usd
-from ..unknown import unknown_cost
+from ..unknown import unknown_cost, unknown_cost_json
 from .mail import send_report
 from .render import render_csv, render_html
 from .rounding import largest_remainder
@@ -197,9 +197,7 @@ def _utilization(team: Team | None, start: dt.datetime, end: dt.datetime, ledger
 
 def _unknown(team: Team | None, end: dt.datetime) -> dict | None:
     """GPU-hours accrued without a price up to the report's end (``costs.unknown``), or None when every cost is known."""
-    found = unknown_cost(team=team, until=end)
-    return None if found is None else {"since": found.since.isoformat(), "gpu_hours": found.gpu_hours,
-                                       "message": found.message}
+    return unknown_cost_json(unknown_cost(team=team, until=end))
 
 
 def build_report_data(team: Team | None, start: dt.datetime, end: dt.datetime) -> dict:

@@ -20,7 +20,7 @@ from runners.models import Cluster
 
 from tests.support import dcgm_shapes as S
 from tests.support.factories import make_attempt, make_cluster, make_job_row
-from tests.support.personas import make_persona
+from tests.support.personas import make_persona, signed_in
 
 pytestmark = pytest.mark.django_db
 HOUR = 3600
@@ -211,3 +211,15 @@ def test_the_api_reports_null_not_zero_where_there_is_no_data(dcgm):
     total = body["total"]
     assert total["gpu_hours"] == pytest.approx(rows["midnight"]["gpu_hours"] + rows["partialhost"]["gpu_hours"])
     assert total["idle_gpu_hours"] == pytest.approx(want["idle"])
+
+
+def test_the_cluster_page_shows_the_detected_shape_its_counter_and_an_override(dcgm):
+    exported, wholehost = dcgm["attempts"]["exported"].cluster, dcgm["attempts"]["wholehost"].cluster
+    detect_cluster_shape(exported, dcgm["scenarios"]["exported"].end)
+    detect_cluster_shape(wholehost, dcgm["scenarios"]["wholehost"].end)
+    ClusterMetrics.objects.filter(cluster=wholehost).update(shape_override="pod")
+    page = signed_in(dcgm["staff"]).get("/clusters/").content.decode()
+    assert ("series attributed by <strong>exported_namespace/exported_pod</strong>, detected" in page
+            and "utilization read from DCGM_FI_PROF_GR_ENGINE_ACTIVE" in page)
+    assert "series attributed by <strong>namespace/pod</strong>, set by an operator" in page
+    assert "label shape not detected yet" in page  # the clusters whose series were not read
