@@ -27,6 +27,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from costs.aggregation import aggregate_costs
 from costs.budgets import budget_status
 from costs.models import ClusterMetrics, CostEntry, Report, UtilizationRollup
+from costs.reports.rounding import balanced_costs
 from costs.unknown import unknown_cost
 from costs.utilization import refresh_running
 from jobs.filters import JobFilterSet
@@ -396,7 +397,7 @@ def _cost_query(request):
     entries = _scoped_costs(request.user).filter(interval_start__gte=start, interval_start__lt=end)
     if form.cleaned_data.get("team"):
         entries = entries.filter(team__slug=form.cleaned_data["team"])
-    rows, total = aggregate_costs(entries, form.cleaned_data["group_by"])
+    rows, total = balanced_costs(entries, form.cleaned_data["group_by"])  # shown rows add up to the shown total
     return form, rows, total
 
 

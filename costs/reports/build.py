@@ -22,14 +22,14 @@ from quotas.models import Budget, Quota, Team
 
 from django.db.models import Sum
 
-from ..aggregation import GROUP_KEYS, UTC_DAY, aggregate_costs, aggregate_utilization, filter_days
+from ..aggregation import aggregate_costs, aggregate_utilization, filter_days
 from ..forecast import committed_at, forecast
 from ..models import CostEntry, Report, UtilizationRollup
 from ..spend import ledger_usd
 from ..unknown import unknown_cost, unknown_cost_json
 from .mail import send_report
 from .render import render_csv, render_html
-from .rounding import largest_remainder
+from .rounding import balanced_costs, largest_remainder
 
 log = logging.getLogger(__name__)
 
@@ -63,27 +63,6 @@ def _percent_change(now: Decimal | float, before: Decimal | float) -> float | No
 def _ledger(team: Team | None, start: dt.datetime, end: dt.datetime):
     entries = CostEntry.objects.filter(interval_start__gte=start, interval_start__lt=end)
     return entries.filter(team=team) if team is not None else entries
-
-
-def balanced_costs(entries, group_by: str) -> tuple[list[dict], dict]:
-    """``aggregate_costs`` with the rows' cents re-rounded from exact sums by the largest remainder method, so that
-    they add up to the total's cents exactly (the total is unchanged)."""
-    rows, total = aggregate_costs(entries, group_by)
-    keys = GROUP_KEYS[group_by]
-    if group_by == "day":
-        entries = entries.annotate(day=UTC_DAY)
-    exact = {tuple(r[k] for k in keys.values()): r["usd"] or Decimal(0)
-             for r in entries.values(*keys.values()).annotate(usd=Sum("amount_usd")).order_by()}
-    rounded, shown_total = largest_remainder([exact.get(_key(row, group_by), Decimal(0)) for row in rows])
-    for row, cents in zip(rows, rounded):
-        row["cost_usd"] = str(cents)
-    total["cost_usd"] = str(shown_total)  # the same cents: the exact sum rounded once
-    return rows, total
-
-
-def _key(row: dict, group_by: str) -> tuple:
-    value = tuple(row[k] for k in GROUP_KEYS[group_by])
-    return (dt.date.fromisoformat(value[0]),) if group_by == "day" else value
 
 
 def _top_jobs(entries) -> list[dict]:
