@@ -32,6 +32,7 @@ GROUP_KEYS = {
     "cluster": {"cluster": "cluster__name"},
     "accelerator": {"accelerator": "accelerator__name"},
     "job": {"job": "job_id", "job_name": "job__name"},
+    "attempt": {"job": "job_id", "attempt": "attempt_id", "attempt_number": "attempt__number"},
     "day": {"day": "day"},
 }
 UTC_DAY = TruncDate("interval_start", tzinfo=dt.timezone.utc)

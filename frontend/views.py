@@ -24,7 +24,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
-from costs.aggregation import aggregate_costs
+from costs.aggregation import aggregate_costs, aggregate_utilization
 from costs.budgets import budget_status
 from costs.models import ClusterMetrics, CostEntry, Report, UtilizationRollup
 from costs.reports.rounding import balanced_costs
@@ -181,8 +181,10 @@ def job_detail(request, pk: int):
                     .select_related("job__team", "node_pool", "cluster"))  # a running job: live, briefly cached
     rollups = list(UtilizationRollup.objects.filter(job=job).order_by("day", "attempt_id")
                    .values("day", "attempt__number", "avg_gpu_util_percent"))
+    usage, _ = aggregate_utilization(UtilizationRollup.objects.filter(job=job), "attempt")
     context = _job_status_context(job, request.user)
     context.update(
+        usage=usage,
         spec_yaml=yaml.safe_dump(job.spec, sort_keys=False, default_flow_style=False),
         utilization_chart=_chart([f"{r['day']} #{r['attempt__number']}" for r in rollups],
                                  [r["avg_gpu_util_percent"] for r in rollups], "Average GPU utilization (%)"),

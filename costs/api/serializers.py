@@ -15,7 +15,7 @@ from ..aggregation import GROUP_KEYS
 from ..models import Price
 from ..unknown import unknown_cost, unknown_cost_json
 
-GROUP_BY_CHOICES = list(GROUP_KEYS)  # team, cluster, accelerator, job, day
+GROUP_BY_CHOICES = list(GROUP_KEYS)  # team, cluster, accelerator, job, attempt, day
 
 
 class PriceSerializer(serializers.ModelSerializer):
@@ -34,7 +34,7 @@ class PriceSerializer(serializers.ModelSerializer):
 class CostQuerySerializer(serializers.Serializer):
     """Query parameters of ``costs/``.
 
-    ``group_by``: one of team, cluster, accelerator, job, day (UTC days;
+    ``group_by``: one of team, cluster, accelerator, job, attempt, day (UTC days;
     default team). ``start``/``end``: ISO 8601 datetimes with an offset,
     ``[start, end)``; either may be left out for an open end. ``team``:
     only this team (slug). 400 for a naive or malformed datetime or
@@ -65,6 +65,8 @@ class CostRowSerializer(serializers.Serializer):
     accelerator = serializers.CharField(required=False, help_text="group_by=accelerator: accelerator name")
     job = serializers.IntegerField(required=False, help_text="group_by=job: job id")
     job_name = serializers.CharField(required=False, help_text="group_by=job: job name")
+    attempt = serializers.IntegerField(required=False, help_text="group_by=attempt: attempt id")
+    attempt_number = serializers.IntegerField(required=False, help_text="group_by=attempt: its number in its job")
     day = serializers.DateField(required=False, help_text="group_by=day: UTC date")
     gpu_hours = serializers.FloatField(help_text="GPUs x hours held, 6 decimals")
     cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, help_text="USD, rounded to cents half-even")
@@ -108,6 +110,8 @@ class UtilizationRowSerializer(serializers.Serializer):
     accelerator = serializers.CharField(required=False)
     job = serializers.IntegerField(required=False)
     job_name = serializers.CharField(required=False)
+    attempt = serializers.IntegerField(required=False)
+    attempt_number = serializers.IntegerField(required=False)
     day = serializers.DateField(required=False)
     gpu_hours = serializers.FloatField(help_text="GPUs x hours running (allocation)")
     avg_gpu_util_percent = serializers.FloatField(allow_null=True, help_text="sample-weighted mean, percent 0-100")

@@ -223,3 +223,17 @@ def test_the_cluster_page_shows_the_detected_shape_its_counter_and_an_override(d
             and "utilization read from DCGM_FI_PROF_GR_ENGINE_ACTIVE" in page)
     assert "series attributed by <strong>namespace/pod</strong>, set by an operator" in page
     assert "label shape not detected yet" in page  # the clusters whose series were not read
+
+
+def test_every_attempt_has_its_four_figures_in_the_api_and_on_the_job_page(dcgm):
+    s, attempt = dcgm["scenarios"]["midnight"], dcgm["attempts"]["midnight"]
+    collect_attempt(attempt, s.start, s.end)
+    want = expected(s)
+    body = dcgm["staff"].client.get("/api/v1/utilization/", {"group_by": "attempt", "job": attempt.job_id}).json()
+    (row,) = body["results"]
+    assert (row["attempt"], row["attempt_number"], row["util_metric"]) == (attempt.pk, 1, prometheus.UTIL_PERCENT)
+    got = (row["gpu_hours"], row["observed_gpu_hours"], row["idle_gpu_hours"], row["unobserved_gpu_hours"])
+    assert got == pytest.approx((want["allocated"], want["observed"], want["idle"], want["unobserved"]))
+    page = signed_in(dcgm["staff"]).get(f"/jobs/{attempt.job_id}/").content.decode()
+    assert '<table id="job-usage">' in page
+    assert "<td>#1</td><td>14.00</td><td>4.00</td><td>3.00</td><td>10.00</td>" in page
