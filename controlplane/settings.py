@@ -195,6 +195,7 @@ COSTS_SCRAPE_INTERVAL_SECONDS = env.float("COSTS_SCRAPE_INTERVAL_SECONDS", defau
 COSTS_IDLE_UTIL_PERCENT = env.float("COSTS_IDLE_UTIL_PERCENT", default=5.0)
 # A running job's page and API re-read its utilization from Prometheus when the stored figures are older, seconds.
 COSTS_LIVE_CACHE_SECONDS = env.float("COSTS_LIVE_CACHE_SECONDS", default=60.0)
+COSTS_LIVE_TIMEOUT_SECONDS = env.float("COSTS_LIVE_TIMEOUT_SECONDS", default=5.0)  # each live query, no retry
 COSTS_DISCREPANCY_TOLERANCE_PERCENT = env.float("COSTS_DISCREPANCY_TOLERANCE_PERCENT", default=1.0)
 # How far back each collection pass re-reads utilization (late scrapes are picked up), seconds.
 COSTS_COLLECT_LOOKBACK_SECONDS = env.int("COSTS_COLLECT_LOOKBACK_SECONDS", default=2 * 86400)

@@ -24,6 +24,7 @@ import re
 
 from django.conf import settings
 from prometheus_api_client import PrometheusConnect
+from urllib3.util.retry import Retry
 
 from runners.kubernetes.manifests import namespace_name
 
@@ -90,7 +91,11 @@ class Source:
     url: str
     cluster_matcher: str  # '' or ',cluster="name"'
 
-    def client(self) -> PrometheusConnect:
+    def client(self, timeout: float | None = None) -> PrometheusConnect:
+        """A client of this Prometheus; ``timeout`` (seconds) given: that timeout and no retry (a page waiting
+        on it), else ``COSTS_PROMETHEUS_TIMEOUT_SECONDS`` with the library's retries."""
+        if timeout is not None:
+            return PrometheusConnect(url=self.url, disable_ssl=True, timeout=timeout, retry=Retry(total=0))
         return PrometheusConnect(url=self.url, disable_ssl=True, timeout=settings.COSTS_PROMETHEUS_TIMEOUT_SECONDS)
 
 

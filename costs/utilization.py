@@ -74,7 +74,7 @@ def attempts_between(start: dt.datetime, end: dt.datetime, clusters=None):
 
 # --- label shapes ---------------------------------------------------------------------------------------------
 
-def detect_cluster_shape(cluster: Cluster, at: dt.datetime | None = None) -> ClusterMetrics | None:
+def detect_cluster_shape(cluster: Cluster, at: dt.datetime | None = None, client=None) -> ClusterMetrics | None:
     """Detect ``cluster``'s DCGM label shape and counter from its series now (``prometheus.detect_shape``) and
     store it; an override set by an operator is kept. A cluster whose series show nothing keeps what was
     detected before. None when the cluster has no Prometheus. Raises what ``prometheus.read_usage`` raises."""
@@ -82,7 +82,7 @@ def detect_cluster_shape(cluster: Cluster, at: dt.datetime | None = None) -> Clu
     if source is None:
         return None
     at = at or timezone.now()
-    found = prometheus.detect_shape(source, at)
+    found = prometheus.detect_shape(source, at, client=client)
     row, _ = ClusterMetrics.objects.get_or_create(cluster=cluster)
     if found.kind:
         row.detected_shape, row.host_label, row.util_metric = found.kind, found.host_label, found.util_metric
@@ -91,14 +91,14 @@ def detect_cluster_shape(cluster: Cluster, at: dt.datetime | None = None) -> Clu
     return row
 
 
-def cluster_shape(cluster: Cluster, at: dt.datetime | None = None) -> prometheus.Shape:
+def cluster_shape(cluster: Cluster, at: dt.datetime | None = None, client=None) -> prometheus.Shape:
     """The label shape in force on ``cluster``: its override, else the detection (redone after ``SHAPE_MAX_AGE``);
     the pod shape when nothing was ever detected."""
     now = timezone.now()
     row = ClusterMetrics.objects.filter(cluster=cluster).first()
     if row is None or not row.shape_override and (row.detected_at is None or row.detected_at < now - SHAPE_MAX_AGE):
         try:
-            row = detect_cluster_shape(cluster, min(at or now, now)) or row
+            row = detect_cluster_shape(cluster, min(at or now, now), client) or row
         except Exception as exc:  # noqa: BLE001 (Prometheus unreachable: keep what is known)
             log.warning("label shape of cluster %s not detected: %s", cluster, exc)
     if row is None or not row.shape:
@@ -132,8 +132,9 @@ def attempt_matchers(attempt: JobAttempt, shape: prometheus.Shape, source: prome
 class _Sources:
     """Per-cluster Prometheus source, client and label shape, looked up once per collection pass."""
 
-    def __init__(self):
+    def __init__(self, timeout: float | None = None):
         self._by_cluster: dict[int, tuple] = {}
+        self._timeout = timeout
 
     def get(self, cluster: Cluster, at: dt.datetime):
         if cluster.pk not in self._by_cluster:
@@ -142,7 +143,8 @@ class _Sources:
                 log.warning("cluster %s has no Prometheus; utilization not collected", cluster)
                 self._by_cluster[cluster.pk] = (None, None, None)
             else:
-                self._by_cluster[cluster.pk] = (source, source.client(), cluster_shape(cluster, at))
+                client = source.client(self._timeout)
+                self._by_cluster[cluster.pk] = (source, client, cluster_shape(cluster, at, client))
         return self._by_cluster[cluster.pk]
 
 
@@ -222,11 +224,12 @@ def collect_ended(now: dt.datetime | None = None) -> int:
 
 def refresh_running(attempts, now: dt.datetime | None = None) -> int:
     """Re-read the running ``attempts`` (JobAttempt rows) whose rollups are older than ``COSTS_LIVE_CACHE_SECONDS``:
-    their whole run when they have no rollup, else today's piece. Returns the attempts read. A Prometheus error
-    is logged and leaves the rollups as they were (the page still answers)."""
+    their whole run when they have no rollup, else today's piece. Returns the attempts read. Each query waits
+    at most ``COSTS_LIVE_TIMEOUT_SECONDS``, without retry; a Prometheus error is logged and leaves the rollups as
+    they were (the page still answers)."""
     now = now or timezone.now()
     fresh_after = now - dt.timedelta(seconds=settings.COSTS_LIVE_CACHE_SECONDS)
-    sources, count = _Sources(), 0
+    sources, count = _Sources(timeout=settings.COSTS_LIVE_TIMEOUT_SECONDS), 0
     for attempt in attempts:
         if attempt.started_at is None or attempt.ended_at is not None:
             continue

@@ -237,3 +237,17 @@ def test_every_attempt_has_its_four_figures_in_the_api_and_on_the_job_page(dcgm)
     page = signed_in(dcgm["staff"]).get(f"/jobs/{attempt.job_id}/").content.decode()
     assert '<table id="job-usage">' in page
     assert "<td>#1</td><td>14.00</td><td>4.00</td><td>3.00</td><td>10.00</td>" in page
+
+
+def test_a_running_jobs_page_answers_when_prometheus_does_not(dcgm, settings):
+    from tests.support.net import free_port
+
+    s, attempt = dcgm["scenarios"]["exported"], dcgm["attempts"]["exported"]
+    attempt.ended_at = None
+    attempt.save(update_fields=["ended_at"])
+    Cluster.objects.filter(pk=attempt.cluster_id).update(prometheus_url=f"http://127.0.0.1:{free_port()}")
+    attempt.cluster.refresh_from_db()
+    assert refresh_running([attempt], now=s.start + dt.timedelta(hours=1)) == 0
+    assert rollups(attempt) == []
+    page = signed_in(dcgm["staff"]).get(f"/jobs/{attempt.job_id}/")
+    assert page.status_code == 200 and 'id="job-util-empty"' in page.content.decode()
