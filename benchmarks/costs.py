@@ -11,11 +11,21 @@ every 15 s (about 200 million samples). Two ways to the same table:
 * raw pull: the raw samples of the same series, fetched in chunks of hours,
   aggregated in Python.
 
-Both must give identical GPU-hours and cents and the same utilization to
-1e-9 percent. The synthetic TSDB (``promtool tsdb create-blocks-from
-openmetrics``, one file per day, then compacted once by Prometheus as a
-month of history would be) is cached under ``var/bench/`` and reused.
-Goal: pushed down under 10 s and at least 10 x faster than the raw pull.
+Both must give identical GPU-hours and cents, the same utilization to
+1e-9 percent, and the same observed, idle and unobserved GPU-hours (a DCGM
+exporter misses one hour a day on some nodes, so not everything allocated is
+observed). The idle column needs a comparison per sample, hence a subquery
+at the scrape interval (``costs.prometheus.idle_pieces``): it is timed apart
+(``idle_*``), next to the main table whose goal is unchanged.
+
+The synthetic TSDB is built with ``promtool tsdb create-blocks-from
+openmetrics``, one input file per 2-hour block: promtool reads its whole
+input once per block it writes, so day files cost 12 passes where block
+files cost one (the one-time build went from 24 minutes to a few). It is
+then compacted once by Prometheus as a month of history would be, and
+cached under ``var/bench/`` in a folder named by a digest of the generator's
+code and parameters (a changed generator builds anew, an unchanged one is
+reused). Goal: pushed down under 10 s and at least 10 x faster than the raw pull.
 Next to the wall times, the CPU seconds of Prometheus and of this process
 (the client) for each way, per table and per million samples, and their
 ratios (raw pull over pushed down): the figures that hold on a shared
@@ -31,6 +41,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
+import inspect
 import json
 import multiprocessing
 import os
@@ -69,15 +81,35 @@ def price_on(day: int, days: int) -> Decimal:
     return PRICE_BEFORE if day < days // 2 else PRICE_AFTER
 
 
+BLOCK_SECONDS = 7200  # promtool writes 2-hour blocks
+IDLE_PERCENT = 5.0
+GAP_HOUR = 13  # on nodes with node % 16 == 5 the DCGM exporter misses 13:00-14:00 UTC every day
+
+
 def running(node: int, day: int) -> bool:
     """Each node's pod pauses one day in seven (phase not Running, no pod labels on its GPUs)."""
     return (node + day) % 7 != 3
 
 
-def write_day(path: Path, day: int, nodes: int, teams: int, step: int) -> int:
-    """One day of DCGM utilization and kube-state-metrics series as OpenMetrics; returns the sample count."""
-    start = int((T0 + day * DAY).timestamp())
-    times = range(start, start + 86400, step)
+def scraped(node: int, t: int) -> bool:
+    """Whether the node's DCGM exporter was scraped at unix second ``t`` (kube-state-metrics always is)."""
+    return node % 16 != 5 or (t % 86400) // 3600 != GAP_HOUR
+
+
+PERCENT = [str(v) for v in range(101)]
+
+
+def utilization(node: int, gpu: int, t: int, step: int) -> int:
+    """The DCGM_FI_DEV_GPU_UTIL sample (percent) of a GPU at unix second ``t``."""
+    return ((node * 8 + gpu) * 37 + t // step * 11) % 101
+
+
+def write_block(path: Path, block: int, nodes: int, teams: int, step: int) -> int:
+    """The 2-hour block ``block`` (counted from T0) of DCGM and kube-state-metrics series as OpenMetrics;
+    returns the sample count."""
+    start = int(T0.timestamp()) + block * BLOCK_SECONDS
+    day = block * BLOCK_SECONDS // 86400
+    times = range(start, start + BLOCK_SECONDS, step)
     count = 0
     with open(path, "w", buffering=1 << 22) as out:
         out.write("# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n")
@@ -85,12 +117,16 @@ def write_day(path: Path, day: int, nodes: int, teams: int, step: int) -> int:
             if not running(node, day):
                 continue
             ns, pod = f"cp-team{node % teams}", f"job-{node}-1-0-bench"
+            seen = [t for t in times if scraped(node, t)]
+            steps = [t // step * 11 for t in seen]
+            tails = [f" {t}\n" for t in seen]  # formatted once per node, not once per sample
             for gpu in range(GPUS_PER_NODE):
                 prefix = (f'DCGM_FI_DEV_GPU_UTIL{{gpu="{gpu}",Hostname="node{node}",namespace="{ns}",pod="{pod}",'
                           f'container="main"}} ')
-                seed = node * 8 + gpu
-                out.write("".join(f"{prefix}{(seed * 37 + t // step * 11) % 101} {t}\n" for t in times))
-                count += len(times)
+                base = utilization(node, gpu, 0, step)  # utilization() = (base + t // step * 11) % 101
+                out.write("".join([prefix + PERCENT[(base + k) % 101] + tail for k, tail in zip(steps, tails)]))
+                count += len(seen)
+        all_tails = [f" {t}\n" for t in times]
         for family, value_of in (
             ("kube_pod_container_resource_requests", lambda node: GPUS_PER_NODE),
             ("kube_pod_status_phase", lambda node: int(running(node, day))),
@@ -102,18 +138,18 @@ def write_day(path: Path, day: int, nodes: int, teams: int, step: int) -> int:
                     labels = f'{{namespace="{ns}",pod="{pod}",phase="Running"}}'
                 else:
                     labels = f'{{namespace="{ns}",pod="{pod}",container="main",resource="nvidia_com_gpu",unit="integer"}}'
-                value = value_of(node)
-                out.write("".join(f"{family}{labels} {value} {t}\n" for t in times))
+                head = f"{family}{labels} {value_of(node)}"
+                out.write("".join([head + tail for tail in all_tails]))
                 count += len(times)
         out.write("# EOF\n")
     return count
 
 
-def _build_day(job: tuple) -> int:
-    """Worker: write one day's OpenMetrics file, convert it to blocks with promtool, delete it."""
-    data, day, nodes, teams, step = job
-    path = data.parent / "incoming" / f"day{day}.om"
-    samples = write_day(path, day, nodes, teams, step)
+def _build_block(job: tuple) -> int:
+    """Worker: write one 2-hour block's OpenMetrics file, convert it with promtool (one pass), delete it."""
+    data, block, nodes, teams, step = job
+    path = data.parent / "incoming" / f"block{block}.om"
+    samples = write_block(path, block, nodes, teams, step)
     subprocess.run([shutil.which("promtool"), "tsdb", "create-blocks-from", "openmetrics", "-q", str(path), str(data)],
                    check=True)
     path.unlink()
@@ -121,11 +157,12 @@ def _build_day(job: tuple) -> int:
 
 
 def build_tsdb(data: Path, nodes: int, teams: int, days: int, step: int, workers: int) -> int:
-    """Build the TSDB one day per worker process (generation and promtool are both CPU bound); returns samples."""
+    """Build the TSDB one 2-hour block per worker task (generation and promtool are both CPU bound); returns samples."""
     (data.parent / "incoming").mkdir(parents=True, exist_ok=True)
     data.mkdir(parents=True, exist_ok=True)
+    blocks = days * 86400 // BLOCK_SECONDS
     with multiprocessing.Pool(workers) as pool:
-        samples = sum(pool.imap_unordered(_build_day, [(data, d, nodes, teams, step) for d in range(days)]))
+        samples = sum(pool.imap_unordered(_build_block, [(data, b, nodes, teams, step) for b in range(blocks)]))
     (data.parent / "samples").write_text(str(samples))
     return samples
 
@@ -172,16 +209,25 @@ def compact_tsdb(data: Path) -> None:
     scraped the month itself would have compacted them into blocks of up to
     31 days (its default, 10 % of the retention). Same samples and chunks,
     fewer blocks to merge per query. Its compaction loop is serial and
-    ticks every minute: once a second compaction has been triggered, the
-    first (which runs every plan until none is left) is over.
+    ticks every minute, and the first tick runs every plan until none is
+    left: once it has been triggered, the compaction is over when no block
+    is being written (no ``*.tmp-for-creation`` folder) and neither the
+    completed compactions nor the loaded blocks have changed for 5 s (or,
+    at the latest, when a second tick has been triggered).
     """
     proc, url = start_prometheus(data, compact=True)
     try:
         deadline = time.monotonic() + 3600
-        while _metric(url, "prometheus_tsdb_compactions_triggered_total") < 2:
+        stable, last = 0, None
+        while stable < 5 and _metric(url, "prometheus_tsdb_compactions_triggered_total") < 2:
             if time.monotonic() > deadline or proc.poll() is not None:
                 raise RuntimeError("compaction did not finish; see " + str(data.parent / "prometheus.log"))
-            time.sleep(2)
+            time.sleep(1)
+            state = (_metric(url, "prometheus_tsdb_compactions_total"), _metric(url, "prometheus_tsdb_blocks_loaded"))
+            writing = any(p.name.endswith(".tmp-for-creation") for p in data.iterdir())
+            triggered = _metric(url, "prometheus_tsdb_compactions_triggered_total") >= 1
+            stable = stable + 1 if triggered and not writing and state == last and state[0] > 0 else 0
+            last = state
         if _metric(url, "prometheus_tsdb_compactions_failed_total"):
             raise RuntimeError("compaction failed; see " + str(data.parent / "prometheus.log"))
     finally:
@@ -210,11 +256,19 @@ def pushed_down_day(source: P.Source, day: int, step: int) -> dict:
     return table
 
 
-def pushed_down(source: P.Source, days: int, step: int, workers: int) -> dict:
-    """The whole table, days queried ``workers`` at a time (Prometheus evaluates each query on one core)."""
+def idle_day(source: P.Source, day: int, step: int) -> dict:
+    """``{(team, day): idle samples}`` of one day from the idle subquery (``costs.prometheus.idle_pieces``)."""
+    lo, hi = T0 + day * DAY, T0 + (day + 1) * DAY
+    usage = P.read_usage_by(source, 'namespace=~"cp-.*"', lo, hi, ("namespace",), step_seconds=step,
+                            idle_percent=IDLE_PERCENT, fields=("idle_samples",))
+    return {(ns, day): u.idle_samples for (ns,), u in usage.items()}
+
+
+def by_day(source: P.Source, days: int, workers: int, one_day) -> dict:
+    """``one_day(source, day)`` for every day, ``workers`` at a time (Prometheus evaluates each query on one core)."""
     table = {}
     with ThreadPoolExecutor(workers) as pool:
-        for part in pool.map(lambda day: pushed_down_day(source, day, step), range(days)):
+        for part in pool.map(lambda day: one_day(source, day), range(days)):
             table.update(part)
     return table
 
@@ -223,7 +277,7 @@ def raw_pull(source: P.Source, days: int, step: int, chunk_hours: int) -> dict:
     """The same table from raw samples fetched ``chunk_hours`` at a time and summed in Python (one thread:
     decoding JSON and summing hold the GIL, so threads would not help)."""
     client = source.client()
-    util = defaultdict(lambda: [0.0, 0])
+    util = defaultdict(lambda: [0.0, 0, 0])  # utilization sum, samples, idle samples
     gpu_seconds = defaultdict(float)
     chunk = dt.timedelta(hours=chunk_hours)
     for day in range(days):
@@ -236,6 +290,7 @@ def raw_pull(source: P.Source, days: int, step: int, chunk_hours: int) -> dict:
                 for _, value in series["values"]:
                     acc[0] += float(value)
                     acc[1] += 1
+                    acc[2] += float(value) < IDLE_PERCENT
             requests = {
                 (s["metric"]["namespace"], s["metric"]["pod"]): {t: float(v) for t, v in s["values"]}
                 for s in client.custom_query(f'kube_pod_container_resource_requests{{resource="nvidia_com_gpu"}}[{r}]',
@@ -247,16 +302,28 @@ def raw_pull(source: P.Source, days: int, step: int, chunk_hours: int) -> dict:
                 for t, value in series["values"]:
                     if value == "1":
                         gpu_seconds[(key[0], day)] += pod_requests.get(t, 0.0) * step
-    return {key: (seconds / 3600, util[key][0], util[key][1]) for key, seconds in gpu_seconds.items()}
+    return {key: (seconds / 3600, util[key][0], util[key][1], util[key][2]) for key, seconds in gpu_seconds.items()}
 
 
-def present(table: dict, days: int) -> dict:
-    """Rows as the API shows them: GPU-hours (6 decimals), cost in cents, utilization (percent, 9 decimals)."""
+def present(table: dict, days: int, step: int) -> dict:
+    """Rows as the API shows them: GPU-hours (6 decimals), cost in cents, utilization (percent, 9 decimals), and
+    observed, idle (null without samples) and unobserved GPU-hours (6 decimals)."""
     rows = {}
-    for (ns, day), (gpu_hours, util_sum, samples) in sorted(table.items()):
+    for (ns, day), (gpu_hours, util_sum, samples, idle) in sorted(table.items()):
         cost = (Decimal(repr(round(gpu_hours, 6))) * price_on(day, days)).quantize(CENT, ROUND_HALF_EVEN)
-        rows[f"{ns}/{day}"] = (round(gpu_hours, 6), str(cost), round(util_sum / samples, 9) if samples else None)
+        observed = samples * step / 3600
+        rows[f"{ns}/{day}"] = (round(gpu_hours, 6), str(cost), round(util_sum / samples, 9) if samples else None,
+                               round(observed, 6), round(idle * step / 3600, 6) if samples else None,
+                               round(max(0.0, gpu_hours - observed), 6))
     return rows
+
+
+def cache_key(nodes: int, teams: int, days: int, step: int) -> str:
+    """A digest of what the TSDB holds: the generator's code and its parameters (and promtool's version)."""
+    code = "".join(inspect.getsource(f) for f in (running, scraped, utilization, write_block))
+    version = subprocess.run([shutil.which("promtool"), "--version"], capture_output=True, text=True).stdout
+    text = f"{code}|{nodes}|{teams}|{days}|{step}|{T0.isoformat()}|{version.splitlines()[:1]}"
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def per_million(prometheus_cpu: float | None, client_cpu: float, samples: int) -> dict:
@@ -278,28 +345,37 @@ def main() -> None:
     args = parser.parse_args()
     require("costs", commands_missing({"prometheus": "prometheus", "promtool": "prometheus"}))
     nodes = args.gpus // GPUS_PER_NODE
-    home = args.data_dir / f"costs-{args.gpus}gpus-{args.days}d-{args.step}s"
+    home = args.data_dir / f"costs-{args.gpus}gpus-{args.days}d-{args.step}s-{cache_key(nodes, args.teams, args.days, args.step)}"
     data = home / "data"
-    built = time.perf_counter()
+    built, children = time.perf_counter(), client_cpu_seconds(children=True) - client_cpu_seconds(children=False)
     if not (home / "samples").exists():
         shutil.rmtree(home, ignore_errors=True)
         build_tsdb(data, nodes, args.teams, args.days, args.step, args.workers)
+    import_seconds = time.perf_counter() - built
+    import_cpu = client_cpu_seconds(children=True) - client_cpu_seconds(children=False) - children
     if not (home / "compacted").exists():
         compact_tsdb(data)
     build_seconds = time.perf_counter() - built
+    compact_cpu = client_cpu_seconds(children=True) - client_cpu_seconds(children=False) - children - import_cpu
     samples = int((home / "samples").read_text())
     blocks, tsdb_bytes = tsdb_shape(data)
     proc, url = start_prometheus(data)
     try:
         source = P.Source(url, "")
         cpu, client, t = cpu_seconds(proc.pid), client_cpu_seconds(children=False), time.perf_counter()
-        pushed = present(pushed_down(source, args.days, args.step, args.workers), args.days)
+        main_table = by_day(source, args.days, args.workers, lambda src, day: pushed_down_day(src, day, args.step))
         pushed_seconds = time.perf_counter() - t
         # Prometheus's CPU time for the pushed-down queries: the wall time above is this over the cores it got.
         pushed_cpu = None if cpu is None else round(cpu_seconds(proc.pid) - cpu, 2)
         pushed_client_cpu = round(client_cpu_seconds(children=False) - client, 2)
         cpu, client, t = cpu_seconds(proc.pid), client_cpu_seconds(children=False), time.perf_counter()
-        raw = present(raw_pull(source, args.days, args.step, args.chunk_hours), args.days)
+        idle = by_day(source, args.days, args.workers, lambda src, day: idle_day(src, day, args.step))
+        idle_seconds = time.perf_counter() - t
+        idle_cpu = None if cpu is None else round(cpu_seconds(proc.pid) - cpu, 2)
+        idle_client_cpu = round(client_cpu_seconds(children=False) - client, 2)
+        pushed = present({k: (*v, idle.get(k, 0)) for k, v in main_table.items()}, args.days, args.step)
+        cpu, client, t = cpu_seconds(proc.pid), client_cpu_seconds(children=False), time.perf_counter()
+        raw = present(raw_pull(source, args.days, args.step, args.chunk_hours), args.days, args.step)
         raw_seconds = time.perf_counter() - t
         raw_cpu = None if cpu is None else round(cpu_seconds(proc.pid) - cpu, 2)
         raw_client_cpu = round(client_cpu_seconds(children=False) - client, 2)
@@ -313,12 +389,20 @@ def main() -> None:
     print(json.dumps({
         "benchmark": "costs", "gpus": args.gpus, "days": args.days, "step_s": args.step, "samples": samples,
         "rows": len(pushed), "workers": args.workers, "blocks": blocks, "tsdb_mib": round(tsdb_bytes / 2**20, 1),
-        "build_s": round(build_seconds, 1), "pushed_down_s": round(pushed_seconds, 3),
+        "build_s": round(build_seconds, 1), "build_import_s": round(import_seconds, 1),
+        "build_compact_s": round(build_seconds - import_seconds, 1), "build_import_cpu_s": round(import_cpu, 1),
+        "build_compact_cpu_s": round(compact_cpu, 1), "tsdb_cache": home.name, "pushed_down_s": round(pushed_seconds, 3),
         "pushed_down_prometheus_cpu_s": pushed_cpu, "pushed_down_client_cpu_s": pushed_client_cpu,
         "pushed_down_cpu_ms_per_million_samples": per_million(pushed_cpu, pushed_client_cpu, samples),
         "raw_pull_s": round(raw_seconds, 3), "speedup": round(raw_seconds / pushed_seconds, 1),
         "raw_pull_prometheus_cpu_s": raw_cpu, "raw_pull_client_cpu_s": raw_client_cpu,
         "raw_pull_cpu_ms_per_million_samples": per_million(raw_cpu, raw_client_cpu, samples),
+        "idle_subquery_s": round(idle_seconds, 3), "idle_subquery_prometheus_cpu_s": idle_cpu,
+        "idle_subquery_client_cpu_s": idle_client_cpu,
+        "idle_subquery_cpu_ms_per_million_samples": per_million(idle_cpu, idle_client_cpu, samples),
+        "observed_gpu_hours": round(sum(r[3] for r in pushed.values()), 6),
+        "unobserved_gpu_hours": round(sum(r[5] for r in pushed.values()), 6),
+        "idle_gpu_hours": round(sum(r[4] or 0 for r in pushed.values()), 6),
         "raw_over_pushed_cpu": (round((raw_cpu + raw_client_cpu) / (pushed_cpu + pushed_client_cpu), 1)
                                 if None not in (raw_cpu, pushed_cpu) and pushed_cpu + pushed_client_cpu else None),
         **machine(),

@@ -206,11 +206,16 @@ COSTS_PROMETHEUS_TIMEOUT_SECONDS = env.float("COSTS_PROMETHEUS_TIMEOUT_SECONDS",
 COSTS_SCRAPE_INTERVAL_SECONDS = env.float("COSTS_SCRAPE_INTERVAL_SECONDS", default=15.0)
 # Pods map to attempts by namespace (K8S_NAMESPACE_PREFIX + team slug, the runner's) and pod name prefix.
 COSTS_IDLE_UTIL_PERCENT = env.float("COSTS_IDLE_UTIL_PERCENT", default=5.0)
+# A running job's page and API re-read its utilization from Prometheus when the stored figures are older, seconds.
+COSTS_LIVE_CACHE_SECONDS = env.float("COSTS_LIVE_CACHE_SECONDS", default=60.0)
+COSTS_LIVE_TIMEOUT_SECONDS = env.float("COSTS_LIVE_TIMEOUT_SECONDS", default=5.0)  # each live query, no retry
 COSTS_DISCREPANCY_TOLERANCE_PERCENT = env.float("COSTS_DISCREPANCY_TOLERANCE_PERCENT", default=1.0)
 # How far back each collection pass re-reads utilization (late scrapes are picked up), seconds.
 COSTS_COLLECT_LOOKBACK_SECONDS = env.int("COSTS_COLLECT_LOOKBACK_SECONDS", default=2 * 86400)
 # Budget forecast: the window of recent ledger spend that gives the burn rate, seconds.
 COSTS_BURN_RATE_WINDOW_SECONDS = env.int("COSTS_BURN_RATE_WINDOW_SECONDS", default=86400)
+# Budget forecast: complete UTC days whose median daily spend is the rate (costs.forecast).
+COSTS_FORECAST_WINDOW_DAYS = env.int("COSTS_FORECAST_WINDOW_DAYS", default=7)
 # Budget alerts go to team admins through Django mail (console in dev; pytest-django uses locmem).
 EMAIL_BACKEND = env("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
 # SMTP for budget alerts and reports: EMAIL_URL=smtp+tls://user:password@smtp.example.com:587 sets the SMTP
@@ -222,6 +227,8 @@ CELERY_BEAT_SCHEDULE.update({
     "check-budgets": {"task": "costs.tasks.check_budgets", "schedule": env.float("BUDGET_CHECK_INTERVAL_SECONDS", default=300.0)},
     "collect-utilization": {"task": "costs.tasks.collect_utilization",
                             "schedule": env.float("UTILIZATION_INTERVAL_SECONDS", default=900.0)},
+    "collect-ended-utilization": {"task": "costs.tasks.collect_ended_utilization",
+                                  "schedule": env.float("ENDED_UTILIZATION_INTERVAL_SECONDS", default=60.0)},
     "check-ledger": {"task": "costs.tasks.check_ledger", "schedule": env.float("LEDGER_CHECK_INTERVAL_SECONDS", default=3600.0)},
 })
 # --- end Costs and utilization -------------------------------------------------

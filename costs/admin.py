@@ -1,6 +1,7 @@
 from django.contrib import admin
 
-from .models import BudgetAlert, CostEntry, DailyCostRollup, LedgerDiscrepancy, Price, Report, UtilizationRollup
+from .models import (BudgetAlert, ClusterMetrics, CostEntry, DailyCostRollup, LedgerDiscrepancy, Price, Report,
+                     UnknownCostAlert, UtilizationRollup)
 
 
 @admin.register(Price)
@@ -62,3 +63,19 @@ class ReportAdmin(admin.ModelAdmin):
     list_display = ("id", "team", "kind", "period_start", "period_end", "generated_at")
     list_filter = ("kind", "team")
     readonly_fields = ("generated_at",)
+
+
+@admin.register(ClusterMetrics)
+class ClusterMetricsAdmin(admin.ModelAdmin):
+    """A cluster's DCGM label shape: detected from its series; ``shape_override`` is the operator's to set."""
+
+    list_display = ["cluster", "detected_shape", "shape_override", "host_label", "util_metric", "detected_at"]
+    readonly_fields = ["cluster", "detected_shape", "host_label", "util_metric", "series", "detected_at"]
+
+
+@admin.register(UnknownCostAlert)
+class UnknownCostAlertAdmin(admin.ModelAdmin):
+    """Alerts of GPU-hours accrued without a price, one per attempt: read only."""
+
+    list_display = ["attempt", "team", "since", "gpu_hours", "fired_at"]
+    readonly_fields = [f.name for f in UnknownCostAlert._meta.fields]

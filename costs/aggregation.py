@@ -23,7 +23,6 @@ span starts in ``[floor(start), end)`` (``filter_days``).
 from __future__ import annotations
 
 import datetime as dt
-from collections import defaultdict
 from decimal import Decimal
 
 from django.db.models import DurationField, ExpressionWrapper, F, Sum
@@ -32,7 +31,8 @@ from django.db.models.functions import TruncDate
 from core.money import usd_cents
 
 from .models import CostEntry, DailyCostRollup, JobDailyCost
-from .spend import entries_in, exact_seconds, rollups_in, utc_midnight, window_parts
+from .spend import entries_in, exact_seconds, rollups_in, window_parts
+from .utilization import aggregate_utilization  # noqa: F401  (utilization rows live with their collection)
 
 # Output key -> lookup, per group_by (the ledger and the rollups name them alike; the ledger's "day" is annotated).
 GROUP_KEYS = {
@@ -40,13 +40,15 @@ GROUP_KEYS = {
     "cluster": {"cluster": "cluster__name"},
     "accelerator": {"accelerator": "accelerator__name"},
     "job": {"job": "job_id", "job_name": "job__name"},
+    "attempt": {"job": "job_id", "attempt": "attempt_id", "attempt_number": "attempt__number"},
     "day": {"day": "day"},
 }
 UTC_DAY = TruncDate("interval_start", tzinfo=dt.timezone.utc)
 # Summed per (group, gpus) and multiplied by gpus in Python: SQLite cannot multiply a duration in SQL.
 HELD_TIME = ExpressionWrapper(F("interval_end") - F("interval_start"), output_field=DurationField())
 # The columns ``add_utilization`` puts on cost rows.
-UTILIZATION_COLUMNS = ("avg_gpu_util_percent", "idle_gpu_hours", "idle_cost_usd")
+UTILIZATION_COLUMNS = ("avg_gpu_util_percent", "observed_gpu_hours", "idle_gpu_hours", "unobserved_gpu_hours",
+                       "idle_cost_usd")
 
 
 def _ledger_sums(entries, group_by: str, sums: dict[tuple, list]) -> None:
@@ -69,7 +71,7 @@ def _rollup_sums(rollups, group_by: str, sums: dict[tuple, list]) -> None:
         row[1] += part["cost"] or Decimal(0)
 
 
-def _present(sums: dict[tuple, list], group_by: str) -> tuple[list[dict], dict]:
+def present_sums(sums: dict[tuple, list], group_by: str) -> tuple[list[dict], dict]:
     """Rows ordered by key and the exact total, rounded once each (see ``aggregate_costs``)."""
     keys = GROUP_KEYS[group_by]
     results = []
@@ -95,7 +97,7 @@ def aggregate_costs(entries, group_by: str) -> tuple[list[dict], dict]:
     """
     sums: dict[tuple, list] = {}
     _ledger_sums(entries, group_by, sums)
-    return _present(sums, group_by)
+    return present_sums(sums, group_by)
 
 
 def window_sums(group_by: str, start: dt.datetime | None, end: dt.datetime | None, *, scope=None,
@@ -113,8 +115,11 @@ def window_sums(group_by: str, start: dt.datetime | None, end: dt.datetime | Non
         qs = scope(qs) if scope is not None else qs
         return qs.filter(team__slug=team_slug) if team_slug else qs
 
-    parts = window_parts(start, end)
     sums: dict[tuple, list] = {}
+    if group_by == "attempt":  # no rollup per attempt: the ledger itself (an attempt's rows are few)
+        _ledger_sums(entries_in(narrow(CostEntry.objects.all()), start, end), group_by, sums)
+        return sums
+    parts = window_parts(start, end)
     if parts.has_days:
         model = JobDailyCost if group_by == "job" else DailyCostRollup
         _rollup_sums(rollups_in(narrow(model.objects.all()), parts), group_by, sums)
@@ -127,7 +132,7 @@ def aggregate_window(group_by: str, start: dt.datetime | None, end: dt.datetime 
                      team_slug: str | None = None) -> tuple[list[dict], dict]:
     """Costs by ``group_by`` over ``[start, end)``: ``(rows, total)`` as ``aggregate_costs`` gives for the entries
     whose ``interval_start`` lies in the window, read from the rollups and the edge days (``window_sums``)."""
-    return _present(window_sums(group_by, start, end, scope=scope, team_slug=team_slug), group_by)
+    return present_sums(window_sums(group_by, start, end, scope=scope, team_slug=team_slug), group_by)
 
 
 def add_utilization(rows: list[dict], total: dict, rollups, group_by: str) -> None:
@@ -160,70 +165,3 @@ def filter_days(rollups, start: dt.datetime | None, end: dt.datetime | None):
         last = end.date() if end.time() != dt.time() else end.date() - dt.timedelta(days=1)
         rollups = rollups.filter(day__lte=last)
     return rollups
-
-
-def idle_costs(rollups) -> dict[int, Decimal]:
-    """USD of idle GPU time per rollup id: the ledger cost of its attempt on its day x idle share.
-
-    ``rollups`` is a UtilizationRollup queryset; rollups without idle time
-    are left out. Two queries; the ledger is read for the rollups' days only.
-    """
-    rows = list(rollups.filter(idle_gpu_seconds__gt=0).values("pk", "attempt_id", "day", "gpu_seconds", "idle_gpu_seconds"))
-    if not rows:
-        return {}
-    first, last = min(r["day"] for r in rows), max(r["day"] for r in rows)
-    ledger = {
-        (r["attempt_id"], r["d"]): r["usd"]
-        for r in CostEntry.objects.filter(attempt_id__in={r["attempt_id"] for r in rows},
-                                          interval_start__gte=utc_midnight(first),
-                                          interval_start__lt=utc_midnight(last + dt.timedelta(days=1)))
-        .annotate(d=TruncDate("interval_start", tzinfo=dt.timezone.utc))
-        .values("attempt_id", "d").annotate(usd=Sum("amount_usd"))
-    }
-    return {
-        r["pk"]: ledger.get((r["attempt_id"], r["day"]), Decimal(0)) * Decimal(r["idle_gpu_seconds"] / r["gpu_seconds"])
-        for r in rows
-    }
-
-
-def aggregate_utilization(rollups, group_by: str) -> tuple[list[dict], dict]:
-    """Group UtilizationRollup rows by ``group_by``; returns ``(rows, total)`` (see the module docstring).
-
-    Each row: key fields, ``gpu_hours`` (allocated), ``avg_gpu_util_percent``
-    (null for no data), ``coverage`` (0-1, null without expected samples),
-    ``avg_memory_used_mib``, ``idle_gpu_hours``, ``idle_cost_usd`` (cents).
-    Rows are ordered by key. Raises KeyError for a ``group_by`` not in
-    ``GROUP_KEYS``.
-    """
-    keys = GROUP_KEYS[group_by]
-    idle_usd = idle_costs(rollups)
-    sums: dict[tuple, dict] = defaultdict(lambda: defaultdict(float))
-    for r in rollups.values("pk", *keys.values(), "gpu_seconds", "samples", "expected_samples", "util_sum",
-                            "memory_samples", "avg_memory_used_mib", "idle_gpu_seconds"):
-        for group in (tuple(r[k] for k in keys.values()), None):
-            s = sums[group]
-            for f in ("gpu_seconds", "samples", "expected_samples", "util_sum", "memory_samples"):
-                s[f] += r[f]
-            s["memory_sum"] += (r["avg_memory_used_mib"] or 0) * r["memory_samples"]
-            s["idle_gpu_seconds"] += r["idle_gpu_seconds"] or 0
-            s["idle_usd"] = s.get("idle_usd", Decimal(0)) + idle_usd.get(r["pk"], Decimal(0))
-
-    def present(s) -> dict:
-        return {
-            "gpu_hours": round(s["gpu_seconds"] / 3600, 6),
-            "avg_gpu_util_percent": round(s["util_sum"] / s["samples"], 3) if s["samples"] else None,
-            "coverage": round(min(1.0, s["samples"] / s["expected_samples"]), 4) if s["expected_samples"] else None,
-            "avg_memory_used_mib": round(s["memory_sum"] / s["memory_samples"], 1) if s["memory_samples"] else None,
-            "idle_gpu_hours": round(s["idle_gpu_seconds"] / 3600, 6),
-            "idle_cost_usd": usd_cents(s.get("idle_usd", Decimal(0))),
-        }
-
-    rows = []
-    for group in sorted((g for g in sums if g is not None), key=lambda g: tuple(str(x) for x in g)):
-        row = dict(zip(keys, group))
-        if group_by == "day":
-            row["day"] = row["day"].isoformat()
-        row.update(present(sums[group]))
-        rows.append(row)
-    total = present(sums[None]) if None in sums else present(defaultdict(float))
-    return rows, total

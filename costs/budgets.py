@@ -25,7 +25,8 @@ from django.utils import timezone
 from jobs.models import committed_usd
 from quotas.models import Budget, Membership
 
-from .spend import exact_seconds, ledger_usd_prorated, period_spend, unpriced_bound_usd
+from .forecast import Forecast, forecast
+from .spend import period_spend, unpriced_bound_usd
 from .metrics import BUDGET_ALERTS, BUDGET_AMOUNT_USD, BUDGET_FORECAST_USD, BUDGET_SPENT_USD
 from .models import BudgetAlert
 
@@ -41,13 +42,9 @@ class BudgetStatus:
     no price in force count as ``unpriced_usd`` (at the catalog's highest
     price for their accelerator) in ``remaining_usd``, ``spent_percent`` and
     the forecast.
-    ``forecast_usd = spent + unpriced + max(committed, burn_rate x seconds left)`` where
-    ``burn_rate`` is the ledger's USD per second over the last
-    ``COSTS_BURN_RATE_WINDOW_SECONDS`` (clipped to the period; entries
-    prorated by their overlap with that window). The burn rate
-    already includes the jobs now running, so adding their committed money on
-    top would count them twice; the max keeps the forecast at least at what
-    is already committed.
+    ``forecast_usd`` is ``costs.forecast.forecast`` (spent + unpriced +
+    committed + median daily spend x days left; its method and inputs in
+    ``basis``); ``burn_rate_usd_per_hour`` is that median daily spend / 24.
     """
 
     budget: Budget
@@ -61,6 +58,7 @@ class BudgetStatus:
     forecast_usd: Decimal
     unpriced_gpu_hours: Decimal = Decimal(0)
     unpriced_usd: Decimal = Decimal(0)
+    basis: Forecast | None = None
 
     @property
     def remaining_usd(self) -> Decimal:
@@ -81,12 +79,9 @@ def budget_status(budget: Budget, at: dt.datetime | None = None) -> BudgetStatus
     spend = period_spend([budget.team_id], start, end)[budget.team_id]
     spent, unpriced = spend.cost_usd, unpriced_bound_usd(spend)
     committed = committed_usd(budget.team_id)
-    burn_start = max(start, at - dt.timedelta(seconds=settings.COSTS_BURN_RATE_WINDOW_SECONDS))
-    burn_seconds = exact_seconds(at - burn_start)
-    per_second = ledger_usd_prorated(budget.team_id, burn_start, at) / burn_seconds if burn_seconds else Decimal(0)
-    forecast = spent + unpriced + max(committed, per_second * exact_seconds(end - at))
-    return BudgetStatus(budget, at, start, end, budget.amount_usd, spent, committed, per_second * 3600, forecast,
-                        spend.unpriced_gpu_hours, unpriced)
+    basis = forecast(budget.team_id, end, at, spent + unpriced, committed)
+    return BudgetStatus(budget, at, start, end, budget.amount_usd, spent, committed, basis.burn_rate_usd_per_hour,
+                        basis.forecast_usd, spend.unpriced_gpu_hours, unpriced, basis)
 
 
 def admin_emails(team_id: int) -> list[str]:

@@ -180,8 +180,14 @@ class UtilizationRollup(models.Model):
     weighted), coverage = ``samples / expected_samples``. ``samples == 0``
     means "no data": the averages are NULL, never 0 %.
     ``gpu_seconds`` is the allocation (GPUs x seconds running) on that day;
-    ``idle_gpu_seconds`` the part of it whose utilization was under the idle
-    threshold (NULL without data).
+    ``observed_gpu_seconds`` the part covered by DCGM samples (samples x
+    scrape interval, at most the allocation); ``idle_gpu_seconds`` the
+    observed part whose utilization was under the idle threshold (NULL
+    without samples); the rest of the allocation is unobserved, never
+    estimated. Every quantity is a count of samples inside the day, so days
+    add up to the attempt whatever the hour of midnight.
+    ``util_metric`` names the counter read, ``label_shape`` how series were
+    attributed (``costs.prometheus.SHAPES``).
     """
 
     attempt = models.ForeignKey("jobs.JobAttempt", on_delete=models.CASCADE, related_name="utilization_rollups")
@@ -198,7 +204,15 @@ class UtilizationRollup(models.Model):
     memory_samples = models.PositiveIntegerField(default=0)
     avg_memory_used_mib = models.FloatField(null=True, blank=True)
     idle_gpu_seconds = models.FloatField(null=True, blank=True)
+    observed_gpu_seconds = models.FloatField(default=0.0, help_text="GPU-seconds covered by DCGM samples")
+    util_metric = models.CharField(max_length=64, blank=True, help_text="DCGM counter read; blank: no data")
+    label_shape = models.CharField(max_length=16, blank=True, help_text="how series were attributed to the attempt")
     collected_at = models.DateTimeField(auto_now=True)
+
+    @property
+    def unobserved_gpu_seconds(self) -> float:
+        """Allocated GPU-seconds without any DCGM sample."""
+        return max(0.0, self.gpu_seconds - self.observed_gpu_seconds)
 
     class Meta:
         ordering = ["day", "attempt_id"]
@@ -207,6 +221,54 @@ class UtilizationRollup(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.attempt_id} {self.day}: {self.avg_gpu_util_percent}%"
+
+
+class ClusterMetrics(models.Model):
+    """How a cluster's DCGM series are read: their label shape (detected, or set by an operator) and counter.
+
+    ``detected_shape``/``host_label``/``util_metric`` come from
+    ``costs.prometheus.detect_shape``; ``shape_override`` (blank: none) wins
+    over the detection. ``shape`` is the one in force.
+    """
+
+    class Shape(models.TextChoices):
+        POD = "pod", "namespace/pod"
+        EXPORTED = "exported_pod", "exported_namespace/exported_pod"
+        HOST = "host", "Hostname + GPU UUID"
+
+    cluster = models.OneToOneField("runners.Cluster", on_delete=models.CASCADE, related_name="dcgm_metrics")
+    detected_shape = models.CharField(max_length=16, choices=Shape.choices, blank=True)
+    shape_override = models.CharField(max_length=16, choices=Shape.choices, blank=True,
+                                      help_text="set to force a label shape; blank: use the detected one")
+    host_label = models.CharField(max_length=16, default="Hostname")
+    util_metric = models.CharField(max_length=64, blank=True)
+    series = models.JSONField(default=dict, blank=True, help_text="DCGM series counted per candidate at detection")
+    detected_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.cluster_id}: {self.shape or 'unknown'} ({self.util_metric or 'no counter'})"
+
+    @property
+    def shape(self) -> str:
+        """The label shape in force: the override, else the detected one (blank: unknown)."""
+        return self.shape_override or self.detected_shape
+
+
+class UnknownCostAlert(models.Model):
+    """An attempt accruing GPU-hours without a price, alerted once (the unique attempt key decides)."""
+
+    attempt = models.OneToOneField("jobs.JobAttempt", on_delete=models.CASCADE, related_name="unknown_cost_alert")
+    team = models.ForeignKey("quotas.Team", on_delete=models.CASCADE, related_name="unknown_cost_alerts")
+    since = models.DateTimeField()
+    fired_at = models.DateTimeField()
+    gpu_hours = models.FloatField()
+    message = models.TextField()
+
+    class Meta:
+        ordering = ["-fired_at"]
+
+    def __str__(self) -> str:
+        return f"attempt {self.attempt_id}: cost unknown since {self.since:%Y-%m-%d %H:%M}"
 
 
 class BudgetAlert(models.Model):

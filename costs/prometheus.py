@@ -7,6 +7,12 @@ as OpenCost does; ``DCGM_FI_DEV_FB_USED``, MiB) and kube-state-metrics
 with ``kube_pod_status_phase{phase="Running"}``). Each query returns a few
 sums per window (``sum_over_time``, ``count_over_time``, ``sum``, subqueries);
 raw series are never pulled.
+
+DCGM series reach Prometheus in one of three label shapes (``SHAPES``):
+``namespace``/``pod`` of the workload, ``exported_namespace``/``exported_pod``
+(scraped by a ServiceMonitor without ``honorLabels``, when ``pod`` names the
+exporter itself), or no pod labels at all (``Hostname`` or ``hostname`` and
+``UUID`` only). ``detect_shape`` tells which from the series themselves.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import re
 
 from django.conf import settings
 from prometheus_api_client import PrometheusConnect
+from urllib3.util.retry import Retry
 
 from runners.kubernetes.manifests import namespace_name
 
@@ -28,8 +35,8 @@ GPU_REQUESTS = 'kube_pod_container_resource_requests{{resource="nvidia_com_gpu"{
 POD_RUNNING = 'kube_pod_status_phase{{phase="Running"{extra}}}'
 # Prometheus refuses a query_range (and we refuse a subquery) of more than this many points per series.
 MAX_POINTS = 11_000
-# Range selectors are closed at both ends in Prometheus 2.x: evaluating 1 ms before a window's end
-# and reaching back (length - 1 ms) reads exactly [start, end) at millisecond resolution.
+# Range selectors are closed at both ends in Prometheus 2.x and left-open in 3.x: evaluating 1 ms before a
+# window's end and reaching back to its start (``range_for``) reads exactly [start, end) at millisecond resolution.
 EPSILON = dt.timedelta(milliseconds=1)
 
 
@@ -65,15 +72,16 @@ def team_namespace(team_slug: str) -> str:
     return namespace_name(settings.K8S_NAMESPACE_PREFIX, team_slug)
 
 
-def attempt_pod_matchers(team_slug: str, object_name: str) -> str:
+def attempt_pod_matchers(team_slug: str, object_name: str, shape: str = "pod") -> str:
     """PromQL label matchers of an attempt's pods: the one place where pods map to attempts.
 
     Pods are named ``<object_name>-...`` (``job-12-1-0-abcde`` for object
-    ``job-12-1``; the trailing dash keeps ``job-12-10`` out) in the team's namespace.
+    ``job-12-1``; the trailing dash keeps ``job-12-10`` out) in the team's
+    namespace. ``shape`` ``exported_pod`` matches ``exported_namespace`` and
+    ``exported_pod`` instead (dcgm-exporter scraped without ``honorLabels``).
     """
-    # re.escape also escapes '-', which PromQL strings refuse; a backslash must be doubled inside them.
-    pattern = re.escape(object_name).replace("\\-", "-").replace("\\", "\\\\")
-    return f'namespace="{team_namespace(team_slug)}",pod=~"{pattern}-.*"'
+    ns_label, pod_label = POD_LABELS.get(shape, ("namespace", "pod"))
+    return f'{ns_label}="{team_namespace(team_slug)}",{pod_label}=~"{_regex_literal(object_name)}-.*"'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +91,11 @@ class Source:
     url: str
     cluster_matcher: str  # '' or ',cluster="name"'
 
-    def client(self) -> PrometheusConnect:
+    def client(self, timeout: float | None = None) -> PrometheusConnect:
+        """A client of this Prometheus; ``timeout`` (seconds) given: that timeout and no retry (a page waiting
+        on it), else ``COSTS_PROMETHEUS_TIMEOUT_SECONDS`` with the library's retries."""
+        if timeout is not None:
+            return PrometheusConnect(url=self.url, disable_ssl=True, timeout=timeout, retry=Retry(total=0))
         return PrometheusConnect(url=self.url, disable_ssl=True, timeout=settings.COSTS_PROMETHEUS_TIMEOUT_SECONDS)
 
 
@@ -96,20 +108,165 @@ def source_for(cluster) -> Source | None:
     return None
 
 
+# --- label shapes: how a cluster's DCGM series name the pod using a GPU --------------------------------------
+
+SHAPE_POD = "pod"                # dcgm-exporter scraped with honorLabels: namespace/pod are the workload's
+SHAPE_EXPORTED = "exported_pod"  # ServiceMonitor without honorLabels: exported_namespace/exported_pod
+SHAPE_HOST = "host"              # no pod labels at all: Hostname (or hostname) and the GPU UUID
+SHAPES = (SHAPE_POD, SHAPE_EXPORTED, SHAPE_HOST)
+POD_LABELS = {SHAPE_POD: ("namespace", "pod"), SHAPE_EXPORTED: ("exported_namespace", "exported_pod")}
+HOST_LABELS = ("Hostname", "hostname")
+DCGM_UTIL = f"__name__=~\"{GR_ENGINE_ACTIVE}|{UTIL_PERCENT}\""
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """How one cluster's DCGM series are attributed to pods, and which utilization counter they carry.
+
+    ``kind``: one of ``SHAPES``, or ``""`` when no DCGM series was seen.
+    ``host_label``: ``Hostname`` (dcgm-exporter's) or ``hostname`` (some
+    relabelings), used by ``SHAPE_HOST``. ``util_metric``: ``GR_ENGINE_ACTIVE``
+    where the exporter has profiling metrics, else ``UTIL_PERCENT``, ``""``
+    without data. ``series``: DCGM utilization series per candidate, as counted.
+    """
+
+    kind: str
+    host_label: str = "Hostname"
+    util_metric: str = ""
+    series: tuple = ()
+
+
+def _regex_literal(value: str) -> str:
+    """``value`` escaped for a PromQL regex matcher (RE2 syntax, inside a string literal)."""
+    # re.escape also escapes '-', which PromQL strings refuse; a backslash must be doubled inside them.
+    return re.escape(value).replace("\\-", "-").replace("\\", "\\\\")
+
+
+def detect_shape(source: Source, at: dt.datetime, lookback: dt.timedelta = dt.timedelta(days=1), *,
+                 client: PrometheusConnect | None = None) -> Shape:
+    """The label shape of the DCGM utilization series of ``source``'s cluster seen in ``[at - lookback, at]``.
+
+    One instant query counting series per candidate: with ``exported_pod`` in
+    a team namespace (``K8S_NAMESPACE_PREFIX``), with ``pod`` in a team
+    namespace, with ``Hostname``, with ``hostname``, and with each counter.
+    The exported shape wins when it names team pods (the ``pod`` label then
+    names the exporter), then the pod shape, then hosts. Raises what ``read_usage`` raises.
+    """
+    client = client or source.client()
+    prefix = _regex_literal(settings.K8S_NAMESPACE_PREFIX)
+    r = duration(lookback)
+    candidates = {
+        "exported": f'exported_pod!="",exported_namespace=~"{prefix}.*"',
+        "pod": f'pod!="",namespace=~"{prefix}.*"',
+        "Hostname": 'Hostname!=""',
+        "hostname": 'hostname!=""',
+    }
+    parts = [_stat(name, f"count(last_over_time({{{DCGM_UTIL},{m}{source.cluster_matcher}}}[{r}]))")
+             for name, m in candidates.items()]
+    parts += [_stat(metric, f"count(last_over_time({metric}{{{source.cluster_matcher.lstrip(',')}}}[{r}]))")
+              for metric in (GR_ENGINE_ACTIVE, UTIL_PERCENT)]
+    counts = {name: 0 for name in [*candidates, GR_ENGINE_ACTIVE, UTIL_PERCENT]}
+    for row in client.custom_query(" or ".join(parts), params={"time": at.timestamp()}):
+        counts[row["metric"]["stat"]] = int(float(row["value"][1]))
+    host_label = "hostname" if counts["hostname"] > counts["Hostname"] else "Hostname"
+    if counts["exported"]:
+        kind = SHAPE_EXPORTED
+    elif counts["pod"]:
+        kind = SHAPE_POD
+    elif counts[host_label]:
+        kind = SHAPE_HOST
+    else:
+        kind = ""
+    metric = GR_ENGINE_ACTIVE if counts[GR_ENGINE_ACTIVE] else UTIL_PERCENT if counts[UTIL_PERCENT] else ""
+    return Shape(kind, host_label, metric, tuple(sorted(counts.items())))
+
+
+def shape_matchers(shape: Shape, team_slug: str, object_name: str, hosts: tuple[str, ...] = (),
+                   uuids: tuple[str, ...] = ()) -> str | None:
+    """PromQL matchers of an attempt's GPU series under ``shape``; None when the series cannot be told apart.
+
+    Pod shapes: the pod labels (``attempt_pod_matchers``). Host shape: the
+    attempt's ``hosts`` and, unless the attempt holds those hosts whole,
+    the ``uuids`` of its GPUs; without hosts it is None (not attributable:
+    its GPU-hours count as unobserved, never guessed).
+    """
+    if shape.kind in POD_LABELS:
+        return attempt_pod_matchers(team_slug, object_name, shape.kind)
+    if shape.kind == SHAPE_HOST and hosts:
+        matchers = f'{shape.host_label}=~"{"|".join(_regex_literal(h) for h in sorted(hosts))}"'
+        if uuids:
+            matchers += f',UUID=~"{"|".join(_regex_literal(u) for u in sorted(uuids))}"'
+        return matchers
+    return None
+
+
+def attempt_hosts(source: Source, team_slug: str, object_name: str, start: dt.datetime, end: dt.datetime, *,
+                  client: PrometheusConnect | None = None) -> dict[str, float]:
+    """``{node: GPUs requested there}`` of an attempt's pods in ``[start, end)``, from kube-state-metrics'
+    ``kube_pod_container_resource_requests`` (its ``node`` label); empty when none was seen."""
+    client = client or source.client()
+    extra = "," + attempt_pod_matchers(team_slug, object_name) + source.cluster_matcher
+    r = duration(end - start + dt.timedelta(seconds=settings.COSTS_SCRAPE_INTERVAL_SECONDS))
+    query = f"sum by (node) (max by (node, pod) (max_over_time({GPU_REQUESTS.format(extra=extra)}[{r}])))"
+    return {row["metric"].get("node", ""): float(row["value"][1])
+            for row in client.custom_query(query, params={"time": end.timestamp()}) if row["metric"].get("node")}
+
+
+def host_gpus(source: Source, shape: Shape, hosts: tuple[str, ...], at: dt.datetime, lookback: dt.timedelta, *,
+              client: PrometheusConnect | None = None) -> int:
+    """How many distinct GPUs (``UUID``) the DCGM series of ``hosts`` show in ``[at - lookback, at]``."""
+    client = client or source.client()
+    matchers = shape_matchers(Shape(SHAPE_HOST, shape.host_label), "", "", hosts)
+    query = (f"count(count by (UUID) (last_over_time({{{DCGM_UTIL},{matchers}{source.cluster_matcher}}}"
+             f"[{duration(lookback)}])))")
+    rows = client.custom_query(query, params={"time": at.timestamp()})
+    return int(float(rows[0]["value"][1])) if rows else 0
+
+
+# --- range-selector semantics ---------------------------------------------------------------------------------
+
+_LEFT_OPEN: dict[str, bool] = {}
+
+
+def range_left_open(source: Source, *, client: PrometheusConnect | None = None) -> bool:
+    """Whether ``source`` reads range selectors left-open, ``(t - r, t]`` (Prometheus 3.x), or closed,
+    ``[t - r, t]`` (2.x). Probed once per URL, not taken from a version string (Thanos and others report
+    their own): ``count_over_time(vector(1)[2m:1m])`` at a whole minute counts 3 points closed, 2 left-open.
+    Sources: Prometheus 3.0 made range selectors, the lookback and subqueries left-open (docs/migration.md
+    "Intervals return a predictable number of points"; prometheus/prometheus#13213 and #15431)."""
+    if source.url not in _LEFT_OPEN:
+        client = client or source.client()
+        at = int(dt.datetime.now(dt.timezone.utc).timestamp()) // 60 * 60
+        rows = client.custom_query("count_over_time(vector(1)[2m:1m])", params={"time": at})
+        _LEFT_OPEN[source.url] = bool(rows) and float(rows[0]["value"][1]) < 3
+    return _LEFT_OPEN[source.url]
+
+
+def range_for(start: dt.datetime, end: dt.datetime, left_open: bool) -> tuple[float, str]:
+    """``(evaluation time in unix seconds, range duration)`` whose range selector reads exactly ``[start, end)``
+    at millisecond resolution: evaluated 1 ms before ``end``, reaching back to ``start`` inclusive."""
+    at = end - EPSILON
+    length = end - start if left_open else end - start - EPSILON
+    return at.timestamp(), duration(length)
+
+
 @dataclasses.dataclass(frozen=True)
 class WindowUsage:
-    """Sums over one window of one attempt's GPUs. Utilization in percent; memory in MiB.
+    """Sums over one window of one attempt's (or one group's) GPU series. Utilization in percent; memory in MiB.
 
-    ``samples == 0`` means no data; the averages are then None.
-    ``idle_points``/``points`` come from a subquery at the scrape interval.
+    ``samples``: utilization samples found (one per GPU per scrape);
+    ``idle_samples``: those under the idle threshold; ``prof_samples``: those
+    read from ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (the rest are
+    ``DCGM_FI_DEV_GPU_UTIL``). ``samples == 0`` means no data: averages and
+    idle time are then None, never 0.
     """
 
     samples: int
     util_sum: float
     memory_samples: int
     memory_sum: float
-    idle_points: int
-    points: int
+    idle_samples: int
+    prof_samples: int = 0
 
     @property
     def avg_util_percent(self) -> float | None:
@@ -120,11 +277,25 @@ class WindowUsage:
         return self.memory_sum / self.memory_samples if self.memory_samples else None
 
     @property
-    def idle_fraction(self) -> float | None:
-        return self.idle_points / self.points if self.points else None
+    def util_metric(self) -> str:
+        """The counter the utilization came from: ``GR_ENGINE_ACTIVE``, ``UTIL_PERCENT``, ``mixed`` or ``""`` (no data)."""
+        if not self.samples:
+            return ""
+        return GR_ENGINE_ACTIVE if self.prof_samples == self.samples else UTIL_PERCENT if not self.prof_samples \
+            else "mixed"
+
+    def observed_seconds(self, step_seconds: float) -> float:
+        """GPU-seconds covered by samples: each sample stands for one scrape interval of one GPU, nothing more
+        (a gap is never filled from the samples around it)."""
+        return self.samples * step_seconds
+
+    def idle_seconds(self, step_seconds: float) -> float | None:
+        """GPU-seconds covered by samples under the idle threshold; None without samples."""
+        return self.idle_samples * step_seconds if self.samples else None
 
 
-USAGE_FIELDS = ("samples", "util_sum", "memory_samples", "memory_sum", "idle_points", "points")
+NO_USAGE = WindowUsage(0, 0.0, 0, 0.0, 0, 0)
+USAGE_FIELDS = ("samples", "util_sum", "memory_samples", "memory_sum", "idle_samples", "prof_samples")
 
 
 def _stat(name: str, expr: str, by: tuple[str, ...] = ()) -> str:
@@ -132,31 +303,84 @@ def _stat(name: str, expr: str, by: tuple[str, ...] = ()) -> str:
     return f'label_replace(sum{grouping}({expr}), "stat", "{name}", "", "")'
 
 
-def usage_query(matchers: str, window: dt.timedelta, step_seconds: float, idle_percent: float,
-                by: tuple[str, ...] = (), fields: tuple[str, ...] | None = None) -> str:
-    """One instant query returning labelled sums (grouped ``by`` labels) for the series matching ``matchers``.
+def _ms(at: dt.datetime) -> int:
+    return round(at.timestamp() * 1000)
 
-    ``fields`` picks among ``USAGE_FIELDS`` (all by default); the idle
-    points need a subquery at the scrape interval, the others none.
 
-    Utilization per GPU series is ``GR_ENGINE_ACTIVE x 100`` where the
-    profiling counter exists, else ``GPU_UTIL`` (OpenCost's choice); ``or``
-    works per series because both sides drop the metric name.
+def _at_ms(ms: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)
+
+
+def idle_pieces(start: dt.datetime, end: dt.datetime, step_seconds: float, left_open: bool) -> list[tuple]:
+    """How the idle samples of ``[start, end)`` are counted without reading raw samples, each scrape once.
+
+    Returns ``[("edge", lo, hi)]`` for pieces shorter than one step (at most
+    one scrape per series: its value is ``last_over_time``) and at most one
+    ``("steps", first, last, inner_range, outer_range)``: a subquery whose
+    points ``first..last`` (multiples of the step) each read the latest
+    sample of the step before them (``last_over_time`` over exactly one
+    step, so a gap never borrows a sample from the 5-minute lookback). The
+    pieces tile ``[start, end)`` at millisecond resolution. Assumes scrapes
+    at least one step apart (the step is the scrape interval).
     """
-    r = duration(window)
+    s, e, step = _ms(start), _ms(end), round(step_seconds * 1000)
+    first_multiple = -(-s // step) * step  # A: the first multiple of the step at or after start
+    last_multiple = (e - 1) // step * step  # B: the last multiple of the step before end
+    if last_multiple < first_multiple:
+        return [("edge", start, end)]
+    pieces = [("edge", start, _at_ms(first_multiple + 1))]
+    if last_multiple > first_multiple:
+        inner = step if left_open else step - 1
+        first_point = first_multiple + step
+        outer = last_multiple - first_multiple if left_open else last_multiple - first_point
+        pieces.append(("steps", _at_ms(first_point), _at_ms(last_multiple), inner, outer))
+    if last_multiple + 1 < e:
+        pieces.append(("edge", _at_ms(last_multiple + 1), end))
+    return pieces
+
+
+def _idle_parts(gr: str, util: str, start: dt.datetime, end: dt.datetime, step_seconds: float, idle_percent: float,
+                left_open: bool) -> list[str]:
+    """PromQL expressions (per GPU series, to be summed) of idle samples, one per piece of ``idle_pieces``."""
     step = duration(dt.timedelta(seconds=step_seconds))
-    util = f"({GR_ENGINE_ACTIVE}{{{matchers}}} * 100 or {UTIL_PERCENT}{{{matchers}}} + 0)"
+    parts = []
+    for piece in idle_pieces(start, end, step_seconds, left_open):
+        if piece[0] == "edge":
+            at, r = range_for(piece[1], piece[2], left_open)
+            parts.append(f"(last_over_time({gr}[{r}] @ {at!r}) * 100 < bool {idle_percent:g}"
+                         f" or last_over_time({util}[{r}] @ {at!r}) < bool {idle_percent:g})")
+        else:
+            _, _, last, inner, outer = piece
+            sub = f"[{max(1, outer)}ms:{step}] @ {last.timestamp()!r}"
+            parts.append(f"(sum_over_time((last_over_time({gr}[{inner}ms]) * 100 < bool {idle_percent:g}){sub})"
+                         f" or sum_over_time((last_over_time({util}[{inner}ms]) < bool {idle_percent:g}){sub}))")
+    return parts
+
+
+def usage_query(matchers: str, start: dt.datetime, end: dt.datetime, step_seconds: float, idle_percent: float,
+                by: tuple[str, ...] = (), fields: tuple[str, ...] | None = None, left_open: bool = False) -> tuple[str, float]:
+    """One instant query of labelled sums over ``[start, end)`` (grouped ``by`` labels); returns ``(query, time)``.
+
+    ``fields`` picks among ``USAGE_FIELDS`` (all by default). Utilization per
+    GPU series is ``GR_ENGINE_ACTIVE x 100`` where the profiling counter
+    exists, else ``GPU_UTIL`` (OpenCost's choice); ``or`` works per series
+    because both sides drop the metric name. Samples, sums and memory are
+    plain range functions over exactly ``[start, end)`` (``range_for``, per
+    ``left_open``); idle samples need a comparison per sample, hence the
+    pieces of ``idle_pieces`` (stats ``idle_samples:<n>``, to be added up).
+    """
+    at, r = range_for(start, end, left_open)
+    gr, util, fb = (f"{m}{{{matchers}}}" for m in (GR_ENGINE_ACTIVE, UTIL_PERCENT, FB_USED_MIB))
     parts = {
-        "util_sum": _stat("util_sum", f"sum_over_time({GR_ENGINE_ACTIVE}{{{matchers}}}[{r}]) * 100"
-                          f" or sum_over_time({UTIL_PERCENT}{{{matchers}}}[{r}])", by),
-        "samples": _stat("samples", f"count_over_time({GR_ENGINE_ACTIVE}{{{matchers}}}[{r}])"
-                         f" or count_over_time({UTIL_PERCENT}{{{matchers}}}[{r}])", by),
-        "memory_sum": _stat("memory_sum", f"sum_over_time({FB_USED_MIB}{{{matchers}}}[{r}])", by),
-        "memory_samples": _stat("memory_samples", f"count_over_time({FB_USED_MIB}{{{matchers}}}[{r}])", by),
-        "idle_points": _stat("idle_points", f"sum_over_time(({util} < bool {idle_percent})[{r}:{step}])", by),
-        "points": _stat("points", f"count_over_time({util}[{r}:{step}])", by),
+        "util_sum": [_stat("util_sum", f"sum_over_time({gr}[{r}]) * 100 or sum_over_time({util}[{r}])", by)],
+        "samples": [_stat("samples", f"count_over_time({gr}[{r}]) or count_over_time({util}[{r}])", by)],
+        "prof_samples": [_stat("prof_samples", f"count_over_time({gr}[{r}])", by)],
+        "memory_sum": [_stat("memory_sum", f"sum_over_time({fb}[{r}])", by)],
+        "memory_samples": [_stat("memory_samples", f"count_over_time({fb}[{r}])", by)],
+        "idle_samples": [_stat(f"idle_samples:{n}", expr, by) for n, expr in
+                         enumerate(_idle_parts(gr, util, start, end, step_seconds, idle_percent, left_open))],
     }
-    return " or ".join(parts[f] for f in (fields or USAGE_FIELDS))
+    return " or ".join(q for f in (fields or USAGE_FIELDS) for q in parts[f]), at
 
 
 def read_usage_by(source: Source, matchers: str, start: dt.datetime, end: dt.datetime, by: tuple[str, ...] = (), *,
@@ -171,16 +395,19 @@ def read_usage_by(source: Source, matchers: str, start: dt.datetime, end: dt.dat
     step_seconds = step_seconds or settings.COSTS_SCRAPE_INTERVAL_SECONDS
     idle_percent = settings.COSTS_IDLE_UTIL_PERCENT if idle_percent is None else idle_percent
     client = client or source.client()
+    left_open = range_left_open(source, client=client)
     totals: dict[tuple, dict[str, float]] = {}
     for w_start, w_end in split_window(start, end, step_seconds):
-        query = usage_query(matchers + source.cluster_matcher, w_end - w_start - EPSILON, step_seconds, idle_percent, by, fields)
-        for row in client.custom_query(query, params={"time": (w_end - EPSILON).timestamp()}):
+        query, at = usage_query(matchers + source.cluster_matcher, w_start, w_end, step_seconds, idle_percent, by,
+                                fields, left_open)
+        for row in client.custom_query(query, params={"time": at}):
             key = tuple(row["metric"].get(label, "") for label in by)
             group = totals.setdefault(key, dict.fromkeys(USAGE_FIELDS, 0.0))
-            group[row["metric"]["stat"]] += float(row["value"][1])
+            group[row["metric"]["stat"].split(":")[0]] += float(row["value"][1])
     return {
         key: WindowUsage(samples=int(t["samples"]), util_sum=t["util_sum"], memory_samples=int(t["memory_samples"]),
-                         memory_sum=t["memory_sum"], idle_points=int(t["idle_points"]), points=int(t["points"]))
+                         memory_sum=t["memory_sum"], idle_samples=int(t["idle_samples"]),
+                         prof_samples=int(t["prof_samples"]))
         for key, t in totals.items()
     }
 
@@ -188,17 +415,19 @@ def read_usage_by(source: Source, matchers: str, start: dt.datetime, end: dt.dat
 def read_usage(source: Source, matchers: str, start: dt.datetime, end: dt.datetime, *,
                step_seconds: float | None = None, idle_percent: float | None = None,
                client: PrometheusConnect | None = None) -> WindowUsage:
-    """Sums of utilization, memory and idle points for the series matching ``matchers`` in ``[start, end)``.
+    """Sums of utilization, memory and idle samples for the series matching ``matchers`` in ``[start, end)``.
 
     ``matchers`` is a PromQL matcher list without braces (see
-    ``attempt_pod_matchers``); the source's cluster matcher is added. The
-    window is cut so that no subquery exceeds ``MAX_POINTS`` steps.
-    Raises ``prometheus_api_client.PrometheusApiClientException`` on an
-    HTTP error and ``requests.RequestException`` when Prometheus is unreachable.
+    ``shape_matchers``); the source's cluster matcher is added. A sample
+    counts when its own timestamp is in ``[start, end)``, under Prometheus
+    2.x (closed) and 3.x (left-open) range selectors alike. The window is cut
+    so that no subquery exceeds ``MAX_POINTS`` steps. Raises
+    ``prometheus_api_client.PrometheusApiClientException`` on an HTTP error
+    and ``requests.RequestException`` when Prometheus is unreachable.
     """
     groups = read_usage_by(source, matchers, start, end, step_seconds=step_seconds, idle_percent=idle_percent,
                            client=client)
-    return groups.get((), WindowUsage(0, 0.0, 0, 0.0, 0, 0))
+    return groups.get((), NO_USAGE)
 
 
 def allocated_gpu_hours_by(source: Source, start: dt.datetime, end: dt.datetime, by: tuple[str, ...] = (), *,
@@ -220,16 +449,17 @@ def allocated_gpu_hours_by(source: Source, start: dt.datetime, end: dt.datetime,
     client = client or source.client()
     extra = (f",{matchers}" if matchers else "") + source.cluster_matcher
     grouping = f" by ({', '.join(by)})" if by else ""
+    left_open = range_left_open(source, client=client)
     totals: dict[tuple, float] = {}
     for w_start, w_end in split_window(start, end, step_seconds):
-        r = duration(w_end - w_start - EPSILON)
+        at, r = range_for(w_start, w_end, left_open)
         query = (
             f"sum{grouping}("
             f"max by (namespace, pod) (sum_over_time({POD_RUNNING.format(extra=extra)}[{r}]))"
             f" * on (namespace, pod) group_left()"
             f" sum by (namespace, pod) (max_over_time({GPU_REQUESTS.format(extra=extra)}[{r}])))"
         )
-        for row in client.custom_query(query, params={"time": (w_end - EPSILON).timestamp()}):
+        for row in client.custom_query(query, params={"time": at}):
             value = float(row["value"][1])
             if not math.isnan(value):
                 key = tuple(row["metric"].get(label, "") for label in by)

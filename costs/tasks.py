@@ -31,7 +31,9 @@ def accrue_attempt_task(attempt_id: int) -> str:
 def check_budgets() -> int:
     """Fire budget threshold alerts due now (periodic); each fires once per period. Returns alerts fired."""
     from .budgets import check_budgets as check
+    from .unknown import check_unknown_costs
 
+    check_unknown_costs()  # GPU-hours accruing without a price: alerted once per attempt
     return check()
 
 
@@ -47,6 +49,14 @@ def collect_utilization() -> int:
 
     now = timezone.now().astimezone(dt.timezone.utc)
     return collect(_lookback_start(now), now)
+
+
+@shared_task(name="costs.tasks.collect_ended_utilization", ignore_result=True)
+def collect_ended_utilization() -> int:
+    """Collect the whole run of each attempt that ended since the last pass (every minute); returns attempts read."""
+    from .utilization import collect_ended
+
+    return collect_ended()
 
 
 @shared_task(name="costs.tasks.check_ledger", ignore_result=True)

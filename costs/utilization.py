@@ -2,26 +2,45 @@
 
 Each attempt is read only within its running interval ``[started_at,
 ended_at or now)``, cut at UTC midnight; one pushed-down query per piece.
+What a piece holds is counted in samples, never scaled: allocated
+GPU-seconds (GPUs x seconds running), observed GPU-seconds (samples x scrape
+interval), idle GPU-seconds (samples under the idle threshold x scrape
+interval) and the unobserved rest. A gap in the scrapes stays unobserved, so
+the pieces of an attempt add up to the same totals wherever midnight falls.
+
+Series are attributed to an attempt by the cluster's label shape
+(``costs.prometheus.SHAPES``), detected from its series and kept in
+``ClusterMetrics`` (an operator may override it). Utilization is collected
+periodically, when an attempt ends (``collect_ended``, so short and cancelled
+jobs have it), and on reading a running job (``refresh_running``, at most
+every ``COSTS_LIVE_CACHE_SECONDS``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections import defaultdict
+from decimal import Decimal
 
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import Max, Q, Sum
+from django.db.models.functions import TruncDate
 from django.utils import timezone
 
+from core.money import usd_cents
 from jobs.models import JobAttempt
 from runners.models import Cluster
 
 from . import prometheus
 from .metrics import LEDGER_DISCREPANCY_PERCENT
-from .models import CostEntry, LedgerDiscrepancy, UtilizationRollup
+from .models import ClusterMetrics, CostEntry, LedgerDiscrepancy, UtilizationRollup
+from .spend import ENTRY_SPAN, utc_midnight
 
 log = logging.getLogger(__name__)
 DAY = dt.timedelta(days=1)
+# A detected label shape is re-detected from the series after this long.
+SHAPE_MAX_AGE = dt.timedelta(hours=1)
 
 
 def utc_days(start: dt.datetime, end: dt.datetime) -> list[tuple[dt.date, dt.datetime, dt.datetime]]:
@@ -54,6 +73,116 @@ def attempts_between(start: dt.datetime, end: dt.datetime, clusters=None):
     return qs.order_by("pk")
 
 
+# --- label shapes ---------------------------------------------------------------------------------------------
+
+def detect_cluster_shape(cluster: Cluster, at: dt.datetime | None = None, client=None) -> ClusterMetrics | None:
+    """Detect ``cluster``'s DCGM label shape and counter from its series now (``prometheus.detect_shape``) and
+    store it; an override set by an operator is kept. A cluster whose series show nothing keeps what was
+    detected before. None when the cluster has no Prometheus. Raises what ``prometheus.read_usage`` raises."""
+    source = prometheus.source_for(cluster)
+    if source is None:
+        return None
+    at = at or timezone.now()
+    found = prometheus.detect_shape(source, at, client=client)
+    row, _ = ClusterMetrics.objects.get_or_create(cluster=cluster)
+    if found.kind:
+        row.detected_shape, row.host_label, row.util_metric = found.kind, found.host_label, found.util_metric
+    row.series, row.detected_at = dict(found.series), at
+    row.save()
+    return row
+
+
+def cluster_shape(cluster: Cluster, at: dt.datetime | None = None, client=None) -> prometheus.Shape:
+    """The label shape in force on ``cluster``: its override, else the detection (redone after ``SHAPE_MAX_AGE``);
+    the pod shape when nothing was ever detected."""
+    now = timezone.now()
+    row = ClusterMetrics.objects.filter(cluster=cluster).first()
+    if row is None or not row.shape_override and (row.detected_at is None or row.detected_at < now - SHAPE_MAX_AGE):
+        try:
+            row = detect_cluster_shape(cluster, min(at or now, now), client) or row
+        except Exception as exc:  # noqa: BLE001 (Prometheus unreachable: keep what is known)
+            log.warning("label shape of cluster %s not detected: %s", cluster, exc)
+    if row is None or not row.shape:
+        return prometheus.Shape(prometheus.SHAPE_POD)
+    return prometheus.Shape(row.shape, row.host_label, row.util_metric)
+
+
+def attempt_matchers(attempt: JobAttempt, shape: prometheus.Shape, source: prometheus.Source, lo: dt.datetime,
+                     hi: dt.datetime, client) -> str | None:
+    """The matchers of ``attempt``'s GPU series within ``[lo, hi)`` under ``shape``; None if not attributable.
+
+    Host shape: the nodes of its pods (kube-state-metrics), restricted to the
+    GPU UUIDs the runner recorded (``runner_state["gpu_uuids"]``); without
+    them only an attempt holding its nodes whole is attributable.
+    """
+    team, name = attempt.job.team.slug, attempt.object_name
+    if shape.kind != prometheus.SHAPE_HOST:
+        return prometheus.shape_matchers(shape, team, name)
+    hosts = prometheus.attempt_hosts(source, team, name, lo, hi, client=client)
+    uuids = tuple(attempt.runner_state.get("gpu_uuids") or ()) if isinstance(attempt.runner_state, dict) else ()
+    if not hosts:
+        return None
+    if not uuids and sum(hosts.values()) < prometheus.host_gpus(source, shape, tuple(hosts), hi, hi - lo,
+                                                                   client=client):
+        return None
+    return prometheus.shape_matchers(shape, team, name, tuple(hosts), uuids)
+
+
+# --- collection -----------------------------------------------------------------------------------------------
+
+class _Sources:
+    """Per-cluster Prometheus source, client and label shape, looked up once per collection pass."""
+
+    def __init__(self, timeout: float | None = None):
+        self._by_cluster: dict[int, tuple] = {}
+        self._timeout = timeout
+
+    def get(self, cluster: Cluster, at: dt.datetime):
+        if cluster.pk not in self._by_cluster:
+            source = prometheus.source_for(cluster)
+            if source is None:
+                log.warning("cluster %s has no Prometheus; utilization not collected", cluster)
+                self._by_cluster[cluster.pk] = (None, None, None)
+            else:
+                client = source.client(self._timeout)
+                self._by_cluster[cluster.pk] = (source, client, cluster_shape(cluster, at, client))
+        return self._by_cluster[cluster.pk]
+
+
+def collect_attempt(attempt: JobAttempt, start: dt.datetime, end: dt.datetime, sources: _Sources | None = None) -> int:
+    """Read ``attempt``'s utilization within ``[start, end)`` (cut to its run and at UTC midnights) and upsert
+    its UtilizationRollup rows; returns rows written (0 without a Prometheus). Call it with whole UTC days or
+    the attempt's whole run: a day's row is replaced by what this window holds of it."""
+    sources = sources or _Sources()
+    interval = running_interval(attempt, start, end)
+    source, client, shape = sources.get(attempt.cluster, end)
+    if source is None or interval is None:
+        return 0
+    step = settings.COSTS_SCRAPE_INTERVAL_SECONDS
+    written = 0
+    for day, lo, hi in utc_days(*interval):
+        matchers = attempt_matchers(attempt, shape, source, lo, hi, client)
+        usage = prometheus.NO_USAGE if matchers is None else prometheus.read_usage(source, matchers, lo, hi,
+                                                                                    client=client)
+        gpu_seconds = attempt.gpus * (hi - lo).total_seconds()
+        idle = usage.idle_seconds(step)
+        UtilizationRollup.objects.update_or_create(
+            attempt=attempt, day=day,
+            defaults=dict(
+                job_id=attempt.job_id, team_id=attempt.job.team_id, cluster_id=attempt.cluster_id,
+                accelerator_id=attempt.node_pool.accelerator_id, gpu_seconds=gpu_seconds,
+                samples=usage.samples, expected_samples=gpu_seconds / step, util_sum=usage.util_sum,
+                avg_gpu_util_percent=usage.avg_util_percent, memory_samples=usage.memory_samples,
+                avg_memory_used_mib=usage.avg_memory_mib,
+                observed_gpu_seconds=min(gpu_seconds, usage.observed_seconds(step)),
+                idle_gpu_seconds=None if idle is None else min(gpu_seconds, idle),
+                util_metric=usage.util_metric, label_shape=shape.kind if matchers is not None else "",
+            ),
+        )
+        written += 1
+    return written
+
+
 def collect_utilization(start: dt.datetime, end: dt.datetime | None = None, clusters=None) -> int:
     """Read utilization of every attempt that ran in ``[start, end)`` and upsert its UtilizationRollup rows.
 
@@ -63,43 +192,154 @@ def collect_utilization(start: dt.datetime, end: dt.datetime | None = None, clus
     Clusters without a Prometheus source are skipped with a warning.
     """
     end = end or timezone.now()
-    step = settings.COSTS_SCRAPE_INTERVAL_SECONDS
-    clients: dict[int, tuple] = {}
-    written = 0
-    for attempt in attempts_between(start, end, clusters):
-        if attempt.cluster_id not in clients:
-            source = prometheus.source_for(attempt.cluster)
-            if source is None:
-                log.warning("cluster %s has no Prometheus; utilization not collected", attempt.cluster)
-            clients[attempt.cluster_id] = (source, source and source.client())
-        source, client = clients[attempt.cluster_id]
-        interval = running_interval(attempt, start, end)
-        if source is None or interval is None:
-            continue
-        matchers = prometheus.attempt_pod_matchers(attempt.job.team.slug, attempt.object_name)
-        for day, lo, hi in utc_days(*interval):
-            usage = prometheus.read_usage(source, matchers, lo, hi, client=client)
-            gpu_seconds = attempt.gpus * (hi - lo).total_seconds()
-            idle = usage.idle_fraction
-            UtilizationRollup.objects.update_or_create(
-                attempt=attempt, day=day,
-                defaults=dict(
-                    job_id=attempt.job_id, team_id=attempt.job.team_id, cluster_id=attempt.cluster_id,
-                    accelerator_id=attempt.node_pool.accelerator_id, gpu_seconds=gpu_seconds,
-                    samples=usage.samples, expected_samples=gpu_seconds / step, util_sum=usage.util_sum,
-                    avg_gpu_util_percent=usage.avg_util_percent, memory_samples=usage.memory_samples,
-                    avg_memory_used_mib=usage.avg_memory_mib,
-                    idle_gpu_seconds=None if idle is None else gpu_seconds * idle,
-                ),
-            )
-            written += 1
-    return written
+    sources = _Sources()
+    return sum(collect_attempt(a, start, end, sources) for a in attempts_between(start, end, clusters))
 
+
+def settle_seconds() -> float:
+    """How long after an attempt's end its last scrape is in Prometheus: two scrape intervals, seconds."""
+    return 2 * settings.COSTS_SCRAPE_INTERVAL_SECONDS
+
+
+def collect_ended(now: dt.datetime | None = None) -> int:
+    """Collect the whole run of every attempt that ended in the lookback window (``COSTS_COLLECT_LOOKBACK_SECONDS``)
+    at least ``settle_seconds()`` ago and was not collected since; returns the attempts collected.
+
+    Runs every minute, so a job of a few minutes, a cancelled one, has its
+    utilization as soon as its last scrape is in.
+    """
+    now = now or timezone.now()
+    settle = dt.timedelta(seconds=settle_seconds())
+    due = (JobAttempt.objects.filter(started_at__isnull=False, ended_at__lte=now - settle,
+                                     ended_at__gt=now - dt.timedelta(seconds=settings.COSTS_COLLECT_LOOKBACK_SECONDS))
+           .annotate(last=Max("utilization_rollups__collected_at"))
+           .select_related("job__team", "node_pool", "cluster").order_by("pk"))
+    sources, count = _Sources(), 0
+    for attempt in due:
+        if attempt.last is not None and attempt.last >= attempt.ended_at + settle:
+            continue
+        collect_attempt(attempt, attempt.started_at, attempt.ended_at, sources)
+        count += 1
+    return count
+
+
+def refresh_running(attempts, now: dt.datetime | None = None) -> int:
+    """Re-read the running ``attempts`` (JobAttempt rows) whose rollups are older than ``COSTS_LIVE_CACHE_SECONDS``:
+    their whole run when they have no rollup, else today's piece. Returns the attempts read. Each query waits
+    at most ``COSTS_LIVE_TIMEOUT_SECONDS``, without retry; a Prometheus error is logged and leaves the rollups as
+    they were (the page still answers)."""
+    now = now or timezone.now()
+    fresh_after = now - dt.timedelta(seconds=settings.COSTS_LIVE_CACHE_SECONDS)
+    sources, count = _Sources(timeout=settings.COSTS_LIVE_TIMEOUT_SECONDS), 0
+    for attempt in attempts:
+        if attempt.started_at is None or attempt.ended_at is not None:
+            continue
+        last = attempt.utilization_rollups.aggregate(m=Max("collected_at"))["m"]
+        if last is not None and last >= fresh_after:
+            continue
+        midnight = now.astimezone(dt.timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+        try:
+            collect_attempt(attempt, attempt.started_at if last is None else midnight, now, sources)
+        except Exception as exc:  # noqa: BLE001 (Prometheus down: the stored rollups answer)
+            log.warning("live utilization of %s not read: %s", attempt, exc)
+            continue
+        count += 1
+    return count
+
+
+# --- aggregation of the rollups -------------------------------------------------------------------------------
+
+def idle_costs(rollups) -> dict[int, Decimal]:
+    """USD of idle GPU time per rollup id: the ledger cost of its attempt on its day x idle share of its allocation.
+
+    ``rollups`` is a UtilizationRollup queryset; rollups without idle time
+    are left out; ledger entries without a price count nothing. Two queries.
+    """
+    rows = list(rollups.filter(idle_gpu_seconds__gt=0).values("pk", "attempt_id", "day", "gpu_seconds", "idle_gpu_seconds"))
+    if not rows:
+        return {}
+    first, last = min(r["day"] for r in rows), max(r["day"] for r in rows)
+    ledger = {
+        (r["attempt_id"], r["d"]): r["usd"] or Decimal(0)
+        for r in CostEntry.objects.filter(attempt_id__in={r["attempt_id"] for r in rows},
+                                          interval_start__gte=utc_midnight(first),
+                                          interval_start__lt=utc_midnight(last + dt.timedelta(days=1)))
+        .annotate(d=TruncDate("interval_start", tzinfo=dt.timezone.utc))
+        .values("attempt_id", "d").annotate(usd=Sum("amount_usd"))
+    }
+    return {
+        r["pk"]: ledger.get((r["attempt_id"], r["day"]), Decimal(0)) * Decimal(r["idle_gpu_seconds"] / r["gpu_seconds"])
+        for r in rows
+    }
+
+
+SUMMED = ("gpu_seconds", "observed_gpu_seconds", "samples", "expected_samples", "util_sum", "memory_samples")
+
+
+def _present(s: dict) -> dict:
+    observed = s["samples"] > 0
+    return {
+        "gpu_hours": round(s["gpu_seconds"] / 3600, 6),
+        "observed_gpu_hours": round(s["observed_gpu_seconds"] / 3600, 6),
+        "idle_gpu_hours": round(s["idle_gpu_seconds"] / 3600, 6) if observed else None,
+        "unobserved_gpu_hours": round(max(0.0, s["gpu_seconds"] - s["observed_gpu_seconds"]) / 3600, 6),
+        "avg_gpu_util_percent": round(s["util_sum"] / s["samples"], 3) if observed else None,
+        "coverage": round(min(1.0, s["samples"] / s["expected_samples"]), 4) if s["expected_samples"] else None,
+        "avg_memory_used_mib": round(s["memory_sum"] / s["memory_samples"], 1) if s["memory_samples"] else None,
+        "idle_cost_usd": usd_cents(s["idle_usd"]) if observed else None,
+        "util_metric": ("mixed" if len(s["metrics"]) > 1 else next(iter(s["metrics"]))) if s["metrics"] else None,
+    }
+
+
+def aggregate_utilization(rollups, group_by: str) -> tuple[list[dict], dict]:
+    """Group UtilizationRollup rows by ``group_by`` (``costs.aggregation.GROUP_KEYS``); returns ``(rows, total)``.
+
+    Each row: key fields, ``gpu_hours`` (allocated), ``observed_gpu_hours``,
+    ``idle_gpu_hours``, ``unobserved_gpu_hours`` (allocated - observed),
+    ``avg_gpu_util_percent`` (sample weighted), ``coverage`` (0-1),
+    ``avg_memory_used_mib``, ``idle_cost_usd`` (cents), ``util_metric`` (the
+    DCGM counter read, ``mixed`` or null). Without any sample the idle
+    figures and averages are null ("no data"), never 0. Rows are ordered by
+    key. Raises KeyError for a ``group_by`` not in ``GROUP_KEYS``.
+    """
+    from .aggregation import GROUP_KEYS
+
+    keys = GROUP_KEYS[group_by]
+    idle_usd = idle_costs(rollups)
+
+    def empty():
+        return {**dict.fromkeys(SUMMED, 0.0), "memory_sum": 0.0, "idle_gpu_seconds": 0.0, "idle_usd": Decimal(0),
+                "metrics": set()}
+
+    sums: dict = defaultdict(empty)
+    for r in rollups.values("pk", *keys.values(), *SUMMED, "avg_memory_used_mib", "idle_gpu_seconds", "util_metric"):
+        for group in (tuple(r[k] for k in keys.values()), None):
+            s = sums[group]
+            for f in SUMMED:
+                s[f] += r[f]
+            s["memory_sum"] += (r["avg_memory_used_mib"] or 0) * r["memory_samples"]
+            s["idle_gpu_seconds"] += r["idle_gpu_seconds"] or 0
+            s["idle_usd"] += idle_usd.get(r["pk"], Decimal(0))
+            if r["util_metric"]:
+                s["metrics"].add(r["util_metric"])
+    rows = []
+    for group in sorted((g for g in sums if g is not None), key=lambda g: tuple(str(x) for x in g)):
+        row = dict(zip(keys, group))
+        if group_by == "day":
+            row["day"] = row["day"].isoformat()
+        row.update(_present(sums[group]))
+        rows.append(row)
+    return rows, _present(sums[None])
+
+
+# --- the ledger against kube-state-metrics --------------------------------------------------------------------
 
 def ledger_gpu_hours(cluster: Cluster, start: dt.datetime, end: dt.datetime) -> float:
     """GPU-hours the ledger charged on ``cluster`` within ``[start, end)``: entries' GPUs x their time inside the window."""
     seconds = 0.0
-    for lo, hi, gpus in CostEntry.objects.filter(cluster=cluster, interval_start__lt=end, interval_end__gt=start) \
+    # Entries are cut at every UTC hour (``costs.spend.ENTRY_SPAN``): none that overlaps the window starts earlier.
+    for lo, hi, gpus in CostEntry.objects.filter(cluster=cluster, interval_start__gte=start - ENTRY_SPAN,
+                                                 interval_start__lt=end, interval_end__gt=start) \
             .values_list("interval_start", "interval_end", "gpus"):
         seconds += gpus * (min(hi, end) - max(lo, start)).total_seconds()
     return seconds / 3600

@@ -24,9 +24,12 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
-from costs.aggregation import aggregate_window
+from costs.aggregation import aggregate_utilization, aggregate_window
 from costs.budgets import budget_status
-from costs.models import Report, UtilizationRollup
+from costs.models import ClusterMetrics, Report, UtilizationRollup
+from costs.reports.rounding import balanced_window
+from costs.unknown import unknown_cost
+from costs.utilization import refresh_running
 from jobs.filters import JobFilterSet
 from jobs.lifecycle import NotCancellable, cancel_job, submit_job
 from jobs.models import FINAL_STATES, Job, JobAttempt, JobState, total_gpus
@@ -85,7 +88,8 @@ def _budget_rows(teams) -> list[dict]:
     for budget in Budget.objects.filter(team__in=teams).select_related("team"):
         status = budget_status(budget)
         if status is not None:
-            rows.append({"budget": budget, "status": status, "percent": min(round(status.spent_percent), 100)})
+            rows.append({"budget": budget, "status": status, "percent": min(round(status.spent_percent), 100),
+                         "unknown": unknown_cost(team=budget.team_id)})
     return rows
 
 
@@ -158,6 +162,7 @@ def _job_status_context(job: Job, user) -> dict:
         "events": job.events.select_related("actor", "attempt").order_by("created_at", "id"),
         "attempts": job.attempts.select_related("cluster", "node_pool").order_by("number"),
         "cost_so_far": max(ledger, job.accrued_cost_usd),
+        "cost_unknown": unknown_cost(job=job),
         "queue_info": job.queue_info if job.state in (JobState.QUEUED, JobState.RECOVERING) else {},
         "poll_seconds": settings.UI_POLL_SECONDS,
     }
@@ -168,10 +173,14 @@ def job_detail(request, pk: int):
     """A job: spec, live status (timeline, attempts, queue position, cost), log tail, GPU-utilization chart and
     training efficiency (throughput, MFU, USD per million tokens, a throughput chart by step)."""
     job = _visible_job(request, pk)
+    refresh_running(job.attempts.filter(ended_at__isnull=True, started_at__isnull=False)
+                    .select_related("job__team", "node_pool", "cluster"))  # a running job: live, briefly cached
     rollups = list(UtilizationRollup.objects.filter(job=job).order_by("day", "attempt_id")
                    .values("day", "attempt__number", "avg_gpu_util_percent"))
+    usage, _ = aggregate_utilization(UtilizationRollup.objects.filter(job=job), "attempt")
     context = _job_status_context(job, request.user)
     context.update(
+        usage=usage,
         spec_yaml=yaml.safe_dump(job.spec, sort_keys=False, default_flow_style=False),
         utilization_chart=_chart([f"{r['day']} #{r['attempt__number']}" for r in rollups],
                                  [r["avg_gpu_util_percent"] for r in rollups], "Average GPU utilization (%)"),
@@ -364,6 +373,7 @@ def cluster_list(request):
     """Every cluster: health, last contact, emulated flag, and per node pool capacity, free GPUs and price now."""
     now = timezone.now()
     clusters = list(Cluster.objects.prefetch_related("node_pools__accelerator"))
+    shapes = {m.cluster_id: m for m in ClusterMetrics.objects.filter(cluster__in=clusters)}
     accelerator_ids = {p.accelerator_id for c in clusters for p in c.node_pools.all()}
     offers = {o.node_pool_id: o for acc in accelerator_ids for o in pool_offers(acc, now, lock=False)}
     rows = []
@@ -374,7 +384,7 @@ def cluster_list(request):
             pools.append({"pool": pool, "capacity": pool.capacity_gpus,
                           "free": offer.free_gpus if offer else None,
                           "price": offer.usd_per_gpu_hour if offer else None})
-        rows.append({"cluster": cluster, "pools": pools})
+        rows.append({"cluster": cluster, "pools": pools, "dcgm": shapes.get(cluster.pk)})
     return render(request, "frontend/cluster_list.html", {"rows": rows})
 
 
@@ -387,7 +397,7 @@ def _cost_query(request):
     if not form.is_valid():
         return form, [], None
     start, end = form.window()
-    rows, total = aggregate_window(form.cleaned_data["group_by"], start, end,
+    rows, total = balanced_window(form.cleaned_data["group_by"], start, end,  # shown rows add up to the total
                                    scope=lambda qs: scope_to_teams(qs, request.user),
                                    team_slug=form.cleaned_data.get("team") or None)
     return form, rows, total

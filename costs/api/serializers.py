@@ -13,8 +13,9 @@ from core.fields import AwareDateTimeField
 
 from ..aggregation import GROUP_KEYS
 from ..models import Price
+from ..unknown import unknown_cost, unknown_cost_json
 
-GROUP_BY_CHOICES = list(GROUP_KEYS)  # team, cluster, accelerator, job, day
+GROUP_BY_CHOICES = list(GROUP_KEYS)  # team, cluster, accelerator, job, attempt, day
 
 
 class PriceSerializer(serializers.ModelSerializer):
@@ -33,7 +34,7 @@ class PriceSerializer(serializers.ModelSerializer):
 class CostQuerySerializer(serializers.Serializer):
     """Query parameters of ``costs/``.
 
-    ``group_by``: one of team, cluster, accelerator, job, day (UTC days;
+    ``group_by``: one of team, cluster, accelerator, job, attempt, day (UTC days;
     default team). ``start``/``end``: ISO 8601 datetimes with an offset,
     ``[start, end)``; either may be left out for an open end. ``team``:
     only this team (slug). 400 for a naive or malformed datetime or
@@ -44,6 +45,9 @@ class CostQuerySerializer(serializers.Serializer):
     start = AwareDateTimeField(required=False)
     end = AwareDateTimeField(required=False)
     team = serializers.CharField(required=False)
+    job = serializers.IntegerField(required=False, min_value=1,
+                                   help_text="utilization/ only: one job; its running attempts are read live from "
+                                             "Prometheus (cached COSTS_LIVE_CACHE_SECONDS)")
     with_utilization = serializers.BooleanField(
         default=False, help_text="costs/ only: add avg_gpu_util_percent, idle_gpu_hours and idle_cost_usd per row")
 
@@ -61,13 +65,17 @@ class CostRowSerializer(serializers.Serializer):
     accelerator = serializers.CharField(required=False, help_text="group_by=accelerator: accelerator name")
     job = serializers.IntegerField(required=False, help_text="group_by=job: job id")
     job_name = serializers.CharField(required=False, help_text="group_by=job: job name")
+    attempt = serializers.IntegerField(required=False, help_text="group_by=attempt: attempt id")
+    attempt_number = serializers.IntegerField(required=False, help_text="group_by=attempt: its number in its job")
     day = serializers.DateField(required=False, help_text="group_by=day: UTC date")
     gpu_hours = serializers.FloatField(help_text="GPUs x hours held, 6 decimals")
     cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, help_text="USD, rounded to cents half-even")
     avg_gpu_util_percent = serializers.FloatField(required=False, allow_null=True,
                                                   help_text="with_utilization: over the UTC days touched; null: no data")
+    observed_gpu_hours = serializers.FloatField(required=False, allow_null=True)
     idle_gpu_hours = serializers.FloatField(required=False, allow_null=True,
                                             help_text="with_utilization: GPU-hours under the idle threshold")
+    unobserved_gpu_hours = serializers.FloatField(required=False, allow_null=True)
     idle_cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, required=False, allow_null=True)
 
 
@@ -77,7 +85,9 @@ class CostTotalSerializer(serializers.Serializer):
     gpu_hours = serializers.FloatField()
     cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2)
     avg_gpu_util_percent = serializers.FloatField(required=False, allow_null=True)
+    observed_gpu_hours = serializers.FloatField(required=False, allow_null=True)
     idle_gpu_hours = serializers.FloatField(required=False, allow_null=True)
+    unobserved_gpu_hours = serializers.FloatField(required=False, allow_null=True)
     idle_cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, required=False, allow_null=True)
 
 
@@ -100,13 +110,21 @@ class UtilizationRowSerializer(serializers.Serializer):
     accelerator = serializers.CharField(required=False)
     job = serializers.IntegerField(required=False)
     job_name = serializers.CharField(required=False)
+    attempt = serializers.IntegerField(required=False)
+    attempt_number = serializers.IntegerField(required=False)
     day = serializers.DateField(required=False)
     gpu_hours = serializers.FloatField(help_text="GPUs x hours running (allocation)")
     avg_gpu_util_percent = serializers.FloatField(allow_null=True, help_text="sample-weighted mean, percent 0-100")
     coverage = serializers.FloatField(allow_null=True, help_text="samples found / samples expected, 0-1")
     avg_memory_used_mib = serializers.FloatField(allow_null=True, help_text="DCGM_FI_DEV_FB_USED mean, MiB")
-    idle_gpu_hours = serializers.FloatField(help_text="allocated GPU-hours under the idle threshold")
-    idle_cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, help_text="USD of the idle GPU-hours")
+    observed_gpu_hours = serializers.FloatField(help_text="GPU-hours covered by DCGM samples (samples x scrape interval)")
+    idle_gpu_hours = serializers.FloatField(allow_null=True,
+                                            help_text="observed GPU-hours under the idle threshold; null: no data")
+    unobserved_gpu_hours = serializers.FloatField(help_text="allocated GPU-hours without samples, never estimated")
+    idle_cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, allow_null=True,
+                                             help_text="USD of the idle GPU-hours; null: no data")
+    util_metric = serializers.CharField(allow_null=True,
+                                        help_text="DCGM_FI_PROF_GR_ENGINE_ACTIVE, DCGM_FI_DEV_GPU_UTIL, mixed; null: no data")
 
 
 @extend_schema_serializer(many=False)
@@ -134,4 +152,17 @@ class BudgetStatusSerializer(serializers.Serializer):
     committed_usd = serializers.DecimalField(max_digits=20, decimal_places=2)
     remaining_usd = serializers.DecimalField(max_digits=20, decimal_places=2)
     forecast_usd = serializers.DecimalField(max_digits=20, decimal_places=2)
-    burn_rate_usd_per_hour = serializers.DecimalField(max_digits=20, decimal_places=2)
+    burn_rate_usd_per_hour = serializers.DecimalField(max_digits=20, decimal_places=2,
+                                                      help_text="the forecast's median daily spend / 24")
+    forecast_method = serializers.CharField(source="basis.method", help_text="how forecast_usd is computed")
+    forecast_rate_usd_per_day = serializers.DecimalField(source="basis.rate_usd_per_day", max_digits=20,
+                                                         decimal_places=2)
+    forecast_window = serializers.SerializerMethodField(help_text="the UTC days whose median daily spend is the rate")
+    cost_unknown = serializers.SerializerMethodField(
+        help_text="null, or since when and for how many GPU-hours the team ran without a price (not in spent_usd)")
+
+    def get_forecast_window(self, status) -> dict:
+        return {"first_day": status.basis.window_start.isoformat(), "last_day": status.basis.window_end.isoformat()}
+
+    def get_cost_unknown(self, status) -> dict | None:
+        return unknown_cost_json(unknown_cost(team=status.budget.team_id))

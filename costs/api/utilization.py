@@ -12,11 +12,13 @@ from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
 from core.viewsets import ScopedGenericViewSet
+from jobs.models import Job
 from quotas.models import Budget, scope_to_teams
 
 from ..aggregation import aggregate_utilization, filter_days
 from ..budgets import budget_status
 from ..models import UtilizationRollup
+from ..utilization import refresh_running
 from .serializers import BudgetStatusSerializer, CostQuerySerializer, UtilizationReportSerializer
 
 
@@ -34,7 +36,8 @@ class UtilizationViewSet(ScopedGenericViewSet):
 
     @extend_schema(parameters=[CostQuerySerializer], responses=UtilizationReportSerializer)
     def list(self, request):
-        """Average GPU utilization (%), coverage, memory, idle GPU-hours and their USD per group over UTC days.
+        """Allocated, observed, idle and unobserved GPU-hours, average utilization (%), coverage, memory and idle USD
+        per group over UTC days. With ``job``, that job only, its running attempts read live.
 
         400 with field errors for a bad ``group_by``, a naive or malformed datetime, or ``end <= start``.
         """
@@ -44,6 +47,13 @@ class UtilizationViewSet(ScopedGenericViewSet):
         rollups = filter_days(self.get_queryset(), params.get("start"), params.get("end"))
         if "team" in params:
             rollups = rollups.filter(team__slug=params["team"])
+        if "job" in params:
+            job = Job.objects.visible_to(request.user).filter(pk=params["job"]).first()
+            if job is None:
+                raise NotFound("no such job")
+            refresh_running(job.attempts.filter(ended_at__isnull=True, started_at__isnull=False)
+                            .select_related("job__team", "node_pool", "cluster"))
+            rollups = rollups.filter(job_id=job.pk)
         rows, total = aggregate_utilization(rollups, params["group_by"])
         return Response({
             "group_by": params["group_by"],

@@ -1,7 +1,9 @@
 """Utilization and cost reports: the numbers of one scope and period, stored as a Report, and their generation.
 
 Renderings are ``costs.reports.render``, e-mail ``costs.reports.mail``.
-Money comes from the append-only ledger (``costs.CostEntry``; an entry counts in
+Shown money adds up: rows are rounded to cents by the largest remainder
+method (``costs.reports.rounding``), so each section's rows sum to the total
+shown, and the top jobs end with an "other jobs" row. Money comes from the append-only ledger (``costs.CostEntry``; an entry counts in
 the period holding its ``interval_start``, the rule of the costs API and of
 budgets), read through its day rollups for whole days
 (``costs.aggregation.aggregate_window``); utilization and idle GPU time from
@@ -22,11 +24,14 @@ from jobs.models import Job
 from quotas.models import Budget, Quota, Team
 
 from ..aggregation import aggregate_utilization, aggregate_window, filter_days, window_sums
-from ..budgets import budget_status
+from ..forecast import committed_at, forecast
 from ..models import CostEntry, Report, UtilizationRollup
+from ..spend import ledger_usd
+from ..unknown import unknown_cost, unknown_cost_json
 from .efficiency import training_efficiency
 from .mail import send_report
 from .render import render_csv, render_html
+from .rounding import balanced_window, largest_remainder
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +78,23 @@ def _ledger(team: Team | None, start: dt.datetime, end: dt.datetime):
 
 
 def _top_jobs(team: Team | None, start: dt.datetime, end: dt.datetime) -> list[dict]:
-    """The ``TOP_JOBS`` jobs with the highest cost in the period: id, name, team, GPU-hours, USD (cents)."""
+    """The ``TOP_JOBS`` jobs with the highest cost in the period (id, name, team, GPU-hours, USD cents), then one
+    row ``job: null, job_name: "other jobs (N)"`` for the rest, so that the rows add up to the period's total
+    (cents by the largest remainder method, ``costs.reports.rounding``)."""
     sums = _costs(team, "job", start, end, exact=True)
-    ranked = sorted(sums.items(), key=lambda kv: (-kv[1][1], kv[0][0]))[:TOP_JOBS]
-    teams = dict(Job.objects.filter(pk__in=[job for (job, _), _ in ranked]).values_list("pk", "team__slug"))
-    return [{"job": job, "job_name": name, "team": teams[job], "gpu_hours": round(float(seconds) / 3600, 6),
-             "cost_usd": usd_cents(cost)} for (job, name), (seconds, cost) in ranked]
+    ranked = sorted(sums.items(), key=lambda kv: (-kv[1][1], kv[0][0]))
+    top, rest = ranked[:TOP_JOBS], ranked[TOP_JOBS:]
+    teams = dict(Job.objects.filter(pk__in=[job for (job, _), _ in top]).values_list("pk", "team__slug"))
+    shown = [{"job": job, "job_name": name, "team": teams[job], "gpu_hours": round(float(seconds) / 3600, 6),
+              "cost": cost} for (job, name), (seconds, cost) in top]
+    if rest:
+        shown.append({"job": None, "job_name": f"other jobs ({len(rest)})", "team": None,
+                      "gpu_hours": round(float(sum((seconds for _, (seconds, _) in rest), Decimal(0))) / 3600, 6),
+                      "cost": sum((cost for _, (_, cost) in rest), Decimal(0))})
+    cents, _ = largest_remainder([r.pop("cost") for r in shown])
+    for row, value in zip(shown, cents):
+        row["cost_usd"] = str(value)
+    return shown
 
 
 def _quota_use(team: Team | None, gpu_hours_by_accelerator: dict[str, float], hours: float) -> list[dict]:
@@ -103,10 +119,12 @@ def _quota_use(team: Team | None, gpu_hours_by_accelerator: dict[str, float], ho
 
 
 def _budgets(team: Team | None, end: dt.datetime) -> list[dict]:
-    """Every budget of the scope in force at the period's last instant: spent, committed, remaining, forecast (USD).
+    """Every budget of the scope in force at the period's last instant, as it stood then: the report's own period.
 
-    ``costs.budgets.budget_status`` counts the whole budget period's ledger as known when the report is generated
-    (for a scheduled report, minutes after the period ends).
+    Spent: the budget period's ledger up to the report's end (entries after
+    it belong to later reports); committed: what the jobs running at that
+    instant could still spend (``costs.forecast.committed_at``); forecast:
+    ``costs.forecast.forecast`` from that instant, with its method.
     """
     budgets = Budget.objects.select_related("team")
     if team is not None:
@@ -114,15 +132,21 @@ def _budgets(team: Team | None, end: dt.datetime) -> list[dict]:
     at = min(end, timezone.now()) - dt.timedelta(microseconds=1)
     rows = []
     for budget in budgets:
-        status = budget_status(budget, at)
-        if status is None:
+        start, period_end = budget.window(at)
+        if start is None or period_end is None or not (start <= at < period_end):
             continue
+        spent = ledger_usd(budget.team_id, start, at + dt.timedelta(microseconds=1))
+        committed = committed_at(budget.team_id, at)
+        basis = forecast(budget.team_id, period_end, at, spent, committed)
+        remaining = budget.amount_usd - spent - committed
         rows.append({"team": budget.team.slug, "period": budget.period, "action": budget.action,
-                     "period_start": status.period_start.isoformat(), "period_end": status.period_end.isoformat(),
-                     "amount_usd": usd_cents(status.amount_usd), "spent_usd": usd_cents(status.spent_usd),
-                     "committed_usd": usd_cents(status.committed_usd), "remaining_usd": usd_cents(status.remaining_usd),
-                     "forecast_usd": usd_cents(status.forecast_usd),
-                     "spent_percent": round(float(status.spent_percent), 2)})
+                     "period_start": start.isoformat(), "period_end": period_end.isoformat(),
+                     "as_of": (at + dt.timedelta(microseconds=1)).isoformat(),
+                     "amount_usd": usd_cents(budget.amount_usd), "spent_usd": usd_cents(spent),
+                     "committed_usd": usd_cents(committed), "remaining_usd": usd_cents(remaining),
+                     "forecast_usd": usd_cents(basis.forecast_usd), "forecast_method": basis.method,
+                     "forecast_rate_usd_per_day": usd_cents(basis.rate_usd_per_day),
+                     "spent_percent": round(float(spent / budget.amount_usd * 100), 2) if budget.amount_usd else 0.0})
     return rows
 
 
@@ -137,6 +161,7 @@ def _utilization(team: Team | None, start: dt.datetime, end: dt.datetime, ledger
     if team is not None:
         rollups = rollups.filter(team=team)
     _, total = aggregate_utilization(rollups, "team")
+    hours = {k: total[k] for k in ("gpu_hours", "observed_gpu_hours", "unobserved_gpu_hours")}
     coverage = None if total["coverage"] is None else round(total["coverage"] * 100, 2)
     missing = ledger_gpu_hours > 0 and total["avg_gpu_util_percent"] is None
     partial = not missing and coverage is not None and coverage < COVERAGE_COMPLETE_PERCENT
@@ -145,10 +170,22 @@ def _utilization(team: Team | None, start: dt.datetime, end: dt.datetime, ledger
         note = "GPU metrics are missing for this period: utilization and idle time are not available."
     elif partial:
         note = f"GPU metrics cover only {coverage}% of the expected samples: utilization figures are incomplete."
+    if not missing and abs(hours["gpu_hours"] - ledger_gpu_hours) > 0.001:
+        note = (note + " " if note else "") + (
+            f"Utilization covers {hours['gpu_hours']} allocated GPU-hours, the ledger {ledger_gpu_hours}: attempts on "
+            f"clusters without GPU metrics, whole UTC days of runs crossing the period's edges and accrual not yet "
+            f"caught up with running jobs make the difference.")
     return {"avg_gpu_util_percent": total["avg_gpu_util_percent"], "coverage_percent": coverage,
+            "allocated_gpu_hours": hours["gpu_hours"], "observed_gpu_hours": hours["observed_gpu_hours"],
+            "unobserved_gpu_hours": hours["unobserved_gpu_hours"], "util_metric": total["util_metric"],
             "idle_gpu_hours": None if missing else total["idle_gpu_hours"],
             "idle_cost_usd": None if missing else total["idle_cost_usd"],
             "missing": missing, "partial": partial, "note": note}
+
+
+def _unknown(team: Team | None, end: dt.datetime) -> dict | None:
+    """GPU-hours accrued without a price up to the report's end (``costs.unknown``), or None when every cost is known."""
+    return unknown_cost_json(unknown_cost(team=team, until=end))
 
 
 def build_report_data(team: Team | None, start: dt.datetime, end: dt.datetime) -> dict:
@@ -161,9 +198,10 @@ def build_report_data(team: Team | None, start: dt.datetime, end: dt.datetime) -
     ``previous`` (the equal-length
     period before, with percent changes; null where the previous value is 0).
     """
-    by_accelerator, totals = _costs(team, "accelerator", start, end)
-    by_cluster, _ = _costs(team, "cluster", start, end)
-    by_day, _ = _costs(team, "day", start, end)
+    scope = (lambda qs: qs.filter(team=team)) if team is not None else None
+    by_accelerator, totals = balanced_window("accelerator", start, end, scope=scope)
+    by_cluster, _ = balanced_window("cluster", start, end, scope=scope)
+    by_day, _ = balanced_window("day", start, end, scope=scope)
     previous_start = start - (end - start)
     _, previous = _costs(team, "team", previous_start, start)
     hours = (end - start).total_seconds() / 3600
@@ -183,6 +221,7 @@ def build_report_data(team: Team | None, start: dt.datetime, end: dt.datetime) -
         "training_efficiency": training_efficiency(_ledger(team, start, end), utilization),
         "quota_use": _quota_use(team, {r["accelerator"]: r["gpu_hours"] for r in by_accelerator}, hours),
         "budgets": _budgets(team, end),
+        "cost_unknown": _unknown(team, end),
         "previous": {
             "period_start": previous_start.isoformat(),
             "period_end": start.isoformat(),

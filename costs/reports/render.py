@@ -22,11 +22,12 @@ def render_csv(data: dict) -> str:
             writer.writerow([section, row[key], "gpu_hours", row["gpu_hours"]])
             writer.writerow([section, row[key], "cost_usd", row["cost_usd"]])
     util = data["utilization"]
-    for metric in ("avg_gpu_util_percent", "coverage_percent", "idle_gpu_hours", "idle_cost_usd"):
-        value = util[metric]
+    for metric in ("avg_gpu_util_percent", "coverage_percent", "allocated_gpu_hours", "observed_gpu_hours",
+                   "idle_gpu_hours", "unobserved_gpu_hours", "idle_cost_usd"):
+        value = util.get(metric)
         writer.writerow(["utilization", data["scope"], metric, "no data" if value is None else value])
     for rank, job in enumerate(data["top_jobs"], start=1):
-        item = f"{rank}:{job['job']}:{job['job_name']}"
+        item = f"{rank}:{job['job'] or ''}:{job['job_name']}"
         writer.writerow(["top_job", item, "gpu_hours", job["gpu_hours"]])
         writer.writerow(["top_job", item, "cost_usd", job["cost_usd"]])
     efficiency = data.get("training_efficiency")  # absent from reports stored before the section existed
@@ -51,6 +52,10 @@ def render_csv(data: dict) -> str:
     for row in data["budgets"]:
         for metric in ("amount_usd", "spent_usd", "committed_usd", "remaining_usd", "forecast_usd"):
             writer.writerow(["budget", f"{row['team']}:{row['period']}", metric, row[metric]])
+    unknown = data.get("cost_unknown")
+    if unknown:
+        writer.writerow(["cost_unknown", data["scope"], "since", unknown["since"]])
+        writer.writerow(["cost_unknown", data["scope"], "gpu_hours", unknown["gpu_hours"]])
     previous = data["previous"]
     for metric in ("gpu_hours", "cost_usd", "gpu_hours_change_percent", "cost_change_percent"):
         value = previous[metric]

@@ -10,6 +10,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.fields import SharedFieldsMixin, UsdCentsField
+from costs.unknown import unknown_cost, unknown_cost_json
 
 from ..models import PRIORITY_CLASSES, Job, JobAttempt, JobEvent
 from ..workload import job_efficiency
@@ -85,7 +86,9 @@ class JobSerializer(SharedFieldsMixin, serializers.ModelSerializer):
     are USD strings rounded to cents: ``estimated_cost_usd`` is the worst case
     (GPUs x max runtime x price), null until the job is first placed (or
     refused by a budget: then the refused estimate);
-    ``accrued_cost_usd`` what the ledger holds.
+    ``accrued_cost_usd`` what the ledger holds; ``cost_unknown`` is null, or
+    says since when and for how many GPU-hours the job ran where the catalog
+    had no price (those hours are not in ``accrued_cost_usd``).
     """
 
     team = serializers.CharField(source="team.slug", read_only=True)
@@ -97,6 +100,7 @@ class JobSerializer(SharedFieldsMixin, serializers.ModelSerializer):
     estimated_cost_usd = EstimatedCostField()
     accrued_cost_usd = UsdCentsField()
     total_gpus = serializers.IntegerField(read_only=True)
+    cost_unknown = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
@@ -104,9 +108,19 @@ class JobSerializer(SharedFieldsMixin, serializers.ModelSerializer):
             "id", "team", "submitter", "name", "kind", "spec", "state", "state_reason", "queue_info", "position",
             "current_attempt", "estimated_cost_usd", "accrued_cost_usd", "accelerator", "nodes", "gpus_per_node",
             "total_gpus", "priority", "priority_class", "preemptible", "max_runtime_seconds", "max_retries",
-            "created_at", "admitted_at", "started_at", "ended_at", "updated_at",
+            "created_at", "admitted_at", "started_at", "ended_at", "updated_at", "cost_unknown",
         ]
         read_only_fields = fields
+
+    @extend_schema_field({"type": "object", "nullable": True,
+                          "properties": {"since": {"type": "string", "format": "date-time"},
+                                         "gpu_hours": {"type": "number"}, "message": {"type": "string"}}})
+    def get_cost_unknown(self, job: Job) -> dict | None:
+        # The viewset's queryset annotates ``has_unpriced_cost`` (``costs.unknown.HAS_UNPRICED``): no query per row;
+        # a job never placed has no ledger at all.
+        if getattr(job, "has_unpriced_cost", True) is False or job.current_attempt_id is None:
+            return None
+        return unknown_cost_json(unknown_cost(job=job))
 
     @extend_schema_field(serializers.CharField(allow_null=True, help_text="low, normal or high; null otherwise"))
     def get_priority_class(self, job: Job) -> str | None:

@@ -18,6 +18,7 @@ from rest_framework.response import Response
 
 from core.parsers import JSONParser, TextYAMLParser, YAMLParser
 from core.viewsets import ScopedGenericViewSet
+from costs.unknown import HAS_UNPRICED
 from runners.base import ClusterUnreachable, UnknownBackend, backend_for
 
 from ..filters import JobFilterSet
@@ -51,7 +52,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
 
     queryset = Job.objects.select_related(
         "team", "submitter", "accelerator", "current_attempt__cluster", "current_attempt__node_pool"
-    )
+    ).annotate(has_unpriced_cost=HAS_UNPRICED)
     serializer_class = JobSerializer
     filter_backends = [DjangoFilterBackend]
     filterset_class = JobFilterSet

@@ -22,12 +22,14 @@ from .core import PoolOffer
 log = logging.getLogger(__name__)
 
 
-def pool_offers(accelerator_id: int, now: dt.datetime, lock: bool) -> list[PoolOffer]:
+def pool_offers(accelerator_id: int, now: dt.datetime, lock: bool,
+                unpriced: list[PoolOffer] | None = None) -> list[PoolOffer]:
     """Every node pool of the accelerator with its free GPUs and the price in force at ``now`` (USD/GPU-hour),
     in pool id order; the pool rows are locked FOR UPDATE (in that order) if ``lock``.
 
     A pool without a price in force is left out (logged): admission never
-    places a job at an unknown price.
+    places a job at an unknown price. Given a list as ``unpriced``, those
+    pools are appended to it (``usd_per_gpu_hour`` None), for wait reasons.
     """
     pools = NodePool.objects.filter(accelerator_id=accelerator_id).select_related("cluster").order_by("pk")
     if lock:
@@ -45,8 +47,8 @@ def pool_offers(accelerator_id: int, now: dt.datetime, lock: bool) -> list[PoolO
             price = price_at(pool, now, prices[pool.pk])
         except NoPrice:
             log.warning("node pool %s has no price in force; not offered", pool)
-            continue
-        offers.append(
+            price = None
+        (offers if price is not None else unpriced if unpriced is not None else []).append(
             PoolOffer(
                 node_pool_id=pool.pk, cluster_id=pool.cluster_id, cluster_name=pool.cluster.name,
                 provider=pool.cluster.provider, region=pool.cluster.region, capacity_type=pool.capacity_type,

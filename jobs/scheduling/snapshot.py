@@ -243,7 +243,8 @@ def load_snapshot(now: dt.datetime, *, job_ids: list[int] | None = None, limit: 
             teams[team_id].budgets = views
 
     accelerators = {j.accelerator_id for j in queue}
-    pools = {acc: pool_offers(acc, now, lock=False) for acc in accelerators}
+    unpriced: dict[int, list[PoolOffer]] = {acc: [] for acc in accelerators}
+    pools = {acc: pool_offers(acc, now, lock=False, unpriced=unpriced[acc]) for acc in accelerators}
     running = [
         RunningJob(job_id, attempt_id, team_id, acc, pool_id, gpus, priority,
                    (admitted_at or created_at).timestamp(), True)
@@ -253,7 +254,7 @@ def load_snapshot(now: dt.datetime, *, job_ids: list[int] | None = None, limit: 
         .values_list("pk", "job_id", "job__team_id", "node_pool__accelerator_id", "node_pool_id", "gpus",
                      "job__priority", "job__admitted_at", "created_at")
     ] if accelerators else []
-    return Loaded(Snapshot(teams, pools, queue, running), {r["pk"]: r for r in rows})
+    return Loaded(Snapshot(teams, pools, queue, running, unpriced), {r["pk"]: r for r in rows})
 
 
 def job_snapshot(team: Team, job: QueuedJob, now: dt.datetime, offers: list[PoolOffer], *, cohort: bool = True,

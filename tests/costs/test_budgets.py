@@ -76,23 +76,30 @@ def test_each_threshold_fires_once_per_period_with_a_mail_to_the_admins(teams, o
     assert BudgetAlert.objects.filter(budget=budget, period_start=dt.datetime(2026, 4, 1, tzinfo=UTC)).count() == 1
 
 
-def test_forecast_is_spent_plus_recent_burn_rate_over_the_rest_of_the_period(teams, spend, budget_factory, settings):
-    settings.COSTS_BURN_RATE_WINDOW_SECONDS = 86400
+def test_forecast_is_spent_plus_committed_plus_the_median_daily_spend_over_the_days_left(teams, spend, budget_factory,
+                                                                                       settings):
+    settings.COSTS_FORECAST_WINDOW_DAYS = 7
     budget = budget_factory(teams[0], "10000", action="alert")
-    at = dt.datetime(2026, 3, 21, tzinfo=UTC)  # 11 days = 264 h before April
-    spend(2, dt.datetime(2026, 3, 18, tzinfo=UTC), at)  # 2 GPUs x 72 h x $5 = $720, $10/h
+    at = dt.datetime(2026, 3, 21, tzinfo=UTC)  # 11 days before April
+    spend(2, dt.datetime(2026, 3, 18, tzinfo=UTC), at)  # 2 GPUs x 72 h x $5 = $720: $240 on each of 3 of 7 days
     status = budget_status(budget, at)
     assert status.spent_usd == D(720) and status.committed_usd == 0
-    assert status.burn_rate_usd_per_hour == D(10)
-    assert status.forecast_usd == D(720) + D(10) * 264
-    assert status.remaining_usd == D(10000) - D(720)
+    # Days 03-14..03-20: four without spend, three at $240: the median is $0.
+    assert status.basis.rate_usd_per_day == 0 and status.forecast_usd == D(720)
+    spend(2, dt.datetime(2026, 3, 14, tzinfo=UTC), dt.datetime(2026, 3, 16, tzinfo=UTC))  # 2 more days at $240
+    status = budget_status(budget, at)
+    assert status.basis.rate_usd_per_day == D(240) and status.burn_rate_usd_per_hour == D(10)
+    assert status.forecast_usd == D(720 + 480) + D(240) * 11
+    assert status.remaining_usd == D(10000) - D(1200)
 
-    # A running job committed to more than the trend: the forecast keeps its estimate, not both.
+    # A running job: its committed money is added, and its own spend stays out of the rate.
     spend(1, dt.datetime(2026, 3, 20, 23, tzinfo=UTC), at, state=JobState.RUNNING, estimate="4000")  # +$5
     status = budget_status(budget, at)
-    assert status.spent_usd == D(725) and status.committed_usd == D(3995)
-    assert status.forecast_usd == D(725) + D(3995)
-    assert status.remaining_usd == D(10000) - D(725) - D(3995)
+    assert status.spent_usd == D(1205) and status.committed_usd == D(3995)
+    assert status.basis.rate_usd_per_day == D(240)
+    assert status.forecast_usd == D(1205) + D(3995) + D(240) * 11
+    assert status.remaining_usd == D(10000) - D(1205) - D(3995)
+    assert "median daily spend" in status.basis.method
 
 
 def test_a_block_budget_spent_stops_admission_and_an_alert_budget_does_not(teams, user, spend, budget_factory,

@@ -156,9 +156,12 @@ def test_long_windows_are_split_under_the_point_limit(synthetic_fleet, fleet_db,
     by_day = sum(prometheus.allocated_gpu_hours(source, lo, lo + DAY) for lo in days())  # no sample lost or doubled
     ledger = sum(synthetic_fleet.gpu_hours(j, F.T0, F.END) for j in synthetic_fleet.jobs if j.cluster == "aws-east")
     assert whole == pytest.approx(ledger, rel=1e-3) and by_day == pytest.approx(whole, rel=1e-12)
-    # The idle subquery at 15 s over 3 days is cut in two queries; idle points stay within what exists.
+    # The idle subquery at 15 s over 3 days is cut in two queries; each scrape still counts exactly once.
     usage = prometheus.read_usage(source, 'namespace=~"cp-.*"', F.T0, F.END, step_seconds=15)
-    assert usage.points == pytest.approx(4 * usage.samples, rel=0.02)  # 15 s steps over 60 s scrapes
+    scrapes = [u for j in synthetic_fleet.jobs if j.cluster == "aws-east" for series in j.samples.values()
+               for t, u, _ in series if F.T0.timestamp() <= t < F.END.timestamp()]
+    assert usage.samples == len(scrapes)
+    assert usage.idle_samples == sum(1 for u in scrapes if u < F.IDLE_PERCENT)
     with pytest.raises(prometheus.NaiveDatetime):
         prometheus.split_window(dt.datetime(2026, 3, 2), F.END, 15)
 

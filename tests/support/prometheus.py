@@ -145,3 +145,24 @@ def costs_settings(settings, prometheus_urls):
     settings.COSTS_SCRAPE_INTERVAL_SECONDS = F.STEP
     settings.COSTS_IDLE_UTIL_PERCENT = F.IDLE_PERCENT
     return settings
+
+
+@pytest.fixture(scope="session")
+def dcgm_scenarios():
+    """``{name: Scenario}`` of ``tests.support.dcgm_shapes``: the ground truth of the label-shape and gap tests."""
+    from . import dcgm_shapes
+
+    return {s.name: s for s in dcgm_shapes.scenarios()}
+
+
+@pytest.fixture(scope="session")
+def dcgm_prometheus(dcgm_scenarios, tmp_path_factory) -> str:
+    """The URL of a Prometheus holding every DCGM scenario (one ``cluster`` label each); stopped after the session."""
+    from . import dcgm_shapes
+
+    proc, url = start_prometheus(tmp_path_factory.mktemp("dcgm"), dcgm_shapes.openmetrics(list(dcgm_scenarios.values())))
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

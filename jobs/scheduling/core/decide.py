@@ -79,6 +79,7 @@ class FairShareScheduler:
         self.teams = snapshot.teams
         self.queues: dict[int, TeamQueue] = {tid: TeamQueue(t) for tid, t in snapshot.teams.items()}
         self._pools: dict[int, list[PoolOffer]] = snapshot.pools
+        self._unpriced: dict[int, list[PoolOffer]] = snapshot.unpriced
         self.free: dict[int, int] = {o.node_pool_id: o.free_gpus for offers in snapshot.pools.values() for o in offers}
         self.pool_cluster: dict[int, int] = {o.node_pool_id: o.cluster_id for offers in snapshot.pools.values()
                                              for o in offers}
@@ -156,7 +157,9 @@ class FairShareScheduler:
             return Waiting.because(job, verdict)
         pools = self._matching_pools(job)
         if not pools:
-            return Waiting.because(job, never_placeable(job))
+            request = job.placement()
+            return Waiting.because(job, never_placeable(
+                job, [o for o in self._unpriced.get(job.accelerator_id, ()) if matches(request, o)]))
         if team.cluster_caps:
             pools, verdict = within_cluster_caps(team, job, pools)
             if not verdict.ok:

@@ -114,10 +114,15 @@ def cohort_full(job: QueuedJob, used: int, q: TeamQuota, lendable: int, borrowed
 
 # --- capacity ---------------------------------------------------------------------------------------------
 
-def never_placeable(job: QueuedJob) -> Verdict:
-    """No node pool can ever hold ``job`` (none matches): it waits for one to appear, without blocking its team."""
-    return Verdict(False, "capacity", "no node pool can ever hold this job",
-                   {"request_gpus": job.total_gpus, "free_gpus_by_pool": {}, "never_placeable": True})
+def never_placeable(job: QueuedJob, unpriced: list[PoolOffer] = ()) -> Verdict:
+    """No priced node pool can ever hold ``job`` (none matches): it waits for one to appear, without blocking its
+    team. ``unpriced``: matching pools the catalog has no price for; the message then names them."""
+    detail = {"request_gpus": job.total_gpus, "free_gpus_by_pool": {}, "never_placeable": True}
+    if unpriced:
+        names = ", ".join(f"{o.cluster_name} ({o.provider} {o.region}, {o.capacity_type})" for o in unpriced)
+        return Verdict(False, "capacity", f"no price for node pool {names}: the price catalog has none in force",
+                       {**detail, "unpriced_pools": [o.node_pool_id for o in unpriced]})
+    return Verdict(False, "capacity", "no node pool can ever hold this job", detail)
 
 
 def no_room(job: QueuedJob, pools: list[PoolOffer], free: dict[int, int]) -> Verdict:

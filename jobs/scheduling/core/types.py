@@ -163,6 +163,8 @@ class Snapshot:
     pools: dict[int, list[PoolOffer]]
     queue: list[QueuedJob]
     running: list[RunningJob] = dataclasses.field(default_factory=list)
+    #: Node pools left out of ``pools`` because the catalog has no price for them (price None), for wait reasons.
+    unpriced: dict[int, list[PoolOffer]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(slots=True)

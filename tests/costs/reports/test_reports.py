@@ -83,22 +83,23 @@ def test_the_report_numbers_match_the_ledger(ledger):
     util = data["utilization"]
     assert util["avg_gpu_util_percent"] == 40.0 and util["coverage_percent"] == 100.0
     assert util["idle_gpu_hours"] == 4.0 and util["idle_cost_usd"] == cents(big_usd / 4)
-    assert util["missing"] is False and util["note"] == ""
+    assert util["missing"] is False
+    # big's 16 GPU-hours have metrics, small's 6 (on a cluster without Prometheus) do not: the note says why.
+    assert (util["allocated_gpu_hours"], util["observed_gpu_hours"], util["unobserved_gpu_hours"]) == (16.0, 0.0, 16.0)
+    assert "Utilization covers 16.0 allocated GPU-hours, the ledger 22.0" in util["note"]
     # Quota: 16 H100 GPU-hours over 24 h = 0.667 GPUs on average, 4.17 % of the 16 nominal.
     h100 = next(q for q in data["quota_use"] if q["accelerator"] == "H100-80GB")
     assert h100 == {"accelerator": "H100-80GB", "nominal_gpus": 16, "borrowing_limit_gpus": 8, "gpu_hours": 16.0,
                     "avg_gpus_in_use": round(16 / 24, 3), "percent_of_nominal": round(round(16 / 24, 3) / 16 * 100, 2)}
-    # Budget of the period holding the report's last instant (March), with the ledger as known at generation:
-    # all of alpha's March entries (03-09, 03-10 and 03-11). The burn rate is the 24 h before that instant,
-    # and the forecast adds it over the rest of March.
-    at = DAY + dt.timedelta(days=1) - dt.timedelta(microseconds=1)
-    spent = big_usd + small_usd + 8 * Decimal("6.88") + 8 * Decimal("6.88")
-    per_second = (big_usd + small_usd) / Decimal(86400)
-    left = Decimal(str((dt.datetime(2026, 4, 1, tzinfo=UTC) - at).total_seconds()))
+    # Budget of the period holding the report's last instant (March), as it stood at the report's end: the
+    # March entries up to then (03-09 and 03-10, not 03-11's), no job running then, and the forecast's rate the
+    # median daily spend of 03-03..03-09 (six days without spend, one at $55.04): 0.
+    spent = big_usd + small_usd + 8 * Decimal("6.88")
     (budget,) = data["budgets"]
     assert budget["spent_usd"] == cents(spent) and budget["committed_usd"] == "0.00"
     assert budget["remaining_usd"] == cents(Decimal("5000") - spent)
-    assert budget["forecast_usd"] == cents(spent + per_second * left)
+    assert budget["forecast_usd"] == cents(spent) and budget["forecast_rate_usd_per_day"] == "0.00"
+    assert budget["as_of"] == (DAY + dt.timedelta(days=1)).isoformat()
     # Against 2026-03-09: 8 GPU-hours and 55.04 USD.
     previous = data["previous"]
     assert previous["gpu_hours"] == 8.0 and previous["cost_usd"] == "55.04"
@@ -122,7 +123,7 @@ def test_the_csv_holds_every_section(ledger):
     assert lines[0] == "section,item,metric,value"
     for line in ["total,alpha,cost_usd,128.08", "accelerator,H100-80GB,gpu_hours,16.0", "cluster,gcp-a100,cost_usd,18.00",
                  f"top_job,1:{ledger['big'].pk}:big,cost_usd,110.08", "quota,H100-80GB,nominal_gpus,16",
-                 "budget,alpha:monthly,spent_usd,238.16", "previous_period,alpha,cost_usd,55.04",
+                 "budget,alpha:monthly,spent_usd,183.12", "previous_period,alpha,cost_usd,55.04",
                  "utilization,alpha,avg_gpu_util_percent,40.0"]:
         assert line in lines, line
     again, created = generate_report(ledger["alpha"], DAY, DAY + dt.timedelta(days=1))
