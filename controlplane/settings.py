@@ -55,7 +55,11 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Database errors raised by a view answer 503 with Retry-After (JSON for the API, a page for the UI).
+    "core.middleware.DatabaseUnavailableMiddleware",
 ]
+# Seconds a 503 (database or broker unavailable) asks the client to wait before retrying (Retry-After).
+UNAVAILABLE_RETRY_AFTER_SECONDS = env.int("UNAVAILABLE_RETRY_AFTER_SECONDS", default=5)
 
 # Benchmarks mount extra endpoints by pointing this at their own URLconf.
 ROOT_URLCONF = env("ROOT_URLCONF", default="controlplane.urls")
@@ -89,7 +93,17 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         {"transaction_mode": "IMMEDIATE", "timeout": 30, "init_command": "PRAGMA journal_mode=WAL;"}
     )
 else:
+    # Connections per process are bounded by its threads: one per gunicorn thread (--workers x --threads) or
+    # per Celery pool process (--concurrency), each kept CONN_MAX_AGE seconds after its last request and
+    # checked before reuse (CONN_HEALTH_CHECKS: after a PostgreSQL restart a dead connection is replaced
+    # instead of failing the request). platform/README.md ("Database connections") sums them against
+    # PostgreSQL's max_connections; 0 closes each connection at the end of its request or task.
     DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = env.bool("CONN_HEALTH_CHECKS", default=True)
+    # Seconds to wait for a connection (then 503, not a hung thread) and for one statement (0: no limit).
+    DATABASES["default"].setdefault("OPTIONS", {}).update({
+        "connect_timeout": env.int("DATABASE_CONNECT_TIMEOUT_SECONDS", default=5),
+    })
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Django 6's default for URL form fields, adopted now (silences its deprecation warning).
