@@ -34,6 +34,11 @@ class ClusterUnreachable(Exception):
     """The backend could not talk to the cluster at all."""
 
 
+class InvalidCredentials(ClusterUnreachable):
+    """The cluster's stored credentials cannot be used (a kubeconfig the client refuses, a key that does not
+    decrypt them): the cluster cannot be reached until staff set new ones; the message says why."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Observation:
     """What a backend sees of one attempt.
