@@ -194,6 +194,8 @@ SCHEDULE_PASS_PAUSE_MIN_SECONDS = env.float("SCHEDULE_PASS_PAUSE_MIN_SECONDS", d
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_BEAT_SCHEDULE = {
     "schedule-pass": {"task": "jobs.tasks.schedule_pending", "schedule": env.float("SCHEDULE_INTERVAL_SECONDS", default=10.0)},
+    # Tasks whose publish after commit failed while the broker was down (jobs.enqueue's outbox), sent again.
+    "send-outbox": {"task": "jobs.tasks.send_outbox", "schedule": env.float("OUTBOX_SWEEP_INTERVAL_SECONDS", default=15.0)},
     "reconcile": {"task": "jobs.tasks.reconcile_all", "schedule": env.float("RECONCILE_INTERVAL_SECONDS", default=5.0)},
     "accrue-costs": {"task": "costs.tasks.accrue_running_costs", "schedule": env.float("ACCRUAL_INTERVAL_SECONDS", default=60.0)},
 }

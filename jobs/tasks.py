@@ -14,7 +14,7 @@ from celery import shared_task
 
 from runners.base import TransientDispatchError
 
-from . import lifecycle, reconcile
+from . import enqueue, lifecycle, reconcile
 from .scheduling.passes import schedule_coalesced
 
 #: The retry and delivery policy of every task that talks to a cluster.
@@ -64,3 +64,9 @@ def delete_attempt_objects(attempt_id: int) -> bool:
     """Delete the objects of an ended (preempted) attempt (``jobs.lifecycle.delete_ended_attempt``); transient
     backend errors retry."""
     return lifecycle.delete_ended_attempt(attempt_id)
+
+
+@shared_task(name="jobs.tasks.send_outbox", ignore_result=True)
+def send_outbox() -> int:
+    """Publish the tasks kept while the broker was unreachable (``jobs.enqueue.send_outbox``); periodic."""
+    return enqueue.send_outbox()
