@@ -178,6 +178,26 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "control_folder": str(VAR_DIR / "celery" / "control"),
         "store_processed": False,
     }
+elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    # kombu's Redis transport with the fix that keeps a worker alive when Redis goes away (controlplane/broker.py).
+    CELERY_BROKER_TRANSPORT = "controlplane.broker:RedisTransport"
+    # A worker outlives its broker: socket timeouts turn a Redis that stops answering into a connection error
+    # (then a reconnect) instead of a hang, keepalives and health checks find dead connections, and a message
+    # a dead worker held (acks_late) is delivered again after the visibility timeout (seconds; longer than any
+    # task runs, far shorter than kombu's one hour).
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "socket_timeout": env.float("CELERY_REDIS_SOCKET_TIMEOUT_SECONDS", default=10.0),
+        "socket_connect_timeout": 5.0, "socket_keepalive": True, "retry_on_timeout": True,
+        "health_check_interval": 15, "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT_SECONDS", default=900),
+    }
+# Reconnect to the broker for ever (Celery's default gives up after 100 tries and the worker exits), also at
+# start; a lost connection cancels the acks_late tasks running (Celery 6's default): their messages are
+# delivered again, instead of being acknowledged on a connection that no longer exists.
+CELERY_BROKER_CONNECTION_RETRY = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+CELERY_BROKER_CONNECTION_TIMEOUT = 4.0
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 CELERY_TASK_EAGER_PROPAGATES = True

@@ -45,9 +45,14 @@ class PrivateRedis:
         raise RuntimeError(f"redis-server did not listen on port {self.port}")
 
     def stop(self) -> None:
+        """Stop the server as an operator does (SIGTERM: it closes every client connection and exits)."""
         if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
         self.process = None
 
     def close(self) -> None:
@@ -56,14 +61,11 @@ class PrivateRedis:
 
 
 def _reset_celery_connections() -> None:
-    """Drop the app's broker connection and producer pools, so the next publish connects to the broker URL
-    configured now (Celery builds them lazily from ``broker_url``)."""
-    for owner, name in ((app, "_pool"), (app.amqp, "_producer_pool")):
-        pool = getattr(owner, name, None)
-        if pool is not None:
-            with contextlib.suppress(Exception):
-                pool.force_close_all()
-        setattr(owner, name, None)
+    """Forget the app's broker connection and producer pools, so the next publish uses the pool of the broker URL
+    configured now (kombu keeps one pool per URL: the other URL's pool stays open for when it is configured
+    again)."""
+    app._pool = None
+    app.amqp._producer_pool = None
     pacing._redis_client = None  # the scheduling flag's client follows the broker URL too
 
 
