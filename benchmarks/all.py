@@ -33,6 +33,7 @@ BENCHMARKS = {
     "submit": [],
     "dispatch": [],
     "costs": ["--gpus", "128", "--days", "4"],
+    "faults": [],
 }
 
 

@@ -162,6 +162,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Error answers (400/401/403/404/409/503) declared on every operation that can give them (core/schema.py).
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "core.schema.declare_error_responses"],
 }
 
 # --- Celery -----------------------------------------------------------------

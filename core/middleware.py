@@ -22,7 +22,7 @@ from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.templatetags.static import static
 from django.utils.html import escape
-from django.views.defaults import server_error
+from django.views.defaults import page_not_found, server_error
 
 log = logging.getLogger(__name__)
 
@@ -86,3 +86,11 @@ def handler503(request, *args, **kwargs) -> HttpResponse:
     if isinstance(exc, DATABASE_UNAVAILABLE):
         return unavailable_response(request)
     return server_error(request, *args, **kwargs)
+
+
+def handler404(request, exception=None) -> HttpResponse:
+    """The URLconf's ``handler404``: ``{"detail": "Not found."}`` (JSON, as DRF answers) for a path under ``/api/``
+    that matches no route (``/api/v1/jobs/1.5/``), Django's own page for the UI."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": "Not found."}, status=404)
+    return page_not_found(request, exception)

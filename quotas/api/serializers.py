@@ -38,7 +38,7 @@ class TeamSerializer(serializers.ModelSerializer):
     """A team with its members and their roles, its cohort (name, null: the default cohort) and fair-share weight."""
 
     members = MemberSerializer(source="memberships", many=True, read_only=True)
-    cohort = serializers.CharField(source="cohort.name", read_only=True, default=None)
+    cohort = serializers.CharField(source="cohort.name", read_only=True, default=None, allow_null=True)
     weight = serializers.DecimalField(max_digits=8, decimal_places=3, read_only=True)
 
     class Meta:
