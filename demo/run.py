@@ -344,12 +344,17 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
             signal.signal(signum, signal.SIG_IGN)
         out.write("Stopping the platform...\n")
         out.flush()
-        if platform.supervisor.healthy:
-            cancelled = cancel_unfinished(submitted)
-            if cancelled:
-                out.write(f"Cancelled unfinished job(s) {', '.join(map(str, cancelled))} so no process outlives the "
-                          f"demo.\n")
-        else:  # a component failed, not the user: their jobs stay as they are, for the next run to recover
-            out.write("Jobs are left as they are; the next `make demo` recovers them.\n")
-        platform.stop()
+        try:
+            if platform.supervisor.healthy:
+                cancelled = cancel_unfinished(submitted)
+                if cancelled:
+                    out.write(f"Cancelled unfinished job(s) {', '.join(map(str, cancelled))} so no process outlives "
+                              f"the demo.\n")
+            else:  # a component failed, not the user: their jobs stay as they are, for the next run to recover
+                out.write("Jobs are left as they are; the next `make demo` recovers them.\n")
+        except Exception as exc:  # noqa: BLE001 - the database is gone: say so, and still stop every process
+            out.write(f"Could not cancel the unfinished jobs ({type(exc).__name__}: {exc}); they stay as they are "
+                      f"for the next run.\n")
+        finally:
+            platform.stop()
         stop_demo_monitoring(monitoring)

@@ -1,10 +1,12 @@
-"""A busy Celery worker outlives its broker: Redis (its own server, on its own port) is killed while jobs stream
-in and scheduling passes run, stays down, comes back empty; the same worker process reconnects and admits every
-job submitted before, during and after the outage once beat's next pass is published."""
+"""Busy Celery workers outlive their broker: Redis (its own server, on its own port) stops while jobs stream in
+and scheduling passes run, stays down, comes back empty; the same worker processes reconnect. Then one is
+SIGKILLed, and the other admits every job submitted before, during and after the outage once beat's next pass
+is published."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -23,13 +25,13 @@ from tests.support.racing import REPO, database_url
 OUTAGE_SECONDS = 8
 
 
-def start_worker(broker_url: str, log_path) -> subprocess.Popen:
+def start_worker(broker_url: str, log_path, name: str) -> subprocess.Popen:
     env = {**os.environ, "DATABASE_URL": database_url(), "CELERY_BROKER_URL": broker_url, "CONN_MAX_AGE": "0",
            "DJANGO_SETTINGS_MODULE": "controlplane.settings"}
     log = open(log_path, "wb")
     return subprocess.Popen([sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--concurrency=2",
                              "--without-gossip", "--without-mingle", "--loglevel=INFO",
-                             f"--hostname=outage-{os.getpid()}@%h"],
+                             f"--hostname={name}-{os.getpid()}@%h"],
                             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -62,7 +64,8 @@ def test_a_busy_worker_survives_redis_going_away_and_coming_back(catalog, cluste
                    resources={"accelerator": h100, "gpus_per_node": 1, "nodes": 1, "priority": 500,
                               "preemptible": False, "max_runtime_seconds": 600, "max_retries": 0})
 
-    worker = start_worker(private_broker.url, tmp_path / "worker.log")
+    worker = start_worker(private_broker.url, tmp_path / "worker.log", "survivor")
+    doomed = start_worker(private_broker.url, tmp_path / "doomed.log", "doomed")
     stop = threading.Event()
     submitted = []
 
@@ -77,8 +80,9 @@ def test_a_busy_worker_survives_redis_going_away_and_coming_back(catalog, cluste
 
     submitter = threading.Thread(target=stream)
     try:
-        assert wait_for(lambda: "ready" in (tmp_path / "worker.log").read_text(errors="replace"), 60), \
-            (tmp_path / "worker.log").read_text(errors="replace")[-3000:]
+        for name in ("worker.log", "doomed.log"):
+            assert wait_for(lambda: "ready" in (tmp_path / name).read_text(errors="replace"), 60), \
+                (tmp_path / name).read_text(errors="replace")[-3000:]
         submitter.start()
         # the worker is busy: it admits the stream as it comes
         assert wait_for(lambda: Job.objects.exclude(state=JobState.QUEUED).count() >= 5, 30)
@@ -89,6 +93,9 @@ def test_a_busy_worker_survives_redis_going_away_and_coming_back(catalog, cluste
         stop.set()
         submitter.join(timeout=30)
         assert worker.poll() is None, (tmp_path / "worker.log").read_text(errors="replace")[-4000:]
+        assert doomed.poll() is None, (tmp_path / "doomed.log").read_text(errors="replace")[-4000:]
+        os.killpg(doomed.pid, signal.SIGKILL)  # the other worker carries on alone
+        doomed.wait(timeout=10)
         # beat's periodic pass after the outage (the queue came back empty)
         publish_schedule()
         assert wait_for(lambda: not Job.objects.filter(state=JobState.QUEUED).exists(), 120), (
@@ -99,14 +106,15 @@ def test_a_busy_worker_survives_redis_going_away_and_coming_back(catalog, cluste
         stop.set()
         if submitter.is_alive():
             submitter.join(timeout=30)
-        if worker.poll() is None:
-            worker.terminate()
+        for process in (worker, doomed):
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    pass
             try:
-                worker.wait(timeout=20)
-            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
                 pass
-        try:
-            os.killpg(worker.pid, 9)
-        except ProcessLookupError:
-            pass
         connection.close()
