@@ -120,7 +120,12 @@ class Platform:
         self.supervisor.watch()
 
     def check_port_free(self) -> None:
-        """Raise PortInUse with a one-line explanation when something already listens on the port."""
+        """Raise PortInUse with a one-line explanation when something already listens on the port (or on the
+        embedded broker's)."""
+        if settings.EMBEDDED_BROKER and wait_for_port(settings.EMBEDDED_BROKER_PORT, timeout=0.2):
+            raise PortInUse(f"port {settings.EMBEDDED_BROKER_PORT} on 127.0.0.1 (the embedded broker's) is in use "
+                            f"(an earlier demo still running?); stop it or choose another: "
+                            f"EMBEDDED_BROKER_PORT=6391 make demo")
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:

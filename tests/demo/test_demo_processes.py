@@ -6,12 +6,15 @@ from __future__ import annotations
 import io
 import os
 import signal
+import socket
 import sys
 import time
 
+import pytest
 import redis
 
 from demo.processes import Supervisor, embedded_broker_command, wait_for_port
+from demo.run import Platform, PortInUse
 from tests.support.net import free_port
 
 SLEEPER = [sys.executable, "-c", "import sys, time; print('up', flush=True); time.sleep(600)"]
@@ -81,3 +84,12 @@ def _lrange(client):
         return client.lrange("celery", 0, -1)
     except redis.ConnectionError:
         return None
+
+
+def test_the_demo_refuses_to_start_when_the_embedded_broker_port_is_taken(settings):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        settings.EMBEDDED_BROKER, settings.EMBEDDED_BROKER_PORT = True, taken.getsockname()[1]
+        with pytest.raises(PortInUse, match=f"port {settings.EMBEDDED_BROKER_PORT} on 127.0.0.1 .the embedded broker's"):
+            Platform(free_port()).check_port_free()
