@@ -1,5 +1,5 @@
 # Two commands for a fresh machine: `make demo` (embedded defaults: SQLite,
-# filesystem Celery transport, local runner) and `make test` (PostgreSQL and
+# embedded Redis broker, local runner) and `make test` (PostgreSQL and
 # Redis on localhost, as on the CI machines). `make bench` runs every
 # benchmark with its documented defaults (benchmarks/README.md) and writes
 # their JSON lines to $(BENCH_OUT).

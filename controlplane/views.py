@@ -7,13 +7,18 @@ touches more than it checks.
 from __future__ import annotations
 
 import logging
+import re
 
+from django.conf import settings
 from django.db import connection
 from django.http import JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 log = logging.getLogger(__name__)
+
+#: ``scheme://user:password@`` in an error text: kept as ``scheme://``.
+USERINFO = re.compile(r"(\w+://)[^/@\s]+@")
 
 
 def check_database() -> None:
@@ -46,9 +51,10 @@ def healthz(request) -> JsonResponse:
 def readyz(request) -> JsonResponse:
     """200 when the database and the Celery broker answer, else 503 naming what failed.
 
-    Body: ``{"status": "ok" | "unavailable", "checks": {"database": "ok" |
-    "<error>", "broker": ...}}``. Error texts carry the exception class and
-    message, never connection URLs.
+    Body: ``{"status": "ok" | "unavailable", "down": ["broker", ...],
+    "checks": {"database": "ok" | "<error>", "broker": ...}}``: ``down`` names
+    the dependencies that failed. Error texts carry the exception class and
+    message with any ``user:password@`` of a URL removed.
     """
     checks, ready = {}, True
     for name, check in READINESS_CHECKS.items():
@@ -57,6 +63,11 @@ def readyz(request) -> JsonResponse:
             checks[name] = "ok"
         except Exception as exc:  # any failure means not ready; say which and why
             log.warning("readiness check %s failed: %r", name, exc)
-            checks[name] = f"{type(exc).__name__}: {exc}"
+            checks[name] = USERINFO.sub(r"\1", f"{type(exc).__name__}: {exc}")
             ready = False
-    return JsonResponse({"status": "ok" if ready else "unavailable", "checks": checks}, status=200 if ready else 503)
+    down = [name for name, result in checks.items() if result != "ok"]
+    response = JsonResponse({"status": "ok" if ready else "unavailable", "down": down, "checks": checks},
+                            status=200 if ready else 503)
+    if not ready:
+        response["Retry-After"] = str(settings.UNAVAILABLE_RETRY_AFTER_SECONDS)
+    return response

@@ -8,10 +8,11 @@ also refuses aliases.
 from __future__ import annotations
 
 import yaml
-from django.conf import settings
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import BaseParser
 from rest_framework.parsers import JSONParser as DRFJSONParser
+
+from core.limits import yaml_max_bytes, yaml_too_large
 
 
 def refuse_unencodable_text(data):
@@ -57,31 +58,40 @@ class _NoAliasSafeLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
-class YAMLParser(BaseParser):
-    """Parses ``Content-Type: application/yaml`` bodies with a safe loader (no Python objects, no aliases).
+def load_yaml(raw: str | bytes):
+    """The document of a YAML submission (API body or the UI's YAML box): size-capped
+    (``core.limits.yaml_max_bytes()``), safe loader without aliases, valid Unicode only.
 
-    A body over ``4 x JOB_SPEC_MAX_BYTES`` (comments included) is refused;
-    syntax errors answer 400 with the line and column.
+    Raises ParseError with the reason (too large, not UTF-8, syntax error with line and column, nesting too deep,
+    a scalar PyYAML cannot build such as ``2024-13-45``).
+    """
+    if too_large := yaml_too_large(raw):
+        raise ParseError(too_large)
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        data = yaml.load(text, Loader=_NoAliasSafeLoader)  # a SafeLoader subclass
+    except RecursionError as exc:
+        raise ParseError("YAML parse error: nesting too deep") from exc
+    except UnicodeDecodeError as exc:
+        raise ParseError(f"YAML body is not UTF-8: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ParseError(f"YAML parse error: {exc}") from exc
+    except (ValueError, OverflowError) as exc:  # a scalar PyYAML cannot build: 2024-13-45, a 5,000-digit int
+        raise ParseError(f"YAML parse error: {exc}") from exc
+    return refuse_unencodable_text(data)
+
+
+class YAMLParser(BaseParser):
+    """Parses ``Content-Type: application/yaml`` bodies with ``load_yaml`` (safe loader, no aliases, size cap).
+
+    A body over ``core.limits.yaml_max_bytes()`` (comments included) is refused
+    without being read further; syntax errors answer 400 with the line and column.
     """
 
     media_type = "application/yaml"
 
     def parse(self, stream, media_type=None, parser_context=None):
-        limit = 4 * settings.JOB_SPEC_MAX_BYTES
-        raw = stream.read(limit + 1) if stream is not None else b""
-        if len(raw) > limit:
-            raise ParseError(f"YAML body over {limit} bytes")
-        try:
-            data = yaml.load(raw.decode("utf-8"), Loader=_NoAliasSafeLoader)  # a SafeLoader subclass
-        except RecursionError as exc:
-            raise ParseError("YAML parse error: nesting too deep") from exc
-        except UnicodeDecodeError as exc:
-            raise ParseError(f"YAML body is not UTF-8: {exc}") from exc
-        except yaml.YAMLError as exc:
-            raise ParseError(f"YAML parse error: {exc}") from exc
-        except (ValueError, OverflowError) as exc:  # a scalar PyYAML cannot build: 2024-13-45, a 5,000-digit int
-            raise ParseError(f"YAML parse error: {exc}") from exc
-        return refuse_unencodable_text(data)
+        return load_yaml(stream.read(yaml_max_bytes() + 1) if stream is not None else b"")
 
 
 class TextYAMLParser(YAMLParser):

@@ -102,7 +102,7 @@ class Source:
 def source_for(cluster) -> Source | None:
     """The cluster's own ``prometheus_url``, else the global ``COSTS_PROMETHEUS_URL`` filtered on ``cluster``; None if neither."""
     if cluster.prometheus_url:
-        return Source(cluster.prometheus_url.rstrip("/"), "")
+        return Source(cluster.prometheus_query_url.rstrip("/"), "")  # with its basic auth, if any
     if settings.COSTS_PROMETHEUS_URL:
         return Source(settings.COSTS_PROMETHEUS_URL.rstrip("/"), f',cluster="{cluster.name}"')
     return None

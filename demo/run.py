@@ -31,6 +31,8 @@ from django.core.management import call_command
 from quotas.models import ApiToken, Budget, Membership, Quota, Team
 from runners.models import Accelerator
 
+from .processes import Supervisor, embedded_broker_command, wait_for_port
+
 FINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "REJECTED"}
 LOSS_LINE = re.compile(r"^step=(\d+) loss=([0-9.]+)", re.MULTILINE)
 
@@ -89,31 +91,41 @@ class PortInUse(RuntimeError):
 
 
 class Platform:
-    """The web server, a Celery worker and Celery beat as child processes of the demo, logging under ``var/logs``."""
+    """The embedded broker, the web server, a Celery worker and Celery beat as supervised child processes of the
+    demo (``demo.processes.Supervisor``: one that exits is restarted), logging under ``var/logs``."""
 
-    def __init__(self, port: int):
+    def __init__(self, port: int, out=sys.stdout):
         self.port = port
-        self.procs: list[subprocess.Popen] = []
         self.log_dir = Path(settings.VAR_DIR) / "logs"
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.supervisor = Supervisor(settings.BASE_DIR, self.log_dir, out)
 
-    def _start(self, name: str, args: list[str]) -> None:
-        log = open(self.log_dir / f"{name}.log", "ab")
-        self.procs.append(
-            subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=settings.BASE_DIR, start_new_session=True)
-        )
+    @property
+    def procs(self) -> list[subprocess.Popen]:
+        return self.supervisor.procs
 
     def start(self) -> None:
         py = sys.executable
         celery = [py, "-m", "celery", "-A", "controlplane"]
-        self._start("web", [py, "manage.py", "runserver", f"127.0.0.1:{self.port}", "--noreload"])
-        self._start("worker", celery + ["worker", "--loglevel=INFO", "--concurrency=2", "--without-gossip",
-                                        "--without-mingle", "--hostname", f"demo-{os.getpid()}@%h"])
-        self._start("beat", celery + ["beat", "--loglevel=INFO",
-                                      "--pidfile", str(Path(settings.VAR_DIR) / "celerybeat.pid")])
+        if settings.EMBEDDED_BROKER:
+            port = settings.EMBEDDED_BROKER_PORT
+            broker = self.supervisor.start("broker", embedded_broker_command(port, Path(settings.VAR_DIR) / "celery"))
+            if not wait_for_port(port, alive=lambda: broker.process.poll() is None):
+                raise RuntimeError(f"the embedded broker did not start on port {port}:\n"
+                                   f"{self.supervisor.log_tail(broker)}")
+        self.supervisor.start("web", [py, "manage.py", "runserver", f"127.0.0.1:{self.port}", "--noreload"])
+        self.supervisor.start("worker", celery + ["worker", "--loglevel=INFO", "--concurrency=2", "--without-gossip",
+                                                  "--without-mingle", "--hostname", f"demo-{os.getpid()}@%h"])
+        self.supervisor.start("beat", celery + ["beat", "--loglevel=INFO",
+                                                "--pidfile", str(Path(settings.VAR_DIR) / "celerybeat.pid")])
+        self.supervisor.watch()
 
     def check_port_free(self) -> None:
-        """Raise PortInUse with a one-line explanation when something already listens on the port."""
+        """Raise PortInUse with a one-line explanation when something already listens on the port (or on the
+        embedded broker's)."""
+        if settings.EMBEDDED_BROKER and wait_for_port(settings.EMBEDDED_BROKER_PORT, timeout=0.2):
+            raise PortInUse(f"port {settings.EMBEDDED_BROKER_PORT} on 127.0.0.1 (the embedded broker's) is in use "
+                            f"(an earlier demo still running?); stop it or choose another: "
+                            f"EMBEDDED_BROKER_PORT=6391 make demo")
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
@@ -125,33 +137,19 @@ class Platform:
     def wait_ready(self, timeout: float = 60) -> None:
         """Wait for our own web server's /readyz to answer 200. Raises RuntimeError with the web log's tail otherwise."""
         deadline = time.monotonic() + timeout
-        web = self.procs[0]
-        while time.monotonic() < deadline and web.poll() is None:
+        while time.monotonic() < deadline and self.supervisor.healthy:
             try:
-                if requests.get(f"http://127.0.0.1:{self.port}/readyz", timeout=2).status_code == 200 and web.poll() is None:
+                if requests.get(f"http://127.0.0.1:{self.port}/readyz", timeout=2).status_code == 200:
                     return
             except requests.ConnectionError:
                 pass
-            if any(p.poll() is not None for p in self.procs):
-                break
             time.sleep(0.5)
         tail = (self.log_dir / "web.log").read_text(errors="replace")[-2000:]
         raise RuntimeError(f"the platform did not become ready; web log:\n{tail}")
 
     def stop(self) -> None:
-        """SIGTERM each main process (a Celery worker then stops its own pool: a warm shutdown), SIGKILL stragglers."""
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                pass
-            try:
-                os.killpg(p.pid, signal.SIGKILL)  # whatever is left in its session: pool children, threads
-            except ProcessLookupError:
-                pass
+        """SIGTERM each process (a Celery worker then stops its own pool: a warm shutdown), SIGKILL stragglers."""
+        self.supervisor.stop()
 
 
 class Api:
@@ -275,7 +273,7 @@ def cancel_unfinished(job_ids: list[int]) -> list[int]:
 
 def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, out) -> int:
     """Run the demo; returns the process exit status (0 when training succeeded and its loss fell)."""
-    platform = Platform(port)
+    platform = Platform(port, out)
     platform.check_port_free()  # before any work: a busy port is the commonest reason a demo cannot start
     call_command("migrate", verbosity=0)
     teams = seed_demo()
@@ -342,8 +340,10 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
                       f"  API token for {alice.username}: {alice.token}\n"
                       "Press Ctrl-C to stop.\n")
             out.flush()
-            while all(p.poll() is None for p in platform.procs):
+            while platform.supervisor.healthy:
                 time.sleep(1)
+            out.write(f"The demo stops: {platform.supervisor.failure}\n")
+            return 1
         return 0 if ok else 1
     except KeyboardInterrupt:
         out.write("\nInterrupted.\n")
@@ -355,8 +355,17 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
             signal.signal(signum, signal.SIG_IGN)
         out.write("Stopping the platform...\n")
         out.flush()
-        cancelled = cancel_unfinished(submitted)
-        if cancelled:
-            out.write(f"Cancelled unfinished job(s) {', '.join(map(str, cancelled))} so no process outlives the demo.\n")
-        platform.stop()
+        try:
+            if platform.supervisor.healthy:
+                cancelled = cancel_unfinished(submitted)
+                if cancelled:
+                    out.write(f"Cancelled unfinished job(s) {', '.join(map(str, cancelled))} so no process outlives "
+                              f"the demo.\n")
+            else:  # a component failed, not the user: their jobs stay as they are, for the next run to recover
+                out.write("Jobs are left as they are; the next `make demo` recovers them.\n")
+        except Exception as exc:  # noqa: BLE001 - the database is gone: say so, and still stop every process
+            out.write(f"Could not cancel the unfinished jobs ({type(exc).__name__}: {exc}); they stay as they are "
+                      f"for the next run.\n")
+        finally:
+            platform.stop()
         stop_demo_monitoring(monitoring)

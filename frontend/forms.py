@@ -8,11 +8,12 @@ from __future__ import annotations
 import datetime as dt
 import shlex
 
-import yaml
 from django import forms
 from django.utils import timezone
+from rest_framework.exceptions import ParseError
 
-from core.parsers import _NoAliasSafeLoader as NoAliasSafeLoader
+from core.limits import THRESHOLD_MAX_PERCENT, threshold_out_of_range
+from core.parsers import load_yaml
 from jobs.models import Job
 from quotas.models import Budget, Quota
 from runners.models import Accelerator
@@ -74,13 +75,10 @@ class SubmitJobForm(forms.Form):
         data = self.cleaned_data
         if data.get("spec_yaml", "").strip():
             try:
-                # The API's loader: safe, and without aliases (a few lines of aliases expand exponentially).
-                parsed = yaml.load(data["spec_yaml"], Loader=NoAliasSafeLoader)
-            except yaml.YAMLError as exc:
-                self.add_error("spec_yaml", f"YAML parse error: {exc}")
-                return None
-            except RecursionError:
-                self.add_error("spec_yaml", "YAML parse error: nesting too deep")
+                # The API's loader and limits: size cap, safe, without aliases (they expand exponentially).
+                parsed = load_yaml(data["spec_yaml"])
+            except ParseError as exc:
+                self.add_error("spec_yaml", str(exc.detail))
                 return None
             if not isinstance(parsed, dict):
                 self.add_error("spec_yaml", "the YAML must be a mapping with team, name, kind and spec")
@@ -167,8 +165,8 @@ class BudgetForm(forms.ModelForm):
             values = sorted({int(part) for part in text.replace(" ", "").split(",") if part})
         except ValueError:
             raise forms.ValidationError("whole percents separated by commas, e.g. 50, 80, 100") from None
-        if any(v <= 0 for v in values):
-            raise forms.ValidationError("thresholds must be above 0 %")
+        if any(threshold_out_of_range(v) for v in values):  # the API's rule (ThresholdListField)
+            raise forms.ValidationError(f"thresholds must lie in (0, {THRESHOLD_MAX_PERCENT}] %")
         return values
 
     def clean(self):

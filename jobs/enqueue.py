@@ -1,5 +1,9 @@
 """Work handed to Celery when the current transaction commits: a scheduling pass, a dispatch, a deletion, an accrual.
 
+A publish that the broker refuses never fails the committed change (no 500 after a commit): the task is kept in
+the outbox (``OutboxTask``) and ``send_outbox`` (a beat task) sends it once the broker is back; a scheduling
+pass that could not be published is run by beat's periodic pass anyway.
+
 The one place the job services (lifecycle, scheduling) reach tasks from.
 Tasks are looked up by their registered names (the names beat schedules
 use too), never imported, so these services sit below ``jobs.tasks``,
@@ -8,18 +12,78 @@ which calls them.
 
 from __future__ import annotations
 
+import logging
+
 from django.db import transaction
 
 from .scheduling.pacing import SCHEDULE_NOTIFIER, publish_schedule, registered_task
+
+log = logging.getLogger(__name__)
 
 DISPATCH_TASK = "jobs.tasks.dispatch_attempt"
 CANCEL_TASK = "jobs.tasks.cancel_job_objects"
 DELETE_ATTEMPT_TASK = "jobs.tasks.delete_attempt_objects"
 ACCRUE_ATTEMPT_TASK = "costs.tasks.accrue_attempt"
 
+#: How long a publish after commit may retry (kombu's retry policy: seconds): the caller (an API request) waits
+#: at most about this long before the task goes to the outbox instead.
+PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.25, "interval_max": 0.25}
+
+
+def publish_or_keep(task_name: str, args: list) -> bool:
+    """Publish ``task_name(*args)``; when the broker refuses, keep it in the outbox (``OutboxTask``) for
+    ``send_outbox``. True when published. Never raises: the change that asked for the task is committed."""
+    try:
+        registered_task(task_name).apply_async(args, retry=True, retry_policy=PUBLISH_RETRY_POLICY)
+        return True
+    except Exception as exc:  # noqa: BLE001 - broker down: keep the task, the committed change stands
+        log.warning("broker unavailable, %s%s kept in the outbox: %r", task_name, tuple(args), exc)
+        keep(task_name, args, exc)
+        return False
+
+
+def keep(task_name: str, args: list, exc: BaseException) -> None:
+    """Store the task in the outbox; if the database is down too, log it (the periodic passes, the reconcile
+    sweep and the accrual pass then redo what it would have done)."""
+    from .models import OutboxTask
+
+    try:
+        OutboxTask.objects.create(task=task_name, args=list(args), last_error=repr(exc)[:500])
+    except Exception:  # noqa: BLE001
+        log.error("task %s%s lost: neither the broker nor the database took it", task_name, tuple(args),
+                  exc_info=True)
+
+
+def send_outbox(limit: int = 500) -> int:
+    """Publish up to ``limit`` kept tasks in id order, deleting each one the broker took; stops at the first
+    refusal (the broker is still down). Returns how many were sent. Rows another sweeper holds are skipped."""
+    from .models import OutboxTask
+
+    sent = 0
+    with transaction.atomic():
+        for row in OutboxTask.objects.select_for_update(skip_locked=True).order_by("pk")[:limit]:
+            try:
+                registered_task(row.task).apply_async(row.args, retry=True, retry_policy=PUBLISH_RETRY_POLICY)
+            except Exception as exc:  # noqa: BLE001 - still down: the next sweep retries
+                OutboxTask.objects.filter(pk=row.pk).update(attempts=row.attempts + 1, last_error=repr(exc)[:500])
+                break
+            row.delete()
+            sent += 1
+    if sent:
+        log.info("outbox: %d kept task(s) sent", sent)
+    return sent
+
 
 def _on_commit(task_name: str, *args) -> None:
-    transaction.on_commit(lambda: registered_task(task_name).delay(*args))
+    transaction.on_commit(lambda: publish_or_keep(task_name, list(args)), robust=True)
+
+
+def _publish_schedule_or_log() -> None:
+    try:
+        publish_schedule()
+    except Exception:  # noqa: BLE001 - broker down: beat's periodic pass (SCHEDULE_INTERVAL_SECONDS) is the net
+        log.warning("broker unavailable: scheduling pass not published; the periodic pass will run it",
+                    exc_info=True)
 
 
 def enqueue_schedule(*, background: bool = False) -> None:
@@ -29,7 +93,7 @@ def enqueue_schedule(*, background: bool = False) -> None:
     the broker (the API's submissions); otherwise published in the committing thread (workers, whose
     pool processes may end with ``os._exit`` and would take a pending notification with them).
     """
-    transaction.on_commit(SCHEDULE_NOTIFIER.notify if background else publish_schedule)
+    transaction.on_commit(SCHEDULE_NOTIFIER.notify if background else _publish_schedule_or_log, robust=True)
 
 
 def enqueue_dispatch(attempt_id: int) -> None:

@@ -231,3 +231,25 @@ class WorkloadMetrics(models.Model):
 
     def __str__(self) -> str:
         return f"metrics of attempt {self.attempt_id}"
+
+
+class OutboxTask(models.Model):
+    """A task whose publish after commit failed (the broker was unreachable), kept to be sent again.
+
+    ``jobs.enqueue`` writes one when ``apply_async`` raises, so the committed change (a cancel, an attempt's
+    end) never answers 500; ``jobs.tasks.send_outbox`` (Celery beat, ``OUTBOX_SWEEP_INTERVAL_SECONDS``) publishes
+    the kept tasks in id order and deletes each once the broker took it. Every task so kept is idempotent, so
+    a publish repeated after a crash does no harm.
+    """
+
+    task = models.CharField(max_length=200)
+    args = models.JSONField(default=list)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.task}{tuple(self.args)}"

@@ -14,7 +14,7 @@ from celery import shared_task
 
 from runners.base import TransientDispatchError
 
-from . import lifecycle, reconcile, workload
+from . import enqueue, lifecycle, reconcile, workload
 from .scheduling.passes import schedule_coalesced
 
 #: The retry and delivery policy of every task that talks to a cluster.
@@ -70,3 +70,9 @@ def delete_attempt_objects(attempt_id: int) -> bool:
 def collect_workload_metrics() -> dict:
     """Periodic: read what the training attempts' workloads reported (``jobs.workload.collect_workload_metrics``)."""
     return workload.collect_workload_metrics()
+
+
+@shared_task(name="jobs.tasks.send_outbox", ignore_result=True)
+def send_outbox() -> int:
+    """Publish the tasks kept while the broker was unreachable (``jobs.enqueue.send_outbox``); periodic."""
+    return enqueue.send_outbox()

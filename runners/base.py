@@ -36,6 +36,11 @@ class ClusterUnreachable(Exception):
     malformed body. Never evidence that objects are gone: callers count it against the cluster's health."""
 
 
+class InvalidCredentials(ClusterUnreachable):
+    """The cluster's stored credentials cannot be used (a kubeconfig the client refuses, a key that does not
+    decrypt them): the cluster cannot be reached until staff set new ones; the message says why."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Observation:
     """What a backend sees of one attempt.

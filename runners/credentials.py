@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import functools
+from urllib.parse import urlsplit, urlunsplit
 
 from cryptography.fernet import Fernet, InvalidToken
 from cryptography.hazmat.primitives import hashes
@@ -78,3 +79,120 @@ class EncryptedTextField(models.TextField):
         if value is None:
             return value
         return encrypt(str(value))
+
+
+# --- credentials inside URLs and kubeconfigs, checked on input ------------------------------------------------------
+
+def split_userinfo(url: str) -> tuple[str, str]:
+    """``(url without user info, "user:password" or "")`` of ``url``: ``https://u:p@host:9090/x`` gives
+    ``("https://host:9090/x", "u:p")``. User and password stay percent-encoded as written (RFC 3986 3.2.1)."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, ""
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    return urlunsplit(parts._replace(netloc=hostport)), userinfo
+
+
+def without_userinfo(url: str) -> str:
+    """``url`` with any ``user:password@`` removed (what answers and logs may show)."""
+    return split_userinfo(url)[0]
+
+
+def with_userinfo(url: str, userinfo: str) -> str:
+    """``url`` with ``userinfo`` (``user:password``, as ``split_userinfo`` gives it) put back; ``url`` if empty."""
+    if not userinfo:
+        return url
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"{userinfo}@{parts.netloc}"))
+
+
+#: Largest accepted kubeconfig, bytes (a kubeconfig with embedded certificates is a few KiB).
+KUBECONFIG_MAX_BYTES = 64 * 1024
+#: kubeconfig user fields that make the control plane read a file or run a command on its own machine:
+#: refused (embed the data instead: token, client-certificate-data, client-key-data).
+KUBECONFIG_REFUSED_USER_FIELDS = ("exec", "auth-provider", "tokenFile", "client-certificate", "client-key",
+                                  "username", "password")
+
+
+class InvalidKubeconfig(ValueError):
+    """A kubeconfig that the control plane cannot use; the message says why."""
+
+
+def validate_kubeconfig(text: str) -> dict:
+    """The parsed kubeconfig ``text`` (a YAML mapping) if the Kubernetes client can build a configuration from
+    its current context with embedded credentials only; raises InvalidKubeconfig with the reason otherwise.
+
+    Checks (the kubeconfig format of kubernetes.io/docs/concepts/configuration/organize-cluster-access-kubeconfig):
+    YAML of at most ``KUBECONFIG_MAX_BYTES``; ``current-context`` names an entry of ``contexts`` whose
+    ``cluster`` and ``user`` name entries of ``clusters`` and ``users``; the cluster has an http(s) ``server``
+    without user info and no ``certificate-authority`` file; the user has none of
+    ``KUBECONFIG_REFUSED_USER_FIELDS``; then ``kubernetes.config.load_kube_config_from_dict`` must accept it.
+    """
+    import yaml
+    from kubernetes import client as k8s
+    from kubernetes import config as k8s_config
+
+    if len(text.encode()) > KUBECONFIG_MAX_BYTES:
+        raise InvalidKubeconfig(f"longer than {KUBECONFIG_MAX_BYTES} bytes")
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InvalidKubeconfig(f"not YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(doc, dict):
+        raise InvalidKubeconfig("not a kubeconfig: a YAML mapping with clusters, contexts, users is expected")
+
+    def entry(kind: str, name) -> dict:
+        items = doc.get(kind)
+        if not isinstance(items, list):
+            raise InvalidKubeconfig(f"'{kind}' must be a list")
+        for item in items:
+            if isinstance(item, dict) and item.get("name") == name and isinstance(item.get(kind[:-1]), dict):
+                return item[kind[:-1]]
+        raise InvalidKubeconfig(f"no entry named {name!r} under '{kind}'")
+
+    current = doc.get("current-context")
+    if not current or not isinstance(current, str):
+        raise InvalidKubeconfig("'current-context' is missing")
+    context = entry("contexts", current)
+    cluster = entry("clusters", context.get("cluster"))
+    user = entry("users", context.get("user"))
+    server = cluster.get("server")
+    if not isinstance(server, str) or urlsplit(server).scheme not in ("http", "https") or not urlsplit(server).hostname:
+        raise InvalidKubeconfig(f"cluster {context.get('cluster')!r}: 'server' must be an http(s) URL")
+    if split_userinfo(server)[1]:
+        raise InvalidKubeconfig(f"cluster {context.get('cluster')!r}: 'server' must not carry user:password@")
+    if "certificate-authority" in cluster:
+        raise InvalidKubeconfig(f"cluster {context.get('cluster')!r}: 'certificate-authority' names a file; "
+                                "embed it as 'certificate-authority-data'")
+    refused = [f for f in KUBECONFIG_REFUSED_USER_FIELDS if f in user]
+    if refused:
+        raise InvalidKubeconfig(f"user {context.get('user')!r}: {', '.join(refused)} not accepted (the control "
+                                "plane runs no command and reads no file of a kubeconfig); embed a token or "
+                                "client-certificate-data and client-key-data")
+    _check_pem(cluster, "certificate-authority-data", f"cluster {context.get('cluster')!r}")
+    _check_pem(user, "client-certificate-data", f"user {context.get('user')!r}")
+    _check_pem(user, "client-key-data", f"user {context.get('user')!r}")
+    try:
+        k8s_config.load_kube_config_from_dict(doc, client_configuration=k8s.Configuration(), persist_config=False)
+    except Exception as exc:  # the client's ConfigException, or a bad base64 / PEM inside it
+        raise InvalidKubeconfig(f"the Kubernetes client refuses it: {exc}") from None
+    return doc
+
+
+def _check_pem(section: dict, field: str, where: str) -> None:
+    """Raise InvalidKubeconfig unless ``section[field]`` (when present) is base64 of PEM certificates (the ``*-data``
+    certificate fields) or of a PEM private key (``client-key-data``)."""
+    if field not in section:
+        return
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    try:
+        pem = base64.b64decode(str(section[field]), validate=True)
+        if field == "client-key-data":
+            load_pem_private_key(pem, password=None)
+        else:
+            x509.load_pem_x509_certificates(pem)
+    except Exception:  # binascii.Error, ValueError, TypeError, UnsupportedAlgorithm
+        kind = "private key" if field == "client-key-data" else "certificate"
+        raise InvalidKubeconfig(f"{where}: '{field}' is not a base64-encoded PEM {kind}") from None

@@ -4,9 +4,10 @@ A cluster is served by one backend (``kubernetes`` or ``local``); its node
 pools say how many GPUs of which accelerator it offers, on demand or spot.
 """
 
+from django.core.exceptions import ValidationError
 from django.db import models
 
-from .credentials import EncryptedTextField
+from .credentials import EncryptedTextField, split_userinfo, with_userinfo
 
 
 class Accelerator(models.Model):
@@ -67,6 +68,10 @@ class Cluster(models.Model):
     api_token = EncryptedTextField(blank=True, default="", help_text="Bearer token (encrypted at rest)")
     ca_cert = EncryptedTextField(blank=True, default="", help_text="PEM CA bundle of the API server (encrypted at rest)")
     kubeconfig = EncryptedTextField(blank=True, default="", help_text="kubeconfig YAML (encrypted at rest)")
+    # user:password of a Prometheus behind basic auth: split out of prometheus_url on save, so the URL stored and
+    # shown never carries it (runners.credentials.split_userinfo); put back only to query it.
+    prometheus_auth = EncryptedTextField(blank=True, default="",
+                                         help_text="Prometheus basic auth user:password (encrypted at rest)")
     health = models.CharField(max_length=16, choices=Health.choices, default=Health.HEALTHY)
     last_contact_at = models.DateTimeField(null=True, blank=True)
     consecutive_failures = models.PositiveIntegerField(default=0)
@@ -77,6 +82,28 @@ class Cluster(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        """Refuse an ``api_endpoint`` with user info: Kubernetes has no basic auth (removed in 1.19)."""
+        super().clean()
+        if split_userinfo(self.api_endpoint)[1]:
+            raise ValidationError({"api_endpoint": "must not carry user:password@; set api_token or kubeconfig"})
+
+    def save(self, *args, **kwargs) -> None:
+        """Save with any ``user:password@`` of ``prometheus_url`` moved to the encrypted ``prometheus_auth``
+        (and ``api_endpoint``'s dropped): no URL is ever stored with a credential in it."""
+        self.prometheus_url, auth = split_userinfo(self.prometheus_url)
+        if auth:
+            self.prometheus_auth = auth
+        self.api_endpoint = split_userinfo(self.api_endpoint)[0]
+        if kwargs.get("update_fields") is not None and auth:
+            kwargs["update_fields"] = {*kwargs["update_fields"], "prometheus_auth"}
+        super().save(*args, **kwargs)
+
+    @property
+    def prometheus_query_url(self) -> str:
+        """``prometheus_url`` with its basic-auth credentials, for the HTTP client only (never shown or logged)."""
+        return with_userinfo(self.prometheus_url, str(self.prometheus_auth))
 
 
 class NodePool(models.Model):

@@ -16,6 +16,7 @@ pytest_plugins = [
     "tests.support.personas",
     "tests.support.factories",
     "tests.support.broker",
+    "tests.support.redis",
     "tests.support.prometheus",
     "tests.support.local_runner",
     "tests.support.clusters",

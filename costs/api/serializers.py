@@ -22,7 +22,7 @@ class PriceSerializer(serializers.ModelSerializer):
     """A list price in USD per GPU-hour, in force from ``effective_from``; ``cluster`` is set for an override."""
 
     accelerator = serializers.CharField(source="accelerator.name", read_only=True)
-    cluster = serializers.CharField(source="cluster.name", read_only=True, default=None)
+    cluster = serializers.CharField(source="cluster.name", read_only=True, default=None, allow_null=True)
 
     class Meta:
         model = Price

@@ -23,6 +23,8 @@ class AttemptSummarySerializer(SharedFieldsMixin, serializers.ModelSerializer):
 
     cluster = serializers.CharField(source="cluster.name", read_only=True)
     node_pool = serializers.CharField(source="node_pool.name", read_only=True)
+    end_reason = serializers.ChoiceField(choices=JobAttempt.EndReason.choices, allow_blank=True, read_only=True,
+                                         help_text='why the attempt ended; "" while it runs')
 
     class Meta:
         model = JobAttempt
@@ -39,6 +41,8 @@ class JobAttemptSerializer(serializers.ModelSerializer):
 
     cluster = serializers.CharField(source="cluster.name", read_only=True)
     node_pool = serializers.CharField(source="node_pool.name", read_only=True)
+    end_reason = serializers.ChoiceField(choices=JobAttempt.EndReason.choices, allow_blank=True, read_only=True,
+                                         help_text='why the attempt ended; "" while it runs')
 
     class Meta:
         model = JobAttempt
@@ -50,8 +54,8 @@ class JobAttemptSerializer(serializers.ModelSerializer):
 class JobEventSerializer(serializers.ModelSerializer):
     """A line of the job's timeline: kind (``submitted``, ``state``, ``waiting``...), states, reason, actor."""
 
-    actor = serializers.CharField(source="actor.username", read_only=True, default=None)
-    attempt = serializers.IntegerField(source="attempt.number", read_only=True, default=None)
+    actor = serializers.CharField(source="actor.username", read_only=True, default=None, allow_null=True)
+    attempt = serializers.IntegerField(source="attempt.number", read_only=True, default=None, allow_null=True)
 
     class Meta:
         model = JobEvent

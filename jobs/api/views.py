@@ -10,6 +10,7 @@ import itertools
 
 from django.http import StreamingHttpResponse
 from django_filters.rest_framework import DjangoFilterBackend
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status
 from rest_framework.decorators import action
@@ -131,8 +132,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
             OpenApiParameter("follow", bool, description="Stream text/plain: the tail, then new lines until the "
                                                          "attempt ends or LOG_FOLLOW_MAX_SECONDS pass"),
         ],
-        responses={200: JobLogsSerializer, 400: OpenApiResponse(description="Bad node or tail"),
-                   503: DETAIL_RESPONSE},
+        responses={(200, "application/json"): JobLogsSerializer,
+                   (200, "text/plain"): OpenApiResponse(OpenApiTypes.STR, description="follow=1: the log as a stream"),
+                   400: OpenApiResponse(description="Bad node or tail"), 503: DETAIL_RESPONSE},
     )
     @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None)
     def logs(self, request, pk=None):

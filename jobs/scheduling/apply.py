@@ -52,7 +52,7 @@ def apply_admission(decision: Admission, now: dt.datetime) -> tuple[str, Verdict
                                                                       state__in=WAITING_STATES).first()
         if job is None or (job.state == JobState.RECOVERING and _has_live_attempt(job)):
             return "skipped", None
-        team = Team.objects.select_for_update().get(pk=job.team_id)
+        team = Team.objects.select_for_update(no_key=True).get(pk=job.team_id)
         victims = []
         for v in decision.victims:
             victim = (Job.objects.select_for_update(skip_locked=True)

@@ -9,17 +9,18 @@ from __future__ import annotations
 import math
 from decimal import Decimal
 
+from django.db import IntegrityError, transaction
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.validators import UniqueValidator
 
 from core.fields import AwareDateTimeField, INT32_MAX, StrictBooleanField, StrictIntegerField
+from core.limits import THRESHOLD_MAX_PERCENT, threshold_out_of_range
 from runners.models import Accelerator, Cluster
 
 from ..models import Budget, Cohort, Membership, PriorityClass, Quota, Team
 
 # Alert thresholds are percent of the budget; above 100 warns of overspending, up to ten times the amount.
-THRESHOLD_MAX_PERCENT = 1000
 
 
 class MemberSerializer(serializers.ModelSerializer):
@@ -37,7 +38,7 @@ class TeamSerializer(serializers.ModelSerializer):
     """A team with its members and their roles, its cohort (name, null: the default cohort) and fair-share weight."""
 
     members = MemberSerializer(source="memberships", many=True, read_only=True)
-    cohort = serializers.CharField(source="cohort.name", read_only=True, default=None)
+    cohort = serializers.CharField(source="cohort.name", read_only=True, default=None, allow_null=True)
     weight = serializers.DecimalField(max_digits=8, decimal_places=3, read_only=True)
 
     class Meta:
@@ -155,7 +156,7 @@ class ThresholdListField(serializers.Field):
         for index, value in enumerate(data):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 self.fail("not_a_number", index=index)
-            if not 0 < value <= THRESHOLD_MAX_PERCENT:
+            if threshold_out_of_range(value):
                 self.fail("out_of_range", index=index, value=value)
         return sorted(set(data))
 
@@ -265,3 +266,22 @@ class PriorityClassSerializer(serializers.ModelSerializer):
     class Meta:
         model = PriorityClass
         fields = ["id", "name", "value", "description"]
+
+    def create(self, validated_data):
+        return self._saved(lambda: super(PriorityClassSerializer, self).create(validated_data), validated_data)
+
+    def update(self, instance, validated_data):
+        return self._saved(lambda: super(PriorityClassSerializer, self).update(instance, validated_data),
+                           validated_data, instance)
+
+    def _saved(self, save, data: dict, instance=None):
+        """``save()`` in a savepoint; a uniqueness race lost to another request (the check above passed, the
+        insert met the other's row) answers 400 on the field, as the check would have, not an IntegrityError."""
+        try:
+            with transaction.atomic():
+                return save()
+        except IntegrityError:
+            others = PriorityClass.objects.exclude(pk=getattr(instance, "pk", None))
+            errors = {field: [f"priority class with this {field} already exists."]
+                      for field in ("name", "value") if field in data and others.filter(**{field: data[field]}).exists()}
+            raise serializers.ValidationError(errors or {"non_field_errors": ["conflicts with another priority class"]})

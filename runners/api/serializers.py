@@ -19,6 +19,7 @@ from costs.catalog import NoPrice, price_at, prices_by_pool
 from costs.models import Price
 from jobs.models import JobAttempt
 
+from ..credentials import InvalidKubeconfig, split_userinfo, validate_kubeconfig, without_userinfo
 from ..models import Accelerator, Cluster, NodePool
 
 
@@ -128,3 +129,40 @@ class ClusterSerializer(serializers.ModelSerializer):
     def get_auth_configured(self, cluster: Cluster) -> bool:
         """Whether a token or kubeconfig is stored (never the credential itself)."""
         return bool(cluster.api_token or cluster.kubeconfig)
+
+    def validate_api_endpoint(self, value: str) -> str:
+        """400 for ``user:password@`` in the endpoint: Kubernetes has no basic auth; credentials go in
+        ``api_token`` or ``kubeconfig`` (stored encrypted)."""
+        if split_userinfo(value)[1]:
+            raise serializers.ValidationError("must not carry user:password@; set api_token or kubeconfig instead")
+        return value
+
+    def validate_prometheus_url(self, value: str) -> str:
+        """The URL without user info; a ``user:password@`` in it is kept apart, encrypted (``prometheus_auth``)."""
+        url, auth = split_userinfo(value)
+        self._prometheus_auth = auth
+        return url
+
+    def validate_kubeconfig(self, value: str) -> str:
+        """400 with the reason when the kubeconfig cannot be used (``runners.credentials.validate_kubeconfig``)."""
+        if value:
+            try:
+                validate_kubeconfig(value)
+            except InvalidKubeconfig as exc:
+                raise serializers.ValidationError(str(exc)) from None
+        return value
+
+    def validate(self, attrs: dict) -> dict:
+        auth = getattr(self, "_prometheus_auth", "")
+        if auth:
+            attrs["prometheus_auth"] = auth
+        elif "prometheus_url" in attrs:
+            attrs["prometheus_auth"] = ""  # a new URL without credentials drops the old ones
+        return attrs
+
+    def to_representation(self, cluster: Cluster) -> dict:
+        data = super().to_representation(cluster)
+        for field in ("api_endpoint", "prometheus_url"):
+            if data.get(field):
+                data[field] = without_userinfo(data[field])
+        return data

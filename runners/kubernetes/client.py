@@ -23,7 +23,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from ..base import ClusterUnreachable
+from ..base import ClusterUnreachable, InvalidCredentials
 
 
 class ApiError(Exception):
@@ -167,7 +167,12 @@ def client_for(cluster) -> ClusterClient:
         cached = _CLIENTS.get(cluster.pk)
         if cached is not None and cached[0] == fingerprint:
             return cached[1]
-        api_client = k8s.ApiClient(_configuration(cluster))
+        try:
+            configuration = _configuration(cluster)
+        except Exception as exc:  # YAML, the client's ConfigException, a bad PEM or base64: the credentials' fault
+            raise InvalidCredentials(f"credentials of cluster {cluster.name} cannot be used: "
+                                     f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+        api_client = k8s.ApiClient(configuration)
         made = ClusterClient(api_client, RateLimiter(settings.K8S_QPS, settings.K8S_BURST),
                              (float(settings.K8S_CONNECT_TIMEOUT_SECONDS), float(settings.K8S_READ_TIMEOUT_SECONDS)))
         _CLIENTS[cluster.pk] = (fingerprint, made)

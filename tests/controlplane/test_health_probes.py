@@ -16,7 +16,7 @@ def test_healthz_answers_ok(client):
 def test_readyz_checks_the_database_and_the_broker(db, client):
     r = client.get("/readyz")
     assert r.status_code == 200, r.content
-    assert r.json() == {"status": "ok", "checks": {"database": "ok", "broker": "ok"}}
+    assert r.json() == {"status": "ok", "down": [], "checks": {"database": "ok", "broker": "ok"}}
 
 
 def test_readyz_answers_503_naming_an_unreachable_broker(db, client, monkeypatch):
@@ -29,6 +29,8 @@ def test_readyz_answers_503_naming_an_unreachable_broker(db, client, monkeypatch
     assert body["status"] == "unavailable"
     assert body["checks"]["database"] == "ok"
     assert body["checks"]["broker"] != "ok"
+    assert body["down"] == ["broker"]
+    assert r["Retry-After"] == "5"
 
 
 def test_readyz_answers_503_naming_a_failed_database(db, client, monkeypatch):
@@ -39,3 +41,15 @@ def test_readyz_answers_503_naming_a_failed_database(db, client, monkeypatch):
     r = client.get("/readyz")
     assert r.status_code == 503
     assert r.json()["checks"]["database"] == "ConnectionError: database is down"
+    assert r.json()["down"] == ["database"]
+
+
+def test_readyz_never_shows_the_password_of_a_broker_url(db, client, monkeypatch):
+    def broken():
+        raise ConnectionError("cannot reach redis://celery:s3cret@redis.example:6379/0")
+
+    monkeypatch.setitem(views.READINESS_CHECKS, "broker", broken)
+    r = client.get("/readyz")
+    assert r.status_code == 503
+    assert r.json()["checks"]["broker"] == "ConnectionError: cannot reach redis://redis.example:6379/0"
+    assert "s3cret" not in r.content.decode()

@@ -71,3 +71,27 @@ def test_hostile_yaml_in_the_web_form_shows_the_form_again_and_stores_nothing(ow
         response = signed_in(owner).post(url, {"spec_yaml": text})
         assert response.status_code == 200, url
     assert Job.objects.count() == jobs
+
+
+def test_the_web_yaml_box_has_the_api_size_cap(owner, aws_cluster, settings):
+    # a valid submission padded with a comment past 4 x JOB_SPEC_MAX_BYTES bytes (the API's cap)
+    limit = 4 * settings.JOB_SPEC_MAX_BYTES
+    text = "team: alpha\nname: big\nkind: training\nspec: {image: x, command: [x]}\n#" + "x" * limit
+    api = owner.client.post("/api/v1/jobs/", data=text, content_type="application/yaml")
+    assert api.status_code == 400
+    for url in ("/jobs/new/", "/jobs/new/preview/"):
+        response = signed_in(owner).post(url, {"spec_yaml": text})
+        assert response.status_code == 200, url
+        assert f"YAML body over {limit} bytes" in response.content.decode(), url
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.parametrize("thresholds, stored", [("5000", False), ("1001", False), ("0", False), ("50, 1000", True)])
+def test_web_budget_thresholds_follow_the_api_limits(owner, alpha_objects, thresholds, stored):
+    body = {"period": "monthly", "amount_usd": "10", "alert_thresholds": thresholds, "action": "alert"}
+    signed_in(owner).post("/teams/alpha/budgets/new/", body)
+    api = owner.client.post("/api/v1/budgets/", {"team": "alpha", "period": "monthly", "amount_usd": "10",
+                                                 "alert_thresholds": [int(t) for t in thresholds.split(",")],
+                                                 "action": "alert"}, format="json")
+    assert Budget.objects.filter(amount_usd=10).count() == (2 if stored else 0)
+    assert api.status_code == (201 if stored else 400)

@@ -10,7 +10,7 @@ from costs.models import Report
 class ReportSerializer(serializers.ModelSerializer):
     """A report: scope (team slug, null for platform-wide), kind, period ``[start, end)``, when generated, its data."""
 
-    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
 
     class Meta:
         model = Report
