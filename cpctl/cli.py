@@ -448,6 +448,11 @@ def cmd_job(client: Client, args) -> int:
         if attempt.get("end_reason"):
             text += f": {attempt['end_reason']}"
         fields.append(("attempt", text))
+    if job.get("kind") == "inference":
+        source = (job.get("spec") or {}).get("checkpoint_from")
+        if source:
+            fields.append(("serves", f"the checkpoint of job {source}"))
+        fields.append(("endpoint", job.get("endpoint") or "none (it serves only while RUNNING)"))
     estimate = job.get("estimated_cost_usd")
     fields.append(("cost", f"{usd(job.get('accrued_cost_usd'))} accrued, " + (
         "estimated once placed" if estimate is None else f"{usd(estimate)} estimated (worst case)")))

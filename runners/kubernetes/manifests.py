@@ -46,7 +46,9 @@ class Workload:
     ``checkpoint_claim`` the team namespace's PersistentVolumeClaim holding
     checkpoints (empty: an emptyDir, see ``checkpoint_volume``);
     ``checkpoint_uri`` the job's directory in the object store shared by every
-    cluster (``checkpoint_uri()``; empty: no env CHECKPOINT_URI).
+    cluster (``checkpoint_uri()``; empty: no env CHECKPOINT_URI);
+    ``checkpoint_job_id`` the job whose checkpoint directory is mounted (a
+    serving job's ``spec.checkpoint_from``; None: ``job_id``).
     """
 
     name: str
@@ -73,6 +75,7 @@ class Workload:
     master_port: int = 29500
     checkpoint_claim: str = ""
     checkpoint_uri: str = ""
+    checkpoint_job_id: int | None = None  # whose checkpoints the pods mount: a serving job's training job
 
     @property
     def labels(self) -> dict[str, str]:
@@ -228,7 +231,7 @@ def checkpoint_mount(w: Workload, read_only: bool = False) -> dict:
     """The container's mount of ``checkpoint_volume`` at ``/checkpoints``: the job's subPath of the claim, if any."""
     mount: dict = {"name": CHECKPOINT_VOLUME, "mountPath": CHECKPOINT_DIR}
     if w.checkpoint_claim:
-        mount["subPath"] = checkpoint_subpath(w.job_id)
+        mount["subPath"] = checkpoint_subpath(w.checkpoint_job_id or w.job_id)
     if read_only:
         mount["readOnly"] = True
     return mount

@@ -51,6 +51,8 @@ def workload(attempt) -> m.Workload:
     env = spec.get("env") or {}
     if not isinstance(env, dict):
         raise PermanentDispatchError("spec.env must map strings to strings")
+    # A serving job reads the checkpoints of the training job it names (spec.checkpoint_from), else its own.
+    checkpoint_job = spec.get("checkpoint_from") or job.pk
     return m.Workload(
         name=attempt.object_name, namespace=team_namespace(job.team.slug), team=job.team.slug, job_id=job.pk,
         attempt_id=attempt.pk, attempt_number=attempt.number, kind=job.kind, image=spec.get("image") or "",
@@ -61,7 +63,8 @@ def workload(attempt) -> m.Workload:
         spot=attempt.node_pool.capacity_type == "spot", max_runtime_seconds=job.max_runtime_seconds,
         replicas=int(spec.get("replicas") or 1), port=int(spec.get("port") or 8000),
         master_port=settings.K8S_MASTER_PORT, checkpoint_claim=settings.K8S_CHECKPOINT_CLAIM,
-        checkpoint_uri=m.checkpoint_uri(settings.CHECKPOINT_STORE_URI, job.team.slug, job.pk),
+        checkpoint_uri=m.checkpoint_uri(settings.CHECKPOINT_STORE_URI, job.team.slug, checkpoint_job),
+        checkpoint_job_id=checkpoint_job,
     )
 
 
@@ -246,7 +249,9 @@ class KubernetesBackend(Backend):
         as created; one owned by another attempt is a PermanentDispatchError.
         Raises TransientDispatchError for timeouts, 408, 429, 5xx and an
         unreachable cluster; PermanentDispatchError for 400/403/404/422 with
-        the server's message. Returns ``{"namespace", "objects": [[kind, name]...]}``.
+        the server's message. Returns ``{"namespace", "objects": [[kind, name]...], "endpoint"}``
+        (``endpoint``: the inference Service's in-cluster URL ``http://<name>.<namespace>.svc:<port>``, None for
+        training).
         """
         w = workload(attempt)
         if not w.image or not w.command:
@@ -268,7 +273,8 @@ class KubernetesBackend(Backend):
         for manifest in m.manifests(w):
             self._create(c, w, manifest)
             created.append([manifest["kind"], manifest["metadata"]["name"]])
-        return {"namespace": w.namespace, "objects": created}
+        endpoint = f"http://{w.name}.{w.namespace}.svc:{w.port}" if w.kind == "inference" else None
+        return {"namespace": w.namespace, "objects": created, "endpoint": endpoint}
 
     def _ensure_namespace(self, c: ClusterClient, w: m.Workload) -> None:
         """Create the team namespace unless this cluster's client saw it exist before (``ClusterClient.namespaces``).

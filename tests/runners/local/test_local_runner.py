@@ -38,7 +38,7 @@ from tests.support.factories import make_attempt, make_job_row
 from tests.support.local_runner import dispatched, wait_until
 
 ENV_KEYS = ["MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-            "CHECKPOINT_DIR", "CONTROLPLANE_JOB_ID", "CONTROLPLANE_ATTEMPT", "CONTROLPLANE_TEAM",
+            "CHECKPOINT_DIR", "PORT", "CONTROLPLANE_JOB_ID", "CONTROLPLANE_ATTEMPT", "CONTROLPLANE_TEAM",
             "CUDA_VISIBLE_DEVICES", "GREETING", "DATABASE_URL"]
 SLEEP = ["python", "-c", "import time; time.sleep(60)"]
 IGNORE_SIGTERM_AND_SLEEP = ["python", "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
@@ -86,6 +86,8 @@ def test_it_gives_each_node_the_torchrun_environment(admitted):
 
     port = attempt.runner_state["master_port"]
     assert attempt.runner_state["nodes"] == 2 and len(attempt.runner_state["pids"]) == 2
+    ports = attempt.runner_state["ports"]
+    assert len(set(ports + [port])) == 3 and attempt.runner_state["endpoint"] is None  # training: no endpoint
     checkpoints = Path(django_settings.LOCAL_RUNNER_DIR).resolve() / f"job-{job.pk}" / "checkpoints"
     assert checkpoints.is_dir()
     for node in range(2):
@@ -94,6 +96,7 @@ def test_it_gives_each_node_the_torchrun_environment(admitted):
         assert env == {
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "NODE_RANK": str(node),
             "RANK": str(node), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "CHECKPOINT_DIR": str(checkpoints),
+            "PORT": str(ports[node]),
             "CONTROLPLANE_JOB_ID": str(job.pk), "CONTROLPLANE_ATTEMPT": "1", "CONTROLPLANE_TEAM": "alpha",
             "CUDA_VISIBLE_DEVICES": "", "GREETING": "hello",
             "DATABASE_URL": None,  # the control plane's own environment does not leak into jobs
