@@ -76,6 +76,7 @@ class Workload:
     checkpoint_claim: str = ""
     checkpoint_uri: str = ""
     checkpoint_job_id: int | None = None  # whose checkpoints the pods mount: a serving job's training job
+    peak_tflops: str = ""  # the accelerator's catalog peak dense BF16 TFLOP/s per GPU (env PEAK_TFLOPS); "": unknown
 
     @property
     def labels(self) -> dict[str, str]:
@@ -161,6 +162,8 @@ def _platform_env(w: Workload) -> list[dict]:
         {"name": "CONTROLPLANE_ATTEMPT", "value": str(w.attempt_number)},
         {"name": "CONTROLPLANE_TEAM", "value": w.team},
     ]
+    if w.peak_tflops:
+        env.append({"name": "PEAK_TFLOPS", "value": w.peak_tflops})
     return env
 
 

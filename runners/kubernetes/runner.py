@@ -65,6 +65,7 @@ def workload(attempt) -> m.Workload:
         master_port=settings.K8S_MASTER_PORT, checkpoint_claim=settings.K8S_CHECKPOINT_CLAIM,
         checkpoint_uri=m.checkpoint_uri(settings.CHECKPOINT_STORE_URI, job.team.slug, checkpoint_job),
         checkpoint_job_id=checkpoint_job,
+        peak_tflops=str(attempt.node_pool.accelerator.peak_bf16_tflops or ""),
     )
 
 

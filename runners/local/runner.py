@@ -97,7 +97,8 @@ def node_env(attempt, meta: dict, node: int) -> dict[str, str]:
 
     ``meta`` is the attempt's ``attempt.json`` (master port, node ports,
     devices). The job's env may set anything but the rendezvous, rank, device,
-    ``PORT`` and ``CONTROLPLANE_*`` variables, which the platform owns.
+    ``PORT``, ``PEAK_TFLOPS`` and ``CONTROLPLANE_*`` variables, which the platform owns.
+    ``PEAK_TFLOPS`` (real GPUs only) is the accelerator's catalog peak.
     ``PORT`` is a TCP port on 127.0.0.1 that was free when the attempt was first
     dispatched, one per node, so a server never collides with the control
     plane's own web port or with another attempt.
@@ -110,6 +111,10 @@ def node_env(attempt, meta: dict, node: int) -> dict[str, str]:
         # CPU work: split this machine's cores among the node processes, as torchrun does (OMP_NUM_THREADS).
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, meta["nodes"])))
     env.update(spec_env(job.spec))
+    if devices is not None and meta.get("peak_tflops"):
+        # Real GPUs: their peak from the accelerator catalog, so the workload can report MFU. Emulated GPUs run
+        # on the CPU, whose peak nobody measured: no PEAK_TFLOPS, and the workload says MFU is n/a.
+        env["PEAK_TFLOPS"] = str(meta["peak_tflops"])
     env.update({
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(meta["master_port"]),
@@ -327,6 +332,7 @@ class LocalBackend(Backend):
                     "master_port": master_port, "ports": ports,
                     "checkpoint_dir": str(checkpoint_dir(checkpoint_job_id(attempt.job))),
                     "devices": None if attempt.cluster.emulated else self._pick_devices(attempt, nodes),
+                    "peak_tflops": None if attempt.cluster.emulated else _peak_tflops(attempt),
                     "created_at": time.time(),
                 }
                 write_json_atomic(path, meta)
@@ -499,6 +505,13 @@ class LocalBackend(Backend):
     def logs(self, attempt, node: int = 0, tail_lines: int = 200) -> str:
         """The last ``tail_lines`` lines of ``node-<node>.log`` of ``attempt`` ("" when there is no log)."""
         return tail(node_path(attempt_dir(attempt), node, "log"), tail_lines)
+
+
+def _peak_tflops(attempt) -> str | None:
+    """The peak dense BF16 TFLOP/s per GPU of the attempt's accelerator (``runners.Accelerator.peak_bf16_tflops``,
+    from the catalog), as text; None when the catalog has none."""
+    peak = getattr(attempt.node_pool.accelerator, "peak_bf16_tflops", None)
+    return str(peak) if peak else None
 
 
 def _live_pids(directory: Path, nodes: int, table: dict[int, ProcInfo]) -> list[int]:
