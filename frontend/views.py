@@ -451,6 +451,10 @@ def _cost_query(request):
     if not form.is_valid():
         return form, [], None
     start, end = form.window()
+    # Show the days the page covers in the inputs, also when they were left empty (the last 30 days).
+    form.data = form.data.copy()
+    for name in ("start", "end"):
+        form.data[name] = form.data.get(name) or form.cleaned_data[name].isoformat()
     entries = _scoped_costs(request.user).filter(interval_start__gte=start, interval_start__lt=end)
     if form.cleaned_data.get("team"):
         entries = entries.filter(team__slug=form.cleaned_data["team"])

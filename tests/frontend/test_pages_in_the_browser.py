@@ -108,6 +108,8 @@ def test_the_costs_chart_spans_the_chosen_days_on_a_date_axis(live_server, costs
     chart = chart_of(page, "cost-chart")
     expected = [(today - dt.timedelta(days=29 - n)).isoformat() for n in range(30)]
     assert chart["labels"] == expected and chart["x_title"] == "Day (UTC)" and chart["type"] == "bar"
+    expect(page.get_by_label("From (UTC day)")).to_have_value(expected[0])  # the inputs say which days these are
+    expect(page.get_by_label("To (UTC day, inclusive)")).to_have_value(expected[-1])
     assert dict(zip(chart["labels"], chart["values"])) == {
         d: float(days.get(dt.date.fromisoformat(d), 0)) for d in expected}
     shoot(page, "costs-30-days")
