@@ -32,9 +32,10 @@ def _fresh_database(base_url: str, name: str) -> str:
 
 
 def test_demo_once_trains_and_charges_with_real_workers(tmp_path):
-    db_url = _fresh_database(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/controlplane"),
-                             "controlplane_demo_it")
-    broker = "redis://127.0.0.1:6379/14"
+    base_url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/controlplane")
+    # Named after this run's own database, so test runs against other databases of the server never collide.
+    db_url = _fresh_database(base_url, f"{base_url.rsplit('/', 1)[1]}_demo_it")
+    broker = os.environ.get("CELERY_BROKER_URL") or "redis://127.0.0.1:6379/14"
     redis.Redis.from_url(broker).flushdb()
     env = {**os.environ, "DATABASE_URL": db_url, "CELERY_BROKER_URL": broker, "CONTROLPLANE_VAR_DIR": str(tmp_path),
            "RECONCILE_INTERVAL_SECONDS": "2", "SCHEDULE_INTERVAL_SECONDS": "3", "ACCRUAL_INTERVAL_SECONDS": "5"}
