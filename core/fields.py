@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 
 from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import extend_schema_field
@@ -43,22 +44,59 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
-class AwareDateTimeField(serializers.DateTimeField):
-    """An ISO 8601 datetime that must carry its UTC offset (``Z`` or ``+02:00``); naive input is refused."""
+DATETIME_FORMAT_HINT = "YYYY-MM-DDThh:mm[:ss[.uuuuuu]][+HH:MM|-HH:MM|Z], e.g. 2026-11-01T00:00:00Z"
+# An offset whose "+" a query string turned into a space: "2026-11-01T00:00:00 01:00".
+_SPACE_OFFSET = re.compile(r"^\d{4}-\d\d-\d\d[T ]\d\d:\d\d(:\d\d(\.\d+)?)? \d\d:?\d\d$")
 
-    default_error_messages = {"naive": "Datetime has no timezone; add Z or an offset such as +00:00."}
+
+def plus_sign_hint(value: str) -> str:
+    """A sentence to add to a datetime error when ``value`` looks like an offset whose ``+`` arrived as a space
+    (in a URL's query string ``+`` means a space; RFC 3986 / HTML form encoding), else ``""``."""
+    if _SPACE_OFFSET.match(value.strip(" ") if value.endswith(" ") else value):
+        return ('; the offset\'s "+" arrived as a space: in a URL write it percent-encoded as %2B (e.g. '
+                "2026-11-01T00:00:00%2B01:00), or use Z for UTC")
+    return ""
+
+
+class ListedChoiceField(serializers.ChoiceField):
+    """A ChoiceField whose error for an unknown value lists the valid choices (``group_by=week``)."""
+
+    def to_internal_value(self, data):
+        try:
+            return super().to_internal_value(data)
+        except serializers.ValidationError:
+            valid = ", ".join(str(choice) for choice in self.choices)
+            raise serializers.ValidationError(f'"{data}" is not a valid choice; one of {valid}',
+                                              code="invalid_choice") from None
+
+
+class AwareDateTimeField(serializers.DateTimeField):
+    """An ISO 8601 datetime that must carry its UTC offset (``Z`` or ``+02:00``); naive input is refused.
+
+    Errors give the format; an offset whose ``+`` arrived as a space (a query string's ``+``) gets the hint to
+    percent-encode it as ``%2B``.
+    """
+
+    default_error_messages = {"naive": "Datetime has no timezone; add Z or an offset such as +00:00.",
+                              "bad_format": "Datetime has wrong format. Use {format}{hint}."}
 
     def to_internal_value(self, value):
         if isinstance(value, str):
+            hint = plus_sign_hint(value)
+            if hint:
+                self.fail("bad_format", format=DATETIME_FORMAT_HINT, hint=hint)
             try:
                 parsed = parse_datetime(value.strip())
             except ValueError:  # well formed but impossible: 2026-02-30, an offset of +25:00
-                self.fail("invalid", format="YYYY-MM-DDThh:mm[:ss[.uuuuuu]][+HH:MM|-HH:MM|Z]")
+                self.fail("bad_format", format=DATETIME_FORMAT_HINT, hint="")
             if parsed is not None and parsed.tzinfo is None:
                 self.fail("naive")
         elif isinstance(value, dt.datetime) and value.tzinfo is None:
             self.fail("naive")
-        return super().to_internal_value(value)
+        try:
+            return super().to_internal_value(value)
+        except serializers.ValidationError:
+            self.fail("bad_format", format=DATETIME_FORMAT_HINT, hint="")
 
 
 class SharedFieldsMixin:

@@ -1,5 +1,16 @@
-"""OpenAPI schema post-processing: the error answers every operation can give, declared where drf-spectacular
-leaves them out, so the schema matches every answer (``tests/controlplane/test_openapi_conformance.py``).
+"""OpenAPI schema of the API: operation summaries and descriptions, and the error answers every
+operation can give.
+
+drf-spectacular gives an operation the docstring of its action, else of its
+view class, as description, and no summary. :class:`DescribedAutoSchema`
+adds a summary to every operation, and a description that says what the
+operation does before what the resource is:
+
+- a viewset's ``schema_summaries`` (action name -> summary) wins;
+- else an action with a docstring of its own is summarised by its first
+  sentence (cut before a parenthesis, colon or semicolon);
+- else a standard action gets a standard sentence on the model's verbose
+  names ("List quotas", "Show one quota", "Create a quota", ...).
 
 ``declare_error_responses`` (a ``POSTPROCESSING_HOOKS`` entry) adds to each operation that lacks them:
 
@@ -13,6 +24,82 @@ Bodies are JSON objects: ``{"detail": "..."}`` or ``{"<field>": ["<reason>", ...
 """
 
 from __future__ import annotations
+
+import inspect
+import re
+
+from drf_spectacular.openapi import AutoSchema
+
+# Standard actions of DRF's mixins: (summary, first sentence of the description), on {one} and {many}.
+STANDARD = {
+    "list": ("List {many}", "Lists the {many} you may see{paged}."),
+    "retrieve": ("Show one {one}", "Shows one {one} by its id; one you may not see answers 404."),
+    "create": ("Create a {one}", "Creates a {one}; a bad field answers 400 with its name and the reason, and "
+                                 "nothing is stored."),
+    "update": ("Replace a {one}", "Replaces every writable field of a {one} (400 for a bad field; nothing changes)."),
+    "partial_update": ("Change fields of a {one}", "Changes the fields given of a {one} (400 for a bad field; "
+                                                   "nothing changes)."),
+    "destroy": ("Delete a {one}", "Deletes a {one}."),
+}
+_CUT = re.compile(r"\s*(?:\(|:|;|—| - )")
+
+
+def first_sentence(text: str) -> str:
+    """The first sentence of ``text`` without markup, cut before a parenthesis, colon, semicolon or dash, at most
+    80 characters (a summary)."""
+    text = " ".join(text.strip().split()).replace("``", "")
+    sentence = re.split(r"(?<=[a-z0-9)])\. ", text, maxsplit=1)[0].rstrip(".")
+    sentence = _CUT.split(sentence, maxsplit=1)[0]
+    return sentence if len(sentence) <= 80 else sentence[:77].rsplit(" ", 1)[0] + "..."
+
+
+class DescribedAutoSchema(AutoSchema):
+    """AutoSchema with a summary for every operation and a description that starts with what it does."""
+
+    def _names(self) -> tuple[str, str]:
+        queryset = getattr(self.view, "queryset", None)
+        model = getattr(queryset, "model", None)
+        if model is None:
+            return "object", "objects"
+        return str(model._meta.verbose_name), str(model._meta.verbose_name_plural)
+
+    def _own_docstring(self) -> str | None:
+        """The docstring of the action's method when the view's own code defines it (not a DRF mixin)."""
+        action = getattr(self.view, "action", None)
+        method = getattr(type(self.view), action, None) if action else None
+        if method is None or type(self.view).__module__.startswith("rest_framework"):
+            return None
+        owner = next((klass for klass in type(self.view).__mro__ if action in klass.__dict__), None)
+        if owner is None or owner.__module__.startswith(("rest_framework", "drf_spectacular")):
+            return None
+        return inspect.getdoc(method)
+
+    def get_summary(self):
+        action = getattr(self.view, "action", None)
+        overrides = getattr(self.view, "schema_summaries", {}) or {}
+        if action in overrides:
+            return overrides[action]
+        own = self._own_docstring()
+        if own:
+            return first_sentence(own)
+        one, many = self._names()
+        if action in STANDARD:
+            summary = STANDARD[action][0].format(one=one, many=many)
+            return summary[0].upper() + summary[1:]
+        return super().get_summary()
+
+    def get_description(self):
+        own = self._own_docstring()
+        if own:
+            return own
+        action = getattr(self.view, "action", None)
+        about = inspect.getdoc(type(self.view)) or ""
+        if action in STANDARD:
+            one, many = self._names()
+            paged = ", a page at a time (``limit``, ``offset``)" if getattr(self.view, "pagination_class", None) else ""
+            return f"{STANDARD[action][1].format(one=one, many=many, paged=paged)}\n\n{about}".strip()
+        return super().get_description()
+
 
 ERROR_SCHEMA = {"type": "object", "additionalProperties": True,
                 "description": '{"detail": "..."} or {"<field>": ["<reason>", ...]}'}

@@ -10,6 +10,9 @@ from __future__ import annotations
 from django.core.exceptions import ImproperlyConfigured
 from django.http import Http404
 from rest_framework import viewsets
+from rest_framework.exceptions import UnsupportedMediaType
+
+from .schema import DescribedAutoSchema
 
 
 class ScopedViewSetMixin:
@@ -25,7 +28,12 @@ class ScopedViewSetMixin:
     ImproperlyConfigured); a deliberate bypass must be spelled
     ``dangerously_get_queryset``. A viewset without ``scope_queryset``
     raises ImproperlyConfigured on its first request.
+
+    Every operation gets an OpenAPI summary and description
+    (``core.schema.DescribedAutoSchema``; ``schema_summaries`` overrides).
     """
+
+    schema = DescribedAutoSchema()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -54,6 +62,12 @@ class ScopedViewSetMixin:
             return queryset.none()
         return scope(queryset, user)
 
+    def handle_exception(self, exc):
+        """DRF's handling, with a 415 that names the accepted media types (``unsupported_media_type``)."""
+        if isinstance(exc, UnsupportedMediaType):
+            exc = unsupported_media_type(exc, self)
+        return super().handle_exception(exc)
+
     def get_object(self):
         """The scoped object of the URL's lookup; a lookup holding NUL is no object (404), since PostgreSQL text
         cannot hold one and the query would fail instead of finding no row."""
@@ -61,6 +75,16 @@ class ScopedViewSetMixin:
         if isinstance(value, str) and "\x00" in value:
             raise Http404
         return super().get_object()
+
+
+def unsupported_media_type(exc: UnsupportedMediaType, view) -> UnsupportedMediaType:
+    """``exc`` with a detail that names the media types ``view`` accepts and how to send YAML with curl."""
+    accepted = [parser.media_type for parser in view.get_parsers()]
+    media_type = getattr(view.request, "content_type", "") or "none"
+    detail = f'unsupported media type "{media_type}"; send the body with a Content-Type of {", ".join(accepted)}'
+    if any("yaml" in t for t in accepted):
+        detail += ' (e.g. curl -H "Content-Type: application/yaml" --data-binary @job.yaml)'
+    return UnsupportedMediaType(media_type, detail=detail)
 
 
 class ScopedGenericViewSet(ScopedViewSetMixin, viewsets.GenericViewSet):

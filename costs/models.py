@@ -63,6 +63,7 @@ class CostEntry(models.Model):
 
     class Meta:
         ordering = ["interval_start"]
+        verbose_name_plural = "cost entries"
         constraints = [
             models.UniqueConstraint(fields=["attempt", "interval_start"], name="costentry_unique_interval"),
             models.CheckConstraint(condition=models.Q(interval_end__gt=models.F("interval_start")), name="costentry_positive_interval"),
@@ -309,6 +310,7 @@ class LedgerDiscrepancy(models.Model):
 
     class Meta:
         ordering = ["-checked_at"]
+        verbose_name_plural = "ledger discrepancies"
 
     def __str__(self) -> str:
         return f"{self.cluster_id} {self.window_start:%Y-%m-%d}..{self.window_end:%Y-%m-%d} {self.difference_percent}%"

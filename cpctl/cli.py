@@ -22,6 +22,10 @@ Commands::
   quotas [--team T]                            GPU quotas
   budgets [--team T]                           budgets' current period: spent, committed, remaining, forecast
   costs [--group-by team|cluster|accelerator|job|day] [--start S] [--end E] [--team T]
+  utilization [--group-by ...] [--start S] [--end E] [--team T]
+                                               average GPU utilization, coverage, idle GPU-hours and USD
+  reports [--team T] [--kind daily|weekly|custom] [--limit N]   stored reports, newest first
+  report ID [--csv]                            one report's figures, or its CSV (section,item,metric,value)
 
 ``--json`` (every command) prints the API's JSON instead of a table; list
 commands print the API's page shape ``{"count", "next", "previous",
@@ -450,6 +454,11 @@ def cmd_job(client: Client, args) -> int:
         if attempt.get("end_reason"):
             text += f": {attempt['end_reason']}"
         fields.append(("attempt", text))
+    if job.get("kind") == "inference":
+        source = (job.get("spec") or {}).get("checkpoint_from")
+        if source:
+            fields.append(("serves", f"the checkpoint of job {source}"))
+        fields.append(("endpoint", job.get("endpoint") or "none (it serves only while RUNNING)"))
     estimate = job.get("estimated_cost_usd")
     fields.append(("cost", f"{usd(job.get('accrued_cost_usd'))} accrued, " + (
         "estimated once placed" if estimate is None else f"{usd(estimate)} estimated (worst case)")))
@@ -536,6 +545,8 @@ def cmd_logs(client: Client, args) -> int:
         else:
             text = body.get("text") or ""
             sys.stdout.write(text if not text or text.endswith("\n") else text + "\n")
+            if not text:
+                err(empty_log_hint(client, args.id, args.node, body.get("attempt")))
         return EXIT_OK
     if args.json:
         raise CliError(EXIT_BAD_INPUT, "error: --json cannot be combined with --follow (the stream is plain text)")
@@ -555,6 +566,20 @@ def cmd_logs(client: Client, args) -> int:
     except requests.exceptions.RequestException:
         raise CliError(EXIT_UNREACHABLE, f"error: the log stream from {redact(client.base_url)} broke off") from None
     return EXIT_OK
+
+
+def empty_log_hint(client: Client, job_id: int, node: int, attempt: int) -> str:
+    """What to tell a user whose node log is empty: that the node printed nothing (yet), and which nodes there are
+    (in distributed training often only rank 0 logs)."""
+    try:
+        nodes = client.get(f"jobs/{job_id}/").get("nodes") or 1
+    except CliError:
+        nodes = None
+    others = ""
+    if nodes and nodes > 1:
+        others = (f"; the job has {nodes} nodes (0 to {nodes - 1}) and often only rank 0 prints: "
+                  f"try --node {0 if node else 1}")
+    return f"(node {node} of attempt {attempt} has printed nothing yet{others})"
 
 
 def cmd_cancel(client: Client, args) -> int:
@@ -617,14 +642,7 @@ def as_api_time(value: str | None) -> str | None:
 
 def cmd_costs(client: Client, args) -> int:
     """GPU-hours and USD from the cost ledger, grouped by team, cluster, accelerator, job or UTC day."""
-    params = {"group_by": args.group_by}
-    for name in ("start", "end"):
-        value = as_api_time(getattr(args, name))
-        if value is not None:
-            params[name] = value
-    if args.team:
-        params["team"] = args.team
-    report = client.get("costs/", params)
+    report = client.get("costs/", cost_query(args))
     if args.json:
         print_json(report)
         return EXIT_OK
@@ -634,10 +652,131 @@ def cmd_costs(client: Client, args) -> int:
             for row in report["results"]]
     total = report.get("total") or {}
     rows.append(["TOTAL"] + [""] * (len(keys) - 1) + [gpu_hours(total.get("gpu_hours")), usd(total.get("cost_usd"))])
-    window = f"{when(report.get('start')) if report.get('start') else 'the beginning'} to " \
-             f"{when(report.get('end')) if report.get('end') else 'now'}"
-    out(f"costs by {report['group_by']}, {window} (UTC)")
+    out(f"costs by {report['group_by']}, {window(report)} (UTC)")
     table(headers, rows, right=("JOB", "GPU-HOURS", "COST"))
+    return EXIT_OK
+
+
+def cost_query(args) -> dict:
+    """The ``group_by``/``start``/``end``/``team`` query of ``costs`` and ``utilization`` from the options."""
+    params = {"group_by": args.group_by}
+    for name in ("start", "end"):
+        value = as_api_time(getattr(args, name))
+        if value is not None:
+            params[name] = value
+    if args.team:
+        params["team"] = args.team
+    return params
+
+
+def window(report: dict) -> str:
+    """``<start> to <end>`` of a costs or utilization answer (open ends in words)."""
+    return (f"{when(report.get('start')) if report.get('start') else 'the beginning'} to "
+            f"{when(report.get('end')) if report.get('end') else 'now'}")
+
+
+def percent(value, digits: int = 1) -> str:
+    """A percentage for a table; ``n/a`` for null (no samples: never shown as 0 %)."""
+    return "n/a" if value is None else f"{float(value):.{digits}f}%"
+
+
+def cmd_utilization(client: Client, args) -> int:
+    """GPU utilization from the Prometheus rollups: average, coverage, idle GPU-hours and their USD, grouped."""
+    report = client.get("utilization/", cost_query(args))
+    if args.json:
+        print_json(report)
+        return EXIT_OK
+    keys = ["job", "job_name"] if args.group_by == "job" else [args.group_by]
+    headers = [k.replace("_", " ").upper() for k in keys] + ["GPU-HOURS", "AVG UTIL", "COVERAGE", "IDLE GPU-H",
+                                                              "IDLE COST"]
+
+    def cells(row: dict) -> list:
+        coverage = row.get("coverage")
+        return [gpu_hours(row.get("gpu_hours")), percent(row.get("avg_gpu_util_percent")),
+                percent(None if coverage is None else coverage * 100, 0), gpu_hours(row.get("idle_gpu_hours")),
+                usd(row.get("idle_cost_usd"))]
+
+    rows = [[row.get(k) for k in keys] + cells(row) for row in report["results"]]
+    rows.append(["TOTAL"] + [""] * (len(keys) - 1) + cells(report.get("total") or {}))
+    out(f"GPU utilization by {report['group_by']}, {window(report)} (UTC); n/a: no GPU samples")
+    table(headers, rows, right=("JOB", "GPU-HOURS", "AVG UTIL", "COVERAGE", "IDLE GPU-H", "IDLE COST"))
+    return EXIT_OK
+
+
+def cmd_reports(client: Client, args) -> int:
+    """Stored reports, newest first: id, scope, kind, period, GPU-hours, cost, average utilization."""
+    params = {"ordering": "-period_end"}
+    if args.kind:
+        params["kind"] = args.kind
+    page = client.get_pages("reports/", params, limit=args.limit)
+    reports = [r for r in page["results"] if not args.team or (r.get("team") or "platform") == args.team]
+    if args.json:
+        print_json({**page, "results": reports})
+        return EXIT_OK
+    if not reports:
+        err("no reports (daily ones are made at 06:00 UTC, weekly ones on Mondays)")
+        return EXIT_OK
+    rows = []
+    for r in reports:
+        data = r.get("data") or {}
+        totals, util = data.get("totals") or {}, data.get("utilization") or {}
+        rows.append([r["id"], r.get("team") or "platform", r["kind"], when(r["period_start"]),
+                     when(r["period_end"]), gpu_hours(totals.get("gpu_hours")), usd(totals.get("cost_usd")),
+                     percent(util.get("avg_gpu_util_percent"))])
+    table(["ID", "SCOPE", "KIND", "FROM (UTC)", "TO (UTC)", "GPU-HOURS", "COST", "AVG UTIL"], rows,
+          right=("ID", "GPU-HOURS", "COST", "AVG UTIL"))
+    if page["count"] > len(page["results"]):
+        err(f"({len(page['results'])} of {page['count']} reports; --limit shows more)")
+    return EXIT_OK
+
+
+def cmd_report(client: Client, args) -> int:
+    """One report: its totals, change on the period before, utilization, top jobs, quota use and budgets; or its
+    CSV (``--csv``, as the API gives it)."""
+    if args.csv:
+        response = client.request("GET", f"reports/{args.id}/csv/")
+        text = response.text
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        return EXIT_OK
+    report = client.get(f"reports/{args.id}/")
+    if args.json:
+        print_json(report)
+        return EXIT_OK
+    data = report.get("data") or {}
+    totals, util, previous = data.get("totals") or {}, data.get("utilization") or {}, data.get("previous") or {}
+    out(f"report {report['id']}  {report['kind']} for {report.get('team') or 'the platform'}, "
+        f"{when(report['period_start'])} to {when(report['period_end'])} UTC")
+    change = previous.get("cost_change_percent")
+    fields = [
+        ("GPU-hours", gpu_hours(totals.get("gpu_hours"))),
+        ("cost", usd(totals.get("cost_usd")) + ("" if change is None else f" ({change:+.1f}% on the period before)")),
+        ("utilization", f"{percent(util.get('avg_gpu_util_percent'))} average, "
+                        f"{percent(util.get('coverage_percent'), 0)} of samples"
+                        + (f"; idle {gpu_hours(util.get('idle_gpu_hours'))} GPU-h = {usd(util.get('idle_cost_usd'))}"
+                           if util.get("idle_gpu_hours") is not None else "")),
+    ]
+    if util.get("note"):
+        fields.append(("note", util["note"]))
+    width = max(len(name) for name, _ in fields)
+    for name, value in fields:
+        out(f"  {name.ljust(width)}  {value}")
+    sections = [
+        ("Top jobs", ["JOB", "NAME", "TEAM", "GPU-HOURS", "COST"], [
+            [j.get("job"), j.get("job_name"), j.get("team"), gpu_hours(j.get("gpu_hours")), usd(j.get("cost_usd"))]
+            for j in data.get("top_jobs") or []]),
+        ("Quota use", ["ACCELERATOR", "NOMINAL", "GPU-HOURS", "AVG GPUS", "OF NOMINAL"], [
+            [q.get("accelerator"), q.get("nominal_gpus"), gpu_hours(q.get("gpu_hours")),
+             f"{float(q.get('avg_gpus_in_use') or 0):.2f}", percent(q.get("percent_of_nominal"))]
+            for q in data.get("quota_use") or []]),
+        ("Budgets", ["TEAM", "PERIOD", "AMOUNT", "SPENT", "REMAINING", "SPENT %"], [
+            [b.get("team"), b.get("period"), usd(b.get("amount_usd")), usd(b.get("spent_usd")),
+             usd(b.get("remaining_usd")), percent(b.get("spent_percent"))] for b in data.get("budgets") or []]),
+    ]
+    for title, headers, rows in sections:
+        if rows:
+            out()
+            out(title)
+            table(headers, rows, right=tuple(h for h in headers if h not in ("NAME", "TEAM", "ACCELERATOR", "PERIOD")))
     return EXIT_OK
 
 
@@ -687,7 +826,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="cpctl", parents=[common],
-        description="Submit and follow GPU jobs, read quotas, budgets and costs, through the control plane's API.",
+        description="Submit and follow GPU jobs, read quotas, budgets, costs, utilization and reports, through the "
+                    "control plane's API.",
         epilog="Exit codes: 0 ok, 1 job did not succeed (--wait), 2 bad input (400), 3 unauthorized (401), "
                "4 forbidden (403), 5 not found (404), 6 conflict (409), 7 unreachable, 8 unexpected answer.",
     )
@@ -728,11 +868,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub = command("budgets", cmd_budgets, "budgets' current period: spent, committed, remaining, forecast")
     sub.add_argument("--team", help="team slug")
 
-    sub = command("costs", cmd_costs, "cost from the ledger, grouped")
-    sub.add_argument("--group-by", choices=GROUP_BY_CHOICES, default="team", help="default team")
-    sub.add_argument("--start", help="ISO 8601 datetime with offset, or a date (midnight UTC); inclusive")
-    sub.add_argument("--end", help="ISO 8601 datetime with offset, or a date (midnight UTC); exclusive")
-    sub.add_argument("--team", help="team slug")
+    for name, handler, help_text in (
+            ("costs", cmd_costs, "cost from the ledger, grouped"),
+            ("utilization", cmd_utilization, "GPU utilization from Prometheus: average, coverage, idle GPU-hours")):
+        sub = command(name, handler, help_text)
+        sub.add_argument("--group-by", choices=GROUP_BY_CHOICES, default="team", help="default team")
+        sub.add_argument("--start", help="ISO 8601 datetime with offset, or a date (midnight UTC); inclusive")
+        sub.add_argument("--end", help="ISO 8601 datetime with offset, or a date (midnight UTC); exclusive")
+        sub.add_argument("--team", help="team slug")
+
+    sub = command("reports", cmd_reports, "list stored utilization and cost reports, newest first")
+    sub.add_argument("--team", help="team slug (platform: the platform-wide reports)")
+    sub.add_argument("--kind", choices=("daily", "weekly", "custom"), help="only reports of this kind")
+    sub.add_argument("--limit", type=positive_int, default=50, help="at most this many reports (default 50)")
+    sub = command("report", cmd_report, "show one report's figures, or its CSV")
+    sub.add_argument("id", metavar="ID", type=int, help="report id")
+    sub.add_argument("--csv", action="store_true", help="print the report's CSV (section,item,metric,value)")
     return parser
 
 

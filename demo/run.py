@@ -1,16 +1,21 @@
-"""The main job end to end on this machine: seed, start the platform, submit, follow, charge.
+"""The main job end to end on this machine: seed, start the platform, train, serve, charge.
 
 ``manage.py demo`` (``make demo``) migrates, seeds two teams with quotas and
-budgets, the local cluster and the price catalog, starts the web server, a
-Celery worker and Celery beat as child processes, submits a PyTorch training
-job (and a job the budget must refuse) through the REST API with a real
-token, follows them to a final state and prints a summary. With ``--once``
-it then stops and exits 0 only if training SUCCEEDED with a lower final loss.
+budgets, the local cluster, the price catalog, a staff account and the
+daily reports, starts the web server, a Celery worker and Celery beat as
+child processes, submits a PyTorch training job (and a job the budget must
+refuse) through the REST API with a real token, follows them to a final
+state, then serves the trained model as an inference job that names the
+training job (``spec.checkpoint_from``), sends its endpoint a request and
+prints a summary with the endpoint and the answer. With ``--once`` it then
+cancels the serving job, stops, and exits 0 only if training SUCCEEDED with
+a lower final loss and the served model answered.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import secrets
@@ -46,6 +51,32 @@ class DemoTeam:
     username: str
     password: str
     token: str
+
+
+STAFF_USERNAME = "admin"
+
+
+def seed_staff() -> str:
+    """Create (idempotently) the platform staff account ``admin`` (staff and superuser: the Django admin at
+    ``/admin/`` and every team's objects) with a fresh password; returns the password."""
+    password = secrets.token_urlsafe(9)
+    user, _ = get_user_model().objects.get_or_create(username=STAFF_USERNAME)
+    user.is_staff = user.is_superuser = True
+    user.set_password(password)
+    user.save()
+    return password
+
+
+def seed_reports() -> int:
+    """Generate the daily reports (every team and the platform, the last complete UTC day) so the Reports page
+    has something from the start (the schedules run at 06:00 UTC); no mail is sent. Returns how many."""
+    from costs.reports.build import generate_report, period_window
+    from costs.models import Report
+
+    start, end = period_window(Report.Kind.DAILY)
+    for team in [*Team.objects.all(), None]:
+        generate_report(team, start, end, Report.Kind.DAILY)
+    return Team.objects.count() + 1
 
 
 def seed_demo() -> dict[str, DemoTeam]:
@@ -165,6 +196,13 @@ class Api:
         r.raise_for_status()
         return r.json()
 
+    def post(self, path: str) -> dict:
+        """POST without a body (an action such as ``jobs/N/cancel/``); raises RuntimeError on an error status."""
+        r = self.session.post(self.base + path, timeout=30)
+        if r.status_code >= 400:
+            raise RuntimeError(f"POST {path} answered {r.status_code}: {r.text}")
+        return r.json()
+
     def post_yaml(self, path: str, document: dict) -> dict:
         r = self.session.post(self.base + path, data=yaml.safe_dump(document),
                               headers={"Content-Type": "application/yaml"}, timeout=30)
@@ -181,6 +219,65 @@ def training_document(steps: int, nodes: int) -> dict:
     doc["spec"]["resources"]["nodes"] = nodes
     doc["spec"]["resources"]["accelerator"] = settings.LOCAL_RUNNER_ACCELERATOR
     return doc
+
+
+def serving_document(training_job_id: int) -> dict:
+    """The example serving job spec (examples/jobs/serve-gpt.yaml) for the demo: it serves the checkpoint of
+    training job ``training_job_id`` (``spec.checkpoint_from``) on the local accelerator."""
+    doc = yaml.safe_load((Path(settings.BASE_DIR) / "examples/jobs/serve-gpt.yaml").read_text())
+    doc["team"] = "ml-research"
+    doc["spec"]["checkpoint_from"] = training_job_id
+    doc["spec"]["resources"]["accelerator"] = settings.LOCAL_RUNNER_ACCELERATOR
+    return doc
+
+
+DEMO_PROMPT = "To be, or not to be"
+
+
+def ask(endpoint: str, timeout: float, prompt: str = DEMO_PROMPT) -> str:
+    """POST ``prompt`` to ``<endpoint>/generate`` (examples/serve.py) once ``/healthz`` answers; the generated
+    text. Raises RuntimeError when the server does not answer 200 within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            r = requests.post(f"{endpoint}/generate", json={"prompt": prompt, "max_new_tokens": 48, "seed": 0,
+                                                           "temperature": 0.8}, timeout=30)
+            if r.status_code == 200:
+                return r.json()["text"]
+            last = f"HTTP {r.status_code}: {r.text[:200]}"
+        except requests.RequestException as exc:  # not listening yet: it loads the checkpoint first
+            last = str(exc)
+        time.sleep(1)
+    raise RuntimeError(f"{endpoint} did not answer within {timeout:g} s: {last}")
+
+
+def serve(api: Api, training_job_id: int, timeout: float, out) -> tuple[dict, str | None, str, bool]:
+    """Submit the serving job of ``training_job_id``, wait for it to run, and ask its endpoint one question.
+
+    Returns ``(the job's last view, its endpoint or None, the answer or why there is none, whether it answered)``.
+    """
+    job = api.post_yaml("jobs/", serving_document(training_job_id))
+    out.write(f"Submitted job {job['id']} ({job['name']}): serving the checkpoint of job {training_job_id}.\n")
+    deadline = time.monotonic() + timeout
+    seen = None
+    while time.monotonic() < deadline:
+        job = api.get(f"jobs/{job['id']}/")
+        if job["state"] != seen:
+            seen = job["state"]
+            reason = f" ({job['state_reason']})" if job.get("state_reason") else ""
+            out.write(f"  job {job['id']} {job['name']}: {job['state']}{reason}\n")
+            out.flush()
+        if job["state"] in FINAL:
+            return job, None, f"the serving job ended {job['state']}: {job['state_reason']}", False
+        if job["state"] == "RUNNING" and job.get("endpoint"):
+            out.write(f"  endpoint {job['endpoint']}\n")
+            try:
+                return job, job["endpoint"], ask(job["endpoint"], max(5.0, deadline - time.monotonic())), True
+            except RuntimeError as exc:
+                return api.get(f"jobs/{job['id']}/"), job["endpoint"], str(exc), False
+        time.sleep(1)
+    return job, None, f"the serving job was still {job['state']} after {timeout:g} s", False
 
 
 def over_budget_document() -> dict:
@@ -272,11 +369,14 @@ def cancel_unfinished(job_ids: list[int]) -> list[int]:
 
 
 def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, out) -> int:
-    """Run the demo; returns the process exit status (0 when training succeeded and its loss fell)."""
+    """Run the demo; returns the process exit status (0 when training succeeded, its loss fell and the served
+    model answered a request)."""
     platform = Platform(port, out)
     platform.check_port_free()  # before any work: a busy port is the commonest reason a demo cannot start
     call_command("migrate", verbosity=0)
     teams = seed_demo()
+    staff_password = seed_staff()
+    seed_reports()
     from runners.local.exporter import (
         job_average_utilization,
         start_demo_monitoring,
@@ -291,9 +391,10 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
     monitoring = start_demo_monitoring(port, out)  # GPU metrics when `prometheus` is on PATH; None otherwise
     out.write(f"Starting the platform on http://127.0.0.1:{port}/ (web, Celery worker, Celery beat)...\n")
     alice, bob = teams["ml-research"], teams["applied-ml"]
-    out.write(f"  Web UI sign-in: {alice.username} / {alice.password} (ml-research admin), "
-              f"{bob.username} / {bob.password} (applied-ml admin)\n"
-              f"  API tokens: {alice.username} {alice.token}  {bob.username} {bob.token}\n")
+    accounts = (f"  Web UI sign-in: {alice.username} / {alice.password} (ml-research admin), "
+                f"{bob.username} / {bob.password} (applied-ml admin)\n"
+                f"  Staff: {STAFF_USERNAME} / {staff_password} (every team; admin at http://127.0.0.1:{port}/admin/)\n")
+    out.write(accounts + f"  API tokens: {alice.username} {alice.token}  {bob.username} {bob.token}\n")
     platform.start()
     submitted: list[int] = []
     try:
@@ -308,9 +409,19 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
         sweep = applied.post_yaml("jobs/", over_budget_document())
         submitted += [train["id"], sweep["id"]]
         out.write(f"Submitted job {train['id']} ({train['name']}) and job {sweep['id']} ({sweep['name']}).\n")
+        started = time.monotonic()
         views = follow({train["id"]: research, sweep["id"]: applied}, timeout, out)
 
-        ok = True
+        served, endpoint, answer, answered = None, None, "not served: training did not succeed", False
+        if views[train["id"]]["state"] == "SUCCEEDED":
+            served, endpoint, answer, answered = serve(
+                research, train["id"], max(60.0, timeout - (time.monotonic() - started)), out)
+            submitted.append(served["id"])
+        if served is not None and once and served["state"] not in FINAL:
+            research.post(f"jobs/{served['id']}/cancel/")  # the demo is over: stop serving, as a user would
+            served = follow({served["id"]: research}, 60, out)[served["id"]]
+
+        trained = False
         out.write("\nSummary\n")
         for job_id, api in ((train["id"], research), (sweep["id"], applied)):
             view = views[job_id]
@@ -321,7 +432,7 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
                 pair = losses(logs)
                 if pair:
                     line += f"  loss {pair[0]:.4f} -> {pair[1]:.4f}"
-                ok = view["state"] == "SUCCEEDED" and pair is not None and pair[1] < pair[0]
+                trained = view["state"] == "SUCCEEDED" and pair is not None and pair[1] < pair[0]
                 efficiency = api.get(f"jobs/{job_id}/").get("efficiency") or {}
                 if efficiency.get("tokens_per_s") is not None:  # collected by beat (every 15 s): maybe not yet
                     mfu = efficiency.get("mfu_percent")
@@ -332,11 +443,22 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
                 util = job_average_utilization(job_id)
                 line += "  GPU util no data" if util is None else f"  GPU util {util:.1f}%"
             out.write(line + "\n")
-        out.write(("Demo OK: training succeeded and its loss fell.\n" if ok else "Demo FAILED.\n"))
+        if served is not None:
+            gpu_hours, cost = job_cost(research, served["id"]) if served.get("current_attempt") else (0.0, "0.00")
+            out.write(f"  job {served['id']} {served['name']:<20} {served['state']:<10} GPU-hours {gpu_hours:.4f}  "
+                      f"cost ${cost}  endpoint {endpoint or 'none'}\n")
+        if answered:
+            out.write(f"  request  POST {endpoint}/generate {json.dumps({'prompt': DEMO_PROMPT})}\n"
+                      f"  answer   {json.dumps(answer)}\n")
+        else:
+            out.write(f"  serving FAILED: {answer}\n")
+        ok = trained and answered
+        out.write("Demo OK: training succeeded, its loss fell, and the served model answered.\n" if ok
+                  else "Demo FAILED.\n")
         if not once:
+            serving = f"  Serving job {served['id']} answers at {endpoint}/generate\n" if answered else ""
             out.write(f"\nThe platform keeps running at http://127.0.0.1:{port}/ (API /api/v1/, docs /api/docs/).\n"
-                      f"  Web UI sign-in: {alice.username} / {alice.password} (ml-research admin), "
-                      f"{bob.username} / {bob.password} (applied-ml admin)\n"
+                      + accounts + serving +
                       f"  API token for {alice.username}: {alice.token}\n"
                       "Press Ctrl-C to stop.\n")
             out.flush()

@@ -32,7 +32,7 @@ Checkpointing
     ``<dir>/metrics.json``::
 
         {"first_loss": float, "last_loss": float, "steps": int,
-         "tokens_per_s": float, "mfu_percent": float, ...}
+         "tokens_per_s": float, "mfu_percent": float | null, ...}
 
     ``first_loss`` is the loss of the first logged step of the *job*: it is
     carried over in the checkpoint, so after a resume it still is the untrained
@@ -67,12 +67,13 @@ Output (rank 0, stdout, flushed)
     One line per log interval (the first at the first step, then every
     ``--log-every`` steps and at the last step)::
 
-        step=<int> loss=<float .4f> tokens_per_s=<float .1f> mfu=<float .4f>
+        step=<int> loss=<float .4f> tokens_per_s=<float .1f> mfu=<float .4f | n/a>
 
     where ``loss`` is the mean training cross-entropy (nats/token) over the
     steps of the interval and over all ranks, ``tokens_per_s`` is the global
     (all ranks) training throughput over the interval and ``mfu`` is in
-    percent. At the end::
+    percent, or ``n/a`` where the device's peak is unknown (on the CPU). At
+    the end::
 
         final step=<int> loss=<float> first_loss=<float> tokens_per_s=<float> mfu=<float> ...
 
@@ -81,11 +82,12 @@ MFU (model FLOPs utilization)
     Appendix B: model FLOPs per token ``= 6*N + 12*L*C*T`` (``N`` non-embedding
     parameters, ``L`` layers, ``C`` = n_embd, ``T`` = block_size), and
     ``MFU = tokens_per_s * flops_per_token / (world_size * peak_flops_per_device)``.
-    The peak per device is env ``PEAK_TFLOPS`` (TFLOP/s) if set; otherwise, on
-    CUDA, the dense BF16 tensor-core peak looked up from the device name
-    (H100/H200 989, A100 312, L40S 362, L40 181, L4 121; unknown GPUs 312); on
-    CPU a nominal 1.0 TFLOP/s per process (a round figure for a modern server
-    socket, *not* a measured peak, so CPU MFU is only indicative).
+    The peak per device is env ``PEAK_TFLOPS`` (TFLOP/s) if set (the control
+    plane sets it on GPUs from its accelerator catalog); otherwise, on CUDA,
+    the dense BF16 tensor-core peak looked up from the device name (H100/H200
+    989, A100 312, L40S 362, L40 181, L4 121; an unknown GPU has no peak). On
+    the CPU no peak is known (a nominal figure once gave MFUs over 100 %), so
+    MFU is reported as ``n/a`` (``null`` in metrics.json).
 
 Exit status: 0 on success, 2 on a configuration error.
 """
@@ -148,9 +150,6 @@ GPU_PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
     ("L40", 181.0),
     ("L4", 121.0),
 )
-DEFAULT_GPU_PEAK_TFLOPS = 312.0
-#: Nominal CPU peak per process, TFLOP/s (see module docstring).
-CPU_NOMINAL_PEAK_TFLOPS = 1.0
 
 METRICS_FILENAME = "metrics.json"
 
@@ -287,11 +286,12 @@ def setup_distributed(timeout_s: int) -> DistContext:
     return DistContext(rank, world_size, local_rank, local_world_size, node_rank, device, backend)
 
 
-def peak_flops_per_device(device: torch.device) -> tuple[float, str]:
+def peak_flops_per_device(device: torch.device) -> tuple[float | None, str]:
     """Peak FLOP/s of one device and where the figure came from.
 
-    Returns ``(flops_per_second, source)``; see the module docstring for the
-    lookup order (env ``PEAK_TFLOPS``, CUDA device-name table, CPU nominal).
+    Returns ``(flops_per_second, source)``, or ``(None, why)`` when no peak is
+    known (the CPU, an unlisted GPU without ``PEAK_TFLOPS``); see the module
+    docstring for the lookup order (env ``PEAK_TFLOPS``, CUDA device-name table).
     """
     override = os.environ.get("PEAK_TFLOPS")
     if override:
@@ -307,8 +307,8 @@ def peak_flops_per_device(device: torch.device) -> tuple[float, str]:
         for key, tflops in GPU_PEAK_TFLOPS:
             if key.lower() in name.lower():
                 return tflops * 1e12, f"table ({name})"
-        return DEFAULT_GPU_PEAK_TFLOPS * 1e12, f"default GPU ({name})"
-    return CPU_NOMINAL_PEAK_TFLOPS * 1e12, "CPU nominal"
+        return None, f"unknown GPU ({name}): set PEAK_TFLOPS"
+    return None, "CPU: no known peak"
 
 
 # --------------------------------------------------------------------------- #
@@ -676,11 +676,18 @@ def train(args: argparse.Namespace, ctx: DistContext, store: CheckpointStore | N
         f"config world_size={ctx.world_size} backend={ctx.backend or 'none'} device={device.type} "
         f"params={model.num_params()} flops_per_token={flops_per_token} "
         f"tokens_per_step={tokens_per_step} corpus_bytes={data.numel()} shard_bytes={shard.numel()} "
-        f"peak_tflops={peak_flops / 1e12:g} ({peak_source}) threads={torch.get_num_threads()}",
+        f"peak_tflops={'n/a' if peak_flops is None else f'{peak_flops / 1e12:g}'} ({peak_source}) "
+        f"threads={torch.get_num_threads()}",
     )
 
-    def mfu_percent(tokens_per_s: float) -> float:
+    def mfu_percent(tokens_per_s: float) -> float | None:
+        if peak_flops is None:
+            return None
         return 100.0 * tokens_per_s * flops_per_token / (peak_flops * ctx.world_size)
+
+    def mfu_text(tokens_per_s: float) -> str:
+        mfu = mfu_percent(tokens_per_s)
+        return "n/a" if mfu is None else f"{mfu:.4f}"
 
     def sync() -> None:
         if device.type == "cuda":
@@ -723,7 +730,7 @@ def train(args: argparse.Namespace, ctx: DistContext, store: CheckpointStore | N
             log(
                 ctx,
                 f"step={step} loss={last_loss:.4f} tokens_per_s={tokens_per_s:.1f} "
-                f"mfu={mfu_percent(tokens_per_s):.4f}",
+                f"mfu={mfu_text(tokens_per_s)}",
             )
             if t_after_first is None:
                 t_after_first = now
@@ -764,7 +771,7 @@ def train(args: argparse.Namespace, ctx: DistContext, store: CheckpointStore | N
         "mfu_percent": mfu_percent(run_tokens_per_s),
         "flops_per_token": flops_per_token,
         "params": model.num_params(),
-        "peak_tflops_per_device": peak_flops / 1e12,
+        "peak_tflops_per_device": None if peak_flops is None else peak_flops / 1e12,
         "world_size": ctx.world_size,
         "elapsed_s": t_end - t_start,
     }
@@ -788,7 +795,8 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"final step={metrics['steps']} loss={fmt(metrics['last_loss'])} "
                 f"first_loss={fmt(metrics['first_loss'])} "
-                f"tokens_per_s={metrics['tokens_per_s']:.1f} mfu={metrics['mfu_percent']:.4f} "
+                f"tokens_per_s={metrics['tokens_per_s']:.1f} "
+                f"mfu={'n/a' if metrics['mfu_percent'] is None else format(metrics['mfu_percent'], '.4f')} "
                 f"elapsed_s={metrics['elapsed_s']:.2f} world_size={ctx.world_size}",
                 flush=True,
             )

@@ -67,7 +67,14 @@ class SubmitJobForm(forms.Form):
     def __init__(self, *args, teams=(), priorities=(), **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["team"].choices = [(t.slug, t.slug) for t in teams]
-        self.fields["accelerator"].choices = [(a, a) for a in Accelerator.objects.values_list("name", flat=True)]
+        # Accelerators some node pool offers come first and the first of them is the default, so a preview of the
+        # form as it opens can succeed; the others stay choosable, marked.
+        offered = set(Accelerator.objects.filter(node_pools__nodes__gt=0).values_list("name", flat=True))
+        names = sorted(Accelerator.objects.values_list("name", flat=True), key=lambda n: (n not in offered, n))
+        self.fields["accelerator"].choices = [(n, n if n in offered else f"{n} (no node pool offers it)")
+                                              for n in names]
+        if names and not self.is_bound:
+            self.initial.setdefault("accelerator", names[0])
         self.fields["priority"].choices = [(p, p) for p in priorities]
 
     def submission(self) -> dict | None:
@@ -182,8 +189,10 @@ class CostQueryForm(forms.Form):
     """Costs page query: group by, the UTC days ``[start, end]`` (end inclusive), optionally one team (slug)."""
 
     group_by = forms.ChoiceField(choices=GROUP_BY_CHOICES, required=False, initial="day", label="Group by")
-    start = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}), label="From (UTC day)")
-    end = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}), label="To (UTC day, inclusive)")
+    start = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}), label="From (UTC day)",
+                            error_messages={"invalid": "Enter a date as YYYY-MM-DD, e.g. 2026-11-01."})
+    end = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}), label="To (UTC day, inclusive)",
+                          error_messages={"invalid": "Enter a date as YYYY-MM-DD, e.g. 2026-11-30."})
     team = forms.ChoiceField(required=False)
 
     def __init__(self, *args, teams=(), **kwargs):
@@ -196,10 +205,13 @@ class CostQueryForm(forms.Form):
         data["group_by"] = data.get("group_by") or "day"
         data["end"] = data.get("end") or today
         if data["end"] >= dt.date.max:  # the window ends the day after: it must exist
-            raise forms.ValidationError(f"the end day must be before {dt.date.max.isoformat()}")
+            self.add_error("end", f"the end day must be before {dt.date.max.isoformat()}")
+            return data
         data["start"] = data.get("start") or max(data["end"], dt.date.min + dt.timedelta(days=29)) - dt.timedelta(days=29)
         if data["end"] < data["start"]:
-            raise forms.ValidationError("the end day is before the start day")
+            # On the field, next to it: a form-wide error above the row of fields broke the row's layout.
+            self.add_error("end", f"the end day ({data['end'].isoformat()}) is before the start day "
+                                  f"({data['start'].isoformat()})")
         return data
 
     def window(self) -> tuple[dt.datetime, dt.datetime]:

@@ -1,7 +1,9 @@
 """URLs of the web UI, mounted at the site root (``controlplane/urls.py``) under the ``frontend`` namespace."""
 
 from django.contrib.auth import views as auth_views
+from django.templatetags.static import static
 from django.urls import path
+from django.views.generic import RedirectView
 
 from . import views
 
@@ -31,4 +33,6 @@ urlpatterns = [
     path("reports/", views.report_list, name="report-list"),
     path("reports/<int:pk>/", views.report_detail, name="report-detail"),
     path("reports/<int:pk>.csv", views.report_csv, name="report-csv"),
+    # Browsers ask for /favicon.ico whatever the page links; answer with the UI's icon.
+    path("favicon.ico", RedirectView.as_view(url=static("frontend/favicon.svg"), permanent=True), name="favicon"),
 ]

@@ -58,9 +58,20 @@ class _Request:
         self.user = user
 
 
-def _chart(labels: list, values: list, label: str, kind: str = "bar") -> dict:
-    """Chart.js input (``frontend/static/frontend/app.js`` draws it): labels, one dataset, chart type."""
-    return {"type": kind, "labels": labels, "datasets": [{"label": label, "data": values}]}
+def _chart(labels: list, values: list, label: str, kind: str = "bar", *, x_title: str = "", y_title: str = "") -> dict:
+    """Chart.js input (``frontend/static/frontend/app.js`` draws it): labels, one dataset, chart type, axis titles."""
+    return {"type": kind, "labels": labels, "datasets": [{"label": label, "data": values}],
+            "x_title": x_title, "y_title": y_title}
+
+
+def daily_chart(rows: list[dict], first: dt.date, last: dt.date, label: str = "USD per day") -> dict:
+    """A bar per UTC day from ``first`` to ``last`` inclusive (``YYYY-MM-DD`` labels: the date axis spans the
+    whole range), each the ``cost_usd`` of that day's row in ``rows`` (from ``aggregate_costs(..., "day")``) or
+    0 for a day without cost; a one-day range is one bar, not a lone point."""
+    by_day = {str(r["day"]): float(r["cost_usd"]) for r in rows}
+    days = [first + dt.timedelta(days=n) for n in range((last - first).days + 1)]
+    return _chart([d.isoformat() for d in days], [by_day.get(d.isoformat(), 0.0) for d in days], label, "bar",
+                  x_title="Day (UTC)", y_title="USD")
 
 
 # --- dashboard ----------------------------------------------------------------------------------
@@ -100,7 +111,9 @@ def dashboard(request):
     teams = Team.objects.visible_to(user)
     jobs = (Job.objects.visible_to(user).filter(state__in=LIVE_STATES)
             .select_related("team", "accelerator", "current_attempt__cluster").order_by("-priority", "created_at"))
-    since = timezone.now() - dt.timedelta(days=30)
+    today = timezone.now().astimezone(dt.timezone.utc).date()
+    first = today - dt.timedelta(days=29)
+    since = dt.datetime.combine(first, dt.time(), tzinfo=dt.timezone.utc)
     by_day, total = aggregate_window("day", since, None, scope=lambda qs: scope_to_teams(qs, user))
     live = list(jobs[:200])
     context = {
@@ -110,7 +123,7 @@ def dashboard(request):
         "gpu_usage": _gpu_usage(teams),
         "budgets": _budget_rows(teams),
         "cost_total": total,
-        "cost_chart": _chart([r["day"] for r in by_day], [float(r["cost_usd"]) for r in by_day], "USD per day"),
+        "cost_chart": daily_chart(by_day, first, today) if by_day else _chart([], [], "USD per day"),
     }
     return render(request, "frontend/dashboard.html", context)
 
@@ -151,10 +164,48 @@ def _visible_job(request, pk: int) -> Job:
         "team", "submitter", "accelerator", "current_attempt__cluster", "current_attempt__node_pool"), pk=pk)
 
 
+def job_estimate(job: Job) -> dict:
+    """The estimated cost (USD) a job page shows, worded as the submission preview words it.
+
+    Once placed: the stored estimate (GPUs x max runtime x the placed pool's price), ``{"usd", "pool": None,
+    "placed": True}``. Before: the preview's (``jobs.scheduling.preview.preview_submission``: the pool the
+    scheduler would pick now and its price), ``{"usd", "pool": <offer or None>, "placed": False}``; ``usd`` is
+    None when no pool has a price.
+    """
+    if job.admitted_at or job.current_attempt_id or job.estimated_cost_usd:
+        return {"usd": job.estimated_cost_usd, "pool": None, "placed": True}
+    resources = {"accelerator": job.accelerator, "gpus_per_node": job.gpus_per_node, "nodes": job.nodes,
+                 "priority": job.priority, "preemptible": job.preemptible,
+                 "max_runtime_seconds": job.max_runtime_seconds}
+    assessment = preview_submission(job.team, resources, (job.spec or {}).get("placement") or {})
+    return {"usd": assessment.estimate_usd, "pool": assessment.offer, "placed": False}
+
+
+def queue_facts(queue_info: dict) -> list[tuple[str, str]]:
+    """The numbers of a waiting job's ``queue_info`` as ``(label, value)`` pairs a person reads: keys made words
+    (``request_gpus`` -> "Request GPUs"), None as "no limit", lists joined; the reason, message and position
+    are shown elsewhere."""
+    facts = []
+    for key, value in queue_info.items():
+        if key in ("reason", "message", "position") or isinstance(value, dict):
+            continue
+        label = key.replace("_usd", " (USD)").replace("_gpus", " GPUs").replace("_", " ")
+        label = label[:1].upper() + label[1:]
+        if value is None:
+            text = "no limit"
+        elif isinstance(value, (list, tuple)):
+            text = ", ".join(str(v) for v in value) or "none"
+        else:
+            text = str(value)
+        facts.append((label, text))
+    return facts
+
+
 def _job_status_context(job: Job, user) -> dict:
-    """What the live part of a job page shows: state, why it waits, timeline, attempts, cost so far (USD), and
-    the cancel link while ``user`` may still cancel."""
+    """What the live part of a job page shows: state, why it waits, timeline, attempts, cost (USD: so far while
+    the job lives, final once it ended), and the cancel link while ``user`` may still cancel."""
     ledger = job.cost_entries.aggregate(s=Sum("amount_usd"))["s"] or Decimal(0)
+    queue_info = job.queue_info if job.state in (JobState.QUEUED, JobState.RECOVERING) else {}
     return {
         "job": job,
         "live": job.state not in FINAL_STATES,
@@ -163,7 +214,9 @@ def _job_status_context(job: Job, user) -> dict:
         "attempts": job.attempts.select_related("cluster", "node_pool").order_by("number"),
         "cost_so_far": max(ledger, job.accrued_cost_usd),
         "cost_unknown": unknown_cost(job=job),
-        "queue_info": job.queue_info if job.state in (JobState.QUEUED, JobState.RECOVERING) else {},
+        "final": job.state in FINAL_STATES,
+        "queue_info": queue_info,
+        "queue_facts": queue_facts(queue_info),
         "poll_seconds": settings.UI_POLL_SECONDS,
     }
 
@@ -181,6 +234,7 @@ def job_detail(request, pk: int):
     context = _job_status_context(job, request.user)
     context.update(
         usage=usage,
+        estimate=job_estimate(job),
         spec_yaml=yaml.safe_dump(job.spec, sort_keys=False, default_flow_style=False),
         utilization_chart=_chart([f"{r['day']} #{r['attempt__number']}" for r in rollups],
                                  [r["avg_gpu_util_percent"] for r in rollups], "Average GPU utilization (%)"),
@@ -199,18 +253,29 @@ def job_status(request, pk: int):
     return render(request, "frontend/partials/job_status.html", _job_status_context(_visible_job(request, pk), request.user))
 
 
+def _log_node(request, job: Job) -> int:
+    """The node whose log to show: ``?node=N`` (0-based) when the job has that node, else 0."""
+    try:
+        node = int(request.GET.get("node", "0"))
+    except ValueError:
+        return 0
+    return node if 0 <= node < job.nodes else 0
+
+
 @login_required
 def job_logs(request, pk: int):
-    """The tail of node 0's log of the current attempt (polled while the job is not final)."""
+    """The tail of one node's log of the current attempt (``?node=N``, default 0; polled while the job is not
+    final), with a picker of the job's nodes."""
     job = _visible_job(request, pk)
+    node = _log_node(request, job)
     attempt, text, error = job.current_attempt, "", ""
     if attempt is not None:
         try:
-            text = backend_for(attempt.cluster).logs(attempt, 0, settings.UI_LOG_TAIL_LINES)
+            text = backend_for(attempt.cluster).logs(attempt, node, settings.UI_LOG_TAIL_LINES)
         except (ClusterUnreachable, UnknownBackend) as exc:
             error = f"cluster {attempt.cluster.name} is unreachable: {exc}"
     return render(request, "frontend/partials/job_logs.html", {
-        "job": job, "attempt": attempt, "text": text, "error": error,
+        "job": job, "attempt": attempt, "text": text, "error": error, "node": node, "nodes": range(job.nodes),
         "live": job.state not in FINAL_STATES, "poll_seconds": settings.UI_POLL_SECONDS})
 
 
@@ -397,6 +462,10 @@ def _cost_query(request):
     if not form.is_valid():
         return form, [], None
     start, end = form.window()
+    # Show the days the page covers in the inputs, also when they were left empty (the last 30 days).
+    form.data = form.data.copy()
+    for name in ("start", "end"):
+        form.data[name] = form.data.get(name) or form.cleaned_data[name].isoformat()
     rows, total = balanced_window(form.cleaned_data["group_by"], start, end,  # shown rows add up to the total
                                    scope=lambda qs: scope_to_teams(qs, request.user),
                                    team_slug=form.cleaned_data.get("team") or None)
@@ -414,8 +483,11 @@ def costs(request):
     """GPU-hours and USD by team, cluster, accelerator, job or day over a date range, as a table and a chart."""
     form, rows, total = _cost_query(request)
     group_by = form.cleaned_data.get("group_by", "day") if form.is_valid() else "day"
-    chart = _chart([_row_label(r, group_by) for r in rows], [float(r["cost_usd"]) for r in rows], "USD",
-                   "line" if group_by == "day" else "bar")
+    if group_by == "day" and form.is_valid():
+        chart = daily_chart(rows, form.cleaned_data["start"], form.cleaned_data["end"])
+    else:
+        chart = _chart([_row_label(r, group_by) for r in rows], [float(r["cost_usd"]) for r in rows], "USD", "bar",
+                       x_title=group_by.capitalize(), y_title="USD")
     return render(request, "frontend/costs.html", {"form": form, "rows": rows, "total": total, "group_by": group_by,
                                                    "chart": chart, "query": request.GET.urlencode()})
 

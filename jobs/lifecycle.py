@@ -326,6 +326,11 @@ def _bill_until_deleted(attempt: JobAttempt) -> None:
         bill_objects(attempt.pk, None, until_now=True, stopped_at=accepted)
 
 
+#: How a serving attempt may end and be started again (within ``max_retries``): its server crashed or ran out of
+#: memory. A deadline, a cancel or an image that cannot be pulled would only repeat.
+RESTARTED_SERVING_ENDS = frozenset({JobAttempt.EndReason.FAILED, JobAttempt.EndReason.OOM_KILLED})
+
+
 def apply_observation(job: Job, attempt: JobAttempt, obs: Observation) -> None:
     """Move ``job`` as ``obs`` says; a race lost to another worker is ignored (it did the work).
 
@@ -336,6 +341,9 @@ def apply_observation(job: Job, attempt: JobAttempt, obs: Observation) -> None:
     reason names the cause (Evicted, PodDeleted, NodeLost, Preempted...).
     ``absent`` is not handled here: reconcile acts on it only after a second
     look (``confirm_absent``).
+    Inference attempts whose server exited with an error
+    (``RESTARTED_SERVING_ENDS``) are recovered the same way; a training job
+    that exits non-zero fails.
     """
     try:
         if job.state == S.CANCELLING or obs.phase == "absent":
@@ -350,6 +358,12 @@ def apply_observation(job: Job, attempt: JobAttempt, obs: Observation) -> None:
         if obs.phase == "succeeded" and job.state == S.RUNNING:
             end_attempt(job, attempt, S.SUCCEEDED, reason="all nodes exited 0", end_reason=JobAttempt.EndReason.SUCCEEDED,
                         exit_code=0, ended_at=obs.ended_at)
+        elif (obs.phase == "failed" and job.state in (S.RUNNING, S.STARTING) and job.kind == Job.Kind.INFERENCE
+              and obs.end_reason in RESTARTED_SERVING_ENDS):
+            # A server that crashed is restarted (as a Deployment restarts its pods) while max_retries allows.
+            code = f" (exit code {obs.exit_code})" if obs.exit_code is not None else ""
+            recover_or_fail(job, attempt, end_reason=obs.end_reason, message=obs.message,
+                            what=f"server exited{code}", ended_at=obs.ended_at)
         elif obs.phase == "failed" and job.state in (S.RUNNING, S.STARTING):
             reason = obs.end_reason or JobAttempt.EndReason.FAILED
             text = f"{reason}" + (f" (exit code {obs.exit_code})" if obs.exit_code is not None else "")
@@ -425,21 +439,26 @@ def redispatch_or_release(job: Job, attempt: JobAttempt, *, cluster_answers: boo
     return "released"
 
 
-def recover_or_fail(job: Job, attempt: JobAttempt, *, end_reason: str, message: str = "", ended_at=None) -> Job:
+def recover_or_fail(job: Job, attempt: JobAttempt, *, end_reason: str, message: str = "", ended_at=None,
+                    what: str = "lost") -> Job:
     """End a lost attempt: RECOVERING (back to admission) while retries remain, FAILED after ``max_retries``.
 
-    Retries count earlier attempts that were lost; attempts ended by
-    preemption were the scheduler's choice, not a failure, and attempts
-    that never created objects never ran: neither counts. ``ended_at``: when
-    the pods stopped, as the cluster says (billing ends there).
+    Retries count earlier attempts that were lost (or, for inference, whose
+    server exited with an error); attempts ended by preemption were the
+    scheduler's choice, not a failure, and attempts that never created
+    objects never ran: neither counts. ``ended_at``: when the pods stopped,
+    as the cluster says (billing ends there). ``what`` says in the reason
+    what happened to the attempt (``lost``, ``server exited (exit code 2)``).
     """
     retries_used = (
         job.attempts.filter(number__lt=attempt.number).exclude(end_reason__in=FREE_RETRY_END_REASONS).count()
     )
     if retries_used < job.max_retries:
-        return end_attempt(job, attempt, S.RECOVERING, reason=f"{end_reason}: attempt {attempt.number} lost, recovering",
+        return end_attempt(job, attempt, S.RECOVERING,
+                           reason=f"{end_reason}: attempt {attempt.number} {what}, retry {retries_used + 1} of "
+                                  f"{job.max_retries}",
                            end_reason=end_reason, message=message, ended_at=ended_at)
-    return end_attempt(job, attempt, S.FAILED, reason=f"{end_reason}: attempt lost and {job.max_retries} retries used",
+    return end_attempt(job, attempt, S.FAILED, reason=f"{end_reason}: attempt {what} and {job.max_retries} retries used",
                        end_reason=end_reason, message=message, ended_at=ended_at)
 
 

@@ -104,6 +104,19 @@ class Job(models.Model):
     def is_final(self) -> bool:
         return self.state in FINAL_STATES
 
+    @property
+    def endpoint(self) -> str | None:
+        """Where this inference job serves now: its current attempt's ``runner_state["endpoint"]`` (set by the
+        cluster's backend at dispatch: ``http://127.0.0.1:<PORT>`` locally, the Service's in-cluster URL on
+        Kubernetes) while the job is STARTING or RUNNING; None for training jobs and otherwise. Reads
+        ``current_attempt`` (select it with the job)."""
+        if self.kind != self.Kind.INFERENCE or self.state not in (JobState.STARTING, JobState.RUNNING):
+            return None
+        attempt = self.current_attempt
+        if attempt is None or attempt.ended_at is not None:
+            return None
+        return (attempt.runner_state or {}).get("endpoint")
+
 
 class JobAttempt(models.Model):
     """One dispatch of a job to one cluster and node pool. Retries and failover add attempts.

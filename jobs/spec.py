@@ -26,14 +26,14 @@ from rest_framework.utils.serializer_helpers import ReturnDict
 
 from django.contrib.auth import get_user_model
 
-from core.fields import SharedFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
+from core.fields import INT32_MAX, SharedFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
 from core.lookups import LookupCache
 from quotas.models import Membership, Team, priority_classes
 from runners.models import Accelerator, NodePool
 
 from .efficiency.memory import Layout, declaration_errors, fit_errors
 from .models import Job
-from .specfields import ENV_NAME, SUBMISSION, FieldType, SpecField, field_at, kind_specific
+from .specfields import DNS_1123_LABEL, DNS_1123_LABEL_MAX, ENV_NAME, SUBMISSION, FieldType, SpecField, field_at, kind_specific
 
 SUBMIT_ROLES = (Membership.Role.ADMIN, Membership.Role.MEMBER)
 
@@ -213,6 +213,53 @@ class StrictSerializer(serializers.Serializer):
         return value
 
 
+@extend_schema_field({"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string"}], "nullable": True})
+class JobReferenceField(serializers.Field):
+    """A job by id (a positive integer) or by name (a DNS-1123 label), or null; returned unchanged (the lookup,
+    which needs the submission's team, is :func:`checkpoint_job`)."""
+
+    default_error_messages = {"invalid": "Expected a job id (a positive integer) or a job name (a DNS-1123 label, "
+                                         "as job names are)."}
+
+    def __init__(self, **kwargs):
+        kwargs["allow_null"] = True
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, (int, str)):
+            self.fail("invalid")
+        if isinstance(data, int) and not 1 <= data <= INT32_MAX or isinstance(data, str) and not (
+                len(data) <= DNS_1123_LABEL_MAX and DNS_1123_LABEL.fullmatch(data)):
+            self.fail("invalid")
+        return data
+
+    def to_representation(self, value):
+        return value
+
+
+def checkpoint_job(team: Team, ref: int | str) -> int:
+    """The id of the training job ``ref`` of ``team`` whose checkpoint a serving job loads.
+
+    ``ref``: a job id, or a job name (the team's latest SUCCEEDED training job of that name, else its latest
+    training job of that name). Raises ValidationError naming what was not found or why it does not fit.
+    """
+    jobs = Job.objects.filter(team=team)
+    if isinstance(ref, int):
+        job = jobs.filter(pk=ref).only("pk", "kind").first()
+        if job is None:
+            raise serializers.ValidationError(f'no job {ref} in team "{team.slug}"')
+        if job.kind != Job.Kind.TRAINING:
+            raise serializers.ValidationError(f"job {ref} is an {job.kind} job; checkpoint_from names a training job")
+        return job.pk
+    named = jobs.filter(name=ref, kind=Job.Kind.TRAINING).order_by("-created_at", "-id")
+    job_id = (named.filter(state="SUCCEEDED").values_list("pk", flat=True).first()
+              or named.values_list("pk", flat=True).first())
+    if job_id is None:
+        raise serializers.ValidationError(f'no training job named "{ref}" in team "{team.slug}"; submit it first '
+                                          f"(or give the training job's id)")
+    return job_id
+
+
 class PriorityClassField(serializers.ChoiceField):
     """A priority class name from the ``quotas.PriorityClass`` table, read when the spec is validated."""
 
@@ -261,6 +308,7 @@ _DRF_FIELDS: dict[FieldType, Callable[..., serializers.Field]] = {
     FieldType.CHOICE: lambda f, path, **kw: serializers.ChoiceField(choices=list(f.choices), **kw),
     FieldType.PRIORITY: lambda f, path, **kw: PriorityClassField(choices=list(f.choices), **kw),
     FieldType.OBJECT: _object_serializer,
+    FieldType.JOB_REF: lambda f, path, **kw: JobReferenceField(**kw),
 }
 
 
@@ -504,7 +552,13 @@ class JobSubmissionSerializer(TableSerializer):
         return team_for_submission(self.context["request"].user, slug)
 
     def validate(self, attrs):
-        errors = apply_kind(attrs["kind"], attrs["spec"]) or memory_errors(attrs["kind"], attrs["spec"])
+        spec = attrs["spec"]
+        errors = apply_kind(attrs["kind"], spec) or memory_errors(attrs["kind"], spec)
+        if not errors and spec.get("checkpoint_from") is not None:
+            try:
+                spec["checkpoint_from"] = checkpoint_job(attrs["team"], spec["checkpoint_from"])
+            except serializers.ValidationError as exc:
+                errors = {"checkpoint_from": exc.detail}
         if errors:
             raise serializers.ValidationError({"spec": errors})
         return attrs
@@ -625,6 +679,11 @@ def _fast_object(f: SpecField):
     return check
 
 
+def _fast_job_ref(f: SpecField):
+    # Only null: a job reference needs a lookup against the team, which the serializer does.
+    return lambda value: None if value is None else _REFUSED
+
+
 _FAST_CHECKS: dict[FieldType, Callable[[SpecField], Callable[[Any], Any]]] = {
     FieldType.STRING: _fast_string,
     FieldType.INTEGER: _fast_integer,
@@ -635,6 +694,7 @@ _FAST_CHECKS: dict[FieldType, Callable[[SpecField], Callable[[Any], Any]]] = {
     FieldType.CHOICE: _fast_choice,
     FieldType.PRIORITY: _fast_priority,
     FieldType.OBJECT: _fast_object,
+    FieldType.JOB_REF: _fast_job_ref,
 }
 
 _unbuilt = [t.name for t in FieldType if t not in _DRF_FIELDS or t not in _FAST_CHECKS]

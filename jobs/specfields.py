@@ -52,6 +52,7 @@ class FieldType(enum.Enum):
     CHOICE = "choice"  # one of choices
     PRIORITY = "priority"  # a name in the quotas.PriorityClass table (read when validated)
     OBJECT = "object"  # a mapping of the child fields (``fields``); unknown keys are refused
+    JOB_REF = "job_ref"  # a job of the submission's team, by id (int) or name (str), or null; stored as the id
 
 
 class _NoDefault:
@@ -205,7 +206,9 @@ SPEC = (
               "checks against the budget", min_value=1, max_value=INT32_MAX),
     SpecField("preemptible", FieldType.BOOLEAN, "may run on spot capacity, and be preempted", default=False),
     SpecField("placement", OBJECT, "where the job may run; absent: anywhere", optional=True, fields=PLACEMENT),
-    SpecField("max_retries", INTEGER, "new attempts after a lost one (spot preemption, node or cluster loss)",
+    SpecField("max_retries", INTEGER, "new attempts after a lost one (spot preemption, node or cluster loss); for "
+              "inference also after the server exits with an error or is OOM-killed (a training job that exits "
+              "non-zero fails)",
               default=0, min_value=0, max_value=INT32_MAX),
     SpecField("model", OBJECT, "the model trained, for the memory-fit check at submission (training jobs) and "
               "MFU; absent: no check", optional=True, fields=MODEL, kept_when_absent=False),
@@ -213,8 +216,13 @@ SPEC = (
               fields=PARALLELISM, kept_when_absent=False),
     SpecField("replicas", INTEGER, "serving replicas", default=1, min_value=1, max_value=INT32_MAX,
               kinds=(INFERENCE,)),
-    SpecField("port", INTEGER, "the container port the Service targets", default=INFERENCE_DEFAULT_PORT,
+    SpecField("port", INTEGER, "the container port the Service targets (env PORT on Kubernetes; the local runner "
+              "gives every attempt a free PORT of its own)", default=INFERENCE_DEFAULT_PORT,
               min_value=1, max_value=PORT_MAX, kinds=(INFERENCE,)),
+    SpecField("checkpoint_from", FieldType.JOB_REF, "the training job of the same team whose checkpoint the server "
+              "loads: its id, or its name (the team's latest SUCCEEDED training job of that name, else its latest); "
+              "stored as the id. The runners point CHECKPOINT_DIR (and on Kubernetes the checkpoint mount and "
+              "CHECKPOINT_URI) at that job's checkpoints; null: the job's own", default=None, kinds=(INFERENCE,)),
 )
 
 SUBMISSION = SpecField("submission", OBJECT, "a job submission, as in examples/jobs/*.yaml", fields=(

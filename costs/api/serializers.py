@@ -9,7 +9,7 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
 
-from core.fields import AwareDateTimeField
+from core.fields import AwareDateTimeField, ListedChoiceField
 
 from ..aggregation import GROUP_KEYS
 from ..models import Price
@@ -41,7 +41,7 @@ class CostQuerySerializer(serializers.Serializer):
     ``end <= start``.
     """
 
-    group_by = serializers.ChoiceField(choices=GROUP_BY_CHOICES, default="team")
+    group_by = ListedChoiceField(choices=GROUP_BY_CHOICES, default="team")
     start = AwareDateTimeField(required=False)
     end = AwareDateTimeField(required=False)
     team = serializers.CharField(required=False)

@@ -30,6 +30,7 @@ class UtilizationViewSet(ScopedGenericViewSet):
     filter_backends = []
     pagination_class = None
     serializer_class = UtilizationReportSerializer
+    schema_summaries = {"list": "GPU utilization by team, cluster, accelerator, job or UTC day"}
 
     def scope_queryset(self, queryset, user):
         return scope_to_teams(queryset, user)
@@ -75,6 +76,7 @@ class BudgetStatusViewSet(ScopedGenericViewSet):
     serializer_class = BudgetStatusSerializer
     filter_backends = []
     pagination_class = None
+    schema_summaries = {"list": "Budgets in their current period", "retrieve": "One budget in its current period"}
 
     def scope_queryset(self, queryset, user):
         return scope_to_teams(queryset, user).distinct()

@@ -38,6 +38,7 @@ class CostViewSet(ScopedGenericViewSet):
     filter_backends = []
     pagination_class = None
     serializer_class = CostReportSerializer
+    schema_summaries = {"list": "Cost by team, cluster, accelerator, job or UTC day"}
 
     def scope_queryset(self, queryset, user):
         return scope_to_teams(queryset, user)

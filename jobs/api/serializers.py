@@ -92,7 +92,9 @@ class JobSerializer(SharedFieldsMixin, serializers.ModelSerializer):
     refused by a budget: then the refused estimate);
     ``accrued_cost_usd`` what the ledger holds; ``cost_unknown`` is null, or
     says since when and for how many GPU-hours the job ran where the catalog
-    had no price (those hours are not in ``accrued_cost_usd``).
+    had no price (those hours are not in ``accrued_cost_usd``). ``endpoint`` is the URL an
+    inference job serves on while its current attempt runs (see
+    :attr:`jobs.models.Job.endpoint`), null otherwise.
     """
 
     team = serializers.CharField(source="team.slug", read_only=True)
@@ -105,13 +107,15 @@ class JobSerializer(SharedFieldsMixin, serializers.ModelSerializer):
     accrued_cost_usd = UsdCentsField()
     total_gpus = serializers.IntegerField(read_only=True)
     cost_unknown = serializers.SerializerMethodField()
+    endpoint = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
         fields = [
             "id", "team", "submitter", "name", "kind", "spec", "state", "state_reason", "queue_info", "position",
-            "current_attempt", "estimated_cost_usd", "accrued_cost_usd", "accelerator", "nodes", "gpus_per_node",
-            "total_gpus", "priority", "priority_class", "preemptible", "max_runtime_seconds", "max_retries",
+            "current_attempt", "endpoint", "estimated_cost_usd", "accrued_cost_usd", "accelerator", "nodes",
+            "gpus_per_node", "total_gpus", "priority", "priority_class", "preemptible", "max_runtime_seconds",
+            "max_retries",
             "created_at", "admitted_at", "started_at", "ended_at", "updated_at", "cost_unknown",
         ]
         read_only_fields = fields
@@ -125,6 +129,12 @@ class JobSerializer(SharedFieldsMixin, serializers.ModelSerializer):
         if getattr(job, "has_unpriced_cost", True) is False or job.current_attempt_id is None:
             return None
         return unknown_cost_json(unknown_cost(job=job))
+
+    @extend_schema_field(serializers.CharField(allow_null=True, help_text=(
+        "inference jobs: the URL the server answers on while the current attempt is STARTING or RUNNING "
+        "(local runner: http://127.0.0.1:<PORT>; Kubernetes: the Service's in-cluster URL); null otherwise")))
+    def get_endpoint(self, job: Job) -> str | None:
+        return job.endpoint
 
     @extend_schema_field(serializers.CharField(allow_null=True, help_text="low, normal or high; null otherwise"))
     def get_priority_class(self, job: Job) -> str | None:

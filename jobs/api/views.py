@@ -58,6 +58,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
     filter_backends = [DjangoFilterBackend]
     filterset_class = JobFilterSet
     parser_classes = [JSONParser, YAMLParser, TextYAMLParser]
+    schema_summaries = {"create": "Submit a job", "attempts": "List a job's attempts", "cancel": "Cancel a job",
+                        "events": "List a job's events (its timeline)", "logs": "Read or follow a node's log"}
 
     def scope_queryset(self, queryset, user):
         return queryset.visible_to(user)

@@ -50,14 +50,17 @@ def registered_task(name: str):
     """The Celery task registered as ``name`` in the current app.
 
     A process that has not imported the task modules yet (a web worker, the
-    tests) imports them first, as a Celery worker does at start
-    (``import_default_modules``: every installed app's ``tasks.py``).
+    tests) imports them first: every installed app's ``tasks.py``, found
+    through Celery's Django fixup (``autodiscover_tasks(force=True)``), not
+    ``loader.import_default_modules``, whose signal makes the fixup run
+    ``django.setup()`` again and so rebuild the logging handlers on whatever
+    stderr is current (in tests, a captured stream that is later closed).
     Raises KeyError for a name no app registers.
     """
     try:
         return current_app.tasks[name]
     except KeyError:
-        current_app.loader.import_default_modules()
+        current_app.autodiscover_tasks(force=True)
         return current_app.tasks[name]
 
 

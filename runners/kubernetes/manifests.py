@@ -46,7 +46,9 @@ class Workload:
     ``checkpoint_claim`` the team namespace's PersistentVolumeClaim holding
     checkpoints (empty: an emptyDir, see ``checkpoint_volume``);
     ``checkpoint_uri`` the job's directory in the object store shared by every
-    cluster (``checkpoint_uri()``; empty: no env CHECKPOINT_URI).
+    cluster (``checkpoint_uri()``; empty: no env CHECKPOINT_URI);
+    ``checkpoint_job_id`` the job whose checkpoint directory is mounted (a
+    serving job's ``spec.checkpoint_from``; None: ``job_id``).
     """
 
     name: str
@@ -73,6 +75,8 @@ class Workload:
     master_port: int = 29500
     checkpoint_claim: str = ""
     checkpoint_uri: str = ""
+    checkpoint_job_id: int | None = None  # whose checkpoints the pods mount: a serving job's training job
+    peak_tflops: str = ""  # the accelerator's catalog peak dense BF16 TFLOP/s per GPU (env PEAK_TFLOPS); "": unknown
 
     @property
     def labels(self) -> dict[str, str]:
@@ -155,11 +159,14 @@ def _scheduling(w: Workload) -> dict:
 
 
 def _platform_env(w: Workload) -> list[dict]:
-    return [
+    env = [
         {"name": "CONTROLPLANE_JOB_ID", "value": str(w.job_id)},
         {"name": "CONTROLPLANE_ATTEMPT", "value": str(w.attempt_number)},
         {"name": "CONTROLPLANE_TEAM", "value": w.team},
     ]
+    if w.peak_tflops:
+        env.append({"name": "PEAK_TFLOPS", "value": w.peak_tflops})
+    return env
 
 
 def rendezvous_env(w: Workload) -> list[dict]:
@@ -237,7 +244,7 @@ def checkpoint_mount(w: Workload, read_only: bool = False) -> dict:
     """The container's mount of ``checkpoint_volume`` at ``/checkpoints``: the job's subPath of the claim, if any."""
     mount: dict = {"name": CHECKPOINT_VOLUME, "mountPath": CHECKPOINT_DIR}
     if w.checkpoint_claim:
-        mount["subPath"] = checkpoint_subpath(w.job_id)
+        mount["subPath"] = checkpoint_subpath(w.checkpoint_job_id or w.job_id)
     if read_only:
         mount["readOnly"] = True
     return mount

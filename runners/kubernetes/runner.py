@@ -58,6 +58,8 @@ def workload(attempt) -> m.Workload:
     env = spec.get("env") or {}
     if not isinstance(env, dict):
         raise PermanentDispatchError("spec.env must map strings to strings")
+    # A serving job reads the checkpoints of the training job it names (spec.checkpoint_from), else its own.
+    checkpoint_job = spec.get("checkpoint_from") or job.pk
     return m.Workload(
         name=attempt.object_name, namespace=team_namespace(job.team.slug), team=job.team.slug, job_id=job.pk,
         attempt_id=attempt.pk, attempt_number=attempt.number, kind=job.kind, image=spec.get("image") or "",
@@ -68,7 +70,9 @@ def workload(attempt) -> m.Workload:
         spot=attempt.node_pool.capacity_type == "spot", max_runtime_seconds=job.max_runtime_seconds,
         replicas=job.replicas, port=int(spec.get("port") or 8000),
         master_port=settings.K8S_MASTER_PORT, checkpoint_claim=settings.K8S_CHECKPOINT_CLAIM,
-        checkpoint_uri=m.checkpoint_uri(settings.CHECKPOINT_STORE_URI, job.team.slug, job.pk),
+        checkpoint_uri=m.checkpoint_uri(settings.CHECKPOINT_STORE_URI, job.team.slug, checkpoint_job),
+        checkpoint_job_id=checkpoint_job,
+        peak_tflops=str(attempt.node_pool.accelerator.peak_bf16_tflops or ""),
     )
 
 
@@ -321,9 +325,11 @@ class KubernetesBackend(Backend):
         unreachable cluster; PermanentDispatchError for 400/403/404/422 with
         the server's message (a 404 or 410 is transient: a proxy in front of a
         healthy API server answers them too). Returns ``{"namespace",
-        "objects": [[kind, name]...], "created_at"}``: ``created_at`` (ISO 8601)
-        is the creationTimestamp of the Job or Deployment, where billing starts
-        (absent when the server reports none).
+        "objects": [[kind, name]...], "endpoint", "created_at"}``: ``endpoint``
+        is the inference Service's in-cluster URL
+        ``http://<name>.<namespace>.svc:<port>`` (None for training);
+        ``created_at`` (ISO 8601) is the creationTimestamp of the Job or
+        Deployment, where billing starts (absent when the server reports none).
         """
         w = workload(attempt)
         if not w.image or not (w.command or w.args):
@@ -348,7 +354,8 @@ class KubernetesBackend(Backend):
                 times.append(made)
             created.append([manifest["kind"], manifest["metadata"]["name"]])
         times = [t for t in times if t is not None]
-        state = {"namespace": w.namespace, "objects": created}
+        endpoint = f"http://{w.name}.{w.namespace}.svc:{w.port}" if w.kind == "inference" else None
+        state = {"namespace": w.namespace, "objects": created, "endpoint": endpoint}
         if times:  # a server that reports no creationTimestamp: billing starts when dispatch records the start
             state["created_at"] = min(times).isoformat()
         return state

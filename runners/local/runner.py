@@ -95,9 +95,13 @@ def spec_env(spec: dict) -> dict[str, str]:
 def node_env(attempt, meta: dict, node: int) -> dict[str, str]:
     """The environment of node ``node`` of ``attempt`` (torchrun's variables, the job's env, the platform's).
 
-    ``meta`` is the attempt's ``attempt.json`` (master port, devices). The
-    job's env may set anything but the rendezvous, rank, device and
-    ``CONTROLPLANE_*`` variables, which the platform owns.
+    ``meta`` is the attempt's ``attempt.json`` (master port, node ports,
+    devices). The job's env may set anything but the rendezvous, rank, device,
+    ``PORT``, ``PEAK_TFLOPS`` and ``CONTROLPLANE_*`` variables, which the platform owns.
+    ``PEAK_TFLOPS`` (real GPUs only) is the accelerator's catalog peak.
+    ``PORT`` is a TCP port on 127.0.0.1 that was free when the attempt was first
+    dispatched, one per node, so a server never collides with the control
+    plane's own web port or with another attempt.
     """
     job = attempt.job
     env = {k: v for k, v in os.environ.items() if k in INHERITED_ENV or k.startswith("LC_")}
@@ -107,6 +111,10 @@ def node_env(attempt, meta: dict, node: int) -> dict[str, str]:
         # CPU work: split this machine's cores among the node processes, as torchrun does (OMP_NUM_THREADS).
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, meta["nodes"])))
     env.update(spec_env(job.spec))
+    if devices is not None and meta.get("peak_tflops"):
+        # Real GPUs: their peak from the accelerator catalog, so the workload can report MFU. Emulated GPUs run
+        # on the CPU, whose peak nobody measured: no PEAK_TFLOPS, and the workload says MFU is n/a.
+        env["PEAK_TFLOPS"] = str(meta["peak_tflops"])
     env.update({
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(meta["master_port"]),
@@ -116,6 +124,7 @@ def node_env(attempt, meta: dict, node: int) -> dict[str, str]:
         "LOCAL_RANK": "0",
         "LOCAL_WORLD_SIZE": "1",
         "CHECKPOINT_DIR": meta["checkpoint_dir"],
+        "PORT": str(node_port(meta, node)),
         "CONTROLPLANE_JOB_ID": str(job.pk),
         "CONTROLPLANE_ATTEMPT": str(attempt.number),
         "CONTROLPLANE_TEAM": job.team.slug,
@@ -128,11 +137,37 @@ def node_env(attempt, meta: dict, node: int) -> dict[str, str]:
     return env
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (the kernel's pick), for the attempt's rendezvous (MASTER_PORT)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports free on 127.0.0.1 now (the kernel's picks; all held open until every one is
+    chosen, so none is picked twice): the attempt's rendezvous (MASTER_PORT) and each node's PORT."""
+    socks = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(sock)
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def node_port(meta: dict, node: int) -> int:
+    """The ``PORT`` of node ``node`` in ``attempt.json`` ``meta`` (attempts written before ports existed: the
+    master port plus 1 plus the node index)."""
+    ports = meta.get("ports") or []
+    return ports[node] if node < len(ports) else meta["master_port"] + 1 + node
+
+
+def endpoint(meta: dict, kind: str) -> str | None:
+    """Where an inference attempt serves: ``http://127.0.0.1:<PORT of node 0>``; None for training."""
+    return f"http://127.0.0.1:{node_port(meta, 0)}" if kind == "inference" else None
+
+
+def checkpoint_job_id(job) -> int:
+    """Whose checkpoint directory the job's CHECKPOINT_DIR is: the training job named by ``spec.checkpoint_from``
+    (a serving job), else the job itself."""
+    return (job.spec or {}).get("checkpoint_from") or job.pk
 
 
 @dataclasses.dataclass
@@ -258,8 +293,11 @@ class LocalBackend(Backend):
         creates its ``node-<i>.claim`` with O_CREAT|O_EXCL. Reads
         ``attempt.job`` (and its team), ``attempt.cluster`` and, for real GPUs,
         ``attempt.node_pool``. Returns ``{"attempt_dir", "master_port",
-        "nodes", "pids", "logs", "cuda_visible_devices", "metrics_url"}`` (``metrics_url``: where node 0 may
-        serve its workload metrics, the port given to it in ``CONTROLPLANE_METRICS_PORT``).
+        "ports", "endpoint", "nodes", "pids", "logs", "cuda_visible_devices", "metrics_url"}``
+        (``ports``: each node's ``PORT``; ``endpoint``: the URL an inference
+        attempt serves on, node 0's port, None for training; ``metrics_url``:
+        where node 0 may serve its workload metrics, the port given to it in
+        ``CONTROLPLANE_METRICS_PORT``).
 
         Raises PermanentDispatchError for an invalid command or env, a missing
         executable or an attempt already stopped; TransientDispatchError for
@@ -280,7 +318,7 @@ class LocalBackend(Backend):
                 self._launch_node(attempt, directory, meta, node, argv)
         except OSError as exc:
             raise TransientDispatchError(f"cannot start {attempt.object_name}: {exc}") from exc
-        return self._runner_state(directory, meta)
+        return self._runner_state(directory, meta, attempt.job.kind)
 
     def _ensure_meta(self, attempt, directory: Path) -> dict:
         """Read ``attempt.json``, writing it first if this is the attempt's first dispatch (under a run-dir lock)."""
@@ -293,12 +331,14 @@ class LocalBackend(Backend):
             meta = read_json(path)
             if meta is None:
                 nodes = attempt.job.nodes
+                master_port, metrics_port, *ports = free_ports(2 + nodes)
                 meta = {
                     "attempt_id": attempt.pk, "job_id": attempt.job_id, "number": attempt.number,
                     "object_name": attempt.object_name, "cluster_id": attempt.cluster_id, "nodes": nodes,
-                    "master_port": free_port(), "metrics_port": free_port(),
-                    "checkpoint_dir": str(checkpoint_dir(attempt.job_id)),
+                    "master_port": master_port, "ports": ports, "metrics_port": metrics_port,
+                    "checkpoint_dir": str(checkpoint_dir(checkpoint_job_id(attempt.job))),
                     "devices": None if attempt.cluster.emulated else self._pick_devices(attempt, nodes),
+                    "peak_tflops": None if attempt.cluster.emulated else _peak_tflops(attempt),
                     "created_at": time.time(),
                 }
                 write_json_atomic(path, meta)
@@ -345,7 +385,7 @@ class LocalBackend(Backend):
         with os.fdopen(fd, "w") as fh:
             fh.write(json.dumps({"supervisor": ref.to_json(), "launched_at": time.time(), "dispatcher_pid": os.getpid()}))
 
-    def _runner_state(self, directory: Path, meta: dict) -> dict:
+    def _runner_state(self, directory: Path, meta: dict, kind: str) -> dict:
         pids = []
         for node in range(meta["nodes"]):
             deadline = time.monotonic() + 2.0  # a concurrent dispatcher may still be writing its claim
@@ -357,7 +397,9 @@ class LocalBackend(Backend):
             pids.append(ref.pid if ref else None)
         devices = meta.get("devices")
         return {
-            "attempt_dir": str(directory), "master_port": meta["master_port"], "nodes": meta["nodes"], "pids": pids,
+            "attempt_dir": str(directory), "master_port": meta["master_port"],
+            "ports": [node_port(meta, n) for n in range(meta["nodes"])], "endpoint": endpoint(meta, kind),
+            "nodes": meta["nodes"], "pids": pids,
             "logs": [str(node_path(directory, n, "log")) for n in range(meta["nodes"])],
             "cuda_visible_devices": None if devices is None else [",".join(map(str, d)) for d in devices],
             "metrics_url": f"http://127.0.0.1:{meta['metrics_port']}/metrics" if meta.get("metrics_port") else None,
@@ -470,6 +512,13 @@ class LocalBackend(Backend):
     def logs(self, attempt, node: int = 0, tail_lines: int = 200) -> str:
         """The last ``tail_lines`` lines of ``node-<node>.log`` of ``attempt`` ("" when there is no log)."""
         return tail(node_path(attempt_dir(attempt), node, "log"), tail_lines)
+
+
+def _peak_tflops(attempt) -> str | None:
+    """The peak dense BF16 TFLOP/s per GPU of the attempt's accelerator (``runners.Accelerator.peak_bf16_tflops``,
+    from the catalog), as text; None when the catalog has none."""
+    peak = getattr(attempt.node_pool.accelerator, "peak_bf16_tflops", None)
+    return str(peak) if peak else None
 
 
 def _live_pids(directory: Path, nodes: int, table: dict[int, ProcInfo]) -> list[int]:

@@ -48,3 +48,18 @@ def test_the_docs_page_uses_local_swagger_assets(db):
     page = r.content.decode()
     assert "drf_spectacular_sidecar/swagger-ui-dist/" in page
     assert "cdn.jsdelivr.net" not in page and "unpkg.com" not in page
+
+
+def test_every_operation_has_a_summary_of_its_own_and_a_description(db):
+    schema = json.loads(Client().get("/api/schema/", {"format": "json"}).content)
+    operations = [(method.upper(), path, op) for path, ops in schema["paths"].items() for method, op in ops.items()]
+    assert len(operations) > 40
+    for method, path, op in operations:
+        assert op.get("summary") and len(op["summary"]) <= 80, (method, path, op.get("summary"))
+        assert op.get("description", "").strip(), (method, path)
+    summaries = [op["summary"] for _, _, op in operations]
+    repeated = {s for s in summaries if summaries.count(s) > 1}
+    assert not repeated, repeated  # Swagger UI lists them side by side: each must say which operation it is
+    jobs = schema["paths"]["/api/v1/jobs/"]
+    assert (jobs["get"]["summary"], jobs["post"]["summary"]) == ("List jobs", "Submit a job")
+    assert schema["paths"]["/api/v1/quotas/{id}/"]["patch"]["description"].startswith("Changes the fields given")

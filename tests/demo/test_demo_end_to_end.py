@@ -32,14 +32,16 @@ def _fresh_database(base_url: str, name: str) -> str:
 
 
 def test_demo_once_trains_and_charges_with_real_workers(tmp_path):
-    db_url = _fresh_database(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/controlplane"),
-                             "controlplane_demo_it")
-    broker = "redis://127.0.0.1:6379/14"
+    base_url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/controlplane")
+    # Named after this run's own database, so test runs against other databases of the server never collide.
+    db_url = _fresh_database(base_url, f"{base_url.rsplit('/', 1)[1]}_demo_it")
+    broker = os.environ.get("CELERY_BROKER_URL") or "redis://127.0.0.1:6379/14"
     redis.Redis.from_url(broker).flushdb()
     env = {**os.environ, "DATABASE_URL": db_url, "CELERY_BROKER_URL": broker, "CONTROLPLANE_VAR_DIR": str(tmp_path),
            "RECONCILE_INTERVAL_SECONDS": "2", "SCHEDULE_INTERVAL_SECONDS": "3", "ACCRUAL_INTERVAL_SECONDS": "5"}
+    port = free_port()
     proc = subprocess.run(
-        [sys.executable, "manage.py", "demo", "--once", "--steps", "40", "--port", str(free_port()), "--timeout", "400"],
+        [sys.executable, "manage.py", "demo", "--once", "--steps", "40", "--port", str(port), "--timeout", "400"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )
     out = proc.stdout + proc.stderr
@@ -47,8 +49,16 @@ def test_demo_once_trains_and_charges_with_real_workers(tmp_path):
     assert "Demo OK" in out
     assert re.search(r"train-gpt\s+SUCCEEDED", out), out
     assert re.search(r"too-expensive-sweep\s+REJECTED", out), out
+    # The trained model was served from the training job's checkpoint and answered; --once then cancelled it.
+    served = re.search(r"serve-gpt\s+CANCELLED .* endpoint (http://127\.0\.0\.1:(\d+))\n", out)
+    assert served, out
+    assert int(served.group(2)) != port  # its own PORT, not the demo's web port
+    assert re.search(r"answer\s+\".+\"", out), out
+    assert "Staff: admin / " in out
 
     with psycopg.connect(db_url.replace("postgres://", "postgresql://")) as conn:
+        (serving_from,), = conn.execute("SELECT spec->>'checkpoint_from' FROM jobs_job WHERE name = 'serve-gpt'")
+        reports = conn.execute("SELECT count(*) FROM frontend_report WHERE kind = 'daily'").fetchone()[0]
         (job_id, accrued), = conn.execute("SELECT id, accrued_cost_usd FROM jobs_job WHERE name = 'train-gpt'").fetchall()
         (attempt_id, gpus, started, ended), = conn.execute(
             "SELECT id, gpus, started_at, ended_at FROM jobs_jobattempt WHERE job_id = %s", [job_id]).fetchall()
@@ -58,6 +68,8 @@ def test_demo_once_trains_and_charges_with_real_workers(tmp_path):
         events = [r[0] for r in conn.execute(
             "SELECT to_state FROM jobs_jobevent WHERE job_id = %s AND kind = 'state' ORDER BY created_at, id", [job_id])]
     assert events == ["ADMITTED", "STARTING", "RUNNING", "SUCCEEDED"]
+    assert int(serving_from) == job_id  # the serving job names the training job, not a path
+    assert reports == 3  # the daily reports of both teams and the platform, made when the demo started
     assert entries, "the training attempt was never charged"
     # The entries tile [started, ended) exactly: no gap, no overlap.
     assert entries[0][0] == started and entries[-1][1] == ended

@@ -18,7 +18,7 @@ from costs.reports.build import generate_report
 from jobs.models import Job, JobState
 from quotas.models import Budget, Quota, QuotaEvent
 from runners.models import NodePool
-from tests.support.factories import make_attempt, make_cluster, make_cost_entry, make_job
+from tests.support.factories import make_attempt, make_cluster, make_cost_entry, make_job, make_job_row
 from tests.support.personas import signed_in
 
 pytestmark = pytest.mark.django_db
@@ -290,3 +290,19 @@ def test_anonymous_web_pages_redirect_to_login(alpha_objects):
     for url in ("/", "/jobs/", f"/jobs/{job.pk}/", "/costs.csv", "/teams/alpha/", f"/jobs/{job.pk}/cancel/"):
         response = client.get(url)
         assert response.status_code == 302 and "/login/" in response["Location"], url
+
+
+def test_a_serving_jobs_page_shows_its_endpoint_and_training_job_while_it_runs(teammate_web, funded_aws_cluster,
+                                                                             teams, owner, h100):
+    trained = make_job_row(teams[0], owner.user, h100, name="train", state=JobState.SUCCEEDED)
+    serving = make_job_row(teams[0], owner.user, h100, name="serve", kind="inference",
+                           spec={"command": ["python", "serve.py"], "checkpoint_from": trained.pk})
+    attempt = make_attempt(serving, funded_aws_cluster["cluster"], funded_aws_cluster["pool"])
+    attempt.runner_state = {"endpoint": "http://serve.cp-alpha.svc:8000"}
+    attempt.save(update_fields=["runner_state"])
+    page = teammate_web.get(f"/jobs/{serving.pk}/status/").content.decode()
+    assert '<dd id="job-endpoint"><a href="http://serve.cp-alpha.svc:8000/healthz">' in page
+    assert f'training job <a href="/jobs/{trained.pk}/">#{trained.pk}</a>' in page
+    Job.objects.filter(pk=serving.pk).update(state=JobState.CANCELLED)
+    page = teammate_web.get(f"/jobs/{serving.pk}/status/").content.decode()
+    assert "none: it serves only while RUNNING" in page and "svc:8000" not in page

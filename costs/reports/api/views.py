@@ -20,6 +20,7 @@ class ReportViewSet(ScopedReadOnlyViewSet):
     serializer_class = ReportSerializer
     filterset_fields = ["kind"]
     ordering_fields = ["period_end", "generated_at"]
+    schema_summaries = {"csv": "Download a report as CSV"}
 
     def scope_queryset(self, queryset, user):
         return queryset.visible_to(user)

@@ -20,7 +20,10 @@
         type: spec.type,
         data: { labels: spec.labels, datasets: spec.datasets },
         options: { responsive: true, maintainAspectRatio: true, animation: false,
-                   scales: { y: { beginAtZero: true } }, plugins: { legend: { display: true } } }
+                   scales: { x: { title: { display: !!spec.x_title, text: spec.x_title || "" },
+                                  ticks: { autoSkip: true, maxRotation: 60 } },
+                             y: { beginAtZero: true, title: { display: !!spec.y_title, text: spec.y_title || "" } } },
+                   plugins: { legend: { display: true } } }
       });
     });
   }

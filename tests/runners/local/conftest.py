@@ -20,15 +20,17 @@ def two_node_local_cluster(local_runs, settings, monkeypatch, catalog, teams):
 
 @pytest.fixture
 def admitted(two_node_local_cluster, teams, user, catalog):
-    """``admitted(command, *, nodes=2, max_runtime=60, max_retries=0, env=None, args=None)``: a job running
-    ``command`` (1 GPU per node) admitted to the local cluster; returns its attempt (job and cluster loaded)."""
+    """``admitted(command, *, nodes=2, max_runtime=60, max_retries=0, env=None, args=None, kind="training",
+    spec=None)``: a job of ``kind`` running ``command`` (1 GPU per node; ``spec`` adds further spec keys) admitted
+    to the local cluster; returns its attempt (job and cluster loaded)."""
 
-    def make(command, *, nodes=2, max_runtime=60, max_retries=0, env=None, args=None) -> JobAttempt:
-        spec = {"command": command, "env": env or {}}
+    def make(command, *, nodes=2, max_runtime=60, max_retries=0, env=None, args=None, kind="training",
+             spec=None) -> JobAttempt:
+        spec = {"command": command, "env": env or {}, **(spec or {})}
         if args is not None:
             spec["args"] = args
         job = make_job_row(teams[0], user, catalog["H100-80GB"], name="t", spec=spec, nodes=nodes,
-                           max_runtime=max_runtime, max_retries=max_retries)
+                           max_runtime=max_runtime, max_retries=max_retries, kind=kind)
         assert try_admit(job.pk) == "admitted"
         job.refresh_from_db()
         return JobAttempt.objects.select_related("job__team", "cluster", "node_pool").get(pk=job.current_attempt_id)

@@ -32,14 +32,14 @@ from runners.local import capacity
 from runners.local.capacity import LocalGpu, ensure_local_cluster
 from runners.local.layout import node_path, read_json
 from runners.local.procs import ProcessRef
-from runners.local.runner import attempt_dir, tail
+from runners.local.runner import attempt_dir, node_env, tail
 from runners.models import Accelerator, Cluster, NodePool
 from tests.support.factories import make_attempt, make_job_row
 from tests.support.local_runner import dispatched, wait_until
 
 ENV_KEYS = ["MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-            "CHECKPOINT_DIR", "CONTROLPLANE_JOB_ID", "CONTROLPLANE_ATTEMPT", "CONTROLPLANE_TEAM",
-            "CUDA_VISIBLE_DEVICES", "GREETING", "DATABASE_URL"]
+            "CHECKPOINT_DIR", "PORT", "CONTROLPLANE_JOB_ID", "CONTROLPLANE_ATTEMPT", "CONTROLPLANE_TEAM",
+            "CUDA_VISIBLE_DEVICES", "PEAK_TFLOPS", "GREETING", "DATABASE_URL"]
 SLEEP = ["python", "-c", "import time; time.sleep(60)"]
 IGNORE_SIGTERM_AND_SLEEP = ["python", "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
                                             "print('ready', flush=True); time.sleep(60)"]
@@ -86,6 +86,8 @@ def test_it_gives_each_node_the_torchrun_environment(admitted):
 
     port = attempt.runner_state["master_port"]
     assert attempt.runner_state["nodes"] == 2 and len(attempt.runner_state["pids"]) == 2
+    ports = attempt.runner_state["ports"]
+    assert len(set(ports + [port])) == 3 and attempt.runner_state["endpoint"] is None  # training: no endpoint
     checkpoints = Path(django_settings.LOCAL_RUNNER_DIR).resolve() / f"job-{job.pk}" / "checkpoints"
     assert checkpoints.is_dir()
     for node in range(2):
@@ -94,8 +96,10 @@ def test_it_gives_each_node_the_torchrun_environment(admitted):
         assert env == {
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "NODE_RANK": str(node),
             "RANK": str(node), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "CHECKPOINT_DIR": str(checkpoints),
+            "PORT": str(ports[node]),
             "CONTROLPLANE_JOB_ID": str(job.pk), "CONTROLPLANE_ATTEMPT": "1", "CONTROLPLANE_TEAM": "alpha",
             "CUDA_VISIBLE_DEVICES": "", "GREETING": "hello",
+            "PEAK_TFLOPS": None,  # emulated GPUs run on the CPU, whose peak is unknown: no MFU
             "DATABASE_URL": None,  # the control plane's own environment does not leak into jobs
             "cwd": str(django_settings.BASE_DIR), "python": sys.executable,
         }
@@ -341,6 +345,10 @@ def test_real_gpus_are_shared_out_between_live_attempts(two_node_local_cluster, 
 
     first, second, third = attempt_on_gpus(2), attempt_on_gpus(2), attempt_on_gpus(1)
     assert backend.dispatch(first)["cuda_visible_devices"] == ["0,1"]
+    # Real GPUs get their catalog peak, for the workload's MFU.
+    meta = read_json(attempt_dir(first) / "attempt.json")
+    assert meta["peak_tflops"] == str(catalog["H100-80GB"].peak_bf16_tflops)
+    assert node_env(first, meta, 0)["PEAK_TFLOPS"] == str(catalog["H100-80GB"].peak_bf16_tflops)
     assert backend.dispatch(second)["cuda_visible_devices"] == ["2,3"]
     assert backend.dispatch(first)["cuda_visible_devices"] == ["0,1"]  # a repeated dispatch keeps its GPUs
     with pytest.raises(TransientDispatchError):
