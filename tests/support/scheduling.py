@@ -30,13 +30,13 @@ def pool(pool_id: int, gpus: int = 16, *, gpus_per_node: int = 8, price: str = "
          cluster: str | None = None, free: int | None = None, healthy: bool = True, provider: str = "aws",
          region: str = "us-east-1", nodes: int | None = None, node_free: list[int] | None = None,
          cpu: int = UNLIMITED, memory: int = UNLIMITED, cordoned: tuple[int, ...] = (),
-         domains: list[str] | None = None) -> PoolOffer:
+         domains: list[str] | None = None, cpu_free: list[int] | None = None) -> PoolOffer:
     """The offer of a node pool of ``gpus`` GPUs (``gpus_per_node`` per node, or ``nodes`` of them) at ``price``
     USD/GPU-hour, on cluster ``cluster`` (default ``c<pool_id>``, whose id is ``pool_id``).
 
     Its nodes are named ``<pool_id>-<i>``; ``node_free`` gives each node's free GPUs, else ``free`` GPUs
     (default all) are free with the used ones filling the first nodes. ``cpu`` (millicores) and ``memory``
-    (MiB) are each node's allocatable, all free; ``cordoned``: indexes of nodes that take no new pod;
+    (MiB) are each node's allocatable, all free unless ``cpu_free`` says each node's free CPU; ``cordoned``: indexes of nodes that take no new pod;
     ``domains``: each node's topology domain.
     """
     nodes = gpus // gpus_per_node if nodes is None else nodes
@@ -47,7 +47,7 @@ def pool(pool_id: int, gpus: int = 16, *, gpus_per_node: int = 8, price: str = "
             taken = min(used, gpus_per_node)
             used -= taken
             node_free.append(gpus_per_node - taken)
-    rooms = tuple(NodeRoom(f"{pool_id}-{i}", gpus_per_node, f, cpu, cpu, memory, memory,
+    rooms = tuple(NodeRoom(f"{pool_id}-{i}", gpus_per_node, f, cpu, cpu_free[i] if cpu_free else cpu, memory, memory,
                            domains[i] if domains else "", i not in cordoned) for i, f in enumerate(node_free))
     return PoolOffer(pool_id, pool_id, cluster or f"c{pool_id}", provider, region, capacity_type,
                      nodes, gpus_per_node, sum(r.free_gpus for r in rooms if r.schedulable), Decimal(price), healthy,
