@@ -139,6 +139,9 @@ class JobAttempt(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     message = models.TextField(blank=True)
     runner_state = models.JSONField(default=dict, blank=True)
+    # The nodes admission chose, one per node of the job, and what each holds there:
+    # {"nodes": [names], "gpus_per_node": int, "cpu_milli": int, "memory_mib": int} ({}: none recorded).
+    placement = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["job_id", "number"]

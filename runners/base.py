@@ -55,11 +55,34 @@ ABSENT = Observation("absent")
 
 
 @dataclasses.dataclass(frozen=True)
+class NodeInfo:
+    """One GPU node as the backend discovers it: allocatable GPUs, CPU (millicores) and memory (MiB); the requests of
+    pods on it that the platform does not own (same units); zone and finest topology domain (block, rack or zone;
+    "" when unknown); labels; taints (``[{"key", "value", "effect"}]``); cordoned (``unschedulable``); and whether
+    the platform's pods may land on it now (``schedulable``)."""
+
+    name: str
+    gpus: int
+    cpu_milli: int
+    memory_mib: int
+    foreign_gpus: int = 0
+    foreign_cpu_milli: int = 0
+    foreign_memory_mib: int = 0
+    zone: str = ""
+    topology_domain: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
+    taints: tuple[tuple[str, str, str], ...] = ()
+    unschedulable: bool = False
+    schedulable: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
 class PoolCapacity:
     """A node pool as the backend discovers it: accelerator name, capacity type, nodes, GPUs per node.
 
     ``free_gpus``: GPUs not requested by running pods now, when the backend
-    can tell (None: unknown).
+    can tell (None: unknown). ``node_list``: its nodes one by one (empty: the
+    backend does not report nodes).
     """
 
     name: str
@@ -68,6 +91,7 @@ class PoolCapacity:
     nodes: int
     gpus_per_node: int
     free_gpus: int | None = None
+    node_list: tuple[NodeInfo, ...] = ()
 
 
 class Backend:
