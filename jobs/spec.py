@@ -334,6 +334,16 @@ def pool_errors(accelerator: Accelerator, gpus_per_node: int) -> dict[str, list[
     return {}
 
 
+def never_errors(team: Team, spec: Mapping) -> dict[str, list[str]]:
+    """Why the validated ``spec`` (accelerator as a row) can never run for ``team``, by ``spec.resources`` field
+    (``non_field_errors``: the resources as a whole), from ``jobs.scheduling.never``; empty when it could."""
+    from .scheduling.never import never_fits
+
+    resources = spec["resources"]
+    errors = never_fits(team, resources["accelerator"], resources, spec.get("placement"), spec["preemptible"])
+    return {(k or api_settings.NON_FIELD_ERRORS_KEY): v for k, v in errors.items()}
+
+
 KIND_SPECIFIC = kind_specific()
 
 
@@ -473,6 +483,9 @@ class JobSubmissionSerializer(TableSerializer):
         errors = apply_kind(attrs["kind"], attrs["spec"])
         if errors:
             raise serializers.ValidationError({"spec": errors})
+        errors = never_errors(attrs["team"], attrs["spec"])
+        if errors:
+            raise serializers.ValidationError({"spec": {"resources": errors}})
         return attrs
 
     def normalized_spec(self) -> dict:
@@ -644,7 +657,7 @@ def fast_submission(data, user) -> dict | None:
         resources["accelerator"] = accelerator_named(resources["accelerator"])
     except serializers.ValidationError:
         return None
-    if pool_errors(resources["accelerator"], resources["gpus_per_node"]):
+    if pool_errors(resources["accelerator"], resources["gpus_per_node"]) or never_errors(values["team"], spec):
         return None
     return submission_fields(values, user, classes)
 

@@ -7,6 +7,8 @@ pools say how many GPUs of which accelerator it offers, on demand or spot.
 from django.db import models
 from django.utils import timezone
 
+from core import lookups
+
 from .credentials import EncryptedTextField
 
 
@@ -190,4 +192,6 @@ def store_nodes(cluster: Cluster, nodes: list) -> int:
         Node.objects.bulk_update(changed, NODE_FIELDS)
     if existing:
         Node.objects.filter(pk__in=[n.pk for n in existing.values()]).delete()
+    if fresh or changed or existing:
+        lookups.changed(Node)  # bulk writes send no signal: what submission checks read of the fleet is cached
     return len(nodes)

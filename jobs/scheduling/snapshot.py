@@ -30,7 +30,7 @@ from quotas.models import Budget, Quota, Team
 from runners.models import Accelerator
 
 from ..models import Job, JobAttempt, JobState, committed_usd
-from .core import BudgetView, PoolOffer, QueuedJob, RunningJob, Snapshot, TeamQuota, TeamState
+from .core import UNLIMITED, BudgetView, PoolOffer, QueuedJob, RunningJob, Snapshot, TeamQuota, TeamState
 from .offers import pool_offers
 
 #: The states of a job that waits for admission.
@@ -69,13 +69,19 @@ def _constraints(placement) -> tuple[tuple, tuple, tuple]:
     return tuple(tuple(placement.get(k) or ()) for k in ("providers", "regions", "clusters"))
 
 
+def _units(value, per: int) -> int:
+    """``value`` (a positive number, or absent) x ``per``, rounded up; more than any node can have: ``UNLIMITED``."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+        return 0
+    scaled = float(value) * per
+    return UNLIMITED if not math.isfinite(scaled) or scaled >= UNLIMITED else math.ceil(round(scaled, 6))
+
+
 def per_node_request(resources) -> tuple[int, int]:
     """``(CPU millicores, memory MiB)`` per node of a spec's ``resources`` (``cpu`` cores and ``memory_gib``, rounded
     up as Kubernetes quantities are: ``manifests`` asks ``round(cpu x 1000)m``; absent: 0)."""
     resources = resources if isinstance(resources, dict) else {}
-    cpu, memory = resources.get("cpu"), resources.get("memory_gib")
-    return (math.ceil(round(float(cpu) * 1000, 6)) if isinstance(cpu, (int, float)) else 0,
-            math.ceil(round(float(memory) * 1024, 6)) if isinstance(memory, (int, float)) else 0)
+    return _units(resources.get("cpu"), 1000), _units(resources.get("memory_gib"), 1024)
 
 
 def _accelerator_ids() -> dict[str, int]:

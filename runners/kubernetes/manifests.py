@@ -17,6 +17,7 @@ LABEL_JOB = "controlplane.io/job"
 LABEL_ATTEMPT = "controlplane.io/attempt"
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 CONTAINER = "main"
 # Checkpoint volume: its name in the pod spec and where every container mounts it (env CHECKPOINT_DIR).
@@ -46,7 +47,8 @@ class Workload:
     ``checkpoint_claim`` the team namespace's PersistentVolumeClaim holding
     checkpoints (empty: an emptyDir, see ``checkpoint_volume``);
     ``checkpoint_uri`` the job's directory in the object store shared by every
-    cluster (``checkpoint_uri()``; empty: no env CHECKPOINT_URI).
+    cluster (``checkpoint_uri()``; empty: no env CHECKPOINT_URI);
+    ``node_names`` the nodes admission chose (empty: any node the selectors allow).
     """
 
     name: str
@@ -73,6 +75,7 @@ class Workload:
     master_port: int = 29500
     checkpoint_claim: str = ""
     checkpoint_uri: str = ""
+    node_names: tuple[str, ...] = ()
 
     @property
     def labels(self) -> dict[str, str]:
@@ -134,7 +137,10 @@ def _scheduling(w: Workload) -> dict:
 
     Spot: nodes carrying any of the provider's spot labels (nodeSelectorTerms
     are ORed), tolerating their taints. On-demand: a single term excluding
-    every spot label (NotIn also matches nodes without the label).
+    every spot label (NotIn also matches nodes without the label). With
+    ``node_names``, every term also requires ``kubernetes.io/hostname`` in
+    them, and the pods of a multi-node attempt repel each other per node, so
+    each lands on a distinct chosen node.
     """
     out: dict = {}
     if w.gpu_product:
@@ -146,7 +152,13 @@ def _scheduling(w: Workload) -> dict:
         tolerations += [{"key": key, "operator": "Equal", "value": value, "effect": "NoSchedule"} for key, value in labels]
     else:
         terms = [{"matchExpressions": [{"key": key, "operator": "NotIn", "values": [value]} for key, value in labels]}]
+    if w.node_names:  # pinned to the nodes admission chose; one pod per node (anti-affinity on the attempt)
+        pin = {"key": HOSTNAME_LABEL, "operator": "In", "values": list(w.node_names)}
+        terms = [{"matchExpressions": t["matchExpressions"] + [pin]} for t in terms]
     out["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
+    if w.node_names and len(w.node_names) > 1:
+        out["affinity"]["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {LABEL_ATTEMPT: str(w.attempt_id)}}, "topologyKey": HOSTNAME_LABEL}]}
     out["tolerations"] = tolerations
     return out
 

@@ -62,6 +62,7 @@ def workload(attempt) -> m.Workload:
         replicas=int(spec.get("replicas") or 1), port=int(spec.get("port") or 8000),
         master_port=settings.K8S_MASTER_PORT, checkpoint_claim=settings.K8S_CHECKPOINT_CLAIM,
         checkpoint_uri=m.checkpoint_uri(settings.CHECKPOINT_STORE_URI, job.team.slug, job.pk),
+        node_names=tuple((attempt.placement or {}).get("nodes") or ()),
     )
 
 
