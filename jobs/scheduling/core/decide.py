@@ -98,13 +98,17 @@ class FairShareScheduler:
                              policy or snapshot.policy or DEFAULT_PACKING_POLICY)
         self.pool_cluster: dict[int, int] = {o.node_pool_id: o.cluster_id for offers in snapshot.pools.values()
                                              for o in offers}
-        self._matching: dict[tuple, tuple[list[PoolOffer], Verdict | None]] = {}
+        self._matching: dict[tuple, tuple[list[PoolOffer], Verdict | None, tuple[int, ...]]] = {}
         # Capacity verdicts by (pools key, shape): (book version, verdict); shapes known not to fit by pools key.
         self._no_room: dict[tuple, tuple[int, Verdict]] = {}
         self._failed: dict[tuple, list[tuple[int, int, int, int]]] = {}
         self._taken = 0  # bumped by every booking (cached capacity numbers are then stale)
         self._released = 0  # bumped by every release (shapes known not to fit may fit again)
         self._failed_at = -1
+        self._no_victims: dict[tuple, tuple[int, list[tuple[int, int, int, int]]]] = {}
+        self._never_seen: dict[tuple, Verdict | None] = {}
+        self._quota_seen: dict[tuple, tuple[int, Verdict]] = {}
+        self._cohort_version: dict[tuple, int] = {}  # (cohort, accelerator) -> changes of its teams' usage
         # Cohort lendable pool and borrowed GPUs, by (cohort, accelerator).
         self.lendable: dict[tuple, int] = {}
         self.borrowed: dict[tuple, int] = {}
@@ -148,15 +152,16 @@ class FairShareScheduler:
         constraints)."""
         return self._matching_entry(job, job.accelerator_id if acc is None else acc)[0]
 
-    def _matching_entry(self, job: QueuedJob, acc: int) -> tuple[list[PoolOffer], Verdict | None]:
-        """(matching pools, None) or ([], the fleet-change verdict that says why none matches)."""
+    def _matching_entry(self, job: QueuedJob, acc: int) -> tuple[list[PoolOffer], Verdict | None, tuple[int, ...]]:
+        """(matching pools, None, their ids) or ([], the fleet-change verdict that says why none matches, ())."""
         key = self._pools_key(job, acc)
         found = self._matching.get(key)
         if found is None:
             request = job.placement()
             offers = self._pools.get(acc, ())
             pools = sorted((o for o in offers if matches(request, o)), key=price_order)
-            found = (pools, None if pools else never_placeable(job, self._why_none(job, request, offers)))
+            found = (pools, None if pools else never_placeable(job, self._why_none(job, request, offers)),
+                     tuple(o.node_pool_id for o in pools))
             self._matching[key] = found
         return found
 
@@ -179,12 +184,13 @@ class FairShareScheduler:
                      f"{job.nodes} needed")
         return "; ".join(parts)
 
-    def _place(self, job: QueuedJob, acc: int, pools: list[PoolOffer]):
-        """``(offer, node indexes)`` for ``job`` among ``pools`` now, or None (with shapes known not to fit cached)."""
+    def _place(self, job: QueuedJob, acc: int, pools: list[PoolOffer], pids: tuple[int, ...]):
+        """``(offer, node indexes)`` for ``job`` among ``pools`` (ids ``pids``) now, or None (shapes known not to fit
+        are cached)."""
         if self._failed_at != self._released:
             self._failed.clear()
             self._failed_at = self._released
-        key = self._pools_key(job, acc)[5:] + (acc, tuple(o.node_pool_id for o in pools))
+        key = (acc, job.preemptible, pids)
         shape = (job.nodes, job.gpus_per_node, job.cpu_milli, job.memory_mib)
         failed = self._failed.get(key)
         if failed is not None:
@@ -198,8 +204,8 @@ class FairShareScheduler:
             lst.append(shape)
         return found
 
-    def _no_room_verdict(self, job: QueuedJob, acc: int, pools: list[PoolOffer]) -> Verdict:
-        key = (self._pools_key(job, acc), tuple(o.node_pool_id for o in pools))
+    def _no_room_verdict(self, job: QueuedJob, acc: int, pools: list[PoolOffer], pids: tuple[int, ...]) -> Verdict:
+        key = (self._pools_key(job, acc), pids)
         cached = self._no_room.get(key)
         if cached is not None and cached[0] == self._taken:
             return cached[1]
@@ -225,8 +231,15 @@ class FairShareScheduler:
         return first
 
     def _never_on(self, job: QueuedJob, acc: int) -> Verdict | None:
-        """The verdict that rejects ``job`` for good on ``acc`` (quota never-rules, then a whole block budget)."""
+        """The verdict that rejects ``job`` for good on ``acc`` (quota never-rules, then a whole block budget).
+
+        Cached per team, accelerator, size and run time: quotas and budget amounts do not change within a pass.
+        """
         team = self.teams[job.team_id]
+        key = (job.team_id, acc, job.total_gpus, job.max_runtime_seconds if team.budgets else 0,
+               self._pools_key(job, acc) if team.budgets else None)
+        if key in self._never_seen:
+            return self._never_seen[key]
         q = team.quotas.get(acc)
         verdict = check_quota(job.total_gpus, 0, q.view() if q is not None else None)
         if verdict.ok or not verdict.never:
@@ -236,6 +249,7 @@ class FairShareScheduler:
             if pools:
                 cheapest = estimate_cost(job.total_gpus, job.max_runtime_seconds, pools[0].usd_per_gpu_hour)
                 verdict = budget_never(cheapest, team.budgets)
+        self._never_seen[key] = verdict
         return verdict
 
     def evaluate(self, job: QueuedJob, *, only_pool: int | None = None) -> Decision:
@@ -270,25 +284,31 @@ class FairShareScheduler:
         q = team.quotas[acc]
         gpus = job.total_gpus
         used = team.used.get(acc, 0)
-        verdict = check_quota(gpus, used, q.view())
-        if not verdict.ok:
-            return Waiting.because(job, verdict)
-        pools, fleet = self._matching_entry(job, acc)
+        qkey = (job.team_id, acc, gpus)
+        known = self._quota_seen.get(qkey)
+        if known is None or known[0] != used:  # the verdict depends on the team's usage only
+            known = (used, check_quota(gpus, used, q.view()))
+            self._quota_seen[qkey] = known
+        if not known[1].ok:
+            return Waiting.because(job, known[1])
+        pools, fleet, pids = self._matching_entry(job, acc)
         if not pools:
             return Waiting.because(job, fleet)
         if team.cluster_caps:
             pools, verdict = within_cluster_caps(team, job, pools, acc)
             if not verdict.ok:
                 return Waiting.because(job, verdict)
+            pids = tuple(o.node_pool_id for o in pools)
         if only_pool is not None:
             pools = [o for o in pools if o.node_pool_id == only_pool]
+            pids = tuple(o.node_pool_id for o in pools)
         ckey = (team.cohort, acc)
         cohort_ok = cohort_has_room(self.lendable.get(ckey, 0), self.borrowed.get(ckey, 0), used, q.guaranteed_gpus,
                                     gpus)
-        found = self._place(job, acc, pools) if cohort_ok else None
+        found = self._place(job, acc, pools, pids) if cohort_ok else None
         victims: tuple[RunningJob, ...] = ()
         if found is None and may_preempt(job, team, q, acc):
-            chosen = self._find_victims(job, acc, team, q, pools)
+            chosen = self._find_victims(job, acc, team, q, pools, pids)
             if chosen is not None:
                 offer, victims, nodes = chosen
                 found = (offer, nodes)
@@ -296,7 +316,7 @@ class FairShareScheduler:
             if not cohort_ok:
                 return Waiting.because(job, cohort_full(job, used, q, self.lendable.get(ckey, 0),
                                                         self.borrowed.get(ckey, 0)))
-            return Waiting.because(job, self._no_room_verdict(job, acc, pools))
+            return Waiting.because(job, self._no_room_verdict(job, acc, pools, pids))
         offer, nodes = found
         estimate = estimate_cost(gpus, job.max_runtime_seconds, offer.usd_per_gpu_hour)
         verdict = check_budgets(estimate, team.budgets)
@@ -304,9 +324,33 @@ class FairShareScheduler:
             return Waiting.because(job, verdict)
         return Admission(job, offer, estimate, victims, self.book.names(offer.node_pool_id, nodes), acc)
 
-    def _find_victims(self, job: QueuedJob, acc: int, team: TeamState, q: TeamQuota, pools: list[PoolOffer]):
+    def _find_victims(self, job: QueuedJob, acc: int, team: TeamState, q: TeamQuota, pools: list[PoolOffer],
+                      pids: tuple[int, ...]):
         """The fewest preemptible jobs of other teams of the cohort, each taken while its team borrows, whose end
-        lets ``job`` in; with the pool and its nodes. None when there are none."""
+        lets ``job`` in; with the pool and its nodes. None when there are none.
+
+        A search that found nothing is remembered for the team and its pools
+        until the usage of a team of its cohort changes (more borrowing makes
+        more victims eligible; a preemption frees nodes): a job of the same
+        team at least as large (nodes, GPUs, CPU, memory) finds nothing
+        either until then (admissions elsewhere only take nodes away).
+        """
+        key = (team.team_id, acc, pids)
+        shape = (job.nodes, job.gpus_per_node, job.cpu_milli, job.memory_mib)
+        version = (self._cohort_version.get((team.cohort, acc), 0), self._released)
+        known = self._no_victims.get(key)
+        if known is not None and known[0] == version:
+            if any(all(a >= b for a, b in zip(shape, s)) for s in known[1]):
+                return None
+        found = self._search_victims(job, acc, team, q, pools)
+        if found is None:
+            if known is None or known[0] != version:
+                known = (version, [])
+                self._no_victims[key] = known
+            known[1].append(shape)
+        return found
+
+    def _search_victims(self, job: QueuedJob, acc: int, team: TeamState, q: TeamQuota, pools: list[PoolOffer]):
         gpus = job.total_gpus
         ckey = (team.cohort, acc)
         candidates = [c for c in self.candidates.get(ckey, ()) if c.team_id != team.team_id
@@ -325,8 +369,8 @@ class FairShareScheduler:
         borrowing limit, at most what its cohort can lend; what the cohort lends now is decided at admission)."""
         team = self.teams[job.team_id]
         acc = job.accelerator_id
-        pools = self._matching_pools(job)
-        found = self._place(job, acc, pools)
+        pools, _, pids = self._matching_entry(job, acc)
+        found = self._place(job, acc, pools, pids)
         fits_now = found is not None
         offer = found[0] if found else (pools[0] if pools else None)  # else where it would wait for capacity
         estimate = (estimate_cost(job.total_gpus, job.max_runtime_seconds, offer.usd_per_gpu_hour)
@@ -345,6 +389,7 @@ class FairShareScheduler:
         key = (team.cohort, acc)
         self.borrowed[key] = self.borrowed.get(key, 0) - max(0, used - g) + max(0, used + delta - g)
         team.used[acc] = used + delta
+        self._cohort_version[key] = self._cohort_version.get(key, 0) + 1
         self.share[team.team_id] = dominant_share(team, self.lendable)
         self.queues[team.team_id].version += 1
 

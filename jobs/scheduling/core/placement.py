@@ -7,6 +7,8 @@ tight loop and tests can compute expected choices by hand.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections import Counter
 from decimal import Decimal
 
 
@@ -69,6 +71,12 @@ class PoolOffer:
             out.append(NodeRoom(f"{self.node_pool_id}-{i}", self.gpus_per_node, self.gpus_per_node - taken))
         return tuple(out)
 
+    @functools.cached_property
+    def node_shapes(self) -> tuple[tuple[int, int, int, bool, int], ...]:
+        """The distinct ``(GPUs, CPU millicores, memory MiB, schedulable, how many)`` of the pool's nodes."""
+        counts = Counter((n.gpus, n.cpu_milli, n.memory_mib, n.schedulable) for n in self.rooms())
+        return tuple((*shape, count) for shape, count in counts.items())
+
     @property
     def label(self) -> str:
         """``cluster/pool`` for messages."""
@@ -110,7 +118,9 @@ def allowed(request: PlacementRequest, offer: PoolOffer) -> bool:
 
 def capable_nodes(request: PlacementRequest, offer: PoolOffer, *, schedulable_only: bool) -> int:
     """How many of ``offer``'s nodes could ever hold one node of ``request`` (only those accepting pods, if asked)."""
-    return sum(1 for n in offer.rooms() if request.holds(n) and (n.schedulable or not schedulable_only))
+    g, c, m = request.gpus_per_node, request.cpu_milli, request.memory_mib
+    return sum(count for gpus, cpu, memory, open_, count in offer.node_shapes
+               if gpus >= g and cpu >= c and memory >= m and (open_ or not schedulable_only))
 
 
 def matches(request: PlacementRequest, offer: PoolOffer) -> bool:
@@ -153,7 +163,7 @@ class _PoolNodes:
     """One pool's nodes as parallel lists (free GPUs, CPU, memory), with nodes grouped by free GPUs (buckets)."""
 
     __slots__ = ("offer", "names", "index", "gpus", "free_g", "free_c", "free_m", "domain", "sched", "buckets",
-                 "failed", "domains")
+                 "failed", "domains", "free_total")
 
     def __init__(self, offer: PoolOffer):
         rooms = offer.rooms()
@@ -169,15 +179,18 @@ class _PoolNodes:
         self.domains = len(set(self.domain)) > 1
         top = max(self.gpus, default=0)
         self.buckets: list[dict[int, None]] = [{} for _ in range(top + 1)]
+        self.free_total = 0
         for i, g in enumerate(self.free_g):
             if self.sched[i]:
                 self.buckets[g][i] = None
+                self.free_total += g
         self.failed: list[tuple[int, int, int, int]] = []  # request shapes known not to fit now
 
     def move(self, i: int, dg: int, dc: int, dm: int) -> None:
         """Change node ``i``'s free resources by the deltas, keeping its bucket."""
         if self.sched[i]:
             del self.buckets[self.free_g[i]][i]
+            self.free_total += dg
         self.free_g[i] += dg
         self.free_c[i] += dc
         self.free_m[i] += dm
@@ -185,7 +198,7 @@ class _PoolNodes:
             self.buckets[self.free_g[i]][i] = None
 
     def free_gpus(self) -> int:
-        return sum(g for g, s in zip(self.free_g, self.sched) if s)
+        return self.free_total
 
     def most_free(self) -> int:
         """The most free GPUs on one schedulable node."""
@@ -239,7 +252,7 @@ class NodeBook:
         for fn, fg, fc, fm in p.failed:
             if n >= fn and g >= fg and c >= fc and m >= fm:
                 return None
-        if sum(len(p.buckets[k]) for k in range(g, len(p.buckets))) < n:
+        if sum(map(len, p.buckets[g:])) < n:
             found = None
         elif self.policy == "first-fit":
             found = self._first_fit(p, n, g, c, m)

@@ -70,8 +70,15 @@ def choose_victims(candidates: list[RunningJob], pools: list[PoolOffer], book: N
     to fit (<= 0: none).
     """
     best = None
+    by_pool: dict[int, list[RunningJob]] = {}
+    for c in candidates:
+        by_pool.setdefault(c.node_pool_id, []).append(c)
     for offer in pools:
-        picked = _pick(candidates, teams, accelerator_id, offer.node_pool_id, book, request, cohort_need)
+        # Without cohort GPUs to give back only the pool's own jobs can make room there.
+        mine = candidates if cohort_need > 0 else by_pool.get(offer.node_pool_id)
+        if not mine:
+            continue
+        picked = _pick(mine, teams, accelerator_id, offer.node_pool_id, book, request, cohort_need)
         if picked is not None and (best is None or len(picked[0]) < len(best[1])):
             best = (offer, tuple(picked[0]), picked[1])
     return best
