@@ -104,6 +104,19 @@ def _retake(book: NodeBook, v: RunningJob, nodes: list[int]) -> None:
     p.failed = []
 
 
+def _returned(teams, acc, taken: dict[int, int]) -> int:
+    """GPUs the cohort's borrowing gets back when each team of ``taken`` loses that many GPUs: a team only gives back
+    what it used above its guaranteed (unlendable) part."""
+    total = 0
+    for team_id, gpus in taken.items():
+        owner = teams[team_id]
+        q = owner.quotas.get(acc)
+        g = q.guaranteed_gpus if q else 0
+        used = owner.used.get(acc, 0)
+        total += max(0, used - g) - max(0, used - gpus - g)
+    return total
+
+
 def _pick(candidates, teams, acc, pool_id, book: NodeBook, request: PlacementRequest,
           cohort_need: int) -> tuple[list[RunningJob], list[int]] | None:
     taken: dict[int, int] = {}
@@ -111,23 +124,24 @@ def _pick(candidates, teams, acc, pool_id, book: NodeBook, request: PlacementReq
     nodes = book.fit(pool_id, request)
     try:
         for c in candidates:
-            if cohort_need <= 0 and nodes is not None:
+            short = cohort_need - _returned(teams, acc, taken)
+            if short <= 0 and nodes is not None:
                 break
             on_pool = c.node_pool_id == pool_id
-            if not (cohort_need > 0 or (nodes is None and on_pool)):
+            if not (short > 0 or (nodes is None and on_pool)):
                 continue
             owner = teams[c.team_id]
             if not borrowing_before(owner, acc, owner.used.get(acc, 0) - taken.get(c.team_id, 0)):
                 continue  # its team is within its nominal quota: Kueue does not reclaim from it
             picked.append((c, _release(book, c) if on_pool else []))
             taken[c.team_id] = taken.get(c.team_id, 0) + c.gpus
-            cohort_need -= c.gpus
             if on_pool and nodes is None:
                 nodes = book.fit(pool_id, request)
-        if cohort_need > 0 or nodes is None:
+        if cohort_need - _returned(teams, acc, taken) > 0 or nodes is None:
             return None
         for c, changed in reversed(list(picked)):  # prune victims not needed
-            if cohort_need + c.gpus > 0:
+            without = {**taken, c.team_id: taken[c.team_id] - c.gpus}
+            if cohort_need - _returned(teams, acc, without) > 0:
                 continue
             if c.node_pool_id == pool_id:
                 _retake(book, c, changed)
@@ -137,7 +151,7 @@ def _pick(candidates, teams, acc, pool_id, book: NodeBook, request: PlacementReq
                     continue
                 nodes = still
             picked.remove((c, changed))
-            cohort_need += c.gpus
+            taken = without
         return [c for c, _ in picked], nodes
     finally:
         for c, changed in picked:

@@ -193,3 +193,13 @@ def test_no_node_is_ever_given_more_gpus_cpu_or_memory_than_it_has_and_no_team_m
             fitting = [n for n, (g, c, m) in left.items() if g >= j.gpus_per_node and c >= j.cpu_milli
                        and m >= j.memory_mib]
             assert len(fitting) < j.nodes
+
+
+def test_a_victim_gives_back_to_the_cohort_only_what_it_borrowed():
+    # cohort lendable 0 + 4 + 0 = 4 (team 3 lends none of its nominal 5); team 1 borrows 1, team 3 holds 8 (3 above
+    # its guaranteed 5). Team 2 asks its nominal 4: preempting team 3's job gives back 3, not 8: 1 + 4 > 4, it waits
+    pools = [pool(1, 8, gpus_per_node=1, nodes=8), pool(2, 8)]
+    runs = [running(1, 1, 1, 1, preemptible=False), running(2, 3, 8, 2)]
+    want = job(2, 4)
+    d, _ = decide([team(1, 0, 1), team(2, 4), team(3, 5, 3, lending=0)], pools, [want], runs)
+    assert admitted(d) == [] and d.preemptions == [] and d.waiting[want.job_id].reason == "quota"
