@@ -6,6 +6,7 @@ tight loop and tests can compute expected choices by hand.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 from collections import Counter
@@ -151,16 +152,16 @@ def price_order(offer: PoolOffer) -> tuple:
 # --- node bookkeeping ----------------------------------------------------------------------------------------
 
 #: The packing policies: ``best-fit`` (default) takes the nodes with the least room that still fit (GPUs, then
-#: CPU, then memory), so whole nodes stay free for large jobs; ``first-fit`` takes nodes in the pool's order;
+#: CPU, then memory, compared in that order), so whole nodes stay free for large jobs; ``first-fit`` takes nodes in the pool's order;
 #: ``spread`` takes the nodes with the most free GPUs (the least fragmentation-aware choice, for comparison).
 PACKING_POLICIES = ("best-fit", "first-fit", "spread")
 DEFAULT_PACKING_POLICY = "best-fit"
-#: best-fit looks at this many extra fitting nodes of the tightest GPU bucket to break ties on CPU and memory.
-_TIE_BREAK_NODES = 8
 
 
 class _PoolNodes:
-    """One pool's nodes as parallel lists (free GPUs, CPU, memory), with nodes grouped by free GPUs (buckets)."""
+    """One pool's nodes as parallel lists (free GPUs, CPU, memory), with the schedulable nodes grouped by free GPUs
+    (``buckets[k]``: ``(free CPU, free memory, index)`` of the nodes with ``k`` GPUs free, sorted: the first that
+    fits a request is the tightest on CPU, then memory)."""
 
     __slots__ = ("offer", "names", "index", "gpus", "free_g", "free_c", "free_m", "domain", "sched", "buckets",
                  "failed", "domains", "free_total")
@@ -178,24 +179,27 @@ class _PoolNodes:
         self.sched = [n.schedulable for n in rooms]
         self.domains = len(set(self.domain)) > 1
         top = max(self.gpus, default=0)
-        self.buckets: list[dict[int, None]] = [{} for _ in range(top + 1)]
+        self.buckets: list[list[tuple[int, int, int]]] = [[] for _ in range(top + 1)]
         self.free_total = 0
         for i, g in enumerate(self.free_g):
             if self.sched[i]:
-                self.buckets[g][i] = None
+                self.buckets[g].append((self.free_c[i], self.free_m[i], i))
                 self.free_total += g
+        for bucket in self.buckets:
+            bucket.sort()
         self.failed: list[tuple[int, int, int, int]] = []  # request shapes known not to fit now
 
     def move(self, i: int, dg: int, dc: int, dm: int) -> None:
         """Change node ``i``'s free resources by the deltas, keeping its bucket."""
         if self.sched[i]:
-            del self.buckets[self.free_g[i]][i]
+            bucket = self.buckets[self.free_g[i]]
+            del bucket[bisect.bisect_left(bucket, (self.free_c[i], self.free_m[i], i))]
             self.free_total += dg
         self.free_g[i] += dg
         self.free_c[i] += dc
         self.free_m[i] += dm
         if self.sched[i]:
-            self.buckets[self.free_g[i]][i] = None
+            bisect.insort(self.buckets[self.free_g[i]], (self.free_c[i], self.free_m[i], i))
 
     def free_gpus(self) -> int:
         return self.free_total
@@ -236,7 +240,7 @@ class NodeBook:
         """How many schedulable nodes of the pool have room now for one node of ``request``."""
         p = self.pools[pool_id]
         g, c, m = request.gpus_per_node, request.cpu_milli, request.memory_mib
-        return sum(1 for k in range(g, len(p.buckets)) for i in p.buckets[k] if p.free_c[i] >= c and p.free_m[i] >= m)
+        return sum(1 for k in range(g, len(p.buckets)) for fc, fm, _ in p.buckets[k] if fc >= c and fm >= m)
 
     def fit(self, pool_id: int, request: PlacementRequest) -> list[int] | None:
         """Node indexes of the pool for every node of ``request`` (distinct nodes, each with room), or None.
@@ -274,24 +278,18 @@ class NodeBook:
                     return found
         return None
 
-    def _by_levels(self, p: _PoolNodes, n, g, c, m, levels) -> list[int] | None:
+    @staticmethod
+    def _by_levels(p: _PoolNodes, n, g, c, m, levels) -> list[int] | None:
         chosen: list[int] = []
         by_domain: dict[str, list[int]] = {}
-        tie_break = self.policy == "best-fit"
         for k in levels:
             bucket = p.buckets[k]
             if not bucket:
                 continue
-            level = []
-            limit = n + _TIE_BREAK_NODES if n == 1 or not p.domains else None
-            for i in bucket:
-                if p.free_c[i] >= c and p.free_m[i] >= m:
-                    level.append(i)
-                    if limit is not None and len(level) >= limit:
-                        break
-            if tie_break and len(level) > 1:
-                level.sort(key=lambda i: (p.free_c[i] - c, p.free_m[i] - m))
-            for i in level:
+            # Nodes with less free CPU than asked come first in the bucket: start after them.
+            for fc, fm, i in bucket[bisect.bisect_left(bucket, (c, -1, -1)):]:
+                if fm < m:
+                    continue
                 if not p.domains:
                     chosen.append(i)
                     if len(chosen) == n:
@@ -304,15 +302,19 @@ class NodeBook:
                     return same
         return chosen[:n] if len(chosen) >= n else None
 
-    def leftover(self, pool_id: int, nodes: list[int], request: PlacementRequest) -> int:
-        """GPUs left free on ``nodes`` once ``request`` takes them (the best-fit score: lower packs tighter)."""
+    def leftover(self, pool_id: int, nodes: list[int], request: PlacementRequest) -> tuple[int, int, int]:
+        """GPUs, CPU and memory left free on ``nodes`` once ``request`` takes them (the best-fit score, compared in
+        that order: lower packs tighter)."""
         p = self.pools[pool_id]
-        return sum(p.free_g[i] - request.gpus_per_node for i in nodes)
+        return (sum(p.free_g[i] for i in nodes) - request.gpus_per_node * len(nodes),
+                sum(p.free_c[i] for i in nodes) - request.cpu_milli * len(nodes),
+                sum(p.free_m[i] for i in nodes) - request.memory_mib * len(nodes))
 
     def place(self, request: PlacementRequest, offers: list[PoolOffer]) -> tuple[PoolOffer, list[int]] | None:
         """The pool and nodes for ``request`` among ``offers`` (already in ``price_order``, all matching): the
         cheapest price with room; between pools of that price, the tightest fit for ``best-fit`` (fewest GPUs left
-        on the chosen nodes, then fewest free GPUs in the pool, so emptier pools stay whole), the loosest for
+        on the chosen nodes, then CPU, then memory, then fewest free GPUs in the pool, so emptier pools stay whole),
+        the loosest for
         ``spread``, the first for ``first-fit``; then the offers' order. None when none has room."""
         best = None
         for o in offers:
@@ -323,9 +325,11 @@ class NodeBook:
                 continue
             if self.policy == "first-fit":
                 return o, nodes
-            score = (self.leftover(o.node_pool_id, nodes, request), self.pools[o.node_pool_id].free_gpus())
+            left = self.leftover(o.node_pool_id, nodes, request)
             if self.policy == "spread":
-                score = (-score[0], -score[1])
+                score = (-left[0], -self.pools[o.node_pool_id].free_gpus())
+            else:
+                score = (*left, self.pools[o.node_pool_id].free_gpus())
             if best is None or score < best[2]:
                 best = (o, nodes, score)
         return (best[0], best[1]) if best else None

@@ -104,17 +104,17 @@ def _retake(book: NodeBook, v: RunningJob, nodes: list[int]) -> None:
     p.failed = []
 
 
+def _gives_back(owner: TeamState, acc: int, before: int, gpus: int) -> int:
+    """GPUs the cohort's borrowing gets back when ``owner``, already losing ``before``, loses ``gpus`` more: a team
+    only gives back what it used above its guaranteed (unlendable) part."""
+    q = owner.quotas.get(acc)
+    above = owner.used.get(acc, 0) - (q.guaranteed_gpus if q else 0) - before
+    return max(0, above) - max(0, above - gpus)
+
+
 def _returned(teams, acc, taken: dict[int, int]) -> int:
-    """GPUs the cohort's borrowing gets back when each team of ``taken`` loses that many GPUs: a team only gives back
-    what it used above its guaranteed (unlendable) part."""
-    total = 0
-    for team_id, gpus in taken.items():
-        owner = teams[team_id]
-        q = owner.quotas.get(acc)
-        g = q.guaranteed_gpus if q else 0
-        used = owner.used.get(acc, 0)
-        total += max(0, used - g) - max(0, used - gpus - g)
-    return total
+    """``_gives_back`` summed over the teams of ``taken`` (team id -> GPUs it loses)."""
+    return sum(_gives_back(teams[t], acc, 0, gpus) for t, gpus in taken.items())
 
 
 def _pick(candidates, teams, acc, pool_id, book: NodeBook, request: PlacementRequest,
@@ -122,22 +122,24 @@ def _pick(candidates, teams, acc, pool_id, book: NodeBook, request: PlacementReq
     taken: dict[int, int] = {}
     picked: list[tuple[RunningJob, list[int]]] = []
     nodes = book.fit(pool_id, request)
+    short = cohort_need
     try:
         for c in candidates:
-            short = cohort_need - _returned(teams, acc, taken)
             if short <= 0 and nodes is not None:
                 break
             on_pool = c.node_pool_id == pool_id
             if not (short > 0 or (nodes is None and on_pool)):
                 continue
             owner = teams[c.team_id]
-            if not borrowing_before(owner, acc, owner.used.get(acc, 0) - taken.get(c.team_id, 0)):
+            before = taken.get(c.team_id, 0)
+            if not borrowing_before(owner, acc, owner.used.get(acc, 0) - before):
                 continue  # its team is within its nominal quota: Kueue does not reclaim from it
             picked.append((c, _release(book, c) if on_pool else []))
-            taken[c.team_id] = taken.get(c.team_id, 0) + c.gpus
+            taken[c.team_id] = before + c.gpus
+            short -= _gives_back(owner, acc, before, c.gpus)
             if on_pool and nodes is None:
                 nodes = book.fit(pool_id, request)
-        if cohort_need - _returned(teams, acc, taken) > 0 or nodes is None:
+        if short > 0 or nodes is None:
             return None
         for c, changed in reversed(list(picked)):  # prune victims not needed
             without = {**taken, c.team_id: taken[c.team_id] - c.gpus}
