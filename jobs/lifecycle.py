@@ -268,7 +268,8 @@ def apply_observation(job: Job, attempt: JobAttempt, obs: Observation) -> None:
     """Move ``job`` as ``obs`` says; a race lost to another worker is ignored (it did the work).
 
     STARTING goes through RUNNING before any end, so no state is skipped.
-    Lost attempts are recovered while ``max_retries`` allows, else failed.
+    Lost attempts are recovered while ``max_retries`` allows, else failed;
+    an unschedulable one (STARTING) goes back to the queue (RECOVERING).
     """
     try:
         if job.state == S.CANCELLING:
@@ -285,6 +286,11 @@ def apply_observation(job: Job, attempt: JobAttempt, obs: Observation) -> None:
             end_attempt(job, attempt, S.FAILED, reason=text, end_reason=reason, exit_code=obs.exit_code, message=obs.message)
         elif obs.phase in ("lost", "absent") and job.state in (S.STARTING, S.RUNNING):
             recover_or_fail(job, attempt, end_reason=obs.end_reason or JobAttempt.EndReason.NODE_LOST, message=obs.message)
+        elif obs.phase == "unschedulable" and job.state == S.STARTING:
+            # No node had room after all (a pod the platform does not know of took it): give the quota and the
+            # nodes back and wait in the queue again; not a failure, so no retry is used.
+            end_attempt(job, attempt, S.RECOVERING, reason=f"Unschedulable: back to the queue ({obs.message})"[:500],
+                        end_reason=JobAttempt.EndReason.UNSCHEDULABLE, message=obs.message)
     except StaleState:
         log.info("job %s changed under reconcile; leaving it to the winner", job.pk)
 
@@ -293,10 +299,12 @@ def recover_or_fail(job: Job, attempt: JobAttempt, *, end_reason: str, message: 
     """End a lost attempt: RECOVERING (back to admission) while retries remain, FAILED after ``max_retries``.
 
     Retries count earlier attempts that were lost; attempts ended by
-    preemption were the scheduler's choice, not a failure, and do not count.
+    preemption, or sent back to the queue as unschedulable, were the
+    scheduler's doing, not a failure, and do not count.
     """
     retries_used = (
-        job.attempts.filter(number__lt=attempt.number).exclude(end_reason=JobAttempt.EndReason.PREEMPTED).count()
+        job.attempts.filter(number__lt=attempt.number)
+        .exclude(end_reason__in=[JobAttempt.EndReason.PREEMPTED, JobAttempt.EndReason.UNSCHEDULABLE]).count()
     )
     if retries_used < job.max_retries:
         return end_attempt(job, attempt, S.RECOVERING, reason=f"{end_reason}: attempt {attempt.number} lost, recovering",

@@ -41,8 +41,10 @@ class Observation:
     ``phase`` is one of ``pending`` (objects exist, not all nodes run),
     ``running``, ``succeeded``, ``failed`` (``end_reason`` and ``exit_code``
     say why), ``lost`` (the objects vanished or their node went away: the
-    attempt should be recovered) and ``absent`` (no object of this attempt
-    exists).
+    attempt should be recovered), ``unschedulable`` (a pod found no node
+    with room for longer than the grace period: the attempt gives its quota
+    and nodes back and the job returns to the queue) and ``absent`` (no
+    object of this attempt exists).
     """
 
     phase: str

@@ -31,14 +31,15 @@ def capacity_type(labels: dict, provider: str) -> str:
     return "spot" if any(labels.get(key) == value for key, value in pairs) else "on-demand"
 
 
-def _gpus(quantity) -> int:
+def gpu_count(quantity) -> int:
+    """An ``nvidia.com/gpu`` quantity as a whole number of GPUs; 0 when absent or unreadable."""
     try:
         return int(str(quantity or 0))
     except ValueError:
         return 0
 
 
-def _milli(quantity) -> int:
+def cpu_millicores(quantity) -> int:
     """A CPU quantity (``"4"``, ``"500m"``) in millicores, rounded up; 0 when absent or unreadable."""
     try:
         return math.ceil(parse_quantity(quantity) * 1000) if quantity not in (None, "") else 0
@@ -46,7 +47,7 @@ def _milli(quantity) -> int:
         return 0
 
 
-def _mib(quantity) -> int:
+def memory_mebibytes(quantity) -> int:
     """A memory quantity (``"512Gi"``, ``"1e9"``) in MiB, rounded up; 0 when absent or unreadable."""
     try:
         return math.ceil(parse_quantity(quantity) / (1 << 20)) if quantity not in (None, "") else 0
@@ -62,8 +63,8 @@ def pod_requests(pod: dict) -> tuple[int, int, int]:
     def one(container: dict) -> tuple[int, int, int]:
         res = container.get("resources") or {}
         req, lim = res.get("requests") or {}, res.get("limits") or {}
-        return (_gpus(req.get(m.GPU_RESOURCE) or lim.get(m.GPU_RESOURCE)), _milli(req.get("cpu") or lim.get("cpu")),
-                _mib(req.get("memory") or lim.get("memory")))
+        return (gpu_count(req.get(m.GPU_RESOURCE) or lim.get(m.GPU_RESOURCE)), cpu_millicores(req.get("cpu") or lim.get("cpu")),
+                memory_mebibytes(req.get("memory") or lim.get("memory")))
 
     main = [one(c) for c in spec.get("containers") or []]
     init = [one(c) for c in spec.get("initContainers") or []]
@@ -85,8 +86,8 @@ def node_info(node: dict, foreign: tuple[int, int, int]) -> NodeInfo:
     domain = next((labels[k] for k in TOPOLOGY_LABELS if labels.get(k)), zone)
     cordoned = bool(spec.get("unschedulable"))
     return NodeInfo(
-        name=meta.get("name", ""), gpus=_gpus(alloc.get(m.GPU_RESOURCE)), cpu_milli=_milli(alloc.get("cpu")),
-        memory_mib=_mib(alloc.get("memory")), foreign_gpus=foreign[0], foreign_cpu_milli=foreign[1],
+        name=meta.get("name", ""), gpus=gpu_count(alloc.get(m.GPU_RESOURCE)), cpu_milli=cpu_millicores(alloc.get("cpu")),
+        memory_mib=memory_mebibytes(alloc.get("memory")), foreign_gpus=foreign[0], foreign_cpu_milli=foreign[1],
         foreign_memory_mib=foreign[2], zone=zone, topology_domain=domain,
         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
         taints=tuple((t.get("key", ""), t.get("value", "") or "", t.get("effect", "")) for t in taints),

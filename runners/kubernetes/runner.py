@@ -174,7 +174,25 @@ def image_pull_failure(pod: dict, now: dt.datetime, grace_seconds: float) -> Obs
     return None
 
 
-def observe_training(job: dict | None, pods: list[dict], nodes: int, now: dt.datetime, grace: float) -> Observation:
+def unschedulable(pods: list[dict], now: dt.datetime, grace_seconds: float) -> Observation | None:
+    """``unschedulable`` when a pod's ``PodScheduled`` condition has said ``Unschedulable`` for ``grace_seconds`` since
+    the pod's creation (the kube-scheduler found no node with room), with the scheduler's message; else None."""
+    for pod in pods:
+        cond = next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"),
+                    None)
+        if cond is None or cond.get("status") != "False" or cond.get("reason") != "Unschedulable":
+            continue
+        created = _parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
+        if created is not None and (now - created).total_seconds() >= grace_seconds:
+            name = (pod.get("metadata") or {}).get("name", "?")
+            return Observation("unschedulable", "Unschedulable", None,
+                               f"pod {name} unschedulable for {(now - created).total_seconds():.0f} s: "
+                               f"{cond.get('message') or ''}".strip())
+    return None
+
+
+def observe_training(job: dict | None, pods: list[dict], nodes: int, now: dt.datetime, grace: float,
+                     unschedulable_grace: float = float("inf")) -> Observation:
     """The phase of a training attempt from its batch/v1 Job and pods (see ``Backend.observe``).
 
     A disrupted pod wins over the Job's Failed condition (with backoffLimit 0
@@ -203,10 +221,11 @@ def observe_training(job: dict | None, pods: list[dict], nodes: int, now: dt.dat
     running = [p for p in pods if (p.get("status") or {}).get("phase") in ("Running", "Succeeded")]
     if len(running) >= nodes:
         return Observation("running")
-    return Observation("pending")
+    return unschedulable(pods, now, unschedulable_grace) or Observation("pending")
 
 
-def observe_inference(deployment: dict | None, pods: list[dict], now: dt.datetime, grace: float) -> Observation:
+def observe_inference(deployment: dict | None, pods: list[dict], now: dt.datetime, grace: float,
+                      unschedulable_grace: float = float("inf")) -> Observation:
     """The phase of an inference attempt: running once ``readyReplicas`` reaches ``replicas``; image pull failures fail it."""
     if deployment is None:
         return ABSENT
@@ -215,7 +234,9 @@ def observe_inference(deployment: dict | None, pods: list[dict], now: dt.datetim
             return pull
     wanted = (deployment.get("spec") or {}).get("replicas") or 1
     ready = (deployment.get("status") or {}).get("readyReplicas") or 0
-    return Observation("running") if ready >= wanted else Observation("pending")
+    if ready >= wanted:
+        return Observation("running")
+    return unschedulable(pods, now, unschedulable_grace) or Observation("pending")
 
 
 class KubernetesBackend(Backend):
@@ -503,13 +524,14 @@ def _observations(attempts: list, jobs: list[dict], deployments: list[dict], pod
         pods_of[_attempt_of(pod)].append(pod)
     now = timezone.now()
     grace = float(settings.K8S_IMAGE_PULL_GRACE_SECONDS)
+    unschedulable_grace = float(settings.K8S_UNSCHEDULABLE_GRACE_SECONDS)
     result = {}
     for attempt in attempts:
         obj, attempt_pods = by_attempt.get(attempt.pk), pods_of.get(attempt.pk, [])
         if attempt.job.kind == "inference":
-            result[attempt.pk] = observe_inference(obj, attempt_pods, now, grace)
+            result[attempt.pk] = observe_inference(obj, attempt_pods, now, grace, unschedulable_grace)
         else:
-            result[attempt.pk] = observe_training(obj, attempt_pods, attempt.job.nodes, now, grace)
+            result[attempt.pk] = observe_training(obj, attempt_pods, attempt.job.nodes, now, grace, unschedulable_grace)
     return result
 
 
