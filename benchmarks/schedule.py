@@ -8,7 +8,8 @@ with one JSON line. Run: ``.venv/bin/python benchmarks/schedule.py``.
 Next to the wall times, the CPU time of this process (the only one involved) per pass and per job decided,
 and two ratios that hold on a shared machine: the full pass over a baseline measured in the same run (the
 sort of the 100,000 queued jobs into the queue's order, the first step of every full pass: it scales with
-the machine's speed as the pass does), and the incremental pass over the full one.
+the machine's speed as the pass does), and the incremental pass over the full one. Teams queue BestEffortFIFO
+(the default), so every waiting job is evaluated; the same snapshot with every team StrictFIFO is timed too.
 """
 
 from __future__ import annotations
@@ -138,6 +139,12 @@ def main() -> None:
     head = scheduler.submit(extra[1])
     head_s, head_cpu_s = time.perf_counter() - t2, time.process_time() - c2
     sort_cpu_s = sort_baseline(snapshot.queue)
+    strict, _ = build()  # the same snapshot with every team StrictFIFO: a team stops at its first waiting job
+    for team in strict.teams.values():
+        team.strategy = "StrictFIFO"
+    c3 = time.process_time()
+    strict_decisions = FairShareScheduler(strict).full_pass()
+    strict_cpu_s = time.process_time() - c3
     admitted = len(decisions.admissions)
     print(f"full pass: {full_s * 1000:.1f} ms, {admitted} admitted, {len(decisions.waiting)} waiting, "
           f"{len(decisions.rejections)} rejected; incremental: {incremental_s * 1000:.3f} ms", file=sys.stderr)
@@ -159,6 +166,7 @@ def main() -> None:
         "incremental_pass_cpu_ms": round(incremental_cpu_s * 1000, 3),
         "incremental_new_head_pass_cpu_ms": round(head_cpu_s * 1000, 3),
         "baseline_sort_cpu_s": round(sort_cpu_s, 4),
+        "strict_fifo_full_pass_cpu_s": round(strict_cpu_s, 4), "strict_fifo_admitted": len(strict_decisions.admissions),
         "full_pass_over_sort": round(full_cpu_s / sort_cpu_s, 2) if sort_cpu_s else None,
         "incremental_over_full": round(incremental_cpu_s / full_cpu_s, 6) if full_cpu_s else None,
         **machine(),

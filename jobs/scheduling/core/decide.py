@@ -108,6 +108,7 @@ class FairShareScheduler:
         self._no_victims: dict[tuple, tuple[int, list[tuple[int, int, int, int]]]] = {}
         self._never_seen: dict[tuple, Verdict | None] = {}
         self._quota_seen: dict[tuple, tuple[int, Verdict]] = {}
+        self._wait_seen: dict[tuple, tuple[tuple, Verdict]] = {}  # (team, shape) -> (stamp, capacity verdict)
         self._cohort_version: dict[tuple, int] = {}  # (cohort, accelerator) -> changes of its teams' usage
         # Cohort lendable pool and borrowed GPUs, by (cohort, accelerator).
         self.lendable: dict[tuple, int] = {}
@@ -291,6 +292,28 @@ class FairShareScheduler:
             self._quota_seen[qkey] = known
         if not known[1].ok:
             return Waiting.because(job, known[1])
+        ckey = (team.cohort, acc)
+        wkey = (job.team_id, self._pools_key(job, acc)) if only_pool is None else None
+        preempts = may_preempt(job, team, q, acc)
+        stamp = (used, self._released, self._cohort_version.get(ckey, 0) if preempts else None)
+        seen = self._wait_seen.get(wkey) if wkey is not None else None
+        if seen is not None and seen[0] == stamp:
+            return Waiting.because(job, seen[1])  # nothing that could let it in changed since the same shape waited
+        decision = self._place_or_wait(job, acc, only_pool, team, q, used, ckey, preempts)
+        if wkey is not None and isinstance(decision, Waiting) and decision.reason == "capacity":
+            self._wait_seen[wkey] = (stamp, decision.verdict())
+        return decision
+
+    def _place_or_wait(self, job: QueuedJob, acc: int, only_pool: int | None, team: TeamState, q: TeamQuota,
+                       used: int, ckey: tuple, preempts: bool) -> Decision:
+        """The rest of ``_evaluate_on`` once quota allows ``job``: pools, caps, the cohort, nodes, victims, budget.
+
+        A capacity wait depends only on the team's usage, on what was released
+        since (preemptions) and, for a job that may preempt, on its cohort's
+        usage: admissions only take nodes away, so ``_evaluate_on`` reuses it
+        for the next job of the same team and shape until one of those changes.
+        """
+        gpus = job.total_gpus
         pools, fleet, pids = self._matching_entry(job, acc)
         if not pools:
             return Waiting.because(job, fleet)
@@ -302,12 +325,11 @@ class FairShareScheduler:
         if only_pool is not None:
             pools = [o for o in pools if o.node_pool_id == only_pool]
             pids = tuple(o.node_pool_id for o in pools)
-        ckey = (team.cohort, acc)
         cohort_ok = cohort_has_room(self.lendable.get(ckey, 0), self.borrowed.get(ckey, 0), used, q.guaranteed_gpus,
                                     gpus)
         found = self._place(job, acc, pools, pids) if cohort_ok else None
         victims: tuple[RunningJob, ...] = ()
-        if found is None and may_preempt(job, team, q, acc):
+        if found is None and preempts:
             chosen = self._find_victims(job, acc, team, q, pools, pids)
             if chosen is not None:
                 offer, victims, nodes = chosen
