@@ -315,8 +315,7 @@ class NodeBook:
         cheapest price with room; between pools of that price, the tightest fit for ``best-fit`` (fewest GPUs left
         on the chosen nodes, then CPU, then memory, then fewest free GPUs in the pool, so emptier pools stay whole),
         the loosest for
-        ``spread``, the first for ``first-fit``; then the offers' order (best-fit stops at the first pool, in that
-        order, whose nodes the job fills exactly on GPUs). None when none has room."""
+        ``spread``, the first for ``first-fit``; then the offers' order. None when none has room."""
         best = None
         for o in offers:
             if best is not None and o.usd_per_gpu_hour != best[0].usd_per_gpu_hour:
@@ -327,8 +326,6 @@ class NodeBook:
             if self.policy == "first-fit":
                 return o, nodes
             left = self.leftover(o.node_pool_id, nodes, request)
-            if self.policy == "best-fit" and left[0] == 0 and best is None:
-                return o, nodes  # fills its nodes' GPUs exactly: no pool of this price packs tighter on GPUs
             if self.policy == "spread":
                 score = (-left[0], -self.pools[o.node_pool_id].free_gpus())
             else:
