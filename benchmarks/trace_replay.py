@@ -63,7 +63,7 @@ from jobs.scheduling.core import (  # noqa: E402
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb-multigpu50"
 ACC, TEAMS, PRICE = 1, 4, Decimal("2.00")
-CHURN_MEDIAN_S, CHURN_SIGMA, CHURN_LOAD, CHURN_PREEMPTIBLE = 1800.0, 1.5, 1.2, 0.3
+CHURN_MEDIAN_S, CHURN_SIGMA, CHURN_LOAD, CHURN_PREEMPTIBLE = 1800.0, 1.5, 1.6, 0.3
 #: The periodic full pass (``SCHEDULE_INTERVAL_SECONDS``): jobs that end within one interval share one pass.
 PASS_INTERVAL_S = 10.0
 

@@ -569,7 +569,8 @@ class FairShareScheduler:
 
     @staticmethod
     def _behind_message(blocked: Waiting) -> str:
-        return f"waits behind job {blocked.job.job_id}, ahead of it in its team's queue ({blocked.reason})"
+        return (f"Waits behind job {blocked.job.job_id}, ahead of it in its team's queue (the team queues StrictFIFO), "
+                f"which waits for {blocked.reason}: {blocked.message}")[:480]
 
     @classmethod
     def _behind(cls, job: QueuedJob, blocked: Waiting, message: str | None = None) -> Waiting:
