@@ -35,7 +35,6 @@ Prints a few lines and ends with one JSON line.
 from __future__ import annotations
 
 import argparse
-import bisect
 import csv
 import heapq
 import json
