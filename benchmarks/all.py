@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # name -> arguments: each benchmark's documented default, the costs benchmark at its quick size.
 BENCHMARKS = {
     "schedule": [],
+    "trace_replay": [],
     "submit": [],
     "dispatch": [],
     "cluster_faults": [],

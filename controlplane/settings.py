@@ -220,6 +220,9 @@ CELERY_TASK_ACKS_ON_FAILURE_OR_TIMEOUT = True
 # scheduler takes at most 1/7 of a core while a storm lasts (measured: 0.14 ms of CPU per submitted job against
 # 0.21-0.27 with 3), and new jobs wait at most 2 s for their pass; Slurm's event passes only look at
 # default_queue_depth=100 jobs and its full pass runs every sched_interval=60 s (slurm.schedmd.com/sched_config.html).
+# How admission chooses among nodes with room (jobs.scheduling.core.placement.PACKING_POLICIES): best-fit leaves
+# whole nodes free for large jobs; first-fit and spread are for comparison.
+SCHEDULING_PACKING_POLICY = env("SCHEDULING_PACKING_POLICY", default="best-fit")
 SCHEDULE_PASS_PAUSE_FACTOR = env.float("SCHEDULE_PASS_PAUSE_FACTOR", default=6.0)
 SCHEDULE_PASS_PAUSE_MAX_SECONDS = env.float("SCHEDULE_PASS_PAUSE_MAX_SECONDS", default=2.0)
 SCHEDULE_PASS_PAUSE_MIN_SECONDS = env.float("SCHEDULE_PASS_PAUSE_MIN_SECONDS", default=0.02)
@@ -307,6 +310,9 @@ K8S_IMAGE_PULL_GRACE_SECONDS = env.float("K8S_IMAGE_PULL_GRACE_SECONDS", default
 # dispatches it again once (the cluster answers) or releases it (quota and committed budget back) and places it
 # again. Longer than the dispatch task's own retries (8, backoff 2 s doubling up to 60 s: about 4 minutes).
 DISPATCH_DEADLINE_SECONDS = env.float("DISPATCH_DEADLINE_SECONDS", default=300.0)
+# A pod the kube-scheduler still calls Unschedulable this long after its creation gives its attempt's quota and
+# nodes back and its job returns to the queue with the scheduler's message.
+K8S_UNSCHEDULABLE_GRACE_SECONDS = env.float("K8S_UNSCHEDULABLE_GRACE_SECONDS", default=180.0)
 # Consecutive failed probes before a cluster is marked unreachable (one failure is only "degraded").
 CLUSTER_UNREACHABLE_AFTER_FAILURES = env.int("CLUSTER_UNREACHABLE_AFTER_FAILURES", default=3)
 # Seconds the running jobs of an unreachable cluster are left alone before their attempts are recovered elsewhere.

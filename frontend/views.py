@@ -77,7 +77,8 @@ def daily_chart(rows: list[dict], first: dt.date, last: dt.date, label: str = "U
 # --- dashboard ----------------------------------------------------------------------------------
 
 def _gpu_usage(teams) -> list[dict]:
-    """Per team and accelerator with a quota: GPUs in use (live attempts), nominal and borrowing limit (GPUs)."""
+    """Per team and accelerator with a quota: GPUs in use (live attempts), nominal and borrowing limit, and the limit
+    the team can reach (``Quota.reachable_gpus``: what admission uses), GPUs."""
     in_use = {
         (row["job__team_id"], row["node_pool__accelerator_id"]): row["n"]
         for row in JobAttempt.objects.filter(ended_at__isnull=True, job__team__in=teams)
@@ -86,10 +87,11 @@ def _gpu_usage(teams) -> list[dict]:
     rows = []
     for quota in Quota.objects.filter(team__in=teams, cluster__isnull=True).select_related("team", "accelerator"):
         used = in_use.get((quota.team_id, quota.accelerator_id), 0)
+        limit = quota.reachable_gpus()
         rows.append({"team": quota.team, "accelerator": quota.accelerator.name, "used": used,
                      "nominal": quota.nominal_gpus, "borrowing": quota.borrowing_limit_gpus,
-                     "limit": quota.limit_gpus, "borrowed": max(used - quota.nominal_gpus, 0),
-                     "percent": round(used / quota.limit_gpus * 100) if quota.limit_gpus else 0})
+                     "limit": limit, "borrowed": max(used - quota.nominal_gpus, 0),
+                     "percent": round(used / limit * 100) if limit else 0})
     return rows
 
 

@@ -344,6 +344,7 @@ def apply_observation(job: Job, attempt: JobAttempt, obs: Observation) -> None:
     Inference attempts whose server exited with an error
     (``RESTARTED_SERVING_ENDS``) are recovered the same way; a training job
     that exits non-zero fails.
+    An unschedulable attempt (STARTING) goes back to the queue (RECOVERING).
     """
     try:
         if job.state == S.CANCELLING or obs.phase == "absent":
@@ -372,6 +373,11 @@ def apply_observation(job: Job, attempt: JobAttempt, obs: Observation) -> None:
         elif obs.phase == "lost" and job.state in (S.STARTING, S.RUNNING):
             recover_or_fail(job, attempt, end_reason=obs.end_reason or JobAttempt.EndReason.NODE_LOST,
                             message=obs.message, ended_at=obs.ended_at)
+        elif obs.phase == "unschedulable" and job.state == S.STARTING:
+            # No node had room after all (a pod the platform does not know of took it): give the quota and the
+            # nodes back and wait in the queue again; not a failure, so no retry is used.
+            end_attempt(job, attempt, S.RECOVERING, reason=f"Unschedulable: back to the queue ({obs.message})"[:500],
+                        end_reason=JobAttempt.EndReason.UNSCHEDULABLE, message=obs.message, ended_at=obs.ended_at)
     except StaleState:
         log.info("job %s changed under reconcile; leaving it to the winner", job.pk)
 
@@ -445,8 +451,9 @@ def recover_or_fail(job: Job, attempt: JobAttempt, *, end_reason: str, message: 
 
     Retries count earlier attempts that were lost (or, for inference, whose
     server exited with an error); attempts ended by preemption were the
-    scheduler's choice, not a failure, and attempts that never created
-    objects never ran: neither counts. ``ended_at``: when the pods stopped,
+    scheduler's choice, not a failure, attempts sent back to the queue as
+    unschedulable were the scheduler's doing, and attempts that never created
+    objects never ran: none counts. ``ended_at``: when the pods stopped,
     as the cluster says (billing ends there). ``what`` says in the reason
     what happened to the attempt (``lost``, ``server exited (exit code 2)``).
     """

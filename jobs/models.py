@@ -161,6 +161,9 @@ class JobAttempt(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     message = models.TextField(blank=True)
     runner_state = models.JSONField(default=dict, blank=True)
+    # The nodes admission chose, one per node of the job, and what each holds there:
+    # {"nodes": [names], "gpus_per_node": int, "cpu_milli": int, "memory_mib": int} ({}: none recorded).
+    placement = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["job_id", "number"]
@@ -195,8 +198,10 @@ class JobEvent(models.Model):
         return f"{self.job_id}: {self.from_state}->{self.to_state} {self.reason}"
 
 
-#: End reasons that do not use up a retry: the scheduler's preemption, and an attempt that never created objects.
-FREE_RETRY_END_REASONS = (JobAttempt.EndReason.PREEMPTED, JobAttempt.EndReason.NOT_DISPATCHED)
+#: End reasons that do not use up a retry: the scheduler's preemption or its unschedulable placement, and an attempt
+#: that never created objects.
+FREE_RETRY_END_REASONS = (JobAttempt.EndReason.PREEMPTED, JobAttempt.EndReason.NOT_DISPATCHED,
+                          JobAttempt.EndReason.UNSCHEDULABLE)
 
 
 def total_gpus(nodes: int, gpus_per_node: int, replicas: int = 1) -> int:

@@ -384,6 +384,37 @@ def pool_errors(accelerator: Accelerator, gpus_per_node: int) -> dict[str, list[
     return {}
 
 
+def alternative_errors(accelerator: Accelerator, alternatives: list[str]) -> dict[str, list[str]]:
+    """Errors of ``spec.resources.alternatives``: each must name a known accelerator, other than ``accelerator``
+    and not twice; empty when all do."""
+    problems = []
+    for index, name in enumerate(alternatives):
+        if name == accelerator.name or name in alternatives[:index]:
+            problems.append(f'"{name}" is listed already')
+            continue
+        try:
+            accelerator_named(name)
+        except serializers.ValidationError as exc:
+            problems.append(str(exc.detail[0]))
+    return {"alternatives": problems} if problems else {}
+
+
+def never_errors(team: Team, spec: Mapping) -> dict[str, list[str]]:
+    """Why the validated ``spec`` (accelerator as a row) can never run for ``team``, by ``spec.resources`` field
+    (``non_field_errors``: the resources as a whole), from ``jobs.scheduling.never``; empty when it could on its
+    accelerator or on one of its alternatives (the accelerator's reasons are given)."""
+    from .scheduling.never import never_fits
+
+    resources = spec["resources"]
+    errors = never_fits(team, resources["accelerator"], resources, spec.get("placement"), spec["preemptible"])
+    for name in resources.get("alternatives") or []:
+        if not errors:
+            break
+        if not never_fits(team, accelerator_named(name), resources, spec.get("placement"), spec["preemptible"]):
+            errors = {}
+    return {(k or api_settings.NON_FIELD_ERRORS_KEY): v for k, v in errors.items()}
+
+
 KIND_SPECIFIC = kind_specific()
 
 
@@ -495,7 +526,12 @@ class ResourcesSerializer(TableSerializer):
         return accelerator_named(value)
 
     def validate(self, attrs):
-        errors = pool_errors(attrs["accelerator"], attrs["gpus_per_node"])
+        errors = alternative_errors(attrs["accelerator"], attrs.get("alternatives") or [])
+        if not errors:
+            errors = pool_errors(attrs["accelerator"], attrs["gpus_per_node"])
+            if errors and any(not pool_errors(accelerator_named(a), attrs["gpus_per_node"])
+                              for a in attrs.get("alternatives") or []):
+                errors = {}  # an alternative could hold it
         if errors:
             raise serializers.ValidationError(errors)
         return attrs
@@ -561,6 +597,9 @@ class JobSubmissionSerializer(TableSerializer):
                 errors = {"checkpoint_from": exc.detail}
         if errors:
             raise serializers.ValidationError({"spec": errors})
+        errors = never_errors(attrs["team"], attrs["spec"])
+        if errors:
+            raise serializers.ValidationError({"spec": {"resources": errors}})
         return attrs
 
     def normalized_spec(self) -> dict:
@@ -738,8 +777,9 @@ def fast_submission(data, user) -> dict | None:
         resources["accelerator"] = accelerator_named(resources["accelerator"])
     except serializers.ValidationError:
         return None
-    if pool_errors(resources["accelerator"], resources["gpus_per_node"]) or memory_errors(values["kind"], spec):
-        return None
+    if resources.get("alternatives") or pool_errors(resources["accelerator"], resources["gpus_per_node"]) \
+            or never_errors(values["team"], spec) or memory_errors(values["kind"], spec):
+        return None  # alternatives: left to the serializer, which looks each one up
     return submission_fields(values, user, classes)
 
 

@@ -149,6 +149,8 @@ RESOURCES = (
               min_value=1, max_value=INT32_MAX),
     SpecField("cpu", FieldType.POSITIVE_NUMBER, "CPU cores per node; absent: no request", optional=True),
     SpecField("memory_gib", FieldType.POSITIVE_NUMBER, "memory per node, GiB; absent: no request", optional=True),
+    SpecField("alternatives", STRING_LIST, "other accelerators the job also accepts, by name, in order of preference "
+              "after accelerator; quota and price are those of the one it gets", default=list, allow_empty=False),
 )
 
 PLACEMENT = (

@@ -48,13 +48,27 @@ class Cohort(models.Model):
         return self.name
 
 
+class QueueingStrategy(models.TextChoices):
+    """Kueue's ClusterQueue queueing strategies: how a team's queue treats a job that cannot be admitted now.
+
+    ``BestEffortFIFO``: it waits and the jobs behind it that can be admitted
+    are; ``StrictFIFO``: the team's queue stops at it (jobs that can never run
+    are still rejected, and jobs that wait for the fleet to change still do
+    not block).
+    """
+
+    BEST_EFFORT_FIFO = "BestEffortFIFO"
+    STRICT_FIFO = "StrictFIFO"
+
+
 class Team(models.Model):
     """A group of people that shares GPU quota and a budget; the unit of tenancy.
 
     ``cohort`` (null: the default cohort of all such teams) is whom it
     borrows from and lends to; ``weight`` (> 0, default 1) divides its
     dominant share, so a team of weight 2 may borrow twice as much before
-    others go first (Kueue's fair-sharing weight).
+    others go first (Kueue's fair-sharing weight); ``queueing_strategy`` is
+    Kueue's (``QueueingStrategy``).
     """
 
     slug = models.SlugField(max_length=63, unique=True)
@@ -63,6 +77,8 @@ class Team(models.Model):
     cohort = models.ForeignKey(Cohort, on_delete=models.SET_NULL, null=True, blank=True, related_name="teams")
     weight = models.DecimalField(max_digits=8, decimal_places=3, default=Decimal("1"),
                                  validators=[MinValueValidator(Decimal("0.001"))])
+    queueing_strategy = models.CharField(max_length=16, choices=QueueingStrategy.choices,
+                                         default=QueueingStrategy.BEST_EFFORT_FIFO)
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = TeamQuerySet.as_manager()
@@ -173,6 +189,27 @@ class Quota(models.Model):
     def limit_gpus(self) -> int:
         """The most GPUs the team may hold at once: nominal plus borrowing limit."""
         return self.nominal_gpus + self.borrowing_limit_gpus
+
+    @property
+    def lendable_gpus(self) -> int:
+        """The part of nominal others of the cohort may borrow: all of it, or at most the lending limit."""
+        return self.nominal_gpus if self.lending_limit_gpus is None else min(self.lending_limit_gpus, self.nominal_gpus)
+
+    def reachable_gpus(self) -> int:
+        """The most GPUs the team can actually hold: nominal + borrowing limit, at most nominal + what the other
+        teams of its cohort (all teams without one: ADR 0003) can lend of this accelerator. A per-cluster row
+        caps one cluster and borrows nothing: its limit. One query.
+
+        The scheduler's core computes the same number from its snapshot (``jobs.scheduling.core.reachable_gpus``).
+        """
+        if self.cluster_id is not None:
+            return self.limit_gpus
+        others = Quota.objects.filter(accelerator_id=self.accelerator_id, cluster__isnull=True).exclude(
+            team_id=self.team_id)
+        cohort_id = Team.objects.filter(pk=self.team_id).values_list("cohort_id", flat=True).first()
+        others = others.filter(team__cohort_id=cohort_id) if cohort_id else others.filter(team__cohort__isnull=True)
+        lendable = sum(q.lendable_gpus for q in others.only("nominal_gpus", "lending_limit_gpus"))
+        return self.nominal_gpus + min(self.borrowing_limit_gpus, lendable)
 
 
 class Budget(models.Model):
@@ -302,7 +339,7 @@ class QuotaEvent(models.Model):
 # The fields whose changes QuotaEvent records, by model.
 AUDITED_FIELDS = {
     "quota": ["nominal_gpus", "borrowing_limit_gpus", "lending_limit_gpus", "max_gpus_per_job"],
-    "team": ["cohort_id", "weight"],
+    "team": ["cohort_id", "weight", "queueing_strategy"],
     "cohort": ["name"],
     "priorityclass": ["name", "value", "description"],
 }

@@ -48,7 +48,10 @@ class Observation:
     ``phase`` is one of ``pending`` (objects exist, not all nodes run),
     ``running``, ``succeeded``, ``failed`` (``end_reason`` and ``exit_code``
     say why), ``lost`` (a pod was evicted or deleted, or its node went away:
-    the attempt should be recovered; ``end_reason`` names the cause) and
+    the attempt should be recovered; ``end_reason`` names the cause),
+    ``unschedulable`` (a pod found no node with room for longer than the
+    grace period: the attempt gives its quota and nodes back and the job
+    returns to the queue) and
     ``absent`` (the kind is served and the attempt's own object answered 404
     on this look: one piece of evidence, which reconcile confirms by a second
     look before it acts).
@@ -82,11 +85,34 @@ ABSENT = Observation("absent")
 
 
 @dataclasses.dataclass(frozen=True)
+class NodeInfo:
+    """One GPU node as the backend discovers it: allocatable GPUs, CPU (millicores) and memory (MiB); the requests of
+    pods on it that the platform does not own (same units); zone and finest topology domain (block, rack or zone;
+    "" when unknown); labels; taints (``[{"key", "value", "effect"}]``); cordoned (``unschedulable``); and whether
+    the platform's pods may land on it now (``schedulable``)."""
+
+    name: str
+    gpus: int
+    cpu_milli: int
+    memory_mib: int
+    foreign_gpus: int = 0
+    foreign_cpu_milli: int = 0
+    foreign_memory_mib: int = 0
+    zone: str = ""
+    topology_domain: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
+    taints: tuple[tuple[str, str, str], ...] = ()
+    unschedulable: bool = False
+    schedulable: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
 class PoolCapacity:
     """A node pool as the backend discovers it: accelerator name, capacity type, nodes, GPUs per node.
 
     ``free_gpus``: GPUs not requested by running pods now, when the backend
-    can tell (None: unknown).
+    can tell (None: unknown). ``node_list``: its nodes one by one (empty: the
+    backend does not report nodes).
     """
 
     name: str
@@ -95,6 +121,7 @@ class PoolCapacity:
     nodes: int
     gpus_per_node: int
     free_gpus: int | None = None
+    node_list: tuple[NodeInfo, ...] = ()
 
 
 class Backend:

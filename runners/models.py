@@ -6,6 +6,9 @@ pools say how many GPUs of which accelerator it offers, on demand or spot.
 
 from django.core.exceptions import ValidationError
 from django.db import models
+from django.utils import timezone
+
+from core import lookups
 
 from .credentials import EncryptedTextField, split_userinfo, with_userinfo
 
@@ -136,3 +139,86 @@ class NodePool(models.Model):
     def capacity_gpus(self) -> int:
         """Total GPUs of the pool (nodes x GPUs per node)."""
         return self.nodes * self.gpus_per_node
+
+
+class Node(models.Model):
+    """One GPU node of a cluster as the last node sync saw it: what it can hold and what is already asked of it.
+
+    ``gpus`` / ``cpu_milli`` (millicores) / ``memory_mib`` (MiB) are the node's
+    allocatable resources (``status.allocatable``); ``foreign_*`` the requests
+    of pods on it that the platform does not own (no ``controlplane.io/attempt``
+    label; the platform's own pods are counted from live attempts). ``zone``
+    is ``topology.kubernetes.io/zone``; ``topology_domain`` the finest
+    topology label the provider sets (block, then rack, then zone; ""
+    without one). ``schedulable`` is False for a cordoned node
+    (``spec.unschedulable``), one not Ready, or one with a NoSchedule or
+    NoExecute taint that the platform's pods do not tolerate. Admission
+    places each node of a job on one Node; node pools remain the unit of
+    price and quota reporting.
+    """
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="gpu_nodes")
+    node_pool = models.ForeignKey(NodePool, on_delete=models.SET_NULL, null=True, blank=True, related_name="gpu_nodes")
+    name = models.CharField(max_length=253)
+    accelerator_label = models.CharField(max_length=128, blank=True, help_text="nvidia.com/gpu.product")
+    capacity_type = models.CharField(max_length=16, choices=NodePool.CapacityType.choices,
+                                     default=NodePool.CapacityType.ON_DEMAND)
+    gpus = models.PositiveIntegerField(help_text="allocatable GPUs")
+    cpu_milli = models.PositiveBigIntegerField(help_text="allocatable CPU, millicores")
+    memory_mib = models.PositiveBigIntegerField(help_text="allocatable memory, MiB")
+    foreign_gpus = models.PositiveIntegerField(default=0, help_text="GPUs requested by pods the platform does not own")
+    foreign_cpu_milli = models.PositiveBigIntegerField(default=0)
+    foreign_memory_mib = models.PositiveBigIntegerField(default=0)
+    zone = models.CharField(max_length=128, blank=True)
+    topology_domain = models.CharField(max_length=253, blank=True)
+    labels = models.JSONField(default=dict, blank=True)
+    taints = models.JSONField(default=list, blank=True)
+    unschedulable = models.BooleanField(default=False, help_text="cordoned (spec.unschedulable)")
+    schedulable = models.BooleanField(default=True, help_text="the platform's pods may land on it now")
+    seen_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["cluster__name", "name"]
+        constraints = [models.UniqueConstraint(fields=["cluster", "name"], name="node_unique_name")]
+
+    def __str__(self) -> str:
+        return f"{self.cluster.name}/{self.name}"
+
+
+#: The Node fields a sync rewrites.
+NODE_FIELDS = ["node_pool", "accelerator_label", "capacity_type", "gpus", "cpu_milli", "memory_mib", "foreign_gpus",
+               "foreign_cpu_milli", "foreign_memory_mib", "zone", "topology_domain", "labels", "taints",
+               "unschedulable", "schedulable", "seen_at"]
+
+
+def store_nodes(cluster: Cluster, nodes: list) -> int:
+    """Make ``cluster``'s Node rows match ``nodes``: ``(info, pool row, accelerator label, capacity type)`` with
+    ``info`` a ``runners.base.NodeInfo``; insert or update each by name, delete those no longer reported. Call it
+    inside the transaction that writes the cluster's pools. Returns how many nodes are stored."""
+    now = timezone.now()
+    existing = {n.name: n for n in Node.objects.filter(cluster=cluster)}
+    fresh, changed = [], []
+    for info, row, label, ctype in nodes:
+        values = {"node_pool_id": row.pk, "accelerator_label": (label or "")[:128], "capacity_type": ctype,
+                  "gpus": info.gpus, "cpu_milli": info.cpu_milli, "memory_mib": info.memory_mib,
+                  "foreign_gpus": info.foreign_gpus, "foreign_cpu_milli": info.foreign_cpu_milli,
+                  "foreign_memory_mib": info.foreign_memory_mib, "zone": info.zone[:128],
+                  "topology_domain": info.topology_domain[:253], "labels": dict(info.labels),
+                  "taints": [{"key": k, "value": v, "effect": e} for k, v, e in info.taints],
+                  "unschedulable": info.unschedulable, "schedulable": info.schedulable, "seen_at": now}
+        node = existing.pop(info.name, None)
+        if node is None:
+            fresh.append(Node(cluster=cluster, name=info.name, **values))
+            continue
+        if any(getattr(node, k) != v for k, v in values.items() if k != "seen_at"):
+            for key, value in values.items():
+                setattr(node, key, value)
+            changed.append(node)
+    Node.objects.bulk_create(fresh)
+    if changed:
+        Node.objects.bulk_update(changed, NODE_FIELDS)
+    if existing:
+        Node.objects.filter(pk__in=[n.pk for n in existing.values()]).delete()
+    if fresh or changed or existing:
+        lookups.changed(Node)  # bulk writes send no signal: what submission checks read of the fleet is cached
+    return len(nodes)

@@ -25,6 +25,7 @@ which gives the same guarantee.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 from decimal import Decimal
@@ -62,7 +63,8 @@ def apply_admission(decision: Admission, now: dt.datetime) -> tuple[str, Verdict
                 return "waiting", Verdict(False, "capacity", "a job to preempt changed meanwhile; retried next pass",
                                           {"request_gpus": job.total_gpus})
             victims.append(victim)
-        lock_pools(job.accelerator_id)
+        accelerator_id = decision.accelerator_id or job.accelerator_id
+        lock_pools(accelerator_id)
         for victim, v in zip(victims, decision.victims):
             attempt = JobAttempt.objects.get(pk=v.attempt_id)
             preempt_attempt(victim, attempt, reason=f"preempted for job {job.pk} of team {team.slug}, "
@@ -76,8 +78,11 @@ def apply_admission(decision: Admission, now: dt.datetime) -> tuple[str, Verdict
         attempt = JobAttempt.objects.create(
             job=job, number=number, cluster_id=offer.cluster_id, node_pool_id=offer.node_pool_id,
             gpus=job.total_gpus, object_name=f"job-{job.pk}-{number}", usd_per_gpu_hour=offer.usd_per_gpu_hour,
+            placement=attempt_placement(outcome),
         )
         data = {"cluster": offer.cluster_name, "node_pool_id": offer.node_pool_id, "estimate_usd": str(estimate)}
+        if attempt.placement:
+            data["nodes"] = attempt.placement["nodes"]
         if decision.victims:
             data["preempted_job_ids"] = [v.job_id for v in decision.victims]
         try:
@@ -91,15 +96,29 @@ def apply_admission(decision: Admission, now: dt.datetime) -> tuple[str, Verdict
         return "admitted", None
 
 
+def attempt_placement(admission: Admission) -> dict:
+    """What ``JobAttempt.placement`` records of an admission: its nodes and what each node holds (GPUs, CPU
+    millicores, memory MiB); {} on a pool without node rows (the pool's shape stands for its nodes there)."""
+    if not admission.offer.node_rooms:
+        return {}
+    job = admission.job
+    return {"nodes": list(admission.node_names), "gpus_per_node": job.gpus_per_node, "cpu_milli": job.cpu_milli,
+            "memory_mib": job.memory_mib}
+
+
 def _recheck(job: Job, team: Team, decision: Admission, now: dt.datetime) -> Decision:
     """The core's decision for the locked ``job`` on a snapshot of the locked rows, after its preemptions.
 
-    The pools are read again (locked: their free GPUs now count the victims'
-    release); the snapshot holds the job's team, its cohort (the lendable
-    pool) and the victims' teams.
+    The pools are read again (locked: their nodes' free resources now count
+    the victims' release); the snapshot holds the job's team, its cohort (the
+    lendable pool) and the victims' teams. A job admitted on one of its
+    alternatives is re-checked on that accelerator.
     """
     queued = queued_job(job)
-    offers = pool_offers(job.accelerator_id, now, lock=True)
+    accelerator_id = decision.accelerator_id or job.accelerator_id
+    if accelerator_id != queued.accelerator_id:
+        queued = dataclasses.replace(queued, accelerator_id=accelerator_id, alternatives=())
+    offers = pool_offers(accelerator_id, now, lock=True)
     snapshot = job_snapshot(team, queued, now, offers, also=tuple({v.team_id for v in decision.victims}),
                             lock_spend=True)
     return recheck(snapshot, queued, decision)

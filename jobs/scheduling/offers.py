@@ -1,8 +1,16 @@
-"""Node pools as admission sees them: free GPUs now (capacity minus live attempts) and the price in force.
+"""Node pools as admission sees them: each node's free GPUs, CPU and memory now, and the price in force.
 
 The one ``pool_offers``: a pass's snapshot, the locked re-check of an
 admission, the submission preview and the clusters page all read offers
 from here; which price rows apply to a pool is ``costs.catalog``'s.
+
+A node's free resources are its allocatable ones (the last node sync)
+minus the requests of pods the platform does not own on it (same sync)
+minus what the live attempts placed on it hold (``JobAttempt.placement``),
+so an admission counts at once, before any pod exists. A pool without
+node rows (registered by hand, not synced yet) is ``nodes`` identical
+nodes without CPU or memory limits, its live attempts packed onto the
+first ones.
 """
 
 from __future__ import annotations
@@ -14,10 +22,10 @@ from django.db.models import Sum
 
 from costs.catalog import NoPrice, price_at, prices_by_pool
 from costs.models import Price
-from runners.models import Cluster, NodePool
+from runners.models import Cluster, Node, NodePool
 
 from ..models import JobAttempt
-from .core import PoolOffer
+from .core import NodeRoom, PoolOffer
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +48,7 @@ def pool_offers(accelerator_id: int, now: dt.datetime, lock: bool,
         .values_list("node_pool_id")
         .annotate(n=Sum("gpus"))
     )
+    rooms = node_rooms(pools)
     prices = prices_by_pool(pools, Price.objects.filter(accelerator_id=accelerator_id, effective_from__lte=now))
     offers = []
     for pool in pools:
@@ -53,11 +62,43 @@ def pool_offers(accelerator_id: int, now: dt.datetime, lock: bool,
                 node_pool_id=pool.pk, cluster_id=pool.cluster_id, cluster_name=pool.cluster.name,
                 provider=pool.cluster.provider, region=pool.cluster.region, capacity_type=pool.capacity_type,
                 nodes=pool.nodes, gpus_per_node=pool.gpus_per_node,
-                free_gpus=pool.capacity_gpus - in_use.get(pool.pk, 0), usd_per_gpu_hour=price,
-                healthy=pool.cluster.health == Cluster.Health.HEALTHY,
+                free_gpus=(sum(r.free_gpus for r in rooms[pool.pk] if r.schedulable) if pool.pk in rooms
+                           else pool.capacity_gpus - in_use.get(pool.pk, 0)),
+                usd_per_gpu_hour=price, healthy=pool.cluster.health == Cluster.Health.HEALTHY,
+                node_rooms=rooms.get(pool.pk, ()), name=pool.name,
             )
         )
     return offers
+
+
+def node_rooms(pools: list[NodePool]) -> dict[int, tuple[NodeRoom, ...]]:
+    """By pool id, the nodes of each of ``pools`` that has Node rows, with what is free on each now (see the module
+    docstring); two queries. A live attempt without recorded nodes is packed onto the pool's fullest nodes."""
+    nodes: dict[int, list[Node]] = {}
+    for n in Node.objects.filter(node_pool__in=pools).order_by("node_pool_id", "name"):
+        nodes.setdefault(n.node_pool_id, []).append(n)
+    if not nodes:
+        return {}
+    free = {pid: {n.name: [n.gpus - n.foreign_gpus, n.cpu_milli - n.foreign_cpu_milli,
+                           n.memory_mib - n.foreign_memory_mib] for n in lst} for pid, lst in nodes.items()}
+    for pid, gpus, placement in (JobAttempt.objects.filter(node_pool_id__in=list(nodes), ended_at__isnull=True)
+                                 .values_list("node_pool_id", "gpus", "placement")):
+        on = free[pid]
+        names = (placement or {}).get("nodes") or []
+        if names:
+            for name in names:
+                if name in on:
+                    on[name][0] -= int(placement.get("gpus_per_node") or 0)
+                    on[name][1] -= int(placement.get("cpu_milli") or 0)
+                    on[name][2] -= int(placement.get("memory_mib") or 0)
+            continue
+        for left in on.values():  # not recorded: its GPUs fill the first nodes
+            take = min(gpus, max(left[0], 0))
+            left[0] -= take
+            gpus -= take
+    return {pid: tuple(NodeRoom(n.name, n.gpus, free[pid][n.name][0], n.cpu_milli, free[pid][n.name][1], n.memory_mib,
+                                free[pid][n.name][2], n.topology_domain, n.schedulable) for n in lst)
+            for pid, lst in nodes.items()}
 
 
 def lock_pools(accelerator_id: int) -> None:

@@ -11,7 +11,7 @@ from quotas.models import Team
 
 from .core import Assessment, QueuedJob, assess
 from .offers import pool_offers
-from .snapshot import job_snapshot
+from .snapshot import job_snapshot, per_node_request
 
 
 def preview_submission(team: Team, resources: dict, placement: dict, now: dt.datetime | None = None) -> Assessment:
@@ -19,21 +19,26 @@ def preview_submission(team: Team, resources: dict, placement: dict, now: dt.dat
 
     ``resources``: the validated submission's ``accelerator`` (instance),
     ``gpus_per_node``, ``nodes``, ``priority``, ``preemptible`` and
-    ``max_runtime_seconds`` (s); ``placement``: its ``providers``, ``regions``
+    ``max_runtime_seconds`` (s), and optional ``cpu`` (cores) and
+    ``memory_gib`` per node; ``placement``: its ``providers``, ``regions``
     and ``clusters`` lists. Placement is the scheduler's (cheapest matching
-    pool with room; if none has room, the cheapest that matches, where it
-    would wait for capacity); the estimate is GPUs x max runtime x that
-    pool's price (USD); the quota verdict is on the team's own nominal +
-    borrowing limit (the cohort's idle capacity is decided at admission).
+    pool with nodes with room; if none has room, the cheapest that matches,
+    where it would wait for capacity); the estimate is GPUs x max runtime x
+    that pool's price (USD); the quota verdict is on the limit the team can
+    reach (nominal + borrowing limit, at most what its cohort can lend: the
+    number every view shows); how much the cohort lends now is decided at
+    admission.
     """
     now = now or timezone.now()
     accelerator = resources["accelerator"]
+    cpu, memory = per_node_request(resources)
     job = QueuedJob(
-        job_id=0, team_id=team.pk, accelerator_id=accelerator.pk, nodes=resources["nodes"],
+        job_id=0, team_id=team.pk, accelerator_id=accelerator.pk,
+        nodes=resources["nodes"] * resources.get("replicas", 1),  # a serving replica needs a node of its own
         gpus_per_node=resources["gpus_per_node"], priority=resources["priority"], submitted=now.timestamp(),
         preemptible=resources["preemptible"], max_runtime_seconds=resources["max_runtime_seconds"],
         providers=tuple(placement.get("providers") or ()), regions=tuple(placement.get("regions") or ()),
-        clusters=tuple(placement.get("clusters") or ()), replicas=resources.get("replicas", 1),
+        clusters=tuple(placement.get("clusters") or ()), cpu_milli=cpu, memory_mib=memory,
     )
-    snapshot = job_snapshot(team, job, now, pool_offers(accelerator.pk, now, lock=False), cohort=False)
+    snapshot = job_snapshot(team, job, now, pool_offers(accelerator.pk, now, lock=False))
     return assess(snapshot, job)

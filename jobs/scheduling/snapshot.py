@@ -14,8 +14,10 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import math
 import threading
 
+from django.conf import settings
 from django.db import connection
 from django.db.models import F, Q, Sum, TextField
 from django.db.models.expressions import RawSQL
@@ -25,9 +27,10 @@ from django.db.models.functions import Cast
 from core.lookups import register
 from costs.spend import highest_prices, lock_team_spend, period_spend, unpriced_bound_usd
 from quotas.models import Budget, Quota, Team
+from runners.models import Accelerator
 
 from ..models import Job, JobAttempt, JobState, committed_by_team
-from .core import BudgetView, PoolOffer, QueuedJob, RunningJob, Snapshot, TeamQuota, TeamState
+from .core import UNLIMITED, BudgetView, PoolOffer, QueuedJob, RunningJob, Snapshot, TeamQuota, TeamState
 from .offers import pool_offers
 
 #: The states of a job that waits for admission.
@@ -92,26 +95,61 @@ def _constraints(placement) -> tuple[tuple, tuple, tuple]:
     return tuple(tuple(placement.get(k) or ()) for k in ("providers", "regions", "clusters"))
 
 
+def _units(value, per: int) -> int:
+    """``value`` (a positive number, or absent) x ``per``, rounded up; more than any node can have: ``UNLIMITED``."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+        return 0
+    scaled = float(value) * per
+    return UNLIMITED if not math.isfinite(scaled) or scaled >= UNLIMITED else math.ceil(round(scaled, 6))
+
+
+def per_node_request(resources) -> tuple[int, int]:
+    """``(CPU millicores, memory MiB)`` per node of a spec's ``resources`` (``cpu`` cores and ``memory_gib``, rounded
+    up as Kubernetes quantities are: ``manifests`` asks ``round(cpu x 1000)m``; absent: 0)."""
+    resources = resources if isinstance(resources, dict) else {}
+    return _units(resources.get("cpu"), 1000), _units(resources.get("memory_gib"), 1024)
+
+
+def _accelerator_ids() -> dict[str, int]:
+    return dict(Accelerator.objects.values_list("name", "pk"))
+
+
+def _resources_fields(resources, names: dict[str, int] | None) -> tuple[int, int, tuple[int, ...]]:
+    """(CPU millicores, memory MiB, alternative accelerator ids) of a spec's ``resources``; ``names``: accelerator
+    ids by name (None: read when the spec lists alternatives)."""
+    cpu, memory = per_node_request(resources)
+    alternatives = (resources or {}).get("alternatives") if isinstance(resources, dict) else None
+    ids: tuple[int, ...] = ()
+    if alternatives:
+        names = _accelerator_ids() if names is None else names
+        ids = tuple(names[a] for a in alternatives if a in names)
+    return cpu, memory, ids
+
+
 def _queued_job(row: dict) -> QueuedJob:
     providers, regions, clusters = row["placement"]
+    cpu, memory, alternatives = row["resources"]
     return QueuedJob(
-        job_id=row["pk"], team_id=row["team_id"], accelerator_id=row["accelerator_id"], nodes=row["nodes"],
+        job_id=row["pk"], team_id=row["team_id"], accelerator_id=row["accelerator_id"],
+        nodes=row["nodes"] * row["replicas"],  # every serving replica is a pod of its own, on a node of its own
         gpus_per_node=row["gpus_per_node"], priority=row["priority"], submitted=row["created_at"].timestamp(),
         preemptible=row["preemptible"], max_runtime_seconds=row["max_runtime_seconds"],
         providers=providers, regions=regions, clusters=clusters, recovering=row["state"] == JobState.RECOVERING,
-        replicas=row["replicas"],
+        cpu_milli=cpu, memory_mib=memory, alternatives=tuple(a for a in alternatives if a != row["accelerator_id"]),
     )
 
 
 def queued_job(job: Job) -> QueuedJob:
     """``job`` (a model instance, e.g. the row a re-check locked) as the core sees a waiting job."""
-    providers, regions, clusters = _constraints((job.spec or {}).get("placement"))
+    spec = job.spec or {}
+    providers, regions, clusters = _constraints(spec.get("placement"))
+    cpu, memory, alternatives = _resources_fields(spec.get("resources"), None)
     return QueuedJob(
-        job_id=job.pk, team_id=job.team_id, accelerator_id=job.accelerator_id, nodes=job.nodes,
+        job_id=job.pk, team_id=job.team_id, accelerator_id=job.accelerator_id, nodes=job.nodes * job.replicas,
         gpus_per_node=job.gpus_per_node, priority=job.priority, submitted=job.created_at.timestamp(),
         preemptible=job.preemptible, max_runtime_seconds=job.max_runtime_seconds,
         providers=providers, regions=regions, clusters=clusters, recovering=job.state == JobState.RECOVERING,
-        replicas=job.replicas,
+        cpu_milli=cpu, memory_mib=memory, alternatives=tuple(a for a in alternatives if a != job.accelerator_id),
     )
 
 
@@ -166,13 +204,23 @@ def _full_rows(qs, *, with_version: bool = False) -> list[dict]:
     the pass.
     """
     extra = {"version": _row_version()} if with_version else {}
-    rows = list(qs.values(*_ROW_COLUMNS, placement=Cast(KeyTransform("placement", "spec"), TextField()), **extra))
+    rows = list(qs.values(*_ROW_COLUMNS, placement=Cast(KeyTransform("placement", "spec"), TextField()),
+                          resources=Cast(KeyTransform("resources", "spec"), TextField()), **extra))
     placements: dict[str | None, tuple] = {}
+    resources: dict[str | None, tuple] = {}
+    names = None
     for r in rows:
         text = r["placement"]
         if text not in placements:
             placements[text] = _constraints(json.loads(text) if text else None)
         r["placement"] = placements[text]
+        text = r["resources"]
+        if text not in resources:
+            decoded = json.loads(text) if text else None
+            if names is None and isinstance(decoded, dict) and decoded.get("alternatives"):
+                names = _accelerator_ids()
+            resources[text] = _resources_fields(decoded, names)
+        r["resources"] = resources[text]
         r["queued"] = _queued_job(r)
     return rows
 
@@ -221,7 +269,8 @@ def load_snapshot(now: dt.datetime, *, job_ids: list[int] | None = None, limit: 
         rows = [r for r in rows if r["pk"] not in live]
     queue = [r["queued"] for r in rows]
 
-    teams = {t.pk: TeamState(t.pk, cohort=t.cohort_id, weight=float(t.weight)) for t in Team.objects.all()}
+    teams = {t.pk: TeamState(t.pk, cohort=t.cohort_id, weight=float(t.weight), strategy=t.queueing_strategy)
+             for t in Team.objects.all()}
     for q in Quota.objects.all():
         if q.cluster_id is None:
             teams[q.team_id].quotas[q.accelerator_id] = TeamQuota(q.nominal_gpus, q.borrowing_limit_gpus,
@@ -242,19 +291,28 @@ def load_snapshot(now: dt.datetime, *, job_ids: list[int] | None = None, limit: 
         if views:
             teams[team_id].budgets = views
 
-    accelerators = {j.accelerator_id for j in queue}
+    accelerators = {a for j in queue for a in j.accelerator_ids}
     unpriced: dict[int, list[PoolOffer]] = {acc: [] for acc in accelerators}
     pools = {acc: pool_offers(acc, now, lock=False, unpriced=unpriced[acc]) for acc in accelerators}
     running = [
-        RunningJob(job_id, attempt_id, team_id, acc, pool_id, gpus, priority,
-                   (admitted_at or created_at).timestamp(), True)
-        for attempt_id, job_id, team_id, acc, pool_id, gpus, priority, admitted_at, created_at in
+        running_job(job_id, attempt_id, team_id, acc, pool_id, gpus, priority, (admitted_at or created_at).timestamp(),
+                    placement)
+        for attempt_id, job_id, team_id, acc, pool_id, gpus, priority, admitted_at, created_at, placement in
         JobAttempt.objects.filter(ended_at__isnull=True, job__preemptible=True, job__current_attempt_id=F("pk"),
                                   job__state__in=[JobState.ADMITTED, JobState.STARTING, JobState.RUNNING])
         .values_list("pk", "job_id", "job__team_id", "node_pool__accelerator_id", "node_pool_id", "gpus",
-                     "job__priority", "job__admitted_at", "created_at")
+                     "job__priority", "job__admitted_at", "created_at", "placement")
     ] if accelerators else []
-    return Loaded(Snapshot(teams, pools, queue, running, unpriced), {r["pk"]: r for r in rows})
+    return Loaded(Snapshot(teams, pools, queue, running, unpriced, settings.SCHEDULING_PACKING_POLICY), {r["pk"]: r for r in rows})
+
+
+def running_job(job_id: int, attempt_id: int, team_id: int, accelerator_id: int, pool_id: int, gpus: int,
+                priority: int, admitted: float, placement: dict | None) -> RunningJob:
+    """A live preemptible attempt as the core sees it, with the nodes its ``placement`` records."""
+    placement = placement or {}
+    return RunningJob(job_id, attempt_id, team_id, accelerator_id, pool_id, gpus, priority, admitted, True,
+                      tuple(placement.get("nodes") or ()), int(placement.get("gpus_per_node") or 0),
+                      int(placement.get("cpu_milli") or 0), int(placement.get("memory_mib") or 0))
 
 
 def job_snapshot(team: Team, job: QueuedJob, now: dt.datetime, offers: list[PoolOffer], *, cohort: bool = True,
@@ -269,13 +327,15 @@ def job_snapshot(team: Team, job: QueuedJob, now: dt.datetime, offers: list[Pool
     what the submission preview assesses (``preview``). ``lock_spend`` (the
     re-check) reads the budgets from the team's locked totals row.
     """
-    acc = job.accelerator_id
+    acc = job.accelerator_id  # an alternative's re-check passes the job with that accelerator
     members = Q(pk=team.pk) | Q(pk__in=also)
     if cohort:
         members |= Q(cohort_id=team.cohort_id) if team.cohort_id else Q(cohort__isnull=True)
-    teams = {pk: TeamState(pk, cohort=cohort_id, weight=float(weight))
-             for pk, cohort_id, weight in Team.objects.filter(members).values_list("pk", "cohort_id", "weight")}
-    teams[team.pk] = TeamState(team.pk, cohort=team.cohort_id, weight=float(team.weight))  # the row as locked
+    teams = {pk: TeamState(pk, cohort=cohort_id, weight=float(weight), strategy=strategy)
+             for pk, cohort_id, weight, strategy in
+             Team.objects.filter(members).values_list("pk", "cohort_id", "weight", "queueing_strategy")}
+    teams[team.pk] = TeamState(team.pk, cohort=team.cohort_id, weight=float(team.weight),
+                               strategy=team.queueing_strategy)  # the row as locked
     for q in Quota.objects.filter(team_id__in=teams, accelerator_id=acc):
         if q.cluster_id is None:
             teams[q.team_id].quotas[acc] = TeamQuota(q.nominal_gpus, q.borrowing_limit_gpus, q.lending_limit_gpus,
@@ -291,4 +351,4 @@ def job_snapshot(team: Team, job: QueuedJob, now: dt.datetime, offers: list[Pool
             if (acc, cluster_id) in own.cluster_caps:
                 own.cluster_used[(acc, cluster_id)] = gpus
     own.budgets = budget_views(team.pk, now, lock=lock_spend)
-    return Snapshot(teams, {acc: offers}, [job])
+    return Snapshot(teams, {acc: offers}, [job], policy=settings.SCHEDULING_PACKING_POLICY)

@@ -18,7 +18,7 @@ from core.fields import AwareDateTimeField, INT32_MAX, StrictBooleanField, Stric
 from core.limits import THRESHOLD_MAX_PERCENT, threshold_out_of_range
 from runners.models import Accelerator, Cluster
 
-from ..models import Budget, Cohort, Membership, PriorityClass, Quota, Team
+from ..models import Budget, Cohort, Membership, PriorityClass, QueueingStrategy, Quota, Team
 
 # Alert thresholds are percent of the budget; above 100 warns of overspending, up to ten times the amount.
 
@@ -40,10 +40,11 @@ class TeamSerializer(serializers.ModelSerializer):
     members = MemberSerializer(source="memberships", many=True, read_only=True)
     cohort = serializers.CharField(source="cohort.name", read_only=True, default=None, allow_null=True)
     weight = serializers.DecimalField(max_digits=8, decimal_places=3, read_only=True)
+    queueing_strategy = serializers.CharField(read_only=True)
 
     class Meta:
         model = Team
-        fields = ["id", "slug", "name", "cost_center", "created_at", "members", "cohort", "weight"]
+        fields = ["id", "slug", "name", "cost_center", "created_at", "members", "cohort", "weight", "queueing_strategy"]
         read_only_fields = fields
 
 
@@ -88,7 +89,10 @@ class QuotaSerializer(serializers.ModelSerializer):
     ``borrowing_limit_gpus`` and ``max_gpus_per_job`` (integers >= 0; 0 means
     no per-job cap), ``lending_limit_gpus`` (null: all of nominal may be lent
     to the cohort; else at most nominal). ``limit_gpus`` = nominal + borrowing
-    limit. 400 on a duplicate (team, accelerator, cluster).
+    limit; ``reachable_gpus`` = what the team can actually hold: that limit,
+    at most nominal + what the other teams of its cohort can lend (the number
+    admission, the preview and the dashboard use). 400 on a duplicate (team,
+    accelerator, cluster).
 
     A quota with a ``cluster`` is a cap: the team holds at most its
     ``limit_gpus`` of that accelerator on that cluster, inside its team-wide
@@ -105,12 +109,16 @@ class QuotaSerializer(serializers.ModelSerializer):
     lending_limit_gpus = StrictIntegerField(min_value=0, max_value=INT32_MAX, required=False, allow_null=True,
                                             default=None)
     limit_gpus = serializers.IntegerField(read_only=True)
+    reachable_gpus = serializers.SerializerMethodField()
 
     class Meta:
         model = Quota
         fields = ["id", "team", "accelerator", "cluster", "nominal_gpus", "borrowing_limit_gpus", "max_gpus_per_job",
-                  "lending_limit_gpus", "limit_gpus"]
+                  "lending_limit_gpus", "limit_gpus", "reachable_gpus"]
         validators = []  # uniqueness is checked in validate(), with a message that names the quota
+
+    def get_reachable_gpus(self, quota: Quota) -> int:
+        return quota.reachable_gpus()
 
     def validate_team(self, team: Team) -> Team:
         if self.instance is not None and team.pk != self.instance.team_id:
@@ -191,6 +199,9 @@ class BudgetSerializer(serializers.ModelSerializer):
         fields = ["id", "team", "period", "starts_at", "ends_at", "amount_usd", "alert_thresholds", "action",
                   "stop_running", "window_start", "window_end"]
 
+    def get_reachable_gpus(self, quota: Quota) -> int:
+        return quota.reachable_gpus()
+
     def validate_team(self, team: Team) -> Team:
         if self.instance is not None and team.pk != self.instance.team_id:
             raise serializers.ValidationError("a budget cannot move to another team")
@@ -245,14 +256,16 @@ class CohortSerializer(serializers.ModelSerializer):
 
 
 class TeamFairShareSerializer(serializers.ModelSerializer):
-    """A team's place in fair sharing: ``cohort`` (name, or null for the default cohort) and ``weight`` (> 0)."""
+    """A team's place in fair sharing: ``cohort`` (name, or null for the default cohort), ``weight`` (> 0) and
+    ``queueing_strategy`` (Kueue's ``BestEffortFIFO``, the default, or ``StrictFIFO``)."""
 
     cohort = NamedField("cohort", queryset=Cohort.objects.all(), allow_null=True, required=False)
     weight = serializers.DecimalField(max_digits=8, decimal_places=3, min_value=Decimal("0.001"), required=False)
+    queueing_strategy = serializers.ChoiceField(choices=QueueingStrategy.choices, required=False)
 
     class Meta:
         model = Team
-        fields = ["slug", "cohort", "weight"]
+        fields = ["slug", "cohort", "weight", "queueing_strategy"]
         read_only_fields = ["slug"]
 
 

@@ -17,6 +17,7 @@ LABEL_JOB = "controlplane.io/job"
 LABEL_ATTEMPT = "controlplane.io/attempt"
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 CONTAINER = "main"
 # Checkpoint volume: its name in the pod spec and where every container mounts it (env CHECKPOINT_DIR).
@@ -49,6 +50,7 @@ class Workload:
     cluster (``checkpoint_uri()``; empty: no env CHECKPOINT_URI);
     ``checkpoint_job_id`` the job whose checkpoint directory is mounted (a
     serving job's ``spec.checkpoint_from``; None: ``job_id``).
+    ``node_names`` the nodes admission chose (empty: any node the selectors allow).
     """
 
     name: str
@@ -77,6 +79,7 @@ class Workload:
     checkpoint_uri: str = ""
     checkpoint_job_id: int | None = None  # whose checkpoints the pods mount: a serving job's training job
     peak_tflops: str = ""  # the accelerator's catalog peak dense BF16 TFLOP/s per GPU (env PEAK_TFLOPS); "": unknown
+    node_names: tuple[str, ...] = ()
 
     @property
     def labels(self) -> dict[str, str]:
@@ -138,7 +141,10 @@ def _scheduling(w: Workload) -> dict:
 
     Spot: nodes carrying any of the provider's spot labels (nodeSelectorTerms
     are ORed), tolerating their taints. On-demand: a single term excluding
-    every spot label (NotIn also matches nodes without the label).
+    every spot label (NotIn also matches nodes without the label). With
+    ``node_names``, every term also requires ``kubernetes.io/hostname`` in
+    them, and the pods of a multi-node attempt repel each other per node, so
+    each lands on a distinct chosen node.
     """
     out: dict = {}
     if w.gpu_product:
@@ -152,7 +158,13 @@ def _scheduling(w: Workload) -> dict:
         tolerations += [{"key": key, "operator": "Equal", "value": value, "effect": "NoSchedule"} for key, value in labels]
     else:
         terms = [{"matchExpressions": [{"key": key, "operator": "NotIn", "values": [value]} for key, value in labels]}]
+    if w.node_names:  # pinned to the nodes admission chose; one pod per node (anti-affinity on the attempt)
+        pin = {"key": HOSTNAME_LABEL, "operator": "In", "values": list(w.node_names)}
+        terms = [{"matchExpressions": t["matchExpressions"] + [pin]} for t in terms]
     out["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
+    if w.node_names and len(w.node_names) > 1:
+        out["affinity"]["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {LABEL_ATTEMPT: str(w.attempt_id)}}, "topologyKey": HOSTNAME_LABEL}]}
     if tolerations:
         out["tolerations"] = tolerations
     return out

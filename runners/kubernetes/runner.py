@@ -73,6 +73,7 @@ def workload(attempt) -> m.Workload:
         checkpoint_uri=m.checkpoint_uri(settings.CHECKPOINT_STORE_URI, job.team.slug, checkpoint_job),
         checkpoint_job_id=checkpoint_job,
         peak_tflops=str(attempt.node_pool.accelerator.peak_bf16_tflops or ""),
+        node_names=tuple((attempt.placement or {}).get("nodes") or ()),
     )
 
 
@@ -231,7 +232,25 @@ def image_pull_failure(pod: dict, now: dt.datetime, grace_seconds: float) -> Obs
     return None
 
 
-def observe_training(job: dict | None, pods: list[dict], nodes: int, now: dt.datetime, grace: float) -> Observation:
+def unschedulable(pods: list[dict], now: dt.datetime, grace_seconds: float) -> Observation | None:
+    """``unschedulable`` when a pod's ``PodScheduled`` condition has said ``Unschedulable`` for ``grace_seconds`` since
+    the pod's creation (the kube-scheduler found no node with room), with the scheduler's message; else None."""
+    for pod in pods:
+        cond = next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"),
+                    None)
+        if cond is None or cond.get("status") != "False" or cond.get("reason") != "Unschedulable":
+            continue
+        created = _parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
+        if created is not None and (now - created).total_seconds() >= grace_seconds:
+            name = (pod.get("metadata") or {}).get("name", "?")
+            return Observation("unschedulable", "Unschedulable", None,
+                               f"pod {name} unschedulable for {(now - created).total_seconds():.0f} s: "
+                               f"{cond.get('message') or ''}".strip())
+    return None
+
+
+def observe_training(job: dict | None, pods: list[dict], nodes: int, now: dt.datetime, grace: float,
+                     unschedulable_grace: float = float("inf")) -> Observation:
     """The phase of a training attempt from its batch/v1 Job and pods (see ``Backend.observe``).
 
     In this order: a disrupted pod (evicted, node lost, spot reclaimed) wins
@@ -243,11 +262,13 @@ def observe_training(job: dict | None, pods: list[dict], nodes: int, now: dt.dat
     """
     if job is None:
         return ABSENT
-    return dataclasses.replace(_training_phase(job, pods, nodes, now, grace), created_at=created_at(job, pods),
+    return dataclasses.replace(_training_phase(job, pods, nodes, now, grace, unschedulable_grace),
+                               created_at=created_at(job, pods),
                                ended_at=stopped_at(job, pods))
 
 
-def _training_phase(job: dict, pods: list[dict], nodes: int, now: dt.datetime, grace: float) -> Observation:
+def _training_phase(job: dict, pods: list[dict], nodes: int, now: dt.datetime, grace: float,
+                    unschedulable_grace: float) -> Observation:
     for pod in pods:
         if (lost := pod_lost(pod)) is not None:
             return lost
@@ -278,10 +299,11 @@ def _training_phase(job: dict, pods: list[dict], nodes: int, now: dt.datetime, g
     running = [p for p in pods if (p.get("status") or {}).get("phase") in ("Running", "Succeeded")]
     if len(running) >= nodes:
         return Observation("running")
-    return Observation("pending")
+    return unschedulable(pods, now, unschedulable_grace) or Observation("pending")
 
 
-def observe_inference(deployment: dict | None, pods: list[dict], now: dt.datetime, grace: float) -> Observation:
+def observe_inference(deployment: dict | None, pods: list[dict], now: dt.datetime, grace: float,
+                      unschedulable_grace: float = float("inf")) -> Observation:
     """The phase of an inference attempt: running once ``readyReplicas`` reaches ``replicas``; image pull failures fail it."""
     if deployment is None:
         return ABSENT
@@ -291,7 +313,9 @@ def observe_inference(deployment: dict | None, pods: list[dict], now: dt.datetim
             return dataclasses.replace(pull, created_at=made, ended_at=stopped_at(deployment, pods))
     wanted = (deployment.get("spec") or {}).get("replicas") or 1
     ready = (deployment.get("status") or {}).get("readyReplicas") or 0
-    return Observation("running" if ready >= wanted else "pending", created_at=made)
+    if ready >= wanted:
+        return Observation("running", created_at=made)
+    return dataclasses.replace(unschedulable(pods, now, unschedulable_grace) or Observation("pending"), created_at=made)
 
 
 class KubernetesBackend(Backend):
@@ -479,6 +503,7 @@ class KubernetesBackend(Backend):
             pods_of[_attempt_of(pod)].append(pod)
         now = timezone.now()
         grace = float(settings.K8S_IMAGE_PULL_GRACE_SECONDS)
+        unschedulable_grace = float(settings.K8S_UNSCHEDULABLE_GRACE_SECONDS)
         result = {}
         for attempt in attempts:
             kind = "Deployment" if attempt.job.kind == "inference" else "Job"
@@ -489,9 +514,10 @@ class KubernetesBackend(Backend):
                     obj = None  # a namesake of another attempt: this attempt's object does not exist
             attempt_pods = pods_of.get(attempt.pk, [])
             if kind == "Deployment":
-                result[attempt.pk] = observe_inference(obj, attempt_pods, now, grace)
+                result[attempt.pk] = observe_inference(obj, attempt_pods, now, grace, unschedulable_grace)
             else:
-                result[attempt.pk] = observe_training(obj, attempt_pods, attempt.job.nodes, now, grace)
+                result[attempt.pk] = observe_training(obj, attempt_pods, attempt.job.nodes, now, grace,
+                                                      unschedulable_grace)
         return result
 
     # --- deletion and logs -------------------------------------------------------------------------------------

@@ -10,6 +10,11 @@ A pool the cluster no longer reports is deleted when nothing refers to it;
 one that attempts refer to (live ones, or ended ones whose history must
 stay) is kept with ``nodes = 0``, so placement offers it no GPU while its
 live attempts run on.
+
+Every GPU node of a reported pool is written as a ``Node`` row (its
+allocatable GPUs, CPU and memory, what pods the platform does not own
+request on it, topology, taints, cordon); nodes no longer reported are
+deleted. Admission places jobs on these nodes.
 """
 
 from __future__ import annotations
@@ -20,8 +25,8 @@ from django.db import transaction
 
 from core import lookups
 
-from ..base import ClusterUnreachable, PoolCapacity, UnknownBackend, backend_for
-from ..models import Accelerator, Cluster, NodePool
+from ..base import ClusterUnreachable, NodeInfo, PoolCapacity, UnknownBackend, backend_for
+from ..models import Accelerator, Cluster, NodePool, store_nodes
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +50,11 @@ def apply_pools(cluster: Cluster, pools: list[PoolCapacity]) -> dict:
     by_label = {a.product_label: a for a in accelerators if a.product_label}
     by_name = {a.name: a for a in accelerators}
     counts = {"cluster": cluster.name, "created": 0, "updated": 0, "unchanged": 0, "deleted": 0, "emptied": 0,
-              "skipped": 0, "unknown_products": []}
+              "skipped": 0, "unknown_products": [], "nodes": 0}
     with transaction.atomic():
         rows = {p.pk: p for p in NodePool.objects.select_for_update().filter(cluster=cluster)}
         seen: set[int] = set()
+        node_rows: list[tuple[NodeInfo, NodePool, PoolCapacity]] = []
         for pool in pools:
             accelerator = _accelerator(pool, by_label, by_name)
             if accelerator is None:
@@ -79,6 +85,7 @@ def apply_pools(cluster: Cluster, pools: list[PoolCapacity]) -> dict:
                 else:
                     counts["unchanged"] += 1
             seen.add(row.pk)
+            node_rows += [(n, row, pool) for n in pool.node_list]
         for row in rows.values():
             if row.pk in seen:
                 continue
@@ -93,6 +100,7 @@ def apply_pools(cluster: Cluster, pools: list[PoolCapacity]) -> dict:
                 row.delete()
                 log.info("cluster %s: pool %s is gone from the cluster; deleted", cluster.name, row.name)
                 counts["deleted"] += 1
+        counts["nodes"] = store_nodes(cluster, [(n, row, pool.accelerator, pool.capacity_type) for n, row, pool in node_rows])
     return counts
 
 

@@ -1,14 +1,17 @@
 """What this machine offers to the local runner: NVIDIA GPUs found by NVML, or emulated GPUs on the CPU.
 
 ``ensure_local_cluster`` records it as the ``local`` cluster (or
-``local-emulated``), its ``gpu`` node pool and a price override, so the
-scheduler can place and price jobs here like on any cloud cluster.
+``local-emulated``), its ``gpu`` node pool, that pool's nodes
+(``local-node-<i>``: GPUs each, and this machine's CPU and memory, which the
+processes of every node share) and a price override, so the scheduler can
+place and price jobs here like on any cloud cluster.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import re
 from decimal import Decimal
 
@@ -16,8 +19,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from ..base import PoolCapacity
-from ..models import Accelerator, Cluster, NodePool
+from ..base import NodeInfo, PoolCapacity
+from ..models import Accelerator, Cluster, NodePool, store_nodes
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +113,25 @@ def emulated_shape() -> tuple[int, int]:
     return nodes, max(1, int(settings.LOCAL_RUNNER_EMULATED_GPUS) // nodes)
 
 
+def machine_resources() -> tuple[int, int]:
+    """This machine's ``(CPU millicores, memory MiB)``: ``os.cpu_count()`` cores and the physical memory
+    (``SC_PHYS_PAGES`` x ``SC_PAGE_SIZE``; 0 where the platform does not say)."""
+    cpu = (os.cpu_count() or 1) * 1000
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (1 << 20)
+    except (ValueError, OSError, AttributeError):
+        memory = 0
+    return cpu, memory
+
+
+def local_nodes(nodes: int, gpus_per_node: int) -> tuple[NodeInfo, ...]:
+    """The local pool's nodes, ``local-node-0`` ...: ``gpus_per_node`` GPUs each and this machine's CPU and memory
+    (the nodes are process groups of one machine, so each may use all of it), schedulable."""
+    cpu, memory = machine_resources()
+    return tuple(NodeInfo(f"local-node-{i}", gpus_per_node, cpu, memory, zone=REGION, topology_domain=REGION)
+                 for i in range(nodes))
+
+
 def local_pools(emulated: bool | None = None, gpus: list[LocalGpu] | None = None) -> list[PoolCapacity]:
     """This machine's node pool as the local backend discovers it.
 
@@ -120,11 +142,13 @@ def local_pools(emulated: bool | None = None, gpus: list[LocalGpu] | None = None
     if emulated is not True:
         gpus = detect_gpus() if gpus is None else gpus
         if gpus:
-            return [PoolCapacity(POOL_NAME, accelerator_name(gpus[0]), NodePool.CapacityType.ON_DEMAND, 1, len(gpus))]
+            return [PoolCapacity(POOL_NAME, accelerator_name(gpus[0]), NodePool.CapacityType.ON_DEMAND, 1, len(gpus),
+                                 node_list=local_nodes(1, len(gpus)))]
         if emulated is False:
             return []
     nodes, per_node = emulated_shape()
-    return [PoolCapacity(POOL_NAME, settings.LOCAL_RUNNER_ACCELERATOR, NodePool.CapacityType.ON_DEMAND, nodes, per_node)]
+    return [PoolCapacity(POOL_NAME, settings.LOCAL_RUNNER_ACCELERATOR, NodePool.CapacityType.ON_DEMAND, nodes, per_node,
+                         node_list=local_nodes(nodes, per_node))]
 
 
 def ensure_local_cluster() -> Cluster:
@@ -134,6 +158,7 @@ def ensure_local_cluster() -> Cluster:
     GPUs of the first GPU's accelerator. Without: cluster ``local-emulated``
     (``emulated=True``) with ``LOCAL_RUNNER_NODES`` nodes x
     ``LOCAL_RUNNER_EMULATED_GPUS // nodes`` GPUs of ``LOCAL_RUNNER_ACCELERATOR``.
+    The pool's nodes are stored as ``Node`` rows (``local_nodes``).
     The price is a cluster override (see ``ensure_local_price``).
     Idempotent: a second call with the same machine and settings writes
     nothing. Raises Accelerator.DoesNotExist when ``LOCAL_RUNNER_ACCELERATOR``
@@ -149,9 +174,11 @@ def ensure_local_cluster() -> Cluster:
             nodes, per_node = emulated_shape()
         cluster = _update_or_create(Cluster, {"name": name}, {"provider": PROVIDER, "region": REGION,
                                                               "backend": Cluster.Backend.LOCAL, "emulated": emulated})
-        _update_or_create(NodePool, {"cluster": cluster, "name": POOL_NAME},
-                          {"accelerator": accelerator, "capacity_type": NodePool.CapacityType.ON_DEMAND,
-                           "nodes": nodes, "gpus_per_node": per_node})
+        pool = _update_or_create(NodePool, {"cluster": cluster, "name": POOL_NAME},
+                                 {"accelerator": accelerator, "capacity_type": NodePool.CapacityType.ON_DEMAND,
+                                  "nodes": nodes, "gpus_per_node": per_node})
+        store_nodes(cluster, [(n, pool, accelerator.product_label, pool.capacity_type)
+                              for n in local_nodes(nodes, per_node)])
         ensure_local_price(cluster, accelerator)
     return cluster
 

@@ -17,9 +17,20 @@ Split as Kueue decomposes scheduling:
 Everything a caller needs is importable from here.
 """
 
-from .decide import FairShareScheduler, assess, decide, recheck
-from .placement import PlacementRequest, PoolOffer, choose_pool, fits_now, matches
-from .rules import ESTIMATE_QUANTUM, check_budgets, check_quota, cohort_has_room, estimate_cost
+from .decide import QUEUEING_STRATEGIES, FairShareScheduler, assess, decide, recheck
+from .placement import (
+    DEFAULT_PACKING_POLICY,
+    PACKING_POLICIES,
+    UNLIMITED,
+    NodeBook,
+    NodeRoom,
+    PlacementRequest,
+    PoolOffer,
+    choose_pool,
+    fits_now,
+    matches,
+)
+from .rules import ESTIMATE_QUANTUM, check_budgets, check_quota, cohort_has_room, estimate_cost, reachable_gpus
 from .types import (
     OK,
     Admission,
@@ -39,7 +50,8 @@ from .types import (
 )
 
 __all__ = [
-    "ESTIMATE_QUANTUM", "OK", "Admission", "Assessment", "BudgetView", "Decision", "Decisions", "FairShareScheduler",
+    "DEFAULT_PACKING_POLICY", "NodeBook", "NodeRoom", "PACKING_POLICIES", "QUEUEING_STRATEGIES", "UNLIMITED",
+    "reachable_gpus", "ESTIMATE_QUANTUM", "OK", "Admission", "Assessment", "BudgetView", "Decision", "Decisions", "FairShareScheduler",
     "PlacementRequest", "PoolOffer", "QueuedJob", "QuotaView", "Rejection", "RunningJob", "Snapshot", "TeamQuota",
     "TeamState", "Verdict", "Waiting", "assess", "check_budgets", "check_quota", "choose_pool", "cohort_has_room",
     "decide", "estimate_cost", "fits_now", "matches", "recheck",

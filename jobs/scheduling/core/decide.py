@@ -16,15 +16,24 @@ Rules (sources: Kueue docs "Cluster Queue", "Preemption", "Fair Sharing"):
   the rest forms the cohort's lendable pool. A team's usage above its
   unlendable part is drawn from that pool, which must never be overdrawn;
   so a cohort never uses more than the sum of its nominal quotas.
+- A team's limit is what it can reach: nominal + borrowing limit, at most
+  nominal + what the other teams of its cohort can lend (``rules.reachable_gpus``).
 - Order: priority (high first), then the team's dominant share (borrowed
   GPUs / cohort lendable GPUs, max over accelerators, / weight) lowest first,
-  then submission time. A team whose head job cannot be admitted now stops
-  (its own order is kept); other teams go on (best-effort FIFO). Jobs that
-  can never run are rejected and do not block; nor do jobs no node pool can
-  ever hold (they wait for a pool to appear).
-- Gang admission: a job is placed whole on one node pool or not at all.
-- Placement: healthy, constraints, spot only if preemptible, cheapest price,
-  then most free GPUs.
+  then submission time. Within a team, Kueue's queueing strategies: under
+  ``BestEffortFIFO`` (the default) a job that cannot be admitted now waits
+  and the next one is tried; under ``StrictFIFO`` the team stops at it (its
+  order is kept). Other teams go on either way. Jobs that can never run are
+  rejected and do not block; nor do jobs that need the fleet to change
+  (a cordoned node, an unreachable cluster, a pool that does not exist yet).
+- Gang admission: every node of a job goes on a distinct node of one node
+  pool with room for its GPUs, CPU and memory now, or the job waits.
+- Placement: healthy, constraints, spot only if preemptible, cheapest price;
+  then the packing policy (``placement.PACKING_POLICIES``, best-fit by
+  default) chooses between pools of that price and the nodes inside one,
+  preferring one topology domain for multi-node jobs.
+- Accelerator alternatives: the job's accelerators are tried in its order of
+  preference; quota and price are those of the one it gets.
 - Preemption: see ``preemption``; victims are not requeued within the pass
   that preempted them.
 """
@@ -37,8 +46,8 @@ import gc
 import heapq
 
 from .order import TeamQueue, dominant_share, team_key
-from .placement import PoolOffer, cheapest_with_room, matches, price_order
-from .preemption import choose_victims, may_preempt, victim_order, victims_keep_nominal
+from .placement import DEFAULT_PACKING_POLICY, NodeBook, PoolOffer, allowed, capable_nodes, matches, price_order
+from .preemption import choose_victims, may_preempt, victim_order, victims_were_borrowing
 from .rules import (
     budget_never,
     check_budgets,
@@ -47,9 +56,9 @@ from .rules import (
     cohort_has_room,
     estimate_cost,
     never_placeable,
+    no_price,
     no_room,
-    quota_never,
-    team_quota_verdict,
+    reachable_gpus,
     within_cluster_caps,
 )
 from .types import (
@@ -67,23 +76,42 @@ from .types import (
     Waiting,
 )
 
+STRICT_FIFO = "StrictFIFO"
+BEST_EFFORT_FIFO = "BestEffortFIFO"
+#: Kueue's queueing strategies, the default first.
+QUEUEING_STRATEGIES = (BEST_EFFORT_FIFO, STRICT_FIFO)
+
 
 class FairShareScheduler:
     """The pure scheduler over one Snapshot: ``full_pass()``, then ``submit(job)`` for incremental passes.
 
-    The snapshot's ``used`` and pool free GPUs are updated in place as
-    decisions are made, so a later ``submit`` sees the state after them.
+    The snapshot's ``used`` and the nodes' free resources (``book``) are
+    updated in place as decisions are made, so a later ``submit`` sees the
+    state after them. ``policy``: the packing policy (default: the
+    snapshot's).
     """
 
-    def __init__(self, snapshot: Snapshot):
+    def __init__(self, snapshot: Snapshot, policy: str | None = None):
         self.teams = snapshot.teams
         self.queues: dict[int, TeamQueue] = {tid: TeamQueue(t) for tid, t in snapshot.teams.items()}
         self._pools: dict[int, list[PoolOffer]] = snapshot.pools
         self._unpriced: dict[int, list[PoolOffer]] = snapshot.unpriced
-        self.free: dict[int, int] = {o.node_pool_id: o.free_gpus for offers in snapshot.pools.values() for o in offers}
+        self.book = NodeBook([o for offers in snapshot.pools.values() for o in offers],
+                             policy or snapshot.policy or DEFAULT_PACKING_POLICY)
         self.pool_cluster: dict[int, int] = {o.node_pool_id: o.cluster_id for offers in snapshot.pools.values()
                                              for o in offers}
-        self._matching: dict[tuple, list[PoolOffer]] = {}
+        self._matching: dict[tuple, tuple[list[PoolOffer], Verdict | None, tuple[int, ...]]] = {}
+        # Capacity verdicts by (pools key, shape): (book version, verdict); shapes known not to fit by pools key.
+        self._no_room: dict[tuple, tuple[int, Verdict]] = {}
+        self._failed: dict[tuple, list[tuple[int, int, int, int]]] = {}
+        self._taken = 0  # bumped by every booking (cached capacity numbers are then stale)
+        self._released = 0  # bumped by every release (shapes known not to fit may fit again)
+        self._failed_at = -1
+        self._no_victims: dict[tuple, tuple[int, list[tuple[int, int, int, int]]]] = {}
+        self._never_seen: dict[tuple, Verdict | None] = {}
+        self._quota_seen: dict[tuple, tuple[int, Verdict]] = {}
+        self._wait_seen: dict[tuple, tuple[tuple, Verdict]] = {}  # (team, shape) -> (stamp, capacity verdict)
+        self._cohort_version: dict[tuple, int] = {}  # (cohort, accelerator) -> changes of its teams' usage
         # Cohort lendable pool and borrowed GPUs, by (cohort, accelerator).
         self.lendable: dict[tuple, int] = {}
         self.borrowed: dict[tuple, int] = {}
@@ -95,6 +123,10 @@ class FairShareScheduler:
                 q = t.quotas.get(acc)
                 key = (t.cohort, acc)
                 self.borrowed[key] = self.borrowed.get(key, 0) + max(0, used - (q.guaranteed_gpus if q else 0))
+        for t in self.teams.values():
+            for acc, q in t.quotas.items():
+                q.reachable_gpus = reachable_gpus(q.nominal_gpus, q.borrowing_limit_gpus,
+                                                  self.lendable[(t.cohort, acc)] - q.lendable_gpus)
         self.share: dict[int, float] = {tid: dominant_share(t, self.lendable) for tid, t in self.teams.items()}
         for job in sorted(snapshot.queue, key=QueuedJob.order_key):
             self.queues[job.team_id].jobs.append(job)
@@ -113,83 +145,239 @@ class FairShareScheduler:
 
     # --- placement ------------------------------------------------------------------------
 
-    def _matching_pools(self, job: QueuedJob) -> list[PoolOffer]:
-        """The pools that could ever hold ``job``, in ``price_order`` (cached per job shape and constraints)."""
-        key = (job.accelerator_id, job.nodes, job.gpus_per_node, job.preemptible, job.providers, job.regions,
-               job.clusters)
+    @staticmethod
+    def _pools_key(job: QueuedJob, acc: int) -> tuple:
+        return (acc, job.nodes, job.gpus_per_node, job.cpu_milli, job.memory_mib, job.preemptible, job.providers,
+                job.regions, job.clusters)
+
+    def _matching_pools(self, job: QueuedJob, acc: int | None = None) -> list[PoolOffer]:
+        """The pools that could hold ``job`` once their work ends, in ``price_order`` (cached per job shape and
+        constraints)."""
+        return self._matching_entry(job, job.accelerator_id if acc is None else acc)[0]
+
+    def _matching_entry(self, job: QueuedJob, acc: int) -> tuple[list[PoolOffer], Verdict | None, tuple[int, ...]]:
+        """(matching pools, None, their ids) or ([], the fleet-change verdict that says why none matches, ())."""
+        key = self._pools_key(job, acc)
         found = self._matching.get(key)
         if found is None:
             request = job.placement()
-            found = sorted((o for o in self._pools.get(job.accelerator_id, ()) if matches(request, o)), key=price_order)
+            offers = self._pools.get(acc, ())
+            pools = sorted((o for o in offers if matches(request, o)), key=price_order)
+            found = (pools, None if pools else never_placeable(job, self._why_none(job, request, offers)),
+                     tuple(o.node_pool_id for o in pools))
             self._matching[key] = found
         return found
+
+    @staticmethod
+    def _why_none(job: QueuedJob, request, offers) -> str:
+        """What keeps every pool from holding ``job``, in words with the numbers (for the fleet-change reason)."""
+        allowed_pools = [o for o in offers if allowed(request, o)]
+        if not allowed_pools:
+            return "none of the accelerator's pools is allowed by its placement and spot rules"
+        sick = sorted({o.cluster_name for o in allowed_pools if not o.healthy})
+        whole = max((capable_nodes(request, o, schedulable_only=False) for o in allowed_pools), default=0)
+        open_ = max((capable_nodes(request, o, schedulable_only=True) for o in allowed_pools if o.healthy), default=0)
+        parts = []
+        if sick:
+            parts.append(f"cluster{'s' if len(sick) > 1 else ''} {', '.join(sick)} "
+                         f"{'are' if len(sick) > 1 else 'is'} not healthy")
+        if open_ < whole:
+            parts.append(f"{whole - open_} large enough nodes are cordoned or tainted")
+        parts.append(f"at most {open_} schedulable nodes of one healthy pool can hold a node of it, "
+                     f"{job.nodes} needed")
+        return "; ".join(parts)
+
+    def _place(self, job: QueuedJob, acc: int, pools: list[PoolOffer], pids: tuple[int, ...]):
+        """``(offer, node indexes)`` for ``job`` among ``pools`` (ids ``pids``) now, or None (shapes known not to fit
+        are cached)."""
+        if self._failed_at != self._released:
+            self._failed.clear()
+            self._failed_at = self._released
+        key = (acc, job.preemptible, pids)
+        shape = (job.nodes, job.gpus_per_node, job.cpu_milli, job.memory_mib)
+        failed = self._failed.get(key)
+        if failed is not None:
+            for fn, fg, fc, fm in failed:
+                if shape[0] >= fn and shape[1] >= fg and shape[2] >= fc and shape[3] >= fm:
+                    return None
+        found = self.book.place(job.placement(), pools)
+        if found is None:
+            lst = self._failed.setdefault(key, [])
+            lst[:] = [s for s in lst if not all(a >= b for a, b in zip(s, shape))]
+            lst.append(shape)
+        return found
+
+    def _no_room_verdict(self, job: QueuedJob, acc: int, pools: list[PoolOffer], pids: tuple[int, ...]) -> Verdict:
+        key = (self._pools_key(job, acc), pids)
+        cached = self._no_room.get(key)
+        if cached is not None and cached[0] == self._taken:
+            return cached[1]
+        book = self.book
+        request = job.placement()
+        shown = pools[:3]
+        verdict = no_room(job, pools, {o.node_pool_id: book.free_gpus(o.node_pool_id) for o in pools},
+                          {o.node_pool_id: book.most_free(o.node_pool_id) for o in shown},
+                          {o.node_pool_id: book.nodes_with_room(o.node_pool_id, request) for o in shown})
+        self._no_room[key] = (self._taken, verdict)
+        return verdict
 
     # --- one job ------------------------------------------------------------------------
 
     def _never(self, job: QueuedJob) -> Verdict | None:
-        """The verdict that rejects ``job`` for good, or None (quota never-rules, then a whole block budget)."""
+        """The verdict that rejects ``job`` for good on every accelerator it accepts, or None."""
+        first = None
+        for acc in job.accelerator_ids:
+            verdict = self._never_on(job, acc)
+            if verdict is None:
+                return None
+            first = first or verdict
+        return first
+
+    def _never_on(self, job: QueuedJob, acc: int) -> Verdict | None:
+        """The verdict that rejects ``job`` for good on ``acc`` (quota never-rules, then a whole block budget).
+
+        Cached per team, accelerator, size and run time: quotas and budget amounts do not change within a pass.
+        """
         team = self.teams[job.team_id]
-        verdict = quota_never(team, job)
+        key = (job.team_id, acc, job.total_gpus, job.max_runtime_seconds if team.budgets else 0,
+               self._pools_key(job, acc) if team.budgets else None)
+        if key in self._never_seen:
+            return self._never_seen[key]
+        q = team.quotas.get(acc)
+        verdict = check_quota(job.total_gpus, 0, q.view() if q is not None else None)
+        if verdict.ok or not verdict.never:
+            verdict = None
         if verdict is None and team.budgets:
-            pools = self._matching_pools(job)
+            pools = self._matching_pools(job, acc)
             if pools:
                 cheapest = estimate_cost(job.total_gpus, job.max_runtime_seconds, pools[0].usd_per_gpu_hour)
                 verdict = budget_never(cheapest, team.budgets)
+        self._never_seen[key] = verdict
         return verdict
 
     def evaluate(self, job: QueuedJob, *, only_pool: int | None = None) -> Decision:
         """Admission, Rejection or Waiting for ``job`` as its team's head, on the current state (nothing changes).
 
-        A Waiting blocks the team in a pass unless its detail says
-        ``never_placeable``. ``only_pool``: the job may go to that node pool
-        only (a preempting admission's re-check: its victims made room there).
+        The job's accelerators are tried in its order of preference; the
+        first admission wins; otherwise the preferred accelerator's reason
+        (one that can never run is passed over). A Waiting whose detail says
+        ``never_placeable`` never blocks its team. ``only_pool``: the job may
+        go to that node pool only (a preempting admission's re-check: its
+        victims made room there).
         """
-        never = self._never(job)
+        first_wait = None
+        first_never = None
+        for acc in job.accelerator_ids:
+            decision = self._evaluate_on(job, acc, only_pool)
+            if isinstance(decision, Admission):
+                return decision
+            if isinstance(decision, Waiting):
+                if first_wait is None or (first_wait.detail.get("never_placeable")
+                                          and not decision.detail.get("never_placeable")):
+                    first_wait = decision
+            elif first_never is None:
+                first_never = decision
+        return first_wait or first_never
+
+    def _evaluate_on(self, job: QueuedJob, acc: int, only_pool: int | None) -> Decision:
+        never = self._never_on(job, acc)
         if never is not None:
             return Rejection(job, never)
         team = self.teams[job.team_id]
-        acc = job.accelerator_id
         q = team.quotas[acc]
         gpus = job.total_gpus
         used = team.used.get(acc, 0)
-        verdict = check_quota(gpus, used, q.view())
-        if not verdict.ok:
-            return Waiting.because(job, verdict)
-        pools = self._matching_pools(job)
+        qkey = (job.team_id, acc, gpus)
+        known = self._quota_seen.get(qkey)
+        if known is None or known[0] != used:  # the verdict depends on the team's usage only
+            known = (used, check_quota(gpus, used, q.view()))
+            self._quota_seen[qkey] = known
+        if not known[1].ok:
+            return Waiting.because(job, known[1])
+        ckey = (team.cohort, acc)
+        wkey = (job.team_id, self._pools_key(job, acc)) if only_pool is None else None
+        preempts = may_preempt(job, team, q, acc)
+        stamp = (used, self._released, self._cohort_version.get(ckey, 0) if preempts else None)
+        seen = self._wait_seen.get(wkey) if wkey is not None else None
+        if seen is not None and seen[0] == stamp:
+            return Waiting.because(job, seen[1])  # nothing that could let it in changed since the same shape waited
+        decision = self._place_or_wait(job, acc, only_pool, team, q, used, ckey, preempts)
+        if wkey is not None and isinstance(decision, Waiting) and decision.reason == "capacity":
+            self._wait_seen[wkey] = (stamp, decision.verdict())
+        return decision
+
+    def _place_or_wait(self, job: QueuedJob, acc: int, only_pool: int | None, team: TeamState, q: TeamQuota,
+                       used: int, ckey: tuple, preempts: bool) -> Decision:
+        """The rest of ``_evaluate_on`` once quota allows ``job``: pools, caps, the cohort, nodes, victims, budget.
+
+        A capacity wait depends only on the team's usage, on what was released
+        since (preemptions) and, for a job that may preempt, on its cohort's
+        usage: admissions only take nodes away, so ``_evaluate_on`` reuses it
+        for the next job of the same team and shape until one of those changes.
+        """
+        gpus = job.total_gpus
+        pools, fleet, pids = self._matching_entry(job, acc)
         if not pools:
             request = job.placement()
-            return Waiting.because(job, never_placeable(
-                job, [o for o in self._unpriced.get(job.accelerator_id, ()) if matches(request, o)]))
+            unpriced = [o for o in self._unpriced.get(acc, ()) if matches(request, o)]
+            return Waiting.because(job, no_price(job, unpriced) if unpriced else fleet)
         if team.cluster_caps:
-            pools, verdict = within_cluster_caps(team, job, pools)
+            pools, verdict = within_cluster_caps(team, job, pools, acc)
             if not verdict.ok:
                 return Waiting.because(job, verdict)
+            pids = tuple(o.node_pool_id for o in pools)
         if only_pool is not None:
             pools = [o for o in pools if o.node_pool_id == only_pool]
-        ckey = (team.cohort, acc)
+            pids = tuple(o.node_pool_id for o in pools)
         cohort_ok = cohort_has_room(self.lendable.get(ckey, 0), self.borrowed.get(ckey, 0), used, q.guaranteed_gpus,
                                     gpus)
-        offer = cheapest_with_room(pools, gpus, self.free) if cohort_ok else None
+        found = self._place(job, acc, pools, pids) if cohort_ok else None
         victims: tuple[RunningJob, ...] = ()
-        if offer is None and may_preempt(job, team, q):
-            found = self._find_victims(job, team, q, pools)
-            if found is not None:
-                offer, victims = found
-        if offer is None:
+        if found is None and preempts:
+            chosen = self._find_victims(job, acc, team, q, pools, pids)
+            if chosen is not None:
+                offer, victims, nodes = chosen
+                found = (offer, nodes)
+        if found is None:
             if not cohort_ok:
                 return Waiting.because(job, cohort_full(job, used, q, self.lendable.get(ckey, 0),
                                                         self.borrowed.get(ckey, 0)))
-            return Waiting.because(job, no_room(job, pools, self.free))
+            return Waiting.because(job, self._no_room_verdict(job, acc, pools, pids))
+        offer, nodes = found
         estimate = estimate_cost(gpus, job.max_runtime_seconds, offer.usd_per_gpu_hour)
         verdict = check_budgets(estimate, team.budgets)
         if not verdict.ok:
             return Waiting.because(job, verdict)
-        return Admission(job, offer, estimate, victims)
+        return Admission(job, offer, estimate, victims, self.book.names(offer.node_pool_id, nodes), acc)
 
-    def _find_victims(self, job: QueuedJob, team: TeamState, q: TeamQuota,
-                      pools: list[PoolOffer]) -> tuple[PoolOffer, tuple[RunningJob, ...]] | None:
-        """The fewest preemptible borrowing jobs of other teams in the cohort whose end lets ``job`` in, and its pool."""
-        acc, gpus = job.accelerator_id, job.total_gpus
+    def _find_victims(self, job: QueuedJob, acc: int, team: TeamState, q: TeamQuota, pools: list[PoolOffer],
+                      pids: tuple[int, ...]):
+        """The fewest preemptible jobs of other teams of the cohort, each taken while its team borrows, whose end
+        lets ``job`` in; with the pool and its nodes. None when there are none.
+
+        A search that found nothing is remembered for the team and its pools
+        until the usage of a team of its cohort changes (more borrowing makes
+        more victims eligible; a preemption frees nodes): a job of the same
+        team at least as large (nodes, GPUs, CPU, memory) finds nothing
+        either until then (admissions elsewhere only take nodes away).
+        """
+        key = (team.team_id, acc, pids)
+        shape = (job.nodes, job.gpus_per_node, job.cpu_milli, job.memory_mib)
+        version = (self._cohort_version.get((team.cohort, acc), 0), self._released)
+        known = self._no_victims.get(key)
+        if known is not None and known[0] == version:
+            if any(all(a >= b for a, b in zip(shape, s)) for s in known[1]):
+                return None
+        found = self._search_victims(job, acc, team, q, pools)
+        if found is None:
+            if known is None or known[0] != version:
+                known = (version, [])
+                self._no_victims[key] = known
+            known[1].append(shape)
+        return found
+
+    def _search_victims(self, job: QueuedJob, acc: int, team: TeamState, q: TeamQuota, pools: list[PoolOffer]):
+        gpus = job.total_gpus
         ckey = (team.cohort, acc)
         candidates = [c for c in self.candidates.get(ckey, ()) if c.team_id != team.team_id
                       and c.job_id not in self.preempted]
@@ -199,22 +387,24 @@ class FairShareScheduler:
         g = q.guaranteed_gpus
         cohort_need = (self.borrowed.get(ckey, 0) - max(0, used - g) + max(0, used + gpus - g)
                        - self.lendable.get(ckey, 0))
-        return choose_victims(candidates, pools, self.free, self.teams, acc, gpus, cohort_need)
+        return choose_victims(candidates, pools, self.book, self.teams, acc, job.placement(), cohort_need)
 
     def assess(self, job: QueuedJob) -> Assessment:
         """What the rules say of ``job`` before it is submitted (nothing changes): where it would run, its estimate,
-        and its team's quota and budget verdicts (the quota one on the team's own limit: what the cohort lends is
-        decided at admission)."""
+        and its team's quota and budget verdicts (the quota one on the limit the team can reach: nominal +
+        borrowing limit, at most what its cohort can lend; what the cohort lends now is decided at admission)."""
         team = self.teams[job.team_id]
-        pools = self._matching_pools(job)
-        offer = cheapest_with_room(pools, job.total_gpus, self.free)
-        fits_now = offer is not None
-        if offer is None and pools:
-            offer = pools[0]  # the cheapest that could ever hold it: where it would wait for capacity
+        acc = job.accelerator_id
+        pools, _, pids = self._matching_entry(job, acc)
+        found = self._place(job, acc, pools, pids)
+        fits_now = found is not None
+        offer = found[0] if found else (pools[0] if pools else None)  # else where it would wait for capacity
         estimate = (estimate_cost(job.total_gpus, job.max_runtime_seconds, offer.usd_per_gpu_hour)
                     if offer is not None else None)
         budget = check_budgets(estimate, team.budgets) if estimate is not None else None
-        return Assessment(offer, fits_now, estimate, team_quota_verdict(team, job), budget)
+        q = team.quotas.get(acc)
+        quota = check_quota(job.total_gpus, team.used.get(acc, 0), q.view() if q is not None else None)
+        return Assessment(offer, fits_now, estimate, quota, budget)
 
     # --- applying a decision to the in-memory state ----------------------------------------
 
@@ -225,24 +415,29 @@ class FairShareScheduler:
         key = (team.cohort, acc)
         self.borrowed[key] = self.borrowed.get(key, 0) - max(0, used - g) + max(0, used + delta - g)
         team.used[acc] = used + delta
+        self._cohort_version[key] = self._cohort_version.get(key, 0) + 1
         self.share[team.team_id] = dominant_share(team, self.lendable)
         self.queues[team.team_id].version += 1
 
     def _admit(self, a: Admission) -> None:
         job = a.job
+        acc = a.accelerator_id or job.accelerator_id
         for v in a.victims:
             self.preempted.add(v.job_id)
             self.candidates[(self.teams[v.team_id].cohort, v.accelerator_id)].remove(v)
-            self.free[v.node_pool_id] += v.gpus
+            self.book.release(v.node_pool_id, v.node_names, v.gpus, v.gpus_per_node, v.cpu_milli, v.memory_mib)
+            self._released += 1
             owner = self.teams[v.team_id]
             self._use(owner, v.accelerator_id, -v.gpus)
             ckey = (v.accelerator_id, self.pool_cluster.get(v.node_pool_id))
             if ckey in owner.cluster_used:
                 owner.cluster_used[ckey] -= v.gpus
-        self.free[a.offer.node_pool_id] -= job.total_gpus
+        pool = self.book.pools[a.offer.node_pool_id]
+        self.book.take(a.offer.node_pool_id, [pool.index[n] for n in a.node_names], job.placement())
+        self._taken += 1
         team = self.teams[job.team_id]
-        self._use(team, job.accelerator_id, job.total_gpus)
-        ckey = (job.accelerator_id, a.offer.cluster_id)
+        self._use(team, acc, job.total_gpus)
+        ckey = (acc, a.offer.cluster_id)
         if ckey in team.cluster_caps:
             team.cluster_used[ckey] = team.cluster_used.get(ckey, 0) + job.total_gpus
         if team.budgets:
@@ -264,7 +459,7 @@ class FairShareScheduler:
             job = tq.jobs[tq.pos]
             decision = self.evaluate(job)
             if isinstance(decision, Waiting):
-                if decision.detail.get("never_placeable"):
+                if decision.detail.get("never_placeable") or tq.team.strategy != STRICT_FIFO:
                     tq.waiting_before.append(job)
                     out.waiting[job.job_id] = decision
                 else:
@@ -378,7 +573,8 @@ class FairShareScheduler:
 
     @staticmethod
     def _behind_message(blocked: Waiting) -> str:
-        return f"waits behind job {blocked.job.job_id}, ahead of it in its team's queue ({blocked.reason})"
+        return (f"Waits behind job {blocked.job.job_id}, ahead of it in its team's queue (the team queues StrictFIFO), "
+                f"which waits for {blocked.reason}: {blocked.message}")[:480]
 
     @classmethod
     def _behind(cls, job: QueuedJob, blocked: Waiting, message: str | None = None) -> Waiting:
@@ -403,13 +599,14 @@ def recheck(snapshot: Snapshot, job: QueuedJob, admission: Admission) -> Decisio
     decision for it) commits: the same rules, on fresh numbers.
 
     The admission's victims are already ended in ``snapshot`` (their teams'
-    usage and their pool's free GPUs no longer count them); each victim's
-    team must still hold its nominal quota, and a preempting admission goes
-    to the pool its victims freed or waits. The snapshot's own running jobs
+    usage and their nodes' free resources no longer count them); each
+    victim's team must have been borrowing before the removal, and a
+    preempting admission goes to the pool its victims freed or waits. The snapshot's own running jobs
     are candidates for preemption as in a pass (none, for a re-check that
     only verifies).
     """
-    verdict = victims_keep_nominal(snapshot.teams, job, admission.victims)
+    verdict = victims_were_borrowing(snapshot.teams, job, admission.victims,
+                                     admission.accelerator_id or job.accelerator_id)
     if not verdict.ok:
         return Waiting.because(job, verdict)
     only_pool = admission.offer.node_pool_id if admission.victims else None

@@ -6,13 +6,44 @@ tight loop and tests can compute expected choices by hand.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import functools
+from collections import Counter
 from decimal import Decimal
+
+
+#: CPU or memory of a node that nobody reported (a pool registered by hand): no limit.
+UNLIMITED = 1 << 62
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeRoom:
+    """One node of a pool as admission sees it: allocatable GPUs, CPU (millicores) and memory (MiB), and what is free
+    of each now (allocatable minus the requests of every pod on it, the platform's and others'); its topology
+    domain (block, rack or zone label; "" when unknown) and whether new pods may land on it (False: cordoned, or
+    tainted NoSchedule/NoExecute)."""
+
+    name: str
+    gpus: int
+    free_gpus: int
+    cpu_milli: int = UNLIMITED
+    free_cpu_milli: int = UNLIMITED
+    memory_mib: int = UNLIMITED
+    free_memory_mib: int = UNLIMITED
+    domain: str = ""
+    schedulable: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
 class PoolOffer:
-    """A node pool as admission sees it: where it is, its shape, free GPUs now and its price (USD/GPU-hour)."""
+    """A node pool as admission sees it: where it is, its shape, free GPUs now and its price (USD/GPU-hour).
+
+    ``node_rooms``: its nodes one by one (``NodeRoom``); when empty, the pool
+    is ``nodes`` identical nodes of ``gpus_per_node`` GPUs whose used GPUs
+    (``nodes x gpus_per_node - free_gpus``) fill the first nodes
+    (``rooms()``), with no CPU or memory limit.
+    """
 
     node_pool_id: int
     cluster_id: int
@@ -25,13 +56,39 @@ class PoolOffer:
     free_gpus: int
     usd_per_gpu_hour: Decimal
     healthy: bool = True
+    node_rooms: tuple[NodeRoom, ...] = ()
+    name: str = ""
+
+    def rooms(self) -> tuple[NodeRoom, ...]:
+        """The pool's nodes: ``node_rooms``, or ``nodes`` nodes named ``<pool id>-<i>`` with the used GPUs packed
+        onto the first ones."""
+        if self.node_rooms:
+            return self.node_rooms
+        used = max(self.nodes * self.gpus_per_node - self.free_gpus, 0)
+        out = []
+        for i in range(self.nodes):
+            taken = min(used, self.gpus_per_node)
+            used -= taken
+            out.append(NodeRoom(f"{self.node_pool_id}-{i}", self.gpus_per_node, self.gpus_per_node - taken))
+        return tuple(out)
+
+    @functools.cached_property
+    def node_shapes(self) -> tuple[tuple[int, int, int, bool, int], ...]:
+        """The distinct ``(GPUs, CPU millicores, memory MiB, schedulable, how many)`` of the pool's nodes."""
+        counts = Counter((n.gpus, n.cpu_milli, n.memory_mib, n.schedulable) for n in self.rooms())
+        return tuple((*shape, count) for shape, count in counts.items())
+
+    @property
+    def label(self) -> str:
+        """``cluster/pool`` for messages."""
+        return f"{self.cluster_name}/{self.name or self.node_pool_id}"
 
 
 @dataclasses.dataclass(frozen=True)
 class PlacementRequest:
-    """What a job needs: ``nodes`` nodes of ``gpus_per_node`` GPUs, each copied ``replicas`` times (serving
-    replicas; their pods may share nodes), spot allowed if ``preemptible``, and optional lists of allowed
-    providers, regions and cluster names (empty: any)."""
+    """What a job needs: ``nodes`` distinct nodes each with ``gpus_per_node`` GPUs, ``cpu_milli`` CPU (millicores)
+    and ``memory_mib`` memory (MiB) free; spot allowed if ``preemptible``; optional lists of allowed providers,
+    regions and cluster names (empty: any)."""
 
     nodes: int
     gpus_per_node: int
@@ -39,45 +96,52 @@ class PlacementRequest:
     providers: tuple[str, ...] = ()
     regions: tuple[str, ...] = ()
     clusters: tuple[str, ...] = ()
-    replicas: int = 1
+    cpu_milli: int = 0
+    memory_mib: int = 0
 
     @property
     def total_gpus(self) -> int:
-        return self.nodes * self.gpus_per_node * self.replicas
+        return self.nodes * self.gpus_per_node
+
+    def holds(self, node: NodeRoom) -> bool:
+        """Whether ``node``'s allocatable resources could ever hold one node of the request (cordon ignored)."""
+        return (node.gpus >= self.gpus_per_node and node.cpu_milli >= self.cpu_milli
+                and node.memory_mib >= self.memory_mib)
+
+
+def allowed(request: PlacementRequest, offer: PoolOffer) -> bool:
+    """Whether the request's constraints and the spot rule allow ``offer`` (health and size aside)."""
+    return ((not request.providers or offer.provider in request.providers)
+            and (not request.regions or offer.region in request.regions)
+            and (not request.clusters or offer.cluster_name in request.clusters)
+            and (request.preemptible or offer.capacity_type != "spot"))
+
+
+def capable_nodes(request: PlacementRequest, offer: PoolOffer, *, schedulable_only: bool) -> int:
+    """How many of ``offer``'s nodes could ever hold one node of ``request`` (only those accepting pods, if asked)."""
+    g, c, m = request.gpus_per_node, request.cpu_milli, request.memory_mib
+    return sum(count for gpus, cpu, memory, open_, count in offer.node_shapes
+               if gpus >= g and cpu >= c and memory >= m and (open_ or not schedulable_only))
 
 
 def matches(request: PlacementRequest, offer: PoolOffer) -> bool:
-    """Whether ``offer`` could ever hold ``request``: health, constraints, spot rule and node shape."""
-    return (
-        offer.healthy
-        and (not request.providers or offer.provider in request.providers)
-        and (not request.regions or offer.region in request.regions)
-        and (not request.clusters or offer.cluster_name in request.clusters)
-        and (request.preemptible or offer.capacity_type != "spot")
-        and request.gpus_per_node <= offer.gpus_per_node
-        and request.nodes <= offer.nodes
-    )
+    """Whether ``offer`` could hold ``request`` once its running work ends: healthy, constraints, spot rule, and
+    ``nodes`` distinct schedulable nodes each large enough (GPUs, CPU, memory)."""
+    return (offer.healthy and allowed(request, offer) and request.gpus_per_node <= offer.gpus_per_node
+            and capable_nodes(request, offer, schedulable_only=True) >= request.nodes)
 
 
 def fits_now(request: PlacementRequest, offer: PoolOffer) -> bool:
-    """Whether ``offer`` has room for the whole job now (all nodes or none).
-
-    Free GPUs are counted per pool, not per node: the local runner and the
-    first admission treat a pool as one bin; the Kubernetes runner checks
-    per-node room on its own.
-    """
-    return matches(request, offer) and offer.free_gpus >= request.total_gpus
+    """Whether ``offer`` has room for the whole job now: ``nodes`` distinct nodes with room each (all or none)."""
+    return matches(request, offer) and NodeBook([offer]).fit(offer.node_pool_id, request) is not None
 
 
-def choose_pool(request: PlacementRequest, offers: list[PoolOffer]) -> PoolOffer | None:
-    """The cheapest matching offer with room now; ties go to the most free GPUs, then the cluster name.
-
-    Returns None when no offer has room.
-    """
-    candidates = [o for o in offers if fits_now(request, o)]
-    if not candidates:
-        return None
-    return min(candidates, key=lambda o: (o.usd_per_gpu_hour, -o.free_gpus, o.cluster_name, o.node_pool_id))
+def choose_pool(request: PlacementRequest, offers: list[PoolOffer], policy: str = "best-fit") -> PoolOffer | None:
+    """The cheapest matching offer with room now for every node of the job; between equal prices, ``policy``
+    decides (``NodeBook.place``), then the cluster name and pool id. Returns None when no offer has room."""
+    book = NodeBook(offers, policy)
+    found = book.place(request, sorted((o for o in offers if matches(request, o)), key=price_order))
+    return found[0] if found else None
 
 
 def price_order(offer: PoolOffer) -> tuple:
@@ -85,15 +149,224 @@ def price_order(offer: PoolOffer) -> tuple:
     return (offer.usd_per_gpu_hour, offer.cluster_name, offer.node_pool_id)
 
 
-def cheapest_with_room(offers: list[PoolOffer], gpus: int, free: dict[int, int]) -> PoolOffer | None:
-    """``choose_pool`` over offers already in ``price_order`` whose free GPUs (by pool id) are ``free``, not the
-    offers' own ``free_gpus``: the cheapest with room for ``gpus``, ties to the most free GPUs; None when none has room.
+# --- node bookkeeping ----------------------------------------------------------------------------------------
+
+#: The packing policies: ``best-fit`` (default) takes the nodes with the least room that still fit (GPUs, then
+#: CPU, then memory, compared in that order), so whole nodes stay free for large jobs; ``first-fit`` takes nodes in the pool's order;
+#: ``spread`` takes the nodes with the most free GPUs (the least fragmentation-aware choice, for comparison).
+PACKING_POLICIES = ("best-fit", "first-fit", "spread")
+DEFAULT_PACKING_POLICY = "best-fit"
+
+
+class _PoolNodes:
+    """One pool's nodes as parallel lists (free GPUs, CPU, memory), with the schedulable nodes grouped by free GPUs
+    (``buckets[k]``: ``(free CPU, free memory, index)`` of the nodes with ``k`` GPUs free, sorted: the first that
+    fits a request is the tightest on CPU, then memory)."""
+
+    __slots__ = ("offer", "names", "index", "gpus", "free_g", "free_c", "free_m", "domain", "sched", "buckets",
+                 "failed", "domains", "free_total")
+
+    def __init__(self, offer: PoolOffer):
+        rooms = offer.rooms()
+        self.offer = offer
+        self.names = [n.name for n in rooms]
+        self.index = {n.name: i for i, n in enumerate(rooms)}
+        self.gpus = [n.gpus for n in rooms]
+        self.free_g = [min(max(0, n.free_gpus), n.gpus) for n in rooms]
+        self.free_c = [n.free_cpu_milli for n in rooms]
+        self.free_m = [n.free_memory_mib for n in rooms]
+        self.domain = [n.domain for n in rooms]
+        self.sched = [n.schedulable for n in rooms]
+        self.domains = len(set(self.domain)) > 1
+        top = max(self.gpus, default=0)
+        self.buckets: list[list[tuple[int, int, int]]] = [[] for _ in range(top + 1)]
+        self.free_total = 0
+        for i, g in enumerate(self.free_g):
+            if self.sched[i]:
+                self.buckets[g].append((self.free_c[i], self.free_m[i], i))
+                self.free_total += g
+        for bucket in self.buckets:
+            bucket.sort()
+        self.failed: list[tuple[int, int, int, int]] = []  # request shapes known not to fit now
+
+    def move(self, i: int, dg: int, dc: int, dm: int) -> None:
+        """Change node ``i``'s free resources by the deltas, keeping its bucket."""
+        if self.sched[i]:
+            bucket = self.buckets[self.free_g[i]]
+            del bucket[bisect.bisect_left(bucket, (self.free_c[i], self.free_m[i], i))]
+            self.free_total += dg
+        self.free_g[i] += dg
+        self.free_c[i] += dc
+        self.free_m[i] += dm
+        if self.sched[i]:
+            bisect.insort(self.buckets[self.free_g[i]], (self.free_c[i], self.free_m[i], i))
+
+    def free_gpus(self) -> int:
+        return self.free_total
+
+    def most_free(self) -> int:
+        """The most free GPUs on one schedulable node."""
+        for k in range(len(self.buckets) - 1, -1, -1):
+            if self.buckets[k]:
+                return k
+        return 0
+
+
+class NodeBook:
+    """Free GPUs, CPU and memory of every node of some pools, kept up to date as a pass admits and preempts.
+
+    ``fit`` finds nodes for one job on one pool by the packing ``policy``
+    (``PACKING_POLICIES``); ``place`` chooses the pool (cheapest first, then
+    the policy's score); ``take``/``release`` book a job's nodes. A request
+    shape that did not fit a pool is remembered until something is released
+    there, so a queue of jobs at least as large is answered at once.
     """
-    best = None
-    for o in offers:
-        if best is not None and o.usd_per_gpu_hour != best.usd_per_gpu_hour:
-            break
-        f = free[o.node_pool_id]
-        if f >= gpus and (best is None or f > free[best.node_pool_id]):
-            best = o
-    return best
+
+    def __init__(self, offers, policy: str = DEFAULT_PACKING_POLICY):
+        if policy not in PACKING_POLICIES:
+            raise ValueError(f"unknown packing policy {policy!r}; one of {', '.join(PACKING_POLICIES)}")
+        self.policy = policy
+        self.pools: dict[int, _PoolNodes] = {o.node_pool_id: _PoolNodes(o) for o in offers}
+
+    def free_gpus(self, pool_id: int) -> int:
+        """Free GPUs of the pool's schedulable nodes."""
+        return self.pools[pool_id].free_gpus()
+
+    def most_free(self, pool_id: int) -> int:
+        """The most free GPUs on one schedulable node of the pool."""
+        return self.pools[pool_id].most_free()
+
+    def nodes_with_room(self, pool_id: int, request: PlacementRequest) -> int:
+        """How many schedulable nodes of the pool have room now for one node of ``request``."""
+        p = self.pools[pool_id]
+        g, c, m = request.gpus_per_node, request.cpu_milli, request.memory_mib
+        return sum(1 for k in range(g, len(p.buckets)) for fc, fm, _ in p.buckets[k] if fc >= c and fm >= m)
+
+    def fit(self, pool_id: int, request: PlacementRequest) -> list[int] | None:
+        """Node indexes of the pool for every node of ``request`` (distinct nodes, each with room), or None.
+
+        Multi-node requests prefer nodes of one topology domain: the first
+        domain (in the policy's order) that can hold them all; otherwise the
+        policy's nodes across domains.
+        """
+        p = self.pools[pool_id]
+        n, g, c, m = request.nodes, request.gpus_per_node, request.cpu_milli, request.memory_mib
+        if g >= len(p.buckets):
+            return None
+        for fn, fg, fc, fm in p.failed:
+            if n >= fn and g >= fg and c >= fc and m >= fm:
+                return None
+        if sum(map(len, p.buckets[g:])) < n:
+            found = None
+        elif self.policy == "first-fit":
+            found = self._first_fit(p, n, g, c, m)
+        else:
+            levels = range(g, len(p.buckets)) if self.policy == "best-fit" else range(len(p.buckets) - 1, g - 1, -1)
+            found = self._by_levels(p, n, g, c, m, levels)
+        if found is None:
+            p.failed = [s for s in p.failed if not (s[0] >= n and s[1] >= g and s[2] >= c and s[3] >= m)]
+            p.failed.append((n, g, c, m))
+        return found
+
+    @staticmethod
+    def _first_fit(p: _PoolNodes, n, g, c, m) -> list[int] | None:
+        found = []
+        for i in range(len(p.names)):
+            if p.sched[i] and p.free_g[i] >= g and p.free_c[i] >= c and p.free_m[i] >= m:
+                found.append(i)
+                if len(found) == n:
+                    return found
+        return None
+
+    @staticmethod
+    def _by_levels(p: _PoolNodes, n, g, c, m, levels) -> list[int] | None:
+        chosen: list[int] = []
+        by_domain: dict[str, list[int]] = {}
+        for k in levels:
+            bucket = p.buckets[k]
+            if not bucket:
+                continue
+            # Nodes with less free CPU than asked come first in the bucket: start after them.
+            for fc, fm, i in bucket[bisect.bisect_left(bucket, (c, -1, -1)):]:
+                if fm < m:
+                    continue
+                if not p.domains:
+                    chosen.append(i)
+                    if len(chosen) == n:
+                        return chosen
+                    continue
+                same = by_domain.setdefault(p.domain[i], [])
+                same.append(i)
+                chosen.append(i)
+                if len(same) == n:
+                    return same
+        return chosen[:n] if len(chosen) >= n else None
+
+    def leftover(self, pool_id: int, nodes: list[int], request: PlacementRequest) -> tuple[int, int, int]:
+        """GPUs, CPU and memory left free on ``nodes`` once ``request`` takes them (the best-fit score, compared in
+        that order: lower packs tighter)."""
+        p = self.pools[pool_id]
+        return (sum(p.free_g[i] for i in nodes) - request.gpus_per_node * len(nodes),
+                sum(p.free_c[i] for i in nodes) - request.cpu_milli * len(nodes),
+                sum(p.free_m[i] for i in nodes) - request.memory_mib * len(nodes))
+
+    def place(self, request: PlacementRequest, offers: list[PoolOffer]) -> tuple[PoolOffer, list[int]] | None:
+        """The pool and nodes for ``request`` among ``offers`` (already in ``price_order``, all matching): the
+        cheapest price with room; between pools of that price, the tightest fit for ``best-fit`` (fewest GPUs left
+        on the chosen nodes, then CPU, then memory, then fewest free GPUs in the pool, so emptier pools stay whole),
+        the loosest for
+        ``spread``, the first for ``first-fit``; then the offers' order. None when none has room."""
+        best = None
+        for o in offers:
+            if best is not None and o.usd_per_gpu_hour != best[0].usd_per_gpu_hour:
+                break
+            nodes = self.fit(o.node_pool_id, request)
+            if nodes is None:
+                continue
+            if self.policy == "first-fit":
+                return o, nodes
+            left = self.leftover(o.node_pool_id, nodes, request)
+            if self.policy == "spread":
+                score = (-left[0], -self.pools[o.node_pool_id].free_gpus())
+            else:
+                score = (*left, self.pools[o.node_pool_id].free_gpus())
+            if best is None or score < best[2]:
+                best = (o, nodes, score)
+        return (best[0], best[1]) if best else None
+
+    def take(self, pool_id: int, nodes: list[int], request: PlacementRequest) -> None:
+        """Book one node of ``request`` on each of ``nodes`` (indexes from ``fit``)."""
+        p = self.pools[pool_id]
+        for i in nodes:
+            p.move(i, -request.gpus_per_node, -request.cpu_milli, -request.memory_mib)
+
+    def release(self, pool_id: int, names: tuple[str, ...], gpus: int, gpus_per_node: int, cpu_milli: int,
+                memory_mib: int) -> list[int]:
+        """Give back a running job's resources: per node of ``names`` its GPUs, CPU (millicores) and memory (MiB);
+        a job without node names (admitted before nodes were recorded) gives its ``gpus`` back to the fullest nodes.
+        Returns the node indexes changed (``take``-able again with the same amounts)."""
+        p = self.pools.get(pool_id)
+        if p is None:
+            return []
+        p.failed = []
+        changed = []
+        if names:
+            for name in names:
+                i = p.index.get(name)
+                if i is not None:
+                    p.move(i, gpus_per_node, cpu_milli, memory_mib)
+                    changed.append(i)
+            return changed
+        left = gpus
+        for i in range(len(p.names)):
+            give = min(left, p.gpus[i] - p.free_g[i])
+            if give > 0:
+                p.move(i, give, 0, 0)
+                changed.append(i)
+                left -= give
+        return changed
+
+    def names(self, pool_id: int, nodes: list[int]) -> tuple[str, ...]:
+        """The node names of indexes ``nodes`` of the pool."""
+        p = self.pools[pool_id]
+        return tuple(p.names[i] for i in nodes)

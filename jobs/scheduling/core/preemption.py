@@ -2,24 +2,31 @@
 
 A job that stays within its team's nominal quota but is blocked by the
 cohort's lendable pool or by capacity may preempt preemptible running jobs
-of other teams of its cohort that borrow. A victim is taken only if its
-team stays at or above its nominal after losing it (work within nominal is
-never preempted), lowest priority first, then most recently admitted;
-unneeded victims are pruned (Kueue's minimal set). Preemptors end within
-nominal and victims' teams above it, so preemption cannot cycle.
+of other teams of its cohort. A victim is eligible while its team uses more
+than its nominal quota before the removal (Kueue's ``reclaimWithinCohort``
+rule), even if whole-job granularity then leaves that team below its
+nominal; lowest priority first, then most recently admitted; unneeded
+victims are pruned (Kueue's minimal set). The preemptor's nodes must have
+room once the victims on its pool are gone (per node, all or nothing).
+
+No loop: a preemptor ends within its team's nominal quota, and a victim's
+team was above its nominal; a job of a team brought below its nominal can
+preempt only teams still above theirs, and each preemption moves borrowed
+GPUs back to a team within its nominal.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .placement import PoolOffer
+from .placement import NodeBook, PlacementRequest, PoolOffer
 from .types import OK, QueuedJob, RunningJob, TeamQuota, TeamState, Verdict
 
 
-def may_preempt(job: QueuedJob, team: TeamState, quota: TeamQuota) -> bool:
+def may_preempt(job: QueuedJob, team: TeamState, quota: TeamQuota, accelerator_id: int | None = None) -> bool:
     """Whether ``job`` stays within its team's nominal quota once admitted (only such a job preempts)."""
-    return team.used.get(job.accelerator_id, 0) + job.total_gpus <= quota.nominal_gpus
+    acc = job.accelerator_id if accelerator_id is None else accelerator_id
+    return team.used.get(acc, 0) + job.total_gpus <= quota.nominal_gpus
 
 
 def victim_order(r: RunningJob) -> tuple:
@@ -27,65 +34,128 @@ def victim_order(r: RunningJob) -> tuple:
     return (r.priority, -r.admitted, -r.job_id)
 
 
-def keeps_nominal(owner: TeamState, accelerator_id: int, used_after: int) -> bool:
-    """Whether ``owner`` still holds at least its nominal quota of the accelerator with ``used_after`` GPUs."""
+def borrowing_before(owner: TeamState, accelerator_id: int, used_before: int) -> bool:
+    """Whether ``owner`` uses more than its nominal quota with ``used_before`` GPUs (its work may then be taken)."""
     q = owner.quotas.get(accelerator_id)
-    return used_after >= (q.nominal_gpus if q else 0)
+    return used_before > (q.nominal_gpus if q else 0)
 
 
-def victims_keep_nominal(teams: dict[int, TeamState], job: QueuedJob, victims: Iterable[RunningJob]) -> Verdict:
-    """After ``victims`` ended (``teams``' usage no longer counts them): OK when every victim's team still holds
-    its nominal quota, else the verdict that the preemption would reach into it (reason ``quota``)."""
-    acc = job.accelerator_id
-    for owner_id in {v.team_id for v in victims}:
+def victims_were_borrowing(teams: dict[int, TeamState], job: QueuedJob, victims: Iterable[RunningJob],
+                           accelerator_id: int | None = None) -> Verdict:
+    """After ``victims`` ended (``teams``' usage no longer counts them): OK when each victim's team was above its
+    nominal quota before its last victim was removed (the largest one last: ``used + its GPUs > nominal``), else
+    the verdict that the preemption would take work within nominal (reason ``quota``)."""
+    acc = job.accelerator_id if accelerator_id is None else accelerator_id
+    largest: dict[int, int] = {}
+    for v in victims:
+        largest[v.team_id] = max(largest.get(v.team_id, 0), v.gpus)
+    for owner_id, gpus in largest.items():
         owner = teams.get(owner_id) or TeamState(owner_id)
-        if not keeps_nominal(owner, acc, owner.used.get(acc, 0)):
-            return Verdict(False, "quota", "preemption would reach into another team's nominal quota",
+        if not borrowing_before(owner, acc, owner.used.get(acc, 0) + gpus):
+            q = owner.quotas.get(acc)
+            return Verdict(False, "quota", f"Preempting team {owner_id}'s job would take work within its nominal quota "
+                                           f"of {q.nominal_gpus if q else 0} GPUs; it is no longer borrowing.",
                            {"request_gpus": job.total_gpus})
     return OK
 
 
-def choose_victims(candidates: list[RunningJob], pools: list[PoolOffer], free: dict[int, int],
-                   teams: dict[int, TeamState], accelerator_id: int, gpus: int,
-                   cohort_need: int) -> tuple[PoolOffer, tuple[RunningJob, ...]] | None:
-    """The pool and the fewest victims whose end lets ``gpus`` GPUs in, or None.
+def choose_victims(candidates: list[RunningJob], pools: list[PoolOffer], book: NodeBook,
+                   teams: dict[int, TeamState], accelerator_id: int, request: PlacementRequest,
+                   cohort_need: int) -> tuple[PoolOffer, tuple[RunningJob, ...], list[int]] | None:
+    """The pool, the fewest victims whose end lets ``request`` in, and the nodes it gets there; or None.
 
     ``candidates``: preemptible running jobs of other teams of the cohort, in
-    ``victim_order``; ``free``: free GPUs by pool id; ``cohort_need``: GPUs the
-    cohort's borrowing must give back for the job to fit (<= 0: none).
+    ``victim_order``; ``book``: free resources per node now (left as it was);
+    ``cohort_need``: GPUs the cohort's borrowing must give back for the job
+    to fit (<= 0: none).
     """
     best = None
+    by_pool: dict[int, list[RunningJob]] = {}
+    for c in candidates:
+        by_pool.setdefault(c.node_pool_id, []).append(c)
     for offer in pools:
-        cap_need = gpus - free[offer.node_pool_id]
-        picked = _pick(candidates, teams, accelerator_id, offer.node_pool_id, cohort_need, cap_need)
-        if picked is not None and (best is None or len(picked) < len(best[1])):
-            best = (offer, tuple(picked))
+        # Without cohort GPUs to give back only the pool's own jobs can make room there.
+        mine = candidates if cohort_need > 0 else by_pool.get(offer.node_pool_id)
+        if not mine:
+            continue
+        picked = _pick(mine, teams, accelerator_id, offer.node_pool_id, book, request, cohort_need)
+        if picked is not None and (best is None or len(picked[0]) < len(best[1])):
+            best = (offer, tuple(picked[0]), picked[1])
     return best
 
 
-def _pick(candidates, teams, acc, pool_id, cohort_need, cap_need) -> list[RunningJob] | None:
+def _release(book: NodeBook, v: RunningJob) -> list[int]:
+    return book.release(v.node_pool_id, v.node_names, v.gpus, v.gpus_per_node, v.cpu_milli, v.memory_mib)
+
+
+def _retake(book: NodeBook, v: RunningJob, nodes: list[int]) -> None:
+    p = book.pools.get(v.node_pool_id)
+    if p is None:
+        return
+    if v.node_names:
+        for i in nodes:
+            p.move(i, -v.gpus_per_node, -v.cpu_milli, -v.memory_mib)
+        return
+    left = v.gpus
+    for i in nodes:  # the fullest-first order ``release`` used
+        give = min(left, p.free_g[i])
+        p.move(i, -give, 0, 0)
+        left -= give
+    p.failed = []
+
+
+def _gives_back(owner: TeamState, acc: int, before: int, gpus: int) -> int:
+    """GPUs the cohort's borrowing gets back when ``owner``, already losing ``before``, loses ``gpus`` more: a team
+    only gives back what it used above its guaranteed (unlendable) part."""
+    q = owner.quotas.get(acc)
+    above = owner.used.get(acc, 0) - (q.guaranteed_gpus if q else 0) - before
+    return max(0, above) - max(0, above - gpus)
+
+
+def _returned(teams, acc, taken: dict[int, int]) -> int:
+    """``_gives_back`` summed over the teams of ``taken`` (team id -> GPUs it loses)."""
+    return sum(_gives_back(teams[t], acc, 0, gpus) for t, gpus in taken.items())
+
+
+def _pick(candidates, teams, acc, pool_id, book: NodeBook, request: PlacementRequest,
+          cohort_need: int) -> tuple[list[RunningJob], list[int]] | None:
     taken: dict[int, int] = {}
-    picked: list[RunningJob] = []
-    for c in candidates:
-        if cohort_need <= 0 and cap_need <= 0:
-            break
-        helps_pool = cap_need > 0 and c.node_pool_id == pool_id
-        if not (cohort_need > 0 or helps_pool):
-            continue
-        owner = teams[c.team_id]
-        if not keeps_nominal(owner, acc, owner.used.get(acc, 0) - taken.get(c.team_id, 0) - c.gpus):
-            continue  # would preempt work within its team's nominal quota
-        picked.append(c)
-        taken[c.team_id] = taken.get(c.team_id, 0) + c.gpus
-        cohort_need -= c.gpus
-        if c.node_pool_id == pool_id:
-            cap_need -= c.gpus
-    if cohort_need > 0 or cap_need > 0:
-        return None
-    for c in reversed(list(picked)):  # prune victims not needed (removing one never makes others ineligible)
-        pool_gain = c.gpus if c.node_pool_id == pool_id else 0
-        if cohort_need + c.gpus <= 0 and cap_need + pool_gain <= 0:
-            picked.remove(c)
-            cohort_need += c.gpus
-            cap_need += pool_gain
-    return picked
+    picked: list[tuple[RunningJob, list[int]]] = []
+    nodes = book.fit(pool_id, request)
+    short = cohort_need
+    try:
+        for c in candidates:
+            if short <= 0 and nodes is not None:
+                break
+            on_pool = c.node_pool_id == pool_id
+            if not (short > 0 or (nodes is None and on_pool)):
+                continue
+            owner = teams[c.team_id]
+            before = taken.get(c.team_id, 0)
+            if not borrowing_before(owner, acc, owner.used.get(acc, 0) - before):
+                continue  # its team is within its nominal quota: Kueue does not reclaim from it
+            picked.append((c, _release(book, c) if on_pool else []))
+            taken[c.team_id] = before + c.gpus
+            short -= _gives_back(owner, acc, before, c.gpus)
+            if on_pool and nodes is None:
+                nodes = book.fit(pool_id, request)
+        if short > 0 or nodes is None:
+            return None
+        for c, changed in reversed(list(picked)):  # prune victims not needed
+            without = {**taken, c.team_id: taken[c.team_id] - c.gpus}
+            if cohort_need - _returned(teams, acc, without) > 0:
+                continue
+            if c.node_pool_id == pool_id:
+                _retake(book, c, changed)
+                still = book.fit(pool_id, request)
+                if still is None:
+                    _release(book, c)
+                    continue
+                nodes = still
+            picked.remove((c, changed))
+            taken = without
+        return [c for c, _ in picked], nodes
+    finally:
+        for c, changed in picked:
+            if c.node_pool_id == pool_id:
+                _retake(book, c, changed)

@@ -29,43 +29,48 @@ def estimate_cost(total_gpus: int, max_runtime_seconds: int, usd_per_gpu_hour: D
 
 # --- quota ------------------------------------------------------------------------------------------------
 
+def reachable_gpus(nominal_gpus: int, borrowing_limit_gpus: int, cohort_lendable_by_others_gpus: int) -> int:
+    """The most GPUs a team can ever hold: its nominal, plus what it may borrow, which is at most what the other teams
+    of its cohort can lend (their nominal minus what their lending limits protect; ADR 0003, Kueue's cohort).
+
+    ``min(nominal + borrowing limit, nominal + lendable by others)``, GPUs.
+    """
+    return nominal_gpus + min(borrowing_limit_gpus, max(cohort_lendable_by_others_gpus, 0))
+
+
+def _limit_phrase(quota: QuotaView) -> str:
+    limit = quota.limit_gpus
+    if limit < quota.nominal_gpus + quota.borrowing_limit_gpus:
+        return (f"the {limit} GPUs the team can reach (nominal {quota.nominal_gpus} + {limit - quota.nominal_gpus} "
+                f"its cohort can lend; its borrowing limit of {quota.borrowing_limit_gpus} is more than that)")
+    return (f"the team's limit of {limit} GPUs (nominal {quota.nominal_gpus} + borrowing limit "
+            f"{quota.borrowing_limit_gpus})")
+
+
 def check_quota(request_gpus: int, used_gpus: int, quota: QuotaView | None) -> Verdict:
-    """Admit when ``used_gpus + request_gpus <= nominal + borrowing limit`` (Kueue's ClusterQueue rule).
+    """Admit when ``used_gpus + request_gpus`` is within the team's limit: nominal + borrowing limit (Kueue's
+    ClusterQueue rule), capped by what its cohort can lend (``reachable_gpus``).
 
     A job larger than the per-job cap or than the whole limit can never run.
     """
     if quota is None:
-        return Verdict(False, "quota", "the team has no quota for this accelerator", {"request_gpus": request_gpus}, never=True)
-    limit = quota.nominal_gpus + quota.borrowing_limit_gpus
+        return Verdict(False, "quota", f"The team has no quota for this accelerator, so a job of {request_gpus} GPUs "
+                                       f"can never run.", {"request_gpus": request_gpus}, never=True)
+    limit = quota.limit_gpus
     # The per-job cap is in every verdict: a scheduling pass that skips jobs at least as large as one that
     # waited must still try (and reject) those over the cap.
     detail = {"request_gpus": request_gpus, "used_gpus": used_gpus, "nominal_gpus": quota.nominal_gpus,
-              "borrowing_limit_gpus": quota.borrowing_limit_gpus, "max_gpus_per_job": quota.max_gpus_per_job}
+              "borrowing_limit_gpus": quota.borrowing_limit_gpus, "max_gpus_per_job": quota.max_gpus_per_job,
+              "limit_gpus": limit}
     if quota.max_gpus_per_job and request_gpus > quota.max_gpus_per_job:
         return Verdict(False, "quota", f"job asks {request_gpus} GPUs, over the per-job cap of {quota.max_gpus_per_job}",
                        detail, never=True)
     if request_gpus > limit:
-        return Verdict(False, "quota", f"job asks {request_gpus} GPUs, over the team's limit of {limit}", detail, never=True)
+        return Verdict(False, "quota", f"job asks {request_gpus} GPUs, over {_limit_phrase(quota)}", detail, never=True)
     if used_gpus + request_gpus > limit:
-        return Verdict(False, "quota", f"{used_gpus} of {limit} GPUs in use; {request_gpus} more would exceed the quota", detail)
+        return Verdict(False, "quota", f"{used_gpus} of {limit} GPUs in use; {request_gpus} more would exceed "
+                                       f"{_limit_phrase(quota)}", detail)
     return OK
-
-
-def team_quota_verdict(team: TeamState, job: QueuedJob) -> Verdict:
-    """``check_quota`` of ``job`` against its team's quota and live usage of the job's accelerator."""
-    q = team.quotas.get(job.accelerator_id)
-    return check_quota(job.total_gpus, team.used.get(job.accelerator_id, 0), q.view() if q is not None else None)
-
-
-def quota_never(team: TeamState, job: QueuedJob) -> Verdict | None:
-    """The quota verdict that rejects ``job`` for good (no quota, over the per-job cap or the whole limit), or None."""
-    q = team.quotas.get(job.accelerator_id)
-    gpus = job.total_gpus
-    if q is None:
-        return check_quota(gpus, 0, None)
-    if gpus > q.nominal_gpus + q.borrowing_limit_gpus or (q.max_gpus_per_job and gpus > q.max_gpus_per_job):
-        return team_quota_verdict(team, job)
-    return None
 
 
 def cluster_room(team: TeamState, accelerator_id: int, cluster_id: int, gpus: int) -> bool:
@@ -74,10 +79,12 @@ def cluster_room(team: TeamState, accelerator_id: int, cluster_id: int, gpus: in
     return cap is None or team.cluster_used.get((accelerator_id, cluster_id), 0) + gpus <= cap
 
 
-def within_cluster_caps(team: TeamState, job: QueuedJob, pools: list[PoolOffer]) -> tuple[list[PoolOffer], Verdict]:
-    """The pools of ``pools`` whose cluster has room for ``job`` under the team's per-cluster caps, and OK; or no
-    pools and the verdict that says so (reason ``quota``, with each capped cluster's cap and usage)."""
-    acc, gpus = job.accelerator_id, job.total_gpus
+def within_cluster_caps(team: TeamState, job: QueuedJob, pools: list[PoolOffer],
+                        accelerator_id: int | None = None) -> tuple[list[PoolOffer], Verdict]:
+    """The pools of ``pools`` whose cluster has room for ``job`` (on ``accelerator_id``, default the job's) under the
+    team's per-cluster caps, and OK; or no pools and the verdict that says so (reason ``quota``, with each capped
+    cluster's cap and usage)."""
+    acc, gpus = job.accelerator_id if accelerator_id is None else accelerator_id, job.total_gpus
     allowed = [o for o in pools if cluster_room(team, acc, o.cluster_id, gpus)]
     if allowed:
         return allowed, OK
@@ -114,22 +121,53 @@ def cohort_full(job: QueuedJob, used: int, q: TeamQuota, lendable: int, borrowed
 
 # --- capacity ---------------------------------------------------------------------------------------------
 
-def never_placeable(job: QueuedJob, unpriced: list[PoolOffer] = ()) -> Verdict:
-    """No priced node pool can ever hold ``job`` (none matches): it waits for one to appear, without blocking its
-    team. ``unpriced``: matching pools the catalog has no price for; the message then names them."""
-    detail = {"request_gpus": job.total_gpus, "free_gpus_by_pool": {}, "never_placeable": True}
-    if unpriced:
-        names = ", ".join(f"{o.cluster_name} ({o.provider} {o.region}, {o.capacity_type})" for o in unpriced)
-        return Verdict(False, "capacity", f"no price for node pool {names}: the price catalog has none in force",
-                       {**detail, "unpriced_pools": [o.node_pool_id for o in unpriced]})
-    return Verdict(False, "capacity", "no node pool can ever hold this job", detail)
+def _shape(job: QueuedJob) -> str:
+    """``2 nodes x 8 GPUs (16 CPU, 64 GiB per node)`` for messages."""
+    per = []
+    if job.cpu_milli:
+        per.append(f"{job.cpu_milli / 1000:g} CPU")
+    if job.memory_mib:
+        per.append(f"{job.memory_mib / 1024:g} GiB")
+    nodes = f"{job.nodes} node{'s' if job.nodes != 1 else ''}"
+    return f"{nodes} x {job.gpus_per_node} GPUs" + (f" ({', '.join(per)} per node)" if per else "")
 
 
-def no_room(job: QueuedJob, pools: list[PoolOffer], free: dict[int, int]) -> Verdict:
-    """Pools match ``job`` but none has room for it now; ``free``: free GPUs by node pool id."""
-    return Verdict(False, "capacity", "no healthy node pool matching the job has room now",
-                   {"request_gpus": job.total_gpus,
-                    "free_gpus_by_pool": {str(o.node_pool_id): free[o.node_pool_id] for o in pools}})
+def no_price(job: QueuedJob, unpriced: list[PoolOffer]) -> Verdict:
+    """The only node pools that could hold ``job`` have no price in the catalog: it waits for one, without blocking
+    its team, and the message names the pools (cluster, provider, region, capacity type)."""
+    names = ", ".join(f"{o.cluster_name} ({o.provider} {o.region}, {o.capacity_type})" for o in unpriced)
+    return Verdict(False, "capacity", f"no price for node pool {names}: the price catalog has none in force",
+                   {"request_gpus": job.total_gpus, "free_gpus_by_pool": {}, "never_placeable": True,
+                    "unpriced_pools": [o.node_pool_id for o in unpriced]})
+
+
+def never_placeable(job: QueuedJob, why: str = "") -> Verdict:
+    """No node pool can hold ``job`` as the fleet is now, even once its work ends: it waits for the fleet to change (a
+    cordoned node back, an unreachable cluster healthy again, a new pool), without blocking its team."""
+    message = (f"Asks {_shape(job)}, which no node pool can hold as the fleet is now"
+               + (f": {why}" if why else "") + ". It waits for the fleet to change and does not hold up the team's "
+               "other jobs.")
+    return Verdict(False, "capacity", message,
+                   {"request_gpus": job.total_gpus, "free_gpus_by_pool": {}, "never_placeable": True,
+                    "fleet_change": True})
+
+
+def no_room(job: QueuedJob, pools: list[PoolOffer], free: dict[int, int], most_free: dict[int, int] | None = None,
+            with_room: dict[int, int] | None = None) -> Verdict:
+    """Pools match ``job`` but none has ``job.nodes`` nodes with room now. ``free``: free GPUs by node pool id;
+    ``most_free``: the most free GPUs on one node, ``with_room``: nodes with room for one node of the job, by id."""
+    most_free = most_free or {}
+    with_room = with_room or {}
+    parts = [f"{o.label}: {free[o.node_pool_id]} GPUs free, at most {most_free.get(o.node_pool_id, 0)} on one node, "
+             f"{with_room.get(o.node_pool_id, 0)} of the {job.nodes} nodes needed have room" for o in pools[:3]]
+    more = f" and {len(pools) - 3} more pools" if len(pools) > 3 else ""
+    message = (f"Asks {_shape(job)}; no matching node pool has {job.nodes} node{'s' if job.nodes != 1 else ''} "
+               f"with room now ({'; '.join(parts)}{more}). It waits for running work to end.")
+    return Verdict(False, "capacity", message,
+                   {"request_gpus": job.total_gpus, "nodes": job.nodes, "gpus_per_node": job.gpus_per_node,
+                    "free_gpus_by_pool": {str(o.node_pool_id): free[o.node_pool_id] for o in pools},
+                    "most_free_gpus_on_a_node_by_pool": {str(o.node_pool_id): most_free.get(o.node_pool_id, 0)
+                                                         for o in pools}})
 
 
 # --- budgets ----------------------------------------------------------------------------------------------

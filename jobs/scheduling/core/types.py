@@ -40,6 +40,14 @@ class QuotaView:
     nominal_gpus: int
     borrowing_limit_gpus: int = 0
     max_gpus_per_job: int = 0
+    #: The most the team can actually hold (``rules.reachable_gpus``); None: nominal + borrowing limit.
+    reachable_gpus: int | None = None
+
+    @property
+    def limit_gpus(self) -> int:
+        """Nominal + borrowing limit, capped by what the cohort can lend when that is known."""
+        limit = self.nominal_gpus + self.borrowing_limit_gpus
+        return limit if self.reachable_gpus is None else min(limit, self.reachable_gpus)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,8 +67,10 @@ class BudgetView:
 
 @dataclasses.dataclass(slots=True)
 class QueuedJob:
-    """A waiting job: ``nodes`` x ``gpus_per_node`` GPUs of one accelerator, its priority (higher first),
-    submission time (seconds, any monotonic epoch), max runtime (s) and placement constraints."""
+    """A waiting job: ``nodes`` x ``gpus_per_node`` GPUs of one accelerator (or of one of ``alternatives``, accelerator
+    ids in order of preference after ``accelerator_id``), with ``cpu_milli`` CPU (millicores) and ``memory_mib``
+    memory (MiB) per node; its priority (higher first), submission time (seconds, any monotonic epoch), max
+    runtime (s) and placement constraints."""
 
     job_id: int
     team_id: int
@@ -75,7 +85,9 @@ class QueuedJob:
     regions: tuple[str, ...] = ()
     clusters: tuple[str, ...] = ()
     recovering: bool = False
-    replicas: int = 1
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    alternatives: tuple[int, ...] = ()
     key: tuple = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -83,8 +95,9 @@ class QueuedJob:
 
     @property
     def total_gpus(self) -> int:
-        """nodes x gpus_per_node x replicas: every pod (a node's, or a serving replica's) holds gpus_per_node."""
-        return self.nodes * self.gpus_per_node * self.replicas
+        """nodes x gpus_per_node: every pod holds gpus_per_node (a serving job's replicas are counted in ``nodes``,
+        one pod per node: ``jobs.scheduling.snapshot``)."""
+        return self.nodes * self.gpus_per_node
 
     def order_key(self) -> tuple:
         """A team's queue order: priority high first, then submission time, then id."""
@@ -92,12 +105,19 @@ class QueuedJob:
 
     def placement(self) -> PlacementRequest:
         return PlacementRequest(self.nodes, self.gpus_per_node, self.preemptible, self.providers, self.regions,
-                                self.clusters, self.replicas)
+                                self.clusters, self.cpu_milli, self.memory_mib)
+
+    @property
+    def accelerator_ids(self) -> tuple[int, ...]:
+        """The accelerators the job accepts, in order of preference."""
+        return (self.accelerator_id, *self.alternatives) if self.alternatives else (self.accelerator_id,)
 
 
 @dataclasses.dataclass(slots=True)
 class RunningJob:
-    """A live attempt that holds ``gpus`` GPUs on ``node_pool_id``; ``admitted`` in seconds (same epoch as submissions)."""
+    """A live attempt that holds ``gpus`` GPUs on ``node_pool_id``; ``admitted`` in seconds (same epoch as submissions);
+    ``node_names``: the nodes it holds, each with ``gpus_per_node`` GPUs, ``cpu_milli`` and ``memory_mib``
+    (empty: not recorded; its GPUs are given back to the pool's fullest nodes)."""
 
     job_id: int
     attempt_id: int
@@ -108,6 +128,10 @@ class RunningJob:
     priority: int = 500
     admitted: float = 0.0
     preemptible: bool = False
+    node_names: tuple[str, ...] = ()
+    gpus_per_node: int = 0
+    cpu_milli: int = 0
+    memory_mib: int = 0
 
 
 @dataclasses.dataclass(slots=True)
@@ -119,6 +143,8 @@ class TeamQuota:
     borrowing_limit_gpus: int = 0
     lending_limit_gpus: int | None = None
     max_gpus_per_job: int = 0
+    #: What the team can actually reach (``rules.reachable_gpus``), set by the scheduler from its cohort.
+    reachable_gpus: int | None = None
 
     @property
     def lendable_gpus(self) -> int:
@@ -133,13 +159,14 @@ class TeamQuota:
 
     def view(self) -> QuotaView:
         """The numbers ``rules.check_quota`` reads."""
-        return QuotaView(self.nominal_gpus, self.borrowing_limit_gpus, self.max_gpus_per_job)
+        return QuotaView(self.nominal_gpus, self.borrowing_limit_gpus, self.max_gpus_per_job, self.reachable_gpus)
 
 
 @dataclasses.dataclass(slots=True)
 class TeamState:
     """A team: cohort key (None = the default cohort), weight (> 0), quotas and live usage by accelerator id (GPUs),
-    and its budgets in force (USD)."""
+    its budgets in force (USD) and its queueing strategy (Kueue's names: ``BestEffortFIFO``, the default, lets a
+    job that can be admitted pass a head that cannot; ``StrictFIFO`` keeps the order)."""
 
     team_id: int
     cohort: object = None
@@ -152,12 +179,14 @@ class TeamState:
     cluster_caps: dict[tuple[int, int], int] = dataclasses.field(default_factory=dict)
     #: Live GPUs by (accelerator id, cluster id), for the capped clusters.
     cluster_used: dict[tuple[int, int], int] = dataclasses.field(default_factory=dict)
+    strategy: str = "BestEffortFIFO"
 
 
 @dataclasses.dataclass
 class Snapshot:
-    """Everything one pass needs: teams by id, node pools by accelerator id (free GPUs now, price),
-    the waiting jobs and the live attempts (for preemption)."""
+    """Everything one pass needs: teams by id, node pools by accelerator id (their nodes' free resources now,
+    price), the waiting jobs, the live attempts (for preemption) and the packing policy
+    (``placement.PACKING_POLICIES``; None: the default)."""
 
     teams: dict[int, TeamState]
     pools: dict[int, list[PoolOffer]]
@@ -165,16 +194,21 @@ class Snapshot:
     running: list[RunningJob] = dataclasses.field(default_factory=list)
     #: Node pools left out of ``pools`` because the catalog has no price for them (price None), for wait reasons.
     unpriced: dict[int, list[PoolOffer]] = dataclasses.field(default_factory=dict)
+    policy: str | None = None
 
 
 @dataclasses.dataclass(slots=True)
 class Admission:
-    """Admit ``job`` on ``offer`` at ``estimate_usd``, after preempting ``victims`` (usually none)."""
+    """Admit ``job`` on ``offer`` at ``estimate_usd``, after preempting ``victims`` (usually none), on the nodes
+    ``node_names`` of the pool (one per node of the job), charged to ``accelerator_id`` (the job's accelerator, or
+    the alternative it got)."""
 
     job: QueuedJob
     offer: PoolOffer
     estimate_usd: Decimal
     victims: tuple[RunningJob, ...] = ()
+    node_names: tuple[str, ...] = ()
+    accelerator_id: int = 0
 
 
 @dataclasses.dataclass(slots=True)

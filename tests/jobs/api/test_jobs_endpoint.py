@@ -62,7 +62,8 @@ def test_it_stores_the_spec_normalized_with_defaults(teammate, aws_cluster):
     assert r.status_code == 201, r.content
     assert Job.objects.get(pk=r.json()["id"]).spec == {
         "image": "python:3.11", "command": ["python", "-V"], "args": [], "env": {},
-        "resources": {"accelerator": "H100-80GB", "gpus_per_node": 1, "nodes": 1, "cpu": None, "memory_gib": None},
+        "resources": {"accelerator": "H100-80GB", "gpus_per_node": 1, "nodes": 1, "cpu": None, "memory_gib": None,
+                      "alternatives": []},
         "priority": "normal", "max_runtime_seconds": 60, "preemptible": False,
         "placement": {"providers": [], "regions": [], "clusters": []}, "max_retries": 0,
     }

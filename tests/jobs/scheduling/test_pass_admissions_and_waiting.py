@@ -13,6 +13,7 @@ from django.utils import timezone
 from jobs.lifecycle import end_attempt, recover_or_fail
 from jobs.models import Job, JobAttempt, JobEvent, JobState
 from jobs.scheduling.passes import schedule_pending, try_admit
+from quotas.models import Team
 from tests.support.factories import fresh, run
 from tests.support.states import state_events
 
@@ -39,16 +40,15 @@ def test_a_burst_of_waiting_jobs_gets_one_event_each_and_a_job_that_changed_mean
     from jobs.scheduling.core import FairShareScheduler
     from jobs.scheduling.passes import run_pass
     from jobs.scheduling.snapshot import load_snapshot
-    from quotas.models import Team
 
     cluster_factory("big", "aws", "us-east-1", h100, nodes=4, price="6.88")
-    teams = [Team.objects.create(slug=f"t{i}", name=f"T{i}") for i in range(12)]
+    teams = [Team.objects.create(slug=f"t{i}", name=f"T{i}", queueing_strategy="StrictFIFO") for i in range(12)]
     heads = []
     for team in teams:
         quota_factory(team, h100, nominal=1)
         queue_job(team, 1)  # admitted: the team's quota is then full
         heads.append(queue_job(team, 1))  # waits for quota, at the head of its team's queue
-        queue_job(team, 1)  # waits behind it (reason "priority": no event)
+        queue_job(team, 1)  # waits behind it (StrictFIFO: reason "priority", no event)
     now = timezone.now()
     loaded = load_snapshot(now)
     decisions = FairShareScheduler(loaded.snapshot).full_pass()
@@ -183,6 +183,7 @@ def test_the_api_shows_why_a_job_waits_and_its_positions(
     cluster_factory("big", "aws", "us-east-1", h100, nodes=1, gpus_per_node=8, price="4.20")
     quota_factory(alpha, h100, nominal=8)
     quota_factory(beta, h100, nominal=8)
+    Team.objects.filter(pk=alpha.pk).update(queueing_strategy="StrictFIFO")  # a2 keeps its place behind a1
     owner = teammate  # a member of alpha reads the queue
     running = queue_job(alpha, 8)
     a1, b1, a2 = queue_job(alpha, 8), queue_job(beta, 8), queue_job(alpha, 4)

@@ -14,7 +14,7 @@ from costs.ledger import accrue_attempt
 from jobs.lifecycle import cancel_job, end_attempt
 from jobs.models import JobAttempt, JobState
 from jobs.scheduling.passes import schedule_pending
-from quotas.models import Budget
+from quotas.models import Budget, Team
 from tests.support.factories import fresh, run
 from tests.support.states import state_events
 
@@ -113,12 +113,18 @@ def test_money_spent_in_the_ledger_and_committed_by_running_jobs_both_count(
     assert D(two_hours.queue_info["committed_usd"]) == D("16.80")
     assert D(two_hours.queue_info["remaining_usd"]) == D("66.40")
 
+    Team.objects.filter(pk=alpha.pk).update(queueing_strategy="StrictFIFO")
     ninety_minutes = queue_job(alpha, 8, max_runtime=5400)  # 8 x 1.5 x 4.20 = 50.40 <= 66.40
     schedule_pending()
-    # a team's own jobs keep their order, so it waits behind two_hours although it would fit
+    # under StrictFIFO a team's own jobs keep their order, so it waits behind two_hours although it would fit
     ninety = fresh(ninety_minutes)
     assert ninety.state == S.QUEUED and ninety.queue_info["reason"] == "priority"
     assert ninety.queue_info["behind_job_id"] == two_hours.pk
     cancel_job(fresh(two_hours))
     schedule_pending()
     assert fresh(ninety_minutes).state == S.ADMITTED
+    # under BestEffortFIFO (the default) a job the budget allows passes one it does not
+    Team.objects.filter(pk=alpha.pk).update(queueing_strategy="BestEffortFIFO")
+    too_long, fits = queue_job(alpha, 8, max_runtime=7200), queue_job(alpha, 1, max_runtime=3600)
+    schedule_pending()
+    assert (fresh(too_long).state, fresh(fits).state) == (S.QUEUED, S.ADMITTED)

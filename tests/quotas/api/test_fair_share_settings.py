@@ -34,10 +34,21 @@ def test_staff_set_a_teams_cohort_and_weight_and_members_may_not(alpha, staff, o
     team = Team.objects.get(pk=alpha.pk)
     assert (team.cohort.name, team.weight) == ("research", Decimal("2.5"))
     event = QuotaEvent.objects.get(object_type="team")
-    assert event.old == {"cohort_id": None, "weight": "1.000"} and event.new["weight"] == "2.500"
+    assert event.old == {"cohort_id": None, "weight": "1.000", "queueing_strategy": "BestEffortFIFO"}
+    assert event.new["weight"] == "2.500"
     body = member.client.get("/api/v1/teams/alpha/").json()
     assert (body["cohort"], body["weight"]) == ("research", "2.500")
     assert staff.client.patch("/api/v1/teams/alpha/", {"weight": "0"}, format="json").status_code == 400
+
+
+def test_staff_set_a_teams_queueing_strategy_with_kueues_names(alpha, staff):
+    assert staff.client.get("/api/v1/teams/alpha/").json()["queueing_strategy"] == "BestEffortFIFO"
+    r = staff.client.patch("/api/v1/teams/alpha/", {"queueing_strategy": "StrictFIFO"}, format="json")
+    assert r.status_code == 200, r.content
+    assert Team.objects.get(pk=alpha.pk).queueing_strategy == "StrictFIFO"
+    r = staff.client.patch("/api/v1/teams/alpha/", {"queueing_strategy": "FIFO"}, format="json")
+    assert r.status_code == 400 and "queueing_strategy" in r.json()
+    assert Team.objects.get(pk=alpha.pk).queueing_strategy == "StrictFIFO"
 
 
 def test_cohorts_and_priority_classes_are_edited_by_staff_and_audited(alpha, staff, h100, cluster_factory, teammate):

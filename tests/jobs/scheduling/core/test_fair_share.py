@@ -24,10 +24,27 @@ def test_a_team_borrows_the_idle_nominal_quota_of_its_cohort_up_to_its_borrowing
 
 def test_a_team_cannot_borrow_more_than_its_cohort_lends():
     a1, a2 = job(1, 8), job(1, 8)
-    # cohort nominal 8 + 4 = 12: 16 would overdraw it even though the borrowing limit (16) allows it
+    # cohort nominal 8 + 4 = 12: the team can reach 8 + 4, not the 8 + 16 its borrowing limit says
     d, _ = decide([team(1, 8, 16), team(2, 4)], [pool(1, 32)], [a1, a2])
     assert admitted(d) == [a1.job_id]
     w = d.waiting[a2.job_id]
+    assert w.reason == "quota" and (w.detail["used_gpus"], w.detail["limit_gpus"]) == (8, 12)
+    assert "12 GPUs the team can reach" in w.message
+
+
+def test_a_job_over_what_the_cohort_can_ever_lend_is_rejected():
+    # nominal 4, borrowing 4 ("limit 8"), the other team lends 2: the team can reach 6, so 2 x 4 never runs
+    big = job(1, 4, nodes=2)
+    d, _ = decide([team(1, 4, 4), team(2, 2)], [pool(1, 16, gpus_per_node=4)], [big])
+    assert [(r.job.job_id, r.verdict.never, r.verdict.detail["limit_gpus"]) for r in d.rejections] == [(big.job_id, True, 6)]
+
+
+def test_the_cohorts_lendable_pool_is_not_overdrawn_by_borrowers():
+    # lendable 4 + 4 + 4 = 12; team 2 borrows 8 of it; team 1 may reach 12 but 8 more would overdraw the pool
+    want = job(1, 8)
+    runs = [running(71, 2, 8, 1, preemptible=False)]
+    d, _ = decide([team(1, 4, 8), team(2, 4, 8), team(3, 4)], [pool(1, 32)], [want], runs)
+    w = d.waiting[want.job_id]
     assert w.reason == "quota" and (w.detail["cohort_lendable_gpus"], w.detail["cohort_borrowed_gpus"]) == (12, 8)
 
 
@@ -86,15 +103,26 @@ def test_equal_priority_and_share_go_in_submission_order():
 
 # --- best-effort FIFO between teams, strict order within a team ---------------------------------
 
-def test_a_job_that_does_not_fit_blocks_its_own_team_but_not_smaller_jobs_of_other_teams():
-    # pool of 2 nodes x 8, one node busy: team 1's 16-GPU gang cannot start; team 2's 8 can
-    big, small_same_team, other = job(1, 8, nodes=2, at=1), job(1, 4, at=2), job(2, 8, at=3)
+def test_under_strict_fifo_a_head_that_does_not_fit_blocks_its_own_team_but_not_other_teams():
+    # pool of 3 nodes x 8, one node busy: team 1's 24-GPU gang cannot start; team 2's 8 can
+    big, small_same_team, other = job(1, 8, nodes=3, at=1), job(1, 4, at=2), job(2, 8, at=3)
     runs = [running(900, 3, 8, 1, preemptible=False)]
-    d, _ = decide([team(1, 16), team(2, 8), team(3, 8)], [pool(1, 16)], [big, small_same_team, other], runs)
+    teams = [team(1, 24, strategy="StrictFIFO"), team(2, 8), team(3, 8)]
+    d, _ = decide(teams, [pool(1, 24)], [big, small_same_team, other], runs)
     assert admitted(d) == [other.job_id]
     assert d.waiting[big.job_id].reason == "capacity"
     behind = d.waiting[small_same_team.job_id]
     assert behind.reason == "priority" and behind.detail["behind_job_id"] == big.job_id
+
+
+def test_under_best_effort_fifo_a_smaller_job_passes_a_head_that_does_not_fit():
+    big, small_same_team, other = job(1, 8, nodes=3, at=1), job(1, 4, at=2), job(2, 8, at=3)
+    runs = [running(900, 3, 8, 1, preemptible=False)]
+    d, _ = decide([team(1, 24), team(2, 8), team(3, 8)], [pool(1, 24)], [big, small_same_team, other], runs)
+    assert sorted(admitted(d)) == sorted([small_same_team.job_id, other.job_id])
+    w = d.waiting[big.job_id]
+    assert w.reason == "capacity" and w.team_position == 1
+    assert "3 nodes x 8 GPUs" in w.message and "16 GPUs free" in w.message
 
 
 def test_a_job_no_node_pool_can_ever_hold_does_not_block_its_team():
@@ -112,12 +140,13 @@ def test_a_gang_is_admitted_whole_or_not_at_all():
     assert [(a.job.job_id, a.offer.node_pool_id) for a in d.admissions] == [(gang.job_id, 2)]
 
 
-def test_placement_keeps_todays_rules_cheapest_then_most_free_and_spot_only_if_preemptible():
+def test_placement_goes_cheapest_then_tightest_fit_and_spot_only_if_preemptible():
+    # pools 2 and 3 cost the same: pool 2's free node is taken whole, and pool 3 stays whole for a 2 x 8 job
     pools = [pool(1, 16, price="6.88"), pool(2, 16, price="4.20", free=8), pool(3, 16, price="4.20"),
              pool(4, 16, price="2.99", capacity_type="spot")]
     steady, cheap = job(1, 8), job(1, 8, preemptible=True)
     d, _ = decide([team(1, 64)], pools, [steady, cheap])
-    assert [a.offer.node_pool_id for a in d.admissions] == [3, 4]
+    assert [a.offer.node_pool_id for a in d.admissions] == [2, 4]
     assert d.admissions[0].estimate_usd == Decimal("33.600000")  # 8 GPUs x 1 h x 4.20
 
 
@@ -163,7 +192,7 @@ def test_every_waiting_job_has_its_position_in_its_team_and_overall():
 
 
 def test_the_incremental_pass_decides_a_new_submission_as_a_full_pass_would():
-    teams = lambda: [team(1, 8), team(2, 16)]  # noqa: E731
+    teams = lambda: [team(1, 8, strategy="StrictFIFO"), team(2, 16)]  # noqa: E731
     queue = [job(1, 8, at=1), job(1, 8, at=2), job(2, 8, at=3)]
     scheduler = FairShareScheduler(snapshot(teams(), [pool(1, 32)], queue))
     d = scheduler.full_pass()

@@ -16,8 +16,9 @@ def test_placement_skips_the_cheapest_pool_when_it_is_full():
     assert choose_pool(PlacementRequest(1, 8), offers).node_pool_id == 3
 
 
-def test_placement_fits_when_free_equals_request_exactly():
-    assert choose_pool(PlacementRequest(2, 4), [pool(1, price="1", free=8)]).node_pool_id == 1
+def test_placement_fits_when_free_equals_request_exactly_on_each_node():
+    assert choose_pool(PlacementRequest(2, 4), [pool(1, price="1", node_free=[4, 4])]).node_pool_id == 1
+    assert choose_pool(PlacementRequest(2, 4), [pool(1, price="1", node_free=[8, 0])]) is None  # 8 free, one node
     assert choose_pool(PlacementRequest(3, 3), [pool(1, price="1", free=8)]) is None
 
 
@@ -70,9 +71,15 @@ def test_more_nodes_than_the_pool_has_never_fits():
     assert choose_pool(PlacementRequest(3, 1), [pool(1, price="1", free=16, nodes=2, gpus_per_node=8)]) is None
 
 
-def test_equal_prices_go_to_the_pool_with_the_most_free_gpus():
+def test_equal_prices_go_to_the_pool_whose_node_fits_tightest():
+    # free per node: pool 1 [0, 8], pool 2 [4, 8], pool 3 [2, 8]: a 4-GPU node fits pool 2's first node exactly
     offers = [pool(1, price="6.88", free=8), pool(2, price="6.88", free=12), pool(3, price="6.88", free=10)]
     assert choose_pool(PlacementRequest(1, 4), offers).node_pool_id == 2
+    # the spread policy (the old "most free GPUs" tie-break) takes the emptiest pool instead
+    whole, tight = pool(1, price="6.88", node_free=[8, 8]), pool(2, price="6.88", node_free=[4, 0])
+    assert choose_pool(PlacementRequest(1, 4), [whole, tight]).node_pool_id == 2
+    assert choose_pool(PlacementRequest(1, 4), [whole, tight], "spread").node_pool_id == 1
+    assert choose_pool(PlacementRequest(1, 4), [whole, tight], "first-fit").node_pool_id == 1
 
 
 def test_equal_price_and_free_gpus_go_to_the_cluster_name_first_in_order():

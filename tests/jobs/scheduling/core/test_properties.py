@@ -68,6 +68,12 @@ def check_state(world, running: dict[int, RunningJob]) -> None:
         assert sum(used[t[0]] for t in members) <= sum(t[1] for t in members)
     for pid, nodes, gpn, _, _ in pools_spec:
         assert sum(r.gpus for r in running.values() if r.node_pool_id == pid) <= nodes * gpn
+        on_node: dict[str, int] = {}  # the checker's own books: GPUs per node from the admissions' node names
+        for r in running.values():
+            if r.node_pool_id == pid:
+                for name in r.node_names:
+                    on_node[name] = on_node.get(name, 0) + r.gpus // len(r.node_names)
+        assert all(used <= gpn for used in on_node.values()), on_node
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -92,16 +98,18 @@ def test_invariants_hold_over_repeated_cycles_and_a_fixed_point_is_reached(world
             if a.victims:
                 team_used = sum(r.gpus for r in running.values() if r.team_id == job.team_id)
                 assert team_used + job.total_gpus <= nominal[job.team_id]  # the preemptor stays within nominal
-            for v in a.victims:
+            for v in sorted(a.victims, key=lambda v: v.gpus):  # the largest last: the most favourable order
                 assert v.preemptible and v.team_id != job.team_id
+                before = sum(r.gpus for r in running.values() if r.team_id == v.team_id)
+                assert before > nominal[v.team_id]  # reclaimWithinCohort: its team borrowed before the removal
                 del running[v.job_id]
                 queue[v.job_id] = queued(v.job_id, v.team_id, *_shape(jobs_spec, v.job_id))
-            for v in {v.team_id for v in a.victims}:
-                assert sum(r.gpus for r in running.values() if r.team_id == v) >= nominal[v]  # never below nominal
             clock += 1
             del queue[job.job_id]
+            assert len(set(a.node_names)) == job.nodes  # a gang on distinct nodes, all of them
             running[job.job_id] = pure.running(job.job_id, job.team_id, job.total_gpus, a.offer.node_pool_id,
-                                               priority=job.priority, admitted=clock, preemptible=job.preemptible)
+                                               priority=job.priority, admitted=clock, preemptible=job.preemptible,
+                                               nodes=job.nodes, node_names=a.node_names)
             check_state(world, running)
         for r in decisions.rejections:
             del queue[r.job.job_id]

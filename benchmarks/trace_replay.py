@@ -1,0 +1,414 @@
+"""Replay of a production GPU trace through the scheduling core, node by node, against two reference placers.
+
+Trace: Alibaba's ``cluster-trace-gpu-v2023`` (alibaba/clusterdata), ``openb_node_list_gpu_node.csv`` (1,213 GPU
+nodes) and ``openb_pod_list_multigpu50.csv`` (9,061 tasks), published with "Beware of Fragmentation: Scheduling
+GPU-Sharing Workloads with Fragmentation Gradient Descent" (Weng et al., USENIX ATC 2023); see
+``../shared/traces/openb-multigpu50/README.md``. Only whole-GPU tasks are replayed (the platform allocates whole
+GPUs); fractional-GPU and CPU-only tasks are counted and left out.
+
+The fleet is one accelerator whose node pools are the trace's (GPU model, GPUs per node) groups, all at one price,
+each node with its CPU and memory; four teams in one cohort whose nominal quotas sum to the fleet's GPUs, each
+allowed to borrow up to the whole fleet. Every task is a one-node job asking its GPUs, CPU and memory.
+
+Two runs, both through ``FairShareScheduler`` as the platform calls it (a pass when a job arrives, a full pass
+from a fresh snapshot when one ends):
+
+- fill (the paper's method): tasks sampled in random order (with replacement), never ending, arrive until their
+  demand reaches 100 % and then 130 % of the fleet's GPUs; allocation = allocated GPUs / all GPUs, at both
+  points, over several seeds. Two reference node-level placers written here, first-fit (nodes in trace order)
+  and best-fit (the fitting node with the fewest GPUs left, then CPU, then memory), place the same task
+  sequence in the same process.
+- churn: tasks arrive as a Poisson process and run for log-normal durations (median ``CHURN_MEDIAN_S``,
+  sigma ``CHURN_SIGMA``: heavy-tailed, mean = median x exp(sigma^2 / 2)), at an offered load of
+  ``CHURN_LOAD`` x the fleet's GPUs; a share of them preemptible. Each arrival gets an incremental pass; the
+  GPUs of jobs that end are given back at once and a full pass from a fresh snapshot runs at the next
+  ``PASS_INTERVAL_S`` tick (the periodic pass). Reports queue wait percentiles (simulated seconds),
+  preemptions, and the CPU time of each full pass against the queue's length.
+
+An independent checker keeps its own books of every node (GPUs, CPU, memory) from the admissions and preemptions
+alone, and counts any admission onto a node without room, onto an unknown node or twice onto one node.
+
+Run: ``.venv/bin/python benchmarks/trace_replay.py [--seeds 3] [--churn-jobs 20000]``; a few minutes on 2 cores.
+Prints a few lines and ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import heapq
+import json
+import math
+import random
+import sys
+import time
+from decimal import Decimal
+from pathlib import Path
+from statistics import mean, median
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.procstat import machine  # noqa: E402
+from jobs.scheduling.core import (  # noqa: E402
+    FairShareScheduler,
+    NodeRoom,
+    PoolOffer,
+    QueuedJob,
+    RunningJob,
+    Snapshot,
+    TeamQuota,
+    TeamState,
+)
+
+TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb-multigpu50"
+ACC, TEAMS, PRICE = 1, 4, Decimal("2.00")
+CHURN_MEDIAN_S, CHURN_SIGMA, CHURN_LOAD, CHURN_PREEMPTIBLE = 1800.0, 1.5, 1.6, 0.3
+#: The periodic full pass (``SCHEDULE_INTERVAL_SECONDS``): jobs that end within one interval share one pass.
+PASS_INTERVAL_S = 10.0
+
+
+# --- the trace ------------------------------------------------------------------------------------------------
+
+def load_nodes(path: Path) -> list[tuple[str, str, int, int, int]]:
+    """``(name, model, GPUs, CPU millicores, memory MiB)`` of every node with GPUs, in trace order."""
+    with path.open() as f:
+        return [(r["sn"], r["model"], int(r["gpu"]), int(r["cpu_milli"]), int(r["memory_mib"]))
+                for r in csv.DictReader(f) if int(r["gpu"]) > 0]
+
+
+def load_tasks(path: Path) -> tuple[list[tuple[int, int, int]], int, int]:
+    """Whole-GPU tasks as ``(GPUs, CPU millicores, memory MiB)``, and how many fractional and CPU-only were left out."""
+    whole, fractional, cpu_only = [], 0, 0
+    with path.open() as f:
+        for r in csv.DictReader(f):
+            gpus, milli = int(r["num_gpu"]), int(r["gpu_milli"])
+            if gpus == 0:
+                cpu_only += 1
+            elif gpus == 1 and milli < 1000:
+                fractional += 1
+            else:
+                whole.append((gpus, int(r["cpu_milli"]), int(r["memory_mib"])))
+    return whole, fractional, cpu_only
+
+
+# --- the platform's side: snapshots as the database layer would read them ---------------------------------------
+
+class Fleet:
+    """The nodes (grouped into pools by model and GPUs per node) and what live attempts hold on each."""
+
+    def __init__(self, nodes):
+        self.nodes = {n[0]: n for n in nodes}
+        self.pools: dict[tuple[str, int], list[str]] = {}
+        for name, model, gpus, _, _ in nodes:
+            self.pools.setdefault((model, gpus), []).append(name)
+        self.pool_ids = {key: i + 1 for i, key in enumerate(sorted(self.pools))}
+        self.held: dict[str, list[int]] = {name: [0, 0, 0] for name in self.nodes}
+        self.gpus = sum(n[2] for n in nodes)
+
+    def hold(self, name: str, gpus: int, cpu: int, memory: int, sign: int = 1) -> None:
+        h = self.held[name]
+        h[0] += sign * gpus
+        h[1] += sign * cpu
+        h[2] += sign * memory
+
+    def offers(self) -> list[PoolOffer]:
+        """Every pool with each node's free GPUs, CPU and memory now (allocatable minus live attempts)."""
+        out = []
+        for key, names in sorted(self.pools.items()):
+            rooms = []
+            for name in names:
+                _, _, g, c, m = self.nodes[name]
+                h = self.held[name]
+                rooms.append(NodeRoom(name, g, g - h[0], c, c - h[1], m, m - h[2]))
+            pid = self.pool_ids[key]
+            out.append(PoolOffer(pid, 1, "openb", "onprem", "trace", "on-demand", len(names), key[1],
+                                 sum(r.free_gpus for r in rooms), PRICE, True, tuple(rooms), f"{key[0]}-{key[1]}"))
+        return out
+
+
+def teams(fleet_gpus: int) -> dict[int, TeamState]:
+    """Four teams of one cohort: nominal quotas summing to the fleet, each may borrow up to the whole fleet."""
+    share = [fleet_gpus // TEAMS + (1 if t < fleet_gpus % TEAMS else 0) for t in range(TEAMS)]
+    return {t: TeamState(t, cohort="trace", quotas={ACC: TeamQuota(share[t], fleet_gpus)}) for t in range(TEAMS)}
+
+
+def queued(job_id: int, team: int, task, at: float, preemptible: bool = False) -> QueuedJob:
+    gpus, cpu, memory = task
+    return QueuedJob(job_id, team, ACC, 1, gpus, 500, at, preemptible, 3600, cpu_milli=cpu, memory_mib=memory)
+
+
+# --- the independent checker ----------------------------------------------------------------------------------
+
+class Checker:
+    """Books of its own: what is left on every node, from the admissions and preemptions it is shown."""
+
+    def __init__(self, nodes):
+        self.left = {n[0]: [n[2], n[3], n[4]] for n in nodes}
+        self.without_room = 0
+
+    def admit(self, node_names, gpus: int, cpu: int, memory: int) -> None:
+        if len(set(node_names)) != len(node_names):
+            self.without_room += 1
+        for name in node_names:
+            left = self.left.get(name)
+            if left is None:
+                self.without_room += 1
+                continue
+            left[0] -= gpus
+            left[1] -= cpu
+            left[2] -= memory
+            if min(left) < 0:
+                self.without_room += 1
+
+    def release(self, node_names, gpus: int, cpu: int, memory: int) -> None:
+        for name in node_names:
+            left = self.left[name]
+            left[0] += gpus
+            left[1] += cpu
+            left[2] += memory
+
+
+# --- reference placers ------------------------------------------------------------------------------------------
+
+def reference_fill(nodes, sequence, policy: str, marks: tuple[int, ...]) -> list[float]:
+    """Allocation (allocated GPUs / all GPUs) of ``policy`` (``first-fit`` or ``best-fit``) placing ``sequence``
+    (tasks that never end) at each demand mark (cumulative GPUs asked)."""
+    free = [[n[2], n[3], n[4]] for n in nodes]
+    total = sum(n[2] for n in nodes)
+    allocated, demand, out, mark = 0, 0, [], 0
+    for gpus, cpu, memory in sequence:
+        demand += gpus
+        best, best_key = None, None
+        for i, (g, c, m) in enumerate(free):
+            if g >= gpus and c >= cpu and m >= memory:
+                if policy == "first-fit":
+                    best = i
+                    break
+                key = (g - gpus, c - cpu, m - memory)
+                if best_key is None or key < best_key:
+                    best, best_key = i, key
+        if best is not None:
+            free[best][0] -= gpus
+            free[best][1] -= cpu
+            free[best][2] -= memory
+            allocated += gpus
+        while mark < len(marks) and demand >= marks[mark]:
+            out.append(allocated / total)
+            mark += 1
+    return out
+
+
+# --- the fill run ----------------------------------------------------------------------------------------------
+
+def fill_sequence(tasks, fleet_gpus: int, share: float, rng: random.Random) -> list[tuple[int, int, int]]:
+    """Tasks sampled at random (with replacement) until their GPUs reach ``share`` of the fleet."""
+    out, demand = [], 0
+    while demand < share * fleet_gpus:
+        task = tasks[rng.randrange(len(tasks))]
+        out.append(task)
+        demand += task[0]
+    return out
+
+
+def platform_fill(nodes, sequence, marks, rng: random.Random) -> tuple[list[float], Checker, list[float]]:
+    """The core placing ``sequence`` (one pass per arrival, as a submission does; nothing ends); allocation at each
+    mark, the checker, and the CPU milliseconds of each pass."""
+    fleet = Fleet(nodes)
+    scheduler = FairShareScheduler(Snapshot(teams(fleet.gpus), {ACC: fleet.offers()}, []))
+    checker = Checker(nodes)
+    allocated, demand, out, mark, passes = 0, 0, [], 0, []
+    for i, task in enumerate(sequence):
+        demand += task[0]
+        c0 = time.process_time()
+        decisions = scheduler.submit(queued(i + 1, rng.randrange(TEAMS), task, float(i)))
+        passes.append((time.process_time() - c0) * 1000)
+        for a in decisions.admissions:
+            checker.admit(a.node_names, a.job.gpus_per_node, a.job.cpu_milli, a.job.memory_mib)
+            allocated += a.job.total_gpus
+        while mark < len(marks) and demand >= marks[mark]:
+            out.append(allocated / fleet.gpus)
+            mark += 1
+    return out, checker, passes
+
+
+# --- the churn run ---------------------------------------------------------------------------------------------
+
+def churn(nodes, tasks, jobs: int, rng: random.Random) -> dict:
+    """Poisson arrivals, log-normal run times, a full pass from a fresh snapshot whenever a job ends (or is
+    preempted), a pass per arrival; returns waits, preemptions, pass times by queue length and the checker."""
+    fleet = Fleet(nodes)
+    checker = Checker(nodes)
+    mean_gpus = mean(t[0] for t in tasks)
+    mean_s = CHURN_MEDIAN_S * math.exp(CHURN_SIGMA ** 2 / 2)
+    rate = CHURN_LOAD * fleet.gpus / (mean_gpus * mean_s)  # arrivals per second
+    mu = math.log(CHURN_MEDIAN_S)
+    events: list[tuple[float, int, int]] = []  # (time, kind 0 = end 1 = arrival 2 = full pass, job id)
+    t = 0.0
+    spec: dict[int, tuple] = {}
+    for j in range(1, jobs + 1):
+        t += rng.expovariate(rate)
+        task = tasks[rng.randrange(len(tasks))]
+        spec[j] = (task, rng.randrange(TEAMS), t, rng.random() < CHURN_PREEMPTIBLE, rng.lognormvariate(mu, CHURN_SIGMA))
+        heapq.heappush(events, (t, 1, j))
+    queue: dict[int, QueuedJob] = {}
+    running: dict[int, tuple[RunningJob, float]] = {}  # job id -> (live attempt, end time)
+    ends: dict[int, float] = {}
+    waits, preemptions, passes = [], 0, []
+    tstate = teams(fleet.gpus)
+    scheduler = None
+    attempt = 0
+
+    def admit(decisions, now: float) -> None:
+        nonlocal preemptions, attempt
+        for a in decisions.admissions:
+            if any(v.job_id not in running for v in a.victims):
+                continue  # a victim ended since the snapshot: the locked re-check refuses; the job stays queued
+            for v in a.victims:
+                preemptions += 1
+                r, _ = running.pop(v.job_id)
+                for name in r.node_names:
+                    fleet.hold(name, r.gpus_per_node, r.cpu_milli, r.memory_mib, -1)
+                checker.release(r.node_names, r.gpus_per_node, r.cpu_milli, r.memory_mib)
+                tstate[r.team_id].used[ACC] -= r.gpus
+                task, team, at, pre, _ = spec[v.job_id]
+                queue[v.job_id] = queued(v.job_id, team, task, at, pre)  # requeued with its submission time
+            j = a.job
+            queue.pop(j.job_id, None)
+            checker.admit(a.node_names, j.gpus_per_node, j.cpu_milli, j.memory_mib)
+            for name in a.node_names:
+                fleet.hold(name, j.gpus_per_node, j.cpu_milli, j.memory_mib)
+            tstate[j.team_id].used[ACC] = tstate[j.team_id].used.get(ACC, 0) + j.total_gpus
+            attempt += 1
+            end = now + spec[j.job_id][4]
+            running[j.job_id] = (RunningJob(j.job_id, attempt, j.team_id, ACC, a.offer.node_pool_id, j.total_gpus,
+                                            j.priority, now, j.preemptible, a.node_names, j.gpus_per_node,
+                                            j.cpu_milli, j.memory_mib), end)
+            ends[j.job_id] = end
+            heapq.heappush(events, (end, 0, j.job_id))
+            if j.job_id not in waited:
+                waits.append(now - spec[j.job_id][2])
+                waited.add(j.job_id)
+
+    waited: set[int] = set()
+    pass_at = None
+    while events:
+        now, kind, j = heapq.heappop(events)
+        if kind == 2:
+            pass_at = None
+            scheduler, decisions = full_pass(fleet, tstate, queue, running, passes)
+            admit(decisions, now)
+            continue
+        if kind == 1:
+            task, team, at, pre, _ = spec[j]
+            queue[j] = queued(j, team, task, at, pre)
+            if scheduler is None:
+                scheduler = full_pass(fleet, tstate, queue, running, passes)
+                admit(scheduler[1], now)
+                scheduler = scheduler[0]
+            else:
+                admit(scheduler.submit(queue[j]), now)
+            continue
+        if j not in running or ends.get(j) != now:
+            continue  # preempted meanwhile: this end is stale
+        r, _ = running.pop(j)
+        for name in r.node_names:
+            fleet.hold(name, r.gpus_per_node, r.cpu_milli, r.memory_mib, -1)
+        checker.release(r.node_names, r.gpus_per_node, r.cpu_milli, r.memory_mib)
+        tstate[r.team_id].used[ACC] -= r.gpus
+        if pass_at is None and queue:
+            pass_at = (math.floor(now / PASS_INTERVAL_S) + 1) * PASS_INTERVAL_S
+            heapq.heappush(events, (pass_at, 2, 0))
+    return {"waits": waits, "preemptions": preemptions, "passes": passes, "checker": checker, "rate": rate,
+            "mean_s": mean_s, "left_waiting": len(queue)}
+
+
+def full_pass(fleet: Fleet, tstate, queue, running, passes) -> tuple[FairShareScheduler, object]:
+    """A fresh snapshot (the teams' usage, each node's free resources, the queue, the live preemptible attempts)
+    and one full pass over it; its CPU milliseconds are appended to ``passes`` with the queue's length."""
+    snapshot_teams = {tid: TeamState(tid, t.cohort, t.weight, {ACC: TeamQuota(t.quotas[ACC].nominal_gpus,
+                                                                              t.quotas[ACC].borrowing_limit_gpus)},
+                                     dict(t.used)) for tid, t in tstate.items()}
+    c0 = time.process_time()
+    snapshot = Snapshot(snapshot_teams, {ACC: fleet.offers()}, list(queue.values()),
+                        [r for r, _ in running.values() if r.preemptible])
+    scheduler = FairShareScheduler(snapshot)
+    decisions = scheduler.full_pass()
+    passes.append((len(queue), (time.process_time() - c0) * 1000))
+    return scheduler, decisions
+
+
+def percentile(values: list[float], p: float) -> float | None:
+    """The ``p``-th percentile (nearest rank) of ``values``; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(p / 100 * len(ordered)) - 1))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=3, help="fill runs (random task orders)")
+    parser.add_argument("--churn-jobs", type=int, default=20000, help="arrivals in the churn run")
+    parser.add_argument("--trace", type=Path, default=TRACE)
+    args = parser.parse_args()
+    nodes = load_nodes(args.trace / "nodes.csv")
+    tasks, fractional, cpu_only = load_tasks(args.trace / "tasks.csv")
+    fleet_gpus = sum(n[2] for n in nodes)
+    marks = (fleet_gpus, math.ceil(1.3 * fleet_gpus))
+    mine, first, best, bad, fill_passes = [], [], [], 0, []
+    for seed in range(args.seeds):
+        sequence = fill_sequence(tasks, fleet_gpus, 1.3, random.Random(seed))
+        alloc, checker, passes = platform_fill(nodes, sequence, marks, random.Random(1000 + seed))
+        mine.append(alloc)
+        bad += checker.without_room
+        fill_passes += passes
+        first.append(reference_fill(nodes, sequence, "first-fit", marks))
+        best.append(reference_fill(nodes, sequence, "best-fit", marks))
+        print(f"seed {seed}: platform {alloc[0]:.4f} / {alloc[1]:.4f}, first-fit {first[-1][1]:.4f}, "
+              f"best-fit {best[-1][1]:.4f} at 130 %", file=sys.stderr)
+    run = churn(nodes, tasks, args.churn_jobs, random.Random(7))
+    bad += run["checker"].without_room
+    pass_ms = [ms for _, ms in run["passes"]]
+    by_queue = {}
+    for low, high in ((0, 100), (100, 1000), (1000, 10**9)):
+        inside = [ms for q, ms in run["passes"] if low <= q < high]
+        if inside:
+            by_queue[f"{low}-{high if high < 10**9 else 'up'}"] = {"passes": len(inside),
+                                                                    "p50_ms": round(median(inside), 3),
+                                                                    "p99_ms": round(percentile(inside, 99), 3)}
+    a100, a130 = mean(a[0] for a in mine), mean(a[1] for a in mine)
+    ref = {"first-fit": mean(a[1] for a in first), "best-fit": mean(a[1] for a in best)}
+    best_name = max(ref, key=ref.get)
+    print(f"churn: {len(run['waits'])} admitted, {run['preemptions']} preemptions, {len(run['passes'])} full passes",
+          file=sys.stderr)
+    print(json.dumps({
+        "benchmark": "trace_replay", "trace": "alibaba cluster-trace-gpu-v2023 openb_pod_list_multigpu50",
+        "nodes": len(nodes), "fleet_gpus": fleet_gpus, "whole_gpu_tasks": len(tasks),
+        "left_out_fractional_gpu_tasks": fractional, "left_out_cpu_only_tasks": cpu_only,
+        "seeds": args.seeds, "packing_policy": "best-fit",
+        "admitted_without_room": bad,
+        "allocation_100": round(a100, 4), "allocation_130": round(a130, 4),
+        "allocation_130_by_seed": [round(a[1], 4) for a in mine],
+        "first_fit_allocation_100": round(mean(a[0] for a in first), 4),
+        "first_fit_allocation_130": round(ref["first-fit"], 4),
+        "best_fit_allocation_100": round(mean(a[0] for a in best), 4),
+        "best_fit_allocation_130": round(ref["best-fit"], 4),
+        "best_reference": best_name, "best_reference_allocation_130": round(ref[best_name], 4),
+        "ratio_vs_best_reference": round(a130 / ref[best_name], 4) if ref[best_name] else None,
+        "fill_pass_p50_ms": round(median(fill_passes), 4), "fill_pass_p99_ms": round(percentile(fill_passes, 99), 4),
+        "churn": {"jobs": args.churn_jobs, "arrival_rate_per_s": round(run["rate"], 5),
+                  "duration": f"log-normal, median {CHURN_MEDIAN_S:g} s, sigma {CHURN_SIGMA:g} "
+                              f"(mean {run['mean_s']:.0f} s)",
+                  "offered_load": CHURN_LOAD, "preemptible_share": CHURN_PREEMPTIBLE,
+                  "left_waiting": run["left_waiting"], "pass_ms_by_queue_length": by_queue},
+        "wait_p50_s": round(percentile(run["waits"], 50), 1), "wait_p95_s": round(percentile(run["waits"], 95), 1),
+        "wait_p99_s": round(percentile(run["waits"], 99), 1),
+        "preemptions": run["preemptions"],
+        "pass_p50_ms": round(median(pass_ms), 3), "pass_p99_ms": round(percentile(pass_ms, 99), 3),
+        **machine(),
+        "goals": {"admitted_without_room": 0, "ratio_vs_best_reference": 1.0},
+    }))
+
+
+if __name__ == "__main__":
+    main()

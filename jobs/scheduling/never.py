@@ -1,0 +1,116 @@
+"""Requests that can never run, refused at submission (400) with the reason: no node of the accelerator is large
+enough (GPUs, CPU or memory per node), no pool has enough such nodes, every cluster the job may use caps the team
+below it, or it is over the team's per-job cap or limit (the limit it can reach: nominal + what its cohort can lend).
+A team without any quota for the accelerator is left to the scheduling pass, which rejects the job with that reason.
+
+"Never" is judged on the whole fleet as synced (cordoned nodes and unhealthy clusters included: those are fleet
+changes a job waits for) and on the quota rows; the scheduler's rules decide everything that depends on what runs
+now. Reads are cached per process (``core.lookups``), invalidated when nodes, pools, clusters or quotas change.
+"""
+
+from __future__ import annotations
+
+from core.lookups import LookupCache
+from quotas.models import Quota, Team
+from runners.models import Accelerator, Cluster, Node, NodePool
+
+from .core import UNLIMITED
+from .snapshot import per_node_request
+
+FLEET = LookupCache("never-fleet").invalidate_on(Node, NodePool, Cluster)
+QUOTAS = LookupCache("never-quotas").invalidate_on(Quota, Team)
+
+
+def fleet_shape(accelerator_id: int) -> list[tuple[int, str, str, str, str, list[tuple[int, int, int]]]]:
+    """The accelerator's pools with nodes: ``(cluster id, cluster name, provider, region, capacity type, nodes)``,
+    each node ``(GPUs, CPU millicores, memory MiB)`` allocatable; a pool without node rows is ``nodes`` nodes of its
+    GPUs per node without CPU or memory limits."""
+    def load():
+        pools = list(NodePool.objects.filter(accelerator_id=accelerator_id, nodes__gt=0).select_related("cluster"))
+        by_pool: dict[int, list[tuple[int, int, int]]] = {}
+        for pid, g, c, m in Node.objects.filter(node_pool__in=pools).values_list("node_pool_id", "gpus", "cpu_milli",
+                                                                                  "memory_mib"):
+            by_pool.setdefault(pid, []).append((g, c, m))
+        return [(p.cluster_id, p.cluster.name, p.cluster.provider, p.cluster.region, p.capacity_type,
+                 by_pool.get(p.pk) or [(p.gpus_per_node, UNLIMITED, UNLIMITED)] * p.nodes) for p in pools]
+    return FLEET.get(accelerator_id, load)
+
+
+def _team_quotas(team_id: int, accelerator_id: int) -> tuple[Quota | None, int | None, dict[int, int]]:
+    """(team-wide quota row or None, its reachable GPUs, caps by cluster id: nominal + borrowing of each cluster row)."""
+    def load():
+        rows = list(Quota.objects.filter(team_id=team_id, accelerator_id=accelerator_id))
+        wide = next((q for q in rows if q.cluster_id is None), None)
+        return wide, (wide.reachable_gpus() if wide else None), {q.cluster_id: q.limit_gpus for q in rows if q.cluster_id}
+    return QUOTAS.get((team_id, accelerator_id), load)
+
+
+def never_fits(team: Team, accelerator: Accelerator, resources: dict, placement: dict | None,
+               preemptible: bool) -> dict[str, list[str]]:
+    """Why a job can never run on ``accelerator``, by ``spec.resources`` field (``""``: the resources as a whole);
+    empty when it could. ``resources``: validated ``gpus_per_node``, ``nodes``, optional ``cpu`` (cores) and
+    ``memory_gib`` (GiB) per node; ``placement``: allowed ``providers``, ``regions``, ``clusters`` (empty: any)."""
+    g, n = resources["gpus_per_node"], resources["nodes"]
+    cpu, memory = per_node_request(resources)
+    placement = placement or {}
+    pools = [p for p in fleet_shape(accelerator.pk)
+             if (preemptible or p[4] != "spot") and (not placement.get("providers") or p[2] in placement["providers"])
+             and (not placement.get("regions") or p[3] in placement["regions"])
+             and (not placement.get("clusters") or p[1] in placement["clusters"])]
+    errors: dict[str, list[str]] = {}
+    name = accelerator.name
+    nodes = [node for p in pools for node in p[5]]
+    if nodes:  # no allowed pool at all: it waits for one (a fleet change), not a refusal
+        big = [x for x in nodes if x[0] >= g]
+        if big and not any(x[1] >= cpu for x in big):
+            errors["cpu"] = [f"{cpu / 1000:g} CPU cores per node is more than any {name} node with {g} GPUs has; "
+                             f"the most is {max(x[1] for x in big) / 1000:g}"]
+        elif big and not any(x[1] >= cpu and x[2] >= memory for x in big):
+            most = max(x[2] for x in big if x[1] >= cpu)
+            errors["memory_gib"] = [f"{memory / 1024:g} GiB per node is more than any {name} node with {g} GPUs "
+                                    f"and {cpu / 1000:g} CPU cores has; the most is {most / 1024:g} GiB"]
+        elif big:
+            counts = [sum(1 for x in p[5] if x[0] >= g and x[1] >= cpu and x[2] >= memory) for p in pools]
+            if max(counts) < n:
+                errors["nodes"] = [f"{n} nodes is more than any {name} node pool has that can hold a node of this "
+                                   f"job; the largest has {max(counts)}"]
+            else:
+                capped = _capped_everywhere(team, accelerator, pools, counts, n * g)
+                if capped:
+                    errors[""] = [capped]
+    if not errors:
+        limit = _limit_error(team, accelerator, n * g, n, g)
+        if limit:
+            errors[""] = [limit]
+    return errors
+
+
+def _capped_everywhere(team: Team, accelerator: Accelerator, pools, counts, total: int) -> str:
+    """The reason when every cluster that could hold the job caps the team below ``total`` GPUs, else ""."""
+    _, _, caps = _team_quotas(team.pk, accelerator.pk)
+    if not caps:
+        return ""
+    usable = {p[0]: p[1] for p, c in zip(pools, counts) if c}
+    if not usable or any(caps.get(cid, total) >= total for cid in usable):
+        return ""
+    listed = ", ".join(f"{usable[cid]} {caps[cid]}" for cid in sorted(usable, key=usable.get))
+    return (f"the job asks {total} {accelerator.name} GPUs, over the team's per-cluster quota on every cluster "
+            f"that could hold it ({listed})")
+
+
+def _limit_error(team: Team, accelerator: Accelerator, total: int, n: int, g: int) -> str:
+    """The reason when ``total`` GPUs are over what the team can ever hold of ``accelerator``, else ""."""
+    wide, reachable, _ = _team_quotas(team.pk, accelerator.pk)
+    if wide is None:  # the pass rejects it (REJECTED, reason quota), so a quota granted meanwhile still counts
+        return ""
+    if wide.max_gpus_per_job and total > wide.max_gpus_per_job:
+        return (f"the job asks {total} GPUs ({n} x {g}), over team {team.slug}'s per-job cap of "
+                f"{wide.max_gpus_per_job} {accelerator.name} GPUs")
+    if total > reachable:
+        lent = reachable - wide.nominal_gpus
+        how = (f"nominal {wide.nominal_gpus} + {lent} its cohort can lend; its borrowing limit is "
+               f"{wide.borrowing_limit_gpus}" if reachable < wide.limit_gpus
+               else f"nominal {wide.nominal_gpus} + borrowing limit {wide.borrowing_limit_gpus}")
+        return (f"the job asks {total} GPUs ({n} x {g}), over the {reachable} {accelerator.name} GPUs team "
+                f"{team.slug} can reach ({how})")
+    return ""
