@@ -1,5 +1,5 @@
-"""An inference job of 3 replicas x 2 GPUs holds 6 GPUs everywhere: admission, quota, capacity, the estimate, the
-attempt the ledger bills, and the API; the cluster runs 3 pods of 2 GPUs."""
+"""An inference job of 2 replicas x 3 GPUs holds 6 GPUs everywhere: admission, quota, capacity, the estimate, the
+attempt the ledger bills, and the API; the cluster runs 2 pods of 3 GPUs."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from tests.support.clusters import state
 
 def test_replicas_count_in_quota_capacity_estimate_ledger_and_views(live_clusters, owner):
     world = live_clusters
-    attempt = world.admit(kind="inference", replicas=3, gpus=2, cluster="gcp-usc1", max_runtime=7200)
+    attempt = world.admit(kind="inference", replicas=2, gpus=3, cluster="gcp-usc1", max_runtime=7200)
     job = Job.objects.get(pk=attempt.job_id)
     assert job.total_gpus == 6 and attempt.gpus == 6
     assert team_used_gpus(job.team_id, job.accelerator_id) == 6
@@ -30,14 +30,14 @@ def test_replicas_count_in_quota_capacity_estimate_ledger_and_views(live_cluster
     world.reconcile("gcp-usc1")
     assert state(attempt) == JobState.RUNNING
     pods = world.emulators["gcp-usc1"].pods(attempt.pk)
-    assert len(pods) == 3
-    assert all(p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2" for p in pods)
+    assert len(pods) == 2
+    assert all(p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "3" for p in pods)
 
     started = Job.objects.get(pk=job.pk).attempts.get().started_at
     accrue_attempt(attempt.pk, until=started + dt.timedelta(hours=2))
     gpu_hours = sum(e.gpus * (e.interval_end - e.interval_start).total_seconds() / 3600
                     for e in CostEntry.objects.filter(attempt_id=attempt.pk))
-    assert gpu_hours == 12  # 3 pods x 2 GPUs x 2 h
+    assert gpu_hours == 12  # 2 pods x 3 GPUs x 2 h
 
     answer = owner.client.get(f"/api/v1/jobs/{job.pk}/")
     assert answer.status_code == 200 and answer.json()["total_gpus"] == 6

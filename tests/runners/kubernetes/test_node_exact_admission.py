@@ -176,3 +176,23 @@ def test_an_unschedulable_pod_past_the_grace_period_releases_its_attempt_and_req
     job = fresh(job)
     assert job.state == JobState.RECOVERING and job.queue_info["reason"] == "capacity"
     assert not JobAttempt.objects.filter(job=job, ended_at__isnull=True).exists()
+
+
+def test_each_serving_replica_gets_a_node_of_its_own(two_clusters, teams, user, catalog):
+    # cheap: 2 free 8-GPU nodes; dear: 3. An inference job of 3 replicas x 2 GPUs needs 3 distinct nodes (its pods
+    # are pinned to the chosen nodes and repel each other per node), so it goes to dear although cheap has 16 free.
+    emulators, clusters = two_clusters
+    add(emulators, "cheap", gpu_node("c0"), gpu_node("c1"))
+    add(emulators, "dear", gpu_node("d0"), gpu_node("d1"), gpu_node("d2"))
+    for c in clusters.values():
+        sync_cluster(c)
+    spec = {"image": "registry.example/serve:1", "command": SLEEP, "args": [], "env": {}, "replicas": 3, "port": 8000,
+            "resources": {"accelerator": "H100-80GB", "gpus_per_node": 2, "nodes": 1, "cpu": 4, "memory_gib": 32},
+            "placement": {}}
+    job = make_job_row(teams[0], user, catalog["H100-80GB"], name="serve", kind="inference", spec=spec,
+                       gpus_per_node=2, nodes=1)
+    schedule_pending()
+    job = fresh(job)
+    attempt = job.current_attempt
+    assert job.state == JobState.ADMITTED and attempt.cluster.name == "dear" and attempt.gpus == 6
+    assert sorted(attempt.placement["nodes"]) == ["d0", "d1", "d2"]
