@@ -252,8 +252,6 @@ COSTS_LIVE_TIMEOUT_SECONDS = env.float("COSTS_LIVE_TIMEOUT_SECONDS", default=5.0
 COSTS_DISCREPANCY_TOLERANCE_PERCENT = env.float("COSTS_DISCREPANCY_TOLERANCE_PERCENT", default=1.0)
 # How far back each collection pass re-reads utilization (late scrapes are picked up), seconds.
 COSTS_COLLECT_LOOKBACK_SECONDS = env.int("COSTS_COLLECT_LOOKBACK_SECONDS", default=2 * 86400)
-# Budget forecast: the window of recent ledger spend that gives the burn rate, seconds.
-COSTS_BURN_RATE_WINDOW_SECONDS = env.int("COSTS_BURN_RATE_WINDOW_SECONDS", default=86400)
 # Budget forecast: complete UTC days whose median daily spend is the rate (costs.forecast).
 COSTS_FORECAST_WINDOW_DAYS = env.int("COSTS_FORECAST_WINDOW_DAYS", default=7)
 # Budget alerts go to team admins through Django mail (console in dev; pytest-django uses locmem).

@@ -15,7 +15,7 @@ operation does before what the resource is:
 ``declare_error_responses`` (a ``POSTPROCESSING_HOOKS`` entry) adds to each operation that lacks them:
 
 - 400 (bad input: a field and its reason, or ``detail``), 401 (no or a bad token) and 403 (not allowed),
-- 404 for an operation with a path parameter (no such object, or another team's),
+- 404 for an operation with a path parameter or a ``job`` query parameter (no such object, or another team's),
 - 409 for an action on an object that changes it (POST to ``.../{id}/<action>/``: a state that forbids it),
 - 415 for an operation with a request body (a media type it does not parse, or a malformed multipart body),
 - 503 with ``Retry-After`` (``core.middleware``: the database or a cluster unavailable).
@@ -118,8 +118,9 @@ def declare_error_responses(result: dict, generator, request, public) -> dict:
             if method not in ("get", "post", "put", "patch", "delete"):
                 continue
             codes = ["400", "401", "403", "503"]
-            if "{" in path:
-                codes.append("404")
+            if "{" in path or any(p.get("in") == "query" and p.get("name") == "job"
+                                  for p in operation.get("parameters", [])):
+                codes.append("404")  # a path id, or ?job=ID naming a job the user may not see
             if method != "get" and "{" in path:
                 codes.append("409")
             if "requestBody" in operation:

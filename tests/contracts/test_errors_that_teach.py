@@ -43,7 +43,7 @@ def test_group_by_lists_the_valid_choices(owner):
     for path in ("/api/v1/costs/", "/api/v1/utilization/"):
         r = owner.client.get(path, {"group_by": "week"})
         assert r.status_code == 400
-        assert r.json()["group_by"] == ['"week" is not a valid choice; one of team, cluster, accelerator, job, day']
+        assert r.json()["group_by"] == ['"week" is not a valid choice; one of team, cluster, accelerator, job, attempt, day']
 
 
 @pytest.mark.parametrize("path, name", [("/api/v1/costs/", "start"), (JOBS, "created_after")])
