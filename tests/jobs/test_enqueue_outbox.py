@@ -48,6 +48,7 @@ def test_a_cancel_while_the_broker_is_down_answers_success_and_its_task_is_sent_
 
 def test_a_submission_while_the_broker_is_down_is_stored_and_answers_201(
         owner, funded_aws_cluster, submission, private_broker, django_capture_on_commit_callbacks):
+    submission["spec"]["resources"]["nodes"] = 1  # within alpha's per-job cap of 8 GPUs: a job that can run
     private_broker.stop()
     with django_capture_on_commit_callbacks(execute=True):
         r = owner.client.post("/api/v1/jobs/", submission, format="json")
