@@ -128,7 +128,7 @@ def test_a_new_node_pool_is_seen_by_the_next_submission(cached, teammate, aws_cl
     r = teammate.client.post(JOBS, submission, format="json")
     assert r.status_code == 400 and "spec.resources.gpus_per_node" in r.json()
     NodePool.objects.create(cluster=aws_cluster["cluster"], name="big", accelerator=aws_cluster["pool"].accelerator,
-                            nodes=1, gpus_per_node=16)
+                            nodes=2, gpus_per_node=16)  # room for the submission's 2 nodes
     assert teammate.client.post(JOBS, submission, format="json").status_code == 201
 
 

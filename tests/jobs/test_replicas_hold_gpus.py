@@ -35,9 +35,9 @@ def test_replicas_count_in_quota_capacity_estimate_ledger_and_views(live_cluster
 
     started = Job.objects.get(pk=job.pk).attempts.get().started_at
     accrue_attempt(attempt.pk, until=started + dt.timedelta(hours=2))
-    gpu_hours = sum(e.gpus * (e.interval_end - e.interval_start).total_seconds() / 3600
-                    for e in CostEntry.objects.filter(attempt_id=attempt.pk))
-    assert gpu_hours == 12  # 2 pods x 3 GPUs x 2 h
+    gpu_seconds = sum((e.gpus * (e.interval_end - e.interval_start) for e in CostEntry.objects.filter(attempt_id=attempt.pk)),
+                      dt.timedelta())
+    assert gpu_seconds == dt.timedelta(hours=12)  # 2 pods x 3 GPUs x 2 h
 
     answer = owner.client.get(f"/api/v1/jobs/{job.pk}/")
     assert answer.status_code == 200 and answer.json()["total_gpus"] == 6
