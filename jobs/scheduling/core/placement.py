@@ -75,6 +75,8 @@ class PoolOffer:
     @functools.cached_property
     def node_shapes(self) -> tuple[tuple[int, int, int, bool, int], ...]:
         """The distinct ``(GPUs, CPU millicores, memory MiB, schedulable, how many)`` of the pool's nodes."""
+        if not self.node_rooms:  # nodes synthesized from the pool's counts: all alike, schedulable
+            return ((self.gpus_per_node, UNLIMITED, UNLIMITED, True, self.nodes),) if self.nodes > 0 else ()
         counts = Counter((n.gpus, n.cpu_milli, n.memory_mib, n.schedulable) for n in self.rooms())
         return tuple((*shape, count) for shape, count in counts.items())
 
@@ -212,6 +214,22 @@ class _PoolNodes:
         return 0
 
 
+class _LazyPools(dict):
+    """Pool id -> ``_PoolNodes``, each built on first use: a re-check of one admission touches one or two of the
+    accelerator's pools, so the others' nodes are never laid out. An unknown pool id raises KeyError."""
+
+    def __init__(self, offers):
+        super().__init__()
+        self._offers = {o.node_pool_id: o for o in offers}
+
+    def __missing__(self, pool_id: int) -> _PoolNodes:
+        built = self[pool_id] = _PoolNodes(self._offers[pool_id])
+        return built
+
+    def get(self, pool_id: int, default=None):
+        return self[pool_id] if pool_id in self._offers else default
+
+
 class NodeBook:
     """Free GPUs, CPU and memory of every node of some pools, kept up to date as a pass admits and preempts.
 
@@ -226,7 +244,7 @@ class NodeBook:
         if policy not in PACKING_POLICIES:
             raise ValueError(f"unknown packing policy {policy!r}; one of {', '.join(PACKING_POLICIES)}")
         self.policy = policy
-        self.pools: dict[int, _PoolNodes] = {o.node_pool_id: _PoolNodes(o) for o in offers}
+        self.pools: dict[int, _PoolNodes] = _LazyPools(offers)
 
     def free_gpus(self, pool_id: int) -> int:
         """Free GPUs of the pool's schedulable nodes."""
