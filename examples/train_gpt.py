@@ -816,8 +816,33 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     finally:
         if ctx.distributed:
-            dist.destroy_process_group()
+            leave_process_group(ctx)
     return 0
+
+
+def leave_process_group(ctx: DistContext, timeout_s: float = 30.0) -> None:
+    """Tear the process group down with rank 0 last.
+
+    Rank 0 hosts the rendezvous store (``MASTER_ADDR:MASTER_PORT``). When it
+    exits first, a rank still tearing down its gloo connections sees them
+    reset from a background thread and the process aborts ("terminate called
+    without an active exception", exit code 134) after a run that succeeded.
+    So every other rank counts itself out on the store once its group is
+    gone, and rank 0 waits for them (up to ``timeout_s`` seconds) before it
+    destroys its own.
+    """
+    store = dist.distributed_c10d._get_default_store()  # kept: it outlives the group for the count below
+    if ctx.rank != 0:
+        dist.destroy_process_group()
+        try:
+            store.add("controlplane_left", 1)
+        except Exception:  # noqa: BLE001 - rank 0 gave up waiting and is gone: nothing left to tell
+            pass
+        return
+    deadline = time.monotonic() + timeout_s
+    while store.add("controlplane_left", 0) < ctx.world_size - 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
