@@ -24,15 +24,40 @@ log = logging.getLogger(__name__)
 
 
 class QoS(kombu_redis.QoS):
-    """kombu's Redis QoS whose restore of unacknowledged messages never runs on a closed connection."""
+    """kombu's Redis QoS whose restore, acknowledgement and rejection of messages never run on a closed connection.
+
+    A task that was running when the connection was lost ends after the worker has reconnected on a new channel;
+    its acknowledgement then goes to the old channel, whose transport is gone, and the same ``_connparams``
+    AttributeError would end the worker. Such a message stays in Redis' unacked hash instead, and is delivered
+    again after the visibility timeout (every task is idempotent, so running it twice does no harm).
+    """
+
+    def _connection_gone(self) -> bool:
+        transport = self.channel.connection
+        return transport is None or transport.client is None
 
     def restore_unacked(self, client=None):
-        transport = self.channel.connection
-        if client is None and (transport is None or transport.client is None):
+        if client is None and self._connection_gone():
             log.warning("broker connection lost with %d unacknowledged message(s): left for the visibility "
                         "timeout to deliver again", len(self._delivered))
             return None
         return super().restore_unacked(client)
+
+    def ack(self, delivery_tag):
+        if self._connection_gone():
+            log.warning("acknowledgement of message %s on a lost broker connection: left for the visibility "
+                        "timeout to deliver again", delivery_tag)
+            self._quick_ack(delivery_tag)  # forget it here only; Redis keeps it for redelivery
+            return None
+        return super().ack(delivery_tag)
+
+    def reject(self, delivery_tag, requeue=False):
+        if self._connection_gone():
+            log.warning("rejection of message %s on a lost broker connection: left for the visibility timeout "
+                        "to deliver again", delivery_tag)
+            self._quick_ack(delivery_tag)  # forget it here only; Redis keeps it for redelivery
+            return None
+        return super().reject(delivery_tag, requeue=requeue)
 
 
 class Channel(kombu_redis.Channel):
