@@ -18,14 +18,9 @@ Containers", "Assigning Pods to Nodes", "Taints and Tolerations").
 
 from __future__ import annotations
 
-import datetime as dt
-import json
-
-import urllib3
-
 from kubernetes.utils.quantity import parse_quantity
 
-from .kubernetes import now_iso
+from .kubernetes import ApiClient, now_iso
 
 HOSTNAME = "kubernetes.io/hostname"
 RESOURCES = ("nvidia.com/gpu", "cpu", "memory")
@@ -71,21 +66,8 @@ def _tolerates(tolerations: list[dict], taint: dict) -> bool:
     return False
 
 
-class KubeScheduler:
+class KubeScheduler(ApiClient):
     """Binds the pending pods of one emulated cluster (its API URL) to nodes by resources; see the module docstring."""
-
-    def __init__(self, url: str):
-        self.url = url
-        self.http = urllib3.PoolManager()
-
-    def _req(self, method: str, path: str, body=None) -> dict:
-        answer = self.http.request(method, self.url + path, body=None if body is None else json.dumps(body),
-                                   headers={"Content-Type": "application/merge-patch+json" if method == "PATCH"
-                                            else "application/json"})
-        data = json.loads(answer.data or b"{}")
-        if answer.status >= 400:
-            raise AssertionError(f"{method} {path}: {answer.status} {data}")
-        return data
 
     def schedule(self) -> dict[str, str | None]:
         """One scheduling round: pod name -> the node it was bound to, or None (left Unschedulable)."""
@@ -168,19 +150,15 @@ class KubeScheduler:
 def create_pending_pods(url: str, job: dict) -> list[dict]:
     """What the Job controller does for a batch/v1 Job ``job``: one pod per completion index from its template,
     without a node (``Pending``), for ``KubeScheduler`` to bind."""
-    http = urllib3.PoolManager()
+    api = ApiClient(url)
     meta, spec = job["metadata"], job["spec"]
     pods = []
     for index in range(spec.get("completions") or 1):
-        created = (dt.datetime.now(dt.UTC).replace(microsecond=0)).isoformat().replace("+00:00", "Z")
         pod = {"apiVersion": "v1", "kind": "Pod",
                "metadata": {"name": f"{meta['name']}-{index}-p", "namespace": meta["namespace"],
                             "labels": dict(spec["template"]["metadata"]["labels"]),
                             "annotations": {"batch.kubernetes.io/job-completion-index": str(index)},
-                            "creationTimestamp": created},
+                            "creationTimestamp": now_iso()},
                "spec": dict(spec["template"]["spec"]), "status": {"phase": "Pending"}}
-        answer = http.request("POST", f"{url}/api/v1/namespaces/{meta['namespace']}/pods", body=json.dumps(pod),
-                              headers={"Content-Type": "application/json"})
-        assert answer.status < 400, answer.data
-        pods.append(json.loads(answer.data))
+        pods.append(api._req("POST", f"/api/v1/namespaces/{meta['namespace']}/pods", pod))
     return pods

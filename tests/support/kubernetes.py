@@ -211,8 +211,8 @@ def now_iso() -> str:
     return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
-class Kubelet:
-    """The cluster side of one emulator, over HTTP: Job controller, kubelet and pod garbage collector, by hand."""
+class ApiClient:
+    """A bare HTTP client of one emulated API server (its URL): JSON in and out, an AssertionError on any 4xx/5xx."""
 
     def __init__(self, url: str):
         self.url = url
@@ -226,6 +226,10 @@ class Kubelet:
         if answer.status >= 400:
             raise AssertionError(f"{method} {path}: {answer.status} {data}")
         return data
+
+
+class Kubelet(ApiClient):
+    """The cluster side of one emulator, over HTTP: Job controller, kubelet and pod garbage collector, by hand."""
 
     def jobs(self) -> list[dict]:
         return self._req("GET", "/apis/batch/v1/jobs")["items"]
