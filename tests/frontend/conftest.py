@@ -3,6 +3,7 @@ and a headless Chromium page (Debian's ``chromium`` driven by Playwright) with i
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,14 @@ def page(monkeypatch):
 def shoot(page, name: str) -> None:
     """A full-page screenshot of ``page`` as ``artifacts/screenshots/<name>.png``."""
     page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+def settled(locator) -> None:
+    """Wait until htmx has processed ``locator``'s swapped-in content: htmx marks new elements ``htmx-added``
+    and binds their ``hx-*`` triggers only when it removes that class after its settle delay, so a change made
+    before then fires no request."""
+    expect(locator).not_to_have_class(re.compile(r"\bhtmx-added\b"))
+    expect(locator.locator(".htmx-added")).to_have_count(0)
 
 
 def sign_in(page, base: str, username: str) -> None:

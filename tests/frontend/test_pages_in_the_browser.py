@@ -22,7 +22,7 @@ from jobs.tasks import dispatch_attempt
 from runners.models import Accelerator
 from tests.support.factories import make_attempt, make_cost_entry, make_job, make_job_row
 
-from .conftest import shoot, sign_in
+from .conftest import settled, shoot, sign_in
 
 # Each node prints its rank; rank 1 waits a little so the page has time to poll while the job runs.
 BY_RANK = ["python", "-c", "import os, time; print('log line of rank', os.environ['RANK'], flush=True); "
@@ -54,6 +54,7 @@ def test_the_node_picker_switches_the_log_between_nodes(live_server, fleet, page
     logs = page.locator("#job-logs")
     expect(logs).to_contain_text("log line of rank 0")
     expect(page.get_by_label("Node", exact=True)).to_have_value("0")
+    settled(logs)
     page.get_by_label("Node", exact=True).select_option("1")
     expect(logs).to_contain_text("log line of rank 1")
     expect(logs).not_to_contain_text("log line of rank 0")
