@@ -67,7 +67,10 @@ def never_fits(team: Team, accelerator: Accelerator, resources: dict, placement:
     nodes = [node for p in pools for node in p[5]]
     if nodes:  # no allowed pool at all: it waits for one (a fleet change), not a refusal
         big = [x for x in nodes if x[0] >= g]
-        if big and not any(x[1] >= cpu for x in big):
+        if not big:  # the pools say more GPUs per node than their synced nodes have allocatable
+            errors["gpus_per_node"] = [f"{g} GPUs per node is more than any {name} node has allocatable; the most "
+                                       f"is {max(x[0] for x in nodes)}"]
+        elif not any(x[1] >= cpu for x in big):
             errors["cpu"] = [f"{cpu / 1000:g} CPU cores per node is more than any {name} node with {g} GPUs has; "
                              f"the most is {max(x[1] for x in big) / 1000:g}"]
         elif big and not any(x[1] >= cpu and x[2] >= memory for x in big):

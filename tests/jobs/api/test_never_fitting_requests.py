@@ -160,3 +160,17 @@ def test_no_quota_for_the_accelerator_is_accepted_when_an_alternative_has_quota(
     quota_factory(alpha, a100, 16)
     r = submit(teammate, submission, alternatives=["A100-80GB"])
     assert r.status_code == 201, r.content
+
+
+def test_more_gpus_per_node_than_any_synced_node_has_allocatable_is_refused(
+        teammate, aws_cluster, quota_factory, alpha, h100, submission):
+    # the pool says 8 GPUs per node; its synced nodes report 6 allocatable (2 held back by the device plugin)
+    quota_factory(alpha, h100, 32)
+    for node in node_rows(aws_cluster["pool"], 2):
+        node.gpus = 6
+        node.save()
+    r = submit(teammate, submission, nodes=1, gpus_per_node=8)
+    assert r.status_code == 400
+    assert r.json() == {"spec.resources.gpus_per_node": [
+        "8 GPUs per node is more than any H100-80GB node has allocatable; the most is 6"]}
+    assert not Job.objects.exists()
