@@ -15,9 +15,11 @@ from a fresh snapshot when one ends):
 
 - fill (the paper's method): tasks sampled in random order (with replacement), never ending, arrive until their
   demand reaches 100 % and then 130 % of the fleet's GPUs; allocation = allocated GPUs / all GPUs, at both
-  points, over several seeds. Two reference node-level placers written here, first-fit (nodes in trace order)
-  and best-fit (the fitting node with the fewest GPUs left, then CPU, then memory), place the same task
-  sequence in the same process.
+  points, over several seeds. The core places each sequence twice, with its default packing policy
+  (best-fit) and with ``fgd`` (fragmentation gradient descent, the paper's policy, packing for the trace's
+  whole-GPU task distribution as its expected workload, as the paper does). Two reference node-level placers
+  written here, first-fit (nodes in trace order) and best-fit (the fitting node with the fewest GPUs left, then
+  CPU, then memory), place the same task sequence in the same process.
 - churn: tasks arrive as a Poisson process and run for log-normal durations (median ``CHURN_MEDIAN_S``,
   sigma ``CHURN_SIGMA``: heavy-tailed, mean = median x exp(sigma^2 / 2)), at an offered load of
   ``CHURN_LOAD`` x the fleet's GPUs; a share of them preemptible. Each arrival gets an incremental pass; the
@@ -58,6 +60,7 @@ from jobs.scheduling.core import (  # noqa: E402
     Snapshot,
     TeamQuota,
     TeamState,
+    workload_of,
 )
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb-multigpu50"
@@ -124,6 +127,15 @@ class Fleet:
             out.append(PoolOffer(pid, 1, "openb", "onprem", "trace", "on-demand", len(names), key[1],
                                  sum(r.free_gpus for r in rooms), PRICE, True, tuple(rooms), f"{key[0]}-{key[1]}"))
         return out
+
+
+class Task:
+    """A task's per-node shape as ``workload_of`` reads it."""
+
+    __slots__ = ("gpus_per_node", "cpu_milli", "memory_mib")
+
+    def __init__(self, gpus: int, cpu_milli: int, memory_mib: int):
+        self.gpus_per_node, self.cpu_milli, self.memory_mib = gpus, cpu_milli, memory_mib
 
 
 def teams(fleet_gpus: int) -> dict[int, TeamState]:
@@ -210,11 +222,14 @@ def fill_sequence(tasks, fleet_gpus: int, share: float, rng: random.Random) -> l
     return out
 
 
-def platform_fill(nodes, sequence, marks, rng: random.Random) -> tuple[list[float], Checker, list[float]]:
-    """The core placing ``sequence`` (one pass per arrival, as a submission does; nothing ends); allocation at each
-    mark, the checker, and the CPU milliseconds of each pass."""
+def platform_fill(nodes, sequence, marks, rng: random.Random, policy: str = "best-fit",
+                  workload=()) -> tuple[list[float], Checker, list[float]]:
+    """The core placing ``sequence`` (one pass per arrival, as a submission does; nothing ends) with packing
+    ``policy`` (``fgd`` packs for ``workload``); allocation at each mark, the checker, and the CPU milliseconds of
+    each pass."""
     fleet = Fleet(nodes)
-    scheduler = FairShareScheduler(Snapshot(teams(fleet.gpus), {ACC: fleet.offers()}, []))
+    scheduler = FairShareScheduler(Snapshot(teams(fleet.gpus), {ACC: fleet.offers()}, [], policy=policy,
+                                            workload=tuple(workload)))
     checker = Checker(nodes)
     allocated, demand, out, mark, passes = 0, 0, [], 0, []
     for i, task in enumerate(sequence):
@@ -355,17 +370,23 @@ def main() -> None:
     tasks, fractional, cpu_only = load_tasks(args.trace / "tasks.csv")
     fleet_gpus = sum(n[2] for n in nodes)
     marks = (fleet_gpus, math.ceil(1.3 * fleet_gpus))
-    mine, first, best, bad, fill_passes = [], [], [], 0, []
+    # fgd's expected workload: the trace's whole-GPU tasks, each (GPUs, CPU, memory) weighted by its count
+    workload = workload_of(Task(*t) for t in tasks)
+    mine, fgd, first, best, bad, fill_passes, fgd_passes = [], [], [], [], 0, [], []
     for seed in range(args.seeds):
         sequence = fill_sequence(tasks, fleet_gpus, 1.3, random.Random(seed))
         alloc, checker, passes = platform_fill(nodes, sequence, marks, random.Random(1000 + seed))
         mine.append(alloc)
         bad += checker.without_room
         fill_passes += passes
+        alloc, checker, passes = platform_fill(nodes, sequence, marks, random.Random(1000 + seed), "fgd", workload)
+        fgd.append(alloc)
+        bad += checker.without_room
+        fgd_passes += passes
         first.append(reference_fill(nodes, sequence, "first-fit", marks))
         best.append(reference_fill(nodes, sequence, "best-fit", marks))
-        print(f"seed {seed}: platform {alloc[0]:.4f} / {alloc[1]:.4f}, first-fit {first[-1][1]:.4f}, "
-              f"best-fit {best[-1][1]:.4f} at 130 %", file=sys.stderr)
+        print(f"seed {seed}: platform best-fit {mine[-1][0]:.4f} / {mine[-1][1]:.4f}, fgd {fgd[-1][0]:.4f} / "
+              f"{fgd[-1][1]:.4f}, first-fit {first[-1][1]:.4f}, best-fit {best[-1][1]:.4f} at 130 %", file=sys.stderr)
     run = churn(nodes, tasks, args.churn_jobs, random.Random(7))
     bad += run["checker"].without_room
     pass_ms = [ms for _, ms in run["passes"]]
@@ -377,6 +398,7 @@ def main() -> None:
                                                                     "p50_ms": round(median(inside), 3),
                                                                     "p99_ms": round(percentile(inside, 99), 3)}
     a100, a130 = mean(a[0] for a in mine), mean(a[1] for a in mine)
+    f100, f130 = mean(a[0] for a in fgd), mean(a[1] for a in fgd)
     ref = {"first-fit": mean(a[1] for a in first), "best-fit": mean(a[1] for a in best)}
     best_name = max(ref, key=ref.get)
     print(f"churn: {len(run['waits'])} admitted, {run['preemptions']} preemptions, {len(run['passes'])} full passes",
@@ -396,6 +418,13 @@ def main() -> None:
         "best_reference": best_name, "best_reference_allocation_130": round(ref[best_name], 4),
         "ratio_vs_best_reference": round(a130 / ref[best_name], 4) if ref[best_name] else None,
         "fill_pass_p50_ms": round(median(fill_passes), 4), "fill_pass_p99_ms": round(percentile(fill_passes, 99), 4),
+        "fgd": {"workload_shapes": len(workload),
+                "allocation_100": round(f100, 4), "allocation_130": round(f130, 4),
+                "allocation_130_by_seed": [round(a[1], 4) for a in fgd],
+                "ratio_vs_best_fit_core": round(f130 / a130, 4) if a130 else None,
+                "ratio_vs_best_reference": round(f130 / ref[best_name], 4) if ref[best_name] else None,
+                "fill_pass_p50_ms": round(median(fgd_passes), 4),
+                "fill_pass_p99_ms": round(percentile(fgd_passes, 99), 4)},
         "churn": {"jobs": args.churn_jobs, "arrival_rate_per_s": round(run["rate"], 5),
                   "duration": f"log-normal, median {CHURN_MEDIAN_S:g} s, sigma {CHURN_SIGMA:g} "
                               f"(mean {run['mean_s']:.0f} s)",

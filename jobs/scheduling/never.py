@@ -1,7 +1,9 @@
 """Requests that can never run, refused at submission (400) with the reason: no node of the accelerator is large
 enough (GPUs, CPU or memory per node), no pool has enough such nodes, every cluster the job may use caps the team
 below it, or it is over the team's per-job cap or limit (the limit it can reach: nominal + what its cohort can lend).
-A team without any quota for the accelerator is left to the scheduling pass, which rejects the job with that reason.
+A team with no quota at all for the accelerator (no team-wide quota row, or one that reaches no GPU: nominal 0 and
+nothing to borrow) is refused on ``accelerator``, the field to change; the scheduling pass still rejects a job whose
+quota was removed after it was submitted (``core.rules.check_quota``).
 
 "Never" is judged on the whole fleet as synced (cordoned nodes and unhealthy clusters included: those are fleet
 changes a job waits for) and on the quota rows; the scheduler's rules decide everything that depends on what runs
@@ -59,10 +61,16 @@ def never_fits(team: Team, accelerator: Accelerator, resources: dict, placement:
              and (not placement.get("clusters") or p[1] in placement["clusters"])]
     errors: dict[str, list[str]] = {}
     name = accelerator.name
+    no_quota = _no_quota_error(team, accelerator, n, g)
+    if no_quota:
+        return {"accelerator": [no_quota]}
     nodes = [node for p in pools for node in p[5]]
     if nodes:  # no allowed pool at all: it waits for one (a fleet change), not a refusal
         big = [x for x in nodes if x[0] >= g]
-        if big and not any(x[1] >= cpu for x in big):
+        if not big:  # the pools say more GPUs per node than their synced nodes have allocatable
+            errors["gpus_per_node"] = [f"{g} GPUs per node is more than any {name} node has allocatable; the most "
+                                       f"is {max(x[0] for x in nodes)}"]
+        elif not any(x[1] >= cpu for x in big):
             errors["cpu"] = [f"{cpu / 1000:g} CPU cores per node is more than any {name} node with {g} GPUs has; "
                              f"the most is {max(x[1] for x in big) / 1000:g}"]
         elif big and not any(x[1] >= cpu and x[2] >= memory for x in big):
@@ -98,10 +106,27 @@ def _capped_everywhere(team: Team, accelerator: Accelerator, pools, counts, tota
             f"that could hold it ({listed})")
 
 
+def _no_quota_error(team: Team, accelerator: Accelerator, n: int, g: int) -> str:
+    """The reason when the team can never hold any GPU of ``accelerator`` (no team-wide quota row, which admission
+    needs, or one whose reachable GPUs are 0: no nominal and nothing it may borrow), else ""."""
+    wide, reachable, caps = _team_quotas(team.pk, accelerator.pk)
+    asks = f"so a job of {n * g} GPUs ({n} x {g}) could never run"
+    if wide is None:
+        only = " (its per-cluster quotas need a team-wide one)" if caps else ""
+        return (f"team {team.slug} has no quota for {accelerator.name} GPUs{only}: no nominal quota and nothing to "
+                f"borrow, {asks}")
+    if reachable <= 0:
+        why = (f"its borrowing limit is {wide.borrowing_limit_gpus} but its cohort lends none"
+               if wide.borrowing_limit_gpus else "borrowing limit 0")
+        return f"team {team.slug} can reach no {accelerator.name} GPUs (nominal {wide.nominal_gpus}, {why}), {asks}"
+    return ""
+
+
 def _limit_error(team: Team, accelerator: Accelerator, total: int, n: int, g: int) -> str:
-    """The reason when ``total`` GPUs are over what the team can ever hold of ``accelerator``, else ""."""
+    """The reason when ``total`` GPUs are over what the team can ever hold of ``accelerator`` (which it has a
+    quota of: ``_no_quota_error``), else ""."""
     wide, reachable, _ = _team_quotas(team.pk, accelerator.pk)
-    if wide is None:  # the pass rejects it (REJECTED, reason quota), so a quota granted meanwhile still counts
+    if wide is None:
         return ""
     if wide.max_gpus_per_job and total > wide.max_gpus_per_job:
         return (f"the job asks {total} GPUs ({n} x {g}), over team {team.slug}'s per-job cap of "

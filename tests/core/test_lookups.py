@@ -26,7 +26,7 @@ from runners.models import NodePool
 
 JOBS = "/api/v1/jobs/"
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("alpha_h100_quota")]
 
 
 # --- the cache itself ----------------------------------------------------------------------------------------------

@@ -76,6 +76,17 @@ def test_a_refused_document_prints_each_field_path_and_exits_2_storing_nothing(
     assert Job.objects.count() == 0
 
 
+def test_a_team_without_quota_for_the_accelerator_is_refused_with_the_field_and_reason(
+        run_cli, owner, aws_cluster, tmp_path):
+    result = run_cli("submit", str(write_yaml(tmp_path)), persona=owner)
+    assert result.code == 2 and result.out == ""
+    assert result.err.splitlines() == [
+        "error: the API refused the request (HTTP 400):",
+        "spec.resources.accelerator: team alpha has no quota for H100-80GB GPUs: no nominal quota and nothing to "
+        "borrow, so a job of 2 GPUs (2 x 1) could never run"]
+    assert Job.objects.count() == 0
+
+
 def test_a_yaml_syntax_error_is_the_apis_detail_and_exit_2(run_cli, owner, funded_aws_cluster, tmp_path):
     path = tmp_path / "broken.yaml"
     path.write_text("name: x\nspec: [unclosed\n")

@@ -183,6 +183,14 @@ def test_the_form_shows_the_api_validation_errors_inline(teammate_web, objects):
     assert not Job.objects.filter(name__in=["Bad_Name", "from-the-form"]).exists()
 
 
+def test_the_form_refuses_a_team_without_quota_for_the_accelerator_on_the_accelerator_field(teammate_web, objects):
+    objects["alpha"]["quota"].delete()
+    page = teammate_web.post("/jobs/new/", form_data()).content.decode()
+    assert ("team alpha has no quota for H100-80GB GPUs: no nominal quota and nothing to borrow, so a job of 2 GPUs "
+            "(1 x 2) could never run") in page
+    assert not Job.objects.filter(name="from-the-form").exists()
+
+
 def test_the_yaml_field_submits_a_whole_submission(teammate_web, objects):
     yaml_text = ("team: alpha\nname: from-yaml\nkind: training\nspec:\n  image: python:3.11\n  command: [python, -V]\n"
                  "  resources: {accelerator: H100-80GB, gpus_per_node: 1, nodes: 1}\n  max_runtime_seconds: 60\n")

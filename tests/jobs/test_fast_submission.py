@@ -23,7 +23,7 @@ from jobs.specfields import FieldType, SpecField, walk
 from tests.support.factories import VALID_SPEC
 from tests.support.personas import make_persona
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("alpha_h100_quota")]
 
 MINIMAL = {"team": "alpha", "name": "tiny", "spec": {
     "image": "python:3.11", "command": ["python", "-V"],

@@ -109,6 +109,13 @@ def quota_factory(db):
 
 
 @pytest.fixture
+def alpha_h100_quota(teams, h100):
+    """Alpha's team-wide H100 quota, 32 GPUs nominal: without a quota for its accelerator a submission is refused,
+    so tests of an accepted submission that are not about quota ask for this one."""
+    return Quota.objects.create(team=teams[0], accelerator=h100, nominal_gpus=32)
+
+
+@pytest.fixture
 def budget_factory(db):
     """``make(team, amount, action="block", period="monthly")``: a Budget of ``amount`` USD (a string)."""
     def make(team, amount, action="block", period="monthly"):

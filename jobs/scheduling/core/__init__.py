@@ -28,7 +28,9 @@ from .placement import (
     PoolOffer,
     choose_pool,
     fits_now,
+    fragment_gpus,
     matches,
+    workload_of,
 )
 from .rules import ESTIMATE_QUANTUM, check_budgets, check_quota, cohort_has_room, estimate_cost, reachable_gpus
 from .types import (
@@ -54,5 +56,5 @@ __all__ = [
     "reachable_gpus", "ESTIMATE_QUANTUM", "OK", "Admission", "Assessment", "BudgetView", "Decision", "Decisions", "FairShareScheduler",
     "PlacementRequest", "PoolOffer", "QueuedJob", "QuotaView", "Rejection", "RunningJob", "Snapshot", "TeamQuota",
     "TeamState", "Verdict", "Waiting", "assess", "check_budgets", "check_quota", "choose_pool", "cohort_has_room",
-    "decide", "estimate_cost", "fits_now", "matches", "recheck",
+    "decide", "estimate_cost", "fits_now", "fragment_gpus", "matches", "recheck", "workload_of",
 ]

@@ -46,7 +46,16 @@ import gc
 import heapq
 
 from .order import TeamQueue, dominant_share, team_key
-from .placement import DEFAULT_PACKING_POLICY, NodeBook, PoolOffer, allowed, capable_nodes, matches, price_order
+from .placement import (
+    DEFAULT_PACKING_POLICY,
+    NodeBook,
+    PoolOffer,
+    allowed,
+    capable_nodes,
+    matches,
+    price_order,
+    workload_of,
+)
 from .preemption import choose_victims, may_preempt, victim_order, victims_were_borrowing
 from .rules import (
     budget_never,
@@ -96,8 +105,9 @@ class FairShareScheduler:
         self.queues: dict[int, TeamQueue] = {tid: TeamQueue(t) for tid, t in snapshot.teams.items()}
         self._pools: dict[int, list[PoolOffer]] = snapshot.pools
         self._unpriced: dict[int, list[PoolOffer]] = snapshot.unpriced
-        self.book = NodeBook([o for offers in snapshot.pools.values() for o in offers],
-                             policy or snapshot.policy or DEFAULT_PACKING_POLICY)
+        policy = policy or snapshot.policy or DEFAULT_PACKING_POLICY
+        workload = snapshot.workload or (workload_of([*snapshot.queue, *snapshot.running]) if policy == "fgd" else ())
+        self.book = NodeBook([o for offers in snapshot.pools.values() for o in offers], policy, workload)
         self.pool_cluster: dict[int, int] = {o.node_pool_id: o.cluster_id for offers in snapshot.pools.values()
                                              for o in offers}
         self._matching: dict[tuple, tuple[list[PoolOffer], Verdict | None, tuple[int, ...]]] = {}

@@ -155,9 +155,43 @@ def price_order(offer: PoolOffer) -> tuple:
 
 #: The packing policies: ``best-fit`` (default) takes the nodes with the least room that still fit (GPUs, then
 #: CPU, then memory, compared in that order), so whole nodes stay free for large jobs; ``first-fit`` takes nodes in the pool's order;
-#: ``spread`` takes the nodes with the most free GPUs (the least fragmentation-aware choice, for comparison).
-PACKING_POLICIES = ("best-fit", "first-fit", "spread")
+#: ``spread`` takes the nodes with the most free GPUs (the least fragmentation-aware choice, for comparison);
+#: ``fgd`` takes the nodes whose fragmentation grows least for the expected workload (``fragment_gpus``).
+PACKING_POLICIES = ("best-fit", "first-fit", "spread", "fgd")
 DEFAULT_PACKING_POLICY = "best-fit"
+
+#: One kind of job of the expected workload: ``(GPUs per node, CPU millicores per node, memory MiB per node,
+#: weight)``; a kind's popularity is its weight over the workload's total.
+WorkloadShape = tuple[int, int, int, float]
+
+
+def fragment_gpus(free_gpus: int, free_cpu_milli: int, free_memory_mib: int,
+                  workload: list[WorkloadShape] | tuple[WorkloadShape, ...]) -> float:
+    """A node's expected GPU fragmentation for ``workload``: GPUs (float), ``sum_m p_m * F(m)``.
+
+    Source: Weng et al., "Beware of Fragmentation: Scheduling GPU-Sharing Workloads with Fragmentation Gradient
+    Descent", USENIX ATC 2023: the fragment of a node for a task ``m``, ``F(m)``, is the GPU capacity the task could
+    not use there: all of the node's free GPUs when ``m`` does not fit on the node in some resource (GPUs, CPU or
+    memory); otherwise only the partly used GPUs with less free than ``m`` asks per GPU, of which there are none
+    when GPUs are allocated whole, so 0. The node's fragmentation is the expectation over the workload's kinds
+    weighted by popularity ``p_m``. Kinds asking no GPU are left out (they strand no GPU); an empty workload, or one
+    of zero weight, gives 0.
+
+    ``free_gpus``, ``free_cpu_milli`` (millicores), ``free_memory_mib`` (MiB): what is free on the node now.
+    """
+    total = sum(w for g, _, _, w in workload if g > 0)
+    if free_gpus <= 0 or total <= 0:
+        return 0.0
+    stranded = sum(w for g, c, m, w in workload
+                   if g > 0 and (g > free_gpus or c > free_cpu_milli or m > free_memory_mib))
+    return free_gpus * stranded / total
+
+
+def workload_of(jobs) -> tuple[WorkloadShape, ...]:
+    """The workload of ``jobs`` (anything with ``gpus_per_node``, ``cpu_milli``, ``memory_mib``): each distinct
+    per-node shape with the number of jobs of that shape as its weight."""
+    counts = Counter((j.gpus_per_node, j.cpu_milli, j.memory_mib) for j in jobs)
+    return tuple((g, c, m, float(n)) for (g, c, m), n in sorted(counts.items()))
 
 
 class _PoolNodes:
@@ -238,13 +272,43 @@ class NodeBook:
     the policy's score); ``take``/``release`` book a job's nodes. A request
     shape that did not fit a pool is remembered until something is released
     there, so a queue of jobs at least as large is answered at once.
+
+    ``workload`` (``fgd`` only): the expected jobs' shapes and weights
+    (``WorkloadShape``); a shape the book is asked to place that is not in it
+    joins it with weight 1, so an empty workload is the shapes asked so far.
     """
 
-    def __init__(self, offers, policy: str = DEFAULT_PACKING_POLICY):
+    def __init__(self, offers, policy: str = DEFAULT_PACKING_POLICY, workload: tuple[WorkloadShape, ...] = ()):
         if policy not in PACKING_POLICIES:
             raise ValueError(f"unknown packing policy {policy!r}; one of {', '.join(PACKING_POLICIES)}")
         self.policy = policy
         self.pools: dict[int, _PoolNodes] = _LazyPools(offers)
+        self.workload: list[WorkloadShape] = [s for s in workload if s[0] > 0]
+        self._shapes = {s[:3] for s in self.workload}
+        self._fragment: dict[tuple[int, int, int], float] = {}  # free (GPUs, CPU, memory) -> fragment_gpus
+
+    def fragment(self, free_gpus: int, free_cpu_milli: int, free_memory_mib: int) -> float:
+        """``fragment_gpus`` of a node with these free resources for the book's workload (remembered)."""
+        key = (free_gpus, free_cpu_milli, free_memory_mib)
+        found = self._fragment.get(key)
+        if found is None:
+            found = self._fragment[key] = fragment_gpus(*key, self.workload)
+        return found
+
+    def fragment_growth(self, pool_id: int, i: int, request: PlacementRequest) -> float:
+        """How much node ``i`` of the pool's fragmentation (GPUs) grows if one node of ``request`` lands on it:
+        FGD's score, lower is better (it may be negative)."""
+        p = self.pools[pool_id]
+        g, c, m = p.free_g[i], p.free_c[i], p.free_m[i]
+        return (self.fragment(g - request.gpus_per_node, c - request.cpu_milli, m - request.memory_mib)
+                - self.fragment(g, c, m))
+
+    def _learn(self, request: PlacementRequest) -> None:
+        shape = (request.gpus_per_node, request.cpu_milli, request.memory_mib)
+        if shape[0] > 0 and shape not in self._shapes:
+            self._shapes.add(shape)
+            self.workload.append((*shape, 1.0))
+            self._fragment.clear()
 
     def free_gpus(self, pool_id: int) -> int:
         """Free GPUs of the pool's schedulable nodes."""
@@ -278,9 +342,11 @@ class NodeBook:
             found = None
         elif self.policy == "first-fit":
             found = self._first_fit(p, n, g, c, m)
+        elif self.policy == "fgd":
+            found = self._pick(p, n, self._by_fragment(pool_id, request))
         else:
             levels = range(g, len(p.buckets)) if self.policy == "best-fit" else range(len(p.buckets) - 1, g - 1, -1)
-            found = self._by_levels(p, n, g, c, m, levels)
+            found = self._pick(p, n, self._by_levels(p, g, c, m, levels))
         if found is None:
             p.failed = [s for s in p.failed if not (s[0] >= n and s[1] >= g and s[2] >= c and s[3] >= m)]
             p.failed.append((n, g, c, m))
@@ -297,27 +363,45 @@ class NodeBook:
         return None
 
     @staticmethod
-    def _by_levels(p: _PoolNodes, n, g, c, m, levels) -> list[int] | None:
-        chosen: list[int] = []
-        by_domain: dict[str, list[int]] = {}
+    def _by_levels(p: _PoolNodes, g, c, m, levels):
+        """The schedulable nodes with room for one node of (``g`` GPUs, ``c`` CPU, ``m`` memory), level by level of
+        free GPUs in ``levels``' order, the least free CPU, then memory, first within a level."""
         for k in levels:
             bucket = p.buckets[k]
             if not bucket:
                 continue
             # Nodes with less free CPU than asked come first in the bucket: start after them.
             for fc, fm, i in bucket[bisect.bisect_left(bucket, (c, -1, -1)):]:
-                if fm < m:
-                    continue
-                if not p.domains:
-                    chosen.append(i)
-                    if len(chosen) == n:
-                        return chosen
-                    continue
-                same = by_domain.setdefault(p.domain[i], [])
-                same.append(i)
-                chosen.append(i)
-                if len(same) == n:
-                    return same
+                if fm >= m:
+                    yield i
+
+    def _by_fragment(self, pool_id: int, request: PlacementRequest) -> list[int]:
+        """The schedulable nodes with room for one node of ``request``, least fragmentation growth first (FGD),
+        then best-fit's order (fewest free GPUs, CPU, memory), then index."""
+        self._learn(request)
+        p = self.pools[pool_id]
+        g, c, m = request.gpus_per_node, request.cpu_milli, request.memory_mib
+        scored = [(self.fragment_growth(pool_id, i, request), k, fc, fm, i)
+                  for k in range(g, len(p.buckets)) for fc, fm, i in p.buckets[k] if fc >= c and fm >= m]
+        scored.sort()
+        return [s[-1] for s in scored]
+
+    @staticmethod
+    def _pick(p: _PoolNodes, n: int, candidates) -> list[int] | None:
+        """The first ``n`` of ``candidates`` (node indexes, best first) all in one topology domain when some domain
+        has ``n`` of them (the first to get there), else the first ``n`` across domains; None when fewer."""
+        chosen: list[int] = []
+        by_domain: dict[str, list[int]] = {}
+        for i in candidates:
+            chosen.append(i)
+            if not p.domains:
+                if len(chosen) == n:
+                    return chosen
+                continue
+            same = by_domain.setdefault(p.domain[i], [])
+            same.append(i)
+            if len(same) == n:
+                return same
         return chosen[:n] if len(chosen) >= n else None
 
     def leftover(self, pool_id: int, nodes: list[int], request: PlacementRequest) -> tuple[int, int, int]:
@@ -332,8 +416,8 @@ class NodeBook:
         """The pool and nodes for ``request`` among ``offers`` (already in ``price_order``, all matching): the
         cheapest price with room; between pools of that price, the tightest fit for ``best-fit`` (fewest GPUs left
         on the chosen nodes, then CPU, then memory, then fewest free GPUs in the pool, so emptier pools stay whole),
-        the loosest for
-        ``spread``, the first for ``first-fit``; then the offers' order. None when none has room."""
+        for ``fgd`` the least fragmentation growth summed over the chosen nodes and then best-fit's score, the
+        loosest for ``spread``, the first for ``first-fit``; then the offers' order. None when none has room."""
         best = None
         for o in offers:
             if best is not None and o.usd_per_gpu_hour != best[0].usd_per_gpu_hour:
@@ -346,6 +430,9 @@ class NodeBook:
             left = self.leftover(o.node_pool_id, nodes, request)
             if self.policy == "spread":
                 score = (-left[0], -self.pools[o.node_pool_id].free_gpus())
+            elif self.policy == "fgd":
+                score = (sum(self.fragment_growth(o.node_pool_id, i, request) for i in nodes), *left,
+                         self.pools[o.node_pool_id].free_gpus())
             else:
                 score = (*left, self.pools[o.node_pool_id].free_gpus())
             if best is None or score < best[2]:

@@ -186,7 +186,8 @@ class TeamState:
 class Snapshot:
     """Everything one pass needs: teams by id, node pools by accelerator id (their nodes' free resources now,
     price), the waiting jobs, the live attempts (for preemption) and the packing policy
-    (``placement.PACKING_POLICIES``; None: the default)."""
+    (``placement.PACKING_POLICIES``; None: the default), with the expected workload the ``fgd`` policy packs for
+    (``placement.WorkloadShape``s; empty: the shapes of the waiting and live jobs)."""
 
     teams: dict[int, TeamState]
     pools: dict[int, list[PoolOffer]]
@@ -195,6 +196,7 @@ class Snapshot:
     #: Node pools left out of ``pools`` because the catalog has no price for them (price None), for wait reasons.
     unpriced: dict[int, list[PoolOffer]] = dataclasses.field(default_factory=dict)
     policy: str | None = None
+    workload: tuple[tuple[int, int, int, float], ...] = ()
 
 
 @dataclasses.dataclass(slots=True)

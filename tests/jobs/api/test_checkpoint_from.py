@@ -10,6 +10,8 @@ import pytest
 from jobs.models import Job, JobState
 from tests.support.factories import make_job_row
 
+pytestmark = pytest.mark.usefixtures("alpha_h100_quota")
+
 JOBS = "/api/v1/jobs/"
 
 

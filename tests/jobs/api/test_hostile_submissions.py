@@ -11,6 +11,8 @@ import pytest
 
 from jobs.models import Job, JobEvent
 
+pytestmark = pytest.mark.usefixtures("alpha_h100_quota")
+
 JOBS = "/api/v1/jobs/"
 
 

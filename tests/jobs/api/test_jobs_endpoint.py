@@ -18,6 +18,8 @@ from runners import base
 from tests.support.personas import make_persona
 from tests.support.factories import make_attempt, make_job
 
+pytestmark = pytest.mark.usefixtures("alpha_h100_quota")
+
 JOBS = "/api/v1/jobs/"
 
 
@@ -40,13 +42,12 @@ def test_it_submits_a_json_job_as_queued(teammate, aws_cluster, submission, h100
 
 
 def test_the_estimate_is_null_until_the_job_is_placed_then_gpus_x_runtime_x_price(
-        teammate, teams, aws_cluster, submission, h100, quota_factory):
+        teammate, teams, aws_cluster, submission, h100):
     from jobs.scheduling.passes import schedule_pending
 
     submission["spec"]["max_runtime_seconds"] = 5400  # 1.5 h
     job_id = teammate.client.post(JOBS, submission, format="json").json()["id"]
     assert teammate.client.get(f"{JOBS}{job_id}/").json()["estimated_cost_usd"] is None
-    quota_factory(teams[0], h100, nominal=16)
     schedule_pending()
     body = teammate.client.get(f"{JOBS}{job_id}/").json()
     assert body["state"] == "ADMITTED"

@@ -9,7 +9,7 @@ import pytest
 from jobs.models import Job
 
 JOBS = "/api/v1/jobs/"
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("alpha_h100_quota")]
 
 # 30 B parameters on 2 nodes x 8 H100-80GB (16 GPUs, Nd = 16), mixed-precision Adam:
 #   DDP 16 x 30e9 = 480e9 B = 447.03 GiB; stage 1 4Ψ + 12Ψ/16 = 142.5e9 B; stage 2 2Ψ + 14Ψ/16 = 86.25e9 B

@@ -1,7 +1,8 @@
 """A request that can never run answers 400 with the field and the reason, and stores nothing: more nodes than the
 largest pool of its accelerator has, CPU or memory per node above every node's allocatable, over the per-cluster
-quota on the only clusters it may use, or over the limit its team can reach (nominal + what its cohort can lend);
-a request that needs only a fleet change (a cordoned node) is accepted and waits."""
+quota on the only clusters it may use, over the limit its team can reach (nominal + what its cohort can lend), or
+for a team with no quota at all for the accelerator; a request that needs only a fleet change (a cordoned node) is
+accepted and waits."""
 
 from __future__ import annotations
 
@@ -109,3 +110,67 @@ def test_a_job_that_needs_a_cordoned_node_is_accepted_and_waits_for_the_fleet(
     job = fresh(Job.objects.get())
     assert job.state == "QUEUED" and job.queue_info["fleet_change"] is True
     assert "1 large enough nodes are cordoned" in job.queue_info["message"]
+
+
+def test_a_team_without_any_quota_for_the_accelerator_is_refused_on_the_accelerator(
+        teammate, aws_cluster, quota_factory, alpha, catalog, submission):
+    quota_factory(alpha, catalog["A100-80GB"], 64)  # a quota, but for another accelerator
+    r = submit(teammate, submission)
+    assert r.status_code == 400
+    assert r.json() == {"spec.resources.accelerator": [
+        "team alpha has no quota for H100-80GB GPUs: no nominal quota and nothing to borrow, so a job of 16 GPUs "
+        "(2 x 8) could never run"]}
+    assert not Job.objects.exists()
+
+
+def test_a_team_with_only_per_cluster_quota_for_the_accelerator_is_refused(
+        teammate, aws_cluster, alpha, h100, submission):
+    Quota.objects.create(team=alpha, accelerator=h100, cluster=aws_cluster["cluster"], nominal_gpus=16)
+    r = submit(teammate, submission)
+    assert r.status_code == 400
+    assert r.json() == {"spec.resources.accelerator": [
+        "team alpha has no quota for H100-80GB GPUs (its per-cluster quotas need a team-wide one): no nominal quota "
+        "and nothing to borrow, so a job of 16 GPUs (2 x 8) could never run"]}
+    assert not Job.objects.exists()
+
+
+def test_a_team_whose_quota_reaches_no_gpu_is_refused_on_the_accelerator(
+        teammate, aws_cluster, alpha, h100, submission):
+    # nominal 0, may borrow 8, but no other team has a quota of H100 to lend: it can reach 0
+    Quota.objects.create(team=alpha, accelerator=h100, nominal_gpus=0, borrowing_limit_gpus=8)
+    r = submit(teammate, submission, nodes=1, gpus_per_node=1)
+    assert r.status_code == 400
+    assert r.json() == {"spec.resources.accelerator": [
+        "team alpha can reach no H100-80GB GPUs (nominal 0, its borrowing limit is 8 but its cohort lends none), "
+        "so a job of 1 GPUs (1 x 1) could never run"]}
+    assert not Job.objects.exists()
+
+
+def test_a_team_that_may_only_borrow_is_accepted_when_its_cohort_lends(
+        teammate, aws_cluster, alpha, beta, h100, submission):
+    Quota.objects.create(team=alpha, accelerator=h100, nominal_gpus=0, borrowing_limit_gpus=8)
+    Quota.objects.create(team=beta, accelerator=h100, nominal_gpus=8)
+    assert submit(teammate, submission, nodes=1, gpus_per_node=8).status_code == 201
+
+
+def test_no_quota_for_the_accelerator_is_accepted_when_an_alternative_has_quota(
+        teammate, aws_cluster, cluster_factory, quota_factory, alpha, catalog, submission):
+    a100 = catalog["A100-80GB"]
+    cluster_factory("gcp-a100", "gcp", "us-central1", a100, nodes=2, gpus_per_node=8)
+    quota_factory(alpha, a100, 16)
+    r = submit(teammate, submission, alternatives=["A100-80GB"])
+    assert r.status_code == 201, r.content
+
+
+def test_more_gpus_per_node_than_any_synced_node_has_allocatable_is_refused(
+        teammate, aws_cluster, quota_factory, alpha, h100, submission):
+    # the pool says 8 GPUs per node; its synced nodes report 6 allocatable (2 held back by the device plugin)
+    quota_factory(alpha, h100, 32)
+    for node in node_rows(aws_cluster["pool"], 2):
+        node.gpus = 6
+        node.save()
+    r = submit(teammate, submission, nodes=1, gpus_per_node=8)
+    assert r.status_code == 400
+    assert r.json() == {"spec.resources.gpus_per_node": [
+        "8 GPUs per node is more than any H100-80GB node has allocatable; the most is 6"]}
+    assert not Job.objects.exists()

@@ -7,8 +7,11 @@ from django.test import override_settings
 
 from jobs.models import Job, JobEvent
 from jobs.spec import flatten_errors
+from quotas.models import Quota
 from runners.kubernetes.sync import apply_pools
 from tests.support.factories import make_attempt, make_job
+
+pytestmark = pytest.mark.usefixtures("alpha_h100_quota")
 
 JOBS = "/api/v1/jobs/"
 
@@ -115,7 +118,8 @@ def test_it_refuses_a_viewer_with_the_reason(viewer, aws_cluster, submission):
     assert_nothing_stored()
 
 
-def test_it_lets_staff_submit_for_any_team(staff, aws_cluster, submission):
+def test_it_lets_staff_submit_for_any_team(staff, aws_cluster, submission, teams, h100):
+    Quota.objects.create(team=teams[1], accelerator=h100, nominal_gpus=16)
     submission["team"] = "beta"
     r = staff.client.post(JOBS, submission, format="json")
     assert r.status_code == 201, r.content

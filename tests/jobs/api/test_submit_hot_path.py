@@ -22,6 +22,8 @@ from jobs.models import Job, JobEvent
 from jobs.spec import JobSubmissionSerializer
 from jobs.states import record_event
 
+pytestmark = pytest.mark.usefixtures("alpha_h100_quota")
+
 JOBS = "/api/v1/jobs/"
 
 

@@ -104,3 +104,23 @@ def test_preemptions_do_not_use_up_retries_but_losses_do(cluster_factory, quota_
     assert attempt.number == 3
     recover_or_fail(job, attempt, end_reason=JobAttempt.EndReason.NODE_LOST)
     assert fresh(job).state == S.FAILED  # the one retry went to the loss of attempt 2
+
+
+def test_reclaim_within_nominal_takes_a_lenders_last_borrowed_job_even_below_its_nominal(
+        cluster_factory, quota_factory, h100, alpha, beta, queue_job):
+    # a 12-GPU pool (2 nodes x 6); alpha, beta, gamma nominal 4 each, alpha may borrow 8 and runs two preemptible
+    # 6-GPU jobs; beta then gamma ask 4 each. Each job of alpha is taken while alpha holds more than its nominal
+    # (12, then 6), so both go and alpha ends at 0; gamma does not wait with 2 GPUs idle.
+    gamma = Team.objects.create(slug="gamma", name="Gamma")
+    cluster_factory("twelve", "aws", "us-east-1", h100, nodes=2, gpus_per_node=6, price="4.20")
+    quota_factory(alpha, h100, nominal=4, borrowing=8)
+    quota_factory(beta, h100, nominal=4)
+    quota_factory(gamma, h100, nominal=4)
+    first, second = queue_job(alpha, 6, preemptible=True), queue_job(alpha, 6, preemptible=True)
+    assert schedule_pending().admitted == [first.pk, second.pk]
+    run(first), run(second)
+    b, c = queue_job(beta, 4), queue_job(gamma, 4)
+    result = schedule_pending()
+    assert sorted(result.admitted) == sorted([b.pk, c.pk])
+    assert (fresh(first).state, fresh(second).state) == (S.RECOVERING, S.RECOVERING)
+    assert [team_used_gpus(t.pk, h100.pk) for t in (alpha, beta, gamma)] == [0, 4, 4]

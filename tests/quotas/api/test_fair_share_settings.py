@@ -51,7 +51,8 @@ def test_staff_set_a_teams_queueing_strategy_with_kueues_names(alpha, staff):
     assert Team.objects.get(pk=alpha.pk).queueing_strategy == "StrictFIFO"
 
 
-def test_cohorts_and_priority_classes_are_edited_by_staff_and_audited(alpha, staff, h100, cluster_factory, teammate):
+def test_cohorts_and_priority_classes_are_edited_by_staff_and_audited(alpha, staff, h100, cluster_factory, teammate,
+                                                                    alpha_h100_quota):
     member = teammate
     assert member.client.post("/api/v1/cohorts/", {"name": "x"}, format="json").status_code == 403
     assert staff.client.post("/api/v1/cohorts/", {"name": "research"}, format="json").status_code == 201

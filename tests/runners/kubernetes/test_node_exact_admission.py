@@ -73,11 +73,11 @@ def add(emulators, cluster: str, *objects) -> None:
         k._req("POST", path, obj)
 
 
-def submit(teams, user, catalog, *, nodes=1, gpus=8, cpu=4, memory_gib=32) -> Job:
+def submit(teams, user, catalog, *, nodes=1, gpus=8, cpu=4, memory_gib=32, name="t") -> Job:
     spec = {"image": "registry.example/train:1", "command": SLEEP, "args": [], "env": {},
             "resources": {"accelerator": "H100-80GB", "gpus_per_node": gpus, "nodes": nodes, "cpu": cpu,
                           "memory_gib": memory_gib}, "placement": {}}
-    return make_job_row(teams[0], user, catalog["H100-80GB"], name="t", spec=spec, gpus_per_node=gpus, nodes=nodes)
+    return make_job_row(teams[0], user, catalog["H100-80GB"], name=name, spec=spec, gpus_per_node=gpus, nodes=nodes)
 
 
 def dispatch_and_schedule(emulators, cluster_name: str, attempt: JobAttempt) -> dict:
@@ -147,6 +147,49 @@ def test_cpu_and_memory_bound_nodes_are_passed_over(two_clusters, teams, user, c
     attempt = fresh(job).current_attempt
     assert (attempt.cluster.name, attempt.placement["nodes"]) == ("cheap", ["c2"])
     assert dispatch_and_schedule(emulators, "cheap", attempt) == {f"{attempt.object_name}-0-p": "c2"}
+
+
+def test_a_cordoned_node_keeps_a_gang_waiting_for_the_fleet_and_the_job_behind_it_runs(
+        two_clusters, teams, user, catalog):
+    # cheap: w0 free, w1 cordoned; the team queues strictly in order, yet a job that needs the cordon lifted
+    # waits for the fleet without holding back the one behind it
+    emulators, clusters = two_clusters
+    add(emulators, "cheap", gpu_node("w0"), gpu_node("w1", cordoned=True))
+    sync_cluster(clusters["cheap"])
+    clusters["dear"].delete()
+    teams[0].queueing_strategy = "StrictFIFO"
+    teams[0].save()
+    gang = submit(teams, user, catalog, nodes=2, name="gang")
+    single = submit(teams, user, catalog, name="single")
+    schedule_pending()
+    gang, single = fresh(gang), fresh(single)
+    assert gang.state == JobState.QUEUED and gang.queue_info["fleet_change"] is True
+    assert "1 large enough nodes are cordoned" in gang.queue_info["message"]
+    attempt = single.current_attempt
+    assert single.state == JobState.ADMITTED and attempt.placement["nodes"] == ["w0"]
+    assert dispatch_and_schedule(emulators, "cheap", attempt) == {f"{attempt.object_name}-0-p": "w0"}
+
+
+@pytest.mark.parametrize("strategy, runs", [("BestEffortFIFO", True), ("StrictFIFO", False)])
+def test_a_head_without_room_now_holds_back_a_smaller_job_only_under_strict_fifo(
+        two_clusters, teams, user, catalog, strategy, runs):
+    # cheap: n0 free, n1 with 6 of 8 GPUs taken by another owner: a 2 x 8 head fits once n1 frees up, not now
+    emulators, clusters = two_clusters
+    add(emulators, "cheap", gpu_node("n0"), gpu_node("n1"), foreign_pod("n1", 6, "other"))
+    sync_cluster(clusters["cheap"])
+    clusters["dear"].delete()
+    teams[0].queueing_strategy = strategy
+    teams[0].save()
+    head = submit(teams, user, catalog, nodes=2, name="head")
+    small = submit(teams, user, catalog, gpus=4, name="small")
+    schedule_pending()
+    head, small = fresh(head), fresh(small)
+    assert head.state == JobState.QUEUED and head.queue_info["reason"] == "capacity"
+    assert not head.queue_info.get("fleet_change")
+    if runs:
+        assert small.state == JobState.ADMITTED and small.current_attempt.placement["nodes"] == ["n0"]
+    else:
+        assert small.state == JobState.QUEUED and not small.attempts.exists()
 
 
 def test_an_unschedulable_pod_past_the_grace_period_releases_its_attempt_and_requeues_the_job(

@@ -156,7 +156,7 @@ def fleets(draw):
                                    st.sampled_from([0, 4, 16, 48]), st.sampled_from([0, 32, 100, 200])),
                          min_size=1, max_size=30))
     quotas = draw(st.lists(st.tuples(st.integers(0, 16), st.integers(0, 16)), min_size=3, max_size=3))
-    policy = draw(st.sampled_from(["best-fit", "first-fit", "spread"]))
+    policy = draw(st.sampled_from(["best-fit", "first-fit", "spread", "fgd"]))
     return nodes, jobs, quotas, policy
 
 
