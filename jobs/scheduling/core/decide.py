@@ -408,6 +408,11 @@ class FairShareScheduler:
 
     # --- applying a decision to the in-memory state ----------------------------------------
 
+    def admit(self, admission: Admission) -> None:
+        """Book ``admission`` (an ``evaluate`` answer on this state) as a pass does: its team's usage, its nodes,
+        its cluster usage and its budgets' committed money; its victims released. Later ``evaluate`` calls see it."""
+        self._admit(admission)
+
     def _use(self, team: TeamState, acc: int, delta: int) -> None:
         q = team.quotas.get(acc)
         g = q.guaranteed_gpus if q else 0
