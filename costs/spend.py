@@ -192,8 +192,21 @@ def lock_team_spend(team_id: int) -> TeamSpend:
     before it and none that commits after until this transaction ends.
     Lock order: after the job, attempt and node pool rows.
     """
-    TeamSpend.objects.get_or_create(team_id=team_id)
-    return TeamSpend.objects.select_for_update(of=("self",)).get(team_id=team_id)
+    return lock_team_spends([team_id])[team_id]
+
+
+def lock_team_spends(team_ids) -> dict[int, TeamSpend]:
+    """``lock_team_spend`` of several teams, in team id order: one locking query when every row exists (one more
+    insert and lock for those missing); team id -> row. Lock order: after the job, attempt and node pool rows."""
+    ids = sorted(set(team_ids))
+    rows = {r.team_id: r for r in TeamSpend.objects.select_for_update(of=("self",)).filter(team_id__in=ids)
+            .order_by("team_id")}
+    missing = [t for t in ids if t not in rows]
+    if missing:
+        TeamSpend.objects.bulk_create([TeamSpend(team_id=t) for t in missing], ignore_conflicts=True)
+        rows.update((r.team_id, r) for r in TeamSpend.objects.select_for_update(of=("self",))
+                    .filter(team_id__in=missing).order_by("team_id"))
+    return rows
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,7 +5,10 @@ healthchecks' ``sendalerts``) with a JobEvent written in the same
 transaction; an impossible transition raises instead of doing nothing.
 """
 
-from django.db import transaction
+import dataclasses
+
+from django.db import models, transaction
+from django.db.models import Case, Value, When
 from django.utils import timezone
 
 from .models import FINAL_STATES, Job, JobEvent, JobState
@@ -92,6 +95,83 @@ def transition(job: Job, to_state: str, *, reason: str = "", actor=None, attempt
     for name, value in fields.items():
         setattr(job, name, value)
     return job
+
+
+@dataclasses.dataclass
+class Move:
+    """One job of ``transition_many``: its reason, the attempt and data of its event, and extra columns to set."""
+
+    job: Job
+    reason: str = ""
+    attempt: object = None
+    data: dict | None = None
+    fields: dict = dataclasses.field(default_factory=dict)
+
+
+#: Jobs per UPDATE of ``transition_many`` (each carries its own values in CASE branches).
+MANY_CHUNK = 500
+
+
+def transition_many(moves: list[Move], to_state: str, *, actor=None) -> list[Job]:
+    """``transition`` of several jobs to ``to_state`` at once: a compare-and-set UPDATE per from-state (and per
+    ``MANY_CHUNK`` jobs) and one INSERT of their events, whatever their number; returns the jobs moved, updated in
+    memory. A job whose row left its in-memory state is left out, with nothing written for it (StaleState's case);
+    the others move. Per-job values (``reason``, ``fields``) go in CASE branches. Raises InvalidTransition (and
+    writes nothing) when one of the edges does not exist. For callers that hold the rows' locks (admission):
+    otherwise the moved rows are found again with one more query.
+    """
+    for m in moves:
+        if not can_transition(m.job.state, to_state):
+            raise InvalidTransition(m.job.pk, m.job.state, to_state)
+    now = timezone.now()
+    for m in moves:
+        m.fields.setdefault("state_reason", m.reason[:500])
+        if to_state == S.ADMITTED:
+            m.fields.setdefault("admitted_at", now)
+            m.fields.setdefault("queue_info", {})
+        if to_state in FINAL_STATES:
+            m.fields.setdefault("ended_at", now)
+        if to_state == S.RUNNING and m.job.started_at is None:
+            m.fields.setdefault("started_at", now)
+    moved: list[Move] = []
+    with transaction.atomic(savepoint=False):
+        groups: dict[tuple, list[Move]] = {}
+        for m in moves:
+            groups.setdefault((m.job.state, tuple(sorted(m.fields))), []).append(m)
+        for (from_state, names), group in groups.items():
+            for start in range(0, len(group), MANY_CHUNK):
+                chunk = group[start:start + MANY_CHUNK]
+                ids = [m.job.pk for m in chunk]
+                updated = Job.objects.filter(pk__in=ids, state=from_state).update(
+                    state=to_state, updated_at=now, **{name: _per_job(chunk, name) for name in names})
+                if updated != len(chunk):
+                    done = set(Job.objects.filter(pk__in=ids, state=to_state, updated_at=now)
+                               .values_list("pk", flat=True))
+                    chunk = [m for m in chunk if m.job.pk in done]
+                moved += chunk
+        JobEvent.objects.bulk_create([
+            JobEvent(job_id=m.job.pk, attempt=m.attempt, kind="state", from_state=m.job.state, to_state=to_state,
+                     reason=m.reason[:500], actor=actor, data=m.data or {}) for m in moved])
+    for m in moved:
+        m.job.state = to_state
+        m.job.updated_at = now
+        for name, value in m.fields.items():
+            setattr(m.job, name, value)
+    return [m.job for m in moved]
+
+
+def _per_job(chunk: list[Move], name: str):
+    """The value of column ``name`` for the UPDATE of ``chunk``: the one value they share, else a CASE on the id."""
+    field = Job._meta.get_field(name)
+    values = [m.fields[name] for m in chunk]
+    if field.is_relation:
+        values = [v.pk if isinstance(v, models.Model) else v for v in values]
+        field = field.target_field
+    first = values[0]
+    if all(v == first and type(v) is type(first) for v in values):
+        return Value(first, output_field=field)
+    return Case(*[When(pk=m.job.pk, then=Value(v, output_field=field)) for m, v in zip(chunk, values)],
+                output_field=field)
 
 
 def record_event(job: Job, kind: str, reason: str = "", *, actor=None, attempt=None, data=None) -> JobEvent:

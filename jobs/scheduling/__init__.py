@@ -3,9 +3,9 @@
 - ``core``: the pure decision core (model, placement, rules, order,
   preemption, the decision loop); imports nothing from Django.
 - ``snapshot``: reads the snapshot a pass decides on (with a per-process
-  cache of waiting rows) and the one-job snapshots of a re-check or a preview.
+  cache of waiting rows) and the snapshots of a locked re-check or a preview.
 - ``offers``: node pools as the core sees them (free GPUs, price now).
-- ``apply``: commits the core's decisions, re-checking each admission under
+- ``apply``: commits the core's decisions, re-checking the admissions under
   row locks with the core's own rules.
 - ``passes``: the entry points (``schedule_pending``, ``try_admit``,
   ``schedule_coalesced``, ``PassResult``).

@@ -1,26 +1,31 @@
-"""Committing the core's decisions: each admission in its own transaction that re-checks it under row locks.
+"""Committing the core's decisions: the admissions re-checked under row locks, together, in a fixed number of queries.
 
 The core proposes on an unlocked snapshot; the transaction verifies:
 
-1. lock the job row (SKIP LOCKED: another scheduler owns it), then the team
-   row, then the victims' job rows if it preempts (SKIP LOCKED: a victim
-   another worker holds cancels this admission for now), then every node
-   pool of the accelerator in id order (serialises capacity and the cohort's
-   borrowing of that accelerator; one global order, so no deadlock);
+1. lock the job rows (SKIP LOCKED: another scheduler owns them), then their
+   team rows, then, for an admission that preempts, the victims' job rows
+   (SKIP LOCKED: a victim another worker holds cancels this admission for
+   now), then every node pool of the accelerators in id order (serialises
+   capacity and the cohort's borrowing of that accelerator; one global
+   order, so no deadlock);
 2. preempt the victims (``jobs.lifecycle.preempt_attempt``), then read a
-   one-job snapshot from the locked rows (``snapshot.job_snapshot``) and ask
-   the core again (``core.recheck``): quota, per-cluster caps, cohort
-   lending, the victims' nominal, the pool's room and the budgets (read
-   after locking the team's spend totals row, the last lock taken), by the
-   very rules and messages of the pass;
-3. create the attempt and move the job to ADMITTED by compare-and-set, and
-   enqueue its dispatch on commit; any failed check rolls everything back
-   and the job waits with the re-check's reason.
+   snapshot from the locked rows (``snapshot.teams_snapshot``) and ask the
+   core again: quota, per-cluster caps, cohort lending, the victims'
+   nominal, the pool's room and the budgets (read after locking the teams'
+   spend totals rows, the last locks taken), by the very rules and messages
+   of the pass;
+3. create the attempts and move the jobs to ADMITTED by compare-and-set, and
+   enqueue their dispatch on commit; an admission whose check fails writes
+   nothing and its job waits with the re-check's reason.
 
-Waiting jobs get their reason, numbers and queue positions in ``queue_info``
-(one bulk UPDATE); a ``waiting`` event is written when the reason changes.
-On SQLite the IMMEDIATE transaction mode serialises whole transactions,
-which gives the same guarantee.
+Admissions without victims are re-checked together: one transaction per
+run of them in the pass's order, the core booking each admitted one before
+it checks the next, so no run admits more than the locked state holds; a
+preempting admission is committed alone, in its own transaction
+(``apply_admission``). Waiting jobs get their reason, numbers and queue
+positions in ``queue_info`` (one bulk UPDATE); a ``waiting`` event is
+written when the reason changes. On SQLite the IMMEDIATE transaction mode
+serialises whole transactions, which gives the same guarantee.
 """
 
 from __future__ import annotations
@@ -31,27 +36,101 @@ import json
 from decimal import Decimal
 
 from django.db import connection, transaction
+from django.db.models import Count
 
 from quotas.models import Team
 
 from ..enqueue import enqueue_dispatch
 from ..lifecycle import preempt_attempt
 from ..models import Job, JobAttempt, JobEvent, JobState
-from ..states import StaleState, transition
-from .core import Admission, Decision, Rejection, Verdict, Waiting, recheck
+from ..states import Move, transition, transition_many
+from .core import Admission, Decision, FairShareScheduler, QueuedJob, Rejection, Verdict, Waiting, recheck
 from .offers import lock_pools, pool_offers
-from .snapshot import WAITING_STATES, job_snapshot, queued_job
+from .snapshot import WAITING_STATES, job_snapshot, queued_job, teams_snapshot
 
 #: States of a job that may be preempted: its current attempt is live.
 LIVE_STATES = [JobState.ADMITTED, JobState.STARTING, JobState.RUNNING]
 
 
+def apply_admissions(decisions: list[Admission], now: dt.datetime) -> list[tuple[str, Verdict | None]]:
+    """Verify and commit ``decisions`` (in the pass's order), each ``admitted``, ``waiting`` (with why) or
+    ``skipped``, as ``apply_admission`` answers one.
+
+    Admissions without victims go together, in one transaction per run of
+    them, in a fixed number of queries whatever their number: the job rows
+    (SKIP LOCKED), their teams' rows, every node pool of their accelerators
+    (id order) and their teams' totals rows are locked once, one snapshot of
+    them is read, and the core re-checks each admission on it in order,
+    booking each one it admits before the next (as a pass does); then the
+    attempts, the state changes and their events are written in bulk. A
+    preempting admission goes alone (``apply_admission``), after the run
+    before it, so each re-check still sees every admission decided before it.
+    """
+    outcomes: list[tuple[str, Verdict | None]] = []
+    run: list[Admission] = []
+    for decision in decisions:
+        if decision.victims:
+            outcomes += _apply_together(run, now)
+            run = []
+            outcomes.append(apply_admission(decision, now))
+        else:
+            run.append(decision)
+    return outcomes + _apply_together(run, now)
+
+
+def _locked_waiting(job_ids: list[int]) -> dict[int, Job]:
+    """The jobs of ``job_ids`` still waiting, locked (those another scheduler holds skipped), less the RECOVERING ones
+    whose attempt is still live; job id -> row."""
+    jobs = {j.pk: j for j in Job.objects.select_for_update(skip_locked=True)
+            .filter(pk__in=job_ids, state__in=WAITING_STATES).order_by("pk")}
+    recovering = [pk for pk, j in jobs.items() if j.state == JobState.RECOVERING]
+    if recovering:
+        for pk in JobAttempt.objects.filter(job_id__in=recovering, ended_at__isnull=True).values_list("job_id",
+                                                                                                     flat=True):
+            jobs.pop(pk, None)
+    return jobs
+
+
+def _apply_together(decisions: list[Admission], now: dt.datetime) -> list[tuple[str, Verdict | None]]:
+    """Admissions without victims re-checked and committed in one transaction (``apply_admissions``)."""
+    if not decisions:
+        return []
+    with transaction.atomic():
+        jobs = _locked_waiting([d.job.job_id for d in decisions])
+        if not jobs:
+            return [("skipped", None)] * len(decisions)
+        teams = {t.pk: t for t in Team.objects.select_for_update(no_key=True)
+                 .filter(pk__in={j.team_id for j in jobs.values()}).order_by("pk")}
+        accelerators = sorted({d.accelerator_id or jobs[d.job.job_id].accelerator_id for d in decisions
+                               if d.job.job_id in jobs})
+        lock_pools(*accelerators)
+        snapshot = teams_snapshot(teams, {acc: pool_offers(acc, now, lock=False) for acc in accelerators}, now,
+                                  lock_spend=True)
+        scheduler = FairShareScheduler(snapshot)
+        outcomes: list[tuple[str, Verdict | None]] = []
+        admitted: list[tuple[Job, Admission]] = []
+        for decision in decisions:
+            job = jobs.get(decision.job.job_id)
+            if job is None:
+                outcomes.append(("skipped", None))
+                continue
+            outcome = scheduler.evaluate(_queued_on(job, decision))
+            if not isinstance(outcome, Admission):
+                outcomes.append(("waiting", _why(outcome)))
+                continue
+            scheduler.admit(outcome)
+            admitted.append((job, outcome))
+            outcomes.append(("admitted", None))
+        committed = _commit(admitted)
+        return [("skipped", None) if o == "admitted" and decision.job.job_id not in committed else (o, v)
+                for (o, v), decision in zip(outcomes, decisions)]
+
+
 def apply_admission(decision: Admission, now: dt.datetime) -> tuple[str, Verdict | None]:
     """Verify and commit one admission (with its preemptions); ``admitted``, ``waiting`` (with why) or ``skipped``."""
     with transaction.atomic():
-        job = Job.objects.select_for_update(skip_locked=True).filter(pk=decision.job.job_id,
-                                                                      state__in=WAITING_STATES).first()
-        if job is None or (job.state == JobState.RECOVERING and _has_live_attempt(job)):
+        job = _locked_waiting([decision.job.job_id]).get(decision.job.job_id)
+        if job is None:
             return "skipped", None
         team = Team.objects.select_for_update(no_key=True).get(pk=job.team_id)
         victims = []
@@ -72,28 +151,53 @@ def apply_admission(decision: Admission, now: dt.datetime) -> tuple[str, Verdict
         outcome = _recheck(job, team, decision, now)
         if not isinstance(outcome, Admission):
             transaction.set_rollback(True)
-            return "waiting", outcome.verdict if isinstance(outcome, Rejection) else outcome.verdict()
-        offer, estimate = outcome.offer, outcome.estimate_usd
-        number = job.attempts.count() + 1
-        attempt = JobAttempt.objects.create(
-            job=job, number=number, cluster_id=offer.cluster_id, node_pool_id=offer.node_pool_id,
-            gpus=job.total_gpus, object_name=f"job-{job.pk}-{number}", usd_per_gpu_hour=offer.usd_per_gpu_hour,
-            placement=attempt_placement(outcome),
-        )
-        data = {"cluster": offer.cluster_name, "node_pool_id": offer.node_pool_id, "estimate_usd": str(estimate)}
-        if attempt.placement:
-            data["nodes"] = attempt.placement["nodes"]
-        if decision.victims:
-            data["preempted_job_ids"] = [v.job_id for v in decision.victims]
-        try:
-            transition(job, JobState.ADMITTED, reason=f"placed on {offer.cluster_name} at ${offer.usd_per_gpu_hour}/GPU-h",
-                       attempt=attempt, current_attempt=attempt, estimated_cost_usd=job.accrued_cost_usd + estimate,
-                       data=data)
-        except StaleState:
+            return "waiting", _why(outcome)
+        if not _commit([(job, outcome)], decision.victims):
             transaction.set_rollback(True)
             return "skipped", None
-        enqueue_dispatch(attempt.pk)
         return "admitted", None
+
+
+def _why(outcome: Decision) -> Verdict:
+    """The verdict of a re-check that did not admit (a rejection's, or why it waits)."""
+    return outcome.verdict if isinstance(outcome, Rejection) else outcome.verdict()
+
+
+def _commit(admitted: list[tuple[Job, Admission]], victims=()) -> set[int]:
+    """Write the re-checked admissions of locked jobs: their attempts, the compare-and-set move to ADMITTED with its
+    event (``transition_many``; ``victims``: the jobs preempted for a lone admission, named in its event), the
+    dispatches on commit; the ids of the jobs admitted (a job whose row changed meanwhile is left out, its attempt
+    removed). A fixed number of queries whatever the number of jobs."""
+    if not admitted:
+        return set()
+    numbers = dict(JobAttempt.objects.filter(job_id__in=[job.pk for job, _ in admitted]).order_by()
+                   .values_list("job_id").annotate(n=Count("pk")))
+    attempts = JobAttempt.objects.bulk_create([
+        JobAttempt(job=job, number=numbers.get(job.pk, 0) + 1, cluster_id=a.offer.cluster_id,
+                   node_pool_id=a.offer.node_pool_id, gpus=job.total_gpus,
+                   object_name=f"job-{job.pk}-{numbers.get(job.pk, 0) + 1}", usd_per_gpu_hour=a.offer.usd_per_gpu_hour,
+                   placement=attempt_placement(a))
+        for job, a in admitted])
+    moves = []
+    for (job, a), attempt in zip(admitted, attempts):
+        offer = a.offer
+        data = {"cluster": offer.cluster_name, "node_pool_id": offer.node_pool_id, "estimate_usd": str(a.estimate_usd)}
+        if attempt.placement:
+            data["nodes"] = attempt.placement["nodes"]
+        if victims:
+            data["preempted_job_ids"] = [v.job_id for v in victims]
+        moves.append(Move(job, reason=f"placed on {offer.cluster_name} at ${offer.usd_per_gpu_hour}/GPU-h",
+                          attempt=attempt, data=data,
+                          fields={"current_attempt": attempt,
+                                  "estimated_cost_usd": job.accrued_cost_usd + a.estimate_usd}))
+    moved = {job.pk for job in transition_many(moves, JobState.ADMITTED)}
+    stale = [attempt.pk for (job, _), attempt in zip(admitted, attempts) if job.pk not in moved]
+    if stale:
+        JobAttempt.objects.filter(pk__in=stale).delete()
+    for (job, _), attempt in zip(admitted, attempts):
+        if job.pk in moved:
+            enqueue_dispatch(attempt.pk)
+    return moved
 
 
 def attempt_placement(admission: Admission) -> dict:
@@ -106,6 +210,16 @@ def attempt_placement(admission: Admission) -> dict:
             "memory_mib": job.memory_mib}
 
 
+def _queued_on(job: Job, decision: Admission) -> QueuedJob:
+    """The locked ``job`` as the core sees it, on the accelerator ``decision`` got (an alternative's re-check is on
+    that accelerator alone)."""
+    queued = queued_job(job)
+    accelerator_id = decision.accelerator_id or job.accelerator_id
+    if accelerator_id != queued.accelerator_id:
+        queued = dataclasses.replace(queued, accelerator_id=accelerator_id, alternatives=())
+    return queued
+
+
 def _recheck(job: Job, team: Team, decision: Admission, now: dt.datetime) -> Decision:
     """The core's decision for the locked ``job`` on a snapshot of the locked rows, after its preemptions.
 
@@ -114,11 +228,8 @@ def _recheck(job: Job, team: Team, decision: Admission, now: dt.datetime) -> Dec
     lendable pool) and the victims' teams. A job admitted on one of its
     alternatives is re-checked on that accelerator.
     """
-    queued = queued_job(job)
-    accelerator_id = decision.accelerator_id or job.accelerator_id
-    if accelerator_id != queued.accelerator_id:
-        queued = dataclasses.replace(queued, accelerator_id=accelerator_id, alternatives=())
-    offers = pool_offers(accelerator_id, now, lock=True)
+    queued = _queued_on(job, decision)
+    offers = pool_offers(queued.accelerator_id, now, lock=True)
     snapshot = job_snapshot(team, queued, now, offers, also=tuple({v.team_id for v in decision.victims}),
                             lock_spend=True)
     return recheck(snapshot, queued, decision)

@@ -101,7 +101,8 @@ def node_rooms(pools: list[NodePool]) -> dict[int, tuple[NodeRoom, ...]]:
             for pid, lst in nodes.items()}
 
 
-def lock_pools(accelerator_id: int) -> None:
-    """Lock every node pool row of the accelerator FOR UPDATE, in id order (the admission's lock order)."""
-    list(NodePool.objects.filter(accelerator_id=accelerator_id).order_by("pk").select_for_update()
+def lock_pools(*accelerator_ids: int) -> None:
+    """Lock every node pool row of the accelerators FOR UPDATE, in id order (the admission's lock order), in one
+    query."""
+    list(NodePool.objects.filter(accelerator_id__in=accelerator_ids).order_by("pk").select_for_update()
          .values_list("pk", flat=True))

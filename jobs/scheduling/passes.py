@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from .. import metrics
 from ..models import Job, JobState
-from .apply import apply_admission, apply_rejection, store_waiting, waiting_info
+from .apply import apply_admissions, apply_rejection, store_waiting, waiting_info
 from .core import Decisions, decide
 from .pacing import clear_schedule_flag, defer_schedule, pass_pause_remaining, record_pass, scheduler_lock
 from .snapshot import Loaded, load_snapshot
@@ -36,13 +36,12 @@ class PassResult:
 
 
 def run_pass(loaded: Loaded, decisions: Decisions, now: dt.datetime, *, positions: bool = True) -> PassResult:
-    """Commit ``decisions`` (decided on ``loaded``): each admission re-checked in its own transaction, rejections,
+    """Commit ``decisions`` (decided on ``loaded``): the admissions re-checked under locks (``apply_admissions``), rejections,
     then the waiting jobs' ``queue_info`` in bulk. ``positions``: store the new queue positions (a full pass);
     otherwise each job keeps its stored ones."""
     result = PassResult()
     infos: dict[int, tuple[str, str, dict]] = {}
-    for decision in decisions.admissions:
-        outcome, verdict = apply_admission(decision, now)
+    for decision, (outcome, verdict) in zip(decisions.admissions, apply_admissions(decisions.admissions, now)):
         if outcome == "admitted":
             result.admitted.append(decision.job.job_id)
             metrics.ADMISSIONS.inc()
@@ -88,8 +87,8 @@ def try_admit(job_id: int, now: dt.datetime | None = None) -> str:
 def schedule_pending(limit: int | None = None) -> PassResult:
     """One scheduling pass over every waiting job (or the first ``limit`` in priority order); safe to run concurrently.
 
-    The core decides on a snapshot; each admission is then verified and
-    committed in its own transaction (``apply``).
+    The core decides on a snapshot; the admissions are then verified under
+    locks and committed (``apply``).
     """
     now = timezone.now()
     loaded = load_snapshot(now, limit=limit)

@@ -25,7 +25,7 @@ from django.db.models.fields.json import KeyTransform
 from django.db.models.functions import Cast
 
 from core.lookups import register
-from costs.spend import highest_prices, lock_team_spend, period_spend, unpriced_bound_usd
+from costs.spend import highest_prices, lock_team_spends, period_spend, unpriced_bound_usd
 from quotas.models import Budget, Quota, Team
 from runners.models import Accelerator
 
@@ -69,8 +69,7 @@ def budget_views_by_team(team_ids, now: dt.datetime, *, lock: bool = False) -> d
         return views
     teams = sorted({b.team_id for b, _, _ in budgets})
     if lock:
-        for team_id in teams:
-            lock_team_spend(team_id)
+        lock_team_spends(teams)
     committed = committed_by_team(teams)
     spends = {}
     for window in {(start, end) for _, start, end in budgets}:
@@ -328,27 +327,50 @@ def job_snapshot(team: Team, job: QueuedJob, now: dt.datetime, offers: list[Pool
     re-check) reads the budgets from the team's locked totals row.
     """
     acc = job.accelerator_id  # an alternative's re-check passes the job with that accelerator
-    members = Q(pk=team.pk) | Q(pk__in=also)
+    return teams_snapshot({team.pk: team}, {acc: offers}, now, cohort=cohort, also=also, lock_spend=lock_spend,
+                          queue=[job])
+
+
+def teams_snapshot(locked: dict[int, Team], offers: dict[int, list[PoolOffer]], now: dt.datetime, *,
+                   cohort: bool = True, also: tuple[int, ...] = (), lock_spend: bool = False,
+                   queue: list[QueuedJob] | None = None) -> Snapshot:
+    """A snapshot to decide some jobs of the teams ``locked`` (team id -> the row as read, e.g. locked) on the
+    accelerators of ``offers`` (accelerator id -> its pools), read now in a fixed number of queries whatever the
+    number of teams: each team's quotas of those accelerators (team-wide and per cluster), live usage and budgets
+    in force; with ``cohort`` every team of their cohorts (quotas and usage: the cohorts' lendable pools and
+    borrowing); the teams in ``also`` too; ``queue`` as the waiting jobs (default none); no running jobs (nothing
+    more to preempt). ``lock_spend``: the budgets are read after locking the teams' totals rows (team id order).
+    """
+    accs = list(offers)
+    members = Q(pk__in=list(locked)) | Q(pk__in=also)
     if cohort:
-        members |= Q(cohort_id=team.cohort_id) if team.cohort_id else Q(cohort__isnull=True)
+        cohorts = {t.cohort_id for t in locked.values()}
+        if None in cohorts:
+            members |= Q(cohort__isnull=True)
+        if cohorts - {None}:
+            members |= Q(cohort_id__in=cohorts - {None})
     teams = {pk: TeamState(pk, cohort=cohort_id, weight=float(weight), strategy=strategy)
              for pk, cohort_id, weight, strategy in
              Team.objects.filter(members).values_list("pk", "cohort_id", "weight", "queueing_strategy")}
-    teams[team.pk] = TeamState(team.pk, cohort=team.cohort_id, weight=float(team.weight),
-                               strategy=team.queueing_strategy)  # the row as locked
-    for q in Quota.objects.filter(team_id__in=teams, accelerator_id=acc):
+    for team in locked.values():  # the rows as locked
+        teams[team.pk] = TeamState(team.pk, cohort=team.cohort_id, weight=float(team.weight),
+                                   strategy=team.queueing_strategy)
+    for q in Quota.objects.filter(team_id__in=teams, accelerator_id__in=accs):
         if q.cluster_id is None:
-            teams[q.team_id].quotas[acc] = TeamQuota(q.nominal_gpus, q.borrowing_limit_gpus, q.lending_limit_gpus,
-                                                     q.max_gpus_per_job)
+            teams[q.team_id].quotas[q.accelerator_id] = TeamQuota(q.nominal_gpus, q.borrowing_limit_gpus,
+                                                                  q.lending_limit_gpus, q.max_gpus_per_job)
         else:
-            teams[q.team_id].cluster_caps[(acc, q.cluster_id)] = q.nominal_gpus + q.borrowing_limit_gpus
-    live = JobAttempt.objects.filter(job__team_id__in=teams, node_pool__accelerator_id=acc, ended_at__isnull=True)
-    for team_id, gpus in live.values_list("job__team_id").annotate(n=Sum("gpus")):
+            teams[q.team_id].cluster_caps[(q.accelerator_id, q.cluster_id)] = q.nominal_gpus + q.borrowing_limit_gpus
+    live = JobAttempt.objects.filter(job__team_id__in=teams, node_pool__accelerator_id__in=accs, ended_at__isnull=True)
+    for team_id, acc, gpus in live.values_list("job__team_id", "node_pool__accelerator_id").annotate(n=Sum("gpus")):
         teams[team_id].used[acc] = gpus
-    own = teams[team.pk]
-    if own.cluster_caps:
-        for cluster_id, gpus in (live.filter(job__team_id=team.pk).values_list("cluster_id").annotate(n=Sum("gpus"))):
-            if (acc, cluster_id) in own.cluster_caps:
-                own.cluster_used[(acc, cluster_id)] = gpus
-    own.budgets = budget_views(team.pk, now, lock=lock_spend)
-    return Snapshot(teams, {acc: offers}, [job], policy=settings.SCHEDULING_PACKING_POLICY)
+    capped = [pk for pk in locked if teams[pk].cluster_caps]
+    if capped:
+        for team_id, acc, cluster_id, gpus in (live.filter(job__team_id__in=capped)
+                                               .values_list("job__team_id", "node_pool__accelerator_id", "cluster_id")
+                                               .annotate(n=Sum("gpus"))):
+            if (acc, cluster_id) in teams[team_id].cluster_caps:
+                teams[team_id].cluster_used[(acc, cluster_id)] = gpus
+    for team_id, views in budget_views_by_team(sorted(locked), now, lock=lock_spend).items():
+        teams[team_id].budgets = views
+    return Snapshot(teams, dict(offers), list(queue or ()), policy=settings.SCHEDULING_PACKING_POLICY)

@@ -113,10 +113,10 @@ class FairShareScheduler:
         self._matching: dict[tuple, tuple[list[PoolOffer], Verdict | None, tuple[int, ...]]] = {}
         # Capacity verdicts by (pools key, shape): (book version, verdict); shapes known not to fit by pools key.
         self._no_room: dict[tuple, tuple[int, Verdict]] = {}
-        self._failed: dict[tuple, list[tuple[int, int, int, int]]] = {}
-        self._taken = 0  # bumped by every booking (cached capacity numbers are then stale)
-        self._released = 0  # bumped by every release (shapes known not to fit may fit again)
-        self._failed_at = -1
+        self._failed: dict[tuple, tuple[int, list[tuple[int, int, int, int]]]] = {}
+        self._taken: dict[int, int] = {}  # by accelerator: bumped by every booking (its pools' cached numbers are stale)
+        # By accelerator: bumped by every release on its pools (shapes known not to fit there may fit again).
+        self._released: dict[int, int] = {}
         self._no_victims: dict[tuple, tuple[int, list[tuple[int, int, int, int]]]] = {}
         self._never_seen: dict[tuple, Verdict | None] = {}
         self._quota_seen: dict[tuple, tuple[int, Verdict]] = {}
@@ -157,8 +157,7 @@ class FairShareScheduler:
 
     @staticmethod
     def _pools_key(job: QueuedJob, acc: int) -> tuple:
-        return (acc, job.nodes, job.gpus_per_node, job.cpu_milli, job.memory_mib, job.preemptible, job.providers,
-                job.regions, job.clusters)
+        return (acc, job.shape)
 
     def _matching_pools(self, job: QueuedJob, acc: int | None = None) -> list[PoolOffer]:
         """The pools that could hold ``job`` once their work ends, in ``price_order`` (cached per job shape and
@@ -200,19 +199,19 @@ class FairShareScheduler:
     def _place(self, job: QueuedJob, acc: int, pools: list[PoolOffer], pids: tuple[int, ...]):
         """``(offer, node indexes)`` for ``job`` among ``pools`` (ids ``pids``) now, or None (shapes known not to fit
         are cached)."""
-        if self._failed_at != self._released:
-            self._failed.clear()
-            self._failed_at = self._released
         key = (acc, job.preemptible, pids)
         shape = (job.nodes, job.gpus_per_node, job.cpu_milli, job.memory_mib)
+        released = self._released.get(acc, 0)
         failed = self._failed.get(key)
-        if failed is not None:
-            for fn, fg, fc, fm in failed:
+        if failed is not None and failed[0] == released:
+            for fn, fg, fc, fm in failed[1]:
                 if shape[0] >= fn and shape[1] >= fg and shape[2] >= fc and shape[3] >= fm:
                     return None
         found = self.book.place(job.placement(), pools)
         if found is None:
-            lst = self._failed.setdefault(key, [])
+            if failed is None or failed[0] != released:
+                failed = self._failed[key] = (released, [])
+            lst = failed[1]
             lst[:] = [s for s in lst if not all(a >= b for a, b in zip(s, shape))]
             lst.append(shape)
         return found
@@ -220,7 +219,8 @@ class FairShareScheduler:
     def _no_room_verdict(self, job: QueuedJob, acc: int, pools: list[PoolOffer], pids: tuple[int, ...]) -> Verdict:
         key = (self._pools_key(job, acc), pids)
         cached = self._no_room.get(key)
-        if cached is not None and cached[0] == self._taken:
+        taken = self._taken.get(acc, 0)
+        if cached is not None and cached[0] == taken:
             return cached[1]
         book = self.book
         request = job.placement()
@@ -228,7 +228,7 @@ class FairShareScheduler:
         verdict = no_room(job, pools, {o.node_pool_id: book.free_gpus(o.node_pool_id) for o in pools},
                           {o.node_pool_id: book.most_free(o.node_pool_id) for o in shown},
                           {o.node_pool_id: book.nodes_with_room(o.node_pool_id, request) for o in shown})
-        self._no_room[key] = (self._taken, verdict)
+        self._no_room[key] = (taken, verdict)
         return verdict
 
     # --- one job ------------------------------------------------------------------------
@@ -275,6 +275,8 @@ class FairShareScheduler:
         go to that node pool only (a preempting admission's re-check: its
         victims made room there).
         """
+        if not job.alternatives:
+            return self._evaluate_on(job, job.accelerator_id, only_pool)
         first_wait = None
         first_never = None
         for acc in job.accelerator_ids:
@@ -307,7 +309,7 @@ class FairShareScheduler:
         ckey = (team.cohort, acc)
         wkey = (job.team_id, self._pools_key(job, acc)) if only_pool is None else None
         preempts = may_preempt(job, team, q, acc)
-        stamp = (used, self._released, self._cohort_version.get(ckey, 0) if preempts else None)
+        stamp = (used, self._released.get(acc, 0), self._cohort_version.get(ckey, 0) if preempts else None)
         seen = self._wait_seen.get(wkey) if wkey is not None else None
         if seen is not None and seen[0] == stamp:
             return Waiting.because(job, seen[1])  # nothing that could let it in changed since the same shape waited
@@ -373,7 +375,7 @@ class FairShareScheduler:
         """
         key = (team.team_id, acc, pids)
         shape = (job.nodes, job.gpus_per_node, job.cpu_milli, job.memory_mib)
-        version = (self._cohort_version.get((team.cohort, acc), 0), self._released)
+        version = (self._cohort_version.get((team.cohort, acc), 0), self._released.get(acc, 0))
         known = self._no_victims.get(key)
         if known is not None and known[0] == version:
             if any(all(a >= b for a, b in zip(shape, s)) for s in known[1]):
@@ -418,6 +420,11 @@ class FairShareScheduler:
 
     # --- applying a decision to the in-memory state ----------------------------------------
 
+    def admit(self, admission: Admission) -> None:
+        """Book ``admission`` (an ``evaluate`` answer on this state) as a pass does: its team's usage, its nodes,
+        its cluster usage and its budgets' committed money; its victims released. Later ``evaluate`` calls see it."""
+        self._admit(admission)
+
     def _use(self, team: TeamState, acc: int, delta: int) -> None:
         q = team.quotas.get(acc)
         g = q.guaranteed_gpus if q else 0
@@ -436,7 +443,8 @@ class FairShareScheduler:
             self.preempted.add(v.job_id)
             self.candidates[(self.teams[v.team_id].cohort, v.accelerator_id)].remove(v)
             self.book.release(v.node_pool_id, v.node_names, v.gpus, v.gpus_per_node, v.cpu_milli, v.memory_mib)
-            self._released += 1
+            self._released[v.accelerator_id] = self._released.get(v.accelerator_id, 0) + 1
+            self._taken[v.accelerator_id] = self._taken.get(v.accelerator_id, 0) + 1
             owner = self.teams[v.team_id]
             self._use(owner, v.accelerator_id, -v.gpus)
             ckey = (v.accelerator_id, self.pool_cluster.get(v.node_pool_id))
@@ -444,7 +452,7 @@ class FairShareScheduler:
                 owner.cluster_used[ckey] -= v.gpus
         pool = self.book.pools[a.offer.node_pool_id]
         self.book.take(a.offer.node_pool_id, [pool.index[n] for n in a.node_names], job.placement())
-        self._taken += 1
+        self._taken[acc] = self._taken.get(acc, 0) + 1
         team = self.teams[job.team_id]
         self._use(team, acc, job.total_gpus)
         ckey = (acc, a.offer.cluster_id)

@@ -419,9 +419,12 @@ class NodeBook:
         for ``fgd`` the least fragmentation growth summed over the chosen nodes and then best-fit's score, the
         loosest for ``spread``, the first for ``first-fit``; then the offers' order. None when none has room."""
         best = None
+        pools, need = self.pools, request.total_gpus
         for o in offers:
             if best is not None and o.usd_per_gpu_hour != best[0].usd_per_gpu_hour:
                 break
+            if pools[o.node_pool_id].free_total < need:  # fewer free GPUs on its open nodes than the job asks
+                continue
             nodes = self.fit(o.node_pool_id, request)
             if nodes is None:
                 continue

@@ -73,10 +73,12 @@ def choose_victims(candidates: list[RunningJob], pools: list[PoolOffer], book: N
     by_pool: dict[int, list[RunningJob]] = {}
     for c in candidates:
         by_pool.setdefault(c.node_pool_id, []).append(c)
+    need = request.total_gpus
     for offer in pools:
-        # Without cohort GPUs to give back only the pool's own jobs can make room there.
+        # Without cohort GPUs to give back only the pool's own jobs can make room there: not even all of them
+        # make room for the job's GPUs when the pool's free GPUs and theirs fall short.
         mine = candidates if cohort_need > 0 else by_pool.get(offer.node_pool_id)
-        if not mine:
+        if not mine or (cohort_need <= 0 and book.free_gpus(offer.node_pool_id) + sum(c.gpus for c in mine) < need):
             continue
         picked = _pick(mine, teams, accelerator_id, offer.node_pool_id, book, request, cohort_need)
         if picked is not None and (best is None or len(picked[0]) < len(best[1])):

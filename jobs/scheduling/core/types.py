@@ -89,9 +89,13 @@ class QueuedJob:
     memory_mib: int = 0
     alternatives: tuple[int, ...] = ()
     key: tuple = dataclasses.field(init=False, repr=False, compare=False)
+    #: What placement depends on, whatever the accelerator: size per node, spot rule and constraints (a cache key).
+    shape: tuple = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         self.key = (-self.priority, self.submitted, self.job_id)
+        self.shape = (self.nodes, self.gpus_per_node, self.cpu_milli, self.memory_mib, self.preemptible,
+                      self.providers, self.regions, self.clusters)
 
     @property
     def total_gpus(self) -> int:
