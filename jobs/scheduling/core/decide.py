@@ -222,7 +222,8 @@ class FairShareScheduler:
         shown = pools[:3]
         verdict = no_room(job, pools, {o.node_pool_id: book.free_gpus(o.node_pool_id) for o in pools},
                           {o.node_pool_id: book.most_free(o.node_pool_id) for o in shown},
-                          {o.node_pool_id: book.nodes_with_room(o.node_pool_id, request) for o in shown})
+                          {o.node_pool_id: book.nodes_with_room(o.node_pool_id, request) for o in shown},
+                          unhealthy_nodes(request, [o for o in self._pools.get(acc, ()) if allowed(request, o)]))
         self._no_room[key] = (self._taken, verdict)
         return verdict
 
