@@ -15,6 +15,7 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from core.fields import StrictCharField
 from costs.catalog import NoPrice, price_at, prices_by_pool
 from costs.models import Price
 from jobs.models import JobAttempt
@@ -231,4 +232,4 @@ class NodeSerializer(serializers.ModelSerializer):
 class CordonSerializer(serializers.Serializer):
     """A staff cordon: why (shown next to the node)."""
 
-    note = serializers.CharField(required=False, allow_blank=True, max_length=400, default="")
+    note = StrictCharField(required=False, allow_blank=True, max_length=400, default="")
