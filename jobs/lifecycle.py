@@ -31,6 +31,7 @@ from . import metrics
 from .enqueue import enqueue_cancel, enqueue_delete_attempt, enqueue_dispatch, enqueue_final_accrual, enqueue_schedule
 from .models import FREE_RETRY_END_REASONS, Job, JobAttempt, JobEvent, JobState
 from .states import StaleState, record_event, transition
+from .workload import collect_before_delete
 
 log = logging.getLogger(__name__)
 S = JobState
@@ -310,6 +311,7 @@ def delete_ended_attempt(attempt_id: int) -> bool:
     attempt = JobAttempt.objects.select_related("job__team", "cluster", "node_pool__accelerator").get(pk=attempt_id)
     if attempt.ended_at is None:
         return False
+    collect_before_delete(attempt)  # its pods' logs go with them: keep the run's last reports first
     try:
         gone = bool(backend_for(attempt.cluster).delete(attempt))
     except UnknownBackend:

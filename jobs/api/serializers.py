@@ -25,9 +25,6 @@ class AttemptSummarySerializer(SharedFieldsMixin, serializers.ModelSerializer):
     node_pool = serializers.CharField(source="node_pool.name", read_only=True)
     end_reason = serializers.ChoiceField(choices=JobAttempt.EndReason.choices, allow_blank=True, read_only=True,
                                          help_text='why the attempt ended; "" while it runs')
-    nodes = serializers.SerializerMethodField()
-    bad_nodes = serializers.ListField(child=serializers.CharField(), read_only=True,
-                                      help_text="the nodes whose fault ended it (NodeLost, NodeUnhealthy)")
 
     class Meta:
         model = JobAttempt
@@ -46,6 +43,9 @@ class JobAttemptSerializer(serializers.ModelSerializer):
     node_pool = serializers.CharField(source="node_pool.name", read_only=True)
     end_reason = serializers.ChoiceField(choices=JobAttempt.EndReason.choices, allow_blank=True, read_only=True,
                                          help_text='why the attempt ended; "" while it runs')
+    nodes = serializers.SerializerMethodField()
+    bad_nodes = serializers.ListField(child=serializers.CharField(), read_only=True,
+                                      help_text="the nodes whose fault ended it (NodeLost, NodeUnhealthy)")
 
     class Meta:
         model = JobAttempt

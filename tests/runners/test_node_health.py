@@ -137,7 +137,8 @@ def test_xid_errors_on_one_node_in_prometheus_keep_a_job_off_it(fleet, teams, us
     assert "1 large enough node is unhealthy and left out" in message and "/a" in message
 
 
-def test_a_running_job_on_a_node_that_goes_bad_is_recovered_elsewhere_naming_the_node(fleet, teams, user, catalog):
+def test_a_running_job_on_a_node_that_goes_bad_is_recovered_elsewhere_naming_the_node(fleet, teams, user, catalog,
+                                                                                     owner):
     emulators, clusters = fleet
     add(emulators, "cheap", gpu_node("a"), gpu_node("b"))
     sync_cluster(clusters["cheap"])
@@ -159,6 +160,8 @@ def test_a_running_job_on_a_node_that_goes_bad_is_recovered_elsewhere_naming_the
     assert (attempt.end_reason, attempt.bad_nodes) == (JobAttempt.EndReason.NODE_UNHEALTHY, ["a"])
     event = JobEvent.objects.filter(job=job, to_state=JobState.RECOVERING).get()
     assert "node a of cheap is unhealthy" in event.reason and "XID 79" in event.reason
+    (shown,) = owner.client.get(f"/api/v1/jobs/{job.pk}/attempts/").json()["results"]
+    assert (shown["end_reason"], shown["nodes"], shown["bad_nodes"]) == ("NodeUnhealthy", ["a"], ["a"])
     schedule_pending()
     job = fresh(job)
     assert job.state == JobState.ADMITTED and job.current_attempt.placement["nodes"] == ["b"]
