@@ -196,7 +196,7 @@ def check_cluster(cluster: Cluster, now: dt.datetime | None = None, client=None)
     nodes that are unhealthy. Returns ``{"cluster", "nodes", "suspect", "unhealthy", "recovered", "dcgm"}``
     (``dcgm``: ``read``, ``none`` without a Prometheus, or the error of a failed read)."""
     now = now or timezone.now()
-    nodes = list(Node.objects.filter(cluster=cluster).order_by("name"))
+    nodes = list(Node.objects.filter(cluster=cluster).select_related("cluster").order_by("name"))
     result = {"cluster": cluster.name, "nodes": len(nodes), "suspect": 0, "unhealthy": 0, "recovered": 0,
               "dcgm": "none"}
     if not nodes:
@@ -231,13 +231,17 @@ def check_cluster(cluster: Cluster, now: dt.datetime | None = None, client=None)
             result[node.health] += 1
         if node.health == UNHEALTHY:
             result["recovered"] += recover_attempts_on(node)
+    Node.objects.filter(cluster=cluster).update(health_checked_at=now)  # one write for the nodes that did not change
     return result
 
 
 def store_health(node: Node, health: str, evidence: list[dict], now: dt.datetime) -> bool:
-    """Write ``node``'s judged health and evidence; ``health_changed_at`` moves only when the health does (a
-    conditional update on the health read, so two passes agree on when it changed). Returns True on a change."""
+    """Write ``node``'s judged health and evidence when either differs from what is stored (a steady fleet writes
+    nothing); ``health_changed_at`` moves only when the health does (a conditional update on the health read, so
+    two passes agree on when it changed). Returns True on a change of health."""
     changed = health != node.health
+    if not changed and evidence == node.health_evidence:
+        return False
     fields = {"health_evidence": evidence, "health_checked_at": now}
     if changed:
         fields.update(health=health, health_changed_at=now)
