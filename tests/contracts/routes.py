@@ -95,8 +95,9 @@ def world(teams, owner, teammate, outsider, aws_cluster, alpha_objects, beta_obj
     generate_report(teams[1], now - dt.timedelta(days=1), now)
     cohort = Cohort.objects.create(name="research")
     spare = PriorityClass.objects.create(name="spare", value=300)
-    node = Node.objects.create(cluster=aws_cluster["cluster"], node_pool=aws_cluster["pool"], name="ip-10-0-0-1",
-                               gpus=8, cpu_milli=64_000, memory_mib=512 * 1024, seen_at=now)
+    node, _ = [Node.objects.create(cluster=aws_cluster["cluster"], node_pool=aws_cluster["pool"], name=f"ip-10-0-0-{i}",
+                                   gpus=8, cpu_milli=64_000, memory_mib=512 * 1024, seen_at=now)
+               for i in (1, 2)]  # the pool's 2 nodes, as a sync records them
     return {
         "jobs": alpha_objects["job"].pk,
         "teams": "alpha",
