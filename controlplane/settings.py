@@ -320,6 +320,14 @@ CLUSTER_LOST_GRACE_SECONDS = env.float("CLUSTER_LOST_GRACE_SECONDS", default=600
 NODE_POOL_SYNC_INTERVAL_SECONDS = env.float("NODE_POOL_SYNC_INTERVAL_SECONDS", default=60.0)
 CELERY_BEAT_SCHEDULE["sync-node-pools"] = {"task": "runners.tasks.sync_node_pools",
                                            "schedule": NODE_POOL_SYNC_INTERVAL_SECONDS}
+# Node health (runners.health): seconds between two checks; how far back an instant DCGM reading looks; the window
+# and the count of attempts ended on a node by its fault that make it unhealthy (fewer: suspect).
+NODE_HEALTH_INTERVAL_SECONDS = env.float("NODE_HEALTH_INTERVAL_SECONDS", default=60.0)
+NODE_HEALTH_LOOKBACK_SECONDS = env.float("NODE_HEALTH_LOOKBACK_SECONDS", default=600.0)
+NODE_HEALTH_HISTORY_SECONDS = env.float("NODE_HEALTH_HISTORY_SECONDS", default=7 * 86400.0)
+NODE_HEALTH_UNHEALTHY_AFTER_FAILURES = env.int("NODE_HEALTH_UNHEALTHY_AFTER_FAILURES", default=2)
+CELERY_BEAT_SCHEDULE["check-node-health"] = {"task": "runners.tasks.check_node_health",
+                                             "schedule": NODE_HEALTH_INTERVAL_SECONDS}
 # Log streaming (GET /jobs/{id}/logs/?follow=1): longest stream, and seconds between two polls of a log.
 LOG_FOLLOW_MAX_SECONDS = env.float("LOG_FOLLOW_MAX_SECONDS", default=300.0)
 LOG_FOLLOW_POLL_SECONDS = env.float("LOG_FOLLOW_POLL_SECONDS", default=1.0)

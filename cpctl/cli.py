@@ -26,6 +26,9 @@ Commands::
                                                average GPU utilization, coverage, idle GPU-hours and USD
   reports [--team T] [--kind daily|weekly|custom] [--limit N]   stored reports, newest first
   report ID [--csv]                            one report's figures, or its CSV (section,item,metric,value)
+  nodes [--cluster C] [--health H]             GPU nodes: health, whether they take work, the evidence
+  cordon ID [--note N] | uncordon ID | clear-health ID
+                                               staff: keep admission off a node, let it back, clear its health
 
 ``--json`` (every command) prints the API's JSON instead of a table; list
 commands print the API's page shape ``{"count", "next", "previous",
@@ -594,6 +597,38 @@ def cmd_cancel(client: Client, args) -> int:
     return EXIT_OK
 
 
+def cmd_nodes(client: Client, args) -> int:
+    """GPU nodes of every cluster with their health, whether admission may use them, and the evidence."""
+    params = {k: v for k, v in (("cluster", args.cluster), ("health", args.health)) if v}
+    page = client.get_pages("nodes/", params or None)
+    if args.json:
+        print_json(page)
+        return EXIT_OK
+    if not page["results"]:
+        err("no nodes")
+        return EXIT_OK
+    rows = [[n["id"], n["cluster"], n["name"], n.get("node_pool") or "-", n["gpus"], n["health"],
+             "yes" if n.get("takes_work") else "no" + (" (cordoned)" if n.get("cordoned") else ""),
+             "; ".join(e.get("message", "") for e in n.get("health_evidence") or []) or "-"]
+            for n in page["results"]]
+    table(["ID", "CLUSTER", "NODE", "POOL", "GPUS", "HEALTH", "TAKES WORK", "EVIDENCE"], rows, right=("ID", "GPUS"))
+    return EXIT_OK
+
+
+def cmd_node_action(client: Client, args) -> int:
+    """Staff: cordon, uncordon or clear the health of node ``args.id``; prints its health afterwards."""
+    body = {"note": args.note} if getattr(args, "note", None) else {}
+    node = client.json("POST", f"nodes/{args.id}/{args.node_action}/", data=json.dumps(body),
+                       content_type="application/json")
+    if args.json:
+        print_json(node)
+    else:
+        out(f"node {node['cluster']}/{node['name']}: {node['health']}, "
+            + ("cordoned" if node.get("cordoned") else "not cordoned")
+            + (", takes work" if node.get("takes_work") else ", takes no work"))
+    return EXIT_OK
+
+
 def cmd_quotas(client: Client, args) -> int:
     """GPU quotas of the user's teams."""
     page = client.get_pages("quotas/", {"team": args.team} if args.team else None)
@@ -881,6 +916,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--team", help="team slug (platform: the platform-wide reports)")
     sub.add_argument("--kind", choices=("daily", "weekly", "custom"), help="only reports of this kind")
     sub.add_argument("--limit", type=positive_int, default=50, help="at most this many reports (default 50)")
+    sub = command("nodes", cmd_nodes, "list GPU nodes with their health and its evidence")
+    sub.add_argument("--cluster", help="cluster name")
+    sub.add_argument("--health", choices=("healthy", "suspect", "unhealthy"), help="only nodes of this health")
+    for name, action, help_text in (("cordon", "cordon", "staff: keep admission off a node (Kubernetes untouched)"),
+                                    ("uncordon", "uncordon", "staff: let admission use a cordoned node again"),
+                                    ("clear-health", "clear", "staff: clear a node's health evidence")):
+        sub = command(name, cmd_node_action, help_text)
+        sub.set_defaults(node_action=action)
+        sub.add_argument("id", metavar="ID", type=int, help="node id (from `nodes`)")
+        if action == "cordon":
+            sub.add_argument("--note", help="why, shown next to the node")
     sub = command("report", cmd_report, "show one report's figures, or its CSV")
     sub.add_argument("id", metavar="ID", type=int, help="report id")
     sub.add_argument("--csv", action="store_true", help="print the report's CSV (section,item,metric,value)")

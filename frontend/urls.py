@@ -28,6 +28,7 @@ urlpatterns = [
     path("teams/<slug:slug>/budgets/new/", views.budget_edit, name="budget-new"),
     path("teams/<slug:slug>/budgets/<int:pk>/edit/", views.budget_edit, name="budget-edit"),
     path("clusters/", views.cluster_list, name="cluster-list"),
+    path("nodes/<int:pk>/<slug:action>/", views.node_action, name="node-action"),
     path("costs/", views.costs, name="costs"),
     path("costs.csv", views.costs_csv, name="costs-csv"),
     path("reports/", views.report_list, name="report-list"),

@@ -42,7 +42,8 @@ from jobs.workload import job_efficiency
 from quotas.models import Budget, Membership, Quota, QuotaEvent, Team, audited_values, priority_classes, scope_to_teams
 from quotas.permissions import ADMIN_ONLY, may_administer
 from runners.base import ClusterUnreachable, UnknownBackend, backend_for
-from runners.models import Cluster
+from runners import health as node_health
+from runners.models import Cluster, Node
 
 from .forms import BudgetForm, CostQueryForm, QuotaForm, SubmitJobForm
 
@@ -437,9 +438,16 @@ def budget_edit(request, slug: str, pk: int | None = None):
 
 @login_required
 def cluster_list(request):
-    """Every cluster: health, last contact, emulated flag, and per node pool capacity, free GPUs and price now."""
+    """Every cluster: health, last contact, emulated flag, per node pool capacity, free GPUs and price now, and its
+    nodes that do not take work or are suspect (health with its evidence, cordons; staff cordon and clear them)."""
     now = timezone.now()
     clusters = list(Cluster.objects.prefetch_related("node_pools__accelerator"))
+    counted: dict[int, int] = {}
+    flagged: dict[int, list] = {}
+    for node in Node.objects.select_related("node_pool").order_by("cluster_id", "name"):
+        counted[node.cluster_id] = counted.get(node.cluster_id, 0) + 1
+        if node.health != Node.Health.HEALTHY or node.cordoned or not node.schedulable:
+            flagged.setdefault(node.cluster_id, []).append(node)
     shapes = {m.cluster_id: m for m in ClusterMetrics.objects.filter(cluster__in=clusters)}
     accelerator_ids = {p.accelerator_id for c in clusters for p in c.node_pools.all()}
     offers = {o.node_pool_id: o for acc in accelerator_ids for o in pool_offers(acc, now, lock=False)}
@@ -451,8 +459,29 @@ def cluster_list(request):
             pools.append({"pool": pool, "capacity": pool.capacity_gpus,
                           "free": offer.free_gpus if offer else None,
                           "price": offer.usd_per_gpu_hour if offer else None})
-        rows.append({"cluster": cluster, "pools": pools, "dcgm": shapes.get(cluster.pk)})
+        rows.append({"cluster": cluster, "pools": pools, "dcgm": shapes.get(cluster.pk),
+                     "nodes": counted.get(cluster.pk, 0), "flagged": flagged.get(cluster.pk, [])})
     return render(request, "frontend/cluster_list.html", {"rows": rows})
+
+
+#: The staff actions on a node from the clusters page, by name.
+NODE_ACTIONS = {"cordon": lambda node, user: node_health.cordon(node, user, "from the clusters page"),
+                "uncordon": lambda node, user: node_health.uncordon(node),
+                "clear": lambda node, user: node_health.clear(node)}
+
+
+@login_required
+@require_POST
+def node_action(request, pk: int, action: str):
+    """Cordon, uncordon or clear the health of a node (staff only: 403 for others); back to the clusters page."""
+    if not request.user.is_staff:
+        raise PermissionDenied("only platform staff cordon, uncordon or clear nodes")
+    if action not in NODE_ACTIONS:
+        raise PermissionDenied(f"unknown node action {action!r}")
+    node = get_object_or_404(Node.objects.select_related("cluster"), pk=pk)
+    NODE_ACTIONS[action](node, request.user)
+    messages.success(request, f"Node {node}: {action} done.")
+    return redirect("frontend:cluster-list")
 
 
 # --- costs ----------------------------------------------------------------------------------------------

@@ -25,12 +25,13 @@ from runners.base import (
     UnknownBackend,
     backend_for,
 )
-from runners.models import Accelerator, Cluster, NodePool
+from runners.models import Accelerator, Cluster, Node, NodePool
 
 from . import metrics
 from .enqueue import enqueue_cancel, enqueue_delete_attempt, enqueue_dispatch, enqueue_final_accrual, enqueue_schedule
 from .models import FREE_RETRY_END_REASONS, Job, JobAttempt, JobEvent, JobState
 from .states import StaleState, record_event, transition
+from .workload import collect_before_delete
 
 log = logging.getLogger(__name__)
 S = JobState
@@ -159,12 +160,14 @@ def _insert_job_with_event(job: Job, event: JobEvent) -> None:
 
 
 def end_attempt(job: Job, attempt: JobAttempt, to_state: str, *, reason: str, end_reason: str,
-                exit_code: int | None = None, message: str = "", actor=None, ended_at=None) -> Job:
+                exit_code: int | None = None, message: str = "", actor=None, ended_at=None,
+                bad_nodes: tuple[str, ...] = ()) -> Job:
     """End ``attempt`` and move ``job`` to ``to_state`` in one transaction.
 
     Ending the attempt releases its GPUs from quota and capacity. ``ended_at``
     is when its pods stopped holding GPUs as the cluster reports it (billing
-    ends there; default now), kept between its start and now. Raises
+    ends there; default now), kept between its start and now. ``bad_nodes``:
+    the nodes whose fault ended it (``JobAttempt.bad_nodes``). Raises
     StaleState or InvalidTransition (and writes nothing) like ``transition``.
     """
     now = billing_end(attempt, ended_at)
@@ -172,9 +175,10 @@ def end_attempt(job: Job, attempt: JobAttempt, to_state: str, *, reason: str, en
         # Job row first, then the attempt: the one lock order of every lifecycle change and of the
         # scheduler, so two of them can never deadlock on a job and its attempt.
         transition(job, to_state, reason=reason, actor=actor, attempt=attempt,
-                   data={"end_reason": end_reason, "exit_code": exit_code})
+                   data={"end_reason": end_reason, "exit_code": exit_code,
+                         **({"bad_nodes": list(bad_nodes)} if bad_nodes else {})})
         updated = JobAttempt.objects.filter(pk=attempt.pk, ended_at__isnull=True).update(
-            ended_at=now, end_reason=end_reason, exit_code=exit_code, message=message[:4000]
+            ended_at=now, end_reason=end_reason, exit_code=exit_code, message=message[:4000], bad_nodes=list(bad_nodes)
         )
         if updated:
             attempt.ended_at, attempt.end_reason, attempt.exit_code = now, end_reason, exit_code
@@ -307,6 +311,7 @@ def delete_ended_attempt(attempt_id: int) -> bool:
     attempt = JobAttempt.objects.select_related("job__team", "cluster", "node_pool__accelerator").get(pk=attempt_id)
     if attempt.ended_at is None:
         return False
+    collect_before_delete(attempt)  # its pods' logs go with them: keep the run's last reports first
     try:
         gone = bool(backend_for(attempt.cluster).delete(attempt))
     except UnknownBackend:
@@ -322,7 +327,8 @@ def delete_ended_attempt(attempt_id: int) -> bool:
 def _bill_until_deleted(attempt: JobAttempt) -> None:
     """A preempted attempt whose pods' owner the cluster just accepted to delete: bill it until then."""
     accepted = getattr(attempt, "deletion_accepted_at", None)
-    if accepted is not None and attempt.end_reason == JobAttempt.EndReason.PREEMPTED:
+    if accepted is not None and attempt.end_reason in (JobAttempt.EndReason.PREEMPTED,
+                                                        JobAttempt.EndReason.NODE_UNHEALTHY):
         bill_objects(attempt.pk, None, until_now=True, stopped_at=accepted)
 
 
@@ -365,14 +371,27 @@ def apply_observation(job: Job, attempt: JobAttempt, obs: Observation) -> None:
             code = f" (exit code {obs.exit_code})" if obs.exit_code is not None else ""
             recover_or_fail(job, attempt, end_reason=obs.end_reason, message=obs.message,
                             what=f"server exited{code}", ended_at=obs.ended_at)
+        elif obs.phase == "failed" and job.state in (S.RUNNING, S.STARTING) and (sick := unhealthy_nodes(attempt)):
+            # It failed on a node marked unhealthy: the node's fault, not the job's; placed again elsewhere.
+            code = f" (exit code {obs.exit_code})" if obs.exit_code is not None else ""
+            end_attempt(job, attempt, S.RECOVERING, end_reason=JobAttempt.EndReason.NODE_UNHEALTHY,
+                        reason=f"NodeUnhealthy: attempt {attempt.number} failed{code} on {node_words(sick)}; "
+                               f"placed again elsewhere, no retry used"[:500],
+                        exit_code=obs.exit_code, message=obs.message, ended_at=obs.ended_at,
+                        bad_nodes=tuple(sorted(sick)))
         elif obs.phase == "failed" and job.state in (S.RUNNING, S.STARTING):
             reason = obs.end_reason or JobAttempt.EndReason.FAILED
             text = f"{reason}" + (f" (exit code {obs.exit_code})" if obs.exit_code is not None else "")
             end_attempt(job, attempt, S.FAILED, reason=text, end_reason=reason, exit_code=obs.exit_code,
                         message=obs.message, ended_at=obs.ended_at)
         elif obs.phase == "lost" and job.state in (S.STARTING, S.RUNNING):
-            recover_or_fail(job, attempt, end_reason=obs.end_reason or JobAttempt.EndReason.NODE_LOST,
-                            message=obs.message, ended_at=obs.ended_at)
+            end_reason = obs.end_reason or JobAttempt.EndReason.NODE_LOST
+            sick = unhealthy_nodes(attempt)
+            blamed = tuple(sorted(set(obs.nodes) | set(sick))) if end_reason == JobAttempt.EndReason.NODE_LOST else ()
+            where = (f" on {node_words(sick)}" if sick else
+                     f" on node {', '.join(sorted(obs.nodes))}" if obs.nodes else "")
+            recover_or_fail(job, attempt, end_reason=end_reason, message=obs.message, ended_at=obs.ended_at,
+                            what=f"lost{where}", bad_nodes=blamed)
         elif obs.phase == "unschedulable" and job.state == S.STARTING:
             # No node had room after all (a pod the platform does not know of took it): give the quota and the
             # nodes back and wait in the queue again; not a failure, so no retry is used.
@@ -380,6 +399,22 @@ def apply_observation(job: Job, attempt: JobAttempt, obs: Observation) -> None:
                         end_reason=JobAttempt.EndReason.UNSCHEDULABLE, message=obs.message, ended_at=obs.ended_at)
     except StaleState:
         log.info("job %s changed under reconcile; leaving it to the winner", job.pk)
+
+
+def unhealthy_nodes(attempt: JobAttempt) -> dict[str, str]:
+    """``{node name: its health evidence in words}`` of the nodes ``attempt`` was placed on that are marked
+    unhealthy now (``runners.models.Node.health``); empty when none is, or none was recorded."""
+    names = (attempt.placement or {}).get("nodes") or []
+    if not names:
+        return {}
+    return {n.name: "; ".join(e.get("message", "") for e in n.health_evidence if e.get("severity") == "unhealthy")
+            for n in Node.objects.filter(cluster_id=attempt.cluster_id, name__in=names,
+                                         health=Node.Health.UNHEALTHY)}
+
+
+def node_words(sick: dict[str, str]) -> str:
+    """``unhealthy node a (evidence)`` for a recovery's reason, several nodes joined."""
+    return ", ".join(f"unhealthy node {name}" + (f" ({why})" if why else "") for name, why in sorted(sick.items()))
 
 
 def confirm_absent(job: Job, attempt: JobAttempt, now) -> bool:
@@ -446,7 +481,7 @@ def redispatch_or_release(job: Job, attempt: JobAttempt, *, cluster_answers: boo
 
 
 def recover_or_fail(job: Job, attempt: JobAttempt, *, end_reason: str, message: str = "", ended_at=None,
-                    what: str = "lost") -> Job:
+                    what: str = "lost", bad_nodes: tuple[str, ...] = ()) -> Job:
     """End a lost attempt: RECOVERING (back to admission) while retries remain, FAILED after ``max_retries``.
 
     Retries count earlier attempts that were lost (or, for inference, whose
@@ -455,7 +490,8 @@ def recover_or_fail(job: Job, attempt: JobAttempt, *, end_reason: str, message: 
     unschedulable were the scheduler's doing, and attempts that never created
     objects never ran: none counts. ``ended_at``: when the pods stopped,
     as the cluster says (billing ends there). ``what`` says in the reason
-    what happened to the attempt (``lost``, ``server exited (exit code 2)``).
+    what happened to the attempt (``lost``, ``server exited (exit code 2)``); ``bad_nodes`` the nodes whose
+    fault it was (``end_attempt``).
     """
     retries_used = (
         job.attempts.filter(number__lt=attempt.number).exclude(end_reason__in=FREE_RETRY_END_REASONS).count()
@@ -463,10 +499,11 @@ def recover_or_fail(job: Job, attempt: JobAttempt, *, end_reason: str, message: 
     if retries_used < job.max_retries:
         return end_attempt(job, attempt, S.RECOVERING,
                            reason=f"{end_reason}: attempt {attempt.number} {what}, retry {retries_used + 1} of "
-                                  f"{job.max_retries}",
-                           end_reason=end_reason, message=message, ended_at=ended_at)
-    return end_attempt(job, attempt, S.FAILED, reason=f"{end_reason}: attempt {what} and {job.max_retries} retries used",
-                       end_reason=end_reason, message=message, ended_at=ended_at)
+                                  f"{job.max_retries}"[:500],
+                           end_reason=end_reason, message=message, ended_at=ended_at, bad_nodes=bad_nodes)
+    return end_attempt(job, attempt, S.FAILED,
+                       reason=f"{end_reason}: attempt {what} and {job.max_retries} retries used"[:500],
+                       end_reason=end_reason, message=message, ended_at=ended_at, bad_nodes=bad_nodes)
 
 
 def cancel_job(job: Job, actor=None) -> Job:
@@ -523,13 +560,15 @@ def finish_cancel(job_id: int) -> bool:
     return True
 
 
-def preempt_attempt(job: Job, attempt: JobAttempt, *, reason: str, actor=None) -> Job:
-    """End ``attempt`` as Preempted and move ``job`` to RECOVERING in one transaction (its quota is released).
+def preempt_attempt(job: Job, attempt: JobAttempt, *, reason: str, actor=None,
+                    end_reason: str = JobAttempt.EndReason.PREEMPTED, bad_nodes: tuple[str, ...] = ()) -> Job:
+    """End ``attempt`` as Preempted (or ``end_reason``: ``NodeUnhealthy`` when its node went bad, with
+    ``bad_nodes`` naming it) and move ``job`` to RECOVERING in one transaction (its quota is released).
 
     The job is requeued with its original priority and submission time
     (resuming from its checkpoint); its objects are deleted on commit by
     ``jobs.tasks.delete_attempt_objects`` (reconcile's orphan cleanup is the
-    safety net). Preemption does not count against ``max_retries``. Raises
+    safety net). Neither end counts against ``max_retries``. Raises
     StaleState or InvalidTransition (and writes nothing) like ``transition``.
     """
     now = timezone.now()
@@ -537,14 +576,14 @@ def preempt_attempt(job: Job, attempt: JobAttempt, *, reason: str, actor=None) -
     with transaction.atomic():
         # Job row first, then the attempt (the lock order of every lifecycle change).
         transition(job, S.RECOVERING, reason=reason, actor=actor, attempt=attempt,
-                   data={"end_reason": JobAttempt.EndReason.PREEMPTED})
+                   data={"end_reason": end_reason, **({"bad_nodes": list(bad_nodes)} if bad_nodes else {})})
         updated = JobAttempt.objects.filter(pk=attempt.pk, ended_at__isnull=True).update(
-            ended_at=now, end_reason=JobAttempt.EndReason.PREEMPTED, message=reason[:4000]
+            ended_at=now, end_reason=end_reason, message=reason[:4000], bad_nodes=list(bad_nodes)
         )
         if not updated:  # the attempt ended meanwhile: roll the transition back
             job.state = before
             raise StaleState(job.pk, before)
-        attempt.ended_at, attempt.end_reason = now, JobAttempt.EndReason.PREEMPTED
+        attempt.ended_at, attempt.end_reason = now, end_reason
         enqueue_delete_attempt(attempt.pk)
     enqueue_final_accrual(attempt.pk)
     return job

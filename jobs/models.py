@@ -136,6 +136,7 @@ class JobAttempt(models.Model):
         UNSCHEDULABLE = "Unschedulable"
         EVICTED = "Evicted"
         NODE_LOST = "NodeLost"
+        NODE_UNHEALTHY = "NodeUnhealthy"  # stopped or failed on a node that health marks unhealthy (runners.health)
         PREEMPTED = "Preempted"
         DISPATCH_ERROR = "DispatchError"
         POD_DELETED = "PodDeleted"  # a pod deleted directly (not through the Eviction API) while it ran
@@ -164,6 +165,9 @@ class JobAttempt(models.Model):
     # The nodes admission chose, one per node of the job, and what each holds there:
     # {"nodes": [names], "gpus_per_node": int, "cpu_milli": int, "memory_mib": int} ({}: none recorded).
     placement = models.JSONField(default=dict, blank=True)
+    # The nodes whose fault ended this attempt (NodeLost, NodeUnhealthy): named in its recovery and counted in
+    # their health (runners.health).
+    bad_nodes = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["job_id", "number"]
@@ -198,10 +202,13 @@ class JobEvent(models.Model):
         return f"{self.job_id}: {self.from_state}->{self.to_state} {self.reason}"
 
 
-#: End reasons that do not use up a retry: the scheduler's preemption or its unschedulable placement, and an attempt
-#: that never created objects.
+#: End reasons that do not use up a retry: the scheduler's preemption or its unschedulable placement, an attempt
+#: that never created objects, and one stopped or failed on a node marked unhealthy (the node's fault, and admission
+#: keeps off that node from then on, so the retries this gives are bounded by the fleet's bad nodes).
 FREE_RETRY_END_REASONS = (JobAttempt.EndReason.PREEMPTED, JobAttempt.EndReason.NOT_DISPATCHED,
-                          JobAttempt.EndReason.UNSCHEDULABLE)
+                          JobAttempt.EndReason.UNSCHEDULABLE, JobAttempt.EndReason.NODE_UNHEALTHY)
+#: End reasons that count against the node the attempt ran on (``JobAttempt.bad_nodes``) in its health.
+NODE_FAULT_END_REASONS = (JobAttempt.EndReason.NODE_LOST, JobAttempt.EndReason.NODE_UNHEALTHY)
 
 
 def total_gpus(nodes: int, gpus_per_node: int, replicas: int = 1) -> int:

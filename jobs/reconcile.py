@@ -57,6 +57,7 @@ from .lifecycle import (apply_observation, bill_objects, confirm_absent, finish_
                         redispatch_or_release, seen_again)
 from .models import Job, JobAttempt, JobState
 from .states import StaleState
+from .workload import collect_before_delete
 
 log = logging.getLogger(__name__)
 
@@ -204,6 +205,7 @@ def _delete_orphans(cluster: Cluster, backend: Backend, candidates: dict[int, Ow
     orphans = 0
     for attempt in JobAttempt.objects.filter(pk__in=set(candidates) - live_ids).select_related("job__team", "cluster"):
         log.info("deleting orphaned objects of %s on %s", attempt.object_name, cluster.name)
+        collect_before_delete(attempt)  # its pods' logs go with them: keep the run's final report first
         failure = None
         try:
             backend.delete(attempt)

@@ -89,6 +89,21 @@ def collect_attempt(attempt: JobAttempt, now: dt.datetime | None = None) -> Work
     return row
 
 
+def collect_before_delete(attempt: JobAttempt) -> None:
+    """Read an ended training attempt's reports once more before its objects, and with them its pods' logs, are
+    deleted, so the run's final line is kept; ``attempt`` with its ``job``, ``job.team`` and ``cluster`` loaded.
+    Nothing to do for a serving attempt, one that never started or one collected complete already; a cluster
+    that does not answer is logged, not raised (the deletion is the caller's to try)."""
+    if attempt.job.kind != Job.Kind.TRAINING or attempt.started_at is None or attempt.ended_at is None:
+        return
+    if WorkloadMetrics.objects.filter(attempt=attempt, complete=True).exists():
+        return
+    try:
+        collect_attempt(attempt)
+    except (ClusterUnreachable, UnknownBackend) as exc:
+        log.info("workload metrics of %s not read before its deletion: %s", attempt.object_name, exc)
+
+
 def collect_workload_metrics(now: dt.datetime | None = None) -> dict:
     """One collection over every started attempt that is live, or ended within ``ENDED_COLLECTION_WINDOW``
     without a complete collection; returns ``{"collected", "unreachable"}`` counts. A cluster that does not

@@ -62,6 +62,8 @@ class Observation:
     their GPUs (their containers' finishedAt, a DisruptionTarget's or the
     Job's final condition's transition time); None when the cluster does not
     tell (the caller uses the time it saw it).
+    ``nodes``: for ``lost`` and ``failed``, the nodes the lost or failed pods
+    ran on, when the cluster says (a recovery caused by a bad node names it).
     """
 
     phase: str
@@ -70,6 +72,7 @@ class Observation:
     message: str = ""
     created_at: dt.datetime | None = None
     ended_at: dt.datetime | None = None
+    nodes: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +92,8 @@ class NodeInfo:
     """One GPU node as the backend discovers it: allocatable GPUs, CPU (millicores) and memory (MiB); the requests of
     pods on it that the platform does not own (same units); zone and finest topology domain (block, rack or zone;
     "" when unknown); labels; taints (``[{"key", "value", "effect"}]``); cordoned (``unschedulable``); and whether
-    the platform's pods may land on it now (``schedulable``)."""
+    the platform's pods may land on it now (``schedulable``); its conditions other than Ready whose status is True
+    (``problem_conditions``: ``(type, reason, message)``)."""
 
     name: str
     gpus: int
@@ -104,6 +108,7 @@ class NodeInfo:
     taints: tuple[tuple[str, str, str], ...] = ()
     unschedulable: bool = False
     schedulable: bool = True
+    problem_conditions: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -155,7 +155,24 @@ class Node(models.Model):
     NoExecute taint that the platform's pods do not tolerate. Admission
     places each node of a job on one Node; node pools remain the unit of
     price and quota reporting.
+
+    Health (``runners.health``): ``health`` is ``healthy``, ``suspect``
+    (evidence worth showing, not enough to keep work off it) or
+    ``unhealthy`` (admission keeps off it and its running work is recovered
+    elsewhere), with ``health_evidence`` the findings behind it (DCGM GPU
+    errors, Kubernetes node conditions, attempts that ended on it for
+    infrastructure reasons). ``problem_conditions``: node conditions other
+    than Ready whose status is True (node-problem-detector's convention:
+    True means a problem). Staff may cordon a node in the platform
+    (``cordoned``: admission keeps off it; Kubernetes is not touched) and
+    clear its health (``health_cleared_at``: evidence seen up to then no
+    longer counts).
     """
+
+    class Health(models.TextChoices):
+        HEALTHY = "healthy"
+        SUSPECT = "suspect"
+        UNHEALTHY = "unhealthy"
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="gpu_nodes")
     node_pool = models.ForeignKey(NodePool, on_delete=models.SET_NULL, null=True, blank=True, related_name="gpu_nodes")
@@ -175,7 +192,19 @@ class Node(models.Model):
     taints = models.JSONField(default=list, blank=True)
     unschedulable = models.BooleanField(default=False, help_text="cordoned (spec.unschedulable)")
     schedulable = models.BooleanField(default=True, help_text="the platform's pods may land on it now")
+    problem_conditions = models.JSONField(default=list, blank=True,
+                                          help_text="conditions other than Ready with status True: type, reason, message")
     seen_at = models.DateTimeField()
+    health = models.CharField(max_length=16, choices=Health.choices, default=Health.HEALTHY)
+    health_evidence = models.JSONField(default=list, blank=True)
+    health_changed_at = models.DateTimeField(null=True, blank=True)
+    health_checked_at = models.DateTimeField(null=True, blank=True)
+    health_cleared_at = models.DateTimeField(null=True, blank=True,
+                                             help_text="attempts ended up to this time no longer count")
+    # What the evidence showed when staff cleared it: {evidence key: value} (runners.health.cleared).
+    health_baseline = models.JSONField(default=dict, blank=True)
+    cordoned = models.BooleanField(default=False, help_text="cordoned by staff in the platform: admission keeps off it")
+    cordon_note = models.CharField(max_length=500, blank=True)
 
     class Meta:
         ordering = ["cluster__name", "name"]
@@ -188,7 +217,7 @@ class Node(models.Model):
 #: The Node fields a sync rewrites.
 NODE_FIELDS = ["node_pool", "accelerator_label", "capacity_type", "gpus", "cpu_milli", "memory_mib", "foreign_gpus",
                "foreign_cpu_milli", "foreign_memory_mib", "zone", "topology_domain", "labels", "taints",
-               "unschedulable", "schedulable", "seen_at"]
+               "unschedulable", "schedulable", "problem_conditions", "seen_at"]
 
 
 def store_nodes(cluster: Cluster, nodes: list) -> int:
@@ -205,7 +234,9 @@ def store_nodes(cluster: Cluster, nodes: list) -> int:
                   "foreign_memory_mib": info.foreign_memory_mib, "zone": info.zone[:128],
                   "topology_domain": info.topology_domain[:253], "labels": dict(info.labels),
                   "taints": [{"key": k, "value": v, "effect": e} for k, v, e in info.taints],
-                  "unschedulable": info.unschedulable, "schedulable": info.schedulable, "seen_at": now}
+                  "unschedulable": info.unschedulable, "schedulable": info.schedulable,
+                  "problem_conditions": [{"type": t, "reason": r, "message": m} for t, r, m in info.problem_conditions],
+                  "seen_at": now}
         node = existing.pop(info.name, None)
         if node is None:
             fresh.append(Node(cluster=cluster, name=info.name, **values))

@@ -1,4 +1,4 @@
-"""Celery tasks of the runners app: periodic node pool sync of the Kubernetes clusters."""
+"""Celery tasks of the runners app: periodic node pool sync of the Kubernetes clusters and node health checks."""
 
 from __future__ import annotations
 
@@ -15,3 +15,12 @@ def sync_node_pools() -> list[dict]:
     from .kubernetes.sync import sync_all
 
     return sync_all()
+
+
+@shared_task(name="runners.tasks.check_node_health", ignore_result=True)
+def check_node_health() -> list[dict]:
+    """Judge every cluster's nodes from DCGM, node conditions and attempt history, and recover the work on the
+    unhealthy ones (``runners.health.check_all``, every ``NODE_HEALTH_INTERVAL_SECONDS``)."""
+    from .health import check_all
+
+    return check_all()

@@ -43,12 +43,20 @@ class JobAttemptSerializer(serializers.ModelSerializer):
     node_pool = serializers.CharField(source="node_pool.name", read_only=True)
     end_reason = serializers.ChoiceField(choices=JobAttempt.EndReason.choices, allow_blank=True, read_only=True,
                                          help_text='why the attempt ended; "" while it runs')
+    nodes = serializers.SerializerMethodField()
+    bad_nodes = serializers.ListField(child=serializers.CharField(), read_only=True,
+                                      help_text="the nodes whose fault ended it (NodeLost, NodeUnhealthy)")
 
     class Meta:
         model = JobAttempt
         fields = ["id", "number", "cluster", "node_pool", "gpus", "object_name", "usd_per_gpu_hour", "created_at",
-                  "started_at", "ended_at", "accrued_until", "end_reason", "exit_code", "message"]
+                  "started_at", "ended_at", "accrued_until", "end_reason", "exit_code", "message", "nodes", "bad_nodes"]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_nodes(self, attempt: JobAttempt) -> list[str]:
+        """The nodes admission placed the attempt on (empty when none was recorded)."""
+        return list((attempt.placement or {}).get("nodes") or [])
 
 
 class JobEventSerializer(serializers.ModelSerializer):

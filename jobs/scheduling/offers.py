@@ -62,7 +62,7 @@ def pool_offers(accelerator_id: int, now: dt.datetime, lock: bool,
                 node_pool_id=pool.pk, cluster_id=pool.cluster_id, cluster_name=pool.cluster.name,
                 provider=pool.cluster.provider, region=pool.cluster.region, capacity_type=pool.capacity_type,
                 nodes=pool.nodes, gpus_per_node=pool.gpus_per_node,
-                free_gpus=(sum(r.free_gpus for r in rooms[pool.pk] if r.schedulable) if pool.pk in rooms
+                free_gpus=(sum(r.free_gpus for r in rooms[pool.pk] if r.takes_work) if pool.pk in rooms
                            else pool.capacity_gpus - in_use.get(pool.pk, 0)),
                 usd_per_gpu_hour=price, healthy=pool.cluster.health == Cluster.Health.HEALTHY,
                 node_rooms=rooms.get(pool.pk, ()), name=pool.name,
@@ -73,7 +73,8 @@ def pool_offers(accelerator_id: int, now: dt.datetime, lock: bool,
 
 def node_rooms(pools: list[NodePool]) -> dict[int, tuple[NodeRoom, ...]]:
     """By pool id, the nodes of each of ``pools`` that has Node rows, with what is free on each now (see the module
-    docstring); two queries. A live attempt without recorded nodes is packed onto the pool's fullest nodes."""
+    docstring); two queries. A live attempt without recorded nodes is packed onto the pool's fullest nodes. A node
+    cordoned by staff is not schedulable; an unhealthy one (``runners.health``) is not healthy: neither takes work."""
     nodes: dict[int, list[Node]] = {}
     for n in Node.objects.filter(node_pool__in=pools).order_by("node_pool_id", "name"):
         nodes.setdefault(n.node_pool_id, []).append(n)
@@ -97,7 +98,8 @@ def node_rooms(pools: list[NodePool]) -> dict[int, tuple[NodeRoom, ...]]:
             left[0] -= take
             gpus -= take
     return {pid: tuple(NodeRoom(n.name, n.gpus, free[pid][n.name][0], n.cpu_milli, free[pid][n.name][1], n.memory_mib,
-                                free[pid][n.name][2], n.topology_domain, n.schedulable) for n in lst)
+                                free[pid][n.name][2], n.topology_domain, n.schedulable and not n.cordoned,
+                                n.health != Node.Health.UNHEALTHY) for n in lst)
             for pid, lst in nodes.items()}
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import django_filters
 
-from ..models import Cluster, NodePool
+from ..models import Cluster, Node, NodePool
 
 
 class ClusterFilterSet(django_filters.FilterSet):
@@ -24,3 +24,13 @@ class NodePoolFilterSet(django_filters.FilterSet):
     class Meta:
         model = NodePool
         fields = ["cluster", "accelerator", "capacity_type"]
+
+
+class NodeFilterSet(django_filters.FilterSet):
+    """Nodes by ``cluster`` (name), ``health`` and ``cordoned``."""
+
+    cluster = django_filters.CharFilter(field_name="cluster__name")
+
+    class Meta:
+        model = Node
+        fields = ["cluster", "health", "cordoned"]

@@ -15,12 +15,13 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from core.fields import StrictCharField
 from costs.catalog import NoPrice, price_at, prices_by_pool
 from costs.models import Price
 from jobs.models import JobAttempt
 
 from ..credentials import InvalidKubeconfig, split_userinfo, validate_kubeconfig, without_userinfo
-from ..models import Accelerator, Cluster, NodePool
+from ..models import Accelerator, Cluster, Node, NodePool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +56,24 @@ def pool_statuses(pools: list[NodePool], at: dt.datetime | None = None) -> dict[
             price = None
         statuses[pool.pk] = PoolStatus(max(pool.capacity_gpus - in_use.get(pool.pk, 0), 0), price)
     return statuses
+
+
+def node_health_summary(rows: list[tuple[str, str, bool]]) -> dict:
+    """``{"nodes", "healthy", "suspect", "unhealthy", "unhealthy_nodes", "suspect_nodes", "cordoned_nodes"}`` of
+    ``(name, health, cordoned)`` rows."""
+    out = {"nodes": len(rows), **{h: sum(1 for _, x, _ in rows if x == h) for h in Node.Health.values}}
+    out["unhealthy_nodes"] = sorted(n for n, h, _ in rows if h == Node.Health.UNHEALTHY)
+    out["suspect_nodes"] = sorted(n for n, h, _ in rows if h == Node.Health.SUSPECT)
+    out["cordoned_nodes"] = sorted(n for n, _, c in rows if c)
+    return out
+
+
+def node_health_by_cluster() -> dict[int, dict]:
+    """``node_health_summary`` of every cluster's nodes, by cluster id (one query)."""
+    rows: dict[int, list] = {}
+    for cluster_id, name, health, cordoned in Node.objects.values_list("cluster_id", "name", "health", "cordoned"):
+        rows.setdefault(cluster_id, []).append((name, health, cordoned))
+    return {pk: node_health_summary(lst) for pk, lst in rows.items()}
 
 
 class AcceleratorSerializer(serializers.ModelSerializer):
@@ -117,13 +136,28 @@ class ClusterSerializer(serializers.ModelSerializer):
     ca_cert = serializers.CharField(write_only=True, required=False, allow_blank=True, trim_whitespace=False)
     kubeconfig = serializers.CharField(write_only=True, required=False, allow_blank=True, trim_whitespace=False)
     auth_configured = serializers.SerializerMethodField()
+    node_health = serializers.SerializerMethodField(
+        help_text="its GPU nodes by health, and the names of the unhealthy and cordoned ones (details: nodes/)")
 
     class Meta:
         model = Cluster
         fields = ["id", "name", "provider", "region", "backend", "api_endpoint", "prometheus_url", "emulated", "health",
-                  "last_contact_at", "created_at", "node_pools", "api_token", "ca_cert", "kubeconfig",
+                  "last_contact_at", "created_at", "node_pools", "node_health", "api_token", "ca_cert", "kubeconfig",
                   "auth_configured"]
-        read_only_fields = ["id", "health", "last_contact_at", "created_at", "node_pools", "auth_configured"]
+        read_only_fields = ["id", "health", "last_contact_at", "created_at", "node_pools", "node_health",
+                            "auth_configured"]
+
+    @extend_schema_field({"type": "object", "properties": {
+        "nodes": {"type": "integer"}, "healthy": {"type": "integer"}, "suspect": {"type": "integer"},
+        "unhealthy": {"type": "integer"}, "unhealthy_nodes": {"type": "array", "items": {"type": "string"}},
+        "suspect_nodes": {"type": "array", "items": {"type": "string"}},
+        "cordoned_nodes": {"type": "array", "items": {"type": "string"}}}})
+    def get_node_health(self, cluster: Cluster) -> dict:
+        """Counted for every cluster in one query on first use, kept in the serializer context."""
+        summary = self.context.get("node_health")
+        if summary is None:
+            summary = self.context["node_health"] = node_health_by_cluster()
+        return summary.get(cluster.pk) or node_health_summary([])
 
     @extend_schema_field(serializers.BooleanField())
     def get_auth_configured(self, cluster: Cluster) -> bool:
@@ -166,3 +200,36 @@ class ClusterSerializer(serializers.ModelSerializer):
             if data.get(field):
                 data[field] = without_userinfo(data[field])
         return data
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    """One GPU node as the last sync saw it, with its health and the evidence behind it (``runners.health``).
+
+    ``health``: ``healthy``, ``suspect`` (shown, still takes work) or
+    ``unhealthy`` (admission keeps off it; its running work was recovered
+    elsewhere). ``health_evidence``: ``[{source, signal, severity, message,
+    value}]``. ``takes_work``: whether admission may place work on it now
+    (schedulable in Kubernetes, not cordoned by staff, not unhealthy).
+    """
+
+    cluster = serializers.CharField(source="cluster.name", read_only=True)
+    node_pool = serializers.CharField(source="node_pool.name", read_only=True, default=None, allow_null=True)
+    takes_work = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Node
+        fields = ["id", "cluster", "node_pool", "name", "accelerator_label", "capacity_type", "gpus", "cpu_milli",
+                  "memory_mib", "zone", "topology_domain", "taints", "unschedulable", "schedulable",
+                  "problem_conditions", "cordoned", "cordon_note", "health", "health_evidence", "health_changed_at",
+                  "health_checked_at", "health_cleared_at", "takes_work", "seen_at"]
+        read_only_fields = fields
+
+    @extend_schema_field(serializers.BooleanField())
+    def get_takes_work(self, node: Node) -> bool:
+        return node.schedulable and not node.cordoned and node.health != Node.Health.UNHEALTHY
+
+
+class CordonSerializer(serializers.Serializer):
+    """A staff cordon: why (shown next to the node)."""
+
+    note = StrictCharField(required=False, allow_blank=True, max_length=400, default="")

@@ -1,21 +1,24 @@
-"""``/api/v1/accelerators/``, ``clusters/`` and ``node-pools/``: the shared GPU fleet, readable by every user.
+"""``/api/v1/accelerators/``, ``clusters/``, ``node-pools/`` and ``nodes/``: the shared GPU fleet, readable by every user.
 
-Clusters and their pools are platform infrastructure, not team objects, so
-every authenticated user sees all of them; only staff create or update
-clusters.
+Clusters, their pools and nodes are platform infrastructure, not team
+objects, so every authenticated user sees all of them; only staff create or
+update clusters, and cordon, uncordon or clear the health of a node.
 """
 
 from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins
+from rest_framework.decorators import action
+from rest_framework.response import Response
 
 from core.permissions import IsStaffOrReadOnly
 from core.viewsets import ScopedGenericViewSet, ScopedReadOnlyViewSet
 
-from ..models import Accelerator, Cluster, NodePool
-from .filtersets import ClusterFilterSet, NodePoolFilterSet
-from .serializers import AcceleratorSerializer, ClusterSerializer, NodePoolSerializer
+from .. import health
+from ..models import Accelerator, Cluster, Node, NodePool
+from .filtersets import ClusterFilterSet, NodeFilterSet, NodePoolFilterSet
+from .serializers import AcceleratorSerializer, ClusterSerializer, CordonSerializer, NodePoolSerializer, NodeSerializer
 
 
 @extend_schema(tags=["fleet"])
@@ -56,3 +59,39 @@ class NodePoolViewSet(ScopedReadOnlyViewSet):
 
     def scope_queryset(self, queryset, user):
         return queryset  # shared infrastructure
+
+
+@extend_schema(tags=["fleet"])
+class NodeViewSet(ScopedReadOnlyViewSet):
+    """GPU nodes of every cluster with their health and its evidence; staff cordon, uncordon and clear them."""
+
+    queryset = Node.objects.select_related("cluster", "node_pool")
+    serializer_class = NodeSerializer
+    permission_classes = [IsStaffOrReadOnly]
+    filterset_class = NodeFilterSet
+    ordering_fields = ["name", "health"]
+
+    def scope_queryset(self, queryset, user):
+        return queryset  # shared infrastructure
+
+    @extend_schema(request=CordonSerializer, responses=NodeSerializer)
+    @action(detail=True, methods=["post"], filter_backends=[])
+    def cordon(self, request, pk=None):
+        """Cordon the node in the platform: admission keeps off it (Kubernetes is not touched). Staff only."""
+        body = CordonSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        node = health.cordon(self.get_object(), request.user, body.validated_data["note"])
+        return Response(NodeSerializer(node).data)
+
+    @extend_schema(request=None, responses=NodeSerializer)
+    @action(detail=True, methods=["post"], filter_backends=[])
+    def uncordon(self, request, pk=None):
+        """Lift a staff cordon: admission may use the node again. Staff only."""
+        return Response(NodeSerializer(health.uncordon(self.get_object())).data)
+
+    @extend_schema(request=None, responses=NodeSerializer)
+    @action(detail=True, methods=["post"], filter_backends=[])
+    def clear(self, request, pk=None):
+        """Clear the node's health: healthy again; the evidence seen so far no longer counts (a new XID code, a
+        count that grows, a new condition reason or a new lost attempt does). Staff only."""
+        return Response(NodeSerializer(health.clear(self.get_object())).data)

@@ -92,6 +92,9 @@ def node_info(node: dict, foreign: tuple[int, int, int]) -> NodeInfo:
         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
         taints=tuple((t.get("key", ""), t.get("value", "") or "", t.get("effect", "")) for t in taints),
         unschedulable=cordoned, schedulable=ready and not cordoned and not _blocking_taints(taints),
+        problem_conditions=tuple((str(c.get("type", "")), str(c.get("reason", "") or ""), str(c.get("message", "") or ""))
+                                 for c in status.get("conditions") or []
+                                 if c.get("type") != "Ready" and c.get("status") == "True"),
     )
 
 

@@ -157,12 +157,20 @@ def pod_lost(pod: dict) -> Observation | None:
     if disruption is not None:
         reason = disruption.get("reason") or ""
         end = "Preempted" if reason in SPOT_LOST_REASONS else "NodeLost" if reason in NODE_LOST_REASONS else "Evicted"
-        return Observation("lost", end, None, f"pod {name}: {reason}: {disruption.get('message') or ''}".strip())
+        return Observation("lost", end, None, f"pod {name}: {reason}: {disruption.get('message') or ''}".strip(),
+                           nodes=pod_node(pod))
     if status.get("reason") in LOST_POD_REASONS:
         reason = status["reason"]
         end = "NodeLost" if reason == "NodeLost" else "Preempted" if reason in SPOT_STATUS_REASONS else "Evicted"
-        return Observation("lost", end, None, f"pod {name}: {reason}: {status.get('message') or ''}".strip())
+        return Observation("lost", end, None, f"pod {name}: {reason}: {status.get('message') or ''}".strip(),
+                           nodes=pod_node(pod))
     return None
+
+
+def pod_node(pod: dict) -> tuple[str, ...]:
+    """The node ``pod`` was bound to (``spec.nodeName``), as a one-name tuple; empty when not bound."""
+    node = (pod.get("spec") or {}).get("nodeName")
+    return (str(node),) if node else ()
 
 
 def pod_deleted(pod: dict) -> Observation | None:
@@ -212,11 +220,12 @@ def pod_failure(pod: dict) -> Observation | None:
             continue
         code = terminated.get("exitCode")
         if terminated.get("reason") == "OOMKilled":
-            return Observation("failed", "OOMKilled", code, f"pod {name}: container {cs.get('name')} ran out of memory")
+            return Observation("failed", "OOMKilled", code, f"pod {name}: container {cs.get('name')} ran out of memory",
+                               nodes=pod_node(pod))
         if code not in (None, 0):
             return Observation("failed", "Failed", code,
                                f"pod {name}: container {cs.get('name')} exited with code {code}"
-                               + (f" ({terminated['reason']})" if terminated.get("reason") else ""))
+                               + (f" ({terminated['reason']})" if terminated.get("reason") else ""), nodes=pod_node(pod))
     return None
 
 

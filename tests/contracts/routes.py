@@ -19,16 +19,17 @@ from controlplane.urls import api_router
 from costs.models import Price
 from costs.reports.build import generate_report
 from quotas.models import Cohort, PriorityClass
+from runners.models import Node
 from tests.support.factories import VALID_SPEC
 
 #: A user sees only their teams' objects: another team's object is a 404, not a 403 (DESIGN.md, Interfaces).
 TEAM_SCOPED = {"jobs", "teams", "quotas", "budgets", "budget-status", "reports"}
 #: The fleet and the platform's settings: every authenticated user reads them.
-PLATFORM_WIDE = {"accelerators", "clusters", "node-pools", "prices", "cohorts", "priority-classes"}
+PLATFORM_WIDE = {"accelerators", "clusters", "node-pools", "nodes", "prices", "cohorts", "priority-classes"}
 #: Aggregates over the user's teams' ledger and samples: lists only.
 AGGREGATES = {"costs", "utilization"}
 #: Written by platform staff only; anyone else is refused before any lookup (403, whatever the object).
-STAFF_WRITES = {"teams", "cohorts", "priority-classes", "clusters"}
+STAFF_WRITES = {"teams", "cohorts", "priority-classes", "clusters", "nodes"}
 #: Written by the team's admins and staff; members and viewers of the team get 403, outsiders 404.
 TEAM_ADMIN_WRITES = {"quotas", "budgets"}
 
@@ -94,6 +95,9 @@ def world(teams, owner, teammate, outsider, aws_cluster, alpha_objects, beta_obj
     generate_report(teams[1], now - dt.timedelta(days=1), now)
     cohort = Cohort.objects.create(name="research")
     spare = PriorityClass.objects.create(name="spare", value=300)
+    node, _ = [Node.objects.create(cluster=aws_cluster["cluster"], node_pool=aws_cluster["pool"], name=f"ip-10-0-0-{i}",
+                                   gpus=8, cpu_milli=64_000, memory_mib=512 * 1024, seen_at=now)
+               for i in (1, 2)]  # the pool's 2 nodes, as a sync records them
     return {
         "jobs": alpha_objects["job"].pk,
         "teams": "alpha",
@@ -104,6 +108,7 @@ def world(teams, owner, teammate, outsider, aws_cluster, alpha_objects, beta_obj
         "accelerators": h100.pk,
         "clusters": aws_cluster["cluster"].pk,
         "node-pools": aws_cluster["pool"].pk,
+        "nodes": node.pk,
         "prices": Price.objects.filter(accelerator=h100).first().pk,
         "cohorts": cohort.pk,
         "priority-classes": spare.pk,
@@ -136,4 +141,7 @@ VALID_BODIES = {
     ("clusters", "update"): lambda: {"name": "aws-use1", "provider": "aws", "region": "us-east-2",
                                      "backend": "kubernetes"},
     ("clusters", "partial_update"): lambda: {"region": "us-east-2"},
+    ("nodes", "cordon"): lambda: {"note": "reseating GPU 3"},
+    ("nodes", "uncordon"): lambda: {},
+    ("nodes", "clear"): lambda: {},
 }

@@ -68,6 +68,7 @@ from .rules import (
     no_price,
     no_room,
     reachable_gpus,
+    unhealthy_nodes,
     within_cluster_caps,
 )
 from .types import (
@@ -186,12 +187,16 @@ class FairShareScheduler:
         sick = sorted({o.cluster_name for o in allowed_pools if not o.healthy})
         whole = max((capable_nodes(request, o, schedulable_only=False) for o in allowed_pools), default=0)
         open_ = max((capable_nodes(request, o, schedulable_only=True) for o in allowed_pools if o.healthy), default=0)
+        bad = unhealthy_nodes(request, allowed_pools)
         parts = []
         if sick:
             parts.append(f"cluster{'s' if len(sick) > 1 else ''} {', '.join(sick)} "
                          f"{'are' if len(sick) > 1 else 'is'} not healthy")
         if open_ < whole:
-            parts.append(f"{whole - open_} large enough nodes are cordoned or tainted")
+            parts.append(f"{whole - open_} large enough nodes are cordoned, tainted or unhealthy" if bad else
+                         f"{whole - open_} large enough nodes are cordoned or tainted")
+        if bad:
+            parts.append(bad)
         parts.append(f"at most {open_} schedulable nodes of one healthy pool can hold a node of it, "
                      f"{job.nodes} needed")
         return "; ".join(parts)
@@ -227,7 +232,8 @@ class FairShareScheduler:
         shown = pools[:3]
         verdict = no_room(job, pools, {o.node_pool_id: book.free_gpus(o.node_pool_id) for o in pools},
                           {o.node_pool_id: book.most_free(o.node_pool_id) for o in shown},
-                          {o.node_pool_id: book.nodes_with_room(o.node_pool_id, request) for o in shown})
+                          {o.node_pool_id: book.nodes_with_room(o.node_pool_id, request) for o in shown},
+                          unhealthy_nodes(request, [o for o in self._pools.get(acc, ()) if allowed(request, o)]))
         self._no_room[key] = (taken, verdict)
         return verdict
 

@@ -21,8 +21,9 @@ UNLIMITED = 1 << 62
 class NodeRoom:
     """One node of a pool as admission sees it: allocatable GPUs, CPU (millicores) and memory (MiB), and what is free
     of each now (allocatable minus the requests of every pod on it, the platform's and others'); its topology
-    domain (block, rack or zone label; "" when unknown) and whether new pods may land on it (False: cordoned, or
-    tainted NoSchedule/NoExecute)."""
+    domain (block, rack or zone label; "" when unknown), whether new pods may land on it (False: cordoned, or
+    tainted NoSchedule/NoExecute) and whether it is healthy (False: GPU errors or attempts lost there; see
+    ``runners.health``). Only a node that is both takes work (``takes_work``)."""
 
     name: str
     gpus: int
@@ -33,6 +34,12 @@ class NodeRoom:
     free_memory_mib: int = UNLIMITED
     domain: str = ""
     schedulable: bool = True
+    healthy: bool = True
+
+    @property
+    def takes_work(self) -> bool:
+        """Whether admission may place work on it: schedulable and healthy."""
+        return self.schedulable and self.healthy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,10 +81,10 @@ class PoolOffer:
 
     @functools.cached_property
     def node_shapes(self) -> tuple[tuple[int, int, int, bool, int], ...]:
-        """The distinct ``(GPUs, CPU millicores, memory MiB, schedulable, how many)`` of the pool's nodes."""
+        """The distinct ``(GPUs, CPU millicores, memory MiB, takes work, how many)`` of the pool's nodes."""
         if not self.node_rooms:  # nodes synthesized from the pool's counts: all alike, schedulable
             return ((self.gpus_per_node, UNLIMITED, UNLIMITED, True, self.nodes),) if self.nodes > 0 else ()
-        counts = Counter((n.gpus, n.cpu_milli, n.memory_mib, n.schedulable) for n in self.rooms())
+        counts = Counter((n.gpus, n.cpu_milli, n.memory_mib, n.takes_work) for n in self.rooms())
         return tuple((*shape, count) for shape, count in counts.items())
 
     @property
@@ -212,7 +219,7 @@ class _PoolNodes:
         self.free_c = [n.free_cpu_milli for n in rooms]
         self.free_m = [n.free_memory_mib for n in rooms]
         self.domain = [n.domain for n in rooms]
-        self.sched = [n.schedulable for n in rooms]
+        self.sched = [n.takes_work for n in rooms]
         self.domains = len(set(self.domain)) > 1
         top = max(self.gpus, default=0)
         self.buckets: list[list[tuple[int, int, int]]] = [[] for _ in range(top + 1)]

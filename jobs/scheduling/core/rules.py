@@ -152,17 +152,30 @@ def never_placeable(job: QueuedJob, why: str = "") -> Verdict:
                     "fleet_change": True})
 
 
+def unhealthy_nodes(request, pools: list[PoolOffer], shown: int = 5) -> str:
+    """A sentence naming the nodes of ``pools`` large enough for one node of ``request`` (a ``PlacementRequest``)
+    that are left out because they are unhealthy (``NodeRoom.healthy``), "" when none is."""
+    names = [f"{o.label}/{n.name}" for o in pools for n in o.node_rooms if not n.healthy and request.holds(n)]
+    if not names:
+        return ""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return (f"{len(names)} large enough node{'s are' if len(names) != 1 else ' is'} unhealthy and left out "
+            f"(GPU errors or attempts lost there): {', '.join(names[:shown])}{more}")
+
+
 def no_room(job: QueuedJob, pools: list[PoolOffer], free: dict[int, int], most_free: dict[int, int] | None = None,
-            with_room: dict[int, int] | None = None) -> Verdict:
+            with_room: dict[int, int] | None = None, unhealthy: str = "") -> Verdict:
     """Pools match ``job`` but none has ``job.nodes`` nodes with room now. ``free``: free GPUs by node pool id;
-    ``most_free``: the most free GPUs on one node, ``with_room``: nodes with room for one node of the job, by id."""
+    ``most_free``: the most free GPUs on one node, ``with_room``: nodes with room for one node of the job, by id;
+    ``unhealthy``: the sentence of ``unhealthy_nodes`` over the pools allowed to it, added to the message."""
     most_free = most_free or {}
     with_room = with_room or {}
     parts = [f"{o.label}: {free[o.node_pool_id]} GPUs free, at most {most_free.get(o.node_pool_id, 0)} on one node, "
              f"{with_room.get(o.node_pool_id, 0)} of the {job.nodes} nodes needed have room" for o in pools[:3]]
     more = f" and {len(pools) - 3} more pools" if len(pools) > 3 else ""
     message = (f"Asks {_shape(job)}; no matching node pool has {job.nodes} node{'s' if job.nodes != 1 else ''} "
-               f"with room now ({'; '.join(parts)}{more}). It waits for running work to end.")
+               f"with room now ({'; '.join(parts)}{more}). It waits for running work to end"
+               + (f"; {unhealthy}." if unhealthy else "."))
     return Verdict(False, "capacity", message,
                    {"request_gpus": job.total_gpus, "nodes": job.nodes, "gpus_per_node": job.gpus_per_node,
                     "free_gpus_by_pool": {str(o.node_pool_id): free[o.node_pool_id] for o in pools},

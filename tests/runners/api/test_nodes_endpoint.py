@@ -1,0 +1,55 @@
+"""``/api/v1/nodes/``: every user reads each GPU node's health with its evidence; staff cordon, uncordon and clear."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+
+from runners import health
+from runners.models import Node
+
+XID_79 = health.finding("dcgm", "xid", "unhealthy", "GPU 3 (GPU-n1-3): XID 79 (GPU has fallen off the bus)",
+                        key="dcgm:xid:GPU-n1-3", value=79, gpu="3", uuid="GPU-n1-3")
+
+
+def make_nodes(aws_cluster) -> dict[str, Node]:
+    """Nodes n0 (healthy) and n1 (unhealthy: XID 79 on GPU 3) of the AWS cluster's pool."""
+    now = timezone.now()
+    made = {name: Node.objects.create(cluster=aws_cluster["cluster"], node_pool=aws_cluster["pool"], name=name, gpus=8,
+                                      cpu_milli=64_000, memory_mib=512 * 1024, seen_at=now) for name in ("n0", "n1")}
+    health.store_health(made["n1"], "unhealthy", [XID_79], now)
+    return made
+
+
+def test_every_user_reads_each_nodes_health_with_its_evidence(owner, outsider, aws_cluster):
+    make_nodes(aws_cluster)
+    for persona in (owner, outsider):
+        rows = {n["name"]: n for n in persona.client.get("/api/v1/nodes/").json()["results"]}
+        assert (rows["n0"]["health"], rows["n0"]["takes_work"]) == ("healthy", True)
+        assert (rows["n1"]["health"], rows["n1"]["takes_work"]) == ("unhealthy", False)
+        assert [e["message"] for e in rows["n1"]["health_evidence"]] == [XID_79["message"]]
+    only = owner.client.get("/api/v1/nodes/", {"health": "unhealthy", "cluster": "aws-use1"}).json()["results"]
+    assert [n["name"] for n in only] == ["n1"]
+
+
+def test_the_cluster_shows_its_nodes_by_health(owner, aws_cluster):
+    make_nodes(aws_cluster)
+    body = owner.client.get(f"/api/v1/clusters/{aws_cluster['cluster'].pk}/").json()
+    assert body["node_health"] == {"nodes": 2, "healthy": 1, "suspect": 0, "unhealthy": 1, "unhealthy_nodes": ["n1"],
+                                   "suspect_nodes": [], "cordoned_nodes": []}
+
+
+def test_staff_cordon_uncordon_and_clear_a_node_and_no_one_else_may(owner, staff, aws_cluster):
+    made = make_nodes(aws_cluster)
+    n0, n1 = made["n0"].pk, made["n1"].pk
+    assert owner.client.post(f"/api/v1/nodes/{n0}/cordon/", {"note": "x"}, content_type="application/json"
+                             ).status_code == 403
+    assert owner.client.post(f"/api/v1/nodes/{n1}/clear/").status_code == 403
+    body = staff.client.post(f"/api/v1/nodes/{n0}/cordon/", {"note": "reseating GPU 3"},
+                             content_type="application/json").json()
+    assert (body["cordoned"], body["takes_work"], body["cordon_note"]) == (True, False, "by staff: reseating GPU 3")
+    body = staff.client.post(f"/api/v1/nodes/{n0}/uncordon/").json()
+    assert (body["cordoned"], body["takes_work"]) == (False, True)
+    body = staff.client.post(f"/api/v1/nodes/{n1}/clear/").json()
+    assert (body["health"], body["health_evidence"], body["takes_work"]) == ("healthy", [], True)
+    assert Node.objects.get(pk=n1).health_baseline == {"dcgm:xid:GPU-n1-3": 79}
+    assert staff.client.post("/api/v1/nodes/999999/clear/").status_code == 404
