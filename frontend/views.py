@@ -241,6 +241,8 @@ def job_detail(request, pk: int):
         utilization_chart=_chart([f"{r['day']} #{r['attempt__number']}" for r in rollups],
                                  [r["avg_gpu_util_percent"] for r in rollups], "Average GPU utilization (%)"),
         has_utilization=any(r["avg_gpu_util_percent"] is not None for r in rollups),
+        # Emulated GPUs are processes on the CPU: their "utilization" is CPU use, not a GPU's.
+        emulated_only=job.attempts.exists() and not job.attempts.filter(cluster__emulated=False).exists(),
     )
     efficiency = job_efficiency(job, series=True)
     series = next((a["series"] for a in reversed(efficiency["attempts"]) if a["series"]), [])

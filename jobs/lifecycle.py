@@ -328,6 +328,15 @@ def _bill_until_deleted(attempt: JobAttempt) -> None:
 
 #: How a serving attempt may end and be started again (within ``max_retries``): its server crashed or ran out of
 #: memory. A deadline, a cancel or an image that cannot be pulled would only repeat.
+def failure_text(end_reason: str, exit_code: int | None) -> str:
+    """The reason a FAILED job shows, read after its state (``FAILED: exited with code 134``), so it does not
+    repeat it: the exit code for a plain failure, the end reason (``OOMKilled``, ``ImagePullBackOff``) with
+    the exit code when there is one."""
+    if end_reason == JobAttempt.EndReason.FAILED:
+        return "exited with code %d" % exit_code if exit_code is not None else "a container failed"
+    return end_reason + (f" (exit code {exit_code})" if exit_code is not None else "")
+
+
 RESTARTED_SERVING_ENDS = frozenset({JobAttempt.EndReason.FAILED, JobAttempt.EndReason.OOM_KILLED})
 
 
@@ -367,7 +376,7 @@ def apply_observation(job: Job, attempt: JobAttempt, obs: Observation) -> None:
                             what=f"server exited{code}", ended_at=obs.ended_at)
         elif obs.phase == "failed" and job.state in (S.RUNNING, S.STARTING):
             reason = obs.end_reason or JobAttempt.EndReason.FAILED
-            text = f"{reason}" + (f" (exit code {obs.exit_code})" if obs.exit_code is not None else "")
+            text = failure_text(reason, obs.exit_code)
             end_attempt(job, attempt, S.FAILED, reason=text, end_reason=reason, exit_code=obs.exit_code,
                         message=obs.message, ended_at=obs.ended_at)
         elif obs.phase == "lost" and job.state in (S.STARTING, S.RUNNING):
@@ -460,12 +469,15 @@ def recover_or_fail(job: Job, attempt: JobAttempt, *, end_reason: str, message: 
     retries_used = (
         job.attempts.filter(number__lt=attempt.number).exclude(end_reason__in=FREE_RETRY_END_REASONS).count()
     )
+    # A plain failure's end reason is the state's own word: "FAILED: attempt 3 server exited...", not "Failed: ...".
+    cause = "" if end_reason == JobAttempt.EndReason.FAILED else f"{end_reason}: "
     if retries_used < job.max_retries:
         return end_attempt(job, attempt, S.RECOVERING,
-                           reason=f"{end_reason}: attempt {attempt.number} {what}, retry {retries_used + 1} of "
+                           reason=f"{cause}attempt {attempt.number} {what}, retry {retries_used + 1} of "
                                   f"{job.max_retries}",
                            end_reason=end_reason, message=message, ended_at=ended_at)
-    return end_attempt(job, attempt, S.FAILED, reason=f"{end_reason}: attempt {what} and {job.max_retries} retries used",
+    return end_attempt(job, attempt, S.FAILED,
+                       reason=f"{cause}attempt {attempt.number} {what} and {job.max_retries} retries used",
                        end_reason=end_reason, message=message, ended_at=ended_at)
 
 

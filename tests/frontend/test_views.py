@@ -306,3 +306,14 @@ def test_a_serving_jobs_page_shows_its_endpoint_and_training_job_while_it_runs(t
     Job.objects.filter(pk=serving.pk).update(state=JobState.CANCELLED)
     page = teammate_web.get(f"/jobs/{serving.pk}/status/").content.decode()
     assert "none: it serves only while RUNNING" in page and "svc:8000" not in page
+
+
+def test_a_job_on_emulated_gpus_shows_utilization_as_not_observed(teammate_web, objects, h100):
+    job = objects["alpha"]["job"]
+    cluster, pool = make_cluster("emu", "local", "local", h100, nodes=1, gpus_per_node=4, price="0.50")
+    cluster.emulated = True
+    cluster.save()
+    make_attempt(job, cluster, pool)
+    page = teammate_web.get(f"/jobs/{job.pk}/").content.decode()
+    assert 'id="job-util-emulated"' in page and "Not observed: the job ran on emulated GPUs" in page
+    assert "No data: no GPU utilization metrics" not in page and 'id="job-usage"' not in page
