@@ -373,7 +373,7 @@ def apply_observation(job: Job, attempt: JobAttempt, obs: Observation) -> None:
             # A server that crashed is restarted (as a Deployment restarts its pods) while max_retries allows.
             code = f" (exit code {obs.exit_code})" if obs.exit_code is not None else ""
             recover_or_fail(job, attempt, end_reason=obs.end_reason, message=obs.message,
-                            what=f"server exited{code}", ended_at=obs.ended_at)
+                            what=f"server exited{code}", ended_at=obs.ended_at, exit_code=obs.exit_code)
         elif obs.phase == "failed" and job.state in (S.RUNNING, S.STARTING):
             reason = obs.end_reason or JobAttempt.EndReason.FAILED
             text = failure_text(reason, obs.exit_code)
@@ -455,7 +455,7 @@ def redispatch_or_release(job: Job, attempt: JobAttempt, *, cluster_answers: boo
 
 
 def recover_or_fail(job: Job, attempt: JobAttempt, *, end_reason: str, message: str = "", ended_at=None,
-                    what: str = "lost") -> Job:
+                    what: str = "lost", exit_code: int | None = None) -> Job:
     """End a lost attempt: RECOVERING (back to admission) while retries remain, FAILED after ``max_retries``.
 
     Retries count earlier attempts that were lost (or, for inference, whose
@@ -464,7 +464,8 @@ def recover_or_fail(job: Job, attempt: JobAttempt, *, end_reason: str, message: 
     unschedulable were the scheduler's doing, and attempts that never created
     objects never ran: none counts. ``ended_at``: when the pods stopped,
     as the cluster says (billing ends there). ``what`` says in the reason
-    what happened to the attempt (``lost``, ``server exited (exit code 2)``).
+    what happened to the attempt (``lost``, ``server exited (exit code 2)``); ``exit_code``: the server's,
+    kept on the attempt.
     """
     retries_used = (
         job.attempts.filter(number__lt=attempt.number).exclude(end_reason__in=FREE_RETRY_END_REASONS).count()
@@ -475,10 +476,10 @@ def recover_or_fail(job: Job, attempt: JobAttempt, *, end_reason: str, message: 
         return end_attempt(job, attempt, S.RECOVERING,
                            reason=f"{cause}attempt {attempt.number} {what}, retry {retries_used + 1} of "
                                   f"{job.max_retries}",
-                           end_reason=end_reason, message=message, ended_at=ended_at)
+                           end_reason=end_reason, message=message, ended_at=ended_at, exit_code=exit_code)
     return end_attempt(job, attempt, S.FAILED,
                        reason=f"{cause}attempt {attempt.number} {what} and {job.max_retries} retries used",
-                       end_reason=end_reason, message=message, ended_at=ended_at)
+                       end_reason=end_reason, message=message, ended_at=ended_at, exit_code=exit_code)
 
 
 def cancel_job(job: Job, actor=None) -> Job:

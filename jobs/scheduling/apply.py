@@ -38,7 +38,7 @@ from ..enqueue import enqueue_dispatch
 from ..lifecycle import preempt_attempt
 from ..models import Job, JobAttempt, JobEvent, JobState
 from ..states import StaleState, transition
-from .core import Admission, Decision, Rejection, Verdict, Waiting, recheck
+from .core import Admission, Decision, Rejection, Verdict, Waiting, price_text, recheck
 from .offers import lock_pools, pool_offers
 from .snapshot import WAITING_STATES, job_snapshot, queued_job
 
@@ -86,7 +86,7 @@ def apply_admission(decision: Admission, now: dt.datetime) -> tuple[str, Verdict
         if decision.victims:
             data["preempted_job_ids"] = [v.job_id for v in decision.victims]
         try:
-            transition(job, JobState.ADMITTED, reason=f"placed on {offer.cluster_name} at ${offer.usd_per_gpu_hour}/GPU-h",
+            transition(job, JobState.ADMITTED, reason=f"placed on {offer.cluster_name} at {price_text(offer)}",
                        attempt=attempt, current_attempt=attempt, estimated_cost_usd=job.accrued_cost_usd + estimate,
                        data=data)
         except StaleState:

@@ -61,7 +61,7 @@ def test_a_refused_document_prints_each_field_path_and_exits_2_storing_nothing(
         run_cli, owner, funded_aws_cluster, tmp_path):
     document = yaml.safe_load(EXAMPLE.read_text())
     document["team"] = "alpha"
-    document["spec"]["resources"].update(gpus_per_node=0, accelerator="Z80")
+    document["spec"]["resources"].update(gpus_per_node=-1, accelerator="Z80")
     document["spec"]["max_runtime_seconds"] = "soon"
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(document))
