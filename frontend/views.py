@@ -178,9 +178,16 @@ def job_estimate(job: Job) -> dict:
         return {"usd": job.estimated_cost_usd, "pool": None, "placed": True}
     resources = {"accelerator": job.accelerator, "gpus_per_node": job.gpus_per_node, "nodes": job.nodes,
                  "priority": job.priority, "preemptible": job.preemptible,
-                 "max_runtime_seconds": job.max_runtime_seconds}
+                 "max_runtime_seconds": job.max_runtime_seconds, **per_node_asks(job.spec)}
     assessment = preview_submission(job.team, resources, (job.spec or {}).get("placement") or {})
     return {"usd": assessment.estimate_usd, "pool": assessment.offer, "placed": False}
+
+
+def per_node_asks(spec) -> dict:
+    """The ``cpu`` (cores) and ``memory_gib`` per node a stored spec asks, for the preview (they place a job, and
+    price a CPU-only one); absent ones left out."""
+    resources = (spec or {}).get("resources") or {}
+    return {k: resources[k] for k in ("cpu", "memory_gib") if resources.get(k) is not None}
 
 
 def queue_facts(queue_info: dict) -> list[tuple[str, str]]:
@@ -332,7 +339,7 @@ def submission_preview(serializer: JobSubmissionSerializer) -> dict:
     """Before submitting: where the job would run now, its estimated cost (USD), and whether quota and budget allow it,
     as the scheduler's rules say (``jobs.scheduling.preview.preview_submission``)."""
     args = serializer.submission()
-    resources, team = args["resources"], args["team"]
+    resources, team = {**args["resources"], **per_node_asks(args["spec"])}, args["team"]
     assessment = preview_submission(team, resources, args["spec"]["placement"])
     return {"team": team, "accelerator": resources["accelerator"].name,
             "total_gpus": total_gpus(resources["nodes"], resources["gpus_per_node"], resources.get("replicas", 1)),
