@@ -330,7 +330,9 @@ def observe_inference(deployment: dict | None, pods: list[dict], now: dt.datetim
         if (pull := image_pull_failure(pod, now, grace)) is not None:
             return dataclasses.replace(pull, created_at=made, ended_at=stopped_at(deployment, pods))
     for pod in pods:
-        if not (pod.get("metadata") or {}).get("deletionTimestamp") and (crash := serving_crash(pod)) is not None:
+        # A pod taken away (evicted, deleted, its node lost) is the Deployment's to replace, not a crash.
+        if (not (pod.get("metadata") or {}).get("deletionTimestamp") and pod_lost(pod) is None
+                and (crash := serving_crash(pod)) is not None):
             return dataclasses.replace(crash, created_at=made)
     wanted = (deployment.get("spec") or {}).get("replicas") or 1
     ready = (deployment.get("status") or {}).get("readyReplicas") or 0

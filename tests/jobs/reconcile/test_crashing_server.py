@@ -83,3 +83,25 @@ def test_a_server_that_exits_zero_and_is_restarted_has_stopped_serving(live_clus
     world.reconcile("gcp-usc1")
     ended = load(attempt.pk)
     assert state(attempt) == S.FAILED and (ended.end_reason, ended.exit_code) == ("Failed", 0)
+
+
+def test_a_serving_pod_evicted_by_its_kubelet_is_replaced_not_counted_as_a_crash():
+    """Node-pressure eviction: the pod is Failed with reason Evicted and its container killed (137), without a
+    deletionTimestamp; the Deployment runs a new pod, and the attempt goes on."""
+    import datetime as dt
+
+    from runners.kubernetes.runner import observe_inference
+
+    now = dt.datetime(2026, 12, 1, 12, tzinfo=dt.timezone.utc)
+    deployment = {"metadata": {"creationTimestamp": "2026-12-01T11:00:00Z"}, "spec": {"replicas": 1},
+                  "status": {"readyReplicas": 1}}
+    evicted = {"metadata": {"name": "s-1"}, "status": {"phase": "Failed", "reason": "Evicted", "containerStatuses": [
+        {"name": "server", "restartCount": 0, "state": {"terminated": {"exitCode": 137, "reason": "Error"}}}]}}
+    replacement = {"metadata": {"name": "s-2"}, "status": {"phase": "Running", "containerStatuses": [
+        {"name": "server", "restartCount": 0, "state": {"running": {"startedAt": "2026-12-01T11:59:00Z"}}}]}}
+    assert observe_inference(deployment, [evicted, replacement], now, 600.0).phase == "running"
+    crashed = {"metadata": {"name": "s-2"}, "status": {"phase": "Running", "containerStatuses": [
+        {"name": "server", "restartCount": 1, "lastState": {"terminated": {"exitCode": 2, "reason": "Error"}},
+         "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}}
+    seen = observe_inference(deployment, [evicted, crashed], now, 600.0)
+    assert (seen.phase, seen.end_reason, seen.exit_code) == ("failed", "Failed", 2)
