@@ -34,6 +34,7 @@ from jobs.filters import JobFilterSet
 from jobs.lifecycle import NotCancellable, cancel_job, submit_job
 from jobs.models import FINAL_STATES, Job, JobAttempt, JobState, total_gpus
 from jobs.permissions import CANCEL_REFUSED, may_cancel
+from jobs.scheduling.core import price_text
 from jobs.scheduling.offers import pool_offers
 from jobs.scheduling.preview import preview_submission
 from jobs.spec import JobSubmissionSerializer
@@ -459,7 +460,8 @@ def cluster_list(request):
             offer = offers.get(pool.pk)
             pools.append({"pool": pool, "capacity": pool.capacity_gpus,
                           "free": offer.free_gpus if offer else None,
-                          "price": offer.usd_per_gpu_hour if offer else None})
+                          "price": offer.usd_per_gpu_hour if offer else None,
+                          "cpu_price": price_text(offer) if offer and offer.usd_per_vcpu_hour is not None else None})
         rows.append({"cluster": cluster, "pools": pools, "dcgm": shapes.get(cluster.pk)})
     return render(request, "frontend/cluster_list.html", {"rows": rows})
 
