@@ -6,7 +6,8 @@ from .models import (BudgetAlert, ClusterMetrics, CostEntry, DailyCostRollup, Le
 
 @admin.register(Price)
 class PriceAdmin(admin.ModelAdmin):
-    list_display = ["provider", "region", "accelerator", "capacity_type", "cluster", "usd_per_gpu_hour", "effective_from"]
+    list_display = ["provider", "region", "accelerator", "capacity_type", "cluster", "usd_per_gpu_hour", "usd_per_vcpu_hour",
+                    "usd_per_gib_hour", "effective_from"]
     list_filter = ["provider", "accelerator", "capacity_type"]
 
 

@@ -1,4 +1,5 @@
-"""Price lookup: the USD per GPU-hour in force for a node pool at an instant or over an interval.
+"""Price lookup: the USD per GPU-hour (and, on CPU node pools, per vCPU-hour and GiB-hour) in force for a node pool
+at an instant or over an interval.
 
 A per-cluster override beats the catalog row for the cluster's provider and
 region; among rows of one kind, the latest ``effective_from`` not after the
@@ -7,6 +8,7 @@ instant wins. Prices never apply before their effective time.
 
 import datetime as dt
 from decimal import Decimal
+from typing import NamedTuple
 
 from .models import Price
 
@@ -52,19 +54,37 @@ def _rows(node_pool) -> list[Price]:
     return prices_by_pool([node_pool], rows)[node_pool.pk]
 
 
-def price_at(node_pool, at: dt.datetime, rows=None) -> Decimal:
-    """USD per GPU-hour for ``node_pool`` at instant ``at`` (aware datetime).
+class Rates(NamedTuple):
+    """The prices of one Price row: USD per GPU-hour, and for a CPU node pool USD per vCPU-hour and per GiB-hour of
+    memory (None: not priced by CPU)."""
 
-    ``rows`` may pass preloaded Price rows of this pool (``prices_by_pool``) to avoid a query.
-    Raises NoPrice when neither an override nor a catalog row is in force.
-    """
+    gpu: Decimal
+    vcpu: Decimal | None = None
+    gib: Decimal | None = None
+
+
+def row_at(node_pool, at: dt.datetime, rows=None) -> Price:
+    """The Price row in force for ``node_pool`` at instant ``at`` (aware datetime): the latest override of the
+    pool's cluster, else the latest catalog row. ``rows``: preloaded rows (``prices_by_pool``) to avoid a query.
+    Raises NoPrice when none is in force."""
     rows = _rows(node_pool) if rows is None else rows
     in_force = [r for r in rows if r.effective_from <= at]
     overrides = [r for r in in_force if r.cluster_id is not None]
     pool = overrides or in_force
     if not pool:
         raise NoPrice(f"no price for {node_pool} ({node_pool.accelerator}, {node_pool.capacity_type}) at {at.isoformat()}")
-    return max(pool, key=lambda r: r.effective_from).usd_per_gpu_hour
+    return max(pool, key=lambda r: r.effective_from)
+
+
+def price_at(node_pool, at: dt.datetime, rows=None) -> Decimal:
+    """USD per GPU-hour for ``node_pool`` at instant ``at`` (``row_at``'s row). Raises NoPrice."""
+    return row_at(node_pool, at, rows).usd_per_gpu_hour
+
+
+def rates_at(node_pool, at: dt.datetime, rows=None) -> Rates:
+    """Every price of the row in force for ``node_pool`` at ``at`` (``row_at``). Raises NoPrice."""
+    row = row_at(node_pool, at, rows)
+    return Rates(row.usd_per_gpu_hour, row.usd_per_vcpu_hour, row.usd_per_gib_hour)
 
 
 def price_segments(node_pool, start: dt.datetime, end: dt.datetime) -> list[tuple[dt.datetime, dt.datetime, Decimal]]:

@@ -45,7 +45,7 @@ from jobs.models import Job, JobAttempt
 from quotas.models import Team
 from runners.models import Cluster, NodePool
 
-from .catalog import NoPrice, price_at, prices_by_pool
+from .catalog import NoPrice, Rates, prices_by_pool, rates_at
 from .models import CostEntry, DailyCostRollup, JobDailyCost, Price, TeamSpend
 from .spend import ENTRY_SPAN, exact_seconds
 
@@ -58,14 +58,30 @@ UTC = dt.timezone.utc
 CHUNK = 2000
 
 
-def interval_cost(gpus: int, seconds: Decimal, usd_per_gpu_hour: Decimal | None) -> Decimal | None:
-    """USD for ``gpus`` GPUs held ``seconds`` seconds at ``usd_per_gpu_hour``, rounded to 1e-9 half-even.
+def interval_cost(gpus: int, seconds: Decimal, usd_per_gpu_hour: Decimal | None, cpu_milli: int = 0,
+                  memory_mib: int = 0, usd_per_vcpu_hour: Decimal | None = None,
+                  usd_per_gib_hour: Decimal | None = None) -> Decimal | None:
+    """USD for ``gpus`` GPUs held ``seconds`` seconds at ``usd_per_gpu_hour``, plus, where the pool is priced by CPU,
+    ``cpu_milli`` millicores at ``usd_per_vcpu_hour`` and ``memory_mib`` MiB at ``usd_per_gib_hour`` (GCP's
+    per-vCPU and per-GiB billing), rounded to 1e-9 half-even.
 
-    None when the price is unknown (None).
+    None when the price is unknown (``usd_per_gpu_hour`` None).
     """
     if usd_per_gpu_hour is None:
         return None
-    return (Decimal(gpus) * seconds * usd_per_gpu_hour / SECONDS_PER_HOUR).quantize(LEDGER_QUANTUM, ROUND_HALF_EVEN)
+    per_hour = Decimal(gpus) * usd_per_gpu_hour
+    if usd_per_vcpu_hour is not None:
+        per_hour += Decimal(cpu_milli) / 1000 * usd_per_vcpu_hour
+    if usd_per_gib_hour is not None:
+        per_hour += Decimal(memory_mib) / 1024 * usd_per_gib_hour
+    return (per_hour * seconds / SECONDS_PER_HOUR).quantize(LEDGER_QUANTUM, ROUND_HALF_EVEN)
+
+
+def _cost(row_units: tuple[int, int, int], seconds: Decimal, rates: Rates | None) -> Decimal | None:
+    """``interval_cost`` of ``(GPUs, CPU millicores, memory MiB)`` at ``rates`` (None: unknown)."""
+    if rates is None:
+        return None
+    return interval_cost(row_units[0], seconds, rates.gpu, row_units[1], row_units[2], rates.vcpu, rates.gib)
 
 
 def hour_floor(at: dt.datetime) -> dt.datetime:
@@ -74,12 +90,12 @@ def hour_floor(at: dt.datetime) -> dt.datetime:
 
 
 def ledger_pieces(node_pool, rows, start: dt.datetime, end: dt.datetime) -> list[tuple[dt.datetime, dt.datetime,
-                                                                                      Decimal | None]]:
+                                                                                      Rates | None]]:
     """Split ``[start, end)`` at UTC hour boundaries and where the price in force changes.
 
     ``rows`` are the pool's Price rows (``catalog.prices_by_pool``). Returns
-    ``[(piece_start, piece_end, usd_per_gpu_hour or None)]``; None where no
-    price is in force (``catalog.price_at`` raises NoPrice there).
+    ``[(piece_start, piece_end, catalog.Rates or None)]``; None where no
+    price is in force (``catalog.rates_at`` raises NoPrice there).
     """
     cuts = {start, end} | {r.effective_from for r in rows if start < r.effective_from < end}
     boundary = hour_floor(start) + ENTRY_SPAN
@@ -90,7 +106,7 @@ def ledger_pieces(node_pool, rows, start: dt.datetime, end: dt.datetime) -> list
     ordered = sorted(cuts)
     for lo, hi in zip(ordered, ordered[1:]):
         try:
-            price = price_at(node_pool, lo, rows)
+            price = rates_at(node_pool, lo, rows)
         except NoPrice:
             price = None
         if pieces and pieces[-1][2] == price and hour_floor(pieces[-1][0]) == hour_floor(lo):
@@ -145,14 +161,23 @@ class _Batch:
                    entry.amount_usd, entry.gpus * exact_seconds(entry.interval_end - entry.interval_start), 1)
 
 
+def held_cpu(placement) -> tuple[int, int]:
+    """``(CPU millicores, memory MiB)`` an attempt holds over all its pods, from its ``placement`` (per node x its
+    nodes; ``{}``: nothing recorded, 0)."""
+    placement = placement or {}
+    nodes = len(placement.get("nodes") or ())
+    return int(placement.get("cpu_milli") or 0) * nodes, int(placement.get("memory_mib") or 0) * nodes
+
+
 def _locked_rows(attempts) -> list[tuple]:
     """The attempts of ``attempts`` (a JobAttempt queryset, locks included) as plain tuples for ``_plan``:
-    (id, job, team, cluster, node pool, accelerator, GPUs, started_at, ended_at, accrued_until)."""
+    (id, job, team, cluster, node pool, accelerator, GPUs, started_at, ended_at, accrued_until, CPU millicores,
+    memory MiB); the last two (``held_cpu``) are billed on CPU node pools only."""
     return [(a.pk, a.job_id, a.job.team_id, a.cluster_id, a.node_pool_id, a.node_pool.accelerator_id, a.gpus,
-             a.started_at, a.ended_at, a.accrued_until)
+             a.started_at, a.ended_at, a.accrued_until, *held_cpu(a.placement))
             for a in attempts.select_related("job", "node_pool").only(
                 "pk", "job_id", "job__team_id", "cluster_id", "node_pool_id", "node_pool__accelerator_id", "gpus",
-                "started_at", "ended_at", "accrued_until")]
+                "started_at", "ended_at", "accrued_until", "placement")]
 
 
 def _due(until: dt.datetime):
@@ -161,9 +186,17 @@ def _due(until: dt.datetime):
             .exclude(accrued_until__gte=until).exclude(ended_at__isnull=False, accrued_until__gte=F("ended_at")))
 
 
+def _entry_rates(entry: CostEntry) -> Rates | None:
+    """The prices ``entry`` was written at (None: unknown cost)."""
+    if entry.usd_per_gpu_hour is None:
+        return None
+    return Rates(entry.usd_per_gpu_hour, entry.usd_per_vcpu_hour, entry.usd_per_gib_hour)
+
+
 def _plan(batch: _Batch, row: tuple, open_entry: CostEntry | None, pool, rows, until: dt.datetime) -> Decimal:
     """Add one attempt's accrual up to ``until`` to ``batch``; returns the USD it adds (priced part)."""
-    attempt_id, job_id, team_id, cluster_id, _pool_id, accelerator_id, gpus, started_at, ended_at, accrued = row
+    attempt_id, job_id, team_id, cluster_id, _pool_id, accelerator_id, gpus, started_at, ended_at, accrued = row[:10]
+    units = (gpus, *row[10:12])
     end = min(until, ended_at) if ended_at is not None else until
     start = accrued or started_at
     if end <= start:
@@ -172,10 +205,11 @@ def _plan(batch: _Batch, row: tuple, open_entry: CostEntry | None, pool, rows, u
     batch.job_usd[job_id] += 0  # the job row is locked: it is updated even when only unknown cost is added
     pieces = ledger_pieces(pool, rows, start, end)
     first_start, first_end, first_price = pieces[0]
-    if (open_entry is not None and open_entry.interval_end == start and open_entry.gpus == gpus
-            and open_entry.usd_per_gpu_hour == first_price
+    if (open_entry is not None and open_entry.interval_end == start
+            and (open_entry.gpus, open_entry.cpu_milli, open_entry.memory_mib) == units
+            and _entry_rates(open_entry) == first_price
             and hour_floor(open_entry.interval_start) == hour_floor(first_start)):
-        amount = interval_cost(gpus, exact_seconds(first_end - open_entry.interval_start), first_price)
+        amount = _cost(units, exact_seconds(first_end - open_entry.interval_start), first_price)
         delta = None if amount is None else amount - open_entry.amount_usd
         batch.extend.append((open_entry.pk, first_end, amount))
         batch.count(open_entry.interval_start, team_id, cluster_id, accelerator_id, job_id, delta,
@@ -185,7 +219,9 @@ def _plan(batch: _Batch, row: tuple, open_entry: CostEntry | None, pool, rows, u
     for lo, hi, price in pieces:
         entry = CostEntry(attempt_id=attempt_id, job_id=job_id, team_id=team_id, cluster_id=cluster_id,
                           accelerator_id=accelerator_id, interval_start=lo, interval_end=hi, gpus=gpus,
-                          usd_per_gpu_hour=price, amount_usd=interval_cost(gpus, exact_seconds(hi - lo), price))
+                          usd_per_gpu_hour=price and price.gpu, amount_usd=_cost(units, exact_seconds(hi - lo), price),
+                          cpu_milli=units[1], memory_mib=units[2], usd_per_vcpu_hour=price and price.vcpu,
+                          usd_per_gib_hour=price and price.gib)
         batch.add_entry(entry)
         added += entry.amount_usd or 0
     batch.accrued_until.append((attempt_id, end))

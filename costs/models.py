@@ -19,6 +19,11 @@ class Price(models.Model):
     capacity_type = models.CharField(max_length=16, default="on-demand")
     cluster = models.ForeignKey("runners.Cluster", on_delete=models.CASCADE, null=True, blank=True, related_name="price_overrides")
     usd_per_gpu_hour = models.DecimalField(max_digits=12, decimal_places=6)
+    # CPU node pools (accelerator CPU, usd_per_gpu_hour 0) are priced by what a job requests: vCPUs and memory.
+    # Null on GPU rows: a GPU instance's price includes its host.
+    usd_per_vcpu_hour = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+    usd_per_gib_hour = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True,
+                                           help_text="USD per GiB of memory per hour")
     effective_from = models.DateTimeField()
     source = models.CharField(max_length=200, blank=True)
 
@@ -34,7 +39,9 @@ class Price(models.Model):
 class CostEntry(models.Model):
     """One line of the ledger: an attempt's GPUs held over ``[interval_start, interval_end)`` at one price.
 
-    ``amount_usd = gpus * seconds / 3600 * usd_per_gpu_hour``, rounded half
+    ``amount_usd = gpus * seconds / 3600 * usd_per_gpu_hour``, plus on a CPU
+    node pool ``cpu_milli / 1000 * seconds / 3600 * usd_per_vcpu_hour +
+    memory_mib / 1024 * seconds / 3600 * usd_per_gib_hour``, rounded half
     to even to 1e-9 USD (see ``costs.ledger``). An entry never crosses a UTC
     hour boundary, a price change or a change of the attempt's GPUs; the
     latest entry of a running attempt is its open entry, which accrual
@@ -59,6 +66,12 @@ class CostEntry(models.Model):
     usd_per_gpu_hour = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True,
                                            help_text="null: no price was in force (cost unknown)")
     amount_usd = models.DecimalField(max_digits=20, decimal_places=9, null=True, blank=True)
+    # What a CPU node pool bills: the attempt's requested CPU (millicores) and memory (MiB) over all its pods, at
+    # the catalog's per-vCPU-hour and per-GiB-hour prices (null: not priced by CPU, as on GPU pools).
+    cpu_milli = models.PositiveBigIntegerField(default=0)
+    memory_mib = models.PositiveBigIntegerField(default=0)
+    usd_per_vcpu_hour = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+    usd_per_gib_hour = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

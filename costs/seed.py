@@ -1,7 +1,11 @@
 """Seed the accelerator list and the price catalog from the CSV files in ``costs/data/``.
 
 Figures come from ../shared/reference/prices.md (the public SkyPilot
-catalog, scraped from the clouds' pricing APIs) and NVIDIA data sheets.
+catalog, scraped from the clouds' pricing APIs) and NVIDIA data sheets; the
+CPU prices (``cpu_prices.csv``, which that reference has none of) from the
+clouds' own published per-vCPU and per-GiB on-demand figures, each row
+naming its page. A cloud that publishes no such split (AWS and Azure price
+whole instances) has no CPU row: its CPU pools cost "unknown", never $0.
 Seeding is idempotent: a row already present for the same key and
 effective time is left as it is.
 """
@@ -11,7 +15,7 @@ import datetime as dt
 from decimal import Decimal
 from pathlib import Path
 
-from runners.models import Accelerator
+from runners.models import Accelerator, cpu_flavor
 
 from .models import Price
 
@@ -44,6 +48,24 @@ def seed_prices(effective_from: dt.datetime = CATALOG_EFFECTIVE_FROM) -> int:
                 provider=row["provider"], region=row["region"], accelerator=accelerators[row["accelerator"]],
                 capacity_type=row["capacity_type"], cluster=None, effective_from=effective_from,
                 defaults={"usd_per_gpu_hour": Decimal(row["usd_per_gpu_hour"]), "source": row["source"]},
+            )
+            created += new
+    return created
+
+
+def seed_cpu_prices(effective_from: dt.datetime = CATALOG_EFFECTIVE_FROM) -> int:
+    """Create the CPU flavor (``runners.models.cpu_flavor``) and its missing catalog prices from ``cpu_prices.csv``
+    (USD per vCPU-hour and per GiB-hour; ``usd_per_gpu_hour`` 0) effective from ``effective_from``; returns how
+    many prices were created."""
+    flavor = cpu_flavor()
+    created = 0
+    with open(DATA_DIR / "cpu_prices.csv", newline="") as fh:
+        for row in csv.DictReader(fh):
+            _, new = Price.objects.get_or_create(
+                provider=row["provider"], region=row["region"], accelerator=flavor,
+                capacity_type=row["capacity_type"], cluster=None, effective_from=effective_from,
+                defaults={"usd_per_gpu_hour": Decimal(0), "usd_per_vcpu_hour": Decimal(row["usd_per_vcpu_hour"]),
+                          "usd_per_gib_hour": Decimal(row["usd_per_gib_hour"]), "source": row["source"]},
             )
             created += new
     return created

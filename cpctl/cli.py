@@ -299,6 +299,17 @@ def gpu_hours(value) -> str:
     return "-" if value is None else f"{float(value):,.2f}"
 
 
+def resources_line(job: dict) -> str:
+    """``2 node(s) x 8 H100-80GB = 16 GPUs``; a CPU-only job (0 GPUs per node) by its CPU and memory per node."""
+    if job.get("gpus_per_node") == 0:
+        res = ((job.get("spec") or {}).get("resources")) or {}
+        memory = f", {res['memory_gib']:g} GiB" if isinstance(res.get("memory_gib"), (int, float)) else ""
+        cpu = f"{res['cpu']:g}" if isinstance(res.get("cpu"), (int, float)) else "?"
+        return f"{job.get('nodes')} node(s) x {cpu} CPU cores{memory} (CPU-only, no GPUs)"
+    return (f"{job.get('nodes')} node(s) x {job.get('gpus_per_node')} {job.get('accelerator')} "
+            f"= {job.get('total_gpus')} GPUs")
+
+
 def state_line(job: dict) -> str:
     """``QUEUED``, with the state's reason and, for a waiting job, why it waits and its place in the queue."""
     text = job["state"]
@@ -440,8 +451,7 @@ def cmd_job(client: Client, args) -> int:
         fields.append(("queue position", (f"{position.get('team', '?')} in team {job['team']}, "
                                           f"{position.get('overall', '?')} overall")))
     fields += [
-        ("resources", (f"{job.get('nodes')} node(s) x {job.get('gpus_per_node')} {job.get('accelerator')} "
-                       f"= {job.get('total_gpus')} GPUs")),
+        ("resources", resources_line(job)),
         ("priority", f"{job.get('priority_class') or '-'} ({job.get('priority')})"
                      + (", preemptible" if job.get("preemptible") else "")),
         ("limits", (f"max runtime {duration(job.get('max_runtime_seconds') or 0)}, "

@@ -402,6 +402,7 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
         research = Api(port, teams["ml-research"].token)
         applied = Api(port, teams["applied-ml"].token)
         clusters = research.get("clusters/")["results"]
+        emulated = any(c.get("emulated") for c in clusters)
         for c in clusters:
             note = " (emulated GPUs: jobs run on the CPU)" if c.get("emulated") else ""
             out.write(f"Cluster {c['name']} [{c['provider']}/{c['region']}]{note}\n")
@@ -439,7 +440,9 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
                     line += f"  {efficiency['tokens_per_s']:.0f} tokens/s, MFU " + (
                         "n/a (CPU)" if mfu is None and "CPU" in efficiency.get("mfu_reason", "") else
                         "n/a" if mfu is None else f"{mfu:.2f}%")
-            if monitoring is not None and view.get("current_attempt"):
+            if emulated:  # the exporter's "GPU" figure is CPU use of the job's processes: no GPU was observed
+                line += "  GPU util not observed (emulated GPUs)"
+            elif monitoring is not None and view.get("current_attempt"):
                 util = job_average_utilization(job_id)
                 line += "  GPU util no data" if util is None else f"  GPU util {util:.1f}%"
             out.write(line + "\n")

@@ -16,7 +16,7 @@ from core.limits import THRESHOLD_MAX_PERCENT, threshold_out_of_range
 from core.parsers import load_yaml
 from jobs.models import Job
 from quotas.models import Budget, Quota
-from runners.models import Accelerator
+from runners.models import CPU_ACCELERATOR, Accelerator
 
 # Serializer error paths (``jobs.spec.flatten_errors``) -> the form field that shows them.
 ERROR_FIELDS = {
@@ -28,6 +28,8 @@ ERROR_FIELDS = {
     "spec.resources.accelerator": "accelerator",
     "spec.resources.gpus_per_node": "gpus_per_node",
     "spec.resources.nodes": "nodes",
+    "spec.resources.cpu": "cpu",
+    "spec.resources.memory_gib": "memory_gib",
     "spec.max_runtime_seconds": "max_runtime_seconds",
     "spec.priority": "priority",
     "spec.preemptible": "preemptible",
@@ -40,6 +42,15 @@ def _number(text: str):
     """``"8"`` -> 8; anything else is passed on unchanged, so the serializer reports it."""
     text = (text or "").strip()
     return int(text) if text.isdigit() else text
+
+
+def _quantity(text: str):
+    """``"4"`` -> 4, ``"0.5"`` -> 0.5; anything else is passed on unchanged, so the serializer reports it."""
+    text = (text or "").strip()
+    try:
+        return int(text) if text.isdigit() else float(text)
+    except ValueError:
+        return text
 
 
 class SubmitJobForm(forms.Form):
@@ -57,6 +68,9 @@ class SubmitJobForm(forms.Form):
     accelerator = forms.ChoiceField(required=False)
     gpus_per_node = forms.CharField(required=False, initial="1", label="GPUs per node")
     nodes = forms.CharField(required=False, initial="1")
+    cpu = forms.CharField(required=False, label="CPU cores per node",
+                          help_text="Optional; required for a CPU-only job (accelerator CPU, 0 GPUs per node).")
+    memory_gib = forms.CharField(required=False, label="Memory per node (GiB)", help_text="Optional.")
     max_runtime_seconds = forms.CharField(required=False, initial="3600", label="Max runtime (seconds)")
     priority = forms.ChoiceField(required=False, initial="normal")
     preemptible = forms.BooleanField(required=False, help_text="May run on spot capacity and be preempted.")
@@ -71,8 +85,9 @@ class SubmitJobForm(forms.Form):
         # form as it opens can succeed; the others stay choosable, marked.
         offered = set(Accelerator.objects.filter(node_pools__nodes__gt=0).values_list("name", flat=True))
         names = sorted(Accelerator.objects.values_list("name", flat=True), key=lambda n: (n not in offered, n))
-        self.fields["accelerator"].choices = [(n, n if n in offered else f"{n} (no node pool offers it)")
-                                              for n in names]
+        self.fields["accelerator"].choices = [
+            (n, (f"{n} (CPU-only: 0 GPUs per node, give CPU cores)" if n == CPU_ACCELERATOR else n)
+             if n in offered else f"{n} (no node pool offers it)") for n in names]
         if names and not self.is_bound:
             self.initial.setdefault("accelerator", names[0])
         self.fields["priority"].choices = [(p, p) for p in priorities]
@@ -105,7 +120,8 @@ class SubmitJobForm(forms.Form):
                 "command": command,
                 "resources": {"accelerator": data.get("accelerator") or "",
                               "gpus_per_node": _number(data.get("gpus_per_node")),
-                              "nodes": _number(data.get("nodes"))},
+                              "nodes": _number(data.get("nodes")),
+                              **{k: _quantity(data[k]) for k in ("cpu", "memory_gib") if (data.get(k) or "").strip()}},
                 "max_runtime_seconds": _number(data.get("max_runtime_seconds")),
                 "priority": data.get("priority") or "normal",
                 "preemptible": bool(data.get("preemptible")),

@@ -34,6 +34,7 @@ from jobs.filters import JobFilterSet
 from jobs.lifecycle import NotCancellable, cancel_job, submit_job
 from jobs.models import FINAL_STATES, Job, JobAttempt, JobState, total_gpus
 from jobs.permissions import CANCEL_REFUSED, may_cancel
+from jobs.scheduling.core import price_text
 from jobs.scheduling.offers import pool_offers
 from jobs.scheduling.preview import preview_submission
 from jobs.spec import JobSubmissionSerializer
@@ -179,9 +180,16 @@ def job_estimate(job: Job) -> dict:
         return {"usd": job.estimated_cost_usd, "pool": None, "placed": True}
     resources = {"accelerator": job.accelerator, "gpus_per_node": job.gpus_per_node, "nodes": job.nodes,
                  "priority": job.priority, "preemptible": job.preemptible,
-                 "max_runtime_seconds": job.max_runtime_seconds}
+                 "max_runtime_seconds": job.max_runtime_seconds, **per_node_asks(job.spec)}
     assessment = preview_submission(job.team, resources, (job.spec or {}).get("placement") or {})
     return {"usd": assessment.estimate_usd, "pool": assessment.offer, "placed": False}
+
+
+def per_node_asks(spec) -> dict:
+    """The ``cpu`` (cores) and ``memory_gib`` per node a stored spec asks, for the preview (they place a job, and
+    price a CPU-only one); absent ones left out."""
+    resources = (spec or {}).get("resources") or {}
+    return {k: resources[k] for k in ("cpu", "memory_gib") if resources.get(k) is not None}
 
 
 def queue_facts(queue_info: dict) -> list[tuple[str, str]]:
@@ -242,6 +250,8 @@ def job_detail(request, pk: int):
         utilization_chart=_chart([f"{r['day']} #{r['attempt__number']}" for r in rollups],
                                  [r["avg_gpu_util_percent"] for r in rollups], "Average GPU utilization (%)"),
         has_utilization=any(r["avg_gpu_util_percent"] is not None for r in rollups),
+        # Emulated GPUs are processes on the CPU: their "utilization" is CPU use, not a GPU's.
+        emulated_only=job.attempts.exists() and not job.attempts.filter(cluster__emulated=False).exists(),
     )
     efficiency = job_efficiency(job, series=True)
     series = next((a["series"] for a in reversed(efficiency["attempts"]) if a["series"]), [])
@@ -331,7 +341,7 @@ def submission_preview(serializer: JobSubmissionSerializer) -> dict:
     """Before submitting: where the job would run now, its estimated cost (USD), and whether quota and budget allow it,
     as the scheduler's rules say (``jobs.scheduling.preview.preview_submission``)."""
     args = serializer.submission()
-    resources, team = args["resources"], args["team"]
+    resources, team = {**args["resources"], **per_node_asks(args["spec"])}, args["team"]
     assessment = preview_submission(team, resources, args["spec"]["placement"])
     return {"team": team, "accelerator": resources["accelerator"].name,
             "total_gpus": total_gpus(resources["nodes"], resources["gpus_per_node"], resources.get("replicas", 1)),
@@ -458,7 +468,8 @@ def cluster_list(request):
             offer = offers.get(pool.pk)
             pools.append({"pool": pool, "capacity": pool.capacity_gpus,
                           "free": offer.free_gpus if offer else None,
-                          "price": offer.usd_per_gpu_hour if offer else None})
+                          "price": offer.usd_per_gpu_hour if offer else None,
+                          "cpu_price": price_text(offer) if offer and offer.usd_per_vcpu_hour is not None else None})
         rows.append({"cluster": cluster, "pools": pools, "dcgm": shapes.get(cluster.pk),
                      "nodes": counted.get(cluster.pk, 0), "flagged": flagged.get(cluster.pk, [])})
     return render(request, "frontend/cluster_list.html", {"rows": rows})

@@ -334,6 +334,15 @@ def _bill_until_deleted(attempt: JobAttempt) -> None:
 
 #: How a serving attempt may end and be started again (within ``max_retries``): its server crashed or ran out of
 #: memory. A deadline, a cancel or an image that cannot be pulled would only repeat.
+def failure_text(end_reason: str, exit_code: int | None) -> str:
+    """The reason a FAILED job shows, read after its state (``FAILED: exited with code 134``), so it does not
+    repeat it: the exit code for a plain failure, the end reason (``OOMKilled``, ``ImagePullBackOff``) with
+    the exit code when there is one."""
+    if end_reason == JobAttempt.EndReason.FAILED:
+        return "exited with code %d" % exit_code if exit_code is not None else "a container failed"
+    return end_reason + (f" (exit code {exit_code})" if exit_code is not None else "")
+
+
 RESTARTED_SERVING_ENDS = frozenset({JobAttempt.EndReason.FAILED, JobAttempt.EndReason.OOM_KILLED})
 
 
@@ -370,7 +379,7 @@ def apply_observation(job: Job, attempt: JobAttempt, obs: Observation) -> None:
             # A server that crashed is restarted (as a Deployment restarts its pods) while max_retries allows.
             code = f" (exit code {obs.exit_code})" if obs.exit_code is not None else ""
             recover_or_fail(job, attempt, end_reason=obs.end_reason, message=obs.message,
-                            what=f"server exited{code}", ended_at=obs.ended_at)
+                            what=f"server exited{code}", ended_at=obs.ended_at, exit_code=obs.exit_code)
         elif obs.phase == "failed" and job.state in (S.RUNNING, S.STARTING) and (sick := unhealthy_nodes(attempt)):
             # It failed on a node marked unhealthy: the node's fault, not the job's; placed again elsewhere.
             code = f" (exit code {obs.exit_code})" if obs.exit_code is not None else ""
@@ -381,7 +390,7 @@ def apply_observation(job: Job, attempt: JobAttempt, obs: Observation) -> None:
                         bad_nodes=tuple(sorted(sick)))
         elif obs.phase == "failed" and job.state in (S.RUNNING, S.STARTING):
             reason = obs.end_reason or JobAttempt.EndReason.FAILED
-            text = f"{reason}" + (f" (exit code {obs.exit_code})" if obs.exit_code is not None else "")
+            text = failure_text(reason, obs.exit_code)
             end_attempt(job, attempt, S.FAILED, reason=text, end_reason=reason, exit_code=obs.exit_code,
                         message=obs.message, ended_at=obs.ended_at)
         elif obs.phase == "lost" and job.state in (S.STARTING, S.RUNNING):
@@ -481,7 +490,7 @@ def redispatch_or_release(job: Job, attempt: JobAttempt, *, cluster_answers: boo
 
 
 def recover_or_fail(job: Job, attempt: JobAttempt, *, end_reason: str, message: str = "", ended_at=None,
-                    what: str = "lost", bad_nodes: tuple[str, ...] = ()) -> Job:
+                    what: str = "lost", exit_code: int | None = None, bad_nodes: tuple[str, ...] = ()) -> Job:
     """End a lost attempt: RECOVERING (back to admission) while retries remain, FAILED after ``max_retries``.
 
     Retries count earlier attempts that were lost (or, for inference, whose
@@ -490,20 +499,24 @@ def recover_or_fail(job: Job, attempt: JobAttempt, *, end_reason: str, message: 
     unschedulable were the scheduler's doing, and attempts that never created
     objects never ran: none counts. ``ended_at``: when the pods stopped,
     as the cluster says (billing ends there). ``what`` says in the reason
-    what happened to the attempt (``lost``, ``server exited (exit code 2)``); ``bad_nodes`` the nodes whose
-    fault it was (``end_attempt``).
+    what happened to the attempt (``lost``, ``server exited (exit code 2)``); ``exit_code``: the server's,
+    kept on the attempt; ``bad_nodes`` the nodes whose fault it was (``end_attempt``).
     """
     retries_used = (
         job.attempts.filter(number__lt=attempt.number).exclude(end_reason__in=FREE_RETRY_END_REASONS).count()
     )
+    # A plain failure's end reason is the state's own word: "FAILED: attempt 3 server exited...", not "Failed: ...".
+    cause = "" if end_reason == JobAttempt.EndReason.FAILED else f"{end_reason}: "
     if retries_used < job.max_retries:
         return end_attempt(job, attempt, S.RECOVERING,
-                           reason=f"{end_reason}: attempt {attempt.number} {what}, retry {retries_used + 1} of "
+                           reason=f"{cause}attempt {attempt.number} {what}, retry {retries_used + 1} of "
                                   f"{job.max_retries}"[:500],
-                           end_reason=end_reason, message=message, ended_at=ended_at, bad_nodes=bad_nodes)
+                           end_reason=end_reason, message=message, ended_at=ended_at, exit_code=exit_code,
+                           bad_nodes=bad_nodes)
     return end_attempt(job, attempt, S.FAILED,
-                       reason=f"{end_reason}: attempt {what} and {job.max_retries} retries used"[:500],
-                       end_reason=end_reason, message=message, ended_at=ended_at, bad_nodes=bad_nodes)
+                       reason=f"{cause}attempt {attempt.number} {what} and {job.max_retries} retries used"[:500],
+                       end_reason=end_reason, message=message, ended_at=ended_at, exit_code=exit_code,
+                       bad_nodes=bad_nodes)
 
 
 def cancel_job(job: Job, actor=None) -> Job:

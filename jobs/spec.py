@@ -29,7 +29,7 @@ from django.contrib.auth import get_user_model
 from core.fields import INT32_MAX, SharedFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
 from core.lookups import LookupCache
 from quotas.models import Membership, Team, priority_classes
-from runners.models import Accelerator, NodePool
+from runners.models import CPU_ACCELERATOR, Accelerator, NodePool
 
 from .efficiency.memory import Layout, declaration_errors, fit_errors
 from .models import Job
@@ -376,12 +376,44 @@ def pool_errors(accelerator: Accelerator, gpus_per_node: int) -> dict[str, list[
     """Errors by ``spec.resources`` field when no node pool of ``accelerator`` (from :func:`accelerator_named`)
     could ever hold a node of the job; empty when one could."""
     largest = accelerator.largest_pool_gpus
+    if largest is None and accelerator.is_cpu:
+        return {"accelerator": ["no CPU node pool has nodes, so a CPU-only job could never run"]}
     if largest is None:
         return {"accelerator": [f"no node pool offers {accelerator.name} GPUs, so the job could never run"]}
     if gpus_per_node > largest:
         return {"gpus_per_node": [f"{gpus_per_node} GPUs per node is more than any {accelerator.name} "
                                   f"node pool has; the maximum is {largest}"]}
     return {}
+
+
+def cpu_only_errors(attrs: dict) -> dict[str, list[str]]:
+    """The rules of a CPU-only job on validated ``spec.resources`` ``attrs``, errors by field: an absent accelerator
+    is CPU when ``gpus_per_node`` is 0 (set in ``attrs``) and required otherwise; the CPU flavor has no GPUs, a GPU
+    accelerator is not asked for 0 of them; a CPU-only job names its ``cpu`` (what places and bills it) and no
+    ``alternatives``. Empty when the resources agree."""
+    gpus = attrs["gpus_per_node"]
+    if "accelerator" not in attrs:
+        if gpus:
+            return {"accelerator": ["This field is required unless gpus_per_node is 0 (a CPU-only job)."]}
+        try:
+            attrs["accelerator"] = accelerator_named(CPU_ACCELERATOR)
+        except serializers.ValidationError:
+            return {"accelerator": ["no CPU node pool has nodes, so a CPU-only job could never run"]}
+    accelerator = attrs["accelerator"]
+    if accelerator.is_cpu and gpus:
+        return {"gpus_per_node": ["CPU node pools have no GPUs: a job on CPU asks gpus_per_node 0"]}
+    if not accelerator.is_cpu and not gpus:
+        return {"gpus_per_node": [f"0 GPUs is a CPU-only job, which runs on CPU node pools: leave out accelerator "
+                                  f"(or give {CPU_ACCELERATOR}) instead of {accelerator.name}"]}
+    if gpus:
+        return {}
+    errors = {}
+    if attrs.get("cpu") is None:
+        errors["cpu"] = ["required for a CPU-only job (gpus_per_node 0): the CPU cores per node it is placed and "
+                         "billed by"]
+    if attrs.get("alternatives"):
+        errors["alternatives"] = ["a CPU-only job runs on CPU node pools only: no alternatives"]
+    return errors
 
 
 def alternative_errors(accelerator: Accelerator, alternatives: list[str]) -> dict[str, list[str]]:
@@ -440,9 +472,9 @@ def memory_errors(kind: str, spec: Mapping) -> dict[str, list[str]]:
     training job that declares a model, an estimate over the accelerator's memory per GPU with its breakdown
     and the smallest changes that fit (``fit_errors``). Empty without a declaration, as before it existed."""
     model, parallelism = spec.get("model"), spec.get("parallelism")
-    if not model and not parallelism:
-        return {}
     resources = spec["resources"]
+    if not model and not parallelism or not resources["gpus_per_node"]:
+        return {}  # a CPU-only job: no GPU memory to fit, and no MFU (no accelerator peak)
     parallelism = parallelism or {}
     layout = Layout(resources["nodes"] * resources["gpus_per_node"], parallelism.get("zero_stage", 0),
                     parallelism.get("tensor_parallel", 1), parallelism.get("pipeline_parallel", 1),
@@ -526,6 +558,9 @@ class ResourcesSerializer(TableSerializer):
         return accelerator_named(value)
 
     def validate(self, attrs):
+        errors = cpu_only_errors(attrs)
+        if errors:
+            raise serializers.ValidationError(errors)
         errors = alternative_errors(attrs["accelerator"], attrs.get("alternatives") or [])
         if not errors:
             errors = pool_errors(attrs["accelerator"], attrs["gpus_per_node"])
@@ -772,6 +807,8 @@ def fast_submission(data, user) -> dict | None:
     if spec["priority"] not in classes:
         return None
     resources = spec["resources"]
+    if "accelerator" not in resources or not resources["gpus_per_node"]:
+        return None  # a CPU-only job: left to the serializer, which applies its rules (cpu_only_errors)
     try:
         values["team"] = team_for_submission(user, values["team"])
         resources["accelerator"] = accelerator_named(resources["accelerator"])

@@ -142,9 +142,11 @@ INFERENCE = Job.Kind.INFERENCE.value
 
 RESOURCES = (
     SpecField("accelerator", STRING, "accelerator name (e.g. H100-80GB), looked up; a node pool with nodes must "
-              "offer it", looked_up=True),
+              "offer it. Absent with gpus_per_node 0: CPU (a CPU-only job, on the nodes of CPU node pools)",
+              looked_up=True, optional=True),
     SpecField("gpus_per_node", INTEGER, "GPUs on each node; at most the GPUs per node of the accelerator's largest "
-              "node pool", min_value=1, max_value=INT32_MAX),
+              "node pool; 0: a CPU-only job (then cpu is required, and it is placed and billed by its CPU and "
+              "memory)", min_value=0, max_value=INT32_MAX),
     SpecField("nodes", INTEGER, "nodes the job runs on, each a distinct node of one node pool",
               min_value=1, max_value=INT32_MAX),
     SpecField("cpu", FieldType.POSITIVE_NUMBER, "CPU cores per node; absent: no request", optional=True),

@@ -152,7 +152,7 @@ def attempt_efficiency(attempt: JobAttempt, metrics: WorkloadMetrics | None, *, 
     tokens_per_s = metrics.tokens_per_s if metrics else None
     accelerator = attempt.node_pool.accelerator
     mfu = model_flops_utilization(tokens_per_s, flops, attempt.gpus, accelerator.peak_bf16_tflops,
-                                  on_cpu=attempt.cluster.emulated)
+                                  on_cpu=attempt.cluster.emulated, cpu_only=accelerator.is_cpu)
     keys = ("step", "tokens_per_s", "samples_per_s", "step_time_s", "loss")
     body = {
         "attempt": attempt.number,

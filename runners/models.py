@@ -13,11 +13,17 @@ from core import lookups
 from .credentials import EncryptedTextField, split_userinfo, with_userinfo
 
 
+#: The resource flavor of CPU-only work: node pools of nodes without GPUs, jobs with ``gpus_per_node: 0``.
+CPU_ACCELERATOR = "CPU"
+
+
 class Accelerator(models.Model):
-    """A GPU model, Kueue's *resource flavor*: ``H100-80GB``, ``A100-80GB``, ``L4``.
+    """A GPU model, Kueue's *resource flavor*: ``H100-80GB``, ``A100-80GB``, ``L4``; or ``CPU``
+    (``CPU_ACCELERATOR``), the flavor of node pools without GPUs where CPU-only jobs run.
 
     ``peak_bf16_tflops`` is the peak dense BF16 throughput per GPU in TFLOP/s
-    from NVIDIA's data sheets (H100 SXM 989, A100 312, L4 121), used for MFU.
+    from NVIDIA's data sheets (H100 SXM 989, A100 312, L4 121), used for MFU
+    (0 for ``CPU``: no MFU).
     """
 
     name = models.CharField(max_length=64, unique=True)
@@ -31,6 +37,18 @@ class Accelerator(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def is_cpu(self) -> bool:
+        """Whether this is the CPU flavor (no GPUs; priced per vCPU-hour and GiB-hour)."""
+        return self.name == CPU_ACCELERATOR
+
+
+def cpu_flavor() -> Accelerator:
+    """The ``CPU`` accelerator row, created when missing (no GPU memory, no peak, no GPU product label)."""
+    flavor, _ = Accelerator.objects.get_or_create(name=CPU_ACCELERATOR, defaults={
+        "memory_gib": 0, "peak_bf16_tflops": 0, "product_label": ""})
+    return flavor
 
 
 class Cluster(models.Model):

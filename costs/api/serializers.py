@@ -19,7 +19,8 @@ GROUP_BY_CHOICES = list(GROUP_KEYS)  # team, cluster, accelerator, job, attempt,
 
 
 class PriceSerializer(serializers.ModelSerializer):
-    """A list price in USD per GPU-hour, in force from ``effective_from``; ``cluster`` is set for an override."""
+    """A list price in USD per GPU-hour (a CPU node pool's: 0, with USD per vCPU-hour and per GiB-hour), in force
+    from ``effective_from``; ``cluster`` is set for an override."""
 
     accelerator = serializers.CharField(source="accelerator.name", read_only=True)
     cluster = serializers.CharField(source="cluster.name", read_only=True, default=None, allow_null=True)
@@ -27,7 +28,7 @@ class PriceSerializer(serializers.ModelSerializer):
     class Meta:
         model = Price
         fields = ["id", "provider", "region", "accelerator", "capacity_type", "cluster", "usd_per_gpu_hour",
-                  "effective_from", "source"]
+                  "usd_per_vcpu_hour", "usd_per_gib_hour", "effective_from", "source"]
         read_only_fields = fields
 
 

@@ -55,15 +55,18 @@ def flops_per_token(parameters: float, layers: int, heads: int, head_dim: int, s
 
 
 def model_flops_utilization(tokens_per_s: float | None, flops_per_token_: float | None, gpus: int,
-                            peak_tflops: float | Decimal | None, *, on_cpu: bool = False) -> Utilization:
+                            peak_tflops: float | Decimal | None, *, on_cpu: bool = False,
+                            cpu_only: bool = False) -> Utilization:
     """MFU of a run: ``tokens_per_s x flops_per_token / (gpus x peak_tflops x 10^12)``, in percent.
 
     ``tokens_per_s``: achieved training throughput over all the run's accelerators (tokens/s);
     ``flops_per_token_``: model FLOPs per token (:func:`flops_per_token`); ``gpus``: accelerators the run held;
     ``peak_tflops``: dense BF16 peak per accelerator, TFLOP/s (catalog); ``on_cpu``: the run did not use the
-    accelerators (emulated GPUs). Returns a :class:`Utilization` whose ``percent`` is None with the reason on
+    accelerators (emulated GPUs); ``cpu_only``: a CPU-only job (no accelerator at all). Returns a :class:`Utilization` whose ``percent`` is None with the reason on
     the CPU, for an unknown (missing or zero) peak, without a throughput or without FLOPs per token.
     """
+    if cpu_only:
+        return Utilization(None, "CPU: a CPU-only job has no accelerator, so no MFU")
     if on_cpu:
         return Utilization(None, "the run used the CPU (emulated GPUs): no accelerator peak applies")
     if peak_tflops is None or not float(peak_tflops) > 0:

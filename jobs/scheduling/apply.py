@@ -44,7 +44,7 @@ from ..enqueue import enqueue_dispatch
 from ..lifecycle import preempt_attempt
 from ..models import Job, JobAttempt, JobEvent, JobState
 from ..states import Move, transition, transition_many
-from .core import Admission, Decision, FairShareScheduler, QueuedJob, Rejection, Verdict, Waiting, recheck
+from .core import Admission, Decision, FairShareScheduler, QueuedJob, Rejection, Verdict, Waiting, price_text, recheck
 from .offers import lock_pools, pool_offers
 from .snapshot import WAITING_STATES, job_snapshot, queued_job, teams_snapshot
 
@@ -186,7 +186,7 @@ def _commit(admitted: list[tuple[Job, Admission]], victims=()) -> set[int]:
             data["nodes"] = attempt.placement["nodes"]
         if victims:
             data["preempted_job_ids"] = [v.job_id for v in victims]
-        moves.append(Move(job, reason=f"placed on {offer.cluster_name} at ${offer.usd_per_gpu_hour}/GPU-h",
+        moves.append(Move(job, reason=f"placed on {offer.cluster_name} at {price_text(offer)}",
                           attempt=attempt, data=data,
                           fields={"current_attempt": attempt,
                                   "estimated_cost_usd": job.accrued_cost_usd + a.estimate_usd}))

@@ -67,15 +67,16 @@ def never_fits(team: Team, accelerator: Accelerator, resources: dict, placement:
     nodes = [node for p in pools for node in p[5]]
     if nodes:  # no allowed pool at all: it waits for one (a fleet change), not a refusal
         big = [x for x in nodes if x[0] >= g]
+        with_gpus = f" with {g} GPUs" if g else ""  # a CPU-only job: any node of a CPU pool
         if not big:  # the pools say more GPUs per node than their synced nodes have allocatable
             errors["gpus_per_node"] = [f"{g} GPUs per node is more than any {name} node has allocatable; the most "
                                        f"is {max(x[0] for x in nodes)}"]
         elif not any(x[1] >= cpu for x in big):
-            errors["cpu"] = [f"{cpu / 1000:g} CPU cores per node is more than any {name} node with {g} GPUs has; "
+            errors["cpu"] = [f"{cpu / 1000:g} CPU cores per node is more than any {name} node{with_gpus} has; "
                              f"the most is {max(x[1] for x in big) / 1000:g}"]
         elif big and not any(x[1] >= cpu and x[2] >= memory for x in big):
             most = max(x[2] for x in big if x[1] >= cpu)
-            errors["memory_gib"] = [f"{memory / 1024:g} GiB per node is more than any {name} node with {g} GPUs "
+            errors["memory_gib"] = [f"{memory / 1024:g} GiB per node is more than any {name} node{with_gpus} "
                                     f"and {cpu / 1000:g} CPU cores has; the most is {most / 1024:g} GiB"]
         elif big:
             counts = [sum(1 for x in p[5] if x[0] >= g and x[1] >= cpu and x[2] >= memory) for p in pools]
@@ -108,7 +109,10 @@ def _capped_everywhere(team: Team, accelerator: Accelerator, pools, counts, tota
 
 def _no_quota_error(team: Team, accelerator: Accelerator, n: int, g: int) -> str:
     """The reason when the team can never hold any GPU of ``accelerator`` (no team-wide quota row, which admission
-    needs, or one whose reachable GPUs are 0: no nominal and nothing it may borrow), else ""."""
+    needs, or one whose reachable GPUs are 0: no nominal and nothing it may borrow), else "". A CPU-only job
+    (``g`` 0) needs no GPU quota."""
+    if g == 0:
+        return ""
     wide, reachable, caps = _team_quotas(team.pk, accelerator.pk)
     asks = f"so a job of {n * g} GPUs ({n} x {g}) could never run"
     if wide is None:

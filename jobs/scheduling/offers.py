@@ -20,7 +20,7 @@ import logging
 
 from django.db.models import Sum
 
-from costs.catalog import NoPrice, price_at, prices_by_pool
+from costs.catalog import NoPrice, prices_by_pool, rates_at
 from costs.models import Price
 from runners.models import Cluster, Node, NodePool
 
@@ -53,10 +53,10 @@ def pool_offers(accelerator_id: int, now: dt.datetime, lock: bool,
     offers = []
     for pool in pools:
         try:
-            price = price_at(pool, now, prices[pool.pk])
+            price, per_vcpu, per_gib = rates_at(pool, now, prices[pool.pk])
         except NoPrice:
             log.warning("node pool %s has no price in force; not offered", pool)
-            price = None
+            price = per_vcpu = per_gib = None
         (offers if price is not None else unpriced if unpriced is not None else []).append(
             PoolOffer(
                 node_pool_id=pool.pk, cluster_id=pool.cluster_id, cluster_name=pool.cluster.name,
@@ -65,7 +65,8 @@ def pool_offers(accelerator_id: int, now: dt.datetime, lock: bool,
                 free_gpus=(sum(r.free_gpus for r in rooms[pool.pk] if r.takes_work) if pool.pk in rooms
                            else pool.capacity_gpus - in_use.get(pool.pk, 0)),
                 usd_per_gpu_hour=price, healthy=pool.cluster.health == Cluster.Health.HEALTHY,
-                node_rooms=rooms.get(pool.pk, ()), name=pool.name,
+                node_rooms=rooms.get(pool.pk, ()), name=pool.name, usd_per_vcpu_hour=per_vcpu,
+                usd_per_gib_hour=per_gib,
             )
         )
     return offers

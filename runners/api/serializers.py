@@ -16,7 +16,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.fields import StrictCharField
-from costs.catalog import NoPrice, price_at, prices_by_pool
+from costs.catalog import NoPrice, Rates, prices_by_pool, rates_at
 from costs.models import Price
 from jobs.models import JobAttempt
 
@@ -30,13 +30,16 @@ class PoolStatus:
 
     free_gpus: int
     usd_per_gpu_hour: Decimal | None
+    #: A CPU node pool's USD per vCPU-hour and per GiB-hour of memory (None: not priced by CPU, or unpriced).
+    usd_per_vcpu_hour: Decimal | None = None
+    usd_per_gib_hour: Decimal | None = None
 
 
 def pool_statuses(pools: list[NodePool], at: dt.datetime | None = None) -> dict[int, PoolStatus]:
     """Free GPUs and price in force at ``at`` (default now) for each pool, keyed by pool id; three queries in all.
 
     Free GPUs count attempts that have not ended, as admission does
-    (``jobs.scheduling.offers.pool_offers``); prices follow ``costs.catalog.price_at``.
+    (``jobs.scheduling.offers.pool_offers``); prices follow ``costs.catalog.rates_at``.
     """
     at = at or timezone.now()
     if not pools:
@@ -51,10 +54,10 @@ def pool_statuses(pools: list[NodePool], at: dt.datetime | None = None) -> dict[
     statuses = {}
     for pool in pools:
         try:
-            price = price_at(pool, at, prices[pool.pk])
+            rates = rates_at(pool, at, prices[pool.pk])
         except NoPrice:
-            price = None
-        statuses[pool.pk] = PoolStatus(max(pool.capacity_gpus - in_use.get(pool.pk, 0), 0), price)
+            rates = Rates(None)
+        statuses[pool.pk] = PoolStatus(max(pool.capacity_gpus - in_use.get(pool.pk, 0), 0), *rates)
     return statuses
 
 
@@ -97,11 +100,13 @@ class NodePoolSerializer(serializers.ModelSerializer):
     capacity_gpus = serializers.IntegerField(read_only=True)
     free_gpus = serializers.SerializerMethodField()
     usd_per_gpu_hour = serializers.SerializerMethodField()
+    usd_per_vcpu_hour = serializers.SerializerMethodField()
+    usd_per_gib_hour = serializers.SerializerMethodField()
 
     class Meta:
         model = NodePool
         fields = ["id", "cluster", "name", "accelerator", "capacity_type", "nodes", "gpus_per_node", "capacity_gpus",
-                  "free_gpus", "usd_per_gpu_hour"]
+                  "free_gpus", "usd_per_gpu_hour", "usd_per_vcpu_hour", "usd_per_gib_hour"]
         read_only_fields = fields
 
     def _status(self, pool: NodePool) -> PoolStatus:
@@ -118,6 +123,18 @@ class NodePoolSerializer(serializers.ModelSerializer):
     @extend_schema_field(serializers.DecimalField(max_digits=12, decimal_places=6, allow_null=True))
     def get_usd_per_gpu_hour(self, pool: NodePool) -> str | None:
         price = self._status(pool).usd_per_gpu_hour
+        return None if price is None else str(price)
+
+    @extend_schema_field(serializers.DecimalField(max_digits=12, decimal_places=6, allow_null=True))
+    def get_usd_per_vcpu_hour(self, pool: NodePool) -> str | None:
+        """A CPU node pool's price per vCPU-hour (null elsewhere)."""
+        price = self._status(pool).usd_per_vcpu_hour
+        return None if price is None else str(price)
+
+    @extend_schema_field(serializers.DecimalField(max_digits=12, decimal_places=6, allow_null=True))
+    def get_usd_per_gib_hour(self, pool: NodePool) -> str | None:
+        """A CPU node pool's price per GiB of memory per hour (null elsewhere)."""
+        price = self._status(pool).usd_per_gib_hour
         return None if price is None else str(price)
 
 

@@ -14,6 +14,7 @@ from collections import defaultdict
 from kubernetes.utils.quantity import parse_quantity
 
 from ..base import NodeInfo, PoolCapacity
+from ..models import CPU_ACCELERATOR
 from . import manifests as m
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
@@ -21,6 +22,10 @@ ZONE_LABEL = "topology.kubernetes.io/zone"
 #: the common rack label. A multi-node job prefers nodes that share the first of these a node carries.
 TOPOLOGY_LABELS = ("cloud.google.com/gce-topology-block", "cloud.google.com/gke-placement-group",
                    "topology.k8s.aws/network-node-layer-3", "topology.kubernetes.io/block", "topology.kubernetes.io/rack")
+#: The label an operator puts on nodes without GPUs that CPU-only jobs may use (any value); they form the cluster's
+#: CPU node pools (accelerator ``CPU``), one per capacity type. Nodes without GPUs and without it (system nodes,
+#: the platform's own) are never offered.
+CPU_POOL_LABEL = "controlplane.io/cpu-pool"
 #: Taints the platform's pods tolerate (``manifests._scheduling``): the GPU taint; spot taints for spot pods.
 TOLERATED_TAINT_KEYS = frozenset({m.GPU_RESOURCE} | {key for key, _ in m.ALL_SPOT_LABELS})
 
@@ -100,7 +105,8 @@ def node_info(node: dict, foreign: tuple[int, int, int]) -> NodeInfo:
 
 def pools_from_nodes(nodes: list[dict], running_pods: list[dict], provider: str) -> list[PoolCapacity]:
     """One PoolCapacity per (GPU product, capacity type) over the nodes with allocatable GPUs, with every such node
-    in ``node_list`` (cordoned, tainted and not Ready ones included, marked not schedulable).
+    in ``node_list`` (cordoned, tainted and not Ready ones included, marked not schedulable); and one per capacity
+    type of ``CPU`` over the nodes without GPUs labelled ``CPU_POOL_LABEL`` (``gpus_per_node`` 0).
 
     ``accelerator`` is the product label value (the caller maps it to an
     Accelerator by ``product_label``); ``nodes`` counts the schedulable nodes
@@ -131,7 +137,9 @@ def pools_from_nodes(nodes: list[dict], running_pods: list[dict], provider: str)
         labels = (node.get("metadata") or {}).get("labels") or {}
         product = labels.get(m.GPU_PRODUCT_LABEL)
         info = node_info(node, tuple(foreign_by_node.get((node.get("metadata") or {}).get("name"), (0, 0, 0))))
-        if not product or info.gpus <= 0:
+        if info.gpus <= 0 and CPU_POOL_LABEL in labels:
+            product = CPU_ACCELERATOR
+        elif not product or info.gpus <= 0:
             continue
         groups[(product, capacity_type(labels, provider))].append(info)
     pools = []

@@ -229,6 +229,20 @@ def pod_failure(pod: dict) -> Observation | None:
     return None
 
 
+def serving_crash(pod: dict) -> Observation | None:
+    """A serving pod's server that exited: ``pod_failure`` (OOMKilled, a non-zero exit), or a container the
+    kubelet restarted after a clean exit (a Deployment's pods restart always, Kubernetes "Container restart
+    policy": a server that exits 0 stopped serving too); None while every container runs as first started."""
+    if (failure := pod_failure(pod)) is not None:
+        return failure
+    name = (pod.get("metadata") or {}).get("name", "?")
+    for cs in _container_statuses(pod):
+        if (cs.get("restartCount") or 0) > 0 and (cs.get("lastState") or {}).get("terminated"):
+            return Observation("failed", "Failed", 0, f"pod {name}: container {cs.get('name')} exited with code 0 "
+                                                      f"and was restarted {cs['restartCount']} times")
+    return None
+
+
 def image_pull_failure(pod: dict, now: dt.datetime, grace_seconds: float) -> Observation | None:
     """``failed ImagePullBackOff`` when a container has waited on its image longer than ``grace_seconds`` since the pod's creation."""
     created = _parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
@@ -313,13 +327,22 @@ def _training_phase(job: dict, pods: list[dict], nodes: int, now: dt.datetime, g
 
 def observe_inference(deployment: dict | None, pods: list[dict], now: dt.datetime, grace: float,
                       unschedulable_grace: float = float("inf")) -> Observation:
-    """The phase of an inference attempt: running once ``readyReplicas`` reaches ``replicas``; image pull failures fail it."""
+    """The phase of an inference attempt: running once ``readyReplicas`` reaches ``replicas``; image pull failures
+    fail it, and so does a server that exited (``serving_crash``), so that the platform, not the kubelet's
+    endless CrashLoopBackOff, decides on a restart by ``max_retries``. A crash's observation has no end time:
+    the crashed pod is restarted in place and holds its GPUs until the attempt's objects are deleted, so
+    billing runs until the crash is seen (the same pass deletes the objects)."""
     if deployment is None:
         return ABSENT
     made = created_at(deployment, pods)
     for pod in pods:
         if (pull := image_pull_failure(pod, now, grace)) is not None:
             return dataclasses.replace(pull, created_at=made, ended_at=stopped_at(deployment, pods))
+    for pod in pods:
+        # A pod taken away (evicted, deleted, its node lost) is the Deployment's to replace, not a crash.
+        if (not (pod.get("metadata") or {}).get("deletionTimestamp") and pod_lost(pod) is None
+                and (crash := serving_crash(pod)) is not None):
+            return dataclasses.replace(crash, created_at=made)
     wanted = (deployment.get("spec") or {}).get("replicas") or 1
     ready = (deployment.get("status") or {}).get("readyReplicas") or 0
     if ready >= wanted:

@@ -1,4 +1,5 @@
-"""Node pool sync: write what a cluster's backend discovers into that cluster's NodePool rows.
+"""Node pool sync: write what a cluster's backend discovers into that cluster's NodePool rows (GPU pools, and CPU pools
+of nodes labelled ``nodepools.CPU_POOL_LABEL``, accelerator ``CPU``).
 
 ``discover()`` groups GPU nodes by ``nvidia.com/gpu.product`` and capacity
 type; each group becomes (or updates) one NodePool: ``nodes`` (count),
@@ -26,14 +27,17 @@ from django.db import transaction
 from core import lookups
 
 from ..base import ClusterUnreachable, NodeInfo, PoolCapacity, UnknownBackend, backend_for
-from ..models import Accelerator, Cluster, NodePool, store_nodes
+from ..models import CPU_ACCELERATOR, Accelerator, Cluster, NodePool, cpu_flavor, store_nodes
 
 log = logging.getLogger(__name__)
 
 
 def _accelerator(pool: PoolCapacity, by_label: dict[str, Accelerator], by_name: dict[str, Accelerator]):
     """The Accelerator of a discovered pool: by ``product_label`` (Kubernetes), else by name (the local backend)."""
-    return by_label.get(pool.accelerator) or by_name.get(pool.accelerator)
+    found = by_label.get(pool.accelerator) or by_name.get(pool.accelerator)
+    if found is None and pool.accelerator == CPU_ACCELERATOR:  # the first CPU node pool seen: the flavor appears
+        found = by_name[CPU_ACCELERATOR] = cpu_flavor()
+    return found
 
 
 def apply_pools(cluster: Cluster, pools: list[PoolCapacity]) -> dict:

@@ -61,7 +61,7 @@ def test_a_refused_document_prints_each_field_path_and_exits_2_storing_nothing(
         run_cli, owner, funded_aws_cluster, tmp_path):
     document = yaml.safe_load(EXAMPLE.read_text())
     document["team"] = "alpha"
-    document["spec"]["resources"].update(gpus_per_node=0, accelerator="Z80")
+    document["spec"]["resources"].update(gpus_per_node=-1, accelerator="Z80")
     document["spec"]["max_runtime_seconds"] = "soon"
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(document))
@@ -168,3 +168,19 @@ def test_issued_keys_never_start_like_an_option(db):
     keys = [ApiToken.issue(user, f"k{i}")[1] for i in range(300)]
     assert not [k for k in keys if k[0] in "-_"]
     assert len(set(keys)) == 300
+
+
+def test_a_cpu_only_document_is_submitted_and_shown_by_its_cpu_and_memory(run_cli, owner, funded_aws_cluster):
+    from costs.seed import seed_cpu_prices
+    from runners.models import cpu_flavor
+    from tests.support.factories import make_cluster
+
+    seed_cpu_prices()
+    make_cluster("gcp-cpu", "gcp", "us-central1", cpu_flavor(), nodes=1, gpus_per_node=0)
+    example = REPO / "examples" / "jobs" / "prepare-data-cpu.yaml"
+    result = run_cli("submit", str(example), "--team", "alpha", persona=owner)
+    assert result.code == 0, result.err
+    job = Job.objects.get()
+    assert (job.accelerator.name, job.gpus_per_node, job.total_gpus) == ("CPU", 0, 0)
+    shown = run_cli("job", str(job.pk), persona=owner)
+    assert "1 node(s) x 4 CPU cores, 8 GiB (CPU-only, no GPUs)" in shown.out, shown.out

@@ -314,3 +314,34 @@ def test_a_serving_jobs_page_shows_its_endpoint_and_training_job_while_it_runs(t
     Job.objects.filter(pk=serving.pk).update(state=JobState.CANCELLED)
     page = teammate_web.get(f"/jobs/{serving.pk}/status/").content.decode()
     assert "none: it serves only while RUNNING" in page and "svc:8000" not in page
+
+
+def test_a_job_on_emulated_gpus_shows_utilization_as_not_observed(teammate_web, objects, h100):
+    job = objects["alpha"]["job"]
+    cluster, pool = make_cluster("emu", "local", "local", h100, nodes=1, gpus_per_node=4, price="0.50")
+    cluster.emulated = True
+    cluster.save()
+    make_attempt(job, cluster, pool)
+    page = teammate_web.get(f"/jobs/{job.pk}/").content.decode()
+    assert 'id="job-util-emulated"' in page and "Not observed: the job ran on emulated GPUs" in page
+    assert "No data: no GPU utilization metrics" not in page and 'id="job-usage"' not in page
+
+
+def test_the_form_submits_and_previews_a_cpu_only_job(teammate_web, objects):
+    from costs.seed import seed_cpu_prices
+    from runners.models import cpu_flavor
+
+    seed_cpu_prices()
+    make_cluster("gcp-cpu", "gcp", "us-central1", cpu_flavor(), nodes=2, gpus_per_node=0)
+    form = teammate_web.get("/jobs/new/").content.decode()
+    assert "CPU (CPU-only: 0 GPUs per node, give CPU cores)" in form and 'name="cpu"' in form
+    cpu_only = form_data(name="prep", accelerator="CPU", gpus_per_node="0", cpu="4", memory_gib="8",
+                         max_runtime_seconds="7200")
+    page = teammate_web.post("/jobs/new/preview/", cpu_only).content.decode()
+    expected = (4 * Decimal("0.031611") + 8 * Decimal("0.004237")) * 2  # 2 hours of 4 vCPUs and 8 GiB
+    assert "gcp-cpu" in page and f"${expected:.2f}" in page, page
+    response = teammate_web.post("/jobs/new/", cpu_only)
+    job = Job.objects.get(name="prep")
+    assert response.status_code == 302 and job.total_gpus == 0 and job.spec["resources"]["cpu"] == 4
+    missing = teammate_web.post("/jobs/new/", {**cpu_only, "name": "prep-2", "cpu": ""}).content.decode()
+    assert "required for a CPU-only job" in missing

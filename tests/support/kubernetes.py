@@ -434,7 +434,9 @@ class ClusterEmulator:
       deleted before it finished as failed, recreates it while failures stay within ``backoffLimit`` (after
       ``backoff_seconds``), then fails the Job (BackoffLimitExceeded); Complete once every index succeeded;
       ``activeDeadlineSeconds`` fails it DeadlineExceeded;
-    - the Deployment controller keeps ``replicas`` pods (a deleted or evicted one is replaced);
+    - the Deployment controller keeps ``replicas`` pods (a deleted or evicted one is replaced), ``readyReplicas``
+      counting the Ready ones; ``crash_pod`` makes a server exit by itself as the kubelet shows it under
+      ``restartPolicy: Always`` (lastState, restartCount, CrashLoopBackOff, restarted after ``backoff_seconds``);
     - pods are bound by ``bind(pod, nodes, pods) -> node name | None`` (``default_bind``; None: Pending,
       Unschedulable), then run; ``lifetime(pod) -> seconds | None`` ends them (Succeeded) after that long;
       ``pull_failures`` holds images that stay in ImagePullBackOff;
@@ -469,6 +471,7 @@ class ClusterEmulator:
         self._version = 0
         self._failed_indexes: dict[str, dict[int, int]] = {}  # Job uid -> index -> failures counted
         self._retry_at: dict[tuple[str, int], float] = {}
+        self._crashed: dict[str, float] = {}  # pod uid -> when its containers crashed (CrashLoopBackOff since)
         self._server: socketserver.ThreadingTCPServer | None = None
         self._sockets: set[socket.socket] = set()
         self.holds: list[tuple[str, str, threading.Event]] = []
@@ -721,6 +724,40 @@ class ClusterEmulator:
                             now if now is not None else time.time())
             self._control()
 
+    def crash_pod(self, pod_name: str, exit_code: int = 1, reason: str = "Error", now: float | None = None) -> None:
+        """A pod's server exits by itself under ``restartPolicy: Always`` (a Deployment's pods), as the kubelet
+        shows it: the pod stays Running and holds its GPUs, its containers' exit is in ``lastState.terminated``
+        (``reason`` e.g. OOMKilled), ``restartCount`` grows, they wait in CrashLoopBackOff (not Ready) and start
+        again at the first ``step()`` ``backoff_seconds`` later."""
+        with self.lock:
+            pod, now = self._pod(pod_name), now if now is not None else time.time()
+            for cs in pod["status"].get("containerStatuses") or []:
+                started = ((cs.get("state") or {}).get("running") or {}).get("startedAt", micro_time(now))
+                cs.update(ready=False, restartCount=int(cs.get("restartCount") or 0) + 1,
+                          lastState={"terminated": {"exitCode": exit_code, "reason": reason, "startedAt": started,
+                                                    "finishedAt": micro_time(now)}},
+                          state={"waiting": {"reason": "CrashLoopBackOff",
+                                             "message": f"back-off restarting failed container {cs['name']}"}})
+            for condition in pod["status"].get("conditions") or []:
+                if condition["type"] == "Ready":
+                    condition.update(status="False", lastTransitionTime=micro_time(now))
+            self._crashed[pod["metadata"]["uid"]] = now
+            self._touch(pod)
+            self._control(now)
+
+    def _restart_crashed(self, pod: dict, now: float) -> None:
+        """Start a crashed pod's containers again once its back-off is over (see ``crash_pod``)."""
+        crashed = self._crashed.get(pod["metadata"]["uid"])
+        if crashed is None or now - crashed < self.backoff_seconds:
+            return
+        del self._crashed[pod["metadata"]["uid"]]
+        for cs in pod["status"].get("containerStatuses") or []:
+            cs.update(ready=True, state={"running": {"startedAt": micro_time(now)}})
+        for condition in pod["status"].get("conditions") or []:
+            if condition["type"] == "Ready":
+                condition.update(status="True", lastTransitionTime=micro_time(now))
+        self._touch(pod)
+
     def _terminate(self, pod: dict, exit_code: int, reason: str, now: float) -> None:
         if pod["status"].get("phase") in ("Succeeded", "Failed"):
             return
@@ -805,6 +842,7 @@ class ClusterEmulator:
                     self._delete("Pod", key, cascade=False, now=now)
                     continue
                 if pod["status"].get("phase") == "Running":
+                    self._restart_crashed(pod, now)
                     lifetime = self.lifetime(self._public(pod))
                     if lifetime is not None and now - self.pod_times[pod["metadata"]["uid"]][2] >= lifetime:
                         self._terminate(pod, 0, "Completed", now)
@@ -922,7 +960,8 @@ class ClusterEmulator:
             name = f"{deployment['metadata']['name']}-{template_hash}-{uuid.uuid4().hex[:5]}"
             pods.append(self._new_pod(deployment, name, deployment["spec"]["template"], now,
                                       extra_labels={"pod-template-hash": template_hash}))
-        ready = sum(1 for p in pods if p["status"].get("phase") == "Running")
+        ready = sum(1 for p in pods if p["status"].get("phase") == "Running" and any(
+            c.get("type") == "Ready" and c.get("status") == "True" for c in p["status"].get("conditions") or []))
         deployment["status"] = {"replicas": len(pods[:want]), "readyReplicas": ready, "availableReplicas": ready,
                                 "updatedReplicas": len(pods[:want]), "observedGeneration": 1}
         self._touch(deployment)

@@ -2,7 +2,7 @@
 
 from django.core.management.base import BaseCommand
 
-from costs.seed import seed_accelerators, seed_prices
+from costs.seed import seed_accelerators, seed_cpu_prices, seed_prices
 
 
 class Command(BaseCommand):
@@ -10,6 +10,6 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         a = seed_accelerators()
-        p = seed_prices()
+        p = seed_prices() + seed_cpu_prices()
         if options["verbosity"] > 0:
             self.stdout.write(f"accelerators created: {a}, prices created: {p}")

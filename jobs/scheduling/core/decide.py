@@ -63,7 +63,7 @@ from .rules import (
     check_quota,
     cohort_full,
     cohort_has_room,
-    estimate_cost,
+    job_estimate,
     never_placeable,
     no_price,
     no_room,
@@ -72,6 +72,7 @@ from .rules import (
     within_cluster_caps,
 )
 from .types import (
+    NO_QUOTA,
     Admission,
     Assessment,
     Decision,
@@ -266,7 +267,7 @@ class FairShareScheduler:
         if verdict is None and team.budgets:
             pools = self._matching_pools(job, acc)
             if pools:
-                cheapest = estimate_cost(job.total_gpus, job.max_runtime_seconds, pools[0].usd_per_gpu_hour)
+                cheapest = job_estimate(job, pools[0])
                 verdict = budget_never(cheapest, team.budgets)
         self._never_seen[key] = verdict
         return verdict
@@ -302,7 +303,7 @@ class FairShareScheduler:
         if never is not None:
             return Rejection(job, never)
         team = self.teams[job.team_id]
-        q = team.quotas[acc]
+        q = team.quotas.get(acc) or NO_QUOTA  # none: a CPU-only job (asking no GPUs, it passed _never_on)
         gpus = job.total_gpus
         used = team.used.get(acc, 0)
         qkey = (job.team_id, acc, gpus)
@@ -362,7 +363,7 @@ class FairShareScheduler:
                                                         self.borrowed.get(ckey, 0)))
             return Waiting.because(job, self._no_room_verdict(job, acc, pools, pids))
         offer, nodes = found
-        estimate = estimate_cost(gpus, job.max_runtime_seconds, offer.usd_per_gpu_hour)
+        estimate = job_estimate(job, offer)
         verdict = check_budgets(estimate, team.budgets)
         if not verdict.ok:
             return Waiting.because(job, verdict)
@@ -417,8 +418,7 @@ class FairShareScheduler:
         found = self._place(job, acc, pools, pids)
         fits_now = found is not None
         offer = found[0] if found else (pools[0] if pools else None)  # else where it would wait for capacity
-        estimate = (estimate_cost(job.total_gpus, job.max_runtime_seconds, offer.usd_per_gpu_hour)
-                    if offer is not None else None)
+        estimate = job_estimate(job, offer) if offer is not None else None
         budget = check_budgets(estimate, team.budgets) if estimate is not None else None
         q = team.quotas.get(acc)
         quota = check_quota(job.total_gpus, team.used.get(acc, 0), q.view() if q is not None else None)

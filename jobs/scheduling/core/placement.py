@@ -65,6 +65,9 @@ class PoolOffer:
     healthy: bool = True
     node_rooms: tuple[NodeRoom, ...] = ()
     name: str = ""
+    #: A CPU node pool's prices per vCPU-hour and per GiB-hour of memory (None: priced by GPU only).
+    usd_per_vcpu_hour: Decimal | None = None
+    usd_per_gib_hour: Decimal | None = None
 
     def rooms(self) -> tuple[NodeRoom, ...]:
         """The pool's nodes: ``node_rooms``, or ``nodes`` nodes named ``<pool id>-<i>`` with the used GPUs packed
@@ -86,6 +89,11 @@ class PoolOffer:
             return ((self.gpus_per_node, UNLIMITED, UNLIMITED, True, self.nodes),) if self.nodes > 0 else ()
         counts = Counter((n.gpus, n.cpu_milli, n.memory_mib, n.takes_work) for n in self.rooms())
         return tuple((*shape, count) for shape, count in counts.items())
+
+    @property
+    def prices(self) -> tuple[Decimal, Decimal, Decimal]:
+        """What pools are compared by: USD per GPU-hour, then (CPU node pools) per vCPU-hour and per GiB-hour."""
+        return (self.usd_per_gpu_hour, self.usd_per_vcpu_hour or Decimal(0), self.usd_per_gib_hour or Decimal(0))
 
     @property
     def label(self) -> str:
@@ -155,7 +163,7 @@ def choose_pool(request: PlacementRequest, offers: list[PoolOffer], policy: str 
 
 def price_order(offer: PoolOffer) -> tuple:
     """The order pools are tried in: cheapest first, then by cluster name and pool id (stable between passes)."""
-    return (offer.usd_per_gpu_hour, offer.cluster_name, offer.node_pool_id)
+    return (*offer.prices, offer.cluster_name, offer.node_pool_id)
 
 
 # --- node bookkeeping ----------------------------------------------------------------------------------------
@@ -428,7 +436,7 @@ class NodeBook:
         best = None
         pools, need = self.pools, request.total_gpus
         for o in offers:
-            if best is not None and o.usd_per_gpu_hour != best[0].usd_per_gpu_hour:
+            if best is not None and o.prices != best[0].prices:
                 break
             if pools[o.node_pool_id].free_total < need:  # fewer free GPUs on its open nodes than the job asks
                 continue

@@ -27,6 +27,28 @@ def estimate_cost(total_gpus: int, max_runtime_seconds: int, usd_per_gpu_hour: D
     )
 
 
+def job_estimate(job: QueuedJob, offer: PoolOffer) -> Decimal:
+    """Worst-case cost of ``job`` on ``offer``, USD: ``estimate_cost`` of its GPUs, plus on a pool priced by CPU
+    (``offer.usd_per_vcpu_hour`` / ``usd_per_gib_hour`` set: a CPU node pool) its CPU (vCPUs) and memory (GiB)
+    over all its nodes x max_runtime / 3600 x those prices, as the ledger bills them; to 1e-6 half-even."""
+    per_hour = Decimal(job.total_gpus) * offer.usd_per_gpu_hour
+    if offer.usd_per_vcpu_hour is not None:
+        per_hour += Decimal(job.nodes * job.cpu_milli) / 1000 * offer.usd_per_vcpu_hour
+    if offer.usd_per_gib_hour is not None:
+        per_hour += Decimal(job.nodes * job.memory_mib) / 1024 * offer.usd_per_gib_hour
+    return (per_hour * Decimal(job.max_runtime_seconds) / _3600).quantize(ESTIMATE_QUANTUM, ROUND_HALF_EVEN)
+
+
+def price_text(offer: PoolOffer) -> str:
+    """``$2.50/GPU-h``, or for a CPU node pool ``$0.031611/vCPU-h + $0.004237/GiB-h``, for messages."""
+    if offer.usd_per_vcpu_hour is None and offer.usd_per_gib_hour is None:
+        return f"${offer.usd_per_gpu_hour}/GPU-h"
+    parts = [f"${offer.usd_per_gpu_hour}/GPU-h"] if offer.usd_per_gpu_hour else []
+    parts += [f"${p}/{unit}-h" for p, unit in ((offer.usd_per_vcpu_hour, "vCPU"), (offer.usd_per_gib_hour, "GiB"))
+              if p is not None]
+    return " + ".join(parts)
+
+
 # --- quota ------------------------------------------------------------------------------------------------
 
 def reachable_gpus(nominal_gpus: int, borrowing_limit_gpus: int, cohort_lendable_by_others_gpus: int) -> int:
@@ -51,8 +73,11 @@ def check_quota(request_gpus: int, used_gpus: int, quota: QuotaView | None) -> V
     """Admit when ``used_gpus + request_gpus`` is within the team's limit: nominal + borrowing limit (Kueue's
     ClusterQueue rule), capped by what its cohort can lend (``reachable_gpus``).
 
-    A job larger than the per-job cap or than the whole limit can never run.
+    A job larger than the per-job cap or than the whole limit can never run. A job that asks no GPUs (a CPU-only
+    job) needs no GPU quota: it is always within it.
     """
+    if request_gpus == 0:
+        return OK
     if quota is None:
         return Verdict(False, "quota", f"The team has no quota for this accelerator, so a job of {request_gpus} GPUs "
                                        f"can never run.", {"request_gpus": request_gpus}, never=True)

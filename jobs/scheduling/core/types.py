@@ -166,6 +166,11 @@ class TeamQuota:
         return QuotaView(self.nominal_gpus, self.borrowing_limit_gpus, self.max_gpus_per_job, self.reachable_gpus)
 
 
+#: The quota of a team on an accelerator it has none for, as a job asking no GPUs (CPU-only) sees it: nothing
+#: guaranteed, nothing to borrow, and nothing asked of it.
+NO_QUOTA = TeamQuota(0)
+
+
 @dataclasses.dataclass(slots=True)
 class TeamState:
     """A team: cohort key (None = the default cohort), weight (> 0), quotas and live usage by accelerator id (GPUs),

@@ -6,6 +6,7 @@ from decimal import Decimal
 
 from runners.models import Cluster
 from tests.support.factories import make_attempt, make_cluster, make_job
+from tests.support.personas import signed_in
 
 SECRET_WORDS = ("credential", "token", "kubeconfig", "secret", "password", "key")
 
@@ -87,3 +88,17 @@ def test_node_pools_filter_by_cluster_and_accelerator(outsider, aws_cluster, h10
     body = outsider.client.get("/api/v1/node-pools/", {"accelerator": "L4"}).json()
     assert [(p["cluster"], p["gpus_per_node"]) for p in body["results"]] == [("other", 4)]
     assert outsider.client.get("/api/v1/node-pools/", {"cluster": "aws-use1"}).json()["count"] == 1
+
+
+def test_a_cpu_node_pool_shows_its_prices_per_vcpu_and_gib_hour(teammate, catalog):
+    from costs.seed import seed_cpu_prices
+    from runners.models import cpu_flavor
+
+    seed_cpu_prices()
+    cluster, _ = make_cluster("gcp-cpu", "gcp", "us-central1", cpu_flavor(), nodes=3, gpus_per_node=0)
+    pool = teammate.client.get(f"/api/v1/clusters/{cluster.pk}/").json()["node_pools"][0]
+    assert (pool["accelerator"], pool["gpus_per_node"], pool["capacity_gpus"]) == ("CPU", 0, 0)
+    assert [Decimal(pool[k]) for k in ("usd_per_gpu_hour", "usd_per_vcpu_hour", "usd_per_gib_hour")] == [
+        Decimal(0), Decimal("0.031611"), Decimal("0.004237")]
+    page = signed_in(teammate).get("/clusters/").content.decode()
+    assert "$0.031611/vCPU-h + $0.004237/GiB-h" in page

@@ -75,7 +75,7 @@ def test_a_crashing_server_is_started_again_as_max_retries_says(admitted):
         job.refresh_from_db()
         attempt = dispatched(JobAttempt.objects.get(pk=job.current_attempt_id))
     assert numbers == [1, 2, 3] and job.state == JobState.FAILED
-    assert "2 retries used" in job.state_reason
+    assert job.state_reason == "attempt 3 server exited (exit code 2) and 2 retries used"
     assert [a.end_reason for a in job.attempts.order_by("number")] == ["Failed"] * 3
     assert json.loads((attempt_dir(attempt) / "attempt.json").read_text())["ports"]
 
