@@ -435,9 +435,14 @@ def budget_edit(request, slug: str, pk: int | None = None):
 
 # --- clusters ---------------------------------------------------------------------------------------------
 
+#: Health changes shown per cluster on the clusters page, newest first.
+CLUSTER_EVENTS_SHOWN = 5
+
+
 @login_required
 def cluster_list(request):
-    """Every cluster: health, last contact, emulated flag, and per node pool capacity, free GPUs and price now."""
+    """Every cluster: health (why it is not healthy, since when, its last health changes), last contact, emulated
+    flag, and per node pool capacity, free GPUs and price now."""
     now = timezone.now()
     clusters = list(Cluster.objects.prefetch_related("node_pools__accelerator"))
     shapes = {m.cluster_id: m for m in ClusterMetrics.objects.filter(cluster__in=clusters)}
@@ -451,7 +456,8 @@ def cluster_list(request):
             pools.append({"pool": pool, "capacity": pool.capacity_gpus,
                           "free": offer.free_gpus if offer else None,
                           "price": offer.usd_per_gpu_hour if offer else None})
-        rows.append({"cluster": cluster, "pools": pools, "dcgm": shapes.get(cluster.pk)})
+        rows.append({"cluster": cluster, "pools": pools, "dcgm": shapes.get(cluster.pk),
+                     "events": list(cluster.events.all()[:CLUSTER_EVENTS_SHOWN])})
     return render(request, "frontend/cluster_list.html", {"rows": rows})
 
 

@@ -105,9 +105,11 @@ class NodePoolSerializer(serializers.ModelSerializer):
 class ClusterSerializer(serializers.ModelSerializer):
     """A cluster as users see it: where it is, its backend, health, whether its GPUs are emulated, its node pools.
 
-    Staff may create and update the descriptive fields; health, contact time
-    and node pools are maintained by the reconcile loop. No credential is
-    ever part of this serializer.
+    Staff may create and update the descriptive fields; health, why it is not
+    healthy (``health_reason``, "" when healthy), since when (``health_since``,
+    UTC; null: healthy since creation), contact time and node pools are
+    maintained by the reconcile loop. No credential is ever part of this
+    serializer.
     """
 
     node_pools = NodePoolSerializer(many=True, read_only=True)
@@ -121,9 +123,10 @@ class ClusterSerializer(serializers.ModelSerializer):
     class Meta:
         model = Cluster
         fields = ["id", "name", "provider", "region", "backend", "api_endpoint", "prometheus_url", "emulated", "health",
-                  "last_contact_at", "created_at", "node_pools", "api_token", "ca_cert", "kubeconfig",
-                  "auth_configured"]
-        read_only_fields = ["id", "health", "last_contact_at", "created_at", "node_pools", "auth_configured"]
+                  "health_reason", "health_since", "last_contact_at", "created_at", "node_pools", "api_token",
+                  "ca_cert", "kubeconfig", "auth_configured"]
+        read_only_fields = ["id", "health", "health_reason", "health_since", "last_contact_at", "created_at",
+                            "node_pools", "auth_configured"]
 
     @extend_schema_field(serializers.BooleanField())
     def get_auth_configured(self, cluster: Cluster) -> bool:
