@@ -55,6 +55,14 @@ def readyz(request) -> JsonResponse:
     "checks": {"database": "ok" | "<error>", "broker": ...}}``: ``down`` names
     the dependencies that failed. Error texts carry the exception class and
     message with any ``user:password@`` of a URL removed.
+
+    The clusters jobs run on are not among the checks: a degraded or
+    unreachable cluster does not stop this process from serving (taking it out
+    of its load balancer would hide the cluster's state too), and this probe
+    answers anyone, while a cluster's name and failure are for signed-in
+    users: ``/api/v1/clusters/`` (``health``, ``health_reason``,
+    ``health_since``), the Clusters page and ``cpctl clusters`` say which
+    cluster is not healthy, since when and why.
     """
     checks, ready = {}, True
     for name, check in READINESS_CHECKS.items():

@@ -20,6 +20,7 @@ Commands::
   logs ID [--node N] [--tail N] [--follow]     the current attempt's log of one node
   cancel ID
   quotas [--team T]                            GPU quotas
+  clusters                                     clusters: health, since when and why, last contact, GPUs
   budgets [--team T]                           budgets' current period: spent, committed, remaining, forecast
   costs [--group-by team|cluster|accelerator|job|day] [--start S] [--end E] [--team T]
   utilization [--group-by ...] [--start S] [--end E] [--team T]
@@ -655,6 +656,23 @@ def cmd_quotas(client: Client, args) -> int:
     return EXIT_OK
 
 
+def cmd_clusters(client: Client, args) -> int:
+    """Every cluster: where it is, its health, since when (UTC) and why it is not healthy, last contact, GPUs."""
+    page = client.get_pages("clusters/")
+    if args.json:
+        print_json(page)
+        return EXIT_OK
+    if not page["results"]:
+        err("no clusters")
+        return EXIT_OK
+    rows = [[c["name"], f"{c['provider']}/{c['region']}", c["health"], when(c.get("health_since")),
+             when(c["last_contact_at"]) if c.get("last_contact_at") else "never",
+             sum(p["capacity_gpus"] for p in c.get("node_pools", [])), c.get("health_reason") or "-"]
+            for c in page["results"]]
+    table(["CLUSTER", "WHERE", "HEALTH", "SINCE", "LAST CONTACT", "GPUS", "WHY"], rows, right=("GPUS",))
+    return EXIT_OK
+
+
 def cmd_budgets(client: Client, args) -> int:
     """Each budget's current period (``budget-status/``): amount, spent, committed, remaining, forecast."""
     statuses = client.get("budget-status/")
@@ -910,6 +928,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub = command("quotas", cmd_quotas, "list GPU quotas")
     sub.add_argument("--team", help="team slug")
+    command("clusters", cmd_clusters, "list clusters: health, since when and why, last contact, GPUs")
     sub = command("budgets", cmd_budgets, "budgets' current period: spent, committed, remaining, forecast")
     sub.add_argument("--team", help="team slug")
 

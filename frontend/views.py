@@ -446,10 +446,15 @@ def budget_edit(request, slug: str, pk: int | None = None):
 
 # --- clusters ---------------------------------------------------------------------------------------------
 
+#: Health changes shown per cluster on the clusters page, newest first.
+CLUSTER_EVENTS_SHOWN = 5
+
+
 @login_required
 def cluster_list(request):
-    """Every cluster: health, last contact, emulated flag, per node pool capacity, free GPUs and price now, and its
-    nodes that do not take work or are suspect (health with its evidence, cordons; staff cordon and clear them)."""
+    """Every cluster: health (why it is not healthy, since when, its last health changes), last contact, emulated
+    flag, per node pool capacity, free GPUs and price now, and its nodes that do not take work or are suspect
+    (health with its evidence, cordons; staff cordon and clear them)."""
     now = timezone.now()
     clusters = list(Cluster.objects.prefetch_related("node_pools__accelerator"))
     counted: dict[int, int] = {}
@@ -471,7 +476,8 @@ def cluster_list(request):
                           "price": offer.usd_per_gpu_hour if offer else None,
                           "cpu_price": price_text(offer) if offer and offer.usd_per_vcpu_hour is not None else None})
         rows.append({"cluster": cluster, "pools": pools, "dcgm": shapes.get(cluster.pk),
-                     "nodes": counted.get(cluster.pk, 0), "flagged": flagged.get(cluster.pk, [])})
+                     "nodes": counted.get(cluster.pk, 0), "flagged": flagged.get(cluster.pk, []),
+                     "events": list(cluster.events.all()[:CLUSTER_EVENTS_SHOWN])})
     return render(request, "frontend/cluster_list.html", {"rows": rows})
 
 

@@ -25,6 +25,7 @@ from runners.base import (
     UnknownBackend,
     backend_for,
 )
+from runners.cluster_health import set_health
 from runners.models import Accelerator, Cluster, Node, NodePool
 
 from . import metrics
@@ -484,8 +485,11 @@ def redispatch_or_release(job: Job, attempt: JobAttempt, *, cluster_answers: boo
                            f"committed budget released, placing it again")
     except StaleState:
         return "raced"
-    Cluster.objects.filter(pk=cluster.pk, health=Cluster.Health.HEALTHY).update(
-        health=Cluster.Health.DEGRADED, consecutive_failures=F("consecutive_failures") + 1)
+    cluster.refresh_from_db(fields=["health", "health_reason", "health_since"])
+    if cluster.health == Cluster.Health.HEALTHY and set_health(
+            cluster, Cluster.Health.DEGRADED, f"attempt {attempt.pk} of job {job.pk} was not dispatched within "
+                                              f"{deadline_seconds:g} s ({why})", now=now):
+        Cluster.objects.filter(pk=cluster.pk).update(consecutive_failures=F("consecutive_failures") + 1)
     return "released"
 
 

@@ -51,6 +51,7 @@ from django.utils import timezone
 
 from .metrics import RECONCILE_SECONDS
 from runners.base import Backend, ClusterUnreachable, Observation, Owned, UnknownBackend, backend_for
+from runners.cluster_health import set_health
 from runners.models import Cluster
 
 from .lifecycle import (apply_observation, bill_objects, confirm_absent, finish_cancel, recover_or_fail,
@@ -156,8 +157,9 @@ def _apply(look: _Look, future: Future) -> dict:
         log.exception("cluster %s: observing failed", cluster.name)
         return {**_record_failure(cluster, attempts, f"{type(exc).__name__}: {exc}"),
                 "error": f"{type(exc).__name__}: {exc}"}
-    Cluster.objects.filter(pk=cluster.pk).update(last_contact_at=timezone.now(), consecutive_failures=0,
-                                                 health=Cluster.Health.HEALTHY)
+    Cluster.objects.filter(pk=cluster.pk).update(last_contact_at=timezone.now(), consecutive_failures=0)
+    if cluster.health != Cluster.Health.HEALTHY:
+        set_health(cluster, Cluster.Health.HEALTHY)
     now = timezone.now()
     for attempt in attempts:
         job = attempt.job
@@ -248,12 +250,13 @@ def _record_failure(cluster: Cluster, attempts: list[JobAttempt], error: str = "
     does not answer cannot be dispatched to). ``error``: what failed, in the result and the log.
     """
     Cluster.objects.filter(pk=cluster.pk).update(consecutive_failures=F("consecutive_failures") + 1)
-    cluster.refresh_from_db(fields=["consecutive_failures", "last_contact_at", "health"])
+    cluster.refresh_from_db(fields=["consecutive_failures", "last_contact_at", "health", "health_reason",
+                                    "health_since"])
     unreachable = cluster.consecutive_failures >= settings.CLUSTER_UNREACHABLE_AFTER_FAILURES
     health = Cluster.Health.UNREACHABLE if unreachable else Cluster.Health.DEGRADED
-    if cluster.health != health:
-        Cluster.objects.filter(pk=cluster.pk).update(health=health)
-        log.warning("cluster %s is %s after %d failed probe(s)", cluster.name, health, cluster.consecutive_failures)
+    failed = f"{cluster.consecutive_failures} failed probe(s) in a row"
+    if set_health(cluster, health, f"{failed}, the last: {error or 'no answer'}"):
+        log.warning("cluster %s is %s after %s", cluster.name, health, failed)
     result = {"cluster": cluster.name, "unreachable": True, "health": str(health),
               "consecutive_failures": cluster.consecutive_failures, "recovered": 0, "failure": error}
     now = timezone.now()

@@ -1,7 +1,7 @@
 from django import forms
 from django.contrib import admin
 
-from .models import Accelerator, Cluster, NodePool
+from .models import Accelerator, Cluster, ClusterEvent, NodePool
 
 
 @admin.register(Accelerator)
@@ -14,11 +14,24 @@ class NodePoolInline(admin.TabularInline):
     extra = 0
 
 
+class ClusterEventInline(admin.TabularInline):
+    """The cluster's health changes, newest first; append-only."""
+
+    model = ClusterEvent
+    extra = 0
+    fields = readonly_fields = ["created_at", "from_health", "to_health", "reason"]
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+
 @admin.register(Cluster)
 class ClusterAdmin(admin.ModelAdmin):
-    list_display = ["name", "provider", "region", "backend", "emulated", "health", "last_contact_at"]
+    list_display = ["name", "provider", "region", "backend", "emulated", "health", "health_since", "last_contact_at"]
     list_filter = ["provider", "backend", "health"]
-    inlines = [NodePoolInline]
+    readonly_fields = ["health", "health_reason", "health_since"]
+    inlines = [NodePoolInline, ClusterEventInline]
     # Credentials are never rendered: the form takes new values in password inputs that are not re-filled.
 
     def get_form(self, request, obj=None, **kwargs):

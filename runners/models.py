@@ -55,7 +55,11 @@ class Cluster(models.Model):
     """A place that runs jobs: a Kubernetes cluster, or this machine (``local``).
 
     Credentials are never returned by the API; ``health`` moves between
-    ``healthy``, ``degraded`` and ``unreachable`` from the reconcile probe.
+    ``healthy``, ``degraded`` and ``unreachable`` from the reconcile probe
+    (``runners.cluster_health.set_health``): ``health_reason`` says why it is not
+    healthy ("" when it is), ``health_since`` since when it has its current
+    health (null: healthy since it was created), and each change of health
+    is a ``ClusterEvent``.
     """
 
     class Provider(models.TextChoices):
@@ -96,6 +100,8 @@ class Cluster(models.Model):
     health = models.CharField(max_length=16, choices=Health.choices, default=Health.HEALTHY)
     last_contact_at = models.DateTimeField(null=True, blank=True)
     consecutive_failures = models.PositiveIntegerField(default=0)
+    health_reason = models.TextField(blank=True, default="", help_text="why it is not healthy (the last failure)")
+    health_since = models.DateTimeField(null=True, blank=True, help_text="when its current health began")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -125,6 +131,23 @@ class Cluster(models.Model):
     def prometheus_query_url(self) -> str:
         """``prometheus_url`` with its basic-auth credentials, for the HTTP client only (never shown or logged)."""
         return with_userinfo(self.prometheus_url, str(self.prometheus_auth))
+
+
+class ClusterEvent(models.Model):
+    """An append-only record of one change of a cluster's health: from, to, why and when (UTC)."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="events")
+    from_health = models.CharField(max_length=16, choices=Cluster.Health.choices)
+    to_health = models.CharField(max_length=16, choices=Cluster.Health.choices)
+    reason = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["cluster", "-created_at"], name="clusterevent_cluster_time")]
+
+    def __str__(self) -> str:
+        return f"{self.cluster_id}: {self.from_health} -> {self.to_health}"
 
 
 class NodePool(models.Model):

@@ -141,9 +141,11 @@ class NodePoolSerializer(serializers.ModelSerializer):
 class ClusterSerializer(serializers.ModelSerializer):
     """A cluster as users see it: where it is, its backend, health, whether its GPUs are emulated, its node pools.
 
-    Staff may create and update the descriptive fields; health, contact time
-    and node pools are maintained by the reconcile loop. No credential is
-    ever part of this serializer.
+    Staff may create and update the descriptive fields; health, why it is not
+    healthy (``health_reason``, "" when healthy), since when (``health_since``,
+    UTC; null: healthy since creation), contact time and node pools are
+    maintained by the reconcile loop. No credential is ever part of this
+    serializer.
     """
 
     node_pools = NodePoolSerializer(many=True, read_only=True)
@@ -159,10 +161,10 @@ class ClusterSerializer(serializers.ModelSerializer):
     class Meta:
         model = Cluster
         fields = ["id", "name", "provider", "region", "backend", "api_endpoint", "prometheus_url", "emulated", "health",
-                  "last_contact_at", "created_at", "node_pools", "node_health", "api_token", "ca_cert", "kubeconfig",
-                  "auth_configured"]
-        read_only_fields = ["id", "health", "last_contact_at", "created_at", "node_pools", "node_health",
-                            "auth_configured"]
+                  "health_reason", "health_since", "last_contact_at", "created_at", "node_pools", "node_health",
+                  "api_token", "ca_cert", "kubeconfig", "auth_configured"]
+        read_only_fields = ["id", "health", "health_reason", "health_since", "last_contact_at", "created_at",
+                            "node_pools", "node_health", "auth_configured"]
 
     @extend_schema_field({"type": "object", "properties": {
         "nodes": {"type": "integer"}, "healthy": {"type": "integer"}, "suspect": {"type": "integer"},

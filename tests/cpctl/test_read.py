@@ -197,3 +197,18 @@ def test_the_module_runs_as_a_command_with_the_environments_url_and_token(server
     assert process.returncode == 0, err
     assert [job["name"] for job in json.loads(out)["results"]] == ["running-one", "queued-one"]
     assert teammate.key not in out + err
+
+
+def test_clusters_table_says_since_when_and_why_a_cluster_is_not_healthy(run_cli, teammate, funded_aws_cluster):
+    from runners.cluster_health import set_health
+
+    cluster = funded_aws_cluster["cluster"]
+    since = dt.datetime(2026, 3, 4, 5, 6, 7, tzinfo=dt.timezone.utc)
+    set_health(cluster, "degraded", "1 failed probe(s) in a row, the last: listing Jobs failed: 503", now=since)
+    result = run_cli("clusters", persona=teammate)
+    assert result.code == 0, result.err
+    assert rows(result.out) == [["CLUSTER", "WHERE", "HEALTH", "SINCE", "LAST CONTACT", "GPUS", "WHY"],
+                                ["aws-use1", "aws/us-east-1", "degraded", "2026-03-04 05:06:07", "never", "16",
+                                 "1 failed probe(s) in a row, the last: listing Jobs failed: 503"]]
+    body = json.loads(run_cli("clusters", "--json", persona=teammate).out)
+    assert body["results"][0]["health_reason"].endswith("listing Jobs failed: 503")
