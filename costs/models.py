@@ -59,6 +59,9 @@ class CostEntry(models.Model):
     usd_per_gpu_hour = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True,
                                            help_text="null: no price was in force (cost unknown)")
     amount_usd = models.DecimalField(max_digits=20, decimal_places=9, null=True, blank=True)
+    # Written after a restore of the database for time the restored ledger had lost (the gap), from the cluster
+    # objects' own creation and end times (``costs.ledger.reconstruct_gap``), not from a live accrual.
+    reconstructed = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

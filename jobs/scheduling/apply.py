@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import uuid
 from decimal import Decimal
 
 from django.db import connection, transaction
@@ -36,7 +37,7 @@ from quotas.models import Team
 
 from ..enqueue import enqueue_dispatch
 from ..lifecycle import preempt_attempt
-from ..models import Job, JobAttempt, JobEvent, JobState
+from ..models import Job, JobAttempt, JobEvent, JobState, attempt_object_name
 from ..states import StaleState, transition
 from .core import Admission, Decision, Rejection, Verdict, Waiting, recheck
 from .offers import lock_pools, pool_offers
@@ -75,9 +76,10 @@ def apply_admission(decision: Admission, now: dt.datetime) -> tuple[str, Verdict
             return "waiting", outcome.verdict if isinstance(outcome, Rejection) else outcome.verdict()
         offer, estimate = outcome.offer, outcome.estimate_usd
         number = job.attempts.count() + 1
+        uid = uuid.uuid4()
         attempt = JobAttempt.objects.create(
-            job=job, number=number, cluster_id=offer.cluster_id, node_pool_id=offer.node_pool_id,
-            gpus=job.total_gpus, object_name=f"job-{job.pk}-{number}", usd_per_gpu_hour=offer.usd_per_gpu_hour,
+            job=job, number=number, uid=uid, cluster_id=offer.cluster_id, node_pool_id=offer.node_pool_id,
+            gpus=job.total_gpus, object_name=attempt_object_name(job.pk, number, uid), usd_per_gpu_hour=offer.usd_per_gpu_hour,
             placement=attempt_placement(outcome),
         )
         data = {"cluster": offer.cluster_name, "node_pool_id": offer.node_pool_id, "estimate_usd": str(estimate)}
