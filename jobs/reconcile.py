@@ -325,8 +325,40 @@ def _finish_cancel(job_id: int) -> None:
 
 def reconcile_all() -> list[dict]:
     """Reconcile every cluster in one concurrent pass (``reconcile_clusters``), then finish cancels whose attempt
-    never started. Returns the per-cluster results."""
+    never started, then expire old end records (``expire_end_records``). Returns the per-cluster results."""
     results = reconcile_clusters(Cluster.objects.all())
     for job_id in Job.objects.filter(state=JobState.CANCELLING).values_list("pk", flat=True):
         _finish_cancel(job_id)
+    expire_end_records()
     return results
+
+
+#: When this process last expired each cluster's end records (cluster id -> ``time.monotonic()``).
+LAST_SWEEP: dict[int, float] = {}
+
+
+def expire_end_records(now: dt.datetime | None = None) -> int:
+    """Delete end records older than ``settings.END_RECORD_RETENTION_SECONDS`` on each cluster whose backend keeps
+    them, at most once per ``END_RECORD_SWEEP_SECONDS`` per cluster in this process; returns how many. A cluster
+    that does not answer is left for the next sweep."""
+    now = now or timezone.now()
+    cutoff = now - dt.timedelta(seconds=settings.END_RECORD_RETENTION_SECONDS)
+    deleted = 0
+    for cluster in Cluster.objects.exclude(health=Cluster.Health.UNREACHABLE):
+        last = LAST_SWEEP.get(cluster.pk)
+        if last is not None and time.monotonic() - last < settings.END_RECORD_SWEEP_SECONDS:
+            continue
+        try:
+            backend = backend_for(cluster)
+        except UnknownBackend:
+            continue
+        sweep = getattr(backend, "expire_end_records", None)
+        if sweep is None:
+            continue
+        try:
+            deleted += sweep(cluster, cutoff)
+        except ClusterUnreachable as exc:
+            log.info("cluster %s: end records not expired: %s", cluster.name, exc)
+            continue
+        LAST_SWEEP[cluster.pk] = time.monotonic()
+    return deleted

@@ -651,6 +651,29 @@ class KubernetesBackend(Backend):
             return None
         return end_observation(found.get("data") or {})
 
+    def expire_end_records(self, cluster, older_than: dt.datetime) -> int:
+        """Delete this installation's end records on ``cluster`` created before ``older_than``; returns how many.
+        One ConfigMap LIST by label, one DELETE each. Raises ClusterUnreachable."""
+        c = client_for(cluster)
+        mine = str(installation().uid)
+        try:
+            answer = c.call(_api(c, "ConfigMap")[3], label_selector=m.END_RECORD_LABEL, _preload_content=False)
+        except ApiError as exc:
+            raise ClusterUnreachable(f"listing ConfigMaps failed: {exc}") from exc
+        deleted = 0
+        for record in _list_items(answer, "listing ConfigMaps"):
+            meta = record.get("metadata") or {}
+            made = _parse_time(meta.get("creationTimestamp"))
+            if _labels(record).get(m.LABEL_INSTALLATION) != mine or made is None or made >= older_than:
+                continue
+            try:
+                c.call(_api(c, "ConfigMap")[2], meta.get("name"), meta.get("namespace"), _preload_content=False)
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise ClusterUnreachable(f"deleting ConfigMap {meta.get('name')}: {exc}") from exc
+            deleted += 1
+        return deleted
+
     def _all_gone(self, c: ClusterClient, attempt, namespace: str, name: str) -> bool:
         for kind in ("Job", "Deployment", "Service"):
             try:

@@ -13,6 +13,7 @@ after the restore collides with nothing.
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import json
 import subprocess
@@ -28,7 +29,8 @@ from costs.models import CostEntry
 from costs.rollups import totals_mismatches
 from jobs.lifecycle import cancel_job, dispatch, finish_cancel
 from jobs.models import Job, JobAttempt, JobState
-from jobs.reconcile import reconcile_all
+from jobs import reconcile
+from jobs.reconcile import expire_end_records, reconcile_all
 from jobs.recovery import decide
 from jobs.scheduling.snapshot import team_used_gpus
 from runners.api.serializers import pool_statuses
@@ -203,3 +205,20 @@ def test_an_attempt_gone_without_an_end_record_waits_for_staff_after_a_restore(l
     job.refresh_from_db()
     assert job.state == S.FAILED and gcp.objects("Job") == []
     assert timezone.now() >= job.ended_at
+
+
+def test_end_records_stay_for_their_retention_then_go(live_clusters, settings):
+    world = live_clusters
+    attempt = start(world, "aws-use1")
+    cancel_job(Job.objects.get(pk=attempt.job_id))
+    assert finish_cancel(attempt.job_id)
+    aws = world.emulators["aws-use1"]
+    [record] = aws.objects("ConfigMap")
+    assert record["metadata"]["name"] == f"end-{attempt.object_name}"
+    assert record["data"]["job_state"] == S.CANCELLED and record["data"]["uid"] == str(attempt.uid)
+
+    reconcile.LAST_SWEEP.clear()
+    assert expire_end_records() == 0 and len(aws.objects("ConfigMap")) == 1  # within its retention: kept
+    reconcile.LAST_SWEEP.clear()
+    later = timezone.now() + dt.timedelta(seconds=settings.END_RECORD_RETENTION_SECONDS + 1)
+    assert expire_end_records(later) == 1 and aws.objects("ConfigMap") == []
