@@ -20,7 +20,7 @@ import subprocess
 import time
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connection, connections
 from django.utils import timezone
 
@@ -222,3 +222,41 @@ def test_end_records_stay_for_their_retention_then_go(live_clusters, settings):
     reconcile.LAST_SWEEP.clear()
     later = timezone.now() + dt.timedelta(seconds=settings.END_RECORD_RETENTION_SECONDS + 1)
     assert expire_end_records(later) == 1 and aws.objects("ConfigMap") == []
+
+
+def test_an_attempt_made_before_uids_is_still_matched_by_its_id(live_clusters):
+    world = live_clusters
+    attempt = world.admit(cluster="gcp-usc1", nodes=1, gpus=2)
+    legacy = f"job-{attempt.job_id}-{attempt.number}"
+    JobAttempt.objects.filter(pk=attempt.pk).update(object_name=legacy)
+    assert dispatch(attempt.pk) == "dispatched"
+    gcp = world.emulators["gcp-usc1"]
+    [job] = gcp.objects("Job", attempt.pk)
+    assert job["metadata"]["name"] == legacy and LABEL_ATTEMPT_UID not in job["metadata"]["labels"]
+
+    world.reconcile("gcp-usc1")
+    assert Job.objects.get(pk=attempt.job_id).state == S.RUNNING
+    gcp.finish_pod(gcp.pods(attempt.pk)[0]["metadata"]["name"], 0)
+    result = world.reconcile("gcp-usc1")
+    assert Job.objects.get(pk=attempt.job_id).state == S.SUCCEEDED
+    assert result["orphans_deleted"] == 1 and result["unknown"] == 0 and gcp.objects("Job") == []
+
+
+def test_what_cannot_be_adopted_is_listed_for_staff_and_left_running(live_clusters, tmp_path, django_user_model):
+    world = live_clusters
+    backup(tmp_path / "cp.dump")
+    world.user = django_user_model.objects.create_user("newcomer")  # joined after the backup: lost with it
+    unknown = start(world, "aws-use1")
+    restore(tmp_path / "cp.dump")
+
+    out = io.StringIO()
+    with pytest.raises(CommandError, match="not complete"):
+        call_command("after_restore", stdout=out)
+    report = json.loads(out.getvalue())
+    assert report["adopted"] == []
+    [listed] = report["listed_for_staff"]
+    assert listed["uid"] == str(unknown.uid) and "submitter" in listed["why"] and listed["cluster"] == "aws-use1"
+    reconcile_all()
+    aws = world.emulators["aws-use1"]
+    assert aws.deletions == [] and len(aws.objects("Job")) == 1  # untouched
+    assert not JobAttempt.objects.filter(uid=unknown.uid).exists()
