@@ -252,3 +252,13 @@ def installation() -> Installation:
     """The one Installation row (made on first use where the migration did not run, e.g. a test database)."""
     row = Installation.objects.order_by("pk").first()
     return row if row is not None else Installation.objects.create()
+
+
+#: The installation's uid, which dispatch labels every object with: read once per process (it never changes; a
+#: restored database has the same row).
+INSTALLATION_UID = lookups.LookupCache("installation-uid").invalidate_on(Installation)
+
+
+def installation_uid() -> str:
+    """``installation().uid`` as a string, from ``INSTALLATION_UID``."""
+    return INSTALLATION_UID.get("uid", lambda: str(installation().uid))

@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from ..base import (ABSENT, Backend, ClusterUnreachable, Observation, Owned, PermanentDispatchError, PoolCapacity,
                     TransientDispatchError, attempt_key, register)
-from ..models import installation
+from ..models import installation_uid
 from . import manifests as m
 from .client import ApiError, ClusterClient, client_for
 
@@ -82,7 +82,7 @@ def workload(attempt) -> m.Workload:
         peak_tflops=str(attempt.node_pool.accelerator.peak_bf16_tflops or ""),
         node_names=tuple((attempt.placement or {}).get("nodes") or ()),
         attempt_uid="" if attempt.legacy_name else str(attempt.uid),
-        installation="" if attempt.legacy_name else str(installation().uid),
+        installation="" if attempt.legacy_name else installation_uid(),
         record="" if attempt.legacy_name else json.dumps(dispatch_record(attempt), sort_keys=True),
     )
 
@@ -655,7 +655,7 @@ class KubernetesBackend(Backend):
         """Delete this installation's end records on ``cluster`` created before ``older_than``; returns how many.
         One ConfigMap LIST by label, one DELETE each. Raises ClusterUnreachable."""
         c = client_for(cluster)
-        mine = str(installation().uid)
+        mine = installation_uid()
         try:
             answer = c.call(_api(c, "ConfigMap")[3], label_selector=m.END_RECORD_LABEL, _preload_content=False)
         except ApiError as exc:
@@ -703,7 +703,7 @@ class KubernetesBackend(Backend):
         ConfigMaps (see ``Backend.inventory``); ``observation`` is its phase now (``ended`` for an end record
         alone). Raises ClusterUnreachable."""
         c = client_for(cluster)
-        mine = str(installation().uid)
+        mine = installation_uid()
         jobs, deployments, pods = (self._list(c, kind) for kind in ("Job", "Deployment", "Pod"))
         _check_pods_listed(jobs + deployments, pods)
         try:

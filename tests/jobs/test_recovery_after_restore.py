@@ -35,7 +35,7 @@ from jobs.recovery import decide
 from jobs.scheduling.snapshot import team_used_gpus
 from runners.api.serializers import pool_statuses
 from runners.kubernetes.manifests import LABEL_ATTEMPT_UID
-from runners.models import Installation, NodePool
+from runners.models import Installation, NodePool, installation
 from tests.support.clusters import load
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -50,7 +50,9 @@ def pg_args() -> list[str]:
 
 
 def backup(path) -> None:
-    """An online ``pg_dump -Fc`` of the test database (the platform keeps its connections open)."""
+    """An online ``pg_dump -Fc`` of the test database (the platform keeps its connections open). The
+    installation's row is in it, as its migration made it in production (a flushed test database lacks it)."""
+    installation()
     subprocess.run(["pg_dump", "-Fc", "-f", str(path), *pg_args()], check=True, capture_output=True, timeout=120)
 
 
