@@ -316,6 +316,10 @@ K8S_UNSCHEDULABLE_GRACE_SECONDS = env.float("K8S_UNSCHEDULABLE_GRACE_SECONDS", d
 CLUSTER_UNREACHABLE_AFTER_FAILURES = env.int("CLUSTER_UNREACHABLE_AFTER_FAILURES", default=3)
 # Seconds the running jobs of an unreachable cluster are left alone before their attempts are recovered elsewhere.
 CLUSTER_LOST_GRACE_SECONDS = env.float("CLUSTER_LOST_GRACE_SECONDS", default=600.0)
+# How long a cluster keeps an attempt's end record (ADR 0011): longer than any backup a restore may use (RPO).
+END_RECORD_RETENTION_SECONDS = env.float("END_RECORD_RETENTION_SECONDS", default=14 * 86400.0)
+# How often reconcile deletes end records past their retention, per cluster (one ConfigMap LIST).
+END_RECORD_SWEEP_SECONDS = env.float("END_RECORD_SWEEP_SECONDS", default=3600.0)
 # Seconds between two syncs of the Kubernetes clusters' GPU node pools into NodePool rows.
 NODE_POOL_SYNC_INTERVAL_SECONDS = env.float("NODE_POOL_SYNC_INTERVAL_SECONDS", default=60.0)
 CELERY_BEAT_SCHEDULE["sync-node-pools"] = {"task": "runners.tasks.sync_node_pools",

@@ -193,8 +193,12 @@ def _entry_rates(entry: CostEntry) -> Rates | None:
     return Rates(entry.usd_per_gpu_hour, entry.usd_per_vcpu_hour, entry.usd_per_gib_hour)
 
 
-def _plan(batch: _Batch, row: tuple, open_entry: CostEntry | None, pool, rows, until: dt.datetime) -> Decimal:
-    """Add one attempt's accrual up to ``until`` to ``batch``; returns the USD it adds (priced part)."""
+def _plan(batch: _Batch, row: tuple, open_entry: CostEntry | None, pool, rows, until: dt.datetime,
+          reconstructed: bool = False) -> Decimal:
+    """Add one attempt's accrual up to ``until`` to ``batch``; returns the USD it adds (priced part).
+
+    ``reconstructed``: the time is rebuilt after a restore (``reconstruct_gap``): new entries only, each flagged,
+    never an extension of an entry the restored ledger had."""
     attempt_id, job_id, team_id, cluster_id, _pool_id, accelerator_id, gpus, started_at, ended_at, accrued = row[:10]
     units = (gpus, *row[10:12])
     end = min(until, ended_at) if ended_at is not None else until
@@ -205,7 +209,7 @@ def _plan(batch: _Batch, row: tuple, open_entry: CostEntry | None, pool, rows, u
     batch.job_usd[job_id] += 0  # the job row is locked: it is updated even when only unknown cost is added
     pieces = ledger_pieces(pool, rows, start, end)
     first_start, first_end, first_price = pieces[0]
-    if (open_entry is not None and open_entry.interval_end == start
+    if (open_entry is not None and not reconstructed and open_entry.interval_end == start
             and (open_entry.gpus, open_entry.cpu_milli, open_entry.memory_mib) == units
             and _entry_rates(open_entry) == first_price
             and hour_floor(open_entry.interval_start) == hour_floor(first_start)):
@@ -221,14 +225,15 @@ def _plan(batch: _Batch, row: tuple, open_entry: CostEntry | None, pool, rows, u
                           accelerator_id=accelerator_id, interval_start=lo, interval_end=hi, gpus=gpus,
                           usd_per_gpu_hour=price and price.gpu, amount_usd=_cost(units, exact_seconds(hi - lo), price),
                           cpu_milli=units[1], memory_mib=units[2], usd_per_vcpu_hour=price and price.vcpu,
-                          usd_per_gib_hour=price and price.gib)
+                          usd_per_gib_hour=price and price.gib, reconstructed=reconstructed)
         batch.add_entry(entry)
         added += entry.amount_usd or 0
     batch.accrued_until.append((attempt_id, end))
     return added
 
 
-def _accrue_rows(rows: list[tuple], until: dt.datetime, *, isolate: bool) -> tuple[_Batch, dict[int, Decimal]]:
+def _accrue_rows(rows: list[tuple], until: dt.datetime, *, isolate: bool,
+                 reconstructed: bool = False) -> tuple[_Batch, dict[int, Decimal]]:
     """Plan the accrual of locked attempt ``rows`` (``_locked_rows``); returns the batch and USD per attempt.
 
     With ``isolate`` an attempt that fails to plan is logged and left out
@@ -247,7 +252,8 @@ def _accrue_rows(rows: list[tuple], until: dt.datetime, *, isolate: bool) -> tup
     batch, added = _Batch(), {}
     for row in rows:
         try:
-            added[row[0]] = _plan(batch, row, opened.get(row[0]), pools[row[4]], prices[row[4]], until)
+            added[row[0]] = _plan(batch, row, opened.get(row[0]), pools[row[4]], prices[row[4]], until,
+                                  reconstructed)
         except Exception:
             if not isolate:
                 raise
@@ -374,7 +380,7 @@ def _share_keys(team_ids, cluster_ids, *, skip_locked: bool) -> tuple[set[int], 
     return held[0], held[1]
 
 
-def accrue_attempt(attempt_id: int, until: dt.datetime | None = None) -> Decimal:
+def accrue_attempt(attempt_id: int, until: dt.datetime | None = None, *, reconstructed: bool = False) -> Decimal:
     """Write ledger entries for attempt ``attempt_id`` from where accrual stopped up to ``until``.
 
     ``until`` defaults to now and is capped at the attempt's end; an attempt
@@ -382,7 +388,7 @@ def accrue_attempt(attempt_id: int, until: dt.datetime | None = None) -> Decimal
     nothing was due, as on a repeated call). Where no price is in force the
     GPU-hours are written with an unknown cost (they add nothing to the
     return value). Waits for its locks, in the platform's order: team and cluster rows (key share), job row,
-    attempt row, then the totals rows.
+    attempt row, then the totals rows. ``reconstructed``: see ``reconstruct_gap``.
     """
     until = until or timezone.now()
     with transaction.atomic():
@@ -395,9 +401,29 @@ def accrue_attempt(attempt_id: int, until: dt.datetime | None = None) -> Decimal
         rows = _locked_rows(_due(until).filter(pk=attempt_id).select_for_update(of=("self",)))
         if not rows:
             return Decimal(0)
-        batch, added = _accrue_rows(rows, until, isolate=False)
+        batch, added = _accrue_rows(rows, until, isolate=False, reconstructed=reconstructed)
         _write(batch)
         return added[attempt_id]
+
+
+def reconstruct_gap(until: dt.datetime | None = None) -> list[int]:
+    """After a restore of the database: write the ledger of the gap for every attempt whose ledger stops before
+    ``until`` (default now) and before its end, each entry flagged ``reconstructed`` (ADR 0011).
+
+    The gap's times are the attempts' own, as reconcile set them from the
+    cluster after the restore (``jobs.recovery``): ``started_at`` the
+    objects' creation (adopted attempts), ``ended_at`` the recorded end
+    (attempts ended in the gap). Entries of the restored ledger are never
+    extended: the gap starts new entries, so every second of it is in a
+    flagged one. Running totals grow in the same transactions, as any
+    accrual's. Returns the ids of the attempts accrued.
+    """
+    until = until or timezone.now()
+    done = []
+    for attempt_id in list(_due(until).order_by("job_id", "pk").values_list("pk", flat=True)):
+        accrue_attempt(attempt_id, until, reconstructed=True)
+        done.append(attempt_id)
+    return done
 
 
 def accrue_running(until: dt.datetime | None = None) -> int:

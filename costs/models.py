@@ -72,6 +72,9 @@ class CostEntry(models.Model):
     memory_mib = models.PositiveBigIntegerField(default=0)
     usd_per_vcpu_hour = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
     usd_per_gib_hour = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+    # Written after a restore of the database for time the restored ledger had lost (the gap), from the cluster
+    # objects' own creation and end times (``costs.ledger.reconstruct_gap``), not from a live accrual.
+    reconstructed = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -26,7 +26,7 @@ from runners.base import (
     backend_for,
 )
 from runners.cluster_health import set_health
-from runners.models import Accelerator, Cluster, Node, NodePool
+from runners.models import Accelerator, Cluster, Installation, Node, NodePool
 
 from . import metrics
 from .enqueue import enqueue_cancel, enqueue_delete_attempt, enqueue_dispatch, enqueue_final_accrual, enqueue_schedule
@@ -361,9 +361,14 @@ def apply_observation(job: Job, attempt: JobAttempt, obs: Observation) -> None:
     (``RESTARTED_SERVING_ENDS``) are recovered the same way; a training job
     that exits non-zero fails.
     An unschedulable attempt (STARTING) goes back to the queue (RECOVERING).
+    ``ended`` (the objects are gone, the cluster's end record says how the
+    attempt ended) ends it as recorded (``end_as_recorded``).
     """
     try:
         if job.state == S.CANCELLING or obs.phase == "absent":
+            return
+        if obs.phase == "ended":
+            end_as_recorded(job, attempt, obs)
             return
         if job.state == S.ADMITTED:
             state = {"adopted": True, "created_at": (obs.created_at or timezone.now()).isoformat()}
@@ -427,6 +432,41 @@ def node_words(sick: dict[str, str]) -> str:
     return ", ".join(f"unhealthy node {name}" + (f" ({why})" if why else "") for name, why in sorted(sick.items()))
 
 
+def end_as_recorded(job: Job, attempt: JobAttempt, obs: Observation) -> None:
+    """End ``attempt`` as its end record in the cluster says (ADR 0011): the job reaches the recorded state
+    (SUCCEEDED, FAILED, CANCELLED, or RECOVERING to run again) through the state machine's edges, billed up to
+    the recorded end. An ADMITTED attempt (adopted after a restore) is first started from the recorded start.
+    Raises StaleState when the job moved meanwhile."""
+    record = obs.record or {}
+    target = record.get("job_state") or S.RECOVERING
+    reason = f"{obs.end_reason or 'ended'} per the end record on {attempt.cluster.name} ({obs.message})"
+    if job.state == S.ADMITTED:
+        mark_started(job, attempt, {"created_at": (obs.created_at or timezone.now()).isoformat()},
+                     reason=f"started {obs.created_at} on {attempt.cluster.name}, as its end record says")
+    if target == S.CANCELLED:
+        with transaction.atomic():
+            transition(job, S.CANCELLING, reason=reason, attempt=attempt)
+            end_attempt(job, attempt, S.CANCELLED, reason=reason, end_reason=obs.end_reason or "Cancelled",
+                        ended_at=obs.ended_at)
+        return
+    if target == S.SUCCEEDED and job.state == S.STARTING:
+        transition(job, S.RUNNING, reason="observed succeeded (end record)", attempt=attempt)
+    if target not in (S.SUCCEEDED, S.FAILED):
+        target = S.RECOVERING
+    end_attempt(job, attempt, target, reason=reason, end_reason=obs.end_reason or JobAttempt.EndReason.DELETED,
+                exit_code=obs.exit_code, message=obs.message, ended_at=obs.ended_at)
+
+
+def held_for_decision(attempt: JobAttempt, now) -> bool:
+    """Whether a look that found none of ``attempt``'s objects must wait for staff (ADR 0011): the database was
+    restored (``Installation.restored_at``) after the attempt was made, and no end record says how it ended, so
+    restarting it could run the work twice. ``manage.py after_restore --decide`` releases it."""
+    restored = Installation.objects.filter(restored_at__isnull=False).values_list("restored_at", flat=True).first()
+    if restored is None or attempt.created_at >= restored:
+        return False
+    return (attempt.runner_state or {}).get("restore_decision") is None
+
+
 def confirm_absent(job: Job, attempt: JobAttempt, now) -> bool:
     """One look found none of ``attempt``'s objects (their own GET answered 404): the first such look is
     recorded (``absent_since``), the second in a row ends the attempt (``Deleted``: recovered while retries
@@ -436,6 +476,18 @@ def confirm_absent(job: Job, attempt: JobAttempt, now) -> bool:
         attempt.absent_since = now
         return False
     if job.state not in (S.STARTING, S.RUNNING):
+        return False
+    if held_for_decision(attempt, now):
+        state = attempt.runner_state or {}
+        if not state.get("held_after_restore"):
+            with transaction.atomic():
+                JobAttempt.objects.filter(pk=attempt.pk).update(runner_state={**state, "held_after_restore":
+                                                                              now.isoformat()})
+                record_event(job, "held_after_restore", f"the objects of {attempt.object_name} are gone and no end "
+                             f"record says how it ended: a staff decision is needed (manage.py after_restore "
+                             f"--decide {job.pk}=recover|fail)", attempt=attempt)
+            log.warning("job %s: %s gone without an end record after a restore; held for a staff decision",
+                        job.pk, attempt.object_name)
         return False
     try:
         recover_or_fail(job, attempt, end_reason=JobAttempt.EndReason.DELETED, ended_at=attempt.absent_since,

@@ -4,6 +4,7 @@ State changes go through ``jobs.states.transition`` only: a compare-and-set
 UPDATE on the current state with a JobEvent in the same transaction.
 """
 
+import uuid
 from decimal import Decimal
 
 from django.conf import settings
@@ -121,8 +122,17 @@ class Job(models.Model):
 class JobAttempt(models.Model):
     """One dispatch of a job to one cluster and node pool. Retries and failover add attempts.
 
-    ``object_name`` is deterministic (``job-<job id>-<attempt number>``), so a
-    repeated dispatch finds what the first one created. ``runner_state`` is
+    ``uid`` is the attempt's globally unique identity (ADR 0011): together with
+    the installation's id (``runners.models.Installation``) it labels every
+    object the attempt creates, and objects are matched to attempts by it,
+    never by the row's sequence number alone, which a restored database hands
+    out again. ``object_name`` is deterministic
+    (``job-<job id>-<attempt number>-<first 8 hex digits of uid>``), so a
+    repeated dispatch finds what the first one created and a restored
+    database's new attempts never take a name in use; attempts made before
+    the uid existed keep ``job-<job id>-<attempt number>`` (``legacy_name``).
+    ``adopted_after_restore``: the row was rebuilt after a restore from its
+    objects' labels and annotations (``jobs.recovery``). ``runner_state`` is
     the backend's own bookkeeping (process ids, ports, log paths).
     """
 
@@ -145,6 +155,8 @@ class JobAttempt(models.Model):
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
     number = models.PositiveIntegerField()
+    uid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    adopted_after_restore = models.BooleanField(default=False)
     cluster = models.ForeignKey("runners.Cluster", on_delete=models.PROTECT, related_name="attempts")
     node_pool = models.ForeignKey("runners.NodePool", on_delete=models.PROTECT, related_name="attempts")
     gpus = models.PositiveIntegerField(help_text="GPUs held by this attempt (nodes x GPUs per node x replicas)")
@@ -180,6 +192,18 @@ class JobAttempt(models.Model):
     @property
     def is_active(self) -> bool:
         return self.ended_at is None
+
+    @property
+    def legacy_name(self) -> bool:
+        """Whether the attempt was made before attempt uids (its objects carry no uid label): named
+        ``job-<job id>-<number>``; such objects are matched by the attempt id label, as before."""
+        return self.object_name == f"job-{self.job_id}-{self.number}"
+
+
+def attempt_object_name(job_id: int, number: int, uid: uuid.UUID) -> str:
+    """``job-<job id>-<number>-<uid hex[:8]>``: a DNS-1123 label of at most 4 + 20 + 1 + 10 + 1 + 8 = 44
+    characters (bigint ids), so a pod name ``<name>-<index>-<5>`` and its hostname stay within 63."""
+    return f"job-{job_id}-{number}-{uid.hex[:8]}"
 
 
 class JobEvent(models.Model):

@@ -50,7 +50,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from .metrics import RECONCILE_SECONDS
-from runners.base import Backend, ClusterUnreachable, Observation, Owned, UnknownBackend, backend_for
+from runners.base import Backend, ClusterUnreachable, Observation, Owned, UnknownBackend, attempt_key, backend_for
 from runners.cluster_health import set_health
 from runners.models import Cluster
 
@@ -185,10 +185,33 @@ def _apply(look: _Look, future: Future) -> dict:
     # Attempts still live after this pass's changes own their objects; the rest of what the cluster runs is a
     # candidate orphan (ended this pass or before, or live elsewhere: _delete_orphans asks the database).
     held = owned if isinstance(owned, dict) else dict.fromkeys(owned, Owned())
-    live = {a.pk for a in attempts if a.ended_at is None}
-    orphans = _delete_orphans(cluster, backend, {k: v for k, v in held.items() if k not in live})
+    live = {attempt_key(a) for a in attempts if a.ended_at is None}
+    candidates, unknown = _resolve({k: v for k, v in held.items() if k not in live})
+    if unknown:  # objects of attempts the database does not know (a restore lost them): never touched here
+        log.warning("cluster %s runs objects of %d attempt(s) the database does not know: %s (manage.py "
+                    "after_restore adopts them)", cluster.name, len(unknown), ", ".join(sorted(map(str, unknown))))
+    orphans = _delete_orphans(cluster, backend, candidates)
     return {"cluster": cluster.name, "observed": len(attempts), "orphans_deleted": orphans,
-            "seconds": round(time.monotonic() - look.started, 4)}
+            "unknown": len(unknown), "seconds": round(time.monotonic() - look.started, 4)}
+
+
+def _resolve(held: dict) -> tuple[dict[int, Owned], list]:
+    """Attempt ids of ``held`` (keyed by ``attempt_key``: uid strings, or ids of attempts made before uids), and
+    the keys no attempt row has. An id key counts only for an attempt made before uids, a uid only for its own
+    attempt: an id the restored database handed out again never matches another attempt's objects."""
+    uids = [k for k in held if isinstance(k, str)]
+    ids = [k for k in held if not isinstance(k, str)]
+    found: dict[int, Owned] = {}
+    by_uid = dict(JobAttempt.objects.filter(uid__in=uids).values_list("uid", "pk")) if uids else {}
+    for uid, pk in by_uid.items():
+        found[pk] = held[str(uid)]
+    known = {str(u) for u in by_uid}
+    legacy = {pk for pk, job_id, number, name in JobAttempt.objects.filter(pk__in=ids).values_list(
+        "pk", "job_id", "number", "object_name") if name == f"job-{job_id}-{number}"} if ids else set()
+    for pk in ids:
+        if pk in legacy:
+            found[pk] = held[pk]
+    return found, [k for k in uids if k not in known] + [k for k in ids if k not in legacy]
 
 
 def _delete_orphans(cluster: Cluster, backend: Backend, candidates: dict[int, Owned]) -> int:
@@ -307,8 +330,40 @@ def _finish_cancel(job_id: int) -> None:
 
 def reconcile_all() -> list[dict]:
     """Reconcile every cluster in one concurrent pass (``reconcile_clusters``), then finish cancels whose attempt
-    never started. Returns the per-cluster results."""
+    never started, then expire old end records (``expire_end_records``). Returns the per-cluster results."""
     results = reconcile_clusters(Cluster.objects.all())
     for job_id in Job.objects.filter(state=JobState.CANCELLING).values_list("pk", flat=True):
         _finish_cancel(job_id)
+    expire_end_records()
     return results
+
+
+#: When this process last expired each cluster's end records (cluster id -> ``time.monotonic()``).
+LAST_SWEEP: dict[int, float] = {}
+
+
+def expire_end_records(now: dt.datetime | None = None) -> int:
+    """Delete end records older than ``settings.END_RECORD_RETENTION_SECONDS`` on each cluster whose backend keeps
+    them, at most once per ``END_RECORD_SWEEP_SECONDS`` per cluster in this process; returns how many. A cluster
+    that does not answer is left for the next sweep."""
+    now = now or timezone.now()
+    cutoff = now - dt.timedelta(seconds=settings.END_RECORD_RETENTION_SECONDS)
+    deleted = 0
+    for cluster in Cluster.objects.exclude(health=Cluster.Health.UNREACHABLE):
+        last = LAST_SWEEP.get(cluster.pk)
+        if last is not None and time.monotonic() - last < settings.END_RECORD_SWEEP_SECONDS:
+            continue
+        try:
+            backend = backend_for(cluster)
+        except UnknownBackend:
+            continue
+        sweep = getattr(backend, "expire_end_records", None)
+        if sweep is None:
+            continue
+        try:
+            deleted += sweep(cluster, cutoff)
+        except ClusterUnreachable as exc:
+            log.info("cluster %s: end records not expired: %s", cluster.name, exc)
+            continue
+        LAST_SWEEP[cluster.pk] = time.monotonic()
+    return deleted

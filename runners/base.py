@@ -64,6 +64,12 @@ class Observation:
     tell (the caller uses the time it saw it).
     ``nodes``: for ``lost`` and ``failed``, the nodes the lost or failed pods
     ran on, when the cluster says (a recovery caused by a bad node names it).
+
+    ``ended`` (ADR 0011): the objects are gone and the cluster holds the
+    attempt's end record, written before the platform deleted them;
+    ``record`` is that record (``job_state``, ``end_reason``, ``ended_at``...),
+    ``ended_at`` its end. A restored database learns from it how the attempt
+    ended instead of restarting it.
     """
 
     phase: str
@@ -73,6 +79,7 @@ class Observation:
     created_at: dt.datetime | None = None
     ended_at: dt.datetime | None = None
     nodes: tuple[str, ...] = ()
+    record: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +92,13 @@ class Owned:
 
 
 ABSENT = Observation("absent")
+
+
+def attempt_key(attempt) -> str | int:
+    """What the cluster's objects of ``attempt`` (a ``jobs.JobAttempt``) are matched by: its uid (a string),
+    or its id for an attempt made before uids (``legacy_name``), whose objects carry no uid label. The keys of
+    ``owned_attempt_ids`` are these."""
+    return attempt.pk if attempt.legacy_name else str(attempt.uid)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,12 +167,19 @@ class Backend:
         """
         raise NotImplementedError
 
-    def owned_attempt_ids(self, cluster) -> set[int] | dict[int, Owned]:
-        """Ids of every attempt that has live objects on ``cluster`` (to find orphans); a backend that can tell
-        more maps each id to an ``Owned``."""
+    def owned_attempt_ids(self, cluster) -> set[int | str] | dict[int | str, Owned]:
+        """Keys (``attempt_key``: uid, or id of an attempt made before uids) of every attempt that has live objects
+        on ``cluster`` (to find orphans); a backend that can tell more maps each key to an ``Owned``."""
         raise NotImplementedError
 
-    def observe_all(self, cluster, attempts) -> tuple[dict[int, Observation], set[int] | dict[int, Owned]]:
+    def inventory(self, cluster) -> list[dict]:
+        """Every attempt of this installation the cluster holds objects or an end record of, for a recovery
+        after a restore (``jobs.recovery``): ``{"uid", "record" (the dispatch record, {} if none), "end" (the end
+        record or None), "created_at", "name", "namespace"}``. Raises ClusterUnreachable. A backend that keeps
+        no such records answers ``[]``."""
+        return []
+
+    def observe_all(self, cluster, attempts) -> tuple[dict[int, Observation], set | dict]:
         """``(observe(cluster, attempts), owned_attempt_ids(cluster))`` for one reconcile pass.
 
         Backends that can answer both from the same look at the cluster
@@ -176,7 +197,7 @@ class Backend:
         raise NotImplementedError
 
     # Phases after which an attempt's log grows no more.
-    FINAL_PHASES: ClassVar[frozenset[str]] = frozenset({"succeeded", "failed", "lost"})
+    FINAL_PHASES: ClassVar[frozenset[str]] = frozenset({"succeeded", "failed", "lost", "ended"})
     # Lines re-read on each poll of the default ``follow_logs`` to find what is new.
     FOLLOW_WINDOW_LINES: ClassVar[int] = 2000
 

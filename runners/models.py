@@ -4,6 +4,8 @@ A cluster is served by one backend (``kubernetes`` or ``local``); its node
 pools say how many GPUs of which accelerator it offers, on demand or spot.
 """
 
+import uuid
+
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
@@ -294,3 +296,41 @@ def store_nodes(cluster: Cluster, nodes: list) -> int:
     if fresh or changed or existing:
         lookups.changed(Node)  # bulk writes send no signal: what submission checks read of the fleet is cached
     return len(nodes)
+
+
+class Installation(models.Model):
+    """This control plane's identity: one row, made by the migration that adds the table (ADR 0011).
+
+    ``uid`` labels every object the platform creates on a cluster, so objects
+    of another installation sharing the cluster are never taken for this
+    one's. ``restored_at``: set by ``manage.py after_restore`` when the
+    database was restored from a backup (None: no recovery in progress);
+    while set, reconcile never restarts an attempt made before it whose
+    objects are gone without an end record, but waits for a staff decision.
+    ``recovery_point``: the latest instant the restored database knew of
+    (its newest event or ledger entry), where the gap starts.
+    """
+
+    uid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    restored_at = models.DateTimeField(null=True, blank=True)
+    recovery_point = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"installation {self.uid}"
+
+
+def installation() -> Installation:
+    """The one Installation row (made on first use where the migration did not run, e.g. a test database)."""
+    row = Installation.objects.order_by("pk").first()
+    return row if row is not None else Installation.objects.create()
+
+
+#: The installation's uid, which dispatch labels every object with: read once per process (it never changes; a
+#: restored database has the same row).
+INSTALLATION_UID = lookups.LookupCache("installation-uid").invalidate_on(Installation)
+
+
+def installation_uid() -> str:
+    """``installation().uid`` as a string, from ``INSTALLATION_UID``."""
+    return INSTALLATION_UID.get("uid", lambda: str(installation().uid))

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import uuid
 from decimal import Decimal
 
 from django.db import connection, transaction
@@ -42,7 +43,7 @@ from quotas.models import Team
 
 from ..enqueue import enqueue_dispatch
 from ..lifecycle import preempt_attempt
-from ..models import Job, JobAttempt, JobEvent, JobState
+from ..models import Job, JobAttempt, JobEvent, JobState, attempt_object_name
 from ..states import Move, transition, transition_many
 from .core import Admission, Decision, FairShareScheduler, QueuedJob, Rejection, Verdict, Waiting, price_text, recheck
 from .offers import lock_pools, pool_offers
@@ -172,12 +173,13 @@ def _commit(admitted: list[tuple[Job, Admission]], victims=()) -> set[int]:
         return set()
     numbers = dict(JobAttempt.objects.filter(job_id__in=[job.pk for job, _ in admitted]).order_by()
                    .values_list("job_id").annotate(n=Count("pk")))
+    uids = [uuid.uuid4() for _ in admitted]
     attempts = JobAttempt.objects.bulk_create([
-        JobAttempt(job=job, number=numbers.get(job.pk, 0) + 1, cluster_id=a.offer.cluster_id,
+        JobAttempt(job=job, number=numbers.get(job.pk, 0) + 1, uid=uid, cluster_id=a.offer.cluster_id,
                    node_pool_id=a.offer.node_pool_id, gpus=job.total_gpus,
-                   object_name=f"job-{job.pk}-{numbers.get(job.pk, 0) + 1}", usd_per_gpu_hour=a.offer.usd_per_gpu_hour,
-                   placement=attempt_placement(a))
-        for job, a in admitted])
+                   object_name=attempt_object_name(job.pk, numbers.get(job.pk, 0) + 1, uid),
+                   usd_per_gpu_hour=a.offer.usd_per_gpu_hour, placement=attempt_placement(a))
+        for (job, a), uid in zip(admitted, uids)])
     moves = []
     for (job, a), attempt in zip(admitted, attempts):
         offer = a.offer

@@ -15,6 +15,14 @@ import dataclasses
 LABEL_TEAM = "controlplane.io/team"
 LABEL_JOB = "controlplane.io/job"
 LABEL_ATTEMPT = "controlplane.io/attempt"
+# The attempt's globally unique id and the installation's (ADR 0011): objects are matched to attempts by these.
+LABEL_ATTEMPT_UID = "controlplane.io/attempt-uid"
+LABEL_INSTALLATION = "controlplane.io/installation"
+# What a restored control plane needs to rebuild the attempt's rows (JSON: team, submitter, job spec and columns,
+# node pool, price), on the Job or Deployment; and the ConfigMap that records an attempt's end (``end_record``).
+RECORD_ANNOTATION = "controlplane.io/record"
+END_RECORD_LABEL = "controlplane.io/end-of"
+END_RECORD_PREFIX = "end-"
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -80,11 +88,23 @@ class Workload:
     checkpoint_job_id: int | None = None  # whose checkpoints the pods mount: a serving job's training job
     peak_tflops: str = ""  # the accelerator's catalog peak dense BF16 TFLOP/s per GPU (env PEAK_TFLOPS); "": unknown
     node_names: tuple[str, ...] = ()
+    attempt_uid: str = ""  # the attempt's uid; "": an attempt made before uids (its objects keep the old labels)
+    installation: str = ""  # the installation's uid
+    record: str = ""  # RECORD_ANNOTATION's JSON ("": none)
 
     @property
     def labels(self) -> dict[str, str]:
-        """The three platform labels every object and pod carries."""
-        return {LABEL_TEAM: self.team, LABEL_JOB: str(self.job_id), LABEL_ATTEMPT: str(self.attempt_id)}
+        """The platform labels every object and pod carries: team, job, attempt id, and (with a uid) the
+        attempt's uid and the installation's (UUIDs: 36 characters, valid label values)."""
+        labels = {LABEL_TEAM: self.team, LABEL_JOB: str(self.job_id), LABEL_ATTEMPT: str(self.attempt_id)}
+        if self.attempt_uid:
+            labels.update({LABEL_ATTEMPT_UID: self.attempt_uid, LABEL_INSTALLATION: self.installation})
+        return labels
+
+    @property
+    def owner_selector(self) -> dict[str, str]:
+        """The one label that picks this attempt's pods: its uid (its id for an attempt made before uids)."""
+        return {LABEL_ATTEMPT_UID: self.attempt_uid} if self.attempt_uid else {LABEL_ATTEMPT: str(self.attempt_id)}
 
     @property
     def master_addr(self) -> str:
@@ -104,8 +124,27 @@ def namespace(name: str, team: str) -> dict:
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {LABEL_TEAM: team}}}
 
 
-def _metadata(w: Workload) -> dict:
-    return {"name": w.name, "namespace": w.namespace, "labels": dict(w.labels)}
+def _metadata(w: Workload, owner: bool = False) -> dict:
+    """Name, namespace and labels; on the object that owns the pods (``owner``) also the record annotation."""
+    meta = {"name": w.name, "namespace": w.namespace, "labels": dict(w.labels)}
+    if owner and w.record:
+        meta["annotations"] = {RECORD_ANNOTATION: w.record}
+    return meta
+
+
+def end_record(in_namespace: str, object_name: str, labels: dict[str, str], record: dict) -> dict:
+    """The v1 ConfigMap ``end-<object name>`` that records an attempt's end in the cluster (ADR 0011).
+
+    Written before the platform deletes the attempt's objects, kept for
+    ``settings.END_RECORD_RETENTION_SECONDS``; ``record`` (strings: uid,
+    job_state, end_reason, started_at, ended_at, exit_code...) goes in ``data``. Carries the attempt's labels but
+    ``LABEL_JOB``, so listings of the platform's workloads never count it, and ``END_RECORD_LABEL`` = the uid.
+    """
+    kept = {k: v for k, v in labels.items() if k != LABEL_JOB}
+    kept[END_RECORD_LABEL] = record.get("uid") or labels.get(LABEL_ATTEMPT, "")
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": f"{END_RECORD_PREFIX}{object_name}"[:253], "namespace": in_namespace, "labels": kept},
+            "data": {k: "" if v is None else str(v) for k, v in record.items()}}
 
 
 def _quantity_cpu(cores: float) -> str:
@@ -164,7 +203,7 @@ def _scheduling(w: Workload) -> dict:
     out["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
     if w.node_names and len(w.node_names) > 1:
         out["affinity"]["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [
-            {"labelSelector": {"matchLabels": {LABEL_ATTEMPT: str(w.attempt_id)}}, "topologyKey": HOSTNAME_LABEL}]}
+            {"labelSelector": {"matchLabels": w.owner_selector}, "topologyKey": HOSTNAME_LABEL}]}
     if tolerations:
         out["tolerations"] = tolerations
     return out
@@ -317,7 +356,7 @@ def training_job(w: Workload) -> dict:
     if w.nodes > 1:
         pod_spec["subdomain"] = w.name
     return {
-        "apiVersion": "batch/v1", "kind": "Job", "metadata": _metadata(w),
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": _metadata(w, owner=True),
         "spec": {
             "completions": w.nodes, "parallelism": w.nodes, "completionMode": "Indexed",
             "backoffLimit": 0, "activeDeadlineSeconds": int(w.max_runtime_seconds),
@@ -344,7 +383,7 @@ def inference_deployment(w: Workload) -> dict:
     container = _container(w, env, [{"name": "http", "containerPort": w.port}], read_only_checkpoints=True)
     container["readinessProbe"] = {"tcpSocket": {"port": w.port}, "periodSeconds": 5, "failureThreshold": 3}
     return {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _metadata(w),
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _metadata(w, owner=True),
         "spec": {
             "replicas": w.replicas, "selector": {"matchLabels": dict(w.labels)},
             "template": {"metadata": {"labels": dict(w.labels)},

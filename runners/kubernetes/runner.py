@@ -3,7 +3,12 @@
 Dispatch is idempotent (a 409 for an object this attempt owns means it was
 created before); observe makes one LIST per kind per cluster, by label
 selector, and maps Jobs, Deployments and Pods to attempts through the
-``controlplane.io/attempt`` label.
+``controlplane.io/attempt-uid`` label (the ``controlplane.io/attempt`` id label
+for attempts made before uids): a restored database that hands an attempt id
+out again never takes another attempt's objects for its own (ADR 0011).
+Before it deletes an attempt's objects it writes the attempt's end record
+(a ConfigMap, ``manifests.end_record``), so a restored database learns how
+the attempt ended.
 """
 
 from __future__ import annotations
@@ -22,10 +27,12 @@ from urllib.parse import quote
 import urllib3
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from ..base import (ABSENT, Backend, ClusterUnreachable, Observation, Owned, PermanentDispatchError, PoolCapacity,
-                    TransientDispatchError, register)
+                    TransientDispatchError, attempt_key, register)
+from ..models import installation_uid
 from . import manifests as m
 from .client import ApiError, ClusterClient, client_for
 
@@ -74,13 +81,34 @@ def workload(attempt) -> m.Workload:
         checkpoint_job_id=checkpoint_job,
         peak_tflops=str(attempt.node_pool.accelerator.peak_bf16_tflops or ""),
         node_names=tuple((attempt.placement or {}).get("nodes") or ()),
+        attempt_uid="" if attempt.legacy_name else str(attempt.uid),
+        installation="" if attempt.legacy_name else installation_uid(),
+        record="" if attempt.legacy_name else json.dumps(dispatch_record(attempt), sort_keys=True),
     )
+
+
+def dispatch_record(attempt) -> dict:
+    """What a restored control plane needs to rebuild ``attempt``'s job and attempt rows (``jobs.recovery``):
+    team slug, submitter's username, the job's name, kind, spec, resource columns, creation time (ISO 8601) and
+    estimate (USD), the attempt's id, number, uid, node pool name, GPUs, price (USD/GPU-h) and placement."""
+    job = attempt.job
+    submitter = get_user_model().objects.filter(pk=job.submitter_id).values_list("username", flat=True).first()
+    return {"team": job.team.slug, "submitter": submitter or "", "job_id": job.pk, "job_name": job.name,
+            "kind": job.kind, "spec": job.spec, "accelerator": attempt.node_pool.accelerator.name,
+            "gpus_per_node": job.gpus_per_node, "nodes": job.nodes, "replicas": job.replicas,
+            "priority": job.priority, "preemptible": job.preemptible, "max_runtime_seconds": job.max_runtime_seconds,
+            "max_retries": job.max_retries, "estimated_cost_usd": str(job.estimated_cost_usd),
+            "job_created_at": job.created_at.isoformat() if job.created_at else "",
+            "attempt_id": attempt.pk, "number": attempt.number, "uid": str(attempt.uid),
+            "node_pool": attempt.node_pool.name, "gpus": attempt.gpus,
+            "usd_per_gpu_hour": str(attempt.usd_per_gpu_hour), "placement": attempt.placement or {}}
 
 
 # Collection paths of the kinds dispatch creates, by kind (Kubernetes API reference: "HTTP request" of each create).
 _COLLECTIONS = {"Job": "/apis/batch/v1/namespaces/{namespace}/jobs",
                 "Deployment": "/apis/apps/v1/namespaces/{namespace}/deployments",
-                "Service": "/api/v1/namespaces/{namespace}/services"}
+                "Service": "/api/v1/namespaces/{namespace}/services",
+                "ConfigMap": "/api/v1/namespaces/{namespace}/configmaps"}
 
 
 def _api(c: ClusterClient, kind: str):
@@ -94,6 +122,9 @@ def _api(c: ClusterClient, kind: str):
     if kind == "Service":
         return (c.core.create_namespaced_service, c.core.read_namespaced_service, c.core.delete_namespaced_service,
                 c.core.list_service_for_all_namespaces)
+    if kind == "ConfigMap":
+        return (c.core.create_namespaced_config_map, c.core.read_namespaced_config_map,
+                c.core.delete_namespaced_config_map, c.core.list_config_map_for_all_namespaces)
     raise ValueError(kind)
 
 
@@ -120,6 +151,16 @@ def _attempt_of(obj: dict) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         return None
+
+
+def _key_of(obj: dict) -> str | int | None:
+    """The ``attempt_key`` an object belongs to: its attempt uid label, else (made before uids) its attempt id."""
+    return _labels(obj).get(m.LABEL_ATTEMPT_UID) or _attempt_of(obj)
+
+
+def _selector_of(key: str | int) -> str:
+    """The label selector of the pods of the attempt with ``key`` (``attempt_key``)."""
+    return f"{m.LABEL_ATTEMPT_UID}={key}" if isinstance(key, str) else f"{m.LABEL_ATTEMPT}={key}"
 
 
 def _parse_time(value) -> dt.datetime | None:
@@ -453,9 +494,10 @@ class KubernetesBackend(Backend):
             existing = _object(c.call(read, w.name, w.namespace, _preload_content=False), w.name, what)
         except ApiError as exc:
             raise _dispatch_error(exc, f"{what} (reading the existing one)") from exc
-        if _attempt_of(existing) != w.attempt_id:
-            raise PermanentDispatchError(f"{what}: an object of that name exists and belongs to attempt "
-                                         f"{_labels(existing).get(m.LABEL_ATTEMPT)!r}, not {w.attempt_id}")
+        mine = w.attempt_uid or w.attempt_id
+        if _key_of(existing) != mine:  # a namesake: refused, never taken for this attempt's own
+            raise PermanentDispatchError(f"{what}: an object of that name exists and belongs to another attempt "
+                                         f"({_key_of(existing)!r}, not {mine!r}); refused")
         return _parse_time((existing.get("metadata") or {}).get("creationTimestamp"))
 
     # --- observation -------------------------------------------------------------------------------------------
@@ -529,22 +571,27 @@ class KubernetesBackend(Backend):
     def _observations(self, c: ClusterClient, attempts: list, jobs: list[dict], deployments: list[dict],
                       pods: list[dict]) -> dict[int, Observation]:
         """An Observation per attempt id from the listed objects (see ``observe``)."""
-        by_attempt = {_attempt_of(o): o for o in jobs + deployments}
-        pods_of: dict[int | None, list[dict]] = defaultdict(list)
+        by_attempt = {_key_of(o): o for o in jobs + deployments}
+        pods_of: dict[str | int | None, list[dict]] = defaultdict(list)
         for pod in pods:
-            pods_of[_attempt_of(pod)].append(pod)
+            pods_of[_key_of(pod)].append(pod)
         now = timezone.now()
         grace = float(settings.K8S_IMAGE_PULL_GRACE_SECONDS)
         unschedulable_grace = float(settings.K8S_UNSCHEDULABLE_GRACE_SECONDS)
         result = {}
         for attempt in attempts:
             kind = "Deployment" if attempt.job.kind == "inference" else "Job"
-            obj = by_attempt.get(attempt.pk)
+            key = attempt_key(attempt)
+            obj = by_attempt.get(key)
             if obj is None:  # not in the LIST: only the object's own GET can say it is gone
-                obj = self._read(c, kind, attempt.object_name, team_namespace(attempt.job.team.slug))
-                if obj is not None and _attempt_of(obj) != attempt.pk:
+                namespace = team_namespace(attempt.job.team.slug)
+                obj = self._read(c, kind, attempt.object_name, namespace)
+                if obj is not None and _key_of(obj) != key:
                     obj = None  # a namesake of another attempt: this attempt's object does not exist
-            attempt_pods = pods_of.get(attempt.pk, [])
+                if obj is None and (ended := self._end_record(c, attempt, namespace)) is not None:
+                    result[attempt.pk] = ended
+                    continue
+            attempt_pods = pods_of.get(key, [])
             if kind == "Deployment":
                 result[attempt.pk] = observe_inference(obj, attempt_pods, now, grace, unschedulable_grace)
             else:
@@ -557,16 +604,19 @@ class KubernetesBackend(Backend):
     def delete(self, attempt) -> bool:
         """Delete the attempt's Job or Deployment (Foreground: pods first) and Service; True once all answer 404 and no pod is left.
 
-        Sets ``attempt.deletion_accepted_at`` when the API server accepted the
-        Job's or Deployment's DELETE (its pods stop from then: where billing
-        ends once they are gone).
+        Before the first DELETE of an object it owns, writes the attempt's end
+        record (``write_end_record``; a failure to write it raises
+        ClusterUnreachable and deletes nothing), so the end stays visible in the
+        cluster after the objects are gone. Sets ``attempt.deletion_accepted_at``
+        when the API server accepted the Job's or Deployment's DELETE (its pods
+        stop from then: where billing ends once they are gone).
 
         Raises ClusterUnreachable when the cluster cannot be reached (the
         caller retries on reconnection).
         """
         c = client_for(attempt.cluster)
-        namespace, name = team_namespace(attempt.job.team.slug), attempt.object_name
-        gone = True
+        namespace, name, key = team_namespace(attempt.job.team.slug), attempt.object_name, attempt_key(attempt)
+        gone, recorded = True, False
         for kind, policy in (("Job", "Foreground"), ("Deployment", "Foreground"), ("Service", "Background")):
             _, read, delete, _ = _api(c, kind)
             try:
@@ -576,9 +626,12 @@ class KubernetesBackend(Backend):
                 if exc.status == 404:
                     continue
                 raise ClusterUnreachable(f"reading {kind} {namespace}/{name}: {exc}") from exc
-            if _attempt_of(existing) != attempt.pk:
+            if _key_of(existing) != key:
                 continue  # same name, another owner: never ours to delete
             gone = False
+            if not recorded and isinstance(key, str):
+                self.write_end_record(c, attempt, namespace, existing)
+                recorded = True
             try:
                 c.call(delete, name, namespace, propagation_policy=policy, _preload_content=False)
             except ApiError as exc:
@@ -589,7 +642,69 @@ class KubernetesBackend(Backend):
                 attempt.deletion_accepted_at = timezone.now()
         if not gone:
             return self._all_gone(c, attempt, namespace, name)
-        return not self._pods(c, namespace, attempt.pk)
+        return not self._pods(c, namespace, key)
+
+    def write_end_record(self, c: ClusterClient, attempt, namespace: str, owner: dict) -> None:
+        """Create the ConfigMap ``end-<object name>`` saying how ``attempt`` ended (``manifests.end_record``).
+
+        ``job_state``: the job's final state, CANCELLED for a cancel in
+        progress, else RECOVERING (the attempt ended and the job was to run
+        again); ``ended_at``: the attempt's end, or now for a cancel (its DELETE
+        follows); ``started_at``: its start or its objects' creation. A record
+        there already (409) is kept. Raises ClusterUnreachable on any other failure.
+        """
+        from jobs.models import FINAL_STATES, JobState  # the record names job states; jobs sits above this layer
+
+        job = attempt.job
+        cancelling = attempt.ended_at is None and job.state == JobState.CANCELLING
+        state = job.state if job.state in FINAL_STATES else JobState.CANCELLED if cancelling else JobState.RECOVERING
+        started = attempt.started_at or created_at(owner, [])
+        record = {"uid": str(attempt.uid), "attempt_id": attempt.pk, "job_id": job.pk, "job_state": str(state),
+                  "end_reason": attempt.end_reason or ("Cancelled" if cancelling else "Deleted"),
+                  "exit_code": "" if attempt.exit_code is None else attempt.exit_code,
+                  "started_at": started.isoformat() if started else "",
+                  "ended_at": (attempt.ended_at or timezone.now()).isoformat(),
+                  "dispatch_record": ((owner.get("metadata") or {}).get("annotations") or {}).get(
+                      m.RECORD_ANNOTATION, "")}
+        body = m.end_record(namespace, attempt.object_name, _labels(owner), record)
+        try:
+            c.create(_COLLECTIONS["ConfigMap"].format(namespace=quote(namespace, safe="")), body)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise ClusterUnreachable(f"writing the end record of {attempt.object_name}: {exc}") from exc
+
+    def _end_record(self, c: ClusterClient, attempt, namespace: str) -> Observation | None:
+        """``ended`` with the attempt's end record when the cluster keeps one for its uid (one GET), else None."""
+        if attempt.legacy_name:
+            return None
+        name = f"{m.END_RECORD_PREFIX}{attempt.object_name}"
+        found = self._read(c, "ConfigMap", name, namespace)
+        if found is None or _labels(found).get(m.END_RECORD_LABEL) != str(attempt.uid):
+            return None
+        return end_observation(found.get("data") or {})
+
+    def expire_end_records(self, cluster, older_than: dt.datetime) -> int:
+        """Delete this installation's end records on ``cluster`` created before ``older_than``; returns how many.
+        One ConfigMap LIST by label, one DELETE each. Raises ClusterUnreachable."""
+        c = client_for(cluster)
+        mine = installation_uid()
+        try:
+            answer = c.call(_api(c, "ConfigMap")[3], label_selector=m.END_RECORD_LABEL, _preload_content=False)
+        except ApiError as exc:
+            raise ClusterUnreachable(f"listing ConfigMaps failed: {exc}") from exc
+        deleted = 0
+        for record in _list_items(answer, "listing ConfigMaps"):
+            meta = record.get("metadata") or {}
+            made = _parse_time(meta.get("creationTimestamp"))
+            if _labels(record).get(m.LABEL_INSTALLATION) != mine or made is None or made >= older_than:
+                continue
+            try:
+                c.call(_api(c, "ConfigMap")[2], meta.get("name"), meta.get("namespace"), _preload_content=False)
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise ClusterUnreachable(f"deleting ConfigMap {meta.get('name')}: {exc}") from exc
+            deleted += 1
+        return deleted
 
     def _all_gone(self, c: ClusterClient, attempt, namespace: str, name: str) -> bool:
         for kind in ("Job", "Deployment", "Service"):
@@ -600,18 +715,69 @@ class KubernetesBackend(Backend):
                 if exc.status == 404:
                     continue
                 raise ClusterUnreachable(f"reading {kind} {namespace}/{name}: {exc}") from exc
-            if _attempt_of(obj) == attempt.pk:
+            if _key_of(obj) == attempt_key(attempt):
                 return False
-        return not self._pods(c, namespace, attempt.pk)
+        return not self._pods(c, namespace, attempt_key(attempt))
 
-    def _pods(self, c: ClusterClient, namespace: str, attempt_id: int) -> list[dict]:
-        """The pods of attempt ``attempt_id`` in ``namespace`` (one LIST by label)."""
+    def _pods(self, c: ClusterClient, namespace: str, key: str | int) -> list[dict]:
+        """The pods of the attempt with ``key`` (``attempt_key``) in ``namespace`` (one LIST by label)."""
         try:
-            answer = c.call(c.core.list_namespaced_pod, namespace, label_selector=f"{m.LABEL_ATTEMPT}={attempt_id}",
+            answer = c.call(c.core.list_namespaced_pod, namespace, label_selector=_selector_of(key),
                             _preload_content=False)
         except ApiError as exc:  # a namespace without pods answers an empty list, never 404
             raise ClusterUnreachable(f"listing pods in {namespace}: {exc}") from exc
-        return [p for p in _list_items(answer, f"listing pods in {namespace}") if _attempt_of(p) == attempt_id]
+        return [p for p in _list_items(answer, f"listing pods in {namespace}") if _key_of(p) == key]
+
+    # --- recovery after a restore ------------------------------------------------------------------------------
+
+    def inventory(self, cluster) -> list[dict]:
+        """Every attempt of this installation on ``cluster``, from one LIST of Jobs, Deployments, Pods and
+        ConfigMaps (see ``Backend.inventory``); ``observation`` is its phase now (``ended`` for an end record
+        alone). Raises ClusterUnreachable."""
+        c = client_for(cluster)
+        mine = installation_uid()
+        jobs, deployments, pods = (self._list(c, kind) for kind in ("Job", "Deployment", "Pod"))
+        _check_pods_listed(jobs + deployments, pods)
+        try:
+            answer = c.call(_api(c, "ConfigMap")[3], label_selector=m.END_RECORD_LABEL, _preload_content=False)
+        except ApiError as exc:
+            raise ClusterUnreachable(f"listing ConfigMaps failed: {exc}") from exc
+        ends = {_labels(o).get(m.END_RECORD_LABEL): o for o in _list_items(answer, "listing ConfigMaps")
+                if _labels(o).get(m.LABEL_INSTALLATION) == mine}
+        pods_of: dict[str | int | None, list[dict]] = defaultdict(list)
+        for pod in pods:
+            pods_of[_key_of(pod)].append(pod)
+        now, found = timezone.now(), {}
+        for obj in jobs + deployments:
+            labels, meta = _labels(obj), obj.get("metadata") or {}
+            uid = labels.get(m.LABEL_ATTEMPT_UID)
+            if not uid or labels.get(m.LABEL_INSTALLATION) != mine:
+                continue
+            try:
+                record = json.loads((meta.get("annotations") or {}).get(m.RECORD_ANNOTATION) or "{}")
+            except ValueError:
+                record = {}
+            attempt_pods = pods_of.get(uid, [])
+            if obj.get("kind") == "Deployment":
+                obs = observe_inference(obj, attempt_pods, now, float("inf"))
+            else:
+                obs = observe_training(obj, attempt_pods, int(record.get("nodes") or 1), now, float("inf"))
+            found[uid] = {"uid": uid, "record": record, "name": meta.get("name", ""),
+                          "namespace": meta.get("namespace", ""), "created_at": created_at(obj, attempt_pods),
+                          "observation": obs}
+        for uid, end in ends.items():
+            if uid in found:
+                continue
+            data = end.get("data") or {}
+            try:
+                record = json.loads(data.get("dispatch_record") or "{}")
+            except ValueError:
+                record = {}
+            meta = end.get("metadata") or {}
+            name = meta.get("name", "")[len(m.END_RECORD_PREFIX):]
+            found[uid] = {"uid": uid, "record": record, "name": name, "namespace": meta.get("namespace", ""),
+                          "created_at": _parse_time(data.get("started_at")), "observation": end_observation(data)}
+        return list(found.values())
 
     def logs(self, attempt, node: int = 0, tail_lines: int = 200) -> str:
         """The last ``tail_lines`` lines of the ``main`` container of node ``node``'s pod ("" when it has no pod yet).
@@ -620,7 +786,7 @@ class KubernetesBackend(Backend):
         """
         c = client_for(attempt.cluster)
         namespace = team_namespace(attempt.job.team.slug)
-        pod = pod_of_node(self._pods(c, namespace, attempt.pk), node)
+        pod = pod_of_node(self._pods(c, namespace, attempt_key(attempt)), node)
         if pod is None:
             return ""
         try:
@@ -652,7 +818,7 @@ class KubernetesBackend(Backend):
         deadline = time.monotonic() + max_seconds
         c = client_for(attempt.cluster)
         namespace = team_namespace(attempt.job.team.slug)
-        pod = pod_of_node(self._pods(c, namespace, attempt.pk), node)  # ClusterUnreachable here is the caller's 503
+        pod = pod_of_node(self._pods(c, namespace, attempt_key(attempt)), node)  # ClusterUnreachable here is the caller's 503
         yield ""
         while True:
             try:
@@ -665,7 +831,7 @@ class KubernetesBackend(Backend):
                 if time.monotonic() + poll >= deadline or self.attempt_finished(attempt):
                     return
                 time.sleep(poll)
-                pod = pod_of_node(self._pods(c, namespace, attempt.pk), node)
+                pod = pod_of_node(self._pods(c, namespace, attempt_key(attempt)), node)
             except ClusterUnreachable as exc:
                 log.info("log follow of %s ended: %s", attempt.object_name, exc)
                 return
@@ -696,34 +862,45 @@ class KubernetesBackend(Backend):
         if JobAttempt.objects.filter(pk=attempt.pk, ended_at__isnull=False).exists():
             return True
         try:
-            pods = self._pods(client_for(attempt.cluster), team_namespace(attempt.job.team.slug), attempt.pk)
+            pods = self._pods(client_for(attempt.cluster), team_namespace(attempt.job.team.slug), attempt_key(attempt))
         except ClusterUnreachable:
             return False
         return bool(pods) and all((p.get("status") or {}).get("phase") in ("Succeeded", "Failed") for p in pods)
+
+
+def end_observation(data: dict) -> Observation:
+    """The ``ended`` Observation of an end record's ``data`` (``write_end_record``): its reason, exit code,
+    start and end, and the record itself."""
+    code = data.get("exit_code")
+    return Observation("ended", data.get("end_reason") or "", int(code) if str(code or "").lstrip("-").isdigit()
+                       else None, f"ended {data.get('ended_at') or '?'} ({data.get('end_reason') or '?'}), "
+                                  f"as the cluster's end record says", created_at=_parse_time(data.get("started_at")),
+                       ended_at=_parse_time(data.get("ended_at")), record=dict(data))
 
 
 def _check_pods_listed(owners: list[dict], pods: list[dict]) -> None:
     """Raise ClusterUnreachable when the Pod LIST lacks every pod of a Job or Deployment whose own status counts
     pods (``status.active``, ``status.replicas``): an empty or cut answer, not evidence that the pods are gone
     (their absence would read as pods deleted, and leave running pods unbilled)."""
-    listed = {_attempt_of(p) for p in pods}
+    listed = {_key_of(p) for p in pods}
     for owner in owners:
         status = owner.get("status") or {}
         counted = status.get("active") if owner.get("kind") == "Job" else status.get("replicas")
-        if isinstance(counted, int) and counted > 0 and _attempt_of(owner) not in listed:
+        if isinstance(counted, int) and counted > 0 and _key_of(owner) not in listed:
             name = (owner.get("metadata") or {}).get("name", "?")
             raise ClusterUnreachable(f"the Pod LIST lacks the {counted} pod(s) {owner.get('kind')} {name} counts: "
                                      f"an incomplete answer")
 
 
-def _owned(objects: list[dict], pods: list[dict]) -> dict[int, Owned]:
-    """Attempt ids labelled on the listed objects, with whether their pods hold GPUs and their creation time."""
-    pods_of: dict[int | None, list[dict]] = defaultdict(list)
+def _owned(objects: list[dict], pods: list[dict]) -> dict[str | int, Owned]:
+    """Attempt keys (``attempt_key``) labelled on the listed objects, with whether their pods hold GPUs and their
+    creation time."""
+    pods_of: dict[str | int | None, list[dict]] = defaultdict(list)
     for pod in pods:
-        pods_of[_attempt_of(pod)].append(pod)
-    owned: dict[int, Owned] = {}
+        pods_of[_key_of(pod)].append(pod)
+    owned: dict[str | int, Owned] = {}
     for obj in objects:
-        attempt_id = _attempt_of(obj)
+        attempt_id = _key_of(obj)
         if attempt_id is None:
             continue
         # A Service holds no GPU: the creation that counts is its Job's or Deployment's (or its pods').

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from django.conf import settings
 
-from ..base import ABSENT, Backend, Observation, PermanentDispatchError, PoolCapacity, TransientDispatchError, register
+from ..base import (ABSENT, Backend, Observation, PermanentDispatchError, PoolCapacity, TransientDispatchError,
+                    attempt_key, register)
 from .layout import ATTEMPT_FILE, STOP_FILE, create_exclusive, node_path, read_json, write_json_atomic
 from .procs import (ProcessRef, ProcInfo, boot_id, group_members, proc_table, ref_of, signal_group, signal_name,
                     signal_process)
@@ -334,6 +335,7 @@ class LocalBackend(Backend):
                 master_port, metrics_port, *ports = free_ports(2 + nodes)
                 meta = {
                     "attempt_id": attempt.pk, "job_id": attempt.job_id, "number": attempt.number,
+                    "uid": attempt_key(attempt) if not attempt.legacy_name else None,
                     "object_name": attempt.object_name, "cluster_id": attempt.cluster_id, "nodes": nodes,
                     "master_port": master_port, "ports": ports, "metrics_port": metrics_port,
                     "checkpoint_dir": str(checkpoint_dir(checkpoint_job_id(attempt.job))),
@@ -455,15 +457,17 @@ class LocalBackend(Backend):
             sent |= signal_process(status.child, sig, table)
         return sent
 
-    def owned_attempt_ids(self, cluster) -> set[int]:
-        """Ids of attempts of ``cluster`` with any live process (supervisor, command, or what it forked)."""
+    def owned_attempt_ids(self, cluster) -> set[int | str]:
+        """Keys (``attempt_key``: uid, or id of an attempt made before uids) of attempts of ``cluster`` with any
+        live process (supervisor, command, or what it forked). Directories are named after the attempt's
+        object name, which holds part of its uid, so a restored database's attempts never share one."""
         table = proc_table()
         owned = set()
         for directory, meta in _attempt_dirs():
             if meta.get("cluster_id") not in (None, cluster.pk):
                 continue
             if _live_pids(directory, meta.get("nodes") or 0, table):
-                owned.add(meta["attempt_id"])
+                owned.add(meta.get("uid") or meta["attempt_id"])
         return owned
 
     # --- deletion and logs -------------------------------------------------------------------------------------

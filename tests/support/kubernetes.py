@@ -316,6 +316,7 @@ KINDS = {
     ("api/v1", "namespaces"): ("Namespace", False), ("api/v1", "nodes"): ("Node", False),
     ("api/v1", "pods"): ("Pod", True), ("api/v1", "services"): ("Service", True),
     ("apis/batch/v1", "jobs"): ("Job", True), ("apis/apps/v1", "deployments"): ("Deployment", True),
+    ("api/v1", "configmaps"): ("ConfigMap", True),
 }
 GPU = "nvidia.com/gpu"
 ATTEMPT_LABEL = "controlplane.io/attempt"
@@ -427,7 +428,7 @@ class ClusterEmulator:
     """One emulated Kubernetes cluster: the API server (HTTP on a real port) and its controllers, in memory.
 
     - the API server serves Namespaces, Nodes, Pods (with ``log`` and the ``eviction`` subresource), Services,
-      batch/v1 Jobs and apps/v1 Deployments: create (201, 409 AlreadyExists, 404 for a missing namespace), get,
+      ConfigMaps, batch/v1 Jobs and apps/v1 Deployments: create (201, 409 AlreadyExists, 404 for a missing namespace), get,
       list with label and field selectors, merge patch, delete (cascading to owned objects, Foreground or
       Background), errors as ``v1 Status`` bodies;
     - the Job controller creates one pod per completion index (Indexed Jobs), counts a pod that failed or was
@@ -680,7 +681,7 @@ class ClusterEmulator:
                 if any(r.get("uid") == uid for r in pod["metadata"].get("ownerReferences") or []):
                     self._delete("Pod", pkey, cascade=False, now=now)
         if kind == "Namespace":
-            for other in ("Pod", "Service", "Job", "Deployment"):
+            for other in ("Pod", "Service", "Job", "Deployment", "ConfigMap"):
                 for okey in [k for k in self.store[other] if k[0] == key[1]]:
                     self._delete(other, okey, cascade=True, now=now)
 

@@ -197,7 +197,7 @@ def test_quota_capacity_and_budget_hold_under_concurrent_submitters_and_schedule
         else:
             assert job.state in (S.QUEUED, S.REJECTED), job
             assert mine == [], job
-        assert [a.object_name for a in mine] == [f"job-{job.pk}-{n}" for n in range(1, len(mine) + 1)]
+        assert [a.object_name for a in mine] == [f"job-{job.pk}-{n}-{a.uid.hex[:8]}" for n, a in enumerate(mine, 1)]
 
     events = assert_event_chains_valid(jobs)
     for job in jobs:

@@ -122,7 +122,7 @@ def test_an_admitted_job_has_one_attempt_named_after_it_and_an_admitted_event(
     assert len(attempts) == 1
     attempt = attempts[0]
     assert attempt.number == 1
-    assert attempt.object_name == f"job-{job.pk}-1"
+    assert attempt.object_name == f"job-{job.pk}-1-{attempt.uid.hex[:8]}"
     assert attempt.gpus == 16
     assert (attempt.cluster_id, attempt.node_pool_id) == (cluster.pk, pool.pk)
     assert attempt.started_at is None and attempt.ended_at is None
@@ -161,7 +161,9 @@ def test_a_recovering_job_is_admitted_again_with_a_second_attempt(
 
     job = fresh(job)
     assert job.state == S.ADMITTED
-    assert [a.object_name for a in job.attempts.order_by("number")] == [f"job-{job.pk}-1", f"job-{job.pk}-2"]
+    assert [a.object_name for a in job.attempts.order_by("number")] == [
+        f"job-{job.pk}-{a.number}-{a.uid.hex[:8]}" for a in job.attempts.order_by("number")]
+    assert [a.number for a in job.attempts.order_by("number")] == [1, 2]
     assert job.current_attempt.number == 2 and job.current_attempt.ended_at is None
     assert JobAttempt.objects.get(job=job, number=1).ended_at is not None
     assert state_events(job) == [("QUEUED", "ADMITTED"), ("ADMITTED", "STARTING"), ("STARTING", "RUNNING"),

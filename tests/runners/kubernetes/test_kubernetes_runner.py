@@ -100,7 +100,7 @@ def test_it_redispatches_idempotently_and_refuses_objects_of_another_attempt(emu
 
     other = admitted()
     other.object_name = attempt.object_name  # a name collision with an object another attempt owns
-    with pytest.raises(PermanentDispatchError, match="belongs to attempt"):
+    with pytest.raises(PermanentDispatchError, match="belongs to another attempt"):
         backend.dispatch(other)
 
 

@@ -217,7 +217,7 @@ def test_reconcile_deletes_processes_of_an_ended_attempt(admitted):
     attempt = dispatched(admitted(SLEEP, nodes=1))
     record = pid_record(attempt, 0)
     backend = backend_for(attempt.cluster)
-    assert backend.owned_attempt_ids(attempt.cluster) == {attempt.pk}
+    assert backend.owned_attempt_ids(attempt.cluster) == {str(attempt.uid)}  # by uid: a restored database reuses ids
 
     JobAttempt.objects.filter(pk=attempt.pk).update(ended_at=attempt.started_at, end_reason="Failed")
     result = reconcile_cluster(attempt.cluster)
