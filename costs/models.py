@@ -67,14 +67,15 @@ class CostEntry(models.Model):
                                            help_text="null: no price was in force (cost unknown)")
     amount_usd = models.DecimalField(max_digits=20, decimal_places=9, null=True, blank=True)
     # What a CPU node pool bills: the attempt's requested CPU (millicores) and memory (MiB) over all its pods, at
-    # the catalog's per-vCPU-hour and per-GiB-hour prices (null: not priced by CPU, as on GPU pools).
-    cpu_milli = models.PositiveBigIntegerField(default=0)
-    memory_mib = models.PositiveBigIntegerField(default=0)
+    # the catalog's per-vCPU-hour and per-GiB-hour prices (null: not priced by CPU, as on GPU pools). The new
+    # columns have database defaults too, so bulk loaders that write only the GPU columns (COPY) stay valid.
+    cpu_milli = models.PositiveBigIntegerField(default=0, db_default=0)
+    memory_mib = models.PositiveBigIntegerField(default=0, db_default=0)
     usd_per_vcpu_hour = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
     usd_per_gib_hour = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
     # Written after a restore of the database for time the restored ledger had lost (the gap), from the cluster
     # objects' own creation and end times (``costs.ledger.reconstruct_gap``), not from a live accrual.
-    reconstructed = models.BooleanField(default=False)
+    reconstructed = models.BooleanField(default=False, db_default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -8,5 +8,5 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.AddField(model_name='costentry', name='reconstructed', field=models.BooleanField(default=False)),
+        migrations.AddField(model_name='costentry', name='reconstructed', field=models.BooleanField(db_default=False, default=False)),
     ]

@@ -48,7 +48,7 @@ def test_a_pass_admitting_twelve_jobs_runs_as_many_queries_as_one_admitting_two(
     for event in admitted:
         job = fresh(event.job)
         assert job.state == S.ADMITTED and event.attempt_id == job.current_attempt_id
-        assert job.attempts.count() == 1 and job.current_attempt.object_name == f"job-{job.pk}-1"
+        assert job.attempts.count() == 1 and job.current_attempt.object_name == f"job-{job.pk}-1-{job.current_attempt.uid.hex[:8]}"
 
 
 def test_admissions_rechecked_together_never_take_more_than_the_locked_pool_holds(
