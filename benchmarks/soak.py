@@ -20,18 +20,18 @@ most ``--drain``, default 120 s) until no job is left unfinished.
 
 The JSON line: ``requests`` and ``by_kind``; ``server_errors`` (every 5xx), ``server_errors_outside_faults``,
 ``http_500`` (anywhere: a 500 is never right), ``connection_errors`` (no answer), each with the first few as
-``[seconds into the run, kind, status]``; ``jobs_submitted``, ``jobs_by_state``, ``jobs_lost`` (a 201's job missing,
-or a 2xx cancel whose job did not end CANCELLED), ``jobs_stuck`` (not final after the drain); ``faults`` (what was
-injected, when); ``restarts`` per component (the supervisor's count) and ``unexpected_exits`` (restarts beyond the
-kills injected into that component: a crash); ``supervisor_failure``; ``rss_mib`` per component: the resident
-memory of its process group (the process and its pool children) sampled every ``--sample-every`` seconds (default
-60) over its longest life (a killed component starts a new one), ``first`` (the first sample at least
-``--warmup`` seconds, default 120, into that life),
-``last``, ``peak``, ``growth`` (last - first) and ``growth_mib_per_hour`` (over the span between those two
+``[seconds into the run, kind, status]``; ``jobs_submitted``, ``jobs_by_state``, ``failed_reasons`` (the commonest
+reasons of FAILED jobs, counted), ``jobs_lost`` (a 201's job missing, or a 2xx cancel whose job did not end
+CANCELLED), ``jobs_stuck`` (not final after the drain); ``faults`` (what was injected, when); ``restarts`` per
+component (the supervisor's count) and ``unexpected_exits`` (restarts beyond the kills injected into that component:
+a crash); ``supervisor_failure``; ``rss_mib`` per component: the resident memory of its process group (the process
+and its pool children) sampled every ``--sample-every`` seconds (default 60) over its longest life (a killed
+component starts a new one), ``first`` (the first sample at least ``--warmup`` seconds, default 120, into that
+life), ``last``, ``peak``, ``growth`` (last - first) and ``growth_mib_per_hour`` (over the span between those two
 samples); ``goals_met`` (0 lost, stuck, 500s, 5xx outside faults and unexpected exits, no supervisor failure).
 
-Run: ``.venv/bin/python benchmarks/soak.py --seconds 3600`` (the hour-long soak: about 1,200 submissions and 12
-faults); ``--seconds 60 --fault-every 15 --warmup 5 --sample-every 5`` is the short check of the test suite.
+Run: ``.venv/bin/python benchmarks/soak.py --seconds 3600`` (the hour-long soak: about 1,200 submissions and 11
+faults); ``tests/benchmarks/test_soak.py`` runs it for 50 s with a fault every 15 s.
 Needs nothing but the project's own packages.
 """
 
@@ -245,6 +245,8 @@ def main() -> None:
         drained = time.monotonic() - t0
         close_old_connections()
         states = dict(Job.objects.values_list("pk", "state"))
+        failed_reasons = dict(Counter(Job.objects.filter(state="FAILED").values_list("state_reason", flat=True))
+                              .most_common(5))
     finally:
         stop.set()
         platform.stop()
@@ -252,7 +254,8 @@ def main() -> None:
 
     supervisor_text = out_path.read_text(errors="replace")
     restarts = Counter(RESTARTED.findall(supervisor_text))
-    killed = Counter("worker" if f["kind"] == "worker_kill" else "broker" for f in faults if f["kind"] != "broker_pause")
+    killed = Counter("worker" if f["kind"] == "worker_kill" else "broker"
+                     for f in faults if f["kind"] != "broker_pause")
     unexpected = {name: max(0, restarts.get(name, 0) - killed.get(name, 0)) for name in names}
     windows = [(f["at"], f["until"] + args.grace) for f in faults]
 
@@ -279,6 +282,7 @@ def main() -> None:
         "connection_errors_first": no_answer[:10],
         "jobs_submitted": len(accepted),
         "jobs_by_state": dict(Counter(states.values())),
+        "failed_reasons": failed_reasons,
         "jobs_lost": lost,
         "jobs_stuck": stuck,
         "drain_seconds_after_load": round(drained - load_end, 1),
