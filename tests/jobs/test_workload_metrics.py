@@ -56,7 +56,10 @@ def test_a_training_run_s_reported_throughput_reads_back_equal_to_its_final_line
     assert job.state == "SUCCEEDED", log
     final_step, final_tokens_per_s = FINAL.search(log).groups()
 
-    assert collect_workload_metrics() == {"collected": 1, "unreachable": 0}
+    # Reconcile reads an ended attempt's reports before it deletes the attempt's objects; when that happened in the
+    # passes above, the collection has nothing left to read for it.
+    read_by_reconcile = WorkloadMetrics.objects.filter(attempt=attempt, complete=True).exists()
+    assert collect_workload_metrics() == {"collected": 0 if read_by_reconcile else 1, "unreachable": 0}
     efficiency = teammate.client.get(f"{JOBS}{job.pk}/").json()["efficiency"]
     assert efficiency["tokens_per_s"] == float(final_tokens_per_s)
     run = efficiency["attempts"][0]
