@@ -10,7 +10,6 @@ default connection. The connections are counted by a private PostgreSQL itself (
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
 import time
@@ -21,7 +20,7 @@ from wsgiref.util import setup_testing_defaults
 from django.core.wsgi import get_wsgi_application
 from django.db import connection, connections
 
-from tests.support.postgres import private_postgres
+from tests.support.postgres import app_database, private_postgres
 
 THREADS = 3
 REQUESTS = 60
@@ -34,21 +33,12 @@ def server():
         yield pg
 
 
-@contextlib.contextmanager
 def app_on(server, django_db_blocker, conn_max_age: int):
     """The default database settings (shared by every thread's connection) pointed at ``server``, tagged with
     ``APP_NAME``, with ``conn_max_age``; restored afterwards."""
-    with django_db_blocker.unblock():
-        saved = dict(connection.settings_dict)
-        connection.close()
-        connection.settings_dict.update({**server.settings_dict(), "CONN_MAX_AGE": conn_max_age,
-                                         "OPTIONS": {**saved.get("OPTIONS", {}), "application_name": APP_NAME}})
-        try:
-            yield
-        finally:
-            connection.close()
-            connection.settings_dict.clear()
-            connection.settings_dict.update(saved)
+    options = {**connection.settings_dict.get("OPTIONS", {}), "application_name": APP_NAME}
+    return app_database(django_db_blocker, {**server.settings_dict(), "CONN_MAX_AGE": conn_max_age,
+                                            "OPTIONS": options})
 
 
 def app_connections(admin) -> int:

@@ -7,36 +7,19 @@ errors are the real ones: connection refused, and ``sorry, too many clients alre
 
 from __future__ import annotations
 
-import contextlib
 
 import pytest
 from django.conf import settings
-from django.db import connection
 from django.db.backends.postgresql.base import DatabaseWrapper
 from django.test import Client
 
-from tests.support.postgres import private_postgres
+from tests.support.postgres import app_database, private_postgres
 
 
 @pytest.fixture(scope="module")
 def server():
     with private_postgres(max_connections=3) as pg:
         yield pg
-
-
-@contextlib.contextmanager
-def app_database(django_db_blocker, fields: dict):
-    """The app's default connection pointed at ``fields`` (host, port, ...) for the block, then restored."""
-    with django_db_blocker.unblock():
-        saved = dict(connection.settings_dict)
-        connection.close()
-        connection.settings_dict.update(fields)
-        try:
-            yield
-        finally:
-            connection.close()
-            connection.settings_dict.clear()
-            connection.settings_dict.update(saved)
 
 
 def assert_api_503(response):

@@ -2,7 +2,8 @@
 
 Started with ``initdb`` and ``pg_ctl`` (``/usr/lib/postgresql/15/bin``) in a temporary directory on a free
 port, trust authentication, never the shared server on 5432. As root, the server runs as the ``postgres``
-user (PostgreSQL refuses to run as root).
+user (PostgreSQL refuses to run as root). ``app_database`` points the app's default connection at one for a
+block.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
+from django.db import connection
 
 from tests.support.net import free_port
 
@@ -81,3 +83,18 @@ def private_postgres(max_connections: int = 10):
                 server.stop()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def app_database(django_db_blocker, fields: dict):
+    """The app's default connection pointed at ``fields`` (host, port, ...) for the block, then restored."""
+    with django_db_blocker.unblock():
+        saved = dict(connection.settings_dict)
+        connection.close()
+        connection.settings_dict.update(fields)
+        try:
+            yield
+        finally:
+            connection.close()
+            connection.settings_dict.clear()
+            connection.settings_dict.update(saved)
