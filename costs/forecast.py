@@ -33,6 +33,8 @@ from decimal import Decimal
 from django.conf import settings
 from django.db.models import Q, Sum
 
+from core.sql import as_date, as_decimal, fetch
+
 from jobs.models import Job, JobAttempt
 
 from .models import CostEntry, JobDailyCost
@@ -85,16 +87,20 @@ def committed_at(team_id: int, at: dt.datetime) -> Decimal:
                 for pk, est in Job.objects.filter(pk__in=jobs).values_list("pk", "estimated_cost_usd")), Decimal(0))
 
 
-def daily_spend(team_id: int, first: dt.date, last: dt.date, exclude_jobs: set[int]) -> list[tuple[dt.date, Decimal]]:
-    """The team's ledger USD per UTC day in ``[first, last]``, leaving out ``exclude_jobs``; days without spend are
-    0. Read from the per-job day rollups (``costs.JobDailyCost``, kept with the ledger): an entry counts on the
-    UTC day of its start, and entries are cut at every UTC hour, so a day holds exactly its own spend."""
+def daily_spend(team_id: int, first: dt.date, last: dt.date, running_at: dt.datetime) -> list[tuple[dt.date, Decimal]]:
+    """The team's ledger USD per UTC day in ``[first, last]``, leaving out the jobs running at ``running_at``
+    (``running_job_ids``); days without spend are 0. Read from the per-job day rollups (``costs.JobDailyCost``,
+    kept with the ledger): an entry counts on the UTC day of its start, and entries are cut at every UTC hour,
+    so a day holds exactly its own spend. One statement (``core.sql``: budget status repeats it per budget)."""
     totals = {first + dt.timedelta(days=i): Decimal(0) for i in range((last - first).days + 1)}
-    rows = (JobDailyCost.objects.filter(team_id=team_id, day__gte=first, day__lte=last)
-            .exclude(job_id__in=exclude_jobs).values("day").annotate(usd=Sum("cost_usd")).order_by()
-            .values_list("day", "usd"))
+    day_t, attempt_t, job_t = JobDailyCost._meta.db_table, JobAttempt._meta.db_table, Job._meta.db_table
+    rows = fetch(
+        f'SELECT d.day, SUM(d.cost_usd) FROM "{day_t}" d WHERE d.team_id = %s AND d.day >= %s AND d.day <= %s '
+        f'AND d.job_id NOT IN (SELECT a.job_id FROM "{attempt_t}" a INNER JOIN "{job_t}" j ON j.id = a.job_id '
+        f"WHERE j.team_id = %s AND a.started_at <= %s AND (a.ended_at IS NULL OR a.ended_at > %s)) GROUP BY d.day",
+        [team_id, first, last, team_id, running_at, running_at])
     for day, usd in rows:
-        totals[day] += usd or Decimal(0)
+        totals[as_date(day)] += as_decimal(usd, 9) or Decimal(0)
     return sorted(totals.items())
 
 
@@ -117,7 +123,7 @@ def forecast(team_id: int, period_end: dt.datetime, at: dt.datetime, spent_usd: 
     committed = committed_at(team_id, at) if committed_usd is None else committed_usd
     last = at.astimezone(dt.timezone.utc).date() - DAY
     first = last - dt.timedelta(days=window_days - 1)
-    days = daily_spend(team_id, first, last, running_job_ids(team_id, at))
+    days = daily_spend(team_id, first, last, at)
     rate = statistics.median(usd for _, usd in days)
     left = max(Decimal(0), exact_seconds(period_end - at) / 86400)
     return Forecast(spent_usd + committed + rate * left, spent_usd, committed, rate, left, first, last, tuple(days),

@@ -28,6 +28,8 @@ from decimal import ROUND_HALF_EVEN, Decimal
 
 from django.db.models import Max, Q, Sum
 
+from core.sql import as_decimal, fetch, placeholders
+
 from .models import CostEntry, DailyCostRollup, Price, TeamSpend
 
 UTC = dt.timezone.utc
@@ -115,9 +117,10 @@ class Spend:
 def period_spend(team_ids, start: dt.datetime, end: dt.datetime) -> dict[int, Spend]:
     """Spend of each team in ``team_ids`` with ``interval_start`` in ``[start, end)``; team id -> Spend.
 
-    One query on the rollups of the whole days and one or two on the
-    ledger's partial edge days (plus one for unknown-cost rows there), for
-    any number of teams. Every team asked for has an entry.
+    One statement on the rollups of the whole days (``core.sql``: admission
+    and budget status repeat it) and one or two queries on the ledger's
+    partial edge days (plus one for unknown-cost rows there), for any number
+    of teams. Every team asked for has an entry.
     """
     team_ids = list(team_ids)
     found = {t: Spend() for t in team_ids}
@@ -125,10 +128,14 @@ def period_spend(team_ids, start: dt.datetime, end: dt.datetime) -> dict[int, Sp
         return found
     parts = window_parts(start, end)
     if parts.has_days:
-        for team_id, acc, cost, unpriced in (
-                rollups_in(DailyCostRollup.objects.filter(team_id__in=team_ids), parts).order_by()
-                .values_list("team_id", "accelerator_id").annotate(c=Sum("cost_usd"), u=Sum("unpriced_gpu_seconds"))):
-            found[team_id].cost_usd += cost or 0
+        bounds = [(c, d) for c, d in (("day >= %s", parts.first_day), ("day < %s", parts.end_day)) if d is not None]
+        for team_id, acc, cost, unpriced in fetch(
+                f'SELECT team_id, accelerator_id, SUM(cost_usd), SUM(unpriced_gpu_seconds) '
+                f'FROM "{DailyCostRollup._meta.db_table}" WHERE team_id IN ({placeholders(len(team_ids))})'
+                + "".join(f" AND {c}" for c, _ in bounds) + " GROUP BY team_id, accelerator_id",
+                [*team_ids, *(d for _, d in bounds)]):
+            found[team_id].cost_usd += as_decimal(cost, 9) or 0
+            unpriced = as_decimal(unpriced, 6)
             if unpriced:
                 found[team_id].unpriced_gpu_seconds[acc] += unpriced
     for lo, hi in parts.edges:

@@ -10,6 +10,7 @@ from decimal import Decimal
 from django.conf import settings
 from django.db import models
 
+from core.sql import as_decimal, fetch, placeholders
 from quotas.models import DEFAULT_PRIORITY_CLASSES, scope_to_teams
 
 
@@ -246,11 +247,17 @@ def committed_usd(team_id: int) -> Decimal:
 
 
 def committed_by_team(team_ids) -> dict[int, Decimal]:
-    """``committed_usd`` of each team in ``team_ids`` in one query: team id -> USD (0 for a team without active jobs)."""
+    """``committed_usd`` of each team in ``team_ids`` in one statement (``core.sql``: admission and budget status
+    repeat it): team id -> USD (0 for a team without active jobs)."""
     found = {t: Decimal(0) for t in team_ids}
-    for team_id, est, acc in Job.objects.filter(team_id__in=list(found), state__in=ACTIVE_STATES).values_list(
-            "team_id", "estimated_cost_usd", "accrued_cost_usd"):
-        found[team_id] += max(est - acc, Decimal(0))
+    if not found:
+        return found
+    states = sorted(s.value for s in ACTIVE_STATES)
+    for team_id, est, acc in fetch(
+            f'SELECT team_id, estimated_cost_usd, accrued_cost_usd FROM "{Job._meta.db_table}" '
+            f"WHERE state IN ({placeholders(len(states))}) AND team_id IN ({placeholders(len(found))})",
+            [*states, *found]):
+        found[team_id] += max(as_decimal(est, 6) - as_decimal(acc, 9), Decimal(0))
     return found
 
 
