@@ -87,11 +87,11 @@ def seed_demo() -> dict[str, DemoTeam]:
     $5 monthly budget that blocks, so a one-hour job on an H100 is refused.
     Returns the teams keyed by slug; token keys are new on every call.
     """
-    from runners.local.capacity import ensure_local_cluster
+    from runners.local.capacity import ensure_local_cluster, gpu_pool
 
     call_command("seed_catalog", verbosity=0)
     cluster = ensure_local_cluster()
-    accelerator = Accelerator.objects.get(pk=cluster.node_pools.first().accelerator_id)
+    accelerator = Accelerator.objects.get(pk=gpu_pool(cluster).accelerator_id)
     User = get_user_model()
     teams = {}
     for slug, name, username, nominal, borrowing, amount, action in [
