@@ -81,10 +81,12 @@ class SubmitJobForm(forms.Form):
     def __init__(self, *args, teams=(), priorities=(), **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["team"].choices = [(t.slug, t.slug) for t in teams]
-        # Accelerators some node pool offers come first and the first of them is the default, so a preview of the
-        # form as it opens can succeed; the others stay choosable, marked.
+        # Accelerators some node pool offers come first (GPU ones before CPU, since the form opens with GPUs per
+        # node 1) and the first of them is the default, so a preview of the form as it opens can succeed; the
+        # others stay choosable, marked.
         offered = set(Accelerator.objects.filter(node_pools__nodes__gt=0).values_list("name", flat=True))
-        names = sorted(Accelerator.objects.values_list("name", flat=True), key=lambda n: (n not in offered, n))
+        names = sorted(Accelerator.objects.values_list("name", flat=True),
+                       key=lambda n: (n not in offered, n == CPU_ACCELERATOR, n))
         self.fields["accelerator"].choices = [
             (n, (f"{n} (CPU-only: 0 GPUs per node, give CPU cores)" if n == CPU_ACCELERATOR else n)
              if n in offered else f"{n} (no node pool offers it)") for n in names]

@@ -361,6 +361,9 @@ def test_the_management_command_ensures_the_local_cluster(two_node_local_cluster
     out = io.StringIO()
     call_command("ensure_local_cluster", stdout=out)
     assert "local-emulated" in out.getvalue() and "2 nodes x 4 H100-80GB" in out.getvalue()
+    cpu_milli, memory_mib = capacity.machine_resources()
+    assert f"pool cpu: 2 nodes of {cpu_milli // 1000} vCPUs and {memory_mib // 1024} GiB (CPU-only jobs)" in \
+        out.getvalue()
     assert Cluster.objects.filter(backend="local").count() == 1
 
 
