@@ -57,7 +57,7 @@ from quotas.models import ApiToken, Budget, Membership, Quota, Team
 from runners.local.capacity import ensure_local_cluster
 call_command("seed_catalog", verbosity=0)
 cluster = ensure_local_cluster()
-accelerator = cluster.node_pools.first().accelerator
+accelerator = cluster.node_pools.get(name="gpu").accelerator
 team = Team.objects.create(slug="faults", name="faults")
 user = get_user_model().objects.create(username="faults")
 Membership.objects.create(team=team, user=user, role="admin")

@@ -19,7 +19,7 @@ Commands::
   efficiency ID                                the job's throughput (last, run), loss, MFU, tokens per attempt
   logs ID [--node N] [--tail N] [--follow]     the current attempt's log of one node
   cancel ID
-  quotas [--team T]                            GPU quotas
+  quotas [--team T]                            GPU quotas and CPU quotas (vCPUs)
   clusters                                     clusters: health, since when and why, last contact, GPUs
   budgets [--team T]                           budgets' current period: spent, committed, remaining, forecast
   costs [--group-by team|cluster|accelerator|job|day] [--start S] [--end E] [--team T]
@@ -640,18 +640,25 @@ def cmd_node_action(client: Client, args) -> int:
     return EXIT_OK
 
 
+def _quota_row(q: dict) -> list:
+    """A quota as a table row: GPUs, or vCPUs for a CPU quota (accelerator ``CPU``), with the unit."""
+    unit = "vcpus" if q["accelerator"] == "CPU" else "gpus"
+    return [q["team"], q["accelerator"], q.get("cluster") or "all", q.get(f"nominal_{unit}"),
+            q.get(f"borrowing_limit_{unit}"), q.get(f"limit_{unit}"), q.get(f"max_{unit}_per_job") or "-",
+            "vCPUs" if unit == "vcpus" else "GPUs"]
+
+
 def cmd_quotas(client: Client, args) -> int:
-    """GPU quotas of the user's teams."""
+    """GPU quotas of the user's teams, and CPU quotas (accelerator CPU) in vCPUs."""
     page = client.get_pages("quotas/", {"team": args.team} if args.team else None)
     if args.json:
         print_json(page)
         return EXIT_OK
-    rows = [[q["team"], q["accelerator"], q.get("cluster") or "all", q["nominal_gpus"], q["borrowing_limit_gpus"],
-             q.get("limit_gpus"), q["max_gpus_per_job"] or "-"] for q in page["results"]]
+    rows = [_quota_row(q) for q in page["results"]]
     if not rows:
         err("no quotas")
         return EXIT_OK
-    table(["TEAM", "ACCELERATOR", "CLUSTER", "NOMINAL", "BORROWING", "LIMIT", "MAX/JOB"], rows,
+    table(["TEAM", "ACCELERATOR", "CLUSTER", "NOMINAL", "BORROWING", "LIMIT", "MAX/JOB", "UNIT"], rows,
           right=("NOMINAL", "BORROWING", "LIMIT", "MAX/JOB"))
     return EXIT_OK
 
@@ -926,7 +933,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--tail", type=positive_int, default=200, help="trailing lines (default 200)")
     sub.add_argument("-f", "--follow", action="store_true", help="stream new lines until the attempt ends")
 
-    sub = command("quotas", cmd_quotas, "list GPU quotas")
+    sub = command("quotas", cmd_quotas, "list GPU quotas and CPU quotas (vCPUs)")
     sub.add_argument("--team", help="team slug")
     command("clusters", cmd_clusters, "list clusters: health, since when and why, last contact, GPUs")
     sub = command("budgets", cmd_budgets, "budgets' current period: spent, committed, remaining, forecast")

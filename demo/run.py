@@ -3,13 +3,14 @@
 ``manage.py demo`` (``make demo``) migrates, seeds two teams with quotas and
 budgets, the local cluster, the price catalog, a staff account and the
 daily reports, starts the web server, a Celery worker and Celery beat as
-child processes, submits a PyTorch training job (and a job the budget must
-refuse) through the REST API with a real token, follows them to a final
-state, then serves the trained model as an inference job that names the
+child processes, submits a PyTorch training job, a CPU-only data-preparation
+job for the local CPU pool (and a job the budget must refuse) through the
+REST API with a real token, follows them to a final state, then serves the trained model as an inference job that names the
 training job (``spec.checkpoint_from``), sends its endpoint a request and
 prints a summary with the endpoint and the answer. With ``--once`` it then
 cancels the serving job, stops, and exits 0 only if training SUCCEEDED with
-a lower final loss and the served model answered.
+a lower final loss, the CPU-only job SUCCEEDED billed at the CPU price, and
+the served model answered.
 """
 
 from __future__ import annotations
@@ -87,11 +88,11 @@ def seed_demo() -> dict[str, DemoTeam]:
     $5 monthly budget that blocks, so a one-hour job on an H100 is refused.
     Returns the teams keyed by slug; token keys are new on every call.
     """
-    from runners.local.capacity import ensure_local_cluster
+    from runners.local.capacity import ensure_local_cluster, gpu_pool
 
     call_command("seed_catalog", verbosity=0)
     cluster = ensure_local_cluster()
-    accelerator = Accelerator.objects.get(pk=cluster.node_pools.first().accelerator_id)
+    accelerator = Accelerator.objects.get(pk=gpu_pool(cluster).accelerator_id)
     User = get_user_model()
     teams = {}
     for slug, name, username, nominal, borrowing, amount, action in [
@@ -292,6 +293,38 @@ def over_budget_document() -> dict:
     }
 
 
+def cpu_document() -> dict:
+    """A CPU-only data-preparation job for ml-research (``gpus_per_node: 0``: 1 node of 1 vCPU and 1 GiB) that
+    runs on the local cluster's CPU pool, quota-free (the team has no CPU quota), billed per vCPU-hour and
+    GiB-hour (ADR 0012)."""
+    return {
+        "team": "ml-research", "name": "prepare-data", "kind": "training",
+        "spec": {
+            "image": "python:3.11",
+            "command": ["python", "-c", "import time; rows = sum(range(10**6)); time.sleep(3); "
+                                        "print(f'prepared {rows} rows', flush=True)"],
+            "resources": {"gpus_per_node": 0, "nodes": 1, "cpu": 1, "memory_gib": 1},
+            "max_runtime_seconds": 600,
+        },
+    }
+
+
+def cpu_ledger(job_id: int) -> tuple[Decimal, Decimal, Decimal | None]:
+    """What the ledger holds for CPU-only job ``job_id``: vCPU-hours, GiB-hours and USD (1e-9; None when no entry
+    was priced), summed over its cost entries (each ``cpu_milli`` and ``memory_mib`` over its interval)."""
+    from costs.models import CostEntry
+
+    vcpu_hours = gib_hours = Decimal(0)
+    usd = None
+    for entry in CostEntry.objects.filter(job_id=job_id):
+        hours = Decimal((entry.interval_end - entry.interval_start).total_seconds()) / 3600
+        vcpu_hours += Decimal(entry.cpu_milli) / 1000 * hours
+        gib_hours += Decimal(entry.memory_mib) / 1024 * hours
+        if entry.amount_usd is not None:
+            usd = (usd or Decimal(0)) + entry.amount_usd
+    return vcpu_hours, gib_hours, usd
+
+
 def losses(log_text: str) -> tuple[float, float] | None:
     """The first and last training loss printed as ``step=N loss=X`` lines, or None."""
     found = LOSS_LINE.findall(log_text)
@@ -407,11 +440,13 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
             note = " (emulated GPUs: jobs run on the CPU)" if c.get("emulated") else ""
             out.write(f"Cluster {c['name']} [{c['provider']}/{c['region']}]{note}\n")
         train = research.post_yaml("jobs/", training_document(steps, nodes))
+        prep = research.post_yaml("jobs/", cpu_document())
         sweep = applied.post_yaml("jobs/", over_budget_document())
-        submitted += [train["id"], sweep["id"]]
-        out.write(f"Submitted job {train['id']} ({train['name']}) and job {sweep['id']} ({sweep['name']}).\n")
+        submitted += [train["id"], prep["id"], sweep["id"]]
+        out.write(f"Submitted job {train['id']} ({train['name']}), CPU-only job {prep['id']} ({prep['name']}) and "
+                  f"job {sweep['id']} ({sweep['name']}).\n")
         started = time.monotonic()
-        views = follow({train["id"]: research, sweep["id"]: applied}, timeout, out)
+        views = follow({train["id"]: research, prep["id"]: research, sweep["id"]: applied}, timeout, out)
 
         served, endpoint, answer, answered = None, None, "not served: training did not succeed", False
         if views[train["id"]]["state"] == "SUCCEEDED":
@@ -446,6 +481,14 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
                 util = job_average_utilization(job_id)
                 line += "  GPU util no data" if util is None else f"  GPU util {util:.1f}%"
             out.write(line + "\n")
+        prepared = views[prep["id"]]["state"] == "SUCCEEDED"
+        if views[prep["id"]].get("current_attempt"):
+            job_cost(research, prep["id"])  # waits for its final accrual
+        vcpu_hours, gib_hours, cpu_usd = cpu_ledger(prep["id"])
+        prepared = prepared and cpu_usd is not None and cpu_usd > 0
+        out.write(f"  job {prep['id']} {views[prep['id']]['name']:<20} {views[prep['id']]['state']:<10} "
+                  f"vCPU-hours {vcpu_hours:.6f}  GiB-hours {gib_hours:.6f}  cost "
+                  + ("unpriced" if cpu_usd is None else f"${cpu_usd:.6f}") + " (CPU pool, per vCPU-hour and GiB-hour)\n")
         if served is not None:
             gpu_hours, cost = job_cost(research, served["id"]) if served.get("current_attempt") else (0.0, "0.00")
             out.write(f"  job {served['id']} {served['name']:<20} {served['state']:<10} GPU-hours {gpu_hours:.4f}  "
@@ -455,9 +498,9 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
                       f"  answer   {json.dumps(answer)}\n")
         else:
             out.write(f"  serving FAILED: {answer}\n")
-        ok = trained and answered
-        out.write("Demo OK: training succeeded, its loss fell, and the served model answered.\n" if ok
-                  else "Demo FAILED.\n")
+        ok = trained and answered and prepared
+        out.write("Demo OK: training succeeded, its loss fell, the CPU-only job succeeded and was billed, and the "
+                  "served model answered.\n" if ok else "Demo FAILED.\n")
         if not once:
             serving = f"  Serving job {served['id']} answers at {endpoint}/generate\n" if answered else ""
             out.write(f"\nThe platform keeps running at http://127.0.0.1:{port}/ (API /api/v1/, docs /api/docs/).\n"

@@ -15,7 +15,7 @@ from rest_framework.exceptions import ParseError
 from core.limits import THRESHOLD_MAX_PERCENT, threshold_out_of_range
 from core.parsers import load_yaml
 from jobs.models import Job
-from quotas.models import Budget, Quota
+from quotas.models import GPU_QUOTA_FIELDS, VCPU_QUOTA_FIELDS, Budget, Quota
 from runners.models import CPU_ACCELERATOR, Accelerator
 
 # Serializer error paths (``jobs.spec.flatten_errors``) -> the form field that shows them.
@@ -81,10 +81,12 @@ class SubmitJobForm(forms.Form):
     def __init__(self, *args, teams=(), priorities=(), **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["team"].choices = [(t.slug, t.slug) for t in teams]
-        # Accelerators some node pool offers come first and the first of them is the default, so a preview of the
-        # form as it opens can succeed; the others stay choosable, marked.
+        # Accelerators some node pool offers come first (GPU ones before CPU, since the form opens with GPUs per
+        # node 1) and the first of them is the default, so a preview of the form as it opens can succeed; the
+        # others stay choosable, marked.
         offered = set(Accelerator.objects.filter(node_pools__nodes__gt=0).values_list("name", flat=True))
-        names = sorted(Accelerator.objects.values_list("name", flat=True), key=lambda n: (n not in offered, n))
+        names = sorted(Accelerator.objects.values_list("name", flat=True),
+                       key=lambda n: (n not in offered, n == CPU_ACCELERATOR, n))
         self.fields["accelerator"].choices = [
             (n, (f"{n} (CPU-only: 0 GPUs per node, give CPU cores)" if n == CPU_ACCELERATOR else n)
              if n in offered else f"{n} (no node pool offers it)") for n in names]
@@ -144,20 +146,23 @@ class SubmitJobForm(forms.Form):
 
 
 class QuotaForm(forms.ModelForm):
-    """A team's quota for one accelerator: nominal, borrowing limit, lending limit and per-job cap, in GPUs."""
+    """A team's quota for one accelerator: nominal, borrowing limit, lending limit and per-job cap, in GPUs; for a
+    CPU quota (the CPU accelerator's row) the same four in vCPUs. The API's rules apply (``Quota.clean``: a
+    lending limit at most nominal, numbers of one unit)."""
 
     class Meta:
         model = Quota
-        fields = ["nominal_gpus", "borrowing_limit_gpus", "lending_limit_gpus", "max_gpus_per_job"]
+        fields = [*GPU_QUOTA_FIELDS, *VCPU_QUOTA_FIELDS]
         labels = {"nominal_gpus": "Nominal GPUs", "borrowing_limit_gpus": "Borrowing limit (GPUs)",
-                  "lending_limit_gpus": "Lending limit (GPUs, empty: all)", "max_gpus_per_job": "Max GPUs per job (0: no cap)"}
+                  "lending_limit_gpus": "Lending limit (GPUs, empty: all)", "max_gpus_per_job": "Max GPUs per job (0: no cap)",
+                  "nominal_vcpus": "Nominal vCPUs", "borrowing_limit_vcpus": "Borrowing limit (vCPUs)",
+                  "lending_limit_vcpus": "Lending limit (vCPUs, empty: all)",
+                  "max_vcpus_per_job": "Max vCPUs per job (0: no cap)"}
 
-    def clean(self):
-        data = super().clean()
-        lending, nominal = data.get("lending_limit_gpus"), data.get("nominal_gpus")
-        if lending is not None and nominal is not None and lending > nominal:  # the API's rule (QuotaSerializer)
-            self.add_error("lending_limit_gpus", f"at most the nominal quota ({nominal})")
-        return data
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name in (GPU_QUOTA_FIELDS if self.instance.is_cpu else VCPU_QUOTA_FIELDS):
+            del self.fields[name]  # a quota counts one unit
 
 
 class BudgetForm(forms.ModelForm):

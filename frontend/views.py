@@ -37,6 +37,7 @@ from jobs.permissions import CANCEL_REFUSED, may_cancel
 from jobs.scheduling.core import price_text
 from jobs.scheduling.offers import pool_offers
 from jobs.scheduling.preview import preview_submission
+from jobs.scheduling.snapshot import cpu_used_milli
 from jobs.spec import JobSubmissionSerializer
 from jobs.states import StaleState
 from jobs.workload import job_efficiency
@@ -80,19 +81,29 @@ def daily_chart(rows: list[dict], first: dt.date, last: dt.date, label: str = "U
 
 def _gpu_usage(teams) -> list[dict]:
     """Per team and accelerator with a quota: GPUs in use (live attempts), nominal and borrowing limit, and the limit
-    the team can reach (``Quota.reachable_gpus``: what admission uses), GPUs."""
+    the team can reach (``Quota.reachable_gpus``: what admission uses), GPUs; for a CPU quota the same in vCPUs (the
+    CPU its live CPU-only attempts' pods request: ``jobs.scheduling.snapshot.cpu_used_milli``). ``unit``: ``GPUs``
+    or ``vCPUs``."""
     in_use = {
         (row["job__team_id"], row["node_pool__accelerator_id"]): row["n"]
         for row in JobAttempt.objects.filter(ended_at__isnull=True, job__team__in=teams)
         .values("job__team_id", "node_pool__accelerator_id").annotate(n=Sum("gpus"))
     }
+    quotas = list(Quota.objects.filter(team__in=teams, cluster__isnull=True).select_related("team", "accelerator"))
+    cpu_milli = cpu_used_milli({q.team_id for q in quotas if q.is_cpu}) if any(q.is_cpu for q in quotas) else {}
     rows = []
-    for quota in Quota.objects.filter(team__in=teams, cluster__isnull=True).select_related("team", "accelerator"):
-        used = in_use.get((quota.team_id, quota.accelerator_id), 0)
-        limit = quota.reachable_gpus()
-        rows.append({"team": quota.team, "accelerator": quota.accelerator.name, "used": used,
-                     "nominal": quota.nominal_gpus, "borrowing": quota.borrowing_limit_gpus,
-                     "limit": limit, "borrowed": max(used - quota.nominal_gpus, 0),
+    for quota in quotas:
+        if quota.is_cpu:
+            milli = cpu_milli.get(quota.team_id, 0)
+            used = milli // 1000 if milli % 1000 == 0 else milli / 1000
+            nominal, borrowing, limit, unit = (quota.nominal_vcpus, quota.borrowing_limit_vcpus,
+                                               quota.reachable_vcpus(), "vCPUs")
+        else:
+            used = in_use.get((quota.team_id, quota.accelerator_id), 0)
+            nominal, borrowing, limit, unit = (quota.nominal_gpus, quota.borrowing_limit_gpus, quota.reachable_gpus(),
+                                               "GPUs")
+        rows.append({"team": quota.team, "accelerator": quota.accelerator.name, "used": used, "unit": unit,
+                     "nominal": nominal, "borrowing": borrowing, "limit": limit, "borrowed": max(used - nominal, 0),
                      "percent": round(used / limit * 100) if limit else 0})
     return rows
 

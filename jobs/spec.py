@@ -438,11 +438,14 @@ def never_errors(team: Team, spec: Mapping) -> dict[str, list[str]]:
     from .scheduling.never import never_fits
 
     resources = spec["resources"]
-    errors = never_fits(team, resources["accelerator"], resources, spec.get("placement"), spec["preemptible"])
+    replicas = spec.get("replicas") or 1
+    errors = never_fits(team, resources["accelerator"], resources, spec.get("placement"), spec["preemptible"],
+                        replicas)
     for name in resources.get("alternatives") or []:
         if not errors:
             break
-        if not never_fits(team, accelerator_named(name), resources, spec.get("placement"), spec["preemptible"]):
+        if not never_fits(team, accelerator_named(name), resources, spec.get("placement"), spec["preemptible"],
+                          replicas):
             errors = {}
     return {(k or api_settings.NON_FIELD_ERRORS_KEY): v for k, v in errors.items()}
 

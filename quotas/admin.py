@@ -49,9 +49,20 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
 @admin.register(Quota)
 class QuotaAdmin(AuditedAdmin):
+    """GPU quotas, and CPU quotas (rows of the CPU accelerator, in vCPUs); ``Quota.clean`` refuses numbers of the
+    other unit."""
+
     list_display = ["team", "accelerator", "cluster", "nominal_gpus", "borrowing_limit_gpus", "lending_limit_gpus",
-                    "max_gpus_per_job"]
+                    "max_gpus_per_job", "nominal_vcpus", "borrowing_limit_vcpus", "lending_limit_vcpus",
+                    "max_vcpus_per_job"]
     list_filter = ["accelerator", "team"]
+    fieldsets = [
+        (None, {"fields": ["team", "accelerator", "cluster"]}),
+        ("GPUs (GPU accelerators)", {"fields": ["nominal_gpus", "borrowing_limit_gpus", "lending_limit_gpus",
+                                                "max_gpus_per_job"]}),
+        ("vCPUs (the CPU accelerator)", {"fields": ["nominal_vcpus", "borrowing_limit_vcpus", "lending_limit_vcpus",
+                                                    "max_vcpus_per_job"]}),
+    ]
 
 
 @admin.register(Budget)

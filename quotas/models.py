@@ -1,4 +1,4 @@
-"""Tenancy and entitlement: teams, their members and API tokens, GPU quotas and money budgets."""
+"""Tenancy and entitlement: teams, their members and API tokens, GPU and CPU quotas and money budgets."""
 
 import datetime as dt
 import hashlib
@@ -6,6 +6,7 @@ import secrets
 from decimal import Decimal
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
@@ -148,8 +149,14 @@ class ApiToken(models.Model):
         return self.expires_at is not None and self.expires_at <= timezone.now()
 
 
+#: The name of the CPU flavor's accelerator row (``runners.models.CPU_ACCELERATOR``; quotas and runners.models are
+#: independent layers, so the name is repeated here).
+CPU_FLAVOR = "CPU"
+
+
 class Quota(models.Model):
-    """A team's GPU entitlement for one accelerator (optionally on one cluster), in whole GPUs.
+    """A team's entitlement for one accelerator (optionally on one cluster): whole GPUs, or for the CPU flavor
+    (``runners.models.CPU_ACCELERATOR``) whole vCPUs.
 
     ``nominal_gpus`` is guaranteed; ``borrowing_limit_gpus`` is how many more
     the team may use while others leave capacity idle (Kueue's
@@ -157,6 +164,14 @@ class Quota(models.Model):
     much of its nominal others may borrow (null: all of it; Kueue's
     ``lendingLimit``); ``max_gpus_per_job`` caps one job (0 means no cap
     beyond the quota).
+
+    A row on the CPU flavor is a CPU quota, Kueue's ``cpu`` resource of that
+    flavor, in vCPUs (1 vCPU = 1,000 millicores of pod requests): the same
+    four numbers as ``nominal_vcpus``, ``borrowing_limit_vcpus``,
+    ``lending_limit_vcpus`` and ``max_vcpus_per_job``; its GPU fields are 0
+    (null lending limit), and a GPU row's vCPU fields are 0 (``clean``). A
+    team without a CPU row runs CPU-only jobs quota-free; CPU rows are
+    team-wide only (no ``cluster``). ADR 0012.
 
     A row with a ``cluster`` caps the team's GPUs of that accelerator on that
     cluster at its nominal plus borrowing limit: jobs go to other clusters,
@@ -168,10 +183,17 @@ class Quota(models.Model):
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="quotas")
     accelerator = models.ForeignKey("runners.Accelerator", on_delete=models.PROTECT, related_name="quotas")
     cluster = models.ForeignKey("runners.Cluster", on_delete=models.CASCADE, null=True, blank=True, related_name="quotas")
-    nominal_gpus = models.PositiveIntegerField()
+    nominal_gpus = models.PositiveIntegerField(default=0)
     borrowing_limit_gpus = models.PositiveIntegerField(default=0)
     max_gpus_per_job = models.PositiveIntegerField(default=0)
     lending_limit_gpus = models.PositiveIntegerField(null=True, blank=True)
+    nominal_vcpus = models.PositiveIntegerField(default=0, help_text="CPU flavor only: vCPUs guaranteed")
+    borrowing_limit_vcpus = models.PositiveIntegerField(
+        default=0, help_text="CPU flavor only: vCPUs the team may borrow from its cohort above nominal")
+    max_vcpus_per_job = models.PositiveIntegerField(
+        default=0, help_text="CPU flavor only: most vCPUs one job may ask (0: no cap beyond the quota)")
+    lending_limit_vcpus = models.PositiveIntegerField(
+        null=True, blank=True, help_text="CPU flavor only: most of nominal others may borrow (empty: all of it)")
 
     class Meta:
         ordering = ["team__slug", "accelerator__name"]
@@ -183,7 +205,22 @@ class Quota(models.Model):
         ]
 
     def __str__(self) -> str:
+        if self.is_cpu:
+            return f"{self.team} {self.accelerator}: {self.nominal_vcpus}+{self.borrowing_limit_vcpus} vCPUs"
         return f"{self.team} {self.accelerator}: {self.nominal_gpus}+{self.borrowing_limit_gpus}"
+
+    @property
+    def is_cpu(self) -> bool:
+        """Whether this is a CPU quota (a row on the CPU flavor, counted in vCPUs)."""
+        return self.accelerator_id is not None and self.accelerator.name == CPU_FLAVOR
+
+    def clean(self):
+        """``ValidationError`` by field when a CPU row carries GPU numbers or a cluster, a GPU row carries vCPU
+        numbers, or a lending limit is over its nominal."""
+        errors = quota_unit_errors(self.is_cpu, self.cluster_id is not None, {
+            f: getattr(self, f) for f in (*GPU_QUOTA_FIELDS, *VCPU_QUOTA_FIELDS)})
+        if errors:
+            raise ValidationError(errors)
 
     @property
     def limit_gpus(self) -> int:
@@ -195,21 +232,66 @@ class Quota(models.Model):
         """The part of nominal others of the cohort may borrow: all of it, or at most the lending limit."""
         return self.nominal_gpus if self.lending_limit_gpus is None else min(self.lending_limit_gpus, self.nominal_gpus)
 
+    @property
+    def limit_vcpus(self) -> int:
+        """The most vCPUs the team may hold at once on a CPU row: nominal plus borrowing limit (0 on GPU rows)."""
+        return self.nominal_vcpus + self.borrowing_limit_vcpus
+
+    @property
+    def lendable_vcpus(self) -> int:
+        """The part of a CPU row's nominal vCPUs others of the cohort may borrow."""
+        return (self.nominal_vcpus if self.lending_limit_vcpus is None
+                else min(self.lending_limit_vcpus, self.nominal_vcpus))
+
+    def _others_lendable(self, lendable) -> int:
+        others = Quota.objects.filter(accelerator_id=self.accelerator_id, cluster__isnull=True).exclude(
+            team_id=self.team_id)
+        cohort_id = Team.objects.filter(pk=self.team_id).values_list("cohort_id", flat=True).first()
+        others = others.filter(team__cohort_id=cohort_id) if cohort_id else others.filter(team__cohort__isnull=True)
+        return sum(lendable(q) for q in others)
+
     def reachable_gpus(self) -> int:
         """The most GPUs the team can actually hold: nominal + borrowing limit, at most nominal + what the other
         teams of its cohort (all teams without one: ADR 0003) can lend of this accelerator. A per-cluster row
-        caps one cluster and borrows nothing: its limit. One query.
+        caps one cluster and borrows nothing: its limit. Two queries.
 
         The scheduler's core computes the same number from its snapshot (``jobs.scheduling.core.reachable_gpus``).
         """
         if self.cluster_id is not None:
             return self.limit_gpus
-        others = Quota.objects.filter(accelerator_id=self.accelerator_id, cluster__isnull=True).exclude(
-            team_id=self.team_id)
-        cohort_id = Team.objects.filter(pk=self.team_id).values_list("cohort_id", flat=True).first()
-        others = others.filter(team__cohort_id=cohort_id) if cohort_id else others.filter(team__cohort__isnull=True)
-        lendable = sum(q.lendable_gpus for q in others.only("nominal_gpus", "lending_limit_gpus"))
+        lendable = self._others_lendable(lambda q: q.lendable_gpus)
         return self.nominal_gpus + min(self.borrowing_limit_gpus, lendable)
+
+    def reachable_vcpus(self) -> int:
+        """The most vCPUs the team can actually hold on a CPU row: nominal + borrowing limit, at most nominal + the
+        vCPUs the other teams of its cohort can lend (their nominal, or their lending limit), as ``reachable_gpus``."""
+        lendable = self._others_lendable(lambda q: q.lendable_vcpus)
+        return self.nominal_vcpus + min(self.borrowing_limit_vcpus, lendable)
+
+
+#: The numbers of a GPU quota and of a CPU quota; a row uses one set, the other stays 0 (lending limits null).
+GPU_QUOTA_FIELDS = ("nominal_gpus", "borrowing_limit_gpus", "max_gpus_per_job", "lending_limit_gpus")
+VCPU_QUOTA_FIELDS = ("nominal_vcpus", "borrowing_limit_vcpus", "max_vcpus_per_job", "lending_limit_vcpus")
+
+
+def quota_unit_errors(is_cpu: bool, has_cluster: bool, values: dict) -> dict[str, list[str]]:
+    """Why a quota's numbers do not fit its accelerator, by field (empty: they do). ``values``: the fields of
+    ``GPU_QUOTA_FIELDS`` and ``VCPU_QUOTA_FIELDS`` (ints or None). A CPU row counts vCPUs (GPU fields 0 or null)
+    and is team-wide; a GPU row counts GPUs (vCPU fields 0 or null); a lending limit is at most its nominal."""
+    errors: dict[str, list[str]] = {}
+    wrong = GPU_QUOTA_FIELDS if is_cpu else VCPU_QUOTA_FIELDS
+    for name in wrong:
+        if values.get(name):
+            errors[name] = [("a CPU quota counts vCPUs: give nominal_vcpus, borrowing_limit_vcpus, "
+                             "max_vcpus_per_job and lending_limit_vcpus instead") if is_cpu else
+                            "only a quota of the CPU accelerator counts vCPUs; a GPU quota counts GPUs"]
+    if is_cpu and has_cluster:
+        errors["cluster"] = ["a CPU quota is team-wide: per-cluster caps count GPUs"]
+    unit = "vcpus" if is_cpu else "gpus"
+    lending, nominal = values.get(f"lending_limit_{unit}"), values.get(f"nominal_{unit}") or 0
+    if lending is not None and lending > nominal:
+        errors[f"lending_limit_{unit}"] = [f"at most the nominal quota ({nominal})"]
+    return errors
 
 
 class Budget(models.Model):
@@ -338,7 +420,8 @@ class QuotaEvent(models.Model):
 
 # The fields whose changes QuotaEvent records, by model.
 AUDITED_FIELDS = {
-    "quota": ["nominal_gpus", "borrowing_limit_gpus", "lending_limit_gpus", "max_gpus_per_job"],
+    "quota": ["nominal_gpus", "borrowing_limit_gpus", "lending_limit_gpus", "max_gpus_per_job",
+              "nominal_vcpus", "borrowing_limit_vcpus", "lending_limit_vcpus", "max_vcpus_per_job"],
     "team": ["cohort_id", "weight", "queueing_strategy"],
     "cohort": ["name"],
     "priorityclass": ["name", "value", "description"],

@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from core.money import usd_cents
 from jobs.models import Job
-from quotas.models import Budget, Quota, Team
+from quotas.models import CPU_FLAVOR, Budget, Quota, Team
 
 from ..aggregation import aggregate_utilization, aggregate_window, filter_days, window_sums
 from ..forecast import committed_at, forecast
@@ -99,8 +99,10 @@ def _top_jobs(team: Team | None, start: dt.datetime, end: dt.datetime) -> list[d
 
 def _quota_use(team: Team | None, gpu_hours_by_accelerator: dict[str, float], hours: float) -> list[dict]:
     """Per accelerator: nominal and borrowing GPUs (summed over the scope's teams), GPU-hours used, average GPUs
-    in use (GPU-hours / period hours) and that average as a percent of nominal (null without nominal quota)."""
-    quotas = Quota.objects.filter(cluster__isnull=True).select_related("accelerator")
+    in use (GPU-hours / period hours) and that average as a percent of nominal (null without nominal quota). CPU
+    quotas count vCPUs, not GPUs, and are left out."""
+    quotas = Quota.objects.filter(cluster__isnull=True).exclude(accelerator__name=CPU_FLAVOR).select_related(
+        "accelerator")
     if team is not None:
         quotas = quotas.filter(team=team)
     nominal: dict[str, list[int]] = {}

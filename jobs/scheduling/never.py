@@ -1,6 +1,7 @@
 """Requests that can never run, refused at submission (400) with the reason: no node of the accelerator is large
 enough (GPUs, CPU or memory per node), no pool has enough such nodes, every cluster the job may use caps the team
-below it, or it is over the team's per-job cap or limit (the limit it can reach: nominal + what its cohort can lend).
+below it, or it is over the team's per-job cap or limit (the limit it can reach: nominal + what its cohort can lend;
+for a CPU-only job the team's CPU quota in vCPUs, when it has one).
 A team with no quota at all for the accelerator (no team-wide quota row, or one that reaches no GPU: nominal 0 and
 nothing to borrow) is refused on ``accelerator``, the field to change; the scheduling pass still rejects a job whose
 quota was removed after it was submitted (``core.rules.check_quota``).
@@ -41,17 +42,18 @@ def fleet_shape(accelerator_id: int) -> list[tuple[int, str, str, str, str, list
 def _team_quotas(team_id: int, accelerator_id: int) -> tuple[Quota | None, int | None, dict[int, int]]:
     """(team-wide quota row or None, its reachable GPUs, caps by cluster id: nominal + borrowing of each cluster row)."""
     def load():
-        rows = list(Quota.objects.filter(team_id=team_id, accelerator_id=accelerator_id))
+        rows = list(Quota.objects.filter(team_id=team_id, accelerator_id=accelerator_id).select_related("accelerator"))
         wide = next((q for q in rows if q.cluster_id is None), None)
         return wide, (wide.reachable_gpus() if wide else None), {q.cluster_id: q.limit_gpus for q in rows if q.cluster_id}
     return QUOTAS.get((team_id, accelerator_id), load)
 
 
 def never_fits(team: Team, accelerator: Accelerator, resources: dict, placement: dict | None,
-               preemptible: bool) -> dict[str, list[str]]:
+               preemptible: bool, replicas: int = 1) -> dict[str, list[str]]:
     """Why a job can never run on ``accelerator``, by ``spec.resources`` field (``""``: the resources as a whole);
     empty when it could. ``resources``: validated ``gpus_per_node``, ``nodes``, optional ``cpu`` (cores) and
-    ``memory_gib`` (GiB) per node; ``placement``: allowed ``providers``, ``regions``, ``clusters`` (empty: any)."""
+    ``memory_gib`` (GiB) per node; ``placement``: allowed ``providers``, ``regions``, ``clusters`` (empty: any);
+    ``replicas``: the serving replicas (each ``nodes`` pods), counted against a CPU quota."""
     g, n = resources["gpus_per_node"], resources["nodes"]
     cpu, memory = per_node_request(resources)
     placement = placement or {}
@@ -88,10 +90,40 @@ def never_fits(team: Team, accelerator: Accelerator, resources: dict, placement:
                 if capped:
                     errors[""] = [capped]
     if not errors:
-        limit = _limit_error(team, accelerator, n * g, n, g)
+        limit = (_cpu_limit_error(team, accelerator, n * max(replicas, 1), cpu) if g == 0
+                 else _limit_error(team, accelerator, n * g, n, g))
         if limit:
             errors[""] = [limit]
     return errors
+
+
+def _cpu_limit_error(team: Team, accelerator: Accelerator, pods: int, cpu_milli: int) -> str:
+    """The reason when a CPU-only job of ``pods`` pods of ``cpu_milli`` millicores each asks more vCPUs than the
+    team's CPU quota lets it ever hold (its per-job cap, or nominal + what it can borrow from its cohort:
+    ``Quota.reachable_vcpus``), else "". Without a CPU quota the team runs CPU-only jobs quota-free: ""."""
+    wide, _, _ = _team_quotas(team.pk, accelerator.pk)
+    if wide is None or not wide.is_cpu:
+        return ""
+    asks = pods * cpu_milli / 1000
+    if wide.max_vcpus_per_job and asks > wide.max_vcpus_per_job:
+        return (f"the job asks {asks:g} vCPUs ({pods} pods x {cpu_milli / 1000:g}), over team {team.slug}'s per-job "
+                f"cap of {wide.max_vcpus_per_job} vCPUs")
+    reachable = _reachable_vcpus(team.pk, accelerator.pk)
+    if asks > reachable:
+        how = (f"nominal {wide.nominal_vcpus} + {reachable - wide.nominal_vcpus} its cohort can lend; its borrowing "
+               f"limit is {wide.borrowing_limit_vcpus}" if reachable < wide.limit_vcpus
+               else f"nominal {wide.nominal_vcpus} + borrowing limit {wide.borrowing_limit_vcpus}")
+        return (f"the job asks {asks:g} vCPUs ({pods} pods x {cpu_milli / 1000:g}), over the {reachable} vCPUs of "
+                f"CPU quota team {team.slug} can reach ({how})")
+    return ""
+
+
+def _reachable_vcpus(team_id: int, accelerator_id: int) -> int:
+    """The team-wide CPU quota's ``reachable_vcpus`` (cached with the quota rows)."""
+    def load():
+        wide = Quota.objects.filter(team_id=team_id, accelerator_id=accelerator_id, cluster__isnull=True).first()
+        return wide.reachable_vcpus() if wide is not None else 0
+    return QUOTAS.get(("vcpus", team_id, accelerator_id), load)
 
 
 def _capped_everywhere(team: Team, accelerator: Accelerator, pools, counts, total: int) -> str:

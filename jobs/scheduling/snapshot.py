@@ -27,7 +27,7 @@ from django.db.models.functions import Cast
 from core.lookups import register
 from costs.spend import highest_prices, lock_team_spends, period_spend, unpriced_bound_usd
 from quotas.models import Budget, Quota, Team
-from runners.models import Accelerator
+from runners.models import CPU_ACCELERATOR, Accelerator
 
 from ..models import Job, JobAttempt, JobState, committed_by_team
 from .core import UNLIMITED, BudgetView, PoolOffer, QueuedJob, RunningJob, Snapshot, TeamQuota, TeamState
@@ -44,6 +44,57 @@ def team_used_gpus(team_id: int, accelerator_id: int) -> int:
         .aggregate(n=Sum("gpus"))["n"]
         or 0
     )
+
+
+def team_quota(q: Quota) -> TeamQuota:
+    """A team-wide ``Quota`` row as the core sees it: GPUs, or for a CPU quota (the CPU flavor's row, in vCPUs) CPU
+    millicores (vCPUs x 1000, ``TeamQuota.cpu``)."""
+    if q.is_cpu:
+        lending = None if q.lending_limit_vcpus is None else q.lending_limit_vcpus * 1000
+        return TeamQuota(q.nominal_vcpus * 1000, q.borrowing_limit_vcpus * 1000, lending, q.max_vcpus_per_job * 1000,
+                         cpu=True)
+    return TeamQuota(q.nominal_gpus, q.borrowing_limit_gpus, q.lending_limit_gpus, q.max_gpus_per_job)
+
+
+def attempt_cpu_milli(placement: dict | None, nodes: int, replicas: int, resources) -> int:
+    """CPU millicores an attempt's pods request together: ``placement``'s ``cpu_milli`` per node x its nodes (one
+    per pod, as admission recorded them); without a recorded placement (an attempt adopted after a restore) the
+    job's ``nodes x replicas`` pods x the spec's ``resources.cpu`` (``per_node_request``)."""
+    placement = placement or {}
+    if placement.get("nodes") and placement.get("cpu_milli") is not None:
+        return int(placement["cpu_milli"]) * len(placement["nodes"])
+    return nodes * replicas * per_node_request(resources)[0]
+
+
+def cpu_used_milli(team_ids) -> dict[int, int]:
+    """CPU millicores held by each team's live attempts on CPU node pools (``attempt_cpu_milli``), for the teams
+    ``team_ids``; teams holding none are left out. One query."""
+    used: dict[int, int] = {}
+    rows = (JobAttempt.objects.filter(job__team_id__in=list(team_ids), ended_at__isnull=True,
+                                      node_pool__accelerator__name=CPU_ACCELERATOR)
+            .values_list("job__team_id", "placement", "job__nodes", "job__replicas",
+                         KeyTransform("resources", "job__spec")))
+    for team_id, placement, nodes, replicas, resources in rows:
+        used[team_id] = used.get(team_id, 0) + attempt_cpu_milli(placement, nodes, replicas, resources)
+    return used
+
+
+def _load_quotas(teams: dict[int, TeamState], quotas) -> None:
+    """Put ``quotas`` (Quota rows, accelerator selected) into ``teams``: team-wide rows as ``TeamQuota``s,
+    per-cluster rows as caps; then the CPU millicores held by the teams with a CPU quota as their usage of the
+    CPU flavor (a team without one runs CPU-only jobs quota-free, counting nothing)."""
+    cpu_teams: dict[int, int] = {}
+    for q in quotas:
+        if q.cluster_id is None:
+            teams[q.team_id].quotas[q.accelerator_id] = team_quota(q)
+            if q.is_cpu:
+                cpu_teams[q.team_id] = q.accelerator_id
+        else:
+            teams[q.team_id].cluster_caps[(q.accelerator_id, q.cluster_id)] = q.nominal_gpus + q.borrowing_limit_gpus
+    if cpu_teams:
+        used = cpu_used_milli(cpu_teams)
+        for team_id, acc in cpu_teams.items():
+            teams[team_id].used[acc] = used.get(team_id, 0)
 
 
 def budget_views_by_team(team_ids, now: dt.datetime, *, lock: bool = False) -> dict[int, list[BudgetView]]:
@@ -270,21 +321,16 @@ def load_snapshot(now: dt.datetime, *, job_ids: list[int] | None = None, limit: 
 
     teams = {t.pk: TeamState(t.pk, cohort=t.cohort_id, weight=float(t.weight), strategy=t.queueing_strategy)
              for t in Team.objects.all()}
-    for q in Quota.objects.all():
-        if q.cluster_id is None:
-            teams[q.team_id].quotas[q.accelerator_id] = TeamQuota(q.nominal_gpus, q.borrowing_limit_gpus,
-                                                                  q.lending_limit_gpus, q.max_gpus_per_job)
-        else:
-            teams[q.team_id].cluster_caps[(q.accelerator_id, q.cluster_id)] = q.nominal_gpus + q.borrowing_limit_gpus
+    for team_id, acc, gpus in (JobAttempt.objects.filter(ended_at__isnull=True)
+                               .values_list("job__team_id", "node_pool__accelerator_id").annotate(n=Sum("gpus"))):
+        teams[team_id].used[acc] = gpus
+    _load_quotas(teams, Quota.objects.select_related("accelerator"))
     if any(t.cluster_caps for t in teams.values()):
         for team_id, acc, cluster_id, gpus in (
                 JobAttempt.objects.filter(ended_at__isnull=True)
                 .values_list("job__team_id", "node_pool__accelerator_id", "cluster_id").annotate(n=Sum("gpus"))):
             if (acc, cluster_id) in teams[team_id].cluster_caps:
                 teams[team_id].cluster_used[(acc, cluster_id)] = gpus
-    for team_id, acc, gpus in (JobAttempt.objects.filter(ended_at__isnull=True)
-                               .values_list("job__team_id", "node_pool__accelerator_id").annotate(n=Sum("gpus"))):
-        teams[team_id].used[acc] = gpus
     queued_teams = {j.team_id for j in queue}
     for team_id, views in budget_views_by_team(queued_teams, now).items():
         if views:
@@ -355,15 +401,10 @@ def teams_snapshot(locked: dict[int, Team], offers: dict[int, list[PoolOffer]], 
     for team in locked.values():  # the rows as locked
         teams[team.pk] = TeamState(team.pk, cohort=team.cohort_id, weight=float(team.weight),
                                    strategy=team.queueing_strategy)
-    for q in Quota.objects.filter(team_id__in=teams, accelerator_id__in=accs):
-        if q.cluster_id is None:
-            teams[q.team_id].quotas[q.accelerator_id] = TeamQuota(q.nominal_gpus, q.borrowing_limit_gpus,
-                                                                  q.lending_limit_gpus, q.max_gpus_per_job)
-        else:
-            teams[q.team_id].cluster_caps[(q.accelerator_id, q.cluster_id)] = q.nominal_gpus + q.borrowing_limit_gpus
     live = JobAttempt.objects.filter(job__team_id__in=teams, node_pool__accelerator_id__in=accs, ended_at__isnull=True)
     for team_id, acc, gpus in live.values_list("job__team_id", "node_pool__accelerator_id").annotate(n=Sum("gpus")):
         teams[team_id].used[acc] = gpus
+    _load_quotas(teams, Quota.objects.filter(team_id__in=teams, accelerator_id__in=accs).select_related("accelerator"))
     capped = [pk for pk in locked if teams[pk].cluster_caps]
     if capped:
         for team_id, acc, cluster_id, gpus in (live.filter(job__team_id__in=capped)

@@ -18,7 +18,19 @@ from core.fields import AwareDateTimeField, INT32_MAX, StrictBooleanField, Stric
 from core.limits import THRESHOLD_MAX_PERCENT, threshold_out_of_range
 from runners.models import Accelerator, Cluster
 
-from ..models import Budget, Cohort, Membership, PriorityClass, QueueingStrategy, Quota, Team
+from ..models import (
+    CPU_FLAVOR,
+    GPU_QUOTA_FIELDS,
+    VCPU_QUOTA_FIELDS,
+    Budget,
+    Cohort,
+    Membership,
+    PriorityClass,
+    QueueingStrategy,
+    Quota,
+    Team,
+    quota_unit_errors,
+)
 
 # Alert thresholds are percent of the budget; above 100 warns of overspending, up to ten times the amount.
 
@@ -82,7 +94,8 @@ class NamedField(NoNulLookupMixin, serializers.SlugRelatedField):
 
 
 class QuotaSerializer(serializers.ModelSerializer):
-    """A team's GPU quota for one accelerator (optionally one cluster), in whole GPUs.
+    """A team's GPU quota for one accelerator (optionally one cluster), in whole GPUs; or its CPU quota (accelerator
+    ``CPU``), in whole vCPUs.
 
     Input: ``team`` (slug, fixed after creation), ``accelerator`` (name),
     ``cluster`` (name or null for all clusters), ``nominal_gpus``,
@@ -98,27 +111,46 @@ class QuotaSerializer(serializers.ModelSerializer):
     ``limit_gpus`` of that accelerator on that cluster, inside its team-wide
     quota (the row without a cluster), which alone decides admission and
     fair share (docs/adr/0005-per-cluster-quotas-are-caps.md).
+
+    A CPU quota (accelerator ``CPU``, Kueue's ``cpu`` resource of the CPU
+    flavor) takes ``nominal_vcpus`` (required), ``borrowing_limit_vcpus``,
+    ``max_vcpus_per_job`` and ``lending_limit_vcpus`` instead, with the same
+    meanings in vCPUs (1 vCPU = 1,000 millicores of pod requests), and
+    shows ``limit_vcpus`` and ``reachable_vcpus``; it has no cluster. 400
+    when a quota gives numbers of the other unit, or a lending limit above
+    its nominal (``quotas.models.quota_unit_errors``). A team without a CPU
+    quota runs CPU-only jobs quota-free (ADR 0012).
     """
 
     team = VisibleTeamField()
     accelerator = NamedField("accelerator", queryset=Accelerator.objects.all())
     cluster = NamedField("cluster", queryset=Cluster.objects.all(), allow_null=True, required=False)
-    nominal_gpus = StrictIntegerField(min_value=0, max_value=INT32_MAX)
+    nominal_gpus = StrictIntegerField(min_value=0, max_value=INT32_MAX, required=False)
     borrowing_limit_gpus = StrictIntegerField(min_value=0, max_value=INT32_MAX, required=False, default=0)
     max_gpus_per_job = StrictIntegerField(min_value=0, max_value=INT32_MAX, required=False, default=0)
     lending_limit_gpus = StrictIntegerField(min_value=0, max_value=INT32_MAX, required=False, allow_null=True,
                                             default=None)
     limit_gpus = serializers.IntegerField(read_only=True)
     reachable_gpus = serializers.SerializerMethodField()
+    nominal_vcpus = StrictIntegerField(min_value=0, max_value=INT32_MAX, required=False)
+    borrowing_limit_vcpus = StrictIntegerField(min_value=0, max_value=INT32_MAX, required=False)
+    max_vcpus_per_job = StrictIntegerField(min_value=0, max_value=INT32_MAX, required=False)
+    lending_limit_vcpus = StrictIntegerField(min_value=0, max_value=INT32_MAX, required=False, allow_null=True)
+    limit_vcpus = serializers.IntegerField(read_only=True)
+    reachable_vcpus = serializers.SerializerMethodField()
 
     class Meta:
         model = Quota
         fields = ["id", "team", "accelerator", "cluster", "nominal_gpus", "borrowing_limit_gpus", "max_gpus_per_job",
-                  "lending_limit_gpus", "limit_gpus", "reachable_gpus"]
+                  "lending_limit_gpus", "limit_gpus", "reachable_gpus", "nominal_vcpus", "borrowing_limit_vcpus",
+                  "max_vcpus_per_job", "lending_limit_vcpus", "limit_vcpus", "reachable_vcpus"]
         validators = []  # uniqueness is checked in validate(), with a message that names the quota
 
     def get_reachable_gpus(self, quota: Quota) -> int:
-        return quota.reachable_gpus()
+        return 0 if quota.is_cpu else quota.reachable_gpus()
+
+    def get_reachable_vcpus(self, quota: Quota) -> int:
+        return quota.reachable_vcpus() if quota.is_cpu else 0
 
     def validate_team(self, team: Team) -> Team:
         if self.instance is not None and team.pk != self.instance.team_id:
@@ -130,9 +162,15 @@ class QuotaSerializer(serializers.ModelSerializer):
             return attrs[name] if name in attrs else getattr(self.instance, name, None)
 
         team, accelerator, cluster = current("team"), current("accelerator"), current("cluster")
-        lending, nominal = current("lending_limit_gpus"), current("nominal_gpus")
-        if lending is not None and nominal is not None and lending > nominal:
-            raise serializers.ValidationError({"lending_limit_gpus": [f"at most the nominal quota ({nominal})"]})
+        is_cpu = accelerator is not None and accelerator.name == CPU_FLAVOR
+        required = "nominal_vcpus" if is_cpu else "nominal_gpus"
+        if self.instance is None and required not in attrs:
+            what = "a CPU quota counts vCPUs" if is_cpu else "a GPU quota counts GPUs"
+            raise serializers.ValidationError({required: [f"This field is required: {what}."]})
+        errors = quota_unit_errors(is_cpu, cluster is not None,
+                                   {f: current(f) for f in (*GPU_QUOTA_FIELDS, *VCPU_QUOTA_FIELDS)})
+        if errors:
+            raise serializers.ValidationError(errors)
         clash = Quota.objects.filter(team=team, accelerator=accelerator, cluster=cluster)
         if self.instance is not None:
             clash = clash.exclude(pk=self.instance.pk)

@@ -4,7 +4,10 @@
 ``local-emulated``), its ``gpu`` node pool, that pool's nodes
 (``local-node-<i>``: GPUs each, and this machine's CPU and memory, which the
 processes of every node share) and a price override, so the scheduler can
-place and price jobs here like on any cloud cluster.
+place and price jobs here like on any cloud cluster; and its ``cpu`` node
+pool of the CPU flavor (ADR 0012: ``LOCAL_RUNNER_NODES`` nodes
+``local-cpu-<i>``, 0 GPUs, this machine's CPU and memory each) priced per
+vCPU-hour and GiB-hour, where CPU-only jobs run.
 """
 
 from __future__ import annotations
@@ -20,18 +23,23 @@ from django.db import transaction
 from django.utils import timezone
 
 from ..base import NodeInfo, PoolCapacity
-from ..models import Accelerator, Cluster, NodePool, store_nodes
+from ..models import CPU_ACCELERATOR, Accelerator, Cluster, NodePool, cpu_flavor, store_nodes
 
 log = logging.getLogger(__name__)
 
 GPU_CLUSTER_NAME = "local"
 EMULATED_CLUSTER_NAME = "local-emulated"
 POOL_NAME = "gpu"
+#: The local cluster's node pool of the CPU flavor (CPU-only jobs).
+CPU_POOL_NAME = "cpu"
 PROVIDER = "local"
 REGION = "this-machine"
 # The catalog row whose price the local GPUs borrow, so the demo's money is realistic.
 REFERENCE_PROVIDER, REFERENCE_REGION = "aws", "us-east-1"
 FALLBACK_PRICE = Decimal("1.00")
+# The catalog row whose vCPU-hour and GiB-hour prices the local CPU pool borrows (AWS publishes instance prices
+# only, so the CPU catalog has GCP's N2 figures: costs/data/cpu_prices.csv).
+CPU_REFERENCE_PROVIDER, CPU_REFERENCE_REGION = "gcp", "us-central1"
 GIB = 1024**3
 
 # NVML device-name pattern -> accelerator name; an A100 with 60 GiB or less is the 40 GB part.
@@ -132,33 +140,56 @@ def local_nodes(nodes: int, gpus_per_node: int) -> tuple[NodeInfo, ...]:
                  for i in range(nodes))
 
 
+def local_cpu_nodes() -> tuple[NodeInfo, ...]:
+    """The local CPU pool's nodes, ``local-cpu-0`` ...: ``LOCAL_RUNNER_NODES`` (at least 1) nodes of 0 GPUs, each with
+    this machine's CPU and memory (``machine_resources``; process groups of one machine, as ``local_nodes``)."""
+    cpu, memory = machine_resources()
+    return tuple(NodeInfo(f"local-cpu-{i}", 0, cpu, memory, zone=REGION, topology_domain=REGION)
+                 for i in range(max(1, int(settings.LOCAL_RUNNER_NODES))))
+
+
+def local_cpu_pool() -> PoolCapacity:
+    """The local CPU pool as the local backend discovers it: the CPU flavor, on-demand, ``local_cpu_nodes``."""
+    nodes = local_cpu_nodes()
+    return PoolCapacity(CPU_POOL_NAME, CPU_ACCELERATOR, NodePool.CapacityType.ON_DEMAND, len(nodes), 0,
+                        node_list=nodes)
+
+
 def local_pools(emulated: bool | None = None, gpus: list[LocalGpu] | None = None) -> list[PoolCapacity]:
-    """This machine's node pool as the local backend discovers it.
+    """This machine's node pools as the local backend discovers them: its GPU pool, then its CPU pool
+    (``local_cpu_pool``).
 
     ``emulated``: True for the emulated pool of the settings, False for the
-    NVML GPUs (an empty list when there are none), None to choose by what
+    NVML GPUs (only the CPU pool when there are none), None to choose by what
     NVML finds. ``gpus`` may pass a ``detect_gpus()`` result.
     """
     if emulated is not True:
         gpus = detect_gpus() if gpus is None else gpus
         if gpus:
             return [PoolCapacity(POOL_NAME, accelerator_name(gpus[0]), NodePool.CapacityType.ON_DEMAND, 1, len(gpus),
-                                 node_list=local_nodes(1, len(gpus)))]
+                                 node_list=local_nodes(1, len(gpus))), local_cpu_pool()]
         if emulated is False:
-            return []
+            return [local_cpu_pool()]
     nodes, per_node = emulated_shape()
     return [PoolCapacity(POOL_NAME, settings.LOCAL_RUNNER_ACCELERATOR, NodePool.CapacityType.ON_DEMAND, nodes, per_node,
-                         node_list=local_nodes(nodes, per_node))]
+                         node_list=local_nodes(nodes, per_node)), local_cpu_pool()]
+
+
+def gpu_pool(cluster: Cluster) -> NodePool:
+    """The local cluster's GPU node pool (``POOL_NAME``; its other pool is the CPU pool)."""
+    return cluster.node_pools.get(name=POOL_NAME)
 
 
 def ensure_local_cluster() -> Cluster:
-    """Create or update the local cluster, its ``gpu`` node pool and its price; returns the cluster.
+    """Create or update the local cluster, its ``gpu`` and ``cpu`` node pools and their prices; returns the cluster.
 
     With NVML GPUs: cluster ``local`` with one pool of 1 node x (GPU count)
     GPUs of the first GPU's accelerator. Without: cluster ``local-emulated``
     (``emulated=True``) with ``LOCAL_RUNNER_NODES`` nodes x
     ``LOCAL_RUNNER_EMULATED_GPUS // nodes`` GPUs of ``LOCAL_RUNNER_ACCELERATOR``.
-    The pool's nodes are stored as ``Node`` rows (``local_nodes``).
+    The pool's nodes are stored as ``Node`` rows (``local_nodes``). The
+    ``cpu`` pool of the CPU flavor has ``local_cpu_nodes``, priced by
+    ``ensure_local_cpu_price``.
     The price is a cluster override (see ``ensure_local_price``).
     Idempotent: a second call with the same machine and settings writes
     nothing. Raises Accelerator.DoesNotExist when ``LOCAL_RUNNER_ACCELERATOR``
@@ -177,9 +208,16 @@ def ensure_local_cluster() -> Cluster:
         pool = _update_or_create(NodePool, {"cluster": cluster, "name": POOL_NAME},
                                  {"accelerator": accelerator, "capacity_type": NodePool.CapacityType.ON_DEMAND,
                                   "nodes": nodes, "gpus_per_node": per_node})
+        cpu_nodes = local_cpu_nodes()
+        flavor = cpu_flavor()
+        cpu_pool = _update_or_create(NodePool, {"cluster": cluster, "name": CPU_POOL_NAME},
+                                     {"accelerator": flavor, "capacity_type": NodePool.CapacityType.ON_DEMAND,
+                                      "nodes": len(cpu_nodes), "gpus_per_node": 0})
         store_nodes(cluster, [(n, pool, accelerator.product_label, pool.capacity_type)
-                              for n in local_nodes(nodes, per_node)])
+                              for n in local_nodes(nodes, per_node)]
+                    + [(n, cpu_pool, "", cpu_pool.capacity_type) for n in cpu_nodes])
         ensure_local_price(cluster, accelerator)
+        ensure_local_cpu_price(cluster, flavor)
     return cluster
 
 
@@ -234,4 +272,39 @@ def ensure_local_price(cluster: Cluster, accelerator: Accelerator):
     return Price.objects.create(
         provider=PROVIDER, region=REGION, accelerator=accelerator, capacity_type=NodePool.CapacityType.ON_DEMAND,
         cluster=cluster, usd_per_gpu_hour=amount, effective_from=CATALOG_EFFECTIVE_FROM, source=f"{what}: {basis}"[:200],
+    )
+
+
+def ensure_local_cpu_price(cluster: Cluster, flavor: Accelerator):
+    """The cluster's on-demand price override for its CPU pool (``flavor``: the CPU accelerator); created if missing.
+
+    USD 0 per GPU-hour and the GCP us-central1 on-demand catalog prices per vCPU-hour and GiB-hour in force now
+    (``costs/data/cpu_prices.csv``, seeded by ``seed_catalog``; N2 $0.031611 and $0.004237), so a CPU-only job
+    here is offered and billed as on a cloud CPU pool; without that catalog row, none is created (the pool is
+    then not offered: a job waits with the "no price" reason, ADR 0012). Effective from
+    ``costs.seed.CATALOG_EFFECTIVE_FROM``; an existing override at that instant is kept. Returns the Price or None.
+    """
+    from costs.models import Price
+    from costs.seed import CATALOG_EFFECTIVE_FROM
+
+    existing = Price.objects.filter(cluster=cluster, accelerator=flavor, capacity_type=NodePool.CapacityType.ON_DEMAND,
+                                    effective_from=CATALOG_EFFECTIVE_FROM).first()
+    if existing is not None:
+        return existing
+    reference = (
+        Price.objects.filter(cluster__isnull=True, provider=CPU_REFERENCE_PROVIDER, region=CPU_REFERENCE_REGION,
+                             accelerator=flavor, capacity_type=NodePool.CapacityType.ON_DEMAND,
+                             effective_from__lte=timezone.now(), usd_per_vcpu_hour__isnull=False)
+        .order_by("-effective_from").first()
+    )
+    if reference is None:
+        log.warning("no %s %s CPU price in the catalog: the local CPU pool is not offered until one exists",
+                    CPU_REFERENCE_PROVIDER, CPU_REFERENCE_REGION)
+        return None
+    return Price.objects.create(
+        provider=PROVIDER, region=REGION, accelerator=flavor, capacity_type=NodePool.CapacityType.ON_DEMAND,
+        cluster=cluster, usd_per_gpu_hour=Decimal(0), usd_per_vcpu_hour=reference.usd_per_vcpu_hour,
+        usd_per_gib_hour=reference.usd_per_gib_hour, effective_from=CATALOG_EFFECTIVE_FROM,
+        source=(f"this machine's CPUs: priced like {CPU_REFERENCE_PROVIDER} {CPU_REFERENCE_REGION} on-demand "
+                f"vCPU-hours and GiB-hours")[:200],
     )

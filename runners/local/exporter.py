@@ -121,13 +121,14 @@ class CpuMeter:
 
 
 def live_pods(cluster_id: int | None = None) -> list[PodView]:
-    """A PodView per node of every started, not ended attempt on a local cluster (``cluster_id``: only that one)."""
+    """A PodView per node of every started, not ended attempt holding GPUs on a local cluster (``cluster_id``: only
+    that one); CPU-only attempts hold no GPU and are left out."""
     from costs.prometheus import team_namespace
     from jobs.models import JobAttempt
     from runners.models import Cluster
 
     qs = JobAttempt.objects.filter(cluster__backend=Cluster.Backend.LOCAL, started_at__isnull=False,
-                                   ended_at__isnull=True).select_related("job__team", "cluster").order_by("pk")
+                                   ended_at__isnull=True, gpus__gt=0).select_related("job__team", "cluster").order_by("pk")
     if cluster_id is not None:
         qs = qs.filter(cluster_id=cluster_id)
     table, now = proc_table(), time.time()

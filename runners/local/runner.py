@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import json
+import math
 import os
 import shutil
 import signal
@@ -110,7 +111,8 @@ def node_env(attempt, meta: dict, node: int) -> dict[str, str]:
     devices = meta.get("devices")
     if devices is None:
         # CPU work: split this machine's cores among the node processes, as torchrun does (OMP_NUM_THREADS).
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, meta["nodes"])))
+        # A CPU-only job gets the cores it asked for per node (``cpu_threads``).
+        env["OMP_NUM_THREADS"] = str(meta.get("cpu_threads") or max(1, (os.cpu_count() or 1) // max(1, meta["nodes"])))
     env.update(spec_env(job.spec))
     if devices is not None and meta.get("peak_tflops"):
         # Real GPUs: their peak from the accelerator catalog, so the workload can report MFU. Emulated GPUs run
@@ -274,7 +276,8 @@ class LocalBackend(Backend):
     # --- discovery ---------------------------------------------------------------------------------------------
 
     def discover(self, cluster) -> list[PoolCapacity]:
-        """This machine's node pool: NVIDIA GPUs found by NVML, or the emulated pool of the settings.
+        """This machine's node pools: NVIDIA GPUs found by NVML, or the emulated pool of the settings; and its CPU
+        pool (``capacity.local_cpu_pool``).
 
         ``cluster.emulated`` selects the emulated pool; a non-emulated cluster
         on a machine where NVML finds no GPU has no pool (an empty list).
@@ -339,7 +342,10 @@ class LocalBackend(Backend):
                     "object_name": attempt.object_name, "cluster_id": attempt.cluster_id, "nodes": nodes,
                     "master_port": master_port, "ports": ports, "metrics_port": metrics_port,
                     "checkpoint_dir": str(checkpoint_dir(checkpoint_job_id(attempt.job))),
-                    "devices": None if attempt.cluster.emulated else self._pick_devices(attempt, nodes),
+                    # None: no GPU devices (emulated GPUs, or a CPU-only job on the CPU pool)
+                    "devices": (None if attempt.cluster.emulated or not attempt.job.gpus_per_node
+                                else self._pick_devices(attempt, nodes)),
+                    "cpu_threads": _cpu_threads(attempt.job.spec),
                     "peak_tflops": None if attempt.cluster.emulated else _peak_tflops(attempt),
                     "created_at": time.time(),
                 }
@@ -516,6 +522,16 @@ class LocalBackend(Backend):
     def logs(self, attempt, node: int = 0, tail_lines: int = 200) -> str:
         """The last ``tail_lines`` lines of ``node-<node>.log`` of ``attempt`` ("" when there is no log)."""
         return tail(node_path(attempt_dir(attempt), node, "log"), tail_lines)
+
+
+def _cpu_threads(spec: dict | None) -> int | None:
+    """The threads of a CPU-only job's node: its ``resources.cpu`` cores rounded up (at least 1), for
+    ``OMP_NUM_THREADS``; None for a job with GPUs or without ``cpu``."""
+    resources = (spec or {}).get("resources") or {}
+    cpu = resources.get("cpu")
+    if resources.get("gpus_per_node") or isinstance(cpu, bool) or not isinstance(cpu, (int, float)) or cpu <= 0:
+        return None
+    return max(1, math.ceil(cpu))
 
 
 def _peak_tflops(attempt) -> str | None:

@@ -46,7 +46,7 @@ def wait_for(predicate, what: str, timeout: float = 60.0, step=None):
 
 
 def test_submit_wait_and_logs_follow_a_job_to_succeeded(server, owner, local_cluster, run_cli, tmp_path):
-    accelerator = local_cluster.node_pools.get().accelerator.name
+    accelerator = local_cluster.node_pools.get(name="gpu").accelerator.name
     go = tmp_path / "go"
     document = {"team": "alpha", "name": "hello-cli", "spec": {
         "image": "python:3.11", "command": ["python", "-c", PROGRAM, str(go)],

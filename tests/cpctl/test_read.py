@@ -131,11 +131,18 @@ def test_logs_before_any_attempt(run_cli, teammate, jobs):
     assert bad_node.code == 2 and "node: the job has 1 node(s): 0 to 0" in bad_node.err
 
 
-def test_quotas_table(run_cli, teammate, funded_aws_cluster):
+def test_quotas_table_shows_gpu_quotas_in_gpus_and_cpu_quotas_in_vcpus(run_cli, teammate, funded_aws_cluster, teams):
+    from quotas.models import Quota
+    from runners.models import cpu_flavor
+
+    Quota.objects.create(team=teams[0], accelerator=cpu_flavor(), nominal_vcpus=32, borrowing_limit_vcpus=8)
     result = run_cli("quotas", persona=teammate)
-    assert rows(result.out) == [["TEAM", "ACCELERATOR", "CLUSTER", "NOMINAL", "BORROWING", "LIMIT", "MAX/JOB"],
-                                ["alpha", "H100-80GB", "all", "16", "4", "20", "8"]]
-    assert json.loads(run_cli("quotas", "--json", persona=teammate).out)["results"][0]["limit_gpus"] == 20
+    assert rows(result.out) == [["TEAM", "ACCELERATOR", "CLUSTER", "NOMINAL", "BORROWING", "LIMIT", "MAX/JOB", "UNIT"],
+                                ["alpha", "CPU", "all", "32", "8", "40", "-", "vCPUs"],
+                                ["alpha", "H100-80GB", "all", "16", "4", "20", "8", "GPUs"]]
+    listed = json.loads(run_cli("quotas", "--json", persona=teammate).out)["results"]
+    assert [(q["accelerator"], q["limit_gpus"], q["limit_vcpus"]) for q in listed] == [("CPU", 0, 40),
+                                                                                        ("H100-80GB", 20, 0)]
 
 
 @pytest.fixture

@@ -83,7 +83,7 @@ def test_no_reports_says_when_they_come(run_cli, owner, teams):
 
 
 def test_an_empty_node_log_gets_a_hint_naming_the_other_nodes(run_cli, owner, funded_local_cluster, teams, h100):
-    pool = funded_local_cluster.node_pools.get()
+    pool = funded_local_cluster.node_pools.get(name="gpu")
     job = make_job(teams[0], owner.user, pool.accelerator, name="quiet", nodes=2)
     attempt = make_attempt(job, funded_local_cluster, pool)  # no process: no log file either
     result = run_cli("logs", str(job.pk), "--node", "1", persona=owner)

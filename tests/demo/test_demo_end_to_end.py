@@ -4,7 +4,9 @@ The demo starts the web server, a worker and beat as separate processes,
 submits through the REST API and exits 0 only if training succeeded with a
 falling loss. Afterwards the test checks the ledger independently: the cost
 entries of the training attempt tile its running interval and each amount
-is GPUs x seconds x price, computed here from the rows' own times.
+is GPUs x seconds x price, computed here from the rows' own times; the
+CPU-only job ran on the local CPU pool and each of its entries is (vCPUs x
+vCPU price + GiB x GiB price) x seconds, at the catalog's CPU price.
 """
 
 import datetime as dt
@@ -67,6 +69,13 @@ def test_demo_once_trains_and_charges_with_real_workers(tmp_path):
             "WHERE attempt_id = %s ORDER BY interval_start", [attempt_id]).fetchall()
         events = [r[0] for r in conn.execute(
             "SELECT to_state FROM jobs_jobevent WHERE job_id = %s AND kind = 'state' ORDER BY created_at, id", [job_id])]
+        (prep_state, prep_accrued, prep_pool), = conn.execute(
+            "SELECT j.state, j.accrued_cost_usd, p.name FROM jobs_job j JOIN jobs_jobattempt a ON a.job_id = j.id "
+            "JOIN runners_nodepool p ON p.id = a.node_pool_id WHERE j.name = 'prepare-data'").fetchall()
+        cpu_entries = conn.execute(
+            "SELECT e.interval_start, e.interval_end, e.gpus, e.cpu_milli, e.memory_mib, e.usd_per_vcpu_hour, "
+            "e.usd_per_gib_hour, e.amount_usd FROM costs_costentry e JOIN jobs_job j ON j.id = e.job_id "
+            "WHERE j.name = 'prepare-data' ORDER BY e.interval_start").fetchall()
     assert events == ["ADMITTED", "STARTING", "RUNNING", "SUCCEEDED"]
     assert int(serving_from) == job_id  # the serving job names the training job, not a path
     assert reports == 3  # the daily reports of both teams and the platform, made when the demo started
@@ -82,3 +91,17 @@ def test_demo_once_trains_and_charges_with_real_workers(tmp_path):
         assert abs(amount - expected) <= Decimal("1e-9")
         total += amount
     assert total == accrued
+
+    assert (prep_state, prep_pool) == ("SUCCEEDED", "cpu")
+    assert re.search(r"prepare-data\s+SUCCEEDED\s+vCPU-hours", out), out
+    assert cpu_entries, "the CPU-only attempt was never charged"
+    cpu_total = Decimal(0)
+    for start, end, n, cpu_milli, memory_mib, vcpu_price, gib_price, amount in cpu_entries:
+        # The seeded catalog figures of costs/data/cpu_prices.csv (GCP N2 on-demand, us-central1).
+        assert (n, cpu_milli, memory_mib, vcpu_price, gib_price) == (0, 1000, 1024, Decimal("0.031611"),
+                                                                     Decimal("0.004237"))
+        seconds = Decimal((end - start) // dt.timedelta(microseconds=1)) / Decimal(10**6)
+        expected = ((Decimal("0.031611") + Decimal("0.004237")) * seconds / Decimal(3600)).quantize(Decimal("1e-9"))
+        assert abs(amount - expected) <= Decimal("1e-9")
+        cpu_total += amount
+    assert cpu_total > 0 and cpu_total == prep_accrued

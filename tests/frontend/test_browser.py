@@ -31,7 +31,7 @@ def local_fleet(funded_local_cluster, settings, teams, owner):
     """``funded_local_cluster`` (pages polling every second) with 3 days of alpha's cost: a job of yesterday's."""
     settings.UI_POLL_SECONDS = 1
     cluster = funded_local_cluster
-    pool = cluster.node_pools.get()
+    pool = cluster.node_pools.get(name="gpu")
     old = make_job(teams[0], owner.user, pool.accelerator, name="yesterdays-job")
     attempt = make_attempt(old, cluster, pool, started_at=timezone.now() - dt.timedelta(days=3),
                            state=JobState.SUCCEEDED)

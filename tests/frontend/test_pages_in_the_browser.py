@@ -33,7 +33,7 @@ BY_RANK = ["python", "-c", "import os, time; print('log line of rank', os.enviro
 def fleet(funded_local_cluster, settings):
     """The funded local cluster; pages poll every second."""
     settings.UI_POLL_SECONDS = 1
-    return {"cluster": funded_local_cluster, "pool": funded_local_cluster.node_pools.get()}
+    return {"cluster": funded_local_cluster, "pool": funded_local_cluster.node_pools.get(name="gpu")}
 
 
 def test_the_node_picker_switches_the_log_between_nodes(live_server, fleet, page, teams, owner):

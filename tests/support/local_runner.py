@@ -84,7 +84,7 @@ def funded_local_cluster(local_runs, teams, quota_factory, budget_factory, catal
     """The local cluster ``ensure_local_cluster`` makes (runs under ``local_runs``), with alpha's quota for all
     of its GPUs and a $1000 block budget."""
     cluster = ensure_local_cluster()
-    pool = cluster.node_pools.get()
+    pool = cluster.node_pools.get(name="gpu")
     quota_factory(teams[0], pool.accelerator, pool.capacity_gpus)
     budget_factory(teams[0], "1000.00")
     return cluster

@@ -32,7 +32,7 @@ from .placement import (
     matches,
     workload_of,
 )
-from .rules import (ESTIMATE_QUANTUM, check_budgets, check_quota, cohort_has_room, estimate_cost, job_estimate,
+from .rules import (ESTIMATE_QUANTUM, check_budgets, check_cpu_quota, check_quota, cohort_has_room, estimate_cost, job_estimate,
                     price_text, reachable_gpus)
 from .types import (
     OK,
@@ -56,7 +56,7 @@ __all__ = [
     "DEFAULT_PACKING_POLICY", "NodeBook", "NodeRoom", "PACKING_POLICIES", "QUEUEING_STRATEGIES", "UNLIMITED",
     "reachable_gpus", "ESTIMATE_QUANTUM", "OK", "Admission", "Assessment", "BudgetView", "Decision", "Decisions", "FairShareScheduler",
     "PlacementRequest", "PoolOffer", "QueuedJob", "QuotaView", "Rejection", "RunningJob", "Snapshot", "TeamQuota",
-    "TeamState", "Verdict", "Waiting", "assess", "check_budgets", "check_quota", "choose_pool", "cohort_has_room",
+    "TeamState", "Verdict", "Waiting", "assess", "check_budgets", "check_cpu_quota", "check_quota", "choose_pool", "cohort_has_room",
     "decide", "estimate_cost", "fits_now", "fragment_gpus", "job_estimate", "matches", "price_text", "recheck",
     "workload_of",
 ]

@@ -32,6 +32,11 @@ Rules (sources: Kueue docs "Cluster Queue", "Preemption", "Fair Sharing"):
   then the packing policy (``placement.PACKING_POLICIES``, best-fit by
   default) chooses between pools of that price and the nodes inside one,
   preferring one topology domain for multi-node jobs.
+- CPU quota: the CPU flavor's quota counts CPU millicores (``TeamQuota.cpu``)
+  by the same rules (nominal, borrowing and lending limits, the cohort's
+  lendable pool, dominant share); a CPU-only job counts its pods' CPU
+  requests against it, and none when its team has no CPU quota (quota-free).
+  CPU-only jobs never preempt.
 - Accelerator alternatives: the job's accelerators are tried in its order of
   preference; quota and price are those of the one it gets.
 - Preemption: see ``preemption``; victims are not requeued within the pass
@@ -60,13 +65,14 @@ from .preemption import choose_victims, may_preempt, victim_order, victims_were_
 from .rules import (
     budget_never,
     check_budgets,
-    check_quota,
     cohort_full,
     cohort_has_room,
+    cpu_cohort_full,
     job_estimate,
     never_placeable,
     no_price,
     no_room,
+    quota_verdict,
     reachable_gpus,
     unhealthy_nodes,
     within_cluster_caps,
@@ -256,12 +262,13 @@ class FairShareScheduler:
         Cached per team, accelerator, size and run time: quotas and budget amounts do not change within a pass.
         """
         team = self.teams[job.team_id]
-        key = (job.team_id, acc, job.total_gpus, job.max_runtime_seconds if team.budgets else 0,
+        amount = self._amount(job, acc, team)
+        key = (job.team_id, acc, job.cpu_only, amount, job.max_runtime_seconds if team.budgets else 0,
                self._pools_key(job, acc) if team.budgets else None)
         if key in self._never_seen:
             return self._never_seen[key]
         q = team.quotas.get(acc)
-        verdict = check_quota(job.total_gpus, 0, q.view() if q is not None else None)
+        verdict = quota_verdict(job, amount, 0, q.view() if q is not None else None)
         if verdict.ok or not verdict.never:
             verdict = None
         if verdict is None and team.budgets:
@@ -271,6 +278,14 @@ class FairShareScheduler:
                 verdict = budget_never(cheapest, team.budgets)
         self._never_seen[key] = verdict
         return verdict
+
+    @staticmethod
+    def _amount(job: QueuedJob, acc: int, team: TeamState) -> int:
+        """What ``job`` counts against ``team``'s quota of ``acc``: its GPUs; for a CPU-only job its pods' CPU
+        millicores when the team has a CPU quota, else 0 (quota-free)."""
+        if not job.cpu_only:
+            return job.total_gpus
+        return job.total_cpu_milli if acc in team.quotas else 0
 
     def evaluate(self, job: QueuedJob, *, only_pool: int | None = None) -> Decision:
         """Admission, Rejection or Waiting for ``job`` as its team's head, on the current state (nothing changes).
@@ -303,13 +318,13 @@ class FairShareScheduler:
         if never is not None:
             return Rejection(job, never)
         team = self.teams[job.team_id]
-        q = team.quotas.get(acc) or NO_QUOTA  # none: a CPU-only job (asking no GPUs, it passed _never_on)
-        gpus = job.total_gpus
+        q = team.quotas.get(acc) or NO_QUOTA  # none: a quota-free CPU-only job (it passed _never_on)
+        gpus = self._amount(job, acc, team)  # GPUs, or CPU millicores against a CPU quota
         used = team.used.get(acc, 0)
-        qkey = (job.team_id, acc, gpus)
+        qkey = (job.team_id, acc, job.cpu_only, gpus)
         known = self._quota_seen.get(qkey)
         if known is None or known[0] != used:  # the verdict depends on the team's usage only
-            known = (used, check_quota(gpus, used, q.view()))
+            known = (used, quota_verdict(job, gpus, used, q.view() if gpus else None))
             self._quota_seen[qkey] = known
         if not known[1].ok:
             return Waiting.because(job, known[1])
@@ -334,7 +349,7 @@ class FairShareScheduler:
         usage: admissions only take nodes away, so ``_evaluate_on`` reuses it
         for the next job of the same team and shape until one of those changes.
         """
-        gpus = job.total_gpus
+        gpus = self._amount(job, acc, team)
         pools, fleet, pids = self._matching_entry(job, acc)
         if not pools:
             request = job.placement()
@@ -348,8 +363,8 @@ class FairShareScheduler:
         if only_pool is not None:
             pools = [o for o in pools if o.node_pool_id == only_pool]
             pids = tuple(o.node_pool_id for o in pools)
-        cohort_ok = cohort_has_room(self.lendable.get(ckey, 0), self.borrowed.get(ckey, 0), used, q.guaranteed_gpus,
-                                    gpus)
+        cohort_ok = gpus == 0 or cohort_has_room(self.lendable.get(ckey, 0), self.borrowed.get(ckey, 0), used,
+                                                 q.guaranteed_gpus, gpus)
         found = self._place(job, acc, pools, pids) if cohort_ok else None
         victims: tuple[RunningJob, ...] = ()
         if found is None and preempts:
@@ -359,8 +374,8 @@ class FairShareScheduler:
                 found = (offer, nodes)
         if found is None:
             if not cohort_ok:
-                return Waiting.because(job, cohort_full(job, used, q, self.lendable.get(ckey, 0),
-                                                        self.borrowed.get(ckey, 0)))
+                full = cpu_cohort_full if job.cpu_only else cohort_full
+                return Waiting.because(job, full(job, used, q, self.lendable.get(ckey, 0), self.borrowed.get(ckey, 0)))
             return Waiting.because(job, self._no_room_verdict(job, acc, pools, pids))
         offer, nodes = found
         estimate = job_estimate(job, offer)
@@ -421,7 +436,8 @@ class FairShareScheduler:
         estimate = job_estimate(job, offer) if offer is not None else None
         budget = check_budgets(estimate, team.budgets) if estimate is not None else None
         q = team.quotas.get(acc)
-        quota = check_quota(job.total_gpus, team.used.get(acc, 0), q.view() if q is not None else None)
+        quota = quota_verdict(job, self._amount(job, acc, team), team.used.get(acc, 0),
+                              q.view() if q is not None else None)
         return Assessment(offer, fits_now, estimate, quota, budget)
 
     # --- applying a decision to the in-memory state ----------------------------------------
@@ -460,7 +476,9 @@ class FairShareScheduler:
         self.book.take(a.offer.node_pool_id, [pool.index[n] for n in a.node_names], job.placement())
         self._taken[acc] = self._taken.get(acc, 0) + 1
         team = self.teams[job.team_id]
-        self._use(team, acc, job.total_gpus)
+        amount = self._amount(job, acc, team)
+        if amount or not job.cpu_only:
+            self._use(team, acc, amount)  # a quota-free CPU-only job counts nothing
         ckey = (acc, a.offer.cluster_id)
         if ckey in team.cluster_caps:
             team.cluster_used[ckey] = team.cluster_used.get(ckey, 0) + job.total_gpus

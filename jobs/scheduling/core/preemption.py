@@ -24,7 +24,10 @@ from .types import OK, QueuedJob, RunningJob, TeamQuota, TeamState, Verdict
 
 
 def may_preempt(job: QueuedJob, team: TeamState, quota: TeamQuota, accelerator_id: int | None = None) -> bool:
-    """Whether ``job`` stays within its team's nominal quota once admitted (only such a job preempts)."""
+    """Whether ``job`` stays within its team's nominal quota once admitted (only such a job preempts). A CPU-only
+    job never preempts: victims are chosen to free GPUs (ADR 0012)."""
+    if job.cpu_only:
+        return False
     acc = job.accelerator_id if accelerator_id is None else accelerator_id
     return team.used.get(acc, 0) + job.total_gpus <= quota.nominal_gpus
 

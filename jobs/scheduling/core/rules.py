@@ -98,6 +98,55 @@ def check_quota(request_gpus: int, used_gpus: int, quota: QuotaView | None) -> V
     return OK
 
 
+def _vcpus(milli: int) -> int | float:
+    """CPU millicores as vCPUs: an int when whole (``4000`` -> 4), else a float (``500`` -> 0.5)."""
+    return milli // 1000 if milli % 1000 == 0 else milli / 1000
+
+
+def _cpu_limit_phrase(quota: QuotaView) -> str:
+    limit, nominal, borrowing = quota.limit_gpus, quota.nominal_gpus, quota.borrowing_limit_gpus
+    if limit < nominal + borrowing:
+        return (f"the {_vcpus(limit)} vCPUs the team can reach (nominal {_vcpus(nominal)} + "
+                f"{_vcpus(limit - nominal)} its cohort can lend; its borrowing limit of {_vcpus(borrowing)} is more "
+                f"than that)")
+    return (f"the team's CPU limit of {_vcpus(limit)} vCPUs (nominal {_vcpus(nominal)} + borrowing limit "
+            f"{_vcpus(borrowing)})")
+
+
+def check_cpu_quota(request_milli: int, used_milli: int, quota: QuotaView | None) -> Verdict:
+    """The CPU quota rule for a CPU-only job, in CPU millicores (all its pods' requests): with no CPU quota the job is
+    quota-free (OK); otherwise admit when ``used_milli + request_milli`` is within nominal + borrowing limit, capped
+    by what the cohort can lend (Kueue's ClusterQueue rule on its ``cpu`` resource). ``quota``: the team's CPU quota
+    in millicores (``TeamQuota.cpu``). Over the per-job cap or the whole limit it can never run. Messages and
+    ``detail`` say vCPUs (``request_vcpus``, ``used_vcpus``, ``nominal_vcpus``, ``borrowing_limit_vcpus``,
+    ``max_vcpus_per_job``, ``limit_vcpus``)."""
+    if quota is None or request_milli == 0:
+        return OK
+    limit = quota.limit_gpus
+    asks = _vcpus(request_milli)
+    detail = {"request_vcpus": asks, "used_vcpus": _vcpus(used_milli), "nominal_vcpus": _vcpus(quota.nominal_gpus),
+              "borrowing_limit_vcpus": _vcpus(quota.borrowing_limit_gpus),
+              "max_vcpus_per_job": _vcpus(quota.max_gpus_per_job), "limit_vcpus": _vcpus(limit)}
+    if quota.max_gpus_per_job and request_milli > quota.max_gpus_per_job:
+        return Verdict(False, "quota", f"Over CPU quota: the job asks {asks} vCPUs, over the per-job cap of "
+                                       f"{_vcpus(quota.max_gpus_per_job)} vCPUs", detail, never=True)
+    if request_milli > limit:
+        return Verdict(False, "quota", f"Over CPU quota: the job asks {asks} vCPUs, over {_cpu_limit_phrase(quota)}",
+                       detail, never=True)
+    if used_milli + request_milli > limit:
+        return Verdict(False, "quota", f"Over CPU quota: {_vcpus(used_milli)} of {_vcpus(limit)} vCPUs in use; "
+                                       f"{asks} more would exceed {_cpu_limit_phrase(quota)}", detail)
+    return OK
+
+
+def quota_verdict(job: QueuedJob, amount: int, used: int, quota: QuotaView | None) -> Verdict:
+    """``check_cpu_quota`` for a CPU-only job, else ``check_quota``; ``amount`` and ``used`` in the quota's unit (GPUs,
+    or CPU millicores: ``TeamQuota.cpu``)."""
+    if job.cpu_only:
+        return check_cpu_quota(amount, used, quota)
+    return check_quota(amount, used, quota)
+
+
 def cluster_room(team: TeamState, accelerator_id: int, cluster_id: int, gpus: int) -> bool:
     """Whether ``gpus`` more fit under the team's cap on ``cluster_id`` (no cap: yes)."""
     cap = team.cluster_caps.get((accelerator_id, cluster_id))
@@ -142,6 +191,19 @@ def cohort_full(job: QueuedJob, used: int, q: TeamQuota, lendable: int, borrowed
                    {"request_gpus": gpus, "used_gpus": used, "nominal_gpus": q.nominal_gpus,
                     "borrowing_limit_gpus": q.borrowing_limit_gpus, "lending_limit_gpus": q.lending_limit_gpus,
                     "cohort_lendable_gpus": lendable, "cohort_borrowed_gpus": borrowed})
+
+
+def cpu_cohort_full(job: QueuedJob, used_milli: int, q: TeamQuota, lendable_milli: int,
+                    borrowed_milli: int) -> Verdict:
+    """``cohort_full`` of a CPU-only job on its team's CPU quota (all numbers CPU millicores; the message and the
+    detail say vCPUs): the cohort's unused CPU nominal cannot lend it what it needs above its own."""
+    asks = _vcpus(job.total_cpu_milli)
+    return Verdict(False, "quota", f"Over CPU quota: the cohort lends {_vcpus(lendable_milli)} vCPUs and "
+                                   f"{_vcpus(borrowed_milli)} are borrowed; {asks} more do not fit",
+                   {"request_vcpus": asks, "used_vcpus": _vcpus(used_milli), "nominal_vcpus": _vcpus(q.nominal_gpus),
+                    "borrowing_limit_vcpus": _vcpus(q.borrowing_limit_gpus),
+                    "lending_limit_vcpus": None if q.lending_limit_gpus is None else _vcpus(q.lending_limit_gpus),
+                    "cohort_lendable_vcpus": _vcpus(lendable_milli), "cohort_borrowed_vcpus": _vcpus(borrowed_milli)})
 
 
 # --- capacity ---------------------------------------------------------------------------------------------

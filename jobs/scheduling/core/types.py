@@ -4,6 +4,13 @@ Kueue's vocabulary: a team is a ClusterQueue (nominal quota, borrowing and
 lending limits per accelerator), teams sharing a ``cohort`` lend each other
 their idle nominal quota, a node pool is a resource flavor. GPUs are
 integers, money is Decimal USD, times are seconds on one monotonic epoch.
+
+The CPU flavor's quota (Kueue's ``cpu`` resource of it) is held in the same
+places as a GPU quota, counted in CPU millicores (``TeamQuota.cpu``): the
+``*_gpus`` numbers of a ``TeamQuota`` and ``TeamState.used`` of the CPU
+accelerator are millicores, and a CPU-only job (``gpus_per_node`` 0) counts
+its ``QueuedJob.total_cpu_milli`` against it. A team without a CPU quota runs
+CPU-only jobs quota-free: they count nothing (ADR 0012).
 """
 
 from __future__ import annotations
@@ -103,6 +110,16 @@ class QueuedJob:
         one pod per node: ``jobs.scheduling.snapshot``)."""
         return self.nodes * self.gpus_per_node
 
+    @property
+    def cpu_only(self) -> bool:
+        """Whether the job asks no GPUs (it runs on the CPU flavor)."""
+        return self.gpus_per_node == 0
+
+    @property
+    def total_cpu_milli(self) -> int:
+        """CPU millicores of all its pods: nodes (replicas included) x cpu_milli, as the pods request them."""
+        return self.nodes * self.cpu_milli
+
     def order_key(self) -> tuple:
         """A team's queue order: priority high first, then submission time, then id."""
         return self.key
@@ -141,7 +158,8 @@ class RunningJob:
 @dataclasses.dataclass(slots=True)
 class TeamQuota:
     """One team's quota for one accelerator, GPUs: nominal, borrowing limit, lending limit (None = all of
-    nominal is lendable), per-job cap (0 = none)."""
+    nominal is lendable), per-job cap (0 = none). With ``cpu`` (the CPU flavor's quota) every number is CPU
+    millicores instead (the stored vCPUs x 1000) and it counts CPU-only jobs' millicores."""
 
     nominal_gpus: int
     borrowing_limit_gpus: int = 0
@@ -149,6 +167,8 @@ class TeamQuota:
     max_gpus_per_job: int = 0
     #: What the team can actually reach (``rules.reachable_gpus``), set by the scheduler from its cohort.
     reachable_gpus: int | None = None
+    #: A CPU quota: the numbers above are CPU millicores.
+    cpu: bool = False
 
     @property
     def lendable_gpus(self) -> int:
@@ -173,7 +193,8 @@ NO_QUOTA = TeamQuota(0)
 
 @dataclasses.dataclass(slots=True)
 class TeamState:
-    """A team: cohort key (None = the default cohort), weight (> 0), quotas and live usage by accelerator id (GPUs),
+    """A team: cohort key (None = the default cohort), weight (> 0), quotas and live usage by accelerator id (GPUs;
+    CPU millicores of its CPU-only attempts for the CPU flavor, present only when it has a CPU quota),
     its budgets in force (USD) and its queueing strategy (Kueue's names: ``BestEffortFIFO``, the default, lets a
     job that can be admitted pass a head that cannot; ``StrictFIFO`` keeps the order)."""
 

@@ -134,6 +134,16 @@ def test_ended_attempts_have_no_pod_series(fake_attempt):
     assert all("pod" not in s.labels for s in samples(text, "DCGM_FI_DEV_GPU_UTIL"))
 
 
+@pytest.mark.django_db
+def test_a_cpu_only_attempt_has_no_gpu_series(fake_attempt):
+    attempt, _ = fake_attempt(["sleep", "30"], gpus=0)  # a CPU-only job holds no GPU: nothing to attribute
+
+    text = render(emulated_collector())
+
+    assert not samples(text, "kube_pod_status_phase")
+    assert all("pod" not in s.labels for s in samples(text, "DCGM_FI_DEV_GPU_UTIL"))
+
+
 @pytest.mark.django_db(transaction=True)
 def test_real_prometheus_scrapes_the_exporter(fake_attempt, teams, tmp_path):
     attempt, _ = fake_attempt(busy_argv(60), gpus=1)

@@ -272,9 +272,9 @@ def test_ensure_local_cluster_emulates_gpus_and_is_idempotent(two_node_local_clu
     assert (cluster.name, cluster.provider, cluster.region, cluster.backend) == \
         ("local-emulated", "local", "this-machine", "local")
     assert cluster.emulated is True
-    pool = NodePool.objects.get(cluster=cluster)
+    pool = NodePool.objects.get(cluster=cluster, name="gpu")
     assert (pool.name, pool.accelerator.name, pool.nodes, pool.gpus_per_node) == ("gpu", "H100-80GB", 2, 4)
-    price = Price.objects.get(cluster=cluster)
+    price = Price.objects.get(cluster=cluster, accelerator=pool.accelerator)
     assert price.usd_per_gpu_hour == Decimal("6.88")  # AWS us-east-1 on-demand H100 in the catalog
     assert (price.provider, price.region, price.capacity_type, price.effective_from) == \
         ("local", "this-machine", "on-demand", CATALOG_EFFECTIVE_FROM)
@@ -293,7 +293,7 @@ def test_ensure_local_cluster_follows_the_settings(two_node_local_cluster, setti
     settings.LOCAL_RUNNER_EMULATED_GPUS = 2
 
     cluster = ensure_local_cluster()
-    pool = cluster.node_pools.get()
+    pool = cluster.node_pools.get(name="gpu")
     assert (pool.accelerator.name, pool.nodes, pool.gpus_per_node) == ("T4", 3, 1)
     assert Price.objects.get(cluster=cluster, accelerator__name="T4").usd_per_gpu_hour == Decimal("1.00")
 
@@ -304,9 +304,9 @@ def test_ensure_local_cluster_uses_nvml_gpus(catalog, monkeypatch):
 
     cluster = ensure_local_cluster()
     assert (cluster.name, cluster.emulated) == ("local", False)
-    pool = cluster.node_pools.get()
+    pool = cluster.node_pools.get(name="gpu")
     assert (pool.name, pool.accelerator.name, pool.nodes, pool.gpus_per_node) == ("gpu", "H100-80GB", 1, 4)
-    assert Price.objects.get(cluster=cluster).usd_per_gpu_hour == Decimal("6.88")
+    assert Price.objects.get(cluster=cluster, accelerator__name="H100-80GB").usd_per_gpu_hour == Decimal("6.88")
 
 
 @pytest.mark.parametrize("name, memory_gib, expected", [
@@ -361,6 +361,9 @@ def test_the_management_command_ensures_the_local_cluster(two_node_local_cluster
     out = io.StringIO()
     call_command("ensure_local_cluster", stdout=out)
     assert "local-emulated" in out.getvalue() and "2 nodes x 4 H100-80GB" in out.getvalue()
+    cpu_milli, memory_mib = capacity.machine_resources()
+    assert f"pool cpu: 2 nodes of {cpu_milli // 1000} vCPUs and {memory_mib // 1024} GiB (CPU-only jobs)" in \
+        out.getvalue()
     assert Cluster.objects.filter(backend="local").count() == 1
 
 

@@ -1,0 +1,123 @@
+"""CPU quotas through ``/api/v1/quotas/`` (ADR 0012): a quota of the CPU accelerator counts vCPUs (nominal, borrowing
+limit, lending limit, per-job cap) and shows the limit the team can reach; numbers of the other unit, a cluster, a
+missing nominal or a lending limit above nominal answer 400 on the field and store nothing; the change is audited.
+A CPU-only job over the vCPUs its team's CPU quota can ever reach is refused at submission (400), and one of a team
+without a CPU quota is accepted whatever its size."""
+
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from costs.seed import seed_cpu_prices
+from jobs.models import Job
+from quotas.models import Quota, QuotaEvent
+from runners.models import Node, cpu_flavor
+from tests.support.factories import make_cluster
+
+QUOTAS = "/api/v1/quotas/"
+JOBS = "/api/v1/jobs/"
+
+
+@pytest.fixture
+def cpu(catalog):
+    """The CPU flavor with a gcp-usc1 pool of 4 synced nodes x 16 cores, 64 GiB; the CPU prices seeded."""
+    seed_cpu_prices()
+    flavor = cpu_flavor()
+    _, pool = make_cluster("gcp-usc1", "gcp", "us-central1", flavor, nodes=4, gpus_per_node=0)
+    for i in range(4):
+        Node.objects.create(cluster=pool.cluster, node_pool=pool, name=f"cpu-{i}", gpus=0, cpu_milli=16000,
+                            memory_mib=64 * 1024, seen_at=timezone.now())
+    return flavor
+
+
+def test_an_admin_sets_a_cpu_quota_in_vcpus_and_sees_the_limit_it_can_reach(owner, teammate, cpu, teams):
+    Quota.objects.create(team=teams[1], accelerator=cpu, nominal_vcpus=6, lending_limit_vcpus=5)  # lends 5
+
+    r = owner.client.post(QUOTAS, {"team": "alpha", "accelerator": "CPU", "nominal_vcpus": 16,
+                                   "borrowing_limit_vcpus": 8, "max_vcpus_per_job": 12}, format="json")
+
+    assert r.status_code == 201, r.content
+    body = r.json()
+    assert (body["nominal_vcpus"], body["borrowing_limit_vcpus"], body["max_vcpus_per_job"],
+            body["lending_limit_vcpus"]) == (16, 8, 12, None)
+    assert (body["limit_vcpus"], body["reachable_vcpus"]) == (24, 16 + 5)  # borrowing 8 capped by beta's 5
+    assert (body["nominal_gpus"], body["limit_gpus"], body["reachable_gpus"]) == (0, 0, 0)
+    event = QuotaEvent.objects.get(action="created")
+    assert (event.new["nominal_vcpus"], event.new["borrowing_limit_vcpus"]) == (16, 8)
+    listed = teammate.client.get(QUOTAS).json()["results"]
+    assert [(q["accelerator"], q["nominal_vcpus"]) for q in listed] == [("CPU", 16)]
+
+    patched = owner.client.patch(f"{QUOTAS}{body['id']}/", {"nominal_vcpus": 4}, format="json")
+    assert patched.status_code == 200 and Quota.objects.get(pk=body["id"]).nominal_vcpus == 4
+
+
+@pytest.mark.parametrize("document, field", [
+    ({"nominal_vcpus": 8, "nominal_gpus": 4}, "nominal_gpus"),
+    ({"nominal_vcpus": 8, "borrowing_limit_gpus": 2}, "borrowing_limit_gpus"),
+    ({"borrowing_limit_vcpus": 8}, "nominal_vcpus"),
+    ({"nominal_vcpus": -1}, "nominal_vcpus"),
+    ({"nominal_vcpus": "8"}, "nominal_vcpus"),
+    ({"nominal_vcpus": 2.5}, "nominal_vcpus"),
+    ({"nominal_vcpus": 2**31}, "nominal_vcpus"),
+    ({"nominal_vcpus": 8, "borrowing_limit_vcpus": -2}, "borrowing_limit_vcpus"),
+    ({"nominal_vcpus": 8, "lending_limit_vcpus": 9}, "lending_limit_vcpus"),
+    ({"nominal_vcpus": 8, "max_vcpus_per_job": "all"}, "max_vcpus_per_job"),
+    ({"nominal_vcpus": 8, "cluster": "gcp-usc1"}, "cluster"),
+], ids=["gpus-on-cpu", "gpu-borrowing-on-cpu", "no-nominal", "negative", "string", "fraction", "too-large",
+        "negative-borrowing", "lending-over-nominal", "cap-not-a-number", "per-cluster"])
+def test_a_bad_cpu_quota_is_400_on_its_field_and_stores_nothing(owner, cpu, document, field):
+    r = owner.client.post(QUOTAS, {"team": "alpha", "accelerator": "CPU", **document}, format="json")
+
+    assert r.status_code == 400, r.content
+    assert field in r.json(), r.json()
+    assert not Quota.objects.exists() and not QuotaEvent.objects.exists()
+
+
+def test_a_gpu_quota_cannot_count_vcpus(owner, h100):
+    r = owner.client.post(QUOTAS, {"team": "alpha", "accelerator": "H100-80GB", "nominal_gpus": 8,
+                                   "nominal_vcpus": 16}, format="json")
+    assert r.status_code == 400
+    assert r.json()["nominal_vcpus"] == ["only a quota of the CPU accelerator counts vCPUs; a GPU quota counts GPUs"]
+    missing = owner.client.post(QUOTAS, {"team": "alpha", "accelerator": "H100-80GB"}, format="json")
+    assert missing.status_code == 400 and "nominal_gpus" in missing.json()
+
+
+def test_a_patch_cannot_give_a_cpu_quota_gpus(owner, cpu, teams):
+    quota = Quota.objects.create(team=teams[0], accelerator=cpu, nominal_vcpus=8)
+    r = owner.client.patch(f"{QUOTAS}{quota.pk}/", {"nominal_gpus": 2}, format="json")
+    assert r.status_code == 400 and "nominal_gpus" in r.json()
+    assert Quota.objects.get(pk=quota.pk).nominal_gpus == 0
+
+
+def cpu_submission(submission, **resources) -> dict:
+    submission["spec"]["resources"] = {"gpus_per_node": 0, "nodes": 1, "cpu": 4, "memory_gib": 8, **resources}
+    submission["spec"]["placement"] = {}
+    submission["spec"]["preemptible"] = False
+    return submission
+
+
+def test_a_cpu_only_job_over_the_vcpus_its_team_can_reach_is_refused_at_submission(teammate, cpu, teams, submission):
+    Quota.objects.create(team=teams[0], accelerator=cpu, nominal_vcpus=8, borrowing_limit_vcpus=4)  # nobody lends
+
+    r = teammate.client.post(JOBS, cpu_submission(submission, nodes=3, cpu=3), format="json")  # 9 vCPUs
+
+    assert r.status_code == 400, r.content
+    assert r.json()["spec.resources"] == [
+        "the job asks 9 vCPUs (3 pods x 3), over the 8 vCPUs of CPU quota team alpha can reach (nominal 8 + 0 its "
+        "cohort can lend; its borrowing limit is 4)"]
+    assert not Job.objects.exists()
+    assert teammate.client.post(JOBS, cpu_submission(submission, nodes=2, cpu=4), format="json").status_code == 201
+
+
+def test_a_cpu_only_job_over_the_per_job_cap_is_refused_and_without_a_cpu_quota_it_is_accepted(
+        teammate, cpu, teams, submission):
+    quota = Quota.objects.create(team=teams[0], accelerator=cpu, nominal_vcpus=64, max_vcpus_per_job=8)
+    r = teammate.client.post(JOBS, cpu_submission(submission, nodes=3, cpu=4), format="json")
+    assert r.status_code == 400
+    assert r.json()["spec.resources"] == ["the job asks 12 vCPUs (3 pods x 4), over team alpha's per-job cap of "
+                                            "8 vCPUs"]
+
+    quota.delete()
+    r = teammate.client.post(JOBS, cpu_submission(submission, nodes=4, cpu=16), format="json")  # the whole pool
+    assert r.status_code == 201, r.content
