@@ -809,9 +809,9 @@ class KubernetesBackend(Backend):
         read through the API server's pod proxy (``GET /api/v1/namespaces/<ns>/pods/<pod>:<port>/proxy/metrics``,
         the client's ``connect_get_namespaced_pod_proxy_with_path``), so the platform needs no route to pod IPs:
         the same credentials as every other call. None (a failed observation, never an error) when the attempt
-        declared no port, has no pod yet, the pod does not answer (the API server's 503 for a pod that is not
-        running or not listening), the workload answers anything but 200, the cluster does not answer, or within
-        ``timeout`` seconds of reading."""
+        declared no port, has no pod yet or its pod is not Running (not asked), the pod does not answer (the API
+        server's 503 for a pod it cannot reach), the workload answers anything but 200, or the cluster does not
+        answer within ``timeout`` seconds of reading. Two calls: the attempt's pods by label, then the proxy."""
         port = int((attempt.runner_state or {}).get("metrics_port") or 0)
         if not port:
             return None
@@ -819,8 +819,8 @@ class KubernetesBackend(Backend):
         namespace = team_namespace(attempt.job.team.slug)
         try:
             pod = pod_of_node(self._pods(c, namespace, attempt_key(attempt)), 0)
-            if pod is None:
-                return None
+            if pod is None or (pod.get("status") or {}).get("phase") != "Running":
+                return None  # none yet, or its containers ended (the pod proxy would answer 503): not asked
             answer = c.call(c.core.connect_get_namespaced_pod_proxy_with_path, f"{pod['metadata']['name']}:{port}",
                             namespace, m.METRICS_PATH.lstrip("/"), _preload_content=False,
                             _request_timeout=(c.timeouts[0], min(timeout, c.timeouts[1])))
