@@ -293,6 +293,10 @@ K8S_BURST = env.int("K8S_BURST", default=100)
 K8S_NAMESPACE_PREFIX = env("K8S_NAMESPACE_PREFIX", default="cp-")
 # Port the rendezvous of multi-node training listens on (torchrun's default, 29500).
 K8S_MASTER_PORT = env.int("K8S_MASTER_PORT", default=29500)
+# Port a training job's rank 0 may serve its workload metrics on (jobs.efficiency.protocol; env
+# CONTROLPLANE_METRICS_PORT, container port "metrics", prometheus.io/* pod annotations; 9464 is the
+# OpenTelemetry Prometheus exporter's default); scraped through the API server's pod proxy. 0: none declared.
+K8S_METRICS_PORT = env.int("K8S_METRICS_PORT", default=9464)
 # PersistentVolumeClaim (provisioned by the operator in every team namespace, e.g. ReadWriteMany on shared
 # storage) mounted at /checkpoints (subPath job-<job id>; read-only for inference) so recovered attempts resume;
 # empty: an emptyDir, and a recovered attempt starts over.

@@ -5,7 +5,9 @@ The platform reads two paths (the protocol is specified in ``jobs/efficiency/pro
 * log lines on stdout, ``step=<int> tokens_per_s=... loss=...`` (and ``final step=...`` at the end), which
   the runner parses from node 0's log;
 * Prometheus exposition on ``http://<pod>:$CONTROLPLANE_METRICS_PORT/metrics``, the port the runner declares
-  for rank 0; without that variable no server is started.
+  for rank 0 (the local runner: a free port of node 0; Kubernetes: ``K8S_METRICS_PORT``, 9464 by default, the
+  container port ``metrics`` of every training pod, which the platform reads through the API server's pod proxy;
+  listen on all addresses, as this module does); without that variable no server is started.
 
 Only global rank 0 (env ``RANK``, default 0) reports; on the other ranks every call does nothing. Usage::
 

@@ -6,15 +6,15 @@ The protocol and the arithmetic are pure (``jobs.efficiency``); this module read
 backends. Collection runs from beat (``jobs.tasks.collect_workload_metrics``) over the live attempts and, once,
 over each attempt that ended since, so the run's final lines are kept; node 0's log is read (rank 0 is the one
 that reports, the convention of ``examples/workload_metrics.py``), and where the runner declared a metrics port
-(``runner_state["metrics_url"]``) its ``/metrics`` is scraped while the attempt runs.
+its ``/metrics`` is scraped while the attempt runs (``Backend.workload_exposition``: the local runner's
+``runner_state["metrics_url"]``, the Kubernetes runner's node 0 pod through the API server's pod proxy). A scrape
+that fails, answers empty or not 200 is a failed observation: the figures kept stay, the log path still counts.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-import urllib.error
-import urllib.request
 from decimal import Decimal
 
 from django.db.models import Q
@@ -33,40 +33,33 @@ log = logging.getLogger(__name__)
 #: ``WORKLOAD_METRICS_INTERVAL_SECONDS`` (a workload logging more than that per interval loses reports too).
 LOG_TAIL_LINES = 5000
 LOG_TAIL_LINES_RUNNING = 500
-#: Seconds to wait for a workload's ``/metrics``.
-SCRAPE_TIMEOUT_SECONDS = 2.0
 #: Ended attempts are collected once more up to this long after their end (their logs may be gone after).
 ENDED_COLLECTION_WINDOW = dt.timedelta(hours=6)
 
 
-def scrape(url: str, timeout: float = SCRAPE_TIMEOUT_SECONDS) -> str | None:
-    """The body of ``url`` (a workload's ``/metrics``), or None when it does not answer 200 in ``timeout`` s."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - a runner-declared http URL
-            return response.read().decode("utf-8", "replace") if response.status == 200 else None
-    except (OSError, urllib.error.URLError, ValueError):
-        return None
-
-
-def collect_attempt(attempt: JobAttempt, now: dt.datetime | None = None) -> WorkloadMetrics | None:
+def collect_attempt(attempt: JobAttempt, now: dt.datetime | None = None, *,
+                    scrape: bool | None = None) -> WorkloadMetrics | None:
     """Read what ``attempt``'s workload reported since the last collection and store it; returns the row (None
     when the workload has reported nothing yet).
 
     Node 0's log tail (``LOG_TAIL_LINES``; ``LOG_TAIL_LINES_RUNNING`` between the first and the last
-    collection) through the cluster's backend, then, while the attempt runs, the
-    scrape of its ``runner_state["metrics_url"]``. Reports already kept are not counted again. Raises
-    ClusterUnreachable or UnknownBackend from the backend.
+    collection) through the cluster's backend, then, when ``scrape`` (default: while the attempt runs), one
+    scrape of the exposition on the port its runner declared (``Backend.workload_exposition``); a scrape that
+    fails, or whose body is empty or not the exposition format, adds nothing. Reports already kept are not
+    counted again. Raises ClusterUnreachable or UnknownBackend from the backend's log read.
     """
     now = now or timezone.now()
     at = now.timestamp()
     row = WorkloadMetrics.objects.filter(attempt=attempt).first()
     stats = RunStats.from_dict(row.stats if row else None)
     lines = LOG_TAIL_LINES if row is None or attempt.ended_at is not None else LOG_TAIL_LINES_RUNNING
-    text = backend_for(attempt.cluster).logs(attempt, 0, lines)
+    backend = backend_for(attempt.cluster)
+    text = backend.logs(attempt, 0, lines)
     changed = stats.add_all(parse_log(text), at)
     source = row.source if row else WorkloadMetrics.Source.LOG
-    url = (attempt.runner_state or {}).get("metrics_url")
-    if url and attempt.ended_at is None and (body := scrape(url)) is not None:
+    if scrape is None:
+        scrape = attempt.ended_at is None
+    if scrape and (body := backend.workload_exposition(attempt)):
         try:
             report = parse_exposition(body)
         except ValueError:
@@ -90,8 +83,10 @@ def collect_attempt(attempt: JobAttempt, now: dt.datetime | None = None) -> Work
 
 
 def collect_before_delete(attempt: JobAttempt) -> None:
-    """Read an ended training attempt's reports once more before its objects, and with them its pods' logs, are
-    deleted, so the run's final line is kept; ``attempt`` with its ``job``, ``job.team`` and ``cluster`` loaded.
+    """Read an ended training attempt's reports once more before its objects, and with them its pods' logs and
+    exposition, are deleted, so the run's final line is kept: the log and, where the runner declared a port, a
+    scrape (a preempted or cancelled pod may still serve its last gauges; a finished one answers no more, which
+    is a failed scrape); ``attempt`` with its ``job``, ``job.team`` and ``cluster`` loaded.
     Nothing to do for a serving attempt, one that never started or one collected complete already; a cluster
     that does not answer is logged, not raised (the deletion is the caller's to try)."""
     if attempt.job.kind != Job.Kind.TRAINING or attempt.started_at is None or attempt.ended_at is None:
@@ -99,7 +94,7 @@ def collect_before_delete(attempt: JobAttempt) -> None:
     if WorkloadMetrics.objects.filter(attempt=attempt, complete=True).exists():
         return
     try:
-        collect_attempt(attempt)
+        collect_attempt(attempt, scrape=True)
     except (ClusterUnreachable, UnknownBackend) as exc:
         log.info("workload metrics of %s not read before its deletion: %s", attempt.object_name, exc)
 

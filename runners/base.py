@@ -11,8 +11,13 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from typing import ClassVar
+
+#: Seconds to wait for a workload's ``/metrics`` (``Backend.workload_exposition``).
+SCRAPE_TIMEOUT_SECONDS = 2.0
 
 
 class DispatchError(Exception):
@@ -195,6 +200,20 @@ class Backend:
     def logs(self, attempt, node: int = 0, tail_lines: int = 200) -> str:
         """The last ``tail_lines`` lines of the log of node ``node`` of ``attempt``."""
         raise NotImplementedError
+
+    def workload_exposition(self, attempt, timeout: float = SCRAPE_TIMEOUT_SECONDS) -> str | None:
+        """The Prometheus exposition rank 0 of ``attempt`` serves on the port the runner declared
+        (``jobs.efficiency.protocol``), or None: no port declared, or no 200 answer within ``timeout`` seconds
+        (a failed observation, never raised). This default reads ``runner_state["metrics_url"]`` (the local
+        runner's ``http://127.0.0.1:<port>/metrics``) directly."""
+        url = (attempt.runner_state or {}).get("metrics_url")
+        if not url:
+            return None
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - a runner-declared http URL
+                return response.read().decode("utf-8", "replace") if response.status == 200 else None
+        except (OSError, urllib.error.URLError, ValueError):
+            return None
 
     # Phases after which an attempt's log grows no more.
     FINAL_PHASES: ClassVar[frozenset[str]] = frozenset({"succeeded", "failed", "lost", "ended"})

@@ -3,8 +3,12 @@ by its fault, judged into healthy, suspect or unhealthy with the evidence; unhea
 
 Admission keeps off unhealthy and staff-cordoned nodes (``jobs.scheduling.offers``
 passes both to the scheduling core as nodes that take no work); a suspect node
-is shown with its evidence and still takes work: one application-level fault
-or one lost attempt is not enough to take capacity away.
+is shown with its evidence and still takes work and counts as capacity (one
+application-level fault or one lost attempt is not enough to take capacity
+away), but admission keeps away from it while it can: the packing policies try
+it after every other node of its pool (``NodeRoom.suspect``), so a job lands
+on it only when the pool's healthy nodes cannot hold the job, and between
+pools of one price the one needing fewer suspect nodes wins.
 
 Signals (sources: ``shared/reference/training.md`` "GPU health in DCGM", from
 NVIDIA's XID documentation; ``shared/reference/metrics.md`` for the labels):

@@ -15,7 +15,9 @@ Log lines (stdout of rank 0; the runner reads node 0's log)
     that is not a finite number is ignored. This is what ``examples/train_gpt.py`` prints.
 
 Prometheus exposition (text format 0.0.4), served by rank 0 on the port the runner declares in
-``CONTROLPLANE_METRICS_PORT`` (path ``/metrics``)
+``CONTROLPLANE_METRICS_PORT`` (path ``/metrics``; on Kubernetes the container port ``metrics`` of every training
+pod, with the ``prometheus.io/scrape``/``port``/``path`` annotations, read from node 0's pod through the API
+server's pod proxy; a scrape that fails or answers empty is no report)
     Gauges ``workload_step``, ``workload_tokens_per_second``, ``workload_samples_per_second``,
     ``workload_step_time_seconds``, ``workload_loss``, ``workload_model_flops_per_token``,
     ``workload_tokens_per_step`` and the counter ``workload_tokens_total``, with the meanings above; one scrape

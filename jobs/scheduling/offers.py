@@ -75,7 +75,8 @@ def pool_offers(accelerator_id: int, now: dt.datetime, lock: bool,
 def node_rooms(pools: list[NodePool]) -> dict[int, tuple[NodeRoom, ...]]:
     """By pool id, the nodes of each of ``pools`` that has Node rows, with what is free on each now (see the module
     docstring); two queries. A live attempt without recorded nodes is packed onto the pool's fullest nodes. A node
-    cordoned by staff is not schedulable; an unhealthy one (``runners.health``) is not healthy: neither takes work."""
+    cordoned by staff is not schedulable; an unhealthy one (``runners.health``) is not healthy: neither takes work.
+    A suspect one takes work, tried after the pool's other nodes (``NodeRoom.suspect``)."""
     nodes: dict[int, list[Node]] = {}
     for n in Node.objects.filter(node_pool__in=pools).order_by("node_pool_id", "name"):
         nodes.setdefault(n.node_pool_id, []).append(n)
@@ -100,7 +101,7 @@ def node_rooms(pools: list[NodePool]) -> dict[int, tuple[NodeRoom, ...]]:
             gpus -= take
     return {pid: tuple(NodeRoom(n.name, n.gpus, free[pid][n.name][0], n.cpu_milli, free[pid][n.name][1], n.memory_mib,
                                 free[pid][n.name][2], n.topology_domain, n.schedulable and not n.cordoned,
-                                n.health != Node.Health.UNHEALTHY) for n in lst)
+                                n.health != Node.Health.UNHEALTHY, n.health == Node.Health.SUSPECT) for n in lst)
             for pid, lst in nodes.items()}
 
 

@@ -31,6 +31,12 @@ CONTAINER = "main"
 # Checkpoint volume: its name in the pod spec and where every container mounts it (env CHECKPOINT_DIR).
 CHECKPOINT_VOLUME = "checkpoints"
 CHECKPOINT_DIR = "/checkpoints"
+# The workload-metrics port of training pods (``jobs.efficiency.protocol``): its container port's name, the env
+# variable that tells the workload, its path, and the conventional annotations Prometheus' kubernetes_sd
+# relabelling reads (``prometheus.io/scrape``, ``/port``, ``/path``).
+METRICS_PORT_NAME = "metrics"
+METRICS_PORT_ENV = "CONTROLPLANE_METRICS_PORT"
+METRICS_PATH = "/metrics"
 
 # Node labels that mark spot capacity, per provider: (label key, value on spot nodes).
 SPOT_LABELS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -59,6 +65,7 @@ class Workload:
     ``checkpoint_job_id`` the job whose checkpoint directory is mounted (a
     serving job's ``spec.checkpoint_from``; None: ``job_id``).
     ``node_names`` the nodes admission chose (empty: any node the selectors allow).
+    ``metrics_port`` the port a training pod may serve its workload metrics on (0: none declared).
     """
 
     name: str
@@ -91,6 +98,7 @@ class Workload:
     attempt_uid: str = ""  # the attempt's uid; "": an attempt made before uids (its objects keep the old labels)
     installation: str = ""  # the installation's uid
     record: str = ""  # RECORD_ANNOTATION's JSON ("": none)
+    metrics_port: int = 0  # training pods' workload-metrics port (settings.K8S_METRICS_PORT); 0: none
 
     @property
     def labels(self) -> dict[str, str]:
@@ -341,18 +349,38 @@ def _container(w: Workload, env: list[dict], ports: list[dict], read_only_checkp
     return container
 
 
+def metrics_annotations(w: Workload) -> dict[str, str]:
+    """The pod annotations by which a Prometheus with the usual ``kubernetes_sd`` relabelling (the example
+    configuration of the Prometheus repository, the prometheus-community Helm chart) scrapes the workload's
+    metrics itself: ``prometheus.io/scrape: "true"``, ``prometheus.io/port`` and ``prometheus.io/path``; {} without
+    a metrics port."""
+    if not w.metrics_port:
+        return {}
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(w.metrics_port),
+            "prometheus.io/path": METRICS_PATH}
+
+
 def training_job(w: Workload) -> dict:
     """A batch/v1 Job: Indexed with ``nodes`` completions run in parallel, no pod retries (the platform owns them).
 
     ``activeDeadlineSeconds`` = max_runtime (the Job fails DeadlineExceeded);
     multi-node pods get hostname ``<name>-<index>`` under subdomain ``<name>``
     (the headless Service), which MASTER_ADDR names. Checkpoints: read-write
-    ``/checkpoints`` (``checkpoint_volume``).
+    ``/checkpoints`` (``checkpoint_volume``). With ``metrics_port``, every pod
+    declares it (container port ``metrics``, env CONTROLPLANE_METRICS_PORT,
+    ``metrics_annotations``); rank 0 is the one that serves it
+    (``examples/workload_metrics.py``), and the platform scrapes node 0's pod
+    through the API server's pod proxy (``runner.KubernetesBackend.workload_exposition``).
     """
     env = _platform_env(w) + rendezvous_env(w)
-    pod_spec = {"restartPolicy": "Never", "containers": [
-        _container(w, env, [{"name": "rendezvous", "containerPort": w.master_port}] if w.nodes > 1 else [])
-    ], "volumes": [checkpoint_volume(w)], **_scheduling(w)}
+    ports = [{"name": "rendezvous", "containerPort": w.master_port}] if w.nodes > 1 else []
+    template_meta: dict = {"labels": dict(w.labels)}
+    if w.metrics_port:
+        env.append({"name": METRICS_PORT_ENV, "value": str(w.metrics_port)})
+        ports.append({"name": METRICS_PORT_NAME, "containerPort": w.metrics_port})
+        template_meta["annotations"] = metrics_annotations(w)
+    pod_spec = {"restartPolicy": "Never", "containers": [_container(w, env, ports)],
+                "volumes": [checkpoint_volume(w)], **_scheduling(w)}
     if w.nodes > 1:
         pod_spec["subdomain"] = w.name
     return {
@@ -360,7 +388,7 @@ def training_job(w: Workload) -> dict:
         "spec": {
             "completions": w.nodes, "parallelism": w.nodes, "completionMode": "Indexed",
             "backoffLimit": 0, "activeDeadlineSeconds": int(w.max_runtime_seconds),
-            "template": {"metadata": {"labels": dict(w.labels)}, "spec": pod_spec},
+            "template": {"metadata": template_meta, "spec": pod_spec},
         },
     }
 

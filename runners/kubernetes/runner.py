@@ -30,8 +30,8 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from ..base import (ABSENT, Backend, ClusterUnreachable, Observation, Owned, PermanentDispatchError, PoolCapacity,
-                    TransientDispatchError, attempt_key, register)
+from ..base import (ABSENT, SCRAPE_TIMEOUT_SECONDS, Backend, ClusterUnreachable, Observation, Owned,
+                    PermanentDispatchError, PoolCapacity, TransientDispatchError, attempt_key, register)
 from ..models import installation_uid
 from . import manifests as m
 from .client import ApiError, ClusterClient, client_for
@@ -84,6 +84,7 @@ def workload(attempt) -> m.Workload:
         attempt_uid="" if attempt.legacy_name else str(attempt.uid),
         installation="" if attempt.legacy_name else installation_uid(),
         record="" if attempt.legacy_name else json.dumps(dispatch_record(attempt), sort_keys=True),
+        metrics_port=int(settings.K8S_METRICS_PORT or 0) if job.kind == "training" else 0,
     )
 
 
@@ -422,9 +423,11 @@ class KubernetesBackend(Backend):
         unreachable cluster; PermanentDispatchError for 400/403/404/422 with
         the server's message (a 404 or 410 is transient: a proxy in front of a
         healthy API server answers them too). Returns ``{"namespace",
-        "objects": [[kind, name]...], "endpoint", "created_at"}``: ``endpoint``
+        "objects": [[kind, name]...], "endpoint", "created_at", "metrics_port"}``: ``endpoint``
         is the inference Service's in-cluster URL
         ``http://<name>.<namespace>.svc:<port>`` (None for training);
+        ``metrics_port`` the workload-metrics port the training pods declare
+        (absent when none: ``K8S_METRICS_PORT`` 0, or a serving job);
         ``created_at`` (ISO 8601) is the creationTimestamp of the Job or
         Deployment, where billing starts (absent when the server reports none).
         """
@@ -453,6 +456,8 @@ class KubernetesBackend(Backend):
         times = [t for t in times if t is not None]
         endpoint = f"http://{w.name}.{w.namespace}.svc:{w.port}" if w.kind == "inference" else None
         state = {"namespace": w.namespace, "objects": created, "endpoint": endpoint}
+        if w.metrics_port:
+            state["metrics_port"] = w.metrics_port
         if times:  # a server that reports no creationTimestamp: billing starts when dispatch records the start
             state["created_at"] = min(times).isoformat()
         return state
@@ -798,6 +803,33 @@ class KubernetesBackend(Backend):
             raise ClusterUnreachable(f"reading the log of {pod['metadata']['name']}: {exc}") from exc
         return answer.data.decode("utf-8", "replace")
 
+
+    def workload_exposition(self, attempt, timeout: float = SCRAPE_TIMEOUT_SECONDS) -> str | None:
+        """The body of node 0's pod's ``/metrics`` on the port dispatch declared (``runner_state["metrics_port"]``),
+        read through the API server's pod proxy (``GET /api/v1/namespaces/<ns>/pods/<pod>:<port>/proxy/metrics``,
+        the client's ``connect_get_namespaced_pod_proxy_with_path``), so the platform needs no route to pod IPs:
+        the same credentials as every other call. None (a failed observation, never an error) when the attempt
+        declared no port, has no pod yet or its pod is not Running (not asked), the pod does not answer (the API
+        server's 503 for a pod it cannot reach), the workload answers anything but 200, or the cluster does not
+        answer within ``timeout`` seconds of reading. Two calls: the attempt's pods by label, then the proxy."""
+        port = int((attempt.runner_state or {}).get("metrics_port") or 0)
+        if not port:
+            return None
+        c = client_for(attempt.cluster)
+        namespace = team_namespace(attempt.job.team.slug)
+        try:
+            pod = pod_of_node(self._pods(c, namespace, attempt_key(attempt)), 0)
+            if pod is None or (pod.get("status") or {}).get("phase") != "Running":
+                return None  # none yet, or its containers ended (the pod proxy would answer 503): not asked
+            answer = c.call(c.core.connect_get_namespaced_pod_proxy_with_path, f"{pod['metadata']['name']}:{port}",
+                            namespace, m.METRICS_PATH.lstrip("/"), _preload_content=False,
+                            _request_timeout=(c.timeouts[0], min(timeout, c.timeouts[1])))
+            if answer.status != 200:
+                return None
+            return answer.data.decode("utf-8", "replace")
+        except (ApiError, ClusterUnreachable, urllib3.exceptions.HTTPError, OSError) as exc:
+            log.info("workload metrics of %s not scraped: %s", attempt.object_name, exc)
+            return None
 
     def follow_logs(self, attempt, node: int = 0, tail_lines: int = 200, *, max_seconds: float | None = None,
                     poll_seconds: float | None = None) -> Iterator[str]:

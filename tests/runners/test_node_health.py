@@ -137,6 +137,23 @@ def test_xid_errors_on_one_node_in_prometheus_keep_a_job_off_it(fleet, teams, us
     assert "1 large enough node is unhealthy and left out" in message and "/a" in message
 
 
+def test_a_suspect_node_takes_work_only_when_no_healthy_node_of_the_pool_fits(fleet, teams, user, catalog):
+    # cheap has s (XID 119: suspect) and t (no evidence), both free; s is first by name, so it would be taken
+    # first were it healthy. dear is gone: cheap is the only pool.
+    emulators, clusters = fleet
+    add(emulators, "cheap", gpu_node("s"), gpu_node("t"))
+    sync_cluster(clusters["cheap"])
+    clusters["dear"].delete()
+    health.check_cluster(clusters["cheap"], now=AFTER)
+    assert {n.name: n.health for n in nodes(clusters["cheap"]).values()} == {"s": "suspect", "t": "healthy"}
+    first = submit(teams, user, catalog)
+    schedule_pending()
+    assert fresh(first).current_attempt.placement["nodes"] == ["t"]
+    second = submit(teams, user, catalog)  # t is full now: only the suspect node fits
+    schedule_pending()
+    assert fresh(second).current_attempt.placement["nodes"] == ["s"]
+
+
 def test_a_running_job_on_a_node_that_goes_bad_is_recovered_elsewhere_naming_the_node(fleet, teams, user, catalog,
                                                                                      owner):
     emulators, clusters = fleet

@@ -30,7 +30,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import aiohttp.test_utils
 import aiohttp.web
@@ -427,7 +427,8 @@ def _field_matches(selector: str, obj: dict) -> bool:
 class ClusterEmulator:
     """One emulated Kubernetes cluster: the API server (HTTP on a real port) and its controllers, in memory.
 
-    - the API server serves Namespaces, Nodes, Pods (with ``log`` and the ``eviction`` subresource), Services,
+    - the API server serves Namespaces, Nodes, Pods (with ``log``, the ``eviction`` subresource and the pod
+      ``proxy`` to what a test makes the pod serve, ``serve_metrics``), Services,
       ConfigMaps, batch/v1 Jobs and apps/v1 Deployments: create (201, 409 AlreadyExists, 404 for a missing namespace), get,
       list with label and field selectors, merge patch, delete (cascading to owned objects, Foreground or
       Background), errors as ``v1 Status`` bodies;
@@ -594,6 +595,8 @@ class ClusterEmulator:
         kind, namespaced = KINDS[(prefix, rest[0])]
         name = rest[1] if len(rest) > 1 else None
         sub = rest[2] if len(rest) > 2 else None
+        if kind == "Pod" and sub == "proxy" and namespace is not None and method == "GET":
+            return self._proxy(namespace, unquote(name), "/" + "/".join(rest[3:]))
         if namespaced and namespace is None and (name is not None or method != "GET"):
             return 404, status(404, "NotFound", "the server could not find the requested resource")
         key = (namespace or "", name or "")
@@ -624,6 +627,54 @@ class ClusterEmulator:
             self._delete(kind, key, cascade=True)
             return 200, self._public(obj)
         return 405, status(405, "MethodNotAllowed", "method not allowed")
+
+    def _proxy(self, namespace: str, target: str, path: str) -> tuple[int, object]:
+        """The API server's pod proxy (``GET .../pods/<[scheme:]name[:port]>/proxy/<path>``): what the pod's
+        workload answers on that port and path (``serve_metrics``). As a real API server: a pod that does not
+        exist answers 404; one that is not running, is terminating, or listens on no such port answers 503
+        (the server cannot reach it); a port left out is the pod's first declared container port."""
+        pieces = target.split(":")
+        if len(pieces) == 3:
+            pieces = pieces[1:]  # scheme:name:port
+        name, port = pieces[0], (pieces[1] if len(pieces) > 1 else "")
+        pod = self.store["Pod"].get((namespace, name))
+        if pod is None:
+            return 404, status(404, "NotFound", f'pods "{name}" not found', name=name, kind="pods")
+        if not port:
+            declared = [p for c in pod["spec"].get("containers") or [] for p in c.get("ports") or []]
+            port = str(declared[0]["containerPort"]) if declared else ""
+        if pod["status"].get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
+            return 503, status(503, "ServiceUnavailable", f'error trying to reach service: pod "{name}" is not running')
+        served = pod.get("_serving")
+        if served is None or str(served["port"]) != port:
+            return 503, status(503, "ServiceUnavailable", f"error trying to reach service: dial tcp {name}:{port}: "
+                                                          "connect: connection refused")
+        if path != served["path"]:
+            return 404, "404 page not found\n"
+        return served["status"], served["body"]
+
+    def serve_metrics(self, pod_name: str, body: str, *, port: int | None = None, path: str = "/metrics",
+                      status_code: int = 200) -> None:
+        """Make pod ``pod_name``'s workload answer ``status_code`` with ``body`` (text) on ``port`` (default: its
+        container port named ``metrics``) and ``path``, as seen through the API server's pod proxy; called again,
+        it replaces what the pod serves. ``stop_serving`` makes the port refuse connections again."""
+        with self.lock:
+            pod = self._pod(pod_name)
+            if port is None:
+                declared = {p.get("name"): p["containerPort"] for c in pod["spec"].get("containers") or []
+                            for p in c.get("ports") or []}
+                port = declared["metrics"]
+            pod["_serving"] = {"port": int(port), "path": path, "status": status_code, "body": body}
+
+    def write_log(self, pod_name: str, text: str) -> None:
+        """Make ``text`` pod ``pod_name``'s log (what ``GET .../pods/<name>/log`` answers)."""
+        with self.lock:
+            self._pod(pod_name)["_log"] = text
+
+    def stop_serving(self, pod_name: str) -> None:
+        """Pod ``pod_name``'s workload stops listening (its proxied port answers 503)."""
+        with self.lock:
+            self._pod(pod_name).pop("_serving", None)
 
     def _public(self, obj: dict) -> dict:
         return {k: v for k, v in obj.items() if not k.startswith("_")}
@@ -873,8 +924,10 @@ class ClusterEmulator:
                  extra_labels: dict | None = None) -> dict:
         meta = owner["metadata"]
         labels = {**((template.get("metadata") or {}).get("labels") or {}), **(extra_labels or {})}
+        # A controller's pods carry the template's annotations, then its own (the Job's completion index).
+        annotations = {**((template.get("metadata") or {}).get("annotations") or {}), **(annotations or {})}
         body = {"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": name, "labels": labels, "annotations": dict(annotations or {}),
+                "metadata": {"name": name, "labels": labels, "annotations": annotations,
                              "ownerReferences": [{"apiVersion": owner["apiVersion"], "kind": owner["kind"],
                                                   "name": meta["name"], "uid": meta["uid"], "controller": True}]},
                 "spec": json.loads(json.dumps(template["spec"]))}

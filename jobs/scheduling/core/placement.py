@@ -23,7 +23,9 @@ class NodeRoom:
     of each now (allocatable minus the requests of every pod on it, the platform's and others'); its topology
     domain (block, rack or zone label; "" when unknown), whether new pods may land on it (False: cordoned, or
     tainted NoSchedule/NoExecute) and whether it is healthy (False: GPU errors or attempts lost there; see
-    ``runners.health``). Only a node that is both takes work (``takes_work``)."""
+    ``runners.health``). Only a node that is both takes work (``takes_work``). A ``suspect`` node (evidence short
+    of unhealthy) takes work and counts as capacity, but the packing policies try it last: it is chosen only
+    when the pool's other nodes cannot hold the job (``NodeBook.fit``)."""
 
     name: str
     gpus: int
@@ -35,6 +37,7 @@ class NodeRoom:
     domain: str = ""
     schedulable: bool = True
     healthy: bool = True
+    suspect: bool = False
 
     @property
     def takes_work(self) -> bool:
@@ -215,7 +218,7 @@ class _PoolNodes:
     fits a request is the tightest on CPU, then memory)."""
 
     __slots__ = ("offer", "names", "index", "gpus", "free_g", "free_c", "free_m", "domain", "sched", "buckets",
-                 "failed", "domains", "free_total")
+                 "failed", "domains", "free_total", "suspect")
 
     def __init__(self, offer: PoolOffer):
         rooms = offer.rooms()
@@ -228,6 +231,7 @@ class _PoolNodes:
         self.free_m = [n.free_memory_mib for n in rooms]
         self.domain = [n.domain for n in rooms]
         self.sched = [n.takes_work for n in rooms]
+        self.suspect = frozenset(i for i, n in enumerate(rooms) if n.suspect)  # tried last; empty: no cost
         self.domains = len(set(self.domain)) > 1
         top = max(self.gpus, default=0)
         self.buckets: list[list[tuple[int, int, int]]] = [[] for _ in range(top + 1)]
@@ -344,7 +348,10 @@ class NodeBook:
 
         Multi-node requests prefer nodes of one topology domain: the first
         domain (in the policy's order) that can hold them all; otherwise the
-        policy's nodes across domains.
+        policy's nodes across domains. Suspect nodes (``NodeRoom.suspect``)
+        come after every other node in the policy's order: one is taken only
+        when the pool's other nodes cannot hold the job (healthy nodes across
+        domains before a domain completed by a suspect node).
         """
         p = self.pools[pool_id]
         n, g, c, m = request.nodes, request.gpus_per_node, request.cpu_milli, request.memory_mib
@@ -357,11 +364,13 @@ class NodeBook:
             found = None
         elif self.policy == "first-fit":
             found = self._first_fit(p, n, g, c, m)
-        elif self.policy == "fgd":
-            found = self._pick(p, n, self._by_fragment(pool_id, request))
         else:
-            levels = range(g, len(p.buckets)) if self.policy == "best-fit" else range(len(p.buckets) - 1, g - 1, -1)
-            found = self._pick(p, n, self._by_levels(p, g, c, m, levels))
+            if self.policy == "fgd":
+                candidates = self._by_fragment(pool_id, request)
+            else:
+                levels = range(g, len(p.buckets)) if self.policy == "best-fit" else range(len(p.buckets) - 1, g - 1, -1)
+                candidates = self._by_levels(p, g, c, m, levels)
+            found = self._pick_healthy_first(p, n, candidates) if p.suspect else self._pick(p, n, candidates)
         if found is None:
             p.failed = [s for s in p.failed if not (s[0] >= n and s[1] >= g and s[2] >= c and s[3] >= m)]
             p.failed.append((n, g, c, m))
@@ -369,13 +378,17 @@ class NodeBook:
 
     @staticmethod
     def _first_fit(p: _PoolNodes, n, g, c, m) -> list[int] | None:
-        found = []
+        found, later, suspect = [], [], p.suspect
         for i in range(len(p.names)):
             if p.sched[i] and p.free_g[i] >= g and p.free_c[i] >= c and p.free_m[i] >= m:
+                if suspect and i in suspect:
+                    later.append(i)
+                    continue
                 found.append(i)
                 if len(found) == n:
                     return found
-        return None
+        found += later[:n - len(found)]
+        return found if len(found) == n else None
 
     @staticmethod
     def _by_levels(p: _PoolNodes, g, c, m, levels):
@@ -419,6 +432,28 @@ class NodeBook:
                 return same
         return chosen[:n] if len(chosen) >= n else None
 
+    @classmethod
+    def _pick_healthy_first(cls, p: _PoolNodes, n: int, candidates) -> list[int] | None:
+        """``_pick`` over the candidates that are not suspect; only when they cannot hold the job, over all of
+        them with the suspect ones last (each group in the policy's order). Lazy like ``_pick``: a job that the
+        first healthy candidates hold reads no further. For pools with suspect nodes only."""
+        healthy: list[int] = []
+        later: list[int] = []
+        suspect = p.suspect
+
+        def not_suspect():
+            for i in candidates:
+                if i in suspect:
+                    later.append(i)
+                else:
+                    healthy.append(i)
+                    yield i
+
+        found = cls._pick(p, n, not_suspect())
+        if found is None and later:  # every candidate was read: complete the job with suspect nodes
+            found = cls._pick(p, n, healthy + later)
+        return found
+
     def leftover(self, pool_id: int, nodes: list[int], request: PlacementRequest) -> tuple[int, int, int]:
         """GPUs, CPU and memory left free on ``nodes`` once ``request`` takes them (the best-fit score, compared in
         that order: lower packs tighter)."""
@@ -429,16 +464,18 @@ class NodeBook:
 
     def place(self, request: PlacementRequest, offers: list[PoolOffer]) -> tuple[PoolOffer, list[int]] | None:
         """The pool and nodes for ``request`` among ``offers`` (already in ``price_order``, all matching): the
-        cheapest price with room; between pools of that price, the tightest fit for ``best-fit`` (fewest GPUs left
-        on the chosen nodes, then CPU, then memory, then fewest free GPUs in the pool, so emptier pools stay whole),
-        for ``fgd`` the least fragmentation growth summed over the chosen nodes and then best-fit's score, the
-        loosest for ``spread``, the first for ``first-fit``; then the offers' order. None when none has room."""
+        cheapest price with room; between pools of that price, the fewest suspect nodes chosen, then the tightest
+        fit for ``best-fit`` (fewest GPUs left on the chosen nodes, then CPU, then memory, then fewest free GPUs in
+        the pool, so emptier pools stay whole), for ``fgd`` the least fragmentation growth summed over the chosen
+        nodes and then best-fit's score, the loosest for ``spread``, the first for ``first-fit``; then the offers'
+        order. None when none has room. A cheaper pool wins even on a suspect node: a suspect node takes work."""
         best = None
         pools, need = self.pools, request.total_gpus
         for o in offers:
             if best is not None and o.prices != best[0].prices:
                 break
-            if pools[o.node_pool_id].free_total < need:  # fewer free GPUs on its open nodes than the job asks
+            p = pools[o.node_pool_id]
+            if p.free_total < need:  # fewer free GPUs on its open nodes than the job asks
                 continue
             nodes = self.fit(o.node_pool_id, request)
             if nodes is None:
@@ -446,13 +483,14 @@ class NodeBook:
             if self.policy == "first-fit":
                 return o, nodes
             left = self.leftover(o.node_pool_id, nodes, request)
+            sick = len(p.suspect.intersection(nodes)) if p.suspect else 0
             if self.policy == "spread":
-                score = (-left[0], -self.pools[o.node_pool_id].free_gpus())
+                score = (sick, -left[0], -p.free_total)
             elif self.policy == "fgd":
-                score = (sum(self.fragment_growth(o.node_pool_id, i, request) for i in nodes), *left,
-                         self.pools[o.node_pool_id].free_gpus())
+                score = (sick, sum(self.fragment_growth(o.node_pool_id, i, request) for i in nodes), *left,
+                         p.free_total)
             else:
-                score = (*left, self.pools[o.node_pool_id].free_gpus())
+                score = (sick, *left, p.free_total)
             if best is None or score < best[2]:
                 best = (o, nodes, score)
         return (best[0], best[1]) if best else None

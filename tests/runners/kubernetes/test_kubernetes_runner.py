@@ -93,7 +93,7 @@ def test_it_redispatches_idempotently_and_refuses_objects_of_another_attempt(emu
     second = backend.dispatch(attempt)  # every create answers 409 AlreadyExists: created before
     assert first == second == {"namespace": "cp-alpha", "objects": [["Service", attempt.object_name],
                                                                      ["Job", attempt.object_name]],
-                                 "endpoint": None}
+                                 "endpoint": None, "metrics_port": 9464}
     k = kubelet(emulated_clusters, attempt)
     assert len(k.jobs()) == 1 and len(k.services()) == 1
     assert dispatch_attempt(attempt.pk) == "dispatched"

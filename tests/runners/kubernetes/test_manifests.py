@@ -97,3 +97,39 @@ def test_every_attempt_of_a_job_shares_its_checkpoint_subpath_and_other_jobs_do_
     second = subpath(name="job-7-2", attempt_id=12, attempt_number=2)
     assert first == second == "job-7"
     assert subpath(name="job-8-1", job_id=8, attempt_id=13, attempt_number=1) == "job-8" != first
+
+
+@pytest.mark.parametrize("nodes", [1, 3])
+def test_training_pods_declare_the_workload_metrics_port_env_and_prometheus_annotations(nodes):
+    objs = m.manifests(workload(nodes=nodes, metrics_port=9464))
+    for obj in objs:
+        validate(obj)
+    (job,) = [o for o in objs if o["kind"] == "Job"]
+    template = job["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    assert {"name": "metrics", "containerPort": 9464} in container["ports"]
+    assert ({"name": "rendezvous", "containerPort": 29500} in container["ports"]) is (nodes > 1)
+    assert [e for e in container["env"] if e["name"] == "CONTROLPLANE_METRICS_PORT"] == [
+        {"name": "CONTROLPLANE_METRICS_PORT", "value": "9464"}]
+    assert template["metadata"]["annotations"] == {"prometheus.io/scrape": "true", "prometheus.io/port": "9464",
+                                                   "prometheus.io/path": "/metrics"}
+    assert "annotations" not in job["metadata"] or "prometheus.io/scrape" not in job["metadata"]["annotations"]
+
+
+def test_a_job_s_own_metrics_port_variable_does_not_override_the_declared_one():
+    job = m.training_job(workload(nodes=1, metrics_port=9464, env=(("CONTROLPLANE_METRICS_PORT", "1"),)))
+    validate(job)
+    env = job["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert [e["value"] for e in env if e["name"] == "CONTROLPLANE_METRICS_PORT"] == ["9464"]
+
+
+@pytest.mark.parametrize("kind,port", [("training", 0), ("inference", 9464)])
+def test_without_a_metrics_port_or_for_serving_no_metrics_port_is_declared(kind, port):
+    for obj in m.manifests(workload(kind=kind, nodes=1, metrics_port=port)):
+        validate(obj)
+        if obj["kind"] in ("Job", "Deployment"):
+            template = obj["spec"]["template"]
+            (container,) = template["spec"]["containers"]
+            assert all(p["name"] != "metrics" for p in container.get("ports") or [])
+            assert all(e["name"] != "CONTROLPLANE_METRICS_PORT" for e in container["env"])
+            assert "annotations" not in template["metadata"]
