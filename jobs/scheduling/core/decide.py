@@ -44,6 +44,7 @@ import bisect
 import dataclasses
 import gc
 import heapq
+import operator
 
 from .order import TeamQueue, dominant_share, team_key
 from .placement import (
@@ -87,6 +88,7 @@ from .types import (
     Waiting,
 )
 
+_ORDER_KEY = operator.attrgetter("key")  # ``QueuedJob.order_key`` without a call
 STRICT_FIFO = "StrictFIFO"
 BEST_EFFORT_FIFO = "BestEffortFIFO"
 #: Kueue's queueing strategies, the default first.
@@ -124,6 +126,12 @@ class FairShareScheduler:
         self._quota_seen: dict[tuple, tuple[int, Verdict]] = {}
         self._wait_seen: dict[tuple, tuple[tuple, Verdict]] = {}  # (team, shape) -> (stamp, capacity verdict)
         self._cohort_version: dict[tuple, int] = {}  # (cohort, accelerator) -> changes of its teams' usage
+        self._unhealthy: dict[tuple, str] = {}  # pools key -> ``unhealthy_nodes`` sentence (health is fixed)
+        # A pass's decisions that admitted nothing, by what they depend on (``_decision_key``), with the number of
+        # bookings made when they were decided (``_epoch``): until the next booking, a job of the same key gets the
+        # same decision. Emptied at the start of each run of the loop, as the state may be changed between runs.
+        self._decided: dict[tuple, tuple[int, Decision]] = {}
+        self._epoch = 0
         # Cohort lendable pool and borrowed GPUs, by (cohort, accelerator).
         self.lendable: dict[tuple, int] = {}
         self.borrowed: dict[tuple, int] = {}
@@ -234,9 +242,19 @@ class FairShareScheduler:
         verdict = no_room(job, pools, {o.node_pool_id: book.free_gpus(o.node_pool_id) for o in pools},
                           {o.node_pool_id: book.most_free(o.node_pool_id) for o in shown},
                           {o.node_pool_id: book.nodes_with_room(o.node_pool_id, request) for o in shown},
-                          unhealthy_nodes(request, [o for o in self._pools.get(acc, ()) if allowed(request, o)]))
+                          self._unhealthy_sentence(job, acc, request))
         self._no_room[key] = (taken, verdict)
         return verdict
+
+    def _unhealthy_sentence(self, job: QueuedJob, acc: int, request) -> str:
+        """``unhealthy_nodes`` over the accelerator's pools allowed to ``job`` (remembered by pools key: node health
+        and the pools do not change within the scheduler's life)."""
+        key = self._pools_key(job, acc)
+        found = self._unhealthy.get(key)
+        if found is None:
+            found = self._unhealthy[key] = unhealthy_nodes(
+                request, [o for o in self._pools.get(acc, ()) if allowed(request, o)])
+        return found
 
     # --- one job ------------------------------------------------------------------------
 
@@ -353,7 +371,7 @@ class FairShareScheduler:
         found = self._place(job, acc, pools, pids) if cohort_ok else None
         victims: tuple[RunningJob, ...] = ()
         if found is None and preempts:
-            chosen = self._find_victims(job, acc, team, q, pools, pids)
+            chosen = self._find_victims(job, acc, team, q, pools, pids, fits_nowhere=cohort_ok)
             if chosen is not None:
                 offer, victims, nodes = chosen
                 found = (offer, nodes)
@@ -370,7 +388,7 @@ class FairShareScheduler:
         return Admission(job, offer, estimate, victims, self.book.names(offer.node_pool_id, nodes), acc)
 
     def _find_victims(self, job: QueuedJob, acc: int, team: TeamState, q: TeamQuota, pools: list[PoolOffer],
-                      pids: tuple[int, ...]):
+                      pids: tuple[int, ...], fits_nowhere: bool = False):
         """The fewest preemptible jobs of other teams of the cohort, each taken while its team borrows, whose end
         lets ``job`` in; with the pool and its nodes. None when there are none.
 
@@ -387,7 +405,7 @@ class FairShareScheduler:
         if known is not None and known[0] == version:
             if any(all(a >= b for a, b in zip(shape, s)) for s in known[1]):
                 return None
-        found = self._search_victims(job, acc, team, q, pools)
+        found = self._search_victims(job, acc, team, q, pools, fits_nowhere)
         if found is None:
             if known is None or known[0] != version:
                 known = (version, [])
@@ -395,7 +413,10 @@ class FairShareScheduler:
             known[1].append(shape)
         return found
 
-    def _search_victims(self, job: QueuedJob, acc: int, team: TeamState, q: TeamQuota, pools: list[PoolOffer]):
+    def _search_victims(self, job: QueuedJob, acc: int, team: TeamState, q: TeamQuota, pools: list[PoolOffer],
+                        fits_nowhere: bool = False):
+        """``choose_victims`` for ``job`` among the cohort's candidates of other teams; ``fits_nowhere``: the job
+        has room on none of ``pools`` now (its placement was just tried)."""
         gpus = job.total_gpus
         ckey = (team.cohort, acc)
         candidates = [c for c in self.candidates.get(ckey, ()) if c.team_id != team.team_id
@@ -406,7 +427,8 @@ class FairShareScheduler:
         g = q.guaranteed_gpus
         cohort_need = (self.borrowed.get(ckey, 0) - max(0, used - g) + max(0, used + gpus - g)
                        - self.lendable.get(ckey, 0))
-        return choose_victims(candidates, pools, self.book, self.teams, acc, job.placement(), cohort_need)
+        return choose_victims(candidates, pools, self.book, self.teams, acc, job.placement(), cohort_need,
+                              fits_nowhere)
 
     def assess(self, job: QueuedJob) -> Assessment:
         """What the rules say of ``job`` before it is submitted (nothing changes): where it would run, its estimate,
@@ -443,6 +465,7 @@ class FairShareScheduler:
         self.queues[team.team_id].version += 1
 
     def _admit(self, a: Admission) -> None:
+        self._epoch += 1
         job = a.job
         acc = a.accelerator_id or job.accelerator_id
         for v in a.victims:
@@ -470,25 +493,56 @@ class FairShareScheduler:
 
     # --- passes ---------------------------------------------------------------------------
 
+    @staticmethod
+    def _decision_key(job: QueuedJob, team: TeamState) -> tuple:
+        """What ``evaluate`` reads of ``job`` (besides the state): its team, accelerators, shape and constraints, and
+        its run time when the team has budgets (the estimate). Priority, submission and id play no part."""
+        return (job.team_id, job.accelerator_id, job.alternatives, job.shape,
+                job.max_runtime_seconds if team.budgets else 0)
+
     def _run(self, heap: list, out: Decisions) -> None:
+        """Pop the team whose head comes first, decide that head, push the team back with its next head.
+
+        A decision that admits nothing is remembered by ``_decision_key``
+        until the next booking (``_epoch``): every rule reads only the state
+        and those fields of the job, so the next job of the same key gets the
+        same reason at once (a full queue waits in a few dictionary looks).
+        """
         queues = self.queues
-        while heap:
-            _key, version, tid = heapq.heappop(heap)
+        decided = self._decided
+        decided.clear()
+        waiting = out.waiting
+        heappop, heappushpop = heapq.heappop, heapq.heappushpop
+        entry = heappop(heap) if heap else None
+        while entry is not None:
+            _key, version, tid = entry
             tq = queues[tid]
             if tq.blocked is not None or tq.pos >= len(tq.jobs):
+                entry = heappop(heap) if heap else None
                 continue
             if version != tq.version:
-                heapq.heappush(heap, (self._key(tq), tq.version, tid))
+                entry = heappushpop(heap, (self._key(tq), tq.version, tid))
                 continue
             job = tq.jobs[tq.pos]
-            decision = self.evaluate(job)
+            team = tq.team
+            dkey = self._decision_key(job, team)
+            known = decided.get(dkey)
+            if known is not None and known[0] == self._epoch:
+                same = known[1]
+                decision = (Waiting(job, same.reason, same.message, same.detail) if isinstance(same, Waiting)
+                            else Rejection(job, same.verdict))
+            else:
+                decision = self.evaluate(job)
+                if not isinstance(decision, Admission):
+                    decided[dkey] = (self._epoch, decision)
             if isinstance(decision, Waiting):
-                if decision.detail.get("never_placeable") or tq.team.strategy != STRICT_FIFO:
+                if team.strategy != STRICT_FIFO or decision.detail.get("never_placeable"):
                     tq.waiting_before.append(job)
-                    out.waiting[job.job_id] = decision
+                    waiting[job.job_id] = decision
                 else:
                     tq.blocked = decision
-                    out.waiting[job.job_id] = decision
+                    waiting[job.job_id] = decision
+                    entry = heappop(heap) if heap else None
                     continue
             elif isinstance(decision, Admission):
                 self._admit(decision)
@@ -497,7 +551,9 @@ class FairShareScheduler:
                 out.rejections.append(decision)
             tq.pos += 1
             if tq.pos < len(tq.jobs):
-                heapq.heappush(heap, (self._key(tq), tq.version, tid))
+                entry = heappushpop(heap, (self._key(tq), tq.version, tid))
+            else:
+                entry = heappop(heap) if heap else None
 
     def _finish_team(self, tq: TeamQueue, out: Decisions) -> None:
         """Behind a blocked head: reject what can never run, the rest waits (reason ``priority``)."""
@@ -515,22 +571,30 @@ class FairShareScheduler:
         tq.jobs = kept
 
     def _positions(self, out: Decisions) -> None:
-        """Team position (team order) and overall position (priority, then submission) of every waiting job."""
+        """Team position (team order) and overall position (priority, then submission) of every waiting job.
+
+        Each team's waiting jobs come out in its order, so the overall order
+        is a merge of those runs (a sort that finds them).
+        """
         waiting = out.waiting
+        keys: list[tuple] = []
         for tq in self.queues.values():
             n = 0
             pending = tq.jobs[tq.pos:]
             if tq.waiting_before:
-                pending = sorted(tq.waiting_before + pending, key=QueuedJob.order_key)
+                pending = sorted(tq.waiting_before + pending, key=_ORDER_KEY)
             for job in pending:
                 w = waiting.get(job.job_id)
                 if w is not None:
                     n += 1
                     w.team_position = n
-        self.order = sorted([w.job.key for w in waiting.values()])
-        index = {k[2]: i for i, k in enumerate(self.order, 1)}
-        for jid, w in waiting.items():
-            w.overall_position = index[jid]
+                    keys.append(job.key)
+        if len(keys) != len(waiting):  # a waiting job outside its team's queue: order them all afresh
+            keys = [w.job.key for w in waiting.values()]
+        keys.sort()
+        self.order = keys
+        for i, k in enumerate(keys, 1):
+            waiting[k[2]].overall_position = i
 
     def full_pass(self) -> Decisions:
         """Decide every queued job once; returns admissions (with victims), rejections and waiting reasons.

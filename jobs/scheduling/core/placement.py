@@ -90,9 +90,10 @@ class PoolOffer:
         counts = Counter((n.gpus, n.cpu_milli, n.memory_mib, n.takes_work) for n in self.rooms())
         return tuple((*shape, count) for shape, count in counts.items())
 
-    @property
+    @functools.cached_property
     def prices(self) -> tuple[Decimal, Decimal, Decimal]:
-        """What pools are compared by: USD per GPU-hour, then (CPU node pools) per vCPU-hour and per GiB-hour."""
+        """What pools are compared by: USD per GPU-hour, then (CPU node pools) per vCPU-hour and per GiB-hour
+        (computed once: the offer is frozen)."""
         return (self.usd_per_gpu_hour, self.usd_per_vcpu_hour or Decimal(0), self.usd_per_gib_hour or Decimal(0))
 
     @property

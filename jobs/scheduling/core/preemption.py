@@ -61,13 +61,15 @@ def victims_were_borrowing(teams: dict[int, TeamState], job: QueuedJob, victims:
 
 def choose_victims(candidates: list[RunningJob], pools: list[PoolOffer], book: NodeBook,
                    teams: dict[int, TeamState], accelerator_id: int, request: PlacementRequest,
-                   cohort_need: int) -> tuple[PoolOffer, tuple[RunningJob, ...], list[int]] | None:
+                   cohort_need: int, fits_nowhere: bool = False) -> tuple[PoolOffer, tuple[RunningJob, ...], list[int]] | None:
     """The pool, the fewest victims whose end lets ``request`` in, and the nodes it gets there; or None.
 
     ``candidates``: preemptible running jobs of other teams of the cohort, in
     ``victim_order``; ``book``: free resources per node now (left as it was);
     ``cohort_need``: GPUs the cohort's borrowing must give back for the job
-    to fit (<= 0: none).
+    to fit (<= 0: none); ``fits_nowhere``: the caller knows ``request`` has room on none of ``pools`` now, so
+    (like a cohort that must give GPUs back) every pool needs a victim, and the first pool that needs only one
+    is the answer (later pools can only tie).
     """
     best = None
     by_pool: dict[int, list[RunningJob]] = {}
@@ -80,10 +82,51 @@ def choose_victims(candidates: list[RunningJob], pools: list[PoolOffer], book: N
         mine = candidates if cohort_need > 0 else by_pool.get(offer.node_pool_id)
         if not mine or (cohort_need <= 0 and book.free_gpus(offer.node_pool_id) + sum(c.gpus for c in mine) < need):
             continue
+        if not could_fit(book, offer.node_pool_id, request, by_pool.get(offer.node_pool_id, ())):
+            continue  # not even the end of every candidate on the pool gives the job its nodes there
         picked = _pick(mine, teams, accelerator_id, offer.node_pool_id, book, request, cohort_need)
         if picked is not None and (best is None or len(picked[0]) < len(best[1])):
             best = (offer, tuple(picked[0]), picked[1])
+            if len(best[1]) == 1 and (cohort_need > 0 or fits_nowhere):
+                break
     return best
+
+
+def could_fit(book: NodeBook, pool_id: int, request: PlacementRequest, on_pool: list[RunningJob]) -> bool:
+    """Whether the pool would have ``request.nodes`` schedulable nodes with room for one node of ``request`` each
+    (GPUs, CPU, memory) once every job of ``on_pool`` (running there) ended: an upper bound of what any set of
+    those victims can free, so False means none can. A job without node names (its GPUs go back to the fullest
+    nodes) gives no bound: True."""
+    p = book.pools[pool_id]
+    g, c, m = request.gpus_per_node, request.cpu_milli, request.memory_mib
+    add: dict[int, list[int]] = {}
+    for v in on_pool:
+        if not v.node_names:
+            return True
+        for name in v.node_names:
+            i = p.index.get(name)
+            if i is not None:
+                a = add.get(i)
+                if a is None:
+                    add[i] = [v.gpus_per_node, v.cpu_milli, v.memory_mib]
+                else:
+                    a[0] += v.gpus_per_node
+                    a[1] += v.cpu_milli
+                    a[2] += v.memory_mib
+    left = request.nodes
+    free_g, free_c, free_m, sched = p.free_g, p.free_c, p.free_m, p.sched
+    for i, a in add.items():
+        if sched[i] and free_g[i] + a[0] >= g and free_c[i] + a[1] >= c and free_m[i] + a[2] >= m:
+            left -= 1
+    if left <= 0:
+        return True
+    for k in range(g, len(p.buckets)):  # the other nodes with room now
+        for fc, fm, i in p.buckets[k]:
+            if fc >= c and fm >= m and i not in add:
+                left -= 1
+                if left <= 0:
+                    return True
+    return False
 
 
 def _release(book: NodeBook, v: RunningJob) -> list[int]:
@@ -123,6 +166,10 @@ def _pick(candidates, teams, acc, pool_id, book: NodeBook, request: PlacementReq
           cohort_need: int) -> tuple[list[RunningJob], list[int]] | None:
     taken: dict[int, int] = {}
     picked: list[tuple[RunningJob, list[int]]] = []
+    pool = book.pools.get(pool_id)
+    # Shapes known not to fit the pool now: releasing and retaking victims by node name gives the pool back exactly
+    # as it was, so they (and what is learned meanwhile, with more room) still hold afterwards.
+    saved = list(pool.failed) if pool is not None else []
     nodes = book.fit(pool_id, request)
     short = cohort_need
     try:
@@ -158,6 +205,10 @@ def _pick(candidates, teams, acc, pool_id, book: NodeBook, request: PlacementReq
             taken = without
         return [c for c, _ in picked], nodes
     finally:
+        exact = True
         for c, changed in picked:
             if c.node_pool_id == pool_id:
                 _retake(book, c, changed)
+                exact = exact and bool(c.node_names)
+        if pool is not None and exact and saved:
+            pool.failed = saved + [s for s in pool.failed if s not in saved]
