@@ -148,7 +148,9 @@ class FairShareScheduler:
                 q.reachable_gpus = reachable_gpus(q.nominal_gpus, q.borrowing_limit_gpus,
                                                   self.lendable[(t.cohort, acc)] - q.lendable_gpus)
         self.share: dict[int, float] = {tid: dominant_share(t, self.lendable) for tid, t in self.teams.items()}
-        for job in sorted(snapshot.queue, key=QueuedJob.order_key):
+        #: The snapshot's queue in overall order (priority, submission, id), for the waiting jobs' positions.
+        self._in_order: list[QueuedJob] | None = sorted(snapshot.queue, key=_ORDER_KEY)
+        for job in self._in_order:
             self.queues[job.team_id].jobs.append(job)
         # Preemption candidates by (cohort, accelerator), in victim order.
         self.candidates: dict[tuple, list[RunningJob]] = {}
@@ -573,11 +575,10 @@ class FairShareScheduler:
     def _positions(self, out: Decisions) -> None:
         """Team position (team order) and overall position (priority, then submission) of every waiting job.
 
-        Each team's waiting jobs come out in its order, so the overall order
-        is a merge of those runs (a sort that finds them).
+        When every waiting job came from the snapshot's queue, their overall
+        order is that queue's, sorted once when the scheduler was made.
         """
         waiting = out.waiting
-        keys: list[tuple] = []
         for tq in self.queues.values():
             n = 0
             pending = tq.jobs[tq.pos:]
@@ -588,10 +589,14 @@ class FairShareScheduler:
                 if w is not None:
                     n += 1
                     w.team_position = n
-                    keys.append(job.key)
-        if len(keys) != len(waiting):  # a waiting job outside its team's queue: order them all afresh
-            keys = [w.job.key for w in waiting.values()]
-        keys.sort()
+        keys = None
+        if self._in_order is not None:
+            get = waiting.get
+            keys = [j.key for j in self._in_order if (w := get(j.job_id)) is not None and w.job is j]
+            if len(keys) != len(waiting):  # some waiting job came another way (a submission)
+                keys = None
+        if keys is None:
+            keys = sorted([w.job.key for w in waiting.values()])
         self.order = keys
         for i, k in enumerate(keys, 1):
             waiting[k[2]].overall_position = i
@@ -635,6 +640,7 @@ class FairShareScheduler:
         key = job.order_key()
         at = bisect.bisect(tq.jobs, key, lo=tq.pos, key=QueuedJob.order_key)
         tq.jobs.insert(at, job)
+        self._in_order = None  # positions are no longer the snapshot's order alone
         if tq.blocked is not None and at > tq.pos:
             never = self._never(job)
             if never is not None:

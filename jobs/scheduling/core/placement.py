@@ -436,11 +436,23 @@ class NodeBook:
         loosest for ``spread``, the first for ``first-fit``; then the offers' order. None when none has room."""
         best = None
         pools, need = self.pools, request.total_gpus
+        best_fit = self.policy == "best-fit"
+        n, g = request.nodes, request.gpus_per_node
         for o in offers:
             if best is not None and o.prices != best[0].prices:
                 break
-            if pools[o.node_pool_id].free_total < need:  # fewer free GPUs on its open nodes than the job asks
+            p = pools[o.node_pool_id]
+            if p.free_total < need:  # fewer free GPUs on its open nodes than the job asks
                 continue
+            if best_fit and best is not None:
+                # Each node it would get has at least the fewest free GPUs at or above the job's: when even that
+                # leaves more GPUs than the best so far, its score is worse (GPUs left come first).
+                buckets = p.buckets
+                k = g
+                while k < len(buckets) and not buckets[k]:
+                    k += 1
+                if (k - g) * n > best[2][0]:
+                    continue
             nodes = self.fit(o.node_pool_id, request)
             if nodes is None:
                 continue

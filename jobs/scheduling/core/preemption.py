@@ -72,6 +72,16 @@ def choose_victims(candidates: list[RunningJob], pools: list[PoolOffer], book: N
     is the answer (later pools can only tie).
     """
     best = None
+    if cohort_need > 0 or fits_nowhere:
+        # Every answer needs a victim, and only a job of a team above its nominal quota can be one (``_pick``):
+        # the others can be left out, and when all the teams' borrowing they could give back falls short of
+        # ``cohort_need``, no pool has an answer.
+        candidates = [c for c in candidates if borrowing_before(teams[c.team_id], accelerator_id,
+                                                                teams[c.team_id].used.get(accelerator_id, 0))]
+        if not candidates:
+            return None
+        if cohort_need > 0 and _most_returned(teams, accelerator_id, candidates) < cohort_need:
+            return None
     by_pool: dict[int, list[RunningJob]] = {}
     for c in candidates:
         by_pool.setdefault(c.node_pool_id, []).append(c)
@@ -127,6 +137,20 @@ def could_fit(book: NodeBook, pool_id: int, request: PlacementRequest, on_pool: 
                 if left <= 0:
                     return True
     return False
+
+
+def _most_returned(teams, acc: int, candidates: list[RunningJob]) -> int:
+    """The most GPUs the cohort's borrowing can get back by ending any of ``candidates``: per team, what it uses
+    above its guaranteed part, at most the GPUs of its candidates (``_gives_back`` summed over them)."""
+    held: dict[int, int] = {}
+    for c in candidates:
+        held[c.team_id] = held.get(c.team_id, 0) + c.gpus
+    total = 0
+    for t, gpus in held.items():
+        owner = teams[t]
+        q = owner.quotas.get(acc)
+        total += min(max(0, owner.used.get(acc, 0) - (q.guaranteed_gpus if q else 0)), gpus)
+    return total
 
 
 def _release(book: NodeBook, v: RunningJob) -> list[int]:
