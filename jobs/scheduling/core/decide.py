@@ -115,6 +115,7 @@ class FairShareScheduler:
         self.pool_cluster: dict[int, int] = {o.node_pool_id: o.cluster_id for offers in snapshot.pools.values()
                                              for o in offers}
         self._matching: dict[tuple, tuple[list[PoolOffer], Verdict | None, tuple[int, ...]]] = {}
+        self._by_price: dict[int, list[PoolOffer]] = {}  # by accelerator: its pools in ``price_order``
         # Capacity verdicts by (pools key, shape): (book version, verdict); shapes known not to fit by pools key.
         self._no_room: dict[tuple, tuple[int, Verdict]] = {}
         self._failed: dict[tuple, tuple[int, list[tuple[int, int, int, int]]]] = {}
@@ -183,7 +184,10 @@ class FairShareScheduler:
         if found is None:
             request = job.placement()
             offers = self._pools.get(acc, ())
-            pools = sorted((o for o in offers if matches(request, o)), key=price_order)
+            in_order = self._by_price.get(acc)
+            if in_order is None:  # the accelerator's pools sorted once: filtering keeps that (stable) order
+                in_order = self._by_price[acc] = sorted(offers, key=price_order)
+            pools = [o for o in in_order if matches(request, o)]
             found = (pools, None if pools else never_placeable(job, self._why_none(job, request, offers)),
                      tuple(o.node_pool_id for o in pools))
             self._matching[key] = found
@@ -241,7 +245,8 @@ class FairShareScheduler:
         book = self.book
         request = job.placement()
         shown = pools[:3]
-        verdict = no_room(job, pools, {o.node_pool_id: book.free_gpus(o.node_pool_id) for o in pools},
+        nodes = book.pools
+        verdict = no_room(job, pools, {pid: nodes[pid].free_total for pid in pids},
                           {o.node_pool_id: book.most_free(o.node_pool_id) for o in shown},
                           {o.node_pool_id: book.nodes_with_room(o.node_pool_id, request) for o in shown},
                           self._unhealthy_sentence(job, acc, request))
@@ -513,6 +518,7 @@ class FairShareScheduler:
         queues = self.queues
         decided = self._decided
         decided.clear()
+        share = self.share
         waiting = out.waiting
         heappop, heappushpop = heapq.heappop, heapq.heappushpop
         entry = heappop(heap) if heap else None
@@ -527,7 +533,8 @@ class FairShareScheduler:
                 continue
             job = tq.jobs[tq.pos]
             team = tq.team
-            dkey = self._decision_key(job, team)
+            dkey = (tid, job.accelerator_id, job.alternatives, job.shape,
+                    job.max_runtime_seconds if team.budgets else 0)  # ``_decision_key``, inline
             known = decided.get(dkey)
             if known is not None and known[0] == self._epoch:
                 same = known[1]
@@ -553,7 +560,8 @@ class FairShareScheduler:
                 out.rejections.append(decision)
             tq.pos += 1
             if tq.pos < len(tq.jobs):
-                entry = heappushpop(heap, (self._key(tq), tq.version, tid))
+                nxt = tq.jobs[tq.pos]  # ``_key``, inline: the order between teams by their heads
+                entry = heappushpop(heap, ((-nxt.priority, share[tid], nxt.submitted, nxt.job_id), tq.version, tid))
             else:
                 entry = heappop(heap) if heap else None
 
@@ -575,11 +583,26 @@ class FairShareScheduler:
     def _positions(self, out: Decisions) -> None:
         """Team position (team order) and overall position (priority, then submission) of every waiting job.
 
-        When every waiting job came from the snapshot's queue, their overall
-        order is that queue's, sorted once when the scheduler was made.
+        Both orders are the queue's order (``QueuedJob.key``): when every
+        waiting job came from the snapshot's queue, one walk over that queue,
+        sorted once when the scheduler was made, numbers both.
         """
         waiting = out.waiting
-        for tq in self.queues.values():
+        if self._in_order is not None:
+            get = waiting.get
+            keys: list[tuple] = []
+            by_team: dict[int, int] = {}
+            for j in self._in_order:
+                w = get(j.job_id)
+                if w is not None and w.job is j:
+                    keys.append(j.key)
+                    w.overall_position = len(keys)
+                    w.team_position = n = by_team.get(j.team_id, 0) + 1
+                    by_team[j.team_id] = n
+            if len(keys) == len(waiting):
+                self.order = keys
+                return
+        for tq in self.queues.values():  # some waiting job came another way (a submission): number them afresh
             n = 0
             pending = tq.jobs[tq.pos:]
             if tq.waiting_before:
@@ -589,17 +612,10 @@ class FairShareScheduler:
                 if w is not None:
                     n += 1
                     w.team_position = n
-        keys = None
-        if self._in_order is not None:
-            get = waiting.get
-            keys = [j.key for j in self._in_order if (w := get(j.job_id)) is not None and w.job is j]
-            if len(keys) != len(waiting):  # some waiting job came another way (a submission)
-                keys = None
-        if keys is None:
-            keys = sorted([w.job.key for w in waiting.values()])
-        self.order = keys
-        for i, k in enumerate(keys, 1):
-            waiting[k[2]].overall_position = i
+        self.order = sorted([w.job.key for w in waiting.values()])
+        index = {k[2]: i for i, k in enumerate(self.order, 1)}
+        for jid, w in waiting.items():
+            w.overall_position = index[jid]
 
     def full_pass(self) -> Decisions:
         """Decide every queued job once; returns admissions (with victims), rejections and waiting reasons.
