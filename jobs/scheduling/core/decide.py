@@ -127,8 +127,9 @@ class FairShareScheduler:
         self._quota_seen: dict[tuple, tuple[int, Verdict]] = {}
         self._wait_seen: dict[tuple, tuple[tuple, Verdict]] = {}  # (team, shape) -> (stamp, capacity verdict)
         self._cohort_version: dict[tuple, int] = {}  # (cohort, accelerator) -> changes of its teams' usage
+        self._estimates: dict[tuple, tuple[PoolOffer, object]] = {}  # ``_estimate``: (offer, USD) by job size and pool
         self._unhealthy: dict[tuple, str] = {}  # pools key -> ``unhealthy_nodes`` sentence (health is fixed)
-        # A pass's decisions that admitted nothing, by what they depend on (``_decision_key``), with the number of
+        # A pass's decisions that admitted nothing, by what they depend on (``_run``), with the number of
         # bookings made when they were decided (``_epoch``): until the next booking, a job of the same key gets the
         # same decision. Emptied at the start of each run of the loop, as the state may be changed between runs.
         self._decided: dict[tuple, tuple[int, Decision]] = {}
@@ -263,6 +264,16 @@ class FairShareScheduler:
                 request, [o for o in self._pools.get(acc, ()) if allowed(request, o)])
         return found
 
+    def _estimate(self, job: QueuedJob, offer: PoolOffer):
+        """``job_estimate`` of ``job`` on ``offer`` (one of the snapshot's pools), remembered by what it reads: the
+        job's nodes, GPUs, CPU and memory per node and run time, and the pool."""
+        key = (job.nodes, job.gpus_per_node, job.cpu_milli, job.memory_mib, job.max_runtime_seconds,
+               offer.node_pool_id)
+        found = self._estimates.get(key)
+        if found is None or found[0] is not offer:
+            found = self._estimates[key] = (offer, job_estimate(job, offer))
+        return found[1]
+
     # --- one job ------------------------------------------------------------------------
 
     def _never(self, job: QueuedJob) -> Verdict | None:
@@ -292,7 +303,7 @@ class FairShareScheduler:
         if verdict is None and team.budgets:
             pools = self._matching_pools(job, acc)
             if pools:
-                cheapest = job_estimate(job, pools[0])
+                cheapest = self._estimate(job, pools[0])
                 verdict = budget_never(cheapest, team.budgets)
         self._never_seen[key] = verdict
         return verdict
@@ -388,7 +399,7 @@ class FairShareScheduler:
                                                         self.borrowed.get(ckey, 0)))
             return Waiting.because(job, self._no_room_verdict(job, acc, pools, pids))
         offer, nodes = found
-        estimate = job_estimate(job, offer)
+        estimate = self._estimate(job, offer)
         verdict = check_budgets(estimate, team.budgets)
         if not verdict.ok:
             return Waiting.because(job, verdict)
@@ -500,20 +511,16 @@ class FairShareScheduler:
 
     # --- passes ---------------------------------------------------------------------------
 
-    @staticmethod
-    def _decision_key(job: QueuedJob, team: TeamState) -> tuple:
-        """What ``evaluate`` reads of ``job`` (besides the state): its team, accelerators, shape and constraints, and
-        its run time when the team has budgets (the estimate). Priority, submission and id play no part."""
-        return (job.team_id, job.accelerator_id, job.alternatives, job.shape,
-                job.max_runtime_seconds if team.budgets else 0)
-
     def _run(self, heap: list, out: Decisions) -> None:
         """Pop the team whose head comes first, decide that head, push the team back with its next head.
 
-        A decision that admits nothing is remembered by ``_decision_key``
-        until the next booking (``_epoch``): every rule reads only the state
-        and those fields of the job, so the next job of the same key gets the
-        same reason at once (a full queue waits in a few dictionary looks).
+        A decision that admits nothing is remembered by what ``evaluate``
+        reads of the job (its team, accelerators, shape and constraints, and
+        its run time when the team has budgets: the estimate; priority,
+        submission and id play no part) until the next booking (``_epoch``):
+        every rule reads only the state and those fields, so the next job of
+        the same key gets the same reason at once (a full queue waits in a
+        few dictionary looks).
         """
         queues = self.queues
         decided = self._decided
@@ -534,7 +541,7 @@ class FairShareScheduler:
             job = tq.jobs[tq.pos]
             team = tq.team
             dkey = (tid, job.accelerator_id, job.alternatives, job.shape,
-                    job.max_runtime_seconds if team.budgets else 0)  # ``_decision_key``, inline
+                    job.max_runtime_seconds if team.budgets else 0)
             known = decided.get(dkey)
             if known is not None and known[0] == self._epoch:
                 same = known[1]
@@ -564,6 +571,7 @@ class FairShareScheduler:
                 entry = heappushpop(heap, ((-nxt.priority, share[tid], nxt.submitted, nxt.job_id), tq.version, tid))
             else:
                 entry = heappop(heap) if heap else None
+        decided.clear()
 
     def _finish_team(self, tq: TeamQueue, out: Decisions) -> None:
         """Behind a blocked head: reject what can never run, the rest waits (reason ``priority``)."""

@@ -424,6 +424,10 @@ class NodeBook:
         """GPUs, CPU and memory left free on ``nodes`` once ``request`` takes them (the best-fit score, compared in
         that order: lower packs tighter)."""
         p = self.pools[pool_id]
+        if len(nodes) == 1:
+            i = nodes[0]
+            return (p.free_g[i] - request.gpus_per_node, p.free_c[i] - request.cpu_milli,
+                    p.free_m[i] - request.memory_mib)
         return (sum(p.free_g[i] for i in nodes) - request.gpus_per_node * len(nodes),
                 sum(p.free_c[i] for i in nodes) - request.cpu_milli * len(nodes),
                 sum(p.free_m[i] for i in nodes) - request.memory_mib * len(nodes))
