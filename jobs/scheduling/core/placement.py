@@ -354,7 +354,9 @@ class NodeBook:
         for fn, fg, fc, fm in p.failed:
             if n >= fn and g >= fg and c >= fc and m >= fm:
                 return None
-        if sum(map(len, p.buckets[g:])) < n:
+        if n == 1 and self.policy == "best-fit":
+            found = self._tightest(p, g, c, m)
+        elif sum(map(len, p.buckets[g:])) < n:
             found = None
         elif self.policy == "first-fit":
             found = self._first_fit(p, n, g, c, m)
@@ -367,6 +369,21 @@ class NodeBook:
             p.failed = [s for s in p.failed if not (s[0] >= n and s[1] >= g and s[2] >= c and s[3] >= m)]
             p.failed.append((n, g, c, m))
         return found
+
+    @staticmethod
+    def _tightest(p: _PoolNodes, g, c, m) -> list[int] | None:
+        """Best-fit for one node: the first node of ``_by_levels`` (fewest free GPUs at or above ``g``, then least
+        free CPU, then memory), without the generator; None when none has room."""
+        buckets = p.buckets
+        for k in range(g, len(buckets)):
+            bucket = buckets[k]
+            if not bucket:
+                continue
+            for j in range(bisect.bisect_left(bucket, (c, -1, -1)), len(bucket)):
+                entry = bucket[j]
+                if entry[1] >= m:
+                    return [entry[2]]
+        return None
 
     @staticmethod
     def _first_fit(p: _PoolNodes, n, g, c, m) -> list[int] | None:
