@@ -151,7 +151,8 @@ class FairShareScheduler:
                                                   self.lendable[(t.cohort, acc)] - q.lendable_gpus)
         self.share: dict[int, float] = {tid: dominant_share(t, self.lendable) for tid, t in self.teams.items()}
         #: The snapshot's queue in overall order (priority, submission, id), for the waiting jobs' positions.
-        self._in_order: list[QueuedJob] | None = sorted(snapshot.queue, key=_ORDER_KEY)
+        self._in_order: list[QueuedJob] = sorted(snapshot.queue, key=_ORDER_KEY)
+        self._submitted = False  # set by ``submit``: the queues then hold jobs outside ``_in_order``
         for job in self._in_order:
             self.queues[job.team_id].jobs.append(job)
         # Preemption candidates by (cohort, accelerator), in victim order.
@@ -596,7 +597,7 @@ class FairShareScheduler:
         sorted once when the scheduler was made, numbers both.
         """
         waiting = out.waiting
-        if self._in_order is not None:
+        if not self._submitted:
             get = waiting.get
             keys: list[tuple] = []
             by_team: dict[int, int] = {}
@@ -664,7 +665,7 @@ class FairShareScheduler:
         key = job.order_key()
         at = bisect.bisect(tq.jobs, key, lo=tq.pos, key=QueuedJob.order_key)
         tq.jobs.insert(at, job)
-        self._in_order = None  # positions are no longer the snapshot's order alone
+        self._submitted = True  # positions are no longer the snapshot's order alone (kept: freeing it costs)
         if tq.blocked is not None and at > tq.pos:
             never = self._never(job)
             if never is not None:
