@@ -61,7 +61,8 @@ def victims_were_borrowing(teams: dict[int, TeamState], job: QueuedJob, victims:
 
 def choose_victims(candidates: list[RunningJob], pools: list[PoolOffer], book: NodeBook,
                    teams: dict[int, TeamState], accelerator_id: int, request: PlacementRequest,
-                   cohort_need: int, fits_nowhere: bool = False) -> tuple[PoolOffer, tuple[RunningJob, ...], list[int]] | None:
+                   cohort_need: int, fits_nowhere: bool = False
+                   ) -> tuple[PoolOffer, tuple[RunningJob, ...], list[int]] | None:
     """The pool, the fewest victims whose end lets ``request`` in, and the nodes it gets there; or None.
 
     ``candidates``: preemptible running jobs of other teams of the cohort, in
@@ -192,8 +193,10 @@ def _pick(candidates, teams, acc, pool_id, book: NodeBook, request: PlacementReq
     picked: list[tuple[RunningJob, list[int]]] = []
     pool = book.pools.get(pool_id)
     # Shapes known not to fit the pool now: releasing and retaking victims by node name gives the pool back exactly
-    # as it was, so they (and what is learned meanwhile, with more room) still hold afterwards.
-    saved = list(pool.failed) if pool is not None else []
+    # as it was, so they (and what is learned meanwhile, with more room) still hold afterwards. A victim without
+    # node names is given back to the fullest nodes and retaken from them, which need not restore every node.
+    exact = all(c.node_names for c in candidates if c.node_pool_id == pool_id)
+    saved = list(pool.failed) if pool is not None and exact else []
     nodes = book.fit(pool_id, request)
     short = cohort_need
     try:
@@ -229,10 +232,8 @@ def _pick(candidates, teams, acc, pool_id, book: NodeBook, request: PlacementReq
             taken = without
         return [c for c, _ in picked], nodes
     finally:
-        exact = True
         for c, changed in picked:
             if c.node_pool_id == pool_id:
                 _retake(book, c, changed)
-                exact = exact and bool(c.node_names)
-        if pool is not None and exact and saved:
+        if saved:
             pool.failed = saved + [s for s in pool.failed if s not in saved]
