@@ -49,6 +49,7 @@ import bisect
 import dataclasses
 import gc
 import heapq
+import operator
 
 from .order import TeamQueue, dominant_share, team_key
 from .placement import (
@@ -93,6 +94,7 @@ from .types import (
     Waiting,
 )
 
+_ORDER_KEY = operator.attrgetter("key")  # ``QueuedJob.order_key`` without a call
 STRICT_FIFO = "StrictFIFO"
 BEST_EFFORT_FIFO = "BestEffortFIFO"
 #: Kueue's queueing strategies, the default first.
@@ -119,6 +121,7 @@ class FairShareScheduler:
         self.pool_cluster: dict[int, int] = {o.node_pool_id: o.cluster_id for offers in snapshot.pools.values()
                                              for o in offers}
         self._matching: dict[tuple, tuple[list[PoolOffer], Verdict | None, tuple[int, ...]]] = {}
+        self._by_price: dict[int, list[PoolOffer]] = {}  # by accelerator: its pools in ``price_order``
         # Capacity verdicts by (pools key, shape): (book version, verdict); shapes known not to fit by pools key.
         self._no_room: dict[tuple, tuple[int, Verdict]] = {}
         self._failed: dict[tuple, tuple[int, list[tuple[int, int, int, int]]]] = {}
@@ -130,6 +133,13 @@ class FairShareScheduler:
         self._quota_seen: dict[tuple, tuple[int, Verdict]] = {}
         self._wait_seen: dict[tuple, tuple[tuple, Verdict]] = {}  # (team, shape) -> (stamp, capacity verdict)
         self._cohort_version: dict[tuple, int] = {}  # (cohort, accelerator) -> changes of its teams' usage
+        self._estimates: dict[tuple, tuple[PoolOffer, object]] = {}  # ``_estimate``: (offer, USD) by job size and pool
+        self._unhealthy: dict[tuple, str] = {}  # pools key -> ``unhealthy_nodes`` sentence (health is fixed)
+        # A pass's decisions that admitted nothing, by what they depend on (``_run``), with the number of
+        # bookings made when they were decided (``_epoch``): until the next booking, a job of the same key gets the
+        # same decision. Emptied at the start of each run of the loop, as the state may be changed between runs.
+        self._decided: dict[tuple, tuple[int, Decision]] = {}
+        self._epoch = 0
         # Cohort lendable pool and borrowed GPUs, by (cohort, accelerator).
         self.lendable: dict[tuple, int] = {}
         self.borrowed: dict[tuple, int] = {}
@@ -146,7 +156,10 @@ class FairShareScheduler:
                 q.reachable_gpus = reachable_gpus(q.nominal_gpus, q.borrowing_limit_gpus,
                                                   self.lendable[(t.cohort, acc)] - q.lendable_gpus)
         self.share: dict[int, float] = {tid: dominant_share(t, self.lendable) for tid, t in self.teams.items()}
-        for job in sorted(snapshot.queue, key=QueuedJob.order_key):
+        #: The snapshot's queue in overall order (priority, submission, id), for the waiting jobs' positions.
+        self._in_order: list[QueuedJob] = sorted(snapshot.queue, key=_ORDER_KEY)
+        self._submitted = False  # set by ``submit``: the queues then hold jobs outside ``_in_order``
+        for job in self._in_order:
             self.queues[job.team_id].jobs.append(job)
         # Preemption candidates by (cohort, accelerator), in victim order.
         self.candidates: dict[tuple, list[RunningJob]] = {}
@@ -179,7 +192,10 @@ class FairShareScheduler:
         if found is None:
             request = job.placement()
             offers = self._pools.get(acc, ())
-            pools = sorted((o for o in offers if matches(request, o)), key=price_order)
+            in_order = self._by_price.get(acc)
+            if in_order is None:  # the accelerator's pools sorted once: filtering keeps that (stable) order
+                in_order = self._by_price[acc] = sorted(offers, key=price_order)
+            pools = [o for o in in_order if matches(request, o)]
             found = (pools, None if pools else never_placeable(job, self._why_none(job, request, offers)),
                      tuple(o.node_pool_id for o in pools))
             self._matching[key] = found
@@ -237,12 +253,33 @@ class FairShareScheduler:
         book = self.book
         request = job.placement()
         shown = pools[:3]
-        verdict = no_room(job, pools, {o.node_pool_id: book.free_gpus(o.node_pool_id) for o in pools},
+        nodes = book.pools
+        verdict = no_room(job, pools, {pid: nodes[pid].free_total for pid in pids},
                           {o.node_pool_id: book.most_free(o.node_pool_id) for o in shown},
                           {o.node_pool_id: book.nodes_with_room(o.node_pool_id, request) for o in shown},
-                          unhealthy_nodes(request, [o for o in self._pools.get(acc, ()) if allowed(request, o)]))
+                          self._unhealthy_sentence(job, acc, request))
         self._no_room[key] = (taken, verdict)
         return verdict
+
+    def _unhealthy_sentence(self, job: QueuedJob, acc: int, request) -> str:
+        """``unhealthy_nodes`` over the accelerator's pools allowed to ``job`` (remembered by pools key: node health
+        and the pools do not change within the scheduler's life)."""
+        key = self._pools_key(job, acc)
+        found = self._unhealthy.get(key)
+        if found is None:
+            found = self._unhealthy[key] = unhealthy_nodes(
+                request, [o for o in self._pools.get(acc, ()) if allowed(request, o)])
+        return found
+
+    def _estimate(self, job: QueuedJob, offer: PoolOffer):
+        """``job_estimate`` of ``job`` on ``offer`` (one of the snapshot's pools), remembered by what it reads: the
+        job's nodes, GPUs, CPU and memory per node and run time, and the pool."""
+        key = (job.nodes, job.gpus_per_node, job.cpu_milli, job.memory_mib, job.max_runtime_seconds,
+               offer.node_pool_id)
+        found = self._estimates.get(key)
+        if found is None or found[0] is not offer:
+            found = self._estimates[key] = (offer, job_estimate(job, offer))
+        return found[1]
 
     # --- one job ------------------------------------------------------------------------
 
@@ -274,7 +311,7 @@ class FairShareScheduler:
         if verdict is None and team.budgets:
             pools = self._matching_pools(job, acc)
             if pools:
-                cheapest = job_estimate(job, pools[0])
+                cheapest = self._estimate(job, pools[0])
                 verdict = budget_never(cheapest, team.budgets)
         self._never_seen[key] = verdict
         return verdict
@@ -368,7 +405,7 @@ class FairShareScheduler:
         found = self._place(job, acc, pools, pids) if cohort_ok else None
         victims: tuple[RunningJob, ...] = ()
         if found is None and preempts:
-            chosen = self._find_victims(job, acc, team, q, pools, pids)
+            chosen = self._find_victims(job, acc, team, q, pools, pids, fits_nowhere=cohort_ok)
             if chosen is not None:
                 offer, victims, nodes = chosen
                 found = (offer, nodes)
@@ -378,14 +415,14 @@ class FairShareScheduler:
                 return Waiting.because(job, full(job, used, q, self.lendable.get(ckey, 0), self.borrowed.get(ckey, 0)))
             return Waiting.because(job, self._no_room_verdict(job, acc, pools, pids))
         offer, nodes = found
-        estimate = job_estimate(job, offer)
+        estimate = self._estimate(job, offer)
         verdict = check_budgets(estimate, team.budgets)
         if not verdict.ok:
             return Waiting.because(job, verdict)
         return Admission(job, offer, estimate, victims, self.book.names(offer.node_pool_id, nodes), acc)
 
     def _find_victims(self, job: QueuedJob, acc: int, team: TeamState, q: TeamQuota, pools: list[PoolOffer],
-                      pids: tuple[int, ...]):
+                      pids: tuple[int, ...], fits_nowhere: bool = False):
         """The fewest preemptible jobs of other teams of the cohort, each taken while its team borrows, whose end
         lets ``job`` in; with the pool and its nodes. None when there are none.
 
@@ -402,7 +439,7 @@ class FairShareScheduler:
         if known is not None and known[0] == version:
             if any(all(a >= b for a, b in zip(shape, s)) for s in known[1]):
                 return None
-        found = self._search_victims(job, acc, team, q, pools)
+        found = self._search_victims(job, acc, team, q, pools, fits_nowhere)
         if found is None:
             if known is None or known[0] != version:
                 known = (version, [])
@@ -410,7 +447,10 @@ class FairShareScheduler:
             known[1].append(shape)
         return found
 
-    def _search_victims(self, job: QueuedJob, acc: int, team: TeamState, q: TeamQuota, pools: list[PoolOffer]):
+    def _search_victims(self, job: QueuedJob, acc: int, team: TeamState, q: TeamQuota, pools: list[PoolOffer],
+                        fits_nowhere: bool = False):
+        """``choose_victims`` for ``job`` among the cohort's candidates of other teams; ``fits_nowhere``: the job
+        has room on none of ``pools`` now (its placement was just tried)."""
         gpus = job.total_gpus
         ckey = (team.cohort, acc)
         candidates = [c for c in self.candidates.get(ckey, ()) if c.team_id != team.team_id
@@ -421,7 +461,8 @@ class FairShareScheduler:
         g = q.guaranteed_gpus
         cohort_need = (self.borrowed.get(ckey, 0) - max(0, used - g) + max(0, used + gpus - g)
                        - self.lendable.get(ckey, 0))
-        return choose_victims(candidates, pools, self.book, self.teams, acc, job.placement(), cohort_need)
+        return choose_victims(candidates, pools, self.book, self.teams, acc, job.placement(), cohort_need,
+                              fits_nowhere)
 
     def assess(self, job: QueuedJob) -> Assessment:
         """What the rules say of ``job`` before it is submitted (nothing changes): where it would run, its estimate,
@@ -459,6 +500,7 @@ class FairShareScheduler:
         self.queues[team.team_id].version += 1
 
     def _admit(self, a: Admission) -> None:
+        self._epoch += 1
         job = a.job
         acc = a.accelerator_id or job.accelerator_id
         for v in a.victims:
@@ -489,24 +531,53 @@ class FairShareScheduler:
     # --- passes ---------------------------------------------------------------------------
 
     def _run(self, heap: list, out: Decisions) -> None:
+        """Pop the team whose head comes first, decide that head, push the team back with its next head.
+
+        A decision that admits nothing is remembered by what ``evaluate``
+        reads of the job (its team, accelerators, shape and constraints, and
+        its run time when the team has budgets: the estimate; priority,
+        submission and id play no part) until the next booking (``_epoch``):
+        every rule reads only the state and those fields, so the next job of
+        the same key gets the same reason at once (a full queue waits in a
+        few dictionary looks).
+        """
         queues = self.queues
-        while heap:
-            _key, version, tid = heapq.heappop(heap)
+        decided = self._decided
+        decided.clear()
+        share = self.share
+        waiting = out.waiting
+        heappop, heappushpop = heapq.heappop, heapq.heappushpop
+        entry = heappop(heap) if heap else None
+        while entry is not None:
+            _key, version, tid = entry
             tq = queues[tid]
             if tq.blocked is not None or tq.pos >= len(tq.jobs):
+                entry = heappop(heap) if heap else None
                 continue
             if version != tq.version:
-                heapq.heappush(heap, (self._key(tq), tq.version, tid))
+                entry = heappushpop(heap, (self._key(tq), tq.version, tid))
                 continue
             job = tq.jobs[tq.pos]
-            decision = self.evaluate(job)
+            team = tq.team
+            dkey = (tid, job.accelerator_id, job.alternatives, job.shape,
+                    job.max_runtime_seconds if team.budgets else 0)
+            known = decided.get(dkey)
+            if known is not None and known[0] == self._epoch:
+                same = known[1]
+                decision = (Waiting(job, same.reason, same.message, same.detail) if isinstance(same, Waiting)
+                            else Rejection(job, same.verdict))
+            else:
+                decision = self.evaluate(job)
+                if not isinstance(decision, Admission):
+                    decided[dkey] = (self._epoch, decision)
             if isinstance(decision, Waiting):
-                if decision.detail.get("never_placeable") or tq.team.strategy != STRICT_FIFO:
+                if team.strategy != STRICT_FIFO or decision.detail.get("never_placeable"):
                     tq.waiting_before.append(job)
-                    out.waiting[job.job_id] = decision
+                    waiting[job.job_id] = decision
                 else:
                     tq.blocked = decision
-                    out.waiting[job.job_id] = decision
+                    waiting[job.job_id] = decision
+                    entry = heappop(heap) if heap else None
                     continue
             elif isinstance(decision, Admission):
                 self._admit(decision)
@@ -515,7 +586,11 @@ class FairShareScheduler:
                 out.rejections.append(decision)
             tq.pos += 1
             if tq.pos < len(tq.jobs):
-                heapq.heappush(heap, (self._key(tq), tq.version, tid))
+                nxt = tq.jobs[tq.pos]  # ``_key``, inline: the order between teams by their heads
+                entry = heappushpop(heap, ((-nxt.priority, share[tid], nxt.submitted, nxt.job_id), tq.version, tid))
+            else:
+                entry = heappop(heap) if heap else None
+        decided.clear()
 
     def _finish_team(self, tq: TeamQueue, out: Decisions) -> None:
         """Behind a blocked head: reject what can never run, the rest waits (reason ``priority``)."""
@@ -533,13 +608,32 @@ class FairShareScheduler:
         tq.jobs = kept
 
     def _positions(self, out: Decisions) -> None:
-        """Team position (team order) and overall position (priority, then submission) of every waiting job."""
+        """Team position (team order) and overall position (priority, then submission) of every waiting job.
+
+        Both orders are the queue's order (``QueuedJob.key``): when every
+        waiting job came from the snapshot's queue, one walk over that queue,
+        sorted once when the scheduler was made, numbers both.
+        """
         waiting = out.waiting
-        for tq in self.queues.values():
+        if not self._submitted:
+            get = waiting.get
+            keys: list[tuple] = []
+            by_team: dict[int, int] = {}
+            for j in self._in_order:
+                w = get(j.job_id)
+                if w is not None and w.job is j:
+                    keys.append(j.key)
+                    w.overall_position = len(keys)
+                    w.team_position = n = by_team.get(j.team_id, 0) + 1
+                    by_team[j.team_id] = n
+            if len(keys) == len(waiting):
+                self.order = keys
+                return
+        for tq in self.queues.values():  # some waiting job came another way (a submission): number them afresh
             n = 0
             pending = tq.jobs[tq.pos:]
             if tq.waiting_before:
-                pending = sorted(tq.waiting_before + pending, key=QueuedJob.order_key)
+                pending = sorted(tq.waiting_before + pending, key=_ORDER_KEY)
             for job in pending:
                 w = waiting.get(job.job_id)
                 if w is not None:
@@ -589,6 +683,7 @@ class FairShareScheduler:
         key = job.order_key()
         at = bisect.bisect(tq.jobs, key, lo=tq.pos, key=QueuedJob.order_key)
         tq.jobs.insert(at, job)
+        self._submitted = True  # positions are no longer the snapshot's order alone (kept: freeing it costs)
         if tq.blocked is not None and at > tq.pos:
             never = self._never(job)
             if never is not None:

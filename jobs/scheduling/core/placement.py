@@ -93,9 +93,10 @@ class PoolOffer:
         counts = Counter((n.gpus, n.cpu_milli, n.memory_mib, n.takes_work) for n in self.rooms())
         return tuple((*shape, count) for shape, count in counts.items())
 
-    @property
+    @functools.cached_property
     def prices(self) -> tuple[Decimal, Decimal, Decimal]:
-        """What pools are compared by: USD per GPU-hour, then (CPU node pools) per vCPU-hour and per GiB-hour."""
+        """What pools are compared by: USD per GPU-hour, then (CPU node pools) per vCPU-hour and per GiB-hour
+        (computed once: the offer is frozen)."""
         return (self.usd_per_gpu_hour, self.usd_per_vcpu_hour or Decimal(0), self.usd_per_gib_hour or Decimal(0))
 
     @property
@@ -360,7 +361,9 @@ class NodeBook:
         for fn, fg, fc, fm in p.failed:
             if n >= fn and g >= fg and c >= fc and m >= fm:
                 return None
-        if sum(map(len, p.buckets[g:])) < n:
+        if n == 1 and self.policy == "best-fit":
+            found = self._tightest(p, g, c, m)
+        elif sum(map(len, p.buckets[g:])) < n:
             found = None
         elif self.policy == "first-fit":
             found = self._first_fit(p, n, g, c, m)
@@ -375,6 +378,21 @@ class NodeBook:
             p.failed = [s for s in p.failed if not (s[0] >= n and s[1] >= g and s[2] >= c and s[3] >= m)]
             p.failed.append((n, g, c, m))
         return found
+
+    @staticmethod
+    def _tightest(p: _PoolNodes, g, c, m) -> list[int] | None:
+        """Best-fit for one node: the first node of ``_by_levels`` (fewest free GPUs at or above ``g``, then least
+        free CPU, then memory), without the generator; None when none has room."""
+        buckets = p.buckets
+        for k in range(g, len(buckets)):
+            bucket = buckets[k]
+            if not bucket:
+                continue
+            for j in range(bisect.bisect_left(bucket, (c, -1, -1)), len(bucket)):
+                entry = bucket[j]
+                if entry[1] >= m:
+                    return [entry[2]]
+        return None
 
     @staticmethod
     def _first_fit(p: _PoolNodes, n, g, c, m) -> list[int] | None:
@@ -458,6 +476,10 @@ class NodeBook:
         """GPUs, CPU and memory left free on ``nodes`` once ``request`` takes them (the best-fit score, compared in
         that order: lower packs tighter)."""
         p = self.pools[pool_id]
+        if len(nodes) == 1:
+            i = nodes[0]
+            return (p.free_g[i] - request.gpus_per_node, p.free_c[i] - request.cpu_milli,
+                    p.free_m[i] - request.memory_mib)
         return (sum(p.free_g[i] for i in nodes) - request.gpus_per_node * len(nodes),
                 sum(p.free_c[i] for i in nodes) - request.cpu_milli * len(nodes),
                 sum(p.free_m[i] for i in nodes) - request.memory_mib * len(nodes))
@@ -471,12 +493,23 @@ class NodeBook:
         order. None when none has room. A cheaper pool wins even on a suspect node: a suspect node takes work."""
         best = None
         pools, need = self.pools, request.total_gpus
+        best_fit = self.policy == "best-fit"
+        n, g = request.nodes, request.gpus_per_node
         for o in offers:
             if best is not None and o.prices != best[0].prices:
                 break
             p = pools[o.node_pool_id]
             if p.free_total < need:  # fewer free GPUs on its open nodes than the job asks
                 continue
+            if best_fit and best is not None:
+                # Each node it would get has at least the fewest free GPUs at or above the job's: when even that
+                # leaves more GPUs than the best so far, its score is worse (GPUs left come first).
+                buckets = p.buckets
+                k = g
+                while k < len(buckets) and not buckets[k]:
+                    k += 1
+                if (k - g) * n > best[2][0]:
+                    continue
             nodes = self.fit(o.node_pool_id, request)
             if nodes is None:
                 continue

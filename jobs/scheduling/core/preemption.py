@@ -64,15 +64,28 @@ def victims_were_borrowing(teams: dict[int, TeamState], job: QueuedJob, victims:
 
 def choose_victims(candidates: list[RunningJob], pools: list[PoolOffer], book: NodeBook,
                    teams: dict[int, TeamState], accelerator_id: int, request: PlacementRequest,
-                   cohort_need: int) -> tuple[PoolOffer, tuple[RunningJob, ...], list[int]] | None:
+                   cohort_need: int, fits_nowhere: bool = False
+                   ) -> tuple[PoolOffer, tuple[RunningJob, ...], list[int]] | None:
     """The pool, the fewest victims whose end lets ``request`` in, and the nodes it gets there; or None.
 
     ``candidates``: preemptible running jobs of other teams of the cohort, in
     ``victim_order``; ``book``: free resources per node now (left as it was);
     ``cohort_need``: GPUs the cohort's borrowing must give back for the job
-    to fit (<= 0: none).
+    to fit (<= 0: none); ``fits_nowhere``: the caller knows ``request`` has room on none of ``pools`` now, so
+    (like a cohort that must give GPUs back) every pool needs a victim, and the first pool that needs only one
+    is the answer (later pools can only tie).
     """
     best = None
+    if cohort_need > 0 or fits_nowhere:
+        # Every answer needs a victim, and only a job of a team above its nominal quota can be one (``_pick``):
+        # the others can be left out, and when all the teams' borrowing they could give back falls short of
+        # ``cohort_need``, no pool has an answer.
+        candidates = [c for c in candidates if borrowing_before(teams[c.team_id], accelerator_id,
+                                                                teams[c.team_id].used.get(accelerator_id, 0))]
+        if not candidates:
+            return None
+        if cohort_need > 0 and _most_returned(teams, accelerator_id, candidates) < cohort_need:
+            return None
     by_pool: dict[int, list[RunningJob]] = {}
     for c in candidates:
         by_pool.setdefault(c.node_pool_id, []).append(c)
@@ -83,10 +96,65 @@ def choose_victims(candidates: list[RunningJob], pools: list[PoolOffer], book: N
         mine = candidates if cohort_need > 0 else by_pool.get(offer.node_pool_id)
         if not mine or (cohort_need <= 0 and book.free_gpus(offer.node_pool_id) + sum(c.gpus for c in mine) < need):
             continue
+        if not could_fit(book, offer.node_pool_id, request, by_pool.get(offer.node_pool_id, ())):
+            continue  # not even the end of every candidate on the pool gives the job its nodes there
         picked = _pick(mine, teams, accelerator_id, offer.node_pool_id, book, request, cohort_need)
         if picked is not None and (best is None or len(picked[0]) < len(best[1])):
             best = (offer, tuple(picked[0]), picked[1])
+            if len(best[1]) == 1 and (cohort_need > 0 or fits_nowhere):
+                break
     return best
+
+
+def could_fit(book: NodeBook, pool_id: int, request: PlacementRequest, on_pool: list[RunningJob]) -> bool:
+    """Whether the pool would have ``request.nodes`` schedulable nodes with room for one node of ``request`` each
+    (GPUs, CPU, memory) once every job of ``on_pool`` (running there) ended: an upper bound of what any set of
+    those victims can free, so False means none can. A job without node names (its GPUs go back to the fullest
+    nodes) gives no bound: True."""
+    p = book.pools[pool_id]
+    g, c, m = request.gpus_per_node, request.cpu_milli, request.memory_mib
+    add: dict[int, list[int]] = {}
+    for v in on_pool:
+        if not v.node_names:
+            return True
+        for name in v.node_names:
+            i = p.index.get(name)
+            if i is not None:
+                a = add.get(i)
+                if a is None:
+                    add[i] = [v.gpus_per_node, v.cpu_milli, v.memory_mib]
+                else:
+                    a[0] += v.gpus_per_node
+                    a[1] += v.cpu_milli
+                    a[2] += v.memory_mib
+    left = request.nodes
+    free_g, free_c, free_m, sched = p.free_g, p.free_c, p.free_m, p.sched
+    for i, a in add.items():
+        if sched[i] and free_g[i] + a[0] >= g and free_c[i] + a[1] >= c and free_m[i] + a[2] >= m:
+            left -= 1
+    if left <= 0:
+        return True
+    for k in range(g, len(p.buckets)):  # the other nodes with room now
+        for fc, fm, i in p.buckets[k]:
+            if fc >= c and fm >= m and i not in add:
+                left -= 1
+                if left <= 0:
+                    return True
+    return False
+
+
+def _most_returned(teams, acc: int, candidates: list[RunningJob]) -> int:
+    """The most GPUs the cohort's borrowing can get back by ending any of ``candidates``: per team, what it uses
+    above its guaranteed part, at most the GPUs of its candidates (``_gives_back`` summed over them)."""
+    held: dict[int, int] = {}
+    for c in candidates:
+        held[c.team_id] = held.get(c.team_id, 0) + c.gpus
+    total = 0
+    for t, gpus in held.items():
+        owner = teams[t]
+        q = owner.quotas.get(acc)
+        total += min(max(0, owner.used.get(acc, 0) - (q.guaranteed_gpus if q else 0)), gpus)
+    return total
 
 
 def _release(book: NodeBook, v: RunningJob) -> list[int]:
@@ -126,6 +194,12 @@ def _pick(candidates, teams, acc, pool_id, book: NodeBook, request: PlacementReq
           cohort_need: int) -> tuple[list[RunningJob], list[int]] | None:
     taken: dict[int, int] = {}
     picked: list[tuple[RunningJob, list[int]]] = []
+    pool = book.pools.get(pool_id)
+    # Shapes known not to fit the pool now: releasing and retaking victims by node name gives the pool back exactly
+    # as it was, so they (and what is learned meanwhile, with more room) still hold afterwards. A victim without
+    # node names is given back to the fullest nodes and retaken from them, which need not restore every node.
+    exact = all(c.node_names for c in candidates if c.node_pool_id == pool_id)
+    saved = list(pool.failed) if pool is not None and exact else []
     nodes = book.fit(pool_id, request)
     short = cohort_need
     try:
@@ -164,3 +238,5 @@ def _pick(candidates, teams, acc, pool_id, book: NodeBook, request: PlacementReq
         for c, changed in picked:
             if c.node_pool_id == pool_id:
                 _retake(book, c, changed)
+        if saved:
+            pool.failed = saved + [s for s in pool.failed if s not in saved]

@@ -237,3 +237,27 @@ def test_a_per_cluster_cap_of_another_team_or_cluster_changes_nothing():
     free_team.cluster_caps[(H100, 9)] = 0  # a cluster this job does not match
     d, _ = decide([free_team, other], [pool(1, 16)], [job(1, 8, nodes=2)])
     assert len(d.admissions) == 1 and d.admissions[0].offer.cluster_id == 1
+
+
+# --- a pass's remembered reasons ------------------------------------------------------------
+
+def test_a_job_waiting_like_an_earlier_one_is_told_the_room_left_after_the_admissions_between_them():
+    # one node of 8 GPUs, 4 held by team 3: a (8 GPUs, first) waits with 4 free; b (2 GPUs) is admitted; c, the
+    # same shape and team as a, comes after b and must see the 2 GPUs b left, not a's remembered 4
+    runs = [running(90, 3, 4, 1, preemptible=False)]
+    a, b, c = job(1, 8, priority=1000), job(2, 2, priority=500), job(1, 8, priority=100)
+    d, _ = decide([team(1, 16), team(2, 16), team(3, 16)], [pool(1, 8)], [a, b, c], runs)
+    assert admitted(d) == [b.job_id]
+    assert d.waiting[a.job_id].detail["free_gpus_by_pool"] == {"1": 4}
+    assert d.waiting[c.job_id].detail["free_gpus_by_pool"] == {"1": 2}
+    assert "2 GPUs free" in d.waiting[c.job_id].message
+
+
+def test_jobs_waiting_for_the_same_reason_each_get_their_own_positions():
+    # nothing is booked between them: the three 8-GPU jobs of team 1 wait for the same room, each at its own place
+    runs = [running(90, 3, 4, 1, preemptible=False)]
+    jobs = [job(1, 8, priority=p) for p in (1000, 500, 100)]
+    d, _ = decide([team(1, 16), team(3, 16)], [pool(1, 8)], jobs, runs)
+    assert [d.waiting[j.job_id].team_position for j in jobs] == [1, 2, 3]
+    assert [d.waiting[j.job_id].overall_position for j in jobs] == [1, 2, 3]
+    assert len({d.waiting[j.job_id].message for j in jobs}) == 1
