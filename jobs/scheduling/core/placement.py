@@ -361,7 +361,7 @@ class NodeBook:
         for fn, fg, fc, fm in p.failed:
             if n >= fn and g >= fg and c >= fc and m >= fm:
                 return None
-        if n == 1 and self.policy == "best-fit":
+        if n == 1 and self.policy == "best-fit" and not p.suspect:
             found = self._tightest(p, g, c, m)
         elif sum(map(len, p.buckets[g:])) < n:
             found = None
@@ -501,14 +501,15 @@ class NodeBook:
             p = pools[o.node_pool_id]
             if p.free_total < need:  # fewer free GPUs on its open nodes than the job asks
                 continue
-            if best_fit and best is not None:
+            if best_fit and best is not None and not best[2][0]:
                 # Each node it would get has at least the fewest free GPUs at or above the job's: when even that
-                # leaves more GPUs than the best so far, its score is worse (GPUs left come first).
+                # leaves more GPUs than the best so far, which uses no suspect node, its score is worse (suspect
+                # nodes used, then GPUs left, come first).
                 buckets = p.buckets
                 k = g
                 while k < len(buckets) and not buckets[k]:
                     k += 1
-                if (k - g) * n > best[2][0]:
+                if (k - g) * n > best[2][1]:
                     continue
             nodes = self.fit(o.node_pool_id, request)
             if nodes is None:

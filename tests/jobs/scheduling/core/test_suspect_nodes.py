@@ -87,3 +87,14 @@ def test_the_pass_admits_to_the_healthy_node_and_then_to_the_suspect_one():
     d, _ = decide([team(1, 16)], [offer], [first, second])
     assert admitted(d) == [first.job_id, second.job_id]
     assert [a.node_names for a in d.admissions] == [("1-1",), ("1-0",)]
+
+
+def test_best_fit_between_pools_of_one_price_still_takes_the_tightest_after_a_healthy_fit():
+    # A 2-GPU job: pool 1's node leaves 4 GPUs, pool 2's leaves 1, pool 3's leaves 0 but only on a suspect node.
+    # Best-fit reads pool 1 first and must still look at pool 2 (fewer GPUs left, no suspect node) and take it.
+    request = PlacementRequest(1, 2)
+    loose, tight = pool(1, 8, node_free=[6]), pool(2, 8, node_free=[3])
+    assert choose_pool(request, [loose, tight], "best-fit").node_pool_id == 2
+    exact_but_sick = with_suspect(pool(3, 8, node_free=[2]), 0)
+    assert choose_pool(request, [loose, tight, exact_but_sick], "best-fit").node_pool_id == 2
+    assert choose_pool(request, [exact_but_sick, loose, tight], "best-fit").node_pool_id == 2
