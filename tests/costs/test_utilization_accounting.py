@@ -155,19 +155,21 @@ def test_range_and_idle_pieces_read_exactly_the_window_under_both_selector_seman
         want = set(range(round(start.timestamp() * 1000), round(end.timestamp() * 1000)))
         at, r = prometheus.range_for(start, end, left_open)
         assert covered(at, int(r[:-2])) == want
-        got: list[int] = []
-        for piece in prometheus.idle_pieces(start, end, S.STEP, left_open):
-            if piece[0] == "edge":
-                at, r = prometheus.range_for(piece[1], piece[2], left_open)
-                got += sorted(covered(at, int(r[:-2])))
-            else:
-                _, first, last, inner, outer = piece
-                points = sorted(covered(last.timestamp(), max(1, outer)) & {p for p in range(
-                    round(first.timestamp() * 1000) - S.STEP * 1000, round(last.timestamp() * 1000) + 1, S.STEP * 1000)})
-                assert points[0] == round(first.timestamp() * 1000)
-                for p in points:
-                    got += sorted(covered(p / 1000, inner))
-        assert sorted(got) == sorted(want) and len(got) == len(want)  # a tiling: nothing twice, nothing left out
+        for max_points in (prometheus.IDLE_SUBQUERY_POINTS, 3, 1):  # one subquery, or several end to end
+            got: list[int] = []
+            for piece in prometheus.idle_pieces(start, end, S.STEP, left_open, max_points):
+                if piece[0] == "edge":
+                    at, r = prometheus.range_for(piece[1], piece[2], left_open)
+                    got += sorted(covered(at, int(r[:-2])))
+                else:
+                    _, first, last, inner, outer = piece
+                    points = sorted(covered(last.timestamp(), max(1, outer)) & {p for p in range(
+                        round(first.timestamp() * 1000) - S.STEP * 1000, round(last.timestamp() * 1000) + 1,
+                        S.STEP * 1000)})
+                    assert points[0] == round(first.timestamp() * 1000)
+                    for p in points:
+                        got += sorted(covered(p / 1000, inner))
+            assert sorted(got) == sorted(want) and len(got) == len(want)  # a tiling: nothing twice, nothing left out
 
 
 def test_a_short_cancelled_attempt_is_collected_once_when_it_ends(dcgm):

@@ -1,0 +1,97 @@
+"""Idle samples counted inside Prometheus agree with a count of the scrapes, whichever counter a GPU carries.
+
+A real Prometheus (promtool-built) holds four GPUs of one pod: two export
+both ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` and ``DCGM_FI_DEV_GPU_UTIL`` (the
+profiling counter must win, also where it has no idle sample at all and
+the other counter has only idle ones), one only ``GPU_UTIL`` with a gap and
+values on both sides of the threshold, one only the profiling counter.
+Expected values are computed here from the listed scrapes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from costs import prometheus
+from tests.support.prometheus import start_prometheus
+
+UTC = dt.timezone.utc
+STEP = 60
+IDLE = 5.0
+T0 = dt.datetime(2026, 4, 7, 10, tzinfo=UTC)
+START = T0 + dt.timedelta(seconds=30)  # mid-step: both edges of the window hold a scrape (at :45)
+END = T0 + dt.timedelta(hours=2, seconds=50)
+MATCHERS = 'namespace="cp-idle",pod=~"job-9-1-.*"'
+
+
+def scrapes(values, lo=T0 - dt.timedelta(minutes=5), hi=T0 + dt.timedelta(hours=2, minutes=5), skip=()):
+    """``[(unix seconds, value)]`` one per minute at second 45, cycling through ``values``, minus ``skip`` minutes."""
+    out, t, i = [], int(lo.timestamp()) // STEP * STEP + 45, 0
+    while t < hi.timestamp():
+        if (t - int(T0.timestamp())) // STEP not in skip:
+            out.append((t, values[i % len(values)]))
+        i += 1
+        t += STEP
+    return out
+
+
+# gpu: {counter: scrapes}; profiling values are ratios, GPU_UTIL ones percent.
+GPUS = {
+    "0": {prometheus.GR_ENGINE_ACTIVE: scrapes([0.5]), prometheus.UTIL_PERCENT: scrapes([0.0])},
+    "1": {prometheus.GR_ENGINE_ACTIVE: scrapes([0.01, 0.9, 0.049]), prometheus.UTIL_PERCENT: scrapes([90.0])},
+    "2": {prometheus.UTIL_PERCENT: scrapes([0.0, 3.0, 50.0, 4.99, 5.0], skip=range(30, 50))},
+    "3": {prometheus.GR_ENGINE_ACTIVE: scrapes([0.7, 0.2])},
+}
+
+
+def openmetrics() -> str:
+    families: dict[str, list[str]] = {}
+    for gpu, counters in GPUS.items():
+        labels = f'{{gpu="{gpu}",namespace="cp-idle",pod="job-9-1-0-abcde",container="main"}}'
+        for metric, series in counters.items():
+            families.setdefault(metric, []).extend(f"{metric}{labels} {v:g} {t}" for t, v in series)
+    lines = []
+    for metric, rows in families.items():
+        lines += [f"# TYPE {metric} gauge", *rows]
+    return "\n".join([*lines, "# EOF"]) + "\n"
+
+
+def expected(gpu: str) -> tuple[int, int, float]:
+    """(samples, idle samples, utilization sum in percent) of ``gpu`` inside [START, END), from its scrapes."""
+    counters = GPUS[gpu]
+    metric = prometheus.GR_ENGINE_ACTIVE if prometheus.GR_ENGINE_ACTIVE in counters else prometheus.UTIL_PERCENT
+    scale = 100 if metric == prometheus.GR_ENGINE_ACTIVE else 1
+    inside = [v * scale for t, v in counters[metric] if START.timestamp() <= t < END.timestamp()]
+    return len(inside), sum(v < IDLE for v in inside), sum(inside)
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    proc, url = start_prometheus(tmp_path_factory.mktemp("idle-prometheus"), openmetrics())
+    yield prometheus.Source(url, "")
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_idle_samples_follow_the_preferred_counter_of_each_gpu(source):
+    got = prometheus.read_usage_by(source, MATCHERS, START, END, ("gpu",), step_seconds=STEP, idle_percent=IDLE)
+    want = {gpu: expected(gpu) for gpu in GPUS}
+    assert {gpu: (u.samples, u.idle_samples) for (gpu,), u in got.items()} == {g: w[:2] for g, w in want.items()}
+    for (gpu,), usage in got.items():
+        assert usage.util_sum == pytest.approx(want[gpu][2], abs=1e-9 * max(1, want[gpu][0]))
+    # The cases that matter: a profiling counter never idle beside an always-idle GPU_UTIL reads 0 idle, and
+    # a gap is not filled from the samples before it.
+    assert want["0"][1] == 0 < want["0"][0] and want["1"][1] > 0 and want["2"][0] < len(scrapes([0])) - 20
+
+
+def test_idle_samples_of_a_group_add_up_over_its_gpus_and_over_adjacent_windows(source):
+    total = prometheus.read_usage(source, MATCHERS, START, END, step_seconds=STEP, idle_percent=IDLE)
+    middle = START + dt.timedelta(minutes=47, seconds=13, milliseconds=500)
+    halves = [prometheus.read_usage(source, MATCHERS, lo, hi, step_seconds=STEP, idle_percent=IDLE)
+              for lo, hi in ((START, middle), (middle, END))]
+    want = [expected(gpu) for gpu in GPUS]
+    assert (total.samples, total.idle_samples) == (sum(w[0] for w in want), sum(w[1] for w in want))
+    assert (sum(h.samples for h in halves), sum(h.idle_samples for h in halves)) == (total.samples, total.idle_samples)
+    assert total.util_metric == "mixed"
