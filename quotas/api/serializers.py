@@ -164,7 +164,7 @@ class QuotaSerializer(serializers.ModelSerializer):
         team, accelerator, cluster = current("team"), current("accelerator"), current("cluster")
         is_cpu = accelerator is not None and accelerator.name == CPU_FLAVOR
         required = "nominal_vcpus" if is_cpu else "nominal_gpus"
-        if self.instance is None and required not in attrs:
+        if (self.instance is None or not self.partial) and required not in attrs:  # create and PUT; PATCH keeps it
             what = "a CPU quota counts vCPUs" if is_cpu else "a GPU quota counts GPUs"
             raise serializers.ValidationError({required: [f"This field is required: {what}."]})
         errors = quota_unit_errors(is_cpu, cluster is not None,

@@ -121,3 +121,14 @@ def test_a_cpu_only_job_over_the_per_job_cap_is_refused_and_without_a_cpu_quota_
     quota.delete()
     r = teammate.client.post(JOBS, cpu_submission(submission, nodes=4, cpu=16), format="json")  # the whole pool
     assert r.status_code == 201, r.content
+
+
+def test_a_put_without_the_nominal_of_its_unit_is_400_and_changes_nothing(owner, cpu, alpha):
+    quota = Quota.objects.create(team=alpha, accelerator=cpu, nominal_vcpus=8, borrowing_limit_vcpus=2)
+
+    r = owner.client.put(f"{QUOTAS}{quota.pk}/", {"team": "alpha", "accelerator": "CPU", "cluster": None,
+                                                  "borrowing_limit_vcpus": 4}, format="json")
+
+    assert r.status_code == 400 and "nominal_vcpus" in r.json(), r.content
+    quota.refresh_from_db()
+    assert (quota.nominal_vcpus, quota.borrowing_limit_vcpus) == (8, 2)
