@@ -183,4 +183,4 @@ def test_a_cpu_only_document_is_submitted_and_shown_by_its_cpu_and_memory(run_cl
     job = Job.objects.get()
     assert (job.accelerator.name, job.gpus_per_node, job.total_gpus) == ("CPU", 0, 0)
     shown = run_cli("job", str(job.pk), persona=owner)
-    assert "1 node(s) x 4 CPU cores, 8 GiB (CPU-only, no GPUs)" in shown.out, shown.out
+    assert "1 node(s) x 1 CPU cores, 2 GiB (CPU-only, no GPUs)" in shown.out, shown.out
