@@ -253,8 +253,7 @@ def ensure_local_price(cluster: Cluster, accelerator: Accelerator):
     from costs.models import Price
     from costs.seed import CATALOG_EFFECTIVE_FROM
 
-    existing = Price.objects.filter(cluster=cluster, accelerator=accelerator, capacity_type=NodePool.CapacityType.ON_DEMAND,
-                                    effective_from=CATALOG_EFFECTIVE_FROM).first()
+    existing = _override(cluster, accelerator)
     if existing is not None:
         return existing
     reference = (
@@ -275,6 +274,15 @@ def ensure_local_price(cluster: Cluster, accelerator: Accelerator):
     )
 
 
+def _override(cluster: Cluster, accelerator: Accelerator):
+    """The cluster's on-demand price override for ``accelerator`` effective from the catalog's start, or None."""
+    from costs.models import Price
+    from costs.seed import CATALOG_EFFECTIVE_FROM
+
+    return Price.objects.filter(cluster=cluster, accelerator=accelerator, capacity_type=NodePool.CapacityType.ON_DEMAND,
+                                effective_from=CATALOG_EFFECTIVE_FROM).first()
+
+
 def ensure_local_cpu_price(cluster: Cluster, flavor: Accelerator):
     """The cluster's on-demand price override for its CPU pool (``flavor``: the CPU accelerator); created if missing.
 
@@ -287,8 +295,7 @@ def ensure_local_cpu_price(cluster: Cluster, flavor: Accelerator):
     from costs.models import Price
     from costs.seed import CATALOG_EFFECTIVE_FROM
 
-    existing = Price.objects.filter(cluster=cluster, accelerator=flavor, capacity_type=NodePool.CapacityType.ON_DEMAND,
-                                    effective_from=CATALOG_EFFECTIVE_FROM).first()
+    existing = _override(cluster, flavor)
     if existing is not None:
         return existing
     reference = (

@@ -19,13 +19,13 @@ from django.utils import timezone
 
 from costs.ledger import post_entries
 from costs.models import CostEntry, Price
-from costs.seed import CATALOG_EFFECTIVE_FROM, seed_accelerators, seed_prices
+from costs.seed import CATALOG_EFFECTIVE_FROM, seed_accelerators, seed_cpu_prices, seed_prices
 from jobs.lifecycle import mark_started, submit_job
 from jobs.efficiency.protocol import RunStats, parse_log
 from jobs.models import PRIORITY_CLASSES, Job, JobAttempt, JobState, WorkloadMetrics
 from jobs.states import transition
 from quotas.models import Budget, Quota
-from runners.models import Accelerator, Cluster, NodePool
+from runners.models import Accelerator, Cluster, Node, NodePool, cpu_flavor
 
 #: A valid job spec with every field set: 2 nodes x 8 H100 GPUs for an hour, preemptible, placed in aws us-east-1.
 VALID_SPEC = {
@@ -78,6 +78,18 @@ def make_cluster(name, provider, region, accelerator, *, nodes=2, gpus_per_node=
 def cluster_factory(catalog):
     """``make_cluster`` with the catalog seeded."""
     return make_cluster
+
+
+@pytest.fixture
+def cpu(catalog):
+    """The CPU flavor (returned) with a gcp-usc1 pool of 4 synced nodes x 16 cores, 64 GiB; the CPU prices seeded."""
+    seed_cpu_prices()
+    flavor = cpu_flavor()
+    _, pool = make_cluster("gcp-usc1", "gcp", "us-central1", flavor, nodes=4, gpus_per_node=0)
+    for i in range(4):
+        Node.objects.create(cluster=pool.cluster, node_pool=pool, name=f"cpu-{i}", gpus=0, cpu_milli=16000,
+                            memory_mib=64 * 1024, seen_at=timezone.now())
+    return flavor
 
 
 @pytest.fixture

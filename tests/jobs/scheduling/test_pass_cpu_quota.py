@@ -11,28 +11,14 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from costs.seed import seed_cpu_prices
 from jobs.models import JobAttempt, JobEvent, JobState
 from jobs.scheduling.passes import schedule_pending
 from quotas.models import Quota
-from runners.models import Node, cpu_flavor
-from tests.support.factories import fresh, make_cluster, make_job_row
+from tests.support.factories import fresh, make_job_row
 
 S = JobState
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def cpu(catalog):
-    """The CPU flavor with a gcp-usc1 pool of 4 synced nodes x 16 cores, 64 GiB; the CPU prices seeded."""
-    seed_cpu_prices()
-    flavor = cpu_flavor()
-    _, pool = make_cluster("gcp-usc1", "gcp", "us-central1", flavor, nodes=4, gpus_per_node=0)
-    for i in range(4):
-        Node.objects.create(cluster=pool.cluster, node_pool=pool, name=f"cpu-{i}", gpus=0, cpu_milli=16000,
-                            memory_mib=64 * 1024, seen_at=timezone.now())
-    return flavor
 
 
 @pytest.fixture

@@ -7,28 +7,12 @@ without a CPU quota is accepted whatever its size."""
 from __future__ import annotations
 
 import pytest
-from django.utils import timezone
 
-from costs.seed import seed_cpu_prices
 from jobs.models import Job
 from quotas.models import Quota, QuotaEvent
-from runners.models import Node, cpu_flavor
-from tests.support.factories import make_cluster
 
 QUOTAS = "/api/v1/quotas/"
 JOBS = "/api/v1/jobs/"
-
-
-@pytest.fixture
-def cpu(catalog):
-    """The CPU flavor with a gcp-usc1 pool of 4 synced nodes x 16 cores, 64 GiB; the CPU prices seeded."""
-    seed_cpu_prices()
-    flavor = cpu_flavor()
-    _, pool = make_cluster("gcp-usc1", "gcp", "us-central1", flavor, nodes=4, gpus_per_node=0)
-    for i in range(4):
-        Node.objects.create(cluster=pool.cluster, node_pool=pool, name=f"cpu-{i}", gpus=0, cpu_milli=16000,
-                            memory_mib=64 * 1024, seen_at=timezone.now())
-    return flavor
 
 
 def test_an_admin_sets_a_cpu_quota_in_vcpus_and_sees_the_limit_it_can_reach(owner, teammate, cpu, teams):
