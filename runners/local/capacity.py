@@ -256,12 +256,7 @@ def ensure_local_price(cluster: Cluster, accelerator: Accelerator):
     existing = _override(cluster, accelerator)
     if existing is not None:
         return existing
-    reference = (
-        Price.objects.filter(cluster__isnull=True, provider=REFERENCE_PROVIDER, region=REFERENCE_REGION,
-                             accelerator=accelerator, capacity_type=NodePool.CapacityType.ON_DEMAND,
-                             effective_from__lte=timezone.now())
-        .order_by("-effective_from").first()
-    )
+    reference = _catalog_price(accelerator, REFERENCE_PROVIDER, REFERENCE_REGION)
     if reference is not None:
         amount = reference.usd_per_gpu_hour
         basis = f"priced like {REFERENCE_PROVIDER} {REFERENCE_REGION} on-demand {accelerator.name}"
@@ -272,6 +267,17 @@ def ensure_local_price(cluster: Cluster, accelerator: Accelerator):
         provider=PROVIDER, region=REGION, accelerator=accelerator, capacity_type=NodePool.CapacityType.ON_DEMAND,
         cluster=cluster, usd_per_gpu_hour=amount, effective_from=CATALOG_EFFECTIVE_FROM, source=f"{what}: {basis}"[:200],
     )
+
+
+def _catalog_price(accelerator: Accelerator, provider: str, region: str, **extra):
+    """The catalog's (no cluster) on-demand Price of ``accelerator`` in ``provider`` ``region`` in force now, with
+    ``extra`` filters, or None."""
+    from costs.models import Price
+
+    return (Price.objects.filter(cluster__isnull=True, provider=provider, region=region, accelerator=accelerator,
+                                 capacity_type=NodePool.CapacityType.ON_DEMAND, effective_from__lte=timezone.now(),
+                                 **extra)
+            .order_by("-effective_from").first())
 
 
 def _override(cluster: Cluster, accelerator: Accelerator):
@@ -298,12 +304,7 @@ def ensure_local_cpu_price(cluster: Cluster, flavor: Accelerator):
     existing = _override(cluster, flavor)
     if existing is not None:
         return existing
-    reference = (
-        Price.objects.filter(cluster__isnull=True, provider=CPU_REFERENCE_PROVIDER, region=CPU_REFERENCE_REGION,
-                             accelerator=flavor, capacity_type=NodePool.CapacityType.ON_DEMAND,
-                             effective_from__lte=timezone.now(), usd_per_vcpu_hour__isnull=False)
-        .order_by("-effective_from").first()
-    )
+    reference = _catalog_price(flavor, CPU_REFERENCE_PROVIDER, CPU_REFERENCE_REGION, usd_per_vcpu_hour__isnull=False)
     if reference is None:
         log.warning("no %s %s CPU price in the catalog: the local CPU pool is not offered until one exists",
                     CPU_REFERENCE_PROVIDER, CPU_REFERENCE_REGION)
