@@ -46,7 +46,6 @@ Rules (sources: Kueue docs "Cluster Queue", "Preemption", "Fair Sharing"):
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import gc
 import heapq
 import operator
@@ -62,7 +61,7 @@ from .placement import (
     price_order,
     workload_of,
 )
-from .preemption import choose_victims, may_preempt, victim_order, victims_were_borrowing
+from .preemption import choose_victims, victim_order, victims_were_borrowing
 from .rules import (
     budget_never,
     check_budgets,
@@ -81,6 +80,7 @@ from .rules import (
 from .types import (
     NO_QUOTA,
     Admission,
+    BudgetView,
     Assessment,
     Decision,
     Decisions,
@@ -94,6 +94,8 @@ from .types import (
     Waiting,
 )
 
+#: The message of a no-room verdict until the end of the run of the loop that made it (``_fill_deferred``).
+_DEFERRED = "(numbers as after this pass)"
 _ORDER_KEY = operator.attrgetter("key")  # ``QueuedJob.order_key`` without a call
 STRICT_FIFO = "StrictFIFO"
 BEST_EFFORT_FIFO = "BestEffortFIFO"
@@ -123,22 +125,30 @@ class FairShareScheduler:
         self._matching: dict[tuple, tuple[list[PoolOffer], Verdict | None, tuple[int, ...]]] = {}
         self._by_price: dict[int, list[PoolOffer]] = {}  # by accelerator: its pools in ``price_order``
         # Capacity verdicts by (pools key, shape): (book version, verdict); shapes known not to fit by pools key.
-        self._no_room: dict[tuple, tuple[int, Verdict]] = {}
+        self._no_room: dict[tuple, tuple[int | None, Verdict]] = {}
+        # Within a run of the loop: the no-room verdicts to fill in at its end (``_fill_deferred``); else None.
+        self._deferred: list[tuple] | None = None
+        self._deferred_seen: list[tuple] = []  # the keys of ``_wait_seen`` given such a verdict in this run
         self._failed: dict[tuple, tuple[int, list[tuple[int, int, int, int]]]] = {}
+        # (pools ids, GPUs asked) -> (releases, how many pools in front have fewer free GPUs than that): ``_place``.
+        self._short: dict[tuple, tuple[int, int]] = {}
         self._taken: dict[int, int] = {}  # by accelerator: bumped by every booking (its pools' cached numbers are stale)
         # By accelerator: bumped by every release on its pools (shapes known not to fit there may fit again).
         self._released: dict[int, int] = {}
         self._no_victims: dict[tuple, tuple[int, list[tuple[int, int, int, int]]]] = {}
         self._never_seen: dict[tuple, Verdict | None] = {}
         self._quota_seen: dict[tuple, tuple[int, Verdict]] = {}
-        self._wait_seen: dict[tuple, tuple[tuple, Verdict]] = {}  # (team, shape) -> (stamp, capacity verdict)
+        # Capacity waits (``_evaluate_on``): (team, pools key) -> ((used, releases, cohort version), verdict), or for a
+        # job that will not preempt, of a team without per-cluster caps, pools key -> (releases, verdict).
+        self._wait_seen: dict[tuple, tuple[tuple | int, Verdict]] = {}
         self._cohort_version: dict[tuple, int] = {}  # (cohort, accelerator) -> changes of its teams' usage
         self._estimates: dict[tuple, tuple[PoolOffer, object]] = {}  # ``_estimate``: (offer, USD) by job size and pool
         self._unhealthy: dict[tuple, str] = {}  # pools key -> ``unhealthy_nodes`` sentence (health is fixed)
-        # A pass's decisions that admitted nothing, by what they depend on (``_run``), with the number of
-        # bookings made when they were decided (``_epoch``): until the next booking, a job of the same key gets the
-        # same decision. Emptied at the start of each run of the loop, as the state may be changed between runs.
-        self._decided: dict[tuple, tuple[int, Decision]] = {}
+        self._sick_pools: dict[int, list[PoolOffer]] = {}  # by accelerator: its pools with an unhealthy node
+        # A pass's decisions that admitted nothing, by what they depend on (``_run``), with the state they read
+        # (``_stamp``): while it holds, a job of the same key gets the same decision. Emptied at the start of each
+        # run of the loop, as the state may be changed between runs. ``_epoch``: the number of bookings.
+        self._decided: dict[tuple, tuple] = {}
         self._epoch = 0
         # Cohort lendable pool and borrowed GPUs, by (cohort, accelerator).
         self.lendable: dict[tuple, int] = {}
@@ -235,21 +245,50 @@ class FairShareScheduler:
             for fn, fg, fc, fm in failed[1]:
                 if shape[0] >= fn and shape[1] >= fg and shape[2] >= fc and shape[3] >= fm:
                     return None
-        found = self.book.place(job.placement(), pools)
+        # The pools in front with fewer free GPUs than the job asks, passed over by ``place``: they stay so until
+        # a release on the accelerator (bookings only take GPUs), so the next such job starts after them.
+        need = job.total_gpus
+        skey = (pids, need)
+        skip = self._short.get(skey)
+        start = skip[1] if skip is not None and skip[0] == released else 0
+        nodes = self.book.pools
+        end = len(pools)
+        while start < end and nodes[pools[start].node_pool_id].free_total < need:
+            start += 1
+        self._short[skey] = (released, start)
+        found = self.book.place(job.placement(), pools[start:] if start else pools)
         if found is None:
             if failed is None or failed[0] != released:
                 failed = self._failed[key] = (released, [])
             lst = failed[1]
-            lst[:] = [s for s in lst if not all(a >= b for a, b in zip(s, shape))]
+            lst[:] = [s for s in lst if not (s[0] >= shape[0] and s[1] >= shape[1] and s[2] >= shape[2]
+                                             and s[3] >= shape[3])]
             lst.append(shape)
         return found
 
     def _no_room_verdict(self, job: QueuedJob, acc: int, pools: list[PoolOffer], pids: tuple[int, ...]) -> Verdict:
+        """``no_room`` for ``job`` on ``pools`` (ids ``pids``) with the nodes' numbers now, remembered until the
+        next booking on ``acc``. Within a run of the loop (``_deferred`` set) the numbers are those after the run:
+        the verdict's message and detail are filled in by ``_fill_deferred`` once per pools key, however many
+        bookings the run makes meanwhile."""
         key = (self._pools_key(job, acc), pids)
         cached = self._no_room.get(key)
         taken = self._taken.get(acc, 0)
         if cached is not None and cached[0] == taken:
             return cached[1]
+        deferred = self._deferred
+        if deferred is not None:
+            if cached is not None and cached[0] is None:
+                return cached[1]  # already to be filled in at the end of this run
+            detail: dict = {}
+            verdict = Verdict(False, "capacity", _DEFERRED, detail)
+            deferred.append((detail, key, job, acc, pools, pids))
+            self._no_room[key] = (None, verdict)
+            return verdict
+        return self._no_room_now(job, acc, pools, pids, key, taken)
+
+    def _no_room_now(self, job: QueuedJob, acc: int, pools: list[PoolOffer], pids: tuple[int, ...], key: tuple,
+                     taken: int) -> Verdict:
         book = self.book
         request = job.placement()
         shown = pools[:3]
@@ -261,14 +300,39 @@ class FairShareScheduler:
         self._no_room[key] = (taken, verdict)
         return verdict
 
+    def _fill_deferred(self, out: Decisions) -> None:
+        """Give the no-room verdicts of a run of the loop (``_no_room_verdict``) their message and numbers as the
+        nodes are after it: in every waiting decision of ``out`` and in the remembered capacity waits."""
+        deferred, self._deferred = self._deferred, None
+        if not deferred:
+            return
+        messages: dict[int, str] = {}
+        for detail, key, job, acc, pools, pids in deferred:
+            verdict = self._no_room_now(job, acc, pools, pids, key, self._taken.get(acc, 0))
+            detail.update(verdict.detail)  # the same dict every decision of the run holds
+            messages[id(detail)] = verdict.message
+            self._no_room[key] = (self._taken.get(acc, 0), Verdict(False, "capacity", verdict.message, detail))
+        for w in out.waiting.values():
+            if w.message is _DEFERRED:
+                w.message = messages[id(w.detail)]
+        seen = self._wait_seen
+        for k in self._deferred_seen:
+            stamp, verdict = seen[k]
+            if verdict.message is _DEFERRED:
+                seen[k] = (stamp, Verdict(False, verdict.reason, messages[id(verdict.detail)], verdict.detail))
+        self._deferred_seen.clear()
+
     def _unhealthy_sentence(self, job: QueuedJob, acc: int, request) -> str:
         """``unhealthy_nodes`` over the accelerator's pools allowed to ``job`` (remembered by pools key: node health
         and the pools do not change within the scheduler's life)."""
         key = self._pools_key(job, acc)
         found = self._unhealthy.get(key)
         if found is None:
-            found = self._unhealthy[key] = unhealthy_nodes(
-                request, [o for o in self._pools.get(acc, ()) if allowed(request, o)])
+            sick = self._sick_pools.get(acc)
+            if sick is None:  # the accelerator's pools with an unhealthy node, once: most fleets have none
+                sick = self._sick_pools[acc] = [o for o in self._pools.get(acc, ())
+                                                if any(not n.healthy for n in o.node_rooms)]
+            found = self._unhealthy[key] = unhealthy_nodes(request, [o for o in sick if allowed(request, o)])
         return found
 
     def _estimate(self, job: QueuedJob, offer: PoolOffer):
@@ -299,21 +363,23 @@ class FairShareScheduler:
         Cached per team, accelerator, size and run time: quotas and budget amounts do not change within a pass.
         """
         team = self.teams[job.team_id]
-        amount = self._amount(job, acc, team)
-        key = (job.team_id, acc, job.cpu_only, amount, job.max_runtime_seconds if team.budgets else 0,
-               self._pools_key(job, acc) if team.budgets else None)
-        if key in self._never_seen:
-            return self._never_seen[key]
-        q = team.quotas.get(acc)
-        verdict = quota_verdict(job, amount, 0, q.view() if q is not None else None)
-        if verdict.ok or not verdict.never:
-            verdict = None
-        if verdict is None and team.budgets:
-            pools = self._matching_pools(job, acc)
-            if pools:
-                cheapest = self._estimate(job, pools[0])
-                verdict = budget_never(cheapest, team.budgets)
-        self._never_seen[key] = verdict
+        cpu_only = job.cpu_only
+        amount = job.total_gpus if not cpu_only else job.total_cpu_milli if acc in team.quotas else 0  # ``_amount``
+        key = (job.team_id, acc, cpu_only, amount)
+        verdict = self._never_seen.get(key, self)
+        if verdict is self:
+            q = team.quotas.get(acc)
+            verdict = quota_verdict(job, amount, 0, q.view() if q is not None else None)
+            if verdict.ok or not verdict.never:
+                verdict = None
+            self._never_seen[key] = verdict
+        if verdict is None and team.budgets:  # a whole block budget: by the cheapest pool for the job's shape
+            bkey = (job.team_id, acc, job.max_runtime_seconds, job.shape)
+            verdict = self._never_seen.get(bkey, self)
+            if verdict is self:
+                pools = self._matching_pools(job, acc)
+                verdict = budget_never(self._estimate(job, pools[0]), team.budgets) if pools else None
+                self._never_seen[bkey] = verdict
         return verdict
 
     @staticmethod
@@ -351,14 +417,18 @@ class FairShareScheduler:
         return first_wait or first_never
 
     def _evaluate_on(self, job: QueuedJob, acc: int, only_pool: int | None) -> Decision:
-        never = self._never_on(job, acc)
+        team = self.teams[job.team_id]
+        cpu_only = job.cpu_only
+        # ``_amount``: GPUs, or CPU millicores against a CPU quota
+        gpus = job.total_gpus if not cpu_only else job.total_cpu_milli if acc in team.quotas else 0
+        qkey = (job.team_id, acc, cpu_only, gpus)  # also ``_never_on``'s key for its quota never-rules
+        never = self._never_seen.get(qkey, self)
+        if never is self or (never is None and team.budgets):
+            never = self._never_on(job, acc)
         if never is not None:
             return Rejection(job, never)
-        team = self.teams[job.team_id]
         q = team.quotas.get(acc) or NO_QUOTA  # none: a quota-free CPU-only job (it passed _never_on)
-        gpus = self._amount(job, acc, team)  # GPUs, or CPU millicores against a CPU quota
         used = team.used.get(acc, 0)
-        qkey = (job.team_id, acc, job.cpu_only, gpus)
         known = self._quota_seen.get(qkey)
         if known is None or known[0] != used:  # the verdict depends on the team's usage only
             known = (used, quota_verdict(job, gpus, used, q.view() if gpus else None))
@@ -366,15 +436,28 @@ class FairShareScheduler:
         if not known[1].ok:
             return Waiting.because(job, known[1])
         ckey = (team.cohort, acc)
-        wkey = (job.team_id, self._pools_key(job, acc)) if only_pool is None else None
-        preempts = may_preempt(job, team, q, acc)
-        stamp = (used, self._released.get(acc, 0), self._cohort_version.get(ckey, 0) if preempts else None)
+        # only a job that stays within its team's nominal quota preempts (``preemption``); a CPU-only job never does
+        preempts = not cpu_only and used + gpus <= q.nominal_gpus
+        shared = False  # a shared wait is reused only while the cohort still has room for the job's GPUs
+        if only_pool is not None:
+            wkey = stamp = None
+        elif preempts or team.cluster_caps:
+            wkey = (job.team_id, self._pools_key(job, acc))
+            stamp = (used, self._released.get(acc, 0), self._cohort_version.get(ckey, 0) if preempts else None)
+        else:  # what it waits for is the fleet's alone: shared by every team whose cohort could lend it the GPUs
+            wkey = self._pools_key(job, acc)
+            stamp = self._released.get(acc, 0)
+            shared = True
         seen = self._wait_seen.get(wkey) if wkey is not None else None
-        if seen is not None and seen[0] == stamp:
+        if seen is not None and seen[0] == stamp and (
+                not shared or gpus == 0 or cohort_has_room(self.lendable.get(ckey, 0), self.borrowed.get(ckey, 0),
+                                                           used, q.guaranteed_gpus, gpus)):
             return Waiting.because(job, seen[1])  # nothing that could let it in changed since the same shape waited
         decision = self._place_or_wait(job, acc, only_pool, team, q, used, ckey, preempts)
         if wkey is not None and isinstance(decision, Waiting) and decision.reason == "capacity":
             self._wait_seen[wkey] = (stamp, decision.verdict())
+            if decision.message is _DEFERRED:
+                self._deferred_seen.append(wkey)
         return decision
 
     def _place_or_wait(self, job: QueuedJob, acc: int, only_pool: int | None, team: TeamState, q: TeamQuota,
@@ -385,6 +468,10 @@ class FairShareScheduler:
         since (preemptions) and, for a job that may preempt, on its cohort's
         usage: admissions only take nodes away, so ``_evaluate_on`` reuses it
         for the next job of the same team and shape until one of those changes.
+        For a job that will not preempt, of a team without per-cluster caps,
+        it depends on the nodes alone once the cohort has room for the GPUs:
+        it is reused for every such team's job of the same shape until a
+        release on the accelerator.
         """
         gpus = self._amount(job, acc, team)
         pools, fleet, pids = self._matching_entry(job, acc)
@@ -436,15 +523,19 @@ class FairShareScheduler:
         shape = (job.nodes, job.gpus_per_node, job.cpu_milli, job.memory_mib)
         version = (self._cohort_version.get((team.cohort, acc), 0), self._released.get(acc, 0))
         known = self._no_victims.get(key)
+        n, g, c, m = shape
         if known is not None and known[0] == version:
-            if any(all(a >= b for a, b in zip(shape, s)) for s in known[1]):
-                return None
+            for fn, fg, fc, fm in known[1]:
+                if n >= fn and g >= fg and c >= fc and m >= fm:
+                    return None
         found = self._search_victims(job, acc, team, q, pools, fits_nowhere)
         if found is None:
             if known is None or known[0] != version:
                 known = (version, [])
                 self._no_victims[key] = known
-            known[1].append(shape)
+            lst = known[1]  # the least shapes known to find none: one that covers another replaces it
+            lst[:] = [s for s in lst if not (s[0] >= n and s[1] >= g and s[2] >= c and s[3] >= m)]
+            lst.append(shape)
         return found
 
     def _search_victims(self, job: QueuedJob, acc: int, team: TeamState, q: TeamQuota, pools: list[PoolOffer],
@@ -525,8 +616,8 @@ class FairShareScheduler:
         if ckey in team.cluster_caps:
             team.cluster_used[ckey] = team.cluster_used.get(ckey, 0) + job.total_gpus
         if team.budgets:
-            team.budgets = [dataclasses.replace(b, committed_usd=b.committed_usd + a.estimate_usd)
-                            for b in team.budgets]
+            team.budgets = [BudgetView(b.budget_id, b.amount_usd, b.spent_usd, b.committed_usd + a.estimate_usd,
+                                       b.action) for b in team.budgets]
 
     # --- passes ---------------------------------------------------------------------------
 
@@ -536,14 +627,23 @@ class FairShareScheduler:
         A decision that admits nothing is remembered by what ``evaluate``
         reads of the job (its team, accelerators, shape and constraints, and
         its run time when the team has budgets: the estimate; priority,
-        submission and id play no part) until the next booking (``_epoch``):
-        every rule reads only the state and those fields, so the next job of
-        the same key gets the same reason at once (a full queue waits in a
-        few dictionary looks).
+        submission and id play no part), with what it read of the state
+        (``_stamp``); the next job of the same key gets the same decision at
+        once (a full queue waits in a few dictionary looks) while that stamp
+        holds.
         """
+        self._deferred = []
+        try:
+            self._loop(heap, out)
+        finally:
+            self._fill_deferred(out)
+
+    def _loop(self, heap: list, out: Decisions) -> None:
+        """``_run``'s loop."""
         queues = self.queues
         decided = self._decided
         decided.clear()
+        released, cohort_version = self._released, self._cohort_version
         share = self.share
         waiting = out.waiting
         heappop, heappushpop = heapq.heappop, heapq.heappushpop
@@ -557,40 +657,74 @@ class FairShareScheduler:
             if version != tq.version:
                 entry = heappushpop(heap, (self._key(tq), tq.version, tid))
                 continue
-            job = tq.jobs[tq.pos]
-            team = tq.team
-            dkey = (tid, job.accelerator_id, job.alternatives, job.shape,
-                    job.max_runtime_seconds if team.budgets else 0)
-            known = decided.get(dkey)
-            if known is not None and known[0] == self._epoch:
-                same = known[1]
-                decision = (Waiting(job, same.reason, same.message, same.detail) if isinstance(same, Waiting)
-                            else Rejection(job, same.verdict))
-            else:
-                decision = self.evaluate(job)
-                if not isinstance(decision, Admission):
-                    decided[dkey] = (self._epoch, decision)
-            if isinstance(decision, Waiting):
-                if team.strategy != STRICT_FIFO or decision.detail.get("never_placeable"):
-                    tq.waiting_before.append(job)
-                    waiting[job.job_id] = decision
+            jobs, team, pos, last = tq.jobs, tq.team, tq.pos, len(tq.jobs) - 1
+            strict = team.strategy == STRICT_FIFO
+            while True:  # this team's jobs, while its next head still comes before every other team's
+                job = jobs[pos]
+                dkey = (tid, job.accelerator_id, job.alternatives, job.shape,
+                        job.max_runtime_seconds if team.budgets else 0)
+                known = decided.get(dkey)
+                if known is not None and (
+                        known[0] == tq.version and released.get(job.accelerator_id, 0) == known[1]
+                        and (known[2] is None or cohort_version.get(known[2], 0) == known[3])
+                        if known[1] is not None else known[0] == self._epoch):
+                    same = known[4]
+                    decision = (Waiting(job, same.reason, same.message, same.detail) if isinstance(same, Waiting)
+                                else Rejection(job, same.verdict))
                 else:
-                    tq.blocked = decision
+                    decision = (self.evaluate(job) if job.alternatives
+                                else self._evaluate_on(job, job.accelerator_id, None))
+                    if not isinstance(decision, Admission):  # nothing changed: the state it read is the state now
+                        decided[dkey] = (*self._stamp(job, tq), decision)
+                if isinstance(decision, Waiting):
                     waiting[job.job_id] = decision
+                    if strict and not decision.detail.get("never_placeable"):
+                        tq.blocked = decision
+                        entry = heappop(heap) if heap else None
+                        break
+                    tq.waiting_before.append(job)
+                elif isinstance(decision, Admission):
+                    self._admit(decision)
+                    out.admissions.append(decision)
+                else:
+                    out.rejections.append(decision)
+                pos += 1
+                tq.pos = pos
+                if pos > last:
                     entry = heappop(heap) if heap else None
-                    continue
-            elif isinstance(decision, Admission):
-                self._admit(decision)
-                out.admissions.append(decision)
-            else:
-                out.rejections.append(decision)
-            tq.pos += 1
-            if tq.pos < len(tq.jobs):
-                nxt = tq.jobs[tq.pos]  # ``_key``, inline: the order between teams by their heads
-                entry = heappushpop(heap, ((-nxt.priority, share[tid], nxt.submitted, nxt.job_id), tq.version, tid))
-            else:
-                entry = heappop(heap) if heap else None
+                    break
+                nxt = jobs[pos]  # ``_key``, inline: the order between teams by their heads
+                key = (-nxt.priority, share[tid], nxt.submitted, nxt.job_id)
+                if heap and heap[0][0] < key:  # another team's head comes first (``heappushpop`` would return it)
+                    entry = heappushpop(heap, (key, tq.version, tid))
+                    break
         decided.clear()
+
+    def _stamp(self, job: QueuedJob, tq: TeamQueue) -> tuple:
+        """What a decision that admits ``job`` (its team's head, queue ``tq``) nothing depends on, as
+        ``(team version, releases on its accelerator, cohort key or None, that cohort's version)``.
+
+        Within a run of the loop, bookings only take room, quota and money
+        away; only a release (a preemption: ``_released``) gives any back. So
+        a job that waits or is rejected keeps that decision until its own
+        team's usage or money changes (``TeamQueue.version``), something is
+        released on its accelerator, or, for a job within its nominal quota
+        (one that may preempt), its cohort's usage changes (more teams
+        borrowing make more victims eligible). Its numbers (free GPUs in a
+        message) may be a few bookings old, as the reason of a capacity wait
+        already is (``_evaluate_on``). A job with accelerator alternatives
+        reads several accelerators: its stamp is the number of bookings
+        (``(epoch, None, None, None)``).
+        """
+        if job.alternatives:
+            return (self._epoch, None, None, None)
+        acc = job.accelerator_id
+        team = tq.team
+        q = team.quotas.get(acc)
+        if q is not None and not job.cpu_only and team.used.get(acc, 0) + job.total_gpus <= q.nominal_gpus:
+            ckey = (team.cohort, acc)
+            return (tq.version, self._released.get(acc, 0), ckey, self._cohort_version.get(ckey, 0))
+        return (tq.version, self._released.get(acc, 0), None, None)
 
     def _finish_team(self, tq: TeamQueue, out: Decisions) -> None:
         """Behind a blocked head: reject what can never run, the rest waits (reason ``priority``)."""

@@ -20,16 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .placement import NodeBook, PlacementRequest, PoolOffer
-from .types import OK, QueuedJob, RunningJob, TeamQuota, TeamState, Verdict
-
-
-def may_preempt(job: QueuedJob, team: TeamState, quota: TeamQuota, accelerator_id: int | None = None) -> bool:
-    """Whether ``job`` stays within its team's nominal quota once admitted (only such a job preempts). A CPU-only
-    job never preempts: victims are chosen to free GPUs (ADR 0012)."""
-    if job.cpu_only:
-        return False
-    acc = job.accelerator_id if accelerator_id is None else accelerator_id
-    return team.used.get(acc, 0) + job.total_gpus <= quota.nominal_gpus
+from .types import OK, QueuedJob, RunningJob, TeamState, Verdict
 
 
 def victim_order(r: RunningJob) -> tuple:
@@ -80,8 +71,9 @@ def choose_victims(candidates: list[RunningJob], pools: list[PoolOffer], book: N
         # Every answer needs a victim, and only a job of a team above its nominal quota can be one (``_pick``):
         # the others can be left out, and when all the teams' borrowing they could give back falls short of
         # ``cohort_need``, no pool has an answer.
-        candidates = [c for c in candidates if borrowing_before(teams[c.team_id], accelerator_id,
-                                                                teams[c.team_id].used.get(accelerator_id, 0))]
+        borrowing = {t: borrowing_before(teams[t], accelerator_id, teams[t].used.get(accelerator_id, 0))
+                     for t in {c.team_id for c in candidates}}
+        candidates = [c for c in candidates if borrowing[c.team_id]]
         if not candidates:
             return None
         if cohort_need > 0 and _most_returned(teams, accelerator_id, candidates) < cohort_need:

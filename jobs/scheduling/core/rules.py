@@ -82,6 +82,8 @@ def check_quota(request_gpus: int, used_gpus: int, quota: QuotaView | None) -> V
         return Verdict(False, "quota", f"The team has no quota for this accelerator, so a job of {request_gpus} GPUs "
                                        f"can never run.", {"request_gpus": request_gpus}, never=True)
     limit = quota.limit_gpus
+    if used_gpus + request_gpus <= limit and not (quota.max_gpus_per_job and request_gpus > quota.max_gpus_per_job):
+        return OK
     # The per-job cap is in every verdict: a scheduling pass that skips jobs at least as large as one that
     # waited must still try (and reject) those over the cap.
     detail = {"request_gpus": request_gpus, "used_gpus": used_gpus, "nominal_gpus": quota.nominal_gpus,
@@ -253,7 +255,8 @@ def unhealthy_nodes(request, pools: list[PoolOffer], shown: int = 5) -> str:
 def no_room(job: QueuedJob, pools: list[PoolOffer], free: dict[int, int], most_free: dict[int, int] | None = None,
             with_room: dict[int, int] | None = None, unhealthy: str = "") -> Verdict:
     """Pools match ``job`` but none has ``job.nodes`` nodes with room now. ``free``: free GPUs by node pool id;
-    ``most_free``: the most free GPUs on one node, ``with_room``: nodes with room for one node of the job, by id;
+    ``most_free``: the most free GPUs on one node, ``with_room``: nodes with room for one node of the job, by id
+    (for the pools named in the message, the first three: the detail gives ``most_free`` for those only);
     ``unhealthy``: the sentence of ``unhealthy_nodes`` over the pools allowed to it, added to the message."""
     most_free = most_free or {}
     with_room = with_room or {}
@@ -266,8 +269,7 @@ def no_room(job: QueuedJob, pools: list[PoolOffer], free: dict[int, int], most_f
     return Verdict(False, "capacity", message,
                    {"request_gpus": job.total_gpus, "nodes": job.nodes, "gpus_per_node": job.gpus_per_node,
                     "free_gpus_by_pool": {str(o.node_pool_id): free[o.node_pool_id] for o in pools},
-                    "most_free_gpus_on_a_node_by_pool": {str(o.node_pool_id): most_free.get(o.node_pool_id, 0)
-                                                         for o in pools}})
+                    "most_free_gpus_on_a_node_by_pool": {str(pid): n for pid, n in most_free.items()}})
 
 
 # --- budgets ----------------------------------------------------------------------------------------------

@@ -98,22 +98,19 @@ class QueuedJob:
     key: tuple = dataclasses.field(init=False, repr=False, compare=False)
     #: What placement depends on, whatever the accelerator: size per node, spot rule and constraints (a cache key).
     shape: tuple = dataclasses.field(init=False, repr=False, compare=False)
+    #: nodes x gpus_per_node: every pod holds gpus_per_node (a serving job's replicas are counted in ``nodes``, one
+    #: pod per node: ``jobs.scheduling.snapshot``). Set once, as the pass reads it for every job.
+    total_gpus: int = dataclasses.field(init=False, repr=False, compare=False)
+    #: Whether the job asks no GPUs (it runs on the CPU flavor).
+    cpu_only: bool = dataclasses.field(init=False, repr=False, compare=False)
+    _request: PlacementRequest | None = dataclasses.field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self):
         self.key = (-self.priority, self.submitted, self.job_id)
         self.shape = (self.nodes, self.gpus_per_node, self.cpu_milli, self.memory_mib, self.preemptible,
                       self.providers, self.regions, self.clusters)
-
-    @property
-    def total_gpus(self) -> int:
-        """nodes x gpus_per_node: every pod holds gpus_per_node (a serving job's replicas are counted in ``nodes``,
-        one pod per node: ``jobs.scheduling.snapshot``)."""
-        return self.nodes * self.gpus_per_node
-
-    @property
-    def cpu_only(self) -> bool:
-        """Whether the job asks no GPUs (it runs on the CPU flavor)."""
-        return self.gpus_per_node == 0
+        self.total_gpus = self.nodes * self.gpus_per_node
+        self.cpu_only = self.gpus_per_node == 0
 
     @property
     def total_cpu_milli(self) -> int:
@@ -125,8 +122,13 @@ class QueuedJob:
         return self.key
 
     def placement(self) -> PlacementRequest:
-        return PlacementRequest(self.nodes, self.gpus_per_node, self.preemptible, self.providers, self.regions,
-                                self.clusters, self.cpu_milli, self.memory_mib)
+        """What placement reads of the job (made once: a pass asks for it at every step that places)."""
+        request = self._request
+        if request is None:
+            request = self._request = PlacementRequest(self.nodes, self.gpus_per_node, self.preemptible,
+                                                       self.providers, self.regions, self.clusters, self.cpu_milli,
+                                                       self.memory_mib)
+        return request
 
     @property
     def accelerator_ids(self) -> tuple[int, ...]:

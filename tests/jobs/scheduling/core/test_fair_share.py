@@ -122,7 +122,10 @@ def test_under_best_effort_fifo_a_smaller_job_passes_a_head_that_does_not_fit():
     assert sorted(admitted(d)) == sorted([small_same_team.job_id, other.job_id])
     w = d.waiting[big.job_id]
     assert w.reason == "capacity" and w.team_position == 1
-    assert "3 nodes x 8 GPUs" in w.message and "16 GPUs free" in w.message
+    # the numbers are the pool's after the pass: 24 GPUs less the running 8 and the two admitted jobs' 4 and 8
+    free_after = 24 - 8 - small_same_team.total_gpus - other.total_gpus
+    assert "3 nodes x 8 GPUs" in w.message and f"{free_after} GPUs free" in w.message
+    assert w.detail["free_gpus_by_pool"] == {"1": free_after}
 
 
 def test_a_job_no_node_pool_can_ever_hold_does_not_block_its_team():
@@ -208,6 +211,23 @@ def test_the_incremental_pass_decides_a_new_submission_as_a_full_pass_would():
     assert admitted(full) == [queue[0].job_id, queue[2].job_id, fits.job_id]
 
 
+
+def test_a_submission_that_waits_for_room_is_told_the_room_after_its_pass():
+    # one node of 8 GPUs: the full pass admits a 6-GPU job; a later 4-GPU submission waits with 2 free, in the
+    # same words as a full pass over both would give it; then one of the same shape, answered from what the
+    # first one learned, says the same
+    first = job(1, 6, at=1)
+    scheduler = FairShareScheduler(snapshot([team(1, 16)], [pool(1, 8)], [first]))
+    assert admitted(scheduler.full_pass()) == [first.job_id]
+    later, again = job(1, 4, at=2), job(1, 4, at=3)
+    w = scheduler.submit(later).waiting[later.job_id]
+    full, _ = decide([team(1, 16)], [pool(1, 8)], [first, later])
+    assert w.reason == "capacity" and w.message == full.waiting[later.job_id].message
+    assert f"{8 - first.total_gpus} GPUs free" in w.message
+    assert w.detail["free_gpus_by_pool"] == {"1": 8 - first.total_gpus}
+    w2 = scheduler.submit(again).waiting[again.job_id]
+    assert (w2.message, w2.detail) == (w.message, w.detail)
+
 # --- per-cluster quotas ------------------------------------------------------------------------
 
 def test_a_per_cluster_quota_sends_the_overflow_to_the_next_cheapest_cluster():
@@ -241,16 +261,17 @@ def test_a_per_cluster_cap_of_another_team_or_cluster_changes_nothing():
 
 # --- a pass's remembered reasons ------------------------------------------------------------
 
-def test_a_job_waiting_like_an_earlier_one_is_told_the_room_left_after_the_admissions_between_them():
-    # one node of 8 GPUs, 4 held by team 3: a (8 GPUs, first) waits with 4 free; b (2 GPUs) is admitted; c, the
-    # same shape and team as a, comes after b and must see the 2 GPUs b left, not a's remembered 4
+def test_waiting_jobs_are_told_the_room_left_after_the_pass_whenever_they_were_decided():
+    # one node of 8 GPUs, 4 held by team 3: a (8 GPUs, first) waits; b (2 GPUs) is admitted; c, the same shape and
+    # team as a, comes after b: both are told the room the pass left (not the 4 free when a was decided)
     runs = [running(90, 3, 4, 1, preemptible=False)]
     a, b, c = job(1, 8, priority=1000), job(2, 2, priority=500), job(1, 8, priority=100)
     d, _ = decide([team(1, 16), team(2, 16), team(3, 16)], [pool(1, 8)], [a, b, c], runs)
     assert admitted(d) == [b.job_id]
-    assert d.waiting[a.job_id].detail["free_gpus_by_pool"] == {"1": 4}
-    assert d.waiting[c.job_id].detail["free_gpus_by_pool"] == {"1": 2}
-    assert "2 GPUs free" in d.waiting[c.job_id].message
+    left = 8 - 4 - b.total_gpus
+    for w in (d.waiting[a.job_id], d.waiting[c.job_id]):
+        assert w.detail["free_gpus_by_pool"] == {"1": left}
+        assert f"{left} GPUs free" in w.message
 
 
 def test_jobs_waiting_for_the_same_reason_each_get_their_own_positions():
