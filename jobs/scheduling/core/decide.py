@@ -137,6 +137,7 @@ class FairShareScheduler:
         self._released: dict[int, int] = {}
         self._no_victims: dict[tuple, tuple[int, list[tuple[int, int, int, int]]]] = {}
         self._never_seen: dict[tuple, Verdict | None] = {}
+        self._cheapest: dict[tuple, object] = {}  # (accelerator, run time, shape) -> estimate on its cheapest pool
         self._quota_seen: dict[tuple, tuple[int, Verdict]] = {}
         # Capacity waits (``_evaluate_on``): (team, pools key) -> ((used, releases, cohort version), verdict), or for a
         # job that will not preempt, of a team without per-cluster caps, pools key -> (releases, verdict).
@@ -374,12 +375,13 @@ class FairShareScheduler:
                 verdict = None
             self._never_seen[key] = verdict
         if verdict is None and team.budgets:  # a whole block budget: by the cheapest pool for the job's shape
-            bkey = (job.team_id, acc, job.max_runtime_seconds, job.shape)
-            verdict = self._never_seen.get(bkey, self)
-            if verdict is self:
+            ekey = (acc, job.max_runtime_seconds, job.shape)  # whatever the team: its budgets are compared after
+            cheapest = self._cheapest.get(ekey, self)
+            if cheapest is self:
                 pools = self._matching_pools(job, acc)
-                verdict = budget_never(self._estimate(job, pools[0]), team.budgets) if pools else None
-                self._never_seen[bkey] = verdict
+                cheapest = self._cheapest[ekey] = self._estimate(job, pools[0]) if pools else None
+            if cheapest is not None:
+                verdict = budget_never(cheapest, team.budgets)
         return verdict
 
     @staticmethod
@@ -438,7 +440,6 @@ class FairShareScheduler:
         ckey = (team.cohort, acc)
         # only a job that stays within its team's nominal quota preempts (``preemption``); a CPU-only job never does
         preempts = not cpu_only and used + gpus <= q.nominal_gpus
-        shared = False  # a shared wait is reused only while the cohort still has room for the job's GPUs
         if only_pool is not None:
             wkey = stamp = None
         elif preempts or team.cluster_caps:
@@ -447,11 +448,12 @@ class FairShareScheduler:
         else:  # what it waits for is the fleet's alone: shared by every team whose cohort could lend it the GPUs
             wkey = self._pools_key(job, acc)
             stamp = self._released.get(acc, 0)
-            shared = True
         seen = self._wait_seen.get(wkey) if wkey is not None else None
+        # A capacity wait was decided with room in the cohort; without the cohort's version in its stamp (a job that
+        # will not preempt), it holds only while the cohort still has room for the job (else: ``cohort_full``).
         if seen is not None and seen[0] == stamp and (
-                not shared or gpus == 0 or cohort_has_room(self.lendable.get(ckey, 0), self.borrowed.get(ckey, 0),
-                                                           used, q.guaranteed_gpus, gpus)):
+                preempts or gpus == 0 or cohort_has_room(self.lendable.get(ckey, 0), self.borrowed.get(ckey, 0),
+                                                         used, q.guaranteed_gpus, gpus)):
             return Waiting.because(job, seen[1])  # nothing that could let it in changed since the same shape waited
         decision = self._place_or_wait(job, acc, only_pool, team, q, used, ckey, preempts)
         if wkey is not None and isinstance(decision, Waiting) and decision.reason == "capacity":
@@ -612,6 +614,8 @@ class FairShareScheduler:
         amount = self._amount(job, acc, team)
         if amount or not job.cpu_only:
             self._use(team, acc, amount)  # a quota-free CPU-only job counts nothing
+        elif team.budgets:
+            self.queues[team.team_id].version += 1  # but its money is committed: what read the budgets is stale
         ckey = (acc, a.offer.cluster_id)
         if ckey in team.cluster_caps:
             team.cluster_used[ckey] = team.cluster_used.get(ckey, 0) + job.total_gpus
@@ -643,7 +647,8 @@ class FairShareScheduler:
         queues = self.queues
         decided = self._decided
         decided.clear()
-        released, cohort_version = self._released, self._cohort_version
+        released, cohort_version, borrowed = self._released, self._cohort_version, self.borrowed
+        self._wait_seen.clear()  # its numbers are a run's: the state may be changed between runs
         share = self.share
         waiting = out.waiting
         heappop, heappushpop = heapq.heappop, heapq.heappushpop
@@ -666,16 +671,17 @@ class FairShareScheduler:
                 known = decided.get(dkey)
                 if known is not None and (
                         known[0] == tq.version and released.get(job.accelerator_id, 0) == known[1]
-                        and (known[2] is None or cohort_version.get(known[2], 0) == known[3])
+                        and (known[2] is None or (cohort_version.get(known[2], 0) == known[3] if known[4] is None
+                                                  else borrowed.get(known[2], 0) <= known[4]))
                         if known[1] is not None else known[0] == self._epoch):
-                    same = known[4]
+                    same = known[5]
                     decision = (Waiting(job, same.reason, same.message, same.detail) if isinstance(same, Waiting)
                                 else Rejection(job, same.verdict))
                 else:
                     decision = (self.evaluate(job) if job.alternatives
                                 else self._evaluate_on(job, job.accelerator_id, None))
                     if not isinstance(decision, Admission):  # nothing changed: the state it read is the state now
-                        decided[dkey] = (*self._stamp(job, tq), decision)
+                        decided[dkey] = (*self._stamp(job, tq, decision), decision)
                 if isinstance(decision, Waiting):
                     waiting[job.job_id] = decision
                     if strict and not decision.detail.get("never_placeable"):
@@ -700,31 +706,59 @@ class FairShareScheduler:
                     break
         decided.clear()
 
-    def _stamp(self, job: QueuedJob, tq: TeamQueue) -> tuple:
-        """What a decision that admits ``job`` (its team's head, queue ``tq``) nothing depends on, as
-        ``(team version, releases on its accelerator, cohort key or None, that cohort's version)``.
+    def _stamp(self, job: QueuedJob, tq: TeamQueue, decision: Decision) -> tuple:
+        """What ``decision`` (one that admits ``job``, its team's head of queue ``tq``, nothing) depends on, as
+        ``(team version, releases on its accelerator, cohort key or None, that cohort's version or None, most
+        borrowed GPUs the cohort may hold or None)``; the loop reuses it for a job of the same key while the state
+        still matches.
 
         Within a run of the loop, bookings only take room, quota and money
         away; only a release (a preemption: ``_released``) gives any back. So
         a job that waits or is rejected keeps that decision until its own
-        team's usage or money changes (``TeamQueue.version``), something is
-        released on its accelerator, or, for a job within its nominal quota
-        (one that may preempt), its cohort's usage changes (more teams
-        borrowing make more victims eligible). Its numbers (free GPUs in a
-        message) may be a few bookings old, as the reason of a capacity wait
-        already is (``_evaluate_on``). A job with accelerator alternatives
-        reads several accelerators: its stamp is the number of bookings
-        (``(epoch, None, None, None)``).
+        team's usage or money changes (``TeamQueue.version``) or something is
+        released on its accelerator, with, by what the decision read of the
+        cohort:
+
+        - a job within its nominal quota (one that may preempt: more teams
+          borrowing make more victims eligible), or a wait because the
+          cohort cannot lend (its message gives the cohort's numbers): until
+          the cohort's usage changes (its version);
+        - a capacity wait of a job that will not preempt, decided with room
+          in the cohort: while the cohort's borrowed GPUs stay at most what
+          still leaves room for the job (else it waits for the cohort);
+        - a wait for the team's own quota or per-cluster caps, a rejection,
+          a wait for a price or a node pool that matches: none.
+
+        A budget wait depends on where the job would run (the estimate of the
+        cheapest pool with room, or of a pool freed by victims), so on every
+        booking; as does any decision of a job with accelerator alternatives,
+        which reads several accelerators: their stamp is the number of
+        bookings (``(epoch, None, None, None, None)``).
         """
         if job.alternatives:
-            return (self._epoch, None, None, None)
+            return (self._epoch, None, None, None, None)
         acc = job.accelerator_id
+        released = self._released.get(acc, 0)
+        if isinstance(decision, Rejection):
+            return (tq.version, released, None, None, None)
+        if decision.reason == "budget":
+            return (self._epoch, None, None, None, None)
         team = tq.team
         q = team.quotas.get(acc)
-        if q is not None and not job.cpu_only and team.used.get(acc, 0) + job.total_gpus <= q.nominal_gpus:
-            ckey = (team.cohort, acc)
-            return (tq.version, self._released.get(acc, 0), ckey, self._cohort_version.get(ckey, 0))
-        return (tq.version, self._released.get(acc, 0), None, None)
+        gpus = self._amount(job, acc, team)
+        if q is None or not gpus:
+            return (tq.version, released, None, None, None)
+        ckey = (team.cohort, acc)
+        used = team.used.get(acc, 0)
+        detail = decision.detail
+        if ((not job.cpu_only and used + gpus <= q.nominal_gpus)
+                or "cohort_lendable_gpus" in detail or "cohort_lendable_vcpus" in detail):
+            return (tq.version, released, ckey, self._cohort_version.get(ckey, 0), None)
+        if decision.reason == "capacity":
+            g = q.guaranteed_gpus
+            needs = max(0, used + gpus - g) - max(0, used - g)  # what admitting it adds to the cohort's borrowed
+            return (tq.version, released, ckey, None, self.lendable.get(ckey, 0) - needs)
+        return (tq.version, released, None, None, None)
 
     def _finish_team(self, tq: TeamQueue, out: Decisions) -> None:
         """Behind a blocked head: reject what can never run, the rest waits (reason ``priority``)."""
