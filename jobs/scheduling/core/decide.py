@@ -139,9 +139,9 @@ class FairShareScheduler:
         self._never_seen: dict[tuple, Verdict | None] = {}
         self._cheapest: dict[tuple, object] = {}  # (accelerator, run time, shape) -> estimate on its cheapest pool
         self._quota_seen: dict[tuple, tuple[int, Verdict]] = {}
-        # Capacity waits (``_evaluate_on``): (team, pools key) -> ((used, releases, cohort version), verdict), or for a
-        # job that will not preempt, of a team without per-cluster caps, pools key -> (releases, verdict).
-        self._wait_seen: dict[tuple, tuple[tuple | int, Verdict]] = {}
+        # Capacity waits (``_evaluate_on``): (team, pools key) -> ((used, releases, cohort version, run), verdict), or
+        # for a job that will not preempt, of a team without per-cluster caps, pools key -> ((releases, run), verdict).
+        self._wait_seen: dict[tuple, tuple[tuple, Verdict]] = {}
         self._cohort_version: dict[tuple, int] = {}  # (cohort, accelerator) -> changes of its teams' usage
         self._estimates: dict[tuple, tuple[PoolOffer, object]] = {}  # ``_estimate``: (offer, USD) by job size and pool
         self._unhealthy: dict[tuple, str] = {}  # pools key -> ``unhealthy_nodes`` sentence (health is fixed)
@@ -151,6 +151,7 @@ class FairShareScheduler:
         # run of the loop, as the state may be changed between runs. ``_epoch``: the number of bookings.
         self._decided: dict[tuple, tuple] = {}
         self._epoch = 0
+        self._runs = 0  # runs of the loop (``_loop``): a full pass, then one per submission
         # Cohort lendable pool and borrowed GPUs, by (cohort, accelerator).
         self.lendable: dict[tuple, int] = {}
         self.borrowed: dict[tuple, int] = {}
@@ -444,10 +445,11 @@ class FairShareScheduler:
             wkey = stamp = None
         elif preempts or team.cluster_caps:
             wkey = (job.team_id, self._pools_key(job, acc))
-            stamp = (used, self._released.get(acc, 0), self._cohort_version.get(ckey, 0) if preempts else None)
+            stamp = (used, self._released.get(acc, 0), self._cohort_version.get(ckey, 0) if preempts else None,
+                     self._runs)
         else:  # what it waits for is the fleet's alone: shared by every team whose cohort could lend it the GPUs
             wkey = self._pools_key(job, acc)
-            stamp = self._released.get(acc, 0)
+            stamp = (self._released.get(acc, 0), self._runs)
         seen = self._wait_seen.get(wkey) if wkey is not None else None
         # A capacity wait was decided with room in the cohort; without the cohort's version in its stamp (a job that
         # will not preempt), it holds only while the cohort still has room for the job (else: ``cohort_full``).
@@ -648,7 +650,7 @@ class FairShareScheduler:
         decided = self._decided
         decided.clear()
         released, cohort_version, borrowed = self._released, self._cohort_version, self.borrowed
-        self._wait_seen.clear()  # its numbers are a run's: the state may be changed between runs
+        self._runs += 1  # a capacity wait's numbers are a run's (``_evaluate_on``): the state may change between runs
         share = self.share
         waiting = out.waiting
         heappop, heappushpop = heapq.heappop, heapq.heappushpop
