@@ -133,9 +133,11 @@ class QuotaSerializer(serializers.ModelSerializer):
     limit_gpus = serializers.IntegerField(read_only=True)
     reachable_gpus = serializers.SerializerMethodField()
     nominal_vcpus = StrictIntegerField(min_value=0, max_value=INT32_MAX, required=False)
-    borrowing_limit_vcpus = StrictIntegerField(min_value=0, max_value=INT32_MAX, required=False)
-    max_vcpus_per_job = StrictIntegerField(min_value=0, max_value=INT32_MAX, required=False)
-    lending_limit_vcpus = StrictIntegerField(min_value=0, max_value=INT32_MAX, required=False, allow_null=True)
+    # Omitted on a create or a PUT, these fall back to their defaults as the GPU fields do; PATCH keeps them.
+    borrowing_limit_vcpus = StrictIntegerField(min_value=0, max_value=INT32_MAX, required=False, default=0)
+    max_vcpus_per_job = StrictIntegerField(min_value=0, max_value=INT32_MAX, required=False, default=0)
+    lending_limit_vcpus = StrictIntegerField(min_value=0, max_value=INT32_MAX, required=False, allow_null=True,
+                                             default=None)
     limit_vcpus = serializers.IntegerField(read_only=True)
     reachable_vcpus = serializers.SerializerMethodField()
 

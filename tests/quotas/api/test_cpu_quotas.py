@@ -116,3 +116,30 @@ def test_a_put_without_the_nominal_of_its_unit_is_400_and_changes_nothing(owner,
     assert r.status_code == 400 and "nominal_vcpus" in r.json(), r.content
     quota.refresh_from_db()
     assert (quota.nominal_vcpus, quota.borrowing_limit_vcpus) == (8, 2)
+
+
+def test_a_put_resets_the_vcpu_numbers_it_leaves_out_as_it_does_the_gpu_ones(owner, cpu, h100, alpha):
+    # a full update replaces the quota: what it leaves out is the default (no borrowing, no per-job cap, all of
+    # nominal lendable), for a CPU quota as for a GPU one; a PATCH keeps what it leaves out
+    cpu_quota = Quota.objects.create(team=alpha, accelerator=cpu, nominal_vcpus=8, borrowing_limit_vcpus=2,
+                                     max_vcpus_per_job=4, lending_limit_vcpus=3)
+    gpu_quota = Quota.objects.create(team=alpha, accelerator=h100, nominal_gpus=8, borrowing_limit_gpus=2,
+                                     max_gpus_per_job=4, lending_limit_gpus=3)
+
+    r = owner.client.put(f"{QUOTAS}{cpu_quota.pk}/", {"team": "alpha", "accelerator": "CPU", "cluster": None,
+                                                      "nominal_vcpus": 16}, format="json")
+    g = owner.client.put(f"{QUOTAS}{gpu_quota.pk}/", {"team": "alpha", "accelerator": h100.name, "cluster": None,
+                                                      "nominal_gpus": 16}, format="json")
+
+    assert r.status_code == 200 and g.status_code == 200, (r.content, g.content)
+    cpu_quota.refresh_from_db()
+    gpu_quota.refresh_from_db()
+    assert (cpu_quota.nominal_vcpus, cpu_quota.borrowing_limit_vcpus, cpu_quota.max_vcpus_per_job,
+            cpu_quota.lending_limit_vcpus) == (16, 0, 0, None)
+    assert (gpu_quota.nominal_gpus, gpu_quota.borrowing_limit_gpus, gpu_quota.max_gpus_per_job,
+            gpu_quota.lending_limit_gpus) == (16, 0, 0, None)
+
+    p = owner.client.patch(f"{QUOTAS}{cpu_quota.pk}/", {"borrowing_limit_vcpus": 6}, format="json")
+    assert p.status_code == 200
+    cpu_quota.refresh_from_db()
+    assert (cpu_quota.nominal_vcpus, cpu_quota.borrowing_limit_vcpus) == (16, 6)
