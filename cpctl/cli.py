@@ -641,11 +641,13 @@ def cmd_node_action(client: Client, args) -> int:
 
 
 def _quota_row(q: dict) -> list:
-    """A quota as a table row: GPUs, or vCPUs for a CPU quota (accelerator ``CPU``), with the unit."""
+    """A quota as a table row: GPUs, or vCPUs for a CPU quota (accelerator ``CPU``), with the unit. LIMIT is
+    nominal + borrowing limit; REACHABLE what the team can actually hold (at most nominal + what its cohort can
+    lend it), the number admission, the preview and a waiting job's reason use."""
     unit = "vcpus" if q["accelerator"] == "CPU" else "gpus"
     return [q["team"], q["accelerator"], q.get("cluster") or "all", q.get(f"nominal_{unit}"),
-            q.get(f"borrowing_limit_{unit}"), q.get(f"limit_{unit}"), q.get(f"max_{unit}_per_job") or "-",
-            "vCPUs" if unit == "vcpus" else "GPUs"]
+            q.get(f"borrowing_limit_{unit}"), q.get(f"limit_{unit}"), q.get(f"reachable_{unit}"),
+            q.get(f"max_{unit}_per_job") or "-", "vCPUs" if unit == "vcpus" else "GPUs"]
 
 
 def cmd_quotas(client: Client, args) -> int:
@@ -658,8 +660,8 @@ def cmd_quotas(client: Client, args) -> int:
     if not rows:
         err("no quotas")
         return EXIT_OK
-    table(["TEAM", "ACCELERATOR", "CLUSTER", "NOMINAL", "BORROWING", "LIMIT", "MAX/JOB", "UNIT"], rows,
-          right=("NOMINAL", "BORROWING", "LIMIT", "MAX/JOB"))
+    table(["TEAM", "ACCELERATOR", "CLUSTER", "NOMINAL", "BORROWING", "LIMIT", "REACHABLE", "MAX/JOB", "UNIT"], rows,
+          right=("NOMINAL", "BORROWING", "LIMIT", "REACHABLE", "MAX/JOB"))
     return EXIT_OK
 
 

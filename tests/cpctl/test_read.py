@@ -136,10 +136,14 @@ def test_quotas_table_shows_gpu_quotas_in_gpus_and_cpu_quotas_in_vcpus(run_cli, 
     from runners.models import cpu_flavor
 
     Quota.objects.create(team=teams[0], accelerator=cpu_flavor(), nominal_vcpus=32, borrowing_limit_vcpus=8)
+    # beta lends its 2 H100 nominal to the cohort (all teams): alpha (16 + borrowing 4) can reach 16 + 2 of its 20;
+    # nobody lends vCPUs, so alpha reaches its CPU nominal only
+    Quota.objects.create(team=teams[1], accelerator=funded_aws_cluster["quota"].accelerator, nominal_gpus=2)
     result = run_cli("quotas", persona=teammate)
-    assert rows(result.out) == [["TEAM", "ACCELERATOR", "CLUSTER", "NOMINAL", "BORROWING", "LIMIT", "MAX/JOB", "UNIT"],
-                                ["alpha", "CPU", "all", "32", "8", "40", "-", "vCPUs"],
-                                ["alpha", "H100-80GB", "all", "16", "4", "20", "8", "GPUs"]]
+    assert rows(result.out) == [
+        ["TEAM", "ACCELERATOR", "CLUSTER", "NOMINAL", "BORROWING", "LIMIT", "REACHABLE", "MAX/JOB", "UNIT"],
+        ["alpha", "CPU", "all", "32", "8", "40", "32", "-", "vCPUs"],
+        ["alpha", "H100-80GB", "all", "16", "4", "20", str(16 + min(4, 2)), "8", "GPUs"]]
     listed = json.loads(run_cli("quotas", "--json", persona=teammate).out)["results"]
     assert [(q["accelerator"], q["limit_gpus"], q["limit_vcpus"]) for q in listed] == [("CPU", 0, 40),
                                                                                         ("H100-80GB", 20, 0)]
