@@ -26,7 +26,14 @@ from rest_framework.utils.serializer_helpers import ReturnDict
 
 from django.contrib.auth import get_user_model
 
-from core.fields import INT32_MAX, SharedFieldsMixin, StrictBooleanField, StrictCharField, StrictIntegerField
+from core.fields import (
+    INT32_MAX,
+    ListedChoiceField,
+    SharedFieldsMixin,
+    StrictBooleanField,
+    StrictCharField,
+    StrictIntegerField,
+)
 from core.lookups import LookupCache
 from quotas.models import Membership, Team, priority_classes
 from runners.models import CPU_ACCELERATOR, Accelerator, NodePool
@@ -305,7 +312,7 @@ _DRF_FIELDS: dict[FieldType, Callable[..., serializers.Field]] = {
     FieldType.POSITIVE_NUMBER: lambda f, path, **kw: PositiveNumberField(**kw),
     FieldType.STRING_LIST: lambda f, path, **kw: StringListField(allow_empty=f.allow_empty, choices=f.choices, **kw),
     FieldType.ENV: lambda f, path, **kw: EnvField(**kw),
-    FieldType.CHOICE: lambda f, path, **kw: serializers.ChoiceField(choices=list(f.choices), **kw),
+    FieldType.CHOICE: lambda f, path, **kw: ListedChoiceField(choices=list(f.choices), **kw),
     FieldType.PRIORITY: lambda f, path, **kw: PriorityClassField(choices=list(f.choices), **kw),
     FieldType.OBJECT: _object_serializer,
     FieldType.JOB_REF: lambda f, path, **kw: JobReferenceField(**kw),

@@ -75,3 +75,11 @@ def test_yaml_without_its_content_type_answers_415_naming_what_is_accepted(owner
         assert accepted in detail
     assert 'curl -H "Content-Type: application/yaml"' in detail
     assert Job.objects.count() == before
+
+
+def test_an_unknown_choice_in_a_submission_lists_the_valid_ones(owner, submission, funded_aws_cluster):
+    bad = {**submission, "kind": "batch"}
+    r = owner.client.post(JOBS, bad, format="json")
+    assert r.status_code == 400
+    assert r.json() == {"kind": [f'"batch" is not a valid choice; one of {", ".join(Job.Kind.values)}']}
+    assert not Job.objects.exists()
