@@ -162,17 +162,19 @@ def test_taking_waiting_jobs_out_of_the_queue_changes_no_other_decision(world, d
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(worlds(), st.lists(st.integers(0, 10**6), min_size=1, max_size=3))
 def test_a_submission_last_in_every_order_is_decided_as_a_full_pass_would(world, picks):
-    # each submission copies a queued job's shape with the lowest priority and the latest time: a full pass over
-    # the queue with it decides it last, on the state every earlier decision left
+    # each submission copies a queued job's shape for one team, with the lowest priority and the latest time: a
+    # full pass over the queue with the submissions so far decides it last (after every other team's jobs, whatever
+    # the teams' shares, and after the team's earlier submissions), on the state every earlier decision left
     queue = [queued(j) for j in world[3]]
-    strategy = {t[0]: t[4] for t in world[0]}
+    team = queue[picks[0] % len(queue)].team_id
+    if next(t[4] for t in world[0] if t[0] == team) == "StrictFIFO":
+        return  # behind a blocked head a submission waits undecided
     scheduler = FairShareScheduler(build(world, queue))
     scheduler.full_pass()
     submitted = []
     for n, pick in enumerate(picks):
-        job = dataclasses.replace(queued(world[3][pick % len(world[3])], at=1e6 + n), job_id=10_000 + n, priority=0)
-        if strategy[job.team_id] == "StrictFIFO":
-            continue  # behind a blocked head it waits undecided, in both
+        job = dataclasses.replace(queued(world[3][pick % len(world[3])], at=1e6 + n), job_id=10_000 + n,
+                                  team_id=team, priority=0)
         submitted.append(job)
         got = by_job(scheduler.submit(job))[job.job_id]
         full = by_job(FairShareScheduler(build(world, queue + submitted)).full_pass())[job.job_id]
