@@ -365,9 +365,8 @@ class FairShareScheduler:
         Cached per team, accelerator, size and run time: quotas and budget amounts do not change within a pass.
         """
         team = self.teams[job.team_id]
-        cpu_only = job.cpu_only
-        amount = job.total_gpus if not cpu_only else job.total_cpu_milli if acc in team.quotas else 0  # ``_amount``
-        key = (job.team_id, acc, cpu_only, amount)
+        amount = self._amount(job, acc, team)
+        key = (job.team_id, acc, job.cpu_only, amount)
         verdict = self._never_seen.get(key, self)
         if verdict is self:
             q = team.quotas.get(acc)
@@ -392,6 +391,12 @@ class FairShareScheduler:
         if not job.cpu_only:
             return job.total_gpus
         return job.total_cpu_milli if acc in team.quotas else 0
+
+    @staticmethod
+    def _preempts(job: QueuedJob, used: int, amount: int, quota: TeamQuota) -> bool:
+        """Whether ``job`` (``amount`` GPUs, its team using ``used`` of ``quota``'s accelerator) may preempt: only a
+        job that stays within its team's nominal quota does (``preemption``); a CPU-only job never does (ADR 0012)."""
+        return not job.cpu_only and used + amount <= quota.nominal_gpus
 
     def evaluate(self, job: QueuedJob, *, only_pool: int | None = None) -> Decision:
         """Admission, Rejection or Waiting for ``job`` as its team's head, on the current state (nothing changes).
@@ -439,8 +444,7 @@ class FairShareScheduler:
         if not known[1].ok:
             return Waiting.because(job, known[1])
         ckey = (team.cohort, acc)
-        # only a job that stays within its team's nominal quota preempts (``preemption``); a CPU-only job never does
-        preempts = not cpu_only and used + gpus <= q.nominal_gpus
+        preempts = self._preempts(job, used, gpus, q)
         if only_pool is not None:
             wkey = stamp = None
         elif preempts or team.cluster_caps:
@@ -753,7 +757,7 @@ class FairShareScheduler:
         ckey = (team.cohort, acc)
         used = team.used.get(acc, 0)
         detail = decision.detail
-        if ((not job.cpu_only and used + gpus <= q.nominal_gpus)
+        if (self._preempts(job, used, gpus, q)
                 or "cohort_lendable_gpus" in detail or "cohort_lendable_vcpus" in detail):
             return (tq.version, released, ckey, self._cohort_version.get(ckey, 0), None)
         if decision.reason == "capacity":
