@@ -220,7 +220,7 @@ CELERY_TASK_ACKS_ON_FAILURE_OR_TIMEOUT = True
 # scheduler takes at most 1/7 of a core while a storm lasts (measured: 0.14 ms of CPU per submitted job against
 # 0.21-0.27 with 3), and new jobs wait at most 2 s for their pass; Slurm's event passes only look at
 # default_queue_depth=100 jobs and its full pass runs every sched_interval=60 s (slurm.schedmd.com/sched_config.html).
-# How admission chooses among nodes with room (jobs.scheduling.core.placement.PACKING_POLICIES): best-fit leaves
+# How admission chooses among nodes with room (jobs.scheduling.core.nodebook.PACKING_POLICIES): best-fit leaves
 # whole nodes free for large jobs; fgd takes the nodes whose expected fragmentation for the queued and live jobs'
 # shapes grows least (Weng et al., USENIX ATC 2023); first-fit and spread are for comparison.
 SCHEDULING_PACKING_POLICY = env("SCHEDULING_PACKING_POLICY", default="best-fit")

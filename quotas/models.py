@@ -11,6 +11,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
+from core import cohorts
 from core.lookups import LookupCache
 
 
@@ -230,7 +231,7 @@ class Quota(models.Model):
     @property
     def lendable_gpus(self) -> int:
         """The part of nominal others of the cohort may borrow: all of it, or at most the lending limit."""
-        return self.nominal_gpus if self.lending_limit_gpus is None else min(self.lending_limit_gpus, self.nominal_gpus)
+        return cohorts.lendable(self.nominal_gpus, self.lending_limit_gpus)
 
     @property
     def limit_vcpus(self) -> int:
@@ -240,8 +241,7 @@ class Quota(models.Model):
     @property
     def lendable_vcpus(self) -> int:
         """The part of a CPU row's nominal vCPUs others of the cohort may borrow."""
-        return (self.nominal_vcpus if self.lending_limit_vcpus is None
-                else min(self.lending_limit_vcpus, self.nominal_vcpus))
+        return cohorts.lendable(self.nominal_vcpus, self.lending_limit_vcpus)
 
     def _others_lendable(self, lendable) -> int:
         others = Quota.objects.filter(accelerator_id=self.accelerator_id, cluster__isnull=True).exclude(
@@ -255,18 +255,18 @@ class Quota(models.Model):
         teams of its cohort (all teams without one: ADR 0003) can lend of this accelerator. A per-cluster row
         caps one cluster and borrows nothing: its limit. Two queries.
 
-        The scheduler's core computes the same number from its snapshot (``jobs.scheduling.core.reachable_gpus``).
+        The scheduler's core computes it with the same function (``core.cohorts.reachable``) from its snapshot.
         """
         if self.cluster_id is not None:
             return self.limit_gpus
-        lendable = self._others_lendable(lambda q: q.lendable_gpus)
-        return self.nominal_gpus + min(self.borrowing_limit_gpus, lendable)
+        return cohorts.reachable(self.nominal_gpus, self.borrowing_limit_gpus,
+                                 self._others_lendable(lambda q: q.lendable_gpus))
 
     def reachable_vcpus(self) -> int:
         """The most vCPUs the team can actually hold on a CPU row: nominal + borrowing limit, at most nominal + the
         vCPUs the other teams of its cohort can lend (their nominal, or their lending limit), as ``reachable_gpus``."""
-        lendable = self._others_lendable(lambda q: q.lendable_vcpus)
-        return self.nominal_vcpus + min(self.borrowing_limit_vcpus, lendable)
+        return cohorts.reachable(self.nominal_vcpus, self.borrowing_limit_vcpus,
+                                 self._others_lendable(lambda q: q.lendable_vcpus))
 
 
 #: The numbers of a GPU quota and of a CPU quota; a row uses one set, the other stays 0 (lending limits null).

@@ -4,36 +4,41 @@ Split as Kueue decomposes scheduling:
 
 - ``types``: the model (queued and running jobs, teams with quotas, budgets
   and usage, the snapshot) and the decisions (admission, rejection, waiting);
-- ``placement``: node pools as resource flavors, which could ever hold a job,
-  which has room now, which is cheapest;
+- ``placement``: node pools as resource flavors and which could ever hold a
+  job; ``nodebook``: the nodes' free resources, the packing policies and
+  which pool has room now;
 - ``rules``: every admission rule, written once (quota, per-cluster caps,
   cohort borrowing, capacity, budgets, the cost estimate);
 - ``order``: priority, then fair share (dominant share), then submission;
 - ``preemption``: victim selection within a cohort;
-- ``decide``: the decision loop (``decide``, ``FairShareScheduler`` for
-  incremental passes, ``recheck`` of one admission, ``assess`` of a job not
-  yet submitted).
+- ``cohort``: cohort accounting (usage, lendable pools, shares) and the
+  generation counters every usage change bumps;
+- ``room``: which pools could hold a job and where it fits now;
+- ``evaluate``: one job's evaluation, step by step;
+- ``memo``: what a scheduler remembers, stamped with generations, and
+  ``NullMemo``, which remembers nothing;
+- ``positions``: the waiting jobs' queue positions;
+- ``cycle``: the scheduling cycle as numbered steps (``decide``,
+  ``FairShareScheduler`` for incremental passes, ``recheck`` of one
+  admission, ``assess`` of a job not yet submitted).
 
 Everything a caller needs is importable from here.
 """
 
-from .decide import QUEUEING_STRATEGIES, FairShareScheduler, assess, decide, recheck
-from .placement import (
+from .cycle import QUEUEING_STRATEGIES, FairShareScheduler, assess, decide, recheck
+from .memo import DecisionMemo, NullMemo
+from .nodebook import (
     DEFAULT_PACKING_POLICY,
     PACKING_POLICIES,
-    UNLIMITED,
     NodeBook,
-    NodeRoom,
-    PlacementRequest,
-    PoolOffer,
     choose_pool,
     fits_now,
     fragment_gpus,
-    matches,
     workload_of,
 )
-from .rules import (ESTIMATE_QUANTUM, check_budgets, check_cpu_quota, check_quota, cohort_has_room, estimate_cost, job_estimate,
-                    price_text, reachable_gpus)
+from .placement import UNLIMITED, NodeRoom, PlacementRequest, PoolOffer, matches
+from .rules import (ESTIMATE_QUANTUM, check_budgets, check_cpu_quota, check_quota, cohort_has_room, estimate_cost,
+                    job_estimate, price_text)
 from .types import (
     OK,
     Admission,
@@ -54,7 +59,8 @@ from .types import (
 
 __all__ = [
     "DEFAULT_PACKING_POLICY", "NodeBook", "NodeRoom", "PACKING_POLICIES", "QUEUEING_STRATEGIES", "UNLIMITED",
-    "reachable_gpus", "ESTIMATE_QUANTUM", "OK", "Admission", "Assessment", "BudgetView", "Decision", "Decisions", "FairShareScheduler",
+    "ESTIMATE_QUANTUM", "OK", "Admission", "Assessment", "BudgetView", "DecisionMemo", "Decision", "Decisions",
+    "FairShareScheduler", "NullMemo",
     "PlacementRequest", "PoolOffer", "QueuedJob", "QuotaView", "Rejection", "RunningJob", "Snapshot", "TeamQuota",
     "TeamState", "Verdict", "Waiting", "assess", "check_budgets", "check_cpu_quota", "check_quota", "choose_pool", "cohort_has_room",
     "decide", "estimate_cost", "fits_now", "fragment_gpus", "job_estimate", "matches", "price_text", "recheck",

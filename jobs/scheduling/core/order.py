@@ -36,16 +36,29 @@ def team_key(head: QueuedJob, share: float) -> tuple:
 class TeamQueue:
     """One team's waiting jobs in order, how far a pass got (``pos``), and the head that blocks the rest, if any.
 
-    ``version`` changes whenever the team's usage (hence its share) changes,
-    so a heap entry made before is known to be stale.
+    A heap entry of the decision loop carries the team's generation (``cohort.CohortBook.team_gen``) when it was
+    made: it changes whenever the team's usage (hence its share) changes, so an older entry is known to be stale.
     """
 
-    __slots__ = ("team", "jobs", "pos", "blocked", "version", "waiting_before")
+    __slots__ = ("team", "jobs", "pos", "blocked", "waiting_before")
 
     def __init__(self, team: TeamState):
         self.team = team
         self.jobs: list[QueuedJob] = []
         self.pos = 0
         self.blocked: Waiting | None = None
-        self.version = 0
         self.waiting_before: list[QueuedJob] = []  # passed over without blocking (no pool can ever hold them)
+
+
+def behind_message(blocked: Waiting) -> str:
+    """Why a job waits behind its StrictFIFO team's head ``blocked`` (at most 480 characters)."""
+    return (f"Waits behind job {blocked.job.job_id}, ahead of it in its team's queue (the team queues StrictFIFO), "
+            f"which waits for {blocked.reason}: {blocked.message}")[:480]
+
+
+def behind(job: QueuedJob, blocked: Waiting, message: str | None = None) -> Waiting:
+    """``job`` waits (reason ``priority``) because its team's head ``blocked`` waits and the team keeps its order;
+    ``message``: ``behind_message(blocked)`` when the caller has it already."""
+    return Waiting(job, "priority", message or behind_message(blocked),
+                   {"request_gpus": job.nodes * job.gpus_per_node, "behind_job_id": blocked.job.job_id,
+                    "behind_reason": blocked.reason})

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .placement import NodeBook, PlacementRequest, PoolOffer
+from .nodebook import NodeBook
+from .placement import PlacementRequest, PoolOffer
 from .types import OK, QueuedJob, RunningJob, TeamState, Verdict
 
 
@@ -232,3 +233,60 @@ def _pick(candidates, teams, acc, pool_id, book: NodeBook, request: PlacementReq
                 _retake(book, c, changed)
         if saved:
             pool.failed = saved + [s for s in pool.failed if s not in saved]
+
+
+class VictimSearch:
+    """The preemption candidates of one scheduler and the search among them.
+
+    ``running``: the snapshot's running jobs; the preemptible ones of known teams are candidates, by (cohort,
+    accelerator id), in ``victim_order``. ``cohorts``: the ``cohort.CohortBook``; ``memo``: the scheduler's memo,
+    whose ``no_victims`` table remembers a search that found nothing for the team and its pools until the usage
+    of a team of its cohort changes or something is released on the accelerator (more borrowing makes more
+    victims eligible; a preemption frees nodes): a job of the same team at least as large (nodes, GPUs, CPU,
+    memory) finds nothing either until then, as admissions elsewhere only take nodes away.
+    """
+
+    def __init__(self, running: Iterable[RunningJob], teams: dict[int, TeamState], book: NodeBook, cohorts, memo):
+        self.teams, self.book, self.cohorts = teams, book, cohorts
+        self._no_victims = memo.no_victims
+        self.preempted: set[int] = set()
+        self.candidates: dict[tuple, list[RunningJob]] = {}
+        for r in running:
+            if r.preemptible and r.team_id in teams:
+                self.candidates.setdefault((teams[r.team_id].cohort, r.accelerator_id), []).append(r)
+        for lst in self.candidates.values():
+            lst.sort(key=victim_order)
+
+    def find(self, job: QueuedJob, acc: int, team: TeamState, guaranteed: int, pools: list[PoolOffer],
+             pids: tuple[int, ...], fits_nowhere: bool = False):
+        """The fewest preemptible jobs of other teams of ``team``'s cohort, each taken while its team borrows,
+        whose end lets ``job`` in on one of ``pools`` (ids ``pids``): ``(offer, victims, node indexes)``, or None.
+        ``guaranteed``: the part of the team's quota of ``acc`` it never lends; ``fits_nowhere``: the job has
+        room on none of ``pools`` now (its placement was just tried)."""
+        key = (team.team_id, acc, pids)
+        n, g, c, m = shape = (job.nodes, job.gpus_per_node, job.cpu_milli, job.memory_mib)
+        ckey = (team.cohort, acc)
+        version = (self.cohorts.cohort_gen.get(ckey, 0), self.cohorts.released.get(acc, 0))
+        known = self._no_victims.get(key)
+        if known is not None and known[0] == version:
+            for fn, fg, fc, fm in known[1]:
+                if n >= fn and g >= fg and c >= fc and m >= fm:
+                    return None
+        candidates = [r for r in self.candidates.get(ckey, ()) if r.team_id != team.team_id
+                      and r.job_id not in self.preempted]
+        found = None
+        if candidates:
+            need = self.cohorts.need(ckey, team.used.get(acc, 0), guaranteed, job.total_gpus)
+            found = choose_victims(candidates, pools, self.book, self.teams, acc, job.placement(), need,
+                                   fits_nowhere)
+        if found is None:
+            least = known[1] if known is not None and known[0] == version else []
+            # the least shapes known to find none: one that covers another replaces it
+            self._no_victims[key] = (version, [s for s in least if not (s[0] >= n and s[1] >= g and s[2] >= c
+                                                                         and s[3] >= m)] + [shape])
+        return found
+
+    def take(self, victim: RunningJob) -> None:
+        """``victim`` is preempted: it is no candidate any more."""
+        self.preempted.add(victim.job_id)
+        self.candidates[(self.teams[victim.team_id].cohort, victim.accelerator_id)].remove(victim)

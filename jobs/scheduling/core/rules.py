@@ -1,7 +1,7 @@
 """Admission rules, each written once: quota, per-cluster caps, cohort borrowing, capacity, budgets, cost estimate.
 
 Pure functions over plain numbers (GPUs, USD) returning a ``Verdict``: the
-decision loop (``decide``), the locked re-check of an admission and the
+decision loop (``cycle``), the locked re-check of an admission and the
 submission preview all ask these, so a job is told the same reason
 wherever it is judged. Sources: Kueue's ClusterQueue rule (nominal +
 borrowing limit), its cohort lending, and money budgets in the spirit of
@@ -51,15 +51,6 @@ def price_text(offer: PoolOffer) -> str:
 
 # --- quota ------------------------------------------------------------------------------------------------
 
-def reachable_gpus(nominal_gpus: int, borrowing_limit_gpus: int, cohort_lendable_by_others_gpus: int) -> int:
-    """The most GPUs a team can ever hold: its nominal, plus what it may borrow, which is at most what the other teams
-    of its cohort can lend (their nominal minus what their lending limits protect; ADR 0003, Kueue's cohort).
-
-    ``min(nominal + borrowing limit, nominal + lendable by others)``, GPUs.
-    """
-    return nominal_gpus + min(borrowing_limit_gpus, max(cohort_lendable_by_others_gpus, 0))
-
-
 def _limit_phrase(quota: QuotaView) -> str:
     limit = quota.limit_gpus
     if limit < quota.nominal_gpus + quota.borrowing_limit_gpus:
@@ -71,7 +62,7 @@ def _limit_phrase(quota: QuotaView) -> str:
 
 def check_quota(request_gpus: int, used_gpus: int, quota: QuotaView | None) -> Verdict:
     """Admit when ``used_gpus + request_gpus`` is within the team's limit: nominal + borrowing limit (Kueue's
-    ClusterQueue rule), capped by what its cohort can lend (``reachable_gpus``).
+    ClusterQueue rule), capped by what its cohort can lend (``core.cohorts.reachable``).
 
     A job larger than the per-job cap or than the whole limit can never run. A job that asks no GPUs (a CPU-only
     job) needs no GPU quota: it is always within it.

@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 from decimal import Decimal
 
+from core.cohorts import lendable
+
 from .placement import PlacementRequest, PoolOffer
 
 
@@ -47,7 +49,7 @@ class QuotaView:
     nominal_gpus: int
     borrowing_limit_gpus: int = 0
     max_gpus_per_job: int = 0
-    #: The most the team can actually hold (``rules.reachable_gpus``); None: nominal + borrowing limit.
+    #: The most the team can actually hold (``core.cohorts.reachable``); None: nominal + borrowing limit.
     reachable_gpus: int | None = None
 
     @property
@@ -167,16 +169,15 @@ class TeamQuota:
     borrowing_limit_gpus: int = 0
     lending_limit_gpus: int | None = None
     max_gpus_per_job: int = 0
-    #: What the team can actually reach (``rules.reachable_gpus``), set by the scheduler from its cohort.
+    #: What the team can actually reach (``core.cohorts.reachable``), set by the scheduler from its cohort.
     reachable_gpus: int | None = None
     #: A CPU quota: the numbers above are CPU millicores.
     cpu: bool = False
 
     @property
     def lendable_gpus(self) -> int:
-        if self.lending_limit_gpus is None:
-            return self.nominal_gpus
-        return min(self.lending_limit_gpus, self.nominal_gpus)
+        """The part of nominal the cohort may borrow (``core.cohorts.lendable``)."""
+        return lendable(self.nominal_gpus, self.lending_limit_gpus)
 
     @property
     def guaranteed_gpus(self) -> int:
@@ -218,7 +219,7 @@ class TeamState:
 class Snapshot:
     """Everything one pass needs: teams by id, node pools by accelerator id (their nodes' free resources now,
     price), the waiting jobs, the live attempts (for preemption) and the packing policy
-    (``placement.PACKING_POLICIES``; None: the default), with the expected workload the ``fgd`` policy packs for
+    (``nodebook.PACKING_POLICIES``; None: the default), with the expected workload the ``fgd`` policy packs for
     (``placement.WorkloadShape``s; empty: the shapes of the waiting and live jobs)."""
 
     teams: dict[int, TeamState]

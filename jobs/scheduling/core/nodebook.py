@@ -1,0 +1,424 @@
+"""The node book (node-exact placement): free GPUs, CPU and memory of every node, the packing policies that
+choose nodes for a job, and the choice of a pool with room now.
+
+Pure functions and classes over plain data (``placement``'s pools, nodes and requests), so the decision loop can
+call them in a tight loop and tests can compute expected choices by hand.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+
+from .placement import PlacementRequest, PoolOffer, matches, price_order
+
+
+def fits_now(request: PlacementRequest, offer: PoolOffer) -> bool:
+    """Whether ``offer`` has room for the whole job now: ``nodes`` distinct nodes with room each (all or none)."""
+    return matches(request, offer) and NodeBook([offer]).fit(offer.node_pool_id, request) is not None
+
+
+def choose_pool(request: PlacementRequest, offers: list[PoolOffer], policy: str = "best-fit") -> PoolOffer | None:
+    """The cheapest matching offer with room now for every node of the job; between equal prices, ``policy``
+    decides (``NodeBook.place``), then the cluster name and pool id. Returns None when no offer has room."""
+    book = NodeBook(offers, policy)
+    found = book.place(request, sorted((o for o in offers if matches(request, o)), key=price_order))
+    return found[0] if found else None
+
+
+
+# --- node bookkeeping ----------------------------------------------------------------------------------------
+
+#: The packing policies: ``best-fit`` (default) takes the nodes with the least room that still fit (GPUs, then
+#: CPU, then memory, compared in that order), so whole nodes stay free for large jobs; ``first-fit`` takes nodes in the pool's order;
+#: ``spread`` takes the nodes with the most free GPUs (the least fragmentation-aware choice, for comparison);
+#: ``fgd`` takes the nodes whose fragmentation grows least for the expected workload (``fragment_gpus``).
+PACKING_POLICIES = ("best-fit", "first-fit", "spread", "fgd")
+DEFAULT_PACKING_POLICY = "best-fit"
+
+#: One kind of job of the expected workload: ``(GPUs per node, CPU millicores per node, memory MiB per node,
+#: weight)``; a kind's popularity is its weight over the workload's total.
+WorkloadShape = tuple[int, int, int, float]
+
+
+def fragment_gpus(free_gpus: int, free_cpu_milli: int, free_memory_mib: int,
+                  workload: list[WorkloadShape] | tuple[WorkloadShape, ...]) -> float:
+    """A node's expected GPU fragmentation for ``workload``: GPUs (float), ``sum_m p_m * F(m)``.
+
+    Source: Weng et al., "Beware of Fragmentation: Scheduling GPU-Sharing Workloads with Fragmentation Gradient
+    Descent", USENIX ATC 2023: the fragment of a node for a task ``m``, ``F(m)``, is the GPU capacity the task could
+    not use there: all of the node's free GPUs when ``m`` does not fit on the node in some resource (GPUs, CPU or
+    memory); otherwise only the partly used GPUs with less free than ``m`` asks per GPU, of which there are none
+    when GPUs are allocated whole, so 0. The node's fragmentation is the expectation over the workload's kinds
+    weighted by popularity ``p_m``. Kinds asking no GPU are left out (they strand no GPU); an empty workload, or one
+    of zero weight, gives 0.
+
+    ``free_gpus``, ``free_cpu_milli`` (millicores), ``free_memory_mib`` (MiB): what is free on the node now.
+    """
+    total = sum(w for g, _, _, w in workload if g > 0)
+    if free_gpus <= 0 or total <= 0:
+        return 0.0
+    stranded = sum(w for g, c, m, w in workload
+                   if g > 0 and (g > free_gpus or c > free_cpu_milli or m > free_memory_mib))
+    return free_gpus * stranded / total
+
+
+def workload_of(jobs) -> tuple[WorkloadShape, ...]:
+    """The workload of ``jobs`` (anything with ``gpus_per_node``, ``cpu_milli``, ``memory_mib``): each distinct
+    per-node shape with the number of jobs of that shape as its weight."""
+    counts = Counter((j.gpus_per_node, j.cpu_milli, j.memory_mib) for j in jobs)
+    return tuple((g, c, m, float(n)) for (g, c, m), n in sorted(counts.items()))
+
+
+class _PoolNodes:
+    """One pool's nodes as parallel lists (free GPUs, CPU, memory), with the schedulable nodes grouped by free GPUs
+    (``buckets[k]``: ``(free CPU, free memory, index)`` of the nodes with ``k`` GPUs free, sorted: the first that
+    fits a request is the tightest on CPU, then memory)."""
+
+    __slots__ = ("offer", "names", "index", "gpus", "free_g", "free_c", "free_m", "domain", "sched", "buckets",
+                 "failed", "domains", "free_total", "suspect")
+
+    def __init__(self, offer: PoolOffer):
+        rooms = offer.rooms()
+        self.offer = offer
+        self.names = [n.name for n in rooms]
+        self.index = {n.name: i for i, n in enumerate(rooms)}
+        self.gpus = [n.gpus for n in rooms]
+        self.free_g = [min(max(0, n.free_gpus), n.gpus) for n in rooms]
+        self.free_c = [n.free_cpu_milli for n in rooms]
+        self.free_m = [n.free_memory_mib for n in rooms]
+        self.domain = [n.domain for n in rooms]
+        self.sched = [n.takes_work for n in rooms]
+        self.suspect = frozenset(i for i, n in enumerate(rooms) if n.suspect)  # tried last; empty: no cost
+        self.domains = len(set(self.domain)) > 1
+        top = max(self.gpus, default=0)
+        self.buckets: list[list[tuple[int, int, int]]] = [[] for _ in range(top + 1)]
+        self.free_total = 0
+        for i, g in enumerate(self.free_g):
+            if self.sched[i]:
+                self.buckets[g].append((self.free_c[i], self.free_m[i], i))
+                self.free_total += g
+        for bucket in self.buckets:
+            bucket.sort()
+        self.failed: list[tuple[int, int, int, int]] = []  # request shapes known not to fit now
+
+    def move(self, i: int, dg: int, dc: int, dm: int) -> None:
+        """Change node ``i``'s free resources by the deltas, keeping its bucket."""
+        if self.sched[i]:
+            bucket = self.buckets[self.free_g[i]]
+            del bucket[bisect.bisect_left(bucket, (self.free_c[i], self.free_m[i], i))]
+            self.free_total += dg
+        self.free_g[i] += dg
+        self.free_c[i] += dc
+        self.free_m[i] += dm
+        if self.sched[i]:
+            bisect.insort(self.buckets[self.free_g[i]], (self.free_c[i], self.free_m[i], i))
+
+    def free_gpus(self) -> int:
+        return self.free_total
+
+    def most_free(self) -> int:
+        """The most free GPUs on one schedulable node."""
+        for k in range(len(self.buckets) - 1, -1, -1):
+            if self.buckets[k]:
+                return k
+        return 0
+
+
+class _LazyPools(dict):
+    """Pool id -> ``_PoolNodes``, each built on first use: a re-check of one admission touches one or two of the
+    accelerator's pools, so the others' nodes are never laid out. An unknown pool id raises KeyError."""
+
+    def __init__(self, offers):
+        super().__init__()
+        self._offers = {o.node_pool_id: o for o in offers}
+
+    def __missing__(self, pool_id: int) -> _PoolNodes:
+        built = self[pool_id] = _PoolNodes(self._offers[pool_id])
+        return built
+
+    def get(self, pool_id: int, default=None):
+        return self[pool_id] if pool_id in self._offers else default
+
+
+class NodeBook:
+    """Free GPUs, CPU and memory of every node of some pools, kept up to date as a pass admits and preempts.
+
+    ``fit`` finds nodes for one job on one pool by the packing ``policy``
+    (``PACKING_POLICIES``); ``place`` chooses the pool (cheapest first, then
+    the policy's score); ``take``/``release`` book a job's nodes. A request
+    shape that did not fit a pool is remembered until something is released
+    there, so a queue of jobs at least as large is answered at once.
+
+    ``workload`` (``fgd`` only): the expected jobs' shapes and weights
+    (``WorkloadShape``); a shape the book is asked to place that is not in it
+    joins it with weight 1, so an empty workload is the shapes asked so far.
+    """
+
+    def __init__(self, offers, policy: str = DEFAULT_PACKING_POLICY, workload: tuple[WorkloadShape, ...] = ()):
+        if policy not in PACKING_POLICIES:
+            raise ValueError(f"unknown packing policy {policy!r}; one of {', '.join(PACKING_POLICIES)}")
+        self.policy = policy
+        self.pools: dict[int, _PoolNodes] = _LazyPools(offers)
+        self.workload: list[WorkloadShape] = [s for s in workload if s[0] > 0]
+        self._shapes = {s[:3] for s in self.workload}
+        self._fragment: dict[tuple[int, int, int], float] = {}  # free (GPUs, CPU, memory) -> fragment_gpus
+
+    def fragment(self, free_gpus: int, free_cpu_milli: int, free_memory_mib: int) -> float:
+        """``fragment_gpus`` of a node with these free resources for the book's workload (remembered)."""
+        key = (free_gpus, free_cpu_milli, free_memory_mib)
+        found = self._fragment.get(key)
+        if found is None:
+            found = self._fragment[key] = fragment_gpus(*key, self.workload)
+        return found
+
+    def fragment_growth(self, pool_id: int, i: int, request: PlacementRequest) -> float:
+        """How much node ``i`` of the pool's fragmentation (GPUs) grows if one node of ``request`` lands on it:
+        FGD's score, lower is better (it may be negative)."""
+        p = self.pools[pool_id]
+        g, c, m = p.free_g[i], p.free_c[i], p.free_m[i]
+        return (self.fragment(g - request.gpus_per_node, c - request.cpu_milli, m - request.memory_mib)
+                - self.fragment(g, c, m))
+
+    def _learn(self, request: PlacementRequest) -> None:
+        shape = (request.gpus_per_node, request.cpu_milli, request.memory_mib)
+        if shape[0] > 0 and shape not in self._shapes:
+            self._shapes.add(shape)
+            self.workload.append((*shape, 1.0))
+            self._fragment.clear()
+
+    def free_gpus(self, pool_id: int) -> int:
+        """Free GPUs of the pool's schedulable nodes."""
+        return self.pools[pool_id].free_gpus()
+
+    def most_free(self, pool_id: int) -> int:
+        """The most free GPUs on one schedulable node of the pool."""
+        return self.pools[pool_id].most_free()
+
+    def nodes_with_room(self, pool_id: int, request: PlacementRequest) -> int:
+        """How many schedulable nodes of the pool have room now for one node of ``request``."""
+        p = self.pools[pool_id]
+        g, c, m = request.gpus_per_node, request.cpu_milli, request.memory_mib
+        return sum(1 for k in range(g, len(p.buckets)) for fc, fm, _ in p.buckets[k] if fc >= c and fm >= m)
+
+    def fit(self, pool_id: int, request: PlacementRequest) -> list[int] | None:
+        """Node indexes of the pool for every node of ``request`` (distinct nodes, each with room), or None.
+
+        Multi-node requests prefer nodes of one topology domain: the first
+        domain (in the policy's order) that can hold them all; otherwise the
+        policy's nodes across domains. Suspect nodes (``NodeRoom.suspect``)
+        come after every other node in the policy's order: one is taken only
+        when the pool's other nodes cannot hold the job (healthy nodes across
+        domains before a domain completed by a suspect node).
+        """
+        p = self.pools[pool_id]
+        n, g, c, m = request.nodes, request.gpus_per_node, request.cpu_milli, request.memory_mib
+        if g >= len(p.buckets):
+            return None
+        for fn, fg, fc, fm in p.failed:
+            if n >= fn and g >= fg and c >= fc and m >= fm:
+                return None
+        if n == 1 and self.policy == "best-fit" and not p.suspect:
+            found = self._tightest(p, g, c, m)
+        elif sum(map(len, p.buckets[g:])) < n:
+            found = None
+        elif self.policy == "first-fit":
+            found = self._first_fit(p, n, g, c, m)
+        else:
+            if self.policy == "fgd":
+                candidates = self._by_fragment(pool_id, request)
+            else:
+                levels = range(g, len(p.buckets)) if self.policy == "best-fit" else range(len(p.buckets) - 1, g - 1, -1)
+                candidates = self._by_levels(p, g, c, m, levels)
+            found = self._pick_healthy_first(p, n, candidates) if p.suspect else self._pick(p, n, candidates)
+        if found is None:
+            p.failed = [s for s in p.failed if not (s[0] >= n and s[1] >= g and s[2] >= c and s[3] >= m)]
+            p.failed.append((n, g, c, m))
+        return found
+
+    @staticmethod
+    def _tightest(p: _PoolNodes, g, c, m) -> list[int] | None:
+        """Best-fit for one node: the first node of ``_by_levels`` (fewest free GPUs at or above ``g``, then least
+        free CPU, then memory), without the generator; None when none has room."""
+        buckets = p.buckets
+        for k in range(g, len(buckets)):
+            bucket = buckets[k]
+            if not bucket:
+                continue
+            for j in range(bisect.bisect_left(bucket, (c, -1, -1)), len(bucket)):
+                entry = bucket[j]
+                if entry[1] >= m:
+                    return [entry[2]]
+        return None
+
+    @staticmethod
+    def _first_fit(p: _PoolNodes, n, g, c, m) -> list[int] | None:
+        found, later, suspect = [], [], p.suspect
+        for i in range(len(p.names)):
+            if p.sched[i] and p.free_g[i] >= g and p.free_c[i] >= c and p.free_m[i] >= m:
+                if suspect and i in suspect:
+                    later.append(i)
+                    continue
+                found.append(i)
+                if len(found) == n:
+                    return found
+        found += later[:n - len(found)]
+        return found if len(found) == n else None
+
+    @staticmethod
+    def _by_levels(p: _PoolNodes, g, c, m, levels):
+        """The schedulable nodes with room for one node of (``g`` GPUs, ``c`` CPU, ``m`` memory), level by level of
+        free GPUs in ``levels``' order, the least free CPU, then memory, first within a level."""
+        for k in levels:
+            bucket = p.buckets[k]
+            if not bucket:
+                continue
+            # Nodes with less free CPU than asked come first in the bucket: start after them.
+            for fc, fm, i in bucket[bisect.bisect_left(bucket, (c, -1, -1)):]:
+                if fm >= m:
+                    yield i
+
+    def _by_fragment(self, pool_id: int, request: PlacementRequest) -> list[int]:
+        """The schedulable nodes with room for one node of ``request``, least fragmentation growth first (FGD),
+        then best-fit's order (fewest free GPUs, CPU, memory), then index."""
+        self._learn(request)
+        p = self.pools[pool_id]
+        g, c, m = request.gpus_per_node, request.cpu_milli, request.memory_mib
+        scored = [(self.fragment_growth(pool_id, i, request), k, fc, fm, i)
+                  for k in range(g, len(p.buckets)) for fc, fm, i in p.buckets[k] if fc >= c and fm >= m]
+        scored.sort()
+        return [s[-1] for s in scored]
+
+    @staticmethod
+    def _pick(p: _PoolNodes, n: int, candidates) -> list[int] | None:
+        """The first ``n`` of ``candidates`` (node indexes, best first) all in one topology domain when some domain
+        has ``n`` of them (the first to get there), else the first ``n`` across domains; None when fewer."""
+        chosen: list[int] = []
+        by_domain: dict[str, list[int]] = {}
+        for i in candidates:
+            chosen.append(i)
+            if not p.domains:
+                if len(chosen) == n:
+                    return chosen
+                continue
+            same = by_domain.setdefault(p.domain[i], [])
+            same.append(i)
+            if len(same) == n:
+                return same
+        return chosen[:n] if len(chosen) >= n else None
+
+    @classmethod
+    def _pick_healthy_first(cls, p: _PoolNodes, n: int, candidates) -> list[int] | None:
+        """``_pick`` over the candidates that are not suspect; only when they cannot hold the job, over all of
+        them with the suspect ones last (each group in the policy's order). Lazy like ``_pick``: a job that the
+        first healthy candidates hold reads no further. For pools with suspect nodes only."""
+        healthy: list[int] = []
+        later: list[int] = []
+        suspect = p.suspect
+
+        def not_suspect():
+            for i in candidates:
+                if i in suspect:
+                    later.append(i)
+                else:
+                    healthy.append(i)
+                    yield i
+
+        found = cls._pick(p, n, not_suspect())
+        if found is None and later:  # every candidate was read: complete the job with suspect nodes
+            found = cls._pick(p, n, healthy + later)
+        return found
+
+    def leftover(self, pool_id: int, nodes: list[int], request: PlacementRequest) -> tuple[int, int, int]:
+        """GPUs, CPU and memory left free on ``nodes`` once ``request`` takes them (the best-fit score, compared in
+        that order: lower packs tighter)."""
+        p = self.pools[pool_id]
+        if len(nodes) == 1:
+            i = nodes[0]
+            return (p.free_g[i] - request.gpus_per_node, p.free_c[i] - request.cpu_milli,
+                    p.free_m[i] - request.memory_mib)
+        return (sum(p.free_g[i] for i in nodes) - request.gpus_per_node * len(nodes),
+                sum(p.free_c[i] for i in nodes) - request.cpu_milli * len(nodes),
+                sum(p.free_m[i] for i in nodes) - request.memory_mib * len(nodes))
+
+    def place(self, request: PlacementRequest, offers: list[PoolOffer]) -> tuple[PoolOffer, list[int]] | None:
+        """The pool and nodes for ``request`` among ``offers`` (already in ``price_order``, all matching): the
+        cheapest price with room; between pools of that price, the fewest suspect nodes chosen, then the tightest
+        fit for ``best-fit`` (fewest GPUs left on the chosen nodes, then CPU, then memory, then fewest free GPUs in
+        the pool, so emptier pools stay whole), for ``fgd`` the least fragmentation growth summed over the chosen
+        nodes and then best-fit's score, the loosest for ``spread``, the first for ``first-fit``; then the offers'
+        order. None when none has room. A cheaper pool wins even on a suspect node: a suspect node takes work."""
+        best = None
+        pools, need = self.pools, request.total_gpus
+        best_fit = self.policy == "best-fit"
+        n, g = request.nodes, request.gpus_per_node
+        for o in offers:
+            if best is not None and o.prices != best[0].prices:
+                break
+            p = pools[o.node_pool_id]
+            if p.free_total < need:  # fewer free GPUs on its open nodes than the job asks
+                continue
+            if best_fit and best is not None and not best[2][0]:
+                # Each node it would get has at least the fewest free GPUs at or above the job's: when even that
+                # leaves more GPUs than the best so far, which uses no suspect node, its score is worse (suspect
+                # nodes used, then GPUs left, come first).
+                buckets = p.buckets
+                k = g
+                while k < len(buckets) and not buckets[k]:
+                    k += 1
+                if (k - g) * n > best[2][1]:
+                    continue
+            nodes = self.fit(o.node_pool_id, request)
+            if nodes is None:
+                continue
+            if self.policy == "first-fit":
+                return o, nodes
+            left = self.leftover(o.node_pool_id, nodes, request)
+            sick = len(p.suspect.intersection(nodes)) if p.suspect else 0
+            if self.policy == "spread":
+                score = (sick, -left[0], -p.free_total)
+            elif self.policy == "fgd":
+                score = (sick, sum(self.fragment_growth(o.node_pool_id, i, request) for i in nodes), *left,
+                         p.free_total)
+            else:
+                score = (sick, *left, p.free_total)
+            if best is None or score < best[2]:
+                best = (o, nodes, score)
+        return (best[0], best[1]) if best else None
+
+    def take(self, pool_id: int, nodes: list[int], request: PlacementRequest) -> None:
+        """Book one node of ``request`` on each of ``nodes`` (indexes from ``fit``)."""
+        p = self.pools[pool_id]
+        for i in nodes:
+            p.move(i, -request.gpus_per_node, -request.cpu_milli, -request.memory_mib)
+
+    def release(self, pool_id: int, names: tuple[str, ...], gpus: int, gpus_per_node: int, cpu_milli: int,
+                memory_mib: int) -> list[int]:
+        """Give back a running job's resources: per node of ``names`` its GPUs, CPU (millicores) and memory (MiB);
+        a job without node names (admitted before nodes were recorded) gives its ``gpus`` back to the fullest nodes.
+        Returns the node indexes changed (``take``-able again with the same amounts)."""
+        p = self.pools.get(pool_id)
+        if p is None:
+            return []
+        p.failed = []
+        changed = []
+        if names:
+            for name in names:
+                i = p.index.get(name)
+                if i is not None:
+                    p.move(i, gpus_per_node, cpu_milli, memory_mib)
+                    changed.append(i)
+            return changed
+        left = gpus
+        for i in range(len(p.names)):
+            give = min(left, p.gpus[i] - p.free_g[i])
+            if give > 0:
+                p.move(i, give, 0, 0)
+                changed.append(i)
+                left -= give
+        return changed
+
+    def names(self, pool_id: int, nodes: list[int]) -> tuple[str, ...]:
+        """The node names of indexes ``nodes`` of the pool."""
+        p = self.pools[pool_id]
+        return tuple(p.names[i] for i in nodes)

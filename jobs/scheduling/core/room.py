@@ -1,0 +1,202 @@
+"""Room in the fleet for one scheduler: which pools could ever hold a job, where it fits now, and why not.
+
+Kueue's flavor assignment, node-exact: the pools of an accelerator (resource flavors) filtered by a job's
+placement rules and spot tolerance, in price order (``placement.price_order``), then the packing policy's
+choice of nodes (``nodebook.NodeBook``). A job that fits nowhere gets a capacity verdict (``rules.no_room``)
+with the nodes' numbers; within a run of the decision loop those numbers are the ones after the run
+(``start_run`` / ``end_run``), so every job of the run that waits for the same pools is told the same thing.
+
+What it learns is kept in the scheduler's memo (``memo``): facts of the snapshot, and verdicts stamped with
+the generations of the cohort book (``cohort.CohortBook``: ``taken`` and ``released`` by accelerator).
+"""
+
+from __future__ import annotations
+
+from .cohort import CohortBook
+from .nodebook import NodeBook
+from .placement import PoolOffer, allowed, capable_nodes, matches, price_order
+from .rules import job_estimate, never_placeable, no_price, no_room, unhealthy_nodes
+from .types import QueuedJob, Verdict
+
+#: The message of a no-room verdict until the end of the run of the loop that made it (``end_run``).
+DEFERRED = "(numbers as after this pass)"
+
+
+class Room:
+    """The fleet's room for ``job``s: ``pools`` and ``unpriced`` (accelerator id -> offers, the snapshot's), the
+    ``book`` of nodes' free resources, the ``cohorts``' generations and the ``memo`` (``memo.DecisionMemo``)."""
+
+    def __init__(self, pools: dict[int, list[PoolOffer]], unpriced: dict[int, list[PoolOffer]], book: NodeBook,
+                 cohorts: CohortBook, memo):
+        self.pools, self.unpriced, self.book, self.cohorts = pools, unpriced, book, cohorts
+        self.memo = memo
+        self._matching, self._by_price = memo.matching, memo.by_price
+        self._no_room, self._failed, self._short = memo.no_room, memo.failed, memo.short
+        self._unhealthy, self._sick_pools, self._estimates = memo.unhealthy, memo.sick_pools, memo.estimates
+        # Within a run of the loop: the no-room verdicts to fill in at its end; else None.
+        self.deferred: list[tuple] | None = None
+        self.deferred_waits: list[tuple] = []  # keys of ``memo.waits`` given such a verdict in this run
+
+    def matching_entry(self, job: QueuedJob, acc: int) -> tuple[list[PoolOffer], Verdict | None, tuple[int, ...]]:
+        """(pools that could hold ``job`` once their work ends, in price order; None; their ids), or ([], the
+        fleet-change verdict that says why none matches, ())."""
+        key = (acc, job.shape)
+        found = self._matching.get(key)
+        if found is None:
+            request = job.placement()
+            offers = self.pools.get(acc, ())
+            in_order = self._by_price.get(acc)
+            if in_order is None:  # the accelerator's pools sorted once: filtering keeps that (stable) order
+                in_order = sorted(offers, key=price_order)
+                self._by_price[acc] = in_order
+            pools = [o for o in in_order if matches(request, o)]
+            found = (pools, None if pools else never_placeable(job, self.why_none(job, request, offers)),
+                     tuple(o.node_pool_id for o in pools))
+            self._matching[key] = found
+        return found
+
+    @staticmethod
+    def why_none(job: QueuedJob, request, offers) -> str:
+        """What keeps every pool from holding ``job``, in words with the numbers (for the fleet-change reason)."""
+        allowed_pools = [o for o in offers if allowed(request, o)]
+        if not allowed_pools:
+            return "none of the accelerator's pools is allowed by its placement and spot rules"
+        sick = sorted({o.cluster_name for o in allowed_pools if not o.healthy})
+        whole = max((capable_nodes(request, o, schedulable_only=False) for o in allowed_pools), default=0)
+        open_ = max((capable_nodes(request, o, schedulable_only=True) for o in allowed_pools if o.healthy), default=0)
+        bad = unhealthy_nodes(request, allowed_pools)
+        parts = []
+        if sick:
+            parts.append(f"cluster{'s' if len(sick) > 1 else ''} {', '.join(sick)} "
+                         f"{'are' if len(sick) > 1 else 'is'} not healthy")
+        if open_ < whole:
+            parts.append(f"{whole - open_} large enough nodes are cordoned, tainted or unhealthy" if bad else
+                         f"{whole - open_} large enough nodes are cordoned or tainted")
+        if bad:
+            parts.append(bad)
+        parts.append(f"at most {open_} schedulable nodes of one healthy pool can hold a node of it, "
+                     f"{job.nodes} needed")
+        return "; ".join(parts)
+
+    def no_price(self, job: QueuedJob, acc: int, fleet: Verdict) -> Verdict:
+        """Why no pool matches ``job`` on ``acc``: some would but have no price (``rules.no_price``), else ``fleet``."""
+        request = job.placement()
+        unpriced = [o for o in self.unpriced.get(acc, ()) if matches(request, o)]
+        return no_price(job, unpriced) if unpriced else fleet
+
+    def place(self, job: QueuedJob, acc: int, pools: list[PoolOffer], pids: tuple[int, ...]):
+        """``(offer, node indexes)`` for ``job`` among ``pools`` (ids ``pids``) now, or None.
+
+        Shapes known not to fit are remembered until a release on ``acc`` (bookings only take room, so a shape
+        at least as large in every resource does not fit either); so are the pools in front with fewer free GPUs
+        than the job asks, which ``NodeBook.place`` would pass over.
+        """
+        key = (acc, job.preemptible, pids)
+        n, g, c, m = shape = (job.nodes, job.gpus_per_node, job.cpu_milli, job.memory_mib)
+        released = self.cohorts.released.get(acc, 0)
+        failed = self._failed.get(key)
+        if failed is not None and failed[0] == released:
+            for fn, fg, fc, fm in failed[1]:
+                if n >= fn and g >= fg and c >= fc and m >= fm:
+                    return None
+        need = job.total_gpus
+        skey = (pids, need)
+        skip = self._short.get(skey)
+        start = skip[1] if skip is not None and skip[0] == released else 0
+        nodes = self.book.pools
+        end = len(pools)
+        while start < end and nodes[pools[start].node_pool_id].free_total < need:
+            start += 1
+        self._short[skey] = (released, start)
+        found = self.book.place(job.placement(), pools[start:] if start else pools)
+        if found is None:
+            least = failed[1] if failed is not None and failed[0] == released else []
+            # the least shapes known not to fit: one that covers another replaces it
+            self._failed[key] = (released, [s for s in least if not (s[0] >= n and s[1] >= g and s[2] >= c
+                                                                     and s[3] >= m)] + [shape])
+        return found
+
+    def no_room_verdict(self, job: QueuedJob, acc: int, pools: list[PoolOffer], pids: tuple[int, ...]) -> Verdict:
+        """``rules.no_room`` for ``job`` on ``pools`` (ids ``pids``) with the nodes' numbers now, remembered until
+        the next booking or release on ``acc``. Within a run of the loop the numbers are those after the run:
+        the message and detail are filled in by ``end_run``."""
+        key = ((acc, job.shape), pids)
+        cached = self._no_room.get(key)
+        taken = self.cohorts.taken.get(acc, 0)
+        if cached is not None and cached[0] == taken:
+            return cached[1]
+        deferred = self.deferred
+        if deferred is not None:
+            if cached is not None and cached[0] is None:
+                return cached[1]  # already to be filled in at the end of this run
+            detail: dict = {}
+            verdict = Verdict(False, "capacity", DEFERRED, detail)
+            deferred.append((detail, key, job, acc, pools, pids))
+            self._no_room[key] = (None, verdict)
+            return verdict
+        return self._no_room_now(job, acc, pools, pids, key, taken)
+
+    def _no_room_now(self, job: QueuedJob, acc: int, pools: list[PoolOffer], pids: tuple[int, ...], key: tuple,
+                     taken: int) -> Verdict:
+        book = self.book
+        request = job.placement()
+        shown = pools[:3]
+        nodes = book.pools
+        verdict = no_room(job, pools, {pid: nodes[pid].free_total for pid in pids},
+                          {o.node_pool_id: book.most_free(o.node_pool_id) for o in shown},
+                          {o.node_pool_id: book.nodes_with_room(o.node_pool_id, request) for o in shown},
+                          self.unhealthy_sentence(job, acc, request))
+        self._no_room[key] = (taken, verdict)
+        return verdict
+
+    def start_run(self) -> None:
+        """A run of the decision loop begins: no-room verdicts are filled in at its end."""
+        self.deferred = []
+
+    def end_run(self, waiting: dict) -> None:
+        """Give the no-room verdicts of the run their message and numbers as the nodes are after it: in every
+        waiting decision of ``waiting`` (job id -> ``Waiting``) and in the remembered capacity waits."""
+        deferred, self.deferred = self.deferred, None
+        if not deferred:
+            return
+        messages: dict[int, str] = {}
+        taken = self.cohorts.taken
+        for detail, key, job, acc, pools, pids in deferred:
+            verdict = self._no_room_now(job, acc, pools, pids, key, taken.get(acc, 0))
+            detail.update(verdict.detail)  # the same dict every decision of the run holds
+            messages[id(detail)] = verdict.message
+            self._no_room[key] = (taken.get(acc, 0), Verdict(False, "capacity", verdict.message, detail))
+        for w in waiting.values():
+            if w.message is DEFERRED:
+                w.message = messages[id(w.detail)]
+        waits = self.memo.waits
+        for k in self.deferred_waits:
+            entry = waits.get(k)
+            if entry is not None and entry[1].message is DEFERRED:
+                stamp, verdict = entry
+                waits[k] = (stamp, Verdict(False, verdict.reason, messages[id(verdict.detail)], verdict.detail))
+        self.deferred_waits.clear()
+
+    def unhealthy_sentence(self, job: QueuedJob, acc: int, request) -> str:
+        """``rules.unhealthy_nodes`` over the accelerator's pools allowed to ``job``."""
+        key = (acc, job.shape)
+        found = self._unhealthy.get(key)
+        if found is None:
+            sick = self._sick_pools.get(acc)
+            if sick is None:  # the accelerator's pools with an unhealthy node, once: most fleets have none
+                sick = [o for o in self.pools.get(acc, ()) if any(not n.healthy for n in o.node_rooms)]
+                self._sick_pools[acc] = sick
+            found = unhealthy_nodes(request, [o for o in sick if allowed(request, o)])
+            self._unhealthy[key] = found
+        return found
+
+    def estimate(self, job: QueuedJob, offer: PoolOffer):
+        """``rules.job_estimate`` of ``job`` on ``offer`` (one of the snapshot's pools), USD, remembered by what it
+        reads: the job's nodes, GPUs, CPU and memory per node and run time, and the pool."""
+        key = (job.nodes, job.gpus_per_node, job.cpu_milli, job.memory_mib, job.max_runtime_seconds,
+               offer.node_pool_id)
+        found = self._estimates.get(key)
+        if found is None or found[0] is not offer:
+            found = (offer, job_estimate(job, offer))
+            self._estimates[key] = found
+        return found[1]
