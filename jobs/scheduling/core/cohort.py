@@ -25,7 +25,6 @@ from __future__ import annotations
 from core.cohorts import reachable
 
 from .order import dominant_share
-from .rules import cohort_has_room
 from .types import TeamState
 
 
@@ -90,11 +89,6 @@ class CohortBook:
         """A preemption released resources on ``acc``'s pools."""
         self.released[acc] = self.released.get(acc, 0) + 1
         self.taken[acc] = self.taken.get(acc, 0) + 1
-
-    def has_room(self, ckey: tuple, used: int, guaranteed: int, amount: int) -> bool:
-        """``rules.cohort_has_room`` for ``amount`` more of a team using ``used`` (``guaranteed`` of it its own) in
-        the cohort and accelerator ``ckey``."""
-        return cohort_has_room(self.lendable.get(ckey, 0), self.borrowed.get(ckey, 0), used, guaranteed, amount)
 
     def need(self, ckey: tuple, used: int, guaranteed: int, amount: int) -> int:
         """How much the cohort ``ckey`` is short of lending ``amount`` more to a team using ``used``: what

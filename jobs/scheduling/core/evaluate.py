@@ -6,7 +6,7 @@ The steps, in the order a job meets them (the rules themselves are in ``rules``)
    most the team can reach) or a whole block budget rejects it for good;
 2. quota: the team's usage plus the job within what it can reach (``rules.quota_verdict``), else it waits;
 3. pools: the pools that could ever hold it (``room.Room.matching_entry``), within the team's per-cluster caps;
-4. cohort: the cohort's lendable pool has room for what the job borrows (``cohort.CohortBook.has_room``);
+4. cohort: the cohort's lendable pool has room for what the job borrows (``rules.cohort_has_room``);
 5. nodes: gang placement on the nodes of one pool (``room.Room.place``); else, for a job within its nominal
    quota, victims (``preemption.VictimSearch``); else it waits for capacity or for the cohort;
 6. budget: the estimate on the pool it got is within every budget in force (``rules.check_budgets``).
@@ -20,10 +20,28 @@ from __future__ import annotations
 from .cohort import CohortBook
 from .preemption import VictimSearch
 from .room import DEFERRED, Room
-from .rules import budget_never, check_budgets, cohort_full, cpu_cohort_full, job_estimate, quota_verdict, \
-    within_cluster_caps
-from .types import NO_QUOTA, Admission, Assessment, Decision, QueuedJob, Rejection, TeamQuota, TeamState, Verdict, \
-    Waiting
+from .rules import (
+    budget_never,
+    check_budgets,
+    cohort_full,
+    cohort_has_room,
+    cpu_cohort_full,
+    job_estimate,
+    quota_verdict,
+    within_cluster_caps,
+)
+from .types import (
+    NO_QUOTA,
+    Admission,
+    Assessment,
+    Decision,
+    QueuedJob,
+    Rejection,
+    TeamQuota,
+    TeamState,
+    Verdict,
+    Waiting,
+)
 
 
 def amount_of(job: QueuedJob, acc: int, team: TeamState) -> int:
@@ -47,6 +65,9 @@ class Evaluator:
     def __init__(self, teams: dict[int, TeamState], cohorts: CohortBook, room: Room, victims: VictimSearch, memo):
         self.teams, self.cohorts, self.room, self.victims = teams, cohorts, room, victims
         self._never, self._cheapest, self._quota, self._waits = memo.never, memo.cheapest, memo.quota, memo.waits
+        # the cohort book's tables (it never replaces them), read in the hot path without an attribute look-up
+        self._team_gen, self._released, self._cohort_gen = cohorts.team_gen, cohorts.released, cohorts.cohort_gen
+        self._lendable, self._borrowed = cohorts.lendable, cohorts.borrowed
 
     def never(self, job: QueuedJob) -> Verdict | None:
         """The verdict that rejects ``job`` for good on every accelerator it accepts, or None."""
@@ -125,8 +146,7 @@ class Evaluator:
         if never is not None:
             return Rejection(job, never)
         q = team.quotas.get(acc) or NO_QUOTA  # none: a quota-free CPU-only job (it passed never_on)
-        cohorts = self.cohorts
-        gen = cohorts.team_gen.get(job.team_id, 0)
+        gen = self._team_gen.get(job.team_id, 0)
         known = self._quota.get(qkey)
         used = team.used.get(acc, 0)
         if known is None or known[0] != gen:  # the verdict depends on the team's usage only
@@ -136,20 +156,21 @@ class Evaluator:
             return Waiting.because(job, known[1])
         ckey = (team.cohort, acc)
         preempts = may_preempt(job, used, amount, q)
-        released = cohorts.released.get(acc, 0)
+        released = self._released.get(acc, 0)
         if only_pool is not None:
             wkey = stamp = None
         elif preempts or team.cluster_caps:
             wkey = (job.team_id, (acc, job.shape))
-            stamp = (gen, released, cohorts.cohort_gen.get(ckey, 0) if preempts else None, cohorts.runs)
+            stamp = (gen, released, self._cohort_gen.get(ckey, 0) if preempts else None, self.cohorts.runs)
         else:  # what it waits for is the fleet's alone: shared by every team whose cohort could lend it the GPUs
             wkey = (acc, job.shape)
-            stamp = (released, cohorts.runs)
+            stamp = (released, self.cohorts.runs)
         seen = self._waits.get(wkey) if wkey is not None else None
         # Without the cohort's generation in its stamp (a job that will not preempt), a capacity wait holds only
         # while the cohort still has room for the job (else it waits for the cohort: ``cohort_full``).
         if seen is not None and seen[0] == stamp and (
-                preempts or amount == 0 or cohorts.has_room(ckey, used, q.guaranteed_gpus, amount)):
+                preempts or amount == 0 or cohort_has_room(self._lendable.get(ckey, 0), self._borrowed.get(ckey, 0),
+                                                           used, q.guaranteed_gpus, amount)):
             return Waiting.because(job, seen[1])
         decision = self._place_or_wait(job, acc, only_pool, team, q, used, amount, ckey, preempts)
         if wkey is not None and isinstance(decision, Waiting) and decision.reason == "capacity":
@@ -173,7 +194,8 @@ class Evaluator:
         if only_pool is not None:
             pools = [o for o in pools if o.node_pool_id == only_pool]
             pids = tuple(o.node_pool_id for o in pools)
-        cohort_ok = amount == 0 or self.cohorts.has_room(ckey, used, q.guaranteed_gpus, amount)
+        cohort_ok = amount == 0 or cohort_has_room(self._lendable.get(ckey, 0), self._borrowed.get(ckey, 0), used,
+                                                   q.guaranteed_gpus, amount)
         found = room.place(job, acc, pools, pids) if cohort_ok else None
         victims = ()
         if found is None and preempts:
@@ -184,8 +206,8 @@ class Evaluator:
         if found is None:
             if not cohort_ok:
                 full = cpu_cohort_full if job.cpu_only else cohort_full
-                return Waiting.because(job, full(job, used, q, self.cohorts.lendable.get(ckey, 0),
-                                                 self.cohorts.borrowed.get(ckey, 0)))
+                return Waiting.because(job, full(job, used, q, self._lendable.get(ckey, 0),
+                                                 self._borrowed.get(ckey, 0)))
             return Waiting.because(job, room.no_room_verdict(job, acc, pools, pids))
         offer, nodes = found
         estimate = room.estimate(job, offer)

@@ -30,6 +30,7 @@ class Room:
                  cohorts: CohortBook, memo):
         self.pools, self.unpriced, self.book, self.cohorts = pools, unpriced, book, cohorts
         self.memo = memo
+        self._released, self._taken = cohorts.released, cohorts.taken  # the cohort book never replaces them
         self._matching, self._by_price = memo.matching, memo.by_price
         self._no_room, self._failed, self._short = memo.no_room, memo.failed, memo.short
         self._unhealthy, self._sick_pools, self._estimates = memo.unhealthy, memo.sick_pools, memo.estimates
@@ -93,7 +94,7 @@ class Room:
         """
         key = (acc, job.preemptible, pids)
         n, g, c, m = shape = (job.nodes, job.gpus_per_node, job.cpu_milli, job.memory_mib)
-        released = self.cohorts.released.get(acc, 0)
+        released = self._released.get(acc, 0)
         failed = self._failed.get(key)
         if failed is not None and failed[0] == released:
             for fn, fg, fc, fm in failed[1]:
@@ -122,7 +123,7 @@ class Room:
         the message and detail are filled in by ``end_run``."""
         key = ((acc, job.shape), pids)
         cached = self._no_room.get(key)
-        taken = self.cohorts.taken.get(acc, 0)
+        taken = self._taken.get(acc, 0)
         if cached is not None and cached[0] == taken:
             return cached[1]
         deferred = self.deferred
