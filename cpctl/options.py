@@ -50,8 +50,8 @@ class Connection:
 def connection_params() -> list[click.Option]:
     """Fresh ``--url``, ``--token``, ``--json`` and ``--timeout`` options (for the group and for each command)."""
     return [
-        click.Option(["--url"], default=None, help=f"the control plane's URL (env CONTROLPLANE_URL, default "
-                                                   f"{DEFAULT_URL})"),
+        click.Option(["--url"], default=None, metavar="URL",
+                     help=f"the control plane's URL (env CONTROLPLANE_URL, default {DEFAULT_URL})"),
         click.Option(["--token"], default=None, metavar="KEY",
                      help="API token (env CONTROLPLANE_TOKEN; the variable keeps it out of ps)"),
         click.Option(["--json", "as_json"], is_flag=True, default=False,
