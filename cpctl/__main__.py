@@ -1,7 +1,5 @@
-"""``python -m cpctl``: the command-line client (see ``cpctl.cli``)."""
-
-import sys
+"""``python -m cpctl``: the command-line client (see ``cpctl.cli``); exits with the command's code."""
 
 from cpctl.cli import main
 
-sys.exit(main())
+main(prog_name="cpctl")

@@ -1,7 +1,7 @@
 """Fixtures of the CLI tests: the app served over real HTTP (pytest-django's ``live_server``), a fleet, and a runner.
 
-The CLI is run in-process through ``cpctl.cli.main(argv)`` (stdout and
-stderr captured by ``capsys``) or as ``python -m cpctl`` in a
+The CLI is run in-process through click's ``CliRunner`` on ``cpctl.cli.main``
+(stdout and stderr captured apart) or as ``python -m cpctl`` in a
 subprocess; either way it reaches the API over HTTP only.
 """
 
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from cpctl import cli
 
@@ -49,17 +50,23 @@ def fleet(cluster_factory, catalog, teams, quota_factory, budget_factory):
     return {"cluster": cluster, "pool": pool, "quota": quota, "budget": budget}
 
 
-@pytest.fixture
-def run_cli(server, capsys):
-    """Run ``main([...])`` against the live server as ``persona`` (or with ``token``); returns a Result."""
+def invoke(argv: list[str], env: dict | None = None, stdin: bytes | None = None) -> Result:
+    """Run ``cpctl ARGV`` in-process with click's CliRunner (``env`` added to the environment, ``stdin`` as its
+    input); an exception the command let through (a traceback for a user) is raised here."""
+    result = CliRunner().invoke(cli.main, argv, env=env, input=stdin, prog_name="cpctl")
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return Result(result.exit_code, result.stdout, result.stderr)
 
-    def run(*argv: str, persona=None, token: str | None = None) -> Result:
-        capsys.readouterr()  # drop anything printed before
+
+@pytest.fixture
+def run_cli(server):
+    """Run ``cpctl ARGV`` against the live server as ``persona`` (or with ``token``); returns a Result."""
+
+    def run(*argv: str, persona=None, token: str | None = None, stdin: bytes | None = None) -> Result:
         key = token if token is not None else (persona.key if persona is not None else None)
         prefix = ["--url", server] + ([f"--token={key}"] if key else [])  # "=": a key may start with "-"
-        code = cli.main([*prefix, *argv])
-        captured = capsys.readouterr()
-        return Result(code, captured.out, captured.err)
+        return invoke([*prefix, *argv], stdin=stdin)
 
     return run
 
@@ -73,5 +80,5 @@ def cli_env(server: str, key: str) -> dict:
 
 def spawn_cli(server: str, key: str, *argv: str) -> subprocess.Popen:
     """Start ``python -m cpctl ARGV`` in a subprocess (text stdout and stderr piped)."""
-    return subprocess.Popen([sys.executable, "-m", "cpctl.cli", *argv], cwd=REPO, env=cli_env(server, key),
+    return subprocess.Popen([sys.executable, "-m", "cpctl", *argv], cwd=REPO, env=cli_env(server, key),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import time
 from pathlib import Path
@@ -12,7 +11,7 @@ import yaml
 from jobs.lifecycle import cancel_job
 from jobs.models import Job
 
-from .conftest import REPO, spawn_cli
+from .conftest import REPO, invoke, spawn_cli
 
 EXAMPLE = REPO / "examples" / "jobs" / "train-gpt.yaml"
 
@@ -114,16 +113,12 @@ def test_a_bad_token_is_a_401_with_the_apis_detail_and_exit_3_and_is_never_print
     assert missing.code == 3 and "Authentication credentials were not provided" in missing.err
 
 
-def test_an_unreachable_server_is_a_one_line_hint_with_the_url(capsys, monkeypatch, db):
-    from cpctl import cli
-
-    monkeypatch.setenv("CONTROLPLANE_TOKEN", "secret-token-value")
-    code = cli.main(["--url", "http://127.0.0.1:9", "jobs"])
-    captured = capsys.readouterr()
-    assert code == 7
-    assert captured.err == ("error: cannot reach the control plane at http://127.0.0.1:9: is it running? "
-                            "Set --url or CONTROLPLANE_URL\n")
-    assert "secret-token-value" not in captured.err
+def test_an_unreachable_server_is_a_one_line_hint_with_the_url(db):
+    result = invoke(["--url", "http://127.0.0.1:9", "jobs"], env={"CONTROLPLANE_TOKEN": "secret-token-value"})
+    assert result.code == 7
+    assert result.err == ("error: cannot reach the control plane at http://127.0.0.1:9: is it running? "
+                          "Set --url or CONTROLPLANE_URL\n")
+    assert "secret-token-value" not in result.out + result.err
 
 
 def test_submit_wait_in_a_subprocess_follows_the_job_and_exits_1_when_it_is_cancelled(
@@ -149,11 +144,10 @@ def test_submit_wait_in_a_subprocess_follows_the_job_and_exits_1_when_it_is_canc
     assert owner.key not in out + err
 
 
-def test_it_submits_json_from_stdin(run_cli, owner, funded_aws_cluster, monkeypatch):
+def test_it_submits_json_from_stdin(run_cli, owner, funded_aws_cluster):
     document = yaml.safe_load(EXAMPLE.read_text())
     document.update(team="alpha", name="from-stdin")
-    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(json.dumps(document).encode())))
-    result = run_cli("submit", "-", persona=owner)
+    result = run_cli("submit", "-", persona=owner, stdin=json.dumps(document).encode())
     assert result.code == 0, result.err
     assert Job.objects.get().name == "from-stdin"
 

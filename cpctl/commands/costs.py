@@ -1,0 +1,119 @@
+"""Money and use: ``budgets`` (current periods), ``costs`` (the ledger, grouped) and ``utilization`` (GPU
+utilization from the Prometheus rollups, grouped)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import click
+
+from cpctl.errors import EXIT_OK
+from cpctl.options import Api, api_command
+from cpctl.output import err, gpu_hours, out, percent, table, usd, when
+
+GROUP_BY_CHOICES = ("team", "cluster", "accelerator", "job", "day")
+
+
+@api_command("budgets", "budgets' current period: spent, committed, remaining, forecast")
+@click.option("--team", help="team slug")
+def budgets(api: Api, team: str | None) -> int:
+    """Each budget's current period (``budget-status/``): amount, spent, committed, remaining, forecast (USD)."""
+    statuses = api.client.get("budget-status/")
+    if team:
+        statuses = [s for s in statuses if s.get("team") == team]
+    if api.shown_as_json(statuses):
+        return EXIT_OK
+    if not statuses:
+        err("no budgets in force")
+        return EXIT_OK
+    rows = [[s["team"], s["period"], when(s.get("period_end"))[:10], usd(s["amount_usd"]), usd(s["spent_usd"]),
+             usd(s["committed_usd"]), usd(s["remaining_usd"]), usd(s["forecast_usd"]), s["action"]]
+            for s in statuses]
+    table(["TEAM", "PERIOD", "ENDS", "AMOUNT", "SPENT", "COMMITTED", "REMAINING", "FORECAST", "AT 100%"], rows,
+          right=("AMOUNT", "SPENT", "COMMITTED", "REMAINING", "FORECAST"))
+    return EXIT_OK
+
+
+def as_api_time(value: str | None) -> str | None:
+    """A ``--start``/``--end`` value for the API: a bare date ``YYYY-MM-DD`` means its midnight UTC; anything
+    else is sent as given (the API wants ISO 8601 with an offset and says so otherwise)."""
+    if value is None:
+        return None
+    try:
+        return dt.date.fromisoformat(value).isoformat() + "T00:00:00Z" if len(value) == 10 else value
+    except ValueError:
+        return value
+
+
+def window_options(fn):
+    """``--group-by``, ``--start``, ``--end`` and ``--team``, the query of ``costs`` and ``utilization``."""
+    for option in reversed((
+            click.option("--group-by", type=click.Choice(GROUP_BY_CHOICES), default="team", help="default team"),
+            click.option("--start", help="ISO 8601 datetime with offset, or a date (midnight UTC); inclusive"),
+            click.option("--end", help="ISO 8601 datetime with offset, or a date (midnight UTC); exclusive"),
+            click.option("--team", help="team slug"))):
+        fn = option(fn)
+    return fn
+
+
+def window_query(group_by: str, start: str | None, end: str | None, team: str | None) -> dict:
+    """The ``group_by``/``start``/``end``/``team`` query of ``costs/`` and ``utilization/``."""
+    params = {"group_by": group_by}
+    for name, value in (("start", as_api_time(start)), ("end", as_api_time(end))):
+        if value is not None:
+            params[name] = value
+    if team:
+        params["team"] = team
+    return params
+
+
+def window(report: dict) -> str:
+    """``<start> to <end>`` of a costs or utilization answer (open ends in words)."""
+    return (f"{when(report.get('start')) if report.get('start') else 'the beginning'} to "
+            f"{when(report.get('end')) if report.get('end') else 'now'}")
+
+
+def grouped_table(report: dict, group_by: str, headers: list[str], cells, right: tuple[str, ...]) -> None:
+    """Print the rows of a grouped answer (keys, then ``cells(row)``) and a TOTAL row of ``cells(total)``."""
+    keys = ["job", "job_name"] if group_by == "job" else [group_by]
+    rows = [[row.get(k) for k in keys] + cells(row) for row in report["results"]]
+    rows.append(["TOTAL"] + [""] * (len(keys) - 1) + cells(report.get("total") or {}))
+    table([k.replace("_", " ").upper() for k in keys] + headers, rows, right=("JOB",) + right)
+
+
+@api_command("costs", "cost from the ledger, grouped")
+@window_options
+def costs(api: Api, group_by: str, start: str | None, end: str | None, team: str | None) -> int:
+    """GPU-hours and USD from the cost ledger, grouped by team, cluster, accelerator, job or UTC day."""
+    report = api.client.get("costs/", window_query(group_by, start, end, team))
+    if api.shown_as_json(report):
+        return EXIT_OK
+    out(f"costs by {report['group_by']}, {window(report)} (UTC)")
+    grouped_table(report, group_by, ["GPU-HOURS", "COST"],
+                  lambda row: [gpu_hours(row.get("gpu_hours")), usd(row.get("cost_usd"))],
+                  right=("GPU-HOURS", "COST"))
+    return EXIT_OK
+
+
+def utilization_cells(row: dict) -> list:
+    """A utilization row's figures: GPU-hours, average %, coverage %, idle GPU-hours, their USD."""
+    coverage = row.get("coverage")
+    return [gpu_hours(row.get("gpu_hours")), percent(row.get("avg_gpu_util_percent")),
+            percent(None if coverage is None else coverage * 100, 0), gpu_hours(row.get("idle_gpu_hours")),
+            usd(row.get("idle_cost_usd"))]
+
+
+@api_command("utilization", "GPU utilization from Prometheus: average, coverage, idle GPU-hours")
+@window_options
+def utilization(api: Api, group_by: str, start: str | None, end: str | None, team: str | None) -> int:
+    """GPU utilization from the Prometheus rollups: average, coverage, idle GPU-hours and their USD, grouped."""
+    report = api.client.get("utilization/", window_query(group_by, start, end, team))
+    if api.shown_as_json(report):
+        return EXIT_OK
+    out(f"GPU utilization by {report['group_by']}, {window(report)} (UTC); n/a: no GPU samples")
+    figures = ("GPU-HOURS", "AVG UTIL", "COVERAGE", "IDLE GPU-H", "IDLE COST")
+    grouped_table(report, group_by, list(figures), utilization_cells, right=figures)
+    return EXIT_OK
+
+
+COMMANDS = [budgets, costs, utilization]

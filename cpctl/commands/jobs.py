@@ -1,0 +1,365 @@
+"""Job commands: ``submit``, ``jobs``, ``job``, ``events``, ``efficiency``, ``logs``, ``cancel``."""
+
+from __future__ import annotations
+
+import codecs
+import datetime as dt
+import json
+import sys
+import time
+from decimal import Decimal
+from pathlib import Path
+
+import click
+import requests
+
+from cpctl.client import Client, redact
+from cpctl.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_JOB_NOT_SUCCEEDED, EXIT_OK, EXIT_UNREACHABLE, CliError
+from cpctl.options import POSITIVE_INT, Api, PositiveFloat, api_command
+from cpctl.output import age, duration, err, fields, out, print_json, table, usd, when
+
+FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED", "REJECTED")
+
+
+def job_id(fn):
+    """The ``ID`` argument: a job id."""
+    return click.argument("id", metavar="ID", type=int)(fn)
+
+
+# --- submit -----------------------------------------------------------------------------------------------------------
+
+def read_document(path: str) -> tuple[bytes, str]:
+    """The bytes of the job document at ``path`` (``-``: stdin) and its media type: JSON for ``.json`` or a body
+    that parses as JSON, else YAML. CliError (exit 2) when it cannot be read."""
+    try:
+        raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+    except OSError as exc:
+        raise CliError(EXIT_BAD_INPUT, f"error: cannot read {path}: {exc.strerror or exc}") from None
+    suffix = Path(path).suffix.lower()
+    if suffix == ".json":
+        return raw, "application/json"
+    if suffix in (".yaml", ".yml"):
+        return raw, "application/yaml"
+    try:
+        json.loads(raw)
+    except ValueError:
+        return raw, "application/yaml"
+    return raw, "application/json"
+
+
+def override_document(raw: bytes, media_type: str, path: str, overrides: dict) -> bytes:
+    """``raw`` with the top-level fields in ``overrides`` replaced (``--team``, ``--name``), in the same format.
+    CliError (exit 2) when it does not parse or is not a mapping."""
+    import yaml  # PyYAML, pinned in requirements.txt; only needed to rewrite a document
+
+    try:
+        document = json.loads(raw) if media_type == "application/json" else yaml.safe_load(raw)
+    except (ValueError, yaml.YAMLError) as exc:  # ValueError: JSONDecodeError, UnicodeDecodeError
+        kind = "JSON" if media_type == "application/json" else "YAML"
+        raise CliError(EXIT_BAD_INPUT, f"error: {path} is not valid {kind}: {exc}") from None
+    if not isinstance(document, dict):
+        raise CliError(EXIT_BAD_INPUT, f"error: {path} must hold a mapping with team, name, kind and spec")
+    document.update(overrides)
+    if media_type == "application/json":
+        return json.dumps(document).encode()
+    return yaml.safe_dump(document, sort_keys=False, allow_unicode=True).encode()
+
+
+def state_line(job: dict) -> str:
+    """``QUEUED``, with the state's reason and, for a waiting job, why it waits and its place in the queue."""
+    text = job["state"]
+    reason = job.get("state_reason")
+    info = job.get("queue_info") or {}
+    if job["state"] in ("QUEUED", "RECOVERING") and info.get("message"):
+        text += f": waiting for {info.get('reason', '?')}: {info['message']}"
+    elif reason:
+        text += f": {reason}"
+    position = job.get("position")
+    if position:
+        text += f" (position {position.get('team', '?')} in team, {position.get('overall', '?')} overall)"
+    return text
+
+
+@api_command("submit", "submit a job from a YAML or JSON document (- reads stdin)")
+@click.argument("file", metavar="FILE")
+@click.option("--team", help="submit for this team (replaces the document's team)")
+@click.option("--name", help="job name (replaces the document's name)")
+@click.option("--wait", is_flag=True, help="follow the job to a final state; exit 0 only on SUCCEEDED")
+@click.option("--interval", type=PositiveFloat(), default=2.0, show_default=True,
+              help="seconds between polls with --wait")
+def submit(api: Api, file: str, team: str | None, name: str | None, wait: bool, interval: float) -> int:
+    """POST the job document; print the job's id and state, and with ``--wait`` follow it to a final state."""
+    raw, media_type = read_document(file)
+    overrides = {key: value for key, value in (("team", team), ("name", name)) if value is not None}
+    if overrides:
+        raw = override_document(raw, media_type, file, overrides)
+    job = api.client.json("POST", "jobs/", data=raw, content_type=media_type)
+    if api.json and not wait:
+        print_json(job)
+        return EXIT_OK
+    say = err if api.json else out
+    try:  # from here on, Ctrl-C leaves a submitted job behind: say so
+        say(f"job {job['id']} submitted: {job['name']} (team {job['team']}), {state_line(job)}")
+        if not wait:
+            return EXIT_OK
+        job = follow_job(api.client, job, interval, say)
+    except KeyboardInterrupt:
+        raise CliError(EXIT_INTERRUPTED, f"stopped following job {job['id']}; it keeps running "
+                                         f"(cancel it with: cpctl cancel {job['id']})") from None
+    if api.json:
+        print_json(job)
+    return EXIT_OK if job["state"] == "SUCCEEDED" else EXIT_JOB_NOT_SUCCEEDED
+
+
+def follow_job(client: Client, job: dict, interval: float, say) -> dict:
+    """Poll the job every ``interval`` seconds, reporting each change of state or queue reason; return it once final."""
+    seen = state_line(job)
+    while job["state"] not in FINAL_STATES:
+        time.sleep(interval)
+        job = client.get(f"jobs/{job['id']}/")
+        line = state_line(job)
+        if line != seen:
+            say(f"{dt.datetime.now(dt.timezone.utc):%H:%M:%S}  job {job['id']}: {line}")
+            seen = line
+    cost = f", cost {usd(job.get('accrued_cost_usd'))}" if job.get("accrued_cost_usd") is not None else ""
+    say(f"job {job['id']} ended {job['state']}{cost}")
+    return job
+
+
+# --- reading jobs -----------------------------------------------------------------------------------------------------
+
+@api_command("jobs", "list jobs, newest first")
+@click.option("--team", help="team slug")
+@click.option("--state", "states", multiple=True, help="state (repeat, or comma-separated: QUEUED,RUNNING)")
+@click.option("--limit", type=POSITIVE_INT, default=50, help="at most this many jobs (default 50)")
+def jobs(api: Api, team: str | None, states: tuple[str, ...], limit: int) -> int:
+    """The job list (newest first), filtered by team and state: id, team, name, state, GPUs, accelerator, cost, age."""
+    params: dict = {"team": team} if team else {}
+    wanted = [s.strip().upper() for value in states for s in value.split(",") if s.strip()]
+    if wanted:
+        params["state"] = wanted
+    page = api.client.get_pages("jobs/", params, limit=limit)
+    if api.shown_as_json(page):
+        return EXIT_OK
+    found = page["results"]
+    if not found:
+        err("no jobs")
+        return EXIT_OK
+    now = dt.datetime.now(dt.timezone.utc)
+    table(["ID", "TEAM", "NAME", "STATE", "GPUS", "ACCELERATOR", "COST", "AGE"],
+          [[job["id"], job["team"], job["name"], job["state"], job.get("total_gpus"), job.get("accelerator"),
+            usd(job.get("accrued_cost_usd")), age(job.get("created_at"), now)] for job in found],
+          right=("ID", "GPUS", "COST", "AGE"))
+    if page["count"] > len(found):
+        err(f"({len(found)} of {page['count']} jobs; --limit shows more)")
+    return EXIT_OK
+
+
+def resources_line(job: dict) -> str:
+    """``2 node(s) x 8 H100-80GB = 16 GPUs``; a CPU-only job (0 GPUs per node) by its CPU and memory per node."""
+    if job.get("gpus_per_node") == 0:
+        res = ((job.get("spec") or {}).get("resources")) or {}
+        memory = f", {res['memory_gib']:g} GiB" if isinstance(res.get("memory_gib"), (int, float)) else ""
+        cpu = f"{res['cpu']:g}" if isinstance(res.get("cpu"), (int, float)) else "?"
+        return f"{job.get('nodes')} node(s) x {cpu} CPU cores{memory} (CPU-only, no GPUs)"
+    return (f"{job.get('nodes')} node(s) x {job.get('gpus_per_node')} {job.get('accelerator')} "
+            f"= {job.get('total_gpus')} GPUs")
+
+
+def job_fields(job: dict) -> list[tuple[str, str]]:
+    """``cpctl job``'s lines: team, kind, state, why it waits, resources, priority, limits, attempt, cost, times."""
+    pairs: list[tuple[str, str]] = [
+        ("team", f"{job['team']} (submitted by {job.get('submitter')})"),
+        ("kind", job.get("kind")),
+        ("state", job["state"] + (f": {job['state_reason']}" if job.get("state_reason") else "")),
+    ]
+    info = job.get("queue_info") or {}
+    if job["state"] in ("QUEUED", "RECOVERING") and (info.get("reason") or info.get("message")):
+        pairs.append(("waiting for", f"{info.get('reason', '?')}: {info.get('message', '')}".rstrip(": ")))
+    position = job.get("position")
+    if position:
+        pairs.append(("queue position", (f"{position.get('team', '?')} in team {job['team']}, "
+                                         f"{position.get('overall', '?')} overall")))
+    pairs += [
+        ("resources", resources_line(job)),
+        ("priority", f"{job.get('priority_class') or '-'} ({job.get('priority')})"
+                     + (", preemptible" if job.get("preemptible") else "")),
+        ("limits", (f"max runtime {duration(job.get('max_runtime_seconds') or 0)}, "
+                    f"max retries {job.get('max_retries')}")),
+    ]
+    attempt = job.get("current_attempt")
+    if attempt:
+        text = f"#{attempt['number']} on {attempt.get('cluster')} ({attempt.get('node_pool')})"
+        if attempt.get("started_at"):
+            text += f", started {when(attempt['started_at'])}"
+        if attempt.get("ended_at"):
+            text += f", ended {when(attempt['ended_at'])}"
+        if attempt.get("end_reason"):
+            text += f": {attempt['end_reason']}"
+        pairs.append(("attempt", text))
+    if job.get("kind") == "inference":
+        source = (job.get("spec") or {}).get("checkpoint_from")
+        if source:
+            pairs.append(("serves", f"the checkpoint of job {source}"))
+        pairs.append(("endpoint", job.get("endpoint") or "none (it serves only while RUNNING)"))
+    estimate = job.get("estimated_cost_usd")
+    pairs.append(("cost", f"{usd(job.get('accrued_cost_usd'))} accrued, " + (
+        "estimated once placed" if estimate is None else f"{usd(estimate)} estimated (worst case)")))
+    if (job.get("efficiency") or {}).get("attempts"):
+        pairs += efficiency_fields(job["efficiency"])
+    for name in ("created", "admitted", "started", "ended"):
+        value = job.get(f"{name}_at")
+        if value:
+            pairs.append((name, f"{when(value)} UTC ({age(value)} ago)"))
+    return pairs
+
+
+@api_command("job", "show a job: state, why it waits, attempt, cost")
+@job_id
+def job(api: Api, id: int) -> int:  # noqa: A002 - the argument's name in the usage line
+    """One job's details: state and why it waits, resources, attempt, cost, times."""
+    body = api.client.get(f"jobs/{id}/")
+    if api.shown_as_json(body):
+        return EXIT_OK
+    out(f"job {body['id']}  {body['name']}")
+    fields(job_fields(body))
+    return EXIT_OK
+
+
+def mfu_text(mfu, reason: str) -> str:
+    """``"41.20 %"``, or ``"n/a (why)"`` when the API gives no MFU."""
+    return "n/a" + (f" ({reason})" if reason else "") if mfu is None else f"{mfu:.2f} %"
+
+
+def efficiency_fields(efficiency: dict) -> list[tuple[str, str]]:
+    """The job's ``efficiency`` (API) as ``cpctl job`` lines: throughput, MFU, tokens and USD per million."""
+    tokens_per_s = efficiency.get("tokens_per_s")
+    pairs = [("throughput", "not reported" if tokens_per_s is None else f"{tokens_per_s:,.1f} tokens/s"),
+             ("MFU", mfu_text(efficiency.get("mfu_percent"), efficiency.get("mfu_reason") or ""))]
+    if efficiency.get("tokens") is not None:
+        per_million = efficiency.get("usd_per_million_tokens")
+        pairs.append(("tokens", f"{efficiency['tokens']:,}" + (
+            "" if per_million is None else f", ${Decimal(per_million):.4f} per million")))
+    return pairs
+
+
+@api_command("efficiency", "show a job's training throughput, MFU and cost per million tokens")
+@job_id
+def efficiency(api: Api, id: int) -> int:  # noqa: A002
+    """A job's training efficiency per attempt: last and mean throughput, loss, MFU, tokens."""
+    body = api.client.get(f"jobs/{id}/efficiency/")
+    if api.shown_as_json(body):
+        return EXIT_OK
+    rows = []
+    for a in body.get("attempts") or []:
+        last, mean = a.get("last") or {}, a.get("mean") or {}
+        rows.append([a["attempt"], "-" if last.get("step") is None else last["step"],
+                     "-" if last.get("tokens_per_s") is None else f"{last['tokens_per_s']:,.1f}",
+                     "-" if a.get("tokens_per_s") is None else f"{a['tokens_per_s']:,.1f}",
+                     "-" if mean.get("loss") is None else f"{mean['loss']:.4f}",
+                     "n/a" if a.get("mfu_percent") is None else f"{a['mfu_percent']:.2f} %",
+                     "-" if a.get("tokens") is None else f"{a['tokens']:,}"])
+    table(["ATTEMPT", "STEP", "LAST TOKENS/S", "RUN TOKENS/S", "MEAN LOSS", "MFU", "TOKENS"], rows,
+          right=("STEP", "LAST TOKENS/S", "RUN TOKENS/S", "MEAN LOSS", "MFU", "TOKENS"))
+    for name, value in efficiency_fields(body):
+        out(f"{name}: {value}")
+    return EXIT_OK
+
+
+@api_command("events", "show a job's timeline")
+@job_id
+def events(api: Api, id: int) -> int:  # noqa: A002
+    """The job's timeline, oldest first: time, kind, state change, attempt, actor, reason."""
+    page = api.client.get_pages(f"jobs/{id}/events/")
+    if api.shown_as_json(page):
+        return EXIT_OK
+    rows = []
+    for event in page["results"]:
+        before, after = event.get("from_state") or "", event.get("to_state") or ""
+        change = f"{before} -> {after}" if before and after and before != after else after
+        rows.append([when(event["created_at"]), event["kind"], change, event.get("attempt"), event.get("actor"),
+                     event.get("reason")])
+    if not rows:
+        err("no events")
+        return EXIT_OK
+    table(["TIME (UTC)", "KIND", "STATE", "ATTEMPT", "ACTOR", "REASON"], rows)
+    return EXIT_OK
+
+
+# --- logs and cancel --------------------------------------------------------------------------------------------------
+
+@api_command("logs", "show the log of a job's current attempt")
+@job_id
+@click.option("--node", type=int, default=0, help="node index, 0-based (default 0)")
+@click.option("--tail", type=POSITIVE_INT, default=200, help="trailing lines (default 200)")
+@click.option("-f", "--follow", is_flag=True, help="stream new lines until the attempt ends")
+def logs(api: Api, id: int, node: int, tail: int, follow: bool) -> int:  # noqa: A002
+    """The tail of one node's log of the job's current attempt; ``--follow`` streams new lines as they come."""
+    params = {"node": node, "tail": tail}
+    if not follow:
+        body = api.client.get(f"jobs/{id}/logs/", params)
+        if api.json:
+            print_json(body)
+        elif body.get("attempt") is None:
+            err(f"job {id} has no attempt yet: no logs")
+        else:
+            text = body.get("text") or ""
+            sys.stdout.write(text if not text or text.endswith("\n") else text + "\n")
+            if not text:
+                err(empty_log_hint(api.client, id, node, body.get("attempt")))
+        return EXIT_OK
+    if api.json:
+        raise CliError(EXIT_BAD_INPUT, "error: --json cannot be combined with --follow (the stream is plain text)")
+    return stream_log(api.client, id, params)
+
+
+def stream_log(client: Client, job: int, params: dict) -> int:
+    """Copy the followed log of ``job`` to stdout as its bytes arrive (UTF-8); the exit code (130 on Ctrl-C)."""
+    response = client.request("GET", f"jobs/{job}/logs/", params={**params, "follow": 1}, stream=True,
+                              read_timeout=None)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    try:
+        with response:
+            # read1: whatever has arrived, at once. iter_content(None) waits for the end of a stream that is
+            # not chunked (a server answering "Connection: close"), which a followed log may never reach.
+            while chunk := response.raw.read1(65536):
+                sys.stdout.write(decoder.decode(chunk))
+                sys.stdout.flush()
+            sys.stdout.write(decoder.decode(b"", final=True))
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except requests.exceptions.RequestException:
+        raise CliError(EXIT_UNREACHABLE, f"error: the log stream from {redact(client.base_url)} broke off") from None
+    return EXIT_OK
+
+
+def empty_log_hint(client: Client, job: int, node: int, attempt: int) -> str:
+    """What to tell a user whose node log is empty: that the node printed nothing (yet), and which nodes there are
+    (in distributed training often only rank 0 logs)."""
+    try:
+        nodes = client.get(f"jobs/{job}/").get("nodes") or 1
+    except CliError:
+        nodes = None
+    others = ""
+    if nodes and nodes > 1:
+        others = (f"; the job has {nodes} nodes (0 to {nodes - 1}) and often only rank 0 prints: "
+                  f"try --node {0 if node else 1}")
+    return f"(node {node} of attempt {attempt} has printed nothing yet{others})"
+
+
+@api_command("cancel", "cancel a job")
+@job_id
+def cancel(api: Api, id: int) -> int:  # noqa: A002
+    """Cancel the job: CANCELLED at once when nothing runs, else CANCELLING until the cluster confirms."""
+    body = api.client.post(f"jobs/{id}/cancel/")
+    if api.json:
+        print_json(body)
+    elif body["state"] == "CANCELLING":
+        out(f"job {body['id']}: CANCELLING (its cluster is deleting it; `job {body['id']}` shows when it is "
+            "CANCELLED)")
+    else:
+        out(f"job {body['id']}: {body['state']}")
+    return EXIT_OK
+
+
+COMMANDS = [submit, jobs, job, events, efficiency, cancel, logs]

@@ -1,0 +1,102 @@
+"""Stored reports: ``reports`` (the list, newest first) and ``report ID [--csv]`` (one report's figures or CSV)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from cpctl.errors import EXIT_OK
+from cpctl.options import POSITIVE_INT, Api, api_command
+from cpctl.output import err, fields, gpu_hours, out, percent, table, usd, when
+
+
+@api_command("reports", "list stored utilization and cost reports, newest first")
+@click.option("--team", help="team slug (platform: the platform-wide reports)")
+@click.option("--kind", type=click.Choice(("daily", "weekly", "custom")), help="only reports of this kind")
+@click.option("--limit", type=POSITIVE_INT, default=50, help="at most this many reports (default 50)")
+def reports(api: Api, team: str | None, kind: str | None, limit: int) -> int:
+    """Stored reports, newest first: id, scope, kind, period, GPU-hours, cost (USD), average utilization."""
+    params = {"ordering": "-period_end"}
+    if kind:
+        params["kind"] = kind
+    page = api.client.get_pages("reports/", params, limit=limit)
+    found = [r for r in page["results"] if not team or (r.get("team") or "platform") == team]
+    if api.shown_as_json({**page, "results": found}):
+        return EXIT_OK
+    if not found:
+        err("no reports (daily ones are made at 06:00 UTC, weekly ones on Mondays)")
+        return EXIT_OK
+    rows = []
+    for r in found:
+        data = r.get("data") or {}
+        totals, util = data.get("totals") or {}, data.get("utilization") or {}
+        rows.append([r["id"], r.get("team") or "platform", r["kind"], when(r["period_start"]),
+                     when(r["period_end"]), gpu_hours(totals.get("gpu_hours")), usd(totals.get("cost_usd")),
+                     percent(util.get("avg_gpu_util_percent"))])
+    table(["ID", "SCOPE", "KIND", "FROM (UTC)", "TO (UTC)", "GPU-HOURS", "COST", "AVG UTIL"], rows,
+          right=("ID", "GPU-HOURS", "COST", "AVG UTIL"))
+    if page["count"] > len(page["results"]):
+        err(f"({len(page['results'])} of {page['count']} reports; --limit shows more)")
+    return EXIT_OK
+
+
+def report_fields(data: dict) -> list[tuple[str, str]]:
+    """A report's headline lines: GPU-hours, cost and its change on the period before, utilization, note."""
+    totals, util, previous = data.get("totals") or {}, data.get("utilization") or {}, data.get("previous") or {}
+    change = previous.get("cost_change_percent")
+    pairs = [
+        ("GPU-hours", gpu_hours(totals.get("gpu_hours"))),
+        ("cost", usd(totals.get("cost_usd")) + ("" if change is None else f" ({change:+.1f}% on the period before)")),
+        ("utilization", f"{percent(util.get('avg_gpu_util_percent'))} average, "
+                        f"{percent(util.get('coverage_percent'), 0)} of samples"
+                        + (f"; idle {gpu_hours(util.get('idle_gpu_hours'))} GPU-h = {usd(util.get('idle_cost_usd'))}"
+                           if util.get("idle_gpu_hours") is not None else "")),
+    ]
+    if util.get("note"):
+        pairs.append(("note", util["note"]))
+    return pairs
+
+
+def report_sections(data: dict) -> list[tuple[str, list[str], list[list]]]:
+    """A report's tables as ``(title, headers, rows)``: top jobs, quota use, budgets."""
+    return [
+        ("Top jobs", ["JOB", "NAME", "TEAM", "GPU-HOURS", "COST"], [
+            [j.get("job"), j.get("job_name"), j.get("team"), gpu_hours(j.get("gpu_hours")), usd(j.get("cost_usd"))]
+            for j in data.get("top_jobs") or []]),
+        ("Quota use", ["ACCELERATOR", "NOMINAL", "GPU-HOURS", "AVG GPUS", "OF NOMINAL"], [
+            [q.get("accelerator"), q.get("nominal_gpus"), gpu_hours(q.get("gpu_hours")),
+             f"{float(q.get('avg_gpus_in_use') or 0):.2f}", percent(q.get("percent_of_nominal"))]
+            for q in data.get("quota_use") or []]),
+        ("Budgets", ["TEAM", "PERIOD", "AMOUNT", "SPENT", "REMAINING", "SPENT %"], [
+            [b.get("team"), b.get("period"), usd(b.get("amount_usd")), usd(b.get("spent_usd")),
+             usd(b.get("remaining_usd")), percent(b.get("spent_percent"))] for b in data.get("budgets") or []]),
+    ]
+
+
+@api_command("report", "show one report's figures, or its CSV")
+@click.argument("id", metavar="ID", type=int)
+@click.option("--csv", "as_csv", is_flag=True, help="print the report's CSV (section,item,metric,value)")
+def report(api: Api, id: int, as_csv: bool) -> int:  # noqa: A002 - the argument's name in the usage line
+    """One report: its totals, change on the period before, utilization, top jobs, quota use and budgets; or its
+    CSV (``--csv``, as the API gives it)."""
+    if as_csv:
+        text = api.client.request("GET", f"reports/{id}/csv/").text
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        return EXIT_OK
+    body = api.client.get(f"reports/{id}/")
+    if api.shown_as_json(body):
+        return EXIT_OK
+    data = body.get("data") or {}
+    out(f"report {body['id']}  {body['kind']} for {body.get('team') or 'the platform'}, "
+        f"{when(body['period_start'])} to {when(body['period_end'])} UTC")
+    fields(report_fields(data))
+    for title, headers, rows in report_sections(data):
+        if rows:
+            out()
+            out(title)
+            table(headers, rows, right=tuple(h for h in headers if h not in ("NAME", "TEAM", "ACCELERATOR", "PERIOD")))
+    return EXIT_OK
+
+
+COMMANDS = [reports, report]
