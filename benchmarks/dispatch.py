@@ -273,9 +273,10 @@ def dispatch_phase(env: dict, attempt_ids: list[int], timeout: float, emulator_p
     from jobs.tasks import dispatch_attempt
 
     app.control.purge()
-    workers = [subprocess.Popen([sys.executable, "-m", "celery", "-A", "controlplane", "worker", "-P", pool,
-                                 "-c", str(concurrency), "-n", f"bench{i}@%h", "-l", "warning", "--without-gossip", "--without-mingle",
-                                 "--without-heartbeat"], cwd=ROOT, env=env,
+    # Both on the fast queue, dispatch's (settings.CELERY_TASK_ROUTES): this measures dispatch alone.
+    workers = [subprocess.Popen([sys.executable, "-m", "celery", "-A", "controlplane", "worker", "-Q", "fast",
+                                 "-P", pool, "-c", str(concurrency), "-n", f"bench{i}@%h", "-l", "warning",
+                                 "--without-gossip", "--without-mingle", "--without-heartbeat"], cwd=ROOT, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
                for i in range(2)]
     try:

@@ -8,7 +8,8 @@ Kubernetes would (``demo.processes.Supervisor`` restarts a process that dies). J
 emulated GPUs: ``python -c "print(...)"``, one GPU each.
 
 Schedule (``--seconds``, default 90, scales it): Redis stopped from 15 % to 32 % of the run, PostgreSQL
-restarted (``pg_ctl restart -m fast``: every connection cut) at 50 %, one worker SIGKILLed at 70 %; then the
+restarted (``pg_ctl restart -m fast``: every connection cut) at 50 %, the fast queue's worker (of the two, one
+per queue) SIGKILLed at 70 %; then the
 load stops and the run waits (at most ``--drain``, default 90 s) until no job is left QUEUED, CANCELLING or
 ADMITTED. An outage window is a fault's duration plus 5 s (clients still see it).
 
@@ -112,10 +113,12 @@ def main() -> None:
             web = supervisor.start("web", [py, "-m", "gunicorn", "controlplane.wsgi:application", f"--bind=127.0.0.1:{port}",
                                            "--worker-class=gthread", "--workers=1", "--threads=8", "--timeout=60"],
                                    env=env)
-            workers = [supervisor.start(f"worker-{i}", celery + ["worker", "--concurrency=2", "--without-gossip",
-                                                                  "--without-mingle", "--loglevel=WARNING",
-                                                                  f"--hostname=faults-{i}@%h"], env=env)
-                       for i in range(2)]
+            # One worker per queue, as deployed (settings.CELERY_TASK_ROUTES): the fast one dispatches, the slow
+            # one accrues; the faults kill either.
+            # workers[0], the fast queue's, is the one killed.
+            workers = [supervisor.start(f"worker-{queue}", celery + [
+                "worker", "--concurrency=2", "-Q", queue, "--without-gossip", "--without-mingle", "--loglevel=WARNING",
+                f"--hostname=faults-{queue}@%h"], env=env) for queue in ("fast", "slow")]
             supervisor.start("beat", celery + ["beat", "--loglevel=WARNING", "--pidfile", str(work / "beat.pid")], env=env)
             supervisor.watch(interval=0.5)
             assert wait_for_port(port, 60), "gunicorn did not start"

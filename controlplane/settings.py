@@ -215,6 +215,26 @@ CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ACKS_ON_FAILURE_OR_TIMEOUT = True
+# Two queues by concern (docs/adr/0014): FAST holds the job lifecycle's critical path (scheduling passes, dispatch,
+# cancel and delete calls, reconcile, the outbox, node pool sync), SLOW everything that may take minutes (cost
+# accrual and budgets, utilization collection and the ledger check, node health from DCGM, workload metrics,
+# reports and their mail). Each queue has its own workers (`celery worker -Q fast`, `-Q slow`), so a slow report
+# never delays a dispatch. Every task is named here; tests/controlplane/test_celery_queues.py fails on one that is
+# not. Celery's own tasks (celery.backend_cleanup, sent daily by beat) go to SLOW. A task name no route matches
+# goes to the default queue, FAST. Each task's soft and hard time limits are on its decorator.
+CELERY_FAST_QUEUE = "fast"
+CELERY_SLOW_QUEUE = "slow"
+CELERY_TASK_DEFAULT_QUEUE = CELERY_FAST_QUEUE
+CELERY_TASK_QUEUES = {CELERY_FAST_QUEUE: {}, CELERY_SLOW_QUEUE: {}}
+CELERY_TASK_ROUTES = {
+    **dict.fromkeys(["jobs.tasks.schedule_pending", "jobs.tasks.dispatch_attempt", "jobs.tasks.cancel_job_objects",
+                     "jobs.tasks.reconcile_all", "jobs.tasks.delete_attempt_objects", "jobs.tasks.send_outbox",
+                     "runners.tasks.sync_node_pools"], {"queue": CELERY_FAST_QUEUE}),
+    **dict.fromkeys(["costs.tasks.accrue_running_costs", "costs.tasks.accrue_attempt", "costs.tasks.check_budgets",
+                     "costs.tasks.collect_utilization", "costs.tasks.collect_ended_utilization",
+                     "costs.tasks.check_ledger", "frontend.tasks.generate_reports", "runners.tasks.check_node_health",
+                     "jobs.tasks.collect_workload_metrics", "celery.*"], {"queue": CELERY_SLOW_QUEUE}),
+}
 # Pacing of scheduling passes under a storm of submissions (jobs.scheduling.passes.schedule_coalesced): after a pass
 # of d seconds the next waits min(d x FACTOR, MAX); none after a pass shorter than MIN seconds. FACTOR 6: the
 # scheduler takes at most 1/7 of a core while a storm lasts (measured: 0.14 ms of CPU per submitted job against

@@ -37,6 +37,7 @@ import logging
 from collections import defaultdict
 from decimal import ROUND_HALF_EVEN, Decimal
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -254,6 +255,8 @@ def _accrue_rows(rows: list[tuple], until: dt.datetime, *, isolate: bool,
         try:
             added[row[0]] = _plan(batch, row, opened.get(row[0]), pools[row[4]], prices[row[4]], until,
                                   reconstructed)
+        except SoftTimeLimitExceeded:  # the task's time is up: not this attempt's failure
+            raise
         except Exception:
             if not isolate:
                 raise
@@ -449,6 +452,8 @@ def accrue_running(until: dt.datetime | None = None) -> int:
                 batch, added = _accrue_rows(rows, until, isolate=True)
                 _write(batch)
                 return len(added)
+        except SoftTimeLimitExceeded:  # rolled back: the next run accrues from where the ledger stopped
+            raise
         except Exception:
             log.exception("set-based accrual failed; accruing attempt by attempt")
     count = 0
@@ -456,6 +461,8 @@ def accrue_running(until: dt.datetime | None = None) -> int:
         try:
             accrue_attempt(attempt_id, until)
             count += 1
+        except SoftTimeLimitExceeded:
+            raise
         except Exception:
             log.exception("accrual of attempt %s failed; the other attempts accrue", attempt_id)
     return count

@@ -1,6 +1,8 @@
 """Celery tasks of costs: ledger accrual, budget checks, utilization collection, the ledger-vs-metrics check, reports.
 
 The report task lives in ``costs.reports.tasks``; it is imported here so that autodiscovery (``<app>.tasks``) finds it.
+All go to the slow queue (``CELERY_TASK_ROUTES``, docs/adr/0014); each has a soft time limit (``SoftTimeLimitExceeded``
+raised in the task: the transaction it is in rolls back) and a hard one, chosen from its work and its beat interval.
 """
 
 import datetime as dt
@@ -15,19 +17,21 @@ from .ledger import accrue_attempt, accrue_running
 from .reports.tasks import generate_reports  # noqa: F401  (registers the task)
 
 
-@shared_task(name="costs.tasks.accrue_running_costs", ignore_result=True)
+# Every 60 s; 1,000 attempts over a 30-day ledger take 0.2-0.6 s (benchmarks/ledger_scale.py).
+@shared_task(name="costs.tasks.accrue_running_costs", ignore_result=True, soft_time_limit=120, time_limit=150)
 def accrue_running_costs() -> int:
     """Accrue every started attempt up to now (periodic, through Celery beat); idempotent."""
     return accrue_running()
 
 
-@shared_task(name="costs.tasks.accrue_attempt", ignore_result=True)
+@shared_task(name="costs.tasks.accrue_attempt", ignore_result=True, soft_time_limit=30, time_limit=45)
 def accrue_attempt_task(attempt_id: int) -> str:
     """Accrue one attempt up to now (its end, if it ended); idempotent."""
     return str(accrue_attempt(attempt_id))
 
 
-@shared_task(name="costs.tasks.check_budgets", ignore_result=True)
+# Every 300 s: a budget status (milliseconds) per budget, and a mail per alert fired.
+@shared_task(name="costs.tasks.check_budgets", ignore_result=True, soft_time_limit=120, time_limit=150)
 def check_budgets() -> int:
     """Fire budget threshold alerts due now (periodic); each fires once per period. Returns alerts fired."""
     from .budgets import check_budgets as check
@@ -42,7 +46,8 @@ def _lookback_start(now: dt.datetime) -> dt.datetime:
     return start.replace(hour=0, minute=0, second=0, microsecond=0)  # whole UTC days
 
 
-@shared_task(name="costs.tasks.collect_utilization", ignore_result=True)
+# Every 900 s: Prometheus queries (COSTS_PROMETHEUS_TIMEOUT_SECONDS, 30 s, each) per attempt and day of the lookback.
+@shared_task(name="costs.tasks.collect_utilization", ignore_result=True, soft_time_limit=600, time_limit=660)
 def collect_utilization() -> int:
     """Re-read utilization of the last ``COSTS_COLLECT_LOOKBACK_SECONDS`` (from a UTC midnight) up to now."""
     from .utilization import collect_utilization as collect
@@ -51,7 +56,9 @@ def collect_utilization() -> int:
     return collect(_lookback_start(now), now)
 
 
-@shared_task(name="costs.tasks.collect_ended_utilization", ignore_result=True)
+# Every 60 s: the attempts ended since the last run; one stopped early is read again by the next (rows per attempt
+# are written together, costs.utilization.collect_attempt).
+@shared_task(name="costs.tasks.collect_ended_utilization", ignore_result=True, soft_time_limit=240, time_limit=300)
 def collect_ended_utilization() -> int:
     """Collect the whole run of each attempt that ended since the last pass (every minute); returns attempts read."""
     from .utilization import collect_ended
@@ -59,7 +66,8 @@ def collect_ended_utilization() -> int:
     return collect_ended()
 
 
-@shared_task(name="costs.tasks.check_ledger", ignore_result=True)
+# Hourly: per cluster, a ledger sum and kube-state-metrics queries over the lookback.
+@shared_task(name="costs.tasks.check_ledger", ignore_result=True, soft_time_limit=600, time_limit=660)
 def check_ledger() -> int:
     """Compare each cluster's ledger GPU-hours with kube-state-metrics over the lookback window; returns flags raised."""
     from .utilization import check_ledger as check

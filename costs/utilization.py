@@ -23,7 +23,9 @@ import logging
 from collections import defaultdict
 from decimal import Decimal
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
+from django.db import transaction
 from django.db.models import Max, Q, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
@@ -100,6 +102,8 @@ def cluster_shape(cluster: Cluster, at: dt.datetime | None = None, client=None) 
     if row is None or not row.shape_override and (row.detected_at is None or row.detected_at < now - SHAPE_MAX_AGE):
         try:
             row = detect_cluster_shape(cluster, min(at or now, now), client) or row
+        except SoftTimeLimitExceeded:  # the task's time is up, not Prometheus
+            raise
         except Exception as exc:  # noqa: BLE001 (Prometheus unreachable: keep what is known)
             log.warning("label shape of cluster %s not detected: %s", cluster, exc)
     if row is None or not row.shape:
@@ -159,28 +163,29 @@ def collect_attempt(attempt: JobAttempt, start: dt.datetime, end: dt.datetime, s
     if source is None or interval is None:
         return 0
     step = settings.COSTS_SCRAPE_INTERVAL_SECONDS
-    written = 0
+    rows = {}
     for day, lo, hi in utc_days(*interval):
         matchers = attempt_matchers(attempt, shape, source, lo, hi, client)
         usage = prometheus.NO_USAGE if matchers is None else prometheus.read_usage(source, matchers, lo, hi,
                                                                                     client=client)
         gpu_seconds = attempt.gpus * (hi - lo).total_seconds()
         idle = usage.idle_seconds(step)
-        UtilizationRollup.objects.update_or_create(
-            attempt=attempt, day=day,
-            defaults=dict(
-                job_id=attempt.job_id, team_id=attempt.job.team_id, cluster_id=attempt.cluster_id,
-                accelerator_id=attempt.node_pool.accelerator_id, gpu_seconds=gpu_seconds,
-                samples=usage.samples, expected_samples=gpu_seconds / step, util_sum=usage.util_sum,
-                avg_gpu_util_percent=usage.avg_util_percent, memory_samples=usage.memory_samples,
-                avg_memory_used_mib=usage.avg_memory_mib,
-                observed_gpu_seconds=min(gpu_seconds, usage.observed_seconds(step)),
-                idle_gpu_seconds=None if idle is None else min(gpu_seconds, idle),
-                util_metric=usage.util_metric, label_shape=shape.kind if matchers is not None else "",
-            ),
+        rows[day] = dict(
+            job_id=attempt.job_id, team_id=attempt.job.team_id, cluster_id=attempt.cluster_id,
+            accelerator_id=attempt.node_pool.accelerator_id, gpu_seconds=gpu_seconds,
+            samples=usage.samples, expected_samples=gpu_seconds / step, util_sum=usage.util_sum,
+            avg_gpu_util_percent=usage.avg_util_percent, memory_samples=usage.memory_samples,
+            avg_memory_used_mib=usage.avg_memory_mib,
+            observed_gpu_seconds=min(gpu_seconds, usage.observed_seconds(step)),
+            idle_gpu_seconds=None if idle is None else min(gpu_seconds, idle),
+            util_metric=usage.util_metric, label_shape=shape.kind if matchers is not None else "",
         )
-        written += 1
-    return written
+    # Every day of the window read before any is written, then written together: a collection stopped in between
+    # (a Prometheus error, the task's time limit) writes none, and collect_ended reads the attempt again.
+    with transaction.atomic():
+        for day, defaults in rows.items():
+            UtilizationRollup.objects.update_or_create(attempt=attempt, day=day, defaults=defaults)
+    return len(rows)
 
 
 def collect_utilization(start: dt.datetime, end: dt.datetime | None = None, clusters=None) -> int:

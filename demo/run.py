@@ -2,9 +2,9 @@
 
 ``manage.py demo`` (``make demo``) migrates, seeds two teams with quotas and
 budgets, the local cluster, the price catalog, a staff account and the
-daily reports, starts the web server, a Celery worker and Celery beat as
-child processes, submits a PyTorch training job, a CPU-only data-preparation
-job for the local CPU pool (and a job the budget must refuse) through the
+daily reports, starts the web server, a Celery worker for each queue (fast
+and slow) and Celery beat as child processes, submits a PyTorch training
+job, a CPU-only data-preparation job for the local CPU pool (and a job the budget must refuse) through the
 REST API with a real token, follows them to a final state, then serves the trained model as an inference job that names the
 training job (``spec.checkpoint_from``), sends its endpoint a request and
 prints a summary with the endpoint and the answer. With ``--once`` it then
@@ -123,8 +123,8 @@ class PortInUse(RuntimeError):
 
 
 class Platform:
-    """The embedded broker, the web server, a Celery worker and Celery beat as supervised child processes of the
-    demo (``demo.processes.Supervisor``: one that exits is restarted), logging under ``var/logs``."""
+    """The embedded broker, the web server, a Celery worker per queue and Celery beat as supervised child processes
+    of the demo (``demo.processes.Supervisor``: one that exits is restarted), logging under ``var/logs``."""
 
     def __init__(self, port: int, out=sys.stdout):
         self.port = port
@@ -145,8 +145,12 @@ class Platform:
                 raise RuntimeError(f"the embedded broker did not start on port {port}:\n"
                                    f"{self.supervisor.log_tail(broker)}")
         self.supervisor.start("web", [py, "manage.py", "runserver", f"127.0.0.1:{self.port}", "--noreload"])
-        self.supervisor.start("worker", celery + ["worker", "--loglevel=INFO", "--concurrency=2", "--without-gossip",
-                                                  "--without-mingle", "--hostname", f"demo-{os.getpid()}@%h"])
+        # One worker per queue (docs/adr/0014), as in production: a report or a utilization collection on the slow
+        # worker never holds up a dispatch or a reconcile on the fast one. One pool process each on the demo's cores.
+        for queue in (settings.CELERY_FAST_QUEUE, settings.CELERY_SLOW_QUEUE):
+            self.supervisor.start(f"worker-{queue}", celery + [
+                "worker", "--loglevel=INFO", "--concurrency=1", "-Q", queue, "--without-gossip", "--without-mingle",
+                "--hostname", f"demo-{queue}-{os.getpid()}@%h"])
         self.supervisor.start("beat", celery + ["beat", "--loglevel=INFO",
                                                 "--pidfile", str(Path(settings.VAR_DIR) / "celerybeat.pid")])
         self.supervisor.watch()
@@ -422,7 +426,8 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
     signal.signal(signal.SIGTERM, _raise_interrupt)
     signal.signal(signal.SIGHUP, _raise_interrupt)
     monitoring = start_demo_monitoring(port, out)  # GPU metrics when `prometheus` is on PATH; None otherwise
-    out.write(f"Starting the platform on http://127.0.0.1:{port}/ (web, Celery worker, Celery beat)...\n")
+    out.write(f"Starting the platform on http://127.0.0.1:{port}/ (web, Celery workers of the fast and slow queues, "
+              f"Celery beat)...\n")
     alice, bob = teams["ml-research"], teams["applied-ml"]
     accounts = (f"  Web UI sign-in: {alice.username} / {alice.password} (ml-research admin), "
                 f"{bob.username} / {bob.password} (applied-ml admin)\n"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.db import transaction
 
 from .scheduling.pacing import SCHEDULE_NOTIFIER, publish_schedule, registered_task
@@ -64,6 +65,8 @@ def send_outbox(limit: int = 500) -> int:
         for row in OutboxTask.objects.select_for_update(skip_locked=True).order_by("pk")[:limit]:
             try:
                 registered_task(row.task).apply_async(row.args, retry=True, retry_policy=PUBLISH_RETRY_POLICY)
+            except SoftTimeLimitExceeded:  # the sweep's time is up, not the broker: the rows stay for the next one
+                raise
             except Exception as exc:  # noqa: BLE001 - still down: the next sweep retries
                 OutboxTask.objects.filter(pk=row.pk).update(attempts=row.attempts + 1, last_error=repr(exc)[:500])
                 break

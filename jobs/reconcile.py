@@ -44,6 +44,7 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import connections
 from django.db.models import F
@@ -120,10 +121,14 @@ def reconcile_clusters(clusters: Iterable[Cluster]) -> list[dict]:
                 continue
             look = _Look(cluster, backend, _live_attempts(cluster), time.monotonic())
             looks[pool.submit(_observe, backend, cluster, look.attempts)] = look
-        for future in as_completed(looks):
-            look = looks[future]
-            results[look.cluster.pk] = _apply(look, future)
-            RECONCILE_SECONDS.labels(cluster=look.cluster.name).observe(time.monotonic() - look.started)
+        try:
+            for future in as_completed(looks):
+                look = looks[future]
+                results[look.cluster.pk] = _apply(look, future)
+                RECONCILE_SECONDS.labels(cluster=look.cluster.name).observe(time.monotonic() - look.started)
+        except BaseException:  # e.g. the task's soft time limit: start no further look, wait only for those running
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     return [results[cluster.pk] for cluster in clusters]
 
 
@@ -153,6 +158,8 @@ def _apply(look: _Look, future: Future) -> dict:
     except ClusterUnreachable as exc:
         log.warning("cluster %s did not answer: %s", cluster.name, exc)
         return _record_failure(cluster, attempts, str(exc))
+    except SoftTimeLimitExceeded:  # the task's time is up (raised in this thread): no verdict on the cluster
+        raise
     except Exception as exc:  # noqa: BLE001 - a backend bug on one cluster must not stop the others' reconcile
         log.exception("cluster %s: observing failed", cluster.name)
         return {**_record_failure(cluster, attempts, f"{type(exc).__name__}: {exc}"),

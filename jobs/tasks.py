@@ -5,12 +5,21 @@ Tasks that call a cluster share one policy, ``CLUSTER_CALL``: ``acks_late``
 with ``reject_on_worker_lost`` (a worker that dies mid-call leaves the
 message for another worker, and the backends' idempotent calls make the
 second run harmless), and retries with exponential backoff on transient
-backend errors only.
+backend errors and on its own soft time limit (a cluster that answered too
+slowly this time).
+
+Queues and time limits (docs/adr/0014): every task here but
+``collect_workload_metrics`` is on the job lifecycle's critical path and goes to
+the fast queue (``CELERY_TASK_ROUTES``). Each has a soft time limit, raised in
+the task as ``SoftTimeLimitExceeded`` (state is written in transactions, which
+roll back), and a hard one a little later, at which the pool process is killed.
+The next beat run, a retry or reconcile's sweep redoes what a stopped task left.
 """
 
 from __future__ import annotations
 
 from celery import shared_task
+from celery.exceptions import SoftTimeLimitExceeded
 
 from runners.base import TransientDispatchError
 
@@ -20,11 +29,12 @@ from .scheduling.passes import schedule_coalesced
 #: The retry and delivery policy of every task that talks to a cluster.
 CLUSTER_CALL = dict(
     acks_late=True, reject_on_worker_lost=True,
-    autoretry_for=(TransientDispatchError,), retry_backoff=2, retry_backoff_max=60, retry_jitter=True, max_retries=8,
+    autoretry_for=(TransientDispatchError, SoftTimeLimitExceeded), retry_backoff=2, retry_backoff_max=60, retry_jitter=True, max_retries=8,
 )
 
 
-@shared_task(name="jobs.tasks.schedule_pending", ignore_result=True)
+# A full pass over 100,000 queued jobs takes 1-5 s (benchmarks/schedule.py); beat asks for one every 10 s.
+@shared_task(name="jobs.tasks.schedule_pending", ignore_result=True, soft_time_limit=60, time_limit=75)
 def schedule_pending() -> dict:
     """A scheduling pass (periodic, and after each submission or end of an attempt), coalesced.
 
@@ -38,20 +48,26 @@ def schedule_pending() -> dict:
     return {"admitted": len(result.admitted), "waiting": result.waiting, "rejected": result.rejected}
 
 
-@shared_task(name="jobs.tasks.dispatch_attempt", ignore_result=True, **CLUSTER_CALL)
+# About 91 s at worst with the default client timeouts (settings: CELERY_BROKER_TRANSPORT_OPTIONS); the hard limit
+# stays under the broker's visibility timeout (300 s), or a running dispatch would be delivered twice.
+@shared_task(name="jobs.tasks.dispatch_attempt", ignore_result=True, soft_time_limit=120, time_limit=150,
+             **CLUSTER_CALL)
 def dispatch_attempt(attempt_id: int) -> str:
     """Create attempt ``attempt_id``'s objects on its cluster and move its job ADMITTED -> STARTING
     (``jobs.lifecycle.dispatch``); transient backend errors retry."""
     return lifecycle.dispatch(attempt_id)
 
 
-@shared_task(name="jobs.tasks.cancel_job_objects", ignore_result=True)
+# A few DELETEs, each at most K8S_CONNECT_TIMEOUT_SECONDS + K8S_READ_TIMEOUT_SECONDS (13 s).
+@shared_task(name="jobs.tasks.cancel_job_objects", ignore_result=True, soft_time_limit=60, time_limit=75)
 def cancel_job_objects(job_id: int) -> bool:
     """Delete a CANCELLING job's objects; until the cluster confirms, periodic reconcile retries."""
     return lifecycle.finish_cancel(job_id)
 
 
-@shared_task(name="jobs.tasks.reconcile_all", ignore_result=True)
+# Every 5 s; 10,000 attempts on 10 clusters take 1.3 s (benchmarks/dispatch.py). After the soft limit the pass waits
+# for the LISTs in flight (its look threads, each bounded by its client's 13 s timeouts), hence the wider gap.
+@shared_task(name="jobs.tasks.reconcile_all", ignore_result=True, soft_time_limit=60, time_limit=90)
 def reconcile_all() -> list:
     """Periodic reconcile of every cluster, then a scheduling pass for the capacity it freed."""
     results = reconcile.reconcile_all()
@@ -59,20 +75,23 @@ def reconcile_all() -> list:
     return results
 
 
-@shared_task(name="jobs.tasks.delete_attempt_objects", ignore_result=True, **CLUSTER_CALL)
+@shared_task(name="jobs.tasks.delete_attempt_objects", ignore_result=True, soft_time_limit=60, time_limit=75,
+             **CLUSTER_CALL)
 def delete_attempt_objects(attempt_id: int) -> bool:
     """Delete the objects of an ended (preempted) attempt (``jobs.lifecycle.delete_ended_attempt``); transient
     backend errors retry."""
     return lifecycle.delete_ended_attempt(attempt_id)
 
 
-@shared_task(name="jobs.tasks.collect_workload_metrics", ignore_result=True)
+# Slow queue: one call through the API server per training attempt (13 s at most each); every 15 s.
+@shared_task(name="jobs.tasks.collect_workload_metrics", ignore_result=True, soft_time_limit=120, time_limit=150)
 def collect_workload_metrics() -> dict:
     """Periodic: read what the training attempts' workloads reported (``jobs.workload.collect_workload_metrics``)."""
     return workload.collect_workload_metrics()
 
 
-@shared_task(name="jobs.tasks.send_outbox", ignore_result=True)
+# Up to 500 publishes of milliseconds each; every 15 s.
+@shared_task(name="jobs.tasks.send_outbox", ignore_result=True, soft_time_limit=30, time_limit=45)
 def send_outbox() -> int:
     """Publish the tasks kept while the broker was unreachable (``jobs.enqueue.send_outbox``); periodic."""
     return enqueue.send_outbox()

@@ -44,6 +44,7 @@ import dataclasses
 import datetime as dt
 import logging
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
@@ -212,6 +213,8 @@ def check_cluster(cluster: Cluster, now: dt.datetime | None = None, client=None)
         try:
             readings = read_gpu_health(source, _host_label(cluster), now, lookback, client=client)
             result["dcgm"] = "read"
+        except SoftTimeLimitExceeded:  # the task's time is up: judge no node without its readings
+            raise
         except Exception as exc:  # noqa: BLE001 (a failed observation: keep the DCGM evidence known)
             log.warning("cluster %s: DCGM health not read: %s", cluster.name, exc)
             readings, result["dcgm"] = None, str(exc)[:200]

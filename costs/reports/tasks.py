@@ -14,7 +14,10 @@ from . import build
 TASK_NAME = "frontend.tasks.generate_reports"
 
 
-@shared_task(name=TASK_NAME, ignore_result=True, acks_late=True, reject_on_worker_lost=True)
+# Slow queue. Minutes at most (a report per team, its charts and its mail); the hard limit stays under the broker's
+# visibility timeout (300 s), or a report still running would be delivered to a second worker.
+@shared_task(name=TASK_NAME, ignore_result=True, acks_late=True, reject_on_worker_lost=True,
+             soft_time_limit=240, time_limit=270)
 def generate_reports(period: str, scope: str = "all") -> list[int]:
     """Generate the ``period`` (``daily`` or ``weekly``) reports of ``scope`` (``all``, ``platform`` or a team slug)
     for the last complete period, and e-mail the new ones; returns the report ids.

@@ -18,6 +18,7 @@ from typing import Any
 
 import urllib3
 import yaml
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
@@ -169,6 +170,8 @@ def client_for(cluster) -> ClusterClient:
             return cached[1]
         try:
             configuration = _configuration(cluster)
+        except SoftTimeLimitExceeded:  # the task's time is up: not the credentials' fault
+            raise
         except Exception as exc:  # YAML, the client's ConfigException, a bad PEM or base64: the credentials' fault
             raise InvalidCredentials(f"credentials of cluster {cluster.name} cannot be used: "
                                      f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -20,19 +19,16 @@ from jobs.lifecycle import submit_job
 from jobs.models import Job, JobState
 from jobs.scheduling.pacing import publish_schedule
 from quotas.models import Quota, Team
-from tests.support.racing import REPO, database_url
+from tests.support.broker import FAST, start_worker
 
 OUTAGE_SECONDS = 8
 
 
-def start_worker(broker_url: str, log_path, name: str) -> subprocess.Popen:
-    env = {**os.environ, "DATABASE_URL": database_url(), "CELERY_BROKER_URL": broker_url, "CONN_MAX_AGE": "0",
-           "DJANGO_SETTINGS_MODULE": "controlplane.settings"}
-    log = open(log_path, "wb")
-    return subprocess.Popen([sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--concurrency=2",
-                             "--without-gossip", "--without-mingle", "--loglevel=INFO",
-                             f"--hostname={name}-{os.getpid()}@%h"],
-                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+def fast_worker(broker_url: str, log_path, name: str) -> subprocess.Popen:
+    """A worker of the fast queue: the scheduling passes and dispatches this test exercises."""
+    with open(log_path, "wb") as log:
+        return start_worker(broker_url, [FAST], "--concurrency=2", "--loglevel=INFO",
+                            f"--hostname={name}-{os.getpid()}@%h", stdout=log)
 
 
 def wait_for(predicate, timeout: float, step: float = 0.25) -> bool:
@@ -64,8 +60,8 @@ def test_a_busy_worker_survives_redis_going_away_and_coming_back(catalog, cluste
                    resources={"accelerator": h100, "gpus_per_node": 1, "nodes": 1, "priority": 500,
                               "preemptible": False, "max_runtime_seconds": 600, "max_retries": 0})
 
-    worker = start_worker(private_broker.url, tmp_path / "worker.log", "survivor")
-    doomed = start_worker(private_broker.url, tmp_path / "doomed.log", "doomed")
+    worker = fast_worker(private_broker.url, tmp_path / "worker.log", "survivor")
+    doomed = fast_worker(private_broker.url, tmp_path / "doomed.log", "doomed")
     stop = threading.Event()
     submitted = []
 

@@ -8,25 +8,20 @@ import datetime as dt
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from jobs.models import Job, JobAttempt, JobState
+from tests.support.broker import FAST, start_worker
 from tests.support.clusters import load
-from tests.support.racing import REPO, database_url
 
 
 def worker(broker_url: str) -> subprocess.Popen:
-    """A Celery worker (one process, solo pool) on the test's database and broker, 2 s visibility timeout."""
-    env = {**os.environ, "DATABASE_URL": database_url(), "CELERY_BROKER_URL": broker_url,
-           "DJANGO_SETTINGS_MODULE": "controlplane.settings", "CONN_MAX_AGE": "0",
-           "CELERY_VISIBILITY_TIMEOUT_SECONDS": "2", "K8S_READ_TIMEOUT_SECONDS": "30"}
-    return subprocess.Popen([sys.executable, "-m", "celery", "-A", "controlplane", "worker", "-P", "solo",
-                             "--without-mingle", "--without-gossip", "--without-heartbeat", "-l", "WARNING"],
-                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    """A Celery worker of the fast queue (dispatch's; one process, solo pool) on the test's database and broker,
+    2 s visibility timeout."""
+    return start_worker(broker_url, [FAST], "-P", "solo", "--without-heartbeat", "-l", "WARNING",
+                        env={"CELERY_VISIBILITY_TIMEOUT_SECONDS": "2", "K8S_READ_TIMEOUT_SECONDS": "30"})
 
 
 def wait_for(condition, seconds: float) -> bool:

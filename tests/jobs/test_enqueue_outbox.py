@@ -8,16 +8,17 @@ import json
 
 import pytest
 import redis
+from django.conf import settings
 
 from jobs.enqueue import CANCEL_TASK, send_outbox
 from jobs.models import Job, JobState, OutboxTask
 from tests.support.factories import make_attempt, make_job
 
 def queued_tasks(server) -> list[tuple[str, list]]:
-    """(task name, args) of the messages waiting in Celery's default queue on ``server``."""
+    """(task name, args) of the messages waiting in the fast queue (the lifecycle's tasks) on ``server``."""
     client = redis.Redis(port=server.port)
     out = []
-    for raw in client.lrange("celery", 0, -1):
+    for raw in client.lrange(settings.CELERY_FAST_QUEUE, 0, -1):
         message = json.loads(raw)
         body = json.loads(base64.b64decode(message["body"]))
         out.append((message["headers"]["task"], list(body[0])))

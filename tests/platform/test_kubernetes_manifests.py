@@ -1,6 +1,6 @@
 """platform/kubernetes: every manifest validates against Kubernetes 1.33's schema (strict), and the manifests
 agree with the code they deploy: settings' variable names, the URLconf's probe paths, the Celery beat
-scheduler, the worker's metrics ports, the management commands of the migration Job."""
+scheduler, the workers' queues and metrics ports, the management commands of the migration Job."""
 
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ REPO = PLATFORM.parent
 BASE = KUBERNETES / "base"
 PRODUCTION = KUBERNETES / "overlays" / "production"
 KUBERNETES_VERSION = "1.33"
+WORKERS = {"controlplane-worker-fast": django_settings.CELERY_FAST_QUEUE,
+           "controlplane-worker-slow": django_settings.CELERY_SLOW_QUEUE}
 
 # Variables the manifests set that settings.py does not read, each with its reason.
 NOT_SETTINGS = {
@@ -115,7 +117,8 @@ def test_the_base_has_the_pieces_of_a_deployment():
     objects = by_key(render(BASE))
     for expected in [("Namespace", "controlplane"), ("ServiceAccount", "controlplane"),
                      ("ConfigMap", "controlplane-config"), ("Secret", "controlplane-secrets"),
-                     ("Deployment", "controlplane-web"), ("Deployment", "controlplane-worker"),
+                     ("Deployment", "controlplane-web"), ("Deployment", "controlplane-worker-fast"),
+                     ("Deployment", "controlplane-worker-slow"),
                      ("Deployment", "controlplane-beat"), ("Job", "controlplane-migrate"),
                      ("Service", "controlplane-web"), ("PodDisruptionBudget", "controlplane-web")]:
         assert expected in objects
@@ -174,17 +177,44 @@ def test_the_migration_job_runs_migrate_and_existing_commands():
     assert all(c[:2] == ["python", "manage.py"] and c[2] in get_commands() for c in commands)
 
 
-def test_the_worker_declares_one_metrics_port_per_pool_process():
+@pytest.mark.parametrize("name", sorted(WORKERS))
+def test_the_worker_declares_one_metrics_port_per_pool_process(name):
     """core.metrics serves pool process i on CELERY_METRICS_PORT + i, on CELERY_METRICS_ADDR: 4 processes from
     port 9100 are ports 9100 to 9103."""
     objects = by_key(render(BASE))
     config = objects["ConfigMap", "controlplane-config"]["data"]
-    worker = objects["Deployment", "controlplane-worker"]["spec"]["template"]["spec"]["containers"][0]
+    worker = objects["Deployment", name]["spec"]["template"]["spec"]["containers"][0]
     assert "--concurrency=4" in worker["command"]
     assert config["CELERY_METRICS_PORT"] == "9100"
     assert [(p["name"], p["containerPort"]) for p in worker["ports"]] == \
         [("metrics-0", 9100), ("metrics-1", 9101), ("metrics-2", 9102), ("metrics-3", 9103)]
     assert config["CELERY_METRICS_ADDR"] == "0.0.0.0"
+
+
+@pytest.mark.parametrize("directory", [BASE, PRODUCTION], ids=["base", "production"])
+def test_each_queue_has_a_worker_deployment_of_its_own(directory):
+    """One Deployment per queue, consuming that queue only, its pods selected apart from the other's; every queue a
+    task is routed to is consumed."""
+    from controlplane.celery import app
+
+    objects = by_key(render(directory))
+    consumed = {}
+    for name, queue in WORKERS.items():
+        deployment = objects["Deployment", name]
+        command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+        assert command[:3] == ["celery", "--app=controlplane", "worker"]
+        assert [arg for arg in command if arg.startswith(("--queues", "-Q"))] == [f"--queues={queue}"]
+        selector = deployment["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+        consumed[queue] = selector
+        probe = deployment["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["exec"]["command"][-1]
+        hostname = next(arg for arg in command if arg.startswith("--hostname=")).removeprefix("--hostname=")
+        assert f'--destination "{hostname.replace("%h", "$HOSTNAME")}"' in probe  # pings its own worker
+        assert deployment["spec"]["replicas"] >= 1
+    fast, slow = consumed.values()
+    assert fast != slow
+    routed = {route["queue"] for route in django_settings.CELERY_TASK_ROUTES.values()}
+    assert routed == set(consumed) == set(app.amqp.queues)
 
 
 # --- settings and environment -----------------------------------------------------------------------------------

@@ -167,11 +167,13 @@ def test_the_alerts_read_the_jobs_that_the_scrape_configuration_defines():
             assert job in jobs, f"{rule.get('alert') or rule.get('record')} reads job {job}"
 
 
-@pytest.mark.parametrize("job,component", [("controlplane-web", "web"), ("controlplane-worker", "worker")])
-def test_the_scrape_configuration_keeps_the_metrics_ports_of_the_pods(job, component):
+@pytest.mark.parametrize("job,deployment_name", [("controlplane-web", "controlplane-web"),
+                                                 ("controlplane-worker", "controlplane-worker-fast"),
+                                                 ("controlplane-worker", "controlplane-worker-slow")])
+def test_the_scrape_configuration_keeps_the_metrics_ports_of_the_pods(job, deployment_name):
     keep = next(r for r in scrape_configs()[job]["relabel_configs"] if r.get("action") == "keep")
     deployment = next(obj for obj in render(KUBERNETES / "base")
-                      if obj["kind"] == "Deployment" and obj["metadata"]["name"] == f"controlplane-{component}")
+                      if obj["kind"] == "Deployment" and obj["metadata"]["name"] == deployment_name)
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     ports = deployment["spec"]["template"]["spec"]["containers"][0]["ports"]
     assert ports

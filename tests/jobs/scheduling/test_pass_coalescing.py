@@ -6,6 +6,7 @@ submission found the flag set is still read by that pass.
 """
 
 import pytest
+from django.conf import settings
 
 from jobs import tasks
 from jobs.scheduling import pacing
@@ -18,11 +19,11 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def broker(redis_broker):
-    """The test broker's Redis, flag cleared; yields a function counting messages in the default queue."""
+    """The test broker's Redis, flag cleared; yields a function counting messages in the fast queue (the passes')."""
     client = pacing.schedule_flag_client()
     assert client is not None
     client.delete(pacing.SCHEDULE_PENDING_KEY)
-    yield lambda: client.llen("celery")
+    yield lambda: client.llen(settings.CELERY_FAST_QUEUE)
     client.delete(pacing.SCHEDULE_PENDING_KEY)
 
 
@@ -104,7 +105,7 @@ def test_a_pass_that_comes_before_the_pause_ends_defers_itself_and_keeps_the_fla
     assert schedule_coalesced() is None  # too early
 
     assert broker() == before + 1
-    message = json.loads(client.lindex("celery", 0))
+    message = json.loads(client.lindex(settings.CELERY_FAST_QUEUE, 0))
     assert message["headers"]["task"] == "jobs.tasks.schedule_pending" and message["headers"]["eta"]
     assert client.exists(pacing.SCHEDULE_PENDING_KEY)
     assert Job.objects.get(pk=first.pk).state == JobState.QUEUED
