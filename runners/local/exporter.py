@@ -6,7 +6,7 @@ Serves, on ``LOCAL_METRICS_PORT`` (9400, dcgm-exporter's port), per GPU:
   dcgm-exporter's labels ``gpu``, ``UUID``, ``pci_bus_id``, ``device``,
   ``modelName``, ``Hostname``, plus ``namespace``, ``pod``, ``container`` on
   the GPUs a live attempt uses. The namespace is the team's
-  (``costs.prometheus.team_namespace``) and the pod is
+  (``core.namespaces.team_namespace``) and the pod is
   ``<attempt object name>-<node>``, so ``costs.utilization`` maps the series to
   the attempt exactly as it maps a Kubernetes pod;
 * ``kube_pod_container_resource_requests{resource="nvidia_com_gpu",unit="integer"}``
@@ -123,7 +123,7 @@ class CpuMeter:
 def live_pods(cluster_id: int | None = None) -> list[PodView]:
     """A PodView per node of every started, not ended attempt holding GPUs on a local cluster (``cluster_id``: only
     that one); CPU-only attempts hold no GPU and are left out."""
-    from costs.prometheus import team_namespace
+    from core.namespaces import team_namespace
     from jobs.models import JobAttempt
     from runners.models import Cluster
 

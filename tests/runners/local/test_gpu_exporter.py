@@ -15,7 +15,8 @@ import requests
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from costs.prometheus import Source, attempt_pod_matchers, read_usage, team_namespace
+from core.namespaces import team_namespace
+from costs.prometheus import Source, attempt_pod_matchers, read_usage
 from jobs.models import JobState
 from runners.local.exporter import (
     Exporter,
