@@ -63,6 +63,7 @@ import time
 import urllib.request
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 
@@ -76,14 +77,13 @@ django.setup()
 
 from benchmarks.procstat import client_cpu_seconds, cpu_seconds, machine  # noqa: E402
 from benchmarks.services import commands_missing, require  # noqa: E402
+from core.money import CENT  # noqa: E402
 from costs import prometheus as P  # noqa: E402
 
-UTC = dt.timezone.utc
 T0 = dt.datetime(2026, 1, 1, tzinfo=UTC)  # 31-day January: the whole month is history
 DAY = dt.timedelta(days=1)
 GPUS_PER_NODE = 8
 PRICE_BEFORE, PRICE_AFTER = Decimal("6.88"), Decimal("5.50")  # USD per GPU-hour; the change is at mid-month midnight
-CENT = Decimal("0.01")
 
 
 def price_on(day: int, days: int) -> Decimal:

@@ -113,6 +113,7 @@ def load_history(hours: int, now: dt.datetime) -> int:
     entry of the current hour last), COPY-built, then rebuild the totals; returns the entries written."""
     from django.db import connection
 
+    from core.money import LEDGER_QUANTUM
     from costs.models import CostEntry, DailyCostRollup, JobDailyCost, Price, TeamSpend
     from costs.rollups import rebuild_totals
     from jobs.models import JobAttempt
@@ -123,7 +124,6 @@ def load_history(hours: int, now: dt.datetime) -> int:
     accrued = now - dt.timedelta(seconds=60)
     hour = accrued.replace(minute=0, second=0, microsecond=0)
     first = hour - dt.timedelta(hours=hours - 1)
-    q = Decimal("0.000000001")
     with connection.cursor() as cursor:
         for model in (CostEntry, DailyCostRollup, JobDailyCost, TeamSpend):
             cursor.execute(f'TRUNCATE "{model._meta.db_table}"')
@@ -140,7 +140,7 @@ def load_history(hours: int, now: dt.datetime) -> int:
                 buf = io.StringIO()
                 for pk, job, team, cluster, acc, gpus in attempts:
                     p = price[cluster]
-                    amount = (gpus * seconds * p / 3600).quantize(q)
+                    amount = (gpus * seconds * p / 3600).quantize(LEDGER_QUANTUM)
                     buf.write(f"{pk}\t{job}\t{team}\t{cluster}\t{acc}\t{lo.isoformat()}\t{hi.isoformat()}\t{gpus}\t"
                               f"{p}\t{amount}\t{hi.isoformat()}\n")
                 copy.write(buf.getvalue())

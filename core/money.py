@@ -1,14 +1,19 @@
-"""Money presentation: Decimal USD rounded to cents at the edge only (DESIGN.md's Units)."""
+"""Money: the ledger's rounding quantum, and Decimal USD rounded to cents at the edge only."""
 
 from __future__ import annotations
 
 from decimal import ROUND_HALF_EVEN, Decimal
 
+#: The ledger's rounding quantum, USD: each interval cost (``costs.ledger``) and each USD bound derived from
+#: GPU-seconds (``costs.spend``) is rounded half to even to 1e-9 USD, the scale of ``CostEntry.amount_usd`` and
+#: ``DailyCostRollup.cost_usd`` (9 decimal places); sums of such amounts are exact.
+LEDGER_QUANTUM = Decimal("0.000000001")
+#: The presentation quantum, USD: amounts leave the server rounded half to even to cents (``usd_cents``).
 CENT = Decimal("0.01")
 
 
 def usd_cents(amount: Decimal | None) -> str | None:
-    """A USD amount as a string rounded to cents, half to even (the presentation rule of DESIGN.md's Units)."""
+    """A USD amount as a string rounded to cents, half to even (the presentation rule)."""
     if amount is None:
         return None
     return str(Decimal(amount).quantize(CENT, ROUND_HALF_EVEN))

@@ -23,6 +23,8 @@ span starts in ``[floor(start), end)`` (``filter_days``).
 from __future__ import annotations
 
 import datetime as dt
+from collections import defaultdict
+from datetime import UTC
 from decimal import Decimal
 
 from django.db.models import DurationField, ExpressionWrapper, F, Sum
@@ -31,8 +33,7 @@ from django.db.models.functions import TruncDate
 from core.money import usd_cents
 
 from .models import CostEntry, DailyCostRollup, JobDailyCost
-from .spend import entries_in, exact_seconds, rollups_in, window_parts
-from .utilization import aggregate_utilization  # noqa: F401  (utilization rows live with their collection)
+from .spend import entries_in, exact_seconds, rollups_in, utc_midnight, window_parts
 
 # Output key -> lookup, per group_by (the ledger and the rollups name them alike; the ledger's "day" is annotated).
 GROUP_KEYS = {
@@ -43,7 +44,7 @@ GROUP_KEYS = {
     "attempt": {"job": "job_id", "attempt": "attempt_id", "attempt_number": "attempt__number"},
     "day": {"day": "day"},
 }
-UTC_DAY = TruncDate("interval_start", tzinfo=dt.timezone.utc)
+UTC_DAY = TruncDate("interval_start", tzinfo=UTC)
 # Summed per (group, gpus) and multiplied by gpus in Python: SQLite cannot multiply a duration in SQL.
 HELD_TIME = ExpressionWrapper(F("interval_end") - F("interval_start"), output_field=DurationField())
 # The columns ``add_utilization`` puts on cost rows.
@@ -159,9 +160,90 @@ def filter_days(rollups, start: dt.datetime | None, end: dt.datetime | None):
     ``start`` and ``end`` are aware datetimes; None leaves that end open.
     """
     if start is not None:
-        rollups = rollups.filter(day__gte=start.astimezone(dt.timezone.utc).date())
+        rollups = rollups.filter(day__gte=start.astimezone(UTC).date())
     if end is not None:
-        end = end.astimezone(dt.timezone.utc)
+        end = end.astimezone(UTC)
         last = end.date() if end.time() != dt.time() else end.date() - dt.timedelta(days=1)
         rollups = rollups.filter(day__lte=last)
     return rollups
+
+
+def idle_costs(rollups) -> dict[int, Decimal]:
+    """USD of idle GPU time per rollup id: the ledger cost of its attempt on its day x idle share of its allocation.
+
+    ``rollups`` is a UtilizationRollup queryset; rollups without idle time
+    are left out; ledger entries without a price count nothing. Two queries.
+    """
+    rows = list(rollups.filter(idle_gpu_seconds__gt=0).values("pk", "attempt_id", "day", "gpu_seconds", "idle_gpu_seconds"))
+    if not rows:
+        return {}
+    first, last = min(r["day"] for r in rows), max(r["day"] for r in rows)
+    ledger = {
+        (r["attempt_id"], r["d"]): r["usd"] or Decimal(0)
+        for r in CostEntry.objects.filter(attempt_id__in={r["attempt_id"] for r in rows},
+                                          interval_start__gte=utc_midnight(first),
+                                          interval_start__lt=utc_midnight(last + dt.timedelta(days=1)))
+        .annotate(d=TruncDate("interval_start", tzinfo=UTC))
+        .values("attempt_id", "d").annotate(usd=Sum("amount_usd"))
+    }
+    return {
+        r["pk"]: ledger.get((r["attempt_id"], r["day"]), Decimal(0)) * Decimal(r["idle_gpu_seconds"] / r["gpu_seconds"])
+        for r in rows
+    }
+
+
+SUMMED = ("gpu_seconds", "observed_gpu_seconds", "samples", "expected_samples", "util_sum", "memory_samples")
+
+
+def _present(s: dict) -> dict:
+    observed = s["samples"] > 0
+    return {
+        "gpu_hours": round(s["gpu_seconds"] / 3600, 6),
+        "observed_gpu_hours": round(s["observed_gpu_seconds"] / 3600, 6),
+        "idle_gpu_hours": round(s["idle_gpu_seconds"] / 3600, 6) if observed else None,
+        "unobserved_gpu_hours": round(max(0.0, s["gpu_seconds"] - s["observed_gpu_seconds"]) / 3600, 6),
+        "avg_gpu_util_percent": round(s["util_sum"] / s["samples"], 3) if observed else None,
+        "coverage": round(min(1.0, s["samples"] / s["expected_samples"]), 4) if s["expected_samples"] else None,
+        "avg_memory_used_mib": round(s["memory_sum"] / s["memory_samples"], 1) if s["memory_samples"] else None,
+        "idle_cost_usd": usd_cents(s["idle_usd"]) if observed else None,
+        "util_metric": ("mixed" if len(s["metrics"]) > 1 else next(iter(s["metrics"]))) if s["metrics"] else None,
+    }
+
+
+def aggregate_utilization(rollups, group_by: str) -> tuple[list[dict], dict]:
+    """Group UtilizationRollup rows by ``group_by`` (``GROUP_KEYS``); returns ``(rows, total)``.
+
+    Each row: key fields, ``gpu_hours`` (allocated), ``observed_gpu_hours``,
+    ``idle_gpu_hours``, ``unobserved_gpu_hours`` (allocated - observed),
+    ``avg_gpu_util_percent`` (sample weighted), ``coverage`` (0-1),
+    ``avg_memory_used_mib``, ``idle_cost_usd`` (cents), ``util_metric`` (the
+    DCGM counter read, ``mixed`` or null). Without any sample the idle
+    figures and averages are null ("no data"), never 0. Rows are ordered by
+    key. Raises KeyError for a ``group_by`` not in ``GROUP_KEYS``.
+    """
+    keys = GROUP_KEYS[group_by]
+    idle_usd = idle_costs(rollups)
+
+    def empty():
+        return {**dict.fromkeys(SUMMED, 0.0), "memory_sum": 0.0, "idle_gpu_seconds": 0.0, "idle_usd": Decimal(0),
+                "metrics": set()}
+
+    sums: dict = defaultdict(empty)
+    for r in rollups.values("pk", *keys.values(), *SUMMED, "avg_memory_used_mib", "idle_gpu_seconds", "util_metric"):
+        for group in (tuple(r[k] for k in keys.values()), None):
+            s = sums[group]
+            for f in SUMMED:
+                s[f] += r[f]
+            s["memory_sum"] += (r["avg_memory_used_mib"] or 0) * r["memory_samples"]
+            s["idle_gpu_seconds"] += r["idle_gpu_seconds"] or 0
+            s["idle_usd"] += idle_usd.get(r["pk"], Decimal(0))
+            if r["util_metric"]:
+                s["metrics"].add(r["util_metric"])
+    rows = []
+    for group in sorted((g for g in sums if g is not None), key=lambda g: tuple(str(x) for x in g)):
+        row = dict(zip(keys, group))
+        if group_by == "day":
+            row["day"] = row["day"].isoformat()
+        row.update(_present(sums[group]))
+        rows.append(row)
+    return rows, _present(sums[None])

@@ -35,6 +35,7 @@ import dataclasses
 import datetime as dt
 import logging
 from collections import defaultdict
+from datetime import UTC
 from decimal import ROUND_HALF_EVEN, Decimal
 
 from celery.exceptions import SoftTimeLimitExceeded
@@ -42,6 +43,7 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from core.money import LEDGER_QUANTUM
 from jobs.models import Job, JobAttempt
 from quotas.models import Team
 from runners.models import Cluster, NodePool
@@ -52,9 +54,7 @@ from .spend import ENTRY_SPAN, exact_seconds
 
 log = logging.getLogger(__name__)
 
-LEDGER_QUANTUM = Decimal("0.000000001")
 SECONDS_PER_HOUR = Decimal(3600)
-UTC = dt.timezone.utc
 #: Rows per set-based statement (bounded by PostgreSQL's 65,535 parameters).
 CHUNK = 2000
 

@@ -26,7 +26,7 @@ from django.conf import settings
 from prometheus_api_client import PrometheusConnect
 from urllib3.util.retry import Retry
 
-from runners.kubernetes.manifests import namespace_name
+from core.namespaces import team_namespace
 
 UTIL_PERCENT = "DCGM_FI_DEV_GPU_UTIL"
 GR_ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
@@ -65,11 +65,6 @@ def split_window(start: dt.datetime, end: dt.datetime, step_seconds: float,
         windows.append((start, min(end, start + longest)))
         start = windows[-1][1]
     return windows
-
-
-def team_namespace(team_slug: str) -> str:
-    """The Kubernetes namespace of a team's pods, as the kubernetes runner names it (``cp-<slug>`` by default)."""
-    return namespace_name(settings.K8S_NAMESPACE_PREFIX, team_slug)
 
 
 def attempt_pod_matchers(team_slug: str, object_name: str, shape: str = "pod") -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections import defaultdict
+from datetime import UTC
 from decimal import Decimal
 
 from django.db import connection, transaction
@@ -20,7 +21,6 @@ from django.db import connection, transaction
 from .models import CostEntry, DailyCostRollup, JobDailyCost, TeamSpend
 from .spend import exact_seconds, utc_midnight
 
-UTC = dt.timezone.utc
 _SUMS = ("gpu_seconds", "cost_usd", "unpriced_gpu_seconds", "entries")
 #: The key of each level of totals, in the ledger's column names.
 ROLLUP_KEYS = ("day", "team_id", "cluster_id", "accelerator_id")

@@ -24,18 +24,18 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections import defaultdict
+from datetime import UTC
 from decimal import ROUND_HALF_EVEN, Decimal
 
 from django.db.models import Max, Q, Sum
 
+from core.money import LEDGER_QUANTUM
 from core.sql import as_decimal, fetch, placeholders
 
 from .models import CostEntry, DailyCostRollup, Price, TeamSpend
 
-UTC = dt.timezone.utc
 #: The longest a ledger entry lasts: accrual cuts entries at every UTC hour (``costs.ledger``).
 ENTRY_SPAN = dt.timedelta(hours=1)
-QUANTUM = Decimal("0.000000001")
 
 
 def exact_seconds(delta: dt.timedelta) -> Decimal:
@@ -163,7 +163,7 @@ def unpriced_bound_usd(spend: Spend, prices: dict[int, Decimal] | None = None) -
     fallback = max(prices.values(), default=Decimal(0))
     total = sum((seconds * prices.get(acc, fallback) / 3600 for acc, seconds in spend.unpriced_gpu_seconds.items()),
                 Decimal(0))
-    return total.quantize(QUANTUM, ROUND_HALF_EVEN)
+    return total.quantize(LEDGER_QUANTUM, ROUND_HALF_EVEN)
 
 
 def ledger_usd(team_id: int, start: dt.datetime, end: dt.datetime) -> Decimal:

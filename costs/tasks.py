@@ -50,7 +50,7 @@ def _lookback_start(now: dt.datetime) -> dt.datetime:
 @shared_task(name="costs.tasks.collect_utilization", ignore_result=True, soft_time_limit=600, time_limit=660)
 def collect_utilization() -> int:
     """Re-read utilization of the last ``COSTS_COLLECT_LOOKBACK_SECONDS`` (from a UTC midnight) up to now."""
-    from .utilization import collect_utilization as collect
+    from .collection import collect_utilization as collect
 
     now = timezone.now().astimezone(dt.timezone.utc)
     return collect(_lookback_start(now), now)
@@ -61,7 +61,7 @@ def collect_utilization() -> int:
 @shared_task(name="costs.tasks.collect_ended_utilization", ignore_result=True, soft_time_limit=240, time_limit=300)
 def collect_ended_utilization() -> int:
     """Collect the whole run of each attempt that ended since the last pass (every minute); returns attempts read."""
-    from .utilization import collect_ended
+    from .collection import collect_ended
 
     return collect_ended()
 
@@ -70,7 +70,7 @@ def collect_ended_utilization() -> int:
 @shared_task(name="costs.tasks.check_ledger", ignore_result=True, soft_time_limit=600, time_limit=660)
 def check_ledger() -> int:
     """Compare each cluster's ledger GPU-hours with kube-state-metrics over the lookback window; returns flags raised."""
-    from .utilization import check_ledger as check
+    from .ledgercheck import check_ledger as check
 
     now = timezone.now().astimezone(dt.timezone.utc)
     flagged = 0

@@ -26,10 +26,10 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from costs.aggregation import aggregate_utilization, aggregate_window
 from costs.budgets import budget_status
+from costs.collection import refresh_running
 from costs.models import ClusterMetrics, Report, UtilizationRollup
 from costs.reports.rounding import balanced_window
 from costs.unknown import unknown_cost
-from costs.utilization import refresh_running
 from jobs.filters import JobFilterSet
 from jobs.lifecycle import NotCancellable, cancel_job, submit_job
 from jobs.models import FINAL_STATES, Job, JobAttempt, JobState, total_gpus

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from datetime import UTC
 
 import django_filters
 from django import forms
@@ -11,9 +12,6 @@ from django.core.exceptions import ValidationError
 from core.fields import DATETIME_FORMAT_HINT, plus_sign_hint
 
 from .models import Job, JobState
-
-
-UTC = dt.timezone.utc
 
 
 def as_utc(value: dt.datetime) -> dt.datetime:

@@ -17,8 +17,8 @@ from quotas.models import Budget, scope_to_teams
 
 from ..aggregation import aggregate_utilization, filter_days
 from ..budgets import budget_status
+from ..collection import refresh_running
 from ..models import UtilizationRollup
-from ..utilization import refresh_running
 from .serializers import BudgetStatusSerializer, CostQuerySerializer, UtilizationReportSerializer
 
 

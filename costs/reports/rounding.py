@@ -17,9 +17,9 @@ from __future__ import annotations
 import datetime as dt
 from decimal import ROUND_FLOOR, ROUND_HALF_EVEN, Decimal
 
-from ..aggregation import present_sums, window_sums
+from core.money import CENT
 
-CENT = Decimal("0.01")
+from ..aggregation import present_sums, window_sums
 
 
 def largest_remainder(values: list[Decimal], quantum: Decimal = CENT) -> tuple[list[Decimal], Decimal]:

@@ -122,11 +122,6 @@ class Workload:
         return f"{self.name}-0.{self.name}.{self.namespace}.svc"
 
 
-def namespace_name(prefix: str, team_slug: str) -> str:
-    """The team's namespace: ``<prefix><team slug>`` cut to 63 characters (a DNS label)."""
-    return f"{prefix}{team_slug}"[:63].rstrip("-")
-
-
 def namespace(name: str, team: str) -> dict:
     """A v1 Namespace labelled with its team."""
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {LABEL_TEAM: team}}}

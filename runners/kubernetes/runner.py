@@ -30,6 +30,8 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
+from core.namespaces import team_namespace
+
 from ..base import (ABSENT, SCRAPE_TIMEOUT_SECONDS, Backend, ClusterUnreachable, Observation, Owned,
                     PermanentDispatchError, PoolCapacity, TransientDispatchError, attempt_key, register)
 from ..models import installation_uid
@@ -50,11 +52,6 @@ SPOT_STATUS_REASONS = frozenset({"Shutdown", "NodeShutdown", "Terminated"})
 # DisruptionTarget reasons that mean the pod's node is gone (the pod garbage collector deletes pods bound to
 # a node that no longer exists).
 NODE_LOST_REASONS = frozenset({"DeletionByPodGC"})
-
-
-def team_namespace(team_slug: str) -> str:
-    """``settings.K8S_NAMESPACE_PREFIX`` + the team slug (e.g. ``cp-ml-research``)."""
-    return m.namespace_name(settings.K8S_NAMESPACE_PREFIX, team_slug)
 
 
 def workload(attempt) -> m.Workload:

@@ -6,12 +6,12 @@ Serves, on ``LOCAL_METRICS_PORT`` (9400, dcgm-exporter's port), per GPU:
   dcgm-exporter's labels ``gpu``, ``UUID``, ``pci_bus_id``, ``device``,
   ``modelName``, ``Hostname``, plus ``namespace``, ``pod``, ``container`` on
   the GPUs a live attempt uses. The namespace is the team's
-  (``costs.prometheus.team_namespace``) and the pod is
-  ``<attempt object name>-<node>``, so ``costs.utilization`` maps the series to
+  (``core.namespaces.team_namespace``) and the pod is
+  ``<attempt object name>-<node>``, so ``costs.collection`` maps the series to
   the attempt exactly as it maps a Kubernetes pod;
 * ``kube_pod_container_resource_requests{resource="nvidia_com_gpu",unit="integer"}``
   and ``kube_pod_status_phase{phase=...}`` per node ("pod") of each live
-  attempt, so the ledger check (``costs.utilization.check_ledger``) works.
+  attempt, so the ledger check (``costs.ledgercheck.check_ledger``) works.
 
 With NVIDIA GPUs the values come from NVML; an attempt's GPUs are the
 indices its ``attempt.json`` holds. With **emulated** GPUs (no NVIDIA GPU on
@@ -123,7 +123,7 @@ class CpuMeter:
 def live_pods(cluster_id: int | None = None) -> list[PodView]:
     """A PodView per node of every started, not ended attempt holding GPUs on a local cluster (``cluster_id``: only
     that one); CPU-only attempts hold no GPU and are left out."""
-    from costs.prometheus import team_namespace
+    from core.namespaces import team_namespace
     from jobs.models import JobAttempt
     from runners.models import Cluster
 
@@ -436,7 +436,7 @@ def stop_demo_monitoring(monitoring: Monitoring | None) -> None:
 def job_average_utilization(job_id: int) -> float | None:
     """Average GPU utilization (percent) of ``job_id``'s attempts, collected now into UtilizationRollup; None: no data."""
     from costs.models import UtilizationRollup
-    from costs.utilization import collect_utilization
+    from costs.collection import collect_utilization
     from jobs.models import JobAttempt
 
     attempts = list(JobAttempt.objects.filter(job_id=job_id, started_at__isnull=False).select_related("cluster"))

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
+from datetime import UTC
 from decimal import Decimal
 
 import pytest
 
 from core.sql import as_date, as_decimal, fetch, placeholders
-
-UTC = dt.timezone.utc
 
 
 def test_placeholders_for_an_in_list():

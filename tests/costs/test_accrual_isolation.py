@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+from datetime import UTC
 from decimal import ROUND_HALF_EVEN, Decimal
 
 import pytest
@@ -29,7 +30,6 @@ from runners.models import Cluster, NodePool
 from tests.support.factories import make_attempt, make_cost_entry, make_job_row
 
 D = Decimal
-UTC = dt.timezone.utc
 T0 = dt.datetime(2026, 3, 10, 11, 20, tzinfo=UTC)
 M = dt.timedelta(minutes=1)
 H = dt.timedelta(hours=1)

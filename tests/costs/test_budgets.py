@@ -6,6 +6,7 @@ Money is worked out here by hand (GPUs x hours x price) at fixed instants.
 from __future__ import annotations
 
 import datetime as dt
+from datetime import UTC
 from decimal import Decimal
 
 import pytest
@@ -21,7 +22,6 @@ from jobs.scheduling.passes import try_admit
 from tests.support.factories import make_attempt, make_job_row
 
 D = Decimal
-UTC = dt.timezone.utc
 pytestmark = pytest.mark.django_db
 
 

@@ -15,8 +15,8 @@ import pytest
 from django.core.management import call_command
 
 from costs import prometheus
+from costs.ledgercheck import check_ledger
 from costs.models import DailyCostRollup, UtilizationRollup
-from costs.utilization import check_ledger
 
 from tests.support import synthetic_fleet as F
 

@@ -8,6 +8,7 @@ sees only what was known at its instant. The expected figures are worked out her
 from __future__ import annotations
 
 import datetime as dt
+from datetime import UTC
 from decimal import Decimal
 
 import pytest
@@ -20,7 +21,6 @@ from jobs.models import JobState
 from tests.support.factories import make_attempt, make_job_row
 
 pytestmark = pytest.mark.django_db
-UTC = dt.timezone.utc
 D = Decimal
 APRIL, MAY = dt.datetime(2026, 4, 1, tzinfo=UTC), dt.datetime(2026, 5, 1, tzinfo=UTC)
 H = dt.timedelta(hours=1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from datetime import UTC
 
 import pytest
 from django.db import connection
@@ -22,7 +23,6 @@ from jobs.models import JobAttempt, JobState
 from quotas.models import Team
 from tests.support.factories import make_attempt, make_job_row
 
-UTC = dt.timezone.utc
 NOW = dt.datetime(2026, 6, 20, 12, 30, tzinfo=UTC)
 HOURS = 40 * 24  # of entries
 DAYS = 400  # of rollups

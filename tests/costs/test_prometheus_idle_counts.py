@@ -11,13 +11,13 @@ Expected values are computed here from the listed scrapes.
 from __future__ import annotations
 
 import datetime as dt
+from datetime import UTC
 
 import pytest
 
 from costs import prometheus
 from tests.support.prometheus import start_prometheus
 
-UTC = dt.timezone.utc
 STEP = 60
 IDLE = 5.0
 T0 = dt.datetime(2026, 4, 7, 10, tzinfo=UTC)

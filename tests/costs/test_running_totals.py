@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import defaultdict
+from datetime import UTC
 from decimal import Decimal
 
 import pytest
@@ -23,7 +24,6 @@ from quotas.models import Budget
 from tests.support.factories import make_attempt, make_job_row
 
 D = Decimal
-UTC = dt.timezone.utc
 T0 = dt.datetime(2026, 3, 9, 22, 50, tzinfo=UTC)  # runs cross two UTC midnights
 M = dt.timedelta(minutes=1)
 H = dt.timedelta(hours=1)

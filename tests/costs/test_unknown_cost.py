@@ -6,6 +6,7 @@ The ledger rows are written here: priced ones beside unpriced ones (the marker: 
 from __future__ import annotations
 
 import datetime as dt
+from datetime import UTC
 from decimal import Decimal
 
 import pytest
@@ -18,7 +19,6 @@ from tests.support.factories import make_attempt, make_cluster, make_cost_entry,
 from tests.support.personas import signed_in
 
 pytestmark = pytest.mark.django_db
-UTC = dt.timezone.utc
 T = dt.datetime(2026, 11, 30, 9, tzinfo=UTC)
 H = dt.timedelta(hours=1)
 

@@ -12,8 +12,8 @@ import datetime as dt
 import pytest
 
 from costs import prometheus
+from costs.collection import collect_attempt, collect_ended, detect_cluster_shape, refresh_running
 from costs.models import ClusterMetrics, UtilizationRollup
-from costs.utilization import collect_attempt, collect_ended, detect_cluster_shape, refresh_running
 from jobs.models import JobState
 from quotas.models import Team
 from runners.models import Cluster

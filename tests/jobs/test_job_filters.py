@@ -4,6 +4,7 @@ the API and the web UI alike; instants beyond the calendar's ends select everyth
 from __future__ import annotations
 
 import datetime as dt
+from datetime import UTC
 
 import pytest
 
@@ -11,7 +12,6 @@ from jobs.models import Job
 from tests.support.factories import make_job
 from tests.support.personas import signed_in
 
-UTC = dt.timezone.utc
 # created_at of each job, UTC
 CREATED = {"early": dt.datetime(2025, 12, 31, 7, 0, tzinfo=UTC), "late": dt.datetime(2025, 12, 31, 9, 0, tzinfo=UTC)}
 

@@ -9,6 +9,7 @@ The expected health of each node is read off the reference list of XIDs (``share
 from __future__ import annotations
 
 import datetime as dt
+from datetime import UTC
 
 import pytest
 
@@ -25,7 +26,6 @@ from tests.support.factories import fresh
 from tests.support.kubernetes import Kubelet
 from tests.support.prometheus import start_prometheus
 
-UTC = dt.timezone.utc
 T0 = dt.datetime(2026, 5, 4, 12, 0, tzinfo=UTC)  # the XIDs appear at T0
 MIN = dt.timedelta(minutes=1)
 BEFORE, AFTER, LATER = T0 - 30 * MIN, T0 + 5 * MIN, T0 + 25 * MIN  # LATER: GPU 3 of node a shows XID 48 instead

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from datetime import UTC
 
-UTC = dt.timezone.utc
 DAY0 = dt.datetime(2026, 4, 6, tzinfo=UTC)
 STEP = 60
 IDLE_PERCENT = 5.0

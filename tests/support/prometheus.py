@@ -17,10 +17,10 @@ import urllib.request
 import pytest
 from django.db import transaction
 
+from costs.collection import collect_utilization
 from costs.ledger import accrue_attempt
 from costs.models import Price
 from costs.seed import seed_accelerators, seed_prices
-from costs.utilization import collect_utilization
 from jobs.models import JobState
 from quotas.models import Team
 from runners.models import Accelerator, Cluster, NodePool

@@ -12,9 +12,9 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import random
+from datetime import UTC
 from decimal import ROUND_HALF_EVEN, Decimal
 
-UTC = dt.timezone.utc
 T0 = dt.datetime(2026, 3, 2, tzinfo=UTC)  # a Monday; long before "now", so blocks are immutable history
 DAYS = 3
 END = T0 + dt.timedelta(days=DAYS)

@@ -4,6 +4,7 @@ Decimal sums exact to the cent, windows given with any UTC offset, bad queries a
 from __future__ import annotations
 
 import datetime as dt
+from datetime import UTC
 from decimal import ROUND_HALF_EVEN, Decimal
 
 import pytest
@@ -12,7 +13,6 @@ from costs.models import CostEntry
 from tests.support.factories import make_attempt, make_cluster, make_cost_entry, make_job
 
 COSTS = "/api/v1/costs/"
-UTC = dt.timezone.utc
 T0 = dt.datetime(2025, 3, 1, 22, 0, tzinfo=UTC)
 
 

@@ -6,6 +6,7 @@ Expected values are worked out here from the ledger rows the tests write.
 from __future__ import annotations
 
 import datetime as dt
+from datetime import UTC
 from decimal import ROUND_HALF_EVEN, Decimal
 
 import pytest
@@ -18,7 +19,6 @@ from quotas.models import Budget
 from tests.support.factories import make_attempt, make_cluster, make_cost_entry, make_job_row
 
 pytestmark = pytest.mark.django_db
-UTC = dt.timezone.utc
 D = Decimal
 DAY = dt.datetime(2025, 11, 30, tzinfo=UTC)
 CENT = D("0.01")

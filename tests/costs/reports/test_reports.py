@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from datetime import UTC
 from decimal import ROUND_HALF_EVEN, Decimal
 from email.mime.base import MIMEBase
 
@@ -23,7 +24,6 @@ from quotas.models import Budget, Quota
 from tests.support.factories import make_attempt, make_cluster, make_cost_entry, make_job
 
 pytestmark = pytest.mark.django_db
-UTC = dt.timezone.utc
 DAY = dt.datetime(2026, 3, 10, tzinfo=UTC)  # the reported day: [DAY, DAY + 1 day)
 CENT = Decimal("0.01")
 

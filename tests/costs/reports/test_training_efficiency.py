@@ -5,6 +5,7 @@ here from the ledger lines, the reported throughputs and the catalog peaks: H100
 from __future__ import annotations
 
 import datetime as dt
+from datetime import UTC
 from decimal import Decimal
 
 import pytest
@@ -14,7 +15,6 @@ from costs.reports.build import build_report_data, generate_report
 from tests.support.factories import make_attempt, make_cluster, make_cost_entry, make_job, make_workload_metrics
 
 pytestmark = pytest.mark.django_db
-UTC = dt.timezone.utc
 DAY = dt.datetime(2026, 3, 10, tzinfo=UTC)
 PERIOD = (DAY, DAY + dt.timedelta(days=1))
 

@@ -15,7 +15,8 @@ import requests
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from costs.prometheus import Source, attempt_pod_matchers, read_usage, team_namespace
+from core.namespaces import team_namespace
+from costs.prometheus import Source, attempt_pod_matchers, read_usage
 from jobs.models import JobState
 from runners.local.exporter import (
     Exporter,
@@ -107,7 +108,7 @@ def test_busy_and_idle_attempts(fake_attempt, teams):
     assert sorted(int(s.labels["gpu"]) for group in util.values() for s in group) == list(range(8))
     assert all(s.value > 0 for s in by_pod(text, "DCGM_FI_DEV_FB_USED")[busy_pod])  # resident memory, emulated
 
-    # costs.utilization maps these series to the attempt: the team's namespace, pods named "<object_name>-...".
+    # costs.collection maps these series to the attempt: the team's namespace, pods named "<object_name>-...".
     assert attempt_pod_matchers(teams[0].slug, busy.object_name) == f'namespace="{namespace}",pod=~"{busy.object_name}-.*"'
     requests_ = by_pod(text, "kube_pod_container_resource_requests")[busy_pod]
     assert [(s.labels["resource"], s.labels["unit"], s.value) for s in requests_] == [("nvidia_com_gpu", "integer", 2)]

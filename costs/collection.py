@@ -1,4 +1,4 @@
-"""Collecting per-attempt, per-day GPU utilization into UtilizationRollup, and checking the ledger against metrics.
+"""Collecting per-attempt, per-day GPU utilization from Prometheus into UtilizationRollup.
 
 Each attempt is read only within its running interval ``[started_at,
 ended_at or now)``, cut at UTC midnight; one pushed-down query per piece.
@@ -13,31 +13,28 @@ Series are attributed to an attempt by the cluster's label shape
 ``ClusterMetrics`` (an operator may override it). Utilization is collected
 periodically, when an attempt ends (``collect_ended``, so short and cancelled
 jobs have it), and on reading a running job (``refresh_running``, at most
-every ``COSTS_LIVE_CACHE_SECONDS``).
+every ``COSTS_LIVE_CACHE_SECONDS``). The rows are aggregated by
+``costs.aggregation``; the ledger is checked against the metrics by
+``costs.ledgercheck``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections import defaultdict
-from decimal import Decimal
+from datetime import UTC
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Max, Q, Sum
-from django.db.models.functions import TruncDate
+from django.db.models import Max, Q
 from django.utils import timezone
 
-from core.money import usd_cents
 from jobs.models import JobAttempt
 from runners.models import Cluster
 
 from . import prometheus
-from .metrics import LEDGER_DISCREPANCY_PERCENT
-from .models import ClusterMetrics, CostEntry, LedgerDiscrepancy, UtilizationRollup
-from .spend import ENTRY_SPAN, utc_midnight
+from .models import ClusterMetrics, UtilizationRollup
 
 log = logging.getLogger(__name__)
 DAY = dt.timedelta(days=1)
@@ -48,9 +45,9 @@ SHAPE_MAX_AGE = dt.timedelta(hours=1)
 def utc_days(start: dt.datetime, end: dt.datetime) -> list[tuple[dt.date, dt.datetime, dt.datetime]]:
     """``[start, end)`` cut at UTC midnights: ``[(day, piece_start, piece_end)]``."""
     pieces = []
-    start, end = start.astimezone(dt.timezone.utc), end.astimezone(dt.timezone.utc)
+    start, end = start.astimezone(UTC), end.astimezone(UTC)
     while start < end:
-        midnight = dt.datetime.combine(start.date(), dt.time(), dt.timezone.utc) + DAY
+        midnight = dt.datetime.combine(start.date(), dt.time(), UTC) + DAY
         pieces.append((start.date(), start, min(end, midnight)))
         start = pieces[-1][2]
     return pieces
@@ -242,7 +239,7 @@ def refresh_running(attempts, now: dt.datetime | None = None) -> int:
         last = attempt.utilization_rollups.aggregate(m=Max("collected_at"))["m"]
         if last is not None and last >= fresh_after:
             continue
-        midnight = now.astimezone(dt.timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+        midnight = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
         try:
             collect_attempt(attempt, attempt.started_at if last is None else midnight, now, sources)
         except Exception as exc:  # noqa: BLE001 (Prometheus down: the stored rollups answer)
@@ -250,127 +247,3 @@ def refresh_running(attempts, now: dt.datetime | None = None) -> int:
             continue
         count += 1
     return count
-
-
-# --- aggregation of the rollups -------------------------------------------------------------------------------
-
-def idle_costs(rollups) -> dict[int, Decimal]:
-    """USD of idle GPU time per rollup id: the ledger cost of its attempt on its day x idle share of its allocation.
-
-    ``rollups`` is a UtilizationRollup queryset; rollups without idle time
-    are left out; ledger entries without a price count nothing. Two queries.
-    """
-    rows = list(rollups.filter(idle_gpu_seconds__gt=0).values("pk", "attempt_id", "day", "gpu_seconds", "idle_gpu_seconds"))
-    if not rows:
-        return {}
-    first, last = min(r["day"] for r in rows), max(r["day"] for r in rows)
-    ledger = {
-        (r["attempt_id"], r["d"]): r["usd"] or Decimal(0)
-        for r in CostEntry.objects.filter(attempt_id__in={r["attempt_id"] for r in rows},
-                                          interval_start__gte=utc_midnight(first),
-                                          interval_start__lt=utc_midnight(last + dt.timedelta(days=1)))
-        .annotate(d=TruncDate("interval_start", tzinfo=dt.timezone.utc))
-        .values("attempt_id", "d").annotate(usd=Sum("amount_usd"))
-    }
-    return {
-        r["pk"]: ledger.get((r["attempt_id"], r["day"]), Decimal(0)) * Decimal(r["idle_gpu_seconds"] / r["gpu_seconds"])
-        for r in rows
-    }
-
-
-SUMMED = ("gpu_seconds", "observed_gpu_seconds", "samples", "expected_samples", "util_sum", "memory_samples")
-
-
-def _present(s: dict) -> dict:
-    observed = s["samples"] > 0
-    return {
-        "gpu_hours": round(s["gpu_seconds"] / 3600, 6),
-        "observed_gpu_hours": round(s["observed_gpu_seconds"] / 3600, 6),
-        "idle_gpu_hours": round(s["idle_gpu_seconds"] / 3600, 6) if observed else None,
-        "unobserved_gpu_hours": round(max(0.0, s["gpu_seconds"] - s["observed_gpu_seconds"]) / 3600, 6),
-        "avg_gpu_util_percent": round(s["util_sum"] / s["samples"], 3) if observed else None,
-        "coverage": round(min(1.0, s["samples"] / s["expected_samples"]), 4) if s["expected_samples"] else None,
-        "avg_memory_used_mib": round(s["memory_sum"] / s["memory_samples"], 1) if s["memory_samples"] else None,
-        "idle_cost_usd": usd_cents(s["idle_usd"]) if observed else None,
-        "util_metric": ("mixed" if len(s["metrics"]) > 1 else next(iter(s["metrics"]))) if s["metrics"] else None,
-    }
-
-
-def aggregate_utilization(rollups, group_by: str) -> tuple[list[dict], dict]:
-    """Group UtilizationRollup rows by ``group_by`` (``costs.aggregation.GROUP_KEYS``); returns ``(rows, total)``.
-
-    Each row: key fields, ``gpu_hours`` (allocated), ``observed_gpu_hours``,
-    ``idle_gpu_hours``, ``unobserved_gpu_hours`` (allocated - observed),
-    ``avg_gpu_util_percent`` (sample weighted), ``coverage`` (0-1),
-    ``avg_memory_used_mib``, ``idle_cost_usd`` (cents), ``util_metric`` (the
-    DCGM counter read, ``mixed`` or null). Without any sample the idle
-    figures and averages are null ("no data"), never 0. Rows are ordered by
-    key. Raises KeyError for a ``group_by`` not in ``GROUP_KEYS``.
-    """
-    from .aggregation import GROUP_KEYS
-
-    keys = GROUP_KEYS[group_by]
-    idle_usd = idle_costs(rollups)
-
-    def empty():
-        return {**dict.fromkeys(SUMMED, 0.0), "memory_sum": 0.0, "idle_gpu_seconds": 0.0, "idle_usd": Decimal(0),
-                "metrics": set()}
-
-    sums: dict = defaultdict(empty)
-    for r in rollups.values("pk", *keys.values(), *SUMMED, "avg_memory_used_mib", "idle_gpu_seconds", "util_metric"):
-        for group in (tuple(r[k] for k in keys.values()), None):
-            s = sums[group]
-            for f in SUMMED:
-                s[f] += r[f]
-            s["memory_sum"] += (r["avg_memory_used_mib"] or 0) * r["memory_samples"]
-            s["idle_gpu_seconds"] += r["idle_gpu_seconds"] or 0
-            s["idle_usd"] += idle_usd.get(r["pk"], Decimal(0))
-            if r["util_metric"]:
-                s["metrics"].add(r["util_metric"])
-    rows = []
-    for group in sorted((g for g in sums if g is not None), key=lambda g: tuple(str(x) for x in g)):
-        row = dict(zip(keys, group))
-        if group_by == "day":
-            row["day"] = row["day"].isoformat()
-        row.update(_present(sums[group]))
-        rows.append(row)
-    return rows, _present(sums[None])
-
-
-# --- the ledger against kube-state-metrics --------------------------------------------------------------------
-
-def ledger_gpu_hours(cluster: Cluster, start: dt.datetime, end: dt.datetime) -> float:
-    """GPU-hours the ledger charged on ``cluster`` within ``[start, end)``: entries' GPUs x their time inside the window."""
-    seconds = 0.0
-    # Entries are cut at every UTC hour (``costs.spend.ENTRY_SPAN``): none that overlaps the window starts earlier.
-    for lo, hi, gpus in CostEntry.objects.filter(cluster=cluster, interval_start__gte=start - ENTRY_SPAN,
-                                                 interval_start__lt=end, interval_end__gt=start) \
-            .values_list("interval_start", "interval_end", "gpus"):
-        seconds += gpus * (min(hi, end) - max(lo, start)).total_seconds()
-    return seconds / 3600
-
-
-def check_ledger(cluster: Cluster, start: dt.datetime, end: dt.datetime,
-                 tolerance_percent: float | None = None) -> LedgerDiscrepancy | None:
-    """Compare ledger and kube-state-metrics GPU-hours of ``cluster`` over ``[start, end)``; store and return the check.
-
-    Flagged when the relative difference exceeds ``tolerance_percent``
-    (default ``COSTS_DISCREPANCY_TOLERANCE_PERCENT``, 1 %), or when one side
-    is zero and the other is not. None when the cluster has no Prometheus.
-    """
-    tolerance = settings.COSTS_DISCREPANCY_TOLERANCE_PERCENT if tolerance_percent is None else tolerance_percent
-    source = prometheus.source_for(cluster)
-    if source is None:
-        return None
-    ledger = ledger_gpu_hours(cluster, start, end)
-    metrics = prometheus.allocated_gpu_hours(source, start, end)
-    observed = metrics or 0.0
-    if ledger:
-        diff = abs(observed - ledger) / ledger * 100
-    else:
-        diff = 0.0 if not observed else 100.0
-    LEDGER_DISCREPANCY_PERCENT.labels(cluster=cluster.name).set(diff)
-    return LedgerDiscrepancy.objects.create(
-        cluster=cluster, window_start=start, window_end=end, ledger_gpu_hours=ledger, metrics_gpu_hours=metrics,
-        difference_percent=diff, flagged=diff > tolerance,
-    )

@@ -1,0 +1,59 @@
+"""Checking the ledger against the metrics: GPU-hours charged on a cluster vs kube-state-metrics' allocated GPU-hours.
+
+The ledger (``costs.ledger``) charges an attempt from its start to its end
+as the runner saw them; kube-state-metrics counts the GPUs requested by
+running pods. Over a window the two agree within a tolerance on a healthy
+cluster; ``check_ledger`` stores each comparison (``LedgerDiscrepancy``) and
+exports its difference (``controlplane_ledger_discrepancy_percent``). The
+periodic task is ``costs.tasks.check_ledger``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from django.conf import settings
+
+from runners.models import Cluster
+
+from . import prometheus
+from .metrics import LEDGER_DISCREPANCY_PERCENT
+from .models import CostEntry, LedgerDiscrepancy
+from .spend import ENTRY_SPAN
+
+
+def ledger_gpu_hours(cluster: Cluster, start: dt.datetime, end: dt.datetime) -> float:
+    """GPU-hours the ledger charged on ``cluster`` within ``[start, end)``: entries' GPUs x their time inside the window."""
+    seconds = 0.0
+    # Entries are cut at every UTC hour (``costs.spend.ENTRY_SPAN``): none that overlaps the window starts earlier.
+    for lo, hi, gpus in CostEntry.objects.filter(cluster=cluster, interval_start__gte=start - ENTRY_SPAN,
+                                                 interval_start__lt=end, interval_end__gt=start) \
+            .values_list("interval_start", "interval_end", "gpus"):
+        seconds += gpus * (min(hi, end) - max(lo, start)).total_seconds()
+    return seconds / 3600
+
+
+def check_ledger(cluster: Cluster, start: dt.datetime, end: dt.datetime,
+                 tolerance_percent: float | None = None) -> LedgerDiscrepancy | None:
+    """Compare ledger and kube-state-metrics GPU-hours of ``cluster`` over ``[start, end)``; store and return the check.
+
+    Flagged when the relative difference exceeds ``tolerance_percent``
+    (default ``COSTS_DISCREPANCY_TOLERANCE_PERCENT``, 1 %), or when one side
+    is zero and the other is not. None when the cluster has no Prometheus.
+    """
+    tolerance = settings.COSTS_DISCREPANCY_TOLERANCE_PERCENT if tolerance_percent is None else tolerance_percent
+    source = prometheus.source_for(cluster)
+    if source is None:
+        return None
+    ledger = ledger_gpu_hours(cluster, start, end)
+    metrics = prometheus.allocated_gpu_hours(source, start, end)
+    observed = metrics or 0.0
+    if ledger:
+        diff = abs(observed - ledger) / ledger * 100
+    else:
+        diff = 0.0 if not observed else 100.0
+    LEDGER_DISCREPANCY_PERCENT.labels(cluster=cluster.name).set(diff)
+    return LedgerDiscrepancy.objects.create(
+        cluster=cluster, window_start=start, window_end=end, ledger_gpu_hours=ledger, metrics_gpu_hours=metrics,
+        difference_percent=diff, flagged=diff > tolerance,
+    )

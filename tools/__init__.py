@@ -1,0 +1,1 @@
+"""Tools that check the repository (not part of the server, its CLI or its benchmarks)."""
