@@ -3,5 +3,7 @@
 ``viewsets`` (team-scoped base viewsets), ``permissions``, ``fields`` (strict
 serializer fields), ``money`` (USD presentation), ``parsers`` (JSON and safe
 YAML), ``pagination``, ``lookups`` (the per-process lookup-cache registry)
-and ``metrics`` (the Celery worker exporter).
+``metrics`` (the Celery worker exporter), ``cohorts`` (the cohort arithmetic
+of quotas: lendable part, reachable limit) and ``namespaces`` (a team's
+Kubernetes namespace).
 """

@@ -57,7 +57,7 @@ def collect_utilization() -> int:
 
 
 # Every 60 s: the attempts ended since the last run; one stopped early is read again by the next (rows per attempt
-# are written together, costs.utilization.collect_attempt).
+# are written together, costs.collection.collect_attempt).
 @shared_task(name="costs.tasks.collect_ended_utilization", ignore_result=True, soft_time_limit=240, time_limit=300)
 def collect_ended_utilization() -> int:
     """Collect the whole run of each attempt that ended since the last pass (every minute); returns attempts read."""
