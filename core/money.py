@@ -1,4 +1,4 @@
-"""Money presentation: Decimal USD rounded to cents at the edge only (DESIGN.md's Units)."""
+"""Money presentation: Decimal USD rounded to cents at the edge only (docs/design.md, Units)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ CENT = Decimal("0.01")
 
 
 def usd_cents(amount: Decimal | None) -> str | None:
-    """A USD amount as a string rounded to cents, half to even (the presentation rule of DESIGN.md's Units)."""
+    """A USD amount as a string rounded to cents, half to even (the presentation rule of docs/design.md, Units)."""
     if amount is None:
         return None
     return str(Decimal(amount).quantize(CENT, ROUND_HALF_EVEN))
