@@ -2,9 +2,12 @@
 
 Trace: Alibaba's ``cluster-trace-gpu-v2023`` (alibaba/clusterdata), ``openb_node_list_gpu_node.csv`` (1,213 GPU
 nodes) and ``openb_pod_list_multigpu50.csv`` (9,061 tasks), published with "Beware of Fragmentation: Scheduling
-GPU-Sharing Workloads with Fragmentation Gradient Descent" (Weng et al., USENIX ATC 2023); see
-``../shared/traces/openb-multigpu50/README.md``. Only whole-GPU tasks are replayed (the platform allocates whole
-GPUs); fractional-GPU and CPU-only tasks are counted and left out.
+GPU-Sharing Workloads with Fragmentation Gradient Descent" (Weng et al., USENIX ATC 2023). The trace is not part of
+the repository: ``--trace DIR`` (default ``var/traces/openb-multigpu50``) holds the two files of
+``cluster-trace-gpu-v2023/csv/`` as ``nodes.csv`` and ``tasks.csv`` (columns are read by name: ``sn``,
+``cpu_milli``, ``memory_mib``, ``gpu``, ``model``; ``cpu_milli``, ``memory_mib``, ``num_gpu``, ``gpu_milli``). Only
+whole-GPU tasks are replayed (the platform allocates whole GPUs); fractional-GPU and CPU-only tasks are counted and
+left out.
 
 The fleet is one accelerator whose node pools are the trace's (GPU model, GPUs per node) groups, all at one price,
 each node with its CPU and memory; four teams in one cohort whose nominal quotas sum to the fleet's GPUs, each
@@ -63,7 +66,8 @@ from jobs.scheduling.core import (  # noqa: E402
     workload_of,
 )
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb-multigpu50"
+TRACE = Path(__file__).resolve().parents[1] / "var" / "traces" / "openb-multigpu50"
+TRACE_FILES = {"nodes.csv": "openb_node_list_gpu_node.csv", "tasks.csv": "openb_pod_list_multigpu50.csv"}
 ACC, TEAMS, PRICE = 1, 4, Decimal("2.00")
 CHURN_MEDIAN_S, CHURN_SIGMA, CHURN_LOAD, CHURN_PREEMPTIBLE = 1800.0, 1.5, 1.6, 0.3
 #: The periodic full pass (``SCHEDULE_INTERVAL_SECONDS``): jobs that end within one interval share one pass.
@@ -364,8 +368,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=3, help="fill runs (random task orders)")
     parser.add_argument("--churn-jobs", type=int, default=20000, help="arrivals in the churn run")
-    parser.add_argument("--trace", type=Path, default=TRACE)
+    parser.add_argument("--trace", type=Path, default=TRACE, help="directory holding nodes.csv and tasks.csv")
     args = parser.parse_args()
+    missing = [f"{name} (the trace's {original})" for name, original in TRACE_FILES.items()
+               if not (args.trace / name).is_file()]
+    if missing:
+        sys.exit(f"trace_replay: {args.trace} lacks {', '.join(missing)}; get them from the public repository "
+                 f"alibaba/clusterdata, cluster-trace-gpu-v2023/csv/, or pass --trace DIR")
     nodes = load_nodes(args.trace / "nodes.csv")
     tasks, fractional, cpu_only = load_tasks(args.trace / "tasks.csv")
     fleet_gpus = sum(n[2] for n in nodes)

@@ -21,7 +21,7 @@ API_APPS = ("jobs", "quotas", "runners", "costs")
 
 
 def api_router() -> DefaultRouter:
-    """The ``/api/v1/`` router with every app's resources registered (DESIGN.md's paths)."""
+    """The ``/api/v1/`` router with every app's resources registered (docs/design.md, Interfaces)."""
     router = DefaultRouter()
     for app in API_APPS:
         import_module(f"{app}.api.routes").register_routes(router)

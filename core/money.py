@@ -1,4 +1,4 @@
-"""Money: the ledger's rounding quantum, and Decimal USD rounded to cents at the edge only."""
+"""Money: the ledger's rounding quantum, and Decimal USD rounded to cents at the edge only (docs/design.md, Units)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ CENT = Decimal("0.01")
 
 
 def usd_cents(amount: Decimal | None) -> str | None:
-    """A USD amount as a string rounded to cents, half to even (the presentation rule)."""
+    """A USD amount as a string rounded to cents, half to even (the presentation rule of docs/design.md, Units)."""
     if amount is None:
         return None
     return str(Decimal(amount).quantize(CENT, ROUND_HALF_EVEN))

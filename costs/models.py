@@ -10,7 +10,7 @@ class Price(models.Model):
     ``cluster`` overrides the catalog for that cluster only. A new price
     applies from its effective time on and never to the past, because the
     ledger looks up the price in force at each interval's start.
-    Seed figures come from ../shared/reference/prices.md (SkyPilot catalog).
+    Seed figures come from the SkyPilot catalog (``costs/data/SOURCES.md``).
     """
 
     provider = models.CharField(max_length=16)

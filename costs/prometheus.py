@@ -227,8 +227,9 @@ def range_left_open(source: Source, *, client: PrometheusConnect | None = None) 
     """Whether ``source`` reads range selectors left-open, ``(t - r, t]`` (Prometheus 3.x), or closed,
     ``[t - r, t]`` (2.x). Probed once per URL, not taken from a version string (Thanos and others report
     their own): ``count_over_time(vector(1)[2m:1m])`` at a whole minute counts 3 points closed, 2 left-open.
-    Sources: Prometheus 3.0 made range selectors, the lookback and subqueries left-open (docs/migration.md
-    "Intervals return a predictable number of points"; prometheus/prometheus#13213 and #15431)."""
+    Sources: Prometheus 3.0 made range selectors, the lookback and subqueries left-open (its migration guide,
+    prometheus.io/docs/prometheus/latest/migration/, "Intervals return a predictable number of points";
+    prometheus/prometheus#13213 and #15431)."""
     if source.url not in _LEFT_OPEN:
         client = client or source.client()
         at = int(dt.datetime.now(dt.timezone.utc).timestamp()) // 60 * 60

@@ -1,7 +1,7 @@
 """Seed the accelerator list and the price catalog from the CSV files in ``costs/data/``.
 
-Figures come from ../shared/reference/prices.md (the public SkyPilot
-catalog, scraped from the clouds' pricing APIs) and NVIDIA data sheets; the
+Figures come from the public SkyPilot catalog (scraped from the clouds'
+pricing APIs) and NVIDIA data sheets, as ``costs/data/SOURCES.md`` details; the
 CPU prices (``cpu_prices.csv``, which that reference has none of) from the
 clouds' own published per-vCPU and per-GiB on-demand figures, each row
 naming its page. A cloud that publishes no such split (AWS and Azure price

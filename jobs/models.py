@@ -15,7 +15,7 @@ from quotas.models import DEFAULT_PRIORITY_CLASSES, scope_to_teams
 
 
 class JobState(models.TextChoices):
-    """The job states of DESIGN.md."""
+    """The job states (docs/design.md, Job states)."""
 
     QUEUED = "QUEUED"
     ADMITTED = "ADMITTED"

@@ -46,7 +46,7 @@ class StaleState(Exception):
 
 
 def can_transition(from_state: str, to_state: str) -> bool:
-    """Whether DESIGN.md's state machine has the edge ``from_state -> to_state``."""
+    """Whether the state machine (docs/design.md, Job states) has the edge ``from_state -> to_state``."""
     return to_state in ALLOWED_TRANSITIONS.get(from_state, frozenset())
 
 

@@ -10,8 +10,8 @@ it after every other node of its pool (``NodeRoom.suspect``), so a job lands
 on it only when the pool's healthy nodes cannot hold the job, and between
 pools of one price the one needing fewer suspect nodes wins.
 
-Signals (sources: ``shared/reference/training.md`` "GPU health in DCGM", from
-NVIDIA's XID documentation; ``shared/reference/metrics.md`` for the labels):
+Signals (``docs/reference/gpu-health.md``, from NVIDIA's XID documentation and
+dcgm-exporter's fields; ``docs/reference/metrics.md`` for the labels):
 
 * ``DCGM_FI_DEV_XID_ERRORS`` is the last XID code seen on a GPU (0: none),
   not a count. XIDs 48 (double-bit ECC), 63/64 (row remapping), 74 (NVLink),
@@ -63,7 +63,7 @@ log = logging.getLogger(__name__)
 XID = "DCGM_FI_DEV_XID_ERRORS"
 ROW_REMAP_FAILURE = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
 ECC_DBE_VOLATILE = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
-#: XIDs that point at the hardware, with NVIDIA's meaning (reference: training.md, NVIDIA XID documentation).
+#: XIDs that point at the hardware, with NVIDIA's meaning (NVIDIA XID documentation; docs/reference/gpu-health.md).
 HARDWARE_XIDS = {48: "double-bit ECC error", 63: "row remapping event", 64: "row remapping failure",
                  74: "NVLink error", 79: "GPU has fallen off the bus", 94: "contained ECC error",
                  95: "uncontained ECC error"}

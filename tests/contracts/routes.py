@@ -3,8 +3,8 @@ and the sample objects and bodies the contract tests call them with.
 
 Each ``Route`` is one (HTTP method, URL pattern) of the router: a list route, a detail route or an extra action.
 What each resource is (team-scoped, platform-wide, an aggregate) and who may write it is written here from
-DESIGN.md and the README, independently of the views; ``test_every_route_is_classified`` fails when a route
-appears that this file does not know yet.
+docs/design.md (Interfaces) and the README, independently of the views; ``test_every_route_is_classified`` fails
+when a route appears that this file does not know yet.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from quotas.models import Cohort, PriorityClass
 from runners.models import Node
 from tests.support.factories import VALID_SPEC
 
-#: A user sees only their teams' objects: another team's object is a 404, not a 403 (DESIGN.md, Interfaces).
+#: A user sees only their teams' objects: another team's object is a 404, not a 403 (docs/design.md, Interfaces).
 TEAM_SCOPED = {"jobs", "teams", "quotas", "budgets", "budget-status", "reports"}
 #: The fleet and the platform's settings: every authenticated user reads them.
 PLATFORM_WIDE = {"accelerators", "clusters", "node-pools", "nodes", "prices", "cohorts", "priority-classes"}

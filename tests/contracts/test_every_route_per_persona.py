@@ -1,7 +1,7 @@
 """Every route of the ``/api/v1/`` router, tried by every persona, answers what the API contract says.
 
 The routes come from the router (``routes.py``): every list, detail and extra action, every HTTP method it maps.
-Team alpha's objects (or the platform's) stand behind the detail routes. The contract (DESIGN.md, Interfaces):
+Team alpha's objects (or the platform's) stand behind the detail routes. The contract (docs/design.md, Interfaces):
 
 - without credentials, every route is a 401 asking for a token;
 - the owner, the teammate, the viewer and staff read everything of alpha's and the platform's;

@@ -2,7 +2,7 @@
 half even; an open entry grows until a boundary; no price means GPU-hours of unknown cost.
 
 Times are fixed instants (after the catalog epoch), so every amount is
-worked out here with Decimal arithmetic from the formula of DESIGN.md.
+worked out here with Decimal arithmetic from the formula of docs/design.md, Cost ledger.
 """
 
 import datetime as dt

@@ -1,7 +1,7 @@
-"""The job state machine of DESIGN.md: every (from, to) pair, compare-and-set, and one event per change.
+"""The job state machine (docs/design.md, Job states): every (from, to) pair, compare-and-set, and one event per change.
 
-The expected edges are written by hand from DESIGN.md's diagram and its
-notes (``tests/support/states.py``), not read from ``jobs.states``; every
+The expected edges are written by hand from the table of docs/design.md, Job states,
+and its notes (``tests/support/states.py``), not read from ``jobs.states``; every
 one of the 10 x 10 pairs is tried against the database.
 """
 

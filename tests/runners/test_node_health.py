@@ -2,7 +2,7 @@
 the emulator; the health check marks nodes with the evidence, admission keeps off unhealthy ones with a wait reason
 that names them, work on a node that goes bad is recovered elsewhere naming the node, and staff clear and cordon.
 
-The expected health of each node is read off the reference list of XIDs (``shared/reference/training.md``: 48,
+The expected health of each node is read off the reference list of XIDs (``docs/reference/gpu-health.md``: 48,
 63/64, 74, 79, 94/95 point at the hardware; 13, 31, 43 at the application), not from the code under test.
 """
 

@@ -4,7 +4,7 @@
 - ``factories``: one builder per kind of test object (catalog, clusters, quotas, budgets, jobs, attempts) and
   the objects of teams alpha and beta;
 - ``broker``: the Redis broker the on-commit tasks go to;
-- ``states``: the job state machine's edges written by hand from DESIGN.md, and event-chain checks;
+- ``states``: the job state machine's edges written by hand from docs/design.md, Job states, and event-chain checks;
 - ``racing``: threads and scheduler processes racing on PostgreSQL;
 - ``scheduling``: plain snapshots for the pure scheduling core (no database);
 - ``kubernetes``: kmock Kubernetes emulators and a test-side kubelet, and ``ClusterEmulator``, a cluster that

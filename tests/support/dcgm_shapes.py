@@ -4,7 +4,7 @@ Each scenario is one attempt on its own cluster (a ``cluster`` label in one
 shared Prometheus) with its scrapes listed explicitly, so tests compute the
 expected samples, observed, idle and unobserved GPU-hours by counting them.
 The OpenMetrics text is what dcgm-exporter and kube-state-metrics would
-have written (``shared/reference/metrics.md``).
+have written (``docs/reference/metrics.md``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The job state machine of DESIGN.md, written here by hand (not read from ``jobs.states``), and checks that a
-job's events follow it."""
+"""The job state machine of docs/design.md, Job states, written here by hand (not read from ``jobs.states``), and
+checks that a job's events follow it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections import defaultdict
 
 from jobs.models import JobEvent, JobState
 
-# DESIGN.md, "Job states", edge by edge.
+# docs/design.md, "Job states", edge by edge.
 EXPECTED_EDGES = {
     ("QUEUED", "ADMITTED"),
     ("QUEUED", "REJECTED"),

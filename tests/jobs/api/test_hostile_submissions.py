@@ -224,8 +224,8 @@ def test_valid_yaml_is_accepted(owner, aws_cluster, redis_broker):
 
 
 def compact_json_bytes(value) -> int:
-    """Bytes of ``value`` as compact UTF-8 JSON (no spaces, non-ASCII kept as UTF-8): how DESIGN's spec limit counts,
-    computed here without the code under test."""
+    """Bytes of ``value`` as compact UTF-8 JSON (no spaces, non-ASCII kept as UTF-8): how the spec limit counts
+    (docs/design.md, Limits), computed here without the code under test."""
     return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
 
 

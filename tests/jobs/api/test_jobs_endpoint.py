@@ -51,7 +51,7 @@ def test_the_estimate_is_null_until_the_job_is_placed_then_gpus_x_runtime_x_pric
     schedule_pending()
     body = teammate.client.get(f"{JOBS}{job_id}/").json()
     assert body["state"] == "ADMITTED"
-    # 2 nodes x 8 GPUs x 1.5 h x 6.88 USD/GPU-h (AWS us-east-1 H100 on demand, ../shared/reference/prices.md)
+    # 2 nodes x 8 GPUs x 1.5 h x 6.88 USD/GPU-h (AWS us-east-1 H100 on demand, costs/data/SOURCES.md)
     assert body["estimated_cost_usd"] == "165.12"
 
 

@@ -2,8 +2,8 @@
 against the Kubernetes 1.33 schema, carry the contract's labels, give multi-node training torchrun's rendezvous
 environment, keep on-demand work off spot nodes and tolerate spot where asked, and mount checkpoints.
 
-Expected values are written here from DESIGN.md's contract (labels, GPU resource, node selector) and from the
-workload's own numbers, not read from the module.
+Expected values are written here from the contract of docs/design.md, Kubernetes objects (labels, GPU resource,
+node selector) and from the workload's own numbers, not read from the module.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from .steps import validate, workload
 def test_it_builds_manifests_that_validate_for_1_33(provider, spot, kind, nodes):
     for obj in m.manifests(workload(provider=provider, spot=spot, kind=kind, nodes=nodes)):
         validate(obj)
-        # DESIGN.md: objects carry controlplane.io/team, controlplane.io/job and controlplane.io/attempt
+        # docs/design.md, Kubernetes objects: every object carries the team, job and attempt labels
         assert obj["metadata"]["labels"] == {"controlplane.io/team": "alpha", "controlplane.io/job": "7",
                                              "controlplane.io/attempt": "11"}
     validate(m.namespace("cp-alpha", "alpha"))
