@@ -10,10 +10,9 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import DateTimeField, F, Value
 from django.db.models.functions import Coalesce, Greatest
-from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
 from core.lookups import LookupCache
@@ -48,116 +47,29 @@ def submit_job(*, team, submitter, name: str, kind: str, spec: dict, resources: 
     ``spec`` must already be validated (``jobs.spec``); ``resources`` holds the
     accelerator instance and integer fields copied to columns.
     """
-    fields = dict(team=team, submitter=submitter, name=name, kind=kind, spec=spec, resources=resources)
-    if connection.vendor == "postgresql":
-        job = store_submitted_job(**fields)  # one statement, committed on its own: on_commit runs at once
-        enqueue_schedule(background=True)
-        return job
     with transaction.atomic():
-        job = store_submitted_job(**fields)
+        job = store_submitted_job(team=team, submitter=submitter, name=name, kind=kind, spec=spec,
+                                  resources=resources)
         enqueue_schedule(background=True)
     return job
 
 
 def store_submitted_job(*, team, submitter, name: str, kind: str, spec: dict, resources: dict) -> Job:
-    """Insert the QUEUED job and its ``submitted`` event, and nothing else (no scheduling pass).
+    """Insert the QUEUED job and its ``submitted`` event in one transaction, and nothing else (no scheduling pass).
 
-    On PostgreSQL one statement (``_insert_job_with_event``), atomic by itself;
-    elsewhere one transaction. ``submit_job`` is this plus admission's pass;
-    ``benchmarks/submit.py`` times this alone to show what admission adds.
+    ``submit_job`` is this plus admission's pass; ``benchmarks/submit.py`` times this alone to show what
+    admission adds.
     """
-    job = Job(
-        team=team, submitter=submitter, name=name, kind=kind, spec=spec,
-        accelerator=resources["accelerator"], gpus_per_node=resources["gpus_per_node"], nodes=resources["nodes"],
-        priority=resources["priority"], preemptible=resources["preemptible"],
-        max_runtime_seconds=resources["max_runtime_seconds"], max_retries=resources["max_retries"],
-        replicas=resources.get("replicas", 1),
-    )
-    reason = f"submitted by {submitter}"
-    if connection.vendor == "postgresql":
-        _insert_job_with_event(job, JobEvent(kind="submitted", reason=reason[:500], actor=submitter, data={},
-                                             from_state=job.state, to_state=job.state))
-        return job
     with transaction.atomic():
-        job.save(force_insert=True)
-        record_event(job, "submitted", reason, actor=submitter)
+        job = Job.objects.create(
+            team=team, submitter=submitter, name=name, kind=kind, spec=spec,
+            accelerator=resources["accelerator"], gpus_per_node=resources["gpus_per_node"], nodes=resources["nodes"],
+            priority=resources["priority"], preemptible=resources["preemptible"],
+            max_runtime_seconds=resources["max_runtime_seconds"], max_retries=resources["max_retries"],
+            replicas=resources.get("replicas", 1),
+        )
+        record_event(job, "submitted", f"submitted by {submitter}", actor=submitter)
     return job
-
-
-def _insert_sql(obj, fields: list) -> tuple[str, list]:
-    """Django's own INSERT statement (no RETURNING) and parameters for ``obj``'s ``fields``; runs their pre_save."""
-    query = InsertQuery(type(obj))
-    query.insert_values(fields, [obj])
-    [(sql, params)] = query.get_compiler(connection.alias).as_sql()
-    return sql, list(params)
-
-
-def _insert_params(obj, fields: list) -> list | None:
-    """The parameters Django's INSERT compiler would send for ``obj``'s ``fields`` (``pre_save`` then
-    ``get_db_prep_save``, as ``SQLInsertCompiler.prepare_value`` does); None when a value is an
-    expression, whose SQL only the compiler can write."""
-    params = []
-    for field in fields:
-        value = field.pre_save(obj, True)
-        if hasattr(value, "resolve_expression"):
-            return None
-        params.append(field.get_db_prep_save(value, connection=connection))
-    return params
-
-
-#: Per connection alias: (job fields, event fields, the statement of ``_insert_job_with_event``). The
-#: statement's text depends only on the models' fields, so it is compiled once per process.
-_JOB_WITH_EVENT_SQL: dict[str, tuple[list, list, str]] = {}
-
-
-def _job_with_event_statement(job: Job, event: JobEvent) -> tuple[list, list, str]:
-    """Fields of both rows and the CTE's SQL, compiled by Django from ``job`` and ``event`` on first use."""
-    cached = _JOB_WITH_EVENT_SQL.get(connection.alias)
-    if cached is not None:
-        return cached
-    job_meta, event_meta = Job._meta, JobEvent._meta
-    job_fields = [f for f in job_meta.local_concrete_fields if f is not job_meta.auto_field]
-    event_fields = [event_meta.get_field("job")] + [
-        f for f in event_meta.local_concrete_fields if f is not event_meta.auto_field and f.name != "job"]
-    # Compiled from copies: pre_save (auto_now_add) must run once, on the rows actually inserted.
-    job_copy = Job(**{f.attname: getattr(job, f.attname) for f in job_fields})
-    event_copy = JobEvent(**{f.attname: getattr(event, f.attname) for f in event_fields})
-    event_copy.job_id = 0
-    # Only plain values may shape the cached text: an expression would compile into it (e.g. UPPER(%s))
-    # and apply to every later job of the process.
-    if _insert_params(job_copy, job_fields) is None or _insert_params(event_copy, event_fields) is None:
-        raise ValueError("submit_job stores plain values only; an expression reached _insert_job_with_event")
-    job_sql, _ = _insert_sql(job_copy, job_fields)
-    event_sql, _ = _insert_sql(event_copy, event_fields)
-    head, values = event_sql.split(" VALUES (%s, ", 1)  # the job id's placeholder comes first (event_fields)
-    qn = connection.ops.quote_name
-    sql = (f"WITH new_job AS ({job_sql} RETURNING {qn(job_meta.pk.column)}) "
-           f"{head} VALUES ((SELECT {qn(job_meta.pk.column)} FROM new_job), {values} "
-           f"RETURNING {qn(event_meta.get_field('job').column)}, {qn(event_meta.pk.column)}")
-    _JOB_WITH_EVENT_SQL[connection.alias] = cached = (job_fields, event_fields[1:], sql)
-    return cached
-
-
-def _insert_job_with_event(job: Job, event: JobEvent) -> None:
-    """Insert ``job`` and its first ``event`` in one PostgreSQL statement (one round trip, atomic by itself).
-
-    A data-modifying CTE: ``WITH new_job AS (INSERT ... RETURNING id) INSERT
-    INTO event ... VALUES ((SELECT id FROM new_job), ...)``. The SQL of both rows is Django's own
-    (``InsertQuery``, compiled once per process: its text depends only on the fields), so column
-    types, defaults and ``auto_now_add`` are the ORM's; sets ``job.pk`` and ``event.pk``. Sends no
-    ``post_save`` signal (nothing listens for these two models). Submission is the hottest write
-    path: this saves three round trips (BEGIN, second INSERT, COMMIT) and the compiler's work.
-    """
-    job_fields, event_fields, sql = _job_with_event_statement(job, event)
-    job_params, event_params = _insert_params(job, job_fields), _insert_params(event, event_fields)
-    if job_params is None or event_params is None:  # an expression among the values: no cached text fits
-        raise ValueError("submit_job stores plain values only; an expression reached _insert_job_with_event")
-    with connection.cursor() as cursor:
-        cursor.execute(sql, job_params + event_params)
-        job.pk, event.pk = cursor.fetchone()
-    job._state.adding, job._state.db = False, connection.alias
-    event.job = job
-    event._state.adding, event._state.db = False, connection.alias
 
 
 def end_attempt(job: Job, attempt: JobAttempt, to_state: str, *, reason: str, end_reason: str,
