@@ -340,7 +340,7 @@ class JobSpec(SpecModel):
     env: Env = Field(default_factory=dict, description="environment variables, name to value")
     resources: JobResources = Field(description="what the job runs on")
     priority: Annotated[str, AfterValidator(_priority)] = Field(
-        "normal", description=f"priority class name (quotas.PriorityClass; by default {', '.join(PRIORITY_CLASSES)});"
+        "normal", validate_default=True, description=f"priority class name (quotas.PriorityClass; by default {', '.join(PRIORITY_CLASSES)});"
         " higher values go first")
     max_runtime_seconds: Count = Field(
         description="run-time limit, seconds; bounds the cost estimate that admission checks against the budget",
