@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import DateTimeField, F, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
@@ -47,29 +47,108 @@ def submit_job(*, team, submitter, name: str, kind: str, spec: dict, resources: 
     ``spec`` must already be validated (``jobs.spec``); ``resources`` holds the
     accelerator instance and integer fields copied to columns.
     """
+    fields = dict(team=team, submitter=submitter, name=name, kind=kind, spec=spec, resources=resources)
+    if connection.vendor == "postgresql":
+        job = store_submitted_job(**fields)  # one statement, committed on its own: on_commit runs at once
+        enqueue_schedule(background=True)
+        return job
     with transaction.atomic():
-        job = store_submitted_job(team=team, submitter=submitter, name=name, kind=kind, spec=spec,
-                                  resources=resources)
+        job = store_submitted_job(**fields)
         enqueue_schedule(background=True)
     return job
 
 
 def store_submitted_job(*, team, submitter, name: str, kind: str, spec: dict, resources: dict) -> Job:
-    """Insert the QUEUED job and its ``submitted`` event in one transaction, and nothing else (no scheduling pass).
+    """Insert the QUEUED job and its ``submitted`` event, and nothing else (no scheduling pass).
 
-    ``submit_job`` is this plus admission's pass; ``benchmarks/submit.py`` times this alone to show what
-    admission adds.
+    On PostgreSQL one statement (``_insert_job_with_event``), atomic by itself;
+    elsewhere one transaction of two ORM inserts. ``submit_job`` is this plus admission's pass;
+    ``benchmarks/submit.py`` times this alone to show what admission adds.
     """
+    job = Job(
+        team=team, submitter=submitter, name=name, kind=kind, spec=spec,
+        accelerator=resources["accelerator"], gpus_per_node=resources["gpus_per_node"], nodes=resources["nodes"],
+        priority=resources["priority"], preemptible=resources["preemptible"],
+        max_runtime_seconds=resources["max_runtime_seconds"], max_retries=resources["max_retries"],
+        replicas=resources.get("replicas", 1),
+    )
+    reason = f"submitted by {submitter}"
+    if connection.vendor == "postgresql":
+        _insert_job_with_event(job, JobEvent(kind="submitted", reason=reason[:500], actor=submitter, data={},
+                                             from_state=job.state, to_state=job.state))
+        return job
     with transaction.atomic():
-        job = Job.objects.create(
-            team=team, submitter=submitter, name=name, kind=kind, spec=spec,
-            accelerator=resources["accelerator"], gpus_per_node=resources["gpus_per_node"], nodes=resources["nodes"],
-            priority=resources["priority"], preemptible=resources["preemptible"],
-            max_runtime_seconds=resources["max_runtime_seconds"], max_retries=resources["max_retries"],
-            replicas=resources.get("replicas", 1),
-        )
-        record_event(job, "submitted", f"submitted by {submitter}", actor=submitter)
+        job.save(force_insert=True)
+        record_event(job, "submitted", reason, actor=submitter)
     return job
+
+
+def _insert_params(obj, fields: list) -> list:
+    """The parameters of ``obj``'s ``fields`` as an INSERT sends them: each field's ``pre_save`` (so
+    ``auto_now_add`` and defaults apply) then ``get_db_prep_save``, Django's public Field API. Raises
+    ValueError for a value that is an expression (its SQL would not be a plain placeholder)."""
+    params = []
+    for field in fields:
+        value = field.pre_save(obj, True)
+        if hasattr(value, "resolve_expression"):
+            raise ValueError(f"submit_job stores plain values only; {field.name} is an expression")
+        params.append(field.get_db_prep_save(value, connection=connection))
+    return params
+
+
+def _insert_columns(model) -> tuple[list, str, str]:
+    """(fields, quoted table, quoted columns) of ``model``'s concrete fields but its auto primary key, from the
+    model's ``_meta`` (Django's documented Model _meta API)."""
+    meta = model._meta
+    fields = [f for f in meta.local_concrete_fields if f is not meta.auto_field]
+    qn = connection.ops.quote_name
+    return fields, qn(meta.db_table), ", ".join(qn(f.column) for f in fields)
+
+
+#: Per connection alias: (job fields, event fields but the job, the statement of ``_insert_job_with_event``).
+_JOB_WITH_EVENT_SQL: dict[str, tuple[list, list, str]] = {}
+
+
+def _job_with_event_statement() -> tuple[list, list, str]:
+    """The fields of both rows and the statement of ``_insert_job_with_event``, written once per process from the
+    models' ``_meta`` (the text depends only on the models)."""
+    cached = _JOB_WITH_EVENT_SQL.get(connection.alias)
+    if cached is not None:
+        return cached
+    job_fields, job_table, job_columns = _insert_columns(Job)
+    event_fields, event_table, _ = _insert_columns(JobEvent)
+    job_fk = JobEvent._meta.get_field("job")
+    event_fields = [f for f in event_fields if f is not job_fk]
+    qn = connection.ops.quote_name
+    job_pk, event_pk = qn(Job._meta.pk.column), qn(JobEvent._meta.pk.column)
+    marks = ", ".join(["%s"] * len(job_fields))
+    sql = (f"WITH new_job AS (INSERT INTO {job_table} ({job_columns}) VALUES ({marks}) RETURNING {job_pk}) "
+           f"INSERT INTO {event_table} ({qn(job_fk.column)}, {', '.join(qn(f.column) for f in event_fields)}) "
+           f"VALUES ((SELECT {job_pk} FROM new_job), {', '.join(['%s'] * len(event_fields))}) "
+           f"RETURNING {qn(job_fk.column)}, {event_pk}")
+    _JOB_WITH_EVENT_SQL[connection.alias] = cached = (job_fields, event_fields, sql)
+    return cached
+
+
+def _insert_job_with_event(job: Job, event: JobEvent) -> None:
+    """Insert ``job`` and its first ``event`` in one PostgreSQL statement (one round trip, atomic by itself).
+
+    A data-modifying CTE: ``WITH new_job AS (INSERT ... RETURNING id) INSERT INTO event ... VALUES ((SELECT id
+    FROM new_job), ...)``, its text written from the models' ``_meta`` and its parameters by each field's own
+    ``pre_save`` and ``get_db_prep_save`` (so column types, defaults and ``auto_now_add`` are the ORM's); sets
+    ``job.pk`` and ``event.pk``. Sends no ``post_save`` signal (nothing listens for these two models).
+    Submission is the hottest write path: against ``Job.objects.create`` and ``JobEvent.objects.create`` in a
+    transaction this saves three round trips (BEGIN, the second INSERT, COMMIT) and the ORM's SQL compilation
+    (``benchmarks/submit.py``). Raises ValueError when a value is an expression.
+    """
+    job_fields, event_fields, sql = _job_with_event_statement()
+    params = _insert_params(job, job_fields) + _insert_params(event, event_fields)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        job.pk, event.pk = cursor.fetchone()
+    job._state.adding, job._state.db = False, connection.alias
+    event.job = job
+    event._state.adding, event._state.db = False, connection.alias
 
 
 def end_attempt(job: Job, attempt: JobAttempt, to_state: str, *, reason: str, end_reason: str,

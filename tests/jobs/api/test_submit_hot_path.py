@@ -1,6 +1,6 @@
-"""The submission hot path: a warm submission reads nothing and writes the job and its first event (two
-INSERTs, in one transaction), what it stores is what the response says, and validations running in parallel
-threads never mix two requests' data or errors.
+"""The submission hot path: a warm submission is one SQL statement (the job and its first event, inserted
+together by a statement written once per process from the models), what it stores is what the ORM would store
+and what the response says, and validations running in parallel threads never mix two requests' data or errors.
 
 The per-process lookup caches that spare it every read are tested in ``tests/core/test_lookups.py``.
 """
@@ -12,11 +12,15 @@ import threading
 
 import pytest
 from django.db import connection
+from django.db.models import Value
+from django.db.models.functions import Upper
 from django.test.utils import CaptureQueriesContext
 from rest_framework.exceptions import ValidationError
 from rest_framework.test import APIClient
 
+from jobs import lifecycle
 from jobs.models import Job, JobEvent
+from jobs.states import record_event
 from jobs.spec import validated_submission
 
 pytestmark = pytest.mark.usefixtures("alpha_h100_quota")
@@ -24,15 +28,12 @@ pytestmark = pytest.mark.usefixtures("alpha_h100_quota")
 JOBS = "/api/v1/jobs/"
 
 
-def test_a_warm_submission_reads_nothing_and_inserts_the_job_and_its_event(cached, teammate, aws_cluster, submission):
+def test_a_warm_submission_is_one_statement(cached, teammate, aws_cluster, submission):
     assert teammate.client.post(JOBS, submission, format="json").status_code == 201  # warms the caches
     with CaptureQueriesContext(connection) as queries:
         r = teammate.client.post(JOBS, submission, format="json")
     assert r.status_code == 201, r.content
-    # The test's own transaction turns the submission's transaction into a savepoint.
-    statements = [q["sql"] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]
-    assert [sql.split(" (")[0] for sql in statements] == [
-        f'INSERT INTO "{Job._meta.db_table}"', f'INSERT INTO "{JobEvent._meta.db_table}"'], statements
+    assert len(queries.captured_queries) == 1, [q["sql"][:80] for q in queries.captured_queries]
     job = Job.objects.get(pk=r.json()["id"])
     event = JobEvent.objects.get(job=job)
     assert (event.kind, event.from_state, event.to_state, event.actor) == ("submitted", "QUEUED", "QUEUED", teammate.user)
@@ -126,3 +127,59 @@ def test_every_job_has_exactly_one_submitted_event_under_concurrency(cached, tea
     assert all(code == 201 for code in results) and len(results) == 8
     for job in Job.objects.filter(name__startswith="c-"):
         assert JobEvent.objects.filter(job=job, kind="submitted").count() == 1
+
+
+# --- the job+event INSERT written once per process ----------------------------------------------------------------
+
+def _resources(accelerator) -> dict:
+    return {"accelerator": accelerator, "gpus_per_node": 2, "nodes": 1, "priority": 700, "preemptible": True,
+            "max_runtime_seconds": 1234, "max_retries": 3}
+
+
+ODD_SPEC = {"image": "x", "none": None, "pct": "100%s %% %(x)s", "uni": "ü\u2028\\", "nested": [[], {}, 1.5, True]}
+
+
+@pytest.mark.django_db
+def test_the_cached_insert_stores_what_django_save_stores(teams, user, h100):
+    accelerator = h100
+    alpha = teams[0]
+    lifecycle._JOB_WITH_EVENT_SQL.clear()  # compiled from the first job below
+    cached = [lifecycle.store_submitted_job(team=alpha, submitter=user, name=f"c{i}", kind="training",
+                                            spec=dict(ODD_SPEC, i=i), resources=_resources(accelerator))
+              for i in range(2)]  # the second one reuses the compiled statement
+    r = _resources(accelerator)
+    orm = Job(team=alpha, submitter=user, name="orm", kind="training", spec=dict(ODD_SPEC, i=1),
+              accelerator=r["accelerator"], gpus_per_node=2, nodes=1, priority=700, preemptible=True,
+              max_runtime_seconds=1234, max_retries=3)
+    orm.save(force_insert=True)
+    record_event(orm, "submitted", f"submitted by {user}", actor=user)
+
+    skip = {"id", "name", "created_at", "updated_at"}
+    row = lambda pk: {k: v for k, v in Job.objects.filter(pk=pk).values().get().items() if k not in skip}  # noqa: E731
+    assert row(cached[1].pk) == row(orm.pk)
+    assert Job.objects.get(pk=cached[1].pk).spec == dict(ODD_SPEC, i=1)
+    for job in cached:
+        stored = Job.objects.get(pk=job.pk)
+        assert stored.created_at == job.created_at and stored.updated_at == job.updated_at
+        assert stored.created_at is not None and stored.created_at != cached[0].created_at or job is cached[0]
+    ev = lambda pk: {k: v for k, v in JobEvent.objects.filter(job_id=pk).values().get().items()  # noqa: E731
+                     if k not in {"id", "job_id", "created_at"}}
+    assert ev(cached[1].pk) == ev(orm.pk)
+
+
+@pytest.mark.django_db
+def test_an_expression_in_the_first_job_does_not_poison_the_cached_statement(teams, user, h100):
+    """The statement was compiled (and cached) from the first job *before* its values were checked: an
+    expression there (rejected with ValueError) stayed baked into the SQL of every later submission."""
+    accelerator = h100
+    alpha = teams[0]
+    r = _resources(accelerator)
+    bad = Job(team=alpha, submitter=user, name=Upper(Value("shout")), kind="training", spec={},
+              accelerator=accelerator, gpus_per_node=1, nodes=1)
+    lifecycle._JOB_WITH_EVENT_SQL.clear()
+    with pytest.raises(ValueError):
+        lifecycle._insert_job_with_event(bad, JobEvent(kind="submitted", reason="x", data={}, from_state="QUEUED",
+                                                       to_state="QUEUED"))
+    job = lifecycle.store_submitted_job(team=alpha, submitter=user, name="quiet", kind="training", spec={},
+                                        resources=r)
+    assert Job.objects.get(pk=job.pk).name == "quiet"
