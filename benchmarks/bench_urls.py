@@ -67,7 +67,7 @@ class ValidatedCreate(APIView):
     """
 
     def post(self, request):
-        job = store_submitted_job(**validated_submission(request.data, {"request": request}))  # the endpoint's own
+        job = store_submitted_job(**validated_submission(request.data, request.user))  # the endpoint's own
         location = request.build_absolute_uri(f"/api/v1/jobs/{job.pk}/")
         return Response(JobSerializer(job, context={"request": request}).data, status=status.HTTP_201_CREATED,
                         headers={"Location": location})

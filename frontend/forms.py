@@ -1,6 +1,7 @@
-"""Web UI forms: job submission (validated by the API's JobSubmissionSerializer), quota and budget edits, cost queries.
+"""Web UI forms: job submission (validated as the API validates it), quota and budget edits, cost queries.
 
-The submission form only collects text; every rule lives in ``jobs.spec`` so the UI and the API answer alike.
+The submission form only collects text; every rule lives in ``jobs.spec`` so the UI and the API answer alike, and
+its choices, defaults, limits and help come from the models there (``jobs.spec.field_schema``).
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from rest_framework.exceptions import ParseError
 
 from core.limits import THRESHOLD_MAX_PERCENT, threshold_out_of_range
 from core.parsers import load_yaml
-from jobs.models import Job
+from jobs.spec import field_schema
 from quotas.models import GPU_QUOTA_FIELDS, VCPU_QUOTA_FIELDS, Budget, Quota
 from runners.models import CPU_ACCELERATOR, Accelerator
 
-# Serializer error paths (``jobs.spec.flatten_errors``) -> the form field that shows them.
+# Error paths of a submission (``jobs.spec.error_paths``) -> the form field that shows them.
 ERROR_FIELDS = {
     "team": "team",
     "name": "name",
@@ -53,27 +54,46 @@ def _quantity(text: str):
         return text
 
 
+def _initial(path: str):
+    """The form's opening value of the submission field at ``path``: its default, else its example."""
+    schema = field_schema(path)
+    value = schema.get("default", schema.get("example", ""))
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def _help(path: str) -> str:
+    """The description of the submission field at ``path``, as help text."""
+    text = field_schema(path).get("description", "")
+    return text[:1].upper() + text[1:] + "."
+
+
 class SubmitJobForm(forms.Form):
     """A job submission as form fields, or as a whole YAML document (``examples/jobs/*.yaml``) that wins when given.
 
-    ``submission()`` builds the dict given to ``JobSubmissionSerializer``;
+    ``submission()`` builds the dict given to ``jobs.spec.validated_submission``;
     ``add_serializer_errors`` puts its dotted-path errors next to the fields.
     """
 
     team = forms.ChoiceField(required=False)
-    name = forms.CharField(required=False, max_length=200, help_text="Lowercase letters, digits and '-'.")
-    kind = forms.ChoiceField(choices=Job.Kind.choices, required=False, initial=Job.Kind.TRAINING)
-    image = forms.CharField(required=False, max_length=512, initial="python:3.11")
+    name = forms.CharField(required=False, max_length=field_schema("name")["maxLength"],
+                           help_text="Lowercase letters, digits and '-'.")
+    kind = forms.ChoiceField(choices=[(k, k) for k in field_schema("kind")["enum"]], required=False,
+                             initial=_initial("kind"))
+    image = forms.CharField(required=False, max_length=field_schema("spec.image")["maxLength"],
+                            initial=_initial("spec.image"))
     command = forms.CharField(required=False, max_length=4000, help_text="Shell words, e.g. python train.py --steps 10")
     accelerator = forms.ChoiceField(required=False)
-    gpus_per_node = forms.CharField(required=False, initial="1", label="GPUs per node")
-    nodes = forms.CharField(required=False, initial="1")
+    gpus_per_node = forms.CharField(required=False, initial=_initial("spec.resources.gpus_per_node"),
+                                    label="GPUs per node")
+    nodes = forms.CharField(required=False, initial=_initial("spec.resources.nodes"))
     cpu = forms.CharField(required=False, label="CPU cores per node",
                           help_text="Optional; required for a CPU-only job (accelerator CPU, 0 GPUs per node).")
     memory_gib = forms.CharField(required=False, label="Memory per node (GiB)", help_text="Optional.")
-    max_runtime_seconds = forms.CharField(required=False, initial="3600", label="Max runtime (seconds)")
-    priority = forms.ChoiceField(required=False, initial="normal")
-    preemptible = forms.BooleanField(required=False, help_text="May run on spot capacity and be preempted.")
+    max_runtime_seconds = forms.CharField(required=False, initial=_initial("spec.max_runtime_seconds"),
+                                          label="Max runtime (seconds)", help_text=_help("spec.max_runtime_seconds"))
+    priority = forms.ChoiceField(required=False, initial=_initial("spec.priority"))
+    preemptible = forms.BooleanField(required=False, initial=_initial("spec.preemptible"),
+                                     help_text=_help("spec.preemptible"))
     spec_yaml = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 12, "spellcheck": "false"}),
                                 label="Or the whole submission as YAML",
                                 help_text="team, name, kind and spec, as in examples/jobs; replaces the fields above.")
@@ -116,7 +136,7 @@ class SubmitJobForm(forms.Form):
         return {
             "team": data.get("team") or "",
             "name": data.get("name") or "",
-            "kind": data.get("kind") or Job.Kind.TRAINING,
+            "kind": data.get("kind") or _initial("kind"),
             "spec": {
                 "image": data.get("image") or "",
                 "command": command,
@@ -125,7 +145,7 @@ class SubmitJobForm(forms.Form):
                               "nodes": _number(data.get("nodes")),
                               **{k: _quantity(data[k]) for k in ("cpu", "memory_gib") if (data.get(k) or "").strip()}},
                 "max_runtime_seconds": _number(data.get("max_runtime_seconds")),
-                "priority": data.get("priority") or "normal",
+                "priority": data.get("priority") or _initial("spec.priority"),
                 "preemptible": bool(data.get("preemptible")),
             },
         }

@@ -23,6 +23,7 @@ from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
+from rest_framework.exceptions import ValidationError
 
 from costs.aggregation import aggregate_utilization, aggregate_window
 from costs.budgets import budget_status
@@ -38,7 +39,7 @@ from jobs.scheduling.core import price_text
 from jobs.scheduling.offers import pool_offers
 from jobs.scheduling.preview import preview_submission
 from jobs.scheduling.snapshot import cpu_used_milli
-from jobs.spec import JobSubmissionSerializer
+from jobs.spec import validated_submission
 from jobs.states import StaleState
 from jobs.workload import job_efficiency
 from quotas.models import Budget, Membership, Quota, QuotaEvent, Team, audited_values, priority_classes, scope_to_teams
@@ -52,13 +53,6 @@ from .forms import BudgetForm, CostQueryForm, QuotaForm, SubmitJobForm
 LIVE_STATES = [JobState.QUEUED, JobState.ADMITTED, JobState.STARTING, JobState.RUNNING, JobState.RECOVERING,
                JobState.CANCELLING]
 JOBS_PER_PAGE = 50
-
-
-class _Request:
-    """The minimal request the serializers' context needs (``request.user``) when a view builds one itself."""
-
-    def __init__(self, user):
-        self.user = user
 
 
 def _chart(labels: list, values: list, label: str, kind: str = "bar", *, x_title: str = "", y_title: str = "") -> dict:
@@ -334,24 +328,25 @@ def _submit_form(request, data=None) -> SubmitJobForm:
     return SubmitJobForm(data, teams=_submit_teams(request.user), priorities=list(priority_classes()))
 
 
-def _validate_submission(request, form: SubmitJobForm) -> JobSubmissionSerializer | None:
-    """Run the API's JobSubmissionSerializer on the form's submission; its errors go onto the form."""
+def _validate_submission(request, form: SubmitJobForm) -> dict | None:
+    """``submit_job``'s keyword arguments for the form's submission, validated as the API validates it
+    (``jobs.spec.validated_submission``); None, with the errors on the form, when it is refused."""
     if not form.is_valid():
         return None
     submission = form.submission()
     if submission is None:
         return None
-    serializer = JobSubmissionSerializer(data=submission, context={"request": _Request(request.user)})
-    if not serializer.is_valid():
-        form.add_serializer_errors(dict(serializer.errors))
+    try:
+        return validated_submission(submission, request.user)
+    except ValidationError as exc:
+        form.add_serializer_errors(exc.detail)
         return None
-    return serializer
 
 
-def submission_preview(serializer: JobSubmissionSerializer) -> dict:
+def submission_preview(args: dict) -> dict:
     """Before submitting: where the job would run now, its estimated cost (USD), and whether quota and budget allow it,
-    as the scheduler's rules say (``jobs.scheduling.preview.preview_submission``)."""
-    args = serializer.submission()
+    as the scheduler's rules say (``jobs.scheduling.preview.preview_submission``). ``args``: ``submit_job``'s
+    keyword arguments."""
     resources, team = {**args["resources"], **per_node_asks(args["spec"])}, args["team"]
     assessment = preview_submission(team, resources, args["spec"]["placement"])
     return {"team": team, "accelerator": resources["accelerator"].name,
@@ -364,12 +359,12 @@ def submission_preview(serializer: JobSubmissionSerializer) -> dict:
 @login_required
 @require_http_methods(["GET", "POST"])
 def job_submit(request):
-    """The submission form; POST validates with the API's serializer, stores the job and opens its page."""
+    """The submission form; POST validates as the API does, stores the job and opens its page."""
     if request.method == "POST":
         form = _submit_form(request, request.POST)
-        serializer = _validate_submission(request, form)
-        if serializer is not None:
-            job = submit_job(**serializer.submission())
+        args = _validate_submission(request, form)
+        if args is not None:
+            job = submit_job(**args)
             messages.success(request, f"Job {job.pk} ({job.name}) submitted.")
             return redirect("frontend:job-detail", pk=job.pk)
     else:
@@ -382,8 +377,8 @@ def job_submit(request):
 def job_preview(request):
     """The submission preview partial (htmx): field errors, or placement, estimated cost, quota and budget."""
     form = _submit_form(request, request.POST)
-    serializer = _validate_submission(request, form)
-    preview = submission_preview(serializer) if serializer is not None else None
+    args = _validate_submission(request, form)
+    preview = submission_preview(args) if args is not None else None
     return render(request, "frontend/partials/job_preview.html", {"form": form, "preview": preview})
 
 

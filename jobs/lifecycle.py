@@ -13,7 +13,6 @@ import logging
 from django.db import connection, transaction
 from django.db.models import DateTimeField, F, Value
 from django.db.models.functions import Coalesce, Greatest
-from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
 from core.lookups import LookupCache
@@ -63,7 +62,7 @@ def store_submitted_job(*, team, submitter, name: str, kind: str, spec: dict, re
     """Insert the QUEUED job and its ``submitted`` event, and nothing else (no scheduling pass).
 
     On PostgreSQL one statement (``_insert_job_with_event``), atomic by itself;
-    elsewhere one transaction. ``submit_job`` is this plus admission's pass;
+    elsewhere one transaction of two ORM inserts. ``submit_job`` is this plus admission's pass;
     ``benchmarks/submit.py`` times this alone to show what admission adds.
     """
     job = Job(
@@ -84,76 +83,68 @@ def store_submitted_job(*, team, submitter, name: str, kind: str, spec: dict, re
     return job
 
 
-def _insert_sql(obj, fields: list) -> tuple[str, list]:
-    """Django's own INSERT statement (no RETURNING) and parameters for ``obj``'s ``fields``; runs their pre_save."""
-    query = InsertQuery(type(obj))
-    query.insert_values(fields, [obj])
-    [(sql, params)] = query.get_compiler(connection.alias).as_sql()
-    return sql, list(params)
-
-
-def _insert_params(obj, fields: list) -> list | None:
-    """The parameters Django's INSERT compiler would send for ``obj``'s ``fields`` (``pre_save`` then
-    ``get_db_prep_save``, as ``SQLInsertCompiler.prepare_value`` does); None when a value is an
-    expression, whose SQL only the compiler can write."""
+def _insert_params(obj, fields: list) -> list:
+    """The parameters of ``obj``'s ``fields`` as an INSERT sends them: each field's ``pre_save`` (so
+    ``auto_now_add`` and defaults apply) then ``get_db_prep_save``, Django's public Field API. Raises
+    ValueError for a value that is an expression (its SQL would not be a plain placeholder)."""
     params = []
     for field in fields:
         value = field.pre_save(obj, True)
         if hasattr(value, "resolve_expression"):
-            return None
+            raise ValueError(f"submit_job stores plain values only; {field.name} is an expression")
         params.append(field.get_db_prep_save(value, connection=connection))
     return params
 
 
-#: Per connection alias: (job fields, event fields, the statement of ``_insert_job_with_event``). The
-#: statement's text depends only on the models' fields, so it is compiled once per process.
+def _insert_columns(model) -> tuple[list, str, str]:
+    """(fields, quoted table, quoted columns) of ``model``'s concrete fields but its auto primary key, from the
+    model's ``_meta`` (Django's documented Model _meta API)."""
+    meta = model._meta
+    fields = [f for f in meta.local_concrete_fields if f is not meta.auto_field]
+    qn = connection.ops.quote_name
+    return fields, qn(meta.db_table), ", ".join(qn(f.column) for f in fields)
+
+
+#: Per connection alias: (job fields, event fields but the job, the statement of ``_insert_job_with_event``).
 _JOB_WITH_EVENT_SQL: dict[str, tuple[list, list, str]] = {}
 
 
-def _job_with_event_statement(job: Job, event: JobEvent) -> tuple[list, list, str]:
-    """Fields of both rows and the CTE's SQL, compiled by Django from ``job`` and ``event`` on first use."""
+def _job_with_event_statement() -> tuple[list, list, str]:
+    """The fields of both rows and the statement of ``_insert_job_with_event``, written once per process from the
+    models' ``_meta`` (the text depends only on the models)."""
     cached = _JOB_WITH_EVENT_SQL.get(connection.alias)
     if cached is not None:
         return cached
-    job_meta, event_meta = Job._meta, JobEvent._meta
-    job_fields = [f for f in job_meta.local_concrete_fields if f is not job_meta.auto_field]
-    event_fields = [event_meta.get_field("job")] + [
-        f for f in event_meta.local_concrete_fields if f is not event_meta.auto_field and f.name != "job"]
-    # Compiled from copies: pre_save (auto_now_add) must run once, on the rows actually inserted.
-    job_copy = Job(**{f.attname: getattr(job, f.attname) for f in job_fields})
-    event_copy = JobEvent(**{f.attname: getattr(event, f.attname) for f in event_fields})
-    event_copy.job_id = 0
-    # Only plain values may shape the cached text: an expression would compile into it (e.g. UPPER(%s))
-    # and apply to every later job of the process.
-    if _insert_params(job_copy, job_fields) is None or _insert_params(event_copy, event_fields) is None:
-        raise ValueError("submit_job stores plain values only; an expression reached _insert_job_with_event")
-    job_sql, _ = _insert_sql(job_copy, job_fields)
-    event_sql, _ = _insert_sql(event_copy, event_fields)
-    head, values = event_sql.split(" VALUES (%s, ", 1)  # the job id's placeholder comes first (event_fields)
+    job_fields, job_table, job_columns = _insert_columns(Job)
+    event_fields, event_table, _ = _insert_columns(JobEvent)
+    job_fk = JobEvent._meta.get_field("job")
+    event_fields = [f for f in event_fields if f is not job_fk]
     qn = connection.ops.quote_name
-    sql = (f"WITH new_job AS ({job_sql} RETURNING {qn(job_meta.pk.column)}) "
-           f"{head} VALUES ((SELECT {qn(job_meta.pk.column)} FROM new_job), {values} "
-           f"RETURNING {qn(event_meta.get_field('job').column)}, {qn(event_meta.pk.column)}")
-    _JOB_WITH_EVENT_SQL[connection.alias] = cached = (job_fields, event_fields[1:], sql)
+    job_pk, event_pk = qn(Job._meta.pk.column), qn(JobEvent._meta.pk.column)
+    marks = ", ".join(["%s"] * len(job_fields))
+    sql = (f"WITH new_job AS (INSERT INTO {job_table} ({job_columns}) VALUES ({marks}) RETURNING {job_pk}) "
+           f"INSERT INTO {event_table} ({qn(job_fk.column)}, {', '.join(qn(f.column) for f in event_fields)}) "
+           f"VALUES ((SELECT {job_pk} FROM new_job), {', '.join(['%s'] * len(event_fields))}) "
+           f"RETURNING {qn(job_fk.column)}, {event_pk}")
+    _JOB_WITH_EVENT_SQL[connection.alias] = cached = (job_fields, event_fields, sql)
     return cached
 
 
 def _insert_job_with_event(job: Job, event: JobEvent) -> None:
     """Insert ``job`` and its first ``event`` in one PostgreSQL statement (one round trip, atomic by itself).
 
-    A data-modifying CTE: ``WITH new_job AS (INSERT ... RETURNING id) INSERT
-    INTO event ... VALUES ((SELECT id FROM new_job), ...)``. The SQL of both rows is Django's own
-    (``InsertQuery``, compiled once per process: its text depends only on the fields), so column
-    types, defaults and ``auto_now_add`` are the ORM's; sets ``job.pk`` and ``event.pk``. Sends no
-    ``post_save`` signal (nothing listens for these two models). Submission is the hottest write
-    path: this saves three round trips (BEGIN, second INSERT, COMMIT) and the compiler's work.
+    A data-modifying CTE: ``WITH new_job AS (INSERT ... RETURNING id) INSERT INTO event ... VALUES ((SELECT id
+    FROM new_job), ...)``, its text written from the models' ``_meta`` and its parameters by each field's own
+    ``pre_save`` and ``get_db_prep_save`` (so column types, defaults and ``auto_now_add`` are the ORM's); sets
+    ``job.pk`` and ``event.pk``. Sends no ``post_save`` signal (nothing listens for these two models).
+    Submission is the hottest write path: against ``Job.objects.create`` and ``JobEvent.objects.create`` in a
+    transaction this saves three round trips (BEGIN, the second INSERT, COMMIT) and the ORM's SQL compilation
+    (``benchmarks/submit.py``). Raises ValueError when a value is an expression.
     """
-    job_fields, event_fields, sql = _job_with_event_statement(job, event)
-    job_params, event_params = _insert_params(job, job_fields), _insert_params(event, event_fields)
-    if job_params is None or event_params is None:  # an expression among the values: no cached text fits
-        raise ValueError("submit_job stores plain values only; an expression reached _insert_job_with_event")
+    job_fields, event_fields, sql = _job_with_event_statement()
+    params = _insert_params(job, job_fields) + _insert_params(event, event_fields)
     with connection.cursor() as cursor:
-        cursor.execute(sql, job_params + event_params)
+        cursor.execute(sql, params)
         job.pk, event.pk = cursor.fetchone()
     job._state.adding, job._state.db = False, connection.alias
     event.job = job

@@ -1,6 +1,6 @@
 """Read serializers of jobs, their attempts and events, and the query parameters of the logs endpoint.
 
-Job creation is validated by ``jobs.spec.JobSubmissionSerializer``; these
+Job creation is validated by the models of ``jobs.spec`` (``JobSubmission``); these
 serializers only present what is stored. Money is shown in USD cents.
 """
 

@@ -26,7 +26,7 @@ from ..filters import JobFilterSet
 from ..lifecycle import NotCancellable, cancel_job, submit_job
 from ..models import Job
 from ..permissions import CANCEL_REFUSED, may_cancel
-from ..spec import JobSubmissionSerializer, validated_submission
+from ..spec import JobSubmission, validated_submission
 from ..states import StaleState
 from ..workload import job_efficiency
 from .serializers import (
@@ -69,12 +69,12 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
         return super().get_serializer_class() if self.action == "list" else JobDetailSerializer
 
     @extend_schema(
-        request={"application/json": JobSubmissionSerializer, "application/yaml": JobSubmissionSerializer},
+        request={"application/json": JobSubmission, "application/yaml": JobSubmission},
         responses={201: JobDetailSerializer, 400: OpenApiResponse(description="Field errors keyed by dotted path")},
     )
     def create(self, request, *args, **kwargs):
         """Validate a submission and store it as a QUEUED job (nothing is stored when it is rejected)."""
-        fields = validated_submission(request.data, self.get_serializer_context())
+        fields = validated_submission(request.data, request.user)
         # The new job carries its team, submitter and accelerator instances: no need to read it back.
         job = submit_job(**fields)
         # The router's detail route is the list route plus "<pk>/" (what reverse_action("detail") answers,

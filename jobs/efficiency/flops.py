@@ -89,7 +89,7 @@ def usd_per_million_tokens(cost_usd: Decimal, tokens: int | None) -> Decimal | N
 
 
 def spec_flops_per_token(model) -> float | None:
-    """FLOPs per token of a job spec's ``model`` declaration (a mapping, ``jobs.specfields.MODEL``), or None when
+    """FLOPs per token of a job spec's ``model`` declaration (a mapping, ``jobs.spec.JobModel`` dumped), or None when
     it lacks ``layers``, ``hidden_size``, ``heads`` or ``sequence_length``.
 
     N is the declared ``parameters``, else the count of the shape without the position embedding

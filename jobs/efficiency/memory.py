@@ -25,7 +25,7 @@ holds the activations of p micro-batches (section 4.2.3); it is the most loaded 
 activations, the CUDA context, communication buffers and allocator fragmentation are not counted: the estimate is
 a lower bound of what the job needs.
 
-Everything here is pure: mappings of the spec's ``model`` and ``parallelism`` objects (``jobs.specfields``) in,
+Everything here is pure: mappings of the spec's ``model`` and ``parallelism`` objects (``jobs.spec.JobModel``, ``JobParallelism``, dumped) in,
 numbers and messages out. Sizes are bytes; messages show GiB (2^30 bytes, the unit of the catalog's
 ``memory_gib``).
 """

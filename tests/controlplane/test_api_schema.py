@@ -63,3 +63,29 @@ def test_every_operation_has_a_summary_of_its_own_and_a_description(db):
     jobs = schema["paths"]["/api/v1/jobs/"]
     assert (jobs["get"]["summary"], jobs["post"]["summary"]) == ("List jobs", "Submit a job")
     assert schema["paths"]["/api/v1/quotas/{id}/"]["patch"]["description"].startswith("Changes the fields given")
+
+
+def test_the_submission_components_list_exactly_the_models_fields(db):
+    """The request body of ``POST /api/v1/jobs/`` is ``JobSubmission``, and it and every model below it list the
+    fields of the pydantic models in ``jobs.spec``: their names, in order, and which are required."""
+    from pydantic import BaseModel
+
+    from jobs.spec import JobSubmission
+
+    schema = json.loads(Client().get("/api/schema/", {"format": "json"}).content)
+    components = schema["components"]["schemas"]
+    create = schema["paths"]["/api/v1/jobs/"]["post"]["requestBody"]["content"]
+    (body,) = {create[content_type]["schema"]["$ref"] for content_type in ("application/json", "application/yaml")}
+    models, seen = [JobSubmission], set()
+    while models:
+        model = models.pop()
+        seen.add(model)
+        # The request body's component takes drf-spectacular's request suffix; the models below it their own names.
+        component = components[body.rsplit("/", 1)[1] if model is JobSubmission else model.__name__]
+        assert list(component["properties"]) == list(model.model_fields), model.__name__
+        assert sorted(component.get("required", [])) == sorted(
+            name for name, field in model.model_fields.items() if field.is_required()), model.__name__
+        assert component["additionalProperties"] is False
+        models += [field.annotation for field in model.model_fields.values() if isinstance(field.annotation, type)
+                   and issubclass(field.annotation, BaseModel) and field.annotation not in seen]
+    assert len(seen) == 6  # the submission, its spec, and the spec's resources, placement, model, parallelism

@@ -6,7 +6,8 @@ import pytest
 from django.test import override_settings
 
 from jobs.models import Job, JobEvent
-from jobs.spec import flatten_errors
+from jobs.spec import JobSubmission, error_paths
+from pydantic import ValidationError
 from quotas.models import Quota
 from runners.kubernetes.sync import apply_pools
 from tests.support.factories import make_attempt, make_job
@@ -191,12 +192,24 @@ def test_it_accepts_inference_with_replicas_and_port(teammate, aws_cluster, subm
     assert r.json()["spec"]["port"] == 8080
 
 
-def test_flatten_errors_joins_nested_paths():
-    detail = {"spec": {"resources": {"nodes": ["bad"]}, "non_field_errors": ["too big"], "command": [{"x": ["y"]}]},
-              "non_field_errors": ["top"]}
-    assert flatten_errors(detail) == {
-        "spec.resources.nodes": ["bad"], "spec": ["too big"], "spec.command.0.x": ["y"], "non_field_errors": ["top"]
-    }
+def paths_of(document) -> dict:
+    with pytest.raises(ValidationError) as caught:
+        JobSubmission.model_validate(document)  # no context: the structure and the kind rules only
+    return error_paths(caught.value)
+
+
+def test_error_paths_join_nested_paths():
+    spec = {"image": "x", "command": ["x"], "resources": {"gpus_per_node": 1, "nodes": 0}, "max_runtime_seconds": 1}
+    assert paths_of({"team": "alpha", "name": "ok", "spec": spec}) == {
+        "spec.resources.nodes": ["Ensure this value is greater than or equal to 1."]}
+    assert paths_of(["not", "a", "job"]) == {
+        "non_field_errors": ["Invalid data. Expected a dictionary, but got list."]}
+    # A rule of the submission (not a field's own check) is reported on the field it names.
+    del spec["command"]
+    spec.update(resources={"gpus_per_node": 1, "nodes": 1}, port=80)
+    assert paths_of({"team": "alpha", "name": "ok", "spec": spec}) == {
+        "spec.command": ["required unless args are given (the image's ENTRYPOINT then runs with them)"],
+        "spec.port": ["port applies to inference jobs only"]}
 
 
 def test_a_pool_emptied_by_sync_does_not_make_a_never_runnable_job_acceptable(

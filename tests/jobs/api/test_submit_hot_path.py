@@ -1,8 +1,8 @@
 """The submission hot path: a warm submission is one SQL statement (the job and its first event, inserted
-together by a statement compiled once per process), what it stores is what the ORM would store and what the
-response says, and serializer fields shared by threads never mix two requests' data or errors.
+together by a statement written once per process from the models), what it stores is what the ORM would store
+and what the response says, and validations running in parallel threads never mix two requests' data or errors.
 
-The per-process lookup caches that make it one statement are tested in ``tests/core/test_lookups.py``.
+The per-process lookup caches that spare it every read are tested in ``tests/core/test_lookups.py``.
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ from django.db import connection
 from django.db.models import Value
 from django.db.models.functions import Upper
 from django.test.utils import CaptureQueriesContext
+from rest_framework.exceptions import ValidationError
 from rest_framework.test import APIClient
 
 from jobs import lifecycle
 from jobs.models import Job, JobEvent
-from jobs.spec import JobSubmissionSerializer
 from jobs.states import record_event
+from jobs.spec import validated_submission
 
 pytestmark = pytest.mark.usefixtures("alpha_h100_quota")
 
@@ -43,11 +44,8 @@ def test_a_warm_submission_is_one_statement(cached, teammate, aws_cluster, submi
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_validations_never_mix_their_data_or_errors(cached, teammate, aws_cluster, submission):
-    """Serializer fields are shared between instances: 8 threads validating different specs at once each
+    """The models' validators are shared by every request: 8 threads validating different specs at once each
     get their own validated values and their own errors."""
-    class Request:
-        user = teammate.user
-
     failures: list[str] = []
 
     def worker(index: int) -> None:
@@ -61,18 +59,17 @@ def test_concurrent_validations_never_mix_their_data_or_errors(cached, teammate,
                     data["spec"]["env"] = {f"BAD-{index}": "x"}
                 else:
                     data["spec"]["env"] = {f"VAR_{index}": str(round_)}
-                serializer = JobSubmissionSerializer(data=data, context={"request": Request})
-                valid = serializer.is_valid()
+                try:
+                    fields, errors = validated_submission(data, teammate.user), {}
+                except ValidationError as exc:
+                    fields, errors = None, exc.detail
                 if bad:
-                    errors = serializer.errors
-                    if valid or set(errors) != {"spec.resources.nodes", "spec.env"} \
+                    if fields is not None or set(errors) != {"spec.resources.nodes", "spec.env"} \
                             or f"BAD-{index}" not in errors["spec.env"][0]:
-                        failures.append(f"{index}/{round_}: {valid} {dict(errors)}")
-                else:
-                    spec = serializer.submission()["spec"] if valid else None
-                    if not valid or serializer.validated_data["name"] != data["name"] \
-                            or spec["env"] != {f"VAR_{index}": str(round_)}:
-                        failures.append(f"{index}/{round_}: {valid} {serializer.errors if not valid else spec}")
+                        failures.append(f"{index}/{round_}: {fields} {dict(errors)}")
+                elif fields is None or fields["name"] != data["name"] \
+                        or fields["spec"]["env"] != {f"VAR_{index}": str(round_)}:
+                    failures.append(f"{index}/{round_}: {fields} {errors}")
         except Exception as exc:  # noqa: BLE001 - reported below
             failures.append(repr(exc))
         finally:
@@ -86,7 +83,7 @@ def test_concurrent_validations_never_mix_their_data_or_errors(cached, teammate,
     assert failures == []
 
 
-# --- the one-statement insert --------------------------------------------------------------------------------------
+# --- what is stored --------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("image,command,env", [
     ("reg.io/it's/\"quoted\":v1", ["sh", "-c", "echo '); DROP TABLE jobs_job; --"], {"Q": "'\"\\"}),
@@ -132,7 +129,7 @@ def test_every_job_has_exactly_one_submitted_event_under_concurrency(cached, tea
         assert JobEvent.objects.filter(job=job, kind="submitted").count() == 1
 
 
-# --- the job+event INSERT compiled once per process ----------------------------------------------------------------
+# --- the job+event INSERT written once per process ----------------------------------------------------------------
 
 def _resources(accelerator) -> dict:
     return {"accelerator": accelerator, "gpus_per_node": 2, "nodes": 1, "priority": 700, "preemptible": True,
