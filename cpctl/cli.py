@@ -1,6 +1,6 @@
 """``cpctl``: submit and follow jobs, read quotas, budgets and costs, through the control plane's REST API.
 
-Run it as ``python -m cpctl COMMAND ...`` (README: ``alias cpctl=...``).
+Run it as ``cpctl COMMAND ...`` (``make install`` puts it in ``.venv/bin``) or ``python -m cpctl COMMAND ...``.
 It talks HTTP to ``/api/v1/`` only, so it needs no database access: a URL and
 an API token.
 
@@ -349,7 +349,7 @@ def read_document(path: str) -> tuple[bytes, str]:
 
 def override_document(raw: bytes, media_type: str, path: str, overrides: dict) -> bytes:
     """``raw`` with the top-level fields in ``overrides`` replaced (``--team``, ``--name``), in the same format."""
-    import yaml  # PyYAML, pinned in requirements.txt; only needed to rewrite a document
+    import yaml  # PyYAML, a runtime dependency (requirements/runtime.in); only needed to rewrite a document
 
     try:
         document = json.loads(raw) if media_type == "application/json" else yaml.safe_load(raw)
