@@ -1,7 +1,7 @@
 """``cpctl``: submit and follow jobs, read quotas, budgets and costs, through the control plane's REST API.
 
-Run it as ``cpctl COMMAND ...`` or ``python -m cpctl COMMAND ...``; ``main``
-is the click command group. It talks HTTP to ``/api/v1/`` only, so it needs
+Run it as ``cpctl COMMAND ...`` (``make install`` puts it in ``.venv/bin``) or
+``python -m cpctl COMMAND ...``; ``main`` is the click command group. It talks HTTP to ``/api/v1/`` only, so it needs
 no database access: a URL and an API token.
 
 Configuration (an option wins over the environment; ``--url``, ``--token``,

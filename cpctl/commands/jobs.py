@@ -50,7 +50,7 @@ def read_document(path: str) -> tuple[bytes, str]:
 def override_document(raw: bytes, media_type: str, path: str, overrides: dict) -> bytes:
     """``raw`` with the top-level fields in ``overrides`` replaced (``--team``, ``--name``), in the same format.
     CliError (exit 2) when it does not parse or is not a mapping."""
-    import yaml  # PyYAML, pinned in requirements.txt; only needed to rewrite a document
+    import yaml  # PyYAML, a runtime dependency (requirements/runtime.in); only needed to rewrite a document
 
     try:
         document = json.loads(raw) if media_type == "application/json" else yaml.safe_load(raw)
