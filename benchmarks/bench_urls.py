@@ -38,7 +38,6 @@ from jobs.spec import validated_submission
 from quotas.models import Team
 from runners.models import Accelerator
 
-
 ROWS = LookupCache("bench-bare-rows")
 
 

@@ -54,7 +54,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.procstat import (  # noqa: E402
-    DatabaseBackends, client_cpu_seconds, cpu_seconds, machine, named_cpu_seconds, used_since,
+    DatabaseBackends,
+    client_cpu_seconds,
+    cpu_seconds,
+    machine,
+    named_cpu_seconds,
+    used_since,
 )
 from benchmarks.services import postgres_missing, redis_missing, require  # noqa: E402
 

@@ -28,7 +28,6 @@ from statistics import median
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.procstat import machine  # noqa: E402
-
 from jobs.scheduling.core import (  # noqa: E402
     BudgetView,
     FairShareScheduler,

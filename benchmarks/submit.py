@@ -63,7 +63,12 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import slurm as slurm_peer  # noqa: E402
 from benchmarks.procstat import (  # noqa: E402
-    DatabaseBackends, client_cpu_seconds, machine, named_cpu_seconds, tree_cpu_seconds, used_since,
+    DatabaseBackends,
+    client_cpu_seconds,
+    machine,
+    named_cpu_seconds,
+    tree_cpu_seconds,
+    used_since,
 )
 from benchmarks.services import postgres_missing, redis_missing, require  # noqa: E402
 

@@ -1,7 +1,16 @@
 from django.contrib import admin
 
-from .models import (BudgetAlert, ClusterMetrics, CostEntry, DailyCostRollup, LedgerDiscrepancy, Price, Report,
-                     UnknownCostAlert, UtilizationRollup)
+from .models import (
+    BudgetAlert,
+    ClusterMetrics,
+    CostEntry,
+    DailyCostRollup,
+    LedgerDiscrepancy,
+    Price,
+    Report,
+    UnknownCostAlert,
+    UtilizationRollup,
+)
 
 
 @admin.register(Price)

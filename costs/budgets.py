@@ -26,9 +26,9 @@ from jobs.models import committed_usd
 from quotas.models import Budget, Membership
 
 from .forecast import Forecast, forecast
-from .spend import period_spend, unpriced_bound_usd
 from .metrics import BUDGET_ALERTS, BUDGET_AMOUNT_USD, BUDGET_FORECAST_USD, BUDGET_SPENT_USD
 from .models import BudgetAlert
+from .spend import period_spend, unpriced_bound_usd
 
 log = logging.getLogger(__name__)
 DEFAULT_THRESHOLDS = (50, 80, 100)

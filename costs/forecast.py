@@ -34,7 +34,6 @@ from django.conf import settings
 from django.db.models import Q, Sum
 
 from core.sql import as_date, as_decimal, fetch
-
 from jobs.models import Job, JobAttempt
 
 from .models import CostEntry, JobDailyCost

@@ -20,8 +20,8 @@ import json
 import os
 import re
 import secrets
-import socket
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -71,8 +71,8 @@ def seed_staff() -> str:
 def seed_reports() -> int:
     """Generate the daily reports (every team and the platform, the last complete UTC day) so the Reports page
     has something from the start (the schedules run at 06:00 UTC); no mail is sent. Returns how many."""
-    from costs.reports.build import generate_report, period_window
     from costs.models import Report
+    from costs.reports.build import generate_report, period_window
 
     start, end = period_window(Report.Kind.DAILY)
     for team in [*Team.objects.all(), None]:

@@ -44,8 +44,8 @@ from jobs.states import StaleState
 from jobs.workload import job_efficiency
 from quotas.models import Budget, Membership, Quota, QuotaEvent, Team, audited_values, priority_classes, scope_to_teams
 from quotas.permissions import ADMIN_ONLY, may_administer
-from runners.base import ClusterUnreachable, UnknownBackend, backend_for
 from runners import health as node_health
+from runners.base import ClusterUnreachable, UnknownBackend, backend_for
 from runners.models import Cluster, Node
 
 from .forms import BudgetForm, CostQueryForm, QuotaForm, SubmitJobForm

@@ -50,13 +50,20 @@ from django.db import connections
 from django.db.models import F
 from django.utils import timezone
 
-from .metrics import RECONCILE_SECONDS
 from runners.base import Backend, ClusterUnreachable, Observation, Owned, UnknownBackend, attempt_key, backend_for
 from runners.cluster_health import set_health
 from runners.models import Cluster
 
-from .lifecycle import (apply_observation, bill_objects, confirm_absent, finish_cancel, recover_or_fail,
-                        redispatch_or_release, seen_again)
+from .lifecycle import (
+    apply_observation,
+    bill_objects,
+    confirm_absent,
+    finish_cancel,
+    recover_or_fail,
+    redispatch_or_release,
+    seen_again,
+)
+from .metrics import RECONCILE_SECONDS
 from .models import Job, JobAttempt, JobState
 from .states import StaleState
 from .workload import collect_before_delete

@@ -24,7 +24,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model

@@ -14,7 +14,6 @@ from core import lookups
 
 from .credentials import EncryptedTextField, split_userinfo, with_userinfo
 
-
 #: The resource flavor of CPU-only work: node pools of nodes without GPUs, jobs with ``gpus_per_node: 0``.
 CPU_ACCELERATOR = "CPU"
 

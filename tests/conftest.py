@@ -9,7 +9,6 @@ import pytest
 from core.lookups import clear_all
 from jobs.scheduling import pacing
 
-
 pytest.register_assert_rewrite("tests.support")  # before pytest_plugins imports them: plain asserts explain failures
 
 pytest_plugins = [

@@ -14,7 +14,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.validators import UniqueValidator
 
-from core.fields import AwareDateTimeField, INT32_MAX, StrictBooleanField, StrictIntegerField
+from core.fields import INT32_MAX, AwareDateTimeField, StrictBooleanField, StrictIntegerField
 from core.limits import THRESHOLD_MAX_PERCENT, threshold_out_of_range
 from runners.models import Accelerator, Cluster
 

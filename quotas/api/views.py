@@ -30,6 +30,7 @@ from .serializers import (
     TeamSerializer,
 )
 
+
 class TeamAdminWriteViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
                             mixins.UpdateModelMixin, ScopedGenericViewSet):
     """List, retrieve, create and update objects that belong to a team; writes need a team admin or staff."""

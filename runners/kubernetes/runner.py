@@ -25,15 +25,25 @@ from collections.abc import Iterable, Iterator
 from urllib.parse import quote
 
 import urllib3
-
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from core.namespaces import team_namespace
 
-from ..base import (ABSENT, SCRAPE_TIMEOUT_SECONDS, Backend, ClusterUnreachable, Observation, Owned,
-                    PermanentDispatchError, PoolCapacity, TransientDispatchError, attempt_key, register)
+from ..base import (
+    ABSENT,
+    SCRAPE_TIMEOUT_SECONDS,
+    Backend,
+    ClusterUnreachable,
+    Observation,
+    Owned,
+    PermanentDispatchError,
+    PoolCapacity,
+    TransientDispatchError,
+    attempt_key,
+    register,
+)
 from ..models import installation_uid
 from . import manifests as m
 from .client import ApiError, ClusterClient, client_for

@@ -435,8 +435,8 @@ def stop_demo_monitoring(monitoring: Monitoring | None) -> None:
 
 def job_average_utilization(job_id: int) -> float | None:
     """Average GPU utilization (percent) of ``job_id``'s attempts, collected now into UtilizationRollup; None: no data."""
-    from costs.models import UtilizationRollup
     from costs.collection import collect_utilization
+    from costs.models import UtilizationRollup
     from jobs.models import JobAttempt
 
     attempts = list(JobAttempt.objects.filter(job_id=job_id, started_at__isnull=False).select_related("cluster"))

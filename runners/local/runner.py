@@ -27,11 +27,28 @@ from pathlib import Path
 
 from django.conf import settings
 
-from ..base import (ABSENT, Backend, Observation, PermanentDispatchError, PoolCapacity, TransientDispatchError,
-                    attempt_key, register)
+from ..base import (
+    ABSENT,
+    Backend,
+    Observation,
+    PermanentDispatchError,
+    PoolCapacity,
+    TransientDispatchError,
+    attempt_key,
+    register,
+)
 from .layout import ATTEMPT_FILE, STOP_FILE, create_exclusive, node_path, read_json, write_json_atomic
-from .procs import (ProcessRef, ProcInfo, boot_id, group_members, proc_table, ref_of, signal_group, signal_name,
-                    signal_process)
+from .procs import (
+    ProcessRef,
+    ProcInfo,
+    boot_id,
+    group_members,
+    proc_table,
+    ref_of,
+    signal_group,
+    signal_name,
+    signal_process,
+)
 
 # A node claimed by a dispatch that never recorded its supervisor (the worker died in between) counts as
 # lost after this many seconds.

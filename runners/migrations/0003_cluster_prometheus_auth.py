@@ -1,8 +1,9 @@
 """Basic-auth credentials of a cluster's Prometheus move out of ``prometheus_url`` into the encrypted
 ``prometheus_auth``; user info in ``api_endpoint`` (which Kubernetes never used) is dropped."""
 
-import runners.credentials
 from django.db import migrations
+
+import runners.credentials
 
 
 def split_credentials_out_of_urls(apps, schema_editor):

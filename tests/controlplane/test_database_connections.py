@@ -13,10 +13,9 @@ from __future__ import annotations
 import queue
 import threading
 import time
-
-import pytest
 from wsgiref.util import setup_testing_defaults
 
+import pytest
 from django.core.wsgi import get_wsgi_application
 from django.db import connection, connections
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, Phase, settings
-
 from django.core.signals import request_finished, request_started
 from django.db import close_old_connections
+from hypothesis import HealthCheck, Phase, settings
 
 from controlplane.wsgi import application
 from jobs.models import JobEvent

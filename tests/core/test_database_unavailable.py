@@ -7,7 +7,6 @@ errors are the real ones: connection refused, and ``sorry, too many clients alre
 
 from __future__ import annotations
 
-
 import pytest
 from django.conf import settings
 from django.db.backends.postgresql.base import DatabaseWrapper

@@ -17,7 +17,6 @@ from django.core.management import call_command
 from costs import prometheus
 from costs.ledgercheck import check_ledger
 from costs.models import DailyCostRollup, UtilizationRollup
-
 from tests.support import synthetic_fleet as F
 
 pytestmark = pytest.mark.django_db

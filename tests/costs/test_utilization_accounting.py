@@ -17,7 +17,6 @@ from costs.models import ClusterMetrics, UtilizationRollup
 from jobs.models import JobState
 from quotas.models import Team
 from runners.models import Cluster
-
 from tests.support import dcgm_shapes as S
 from tests.support.factories import make_attempt, make_cluster, make_job_row
 from tests.support.personas import make_persona, signed_in

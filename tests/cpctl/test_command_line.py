@@ -15,7 +15,6 @@ import pytest
 from jobs.models import Job
 
 from .conftest import REPO, invoke, spawn_cli
-from .test_read import rows
 from .test_submit import EXAMPLE
 
 UNREACHABLE = "http://127.0.0.1:9"

@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO / "examples"))
 import gpt  # noqa: E402
 import serve  # noqa: E402
 
+
 @pytest.mark.parametrize("store_uri", ["memory://", "memory:///", "file:///"])
 def test_a_store_at_the_root_keeps_its_scheme(store_uri: str) -> None:
     """``rstrip('/')`` turned ``memory://`` into ``memory:``, which fsspec reads as a *local relative path*: the

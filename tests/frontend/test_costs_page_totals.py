@@ -1,7 +1,6 @@
 """The costs page's rows add up to the total it shows (rounded by the largest remainder; the ledger stays exact)."""
 
 import datetime as dt
-import re
 from decimal import Decimal
 
 import pytest

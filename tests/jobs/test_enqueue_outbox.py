@@ -6,13 +6,13 @@ from __future__ import annotations
 import base64
 import json
 
-import pytest
 import redis
 from django.conf import settings
 
 from jobs.enqueue import CANCEL_TASK, send_outbox
 from jobs.models import Job, JobState, OutboxTask
 from tests.support.factories import make_attempt, make_job
+
 
 def queued_tasks(server) -> list[tuple[str, list]]:
     """(task name, args) of the messages waiting in the fast queue (the lifecycle's tasks) on ``server``."""

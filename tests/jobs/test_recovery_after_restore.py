@@ -27,9 +27,9 @@ from django.utils import timezone
 from costs.ledger import accrue_running
 from costs.models import CostEntry
 from costs.rollups import totals_mismatches
+from jobs import reconcile
 from jobs.lifecycle import cancel_job, dispatch, finish_cancel
 from jobs.models import Job, JobAttempt, JobState
-from jobs import reconcile
 from jobs.reconcile import expire_end_records, reconcile_all
 from jobs.recovery import decide
 from jobs.scheduling.snapshot import team_used_gpus

@@ -6,12 +6,12 @@ from __future__ import annotations
 import datetime as dt
 from decimal import Decimal
 
+from costs.ledger import accrue_attempt
+from costs.models import CostEntry
 from jobs.lifecycle import dispatch
 from jobs.models import Job, JobState
 from jobs.scheduling.offers import pool_offers
 from jobs.scheduling.snapshot import team_used_gpus
-from costs.ledger import accrue_attempt
-from costs.models import CostEntry
 from tests.support.clusters import state
 
 

@@ -20,7 +20,11 @@ from runners import health
 from runners.kubernetes.sync import sync_cluster
 from runners.models import Node
 from tests.runners.kubernetes.test_node_exact_admission import (  # noqa: F401 (two_clusters is a fixture)
-    add, dispatch_and_schedule, gpu_node, submit, two_clusters,
+    add,
+    dispatch_and_schedule,
+    gpu_node,
+    submit,
+    two_clusters,
 )
 from tests.support.factories import fresh
 from tests.support.kubernetes import Kubelet

@@ -20,8 +20,8 @@ from django.utils import timezone
 from costs.ledger import post_entries
 from costs.models import CostEntry, Price
 from costs.seed import CATALOG_EFFECTIVE_FROM, seed_accelerators, seed_cpu_prices, seed_prices
-from jobs.lifecycle import mark_started, submit_job
 from jobs.efficiency.protocol import RunStats, parse_log
+from jobs.lifecycle import mark_started, submit_job
 from jobs.models import PRIORITY_CLASSES, Job, JobAttempt, JobState, WorkloadMetrics
 from jobs.states import transition
 from quotas.models import Budget, Quota

@@ -7,8 +7,8 @@ cluster or shape.
 
 from django.core.management.base import BaseCommand, CommandError
 
-from costs.models import ClusterMetrics
 from costs.collection import detect_cluster_shape
+from costs.models import ClusterMetrics
 from runners.models import Cluster
 
 

@@ -37,8 +37,16 @@ from .nodebook import (
     workload_of,
 )
 from .placement import UNLIMITED, NodeRoom, PlacementRequest, PoolOffer, matches
-from .rules import (ESTIMATE_QUANTUM, check_budgets, check_cpu_quota, check_quota, cohort_has_room, estimate_cost,
-                    job_estimate, price_text)
+from .rules import (
+    ESTIMATE_QUANTUM,
+    check_budgets,
+    check_cpu_quota,
+    check_quota,
+    cohort_has_room,
+    estimate_cost,
+    job_estimate,
+    price_text,
+)
 from .types import (
     OK,
     Admission,

@@ -39,8 +39,8 @@ import heapq
 from .cohort import CohortBook
 from .evaluate import Evaluator, amount_of, may_preempt
 from .memo import DecisionMemo
-from .order import TeamQueue, behind, behind_message, team_key
 from .nodebook import DEFAULT_PACKING_POLICY, NodeBook, workload_of
+from .order import TeamQueue, behind, behind_message, team_key
 from .positions import Positions
 from .preemption import VictimSearch, victims_were_borrowing
 from .room import Room

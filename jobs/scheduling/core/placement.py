@@ -11,7 +11,6 @@ import functools
 from collections import Counter
 from decimal import Decimal
 
-
 #: CPU or memory of a node that nobody reported (a pool registered by hand): no limit.
 UNLIMITED = 1 << 62
 

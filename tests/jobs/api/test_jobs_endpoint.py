@@ -14,9 +14,8 @@ from django.utils import timezone
 
 from jobs.models import PRIORITY_CLASSES, Job, JobEvent, JobState
 from runners import base
-
-from tests.support.personas import make_persona
 from tests.support.factories import make_attempt, make_job
+from tests.support.personas import make_persona
 
 pytestmark = pytest.mark.usefixtures("alpha_h100_quota")
 

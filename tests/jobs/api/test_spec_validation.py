@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 from django.test import override_settings
+from pydantic import ValidationError
 
 from jobs.models import Job, JobEvent
 from jobs.spec import JobSubmission, error_paths
-from pydantic import ValidationError
 from quotas.models import Quota
 from runners.kubernetes.sync import apply_pools
 from tests.support.factories import make_attempt, make_job

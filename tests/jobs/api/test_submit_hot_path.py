@@ -20,8 +20,8 @@ from rest_framework.test import APIClient
 
 from jobs import lifecycle
 from jobs.models import Job, JobEvent
-from jobs.states import record_event
 from jobs.spec import validated_submission
+from jobs.states import record_event
 
 pytestmark = pytest.mark.usefixtures("alpha_h100_quota")
 

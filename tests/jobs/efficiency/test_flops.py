@@ -6,8 +6,12 @@ from decimal import Decimal
 
 import pytest
 
-from jobs.efficiency.flops import (flops_per_token, model_flops_utilization, transformer_parameters,
-                                   usd_per_million_tokens)
+from jobs.efficiency.flops import (
+    flops_per_token,
+    model_flops_utilization,
+    transformer_parameters,
+    usd_per_million_tokens,
+)
 
 
 def test_flops_per_token_is_6n_plus_12_lhqt():

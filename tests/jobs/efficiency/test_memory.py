@@ -5,8 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.efficiency.memory import (GIB, Layout, activations_per_layer, declaration_errors, estimate, fit_errors,
-                                    smallest_changes)
+from jobs.efficiency.memory import (
+    GIB,
+    Layout,
+    activations_per_layer,
+    declaration_errors,
+    estimate,
+    fit_errors,
+    smallest_changes,
+)
 
 GB = 1e9
 

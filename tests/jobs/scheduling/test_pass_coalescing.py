@@ -9,9 +9,9 @@ import pytest
 from django.conf import settings
 
 from jobs import tasks
-from jobs.scheduling import pacing
 from jobs.lifecycle import submit_job
 from jobs.models import Job, JobState
+from jobs.scheduling import pacing
 from jobs.scheduling.passes import schedule_coalesced
 
 pytestmark = pytest.mark.django_db

@@ -84,7 +84,6 @@ def test_equal_priority_goes_in_submission_order(cluster_factory, quota_factory,
 
 
 def test_preemptions_do_not_use_up_retries_but_losses_do(cluster_factory, quota_factory, h100, alpha, queue_job):
-    from jobs.lifecycle import preempt_attempt
 
     cluster_factory("big", "aws", "us-east-1", h100, nodes=4, price="6.88")
     quota_factory(alpha, h100, nominal=8)

@@ -4,7 +4,6 @@ on input (400 with the reason), and a cluster whose stored credentials fail answ
 from __future__ import annotations
 
 import base64
-import json
 
 import pytest
 import yaml

@@ -7,9 +7,7 @@ One accelerator; teams are numbered; GPU counts are whole GPUs; prices USD/GPU-h
 from decimal import Decimal
 
 from jobs.scheduling.core import FairShareScheduler, TeamState
-
 from tests.support.scheduling import H100, admitted, block_budget, decide, job, pool, running, snapshot, team
-
 
 # --- borrowing, cohorts, lending limits -----------------------------------------------------
 
