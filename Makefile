@@ -51,6 +51,7 @@ demo: install
 	$(PY) manage.py demo $(if $(ONCE),--once,) $(if $(PORT),--port $(PORT),) $(ARGS)
 
 test: install
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-cache
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
 		$(PY) -m pytest $(PYTEST_ARGS)

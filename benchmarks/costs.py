@@ -65,6 +65,7 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC
 from decimal import ROUND_HALF_EVEN, Decimal
+from itertools import pairwise
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -136,7 +137,7 @@ def write_span(path: Path, first: int, blocks: int, nodes: int, teams: int, step
                           f'container="main"}} ')
                 base = utilization(node, gpu, 0, step)  # utilization() = (base + t // step * 11) % 101
                 for steps, tails in pieces:
-                    out.write("".join([prefix + PERCENT[(base + k) % 101] + tail for k, tail in zip(steps, tails)]))
+                    out.write("".join([prefix + PERCENT[(base + k) % 101] + tail for k, tail in zip(steps, tails, strict=True)]))
                     count += len(tails)
         all_tails = [f" {t}\n" for t in range(starts[0], starts[-1] + BLOCK_SECONDS, step)]
         per_block = BLOCK_SECONDS // step
@@ -165,7 +166,7 @@ def spans(days: int) -> list[tuple[int, int]]:
     ``SPAN_SECONDS`` since the epoch, where promtool's blocks of that length begin."""
     lo, hi = int(T0.timestamp()), int(T0.timestamp()) + days * 86400
     cuts = sorted({lo, hi, *range((lo // SPAN_SECONDS + 1) * SPAN_SECONDS, hi, SPAN_SECONDS)})
-    return [((a - lo) // BLOCK_SECONDS, (b - a) // BLOCK_SECONDS) for a, b in zip(cuts, cuts[1:])]
+    return [((a - lo) // BLOCK_SECONDS, (b - a) // BLOCK_SECONDS) for a, b in pairwise(cuts)]
 
 
 def _build_span(job: tuple) -> int:
@@ -372,8 +373,8 @@ def main() -> None:
         main_table, pushed_seconds, pushed_cpu, pushed_client_cpu = min(tables, key=lambda t: t[1])
         per_query = {}
         for kind in ("usage", "idle", "allocated"):
-            _, seconds, cpu, client = timed(proc.pid, lambda: by_day(source, args.days, args.workers,
-                                                                     one_query(kind, args.step)))
+            _, seconds, cpu, client = timed(proc.pid, lambda kind=kind: by_day(source, args.days, args.workers,
+                                                                               one_query(kind, args.step)))
             per_query[kind] = {"s": round(seconds, 3), "prometheus_cpu_s": cpu, "client_cpu_s": client,
                                "cpu_ms_per_million_samples": per_million(cpu, client, samples)}
         pushed = present(main_table, args.days, args.step)

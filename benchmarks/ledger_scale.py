@@ -102,7 +102,7 @@ def build_fleet(attempts: int, now: dt.datetime):
         JobAttempt(job=job, number=1, cluster_id=pools[i % CLUSTERS].cluster_id, node_pool=pools[i % CLUSTERS],
                    gpus=gpus[i], object_name=f"job-{job.pk}-1", usd_per_gpu_hour=Decimal("6.88") + i % CLUSTERS,
                    started_at=started) for i, job in enumerate(jobs)])
-    for job, attempt in zip(jobs, rows):
+    for job, attempt in zip(jobs, rows, strict=True):
         job.current_attempt = attempt
     Job.objects.bulk_update(jobs, ["current_attempt"], batch_size=2000)
     return staff, acc, budgets

@@ -28,7 +28,8 @@ def refuse_unencodable_text(data):
             try:
                 value.encode("utf-8")
             except UnicodeEncodeError as exc:
-                raise ParseError(f"invalid Unicode in the body: {exc.reason} at position {exc.start} of a string")
+                raise ParseError(f"invalid Unicode in the body: {exc.reason} at position {exc.start} of a string") \
+                    from exc
         elif isinstance(value, dict):
             stack.extend(value.keys())
             stack.extend(value.values())

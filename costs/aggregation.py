@@ -78,7 +78,7 @@ def present_sums(sums: dict[tuple, list], group_by: str) -> tuple[list[dict], di
     results = []
     for key in sorted(sums):
         seconds, cost = sums[key]
-        row = dict(zip(keys, key))
+        row = dict(zip(keys, key, strict=True))
         if group_by == "day":
             row["day"] = row["day"].isoformat()
         row.update(gpu_hours=round(float(seconds) / 3600, 6), cost_usd=usd_cents(cost))
@@ -241,7 +241,7 @@ def aggregate_utilization(rollups, group_by: str) -> tuple[list[dict], dict]:
                 s["metrics"].add(r["util_metric"])
     rows = []
     for group in sorted((g for g in sums if g is not None), key=lambda g: tuple(str(x) for x in g)):
-        row = dict(zip(keys, group))
+        row = dict(zip(keys, group, strict=True))
         if group_by == "day":
             row["day"] = row["day"].isoformat()
         row.update(_present(sums[group]))

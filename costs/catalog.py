@@ -8,6 +8,7 @@ instant wins. Prices never apply before their effective time.
 
 import datetime as dt
 from decimal import Decimal
+from itertools import pairwise
 from typing import NamedTuple
 
 from .models import Price
@@ -95,7 +96,7 @@ def price_segments(node_pool, start: dt.datetime, end: dt.datetime) -> list[tupl
     rows = _rows(node_pool)
     cuts = sorted({start, end} | {r.effective_from for r in rows if start < r.effective_from < end})
     segments: list[tuple[dt.datetime, dt.datetime, Decimal]] = []
-    for seg_start, seg_end in zip(cuts, cuts[1:]):
+    for seg_start, seg_end in pairwise(cuts):
         price = price_at(node_pool, seg_start, rows)
         if segments and segments[-1][2] == price:
             segments[-1] = (segments[-1][0], seg_end, price)

@@ -37,6 +37,7 @@ import logging
 from collections import defaultdict
 from datetime import UTC
 from decimal import ROUND_HALF_EVEN, Decimal
+from itertools import pairwise
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import connection, transaction
@@ -105,7 +106,7 @@ def ledger_pieces(node_pool, rows, start: dt.datetime, end: dt.datetime) -> list
         boundary += ENTRY_SPAN
     pieces: list[tuple[dt.datetime, dt.datetime, Decimal | None]] = []
     ordered = sorted(cuts)
-    for lo, hi in zip(ordered, ordered[1:]):
+    for lo, hi in pairwise(ordered):
         try:
             price = rates_at(node_pool, lo, rows)
         except NoPrice:
@@ -332,7 +333,7 @@ def _write_generic(batch: _Batch) -> None:
     for model, names, rows in ((DailyCostRollup, ("day", "team_id", "cluster_id", "accelerator_id"), batch.rollups),
                                (JobDailyCost, ("day", "job_id", "team_id"), batch.job_days)):
         for key, t in sorted(rows.items()):
-            row, _ = model.objects.get_or_create(**dict(zip(names, key)), defaults=zero)
+            row, _ = model.objects.get_or_create(**dict(zip(names, key, strict=True)), defaults=zero)
             row.cost_usd += t.cost
             row.gpu_seconds += t.gpu_seconds
             row.unpriced_gpu_seconds += t.unpriced_gpu_seconds

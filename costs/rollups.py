@@ -117,7 +117,7 @@ def rebuild_totals(start_day: dt.date | None = None, end_day: dt.date | None = N
             if end_day:
                 stale = stale.filter(day__lte=end_day)
             stale.delete()
-            model.objects.bulk_create(model(**dict(zip(names, key)), **dict(zip(_SUMS, sums)))
+            model.objects.bulk_create(model(**dict(zip(names, key, strict=True)), **dict(zip(_SUMS, sums, strict=True)))
                                       for key, sums in groups.items())
         teams: dict[int, list] = defaultdict(_zero)
         for row in rollup_model.objects.values_list("team_id", *_SUMS):
@@ -126,7 +126,7 @@ def rebuild_totals(start_day: dt.date | None = None, end_day: dt.date | None = N
         spend_model.objects.exclude(team_id__in=list(teams)).update(
             cost_usd=0, gpu_seconds=0, unpriced_gpu_seconds=0, entries=0)
         for team, sums in teams.items():
-            spend_model.objects.update_or_create(team_id=team, defaults=dict(zip(_SUMS, sums)))
+            spend_model.objects.update_or_create(team_id=team, defaults=dict(zip(_SUMS, sums, strict=True)))
         return len(rollups) + len(job_days)
 
 

@@ -170,7 +170,7 @@ def _per_job(chunk: list[Move], name: str):
     first = values[0]
     if all(v == first and type(v) is type(first) for v in values):
         return Value(first, output_field=field)
-    return Case(*[When(pk=m.job.pk, then=Value(v, output_field=field)) for m, v in zip(chunk, values)],
+    return Case(*[When(pk=m.job.pk, then=Value(v, output_field=field)) for m, v in zip(chunk, values, strict=True)],
                 output_field=field)
 
 

@@ -92,7 +92,7 @@ def _top_jobs(team: Team | None, start: dt.datetime, end: dt.datetime) -> list[d
                       "gpu_hours": round(float(sum((seconds for _, (seconds, _) in rest), Decimal(0))) / 3600, 6),
                       "cost": sum((cost for _, (_, cost) in rest), Decimal(0))})
     cents, _ = largest_remainder([r.pop("cost") for r in shown])
-    for row, value in zip(shown, cents):
+    for row, value in zip(shown, cents, strict=True):
         row["cost_usd"] = str(value)
     return shown
 

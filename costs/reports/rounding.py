@@ -42,7 +42,7 @@ def balanced_window(group_by: str, start: dt.datetime | None, end: dt.datetime |
     sums = window_sums(group_by, start, end, scope=scope, team_slug=team_slug)
     rows, total = present_sums(sums, group_by)
     rounded, shown_total = largest_remainder([sums[key][1] for key in sorted(sums)])  # present_sums' row order
-    for row, cents in zip(rows, rounded):
+    for row, cents in zip(rows, rounded, strict=True):
         row["cost_usd"] = str(cents)
     total["cost_usd"] = str(shown_total)
     return rows, total

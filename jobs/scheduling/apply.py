@@ -124,7 +124,7 @@ def _apply_together(decisions: list[Admission], now: dt.datetime) -> list[tuple[
             outcomes.append(("admitted", None))
         committed = _commit(admitted)
         return [("skipped", None) if o == "admitted" and decision.job.job_id not in committed else (o, v)
-                for (o, v), decision in zip(outcomes, decisions)]
+                for (o, v), decision in zip(outcomes, decisions, strict=True)]
 
 
 def apply_admission(decision: Admission, now: dt.datetime) -> tuple[str, Verdict | None]:
@@ -145,7 +145,7 @@ def apply_admission(decision: Admission, now: dt.datetime) -> tuple[str, Verdict
             victims.append(victim)
         accelerator_id = decision.accelerator_id or job.accelerator_id
         lock_pools(accelerator_id)
-        for victim, v in zip(victims, decision.victims):
+        for victim, v in zip(victims, decision.victims, strict=True):
             attempt = JobAttempt.objects.get(pk=v.attempt_id)
             preempt_attempt(victim, attempt, reason=f"preempted for job {job.pk} of team {team.slug}, "
                                                     f"within its nominal quota, while team {victim.team_id} borrows")
@@ -179,9 +179,9 @@ def _commit(admitted: list[tuple[Job, Admission]], victims=()) -> set[int]:
                    node_pool_id=a.offer.node_pool_id, gpus=job.total_gpus,
                    object_name=attempt_object_name(job.pk, numbers.get(job.pk, 0) + 1, uid),
                    usd_per_gpu_hour=a.offer.usd_per_gpu_hour, placement=attempt_placement(a))
-        for (job, a), uid in zip(admitted, uids)])
+        for (job, a), uid in zip(admitted, uids, strict=True)])
     moves = []
-    for (job, a), attempt in zip(admitted, attempts):
+    for (job, a), attempt in zip(admitted, attempts, strict=True):
         offer = a.offer
         data = {"cluster": offer.cluster_name, "node_pool_id": offer.node_pool_id, "estimate_usd": str(a.estimate_usd)}
         if attempt.placement:
@@ -193,10 +193,10 @@ def _commit(admitted: list[tuple[Job, Admission]], victims=()) -> set[int]:
                           fields={"current_attempt": attempt,
                                   "estimated_cost_usd": job.accrued_cost_usd + a.estimate_usd}))
     moved = {job.pk for job in transition_many(moves, JobState.ADMITTED)}
-    stale = [attempt.pk for (job, _), attempt in zip(admitted, attempts) if job.pk not in moved]
+    stale = [attempt.pk for (job, _), attempt in zip(admitted, attempts, strict=True) if job.pk not in moved]
     if stale:
         JobAttempt.objects.filter(pk__in=stale).delete()
-    for (job, _), attempt in zip(admitted, attempts):
+    for (job, _), attempt in zip(admitted, attempts, strict=True):
         if job.pk in moved:
             enqueue_dispatch(attempt.pk)
     return moved

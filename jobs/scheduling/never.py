@@ -131,7 +131,7 @@ def _capped_everywhere(team: Team, accelerator: Accelerator, pools, counts, tota
     _, _, caps = _team_quotas(team.pk, accelerator.pk)
     if not caps:
         return ""
-    usable = {p[0]: p[1] for p, c in zip(pools, counts) if c}
+    usable = {p[0]: p[1] for p, c in zip(pools, counts, strict=True) if c}
     if not usable or any(caps.get(cid, total) >= total for cid in usable):
         return ""
     listed = ", ".join(f"{usable[cid]} {caps[cid]}" for cid in sorted(usable, key=usable.get))

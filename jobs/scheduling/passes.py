@@ -41,7 +41,7 @@ def run_pass(loaded: Loaded, decisions: Decisions, now: dt.datetime, *, position
     otherwise each job keeps its stored ones."""
     result = PassResult()
     infos: dict[int, tuple[str, str, dict]] = {}
-    for decision, (outcome, verdict) in zip(decisions.admissions, apply_admissions(decisions.admissions, now)):
+    for decision, (outcome, verdict) in zip(decisions.admissions, apply_admissions(decisions.admissions, now), strict=True):
         if outcome == "admitted":
             result.admitted.append(decision.job.job_id)
             metrics.ADMISSIONS.inc()

@@ -333,8 +333,9 @@ class PriorityClassSerializer(serializers.ModelSerializer):
         try:
             with transaction.atomic():
                 return save()
-        except IntegrityError:
+        except IntegrityError as exc:
             others = PriorityClass.objects.exclude(pk=getattr(instance, "pk", None))
             errors = {field: [f"priority class with this {field} already exists."]
                       for field in ("name", "value") if field in data and others.filter(**{field: data[field]}).exists()}
-            raise serializers.ValidationError(errors or {"non_field_errors": ["conflicts with another priority class"]})
+            raise serializers.ValidationError(
+                errors or {"non_field_errors": ["conflicts with another priority class"]}) from exc

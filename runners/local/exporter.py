@@ -80,6 +80,11 @@ def cpu_times(pid: int) -> tuple[int, int, int] | None:
         return None
 
 
+def _text(value) -> str:
+    """An NVML string as text: older NVML bindings return bytes, newer ones str."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def uptime_seconds() -> float:
     return float((PROC / "uptime").read_text().split()[0])
 
@@ -173,10 +178,9 @@ def nvml_gpus() -> list[GpuReading]:
         readings = []
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            text = lambda v: v.decode() if isinstance(v, bytes) else v
             readings.append(GpuReading(
-                index, text(pynvml.nvmlDeviceGetUUID(handle)), text(pynvml.nvmlDeviceGetPciInfo(handle).busId),
-                text(pynvml.nvmlDeviceGetName(handle)), float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+                index, _text(pynvml.nvmlDeviceGetUUID(handle)), _text(pynvml.nvmlDeviceGetPciInfo(handle).busId),
+                _text(pynvml.nvmlDeviceGetName(handle)), float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu),
                 pynvml.nvmlDeviceGetMemoryInfo(handle).used / MIB,
             ))
         return readings

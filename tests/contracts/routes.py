@@ -71,7 +71,7 @@ def api_routes() -> list[Route]:
     """Every (method, URL) the ``/api/v1/`` router serves, from its registry, in registration order."""
     router = api_router()
     routes = []
-    for prefix, viewset, basename in router.registry:
+    for prefix, viewset, _basename in router.registry:
         lookup = getattr(viewset, "lookup_field", "pk")
         for route in router.get_routes(viewset):
             # "^{prefix}/{lookup}/cancel{trailing_slash}$" -> "/api/v1/jobs/{lookup}/cancel/"

@@ -77,7 +77,7 @@ def test_a_busy_worker_survives_redis_going_away_and_coming_back(catalog, cluste
     submitter = threading.Thread(target=stream)
     try:
         for name in ("worker.log", "doomed.log"):
-            assert wait_for(lambda: "ready" in (tmp_path / name).read_text(errors="replace"), 60), \
+            assert wait_for(lambda name=name: "ready" in (tmp_path / name).read_text(errors="replace"), 60), \
                 (tmp_path / name).read_text(errors="replace")[-3000:]
         submitter.start()
         # the worker is busy: it admits the stream as it comes

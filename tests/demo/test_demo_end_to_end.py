@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 from decimal import Decimal
+from itertools import pairwise
 from pathlib import Path
 
 import psycopg
@@ -82,7 +83,7 @@ def test_demo_once_trains_and_charges_with_real_workers(tmp_path):
     assert entries, "the training attempt was never charged"
     # The entries tile [started, ended) exactly: no gap, no overlap.
     assert entries[0][0] == started and entries[-1][1] == ended
-    assert all(a[1] == b[0] for a, b in zip(entries, entries[1:]))
+    assert all(a[1] == b[0] for a, b in pairwise(entries))
     total = Decimal(0)
     for start, end, n, price, amount in entries:
         seconds = Decimal((end - start) // dt.timedelta(microseconds=1)) / Decimal(10**6)

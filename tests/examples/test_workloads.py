@@ -63,7 +63,7 @@ def run_indexed_job(args: list[str], workdir: Path, nodes: int = 2) -> list[tupl
         for proc in procs:
             proc.wait(timeout=max(1.0, deadline - time.monotonic()))
         results = []
-        for proc, log in zip(procs, logs):
+        for proc, log in zip(procs, logs, strict=True):
             log.seek(0)
             results.append((proc.returncode, log.read()))
         return results

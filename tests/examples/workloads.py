@@ -67,7 +67,7 @@ def attempt(args: list[str], ckpt_dir: Path, uri: str, nodes: int = 1) -> str:
             procs.append(subprocess.Popen([sys.executable, str(TRAIN), *args], cwd=REPO, env=env, text=True,
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
         outputs = [proc.communicate(timeout=TIMEOUT_S)[0] for proc in procs]
-        for rank, (proc, out) in enumerate(zip(procs, outputs)):
+        for rank, (proc, out) in enumerate(zip(procs, outputs, strict=True)):
             assert proc.returncode == 0, f"rank {rank} exited {proc.returncode}:\n{out[-4000:]}"
         return outputs[0]
     finally:

@@ -111,7 +111,7 @@ def test_the_costs_chart_spans_the_chosen_days_on_a_date_axis(live_server, costs
     assert chart["labels"] == expected and chart["x_title"] == "Day (UTC)" and chart["type"] == "bar"
     expect(page.get_by_label("From (UTC day)")).to_have_value(expected[0])  # the inputs say which days these are
     expect(page.get_by_label("To (UTC day, inclusive)")).to_have_value(expected[-1])
-    assert dict(zip(chart["labels"], chart["values"])) == {
+    assert dict(zip(chart["labels"], chart["values"], strict=True)) == {
         d: float(days.get(dt.date.fromisoformat(d), 0)) for d in expected}
     shoot(page, "costs-30-days")
 
@@ -229,7 +229,7 @@ def test_why_it_waits_reads_as_words_and_stays_inside_the_page(live_server, flee
     box = page.locator("#queue-info")
     expect(box).to_contain_text("Queue position 3 overall, 2 within the team.")
     expect(box.locator("#queue-message")).to_contain_text("it runs when job 41 ends")
-    facts = dict(zip(box.locator("dt").all_text_contents(), box.locator("dd").all_text_contents()))
+    facts = dict(zip(box.locator("dt").all_text_contents(), box.locator("dd").all_text_contents(), strict=True))
     assert facts["Request GPUs"] == "8" and facts["Lending limit GPUs"] == "no limit"
     assert facts["Blocking job ids"] == "41, 42"
     assert "request_gpus" not in box.text_content() and "None" not in box.text_content()

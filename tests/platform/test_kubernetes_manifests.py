@@ -267,7 +267,7 @@ def test_the_web_allows_its_pod_ip_as_host():
 def test_the_probe_paths_are_the_projects_health_views():
     expected = {"startupProbe": "healthz", "livenessProbe": "healthz", "readinessProbe": "readyz"}
     probed = set()
-    for obj, container in containers(render(BASE)):
+    for _obj, container in containers(render(BASE)):
         ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
         for probe, view in expected.items():
             http = container.get(probe, {}).get("httpGet")
@@ -287,7 +287,7 @@ def test_every_pod_runs_unprivileged_on_a_read_only_root_with_a_writable_var(dir
     objects = render(directory)
     var_dir = "/app/var"
     assert by_key(objects)["ConfigMap", "controlplane-config"]["data"]["CONTROLPLANE_VAR_DIR"] == var_dir
-    for obj, pod in pods(objects):
+    for _obj, pod in pods(objects):
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["automountServiceAccountToken"] is False
         emptydirs = {v["name"] for v in pod["volumes"] if "emptyDir" in v}

@@ -83,7 +83,7 @@ def dcgm_health_prometheus(tmp_path_factory) -> str:
 
 
 @pytest.fixture
-def fleet(two_clusters, settings, dcgm_health_prometheus):
+def fleet(two_clusters, settings, dcgm_health_prometheus):  # noqa: F811 (the imported fixture, by name)
     """The two emulated clusters (cheap at 2.00, dear at 9.00 USD/GPU-h) read from the DCGM Prometheus (one for
     both, a ``cluster`` label each); ``(emulators, clusters)``."""
     settings.COSTS_PROMETHEUS_URL = dcgm_health_prometheus

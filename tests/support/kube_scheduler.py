@@ -38,7 +38,7 @@ def pod_requests(pod: dict) -> tuple:
     for c in (pod.get("spec") or {}).get("containers") or []:
         res = c.get("resources") or {}
         asked = quantities({**(res.get("limits") or {}), **(res.get("requests") or {})})
-        total = [a + b for a, b in zip(total, asked)]
+        total = [a + b for a, b in zip(total, asked, strict=True)]
     return tuple(total)
 
 

@@ -68,7 +68,7 @@ def scheduler_processes(count: int, broker_url: str, workdir: Path):
     finally:
         stop.touch()
         outputs = [p.communicate(timeout=60) for p in processes]
-    for p, (out, err) in zip(processes, outputs):
+    for p, (out, err) in zip(processes, outputs, strict=True):
         assert p.returncode == 0, err
         assert json.loads(out.strip().splitlines()[-1])["passes"] > 0
 

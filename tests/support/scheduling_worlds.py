@@ -144,7 +144,7 @@ def crowded_worlds(draw):
     pools = [(p, H100, draw(st.integers(1, 2)), 8, draw(st.sampled_from(["2.99", "4.20"])), "on-demand", 1)
              for p in range(1, draw(st.integers(1, 3)) + 1)]
     running = []
-    for pid, _, nodes, gpn, *_ in pools:
+    for pid, _, nodes, _gpn, *_ in pools:
         for node in range(nodes):
             for _ in range(draw(st.integers(0, 2))):
                 running.append((900 + len(running), draw(st.integers(1, n_teams)), pid, H100, node,

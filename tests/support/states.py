@@ -4,6 +4,7 @@ checks that a job's events follow it."""
 from __future__ import annotations
 
 from collections import defaultdict
+from itertools import pairwise
 
 from jobs.models import JobEvent, JobState
 
@@ -43,7 +44,7 @@ def assert_event_chains_valid(jobs) -> dict[int, list]:
         events[event.job_id].append(event)
     for job in jobs:
         chain = events[job.pk]
-        for before, after in zip(chain, chain[1:]):
+        for before, after in pairwise(chain):
             assert after.from_state == before.to_state, (job, [(e.kind, e.from_state, e.to_state) for e in chain])
             if after.kind == "state":
                 assert (after.from_state, after.to_state) in EXPECTED_EDGES

@@ -14,6 +14,7 @@ import datetime as dt
 import random
 from datetime import UTC
 from decimal import ROUND_HALF_EVEN, Decimal
+from itertools import pairwise
 
 T0 = dt.datetime(2026, 3, 2, tzinfo=UTC)  # a Monday; long before "now", so blocks are immutable history
 DAYS = 3
@@ -90,7 +91,7 @@ class Fleet:
         spec = next(c for c in CLUSTERS if c.name == job.cluster)
         cuts = sorted({lo, hi} | {p[0] for p in spec.prices if lo < p[0] < hi})
         return sum((Decimal(job.gpus) * Decimal((b - a).total_seconds()) * self.price_at(job.cluster, a) / 3600
-                    for a, b in zip(cuts, cuts[1:])), Decimal(0))
+                    for a, b in pairwise(cuts)), Decimal(0))
 
     @staticmethod
     def cents(amount: Decimal) -> str:

@@ -274,7 +274,7 @@ class NodeBook:
             if not bucket:
                 continue
             # Nodes with less free CPU than asked come first in the bucket: start after them.
-            for fc, fm, i in bucket[bisect.bisect_left(bucket, (c, -1, -1)):]:
+            for _fc, fm, i in bucket[bisect.bisect_left(bucket, (c, -1, -1)):]:
                 if fm >= m:
                     yield i
 

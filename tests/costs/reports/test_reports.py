@@ -17,11 +17,11 @@ from django_celery_beat.schedulers import ModelEntry
 from controlplane.celery import app
 
 app.loader.import_default_modules()  # what a worker and beat do at start: autodiscover every app's tasks.py
-from costs.models import CostEntry, Report, UtilizationRollup
-from costs.reports.build import build_report_data, generate_report, period_window
-from costs.reports.schedules import TASK, ensure_report_schedules
-from quotas.models import Budget, Quota
-from tests.support.factories import make_attempt, make_cluster, make_cost_entry, make_job
+from costs.models import CostEntry, Report, UtilizationRollup  # noqa: E402 (after the tasks are loaded)
+from costs.reports.build import build_report_data, generate_report, period_window  # noqa: E402 (after the tasks are loaded)
+from costs.reports.schedules import TASK, ensure_report_schedules  # noqa: E402 (after the tasks are loaded)
+from quotas.models import Budget, Quota  # noqa: E402 (after the tasks are loaded)
+from tests.support.factories import make_attempt, make_cluster, make_cost_entry, make_job  # noqa: E402 (after the tasks are loaded)
 
 pytestmark = pytest.mark.django_db
 DAY = dt.datetime(2026, 3, 10, tzinfo=UTC)  # the reported day: [DAY, DAY + 1 day)
@@ -34,7 +34,6 @@ def cents(x: Decimal) -> str:
 
 def entry(attempt, start: dt.datetime, hours: Decimal, price: str) -> CostEntry:
     """A ledger line: ``attempt``'s GPUs over ``hours`` from ``start`` at ``price`` USD/GPU-hour."""
-    job = attempt.job
     return make_cost_entry(attempt, start, dt.timedelta(seconds=float(hours * 3600)),
                            attempt.gpus * hours * Decimal(price), usd_per_gpu_hour=price)
 

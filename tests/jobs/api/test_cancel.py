@@ -134,7 +134,7 @@ def test_two_concurrent_cancels(owner, teammate, aws_cluster, h100, teams, redis
             c = APIClient()
             c.credentials(HTTP_AUTHORIZATION=f"Token {persona.key}")
             clients.append(c)
-        results, errors = run_concurrently(*(lambda c=c: c.post(f"/api/v1/jobs/{job.pk}/cancel/").status_code
+        results, errors = run_concurrently(*(lambda c=c, job=job: c.post(f"/api/v1/jobs/{job.pk}/cancel/").status_code
                                          for c in clients))
         assert not errors, errors
         assert sorted(results) == [200, 409], results

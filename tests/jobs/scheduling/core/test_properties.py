@@ -57,7 +57,7 @@ def check_state(world, running: dict[int, RunningJob]) -> None:
     used = {t[0]: 0 for t in teams_spec}
     for r in running.values():
         used[r.team_id] += r.gpus
-    for t, nominal, borrowing, lending, cohort, _ in teams_spec:
+    for t, nominal, borrowing, _lending, _cohort, _ in teams_spec:
         assert used[t] <= nominal + borrowing, (t, used[t], nominal, borrowing)
     for cohort in (0, 1):
         members = [t for t in teams_spec if t[4] == cohort]
@@ -86,7 +86,7 @@ def test_invariants_hold_over_repeated_cycles_and_a_fixed_point_is_reached(world
     running: dict[int, RunningJob] = {}
     clock = 100.0
     quiet = 0
-    for cycle in range(2 * len(jobs_spec) + 4):
+    for _cycle in range(2 * len(jobs_spec) + 4):
         decisions = FairShareScheduler(build(world, running, queue)).full_pass()
         decided = {a.job.job_id for a in decisions.admissions} | {r.job.job_id for r in decisions.rejections}
         assert set(decisions.waiting) == set(queue) - decided  # every job left waiting has a reason
