@@ -11,11 +11,15 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobs.scheduling.core import FairShareScheduler, QueuedJob, RunningJob, Snapshot
+from jobs.scheduling.core import DecisionMemo, FairShareScheduler, NullMemo, QueuedJob, RunningJob, Snapshot
 from tests.support import scheduling as pure
+
+#: Every property runs with the memo a pass uses and with the one that remembers nothing.
+MEMOS = pytest.mark.parametrize("memo", [DecisionMemo, NullMemo], ids=["memo", "null-memo"])
 
 PRICES = [Decimal("2.99"), Decimal("4.20"), Decimal("6.88")]
 
@@ -76,9 +80,10 @@ def check_state(world, running: dict[int, RunningJob]) -> None:
         assert all(used <= gpn for used in on_node.values()), on_node
 
 
+@MEMOS
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(worlds())
-def test_invariants_hold_over_repeated_cycles_and_a_fixed_point_is_reached(world):
+def test_invariants_hold_over_repeated_cycles_and_a_fixed_point_is_reached(memo, world):
     teams_spec, pools_spec, jobs_spec = world
     nominal = {t[0]: t[1] for t in teams_spec}
     pools = {p[0]: p for p in pools_spec}
@@ -87,7 +92,7 @@ def test_invariants_hold_over_repeated_cycles_and_a_fixed_point_is_reached(world
     clock = 100.0
     quiet = 0
     for _cycle in range(2 * len(jobs_spec) + 4):
-        decisions = FairShareScheduler(build(world, running, queue)).full_pass()
+        decisions = FairShareScheduler(build(world, running, queue), memo=memo()).full_pass()
         decided = {a.job.job_id for a in decisions.admissions} | {r.job.job_id for r in decisions.rejections}
         assert set(decisions.waiting) == set(queue) - decided  # every job left waiting has a reason
         for a in decisions.admissions:
@@ -130,11 +135,12 @@ def _shape(jobs_spec, job_id):
     return nodes, gpn, prio, pre
 
 
+@MEMOS
 @settings(max_examples=100, deadline=None)
 @given(worlds())
-def test_positions_number_every_waiting_job_once_in_each_team_and_overall(world):
+def test_positions_number_every_waiting_job_once_in_each_team_and_overall(memo, world):
     queue = {jid: queued(jid, team, nodes, gpn, prio, pre) for jid, team, nodes, gpn, prio, pre in world[2]}
-    d = FairShareScheduler(build(world, {}, queue)).full_pass()
+    d = FairShareScheduler(build(world, {}, queue), memo=memo()).full_pass()
     overall = sorted(w.overall_position for w in d.waiting.values())
     assert overall == list(range(1, len(d.waiting) + 1))
     for t in {w.job.team_id for w in d.waiting.values()}:
