@@ -18,6 +18,9 @@ accelerator), the ``JobDailyCost`` rows (UTC day x job) and the job's
 the entries gained, so budgets and cost queries read totals, not entries.
 ``costs.rollups.rebuild_totals`` recomputes them from the entries.
 
+A live attempt is billed up to its cluster's last contact, not up to now: time no look observed (the cluster or the
+control plane down) is billed once a look sees the pods again, up to their end as reconcile recorded it.
+
 Accrual continues from ``attempt.accrued_until`` under the job and attempt
 row locks (lock order: team and cluster rows, key share only, as the
 entries' foreign keys need -> job -> attempt -> totals rows -> entries); the
@@ -174,12 +177,12 @@ def held_cpu(placement) -> tuple[int, int]:
 def _locked_rows(attempts) -> list[tuple]:
     """The attempts of ``attempts`` (a JobAttempt queryset, locks included) as plain tuples for ``_plan``:
     (id, job, team, cluster, node pool, accelerator, GPUs, started_at, ended_at, accrued_until, CPU millicores,
-    memory MiB); the last two (``held_cpu``) are billed on CPU node pools only."""
+    memory MiB, the cluster's last contact); CPU and memory (``held_cpu``) are billed on CPU node pools only."""
     return [(a.pk, a.job_id, a.job.team_id, a.cluster_id, a.node_pool_id, a.node_pool.accelerator_id, a.gpus,
-             a.started_at, a.ended_at, a.accrued_until, *held_cpu(a.placement))
-            for a in attempts.select_related("job", "node_pool").only(
+             a.started_at, a.ended_at, a.accrued_until, *held_cpu(a.placement), a.cluster.last_contact_at)
+            for a in attempts.select_related("job", "node_pool", "cluster").only(
                 "pk", "job_id", "job__team_id", "cluster_id", "node_pool_id", "node_pool__accelerator_id", "gpus",
-                "started_at", "ended_at", "accrued_until", "placement")]
+                "started_at", "ended_at", "accrued_until", "placement", "cluster__last_contact_at")]
 
 
 def _due(until: dt.datetime):
@@ -202,8 +205,12 @@ def _plan(batch: _Batch, row: tuple, open_entry: CostEntry | None, pool, rows, u
     ``reconstructed``: the time is rebuilt after a restore (``reconstruct_gap``): new entries only, each flagged,
     never an extension of an entry the restored ledger had."""
     attempt_id, job_id, team_id, cluster_id, _pool_id, accelerator_id, gpus, started_at, ended_at, accrued = row[:10]
-    units = (gpus, *row[10:12])
-    end = min(until, ended_at) if ended_at is not None else until
+    units, observed = (gpus, *row[10:12]), row[12]
+    # A live attempt is billed up to the last time its cluster answered, never on belief: while the cluster (or the
+    # control plane) cannot look, nobody knows whether its pods still run. Once a look comes back, the attempt's
+    # time is billed on from there to its end as reconcile learned it (the pods' own finish time), so every
+    # observed pod-second is billed once and a second past the pods' end never (invariant ``billed_once``).
+    end = min(until, ended_at) if ended_at is not None else min(until, observed or until)
     start = accrued or started_at
     if end <= start:
         return Decimal(0)
@@ -387,7 +394,9 @@ def _share_keys(team_ids, cluster_ids, *, skip_locked: bool) -> tuple[set[int], 
 def accrue_attempt(attempt_id: int, until: dt.datetime | None = None, *, reconstructed: bool = False) -> Decimal:
     """Write ledger entries for attempt ``attempt_id`` from where accrual stopped up to ``until``.
 
-    ``until`` defaults to now and is capped at the attempt's end; an attempt
+    ``until`` defaults to now and is capped at the attempt's end, and for a
+    live attempt at its cluster's last contact (``Cluster.last_contact_at``:
+    time nobody observed is not billed until a look sees it); an attempt
     that never started costs nothing. Returns the priced USD added (0 when
     nothing was due, as on a repeated call). Where no price is in force the
     GPU-hours are written with an unknown cost (they add nothing to the
