@@ -336,6 +336,13 @@ DISPATCH_DEADLINE_SECONDS = env.float("DISPATCH_DEADLINE_SECONDS", default=300.0
 # A pod the kube-scheduler still calls Unschedulable this long after its creation gives its attempt's quota and
 # nodes back and its job returns to the queue with the scheduler's message.
 K8S_UNSCHEDULABLE_GRACE_SECONDS = env.float("K8S_UNSCHEDULABLE_GRACE_SECONDS", default=180.0)
+# A preemptible job preempted this many times before any of its attempts ran (reached RUNNING) is protected: its
+# next attempt is not a preemption victim until it has run PREEMPTION_PROTECTION_SECONDS from its dispatch, so a
+# borrower that a lender's arrivals keep reclaiming before dispatch runs at last (bounded preemption before run,
+# docs/adr/0015). KAI Scheduler protects a reclaimable workload for a queue's minimum runtime the same way; 0 protects
+# every attempt of a preemptible job for that long.
+PREEMPTION_BEFORE_RUN_LIMIT = env.int("PREEMPTION_BEFORE_RUN_LIMIT", default=2)
+PREEMPTION_PROTECTION_SECONDS = env.float("PREEMPTION_PROTECTION_SECONDS", default=600.0)
 # Consecutive failed probes before a cluster is marked unreachable (one failure is only "degraded").
 CLUSTER_UNREACHABLE_AFTER_FAILURES = env.int("CLUSTER_UNREACHABLE_AFTER_FAILURES", default=3)
 # Seconds the running jobs of an unreachable cluster are left alone before their attempts are recovered elsewhere.

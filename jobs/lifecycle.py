@@ -628,7 +628,9 @@ def preempt_attempt(job: Job, attempt: JobAttempt, *, reason: str, actor=None,
     The job is requeued with its original priority and submission time
     (resuming from its checkpoint); its objects are deleted on commit by
     ``jobs.tasks.delete_attempt_objects`` (reconcile's orphan cleanup is the
-    safety net). Neither end counts against ``max_retries``. Raises
+    safety net). Neither end counts against ``max_retries``. A preemption of an attempt that never ran (ADMITTED or
+    STARTING) adds one to ``Job.preempted_before_run``, of a running one sets it to 0 (``PREEMPTION_BEFORE_RUN_LIMIT``
+    protects the job from there). Raises
     StaleState or InvalidTransition (and writes nothing) like ``transition``.
     """
     now = timezone.now()
@@ -644,6 +646,10 @@ def preempt_attempt(job: Job, attempt: JobAttempt, *, reason: str, actor=None,
             job.state = before
             raise StaleState(job.pk, before)
         attempt.ended_at, attempt.end_reason = now, end_reason
+        if end_reason == JobAttempt.EndReason.PREEMPTED:
+            # Counted toward the protection of ``PREEMPTION_BEFORE_RUN_LIMIT`` while no attempt ran; reset once one did.
+            count = F("preempted_before_run") + 1 if before in (S.ADMITTED, S.STARTING) else 0
+            Job.objects.filter(pk=job.pk).update(preempted_before_run=count)
         enqueue_delete_attempt(attempt.pk)
     enqueue_final_accrual(attempt.pk)
     return job

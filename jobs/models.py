@@ -72,6 +72,9 @@ class Job(models.Model):
     max_retries = models.PositiveIntegerField(default=0)
     # Pods per node of the job: serving replicas of an inference job (each a copy of the node), 1 for training.
     replicas = models.PositiveIntegerField(default=1)
+    # Preemptions of this job's attempts in a row before one of them ran (reached RUNNING); a preemption of a running
+    # attempt sets it back to 0. At PREEMPTION_BEFORE_RUN_LIMIT the next attempt is protected (docs/adr/0015).
+    preempted_before_run = models.PositiveIntegerField(default=0)
 
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.QUEUED, db_index=True)
     state_reason = models.CharField(max_length=500, blank=True)

@@ -343,12 +343,27 @@ def load_snapshot(now: dt.datetime, *, job_ids: list[int] | None = None, limit: 
         running_job(job_id, attempt_id, team_id, acc, pool_id, gpus, priority, (admitted_at or created_at).timestamp(),
                     placement)
         for attempt_id, job_id, team_id, acc, pool_id, gpus, priority, admitted_at, created_at, placement in
-        JobAttempt.objects.filter(ended_at__isnull=True, job__preemptible=True, job__current_attempt_id=F("pk"),
-                                  job__state__in=[JobState.ADMITTED, JobState.STARTING, JobState.RUNNING])
+        protected_attempts(JobAttempt.objects.filter(
+            ended_at__isnull=True, job__preemptible=True, job__current_attempt_id=F("pk"),
+            job__state__in=[JobState.ADMITTED, JobState.STARTING, JobState.RUNNING]), now, exclude=True)
         .values_list("pk", "job_id", "job__team_id", "node_pool__accelerator_id", "node_pool_id", "gpus",
                      "job__priority", "job__admitted_at", "created_at", "placement")
     ] if accelerators else []
     return Loaded(Snapshot(teams, pools, queue, running, unpriced, settings.SCHEDULING_PACKING_POLICY), {r["pk"]: r for r in rows})
+
+
+def protected_attempts(attempts, now: dt.datetime, *, exclude: bool = False):
+    """The live attempts of ``attempts`` (a JobAttempt queryset) that no preemption may end now (``exclude``: the
+    others): their job was preempted ``PREEMPTION_BEFORE_RUN_LIMIT`` times in a row before any attempt ran, and
+    this attempt was dispatched less than ``PREEMPTION_PROTECTION_SECONDS`` ago, or not yet.
+
+    Class: a borrower admitted and reclaimed before it ever runs, again and again (an admit/preempt loop); invariant:
+    a job is preempted at most ``PREEMPTION_BEFORE_RUN_LIMIT`` times before it runs (docs/adr/0015).
+    """
+    since = now - dt.timedelta(seconds=settings.PREEMPTION_PROTECTION_SECONDS)
+    protected = Q(job__preempted_before_run__gte=settings.PREEMPTION_BEFORE_RUN_LIMIT) & (
+        Q(started_at__isnull=True) | Q(started_at__gt=since))
+    return attempts.exclude(protected) if exclude else attempts.filter(protected)
 
 
 def running_job(job_id: int, attempt_id: int, team_id: int, accelerator_id: int, pool_id: int, gpus: int,
