@@ -343,7 +343,10 @@ K8S_UNSCHEDULABLE_GRACE_SECONDS = env.float("K8S_UNSCHEDULABLE_GRACE_SECONDS", d
 # every attempt of a preemptible job for that long.
 PREEMPTION_BEFORE_RUN_LIMIT = env.int("PREEMPTION_BEFORE_RUN_LIMIT", default=2)
 PREEMPTION_PROTECTION_SECONDS = env.float("PREEMPTION_PROTECTION_SECONDS", default=600.0)
-# Consecutive failed probes before a cluster is marked unreachable (one failure is only "degraded").
+# Consecutive failed probes before a cluster is marked unreachable (one failure is only "degraded"). A stored
+# credential that does not decrypt, or one the cluster refuses (401), is a failed probe of that cluster alone
+# (docs/adr/0016: the failure domain is one cluster), counted like a timeout: Kueue's MultiKueue also marks a worker
+# cluster inactive on its own and requeues its workloads after workerLostTimeout (15 min).
 CLUSTER_UNREACHABLE_AFTER_FAILURES = env.int("CLUSTER_UNREACHABLE_AFTER_FAILURES", default=3)
 # Seconds the running jobs of an unreachable cluster are left alone before their attempts are recovered elsewhere.
 CLUSTER_LOST_GRACE_SECONDS = env.float("CLUSTER_LOST_GRACE_SECONDS", default=600.0)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Callable
 from datetime import UTC
 
 from celery.exceptions import SoftTimeLimitExceeded
@@ -137,6 +138,29 @@ class _Sources:
     def __init__(self, timeout: float | None = None):
         self._by_cluster: dict[int, tuple] = {}
         self._timeout = timeout
+        #: Clusters whose collection failed in this pass (cluster id -> why): their other attempts wait for the next.
+        self.failed: dict[int, str] = {}
+
+    def isolated(self, attempt: JobAttempt, collect: Callable[[], int]) -> int | None:
+        """``collect()`` (one attempt's collection) unless ``attempt``'s cluster failed earlier in this pass.
+
+        Class of failure: one cluster's fault stops every cluster. Invariant:
+        a Prometheus that does not answer, or a basic-auth credential that
+        cannot be decrypted (``CredentialUnreadable``), costs its own
+        cluster's collection in this pass and no other's: the failure is
+        logged, the cluster skipped for the rest of the pass, and None
+        returned. The task's soft time limit still stops the pass.
+        """
+        if attempt.cluster_id in self.failed:
+            return None
+        try:
+            return collect()
+        except SoftTimeLimitExceeded:
+            raise
+        except Exception as exc:  # noqa: BLE001 - failure domain: one cluster (docs/adr/0016)
+            self.failed[attempt.cluster_id] = f"{type(exc).__name__}: {exc}"
+            log.warning("cluster %s: utilization not collected in this pass: %s", attempt.cluster_id, exc)
+            return None
 
     def get(self, cluster: Cluster, at: dt.datetime):
         if cluster.pk not in self._by_cluster:
@@ -191,11 +215,13 @@ def collect_utilization(start: dt.datetime, end: dt.datetime | None = None, clus
     ``end`` defaults to now. Idempotent: a (attempt, day) row is recomputed
     from Prometheus each time, for the part of the day inside the window, so
     call it with whole UTC days (the periodic task does). Returns rows written.
-    Clusters without a Prometheus source are skipped with a warning.
+    Clusters without a Prometheus source are skipped with a warning; a cluster whose collection fails is
+    skipped for the rest of the pass (``_Sources.isolated``), the others are read.
     """
     end = end or timezone.now()
     sources = _Sources()
-    return sum(collect_attempt(a, start, end, sources) for a in attempts_between(start, end, clusters))
+    return sum(sources.isolated(a, lambda a=a: collect_attempt(a, start, end, sources)) or 0
+               for a in attempts_between(start, end, clusters))
 
 
 def settle_seconds() -> float:
@@ -220,7 +246,8 @@ def collect_ended(now: dt.datetime | None = None) -> int:
     for attempt in due:
         if attempt.last is not None and attempt.last >= attempt.ended_at + settle:
             continue
-        collect_attempt(attempt, attempt.started_at, attempt.ended_at, sources)
+        if sources.isolated(attempt, lambda a=attempt: collect_attempt(a, a.started_at, a.ended_at, sources)) is None:
+            continue  # its cluster failed: read again by the next pass (not collected since)
         count += 1
     return count
 

@@ -11,6 +11,7 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
+from runners.base import each_cluster
 from runners.models import Cluster
 
 from .ledger import accrue_attempt, accrue_running
@@ -73,8 +74,9 @@ def check_ledger() -> int:
     from .ledgercheck import check_ledger as check
 
     now = timezone.now().astimezone(dt.timezone.utc)
-    flagged = 0
-    for cluster in Cluster.objects.all():
-        result = check(cluster, _lookback_start(now), now)
-        flagged += bool(result and result.flagged)
-    return flagged
+
+    def one(cluster: Cluster) -> dict:
+        found = check(cluster, _lookback_start(now), now)
+        return {"cluster": cluster.name, "flagged": bool(found and found.flagged)}
+
+    return sum(bool(r.get("flagged")) for r in each_cluster(Cluster.objects.all(), one, "ledger check"))

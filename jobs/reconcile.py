@@ -50,7 +50,16 @@ from django.db import connections
 from django.db.models import F
 from django.utils import timezone
 
-from runners.base import Backend, ClusterUnreachable, Observation, Owned, UnknownBackend, attempt_key, backend_for
+from runners.base import (
+    Backend,
+    ClusterUnreachable,
+    Observation,
+    Owned,
+    UnknownBackend,
+    attempt_key,
+    backend_for,
+    each_cluster,
+)
 from runners.cluster_health import set_health
 from runners.models import Cluster
 
@@ -113,6 +122,12 @@ def reconcile_clusters(clusters: Iterable[Cluster]) -> list[dict]:
     traceback). A cluster that answers late (at most its client's connect +
     read timeout per LIST) is applied last and delays no other cluster's
     changes.
+
+    Failure domain: one cluster (docs/adr/0016). Whatever fails for one
+    cluster (its credential cannot be decrypted or is refused, which its
+    client raises as InvalidCredentials and its health records; an error
+    while applying its answer) gives that cluster's result an ``error`` or
+    ``unreachable`` and never stops another cluster's pass.
     """
     clusters = list(clusters)
     results: dict[int, dict] = {}
@@ -131,7 +146,13 @@ def reconcile_clusters(clusters: Iterable[Cluster]) -> list[dict]:
         try:
             for future in as_completed(looks):
                 look = looks[future]
-                results[look.cluster.pk] = _apply(look, future)
+                try:
+                    results[look.cluster.pk] = _apply(look, future)
+                except SoftTimeLimitExceeded:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - failure domain: one cluster (docs/adr/0016)
+                    log.exception("cluster %s: applying its answer failed", look.cluster.name)
+                    results[look.cluster.pk] = {"cluster": look.cluster.name, "error": f"{type(exc).__name__}: {exc}"}
                 RECONCILE_SECONDS.labels(cluster=look.cluster.name).observe(time.monotonic() - look.started)
         except BaseException:  # e.g. the task's soft time limit: start no further look, wait only for those running
             pool.shutdown(wait=False, cancel_futures=True)
@@ -362,22 +383,26 @@ def expire_end_records(now: dt.datetime | None = None) -> int:
     that does not answer is left for the next sweep."""
     now = now or timezone.now()
     cutoff = now - dt.timedelta(seconds=settings.END_RECORD_RETENTION_SECONDS)
-    deleted = 0
-    for cluster in Cluster.objects.exclude(health=Cluster.Health.UNREACHABLE):
+
+    def one(cluster: Cluster) -> dict:
         last = LAST_SWEEP.get(cluster.pk)
         if last is not None and time.monotonic() - last < settings.END_RECORD_SWEEP_SECONDS:
-            continue
+            return {"deleted": 0}
         try:
             backend = backend_for(cluster)
         except UnknownBackend:
-            continue
+            return {"deleted": 0}
         sweep = getattr(backend, "expire_end_records", None)
         if sweep is None:
-            continue
+            return {"deleted": 0}
         try:
-            deleted += sweep(cluster, cutoff)
+            deleted = sweep(cluster, cutoff)
         except ClusterUnreachable as exc:
             log.info("cluster %s: end records not expired: %s", cluster.name, exc)
-            continue
+            return {"deleted": 0}
         LAST_SWEEP[cluster.pk] = time.monotonic()
-    return deleted
+        return {"deleted": deleted}
+
+    # Failure domain: one cluster (runners.base.each_cluster): a sweep that fails in any way skips that cluster only.
+    clusters = Cluster.objects.exclude(health=Cluster.Health.UNREACHABLE)
+    return sum(r.get("deleted", 0) for r in each_cluster(clusters, one, "end record expiry"))

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from typing import ClassVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, ClassVar
+
+log = logging.getLogger(__name__)
 
 #: Seconds to wait for a workload's ``/metrics`` (``Backend.workload_exposition``).
 SCRAPE_TIMEOUT_SECONDS = 2.0
@@ -309,3 +312,30 @@ def backend_for(cluster) -> Backend:
         return _BACKENDS[cluster.backend]
     except KeyError:
         raise UnknownBackend(f"cluster {cluster.name}: no backend named {cluster.backend!r} is installed") from None
+
+
+def each_cluster(clusters: Iterable, work: Callable[[Any], dict], what: str) -> list[dict]:
+    """``work(cluster)`` for each of ``clusters`` (Cluster rows), one by one; a list with one dict per cluster.
+
+    Class of failure: one cluster's fault stops every cluster. Invariant: the
+    failure domain of a periodic per-cluster pass is one cluster: whatever
+    ``work`` raises for one cluster (an unreachable API server, a credential
+    that cannot be decrypted or that the cluster refuses, a malformed answer,
+    a bug met on one cluster's data) is logged with ``what`` (e.g. "node pool
+    sync") and gives ``{"cluster": name, "error": "<type>: <message>"}`` for
+    that cluster, and the next cluster is worked on. ``work``'s dict is
+    returned as it is. Only the task's own soft time limit
+    (``SoftTimeLimitExceeded``) and BaseExceptions stop the loop.
+    """
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    results = []
+    for cluster in clusters:
+        try:
+            results.append(work(cluster))
+        except SoftTimeLimitExceeded:  # the task's time is up: no verdict on this cluster or the rest
+            raise
+        except Exception as exc:  # noqa: BLE001 - one cluster's fault must not stop the others
+            log.exception("cluster %s: %s failed", cluster.name, what)
+            results.append({"cluster": cluster.name, "error": f"{type(exc).__name__}: {exc}"})
+    return results

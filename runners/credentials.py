@@ -40,16 +40,28 @@ def encrypt(text: str) -> str:
     return PREFIX + fernet().encrypt(text.encode()).decode()
 
 
+class CredentialUnreadable(ValueError):
+    """A stored credential that cannot be read: its ciphertext does not decrypt with the configured key (the key
+    changed, or the row was written with another one), or it is not encrypted at all. Raised only where the
+    clear text is needed (building a cluster's Kubernetes client, a Prometheus URL with its basic auth); loading
+    the row never raises it (``EncryptedTextField.from_db_value`` gives an ``UnreadableSecret``)."""
+
+
+#: What a user reads when a credential cannot be decrypted, and what to do about it.
+UNREADABLE_REASON = "credential cannot be decrypted with the configured key; re-enter it"
+
+
 def decrypt(stored: str) -> str:
-    """The clear text of a stored ``fernet:<token>``. Raises ValueError when the key does not match."""
+    """The clear text of a stored ``fernet:<token>`` ("" for ""). Raises CredentialUnreadable (a ValueError) when the
+    value has no ``fernet:`` prefix or the configured key does not decrypt it."""
     if not stored:
         return ""
     if not stored.startswith(PREFIX):
-        raise ValueError("credential is not encrypted (no fernet: prefix)")
+        raise CredentialUnreadable("credential is not encrypted (no fernet: prefix); re-enter it")
     try:
         return fernet().decrypt(stored[len(PREFIX):].encode()).decode()
     except InvalidToken as exc:
-        raise ValueError("credential cannot be decrypted with the configured key") from exc
+        raise CredentialUnreadable(UNREADABLE_REASON) from exc
 
 
 class Secret(str):
@@ -59,26 +71,79 @@ class Secret(str):
         return "Secret('***')" if self else "Secret('')"
 
 
+class UnreadableSecret:
+    """The value of a credential column that cannot be decrypted (``CredentialUnreadable``).
+
+    Class of failure: one cluster's fault stops every cluster. A row whose
+    secret cannot be read would make every query that loads it raise (every
+    reconcile pass, every list of clusters or jobs). Invariant: loading a row
+    never raises because of its secret. This marker takes the clear text's
+    place; it is truthy (a credential is configured), ``str()`` of it raises
+    CredentialUnreadable (so the one place that needs the clear text, the
+    cluster's client, fails for that cluster alone, with the reason), and
+    saving the row writes ``stored`` back unchanged (the ciphertext is kept:
+    with the right key configured again it reads again). ``repr`` never shows
+    the ciphertext.
+    """
+
+    __slots__ = ("stored", "reason")
+
+    def __init__(self, stored: str, reason: str = UNREADABLE_REASON):
+        self.stored, self.reason = stored, reason
+
+    def __str__(self) -> str:
+        raise CredentialUnreadable(self.reason)
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, UnreadableSecret) and other.stored == self.stored
+
+    def __hash__(self) -> int:
+        return hash(("UnreadableSecret", self.stored))
+
+    def __repr__(self) -> str:
+        return "UnreadableSecret('***')"
+
+
+def read_stored(value: str) -> Secret | UnreadableSecret:
+    """The Python value of a stored credential ``value``: its clear text as a ``Secret``, or an ``UnreadableSecret``
+    when it cannot be decrypted (never raises)."""
+    try:
+        return Secret(decrypt(value))
+    except CredentialUnreadable as exc:
+        return UnreadableSecret(value, str(exc))
+
+
 class EncryptedTextField(models.TextField):
-    """A TextField whose database value is a Fernet token; Python code sees a ``Secret`` (clear text)."""
+    """A TextField whose database value is a Fernet token; Python code sees a ``Secret`` (clear text), or an
+    ``UnreadableSecret`` when the configured key does not decrypt it (loading a row never raises)."""
 
     def from_db_value(self, value, expression, connection):
         if value is None:
             return value
-        return Secret(decrypt(value))
+        return read_stored(value)
 
     def to_python(self, value):
-        if value is None or isinstance(value, Secret):
+        if value is None or isinstance(value, (Secret, UnreadableSecret)):
             return value
         if isinstance(value, str) and value.startswith(PREFIX):
-            return Secret(decrypt(value))
+            return read_stored(value)
         return Secret(value)
 
     def get_prep_value(self, value):
+        if isinstance(value, UnreadableSecret):
+            return value.stored  # kept as stored: re-entering the credential replaces it
         value = super().get_prep_value(value)
         if value is None:
             return value
         return encrypt(str(value))
+
+    def value_to_string(self, obj) -> str:
+        """The stored form for serialization (``dumpdata``): an unreadable value stays its ciphertext."""
+        value = self.value_from_object(obj)
+        return value.stored if isinstance(value, UnreadableSecret) else super().value_to_string(obj)
 
 
 # --- credentials inside URLs and kubeconfigs, checked on input ------------------------------------------------------

@@ -56,6 +56,8 @@ from jobs.lifecycle import preempt_attempt
 from jobs.models import NODE_FAULT_END_REASONS, Job, JobAttempt, JobState
 from jobs.states import InvalidTransition, StaleState
 
+from .base import each_cluster
+from .credentials import CredentialUnreadable
 from .models import Cluster, Node
 
 log = logging.getLogger(__name__)
@@ -207,7 +209,11 @@ def check_cluster(cluster: Cluster, now: dt.datetime | None = None, client=None)
     if not nodes:
         return result
     readings: list[GpuReading] | None = []
-    source = prometheus.source_for(cluster)
+    try:  # its Prometheus basic auth may not decrypt (CredentialUnreadable): DCGM unread, the nodes still judged
+        source = prometheus.source_for(cluster)
+    except CredentialUnreadable as exc:
+        log.warning("cluster %s: DCGM health not read: Prometheus %s", cluster.name, exc)
+        source, readings, result["dcgm"] = None, None, f"Prometheus {exc}"[:200]
     if source is not None:
         lookback = dt.timedelta(seconds=settings.NODE_HEALTH_LOOKBACK_SECONDS)
         try:
@@ -289,8 +295,10 @@ def recover_attempts_on(node: Node) -> int:
 
 
 def check_all() -> list[dict]:
-    """``check_cluster`` over every cluster with nodes, one by one."""
-    return [check_cluster(c) for c in Cluster.objects.filter(gpu_nodes__isnull=False).distinct().order_by("name")]
+    """``check_cluster`` over every cluster with nodes, one by one; a cluster whose check fails in any way gives an
+    ``error`` result and the others are checked (``each_cluster``)."""
+    return each_cluster(Cluster.objects.filter(gpu_nodes__isnull=False).distinct().order_by("name"), check_cluster,
+                        "node health check")
 
 
 # --- staff -------------------------------------------------------------------------------------------------------

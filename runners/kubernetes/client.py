@@ -25,6 +25,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from ..base import ClusterUnreachable, InvalidCredentials
+from ..credentials import CredentialUnreadable
 
 
 class ApiError(Exception):
@@ -90,8 +91,11 @@ class ClusterClient:
     def call(self, fn: Callable[..., Any], *args, **kwargs) -> Any:
         """``fn(*args, **kwargs)`` under the rate limit and timeouts.
 
-        Raises ApiError for an HTTP error answer, ClusterUnreachable when the
-        server cannot be reached or does not answer in time.
+        Raises ApiError for an HTTP error answer, InvalidCredentials (a
+        ClusterUnreachable) for 401 Unauthorized (the cluster refuses the
+        stored credential: no call of this cluster can succeed until it is
+        re-entered, and a job is never failed for it), ClusterUnreachable when
+        the server cannot be reached or does not answer in time.
         """
         self.limiter.acquire(timeout=self.timeouts[1])
         kwargs.setdefault("_request_timeout", self.timeouts)
@@ -101,6 +105,9 @@ class ClusterClient:
             if exc.status == 0 or exc.status is None:
                 raise ClusterUnreachable(str(exc.reason)) from exc
             reason, message = _server_message(exc)
+            if int(exc.status) == 401:
+                raise InvalidCredentials(f"the cluster refuses the credential (HTTP 401 {reason}: {message}); "
+                                         "re-enter it") from exc
             raise ApiError(int(exc.status), reason, message) from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise ClusterUnreachable(f"{type(exc).__name__}: {exc}") from exc
@@ -162,8 +169,17 @@ def _fingerprint(cluster) -> str:
 
 
 def client_for(cluster) -> ClusterClient:
-    """The cached client of ``cluster``; rebuilt when its endpoint, credentials or the settings change."""
-    fingerprint = _fingerprint(cluster)
+    """The cached client of ``cluster``; rebuilt when its endpoint, credentials or the settings change.
+
+    Raises InvalidCredentials (a ClusterUnreachable: counted against this
+    cluster's health alone, with the message as its reason) when a stored
+    credential cannot be decrypted (``runners.credentials.CredentialUnreadable``)
+    or the client refuses it.
+    """
+    try:
+        fingerprint = _fingerprint(cluster)
+    except CredentialUnreadable as exc:  # loaded as UnreadableSecret: this cluster fails, no other
+        raise InvalidCredentials(f"credentials of cluster {cluster.name} cannot be used: {exc}") from None
     with _LOCK:
         cached = _CLIENTS.get(cluster.pk)
         if cached is not None and cached[0] == fingerprint:

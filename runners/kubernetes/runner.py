@@ -36,6 +36,7 @@ from ..base import (
     SCRAPE_TIMEOUT_SECONDS,
     Backend,
     ClusterUnreachable,
+    InvalidCredentials,
     Observation,
     Owned,
     PermanentDispatchError,
@@ -147,6 +148,15 @@ def _dispatch_error(exc: ApiError, what: str) -> Exception:
     if exc.status in (404, 408, 410, 429) or exc.status >= 500:
         return TransientDispatchError(text)
     return PermanentDispatchError(text)
+
+
+def _read_failure(exc: ApiError, what: str) -> ClusterUnreachable:
+    """The ClusterUnreachable of a failed LIST: InvalidCredentials for 403 Forbidden (the stored credential may not
+    read what the platform needs: a fault of this cluster's credential, with what to do about it)."""
+    if exc.status == 403:
+        return InvalidCredentials(f"{what} failed: the credential is not allowed to ({exc}); grant it the "
+                                  "platform's role or re-enter it")
+    return ClusterUnreachable(f"{what} failed: {exc}")
 
 
 def _labels(obj: dict) -> dict:
@@ -416,7 +426,7 @@ class KubernetesBackend(Backend):
             pods = c.call(c.core.list_pod_for_all_namespaces,
                           field_selector="status.phase!=Succeeded,status.phase!=Failed", _preload_content=False)
         except ApiError as exc:
-            raise ClusterUnreachable(f"listing nodes failed: {exc}") from exc
+            raise _read_failure(exc, "listing nodes") from exc
         return pools_from_nodes(_list_items(nodes, "listing nodes"), _list_items(pods, "listing pods"), cluster.provider)
 
     # --- dispatch ----------------------------------------------------------------------------------------------
@@ -527,7 +537,7 @@ class KubernetesBackend(Backend):
         try:
             answer = c.call(list_all, label_selector=SELECTOR, _preload_content=False)
         except ApiError as exc:
-            raise ClusterUnreachable(f"listing {kind}s failed: {exc}") from exc
+            raise _read_failure(exc, f"listing {kind}s") from exc
         items = _list_items(answer, f"listing {kind}s")
         # Filter here too: the selector is a request, and a proxy or an old server may ignore it.
         return [obj for obj in items if m.LABEL_JOB in _labels(obj)]

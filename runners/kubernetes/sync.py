@@ -26,7 +26,7 @@ from django.db import transaction
 
 from core import lookups
 
-from ..base import ClusterUnreachable, NodeInfo, PoolCapacity, UnknownBackend, backend_for
+from ..base import ClusterUnreachable, NodeInfo, PoolCapacity, UnknownBackend, backend_for, each_cluster
 from ..models import CPU_ACCELERATOR, Accelerator, Cluster, NodePool, cpu_flavor, store_nodes
 
 log = logging.getLogger(__name__)
@@ -123,5 +123,6 @@ def sync_cluster(cluster: Cluster) -> dict:
 
 
 def sync_all(backend: str = Cluster.Backend.KUBERNETES) -> list[dict]:
-    """``sync_cluster`` over every cluster of ``backend`` (the local cluster keeps its own sync), one by one."""
-    return [sync_cluster(cluster) for cluster in Cluster.objects.filter(backend=backend)]
+    """``sync_cluster`` over every cluster of ``backend`` (the local cluster keeps its own sync), one by one; a
+    cluster whose sync fails in any way gives an ``error`` result and the others are synced (``each_cluster``)."""
+    return each_cluster(Cluster.objects.filter(backend=backend), sync_cluster, "node pool sync")

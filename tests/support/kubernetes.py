@@ -334,13 +334,15 @@ def status(code: int, reason: str, message: str, **details) -> dict:
             "reason": reason, "details": details, "code": code}
 
 
-_FAULT_REASONS = {404: "NotFound", 410: "Gone", 429: "TooManyRequests", 500: "InternalError",
+_FAULT_REASONS = {401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 410: "Gone", 429: "TooManyRequests",
+                  500: "InternalError",
                   502: "BadGateway", 503: "ServiceUnavailable", 504: "Timeout"}
 
 
 @dataclasses.dataclass
 class Fault:
-    """One injected failure: ``kind`` is an HTTP status (404, 410, 429, 5xx), ``"timeout"`` (no answer for
+    """One injected failure: ``kind`` is an HTTP status (401 and 403: a refused credential; 404, 410, 429, 5xx),
+    ``"timeout"`` (no answer for
     ``delay`` seconds, then the connection is closed), ``"truncated"`` (a 200 whose JSON body is cut short) or
     ``"empty"`` (a 200 list with no items, whatever exists).
 
