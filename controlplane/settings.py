@@ -350,6 +350,14 @@ PREEMPTION_PROTECTION_SECONDS = env.float("PREEMPTION_PROTECTION_SECONDS", defau
 CLUSTER_UNREACHABLE_AFTER_FAILURES = env.int("CLUSTER_UNREACHABLE_AFTER_FAILURES", default=3)
 # Seconds the running jobs of an unreachable cluster are left alone before their attempts are recovered elsewhere.
 CLUSTER_LOST_GRACE_SECONDS = env.float("CLUSTER_LOST_GRACE_SECONDS", default=600.0)
+# Seconds after a spot reclaim on a cluster during which the reclaimed job's next placements try every other
+# cluster first (cheapest first); only when none has room now does it go back to the reclaimed cluster (ADR 0018).
+# SkyPilot's managed jobs (default recovery EAGER_NEXT_REGION) block the preempted region for the relaunch that
+# follows a preemption, "as the preemption is likely to happen again shortly in the same region", and relaunch
+# without the block when no other region can launch. Here placement runs again every pass, so the block needs a
+# time: 1800 s covers the recovery and the waits of a few passes for quota or room, and a reclaim older than
+# that no longer keeps a job off its cheapest cluster. 0 turns the avoidance off.
+SPOT_RECLAIM_AVOID_SECONDS = env.float("SPOT_RECLAIM_AVOID_SECONDS", default=1800.0)
 # How long a cluster keeps an attempt's end record (ADR 0011): longer than any backup a restore may use (RPO).
 END_RECORD_RETENTION_SECONDS = env.float("END_RECORD_RETENTION_SECONDS", default=14 * 86400.0)
 # How often reconcile deletes end records past their retention, per cluster (one ConfigMap LIST).

@@ -184,9 +184,9 @@ def job_estimate(job: Job) -> dict:
     if job.admitted_at or job.current_attempt_id or job.estimated_cost_usd:
         return {"usd": job.estimated_cost_usd, "pool": None, "placed": True}
     resources = {"accelerator": job.accelerator, "gpus_per_node": job.gpus_per_node, "nodes": job.nodes,
-                 "priority": job.priority, "preemptible": job.preemptible,
+                 "replicas": job.replicas, "priority": job.priority, "preemptible": job.preemptible,
                  "max_runtime_seconds": job.max_runtime_seconds, **per_node_asks(job.spec)}
-    assessment = preview_submission(job.team, resources, (job.spec or {}).get("placement") or {})
+    assessment = preview_submission(job.team, resources, (job.spec or {}).get("placement") or {}, kind=job.kind)
     return {"usd": assessment.estimate_usd, "pool": assessment.offer, "placed": False}
 
 
@@ -348,7 +348,7 @@ def submission_preview(args: dict) -> dict:
     as the scheduler's rules say (``jobs.scheduling.preview.preview_submission``). ``args``: ``submit_job``'s
     keyword arguments."""
     resources, team = {**args["resources"], **per_node_asks(args["spec"])}, args["team"]
-    assessment = preview_submission(team, resources, args["spec"]["placement"])
+    assessment = preview_submission(team, resources, args["spec"]["placement"], kind=args["kind"])
     return {"team": team, "accelerator": resources["accelerator"].name,
             "total_gpus": total_gpus(resources["nodes"], resources["gpus_per_node"], resources.get("replicas", 1)),
             "pool": assessment.offer,

@@ -391,7 +391,7 @@ def apply_observation(job: Job, attempt: JobAttempt, obs: Observation) -> None:
             end_attempt(job, attempt, S.FAILED, reason=text, end_reason=reason, exit_code=obs.exit_code,
                         message=obs.message, ended_at=obs.ended_at)
         elif obs.phase == "lost" and job.state in (S.STARTING, S.RUNNING):
-            end_reason = obs.end_reason or JobAttempt.EndReason.NODE_LOST
+            end_reason = spot_cause(attempt, obs.end_reason or JobAttempt.EndReason.NODE_LOST)
             sick = unhealthy_nodes(attempt)
             blamed = tuple(sorted(set(obs.nodes) | set(sick))) if end_reason == JobAttempt.EndReason.NODE_LOST else ()
             where = (f" on {node_words(sick)}" if sick else
@@ -405,6 +405,20 @@ def apply_observation(job: Job, attempt: JobAttempt, obs: Observation) -> None:
                         end_reason=JobAttempt.EndReason.UNSCHEDULABLE, message=obs.message, ended_at=obs.ended_at)
     except StaleState:
         log.info("job %s changed under reconcile; leaving it to the winner", job.pk)
+
+
+def spot_cause(attempt: JobAttempt, end_reason: str) -> str:
+    """``end_reason`` of a lost ``attempt`` by its cause: a pod taken by its node's shutdown or reclaim
+    (``Preempted`` as the runner reads it: DisruptionTarget TerminationByKubelet and the like) on a spot node pool
+    is the provider reclaiming its spot capacity, ``SpotReclaimed``; anything else is returned as given.
+
+    Class of failure: "recovery returns to the failure it recovers from". Named by its cause, a spot reclaim
+    uses no retry (``FREE_RETRY_END_REASONS``) and the job's next placements keep off the cluster for
+    ``SPOT_RECLAIM_AVOID_SECONDS`` (``jobs.scheduling.snapshot.spot_avoidance``; ADR 0018)."""
+    if end_reason != JobAttempt.EndReason.PREEMPTED:
+        return end_reason
+    spot = NodePool.objects.filter(pk=attempt.node_pool_id, capacity_type="spot").exists()
+    return JobAttempt.EndReason.SPOT_RECLAIMED if spot else end_reason
 
 
 def unhealthy_nodes(attempt: JobAttempt) -> dict[str, str]:
@@ -542,7 +556,9 @@ def recover_or_fail(job: Job, attempt: JobAttempt, *, end_reason: str, message: 
 
     Retries count earlier attempts that were lost (or, for inference, whose
     server exited with an error); attempts ended by preemption were the
-    scheduler's choice, not a failure, attempts sent back to the queue as
+    scheduler's choice, not a failure, a spot reclaim the provider's (an
+    ``end_reason`` of ``FREE_RETRY_END_REASONS`` recovers the job whatever
+    ``max_retries`` says), attempts sent back to the queue as
     unschedulable were the scheduler's doing, and attempts that never created
     objects never ran: none counts. ``ended_at``: when the pods stopped,
     as the cluster says (billing ends there). ``what`` says in the reason
@@ -554,6 +570,13 @@ def recover_or_fail(job: Job, attempt: JobAttempt, *, end_reason: str, message: 
     )
     # A plain failure's end reason is the state's own word: "FAILED: attempt 3 server exited...", not "Failed: ...".
     cause = "" if end_reason == JobAttempt.EndReason.FAILED else f"{end_reason}: "
+    if end_reason in FREE_RETRY_END_REASONS:
+        # Not the job's failure (a spot reclaim, a preemption the cluster made): it uses no retry, so it ends
+        # no job, whatever max_retries says (ADR 0018).
+        return end_attempt(job, attempt, S.RECOVERING,
+                           reason=f"{cause}attempt {attempt.number} {what}; placed again, no retry used"[:500],
+                           end_reason=end_reason, message=message, ended_at=ended_at, exit_code=exit_code,
+                           bad_nodes=bad_nodes)
     if retries_used < job.max_retries:
         return end_attempt(job, attempt, S.RECOVERING,
                            reason=f"{cause}attempt {attempt.number} {what}, retry {retries_used + 1} of "

@@ -152,6 +152,7 @@ class JobAttempt(models.Model):
         NODE_LOST = "NodeLost"
         NODE_UNHEALTHY = "NodeUnhealthy"  # stopped or failed on a node that health marks unhealthy (runners.health)
         PREEMPTED = "Preempted"
+        SPOT_RECLAIMED = "SpotReclaimed"  # its spot node was reclaimed by the provider (ADR 0018)
         DISPATCH_ERROR = "DispatchError"
         POD_DELETED = "PodDeleted"  # a pod deleted directly (not through the Eviction API) while it ran
         DELETED = "Deleted"  # the attempt's objects answered 404 on two looks in a row
@@ -231,10 +232,13 @@ class JobEvent(models.Model):
 
 
 #: End reasons that do not use up a retry: the scheduler's preemption or its unschedulable placement, an attempt
-#: that never created objects, and one stopped or failed on a node marked unhealthy (the node's fault, and admission
-#: keeps off that node from then on, so the retries this gives are bounded by the fleet's bad nodes).
+#: that never created objects, one stopped or failed on a node marked unhealthy (the node's fault, and admission
+#: keeps off that node from then on, so the retries this gives are bounded by the fleet's bad nodes), and a spot
+#: reclaim (the provider took the capacity back, what a preemptible job accepts; SkyPilot counts preemptions
+#: apart from its ``max_restarts_on_errors`` too; placement avoids the cluster a while, ADR 0018).
 FREE_RETRY_END_REASONS = (JobAttempt.EndReason.PREEMPTED, JobAttempt.EndReason.NOT_DISPATCHED,
-                          JobAttempt.EndReason.UNSCHEDULABLE, JobAttempt.EndReason.NODE_UNHEALTHY)
+                          JobAttempt.EndReason.UNSCHEDULABLE, JobAttempt.EndReason.NODE_UNHEALTHY,
+                          JobAttempt.EndReason.SPOT_RECLAIMED)
 #: End reasons that count against the node the attempt ran on (``JobAttempt.bad_nodes``) in its health.
 NODE_FAULT_END_REASONS = (JobAttempt.EndReason.NODE_LOST, JobAttempt.EndReason.NODE_UNHEALTHY)
 

@@ -422,9 +422,10 @@ class JobSubmission(SpecModel):
                 errors = {"checkpoint_from": [str(exc)]}
         if errors:
             raise _rules_failed({f"spec.{k}": v for k, v in errors.items()})
-        errors = never_errors(lookups.team, spec, lookups.accelerator)
+        errors = never_errors(lookups.team, spec, lookups.accelerator, self.kind)
         if errors:
-            raise _rules_failed({f"spec.resources.{k}" if k else "spec.resources": v for k, v in errors.items()})
+            raise _rules_failed({"spec.replicas" if k == "replicas" else f"spec.resources.{k}" if k else
+                                 "spec.resources": v for k, v in errors.items()})
         return self
 
 
@@ -577,10 +578,12 @@ def kind_errors(kind: str, spec: JobSpec) -> dict[str, list[str]]:
     return errors
 
 
-def never_errors(team: Team, spec: JobSpec, accelerator: Accelerator) -> dict[str, list[str]]:
-    """Why the validated ``spec`` on ``accelerator`` can never run for ``team``, by ``spec.resources`` field
-    (``""``: the resources as a whole), from ``jobs.scheduling.never``; empty when it could on its accelerator
-    or on one of its alternatives (the accelerator's reasons are given)."""
+def never_errors(team: Team, spec: JobSpec, accelerator: Accelerator,
+                 kind: str = Job.Kind.TRAINING.value) -> dict[str, list[str]]:
+    """Why the validated ``spec`` of a ``kind`` job on ``accelerator`` can never run for ``team``, by
+    ``spec.resources`` field (``""``: the resources as a whole; ``"replicas"``: ``spec.replicas``), from
+    ``jobs.scheduling.never`` (which counts pods and nodes as placement does); empty when it could on its
+    accelerator or on one of its alternatives (the accelerator's reasons are given)."""
     from .scheduling.never import never_fits
 
     resources = {"gpus_per_node": spec.resources.gpus_per_node, "nodes": spec.resources.nodes,
@@ -588,11 +591,11 @@ def never_errors(team: Team, spec: JobSpec, accelerator: Accelerator) -> dict[st
     placement = {"providers": spec.placement.providers, "regions": spec.placement.regions,
                  "clusters": spec.placement.clusters}
     replicas = spec.replicas if "replicas" in spec.model_fields_set else 1
-    errors = never_fits(team, accelerator, resources, placement, spec.preemptible, replicas)
+    errors = never_fits(team, accelerator, resources, placement, spec.preemptible, replicas, kind)
     for name in spec.resources.alternatives:
         if not errors:
             break
-        if not never_fits(team, accelerator_named(name), resources, placement, spec.preemptible, replicas):
+        if not never_fits(team, accelerator_named(name), resources, placement, spec.preemptible, replicas, kind):
             errors = {}
     return errors
 

@@ -115,7 +115,7 @@ def _apply_together(decisions: list[Admission], now: dt.datetime) -> list[tuple[
             if job is None:
                 outcomes.append(("skipped", None))
                 continue
-            outcome = scheduler.evaluate(_queued_on(job, decision))
+            outcome = scheduler.evaluate(_queued_on(job, decision, now))
             if not isinstance(outcome, Admission):
                 outcomes.append(("waiting", _why(outcome)))
                 continue
@@ -212,10 +212,10 @@ def attempt_placement(admission: Admission) -> dict:
             "memory_mib": job.memory_mib}
 
 
-def _queued_on(job: Job, decision: Admission) -> QueuedJob:
-    """The locked ``job`` as the core sees it, on the accelerator ``decision`` got (an alternative's re-check is on
-    that accelerator alone)."""
-    queued = queued_job(job)
+def _queued_on(job: Job, decision: Admission, now: dt.datetime) -> QueuedJob:
+    """The locked ``job`` as the core sees it at ``now`` (the clusters it avoids included), on the accelerator
+    ``decision`` got (an alternative's re-check is on that accelerator alone)."""
+    queued = queued_job(job, now)
     accelerator_id = decision.accelerator_id or job.accelerator_id
     if accelerator_id != queued.accelerator_id:
         queued = dataclasses.replace(queued, accelerator_id=accelerator_id, alternatives=())
@@ -230,7 +230,7 @@ def _recheck(job: Job, team: Team, decision: Admission, now: dt.datetime) -> Dec
     lendable pool) and the victims' teams. A job admitted on one of its
     alternatives is re-checked on that accelerator.
     """
-    queued = _queued_on(job, decision)
+    queued = _queued_on(job, decision, now)
     offers = pool_offers(queued.accelerator_id, now, lock=True)
     snapshot = job_snapshot(team, queued, now, offers, also=tuple({v.team_id for v in decision.victims}),
                             lock_spend=True)

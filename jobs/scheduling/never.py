@@ -13,12 +13,14 @@ now. Reads are cached per process (``core.lookups``), invalidated when nodes, po
 
 from __future__ import annotations
 
+from collections import Counter
+
 from core.lookups import LookupCache
 from quotas.models import Quota, Team
 from runners.models import Accelerator, Cluster, Node, NodePool
 
-from .core import UNLIMITED
-from .snapshot import per_node_request
+from .core import UNLIMITED, PlacementRequest, pods_held
+from .snapshot import per_node_request, pods_of
 
 FLEET = LookupCache("never-fleet").invalidate_on(Node, NodePool, Cluster)
 QUOTAS = LookupCache("never-quotas").invalidate_on(Quota, Team)
@@ -49,13 +51,21 @@ def _team_quotas(team_id: int, accelerator_id: int) -> tuple[Quota | None, int |
 
 
 def never_fits(team: Team, accelerator: Accelerator, resources: dict, placement: dict | None,
-               preemptible: bool, replicas: int = 1) -> dict[str, list[str]]:
-    """Why a job can never run on ``accelerator``, by ``spec.resources`` field (``""``: the resources as a whole);
-    empty when it could. ``resources``: validated ``gpus_per_node``, ``nodes``, optional ``cpu`` (cores) and
-    ``memory_gib`` (GiB) per node; ``placement``: allowed ``providers``, ``regions``, ``clusters`` (empty: any);
-    ``replicas``: the serving replicas (each ``nodes`` pods), counted against a CPU quota."""
+               preemptible: bool, replicas: int = 1, kind: str = "training") -> dict[str, list[str]]:
+    """Why a job can never run on ``accelerator``, by ``spec.resources`` field (``""``: the resources as a whole;
+    ``"replicas"``: the serving replicas, ``spec.replicas``); empty when it could. ``resources``: validated
+    ``gpus_per_node``, ``nodes``, optional ``cpu`` (cores) and ``memory_gib`` (GiB) per node; ``placement``:
+    allowed ``providers``, ``regions``, ``clusters`` (empty: any); ``replicas``: the serving replicas (each
+    ``nodes`` pods); ``kind``: ``training`` or ``inference``.
+
+    Class of failure: "accepted but never placeable". Invariant: a job accepted here is placeable on some pool
+    of the fleet as it stands when empty, and one no pool could ever hold is refused here. The pods are counted
+    as placement counts them (``snapshot.pods_of``: an inference job's replicas may share a node) and a pool's
+    room for them with placement's own function (``core.pods_held``), so the two cannot disagree (ADR 0019)."""
     g, n = resources["gpus_per_node"], resources["nodes"]
     cpu, memory = per_node_request(resources)
+    pods, share = pods_of(kind, n, replicas)
+    request = PlacementRequest(pods, g, preemptible, cpu_milli=cpu, memory_mib=memory, share_nodes=share)
     placement = placement or {}
     pools = [p for p in fleet_shape(accelerator.pk)
              if (preemptible or p[4] != "spot") and (not placement.get("providers") or p[2] in placement["providers"])
@@ -81,17 +91,21 @@ def never_fits(team: Team, accelerator: Accelerator, resources: dict, placement:
             errors["memory_gib"] = [f"{memory / 1024:g} GiB per node is more than any {name} node{with_gpus} "
                                     f"and {cpu / 1000:g} CPU cores has; the most is {most / 1024:g} GiB"]
         elif big:
-            counts = [sum(1 for x in p[5] if x[0] >= g and x[1] >= cpu and x[2] >= memory) for p in pools]
-            if max(counts) < n:
+            counts = [pods_held(request, [(*shape, k) for shape, k in Counter(p[5]).items()]) for p in pools]
+            if max(counts) < pods and share and replicas > 1:
+                errors["replicas"] = [f"{replicas} replicas of {n} x {g} GPUs ({pods} pods) is more than any {name} "
+                                      f"node pool can hold, with replicas sharing nodes; the largest holds "
+                                      f"{max(counts)} such pods"]
+            elif max(counts) < pods:
                 errors["nodes"] = [f"{n} nodes is more than any {name} node pool has that can hold a node of this "
                                    f"job; the largest has {max(counts)}"]
             else:
-                capped = _capped_everywhere(team, accelerator, pools, counts, n * g)
+                capped = _capped_everywhere(team, accelerator, pools, counts, pods * g, pods)
                 if capped:
                     errors[""] = [capped]
     if not errors:
-        limit = (_cpu_limit_error(team, accelerator, n * max(replicas, 1), cpu) if g == 0
-                 else _limit_error(team, accelerator, n * g, n, g))
+        limit = (_cpu_limit_error(team, accelerator, pods, cpu) if g == 0
+                 else _limit_error(team, accelerator, pods * g, pods, g))
         if limit:
             errors[""] = [limit]
     return errors
@@ -126,12 +140,13 @@ def _reachable_vcpus(team_id: int, accelerator_id: int) -> int:
     return QUOTAS.get(("vcpus", team_id, accelerator_id), load)
 
 
-def _capped_everywhere(team: Team, accelerator: Accelerator, pools, counts, total: int) -> str:
-    """The reason when every cluster that could hold the job caps the team below ``total`` GPUs, else ""."""
+def _capped_everywhere(team: Team, accelerator: Accelerator, pools, counts, total: int, pods: int) -> str:
+    """The reason when every cluster with a pool that could hold the job's ``pods`` pods (``counts``: pods each of
+    ``pools`` holds) caps the team below ``total`` GPUs, else ""."""
     _, _, caps = _team_quotas(team.pk, accelerator.pk)
     if not caps:
         return ""
-    usable = {p[0]: p[1] for p, c in zip(pools, counts, strict=True) if c}
+    usable = {p[0]: p[1] for p, c in zip(pools, counts, strict=True) if c >= pods}
     if not usable or any(caps.get(cid, total) >= total for cid in usable):
         return ""
     listed = ", ".join(f"{usable[cid]} {caps[cid]}" for cid in sorted(usable, key=usable.get))

@@ -23,6 +23,7 @@ from django.db.models import F, Q, Sum, TextField
 from django.db.models.expressions import RawSQL
 from django.db.models.fields.json import KeyTransform
 from django.db.models.functions import Cast
+from django.utils import timezone
 
 from core.lookups import register
 from costs.spend import highest_prices, lock_team_spends, period_spend, unpriced_bound_usd
@@ -176,30 +177,66 @@ def _resources_fields(resources, names: dict[str, int] | None) -> tuple[int, int
     return cpu, memory, ids
 
 
+def pods_of(kind: str, nodes: int, replicas: int = 1) -> tuple[int, bool]:
+    """``(pods, whether they may share a node)`` of a job as placement counts them: a training job's ``nodes``
+    pods, each on a node of its own (one process group per node); an inference job's ``nodes x replicas`` pods,
+    independent servers that may share a node with room for several (spread first: ``core.NodeBook.fit``).
+
+    The one rule for the pass, the locked re-check, the submission preview and the submission check
+    (``never.never_fits``), so what submission accepts the placement can place (ADR 0019)."""
+    return nodes * max(replicas, 1), kind == Job.Kind.INFERENCE
+
+
+def spot_avoidance(job_ids, now: dt.datetime) -> dict[int, tuple[int, ...]]:
+    """Job id -> ids of the clusters where a spot reclaim ended one of its attempts (end reason ``SpotReclaimed``)
+    within ``settings.SPOT_RECLAIM_AVOID_SECONDS`` (s) before ``now``, for the jobs ``job_ids``; jobs without such a
+    reclaim are left out. One query (none when the setting is 0 or no job is asked for).
+
+    Class of failure: "recovery returns to the failure it recovers from". Invariant: after a spot reclaim on a
+    cluster the job's next placements take another cluster with room for the window (``core.room.Room.place``;
+    ADR 0018)."""
+    window = float(settings.SPOT_RECLAIM_AVOID_SECONDS or 0)
+    job_ids = list(job_ids)
+    if window <= 0 or not job_ids:
+        return {}
+    found: dict[int, set[int]] = {}
+    for job_id, cluster_id in (JobAttempt.objects.filter(
+            job_id__in=job_ids, end_reason=JobAttempt.EndReason.SPOT_RECLAIMED,
+            ended_at__gt=now - dt.timedelta(seconds=window)).values_list("job_id", "cluster_id")):
+        found.setdefault(job_id, set()).add(cluster_id)
+    return {job_id: tuple(sorted(ids)) for job_id, ids in found.items()}
+
+
 def _queued_job(row: dict) -> QueuedJob:
     providers, regions, clusters = row["placement"]
     cpu, memory, alternatives = row["resources"]
+    pods, share = pods_of(row["kind"], row["nodes"], row["replicas"])
     return QueuedJob(
-        job_id=row["pk"], team_id=row["team_id"], accelerator_id=row["accelerator_id"],
-        nodes=row["nodes"] * row["replicas"],  # every serving replica is a pod of its own, on a node of its own
+        job_id=row["pk"], team_id=row["team_id"], accelerator_id=row["accelerator_id"], nodes=pods,
         gpus_per_node=row["gpus_per_node"], priority=row["priority"], submitted=row["created_at"].timestamp(),
         preemptible=row["preemptible"], max_runtime_seconds=row["max_runtime_seconds"],
         providers=providers, regions=regions, clusters=clusters, recovering=row["state"] == JobState.RECOVERING,
         cpu_milli=cpu, memory_mib=memory, alternatives=tuple(a for a in alternatives if a != row["accelerator_id"]),
+        share_nodes=share,
     )
 
 
-def queued_job(job: Job) -> QueuedJob:
-    """``job`` (a model instance, e.g. the row a re-check locked) as the core sees a waiting job."""
+def queued_job(job: Job, now: dt.datetime | None = None) -> QueuedJob:
+    """``job`` (a model instance, e.g. the row a re-check locked) as the core sees a waiting job; a recovering one
+    with the clusters it avoids at ``now`` (default now: ``spot_avoidance``)."""
     spec = job.spec or {}
     providers, regions, clusters = _constraints(spec.get("placement"))
     cpu, memory, alternatives = _resources_fields(spec.get("resources"), None)
+    pods, share = pods_of(job.kind, job.nodes, job.replicas)
+    recovering = job.state == JobState.RECOVERING
+    avoid = spot_avoidance([job.pk], now or timezone.now()).get(job.pk, ()) if recovering else ()
     return QueuedJob(
-        job_id=job.pk, team_id=job.team_id, accelerator_id=job.accelerator_id, nodes=job.nodes * job.replicas,
+        job_id=job.pk, team_id=job.team_id, accelerator_id=job.accelerator_id, nodes=pods,
         gpus_per_node=job.gpus_per_node, priority=job.priority, submitted=job.created_at.timestamp(),
         preemptible=job.preemptible, max_runtime_seconds=job.max_runtime_seconds,
-        providers=providers, regions=regions, clusters=clusters, recovering=job.state == JobState.RECOVERING,
+        providers=providers, regions=regions, clusters=clusters, recovering=recovering,
         cpu_milli=cpu, memory_mib=memory, alternatives=tuple(a for a in alternatives if a != job.accelerator_id),
+        share_nodes=share, avoid_clusters=avoid,
     )
 
 
@@ -212,7 +249,7 @@ class Loaded:
 
 
 _ROW_COLUMNS = ("pk", "team_id", "accelerator_id", "nodes", "gpus_per_node", "priority", "created_at", "preemptible",
-                "max_runtime_seconds", "state", "queue_info", "replicas")
+                "max_runtime_seconds", "state", "queue_info", "replicas", "kind")
 
 
 class _RowCache:
@@ -314,10 +351,14 @@ def load_snapshot(now: dt.datetime, *, job_ids: list[int] | None = None, limit: 
     else:
         rows = _waiting_rows(qs, limit)
     recovering = [r["pk"] for r in rows if r["state"] == JobState.RECOVERING]
+    avoid: dict[int, tuple[int, ...]] = {}
     if recovering:
         live = set(JobAttempt.objects.filter(job_id__in=recovering, ended_at__isnull=True).values_list("job_id", flat=True))
         rows = [r for r in rows if r["pk"] not in live]
-    queue = [r["queued"] for r in rows]
+        avoid = spot_avoidance([pk for pk in recovering if pk not in live], now)
+    # The cached rows' jobs stay as read: the clusters a job avoids change with the clock, not with its row.
+    queue = [dataclasses.replace(r["queued"], avoid_clusters=avoid[r["pk"]]) if r["pk"] in avoid else r["queued"]
+             for r in rows]
 
     teams = {t.pk: TeamState(t.pk, cohort=t.cohort_id, weight=float(t.weight), strategy=t.queueing_strategy)
              for t in Team.objects.all()}

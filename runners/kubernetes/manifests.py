@@ -185,8 +185,12 @@ def _scheduling(w: Workload) -> dict:
     are ORed), tolerating their taints. On-demand: a single term excluding
     every spot label (NotIn also matches nodes without the label). With
     ``node_names``, every term also requires ``kubernetes.io/hostname`` in
-    them, and the pods of a multi-node attempt repel each other per node, so
-    each lands on a distinct chosen node.
+    them. The pods of a multi-node training attempt repel each other per
+    node (required), so each lands on a distinct chosen node; the replicas of
+    an inference attempt may share a node, as placement may have put them
+    (``PlacementRequest.share_nodes``, ADR 0019): their repulsion is only
+    preferred, so the kube-scheduler spreads them over the chosen nodes and
+    never refuses what placement promised.
     """
     out: dict = {}
     if w.gpu_product:
@@ -200,13 +204,18 @@ def _scheduling(w: Workload) -> dict:
         tolerations += [{"key": key, "operator": "Equal", "value": value, "effect": "NoSchedule"} for key, value in labels]
     else:
         terms = [{"matchExpressions": [{"key": key, "operator": "NotIn", "values": [value]} for key, value in labels]}]
-    if w.node_names:  # pinned to the nodes admission chose; one pod per node (anti-affinity on the attempt)
-        pin = {"key": HOSTNAME_LABEL, "operator": "In", "values": list(w.node_names)}
+    # Pinned to the nodes admission chose (a node holding several replicas is listed once).
+    names = list(dict.fromkeys(w.node_names))
+    if names:
+        pin = {"key": HOSTNAME_LABEL, "operator": "In", "values": names}
         terms = [{"matchExpressions": t["matchExpressions"] + [pin]} for t in terms]
     out["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
-    if w.node_names and len(w.node_names) > 1:
-        out["affinity"]["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [
-            {"labelSelector": {"matchLabels": w.owner_selector}, "topologyKey": HOSTNAME_LABEL}]}
+    repel = {"labelSelector": {"matchLabels": w.owner_selector}, "topologyKey": HOSTNAME_LABEL}
+    if w.kind == "inference" and len(w.node_names) > 1:  # replicas may share a node: spread them, never refuse
+        out["affinity"]["podAntiAffinity"] = {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 100, "podAffinityTerm": repel}]}
+    elif len(names) > 1:  # one pod per node
+        out["affinity"]["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [repel]}
     if tolerations:
         out["tolerations"] = tolerations
     return out

@@ -36,7 +36,7 @@ from .nodebook import (
     fragment_gpus,
     workload_of,
 )
-from .placement import UNLIMITED, NodeRoom, PlacementRequest, PoolOffer, matches
+from .placement import UNLIMITED, NodeRoom, PlacementRequest, PoolOffer, matches, pods_held, pods_on
 from .rules import (
     ESTIMATE_QUANTUM,
     check_budgets,
@@ -71,6 +71,7 @@ __all__ = [
     "FairShareScheduler", "NullMemo",
     "PlacementRequest", "PoolOffer", "QueuedJob", "QuotaView", "Rejection", "RunningJob", "Snapshot", "TeamQuota",
     "TeamState", "Verdict", "Waiting", "assess", "check_budgets", "check_cpu_quota", "check_quota", "choose_pool", "cohort_has_room",
-    "decide", "estimate_cost", "fits_now", "fragment_gpus", "job_estimate", "matches", "price_text", "recheck",
+    "decide", "estimate_cost", "fits_now", "fragment_gpus", "job_estimate", "matches", "pods_held", "pods_on",
+    "price_text", "recheck",
     "workload_of",
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 
-from .placement import PlacementRequest, PoolOffer, matches, price_order
+from .placement import PlacementRequest, PoolOffer, matches, pods_on, price_order
 
 
 def fits_now(request: PlacementRequest, offer: PoolOffer) -> bool:
@@ -100,7 +100,8 @@ class _PoolNodes:
                 self.free_total += g
         for bucket in self.buckets:
             bucket.sort()
-        self.failed: list[tuple[int, int, int, int]] = []  # request shapes known not to fit now
+        # request shapes known not to fit now: (nodes, GPUs, CPU, memory, pods may share a node)
+        self.failed: list[tuple[int, int, int, int, bool]] = []
 
     def move(self, i: int, dg: int, dc: int, dm: int) -> None:
         """Change node ``i``'s free resources by the deltas, keeping its bucket."""
@@ -210,18 +211,26 @@ class NodeBook:
         come after every other node in the policy's order: one is taken only
         when the pool's other nodes cannot hold the job (healthy nodes across
         domains before a domain completed by a suspect node).
+
+        A request whose pods may share a node (``share_nodes``: an inference
+        job's replicas) takes distinct nodes as above when the pool has them
+        (spread first); otherwise its pods are dealt round by round onto the
+        nodes with room, one more pod per node per round (``_share``), so an
+        index may repeat: one entry per pod.
         """
         p = self.pools[pool_id]
         n, g, c, m = request.nodes, request.gpus_per_node, request.cpu_milli, request.memory_mib
+        share = request.share_nodes
         if g >= len(p.buckets):
             return None
-        for fn, fg, fc, fm in p.failed:
-            if n >= fn and g >= fg and c >= fc and m >= fm:
+        for fn, fg, fc, fm, fs in p.failed:
+            # A shared request that failed covers a distinct-node one of at least its size, not the reverse.
+            if n >= fn and g >= fg and c >= fc and m >= fm and (fs or not share):
                 return None
         if n == 1 and self.policy == "best-fit" and not p.suspect:
             found = self._tightest(p, g, c, m)
         elif sum(map(len, p.buckets[g:])) < n:
-            found = None
+            found = None  # fewer nodes with room than pods: only sharing (below) can hold it
         elif self.policy == "first-fit":
             found = self._first_fit(p, n, g, c, m)
         else:
@@ -231,9 +240,35 @@ class NodeBook:
                 levels = range(g, len(p.buckets)) if self.policy == "best-fit" else range(len(p.buckets) - 1, g - 1, -1)
                 candidates = self._by_levels(p, g, c, m, levels)
             found = self._pick_healthy_first(p, n, candidates) if p.suspect else self._pick(p, n, candidates)
+        if found is None and share and n > 1:
+            found = self._share(p, request)
         if found is None:
-            p.failed = [s for s in p.failed if not (s[0] >= n and s[1] >= g and s[2] >= c and s[3] >= m)]
-            p.failed.append((n, g, c, m))
+            p.failed = [s for s in p.failed if not (s[0] >= n and s[1] >= g and s[2] >= c and s[3] >= m
+                                                    and (share or not s[4]))]
+            p.failed.append((n, g, c, m, share))
+        return found
+
+    @staticmethod
+    def _share(p: _PoolNodes, request: PlacementRequest) -> list[int] | None:
+        """Node indexes for the ``nodes`` pods of a ``share_nodes`` request when the pool has fewer distinct nodes
+        with room than pods: round by round, one more pod on each node that still has room for it (``pods_on``
+        of its free resources), healthy nodes before suspect ones, fewest free GPUs first within each (so the
+        nodes left whole stay whole); None when the nodes with room hold fewer pods than asked."""
+        n, g = request.nodes, request.gpus_per_node
+        order = sorted((i for k in range(g, len(p.buckets)) for _fc, _fm, i in p.buckets[k]),
+                       key=lambda i: (i in p.suspect, p.free_g[i], p.free_c[i], p.free_m[i], i))
+        room = {i: pods_on(request, p.free_g[i], p.free_c[i], p.free_m[i]) for i in order}
+        if sum(room.values()) < n:
+            return None
+        found: list[int] = []
+        turn = 0
+        while len(found) < n:
+            turn += 1
+            for i in order:
+                if room[i] >= turn:
+                    found.append(i)
+                    if len(found) == n:
+                        break
         return found
 
     @staticmethod
@@ -337,9 +372,10 @@ class NodeBook:
             i = nodes[0]
             return (p.free_g[i] - request.gpus_per_node, p.free_c[i] - request.cpu_milli,
                     p.free_m[i] - request.memory_mib)
-        return (sum(p.free_g[i] for i in nodes) - request.gpus_per_node * len(nodes),
-                sum(p.free_c[i] for i in nodes) - request.cpu_milli * len(nodes),
-                sum(p.free_m[i] for i in nodes) - request.memory_mib * len(nodes))
+        distinct = set(nodes)  # a node holding several pods of a shared request counts once
+        return (sum(p.free_g[i] for i in distinct) - request.gpus_per_node * len(nodes),
+                sum(p.free_c[i] for i in distinct) - request.cpu_milli * len(nodes),
+                sum(p.free_m[i] for i in distinct) - request.memory_mib * len(nodes))
 
     def place(self, request: PlacementRequest, offers: list[PoolOffer]) -> tuple[PoolOffer, list[int]] | None:
         """The pool and nodes for ``request`` among ``offers`` (already in ``price_order``, all matching): the
@@ -358,7 +394,7 @@ class NodeBook:
             p = pools[o.node_pool_id]
             if p.free_total < need:  # fewer free GPUs on its open nodes than the job asks
                 continue
-            if best_fit and best is not None and not best[2][0]:
+            if best_fit and best is not None and not best[2][0] and not request.share_nodes:
                 # Each node it would get has at least the fewest free GPUs at or above the job's: when even that
                 # leaves more GPUs than the best so far, which uses no suspect node, its score is worse (suspect
                 # nodes used, then GPUs left, come first).

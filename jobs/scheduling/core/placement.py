@@ -105,9 +105,14 @@ class PoolOffer:
 
 @dataclasses.dataclass(frozen=True)
 class PlacementRequest:
-    """What a job needs: ``nodes`` distinct nodes each with ``gpus_per_node`` GPUs, ``cpu_milli`` CPU (millicores)
-    and ``memory_mib`` memory (MiB) free; spot allowed if ``preemptible``; optional lists of allowed providers,
-    regions and cluster names (empty: any)."""
+    """What a job needs: ``nodes`` pods each with ``gpus_per_node`` GPUs, ``cpu_milli`` CPU (millicores) and
+    ``memory_mib`` memory (MiB) free on its node; spot allowed if ``preemptible``; optional lists of allowed
+    providers, regions and cluster names (empty: any).
+
+    ``share_nodes`` False (a training job: one process group per node): every pod on a distinct node.
+    ``share_nodes`` True (an inference job's replicas, independent servers): pods may share a node that has
+    room for several, spread first (``nodebook.NodeBook.fit``); ``pods_on`` counts what one node holds.
+    """
 
     nodes: int
     gpus_per_node: int
@@ -117,6 +122,7 @@ class PlacementRequest:
     clusters: tuple[str, ...] = ()
     cpu_milli: int = 0
     memory_mib: int = 0
+    share_nodes: bool = False
 
     @property
     def total_gpus(self) -> int:
@@ -136,16 +142,44 @@ def allowed(request: PlacementRequest, offer: PoolOffer) -> bool:
             and (request.preemptible or offer.capacity_type != "spot"))
 
 
-def capable_nodes(request: PlacementRequest, offer: PoolOffer, *, schedulable_only: bool) -> int:
-    """How many of ``offer``'s nodes could ever hold one node of ``request`` (only those accepting pods, if asked)."""
+def pods_on(request: PlacementRequest, gpus: int, cpu_milli: int, memory_mib: int) -> int:
+    """How many pods of ``request`` a node with ``gpus`` GPUs, ``cpu_milli`` millicores and ``memory_mib`` MiB
+    (free, or allocatable for "ever") holds: 0 or 1 when pods take distinct nodes; with ``share_nodes`` as many
+    as each resource allows, at most ``request.nodes``.
+
+    Class of failure this rule closes: "accepted but never placeable". The submission check
+    (``jobs.scheduling.never``), the fleet match (``matches``) and the node choice (``NodeBook.fit``) all count
+    a node's room for a job with this one function, so a job accepted at submission is placeable on an empty
+    fleet and one no pool could ever hold is refused there (ADR 0019).
+    """
     g, c, m = request.gpus_per_node, request.cpu_milli, request.memory_mib
-    return sum(count for gpus, cpu, memory, open_, count in offer.node_shapes
-               if gpus >= g and cpu >= c and memory >= m and (open_ or not schedulable_only))
+    if gpus < g or cpu_milli < c or memory_mib < m:
+        return 0
+    if not request.share_nodes:
+        return 1
+    most = request.nodes
+    for have, ask in ((gpus, g), (cpu_milli, c), (memory_mib, m)):
+        if ask > 0:
+            most = min(most, have // ask)
+    return most
+
+
+def pods_held(request: PlacementRequest, shapes) -> int:
+    """How many pods of ``request`` nodes of ``shapes`` (``(GPUs, CPU millicores, memory MiB, how many)`` each)
+    hold together (``pods_on`` per node)."""
+    return sum(pods_on(request, gpus, cpu, memory) * count for gpus, cpu, memory, count in shapes)
+
+
+def capable_nodes(request: PlacementRequest, offer: PoolOffer, *, schedulable_only: bool) -> int:
+    """How many pods of ``request`` ``offer``'s nodes could ever hold (``pods_held``; only nodes accepting pods, if
+    asked): for a job whose pods take distinct nodes, the nodes that could each hold one."""
+    return pods_held(request, ((gpus, cpu, memory, count) for gpus, cpu, memory, open_, count in offer.node_shapes
+                               if open_ or not schedulable_only))
 
 
 def matches(request: PlacementRequest, offer: PoolOffer) -> bool:
     """Whether ``offer`` could hold ``request`` once its running work ends: healthy, constraints, spot rule, and
-    ``nodes`` distinct schedulable nodes each large enough (GPUs, CPU, memory)."""
+    schedulable nodes large enough (GPUs, CPU, memory) for its ``nodes`` pods (``capable_nodes``)."""
     return (offer.healthy and allowed(request, offer) and request.gpus_per_node <= offer.gpus_per_node
             and capable_nodes(request, offer, schedulable_only=True) >= request.nodes)
 

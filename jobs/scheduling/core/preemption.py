@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .nodebook import NodeBook
-from .placement import PlacementRequest, PoolOffer
+from .placement import PlacementRequest, PoolOffer, pods_on
 from .types import OK, QueuedJob, RunningJob, TeamState, Verdict
 
 
@@ -100,8 +100,8 @@ def choose_victims(candidates: list[RunningJob], pools: list[PoolOffer], book: N
 
 
 def could_fit(book: NodeBook, pool_id: int, request: PlacementRequest, on_pool: list[RunningJob]) -> bool:
-    """Whether the pool would have ``request.nodes`` schedulable nodes with room for one node of ``request`` each
-    (GPUs, CPU, memory) once every job of ``on_pool`` (running there) ended: an upper bound of what any set of
+    """Whether the pool's schedulable nodes would have room for the ``request.nodes`` pods of ``request`` (GPUs, CPU,
+    memory; ``placement.pods_on`` each) once every job of ``on_pool`` (running there) ended: an upper bound of what any set of
     those victims can free, so False means none can. A job without node names (its GPUs go back to the fullest
     nodes) gives no bound: True."""
     p = book.pools[pool_id]
@@ -123,14 +123,14 @@ def could_fit(book: NodeBook, pool_id: int, request: PlacementRequest, on_pool: 
     left = request.nodes
     free_g, free_c, free_m, sched = p.free_g, p.free_c, p.free_m, p.sched
     for i, a in add.items():
-        if sched[i] and free_g[i] + a[0] >= g and free_c[i] + a[1] >= c and free_m[i] + a[2] >= m:
-            left -= 1
+        if sched[i]:
+            left -= pods_on(request, free_g[i] + a[0], free_c[i] + a[1], free_m[i] + a[2])
     if left <= 0:
         return True
     for k in range(g, len(p.buckets)):  # the other nodes with room now
         for fc, fm, i in p.buckets[k]:
             if fc >= c and fm >= m and i not in add:
-                left -= 1
+                left -= pods_on(request, k, fc, fm)
                 if left <= 0:
                     return True
     return False
@@ -263,7 +263,7 @@ class VictimSearch:
         whose end lets ``job`` in on one of ``pools`` (ids ``pids``): ``(offer, victims, node indexes)``, or None.
         ``guaranteed``: the part of the team's quota of ``acc`` it never lends; ``fits_nowhere``: the job has
         room on none of ``pools`` now (its placement was just tried)."""
-        key = (team.team_id, acc, pids)
+        key = (team.team_id, acc, job.share_nodes, pids)
         n, g, c, m = shape = (job.nodes, job.gpus_per_node, job.cpu_milli, job.memory_mib)
         ckey = (team.cohort, acc)
         version = (self.cohorts.cohort_gen.get(ckey, 0), self.cohorts.released.get(acc, 0))

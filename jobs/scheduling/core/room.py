@@ -75,8 +75,12 @@ class Room:
                          f"{whole - open_} large enough nodes are cordoned or tainted")
         if bad:
             parts.append(bad)
-        parts.append(f"at most {open_} schedulable nodes of one healthy pool can hold a node of it, "
-                     f"{job.nodes} needed")
+        if job.share_nodes:
+            parts.append(f"the schedulable nodes of one healthy pool hold at most {open_} of its pods, "
+                         f"{job.nodes} needed")
+        else:
+            parts.append(f"at most {open_} schedulable nodes of one healthy pool can hold a node of it, "
+                         f"{job.nodes} needed")
         return "; ".join(parts)
 
     def no_price(self, job: QueuedJob, acc: int, fleet: Verdict) -> Verdict:
@@ -88,11 +92,31 @@ class Room:
     def place(self, job: QueuedJob, acc: int, pools: list[PoolOffer], pids: tuple[int, ...]):
         """``(offer, node indexes)`` for ``job`` among ``pools`` (ids ``pids``) now, or None.
 
+        A job with ``avoid_clusters`` (a spot reclaim there within ``SPOT_RECLAIM_AVOID_SECONDS``) is placed on the
+        other clusters' pools when one has room now, cheapest first; only when none has does it go back to an
+        avoided cluster (SkyPilot's eager failover: the preempted region is blocked for the relaunch, then
+        retried with the rest when nothing else launches). Class of failure: "recovery returns to the failure it
+        recovers from" (ADR 0018).
+        """
+        avoid = job.avoid_clusters
+        if avoid:
+            first = [o for o in pools if o.cluster_id not in avoid]
+            if len(first) < len(pools):
+                last = [o for o in pools if o.cluster_id in avoid]
+                found = self._place(job, acc, first, tuple(o.node_pool_id for o in first)) if first else None
+                if found is None:
+                    found = self._place(job, acc, last, tuple(o.node_pool_id for o in last))
+                return found
+        return self._place(job, acc, pools, pids)
+
+    def _place(self, job: QueuedJob, acc: int, pools: list[PoolOffer], pids: tuple[int, ...]):
+        """``place`` among ``pools`` in their order, whatever the job avoids.
+
         Shapes known not to fit are remembered until a release on ``acc`` (bookings only take room, so a shape
         at least as large in every resource does not fit either); so are the pools in front with fewer free GPUs
         than the job asks, which ``NodeBook.place`` would pass over.
         """
-        key = (acc, job.preemptible, pids)
+        key = (acc, job.preemptible, job.share_nodes, pids)
         n, g, c, m = shape = (job.nodes, job.gpus_per_node, job.cpu_milli, job.memory_mib)
         released = self._released.get(acc, 0)
         failed = self._failed.get(key)

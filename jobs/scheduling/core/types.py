@@ -97,11 +97,16 @@ class QueuedJob:
     cpu_milli: int = 0
     memory_mib: int = 0
     alternatives: tuple[int, ...] = ()
+    #: Its pods may share a node (an inference job's replicas: ``placement.PlacementRequest.share_nodes``).
+    share_nodes: bool = False
+    #: Cluster ids whose spot capacity reclaimed one of its attempts within ``SPOT_RECLAIM_AVOID_SECONDS``: its
+    #: placement tries every other cluster's pools first (``room.Room.place``; ADR 0018).
+    avoid_clusters: tuple[int, ...] = ()
     key: tuple = dataclasses.field(init=False, repr=False, compare=False)
     #: What placement depends on, whatever the accelerator: size per node, spot rule and constraints (a cache key).
     shape: tuple = dataclasses.field(init=False, repr=False, compare=False)
-    #: nodes x gpus_per_node: every pod holds gpus_per_node (a serving job's replicas are counted in ``nodes``, one
-    #: pod per node: ``jobs.scheduling.snapshot``). Set once, as the pass reads it for every job.
+    #: nodes x gpus_per_node: every pod holds gpus_per_node (a serving job's replicas are counted in ``nodes``, and
+    #: may share a node: ``share_nodes``, ``jobs.scheduling.snapshot.pods_of``). Set once, as the pass reads it.
     total_gpus: int = dataclasses.field(init=False, repr=False, compare=False)
     #: Whether the job asks no GPUs (it runs on the CPU flavor).
     cpu_only: bool = dataclasses.field(init=False, repr=False, compare=False)
@@ -110,7 +115,7 @@ class QueuedJob:
     def __post_init__(self):
         self.key = (-self.priority, self.submitted, self.job_id)
         self.shape = (self.nodes, self.gpus_per_node, self.cpu_milli, self.memory_mib, self.preemptible,
-                      self.providers, self.regions, self.clusters)
+                      self.providers, self.regions, self.clusters, self.share_nodes, self.avoid_clusters)
         self.total_gpus = self.nodes * self.gpus_per_node
         self.cpu_only = self.gpus_per_node == 0
 
@@ -129,7 +134,7 @@ class QueuedJob:
         if request is None:
             request = self._request = PlacementRequest(self.nodes, self.gpus_per_node, self.preemptible,
                                                        self.providers, self.regions, self.clusters, self.cpu_milli,
-                                                       self.memory_mib)
+                                                       self.memory_mib, self.share_nodes)
         return request
 
     @property

@@ -186,6 +186,7 @@ def test_it_rejects_yaml_aliases(teammate, aws_cluster):
 def test_it_accepts_inference_with_replicas_and_port(teammate, aws_cluster, submission):
     submission.update(kind="inference", name="serve")
     submission["spec"].update(replicas=2, port=8080)
+    submission["spec"]["resources"]["nodes"] = 1  # 2 replicas x 1 node: they fit the 2 x 8 pool (ADR 0019)
     r = teammate.client.post(JOBS, submission, format="json")
     assert r.status_code == 201, r.content
     assert r.json()["spec"]["replicas"] == 2

@@ -164,7 +164,7 @@ def test_it_recovers_a_spot_eviction_on_another_cluster(emulated_clusters, admit
     k.finish_job(job, "Failed", "PodFailurePolicy")
     reconcile_cluster(attempt.cluster)
     assert state(attempt) == S.RECOVERING
-    assert load(attempt.pk).end_reason == "Preempted"
+    assert load(attempt.pk).end_reason == "SpotReclaimed"  # a spot pool: counted by its cause (ADR 0018)
     NodePool.objects.filter(pk=spot.pk).update(nodes=0)  # the reclaimed spot node is gone from the pool
     assert try_admit(attempt.job_id) == "admitted"
     second = load(Job.objects.get(pk=attempt.job_id).current_attempt_id)

@@ -221,9 +221,12 @@ def test_an_unschedulable_pod_past_the_grace_period_releases_its_attempt_and_req
     assert not JobAttempt.objects.filter(job=job, ended_at__isnull=True).exists()
 
 
-def test_each_serving_replica_gets_a_node_of_its_own(two_clusters, teams, user, catalog):
-    # cheap: 2 free 8-GPU nodes; dear: 3. An inference job of 3 replicas x 2 GPUs needs 3 distinct nodes (its pods
-    # are pinned to the chosen nodes and repel each other per node), so it goes to dear although cheap has 16 free.
+def test_serving_replicas_share_the_cheap_nodes_and_the_kube_scheduler_binds_them_all(
+        two_clusters, teams, user, catalog):
+    """ADR 0019: cheap has 2 free 8-GPU nodes, dear 3. An inference job of 3 replicas x 2 GPUs fits cheap's two
+    nodes (replicas may share a node; spread first), so it goes there; its Deployment pins the pods to those
+    nodes with a preferred anti-affinity only, and a kube-scheduler binds every replica (a required one would
+    leave the third Unschedulable)."""
     emulators, clusters = two_clusters
     add(emulators, "cheap", gpu_node("c0"), gpu_node("c1"))
     add(emulators, "dear", gpu_node("d0"), gpu_node("d1"), gpu_node("d2"))
@@ -237,5 +240,15 @@ def test_each_serving_replica_gets_a_node_of_its_own(two_clusters, teams, user, 
     schedule_pending()
     job = fresh(job)
     attempt = job.current_attempt
-    assert job.state == JobState.ADMITTED and attempt.cluster.name == "dear" and attempt.gpus == 6
-    assert sorted(attempt.placement["nodes"]) == ["d0", "d1", "d2"]
+    assert job.state == JobState.ADMITTED and attempt.cluster.name == "cheap" and attempt.gpus == 6
+    assert len(attempt.placement["nodes"]) == 3 and set(attempt.placement["nodes"]) == {"c0", "c1"}
+
+    assert dispatch(attempt.pk) == "dispatched"
+    url = emulators.url("cheap")
+    deployment = next(d for d in Kubelet(url).deployments()
+                      if d["metadata"]["labels"].get("controlplane.io/attempt") == str(attempt.pk))
+    as_pods = {"metadata": deployment["metadata"],
+               "spec": {"completions": deployment["spec"]["replicas"], "template": deployment["spec"]["template"]}}
+    create_pending_pods(url, as_pods)
+    bound = KubeScheduler(url).schedule()
+    assert len(bound) == 3 and all(node in ("c0", "c1") for node in bound.values()), bound
