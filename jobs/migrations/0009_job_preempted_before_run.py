@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0007_attempt_uid'),
+        ('jobs', '0008_spot_reclaimed_end_reason'),
     ]
 
     operations = [
