@@ -101,6 +101,12 @@ class Cluster(models.Model):
     health = models.CharField(max_length=16, choices=Health.choices, default=Health.HEALTHY)
     last_contact_at = models.DateTimeField(null=True, blank=True)
     consecutive_failures = models.PositiveIntegerField(default=0)
+    # The lost-cluster clock counts only time the control plane watched (jobs.reconcile, docs/adr/0017): when
+    # reconcile last looked at the cluster (whatever the answer), and since when it has watched the cluster fail
+    # without a gap longer than CLUSTER_LOST_OBSERVED_GAP_SECONDS between two looks (null: the last look answered).
+    last_look_at = models.DateTimeField(null=True, blank=True, help_text="when reconcile last looked (UTC)")
+    failing_since = models.DateTimeField(null=True, blank=True,
+                                         help_text="start of the failed looks watched without a gap (UTC)")
     health_reason = models.TextField(blank=True, default="", help_text="why it is not healthy (the last failure)")
     health_since = models.DateTimeField(null=True, blank=True, help_text="when its current health began")
     created_at = models.DateTimeField(auto_now_add=True)
