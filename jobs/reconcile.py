@@ -324,7 +324,7 @@ def _count_failed_look(cluster: Cluster, now: dt.datetime) -> None:
     the read and the write, so two passes looking at once count both looks.
     """
     with transaction.atomic():
-        row = Cluster.objects.select_for_update().only("last_look_at", "failing_since").get(pk=cluster.pk)
+        row = Cluster.objects.select_for_update(no_key=True).only("last_look_at", "failing_since").get(pk=cluster.pk)
         last, since = row.last_look_at, row.failing_since
         if last is None or (now - last).total_seconds() > settings.CLUSTER_LOST_OBSERVED_GAP_SECONDS:
             since = now

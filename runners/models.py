@@ -271,7 +271,8 @@ NODE_FIELDS = ["node_pool", "accelerator_label", "capacity_type", "gpus", "cpu_m
 def store_nodes(cluster: Cluster, nodes: list) -> int:
     """Make ``cluster``'s Node rows match ``nodes``: ``(info, pool row, accelerator label, capacity type)`` with
     ``info`` a ``runners.base.NodeInfo``; insert or update each by name, delete those no longer reported. Call it
-    inside the transaction that writes the cluster's pools. Returns how many nodes are stored."""
+    inside the transaction that writes the cluster's pools. Returns how many nodes are stored. Idempotent: a node
+    inserted by an overlapping call meanwhile is updated (an upsert on ``(cluster, name)``), never a duplicate."""
     now = timezone.now()
     existing = {n.name: n for n in Node.objects.filter(cluster=cluster)}
     fresh, changed = [], []
@@ -293,7 +294,9 @@ def store_nodes(cluster: Cluster, nodes: list) -> int:
             for key, value in values.items():
                 setattr(node, key, value)
             changed.append(node)
-    Node.objects.bulk_create(fresh)
+    # An upsert: a node another writer of this cluster's nodes (an overlapping sync) inserted since ``existing``
+    # was read is updated, not a duplicate key that aborts the sync (concurrent writers of one derived row).
+    Node.objects.bulk_create(fresh, update_conflicts=True, unique_fields=["cluster", "name"], update_fields=NODE_FIELDS)
     if changed:
         Node.objects.bulk_update(changed, NODE_FIELDS)
     if existing:
