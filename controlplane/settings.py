@@ -358,6 +358,15 @@ CLUSTER_LOST_GRACE_SECONDS = env.float("CLUSTER_LOST_GRACE_SECONDS", default=600
 # time: 1800 s covers the recovery and the waits of a few passes for quota or room, and a reclaim older than
 # that no longer keeps a job off its cheapest cluster. 0 turns the avoidance off.
 SPOT_RECLAIM_AVOID_SECONDS = env.float("SPOT_RECLAIM_AVOID_SECONDS", default=1800.0)
+# The grace above counts only time reconcile watched the cluster fail (docs/adr/0017): two looks further apart
+# than this many seconds (the control plane was down, or its passes stalled) count nothing between them, and the
+# clock starts again at the first failed look after the gap, so an outage of the control plane never becomes a
+# verdict on the cluster. Seconds; 60 = twelve reconcile intervals, and the reconcile task's soft time limit (the
+# longest one pass runs), so slow passes are not gaps, while the unwatched time one short gap adds stays a tenth of
+# the default grace. As Kubernetes' node lifecycle controller, which keeps each node's last probe time in its own
+# memory, takes its first look after a restart as the probe ("Assuming now as a timestamp") and gives new nodes
+# --node-startup-grace-period (60 s) before any verdict.
+CLUSTER_LOST_OBSERVED_GAP_SECONDS = env.float("CLUSTER_LOST_OBSERVED_GAP_SECONDS", default=60.0)
 # How long a cluster keeps an attempt's end record (ADR 0011): longer than any backup a restore may use (RPO).
 END_RECORD_RETENTION_SECONDS = env.float("END_RECORD_RETENTION_SECONDS", default=14 * 86400.0)
 # How often reconcile deletes end records past their retention, per cluster (one ConfigMap LIST).

@@ -15,9 +15,13 @@ thread (and its transaction); the look threads never touch the database.
 
 The pass is also the cluster's health probe: one failure makes it
 ``degraded``, ``CLUSTER_UNREACHABLE_AFTER_FAILURES`` in a row ``unreachable``;
-its jobs are left alone until ``CLUSTER_LOST_GRACE_SECONDS`` after the last
-contact, then their attempts are recovered elsewhere (a control plane that
-loses contact never kills healthy work before that).
+its jobs are left alone until reconcile has watched it fail for
+``CLUSTER_LOST_GRACE_SECONDS``, then their attempts are recovered elsewhere
+(a control plane that loses contact never kills healthy work before that).
+The grace counts only watched time (docs/adr/0017): two looks further apart
+than ``CLUSTER_LOST_OBSERVED_GAP_SECONDS`` (the control plane was down)
+count nothing between them, so an outage of the control plane is never a
+verdict on its clusters.
 
 Evidence before verdicts: any failed, erroring (404, 410, 429, 5xx),
 timed-out or malformed answer fails the whole look at that cluster (counted
@@ -46,7 +50,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import connections
+from django.db import connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -192,7 +196,9 @@ def _apply(look: _Look, future: Future) -> dict:
         log.exception("cluster %s: observing failed", cluster.name)
         return {**_record_failure(cluster, attempts, f"{type(exc).__name__}: {exc}"),
                 "error": f"{type(exc).__name__}: {exc}"}
-    Cluster.objects.filter(pk=cluster.pk).update(last_contact_at=timezone.now(), consecutive_failures=0)
+    answered = timezone.now()
+    Cluster.objects.filter(pk=cluster.pk).update(last_contact_at=answered, last_look_at=answered, failing_since=None,
+                                                 consecutive_failures=0)
     if cluster.health != Cluster.Health.HEALTHY:
         set_health(cluster, Cluster.Health.HEALTHY)
     now = timezone.now()
@@ -307,9 +313,10 @@ def _record_failure(cluster: Cluster, attempts: list[JobAttempt], error: str = "
     ADMITTED attempts past ``DISPATCH_DEADLINE_SECONDS`` are released and placed again at once (a cluster that
     does not answer cannot be dispatched to). ``error``: what failed, in the result and the log.
     """
-    Cluster.objects.filter(pk=cluster.pk).update(consecutive_failures=F("consecutive_failures") + 1)
-    cluster.refresh_from_db(fields=["consecutive_failures", "last_contact_at", "health", "health_reason",
-                                    "health_since"])
+    now = timezone.now()
+    _count_failed_look(cluster, now)
+    cluster.refresh_from_db(fields=["consecutive_failures", "last_contact_at", "last_look_at", "failing_since",
+                                    "health", "health_reason", "health_since"])
     unreachable = cluster.consecutive_failures >= settings.CLUSTER_UNREACHABLE_AFTER_FAILURES
     health = Cluster.Health.UNREACHABLE if unreachable else Cluster.Health.DEGRADED
     failed = f"{cluster.consecutive_failures} failed probe(s) in a row"
@@ -317,30 +324,57 @@ def _record_failure(cluster: Cluster, attempts: list[JobAttempt], error: str = "
         log.warning("cluster %s is %s after %s", cluster.name, health, failed)
     result = {"cluster": cluster.name, "unreachable": True, "health": str(health),
               "consecutive_failures": cluster.consecutive_failures, "recovered": 0, "failure": error}
-    now = timezone.now()
     for attempt in attempts:
         if attempt.job.current_attempt_id == attempt.pk and attempt.job.state == JobState.ADMITTED:
             redispatch_or_release(attempt.job, attempt, cluster_answers=False, now=now,
                                   deadline_seconds=settings.DISPATCH_DEADLINE_SECONDS)
     if unreachable:
-        result["recovered"] = recover_lost_cluster(cluster, attempts)
+        result["recovered"] = recover_lost_cluster(cluster, attempts, now)
     return result
 
 
-def recover_lost_cluster(cluster: Cluster, attempts: list[JobAttempt], now: dt.datetime | None = None) -> int:
-    """Recover the STARTING/RUNNING attempts of an unreachable ``cluster`` once ``CLUSTER_LOST_GRACE_SECONDS`` passed.
+def _count_failed_look(cluster: Cluster, now: dt.datetime) -> None:
+    """Record one failed look at ``cluster`` at ``now`` (aware UTC): one more failure in a row, and the clock of
+    watched failure that the lost-cluster grace reads.
 
-    The grace period runs from the last successful contact (or the cluster's
-    creation). Returns how many attempts were ended (RECOVERING, or FAILED
-    when no retry is left). Cancels on an unreachable cluster end CANCELLED
-    with deletion pending (``jobs.lifecycle.finish_cancel``); the objects of
-    those and of recovered attempts are deleted as orphans when the cluster
-    answers again.
+    Class of failure: a verdict on time the control plane did not observe. Invariant: the clock
+    (``failing_since``) counts only time between looks at most ``CLUSTER_LOST_OBSERVED_GAP_SECONDS`` apart. After
+    a longer gap (the control plane was down, or the row was restored from a backup) nobody watched the cluster:
+    the clock starts at this look. Within the bound it keeps running, or starts at the previous look when that
+    one answered (the cluster has been failing since its last contact, as watched). The cluster row is locked for
+    the read and the write, so two passes looking at once count both looks.
+    """
+    with transaction.atomic():
+        row = Cluster.objects.select_for_update(no_key=True).only("last_look_at", "failing_since").get(pk=cluster.pk)
+        last, since = row.last_look_at, row.failing_since
+        if last is None or (now - last).total_seconds() > settings.CLUSTER_LOST_OBSERVED_GAP_SECONDS:
+            since = now
+        elif since is None:
+            since = min(last, now)
+        Cluster.objects.filter(pk=cluster.pk).update(
+            consecutive_failures=F("consecutive_failures") + 1, failing_since=since,
+            last_look_at=now if last is None else max(last, now))
+
+
+def recover_lost_cluster(cluster: Cluster, attempts: list[JobAttempt], now: dt.datetime | None = None) -> int:
+    """Recover the STARTING/RUNNING attempts of an unreachable ``cluster`` once it was watched failing for
+    ``CLUSTER_LOST_GRACE_SECONDS``.
+
+    The grace runs from ``cluster.failing_since`` (as loaded; set by each
+    failed look, ``_count_failed_look``): time the control plane watched the
+    cluster fail, never time it was itself down. ``now``: aware UTC, default
+    the current time. Returns how many attempts were ended (RECOVERING, or
+    FAILED when no retry is left). Cancels on an unreachable cluster end
+    CANCELLED with deletion pending (``jobs.lifecycle.finish_cancel``); the
+    objects of those and of recovered attempts are deleted as orphans when the
+    cluster answers again: the verdict was made on watched time, their jobs
+    may run elsewhere already, and a job never runs twice.
     """
     now = now or timezone.now()
-    since = cluster.last_contact_at or cluster.created_at
-    if (now - since).total_seconds() < settings.CLUSTER_LOST_GRACE_SECONDS:
+    since = cluster.failing_since
+    if since is None or (now - since).total_seconds() < settings.CLUSTER_LOST_GRACE_SECONDS:
         return 0
+    watched = f"watched failing for {(now - since).total_seconds():.0f} s since {since.isoformat()}"
     recovered = 0
     for attempt in attempts:
         job = attempt.job
@@ -348,7 +382,7 @@ def recover_lost_cluster(cluster: Cluster, attempts: list[JobAttempt], now: dt.d
             continue
         try:
             recover_or_fail(job, attempt, end_reason=JobAttempt.EndReason.NODE_LOST,
-                            message=f"cluster {cluster.name} unreachable since {since.isoformat()}")
+                            message=f"cluster {cluster.name} unreachable, {watched}")
             recovered += 1
         except StaleState:
             log.info("job %s changed under reconcile; leaving it to the winner", job.pk)

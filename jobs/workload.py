@@ -17,6 +17,7 @@ import datetime as dt
 import logging
 from decimal import Decimal
 
+from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -46,40 +47,67 @@ def collect_attempt(attempt: JobAttempt, now: dt.datetime | None = None, *,
     collection) through the cluster's backend, then, when ``scrape`` (default: while the attempt runs), one
     scrape of the exposition on the port its runner declared (``Backend.workload_exposition``); a scrape that
     fails, or whose body is empty or not the exposition format, adds nothing. Reports already kept are not
-    counted again. Raises ClusterUnreachable or UnknownBackend from the backend's log read.
+    counted again (``_store``: collectors of the same attempt at once write one row, none loses the other's
+    reports). Raises ClusterUnreachable or UnknownBackend from the backend's log read.
     """
     now = now or timezone.now()
-    at = now.timestamp()
-    row = WorkloadMetrics.objects.filter(attempt=attempt).first()
-    stats = RunStats.from_dict(row.stats if row else None)
-    lines = LOG_TAIL_LINES if row is None or attempt.ended_at is not None else LOG_TAIL_LINES_RUNNING
+    seen = WorkloadMetrics.objects.filter(attempt=attempt).exists()
+    lines = LOG_TAIL_LINES if not seen or attempt.ended_at is not None else LOG_TAIL_LINES_RUNNING
     backend = backend_for(attempt.cluster)
-    text = backend.logs(attempt, 0, lines)
-    changed = stats.add_all(parse_log(text), at)
-    source = row.source if row else WorkloadMetrics.Source.LOG
+    logged = parse_log(backend.logs(attempt, 0, lines))
     if scrape is None:
         scrape = attempt.ended_at is None
+    scraped = None
     if scrape and (body := backend.workload_exposition(attempt)):
         try:
-            report = parse_exposition(body)
+            scraped = parse_exposition(body)
         except ValueError:
-            report = None
-        if report is not None and stats.add(report, at):
-            changed, source = True, WorkloadMetrics.Source.PROMETHEUS
-    complete = attempt.ended_at is not None
-    if row is None and not stats.reports and not stats.final and not stats.declared:
-        if complete:  # nothing will come: remember that, so the attempt is not read again
-            return WorkloadMetrics.objects.create(attempt=attempt, complete=True)
-        return None
-    fields = {"stats": stats.to_dict(), "source": source, "tokens_per_s": stats.run_tokens_per_s,
-              "flops_per_token": stats.flops_per_token, "tokens": stats.tokens, "complete": complete}
-    if row is None:
-        return WorkloadMetrics.objects.create(attempt=attempt, **fields)
-    if changed or complete != row.complete:
-        for key, value in fields.items():
-            setattr(row, key, value)
-        row.save()
-    return row
+            scraped = None
+    return _store(attempt, logged, scraped, now.timestamp())
+
+
+def _store(attempt: JobAttempt, logged: list, scraped, at: float) -> WorkloadMetrics | None:
+    """Merge the reports read (``logged`` from the log, ``scraped`` from one scrape or None; received at ``at``,
+    seconds since the epoch) into ``attempt``'s row; returns it, or None when nothing was reported yet.
+
+    Class of failure: concurrent writers of one derived row (beat's collection and reconcile's collection before
+    a deletion, or a task delivered twice, read the same attempt at once). Invariant: the row is written
+    idempotently and never aborts its caller: the existing row is merged into under its row lock (reports kept
+    by another collector meanwhile are not counted again, none is lost), and a missing row is inserted in a
+    savepoint; when another collector inserted it first, this one merges into that row instead of failing. A
+    row once ``complete`` stays complete (a collector that loaded the attempt before it ended comes late). Raises
+    RuntimeError only when the row conflicts on insert and is gone on the next read twice in a row (its attempt
+    was deleted meanwhile).
+    """
+    for _ in range(2):
+        with transaction.atomic():
+            row = WorkloadMetrics.objects.select_for_update().filter(attempt=attempt).first()
+            complete = attempt.ended_at is not None or (row is not None and row.complete)
+            stats = RunStats.from_dict(row.stats if row else None)
+            changed = stats.add_all(logged, at)
+            source = row.source if row else WorkloadMetrics.Source.LOG
+            if scraped is not None and stats.add(scraped, at):
+                changed, source = True, WorkloadMetrics.Source.PROMETHEUS
+            if row is not None:
+                if changed or complete != row.complete:
+                    row.stats, row.source, row.complete = stats.to_dict(), source, complete
+                    row.tokens_per_s, row.flops_per_token, row.tokens = (stats.run_tokens_per_s,
+                                                                         stats.flops_per_token, stats.tokens)
+                    row.save()
+                return row
+            if not stats.reports and not stats.final and not stats.declared:
+                if not complete:
+                    return None
+                fields = {"complete": True}  # nothing will come: remember that, so the attempt is not read again
+            else:
+                fields = {"stats": stats.to_dict(), "source": source, "tokens_per_s": stats.run_tokens_per_s,
+                          "flops_per_token": stats.flops_per_token, "tokens": stats.tokens, "complete": complete}
+            try:
+                with transaction.atomic():  # a savepoint: a conflict rolls back only the insert
+                    return WorkloadMetrics.objects.create(attempt=attempt, **fields)
+            except IntegrityError:
+                continue  # another collector inserted the row first: merge into it under its lock
+    raise RuntimeError(f"workload metrics of attempt {attempt.pk}: the row conflicted on insert and was gone after")
 
 
 def collect_before_delete(attempt: JobAttempt) -> None:

@@ -101,6 +101,12 @@ class Cluster(models.Model):
     health = models.CharField(max_length=16, choices=Health.choices, default=Health.HEALTHY)
     last_contact_at = models.DateTimeField(null=True, blank=True)
     consecutive_failures = models.PositiveIntegerField(default=0)
+    # The lost-cluster clock counts only time the control plane watched (jobs.reconcile, docs/adr/0017): when
+    # reconcile last looked at the cluster (whatever the answer), and since when it has watched the cluster fail
+    # without a gap longer than CLUSTER_LOST_OBSERVED_GAP_SECONDS between two looks (null: the last look answered).
+    last_look_at = models.DateTimeField(null=True, blank=True, help_text="when reconcile last looked (UTC)")
+    failing_since = models.DateTimeField(null=True, blank=True,
+                                         help_text="start of the failed looks watched without a gap (UTC)")
     health_reason = models.TextField(blank=True, default="", help_text="why it is not healthy (the last failure)")
     health_since = models.DateTimeField(null=True, blank=True, help_text="when its current health began")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -265,7 +271,8 @@ NODE_FIELDS = ["node_pool", "accelerator_label", "capacity_type", "gpus", "cpu_m
 def store_nodes(cluster: Cluster, nodes: list) -> int:
     """Make ``cluster``'s Node rows match ``nodes``: ``(info, pool row, accelerator label, capacity type)`` with
     ``info`` a ``runners.base.NodeInfo``; insert or update each by name, delete those no longer reported. Call it
-    inside the transaction that writes the cluster's pools. Returns how many nodes are stored."""
+    inside the transaction that writes the cluster's pools. Returns how many nodes are stored. Idempotent: a node
+    inserted by an overlapping call meanwhile is updated (an upsert on ``(cluster, name)``), never a duplicate."""
     now = timezone.now()
     existing = {n.name: n for n in Node.objects.filter(cluster=cluster)}
     fresh, changed = [], []
@@ -287,7 +294,9 @@ def store_nodes(cluster: Cluster, nodes: list) -> int:
             for key, value in values.items():
                 setattr(node, key, value)
             changed.append(node)
-    Node.objects.bulk_create(fresh)
+    # An upsert: a node another writer of this cluster's nodes (an overlapping sync) inserted since ``existing``
+    # was read is updated, not a duplicate key that aborts the sync (concurrent writers of one derived row).
+    Node.objects.bulk_create(fresh, update_conflicts=True, unique_fields=["cluster", "name"], update_fields=NODE_FIELDS)
     if changed:
         Node.objects.bulk_update(changed, NODE_FIELDS)
     if existing:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from core import lookups
 
@@ -73,10 +73,11 @@ def apply_pools(cluster: Cluster, pools: list[PoolCapacity]) -> dict:
                         and r.capacity_type == pool.capacity_type]
                 row = same[0] if len(same) == 1 else None
             if row is None:
-                row = NodePool.objects.create(cluster=cluster, name=pool.name, accelerator=accelerator,
-                                              capacity_type=pool.capacity_type, nodes=pool.nodes,
-                                              gpus_per_node=pool.gpus_per_node)
+                row, created = _insert_pool(cluster, pool, accelerator)
                 rows[row.pk] = row
+            else:
+                created = False
+            if created:
                 counts["created"] += 1
             else:
                 wanted = {"accelerator_id": accelerator.pk, "capacity_type": pool.capacity_type,
@@ -106,6 +107,24 @@ def apply_pools(cluster: Cluster, pools: list[PoolCapacity]) -> dict:
                 counts["deleted"] += 1
         counts["nodes"] = store_nodes(cluster, [(n, row, pool.accelerator, pool.capacity_type) for n, row, pool in node_rows])
     return counts
+
+
+def _insert_pool(cluster: Cluster, pool: PoolCapacity, accelerator: Accelerator) -> tuple[NodePool, bool]:
+    """Insert ``cluster``'s row of the discovered ``pool``; ``(row, True)``, or ``(the row another sync of this
+    cluster inserted first, False)``.
+
+    Class of failure: concurrent writers of one derived row (two syncs of one cluster overlap: a run that waits on
+    a slow cluster past the next beat, or a task delivered twice; with no row of the cluster yet, neither waits on
+    the other's row locks). Invariant: a sync's insert is idempotent, it never aborts the sync: the insert runs
+    in a savepoint, and on the (cluster, name) conflict the committed row is taken and updated like any other.
+    """
+    try:
+        with transaction.atomic():  # a savepoint: a conflict rolls back only this insert
+            return NodePool.objects.create(cluster=cluster, name=pool.name, accelerator=accelerator,
+                                           capacity_type=pool.capacity_type, nodes=pool.nodes,
+                                           gpus_per_node=pool.gpus_per_node), True
+    except IntegrityError:
+        return NodePool.objects.get(cluster=cluster, name=pool.name), False
 
 
 def sync_cluster(cluster: Cluster) -> dict:

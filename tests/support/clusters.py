@@ -14,7 +14,8 @@ from decimal import Decimal
 
 import pytest
 
-from jobs.models import Job, JobAttempt
+from jobs.lifecycle import dispatch
+from jobs.models import Job, JobAttempt, JobState
 from jobs.reconcile import reconcile_cluster
 from jobs.scheduling.passes import try_admit
 from quotas.models import Quota
@@ -54,6 +55,15 @@ class World:
                            max_runtime=max_runtime)
         assert try_admit(job.pk) == "admitted", Job.objects.get(pk=job.pk).queue_info
         return load(Job.objects.get(pk=job.pk).current_attempt_id)
+
+    def running(self, cluster: str = "gcp-usc1", **kw) -> JobAttempt:
+        """A job admitted on ``cluster`` (``admit``'s ``kw``), dispatched, its pods running and seen RUNNING by one
+        reconcile pass (the cluster's last contact); returns its attempt, loaded."""
+        attempt = self.admit(cluster=cluster, **kw)
+        assert dispatch(attempt.pk) == "dispatched"
+        self.reconcile(cluster)
+        assert state(attempt) == JobState.RUNNING
+        return load(attempt.pk)
 
     def emulator(self, attempt: JobAttempt) -> ClusterEmulator:
         return self.emulators[attempt.cluster.name]

@@ -20,11 +20,7 @@ S = JobState
 
 def running(world, **kw) -> JobAttempt:
     """A job admitted on gcp-usc1, dispatched, its pods running and seen RUNNING by reconcile."""
-    attempt = world.admit(cluster="gcp-usc1", **kw)
-    assert dispatch(attempt.pk) == "dispatched"
-    world.reconcile("gcp-usc1")
-    assert state(attempt) == S.RUNNING
-    return load(attempt.pk)
+    return world.running("gcp-usc1", **kw)
 
 
 def test_one_404_to_the_job_list_kills_no_healthy_job(live_clusters):

@@ -56,3 +56,12 @@ def start(emulated_clusters, attempt: JobAttempt) -> tuple[Kubelet, dict, list[d
 def state(attempt: JobAttempt) -> str:
     """The state of ``attempt``'s job now."""
     return Job.objects.get(pk=attempt.job_id).state
+
+
+def watch_fail_past_the_grace(clock, reconcile, grace_seconds: float, every: float = 30.0) -> None:
+    """Reconcile (``reconcile()``) every ``every`` seconds of ``clock`` (a ``time_machine`` traveller) until the
+    control plane has watched its stopped cluster fail for longer than ``grace_seconds``: looks closer together
+    than ``CLUSTER_LOST_OBSERVED_GAP_SECONDS``, the only time the lost-cluster grace counts."""
+    for _ in range(int(grace_seconds // every) + 1):
+        clock.shift(every)
+        reconcile()

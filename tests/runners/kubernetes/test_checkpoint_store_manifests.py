@@ -9,18 +9,16 @@ Kubernetes 1.33 schema.
 
 from __future__ import annotations
 
-import datetime as dt
-
 import pytest
+import time_machine
 from django.utils import timezone
 
 from jobs.models import Job, JobState
 from jobs.reconcile import reconcile_all
 from jobs.scheduling.passes import try_admit
 from runners.kubernetes import manifests as m
-from runners.models import Cluster
 
-from .steps import load, start, state, validate, workload
+from .steps import load, start, state, validate, watch_fail_past_the_grace, workload
 
 S = JobState
 STORE = "s3://ml-checkpoints/controlplane"
@@ -37,10 +35,9 @@ def env_of(obj: dict) -> dict[str, str]:
 def lose_cluster_and_recover(emulated_clusters, attempt):
     """Make ``attempt``'s cluster unreachable past the grace period; returns the job's next (admitted) attempt."""
     emulators, _ = emulated_clusters
-    Cluster.objects.filter(pk=attempt.cluster_id).update(last_contact_at=timezone.now() - dt.timedelta(seconds=601))
     emulators.stop(attempt.cluster.name)
-    for _ in range(3):
-        reconcile_all()
+    with time_machine.travel(timezone.now()) as clock:
+        watch_fail_past_the_grace(clock, reconcile_all, 600)
     assert state(attempt) == S.RECOVERING and load(attempt.pk).end_reason == "NodeLost"
     assert try_admit(attempt.job_id) == "admitted"
     return load(Job.objects.get(pk=attempt.job_id).current_attempt_id)

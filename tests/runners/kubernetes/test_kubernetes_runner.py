@@ -9,10 +9,10 @@ backend sends is validated against the Kubernetes 1.33 schema.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 
 import pytest
+import time_machine
 from django.db import connection
 from django.utils import timezone
 
@@ -25,7 +25,7 @@ from runners.base import PermanentDispatchError, backend_for
 from runners.models import Cluster, NodePool
 from tests.support.kubernetes import Kubelet
 
-from .steps import kubelet, load, start, state, validate
+from .steps import kubelet, load, start, state, validate, watch_fail_past_the_grace
 
 S = JobState
 
@@ -200,12 +200,12 @@ def test_an_outage_longer_than_the_grace_period_recovers_elsewhere_and_cleans_up
     emulators, clusters = emulated_clusters
     attempt = admitted(nodes=2, max_retries=1)
     k, job, pods = start(emulated_clusters, attempt)
-    Cluster.objects.filter(pk=attempt.cluster_id).update(last_contact_at=timezone.now() - dt.timedelta(seconds=601))
     emulators.stop("gcp-usc1")
-    for _ in range(2):
-        reconcile_all()
-        assert state(attempt) == S.RUNNING  # degraded, not yet unreachable
-    reconcile_all()
+    with time_machine.travel(timezone.now()) as clock:
+        for _ in range(3):
+            reconcile_all()
+            assert state(attempt) == S.RUNNING  # degraded, then unreachable but watched failing for seconds only
+        watch_fail_past_the_grace(clock, reconcile_all, 600)
     assert state(attempt) == S.RECOVERING and load(attempt.pk).end_reason == "NodeLost"
     assert try_admit(attempt.job_id) == "admitted"
     second = load(Job.objects.get(pk=attempt.job_id).current_attempt_id)
