@@ -9,7 +9,8 @@ Layout: an entry never crosses a UTC hour boundary or a price change, so a
 month of a running attempt is at most ~744 rows, whatever the accrual
 period. Each accrual extends the attempt's open entry (the one ending where
 accrual stopped, at the same price and GPUs, in the same UTC hour) and
-appends entries only past a boundary. Closed entries never change.
+appends entries only past a boundary. Closed entries never change, except to give back what was
+billed past an end learned later (``_give_back``).
 
 Totals: in the transaction that writes the entries, the team's
 ``TeamSpend`` row, the ``DailyCostRollup`` rows (UTC day x team x cluster x
@@ -44,7 +45,7 @@ from itertools import pairwise
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from core.money import LEDGER_QUANTUM
@@ -144,6 +145,9 @@ class _Batch:
 
     extend: list[tuple[int, dt.datetime, Decimal | None]] = dataclasses.field(default_factory=list)
     insert: list[CostEntry] = dataclasses.field(default_factory=list)
+    delete: list[int] = dataclasses.field(default_factory=list)
+    # (job, attempt, GPU-seconds, USD or None) given back because the attempt's end was learned after accrual
+    given_back: list[tuple[int, int, Decimal, Decimal | None]] = dataclasses.field(default_factory=list)
     accrued_until: list[tuple[int, dt.datetime]] = dataclasses.field(default_factory=list)
     job_usd: dict[int, Decimal] = dataclasses.field(default_factory=lambda: defaultdict(Decimal))
     teams: dict[int, _Totals] = dataclasses.field(default_factory=lambda: defaultdict(_Totals))
@@ -186,9 +190,44 @@ def _locked_rows(attempts) -> list[tuple]:
 
 
 def _due(until: dt.datetime):
-    """Started attempts whose ledger stops before ``until`` and before their end."""
+    """Started attempts whose ledger stops before ``until`` and before their end, or runs past their end (an end
+    learned after accrual had gone on: ``_give_back``)."""
     return (JobAttempt.objects.filter(started_at__isnull=False, started_at__lt=until)
-            .exclude(accrued_until__gte=until).exclude(ended_at__isnull=False, accrued_until__gte=F("ended_at")))
+            .exclude(Q(accrued_until__gte=until) & (Q(ended_at__isnull=True) | Q(accrued_until__lte=F("ended_at"))))
+            .exclude(ended_at__isnull=False, accrued_until=F("ended_at")))
+
+
+def _give_back(batch: _Batch, row: tuple, entries: list[CostEntry]) -> None:
+    """Take back from the ledger what attempt ``row`` was billed after its end: ``entries`` are its entries that
+    end after ``ended_at``; one that starts at or after it is removed, the one across it is cut at it (its amount
+    at its own prices), and the totals shrink by exactly that.
+
+    Class: billing on belief, corrected by evidence. A live attempt is billed up to its cluster's last contact;
+    the end reconcile learns later (the pods' own finish time, e.g. from a pod deleted between two looks) may lie
+    before that. Invariant (the simulator's ``billed_once``): no pod-second past the pods' end stays billed. The
+    job's events say what was given back (``_note_given_back``)."""
+    attempt_id, job_id, team_id, cluster_id, _pool, accelerator_id, gpus, _started, ended_at = row[:9]
+    units = (gpus, *row[10:12])
+    seconds, usd, priced = Decimal(0), Decimal(0), True
+    for entry in entries:
+        if entry.interval_start >= ended_at:
+            batch.delete.append(entry.pk)
+            cut = exact_seconds(entry.interval_end - entry.interval_start)
+            delta = None if entry.amount_usd is None else -entry.amount_usd
+            batch.count(entry.interval_start, team_id, cluster_id, accelerator_id, job_id, delta, -gpus * cut, -1)
+        else:
+            cut = exact_seconds(entry.interval_end - ended_at)
+            amount = _cost(units, exact_seconds(ended_at - entry.interval_start), _entry_rates(entry))
+            delta = None if amount is None else amount - entry.amount_usd
+            batch.extend.append((entry.pk, ended_at, amount))
+            batch.count(entry.interval_start, team_id, cluster_id, accelerator_id, job_id, delta, -gpus * cut, 0)
+        seconds += gpus * cut
+        if delta is None:
+            priced = False
+        else:
+            usd -= delta
+    batch.given_back.append((job_id, attempt_id, seconds, usd if priced else None))
+    batch.accrued_until.append((attempt_id, ended_at))
 
 
 def _entry_rates(entry: CostEntry) -> Rates | None:
@@ -258,9 +297,19 @@ def _accrue_rows(rows: list[tuple], until: dt.datetime, *, isolate: bool,
     opened = {e.attempt_id: e for e in CostEntry.objects.filter(
         attempt_id__in=[r[0] for r in accrued], interval_start__gte=min(hour_floor(r[9]) for r in accrued),
         attempt__accrued_until=F("interval_end"))} if accrued else {}
+    past_end = {r[0]: r for r in rows if r[8] is not None and r[9] is not None and r[9] > r[8]}
+    after_end: dict[int, list[CostEntry]] = defaultdict(list)
+    if past_end:
+        for entry in CostEntry.objects.filter(attempt_id__in=list(past_end), interval_end__gt=F("attempt__ended_at")
+                                              ).order_by("attempt_id", "interval_start"):
+            after_end[entry.attempt_id].append(entry)
     batch, added = _Batch(), {}
     for row in rows:
         try:
+            if row[0] in past_end:
+                _give_back(batch, row, after_end.get(row[0], []))
+                added[row[0]] = Decimal(0)
+                continue
             added[row[0]] = _plan(batch, row, opened.get(row[0]), pools[row[4]], prices[row[4]], until,
                                   reconstructed)
         except SoftTimeLimitExceeded:  # the task's time is up: not this attempt's failure
@@ -300,27 +349,36 @@ def _write_postgresql(batch: _Batch) -> None:
                            f"FROM (VALUES {values}) AS v(id, t) WHERE a.id = v.id", params)
         sums = ("cost_usd", "gpu_seconds", "unpriced_gpu_seconds", "entries")
         added = ", ".join(f'{c} = "{{t}}".{c} + EXCLUDED.{c}' for c in sums)
-        for chunk in _chunks(sorted((team, t.cost, t.gpu_seconds, t.unpriced_gpu_seconds, t.entries, now)
-                                    for team, t in batch.teams.items())):
-            values, params = _values(chunk, ("bigint", "numeric", "numeric", "numeric", "bigint", "timestamptz"))
-            cursor.execute(f'INSERT INTO "{spend_t}" (team_id, {", ".join(sums)}, updated_at) VALUES {values} '
-                           f"ON CONFLICT (team_id) DO UPDATE SET {added.format(t=spend_t)}, "
-                           f"updated_at = EXCLUDED.updated_at", params)
-        for table, keys, conflict, rows in (
-                (rollup_t, ("day", "team_id", "cluster_id", "accelerator_id"), 4, batch.rollups),
-                (job_day_t, ("day", "job_id", "team_id"), 2, batch.job_days)):
-            for chunk in _chunks(sorted((*key, t.cost, t.gpu_seconds, t.unpriced_gpu_seconds, t.entries, now)
-                                        for key, t in rows.items())):
-                values, params = _values(chunk, ("date",) + ("bigint",) * len(keys[1:])
-                                         + ("numeric", "numeric", "numeric", "integer", "timestamptz"))
-                cursor.execute(f'INSERT INTO "{table}" ({", ".join(keys)}, {", ".join(sums)}, rebuilt_at) '
+        shrunk = ", ".join(f"{c} = t.{c} + v.{c}" for c in sums)
+        for table, keys, conflict, rows, stamp in (
+                (spend_t, ("team_id",), 1, {(k,): t for k, t in batch.teams.items()}, "updated_at"),
+                (rollup_t, ("day", "team_id", "cluster_id", "accelerator_id"), 4, batch.rollups, "rebuilt_at"),
+                (job_day_t, ("day", "job_id", "team_id"), 2, batch.job_days, "rebuilt_at")):
+            casts = (("bigint",) if len(keys) == 1 else ("date",) + ("bigint",) * len(keys[1:])) + (
+                "numeric", "numeric", "numeric", "bigint", "timestamptz")
+            grow = sorted((*key, t.cost, t.gpu_seconds, t.unpriced_gpu_seconds, t.entries, now)
+                          for key, t in rows.items() if min(t.cost, t.gpu_seconds, t.unpriced_gpu_seconds, t.entries) >= 0)
+            # A row that shrinks (``_give_back``) exists already; an INSERT's proposed row would fail its CHECKs.
+            shrink = sorted((*key, t.cost, t.gpu_seconds, t.unpriced_gpu_seconds, t.entries, now)
+                            for key, t in rows.items() if min(t.cost, t.gpu_seconds, t.unpriced_gpu_seconds, t.entries) < 0)
+            for chunk in _chunks(grow):
+                values, params = _values(chunk, casts)
+                cursor.execute(f'INSERT INTO "{table}" ({", ".join(keys)}, {", ".join(sums)}, {stamp}) '
                                f"VALUES {values} ON CONFLICT ({', '.join(keys[:conflict])}) DO UPDATE SET "
-                               f"{added.format(t=table)}, rebuilt_at = EXCLUDED.rebuilt_at", params)
+                               f"{added.format(t=table)}, {stamp} = EXCLUDED.{stamp}", params)
+            for chunk in _chunks(shrink):
+                values, params = _values(chunk, casts)
+                match = " AND ".join(f"t.{k} = v.{k}" for k in keys[:conflict])
+                cursor.execute(f'UPDATE "{table}" AS t SET {shrunk}, {stamp} = v.{stamp} FROM (VALUES {values}) '
+                               f"AS v({', '.join(keys)}, {', '.join(sums)}, {stamp}) WHERE {match}", params)
         for chunk in _chunks(sorted(batch.extend)):
             values, params = _values(chunk, ("bigint", "timestamptz", "numeric"))
             cursor.execute(f'UPDATE "{entry_t}" AS e SET interval_end = v.e, amount_usd = v.a '
                            f"FROM (VALUES {values}) AS v(id, e, a) WHERE e.id = v.id", params)
+    if batch.delete:
+        CostEntry.objects.filter(pk__in=batch.delete).delete()
     CostEntry.objects.bulk_create(batch.insert, batch_size=CHUNK)
+    _note_given_back(batch)
 
 
 def _write_generic(batch: _Batch) -> None:
@@ -348,7 +406,25 @@ def _write_generic(batch: _Batch) -> None:
             row.save()
     for entry_id, end, amount in sorted(batch.extend):
         CostEntry.objects.filter(pk=entry_id).update(interval_end=end, amount_usd=amount)
+    if batch.delete:
+        CostEntry.objects.filter(pk__in=batch.delete).delete()
     CostEntry.objects.bulk_create(batch.insert, batch_size=CHUNK)
+    _note_given_back(batch)
+
+
+def _note_given_back(batch: _Batch) -> None:
+    """A ``billing`` event on each job whose ledger ``_give_back`` shortened, saying how much and why."""
+    if not batch.given_back:
+        return
+    from jobs.models import JobEvent
+
+    JobEvent.objects.bulk_create([
+        JobEvent(job_id=job_id, attempt_id=attempt_id, kind="billing",
+                 reason=(f"{seconds:.0f} GPU-seconds{'' if usd is None else f' (${usd:.2f})'} given back: attempt "
+                         f"{attempt_id} was billed while its cluster could be reached, and ended before that, as "
+                         f"the cluster told later")[:500],
+                 data={"gpu_seconds": str(seconds), "usd": None if usd is None else str(usd)})
+        for job_id, attempt_id, seconds, usd in batch.given_back if seconds])
 
 
 def _write(batch: _Batch) -> None:

@@ -279,9 +279,14 @@ def _delete_orphans(cluster: Cluster, backend: Backend, candidates: dict[int, Ow
             log.warning("cluster %s: deleting %s failed: %s", cluster.name, attempt.object_name, exc)
             failure = exc
         accepted = getattr(attempt, "deletion_accepted_at", None)
-        if candidates[attempt.pk].holding and (failure is None or accepted is not None):
+        owned = candidates[attempt.pk]
+        if owned.holding and (failure is None or accepted is not None):
             # They ran until now, or until the deletion of their owner was accepted (a later call may have failed).
-            bill_objects(attempt.pk, candidates[attempt.pk].created_at, until_now=True, stopped_at=accepted)
+            bill_objects(attempt.pk, owned.created_at, until_now=True, stopped_at=accepted)
+        elif not owned.holding and owned.stopped_at is not None:
+            # They stopped by themselves, possibly after the end recorded while the cluster could not be asked (a
+            # cancel on an unreachable cluster ends the attempt at its last contact): billed up to their stop.
+            bill_objects(attempt.pk, owned.created_at, until_now=True, stopped_at=owned.stopped_at)
         if failure is not None:
             break
         orphans += 1

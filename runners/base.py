@@ -93,10 +93,12 @@ class Observation:
 @dataclasses.dataclass(frozen=True)
 class Owned:
     """What a cluster holds of one attempt (for orphan cleanup): ``holding`` when a pod of it still holds its
-    GPUs (not Succeeded/Failed), ``created_at`` the earliest creation time of its objects (None: unknown)."""
+    GPUs (not Succeeded/Failed), ``created_at`` the earliest creation time of its objects, ``stopped_at`` when its
+    pods stopped holding GPUs as the cluster reports it (None: unknown, or still holding)."""
 
     holding: bool = True
     created_at: dt.datetime | None = None
+    stopped_at: dt.datetime | None = None
 
 
 ABSENT = Observation("absent")

@@ -12,6 +12,7 @@ from jobs.lifecycle import dispatch
 from jobs.models import Job, JobState
 from jobs.scheduling.offers import pool_offers
 from jobs.scheduling.snapshot import team_used_gpus
+from runners.models import Cluster
 from tests.support.clusters import state
 
 
@@ -34,6 +35,8 @@ def test_replicas_count_in_quota_capacity_estimate_ledger_and_views(live_cluster
     assert all(p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "3" for p in pods)
 
     started = Job.objects.get(pk=job.pk).attempts.get().started_at
+    # A live attempt is billed up to its cluster's last contact: the cluster answered for those 2 h.
+    Cluster.objects.filter(pk=attempt.cluster_id).update(last_contact_at=started + dt.timedelta(hours=2))
     accrue_attempt(attempt.pk, until=started + dt.timedelta(hours=2))
     gpu_seconds = sum((e.gpus * (e.interval_end - e.interval_start) for e in CostEntry.objects.filter(attempt_id=attempt.pk)),
                       dt.timedelta())
