@@ -410,12 +410,14 @@ def apply_observation(job: Job, attempt: JobAttempt, obs: Observation) -> None:
 def spot_cause(attempt: JobAttempt, end_reason: str) -> str:
     """``end_reason`` of a lost ``attempt`` by its cause: a pod taken by its node's shutdown or reclaim
     (``Preempted`` as the runner reads it: DisruptionTarget TerminationByKubelet and the like) on a spot node pool
-    is the provider reclaiming its spot capacity, ``SpotReclaimed``; anything else is returned as given.
+    is the provider reclaiming its spot capacity, ``SpotReclaimed``, and so is a node that vanished from a spot pool
+    (``NodeLost``: the pods were garbage-collected with their node before a look saw why); anything else is
+    returned as given.
 
     Class of failure: "recovery returns to the failure it recovers from". Named by its cause, a spot reclaim
     uses no retry (``FREE_RETRY_END_REASONS``) and the job's next placements keep off the cluster for
     ``SPOT_RECLAIM_AVOID_SECONDS`` (``jobs.scheduling.snapshot.spot_avoidance``; ADR 0018)."""
-    if end_reason != JobAttempt.EndReason.PREEMPTED:
+    if end_reason not in (JobAttempt.EndReason.PREEMPTED, JobAttempt.EndReason.NODE_LOST):
         return end_reason
     spot = NodePool.objects.filter(pk=attempt.node_pool_id, capacity_type="spot").exists()
     return JobAttempt.EndReason.SPOT_RECLAIMED if spot else end_reason
@@ -629,6 +631,10 @@ def finish_cancel(job_id: int) -> bool:
                     attempt.cluster.name, exc)
         gone, reason = True, (f"cluster {attempt.cluster.name} unreachable: objects will be deleted when it "
                               f"answers again (deletion pending)")
+        # Billed up to the last time the cluster answered, the last instant its pods are known to have held their
+        # GPUs; reconcile's orphan cleanup bills on to their real stop once the cluster answers again.
+        seen = [t for t in (attempt.cluster.last_contact_at, attempt.started_at) if t is not None]
+        attempt.deletion_accepted_at = max(seen) if seen else None
     if not gone:
         return False
     try:

@@ -451,8 +451,8 @@ class KubernetesBackend(Backend):
         w = workload(attempt)
         if not w.image or not (w.command or w.args):
             raise PermanentDispatchError("spec.image and spec.command or spec.args are required on a Kubernetes cluster")
-        c = client_for(attempt.cluster)
         try:
+            c = client_for(attempt.cluster)  # an unreadable credential is this cluster's failure: retried like one
             try:
                 return self._dispatch(c, w)
             except _NamespaceMissing:  # deleted since this client saw it: create it again, once
@@ -592,7 +592,14 @@ class KubernetesBackend(Backend):
 
     def _observations(self, c: ClusterClient, attempts: list, jobs: list[dict], deployments: list[dict],
                       pods: list[dict]) -> dict[int, Observation]:
-        """An Observation per attempt id from the listed objects (see ``observe``)."""
+        """An Observation per attempt id from the listed objects (see ``observe``).
+
+        Evidence that outlives the pod: a training pod that vanished without a cause of its own (``PodDeleted``:
+        garbage-collected with its node before any look saw its DisruptionTarget, e.g. while the control plane was
+        down) from a node of the attempt's placement that is no longer among the cluster's Nodes was lost with its
+        node: ``NodeLost`` naming it (on a spot pool, ``jobs.lifecycle.spot_cause`` makes that ``SpotReclaimed``),
+        never a ``PodDeleted`` charged to the job's retries. Class: a verdict on missing evidence; invariant
+        ``loss_counted_by_cause`` of the simulator."""
         by_attempt = {_key_of(o): o for o in jobs + deployments}
         pods_of: dict[str | int | None, list[dict]] = defaultdict(list)
         for pod in pods:
@@ -601,6 +608,7 @@ class KubernetesBackend(Backend):
         grace = float(settings.K8S_IMAGE_PULL_GRACE_SECONDS)
         unschedulable_grace = float(settings.K8S_UNSCHEDULABLE_GRACE_SECONDS)
         result = {}
+        node_names: set[str] | None = None  # listed once, only if a pod vanished without a cause of its own
         for attempt in attempts:
             kind = "Deployment" if attempt.job.kind == "inference" else "Job"
             key = attempt_key(attempt)
@@ -619,7 +627,24 @@ class KubernetesBackend(Backend):
             else:
                 result[attempt.pk] = observe_training(obj, attempt_pods, attempt.job.nodes, now, grace,
                                                       unschedulable_grace)
+            observed = result[attempt.pk]
+            if observed.phase == "lost" and observed.end_reason == "PodDeleted" and not observed.nodes:
+                if node_names is None:
+                    node_names = self._node_names(c)
+                gone = tuple(n for n in (attempt.placement or {}).get("nodes") or () if n not in node_names)
+                if gone:
+                    result[attempt.pk] = dataclasses.replace(
+                        observed, end_reason="NodeLost", nodes=gone,
+                        message=f"{observed.message}; its node {', '.join(gone)} is gone from the cluster".strip("; "))
         return result
+
+    def _node_names(self, c: ClusterClient) -> set[str]:
+        """The names of the cluster's Nodes now (one LIST). Raises ClusterUnreachable."""
+        try:
+            nodes = c.call(c.core.list_node, _preload_content=False)
+        except ApiError as exc:
+            raise _read_failure(exc, "listing nodes") from exc
+        return {(n.get("metadata") or {}).get("name") for n in _list_items(nodes, "listing nodes")}
 
     # --- deletion and logs -------------------------------------------------------------------------------------
 
@@ -942,8 +967,8 @@ def _check_pods_listed(owners: list[dict], pods: list[dict]) -> None:
 
 
 def _owned(objects: list[dict], pods: list[dict]) -> dict[str | int, Owned]:
-    """Attempt keys (``attempt_key``) labelled on the listed objects, with whether their pods hold GPUs and their
-    creation time."""
+    """Attempt keys (``attempt_key``) labelled on the listed objects, with whether their pods hold GPUs, their
+    creation time and, when they hold none, when they stopped."""
     pods_of: dict[str | int | None, list[dict]] = defaultdict(list)
     for pod in pods:
         pods_of[_key_of(pod)].append(pod)
@@ -957,7 +982,11 @@ def _owned(objects: list[dict], pods: list[dict]) -> dict[str | int, Owned]:
         before = owned.get(attempt_id)
         if before is not None and before.created_at is not None and (made is None or before.created_at < made):
             made = before.created_at
-        owned[attempt_id] = Owned(_holding(pods_of.get(attempt_id, [])), made)
+        holding = _holding(pods_of.get(attempt_id, []))
+        stopped = None if holding or obj.get("kind") == "Service" else stopped_at(obj, pods_of.get(attempt_id, []))
+        if before is not None and before.stopped_at is not None and (stopped is None or before.stopped_at > stopped):
+            stopped = before.stopped_at
+        owned[attempt_id] = Owned(holding, made, stopped)
     return owned
 
 
