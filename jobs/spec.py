@@ -424,8 +424,8 @@ class JobSubmission(SpecModel):
             raise _rules_failed({f"spec.{k}": v for k, v in errors.items()})
         errors = never_errors(lookups.team, spec, lookups.accelerator, self.kind)
         if errors:
-            raise _rules_failed({"spec.replicas" if k == "replicas" else f"spec.resources.{k}" if k else
-                                 "spec.resources": v for k, v in errors.items()})
+            raise _rules_failed({f"spec.{k}" if k in ("replicas", "preemptible") else f"spec.resources.{k}" if k
+                                 else "spec.resources": v for k, v in errors.items()})
         return self
 
 
@@ -581,7 +581,8 @@ def kind_errors(kind: str, spec: JobSpec) -> dict[str, list[str]]:
 def never_errors(team: Team, spec: JobSpec, accelerator: Accelerator,
                  kind: str = Job.Kind.TRAINING.value) -> dict[str, list[str]]:
     """Why the validated ``spec`` of a ``kind`` job on ``accelerator`` can never run for ``team``, by
-    ``spec.resources`` field (``""``: the resources as a whole; ``"replicas"``: ``spec.replicas``), from
+    ``spec.resources`` field (``""``: the resources as a whole; ``"replicas"``: ``spec.replicas``; ``"preemptible"``:
+    ``spec.preemptible``), from
     ``jobs.scheduling.never`` (which counts pods and nodes as placement does); empty when it could on its
     accelerator or on one of its alternatives (the accelerator's reasons are given)."""
     from .scheduling.never import never_fits

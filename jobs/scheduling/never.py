@@ -53,7 +53,8 @@ def _team_quotas(team_id: int, accelerator_id: int) -> tuple[Quota | None, int |
 def never_fits(team: Team, accelerator: Accelerator, resources: dict, placement: dict | None,
                preemptible: bool, replicas: int = 1, kind: str = "training") -> dict[str, list[str]]:
     """Why a job can never run on ``accelerator``, by ``spec.resources`` field (``""``: the resources as a whole;
-    ``"replicas"``: the serving replicas, ``spec.replicas``); empty when it could. ``resources``: validated
+    ``"replicas"``: the serving replicas, ``spec.replicas``; ``"preemptible"``: ``spec.preemptible``, when every pool
+    it may use is spot and the job is not preemptible); empty when it could. ``resources``: validated
     ``gpus_per_node``, ``nodes``, optional ``cpu`` (cores) and ``memory_gib`` (GiB) per node; ``placement``:
     allowed ``providers``, ``regions``, ``clusters`` (empty: any); ``replicas``: the serving replicas (each
     ``nodes`` pods); ``kind``: ``training`` or ``inference``.
@@ -77,6 +78,15 @@ def never_fits(team: Team, accelerator: Accelerator, resources: dict, placement:
     if no_quota:
         return {"accelerator": [no_quota]}
     nodes = [node for p in pools for node in p[5]]
+    if not pools and not preemptible:
+        constrained = [p for p in fleet_shape(accelerator.pk)
+                       if (not placement.get("providers") or p[2] in placement["providers"])
+                       and (not placement.get("regions") or p[3] in placement["regions"])
+                       and (not placement.get("clusters") or p[1] in placement["clusters"])]
+        if constrained:  # the fleet has pools for it, all of them spot: it would wait for ever
+            return {"preemptible": [f"every {name} node pool the job may use is spot capacity, which takes preemptible "
+                                    f"jobs only; set preemptible to true (it may then be reclaimed and resumed) or "
+                                    f"ask for an accelerator with on-demand capacity"]}
     if nodes:  # no allowed pool at all: it waits for one (a fleet change), not a refusal
         big = [x for x in nodes if x[0] >= g]
         with_gpus = f" with {g} GPUs" if g else ""  # a CPU-only job: any node of a CPU pool

@@ -174,3 +174,20 @@ def test_more_gpus_per_node_than_any_synced_node_has_allocatable_is_refused(
     assert r.json() == {"spec.resources.gpus_per_node": [
         "8 GPUs per node is more than any H100-80GB node has allocatable; the most is 6"]}
     assert not Job.objects.exists()
+
+
+def test_a_job_that_is_not_preemptible_on_a_fleet_of_spot_pools_only_is_refused(teammate, fleet, submission):
+    """Class "accepted but never placeable": spot capacity takes preemptible jobs only, so on a fleet whose every
+    pool of the accelerator is spot a non-preemptible job would wait for ever; it is refused on
+    ``spec.preemptible``, and the same job marked preemptible is accepted."""
+    pool = fleet["pool"]
+    pool.capacity_type = "spot"
+    pool.save()  # through the model: the fleet's lookup cache is invalidated by its signal
+    submission["spec"]["preemptible"] = False
+    r = submit(teammate, submission)
+    assert r.status_code == 400
+    assert list(r.json()) == ["spec.preemptible"]
+    assert "spot capacity" in r.json()["spec.preemptible"][0]
+    assert not Job.objects.exists()
+    submission["spec"]["preemptible"] = True
+    assert submit(teammate, submission).status_code == 201
