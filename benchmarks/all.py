@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# name -> arguments: each benchmark's documented default, the costs benchmark at its quick size.
+# name -> arguments: each benchmark's documented default, the costs benchmark and the simulation at their quick size.
 BENCHMARKS = {
     "schedule": [],
     "trace_replay": [],
@@ -38,6 +38,7 @@ BENCHMARKS = {
     "efficiency": [],
     "ledger_scale": [],
     "faults": [],
+    "simulate": ["--seeds", "24"],
 }
 
 

@@ -334,7 +334,8 @@ def status(code: int, reason: str, message: str, **details) -> dict:
             "reason": reason, "details": details, "code": code}
 
 
-_FAULT_REASONS = {401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 410: "Gone", 429: "TooManyRequests",
+_FAULT_REASONS = {401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 409: "Conflict", 410: "Gone",
+                  429: "TooManyRequests",
                   500: "InternalError",
                   502: "BadGateway", 503: "ServiceUnavailable", 504: "Timeout"}
 
@@ -467,6 +468,9 @@ class ClusterEmulator:
         self.store: dict[str, dict[tuple[str, str], dict]] = {kind: {} for kind, _ in KINDS.values()}
         self.faults: list[Fault] = []
         self.fault_rate = 0.0
+        # Seconds a pod whose Job or Deployment a client deleted keeps running (and holding its GPUs) while
+        # Terminating, as a container given terminationGracePeriodSeconds does; 0: it stops at once.
+        self.termination_grace = 0.0
         self.rng = random.Random(0)
         self.faults_injected = 0
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request served
@@ -732,6 +736,13 @@ class ClusterEmulator:
             uid = obj["metadata"]["uid"]
             for pkey, pod in list(self.store["Pod"].items()):
                 if any(r.get("uid") == uid for r in pod["metadata"].get("ownerReferences") or []):
+                    if self.termination_grace > 0 and pod["status"].get("phase") == "Running":
+                        # Terminating, still running until its grace ends (``step``): slow to go
+                        pod["metadata"].setdefault("deletionTimestamp", micro_time(now))
+                        pod["metadata"]["ownerReferences"] = []
+                        pod["_grace_until"] = now + self.termination_grace
+                        self._touch(pod)
+                        continue
                     self._delete("Pod", pkey, cascade=False, now=now)
         if kind == "Namespace":
             for other in ("Pod", "Service", "Job", "Deployment", "ConfigMap"):
@@ -893,6 +904,8 @@ class ClusterEmulator:
             now = now if now is not None else time.time()
             for key, pod in list(self.store["Pod"].items()):
                 if pod["metadata"].get("deletionTimestamp"):
+                    if now < pod.get("_grace_until", now):
+                        continue  # still running out its termination grace, its GPUs held
                     self._delete("Pod", key, cascade=False, now=now)
                     continue
                 if pod["status"].get("phase") == "Running":

@@ -1,0 +1,293 @@
+"""The simulation's invariants: each a function ``check(world) -> list of messages`` with a name, computed from
+what the emulated clusters and the users saw, not from the platform's own view of itself where that can be
+avoided.
+
+``STEP`` holds the invariants checked after every step, ``END`` those checked once the faults stopped and the
+platform settled. A violation is ``(name, message)``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from decimal import Decimal
+
+from django.conf import settings
+from django.db.models import Q
+
+ATTEMPT_LABEL, JOB_LABEL = "controlplane.io/attempt", "controlplane.io/job"
+UID_LABEL = "controlplane.io/attempt-uid"
+
+
+def attempt_of(labels: dict):
+    """The attempt whose objects carry ``labels``: by its uid (ids are handed out again after a restore), else its id."""
+    from jobs.models import JobAttempt
+
+    if labels.get(UID_LABEL):
+        return JobAttempt.objects.filter(uid=labels[UID_LABEL]).first()
+    return JobAttempt.objects.filter(pk=int(labels.get(ATTEMPT_LABEL) or 0)).first()
+#: Seconds of slack on the dispatch deadline: the release runs in a reconcile pass, one beat interval later at
+#: most, and the world's clock moves in steps of up to 5 s.
+DEADLINE_SLACK_SECONDS = 30.0
+#: Largest difference, per attempt, between the clusters' own count of GPU-seconds and the ledger's, in seconds
+#: of the attempt's pods' time (``billed_once``).
+BILLING_TOLERANCE_SECONDS = Decimal("1")
+
+
+def no_task_crash(world) -> list[str]:
+    """No task delivered to the worker raised (a retry is not a crash): a crash aborts a pass for everyone."""
+    out = [f"{d.message.label()} raised: {d.error.strip().splitlines()[-1]}" for d in world.worker.errors]
+    world.worker.errors.clear()
+    return out
+
+
+def api_always_answers(world) -> list[str]:
+    """Every request a user made was answered without a server error, and a job that exists is never a 404."""
+    out, world.api_errors = list(world.api_errors), []
+    return out
+
+
+def usage_within_reach(world) -> list[str]:
+    """A team's live GPUs never exceed its nominal quota plus its borrowing limit, a cohort's never its teams'
+    nominal quotas together (Kueue's ClusterQueue and cohort accounting)."""
+    from jobs.models import JobAttempt
+    from quotas.models import Quota
+
+    used: dict[int, int] = defaultdict(int)
+    for team_id, gpus in JobAttempt.objects.filter(ended_at__isnull=True).values_list("job__team_id", "gpus"):
+        used[team_id] += gpus
+    out, cohort_used, cohort_nominal = [], 0, 0
+    for q in Quota.objects.filter(cluster__isnull=True, accelerator__name="H100-80GB"):
+        cohort_used += used.get(q.team_id, 0)
+        cohort_nominal += q.nominal_gpus
+        if used.get(q.team_id, 0) > q.nominal_gpus + q.borrowing_limit_gpus and not world.quota_lowered(q.team_id):
+            out.append(f"team {q.team_id} holds {used[q.team_id]} GPUs, above nominal {q.nominal_gpus} + borrowing "
+                       f"{q.borrowing_limit_gpus}")
+    if cohort_used > cohort_nominal and not world.quota_lowered(None):
+        out.append(f"the cohort holds {cohort_used} GPUs, above its teams' nominal {cohort_nominal}")
+    return out
+
+
+def no_healthy_pod_deleted(world) -> list[str]:
+    """The platform deleted no object of an attempt that was neither ended nor being cancelled at that moment."""
+    from jobs.models import JobEvent, JobState
+
+    out = []
+    for name, emulator in world.emulators.items():
+        seen = world.deletions_checked.get(name, 0)
+        new = emulator.deletions[seen:]
+        world.deletions_checked[name] = len(emulator.deletions)
+        for at, kind, obj, labels in new:
+            attempt = attempt_of(labels)
+            if attempt is None:
+                continue
+            moment = dt.datetime.fromtimestamp(at, dt.UTC)
+            ended = attempt.ended_at is not None and attempt.ended_at <= moment
+            ending = JobEvent.objects.filter(job_id=attempt.job_id, created_at__lte=moment, attempt=attempt,
+                                             to_state__in=[JobState.RECOVERING, JobState.FAILED, JobState.CANCELLED,
+                                                           JobState.SUCCEEDED]).exists()
+            cancelling = JobEvent.objects.filter(job_id=attempt.job_id, to_state=JobState.CANCELLING,
+                                                 created_at__lte=moment).exists()
+            if not (ended or ending or cancelling):
+                out.append(f"{kind} {obj} of live attempt {attempt.pk} (job {attempt.job_id}) deleted on {name}")
+    return out
+
+
+def bounded_preemption_before_run(world) -> list[str]:
+    """No job is preempted more than ``PREEMPTION_BEFORE_RUN_LIMIT`` times before one of its attempts first ran
+    (reached RUNNING, as its events record): a borrower is not admitted and reclaimed for ever."""
+    from jobs.models import JobAttempt, JobEvent, JobState
+
+    first_run: dict[int, int] = {}
+    for job_id, attempt_id in (JobEvent.objects.filter(to_state=JobState.RUNNING, attempt__isnull=False)
+                               .order_by("attempt_id").values_list("job_id", "attempt_id")):
+        first_run.setdefault(job_id, attempt_id)
+    counts: dict[int, int] = defaultdict(int)
+    for job_id, attempt_id in JobAttempt.objects.filter(end_reason=JobAttempt.EndReason.PREEMPTED).values_list(
+            "job_id", "pk"):
+        if attempt_id < first_run.get(job_id, attempt_id + 1):
+            counts[job_id] += 1
+    bound = settings.PREEMPTION_BEFORE_RUN_LIMIT
+    return [f"job {j} preempted {n} times before it first ran (bound {bound})" for j, n in counts.items() if n > bound]
+
+
+def dispatch_deadline(world) -> list[str]:
+    """No attempt stays admitted without objects longer than ``DISPATCH_DEADLINE_SECONDS`` of control-plane time."""
+    from jobs.models import JobAttempt
+
+    now = world.clock.now()
+    limit = dt.timedelta(seconds=settings.DISPATCH_DEADLINE_SECONDS + DEADLINE_SLACK_SECONDS)
+    out = []
+    for attempt in JobAttempt.objects.filter(ended_at__isnull=True, started_at__isnull=True,
+                                             runner_state={}).only("pk", "job_id", "created_at"):
+        if now - attempt.created_at > limit + world.control_plane_downtime_since(attempt.created_at):
+            out.append(f"attempt {attempt.pk} of job {attempt.job_id} admitted {now - attempt.created_at} ago "
+                       f"and never dispatched")
+    return out
+
+
+def loss_counted_by_cause(world) -> list[str]:
+    """A job fails for used retries only when more than ``max_retries`` of its attempts failed by its own or its
+    node's fault: a preemption, a spot reclaim, an attempt never dispatched or unschedulable costs no retry."""
+    from jobs.models import Job, JobAttempt, JobState
+
+    free = {JobAttempt.EndReason.PREEMPTED, JobAttempt.EndReason.NOT_DISPATCHED, JobAttempt.EndReason.UNSCHEDULABLE,
+            JobAttempt.EndReason.NODE_UNHEALTHY, JobAttempt.EndReason.SPOT_RECLAIMED}
+    out = []
+    for job in Job.objects.filter(state=JobState.FAILED, state_reason__contains="retries used"):
+        counted = 0
+        for attempt in job.attempts.all():
+            nodes = set((attempt.placement or {}).get("nodes") or [])
+            if attempt.end_reason in free or nodes & world.reclaimed_nodes:
+                continue
+            counted += 1
+        if counted <= job.max_retries:
+            out.append(f"job {job.pk} FAILED with its retries used, but only {counted} of its attempts failed by "
+                       f"its own fault (max_retries {job.max_retries}): {job.state_reason}")
+    return out
+
+
+def accepted_is_placeable(world) -> list[str]:
+    """A job the API accepted (201) is never called never-placeable while the fleet is as it was built: admission
+    and placement use one rule (a node lost, a cluster or node not healthy, may make it so for a while: such
+    moments are left out)."""
+    from jobs.models import Job
+    from runners.models import Cluster, Node
+
+    if world.disturbed or Cluster.objects.exclude(health=Cluster.Health.HEALTHY).exists() or Node.objects.filter(
+            Q(unschedulable=True) | ~Q(health=Node.Health.HEALTHY) | ~Q(taints=[])).exists():
+        return []  # the fleet is not as built: a job may wait for it to come back
+    return [f"job {pk} was accepted but waits as never placeable: {(info or {}).get('message', '')[:200]}"
+            for pk, info in Job.objects.filter(pk__in=world.submitted).values_list("pk", "queue_info")
+            if (info or {}).get("never_placeable")]
+
+
+def recovery_avoids_reclaimed(world) -> list[str]:
+    """After a spot reclaim on cluster C, the job's next attempt within ``SPOT_RECLAIM_AVOID_SECONDS`` is not on C
+    while another cluster could take it: one that never lost a node or its API server in the scenario, with nodes
+    of enough GPUs, and no live attempt at the moment the next attempt was made."""
+    from jobs.models import JobAttempt
+
+    window = dt.timedelta(seconds=settings.SPOT_RECLAIM_AVOID_SECONDS)
+    attempts = list(JobAttempt.objects.select_related("cluster", "job").order_by("job_id", "number"))
+    out = []
+    for before, after in zip(attempts, attempts[1:], strict=False):
+        if (before.job_id != after.job_id or before.end_reason != JobAttempt.EndReason.SPOT_RECLAIMED
+                or after.cluster_id != before.cluster_id or before.ended_at is None
+                or after.created_at - before.ended_at > window):
+            continue
+        job = after.job
+        for c in world.config.clusters:
+            if c.name == before.cluster.name or c.name in world.disturbed or c.gpus_per_node < job.gpus_per_node \
+                    or c.nodes < job.nodes or (c.capacity == "spot" and not job.preemptible):
+                continue
+            busy = any(a.cluster.name == c.name and a.created_at <= after.created_at
+                       and (a.ended_at is None or a.ended_at > after.created_at) for a in attempts)
+            if not busy:
+                out.append(f"job {job.pk}: attempt {after.number} placed on {before.cluster.name} "
+                           f"{after.created_at - before.ended_at} after its spot reclaim there, while {c.name} was free")
+                break
+    return out
+
+
+STEP = {f.__name__: f for f in (no_task_crash, api_always_answers, usage_within_reach, no_healthy_pod_deleted,
+                                bounded_preemption_before_run, dispatch_deadline, loss_counted_by_cause,
+                                accepted_is_placeable, recovery_avoids_reclaimed)}
+
+
+def liveness(world) -> list[str]:
+    """Once faults stop and the platform settled, every job is final: training jobs end, inference jobs were
+    cancelled; a job the API accepted is never left waiting when the fleet is free (``accepted_is_placeable``)."""
+    from jobs.models import FINAL_STATES, Job
+
+    return [f"job {j.pk} still {j.state} after the settling time: {j.state_reason or (j.queue_info or {}).get('message', '')}"
+            for j in Job.objects.exclude(state__in=FINAL_STATES)]
+
+
+def billed_once(world) -> list[str]:
+    """Every pod-second of a GPU-holding pod is billed once, to its attempt, and nothing past the pods' end: per
+    attempt, the ledger's GPU-seconds equal, within ``BILLING_TOLERANCE_SECONDS`` of the attempt's GPUs, the
+    attempt's GPUs times the span the clusters saw its pods (first created to last stopped; the platform holds a
+    gang's nodes as one until its attempt ends, and bills that hold, docs/design.md "Cost ledger"), and are never
+    below the clusters' own sum of its pods' GPU-seconds."""
+    from costs.models import CostEntry
+    from jobs.models import JobAttempt
+
+    ledger: dict[int, Decimal] = defaultdict(Decimal)
+    for attempt_id, gpus, start, end in CostEntry.objects.values_list("attempt_id", "gpus", "interval_start",
+                                                                      "interval_end"):
+        ledger[attempt_id] += Decimal(gpus) * Decimal(str((end - start).total_seconds()))
+    pod_seconds: dict[int, Decimal] = defaultdict(Decimal)
+    span: dict[int, list[float]] = {}
+    by_uid = {str(uid): pk for pk, uid in JobAttempt.objects.values_list("pk", "uid")}
+    for emulator in world.emulators.values():
+        for gpus, labels, created, stopped in emulator.pod_times.values():
+            if stopped is None:
+                continue
+            attempt_id = by_uid.get(labels.get(UID_LABEL) or "") or int(labels[ATTEMPT_LABEL])
+            pod_seconds[attempt_id] += Decimal(gpus) * Decimal(str(round(stopped - created, 6)))
+            first_last = span.setdefault(attempt_id, [created, stopped])
+            first_last[0], first_last[1] = min(first_last[0], created), max(first_last[1], stopped)
+    out = []
+    for attempt in JobAttempt.objects.all():
+        held = (Decimal(attempt.gpus) * Decimal(str(round(span[attempt.pk][1] - span[attempt.pk][0], 6)))
+                if attempt.pk in span else Decimal(0))
+        billed = ledger.get(attempt.pk, Decimal(0))
+        slack = BILLING_TOLERANCE_SECONDS * max(attempt.gpus, 1)
+        if abs(held - billed) > slack or billed < pod_seconds.get(attempt.pk, Decimal(0)) - slack:
+            out.append(f"attempt {attempt.pk} (job {attempt.job_id}, {attempt.end_reason or 'live'}): its pods held "
+                       f"{held:.1f} GPU-s ({pod_seconds.get(attempt.pk, 0):.1f} pod GPU-s), the ledger "
+                       f"{billed:.1f}")
+    return out
+
+
+def no_duplicate_run(world) -> list[str]:
+    """No job ever had more pods alive at once than its nodes x replicas (it never ran twice)."""
+    from jobs.models import Job
+
+    shape = {j.pk: j.nodes * j.replicas for j in Job.objects.all()}
+    pods: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    for emulator in world.emulators.values():
+        for _gpus, labels, created, stopped in emulator.pod_times.values():
+            job = int(labels[JOB_LABEL])
+            pods[job] += [(created, 1), (stopped if stopped is not None else float("inf"), -1)]
+    out = []
+    for job, edges in pods.items():
+        alive = peak = 0
+        for _, step in sorted(edges, key=lambda e: (e[0], e[1])):
+            alive += step
+            peak = max(peak, alive)
+        if peak > shape.get(job, 1):
+            out.append(f"job {job} had {peak} pods alive at once, more than its {shape.get(job)}")
+    return out
+
+
+def nothing_left_behind(world) -> list[str]:
+    """Once settled, no cluster holds a pod, Job or Deployment of the platform's (every job is final)."""
+    out = []
+    for name, emulator in world.emulators.items():
+        left = [p["metadata"]["name"] for p in emulator.pods()] + [
+            o["metadata"]["name"] for kind in ("Job", "Deployment") for o in emulator.objects(kind)]
+        if left:
+            out.append(f"{name} still holds {', '.join(sorted(left)[:4])}")
+    return out
+
+
+def unknown_cost_shown(world) -> list[str]:
+    """No money figure is 0 where the price is unknown: a job with GPU-hours of unknown cost in the ledger says so
+    in its API answer (``cost_unknown``), not only a dollar figure."""
+    from costs.models import CostEntry
+
+    out = []
+    for job_id in sorted(set(CostEntry.objects.filter(usd_per_gpu_hour__isnull=True).values_list("job_id", flat=True))):
+        r = world.client.get(f"/api/v1/jobs/{job_id}/")
+        if r.status_code == 200 and not r.json().get("cost_unknown"):
+            out.append(f"job {job_id} has GPU-hours of unknown cost but its answer shows only "
+                       f"${r.json().get('accrued_cost_usd')}")
+    return out
+
+
+END = {f.__name__: f for f in (liveness, billed_once, no_duplicate_run, nothing_left_behind, unknown_cost_shown)}
+
+#: Every invariant's name, in report order.
+NAMES = [*STEP, *END]

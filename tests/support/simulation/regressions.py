@@ -1,0 +1,75 @@
+"""Named scenarios: each failure class the simulator or a user found, as the shortest world and action list that
+broke its invariant before the fix. ``REGRESSIONS`` maps a name to ``(config, actions, invariants)``: playing the
+actions must break none of ``invariants`` (nor any other). ``tests/simulation`` plays every one of them.
+"""
+
+from __future__ import annotations
+
+from .world import ClusterConfig, WorldConfig
+
+#: (nodes, GPUs per node) index of a 1 x 2 GPU job in ``scenario.SHAPES``.
+ONE_BY_TWO = 1
+
+
+def admit_preempt_loop() -> tuple[WorldConfig, list[tuple]]:
+    """One node of 3 GPUs; team a has nominal 1 and may borrow 1, team b has nominal 2. Every 20 s each team
+    submits a preemptible 1 x 2 GPU job that runs 30 s, team a first: a's job is admitted by borrowing, and
+    b's, within its nominal quota, reclaims the GPUs before a's was dispatched, again and again."""
+    config = WorldConfig((ClusterConfig("c0", "aws", "on-demand", 1, 3, "2.00"),), nominal=(1, 2), borrowing=(1, 0))
+    actions: list[tuple] = []
+    for _ in range(20):
+        actions += [("submit", 0, ONE_BY_TWO, 0, 1, 30, 0, 1), ("submit", 1, ONE_BY_TWO, 0, 1, 40, 0, 1),
+                    ("advance", 10), ("advance", 10)]
+    return config, actions
+
+
+def unreadable_credential() -> tuple[WorldConfig, list[tuple]]:
+    """Two clusters, a job on each; one cluster's stored credential becomes unreadable (encrypted under another
+    key) while the jobs run and end: the other cluster's job is still seen to end, the API still answers."""
+    config = WorldConfig((ClusterConfig("c0", "aws", "on-demand", 1, 8, "2.00"),
+                          ClusterConfig("c1", "gcp", "on-demand", 1, 8, "2.50")), nominal=(8, 8), borrowing=(0, 0))
+    return config, [("submit", 0, 3, 0, 0, 60, 0, 1), ("submit", 1, 3, 0, 0, 60, 0, 1), ("advance", 10),
+                    ("credential_unreadable", 1, 300), ("advance", 120), ("advance", 120)]
+
+
+def control_plane_outage() -> tuple[WorldConfig, list[tuple]]:
+    """A job runs; the control plane is down for longer than every grace period; right after its restart the
+    cluster fails its first looks (503 on pod lists): the job must not be recovered nor its pods deleted."""
+    config = WorldConfig((ClusterConfig("c0", "aws", "on-demand", 1, 8, "2.00"),
+                          ClusterConfig("c1", "gcp", "on-demand", 1, 8, "2.50")), nominal=(8, 8), borrowing=(0, 0))
+    return config, [("submit", 0, 3, 0, 0, 3000, 0, 1), ("advance", 30), ("control_plane_outage", 1500),
+                    ("api_faults", 0, 0, 1, 4), ("api_faults", 0, 9, 1, 4), ("advance", 30), ("advance", 60)]
+
+
+def spot_reclaim_return() -> tuple[WorldConfig, list[tuple]]:
+    """Two spot clusters of one 8-GPU node ($1.00 and $1.20); a preemptible 1 x 8 job on the cheaper one; its node
+    is reclaimed and a replacement joins the same cluster: the next attempt goes to the other cluster."""
+    config = WorldConfig((ClusterConfig("c0", "aws", "spot", 1, 8, "1.00"),
+                          ClusterConfig("c1", "gcp", "spot", 1, 8, "1.20")), nominal=(8, 8), borrowing=(0, 0))
+    return config, [("submit", 0, 3, 0, 1, 600, 0, 1), ("advance", 30), ("spot_reclaim", 0, 0, 1), ("advance", 60),
+                    ("advance", 60)]
+
+
+def replicas_share_nodes() -> tuple[WorldConfig, list[tuple]]:
+    """An inference job of 3 replicas x 2 GPUs on a pool of 2 nodes x 8 GPUs: accepted, so it must be placed."""
+    config = WorldConfig((ClusterConfig("c0", "aws", "on-demand", 2, 8, "2.00"),), nominal=(16, 16), borrowing=(0, 0))
+    return config, [("submit", 0, ONE_BY_TWO, 1, 0, 60, 0, 3), ("advance", 30), ("advance", 60)]
+
+
+def billed_past_the_end() -> tuple[WorldConfig, list[tuple]]:
+    """A job's cluster stops answering and the job ends meanwhile; the ledger must not bill the time after its
+    pods' end, which reconcile learns only when the cluster answers again."""
+    config = WorldConfig((ClusterConfig("c0", "aws", "on-demand", 1, 8, "2.00"),), nominal=(8, 8), borrowing=(0, 0))
+    return config, [("submit", 0, ONE_BY_TWO, 0, 0, 60, 0, 1), ("advance", 20), ("cluster_outage", 0, 300),
+                    ("advance", 120), ("advance", 120), ("advance", 120)]
+
+
+#: name -> (scenario function, the invariants its failure broke).
+REGRESSIONS = {
+    "admit_preempt_loop": (admit_preempt_loop, ("bounded_preemption_before_run",)),
+    "unreadable_credential": (unreadable_credential, ("no_task_crash", "api_always_answers")),
+    "control_plane_outage": (control_plane_outage, ("no_healthy_pod_deleted",)),
+    "spot_reclaim_return": (spot_reclaim_return, ("recovery_avoids_reclaimed",)),
+    "replicas_share_nodes": (replicas_share_nodes, ("accepted_is_placeable", "liveness")),
+    "billed_past_the_end": (billed_past_the_end, ("billed_once",)),
+}
