@@ -266,8 +266,18 @@ def created_at(obj: dict | None, pods: list[dict]) -> dt.datetime | None:
 
 
 def _holding(pods: list[dict]) -> bool:
+    """Whether a pod of ``pods`` still holds its GPUs: not Succeeded or Failed. A pod being deleted
+    (``deletionTimestamp``) holds them while its containers run out their termination grace period (up to
+    ``terminationGracePeriodSeconds``, 30 s by default, e.g. a checkpoint on SIGTERM): its GPUs are freed only
+    when they stop, so billing goes on until then (class: billing ends at the request, not at the stop)."""
     return any((p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-               and not (p.get("metadata") or {}).get("deletionTimestamp") for p in pods)
+               and not _containers_stopped(p) for p in pods)
+
+
+def _containers_stopped(pod: dict) -> bool:
+    """Whether every container of ``pod`` has a ``terminated`` state (an empty list: not started, not stopped)."""
+    statuses = _container_statuses(pod)
+    return bool(statuses) and all((cs.get("state") or {}).get("terminated") for cs in statuses)
 
 
 def pod_failure(pod: dict) -> Observation | None:
