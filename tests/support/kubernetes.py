@@ -734,16 +734,21 @@ class ClusterEmulator:
             self._stop_pod(obj, now)
         if cascade and kind in ("Job", "Deployment"):
             uid = obj["metadata"]["uid"]
+            lingering = False
             for pkey, pod in list(self.store["Pod"].items()):
                 if any(r.get("uid") == uid for r in pod["metadata"].get("ownerReferences") or []):
                     if self.termination_grace > 0 and pod["status"].get("phase") == "Running":
                         # Terminating, still running until its grace ends (``step``): slow to go
                         pod["metadata"].setdefault("deletionTimestamp", micro_time(now))
-                        pod["metadata"]["ownerReferences"] = []
-                        pod["_grace_until"] = now + self.termination_grace
+                        pod["_grace_until"] = pod.get("_grace_until", now + self.termination_grace)
                         self._touch(pod)
+                        lingering = True
                         continue
                     self._delete("Pod", pkey, cascade=False, now=now)
+            if lingering:  # Foreground deletion: the owner stays, being deleted, until its pods are gone (``step``)
+                obj["metadata"].setdefault("deletionTimestamp", micro_time(now))
+                self.store[kind][key] = obj
+                self._touch(obj)
         if kind == "Namespace":
             for other in ("Pod", "Service", "Job", "Deployment", "ConfigMap"):
                 for okey in [k for k in self.store[other] if k[0] == key[1]]:
@@ -913,6 +918,10 @@ class ClusterEmulator:
                     lifetime = self.lifetime(self._public(pod))
                     if lifetime is not None and now - self.pod_times[pod["metadata"]["uid"]][2] >= lifetime:
                         self._terminate(pod, 0, "Completed", now)
+            for kind in ("Job", "Deployment"):  # a Foreground deletion ends once the owner's pods are gone
+                for key, owner in list(self.store[kind].items()):
+                    if owner["metadata"].get("deletionTimestamp") and not self._owned_pods(owner):
+                        self.store[kind].pop(key, None)
             self._control(now)
 
     def ticking(self, every: float = 0.1) -> "Ticker":
@@ -923,9 +932,11 @@ class ClusterEmulator:
         now = now if now is not None else time.time()
         for _ in range(2):  # the second round records the status of the pods the first created and bound
             for job in list(self.store["Job"].values()):
-                self._control_job(job, now)
+                if not job["metadata"].get("deletionTimestamp"):  # being deleted: no new pods
+                    self._control_job(job, now)
             for deployment in list(self.store["Deployment"].values()):
-                self._control_deployment(deployment, now)
+                if not deployment["metadata"].get("deletionTimestamp"):
+                    self._control_deployment(deployment, now)
             for pod in list(self.store["Pod"].values()):
                 if not pod["metadata"].get("deletionTimestamp"):
                     self._bind_and_run(pod, now)

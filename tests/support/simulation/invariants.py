@@ -147,6 +147,26 @@ def loss_counted_by_cause(world) -> list[str]:
     return out
 
 
+def lost_on_watched_time(world) -> list[str]:
+    """A cluster is judged lost only on time the control plane watched it fail: an attempt recovered because its
+    cluster was unreachable ended at least ``CLUSTER_LOST_GRACE_SECONDS`` after the end of the control plane's
+    last outage longer than ``CLUSTER_LOST_OBSERVED_GAP_SECONDS`` (an outage of the control plane is no verdict
+    on a cluster, and the healthy pods of such a verdict would be deleted as orphans)."""
+    from jobs.models import JobAttempt
+
+    grace = dt.timedelta(seconds=settings.CLUSTER_LOST_GRACE_SECONDS)
+    gap = dt.timedelta(seconds=getattr(settings, "CLUSTER_LOST_OBSERVED_GAP_SECONDS", 0))
+    out = []
+    for pk, job_id, ended, message in JobAttempt.objects.filter(
+            end_reason=JobAttempt.EndReason.NODE_LOST, message__contains="unreachable").values_list(
+            "pk", "job_id", "ended_at", "message"):
+        back = [end for start, end in world.outages if end - start > gap and end <= ended]
+        if back and ended - max(back) < grace:
+            out.append(f"attempt {pk} (job {job_id}) recovered as lost {ended - max(back)} after the control plane "
+                       f"came back: {message[:160]}")
+    return out
+
+
 def accepted_is_placeable(world) -> list[str]:
     """A job the API accepted (201) is never called never-placeable while the fleet is as it was built: admission
     and placement use one rule (a node lost, a cluster or node not healthy, may make it so for a while: such
@@ -192,7 +212,7 @@ def recovery_avoids_reclaimed(world) -> list[str]:
 
 STEP = {f.__name__: f for f in (no_task_crash, api_always_answers, usage_within_reach, no_healthy_pod_deleted,
                                 bounded_preemption_before_run, dispatch_deadline, loss_counted_by_cause,
-                                accepted_is_placeable, recovery_avoids_reclaimed)}
+                                lost_on_watched_time, accepted_is_placeable, recovery_avoids_reclaimed)}
 
 
 def liveness(world) -> list[str]:
@@ -206,10 +226,11 @@ def liveness(world) -> list[str]:
 
 def billed_once(world) -> list[str]:
     """Every pod-second of a GPU-holding pod is billed once, to its attempt, and nothing past the pods' end: per
-    attempt, the ledger's GPU-seconds equal, within ``BILLING_TOLERANCE_SECONDS`` of the attempt's GPUs, the
-    attempt's GPUs times the span the clusters saw its pods (first created to last stopped; the platform holds a
-    gang's nodes as one until its attempt ends, and bills that hold, docs/design.md "Cost ledger"), and are never
-    below the clusters' own sum of its pods' GPU-seconds."""
+    attempt, the ledger's GPU-seconds equal the attempt's GPUs times the span the clusters saw its pods (first
+    created to last stopped; the platform holds a gang's nodes as one until its attempt ends, and bills that hold,
+    docs/design.md "Cost ledger"), never more than ``BILLING_TOLERANCE_SECONDS`` of the attempt's GPUs above it,
+    and below it by at most that plus one reconcile interval (pods that vanish without a last status are billed
+    up to the last look that saw them run)."""
     from costs.models import CostEntry
     from jobs.models import JobAttempt
 
@@ -234,7 +255,10 @@ def billed_once(world) -> list[str]:
                 if attempt.pk in span else Decimal(0))
         billed = ledger.get(attempt.pk, Decimal(0))
         slack = BILLING_TOLERANCE_SECONDS * max(attempt.gpus, 1)
-        if abs(held - billed) > slack or billed < pod_seconds.get(attempt.pk, Decimal(0)) - slack:
+        # Pods that vanish without a last status are billed up to the last look that saw them run: at most one
+        # reconcile interval short, never long.
+        look = Decimal(str(settings.CELERY_BEAT_SCHEDULE["reconcile"]["schedule"])) * max(attempt.gpus, 1)
+        if billed > held + slack or billed < held - slack - look:
             out.append(f"attempt {attempt.pk} (job {attempt.job_id}, {attempt.end_reason or 'live'}): its pods held "
                        f"{held:.1f} GPU-s ({pod_seconds.get(attempt.pk, 0):.1f} pod GPU-s), the ledger "
                        f"{billed:.1f}")

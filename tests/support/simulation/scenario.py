@@ -42,6 +42,7 @@ class Knobs:
     pod_disruption: float = 0.03
     slow_termination: float = 0.02
     duplicate_delivery: float = 0.04
+    late_delivery: float = 0.03
     worker_kill: float = 0.03
     credential_rejected: float = 0.02
     credential_unreadable: float = 0.01
@@ -49,6 +50,8 @@ class Knobs:
     cancel: float = 0.05
     quota_change: float = 0.02
     budget_change: float = 0.02
+    backup: float = 0.02
+    restore: float = 0.01
 
     @classmethod
     def off(cls) -> Knobs:
@@ -86,6 +89,8 @@ def draw(seed: int, knobs: Knobs, steps: int = 40) -> tuple[WorldConfig, list[tu
             actions.append(("pod_disruption", rng.randrange(n), rng.randrange(8), rng.randrange(2)))
         elif picked in ("duplicate_delivery", "worker_kill"):
             actions.append((picked, rng.randrange(8)))
+        elif picked == "late_delivery":
+            actions.append(("late_delivery", rng.randrange(8), rng.choice([5, 30, 120])))
         elif picked == "credential_rejected":
             actions.append(("credential_rejected", rng.randrange(n), rng.randint(1, 6)))
         elif picked == "credential_unreadable":
@@ -96,6 +101,8 @@ def draw(seed: int, knobs: Knobs, steps: int = 40) -> tuple[WorldConfig, list[tu
             actions.append(("cancel", rng.randrange(8)))
         elif picked == "quota_change":
             actions.append(("quota_change", rng.randrange(2), rng.randint(0, 8), rng.randint(0, 8)))
+        elif picked in ("backup", "restore"):
+            actions.append((picked,))
         elif picked == "budget_change":
             actions.append(("budget_change", rng.randrange(2), rng.choice([0, 1, 5, 50]), rng.randrange(2)))
         else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import io
 import os
 import random
 import sys
@@ -142,6 +143,9 @@ class World:
         self.cluster_back: dict[str, dt.datetime] = {}  # cluster -> when its API server answers again
         self.initial_quotas: dict[int, tuple[int, int]] = {}
         self.disturbed: set[str] = set()  # clusters that lost a node or their API server at some point
+        self.backup: tuple[str, list[int]] | None = None  # the latest pg_dump and the jobs submitted by then
+        self.after_restore_due = False  # a restore happened and ``manage.py after_restore`` has not yet passed
+        self.restores = 0
 
     def _lifetime(self, pod: dict) -> float | None:
         return self.lifetimes.get((pod["metadata"].get("labels") or {}).get("controlplane.io/job"))
@@ -284,6 +288,8 @@ class World:
     def do_submit(self, team, shape, kind, preemptible, lifetime, max_retries, replicas) -> bool:
         from .scenario import SHAPES
 
+        if self.after_restore_due:
+            return False  # the platform is being restored: nobody reaches its API
         nodes, gpus = SHAPES[shape % len(SHAPES)]
         self.submit(team % 2, nodes, gpus, "inference" if kind else "training", bool(preemptible), lifetime,
                     max_retries, replicas)
@@ -291,6 +297,8 @@ class World:
         return False
 
     def do_cancel(self, index) -> bool:
+        if self.after_restore_due:
+            return False
         self.cancel(index)
         self.after_user_action()
         return False
@@ -327,10 +335,6 @@ class World:
 
     def do_credential_unreadable(self, cluster, seconds) -> bool:
         """The cluster's stored credential becomes unreadable (encrypted under another key) for ``seconds``."""
-        from cryptography.fernet import Fernet
-        from django.db import connection
-
-        from runners.credentials import PREFIX
         from runners.models import Cluster
 
         name = self._cluster(cluster)
@@ -338,12 +342,23 @@ class World:
             return False
         row = Cluster.objects.get(name=name)
         self.unreadable[name] = row.api_token
-        foreign = PREFIX + Fernet(Fernet.generate_key()).encrypt(b"t").decode()
-        with connection.cursor() as cursor:
-            cursor.execute(f"UPDATE {Cluster._meta.db_table} SET api_token = %s WHERE id = %s", [foreign, row.pk])
+        self._write_unreadable(name)
         self.readable_at = getattr(self, "readable_at", {})
         self.readable_at[name] = self.clock.now() + dt.timedelta(seconds=seconds)
         return True
+
+    @staticmethod
+    def _write_unreadable(name: str) -> None:
+        """Store cluster ``name``'s credential encrypted under a key the platform does not have."""
+        from cryptography.fernet import Fernet
+        from django.db import connection
+
+        from runners.credentials import PREFIX
+        from runners.models import Cluster
+
+        foreign = PREFIX + Fernet(Fernet.generate_key()).encrypt(b"t").decode()
+        with connection.cursor() as cursor:
+            cursor.execute(f"UPDATE {Cluster._meta.db_table} SET api_token = %s WHERE name = %s", [foreign, name])
 
     def _restore_credentials(self, force: bool = False) -> None:
         from runners.models import Cluster
@@ -444,6 +459,17 @@ class World:
         self.worker.pending.append(dataclasses.replace(message, eta=self.clock.now() + dt.timedelta(seconds=timeout)))
         return True
 
+    def do_late_delivery(self, index, seconds) -> bool:
+        """A due message is held back ``seconds`` (a busy worker, a broker slow to hand it over): the others
+        overtake it."""
+        self.worker.collect()
+        due = self.worker.due(self.clock.now())
+        if not due:
+            return False
+        message = due[index % len(due)]
+        message.eta = self.clock.now() + dt.timedelta(seconds=seconds)
+        return True
+
     @staticmethod
     def _transport_options() -> dict:
         from django.conf import settings
@@ -476,6 +502,73 @@ class World:
             self.lowered.add(quota.team_id)
         Quota.objects.filter(pk=quota.pk).update(nominal_gpus=nominal, borrowing_limit_gpus=borrowing)
         return False
+
+    def _pg_args(self) -> list[str]:
+        from django.db import connection
+
+        db = connection.settings_dict
+        return ["-h", db["HOST"] or "127.0.0.1", "-p", str(db["PORT"] or 5432), "-U", db["USER"] or "postgres",
+                "-d", db["NAME"]]
+
+    def do_backup(self) -> bool:
+        """An online ``pg_dump -Fc`` of the platform's database (what continuous backups restore to)."""
+        import subprocess
+        import tempfile
+
+        from django.db import connection
+
+        from runners.models import installation
+
+        if connection.vendor != "postgresql":
+            return False
+        installation()  # the installation row, as its migration made it in production
+        path = str(Path(tempfile.gettempdir()) / f"sim-backup-{os.getpid()}.dump")
+        subprocess.run(["pg_dump", "-Fc", "-f", path, *self._pg_args()], check=True, capture_output=True, timeout=120)
+        self.backup = (path, list(self.submitted))
+        return False
+
+    def do_restore(self) -> bool:
+        """The database is lost and restored from the latest backup (``pg_restore --clean``) while the clusters go
+        on; the control plane stays down until ``manage.py after_restore`` passed (it is tried again each step
+        while a cluster does not answer), as the runbook says (``platform/restore.md``)."""
+        import subprocess
+
+        from django.db import connections
+
+        from core.lookups import clear_all
+        from jobs.models import Job
+        from runners.models import Cluster
+
+        if self.backup is None:
+            return False
+        path, submitted = self.backup
+        connections.close_all()
+        subprocess.run(["pg_restore", "--clean", "--if-exists", "--single-transaction", "--no-owner",
+                        *self._pg_args(), path], check=True, capture_output=True, timeout=120)
+        clear_all()  # the processes start again: nothing cached survives
+        for c in self.config.clusters:  # the owners' credentials as they are now, not as backed up
+            if c.name in self.unreadable:
+                self._write_unreadable(c.name)
+            else:
+                row = Cluster.objects.get(name=c.name)
+                row.api_token = f"t-{c.name}"
+                row.save(update_fields=["api_token"])
+        kept = set(Job.objects.filter(pk__in=self.submitted).values_list("pk", flat=True))
+        self.submitted = [j for j in self.submitted if j in kept]  # queued after the backup: lost with it
+        self.restores += 1
+        self.after_restore_due = True
+        self.outages.append((self.clock.now(), self.clock.now()))
+        self._after_restore()
+        return True
+
+    def _after_restore(self) -> None:
+        from django.core.management import CommandError, call_command
+
+        try:
+            call_command("after_restore", stdout=io.StringIO(), stderr=io.StringIO())
+        except CommandError:
+            return  # a cluster did not answer, or staff must decide: tried again next step
+        self.after_restore_due = False
 
     def do_slow_termination(self, cluster, seconds) -> bool:
         """From now on the cluster's pods run ``seconds`` after their Job or Deployment is deleted (Terminating,
@@ -530,7 +623,8 @@ class World:
 
     @property
     def control_plane_up(self) -> bool:
-        return self.control_plane_down_until is None or self.clock.now() >= self.control_plane_down_until
+        return (not self.after_restore_due
+                and (self.control_plane_down_until is None or self.clock.now() >= self.control_plane_down_until))
 
     def advance(self, seconds: float) -> None:
         """Let ``seconds`` of virtual time pass in steps of at most 5 s: the clusters' controllers run each step;
@@ -544,6 +638,10 @@ class World:
             self._restore_credentials()
             for emulator in self.emulators.values():
                 emulator.step()
+            if self.after_restore_due:
+                start, _ = self.outages[-1]
+                self._after_restore()
+                self.outages[-1] = (start, self.clock.now())
             if self.control_plane_up:
                 self.worker.beat(self.clock.now())
                 self.work(order=None)
