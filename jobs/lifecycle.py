@@ -268,6 +268,7 @@ def dispatch(attempt_id: int) -> str:
         return "skipped"
     attach_placement_rows(attempt)
     try:
+        wait_for_previous_attempt(attempt)
         with metrics.DISPATCH_SECONDS.time():
             runner_state = backend_for(attempt.cluster).dispatch(attempt)
     except TransientDispatchError:
@@ -289,6 +290,33 @@ def dispatch(attempt_id: int) -> str:
         bill_objects(attempt.pk, objects_created_at(runner_state), until_now=False)
         return "raced"
     return "dispatched"
+
+
+#: End reasons of an attempt whose objects the platform itself deleted while they ran: their pods may still be
+#: running out their termination grace when the job's next attempt is dispatched.
+DELETED_BY_PLATFORM = (JobAttempt.EndReason.PREEMPTED, JobAttempt.EndReason.NODE_UNHEALTHY)
+
+
+def wait_for_previous_attempt(attempt: JobAttempt) -> None:
+    """Raise TransientDispatchError (the dispatch task retries with backoff) while the pods of the job's previous
+    attempt, ended by a preemption or an unhealthy node, still hold their GPUs: being deleted, they run out their
+    termination grace (``terminationGracePeriodSeconds``, e.g. a checkpoint on SIGTERM). Kueue likewise frees an
+    evicted workload's quota only once its pods are gone.
+
+    Class: a job running twice (its old pods still run when its new ones start: two writers of one checkpoint).
+    Invariant (the simulator's ``no_duplicate_run``): never more pods of a job alive than its nodes x replicas.
+    A previous attempt on a cluster that does not answer does not hold the dispatch up (its recovery already
+    judged that cluster). After the task's retries the dispatch deadline releases and places the job again."""
+    for previous in (JobAttempt.objects.filter(job_id=attempt.job_id, number__lt=attempt.number,
+                                               end_reason__in=DELETED_BY_PLATFORM, started_at__isnull=False)
+                     .select_related("cluster", "job__team").order_by("-number")[:3]):  # those that had pods
+        try:
+            holding = backend_for(previous.cluster).still_holding(previous)
+        except (ClusterUnreachable, UnknownBackend):
+            continue
+        if holding:
+            raise TransientDispatchError(f"attempt {previous.number}'s pods are still stopping on "
+                                         f"{previous.cluster.name}; attempt {attempt.number} waits for them")
 
 
 def delete_ended_attempt(attempt_id: int) -> bool:

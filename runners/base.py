@@ -206,6 +206,12 @@ class Backend:
         """The last ``tail_lines`` lines of the log of node ``node`` of ``attempt``."""
         raise NotImplementedError
 
+    def still_holding(self, attempt) -> bool:
+        """Whether a pod (process) of the ended ``attempt`` still holds its GPUs: being deleted, its containers
+        running out their termination grace. This default: False (the backend stops them at once). Raises
+        ClusterUnreachable."""
+        return False
+
     def workload_exposition(self, attempt, timeout: float = SCRAPE_TIMEOUT_SECONDS) -> str | None:
         """The Prometheus exposition rank 0 of ``attempt`` serves on the port the runner declared
         (``jobs.efficiency.protocol``), or None: no port declared, or no 200 answer within ``timeout`` seconds

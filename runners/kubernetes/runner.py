@@ -776,6 +776,12 @@ class KubernetesBackend(Backend):
                 return False
         return not self._pods(c, namespace, attempt_key(attempt))
 
+    def still_holding(self, attempt) -> bool:
+        """Whether a pod of ``attempt`` still holds its GPUs (``_holding``: Terminating pods whose containers run
+        out their grace count); one LIST by label. Raises ClusterUnreachable."""
+        return _holding(self._pods(client_for(attempt.cluster), team_namespace(attempt.job.team.slug),
+                                   attempt_key(attempt)))
+
     def _pods(self, c: ClusterClient, namespace: str, key: str | int) -> list[dict]:
         """The pods of the attempt with ``key`` (``attempt_key``) in ``namespace`` (one LIST by label)."""
         try:

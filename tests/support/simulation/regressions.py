@@ -75,6 +75,19 @@ def restore_from_backup() -> tuple[WorldConfig, list[tuple]]:
                     ("advance", 120), ("restore",), ("advance", 60), ("advance", 60)]
 
 
+def preempted_pods_still_stopping() -> tuple[WorldConfig, list[tuple]]:
+    """Three clusters of one 8-GPU node; team a's preemptible job runs on the cheapest, whose pods take 120 s to
+    stop once deleted; team b fills the two others, then reclaims a's GPUs. When b's short job ends, a's job is
+    placed again on the freed cluster: it must not start while its preempted pods still run."""
+    config = WorldConfig((ClusterConfig("c0", "aws", "on-demand", 1, 8, "1.00"),
+                          ClusterConfig("c1", "gcp", "on-demand", 1, 8, "2.00"),
+                          ClusterConfig("c2", "aws", "on-demand", 1, 8, "3.00")), nominal=(1, 24), borrowing=(24, 0))
+    return config, [("slow_termination", 0, 120), ("submit", 0, 3, 0, 1, 3000, 0, 1), ("advance", 10),
+                    ("submit", 1, 3, 0, 0, 60, 0, 1), ("submit", 1, 3, 0, 0, 3000, 0, 1), ("advance", 10),
+                    ("submit", 1, 3, 0, 0, 3000, 0, 1), ("advance", 30), ("advance", 30), ("advance", 30),
+                    ("advance", 60), ("advance", 60)]
+
+
 #: name -> (scenario function, the invariants its failure broke).
 REGRESSIONS = {
     "admit_preempt_loop": (admit_preempt_loop, ("bounded_preemption_before_run",)),
@@ -83,5 +96,6 @@ REGRESSIONS = {
     "spot_reclaim_return": (spot_reclaim_return, ("recovery_avoids_reclaimed",)),
     "replicas_share_nodes": (replicas_share_nodes, ("accepted_is_placeable", "liveness")),
     "billed_past_the_end": (billed_past_the_end, ("billed_once",)),
+    "preempted_pods_still_stopping": (preempted_pods_still_stopping, ("no_duplicate_run",)),
     "restore_from_backup": (restore_from_backup, ("no_healthy_pod_deleted", "no_duplicate_run", "billed_once")),
 }
