@@ -28,13 +28,14 @@ REGIONS = {"aws": "us-east-1", "gcp": "us-central1"}
 
 def configure(database_url: str, **overrides: str) -> None:
     """The environment of the control plane in this process (call before ``django.setup``): ``database_url``,
-    Celery's in-memory broker, client timeouts short enough that an injected timeout costs 0.3 s of real time,
+    Celery's in-memory broker, client timeouts of 1 s (an injected timeout costs that much real time, while the
+    emulators answer in milliseconds even on a loaded machine, so the load does not change a replay),
     no client-side rate limit, quiet logs; ``overrides`` win (setting name -> value)."""
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
     os.environ.update({
         "DATABASE_URL": database_url, "CELERY_BROKER_URL": "memory://", "DJANGO_SETTINGS_MODULE": "controlplane.settings",
-        "K8S_CONNECT_TIMEOUT_SECONDS": "0.3", "K8S_READ_TIMEOUT_SECONDS": "0.3", "K8S_QPS": "100000",
+        "K8S_CONNECT_TIMEOUT_SECONDS": "1.0", "K8S_READ_TIMEOUT_SECONDS": "1.0", "K8S_QPS": "100000",
         "K8S_BURST": "100000", "LOG_LEVEL": "CRITICAL", "LOOKUP_CACHE_SECONDS": "0", "CONN_MAX_AGE": "60",
         "K8S_IMAGE_PULL_GRACE_SECONDS": "120", **overrides,
     })
@@ -324,7 +325,7 @@ class World:
 
         method, path = FAULT_TARGETS[target % len(FAULT_TARGETS)]
         self.emulators[self._cluster(cluster)].inject(
-            Fault(FAULT_KINDS[fault % len(FAULT_KINDS)], method=method, path=path, count=count, delay=0.4))
+            Fault(FAULT_KINDS[fault % len(FAULT_KINDS)], method=method, path=path, count=count, delay=1.2))
         return True
 
     def do_credential_rejected(self, cluster, count) -> bool:
