@@ -431,13 +431,21 @@ class KubernetesBackend(Backend):
         from .nodepools import pools_from_nodes
 
         c = client_for(cluster)
+        nodes = self._nodes(c)
         try:
-            nodes = c.call(c.core.list_node, _preload_content=False)
             pods = c.call(c.core.list_pod_for_all_namespaces,
                           field_selector="status.phase!=Succeeded,status.phase!=Failed", _preload_content=False)
         except ApiError as exc:
+            raise _read_failure(exc, "listing pods") from exc
+        return pools_from_nodes(nodes, _list_items(pods, "listing pods"), cluster.provider)
+
+    def _nodes(self, c: ClusterClient) -> list[dict]:
+        """The cluster's Nodes now (one LIST). Raises ClusterUnreachable."""
+        try:
+            nodes = c.call(c.core.list_node, _preload_content=False)
+        except ApiError as exc:
             raise _read_failure(exc, "listing nodes") from exc
-        return pools_from_nodes(_list_items(nodes, "listing nodes"), _list_items(pods, "listing pods"), cluster.provider)
+        return _list_items(nodes, "listing nodes")
 
     # --- dispatch ----------------------------------------------------------------------------------------------
 
@@ -640,21 +648,13 @@ class KubernetesBackend(Backend):
             observed = result[attempt.pk]
             if observed.phase == "lost" and observed.end_reason == "PodDeleted" and not observed.nodes:
                 if node_names is None:
-                    node_names = self._node_names(c)
+                    node_names = {(n.get("metadata") or {}).get("name") for n in self._nodes(c)}
                 gone = tuple(n for n in (attempt.placement or {}).get("nodes") or () if n not in node_names)
                 if gone:
                     result[attempt.pk] = dataclasses.replace(
                         observed, end_reason="NodeLost", nodes=gone,
                         message=f"{observed.message}; its node {', '.join(gone)} is gone from the cluster".strip("; "))
         return result
-
-    def _node_names(self, c: ClusterClient) -> set[str]:
-        """The names of the cluster's Nodes now (one LIST). Raises ClusterUnreachable."""
-        try:
-            nodes = c.call(c.core.list_node, _preload_content=False)
-        except ApiError as exc:
-            raise _read_failure(exc, "listing nodes") from exc
-        return {(n.get("metadata") or {}).get("name") for n in _list_items(nodes, "listing nodes")}
 
     # --- deletion and logs -------------------------------------------------------------------------------------
 

@@ -93,6 +93,25 @@ def ledger_gpu_seconds(attempt_id: int) -> Decimal:
                 for e in CostEntry.objects.filter(attempt_id=attempt_id)), Decimal(0))
 
 
+def emulated_cluster(name: str, provider: str, region: str, accelerator, *, price: str, labels: dict,
+                     node_prefix: str = "gpu", nodes: int = 2, **pool) -> tuple[ClusterEmulator, Cluster]:
+    """A started ``ClusterEmulator`` with ``nodes`` 8-GPU nodes ``<name>-<node_prefix>-<i>`` of ``labels``, and its
+    Cluster row with a pool of as many nodes (``make_cluster``, ``pool`` passed on) pointed at it; the emulator is
+    stopped if the row cannot be made."""
+    emulator = ClusterEmulator(name)
+    emulator.start()
+    try:
+        for i in range(nodes):
+            emulator.add_node(f"{name}-{node_prefix}-{i}", 8, labels)
+        cluster, _ = make_cluster(name, provider, region, accelerator, nodes=nodes, price=price, **pool)
+        cluster.api_endpoint, cluster.api_token = emulator.url, f"token-of-{name}"
+        cluster.save()
+    except BaseException:
+        emulator.stop()
+        raise
+    return emulator, cluster
+
+
 @pytest.fixture
 def live_clusters(settings, catalog, teams, user):
     """Two emulated clusters that behave like clusters (see the module docstring); yields a ``World``."""
@@ -107,15 +126,8 @@ def live_clusters(settings, catalog, teams, user):
     emulators, clusters = {}, {}
     try:
         for name, provider, region, price in CLUSTERS:
-            emulator = ClusterEmulator(name)
-            emulator.start()
-            emulators[name] = emulator
-            for i in range(2):
-                emulator.add_node(f"{name}-gpu-{i}", 8, {"nvidia.com/gpu.product": H100_LABEL})
-            cluster, _ = make_cluster(name, provider, region, accelerator, price=price)
-            cluster.api_endpoint, cluster.api_token = emulator.url, f"token-of-{name}"
-            cluster.save()
-            clusters[name] = cluster
+            emulators[name], clusters[name] = emulated_cluster(name, provider, region, accelerator, price=price,
+                                                               labels={"nvidia.com/gpu.product": H100_LABEL})
         yield World(emulators, clusters, teams[0], user, accelerator)
     finally:
         for emulator in emulators.values():

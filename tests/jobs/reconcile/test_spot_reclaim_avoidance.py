@@ -17,9 +17,8 @@ from jobs.reconcile import reconcile_cluster
 from jobs.scheduling.passes import try_admit
 from quotas.models import Quota
 from runners.base import Observation
-from tests.support.clusters import H100_LABEL, load, state
+from tests.support.clusters import H100_LABEL, emulated_cluster, load, state
 from tests.support.factories import make_cluster, make_job_row, run
-from tests.support.kubernetes import ClusterEmulator
 
 S = JobState
 SPOT = {"nvidia.com/gpu.product": H100_LABEL, "karpenter.sh/capacity-type": "spot"}
@@ -37,14 +36,9 @@ def spot_world(settings, catalog, teams, user):
     emulators, clusters = {}, {}
     try:
         for name, price in (("cheap", "1.00"), ("dear", "1.20")):
-            emulator = ClusterEmulator(name)
-            emulator.start()
-            emulators[name] = emulator
-            emulator.add_node(f"{name}-spot-0", 8, SPOT)
-            cluster, _ = make_cluster(name, "aws", "us-east-1", h100, nodes=1, capacity_type="spot", price=price)
-            cluster.api_endpoint, cluster.api_token = emulator.url, f"token-of-{name}"
-            cluster.save()
-            clusters[name] = cluster
+            emulators[name], clusters[name] = emulated_cluster(name, "aws", "us-east-1", h100, price=price,
+                                                               labels=SPOT, node_prefix="spot", nodes=1,
+                                                               capacity_type="spot")
         yield emulators, clusters
     finally:
         for emulator in emulators.values():

@@ -52,8 +52,7 @@ class SimulatedWorker:
     """The broker's queues read into ``pending`` and delivered on demand.
 
     ``collect()`` moves what the platform published since into ``pending`` (in publication order); ``due(now)``
-    lists the messages whose eta has come; ``deliver(message)`` runs it as a worker would (acks late: a message
-    whose worker is killed stays pending, ``kill``); ``beat(now)`` publishes the periodic tasks that are due.
+    lists the messages whose eta has come; ``deliver(message)`` runs it as a worker would; ``beat(now)`` publishes the periodic tasks that are due.
     """
 
     def __init__(self, beat_schedule: dict | None = None):
@@ -145,8 +144,3 @@ class SimulatedWorker:
         finally:
             task.pop_request()
         return outcome
-
-    def kill(self, message: Message) -> None:
-        """A worker killed before it acknowledged ``message``: the broker delivers it again later (acks_late,
-        reject_on_worker_lost); here it simply stays pending."""
-        self.deliveries += 0
