@@ -81,7 +81,7 @@ def workload(attempt) -> m.Workload:
         command=tuple(spec.get("command") or ()), args=tuple(spec.get("args") or ()),
         env=tuple(sorted((str(k), str(v)) for k, v in env.items())), nodes=job.nodes, gpus_per_node=job.gpus_per_node,
         cpu=resources.get("cpu"), memory_gib=resources.get("memory_gib"),
-        gpu_product=attempt.node_pool.accelerator.product_label, provider=attempt.cluster.provider,
+        gpu_product=attempt.node_pool.accelerator.product_label,
         spot=attempt.node_pool.capacity_type == "spot", max_runtime_seconds=job.max_runtime_seconds,
         replicas=job.replicas, port=int(spec.get("port") or 8000),
         master_port=settings.K8S_MASTER_PORT, checkpoint_claim=settings.K8S_CHECKPOINT_CLAIM,
@@ -437,7 +437,7 @@ class KubernetesBackend(Backend):
                           field_selector="status.phase!=Succeeded,status.phase!=Failed", _preload_content=False)
         except ApiError as exc:
             raise _read_failure(exc, "listing pods") from exc
-        return pools_from_nodes(nodes, _list_items(pods, "listing pods"), cluster.provider)
+        return pools_from_nodes(nodes, _list_items(pods, "listing pods"))
 
     def _nodes(self, c: ClusterClient) -> list[dict]:
         """The cluster's Nodes now (one LIST). Raises ClusterUnreachable."""

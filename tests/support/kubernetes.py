@@ -870,11 +870,11 @@ class ClusterEmulator:
             pod["metadata"]["deletionTimestamp"] = micro_time(now)
             self._control()
 
-    def add_node(self, name: str, gpus: int = 8, labels: dict | None = None) -> dict:
-        """Register a Ready node with ``gpus`` allocatable GPUs and ``labels``."""
+    def add_node(self, name: str, gpus: int = 8, labels: dict | None = None, taints: list[dict] = ()) -> dict:
+        """Register a Ready node with ``gpus`` allocatable GPUs, ``labels`` and ``taints`` (``spec.taints``)."""
         with self.lock:
             _, node = self._create("Node", None, {"apiVersion": "v1", "kind": "Node", "metadata": {
-                "name": name, "labels": dict(labels or {})}, "status": {}})
+                "name": name, "labels": dict(labels or {})}, "spec": {"taints": list(taints)}, "status": {}})
             stored = self.store["Node"][("", name)]
             stored["status"] = {"allocatable": {GPU: str(gpus), "cpu": "64", "memory": "512Gi"},
                                 "capacity": {GPU: str(gpus)}, "conditions": [{"type": "Ready", "status": "True"}]}
