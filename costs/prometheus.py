@@ -473,7 +473,7 @@ def allocated_gpu_hours_by(source: Source, start: dt.datetime, end: dt.datetime,
     over its series, as the ``node`` label of its request series appears at
     binding too). Request series outlive the pod, hence the join. Series
     names and labels: kube-state-metrics' pod metrics
-    (github.com/kubernetes/kube-state-metrics, docs/metrics/workload/pod-metrics.md;
+    (github.com/kubernetes/kube-state-metrics/blob/main/docs/metrics/workload/pod-metrics.md;
     docs/reference/metrics.md). No subquery, so it stays cheap over a month
     of a large fleet. A scrape gap in kube-state-metrics shows as fewer
     GPU-hours (and so as a ledger discrepancy). ``by`` may name only
