@@ -738,9 +738,11 @@ class ClusterEmulator:
             for pkey, pod in list(self.store["Pod"].items()):
                 if any(r.get("uid") == uid for r in pod["metadata"].get("ownerReferences") or []):
                     if self.termination_grace > 0 and pod["status"].get("phase") == "Running":
-                        # Terminating, still running until its grace ends (``step``): slow to go
-                        pod["metadata"].setdefault("deletionTimestamp", micro_time(now))
+                        # Terminating, still running until its grace ends (``step``): slow to go. As the API
+                        # server does, its deletionTimestamp is the deadline (now + the grace period), set once.
                         pod["_grace_until"] = pod.get("_grace_until", now + self.termination_grace)
+                        pod["metadata"].setdefault("deletionTimestamp", micro_time(pod["_grace_until"]))
+                        pod["metadata"].setdefault("deletionGracePeriodSeconds", int(self.termination_grace))
                         self._touch(pod)
                         lingering = True
                         continue
