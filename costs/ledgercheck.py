@@ -1,8 +1,10 @@
 """Checking the ledger against the metrics: GPU-hours charged on a cluster vs kube-state-metrics' allocated GPU-hours.
 
 The ledger (``costs.ledger``) charges an attempt from its start to its end
-as the runner saw them; kube-state-metrics counts the GPUs requested by
-running pods. Over a window the two agree within a tolerance on a healthy
+as the runner saw them; kube-state-metrics counts the GPUs requested by every
+pod bound to a node that has not finished, Pending ones included (an image
+pull, init containers: the GPUs are held from binding on, and billed), as
+``costs.prometheus.allocated_gpu_hours`` reads it. Over a window the two agree within a tolerance on a healthy
 cluster; ``check_ledger`` stores each comparison (``LedgerDiscrepancy``) and
 exports its difference (``controlplane_ledger_discrepancy_percent``). The
 periodic task is ``costs.tasks.check_ledger``.

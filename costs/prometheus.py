@@ -4,7 +4,7 @@ Sources: NVIDIA dcgm-exporter default counters (``DCGM_FI_DEV_GPU_UTIL``,
 percent; ``DCGM_FI_PROF_GR_ENGINE_ACTIVE``, ratio 0-1, preferred where present
 as OpenCost does; ``DCGM_FI_DEV_FB_USED``, MiB) and kube-state-metrics
 (``kube_pod_container_resource_requests{resource="nvidia_com_gpu"}`` joined
-with ``kube_pod_status_phase{phase="Running"}``). Each query returns a few
+with ``kube_pod_status_phase`` and ``kube_pod_info``). Each query returns a few
 sums per window (``sum_over_time``, ``count_over_time``, ``sum``, subqueries);
 raw series are never pulled.
 
@@ -32,7 +32,10 @@ UTIL_PERCENT = "DCGM_FI_DEV_GPU_UTIL"
 GR_ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 FB_USED_MIB = "DCGM_FI_DEV_FB_USED"
 GPU_REQUESTS = 'kube_pod_container_resource_requests{{resource="nvidia_com_gpu"{extra}}}'
-POD_RUNNING = 'kube_pod_status_phase{{phase="Running"{extra}}}'
+# A pod that has not finished: Pending (pulling its image, running init containers, or not bound yet) or Running.
+POD_UNFINISHED = 'kube_pod_status_phase{{phase=~"Pending|Running"{extra}}}'
+# A pod not bound to a node yet: kube-state-metrics' kube_pod_info carries ``node`` (spec.nodeName) from binding on.
+POD_UNBOUND = 'kube_pod_info{{node=""{extra}}}'
 # Prometheus refuses a query_range (and we refuse a subquery) of more than this many points per series.
 MAX_POINTS = 11_000
 # Range selectors are closed at both ends in Prometheus 2.x and left-open in 3.x: evaluating 1 ms before a
@@ -455,17 +458,27 @@ def read_usage(source: Source, matchers: str, start: dt.datetime, end: dt.dateti
 def allocated_gpu_hours_by(source: Source, start: dt.datetime, end: dt.datetime, by: tuple[str, ...] = (), *,
                            step_seconds: float | None = None, matchers: str = "",
                            client: PrometheusConnect | None = None) -> dict[tuple, float]:
-    """GPU-hours requested by Running pods in ``[start, end)`` per kube-state-metrics, grouped ``by`` labels.
+    """GPU-hours held in ``[start, end)`` per kube-state-metrics, grouped ``by`` labels: the GPUs requested by
+    every pod bound to a node that has not finished, whatever it is doing there (Running, or Pending while it
+    pulls its image or runs its init containers: the GPUs are its from binding on, and the ledger bills them).
 
-    Per pod: the number of ``kube_pod_status_phase{phase="Running"}``
-    samples equal to 1 (``sum_over_time`` of a 0/1 series), each standing
-    for one scrape interval, times the pod's GPU requests summed over its
-    containers (``max_over_time``: requests of a pod are immutable in
-    Kubernetes). Request series outlive the running time, hence the join.
-    No subquery, so it stays cheap over a month of a large fleet. A scrape
-    gap in kube-state-metrics shows as fewer GPU-hours (and so as a ledger
-    discrepancy). ``by`` may name only ``namespace`` and ``pod``. Groups
-    without samples are absent.
+    Per pod: the scrapes at which it was Pending or Running (``sum_over_time``
+    of the 0/1 ``kube_pod_status_phase`` series of those two phases) less
+    those at which it was not bound yet (``count_over_time`` of its
+    ``kube_pod_info{node=""}``: kube-state-metrics fills ``node`` from
+    ``spec.nodeName``, so that series exists only before binding, and only
+    Pending pods are unbound), each standing for one scrape interval, times
+    the pod's GPU requests summed over its containers (``max_over_time``:
+    requests of a pod are immutable in Kubernetes; the largest per container
+    over its series, as the ``node`` label of its request series appears at
+    binding too). Request series outlive the pod, hence the join. Series
+    names and labels: kube-state-metrics' pod metrics
+    (github.com/kubernetes/kube-state-metrics/blob/main/docs/metrics/workload/pod-metrics.md;
+    docs/reference/metrics.md). No subquery, so it stays cheap over a month
+    of a large fleet. A scrape gap in kube-state-metrics shows as fewer
+    GPU-hours (and so as a ledger discrepancy). ``by`` may name only
+    ``namespace`` and ``pod``. Groups that held nothing (no sample, or never
+    bound) are absent.
     """
     step_seconds = step_seconds or settings.COSTS_SCRAPE_INTERVAL_SECONDS
     client = client or source.client()
@@ -475,12 +488,15 @@ def allocated_gpu_hours_by(source: Source, start: dt.datetime, end: dt.datetime,
     totals: dict[tuple, float] = {}
     for w_start, w_end in split_window(start, end, step_seconds):
         at, r = range_for(w_start, w_end, left_open)
-        query = (
-            f"sum{grouping}("
-            f"max by (namespace, pod) (sum_over_time({POD_RUNNING.format(extra=extra)}[{r}]))"
-            f" * on (namespace, pod) group_left()"
-            f" sum by (namespace, pod) (max_over_time({GPU_REQUESTS.format(extra=extra)}[{r}])))"
-        )
+        # Phase samples per (pod, phase), and the unbound samples negated, in one vector (their label sets differ,
+        # so ``or`` keeps both): summed per pod, the samples at which the pod was bound and not finished; pods
+        # that held nothing are dropped.
+        held = (f"(sum by (namespace, pod) ("
+                f"max by (namespace, pod, phase) (sum_over_time({POD_UNFINISHED.format(extra=extra)}[{r}]))"
+                f" or -max by (namespace, pod) (count_over_time({POD_UNBOUND.format(extra=extra)}[{r}]))) > 0)")
+        gpus = (f"sum by (namespace, pod) (max by (namespace, pod, container) "
+                f"(max_over_time({GPU_REQUESTS.format(extra=extra)}[{r}])))")
+        query = f"sum{grouping}({held} * on (namespace, pod) group_left() {gpus})"
         for row in client.custom_query(query, params={"time": at}):
             value = float(row["value"][1])
             if not math.isnan(value):
@@ -491,7 +507,8 @@ def allocated_gpu_hours_by(source: Source, start: dt.datetime, end: dt.datetime,
 
 def allocated_gpu_hours(source: Source, start: dt.datetime, end: dt.datetime, *, step_seconds: float | None = None,
                         client: PrometheusConnect | None = None) -> float | None:
-    """GPU-hours requested by Running pods of the source's cluster in ``[start, end)``; None without samples.
+    """GPU-hours held by the pods of the source's cluster in ``[start, end)`` (bound to a node, not finished);
+    None without samples.
 
     See ``allocated_gpu_hours_by``.
     """

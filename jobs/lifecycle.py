@@ -218,17 +218,24 @@ def mark_started(job: Job, attempt: JobAttempt, runner_state: dict, *, reason: s
     return job
 
 
-def bill_objects(attempt_id: int, created, *, until_now: bool, stopped_at=None) -> None:
+def bill_objects(attempt_id: int, created, *, held_until=None) -> None:
     """Bill objects that exist for ``attempt_id`` although it ended (a dispatch that lost a race to a cancel or a
     release, objects of an ended attempt still running until deleted): billing starts at their creation
-    ``created`` unless it started before, and with ``until_now`` its end moves to now (the objects were running
-    until this moment), or to ``stopped_at`` when the cluster accepted their deletion then. The ledger picks the
-    extra time up (it accrues to ``ended_at``)."""
-    now = stopped_at if stopped_at is not None and stopped_at <= timezone.now() else timezone.now()
+    ``created`` unless it started before, and its end moves to ``held_until`` when that is later: a time the
+    cluster's evidence says their pods still held their GPUs (their owner's deletion accepted then, a look that
+    saw them running then) or stopped (their own times). The ledger picks the extra time up (it accrues to
+    ``ended_at``).
+
+    Class of failure: an end moved by a repeated delivery (a second DELETE of objects still terminating moved the
+    end to its own time). Invariant: once recorded, an attempt's end moves only to the cluster's evidence, never
+    to when a task happened to run, and the same evidence gives the same end however often it is delivered
+    (``Greatest`` of the end and a time the cluster reported; docs/adr/0021). A time past now (a cluster clock
+    ahead of ours) counts as now."""
+    now = timezone.now()
     changes = {"started_at": Coalesce(F("started_at"), Value(created or now, output_field=DateTimeField()))}
-    if until_now:
-        changes["ended_at"] = Greatest(Coalesce(F("ended_at"), Value(now, output_field=DateTimeField())),
-                                       Value(now, output_field=DateTimeField()))
+    if held_until is not None:
+        until = Value(min(held_until, now), output_field=DateTimeField())
+        changes["ended_at"] = Greatest(Coalesce(F("ended_at"), until), until)
     if JobAttempt.objects.filter(pk=attempt_id, ended_at__isnull=False).update(**changes):
         enqueue_final_accrual(attempt_id)
 
@@ -287,7 +294,7 @@ def dispatch(attempt_id: int) -> str:
     except StaleState:
         # A cancel or a release won: the objects exist all the same, and are billed from their creation until
         # reconcile's orphan cleanup deletes them (it moves the attempt's end to then).
-        bill_objects(attempt.pk, objects_created_at(runner_state), until_now=False)
+        bill_objects(attempt.pk, objects_created_at(runner_state))
         return "raced"
     return "dispatched"
 
@@ -345,11 +352,13 @@ def delete_ended_attempt(attempt_id: int) -> bool:
 
 
 def _bill_until_deleted(attempt: JobAttempt) -> None:
-    """A preempted attempt whose pods' owner the cluster just accepted to delete: bill it until then."""
+    """A preempted attempt whose pods' owner the cluster accepted to delete: bill it until then, by the owner's own
+    deletion time (``Backend.delete``), which every later delivery of the deletion reads again unchanged. Pods that
+    run out a termination grace past it are billed by reconcile's looks (``reconcile._delete_orphans``)."""
     accepted = getattr(attempt, "deletion_accepted_at", None)
     if accepted is not None and attempt.end_reason in (JobAttempt.EndReason.PREEMPTED,
                                                         JobAttempt.EndReason.NODE_UNHEALTHY):
-        bill_objects(attempt.pk, None, until_now=True, stopped_at=accepted)
+        bill_objects(attempt.pk, None, held_until=accepted)
 
 
 #: How a serving attempt may end and be started again (within ``max_retries``): its server crashed or ran out of

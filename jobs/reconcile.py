@@ -231,7 +231,7 @@ def _apply(look: _Look, future: Future) -> dict:
     if unknown:  # objects of attempts the database does not know (a restore lost them): never touched here
         log.warning("cluster %s runs objects of %d attempt(s) the database does not know: %s (manage.py "
                     "after_restore adopts them)", cluster.name, len(unknown), ", ".join(sorted(map(str, unknown))))
-    orphans = _delete_orphans(cluster, backend, candidates)
+    orphans = _delete_orphans(cluster, backend, candidates, answered)
     return {"cluster": cluster.name, "observed": len(attempts), "orphans_deleted": orphans,
             "unknown": len(unknown), "seconds": round(time.monotonic() - look.started, 4)}
 
@@ -255,15 +255,20 @@ def _resolve(held: dict) -> tuple[dict[int, Owned], list]:
     return found, [k for k in uids if k not in known] + [k for k in ids if k not in legacy]
 
 
-def _delete_orphans(cluster: Cluster, backend: Backend, candidates: dict[int, Owned]) -> int:
+def _delete_orphans(cluster: Cluster, backend: Backend, candidates: dict[int, Owned], seen_at) -> int:
     """Delete the objects on ``cluster`` of the attempts in ``candidates`` that ended; returns how many were deleted.
 
     ``candidates``: attempt ids seen on the cluster that the pass did not
     load as live (so a steady pass asks nothing), with what the cluster
-    holds of each. A candidate that is still live (e.g. admitted since the
-    look) is kept; ids without a row are left alone. Objects whose pods
-    still held GPUs are billed until now (``lifecycle.bill_objects``): they
-    ran, whatever the attempt's state said.
+    holds of each at the look answered at ``seen_at``. A candidate that is
+    still live (e.g. admitted since the look) is kept; ids without a row are
+    left alone. Objects whose pods still held GPUs are billed
+    (``lifecycle.bill_objects``) until the look that saw them so, or until
+    the cluster accepted the deletion of their owner when that came later:
+    they ran, whatever the attempt's state said. Pods that stopped by
+    themselves are billed to their stop, by their own times. Only the
+    cluster's evidence moves an end: a pass that sees the same holds the
+    same end.
     """
     if not candidates:
         return 0
@@ -280,13 +285,14 @@ def _delete_orphans(cluster: Cluster, backend: Backend, candidates: dict[int, Ow
             failure = exc
         accepted = getattr(attempt, "deletion_accepted_at", None)
         owned = candidates[attempt.pk]
-        if owned.holding and (failure is None or accepted is not None):
-            # They ran until now, or until the deletion of their owner was accepted (a later call may have failed).
-            bill_objects(attempt.pk, owned.created_at, until_now=True, stopped_at=accepted)
-        elif not owned.holding and owned.stopped_at is not None:
+        if owned.holding:
+            # They ran until the look saw them, or until the deletion of their owner was accepted, if later (a later
+            # call may have failed); the acceptance is the owner's own time, the same on every pass.
+            bill_objects(attempt.pk, owned.created_at, held_until=max(t for t in (seen_at, accepted) if t))
+        elif owned.stopped_at is not None:
             # They stopped by themselves, possibly after the end recorded while the cluster could not be asked (a
             # cancel on an unreachable cluster ends the attempt at its last contact): billed up to their stop.
-            bill_objects(attempt.pk, owned.created_at, until_now=True, stopped_at=owned.stopped_at)
+            bill_objects(attempt.pk, owned.created_at, held_until=owned.stopped_at)
         if failure is not None:
             break
         orphans += 1

@@ -4,8 +4,8 @@ Pure functions of a ``Workload`` (no database, no network), so tests can
 validate every shape against the official schema (``kubernetes-validate``).
 Conventions: Kubernetes docs "Indexed Job for parallel processing with static
 work assignment", the Job pod hostname/subdomain DNS rule, and each cloud's
-spot documentation (EKS managed node groups and Karpenter, GKE Spot VMs, AKS
-spot node pools).
+spot documentation (``SPOT_LABELS``: EKS managed node groups, Karpenter, GKE Spot and
+preemptible VMs, AKS Spot node pools, OKE preemptible capacity).
 """
 
 from __future__ import annotations
@@ -38,17 +38,43 @@ METRICS_PORT_NAME = "metrics"
 METRICS_PORT_ENV = "CONTROLPLANE_METRICS_PORT"
 METRICS_PATH = "/metrics"
 
-# Node labels that mark spot capacity, per provider: (label key, value on spot nodes).
-SPOT_LABELS: dict[str, tuple[tuple[str, str], ...]] = {
-    # EKS managed node groups label eks.amazonaws.com/capacityType=SPOT; Karpenter karpenter.sh/capacity-type=spot.
-    "aws": (("eks.amazonaws.com/capacityType", "SPOT"), ("karpenter.sh/capacity-type", "spot")),
-    # GKE Spot VMs: cloud.google.com/gke-spot=true (and a NoSchedule taint of the same key when configured).
-    "gcp": (("cloud.google.com/gke-spot", "true"),),
-    # AKS spot pools: label and NoSchedule taint kubernetes.azure.com/scalesetpriority=spot.
-    "azure": (("kubernetes.azure.com/scalesetpriority", "spot"),),
-}
-# Every provider's spot labels, for clusters of other providers (on-prem, OCI) and for keeping on-demand work off spot.
-ALL_SPOT_LABELS = tuple(pair for pairs in SPOT_LABELS.values() for pair in pairs)
+
+@dataclasses.dataclass(frozen=True)
+class SpotLabel:
+    """A node label that marks spot (preemptible) capacity: its ``key``, the ``value`` it has on such nodes, who
+    sets it (``platform``) and the public page documenting it (``source``)."""
+
+    key: str
+    value: str
+    platform: str
+    source: str
+
+
+#: Every node label a provider or provisioner documents for spot or preemptible capacity. One table for node pool
+#: discovery (``nodepools.capacity_type``: a node with any row's label and value is spot, priced at the spot price)
+#: and for scheduling (``_scheduling``: spot pods require one of them and tolerate a taint of its key; on-demand pods
+#: exclude them all), whatever the cluster's provider: the label depends on what provisioned the node (Karpenter
+#: runs on EKS, AKS and OKE alike), not on the cloud. Values are matched exactly, as node affinity does.
+SPOT_LABELS: tuple[SpotLabel, ...] = (
+    SpotLabel("eks.amazonaws.com/capacityType", "SPOT", "Amazon EKS managed node groups",
+              "https://docs.aws.amazon.com/eks/latest/userguide/managed-node-groups.html"),
+    SpotLabel("karpenter.sh/capacity-type", "spot", "Karpenter (EKS Auto Mode, AKS node auto-provisioning, OKE)",
+              "https://karpenter.sh/docs/concepts/scheduling/#well-known-labels"),
+    SpotLabel("cloud.google.com/gke-spot", "true", "GKE Spot VMs",
+              "https://cloud.google.com/kubernetes-engine/docs/how-to/spot-vms"),
+    SpotLabel("cloud.google.com/gke-preemptible", "true", "GKE preemptible VMs",
+              "https://cloud.google.com/kubernetes-engine/docs/how-to/preemptible-vms"),
+    SpotLabel("kubernetes.azure.com/scalesetpriority", "spot", "AKS Spot node pools",
+              "https://learn.microsoft.com/en-us/azure/aks/spot-node-pool"),
+    SpotLabel("oci.oraclecloud.com/oke-is-preemptible", "true", "OKE preemptible capacity",
+              "https://docs.oracle.com/iaas/Content/ContEng/Tasks/contengusingpreemptiblecapacity.htm"),
+)
+
+
+def is_spot(labels: dict) -> bool:
+    """Whether a node with ``labels`` (its ``metadata.labels``) is spot capacity: it carries a ``SPOT_LABELS`` row's
+    key with that row's value."""
+    return any(labels.get(row.key) == row.value for row in SPOT_LABELS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +110,6 @@ class Workload:
     cpu: float | None = None
     memory_gib: float | None = None
     gpu_product: str = ""
-    provider: str = ""
     spot: bool = False
     max_runtime_seconds: int = 3600
     replicas: int = 1
@@ -174,16 +199,16 @@ def _resources(w: Workload) -> dict:
     return resources
 
 
-def _spot_labels(provider: str) -> tuple[tuple[str, str], ...]:
-    return SPOT_LABELS.get(provider, ALL_SPOT_LABELS)
-
-
 def _scheduling(w: Workload) -> dict:
     """nodeSelector, affinity and tolerations: the accelerator, and spot capacity only (spot) or never (on-demand).
 
-    Spot: nodes carrying any of the provider's spot labels (nodeSelectorTerms
-    are ORed), tolerating their taints. On-demand: a single term excluding
-    every spot label (NotIn also matches nodes without the label). With
+    Spot: nodes carrying any ``SPOT_LABELS`` row (one nodeSelectorTerm each:
+    terms are ORed), tolerating a NoSchedule taint of any row's key whatever
+    its value (AKS taints ``=spot``, OKE documents the key only, GKE's
+    optional taints repeat the label). On-demand: a single term excluding
+    every row (NotIn also matches nodes without the label), no spot taint
+    tolerated. So a node is spot for pricing exactly when spot pods may run
+    there and on-demand pods may not. With
     ``node_names``, every term also requires ``kubernetes.io/hostname`` in
     them. The pods of a multi-node training attempt repel each other per
     node (required), so each lands on a distinct chosen node; the replicas of
@@ -198,12 +223,12 @@ def _scheduling(w: Workload) -> dict:
     # GPU nodes are tainted nvidia.com/gpu:NoSchedule (GPU operator, managed node groups); a CPU-only pod does not
     # tolerate it, so it lands on CPU nodes and never takes a GPU node's CPUs.
     tolerations = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}] if w.gpus_per_node else []
-    labels = _spot_labels(w.provider)
     if w.spot:
-        terms = [{"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]} for key, value in labels]
-        tolerations += [{"key": key, "operator": "Equal", "value": value, "effect": "NoSchedule"} for key, value in labels]
+        terms = [{"matchExpressions": [{"key": row.key, "operator": "In", "values": [row.value]}]} for row in SPOT_LABELS]
+        tolerations += [{"key": row.key, "operator": "Exists", "effect": "NoSchedule"} for row in SPOT_LABELS]
     else:
-        terms = [{"matchExpressions": [{"key": key, "operator": "NotIn", "values": [value]} for key, value in labels]}]
+        terms = [{"matchExpressions": [{"key": row.key, "operator": "NotIn", "values": [row.value]}
+                                       for row in SPOT_LABELS]}]
     # Pinned to the nodes admission chose (a node holding several replicas is listed once).
     names = list(dict.fromkeys(w.node_names))
     if names:

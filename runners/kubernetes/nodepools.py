@@ -3,7 +3,7 @@ type, each node with its allocatable resources, the requests of pods the platfor
 and cordon.
 
 Pure functions over Node and Pod dicts (the API's JSON), so discovery is
-testable without a server. Spot labels: ``manifests.SPOT_LABELS``.
+testable without a server. Spot labels: ``manifests.SPOT_LABELS`` (one table, every provider's).
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ TOPOLOGY_LABELS = ("cloud.google.com/gce-topology-block", "cloud.google.com/gke-
 #: the platform's own) are never offered.
 CPU_POOL_LABEL = "controlplane.io/cpu-pool"
 #: Taints the platform's pods tolerate (``manifests._scheduling``): the GPU taint; spot taints for spot pods.
-TOLERATED_TAINT_KEYS = frozenset({m.GPU_RESOURCE} | {key for key, _ in m.ALL_SPOT_LABELS})
+TOLERATED_TAINT_KEYS = frozenset({m.GPU_RESOURCE} | {row.key for row in m.SPOT_LABELS})
 
 
-def capacity_type(labels: dict, provider: str) -> str:
-    """``spot`` when the node carries one of the spot labels (the provider's first, then any cloud's), else ``on-demand``."""
-    pairs = m.SPOT_LABELS.get(provider, ()) + m.ALL_SPOT_LABELS
-    return "spot" if any(labels.get(key) == value for key, value in pairs) else "on-demand"
+def capacity_type(labels: dict) -> str:
+    """``spot`` when a node with ``labels`` carries a ``manifests.SPOT_LABELS`` row (any provider's: the table the
+    pods' node affinity uses), else ``on-demand``. The pool's capacity type picks its catalog price."""
+    return "spot" if m.is_spot(labels) else "on-demand"
 
 
 def gpu_count(quantity) -> int:
@@ -103,7 +103,7 @@ def node_info(node: dict, foreign: tuple[int, int, int]) -> NodeInfo:
     )
 
 
-def pools_from_nodes(nodes: list[dict], running_pods: list[dict], provider: str) -> list[PoolCapacity]:
+def pools_from_nodes(nodes: list[dict], running_pods: list[dict]) -> list[PoolCapacity]:
     """One PoolCapacity per (GPU product, capacity type) over the nodes with allocatable GPUs, with every such node
     in ``node_list`` (cordoned, tainted and not Ready ones included, marked not schedulable); and one per capacity
     type of ``CPU`` over the nodes without GPUs labelled ``CPU_POOL_LABEL`` (``gpus_per_node`` 0).
@@ -141,7 +141,7 @@ def pools_from_nodes(nodes: list[dict], running_pods: list[dict], provider: str)
             product = CPU_ACCELERATOR
         elif not product or info.gpus <= 0:
             continue
-        groups[(product, capacity_type(labels, provider))].append(info)
+        groups[(product, capacity_type(labels))].append(info)
     pools = []
     for (product, ctype), members in sorted(groups.items()):
         name = f"{product}-{ctype}".lower().replace("_", "-").replace(".", "-")[:63].strip("-")

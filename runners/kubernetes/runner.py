@@ -81,7 +81,7 @@ def workload(attempt) -> m.Workload:
         command=tuple(spec.get("command") or ()), args=tuple(spec.get("args") or ()),
         env=tuple(sorted((str(k), str(v)) for k, v in env.items())), nodes=job.nodes, gpus_per_node=job.gpus_per_node,
         cpu=resources.get("cpu"), memory_gib=resources.get("memory_gib"),
-        gpu_product=attempt.node_pool.accelerator.product_label, provider=attempt.cluster.provider,
+        gpu_product=attempt.node_pool.accelerator.product_label,
         spot=attempt.node_pool.capacity_type == "spot", max_runtime_seconds=job.max_runtime_seconds,
         replicas=job.replicas, port=int(spec.get("port") or 8000),
         master_port=settings.K8S_MASTER_PORT, checkpoint_claim=settings.K8S_CHECKPOINT_CLAIM,
@@ -241,13 +241,20 @@ def pod_deleted(pod: dict) -> Observation | None:
 
 
 def stopped_at(obj: dict | None, pods: list[dict]) -> dt.datetime | None:
-    """When the attempt's pods stopped holding GPUs, as the cluster reports it: the latest of the containers'
-    finishedAt, the pods' deletionTimestamp and DisruptionTarget time, and the Job's Complete/Failed time."""
+    """When the attempt's pods stopped holding GPUs, as the cluster reports it: the latest of the pods' stops and
+    the Job's Complete/Failed time. A pod whose every container reports ``terminated`` stopped at their latest
+    ``finishedAt``; any other pod at the latest of its containers' finishedAt, its deletionTimestamp and its
+    DisruptionTarget time. (A pod's deletionTimestamp is the deadline of its termination grace, by which the
+    kubelet kills what still runs (Kubernetes API reference, ObjectMeta.deletionTimestamp): containers that
+    stopped before it said when.)"""
     times = []
     for pod in pods:
+        statuses = _container_statuses(pod)
+        finished = [_parse_time(((cs.get("state") or {}).get("terminated") or {}).get("finishedAt")) for cs in statuses]
+        times += finished
+        if statuses and all(finished):
+            continue  # every container stopped, and said when
         times.append(_parse_time((pod.get("metadata") or {}).get("deletionTimestamp")))
-        for cs in _container_statuses(pod):
-            times.append(_parse_time(((cs.get("state") or {}).get("terminated") or {}).get("finishedAt")))
         disruption = _conditions(pod).get("DisruptionTarget")
         if disruption is not None:
             times.append(_parse_time(disruption.get("lastTransitionTime")))
@@ -256,6 +263,13 @@ def stopped_at(obj: dict | None, pods: list[dict]) -> dt.datetime | None:
             times.append(_parse_time(condition.get("lastTransitionTime")))
     times = [t for t in times if t is not None]
     return max(times) if times else None
+
+
+def deletion_time(obj: dict | None) -> dt.datetime | None:
+    """When the API server accepted the deletion of ``obj``: its ``metadata.deletionTimestamp`` (None when it is
+    not being deleted). Set by the first DELETE and never moved later by another (Kubernetes API reference,
+    ObjectMeta.deletionTimestamp: "may not be unset or be set further into the future")."""
+    return _parse_time(((obj or {}).get("metadata") or {}).get("deletionTimestamp"))
 
 
 def created_at(obj: dict | None, pods: list[dict]) -> dt.datetime | None:
@@ -437,7 +451,7 @@ class KubernetesBackend(Backend):
                           field_selector="status.phase!=Succeeded,status.phase!=Failed", _preload_content=False)
         except ApiError as exc:
             raise _read_failure(exc, "listing pods") from exc
-        return pools_from_nodes(nodes, _list_items(pods, "listing pods"), cluster.provider)
+        return pools_from_nodes(nodes, _list_items(pods, "listing pods"))
 
     def _nodes(self, c: ClusterClient) -> list[dict]:
         """The cluster's Nodes now (one LIST). Raises ClusterUnreachable."""
@@ -665,8 +679,12 @@ class KubernetesBackend(Backend):
         record (``write_end_record``; a failure to write it raises
         ClusterUnreachable and deletes nothing), so the end stays visible in the
         cluster after the objects are gone. Sets ``attempt.deletion_accepted_at``
-        when the API server accepted the Job's or Deployment's DELETE (its pods
-        stop from then: where billing ends once they are gone).
+        to when the API server accepted the first DELETE of the Job or
+        Deployment (its pods stop from then): the owner's own
+        ``metadata.deletionTimestamp``, which a repeated DELETE leaves as it
+        was, so every delivery of a deletion tells the same time; now only when
+        the answer carries none (the owner went at once, and a later call finds
+        nothing to accept).
 
         Raises ClusterUnreachable when the cluster cannot be reached (the
         caller retries on reconnection).
@@ -690,13 +708,14 @@ class KubernetesBackend(Backend):
                 self.write_end_record(c, attempt, namespace, existing)
                 recorded = True
             try:
-                c.call(delete, name, namespace, propagation_policy=policy, _preload_content=False)
+                answer = c.call(delete, name, namespace, propagation_policy=policy, _preload_content=False)
             except ApiError as exc:
                 if exc.status == 404:
                     continue
                 raise ClusterUnreachable(f"deleting {kind} {namespace}/{name}: {exc}") from exc
-            if kind != "Service":  # the pods are being stopped from now on: billing may end here
-                attempt.deletion_accepted_at = timezone.now()
+            if kind != "Service":  # the pods are being stopped from then on: billing may end there
+                attempt.deletion_accepted_at = (deletion_time(existing) or deletion_time(_parse_or_none(answer))
+                                                or timezone.now())
         if not gone:
             return self._all_gone(c, attempt, namespace, name)
         return not self._pods(c, namespace, key)
@@ -1059,6 +1078,15 @@ def _parse(answer, what: str):
         return json.loads(data or b"")
     except (ValueError, TypeError, urllib3.exceptions.HTTPError, OSError) as exc:
         raise ClusterUnreachable(f"{what}: malformed answer: {exc}") from exc
+
+
+def _parse_or_none(answer) -> dict | None:
+    """The JSON object of a raw answer whose body is only informative (a DELETE's); None when it is not one."""
+    try:
+        body = _parse(answer, "")
+    except ClusterUnreachable:
+        return None
+    return body if isinstance(body, dict) else None
 
 
 def _object(answer, name: str, what: str) -> dict:

@@ -9,9 +9,10 @@ Serves, on ``LOCAL_METRICS_PORT`` (9400, dcgm-exporter's port), per GPU:
   (``core.namespaces.team_namespace``) and the pod is
   ``<attempt object name>-<node>``, so ``costs.collection`` maps the series to
   the attempt exactly as it maps a Kubernetes pod;
-* ``kube_pod_container_resource_requests{resource="nvidia_com_gpu",unit="integer"}``
-  and ``kube_pod_status_phase{phase=...}`` per node ("pod") of each live
-  attempt, so the ledger check (``costs.ledgercheck.check_ledger``) works.
+* ``kube_pod_container_resource_requests{resource="nvidia_com_gpu",unit="integer"}``,
+  ``kube_pod_status_phase{phase=...}`` and ``kube_pod_info{node=...}`` (every
+  pod bound to this machine) per node ("pod") of each live attempt, so the
+  ledger check (``costs.ledgercheck.check_ledger``) works.
 
 With NVIDIA GPUs the values come from NVML; an attempt's GPUs are the
 indices its ``attempt.json`` holds. With **emulated** GPUs (no NVIDIA GPU on
@@ -248,13 +249,16 @@ class LocalGpuCollector:
                                      labels=["namespace", "pod", "uid", "container", "node", "resource", "unit"])
         phase = GaugeMetricFamily("kube_pod_status_phase", "The pods current phase.",
                                   labels=["namespace", "pod", "uid", "phase"])
+        info = GaugeMetricFamily("kube_pod_info", "Information about pod.", labels=["namespace", "pod", "uid", "node"])
         for pod in pods:
             requests.add_metric([pod.namespace, pod.pod, pod.uid, CONTAINER, self.hostname, "nvidia_com_gpu", "integer"],
                                 len(pod.gpus))
             for name in ("Pending", "Running"):
                 phase.add_metric([pod.namespace, pod.pod, pod.uid, name], float((name == "Running") == pod.running))
+            info.add_metric([pod.namespace, pod.pod, pod.uid, self.hostname], 1.0)
         yield requests
         yield phase
+        yield info
 
 
 class _ClosingCollector:

@@ -29,6 +29,7 @@ EXTERNAL = {
     "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "costs/prometheus.py",
     "kube_pod_container_resource_requests": "costs/prometheus.py",  # kube-state-metrics
     "kube_pod_status_phase": "costs/prometheus.py",
+    "kube_pod_info": "costs/prometheus.py",
 }
 # Prometheus' own series for every target.
 SYNTHETIC = {"up"}

@@ -66,6 +66,21 @@ def _tolerates(tolerations: list[dict], taint: dict) -> bool:
     return False
 
 
+def unfit(pod: dict, node: dict, bound: list[dict] = ()) -> str | None:
+    """Why ``node`` cannot take ``pod`` (the real scheduler's words), or None when it fits; ``bound``: the pods
+    already bound (their requests count on their nodes)."""
+    return KubeScheduler._unfit(pod, pod.get("spec") or {}, pod_requests(pod), node, list(bound))
+
+
+def bind(pod: dict, nodes: list[dict], pods: list[dict]) -> str | None:
+    """A ``ClusterEmulator`` bind hook that schedules as this module's scheduler does: the first node (by name)
+    that fits ``pod`` given the unfinished pods bound on ``nodes``; None leaves it Unschedulable."""
+    bound = [p for p in pods if (p.get("spec") or {}).get("nodeName")
+             and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+    return next((n["metadata"]["name"] for n in sorted(nodes, key=lambda n: n["metadata"]["name"])
+                 if unfit(pod, n, bound) is None), None)
+
+
 class KubeScheduler(ApiClient):
     """Binds the pending pods of one emulated cluster (its API URL) to nodes by resources; see the module docstring."""
 

@@ -738,9 +738,11 @@ class ClusterEmulator:
             for pkey, pod in list(self.store["Pod"].items()):
                 if any(r.get("uid") == uid for r in pod["metadata"].get("ownerReferences") or []):
                     if self.termination_grace > 0 and pod["status"].get("phase") == "Running":
-                        # Terminating, still running until its grace ends (``step``): slow to go
-                        pod["metadata"].setdefault("deletionTimestamp", micro_time(now))
+                        # Terminating, still running until its grace ends (``step``): slow to go. As the API
+                        # server does, its deletionTimestamp is the deadline (now + the grace period), set once.
                         pod["_grace_until"] = pod.get("_grace_until", now + self.termination_grace)
+                        pod["metadata"].setdefault("deletionTimestamp", micro_time(pod["_grace_until"]))
+                        pod["metadata"].setdefault("deletionGracePeriodSeconds", int(self.termination_grace))
                         self._touch(pod)
                         lingering = True
                         continue
@@ -870,11 +872,11 @@ class ClusterEmulator:
             pod["metadata"]["deletionTimestamp"] = micro_time(now)
             self._control()
 
-    def add_node(self, name: str, gpus: int = 8, labels: dict | None = None) -> dict:
-        """Register a Ready node with ``gpus`` allocatable GPUs and ``labels``."""
+    def add_node(self, name: str, gpus: int = 8, labels: dict | None = None, taints: list[dict] = ()) -> dict:
+        """Register a Ready node with ``gpus`` allocatable GPUs, ``labels`` and ``taints`` (``spec.taints``)."""
         with self.lock:
             _, node = self._create("Node", None, {"apiVersion": "v1", "kind": "Node", "metadata": {
-                "name": name, "labels": dict(labels or {})}, "status": {}})
+                "name": name, "labels": dict(labels or {})}, "spec": {"taints": list(taints)}, "status": {}})
             stored = self.store["Node"][("", name)]
             stored["status"] = {"allocatable": {GPU: str(gpus), "cpu": "64", "memory": "512Gi"},
                                 "capacity": {GPU: str(gpus)}, "conditions": [{"type": "Ready", "status": "True"}]}

@@ -20,11 +20,11 @@ def validate(obj: dict) -> None:
 
 
 def workload(**kw) -> m.Workload:
-    """A 2 x 8 GPU training workload of job 7, attempt 11, on aws on-demand; ``kw`` overrides fields."""
+    """A 2 x 8 GPU training workload of job 7, attempt 11, on-demand; ``kw`` overrides fields."""
     base = dict(name="job-7-1", namespace="cp-alpha", team="alpha", job_id=7, attempt_id=11, attempt_number=1,
                 kind="training", image="img:1", command=("python", "train.py"), args=("--steps", "5"),
                 env=(("A", "1"),), nodes=2, gpus_per_node=8, cpu=4, memory_gib=32.5, gpu_product="NVIDIA-H100-80GB-HBM3",
-                provider="aws", spot=False, max_runtime_seconds=900)
+                spot=False, max_runtime_seconds=900)
     base.update(kw)
     return m.Workload(**base)
 
