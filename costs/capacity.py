@@ -29,7 +29,7 @@ from collections import defaultdict
 from decimal import Decimal
 from typing import NamedTuple
 
-from core.money import LEDGER_QUANTUM
+from core.money import LEDGER_QUANTUM, usd_cents
 from quotas.models import Team
 from runners.models import Accelerator, Cluster, NodeSpan
 
@@ -37,6 +37,8 @@ from .catalog import NoPrice, prices_by_pool, row_at
 from .models import CostEntry, Price, UtilizationRollup
 from .spend import exact_seconds, utc_midnight
 
+#: The longest window one capacity query may cover, days: a bound on the server time of one answer.
+MAX_WINDOW_DAYS = 93
 GROUPS = ("cluster", "node_pool", "node", "accelerator", "day", "team")
 IDLE_ROW = "__idle__"
 HOUR = Decimal(3600)
@@ -317,3 +319,10 @@ def capacity_report(group_by: str, start: dt.datetime, end: dt.datetime, *, clus
         row.update(_present(grouped[label], grouped_idle[label] if label in measured else None))
         rows.append(row)
     return rows, total
+
+
+def wire_row(row: dict) -> dict:
+    """A row as the API, the CLI and the pages show it: GPU-seconds and GPU-hours as exact strings, USD as a string
+    rounded to cents half to even (``core.money.usd_cents``; None stays None: unknown)."""
+    return {k: usd_cents(v) if k.endswith("_usd") else (str(v) if isinstance(v, Decimal) else v)
+            for k, v in row.items()}

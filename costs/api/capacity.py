@@ -10,7 +10,6 @@ the user's teams only (every team for staff).
 from __future__ import annotations
 
 import datetime as dt
-from decimal import Decimal
 
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
@@ -18,15 +17,12 @@ from rest_framework import serializers
 from rest_framework.response import Response
 
 from core.fields import AwareDateTimeField, ListedChoiceField
-from core.money import usd_cents
 from core.viewsets import ScopedGenericViewSet
 from quotas.models import Team
 from runners.models import Cluster, NodeSpan
 
-from ..capacity import GROUPS, capacity_report
+from ..capacity import GROUPS, MAX_WINDOW_DAYS, capacity_report, wire_row
 
-#: The longest window one query may cover, days: a bound on the server time of one answer.
-MAX_WINDOW_DAYS = 93
 DEFAULT_WINDOW = dt.timedelta(days=7)
 
 
@@ -55,12 +51,6 @@ class CapacityQuerySerializer(serializers.Serializer):
             attrs["cluster_ids"] = [cluster.pk]
         attrs["start"], attrs["end"] = start, end
         return attrs
-
-
-def _wire(row: dict) -> dict:
-    """A row for the wire: GPU-seconds and GPU-hours as strings (exact), USD to cents half-even (None: unknown)."""
-    return {k: usd_cents(v) if k.endswith("_usd") else (str(v) if isinstance(v, Decimal) else v)
-            for k, v in row.items()}
 
 
 @extend_schema(tags=["costs"])
@@ -100,5 +90,5 @@ class CapacityViewSet(ScopedGenericViewSet):
         rows, total = capacity_report(params["group_by"], params["start"], params["end"],
                                       cluster_ids=params.get("cluster_ids"), team_ids=team_ids)
         return Response({"group_by": params["group_by"], "start": params["start"].isoformat(),
-                          "end": params["end"].isoformat(), "results": [_wire(r) for r in rows],
-                          "total": _wire(total)})
+                          "end": params["end"].isoformat(), "results": [wire_row(r) for r in rows],
+                          "total": wire_row(total)})
