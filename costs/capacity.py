@@ -29,7 +29,11 @@ from collections import defaultdict
 from decimal import Decimal
 from typing import NamedTuple
 
+from django.db import connection
+
 from core.money import LEDGER_QUANTUM, usd_cents
+from core.sql import as_date, as_decimal, fetch, placeholders
+from jobs.models import JobAttempt
 from quotas.models import Team
 from runners.models import Accelerator, Cluster, NodeSpan
 
@@ -138,30 +142,68 @@ def _node_shares(placement: dict, gpus: int) -> list[tuple[str, int]]:
     return list(shares.items())
 
 
-def _allocated(buckets: dict, teams: dict, start: dt.datetime, end: dt.datetime, cluster_ids) -> None:
+def _attempt_days_python(start: dt.datetime, end: dt.datetime, cluster_ids) -> dict[tuple, list]:
+    """``_attempt_days`` by reading every entry (any database)."""
     entries = CostEntry.objects.filter(interval_start__lt=end, interval_end__gt=start, gpus__gt=0)
     if cluster_ids is not None:
         entries = entries.filter(cluster_id__in=cluster_ids)
-    for (cluster_id, pool_name, acc_id, ctype, placement, team_id, lo, hi, gpus,
-         price) in entries.values_list("cluster_id", "attempt__node_pool__name", "accelerator_id",
-                                       "attempt__node_pool__capacity_type", "attempt__placement", "team_id",
-                                       "interval_start", "interval_end", "gpus", "usd_per_gpu_hour").iterator():
-        key = _pool_key(cluster_id, pool_name, acc_id, ctype)
+    sums: dict[tuple, list] = defaultdict(lambda: [ZERO, ZERO, ZERO])
+    for attempt_id, cluster_id, acc_id, team_id, gpus, lo, hi, price in entries.values_list(
+            "attempt_id", "cluster_id", "accelerator_id", "team_id", "gpus", "interval_start", "interval_end",
+            "usd_per_gpu_hour").iterator():
         for day, a, b in _days(max(lo, start), min(hi, end)):
+            s = sums[(attempt_id, day, cluster_id, acc_id, team_id, gpus)]
             seconds = exact_seconds(b - a)
-            team = teams[(cluster_id, day, team_id)]
-            for node, share in _node_shares(placement, gpus):
-                gpu_s = share * seconds
-                bucket = buckets[(key, node, day)]
-                bucket.allocated += gpu_s
-                team.allocated += gpu_s
-                if price is None:
-                    bucket.allocated_unpriced += gpu_s
-                    team.allocated_unpriced += gpu_s
-                else:
-                    cost = gpu_s * price / HOUR
-                    bucket.allocated_cost += cost
-                    team.allocated_cost += cost
+            if price is None:
+                s[2] += seconds
+            else:
+                s[0] += seconds
+                s[1] += seconds * price
+    return sums
+
+
+def _attempt_days_postgresql(start: dt.datetime, end: dt.datetime, cluster_ids) -> dict[tuple, list]:
+    """``_attempt_days`` summed by PostgreSQL (exact numeric seconds), one row per attempt and UTC day. Entries
+    never cross a UTC hour (``spend.ENTRY_SPAN``), hence never a day, so an entry's day is its start's."""
+    held = "EXTRACT(EPOCH FROM LEAST(e.interval_end, %s) - GREATEST(e.interval_start, %s))"
+    where = "e.gpus > 0 AND e.interval_start < %s AND e.interval_end > %s"
+    params = [end, start] * 3 + [end, start]
+    if cluster_ids is not None:
+        where += f" AND e.cluster_id IN ({placeholders(len(cluster_ids))})"
+        params += list(cluster_ids)
+    rows = fetch(
+        f"SELECT e.attempt_id, (e.interval_start AT TIME ZONE 'UTC')::date, e.cluster_id, e.accelerator_id, "
+        f"e.team_id, e.gpus, COALESCE(SUM({held}) FILTER (WHERE e.usd_per_gpu_hour IS NOT NULL), 0), "
+        f"COALESCE(SUM({held} * e.usd_per_gpu_hour), 0), "
+        f"COALESCE(SUM({held}) FILTER (WHERE e.usd_per_gpu_hour IS NULL), 0) "
+        f'FROM "{CostEntry._meta.db_table}" AS e WHERE {where} GROUP BY 1, 2, 3, 4, 5, 6', params)
+    return {(a, as_date(day), c, acc, t, g): [as_decimal(p, 6), as_decimal(cost, 12), as_decimal(u, 6)]
+            for a, day, c, acc, t, g, p, cost, u in rows}
+
+
+def _attempt_days(start: dt.datetime, end: dt.datetime, cluster_ids) -> dict[tuple, list]:
+    """The ledger's GPU entries inside ``[start, end)`` summed per (attempt, UTC day, cluster, accelerator, team,
+    GPUs): ``[priced seconds, sum of seconds x USD per GPU-hour, unpriced seconds]`` (Decimal)."""
+    if connection.vendor == "postgresql":
+        return _attempt_days_postgresql(start, end, cluster_ids)
+    return _attempt_days_python(start, end, cluster_ids)
+
+
+def _allocated(buckets: dict, teams: dict, start: dt.datetime, end: dt.datetime, cluster_ids) -> None:
+    sums = _attempt_days(start, end, cluster_ids)
+    attempts = {pk: (name, ctype, placement) for pk, name, ctype, placement in JobAttempt.objects.filter(
+        pk__in={k[0] for k in sums}).values_list("pk", "node_pool__name", "node_pool__capacity_type", "placement")}
+    for (attempt_id, day, cluster_id, acc_id, team_id, gpus), (priced, price_seconds, unpriced) in sums.items():
+        pool_name, ctype, placement = attempts[attempt_id]
+        key = _pool_key(cluster_id, pool_name, acc_id, ctype)
+        team = teams[(cluster_id, day, team_id)]
+        for node, share in _node_shares(placement, gpus):
+            bucket = buckets[(key, node, day)]
+            cost = share * price_seconds / HOUR
+            for b in (bucket, team):
+                b.allocated += share * (priced + unpriced)
+                b.allocated_unpriced += share * unpriced
+                b.allocated_cost += cost
 
 
 def _idle(start: dt.datetime, end: dt.datetime, cluster_ids) -> dict[tuple, float]:

@@ -23,7 +23,7 @@ import pytest
 import time_machine
 from django.conf import settings
 
-from costs.capacity import GROUPS, capacity_report
+from costs.capacity import GROUPS, _attempt_days_postgresql, _attempt_days_python, capacity_report
 from costs.models import Price
 from runners.base import NodeInfo, PoolCapacity
 from runners.kubernetes.sync import apply_pools
@@ -157,6 +157,10 @@ def test_capacity_is_allocated_plus_unallocated_on_a_generated_fleet(fleet, team
     priced = sum(f["capacity"] * PRICES[f["type"]] for f in want.values()) / 3600
     assert total["unallocated_cost_usd"] == (priced - sum(allocated.values()) * PRICES["on-demand"] / 3600).quantize(
         Decimal("0.000000001"))
+
+    # the embedded database's path (every entry read in Python) sums what PostgreSQL sums
+    for window in ((start, end), (T0 + 61 * SYNC + dt.timedelta(seconds=7), T0 + 79 * SYNC)):
+        assert _attempt_days_python(*window, None) == _attempt_days_postgresql(*window, None)
 
     # every grouping adds up to the same total, row by row
     for group_by in GROUPS[:-1]:
