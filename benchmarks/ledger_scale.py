@@ -14,7 +14,9 @@ load on a shared machine disturbs the ratios least): one accrual run over every 
 later each time), ``budget_status`` of one budget, one scheduling pass (``schedule_pending``: 120 queued,
 60 admitted, then undone), the pass's money reads alone (``schedule_budget_reads_ms``: the 40 teams' budget
 figures of the snapshot and the locked re-check's, the admitted jobs' teams read together in one transaction),
-``/api/v1/costs/?group_by=team`` and ``group_by=day`` over 30 days (Django's test client, staff user).
+``/api/v1/costs/?group_by=team`` and ``group_by=day`` over 30 days (Django's test client, staff user), and
+``/api/v1/capacity/?group_by=cluster``, ``node`` and ``team`` over 30 days (the pools' GPUs as 8-GPU nodes seen
+for the whole month, each attempt placed on one of them).
 Each figure is measured in wall time (the goals) and in CPU time of this process and its PostgreSQL backend
 (``cpu_ms``, per operation); ``growth_ratios`` and ``growth_ratio_max`` compare CPU times, which other load
 on a shared machine moves far less than wall times (``wall_growth_ratios`` are given too). Ends with one JSON line: ``entries``, ``table_mib``, each figure per length,
@@ -47,10 +49,13 @@ from benchmarks.services import postgres_missing, require  # noqa: E402
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/controlplane_bench_ledger"
 TEAMS, CLUSTERS, QUEUED, ADMITTED = 40, 4, 120, 60
 GOALS = {"accrual_run_s": 2.0, "budget_status_ms": 10.0, "schedule_pass_s": 1.0, "costs_by_team_s": 1.0,
-         "costs_by_day_s": 1.0, "growth_ratio_max": 1.5}
+         "costs_by_day_s": 1.0, "capacity_by_cluster_s": 1.0, "capacity_by_node_s": 1.0, "capacity_by_team_s": 1.0,
+         "growth_ratio_max": 1.5}
 #: Figures whose long/short ratio makes ``growth_ratio_max`` (the budget reads of a pass: its part that reads money).
 GROWTH = ("accrual_run_s", "budget_status_ms", "schedule_pass_s", "schedule_budget_reads_ms", "costs_by_team_s",
-          "costs_by_day_s")
+          "costs_by_day_s", "capacity_by_cluster_s", "capacity_by_node_s", "capacity_by_team_s")
+#: GPUs per node of the fleet's node inventory (``runners.NodeSpan``): the capacity queries' nodes.
+NODE_GPUS = 8
 
 
 def recreate(url: str) -> None:
@@ -105,6 +110,22 @@ def build_fleet(attempts: int, now: dt.datetime):
     for job, attempt in zip(jobs, rows, strict=True):
         job.current_attempt = attempt
     Job.objects.bulk_update(jobs, ["current_attempt"], batch_size=2000)
+    # The node inventory: each pool's GPUs on 8-GPU nodes seen without a change for the last 31 days, each
+    # attempt placed on one of its cluster's nodes (round robin).
+    from runners.models import NodeSpan
+
+    spans, names = [], {}
+    for pool in pools:
+        count = -(-pool.nodes * pool.gpus_per_node // NODE_GPUS)
+        names[pool.pk] = [f"{pool.cluster.name}-node-{k}" for k in range(count)]
+        spans += [NodeSpan(cluster_id=pool.cluster_id, node_name=n, node_pool=pool, pool_name=pool.name,
+                           accelerator=acc, capacity_type=pool.capacity_type, gpus=NODE_GPUS, schedulable=True,
+                           start=now - dt.timedelta(days=31), end=now, open=True) for n in names[pool.pk]]
+    NodeSpan.objects.bulk_create(spans)
+    for i, attempt in enumerate(rows):
+        nodes = names[attempt.node_pool_id]
+        attempt.placement = {"nodes": [nodes[i // CLUSTERS % len(nodes)]], "gpus_per_node": attempt.gpus}
+    JobAttempt.objects.bulk_update(rows, ["placement"], batch_size=2000)
     return staff, acc, budgets
 
 
@@ -250,6 +271,11 @@ def measure(now: dt.datetime, staff, acc, budgets, repeat: int) -> tuple[dict, d
             response = client.get("/api/v1/costs/", {"group_by": group_by, **window})
             assert response.status_code == 200, response.content[:300]
         record(f"costs_by_{group_by}_s", timed(meter, query, repeat, 3))
+    for group_by in ("cluster", "node", "team"):
+        def capacity(i, group_by=group_by):
+            response = client.get("/api/v1/capacity/", {"group_by": group_by, **window})
+            assert response.status_code == 200, response.content[:300]
+        record(f"capacity_by_{group_by}_s", timed(meter, capacity, repeat, 1))
     return wall, cpu
 
 

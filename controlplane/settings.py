@@ -375,6 +375,9 @@ END_RECORD_SWEEP_SECONDS = env.float("END_RECORD_SWEEP_SECONDS", default=3600.0)
 NODE_POOL_SYNC_INTERVAL_SECONDS = env.float("NODE_POOL_SYNC_INTERVAL_SECONDS", default=60.0)
 CELERY_BEAT_SCHEDULE["sync-node-pools"] = {"task": "runners.tasks.sync_node_pools",
                                            "schedule": NODE_POOL_SYNC_INTERVAL_SECONDS}
+# The node inventory over time (runners.NodeSpan, capacity GPU-hours): a node seen again in the same state within this
+# many seconds of its last sighting counts as present in between; a longer gap (nobody looked) is not capacity.
+NODE_INVENTORY_MAX_GAP_SECONDS = env.float("NODE_INVENTORY_MAX_GAP_SECONDS", default=3 * NODE_POOL_SYNC_INTERVAL_SECONDS)
 # Node health (runners.health): seconds between two checks; how far back an instant DCGM reading looks; the window
 # and the count of attempts ended on a node by its fault that make it unhealthy (fewer: suspect).
 NODE_HEALTH_INTERVAL_SECONDS = env.float("NODE_HEALTH_INTERVAL_SECONDS", default=60.0)

@@ -15,6 +15,8 @@ from rest_framework.exceptions import ParseError
 
 from core.limits import THRESHOLD_MAX_PERCENT, threshold_out_of_range
 from core.parsers import load_yaml
+from costs.capacity import GROUPS as CAPACITY_GROUPS
+from costs.capacity import MAX_WINDOW_DAYS
 from jobs.spec import field_schema
 from quotas.models import GPU_QUOTA_FIELDS, VCPU_QUOTA_FIELDS, Budget, Quota
 from runners.models import CPU_ACCELERATOR, Accelerator
@@ -253,6 +255,39 @@ class CostQueryForm(forms.Form):
             # On the field, next to it: a form-wide error above the row of fields broke the row's layout.
             self.add_error("end", f"the end day ({data['end'].isoformat()}) is before the start day "
                                   f"({data['start'].isoformat()})")
+        return data
+
+    def window(self) -> tuple[dt.datetime, dt.datetime]:
+        """``[start 00:00 UTC, end + 1 day 00:00 UTC)`` of the cleaned days."""
+        start = dt.datetime.combine(self.cleaned_data["start"], dt.time(), tzinfo=dt.timezone.utc)
+        end = dt.datetime.combine(self.cleaned_data["end"] + dt.timedelta(days=1), dt.time(), tzinfo=dt.timezone.utc)
+        return start, end
+
+
+class CapacityQueryForm(forms.Form):
+    """Capacity page query: group by (cluster, node pool, node, accelerator, UTC day or team) and the UTC days
+    ``[start, end]`` (end inclusive; default the last 7 days, at most ``MAX_WINDOW_DAYS``)."""
+
+    group_by = forms.ChoiceField(choices=[(g, g.replace("_", " ")) for g in CAPACITY_GROUPS], required=False,
+                                 initial="cluster", label="Group by")
+    start = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}), label="From (UTC day)",
+                            error_messages={"invalid": "Enter a date as YYYY-MM-DD, e.g. 2026-11-01."})
+    end = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}), label="To (UTC day, inclusive)",
+                          error_messages={"invalid": "Enter a date as YYYY-MM-DD, e.g. 2026-11-30."})
+
+    def clean(self):
+        data = super().clean()
+        data["group_by"] = data.get("group_by") or "cluster"
+        end = data.get("end") or timezone.now().astimezone(dt.timezone.utc).date()
+        if end >= dt.date.max:
+            self.add_error("end", f"the end day must be before {dt.date.max.isoformat()}")
+            return data
+        start = data.get("start") or end - dt.timedelta(days=6)
+        data["start"], data["end"] = start, end
+        if end < start:
+            self.add_error("end", f"the end day ({end.isoformat()}) is before the start day ({start.isoformat()})")
+        elif (end - start).days + 1 > MAX_WINDOW_DAYS:
+            self.add_error("start", f"the page covers at most {MAX_WINDOW_DAYS} days")
         return data
 
     def window(self) -> tuple[dt.datetime, dt.datetime]:

@@ -31,6 +31,7 @@ urlpatterns = [
     path("nodes/<int:pk>/<slug:action>/", views.node_action, name="node-action"),
     path("costs/", views.costs, name="costs"),
     path("costs.csv", views.costs_csv, name="costs-csv"),
+    path("capacity/", views.capacity, name="capacity"),
     path("reports/", views.report_list, name="report-list"),
     path("reports/<int:pk>/", views.report_detail, name="report-detail"),
     path("reports/<int:pk>.csv", views.report_csv, name="report-csv"),

@@ -27,6 +27,7 @@ from rest_framework.exceptions import ValidationError
 
 from costs.aggregation import aggregate_utilization, aggregate_window
 from costs.budgets import budget_status
+from costs.capacity import capacity_report, wire_row
 from costs.collection import refresh_running
 from costs.models import ClusterMetrics, Report, UtilizationRollup
 from costs.reports.rounding import balanced_window
@@ -48,7 +49,7 @@ from runners import health as node_health
 from runners.base import ClusterUnreachable, UnknownBackend, backend_for
 from runners.models import Cluster, Node
 
-from .forms import BudgetForm, CostQueryForm, QuotaForm, SubmitJobForm
+from .forms import BudgetForm, CapacityQueryForm, CostQueryForm, QuotaForm, SubmitJobForm
 
 LIVE_STATES = [JobState.QUEUED, JobState.ADMITTED, JobState.STARTING, JobState.RUNNING, JobState.RECOVERING,
                JobState.CANCELLING]
@@ -485,6 +486,32 @@ def cluster_list(request):
                      "nodes": counted.get(cluster.pk, 0), "flagged": flagged.get(cluster.pk, []),
                      "events": list(cluster.events.all()[:CLUSTER_EVENTS_SHOWN])})
     return render(request, "frontend/cluster_list.html", {"rows": rows})
+
+
+@login_required
+def capacity(request):
+    """The fleet's capacity, cordoned, allocated and unallocated GPU-hours and their cost over UTC days, grouped by
+    cluster, node pool, node, accelerator, day or team (each team's allocation and its share of the idle), with a
+    chart of capacity against allocation per day (``costs.capacity``)."""
+    form = CapacityQueryForm(request.GET or {})
+    rows, total, chart, group_by, unpriced = [], None, None, "cluster", False
+    if form.is_valid():
+        group_by = form.cleaned_data["group_by"]
+        start, end = form.window()
+        form.data = form.data.copy()
+        for name in ("start", "end"):
+            form.data[name] = form.data.get(name) or form.cleaned_data[name].isoformat()
+        team_ids = None if request.user.is_staff else set(Team.objects.visible_to(request.user).values_list(
+            "pk", flat=True))
+        rows, total = capacity_report(group_by, start, end, team_ids=team_ids)
+        days, _ = capacity_report("day", start, end) if group_by != "day" else (rows, None)
+        unpriced = total["unpriced_unallocated_gpu_hours"] > 0
+        rows, total = [wire_row(r) for r in rows], wire_row(total)  # USD to cents as everywhere
+        chart = {"type": "bar", "labels": [r["day"] for r in days], "x_title": "Day (UTC)", "y_title": "GPU-hours",
+                 "datasets": [{"label": "Allocated", "data": [float(r["allocated_gpu_hours"]) for r in days]},
+                              {"label": "Unallocated", "data": [float(r["unallocated_gpu_hours"]) for r in days]}]}
+    return render(request, "frontend/capacity.html", {"form": form, "rows": rows, "total": total, "chart": chart,
+                                                      "group_by": group_by, "unpriced": unpriced})
 
 
 #: The staff actions on a node from the clusters page, by name.

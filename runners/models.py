@@ -4,10 +4,13 @@ A cluster is served by one backend (``kubernetes`` or ``local``); its node
 pools say how many GPUs of which accelerator it offers, on demand or spot.
 """
 
+import datetime as dt
 import uuid
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from core import lookups
@@ -262,6 +265,79 @@ class Node(models.Model):
         return f"{self.cluster.name}/{self.name}"
 
 
+class NodeSpan(models.Model):
+    """One stretch of time in which node sync saw a GPU node in one state: the node inventory over time, from which
+    capacity GPU-hours are counted (``costs.capacity``, OpenCost's node "minutes" as the platform observes them).
+
+    ``gpus`` are the node's allocatable GPUs and ``schedulable`` whether the platform's pods could land on it (False:
+    cordoned, not Ready or tainted, shown apart as cordoned capacity); ``start`` is the sync that first saw the node
+    in this state and ``end`` the last sync that saw it so (UTC). A sync that sees the same state again within
+    ``NODE_INVENTORY_MAX_GAP_SECONDS`` of ``end`` extends the span to now; a changed state ends the span at that sync
+    and opens the next one there, so a node's time is counted once and continuously; a node no longer reported, or
+    one seen again only after a longer gap (the cluster or the control plane did not look), keeps ``end`` at its
+    last sighting: time nobody observed is not capacity. ``open`` marks the span a sync may still extend (at most one
+    per node, a partial unique constraint). The pool, accelerator and capacity type are copied in, so capacity and
+    its price outlive a pool's deletion.
+    """
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="node_spans")
+    node_name = models.CharField(max_length=253)
+    node_pool = models.ForeignKey(NodePool, on_delete=models.SET_NULL, null=True, blank=True, related_name="node_spans")
+    pool_name = models.CharField(max_length=63)
+    accelerator = models.ForeignKey(Accelerator, on_delete=models.PROTECT, related_name="node_spans")
+    capacity_type = models.CharField(max_length=16, choices=NodePool.CapacityType.choices)
+    gpus = models.PositiveIntegerField(help_text="allocatable GPUs")
+    schedulable = models.BooleanField(help_text="False: cordoned, not Ready or tainted against the platform's pods")
+    start = models.DateTimeField()
+    end = models.DateTimeField()
+    open = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["cluster_id", "node_name", "start"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "node_name"], condition=models.Q(open=True),
+                                    name="node_span_one_open_per_node"),
+            models.CheckConstraint(condition=models.Q(end__gte=models.F("start")), name="node_span_end_after_start"),
+        ]
+        indexes = [models.Index(fields=["end"]), models.Index(fields=["start"])]
+
+    def __str__(self) -> str:
+        return f"{self.cluster_id}/{self.node_name} {self.start:%Y-%m-%dT%H:%M:%S}..{self.end:%H:%M:%S}"
+
+
+def record_node_spans(cluster: Cluster, nodes: list, now) -> None:
+    """Extend, end or open ``cluster``'s NodeSpan rows for one node sync at ``now`` (aware UTC): ``nodes`` as
+    ``store_nodes`` takes them; nodes without GPUs are not capacity and are skipped. Idempotent: a span is never moved
+    backwards (``end`` only grows, to ``now``), and an overlapping sync that opened the same node's span first wins
+    (the partial unique constraint), so no node-second is counted twice."""
+    gap = dt.timedelta(seconds=settings.NODE_INVENTORY_MAX_GAP_SECONDS)
+    spans = {s.node_name: s for s in NodeSpan.objects.filter(cluster=cluster, open=True)}
+    extend, cut, close, fresh = [], [], [], []
+    for info, row, _label, ctype in nodes:
+        if info.gpus <= 0:
+            continue
+        span = spans.pop(info.name, None)
+        state = (row.pk, row.accelerator_id, ctype, info.gpus, bool(info.schedulable))
+        if span is not None:
+            recent = now - span.end <= gap
+            if recent and (span.node_pool_id, span.accelerator_id, span.capacity_type, span.gpus,
+                           span.schedulable) == state:
+                extend.append(span.pk)
+                continue
+            (cut if recent else close).append(span.pk)
+        fresh.append(NodeSpan(cluster=cluster, node_name=info.name[:253], node_pool_id=row.pk, pool_name=row.name,
+                              accelerator_id=row.accelerator_id, capacity_type=ctype, gpus=info.gpus,
+                              schedulable=bool(info.schedulable), start=now, end=now))
+    close += [s.pk for s in spans.values()]  # no longer reported: its time ends at its last sighting
+    if extend:
+        NodeSpan.objects.filter(pk__in=extend, open=True).update(end=Greatest("end", models.Value(now)))
+    if cut:  # the state changed between two close looks: the old state holds until this sync
+        NodeSpan.objects.filter(pk__in=cut, open=True).update(end=Greatest("end", models.Value(now)), open=False)
+    if close:
+        NodeSpan.objects.filter(pk__in=close, open=True).update(open=False)
+    NodeSpan.objects.bulk_create(fresh, ignore_conflicts=True)
+
+
 #: The Node fields a sync rewrites.
 NODE_FIELDS = ["node_pool", "accelerator_label", "capacity_type", "gpus", "cpu_milli", "memory_mib", "foreign_gpus",
                "foreign_cpu_milli", "foreign_memory_mib", "zone", "topology_domain", "labels", "taints",
@@ -301,6 +377,7 @@ def store_nodes(cluster: Cluster, nodes: list) -> int:
         Node.objects.bulk_update(changed, NODE_FIELDS)
     if existing:
         Node.objects.filter(pk__in=[n.pk for n in existing.values()]).delete()
+    record_node_spans(cluster, nodes, now)
     if fresh or changed or existing:
         lookups.changed(Node)  # bulk writes send no signal: what submission checks read of the fleet is cached
     return len(nodes)

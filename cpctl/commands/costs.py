@@ -1,5 +1,6 @@
-"""Money and use: ``budgets`` (current periods), ``costs`` (the ledger, grouped) and ``utilization`` (GPU
-utilization from the Prometheus rollups, grouped)."""
+"""Money and use: ``budgets`` (current periods), ``costs`` (the ledger, grouped), ``utilization`` (GPU
+utilization from the Prometheus rollups, grouped) and ``capacity`` (the fleet's capacity and unallocated GPU-hours
+and their cost)."""
 
 from __future__ import annotations
 
@@ -116,4 +117,53 @@ def utilization(api: Api, group_by: str, start: str | None, end: str | None, tea
     return EXIT_OK
 
 
-COMMANDS = [budgets, costs, utilization]
+CAPACITY_GROUPS = ("cluster", "node_pool", "node", "accelerator", "day", "team")
+
+
+def capacity_cells(row: dict) -> list:
+    """A capacity row's figures: capacity, cordoned, allocated, unallocated GPU-hours, unallocated USD and the
+    unallocated GPU-hours without a price (a USD figure shown ``-`` has no price at all)."""
+    return [gpu_hours(row.get("capacity_gpu_hours")), gpu_hours(row.get("cordoned_gpu_hours")),
+            gpu_hours(row.get("allocated_gpu_hours")), gpu_hours(row.get("unallocated_gpu_hours")),
+            usd(row.get("unallocated_cost_usd")), gpu_hours(row.get("unpriced_unallocated_gpu_hours"))]
+
+
+def team_share_cells(row: dict) -> list:
+    """A team row of ``capacity --group-by team``: allocated GPU-hours and USD, shared idle GPU-hours and USD,
+    their sum."""
+    return [gpu_hours(row.get("allocated_gpu_hours")), usd(row.get("allocated_cost_usd")),
+            gpu_hours(row.get("shared_idle_gpu_hours")), usd(row.get("shared_idle_cost_usd")),
+            usd(row.get("total_cost_usd"))]
+
+
+@api_command("capacity", "capacity, allocated and unallocated GPU-hours of the fleet and their cost")
+@click.option("--group-by", type=click.Choice(CAPACITY_GROUPS), default="cluster", help="default cluster")
+@click.option("--start", help="ISO 8601 datetime with offset, or a date (midnight UTC); default 7 days before --end")
+@click.option("--end", help="ISO 8601 datetime with offset, or a date (midnight UTC); default now")
+@click.option("--cluster", help="cluster name")
+def capacity(api: Api, group_by: str, start: str | None, end: str | None, cluster: str | None) -> int:
+    """Capacity GPU-hours (nodes x allocatable GPUs x time seen), cordoned, allocated (the ledger) and unallocated
+    GPU-hours with the unallocated cost, grouped; ``--group-by team``: each team's allocation and its share of the
+    idle (unallocated) cost, in proportion to its allocation per cluster and day."""
+    params = window_query(group_by, start, end, None)
+    if cluster:
+        params["cluster"] = cluster
+    report = api.client.get("capacity/", params)
+    if api.shown_as_json(report):
+        return EXIT_OK
+    out(f"capacity by {report['group_by']}, {window(report)} (UTC); - : no price")
+    if group_by == "team":
+        figures = ("ALLOCATED GPU-H", "ALLOCATED", "SHARED IDLE GPU-H", "SHARED IDLE", "TOTAL")
+        rows = [[r["team"]] + team_share_cells(r) for r in report["results"]]
+        table(["TEAM", *figures], rows, right=figures)
+        return EXIT_OK
+    keys = {"node_pool": ["cluster", "node_pool", "capacity_type"], "node": ["cluster", "node"]}.get(group_by,
+                                                                                                  [group_by])
+    figures = ("CAPACITY GPU-H", "CORDONED", "ALLOCATED", "UNALLOCATED", "UNALLOCATED COST", "UNPRICED GPU-H")
+    rows = [[r.get(k) for k in keys] + capacity_cells(r) for r in report["results"]]
+    rows.append(["TOTAL"] + [""] * (len(keys) - 1) + capacity_cells(report["total"]))
+    table([k.replace("_", " ").upper() for k in keys] + list(figures), rows, right=figures)
+    return EXIT_OK
+
+
+COMMANDS = [budgets, costs, utilization, capacity]

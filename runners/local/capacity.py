@@ -221,6 +221,17 @@ def ensure_local_cluster() -> Cluster:
     return cluster
 
 
+def refresh_local_inventory() -> list[dict]:
+    """Record this machine's nodes again when a local cluster is registered (``ensure_local_cluster``), so the node
+    inventory over time (``runners.NodeSpan``, capacity GPU-hours) follows it as node sync follows a Kubernetes
+    cluster; nothing when no local cluster exists. Returns one ``{"cluster", "nodes"}`` result, or none."""
+    if not Cluster.objects.filter(backend=Cluster.Backend.LOCAL,
+                                  name__in=[GPU_CLUSTER_NAME, EMULATED_CLUSTER_NAME]).exists():
+        return []
+    cluster = ensure_local_cluster()
+    return [{"cluster": cluster.name, "nodes": cluster.gpu_nodes.count()}]
+
+
 def _configured_accelerator() -> Accelerator:
     name = settings.LOCAL_RUNNER_ACCELERATOR
     if not Accelerator.objects.filter(name=name).exists():

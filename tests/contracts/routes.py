@@ -27,7 +27,7 @@ TEAM_SCOPED = {"jobs", "teams", "quotas", "budgets", "budget-status", "reports"}
 #: The fleet and the platform's settings: every authenticated user reads them.
 PLATFORM_WIDE = {"accelerators", "clusters", "node-pools", "nodes", "prices", "cohorts", "priority-classes"}
 #: Aggregates over the user's teams' ledger and samples: lists only.
-AGGREGATES = {"costs", "utilization"}
+AGGREGATES = {"costs", "utilization", "capacity"}
 #: Written by platform staff only; anyone else is refused before any lookup (403, whatever the object).
 STAFF_WRITES = {"teams", "cohorts", "priority-classes", "clusters", "nodes"}
 #: Written by the team's admins and staff; members and viewers of the team get 403, outsiders 404.

@@ -12,6 +12,8 @@ import pytest
 
 from costs.models import UtilizationRollup
 from costs.reports.build import generate_report
+from runners.models import Cluster
+from tests.costs.test_capacity import T0, allocate, sync_fleet
 from tests.support.factories import make_attempt, make_cost_entry, make_job
 
 DAY = dt.datetime(2026, 3, 10, tzinfo=dt.timezone.utc)
@@ -90,3 +92,22 @@ def test_an_empty_node_log_gets_a_hint_naming_the_other_nodes(run_cli, owner, fu
     assert (result.code, result.out) == (0, "")
     assert result.err == (f"(node 1 of attempt {attempt.number} has printed nothing yet; the job has 2 nodes (0 to 1) "
                           "and often only rank 0 prints: try --node 0)\n")
+
+
+def test_capacity_is_a_table_with_a_total_and_team_shares(run_cli, owner, catalog, teams, h100):
+    """Two 8-GPU nodes seen 4 hours (64 GPU-h), alpha's job 8 GPUs for 1 hour: 56 GPU-h unallocated, $385.28."""
+    cluster = Cluster.objects.create(name="aws-use1", provider="aws", region="us-east-1", backend="kubernetes")
+    sync_fleet(cluster, {i: {"node-a": ("on-demand", 8, True), "node-b": ("on-demand", 8, True)} for i in range(241)})
+    allocate(cluster, teams, owner.user, h100, [(0, ["node-a"], 8, 60, 120)])
+    window = ["--start", T0.isoformat(), "--end", (T0 + dt.timedelta(hours=4)).isoformat()]
+    result = run_cli("capacity", *window, persona=owner)
+    assert result.code == 0, result.err
+    table = rows("\n".join(result.out.splitlines()[1:]))
+    assert table[0] == ["CLUSTER", "CAPACITY GPU-H", "CORDONED", "ALLOCATED", "UNALLOCATED", "UNALLOCATED COST",
+                        "UNPRICED GPU-H"]
+    assert table[1] == ["aws-use1", "64.00", "0.00", "8.00", "56.00", "$385.28", "0.00"]
+    assert table[-1][0] == "TOTAL" and table[-1][4] == "56.00"
+    shares = rows("\n".join(run_cli("capacity", "--group-by", "team", *window, persona=owner).out.splitlines()[1:]))
+    assert shares[1] == ["alpha", "8.00", "$55.04", "56.00", "$385.28", "$440.32"]
+    bad = run_cli("capacity", "--start", "2026-03-05", "--end", "2026-03-01", persona=owner)
+    assert bad.code == 2 and "end" in bad.err

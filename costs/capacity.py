@@ -1,0 +1,370 @@
+"""Capacity, allocated and unallocated GPU-hours of the fleet and their cost, as OpenCost has them.
+
+- **Capacity**: allocatable GPUs x the time each node was present, from the node inventory over time
+  (``runners.NodeSpan``: what node sync saw; time nobody observed is not capacity). Cordoned capacity (the node was
+  not schedulable: cordoned, not Ready or tainted against the platform's pods) is part of capacity and shown apart.
+- **Allocated**: the GPU-seconds the ledger charged (``CostEntry``) on that cluster, pool, node and day; an attempt's
+  GPUs are split over the nodes placement chose for it (``JobAttempt.placement``).
+- **Unallocated** = capacity - allocated, in GPU-seconds and in USD at the pool's price in force at each instant
+  (``costs.catalog``); GPU-seconds with no price in force are counted apart (``unpriced_*``), never as $0.
+- **Idle inside allocation**: allocated GPU-seconds the GPUs spent idle, from the utilization rollups
+  (``UtilizationRollup.idle_gpu_seconds``); None where nothing was measured.
+- **Shared idle** (``group_by="team"``): each cluster-day's unallocated GPU-seconds and cost are shared to the teams
+  in proportion to their allocated GPU-seconds on that cluster that day, as OpenCost's ``shareIdle`` does
+  (https://opencost.io/docs/integrations/api/ , parameter ``shareIdle``); a cluster-day nobody used stays with
+  the ``__idle__`` row, OpenCost's name for it.
+
+Every figure is a sum over buckets (cluster, pool, node, UTC day, price), so each grouping adds up: per row and in
+total, ``capacity_gpu_seconds == allocated_gpu_seconds + unallocated_gpu_seconds`` exactly (Decimal seconds at
+microsecond resolution). A cluster with ledger entries but no node inventory (the local backend, or before its
+first node sync) has unallocated below zero there: the figures say what was observed, and the row's
+``inventory_gpu_seconds`` of 0 says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections import defaultdict
+from decimal import Decimal
+from typing import NamedTuple
+
+from django.db import connection
+
+from core.money import LEDGER_QUANTUM, usd_cents
+from core.sql import as_date, as_decimal, fetch, placeholders
+from jobs.models import JobAttempt
+from quotas.models import Team
+from runners.models import Accelerator, Cluster, NodeSpan
+
+from .catalog import NoPrice, prices_by_pool, row_at
+from .models import CostEntry, Price, UtilizationRollup
+from .spend import exact_seconds, utc_midnight
+
+#: The longest window one capacity query may cover, days: a bound on the server time of one answer.
+MAX_WINDOW_DAYS = 93
+GROUPS = ("cluster", "node_pool", "node", "accelerator", "day", "team")
+IDLE_ROW = "__idle__"
+HOUR = Decimal(3600)
+ZERO = Decimal(0)
+
+
+class PoolRef(NamedTuple):
+    """What a price lookup needs of a node pool (``catalog.prices_by_pool``), kept on the spans themselves so a
+    deleted pool's capacity is still priced: ``pk`` is a stable key, not a NodePool id."""
+
+    pk: tuple
+    cluster: Cluster
+    cluster_id: int
+    accelerator_id: int
+    capacity_type: str
+    accelerator: Accelerator
+
+
+@dataclasses.dataclass
+class Bucket:
+    """Sums of one (cluster, pool, node, UTC day): GPU-seconds (Decimal) and USD (Decimal)."""
+
+    capacity: Decimal = ZERO
+    cordoned: Decimal = ZERO
+    capacity_cost: Decimal = ZERO
+    capacity_unpriced: Decimal = ZERO
+    allocated: Decimal = ZERO
+    allocated_cost: Decimal = ZERO
+    allocated_unpriced: Decimal = ZERO
+
+    def add(self, other: Bucket) -> None:
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
+
+
+def _days(lo: dt.datetime, hi: dt.datetime):
+    """``[lo, hi)`` cut at UTC midnights: ``(day, piece_lo, piece_hi)``."""
+    while lo < hi:
+        day = lo.astimezone(dt.UTC).date()
+        cut = min(hi, utc_midnight(day + dt.timedelta(days=1)))
+        yield day, lo, cut
+        lo = cut
+
+
+def _priced_pieces(pool: PoolRef, rows: list[Price], lo: dt.datetime, hi: dt.datetime):
+    """``[lo, hi)`` cut where the pool's price changes: ``(piece_lo, piece_hi, USD per GPU-hour or None)``."""
+    cuts = sorted({lo, hi} | {r.effective_from for r in rows if lo < r.effective_from < hi})
+    for a, b in zip(cuts, cuts[1:], strict=False):
+        try:
+            price = row_at(pool, a, rows).usd_per_gpu_hour
+        except NoPrice:
+            price = None
+        yield a, b, price
+
+
+def _pool_key(cluster_id: int, pool_name: str, accelerator_id: int, capacity_type: str) -> tuple:
+    return (cluster_id, pool_name, accelerator_id, capacity_type)
+
+
+def _capacity(buckets: dict, start: dt.datetime, end: dt.datetime, cluster_ids) -> None:
+    spans = NodeSpan.objects.filter(start__lt=end, end__gt=start).select_related("cluster", "accelerator")
+    if cluster_ids is not None:
+        spans = spans.filter(cluster_id__in=cluster_ids)
+    spans = list(spans)
+    refs = {}
+    for s in spans:
+        key = _pool_key(s.cluster_id, s.pool_name, s.accelerator_id, s.capacity_type)
+        refs.setdefault(key, PoolRef(key, s.cluster, s.cluster_id, s.accelerator_id, s.capacity_type,
+                                      s.accelerator))
+    rows = Price.objects.filter(accelerator_id__in={r.accelerator_id for r in refs.values()})
+    prices = prices_by_pool(list(refs.values()), rows)
+    for s in spans:
+        key = _pool_key(s.cluster_id, s.pool_name, s.accelerator_id, s.capacity_type)
+        for day, lo, hi in _days(max(s.start, start), min(s.end, end)):
+            bucket = buckets[(key, s.node_name, day)]
+            for a, b, price in _priced_pieces(refs[key], prices[key], lo, hi):
+                gpu_s = s.gpus * exact_seconds(b - a)
+                bucket.capacity += gpu_s
+                if not s.schedulable:
+                    bucket.cordoned += gpu_s
+                if price is None:
+                    bucket.capacity_unpriced += gpu_s
+                else:
+                    bucket.capacity_cost += gpu_s * price / HOUR
+
+
+def _node_shares(placement: dict, gpus: int) -> list[tuple[str, int]]:
+    """An attempt's GPUs per node of its placement (whole GPUs, the remainder on the first node); ``[("", gpus)]``
+    when placement named no nodes."""
+    names = [str(n) for n in (placement or {}).get("nodes") or []]
+    if not names:
+        return [("", gpus)]
+    each, rest = divmod(gpus, len(names))
+    shares: dict[str, int] = defaultdict(int)
+    for i, name in enumerate(names):
+        shares[name] += each + (rest if i == 0 else 0)
+    return list(shares.items())
+
+
+def _attempt_days_python(start: dt.datetime, end: dt.datetime, cluster_ids) -> dict[tuple, list]:
+    """``_attempt_days`` by reading every entry (any database)."""
+    entries = CostEntry.objects.filter(interval_start__lt=end, interval_end__gt=start, gpus__gt=0)
+    if cluster_ids is not None:
+        entries = entries.filter(cluster_id__in=cluster_ids)
+    sums: dict[tuple, list] = defaultdict(lambda: [ZERO, ZERO, ZERO])
+    for attempt_id, cluster_id, acc_id, team_id, gpus, lo, hi, price in entries.values_list(
+            "attempt_id", "cluster_id", "accelerator_id", "team_id", "gpus", "interval_start", "interval_end",
+            "usd_per_gpu_hour").iterator():
+        for day, a, b in _days(max(lo, start), min(hi, end)):
+            s = sums[(attempt_id, day, cluster_id, acc_id, team_id, gpus)]
+            seconds = exact_seconds(b - a)
+            if price is None:
+                s[2] += seconds
+            else:
+                s[0] += seconds
+                s[1] += seconds * price
+    return sums
+
+
+def _attempt_days_postgresql(start: dt.datetime, end: dt.datetime, cluster_ids) -> dict[tuple, list]:
+    """``_attempt_days`` summed by PostgreSQL (exact numeric seconds), one row per attempt and UTC day. Entries
+    never cross a UTC hour (``spend.ENTRY_SPAN``), hence never a day, so an entry's day is its start's."""
+    held = "EXTRACT(EPOCH FROM LEAST(e.interval_end, %s) - GREATEST(e.interval_start, %s))"
+    where = "e.gpus > 0 AND e.interval_start < %s AND e.interval_end > %s"
+    params = [end, start] * 3 + [end, start]
+    if cluster_ids is not None:
+        where += f" AND e.cluster_id IN ({placeholders(len(cluster_ids))})"
+        params += list(cluster_ids)
+    rows = fetch(
+        f"SELECT e.attempt_id, (e.interval_start AT TIME ZONE 'UTC')::date, e.cluster_id, e.accelerator_id, "
+        f"e.team_id, e.gpus, COALESCE(SUM({held}) FILTER (WHERE e.usd_per_gpu_hour IS NOT NULL), 0), "
+        f"COALESCE(SUM({held} * e.usd_per_gpu_hour), 0), "
+        f"COALESCE(SUM({held}) FILTER (WHERE e.usd_per_gpu_hour IS NULL), 0) "
+        f'FROM "{CostEntry._meta.db_table}" AS e WHERE {where} GROUP BY 1, 2, 3, 4, 5, 6', params)
+    return {(a, as_date(day), c, acc, t, g): [as_decimal(p, 6), as_decimal(cost, 12), as_decimal(u, 6)]
+            for a, day, c, acc, t, g, p, cost, u in rows}
+
+
+def _attempt_days(start: dt.datetime, end: dt.datetime, cluster_ids) -> dict[tuple, list]:
+    """The ledger's GPU entries inside ``[start, end)`` summed per (attempt, UTC day, cluster, accelerator, team,
+    GPUs): ``[priced seconds, sum of seconds x USD per GPU-hour, unpriced seconds]`` (Decimal)."""
+    if connection.vendor == "postgresql":
+        return _attempt_days_postgresql(start, end, cluster_ids)
+    return _attempt_days_python(start, end, cluster_ids)
+
+
+def _allocated(buckets: dict, teams: dict, start: dt.datetime, end: dt.datetime, cluster_ids) -> None:
+    sums = _attempt_days(start, end, cluster_ids)
+    attempts = {pk: (name, ctype, placement) for pk, name, ctype, placement in JobAttempt.objects.filter(
+        pk__in={k[0] for k in sums}).values_list("pk", "node_pool__name", "node_pool__capacity_type", "placement")}
+    for (attempt_id, day, cluster_id, acc_id, team_id, gpus), (priced, price_seconds, unpriced) in sums.items():
+        pool_name, ctype, placement = attempts[attempt_id]
+        key = _pool_key(cluster_id, pool_name, acc_id, ctype)
+        team = teams[(cluster_id, day, team_id)]
+        for node, share in _node_shares(placement, gpus):
+            bucket = buckets[(key, node, day)]
+            cost = share * price_seconds / HOUR
+            for b in (bucket, team):
+                b.allocated += share * (priced + unpriced)
+                b.allocated_unpriced += share * unpriced
+                b.allocated_cost += cost
+
+
+def _idle(start: dt.datetime, end: dt.datetime, cluster_ids) -> dict[tuple, float]:
+    """Idle GPU-seconds inside allocation per (pool key, day), where the rollups measured any."""
+    first, last = start.astimezone(dt.UTC).date(), (end - dt.timedelta(microseconds=1)).astimezone(dt.UTC).date()
+    rollups = UtilizationRollup.objects.filter(day__gte=first, day__lte=last, idle_gpu_seconds__isnull=False)
+    if cluster_ids is not None:
+        rollups = rollups.filter(cluster_id__in=cluster_ids)
+    idle: dict[tuple, float] = defaultdict(float)
+    for cluster_id, name, acc_id, ctype, day, seconds in rollups.values_list(
+            "cluster_id", "attempt__node_pool__name", "accelerator_id", "attempt__node_pool__capacity_type", "day",
+            "idle_gpu_seconds"):
+        idle[(_pool_key(cluster_id, name, acc_id, ctype), day)] += seconds
+    return idle
+
+
+def _hours(seconds: Decimal) -> Decimal:
+    return (seconds / HOUR).quantize(Decimal("0.000001"))
+
+
+def _usd(amount: Decimal) -> Decimal:
+    return amount.quantize(LEDGER_QUANTUM)
+
+
+def _present(b: Bucket, idle: float | None) -> dict:
+    """The figures of one row. A cost whose GPU-seconds all lack a price is None (unknown), never 0; a partly priced
+    one is the priced part, with the unpriced GPU-hours beside it."""
+    unallocated = b.capacity - b.allocated
+    return {
+        "capacity_gpu_seconds": b.capacity, "cordoned_gpu_seconds": b.cordoned,
+        "allocated_gpu_seconds": b.allocated, "unallocated_gpu_seconds": unallocated,
+        "capacity_gpu_hours": _hours(b.capacity), "cordoned_gpu_hours": _hours(b.cordoned),
+        "allocated_gpu_hours": _hours(b.allocated), "unallocated_gpu_hours": _hours(unallocated),
+        "idle_allocated_gpu_hours": None if idle is None else _hours(Decimal(repr(idle))),
+        "capacity_cost_usd": _known(b.capacity_cost, b.capacity, b.capacity_unpriced),
+        "allocated_cost_usd": _known(b.allocated_cost, b.allocated, b.allocated_unpriced),
+        "unallocated_cost_usd": _known(b.capacity_cost - b.allocated_cost, b.capacity, b.capacity_unpriced),
+        "unpriced_capacity_gpu_hours": _hours(b.capacity_unpriced),
+        "unpriced_unallocated_gpu_hours": _hours(b.capacity_unpriced - b.allocated_unpriced),
+    }
+
+
+def _label(group_by: str, pool_key: tuple, node: str, day: dt.date, names: dict) -> tuple:
+    cluster_id, pool_name, acc_id, ctype = pool_key
+    if group_by == "cluster":
+        return (names["cluster"][cluster_id],)
+    if group_by == "node_pool":
+        return (names["cluster"][cluster_id], pool_name, names["accelerator"][acc_id], ctype)
+    if group_by == "node":
+        return (names["cluster"][cluster_id], node or "(no node recorded)")
+    if group_by == "accelerator":
+        return (names["accelerator"][acc_id],)
+    return (day.isoformat(),)
+
+
+LABEL_FIELDS = {"cluster": ("cluster",), "node_pool": ("cluster", "node_pool", "accelerator", "capacity_type"),
+                "node": ("cluster", "node"), "accelerator": ("accelerator",), "day": ("day",)}
+
+
+def _share_idle(buckets: dict, teams: dict, team_names: dict, cluster_names: dict) -> list[dict]:
+    """Team rows: each cluster-day's unallocated GPU-seconds and cost shared by allocated GPU-seconds."""
+    per_cluster_day: dict[tuple, Bucket] = defaultdict(Bucket)
+    for (pool_key, _node, day), b in buckets.items():
+        per_cluster_day[(pool_key[0], day)].add(b)
+    users: dict[tuple, list] = defaultdict(list)
+    for (cluster_id, day, team_id), t in teams.items():
+        users[(cluster_id, day)].append((team_id, t))
+    rows: dict[object, dict] = defaultdict(lambda: defaultdict(Decimal))
+    for cd, whole in per_cluster_day.items():
+        idle_s, idle_usd = whole.capacity - whole.allocated, whole.capacity_cost - whole.allocated_cost
+        idle_unpriced = whole.capacity_unpriced - whole.allocated_unpriced
+        holders = [(tid, t) for tid, t in users.get(cd, []) if t.allocated > 0]
+        total = sum((t.allocated for _tid, t in holders), ZERO)
+        if not holders:
+            holders, total = [(IDLE_ROW, Bucket(allocated=Decimal(1)))], Decimal(1)
+        for tid, t in holders:
+            row = rows[tid]
+            share = t.allocated / total
+            row["shared_idle_gpu_seconds"] += idle_s * share
+            row["shared_idle_cost_usd"] += idle_usd * share
+            row["unpriced_shared_idle_gpu_seconds"] += idle_unpriced * share
+    for (_c, _d, tid), t in teams.items():
+        rows[tid]["allocated_gpu_seconds"] += t.allocated
+        rows[tid]["allocated_cost_usd"] += t.allocated_cost
+        rows[tid]["unpriced_allocated_gpu_seconds"] += t.allocated_unpriced
+    out = []
+    for tid, r in sorted(rows.items(), key=lambda kv: str(team_names.get(kv[0], kv[0]))):
+        allocated = _known(r["allocated_cost_usd"], r["allocated_gpu_seconds"], r["unpriced_allocated_gpu_seconds"])
+        shared = _known(r["shared_idle_cost_usd"], r["shared_idle_gpu_seconds"],
+                        r["unpriced_shared_idle_gpu_seconds"])
+        out.append({
+            "team": team_names.get(tid, tid),
+            "allocated_gpu_hours": _hours(r["allocated_gpu_seconds"]),
+            "allocated_cost_usd": allocated,
+            "unpriced_allocated_gpu_hours": _hours(r["unpriced_allocated_gpu_seconds"]),
+            "shared_idle_gpu_hours": _hours(r["shared_idle_gpu_seconds"]),
+            "shared_idle_cost_usd": shared,
+            "unpriced_shared_idle_gpu_hours": _hours(r["unpriced_shared_idle_gpu_seconds"]),
+            "total_cost_usd": None if allocated is None and shared is None else _usd(
+                r["allocated_cost_usd"] + r["shared_idle_cost_usd"]),
+        })
+    return out
+
+
+def _known(cost: Decimal, gpu_seconds: Decimal, unpriced: Decimal) -> Decimal | None:
+    """``cost`` to the ledger's quantum, or None when every one of its GPU-seconds lacks a price."""
+    return None if unpriced > 0 and unpriced == gpu_seconds else _usd(cost)
+
+
+def capacity_report(group_by: str, start: dt.datetime, end: dt.datetime, *, cluster_ids=None,
+                    team_ids=None) -> tuple[list[dict], dict]:
+    """Capacity, cordoned, allocated, unallocated and idle GPU-hours and their USD over ``[start, end)`` (aware UTC).
+
+    ``group_by``: one of ``GROUPS``. ``cluster_ids``: only these clusters (None: all). ``team_ids``: with
+    ``group_by="team"``, the team rows returned (None: all; the shares are always computed over every team).
+    Returns ``(rows, total)``; each row carries its label fields (``LABEL_FIELDS``, or ``team``) and the figures of
+    ``_present`` (GPU-seconds exact, GPU-hours to 1e-6, USD to the ledger's quantum), the total the same figures
+    over every row. Raises ValueError for an unknown ``group_by`` or ``end <= start``.
+    """
+    if group_by not in GROUPS:
+        raise ValueError(f"group_by must be one of {', '.join(GROUPS)}")
+    if end <= start:
+        raise ValueError("end must be after start")
+    buckets: dict[tuple, Bucket] = defaultdict(Bucket)
+    teams: dict[tuple, Bucket] = defaultdict(Bucket)
+    _capacity(buckets, start, end, cluster_ids)
+    _allocated(buckets, teams, start, end, cluster_ids)
+    cluster_names = dict(Cluster.objects.values_list("pk", "name"))
+    whole = Bucket()
+    for b in buckets.values():
+        whole.add(b)
+    idle = _idle(start, end, cluster_ids)
+    total = _present(whole, sum(idle.values()) if idle else None)
+    if group_by == "team":
+        names = dict(Team.objects.values_list("pk", "slug"))
+        rows = _share_idle(buckets, teams, names, cluster_names)
+        if team_ids is not None:
+            keep = {names[t] for t in team_ids if t in names}
+            rows = [r for r in rows if r["team"] in keep]
+        return rows, total
+    names = {"cluster": cluster_names, "accelerator": dict(Accelerator.objects.values_list("pk", "name"))}
+    grouped: dict[tuple, Bucket] = defaultdict(Bucket)
+    grouped_idle: dict[tuple, float] = defaultdict(float)
+    measured: set[tuple] = set()
+    for (pool_key, node, day), b in buckets.items():
+        grouped[_label(group_by, pool_key, node, day, names)].add(b)
+    if group_by != "node":
+        for (pool_key, day), seconds in idle.items():
+            label = _label(group_by, pool_key, "", day, names)
+            grouped_idle[label] += seconds
+            measured.add(label)
+    rows = []
+    for label in sorted(grouped):
+        row = dict(zip(LABEL_FIELDS[group_by], label, strict=True))
+        row.update(_present(grouped[label], grouped_idle[label] if label in measured else None))
+        rows.append(row)
+    return rows, total
+
+
+def wire_row(row: dict) -> dict:
+    """A row as the API, the CLI and the pages show it: GPU-seconds and GPU-hours as exact strings, USD as a string
+    rounded to cents half to even (``core.money.usd_cents``; None stays None: unknown)."""
+    return {k: usd_cents(v) if k.endswith("_usd") else (str(v) if isinstance(v, Decimal) else v)
+            for k, v in row.items()}

@@ -1,0 +1,231 @@
+"""Capacity, allocated and unallocated GPU-hours of a fleet whose nodes join, leave and are cordoned.
+
+Class of failure: the fleet's idle has no figure (only the jobs' own GPU-hours exist, so a cluster of 64 GPU-hours
+where one 8 GPU-hour job ran shows nothing of the 56 left unallocated). Invariants, per row of every grouping and
+in total: capacity = allocated + unallocated exactly (GPU-seconds); capacity is what node sync observed (each
+sighting counts until the next one of the same node within ``NODE_INVENTORY_MAX_GAP_SECONDS``, in the earlier
+sighting's state; a longer gap is not capacity); unallocated cost is capacity's cost at the pool's price less the
+ledger's; a capacity whose price is unknown is never $0.
+
+The fleet goes through the platform's own node sync (``runners.kubernetes.sync.apply_pools``, what the periodic
+sync writes after listing a cluster's Nodes) at simulated instants; expected values come from the generated
+sightings alone.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+from collections import defaultdict
+from decimal import Decimal
+
+import pytest
+import time_machine
+from django.conf import settings
+
+from costs.capacity import GROUPS, _attempt_days_postgresql, _attempt_days_python, capacity_report
+from costs.models import Price
+from runners.base import NodeInfo, PoolCapacity
+from runners.kubernetes.sync import apply_pools
+from runners.models import Cluster, NodePool
+from tests.support.factories import make_attempt, make_cost_entry, make_job
+
+pytestmark = pytest.mark.django_db
+
+T0 = dt.datetime(2026, 3, 2, 22, 30, tzinfo=dt.UTC)  # the run crosses a UTC midnight
+SYNC = dt.timedelta(seconds=60)
+PRICES = {"on-demand": Decimal("6.88"), "spot": Decimal("2.20")}  # the seeded catalog, aws us-east-1 H100
+
+
+def generate(seed: int, syncs: int = 150, nodes: int = 6) -> dict[int, dict[str, tuple[str, int, bool]]]:
+    """Sightings: sync index -> {node name: (capacity type, GPUs, schedulable)}. Nodes join and leave at drawn
+    syncs, are cordoned for drawn stretches, and one stretch of syncs is missed entirely (the cluster unreachable for
+    longer than the gap); single syncs do not run now and then (within the gap). A sync that runs lists every node
+    present then, as a Node LIST does."""
+    rng = random.Random(seed)
+    seen: dict[int, dict] = defaultdict(dict)
+    outage = set(range(rng.randrange(40, 90), rng.randrange(95, 110)))
+    outage |= {i for i in range(syncs) if rng.random() < 0.05}  # a sync that did not run (within the gap)
+    for n in range(nodes):
+        ctype = "spot" if n % 3 == 2 else "on-demand"
+        gpus = rng.choice([4, 8])
+        join, leave = rng.randrange(0, 60), rng.randrange(80, syncs + 1)
+        cordon_from = rng.randrange(join, leave)
+        cordon_to = cordon_from + rng.randrange(0, 20)
+        for i in range(join, leave):
+            if i in outage:
+                continue
+            seen[i][f"node-{n}"] = (ctype, gpus, not cordon_from <= i < cordon_to)
+    return {i: seen.get(i, {}) for i in range(syncs) if i not in outage}
+
+
+def expected(sightings: dict) -> dict[str, dict]:
+    """Per node: capacity and cordoned GPU-seconds, each sighting counting until the same node's next sighting if
+    that is within the gap, in the earlier sighting's state; and GPU-seconds per UTC day."""
+    gap = dt.timedelta(seconds=settings.NODE_INVENTORY_MAX_GAP_SECONDS)
+    per_node: dict[str, list] = defaultdict(list)
+    for i in sorted(sightings):
+        for name, state in sightings[i].items():
+            per_node[name].append((T0 + i * SYNC, state))
+    out = {}
+    for name, seq in per_node.items():
+        figures = {"capacity": Decimal(0), "cordoned": Decimal(0), "days": defaultdict(Decimal), "type": seq[0][1][0]}
+        for (t, (_ctype, gpus, schedulable)), (u, _next) in zip(seq, seq[1:], strict=False):
+            if u - t > gap:
+                continue
+            seconds = Decimal(int((u - t).total_seconds()))
+            figures["capacity"] += gpus * seconds
+            if not schedulable:
+                figures["cordoned"] += gpus * seconds
+            midnight = dt.datetime.combine(u.date(), dt.time(), dt.UTC)
+            if t < midnight:  # the interval crosses midnight
+                figures["days"][t.date()] += gpus * Decimal(int((midnight - t).total_seconds()))
+                figures["days"][u.date()] += gpus * Decimal(int((u - midnight).total_seconds()))
+            else:
+                figures["days"][t.date()] += gpus * seconds
+        out[name] = figures
+    return out
+
+
+def sync_fleet(cluster: Cluster, sightings: dict) -> None:
+    """Apply each sync's discovery at its instant, as the periodic node sync would."""
+    for i in sorted(sightings):
+        pools = defaultdict(list)
+        for name, (ctype, gpus, schedulable) in sorted(sightings[i].items()):
+            pools[ctype].append(NodeInfo(name=name, gpus=gpus, cpu_milli=96000, memory_mib=1 << 20,
+                                         unschedulable=not schedulable, schedulable=schedulable))
+        found = [PoolCapacity(name=f"h100-{ctype}", accelerator="H100-80GB", capacity_type=ctype,
+                              nodes=sum(n.schedulable for n in nodes), gpus_per_node=max(n.gpus for n in nodes),
+                              node_list=tuple(nodes)) for ctype, nodes in pools.items()]
+        with time_machine.travel(T0 + i * SYNC, tick=False):
+            apply_pools(cluster, found)
+
+
+@pytest.fixture
+def fleet(catalog):
+    cluster = Cluster.objects.create(name="aws-use1", provider="aws", region="us-east-1", backend="kubernetes")
+    return cluster
+
+
+def allocate(cluster, teams, user, h100, plan) -> dict[str, Decimal]:
+    """Ledger rows for ``plan``: ``(team index, node names, GPUs per node, start sync, end sync)``; returns the
+    allocated GPU-seconds per node, computed from the plan."""
+    on_demand, _ = NodePool.objects.get_or_create(cluster=cluster, name="h100-on-demand", defaults={
+        "accelerator": h100, "capacity_type": "on-demand", "nodes": 0, "gpus_per_node": 8})
+    per_node: dict[str, Decimal] = defaultdict(Decimal)
+    for k, (team_index, nodes, per, first, last) in enumerate(plan):
+        team = teams[team_index]
+        job = make_job(team, user, h100, name=f"j{k}", gpus_per_node=per, nodes=len(nodes))
+        attempt = make_attempt(job, cluster, on_demand, started_at=T0 + first * SYNC)
+        attempt.placement = {"nodes": list(nodes), "gpus_per_node": per}
+        attempt.save(update_fields=["placement"])
+        lo, hi = T0 + first * SYNC, T0 + last * SYNC
+        while lo < hi:  # the ledger cuts entries at every UTC hour
+            cut = min(hi, (lo + dt.timedelta(hours=1)).replace(minute=0, second=0, microsecond=0))
+            gpu_hours = Decimal(attempt.gpus) * Decimal(int((cut - lo).total_seconds())) / 3600
+            make_cost_entry(attempt, lo, cut - lo, gpu_hours * PRICES["on-demand"], usd_per_gpu_hour="6.88")
+            lo = cut
+        for node in nodes:
+            per_node[node] += per * Decimal((last - first) * 60)
+    return per_node
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_capacity_is_allocated_plus_unallocated_on_a_generated_fleet(fleet, teams, user, h100, seed):
+    sightings = generate(seed)
+    sync_fleet(fleet, sightings)
+    want = expected(sightings)
+    on_demand_nodes = sorted(n for n, f in want.items() if f["type"] == "on-demand")
+    # two jobs on nodes present from sync 60 to 80 in every draw (join < 60 <= 80 <= leave), one over the outage
+    plan = [(0, on_demand_nodes[:1], 2, 60, 75), (1, on_demand_nodes[-1:], 1, 62, 80)]
+    allocated = allocate(fleet, teams, user, h100, plan)
+    start, end = T0 - dt.timedelta(hours=1), T0 + dt.timedelta(hours=4)
+
+    rows, total = capacity_report("node", start, end)
+    by_node = {r["node"]: r for r in rows}
+    assert set(by_node) == {n for n, f in want.items() if f["capacity"]}
+    for name, row in by_node.items():
+        assert row["capacity_gpu_seconds"] == want[name]["capacity"], name
+        assert row["cordoned_gpu_seconds"] == want[name]["cordoned"], name
+        assert row["allocated_gpu_seconds"] == allocated.get(name, 0), name
+        assert row["capacity_gpu_seconds"] == row["allocated_gpu_seconds"] + row["unallocated_gpu_seconds"]
+
+    capacity = sum(f["capacity"] for f in want.values())
+    assert total["capacity_gpu_seconds"] == capacity
+    assert total["allocated_gpu_seconds"] == sum(allocated.values())
+    assert total["unallocated_gpu_seconds"] == capacity - sum(allocated.values())
+    priced = sum(f["capacity"] * PRICES[f["type"]] for f in want.values()) / 3600
+    assert total["unallocated_cost_usd"] == (priced - sum(allocated.values()) * PRICES["on-demand"] / 3600).quantize(
+        Decimal("0.000000001"))
+
+    # the embedded database's path (every entry read in Python) sums what PostgreSQL sums
+    for window in ((start, end), (T0 + 61 * SYNC + dt.timedelta(seconds=7), T0 + 79 * SYNC)):
+        assert _attempt_days_python(*window, None) == _attempt_days_postgresql(*window, None)
+
+    # every grouping adds up to the same total, row by row
+    for group_by in GROUPS[:-1]:
+        rows, again = capacity_report(group_by, start, end)
+        assert again == total, group_by
+        for field in ("capacity_gpu_seconds", "cordoned_gpu_seconds", "allocated_gpu_seconds"):
+            assert sum(r[field] for r in rows) == total[field], (group_by, field)
+        for r in rows:
+            assert r["capacity_gpu_seconds"] == r["allocated_gpu_seconds"] + r["unallocated_gpu_seconds"]
+    days = {r["day"]: r["capacity_gpu_seconds"] for r in capacity_report("day", start, end)[0]}
+    want_days = defaultdict(Decimal)
+    for f in want.values():
+        for day, seconds in f["days"].items():
+            want_days[day.isoformat()] += seconds
+    assert days == {d: s for d, s in want_days.items() if s}
+
+
+def test_the_fleet_of_64_gpu_hours_with_one_8_gpu_hour_job(fleet, teams, user, h100):
+    """Two 8-GPU nodes seen for 4 hours (64 GPU-hours); one job of 8 GPUs ran 1 hour: 56 GPU-hours unallocated,
+    at 6.88 USD per GPU-hour 385.28 USD; shared to the one team that used the cluster, as OpenCost's shareIdle."""
+    sightings = {i: {"node-a": ("on-demand", 8, True), "node-b": ("on-demand", 8, True)} for i in range(241)}
+    sync_fleet(fleet, sightings)
+    allocate(fleet, teams, user, h100, [(0, ["node-a"], 8, 60, 120)])
+    rows, total = capacity_report("cluster", T0, T0 + dt.timedelta(hours=4))
+    assert total["capacity_gpu_hours"] == Decimal(64)
+    assert total["allocated_gpu_hours"] == Decimal(8)
+    assert total["unallocated_gpu_hours"] == Decimal(56)
+    assert total["unallocated_cost_usd"] == Decimal("385.28")
+    assert total["capacity_cost_usd"] == Decimal(64) * Decimal("6.88")
+    teams_rows, _ = capacity_report("team", T0, T0 + dt.timedelta(hours=4))
+    assert [(r["team"], r["allocated_gpu_hours"], r["shared_idle_gpu_hours"], r["total_cost_usd"])
+            for r in teams_rows] == [(teams[0].slug, Decimal(8), Decimal(56), Decimal("440.32"))]
+
+
+def test_unpriced_capacity_is_unknown_not_zero(catalog, teams, user):
+    """A cluster in a region the catalog has no price for: capacity counted, its cost None, every GPU-hour of it
+    counted as unpriced."""
+    cluster = Cluster.objects.create(name="onprem", provider="onprem", region="lab", backend="kubernetes")
+    assert not Price.objects.filter(provider="onprem").exists()
+    sync_fleet(cluster, {i: {"node-a": ("on-demand", 8, True)} for i in range(61)})
+    rows, total = capacity_report("cluster", T0, T0 + dt.timedelta(hours=2))
+    assert total["capacity_gpu_hours"] == Decimal(8)
+    assert total["capacity_cost_usd"] is None and total["unallocated_cost_usd"] is None
+    assert total["unpriced_unallocated_gpu_hours"] == Decimal(8)
+
+
+def test_a_gap_longer_than_the_setting_is_not_capacity(fleet, settings):
+    settings.NODE_INVENTORY_MAX_GAP_SECONDS = 120
+    sightings = {i: {"node-a": ("on-demand", 8, True)} for i in [0, 1, 3, 6, 7]}  # gaps of 60, 120, 180, 60 s
+    sync_fleet(fleet, sightings)
+    _, total = capacity_report("cluster", T0 - dt.timedelta(hours=1), T0 + dt.timedelta(hours=1))
+    assert total["capacity_gpu_seconds"] == 8 * Decimal(60 + 120 + 60)
+
+
+def test_a_second_delivery_of_one_sync_counts_nothing_twice(fleet):
+    sightings = {i: {"node-a": ("on-demand", 8, i not in (3, 4))} for i in range(8)}
+    for i in sorted(sightings):
+        sync_fleet(fleet, {i: sightings[i]})
+        sync_fleet(fleet, {i: sightings[i]})  # the same sync delivered again
+    _, total = capacity_report("cluster", T0 - dt.timedelta(hours=1), T0 + dt.timedelta(hours=1))
+    assert total["capacity_gpu_seconds"] == 8 * Decimal(7 * 60)
+    assert total["cordoned_gpu_seconds"] == 8 * Decimal(2 * 60)
+
+
+@pytest.mark.parametrize("group_by,start,end", [("pod", T0, T0 + SYNC), ("node", T0, T0)])
+def test_bad_queries_raise(db, group_by, start, end):
+    with pytest.raises(ValueError):
+        capacity_report(group_by, start, end)
