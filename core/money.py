@@ -17,3 +17,13 @@ def usd_cents(amount: Decimal | None) -> str | None:
     if amount is None:
         return None
     return str(Decimal(amount).quantize(CENT, ROUND_HALF_EVEN))
+
+
+def shown_usd(amount: Decimal | None, unpriced_hours: float | Decimal = 0) -> str | None:
+    """The one rounding of a money figure for display: ``usd_cents`` of the exact priced ``amount`` (USD), or None
+    ("unknown") when nothing of it is priced: ``amount`` None or 0 while ``unpriced_hours`` (GPU- or vCPU-hours
+    accrued without a price, docs/design.md "Cost ledger") are above 0. Never a bare 0 for a cost nobody knows."""
+    if amount is None or (not amount and unpriced_hours):
+        return None
+    return usd_cents(amount)
+

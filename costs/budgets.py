@@ -59,6 +59,7 @@ class BudgetStatus:
     unpriced_gpu_hours: Decimal = Decimal(0)
     unpriced_usd: Decimal = Decimal(0)
     basis: Forecast | None = None
+    unpriced_vcpu_hours: Decimal = Decimal(0)
 
     @property
     def remaining_usd(self) -> Decimal:
@@ -81,7 +82,7 @@ def budget_status(budget: Budget, at: dt.datetime | None = None) -> BudgetStatus
     committed = committed_usd(budget.team_id)
     basis = forecast(budget.team_id, end, at, spent + unpriced, committed)
     return BudgetStatus(budget, at, start, end, budget.amount_usd, spent, committed, basis.burn_rate_usd_per_hour,
-                        basis.forecast_usd, spend.unpriced_gpu_hours, unpriced, basis)
+                        basis.forecast_usd, spend.unpriced_gpu_hours, unpriced, basis, spend.unpriced_vcpu_hours)
 
 
 def admin_emails(team_id: int) -> list[str]:

@@ -23,10 +23,10 @@ from core.money import usd_cents
 from jobs.models import Job
 from quotas.models import CPU_FLAVOR, Budget, Quota, Team
 
-from ..aggregation import aggregate_utilization, aggregate_window, filter_days, window_sums
+from ..aggregation import aggregate_utilization, aggregate_window, filter_days, hours, money, window_sums
 from ..forecast import committed_at, forecast
 from ..models import CostEntry, Report, UtilizationRollup
-from ..spend import ledger_usd
+from ..spend import period_spend
 from ..unknown import unknown_cost, unknown_cost_json
 from .efficiency import training_efficiency
 from .mail import send_report
@@ -82,19 +82,21 @@ def _top_jobs(team: Team | None, start: dt.datetime, end: dt.datetime) -> list[d
     row ``job: null, job_name: "other jobs (N)"`` for the rest, so that the rows add up to the period's total
     (cents by the largest remainder method, ``costs.reports.rounding``)."""
     sums = _costs(team, "job", start, end, exact=True)
-    ranked = sorted(sums.items(), key=lambda kv: (-kv[1][1], kv[0][0]))
+    ranked = sorted(sums.items(), key=lambda kv: (-kv[1][1], -kv[1][2], kv[0][0]))
     top, rest = ranked[:TOP_JOBS], ranked[TOP_JOBS:]
     teams = dict(Job.objects.filter(pk__in=[job for (job, _), _ in top]).values_list("pk", "team__slug"))
-    shown = [{"job": job, "job_name": name, "team": teams[job], "gpu_hours": round(float(seconds) / 3600, 6),
-              "cost": cost} for (job, name), (seconds, cost) in top]
+    shown = [({"job": job, "job_name": name, "team": teams[job]}, figures) for (job, name), figures in top]
     if rest:
-        shown.append({"job": None, "job_name": f"other jobs ({len(rest)})", "team": None,
-                      "gpu_hours": round(float(sum((seconds for _, (seconds, _) in rest), Decimal(0))) / 3600, 6),
-                      "cost": sum((cost for _, (_, cost) in rest), Decimal(0))})
-    cents, _ = largest_remainder([r.pop("cost") for r in shown])
-    for row, value in zip(shown, cents, strict=True):
-        row["cost_usd"] = str(value)
-    return shown
+        shown.append(({"job": None, "job_name": f"other jobs ({len(rest)})", "team": None},
+                      [sum((f[i] for _, f in rest), Decimal(0)) for i in range(4)]))
+    cents, _ = largest_remainder([figures[1] for _, figures in shown])
+    rows = []
+    for (row, (seconds, cost, unpriced_gpu, unpriced_vcpu)), value in zip(shown, cents, strict=True):
+        row.update(gpu_hours=hours(seconds), **money(cost, unpriced_gpu, unpriced_vcpu))
+        if row["cost_usd"] is not None:
+            row["cost_usd"] = str(value)
+        rows.append(row)
+    return rows
 
 
 def _quota_use(team: Team | None, gpu_hours_by_accelerator: dict[str, float], hours: float) -> list[dict]:
@@ -137,14 +139,16 @@ def _budgets(team: Team | None, end: dt.datetime) -> list[dict]:
         start, period_end = budget.window(at)
         if start is None or period_end is None or not (start <= at < period_end):
             continue
-        spent = ledger_usd(budget.team_id, start, at + dt.timedelta(microseconds=1))
+        spend = period_spend([budget.team_id], start, at + dt.timedelta(microseconds=1))[budget.team_id]
+        spent = spend.cost_usd
         committed = committed_at(budget.team_id, at)
         basis = forecast(budget.team_id, period_end, at, spent, committed)
         remaining = budget.amount_usd - spent - committed
         rows.append({"team": budget.team.slug, "period": budget.period, "action": budget.action,
                      "period_start": start.isoformat(), "period_end": period_end.isoformat(),
                      "as_of": (at + dt.timedelta(microseconds=1)).isoformat(),
-                     "amount_usd": usd_cents(budget.amount_usd), "spent_usd": usd_cents(spent),
+                     "amount_usd": usd_cents(budget.amount_usd),
+                     **money(spent, spend.unpriced_gpu_hours * 3600, spend.unpriced_vcpu_seconds, "spent_usd"),
                      "committed_usd": usd_cents(committed), "remaining_usd": usd_cents(remaining),
                      "forecast_usd": usd_cents(basis.forecast_usd), "forecast_method": basis.method,
                      "forecast_rate_usd_per_day": usd_cents(basis.rate_usd_per_day),
@@ -182,6 +186,8 @@ def _utilization(team: Team | None, start: dt.datetime, end: dt.datetime, ledger
             "unobserved_gpu_hours": hours["unobserved_gpu_hours"], "util_metric": total["util_metric"],
             "idle_gpu_hours": None if missing else total["idle_gpu_hours"],
             "idle_cost_usd": None if missing else total["idle_cost_usd"],
+            "idle_unpriced_gpu_hours": None if missing else total["idle_unpriced_gpu_hours"],
+            "idle_unpriced_vcpu_hours": None if missing else total["idle_unpriced_vcpu_hours"],
             "missing": missing, "partial": partial, "note": note}
 
 
@@ -227,10 +233,10 @@ def build_report_data(team: Team | None, start: dt.datetime, end: dt.datetime) -
         "previous": {
             "period_start": previous_start.isoformat(),
             "period_end": start.isoformat(),
-            "gpu_hours": previous["gpu_hours"],
-            "cost_usd": previous["cost_usd"],
+            **previous,
             "gpu_hours_change_percent": _percent_change(totals["gpu_hours"], previous["gpu_hours"]),
-            "cost_change_percent": _percent_change(Decimal(totals["cost_usd"]), Decimal(previous["cost_usd"])),
+            # Priced USD against priced USD: with unpriced hours on either side the change says so beside it.
+            "cost_change_percent": _percent_change(Decimal(totals["cost_usd"] or 0), Decimal(previous["cost_usd"] or 0)),
         },
     }
 

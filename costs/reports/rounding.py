@@ -43,6 +43,8 @@ def balanced_window(group_by: str, start: dt.datetime | None, end: dt.datetime |
     rows, total = present_sums(sums, group_by)
     rounded, shown_total = largest_remainder([sums[key][1] for key in sorted(sums)])  # present_sums' row order
     for row, cents in zip(rows, rounded, strict=True):
-        row["cost_usd"] = str(cents)
-    total["cost_usd"] = str(shown_total)
+        if row["cost_usd"] is not None:  # null: none of it priced (its unpriced hours beside it)
+            row["cost_usd"] = str(cents)
+    if total["cost_usd"] is not None:
+        total["cost_usd"] = str(shown_total)
     return rows, total

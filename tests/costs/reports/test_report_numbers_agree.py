@@ -90,4 +90,7 @@ def test_the_report_says_cost_unknown_since_when_for_how_many_gpu_hours(teams, o
     assert unknown["since"] == (DAY + dt.timedelta(hours=4)).isoformat() and unknown["gpu_hours"] == 3.0
     assert "cost unknown since 2025-11-30 04:00 UTC for 3.00 GPU-hours: no price for no-price/" in report.html
     assert "cost_unknown,alpha,gpu_hours,3.0" in report.csv.splitlines()
-    assert report.data["totals"]["cost_usd"] == "0.00"
+    # Nothing of the period is priced: its total is unknown (null), never $0.00, with the hours beside it.
+    assert report.data["totals"]["cost_usd"] is None and report.data["totals"]["unpriced_gpu_hours"] == 3.0
+    assert "total,alpha,cost_usd,unknown" in report.csv.splitlines()
+    assert "total,alpha,unpriced_gpu_hours,3.0" in report.csv.splitlines()

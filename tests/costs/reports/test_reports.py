@@ -71,10 +71,13 @@ def ledger(teams, owner, catalog):
 def test_the_report_numbers_match_the_ledger(ledger):
     data = build_report_data(ledger["alpha"], DAY, DAY + dt.timedelta(days=1))
     big_usd, small_usd = 8 * 2 * Decimal("6.88"), 4 * Decimal("1.5") * Decimal("3.00")  # 110.08, 18.00
-    assert data["totals"] == {"gpu_hours": 16 + 6.0, "cost_usd": cents(big_usd + small_usd)}
+    assert data["totals"] == {"gpu_hours": 16 + 6.0, "cost_usd": cents(big_usd + small_usd),
+                              "unpriced_gpu_hours": 0.0, "unpriced_vcpu_hours": 0.0}
     assert data["by_accelerator"] == [
-        {"accelerator": "A100-80GB", "gpu_hours": 6.0, "cost_usd": cents(small_usd)},
-        {"accelerator": "H100-80GB", "gpu_hours": 16.0, "cost_usd": cents(big_usd)}]
+        {"accelerator": "A100-80GB", "gpu_hours": 6.0, "cost_usd": cents(small_usd), "unpriced_gpu_hours": 0.0,
+         "unpriced_vcpu_hours": 0.0},
+        {"accelerator": "H100-80GB", "gpu_hours": 16.0, "cost_usd": cents(big_usd), "unpriced_gpu_hours": 0.0,
+         "unpriced_vcpu_hours": 0.0}]
     assert [(r["cluster"], r["cost_usd"]) for r in data["by_cluster"]] == [("aws-h100", "110.08"), ("gcp-a100", "18.00")]
     assert [(j["job_name"], j["cost_usd"], j["gpu_hours"]) for j in data["top_jobs"]] == [
         ("big", "110.08", 16.0), ("small", "18.00", 6.0)]
