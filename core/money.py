@@ -27,3 +27,12 @@ def shown_usd(amount: Decimal | None, unpriced_hours: float | Decimal = 0) -> st
         return None
     return usd_cents(amount)
 
+
+
+def rounding_difference(total: str | None, rows: list[str | None]) -> str:
+    """``total`` (cents string) minus the sum of the shown ``rows`` (cents strings; None, an unknown figure, counts
+    0), as a USD string: what a table's rows, each its exact sum rounded once, miss or exceed of its total, itself
+    the table's exact sum rounded once (the table rule of docs/design.md "Cost ledger"). ``"0.00"`` when they add
+    up."""
+    shown = sum((Decimal(r) for r in rows if r is not None), Decimal(0))
+    return str((Decimal(total or 0) - shown).quantize(CENT))

@@ -33,7 +33,7 @@ from decimal import Decimal
 from django.db.models import DurationField, ExpressionWrapper, F, Sum
 from django.db.models.functions import TruncDate
 
-from core.money import shown_usd
+from core.money import rounding_difference, shown_usd
 
 from .models import CostEntry, DailyCostRollup, JobDailyCost
 from .spend import entries_in, exact_seconds, rollups_in, utc_midnight, window_parts
@@ -112,7 +112,8 @@ def money(usd: Decimal, unpriced_gpu_seconds: Decimal, unpriced_vcpu_seconds: De
 
 
 def present_sums(sums: dict[tuple, list], group_by: str) -> tuple[list[dict], dict]:
-    """Rows ordered by key and the exact total, rounded once each (see ``aggregate_costs``)."""
+    """Rows ordered by key and the exact total, each rounded once from its exact sum (see ``aggregate_costs``);
+    the total's ``rounding_difference_usd`` says by how much the shown rows miss it (docs/design.md, Cost ledger)."""
     keys = GROUP_KEYS[group_by]
     results = []
     for key in sorted(sums):
@@ -123,7 +124,9 @@ def present_sums(sums: dict[tuple, list], group_by: str) -> tuple[list[dict], di
         row.update(gpu_hours=hours(seconds), **money(cost, unpriced_gpu, unpriced_vcpu))
         results.append(row)
     total = [sum((v[i] for v in sums.values()), Decimal(0)) for i in range(4)]
-    return results, {"gpu_hours": hours(total[0]), **money(*total[1:])}
+    shown = {"gpu_hours": hours(total[0]), **money(*total[1:])}
+    shown["rounding_difference_usd"] = rounding_difference(shown["cost_usd"], [r["cost_usd"] for r in results])
+    return results, shown
 
 
 def aggregate_costs(entries, group_by: str) -> tuple[list[dict], dict]:
@@ -272,11 +275,7 @@ def aggregate_utilization(rollups, group_by: str) -> tuple[list[dict], dict]:
     keys = GROUP_KEYS[group_by]
     idle_usd = idle_costs(rollups)
 
-    def empty():
-        return {**dict.fromkeys(SUMMED, 0.0), "memory_sum": 0.0, "idle_gpu_seconds": 0.0, "idle_usd": Decimal(0),
-                "idle_unpriced_gpu_seconds": 0.0, "metrics": set()}
-
-    sums: dict = defaultdict(empty)
+    sums: dict = defaultdict(_unseen)
     for r in rollups.values("pk", *keys.values(), *SUMMED, "avg_memory_used_mib", "idle_gpu_seconds", "util_metric"):
         for group in (tuple(r[k] for k in keys.values()), None):
             s = sums[group]
@@ -297,3 +296,51 @@ def aggregate_utilization(rollups, group_by: str) -> tuple[list[dict], dict]:
         row.update(_present(sums[group]))
         rows.append(row)
     return rows, _present(sums[None])
+
+
+def day_window(start: dt.datetime | None, end: dt.datetime | None) -> tuple[dt.datetime | None, dt.datetime | None]:
+    """The whole UTC days ``filter_days`` selects for ``[start, end)``, as instants ``[first midnight, last + 1)``."""
+    lo = utc_midnight(start.astimezone(UTC).date()) if start is not None else None
+    if end is None:
+        return lo, None
+    end = end.astimezone(UTC)
+    try:
+        return lo, utc_midnight(end.date()) + (dt.timedelta(days=1) if end.time() != dt.time() else dt.timedelta())
+    except OverflowError:  # a window open to the last representable day
+        return lo, None
+
+
+def utilization_window(rollups, group_by: str, start: dt.datetime | None, end: dt.datetime | None, *, scope=None,
+                       team_slug: str | None = None, job_id: int | None = None) -> tuple[list[dict], dict]:
+    """``aggregate_utilization`` of ``rollups`` (already narrowed like the ledger: scope, team, job, days) with the
+    allocation taken from the ledger: ``gpu_hours`` is the GPU-hours billed over the same whole UTC days (the
+    figure the costs show), ``unobserved_gpu_hours`` what of it no DCGM sample covers. A group the ledger bills and
+    Prometheus never saw (no Prometheus at all, a cluster without DCGM) is a row with its GPU-hours, all of them
+    unobserved, and nulls for the averages ("no data"), never 0 GPU-hours. Arguments as ``window_sums``;
+    ``job_id`` keeps one job (read from its ledger entries)."""
+    rows, total = aggregate_utilization(rollups, group_by)
+    lo, hi = day_window(start, end)
+    if job_id is not None:
+        entries = entries_in(CostEntry.objects.filter(job_id=job_id), lo, hi)
+        billed, billed_total = aggregate_costs(scope(entries) if scope is not None else entries, group_by)
+    else:
+        billed, billed_total = aggregate_window(group_by, lo, hi, scope=scope, team_slug=team_slug)
+    keys = list(GROUP_KEYS[group_by])
+    by_key = {tuple(r[k] for k in keys): r for r in rows}
+    for ledger_row in billed:
+        key = tuple(ledger_row[k] for k in keys)
+        row = by_key.get(key)
+        if row is None:
+            row = by_key[key] = {**{k: ledger_row[k] for k in keys}, **_present(_unseen())}
+        row["gpu_hours"] = ledger_row["gpu_hours"]
+        row["unobserved_gpu_hours"] = round(max(0.0, row["gpu_hours"] - row["observed_gpu_hours"]), 6)
+    if billed:
+        total["gpu_hours"] = billed_total["gpu_hours"]
+        total["unobserved_gpu_hours"] = round(max(0.0, total["gpu_hours"] - total["observed_gpu_hours"]), 6)
+    return sorted(by_key.values(), key=lambda r: tuple(str(r[k]) for k in keys)), total
+
+
+def _unseen() -> dict:
+    """The sums of a group without any utilization rollup."""
+    return {**dict.fromkeys(SUMMED, 0.0), "memory_sum": 0.0, "idle_gpu_seconds": 0.0, "idle_usd": Decimal(0),
+            "idle_unpriced_gpu_seconds": 0.0, "metrics": set()}

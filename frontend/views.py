@@ -26,11 +26,10 @@ from django.views.decorators.http import require_http_methods, require_POST
 from rest_framework.exceptions import ValidationError
 
 from core.money import shown_usd
-from costs.aggregation import aggregate_utilization, aggregate_window
+from costs.aggregation import aggregate_window, utilization_window
 from costs.budgets import budget_status
 from costs.collection import refresh_running
 from costs.models import ClusterMetrics, Report, UtilizationRollup
-from costs.reports.rounding import balanced_window
 from costs.unknown import unknown_cost, unpriced_hours
 from jobs.filters import JobFilterSet
 from jobs.lifecycle import NotCancellable, cancel_job, submit_job
@@ -251,7 +250,7 @@ def job_detail(request, pk: int):
                     .select_related("job__team", "node_pool", "cluster"))  # a running job: live, briefly cached
     rollups = list(UtilizationRollup.objects.filter(job=job).order_by("day", "attempt_id")
                    .values("day", "attempt__number", "avg_gpu_util_percent"))
-    usage, _ = aggregate_utilization(UtilizationRollup.objects.filter(job=job), "attempt")
+    usage, _ = utilization_window(UtilizationRollup.objects.filter(job=job), "attempt", None, None, job_id=job.pk)
     context = _job_status_context(job, request.user)
     context.update(
         usage=usage,
@@ -525,7 +524,7 @@ def _cost_query(request):
     form.data = form.data.copy()
     for name in ("start", "end"):
         form.data[name] = form.data.get(name) or form.cleaned_data[name].isoformat()
-    rows, total = balanced_window(form.cleaned_data["group_by"], start, end,  # shown rows add up to the total
+    rows, total = aggregate_window(form.cleaned_data["group_by"], start, end,  # the API's figures, to the cent
                                    scope=lambda qs: scope_to_teams(qs, request.user),
                                    team_slug=form.cleaned_data.get("team") or None)
     return form, rows, total
@@ -570,6 +569,8 @@ def costs_csv(request):
     writer.writerow([*keys, *figures])
     for row in [*rows, {**total, **dict.fromkeys(keys, ""), keys[0]: "total"}]:
         writer.writerow([*(row[k] for k in keys), *("unknown" if row[f] is None else row[f] for f in figures)])
+    if total["rounding_difference_usd"] != "0.00":  # the table rule of docs/design.md, Cost ledger
+        writer.writerow(["rounding_difference", *([""] * len(keys)), total["rounding_difference_usd"], "", ""])
     return response
 
 

@@ -88,12 +88,16 @@ class CostRowSerializer(serializers.Serializer):
 
 
 class CostTotalSerializer(serializers.Serializer):
-    """The sum over all rows (from exact ledger amounts, rounded once)."""
+    """The sum over all rows (from exact ledger amounts, rounded once), and what the rows miss of it by rounding."""
 
     gpu_hours = serializers.FloatField()
     cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, allow_null=True)
     unpriced_gpu_hours = serializers.FloatField(help_text="GPU-hours with no price in force, not in cost_usd")
     unpriced_vcpu_hours = serializers.FloatField(help_text="vCPU-hours with no price in force, not in cost_usd")
+    rounding_difference_usd = serializers.DecimalField(
+        max_digits=20, decimal_places=2, help_text="cost_usd minus the sum of the rows' cost_usd: each row and the "
+                                                   "total are their exact sums rounded once, so the rows may miss "
+                                                   "the total by a few cents; 0.00 when they add up")
     avg_gpu_util_percent = serializers.FloatField(required=False, allow_null=True)
     observed_gpu_hours = serializers.FloatField(required=False, allow_null=True)
     idle_gpu_hours = serializers.FloatField(required=False, allow_null=True)
@@ -173,8 +177,11 @@ class BudgetStatusSerializer(serializers.Serializer):
     committed_usd = serializers.DecimalField(max_digits=20, decimal_places=2)
     remaining_usd = serializers.DecimalField(max_digits=20, decimal_places=2)
     forecast_usd = serializers.DecimalField(max_digits=20, decimal_places=2)
-    burn_rate_usd_per_hour = serializers.DecimalField(max_digits=20, decimal_places=2,
-                                                      help_text="the forecast's median daily spend / 24")
+    burn_rate_usd_per_hour = serializers.DecimalField(
+        max_digits=20, decimal_places=2, help_text="what the team's running attempts cost per hour now: their GPUs "
+                                                   "(and CPU) x the price in force")
+    burn_rate_unpriced_gpus = serializers.IntegerField(help_text="GPUs running with no price in force, not in "
+                                                                 "burn_rate_usd_per_hour")
     forecast_method = serializers.CharField(source="basis.method", help_text="how forecast_usd is computed")
     forecast_rate_usd_per_day = serializers.DecimalField(source="basis.rate_usd_per_day", max_digits=20,
                                                          decimal_places=2)

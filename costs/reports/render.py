@@ -32,6 +32,8 @@ def render_csv(data: dict) -> str:
     writer.writerow(["period", data["scope"], "end", data["period_end"]])
     writer.writerow(["total", data["scope"], "gpu_hours", data["totals"]["gpu_hours"]])
     _money(writer, "total", data["scope"], data["totals"])
+    for table, difference in (data.get("rounding_difference_usd") or {}).items():
+        writer.writerow(["rounding_difference", table, "usd", difference])
     for section, key in (("accelerator", "accelerator"), ("cluster", "cluster")):
         for row in data[f"by_{section}"]:
             writer.writerow([section, row[key], "gpu_hours", row["gpu_hours"]])

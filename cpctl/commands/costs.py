@@ -92,6 +92,9 @@ def costs(api: Api, group_by: str, start: str | None, end: str | None, team: str
     grouped_table(report, group_by, ["GPU-HOURS", "COST"],
                   lambda row: [gpu_hours(row.get("gpu_hours")), money(row)],
                   right=("GPU-HOURS", "COST"))
+    difference = (report.get("total") or {}).get("rounding_difference_usd")
+    if difference not in (None, "0.00"):  # each row and the total rounded once (docs/design.md, Cost ledger)
+        out(f"each row and the TOTAL are their exact sums rounded to cents: the rows miss the TOTAL by ${difference}")
     return EXIT_OK
 
 

@@ -191,7 +191,8 @@ EFFICIENCY_SCHEMA = {
         "mfu_reason": {"type": "string", "description": "why mfu_percent is null; empty when it is not"},
         "flops_per_token": {"type": "number", "nullable": True},
         "tokens": {"type": "integer", "nullable": True, "description": "training tokens of every attempt"},
-        "cost_usd": {"type": "string", "format": "decimal"},
+        "cost_usd": {"type": "string", "format": "decimal", "nullable": True,
+                     "description": "the ledger's priced USD, cents; null when none of it is priced"},
         "usd_per_million_tokens": {"type": "string", "format": "decimal", "nullable": True,
                                    "description": "null without tokens, or while some of the job's hours has no "
                                                   "price"},

@@ -31,7 +31,7 @@ UNPRICED_GPU_HOURS = 12.0  # 4 GPUs x the 3 hours after the price row went
 
 def money_keys(d: dict) -> list[str]:
     """The keys of ``d`` that hold a money figure derived from prices (a budget's own amount and prices are not)."""
-    return [k for k in d if k.endswith("_usd") and k != "amount_usd"]
+    return [k for k in d if k.endswith("_usd") and k not in ("amount_usd", "rounding_difference_usd")]
 
 
 def unpriced_hours(d: dict) -> float:
@@ -48,7 +48,7 @@ def build(teams, owner, catalog, budget_factory) -> dict:
     for cluster in (aws, moving):
         cluster.last_contact_at = timezone.now()
         cluster.save(update_fields=["last_contact_at"])
-    priced = make_job_row(alpha, owner.user, h100, name="priced-job", state=JobState.RUNNING,
+    priced = make_job_row(alpha, owner.user, h100, name="priced-job", state=JobState.RUNNING, max_runtime=86400,
                           estimated_cost_usd=Decimal("6.88"))
     lost = make_job_row(alpha, owner.user, h100, name="moving-job", gpus_per_node=4, state=JobState.RUNNING,
                         max_runtime=86400, estimated_cost_usd=Decimal("192.00"))  # admitted at $2.00/GPU-h

@@ -129,7 +129,7 @@ def test_an_empty_ledger_answers_zero(teammate):
     body = teammate.client.get(COSTS).json()
     assert body == {"group_by": "team", "start": None, "end": None, "results": [],
                     "total": {"gpu_hours": 0.0, "cost_usd": "0.00", "unpriced_gpu_hours": 0.0,
-                              "unpriced_vcpu_hours": 0.0}}
+                              "unpriced_vcpu_hours": 0.0, "rounding_difference_usd": "0.00"}}
 
 
 # --- exact sums and windows at the edges ---------------------------------------------------------------------------
