@@ -17,3 +17,22 @@ def usd_cents(amount: Decimal | None) -> str | None:
     if amount is None:
         return None
     return str(Decimal(amount).quantize(CENT, ROUND_HALF_EVEN))
+
+
+def shown_usd(amount: Decimal | None, unpriced_hours: float | Decimal = 0) -> str | None:
+    """The one rounding of a money figure for display: ``usd_cents`` of the exact priced ``amount`` (USD), or None
+    ("unknown") when nothing of it is priced: ``amount`` None or 0 while ``unpriced_hours`` (GPU- or vCPU-hours
+    accrued without a price, docs/design.md "Cost ledger") are above 0. Never a bare 0 for a cost nobody knows."""
+    if amount is None or (not amount and unpriced_hours):
+        return None
+    return usd_cents(amount)
+
+
+
+def rounding_difference(total: str | None, rows: list[str | None]) -> str:
+    """``total`` (cents string) minus the sum of the shown ``rows`` (cents strings; None, an unknown figure, counts
+    0), as a USD string: what a table's rows, each its exact sum rounded once, miss or exceed of its total, itself
+    the table's exact sum rounded once (the table rule of docs/design.md "Cost ledger"). ``"0.00"`` when they add
+    up."""
+    shown = sum((Decimal(r) for r in rows if r is not None), Decimal(0))
+    return str((Decimal(total or 0) - shown).quantize(CENT))

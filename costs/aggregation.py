@@ -11,7 +11,10 @@ whatever the ledger's length, with the same totals to the last
 1e-9 USD as summing the entries (``aggregate_costs``, still used for a
 queryset of entries). Aggregation is pushed to the database (GROUP BY); an
 entry counts in the window that contains its ``interval_start``, the rule
-budgets use. Entries of unknown cost count their GPU-hours and no USD.
+budgets use. Entries of unknown cost (no price in force) count their
+GPU-hours and no USD; every figure carries them beside its USD
+(``unpriced_gpu_hours``, ``unpriced_vcpu_hours``, read from the ledger's
+unpriced rows), and a figure none of which is priced is null, never 0.
 
 Utilization rows aggregate UtilizationRollup exactly: average utilization
 is sample weighted (``sum(util_sum) / sum(samples)``), "no data" is null,
@@ -30,7 +33,7 @@ from decimal import Decimal
 from django.db.models import DurationField, ExpressionWrapper, F, Sum
 from django.db.models.functions import TruncDate
 
-from core.money import usd_cents
+from core.money import rounding_difference, shown_usd
 
 from .models import CostEntry, DailyCostRollup, JobDailyCost
 from .spend import entries_in, exact_seconds, rollups_in, utc_midnight, window_parts
@@ -44,60 +47,101 @@ GROUP_KEYS = {
     "attempt": {"job": "job_id", "attempt": "attempt_id", "attempt_number": "attempt__number"},
     "day": {"day": "day"},
 }
+# The ledger's keys: the public ones and, inside, per attempt and UTC day (beside the utilization rollups).
+LEDGER_KEYS = {**GROUP_KEYS, "attempt_day": {"attempt": "attempt_id", "day": "day"}}
 UTC_DAY = TruncDate("interval_start", tzinfo=UTC)
 # Summed per (group, gpus) and multiplied by gpus in Python: SQLite cannot multiply a duration in SQL.
 HELD_TIME = ExpressionWrapper(F("interval_end") - F("interval_start"), output_field=DurationField())
 # The columns ``add_utilization`` puts on cost rows.
 UTILIZATION_COLUMNS = ("avg_gpu_util_percent", "observed_gpu_hours", "idle_gpu_hours", "unobserved_gpu_hours",
-                       "idle_cost_usd")
+                       "idle_cost_usd", "idle_unpriced_gpu_hours", "idle_unpriced_vcpu_hours")
+
+
+def _zero() -> list:
+    """An empty group: [GPU-seconds, USD (priced), unpriced GPU-seconds, unpriced vCPU-seconds]."""
+    return [Decimal(0), Decimal(0), Decimal(0), Decimal(0)]
 
 
 def _ledger_sums(entries, group_by: str, sums: dict[tuple, list]) -> None:
     """Add ledger ``entries``' [GPU-seconds, USD] per group key of ``group_by`` to ``sums`` (one GROUP BY query)."""
-    if group_by == "day":
+    if group_by in ("day", "attempt_day"):
         entries = entries.annotate(day=UTC_DAY)
-    lookups = list(GROUP_KEYS[group_by].values())
+    lookups = list(LEDGER_KEYS[group_by].values())
     for part in entries.values(*lookups, "gpus").annotate(held=Sum(HELD_TIME), cost=Sum("amount_usd")).order_by():
-        row = sums.setdefault(tuple(part[lookup] for lookup in lookups), [Decimal(0), Decimal(0)])
+        row = sums.setdefault(tuple(part[lookup] for lookup in lookups), _zero())
         row[0] += part["gpus"] * exact_seconds(part["held"] or dt.timedelta())
         row[1] += part["cost"] or Decimal(0)
+
+
+def _unpriced_sums(entries, group_by: str, sums: dict[tuple, list]) -> None:
+    """Add the unpriced GPU-seconds and vCPU-seconds of ledger ``entries`` (those without a price in force, the
+    marker of ``costs.unknown``) per group key to ``sums``. Reads the unpriced rows only (their partial index)."""
+    entries = entries.filter(usd_per_gpu_hour__isnull=True)
+    if group_by in ("day", "attempt_day"):
+        entries = entries.annotate(day=UTC_DAY)
+    lookups = list(LEDGER_KEYS[group_by].values())
+    for part in entries.values(*lookups, "gpus", "cpu_milli").annotate(held=Sum(HELD_TIME)).order_by():
+        row = sums.setdefault(tuple(part[lookup] for lookup in lookups), _zero())
+        held = exact_seconds(part["held"] or dt.timedelta())
+        row[2] += part["gpus"] * held
+        row[3] += Decimal(part["cpu_milli"]) / 1000 * held
 
 
 def _rollup_sums(rollups, group_by: str, sums: dict[tuple, list]) -> None:
     """Add ``rollups``' (DailyCostRollup, JobDailyCost for jobs) [GPU-seconds, USD] per group key to ``sums``."""
     lookups = list(GROUP_KEYS[group_by].values())
     for part in rollups.values(*lookups).annotate(held=Sum("gpu_seconds"), cost=Sum("cost_usd")).order_by():
-        row = sums.setdefault(tuple(part[lookup] for lookup in lookups), [Decimal(0), Decimal(0)])
+        row = sums.setdefault(tuple(part[lookup] for lookup in lookups), _zero())
         row[0] += part["held"] or Decimal(0)
         row[1] += part["cost"] or Decimal(0)
 
 
+def hours(seconds: Decimal | float) -> float:
+    """Seconds (of GPUs or vCPUs) as hours, a float to 6 decimals: how the API shows GPU- and vCPU-hours."""
+    return round(float(seconds) / 3600, 6)
+
+
+def money(usd: Decimal, unpriced_gpu_seconds: Decimal, unpriced_vcpu_seconds: Decimal, key: str = "cost_usd",
+          prefix: str = "") -> dict:
+    """A shown money figure and the hours it leaves out: ``{key: cents or None, prefix + "unpriced_gpu_hours",
+    prefix + "unpriced_vcpu_hours"}``. ``usd`` is the exact priced sum; the figure is None ("unknown") when it is
+    0 and unpriced hours exist (``core.money.shown_usd``), so no cost nobody knows reads as $0."""
+    gpu_h, vcpu_h = hours(unpriced_gpu_seconds), hours(unpriced_vcpu_seconds)
+    return {key: shown_usd(usd, gpu_h + vcpu_h), f"{prefix}unpriced_gpu_hours": gpu_h,
+            f"{prefix}unpriced_vcpu_hours": vcpu_h}
+
+
 def present_sums(sums: dict[tuple, list], group_by: str) -> tuple[list[dict], dict]:
-    """Rows ordered by key and the exact total, rounded once each (see ``aggregate_costs``)."""
+    """Rows ordered by key and the exact total, each rounded once from its exact sum (see ``aggregate_costs``);
+    the total's ``rounding_difference_usd`` says by how much the shown rows miss it (docs/design.md, Cost ledger)."""
     keys = GROUP_KEYS[group_by]
     results = []
     for key in sorted(sums):
-        seconds, cost = sums[key]
+        seconds, cost, unpriced_gpu, unpriced_vcpu = sums[key]
         row = dict(zip(keys, key, strict=True))
         if group_by == "day":
             row["day"] = row["day"].isoformat()
-        row.update(gpu_hours=round(float(seconds) / 3600, 6), cost_usd=usd_cents(cost))
+        row.update(gpu_hours=hours(seconds), **money(cost, unpriced_gpu, unpriced_vcpu))
         results.append(row)
-    total_seconds = sum((v[0] for v in sums.values()), Decimal(0))
-    total_cost = sum((v[1] for v in sums.values()), Decimal(0))
-    return results, {"gpu_hours": round(float(total_seconds) / 3600, 6), "cost_usd": usd_cents(total_cost)}
+    total = [sum((v[i] for v in sums.values()), Decimal(0)) for i in range(4)]
+    shown = {"gpu_hours": hours(total[0]), **money(*total[1:])}
+    shown["rounding_difference_usd"] = rounding_difference(shown["cost_usd"], [r["cost_usd"] for r in results])
+    return results, shown
 
 
 def aggregate_costs(entries, group_by: str) -> tuple[list[dict], dict]:
     """Group ledger ``entries`` (a CostEntry queryset) by ``group_by``; returns ``(rows, total)``.
 
     Each row holds the group's key fields (see ``GROUP_KEYS``), ``gpu_hours``
-    (float) and ``cost_usd`` (string, cents, half-even); rows are ordered by
-    key. The total is the exact sum of all entries, rounded once. Raises
-    KeyError for a ``group_by`` not in ``GROUP_KEYS``.
+    (float), ``cost_usd`` (string, cents, half-even; null when none of it is
+    priced) and ``unpriced_gpu_hours``/``unpriced_vcpu_hours`` (accrued with
+    no price in force, not in ``cost_usd``); rows are ordered by key. The
+    total is the exact sum of all entries, rounded once. Raises KeyError for
+    a ``group_by`` not in ``GROUP_KEYS``.
     """
     sums: dict[tuple, list] = {}
     _ledger_sums(entries, group_by, sums)
+    _unpriced_sums(entries, group_by, sums)
     return present_sums(sums, group_by)
 
 
@@ -119,6 +163,7 @@ def window_sums(group_by: str, start: dt.datetime | None, end: dt.datetime | Non
     sums: dict[tuple, list] = {}
     if group_by == "attempt":  # no rollup per attempt: the ledger itself (an attempt's rows are few)
         _ledger_sums(entries_in(narrow(CostEntry.objects.all()), start, end), group_by, sums)
+        _unpriced_sums(entries_in(narrow(CostEntry.objects.all()), start, end), group_by, sums)
         return sums
     parts = window_parts(start, end)
     if parts.has_days:
@@ -126,6 +171,8 @@ def window_sums(group_by: str, start: dt.datetime | None, end: dt.datetime | Non
         _rollup_sums(rollups_in(narrow(model.objects.all()), parts), group_by, sums)
     for lo, hi in parts.edges:
         _ledger_sums(entries_in(narrow(CostEntry.objects.all()), lo, hi), group_by, sums)
+    # The unpriced part straight from the ledger's unpriced rows (few, with their own index): vCPU-seconds too.
+    _unpriced_sums(entries_in(narrow(CostEntry.objects.all()), start, end), group_by, sums)
     return sums
 
 
@@ -168,28 +215,29 @@ def filter_days(rollups, start: dt.datetime | None, end: dt.datetime | None):
     return rollups
 
 
-def idle_costs(rollups) -> dict[int, Decimal]:
-    """USD of idle GPU time per rollup id: the ledger cost of its attempt on its day x idle share of its allocation.
+def idle_costs(rollups) -> dict[int, tuple[Decimal, float]]:
+    """Per rollup id: ``(USD, unpriced GPU-seconds)`` of its idle GPU time, the ledger of its attempt on its day
+    (priced USD; GPU-seconds accrued without a price) x the idle share of its allocation.
 
     ``rollups`` is a UtilizationRollup queryset; rollups without idle time
-    are left out; ledger entries without a price count nothing. Two queries.
+    are left out. Two queries.
     """
     rows = list(rollups.filter(idle_gpu_seconds__gt=0).values("pk", "attempt_id", "day", "gpu_seconds", "idle_gpu_seconds"))
     if not rows:
         return {}
     first, last = min(r["day"] for r in rows), max(r["day"] for r in rows)
-    ledger = {
-        (r["attempt_id"], r["d"]): r["usd"] or Decimal(0)
-        for r in CostEntry.objects.filter(attempt_id__in={r["attempt_id"] for r in rows},
-                                          interval_start__gte=utc_midnight(first),
-                                          interval_start__lt=utc_midnight(last + dt.timedelta(days=1)))
-        .annotate(d=TruncDate("interval_start", tzinfo=UTC))
-        .values("attempt_id", "d").annotate(usd=Sum("amount_usd"))
-    }
-    return {
-        r["pk"]: ledger.get((r["attempt_id"], r["day"]), Decimal(0)) * Decimal(r["idle_gpu_seconds"] / r["gpu_seconds"])
-        for r in rows
-    }
+    entries = CostEntry.objects.filter(attempt_id__in={r["attempt_id"] for r in rows},
+                                       interval_start__gte=utc_midnight(first),
+                                       interval_start__lt=utc_midnight(last + dt.timedelta(days=1)))
+    ledger: dict[tuple, list] = {}
+    _ledger_sums(entries, "attempt_day", ledger)
+    _unpriced_sums(entries, "attempt_day", ledger)
+    found = {}
+    for r in rows:
+        _, usd, unpriced, _ = ledger.get((r["attempt_id"], r["day"]), _zero())
+        share = r["idle_gpu_seconds"] / r["gpu_seconds"]
+        found[r["pk"]] = (usd * Decimal(share), float(unpriced) * share)
+    return found
 
 
 SUMMED = ("gpu_seconds", "observed_gpu_seconds", "samples", "expected_samples", "util_sum", "memory_samples")
@@ -205,7 +253,8 @@ def _present(s: dict) -> dict:
         "avg_gpu_util_percent": round(s["util_sum"] / s["samples"], 3) if observed else None,
         "coverage": round(min(1.0, s["samples"] / s["expected_samples"]), 4) if s["expected_samples"] else None,
         "avg_memory_used_mib": round(s["memory_sum"] / s["memory_samples"], 1) if s["memory_samples"] else None,
-        "idle_cost_usd": usd_cents(s["idle_usd"]) if observed else None,
+        **(money(s["idle_usd"], s["idle_unpriced_gpu_seconds"], Decimal(0), "idle_cost_usd", "idle_") if observed
+           else {"idle_cost_usd": None, "idle_unpriced_gpu_hours": None, "idle_unpriced_vcpu_hours": None}),
         "util_metric": ("mixed" if len(s["metrics"]) > 1 else next(iter(s["metrics"]))) if s["metrics"] else None,
     }
 
@@ -216,7 +265,9 @@ def aggregate_utilization(rollups, group_by: str) -> tuple[list[dict], dict]:
     Each row: key fields, ``gpu_hours`` (allocated), ``observed_gpu_hours``,
     ``idle_gpu_hours``, ``unobserved_gpu_hours`` (allocated - observed),
     ``avg_gpu_util_percent`` (sample weighted), ``coverage`` (0-1),
-    ``avg_memory_used_mib``, ``idle_cost_usd`` (cents), ``util_metric`` (the
+    ``avg_memory_used_mib``, ``idle_cost_usd`` (cents; null when none of it
+    is priced) with ``idle_unpriced_gpu_hours``/``idle_unpriced_vcpu_hours``
+    (idle GPU-hours accrued without a price), ``util_metric`` (the
     DCGM counter read, ``mixed`` or null). Without any sample the idle
     figures and averages are null ("no data"), never 0. Rows are ordered by
     key. Raises KeyError for a ``group_by`` not in ``GROUP_KEYS``.
@@ -224,11 +275,7 @@ def aggregate_utilization(rollups, group_by: str) -> tuple[list[dict], dict]:
     keys = GROUP_KEYS[group_by]
     idle_usd = idle_costs(rollups)
 
-    def empty():
-        return {**dict.fromkeys(SUMMED, 0.0), "memory_sum": 0.0, "idle_gpu_seconds": 0.0, "idle_usd": Decimal(0),
-                "metrics": set()}
-
-    sums: dict = defaultdict(empty)
+    sums: dict = defaultdict(_unseen)
     for r in rollups.values("pk", *keys.values(), *SUMMED, "avg_memory_used_mib", "idle_gpu_seconds", "util_metric"):
         for group in (tuple(r[k] for k in keys.values()), None):
             s = sums[group]
@@ -236,7 +283,9 @@ def aggregate_utilization(rollups, group_by: str) -> tuple[list[dict], dict]:
                 s[f] += r[f]
             s["memory_sum"] += (r["avg_memory_used_mib"] or 0) * r["memory_samples"]
             s["idle_gpu_seconds"] += r["idle_gpu_seconds"] or 0
-            s["idle_usd"] += idle_usd.get(r["pk"], Decimal(0))
+            usd, unpriced = idle_usd.get(r["pk"], (Decimal(0), 0.0))
+            s["idle_usd"] += usd
+            s["idle_unpriced_gpu_seconds"] += unpriced
             if r["util_metric"]:
                 s["metrics"].add(r["util_metric"])
     rows = []
@@ -247,3 +296,51 @@ def aggregate_utilization(rollups, group_by: str) -> tuple[list[dict], dict]:
         row.update(_present(sums[group]))
         rows.append(row)
     return rows, _present(sums[None])
+
+
+def day_window(start: dt.datetime | None, end: dt.datetime | None) -> tuple[dt.datetime | None, dt.datetime | None]:
+    """The whole UTC days ``filter_days`` selects for ``[start, end)``, as instants ``[first midnight, last + 1)``."""
+    lo = utc_midnight(start.astimezone(UTC).date()) if start is not None else None
+    if end is None:
+        return lo, None
+    end = end.astimezone(UTC)
+    try:
+        return lo, utc_midnight(end.date()) + (dt.timedelta(days=1) if end.time() != dt.time() else dt.timedelta())
+    except OverflowError:  # a window open to the last representable day
+        return lo, None
+
+
+def utilization_window(rollups, group_by: str, start: dt.datetime | None, end: dt.datetime | None, *, scope=None,
+                       team_slug: str | None = None, job_id: int | None = None) -> tuple[list[dict], dict]:
+    """``aggregate_utilization`` of ``rollups`` (already narrowed like the ledger: scope, team, job, days) with the
+    allocation taken from the ledger: ``gpu_hours`` is the GPU-hours billed over the same whole UTC days (the
+    figure the costs show), ``unobserved_gpu_hours`` what of it no DCGM sample covers. A group the ledger bills and
+    Prometheus never saw (no Prometheus at all, a cluster without DCGM) is a row with its GPU-hours, all of them
+    unobserved, and nulls for the averages ("no data"), never 0 GPU-hours. Arguments as ``window_sums``;
+    ``job_id`` keeps one job (read from its ledger entries)."""
+    rows, total = aggregate_utilization(rollups, group_by)
+    lo, hi = day_window(start, end)
+    if job_id is not None:
+        entries = entries_in(CostEntry.objects.filter(job_id=job_id), lo, hi)
+        billed, billed_total = aggregate_costs(scope(entries) if scope is not None else entries, group_by)
+    else:
+        billed, billed_total = aggregate_window(group_by, lo, hi, scope=scope, team_slug=team_slug)
+    keys = list(GROUP_KEYS[group_by])
+    by_key = {tuple(r[k] for k in keys): r for r in rows}
+    for ledger_row in billed:
+        key = tuple(ledger_row[k] for k in keys)
+        row = by_key.get(key)
+        if row is None:
+            row = by_key[key] = {**{k: ledger_row[k] for k in keys}, **_present(_unseen())}
+        row["gpu_hours"] = ledger_row["gpu_hours"]
+        row["unobserved_gpu_hours"] = round(max(0.0, row["gpu_hours"] - row["observed_gpu_hours"]), 6)
+    if billed:
+        total["gpu_hours"] = billed_total["gpu_hours"]
+        total["unobserved_gpu_hours"] = round(max(0.0, total["gpu_hours"] - total["observed_gpu_hours"]), 6)
+    return sorted(by_key.values(), key=lambda r: tuple(str(r[k]) for k in keys)), total
+
+
+def _unseen() -> dict:
+    """The sums of a group without any utilization rollup."""
+    return {**dict.fromkeys(SUMMED, 0.0), "memory_sum": 0.0, "idle_gpu_seconds": 0.0, "idle_usd": Decimal(0),
+            "idle_unpriced_gpu_seconds": 0.0, "metrics": set()}

@@ -22,12 +22,14 @@ from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from jobs.models import committed_usd
+from jobs.models import JobAttempt, committed_usd
 from quotas.models import Budget, Membership
 
+from .catalog import NoPrice, prices_by_pool, rates_at
 from .forecast import Forecast, forecast
+from .ledger import held_cpu, interval_cost
 from .metrics import BUDGET_ALERTS, BUDGET_AMOUNT_USD, BUDGET_FORECAST_USD, BUDGET_SPENT_USD
-from .models import BudgetAlert
+from .models import BudgetAlert, Price
 from .spend import period_spend, unpriced_bound_usd
 
 log = logging.getLogger(__name__)
@@ -44,7 +46,9 @@ class BudgetStatus:
     the forecast.
     ``forecast_usd`` is ``costs.forecast.forecast`` (spent + unpriced +
     committed + median daily spend x days left; its method and inputs in
-    ``basis``); ``burn_rate_usd_per_hour`` is that median daily spend / 24.
+    ``basis``); ``burn_rate_usd_per_hour`` is what the team's running
+    attempts cost per hour now (``burn_rate``), ``burn_rate_unpriced_gpus``
+    the GPUs running where no price is in force (not in the rate).
     """
 
     budget: Budget
@@ -59,6 +63,8 @@ class BudgetStatus:
     unpriced_gpu_hours: Decimal = Decimal(0)
     unpriced_usd: Decimal = Decimal(0)
     basis: Forecast | None = None
+    unpriced_vcpu_hours: Decimal = Decimal(0)
+    burn_rate_unpriced_gpus: int = 0
 
     @property
     def remaining_usd(self) -> Decimal:
@@ -80,8 +86,35 @@ def budget_status(budget: Budget, at: dt.datetime | None = None) -> BudgetStatus
     spent, unpriced = spend.cost_usd, unpriced_bound_usd(spend)
     committed = committed_usd(budget.team_id)
     basis = forecast(budget.team_id, end, at, spent + unpriced, committed)
-    return BudgetStatus(budget, at, start, end, budget.amount_usd, spent, committed, basis.burn_rate_usd_per_hour,
-                        basis.forecast_usd, spend.unpriced_gpu_hours, unpriced, basis)
+    rate, unpriced_gpus = burn_rate(budget.team_id, at)
+    return BudgetStatus(budget, at, start, end, budget.amount_usd, spent, committed, rate, basis.forecast_usd,
+                        spend.unpriced_gpu_hours, unpriced, basis, spend.unpriced_vcpu_hours, unpriced_gpus)
+
+
+def burn_rate(team_id: int, at: dt.datetime) -> tuple[Decimal, int]:
+    """What the team's running attempts cost per hour at ``at``: ``(USD per hour, GPUs without a price)``.
+
+    The sum over its attempts started and not ended of GPUs x USD per GPU-hour (plus vCPUs x USD per vCPU-hour
+    and GiB x USD per GiB-hour on a CPU node pool) at the price in force at ``at``, the ledger's formula
+    (docs/design.md, Cost ledger); an attempt with no price in force counts its GPUs apart. Two queries.
+    """
+    attempts = list(JobAttempt.objects.filter(job__team_id=team_id, started_at__isnull=False, started_at__lte=at,
+                                              ended_at__isnull=True).select_related("node_pool__cluster"))
+    if not attempts:
+        return Decimal(0), 0
+    pools = {a.node_pool_id: a.node_pool for a in attempts}
+    rows = prices_by_pool(pools.values(), Price.objects.filter(
+        accelerator_id__in={p.accelerator_id for p in pools.values()}))
+    usd, unpriced = Decimal(0), 0
+    for attempt in attempts:
+        try:
+            rates = rates_at(attempt.node_pool, at, rows[attempt.node_pool_id])
+        except NoPrice:
+            unpriced += attempt.gpus
+            continue
+        usd += interval_cost(attempt.gpus, Decimal(3600), rates.gpu, *held_cpu(attempt.placement), rates.vcpu,
+                             rates.gib)
+    return usd, unpriced
 
 
 def admin_emails(team_id: int) -> list[str]:

@@ -181,12 +181,29 @@ def held_cpu(placement) -> tuple[int, int]:
 def _locked_rows(attempts) -> list[tuple]:
     """The attempts of ``attempts`` (a JobAttempt queryset, locks included) as plain tuples for ``_plan``:
     (id, job, team, cluster, node pool, accelerator, GPUs, started_at, ended_at, accrued_until, CPU millicores,
-    memory MiB, the cluster's last contact); CPU and memory (``held_cpu``) are billed on CPU node pools only."""
+    memory MiB, the cluster's last contact, the job's max runtime in seconds); CPU and memory (``held_cpu``) are
+    billed on CPU node pools only."""
     return [(a.pk, a.job_id, a.job.team_id, a.cluster_id, a.node_pool_id, a.node_pool.accelerator_id, a.gpus,
-             a.started_at, a.ended_at, a.accrued_until, *held_cpu(a.placement), a.cluster.last_contact_at)
+             a.started_at, a.ended_at, a.accrued_until, *held_cpu(a.placement), a.cluster.last_contact_at,
+             a.job.max_runtime_seconds)
             for a in attempts.select_related("job", "node_pool", "cluster").only(
                 "pk", "job_id", "job__team_id", "cluster_id", "node_pool_id", "node_pool__accelerator_id", "gpus",
-                "started_at", "ended_at", "accrued_until", "placement", "cluster__last_contact_at")]
+                "started_at", "ended_at", "accrued_until", "placement", "cluster__last_contact_at",
+                "job__max_runtime_seconds")]
+
+
+def billing_stop(started_at: dt.datetime, max_runtime_seconds: int | None) -> dt.datetime | None:
+    """The last instant an attempt is billed for: ``max_runtime_seconds`` after its start (None: no limit).
+
+    Class: a worst-case estimate below the bill. The estimate admission checks (``jobs.scheduling.core.rules``:
+    GPUs x max_runtime x price) counts ``max_runtime_seconds``; the ledger bills from the objects' creation,
+    while the limit is enforced from later on (a Kubernetes Job's ``activeDeadlineSeconds`` counts from its
+    ``status.startTime``, the local runner's from its supervisor's start) and the pods then run out their
+    termination grace. Invariant: an attempt is never billed more than its estimate; the time the platform takes
+    to enforce the limit is not charged (ADR 0024)."""
+    if not max_runtime_seconds:
+        return None
+    return started_at + dt.timedelta(seconds=max_runtime_seconds)
 
 
 def _due(until: dt.datetime):
@@ -245,13 +262,21 @@ def _plan(batch: _Batch, row: tuple, open_entry: CostEntry | None, pool, rows, u
     never an extension of an entry the restored ledger had."""
     attempt_id, job_id, team_id, cluster_id, _pool_id, accelerator_id, gpus, started_at, ended_at, accrued = row[:10]
     units, observed = (gpus, *row[10:12]), row[12]
+    stop = billing_stop(started_at, row[13] if len(row) > 13 else None)
     # A live attempt is billed up to the last time its cluster answered, never on belief: while the cluster (or the
     # control plane) cannot look, nobody knows whether its pods still run. Once a look comes back, the attempt's
     # time is billed on from there to its end as reconcile learned it (the pods' own finish time), so every
     # observed pod-second is billed once and a second past the pods' end never (invariant ``billed_once``).
     end = min(until, ended_at) if ended_at is not None else min(until, observed or until)
+    capped = stop is not None and stop < end
+    if capped:
+        end = stop  # never past the max runtime the estimate counts (``billing_stop``)
     start = accrued or started_at
+    # An ended attempt billed up to its stop is final: its ledger counts as reaching its end, so it is not due again.
+    final = ended_at if capped and ended_at is not None and until >= ended_at else end
     if end <= start:
+        if final != end and accrued != final:
+            batch.accrued_until.append((attempt_id, final))
         return Decimal(0)
     added = Decimal(0)
     batch.job_usd[job_id] += 0  # the job row is locked: it is updated even when only unknown cost is added
@@ -276,7 +301,7 @@ def _plan(batch: _Batch, row: tuple, open_entry: CostEntry | None, pool, rows, u
                           usd_per_gib_hour=price and price.gib, reconstructed=reconstructed)
         batch.add_entry(entry)
         added += entry.amount_usd or 0
-    batch.accrued_until.append((attempt_id, end))
+    batch.accrued_until.append((attempt_id, final))
     return added
 
 

@@ -108,10 +108,16 @@ class Spend:
 
     cost_usd: Decimal = Decimal(0)
     unpriced_gpu_seconds: dict[int, Decimal] = dataclasses.field(default_factory=lambda: defaultdict(Decimal))
+    unpriced_vcpu_seconds: Decimal = Decimal(0)
 
     @property
     def unpriced_gpu_hours(self) -> Decimal:
         return sum(self.unpriced_gpu_seconds.values(), Decimal(0)) / 3600
+
+    @property
+    def unpriced_vcpu_hours(self) -> Decimal:
+        """vCPU-hours accrued without a price (CPU node pools)."""
+        return self.unpriced_vcpu_seconds / 3600
 
 
 def period_spend(team_ids, start: dt.datetime, end: dt.datetime) -> dict[int, Spend]:
@@ -119,8 +125,10 @@ def period_spend(team_ids, start: dt.datetime, end: dt.datetime) -> dict[int, Sp
 
     One statement on the rollups of the whole days (``core.sql``: admission
     and budget status repeat it) and one or two queries on the ledger's
-    partial edge days (plus one for unknown-cost rows there), for any number
-    of teams. Every team asked for has an entry.
+    partial edge days (plus one for unknown-cost rows there), and one on the
+    window's unknown-cost rows of CPU pools (their vCPU-seconds, index
+    ``costentry_unpriced``), for any number of teams. Every team asked for has
+    an entry.
     """
     team_ids = list(team_ids)
     found = {t: Spend() for t in team_ids}
@@ -145,6 +153,10 @@ def period_spend(team_ids, start: dt.datetime, end: dt.datetime) -> dict[int, Sp
         for team_id, acc, gpus, lo_, hi_ in edge.filter(usd_per_gpu_hour__isnull=True).values_list(
                 "team_id", "accelerator_id", "gpus", "interval_start", "interval_end"):
             found[team_id].unpriced_gpu_seconds[acc] += gpus * exact_seconds(hi_ - lo_)
+    cpu = entries_in(CostEntry.objects.filter(team_id__in=team_ids, usd_per_gpu_hour__isnull=True, cpu_milli__gt=0),
+                     start, end)
+    for team_id, milli, lo_, hi_ in cpu.values_list("team_id", "cpu_milli", "interval_start", "interval_end"):
+        found[team_id].unpriced_vcpu_seconds += Decimal(milli) / 1000 * exact_seconds(hi_ - lo_)
     return found
 
 

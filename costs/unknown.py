@@ -88,6 +88,18 @@ def unknown_cost(team=None, job=None, until: dt.datetime | None = None) -> Unkno
     return summarize(unpriced_entries(team, job, until), until)
 
 
+def unpriced_hours(team=None, job=None, until: dt.datetime | None = None) -> tuple[float, float]:
+    """``(GPU-hours, vCPU-hours)`` that ``team`` and/or ``job`` (rows or ids) accrued without a price before
+    ``until`` (default: all), 6 decimals: what a money figure of theirs leaves out and shows beside it."""
+    gpu = vcpu = 0.0
+    for start, end, gpus, milli in unpriced_entries(team, job, until).values_list(
+            "interval_start", "interval_end", "gpus", "cpu_milli"):
+        seconds = ((min(end, until) if until else end) - start).total_seconds()
+        gpu += gpus * seconds
+        vcpu += milli / 1000 * seconds
+    return round(gpu / 3600, 6), round(vcpu / 3600, 6)
+
+
 def check_unknown_costs(at: dt.datetime | None = None) -> list[UnknownCostAlert]:
     """Alert once per attempt accruing without a price: an UnknownCostAlert row (its unique attempt decides),
     a log warning and an e-mail to the team's admins and to staff. Returns the alerts fired now."""

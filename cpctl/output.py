@@ -106,6 +106,19 @@ def usd(value) -> str:
     return "-" if value is None else f"${value}"
 
 
+def money(figures: dict, key: str = "cost_usd", prefix: str = "") -> str:
+    """A money figure of an API answer with the hours it leaves out for want of a price beside it: ``$67.20``,
+    ``$67.20 + 12.00 GPU-h unpriced``, ``unknown + 12.00 GPU-h unpriced`` (null USD: none of it priced; never
+    ``$0.00``). ``figures`` holds ``key`` and ``<prefix>unpriced_gpu_hours``/``<prefix>unpriced_vcpu_hours``."""
+    value = figures.get(key)
+    text = "unknown" if value is None else f"${value}"
+    for unit, label in (("gpu", "GPU-h"), ("vcpu", "vCPU-h")):
+        hours = figures.get(f"{prefix}unpriced_{unit}_hours")
+        if hours:
+            text += f" + {float(hours):,.2f} {label} unpriced"
+    return text
+
+
 def gpu_hours(value) -> str:
     """GPU-hours with 2 decimals and thousands separators; None as ``-``."""
     return "-" if value is None else f"{float(value):,.2f}"

@@ -25,13 +25,13 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 from rest_framework.exceptions import ValidationError
 
-from costs.aggregation import aggregate_utilization, aggregate_window
+from core.money import shown_usd
+from costs.aggregation import aggregate_window, utilization_window
 from costs.budgets import budget_status
 from costs.capacity import capacity_report, wire_row
 from costs.collection import refresh_running
 from costs.models import ClusterMetrics, Report, UtilizationRollup
-from costs.reports.rounding import balanced_window
-from costs.unknown import unknown_cost
+from costs.unknown import unknown_cost, unpriced_hours
 from jobs.filters import JobFilterSet
 from jobs.lifecycle import NotCancellable, cancel_job, submit_job
 from jobs.models import FINAL_STATES, Job, JobAttempt, JobState, total_gpus
@@ -66,7 +66,7 @@ def daily_chart(rows: list[dict], first: dt.date, last: dt.date, label: str = "U
     """A bar per UTC day from ``first`` to ``last`` inclusive (``YYYY-MM-DD`` labels: the date axis spans the
     whole range), each the ``cost_usd`` of that day's row in ``rows`` (from ``aggregate_costs(..., "day")``) or
     0 for a day without cost; a one-day range is one bar, not a lone point."""
-    by_day = {str(r["day"]): float(r["cost_usd"]) for r in rows}
+    by_day = {str(r["day"]): float(r["cost_usd"] or 0) for r in rows}
     days = [first + dt.timedelta(days=n) for n in range((last - first).days + 1)]
     return _chart([d.isoformat() for d in days], [by_day.get(d.isoformat(), 0.0) for d in days], label, "bar",
                   x_title="Day (UTC)", y_title="USD")
@@ -110,7 +110,9 @@ def _budget_rows(teams) -> list[dict]:
         status = budget_status(budget)
         if status is not None:
             rows.append({"budget": budget, "status": status, "percent": min(round(status.spent_percent), 100),
-                         "unknown": unknown_cost(team=budget.team_id)})
+                         "unknown": unknown_cost(team=budget.team_id),
+                         "spent_usd": shown_usd(status.spent_usd,
+                                                status.unpriced_gpu_hours + status.unpriced_vcpu_hours)})
     return rows
 
 
@@ -222,6 +224,7 @@ def _job_status_context(job: Job, user) -> dict:
     """What the live part of a job page shows: state, why it waits, timeline, attempts, cost (USD: so far while
     the job lives, final once it ended), and the cancel link while ``user`` may still cancel."""
     ledger = job.cost_entries.aggregate(s=Sum("amount_usd"))["s"] or Decimal(0)
+    gpu_unpriced, vcpu_unpriced = unpriced_hours(job=job)
     queue_info = job.queue_info if job.state in (JobState.QUEUED, JobState.RECOVERING) else {}
     return {
         "job": job,
@@ -229,7 +232,8 @@ def _job_status_context(job: Job, user) -> dict:
         "may_cancel": job.state not in FINAL_STATES and may_cancel(user, job),
         "events": job.events.select_related("actor", "attempt").order_by("created_at", "id"),
         "attempts": job.attempts.select_related("cluster", "node_pool").order_by("number"),
-        "cost_so_far": max(ledger, job.accrued_cost_usd),
+        "cost": {"usd": shown_usd(max(ledger, job.accrued_cost_usd), gpu_unpriced + vcpu_unpriced),
+                 "unpriced_gpu_hours": gpu_unpriced, "unpriced_vcpu_hours": vcpu_unpriced},
         "cost_unknown": unknown_cost(job=job),
         "final": job.state in FINAL_STATES,
         "queue_info": queue_info,
@@ -247,7 +251,7 @@ def job_detail(request, pk: int):
                     .select_related("job__team", "node_pool", "cluster"))  # a running job: live, briefly cached
     rollups = list(UtilizationRollup.objects.filter(job=job).order_by("day", "attempt_id")
                    .values("day", "attempt__number", "avg_gpu_util_percent"))
-    usage, _ = aggregate_utilization(UtilizationRollup.objects.filter(job=job), "attempt")
+    usage, _ = utilization_window(UtilizationRollup.objects.filter(job=job), "attempt", None, None, job_id=job.pk)
     context = _job_status_context(job, request.user)
     context.update(
         usage=usage,
@@ -547,7 +551,7 @@ def _cost_query(request):
     form.data = form.data.copy()
     for name in ("start", "end"):
         form.data[name] = form.data.get(name) or form.cleaned_data[name].isoformat()
-    rows, total = balanced_window(form.cleaned_data["group_by"], start, end,  # shown rows add up to the total
+    rows, total = aggregate_window(form.cleaned_data["group_by"], start, end,  # the API's figures, to the cent
                                    scope=lambda qs: scope_to_teams(qs, request.user),
                                    team_slug=form.cleaned_data.get("team") or None)
     return form, rows, total
@@ -567,7 +571,7 @@ def costs(request):
     if group_by == "day" and form.is_valid():
         chart = daily_chart(rows, form.cleaned_data["start"], form.cleaned_data["end"])
     else:
-        chart = _chart([_row_label(r, group_by) for r in rows], [float(r["cost_usd"]) for r in rows], "USD", "bar",
+        chart = _chart([_row_label(r, group_by) for r in rows], [float(r["cost_usd"] or 0) for r in rows], "USD", "bar",
                        x_title=group_by.capitalize(), y_title="USD")
     return render(request, "frontend/costs.html", {"form": form, "rows": rows, "total": total, "group_by": group_by,
                                                    "chart": chart, "query": request.GET.urlencode()})
@@ -588,10 +592,12 @@ def costs_csv(request):
         return response
     group_by = form.cleaned_data["group_by"]
     keys = ["job", "job_name"] if group_by == "job" else [group_by]
-    writer.writerow([*keys, "gpu_hours", "cost_usd"])
-    for row in rows:
-        writer.writerow([*(row[k] for k in keys), row["gpu_hours"], row["cost_usd"]])
-    writer.writerow(["total", *([""] * (len(keys) - 1)), total["gpu_hours"], total["cost_usd"]])
+    figures = ["gpu_hours", "cost_usd", "unpriced_gpu_hours", "unpriced_vcpu_hours"]
+    writer.writerow([*keys, *figures])
+    for row in [*rows, {**total, **dict.fromkeys(keys, ""), keys[0]: "total"}]:
+        writer.writerow([*(row[k] for k in keys), *("unknown" if row[f] is None else row[f] for f in figures)])
+    if total["rounding_difference_usd"] != "0.00":  # the table rule of docs/design.md, Cost ledger
+        writer.writerow(["rounding_difference", *([""] * len(keys)), total["rounding_difference_usd"], "", ""])
     return response
 
 

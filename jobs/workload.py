@@ -21,6 +21,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from core.money import shown_usd
+from costs.unknown import unpriced_hours
 from runners.base import ClusterUnreachable, UnknownBackend, backend_for
 
 from .efficiency.flops import model_flops_utilization, spec_flops_per_token, usd_per_million_tokens
@@ -203,7 +205,9 @@ def attempt_efficiency(attempt: JobAttempt, metrics: WorkloadMetrics | None, *, 
 def job_efficiency(job: Job, *, series: bool = False) -> dict:
     """The efficiency of ``job``: each attempt's figures (:func:`attempt_efficiency`, by number), and for the job
     the latest attempt's ``tokens_per_s``, ``mfu_percent``/``mfu_reason``, the ``tokens`` of every attempt, the
-    ledger's ``cost_usd`` and ``usd_per_million_tokens`` (USD strings, 6 decimals; null without tokens)."""
+    ledger's ``cost_usd`` (cents, the job's figure everywhere) and ``usd_per_million_tokens`` (6 decimals; null
+    without tokens, and while
+    ``unpriced_gpu_hours``/``unpriced_vcpu_hours``, the job's hours without a price, are above 0)."""
     attempts = [] if job.current_attempt_id is None else list(  # never dispatched: no query (a fresh submission)
         job.attempts.filter(started_at__isnull=False)
         .select_related("cluster", "node_pool__accelerator", "workload_metrics").order_by("number"))
@@ -220,14 +224,18 @@ def job_efficiency(job: Job, *, series: bool = False) -> dict:
     counted = [r["tokens"] for r in rows if r["tokens"] is not None]
     tokens = sum(counted) if counted else None
     cost = Decimal(job.accrued_cost_usd)
-    per_million = usd_per_million_tokens(cost, tokens)
+    gpu_unpriced, vcpu_unpriced = unpriced_hours(job=job) if attempts else (0.0, 0.0)
+    # A rate over a partly priced cost would read as the job's: null while any of its hours has no price.
+    per_million = None if gpu_unpriced or vcpu_unpriced else usd_per_million_tokens(cost, tokens)
     return {
         "tokens_per_s": latest["tokens_per_s"] if latest else None,
         "mfu_percent": latest["mfu_percent"] if latest else None,
         "mfu_reason": latest["mfu_reason"] if latest else "the job has not started",
         "flops_per_token": latest["flops_per_token"] if latest else None,
         "tokens": tokens,
-        "cost_usd": str(cost.quantize(Decimal("0.000001"))),
+        "cost_usd": shown_usd(cost, gpu_unpriced + vcpu_unpriced),  # the job's one figure, as its page shows it
         "usd_per_million_tokens": None if per_million is None else str(per_million.quantize(Decimal("0.000001"))),
+        "unpriced_gpu_hours": gpu_unpriced,
+        "unpriced_vcpu_hours": vcpu_unpriced,
         "attempts": rows,
     }

@@ -6,10 +6,11 @@ to cents, half to even; the ledger itself keeps exact Decimals.
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema_serializer
+from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
 from core.fields import AwareDateTimeField, ListedChoiceField
+from core.money import shown_usd
 
 from ..aggregation import GROUP_KEYS
 from ..models import Price
@@ -70,7 +71,10 @@ class CostRowSerializer(serializers.Serializer):
     attempt_number = serializers.IntegerField(required=False, help_text="group_by=attempt: its number in its job")
     day = serializers.DateField(required=False, help_text="group_by=day: UTC date")
     gpu_hours = serializers.FloatField(help_text="GPUs x hours held, 6 decimals")
-    cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, help_text="USD, rounded to cents half-even")
+    cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, allow_null=True,
+                                        help_text="priced USD, rounded to cents half-even; null: none of it priced")
+    unpriced_gpu_hours = serializers.FloatField(help_text="GPU-hours with no price in force, not in cost_usd")
+    unpriced_vcpu_hours = serializers.FloatField(help_text="vCPU-hours (CPU node pools) with no price in force")
     avg_gpu_util_percent = serializers.FloatField(required=False, allow_null=True,
                                                   help_text="with_utilization: over the UTC days touched; null: no data")
     observed_gpu_hours = serializers.FloatField(required=False, allow_null=True)
@@ -78,18 +82,29 @@ class CostRowSerializer(serializers.Serializer):
                                             help_text="with_utilization: GPU-hours under the idle threshold")
     unobserved_gpu_hours = serializers.FloatField(required=False, allow_null=True)
     idle_cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, required=False, allow_null=True)
+    idle_unpriced_gpu_hours = serializers.FloatField(required=False, allow_null=True,
+                                                     help_text="with_utilization: idle GPU-hours with no price")
+    idle_unpriced_vcpu_hours = serializers.FloatField(required=False, allow_null=True)
 
 
 class CostTotalSerializer(serializers.Serializer):
-    """The sum over all rows (from exact ledger amounts, rounded once)."""
+    """The sum over all rows (from exact ledger amounts, rounded once), and what the rows miss of it by rounding."""
 
     gpu_hours = serializers.FloatField()
-    cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2)
+    cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, allow_null=True)
+    unpriced_gpu_hours = serializers.FloatField(help_text="GPU-hours with no price in force, not in cost_usd")
+    unpriced_vcpu_hours = serializers.FloatField(help_text="vCPU-hours with no price in force, not in cost_usd")
+    rounding_difference_usd = serializers.DecimalField(
+        max_digits=20, decimal_places=2, help_text="cost_usd minus the sum of the rows' cost_usd: each row and the "
+                                                   "total are their exact sums rounded once, so the rows may miss "
+                                                   "the total by a few cents; 0.00 when they add up")
     avg_gpu_util_percent = serializers.FloatField(required=False, allow_null=True)
     observed_gpu_hours = serializers.FloatField(required=False, allow_null=True)
     idle_gpu_hours = serializers.FloatField(required=False, allow_null=True)
     unobserved_gpu_hours = serializers.FloatField(required=False, allow_null=True)
     idle_cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, required=False, allow_null=True)
+    idle_unpriced_gpu_hours = serializers.FloatField(required=False, allow_null=True)
+    idle_unpriced_vcpu_hours = serializers.FloatField(required=False, allow_null=True)
 
 
 @extend_schema_serializer(many=False)  # one report object, although served by the list action
@@ -123,7 +138,11 @@ class UtilizationRowSerializer(serializers.Serializer):
                                             help_text="observed GPU-hours under the idle threshold; null: no data")
     unobserved_gpu_hours = serializers.FloatField(help_text="allocated GPU-hours without samples, never estimated")
     idle_cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, allow_null=True,
-                                             help_text="USD of the idle GPU-hours; null: no data")
+                                             help_text="priced USD of the idle GPU-hours; null: no data, or none "
+                                                       "of it priced")
+    idle_unpriced_gpu_hours = serializers.FloatField(allow_null=True,
+                                                     help_text="idle GPU-hours with no price, not in idle_cost_usd")
+    idle_unpriced_vcpu_hours = serializers.FloatField(allow_null=True)
     util_metric = serializers.CharField(allow_null=True,
                                         help_text="DCGM_FI_PROF_GR_ENGINE_ACTIVE, DCGM_FI_DEV_GPU_UTIL, mixed; null: no data")
 
@@ -149,18 +168,30 @@ class BudgetStatusSerializer(serializers.Serializer):
     period_start = serializers.DateTimeField()
     period_end = serializers.DateTimeField()
     amount_usd = serializers.DecimalField(max_digits=20, decimal_places=2)
-    spent_usd = serializers.DecimalField(max_digits=20, decimal_places=2)
+    spent_usd = serializers.SerializerMethodField(
+        help_text="priced USD spent in the period (cents); null when none of it is priced (see unpriced_gpu_hours)")
+    unpriced_gpu_hours = serializers.FloatField(help_text="GPU-hours in the period with no price in force: not in "
+                                                          "spent_usd, counted at the highest catalog price in "
+                                                          "remaining_usd and forecast_usd")
+    unpriced_vcpu_hours = serializers.FloatField(help_text="vCPU-hours (CPU node pools) with no price in force")
     committed_usd = serializers.DecimalField(max_digits=20, decimal_places=2)
     remaining_usd = serializers.DecimalField(max_digits=20, decimal_places=2)
     forecast_usd = serializers.DecimalField(max_digits=20, decimal_places=2)
-    burn_rate_usd_per_hour = serializers.DecimalField(max_digits=20, decimal_places=2,
-                                                      help_text="the forecast's median daily spend / 24")
+    burn_rate_usd_per_hour = serializers.DecimalField(
+        max_digits=20, decimal_places=2, help_text="what the team's running attempts cost per hour now: their GPUs "
+                                                   "(and CPU) x the price in force")
+    burn_rate_unpriced_gpus = serializers.IntegerField(help_text="GPUs running with no price in force, not in "
+                                                                 "burn_rate_usd_per_hour")
     forecast_method = serializers.CharField(source="basis.method", help_text="how forecast_usd is computed")
     forecast_rate_usd_per_day = serializers.DecimalField(source="basis.rate_usd_per_day", max_digits=20,
                                                          decimal_places=2)
     forecast_window = serializers.SerializerMethodField(help_text="the UTC days whose median daily spend is the rate")
     cost_unknown = serializers.SerializerMethodField(
         help_text="null, or since when and for how many GPU-hours the team ran without a price (not in spent_usd)")
+
+    @extend_schema_field(serializers.DecimalField(max_digits=20, decimal_places=2, allow_null=True))
+    def get_spent_usd(self, status) -> str | None:
+        return shown_usd(status.spent_usd, status.unpriced_gpu_hours + status.unpriced_vcpu_hours)
 
     def get_forecast_window(self, status) -> dict:
         return {"first_day": status.basis.window_start.isoformat(), "last_day": status.basis.window_end.isoformat()}

@@ -15,7 +15,7 @@ from core.viewsets import ScopedGenericViewSet
 from jobs.models import Job
 from quotas.models import Budget, scope_to_teams
 
-from ..aggregation import aggregate_utilization, filter_days
+from ..aggregation import filter_days, utilization_window
 from ..budgets import budget_status
 from ..collection import refresh_running
 from ..models import UtilizationRollup
@@ -37,7 +37,7 @@ class UtilizationViewSet(ScopedGenericViewSet):
 
     @extend_schema(parameters=[CostQuerySerializer], responses=UtilizationReportSerializer)
     def list(self, request):
-        """Allocated, observed, idle and unobserved GPU-hours, average utilization (%), coverage, memory and idle USD
+        """Allocated (billed, from the ledger: also without Prometheus), observed, idle and unobserved GPU-hours, average utilization (%), coverage, memory and idle USD
         per group over UTC days. With ``job``, that job only, its running attempts read live.
 
         400 with field errors for a bad ``group_by``, a naive or malformed datetime, or ``end <= start``.
@@ -48,6 +48,7 @@ class UtilizationViewSet(ScopedGenericViewSet):
         rollups = filter_days(self.get_queryset(), params.get("start"), params.get("end"))
         if "team" in params:
             rollups = rollups.filter(team__slug=params["team"])
+        job = None
         if "job" in params:
             job = Job.objects.visible_to(request.user).filter(pk=params["job"]).first()
             if job is None:
@@ -55,7 +56,10 @@ class UtilizationViewSet(ScopedGenericViewSet):
             refresh_running(job.attempts.filter(ended_at__isnull=True, started_at__isnull=False)
                             .select_related("job__team", "node_pool", "cluster"))
             rollups = rollups.filter(job_id=job.pk)
-        rows, total = aggregate_utilization(rollups, params["group_by"])
+        user = request.user
+        rows, total = utilization_window(rollups, params["group_by"], params.get("start"), params.get("end"),
+                                         scope=lambda qs: scope_to_teams(qs, user), team_slug=params.get("team"),
+                                         job_id=job.pk if job is not None else None)
         return Response({
             "group_by": params["group_by"],
             "start": params["start"].isoformat() if "start" in params else None,

@@ -1,9 +1,11 @@
 """Utilization and cost reports: the numbers of one scope and period, stored as a Report, and their generation.
 
 Renderings are ``costs.reports.render``, e-mail ``costs.reports.mail``.
-Shown money adds up: rows are rounded to cents by the largest remainder
-method (``costs.reports.rounding``), so each section's rows sum to the total
-shown, and the top jobs end with an "other jobs" row. Money comes from the append-only ledger (``costs.CostEntry``; an entry counts in
+Shown money follows the one table rule (docs/design.md, Cost ledger): each row
+and each total is its exact sum rounded once to cents, so a job, team or day
+shows the same figure here as in the API, the UI and the CLI; where a
+section's rows miss the total by rounding, ``totals.rounding_difference_usd``
+says by how much. The top jobs end with an "other jobs" row. Money comes from the append-only ledger (``costs.CostEntry``; an entry counts in
 the period holding its ``interval_start``, the rule of the costs API and of
 budgets), read through its day rollups for whole days
 (``costs.aggregation.aggregate_window``); utilization and idle GPU time from
@@ -19,19 +21,18 @@ from decimal import Decimal
 from django.db import transaction
 from django.utils import timezone
 
-from core.money import usd_cents
+from core.money import rounding_difference, usd_cents
 from jobs.models import Job
 from quotas.models import CPU_FLAVOR, Budget, Quota, Team
 
-from ..aggregation import aggregate_utilization, aggregate_window, filter_days, window_sums
+from ..aggregation import aggregate_window, filter_days, hours, money, utilization_window, window_sums
 from ..forecast import committed_at, forecast
 from ..models import CostEntry, Report, UtilizationRollup
-from ..spend import ledger_usd
+from ..spend import period_spend
 from ..unknown import unknown_cost, unknown_cost_json
 from .efficiency import training_efficiency
 from .mail import send_report
 from .render import render_csv, render_html
-from .rounding import balanced_window, largest_remainder
 
 log = logging.getLogger(__name__)
 
@@ -79,22 +80,21 @@ def _ledger(team: Team | None, start: dt.datetime, end: dt.datetime):
 
 def _top_jobs(team: Team | None, start: dt.datetime, end: dt.datetime) -> list[dict]:
     """The ``TOP_JOBS`` jobs with the highest cost in the period (id, name, team, GPU-hours, USD cents), then one
-    row ``job: null, job_name: "other jobs (N)"`` for the rest, so that the rows add up to the period's total
-    (cents by the largest remainder method, ``costs.reports.rounding``)."""
+    row ``job: null, job_name: "other jobs (N)"`` for the rest; each row its exact sum rounded once, as everywhere
+    (the report says by how much the rows miss the total, ``rounding_difference_usd``)."""
     sums = _costs(team, "job", start, end, exact=True)
-    ranked = sorted(sums.items(), key=lambda kv: (-kv[1][1], kv[0][0]))
+    ranked = sorted(sums.items(), key=lambda kv: (-kv[1][1], -kv[1][2], kv[0][0]))
     top, rest = ranked[:TOP_JOBS], ranked[TOP_JOBS:]
     teams = dict(Job.objects.filter(pk__in=[job for (job, _), _ in top]).values_list("pk", "team__slug"))
-    shown = [{"job": job, "job_name": name, "team": teams[job], "gpu_hours": round(float(seconds) / 3600, 6),
-              "cost": cost} for (job, name), (seconds, cost) in top]
+    shown = [({"job": job, "job_name": name, "team": teams[job]}, figures) for (job, name), figures in top]
     if rest:
-        shown.append({"job": None, "job_name": f"other jobs ({len(rest)})", "team": None,
-                      "gpu_hours": round(float(sum((seconds for _, (seconds, _) in rest), Decimal(0))) / 3600, 6),
-                      "cost": sum((cost for _, (_, cost) in rest), Decimal(0))})
-    cents, _ = largest_remainder([r.pop("cost") for r in shown])
-    for row, value in zip(shown, cents, strict=True):
-        row["cost_usd"] = str(value)
-    return shown
+        shown.append(({"job": None, "job_name": f"other jobs ({len(rest)})", "team": None},
+                      [sum((f[i] for _, f in rest), Decimal(0)) for i in range(4)]))
+    rows = []
+    for row, (seconds, cost, unpriced_gpu, unpriced_vcpu) in shown:
+        row.update(gpu_hours=hours(seconds), **money(cost, unpriced_gpu, unpriced_vcpu))
+        rows.append(row)
+    return rows
 
 
 def _quota_use(team: Team | None, gpu_hours_by_accelerator: dict[str, float], hours: float) -> list[dict]:
@@ -137,14 +137,16 @@ def _budgets(team: Team | None, end: dt.datetime) -> list[dict]:
         start, period_end = budget.window(at)
         if start is None or period_end is None or not (start <= at < period_end):
             continue
-        spent = ledger_usd(budget.team_id, start, at + dt.timedelta(microseconds=1))
+        spend = period_spend([budget.team_id], start, at + dt.timedelta(microseconds=1))[budget.team_id]
+        spent = spend.cost_usd
         committed = committed_at(budget.team_id, at)
         basis = forecast(budget.team_id, period_end, at, spent, committed)
         remaining = budget.amount_usd - spent - committed
         rows.append({"team": budget.team.slug, "period": budget.period, "action": budget.action,
                      "period_start": start.isoformat(), "period_end": period_end.isoformat(),
                      "as_of": (at + dt.timedelta(microseconds=1)).isoformat(),
-                     "amount_usd": usd_cents(budget.amount_usd), "spent_usd": usd_cents(spent),
+                     "amount_usd": usd_cents(budget.amount_usd),
+                     **money(spent, spend.unpriced_gpu_hours * 3600, spend.unpriced_vcpu_seconds, "spent_usd"),
                      "committed_usd": usd_cents(committed), "remaining_usd": usd_cents(remaining),
                      "forecast_usd": usd_cents(basis.forecast_usd), "forecast_method": basis.method,
                      "forecast_rate_usd_per_day": usd_cents(basis.rate_usd_per_day),
@@ -162,7 +164,8 @@ def _utilization(team: Team | None, start: dt.datetime, end: dt.datetime, ledger
     rollups = filter_days(UtilizationRollup.objects.all(), start, end)
     if team is not None:
         rollups = rollups.filter(team=team)
-    _, total = aggregate_utilization(rollups, "team")
+    _, total = utilization_window(rollups, "team", start, end,
+                                  scope=(lambda qs: qs.filter(team=team)) if team is not None else None)
     hours = {k: total[k] for k in ("gpu_hours", "observed_gpu_hours", "unobserved_gpu_hours")}
     coverage = None if total["coverage"] is None else round(total["coverage"] * 100, 2)
     missing = ledger_gpu_hours > 0 and total["avg_gpu_util_percent"] is None
@@ -182,6 +185,8 @@ def _utilization(team: Team | None, start: dt.datetime, end: dt.datetime, ledger
             "unobserved_gpu_hours": hours["unobserved_gpu_hours"], "util_metric": total["util_metric"],
             "idle_gpu_hours": None if missing else total["idle_gpu_hours"],
             "idle_cost_usd": None if missing else total["idle_cost_usd"],
+            "idle_unpriced_gpu_hours": None if missing else total["idle_unpriced_gpu_hours"],
+            "idle_unpriced_vcpu_hours": None if missing else total["idle_unpriced_vcpu_hours"],
             "missing": missing, "partial": partial, "note": note}
 
 
@@ -201,9 +206,17 @@ def build_report_data(team: Team | None, start: dt.datetime, end: dt.datetime) -
     period before, with percent changes; null where the previous value is 0).
     """
     scope = (lambda qs: qs.filter(team=team)) if team is not None else None
-    by_accelerator, totals = balanced_window("accelerator", start, end, scope=scope)
-    by_cluster, _ = balanced_window("cluster", start, end, scope=scope)
-    by_day, _ = balanced_window("day", start, end, scope=scope)
+    by_accelerator, totals = aggregate_window("accelerator", start, end, scope=scope)
+    by_cluster, _ = aggregate_window("cluster", start, end, scope=scope)
+    by_day, _ = aggregate_window("day", start, end, scope=scope)
+    top_jobs = _top_jobs(team, start, end)
+    # One rule for every table (docs/design.md, Cost ledger): rows and total each rounded once from their exact
+    # sums; what a table's rows miss of the total is said, not hidden by moving a row's cent.
+    totals.pop("rounding_difference_usd")  # per table below: the report has several under one total
+    rounding = {
+        name: rounding_difference(totals["cost_usd"], [r["cost_usd"] for r in rows])
+        for name, rows in (("by_accelerator", by_accelerator), ("by_cluster", by_cluster), ("by_day", by_day),
+                           ("top_jobs", top_jobs))}
     previous_start = start - (end - start)
     _, previous = _costs(team, "team", previous_start, start)
     hours = (end - start).total_seconds() / 3600
@@ -219,7 +232,8 @@ def build_report_data(team: Team | None, start: dt.datetime, end: dt.datetime) -
         "by_cluster": by_cluster,
         "by_day": by_day,
         "utilization": utilization,
-        "top_jobs": _top_jobs(team, start, end),
+        "top_jobs": top_jobs,
+        "rounding_difference_usd": rounding,
         "training_efficiency": training_efficiency(_ledger(team, start, end), utilization),
         "quota_use": _quota_use(team, {r["accelerator"]: r["gpu_hours"] for r in by_accelerator}, hours),
         "budgets": _budgets(team, end),
@@ -227,10 +241,10 @@ def build_report_data(team: Team | None, start: dt.datetime, end: dt.datetime) -
         "previous": {
             "period_start": previous_start.isoformat(),
             "period_end": start.isoformat(),
-            "gpu_hours": previous["gpu_hours"],
-            "cost_usd": previous["cost_usd"],
+            **previous,
             "gpu_hours_change_percent": _percent_change(totals["gpu_hours"], previous["gpu_hours"]),
-            "cost_change_percent": _percent_change(Decimal(totals["cost_usd"]), Decimal(previous["cost_usd"])),
+            # Priced USD against priced USD: with unpriced hours on either side the change says so beside it.
+            "cost_change_percent": _percent_change(Decimal(totals["cost_usd"] or 0), Decimal(previous["cost_usd"] or 0)),
         },
     }
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections import defaultdict
 from decimal import Decimal
 
-from core.money import usd_cents
 from jobs.efficiency.flops import LOW_MFU_PERCENT, MFU_BANDS, UNKNOWN_BAND, band_label, mfu_band
 from jobs.models import JobAttempt, WorkloadMetrics
 from jobs.workload import attempt_efficiency
 
+from ..aggregation import money
 from ..models import CostEntry
 
 TOP_JOBS = 10
@@ -26,6 +26,20 @@ TOP_JOBS = 10
 def _hours(entry: dict) -> Decimal:
     seconds = Decimal(str((entry["interval_end"] - entry["interval_start"]).total_seconds()))
     return entry["gpus"] * seconds / Decimal(3600)
+
+
+def _zero_money() -> dict:
+    return {"cost": Decimal(0), "unpriced": Decimal(0), "vunpriced": Decimal(0)}
+
+
+def _add_money(into: dict, item: dict) -> None:
+    for key in ("cost", "unpriced", "vunpriced"):
+        into[key] += item[key]
+
+
+def _shown(figures: dict) -> dict:
+    """``cost_usd`` (cents; null when none of it priced) with its ``unpriced_gpu_hours``/``unpriced_vcpu_hours``."""
+    return money(figures["cost"], figures["unpriced"] * 3600, figures["vunpriced"] * 3600)
 
 
 def training_efficiency(entries, utilization: dict) -> dict:
@@ -43,14 +57,18 @@ def training_efficiency(entries, utilization: dict) -> dict:
     where the money bought the least model FLOPs).
     """
     rows = list(entries.values("attempt_id", "job_id", "job__name", "team__slug", "gpus", "interval_start",
-                               "interval_end", "amount_usd"))
+                               "interval_end", "amount_usd", "cpu_milli"))
     per_attempt: dict[int, dict] = {}
     for row in rows:
         item = per_attempt.setdefault(row["attempt_id"], {"job": row["job_id"], "job_name": row["job__name"],
                                                           "team": row["team__slug"], "hours": Decimal(0),
-                                                          "cost": Decimal(0)})
+                                                          "cost": Decimal(0), "unpriced": Decimal(0),
+                                                          "vunpriced": Decimal(0)})
         item["hours"] += _hours(row)
-        item["cost"] += row["amount_usd"] or Decimal(0)  # unpriced GPU-hours: cost unknown, shown apart
+        item["cost"] += row["amount_usd"] or Decimal(0)
+        if row["amount_usd"] is None:  # unpriced hours: cost unknown, shown beside the cost
+            item["unpriced"] += _hours(row)
+            item["vunpriced"] += _hours({**row, "gpus": Decimal(row["cpu_milli"]) / 1000})
     billed = defaultdict(Decimal)  # all of each attempt's billed GPU-hours, in and out of the period
     for row in CostEntry.objects.filter(attempt_id__in=per_attempt).values("attempt_id", "gpus", "interval_start",
                                                                           "interval_end"):
@@ -66,8 +84,8 @@ def training_efficiency(entries, utilization: dict) -> dict:
         item["tokens"] = None if figures["tokens"] is None else Decimal(figures["tokens"]) * share
 
     labels = [band_label(low, high) for low, high in MFU_BANDS] + [UNKNOWN_BAND]
-    bands = {label: {"band": label, "hours": Decimal(0), "cost": Decimal(0), "attempts": 0} for label in labels}
-    low = {"hours": Decimal(0), "cost": Decimal(0)}
+    bands = {label: {"band": label, "hours": Decimal(0), **_zero_money(), "attempts": 0} for label in labels}
+    low = {"hours": Decimal(0), **_zero_money()}
     teams: dict[str, dict] = {}
     weighted = [Decimal(0), Decimal(0)]  # sum of hours x MFU, sum of hours with an MFU
     jobs: dict[int, dict] = {}
@@ -75,7 +93,7 @@ def training_efficiency(entries, utilization: dict) -> dict:
         mfu = item.get("mfu")
         band = bands[mfu_band(mfu)]
         band["hours"] += item["hours"]
-        band["cost"] += item["cost"]
+        _add_money(band, item)
         band["attempts"] += 1
         team = teams.setdefault(item["team"], {"team": item["team"], "hours": Decimal(0), "known": Decimal(0),
                                                "weighted": Decimal(0)})
@@ -87,12 +105,12 @@ def training_efficiency(entries, utilization: dict) -> dict:
             team["known"] += item["hours"]
             if mfu < LOW_MFU_PERCENT:
                 low["hours"] += item["hours"]
-                low["cost"] += item["cost"]
+                _add_money(low, item)
         job = jobs.setdefault(item["job"], {"job": item["job"], "job_name": item["job_name"], "team": item["team"],
-                                            "hours": Decimal(0), "cost": Decimal(0), "tokens": None,
+                                            "hours": Decimal(0), **_zero_money(), "tokens": None,
                                             "known": Decimal(0), "weighted": Decimal(0)})
         job["hours"] += item["hours"]
-        job["cost"] += item["cost"]
+        _add_money(job, item)
         if item.get("tokens") is not None:
             job["tokens"] = (job["tokens"] or Decimal(0)) + item["tokens"]
         if mfu is not None:
@@ -107,8 +125,8 @@ def training_efficiency(entries, utilization: dict) -> dict:
 
     def job_row(j: dict) -> dict:
         return {"job": j["job"], "job_name": j["job_name"], "team": j["team"], "gpu_hours": hours(j["hours"]),
-                "cost_usd": usd_cents(j["cost"]), "tokens": None if j["tokens"] is None else int(j["tokens"]),
-                "usd_per_million_tokens": None if not j["tokens"] else
+                **_shown(j), "tokens": None if j["tokens"] is None else int(j["tokens"]),
+                "usd_per_million_tokens": None if not j["tokens"] or j["unpriced"] or j["vunpriced"] else
                 str((j["cost"] * Decimal(1_000_000) / j["tokens"]).quantize(Decimal("0.000001"))),
                 "mfu_percent": mean_mfu(j["weighted"], j["known"])}
 
@@ -116,12 +134,14 @@ def training_efficiency(entries, utilization: dict) -> dict:
     lowest = sorted((j for j in jobs.values() if j["known"]),
                     key=lambda j: (j["weighted"] / j["known"], -j["cost"], j["job"]))[:TOP_JOBS]
     return {
-        "by_mfu_band": [{"band": b["band"], "gpu_hours": hours(b["hours"]), "cost_usd": usd_cents(b["cost"]),
+        "by_mfu_band": [{"band": b["band"], "gpu_hours": hours(b["hours"]), **_shown(b),
                          "attempts": b["attempts"]} for b in bands.values()],
         "mfu_percent": mean_mfu(weighted[0], weighted[1]),
         "low_mfu": {"below_percent": LOW_MFU_PERCENT, "gpu_hours": hours(low["hours"]),
-                    "cost_usd": usd_cents(low["cost"])},
-        "idle": {"gpu_hours": utilization["idle_gpu_hours"], "cost_usd": utilization["idle_cost_usd"]},
+                    **_shown(low)},
+        "idle": {"gpu_hours": utilization["idle_gpu_hours"], "cost_usd": utilization["idle_cost_usd"],
+                 "unpriced_gpu_hours": utilization.get("idle_unpriced_gpu_hours"),
+                 "unpriced_vcpu_hours": utilization.get("idle_unpriced_vcpu_hours")},
         "by_team": [{"team": t["team"], "gpu_hours": hours(t["hours"]), "mfu_percent": mean_mfu(t["weighted"], t["known"])}
                     for t in sorted(teams.values(), key=lambda t: t["team"])],
         "top_jobs": [job_row(j) for j in ranked],

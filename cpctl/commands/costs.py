@@ -10,7 +10,7 @@ import click
 
 from cpctl.errors import EXIT_OK
 from cpctl.options import Api, api_command
-from cpctl.output import err, gpu_hours, out, percent, table, usd, when
+from cpctl.output import err, gpu_hours, money, out, percent, table, usd, when
 
 GROUP_BY_CHOICES = ("team", "cluster", "accelerator", "job", "day")
 
@@ -27,7 +27,7 @@ def budgets(api: Api, team: str | None) -> int:
     if not statuses:
         err("no budgets in force")
         return EXIT_OK
-    rows = [[s["team"], s["period"], when(s.get("period_end"))[:10], usd(s["amount_usd"]), usd(s["spent_usd"]),
+    rows = [[s["team"], s["period"], when(s.get("period_end"))[:10], usd(s["amount_usd"]), money(s, "spent_usd"),
              usd(s["committed_usd"]), usd(s["remaining_usd"]), usd(s["forecast_usd"]), s["action"]]
             for s in statuses]
     table(["TEAM", "PERIOD", "ENDS", "AMOUNT", "SPENT", "COMMITTED", "REMAINING", "FORECAST", "AT 100%"], rows,
@@ -91,8 +91,11 @@ def costs(api: Api, group_by: str, start: str | None, end: str | None, team: str
         return EXIT_OK
     out(f"costs by {report['group_by']}, {window(report)} (UTC)")
     grouped_table(report, group_by, ["GPU-HOURS", "COST"],
-                  lambda row: [gpu_hours(row.get("gpu_hours")), usd(row.get("cost_usd"))],
+                  lambda row: [gpu_hours(row.get("gpu_hours")), money(row)],
                   right=("GPU-HOURS", "COST"))
+    difference = (report.get("total") or {}).get("rounding_difference_usd")
+    if difference not in (None, "0.00"):  # each row and the total rounded once (docs/design.md, Cost ledger)
+        out(f"each row and the TOTAL are their exact sums rounded to cents: the rows miss the TOTAL by ${difference}")
     return EXIT_OK
 
 
@@ -101,7 +104,7 @@ def utilization_cells(row: dict) -> list:
     coverage = row.get("coverage")
     return [gpu_hours(row.get("gpu_hours")), percent(row.get("avg_gpu_util_percent")),
             percent(None if coverage is None else coverage * 100, 0), gpu_hours(row.get("idle_gpu_hours")),
-            usd(row.get("idle_cost_usd"))]
+            "-" if row.get("idle_gpu_hours") is None else money(row, "idle_cost_usd", "idle_")]
 
 
 @api_command("utilization", "GPU utilization from Prometheus: average, coverage, idle GPU-hours")

@@ -16,7 +16,7 @@ import requests
 from cpctl.client import Client, redact
 from cpctl.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_JOB_NOT_SUCCEEDED, EXIT_OK, EXIT_UNREACHABLE, CliError
 from cpctl.options import POSITIVE_INT, Api, PositiveFloat, api_command
-from cpctl.output import age, duration, err, fields, out, print_json, table, usd, when
+from cpctl.output import age, duration, err, fields, money, out, print_json, table, usd, when
 
 FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED", "REJECTED")
 
@@ -121,7 +121,7 @@ def follow_job(client: Client, job: dict, interval: float, say) -> dict:
         if line != seen:
             say(f"{dt.datetime.now(dt.timezone.utc):%H:%M:%S}  job {job['id']}: {line}")
             seen = line
-    cost = f", cost {usd(job.get('accrued_cost_usd'))}" if job.get("accrued_cost_usd") is not None else ""
+    cost = f", cost {money(job, 'accrued_cost_usd')}" if "accrued_cost_usd" in job else ""
     say(f"job {job['id']} ended {job['state']}{cost}")
     return job
 
@@ -148,7 +148,7 @@ def jobs(api: Api, team: str | None, states: tuple[str, ...], limit: int) -> int
     now = dt.datetime.now(dt.timezone.utc)
     table(["ID", "TEAM", "NAME", "STATE", "GPUS", "ACCELERATOR", "COST", "AGE"],
           [[job["id"], job["team"], job["name"], job["state"], job.get("total_gpus"), job.get("accelerator"),
-            usd(job.get("accrued_cost_usd")), age(job.get("created_at"), now)] for job in found],
+            money(job, "accrued_cost_usd"), age(job.get("created_at"), now)] for job in found],
           right=("ID", "GPUS", "COST", "AGE"))
     if page["count"] > len(found):
         err(f"({len(found)} of {page['count']} jobs; --limit shows more)")
@@ -203,7 +203,7 @@ def job_fields(job: dict) -> list[tuple[str, str]]:
             pairs.append(("serves", f"the checkpoint of job {source}"))
         pairs.append(("endpoint", job.get("endpoint") or "none (it serves only while RUNNING)"))
     estimate = job.get("estimated_cost_usd")
-    pairs.append(("cost", f"{usd(job.get('accrued_cost_usd'))} accrued, " + (
+    pairs.append(("cost", f"{money(job, 'accrued_cost_usd')} accrued, " + (
         "estimated once placed" if estimate is None else f"{usd(estimate)} estimated (worst case)")))
     if (job.get("efficiency") or {}).get("attempts"):
         pairs += efficiency_fields(job["efficiency"])

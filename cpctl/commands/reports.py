@@ -8,7 +8,7 @@ import click
 
 from cpctl.errors import EXIT_OK
 from cpctl.options import POSITIVE_INT, Api, api_command
-from cpctl.output import err, fields, gpu_hours, out, percent, table, usd, when
+from cpctl.output import err, fields, gpu_hours, money, out, percent, table, usd, when
 
 
 @api_command("reports", "list stored utilization and cost reports, newest first")
@@ -32,7 +32,7 @@ def reports(api: Api, team: str | None, kind: str | None, limit: int) -> int:
         data = r.get("data") or {}
         totals, util = data.get("totals") or {}, data.get("utilization") or {}
         rows.append([r["id"], r.get("team") or "platform", r["kind"], when(r["period_start"]),
-                     when(r["period_end"]), gpu_hours(totals.get("gpu_hours")), usd(totals.get("cost_usd")),
+                     when(r["period_end"]), gpu_hours(totals.get("gpu_hours")), money(totals),
                      percent(util.get("avg_gpu_util_percent"))])
     table(["ID", "SCOPE", "KIND", "FROM (UTC)", "TO (UTC)", "GPU-HOURS", "COST", "AVG UTIL"], rows,
           right=("ID", "GPU-HOURS", "COST", "AVG UTIL"))
@@ -47,10 +47,10 @@ def report_fields(data: dict) -> list[tuple[str, str]]:
     change = previous.get("cost_change_percent")
     pairs = [
         ("GPU-hours", gpu_hours(totals.get("gpu_hours"))),
-        ("cost", usd(totals.get("cost_usd")) + ("" if change is None else f" ({change:+.1f}% on the period before)")),
+        ("cost", money(totals) + ("" if change is None else f" ({change:+.1f}% on the period before)")),
         ("utilization", f"{percent(util.get('avg_gpu_util_percent'))} average, "
                         f"{percent(util.get('coverage_percent'), 0)} of samples"
-                        + (f"; idle {gpu_hours(util.get('idle_gpu_hours'))} GPU-h = {usd(util.get('idle_cost_usd'))}"
+                        + (f"; idle {gpu_hours(util.get('idle_gpu_hours'))} GPU-h = {money(util, 'idle_cost_usd', 'idle_')}"
                            if util.get("idle_gpu_hours") is not None else "")),
     ]
     if util.get("note"):
@@ -62,14 +62,14 @@ def report_sections(data: dict) -> list[tuple[str, list[str], list[list]]]:
     """A report's tables as ``(title, headers, rows)``: top jobs, quota use, budgets."""
     return [
         ("Top jobs", ["JOB", "NAME", "TEAM", "GPU-HOURS", "COST"], [
-            [j.get("job"), j.get("job_name"), j.get("team"), gpu_hours(j.get("gpu_hours")), usd(j.get("cost_usd"))]
+            [j.get("job"), j.get("job_name"), j.get("team"), gpu_hours(j.get("gpu_hours")), money(j)]
             for j in data.get("top_jobs") or []]),
         ("Quota use", ["ACCELERATOR", "NOMINAL", "GPU-HOURS", "AVG GPUS", "OF NOMINAL"], [
             [q.get("accelerator"), q.get("nominal_gpus"), gpu_hours(q.get("gpu_hours")),
              f"{float(q.get('avg_gpus_in_use') or 0):.2f}", percent(q.get("percent_of_nominal"))]
             for q in data.get("quota_use") or []]),
         ("Budgets", ["TEAM", "PERIOD", "AMOUNT", "SPENT", "REMAINING", "SPENT %"], [
-            [b.get("team"), b.get("period"), usd(b.get("amount_usd")), usd(b.get("spent_usd")),
+            [b.get("team"), b.get("period"), usd(b.get("amount_usd")), money(b, "spent_usd"),
              usd(b.get("remaining_usd")), percent(b.get("spent_percent"))] for b in data.get("budgets") or []]),
     ]
 

@@ -10,7 +10,8 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.fields import SharedFieldsMixin, UsdCentsField
-from costs.unknown import unknown_cost, unknown_cost_json
+from core.money import shown_usd
+from costs.unknown import unknown_cost, unknown_cost_json, unpriced_hours
 
 from ..models import PRIORITY_CLASSES, Job, JobAttempt, JobEvent
 from ..workload import job_efficiency
@@ -112,7 +113,9 @@ class JobSerializer(SharedFieldsMixin, serializers.ModelSerializer):
     position = serializers.SerializerMethodField()
     current_attempt = AttemptSummarySerializer(read_only=True, allow_null=True)
     estimated_cost_usd = EstimatedCostField()
-    accrued_cost_usd = UsdCentsField()
+    accrued_cost_usd = serializers.SerializerMethodField()
+    unpriced_gpu_hours = serializers.SerializerMethodField()
+    unpriced_vcpu_hours = serializers.SerializerMethodField()
     total_gpus = serializers.IntegerField(read_only=True)
     cost_unknown = serializers.SerializerMethodField()
     endpoint = serializers.SerializerMethodField()
@@ -125,8 +128,31 @@ class JobSerializer(SharedFieldsMixin, serializers.ModelSerializer):
             "gpus_per_node", "total_gpus", "priority", "priority_class", "preemptible", "max_runtime_seconds",
             "max_retries",
             "created_at", "admitted_at", "started_at", "ended_at", "updated_at", "cost_unknown",
+            "unpriced_gpu_hours", "unpriced_vcpu_hours",
         ]
         read_only_fields = fields
+
+    @staticmethod
+    def _unpriced(job: Job) -> tuple[float, float]:
+        """The job's ``(GPU-hours, vCPU-hours)`` without a price, read once per job (none without the marker)."""
+        if "_unpriced_hours" not in job.__dict__:
+            known = getattr(job, "has_unpriced_cost", True) is False or job.current_attempt_id is None
+            job.__dict__["_unpriced_hours"] = (0.0, 0.0) if known else unpriced_hours(job=job)
+        return job.__dict__["_unpriced_hours"]
+
+    @extend_schema_field({"type": "string", "format": "decimal", "example": "12.35", "nullable": True,
+                          "description": "priced USD the ledger holds; null when none of it is priced"})
+    def get_accrued_cost_usd(self, job: Job) -> str | None:
+        return shown_usd(job.accrued_cost_usd, sum(self._unpriced(job)))
+
+    @extend_schema_field(serializers.FloatField(help_text="GPU-hours with no price in force, not in "
+                                                          "accrued_cost_usd"))
+    def get_unpriced_gpu_hours(self, job: Job) -> float:
+        return self._unpriced(job)[0]
+
+    @extend_schema_field(serializers.FloatField(help_text="vCPU-hours (CPU node pools) with no price in force"))
+    def get_unpriced_vcpu_hours(self, job: Job) -> float:
+        return self._unpriced(job)[1]
 
     @extend_schema_field({"type": "object", "nullable": True,
                           "properties": {"since": {"type": "string", "format": "date-time"},
@@ -165,8 +191,13 @@ EFFICIENCY_SCHEMA = {
         "mfu_reason": {"type": "string", "description": "why mfu_percent is null; empty when it is not"},
         "flops_per_token": {"type": "number", "nullable": True},
         "tokens": {"type": "integer", "nullable": True, "description": "training tokens of every attempt"},
-        "cost_usd": {"type": "string", "format": "decimal"},
-        "usd_per_million_tokens": {"type": "string", "format": "decimal", "nullable": True},
+        "cost_usd": {"type": "string", "format": "decimal", "nullable": True,
+                     "description": "the ledger's priced USD, cents; null when none of it is priced"},
+        "usd_per_million_tokens": {"type": "string", "format": "decimal", "nullable": True,
+                                   "description": "null without tokens, or while some of the job's hours has no "
+                                                  "price"},
+        "unpriced_gpu_hours": {"type": "number", "description": "GPU-hours with no price in force, not in cost_usd"},
+        "unpriced_vcpu_hours": {"type": "number", "description": "vCPU-hours with no price in force"},
         "attempts": {"type": "array", "items": {"type": "object"}},
     },
 }

@@ -34,7 +34,7 @@ def pool(cluster_factory, h100):
 def spend(teams, user, pool, h100):
     """``spend(gpus, start, end, state=SUCCEEDED, estimate=0)``: a job of team alpha that ran and was accrued."""
     def make(gpus, start, end, *, state=JobState.SUCCEEDED, estimate="0", team=None):
-        job = make_job_row(team or teams[0], user, h100, name="j", spec={}, gpus_per_node=gpus, max_runtime=86400,
+        job = make_job_row(team or teams[0], user, h100, name="j", spec={}, gpus_per_node=gpus, max_runtime=30 * 86400,
                            state=state, estimated_cost_usd=D(estimate))
         attempt = make_attempt(job, pool.cluster, pool, gpus=gpus, usd_per_gpu_hour=D("5.00"), started_at=start,
                                ended_at=end, state=state)
@@ -88,7 +88,7 @@ def test_forecast_is_spent_plus_committed_plus_the_median_daily_spend_over_the_d
     assert status.basis.rate_usd_per_day == 0 and status.forecast_usd == D(720)
     spend(2, dt.datetime(2026, 3, 14, tzinfo=UTC), dt.datetime(2026, 3, 16, tzinfo=UTC))  # 2 more days at $240
     status = budget_status(budget, at)
-    assert status.basis.rate_usd_per_day == D(240) and status.burn_rate_usd_per_hour == D(10)
+    assert status.basis.rate_usd_per_day == D(240) and status.burn_rate_usd_per_hour == 0  # nothing runs at `at`
     assert status.forecast_usd == D(720 + 480) + D(240) * 11
     assert status.remaining_usd == D(10000) - D(1200)
 

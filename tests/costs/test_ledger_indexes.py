@@ -113,7 +113,7 @@ def index_name(model, fields: list[str]) -> str:
 def test_a_teams_month_of_budget_reads_its_rollups_by_team_and_day(layout):
     month = NOW.replace(day=1, hour=0, minute=0)
     assert_indexed(lambda: period_spend([layout[5].pk], month, NOW.replace(month=7, day=1, hour=0, minute=0)),
-                   "costrollup_team_day", "costrollup_unique")
+                   "costrollup_team_day", "costrollup_unique", "costentry_unpriced")
 
 
 def test_the_edge_days_of_a_budget_and_the_burn_rate_read_one_teams_recent_entries(layout):
@@ -128,12 +128,12 @@ def test_the_edge_days_of_a_budget_and_the_burn_rate_read_one_teams_recent_entri
 
 def test_thirty_days_of_costs_by_team_read_the_rollups_by_day_and_the_edges_by_start(layout):
     assert_indexed(lambda: aggregate_window("team", NOW - dt.timedelta(days=30), NOW),
-                   "costrollup_unique", "costentry_start")
+                   "costrollup_unique", "costentry_start", "costentry_unpriced")
 
 
 def test_thirty_days_of_costs_by_job_read_the_job_day_rollups_by_day(layout):
     assert_indexed(lambda: aggregate_window("job", NOW - dt.timedelta(days=30), NOW),
-                   "jobcost_unique", "costentry_start")
+                   "jobcost_unique", "costentry_start", "costentry_unpriced")
 
 
 def test_accrual_finds_the_open_entries_by_attempt_and_recent_start(layout):

@@ -279,8 +279,8 @@ def test_costs_are_scoped_grouped_and_downloadable(owner_web, outsider_web, obje
     assert "$6.00" in page and 'data-chart="cost-chart-data"' in page
     assert "$6.00" not in outsider_web.get("/costs/?group_by=team").content.decode()
     csv_text = owner_web.get("/costs.csv?group_by=accelerator").content.decode().splitlines()
-    assert csv_text[0] == "accelerator,gpu_hours,cost_usd"
-    assert csv_text[1] == "H100-80GB,2.0,6.00" and csv_text[-1] == "total,2.0,6.00"
+    assert csv_text[0] == "accelerator,gpu_hours,cost_usd,unpriced_gpu_hours,unpriced_vcpu_hours"
+    assert csv_text[1] == "H100-80GB,2.0,6.00,0.0,0.0" and csv_text[-1] == "total,2.0,6.00,0.0,0.0"
     assert owner_web.get("/costs.csv?start=2026-02-02&end=2026-02-01").status_code == 400
 
 

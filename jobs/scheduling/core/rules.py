@@ -11,7 +11,7 @@ Slurm's GrpTRESMins.
 from __future__ import annotations
 
 import dataclasses
-from decimal import ROUND_HALF_EVEN, Decimal
+from decimal import ROUND_CEILING, Decimal
 
 from .placement import PoolOffer
 from .types import OK, BudgetView, QueuedJob, QuotaView, TeamQuota, TeamState, Verdict
@@ -21,22 +21,23 @@ _3600 = Decimal(3600)
 
 
 def estimate_cost(total_gpus: int, max_runtime_seconds: int, usd_per_gpu_hour: Decimal) -> Decimal:
-    """Worst-case cost of an attempt, USD: GPUs x max_runtime (s) / 3600 x price (USD/GPU-hour), to 1e-6 half-even."""
+    """Worst-case cost of an attempt, USD: GPUs x max_runtime (s) / 3600 x price (USD/GPU-hour), rounded up to 1e-6
+    (a worst case: never below what the ledger bills for the same time, which stops at the max runtime)."""
     return (Decimal(total_gpus) * Decimal(max_runtime_seconds) * usd_per_gpu_hour / _3600).quantize(
-        ESTIMATE_QUANTUM, ROUND_HALF_EVEN
+        ESTIMATE_QUANTUM, ROUND_CEILING
     )
 
 
 def job_estimate(job: QueuedJob, offer: PoolOffer) -> Decimal:
     """Worst-case cost of ``job`` on ``offer``, USD: ``estimate_cost`` of its GPUs, plus on a pool priced by CPU
     (``offer.usd_per_vcpu_hour`` / ``usd_per_gib_hour`` set: a CPU node pool) its CPU (vCPUs) and memory (GiB)
-    over all its nodes x max_runtime / 3600 x those prices, as the ledger bills them; to 1e-6 half-even."""
+    over all its nodes x max_runtime / 3600 x those prices, as the ledger bills them; rounded up to 1e-6."""
     per_hour = Decimal(job.total_gpus) * offer.usd_per_gpu_hour
     if offer.usd_per_vcpu_hour is not None:
         per_hour += Decimal(job.nodes * job.cpu_milli) / 1000 * offer.usd_per_vcpu_hour
     if offer.usd_per_gib_hour is not None:
         per_hour += Decimal(job.nodes * job.memory_mib) / 1024 * offer.usd_per_gib_hour
-    return (per_hour * Decimal(job.max_runtime_seconds) / _3600).quantize(ESTIMATE_QUANTUM, ROUND_HALF_EVEN)
+    return (per_hour * Decimal(job.max_runtime_seconds) / _3600).quantize(ESTIMATE_QUANTUM, ROUND_CEILING)
 
 
 def price_text(offer: PoolOffer) -> str:

@@ -101,7 +101,7 @@ def test_it_counts_entries_that_start_inside_the_window(teammate, ledger):
     inside = [e for e in ledger["entries"] if e.team.slug == "alpha"
               and dt.datetime(2025, 3, 2, tzinfo=UTC) <= e.interval_start < dt.datetime(2025, 3, 3, tzinfo=UTC)]
     assert body["results"] == [{"team": "alpha", **dict(zip(("gpu_hours", "cost_usd"), expected(
-        inside, lambda e: "alpha")["alpha"], strict=True))}]
+        inside, lambda e: "alpha")["alpha"], strict=True)), "unpriced_gpu_hours": 0.0, "unpriced_vcpu_hours": 0.0}]
     assert body["start"] == "2025-03-02T00:00:00+00:00"
 
 
@@ -128,7 +128,8 @@ def test_it_validates_the_query(teammate, params, field):
 def test_an_empty_ledger_answers_zero(teammate):
     body = teammate.client.get(COSTS).json()
     assert body == {"group_by": "team", "start": None, "end": None, "results": [],
-                    "total": {"gpu_hours": 0.0, "cost_usd": "0.00"}}
+                    "total": {"gpu_hours": 0.0, "cost_usd": "0.00", "unpriced_gpu_hours": 0.0,
+                              "unpriced_vcpu_hours": 0.0, "rounding_difference_usd": "0.00"}}
 
 
 # --- exact sums and windows at the edges ---------------------------------------------------------------------------

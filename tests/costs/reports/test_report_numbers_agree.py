@@ -1,4 +1,4 @@
-"""Numbers that agree: shown rows add up to shown totals, a report's budget is its own period's, unknown cost shown.
+"""Numbers that agree: rows and totals each their exact sums rounded once, the difference stated, a report's budget is its own period's, unknown cost shown.
 
 Expected values are worked out here from the ledger rows the tests write.
 """
@@ -13,7 +13,6 @@ import pytest
 
 from costs.models import CostEntry
 from costs.reports.build import build_report_data, generate_report
-from costs.reports.rounding import largest_remainder
 from jobs.models import JobState
 from quotas.models import Budget
 from tests.support.factories import make_attempt, make_cluster, make_cost_entry, make_job_row
@@ -29,15 +28,7 @@ def job_on(team, user, cluster, pool, name, *, started, ended, estimate="0", sta
     return make_attempt(job, cluster, pool, gpus=1, started_at=started, ended_at=ended, state=state)
 
 
-def test_largest_remainder_rows_add_up_to_the_total_rounded_once():
-    rows, total = largest_remainder([D("1.005"), D("1.005"), D("1.005")])
-    assert total == D("3.02") and sum(rows) == total  # each alone rounds half-even to 1.00: 3.00 under 3.02
-    assert rows == [D("1.01"), D("1.01"), D("1.00")]  # the earliest of equal remainders first
-    rows, total = largest_remainder([D("0.333"), D("0.333"), D("0.334")])
-    assert (rows, total) == ([D("0.33"), D("0.33"), D("0.34")], D("1.00"))
-
-
-def test_report_rows_add_up_to_the_totals_they_stand_under(teams, owner, catalog):
+def test_report_rows_and_totals_are_rounded_once_and_the_difference_is_stated(teams, owner, catalog):
     alpha = teams[0]
     clusters = [make_cluster(f"c{n}", "aws", "us-east-1", catalog["H100-80GB"]) for n in range(3)]
     entries = []
@@ -48,11 +39,15 @@ def test_report_rows_add_up_to_the_totals_they_stand_under(teams, owner, catalog
     data = build_report_data(alpha, DAY, DAY + dt.timedelta(days=1))
     exact = sum((e.amount_usd for e in entries), D(0))
     assert data["totals"]["cost_usd"] == str(exact.quantize(CENT, ROUND_HALF_EVEN)) == "12.06"
-    for section in ("by_cluster", "by_accelerator", "by_day", "top_jobs"):
-        assert sum(D(r["cost_usd"]) for r in data[section]) == D("12.06"), section
-    assert [r["cost_usd"] for r in data["by_cluster"]] == ["4.02", "4.02", "4.02"]
+    assert [r["cost_usd"] for r in data["by_cluster"]] == ["4.02", "4.02", "4.02"]  # 4 x 1.005 = 4.020 each
     assert len(data["top_jobs"]) == 11 and data["top_jobs"][-1]["job_name"] == "other jobs (2)"
-    assert "largest remainder" in generate_report(alpha, DAY, DAY + dt.timedelta(days=1))[0].html
+    # Each job its own figure (1.005 -> 1.00 half to even, as in the API), not re-rounded to add up.
+    assert [j["cost_usd"] for j in data["top_jobs"]] == ["1.00"] * 10 + ["2.01"]
+    assert data["rounding_difference_usd"] == {"by_accelerator": "0.00", "by_cluster": "0.00", "by_day": "0.00",
+                                               "top_jobs": "0.05"}
+    report = generate_report(alpha, DAY, DAY + dt.timedelta(days=1))[0]
+    assert "the topjobs rows miss the total by $0.05 (rounding)" in report.html
+    assert "rounding_difference,top_jobs,usd,0.05" in report.csv.splitlines()
 
 
 def test_a_report_shows_the_budget_of_its_own_period_as_it_stood_at_the_periods_end(teams, owner, catalog):
@@ -90,4 +85,7 @@ def test_the_report_says_cost_unknown_since_when_for_how_many_gpu_hours(teams, o
     assert unknown["since"] == (DAY + dt.timedelta(hours=4)).isoformat() and unknown["gpu_hours"] == 3.0
     assert "cost unknown since 2025-11-30 04:00 UTC for 3.00 GPU-hours: no price for no-price/" in report.html
     assert "cost_unknown,alpha,gpu_hours,3.0" in report.csv.splitlines()
-    assert report.data["totals"]["cost_usd"] == "0.00"
+    # Nothing of the period is priced: its total is unknown (null), never $0.00, with the hours beside it.
+    assert report.data["totals"]["cost_usd"] is None and report.data["totals"]["unpriced_gpu_hours"] == 3.0
+    assert "total,alpha,cost_usd,unknown" in report.csv.splitlines()
+    assert "total,alpha,unpriced_gpu_hours,3.0" in report.csv.splitlines()

@@ -71,10 +71,13 @@ def ledger(teams, owner, catalog):
 def test_the_report_numbers_match_the_ledger(ledger):
     data = build_report_data(ledger["alpha"], DAY, DAY + dt.timedelta(days=1))
     big_usd, small_usd = 8 * 2 * Decimal("6.88"), 4 * Decimal("1.5") * Decimal("3.00")  # 110.08, 18.00
-    assert data["totals"] == {"gpu_hours": 16 + 6.0, "cost_usd": cents(big_usd + small_usd)}
+    assert data["totals"] == {"gpu_hours": 16 + 6.0, "cost_usd": cents(big_usd + small_usd),
+                              "unpriced_gpu_hours": 0.0, "unpriced_vcpu_hours": 0.0}
     assert data["by_accelerator"] == [
-        {"accelerator": "A100-80GB", "gpu_hours": 6.0, "cost_usd": cents(small_usd)},
-        {"accelerator": "H100-80GB", "gpu_hours": 16.0, "cost_usd": cents(big_usd)}]
+        {"accelerator": "A100-80GB", "gpu_hours": 6.0, "cost_usd": cents(small_usd), "unpriced_gpu_hours": 0.0,
+         "unpriced_vcpu_hours": 0.0},
+        {"accelerator": "H100-80GB", "gpu_hours": 16.0, "cost_usd": cents(big_usd), "unpriced_gpu_hours": 0.0,
+         "unpriced_vcpu_hours": 0.0}]
     assert [(r["cluster"], r["cost_usd"]) for r in data["by_cluster"]] == [("aws-h100", "110.08"), ("gcp-a100", "18.00")]
     assert [(j["job_name"], j["cost_usd"], j["gpu_hours"]) for j in data["top_jobs"]] == [
         ("big", "110.08", 16.0), ("small", "18.00", 6.0)]
@@ -83,9 +86,10 @@ def test_the_report_numbers_match_the_ledger(ledger):
     assert util["avg_gpu_util_percent"] == 40.0 and util["coverage_percent"] == 100.0
     assert util["idle_gpu_hours"] == 4.0 and util["idle_cost_usd"] == cents(big_usd / 4)
     assert util["missing"] is False
-    # big's 16 GPU-hours have metrics, small's 6 (on a cluster without Prometheus) do not: the note says why.
-    assert (util["allocated_gpu_hours"], util["observed_gpu_hours"], util["unobserved_gpu_hours"]) == (16.0, 0.0, 16.0)
-    assert "Utilization covers 16.0 allocated GPU-hours, the ledger 22.0" in util["note"]
+    # big's 16 GPU-hours have metrics, small's 6 (on a cluster without Prometheus) do not: the allocation is the
+    # ledger's 22 GPU-hours all the same, small's unobserved.
+    assert (util["allocated_gpu_hours"], util["observed_gpu_hours"], util["unobserved_gpu_hours"]) == (22.0, 0.0, 22.0)
+    assert "Utilization covers" not in util["note"]
     # Quota: 16 H100 GPU-hours over 24 h = 0.667 GPUs on average, 4.17 % of the 16 nominal.
     h100 = next(q for q in data["quota_use"] if q["accelerator"] == "H100-80GB")
     assert h100 == {"accelerator": "H100-80GB", "nominal_gpus": 16, "borrowing_limit_gpus": 8, "gpu_hours": 16.0,

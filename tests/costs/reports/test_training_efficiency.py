@@ -58,18 +58,21 @@ def fleet(teams, owner, catalog):
     return jobs
 
 
+PRICED = {"unpriced_gpu_hours": 0.0, "unpriced_vcpu_hours": 0.0}  # every hour of the fleet has a price
+
+
 def test_gpu_hours_and_cost_by_mfu_band_low_mfu_and_idle(fleet):
     section = build_report_data(None, *PERIOD)["training_efficiency"]
     assert section["by_mfu_band"] == [
-        {"band": "0-10 %", "gpu_hours": 6.0, "cost_usd": "18.00", "attempts": 1},
-        {"band": "10-20 %", "gpu_hours": 0.0, "cost_usd": "0.00", "attempts": 0},
-        {"band": "20-35 %", "gpu_hours": 6.0, "cost_usd": "41.28", "attempts": 1},
-        {"band": "35-50 %", "gpu_hours": 0.0, "cost_usd": "0.00", "attempts": 0},
-        {"band": ">= 50 %", "gpu_hours": 16.0, "cost_usd": "110.08", "attempts": 1},
-        {"band": "unknown", "gpu_hours": 1.0, "cost_usd": "6.88", "attempts": 1},
+        {"band": "0-10 %", "gpu_hours": 6.0, "cost_usd": "18.00", **PRICED, "attempts": 1},
+        {"band": "10-20 %", "gpu_hours": 0.0, "cost_usd": "0.00", **PRICED, "attempts": 0},
+        {"band": "20-35 %", "gpu_hours": 6.0, "cost_usd": "41.28", **PRICED, "attempts": 1},
+        {"band": "35-50 %", "gpu_hours": 0.0, "cost_usd": "0.00", **PRICED, "attempts": 0},
+        {"band": ">= 50 %", "gpu_hours": 16.0, "cost_usd": "110.08", **PRICED, "attempts": 1},
+        {"band": "unknown", "gpu_hours": 1.0, "cost_usd": "6.88", **PRICED, "attempts": 1},
     ]
-    assert section["low_mfu"] == {"below_percent": 20.0, "gpu_hours": 6.0, "cost_usd": "18.00"}
-    assert section["idle"] == {"gpu_hours": 4.0, "cost_usd": "27.52"}  # a quarter of big's 110.08
+    assert section["low_mfu"] == {"below_percent": 20.0, "gpu_hours": 6.0, "cost_usd": "18.00", **PRICED}
+    assert section["idle"] == {"gpu_hours": 4.0, "cost_usd": "27.52", **PRICED}  # a quarter of big's 110.08
     assert section["mfu_percent"] == round((16 * MFU_BIG + 6 * MFU_SMALL + 6 * MFU_MID) / 28, 4)
     assert section["by_team"] == [
         {"team": "alpha", "gpu_hours": 23.0, "mfu_percent": round((16 * MFU_BIG + 6 * MFU_SMALL) / 22, 4)},

@@ -252,9 +252,11 @@ def billed_once(world) -> list[str]:
             first_last = span.setdefault(attempt_id, [created, stopped])
             first_last[0], first_last[1] = min(first_last[0], created), max(first_last[1], stopped)
     out = []
-    for attempt in JobAttempt.objects.all():
-        held = (Decimal(attempt.gpus) * Decimal(str(round(span[attempt.pk][1] - span[attempt.pk][0], 6)))
-                if attempt.pk in span else Decimal(0))
+    for attempt in JobAttempt.objects.select_related("job"):
+        # Billing stops at the job's max runtime (docs/design.md, Cost ledger): the span counts up to it.
+        seconds = min(span[attempt.pk][1] - span[attempt.pk][0], attempt.job.max_runtime_seconds or float("inf")) \
+            if attempt.pk in span else 0
+        held = Decimal(attempt.gpus) * Decimal(str(round(seconds, 6)))
         billed = ledger.get(attempt.pk, Decimal(0))
         slack = BILLING_TOLERANCE_SECONDS * max(attempt.gpus, 1)
         # Pods that vanish without a last status are billed up to the last look that saw them run: at most one
