@@ -185,11 +185,19 @@ def _locked_rows(attempts) -> list[tuple]:
     billed on CPU node pools only."""
     return [(a.pk, a.job_id, a.job.team_id, a.cluster_id, a.node_pool_id, a.node_pool.accelerator_id, a.gpus,
              a.started_at, a.ended_at, a.accrued_until, *held_cpu(a.placement), a.cluster.last_contact_at,
-             a.job.max_runtime_seconds)
+             a.job.max_runtime_seconds if enforces_max_runtime(a.job.kind, a.cluster.backend) else None)
             for a in attempts.select_related("job", "node_pool", "cluster").only(
                 "pk", "job_id", "job__team_id", "cluster_id", "node_pool_id", "node_pool__accelerator_id", "gpus",
                 "started_at", "ended_at", "accrued_until", "placement", "cluster__last_contact_at",
-                "job__max_runtime_seconds")]
+                "job__max_runtime_seconds", "job__kind", "cluster__backend")]
+
+
+def enforces_max_runtime(kind: str, backend: str) -> bool:
+    """Whether the runner stops an attempt of ``kind`` at its max runtime on a ``backend`` cluster: a Kubernetes
+    Job has ``activeDeadlineSeconds`` and the local runner's supervisor a deadline for every kind, but a Kubernetes
+    inference Deployment runs until it is deleted. Only where the limit is enforced does billing stop at it
+    (``billing_stop``); elsewhere every second the objects run is billed, so nothing that ran goes unbilled."""
+    return not (kind == "inference" and backend == "kubernetes")
 
 
 def billing_stop(started_at: dt.datetime, max_runtime_seconds: int | None) -> dt.datetime | None:

@@ -114,6 +114,21 @@ def test_the_worst_case_estimate_bounds_what_a_short_job_is_billed(teams, owner,
 
 
 @pytest.mark.django_db
+def test_an_inference_deployment_without_a_deadline_is_billed_for_every_second_it_ran(teams, owner, catalog):
+    """A Kubernetes Deployment has no deadline: one that served 50 s past a 20 s max runtime is billed all 70 s
+    (nothing that ran goes unbilled), where a training Job's bill stops at its limit (above)."""
+    cluster, pool = make_cluster("aws-use1", "aws", "us-east-1", catalog["H100-80GB"])
+    t0 = hour_floor(timezone.now()) - dt.timedelta(hours=1)
+    job = make_job_row(teams[0], owner.user, catalog["H100-80GB"], name="serve", kind="inference", max_runtime=20,
+                       state=JobState.CANCELLED)
+    attempt = make_attempt(job, cluster, pool, started_at=t0, ended_at=t0 + dt.timedelta(seconds=70),
+                           state=JobState.CANCELLED)
+    accrue_attempt(attempt.pk)
+    seconds = sum((e.interval_end - e.interval_start).total_seconds() for e in CostEntry.objects.filter(job=job))
+    assert seconds == 70
+
+
+@pytest.mark.django_db
 def test_the_burn_rate_is_what_the_running_gpus_cost_per_hour(teams, owner, catalog, budget_factory):
     budget_factory(teams[0], "1000.00", action="alert")
     cluster, pool = make_cluster("aws-use1", "aws", "us-east-1", catalog["H100-80GB"])  # $6.88 per GPU-hour

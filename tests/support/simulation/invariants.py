@@ -253,9 +253,10 @@ def billed_once(world) -> list[str]:
             first_last[0], first_last[1] = min(first_last[0], created), max(first_last[1], stopped)
     out = []
     for attempt in JobAttempt.objects.select_related("job"):
-        # Billing stops at the job's max runtime (docs/design.md, Cost ledger): the span counts up to it.
-        seconds = min(span[attempt.pk][1] - span[attempt.pk][0], attempt.job.max_runtime_seconds or float("inf")) \
-            if attempt.pk in span else 0
+        # Billing stops at the job's max runtime where the runner enforces it (docs/design.md, Cost ledger): the
+        # span counts up to it; an inference Deployment has no deadline on Kubernetes and is billed while it runs.
+        limit = attempt.job.max_runtime_seconds if attempt.job.kind != "inference" else None
+        seconds = min(span[attempt.pk][1] - span[attempt.pk][0], limit or float("inf")) if attempt.pk in span else 0
         held = Decimal(attempt.gpus) * Decimal(str(round(seconds, 6)))
         billed = ledger.get(attempt.pk, Decimal(0))
         slack = BILLING_TOLERANCE_SECONDS * max(attempt.gpus, 1)
