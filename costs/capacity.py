@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 from django.db import connection
 
-from core.money import LEDGER_QUANTUM, usd_cents
+from core.money import LEDGER_QUANTUM, rounding_difference, usd_cents
 from core.sql import as_date, as_decimal, fetch, placeholders
 from jobs.models import JobAttempt
 from quotas.models import Team
@@ -368,3 +368,19 @@ def wire_row(row: dict) -> dict:
     rounded to cents half to even (``core.money.usd_cents``; None stays None: unknown)."""
     return {k: usd_cents(v) if k.endswith("_usd") else (str(v) if isinstance(v, Decimal) else v)
             for k, v in row.items()}
+
+
+def with_rounding(rows: list[dict], total: dict) -> tuple[list[dict], dict]:
+    """``rows`` and ``total`` through ``wire_row``, the total with ``rounding_difference_usd``: per USD figure, what
+    the shown rows miss of the shown total, when they do (each is its exact sum rounded once: the table rule of
+    docs/design.md, Cost ledger); ``{}`` when every column adds up, and for team rows, whose figures are not the
+    fleet total's (a user sees only their teams' rows)."""
+    shown, whole = [wire_row(r) for r in rows], wire_row(total)
+    differences = {}
+    for key in whole:
+        if key.endswith("_usd") and shown and key in shown[0] and "team" not in shown[0]:
+            difference = rounding_difference(whole[key], [r.get(key) for r in shown])
+            if difference != "0.00":
+                differences[key] = difference
+    whole["rounding_difference_usd"] = differences
+    return shown, whole

@@ -28,7 +28,7 @@ from rest_framework.exceptions import ValidationError
 from core.money import shown_usd
 from costs.aggregation import aggregate_window, utilization_window
 from costs.budgets import budget_status
-from costs.capacity import capacity_report, wire_row
+from costs.capacity import capacity_report, with_rounding
 from costs.collection import refresh_running
 from costs.models import ClusterMetrics, Report, UtilizationRollup
 from costs.unknown import unknown_cost, unpriced_hours
@@ -510,7 +510,7 @@ def capacity(request):
         rows, total = capacity_report(group_by, start, end, team_ids=team_ids)
         days, _ = capacity_report("day", start, end) if group_by != "day" else (rows, None)
         unpriced = total["unpriced_unallocated_gpu_hours"] > 0
-        rows, total = [wire_row(r) for r in rows], wire_row(total)  # USD to cents as everywhere
+        rows, total = with_rounding(rows, total)  # USD to cents as everywhere, the rounding difference stated
         chart = {"type": "bar", "labels": [r["day"] for r in days], "x_title": "Day (UTC)", "y_title": "GPU-hours",
                  "datasets": [{"label": "Allocated", "data": [float(r["allocated_gpu_hours"]) for r in days]},
                               {"label": "Unallocated", "data": [float(r["unallocated_gpu_hours"]) for r in days]}]}

@@ -21,7 +21,7 @@ from core.viewsets import ScopedGenericViewSet
 from quotas.models import Team
 from runners.models import Cluster, NodeSpan
 
-from ..capacity import GROUPS, MAX_WINDOW_DAYS, capacity_report, wire_row
+from ..capacity import GROUPS, MAX_WINDOW_DAYS, capacity_report, with_rounding
 
 DEFAULT_WINDOW = dt.timedelta(days=7)
 
@@ -89,6 +89,6 @@ class CapacityViewSet(ScopedGenericViewSet):
                 Team.objects.filter(memberships__user=request.user).values_list("pk", flat=True))
         rows, total = capacity_report(params["group_by"], params["start"], params["end"],
                                       cluster_ids=params.get("cluster_ids"), team_ids=team_ids)
+        rows, total = with_rounding(rows, total)
         return Response({"group_by": params["group_by"], "start": params["start"].isoformat(),
-                          "end": params["end"].isoformat(), "results": [wire_row(r) for r in rows],
-                          "total": wire_row(total)})
+                          "end": params["end"].isoformat(), "results": rows, "total": total})

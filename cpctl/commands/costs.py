@@ -166,6 +166,8 @@ def capacity(api: Api, group_by: str, start: str | None, end: str | None, cluste
     rows = [[r.get(k) for k in keys] + capacity_cells(r) for r in report["results"]]
     rows.append(["TOTAL"] + [""] * (len(keys) - 1) + capacity_cells(report["total"]))
     table([k.replace("_", " ").upper() for k in keys] + list(figures), rows, right=figures)
+    for key, difference in (report["total"].get("rounding_difference_usd") or {}).items():
+        out(f"rows miss the total's {key} by ${difference}: each figure is its exact sum rounded to cents once")
     return EXIT_OK
 
 

@@ -23,7 +23,7 @@ import pytest
 import time_machine
 from django.conf import settings
 
-from costs.capacity import GROUPS, _attempt_days_postgresql, _attempt_days_python, capacity_report
+from costs.capacity import GROUPS, _attempt_days_postgresql, _attempt_days_python, capacity_report, with_rounding
 from costs.models import Price
 from runners.base import NodeInfo, PoolCapacity
 from runners.kubernetes.sync import apply_pools
@@ -229,3 +229,16 @@ def test_a_second_delivery_of_one_sync_counts_nothing_twice(fleet):
 def test_bad_queries_raise(db, group_by, start, end):
     with pytest.raises(ValueError):
         capacity_report(group_by, start, end)
+
+
+def test_rows_that_miss_the_total_by_rounding_say_by_how_much(fleet):
+    """Three 1-GPU nodes seen for 7 minutes: each costs 420 s x 6.88 USD per GPU-hour = 0.80266... (0.80 shown),
+    the three 2.408 (2.41 shown), so the rows miss the total by 0.01 and the total says so."""
+    sync_fleet(fleet, {i: {f"n{k}": ("on-demand", 1, True) for k in range(3)} for i in range(8)})
+    rows, total = capacity_report("node", T0 - dt.timedelta(hours=1), T0 + dt.timedelta(hours=1))
+    shown, whole = with_rounding(rows, total)
+    per_node = Decimal(420) * PRICES["on-demand"] / 3600
+    cent = Decimal("0.01")
+    assert [r["capacity_cost_usd"] for r in shown] == [str(per_node.quantize(cent))] * 3 == ["0.80"] * 3
+    assert whole["capacity_cost_usd"] == str((3 * per_node).quantize(cent)) == "2.41"
+    assert whole["rounding_difference_usd"] == {"capacity_cost_usd": "0.01", "unallocated_cost_usd": "0.01"}
