@@ -15,7 +15,9 @@ budgets use. Entries of unknown cost count their GPU-hours and no USD.
 
 Utilization rows aggregate UtilizationRollup exactly: average utilization
 is sample weighted (``sum(util_sum) / sum(samples)``), "no data" is null,
-coverage is ``samples / expected samples``. Rollups are per UTC day, so a
+coverage is observed over allocated GPU time and the idle share is idle
+over observed GPU time (observed time follows Prometheus' lookback:
+``costs.prometheus.WindowUsage``). Rollups are per UTC day, so a
 window ``[start, end)`` selects whole days: those whose midnight-to-midnight
 span starts in ``[floor(start), end)`` (``filter_days``).
 """
@@ -49,7 +51,7 @@ UTC_DAY = TruncDate("interval_start", tzinfo=UTC)
 HELD_TIME = ExpressionWrapper(F("interval_end") - F("interval_start"), output_field=DurationField())
 # The columns ``add_utilization`` puts on cost rows.
 UTILIZATION_COLUMNS = ("avg_gpu_util_percent", "observed_gpu_hours", "idle_gpu_hours", "unobserved_gpu_hours",
-                       "idle_cost_usd")
+                       "idle_percent", "coverage_percent", "idle_cost_usd")
 
 
 def _ledger_sums(entries, group_by: str, sums: dict[tuple, list]) -> None:
@@ -196,14 +198,17 @@ SUMMED = ("gpu_seconds", "observed_gpu_seconds", "samples", "expected_samples", 
 
 
 def _present(s: dict) -> dict:
-    observed = s["samples"] > 0
+    observed = s["observed_gpu_seconds"] > 0
+    coverage = min(1.0, s["observed_gpu_seconds"] / s["gpu_seconds"]) if s["gpu_seconds"] else None
     return {
         "gpu_hours": round(s["gpu_seconds"] / 3600, 6),
         "observed_gpu_hours": round(s["observed_gpu_seconds"] / 3600, 6),
         "idle_gpu_hours": round(s["idle_gpu_seconds"] / 3600, 6) if observed else None,
         "unobserved_gpu_hours": round(max(0.0, s["gpu_seconds"] - s["observed_gpu_seconds"]) / 3600, 6),
-        "avg_gpu_util_percent": round(s["util_sum"] / s["samples"], 3) if observed else None,
-        "coverage": round(min(1.0, s["samples"] / s["expected_samples"]), 4) if s["expected_samples"] else None,
+        "idle_percent": round(100 * s["idle_gpu_seconds"] / s["observed_gpu_seconds"], 2) if observed else None,
+        "avg_gpu_util_percent": round(s["util_sum"] / s["samples"], 3) if s["samples"] else None,
+        "coverage": None if coverage is None else round(coverage, 4),
+        "coverage_percent": None if coverage is None else round(100 * coverage, 2),
         "avg_memory_used_mib": round(s["memory_sum"] / s["memory_samples"], 1) if s["memory_samples"] else None,
         "idle_cost_usd": usd_cents(s["idle_usd"]) if observed else None,
         "util_metric": ("mixed" if len(s["metrics"]) > 1 else next(iter(s["metrics"]))) if s["metrics"] else None,
@@ -215,10 +220,12 @@ def aggregate_utilization(rollups, group_by: str) -> tuple[list[dict], dict]:
 
     Each row: key fields, ``gpu_hours`` (allocated), ``observed_gpu_hours``,
     ``idle_gpu_hours``, ``unobserved_gpu_hours`` (allocated - observed),
-    ``avg_gpu_util_percent`` (sample weighted), ``coverage`` (0-1),
+    ``idle_percent`` (idle share of the observed GPU time, percent),
+    ``avg_gpu_util_percent`` (sample weighted), ``coverage`` (observed /
+    allocated GPU time, 0-1) and ``coverage_percent`` (the same in percent),
     ``avg_memory_used_mib``, ``idle_cost_usd`` (cents), ``util_metric`` (the
-    DCGM counter read, ``mixed`` or null). Without any sample the idle
-    figures and averages are null ("no data"), never 0. Rows are ordered by
+    DCGM counter read, ``mixed`` or null). Without any observed time the idle
+    figures are null, without any sample the averages ("no data"), never 0. Rows are ordered by
     key. Raises KeyError for a ``group_by`` not in ``GROUP_KEYS``.
     """
     keys = GROUP_KEYS[group_by]

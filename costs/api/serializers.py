@@ -77,6 +77,10 @@ class CostRowSerializer(serializers.Serializer):
     idle_gpu_hours = serializers.FloatField(required=False, allow_null=True,
                                             help_text="with_utilization: GPU-hours under the idle threshold")
     unobserved_gpu_hours = serializers.FloatField(required=False, allow_null=True)
+    idle_percent = serializers.FloatField(required=False, allow_null=True,
+                                          help_text="with_utilization: idle share of the observed GPU time, percent")
+    coverage_percent = serializers.FloatField(required=False, allow_null=True,
+                                              help_text="with_utilization: observed / allocated GPU time, percent")
     idle_cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, required=False, allow_null=True)
 
 
@@ -89,6 +93,10 @@ class CostTotalSerializer(serializers.Serializer):
     observed_gpu_hours = serializers.FloatField(required=False, allow_null=True)
     idle_gpu_hours = serializers.FloatField(required=False, allow_null=True)
     unobserved_gpu_hours = serializers.FloatField(required=False, allow_null=True)
+    idle_percent = serializers.FloatField(required=False, allow_null=True,
+                                          help_text="with_utilization: idle share of the observed GPU time, percent")
+    coverage_percent = serializers.FloatField(required=False, allow_null=True,
+                                              help_text="with_utilization: observed / allocated GPU time, percent")
     idle_cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, required=False, allow_null=True)
 
 
@@ -116,11 +124,16 @@ class UtilizationRowSerializer(serializers.Serializer):
     day = serializers.DateField(required=False)
     gpu_hours = serializers.FloatField(help_text="GPUs x hours running (allocation)")
     avg_gpu_util_percent = serializers.FloatField(allow_null=True, help_text="sample-weighted mean, percent 0-100")
-    coverage = serializers.FloatField(allow_null=True, help_text="samples found / samples expected, 0-1")
+    coverage = serializers.FloatField(allow_null=True, help_text="observed / allocated GPU time, 0-1")
+    coverage_percent = serializers.FloatField(allow_null=True, help_text="observed / allocated GPU time, percent")
     avg_memory_used_mib = serializers.FloatField(allow_null=True, help_text="DCGM_FI_DEV_FB_USED mean, MiB")
-    observed_gpu_hours = serializers.FloatField(help_text="GPU-hours covered by DCGM samples (samples x scrape interval)")
+    observed_gpu_hours = serializers.FloatField(
+        help_text="GPU-hours covered by DCGM samples: each counts until the next one or the Prometheus lookback "
+                  "(COSTS_QUERY_LOOKBACK_DELTA_SECONDS), whichever comes first")
     idle_gpu_hours = serializers.FloatField(allow_null=True,
                                             help_text="observed GPU-hours under the idle threshold; null: no data")
+    idle_percent = serializers.FloatField(allow_null=True,
+                                          help_text="idle share of the observed GPU-hours, percent; null: no data")
     unobserved_gpu_hours = serializers.FloatField(help_text="allocated GPU-hours without samples, never estimated")
     idle_cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, allow_null=True,
                                              help_text="USD of the idle GPU-hours; null: no data")

@@ -96,11 +96,11 @@ def costs(api: Api, group_by: str, start: str | None, end: str | None, team: str
 
 
 def utilization_cells(row: dict) -> list:
-    """A utilization row's figures: GPU-hours, average %, coverage %, idle GPU-hours, their USD."""
-    coverage = row.get("coverage")
+    """A utilization row's figures: GPU-hours, average %, coverage % (observed of allocated time), idle GPU-hours,
+    idle % (of the observed time), their USD."""
     return [gpu_hours(row.get("gpu_hours")), percent(row.get("avg_gpu_util_percent")),
-            percent(None if coverage is None else coverage * 100, 0), gpu_hours(row.get("idle_gpu_hours")),
-            usd(row.get("idle_cost_usd"))]
+            percent(row.get("coverage_percent"), 0), gpu_hours(row.get("idle_gpu_hours")),
+            percent(row.get("idle_percent")), usd(row.get("idle_cost_usd"))]
 
 
 @api_command("utilization", "GPU utilization from Prometheus: average, coverage, idle GPU-hours")
@@ -111,7 +111,7 @@ def utilization(api: Api, group_by: str, start: str | None, end: str | None, tea
     if api.shown_as_json(report):
         return EXIT_OK
     out(f"GPU utilization by {report['group_by']}, {window(report)} (UTC); n/a: no GPU samples")
-    figures = ("GPU-HOURS", "AVG UTIL", "COVERAGE", "IDLE GPU-H", "IDLE COST")
+    figures = ("GPU-HOURS", "AVG UTIL", "COVERAGE", "IDLE GPU-H", "IDLE %", "IDLE COST")
     grouped_table(report, group_by, list(figures), utilization_cells, right=figures)
     return EXIT_OK
 

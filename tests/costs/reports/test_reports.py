@@ -60,7 +60,7 @@ def ledger(teams, owner, catalog):
     UtilizationRollup.objects.create(
         attempt=big_attempt, job=big, team=alpha, cluster=aws, accelerator=catalog["H100-80GB"], day=DAY.date(),
         gpu_seconds=16 * 3600, samples=480, expected_samples=480, util_sum=480 * 40.0, avg_gpu_util_percent=40.0,
-        idle_gpu_seconds=4 * 3600)
+        observed_gpu_seconds=16 * 3600, idle_gpu_seconds=4 * 3600)
     Quota.objects.create(team=alpha, accelerator=catalog["H100-80GB"], nominal_gpus=16, borrowing_limit_gpus=8)
     Budget.objects.create(team=alpha, amount_usd=Decimal("5000.00"), action="block")
     owner.user.email = "owner@example.com"
@@ -84,7 +84,7 @@ def test_the_report_numbers_match_the_ledger(ledger):
     assert util["idle_gpu_hours"] == 4.0 and util["idle_cost_usd"] == cents(big_usd / 4)
     assert util["missing"] is False
     # big's 16 GPU-hours have metrics, small's 6 (on a cluster without Prometheus) do not: the note says why.
-    assert (util["allocated_gpu_hours"], util["observed_gpu_hours"], util["unobserved_gpu_hours"]) == (16.0, 0.0, 16.0)
+    assert (util["allocated_gpu_hours"], util["observed_gpu_hours"], util["unobserved_gpu_hours"]) == (16.0, 16.0, 0.0)
     assert "Utilization covers 16.0 allocated GPU-hours, the ledger 22.0" in util["note"]
     # Quota: 16 H100 GPU-hours over 24 h = 0.667 GPUs on average, 4.17 % of the 16 nominal.
     h100 = next(q for q in data["quota_use"] if q["accelerator"] == "H100-80GB")
