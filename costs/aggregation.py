@@ -13,6 +13,12 @@ queryset of entries). Aggregation is pushed to the database (GROUP BY); an
 entry counts in the window that contains its ``interval_start``, the rule
 budgets use. Entries of unknown cost count their GPU-hours and no USD.
 
+Energy: the kWh the GPUs drew (DCGM's energy counter, per attempt and UTC
+day in the rollups; null where not measured, never 0) and their cost at the
+cluster's electricity price, a line of its own beside the GPU cost (an
+unknown price leaves the cost null and its kWh in ``energy_unpriced_kwh``,
+never $0).
+
 Utilization rows aggregate UtilizationRollup exactly: average utilization
 is sample weighted (``sum(util_sum) / sum(samples)``), "no data" is null,
 coverage is observed over allocated GPU time and the idle share is idle
@@ -27,13 +33,15 @@ from __future__ import annotations
 import datetime as dt
 from collections import defaultdict
 from datetime import UTC
-from decimal import Decimal
+from decimal import ROUND_HALF_EVEN, Decimal
 
 from django.db.models import DurationField, ExpressionWrapper, F, Sum
 from django.db.models.functions import TruncDate
 
-from core.money import usd_cents
+from core.money import LEDGER_QUANTUM, usd_cents
+from runners.models import Cluster
 
+from .catalog import electricity_price_at, electricity_rows
 from .models import CostEntry, DailyCostRollup, JobDailyCost
 from .spend import entries_in, exact_seconds, rollups_in, utc_midnight, window_parts
 
@@ -154,6 +162,60 @@ def add_utilization(rows: list[dict], total: dict, rollups, group_by: str) -> No
         found = by_key.get(tuple(row[k] for k in keys), {})
         row.update({c: found.get(c) for c in UTILIZATION_COLUMNS})
     total.update({c: util_total[c] if util_rows else None for c in UTILIZATION_COLUMNS})
+
+
+ENERGY_COLUMNS = ("energy_kwh", "energy_cost_usd", "energy_unpriced_kwh")
+
+
+def energy_sums(rollups, group_by: str) -> dict:
+    """Exact ``[kWh, USD, kWh without a price]`` per group key of ``group_by`` (and the total under None) of the
+    UtilizationRollup queryset ``rollups`` whose energy was measured; groups without any are absent.
+
+    A rollup's kWh are priced at the cluster's electricity price in force at
+    the start of the attempt's piece of that UTC day (``catalog.electricity_price_at``),
+    rounded half-even to 1e-9 USD; with no price in force they count as
+    unpriced. Two queries for the prices, one for the rollups.
+    """
+    keys = list(GROUP_KEYS[group_by].values())
+    found = list(rollups.filter(energy_kwh__isnull=False).values(
+        *keys, "day", "cluster_id", "energy_kwh", "attempt__started_at").order_by())
+    prices = electricity_rows(Cluster.objects.filter(pk__in={r["cluster_id"] for r in found}))
+    sums: dict = {}
+    for r in found:
+        piece_start = max(utc_midnight(r["day"]), r["attempt__started_at"])
+        price = electricity_price_at(prices[r["cluster_id"]], piece_start)
+        kwh = Decimal(repr(r["energy_kwh"]))
+        usd = None if price is None else (kwh * price).quantize(LEDGER_QUANTUM, ROUND_HALF_EVEN)
+        key = tuple(r[k].isoformat() if k == "day" else r[k] for k in keys)
+        for group in (key, None):
+            s = sums.setdefault(group, [Decimal(0), Decimal(0), Decimal(0)])
+            s[0] += kwh
+            s[1] += usd or 0
+            s[2] += kwh if usd is None else 0
+    return sums
+
+
+def _present_energy(s: list | None) -> dict:
+    if s is None:
+        return dict.fromkeys(ENERGY_COLUMNS)
+    kwh, usd, unpriced = s
+    return {"energy_kwh": round(float(kwh), 6), "energy_cost_usd": usd_cents(usd) if unpriced < kwh else None,
+            "energy_unpriced_kwh": round(float(unpriced), 6)}
+
+
+def add_energy(rows: list[dict], total: dict, rollups, group_by: str) -> None:
+    """Add ``ENERGY_COLUMNS`` to the cost ``rows`` and ``total`` of ``group_by``, in place: ``energy_kwh`` (null:
+    not measured), ``energy_cost_usd`` (cents; null when no measured kWh has a price) and ``energy_unpriced_kwh``.
+
+    ``rollups``: a UtilizationRollup queryset narrowed with ``filter_days``
+    (energy comes from day rollups, so a window that cuts a UTC day counts
+    the whole day). Never folded into ``cost_usd``.
+    """
+    sums = energy_sums(rollups, group_by)
+    keys = list(GROUP_KEYS[group_by])
+    for row in rows:
+        row.update(_present_energy(sums.get(tuple(row[k] for k in keys))))
+    total.update(_present_energy(sums.get(None)))
 
 
 def filter_days(rollups, start: dt.datetime | None, end: dt.datetime | None):

@@ -9,7 +9,9 @@ a sample counts until the next one or until the lookback runs out), idle
 GPU-seconds (those instants whose sample is under the idle threshold) and
 the unobserved rest. A gap longer than the lookback stays unobserved past
 it, and the instants of adjacent pieces never overlap, so the pieces of an
-attempt add up to the same totals wherever midnight falls.
+attempt add up to the same totals wherever midnight falls. The kWh the
+GPUs drew (dcgm-exporter's energy counter, Prometheus' ``increase``) are
+kept beside them, null where the exporter reports no energy.
 
 Series are attributed to an attempt by the cluster's label shape
 (``costs.prometheus.SHAPES``), detected from its series and kept in
@@ -203,6 +205,7 @@ def collect_attempt(attempt: JobAttempt, start: dt.datetime, end: dt.datetime, s
             observed_gpu_seconds=min(gpu_seconds, usage.observed_seconds),
             idle_gpu_seconds=None if idle is None else min(gpu_seconds, idle),
             util_metric=usage.util_metric, label_shape=shape.kind if matchers is not None else "",
+            energy_kwh=usage.energy_kwh,
         )
     # Every day of the window read before any is written, then written together: a collection stopped in between
     # (a Prometheus error, the task's time limit) writes none, and collect_ended reads the attempt again.

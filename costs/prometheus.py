@@ -1,8 +1,9 @@
-"""Reading GPU utilization, GPU memory and allocated GPU-hours from Prometheus, aggregation pushed down.
+"""Reading GPU utilization, GPU memory, GPU energy and allocated GPU-hours from Prometheus, aggregation pushed down.
 
 Sources: NVIDIA dcgm-exporter default counters (``DCGM_FI_DEV_GPU_UTIL``,
 percent; ``DCGM_FI_PROF_GR_ENGINE_ACTIVE``, ratio 0-1, preferred where present
-as OpenCost does; ``DCGM_FI_DEV_FB_USED``, MiB) and kube-state-metrics
+as OpenCost does; ``DCGM_FI_DEV_FB_USED``, MiB;
+``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION``, a counter of mJ) and kube-state-metrics
 (``kube_pod_container_resource_requests{resource="nvidia_com_gpu"}`` joined
 with ``kube_pod_status_phase{phase="Running"}``). Each query returns a few
 sums per window (``sum_over_time``, ``count_over_time``, ``sum``, subqueries);
@@ -31,6 +32,11 @@ from core.namespaces import team_namespace
 UTIL_PERCENT = "DCGM_FI_DEV_GPU_UTIL"
 GR_ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 FB_USED_MIB = "DCGM_FI_DEV_FB_USED"
+# A counter of millijoules since the driver (re)loaded: it restarts from 0 when the driver or the exporter restarts
+# (dcgm-exporter etc/default-counters.csv: "counter, Total energy consumption since boot (in mJ)"; NVML
+# nvmlDeviceGetTotalEnergyConsumption: "in millijoules (mJ) since the driver was last reloaded").
+ENERGY_MJ = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
+MJ_PER_KWH = 3.6e9  # 1 kWh = 3.6 MJ = 3.6e9 mJ
 GPU_REQUESTS = 'kube_pod_container_resource_requests{{resource="nvidia_com_gpu"{extra}}}'
 POD_RUNNING = 'kube_pod_status_phase{{phase="Running"{extra}}}'
 # Prometheus refuses a query_range (and we refuse a subquery) of more than this many points per series.
@@ -263,6 +269,9 @@ class WindowUsage:
     scrape interval); ``idle_seconds``: the part of it whose sample is under
     the idle threshold. ``observed_seconds == 0`` means no data: ``idle``
     is then None, never 0; ``samples == 0`` makes the averages None.
+    ``energy_mj``: millijoules the GPUs drew (``increase`` of
+    ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION``); None where the exporter
+    reports no energy (not measured, never 0).
     """
 
     samples: int
@@ -272,6 +281,12 @@ class WindowUsage:
     observed_seconds: float
     idle_seconds: float
     prof_samples: int = 0
+    energy_mj: float | None = None
+
+    @property
+    def energy_kwh(self) -> float | None:
+        """``energy_mj`` in kWh; None: not measured."""
+        return None if self.energy_mj is None else self.energy_mj / MJ_PER_KWH
 
     @property
     def avg_util_percent(self) -> float | None:
@@ -297,7 +312,7 @@ class WindowUsage:
 
 NO_USAGE = WindowUsage(0, 0.0, 0, 0.0, 0.0, 0.0, 0)
 USAGE_FIELDS = ("samples", "util_sum", "memory_samples", "memory_sum", "observed_seconds", "idle_seconds",
-                "prof_samples")
+                "prof_samples", "energy_mj")
 
 
 def _stat(name: str, expr: str, by: tuple[str, ...] = ()) -> str:
@@ -435,10 +450,13 @@ def usage_query(matchers: str, start: dt.datetime, end: dt.datetime, step_second
     ``left_open``); observed and idle GPU-seconds are subqueries at the
     scrape interval and instant reads at the window's edges, each with
     ``lookback_seconds`` (``_lookback_parts``; stats ``observed_seconds:<n>``
-    and ``idle_seconds:<n>``, to be added up).
+    and ``idle_seconds:<n>``, to be added up). Energy is Prometheus'
+    ``increase`` of the energy counter over the window, per GPU series: a
+    drop is a counter reset and counts from zero (never negative), and the
+    rise is extrapolated to the window's edges as ``increase`` does.
     """
     at, r = range_for(start, end, left_open)
-    gr, util, fb = (f"{m}{{{matchers}}}" for m in (GR_ENGINE_ACTIVE, UTIL_PERCENT, FB_USED_MIB))
+    gr, util, fb, energy = (f"{m}{{{matchers}}}" for m in (GR_ENGINE_ACTIVE, UTIL_PERCENT, FB_USED_MIB, ENERGY_MJ))
     wanted = fields or USAGE_FIELDS
     steps = (_lookback_parts(gr, util, start, end, step_seconds, idle_percent, lookback_seconds, left_open)
              if {"observed_seconds", "idle_seconds"} & set(wanted) else {})
@@ -448,6 +466,7 @@ def usage_query(matchers: str, start: dt.datetime, end: dt.datetime, step_second
         "prof_samples": [_stat("prof_samples", f"count_over_time({gr}[{r}])", by)],
         "memory_sum": [_stat("memory_sum", f"sum_over_time({fb}[{r}])", by)],
         "memory_samples": [_stat("memory_samples", f"count_over_time({fb}[{r}])", by)],
+        "energy_mj": [_stat("energy_mj", f"increase({energy}[{r}])", by)],
         **{name: [_stat(f"{name}:{n}", expr, by) for n, expr in enumerate(exprs)] for name, exprs in steps.items()},
     }
     return " or ".join(q for f in wanted for q in parts[f]), at
@@ -473,12 +492,14 @@ def read_usage_by(source: Source, matchers: str, start: dt.datetime, end: dt.dat
                                 fields, left_open, lookback_seconds)
         for row in client.custom_query(query, params={"time": at}):
             key = tuple(row["metric"].get(label, "") for label in by)
-            group = totals.setdefault(key, dict.fromkeys(USAGE_FIELDS, 0.0))
-            group[row["metric"]["stat"].split(":")[0]] += float(row["value"][1])
+            group = totals.setdefault(key, {})
+            stat = row["metric"]["stat"].split(":")[0]
+            group[stat] = group.get(stat, 0.0) + float(row["value"][1])
     return {
-        key: WindowUsage(samples=int(t["samples"]), util_sum=t["util_sum"], memory_samples=int(t["memory_samples"]),
-                         memory_sum=t["memory_sum"], observed_seconds=t["observed_seconds"],
-                         idle_seconds=t["idle_seconds"], prof_samples=int(t["prof_samples"]))
+        key: WindowUsage(samples=int(t.get("samples", 0)), util_sum=t.get("util_sum", 0.0),
+                         memory_samples=int(t.get("memory_samples", 0)), memory_sum=t.get("memory_sum", 0.0),
+                         observed_seconds=t.get("observed_seconds", 0.0), idle_seconds=t.get("idle_seconds", 0.0),
+                         prof_samples=int(t.get("prof_samples", 0)), energy_mj=t.get("energy_mj"))
         for key, t in totals.items()
     }
 

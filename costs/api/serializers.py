@@ -16,6 +16,11 @@ from ..models import Price
 from ..unknown import unknown_cost, unknown_cost_json
 
 GROUP_BY_CHOICES = list(GROUP_KEYS)  # team, cluster, accelerator, job, attempt, day
+ENERGY_KWH_HELP = ("kWh the GPUs drew per DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION over the UTC days touched, 6 decimals; "
+                   "null: not measured (no energy series), never 0")
+ENERGY_COST_HELP = ("USD of that energy at the cluster's electricity price, cents half-even; a line of its own, not in "
+                    "cost_usd; null: no price known for any of it (unknown, never $0)")
+ENERGY_UNPRICED_HELP = "kWh measured on clusters without an electricity price in force (their cost unknown)"
 
 
 class PriceSerializer(serializers.ModelSerializer):
@@ -82,6 +87,10 @@ class CostRowSerializer(serializers.Serializer):
     coverage_percent = serializers.FloatField(required=False, allow_null=True,
                                               help_text="with_utilization: observed / allocated GPU time, percent")
     idle_cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, required=False, allow_null=True)
+    energy_kwh = serializers.FloatField(allow_null=True, help_text=ENERGY_KWH_HELP)
+    energy_cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, allow_null=True,
+                                               help_text=ENERGY_COST_HELP)
+    energy_unpriced_kwh = serializers.FloatField(allow_null=True, help_text=ENERGY_UNPRICED_HELP)
 
 
 class CostTotalSerializer(serializers.Serializer):
@@ -98,6 +107,10 @@ class CostTotalSerializer(serializers.Serializer):
     coverage_percent = serializers.FloatField(required=False, allow_null=True,
                                               help_text="with_utilization: observed / allocated GPU time, percent")
     idle_cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, required=False, allow_null=True)
+    energy_kwh = serializers.FloatField(allow_null=True, help_text=ENERGY_KWH_HELP)
+    energy_cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, allow_null=True,
+                                               help_text=ENERGY_COST_HELP)
+    energy_unpriced_kwh = serializers.FloatField(allow_null=True, help_text=ENERGY_UNPRICED_HELP)
 
 
 @extend_schema_serializer(many=False)  # one report object, although served by the list action

@@ -81,17 +81,30 @@ def grouped_table(report: dict, group_by: str, headers: list[str], cells, right:
     table([k.replace("_", " ").upper() for k in keys] + headers, rows, right=("JOB",) + right)
 
 
-@api_command("costs", "cost from the ledger, grouped")
+def energy_cells(row: dict) -> list[str]:
+    """A costs row's energy: kWh (``n/a``: not measured, never 0) and its cost (``n/a`` when not measured,
+    ``unknown`` when no electricity price is known, ``$x + unknown`` when only part of it is priced)."""
+    kwh = row.get("energy_kwh")
+    if kwh is None:
+        return ["n/a", "n/a"]
+    cost, unpriced = row.get("energy_cost_usd"), row.get("energy_unpriced_kwh") or 0
+    shown = "unknown" if cost is None else usd(cost) + (" + unknown" if unpriced else "")
+    return [f"{float(kwh):,.2f}", shown]
+
+
+@api_command("costs", "cost from the ledger, grouped, with the GPUs' energy")
 @window_options
 def costs(api: Api, group_by: str, start: str | None, end: str | None, team: str | None) -> int:
-    """GPU-hours and USD from the cost ledger, grouped by team, cluster, accelerator, job or UTC day."""
+    """GPU-hours and USD from the cost ledger, grouped by team, cluster, accelerator, job or UTC day, and beside them
+    the GPUs' energy in kWh and its cost at the cluster's electricity price (a separate line, not in COST)."""
     report = api.client.get("costs/", window_query(group_by, start, end, team))
     if api.shown_as_json(report):
         return EXIT_OK
-    out(f"costs by {report['group_by']}, {window(report)} (UTC)")
-    grouped_table(report, group_by, ["GPU-HOURS", "COST"],
-                  lambda row: [gpu_hours(row.get("gpu_hours")), usd(row.get("cost_usd"))],
-                  right=("GPU-HOURS", "COST"))
+    out(f"costs by {report['group_by']}, {window(report)} (UTC); energy n/a: not measured")
+    figures = ("GPU-HOURS", "COST", "ENERGY KWH", "ENERGY COST")
+    grouped_table(report, group_by, list(figures),
+                  lambda row: [gpu_hours(row.get("gpu_hours")), usd(row.get("cost_usd")), *energy_cells(row)],
+                  right=figures)
     return EXIT_OK
 
 
