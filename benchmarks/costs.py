@@ -5,14 +5,16 @@ every 15 s (about 200 million samples). Two ways to the same table:
 
 * pushed down (the platform's way, ``costs.prometheus``): per UTC day the
   product's two queries, ``read_usage_by`` (``sum by (namespace)`` over
-  ``sum_over_time``/``count_over_time`` of DCGM_FI_DEV_GPU_UTIL, and the idle
-  samples: a subquery at the scrape interval keeping the points under the
-  threshold, ``costs.prometheus.idle_pieces``) and ``allocated_gpu_hours_by``
+  ``sum_over_time``/``count_over_time`` of DCGM_FI_DEV_GPU_UTIL, and the
+  observed and idle time under Prometheus' 5-minute lookback: subqueries at
+  the scrape interval, all points for the observed time, the points under
+  the threshold for the idle time, ``costs.prometheus.lookback_instants``) and ``allocated_gpu_hours_by``
   (kube-state-metrics GPU requests, ``max_over_time``, joined on (namespace,
   pod) with the samples of the Running phase, ``sum_over_time``); the days
   are queried ``--workers`` at a time;
 * raw pull: the raw samples of the same series, fetched in chunks of hours,
-  aggregated in Python.
+  aggregated in Python (each sample observed from its time until the next
+  one or the lookback, at the instants of the scrape interval).
 
 Both must give identical GPU-hours and cents, the same utilization to
 1e-9 percent, and the same observed, idle and unobserved GPU-hours (a DCGM
@@ -96,6 +98,7 @@ BLOCK_SECONDS = 7200  # the generator's unit: Prometheus's and promtool's defaul
 # 2 h x 3^3), so the month needs no compaction afterwards: 14 blocks of up to 2.25 days, chunks as Prometheus cuts them.
 SPAN_SECONDS = 54 * 3600
 IDLE_PERCENT = 5.0
+LOOKBACK = P.LOOKBACK_DELTA_SECONDS  # Prometheus' default --query.lookback-delta
 GAP_HOUR = 13  # on nodes with node % 16 == 5 the DCGM exporter misses 13:00-14:00 UTC every day
 
 
@@ -227,12 +230,13 @@ def tsdb_shape(data: Path) -> tuple[int, int]:
     return len(blocks), size
 
 
-FIELDS = ("util_sum", "samples", "idle_samples")
+FIELDS = ("util_sum", "samples", "observed_seconds", "idle_seconds")
 
 
 def pushed_down_day(source: P.Source, day: int, step: int) -> dict:
-    """``{(team, day): (gpu_hours, util_sum, samples, idle samples)}`` of one day from the product's 2 queries:
-    ``read_usage_by`` (utilization sum, samples and idle samples in one) and ``allocated_gpu_hours_by``."""
+    """``{(team, day): (gpu_hours, util_sum, samples, observed seconds, idle seconds)}`` of one day from the product's
+    2 queries: ``read_usage_by`` (utilization sum, samples, observed and idle time in one) and
+    ``allocated_gpu_hours_by``."""
     lo, hi = T0 + day * DAY, T0 + (day + 1) * DAY
     usage = P.read_usage_by(source, 'namespace=~"cp-.*"', lo, hi, ("namespace",), step_seconds=step,
                             idle_percent=IDLE_PERCENT, fields=FIELDS)
@@ -240,13 +244,14 @@ def pushed_down_day(source: P.Source, day: int, step: int) -> dict:
     table = {}
     for (ns,), gpu_hours in hours.items():
         u = usage.get((ns,))
-        table[(ns, day)] = (gpu_hours, u.util_sum if u else 0.0, u.samples if u else 0, u.idle_samples if u else 0)
+        table[(ns, day)] = (gpu_hours, *((u.util_sum, u.samples, u.observed_seconds, u.idle_seconds) if u
+                                         else (0.0, 0, 0.0, 0.0)))
     return table
 
 
 def one_query(kind: str, step: int):
     """``(source, day) -> None``: one of the table's queries alone, for its CPU per million samples:
-    ``usage`` (sums and samples), ``idle`` (idle samples), ``allocated`` (GPU-hours)."""
+    ``usage`` (sums and samples), ``idle`` (observed and idle time), ``allocated`` (GPU-hours)."""
     def run(source: P.Source, day: int) -> dict:
         lo, hi = T0 + day * DAY, T0 + (day + 1) * DAY
         if kind == "allocated":
@@ -254,7 +259,7 @@ def one_query(kind: str, step: int):
         else:
             P.read_usage_by(source, 'namespace=~"cp-.*"', lo, hi, ("namespace",), step_seconds=step,
                             idle_percent=IDLE_PERCENT,
-                            fields=("idle_samples",) if kind == "idle" else ("util_sum", "samples"))
+                            fields=("observed_seconds", "idle_seconds") if kind == "idle" else ("util_sum", "samples"))
         return {}
     return run
 
@@ -277,24 +282,47 @@ def timed(pid: int, work) -> tuple:
             round(client_cpu_seconds(children=False) - client, 2))
 
 
+def lookback_credit(util: dict, ns: str, t: int, value: float, until: float, step: int) -> None:
+    """Credit the sample ``(t, value)`` of a GPU of ``ns`` with the instants (multiples of ``step`` since the epoch,
+    each standing for ``step`` seconds) in ``[t, until)``, per UTC day of the instant: observed, and idle when
+    ``value`` is under the threshold. ``until``: the next sample or ``t`` + the lookback, whichever comes first."""
+    first = -(-t // step) * step
+    while first < until:
+        day = int((first - T0.timestamp()) // 86400)
+        day_end = T0.timestamp() + (day + 1) * 86400
+        count = -(-(min(until, day_end) - first) // step)
+        acc = util[(ns, day)]
+        acc[3] += count * step
+        acc[4] += count * step if value < IDLE_PERCENT else 0
+        first += count * step
+
+
 def raw_pull(source: P.Source, days: int, step: int, chunk_hours: int) -> dict:
     """The same table from raw samples fetched ``chunk_hours`` at a time and summed in Python (one thread:
-    decoding JSON and summing hold the GIL, so threads would not help)."""
+    decoding JSON and summing hold the GIL, so threads would not help). A series' latest sample waits for the
+    next one (which may come in the next chunk) to know how long it stands (``lookback_credit``)."""
     client = source.client()
-    util = defaultdict(lambda: [0.0, 0, 0])  # utilization sum, samples, idle samples
+    util = defaultdict(lambda: [0.0, 0, 0, 0.0, 0.0])  # utilization sum, samples, -, observed s, idle s
     gpu_seconds = defaultdict(float)
+    latest: dict[tuple, tuple] = {}  # series -> (namespace, t, value) of its latest sample
     chunk = dt.timedelta(hours=chunk_hours)
+    end = (T0 + days * DAY).timestamp()
     for day in range(days):
         for c in range(24 // chunk_hours):
             lo = T0 + day * DAY + c * chunk
             at = {"time": (lo + chunk - P.EPSILON).timestamp()}
             r = P.duration(chunk - P.EPSILON)
             for series in client.custom_query(f"DCGM_FI_DEV_GPU_UTIL[{r}]", params=at):
-                acc = util[(series["metric"]["namespace"], day)]
-                for _, value in series["values"]:
-                    acc[0] += float(value)
+                key, ns = tuple(sorted(series["metric"].items())), series["metric"]["namespace"]
+                acc = util[(ns, day)]
+                for t, value in series["values"]:
+                    value = float(value)
+                    acc[0] += value
                     acc[1] += 1
-                    acc[2] += float(value) < IDLE_PERCENT
+                    if key in latest:
+                        _, t0, v0 = latest[key]
+                        lookback_credit(util, ns, t0, v0, min(t, t0 + LOOKBACK), step)
+                    latest[key] = (ns, t, value)
             requests = {
                 (s["metric"]["namespace"], s["metric"]["pod"]): {t: float(v) for t, v in s["values"]}
                 for s in client.custom_query(f'kube_pod_container_resource_requests{{resource="nvidia_com_gpu"}}[{r}]',
@@ -306,18 +334,20 @@ def raw_pull(source: P.Source, days: int, step: int, chunk_hours: int) -> dict:
                 for t, value in series["values"]:
                     if value == "1":
                         gpu_seconds[(key[0], day)] += pod_requests.get(t, 0.0) * step
-    return {key: (seconds / 3600, util[key][0], util[key][1], util[key][2]) for key, seconds in gpu_seconds.items()}
+    for ns, t, value in latest.values():
+        lookback_credit(util, ns, t, value, min(end, t + LOOKBACK), step)
+    return {key: (seconds / 3600, *util[key][:2], *util[key][3:]) for key, seconds in gpu_seconds.items()}
 
 
 def present(table: dict, days: int, step: int) -> dict:
     """Rows as the API shows them: GPU-hours (6 decimals), cost in cents, utilization (percent, 9 decimals), and
-    observed, idle (null without samples) and unobserved GPU-hours (6 decimals)."""
+    observed, idle (null when nothing was observed) and unobserved GPU-hours (6 decimals)."""
     rows = {}
-    for (ns, day), (gpu_hours, util_sum, samples, idle) in sorted(table.items()):
+    for (ns, day), (gpu_hours, util_sum, samples, observed_s, idle_s) in sorted(table.items()):
         cost = (Decimal(repr(round(gpu_hours, 6))) * price_on(day, days)).quantize(CENT, ROUND_HALF_EVEN)
-        observed = samples * step / 3600
+        observed = observed_s / 3600
         rows[f"{ns}/{day}"] = (round(gpu_hours, 6), str(cost), round(util_sum / samples, 9) if samples else None,
-                               round(observed, 6), round(idle * step / 3600, 6) if samples else None,
+                               round(observed, 6), round(idle_s / 3600, 6) if observed_s else None,
                                round(max(0.0, gpu_hours - observed), 6))
     return rows
 

@@ -265,6 +265,10 @@ COSTS_PROMETHEUS_URL = env("COSTS_PROMETHEUS_URL", default="")
 COSTS_PROMETHEUS_TIMEOUT_SECONDS = env.float("COSTS_PROMETHEUS_TIMEOUT_SECONDS", default=30.0)
 # The dcgm-exporter / kube-state-metrics scrape interval, seconds (coverage and subquery step).
 COSTS_SCRAPE_INTERVAL_SECONDS = env.float("COSTS_SCRAPE_INTERVAL_SECONDS", default=15.0)
+# How long a DCGM sample stands for its GPU when the next one is late, seconds: Prometheus' --query.lookback-delta,
+# whose default is 5 minutes (prometheus.io/docs/prometheus/latest/querying/basics/, "Staleness"). Observed and idle
+# GPU time count a sample until the next one or until this runs out; a longer gap is unobserved past it.
+COSTS_QUERY_LOOKBACK_DELTA_SECONDS = env.float("COSTS_QUERY_LOOKBACK_DELTA_SECONDS", default=300.0)
 # Pods map to attempts by namespace (K8S_NAMESPACE_PREFIX + team slug, the runner's) and pod name prefix.
 COSTS_IDLE_UTIL_PERCENT = env.float("COSTS_IDLE_UTIL_PERCENT", default=5.0)
 # A running job's page and API re-read its utilization from Prometheus when the stored figures are older, seconds.

@@ -5,6 +5,7 @@ from .models import (
     ClusterMetrics,
     CostEntry,
     DailyCostRollup,
+    ElectricityPrice,
     LedgerDiscrepancy,
     Price,
     Report,
@@ -18,6 +19,12 @@ class PriceAdmin(admin.ModelAdmin):
     list_display = ["provider", "region", "accelerator", "capacity_type", "cluster", "usd_per_gpu_hour", "usd_per_vcpu_hour",
                     "usd_per_gib_hour", "effective_from"]
     list_filter = ["provider", "accelerator", "capacity_type"]
+
+
+@admin.register(ElectricityPrice)
+class ElectricityPriceAdmin(admin.ModelAdmin):
+    list_display = ["provider", "region", "cluster", "usd_per_kwh", "effective_from", "source"]
+    list_filter = ["provider"]
 
 
 @admin.register(CostEntry)

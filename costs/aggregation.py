@@ -16,9 +16,17 @@ GPU-hours and no USD; every figure carries them beside its USD
 (``unpriced_gpu_hours``, ``unpriced_vcpu_hours``, read from the ledger's
 unpriced rows), and a figure none of which is priced is null, never 0.
 
+Energy: the kWh the GPUs drew (DCGM's energy counter, per attempt and UTC
+day in the rollups; null where not measured, never 0) and their cost at the
+cluster's electricity price, a line of its own beside the GPU cost (an
+unknown price leaves the cost null and its kWh in ``energy_unpriced_kwh``,
+never $0).
+
 Utilization rows aggregate UtilizationRollup exactly: average utilization
 is sample weighted (``sum(util_sum) / sum(samples)``), "no data" is null,
-coverage is ``samples / expected samples``. Rollups are per UTC day, so a
+coverage is observed over allocated GPU time and the idle share is idle
+over observed GPU time (observed time follows Prometheus' lookback:
+``costs.prometheus.WindowUsage``). Rollups are per UTC day, so a
 window ``[start, end)`` selects whole days: those whose midnight-to-midnight
 span starts in ``[floor(start), end)`` (``filter_days``).
 """
@@ -28,13 +36,15 @@ from __future__ import annotations
 import datetime as dt
 from collections import defaultdict
 from datetime import UTC
-from decimal import Decimal
+from decimal import ROUND_HALF_EVEN, Decimal
 
 from django.db.models import DurationField, ExpressionWrapper, F, Sum
 from django.db.models.functions import TruncDate
 
-from core.money import rounding_difference, shown_usd
+from core.money import LEDGER_QUANTUM, rounding_difference, shown_usd, usd_cents
+from runners.models import Cluster
 
+from .catalog import electricity_price_at, electricity_rows
 from .models import CostEntry, DailyCostRollup, JobDailyCost
 from .spend import entries_in, exact_seconds, rollups_in, utc_midnight, window_parts
 
@@ -54,7 +64,8 @@ UTC_DAY = TruncDate("interval_start", tzinfo=UTC)
 HELD_TIME = ExpressionWrapper(F("interval_end") - F("interval_start"), output_field=DurationField())
 # The columns ``add_utilization`` puts on cost rows.
 UTILIZATION_COLUMNS = ("avg_gpu_util_percent", "observed_gpu_hours", "idle_gpu_hours", "unobserved_gpu_hours",
-                       "idle_cost_usd", "idle_unpriced_gpu_hours", "idle_unpriced_vcpu_hours")
+                       "idle_percent", "coverage_percent", "idle_cost_usd", "idle_unpriced_gpu_hours",
+                       "idle_unpriced_vcpu_hours")
 
 
 def _zero() -> list:
@@ -201,6 +212,60 @@ def add_utilization(rows: list[dict], total: dict, rollups, group_by: str) -> No
     total.update({c: util_total[c] if util_rows else None for c in UTILIZATION_COLUMNS})
 
 
+ENERGY_COLUMNS = ("energy_kwh", "energy_cost_usd", "energy_unpriced_kwh")
+
+
+def energy_sums(rollups, group_by: str) -> dict:
+    """Exact ``[kWh, USD, kWh without a price]`` per group key of ``group_by`` (and the total under None) of the
+    UtilizationRollup queryset ``rollups`` whose energy was measured; groups without any are absent.
+
+    A rollup's kWh are priced at the cluster's electricity price in force at
+    the start of the attempt's piece of that UTC day (``catalog.electricity_price_at``),
+    rounded half-even to 1e-9 USD; with no price in force they count as
+    unpriced. Two queries for the prices, one for the rollups.
+    """
+    keys = list(GROUP_KEYS[group_by].values())
+    found = list(rollups.filter(energy_kwh__isnull=False).values(
+        *keys, "day", "cluster_id", "energy_kwh", "attempt__started_at").order_by())
+    prices = electricity_rows(Cluster.objects.filter(pk__in={r["cluster_id"] for r in found}))
+    sums: dict = {}
+    for r in found:
+        piece_start = max(utc_midnight(r["day"]), r["attempt__started_at"])
+        price = electricity_price_at(prices[r["cluster_id"]], piece_start)
+        kwh = Decimal(repr(r["energy_kwh"]))
+        usd = None if price is None else (kwh * price).quantize(LEDGER_QUANTUM, ROUND_HALF_EVEN)
+        key = tuple(r[k].isoformat() if k == "day" else r[k] for k in keys)
+        for group in (key, None):
+            s = sums.setdefault(group, [Decimal(0), Decimal(0), Decimal(0)])
+            s[0] += kwh
+            s[1] += usd or 0
+            s[2] += kwh if usd is None else 0
+    return sums
+
+
+def _present_energy(s: list | None) -> dict:
+    if s is None:
+        return dict.fromkeys(ENERGY_COLUMNS)
+    kwh, usd, unpriced = s
+    return {"energy_kwh": round(float(kwh), 6), "energy_cost_usd": usd_cents(usd) if unpriced < kwh else None,
+            "energy_unpriced_kwh": round(float(unpriced), 6)}
+
+
+def add_energy(rows: list[dict], total: dict, rollups, group_by: str) -> None:
+    """Add ``ENERGY_COLUMNS`` to the cost ``rows`` and ``total`` of ``group_by``, in place: ``energy_kwh`` (null:
+    not measured), ``energy_cost_usd`` (cents; null when no measured kWh has a price) and ``energy_unpriced_kwh``.
+
+    ``rollups``: a UtilizationRollup queryset narrowed with ``filter_days``
+    (energy comes from day rollups, so a window that cuts a UTC day counts
+    the whole day). Never folded into ``cost_usd``.
+    """
+    sums = energy_sums(rollups, group_by)
+    keys = list(GROUP_KEYS[group_by])
+    for row in rows:
+        row.update(_present_energy(sums.get(tuple(row[k] for k in keys))))
+    total.update(_present_energy(sums.get(None)))
+
+
 def filter_days(rollups, start: dt.datetime | None, end: dt.datetime | None):
     """Rollups (a UtilizationRollup queryset) of the UTC days that start in ``[floor(start), end)``.
 
@@ -244,14 +309,17 @@ SUMMED = ("gpu_seconds", "observed_gpu_seconds", "samples", "expected_samples", 
 
 
 def _present(s: dict) -> dict:
-    observed = s["samples"] > 0
+    observed = s["observed_gpu_seconds"] > 0
+    coverage = min(1.0, s["observed_gpu_seconds"] / s["gpu_seconds"]) if s["gpu_seconds"] else None
     return {
         "gpu_hours": round(s["gpu_seconds"] / 3600, 6),
         "observed_gpu_hours": round(s["observed_gpu_seconds"] / 3600, 6),
         "idle_gpu_hours": round(s["idle_gpu_seconds"] / 3600, 6) if observed else None,
         "unobserved_gpu_hours": round(max(0.0, s["gpu_seconds"] - s["observed_gpu_seconds"]) / 3600, 6),
-        "avg_gpu_util_percent": round(s["util_sum"] / s["samples"], 3) if observed else None,
-        "coverage": round(min(1.0, s["samples"] / s["expected_samples"]), 4) if s["expected_samples"] else None,
+        "idle_percent": round(100 * s["idle_gpu_seconds"] / s["observed_gpu_seconds"], 2) if observed else None,
+        "avg_gpu_util_percent": round(s["util_sum"] / s["samples"], 3) if s["samples"] else None,
+        "coverage": None if coverage is None else round(coverage, 4),
+        "coverage_percent": None if coverage is None else round(100 * coverage, 2),
         "avg_memory_used_mib": round(s["memory_sum"] / s["memory_samples"], 1) if s["memory_samples"] else None,
         **(money(s["idle_usd"], s["idle_unpriced_gpu_seconds"], Decimal(0), "idle_cost_usd", "idle_") if observed
            else {"idle_cost_usd": None, "idle_unpriced_gpu_hours": None, "idle_unpriced_vcpu_hours": None}),
@@ -264,12 +332,14 @@ def aggregate_utilization(rollups, group_by: str) -> tuple[list[dict], dict]:
 
     Each row: key fields, ``gpu_hours`` (allocated), ``observed_gpu_hours``,
     ``idle_gpu_hours``, ``unobserved_gpu_hours`` (allocated - observed),
-    ``avg_gpu_util_percent`` (sample weighted), ``coverage`` (0-1),
+    ``idle_percent`` (idle share of the observed GPU time, percent),
+    ``avg_gpu_util_percent`` (sample weighted), ``coverage`` (observed /
+    allocated GPU time, 0-1) and ``coverage_percent`` (the same in percent),
     ``avg_memory_used_mib``, ``idle_cost_usd`` (cents; null when none of it
     is priced) with ``idle_unpriced_gpu_hours``/``idle_unpriced_vcpu_hours``
     (idle GPU-hours accrued without a price), ``util_metric`` (the
-    DCGM counter read, ``mixed`` or null). Without any sample the idle
-    figures and averages are null ("no data"), never 0. Rows are ordered by
+    DCGM counter read, ``mixed`` or null). Without any observed time the idle
+    figures are null, without any sample the averages ("no data"), never 0. Rows are ordered by
     key. Raises KeyError for a ``group_by`` not in ``GROUP_KEYS``.
     """
     keys = GROUP_KEYS[group_by]

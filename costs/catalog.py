@@ -1,5 +1,5 @@
 """Price lookup: the USD per GPU-hour (and, on CPU node pools, per vCPU-hour and GiB-hour) in force for a node pool
-at an instant or over an interval.
+at an instant or over an interval, and the USD per kWh of electricity in force for a cluster.
 
 A per-cluster override beats the catalog row for the cluster's provider and
 region; among rows of one kind, the latest ``effective_from`` not after the
@@ -11,7 +11,7 @@ from decimal import Decimal
 from itertools import pairwise
 from typing import NamedTuple
 
-from .models import Price
+from .models import ElectricityPrice, Price
 
 
 class NoPrice(LookupError):
@@ -103,3 +103,21 @@ def price_segments(node_pool, start: dt.datetime, end: dt.datetime) -> list[tupl
         else:
             segments.append((seg_start, seg_end, price))
     return segments
+
+
+def electricity_rows(clusters) -> dict[int, list[ElectricityPrice]]:
+    """The ElectricityPrice rows that apply to each of ``clusters`` (cluster id -> rows; every cluster has a list):
+    its own overrides and the rows of its provider and region. Two queries."""
+    clusters = list(clusters)
+    rows = list(ElectricityPrice.objects.filter(cluster__isnull=True, provider__in={c.provider for c in clusters})) \
+        + list(ElectricityPrice.objects.filter(cluster__in=clusters))
+    return {c.pk: [r for r in rows if r.cluster_id == c.pk
+                   or r.cluster_id is None and (r.provider, r.region) == (c.provider, c.region)] for c in clusters}
+
+
+def electricity_price_at(rows: list[ElectricityPrice], at: dt.datetime) -> Decimal | None:
+    """USD per kWh in force at ``at`` among one cluster's ``rows`` (``electricity_rows``): the latest override of
+    the cluster, else the latest row of its provider and region, not after ``at``; None: unknown (never 0)."""
+    in_force = [r for r in rows if r.effective_from <= at]
+    pool = [r for r in in_force if r.cluster_id is not None] or in_force
+    return max(pool, key=lambda r: r.effective_from).usd_per_kwh if pool else None

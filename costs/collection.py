@@ -2,11 +2,16 @@
 
 Each attempt is read only within its running interval ``[started_at,
 ended_at or now)``, cut at UTC midnight; one pushed-down query per piece.
-What a piece holds is counted in samples, never scaled: allocated
-GPU-seconds (GPUs x seconds running), observed GPU-seconds (samples x scrape
-interval), idle GPU-seconds (samples under the idle threshold x scrape
-interval) and the unobserved rest. A gap in the scrapes stays unobserved, so
-the pieces of an attempt add up to the same totals wherever midnight falls.
+What a piece holds is counted, never scaled: allocated GPU-seconds (GPUs x
+seconds running), observed GPU-seconds (the instants, one per scrape
+interval, at which a GPU's latest sample is within Prometheus' lookback:
+a sample counts until the next one or until the lookback runs out), idle
+GPU-seconds (those instants whose sample is under the idle threshold) and
+the unobserved rest. A gap longer than the lookback stays unobserved past
+it, and the instants of adjacent pieces never overlap, so the pieces of an
+attempt add up to the same totals wherever midnight falls. The kWh the
+GPUs drew (dcgm-exporter's energy counter, Prometheus' ``increase``) are
+kept beside them, null where the exporter reports no energy.
 
 Series are attributed to an attempt by the cluster's label shape
 (``costs.prometheus.SHAPES``), detected from its series and kept in
@@ -190,16 +195,17 @@ def collect_attempt(attempt: JobAttempt, start: dt.datetime, end: dt.datetime, s
         usage = prometheus.NO_USAGE if matchers is None else prometheus.read_usage(source, matchers, lo, hi,
                                                                                     client=client)
         gpu_seconds = attempt.gpus * (hi - lo).total_seconds()
-        idle = usage.idle_seconds(step)
+        idle = usage.idle
         rows[day] = dict(
             job_id=attempt.job_id, team_id=attempt.job.team_id, cluster_id=attempt.cluster_id,
             accelerator_id=attempt.node_pool.accelerator_id, gpu_seconds=gpu_seconds,
             samples=usage.samples, expected_samples=gpu_seconds / step, util_sum=usage.util_sum,
             avg_gpu_util_percent=usage.avg_util_percent, memory_samples=usage.memory_samples,
             avg_memory_used_mib=usage.avg_memory_mib,
-            observed_gpu_seconds=min(gpu_seconds, usage.observed_seconds(step)),
+            observed_gpu_seconds=min(gpu_seconds, usage.observed_seconds),
             idle_gpu_seconds=None if idle is None else min(gpu_seconds, idle),
             util_metric=usage.util_metric, label_shape=shape.kind if matchers is not None else "",
+            energy_kwh=usage.energy_kwh,
         )
     # Every day of the window read before any is written, then written together: a collection stopped in between
     # (a Prometheus error, the task's time limit) writes none, and collect_ended reads the attempt again.

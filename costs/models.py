@@ -36,6 +36,34 @@ class Price(models.Model):
         return f"{scope} {self.accelerator} {self.capacity_type} ${self.usd_per_gpu_hour}/GPU-h from {self.effective_from:%Y-%m-%d}"
 
 
+class ElectricityPrice(models.Model):
+    """What a kWh of electricity costs a cluster, in USD, in force from ``effective_from`` until the next row.
+
+    Keyed by provider and region; a row with a ``cluster`` overrides them
+    for that cluster only (an on-premises cluster's own tariff). The GPUs'
+    energy (DCGM) times this price is a separate cost line, never folded into
+    the GPU cost: on a cloud the instance price already pays the power. A
+    cluster without a row has an unknown energy cost, never $0. ``source``
+    names where the figure comes from (a tariff, a utility bill).
+    """
+
+    provider = models.CharField(max_length=16, blank=True)
+    region = models.CharField(max_length=64, blank=True)
+    cluster = models.ForeignKey("runners.Cluster", on_delete=models.CASCADE, null=True, blank=True,
+                                related_name="electricity_prices")
+    usd_per_kwh = models.DecimalField(max_digits=12, decimal_places=6, help_text="USD per kWh")
+    effective_from = models.DateTimeField()
+    source = models.CharField(max_length=200, help_text="where the figure comes from")
+
+    class Meta:
+        ordering = ["provider", "region", "cluster_id", "-effective_from"]
+        constraints = [models.CheckConstraint(condition=models.Q(usd_per_kwh__gte=0), name="electricityprice_not_negative")]
+
+    def __str__(self) -> str:
+        scope = self.cluster.name if self.cluster_id else f"{self.provider}/{self.region}"
+        return f"{scope} ${self.usd_per_kwh}/kWh from {self.effective_from:%Y-%m-%d}"
+
+
 class CostEntry(models.Model):
     """One line of the ledger: an attempt's GPUs held over ``[interval_start, interval_end)`` at one price.
 
@@ -205,7 +233,10 @@ class UtilizationRollup(models.Model):
     estimated. Every quantity is a count of samples inside the day, so days
     add up to the attempt whatever the hour of midnight.
     ``util_metric`` names the counter read, ``label_shape`` how series were
-    attributed (``costs.prometheus.SHAPES``).
+    attributed (``costs.prometheus.SHAPES``). ``energy_kwh``: what the GPUs
+    drew on that day per the exporter's energy counter (Prometheus'
+    ``increase``, resets counted from zero); null where the exporter reports
+    no energy (not measured, never 0).
     """
 
     attempt = models.ForeignKey("jobs.JobAttempt", on_delete=models.CASCADE, related_name="utilization_rollups")
@@ -224,6 +255,8 @@ class UtilizationRollup(models.Model):
     idle_gpu_seconds = models.FloatField(null=True, blank=True)
     observed_gpu_seconds = models.FloatField(default=0.0, help_text="GPU-seconds covered by DCGM samples")
     util_metric = models.CharField(max_length=64, blank=True, help_text="DCGM counter read; blank: no data")
+    energy_kwh = models.FloatField(null=True, blank=True,
+                                   help_text="kWh the GPUs drew (DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION); null: not measured")
     label_shape = models.CharField(max_length=16, blank=True, help_text="how series were attributed to the attempt")
     collected_at = models.DateTimeField(auto_now=True)
 

@@ -1,8 +1,9 @@
-"""Reading GPU utilization, GPU memory and allocated GPU-hours from Prometheus, aggregation pushed down.
+"""Reading GPU utilization, GPU memory, GPU energy and allocated GPU-hours from Prometheus, aggregation pushed down.
 
 Sources: NVIDIA dcgm-exporter default counters (``DCGM_FI_DEV_GPU_UTIL``,
 percent; ``DCGM_FI_PROF_GR_ENGINE_ACTIVE``, ratio 0-1, preferred where present
-as OpenCost does; ``DCGM_FI_DEV_FB_USED``, MiB) and kube-state-metrics
+as OpenCost does; ``DCGM_FI_DEV_FB_USED``, MiB;
+``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION``, a counter of mJ) and kube-state-metrics
 (``kube_pod_container_resource_requests{resource="nvidia_com_gpu"}`` joined
 with ``kube_pod_status_phase`` and ``kube_pod_info``). Each query returns a few
 sums per window (``sum_over_time``, ``count_over_time``, ``sum``, subqueries);
@@ -31,6 +32,11 @@ from core.namespaces import team_namespace
 UTIL_PERCENT = "DCGM_FI_DEV_GPU_UTIL"
 GR_ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 FB_USED_MIB = "DCGM_FI_DEV_FB_USED"
+# A counter of millijoules since the driver (re)loaded: it restarts from 0 when the driver or the exporter restarts
+# (dcgm-exporter etc/default-counters.csv: "counter, Total energy consumption since boot (in mJ)"; NVML
+# nvmlDeviceGetTotalEnergyConsumption: "in millijoules (mJ) since the driver was last reloaded").
+ENERGY_MJ = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
+MJ_PER_KWH = 3.6e9  # 1 kWh = 3.6 MJ = 3.6e9 mJ
 GPU_REQUESTS = 'kube_pod_container_resource_requests{{resource="nvidia_com_gpu"{extra}}}'
 # A pod that has not finished: Pending (pulling its image, running init containers, or not bound yet) or Running.
 POD_UNFINISHED = 'kube_pod_status_phase{{phase=~"Pending|Running"{extra}}}'
@@ -38,6 +44,9 @@ POD_UNFINISHED = 'kube_pod_status_phase{{phase=~"Pending|Running"{extra}}}'
 POD_UNBOUND = 'kube_pod_info{{node=""{extra}}}'
 # Prometheus refuses a query_range (and we refuse a subquery) of more than this many points per series.
 MAX_POINTS = 11_000
+# Prometheus' default --query.lookback-delta, seconds: an instant selector sees a sample at most this old
+# (prometheus.io/docs/prometheus/latest/querying/basics/, "Staleness"); COSTS_QUERY_LOOKBACK_DELTA_SECONDS sets ours.
+LOOKBACK_DELTA_SECONDS = 300.0
 # Range selectors are closed at both ends in Prometheus 2.x and left-open in 3.x: evaluating 1 ms before a
 # window's end and reaching back to its start (``range_for``) reads exactly [start, end) at millisecond resolution.
 EPSILON = dt.timedelta(milliseconds=1)
@@ -253,19 +262,34 @@ def range_for(start: dt.datetime, end: dt.datetime, left_open: bool) -> tuple[fl
 class WindowUsage:
     """Sums over one window of one attempt's (or one group's) GPU series. Utilization in percent; memory in MiB.
 
-    ``samples``: utilization samples found (one per GPU per scrape);
-    ``idle_samples``: those under the idle threshold; ``prof_samples``: those
-    read from ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (the rest are
-    ``DCGM_FI_DEV_GPU_UTIL``). ``samples == 0`` means no data: averages and
-    idle time are then None, never 0.
+    ``samples``: utilization samples found (one per GPU per scrape), whose
+    mean is the average utilization; ``prof_samples``: those read from
+    ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (the rest are ``DCGM_FI_DEV_GPU_UTIL``).
+    ``observed_seconds``: GPU-seconds at which the GPU's latest sample is at
+    most the lookback delta old, so that an instant query sees it: a sample
+    counts until the next one or until the lookback runs out, whichever
+    comes first, measured at the instants of ``lookback_instants`` (one per
+    scrape interval); ``idle_seconds``: the part of it whose sample is under
+    the idle threshold. ``observed_seconds == 0`` means no data: ``idle``
+    is then None, never 0; ``samples == 0`` makes the averages None.
+    ``energy_mj``: millijoules the GPUs drew (``increase`` of
+    ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION``); None where the exporter
+    reports no energy (not measured, never 0).
     """
 
     samples: int
     util_sum: float
     memory_samples: int
     memory_sum: float
-    idle_samples: int
+    observed_seconds: float
+    idle_seconds: float
     prof_samples: int = 0
+    energy_mj: float | None = None
+
+    @property
+    def energy_kwh(self) -> float | None:
+        """``energy_mj`` in kWh; None: not measured."""
+        return None if self.energy_mj is None else self.energy_mj / MJ_PER_KWH
 
     @property
     def avg_util_percent(self) -> float | None:
@@ -283,18 +307,15 @@ class WindowUsage:
         return GR_ENGINE_ACTIVE if self.prof_samples == self.samples else UTIL_PERCENT if not self.prof_samples \
             else "mixed"
 
-    def observed_seconds(self, step_seconds: float) -> float:
-        """GPU-seconds covered by samples: each sample stands for one scrape interval of one GPU, nothing more
-        (a gap is never filled from the samples around it)."""
-        return self.samples * step_seconds
-
-    def idle_seconds(self, step_seconds: float) -> float | None:
-        """GPU-seconds covered by samples under the idle threshold; None without samples."""
-        return self.idle_samples * step_seconds if self.samples else None
+    @property
+    def idle(self) -> float | None:
+        """Idle GPU-seconds; None when nothing was observed (no data, never 0)."""
+        return self.idle_seconds if self.observed_seconds else None
 
 
-NO_USAGE = WindowUsage(0, 0.0, 0, 0.0, 0, 0)
-USAGE_FIELDS = ("samples", "util_sum", "memory_samples", "memory_sum", "idle_samples", "prof_samples")
+NO_USAGE = WindowUsage(0, 0.0, 0, 0.0, 0.0, 0.0, 0)
+USAGE_FIELDS = ("samples", "util_sum", "memory_samples", "memory_sum", "observed_seconds", "idle_seconds",
+                "prof_samples", "energy_mj")
 
 
 def _stat(name: str, expr: str, by: tuple[str, ...] = ()) -> str:
@@ -310,80 +331,118 @@ def _at_ms(ms: int) -> dt.datetime:
     return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)
 
 
-# Points per idle subquery: Prometheus (2.x) holds a subquery's inner result whole, series x points, before
-# counting it; at 8,192 GPU series a day at 15 s is 47 M points (1.1 GB, close to --query.max-samples' 50 M) and
-# costs 2.6x the CPU of the same day cut in 4 (measured on 2.42; 12 or 48 pieces cost more again).
-IDLE_SUBQUERY_POINTS = 1440
+# Points per subquery: Prometheus (2.x) holds a subquery's inner result whole, series x points, before counting it;
+# at 8,192 GPU series a day at 15 s is 47 M points (1.1 GB, close to --query.max-samples' 50 M) and costs 2.6x the
+# CPU of the same day cut in 4 (measured on 2.42; 12 or 48 pieces cost more again).
+SUBQUERY_POINTS = 1440
 
 
-def idle_pieces(start: dt.datetime, end: dt.datetime, step_seconds: float, left_open: bool,
-                max_points: int = IDLE_SUBQUERY_POINTS) -> list[tuple]:
-    """How the idle samples of ``[start, end)`` are counted without reading raw samples, each scrape once.
+def lookback_pieces(start: dt.datetime, end: dt.datetime, step_seconds: float, left_open: bool,
+                    max_points: int = SUBQUERY_POINTS) -> list[tuple[dt.datetime, dt.datetime, int]]:
+    """The evaluation instants of ``[start, end)`` as subqueries: ``[(first, last, outer_ms)]``.
 
-    Returns ``[("edge", lo, hi)]`` for pieces shorter than one step (at most
-    one scrape per series: its value is ``last_over_time``) and
-    ``("steps", first, last, inner_range, outer_range)`` pieces: subqueries
-    whose points ``first..last`` (multiples of the step, at most
-    ``max_points`` of them, adjacent pieces continuing one another) each
-    read the latest sample of the step before them (``last_over_time`` over
-    exactly one step, so a gap never borrows a sample from the 5-minute
-    lookback). The pieces tile ``[start, end)`` at millisecond resolution.
-    Assumes scrapes at least one step apart (the step is the scrape interval).
+    The instants are the multiples of the step (``step_seconds``, the scrape
+    interval; milliseconds since the Unix epoch, where Prometheus aligns a
+    subquery's steps) in ``[start, end)``, cut into runs of at most
+    ``max_points``: the subquery ``[outer_ms ms:step] @ last`` evaluates
+    exactly ``first, first + step, ..., last`` under closed (2.x) and
+    left-open (3.x) range selectors alike. Adjacent windows share no instant
+    and leave none out, so their counts add up. Empty when the window holds
+    no multiple of the step.
     """
     s, e, step = _ms(start), _ms(end), round(step_seconds * 1000)
-    first_multiple = -(-s // step) * step  # A: the first multiple of the step at or after start
-    last_multiple = (e - 1) // step * step  # B: the last multiple of the step before end
-    if last_multiple < first_multiple:
-        return [("edge", start, end)]
-    pieces = [("edge", start, _at_ms(first_multiple + 1))]
-    inner = step if left_open else step - 1
-    first_point = first_multiple + step
-    while first_point <= last_multiple:
-        last_point = min(last_multiple, first_point + (max_points - 1) * step)
-        # The subquery [outer:step] @ last_point holds the points first_point..last_point.
-        outer = last_point - first_point + step if left_open else last_point - first_point
-        pieces.append(("steps", _at_ms(first_point), _at_ms(last_point), inner, outer))
-        first_point = last_point + step
-    if last_multiple + 1 < e:
-        pieces.append(("edge", _at_ms(last_multiple + 1), end))
+    first = -(-s // step) * step  # the first multiple of the step at or after start
+    last_multiple = (e - 1) // step * step  # the last one before end
+    pieces = []
+    while first <= last_multiple:
+        last = min(last_multiple, first + (max_points - 1) * step)
+        outer = last - first + step if left_open else last - first
+        pieces.append((_at_ms(first), _at_ms(last), max(1, outer)))
+        first = last + step
     return pieces
 
 
-def _idle_parts(gr: str, util: str, start: dt.datetime, end: dt.datetime, step_seconds: float, idle_percent: float,
-                left_open: bool) -> list[str]:
-    """PromQL expressions (per GPU series, to be summed) of idle samples, one per piece of ``idle_pieces``.
+def lookback_instants(start: dt.datetime, end: dt.datetime, step_seconds: float, left_open: bool,
+                     max_points: int = SUBQUERY_POINTS) -> tuple[list[tuple[dt.datetime, dt.datetime, int]],
+                                                                 list[tuple[dt.datetime, float]]]:
+    """Where ``[start, end)`` is evaluated and for how long each evaluation stands: ``(pieces, edges)``.
 
-    The subquery of the steps piece keeps only the idle points (a filter,
-    ``< threshold``) and counts them (``count_over_time``): Prometheus then
-    stores and hashes a point per idle sample, where ``< bool`` made one per
-    sample, idle or not (about 3.5x the CPU per sample on 2.42). A GPU
-    series without an idle point drops out of the counts, so the preferred
-    counter's presence is tested apart: ``unless`` any profiling sample in
-    the piece's span, the ``GPU_UTIL`` count stands; else the
-    ``GR_ENGINE_ACTIVE`` count (or nothing: 0 idle). That plain range read
-    costs one pass over the profiling samples only, nothing without them.
+    Each multiple ``p`` of the step in the window stands for ``[p, p + step)``
+    and the window's start, when it is not a multiple, for the time up to the
+    first one: a left Riemann sum of "is a sample within the lookback" with
+    the scrape interval as its resolution. ``pieces`` (``lookback_pieces``)
+    hold the instants that stand for a whole step; ``edges``
+    ``[(instant, seconds)]`` the start and the last multiple when the window
+    cuts their step short. Together they stand for exactly ``end - start``,
+    and windows cut at multiples of the step (UTC midnights, for steps that
+    divide a day) add up to the window they were cut from.
+    """
+    s, e, step = _ms(start), _ms(end), round(step_seconds * 1000)
+    first = -(-s // step) * step
+    last = (e - 1) // step * step
+    edges = []
+    if s < first:
+        edges.append((start, (min(first, e) - s) / 1000))
+    whole_until = end
+    if first <= last and last + step > e:
+        edges.append((_at_ms(last), (e - last) / 1000))
+        whole_until = _at_ms(last)
+    return lookback_pieces(start, whole_until, step_seconds, left_open, max_points), edges
+
+
+def lookback_range_ms(lookback_seconds: float, left_open: bool) -> int:
+    """The range (ms) of ``last_over_time`` that reads ``(t - lookback, t]`` at an instant ``t``: what an instant
+    selector sees under Prometheus' ``--query.lookback-delta`` (left-open in 3.x, closed in 2.x)."""
+    lookback = round(lookback_seconds * 1000)
+    return lookback if left_open else lookback - 1
+
+
+def _lookback_parts(gr: str, util: str, start: dt.datetime, end: dt.datetime, step_seconds: float,
+                    idle_percent: float, lookback_seconds: float, left_open: bool) -> dict[str, list[str]]:
+    """PromQL expressions (per GPU series, in GPU-seconds, to be summed) of observed and idle time, one per piece
+    and edge of ``lookback_instants``: ``{"observed_seconds": [...], "idle_seconds": [...]}``.
+
+    At each instant the latest sample no older than the lookback
+    (``last_over_time`` over ``lookback_range_ms``) is the GPU's value, as an
+    instant query sees it. Observed instants are all of them
+    (``count_over_time`` of the subquery); the idle subquery keeps only the
+    points under the threshold (a filter: Prometheus then stores a point per
+    idle instant only). The preferred counter of a GPU is
+    ``GR_ENGINE_ACTIVE`` where it has a sample read by the window, else
+    ``GPU_UTIL`` (``unless`` that plain range read, which costs one pass over
+    the profiling samples, nothing without them).
     """
     step = duration(dt.timedelta(seconds=step_seconds))
+    inner = f"{lookback_range_ms(lookback_seconds, left_open)}ms"
     threshold = f"{idle_percent:g}"
-    parts = []
-    for piece in idle_pieces(start, end, step_seconds, left_open):
-        if piece[0] == "edge":
-            at, r = range_for(piece[1], piece[2], left_open)
-            parts.append(f"(last_over_time({gr}[{r}] @ {at!r}) * 100 < bool {threshold}"
-                         f" or last_over_time({util}[{r}] @ {at!r}) < bool {threshold})")
-        else:
-            _, first, last, inner, outer = piece
-            sub = f"[{max(1, outer)}ms:{step}] @ {last.timestamp()!r}"
-            # The points first..last read [first - step + 1 ms, last] together: that span, as a plain range.
-            span_at, span = range_for(first - dt.timedelta(seconds=step_seconds) + EPSILON, last + EPSILON, left_open)
-            parts.append(f"(count_over_time((last_over_time({gr}[{inner}ms]) * 100 < {threshold}){sub})"
-                         f" or (count_over_time((last_over_time({util}[{inner}ms]) < {threshold}){sub})"
-                         f" unless last_over_time({gr}[{span}] @ {span_at!r})))")
+    span_at, span = range_for(start - dt.timedelta(seconds=lookback_seconds) + EPSILON, end, left_open)
+    not_gr = f"unless last_over_time({gr}[{span}] @ {span_at!r})"
+
+    def preferred(template: str) -> str:
+        """``template`` (``{x}``: the counter's selector, ``{percent}``: its scale to percent) for the profiling
+        counter, else for ``GPU_UTIL``."""
+        return (f"({template.format(x=gr, percent=' * 100')}"
+                f" or ({template.format(x=util, percent='')} {not_gr}))")
+
+    parts: dict[str, list[str]] = {"observed_seconds": [], "idle_seconds": []}
+    pieces, edges = lookback_instants(start, end, step_seconds, left_open)
+    for _, last, outer in pieces:
+        sub = f"[{outer}ms:{step}] @ {last.timestamp()!r}"
+        parts["observed_seconds"].append(preferred(
+            f"count_over_time(last_over_time({{x}}[{inner}]){sub}) * {step_seconds!r}"))
+        parts["idle_seconds"].append(preferred(
+            f"count_over_time((last_over_time({{x}}[{inner}]){{percent}} < {threshold}){sub}) * {step_seconds!r}"))
+    for at, seconds in edges:
+        read = f"[{inner}] @ {at.timestamp()!r}"
+        parts["observed_seconds"].append(preferred(f"count_over_time({{x}}{read}) * 0 + {seconds!r}"))
+        parts["idle_seconds"].append(preferred(
+            f"(last_over_time({{x}}{read}){{percent}} < {threshold}) * 0 + {seconds!r}"))
     return parts
 
 
 def usage_query(matchers: str, start: dt.datetime, end: dt.datetime, step_seconds: float, idle_percent: float,
-                by: tuple[str, ...] = (), fields: tuple[str, ...] | None = None, left_open: bool = False) -> tuple[str, float]:
+                by: tuple[str, ...] = (), fields: tuple[str, ...] | None = None, left_open: bool = False,
+                lookback_seconds: float = LOOKBACK_DELTA_SECONDS) -> tuple[str, float]:
     """One instant query of labelled sums over ``[start, end)`` (grouped ``by`` labels); returns ``(query, time)``.
 
     ``fields`` picks among ``USAGE_FIELDS`` (all by default). Utilization per
@@ -391,26 +450,34 @@ def usage_query(matchers: str, start: dt.datetime, end: dt.datetime, step_second
     exists, else ``GPU_UTIL`` (OpenCost's choice); ``or`` works per series
     because both sides drop the metric name. Samples, sums and memory are
     plain range functions over exactly ``[start, end)`` (``range_for``, per
-    ``left_open``); idle samples need a comparison per sample, hence the
-    pieces of ``idle_pieces`` (stats ``idle_samples:<n>``, to be added up).
+    ``left_open``); observed and idle GPU-seconds are subqueries at the
+    scrape interval and instant reads at the window's edges, each with
+    ``lookback_seconds`` (``_lookback_parts``; stats ``observed_seconds:<n>``
+    and ``idle_seconds:<n>``, to be added up). Energy is Prometheus'
+    ``increase`` of the energy counter over the window, per GPU series: a
+    drop is a counter reset and counts from zero (never negative), and the
+    rise is extrapolated to the window's edges as ``increase`` does.
     """
     at, r = range_for(start, end, left_open)
-    gr, util, fb = (f"{m}{{{matchers}}}" for m in (GR_ENGINE_ACTIVE, UTIL_PERCENT, FB_USED_MIB))
+    gr, util, fb, energy = (f"{m}{{{matchers}}}" for m in (GR_ENGINE_ACTIVE, UTIL_PERCENT, FB_USED_MIB, ENERGY_MJ))
+    wanted = fields or USAGE_FIELDS
+    steps = (_lookback_parts(gr, util, start, end, step_seconds, idle_percent, lookback_seconds, left_open)
+             if {"observed_seconds", "idle_seconds"} & set(wanted) else {})
     parts = {
         "util_sum": [_stat("util_sum", f"sum_over_time({gr}[{r}]) * 100 or sum_over_time({util}[{r}])", by)],
         "samples": [_stat("samples", f"count_over_time({gr}[{r}]) or count_over_time({util}[{r}])", by)],
         "prof_samples": [_stat("prof_samples", f"count_over_time({gr}[{r}])", by)],
         "memory_sum": [_stat("memory_sum", f"sum_over_time({fb}[{r}])", by)],
         "memory_samples": [_stat("memory_samples", f"count_over_time({fb}[{r}])", by)],
-        "idle_samples": [_stat(f"idle_samples:{n}", expr, by) for n, expr in
-                         enumerate(_idle_parts(gr, util, start, end, step_seconds, idle_percent, left_open))],
+        "energy_mj": [_stat("energy_mj", f"increase({energy}[{r}])", by)],
+        **{name: [_stat(f"{name}:{n}", expr, by) for n, expr in enumerate(exprs)] for name, exprs in steps.items()},
     }
-    return " or ".join(q for f in (fields or USAGE_FIELDS) for q in parts[f]), at
+    return " or ".join(q for f in wanted for q in parts[f]), at
 
 
 def read_usage_by(source: Source, matchers: str, start: dt.datetime, end: dt.datetime, by: tuple[str, ...] = (), *,
                   step_seconds: float | None = None, idle_percent: float | None = None,
-                  fields: tuple[str, ...] | None = None,
+                  lookback_seconds: float | None = None, fields: tuple[str, ...] | None = None,
                   client: PrometheusConnect | None = None) -> dict[tuple, WindowUsage]:
     """``read_usage`` grouped by the labels ``by`` (e.g. ``("namespace",)``): ``{label values: WindowUsage}``.
 
@@ -419,39 +486,48 @@ def read_usage_by(source: Source, matchers: str, start: dt.datetime, end: dt.dat
     """
     step_seconds = step_seconds or settings.COSTS_SCRAPE_INTERVAL_SECONDS
     idle_percent = settings.COSTS_IDLE_UTIL_PERCENT if idle_percent is None else idle_percent
+    lookback_seconds = lookback_seconds or settings.COSTS_QUERY_LOOKBACK_DELTA_SECONDS
     client = client or source.client()
     left_open = range_left_open(source, client=client)
     totals: dict[tuple, dict[str, float]] = {}
     for w_start, w_end in split_window(start, end, step_seconds):
         query, at = usage_query(matchers + source.cluster_matcher, w_start, w_end, step_seconds, idle_percent, by,
-                                fields, left_open)
+                                fields, left_open, lookback_seconds)
         for row in client.custom_query(query, params={"time": at}):
             key = tuple(row["metric"].get(label, "") for label in by)
-            group = totals.setdefault(key, dict.fromkeys(USAGE_FIELDS, 0.0))
-            group[row["metric"]["stat"].split(":")[0]] += float(row["value"][1])
+            group = totals.setdefault(key, {})
+            stat = row["metric"]["stat"].split(":")[0]
+            group[stat] = group.get(stat, 0.0) + float(row["value"][1])
     return {
-        key: WindowUsage(samples=int(t["samples"]), util_sum=t["util_sum"], memory_samples=int(t["memory_samples"]),
-                         memory_sum=t["memory_sum"], idle_samples=int(t["idle_samples"]),
-                         prof_samples=int(t["prof_samples"]))
+        key: WindowUsage(samples=int(t.get("samples", 0)), util_sum=t.get("util_sum", 0.0),
+                         memory_samples=int(t.get("memory_samples", 0)), memory_sum=t.get("memory_sum", 0.0),
+                         observed_seconds=t.get("observed_seconds", 0.0), idle_seconds=t.get("idle_seconds", 0.0),
+                         prof_samples=int(t.get("prof_samples", 0)), energy_mj=t.get("energy_mj"))
         for key, t in totals.items()
     }
 
 
 def read_usage(source: Source, matchers: str, start: dt.datetime, end: dt.datetime, *,
                step_seconds: float | None = None, idle_percent: float | None = None,
-               client: PrometheusConnect | None = None) -> WindowUsage:
-    """Sums of utilization, memory and idle samples for the series matching ``matchers`` in ``[start, end)``.
+               lookback_seconds: float | None = None, client: PrometheusConnect | None = None) -> WindowUsage:
+    """Sums of utilization and memory samples, observed and idle instants of the series matching ``matchers``
+    in ``[start, end)``.
 
     ``matchers`` is a PromQL matcher list without braces (see
     ``shape_matchers``); the source's cluster matcher is added. A sample
-    counts when its own timestamp is in ``[start, end)``, under Prometheus
-    2.x (closed) and 3.x (left-open) range selectors alike. The window is cut
-    so that no subquery exceeds ``MAX_POINTS`` steps. Raises
+    counts in the sums when its own timestamp is in ``[start, end)``, under
+    Prometheus 2.x (closed) and 3.x (left-open) range selectors alike.
+    Observed and idle time follow Prometheus' lookback: at every multiple of
+    ``step_seconds`` (default ``COSTS_SCRAPE_INTERVAL_SECONDS``) in the
+    window, the latest sample at most ``lookback_seconds`` old (default
+    ``COSTS_QUERY_LOOKBACK_DELTA_SECONDS``, Prometheus' ``--query.lookback-delta``)
+    is the GPU's value (``WindowUsage``). The window is cut so that no
+    subquery exceeds ``MAX_POINTS`` steps. Raises
     ``prometheus_api_client.PrometheusApiClientException`` on an HTTP error
     and ``requests.RequestException`` when Prometheus is unreachable.
     """
     groups = read_usage_by(source, matchers, start, end, step_seconds=step_seconds, idle_percent=idle_percent,
-                           client=client)
+                           lookback_seconds=lookback_seconds, client=client)
     return groups.get((), NO_USAGE)
 
 

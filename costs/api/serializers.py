@@ -17,6 +17,11 @@ from ..models import Price
 from ..unknown import unknown_cost, unknown_cost_json
 
 GROUP_BY_CHOICES = list(GROUP_KEYS)  # team, cluster, accelerator, job, attempt, day
+ENERGY_KWH_HELP = ("kWh the GPUs drew per DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION over the UTC days touched, 6 decimals; "
+                   "null: not measured (no energy series), never 0")
+ENERGY_COST_HELP = ("USD of that energy at the cluster's electricity price, cents half-even; a line of its own, not in "
+                    "cost_usd; null: no price known for any of it (unknown, never $0)")
+ENERGY_UNPRICED_HELP = "kWh measured on clusters without an electricity price in force (their cost unknown)"
 
 
 class PriceSerializer(serializers.ModelSerializer):
@@ -81,10 +86,18 @@ class CostRowSerializer(serializers.Serializer):
     idle_gpu_hours = serializers.FloatField(required=False, allow_null=True,
                                             help_text="with_utilization: GPU-hours under the idle threshold")
     unobserved_gpu_hours = serializers.FloatField(required=False, allow_null=True)
+    idle_percent = serializers.FloatField(required=False, allow_null=True,
+                                          help_text="with_utilization: idle share of the observed GPU time, percent")
+    coverage_percent = serializers.FloatField(required=False, allow_null=True,
+                                              help_text="with_utilization: observed / allocated GPU time, percent")
     idle_cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, required=False, allow_null=True)
     idle_unpriced_gpu_hours = serializers.FloatField(required=False, allow_null=True,
                                                      help_text="with_utilization: idle GPU-hours with no price")
     idle_unpriced_vcpu_hours = serializers.FloatField(required=False, allow_null=True)
+    energy_kwh = serializers.FloatField(allow_null=True, help_text=ENERGY_KWH_HELP)
+    energy_cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, allow_null=True,
+                                               help_text=ENERGY_COST_HELP)
+    energy_unpriced_kwh = serializers.FloatField(allow_null=True, help_text=ENERGY_UNPRICED_HELP)
 
 
 class CostTotalSerializer(serializers.Serializer):
@@ -102,9 +115,17 @@ class CostTotalSerializer(serializers.Serializer):
     observed_gpu_hours = serializers.FloatField(required=False, allow_null=True)
     idle_gpu_hours = serializers.FloatField(required=False, allow_null=True)
     unobserved_gpu_hours = serializers.FloatField(required=False, allow_null=True)
+    idle_percent = serializers.FloatField(required=False, allow_null=True,
+                                          help_text="with_utilization: idle share of the observed GPU time, percent")
+    coverage_percent = serializers.FloatField(required=False, allow_null=True,
+                                              help_text="with_utilization: observed / allocated GPU time, percent")
     idle_cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, required=False, allow_null=True)
     idle_unpriced_gpu_hours = serializers.FloatField(required=False, allow_null=True)
     idle_unpriced_vcpu_hours = serializers.FloatField(required=False, allow_null=True)
+    energy_kwh = serializers.FloatField(allow_null=True, help_text=ENERGY_KWH_HELP)
+    energy_cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, allow_null=True,
+                                               help_text=ENERGY_COST_HELP)
+    energy_unpriced_kwh = serializers.FloatField(allow_null=True, help_text=ENERGY_UNPRICED_HELP)
 
 
 @extend_schema_serializer(many=False)  # one report object, although served by the list action
@@ -131,11 +152,16 @@ class UtilizationRowSerializer(serializers.Serializer):
     day = serializers.DateField(required=False)
     gpu_hours = serializers.FloatField(help_text="GPUs x hours running (allocation)")
     avg_gpu_util_percent = serializers.FloatField(allow_null=True, help_text="sample-weighted mean, percent 0-100")
-    coverage = serializers.FloatField(allow_null=True, help_text="samples found / samples expected, 0-1")
+    coverage = serializers.FloatField(allow_null=True, help_text="observed / allocated GPU time, 0-1")
+    coverage_percent = serializers.FloatField(allow_null=True, help_text="observed / allocated GPU time, percent")
     avg_memory_used_mib = serializers.FloatField(allow_null=True, help_text="DCGM_FI_DEV_FB_USED mean, MiB")
-    observed_gpu_hours = serializers.FloatField(help_text="GPU-hours covered by DCGM samples (samples x scrape interval)")
+    observed_gpu_hours = serializers.FloatField(
+        help_text="GPU-hours covered by DCGM samples: each counts until the next one or the Prometheus lookback "
+                  "(COSTS_QUERY_LOOKBACK_DELTA_SECONDS), whichever comes first")
     idle_gpu_hours = serializers.FloatField(allow_null=True,
                                             help_text="observed GPU-hours under the idle threshold; null: no data")
+    idle_percent = serializers.FloatField(allow_null=True,
+                                          help_text="idle share of the observed GPU-hours, percent; null: no data")
     unobserved_gpu_hours = serializers.FloatField(help_text="allocated GPU-hours without samples, never estimated")
     idle_cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, allow_null=True,
                                              help_text="priced USD of the idle GPU-hours; null: no data, or none "

@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from core.viewsets import ScopedGenericViewSet, ScopedReadOnlyViewSet
 from quotas.models import scope_to_teams
 
-from ..aggregation import add_utilization, aggregate_window, filter_days
+from ..aggregation import add_energy, add_utilization, aggregate_window, filter_days
 from ..models import CostEntry, Price, UtilizationRollup
 from .filtersets import PriceFilterSet
 from .serializers import CostQuerySerializer, CostReportSerializer, PriceSerializer
@@ -53,7 +53,9 @@ class CostViewSet(ScopedGenericViewSet):
 
     @extend_schema(parameters=[CostQuerySerializer], responses=CostReportSerializer)
     def list(self, request):
-        """GPU-hours and USD per team, cluster, accelerator, job or UTC day over ``[start, end)``.
+        """GPU-hours and USD per team, cluster, accelerator, job or UTC day over ``[start, end)``, with the GPUs'
+        energy (kWh, null: not measured) and its cost at the cluster's electricity price as a line of its own
+        (``energy_cost_usd``, null: unknown price, never $0; not part of ``cost_usd``).
 
         400 with field errors for a bad ``group_by``, a naive or malformed
         datetime, or ``end <= start``.
@@ -64,8 +66,10 @@ class CostViewSet(ScopedGenericViewSet):
         user = request.user
         rows, total = aggregate_window(params["group_by"], params.get("start"), params.get("end"),
                                        scope=lambda qs: self.scope_queryset(qs, user), team_slug=params.get("team"))
+        rollups = self.utilization_rollups(request.user, params)
+        add_energy(rows, total, rollups, params["group_by"])
         if params["with_utilization"]:
-            add_utilization(rows, total, self.utilization_rollups(request.user, params), params["group_by"])
+            add_utilization(rows, total, rollups, params["group_by"])
         return Response({
             "group_by": params["group_by"],
             "start": params["start"].isoformat() if "start" in params else None,

@@ -155,7 +155,8 @@ def _budgets(team: Team | None, end: dt.datetime) -> list[dict]:
 
 
 def _utilization(team: Team | None, start: dt.datetime, end: dt.datetime, ledger_gpu_hours: float) -> dict:
-    """Average utilization (percent, sample weighted), coverage (percent), idle GPU-hours and USD over the period.
+    """Average utilization (percent, sample weighted), coverage (observed of allocated GPU time, percent), idle
+    GPU-hours, their share of the observed time (percent) and USD over the period.
 
     ``missing`` is True when GPUs were billed but no DCGM sample exists (the
     average is then null, never 0 %); ``partial`` when coverage is under
@@ -174,7 +175,7 @@ def _utilization(team: Team | None, start: dt.datetime, end: dt.datetime, ledger
     if missing:
         note = "GPU metrics are missing for this period: utilization and idle time are not available."
     elif partial:
-        note = f"GPU metrics cover only {coverage}% of the expected samples: utilization figures are incomplete."
+        note = f"GPU metrics cover only {coverage}% of the allocated GPU time: utilization figures are incomplete."
     if not missing and abs(hours["gpu_hours"] - ledger_gpu_hours) > 0.001:
         note = (note + " " if note else "") + (
             f"Utilization covers {hours['gpu_hours']} allocated GPU-hours, the ledger {ledger_gpu_hours}: attempts on "
@@ -184,6 +185,7 @@ def _utilization(team: Team | None, start: dt.datetime, end: dt.datetime, ledger
             "allocated_gpu_hours": hours["gpu_hours"], "observed_gpu_hours": hours["observed_gpu_hours"],
             "unobserved_gpu_hours": hours["unobserved_gpu_hours"], "util_metric": total["util_metric"],
             "idle_gpu_hours": None if missing else total["idle_gpu_hours"],
+            "idle_percent": None if missing else total["idle_percent"],
             "idle_cost_usd": None if missing else total["idle_cost_usd"],
             "idle_unpriced_gpu_hours": None if missing else total["idle_unpriced_gpu_hours"],
             "idle_unpriced_vcpu_hours": None if missing else total["idle_unpriced_vcpu_hours"],

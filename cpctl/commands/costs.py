@@ -82,17 +82,30 @@ def grouped_table(report: dict, group_by: str, headers: list[str], cells, right:
     table([k.replace("_", " ").upper() for k in keys] + headers, rows, right=("JOB",) + right)
 
 
-@api_command("costs", "cost from the ledger, grouped")
+def energy_cells(row: dict) -> list[str]:
+    """A costs row's energy: kWh (``n/a``: not measured, never 0) and its cost (``n/a`` when not measured,
+    ``unknown`` when no electricity price is known, ``$x + unknown`` when only part of it is priced)."""
+    kwh = row.get("energy_kwh")
+    if kwh is None:
+        return ["n/a", "n/a"]
+    cost, unpriced = row.get("energy_cost_usd"), row.get("energy_unpriced_kwh") or 0
+    shown = "unknown" if cost is None else usd(cost) + (" + unknown" if unpriced else "")
+    return [f"{float(kwh):,.2f}", shown]
+
+
+@api_command("costs", "cost from the ledger, grouped, with the GPUs' energy")
 @window_options
 def costs(api: Api, group_by: str, start: str | None, end: str | None, team: str | None) -> int:
-    """GPU-hours and USD from the cost ledger, grouped by team, cluster, accelerator, job or UTC day."""
+    """GPU-hours and USD from the cost ledger, grouped by team, cluster, accelerator, job or UTC day, and beside them
+    the GPUs' energy in kWh and its cost at the cluster's electricity price (a separate line, not in COST)."""
     report = api.client.get("costs/", window_query(group_by, start, end, team))
     if api.shown_as_json(report):
         return EXIT_OK
-    out(f"costs by {report['group_by']}, {window(report)} (UTC)")
-    grouped_table(report, group_by, ["GPU-HOURS", "COST"],
-                  lambda row: [gpu_hours(row.get("gpu_hours")), money(row)],
-                  right=("GPU-HOURS", "COST"))
+    out(f"costs by {report['group_by']}, {window(report)} (UTC); energy n/a: not measured")
+    figures = ("GPU-HOURS", "COST", "ENERGY KWH", "ENERGY COST")
+    grouped_table(report, group_by, list(figures),
+                  lambda row: [gpu_hours(row.get("gpu_hours")), money(row), *energy_cells(row)],
+                  right=figures)
     difference = (report.get("total") or {}).get("rounding_difference_usd")
     if difference not in (None, "0.00"):  # each row and the total rounded once (docs/design.md, Cost ledger)
         out(f"each row and the TOTAL are their exact sums rounded to cents: the rows miss the TOTAL by ${difference}")
@@ -100,10 +113,11 @@ def costs(api: Api, group_by: str, start: str | None, end: str | None, team: str
 
 
 def utilization_cells(row: dict) -> list:
-    """A utilization row's figures: GPU-hours, average %, coverage %, idle GPU-hours, their USD."""
-    coverage = row.get("coverage")
+    """A utilization row's figures: GPU-hours, average %, coverage % (observed of allocated time), idle GPU-hours,
+    idle % (of the observed time), their USD."""
     return [gpu_hours(row.get("gpu_hours")), percent(row.get("avg_gpu_util_percent")),
-            percent(None if coverage is None else coverage * 100, 0), gpu_hours(row.get("idle_gpu_hours")),
+            percent(row.get("coverage_percent"), 0), gpu_hours(row.get("idle_gpu_hours")),
+            percent(row.get("idle_percent")),
             "-" if row.get("idle_gpu_hours") is None else money(row, "idle_cost_usd", "idle_")]
 
 
@@ -115,7 +129,7 @@ def utilization(api: Api, group_by: str, start: str | None, end: str | None, tea
     if api.shown_as_json(report):
         return EXIT_OK
     out(f"GPU utilization by {report['group_by']}, {window(report)} (UTC); n/a: no GPU samples")
-    figures = ("GPU-HOURS", "AVG UTIL", "COVERAGE", "IDLE GPU-H", "IDLE COST")
+    figures = ("GPU-HOURS", "AVG UTIL", "COVERAGE", "IDLE GPU-H", "IDLE %", "IDLE COST")
     grouped_table(report, group_by, list(figures), utilization_cells, right=figures)
     return EXIT_OK
 

@@ -49,9 +49,10 @@ def report_fields(data: dict) -> list[tuple[str, str]]:
         ("GPU-hours", gpu_hours(totals.get("gpu_hours"))),
         ("cost", money(totals) + ("" if change is None else f" ({change:+.1f}% on the period before)")),
         ("utilization", f"{percent(util.get('avg_gpu_util_percent'))} average, "
-                        f"{percent(util.get('coverage_percent'), 0)} of samples"
-                        + (f"; idle {gpu_hours(util.get('idle_gpu_hours'))} GPU-h = {money(util, 'idle_cost_usd', 'idle_')}"
-                           if util.get("idle_gpu_hours") is not None else "")),
+                        f"{percent(util.get('coverage_percent'), 0)} observed"
+                        + (f"; idle {gpu_hours(util.get('idle_gpu_hours'))} GPU-h ({percent(util.get('idle_percent'))})"
+                           f" = {money(util, 'idle_cost_usd', 'idle_')}" if util.get("idle_gpu_hours") is not None
+                           else "")),
     ]
     if util.get("note"):
         pairs.append(("note", util["note"]))

@@ -17,10 +17,20 @@ from django.core.management import call_command
 from costs import prometheus
 from costs.ledgercheck import check_ledger
 from costs.models import DailyCostRollup, UtilizationRollup
+from tests.support import lookback
 from tests.support import synthetic_fleet as F
 
 pytestmark = pytest.mark.django_db
 DAY = dt.timedelta(days=1)
+LOOKBACK = 300  # the default COSTS_QUERY_LOOKBACK_DELTA_SECONDS
+
+
+def instants(job: F.JobSpec, lo: dt.datetime, hi: dt.datetime, step: float = F.STEP) -> tuple[float, float]:
+    """(observed, idle) GPU-seconds of ``job``'s GPUs inside its run and ``[lo, hi)`` (``tests.support.lookback``)."""
+    a, b = max(lo, job.start).timestamp(), min(hi, job.end).timestamp()
+    counts = [lookback.instants([(t, u) for t, u, _ in series], a, b, step, LOOKBACK, F.IDLE_PERCENT)
+              for series in job.samples.values()]
+    return sum(c[0] for c in counts), sum(c[1] for c in counts)
 
 
 def days():
@@ -102,9 +112,10 @@ def test_utilization_per_cluster_reads_both_dcgm_metrics_and_both_prometheus_lay
         samples = [u for j in synthetic_fleet.jobs if j.cluster == spec.name
                    for u in synthetic_fleet.util_samples(j, F.T0, F.END)]
         assert got[spec.name]["avg_gpu_util_percent"] == pytest.approx(sum(samples) / len(samples), abs=0.5)
-        expected_coverage = len(samples) * F.STEP / sum(synthetic_fleet.gpu_hours(j, F.T0, F.END) * 3600
-                                                        for j in synthetic_fleet.jobs if j.cluster == spec.name)
-        assert got[spec.name]["coverage"] == pytest.approx(expected_coverage, abs=0.01)
+        jobs = [j for j in synthetic_fleet.jobs if j.cluster == spec.name]
+        expected_coverage = (sum(instants(j, F.T0, F.END)[0] for j in jobs)
+                             / sum(synthetic_fleet.gpu_hours(j, F.T0, F.END) * 3600 for j in jobs))
+        assert got[spec.name]["coverage"] == pytest.approx(expected_coverage, abs=1e-4)
     assert got["gcp-central"]["coverage"] < 1  # the scrape gaps show
 
 
@@ -155,12 +166,16 @@ def test_long_windows_are_split_under_the_point_limit(synthetic_fleet, fleet_db,
     by_day = sum(prometheus.allocated_gpu_hours(source, lo, lo + DAY) for lo in days())  # no sample lost or doubled
     ledger = sum(synthetic_fleet.gpu_hours(j, F.T0, F.END) for j in synthetic_fleet.jobs if j.cluster == "aws-east")
     assert whole == pytest.approx(ledger, rel=1e-3) and by_day == pytest.approx(whole, rel=1e-12)
-    # The idle subquery at 15 s over 3 days is cut in two queries; each scrape still counts exactly once.
+    # The subqueries at 15 s over 3 days are cut in two queries; each scrape and each instant still count once.
     usage = prometheus.read_usage(source, 'namespace=~"cp-.*"', F.T0, F.END, step_seconds=15)
-    scrapes = [u for j in synthetic_fleet.jobs if j.cluster == "aws-east" for series in j.samples.values()
+    aws = [j for j in synthetic_fleet.jobs if j.cluster == "aws-east"]
+    scrapes = [u for j in aws for series in j.samples.values()
                for t, u, _ in series if F.T0.timestamp() <= t < F.END.timestamp()]
     assert usage.samples == len(scrapes)
-    assert usage.idle_samples == sum(1 for u in scrapes if u < F.IDLE_PERCENT)
+    counts = [lookback.instants([(t, u) for t, u, _ in series], F.T0.timestamp(), F.END.timestamp(), 15, LOOKBACK,
+                                F.IDLE_PERCENT) for j in aws for series in j.samples.values()]
+    assert (usage.observed_seconds, usage.idle_seconds) == pytest.approx((sum(c[0] for c in counts),
+                                                                          sum(c[1] for c in counts)))
     with pytest.raises(prometheus.NaiveDatetime):
         prometheus.split_window(dt.datetime(2026, 3, 2), F.END, 15)
 
@@ -174,7 +189,7 @@ def test_each_job_counts_only_the_samples_of_its_running_interval(synthetic_flee
         if samples:  # the GPUs idle at 0 % for a while after the end; those scrapes must not count
             assert row["avg_gpu_util_percent"] == pytest.approx(sum(samples) / len(samples), abs=0.5), job.object_name
             hours = synthetic_fleet.gpu_hours(job, F.T0, F.END)
-            assert row["coverage"] == pytest.approx(len(samples) * F.STEP / (hours * 3600), abs=0.01)
+            assert row["coverage"] == pytest.approx(instants(job, F.T0, F.END)[0] / (hours * 3600), abs=1e-4)
 
 
 def test_the_costs_endpoint_carries_utilization_and_idle_money_next_to_cost(synthetic_fleet, fleet_db):

@@ -1,8 +1,10 @@
 """Observed, idle and unobserved GPU-hours read through a real Prometheus, on every DCGM label shape.
 
 The scenarios (``tests/support/dcgm_shapes.py``) list every scrape; expected
-values are counts of those scrapes inside each attempt's run, times the
-scrape interval. The platform answers through the rollups and the API.
+values are counted from those scrapes inside each attempt's run: samples,
+and the instants (one per scrape interval) at which a sample at most the
+lookback old exists (``tests.support.lookback``), times the scrape
+interval. The platform answers through the rollups and the API.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def dcgm(settings, dcgm_prometheus, dcgm_scenarios, catalog):
     settings.COSTS_PROMETHEUS_URL = dcgm_prometheus
     settings.COSTS_SCRAPE_INTERVAL_SECONDS = S.STEP
     settings.COSTS_IDLE_UTIL_PERCENT = S.IDLE_PERCENT
+    settings.COSTS_QUERY_LOOKBACK_DELTA_SECONDS = S.LOOKBACK
     staff = make_persona("auditor", staff=True)
     attempts = {}
     for name, s in dcgm_scenarios.items():
@@ -62,9 +65,9 @@ def totals(rows) -> dict:
 def expected(s: S.Scenario) -> dict:
     inside = s.inside()
     allocated = s.gpus * (s.end - s.start).total_seconds() / HOUR
-    observed = len(inside) * S.STEP / HOUR
-    return {"allocated": allocated, "observed": observed, "idle": sum(u < S.IDLE_PERCENT for u in inside) * S.STEP / HOUR,
-            "unobserved": allocated - observed, "samples": len(inside)}
+    observed, idle = (seconds / HOUR for seconds in s.instants())
+    return {"allocated": allocated, "observed": observed, "idle": idle, "unobserved": allocated - observed,
+            "samples": len(inside)}
 
 
 @pytest.mark.parametrize("name,shape,metric", [
@@ -109,7 +112,9 @@ def test_a_partial_node_without_recorded_gpu_uuids_is_unobserved_not_guessed(dcg
 
 
 def test_a_gap_stays_unobserved_and_midnight_changes_nothing(dcgm):
-    """1 GPU for 14 h: 1 h at 100 %, 10 h without samples, 3 h at 0 %: 3 idle, 4 observed, 10 unobserved."""
+    """1 GPU for 14 h: 1 h at 100 %, 10 h without samples, 3 h at 0 %, scraped at second 7 of each minute from
+    37 s after the start: 64 min observed busy (the last sample before the gap stands for the 5-minute lookback),
+    178.5 min observed idle (from the first instant that sees a sample to the end), the rest unobserved."""
     got = {}
     for name in ("midnight", "daytime"):
         s, attempt = dcgm["scenarios"][name], dcgm["attempts"][name]
@@ -118,7 +123,8 @@ def test_a_gap_stays_unobserved_and_midnight_changes_nothing(dcgm):
         assert got[name] == pytest.approx(expected(s))
     assert len(rollups(dcgm["attempts"]["midnight"])) == 2 and len(rollups(dcgm["attempts"]["daytime"])) == 1
     assert got["midnight"] == pytest.approx(got["daytime"])
-    assert got["midnight"]["idle"] == pytest.approx(3.0) and got["midnight"]["unobserved"] == pytest.approx(10.0)
+    assert got["midnight"]["idle"] == pytest.approx(178.5 / 60)
+    assert got["midnight"]["unobserved"] == pytest.approx(14 - (64 + 178.5) / 60)
 
 
 def test_the_series_lingering_after_the_pod_ended_does_not_count(dcgm):
@@ -137,38 +143,42 @@ def test_samples_exactly_on_the_boundaries_count_at_the_start_and_not_at_the_end
     [rollup] = rollups(attempt)
     inside = s.inside()
     assert rollup.samples == len(inside) == 60
-    assert rollup.idle_gpu_seconds == sum(u < S.IDLE_PERCENT for u in inside) * S.STEP == 2 * S.STEP
+    # 0 % on the start and one minute before the end; the 0 % sample on the end itself is outside the run.
+    assert rollup.idle_gpu_seconds == s.instants()[1] == 2 * S.STEP
     # This Prometheus (2.x) reads range selectors closed; the probe says so.
     assert prometheus.range_left_open(prometheus.source_for(attempt.cluster)) is False
 
 
 @pytest.mark.parametrize("left_open", [False, True])
-def test_range_and_idle_pieces_read_exactly_the_window_under_both_selector_semantics(left_open):
-    """Closed (2.x) selectors read [t - r, t], left-open (3.x) ones (t - r, t]: both must give [start, end) in ms."""
+def test_ranges_and_lookback_instants_read_exactly_the_window_under_both_selector_semantics(left_open):
+    """Closed (2.x) selectors read [t - r, t], left-open (3.x) ones (t - r, t]: a plain range must read [start, end)
+    in ms; the instants must be the window's start and every multiple of the step in it, once each, each reading
+    (p - lookback, p] and standing for the time up to the next one (or the end)."""
     def covered(at_s: float, r_ms: int) -> set[int]:
         t = round(at_s * 1000)
         return set(range(t - r_ms + (1 if left_open else 0), t + 1))
 
+    step_ms = S.STEP * 1000
     start = S.DAY0 + dt.timedelta(minutes=1, seconds=7, milliseconds=250)
-    for end in (start + dt.timedelta(seconds=30), start + dt.timedelta(minutes=1), start + dt.timedelta(minutes=7, seconds=53)):
-        want = set(range(round(start.timestamp() * 1000), round(end.timestamp() * 1000)))
+    for end in (start + dt.timedelta(seconds=30), start + dt.timedelta(minutes=1), start + dt.timedelta(minutes=7, seconds=53),
+                S.DAY0 + dt.timedelta(minutes=9)):
+        lo, hi = round(start.timestamp() * 1000), round(end.timestamp() * 1000)
         at, r = prometheus.range_for(start, end, left_open)
-        assert covered(at, int(r[:-2])) == want
-        for max_points in (prometheus.IDLE_SUBQUERY_POINTS, 3, 1):  # one subquery, or several end to end
-            got: list[int] = []
-            for piece in prometheus.idle_pieces(start, end, S.STEP, left_open, max_points):
-                if piece[0] == "edge":
-                    at, r = prometheus.range_for(piece[1], piece[2], left_open)
-                    got += sorted(covered(at, int(r[:-2])))
-                else:
-                    _, first, last, inner, outer = piece
-                    points = sorted(covered(last.timestamp(), max(1, outer)) & {p for p in range(
-                        round(first.timestamp() * 1000) - S.STEP * 1000, round(last.timestamp() * 1000) + 1,
-                        S.STEP * 1000)})
-                    assert points[0] == round(first.timestamp() * 1000)
-                    for p in points:
-                        got += sorted(covered(p / 1000, inner))
-            assert sorted(got) == sorted(want) and len(got) == len(want)  # a tiling: nothing twice, nothing left out
+        assert covered(at, int(r[:-2])) == set(range(lo, hi))
+        want = sorted({lo} | {p for p in range(lo, hi) if p % step_ms == 0})
+        want = {p: (want[i + 1] if i + 1 < len(want) else hi) - p for i, p in enumerate(want)}  # instant: its ms
+        inner = prometheus.lookback_range_ms(S.LOOKBACK, left_open)
+        for max_points in (prometheus.SUBQUERY_POINTS, 3, 1):  # one subquery, or several end to end
+            pieces, edges = prometheus.lookback_instants(start, end, S.STEP, left_open, max_points)
+            got = {round(t.timestamp() * 1000): round(seconds * 1000) for t, seconds in edges}
+            for first, last, outer in pieces:
+                points = sorted(p for p in covered(last.timestamp(), outer) if p % step_ms == 0)  # aligned to epoch
+                assert points[0] == round(first.timestamp() * 1000) and len(points) <= max_points
+                assert not set(points) & set(got)
+                got.update(dict.fromkeys(points, step_ms))
+            assert got == want and sum(got.values()) == hi - lo
+            for p in got:
+                assert covered(p / 1000, inner) == set(range(p - S.LOOKBACK * 1000 + 1, p + 1))
 
 
 def test_a_short_cancelled_attempt_is_collected_once_when_it_ends(dcgm):
@@ -237,7 +247,7 @@ def test_every_attempt_has_its_four_figures_in_the_api_and_on_the_job_page(dcgm)
     assert got == pytest.approx((want["allocated"], want["observed"], want["idle"], want["unobserved"]))
     page = signed_in(dcgm["staff"]).get(f"/jobs/{attempt.job_id}/").content.decode()
     assert '<table id="job-usage">' in page
-    assert "<td>#1</td><td>14.00</td><td>4.00</td><td>3.00</td><td>10.00</td>" in page
+    assert "<td>#1</td><td>14.00</td><td>4.04</td><td>2.98</td><td>9.96</td>" in page  # 242.5, 178.5, 597.5 min
 
 
 def test_a_running_jobs_page_answers_when_prometheus_does_not(dcgm, settings):

@@ -179,19 +179,19 @@ def test_budgets_show_spent_committed_remaining_and_forecast(run_cli, teammate, 
 def test_costs_grouped_with_a_total(run_cli, teammate, jobs, ledger):
     by_team = run_cli("costs", persona=teammate)
     assert by_team.code == 0, by_team.err
-    assert by_team.out.splitlines()[0] == "costs by team, the beginning to now (UTC)"
-    assert rows(by_team.out)[1:] == [["TEAM", "GPU-HOURS", "COST"], ["alpha", "0.27", "$15.50"],
-                                     ["TOTAL", "0.27", "$15.50"]]
+    assert by_team.out.splitlines()[0] == "costs by team, the beginning to now (UTC); energy n/a: not measured"
+    assert rows(by_team.out)[1:] == [["TEAM", "GPU-HOURS", "COST", "ENERGY KWH", "ENERGY COST"],
+                                     ["alpha", "0.27", "$15.50", "n/a", "n/a"], ["TOTAL", "0.27", "$15.50", "n/a", "n/a"]]
     by_job = rows(run_cli("costs", "--group-by", "job", persona=teammate).out)
-    assert by_job[1] == ["JOB", "JOB NAME", "GPU-HOURS", "COST"]
-    assert by_job[2] == [str(jobs["running"].pk), "running-one", "0.27", "$15.50"]
+    assert by_job[1] == ["JOB", "JOB NAME", "GPU-HOURS", "COST", "ENERGY KWH", "ENERGY COST"]
+    assert by_job[2] == [str(jobs["running"].pk), "running-one", "0.27", "$15.50", "n/a", "n/a"]
     day = ledger.astimezone(dt.timezone.utc).date()
     report = json.loads(run_cli("costs", "--group-by", "day", "--start", day.isoformat(), "--json",
                                 persona=teammate).out)
     assert report["start"] == f"{day.isoformat()}T00:00:00+00:00"
     assert report["total"]["cost_usd"] == "15.50" and report["results"][-1]["day"] == day.isoformat()
     later = run_cli("costs", "--start", (day + dt.timedelta(days=1)).isoformat(), persona=teammate)
-    assert rows(later.out)[-1] == ["TOTAL", "0.00", "$0.00"]
+    assert rows(later.out)[-1] == ["TOTAL", "0.00", "$0.00", "n/a", "n/a"]
 
 
 def test_costs_bad_window_is_a_field_error_exit_2(run_cli, teammate, funded_aws_cluster):

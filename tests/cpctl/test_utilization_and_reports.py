@@ -35,7 +35,7 @@ def used(funded_aws_cluster, teams, owner, h100):
     UtilizationRollup.objects.create(
         attempt=attempt, job=big, team=teams[0], cluster=cluster, accelerator=h100, day=DAY.date(),
         gpu_seconds=16 * 3600, samples=480, expected_samples=480, util_sum=480 * 40.0, avg_gpu_util_percent=40.0,
-        idle_gpu_seconds=4 * 3600)
+        observed_gpu_seconds=16 * 3600, idle_gpu_seconds=4 * 3600)
     return {"big": big, "attempt": attempt}
 
 
@@ -46,10 +46,11 @@ def test_utilization_is_a_table_by_job_with_a_total(run_cli, owner, used):
     lines = result.out.splitlines()
     assert lines[0].startswith("GPU utilization by job, 2026-03-10 00:00:00 to 2026-03-11 00:00:00 (UTC)")
     table = rows("\n".join(lines[1:]))
-    assert table[0] == ["JOB", "JOB NAME", "GPU-HOURS", "AVG UTIL", "COVERAGE", "IDLE GPU-H", "IDLE COST"]
+    assert table[0] == ["JOB", "JOB NAME", "GPU-HOURS", "AVG UTIL", "COVERAGE", "IDLE GPU-H", "IDLE %", "IDLE COST"]
     idle_usd = 8 * 2 * Decimal("6.88") / 4  # a quarter of the job's GPU-hours were idle
-    assert table[1] == [str(used["big"].pk), "big", "16.00", "40.0%", "100%", "4.00", f"${idle_usd:.2f}"]
-    assert table[-1][0] == "TOTAL" and table[-1][-4] == "40.0%"
+    assert table[1] == [str(used["big"].pk), "big", "16.00", "40.0%", "100%", "4.00", "25.0%",
+                        f"${idle_usd:.2f}"]
+    assert table[-1][0] == "TOTAL" and table[-1][-5] == "40.0%"
     as_json = json.loads(run_cli("utilization", "--json", persona=owner).out)
     assert as_json["results"][0]["avg_gpu_util_percent"] == 40.0
 
@@ -69,7 +70,7 @@ def test_reports_list_show_and_csv(run_cli, owner, outsider, used, teams):
                                         "2026-03-11 00:00:00 UTC"
     fields = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in shown.out.splitlines()[1:4])
     assert fields["cost"] == "$110.08" and fields["GPU-hours"] == "16.00"
-    assert fields["utilization"].startswith("40.0% average, 100% of samples; idle 4.00 GPU-h = $27.52")
+    assert fields["utilization"].startswith("40.0% average, 100% observed; idle 4.00 GPU-h (25.0%) = $27.52")
     assert "Top jobs" in shown.out and re.search(rf"{used['big'].pk}\s+big\s+alpha\s+16\.00\s+\$110\.08", shown.out)
 
     csv = run_cli("report", str(report.pk), "--csv", persona=owner)

@@ -2,7 +2,8 @@
 
 Each scenario is one attempt on its own cluster (a ``cluster`` label in one
 shared Prometheus) with its scrapes listed explicitly, so tests compute the
-expected samples, observed, idle and unobserved GPU-hours by counting them.
+expected samples, observed, idle and unobserved GPU-hours from them
+(``tests.support.lookback``).
 The OpenMetrics text is what dcgm-exporter and kube-state-metrics would
 have written (``docs/reference/metrics.md``).
 """
@@ -16,6 +17,7 @@ from datetime import UTC
 DAY0 = dt.datetime(2026, 4, 6, tzinfo=UTC)
 STEP = 60
 IDLE_PERCENT = 5.0
+LOOKBACK = 300  # Prometheus' default --query.lookback-delta, seconds
 H = dt.timedelta(hours=1)
 
 
@@ -44,6 +46,15 @@ class Scenario:
 
     def uuid(self, gpu: int) -> str:
         return f"GPU-{self.name}-{gpu}"
+
+    def instants(self) -> tuple[float, float]:
+        """(observed, idle) GPU-seconds of the attempt's GPUs inside its run, measured at instants
+        (``lookback.instants``)."""
+        from .lookback import instants
+
+        counts = [instants(series, self.start.timestamp(), self.end.timestamp(), STEP, LOOKBACK, IDLE_PERCENT)
+                  for series in self.scrapes.values()]
+        return sum(c[0] for c in counts), sum(c[1] for c in counts)
 
     def inside(self, lo: dt.datetime | None = None, hi: dt.datetime | None = None) -> list[float]:
         """Utilization of every scrape of the attempt's GPUs inside its run (and ``[lo, hi)``)."""

@@ -13,6 +13,7 @@ from costs.models import CostEntry
 from tests.support.factories import make_attempt, make_cluster, make_cost_entry, make_job
 
 COSTS = "/api/v1/costs/"
+NO_ENERGY = {"energy_kwh": None, "energy_cost_usd": None, "energy_unpriced_kwh": None}  # not measured, never 0
 T0 = dt.datetime(2025, 3, 1, 22, 0, tzinfo=UTC)
 
 
@@ -101,7 +102,8 @@ def test_it_counts_entries_that_start_inside_the_window(teammate, ledger):
     inside = [e for e in ledger["entries"] if e.team.slug == "alpha"
               and dt.datetime(2025, 3, 2, tzinfo=UTC) <= e.interval_start < dt.datetime(2025, 3, 3, tzinfo=UTC)]
     assert body["results"] == [{"team": "alpha", **dict(zip(("gpu_hours", "cost_usd"), expected(
-        inside, lambda e: "alpha")["alpha"], strict=True)), "unpriced_gpu_hours": 0.0, "unpriced_vcpu_hours": 0.0}]
+        inside, lambda e: "alpha")["alpha"], strict=True)), "unpriced_gpu_hours": 0.0, "unpriced_vcpu_hours": 0.0,
+        **NO_ENERGY}]
     assert body["start"] == "2025-03-02T00:00:00+00:00"
 
 
@@ -129,7 +131,7 @@ def test_an_empty_ledger_answers_zero(teammate):
     body = teammate.client.get(COSTS).json()
     assert body == {"group_by": "team", "start": None, "end": None, "results": [],
                     "total": {"gpu_hours": 0.0, "cost_usd": "0.00", "unpriced_gpu_hours": 0.0,
-                              "unpriced_vcpu_hours": 0.0, "rounding_difference_usd": "0.00"}}
+                              "unpriced_vcpu_hours": 0.0, "rounding_difference_usd": "0.00", **NO_ENERGY}}
 
 
 # --- exact sums and windows at the edges ---------------------------------------------------------------------------

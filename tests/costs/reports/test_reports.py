@@ -60,7 +60,7 @@ def ledger(teams, owner, catalog):
     UtilizationRollup.objects.create(
         attempt=big_attempt, job=big, team=alpha, cluster=aws, accelerator=catalog["H100-80GB"], day=DAY.date(),
         gpu_seconds=16 * 3600, samples=480, expected_samples=480, util_sum=480 * 40.0, avg_gpu_util_percent=40.0,
-        idle_gpu_seconds=4 * 3600)
+        observed_gpu_seconds=16 * 3600, idle_gpu_seconds=4 * 3600)
     Quota.objects.create(team=alpha, accelerator=catalog["H100-80GB"], nominal_gpus=16, borrowing_limit_gpus=8)
     Budget.objects.create(team=alpha, amount_usd=Decimal("5000.00"), action="block")
     owner.user.email = "owner@example.com"
@@ -88,7 +88,7 @@ def test_the_report_numbers_match_the_ledger(ledger):
     assert util["missing"] is False
     # big's 16 GPU-hours have metrics, small's 6 (on a cluster without Prometheus) do not: the allocation is the
     # ledger's 22 GPU-hours all the same, small's unobserved.
-    assert (util["allocated_gpu_hours"], util["observed_gpu_hours"], util["unobserved_gpu_hours"]) == (22.0, 0.0, 22.0)
+    assert (util["allocated_gpu_hours"], util["observed_gpu_hours"], util["unobserved_gpu_hours"]) == (22.0, 16.0, 6.0)
     assert "Utilization covers" not in util["note"]
     # Quota: 16 H100 GPU-hours over 24 h = 0.667 GPUs on average, 4.17 % of the 16 nominal.
     h100 = next(q for q in data["quota_use"] if q["accelerator"] == "H100-80GB")

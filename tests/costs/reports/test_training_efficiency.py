@@ -54,7 +54,7 @@ def fleet(teams, owner, catalog):
     UtilizationRollup.objects.create(
         attempt=attempts["big"], job=jobs["big"], team=alpha, cluster=aws, accelerator=h100, day=DAY.date(),
         gpu_seconds=16 * 3600, samples=480, expected_samples=480, util_sum=480 * 40.0, avg_gpu_util_percent=40.0,
-        idle_gpu_seconds=4 * 3600)
+        observed_gpu_seconds=16 * 3600, idle_gpu_seconds=4 * 3600)
     return jobs
 
 
