@@ -15,10 +15,11 @@
   the ``__idle__`` row, OpenCost's name for it.
 
 Every figure is a sum over buckets (cluster, pool, node, UTC day, price), so each grouping adds up: per row and in
-total, ``capacity_gpu_seconds == allocated_gpu_seconds + unallocated_gpu_seconds`` exactly (Decimal seconds at
-microsecond resolution). A cluster with ledger entries but no node inventory (the local backend, or before its
-first node sync) has unallocated below zero there: the figures say what was observed, and the row's
-``inventory_gpu_seconds`` of 0 says why.
+total, ``capacity_gpu_seconds == allocated_gpu_seconds - uninventoried_allocated_gpu_seconds +
+unallocated_gpu_seconds`` exactly (Decimal seconds at microsecond resolution). ``uninventoried_*`` is the allocation
+on clusters whose nodes no sync listed in the window (before a cluster's first node sync, or a runner without
+one): it is billed, so it is allocated, but there is no capacity to hold it against; a row made only of it has
+its capacity and unallocated figures None (unknown), never 0 or below.
 """
 
 from __future__ import annotations
@@ -72,6 +73,10 @@ class Bucket:
     allocated: Decimal = ZERO
     allocated_cost: Decimal = ZERO
     allocated_unpriced: Decimal = ZERO
+    # the part of ``allocated`` on clusters whose nodes no sync listed in the window (no inventory: no capacity)
+    outside: Decimal = ZERO
+    outside_cost: Decimal = ZERO
+    outside_unpriced: Decimal = ZERO
 
     def add(self, other: Bucket) -> None:
         for field in dataclasses.fields(self):
@@ -102,7 +107,7 @@ def _pool_key(cluster_id: int, pool_name: str, accelerator_id: int, capacity_typ
     return (cluster_id, pool_name, accelerator_id, capacity_type)
 
 
-def _capacity(buckets: dict, start: dt.datetime, end: dt.datetime, cluster_ids) -> None:
+def _capacity(buckets: dict, start: dt.datetime, end: dt.datetime, cluster_ids) -> set[int]:
     spans = NodeSpan.objects.filter(start__lt=end, end__gt=start).select_related("cluster", "accelerator")
     if cluster_ids is not None:
         spans = spans.filter(cluster_id__in=cluster_ids)
@@ -127,6 +132,7 @@ def _capacity(buckets: dict, start: dt.datetime, end: dt.datetime, cluster_ids) 
                     bucket.capacity_unpriced += gpu_s
                 else:
                     bucket.capacity_cost += gpu_s * price / HOUR
+    return {s.cluster_id for s in spans}
 
 
 def _node_shares(placement: dict, gpus: int) -> list[tuple[str, int]]:
@@ -189,7 +195,8 @@ def _attempt_days(start: dt.datetime, end: dt.datetime, cluster_ids) -> dict[tup
     return _attempt_days_python(start, end, cluster_ids)
 
 
-def _allocated(buckets: dict, teams: dict, start: dt.datetime, end: dt.datetime, cluster_ids) -> None:
+def _allocated(buckets: dict, teams: dict, start: dt.datetime, end: dt.datetime, cluster_ids,
+               inventoried: set[int]) -> None:
     sums = _attempt_days(start, end, cluster_ids)
     attempts = {pk: (name, ctype, placement) for pk, name, ctype, placement in JobAttempt.objects.filter(
         pk__in={k[0] for k in sums}).values_list("pk", "node_pool__name", "node_pool__capacity_type", "placement")}
@@ -204,6 +211,10 @@ def _allocated(buckets: dict, teams: dict, start: dt.datetime, end: dt.datetime,
                 b.allocated += share * (priced + unpriced)
                 b.allocated_unpriced += share * unpriced
                 b.allocated_cost += cost
+            if cluster_id not in inventoried:
+                bucket.outside += share * (priced + unpriced)
+                bucket.outside_unpriced += share * unpriced
+                bucket.outside_cost += cost
 
 
 def _idle(start: dt.datetime, end: dt.datetime, cluster_ids) -> dict[tuple, float]:
@@ -231,19 +242,30 @@ def _usd(amount: Decimal) -> Decimal:
 def _present(b: Bucket, idle: float | None) -> dict:
     """The figures of one row. A cost whose GPU-seconds all lack a price is None (unknown), never 0; a partly priced
     one is the priced part, with the unpriced GPU-hours beside it."""
-    unallocated = b.capacity - b.allocated
-    return {
+    inside = b.allocated - b.outside
+    unallocated = b.capacity - inside
+    figures = {
         "capacity_gpu_seconds": b.capacity, "cordoned_gpu_seconds": b.cordoned,
         "allocated_gpu_seconds": b.allocated, "unallocated_gpu_seconds": unallocated,
+        "uninventoried_allocated_gpu_seconds": b.outside,
         "capacity_gpu_hours": _hours(b.capacity), "cordoned_gpu_hours": _hours(b.cordoned),
         "allocated_gpu_hours": _hours(b.allocated), "unallocated_gpu_hours": _hours(unallocated),
+        "uninventoried_allocated_gpu_hours": _hours(b.outside),
         "idle_allocated_gpu_hours": None if idle is None else _hours(Decimal(repr(idle))),
         "capacity_cost_usd": _known(b.capacity_cost, b.capacity, b.capacity_unpriced),
         "allocated_cost_usd": _known(b.allocated_cost, b.allocated, b.allocated_unpriced),
-        "unallocated_cost_usd": _known(b.capacity_cost - b.allocated_cost, b.capacity, b.capacity_unpriced),
+        "unallocated_cost_usd": _known(b.capacity_cost - (b.allocated_cost - b.outside_cost), b.capacity,
+                                       b.capacity_unpriced),
         "unpriced_capacity_gpu_hours": _hours(b.capacity_unpriced),
-        "unpriced_unallocated_gpu_hours": _hours(b.capacity_unpriced - b.allocated_unpriced),
+        "unpriced_allocated_gpu_hours": _hours(b.allocated_unpriced),
+        "unpriced_unallocated_gpu_hours": _hours(b.capacity_unpriced - (b.allocated_unpriced - b.outside_unpriced)),
     }
+    if not b.capacity and b.outside:  # no node of it was ever listed: its capacity is unknown, not 0
+        for key in ("capacity_gpu_seconds", "cordoned_gpu_seconds", "unallocated_gpu_seconds", "capacity_gpu_hours",
+                    "cordoned_gpu_hours", "unallocated_gpu_hours", "capacity_cost_usd", "unallocated_cost_usd",
+                    "unpriced_capacity_gpu_hours", "unpriced_unallocated_gpu_hours"):
+            figures[key] = None
+    return figures
 
 
 def _label(group_by: str, pool_key: tuple, node: str, day: dt.date, names: dict) -> tuple:
@@ -273,8 +295,9 @@ def _share_idle(buckets: dict, teams: dict, team_names: dict, cluster_names: dic
         users[(cluster_id, day)].append((team_id, t))
     rows: dict[object, dict] = defaultdict(lambda: defaultdict(Decimal))
     for cd, whole in per_cluster_day.items():
-        idle_s, idle_usd = whole.capacity - whole.allocated, whole.capacity_cost - whole.allocated_cost
-        idle_unpriced = whole.capacity_unpriced - whole.allocated_unpriced
+        idle_s = whole.capacity - (whole.allocated - whole.outside)
+        idle_usd = whole.capacity_cost - (whole.allocated_cost - whole.outside_cost)
+        idle_unpriced = whole.capacity_unpriced - (whole.allocated_unpriced - whole.outside_unpriced)
         holders = [(tid, t) for tid, t in users.get(cd, []) if t.allocated > 0]
         total = sum((t.allocated for _tid, t in holders), ZERO)
         if not holders:
@@ -329,8 +352,8 @@ def capacity_report(group_by: str, start: dt.datetime, end: dt.datetime, *, clus
         raise ValueError("end must be after start")
     buckets: dict[tuple, Bucket] = defaultdict(Bucket)
     teams: dict[tuple, Bucket] = defaultdict(Bucket)
-    _capacity(buckets, start, end, cluster_ids)
-    _allocated(buckets, teams, start, end, cluster_ids)
+    inventoried = _capacity(buckets, start, end, cluster_ids)
+    _allocated(buckets, teams, start, end, cluster_ids, inventoried)
     cluster_names = dict(Cluster.objects.values_list("pk", "name"))
     whole = Bucket()
     for b in buckets.values():

@@ -242,3 +242,19 @@ def test_rows_that_miss_the_total_by_rounding_say_by_how_much(fleet):
     assert [r["capacity_cost_usd"] for r in shown] == [str(per_node.quantize(cent))] * 3 == ["0.80"] * 3
     assert whole["capacity_cost_usd"] == str((3 * per_node).quantize(cent)) == "2.41"
     assert whole["rounding_difference_usd"] == {"capacity_cost_usd": "0.01", "unallocated_cost_usd": "0.01"}
+
+
+def test_a_cluster_without_node_inventory_has_unknown_capacity_not_a_negative_one(fleet, catalog, teams, user, h100):
+    """Billed on a cluster whose nodes no sync ever listed: allocated as billed, capacity and unallocated unknown
+    (None) for its row, and the fleet's identity holds with that allocation set apart."""
+    sync_fleet(fleet, {i: {"node-a": ("on-demand", 8, True)} for i in range(61)})  # 8 GPU-h of capacity
+    dark = Cluster.objects.create(name="dark", provider="aws", region="us-east-1", backend="kubernetes")
+    allocate(dark, teams, user, h100, [(0, ["x"], 2, 0, 30)])  # 1 GPU-h billed, no inventory
+    rows, total = capacity_report("cluster", T0 - dt.timedelta(hours=1), T0 + dt.timedelta(hours=2))
+    by_name = {r["cluster"]: r for r in rows}
+    assert by_name["dark"]["allocated_gpu_hours"] == Decimal(1)
+    assert by_name["dark"]["capacity_gpu_hours"] is None and by_name["dark"]["unallocated_cost_usd"] is None
+    assert by_name["aws-use1"]["unallocated_gpu_hours"] == Decimal(8)
+    assert total["uninventoried_allocated_gpu_hours"] == Decimal(1)
+    assert total["capacity_gpu_seconds"] == (total["allocated_gpu_seconds"] - total["uninventoried_allocated_gpu_seconds"]
+                                             + total["unallocated_gpu_seconds"])
