@@ -29,7 +29,6 @@ from ..models import CostEntry, Report, UtilizationRollup
 from ..spend import ledger_usd
 from ..unknown import unknown_cost, unknown_cost_json
 from .efficiency import training_efficiency
-from .mail import send_report
 from .render import render_csv, render_html
 from .rounding import balanced_window, largest_remainder
 
@@ -235,42 +234,22 @@ def build_report_data(team: Team | None, start: dt.datetime, end: dt.datetime) -
     }
 
 
-def generate_report(team: Team | None, start: dt.datetime, end: dt.datetime, kind: str = Report.Kind.CUSTOM
-                    ) -> tuple[Report, bool]:
-    """Compute and store the report of ``team`` (None: platform-wide) for ``[start, end)``.
+def generate_report(team: Team | None, start: dt.datetime, end: dt.datetime, kind: str = Report.Kind.CUSTOM, *,
+                    source: str = Report.Source.REQUEST, requested_by=None) -> tuple[Report, bool]:
+    """Compute and store the report of ``team`` (None: platform-wide) for ``[start, end)`` (aware datetimes).
 
     Idempotent per (scope, kind, period): a second run refreshes the stored
-    row. Returns ``(report, created)``.
+    row's numbers (the unique constraints of ``Report`` make a concurrent
+    first run find the row that won). ``source`` and ``requested_by`` (a
+    user) record what asked for it. Sends no mail (``costs.reports.catchup``
+    does, once). Returns ``(report, created)``.
     """
     data = build_report_data(team, start, end)
     with transaction.atomic():
         report, created = Report.objects.select_for_update().update_or_create(
             team=team, kind=kind, period_start=start, period_end=end,
-            defaults={"data": data, "html": render_html(data), "csv": render_csv(data)},
+            defaults={"data": data, "html": render_html(data), "csv": render_csv(data), "source": source,
+                      "requested_by": requested_by},
         )
+    log.info("report %s generated (%s)", report, "new" if created else "refreshed")
     return report, created
-
-
-def generate_reports(kind: str, scope: str = "all", at: dt.datetime | None = None) -> list[int]:
-    """Generate (and e-mail, when new) the ``kind`` reports of the last complete period before ``at``.
-
-    ``scope``: ``all`` (every team and the platform), ``platform``, or a team
-    slug. Returns the ids of the reports. Raises Team.DoesNotExist for an
-    unknown slug, KeyError for an unknown kind.
-    """
-    start, end = period_window(kind, at)
-    if scope == "all":
-        targets = [*Team.objects.all(), None]
-    elif scope == "platform":
-        targets = [None]
-    else:
-        targets = [Team.objects.get(slug=scope)]
-    ids = []
-    for team in targets:
-        report, created = generate_report(team, start, end, kind)
-        if created:
-            send_report(report)
-        ids.append(report.pk)
-        log.info("report %s generated (%s)", report, "new" if created else "refreshed")
-    return ids
-
