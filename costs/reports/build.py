@@ -16,6 +16,7 @@ import datetime as dt
 import logging
 from decimal import Decimal
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -52,6 +53,19 @@ def period_window(kind: str, at: dt.datetime | None = None) -> tuple[dt.datetime
     if kind == Report.Kind.WEEKLY:
         end -= dt.timedelta(days=end.weekday())
     return end - length, end
+
+
+def period_errors(start: dt.datetime, end: dt.datetime) -> dict[str, str]:
+    """Why ``[start, end)`` (aware datetimes) cannot be the period of a report asked for on demand: ``{field:
+    reason}`` for ``end`` (at or before ``start``; longer than ``REPORTS_MAX_PERIOD_DAYS`` days, which bounds the
+    work of one request), empty when it can be."""
+    if end <= start:
+        return {"end": f"must be after start ({start.isoformat()})"}
+    longest = dt.timedelta(days=settings.REPORTS_MAX_PERIOD_DAYS)
+    if end - start > longest:
+        return {"end": f"the period is {(end - start).total_seconds() / 86400:g} days long; a report covers at most "
+                       f"{settings.REPORTS_MAX_PERIOD_DAYS} days (REPORTS_MAX_PERIOD_DAYS)"}
+    return {}
 
 
 def _percent_change(now: Decimal | float, before: Decimal | float) -> float | None:
