@@ -3,6 +3,7 @@ one on demand."""
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.fields import AwareDateTimeField
@@ -29,6 +30,7 @@ class ReportSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+@extend_schema_field({"type": "string", "example": "ml-research"})
 class MemberTeamField(serializers.Field):
     """A team by slug, among the requesting user's teams (every team for staff): an unknown team and one the user
     is not a member of get the same answer, so the field tells nothing about other teams."""
