@@ -232,7 +232,8 @@ CELERY_TASK_ROUTES = {
                      "runners.tasks.sync_node_pools"], {"queue": CELERY_FAST_QUEUE}),
     **dict.fromkeys(["costs.tasks.accrue_running_costs", "costs.tasks.accrue_attempt", "costs.tasks.check_budgets",
                      "costs.tasks.collect_utilization", "costs.tasks.collect_ended_utilization",
-                     "costs.tasks.check_ledger", "frontend.tasks.generate_reports", "runners.tasks.check_node_health",
+                     "costs.tasks.check_ledger", "frontend.tasks.generate_reports", "costs.tasks.catch_up_reports",
+                     "runners.tasks.check_node_health",
                      "jobs.tasks.collect_workload_metrics", "celery.*"], {"queue": CELERY_SLOW_QUEUE}),
 }
 # Pacing of scheduling passes under a storm of submissions (jobs.scheduling.passes.schedule_coalesced): after a pass
@@ -294,6 +295,17 @@ CELERY_BEAT_SCHEDULE.update({
                                   "schedule": env.float("ENDED_UTILIZATION_INTERVAL_SECONDS", default=60.0)},
     "check-ledger": {"task": "costs.tasks.check_ledger", "schedule": env.float("LEDGER_CHECK_INTERVAL_SECONDS", default=3600.0)},
 })
+# Reports (costs.reports.catchup, docs/adr/0023): each report schedule's run, and the catch-up every
+# REPORTS_CATCHUP_INTERVAL_SECONDS, build the reports missing among the last REPORTS_CATCHUP_PERIODS complete periods
+# of each kind (days for daily, weeks for weekly) whose schedule time came, so an outage of beat or of the workers
+# up to that long leaves no period without its report; older ones are not built (bounded work after a months-long
+# outage: at most (teams + 1) x this many reports per kind) but can be asked for on demand. The catch-up also mails
+# what a failed mail left unmailed. A report asked for on demand covers at most REPORTS_MAX_PERIOD_DAYS days.
+REPORTS_CATCHUP_PERIODS = env.int("REPORTS_CATCHUP_PERIODS", default=7)
+REPORTS_CATCHUP_INTERVAL_SECONDS = env.float("REPORTS_CATCHUP_INTERVAL_SECONDS", default=3600.0)
+REPORTS_MAX_PERIOD_DAYS = env.int("REPORTS_MAX_PERIOD_DAYS", default=92)
+CELERY_BEAT_SCHEDULE["catch-up-reports"] = {"task": "costs.tasks.catch_up_reports",
+                                            "schedule": REPORTS_CATCHUP_INTERVAL_SECONDS}
 # --- end Costs and utilization -------------------------------------------------
 
 # --- Runners ------------------------------------------------------------------

@@ -77,9 +77,9 @@ class LedgerDiscrepancyAdmin(admin.ModelAdmin):
 class ReportAdmin(admin.ModelAdmin):
     """Stored reports (read mostly); their schedules are django-celery-beat's PeriodicTask rows."""
 
-    list_display = ("id", "team", "kind", "period_start", "period_end", "generated_at")
-    list_filter = ("kind", "team")
-    readonly_fields = ("generated_at",)
+    list_display = ("id", "team", "kind", "period_start", "period_end", "source", "generated_at", "mailed_at")
+    list_filter = ("kind", "source", "team")
+    readonly_fields = ("generated_at", "source", "requested_by", "mailed_at")
 
 
 @admin.register(ClusterMetrics)

@@ -1,6 +1,8 @@
 """Money: the effective-dated price catalog and the append-only cost ledger, its rollups, utilization and reports."""
 
+from django.conf import settings
 from django.db import models
+from django.db.models.functions import Coalesce
 
 
 class Price(models.Model):
@@ -384,12 +386,22 @@ class ReportQuerySet(models.QuerySet):
 class Report(models.Model):
     """A utilization and cost report over ``[period_start, period_end)`` for ``team`` (null: platform-wide).
 
-    ``kind`` is the schedule that made it (``daily``, ``weekly``) or ``custom``.
-    ``data`` holds the numbers (money as strings of USD cents, GPU-hours as
-    floats, utilization in percent or null for "no data"); ``html`` and
-    ``csv`` are its renderings, kept as generated (``costs.reports.build``).
-    The table is named ``frontend_report``: existing databases hold the
-    reports under that name.
+    ``kind`` is the schedule's period that made it (``daily``, ``weekly``) or
+    ``custom`` (asked for on demand, any period). ``data`` holds the numbers
+    (money as strings of USD cents, GPU-hours as floats, utilization in
+    percent or null for "no data"); ``html`` and ``csv`` are its renderings,
+    kept as generated (``costs.reports.build``). ``source`` says what built it
+    (its schedule, the catch-up of a missed period, or a request by
+    ``requested_by``); ``mailed_at`` when it was mailed, set by compare-and-set
+    so a report is mailed once (null: not yet, or never for ``custom``).
+
+    One report per scope, kind and period start (``report_one_per_scope_period``)
+    and one ``custom`` report per scope and window: duplicate or concurrent
+    builds of a period find the row that won (``costs.reports.catchup``). A
+    platform-wide report's team is null, so the constraints index
+    ``COALESCE(team_id, 0)``: PostgreSQL and SQLite treat NULLs as distinct
+    in a unique index. The table is named ``frontend_report``: existing
+    databases hold the reports under that name.
     """
 
     class Kind(models.TextChoices):
@@ -397,11 +409,20 @@ class Report(models.Model):
         WEEKLY = "weekly"
         CUSTOM = "custom"
 
+    class Source(models.TextChoices):
+        SCHEDULE = "schedule"
+        CATCH_UP = "catch-up"
+        REQUEST = "request"
+
     team = models.ForeignKey("quotas.Team", on_delete=models.CASCADE, null=True, blank=True, related_name="reports")
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.CUSTOM)
     period_start = models.DateTimeField()
     period_end = models.DateTimeField()
     generated_at = models.DateTimeField(auto_now_add=True)
+    source = models.CharField(max_length=16, choices=Source.choices, default=Source.REQUEST)
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+                                     related_name="+")
+    mailed_at = models.DateTimeField(null=True, blank=True)
     data = models.JSONField(default=dict)
     html = models.TextField(blank=True)
     csv = models.TextField(blank=True)
@@ -412,6 +433,12 @@ class Report(models.Model):
         db_table = "frontend_report"
         ordering = ["-period_end", "-generated_at", "-id"]
         indexes = [models.Index(fields=["team", "-period_end"])]
+        constraints = [
+            models.UniqueConstraint(Coalesce("team", models.Value(0)), "kind", "period_start",
+                                    condition=~models.Q(kind="custom"), name="report_one_per_scope_period"),
+            models.UniqueConstraint(Coalesce("team", models.Value(0)), "period_start", "period_end",
+                                    condition=models.Q(kind="custom"), name="report_one_custom_per_scope_window"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.scope_name} {self.kind} {self.period_start:%Y-%m-%d}..{self.period_end:%Y-%m-%d}"

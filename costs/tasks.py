@@ -1,6 +1,6 @@
 """Celery tasks of costs: ledger accrual, budget checks, utilization collection, the ledger-vs-metrics check, reports.
 
-The report task lives in ``costs.reports.tasks``; it is imported here so that autodiscovery (``<app>.tasks``) finds it.
+The report tasks live in ``costs.reports.tasks``; they are imported here so that autodiscovery (``<app>.tasks``) finds them.
 All go to the slow queue (``CELERY_TASK_ROUTES``, docs/adr/0014); each has a soft time limit (``SoftTimeLimitExceeded``
 raised in the task: the transaction it is in rolls back) and a hard one, chosen from its work and its beat interval.
 """
@@ -15,7 +15,7 @@ from runners.base import each_cluster
 from runners.models import Cluster
 
 from .ledger import accrue_attempt, accrue_running
-from .reports.tasks import generate_reports  # noqa: F401  (registers the task)
+from .reports.tasks import catch_up_reports, generate_reports  # noqa: F401  (registers the tasks)
 
 
 # Every 60 s; 1,000 attempts over a 30-day ledger take 0.2-0.6 s (benchmarks/ledger_scale.py).

@@ -29,6 +29,8 @@ Commands (one module each under ``cpctl.commands``)::
                                                average GPU utilization, coverage, idle GPU-hours and USD
   reports [--team T] [--kind daily|weekly|custom] [--limit N]   stored reports, newest first
   report ID [--csv]                            one report's figures, or its CSV (section,item,metric,value)
+  build-report (--team T | --platform) --start S --end E
+                                               a report of any period, built now (platform: staff)
   nodes [--cluster C] [--health H]             GPU nodes: health, whether they take work, the evidence
   cordon ID [--note N] | uncordon ID | clear-health ID
                                                staff: keep admission off a node, let it back, clear its health

@@ -6,8 +6,9 @@ daily reports, starts the web server, a Celery worker for each queue (fast
 and slow) and Celery beat as child processes, submits a PyTorch training
 job, a CPU-only data-preparation job for the local CPU pool (and a job the budget must refuse) through the
 REST API with a real token, follows them to a final state, then serves the trained model as an inference job that names the
-training job (``spec.checkpoint_from``), sends its endpoint a request and
-prints a summary with the endpoint and the answer. With ``--once`` it then
+training job (``spec.checkpoint_from``), sends its endpoint a request,
+asks the API for ml-research's report of the day (on demand) and prints a
+summary with the endpoint, the answer and the report. With ``--once`` it then
 cancels the serving job, stops, and exits 0 only if training SUCCEEDED with
 a lower final loss, the CPU-only job SUCCEEDED billed at the CPU price, and
 the served model answered.
@@ -16,6 +17,7 @@ the served model answered.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import os
 import re
@@ -78,6 +80,22 @@ def seed_reports() -> int:
     for team in [*Team.objects.all(), None]:
         generate_report(team, start, end, Report.Kind.DAILY)
     return Team.objects.count() + 1
+
+
+def report_on_demand(api: Api, port: int) -> str:
+    """Ask the API for ml-research's report of today (UTC) so far, as a user would (``POST reports/``, what
+    ``cpctl build-report`` sends), so the Reports page holds one with the demo's own jobs; returns the summary line
+    (or why it failed: the demo goes on)."""
+    today = dt.datetime.now(dt.timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    try:
+        report = api.post_json("reports/", {"team": "ml-research", "start": today.isoformat(),
+                                            "end": (today + dt.timedelta(days=1)).isoformat()})
+    except (RuntimeError, requests.RequestException) as exc:
+        return f"  report on demand FAILED: {exc}"
+    totals = report["data"]["totals"]
+    return (f"  report {report['id']} (on demand, ml-research, {today:%Y-%m-%d} UTC): {totals['gpu_hours']:.4f} "
+            f"GPU-hours, ${totals['cost_usd']}  http://127.0.0.1:{port}/reports/{report['id']}/  "
+            f"(cpctl report {report['id']})")
 
 
 def seed_demo() -> dict[str, DemoTeam]:
@@ -204,6 +222,13 @@ class Api:
     def post(self, path: str) -> dict:
         """POST without a body (an action such as ``jobs/N/cancel/``); raises RuntimeError on an error status."""
         r = self.session.post(self.base + path, timeout=30)
+        if r.status_code >= 400:
+            raise RuntimeError(f"POST {path} answered {r.status_code}: {r.text}")
+        return r.json()
+
+    def post_json(self, path: str, body: dict) -> dict:
+        """POST ``body`` as JSON; raises RuntimeError on an error status."""
+        r = self.session.post(self.base + path, json=body, timeout=60)
         if r.status_code >= 400:
             raise RuntimeError(f"POST {path} answered {r.status_code}: {r.text}")
         return r.json()
@@ -503,6 +528,7 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
                       f"  answer   {json.dumps(answer)}\n")
         else:
             out.write(f"  serving FAILED: {answer}\n")
+        out.write(report_on_demand(research, port) + "\n")
         ok = trained and answered and prepared
         out.write("Demo OK: training succeeded, its loss fell, the CPU-only job succeeded and was billed, and the "
                   "served model answered.\n" if ok else "Demo FAILED.\n")

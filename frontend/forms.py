@@ -17,6 +17,7 @@ from core.limits import THRESHOLD_MAX_PERCENT, threshold_out_of_range
 from core.parsers import load_yaml
 from costs.capacity import GROUPS as CAPACITY_GROUPS
 from costs.capacity import MAX_WINDOW_DAYS
+from costs.reports.build import period_errors
 from jobs.spec import field_schema
 from quotas.models import GPU_QUOTA_FIELDS, VCPU_QUOTA_FIELDS, Budget, Quota
 from runners.models import CPU_ACCELERATOR, Accelerator
@@ -295,3 +296,50 @@ class CapacityQueryForm(forms.Form):
         start = dt.datetime.combine(self.cleaned_data["start"], dt.time(), tzinfo=dt.timezone.utc)
         end = dt.datetime.combine(self.cleaned_data["end"] + dt.timedelta(days=1), dt.time(), tzinfo=dt.timezone.utc)
         return start, end
+
+
+PLATFORM_SCOPE = "__platform__"  # the team choice of a platform-wide report (no team slug can hold "_")
+
+
+class ReportRequestForm(forms.Form):
+    """A report built on demand: a team of the user's (or, for staff, the platform) over the UTC days ``[start,
+    end]`` (end inclusive, as on the costs page). Period rules are the API's (``costs.reports.build.period_errors``:
+    the end not before the start, at most ``REPORTS_MAX_PERIOD_DAYS`` days); their errors go on ``end``."""
+
+    team = forms.ChoiceField(label="Team")
+    start = forms.DateField(widget=forms.DateInput(attrs={"type": "date"}), label="From (UTC day)",
+                            error_messages={"invalid": "Enter a date as YYYY-MM-DD, e.g. 2026-11-01."})
+    end = forms.DateField(widget=forms.DateInput(attrs={"type": "date"}), label="To (UTC day, inclusive)",
+                          error_messages={"invalid": "Enter a date as YYYY-MM-DD, e.g. 2026-11-30."})
+
+    def __init__(self, *args, teams=(), staff: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        choices = [(t.slug, t.slug) for t in teams]
+        if staff:
+            choices.append((PLATFORM_SCOPE, "The platform (every team)"))
+        self.fields["team"].choices = choices
+        self.teams = {t.slug: t for t in teams}
+
+    def clean(self):
+        data = super().clean()
+        if "start" in data and "end" in data:
+            if data["end"] >= dt.date.max:
+                self.add_error("end", f"the end day must be before {dt.date.max.isoformat()}")
+                return data
+            if data["end"] < data["start"]:
+                self.add_error("end", f"the end day ({data['end'].isoformat()}) is before the start day "
+                                      f"({data['start'].isoformat()})")
+                return data
+            for name, reason in period_errors(*self.window()).items():
+                self.add_error(name, reason)
+        return data
+
+    def window(self) -> tuple[dt.datetime, dt.datetime]:
+        """``[start 00:00 UTC, end + 1 day 00:00 UTC)`` of the chosen days."""
+        start = dt.datetime.combine(self.cleaned_data["start"], dt.time(), tzinfo=dt.timezone.utc)
+        end = dt.datetime.combine(self.cleaned_data["end"] + dt.timedelta(days=1), dt.time(), tzinfo=dt.timezone.utc)
+        return start, end
+
+    def chosen_team(self):
+        """The chosen Team, or None for the platform."""
+        return self.teams.get(self.cleaned_data["team"])

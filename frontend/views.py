@@ -31,6 +31,7 @@ from costs.budgets import budget_status
 from costs.capacity import capacity_report, with_rounding
 from costs.collection import refresh_running
 from costs.models import ClusterMetrics, Report, UtilizationRollup
+from costs.reports.build import generate_report
 from costs.unknown import unknown_cost, unpriced_hours
 from jobs.filters import JobFilterSet
 from jobs.lifecycle import NotCancellable, cancel_job, submit_job
@@ -49,7 +50,7 @@ from runners import health as node_health
 from runners.base import ClusterUnreachable, UnknownBackend, backend_for
 from runners.models import Cluster, Node
 
-from .forms import BudgetForm, CapacityQueryForm, CostQueryForm, QuotaForm, SubmitJobForm
+from .forms import BudgetForm, CapacityQueryForm, CostQueryForm, QuotaForm, ReportRequestForm, SubmitJobForm
 
 LIVE_STATES = [JobState.QUEUED, JobState.ADMITTED, JobState.STARTING, JobState.RUNNING, JobState.RECOVERING,
                JobState.CANCELLING]
@@ -603,11 +604,28 @@ def costs_csv(request):
 
 # --- reports ----------------------------------------------------------------------------------------------
 
+def _report_form(request, data=None) -> ReportRequestForm:
+    """The reports page's form for a report on demand: the user's teams, the platform for staff; yesterday by
+    default."""
+    yesterday = timezone.now().astimezone(dt.timezone.utc).date() - dt.timedelta(days=1)
+    return ReportRequestForm(data, teams=Team.objects.visible_to(request.user), staff=request.user.is_staff,
+                             initial={"start": yesterday, "end": yesterday})
+
+
 @login_required
+@require_http_methods(["GET", "POST"])
 def report_list(request):
-    """Stored reports of the user's teams (platform-wide ones for staff), newest period first."""
+    """Stored reports of the user's teams (platform-wide ones for staff), newest period first, and a form that
+    builds one on demand (POST: any member of the team, as ``POST /api/v1/reports/``; then its page opens)."""
+    form = _report_form(request, request.POST if request.method == "POST" else None)
+    if request.method == "POST" and form.is_valid():
+        report, created = generate_report(form.chosen_team(), *form.window(), Report.Kind.CUSTOM,
+                                          source=Report.Source.REQUEST, requested_by=request.user)
+        messages.success(request, f"Report {report.pk} {'built' if created else 'rebuilt'}: {report}.")
+        return redirect("frontend:report-detail", pk=report.pk)
     reports = Report.objects.visible_to(request.user).select_related("team")[:200]
-    return render(request, "frontend/report_list.html", {"reports": reports})
+    status = 400 if request.method == "POST" else 200
+    return render(request, "frontend/report_list.html", {"reports": reports, "form": form}, status=status)
 
 
 @login_required

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('costs', '0008_costentry_reconstructed'),
+        ('costs', '0009_report_once_per_period'),
         ('runners', '0008_cluster_observed_clock'),
     ]
 

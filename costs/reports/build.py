@@ -18,6 +18,7 @@ import datetime as dt
 import logging
 from decimal import Decimal
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -31,7 +32,6 @@ from ..models import CostEntry, Report, UtilizationRollup
 from ..spend import period_spend
 from ..unknown import unknown_cost, unknown_cost_json
 from .efficiency import training_efficiency
-from .mail import send_report
 from .render import render_csv, render_html
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,19 @@ def period_window(kind: str, at: dt.datetime | None = None) -> tuple[dt.datetime
     if kind == Report.Kind.WEEKLY:
         end -= dt.timedelta(days=end.weekday())
     return end - length, end
+
+
+def period_errors(start: dt.datetime, end: dt.datetime) -> dict[str, str]:
+    """Why ``[start, end)`` (aware datetimes) cannot be the period of a report asked for on demand: ``{field:
+    reason}`` for ``end`` (at or before ``start``; longer than ``REPORTS_MAX_PERIOD_DAYS`` days, which bounds the
+    work of one request), empty when it can be."""
+    if end <= start:
+        return {"end": f"must be after start ({start.isoformat()})"}
+    longest = dt.timedelta(days=settings.REPORTS_MAX_PERIOD_DAYS)
+    if end - start > longest:
+        return {"end": f"the period is {(end - start).total_seconds() / 86400:g} days long; a report covers at most "
+                       f"{settings.REPORTS_MAX_PERIOD_DAYS} days (REPORTS_MAX_PERIOD_DAYS)"}
+    return {}
 
 
 def _percent_change(now: Decimal | float, before: Decimal | float) -> float | None:
@@ -251,42 +264,22 @@ def build_report_data(team: Team | None, start: dt.datetime, end: dt.datetime) -
     }
 
 
-def generate_report(team: Team | None, start: dt.datetime, end: dt.datetime, kind: str = Report.Kind.CUSTOM
-                    ) -> tuple[Report, bool]:
-    """Compute and store the report of ``team`` (None: platform-wide) for ``[start, end)``.
+def generate_report(team: Team | None, start: dt.datetime, end: dt.datetime, kind: str = Report.Kind.CUSTOM, *,
+                    source: str = Report.Source.REQUEST, requested_by=None) -> tuple[Report, bool]:
+    """Compute and store the report of ``team`` (None: platform-wide) for ``[start, end)`` (aware datetimes).
 
     Idempotent per (scope, kind, period): a second run refreshes the stored
-    row. Returns ``(report, created)``.
+    row's numbers (the unique constraints of ``Report`` make a concurrent
+    first run find the row that won). ``source`` and ``requested_by`` (a
+    user) record what asked for it. Sends no mail (``costs.reports.catchup``
+    does, once). Returns ``(report, created)``.
     """
     data = build_report_data(team, start, end)
     with transaction.atomic():
         report, created = Report.objects.select_for_update().update_or_create(
             team=team, kind=kind, period_start=start, period_end=end,
-            defaults={"data": data, "html": render_html(data), "csv": render_csv(data)},
+            defaults={"data": data, "html": render_html(data), "csv": render_csv(data), "source": source,
+                      "requested_by": requested_by},
         )
+    log.info("report %s generated (%s)", report, "new" if created else "refreshed")
     return report, created
-
-
-def generate_reports(kind: str, scope: str = "all", at: dt.datetime | None = None) -> list[int]:
-    """Generate (and e-mail, when new) the ``kind`` reports of the last complete period before ``at``.
-
-    ``scope``: ``all`` (every team and the platform), ``platform``, or a team
-    slug. Returns the ids of the reports. Raises Team.DoesNotExist for an
-    unknown slug, KeyError for an unknown kind.
-    """
-    start, end = period_window(kind, at)
-    if scope == "all":
-        targets = [*Team.objects.all(), None]
-    elif scope == "platform":
-        targets = [None]
-    else:
-        targets = [Team.objects.get(slug=scope)]
-    ids = []
-    for team in targets:
-        report, created = generate_report(team, start, end, kind)
-        if created:
-            send_report(report)
-        ids.append(report.pk)
-        log.info("report %s generated (%s)", report, "new" if created else "refreshed")
-    return ids
-

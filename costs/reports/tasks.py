@@ -1,27 +1,37 @@
-"""Celery task of reports: scheduled report generation (fired by django-celery-beat's PeriodicTask rows).
+"""Celery tasks of reports: the task each report schedule fires (django-celery-beat's PeriodicTask rows) and the
+periodic catch-up of missed periods (``CELERY_BEAT_SCHEDULE``); both in ``costs.reports.catchup``.
 
-``costs.tasks`` imports this module, so the worker's autodiscovery registers the task.
+``costs.tasks`` imports this module, so the worker's autodiscovery registers the tasks.
 """
 
 from __future__ import annotations
 
 from celery import shared_task
 
-from . import build
+from . import catchup
+from .schedules import TASK_NAME
 
-# The registered name is the one stored in the report schedules' PeriodicTask.task column
-# (``costs.reports.schedules.TASK``): renaming it would orphan every existing schedule.
-TASK_NAME = "frontend.tasks.generate_reports"
+CATCH_UP_TASK_NAME = "costs.tasks.catch_up_reports"
 
 
-# Slow queue. Minutes at most (a report per team, its charts and its mail); the hard limit stays under the broker's
-# visibility timeout (300 s), or a report still running would be delivered to a second worker.
+# Slow queue. Minutes at most (a report per team and missed period, its charts and its mail); the hard limit stays
+# under the broker's visibility timeout (300 s), or a report still running would be delivered to a second worker.
+# Each report is committed on its own, so a run stopped by its soft limit keeps what it built; the next run goes on.
 @shared_task(name=TASK_NAME, ignore_result=True, acks_late=True, reject_on_worker_lost=True,
              soft_time_limit=240, time_limit=270)
 def generate_reports(period: str, scope: str = "all") -> list[int]:
-    """Generate the ``period`` (``daily`` or ``weekly``) reports of ``scope`` (``all``, ``platform`` or a team slug)
-    for the last complete period, and e-mail the new ones; returns the report ids.
+    """Build the ``period`` (``daily`` or ``weekly``) reports of ``scope`` (``all``, ``platform`` or a team slug)
+    for the last complete period and every missed one of the catch-up window, and mail each new one once;
+    returns the ids of the reports built.
 
-    Idempotent: a redelivered message refreshes the same Report rows and sends no second e-mail.
+    Idempotent: a redelivered message, or two workers running it at once, build and mail nothing twice.
     """
-    return build.generate_reports(period, scope)
+    return [r.pk for r in catchup.run_schedule(period, scope).built]
+
+
+@shared_task(name=CATCH_UP_TASK_NAME, ignore_result=True, acks_late=True, reject_on_worker_lost=True,
+             soft_time_limit=240, time_limit=270)
+def catch_up_reports() -> list[int]:
+    """Build the reports of every enabled schedule whose time came but that have none (beat or the workers were
+    down), and mail those not mailed yet; returns the ids of the reports built. Idempotent, as above."""
+    return [r.pk for r in catchup.catch_up().built]

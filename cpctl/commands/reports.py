@@ -1,4 +1,5 @@
-"""Stored reports: ``reports`` (the list, newest first) and ``report ID [--csv]`` (one report's figures or CSV)."""
+"""Reports: ``reports`` (the stored ones, newest first), ``report ID [--csv]`` (one report's figures or CSV) and
+``build-report`` (a report of a team, or the platform, over any period, built now)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import sys
 
 import click
 
-from cpctl.errors import EXIT_OK
+from cpctl.commands.costs import as_api_time
+from cpctl.errors import EXIT_BAD_INPUT, EXIT_OK, CliError
 from cpctl.options import POSITIVE_INT, Api, api_command
 from cpctl.output import err, fields, gpu_hours, money, out, percent, table, usd, when
 
@@ -25,7 +27,8 @@ def reports(api: Api, team: str | None, kind: str | None, limit: int) -> int:
     if api.shown_as_json({**page, "results": found}):
         return EXIT_OK
     if not found:
-        err("no reports (daily ones are made at 06:00 UTC, weekly ones on Mondays)")
+        err("no reports (daily ones are made at 06:00 UTC, weekly ones on Mondays; "
+            "cpctl build-report makes one of any period now)")
         return EXIT_OK
     rows = []
     for r in found:
@@ -86,8 +89,13 @@ def report(api: Api, id: int, as_csv: bool) -> int:  # noqa: A002 - the argument
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return EXIT_OK
     body = api.client.get(f"reports/{id}/")
-    if api.shown_as_json(body):
-        return EXIT_OK
+    if not api.shown_as_json(body):
+        show_report(body)
+    return EXIT_OK
+
+
+def show_report(body: dict) -> None:
+    """Print one report of the API (``reports/{id}/``): its headline, figures and tables."""
     data = body.get("data") or {}
     out(f"report {body['id']}  {body['kind']} for {body.get('team') or 'the platform'}, "
         f"{when(body['period_start'])} to {when(body['period_end'])} UTC")
@@ -97,7 +105,26 @@ def report(api: Api, id: int, as_csv: bool) -> int:  # noqa: A002 - the argument
             out()
             out(title)
             table(headers, rows, right=tuple(h for h in headers if h not in ("NAME", "TEAM", "ACCELERATOR", "PERIOD")))
+
+
+@api_command("build-report", "build a report of a team (or the platform) over any period, now")
+@click.option("--team", help="team slug (a member's team; staff: any)")
+@click.option("--platform", is_flag=True, help="platform-wide, every team (staff only) instead of --team")
+@click.option("--start", required=True, help="ISO 8601 datetime with offset, or a date (midnight UTC); inclusive")
+@click.option("--end", required=True, help="ISO 8601 datetime with offset, or a date (midnight UTC); exclusive")
+def build_report(api: Api, team: str | None, platform: bool, start: str, end: str) -> int:
+    """Build the report of ``--team`` (or ``--platform``) over ``[--start, --end)`` now (``POST reports/``), store
+    it and print it as ``report ID`` does. The same team and period again refreshes the stored one. Bad input
+    (an unknown team, the end before the start, a period longer than the API allows) exits 2 with the reason."""
+    if bool(team) == platform:
+        raise CliError(EXIT_BAD_INPUT, "error: give --team TEAM or --platform (one of them)")
+    body = {"start": as_api_time(start), "end": as_api_time(end)}
+    if team:
+        body["team"] = team
+    report_body = api.client.post("reports/", body)
+    if not api.shown_as_json(report_body):
+        show_report(report_body)
     return EXIT_OK
 
 
-COMMANDS = [reports, report]
+COMMANDS = [reports, report, build_report]

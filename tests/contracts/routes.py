@@ -32,6 +32,9 @@ AGGREGATES = {"costs", "utilization", "capacity"}
 STAFF_WRITES = {"teams", "cohorts", "priority-classes", "clusters", "nodes"}
 #: Written by the team's admins and staff; members and viewers of the team get 403, outsiders 404.
 TEAM_ADMIN_WRITES = {"quotas", "budgets"}
+#: Built on demand by any member of the team (viewers too: a report shows what costs/ shows them) and staff; the
+#: team is a field of the request, so another team's is refused on it (400), like an unknown team.
+MEMBER_BUILDS = {"reports"}
 
 WRITE_METHODS = {"post", "put", "patch", "delete"}
 MISSING = {"pk": 999999999, "slug": "no-such-team"}
@@ -144,4 +147,5 @@ VALID_BODIES = {
     ("nodes", "cordon"): lambda: {"note": "reseating GPU 3"},
     ("nodes", "uncordon"): lambda: {},
     ("nodes", "clear"): lambda: {},
+    ("reports", "create"): lambda: {"team": "alpha", "start": "2026-03-10T00:00:00Z", "end": "2026-03-11T00:00:00Z"},
 }

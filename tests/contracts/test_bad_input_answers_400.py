@@ -6,8 +6,8 @@ the body is not JSON, not an object, not valid Unicode, nested too deep or empty
 one field holds a value of the wrong type (an object, a list, null, a boolean), a huge or non-finite number, a
 NUL or a lone surrogate. Staff pass every permission, so the answer is the validation's alone.
 
-Two exceptions are the API's documented answers, listed below: a submission's ``kind`` defaults to
-``training``; and the platform objects' names and regions take a JSON number as its decimal text when that
+Three exceptions are the API's documented answers, listed below: a submission's ``kind`` defaults to
+``training``; a report asked for without ``team`` is platform-wide; and the platform objects' names and regions take a JSON number as its decimal text when that
 text is a valid value (DRF's ``CharField``), as ``9223372036854775808`` or ``inf``.
 """
 
@@ -51,8 +51,9 @@ BAD_VALUES = {
 }
 
 
-#: Fields that may be left out, with the value the API stores then.
-DEFAULTS = {("jobs", "kind"): "training"}
+#: Fields that may be left out, with the value the API stores then (a report without a team is the platform's,
+#: which staff, who send these bodies, may build).
+DEFAULTS = {("jobs", "kind"): "training", ("reports", "team"): None}
 #: Text fields that take a JSON number as its decimal text, and the bad values that are then valid text.
 NUMBER_AS_TEXT = {("cohorts", "name"), ("priority-classes", "name"), ("clusters", "name"), ("clusters", "region")}
 VALID_AS_TEXT = {"past-int64", "past-a-float"}  # 9223372036854775808 and inf; 400 digits are over the length

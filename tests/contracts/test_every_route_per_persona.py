@@ -9,7 +9,9 @@ Team alpha's objects (or the platform's) stand behind the detail routes. The con
   that does not exist, and reads the platform-wide objects;
 - a viewer writes nothing: 403 on every write to alpha's objects; staff-only writes are a 403 for any other user
   before any lookup (so for the outsider too, whatever the team); a job submitted for a team the user may not
-  submit to is refused on its ``team`` field (400), as a quota or budget for a team the user is not in.
+  submit to is refused on its ``team`` field (400), as a quota or budget for a team the user is not in;
+- a report is built on demand by any member of its team, a viewer too (what it shows, ``costs/`` shows them);
+  the outsider's request for alpha is refused on its ``team`` field (400).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from rest_framework.test import APIClient
 
 from .routes import (
     AGGREGATES,
+    MEMBER_BUILDS,
     MISSING,
     PLATFORM_WIDE,
     ROUTES,
@@ -70,6 +73,8 @@ def expected_write(route, persona: str) -> int:
         return 403
     if route.detail:
         return 404 if persona == "outsider" else 403
+    if route.prefix in MEMBER_BUILDS:
+        return 400 if persona == "outsider" else 201
     if route.prefix == "jobs":
         return 400  # the team is a field of the submission: refused on it, like an unknown team
     if route.prefix in TEAM_ADMIN_WRITES:
@@ -84,7 +89,7 @@ def test_every_route_is_classified_and_has_a_sample(lookups):
     assert {r.prefix for r in ROUTES if r.detail} <= set(lookups)
     assert not any(r.detail for r in ROUTES if r.prefix in AGGREGATES)
     writable = {r.prefix for r in WRITES}
-    assert writable == STAFF_WRITES | TEAM_ADMIN_WRITES | {"jobs"}, writable
+    assert writable == STAFF_WRITES | TEAM_ADMIN_WRITES | MEMBER_BUILDS | {"jobs"}, writable
     for route in WRITES:
         if route.served and route.action not in ("destroy", "cancel"):
             assert (route.prefix, route.action) in VALID_BODIES, route.id
@@ -107,8 +112,8 @@ def test_a_read_answers_each_persona_as_the_contract_says(route, lookups, person
 def test_a_write_by_anonymous_a_viewer_or_an_outsider_is_refused_and_changes_nothing(route, lookups, personas):
     lookup = lookups.get(route.prefix)
     reader = personas["staff"]
-    seen = reader.get(route.url(lookup) if route.detail else route.template).json()
     for persona in ("anonymous", "viewer", "outsider"):
+        seen = reader.get(route.url(lookup) if route.detail else route.template).json()
         response = call(personas[persona], route, lookup, body_for(route))
         expected = expected_write(route, persona)
         assert response.status_code == expected, (persona, route.id, response.content[:300])
@@ -117,4 +122,6 @@ def test_a_write_by_anonymous_a_viewer_or_an_outsider_is_refused_and_changes_not
         if persona == "outsider" and expected == 404:
             missing = call(personas["outsider"], route, MISSING[route.lookup], body_for(route))
             assert (missing.status_code, missing.json()) == (404, response.json())
-    assert reader.get(route.url(lookup) if route.detail else route.template).json() == seen, route.id
+        if expected >= 400:
+            assert reader.get(route.url(lookup) if route.detail else route.template).json() == seen, (persona,
+                                                                                                      route.id)

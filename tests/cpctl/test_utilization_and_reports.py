@@ -112,3 +112,29 @@ def test_capacity_is_a_table_with_a_total_and_team_shares(run_cli, owner, catalo
     assert shares[1] == ["alpha", "8.00", "$55.04", "56.00", "$385.28", "$440.32"]
     bad = run_cli("capacity", "--start", "2026-03-05", "--end", "2026-03-01", persona=owner)
     assert bad.code == 2 and "end" in bad.err
+
+
+def test_build_report_makes_one_of_any_period_and_prints_it(run_cli, owner, used):
+    result = run_cli("build-report", "--team", "alpha", "--start", "2026-03-10T09:00:00Z", "--end", "2026-03-11",
+                     persona=owner)
+    assert result.code == 0, result.err
+    first = result.out.splitlines()[0]
+    assert re.fullmatch(r"report \d+  custom for alpha, 2026-03-10 09:00:00 to 2026-03-11 00:00:00 UTC", first)
+    fields = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in result.out.splitlines()[1:3])
+    assert fields["cost"].startswith("$110.08") and fields["GPU-hours"] == "16.00"  # the 10:00-12:00 run
+    listed = rows(run_cli("reports", "--kind", "custom", persona=owner).out)
+    assert listed[1][:3] == [first.split()[1], "alpha", "custom"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--team", "alpha", "--start", "2026-03-11", "--end", "2026-03-10"], "end: must be after start"),
+    (["--team", "alpha", "--start", "2026-01-01", "--end", "2026-06-01"], "a report covers at most 92 days"),
+    (["--team", "gamma", "--start", "2026-03-10", "--end", "2026-03-11"], 'team: unknown team "gamma"'),
+    (["--platform", "--start", "2026-03-10", "--end", "2026-03-11"], "team: required"),
+    (["--team", "alpha", "--platform", "--start", "2026-03-10", "--end", "2026-03-11"], "--team TEAM or --platform"),
+    (["--start", "2026-03-10", "--end", "2026-03-11"], "--team TEAM or --platform"),
+])
+def test_build_report_refuses_bad_input_with_the_reason_and_exit_2(run_cli, owner, teams, argv, message):
+    result = run_cli("build-report", *argv, persona=owner)
+    assert (result.code, result.out) == (2, "")
+    assert message in result.err and "Traceback" not in result.err

@@ -14,7 +14,7 @@ import os
 import re
 import subprocess
 import sys
-from decimal import Decimal
+from decimal import ROUND_HALF_EVEN, Decimal
 from itertools import pairwise
 from pathlib import Path
 
@@ -58,9 +58,19 @@ def test_demo_once_trains_and_charges_with_real_workers(tmp_path):
     assert int(served.group(2)) != port  # its own PORT, not the demo's web port
     assert re.search(r"answer\s+\".+\"", out), out
     assert "Staff: admin / " in out
+    on_demand = re.search(r"report (\d+) \(on demand, ml-research, [0-9-]+ UTC\): [0-9.]+ GPU-hours, \$([0-9.]+)", out)
+    assert on_demand, out
 
     with psycopg.connect(db_url.replace("postgres://", "postgresql://")) as conn:
         (serving_from,), = conn.execute("SELECT spec->>'checkpoint_from' FROM jobs_job WHERE name = 'serve-gpt'")
+        (report_start, report_end, report_cost, requester), = conn.execute(
+            "SELECT r.period_start, r.period_end, r.data->'totals'->>'cost_usd', u.username FROM frontend_report r "
+            "JOIN auth_user u ON u.id = r.requested_by_id WHERE r.id = %s AND r.kind = 'custom'",
+            [int(on_demand.group(1))]).fetchall()
+        (ledger_cost,), = conn.execute(
+            "SELECT coalesce(sum(e.amount_usd), 0) FROM costs_costentry e JOIN quotas_team t ON t.id = e.team_id "
+            "WHERE t.slug = 'ml-research' AND e.interval_start >= %s AND e.interval_start < %s",
+            [report_start, report_end]).fetchall()
         reports = conn.execute("SELECT count(*) FROM frontend_report WHERE kind = 'daily'").fetchone()[0]
         (job_id, accrued), = conn.execute("SELECT id, accrued_cost_usd FROM jobs_job WHERE name = 'train-gpt'").fetchall()
         (attempt_id, gpus, started, ended), = conn.execute(
@@ -80,6 +90,9 @@ def test_demo_once_trains_and_charges_with_real_workers(tmp_path):
     assert events == ["ADMITTED", "STARTING", "RUNNING", "SUCCEEDED"]
     assert int(serving_from) == job_id  # the serving job names the training job, not a path
     assert reports == 3  # the daily reports of both teams and the platform, made when the demo started
+    # The report asked for on demand: alice's, its total the ledger's over its day (every ml-research job so far).
+    assert requester == "alice" and report_end - report_start == dt.timedelta(days=1)
+    assert Decimal(report_cost) == Decimal(on_demand.group(2)) == ledger_cost.quantize(Decimal("0.01"), ROUND_HALF_EVEN)
     assert entries, "the training attempt was never charged"
     # The entries tile [started, ended) exactly: no gap, no overlap.
     assert entries[0][0] == started and entries[-1][1] == ended

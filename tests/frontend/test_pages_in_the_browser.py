@@ -192,6 +192,20 @@ def test_a_report_pages_label_and_value_cells_line_up(live_server, costs_over_da
     shoot(page, "report-aligned")
 
 
+def test_the_reports_page_builds_a_report_of_the_chosen_days(live_server, costs_over_days, page, teams):
+    today, days = costs_over_days
+    first = today - dt.timedelta(days=5)
+    sign_in(page, live_server.url, "owner")
+    page.goto(f"{live_server.url}/reports/")
+    form = page.get_by_role("form", name="Build a report")
+    form.get_by_label("From (UTC day)").fill(first.isoformat())
+    form.get_by_label("To (UTC day, inclusive)").fill((today - dt.timedelta(days=3)).isoformat())
+    form.get_by_role("button", name="Build report").click()
+    expect(page).to_have_url(re.compile(r"/reports/\d+/$"))
+    total = sum(usd for day, usd in days.items() if day <= today - dt.timedelta(days=3))  # $2 + $4, not yesterday's
+    expect(page.locator("main")).to_contain_text(f"${total:.2f}")
+
+
 def test_the_submit_page_defaults_to_an_offered_accelerator_and_the_estimate_stays_the_same(
         live_server, fleet, page, catalog, owner):
     pool = fleet["pool"]
