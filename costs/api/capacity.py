@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import extend_schema, extend_schema_serializer
 from rest_framework import serializers
 from rest_framework.response import Response
 
@@ -53,6 +53,19 @@ class CapacityQuerySerializer(serializers.Serializer):
         return attrs
 
 
+@extend_schema_serializer(many=False)  # one report object, although served by the list action
+class CapacityReportSerializer(serializers.Serializer):
+    """A capacity answer: the grouping, the window, one row per group (its label fields and figures: GPU-seconds and
+    GPU-hours as exact decimal strings, USD as cents strings or null when unknown) and the total with
+    ``rounding_difference_usd`` (per USD figure, what the shown rows miss of the total)."""
+
+    group_by = serializers.CharField()
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    results = serializers.ListField(child=serializers.DictField())
+    total = serializers.DictField()
+
+
 @extend_schema(tags=["costs"])
 class CapacityViewSet(ScopedGenericViewSet):
     """Capacity and unallocated GPU-hours of the fleet, and idle shared to teams."""
@@ -60,17 +73,13 @@ class CapacityViewSet(ScopedGenericViewSet):
     queryset = NodeSpan.objects.all()
     filter_backends = []
     pagination_class = None
-    schema_summaries = {"list": "Capacity, allocated and unallocated GPU-hours by cluster, pool, node, accelerator, "
-                                "UTC day or team"}
+    serializer_class = CapacityReportSerializer
+    schema_summaries = {"list": "Fleet capacity and unallocated GPU-hours by cluster, pool, node, day or team"}
 
     def scope_queryset(self, queryset, user):
         return queryset
 
-    @extend_schema(parameters=[CapacityQuerySerializer],
-                   responses=inline_serializer("CapacityReport", {
-                       "group_by": serializers.CharField(), "start": serializers.DateTimeField(),
-                       "end": serializers.DateTimeField(), "results": serializers.ListField(child=serializers.DictField()),
-                       "total": serializers.DictField()}))
+    @extend_schema(parameters=[CapacityQuerySerializer], responses=CapacityReportSerializer)
     def list(self, request):
         """Capacity, cordoned, allocated, unallocated and idle-inside-allocation GPU-hours, and capacity, allocated
         and unallocated USD, per group over ``[start, end)``; GPU-hours without a price beside each USD figure (a

@@ -51,7 +51,8 @@ def ledger(teams, owner, outsider, catalog):
 def expected_totals(ledger, team: int | None, start: dt.datetime, end: dt.datetime) -> dict:
     lines = [line for line in ledger if (team is None or line[0] == team) and start <= line[1] < end]
     return {"gpu_hours": float(sum(gpu_hours for _, _, gpu_hours, _ in lines)),
-            "cost_usd": cents(sum((amount for *_, amount in lines), Decimal(0)))}
+            "cost_usd": cents(sum((amount for *_, amount in lines), Decimal(0))),
+            "unpriced_gpu_hours": 0.0, "unpriced_vcpu_hours": 0.0}  # every entry of the ledger here is priced
 
 
 def body(team, start: dt.datetime, end: dt.datetime) -> dict:
