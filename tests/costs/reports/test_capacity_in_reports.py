@@ -24,7 +24,7 @@ import pytest
 from costs.reports.build import generate_report
 from cpctl.commands.reports import show_report
 from runners.models import Cluster
-from tests.costs.test_capacity import T0, allocate, sync_fleet
+from tests.costs.test_capacity import T0, allocate, expected, generate, sync_fleet
 
 pytestmark = pytest.mark.django_db
 START, END = T0, T0 + dt.timedelta(hours=4)
@@ -119,3 +119,30 @@ def test_a_team_that_used_no_cluster_has_a_share_of_zero(fleet, teams):
     report, _ = generate_report(teams[1], START, END)
     assert report.data["shared_idle"]["cost_usd"] == "0.00"
     assert Decimal(report.data["shared_idle"]["gpu_hours"]) == 0
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_on_a_generated_fleet_every_report_figure_is_the_apis(catalog, teams, user, h100, staff, seed):
+    """Nodes joining, leaving, cordoned and unseen for a while (``tests.costs.test_capacity.generate``), two teams'
+    jobs, a window that cuts the run: the platform report's capacity and each team report's shared idle equal the
+    API's rows and total for the window, to the cent."""
+    cluster = Cluster.objects.create(name="aws-use1", provider="aws", region="us-east-1", backend="kubernetes")
+    sightings = generate(seed)
+    sync_fleet(cluster, sightings)
+    nodes = sorted(n for n, f in expected(sightings).items() if f["type"] == "on-demand")
+    allocate(cluster, teams, user, h100, [(0, nodes[:1], 2, 60, 75), (1, nodes[-1:], 1, 62, 80)])
+    start, end = T0 + dt.timedelta(minutes=7, seconds=13), T0 + dt.timedelta(hours=2, minutes=1)
+    section = generate_report(None, start, end)[0].data["capacity"]
+    answer = staff.client.get("/api/v1/capacity/", {"group_by": "cluster", "start": start.isoformat(),
+                                                     "end": end.isoformat()}).json()
+    assert section["by_cluster"] == [{"cluster": r["cluster"], **{k: r[k] for k in FIGURES}}
+                                     for r in answer["results"]]
+    assert {k: section["total"][k] for k in FIGURES} == {k: answer["total"][k] for k in FIGURES}
+    shares = {r["team"]: r for r in staff.client.get("/api/v1/capacity/", {
+        "group_by": "team", "start": start.isoformat(), "end": end.isoformat()}).json()["results"]}
+    for team in teams:
+        shared = generate_report(team, start, end)[0].data["shared_idle"]
+        row = shares[team.slug]
+        assert (shared["gpu_hours"], shared["cost_usd"], shared["unpriced_gpu_hours"]) == (
+            row["shared_idle_gpu_hours"], row["shared_idle_cost_usd"], row["unpriced_shared_idle_gpu_hours"])
+        assert Decimal(shared["gpu_hours"]) > 0
