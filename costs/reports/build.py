@@ -27,6 +27,7 @@ from jobs.models import Job
 from quotas.models import CPU_FLAVOR, Budget, Quota, Team
 
 from ..aggregation import aggregate_window, filter_days, hours, money, utilization_window, window_sums
+from ..capacity import capacity_report, with_rounding
 from ..forecast import committed_at, forecast
 from ..models import CostEntry, Report, UtilizationRollup
 from ..spend import period_spend
@@ -210,15 +211,50 @@ def _unknown(team: Team | None, end: dt.datetime) -> dict | None:
     return unknown_cost_json(unknown_cost(team=team, until=end))
 
 
+#: The capacity figures a platform report keeps per cluster and in total (``costs.capacity``, as the API shows them).
+CAPACITY_FIGURES = ("capacity_gpu_hours", "cordoned_gpu_hours", "allocated_gpu_hours",
+                    "uninventoried_allocated_gpu_hours", "unallocated_gpu_hours", "unallocated_cost_usd",
+                    "unpriced_unallocated_gpu_hours")
+SHARED_IDLE_BASIS = "shared in proportion to allocation per cluster and day, as OpenCost's shareIdle"
+
+
+def _capacity(start: dt.datetime, end: dt.datetime) -> dict:
+    """The fleet's capacity over ``[start, end)`` per cluster and in total, as ``/api/v1/capacity/?group_by=cluster``
+    shows it for the same window (``costs.capacity.capacity_report`` through ``with_rounding``: GPU-hours as exact
+    strings, USD as cents strings, None where unknown): ``{"by_cluster": [...], "total": {...}}``, the total's
+    ``rounding_difference_usd`` kept for the unallocated cost only."""
+    rows, total = with_rounding(*capacity_report("cluster", start, end))
+    shown = [{"cluster": r["cluster"], **{k: r[k] for k in CAPACITY_FIGURES}} for r in rows]
+    whole = {k: total[k] for k in CAPACITY_FIGURES}
+    whole["rounding_difference_usd"] = {k: v for k, v in total["rounding_difference_usd"].items()
+                                        if k in CAPACITY_FIGURES}
+    return {"by_cluster": shown, "total": whole}
+
+
+def _shared_idle(team: Team, start: dt.datetime, end: dt.datetime) -> dict:
+    """``team``'s share of the fleet's unallocated GPU-hours and cost over ``[start, end)``: its row of
+    ``capacity_report("team", ...)`` (OpenCost's ``shareIdle``, docs/design.md "Capacity and unallocated"), as
+    ``/api/v1/capacity/?group_by=team`` shows it: ``gpu_hours`` (exact string), ``cost_usd`` (cents, None when
+    none of it is priced), ``unpriced_gpu_hours`` and the ``basis`` in words. A team that used no cluster has a
+    share of 0. Never part of the report's cost totals, which are the team's own ledger."""
+    rows, _ = with_rounding(*capacity_report("team", start, end, team_ids={team.pk}))
+    row = rows[0] if rows else {"shared_idle_gpu_hours": "0.000000", "shared_idle_cost_usd": usd_cents(Decimal(0)),
+                                "unpriced_shared_idle_gpu_hours": "0.000000"}
+    return {"gpu_hours": row["shared_idle_gpu_hours"], "cost_usd": row["shared_idle_cost_usd"],
+            "unpriced_gpu_hours": row["unpriced_shared_idle_gpu_hours"], "basis": SHARED_IDLE_BASIS}
+
+
 def build_report_data(team: Team | None, start: dt.datetime, end: dt.datetime) -> dict:
     """The numbers of a report for ``team`` (None: every team) over ``[start, end)``, JSON-ready.
 
     Keys: ``scope``, ``period_start``/``period_end`` (ISO), ``hours`` (period
     length), ``totals`` and ``by_accelerator``/``by_cluster``/``by_day``
     (GPU-hours, USD cents as strings), ``utilization`` (see ``_utilization``),
-    ``top_jobs``, ``training_efficiency`` (``costs.reports.efficiency``), ``quota_use``, ``budgets`` and
+    ``top_jobs``, ``training_efficiency`` (``costs.reports.efficiency``), ``quota_use``, ``budgets``,
     ``previous`` (the equal-length
-    period before, with percent changes; null where the previous value is 0).
+    period before, with percent changes; null where the previous value is 0), and the fleet's capacity
+    (``capacity``, platform reports: see ``_capacity``) or the team's share of its idle cost (``shared_idle``,
+    team reports: see ``_shared_idle``; not in ``totals``).
     """
     scope = (lambda qs: qs.filter(team=team)) if team is not None else None
     by_accelerator, totals = aggregate_window("accelerator", start, end, scope=scope)
@@ -253,6 +289,7 @@ def build_report_data(team: Team | None, start: dt.datetime, end: dt.datetime) -
         "quota_use": _quota_use(team, {r["accelerator"]: r["gpu_hours"] for r in by_accelerator}, hours),
         "budgets": _budgets(team, end),
         "cost_unknown": _unknown(team, end),
+        **({"capacity": _capacity(start, end)} if team is None else {"shared_idle": _shared_idle(team, start, end)}),
         "previous": {
             "period_start": previous_start.isoformat(),
             "period_end": start.isoformat(),

@@ -21,6 +21,25 @@ def _money(writer, section: str, item, figures: dict, key: str = "cost_usd", pre
             writer.writerow([section, item, metric, "" if figures[metric] is None else figures[metric]])
 
 
+def _capacity_csv(writer, data: dict) -> None:
+    """The lines of the capacity section (platform reports) or of the team's shared idle (team reports); GPU-hours
+    and USD as the API gives them, ``unknown`` where a figure is (reports stored before these sections: none)."""
+    capacity = data.get("capacity")
+    if capacity:
+        rows = [(r["cluster"], r) for r in capacity["by_cluster"]] + [("total", capacity["total"])]
+        for item, row in rows:
+            for metric in ("capacity_gpu_hours", "cordoned_gpu_hours", "allocated_gpu_hours",
+                           "uninventoried_allocated_gpu_hours", "unallocated_gpu_hours", "unallocated_cost_usd",
+                           "unpriced_unallocated_gpu_hours"):
+                writer.writerow(["capacity", item, metric, UNKNOWN if row[metric] is None else row[metric]])
+        for metric, difference in capacity["total"]["rounding_difference_usd"].items():
+            writer.writerow(["rounding_difference", "capacity", metric, difference])
+    shared = data.get("shared_idle")
+    if shared:
+        for metric in ("gpu_hours", "cost_usd", "unpriced_gpu_hours", "basis"):
+            writer.writerow(["shared_idle", data["scope"], metric, UNKNOWN if shared[metric] is None else shared[metric]])
+
+
 def render_csv(data: dict) -> str:
     """The report as long-form CSV: ``section,item,metric,value`` (one number per line, USD with cents; every USD
     line followed by the unpriced GPU- and vCPU-hours it leaves out, ``unknown`` for a USD figure none of which
@@ -75,6 +94,7 @@ def render_csv(data: dict) -> str:
         _money(writer, "budget", item, row, "spent_usd")
         for metric in ("committed_usd", "remaining_usd", "forecast_usd"):
             writer.writerow(["budget", item, metric, row[metric]])
+    _capacity_csv(writer, data)
     unknown = data.get("cost_unknown")
     if unknown:
         writer.writerow(["cost_unknown", data["scope"], "since", unknown["since"]])

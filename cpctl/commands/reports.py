@@ -44,8 +44,27 @@ def reports(api: Api, team: str | None, kind: str | None, limit: int) -> int:
     return EXIT_OK
 
 
+def _unpriced(text: str, hours) -> str:
+    """``text`` with the GPU-hours it leaves out for want of a price beside it, when there are any."""
+    return text + (f" + {float(hours):,.2f} GPU-h unpriced" if hours and float(hours) else "")
+
+
+def _known(value, shown) -> str:
+    """``shown(value)``, or ``unknown`` for null (never 0)."""
+    return "unknown" if value is None else shown(value)
+
+
+def capacity_cells(row: dict) -> list:
+    """A capacity row of a report (``data.capacity``): capacity, cordoned, allocated, unallocated GPU-hours and the
+    unallocated cost with its unpriced GPU-hours; ``unknown`` for a null figure."""
+    return [_known(row.get(k), gpu_hours) for k in ("capacity_gpu_hours", "cordoned_gpu_hours",
+                                                    "allocated_gpu_hours", "unallocated_gpu_hours")] + [
+        _unpriced(_known(row.get("unallocated_cost_usd"), usd), row.get("unpriced_unallocated_gpu_hours"))]
+
+
 def report_fields(data: dict) -> list[tuple[str, str]]:
-    """A report's headline lines: GPU-hours, cost and its change on the period before, utilization, note."""
+    """A report's headline lines: GPU-hours, cost and its change on the period before, utilization, the team's
+    shared idle cost (team reports), note."""
     totals, util, previous = data.get("totals") or {}, data.get("utilization") or {}, data.get("previous") or {}
     change = previous.get("cost_change_percent")
     pairs = [
@@ -57,13 +76,23 @@ def report_fields(data: dict) -> list[tuple[str, str]]:
                            f" = {money(util, 'idle_cost_usd', 'idle_')}" if util.get("idle_gpu_hours") is not None
                            else "")),
     ]
+    shared = data.get("shared_idle")
+    if shared:
+        pairs.append(("shared idle", f"{gpu_hours(shared['gpu_hours'])} GPU-h = "
+                      + _unpriced(_known(shared["cost_usd"], usd), shared["unpriced_gpu_hours"])
+                      + f", {shared['basis']}; not in the cost above"))
     if util.get("note"):
         pairs.append(("note", util["note"]))
     return pairs
 
 
 def report_sections(data: dict) -> list[tuple[str, list[str], list[list]]]:
-    """A report's tables as ``(title, headers, rows)``: top jobs, quota use, budgets."""
+    """A report's tables as ``(title, headers, rows)``: top jobs, quota use, budgets, capacity per cluster with its
+    total (platform reports)."""
+    capacity = data.get("capacity") or {}
+    capacity_rows = [[r.get("cluster"), *capacity_cells(r)] for r in capacity.get("by_cluster") or []]
+    if capacity:
+        capacity_rows.append(["TOTAL", *capacity_cells(capacity["total"])])
     return [
         ("Top jobs", ["JOB", "NAME", "TEAM", "GPU-HOURS", "COST"], [
             [j.get("job"), j.get("job_name"), j.get("team"), gpu_hours(j.get("gpu_hours")), money(j)]
@@ -75,6 +104,8 @@ def report_sections(data: dict) -> list[tuple[str, list[str], list[list]]]:
         ("Budgets", ["TEAM", "PERIOD", "AMOUNT", "SPENT", "REMAINING", "SPENT %"], [
             [b.get("team"), b.get("period"), usd(b.get("amount_usd")), money(b, "spent_usd"),
              usd(b.get("remaining_usd")), percent(b.get("spent_percent"))] for b in data.get("budgets") or []]),
+        ("Capacity", ["CLUSTER", "CAPACITY GPU-H", "CORDONED", "ALLOCATED", "UNALLOCATED", "UNALLOCATED COST"],
+         capacity_rows),
     ]
 
 
@@ -82,7 +113,8 @@ def report_sections(data: dict) -> list[tuple[str, list[str], list[list]]]:
 @click.argument("id", metavar="ID", type=int)
 @click.option("--csv", "as_csv", is_flag=True, help="print the report's CSV (section,item,metric,value)")
 def report(api: Api, id: int, as_csv: bool) -> int:  # noqa: A002 - the argument's name in the usage line
-    """One report: its totals, change on the period before, utilization, top jobs, quota use and budgets; or its
+    """One report: its totals, change on the period before, utilization, top jobs, quota use, budgets, and the
+    fleet's capacity (platform reports) or the team's shared idle cost (team reports); or its
     CSV (``--csv``, as the API gives it)."""
     if as_csv:
         text = api.client.request("GET", f"reports/{id}/csv/").text
@@ -104,7 +136,8 @@ def show_report(body: dict) -> None:
         if rows:
             out()
             out(title)
-            table(headers, rows, right=tuple(h for h in headers if h not in ("NAME", "TEAM", "ACCELERATOR", "PERIOD")))
+            table(headers, rows, right=tuple(h for h in headers
+                                             if h not in ("NAME", "TEAM", "ACCELERATOR", "PERIOD", "CLUSTER")))
 
 
 @api_command("build-report", "build a report of a team (or the platform) over any period, now")
