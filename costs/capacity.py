@@ -31,6 +31,8 @@ from collections import defaultdict
 from decimal import Decimal
 from typing import NamedTuple
 
+from django.db.models import Sum
+
 from core.money import LEDGER_QUANTUM, rounding_difference, usd_cents
 from jobs.models import JobAttempt
 from quotas.models import Team
@@ -146,17 +148,23 @@ def _node_shares(placement: dict, gpus: int) -> list[tuple[str, int]]:
     return list(shares.items())
 
 
-def _edge_sums(sums: dict, lo: dt.datetime, hi: dt.datetime, cluster_ids) -> None:
+def _edge_sums(sums: dict, lo: dt.datetime, hi: dt.datetime, cluster_ids, pools: dict | None) -> None:
     """Add the GPU entries inside ``[lo, hi)`` (a part of one UTC day) to ``sums``, each clipped to it and its
-    amount prorated by the seconds kept (entries never cross a UTC hour, ``spend.ENTRY_SPAN``)."""
+    amount prorated by the seconds kept (entries never cross a UTC hour, ``spend.ENTRY_SPAN``). ``pools``: attempt
+    id -> (pool name, capacity type) to key by pool instead of by attempt (filled here)."""
     entries = CostEntry.objects.filter(interval_start__lt=hi, interval_end__gt=lo, gpus__gt=0)
     if cluster_ids is not None:
         entries = entries.filter(cluster_id__in=cluster_ids)
-    for attempt_id, cluster_id, acc_id, team_id, gpus, a, b, amount in entries.values_list(
-            "attempt_id", "cluster_id", "accelerator_id", "team_id", "gpus", "interval_start", "interval_end",
-            "amount_usd").iterator():
+    rows = list(entries.values_list("attempt_id", "cluster_id", "accelerator_id", "team_id", "gpus", "interval_start",
+                                    "interval_end", "amount_usd"))
+    if pools is not None:
+        missing = {r[0] for r in rows} - set(pools)
+        pools.update((pk, (name, ctype)) for pk, name, ctype in JobAttempt.objects.filter(pk__in=missing).values_list(
+            "pk", "node_pool__name", "node_pool__capacity_type"))
+    for attempt_id, cluster_id, acc_id, team_id, gpus, a, b, amount in rows:
         whole, kept = exact_seconds(b - a), exact_seconds(min(b, hi) - max(a, lo))
-        s = sums[(attempt_id, a.astimezone(dt.UTC).date(), cluster_id, acc_id, team_id)]
+        owner = attempt_id if pools is None else pools[attempt_id]
+        s = sums[(owner, a.astimezone(dt.UTC).date(), cluster_id, acc_id, team_id)]
         s[0] += gpus * kept
         if amount is None:
             s[2] += gpus * kept
@@ -164,47 +172,60 @@ def _edge_sums(sums: dict, lo: dt.datetime, hi: dt.datetime, cluster_ids) -> Non
             s[1] += amount * kept / whole
 
 
-def _attempt_days(start: dt.datetime, end: dt.datetime, cluster_ids) -> dict[tuple, list]:
-    """The ledger's GPU allocation inside ``[start, end)`` per (attempt, UTC day, cluster, accelerator, team):
-    ``[GPU-seconds, USD (priced), GPU-seconds without a price]`` (Decimal). Whole UTC days come from the attempt-day
-    rollups the ledger keeps (``AttemptDailyCost``: one row per attempt and day, whatever the entries); the partial
-    days at the window's edges from the entries, clipped to the window."""
+def _attempt_days(start: dt.datetime, end: dt.datetime, cluster_ids, by_node: bool = True) -> dict[tuple, list]:
+    """The ledger's GPU allocation inside ``[start, end)`` per (owner, UTC day, cluster, accelerator, team):
+    ``[GPU-seconds, USD (priced), GPU-seconds without a price]`` (Decimal); the owner is the attempt id
+    (``by_node``: its placement splits it over nodes) or its pool's ``(name, capacity type)``. Whole UTC days come
+    from the attempt-day rollups the ledger keeps (``AttemptDailyCost``; summed per pool, team and day by the
+    database when not ``by_node``); the partial days at the window's edges from the entries, clipped."""
     sums: dict[tuple, list] = defaultdict(lambda: [ZERO, ZERO, ZERO])
+    pools = None if by_node else {}
     first = start.astimezone(dt.UTC).date()
     if utc_midnight(first) < start:
         first += dt.timedelta(days=1)
     last = end.astimezone(dt.UTC).date()  # whole days are [first, last)
     if first >= last:
-        _edge_sums(sums, start, end, cluster_ids)
+        _edge_sums(sums, start, end, cluster_ids, pools)
         return sums
     if start < utc_midnight(first):
-        _edge_sums(sums, start, utc_midnight(first), cluster_ids)
+        _edge_sums(sums, start, utc_midnight(first), cluster_ids, pools)
     if utc_midnight(last) < end:
-        _edge_sums(sums, utc_midnight(last), end, cluster_ids)
+        _edge_sums(sums, utc_midnight(last), end, cluster_ids, pools)
     rows = AttemptDailyCost.objects.filter(day__gte=first, day__lt=last, gpu_seconds__gt=0)
     if cluster_ids is not None:
         rows = rows.filter(cluster_id__in=cluster_ids)
-    for attempt_id, day, cluster_id, acc_id, team_id, gpu_s, usd, unpriced in rows.values_list(
-            "attempt_id", "day", "cluster_id", "accelerator_id", "team_id", "gpu_seconds", "cost_usd",
-            "unpriced_gpu_seconds").iterator():
-        s = sums[(attempt_id, day, cluster_id, acc_id, team_id)]
-        s[0] += gpu_s
-        s[1] += usd
-        s[2] += unpriced
+    owner = ("attempt_id",) if by_node else ("attempt__node_pool__name", "attempt__node_pool__capacity_type")
+    keys = ("day", "cluster_id", "accelerator_id", "team_id")
+    for row in rows.values(*owner, *keys).annotate(g=Sum("gpu_seconds"), c=Sum("cost_usd"),
+                                                   u=Sum("unpriced_gpu_seconds")).order_by():
+        who = row["attempt_id"] if by_node else (row["attempt__node_pool__name"],
+                                                 row["attempt__node_pool__capacity_type"])
+        s = sums[(who, *(row[k] for k in keys))]
+        s[0] += row["g"]
+        s[1] += row["c"]
+        s[2] += row["u"]
     return sums
 
 
 def _allocated(buckets: dict, teams: dict, start: dt.datetime, end: dt.datetime, cluster_ids,
-               inventoried: set[int]) -> None:
-    sums = _attempt_days(start, end, cluster_ids)
+               inventoried: set[int], by_node: bool) -> None:
+    """Add the ledger's allocation to ``buckets`` (per pool, node and day) and ``teams`` (per cluster, day and
+    team). ``by_node``: each attempt split over its placement's nodes; otherwise summed per pool and left on no
+    node, for groupings that do not show nodes (a few thousand rows for a month instead of one per attempt and
+    day)."""
+    sums = _attempt_days(start, end, cluster_ids, by_node)
     attempts = {pk: row for pk, *row in JobAttempt.objects.filter(pk__in={k[0] for k in sums}).values_list(
-        "pk", "node_pool__name", "node_pool__capacity_type", "placement", "gpus")}
-    for (attempt_id, day, cluster_id, acc_id, team_id), (gpu_s, usd, unpriced) in sums.items():
-        pool_name, ctype, placement, gpus = attempts[attempt_id]
+        "pk", "node_pool__name", "node_pool__capacity_type", "placement", "gpus")} if by_node else {}
+    for (owner, day, cluster_id, acc_id, team_id), (gpu_s, usd, unpriced) in sums.items():
+        if by_node:
+            pool_name, ctype, placement, gpus = attempts[owner]
+            shares = _node_shares(placement, gpus)
+        else:
+            (pool_name, ctype), gpus, shares = owner, 1, [("", 1)]
         key = _pool_key(cluster_id, pool_name, acc_id, ctype)
         team = teams[(cluster_id, day, team_id)]
-        for node, share in _node_shares(placement, gpus):
-            part = Decimal(share) / Decimal(gpus) if share != gpus else Decimal(1)
+        for node, share in shares:
+            part = Decimal(1) if share == gpus else Decimal(share) / Decimal(gpus)
             bucket = buckets[(key, node, day)]
             for b in (bucket, team):
                 b.allocated += gpu_s * part
@@ -352,7 +373,7 @@ def capacity_report(group_by: str, start: dt.datetime, end: dt.datetime, *, clus
     buckets: dict[tuple, Bucket] = defaultdict(Bucket)
     teams: dict[tuple, Bucket] = defaultdict(Bucket)
     inventoried = _capacity(buckets, start, end, cluster_ids)
-    _allocated(buckets, teams, start, end, cluster_ids, inventoried)
+    _allocated(buckets, teams, start, end, cluster_ids, inventoried, by_node=group_by == "node")
     cluster_names = dict(Cluster.objects.values_list("pk", "name"))
     whole = Bucket()
     for b in buckets.values():
