@@ -3,8 +3,9 @@
 - **Capacity**: allocatable GPUs x the time each node was present, from the node inventory over time
   (``runners.NodeSpan``: what node sync saw; time nobody observed is not capacity). Cordoned capacity (the node was
   not schedulable: cordoned, not Ready or tainted against the platform's pods) is part of capacity and shown apart.
-- **Allocated**: the GPU-seconds the ledger charged (``CostEntry``) on that cluster, pool, node and day; an attempt's
-  GPUs are split over the nodes placement chose for it (``JobAttempt.placement``).
+- **Allocated**: the GPU-seconds and USD the ledger charged on that cluster, pool, node and day, read from the
+  attempt-day rollups the ledger keeps (``AttemptDailyCost``) for whole UTC days and from the entries, clipped, at a
+  window's edges; an attempt's GPUs are split over the nodes placement chose for it (``JobAttempt.placement``).
 - **Unallocated** = capacity - allocated, in GPU-seconds and in USD at the pool's price in force at each instant
   (``costs.catalog``); GPU-seconds with no price in force are counted apart (``unpriced_*``), never as $0.
 - **Idle inside allocation**: allocated GPU-seconds the GPUs spent idle, from the utilization rollups
@@ -30,16 +31,15 @@ from collections import defaultdict
 from decimal import Decimal
 from typing import NamedTuple
 
-from django.db import connection
+from django.db.models import Sum
 
 from core.money import LEDGER_QUANTUM, rounding_difference, usd_cents
-from core.sql import as_date, as_decimal, fetch, placeholders
 from jobs.models import JobAttempt
 from quotas.models import Team
 from runners.models import Accelerator, Cluster, NodeSpan
 
 from .catalog import NoPrice, prices_by_pool, row_at
-from .models import CostEntry, Price, UtilizationRollup
+from .models import AttemptDailyCost, CostEntry, Price, UtilizationRollup
 from .spend import exact_seconds, utc_midnight
 
 #: The longest window one capacity query may cover, days: a bound on the server time of one answer.
@@ -148,73 +148,93 @@ def _node_shares(placement: dict, gpus: int) -> list[tuple[str, int]]:
     return list(shares.items())
 
 
-def _attempt_days_python(start: dt.datetime, end: dt.datetime, cluster_ids) -> dict[tuple, list]:
-    """``_attempt_days`` by reading every entry (any database)."""
-    entries = CostEntry.objects.filter(interval_start__lt=end, interval_end__gt=start, gpus__gt=0)
+def _edge_sums(sums: dict, lo: dt.datetime, hi: dt.datetime, cluster_ids, pools: dict | None) -> None:
+    """Add the GPU entries inside ``[lo, hi)`` (a part of one UTC day) to ``sums``, each clipped to it and its
+    amount prorated by the seconds kept (entries never cross a UTC hour, ``spend.ENTRY_SPAN``). ``pools``: attempt
+    id -> (pool name, capacity type) to key by pool instead of by attempt (filled here)."""
+    entries = CostEntry.objects.filter(interval_start__lt=hi, interval_end__gt=lo, gpus__gt=0)
     if cluster_ids is not None:
         entries = entries.filter(cluster_id__in=cluster_ids)
+    rows = list(entries.values_list("attempt_id", "cluster_id", "accelerator_id", "team_id", "gpus", "interval_start",
+                                    "interval_end", "amount_usd"))
+    if pools is not None:
+        missing = {r[0] for r in rows} - set(pools)
+        pools.update((pk, (name, ctype)) for pk, name, ctype in JobAttempt.objects.filter(pk__in=missing).values_list(
+            "pk", "node_pool__name", "node_pool__capacity_type"))
+    for attempt_id, cluster_id, acc_id, team_id, gpus, a, b, amount in rows:
+        whole, kept = exact_seconds(b - a), exact_seconds(min(b, hi) - max(a, lo))
+        owner = attempt_id if pools is None else pools[attempt_id]
+        s = sums[(owner, a.astimezone(dt.UTC).date(), cluster_id, acc_id, team_id)]
+        s[0] += gpus * kept
+        if amount is None:
+            s[2] += gpus * kept
+        else:
+            s[1] += amount * kept / whole
+
+
+def _attempt_days(start: dt.datetime, end: dt.datetime, cluster_ids, by_node: bool = True) -> dict[tuple, list]:
+    """The ledger's GPU allocation inside ``[start, end)`` per (owner, UTC day, cluster, accelerator, team):
+    ``[GPU-seconds, USD (priced), GPU-seconds without a price]`` (Decimal); the owner is the attempt id
+    (``by_node``: its placement splits it over nodes) or its pool's ``(name, capacity type)``. Whole UTC days come
+    from the attempt-day rollups the ledger keeps (``AttemptDailyCost``; summed per pool, team and day by the
+    database when not ``by_node``); the partial days at the window's edges from the entries, clipped."""
     sums: dict[tuple, list] = defaultdict(lambda: [ZERO, ZERO, ZERO])
-    for attempt_id, cluster_id, acc_id, team_id, gpus, lo, hi, price in entries.values_list(
-            "attempt_id", "cluster_id", "accelerator_id", "team_id", "gpus", "interval_start", "interval_end",
-            "usd_per_gpu_hour").iterator():
-        for day, a, b in _days(max(lo, start), min(hi, end)):
-            s = sums[(attempt_id, day, cluster_id, acc_id, team_id, gpus)]
-            seconds = exact_seconds(b - a)
-            if price is None:
-                s[2] += seconds
-            else:
-                s[0] += seconds
-                s[1] += seconds * price
+    pools = None if by_node else {}
+    first = start.astimezone(dt.UTC).date()
+    if utc_midnight(first) < start:
+        first += dt.timedelta(days=1)
+    last = end.astimezone(dt.UTC).date()  # whole days are [first, last)
+    if first >= last:
+        _edge_sums(sums, start, end, cluster_ids, pools)
+        return sums
+    if start < utc_midnight(first):
+        _edge_sums(sums, start, utc_midnight(first), cluster_ids, pools)
+    if utc_midnight(last) < end:
+        _edge_sums(sums, utc_midnight(last), end, cluster_ids, pools)
+    rows = AttemptDailyCost.objects.filter(day__gte=first, day__lt=last, gpu_seconds__gt=0)
+    if cluster_ids is not None:
+        rows = rows.filter(cluster_id__in=cluster_ids)
+    owner = ("attempt_id",) if by_node else ("attempt__node_pool__name", "attempt__node_pool__capacity_type")
+    keys = ("day", "cluster_id", "accelerator_id", "team_id")
+    for row in rows.values(*owner, *keys).annotate(g=Sum("gpu_seconds"), c=Sum("cost_usd"),
+                                                   u=Sum("unpriced_gpu_seconds")).order_by():
+        who = row["attempt_id"] if by_node else (row["attempt__node_pool__name"],
+                                                 row["attempt__node_pool__capacity_type"])
+        s = sums[(who, *(row[k] for k in keys))]
+        s[0] += row["g"]
+        s[1] += row["c"]
+        s[2] += row["u"]
     return sums
 
 
-def _attempt_days_postgresql(start: dt.datetime, end: dt.datetime, cluster_ids) -> dict[tuple, list]:
-    """``_attempt_days`` summed by PostgreSQL (exact numeric seconds), one row per attempt and UTC day. Entries
-    never cross a UTC hour (``spend.ENTRY_SPAN``), hence never a day, so an entry's day is its start's."""
-    held = "EXTRACT(EPOCH FROM LEAST(e.interval_end, %s) - GREATEST(e.interval_start, %s))"
-    where = "e.gpus > 0 AND e.interval_start < %s AND e.interval_end > %s"
-    params = [end, start] * 3 + [end, start]
-    if cluster_ids is not None:
-        where += f" AND e.cluster_id IN ({placeholders(len(cluster_ids))})"
-        params += list(cluster_ids)
-    rows = fetch(
-        f"SELECT e.attempt_id, (e.interval_start AT TIME ZONE 'UTC')::date, e.cluster_id, e.accelerator_id, "
-        f"e.team_id, e.gpus, COALESCE(SUM({held}) FILTER (WHERE e.usd_per_gpu_hour IS NOT NULL), 0), "
-        f"COALESCE(SUM({held} * e.usd_per_gpu_hour), 0), "
-        f"COALESCE(SUM({held}) FILTER (WHERE e.usd_per_gpu_hour IS NULL), 0) "
-        f'FROM "{CostEntry._meta.db_table}" AS e WHERE {where} GROUP BY 1, 2, 3, 4, 5, 6', params)
-    return {(a, as_date(day), c, acc, t, g): [as_decimal(p, 6), as_decimal(cost, 12), as_decimal(u, 6)]
-            for a, day, c, acc, t, g, p, cost, u in rows}
-
-
-def _attempt_days(start: dt.datetime, end: dt.datetime, cluster_ids) -> dict[tuple, list]:
-    """The ledger's GPU entries inside ``[start, end)`` summed per (attempt, UTC day, cluster, accelerator, team,
-    GPUs): ``[priced seconds, sum of seconds x USD per GPU-hour, unpriced seconds]`` (Decimal)."""
-    if connection.vendor == "postgresql":
-        return _attempt_days_postgresql(start, end, cluster_ids)
-    return _attempt_days_python(start, end, cluster_ids)
-
-
 def _allocated(buckets: dict, teams: dict, start: dt.datetime, end: dt.datetime, cluster_ids,
-               inventoried: set[int]) -> None:
-    sums = _attempt_days(start, end, cluster_ids)
-    attempts = {pk: (name, ctype, placement) for pk, name, ctype, placement in JobAttempt.objects.filter(
-        pk__in={k[0] for k in sums}).values_list("pk", "node_pool__name", "node_pool__capacity_type", "placement")}
-    for (attempt_id, day, cluster_id, acc_id, team_id, gpus), (priced, price_seconds, unpriced) in sums.items():
-        pool_name, ctype, placement = attempts[attempt_id]
+               inventoried: set[int], by_node: bool) -> None:
+    """Add the ledger's allocation to ``buckets`` (per pool, node and day) and ``teams`` (per cluster, day and
+    team). ``by_node``: each attempt split over its placement's nodes; otherwise summed per pool and left on no
+    node, for groupings that do not show nodes (a few thousand rows for a month instead of one per attempt and
+    day)."""
+    sums = _attempt_days(start, end, cluster_ids, by_node)
+    attempts = {pk: row for pk, *row in JobAttempt.objects.filter(pk__in={k[0] for k in sums}).values_list(
+        "pk", "node_pool__name", "node_pool__capacity_type", "placement", "gpus")} if by_node else {}
+    for (owner, day, cluster_id, acc_id, team_id), (gpu_s, usd, unpriced) in sums.items():
+        if by_node:
+            pool_name, ctype, placement, gpus = attempts[owner]
+            shares = _node_shares(placement, gpus)
+        else:
+            (pool_name, ctype), gpus, shares = owner, 1, [("", 1)]
         key = _pool_key(cluster_id, pool_name, acc_id, ctype)
         team = teams[(cluster_id, day, team_id)]
-        for node, share in _node_shares(placement, gpus):
+        for node, share in shares:
+            part = Decimal(1) if share == gpus else Decimal(share) / Decimal(gpus)
             bucket = buckets[(key, node, day)]
-            cost = share * price_seconds / HOUR
             for b in (bucket, team):
-                b.allocated += share * (priced + unpriced)
-                b.allocated_unpriced += share * unpriced
-                b.allocated_cost += cost
+                b.allocated += gpu_s * part
+                b.allocated_unpriced += unpriced * part
+                b.allocated_cost += usd * part
             if cluster_id not in inventoried:
-                bucket.outside += share * (priced + unpriced)
-                bucket.outside_unpriced += share * unpriced
-                bucket.outside_cost += cost
+                bucket.outside += gpu_s * part
+                bucket.outside_unpriced += unpriced * part
+                bucket.outside_cost += usd * part
 
 
 def _idle(start: dt.datetime, end: dt.datetime, cluster_ids) -> dict[tuple, float]:
@@ -353,7 +373,7 @@ def capacity_report(group_by: str, start: dt.datetime, end: dt.datetime, *, clus
     buckets: dict[tuple, Bucket] = defaultdict(Bucket)
     teams: dict[tuple, Bucket] = defaultdict(Bucket)
     inventoried = _capacity(buckets, start, end, cluster_ids)
-    _allocated(buckets, teams, start, end, cluster_ids, inventoried)
+    _allocated(buckets, teams, start, end, cluster_ids, inventoried, by_node=group_by == "node")
     cluster_names = dict(Cluster.objects.values_list("pk", "name"))
     whole = Bucket()
     for b in buckets.values():

@@ -54,7 +54,7 @@ from quotas.models import Team
 from runners.models import Cluster, NodePool
 
 from .catalog import NoPrice, Rates, prices_by_pool, rates_at
-from .models import CostEntry, DailyCostRollup, JobDailyCost, Price, TeamSpend
+from .models import ATTEMPT_DAY_KEYS, AttemptDailyCost, CostEntry, DailyCostRollup, JobDailyCost, Price, TeamSpend
 from .spend import ENTRY_SPAN, exact_seconds
 
 log = logging.getLogger(__name__)
@@ -153,13 +153,15 @@ class _Batch:
     teams: dict[int, _Totals] = dataclasses.field(default_factory=lambda: defaultdict(_Totals))
     rollups: dict[tuple, _Totals] = dataclasses.field(default_factory=lambda: defaultdict(_Totals))
     job_days: dict[tuple, _Totals] = dataclasses.field(default_factory=lambda: defaultdict(_Totals))
+    attempt_days: dict[tuple, _Totals] = dataclasses.field(default_factory=lambda: defaultdict(_Totals))
 
     def count(self, entry_start: dt.datetime, team_id: int, cluster_id: int, accelerator_id: int, job_id: int,
-              cost: Decimal | None, gpu_seconds: Decimal, new_rows: int) -> None:
+              attempt_id: int, cost: Decimal | None, gpu_seconds: Decimal, new_rows: int) -> None:
         day = entry_start.astimezone(UTC).date()
         self.teams[team_id].add(cost, gpu_seconds, new_rows)
         self.rollups[(day, team_id, cluster_id, accelerator_id)].add(cost, gpu_seconds, new_rows)
         self.job_days[(day, job_id, team_id)].add(cost, gpu_seconds, new_rows)
+        self.attempt_days[(day, attempt_id, team_id, cluster_id, accelerator_id)].add(cost, gpu_seconds, new_rows)
         if cost:
             self.job_usd[job_id] += cost
 
@@ -167,7 +169,7 @@ class _Batch:
         """Append a ledger row (``entry``, unsaved) with its totals."""
         self.insert.append(entry)
         self.count(entry.interval_start, entry.team_id, entry.cluster_id, entry.accelerator_id, entry.job_id,
-                   entry.amount_usd, entry.gpus * exact_seconds(entry.interval_end - entry.interval_start), 1)
+                   entry.attempt_id, entry.amount_usd, entry.gpus * exact_seconds(entry.interval_end - entry.interval_start), 1)
 
 
 def held_cpu(placement) -> tuple[int, int]:
@@ -239,13 +241,15 @@ def _give_back(batch: _Batch, row: tuple, entries: list[CostEntry]) -> None:
             batch.delete.append(entry.pk)
             cut = exact_seconds(entry.interval_end - entry.interval_start)
             delta = None if entry.amount_usd is None else -entry.amount_usd
-            batch.count(entry.interval_start, team_id, cluster_id, accelerator_id, job_id, delta, -gpus * cut, -1)
+            batch.count(entry.interval_start, team_id, cluster_id, accelerator_id, job_id, attempt_id, delta,
+                        -gpus * cut, -1)
         else:
             cut = exact_seconds(entry.interval_end - ended_at)
             amount = _cost(units, exact_seconds(ended_at - entry.interval_start), _entry_rates(entry))
             delta = None if amount is None else amount - entry.amount_usd
             batch.extend.append((entry.pk, ended_at, amount))
-            batch.count(entry.interval_start, team_id, cluster_id, accelerator_id, job_id, delta, -gpus * cut, 0)
+            batch.count(entry.interval_start, team_id, cluster_id, accelerator_id, job_id, attempt_id, delta,
+                        -gpus * cut, 0)
         seconds += gpus * cut
         if delta is None:
             priced = False
@@ -297,7 +301,7 @@ def _plan(batch: _Batch, row: tuple, open_entry: CostEntry | None, pool, rows, u
         amount = _cost(units, exact_seconds(first_end - open_entry.interval_start), first_price)
         delta = None if amount is None else amount - open_entry.amount_usd
         batch.extend.append((open_entry.pk, first_end, amount))
-        batch.count(open_entry.interval_start, team_id, cluster_id, accelerator_id, job_id, delta,
+        batch.count(open_entry.interval_start, team_id, cluster_id, accelerator_id, job_id, attempt_id, delta,
                     gpus * exact_seconds(first_end - first_start), 0)
         added += delta or 0
         pieces = pieces[1:]
@@ -369,7 +373,7 @@ def _write_postgresql(batch: _Batch) -> None:
     """The batch in set-based statements, in lock order: jobs, attempts, team totals, rollups, entries."""
     job_t, attempt_t = Job._meta.db_table, JobAttempt._meta.db_table
     spend_t, rollup_t, entry_t = TeamSpend._meta.db_table, DailyCostRollup._meta.db_table, CostEntry._meta.db_table
-    job_day_t = JobDailyCost._meta.db_table
+    job_day_t, attempt_day_t = JobDailyCost._meta.db_table, AttemptDailyCost._meta.db_table
     now = timezone.now()
     with connection.cursor() as cursor:
         for chunk in _chunks(sorted(batch.job_usd.items())):
@@ -386,7 +390,8 @@ def _write_postgresql(batch: _Batch) -> None:
         for table, keys, conflict, rows, stamp in (
                 (spend_t, ("team_id",), 1, {(k,): t for k, t in batch.teams.items()}, "updated_at"),
                 (rollup_t, ("day", "team_id", "cluster_id", "accelerator_id"), 4, batch.rollups, "rebuilt_at"),
-                (job_day_t, ("day", "job_id", "team_id"), 2, batch.job_days, "rebuilt_at")):
+                (job_day_t, ("day", "job_id", "team_id"), 2, batch.job_days, "rebuilt_at"),
+                (attempt_day_t, ATTEMPT_DAY_KEYS, 2, batch.attempt_days, "rebuilt_at")):
             casts = (("bigint",) if len(keys) == 1 else ("date",) + ("bigint",) * len(keys[1:])) + (
                 "numeric", "numeric", "numeric", "bigint", "timestamptz")
             grow = sorted((*key, t.cost, t.gpu_seconds, t.unpriced_gpu_seconds, t.entries, now)
@@ -429,7 +434,8 @@ def _write_generic(batch: _Batch) -> None:
         row.save()
     zero = {"gpu_seconds": 0, "cost_usd": 0, "unpriced_gpu_seconds": 0, "entries": 0}
     for model, names, rows in ((DailyCostRollup, ("day", "team_id", "cluster_id", "accelerator_id"), batch.rollups),
-                               (JobDailyCost, ("day", "job_id", "team_id"), batch.job_days)):
+                               (JobDailyCost, ("day", "job_id", "team_id"), batch.job_days),
+                               (AttemptDailyCost, ATTEMPT_DAY_KEYS, batch.attempt_days)):
         for key, t in sorted(rows.items()):
             row, _ = model.objects.get_or_create(**dict(zip(names, key, strict=True)), defaults=zero)
             row.cost_usd += t.cost

@@ -197,6 +197,28 @@ class JobDailyCost(LedgerTotals):
         return f"{self.day} job {self.job_id} ${self.cost_usd}"
 
 
+#: The key of an ``AttemptDailyCost`` row as the ledger writes it: the day and attempt (unique), then what it carries.
+ATTEMPT_DAY_KEYS = ("day", "attempt_id", "team_id", "cluster_id", "accelerator_id")
+
+
+class AttemptDailyCost(LedgerTotals):
+    """Ledger totals per UTC day and attempt (with its team, cluster and accelerator): what the fleet's capacity
+    figures read as allocation (``costs.capacity``) without summing a month of entries. Kept by the accrual in the
+    transaction that writes the entries, as ``DailyCostRollup`` is, and rebuilt with it
+    (``costs.rollups.rebuild_totals``)."""
+
+    day = models.DateField()
+    attempt = models.ForeignKey("jobs.JobAttempt", on_delete=models.CASCADE, related_name="cost_days")
+    team = models.ForeignKey("quotas.Team", on_delete=models.CASCADE, related_name="attempt_cost_rollups")
+    cluster = models.ForeignKey("runners.Cluster", on_delete=models.CASCADE, related_name="attempt_cost_rollups")
+    accelerator = models.ForeignKey("runners.Accelerator", on_delete=models.CASCADE,
+                                    related_name="attempt_cost_rollups")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["day", "attempt"], name="attemptdailycost_unique")]
+        indexes = [models.Index(fields=["day", "cluster"], name="attemptdailycost_day_cluster")]
+
+
 class TeamSpend(models.Model):
     """A team's running ledger totals since its first entry, and the row that serialises its spend.
 

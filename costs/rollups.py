@@ -18,7 +18,7 @@ from decimal import Decimal
 
 from django.db import connection, transaction
 
-from .models import CostEntry, DailyCostRollup, JobDailyCost, TeamSpend
+from .models import ATTEMPT_DAY_KEYS, AttemptDailyCost, CostEntry, DailyCostRollup, JobDailyCost, TeamSpend
 from .spend import exact_seconds, utc_midnight
 
 _SUMS = ("gpu_seconds", "cost_usd", "unpriced_gpu_seconds", "entries")
@@ -33,7 +33,7 @@ def _zero() -> list:
 
 def ledger_sums(entry_model=CostEntry, start_day: dt.date | None = None, end_day: dt.date | None = None
                 ) -> tuple[dict[tuple, list], dict[tuple, list]]:
-    """The sums of the ledger, in Python: ``(by ROLLUP_KEYS, by JOB_DAY_KEYS)``, each key -> [GPU-seconds, USD,
+    """The sums of the ledger, in Python: ``(by ROLLUP_KEYS, by JOB_DAY_KEYS, by ATTEMPT_DAY_KEYS)``, each key -> [GPU-seconds, USD,
     unknown-cost GPU-seconds, entries], over the entries starting on UTC days ``[start_day, end_day]``."""
     entries = entry_model.objects.all()
     if start_day:
@@ -42,21 +42,23 @@ def ledger_sums(entry_model=CostEntry, start_day: dt.date | None = None, end_day
         entries = entries.filter(interval_start__lt=utc_midnight(end_day + dt.timedelta(days=1)))
     rollups: dict[tuple, list] = defaultdict(_zero)
     job_days: dict[tuple, list] = defaultdict(_zero)
-    for team, cluster, acc, job, gpus, lo, hi, amount in entries.values_list(
-            "team_id", "cluster_id", "accelerator_id", "job_id", "gpus", "interval_start", "interval_end",
+    attempt_days: dict[tuple, list] = defaultdict(_zero)
+    for team, cluster, acc, job, attempt, gpus, lo, hi, amount in entries.values_list(
+            "team_id", "cluster_id", "accelerator_id", "job_id", "attempt_id", "gpus", "interval_start", "interval_end",
             "amount_usd").iterator():
         day = lo.astimezone(UTC).date()
         held = gpus * exact_seconds(hi - lo)
-        for s in (rollups[(day, team, cluster, acc)], job_days[(day, job, team)]):
+        for s in (rollups[(day, team, cluster, acc)], job_days[(day, job, team)],
+                  attempt_days[(day, attempt, team, cluster, acc)]):
             s[0] += held
             s[1] += amount or 0
             s[2] += held if amount is None else 0
             s[3] += 1
-    return rollups, job_days
+    return rollups, job_days, attempt_days
 
 
 def _rebuild_postgresql(tables, start_day, end_day) -> int:
-    entry_t, rollup_t, job_day_t, spend_t = tables
+    entry_t, rollup_t, job_day_t, spend_t, attempt_day_t = (*tables, None)[:5]
     where, params = ["TRUE"], []
     if start_day:
         where.append("interval_start >= %s")
@@ -72,8 +74,12 @@ def _rebuild_postgresql(tables, start_day, end_day) -> int:
     with connection.cursor() as cursor:
         cursor.execute(f'LOCK TABLE "{spend_t}", "{rollup_t}", "{job_day_t}" IN SHARE ROW EXCLUSIVE MODE')
         written = 0
-        for table, keys, select in ((rollup_t, ROLLUP_KEYS, f"{day}, e.team_id, e.cluster_id, e.accelerator_id"),
-                                    (job_day_t, JOB_DAY_KEYS, f"{day}, e.job_id, e.team_id")):
+        levels = [(rollup_t, ROLLUP_KEYS, f"{day}, e.team_id, e.cluster_id, e.accelerator_id"),
+                  (job_day_t, JOB_DAY_KEYS, f"{day}, e.job_id, e.team_id")]
+        if attempt_day_t is not None:
+            levels.append((attempt_day_t, ATTEMPT_DAY_KEYS,
+                           f"{day}, e.attempt_id, e.team_id, e.cluster_id, e.accelerator_id"))
+        for table, keys, select in levels:
             cursor.execute(f'DELETE FROM "{table}" WHERE {" AND ".join(days)}', [d for d in (start_day, end_day) if d])
             cursor.execute(
                 f'INSERT INTO "{table}" ({", ".join(keys)}, gpu_seconds, cost_usd, unpriced_gpu_seconds, entries, '
@@ -100,17 +106,21 @@ def rebuild_totals(start_day: dt.date | None = None, end_day: dt.date | None = N
     One transaction; on PostgreSQL it locks the totals tables against
     writers first (accrual waits, readers see the old or the new totals,
     never half) and sums in SQL with exact numerics. ``models`` is
-    ``(CostEntry, DailyCostRollup, JobDailyCost, TeamSpend)`` (a migration
-    passes its historical models).
+    ``(CostEntry, DailyCostRollup, JobDailyCost, TeamSpend[, AttemptDailyCost])``
+    (a migration passes its historical models; without the fifth, attempt-day
+    rollups are left alone).
     """
-    entry_model, rollup_model, job_day_model, spend_model = models or (CostEntry, DailyCostRollup, JobDailyCost,
-                                                                        TeamSpend)
+    models = models or (CostEntry, DailyCostRollup, JobDailyCost, TeamSpend, AttemptDailyCost)
+    entry_model, rollup_model, job_day_model, spend_model = models[:4]
+    attempt_day_model = models[4] if len(models) > 4 else None
     with transaction.atomic():
         if connection.vendor == "postgresql":
-            return _rebuild_postgresql([m._meta.db_table for m in (entry_model, rollup_model, job_day_model,
-                                                                   spend_model)], start_day, end_day)
-        rollups, job_days = ledger_sums(entry_model, start_day, end_day)
-        for model, names, groups in ((rollup_model, ROLLUP_KEYS, rollups), (job_day_model, JOB_DAY_KEYS, job_days)):
+            return _rebuild_postgresql([m._meta.db_table for m in models], start_day, end_day)
+        rollups, job_days, attempt_days = ledger_sums(entry_model, start_day, end_day)
+        levels = [(rollup_model, ROLLUP_KEYS, rollups), (job_day_model, JOB_DAY_KEYS, job_days)]
+        if attempt_day_model is not None:
+            levels.append((attempt_day_model, ATTEMPT_DAY_KEYS, attempt_days))
+        for model, names, groups in levels:
             stale = model.objects.all()
             if start_day:
                 stale = stale.filter(day__gte=start_day)
@@ -127,7 +137,7 @@ def rebuild_totals(start_day: dt.date | None = None, end_day: dt.date | None = N
             cost_usd=0, gpu_seconds=0, unpriced_gpu_seconds=0, entries=0)
         for team, sums in teams.items():
             spend_model.objects.update_or_create(team_id=team, defaults=dict(zip(_SUMS, sums, strict=True)))
-        return len(rollups) + len(job_days)
+        return sum(len(groups) for _model, _names, groups in levels)
 
 
 def rebuild_rollups(start_day: dt.date | None = None, end_day: dt.date | None = None) -> int:
@@ -139,7 +149,7 @@ def rebuild_rollups(start_day: dt.date | None = None, end_day: dt.date | None = 
 class Mismatch:
     """A totals row that disagrees with the ledger: which (``kind``, ``key``), and the stored and ledger sums."""
 
-    kind: str  # "rollup", "job-day" or "team"
+    kind: str  # "rollup", "job-day", "attempt-day" or "team"
     key: tuple
     stored: tuple
     ledger: tuple
@@ -158,7 +168,7 @@ def totals_mismatches() -> list[Mismatch]:
     Reads the whole ledger (an audit, not a hot path). Empty when the running
     totals agree with the entries to the last 1e-9 USD and microsecond.
     """
-    rollups, job_days = ledger_sums()
+    rollups, job_days, attempt_days = ledger_sums()
     teams: dict[tuple, list] = defaultdict(_zero)
     for key, sums in rollups.items():
         for i, value in enumerate(sums):
@@ -166,6 +176,7 @@ def totals_mismatches() -> list[Mismatch]:
     found = []
     for kind, model, keys, ledger in (("rollup", DailyCostRollup, ROLLUP_KEYS, rollups),
                                       ("job-day", JobDailyCost, JOB_DAY_KEYS, job_days),
+                                      ("attempt-day", AttemptDailyCost, ATTEMPT_DAY_KEYS, attempt_days),
                                       ("team", TeamSpend, ("team_id",), teams)):
         stored = {r[:len(keys)]: r[len(keys):] for r in model.objects.values_list(*keys, *_SUMS)}
         found += _differences(kind, stored, ledger)

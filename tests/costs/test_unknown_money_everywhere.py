@@ -11,7 +11,9 @@ an hour into its run, so 3 of its hours (12 GPU-hours) have no price. Then every
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
+import io
 import json
 from decimal import Decimal
 
@@ -145,7 +147,7 @@ def test_every_money_figure_of_every_get_route_carries_its_unpriced_hours(world,
 def check_csv(url: str, text: str, world: dict) -> list[str]:
     """A long-form report CSV: every USD line is followed by its unpriced hours; the total carries 12 GPU-hours;
     no line of the moving job's reads 0.00."""
-    lines = [line.split(",") for line in text.splitlines()[1:]]
+    lines = list(csv.reader(io.StringIO(text)))[1:]  # values may hold commas (a sentence), quoted
     metrics: dict[tuple, set] = {}
     for section, item, metric, _ in lines:
         metrics.setdefault((section, item), set()).add(metric)
