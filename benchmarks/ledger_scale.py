@@ -1,7 +1,7 @@
 """Benchmark of the money path as history grows: accrual, budget status, a scheduling pass and cost queries at two
 lengths of ledger history, 10x apart, on PostgreSQL.
 
-Fixture (the issue's fleet): 40 teams with monthly block budgets, 1,000 running attempts (1-8 GPUs) on 4
+Fixture (a fleet of a large lab's size): 40 teams with monthly block budgets, 1,000 running attempts (1-8 GPUs) on 4
 clusters, 120 queued jobs of which the free capacity admits 60. History is written with COPY as the ledger's
 layout writes it: one entry per attempt and UTC hour (the open entry of the current hour extended by each
 accrual), teams' rows interleaved hour by hour, with its day rollups and team totals rebuilt from it
