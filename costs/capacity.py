@@ -305,7 +305,7 @@ LABEL_FIELDS = {"cluster": ("cluster",), "node_pool": ("cluster", "node_pool", "
                 "node": ("cluster", "node"), "accelerator": ("accelerator",), "day": ("day",)}
 
 
-def _share_idle(buckets: dict, teams: dict, team_names: dict, cluster_names: dict) -> list[dict]:
+def _share_idle(buckets: dict, teams: dict, team_names: dict) -> list[dict]:
     """Team rows: each cluster-day's unallocated GPU-seconds and cost shared by allocated GPU-seconds."""
     per_cluster_day: dict[tuple, Bucket] = defaultdict(Bucket)
     for (pool_key, _node, day), b in buckets.items():
@@ -366,28 +366,43 @@ def capacity_report(group_by: str, start: dt.datetime, end: dt.datetime, *, clus
     ``_present`` (GPU-seconds exact, GPU-hours to 1e-6, USD to the ledger's quantum), the total the same figures
     over every row. Raises ValueError for an unknown ``group_by`` or ``end <= start``.
     """
-    if group_by not in GROUPS:
-        raise ValueError(f"group_by must be one of {', '.join(GROUPS)}")
+    return capacity_reports((group_by,), start, end, cluster_ids=cluster_ids, team_ids=team_ids)[group_by]
+
+
+def capacity_reports(groups, start: dt.datetime, end: dt.datetime, *, cluster_ids=None,
+                     team_ids=None) -> dict[str, tuple[list[dict], dict]]:
+    """``capacity_report`` of each grouping in ``groups`` from one read of the inventory, the ledger and the
+    utilization rollups (a page's table and its daily chart): ``{group_by: (rows, total)}``. Raises ValueError as
+    ``capacity_report`` does."""
+    if unknown := [g for g in groups if g not in GROUPS]:
+        raise ValueError(f"group_by must be one of {', '.join(GROUPS)}, not {', '.join(unknown)}")
     if end <= start:
         raise ValueError("end must be after start")
     buckets: dict[tuple, Bucket] = defaultdict(Bucket)
     teams: dict[tuple, Bucket] = defaultdict(Bucket)
     inventoried = _capacity(buckets, start, end, cluster_ids)
-    _allocated(buckets, teams, start, end, cluster_ids, inventoried, by_node=group_by == "node")
-    cluster_names = dict(Cluster.objects.values_list("pk", "name"))
+    _allocated(buckets, teams, start, end, cluster_ids, inventoried, by_node="node" in groups)
     whole = Bucket()
     for b in buckets.values():
         whole.add(b)
     idle = _idle(start, end, cluster_ids)
     total = _present(whole, sum(idle.values()) if idle else None)
-    if group_by == "team":
-        names = dict(Team.objects.values_list("pk", "slug"))
-        rows = _share_idle(buckets, teams, names, cluster_names)
-        if team_ids is not None:
-            keep = {names[t] for t in team_ids if t in names}
-            rows = [r for r in rows if r["team"] in keep]
-        return rows, total
-    names = {"cluster": cluster_names, "accelerator": dict(Accelerator.objects.values_list("pk", "name"))}
+    names = {"cluster": dict(Cluster.objects.values_list("pk", "name")),
+             "accelerator": dict(Accelerator.objects.values_list("pk", "name"))}
+    return {group_by: (_team_rows(buckets, teams, team_ids) if group_by == "team"
+                       else _grouped_rows(group_by, buckets, idle, names), total) for group_by in groups}
+
+
+def _team_rows(buckets: dict, teams: dict, team_ids) -> list[dict]:
+    names = dict(Team.objects.values_list("pk", "slug"))
+    rows = _share_idle(buckets, teams, names)
+    if team_ids is not None:
+        keep = {names[t] for t in team_ids if t in names}
+        rows = [r for r in rows if r["team"] in keep]
+    return rows
+
+
+def _grouped_rows(group_by: str, buckets: dict, idle: dict, names: dict) -> list[dict]:
     grouped: dict[tuple, Bucket] = defaultdict(Bucket)
     grouped_idle: dict[tuple, float] = defaultdict(float)
     measured: set[tuple] = set()
@@ -403,7 +418,7 @@ def capacity_report(group_by: str, start: dt.datetime, end: dt.datetime, *, clus
         row = dict(zip(LABEL_FIELDS[group_by], label, strict=True))
         row.update(_present(grouped[label], grouped_idle[label] if label in measured else None))
         rows.append(row)
-    return rows, total
+    return rows
 
 
 def wire_row(row: dict) -> dict:

@@ -229,6 +229,12 @@ class BudgetForm(forms.ModelForm):
         return data
 
 
+def utc_days(first: dt.date, last: dt.date) -> tuple[dt.datetime, dt.datetime]:
+    """The UTC days ``first`` to ``last`` (inclusive) as the window ``[first 00:00 UTC, last + 1 day 00:00 UTC)``."""
+    start = dt.datetime.combine(first, dt.time(), tzinfo=dt.timezone.utc)
+    return start, dt.datetime.combine(last + dt.timedelta(days=1), dt.time(), tzinfo=dt.timezone.utc)
+
+
 class CostQueryForm(forms.Form):
     """Costs page query: group by, the UTC days ``[start, end]`` (end inclusive), optionally one team (slug)."""
 
@@ -260,9 +266,7 @@ class CostQueryForm(forms.Form):
 
     def window(self) -> tuple[dt.datetime, dt.datetime]:
         """``[start 00:00 UTC, end + 1 day 00:00 UTC)`` of the cleaned days."""
-        start = dt.datetime.combine(self.cleaned_data["start"], dt.time(), tzinfo=dt.timezone.utc)
-        end = dt.datetime.combine(self.cleaned_data["end"] + dt.timedelta(days=1), dt.time(), tzinfo=dt.timezone.utc)
-        return start, end
+        return utc_days(self.cleaned_data["start"], self.cleaned_data["end"])
 
 
 class CapacityQueryForm(forms.Form):
@@ -293,9 +297,7 @@ class CapacityQueryForm(forms.Form):
 
     def window(self) -> tuple[dt.datetime, dt.datetime]:
         """``[start 00:00 UTC, end + 1 day 00:00 UTC)`` of the cleaned days."""
-        start = dt.datetime.combine(self.cleaned_data["start"], dt.time(), tzinfo=dt.timezone.utc)
-        end = dt.datetime.combine(self.cleaned_data["end"] + dt.timedelta(days=1), dt.time(), tzinfo=dt.timezone.utc)
-        return start, end
+        return utc_days(self.cleaned_data["start"], self.cleaned_data["end"])
 
 
 PLATFORM_SCOPE = "__platform__"  # the team choice of a platform-wide report (no team slug can hold "_")
@@ -336,9 +338,7 @@ class ReportRequestForm(forms.Form):
 
     def window(self) -> tuple[dt.datetime, dt.datetime]:
         """``[start 00:00 UTC, end + 1 day 00:00 UTC)`` of the chosen days."""
-        start = dt.datetime.combine(self.cleaned_data["start"], dt.time(), tzinfo=dt.timezone.utc)
-        end = dt.datetime.combine(self.cleaned_data["end"] + dt.timedelta(days=1), dt.time(), tzinfo=dt.timezone.utc)
-        return start, end
+        return utc_days(self.cleaned_data["start"], self.cleaned_data["end"])
 
     def chosen_team(self):
         """The chosen Team, or None for the platform."""

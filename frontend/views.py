@@ -28,7 +28,7 @@ from rest_framework.exceptions import ValidationError
 from core.money import shown_usd
 from costs.aggregation import aggregate_window, utilization_window
 from costs.budgets import budget_status
-from costs.capacity import capacity_report, with_rounding
+from costs.capacity import capacity_reports, with_rounding
 from costs.collection import refresh_running
 from costs.models import ClusterMetrics, Report, UtilizationRollup
 from costs.reports.build import generate_report
@@ -508,8 +508,8 @@ def capacity(request):
             form.data[name] = form.data.get(name) or form.cleaned_data[name].isoformat()
         team_ids = None if request.user.is_staff else set(Team.objects.visible_to(request.user).values_list(
             "pk", flat=True))
-        rows, total = capacity_report(group_by, start, end, team_ids=team_ids)
-        days, _ = capacity_report("day", start, end) if group_by != "day" else (rows, None)
+        reports = capacity_reports(dict.fromkeys((group_by, "day")), start, end, team_ids=team_ids)
+        (rows, total), (days, _) = reports[group_by], reports["day"]
         unpriced = total["unpriced_unallocated_gpu_hours"] > 0
         rows, total = with_rounding(rows, total)  # USD to cents as everywhere, the rounding difference stated
         chart = {"type": "bar", "labels": [r["day"] for r in days], "x_title": "Day (UTC)", "y_title": "GPU-hours",
