@@ -10,6 +10,7 @@ import datetime as dt
 import io
 import json
 import sys
+from decimal import ROUND_HALF_UP, Decimal
 
 import click
 from rich.console import Console
@@ -120,8 +121,12 @@ def money(figures: dict, key: str = "cost_usd", prefix: str = "") -> str:
 
 
 def gpu_hours(value) -> str:
-    """GPU-hours with 2 decimals and thousands separators; None as ``-``."""
-    return "-" if value is None else f"{float(value):,.2f}"
+    """GPU-hours with 2 decimals and thousands separators; None as ``-``. Rounded half up from the API's decimal
+    string, as the web pages' ``floatformat:2`` rounds, so a figure reads the same in both (a binary float would
+    round 0.125 to 0.12 where the page shows 0.13)."""
+    if value is None:
+        return "-"
+    return f"{Decimal(str(value)).quantize(Decimal('0.01'), ROUND_HALF_UP):,}"
 
 
 def percent(value, digits: int = 1) -> str:
