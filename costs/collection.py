@@ -230,6 +230,19 @@ def collect_utilization(start: dt.datetime, end: dt.datetime | None = None, clus
                for a in attempts_between(start, end, clusters))
 
 
+def lookback_start(now: dt.datetime) -> dt.datetime:
+    """The UTC midnight at or before ``now - COSTS_COLLECT_LOOKBACK_SECONDS``: where a periodic re-read begins."""
+    start = now.astimezone(UTC) - dt.timedelta(seconds=settings.COSTS_COLLECT_LOOKBACK_SECONDS)
+    return start.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def periodic_pass(now: dt.datetime) -> int:
+    """What the periodic collection (``costs.tasks.collect_utilization``, every ``UTILIZATION_INTERVAL_SECONDS``)
+    does at ``now`` (aware): re-read the last ``COSTS_COLLECT_LOOKBACK_SECONDS``, from a UTC midnight, up to
+    ``now``. Returns rollup rows written. Raises what ``collect_utilization`` raises."""
+    return collect_utilization(lookback_start(now), now)
+
+
 def settle_seconds() -> float:
     """How long after an attempt's end its last scrape is in Prometheus: two scrape intervals, seconds."""
     return 2 * settings.COSTS_SCRAPE_INTERVAL_SECONDS

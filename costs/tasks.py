@@ -8,7 +8,6 @@ raised in the task: the transaction it is in rolls back) and a hard one, chosen 
 import datetime as dt
 
 from celery import shared_task
-from django.conf import settings
 from django.utils import timezone
 
 from runners.base import each_cluster
@@ -42,19 +41,13 @@ def check_budgets() -> int:
     return check()
 
 
-def _lookback_start(now: dt.datetime) -> dt.datetime:
-    start = now - dt.timedelta(seconds=settings.COSTS_COLLECT_LOOKBACK_SECONDS)
-    return start.replace(hour=0, minute=0, second=0, microsecond=0)  # whole UTC days
-
-
 # Every 900 s: Prometheus queries (COSTS_PROMETHEUS_TIMEOUT_SECONDS, 30 s, each) per attempt and day of the lookback.
 @shared_task(name="costs.tasks.collect_utilization", ignore_result=True, soft_time_limit=600, time_limit=660)
 def collect_utilization() -> int:
     """Re-read utilization of the last ``COSTS_COLLECT_LOOKBACK_SECONDS`` (from a UTC midnight) up to now."""
-    from .collection import collect_utilization as collect
+    from .collection import periodic_pass
 
-    now = timezone.now().astimezone(dt.timezone.utc)
-    return collect(_lookback_start(now), now)
+    return periodic_pass(timezone.now())
 
 
 # Every 60 s: the attempts ended since the last run; one stopped early is read again by the next (rows per attempt
@@ -71,12 +64,13 @@ def collect_ended_utilization() -> int:
 @shared_task(name="costs.tasks.check_ledger", ignore_result=True, soft_time_limit=600, time_limit=660)
 def check_ledger() -> int:
     """Compare each cluster's ledger GPU-hours with kube-state-metrics over the lookback window; returns flags raised."""
+    from .collection import lookback_start
     from .ledgercheck import check_ledger as check
 
     now = timezone.now().astimezone(dt.timezone.utc)
 
     def one(cluster: Cluster) -> dict:
-        found = check(cluster, _lookback_start(now), now)
+        found = check(cluster, lookback_start(now), now)
         return {"cluster": cluster.name, "flagged": bool(found and found.flagged)}
 
     return sum(bool(r.get("flagged")) for r in each_cluster(Cluster.objects.all(), one, "ledger check"))
