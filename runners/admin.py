@@ -48,6 +48,10 @@ class ClusterAdminForm(forms.ModelForm):
                               help_text="PEM; leave empty to keep the stored CA.")
     kubeconfig = forms.CharField(required=False, widget=forms.PasswordInput(render_value=False),
                                  help_text="Leave empty to keep the stored kubeconfig.")
+    prometheus_auth = forms.CharField(required=False, widget=forms.PasswordInput(render_value=False),
+                                      label="Prometheus auth",
+                                      help_text="user:password of a Prometheus behind basic auth; leave empty to "
+                                                "keep the stored one.")
 
     class Meta:
         model = Cluster
@@ -66,7 +70,7 @@ class ClusterAdminForm(forms.ModelForm):
         return cleaned
 
 
-CREDENTIAL_FIELDS = ("api_token", "ca_cert", "kubeconfig")
+CREDENTIAL_FIELDS = ("api_token", "ca_cert", "kubeconfig", "prometheus_auth")
 
 
 @admin.register(NodePool)
