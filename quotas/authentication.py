@@ -1,7 +1,8 @@
-"""``Authorization: Token <key>`` authentication against hashed ApiToken rows."""
+"""``Authorization: Token <key>`` (or ``Bearer <key>``) authentication against hashed ApiToken rows."""
 
 from django.contrib.auth import get_user_model
 from django.utils import timezone
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions
 from rest_framework.authentication import TokenAuthentication
 
@@ -38,3 +39,21 @@ class ApiTokenAuthentication(TokenAuthentication):
             token.last_used_at = now  # the cached copy too, so other requests do not write again
             ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         return token.user, token
+
+
+class BearerApiTokenAuthentication(ApiTokenAuthentication):
+    """The same API tokens sent as ``Authorization: Bearer <key>`` (RFC 6750's scheme, what most HTTP clients and
+    identity tooling send); ``Token <key>`` stays the documented form. Raises what ``ApiTokenAuthentication``
+    raises."""
+
+    keyword = "Bearer"
+
+
+class BearerTokenScheme(OpenApiAuthenticationExtension):
+    """The OpenAPI security scheme of ``BearerApiTokenAuthentication``: HTTP ``bearer`` (registered on import)."""
+
+    target_class = BearerApiTokenAuthentication
+    name = "bearerAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer", "description": "An API token (ApiToken), the same key as under the Token scheme."}

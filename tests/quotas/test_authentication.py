@@ -21,12 +21,19 @@ def raw_client(header):
 
 
 @pytest.mark.parametrize("header", [
-    "Token", "Token ", "Token a b", "token x", "Bearer abc", "Basic Zm9vOmJhcg==", "Token \x00",
+    "Token", "Token ", "Token a b", "token x", "Bearer abc", "Bearer", "Bearer a b", "Basic Zm9vOmJhcg==", "Token \x00",
     "Token " + "x" * 10_000, "Token caf\u00e9",
 ])
 def test_malformed_authorization_is_401(owner, header):
     response = raw_client(header).get("/api/v1/jobs/")
     assert response.status_code == 401, (header[:20], response.status_code)
+
+
+def test_a_token_is_accepted_under_the_bearer_scheme_as_under_token(owner):
+    for scheme in ("Token", "Bearer", "bearer"):
+        answer = raw_client(f"{scheme} {owner.key}").get("/api/v1/jobs/")
+        assert answer.status_code == 200, (scheme, answer.status_code)
+    assert raw_client("Bearer " + "0" * len(owner.key)).get("/api/v1/jobs/").status_code == 401
 
 
 def test_an_expired_token_or_an_inactive_user_gets_401(owner, teams):
