@@ -8,6 +8,7 @@ import copy
 import json
 
 import pytest
+from rest_framework.exceptions import ParseError
 
 from jobs.models import Job, JobEvent
 
@@ -387,3 +388,45 @@ def test_parseable_deep_nesting_inside_spec_is_400(owner, aws_cluster, submissio
     response = owner.client.generic("POST", "/api/v1/jobs/", body.encode(), content_type="application/json")
     assert response.status_code == 400
     assert Job.objects.count() == before
+
+
+# --- node floods ---------------------------------------------------------------------------------------------------
+
+def _spec_with_list(items: int) -> str:
+    """A YAML body whose nodes are: the top mapping (1), ``team`` and its value (2), ``name`` and its value (2),
+    ``spec`` and its mapping (2), that mapping's key ``extra`` (1), a flow list (1) of ``items`` scalars:
+    9 + ``items`` nodes."""
+    return "team: alpha\nname: flood\nspec:\n  extra: [" + ",".join("1" for _ in range(items)) + "]\n"
+
+
+def test_a_document_at_the_node_limit_is_built_and_one_past_it_is_refused_unbuilt(settings):
+    from core.parsers import load_yaml, yaml_max_nodes
+
+    limit = settings.JOB_SPEC_MAX_BYTES // 2  # each node costs at least 2 bytes of the spec's JSON encoding
+    assert yaml_max_nodes() == limit
+    assert len(load_yaml(_spec_with_list(limit - 9))["spec"]["extra"]) == limit - 9
+    with pytest.raises(ParseError, match=f"more than {limit} nodes"):
+        load_yaml(_spec_with_list(limit - 8))
+
+
+@pytest.mark.parametrize("body", [
+    "a: &x 1\nb: *x\n",
+    "team: alpha\nname: y\nspec:\n  image: &i img\n  command: [*i]\n",
+])
+def test_yaml_aliases_are_refused_wherever_they_point(body):
+    from core.parsers import load_yaml
+
+    with pytest.raises(ParseError, match="aliases are not accepted"):
+        load_yaml(body)
+
+
+def test_a_node_flood_under_the_size_cap_is_refused_with_its_reason_and_stores_nothing(cached, teammate,
+                                                                                      aws_cluster, settings):
+    from core.limits import yaml_max_bytes
+
+    body = _spec_with_list(yaml_max_bytes() // 2 - 100).encode()[:yaml_max_bytes()]
+    before = (Job.objects.count(), JobEvent.objects.count())
+    r = teammate.client.post(JOBS, body, content_type="application/yaml")
+    assert r.status_code == 400
+    assert "nodes" in r.json()["detail"]
+    assert (Job.objects.count(), JobEvent.objects.count()) == before
