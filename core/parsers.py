@@ -60,6 +60,8 @@ def yaml_max_nodes() -> int:
     return settings.JOB_SPEC_MAX_BYTES // 2
 
 
+#: libyaml's safe loader (PyYAML's wheels carry libyaml); the pure-Python one, slower, where PyYAML was built without.
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _NODE_EVENTS = (yaml.ScalarEvent, yaml.SequenceStartEvent, yaml.MappingStartEvent)
 
 
@@ -72,7 +74,7 @@ def _refuse_aliases_and_node_floods(text: str) -> None:
     Raises yaml.YAMLError for a syntax error (with its line and column).
     """
     limit, nodes = yaml_max_nodes(), 0
-    loader = yaml.CSafeLoader(text)
+    loader = SAFE_LOADER(text)
     try:
         while loader.check_event():
             event = loader.get_event()
@@ -102,7 +104,7 @@ def load_yaml(raw: str | bytes):
     try:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
         _refuse_aliases_and_node_floods(text)
-        data = yaml.load(text, Loader=yaml.CSafeLoader)
+        data = yaml.load(text, Loader=SAFE_LOADER)  # noqa: S506 (a safe loader)
     except RecursionError as exc:
         raise ParseError("YAML parse error: nesting too deep") from exc
     except UnicodeDecodeError as exc:
