@@ -31,8 +31,10 @@ its capacity and unallocated figures None (unknown), never 0 or below.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import datetime as dt
+import json
 from collections import defaultdict
 from decimal import Decimal
 from typing import NamedTuple
@@ -47,7 +49,7 @@ from runners.models import Accelerator, Cluster, NodePool, NodeSpan
 
 from .catalog import NoPrice, prices_by_pool, row_at
 from .models import AttemptDailyCost, CostEntry, Price, UtilizationRollup
-from .spend import ENTRY_SPAN, utc_midnight
+from .spend import ENTRY_SPAN, exact_seconds, utc_midnight
 
 #: The longest window one capacity query may cover, days: a bound on the server time of one answer.
 MAX_WINDOW_DAYS = 93
@@ -161,6 +163,41 @@ GROUP BY 1, 2, 3, 4, 5, 6
 """
 
 
+def _in_database() -> bool:
+    """Whether the database sums the figures (PostgreSQL); elsewhere (the demo's SQLite) Python sums the same rows."""
+    return connection.vendor == "postgresql"
+
+
+def _capacity_rows(start: dt.datetime, end: dt.datetime, cluster_ids, res: Resolution, cuts: list[dt.datetime],
+                   in_database: bool | None = None) -> list[tuple]:
+    """The node inventory's GPU-seconds inside ``[start, end)`` per piece of ``cuts`` (``_cuts``): rows of
+    ``(cluster id, pool name, accelerator id, capacity type, node or '', piece number from 1, GPU-seconds,
+    cordoned GPU-seconds)`` (Decimal, exact), pieces a span does not overlap left out. Summed by the database
+    (``_CAPACITY_SQL``) unless ``in_database`` is False (default: ``_in_database()``)."""
+    if in_database if in_database is not None else _in_database():
+        params = {"lo": cuts[:-1], "hi": cuts[1:], "start": start, "end": end, "clusters": list(cluster_ids or [])}
+        return _fetch(_CAPACITY_SQL.format(
+            node="s.node_name" if res.by_node else "''", spans=NodeSpan._meta.db_table,
+            clusters="" if cluster_ids is None else "AND s.cluster_id = ANY(%(clusters)s)"), params)
+    spans = NodeSpan.objects.filter(start__lt=end, end__gt=start)
+    if cluster_ids is not None:
+        spans = spans.filter(cluster_id__in=cluster_ids)
+    sums: dict[tuple, list] = defaultdict(lambda: [ZERO, ZERO])
+    for cluster_id, pool_name, acc_id, ctype, node, gpus, schedulable, lo, hi in spans.values_list(
+            "cluster_id", "pool_name", "accelerator_id", "capacity_type", "node_name", "gpus", "schedulable", "start",
+            "end").order_by():
+        lo, hi = max(lo, start), min(hi, end)
+        i = bisect.bisect_right(cuts, lo)  # cuts[i - 1] <= lo < cuts[i]: piece i
+        while lo < hi:
+            cut = min(hi, cuts[i])
+            s = sums[(cluster_id, pool_name, acc_id, ctype, node if res.by_node else "", i)]
+            s[0] += gpus * exact_seconds(cut - lo)
+            if not schedulable:
+                s[1] += gpus * exact_seconds(cut - lo)
+            lo, i = cut, i + 1
+    return [(*key, gpu_s, cordoned) for key, (gpu_s, cordoned) in sums.items()]
+
+
 def _capacity(buckets: dict, start: dt.datetime, end: dt.datetime, cluster_ids, res: Resolution,
               objects: dict) -> None:
     """Add the node inventory's capacity (GPU-seconds, cordoned GPU-seconds and their USD at the pool's price in force)
@@ -169,10 +206,7 @@ def _capacity(buckets: dict, start: dt.datetime, end: dt.datetime, cluster_ids, 
     ``objects``: ``{"cluster": {pk: Cluster}, "accelerator": {pk: Accelerator}}``."""
     rows = list(Price.objects.filter(effective_from__lt=end))
     cuts = _cuts(start, end, res.by_day, rows)
-    params = {"lo": cuts[:-1], "hi": cuts[1:], "start": start, "end": end, "clusters": list(cluster_ids or [])}
-    sql = _CAPACITY_SQL.format(node="s.node_name" if res.by_node else "''", spans=NodeSpan._meta.db_table,
-                               clusters="" if cluster_ids is None else "AND s.cluster_id = ANY(%(clusters)s)")
-    found = _fetch(sql, params)
+    found = _capacity_rows(start, end, cluster_ids, res, cuts)
     refs = {}
     for cluster_id, pool_name, acc_id, ctype, *_rest in found:
         key = _pool_key(cluster_id, pool_name, acc_id, ctype)
@@ -259,11 +293,13 @@ GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9
 """
 
 
-def _allocation_rows(start: dt.datetime, end: dt.datetime, cluster_ids, res: Resolution, by_team: bool) -> list:
-    """The ledger's GPU allocation inside ``[start, end)``, summed by the database per (cluster, pool name,
-    accelerator, capacity type, node, node's GPUs of the attempt, the attempt's GPUs, UTC day, team): rows of those
-    keys and ``GPU-seconds, USD (priced), GPU-seconds without a price`` (Decimal). Node is ``''`` and the node's share
-    the attempt's GPUs unless ``res.by_node``; day None unless ``res.by_day``; team None unless ``by_team``."""
+def _allocation_rows(start: dt.datetime, end: dt.datetime, cluster_ids, res: Resolution, by_team: bool,
+                     in_database: bool | None = None) -> list[tuple]:
+    """The ledger's GPU allocation inside ``[start, end)`` per (cluster id, pool name, accelerator id, capacity type,
+    node, the node's GPUs of the attempt, the attempt's GPUs, UTC day, team id): rows of those keys and
+    ``GPU-seconds, USD (priced), GPU-seconds without a price`` (Decimal). Unless ``res.by_node`` the node is ``''``
+    and both GPU counts None; the day is None unless ``res.by_day``, the team None unless ``by_team``. Summed by the
+    database (``_ALLOCATION_SQL``) unless ``in_database`` is False (default: ``_in_database()``)."""
     first = start.astimezone(dt.UTC).date()
     if utc_midnight(first) < start:
         first += dt.timedelta(days=1)
@@ -272,6 +308,8 @@ def _allocation_rows(start: dt.datetime, end: dt.datetime, cluster_ids, res: Res
         edges = [(start, end)]
     else:
         edges = [(lo, hi) for lo, hi in ((start, utc_midnight(first)), (utc_midnight(last), end)) if lo < hi]
+    if not (in_database if in_database is not None else _in_database()):
+        return _allocation_rows_python(first, last, edges, cluster_ids, res, by_team)
     names = {"rollups": AttemptDailyCost._meta.db_table, "entries": CostEntry._meta.db_table,
              "attempts": JobAttempt._meta.db_table, "pools": NodePool._meta.db_table}
     split = (_BY_NODE_SQL if res.by_node else _BY_POOL_SQL).format(
@@ -283,6 +321,62 @@ def _allocation_rows(start: dt.datetime, end: dt.datetime, cluster_ids, res: Res
     params = {"first": first, "last": last, "lo": [lo for lo, _hi in edges], "hi": [hi for _lo, hi in edges],
               "span": ENTRY_SPAN, "clusters": list(cluster_ids or [])}
     return _fetch(sql, params)
+
+
+def _allocation_rows_python(first: dt.date, last: dt.date, edges: list, cluster_ids, res: Resolution,
+                            by_team: bool) -> list[tuple]:
+    """``_allocation_rows`` summed here, for databases other than PostgreSQL: the same rows by the same rules."""
+    per_attempt: dict[tuple, list] = defaultdict(lambda: [ZERO, ZERO, ZERO])
+
+    def add(attempt_id, cluster_id, acc_id, day, team_id, gpu_s, usd, unpriced):
+        s = per_attempt[(attempt_id, cluster_id, acc_id, day if res.by_day else None, team_id if by_team else None)]
+        s[0] += gpu_s
+        s[1] += usd
+        s[2] += unpriced
+
+    rollups = AttemptDailyCost.objects.filter(day__gte=first, day__lt=last, gpu_seconds__gt=0)
+    if cluster_ids is not None:
+        rollups = rollups.filter(cluster_id__in=cluster_ids)
+    for row in rollups.values_list("attempt_id", "cluster_id", "accelerator_id", "day", "team_id", "gpu_seconds",
+                                   "cost_usd", "unpriced_gpu_seconds"):
+        add(*row)
+    for lo, hi in edges:
+        entries = CostEntry.objects.filter(interval_start__gte=lo - ENTRY_SPAN, interval_start__lt=hi,
+                                           interval_end__gt=lo, gpus__gt=0)
+        if cluster_ids is not None:
+            entries = entries.filter(cluster_id__in=cluster_ids)
+        for attempt_id, cluster_id, acc_id, team_id, gpus, a, b, amount in entries.values_list(
+                "attempt_id", "cluster_id", "accelerator_id", "team_id", "gpus", "interval_start", "interval_end",
+                "amount_usd"):
+            kept, whole = exact_seconds(min(b, hi) - max(a, lo)), exact_seconds(b - a)
+            usd = ZERO if amount is None else amount if kept == whole else amount * kept / whole
+            add(attempt_id, cluster_id, acc_id, a.astimezone(dt.UTC).date(), team_id, gpus * kept, usd,
+                gpus * kept if amount is None else ZERO)
+    attempts = {pk: row for pk, *row in JobAttempt.objects.filter(pk__in={k[0] for k in per_attempt}).values_list(
+        "pk", "node_pool__name", "node_pool__capacity_type", "gpus", "placement")}
+    out: dict[tuple, list] = defaultdict(lambda: [ZERO, ZERO, ZERO])
+    for (attempt_id, cluster_id, acc_id, day, team_id), sums in per_attempt.items():
+        pool_name, ctype, gpus, placement = attempts[attempt_id]
+        shares = _node_shares(placement, gpus) if res.by_node else [("", None)]
+        for node, share in shares:
+            o = out[(cluster_id, pool_name, acc_id, ctype, node, share, gpus if res.by_node else None, day, team_id)]
+            for k in range(3):
+                o[k] += sums[k]
+    return [(*key, *sums) for key, sums in out.items()]
+
+
+def _node_shares(placement, gpus: int) -> list[tuple[str, int]]:
+    """An attempt's GPUs per node of its placement, as ``_BY_NODE_SQL`` computes them: whole GPUs each, the
+    remainder on the first node named, a node named twice holding both parts; ``[("", gpus)]`` when placement
+    names no nodes."""
+    names = (placement or {}).get("nodes") if isinstance(placement, dict) else None
+    if not isinstance(names, list) or not names:
+        return [("", gpus)]
+    each, rest = divmod(gpus, len(names))
+    shares: dict[str, int] = defaultdict(int)
+    for i, name in enumerate(names):
+        shares[name if isinstance(name, str) else json.dumps(name)] += each + (rest if i == 0 else 0)
+    return list(shares.items())
 
 
 def _allocated(buckets: dict, teams: dict | None, start: dt.datetime, end: dt.datetime, cluster_ids,
