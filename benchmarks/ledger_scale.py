@@ -15,8 +15,10 @@ later each time), ``budget_status`` of one budget, one scheduling pass (``schedu
 60 admitted, then undone), the pass's money reads alone (``schedule_budget_reads_ms``: the 40 teams' budget
 figures of the snapshot and the locked re-check's, the admitted jobs' teams read together in one transaction),
 ``/api/v1/costs/?group_by=team`` and ``group_by=day`` over 30 days (Django's test client, staff user), and
-``/api/v1/capacity/?group_by=cluster``, ``node`` and ``team`` over 30 days (the pools' GPUs as 8-GPU nodes seen
-for the whole month, each attempt placed on one of them).
+``/api/v1/capacity/?group_by=cluster``, ``node`` and ``team`` over 30 days and the Capacity page by node over the
+30 UTC days to today (its table and its daily chart), the pools' GPUs as 8-GPU nodes seen for the whole month, each
+attempt placed on one of them (``capacity_nodes``, ``capacity_gpus``: 480 nodes at full size; ``--attempts 256``
+makes the 1,024-GPU fleet of 128 nodes).
 Each figure is measured in wall time (the goals) and in CPU time of this process and its PostgreSQL backend
 (``cpu_ms``, per operation); ``growth_ratios`` and ``growth_ratio_max`` compare CPU times, which other load
 on a shared machine moves far less than wall times (``wall_growth_ratios`` are given too). Ends with one JSON line: ``entries``, ``table_mib``, each figure per length,
@@ -50,10 +52,11 @@ DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/controlplane_bench_ledger"
 TEAMS, CLUSTERS, QUEUED, ADMITTED = 40, 4, 120, 60
 GOALS = {"accrual_run_s": 2.0, "budget_status_ms": 10.0, "schedule_pass_s": 1.0, "costs_by_team_s": 1.0,
          "costs_by_day_s": 1.0, "capacity_by_cluster_s": 1.0, "capacity_by_node_s": 1.0, "capacity_by_team_s": 1.0,
-         "growth_ratio_max": 1.5}
+         "capacity_page_by_node_s": 1.0, "growth_ratio_max": 1.5}
 #: Figures whose long/short ratio makes ``growth_ratio_max`` (the budget reads of a pass: its part that reads money).
 GROWTH = ("accrual_run_s", "budget_status_ms", "schedule_pass_s", "schedule_budget_reads_ms", "costs_by_team_s",
-          "costs_by_day_s", "capacity_by_cluster_s", "capacity_by_node_s", "capacity_by_team_s")
+          "costs_by_day_s", "capacity_by_cluster_s", "capacity_by_node_s", "capacity_by_team_s",
+          "capacity_page_by_node_s")
 #: GPUs per node of the fleet's node inventory (``runners.NodeSpan``): the capacity queries' nodes.
 NODE_GPUS = 8
 
@@ -276,6 +279,13 @@ def measure(now: dt.datetime, staff, acc, budgets, repeat: int) -> tuple[dict, d
             response = client.get("/api/v1/capacity/", {"group_by": group_by, **window})
             assert response.status_code == 200, response.content[:300]
         record(f"capacity_by_{group_by}_s", timed(meter, capacity, repeat, 1))
+    today = at.date()
+    page = {"group_by": "node", "start": (today - dt.timedelta(days=29)).isoformat(), "end": today.isoformat()}
+
+    def capacity_page(i):
+        response = client.get("/capacity/", page)
+        assert response.status_code == 200 and b"errorlist" not in response.content, response.content[:300]
+    record("capacity_page_by_node_s", timed(meter, capacity_page, repeat, 1))
     return wall, cpu
 
 
@@ -295,7 +305,13 @@ def main() -> int:
     django.setup()
     now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
     staff, acc, budgets = build_fleet(args.attempts, now)
+    from django.db.models import Count, Sum
+
+    from runners.models import NodeSpan
+
+    inventory = NodeSpan.objects.aggregate(nodes=Count("node_name", distinct=True), gpus=Sum("gpus"))
     result = {"benchmark": "ledger_scale", "attempts": args.attempts, "teams": TEAMS, "queued": QUEUED,
+              "capacity_nodes": inventory["nodes"], "capacity_gpus": inventory["gpus"],
               "full_size": args.attempts >= 1000 and args.days_long >= 30, "entries": {}, "table_mib": {}}
     per_length, cpu = {}, {}
     for name, days in (("short", args.days_short), ("long", args.days_long)):

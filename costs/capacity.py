@@ -15,6 +15,12 @@
   (https://opencost.io/docs/integrations/api/ , parameter ``shareIdle``); a cluster-day nobody used stays with
   the ``__idle__`` row, OpenCost's name for it.
 
+The database sums both sides (ADR 0027): the spans clipped to the pieces of the window (cut at each price change and,
+where a grouping shows days, each UTC midnight), and the ledger's allocation per pool, or per node of each placement,
+from the attempt-day rollups and the clipped edge entries; Python prices each piece and shapes the rows. Each
+grouping reads at the resolution it needs (``RESOLUTIONS``: by node without days, by day without nodes, or neither),
+so a month of 478 nodes is a few hundred rows whichever the grouping.
+
 Every figure is a sum over buckets (cluster, pool, node, UTC day, price), so each grouping adds up: per row and in
 total, ``capacity_gpu_seconds == allocated_gpu_seconds - uninventoried_allocated_gpu_seconds +
 unallocated_gpu_seconds`` exactly (Decimal seconds at microsecond resolution). ``uninventoried_*`` is the allocation
@@ -25,22 +31,25 @@ its capacity and unallocated figures None (unknown), never 0 or below.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import datetime as dt
+import json
 from collections import defaultdict
 from decimal import Decimal
 from typing import NamedTuple
 
+from django.db import connection, transaction
 from django.db.models import Sum
 
 from core.money import LEDGER_QUANTUM, rounding_difference, usd_cents
 from jobs.models import JobAttempt
 from quotas.models import Team
-from runners.models import Accelerator, Cluster, NodeSpan
+from runners.models import Accelerator, Cluster, NodePool, NodeSpan
 
 from .catalog import NoPrice, prices_by_pool, row_at
 from .models import AttemptDailyCost, CostEntry, Price, UtilizationRollup
-from .spend import exact_seconds, utc_midnight
+from .spend import ENTRY_SPAN, exact_seconds, utc_midnight
 
 #: The longest window one capacity query may cover, days: a bound on the server time of one answer.
 MAX_WINDOW_DAYS = 93
@@ -92,162 +101,318 @@ def _days(lo: dt.datetime, hi: dt.datetime):
         lo = cut
 
 
-def _priced_pieces(pool: PoolRef, rows: list[Price], lo: dt.datetime, hi: dt.datetime):
-    """``[lo, hi)`` cut where the pool's price changes: ``(piece_lo, piece_hi, USD per GPU-hour or None)``."""
-    cuts = sorted({lo, hi} | {r.effective_from for r in rows if lo < r.effective_from < hi})
-    for a, b in zip(cuts, cuts[1:], strict=False):
-        try:
-            price = row_at(pool, a, rows).usd_per_gpu_hour
-        except NoPrice:
-            price = None
-        yield a, b, price
-
-
 def _pool_key(cluster_id: int, pool_name: str, accelerator_id: int, capacity_type: str) -> tuple:
     return (cluster_id, pool_name, accelerator_id, capacity_type)
 
 
-def _capacity(buckets: dict, start: dt.datetime, end: dt.datetime, cluster_ids) -> set[int]:
-    spans = NodeSpan.objects.filter(start__lt=end, end__gt=start).select_related("cluster", "accelerator")
+class Resolution(NamedTuple):
+    """How finely one grouping needs its buckets: per node (else one ``""`` node per pool) and per UTC day (else one
+    ``None`` day for the window). The buckets of every resolution add up to the same figures; the coarser, the fewer
+    rows the database returns (a month of 478 nodes by node alone: 478 rows, not 14,800)."""
+
+    by_node: bool
+    by_day: bool
+
+
+#: The resolution each grouping reads (``team`` shares each cluster-day's idle, so it reads days).
+RESOLUTIONS = {"cluster": Resolution(False, False), "node_pool": Resolution(False, False),
+               "accelerator": Resolution(False, False), "node": Resolution(True, False),
+               "day": Resolution(False, True), "team": Resolution(False, True)}
+
+
+def _fetch(sql: str, params: dict) -> list[tuple]:
+    """The rows of one of this module's aggregate queries, run with PostgreSQL's JIT off: the planner's row estimates
+    for the set-returning functions in them (``unnest``, ``jsonb_array_elements_text``) are far above the few
+    thousand rows they make, which crosses ``jit_above_cost``, and compiling the plan then took a second where
+    running it takes tens of milliseconds (``benchmarks/ledger_scale.py``)."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL jit = off")
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+def _cuts(start: dt.datetime, end: dt.datetime, by_day: bool, prices: list[Price]) -> list[dt.datetime]:
+    """``[start, end]`` and the instants inside it where a piece of capacity must be cut: every UTC midnight
+    (``by_day``) and every price change of ``prices``, sorted."""
+    cuts = {start, end} | {p.effective_from for p in prices if start < p.effective_from < end}
+    if by_day:
+        cuts |= {lo for _day, lo, _hi in _days(start, end)}
+    return sorted(cuts)
+
+
+def _inventoried(start: dt.datetime, end: dt.datetime, cluster_ids) -> set[int]:
+    """The clusters whose nodes some sync listed inside ``[start, end)`` (a NodeSpan overlapping it)."""
+    spans = NodeSpan.objects.filter(start__lt=end, end__gt=start)
     if cluster_ids is not None:
         spans = spans.filter(cluster_id__in=cluster_ids)
-    spans = list(spans)
-    refs = {}
-    for s in spans:
-        key = _pool_key(s.cluster_id, s.pool_name, s.accelerator_id, s.capacity_type)
-        refs.setdefault(key, PoolRef(key, s.cluster, s.cluster_id, s.accelerator_id, s.capacity_type,
-                                      s.accelerator))
-    rows = Price.objects.filter(accelerator_id__in={r.accelerator_id for r in refs.values()})
-    prices = prices_by_pool(list(refs.values()), rows)
-    for s in spans:
-        key = _pool_key(s.cluster_id, s.pool_name, s.accelerator_id, s.capacity_type)
-        for day, lo, hi in _days(max(s.start, start), min(s.end, end)):
-            bucket = buckets[(key, s.node_name, day)]
-            for a, b, price in _priced_pieces(refs[key], prices[key], lo, hi):
-                gpu_s = s.gpus * exact_seconds(b - a)
-                bucket.capacity += gpu_s
-                if not s.schedulable:
-                    bucket.cordoned += gpu_s
-                if price is None:
-                    bucket.capacity_unpriced += gpu_s
-                else:
-                    bucket.capacity_cost += gpu_s * price / HOUR
-    return {s.cluster_id for s in spans}
+    return set(spans.values_list("cluster_id", flat=True).distinct().order_by())
 
 
-def _node_shares(placement: dict, gpus: int) -> list[tuple[str, int]]:
-    """An attempt's GPUs per node of its placement (whole GPUs, the remainder on the first node); ``[("", gpus)]``
-    when placement named no nodes."""
-    names = [str(n) for n in (placement or {}).get("nodes") or []]
-    if not names:
-        return [("", gpus)]
-    each, rest = divmod(gpus, len(names))
-    shares: dict[str, int] = defaultdict(int)
-    for i, name in enumerate(names):
-        shares[name] += each + (rest if i == 0 else 0)
-    return list(shares.items())
+#: GPU-seconds of the node inventory per pool, node (or ``''``) and piece of the window: the spans clipped to each
+#: piece by the database (exact numeric seconds), pieces without overlap left out.
+_CAPACITY_SQL = """
+SELECT s.cluster_id, s.pool_name, s.accelerator_id, s.capacity_type, {node}, p.i,
+       SUM(s.gpus * EXTRACT(EPOCH FROM LEAST(s."end", p.hi) - GREATEST(s.start, p.lo))),
+       COALESCE(SUM(s.gpus * EXTRACT(EPOCH FROM LEAST(s."end", p.hi) - GREATEST(s.start, p.lo)))
+                FILTER (WHERE NOT s.schedulable), 0)
+FROM {spans} AS s
+JOIN unnest(%(lo)s::timestamptz[], %(hi)s::timestamptz[]) WITH ORDINALITY AS p(lo, hi, i)
+  ON s.start < p.hi AND s."end" > p.lo AND LEAST(s."end", p.hi) > GREATEST(s.start, p.lo)
+WHERE s.start < %(end)s AND s."end" > %(start)s {clusters}
+GROUP BY 1, 2, 3, 4, 5, 6
+"""
 
 
-def _edge_sums(sums: dict, lo: dt.datetime, hi: dt.datetime, cluster_ids, pools: dict | None) -> None:
-    """Add the GPU entries inside ``[lo, hi)`` (a part of one UTC day) to ``sums``, each clipped to it and its
-    amount prorated by the seconds kept (entries never cross a UTC hour, ``spend.ENTRY_SPAN``). ``pools``: attempt
-    id -> (pool name, capacity type) to key by pool instead of by attempt (filled here)."""
-    entries = CostEntry.objects.filter(interval_start__lt=hi, interval_end__gt=lo, gpus__gt=0)
+def _in_database() -> bool:
+    """Whether the database sums the figures (PostgreSQL); elsewhere (the demo's SQLite) Python sums the same rows."""
+    return connection.vendor == "postgresql"
+
+
+def _capacity_rows(start: dt.datetime, end: dt.datetime, cluster_ids, res: Resolution, cuts: list[dt.datetime],
+                   in_database: bool | None = None) -> list[tuple]:
+    """The node inventory's GPU-seconds inside ``[start, end)`` per piece of ``cuts`` (``_cuts``): rows of
+    ``(cluster id, pool name, accelerator id, capacity type, node or '', piece number from 1, GPU-seconds,
+    cordoned GPU-seconds)`` (Decimal, exact), pieces a span does not overlap left out. Summed by the database
+    (``_CAPACITY_SQL``) unless ``in_database`` is False (default: ``_in_database()``)."""
+    if in_database if in_database is not None else _in_database():
+        params = {"lo": cuts[:-1], "hi": cuts[1:], "start": start, "end": end, "clusters": list(cluster_ids or [])}
+        return _fetch(_CAPACITY_SQL.format(
+            node="s.node_name" if res.by_node else "''", spans=NodeSpan._meta.db_table,
+            clusters="" if cluster_ids is None else "AND s.cluster_id = ANY(%(clusters)s)"), params)
+    spans = NodeSpan.objects.filter(start__lt=end, end__gt=start)
     if cluster_ids is not None:
-        entries = entries.filter(cluster_id__in=cluster_ids)
-    rows = list(entries.values_list("attempt_id", "cluster_id", "accelerator_id", "team_id", "gpus", "interval_start",
-                                    "interval_end", "amount_usd"))
-    if pools is not None:
-        missing = {r[0] for r in rows} - set(pools)
-        pools.update((pk, (name, ctype)) for pk, name, ctype in JobAttempt.objects.filter(pk__in=missing).values_list(
-            "pk", "node_pool__name", "node_pool__capacity_type"))
-    for attempt_id, cluster_id, acc_id, team_id, gpus, a, b, amount in rows:
-        whole, kept = exact_seconds(b - a), exact_seconds(min(b, hi) - max(a, lo))
-        owner = attempt_id if pools is None else pools[attempt_id]
-        s = sums[(owner, a.astimezone(dt.UTC).date(), cluster_id, acc_id, team_id)]
-        s[0] += gpus * kept
-        if amount is None:
-            s[2] += gpus * kept
+        spans = spans.filter(cluster_id__in=cluster_ids)
+    sums: dict[tuple, list] = defaultdict(lambda: [ZERO, ZERO])
+    for cluster_id, pool_name, acc_id, ctype, node, gpus, schedulable, lo, hi in spans.values_list(
+            "cluster_id", "pool_name", "accelerator_id", "capacity_type", "node_name", "gpus", "schedulable", "start",
+            "end").order_by():
+        lo, hi = max(lo, start), min(hi, end)
+        i = bisect.bisect_right(cuts, lo)  # cuts[i - 1] <= lo < cuts[i]: piece i
+        while lo < hi:
+            cut = min(hi, cuts[i])
+            s = sums[(cluster_id, pool_name, acc_id, ctype, node if res.by_node else "", i)]
+            s[0] += gpus * exact_seconds(cut - lo)
+            if not schedulable:
+                s[1] += gpus * exact_seconds(cut - lo)
+            lo, i = cut, i + 1
+    return [(*key, gpu_s, cordoned) for key, (gpu_s, cordoned) in sums.items()]
+
+
+def _capacity(buckets: dict, start: dt.datetime, end: dt.datetime, cluster_ids, res: Resolution,
+              objects: dict) -> None:
+    """Add the node inventory's capacity (GPU-seconds, cordoned GPU-seconds and their USD at the pool's price in force)
+    inside ``[start, end)`` to ``buckets`` at resolution ``res``. The database clips the spans to the window's pieces
+    (cut at each price change and, ``res.by_day``, each UTC midnight) and sums them; each piece is priced here once.
+    ``objects``: ``{"cluster": {pk: Cluster}, "accelerator": {pk: Accelerator}}``."""
+    rows = list(Price.objects.filter(effective_from__lt=end))
+    cuts = _cuts(start, end, res.by_day, rows)
+    found = _capacity_rows(start, end, cluster_ids, res, cuts)
+    refs = {}
+    for cluster_id, pool_name, acc_id, ctype, *_rest in found:
+        key = _pool_key(cluster_id, pool_name, acc_id, ctype)
+        refs.setdefault(key, PoolRef(key, objects["cluster"][cluster_id], cluster_id, acc_id, ctype,
+                                     objects["accelerator"][acc_id]))
+    prices = prices_by_pool(list(refs.values()), [r for r in rows if r.accelerator_id in
+                                                  {ref.accelerator_id for ref in refs.values()}])
+    priced: dict[tuple, Decimal | None] = {}
+    for cluster_id, pool_name, acc_id, ctype, node, i, gpu_s, cordoned in found:
+        key = _pool_key(cluster_id, pool_name, acc_id, ctype)
+        lo = cuts[i - 1]
+        if (key, i) not in priced:
+            try:
+                priced[(key, i)] = row_at(refs[key], lo, prices[key]).usd_per_gpu_hour
+            except NoPrice:
+                priced[(key, i)] = None
+        price = priced[(key, i)]
+        bucket = buckets[(key, node, lo.astimezone(dt.UTC).date() if res.by_day else None)]
+        bucket.capacity += gpu_s
+        bucket.cordoned += cordoned
+        if price is None:
+            bucket.capacity_unpriced += gpu_s
         else:
-            s[1] += amount * kept / whole
+            bucket.capacity_cost += gpu_s * price / HOUR
 
 
-def _attempt_days(start: dt.datetime, end: dt.datetime, cluster_ids, by_node: bool = True) -> dict[tuple, list]:
-    """The ledger's GPU allocation inside ``[start, end)`` per (owner, UTC day, cluster, accelerator, team):
-    ``[GPU-seconds, USD (priced), GPU-seconds without a price]`` (Decimal); the owner is the attempt id
-    (``by_node``: its placement splits it over nodes) or its pool's ``(name, capacity type)``. Whole UTC days come
-    from the attempt-day rollups the ledger keeps (``AttemptDailyCost``; summed per pool, team and day by the
-    database when not ``by_node``); the partial days at the window's edges from the entries, clipped."""
-    sums: dict[tuple, list] = defaultdict(lambda: [ZERO, ZERO, ZERO])
-    pools = None if by_node else {}
+#: The ledger's GPU allocation inside a window (``alloc``): whole UTC days from the attempt-day rollups
+#: (``AttemptDailyCost``), the partial days at the window's edges (``w``) from the entries, each clipped to its edge
+#: and its amount prorated by the seconds kept (entries never cross a UTC hour, ``spend.ENTRY_SPAN``, which bounds
+#: the index range read).
+_ALLOCATION_SQL = """
+WITH alloc AS (
+  SELECT d.attempt_id, d.day, d.cluster_id, d.accelerator_id, d.team_id,
+         d.gpu_seconds AS g, d.cost_usd AS c, d.unpriced_gpu_seconds AS u
+  FROM {rollups} AS d
+  WHERE d.day >= %(first)s AND d.day < %(last)s AND d.gpu_seconds > 0 {rollup_clusters}
+  UNION ALL
+  SELECT e.attempt_id, (e.interval_start AT TIME ZONE 'UTC')::date, e.cluster_id, e.accelerator_id, e.team_id,
+         e.gpus * k.kept,
+         CASE WHEN e.amount_usd IS NULL THEN 0 WHEN k.kept = k.whole THEN e.amount_usd
+              ELSE (e.amount_usd * k.kept)::numeric(65, 30) / k.whole END,
+         CASE WHEN e.amount_usd IS NULL THEN e.gpus * k.kept ELSE 0 END
+  FROM unnest(%(lo)s::timestamptz[], %(hi)s::timestamptz[]) AS w(lo, hi)
+  JOIN {entries} AS e ON e.interval_start >= w.lo - %(span)s AND e.interval_start < w.hi AND e.interval_end > w.lo
+  CROSS JOIN LATERAL (SELECT EXTRACT(EPOCH FROM LEAST(e.interval_end, w.hi) - GREATEST(e.interval_start, w.lo)) AS kept,
+                             EXTRACT(EPOCH FROM e.interval_end - e.interval_start) AS whole) AS k
+  WHERE e.gpus > 0 {entry_clusters}
+){split}
+"""
+
+#: ``alloc`` per pool (and day or team as asked).
+_BY_POOL_SQL = """
+SELECT al.cluster_id, p.name, al.accelerator_id, p.capacity_type, '', NULL, NULL, {day}, {team},
+       SUM(al.g), SUM(al.c), SUM(al.u)
+FROM alloc AS al JOIN {attempts} AS a ON a.id = al.attempt_id JOIN {pools} AS p ON p.id = a.node_pool_id
+GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9
+"""
+
+#: ``alloc`` per attempt first (and day or team as asked), then per pool and node of its placement, with the node's
+#: GPUs of the attempt (``shares``: ``placement["nodes"]`` in order, whole GPUs each, the remainder on the first
+#: node named, a node named twice holding both parts; an attempt whose placement names no nodes is on node ``''``
+#: with all its GPUs) and the attempt's GPUs, by which the caller splits the sums.
+_BY_NODE_SQL = """, per_attempt AS (
+  SELECT attempt_id, cluster_id, accelerator_id, {day} AS day, {team} AS team_id, SUM(g) AS g, SUM(c) AS c,
+         SUM(u) AS u
+  FROM alloc GROUP BY 1, 2, 3, 4, 5
+), attempts AS (
+  SELECT a.id, p.name AS pool_name, p.capacity_type, a.gpus, a.placement
+  FROM {attempts} AS a JOIN {pools} AS p ON p.id = a.node_pool_id
+  WHERE a.id IN (SELECT attempt_id FROM per_attempt)
+), shares AS (
+  SELECT a.id, x.node, SUM(CASE WHEN x.i = 1 THEN a.gpus / x.n + a.gpus %% x.n ELSE a.gpus / x.n END) AS share
+  FROM attempts AS a CROSS JOIN LATERAL (
+    SELECT t.node, t.i, COUNT(*) OVER () AS n
+    FROM jsonb_array_elements_text(CASE WHEN jsonb_typeof(a.placement -> 'nodes') = 'array'
+                                        THEN a.placement -> 'nodes' ELSE '[]'::jsonb END) WITH ORDINALITY AS t(node, i)
+  ) AS x
+  GROUP BY a.id, x.node
+)
+SELECT pa.cluster_id, a.pool_name, pa.accelerator_id, a.capacity_type, COALESCE(s.node, ''),
+       COALESCE(s.share, a.gpus), a.gpus, pa.day, pa.team_id, SUM(pa.g), SUM(pa.c), SUM(pa.u)
+FROM per_attempt AS pa JOIN attempts AS a ON a.id = pa.attempt_id LEFT JOIN shares AS s ON s.id = pa.attempt_id
+GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9
+"""
+
+
+def _allocation_rows(start: dt.datetime, end: dt.datetime, cluster_ids, res: Resolution, by_team: bool,
+                     in_database: bool | None = None) -> list[tuple]:
+    """The ledger's GPU allocation inside ``[start, end)`` per (cluster id, pool name, accelerator id, capacity type,
+    node, the node's GPUs of the attempt, the attempt's GPUs, UTC day, team id): rows of those keys and
+    ``GPU-seconds, USD (priced), GPU-seconds without a price`` (Decimal). Unless ``res.by_node`` the node is ``''``
+    and both GPU counts None; the day is None unless ``res.by_day``, the team None unless ``by_team``. Summed by the
+    database (``_ALLOCATION_SQL``) unless ``in_database`` is False (default: ``_in_database()``)."""
     first = start.astimezone(dt.UTC).date()
     if utc_midnight(first) < start:
         first += dt.timedelta(days=1)
     last = end.astimezone(dt.UTC).date()  # whole days are [first, last)
     if first >= last:
-        _edge_sums(sums, start, end, cluster_ids, pools)
-        return sums
-    if start < utc_midnight(first):
-        _edge_sums(sums, start, utc_midnight(first), cluster_ids, pools)
-    if utc_midnight(last) < end:
-        _edge_sums(sums, utc_midnight(last), end, cluster_ids, pools)
-    rows = AttemptDailyCost.objects.filter(day__gte=first, day__lt=last, gpu_seconds__gt=0)
+        edges = [(start, end)]
+    else:
+        edges = [(lo, hi) for lo, hi in ((start, utc_midnight(first)), (utc_midnight(last), end)) if lo < hi]
+    if not (in_database if in_database is not None else _in_database()):
+        return _allocation_rows_python(first, last, edges, cluster_ids, res, by_team)
+    names = {"rollups": AttemptDailyCost._meta.db_table, "entries": CostEntry._meta.db_table,
+             "attempts": JobAttempt._meta.db_table, "pools": NodePool._meta.db_table}
+    split = (_BY_NODE_SQL if res.by_node else _BY_POOL_SQL).format(
+        day=("al.day", "day")[res.by_node] if res.by_day else "NULL::date",
+        team=("al.team_id", "team_id")[res.by_node] if by_team else "NULL::integer", **names)
+    clusters = "" if cluster_ids is None else "AND {}.cluster_id = ANY(%(clusters)s)"
+    sql = _ALLOCATION_SQL.format(rollup_clusters=clusters.format("d"), entry_clusters=clusters.format("e"),
+                                 split=split, **names)
+    params = {"first": first, "last": last, "lo": [lo for lo, _hi in edges], "hi": [hi for _lo, hi in edges],
+              "span": ENTRY_SPAN, "clusters": list(cluster_ids or [])}
+    return _fetch(sql, params)
+
+
+def _allocation_rows_python(first: dt.date, last: dt.date, edges: list, cluster_ids, res: Resolution,
+                            by_team: bool) -> list[tuple]:
+    """``_allocation_rows`` summed here, for databases other than PostgreSQL: the same rows by the same rules."""
+    per_attempt: dict[tuple, list] = defaultdict(lambda: [ZERO, ZERO, ZERO])
+
+    def add(attempt_id, cluster_id, acc_id, day, team_id, gpu_s, usd, unpriced):
+        s = per_attempt[(attempt_id, cluster_id, acc_id, day if res.by_day else None, team_id if by_team else None)]
+        s[0] += gpu_s
+        s[1] += usd
+        s[2] += unpriced
+
+    rollups = AttemptDailyCost.objects.filter(day__gte=first, day__lt=last, gpu_seconds__gt=0)
     if cluster_ids is not None:
-        rows = rows.filter(cluster_id__in=cluster_ids)
-    owner = ("attempt_id",) if by_node else ("attempt__node_pool__name", "attempt__node_pool__capacity_type")
-    keys = ("day", "cluster_id", "accelerator_id", "team_id")
-    for row in rows.values(*owner, *keys).annotate(g=Sum("gpu_seconds"), c=Sum("cost_usd"),
-                                                   u=Sum("unpriced_gpu_seconds")).order_by():
-        who = row["attempt_id"] if by_node else (row["attempt__node_pool__name"],
-                                                 row["attempt__node_pool__capacity_type"])
-        s = sums[(who, *(row[k] for k in keys))]
-        s[0] += row["g"]
-        s[1] += row["c"]
-        s[2] += row["u"]
-    return sums
-
-
-def _allocated(buckets: dict, teams: dict, start: dt.datetime, end: dt.datetime, cluster_ids,
-               inventoried: set[int], by_node: bool) -> None:
-    """Add the ledger's allocation to ``buckets`` (per pool, node and day) and ``teams`` (per cluster, day and
-    team). ``by_node``: each attempt split over its placement's nodes; otherwise summed per pool and left on no
-    node, for groupings that do not show nodes (a few thousand rows for a month instead of one per attempt and
-    day)."""
-    sums = _attempt_days(start, end, cluster_ids, by_node)
-    attempts = {pk: row for pk, *row in JobAttempt.objects.filter(pk__in={k[0] for k in sums}).values_list(
-        "pk", "node_pool__name", "node_pool__capacity_type", "placement", "gpus")} if by_node else {}
-    for (owner, day, cluster_id, acc_id, team_id), (gpu_s, usd, unpriced) in sums.items():
-        if by_node:
-            pool_name, ctype, placement, gpus = attempts[owner]
-            shares = _node_shares(placement, gpus)
-        else:
-            (pool_name, ctype), gpus, shares = owner, 1, [("", 1)]
-        key = _pool_key(cluster_id, pool_name, acc_id, ctype)
-        team = teams[(cluster_id, day, team_id)]
+        rollups = rollups.filter(cluster_id__in=cluster_ids)
+    for row in rollups.values_list("attempt_id", "cluster_id", "accelerator_id", "day", "team_id", "gpu_seconds",
+                                   "cost_usd", "unpriced_gpu_seconds"):
+        add(*row)
+    for lo, hi in edges:
+        entries = CostEntry.objects.filter(interval_start__gte=lo - ENTRY_SPAN, interval_start__lt=hi,
+                                           interval_end__gt=lo, gpus__gt=0)
+        if cluster_ids is not None:
+            entries = entries.filter(cluster_id__in=cluster_ids)
+        for attempt_id, cluster_id, acc_id, team_id, gpus, a, b, amount in entries.values_list(
+                "attempt_id", "cluster_id", "accelerator_id", "team_id", "gpus", "interval_start", "interval_end",
+                "amount_usd"):
+            kept, whole = exact_seconds(min(b, hi) - max(a, lo)), exact_seconds(b - a)
+            usd = ZERO if amount is None else amount if kept == whole else amount * kept / whole
+            add(attempt_id, cluster_id, acc_id, a.astimezone(dt.UTC).date(), team_id, gpus * kept, usd,
+                gpus * kept if amount is None else ZERO)
+    attempts = {pk: row for pk, *row in JobAttempt.objects.filter(pk__in={k[0] for k in per_attempt}).values_list(
+        "pk", "node_pool__name", "node_pool__capacity_type", "gpus", "placement")}
+    out: dict[tuple, list] = defaultdict(lambda: [ZERO, ZERO, ZERO])
+    for (attempt_id, cluster_id, acc_id, day, team_id), sums in per_attempt.items():
+        pool_name, ctype, gpus, placement = attempts[attempt_id]
+        shares = _node_shares(placement, gpus) if res.by_node else [("", None)]
         for node, share in shares:
-            part = Decimal(1) if share == gpus else Decimal(share) / Decimal(gpus)
-            bucket = buckets[(key, node, day)]
-            for b in (bucket, team):
-                b.allocated += gpu_s * part
-                b.allocated_unpriced += unpriced * part
-                b.allocated_cost += usd * part
-            if cluster_id not in inventoried:
-                bucket.outside += gpu_s * part
-                bucket.outside_unpriced += unpriced * part
-                bucket.outside_cost += usd * part
+            o = out[(cluster_id, pool_name, acc_id, ctype, node, share, gpus if res.by_node else None, day, team_id)]
+            for k in range(3):
+                o[k] += sums[k]
+    return [(*key, *sums) for key, sums in out.items()]
+
+
+def _node_shares(placement, gpus: int) -> list[tuple[str, int]]:
+    """An attempt's GPUs per node of its placement, as ``_BY_NODE_SQL`` computes them: whole GPUs each, the
+    remainder on the first node named, a node named twice holding both parts; ``[("", gpus)]`` when placement
+    names no nodes."""
+    names = (placement or {}).get("nodes") if isinstance(placement, dict) else None
+    if not isinstance(names, list) or not names:
+        return [("", gpus)]
+    each, rest = divmod(gpus, len(names))
+    shares: dict[str, int] = defaultdict(int)
+    for i, name in enumerate(names):
+        shares[name if isinstance(name, str) else json.dumps(name)] += each + (rest if i == 0 else 0)
+    return list(shares.items())
+
+
+def _allocated(buckets: dict, teams: dict | None, start: dt.datetime, end: dt.datetime, cluster_ids,
+               inventoried: set[int], res: Resolution) -> None:
+    """Add the ledger's allocation to ``buckets`` (per pool, node and day at resolution ``res``) and, unless None,
+    ``teams`` (per cluster, day and team). An attempt's GPU-seconds and USD go to its placement's nodes in proportion
+    to each node's GPUs of it (``res.by_node``); the database sums them per pool, node, share, day and team."""
+    for cluster_id, pool_name, acc_id, ctype, node, share, gpus, day, team_id, gpu_s, usd, unpriced in \
+            _allocation_rows(start, end, cluster_ids, res, teams is not None):
+        key = _pool_key(cluster_id, pool_name, acc_id, ctype)
+        if share != gpus:  # a node's part of a multi-node attempt (exact where the GPUs divide it)
+            gpu_s, usd, unpriced = (v * share / gpus for v in (gpu_s, usd, unpriced))
+        bucket = buckets[(key, node, day)]
+        targets = (bucket,) if teams is None else (bucket, teams[(cluster_id, day, team_id)])
+        for b in targets:
+            b.allocated += gpu_s
+            b.allocated_unpriced += unpriced
+            b.allocated_cost += usd
+        if cluster_id not in inventoried:
+            bucket.outside += gpu_s
+            bucket.outside_unpriced += unpriced
+            bucket.outside_cost += usd
 
 
 def _idle(start: dt.datetime, end: dt.datetime, cluster_ids) -> dict[tuple, float]:
-    """Idle GPU-seconds inside allocation per (pool key, day), where the rollups measured any."""
+    """Idle GPU-seconds inside allocation per (pool key, day), where the rollups measured any (summed by the
+    database)."""
     first, last = start.astimezone(dt.UTC).date(), (end - dt.timedelta(microseconds=1)).astimezone(dt.UTC).date()
     rollups = UtilizationRollup.objects.filter(day__gte=first, day__lte=last, idle_gpu_seconds__isnull=False)
     if cluster_ids is not None:
         rollups = rollups.filter(cluster_id__in=cluster_ids)
     idle: dict[tuple, float] = defaultdict(float)
-    for cluster_id, name, acc_id, ctype, day, seconds in rollups.values_list(
-            "cluster_id", "attempt__node_pool__name", "accelerator_id", "attempt__node_pool__capacity_type", "day",
-            "idle_gpu_seconds"):
-        idle[(_pool_key(cluster_id, name, acc_id, ctype), day)] += seconds
+    for row in rollups.values("cluster_id", "attempt__node_pool__name", "accelerator_id",
+                              "attempt__node_pool__capacity_type", "day").annotate(s=Sum("idle_gpu_seconds")).order_by():
+        idle[(_pool_key(row["cluster_id"], row["attempt__node_pool__name"], row["accelerator_id"],
+                        row["attempt__node_pool__capacity_type"]), row["day"])] += row["s"]
     return idle
 
 
@@ -371,26 +536,34 @@ def capacity_report(group_by: str, start: dt.datetime, end: dt.datetime, *, clus
 
 def capacity_reports(groups, start: dt.datetime, end: dt.datetime, *, cluster_ids=None,
                      team_ids=None) -> dict[str, tuple[list[dict], dict]]:
-    """``capacity_report`` of each grouping in ``groups`` from one read of the inventory, the ledger and the
-    utilization rollups (a page's table and its daily chart): ``{group_by: (rows, total)}``. Raises ValueError as
-    ``capacity_report`` does."""
+    """``capacity_report`` of each grouping in ``groups`` (a page's table and its daily chart): ``{group_by: (rows,
+    total)}``. Groupings of one resolution (``RESOLUTIONS``) share one read of the inventory and the ledger; the
+    utilization rollups are read once. Raises ValueError as ``capacity_report`` does."""
     if unknown := [g for g in groups if g not in GROUPS]:
         raise ValueError(f"group_by must be one of {', '.join(GROUPS)}, not {', '.join(unknown)}")
     if end <= start:
         raise ValueError("end must be after start")
-    buckets: dict[tuple, Bucket] = defaultdict(Bucket)
-    teams: dict[tuple, Bucket] = defaultdict(Bucket)
-    inventoried = _capacity(buckets, start, end, cluster_ids)
-    _allocated(buckets, teams, start, end, cluster_ids, inventoried, by_node="node" in groups)
-    whole = Bucket()
-    for b in buckets.values():
-        whole.add(b)
+    objects = {"cluster": Cluster.objects.in_bulk(), "accelerator": Accelerator.objects.in_bulk()}
+    names = {kind: {pk: o.name for pk, o in found.items()} for kind, found in objects.items()}
+    inventoried = _inventoried(start, end, cluster_ids)
     idle = _idle(start, end, cluster_ids)
-    total = _present(whole, sum(idle.values()) if idle else None)
-    names = {"cluster": dict(Cluster.objects.values_list("pk", "name")),
-             "accelerator": dict(Accelerator.objects.values_list("pk", "name"))}
-    return {group_by: (_team_rows(buckets, teams, team_ids) if group_by == "team"
-                       else _grouped_rows(group_by, buckets, idle, names), total) for group_by in groups}
+    measured = sum(idle.values()) if idle else None
+    read: dict[Resolution, tuple[dict, dict | None, dict]] = {}
+    for res in dict.fromkeys(RESOLUTIONS[g] for g in groups):
+        buckets: dict[tuple, Bucket] = defaultdict(Bucket)
+        teams = defaultdict(Bucket) if "team" in groups and res == RESOLUTIONS["team"] else None
+        _capacity(buckets, start, end, cluster_ids, res, objects)
+        _allocated(buckets, teams, start, end, cluster_ids, inventoried, res)
+        whole = Bucket()
+        for b in buckets.values():
+            whole.add(b)
+        read[res] = (buckets, teams, _present(whole, measured))
+    out = {}
+    for group_by in groups:
+        buckets, teams, total = read[RESOLUTIONS[group_by]]
+        out[group_by] = (_team_rows(buckets, teams, team_ids) if group_by == "team"
+                         else _grouped_rows(group_by, buckets, idle, names), total)
+    return out
 
 
 def _team_rows(buckets: dict, teams: dict, team_ids) -> list[dict]:
