@@ -408,12 +408,12 @@ def _add(piece: Piece, usage: prometheus.WindowUsage, attributable: bool, shape_
 
 
 def _replace(piece: Piece, usage: prometheus.WindowUsage, attributable: bool, shape_kind: str) -> int:
-    """Write the row of ``piece`` (read from the part's start) whole: a seal always, another read only over a row
-    not sealed (a slower pass never undoes a seal). Returns 1 if written."""
+    """Write the row of ``piece`` (read from the part's start) whole, over a row not sealed (a slower pass never
+    undoes a seal) and not already at ``piece.end`` (the same read delivered twice). Returns 1 if written."""
     values = dict(_row_values(piece.attempt, shape_kind, attributable, piece.lo, piece.end, usage),
                   covered_until=piece.end, sealed=piece.seal, collected_at=timezone.now())
-    rows = UtilizationRollup.objects.filter(attempt=piece.attempt, day=piece.day)
-    if (rows if piece.seal else rows.filter(sealed=False)).update(**values):
+    rows = UtilizationRollup.objects.filter(attempt=piece.attempt, day=piece.day, sealed=False)
+    if (rows if piece.seal else rows.exclude(covered_until=piece.end)).update(**values):
         return 1
     try:
         with transaction.atomic():
@@ -441,13 +441,25 @@ def periodic_pass(now: dt.datetime) -> int:
     cost one grouped query per cluster. A cluster whose reads fail is
     skipped for the rest of the pass (``_Sources.run``).
     """
-    sources, written = _Sources(), 0
-    for cluster_id, read in _group_reads(pass_pieces(now), sources, now):
-        results = sources.run(cluster_id, read)
-        if not results:
-            continue
+    return apply_reads(read_pieces(pass_pieces(now), now))
+
+
+def read_pieces(pieces: list[Piece], now: dt.datetime, sources: _Sources | None = None) -> list[list[tuple]]:
+    """Read ``pieces`` (``pass_pieces``) from Prometheus, grouped (``_group_reads``): per read, a list of
+    ``(piece, WindowUsage, attributable, shape kind)``. A cluster whose read fails is logged and left out with
+    its other reads (``_Sources.run``); nothing is written."""
+    sources = sources or _Sources()
+    return [found for cluster_id, read in _group_reads(pieces, sources, now) if (found := sources.run(cluster_id, read))]
+
+
+def apply_reads(reads: list[list[tuple]]) -> int:
+    """Write ``reads`` (``read_pieces``), each read's rows in one transaction: added to their row if its
+    watermark is still where the read began, else replacing it. Applying the same reads twice (a duplicate or
+    concurrent pass) writes nothing the second time. Returns rows written."""
+    written = 0
+    for found in reads:
         with transaction.atomic():
-            for piece, usage, attributable, shape_kind in results:
+            for piece, usage, attributable, shape_kind in found:
                 write = _add if piece.covered is not None else _replace
                 written += write(piece, usage, attributable, shape_kind)
     return written
