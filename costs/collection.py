@@ -82,15 +82,17 @@ def attempts_between(start: dt.datetime, end: dt.datetime, clusters=None):
 
 # --- label shapes ---------------------------------------------------------------------------------------------
 
-def detect_cluster_shape(cluster: Cluster, at: dt.datetime | None = None, client=None) -> ClusterMetrics | None:
-    """Detect ``cluster``'s DCGM label shape and counter from its series now (``prometheus.detect_shape``) and
-    store it; an override set by an operator is kept. A cluster whose series show nothing keeps what was
-    detected before. None when the cluster has no Prometheus. Raises what ``prometheus.read_usage`` raises."""
+def detect_cluster_shape(cluster: Cluster, at: dt.datetime | None = None, client=None,
+                         lookback: dt.timedelta = DAY) -> ClusterMetrics | None:
+    """Detect ``cluster``'s DCGM label shape and counter from its series in ``[at - lookback, at]`` (``at``
+    default now; ``prometheus.detect_shape``) and store it; an override set by an operator is kept. A cluster
+    whose series show nothing keeps what was detected before. None when the cluster has no Prometheus. Raises
+    what ``prometheus.read_usage`` raises."""
     source = prometheus.source_for(cluster)
     if source is None:
         return None
     at = at or timezone.now()
-    found = prometheus.detect_shape(source, at, client=client)
+    found = prometheus.detect_shape(source, at, lookback, client=client)
     row, _ = ClusterMetrics.objects.get_or_create(cluster=cluster)
     if found.kind:
         row.detected_shape, row.host_label, row.util_metric = found.kind, found.host_label, found.util_metric
@@ -107,8 +109,11 @@ def cluster_shape(cluster: Cluster, at: dt.datetime | None = None, client=None) 
     row = ClusterMetrics.objects.filter(cluster=cluster).first()
     if row is None or not row.shape_override and (row.detected_at is None
                                                   or abs(row.detected_at - at) > SHAPE_MAX_AGE):
+        # The series since the previous detection (at least SHAPE_MAX_AGE, at most a day): hourly detections
+        # read each sample about once, not a day's worth every hour.
+        since = at - row.detected_at if row is not None and row.detected_at and row.detected_at < at else DAY
         try:
-            row = detect_cluster_shape(cluster, at, client) or row
+            row = detect_cluster_shape(cluster, at, client, min(DAY, max(SHAPE_MAX_AGE, since))) or row
         except SoftTimeLimitExceeded:  # the task's time is up, not Prometheus
             raise
         except Exception as exc:  # noqa: BLE001 (Prometheus unreachable: keep what is known)
