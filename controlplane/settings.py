@@ -279,6 +279,9 @@ COSTS_LIVE_TIMEOUT_SECONDS = env.float("COSTS_LIVE_TIMEOUT_SECONDS", default=5.0
 COSTS_DISCREPANCY_TOLERANCE_PERCENT = env.float("COSTS_DISCREPANCY_TOLERANCE_PERCENT", default=1.0)
 # How far back each collection pass re-reads utilization (late scrapes are picked up), seconds.
 COSTS_COLLECT_LOOKBACK_SECONDS = env.int("COSTS_COLLECT_LOOKBACK_SECONDS", default=2 * 86400)
+# A rollup's day (its part of the run) is re-read whole once, this long after it ended, seconds: scrapes that came in
+# late since the periodic passes read it are counted, and its energy is the day's exact increase (docs/adr/0026).
+COSTS_SEAL_AFTER_SECONDS = env.int("COSTS_SEAL_AFTER_SECONDS", default=3600)
 # Budget forecast: complete UTC days whose median daily spend is the rate (costs.forecast).
 COSTS_FORECAST_WINDOW_DAYS = env.int("COSTS_FORECAST_WINDOW_DAYS", default=7)
 # Budget alerts go to team admins through Django mail (console in dev; pytest-django uses locmem).

@@ -25,6 +25,7 @@ every ``COSTS_LIVE_CACHE_SECONDS``). The rows are aggregated by
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 from collections.abc import Callable
@@ -32,8 +33,9 @@ from datetime import UTC
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Max, Q
+from django.db import IntegrityError, transaction
+from django.db.models import Case, ExpressionWrapper, F, FloatField, Max, Q, Value, When
+from django.db.models.functions import Coalesce, Least
 from django.utils import timezone
 
 from jobs.models import JobAttempt
@@ -80,15 +82,17 @@ def attempts_between(start: dt.datetime, end: dt.datetime, clusters=None):
 
 # --- label shapes ---------------------------------------------------------------------------------------------
 
-def detect_cluster_shape(cluster: Cluster, at: dt.datetime | None = None, client=None) -> ClusterMetrics | None:
-    """Detect ``cluster``'s DCGM label shape and counter from its series now (``prometheus.detect_shape``) and
-    store it; an override set by an operator is kept. A cluster whose series show nothing keeps what was
-    detected before. None when the cluster has no Prometheus. Raises what ``prometheus.read_usage`` raises."""
+def detect_cluster_shape(cluster: Cluster, at: dt.datetime | None = None, client=None,
+                         lookback: dt.timedelta = DAY) -> ClusterMetrics | None:
+    """Detect ``cluster``'s DCGM label shape and counter from its series in ``[at - lookback, at]`` (``at``
+    default now; ``prometheus.detect_shape``) and store it; an override set by an operator is kept. A cluster
+    whose series show nothing keeps what was detected before. None when the cluster has no Prometheus. Raises
+    what ``prometheus.read_usage`` raises."""
     source = prometheus.source_for(cluster)
     if source is None:
         return None
     at = at or timezone.now()
-    found = prometheus.detect_shape(source, at, client=client)
+    found = prometheus.detect_shape(source, at, lookback, client=client)
     row, _ = ClusterMetrics.objects.get_or_create(cluster=cluster)
     if found.kind:
         row.detected_shape, row.host_label, row.util_metric = found.kind, found.host_label, found.util_metric
@@ -98,13 +102,18 @@ def detect_cluster_shape(cluster: Cluster, at: dt.datetime | None = None, client
 
 
 def cluster_shape(cluster: Cluster, at: dt.datetime | None = None, client=None) -> prometheus.Shape:
-    """The label shape in force on ``cluster``: its override, else the detection (redone after ``SHAPE_MAX_AGE``);
-    the pod shape when nothing was ever detected."""
-    now = timezone.now()
+    """The label shape in force on ``cluster`` at ``at`` (default now): its override, else the detection, redone
+    when it was made more than ``SHAPE_MAX_AGE`` away from ``at`` (a pass over history is a function of its
+    instant, not of the clock); the pod shape when nothing was ever detected."""
+    at = min(at or timezone.now(), timezone.now())
     row = ClusterMetrics.objects.filter(cluster=cluster).first()
-    if row is None or not row.shape_override and (row.detected_at is None or row.detected_at < now - SHAPE_MAX_AGE):
+    if row is None or not row.shape_override and (row.detected_at is None
+                                                  or abs(row.detected_at - at) > SHAPE_MAX_AGE):
+        # The series since the previous detection (at least SHAPE_MAX_AGE, at most a day): hourly detections
+        # read each sample about once, not a day's worth every hour.
+        since = at - row.detected_at if row is not None and row.detected_at and row.detected_at < at else DAY
         try:
-            row = detect_cluster_shape(cluster, min(at or now, now), client) or row
+            row = detect_cluster_shape(cluster, at, client, min(DAY, max(SHAPE_MAX_AGE, since))) or row
         except SoftTimeLimitExceeded:  # the task's time is up, not Prometheus
             raise
         except Exception as exc:  # noqa: BLE001 (Prometheus unreachable: keep what is known)
@@ -156,15 +165,20 @@ class _Sources:
         logged, the cluster skipped for the rest of the pass, and None
         returned. The task's soft time limit still stops the pass.
         """
-        if attempt.cluster_id in self.failed:
+        return self.run(attempt.cluster_id, collect)
+
+    def run(self, cluster_id: int, collect: Callable):
+        """``collect()`` (a read of cluster ``cluster_id``) unless that cluster failed earlier in this pass; None
+        when it failed before or fails now (see ``isolated``)."""
+        if cluster_id in self.failed:
             return None
         try:
             return collect()
         except SoftTimeLimitExceeded:
             raise
         except Exception as exc:  # noqa: BLE001 - failure domain: one cluster (docs/adr/0016)
-            self.failed[attempt.cluster_id] = f"{type(exc).__name__}: {exc}"
-            log.warning("cluster %s: utilization not collected in this pass: %s", attempt.cluster_id, exc)
+            self.failed[cluster_id] = f"{type(exc).__name__}: {exc}"
+            log.warning("cluster %s: utilization not collected in this pass: %s", cluster_id, exc)
             return None
 
     def get(self, cluster: Cluster, at: dt.datetime):
@@ -179,34 +193,62 @@ class _Sources:
         return self._by_cluster[cluster.pk]
 
 
-def collect_attempt(attempt: JobAttempt, start: dt.datetime, end: dt.datetime, sources: _Sources | None = None) -> int:
+def day_part(attempt: JobAttempt, day: dt.date) -> tuple[dt.datetime, dt.datetime]:
+    """``[lo, hi)``: the part of UTC ``day`` in which ``attempt`` ran (``hi`` the day's end while it runs)."""
+    midnight = dt.datetime.combine(day, dt.time(), UTC)
+    lo = max(midnight, attempt.started_at)
+    return lo, min(midnight + DAY, attempt.ended_at) if attempt.ended_at else midnight + DAY
+
+
+def seal_after() -> dt.timedelta:
+    """How long after a day's part of a run ends it is read whole once and sealed: ``COSTS_SEAL_AFTER_SECONDS``,
+    at least ``settle_seconds()``."""
+    return dt.timedelta(seconds=max(settings.COSTS_SEAL_AFTER_SECONDS, settle_seconds()))
+
+
+def _row_values(attempt: JobAttempt, shape_kind: str, attributable: bool, lo: dt.datetime, hi: dt.datetime,
+                usage: prometheus.WindowUsage) -> dict:
+    """A rollup's fields holding ``usage``, the sums of ``[lo, hi)`` (the day's part of the run from its start)."""
+    gpu_seconds = attempt.gpus * (hi - lo).total_seconds()
+    idle = usage.idle
+    return dict(
+        job_id=attempt.job_id, team_id=attempt.job.team_id, cluster_id=attempt.cluster_id,
+        accelerator_id=attempt.node_pool.accelerator_id, gpu_seconds=gpu_seconds,
+        samples=usage.samples, expected_samples=gpu_seconds / settings.COSTS_SCRAPE_INTERVAL_SECONDS,
+        util_sum=usage.util_sum, avg_gpu_util_percent=usage.avg_util_percent, memory_samples=usage.memory_samples,
+        memory_sum=usage.memory_sum, avg_memory_used_mib=usage.avg_memory_mib, prof_samples=usage.prof_samples,
+        observed_gpu_seconds=min(gpu_seconds, usage.observed_seconds),
+        idle_gpu_seconds=None if idle is None else min(gpu_seconds, idle),
+        util_metric=usage.util_metric, label_shape=shape_kind if attributable else "",
+        energy_kwh=usage.energy_kwh,
+    )
+
+
+def collect_attempt(attempt: JobAttempt, start: dt.datetime, end: dt.datetime, sources: _Sources | None = None,
+                    now: dt.datetime | None = None) -> int:
     """Read ``attempt``'s utilization within ``[start, end)`` (cut to its run and at UTC midnights) and upsert
     its UtilizationRollup rows; returns rows written (0 without a Prometheus). Call it with whole UTC days or
-    the attempt's whole run: a day's row is replaced by what this window holds of it."""
+    the attempt's whole run: a day's row is replaced by what this window holds of it.
+
+    Each row's ``covered_until`` is the end of its piece when the piece starts where the day's part of the run
+    does (else null: its coverage is not a prefix of the day, and the periodic pass reads the day whole again);
+    it is ``sealed`` when the piece is the whole part and ``now`` (default: the current time) is at least
+    ``seal_after()`` past its end. Raises what ``prometheus.read_usage`` raises."""
     sources = sources or _Sources()
+    now = now or timezone.now()
     interval = running_interval(attempt, start, end)
     source, client, shape = sources.get(attempt.cluster, end)
     if source is None or interval is None:
         return 0
-    step = settings.COSTS_SCRAPE_INTERVAL_SECONDS
     rows = {}
     for day, lo, hi in utc_days(*interval):
         matchers = attempt_matchers(attempt, shape, source, lo, hi, client)
         usage = prometheus.NO_USAGE if matchers is None else prometheus.read_usage(source, matchers, lo, hi,
                                                                                     client=client)
-        gpu_seconds = attempt.gpus * (hi - lo).total_seconds()
-        idle = usage.idle
-        rows[day] = dict(
-            job_id=attempt.job_id, team_id=attempt.job.team_id, cluster_id=attempt.cluster_id,
-            accelerator_id=attempt.node_pool.accelerator_id, gpu_seconds=gpu_seconds,
-            samples=usage.samples, expected_samples=gpu_seconds / step, util_sum=usage.util_sum,
-            avg_gpu_util_percent=usage.avg_util_percent, memory_samples=usage.memory_samples,
-            avg_memory_used_mib=usage.avg_memory_mib,
-            observed_gpu_seconds=min(gpu_seconds, usage.observed_seconds),
-            idle_gpu_seconds=None if idle is None else min(gpu_seconds, idle),
-            util_metric=usage.util_metric, label_shape=shape.kind if matchers is not None else "",
-            energy_kwh=usage.energy_kwh,
-        )
+        part_lo, part_hi = day_part(attempt, day)
+        rows[day] = dict(_row_values(attempt, shape.kind, matchers is not None, lo, hi, usage),
+                         covered_until=hi if lo == part_lo else None,
+                         sealed=lo == part_lo and hi == part_hi and now >= hi + seal_after())
     # Every day of the window read before any is written, then written together: a collection stopped in between
     # (a Prometheus error, the task's time limit) writes none, and collect_ended reads the attempt again.
     with transaction.atomic():
@@ -236,11 +278,196 @@ def lookback_start(now: dt.datetime) -> dt.datetime:
     return start.replace(hour=0, minute=0, second=0, microsecond=0)
 
 
+def grid_floor(at: dt.datetime, step_seconds: float) -> dt.datetime:
+    """The latest multiple of ``step_seconds`` since the Unix epoch at or before ``at`` (ms resolution): where
+    Prometheus evaluates the lookback instants (``prometheus.lookback_instants``)."""
+    step = round(step_seconds * 1000)
+    return dt.datetime.fromtimestamp(round(at.timestamp() * 1000) // step * step / 1000, UTC)
+
+
+def collection_target(now: dt.datetime) -> dt.datetime:
+    """How far a periodic pass at ``now`` reads: ``now - settle_seconds()`` (scrapes still arriving), floored to
+    the scrape-step grid so that the next pass's window starts on it and the windows add up exactly."""
+    return grid_floor(now - dt.timedelta(seconds=settle_seconds()), settings.COSTS_SCRAPE_INTERVAL_SECONDS)
+
+
+@dataclasses.dataclass
+class Piece:
+    """One read of a periodic pass: ``attempt``'s series in ``[start, end)`` of UTC ``day``, whose part of the run
+    begins at ``lo``. ``covered`` None: the row is replaced by the read (``start == lo``), sealed if ``seal``;
+    else the read is added to the row whose watermark is ``covered`` (``== start``), only if it still is."""
+
+    attempt: JobAttempt
+    day: dt.date
+    lo: dt.datetime
+    start: dt.datetime
+    end: dt.datetime
+    covered: dt.datetime | None = None
+    seal: bool = False
+
+
+def pass_pieces(now: dt.datetime) -> list[Piece]:
+    """What a periodic pass at ``now`` reads: for each attempt and UTC day of its run since ``lookback_start(now)``
+    up to ``collection_target(now)``, the part its row does not hold yet.
+
+    A row not sealed whose part of the day ended at least ``seal_after()``
+    before ``now``: the whole part, replacing the row and sealing it. A row
+    missing, or whose watermark is unknown or past the part's end: from the
+    part's start (an attempt's first read starts at ``started_at``). Else
+    from the row's watermark. Sealed rows and rows already at the target
+    are left alone, so a pass repeated at the same ``now`` reads nothing.
+    """
+    start, target = lookback_start(now), collection_target(now)
+    attempts = list(attempts_between(start, target))
+    rows = {(r["attempt_id"], r["day"]): r for r in UtilizationRollup.objects.filter(
+        attempt__in=[a.pk for a in attempts], day__gte=start.date()).values("attempt_id", "day", "covered_until",
+                                                                             "sealed")}
+    pieces = []
+    for attempt in attempts:
+        for day, _, hi in utc_days(*running_interval(attempt, start, target)):
+            lo, part_end = day_part(attempt, day)
+            row = rows.get((attempt.pk, day))
+            covered = row and row["covered_until"]
+            if row and row["sealed"]:
+                continue
+            if part_end <= now - seal_after():
+                pieces.append(Piece(attempt, day, lo, lo, part_end, seal=True))
+            elif not covered or covered > part_end or covered < lo:
+                pieces.append(Piece(attempt, day, lo, lo, hi))
+            elif covered < hi:
+                pieces.append(Piece(attempt, day, lo, covered, hi, covered=covered))
+    return pieces
+
+
+def _group_reads(pieces: list[Piece], sources: _Sources, now: dt.datetime):
+    """``(cluster id, [(piece, usage, attributable, shape kind)])`` per read: the pieces of a pod-labelled cluster
+    that share a window are read in one query grouped by the pod labels (``read_usage_by``) and told apart in
+    Python (``prometheus.pod_of_attempt``, the semantics of ``attempt_pod_matchers``); a host-shaped cluster's
+    pieces are read one by one (their hosts and GPUs are the attempt's). Yields lazily, so that a failed read
+    costs only its own cluster (``_Sources.run``)."""
+    groups: dict[tuple, list[Piece]] = {}
+    for piece in pieces:
+        groups.setdefault((piece.attempt.cluster_id, piece.start, piece.end), []).append(piece)
+    for (cluster_id, start, end), members in groups.items():
+        def read(members=members, start=start, end=end):
+            source, client, shape = sources.get(members[0].attempt.cluster, now)
+            if source is None:
+                return []
+            if shape.kind not in prometheus.POD_LABELS:
+                out = []
+                for p in members:
+                    matchers = attempt_matchers(p.attempt, shape, source, start, end, client)
+                    usage = prometheus.NO_USAGE if matchers is None else prometheus.read_usage(
+                        source, matchers, start, end, client=client)
+                    out.append((p, usage, matchers is not None, shape.kind))
+                return out
+            names = [(p.attempt.job.team.slug, p.attempt.object_name) for p in members]
+            found = prometheus.read_usage_by(source, prometheus.attempts_pod_matchers(names, shape.kind), start, end,
+                                             prometheus.POD_LABELS[shape.kind], client=client)
+            out = []
+            for p, (team, name) in zip(members, names, strict=True):
+                usage = prometheus.NO_USAGE
+                for (namespace, pod), group in found.items():
+                    if prometheus.pod_of_attempt(namespace, pod, team, name):
+                        usage = usage + group
+                out.append((p, usage, True, shape.kind))
+            return out
+        yield cluster_id, read
+
+
+def _add(piece: Piece, usage: prometheus.WindowUsage, attributable: bool, shape_kind: str) -> int:
+    """Add ``usage`` (the sums of ``[piece.start, piece.end)``) to the row whose watermark is still
+    ``piece.covered`` and move the watermark to ``piece.end``, in one compare-and-set UPDATE; 1 if it applied, 0
+    if the row moved on (a duplicate or concurrent read: nothing is added twice). Allocated and expected samples
+    are those of ``[piece.lo, piece.end)``; the averages and the counter name are recomputed from the new sums."""
+    gpu_seconds = piece.attempt.gpus * (piece.end - piece.lo).total_seconds()
+    n, p = usage.samples, usage.prof_samples
+    values = dict(
+        covered_until=piece.end, gpu_seconds=gpu_seconds,
+        expected_samples=gpu_seconds / settings.COSTS_SCRAPE_INTERVAL_SECONDS,
+        samples=F("samples") + n, util_sum=F("util_sum") + usage.util_sum, prof_samples=F("prof_samples") + p,
+        memory_samples=F("memory_samples") + usage.memory_samples, memory_sum=F("memory_sum") + usage.memory_sum,
+        observed_gpu_seconds=Least(F("observed_gpu_seconds") + usage.observed_seconds, Value(gpu_seconds)),
+        collected_at=timezone.now(),
+    )
+    if n:
+        values["avg_gpu_util_percent"] = ExpressionWrapper((F("util_sum") + usage.util_sum) / (F("samples") + n),
+                                                           output_field=FloatField())
+        # Summed over the row: the profiling counter only, the plain one only, or both ("mixed").
+        values["util_metric"] = (Case(When(prof_samples=F("samples") + (n - p), then=Value(prometheus.GR_ENGINE_ACTIVE)),
+                                      default=Value("mixed")) if p else
+                                 Case(When(prof_samples=0, then=Value(prometheus.UTIL_PERCENT)), default=Value("mixed")))
+    if usage.memory_samples:
+        values["avg_memory_used_mib"] = ExpressionWrapper(
+            (F("memory_sum") + usage.memory_sum) / (F("memory_samples") + usage.memory_samples),
+            output_field=FloatField())
+    if usage.observed_seconds:
+        values["idle_gpu_seconds"] = Least(Coalesce(F("idle_gpu_seconds"), Value(0.0)) + usage.idle_seconds,
+                                           Value(gpu_seconds))
+    if usage.energy_mj is not None:
+        values["energy_kwh"] = Coalesce(F("energy_kwh"), Value(0.0)) + usage.energy_kwh
+    if attributable:
+        values["label_shape"] = shape_kind
+    return UtilizationRollup.objects.filter(attempt=piece.attempt, day=piece.day,
+                                            covered_until=piece.covered).update(**values)
+
+
+def _replace(piece: Piece, usage: prometheus.WindowUsage, attributable: bool, shape_kind: str) -> int:
+    """Write the row of ``piece`` (read from the part's start) whole, over a row not sealed (a slower pass never
+    undoes a seal) and not already at ``piece.end`` (the same read delivered twice). Returns 1 if written."""
+    values = dict(_row_values(piece.attempt, shape_kind, attributable, piece.lo, piece.end, usage),
+                  covered_until=piece.end, sealed=piece.seal, collected_at=timezone.now())
+    rows = UtilizationRollup.objects.filter(attempt=piece.attempt, day=piece.day, sealed=False)
+    if (rows if piece.seal else rows.exclude(covered_until=piece.end)).update(**values):
+        return 1
+    try:
+        with transaction.atomic():
+            UtilizationRollup.objects.create(attempt=piece.attempt, day=piece.day, **values)
+    except IntegrityError:  # created by a concurrent pass meanwhile: the next pass reads on from its watermark
+        return 0
+    return 1
+
+
 def periodic_pass(now: dt.datetime) -> int:
     """What the periodic collection (``costs.tasks.collect_utilization``, every ``UTILIZATION_INTERVAL_SECONDS``)
-    does at ``now`` (aware): re-read the last ``COSTS_COLLECT_LOOKBACK_SECONDS``, from a UTC midnight, up to
-    ``now``. Returns rollup rows written. Raises what ``collect_utilization`` raises."""
-    return collect_utilization(lookback_start(now), now)
+    does at ``now`` (aware; nothing else of the clock is read): read what each attempt-day row of the last
+    ``COSTS_COLLECT_LOOKBACK_SECONDS`` lacks up to ``collection_target(now)`` and add it (``pass_pieces``,
+    docs/adr/0026). Returns rollup rows written.
+
+    Sums of samples, utilization, memory, observed and idle instants add up
+    exactly over windows cut on the scrape-step grid, so a row grows by its
+    new window only (compare-and-set on its watermark: a repeated or
+    concurrent pass adds nothing twice). Energy (``increase``, extrapolated
+    to each window's edges) adds up only nearly, and a scrape that arrives
+    later than ``settle_seconds()`` is missed by the window that passed it:
+    the seal, one whole read of the day's part ``seal_after()`` after it
+    ended, restores both exactly. Windows shared by a pod-labelled
+    cluster's attempts (every row at the last pass's target, the usual case)
+    cost one grouped query per cluster. A cluster whose reads fail is
+    skipped for the rest of the pass (``_Sources.run``).
+    """
+    return apply_reads(read_pieces(pass_pieces(now), now))
+
+
+def read_pieces(pieces: list[Piece], now: dt.datetime, sources: _Sources | None = None) -> list[list[tuple]]:
+    """Read ``pieces`` (``pass_pieces``) from Prometheus, grouped (``_group_reads``): per read, a list of
+    ``(piece, WindowUsage, attributable, shape kind)``. A cluster whose read fails is logged and left out with
+    its other reads (``_Sources.run``); nothing is written."""
+    sources = sources or _Sources()
+    return [found for cluster_id, read in _group_reads(pieces, sources, now) if (found := sources.run(cluster_id, read))]
+
+
+def apply_reads(reads: list[list[tuple]]) -> int:
+    """Write ``reads`` (``read_pieces``), each read's rows in one transaction: added to their row if its
+    watermark is still where the read began, else replacing it. Applying the same reads twice (a duplicate or
+    concurrent pass) writes nothing the second time. Returns rows written."""
+    written = 0
+    for found in reads:
+        with transaction.atomic():
+            for piece, usage, attributable, shape_kind in found:
+                write = _add if piece.covered is not None else _replace
+                written += write(piece, usage, attributable, shape_kind)
+    return written
 
 
 def settle_seconds() -> float:
@@ -253,19 +480,26 @@ def collect_ended(now: dt.datetime | None = None) -> int:
     at least ``settle_seconds()`` ago and was not collected since; returns the attempts collected.
 
     Runs every minute, so a job of a few minutes, a cancelled one, has its
-    utilization as soon as its last scrape is in.
+    utilization as soon as its last scrape is in. "Collected" means its
+    last row's watermark (``covered_until``) is its end: its rows replaced
+    here hold their pieces whole (``collect_attempt``); the periodic pass
+    seals the last day later (``seal_after()``), with the scrapes that came
+    in late.
     """
     now = now or timezone.now()
     settle = dt.timedelta(seconds=settle_seconds())
     due = (JobAttempt.objects.filter(started_at__isnull=False, ended_at__lte=now - settle,
                                      ended_at__gt=now - dt.timedelta(seconds=settings.COSTS_COLLECT_LOOKBACK_SECONDS))
-           .annotate(last=Max("utilization_rollups__collected_at"))
+           .annotate(last=Max("utilization_rollups__covered_until"))
            .select_related("job__team", "node_pool", "cluster").order_by("pk"))
     sources, count = _Sources(), 0
     for attempt in due:
-        if attempt.last is not None and attempt.last >= attempt.ended_at + settle:
+        # Read up to its end already (by this or a periodic pass, both after ``settle``): nothing to do. A
+        # watermark past the end (a live read before the end was known) is read again.
+        if attempt.last == attempt.ended_at:
             continue
-        if sources.isolated(attempt, lambda a=attempt: collect_attempt(a, a.started_at, a.ended_at, sources)) is None:
+        if sources.isolated(attempt, lambda a=attempt: collect_attempt(a, a.started_at, a.ended_at, sources,
+                                                                       now)) is None:
             continue  # its cluster failed: read again by the next pass (not collected since)
         count += 1
     return count
@@ -275,7 +509,12 @@ def refresh_running(attempts, now: dt.datetime | None = None) -> int:
     """Re-read the running ``attempts`` (JobAttempt rows) whose rollups are older than ``COSTS_LIVE_CACHE_SECONDS``:
     their whole run when they have no rollup, else today's piece. Returns the attempts read. Each query waits
     at most ``COSTS_LIVE_TIMEOUT_SECONDS``, without retry; a Prometheus error is logged and leaves the rollups as
-    they were (the page still answers)."""
+    they were (the page still answers).
+
+    Today's row is replaced by the read of its part up to ``now``, its
+    watermark set to ``now``: the periodic pass goes on from there (off
+    the scrape-step grid once, and without the scrapes of the last
+    ``settle_seconds()`` that were not in yet; the seal counts them)."""
     now = now or timezone.now()
     fresh_after = now - dt.timedelta(seconds=settings.COSTS_LIVE_CACHE_SECONDS)
     sources, count = _Sources(timeout=settings.COSTS_LIVE_TIMEOUT_SECONDS), 0
@@ -287,7 +526,7 @@ def refresh_running(attempts, now: dt.datetime | None = None) -> int:
             continue
         midnight = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
         try:
-            collect_attempt(attempt, attempt.started_at if last is None else midnight, now, sources)
+            collect_attempt(attempt, attempt.started_at if last is None else midnight, now, sources, now)
         except Exception as exc:  # noqa: BLE001 (Prometheus down: the stored rollups answer)
             log.warning("live utilization of %s not read: %s", attempt, exc)
             continue

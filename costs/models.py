@@ -261,6 +261,15 @@ class UtilizationRollup(models.Model):
     drew on that day per the exporter's energy counter (Prometheus'
     ``increase``, resets counted from zero); null where the exporter reports
     no energy (not measured, never 0).
+
+    ``covered_until`` (aware UTC) is the row's watermark: its sums are those
+    of ``[max(day start, attempt start), covered_until)``, so a periodic
+    collection adds only what came after (``costs.collection.periodic_pass``);
+    null on a row whose coverage is not known (then read whole again).
+    ``sealed``: the day's part of the run was re-read whole once it had
+    settled (``COSTS_SEAL_AFTER_SECONDS``): late scrapes are counted and the
+    energy is the day's exact ``increase``. ``memory_sum`` and
+    ``prof_samples`` keep the averages and the counter name additive.
     """
 
     attempt = models.ForeignKey("jobs.JobAttempt", on_delete=models.CASCADE, related_name="utilization_rollups")
@@ -282,6 +291,11 @@ class UtilizationRollup(models.Model):
     energy_kwh = models.FloatField(null=True, blank=True,
                                    help_text="kWh the GPUs drew (DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION); null: not measured")
     label_shape = models.CharField(max_length=16, blank=True, help_text="how series were attributed to the attempt")
+    memory_sum = models.FloatField(default=0.0, help_text="sum of GPU memory samples, MiB")
+    prof_samples = models.PositiveIntegerField(default=0, help_text="samples read from DCGM_FI_PROF_GR_ENGINE_ACTIVE")
+    covered_until = models.DateTimeField(null=True, blank=True,
+                                         help_text="the sums hold the day's part of the run up to here; null: unknown")
+    sealed = models.BooleanField(default=False, help_text="re-read whole once the day's part had settled")
     collected_at = models.DateTimeField(auto_now=True)
 
     @property

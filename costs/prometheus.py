@@ -91,6 +91,23 @@ def attempt_pod_matchers(team_slug: str, object_name: str, shape: str = "pod") -
     return f'{ns_label}="{team_namespace(team_slug)}",{pod_label}=~"{_regex_literal(object_name)}-.*"'
 
 
+def pod_of_attempt(namespace: str, pod: str, team_slug: str, object_name: str) -> bool:
+    """Whether the series labelled ``namespace``/``pod`` (or ``exported_namespace``/``exported_pod``) belong to the
+    attempt of ``team_slug`` and ``object_name``: ``attempt_pod_matchers`` evaluated in Python (the team's
+    namespace; a pod name ``<object_name>-...``; PromQL regex matchers are anchored at both ends)."""
+    return namespace == team_namespace(team_slug) and pod.startswith(f"{object_name}-")
+
+
+def attempts_pod_matchers(attempts: list[tuple[str, str]], shape: str = "pod") -> str:
+    """PromQL label matchers selecting the pods of every ``(team_slug, object_name)`` in ``attempts`` (one query
+    for many attempts, grouped by the pod labels and told apart with ``pod_of_attempt``). It may also select a pod
+    of one team named like another team's attempt; ``pod_of_attempt`` leaves such a pod out."""
+    ns_label, pod_label = POD_LABELS.get(shape, ("namespace", "pod"))
+    namespaces = "|".join(sorted({_regex_literal(team_namespace(team)) for team, _ in attempts}))
+    names = "|".join(sorted({_regex_literal(name) for _, name in attempts}))
+    return f'{ns_label}=~"{namespaces}",{pod_label}=~"({names})-.*"'
+
+
 @dataclasses.dataclass(frozen=True)
 class Source:
     """Where a cluster's metrics live: a Prometheus URL and the extra matcher selecting the cluster there."""
@@ -285,6 +302,16 @@ class WindowUsage:
     idle_seconds: float
     prof_samples: int = 0
     energy_mj: float | None = None
+
+    def __add__(self, other: WindowUsage) -> WindowUsage:
+        """The sums of two disjoint sets of series (or of two adjacent windows); energy stays None only where
+        neither was measured."""
+        energy = None if self.energy_mj is None and other.energy_mj is None else \
+            (self.energy_mj or 0.0) + (other.energy_mj or 0.0)
+        return WindowUsage(self.samples + other.samples, self.util_sum + other.util_sum,
+                           self.memory_samples + other.memory_samples, self.memory_sum + other.memory_sum,
+                           self.observed_seconds + other.observed_seconds, self.idle_seconds + other.idle_seconds,
+                           self.prof_samples + other.prof_samples, energy)
 
     @property
     def energy_kwh(self) -> float | None:

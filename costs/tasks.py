@@ -41,10 +41,11 @@ def check_budgets() -> int:
     return check()
 
 
-# Every 900 s: Prometheus queries (COSTS_PROMETHEUS_TIMEOUT_SECONDS, 30 s, each) per attempt and day of the lookback.
+# Every 900 s: per cluster, one grouped Prometheus query (COSTS_PROMETHEUS_TIMEOUT_SECONDS, 30 s) of the 15 minutes
+# since the last pass, plus the attempts that started or ended since and the day seals (costs.collection.periodic_pass).
 @shared_task(name="costs.tasks.collect_utilization", ignore_result=True, soft_time_limit=600, time_limit=660)
 def collect_utilization() -> int:
-    """Re-read utilization of the last ``COSTS_COLLECT_LOOKBACK_SECONDS`` (from a UTC midnight) up to now."""
+    """Read the utilization that each attempt-day row of the lookback lacks up to now, and seal settled days."""
     from .collection import periodic_pass
 
     return periodic_pass(timezone.now())
