@@ -10,21 +10,46 @@ from pathlib import Path
 
 import environ
 
+from controlplane import deployment
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
 VAR_DIR = Path(env("CONTROLPLANE_VAR_DIR", default=str(BASE_DIR / "var")))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
-SECRET_KEY = env("SECRET_KEY", default="insecure-dev-key-change-me-in-production")
+# "production" on a production install (the image and the Kubernetes manifests set it), unset elsewhere
+# ("development": the demo, the tests, a checkout). Production refuses to start without a real SECRET_KEY and an
+# explicit credential encryption key, and with DEBUG on (controlplane/deployment.py, docs/adr/0030-secrets.md).
+CONTROLPLANE_ENV = deployment.environment(env("CONTROLPLANE_ENV", default=""))
+PRODUCTION = CONTROLPLANE_ENV == deployment.PRODUCTION
+# Read from SECRET_KEY_FILE (a mounted Secret) when that is set. Outside production an unset key is the
+# development key published in controlplane/deployment.py.
+SECRET_KEY = deployment.secret_key(
+    Path(env("SECRET_KEY_FILE")).read_text().strip() if env("SECRET_KEY_FILE", default="")
+    else env("SECRET_KEY", default=""), CONTROLPLANE_ENV)
 DEBUG = env.bool("DEBUG", default=False)
+deployment.refuse_debug(DEBUG, CONTROLPLANE_ENV)
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
 # Behind a TLS-terminating proxy or ingress: the origins the web UI's forms come from (e.g.
 # https://controlplane.example.com), and whether to trust its X-Forwarded-Proto header for "is this HTTPS".
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
-if env.bool("TRUST_X_FORWARDED_PROTO", default=False):
+TRUST_X_FORWARDED_PROTO = env.bool("TRUST_X_FORWARDED_PROTO", default=False)
+if TRUST_X_FORWARDED_PROTO:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
+# HTTPS only, with production defaults (what `manage.py check --deploy` asks for). Plain HTTP is redirected to
+# HTTPS except the probe and scrape paths, which kubelet and Prometheus call on the pod's own address.
+# HSTS: a year (hstspreload.org's minimum), subdomains of this host included; preload is left to the owner of the
+# registrable domain (a preload entry covers the whole domain, not this host), so its check (W021) is silenced
+# while SECURE_HSTS_PRELOAD is off.
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=PRODUCTION)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=PRODUCTION or TRUST_X_FORWARDED_PROTO)
+CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=PRODUCTION or TRUST_X_FORWARDED_PROTO)
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=365 * 86400 if PRODUCTION else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=PRODUCTION)
+SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
+SILENCED_SYSTEM_CHECKS = [] if SECURE_HSTS_PRELOAD else ["security.W021"]
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -409,10 +434,17 @@ CELERY_BEAT_SCHEDULE["check-node-health"] = {"task": "runners.tasks.check_node_h
 # Log streaming (GET /jobs/{id}/logs/?follow=1): longest stream, and seconds between two polls of a log.
 LOG_FOLLOW_MAX_SECONDS = env.float("LOG_FOLLOW_MAX_SECONDS", default=300.0)
 LOG_FOLLOW_POLL_SECONDS = env.float("LOG_FOLLOW_POLL_SECONDS", default=1.0)
-# Key of the cluster credentials encrypted at rest (Fernet, urlsafe base64 of 32 bytes); derived from
-# SECRET_KEY when empty. Read from FIELD_ENCRYPTION_KEY_FILE when that is set.
+# Keys of the cluster credentials encrypted at rest (Fernet: urlsafe base64 of 32 bytes), newest first, comma-
+# separated: new values are encrypted with the first, stored ones read with any (rotation: put a new key first,
+# run `manage.py rotate_credentials`, drop the old one). FIELD_ENCRYPTION_KEYS_FILE: a file holding them, one a
+# line. FIELD_ENCRYPTION_KEY (or _FILE), the single key of earlier installs, is read after them. None of them:
+# derived from SECRET_KEY, outside production only (runners/credentials.py).
 FIELD_ENCRYPTION_KEY = (Path(env("FIELD_ENCRYPTION_KEY_FILE")).read_text().strip()
                         if env("FIELD_ENCRYPTION_KEY_FILE", default="") else env("FIELD_ENCRYPTION_KEY", default=""))
+FIELD_ENCRYPTION_KEYS = deployment.encryption_keys(
+    Path(env("FIELD_ENCRYPTION_KEYS_FILE")).read_text().replace(",", "\n").splitlines()
+    if env("FIELD_ENCRYPTION_KEYS_FILE", default="") else env.list("FIELD_ENCRYPTION_KEYS", default=[]),
+    FIELD_ENCRYPTION_KEY, CONTROLPLANE_ENV)
 
 # Largest accepted job spec, in bytes of its JSON encoding.
 JOB_SPEC_MAX_BYTES = 64 * 1024

@@ -1,16 +1,21 @@
 """Cluster credentials encrypted at rest: a Django text field that stores Fernet tokens, never clear text.
 
-The key is ``settings.FIELD_ENCRYPTION_KEY`` (a Fernet key) or, when that is
-empty, derived from ``SECRET_KEY`` with HKDF-SHA256 (RFC 5869).
+The keys (newest first) are ``settings.FIELD_ENCRYPTION_KEYS`` followed by ``settings.FIELD_ENCRYPTION_KEY`` (the
+single key of earlier installs, when set and not already listed): new values are encrypted with the first, and a
+stored value is read with whichever of them made it (``cryptography.fernet.MultiFernet``), so a key is rotated by
+putting a new one first, running ``manage.py rotate_credentials`` (``rotate_stored``) and then dropping the old one.
+Where neither is set (the demo and the tests only: production settings refuse to start without one,
+``controlplane.deployment``) the one key is derived from ``SECRET_KEY`` with HKDF-SHA256 (RFC 5869).
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 from urllib.parse import urlsplit, urlunsplit
 
-from cryptography.fernet import Fernet, InvalidToken
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from django.conf import settings
@@ -19,29 +24,52 @@ from django.db import models
 PREFIX = "fernet:"
 
 
-@functools.lru_cache(maxsize=4)
-def _fernet(explicit_key: str, secret_key: str) -> Fernet:
-    if explicit_key:
-        return Fernet(explicit_key.encode())
+def derived_key(secret_key: str) -> bytes:
+    """The Fernet key derived from ``secret_key`` (HKDF-SHA256, RFC 5869, no salt, info "controlplane cluster
+    credentials"): the demo's key when no encryption key is configured. Never used in production."""
     derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
                    info=b"controlplane cluster credentials").derive(secret_key.encode())
-    return Fernet(base64.urlsafe_b64encode(derived))
+    return base64.urlsafe_b64encode(derived)
 
 
-def fernet() -> Fernet:
-    """The Fernet instance for the current settings (cached per key)."""
-    return _fernet(settings.FIELD_ENCRYPTION_KEY, settings.SECRET_KEY)
+def configured_keys() -> tuple[str, ...]:
+    """The explicitly configured Fernet keys, newest first: ``settings.FIELD_ENCRYPTION_KEYS`` (the settings put
+    ``FIELD_ENCRYPTION_KEY`` at its end already; it is added here too when a test overrides it alone). () when
+    none is configured (then the key is derived from SECRET_KEY)."""
+    keys = list(settings.FIELD_ENCRYPTION_KEYS)
+    single = getattr(settings, "FIELD_ENCRYPTION_KEY", "")
+    if single and single not in keys:
+        keys.append(single)
+    return tuple(keys)
+
+
+@functools.lru_cache(maxsize=8)
+def _keyring(keys: tuple[str, ...], secret_key: str) -> tuple[Fernet, ...]:
+    if keys:
+        return tuple(Fernet(key.encode()) for key in keys)
+    return (Fernet(derived_key(secret_key)),)
+
+
+def keyring() -> tuple[Fernet, ...]:
+    """One ``Fernet`` per key of the current settings, newest first (cached per configuration); raises ValueError
+    for a key that is not urlsafe base64 of 32 bytes."""
+    return _keyring(configured_keys(), settings.SECRET_KEY)
+
+
+def fernet() -> MultiFernet:
+    """The ``MultiFernet`` of the current keys: encrypts with the newest, decrypts with any of them."""
+    return MultiFernet(list(keyring()))
 
 
 def encrypt(text: str) -> str:
-    """``fernet:<token>`` for a non-empty ``text``; "" stays "" (no credential)."""
+    """``fernet:<token>`` for a non-empty ``text`` (with the newest key); "" stays "" (no credential)."""
     if not text:
         return ""
     return PREFIX + fernet().encrypt(text.encode()).decode()
 
 
 class CredentialUnreadable(ValueError):
-    """A stored credential that cannot be read: its ciphertext does not decrypt with the configured key (the key
+    """A stored credential that cannot be read: its ciphertext does not decrypt with any configured key (the key
     changed, or the row was written with another one), or it is not encrypted at all. Raised only where the
     clear text is needed (building a cluster's Kubernetes client, a Prometheus URL with its basic auth); loading
     the row never raises it (``EncryptedTextField.from_db_value`` gives an ``UnreadableSecret``)."""
@@ -53,7 +81,7 @@ UNREADABLE_REASON = "credential cannot be decrypted with the configured key; re-
 
 def decrypt(stored: str) -> str:
     """The clear text of a stored ``fernet:<token>`` ("" for ""). Raises CredentialUnreadable (a ValueError) when the
-    value has no ``fernet:`` prefix or the configured key does not decrypt it."""
+    value has no ``fernet:`` prefix or no configured key decrypts it."""
     if not stored:
         return ""
     if not stored.startswith(PREFIX):
@@ -118,7 +146,7 @@ def read_stored(value: str) -> Secret | UnreadableSecret:
 
 class EncryptedTextField(models.TextField):
     """A TextField whose database value is a Fernet token; Python code sees a ``Secret`` (clear text), or an
-    ``UnreadableSecret`` when the configured key does not decrypt it (loading a row never raises)."""
+    ``UnreadableSecret`` when no configured key decrypts it (loading a row never raises)."""
 
     def from_db_value(self, value, expression, connection):
         if value is None:
@@ -145,6 +173,103 @@ class EncryptedTextField(models.TextField):
         value = self.value_from_object(obj)
         return value.stored if isinstance(value, UnreadableSecret) else super().value_to_string(obj)
 
+
+# --- rotation to the newest key ---------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Rotation:
+    """What ``rotate_stored`` did, in stored credential values (one column of one row each): ``rotated`` were
+    re-encrypted with the newest key, ``current`` already were, ``empty`` hold no credential, ``changed`` were
+    written by someone else meanwhile (left to that write), and ``unreadable`` lists ``(row, field, reason)`` of
+    every value no configured key reads (``row`` names it: ``cluster aws-use1``): left as stored."""
+
+    rotated: int = 0
+    current: int = 0
+    empty: int = 0
+    changed: int = 0
+    unreadable: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
+
+
+def encrypted_columns() -> list[tuple[type[models.Model], list[str]]]:
+    """Every installed model with ``EncryptedTextField`` columns, with the names of those fields."""
+    from django.apps import apps
+
+    found = []
+    for model in apps.get_models():
+        names = [f.name for f in model._meta.concrete_fields if isinstance(f, EncryptedTextField)]
+        if names:
+            found.append((model, names))
+    return found
+
+
+def rotate_stored(batch: int = 200) -> Rotation:
+    """Re-encrypt every stored credential with the newest configured key (``MultiFernet.rotate``); idempotent.
+
+    Reads the stored tokens themselves (SQL, ``batch`` rows at a time in primary key order) and writes each
+    rotated one back with a compare-and-set (``UPDATE ... WHERE pk = %s AND <column> = <the token read>``), so a
+    credential re-entered meanwhile is never overwritten. A value the newest key already reads is left as it is
+    (a second run writes nothing); one that no configured key reads, or that is not encrypted, is counted in
+    ``unreadable`` with its row, field and reason and never changed, so configuring its key again still reads it.
+    Returns a ``Rotation``.
+    """
+    from django.db import connection, transaction
+
+    ring = keyring()
+    newest, rotator = ring[0], MultiFernet(list(ring))
+    report = Rotation()
+    quote = connection.ops.quote_name
+    for model, names in encrypted_columns():
+        table, key = quote(model._meta.db_table), quote(model._meta.pk.column)
+        columns = [model._meta.get_field(n).column for n in names]
+        last = None
+        while True:
+            after = f"WHERE {key} > %s " if last is not None else ""
+            with connection.cursor() as cursor:
+                cursor.execute(f"SELECT {key}, {', '.join(quote(c) for c in columns)} FROM {table} {after}"
+                               f"ORDER BY {key} LIMIT {int(batch)}", [last] if last is not None else [])
+                rows = cursor.fetchall()
+            if not rows:
+                break
+            last = rows[-1][0]
+            labels = {obj.pk: f"{model._meta.verbose_name} {obj}"
+                      for obj in model._default_manager.filter(pk__in=[r[0] for r in rows])}
+            for row in rows:
+                for name, column, stored in zip(names, columns, row[1:], strict=True):
+                    if not stored:
+                        report.empty += 1
+                        continue
+                    outcome = _rotated(stored, newest, rotator)
+                    if isinstance(outcome, CredentialUnreadable):
+                        where = labels.get(row[0], f"{model._meta.verbose_name} #{row[0]}")
+                        report.unreadable.append((where, name, str(outcome)))
+                    elif outcome == stored:
+                        report.current += 1
+                    else:
+                        with transaction.atomic(), connection.cursor() as cursor:
+                            cursor.execute(f"UPDATE {table} SET {quote(column)} = %s WHERE {key} = %s "
+                                           f"AND {quote(column)} = %s", [outcome, row[0], stored])
+                            written = cursor.rowcount == 1
+                        report.rotated += written
+                        report.changed += not written
+    return report
+
+
+def _rotated(stored: str, newest: Fernet, rotator: MultiFernet) -> str | CredentialUnreadable:
+    """The non-empty stored value ``stored`` as the newest key would store it: ``stored`` itself when the newest key
+    already reads it, a new ``fernet:`` token when an older key does, and a CredentialUnreadable (returned, not
+    raised) when no key reads it or it is not encrypted."""
+    if not stored.startswith(PREFIX):
+        return CredentialUnreadable("credential is not encrypted (no fernet: prefix); re-enter it")
+    token = stored[len(PREFIX):].encode()
+    try:
+        newest.decrypt(token)
+        return stored
+    except InvalidToken:
+        pass
+    try:
+        return PREFIX + rotator.rotate(token).decode()
+    except InvalidToken:
+        return CredentialUnreadable(UNREADABLE_REASON)
 
 # --- credentials inside URLs and kubeconfigs, checked on input ------------------------------------------------------
 

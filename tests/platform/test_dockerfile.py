@@ -33,3 +33,10 @@ def test_it_installs_the_runtime_lock_only():
 def test_its_ignore_file_keeps_local_state_out_of_the_image():
     ignored = (PLATFORM / "Dockerfile.dockerignore").read_text().split()
     assert {".git", ".venv", "var", "tests"} <= set(ignored)
+
+
+def test_an_install_from_the_image_is_production():
+    """The image's settings refuse to start without real secrets (controlplane/deployment.py)."""
+    steps = instructions((PLATFORM / "Dockerfile").read_text())
+    env = " ".join(args for name, args in steps if name == "ENV")
+    assert "CONTROLPLANE_ENV=production" in env.split()

@@ -127,8 +127,21 @@ def test_the_base_has_the_pieces_of_a_deployment():
 
 def test_the_secret_template_holds_only_placeholders():
     secret = by_key(render(BASE))["Secret", "controlplane-secrets"]
-    assert set(secret["stringData"]) == {"SECRET_KEY", "FIELD_ENCRYPTION_KEY", "DATABASE_URL"}
+    assert set(secret["stringData"]) == {"SECRET_KEY", "FIELD_ENCRYPTION_KEYS", "DATABASE_URL"}
     assert all("REPLACE-ME" in value for value in secret["stringData"].values())
+
+
+@pytest.mark.parametrize("directory", kustomization_dirs(), ids=lambda d: d.relative_to(KUBERNETES).as_posix())
+def test_every_kustomization_runs_the_production_settings(directory):
+    """CONTROLPLANE_ENV=production: the settings refuse the template's placeholders and a missing encryption key
+    (tests/controlplane/test_production_settings.py), and serve HTTPS only; behind the overlay's TLS ingress the
+    web trusts X-Forwarded-Proto, or every request would be redirected again."""
+    objects = render(directory)
+    config = by_key(objects)["ConfigMap", "controlplane-config"]["data"]
+    assert config["CONTROLPLANE_ENV"] == "production" and config["DEBUG"] == "false"
+    if any(obj["kind"] == "Ingress" for obj in objects):
+        web = by_key(objects)["Deployment", "controlplane-web"]["spec"]["template"]["spec"]["containers"][0]
+        assert {e["name"]: e.get("value") for e in web["env"]}.get("TRUST_X_FORWARDED_PROTO") == "true"
 
 
 def test_production_takes_the_secret_from_elsewhere_and_pins_the_image():
@@ -233,7 +246,7 @@ def test_every_variable_the_manifests_set_is_read_by_settings(directory):
 
 
 def test_the_settings_parser_finds_the_variables():
-    assert {"DATABASE_URL", "SECRET_KEY", "CELERY_BROKER_URL", "FIELD_ENCRYPTION_KEY", "ALLOWED_HOSTS",
+    assert {"DATABASE_URL", "SECRET_KEY", "CELERY_BROKER_URL", "FIELD_ENCRYPTION_KEYS", "ALLOWED_HOSTS",
             "COSTS_PROMETHEUS_URL", "CONTROLPLANE_VAR_DIR"} <= settings_variables()
     assert "BASE_DIR" not in settings_variables()
 
