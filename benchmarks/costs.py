@@ -13,8 +13,9 @@ per node job ``n + 1`` whose running attempt ``job-<n + 1>-1`` owns the node's p
   beat runs it: ``costs.collection.periodic_pass(now)`` every ``UTILIZATION_INTERVAL_SECONDS`` (96 passes) and
   ``collect_ended(now)`` every ``ENDED_UTILIZATION_INTERVAL_SECONDS`` (1,440 checks; nothing ends in this
   fleet, so they cost the database only), each with the clock at its instant (time_machine), after the pass
-  before the day (unmeasured). Whatever a pass reads (today: every attempt's every day of the last
-  ``COSTS_COLLECT_LOOKBACK_SECONDS`` from a UTC midnight, each time) is what is measured: Prometheus' CPU
+  before the day (unmeasured); ``--passes N``: N consecutive passes around the day's noon, scaled to the day.
+  Whatever a pass reads is what is measured (a pass that re-reads its whole window reads every attempt's every
+  day of the last ``COSTS_COLLECT_LOOKBACK_SECONDS`` from a UTC midnight, each time): Prometheus' CPU
   (``/proc``), the HTTP queries it answered (``prometheus_http_requests_total`` of its ``/api/`` handlers),
   this process' CPU (the client, Django's ORM included) and its PostgreSQL backend's, per day and per pass.
 * Rollup views (``rollup_views``; goal: each under 200 ms): ``/api/v1/utilization/`` and ``/api/v1/capacity/``
