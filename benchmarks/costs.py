@@ -1,48 +1,57 @@
-"""Benchmark: per-team, per-day GPU-hours, cost and utilization of a month of a GPU fleet in a real Prometheus.
+"""Benchmark: what the product's utilization collection costs Prometheus per day of a GPU fleet, and the 30-day
+utilization and capacity views read from the database rollups, on a month of that fleet in a real Prometheus.
 
-Default size: 30 days of 1,024 GPUs (128 nodes of 8) scraped
-every 15 s (about 200 million samples). Two ways to the same table:
+Default size: 30 days of 1,024 GPUs (128 nodes of 8, 8 teams) scraped every 15 s (about 200 million samples),
+each node running one attempt all month. In the benchmark's own PostgreSQL database (``BENCH_DATABASE_URL``,
+default ``postgres://postgres@127.0.0.1:5432/controlplane_bench_costs``, recreated per run; Celery's in-memory
+broker) the fleet the TSDB holds (``build_fleet``): one cluster whose ``prometheus_url`` is the benchmark's
+Prometheus, teams ``team<k>`` (namespaces ``cp-team<k>``), one pool of 8-GPU nodes and its node inventory, and
+per node job ``n + 1`` whose running attempt ``job-<n + 1>-1`` owns the node's pod ``job-<n + 1>-1-0-bench``.
 
-* pushed down (the platform's way, ``costs.prometheus``): per UTC day the
-  product's two queries, ``read_usage_by`` (``sum by (namespace)`` over
-  ``sum_over_time``/``count_over_time`` of DCGM_FI_DEV_GPU_UTIL, and the
-  observed and idle time under Prometheus' 5-minute lookback: subqueries at
-  the scrape interval, all points for the observed time, the points under
-  the threshold for the idle time, ``costs.prometheus.lookback_instants``) and ``allocated_gpu_hours_by``
-  (kube-state-metrics GPU requests, ``max_over_time``, joined on (namespace,
-  pod) with the samples of the Running phase, ``sum_over_time``); the days
-  are queried ``--workers`` at a time;
-* raw pull: the raw samples of the same series, fetched in chunks of hours,
-  aggregated in Python (each sample observed from its time until the next
-  one or the lookback, at the instants of the scrape interval).
+* Daily collection (``daily_collection``; goal: under 5 s of Prometheus CPU per day of the fleet): the product's
+  periodic collection of one whole UTC day in the middle of the data (``--day``, default the middle one), as
+  beat runs it: ``costs.collection.periodic_pass(now)`` every ``UTILIZATION_INTERVAL_SECONDS`` (96 passes) and
+  ``collect_ended(now)`` every ``ENDED_UTILIZATION_INTERVAL_SECONDS`` (1,440 checks; nothing ends in this
+  fleet, so they cost the database only), each with the clock at its instant (time_machine), after the pass
+  before the day (unmeasured); ``--passes N``: N consecutive passes around the day's noon, scaled to the day.
+  Whatever a pass reads is what is measured (a pass that re-reads its whole window reads every attempt's every
+  day of the last ``COSTS_COLLECT_LOOKBACK_SECONDS`` from a UTC midnight, each time): Prometheus' CPU
+  (``/proc``), the HTTP queries it answered (``prometheus_http_requests_total`` of its ``/api/`` handlers),
+  this process' CPU (the client, Django's ORM included) and its PostgreSQL backend's, per day and per pass.
+* Rollup views (``rollup_views``; goal: each under 200 ms): ``/api/v1/utilization/`` and ``/api/v1/capacity/``
+  over the whole data (30 days) with each of their ``group_by`` options, in process (Django's test client,
+  logged in as a platform admin), the fastest of ``--view-repeat``, in wall and CPU milliseconds (this process
+  and its PostgreSQL backend). What they read is made by the product: the utilization rollups by one
+  ``collect_utilization`` over the month (its cost is given as ``month_collection``), the ledger and its
+  rollups by ``accrue_running`` up to the month's end, the node inventory (``runners.NodeSpan``) written as
+  node sync would have it, each node seen all month.
+* Cold pull (no goal; kept as ratios): the per-team, per-day table of the whole month read two ways. Pushed
+  down (``costs.prometheus``): per UTC day the product's two queries, ``read_usage_by`` (``sum by
+  (namespace)`` over ``sum_over_time``/``count_over_time`` of DCGM_FI_DEV_GPU_UTIL, and the observed and idle
+  time under Prometheus' 5-minute lookback: subqueries at the scrape interval, all points for the observed
+  time, the points under the threshold for the idle time, ``costs.prometheus.lookback_instants``) and
+  ``allocated_gpu_hours_by`` (kube-state-metrics GPU requests, ``max_over_time``, joined on (namespace, pod)
+  with the samples of the Running phase, ``sum_over_time``), ``--workers`` days at a time; raw pull: the raw
+  samples of the same series, fetched in chunks of hours, aggregated in Python (each sample observed from its
+  time until the next one or the lookback, at the instants of the scrape interval). Both must give identical
+  GPU-hours and cents, the same utilization to 1e-9 percent, and the same observed, idle and unobserved
+  GPU-hours (a DCGM exporter misses one hour a day on some nodes, so not everything allocated is observed):
+  ``identical``. The table is timed ``--repeat`` times (the fastest counts), then each of its three queries
+  alone (``per_query``: ``usage``, ``idle``, ``allocated``); ``speedup`` and ``raw_over_pushed_cpu`` (raw pull
+  over pushed down, CPU of Prometheus and the client) compare them, ``pushed_down_cores_busy`` is Prometheus
+  CPU over the table's wall time.
 
-Both must give identical GPU-hours and cents, the same utilization to
-1e-9 percent, and the same observed, idle and unobserved GPU-hours (a DCGM
-exporter misses one hour a day on some nodes, so not everything allocated is
-observed). The table is timed ``--repeat`` times (the fastest counts), then
-each of its three queries alone (``per_query``: ``usage``, ``idle``,
-``allocated``) for their CPU per million samples.
-
-The synthetic TSDB is built with ``promtool tsdb create-blocks-from
-openmetrics``, one input file per block of 54 hours (``SPAN_SECONDS``,
-promtool's hidden ``--max-block-duration``; cut at its multiples since the
-epoch, where such blocks begin): promtool reads its whole input once to find
-its time range and once per block it writes, so one file per block is read
-twice, and long blocks cost less per sample than 2-hour ones (about a fifth
-less CPU) and leave nothing to compact: 54 hours is one of the lengths
-Prometheus compacts a month of history to, and the chunks are cut as
-Prometheus cuts them. Spans are built ``--workers`` at a time, longest first.
-The TSDB is cached under ``var/bench/`` in a folder named by a digest of the
-generator's code and parameters (a changed generator builds anew, an
-unchanged one is reused). Goal: pushed down under 10 s and at least 10 x
-faster than the raw pull. Next to the wall times, the CPU seconds of
-Prometheus and of this process (the client) for each way, per table and per
-million samples, their ratio (raw pull over pushed down), and
-``pushed_down_cores_busy`` (Prometheus CPU over the table's wall time: about
-2 when the concurrent queries overlap on 2 free cores): the figures that hold
-on a shared machine, where the wall times do not. Needs ``prometheus`` and
-``promtool`` on PATH (Debian package ``prometheus``); without them it ends
-with status 3 and says so. Ends with one JSON line.
+The synthetic TSDB is built with ``promtool tsdb create-blocks-from openmetrics``, one input file per block of
+54 hours (``SPAN_SECONDS``, promtool's hidden ``--max-block-duration``; cut at its multiples since the epoch,
+where such blocks begin): promtool reads its whole input once to find its time range and once per block it
+writes, so one file per block is read twice, and long blocks cost less per sample than 2-hour ones (about a
+fifth less CPU) and leave nothing to compact: 54 hours is one of the lengths Prometheus compacts a month of
+history to, and the chunks are cut as Prometheus cuts them. Spans are built ``--workers`` at a time, longest
+first. The TSDB is cached under ``var/bench/`` in a folder named by a digest of the generator's code and
+parameters (a changed generator builds anew, an unchanged one is reused); the build's time is in ``build_s``
+and ``build_cpu_s``. Needs ``prometheus`` and ``promtool`` on PATH (Debian package ``prometheus``) and
+PostgreSQL; without them it ends with status 3 and says so. Ends with one JSON line; ``goals_met`` covers the
+daily collection and the views.
 
     .venv/bin/python benchmarks/costs.py                   # full size (builds ~200 M samples once)
     .venv/bin/python benchmarks/costs.py --gpus 128 --days 4  # the quick size (make bench)
@@ -55,6 +64,7 @@ import datetime as dt
 import hashlib
 import inspect
 import json
+import math
 import multiprocessing
 import os
 import shutil
@@ -72,14 +82,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/controlplane_bench_costs"
+BENCH_URL = os.environ.get("BENCH_DATABASE_URL", DEFAULT_URL)
+# The fleet's database (recreated per run) and Celery's in-memory broker, before Django reads its settings.
+os.environ.update(DATABASE_URL=BENCH_URL, CELERY_BROKER_URL="memory://")
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
 import django  # noqa: E402
 
 django.setup()
 
+from benchmarks import ledger_scale  # noqa: E402
 from benchmarks.procstat import client_cpu_seconds, cpu_seconds, machine  # noqa: E402
-from benchmarks.services import commands_missing, require  # noqa: E402
+from benchmarks.services import commands_missing, postgres_missing, require  # noqa: E402
 from core.money import CENT  # noqa: E402
 from costs import prometheus as P  # noqa: E402
 
@@ -120,6 +135,13 @@ def utilization(node: int, gpu: int, t: int, step: int) -> int:
     return ((node * 8 + gpu) * 37 + t // step * 11) % 101
 
 
+def pod_name(node: int) -> str:
+    """The pod of the node's one job: ``job-<job id>-<attempt number>-<index>-<suffix>`` (``jobs.models``' legacy
+    object name ``job-<job id>-1`` plus a pod's index and suffix) of job ``node + 1``, whose one attempt runs
+    on the node all month."""
+    return f"job-{node + 1}-1-0-bench"
+
+
 def write_span(path: Path, first: int, blocks: int, nodes: int, teams: int, step: int) -> int:
     """The 2-hour blocks ``first .. first + blocks - 1`` (counted from T0) of DCGM and kube-state-metrics series as
     OpenMetrics, each series' samples together and in time order; returns the sample count."""
@@ -128,7 +150,7 @@ def write_span(path: Path, first: int, blocks: int, nodes: int, teams: int, step
     with open(path, "w", buffering=1 << 22) as out:
         out.write("# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n")
         for node in range(nodes):
-            ns, pod = f"cp-team{node % teams}", f"job-{node}-1-0-bench"
+            ns, pod = f"cp-team{node % teams}", pod_name(node)
             # Per block: the scrapes seen and their lines' tails, formatted once per node, not once per sample.
             pieces = []
             for start in starts:
@@ -150,7 +172,7 @@ def write_span(path: Path, first: int, blocks: int, nodes: int, teams: int, step
         ):
             out.write(f"# TYPE {family} gauge\n")
             for node in range(nodes):
-                ns, pod = f"cp-team{node % teams}", f"job-{node}-1-0-bench"
+                ns, pod = f"cp-team{node % teams}", pod_name(node)
                 if family == "kube_pod_status_phase":
                     labels = f'{{namespace="{ns}",pod="{pod}",phase="Running"}}'
                 else:
@@ -354,7 +376,7 @@ def present(table: dict, days: int, step: int) -> dict:
 
 def cache_key(nodes: int, teams: int, days: int, step: int) -> str:
     """A digest of what the TSDB holds: the generator's code and its parameters (and promtool's version)."""
-    code = "".join(inspect.getsource(f) for f in (running, scraped, utilization, write_span, spans))
+    code = "".join(inspect.getsource(f) for f in (running, scraped, utilization, pod_name, write_span, spans))
     version = subprocess.run([shutil.which("promtool"), "--version"], capture_output=True, text=True).stdout
     text = f"{code}|{nodes}|{teams}|{days}|{step}|{T0.isoformat()}|{version.splitlines()[:1]}"
     return hashlib.sha256(text.encode()).hexdigest()[:12]
@@ -367,8 +389,201 @@ def per_million(prometheus_cpu: float | None, client_cpu: float, samples: int) -
             "client": round(client_cpu * scale, 2)}
 
 
+# --- what runs in production: the periodic collection of a day, and the 30-day views on the rollups ----------
+
+GOALS = {"daily_collection": 5.0, "rollup_views": 200.0}  # Prometheus CPU s per day of the fleet; ms per view
+NODE_POOL = "h100"
+
+
+def build_fleet(prometheus_url: str, nodes: int, teams: int, days: int) -> dict:
+    """In the (recreated) benchmark database, the fleet the TSDB holds: one cluster whose Prometheus is the
+    benchmark's (``Cluster.prometheus_url``: its series carry no cluster label, so the source's cluster matcher
+    is empty, ``costs.prometheus.source_for``), its price (``PRICE_BEFORE``, ``PRICE_AFTER`` from mid-month, as
+    the cold pull's table prices it), one pool of ``nodes`` 8-GPU H100 nodes, ``teams`` teams ``team<k>`` (namespace
+    ``cp-team<k>`` under the default ``K8S_NAMESPACE_PREFIX``), a platform admin (staff), the node inventory
+    (``runners.NodeSpan``: node ``node<n>``, the DCGM series' ``Hostname``, seen the whole month) and per node
+    job ``n + 1`` (team ``n % teams``) whose one attempt ``job-<n + 1>-1`` holds the node's 8 GPUs from T0 on
+    and is still running: its pods are the TSDB's ``pod_name(n)``. Returns ``{"admin", "cluster", "attempts"}``."""
+    from django.contrib.auth.models import User
+    from django.core.management.color import no_style
+    from django.db import connection
+
+    from costs.models import Price
+    from costs.seed import seed_accelerators
+    from jobs.models import Job, JobAttempt, JobState
+    from quotas.models import Team
+    from runners.models import Accelerator, Cluster, NodePool, NodeSpan
+
+    seed_accelerators()
+    acc = Accelerator.objects.get(name="H100-80GB")
+    admin = User.objects.create_user("bench-admin", is_staff=True)
+    cluster = Cluster.objects.create(name="bench", provider="aws", region="bench-1", backend="kubernetes",
+                                     prometheus_url=prometheus_url)
+    Price.objects.bulk_create([
+        Price(provider="aws", region="bench-1", accelerator=acc, cluster=cluster, usd_per_gpu_hour=price_on(day, days),
+              effective_from=T0 + day * DAY - (DAY if day == 0 else dt.timedelta(0))) for day in (0, days // 2)])
+    pool = NodePool.objects.create(cluster=cluster, name=NODE_POOL, accelerator=acc, nodes=nodes,
+                                   gpus_per_node=GPUS_PER_NODE)
+    team_rows = Team.objects.bulk_create([Team(slug=f"team{k}", name=f"Team {k}") for k in range(teams)])
+    jobs = Job.objects.bulk_create([
+        Job(pk=node + 1, team=team_rows[node % teams], submitter=admin, name=f"train-{node}", spec={}, accelerator=acc,
+            gpus_per_node=GPUS_PER_NODE, nodes=1, max_runtime_seconds=2 * days * 86400, state=JobState.RUNNING,
+            estimated_cost_usd=Decimal(0), admitted_at=T0, started_at=T0) for node in range(nodes)])
+    with connection.cursor() as cursor:  # the ids were given: the sequence goes on after them
+        for sql in connection.ops.sequence_reset_sql(no_style(), [Job]):
+            cursor.execute(sql)
+    attempts = JobAttempt.objects.bulk_create([
+        JobAttempt(job=job, number=1, cluster=cluster, node_pool=pool, gpus=GPUS_PER_NODE,
+                   object_name=f"job-{job.pk}-1", usd_per_gpu_hour=PRICE_BEFORE, started_at=T0,
+                   placement={"nodes": [f"node{node}"], "gpus_per_node": GPUS_PER_NODE})
+        for node, job in enumerate(jobs)])
+    assert all(f"{a.object_name}-0-bench" == pod_name(node) for node, a in enumerate(attempts))
+    for job, attempt in zip(jobs, attempts, strict=True):
+        job.current_attempt = attempt
+    Job.objects.bulk_update(jobs, ["current_attempt"])
+    NodeSpan.objects.bulk_create([
+        NodeSpan(cluster=cluster, node_name=f"node{node}", node_pool=pool, pool_name=pool.name, accelerator=acc,
+                 capacity_type=pool.capacity_type, gpus=GPUS_PER_NODE, schedulable=True, start=T0,
+                 end=T0 + days * DAY, open=False) for node in range(nodes)])
+    return {"admin": admin, "cluster": cluster, "attempts": len(attempts)}
+
+
+def http_queries(url: str) -> int:
+    """The HTTP API requests Prometheus has answered so far (``prometheus_http_requests_total`` summed over the
+    ``/api/`` handlers: queries, series and label lookups; its own ``/metrics`` and readiness not counted)."""
+    total = 0
+    for line in urllib.request.urlopen(url + "/metrics", timeout=30).read().decode().splitlines():
+        if line.startswith("prometheus_http_requests_total{") and 'handler="/api/' in line:
+            total += int(float(line.rsplit(" ", 1)[1]))
+    return total
+
+
+class Usage:
+    """Wall seconds, HTTP queries, and CPU seconds of Prometheus, of this process (the collection's client, the
+    Django ORM included) and of its PostgreSQL backend over a block."""
+
+    def __init__(self, pid: int, url: str, backend: int):
+        self.pid, self.url, self.backend = pid, url, backend
+
+    def read(self) -> tuple:
+        return (time.perf_counter(), http_queries(self.url), cpu_seconds(self.pid), time.process_time(),
+                cpu_seconds(self.backend))
+
+    def __enter__(self):
+        self.start = self.read()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        end = self.read()
+        self.figures = {key: None if None in (a, b) else round(b - a, 3) for key, a, b in zip(
+            ("s", "queries", "prometheus_cpu_s", "client_cpu_s", "postgres_cpu_s"), self.start, end, strict=True)}
+
+
+def beat_interval(task: str) -> int:
+    """Seconds between two runs of the beat ``task`` (``CELERY_BEAT_SCHEDULE``: ``UTILIZATION_INTERVAL_SECONDS``,
+    ``ENDED_UTILIZATION_INTERVAL_SECONDS``)."""
+    from django.conf import settings
+
+    return int(next(e["schedule"] for e in settings.CELERY_BEAT_SCHEDULE.values() if e["task"] == task))
+
+
+def daily_collection(usage: Usage, day: int, passes: int | None = None) -> dict:
+    """The product's utilization collection over UTC day ``day`` (counted from T0), as beat runs it:
+    ``periodic_pass(now)`` every ``UTILIZATION_INTERVAL_SECONDS`` (96 passes at 900 s) and ``collect_ended(now)``
+    every ``ENDED_UTILIZATION_INTERVAL_SECONDS`` (1,440 at 60 s), each with the clock at its instant
+    (time_machine, ticking), so what the product reads of the clock (when the label shape was last detected, the
+    rows' ``collected_at``) is as it would be then. The pass before the first one measured runs first,
+    unmeasured: the day is a day of a collection that was running already. ``passes``: only that many
+    consecutive passes (and the ended checks between them) around the day's noon, their figures scaled to the
+    whole day (a pass's cost varies over the day: today's piece grows); None: the whole day. Returns
+    ``usage``'s figures per day (``s``, ``queries``, ``*_cpu_s``) with ``passes`` (measured), ``scale`` (passes
+    in a day over those measured), ``rows`` (rollup rows written), ``ended_checks``, ``ended_collected`` and the
+    slowest pass (``max_pass_s``)."""
+    import time_machine
+
+    from costs.collection import collect_ended, periodic_pass
+
+    every, ended_every = beat_interval("costs.tasks.collect_utilization"), beat_interval(
+        "costs.tasks.collect_ended_utilization")
+    per_day = 86400 // every
+    measured = min(passes or per_day, per_day)
+    start = T0 + day * DAY + dt.timedelta(seconds=(per_day - measured) // 2 * every)
+    with time_machine.travel(start - dt.timedelta(seconds=every), tick=True):
+        periodic_pass(start - dt.timedelta(seconds=every))
+    rows = done = checks = ended = 0
+    slowest = 0.0
+    with usage:
+        for second in range(0, measured * every, math.gcd(every, ended_every)):
+            now = start + dt.timedelta(seconds=second)
+            with time_machine.travel(now, tick=True):
+                if second % every == 0:
+                    t = time.perf_counter()
+                    rows += periodic_pass(now)
+                    slowest, done = max(slowest, time.perf_counter() - t), done + 1
+                if second % ended_every == 0:
+                    ended += collect_ended(now)
+                    checks += 1
+    scale = per_day / done
+    return {**{key: None if value is None else round(value * scale, 3) for key, value in usage.figures.items()},
+            "passes": done, "scale": round(scale, 3), "rows": rows, "ended_checks": checks,
+            "ended_collected": ended, "max_pass_s": round(slowest, 3)}
+
+
+def month_rollups(usage: Usage, days: int) -> dict:
+    """Fill what the 30-day views read, with the clock at the month's end: the utilization rollups by the
+    product's collection of the whole month at once (``collect_utilization(T0, T0 + days)``: one query per
+    attempt and day), and the ledger by its accrual (``accrue_running``: hourly entries and their rollups,
+    ``DailyCostRollup``, ``JobDailyCost``, ``AttemptDailyCost``, ``TeamSpend``). Returns the collection's
+    ``usage`` figures, rows, ledger entries and the accrual's seconds."""
+    import time_machine
+    from django.db import connection
+
+    from costs.collection import collect_utilization
+    from costs.ledger import accrue_running
+    from costs.models import CostEntry
+
+    end = T0 + days * DAY
+    with time_machine.travel(end, tick=True):
+        with usage:
+            rows = collect_utilization(T0, end)
+        t = time.perf_counter()
+        accrue_running(until=end)
+        accrual_s = time.perf_counter() - t
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    return {"collection": {**usage.figures, "rows": rows}, "ledger_entries": CostEntry.objects.count(),
+            "accrual_s": round(accrual_s, 2)}
+
+
+def rollup_views(admin, days: int, repeat: int) -> tuple[dict, dict]:
+    """Wall and CPU (this process and its PostgreSQL backend) milliseconds, the fastest of ``repeat``, of
+    ``/api/v1/utilization/`` and ``/api/v1/capacity/`` over the ``days`` of data with each of their ``group_by``
+    options (Django's test client, in process, logged in as the platform admin): ``({view: {group_by: ms}},
+    the same in CPU ms)``."""
+    from django.test import Client
+
+    from costs.api.serializers import GROUP_BY_CHOICES
+    from costs.capacity import GROUPS
+
+    client = Client()
+    client.force_login(admin)
+    meter = ledger_scale.Meter()
+    window = {"start": T0.isoformat(), "end": (T0 + days * DAY).isoformat()}
+    wall, cpu = {}, {}
+    for view, groups in (("utilization", GROUP_BY_CHOICES), ("capacity", GROUPS)):
+        wall[view], cpu[view] = {}, {}
+        for group_by in groups:
+            def get(_, view=view, group_by=group_by):
+                response = client.get(f"/api/v1/{view}/", {"group_by": group_by, **window})
+                assert response.status_code == 200, response.content[:300]
+                assert response.json()["results"], (view, group_by)
+            seconds, cpu_s = ledger_scale.timed(meter, get, repeat)
+            wall[view][group_by], cpu[view][group_by] = round(seconds * 1000, 1), round(cpu_s * 1000, 1)
+    return wall, cpu
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpus", type=int, default=1024, help="a multiple of 8 (default 1024)")
     parser.add_argument("--days", type=int, default=30)
     parser.add_argument("--step", type=int, default=15, help="scrape interval, seconds")
@@ -379,9 +594,24 @@ def main() -> None:
                              "time and CPU are then scaled to all days")
     parser.add_argument("--data-dir", type=Path, default=ROOT / "var" / "bench")
     parser.add_argument("--workers", type=int, default=os.cpu_count(), help="build processes and query threads")
-    parser.add_argument("--repeat", type=int, default=2, help="pushed-down table runs (the fastest counts)")
+    parser.add_argument("--repeat", type=int, default=2, help="cold pull: pushed-down table runs (the fastest counts)")
+    parser.add_argument("--day", type=int, default=None,
+                        help="the day of collection measured, counted from the first (default the middle one)")
+    parser.add_argument("--passes", type=int, default=None,
+                        help="measure only that many consecutive passes around the day's noon, scaled to the day "
+                             "(default all: the whole day)")
+    parser.add_argument("--view-repeat", type=int, default=3, help="runs of each view (the fastest counts)")
     args = parser.parse_args()
-    require("costs", commands_missing({"prometheus": "prometheus", "promtool": "prometheus"}))
+    require("costs", [*commands_missing({"prometheus": "prometheus", "promtool": "prometheus"}),
+                      postgres_missing(BENCH_URL)])
+    from django.conf import settings
+    from django.db import connection
+
+    lookback_days = math.ceil(settings.COSTS_COLLECT_LOOKBACK_SECONDS / 86400)
+    day = max(lookback_days, args.days // 2) if args.day is None else args.day
+    if not lookback_days <= day < args.days:
+        parser.error(f"the day collected needs the {lookback_days} days before it in the data: --days >= "
+                     f"{lookback_days + 1}, {lookback_days} <= --day < --days")
     nodes = args.gpus // GPUS_PER_NODE
     home = args.data_dir / f"costs-{args.gpus}gpus-{args.days}d-{args.step}s-{cache_key(nodes, args.teams, args.days, args.step)}"
     data = home / "data"
@@ -393,8 +623,15 @@ def main() -> None:
     build_cpu = client_cpu_seconds(children=True) - client_cpu_seconds(children=False) - children
     samples = int((home / "samples").read_text())
     blocks, tsdb_bytes = tsdb_shape(data)
+    ledger_scale.recreate(BENCH_URL)
     proc, url = start_prometheus(data)
     try:
+        fleet = build_fleet(url, nodes, args.teams, args.days)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            usage = Usage(proc.pid, url, cursor.fetchone()[0])
+        collection = {"day": str((T0 + day * DAY).date()), **daily_collection(usage, day, args.passes)}
+        month = month_rollups(usage, args.days)
         source = P.Source(url, "")
         P.range_left_open(source)  # probed once per URL, before any timing
         tables = [timed(proc.pid, lambda: by_day(source, args.days, args.workers,
@@ -419,12 +656,27 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+    views_ms, views_cpu_ms = rollup_views(fleet["admin"], args.days, args.view_repeat)
+    views_max = max(ms for view in views_ms.values() for ms in view.values())
+    per_day = round(collection["passes"] * collection["scale"])
     identical = pushed_compared == raw
     if not identical:
         diff = [k for k in sorted(set(pushed_compared) | set(raw)) if pushed.get(k) != raw.get(k)][:5]
         print("differences:", {k: (pushed.get(k), raw.get(k)) for k in diff}, file=sys.stderr)
     print(json.dumps({
         "benchmark": "costs", "gpus": args.gpus, "days": args.days, "step_s": args.step, "samples": samples,
+        "attempts": fleet["attempts"],
+        "daily_collection_prometheus_cpu_s": collection["prometheus_cpu_s"],
+        "daily_collection_queries": collection["queries"],
+        "daily_collection_client_cpu_s": collection["client_cpu_s"],
+        "daily_collection_postgres_cpu_s": collection["postgres_cpu_s"],
+        "daily_collection_s": collection["s"],
+        "daily_collection_cpu_ms_per_pass": {
+            key: None if collection[f"{key}_cpu_s"] is None else round(collection[f"{key}_cpu_s"] * 1000 / per_day, 1)
+            for key in ("prometheus", "client", "postgres")},
+        "daily_collection": collection, "month_collection": month["collection"],
+        "ledger_entries": month["ledger_entries"], "accrual_s": month["accrual_s"],
+        "rollup_views_ms": {**views_ms, "max": views_max}, "rollup_views_cpu_ms": views_cpu_ms,
         "rows": len(pushed), "workers": args.workers, "blocks": blocks, "tsdb_mib": round(tsdb_bytes / 2**20, 1),
         "build_s": round(build_seconds, 1), "build_cpu_s": round(build_cpu, 1), "tsdb_cache": home.name,
         "pushed_down_s": round(pushed_seconds, 3), "pushed_down_runs_s": [round(t[1], 3) for t in tables],
@@ -443,7 +695,10 @@ def main() -> None:
         "raw_over_pushed_cpu": (round((raw_cpu + raw_client_cpu) / (pushed_cpu + pushed_client_cpu), 1)
                                 if None not in (raw_cpu, pushed_cpu) and pushed_cpu + pushed_client_cpu else None),
         **machine(),
-        "identical": identical, "goal_met": identical and pushed_seconds < 10 and raw_seconds >= 10 * pushed_seconds,
+        "identical": identical, "goals": GOALS,
+        "goals_met": {"daily_collection": collection["prometheus_cpu_s"] is not None
+                      and collection["prometheus_cpu_s"] < GOALS["daily_collection"],
+                      "rollup_views": views_max < GOALS["rollup_views"]},
     }))
 
 
