@@ -254,7 +254,8 @@ CELERY_TASK_DEFAULT_QUEUE = CELERY_FAST_QUEUE
 CELERY_TASK_QUEUES = {CELERY_FAST_QUEUE: {}, CELERY_SLOW_QUEUE: {}}
 CELERY_TASK_ROUTES = {
     **dict.fromkeys(["jobs.tasks.schedule_pending", "jobs.tasks.dispatch_attempt", "jobs.tasks.cancel_job_objects",
-                     "jobs.tasks.reconcile_all", "jobs.tasks.delete_attempt_objects", "jobs.tasks.send_outbox",
+                     "jobs.tasks.reconcile_all", "jobs.tasks.delete_attempt_objects", "jobs.tasks.record_attempt_end",
+                     "jobs.tasks.send_outbox",
                      "runners.tasks.sync_node_pools"], {"queue": CELERY_FAST_QUEUE}),
     **dict.fromkeys(["costs.tasks.accrue_running_costs", "costs.tasks.accrue_attempt", "costs.tasks.check_budgets",
                      "costs.tasks.collect_utilization", "costs.tasks.collect_ended_utilization",

@@ -1,4 +1,5 @@
-"""Work handed to Celery when the current transaction commits: a scheduling pass, a dispatch, a deletion, an accrual.
+"""Work handed to Celery when the current transaction commits: a scheduling pass, a dispatch, a deletion, an accrual,
+an end record brought up to date.
 
 A publish that the broker refuses never fails the committed change (no 500 after a commit): the task is kept in
 the outbox (``OutboxTask``) and ``send_outbox`` (a beat task) sends it once the broker is back; a scheduling
@@ -25,6 +26,7 @@ DISPATCH_TASK = "jobs.tasks.dispatch_attempt"
 CANCEL_TASK = "jobs.tasks.cancel_job_objects"
 DELETE_ATTEMPT_TASK = "jobs.tasks.delete_attempt_objects"
 ACCRUE_ATTEMPT_TASK = "costs.tasks.accrue_attempt"
+RECORD_END_TASK = "jobs.tasks.record_attempt_end"
 
 #: How long a publish after commit may retry (kombu's retry policy: seconds): the caller (an API request) waits
 #: at most about this long before the task goes to the outbox instead.
@@ -112,6 +114,12 @@ def enqueue_cancel(job_id: int) -> None:
 def enqueue_delete_attempt(attempt_id: int) -> None:
     """Delete a preempted attempt's objects after the current transaction commits."""
     _on_commit(DELETE_ATTEMPT_TASK, attempt_id)
+
+
+def enqueue_record_end(attempt_id: int) -> None:
+    """Move the end record of an ended attempt on its cluster to the attempt's end after the current transaction
+    commits (``jobs.lifecycle.record_end``)."""
+    _on_commit(RECORD_END_TASK, attempt_id)
 
 
 def enqueue_final_accrual(attempt_id: int) -> None:

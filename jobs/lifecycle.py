@@ -28,7 +28,14 @@ from runners.cluster_health import set_health
 from runners.models import Accelerator, Cluster, Installation, Node, NodePool
 
 from . import metrics
-from .enqueue import enqueue_cancel, enqueue_delete_attempt, enqueue_dispatch, enqueue_final_accrual, enqueue_schedule
+from .enqueue import (
+    enqueue_cancel,
+    enqueue_delete_attempt,
+    enqueue_dispatch,
+    enqueue_final_accrual,
+    enqueue_record_end,
+    enqueue_schedule,
+)
 from .models import FREE_RETRY_END_REASONS, Job, JobAttempt, JobEvent, JobState
 from .states import StaleState, record_event, transition
 from .workload import collect_before_delete
@@ -233,11 +240,16 @@ def bill_objects(attempt_id: int, created, *, held_until=None) -> None:
     ahead of ours) counts as now."""
     now = timezone.now()
     changes = {"started_at": Coalesce(F("started_at"), Value(created or now, output_field=DateTimeField()))}
+    moved = False
     if held_until is not None:
         until = Value(min(held_until, now), output_field=DateTimeField())
         changes["ended_at"] = Greatest(Coalesce(F("ended_at"), until), until)
-    if JobAttempt.objects.filter(pk=attempt_id, ended_at__isnull=False).update(**changes):
-        enqueue_final_accrual(attempt_id)
+        moved = JobAttempt.objects.filter(pk=attempt_id, ended_at__lt=min(held_until, now)).exists()
+    with transaction.atomic():
+        if JobAttempt.objects.filter(pk=attempt_id, ended_at__isnull=False).update(**changes):
+            enqueue_final_accrual(attempt_id)
+            if moved:  # the cluster's end record follows (``record_end``), so a restored database bills the same
+                enqueue_record_end(attempt_id)
 
 
 #: The attempt's cluster and node pool (with its accelerator) by id, for dispatch: rows every dispatch to a
@@ -324,6 +336,29 @@ def wait_for_previous_attempt(attempt: JobAttempt) -> None:
         if holding:
             raise TransientDispatchError(f"attempt {previous.number}'s pods are still stopping on "
                                          f"{previous.cluster.name}; attempt {attempt.number} waits for them")
+
+
+def record_end(attempt_id: int) -> bool:
+    """Move the end record of ended attempt ``attempt_id`` on its cluster forward to the attempt's end
+    (``Backend.record_end``); True when it moved. Idempotent: the record's end only moves forward, to the end
+    the row holds when this runs, so a repeated or late delivery writes nothing new (docs/adr/0021). A live
+    attempt, or a cluster without a backend (logged), is left alone (False). Raises TransientDispatchError
+    (the cluster did not answer) for the caller to retry.
+
+    Class of failure: an end recorded on the cluster before the pods' real stop (see
+    ``runners.kubernetes.runner.KubernetesBackend.record_end``). Invariant: after a restore from a backup, an
+    attempt whose objects are gone ends, and is billed, where the live database ended it."""
+    attempt = JobAttempt.objects.select_related("job__team", "cluster").get(pk=attempt_id)
+    if attempt.ended_at is None:
+        return False
+    try:
+        return bool(backend_for(attempt.cluster).record_end(attempt))
+    except UnknownBackend:
+        log.warning("attempt %s: cluster %s has an unknown backend; its end record is left", attempt_id,
+                    attempt.cluster)
+        return False
+    except ClusterUnreachable as exc:
+        raise TransientDispatchError(f"updating the end record of {attempt.object_name}: {exc}") from exc
 
 
 def delete_ended_attempt(attempt_id: int) -> bool:
@@ -663,6 +698,8 @@ def finish_cancel(job_id: int) -> bool:
     reason = "objects deleted"
     try:
         gone = attempt is None or attempt.ended_at is not None or backend_for(attempt.cluster).delete(attempt)
+        if attempt is not None and attempt.ended_at is None:
+            attempt.deletion_accepted_at = _cancel_evidence(attempt)
     except ClusterUnreachable as exc:
         log.warning("job %s: cluster %s unreachable, cancelled with deletion pending: %s", job_id,
                     attempt.cluster.name, exc)
@@ -670,20 +707,53 @@ def finish_cancel(job_id: int) -> bool:
                               f"answers again (deletion pending)")
         # Billed up to the last time the cluster answered, the last instant its pods are known to have held their
         # GPUs; reconcile's orphan cleanup bills on to their real stop once the cluster answers again.
-        seen = [t for t in (attempt.cluster.last_contact_at, attempt.started_at) if t is not None]
+        seen = [t for t in (attempt.cluster.last_contact_at, attempt.started_at, _cancel_evidence(attempt))
+                if t is not None]
         attempt.deletion_accepted_at = max(seen) if seen else None
     if not gone:
         return False
     try:
         if attempt is not None and attempt.ended_at is None:
-            # Billing ends when the cluster accepted the deletion of the pods' owner (they stop from then), or now.
+            # Billing ends at the cluster's latest evidence of the pods holding their GPUs, whichever call learned it
+            # (``_cancel_evidence``: their owner's deletion accepted, a look that saw them run out their grace), or
+            # now when no call saw anything of them.
             end_attempt(job, attempt, S.CANCELLED, reason=reason, end_reason=JobAttempt.EndReason.CANCELLED,
                         ended_at=getattr(attempt, "deletion_accepted_at", None))
+            # The end record was written at the first DELETE, with that instant as the end: it follows the end
+            # recorded now (``record_end``), so a restored database ends and bills the attempt as this one did.
+            enqueue_record_end(attempt.pk)
         else:
             transition(job, S.CANCELLED, reason="nothing was running")
     except StaleState:
         return False
     return True
+
+
+def _cancel_evidence(attempt: JobAttempt) -> dt.datetime | None:
+    """The latest time the cluster's evidence says a cancelled attempt's pods held their GPUs, over every call of
+    ``finish_cancel`` so far: the deletion of their owner accepted (``deletion_accepted_at``), a look that saw them
+    still hold them (``holding_seen_at``), this call's and those kept in ``runner_state["cancel_evidence_at"]``
+    (written forward only while the attempt is live); None when there is none yet.
+
+    Class of failure: an end set when a task ran. A cancel whose pods run out a termination grace finishes on a
+    later call, once they are gone; that call ended the attempt at its own time, so a control plane down in
+    between billed its whole outage. Invariant: a cancel's end is the cluster's evidence, whichever call learned
+    it (docs/adr/0021); pods that vanish unseen are billed up to the last look that saw them hold their GPUs."""
+    kept = (attempt.runner_state or {}).get("cancel_evidence_at")
+    times = [t for t in (getattr(attempt, "deletion_accepted_at", None), getattr(attempt, "holding_seen_at", None),
+                         dt.datetime.fromisoformat(kept) if kept else None) if t is not None]
+    if not times:
+        return None
+    latest = max(times)
+    if kept is None or latest > dt.datetime.fromisoformat(kept):
+        with transaction.atomic():
+            row = JobAttempt.objects.select_for_update().only("runner_state", "ended_at").get(pk=attempt.pk)
+            stored = (row.runner_state or {}).get("cancel_evidence_at")
+            if row.ended_at is None and (stored is None or latest > dt.datetime.fromisoformat(stored)):
+                state = {**(row.runner_state or {}), "cancel_evidence_at": latest.isoformat()}
+                JobAttempt.objects.filter(pk=attempt.pk).update(runner_state=state)
+                attempt.runner_state = state
+    return latest
 
 
 def preempt_attempt(job: Job, attempt: JobAttempt, *, reason: str, actor=None,

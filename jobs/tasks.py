@@ -65,6 +65,15 @@ def cancel_job_objects(job_id: int) -> bool:
     return lifecycle.finish_cancel(job_id)
 
 
+# One GET and at most three PUTs of a ConfigMap, each at most K8S_CONNECT_TIMEOUT_SECONDS + K8S_READ_TIMEOUT_SECONDS.
+@shared_task(name="jobs.tasks.record_attempt_end", ignore_result=True, soft_time_limit=60, time_limit=75,
+             **CLUSTER_CALL)
+def record_attempt_end(attempt_id: int) -> bool:
+    """Move an ended attempt's end record on its cluster forward to the attempt's end
+    (``jobs.lifecycle.record_end``); transient backend errors retry."""
+    return lifecycle.record_end(attempt_id)
+
+
 # Every 5 s; 10,000 attempts on 10 clusters take 1.3 s (benchmarks/dispatch.py). After the soft limit the pass waits
 # for the LISTs in flight (its look threads, each bounded by its client's 13 s timeouts), hence the wider gap.
 @shared_task(name="jobs.tasks.reconcile_all", ignore_result=True, soft_time_limit=60, time_limit=90)

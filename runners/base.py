@@ -206,6 +206,13 @@ class Backend:
         """The last ``tail_lines`` lines of the log of node ``node`` of ``attempt``."""
         raise NotImplementedError
 
+    def record_end(self, attempt) -> bool:
+        """Move the end that the cluster keeps of the ended ``attempt`` (its end record, written before its
+        objects were deleted) forward to ``attempt.ended_at``, so a database restored from a backup learns the
+        end the live one billed; True when it was moved. Never moves a recorded end back. This default (a backend
+        that keeps no end records): False. Raises ClusterUnreachable."""
+        return False
+
     def still_holding(self, attempt) -> bool:
         """Whether a pod (process) of the ended ``attempt`` still holds its GPUs: being deleted, its containers
         running out their termination grace. This default: False (the backend stops them at once). Raises

@@ -122,11 +122,19 @@ class ClusterClient:
         makes redundant; this sends the dict as JSON through the same
         ``ApiClient`` (its auth, TLS and connection pool). Raises like ``call``.
         """
-        return self.call(self._post, path, body)
+        return self.call(self._send, "POST", path, body)
 
-    def _post(self, path: str, body: dict, _request_timeout=None) -> bytes:
+    def replace(self, path: str, body: dict) -> bytes:
+        """PUT ``body`` (the whole object, a JSON-ready dict) to the object's ``path`` (e.g.
+        ``/api/v1/namespaces/cp-ml/configmaps/end-job-1-1``); returns the answer's body. A
+        ``metadata.resourceVersion`` in ``body`` makes it a compare-and-set: the API server answers 409 Conflict
+        when the object changed since that version was read (Kubernetes API concepts, "Resource versions").
+        Raises like ``call``."""
+        return self.call(self._send, "PUT", path, body)
+
+    def _send(self, method: str, path: str, body: dict, _request_timeout=None) -> bytes:
         method, url, headers, _, _ = self.api_client.param_serialize(
-            "POST", path, header_params={"Accept": "application/json", "Content-Type": "application/json"},
+            method, path, header_params={"Accept": "application/json", "Content-Type": "application/json"},
             auth_settings=["BearerToken"])
         answer = self.api_client.call_api(method, url, header_params=headers, body=body,
                                           _request_timeout=_request_timeout)

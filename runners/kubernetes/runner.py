@@ -684,7 +684,8 @@ class KubernetesBackend(Backend):
         ``metadata.deletionTimestamp``, which a repeated DELETE leaves as it
         was, so every delivery of a deletion tells the same time; now only when
         the answer carries none (the owner went at once, and a later call finds
-        nothing to accept).
+        nothing to accept). Sets ``attempt.holding_seen_at`` to now when its
+        pods were seen still holding their GPUs (``_no_pods``).
 
         Raises ClusterUnreachable when the cluster cannot be reached (the
         caller retries on reconnection).
@@ -718,7 +719,7 @@ class KubernetesBackend(Backend):
                                                 or timezone.now())
         if not gone:
             return self._all_gone(c, attempt, namespace, name)
-        return not self._pods(c, namespace, key)
+        return self._no_pods(c, attempt, namespace, key)
 
     def write_end_record(self, c: ClusterClient, attempt, namespace: str, owner: dict) -> None:
         """Create the ConfigMap ``end-<object name>`` saying how ``attempt`` ended (``manifests.end_record``).
@@ -748,6 +749,51 @@ class KubernetesBackend(Backend):
         except ApiError as exc:
             if exc.status != 409:
                 raise ClusterUnreachable(f"writing the end record of {attempt.object_name}: {exc}") from exc
+
+    def record_end(self, attempt, tries: int = 3) -> bool:
+        """Move the ``ended_at`` of ``attempt``'s end record forward to the attempt's end (``Backend.record_end``).
+
+        Class of failure: an end recorded on the cluster before the pods' real stop. The record is written
+        before the first DELETE, with the end known then (a preemption's, or now for a cancel), and the
+        attempt's end moves later on the cluster's evidence (the owner's deletion accepted, pods seen running
+        out their termination grace, a cancel finished once its pods were gone, ``lifecycle.bill_objects``);
+        a database restored from a backup ended the attempt at the record's earlier end and billed less than
+        its pods held. Invariant: the record's end is the attempt's latest end, and moves only forward
+        (docs/adr/0021): the same end however often this runs, never earlier than what the record says.
+
+        One GET of ``end-<object name>``, then a PUT carrying the read ``resourceVersion`` (a compare-and-set:
+        another writer in between answers 409 Conflict, and the record is read again, ``tries`` times in all).
+        False when there is nothing to move: the attempt has no end, no record of its uid (a legacy attempt,
+        or a record expired or never written), or the record's end is as late already. Raises
+        ClusterUnreachable for any other failure, and when every try met a conflict.
+        """
+        ended = attempt.ended_at
+        if ended is None or attempt.legacy_name:
+            return False
+        c = client_for(attempt.cluster)
+        namespace = team_namespace(attempt.job.team.slug)
+        name = f"{m.END_RECORD_PREFIX}{attempt.object_name}"
+        for _ in range(tries):
+            found = self._read(c, "ConfigMap", name, namespace)
+            if found is None or _labels(found).get(m.END_RECORD_LABEL) != str(attempt.uid):
+                return False
+            data = dict(found.get("data") or {})
+            recorded = _parse_time(data.get("ended_at"))
+            if recorded is not None and recorded >= ended:
+                return False
+            data["ended_at"] = ended.isoformat()
+            body = {**found, "data": data}  # carries metadata.resourceVersion: the PUT is a compare-and-set
+            path = f"{_COLLECTIONS['ConfigMap'].format(namespace=quote(namespace, safe=''))}/{quote(name, safe='')}"
+            try:
+                c.replace(path, body)
+            except ApiError as exc:
+                if exc.status == 409:
+                    continue  # written meanwhile: read it again
+                if exc.status == 404:
+                    return False  # expired meanwhile
+                raise ClusterUnreachable(f"updating the end record of {attempt.object_name}: {exc}") from exc
+            return True
+        raise ClusterUnreachable(f"updating the end record of {attempt.object_name}: changed under {tries} tries")
 
     def _end_record(self, c: ClusterClient, attempt, namespace: str) -> Observation | None:
         """``ended`` with the attempt's end record when the cluster keeps one for its uid (one GET), else None."""
@@ -783,6 +829,7 @@ class KubernetesBackend(Backend):
         return deleted
 
     def _all_gone(self, c: ClusterClient, attempt, namespace: str, name: str) -> bool:
+        owner = False
         for kind in ("Job", "Deployment", "Service"):
             try:
                 obj = _object(c.call(_api(c, kind)[1], name, namespace, _preload_content=False), name,
@@ -792,8 +839,18 @@ class KubernetesBackend(Backend):
                     continue
                 raise ClusterUnreachable(f"reading {kind} {namespace}/{name}: {exc}") from exc
             if _key_of(obj) == attempt_key(attempt):
-                return False
-        return not self._pods(c, namespace, attempt_key(attempt))
+                owner = True
+                break
+        return self._no_pods(c, attempt, namespace, attempt_key(attempt)) and not owner
+
+    def _no_pods(self, c: ClusterClient, attempt, namespace: str, key: str | int) -> bool:
+        """Whether no pod of ``attempt`` is left (one LIST by label); when one still holds its GPUs (``_holding``:
+        Terminating pods running out their grace count), sets ``attempt.holding_seen_at`` to now, this look's
+        time: the last instant its pods are known to have held them (docs/adr/0021)."""
+        pods = self._pods(c, namespace, key)
+        if _holding(pods):
+            attempt.holding_seen_at = timezone.now()
+        return not pods
 
     def still_holding(self, attempt) -> bool:
         """Whether a pod of ``attempt`` still holds its GPUs (``_holding``: Terminating pods whose containers run

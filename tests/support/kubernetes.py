@@ -433,7 +433,8 @@ class ClusterEmulator:
     - the API server serves Namespaces, Nodes, Pods (with ``log``, the ``eviction`` subresource and the pod
       ``proxy`` to what a test makes the pod serve, ``serve_metrics``), Services,
       ConfigMaps, batch/v1 Jobs and apps/v1 Deployments: create (201, 409 AlreadyExists, 404 for a missing namespace), get,
-      list with label and field selectors, merge patch, delete (cascading to owned objects, Foreground or
+      list with label and field selectors, merge patch and replace (PUT) with ``resourceVersion`` preconditions
+      (409 Conflict when stale), delete (cascading to owned objects, Foreground or
       Background), errors as ``v1 Status`` bodies;
     - the Job controller creates one pod per completion index (Indexed Jobs), counts a pod that failed or was
       deleted before it finished as failed, recreates it while failures stay within ``backoffLimit`` (after
@@ -624,15 +625,47 @@ class ClusterEmulator:
             return 404, status(404, "NotFound", "the server could not find the requested resource")
         if method == "GET":
             return 200, self._public(obj)
-        if method == "PATCH":
-            _merge(obj, body or {})
-            self._touch(obj)
-            return 200, self._public(obj)
+        if method in ("PATCH", "PUT"):
+            return self._update(kind, key, obj, method, body or {})
         if method == "DELETE":
             self.deletions.append((time.time(), kind, name, dict(obj["metadata"].get("labels") or {})))
             self._delete(kind, key, cascade=True)
             return 200, self._public(obj)
         return 405, status(405, "MethodNotAllowed", "method not allowed")
+
+    def _update(self, kind: str, key: tuple[str, str], obj: dict, method: str, body: dict) -> tuple[int, object]:
+        """A merge PATCH (RFC 7386) or a PUT (replace) of ``obj``, as the API server does: a
+        ``metadata.resourceVersion`` in the body is a precondition, and a stale one answers 409 Conflict ("the
+        object has been modified"); a PUT without one replaces unconditionally (Kubernetes API concepts,
+        "Resource versions" and "Updates to existing resources"). A PUT keeps what only the server sets (uid,
+        creationTimestamp, a pod's status and controller fields) and must name the object it replaces (400). Every
+        change gives the object a new resourceVersion."""
+        meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+        wanted = meta.get("resourceVersion")
+        if wanted is not None and str(wanted) != obj["metadata"].get("resourceVersion"):
+            name = obj["metadata"]["name"]
+            return 409, status(409, "Conflict", f'Operation cannot be fulfilled on {kind.lower()}s "{name}": the '
+                                                "object has been modified; please apply your changes to the latest "
+                                                "version and try again", name=name, kind=kind.lower() + "s")
+        if method == "PATCH":
+            _merge(obj, {k: v for k, v in body.items() if k != "metadata"}
+                   | {"metadata": {k: v for k, v in meta.items() if k != "resourceVersion"}})
+        else:
+            if meta.get("name") not in (None, obj["metadata"]["name"]):
+                return 400, status(400, "BadRequest", "the name of the object does not match the name on the URL")
+            kept = {k: obj["metadata"][k] for k in ("name", "namespace", "uid", "creationTimestamp",
+                                                    "deletionTimestamp", "ownerReferences") if k in obj["metadata"]}
+            private = {k: v for k, v in obj.items() if k.startswith("_")}
+            replaced = json.loads(json.dumps(body))
+            replaced["kind"] = kind
+            replaced["metadata"] = {**{k: v for k, v in meta.items() if k != "resourceVersion"}, **kept}
+            if kind == "Pod":  # a pod's status is the kubelet's: a PUT of the object does not change it
+                replaced["status"] = obj.get("status", {})
+            obj.clear()
+            obj.update(replaced, **private)
+        self._touch(obj)
+        self.store[kind][key] = obj
+        return 200, self._public(obj)
 
     def _proxy(self, namespace: str, target: str, path: str) -> tuple[int, object]:
         """The API server's pod proxy (``GET .../pods/<[scheme:]name[:port]>/proxy/<path>``): what the pod's

@@ -88,6 +88,16 @@ def preempted_pods_still_stopping() -> tuple[WorldConfig, list[tuple]]:
                     ("advance", 60), ("advance", 60)]
 
 
+def end_record_behind_the_stop() -> tuple[WorldConfig, list[tuple]]:
+    """A job runs on one 8-GPU node whose pods take 30 s to stop once deleted; the database is backed up, the job
+    is cancelled (its end record written before the DELETE, with the cancel's instant as the end), its pods run
+    out their grace (the attempt's end moves to their stop), then the database is restored from the backup: the
+    restored attempt ends, and is billed, where the live one was, as the cluster's end record must say."""
+    config = WorldConfig((ClusterConfig("c0", "aws", "on-demand", 1, 8, "2.00"),), nominal=(8, 8), borrowing=(0, 0))
+    return config, [("slow_termination", 0, 30), ("submit", 0, 3, 0, 0, 600, 0, 1), ("advance", 30), ("backup",),
+                    ("cancel", 0), ("advance", 60), ("restore",), ("advance", 60)]
+
+
 #: name -> (scenario function, the invariants its failure broke).
 REGRESSIONS = {
     "admit_preempt_loop": (admit_preempt_loop, ("bounded_preemption_before_run",)),
@@ -98,4 +108,5 @@ REGRESSIONS = {
     "billed_past_the_end": (billed_past_the_end, ("billed_once",)),
     "preempted_pods_still_stopping": (preempted_pods_still_stopping, ("no_duplicate_run",)),
     "restore_from_backup": (restore_from_backup, ("no_healthy_pod_deleted", "no_duplicate_run", "billed_once")),
+    "end_record_behind_the_stop": (end_record_behind_the_stop, ("billed_once",)),
 }
