@@ -455,7 +455,8 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
               f"Celery beat)...\n")
     alice, bob = teams["ml-research"], teams["applied-ml"]
     accounts = (f"  Web UI sign-in: {alice.username} / {alice.password} (ml-research admin), "
-                f"{bob.username} / {bob.password} (applied-ml admin)\n"
+                f"{bob.username} / {bob.password} (applied-ml admin); team admins request quota and budget "
+                "changes (Requests), staff approve them\n"
                 f"  Staff: {STAFF_USERNAME} / {staff_password} (every team; admin at http://127.0.0.1:{port}/admin/)\n")
     out.write(accounts + f"  API tokens: {alice.username} {alice.token}  {bob.username} {bob.token}\n")
     platform.start()

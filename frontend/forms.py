@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import shlex
+from decimal import Decimal
 
 from django import forms
 from django.utils import timezone
@@ -227,6 +228,40 @@ class BudgetForm(forms.ModelForm):
             if not start or not end or end <= start:
                 raise forms.ValidationError("a custom period needs a start before its end")
         return data
+
+
+class ReasonMixin(forms.Form):
+    """A change request's ``reason``: why the team needs the change (shown to staff, who decide)."""
+
+    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), max_length=2000,
+                             help_text="Why the team needs the change; platform staff decide and you are mailed the "
+                                       "decision.")
+
+
+class QuotaRequestForm(ReasonMixin, QuotaForm):
+    """A team admin's request for new numbers of one quota: the quota's fields and a reason (ADR 0029)."""
+
+
+class BudgetRequestForm(ReasonMixin, BudgetForm):
+    """A team admin's request for a budget change, or a new budget: the budget's fields and a reason (ADR 0029)."""
+
+
+def requested_values(form: forms.ModelForm, before: dict) -> dict:
+    """The JSON values of a valid request form's model fields that differ from ``before`` (the object's values,
+    empty for a new object): Decimals as text, datetimes in ISO 8601."""
+    values = {}
+    for name in form.Meta.fields:
+        if name not in form.fields:
+            continue
+        value = form.cleaned_data.get(name)
+        if name in before and before[name] == value:
+            continue
+        if isinstance(value, Decimal):
+            value = str(value)
+        elif isinstance(value, dt.datetime):
+            value = value.isoformat()
+        values[name] = value
+    return values
 
 
 def utc_days(first: dt.date, last: dt.date) -> tuple[dt.datetime, dt.datetime]:

@@ -44,13 +44,34 @@ from jobs.scheduling.snapshot import cpu_used_milli
 from jobs.spec import validated_submission
 from jobs.states import StaleState
 from jobs.workload import job_efficiency
-from quotas.models import Budget, Membership, Quota, QuotaEvent, Team, audited_values, priority_classes, scope_to_teams
-from quotas.permissions import ADMIN_ONLY, may_administer
+from quotas import changes
+from quotas.models import (
+    Budget,
+    ChangeRequest,
+    Membership,
+    Quota,
+    QuotaEvent,
+    Team,
+    audited_values,
+    priority_classes,
+    scope_to_teams,
+)
+from quotas.permissions import REQUEST_REFUSED, STAFF_ONLY, may_change_entitlements, may_request_changes
 from runners import health as node_health
 from runners.base import ClusterUnreachable, UnknownBackend, backend_for
 from runners.models import Cluster, Node
 
-from .forms import BudgetForm, CapacityQueryForm, CostQueryForm, QuotaForm, ReportRequestForm, SubmitJobForm
+from .forms import (
+    BudgetForm,
+    BudgetRequestForm,
+    CapacityQueryForm,
+    CostQueryForm,
+    QuotaForm,
+    QuotaRequestForm,
+    ReportRequestForm,
+    SubmitJobForm,
+    requested_values,
+)
 
 LIVE_STATES = [JobState.QUEUED, JobState.ADMITTED, JobState.STARTING, JobState.RUNNING, JobState.RECOVERING,
                JobState.CANCELLING]
@@ -402,7 +423,8 @@ def team_list(request):
 
 @login_required
 def team_detail(request, slug: str):
-    """A team's quotas (with GPUs in use) and budgets (with spent, committed, forecast); edit links for admins."""
+    """A team's quotas (with GPUs in use) and budgets (with spent, committed, forecast); edit links for staff,
+    request links for the team's admins (ADR 0029)."""
     team = _visible_team(request, slug)
     teams = Team.objects.filter(pk=team.pk)
     members = team.memberships.select_related("user").order_by("role", "user__username")
@@ -410,25 +432,44 @@ def team_detail(request, slug: str):
     return render(request, "frontend/team_detail.html", {
         "team": team, "gpu_usage": _gpu_usage(teams), "budgets": budgets,
         "quotas": team.quotas.select_related("accelerator", "cluster"),
-        "members": members, "may_edit": may_administer(request.user, team.pk),
+        "members": members, "may_edit": may_change_entitlements(request.user),
+        "may_request": not request.user.is_staff and may_request_changes(request.user, team.pk),
         "other_budgets": team.budgets.exclude(pk__in=[r["budget"].pk for r in budgets]),
     })
 
 
-def _administered_team(request, slug: str) -> Team:
-    """The team if visible (else 404) and administered by the user (else 403: they can already see it)."""
-    team = _visible_team(request, slug)
-    if not may_administer(request.user, team.pk):
-        raise PermissionDenied(ADMIN_ONLY)
-    return team
+def _require_staff(request) -> None:
+    """403 unless the user may change quotas and budgets (staff); called once the object is known visible, so
+    another team's object stays a 404."""
+    if not may_change_entitlements(request.user):
+        raise PermissionDenied(STAFF_ONLY)
+
+
+def _request_instead(request, slug: str, name: str, model=None, pk: int | None = None):
+    """For a team admin who is not staff, GET of an edit page of the team's ``model`` row ``pk`` (None: a new
+    one): a redirect to the request form of the same object (the edit form is staff's; ADR 0029); 404 when the
+    team or the row is not visible. None otherwise (the edit view refuses or serves it)."""
+    if request.method == "GET" and not request.user.is_staff:
+        team = _visible_team(request, slug)
+        if may_request_changes(request.user, team.pk):
+            if pk is None:
+                return redirect(name, slug=team.slug)
+            get_object_or_404(model, team=team, pk=pk)
+            return redirect(name, slug=team.slug, pk=pk)
+    return None
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
 def quota_edit(request, slug: str, pk: int):
-    """Edit one quota of the team (admins and staff); the change is audited as a QuotaEvent."""
-    team = _administered_team(request, slug)
+    """Edit one quota of the team (staff only); the change is audited as a QuotaEvent. A team admin's GET goes to
+    the request form; any other user's write is a 403 and changes nothing."""
+    instead = _request_instead(request, slug, "frontend:quota-request", Quota, pk)
+    if instead is not None:
+        return instead
+    team = _visible_team(request, slug)
     quota = get_object_or_404(Quota.objects.select_related("accelerator"), team=team, pk=pk)
+    _require_staff(request)
     old = audited_values(quota)
     form = QuotaForm(request.POST or None, instance=quota)
     if request.method == "POST" and form.is_valid():
@@ -444,9 +485,14 @@ def quota_edit(request, slug: str, pk: int):
 @login_required
 @require_http_methods(["GET", "POST"])
 def budget_edit(request, slug: str, pk: int | None = None):
-    """Create (no ``pk``) or edit a budget of the team (admins and staff)."""
-    team = _administered_team(request, slug)
+    """Create (no ``pk``) or edit a budget of the team (staff only). A team admin's GET goes to the request form;
+    any other user's write is a 403 and changes nothing."""
+    instead = _request_instead(request, slug, "frontend:budget-request", Budget, pk)
+    if instead is not None:
+        return instead
+    team = _visible_team(request, slug)
     budget = get_object_or_404(Budget, team=team, pk=pk) if pk is not None else Budget(team=team)
+    _require_staff(request)
     form = BudgetForm(request.POST or None, instance=budget)
     if request.method == "POST" and form.is_valid():
         form.save()
@@ -454,6 +500,123 @@ def budget_edit(request, slug: str, pk: int | None = None):
         return redirect("frontend:team-detail", slug=team.slug)
     title = f"Budget of {team.slug}" if pk is not None else f"New budget for {team.slug}"
     return render(request, "frontend/edit_form.html", {"team": team, "form": form, "title": title})
+
+
+# --- change requests (ADR 0029) ----------------------------------------------------------------------------
+
+def _requesting_team(request, slug: str) -> Team:
+    """The team if visible (else 404) and the user may request its changes (else 403)."""
+    team = _visible_team(request, slug)
+    if not may_request_changes(request.user, team.pk):
+        raise PermissionDenied(REQUEST_REFUSED)
+    return team
+
+
+def _send_request(request, form, team, kind: str, target, before: dict):
+    """Store the request of a valid ``form`` (``quotas.changes.request_change``) and go to the requests page; on
+    a refusal, put its reasons beside the form's fields and return None."""
+    payload = requested_values(form, before)
+    if target is not None and not payload:
+        form.add_error(None, f"change at least one value of the {kind}")
+        return None
+    try:
+        change = changes.request_change(user=request.user, team=team, kind=kind,
+                                        target_id=target.pk if target is not None else None, payload=payload,
+                                        reason=form.cleaned_data["reason"])
+    except ValidationError as exc:
+        for field, reasons in exc.detail.items():
+            reasons = reasons.items() if isinstance(reasons, dict) else [(field, reasons)]
+            for name, messages_ in reasons:
+                for message in messages_ if isinstance(messages_, list) else [messages_]:
+                    form.add_error(name if name in form.fields else None, f"{name}: {message}")
+        return None
+    messages.success(request, f"Request {change.pk} sent: platform staff decide, and you are mailed the decision.")
+    return redirect("frontend:request-list")
+
+
+def _request_page(request, form, team, title: str):
+    return render(request, "frontend/edit_form.html", {
+        "team": team, "form": form, "title": title, "submit_label": "Send the request",
+        "note": "Quotas and budgets are set by platform staff. Say what the team needs and why; staff approve or "
+                "decline the request and you are mailed their decision."})
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def quota_request(request, slug: str, pk: int):
+    """Request new numbers for one quota of the team (its admins): the quota's form and a reason (ADR 0029)."""
+    team = _requesting_team(request, slug)
+    quota = get_object_or_404(Quota.objects.select_related("accelerator"), team=team, pk=pk)
+    form = QuotaRequestForm(request.POST or None, instance=quota)
+    before = {name: getattr(quota, name) for name in form.fields if name != "reason"}
+    if request.method == "POST" and form.is_valid():
+        sent = _send_request(request, form, team, ChangeRequest.Kind.QUOTA, quota, before)
+        if sent is not None:
+            return sent
+    return _request_page(request, form, team, f"Request a change of quota {quota.accelerator.name} of {team.slug}")
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def budget_request(request, slug: str, pk: int | None = None):
+    """Request a change of one budget of the team, or a new one (no ``pk``), by its admins (ADR 0029)."""
+    team = _requesting_team(request, slug)
+    budget = get_object_or_404(Budget, team=team, pk=pk) if pk is not None else Budget(team=team)
+    before = {name: getattr(budget, name) for name in BudgetRequestForm.Meta.fields} if pk is not None else {}
+    form = BudgetRequestForm(request.POST or None, instance=budget)
+    if request.method == "POST" and form.is_valid():
+        sent = _send_request(request, form, team, ChangeRequest.Kind.BUDGET, budget if pk is not None else None,
+                             before)
+        if sent is not None:
+            return sent
+    title = f"Request a change of the budget of {team.slug}" if pk is not None else f"Request a budget for {team.slug}"
+    return _request_page(request, form, team, title)
+
+
+@login_required
+def request_list(request):
+    """Change requests: staff see every team's, pending first, with approve and decline; members see their teams'
+    and withdraw their own pending ones."""
+    visible = scope_to_teams(ChangeRequest.objects.select_related("team", "requested_by", "decided_by"),
+                             request.user).distinct()
+    pending = list(visible.filter(state=ChangeRequest.State.PENDING).order_by("created_at", "id"))
+    decided = list(visible.exclude(state=ChangeRequest.State.PENDING)[:50])
+    return render(request, "frontend/request_list.html", {"pending": pending, "decided": decided})
+
+
+#: The actions on a change request from the requests page: who may take them is checked in ``request_action``.
+REQUEST_ACTIONS = {"approve", "decline", "withdraw"}
+
+
+@login_required
+@require_POST
+def request_action(request, pk: int, action: str):
+    """Approve or decline (staff; a decline needs a note) or withdraw (the requester) a change request; back to the
+    requests page with what happened. Another team's request is a 404; a request no longer pending, or whose
+    quota or budget changed since, is refused with the reason and nothing changes."""
+    change = get_object_or_404(scope_to_teams(ChangeRequest.objects.all(), request.user).distinct(), pk=pk)
+    if action not in REQUEST_ACTIONS:
+        raise PermissionDenied(f"unknown action {action!r}")
+    if action in ("approve", "decline") and not request.user.is_staff:
+        raise PermissionDenied("only platform staff approve or decline change requests")
+    if action == "withdraw" and change.requested_by_id != request.user.pk:
+        raise PermissionDenied("only the requester withdraws a change request")
+    note = request.POST.get("note", "")
+    try:
+        if action == "approve":
+            changes.approve(change.pk, request.user, note.strip())
+        elif action == "decline":
+            changes.decline(change.pk, request.user, note)
+        else:
+            changes.withdraw(change.pk, request.user)
+    except changes.ChangeConflict as exc:
+        messages.error(request, f"Request {change.pk} not {action}d: {exc.detail if isinstance(exc.detail, str) else exc}.")
+    except ValidationError as exc:
+        messages.error(request, f"Request {change.pk} not {action}d: "
+                                + "; ".join(f"{k}: {' '.join(map(str, v))}" for k, v in exc.detail.items()) + ".")
+    else:
+        messages.success(request, f"Request {change.pk} {action}d.")
+    return redirect("frontend:request-list")
 
 
 # --- clusters ---------------------------------------------------------------------------------------------

@@ -3,7 +3,18 @@
 from django.contrib import admin
 from django.db import transaction
 
-from .models import ApiToken, Budget, Cohort, Membership, PriorityClass, Quota, QuotaEvent, Team, audited_values
+from .models import (
+    ApiToken,
+    Budget,
+    ChangeRequest,
+    Cohort,
+    Membership,
+    PriorityClass,
+    Quota,
+    QuotaEvent,
+    Team,
+    audited_values,
+)
 
 
 class AuditedAdmin(admin.ModelAdmin):
@@ -89,6 +100,22 @@ class QuotaEventAdmin(admin.ModelAdmin):
     list_display = ["created_at", "actor", "action", "object_type", "object_repr"]
     list_filter = ["object_type", "action"]
     readonly_fields = ["created_at", "actor", "action", "object_type", "object_id", "object_repr", "old", "new"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(ChangeRequest)
+class ChangeRequestAdmin(admin.ModelAdmin):
+    """Team admins' quota and budget change requests: read only here (approve and decline from the Requests page,
+    the API or cpctl, which apply the change and write its event; ADR 0029)."""
+
+    list_display = ["id", "team", "kind", "target_id", "state", "requested_by", "created_at", "decided_by"]
+    list_filter = ["state", "kind", "team"]
+    readonly_fields = [f.name for f in ChangeRequest._meta.fields]
 
     def has_add_permission(self, request):
         return False

@@ -435,3 +435,74 @@ def audited_values(obj) -> dict:
         value = getattr(obj, name)
         values[name] = str(value) if isinstance(value, Decimal) else value
     return values
+
+
+class ChangeRequest(models.Model):
+    """A team admin's request for a quota or budget change, with a reason, that platform staff approve or decline.
+
+    ``kind`` names the object (``quota`` or ``budget``); ``target_id`` the team's object to change (null: a new
+    one); ``payload`` the requested values, as the staff write path takes them (``quotas.serializers``: a
+    PATCH of the target, or the body of a create without ``team``), validated when requested and again when
+    approved; ``base`` the target's values when requested (``quotas.changes.current_values``: approval refuses
+    when they changed since). ``state`` moves once from ``pending`` to ``approved``, ``declined`` or
+    ``withdrawn``, by compare-and-set with a ``ChangeRequestEvent`` in the same transaction
+    (``quotas.changes``); ``applied_id`` is the object an approval created or changed. ADR 0029.
+    """
+
+    class Kind(models.TextChoices):
+        QUOTA = "quota"
+        BUDGET = "budget"
+
+    class State(models.TextChoices):
+        PENDING = "pending"
+        APPROVED = "approved"
+        DECLINED = "declined"
+        WITHDRAWN = "withdrawn"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="change_requests")
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    target_id = models.PositiveBigIntegerField(null=True, blank=True,
+                                               help_text="the quota or budget to change; empty: a new one")
+    payload = models.JSONField(default=dict, help_text="the requested values, as the staff write path takes them")
+    base = models.JSONField(default=dict, blank=True, help_text="the target's values when the change was requested")
+    reason = models.TextField(max_length=2000)
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True,
+                                     related_name="change_requests")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    created_at = models.DateTimeField(auto_now_add=True)
+    decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+                                   related_name="+")
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decision_note = models.TextField(max_length=2000, blank=True)
+    applied_id = models.PositiveBigIntegerField(null=True, blank=True,
+                                                help_text="the quota or budget the approval created or changed")
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["state", "created_at"], name="changerequest_state_created")]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(state__in=["pending", "approved", "declined", "withdrawn"]),
+                                   name="changerequest_state_valid"),
+            models.CheckConstraint(condition=models.Q(kind__in=["quota", "budget"]), name="changerequest_kind_valid"),
+        ]
+
+    def __str__(self) -> str:
+        what = f"{self.kind} {self.target_id}" if self.target_id else f"new {self.kind}"
+        return f"request {self.pk}: {what} of {self.team} ({self.state})"
+
+
+class ChangeRequestEvent(models.Model):
+    """One state change of a change request (``from_state`` empty: its creation): who, when, the note. Append-only."""
+
+    request = models.ForeignKey(ChangeRequest, on_delete=models.CASCADE, related_name="events")
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+")
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16)
+    note = models.TextField(max_length=2000, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"request {self.request_id}: {self.from_state or 'new'} -> {self.to_state}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import django_filters
 
-from ..models import Budget, Quota
+from ..models import Budget, ChangeRequest, Quota
 
 
 class QuotaFilterSet(django_filters.FilterSet):
@@ -27,3 +27,13 @@ class BudgetFilterSet(django_filters.FilterSet):
     class Meta:
         model = Budget
         fields = ["team", "period", "action"]
+
+
+class ChangeRequestFilterSet(django_filters.FilterSet):
+    """Change requests by ``team`` (slug), ``state`` and ``kind``."""
+
+    team = django_filters.CharFilter(field_name="team__slug")
+
+    class Meta:
+        model = ChangeRequest
+        fields = ["team", "state", "kind"]

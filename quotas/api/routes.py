@@ -1,12 +1,14 @@
 """The quotas app's resources on the ``/api/v1/`` router."""
 
+from .change_requests import ChangeRequestViewSet
 from .views import BudgetViewSet, CohortViewSet, PriorityClassViewSet, QuotaViewSet, TeamViewSet
 
 
 def register_routes(router) -> None:
-    """Mount ``teams/``, ``quotas/``, ``budgets/``, ``cohorts/`` and ``priority-classes/`` on ``router``."""
+    """Mount ``teams/``, ``quotas/``, ``budgets/``, ``cohorts/``, ``priority-classes/`` and ``change-requests/`` on ``router``."""
     router.register("teams", TeamViewSet)
     router.register("quotas", QuotaViewSet)
     router.register("budgets", BudgetViewSet)
     router.register("cohorts", CohortViewSet)
     router.register("priority-classes", PriorityClassViewSet)
+    router.register("change-requests", ChangeRequestViewSet)

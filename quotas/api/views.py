@@ -1,8 +1,9 @@
 """``/api/v1/teams/``, ``quotas/``, ``budgets/``, ``cohorts/`` and ``priority-classes/``, scoped to the user's teams.
 
-Everyone in a team reads its quotas and budgets; only the team's admins and
-platform staff create or change them (403 for other members, 404 for
-outsiders, who cannot see them at all). Cohorts, team weights and cohort
+Everyone in a team reads its quotas and budgets; only platform staff create
+or change them (403 for the team's members, its admins included, who ask
+through ``change-requests/`` instead; 404 for outsiders, who cannot see them
+at all; ADR 0029). Cohorts, team weights and cohort
 membership, and priority classes are read by everyone and changed by staff.
 Every change of a quota, cohort, team's fair share or priority class writes
 a ``QuotaEvent`` in the same transaction.
@@ -13,15 +14,13 @@ from __future__ import annotations
 from django.db import transaction
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, permissions, viewsets
-from rest_framework.exceptions import PermissionDenied
 
 from core.permissions import IsStaffOrReadOnly
 from core.viewsets import ScopedGenericViewSet, ScopedReadOnlyViewSet, ScopedViewSetMixin
 
 from ..models import Budget, Cohort, PriorityClass, Quota, QuotaEvent, Team, audited_values, scope_to_teams
-from ..permissions import ADMIN_ONLY, TeamAdminWritePermission, may_administer
-from .filtersets import BudgetFilterSet, QuotaFilterSet
-from .serializers import (
+from ..permissions import StaffWritePermission
+from ..serializers import (
     BudgetSerializer,
     CohortSerializer,
     PriorityClassSerializer,
@@ -29,22 +28,21 @@ from .serializers import (
     TeamFairShareSerializer,
     TeamSerializer,
 )
+from .filtersets import BudgetFilterSet, QuotaFilterSet
 
 
-class TeamAdminWriteViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
-                            mixins.UpdateModelMixin, ScopedGenericViewSet):
-    """List, retrieve, create and update objects that belong to a team; writes need a team admin or staff."""
+class StaffWriteTeamObjectViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+                                  mixins.UpdateModelMixin, ScopedGenericViewSet):
+    """List, retrieve, create and update objects that belong to a team; members read, only staff write.
 
-    permission_classes = [permissions.IsAuthenticated, TeamAdminWritePermission]
+    A non-staff create is a 403 before its body is read, whatever its team; a non-staff update is a 403 on an
+    object the user sees and a 404 on one they do not (``StaffWritePermission``).
+    """
+
+    permission_classes = [permissions.IsAuthenticated, StaffWritePermission]
 
     def scope_queryset(self, queryset, user):
         return scope_to_teams(queryset, user)
-
-    def perform_create(self, serializer):
-        # The team comes from the body, so the object permission cannot see it yet.
-        if not may_administer(self.request.user, serializer.validated_data["team"].pk):
-            raise PermissionDenied(ADMIN_ONLY)
-        serializer.save()
 
 
 class AuditedWriteMixin:
@@ -86,8 +84,8 @@ class TeamViewSet(AuditedWriteMixin, mixins.UpdateModelMixin, ScopedReadOnlyView
 
 
 @extend_schema(tags=["teams"])
-class QuotaViewSet(AuditedWriteMixin, TeamAdminWriteViewSet):
-    """GPU quotas of the user's teams."""
+class QuotaViewSet(AuditedWriteMixin, StaffWriteTeamObjectViewSet):
+    """GPU quotas of the user's teams; staff write them."""
 
     queryset = Quota.objects.select_related("team", "accelerator", "cluster")
     serializer_class = QuotaSerializer
@@ -96,8 +94,8 @@ class QuotaViewSet(AuditedWriteMixin, TeamAdminWriteViewSet):
 
 
 @extend_schema(tags=["teams"])
-class BudgetViewSet(TeamAdminWriteViewSet):
-    """Money budgets of the user's teams."""
+class BudgetViewSet(StaffWriteTeamObjectViewSet):
+    """Money budgets of the user's teams; staff write them."""
 
     queryset = Budget.objects.select_related("team")
     serializer_class = BudgetSerializer

@@ -18,20 +18,26 @@ from django.utils import timezone
 from controlplane.urls import api_router
 from costs.models import Price
 from costs.reports.build import generate_report
+from quotas.changes import request_change
 from quotas.models import Cohort, PriorityClass
 from runners.models import Node
 from tests.support.factories import VALID_SPEC
 
 #: A user sees only their teams' objects: another team's object is a 404, not a 403 (docs/design.md, Interfaces).
-TEAM_SCOPED = {"jobs", "teams", "quotas", "budgets", "budget-status", "reports"}
+TEAM_SCOPED = {"jobs", "teams", "quotas", "budgets", "budget-status", "reports", "change-requests"}
 #: The fleet and the platform's settings: every authenticated user reads them.
 PLATFORM_WIDE = {"accelerators", "clusters", "node-pools", "nodes", "prices", "cohorts", "priority-classes"}
 #: Aggregates over the user's teams' ledger and samples: lists only.
 AGGREGATES = {"costs", "utilization", "capacity"}
 #: Written by platform staff only; anyone else is refused before any lookup (403, whatever the object).
 STAFF_WRITES = {"teams", "cohorts", "priority-classes", "clusters", "nodes"}
-#: Written by the team's admins and staff; members and viewers of the team get 403, outsiders 404.
-TEAM_ADMIN_WRITES = {"quotas", "budgets"}
+#: A team's objects written by platform staff only (ADR 0029): any member of the team, its admins included, gets
+#: 403 on one it sees and outsiders 404; a create by anyone but staff is a 403 before its body is read.
+STAFF_WRITES_OF_TEAM_OBJECTS = {"quotas", "budgets"}
+#: Requested by the team's admins (members and viewers get 403; the team is a field of the request, so another
+#: team's is refused on it, 400); decided by staff and withdrawn by the requester (403 for others who see it, 404
+#: for outsiders).
+TEAM_ADMIN_REQUESTS = {"change-requests"}
 #: Built on demand by any member of the team (viewers too: a report shows what costs/ shows them) and staff; the
 #: team is a field of the request, so another team's is refused on it (400), like an unknown team.
 MEMBER_BUILDS = {"reports"}
@@ -101,7 +107,10 @@ def world(teams, owner, teammate, outsider, aws_cluster, alpha_objects, beta_obj
     node, _ = [Node.objects.create(cluster=aws_cluster["cluster"], node_pool=aws_cluster["pool"], name=f"ip-10-0-0-{i}",
                                    gpus=8, cpu_milli=64_000, memory_mib=512 * 1024, seen_at=now)
                for i in (1, 2)]  # the pool's 2 nodes, as a sync records them
+    change = request_change(user=owner.user, team=teams[0], kind="quota", target_id=alpha_objects["quota"].pk,
+                            payload={"nominal_gpus": 24}, reason="a second training run")
     return {
+        "change-requests": change.pk,
         "jobs": alpha_objects["job"].pk,
         "teams": "alpha",
         "quotas": alpha_objects["quota"].pk,
@@ -147,5 +156,10 @@ VALID_BODIES = {
     ("nodes", "cordon"): lambda: {"note": "reseating GPU 3"},
     ("nodes", "uncordon"): lambda: {},
     ("nodes", "clear"): lambda: {},
+    ("change-requests", "create"): lambda: {"team": "alpha", "kind": "budget", "payload": {"amount_usd": "20.00"},
+                                            "reason": "a budget for the evaluation runs"},
+    ("change-requests", "approve"): lambda: {"note": "fits the fleet"},
+    ("change-requests", "decline"): lambda: {"note": "no spare H100s this quarter"},
+    ("change-requests", "withdraw"): lambda: {},
     ("reports", "create"): lambda: {"team": "alpha", "start": "2026-03-10T00:00:00Z", "end": "2026-03-11T00:00:00Z"},
 }

@@ -8,8 +8,11 @@ Team alpha's objects (or the platform's) stand behind the detail routes. The con
 - an outsider (beta's admin) gets exactly 404 for alpha's objects, reads or writes, the same 404 as for an object
   that does not exist, and reads the platform-wide objects;
 - a viewer writes nothing: 403 on every write to alpha's objects; staff-only writes are a 403 for any other user
-  before any lookup (so for the outsider too, whatever the team); a job submitted for a team the user may not
-  submit to is refused on its ``team`` field (400), as a quota or budget for a team the user is not in;
+  before any lookup (so for the outsider too, whatever the team), and so is a quota or budget created by anyone
+  but staff; a job submitted for a team the user may not submit to is refused on its ``team`` field (400), as a
+  change request for a team the user is not in;
+- quotas, budgets and the platform's objects are staff's to write (ADR 0029): alpha's admin and member get 403
+  on every write to them too, and change nothing;
 - a report is built on demand by any member of its team, a viewer too (what it shows, ``costs/`` shows them);
   the outsider's request for alpha is refused on its ``team`` field (400).
 """
@@ -26,7 +29,8 @@ from .routes import (
     PLATFORM_WIDE,
     ROUTES,
     STAFF_WRITES,
-    TEAM_ADMIN_WRITES,
+    STAFF_WRITES_OF_TEAM_OBJECTS,
+    TEAM_ADMIN_REQUESTS,
     TEAM_SCOPED,
     VALID_BODIES,
     world,
@@ -77,7 +81,9 @@ def expected_write(route, persona: str) -> int:
         return 400 if persona == "outsider" else 201
     if route.prefix == "jobs":
         return 400  # the team is a field of the submission: refused on it, like an unknown team
-    if route.prefix in TEAM_ADMIN_WRITES:
+    if route.prefix in STAFF_WRITES_OF_TEAM_OBJECTS:
+        return 403
+    if route.prefix in TEAM_ADMIN_REQUESTS:
         return 400 if persona == "outsider" else 403  # the outsider's body names a team it is not in
     raise AssertionError(f"no contract for {route.id}")
 
@@ -89,7 +95,8 @@ def test_every_route_is_classified_and_has_a_sample(lookups):
     assert {r.prefix for r in ROUTES if r.detail} <= set(lookups)
     assert not any(r.detail for r in ROUTES if r.prefix in AGGREGATES)
     writable = {r.prefix for r in WRITES}
-    assert writable == STAFF_WRITES | TEAM_ADMIN_WRITES | MEMBER_BUILDS | {"jobs"}, writable
+    assert writable == STAFF_WRITES | STAFF_WRITES_OF_TEAM_OBJECTS | TEAM_ADMIN_REQUESTS | MEMBER_BUILDS | {"jobs"}, \
+        writable
     for route in WRITES:
         if route.served and route.action not in ("destroy", "cancel"):
             assert (route.prefix, route.action) in VALID_BODIES, route.id
@@ -125,3 +132,18 @@ def test_a_write_by_anonymous_a_viewer_or_an_outsider_is_refused_and_changes_not
         if expected >= 400:
             assert reader.get(route.url(lookup) if route.detail else route.template).json() == seen, (persona,
                                                                                                       route.id)
+
+
+ENTITLEMENT_WRITES = [r for r in WRITES if r.served and r.prefix in STAFF_WRITES | STAFF_WRITES_OF_TEAM_OBJECTS]
+
+
+@pytest.mark.parametrize("route", ENTITLEMENT_WRITES, ids=lambda r: r.id)
+def test_a_write_to_quotas_budgets_or_the_platform_by_alphas_admin_or_member_is_403_and_changes_nothing(
+        route, lookups, personas):
+    lookup = lookups.get(route.prefix)
+    reader = personas["staff"]
+    for persona in ("owner", "teammate"):
+        seen = reader.get(route.url(lookup) if route.detail else route.template).json()
+        response = call(personas[persona], route, lookup, body_for(route))
+        assert response.status_code == 403, (persona, route.id, response.content[:300])
+        assert reader.get(route.url(lookup) if route.detail else route.template).json() == seen, (persona, route.id)

@@ -10,6 +10,7 @@ from jobs.models import JobAttempt
 from quotas.models import Quota, QuotaEvent
 from runners.models import cpu_flavor
 from tests.support.factories import make_attempt, make_cluster, make_job_row
+from tests.support.personas import signed_in
 
 pytestmark = pytest.mark.django_db
 
@@ -37,18 +38,19 @@ def test_the_team_page_and_dashboard_show_a_cpu_quota_and_its_use_in_vcpus(owner
     assert 'aria-label="6 of 8 vCPUs"' in dashboard  # reachable: 8 + nothing the cohort lends
 
 
-def test_a_team_admin_edits_a_cpu_quota_in_vcpus_and_it_is_audited(owner_web, cpu_quota):
+def test_staff_edit_a_cpu_quota_in_vcpus_and_it_is_audited(staff, cpu_quota):
+    staff_web = signed_in(staff)
     url = f"/teams/alpha/quotas/{cpu_quota.pk}/edit/"
-    form = owner_web.get(url).content.decode()
+    form = staff_web.get(url).content.decode()
     assert 'name="nominal_vcpus"' in form and 'name="nominal_gpus"' not in form
 
-    bad = owner_web.post(url, {"nominal_vcpus": "16", "borrowing_limit_vcpus": "0", "lending_limit_vcpus": "20",
+    bad = staff_web.post(url, {"nominal_vcpus": "16", "borrowing_limit_vcpus": "0", "lending_limit_vcpus": "20",
                                "max_vcpus_per_job": "0"})
     assert bad.status_code == 200 and "at most the nominal quota (16)" in bad.content.decode()
     cpu_quota.refresh_from_db()
     assert cpu_quota.nominal_vcpus == 8
 
-    ok = owner_web.post(url, {"nominal_vcpus": "16", "borrowing_limit_vcpus": "2", "lending_limit_vcpus": "",
+    ok = staff_web.post(url, {"nominal_vcpus": "16", "borrowing_limit_vcpus": "2", "lending_limit_vcpus": "",
                               "max_vcpus_per_job": "4"})
     assert ok.status_code == 302
     cpu_quota.refresh_from_db()

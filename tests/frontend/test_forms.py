@@ -1,4 +1,4 @@
-"""The web UI's forms apply the API's rules: quota and budget edits by team admins only and with valid values,
+"""The web UI's forms apply the API's rules: quota and budget edits by staff only and with valid values,
 hostile YAML in the job form answered with the form again, and the costs page and CSV never a 500."""
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ def test_costs_web_page_and_csv_never_500(owner, alpha_ledger, params, csv_statu
     assert client.get("/costs.csv?" + urlencode(params)).status_code == csv_status
 
 
-def test_the_web_quota_form_applies_the_api_rules(owner, alpha_objects):
+def test_the_web_quota_form_applies_the_api_rules(staff, alpha_objects):
     quota = alpha_objects["quota"]
-    client = signed_in(owner)
+    client = signed_in(staff)
     url = f"/teams/alpha/quotas/{quota.pk}/edit/"
     base = {"nominal_gpus": 16, "borrowing_limit_gpus": 0, "max_gpus_per_job": 0, "lending_limit_gpus": ""}
     for bad in ({"nominal_gpus": -1}, {"nominal_gpus": "x"}, {"nominal_gpus": 2**40}, {"lending_limit_gpus": 17}):
@@ -36,17 +36,20 @@ def test_the_web_quota_form_applies_the_api_rules(owner, alpha_objects):
         assert quota.nominal_gpus == 16 and quota.lending_limit_gpus is None, bad
 
 
-def test_a_member_cannot_edit_quotas_or_budgets_in_the_web_ui(teammate, alpha_objects):
-    client = signed_in(teammate)
+def test_a_team_admin_or_member_cannot_edit_quotas_or_budgets_in_the_web_ui(owner, teammate, alpha_objects):
     quota, budget = alpha_objects["quota"], alpha_objects["budget"]
-    assert client.post(f"/teams/alpha/quotas/{quota.pk}/edit/", {"nominal_gpus": 1}).status_code == 403
-    assert client.post(f"/teams/alpha/budgets/{budget.pk}/edit/", {"amount_usd": "1"}).status_code == 403
-    assert client.post("/teams/alpha/budgets/new/", {"amount_usd": "1"}).status_code == 403
+    for persona in (owner, teammate):
+        client = signed_in(persona)
+        assert client.post(f"/teams/alpha/quotas/{quota.pk}/edit/", {"nominal_gpus": 1}).status_code == 403
+        assert client.post(f"/teams/alpha/budgets/{budget.pk}/edit/", {"amount_usd": "1"}).status_code == 403
+        assert client.post("/teams/alpha/budgets/new/", {"amount_usd": "1"}).status_code == 403
+    quota.refresh_from_db()
+    assert quota.nominal_gpus == 16 and str(Budget.objects.get().amount_usd) == "1000.00"
 
 
 @pytest.mark.parametrize("amount", ["-5", "0", "NaN", "1e20"])
-def test_a_web_budget_amount_must_be_positive(owner, alpha_objects, amount):
-    client = signed_in(owner)
+def test_a_web_budget_amount_must_be_positive(staff, alpha_objects, amount):
+    client = signed_in(staff)
     response = client.post("/teams/alpha/budgets/new/", {"period": "monthly", "amount_usd": amount,
                                                           "alert_thresholds": "50", "action": "alert"})
     assert response.status_code == 200
@@ -87,10 +90,10 @@ def test_the_web_yaml_box_has_the_api_size_cap(owner, aws_cluster, settings):
 
 
 @pytest.mark.parametrize("thresholds, stored", [("5000", False), ("1001", False), ("0", False), ("50, 1000", True)])
-def test_web_budget_thresholds_follow_the_api_limits(owner, alpha_objects, thresholds, stored):
+def test_web_budget_thresholds_follow_the_api_limits(staff, alpha_objects, thresholds, stored):
     body = {"period": "monthly", "amount_usd": "10", "alert_thresholds": thresholds, "action": "alert"}
-    signed_in(owner).post("/teams/alpha/budgets/new/", body)
-    api = owner.client.post("/api/v1/budgets/", {"team": "alpha", "period": "monthly", "amount_usd": "10",
+    signed_in(staff).post("/teams/alpha/budgets/new/", body)
+    api = staff.client.post("/api/v1/budgets/", {"team": "alpha", "period": "monthly", "amount_usd": "10",
                                                  "alert_thresholds": [int(t) for t in thresholds.split(",")],
                                                  "action": "alert"}, format="json")
     assert Budget.objects.filter(amount_usd=10).count() == (2 if stored else 0)

@@ -45,13 +45,13 @@ def alpha_pages(objects) -> list[str]:
     job, quota, budget = objects["alpha"]["job"], objects["alpha"]["quota"], objects["alpha"]["budget"]
     report = objects["reports"]["alpha"]
     return [f"/jobs/{job.pk}/", f"/jobs/{job.pk}/status/", f"/jobs/{job.pk}/logs/", f"/jobs/{job.pk}/cancel/",
-            "/teams/alpha/", f"/teams/alpha/quotas/{quota.pk}/edit/", f"/teams/alpha/budgets/{budget.pk}/edit/",
-            "/teams/alpha/budgets/new/", f"/reports/{report.pk}/", f"/reports/{report.pk}.csv",
+            "/teams/alpha/", f"/teams/alpha/quotas/{quota.pk}/request/", f"/teams/alpha/budgets/{budget.pk}/request/",
+            "/teams/alpha/budgets/request/", f"/reports/{report.pk}/", f"/reports/{report.pk}.csv",
             f"/api/v1/reports/{report.pk}/"]
 
 
 LIST_PAGES = ["/", "/jobs/", "/jobs/rows/", "/jobs/new/", "/teams/", "/clusters/", "/costs/", "/costs.csv", "/capacity/",
-              "/reports/"]
+              "/reports/", "/requests/"]
 
 
 def test_every_page_sends_anonymous_users_to_sign_in(client, objects):
@@ -73,10 +73,10 @@ def test_it_signs_in_with_a_password_and_lands_on_the_dashboard(client, owner):
 def test_the_owner_and_the_teammate_open_every_page_of_their_team(owner_web, teammate_web, objects):
     for url in LIST_PAGES + alpha_pages(objects):
         assert owner_web.get(url).status_code == 200, url
-    # Members see the team but may not edit it; the teammate submitted the job, so may cancel it.
+    # Members see the team but may not ask for changes of it; the teammate submitted the job, so may cancel it.
     job = objects["alpha"]["job"]
     for url in alpha_pages(objects):
-        expected = 403 if "/edit/" in url or url.endswith("/new/") else 200
+        expected = 403 if "/request/" in url else 200
         assert teammate_web.get(url).status_code == expected, url
     assert teammate_web.get(f"/jobs/{job.pk}/cancel/").status_code == 200
 
@@ -226,12 +226,17 @@ def test_the_preview_gives_placement_cost_quota_and_budget(teammate_web, objects
     assert "has errors" in errors
 
 
-def test_team_admins_edit_quotas_and_budgets_and_it_is_audited(owner_web, teammate_web, objects):
+def test_staff_edit_quotas_and_budgets_and_it_is_audited(staff, owner_web, teammate_web, objects):
     quota, budget = objects["alpha"]["quota"], objects["alpha"]["budget"]
-    page = owner_web.get("/teams/alpha/").content.decode()
+    staff_web = signed_in(staff)
+    page = staff_web.get("/teams/alpha/").content.decode()
     assert f"/teams/alpha/quotas/{quota.pk}/edit/" in page and "Add a budget" in page
-    assert "/edit/" not in teammate_web.get("/teams/alpha/").content.decode()
-    response = owner_web.post(f"/teams/alpha/quotas/{quota.pk}/edit/",
+    owners = owner_web.get("/teams/alpha/").content.decode()
+    assert "/edit/" not in owners and f"/teams/alpha/quotas/{quota.pk}/request/" in owners
+    assert "Request a budget" in owners
+    teammates = teammate_web.get("/teams/alpha/").content.decode()
+    assert "/edit/" not in teammates and "/request/" not in teammates
+    response = staff_web.post(f"/teams/alpha/quotas/{quota.pk}/edit/",
                               {"nominal_gpus": "24", "borrowing_limit_gpus": "8", "lending_limit_gpus": "",
                                "max_gpus_per_job": "0"})
     assert response.status_code == 302
@@ -239,15 +244,16 @@ def test_team_admins_edit_quotas_and_budgets_and_it_is_audited(owner_web, teamma
     assert (quota.nominal_gpus, quota.borrowing_limit_gpus) == (24, 8)
     event = QuotaEvent.objects.get(object_type="quota", object_id=quota.pk)
     assert event.old["nominal_gpus"] == 16 and event.new["nominal_gpus"] == 24
-    response = owner_web.post(f"/teams/alpha/budgets/{budget.pk}/edit/",
+    response = staff_web.post(f"/teams/alpha/budgets/{budget.pk}/edit/",
                               {"period": "monthly", "amount_usd": "2500.00", "alert_thresholds": "90, 50",
                                "action": "alert"})
     assert response.status_code == 302
     budget.refresh_from_db()
     assert budget.amount_usd == Decimal("2500.00") and budget.alert_thresholds == [50, 90]
-    invalid = owner_web.post("/teams/alpha/budgets/new/", {"period": "custom", "amount_usd": "5", "action": "alert"})
+    invalid = staff_web.post("/teams/alpha/budgets/new/", {"period": "custom", "amount_usd": "5", "action": "alert"})
     assert invalid.status_code == 200 and "a custom period needs a start" in invalid.content.decode()
-    assert teammate_web.post(f"/teams/alpha/quotas/{quota.pk}/edit/", {"nominal_gpus": "99"}).status_code == 403
+    for web in (owner_web, teammate_web):
+        assert web.post(f"/teams/alpha/quotas/{quota.pk}/edit/", {"nominal_gpus": "99"}).status_code == 403
     quota.refresh_from_db()
     assert quota.nominal_gpus == 24
 

@@ -15,10 +15,10 @@ QUOTAS = "/api/v1/quotas/"
 JOBS = "/api/v1/jobs/"
 
 
-def test_an_admin_sets_a_cpu_quota_in_vcpus_and_sees_the_limit_it_can_reach(owner, teammate, cpu, teams):
+def test_staff_set_a_cpu_quota_in_vcpus_and_the_team_sees_the_limit_it_can_reach(staff, teammate, cpu, teams):
     Quota.objects.create(team=teams[1], accelerator=cpu, nominal_vcpus=6, lending_limit_vcpus=5)  # lends 5
 
-    r = owner.client.post(QUOTAS, {"team": "alpha", "accelerator": "CPU", "nominal_vcpus": 16,
+    r = staff.client.post(QUOTAS, {"team": "alpha", "accelerator": "CPU", "nominal_vcpus": 16,
                                    "borrowing_limit_vcpus": 8, "max_vcpus_per_job": 12}, format="json")
 
     assert r.status_code == 201, r.content
@@ -32,7 +32,7 @@ def test_an_admin_sets_a_cpu_quota_in_vcpus_and_sees_the_limit_it_can_reach(owne
     listed = teammate.client.get(QUOTAS).json()["results"]
     assert [(q["accelerator"], q["nominal_vcpus"]) for q in listed] == [("CPU", 16)]
 
-    patched = owner.client.patch(f"{QUOTAS}{body['id']}/", {"nominal_vcpus": 4}, format="json")
+    patched = staff.client.patch(f"{QUOTAS}{body['id']}/", {"nominal_vcpus": 4}, format="json")
     assert patched.status_code == 200 and Quota.objects.get(pk=body["id"]).nominal_vcpus == 4
 
 
@@ -50,26 +50,26 @@ def test_an_admin_sets_a_cpu_quota_in_vcpus_and_sees_the_limit_it_can_reach(owne
     ({"nominal_vcpus": 8, "cluster": "gcp-usc1"}, "cluster"),
 ], ids=["gpus-on-cpu", "gpu-borrowing-on-cpu", "no-nominal", "negative", "string", "fraction", "too-large",
         "negative-borrowing", "lending-over-nominal", "cap-not-a-number", "per-cluster"])
-def test_a_bad_cpu_quota_is_400_on_its_field_and_stores_nothing(owner, cpu, document, field):
-    r = owner.client.post(QUOTAS, {"team": "alpha", "accelerator": "CPU", **document}, format="json")
+def test_a_bad_cpu_quota_is_400_on_its_field_and_stores_nothing(staff, cpu, document, field):
+    r = staff.client.post(QUOTAS, {"team": "alpha", "accelerator": "CPU", **document}, format="json")
 
     assert r.status_code == 400, r.content
     assert field in r.json(), r.json()
     assert not Quota.objects.exists() and not QuotaEvent.objects.exists()
 
 
-def test_a_gpu_quota_cannot_count_vcpus(owner, h100):
-    r = owner.client.post(QUOTAS, {"team": "alpha", "accelerator": "H100-80GB", "nominal_gpus": 8,
+def test_a_gpu_quota_cannot_count_vcpus(staff, h100):
+    r = staff.client.post(QUOTAS, {"team": "alpha", "accelerator": "H100-80GB", "nominal_gpus": 8,
                                    "nominal_vcpus": 16}, format="json")
     assert r.status_code == 400
     assert r.json()["nominal_vcpus"] == ["only a quota of the CPU accelerator counts vCPUs; a GPU quota counts GPUs"]
-    missing = owner.client.post(QUOTAS, {"team": "alpha", "accelerator": "H100-80GB"}, format="json")
+    missing = staff.client.post(QUOTAS, {"team": "alpha", "accelerator": "H100-80GB"}, format="json")
     assert missing.status_code == 400 and "nominal_gpus" in missing.json()
 
 
-def test_a_patch_cannot_give_a_cpu_quota_gpus(owner, cpu, teams):
+def test_a_patch_cannot_give_a_cpu_quota_gpus(staff, cpu, teams):
     quota = Quota.objects.create(team=teams[0], accelerator=cpu, nominal_vcpus=8)
-    r = owner.client.patch(f"{QUOTAS}{quota.pk}/", {"nominal_gpus": 2}, format="json")
+    r = staff.client.patch(f"{QUOTAS}{quota.pk}/", {"nominal_gpus": 2}, format="json")
     assert r.status_code == 400 and "nominal_gpus" in r.json()
     assert Quota.objects.get(pk=quota.pk).nominal_gpus == 0
 
@@ -107,10 +107,10 @@ def test_a_cpu_only_job_over_the_per_job_cap_is_refused_and_without_a_cpu_quota_
     assert r.status_code == 201, r.content
 
 
-def test_a_put_without_the_nominal_of_its_unit_is_400_and_changes_nothing(owner, cpu, alpha):
+def test_a_put_without_the_nominal_of_its_unit_is_400_and_changes_nothing(staff, cpu, alpha):
     quota = Quota.objects.create(team=alpha, accelerator=cpu, nominal_vcpus=8, borrowing_limit_vcpus=2)
 
-    r = owner.client.put(f"{QUOTAS}{quota.pk}/", {"team": "alpha", "accelerator": "CPU", "cluster": None,
+    r = staff.client.put(f"{QUOTAS}{quota.pk}/", {"team": "alpha", "accelerator": "CPU", "cluster": None,
                                                   "borrowing_limit_vcpus": 4}, format="json")
 
     assert r.status_code == 400 and "nominal_vcpus" in r.json(), r.content
@@ -118,7 +118,7 @@ def test_a_put_without_the_nominal_of_its_unit_is_400_and_changes_nothing(owner,
     assert (quota.nominal_vcpus, quota.borrowing_limit_vcpus) == (8, 2)
 
 
-def test_a_put_resets_the_vcpu_numbers_it_leaves_out_as_it_does_the_gpu_ones(owner, cpu, h100, alpha):
+def test_a_put_resets_the_vcpu_numbers_it_leaves_out_as_it_does_the_gpu_ones(staff, cpu, h100, alpha):
     # a full update replaces the quota: what it leaves out is the default (no borrowing, no per-job cap, all of
     # nominal lendable), for a CPU quota as for a GPU one; a PATCH keeps what it leaves out
     cpu_quota = Quota.objects.create(team=alpha, accelerator=cpu, nominal_vcpus=8, borrowing_limit_vcpus=2,
@@ -126,9 +126,9 @@ def test_a_put_resets_the_vcpu_numbers_it_leaves_out_as_it_does_the_gpu_ones(own
     gpu_quota = Quota.objects.create(team=alpha, accelerator=h100, nominal_gpus=8, borrowing_limit_gpus=2,
                                      max_gpus_per_job=4, lending_limit_gpus=3)
 
-    r = owner.client.put(f"{QUOTAS}{cpu_quota.pk}/", {"team": "alpha", "accelerator": "CPU", "cluster": None,
+    r = staff.client.put(f"{QUOTAS}{cpu_quota.pk}/", {"team": "alpha", "accelerator": "CPU", "cluster": None,
                                                       "nominal_vcpus": 16}, format="json")
-    g = owner.client.put(f"{QUOTAS}{gpu_quota.pk}/", {"team": "alpha", "accelerator": h100.name, "cluster": None,
+    g = staff.client.put(f"{QUOTAS}{gpu_quota.pk}/", {"team": "alpha", "accelerator": h100.name, "cluster": None,
                                                       "nominal_gpus": 16}, format="json")
 
     assert r.status_code == 200 and g.status_code == 200, (r.content, g.content)
@@ -139,7 +139,7 @@ def test_a_put_resets_the_vcpu_numbers_it_leaves_out_as_it_does_the_gpu_ones(own
     assert (gpu_quota.nominal_gpus, gpu_quota.borrowing_limit_gpus, gpu_quota.max_gpus_per_job,
             gpu_quota.lending_limit_gpus) == (16, 0, 0, None)
 
-    p = owner.client.patch(f"{QUOTAS}{cpu_quota.pk}/", {"borrowing_limit_vcpus": 6}, format="json")
+    p = staff.client.patch(f"{QUOTAS}{cpu_quota.pk}/", {"borrowing_limit_vcpus": 6}, format="json")
     assert p.status_code == 200
     cpu_quota.refresh_from_db()
     assert (cpu_quota.nominal_vcpus, cpu_quota.borrowing_limit_vcpus) == (16, 6)

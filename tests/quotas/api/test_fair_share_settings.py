@@ -1,5 +1,5 @@
-"""Fair-share settings through the API, audited: lending limits by team admins; cohorts, team weights and
-priority classes by staff only; every change recorded as a QuotaEvent."""
+"""Fair-share settings through the API, audited: lending limits, cohorts, team weights and priority classes by
+staff only (a team admin asks through a change request, ADR 0029); every change recorded as a QuotaEvent."""
 
 from decimal import Decimal
 
@@ -11,9 +11,9 @@ from quotas.models import Cohort, PriorityClass, Quota, QuotaEvent, Team
 pytestmark = pytest.mark.django_db
 
 
-def test_a_team_admin_sets_a_lending_limit_and_the_change_is_recorded(h100, alpha, quota_factory, owner):
+def test_staff_set_a_lending_limit_and_the_change_is_recorded(h100, alpha, quota_factory, staff):
     quota = quota_factory(alpha, h100, nominal=8)
-    admin = owner
+    admin = staff
     r = admin.client.patch(f"/api/v1/quotas/{quota.pk}/", {"lending_limit_gpus": 2}, format="json")
     assert r.status_code == 200, r.content
     assert Quota.objects.get(pk=quota.pk).lending_limit_gpus == 2

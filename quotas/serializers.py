@@ -1,7 +1,10 @@
-"""Serializers of teams (with members and roles), GPU quotas and money budgets.
+"""Serializers of teams (with members and roles), GPU quotas and money budgets: the write rules of the quotas app.
 
-Teams are named by slug, accelerators and clusters by name. A team the user
-does not belong to is reported as unknown, exactly like a missing one.
+They live beside the models, not in ``quotas.api``, because the REST API, the change requests
+(``quotas.changes``, which the web UI and the API both call) and their approval apply the same rules with
+them. Teams are named by slug, accelerators and clusters by name. A team the user does not belong to is
+reported as unknown, exactly like a missing one. The requesting user comes from the context's ``user``,
+else from its ``request``.
 """
 
 from __future__ import annotations
@@ -14,15 +17,24 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.validators import UniqueValidator
 
-from core.fields import INT32_MAX, AwareDateTimeField, StrictBooleanField, StrictIntegerField
+from core.fields import (
+    INT32_MAX,
+    AwareDateTimeField,
+    ListedChoiceField,
+    StrictBooleanField,
+    StrictCharField,
+    StrictIntegerField,
+)
 from core.limits import THRESHOLD_MAX_PERCENT, threshold_out_of_range
 from runners.models import Accelerator, Cluster
 
-from ..models import (
+from .models import (
     CPU_FLAVOR,
     GPU_QUOTA_FIELDS,
     VCPU_QUOTA_FIELDS,
     Budget,
+    ChangeRequest,
+    ChangeRequestEvent,
     Cohort,
     Membership,
     PriorityClass,
@@ -60,6 +72,11 @@ class TeamSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+def context_user(context: dict):
+    """The user a serializer acts for: ``context["user"]`` (domain callers), else the request's user (views)."""
+    return context["user"] if "user" in context else context["request"].user
+
+
 class NoNulLookupMixin:
     """Refuse a lookup value holding NUL as invalid (400): PostgreSQL text cannot hold one, so the query itself
     would fail with a DataError (a 500) instead of finding no row."""
@@ -82,7 +99,7 @@ class VisibleTeamField(NoNulLookupMixin, serializers.SlugRelatedField):
         super().__init__(slug_field="slug", **kwargs)
 
     def get_queryset(self):
-        return Team.objects.visible_to(self.context["request"].user)
+        return Team.objects.visible_to(context_user(self.context))
 
 
 class NamedField(NoNulLookupMixin, serializers.SlugRelatedField):
@@ -339,3 +356,52 @@ class PriorityClassSerializer(serializers.ModelSerializer):
                       for field in ("name", "value") if field in data and others.filter(**{field: data[field]}).exists()}
             raise serializers.ValidationError(
                 errors or {"non_field_errors": ["conflicts with another priority class"]}) from exc
+
+
+class ChangeRequestEventSerializer(serializers.ModelSerializer):
+    """One state change of a change request: ``from_state`` (empty: its creation), ``to_state``, who, when, note."""
+
+    actor = serializers.CharField(source="actor.username", read_only=True, default=None, allow_null=True)
+
+    class Meta:
+        model = ChangeRequestEvent
+        fields = ["from_state", "to_state", "actor", "note", "created_at"]
+        read_only_fields = fields
+
+
+class ChangeRequestSerializer(serializers.ModelSerializer):
+    """A request for a quota or budget change (ADR 0029).
+
+    Input: ``team`` (slug, one of the user's teams), ``kind`` (``quota`` or ``budget``), ``target`` (the id of
+    the team's quota or budget to change; null or left out: a new one), ``payload`` (the requested values, as
+    the staff write path takes them: the fields to change of the target, or a create's body without
+    ``team``; checked by the same rules, so 400 names ``payload`` and the field) and ``reason`` (text, at
+    most 2,000 characters). ``base`` shows the target's values when it was requested: approval refuses (409)
+    when they changed since. ``state``: ``pending``, then ``approved``, ``declined`` or ``withdrawn``;
+    ``applied`` is the id of the quota or budget an approval created or changed.
+    """
+
+    team = VisibleTeamField()
+    kind = ListedChoiceField(choices=ChangeRequest.Kind.choices)
+    target = StrictIntegerField(source="target_id", min_value=1, max_value=2**63 - 1, required=False,
+                                allow_null=True, default=None)
+    payload = serializers.JSONField(help_text="the requested values: the fields of the quota or budget to set")
+    reason = StrictCharField(max_length=2000, help_text="why the team needs the change")
+    requested_by = serializers.CharField(source="requested_by.username", read_only=True, default=None,
+                                         allow_null=True)
+    decided_by = serializers.CharField(source="decided_by.username", read_only=True, default=None, allow_null=True)
+    applied = serializers.IntegerField(source="applied_id", read_only=True, allow_null=True)
+    events = ChangeRequestEventSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = ChangeRequest
+        fields = ["id", "team", "kind", "target", "payload", "reason", "base", "state", "requested_by", "created_at",
+                  "decided_by", "decided_at", "decision_note", "applied", "events"]
+        read_only_fields = ["id", "base", "state", "requested_by", "created_at", "decided_by", "decided_at",
+                            "decision_note", "applied", "events"]
+
+
+class ChangeDecisionSerializer(serializers.Serializer):
+    """A decision's ``note``: optional on an approval, required on a decline (what the requester is told)."""
+
+    note = StrictCharField(max_length=2000, required=False, allow_blank=True, default="")
