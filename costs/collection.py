@@ -324,7 +324,10 @@ def pass_pieces(now: dt.datetime) -> list[Piece]:
                                                                              "sealed")}
     pieces = []
     for attempt in attempts:
-        for day, _, hi in utc_days(*running_interval(attempt, start, target)):
+        interval = running_interval(attempt, start, target)
+        if interval is None:
+            continue  # no running time inside the window (e.g. ended at a last contact before it started)
+        for day, _, hi in utc_days(*interval):
             lo, part_end = day_part(attempt, day)
             row = rows.get((attempt.pk, day))
             covered = row and row["covered_until"]

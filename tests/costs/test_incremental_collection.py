@@ -244,3 +244,25 @@ def test_a_pass_asks_each_pod_labelled_cluster_one_query_whatever_the_number_of_
     query_prometheus.clear()
     collect_utilization(lookback_start(now), now)
     assert len([q for q in query_prometheus.queries() if "util_sum" in q]) == 2 * sum(PODS.values())
+
+
+def test_an_attempt_without_running_time_in_the_window_is_passed_over_not_a_crash(query_prometheus, settings,
+                                                                                  catalog):
+    """Class: a pass crashed on an attempt whose run inside the window is empty (ended at its last contact, at
+    or before its start: a cancel on an unreachable cluster). Invariant: such an attempt gets no row and every
+    other attempt of the pass is still read."""
+    settings.COSTS_PROMETHEUS_URL = query_prometheus.url
+    settings.COSTS_SCRAPE_INTERVAL_SECONDS = QSTEP
+    staff = make_persona("auditor", staff=True)
+    team = Team.objects.create(slug="c0", name="c0")
+    cluster, pool = make_cluster("c0", "aws", "us-east-1", catalog["H100-80GB"])
+    at = QDAY + dt.timedelta(hours=8)
+    empty = make_attempt(make_job_row(team, staff.user, catalog["H100-80GB"], name="empty", gpus_per_node=2),
+                         cluster, pool, gpus=2, started_at=at, ended_at=at - dt.timedelta(seconds=1),
+                         state=JobState.CANCELLED, object_name="job-c0empty-1")
+    running = make_attempt(make_job_row(team, staff.user, catalog["H100-80GB"], name="c00", gpus_per_node=2),
+                           cluster, pool, gpus=2, started_at=QDAY - DAY + dt.timedelta(seconds=30),
+                           state=JobState.RUNNING, object_name="job-c00-1")
+    periodic_pass(QDAY + dt.timedelta(hours=9, minutes=3))
+    assert not UtilizationRollup.objects.filter(attempt=empty).exists()
+    assert UtilizationRollup.objects.filter(attempt=running, day=QDAY.date()).exists()
