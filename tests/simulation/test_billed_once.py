@@ -107,3 +107,6 @@ def test_the_emulator_records_what_its_answers_showed_of_a_pod():
         accepted = emulator.pod_shown[uid][1]
         assert accepted is not None and accepted >= listed
         assert emulator.pod_times[uid][3] is None  # still running out its grace: holding, beyond what was shown
+
+        assert call(emulator, "DELETE", "/apis/batch/v1/namespaces/ns/jobs/train")[0] == 200
+        assert emulator.pod_shown[uid][1] == accepted  # a second DELETE shows the first's deletionTimestamp

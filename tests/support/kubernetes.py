@@ -666,7 +666,8 @@ class ClusterEmulator:
             return self._update(kind, key, obj, method, body or {})
         if method == "DELETE":
             self.deletions.append((time.time(), kind, name, dict(obj["metadata"].get("labels") or {})))
-            if kind in ("Job", "Deployment") and self._delivering:  # accepted: its pods held them until now
+            if kind in ("Job", "Deployment") and self._delivering and not obj["metadata"].get("deletionTimestamp"):
+                # The first DELETE accepted: its pods held them until now (a later one shows the first's time).
                 self._note_owner_deleted(obj["metadata"]["uid"], time.time())
             self._delete(kind, key, cascade=True)
             return 200, self._public(obj)

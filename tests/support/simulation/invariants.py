@@ -30,8 +30,8 @@ def attempt_of(labels: dict):
 #: Seconds of slack on the dispatch deadline: the release runs in a reconcile pass, one beat interval later at
 #: most, and the world's clock moves in steps of up to 5 s.
 DEADLINE_SLACK_SECONDS = 30.0
-#: Largest difference, per attempt, between the clusters' own count of GPU-seconds and the ledger's, in seconds
-#: of the attempt's pods' time (``billed_once``).
+#: Seconds of the attempt's pods' time, per GPU, the ledger may lie above the pods' real span or (beside one
+#: reconcile interval) below the part of it the platform was shown (``billed_once``, ``billing_violation``).
 BILLING_TOLERANCE_SECONDS = Decimal("1")
 
 
