@@ -477,6 +477,10 @@ class ClusterEmulator:
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request served
         self.deletions: list[tuple[float, str, str, dict]] = []  # (time, kind, name, labels) of client DELETEs
         self.pod_times: dict[str, list] = {}  # pod uid -> [gpus, labels, created at, stopped at | None]
+        # Pod uid -> [the last instant an answer to a client showed it holding its GPUs (listed or read not
+        # finished), the latest end an answer evidenced (its own finish read, its owner's deletion accepted or
+        # read)]; either None until an answer showed it (``_note_shown``). What the platform could know of it.
+        self.pod_shown: dict[str, list] = {}
         self._version = 0
         self._failed_indexes: dict[str, dict[int, int]] = {}  # Job uid -> index -> failures counted
         self._retry_at: dict[tuple[str, int], float] = {}
@@ -486,6 +490,7 @@ class ClusterEmulator:
         self.holds: list[tuple[str, str, threading.Event]] = []
         self.held = 0  # requests waiting on a hold now
         self.port = 0
+        self._delivering = True  # whether the answer being made reaches its client whole (``handle``)
 
     # --- serving ---------------------------------------------------------------------------------------------
 
@@ -577,17 +582,49 @@ class ClusterEmulator:
 
     # --- the API server ----------------------------------------------------------------------------------------
 
-    def handle(self, method: str, raw_path: str, body: dict | None) -> tuple[int, object]:
-        """Answer one request: ``(HTTP status, JSON body or text)``; runs the controllers after every change."""
+    def handle(self, method: str, raw_path: str, body: dict | None, *, delivered: bool = True) -> tuple[int, object]:
+        """Answer one request: ``(HTTP status, JSON body or text)``; runs the controllers after every change.
+        ``delivered``: the client gets the answer whole (False: a fault cuts it), so what it shows of pods counts
+        as shown (``pod_shown``)."""
         split = urlsplit(raw_path)
         query = {k: v[-1] for k, v in parse_qs(split.query).items()}
         parts = split.path.strip("/").split("/")
         with self.lock:
             self.requests.append((method, split.path))
+            self._delivering = delivered
             answer = self._route(method, parts, query, body)
+            if delivered and answer[0] < 300:
+                self._note_shown(answer[1])
             if method != "GET":
                 self._control()
             return answer
+
+    def _note_shown(self, answer: object, now: float | None = None) -> None:
+        """Record in ``pod_shown`` what ``answer`` (a JSON body given to a client) shows of pods holding their
+        GPUs: a pod not finished held them at ``now``; a finished one until it stopped (its containers'
+        ``finishedAt``); the pods of an owner shown being deleted until its ``deletionTimestamp`` at least."""
+        if not isinstance(answer, dict):
+            return
+        now = now if now is not None else time.time()
+        for obj in answer.get("items") if isinstance(answer.get("items"), list) else [answer]:
+            kind, meta = obj.get("kind") or answer.get("kind", "").removesuffix("List"), obj.get("metadata") or {}
+            record = self.pod_times.get(meta.get("uid", ""))
+            if kind == "Pod" and record is not None:
+                shown = self.pod_shown.setdefault(meta["uid"], [None, None])
+                if (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                    shown[1] = max(shown[1] or 0.0, record[3] if record[3] is not None else now)
+                else:
+                    shown[0] = now
+            elif kind in ("Job", "Deployment") and meta.get("deletionTimestamp"):
+                self._note_owner_deleted(meta["uid"], _parse_micro(meta["deletionTimestamp"]))
+
+    def _note_owner_deleted(self, owner_uid: str, at: float) -> None:
+        """The pods of owner ``owner_uid`` held their GPUs until ``at`` (its deletion accepted then), or their stop."""
+        for pod in self.store["Pod"].values():
+            if any(r.get("uid") == owner_uid for r in pod["metadata"].get("ownerReferences") or []):
+                record = self.pod_times[pod["metadata"]["uid"]]
+                shown = self.pod_shown.setdefault(pod["metadata"]["uid"], [None, None])
+                shown[1] = max(shown[1] or 0.0, min(at, record[3]) if record[3] is not None else at)
 
     def _route(self, method: str, parts: list[str], query: dict, body) -> tuple[int, object]:
         prefix_len = 2 if parts[:1] == ["api"] else 3 if parts[:1] == ["apis"] else None
@@ -629,6 +666,9 @@ class ClusterEmulator:
             return self._update(kind, key, obj, method, body or {})
         if method == "DELETE":
             self.deletions.append((time.time(), kind, name, dict(obj["metadata"].get("labels") or {})))
+            if kind in ("Job", "Deployment") and self._delivering and not obj["metadata"].get("deletionTimestamp"):
+                # The first DELETE accepted: its pods held them until now (a later one shows the first's time).
+                self._note_owner_deleted(obj["metadata"]["uid"], time.time())
             self._delete(kind, key, cascade=True)
             return 200, self._public(obj)
         return 405, status(405, "MethodNotAllowed", "method not allowed")
@@ -1183,7 +1223,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         if self.command == "DELETE" and isinstance(body, dict) and body.get("kind") == "DeleteOptions":
             body = None
-        code, answer = self.cluster.handle(self.command, self.path, body)
+        code, answer = self.cluster.handle(self.command, self.path, body, delivered=fault is None)
         if fault is not None:  # truncated: the answer is cut in the middle
             data = json.dumps(answer).encode()
             self._answer(200, data[: max(1, len(data) // 2)])

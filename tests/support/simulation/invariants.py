@@ -8,6 +8,7 @@ platform settled. A violation is ``(name, message)``.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections import defaultdict
 from decimal import Decimal
@@ -29,8 +30,8 @@ def attempt_of(labels: dict):
 #: Seconds of slack on the dispatch deadline: the release runs in a reconcile pass, one beat interval later at
 #: most, and the world's clock moves in steps of up to 5 s.
 DEADLINE_SLACK_SECONDS = 30.0
-#: Largest difference, per attempt, between the clusters' own count of GPU-seconds and the ledger's, in seconds
-#: of the attempt's pods' time (``billed_once``).
+#: Seconds of the attempt's pods' time, per GPU, the ledger may lie above the pods' real span or (beside one
+#: reconcile interval) below the part of it the platform was shown (``billed_once``, ``billing_violation``).
 BILLING_TOLERANCE_SECONDS = Decimal("1")
 
 
@@ -226,13 +227,56 @@ def liveness(world) -> list[str]:
             if not (world.disturbed and (j.queue_info or {}).get("never_placeable"))]
 
 
+@dataclasses.dataclass(frozen=True)
+class PodHold:
+    """One pod of an attempt as its cluster saw it (virtual epoch seconds): ``created``; ``stopped``, when it
+    stopped holding its GPUs for real; ``shown_until``, the latest instant the answers given to the platform
+    evidenced it holding them (a look that listed it not finished, its own finish read, its owner's deletion
+    accepted or read; ``ClusterEmulator.pod_shown``), None when no answer ever showed it."""
+
+    created: float
+    stopped: float
+    shown_until: float | None
+
+
+def billing_violation(gpus: int, billed: Decimal, pods: list[PodHold], *, limit: float | None,
+                      look: float) -> str | None:
+    """Whether ``billed`` GPU-seconds of an attempt of ``gpus`` GPUs are out of what its ``pods`` allow (None:
+    within; else why). The attempt holds its GPUs from its first pod's creation to its last pod's stop (a gang's
+    nodes are held as one until the attempt ends, docs/design.md "Cost ledger"), at most ``limit`` seconds (the
+    job's max runtime, None: none):
+
+    - never more than that, plus ``BILLING_TOLERANCE_SECONDS`` per GPU (over-billing is never allowed);
+    - never less than the part of it the platform was shown: from the first creation to the latest
+      ``shown_until`` (capped at each pod's stop), minus that tolerance and ``look`` seconds (one reconcile
+      interval: a look's time is its pass's, and pods that vanish between two looks are billed up to the last
+      one) per GPU. Time after the last evidence the platform was given (pods running out a termination grace
+      while the control plane is down or the cluster cannot be reached, then gone) is not billed
+      (docs/adr/0021, docs/adr/0028), so it is not required either.
+    """
+    first = min((p.created for p in pods), default=0.0)
+    last = max((p.stopped for p in pods), default=first)
+    shown = max((min(p.shown_until, p.stopped) for p in pods if p.shown_until is not None), default=first)
+    cap = limit if limit is not None else float("inf")
+    held = Decimal(gpus) * Decimal(str(round(min(last - first, cap), 6)))
+    seen = Decimal(gpus) * Decimal(str(round(max(0.0, min(shown - first, cap)), 6)))
+    slack = BILLING_TOLERANCE_SECONDS * max(gpus, 1)
+    if billed > held + slack:
+        return f"over-billed: its pods held {held:.1f} GPU-s, the ledger {billed:.1f}"
+    if billed < seen - slack - Decimal(str(look)) * max(gpus, 1):
+        return (f"under-billed: the platform was shown {seen:.1f} GPU-s of its pods' {held:.1f}, the ledger "
+                f"{billed:.1f}")
+    return None
+
+
 def billed_once(world) -> list[str]:
-    """Every pod-second of a GPU-holding pod is billed once, to its attempt, and nothing past the pods' end: per
-    attempt, the ledger's GPU-seconds equal the attempt's GPUs times the span the clusters saw its pods (first
-    created to last stopped; the platform holds a gang's nodes as one until its attempt ends, and bills that hold,
-    docs/design.md "Cost ledger"), never more than ``BILLING_TOLERANCE_SECONDS`` of the attempt's GPUs above it,
-    and below it by at most that plus one reconcile interval (pods that vanish without a last status are billed
-    up to the last look that saw them run)."""
+    """Every pod-second of a GPU-holding pod the platform was shown is billed once, to its attempt, and nothing
+    past the pods' end: per attempt, the ledger's GPU-seconds lie within ``[shown - tolerance - one reconcile
+    interval, held + tolerance]`` (``billing_violation``), where ``held`` is the attempt's GPUs times the span
+    its pods really held them (first created to last stopped, at most the job's max runtime) and ``shown`` the
+    part of that span up to the latest instant the clusters' answers to the platform evidenced them holding
+    (``ClusterEmulator.pod_shown``), tolerance ``BILLING_TOLERANCE_SECONDS`` per GPU. Under-billing is allowed
+    only by time the platform was never shown; over-billing never."""
     from costs.models import CostEntry
     from jobs.models import JobAttempt
 
@@ -240,33 +284,25 @@ def billed_once(world) -> list[str]:
     for attempt_id, gpus, start, end in CostEntry.objects.values_list("attempt_id", "gpus", "interval_start",
                                                                       "interval_end"):
         ledger[attempt_id] += Decimal(gpus) * Decimal(str((end - start).total_seconds()))
-    pod_seconds: dict[int, Decimal] = defaultdict(Decimal)
-    span: dict[int, list[float]] = {}
+    pods: dict[int, list[PodHold]] = defaultdict(list)
     by_uid = {str(uid): pk for pk, uid in JobAttempt.objects.values_list("pk", "uid")}
     for emulator in world.emulators.values():
-        for gpus, labels, created, stopped in emulator.pod_times.values():
+        for uid, (_gpus, labels, created, stopped) in emulator.pod_times.items():
             if stopped is None:
                 continue
             attempt_id = by_uid.get(labels.get(UID_LABEL) or "") or int(labels[ATTEMPT_LABEL])
-            pod_seconds[attempt_id] += Decimal(gpus) * Decimal(str(round(stopped - created, 6)))
-            first_last = span.setdefault(attempt_id, [created, stopped])
-            first_last[0], first_last[1] = min(first_last[0], created), max(first_last[1], stopped)
+            evidence = [t for t in emulator.pod_shown.get(uid, ()) if t is not None]
+            pods[attempt_id].append(PodHold(created, stopped, max(evidence) if evidence else None))
+    look = float(settings.CELERY_BEAT_SCHEDULE["reconcile"]["schedule"])
     out = []
     for attempt in JobAttempt.objects.select_related("job"):
         # Billing stops at the job's max runtime where the runner enforces it (docs/design.md, Cost ledger): the
         # span counts up to it; an inference Deployment has no deadline on Kubernetes and is billed while it runs.
         limit = attempt.job.max_runtime_seconds if attempt.job.kind != "inference" else None
-        seconds = min(span[attempt.pk][1] - span[attempt.pk][0], limit or float("inf")) if attempt.pk in span else 0
-        held = Decimal(attempt.gpus) * Decimal(str(round(seconds, 6)))
-        billed = ledger.get(attempt.pk, Decimal(0))
-        slack = BILLING_TOLERANCE_SECONDS * max(attempt.gpus, 1)
-        # Pods that vanish without a last status are billed up to the last look that saw them run: at most one
-        # reconcile interval short, never long.
-        look = Decimal(str(settings.CELERY_BEAT_SCHEDULE["reconcile"]["schedule"])) * max(attempt.gpus, 1)
-        if billed > held + slack or billed < held - slack - look:
-            out.append(f"attempt {attempt.pk} (job {attempt.job_id}, {attempt.end_reason or 'live'}): its pods held "
-                       f"{held:.1f} GPU-s ({pod_seconds.get(attempt.pk, 0):.1f} pod GPU-s), the ledger "
-                       f"{billed:.1f}")
+        why = billing_violation(attempt.gpus, ledger.get(attempt.pk, Decimal(0)), pods.get(attempt.pk, []),
+                                limit=limit, look=look)
+        if why:
+            out.append(f"attempt {attempt.pk} (job {attempt.job_id}, {attempt.end_reason or 'live'}) {why}")
     return out
 
 
