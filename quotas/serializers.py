@@ -47,6 +47,14 @@ from .models import (
 # Alert thresholds are percent of the budget; above 100 warns of overspending, up to ten times the amount.
 
 
+
+def team_fixed_after_creation(instance, team: Team, noun: str) -> Team:
+    """``team`` when ``instance`` (a stored quota or budget, or None on create) belongs to it; raises
+    ValidationError ("a <noun> cannot move to another team") otherwise: a team's quota or budget stays its own."""
+    if instance is not None and team.pk != instance.team_id:
+        raise serializers.ValidationError(f"a {noun} cannot move to another team")
+    return team
+
 class MemberSerializer(serializers.ModelSerializer):
     """A team member: username and role (``admin``, ``member``, ``viewer``)."""
 
@@ -172,9 +180,7 @@ class QuotaSerializer(serializers.ModelSerializer):
         return quota.reachable_vcpus() if quota.is_cpu else 0
 
     def validate_team(self, team: Team) -> Team:
-        if self.instance is not None and team.pk != self.instance.team_id:
-            raise serializers.ValidationError("a quota cannot move to another team")
-        return team
+        return team_fixed_after_creation(self.instance, team, "quota")
 
     def validate(self, attrs):
         def current(name):
@@ -256,13 +262,8 @@ class BudgetSerializer(serializers.ModelSerializer):
         fields = ["id", "team", "period", "starts_at", "ends_at", "amount_usd", "alert_thresholds", "action",
                   "stop_running", "window_start", "window_end"]
 
-    def get_reachable_gpus(self, quota: Quota) -> int:
-        return quota.reachable_gpus()
-
     def validate_team(self, team: Team) -> Team:
-        if self.instance is not None and team.pk != self.instance.team_id:
-            raise serializers.ValidationError("a budget cannot move to another team")
-        return team
+        return team_fixed_after_creation(self.instance, team, "budget")
 
     def validate_amount_usd(self, value):
         if value <= 0:

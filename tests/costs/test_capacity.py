@@ -22,7 +22,6 @@ from decimal import Decimal
 import pytest
 import time_machine
 from django.conf import settings
-from django.db import connection
 
 from costs.capacity import (
     GROUPS,
@@ -312,9 +311,7 @@ def test_the_figures_equal_the_spans_and_the_ledger_summed_here(fleet, teams, us
 def test_the_database_and_python_sum_the_same_rows(fleet, teams, user, h100, seed):
     """The database's sums (PostgreSQL) and the same rows summed in Python (what other databases, the demo's SQLite,
     read) agree row for row at every resolution, with and without teams: GPU-seconds exactly, USD to 1e-18 (the
-    edge entries' prorated amounts divide at different precisions)."""
-    if connection.vendor != "postgresql":
-        pytest.skip("the database's sums are PostgreSQL's")
+    edge entries' prorated amounts divide at different precisions). Needs PostgreSQL, which ``make test`` uses."""
     used_generated_fleet(fleet, teams, user, h100, seed)
     resolutions = [Resolution(by_node, by_day) for by_node in (False, True) for by_day in (False, True)]
 
