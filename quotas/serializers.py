@@ -47,13 +47,13 @@ from .models import (
 # Alert thresholds are percent of the budget; above 100 warns of overspending, up to ten times the amount.
 
 
-
 def team_fixed_after_creation(instance, team: Team, noun: str) -> Team:
     """``team`` when ``instance`` (a stored quota or budget, or None on create) belongs to it; raises
     ValidationError ("a <noun> cannot move to another team") otherwise: a team's quota or budget stays its own."""
     if instance is not None and team.pk != instance.team_id:
         raise serializers.ValidationError(f"a {noun} cannot move to another team")
     return team
+
 
 class MemberSerializer(serializers.ModelSerializer):
     """A team member: username and role (``admin``, ``member``, ``viewer``)."""
