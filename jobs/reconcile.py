@@ -45,6 +45,7 @@ import datetime as dt
 import gc
 import logging
 import time
+import uuid
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 
@@ -422,10 +423,25 @@ def reconcile_all() -> list[dict]:
 LAST_SWEEP: dict[int, float] = {}
 
 
+def latest_ends(uids: list[str]) -> dict[str, dt.datetime]:
+    """``{uid: ended_at}`` of the ended attempts among ``uids`` (attempt uids as strings; malformed ones are
+    ignored): the ends the clusters' end records must not lag behind (docs/adr/0021)."""
+    valid = []
+    for uid in uids:
+        try:
+            valid.append(uuid.UUID(uid))
+        except (TypeError, ValueError):
+            continue
+    rows = JobAttempt.objects.filter(uid__in=valid, ended_at__isnull=False).values_list("uid", "ended_at")
+    return {str(uid): ended for uid, ended in rows}
+
+
 def expire_end_records(now: dt.datetime | None = None) -> int:
-    """Delete end records older than ``settings.END_RECORD_RETENTION_SECONDS`` on each cluster whose backend keeps
-    them, at most once per ``END_RECORD_SWEEP_SECONDS`` per cluster in this process; returns how many. A cluster
-    that does not answer is left for the next sweep."""
+    """Sweep the end records of each cluster whose backend keeps them, at most once per
+    ``END_RECORD_SWEEP_SECONDS`` per cluster in this process: delete those older than
+    ``settings.END_RECORD_RETENTION_SECONDS``, and move forward those behind their attempt's end (``latest_ends``:
+    a ``record_end`` that ran out of retries while the cluster did not answer is made good once it answers).
+    Returns how many were deleted. A cluster that does not answer is left for the next sweep."""
     now = now or timezone.now()
     cutoff = now - dt.timedelta(seconds=settings.END_RECORD_RETENTION_SECONDS)
 
@@ -437,16 +453,18 @@ def expire_end_records(now: dt.datetime | None = None) -> int:
             backend = backend_for(cluster)
         except UnknownBackend:
             return {"deleted": 0}
-        sweep = getattr(backend, "expire_end_records", None)
+        sweep = getattr(backend, "sweep_end_records", None)
         if sweep is None:
             return {"deleted": 0}
         try:
-            deleted = sweep(cluster, cutoff)
+            swept = sweep(cluster, cutoff, latest_ends)
         except ClusterUnreachable as exc:
-            log.info("cluster %s: end records not expired: %s", cluster.name, exc)
+            log.info("cluster %s: end records not swept: %s", cluster.name, exc)
             return {"deleted": 0}
         LAST_SWEEP[cluster.pk] = time.monotonic()
-        return {"deleted": deleted}
+        if swept["moved"]:
+            log.info("cluster %s: %d end record(s) moved forward to their attempt's end", cluster.name, swept["moved"])
+        return swept
 
     # Failure domain: one cluster (runners.base.each_cluster): a sweep that fails in any way skips that cluster only.
     clusters = Cluster.objects.exclude(health=Cluster.Health.UNREACHABLE)

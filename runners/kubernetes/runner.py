@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from urllib.parse import quote
 
 import urllib3
@@ -777,22 +777,9 @@ class KubernetesBackend(Backend):
             found = self._read(c, "ConfigMap", name, namespace)
             if found is None or _labels(found).get(m.END_RECORD_LABEL) != str(attempt.uid):
                 return False
-            data = dict(found.get("data") or {})
-            recorded = _parse_time(data.get("ended_at"))
-            if recorded is not None and recorded >= ended:
-                return False
-            data["ended_at"] = ended.isoformat()
-            body = {**found, "data": data}  # carries metadata.resourceVersion: the PUT is a compare-and-set
-            path = f"{_COLLECTIONS['ConfigMap'].format(namespace=quote(namespace, safe=''))}/{quote(name, safe='')}"
-            try:
-                c.replace(path, body)
-            except ApiError as exc:
-                if exc.status == 409:
-                    continue  # written meanwhile: read it again
-                if exc.status == 404:
-                    return False  # expired meanwhile
-                raise ClusterUnreachable(f"updating the end record of {attempt.object_name}: {exc}") from exc
-            return True
+            moved = _move_end_record(c, found, ended)
+            if moved is not None:
+                return moved
         raise ClusterUnreachable(f"updating the end record of {attempt.object_name}: changed under {tries} tries")
 
     def _end_record(self, c: ClusterClient, attempt, namespace: str) -> Observation | None:
@@ -806,19 +793,39 @@ class KubernetesBackend(Backend):
         return end_observation(found.get("data") or {})
 
     def expire_end_records(self, cluster, older_than: dt.datetime) -> int:
-        """Delete this installation's end records on ``cluster`` created before ``older_than``; returns how many.
-        One ConfigMap LIST by label, one DELETE each. Raises ClusterUnreachable."""
+        """Delete this installation's end records on ``cluster`` created before ``older_than``; returns how many
+        (``sweep_end_records`` without moving any). Raises ClusterUnreachable."""
+        return self.sweep_end_records(cluster, older_than)["deleted"]
+
+    def sweep_end_records(self, cluster, older_than: dt.datetime,
+                          latest_ends: Callable[[list[str]], dict[str, dt.datetime]] | None = None) -> dict[str, int]:
+        """One pass over this installation's end records on ``cluster`` (one ConfigMap LIST by label): delete
+        those created before ``older_than`` (aware UTC), and move forward the ``ended_at`` of the others whose
+        attempt ended later than they say; returns ``{"deleted": n, "moved": n}``.
+
+        ``latest_ends(uids)`` (attempt uids as strings) gives ``{uid: end}`` for the attempts that have ended
+        (the database's ends); None moves nothing. Class of failure: an end record left behind its attempt's
+        end because the cluster did not answer ``record_end`` through all its retries; a database restored
+        later ends the attempt at the stale, earlier end and bills less than its pods held. Invariant: within
+        one sweep interval of the cluster answering again, every record's end is its attempt's end
+        (docs/adr/0021). A move is the same compare-and-set PUT as ``record_end``'s; one that meets a
+        conflict (written meanwhile) is left to the next sweep. Raises ClusterUnreachable for a failed LIST,
+        DELETE or PUT.
+        """
         c = client_for(cluster)
         mine = installation_uid()
         try:
             answer = c.call(_api(c, "ConfigMap")[3], label_selector=m.END_RECORD_LABEL, _preload_content=False)
         except ApiError as exc:
             raise ClusterUnreachable(f"listing ConfigMaps failed: {exc}") from exc
-        deleted = 0
+        kept, deleted = [], 0
         for record in _list_items(answer, "listing ConfigMaps"):
             meta = record.get("metadata") or {}
             made = _parse_time(meta.get("creationTimestamp"))
-            if _labels(record).get(m.LABEL_INSTALLATION) != mine or made is None or made >= older_than:
+            if _labels(record).get(m.LABEL_INSTALLATION) != mine or made is None:
+                continue
+            if made >= older_than:
+                kept.append(record)
                 continue
             try:
                 c.call(_api(c, "ConfigMap")[2], meta.get("name"), meta.get("namespace"), _preload_content=False)
@@ -826,7 +833,13 @@ class KubernetesBackend(Backend):
                 if exc.status != 404:
                     raise ClusterUnreachable(f"deleting ConfigMap {meta.get('name')}: {exc}") from exc
             deleted += 1
-        return deleted
+        moved = 0
+        ends = latest_ends([_labels(r).get(m.END_RECORD_LABEL, "") for r in kept]) if latest_ends and kept else {}
+        for record in kept:
+            ended = ends.get(_labels(record).get(m.END_RECORD_LABEL, ""))
+            if ended is not None and _move_end_record(c, record, ended):
+                moved += 1
+        return {"deleted": deleted, "moved": moved}
 
     def _all_gone(self, c: ClusterClient, attempt, namespace: str, name: str) -> bool:
         owner = False
@@ -1032,6 +1045,30 @@ class KubernetesBackend(Backend):
         except ClusterUnreachable:
             return False
         return bool(pods) and all((p.get("status") or {}).get("phase") in ("Succeeded", "Failed") for p in pods)
+
+
+def _move_end_record(c: ClusterClient, record: dict, ended: dt.datetime) -> bool | None:
+    """PUT ``record`` (an end record as read, with its ``metadata.resourceVersion``) with ``ended_at`` =
+    ``ended``, when it says earlier: True when it moved, False when it needed no move or is gone (404), None
+    when it was written meanwhile (409 Conflict: read it again). The PUT carries the read resourceVersion, so it
+    is a compare-and-set. Raises ClusterUnreachable for any other failure."""
+    data = dict(record.get("data") or {})
+    recorded = _parse_time(data.get("ended_at"))
+    if recorded is not None and recorded >= ended:
+        return False
+    meta = record.get("metadata") or {}
+    namespace, name = meta.get("namespace") or "", meta.get("name") or ""
+    data["ended_at"] = ended.isoformat()
+    path = f"{_COLLECTIONS['ConfigMap'].format(namespace=quote(namespace, safe=''))}/{quote(name, safe='')}"
+    try:
+        c.replace(path, {**record, "data": data})
+    except ApiError as exc:
+        if exc.status == 409:
+            return None
+        if exc.status == 404:
+            return False
+        raise ClusterUnreachable(f"updating the end record {namespace}/{name}: {exc}") from exc
+    return True
 
 
 def end_observation(data: dict) -> Observation:

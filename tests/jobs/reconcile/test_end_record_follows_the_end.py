@@ -158,3 +158,37 @@ def test_a_cancel_finished_after_an_outage_ends_at_the_evidence_not_when_it_fini
     assert load(attempt.pk).ended_at == cancelled
     job_tasks.record_attempt_end(attempt.pk)
     assert recorded_end(emulator, attempt) == cancelled
+
+
+def test_a_record_left_behind_while_its_cluster_did_not_answer_catches_up_at_the_next_sweep(clock, live_clusters):
+    """Class: an end record left behind its attempt's end because the cluster did not answer through every retry
+    of the update. Every PUT fails (503) while the update runs out of tries; once the cluster answers, the next
+    sweep of its end records (``expire_end_records``, once per ``END_RECORD_SWEEP_SECONDS``) moves the record to
+    the attempt's end, a restore reads that end, and a sweep after it moves nothing more."""
+    from django.conf import settings
+
+    from jobs import reconcile
+    from jobs.lifecycle import record_end
+    from runners.base import TransientDispatchError
+
+    attempt, emulator, cancelled = cancelled_after_its_grace(clock, live_clusters)
+    assert attempt.ended_at == cancelled + 20 * S
+    down = emulator.inject(Fault(503, "PUT", "/configmaps/", count=100))
+    with pytest.raises(TransientDispatchError):
+        record_end(attempt.pk)  # one delivery; Celery's retries end the same way while the cluster fails
+    assert recorded_end(emulator, attempt) == cancelled  # left behind
+
+    reconcile.LAST_SWEEP.clear()
+    reconcile.expire_end_records()  # still failing: nothing moves, and the cluster is swept again next time
+    assert recorded_end(emulator, attempt) == cancelled and attempt.cluster_id not in reconcile.LAST_SWEEP
+    down.count = 0  # the cluster answers again
+    assert reconcile.expire_end_records() == 0  # nothing is old enough to delete
+    assert recorded_end(emulator, attempt) == attempt.ended_at
+    (found,) = [i for i in KubernetesBackend().inventory(attempt.cluster) if i["uid"] == str(attempt.uid)]
+    assert found["observation"].ended_at == attempt.ended_at
+
+    version = record(emulator, attempt)["metadata"]["resourceVersion"]
+    clock.shift(settings.END_RECORD_SWEEP_SECONDS + 1)
+    reconcile.LAST_SWEEP.clear()
+    reconcile.expire_end_records()
+    assert record(emulator, attempt)["metadata"]["resourceVersion"] == version  # at its end: nothing to move
