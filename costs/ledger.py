@@ -187,19 +187,11 @@ def _locked_rows(attempts) -> list[tuple]:
     billed on CPU node pools only."""
     return [(a.pk, a.job_id, a.job.team_id, a.cluster_id, a.node_pool_id, a.node_pool.accelerator_id, a.gpus,
              a.started_at, a.ended_at, a.accrued_until, *held_cpu(a.placement), a.cluster.last_contact_at,
-             a.job.max_runtime_seconds if enforces_max_runtime(a.job.kind, a.cluster.backend) else None)
+             a.job.max_runtime_seconds)
             for a in attempts.select_related("job", "node_pool", "cluster").only(
                 "pk", "job_id", "job__team_id", "cluster_id", "node_pool_id", "node_pool__accelerator_id", "gpus",
                 "started_at", "ended_at", "accrued_until", "placement", "cluster__last_contact_at",
-                "job__max_runtime_seconds", "job__kind", "cluster__backend")]
-
-
-def enforces_max_runtime(kind: str, backend: str) -> bool:
-    """Whether the runner stops an attempt of ``kind`` at its max runtime on a ``backend`` cluster: a Kubernetes
-    Job has ``activeDeadlineSeconds`` and the local runner's supervisor a deadline for every kind, but a Kubernetes
-    inference Deployment runs until it is deleted. Only where the limit is enforced does billing stop at it
-    (``billing_stop``); elsewhere every second the objects run is billed, so nothing that ran goes unbilled."""
-    return not (kind == "inference" and backend == "kubernetes")
+                "job__max_runtime_seconds")]
 
 
 def billing_stop(started_at: dt.datetime, max_runtime_seconds: int | None) -> dt.datetime | None:
@@ -208,8 +200,9 @@ def billing_stop(started_at: dt.datetime, max_runtime_seconds: int | None) -> dt
     Class: a worst-case estimate below the bill. The estimate admission checks (``jobs.scheduling.core.rules``:
     GPUs x max_runtime x price) counts ``max_runtime_seconds``; the ledger bills from the objects' creation,
     while the limit is enforced from later on (a Kubernetes Job's ``activeDeadlineSeconds`` counts from its
-    ``status.startTime``, the local runner's from its supervisor's start) and the pods then run out their
-    termination grace. Invariant: an attempt is never billed more than its estimate; the time the platform takes
+    ``status.startTime``, the local runner's from its supervisor's start, an inference Deployment's by reconcile's
+    next look, ``runners.kubernetes.runner.observe_inference``) and the pods then run out their termination
+    grace. Invariant: an attempt is never billed more than its estimate; the time the platform takes
     to enforce the limit is not charged (ADR 0024)."""
     if not max_runtime_seconds:
         return None

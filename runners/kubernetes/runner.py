@@ -409,12 +409,20 @@ def _training_phase(job: dict, pods: list[dict], nodes: int, now: dt.datetime, g
 
 
 def observe_inference(deployment: dict | None, pods: list[dict], now: dt.datetime, grace: float,
-                      unschedulable_grace: float = float("inf")) -> Observation:
+                      unschedulable_grace: float = float("inf"), *, started_at: dt.datetime | None = None,
+                      max_runtime_seconds: float | None = None) -> Observation:
     """The phase of an inference attempt: running once ``readyReplicas`` reaches ``replicas``; image pull failures
     fail it, and so does a server that exited (``serving_crash``), so that the platform, not the kubelet's
     endless CrashLoopBackOff, decides on a restart by ``max_retries``. A crash's observation has no end time:
     the crashed pod is restarted in place and holds its GPUs until the attempt's objects are deleted, so
-    billing runs until the crash is seen (the same pass deletes the objects)."""
+    billing runs until the crash is seen (the same pass deletes the objects).
+
+    A Deployment has no ``activeDeadlineSeconds``: past ``max_runtime_seconds`` after ``started_at`` (the
+    attempt's start, default the objects' creation; None: no limit) the attempt fails ``DeadlineExceeded``,
+    ended at that deadline, as a Job's ``activeDeadlineSeconds`` fails a training attempt; reconcile then
+    deletes its objects. Class: a limit enforced on one runner and not another (a server ran and was billed
+    past the max runtime its worst-case estimate counted). Invariant: every attempt, whatever its kind and
+    runner, ends at its max runtime (docs/adr/0024)."""
     if deployment is None:
         return ABSENT
     made = created_at(deployment, pods)
@@ -426,6 +434,14 @@ def observe_inference(deployment: dict | None, pods: list[dict], now: dt.datetim
         if (not (pod.get("metadata") or {}).get("deletionTimestamp") and pod_lost(pod) is None
                 and (crash := serving_crash(pod)) is not None):
             return dataclasses.replace(crash, created_at=made)
+    start = started_at or made
+    if max_runtime_seconds is not None and start is not None:
+        deadline = start + dt.timedelta(seconds=max_runtime_seconds)
+        if now >= deadline:
+            return Observation("failed", "DeadlineExceeded", None,
+                               f"the server ran its max runtime ({max_runtime_seconds:g} s, until "
+                               f"{deadline.isoformat()}); its Deployment is deleted", created_at=made,
+                               ended_at=deadline)
     wanted = (deployment.get("spec") or {}).get("replicas") or 1
     ready = (deployment.get("status") or {}).get("readyReplicas") or 0
     if ready >= wanted:
@@ -655,7 +671,9 @@ class KubernetesBackend(Backend):
                     continue
             attempt_pods = pods_of.get(key, [])
             if kind == "Deployment":
-                result[attempt.pk] = observe_inference(obj, attempt_pods, now, grace, unschedulable_grace)
+                result[attempt.pk] = observe_inference(obj, attempt_pods, now, grace, unschedulable_grace,
+                                                       started_at=attempt.started_at,
+                                                       max_runtime_seconds=attempt.job.max_runtime_seconds)
             else:
                 result[attempt.pk] = observe_training(obj, attempt_pods, attempt.job.nodes, now, grace,
                                                       unschedulable_grace)

@@ -114,18 +114,18 @@ def test_the_worst_case_estimate_bounds_what_a_short_job_is_billed(teams, owner,
 
 
 @pytest.mark.django_db
-def test_an_inference_deployment_without_a_deadline_is_billed_for_every_second_it_ran(teams, owner, catalog):
-    """A Kubernetes Deployment has no deadline: one that served 50 s past a 20 s max runtime is billed all 70 s
-    (nothing that ran goes unbilled), where a training Job's bill stops at its limit (above)."""
+def test_an_inference_attempt_is_billed_up_to_its_max_runtime_like_a_training_one(teams, owner, catalog):
+    """Every runner stops an attempt at its max runtime (a Kubernetes Deployment by reconcile's next look): one
+    whose objects went 50 s after a 20 s max runtime is billed the 20 s its estimate counts."""
     cluster, pool = make_cluster("aws-use1", "aws", "us-east-1", catalog["H100-80GB"])
     t0 = hour_floor(timezone.now()) - dt.timedelta(hours=1)
     job = make_job_row(teams[0], owner.user, catalog["H100-80GB"], name="serve", kind="inference", max_runtime=20,
-                       state=JobState.CANCELLED)
+                       state=JobState.FAILED)
     attempt = make_attempt(job, cluster, pool, started_at=t0, ended_at=t0 + dt.timedelta(seconds=70),
-                           state=JobState.CANCELLED)
+                           state=JobState.FAILED)
     accrue_attempt(attempt.pk)
     seconds = sum((e.interval_end - e.interval_start).total_seconds() for e in CostEntry.objects.filter(job=job))
-    assert seconds == 70
+    assert seconds == 20
 
 
 @pytest.mark.django_db

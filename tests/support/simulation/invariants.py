@@ -296,9 +296,9 @@ def billed_once(world) -> list[str]:
     look = float(settings.CELERY_BEAT_SCHEDULE["reconcile"]["schedule"])
     out = []
     for attempt in JobAttempt.objects.select_related("job"):
-        # Billing stops at the job's max runtime where the runner enforces it (docs/design.md, Cost ledger): the
-        # span counts up to it; an inference Deployment has no deadline on Kubernetes and is billed while it runs.
-        limit = attempt.job.max_runtime_seconds if attempt.job.kind != "inference" else None
+        # Billing stops at the job's max runtime, which every runner enforces (docs/design.md, Cost ledger): the
+        # span counts up to it.
+        limit = attempt.job.max_runtime_seconds
         why = billing_violation(attempt.gpus, ledger.get(attempt.pk, Decimal(0)), pods.get(attempt.pk, []),
                                 limit=limit, look=look)
         if why:
