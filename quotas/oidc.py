@@ -65,6 +65,14 @@ class OidcBackend(OIDCAuthenticationBackend):
             logger.warning("single sign-on failed: the provider did not answer as expected: %s", exc)
         return None
 
+    def verify_token(self, token, **kwargs):
+        """The claims of the ID token ``token`` once verified; raises ``SuspiciousOperation`` for any token that fails,
+        also one malformed enough to break the library's own reading (no key id, not a JWS)."""
+        try:
+            return super().verify_token(token, **kwargs)
+        except (jwt.PyJWTError, KeyError, ValueError) as exc:
+            raise SuspiciousOperation(f"ID token refused: {exc!r}") from None
+
     def _verify_jws(self, payload, key):
         """The claims of the JWS ``payload`` after checking its algorithm, signature, issuer, audience and times;
         raises ``SuspiciousOperation`` naming the first check that fails."""

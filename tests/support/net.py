@@ -1,4 +1,4 @@
-"""Network and process helpers for tests that start servers (Prometheus, Redis, the OpenID Connect provider, the
+"""Network and process utilities for tests that start servers (Prometheus, Redis, the OpenID Connect provider, the
 example workloads, the demo)."""
 
 from __future__ import annotations

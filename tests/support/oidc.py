@@ -33,6 +33,7 @@ class OidcProvider:
     process: subprocess.Popen
     issuer: str
     discovery: dict
+    redirect_uri: str
     client_id: str
     client_secret: str
     signing_key_pem: bytes
@@ -138,6 +139,7 @@ def start_provider(data: Path, redirect_uri: str) -> OidcProvider:
         process=process,
         issuer=issuer,
         discovery=discovery,
+        redirect_uri=redirect_uri,
         client_id=client_id,
         client_secret=client_secret,
         signing_key_pem=pem,

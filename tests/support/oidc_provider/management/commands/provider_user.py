@@ -15,7 +15,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, username, password, email, group, **options):
         user, _ = User.objects.get_or_create(username=username)
-        user.set_password(password)
+        if not user.check_password(password):  # a new hash would sign the user out at the provider
+            user.set_password(password)
         user.email = email
         user.save()
         user.groups.set([Group.objects.get_or_create(name=name)[0] for name in group])
