@@ -417,7 +417,8 @@ def priority_classes() -> dict[str, int]:
 
 
 class QuotaEvent(models.Model):
-    """An append-only record of a change to quotas, cohorts, team weights or priority classes: who, what, before, after."""
+    """An append-only record of a change to quotas, cohorts, team weights or priority classes, and of the memberships
+    and staff flag a single sign-on sets (``quotas.sso``, no actor): who, what, before, after."""
 
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
                               related_name="+")

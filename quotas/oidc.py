@@ -21,7 +21,9 @@ import jwt
 import requests
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.backends import ModelBackend
 from django.core.exceptions import SuspiciousOperation
+from django.db import IntegrityError
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 
 from . import sso
@@ -63,7 +65,14 @@ class OidcBackend(OIDCAuthenticationBackend):
             logger.warning("single sign-on refused: %s", exc)
         except requests.RequestException as exc:
             logger.warning("single sign-on failed: the provider did not answer as expected: %s", exc)
+        except IntegrityError as exc:  # the same new subject signing in twice at once: the other sign-in won
+            logger.warning("single sign-on failed: %s", exc)
         return None
+
+    def get_user(self, user_id):
+        """The active user ``user_id`` or ``None``: Django's own rule (mozilla-django-oidc's also returns a user
+        deactivated since they signed in, who would then stay signed in)."""
+        return ModelBackend.get_user(self, user_id)
 
     def verify_token(self, token, **kwargs):
         """The claims of the ID token ``token`` once verified; raises ``SuspiciousOperation`` for any token that fails,

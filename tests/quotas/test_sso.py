@@ -193,3 +193,11 @@ def test_without_configuration_the_sign_in_page_has_no_provider_button_and_its_e
     assert page.status_code == 200 and b"Sign in with" not in page.content
     assert client.get("/oidc/authenticate/").status_code == 404
     assert client.get("/oidc/callback/?code=x&state=y").status_code == 404
+
+
+def test_a_single_sign_on_user_deactivated_in_the_admin_is_signed_out(client, teams):
+    user = sso.sign_in(ISSUER, claims(groups=["ml-alpha"]), group_map=GROUP_MAP)
+    client.force_login(user, backend="quotas.oidc.OidcBackend")
+    assert client.get("/teams/alpha/").status_code == 200
+    get_user_model().objects.filter(pk=user.pk).update(is_active=False)
+    assert client.get("/teams/alpha/")["Location"] == "/login/?next=/teams/alpha/"
