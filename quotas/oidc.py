@@ -57,7 +57,9 @@ class OidcBackend(OIDCAuthenticationBackend):
     def authenticate(self, request, **kwargs):
         """The user of ``request``, an authorization code callback, or ``None``: refused tokens and an unreachable
         provider are logged (warning) and sign nobody in."""
-        if not enabled() or request is None:
+        # Only the callback view's call (it passes the nonce it kept), never a password form's that happens to carry
+        # code and state in its query string.
+        if not enabled() or request is None or "nonce" not in kwargs:
             return None
         try:
             return super().authenticate(request, **kwargs)

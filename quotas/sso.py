@@ -10,9 +10,10 @@ it never takes over a local account of the same name.
 The groups claim is the whole truth about a single sign-on user's access: at every sign-in, in one transaction,
 the memberships of the teams it grants are created or given the granted role, every other membership of that user
 is removed (also one an administrator added by hand), and ``is_staff`` is set or cleared. Each membership change
-and each change of ``is_staff`` writes a ``QuotaEvent`` in the same transaction. Teams the map names that do not exist are logged and skipped,
-never created. Local accounts (no ``OidcIdentity``) are never touched. ``is_superuser`` is never granted or
-removed, and a user deactivated locally (``is_active`` false) stays refused.
+and each change of ``is_staff`` writes a ``QuotaEvent`` in the same transaction. Teams the map names that do not
+exist are logged and skipped, never created. Local accounts (no ``OidcIdentity``) are never touched.
+``is_superuser`` is never granted or removed, and a user deactivated locally (``is_active`` false) stays refused
+and signed out (``quotas.oidc.OidcBackend``).
 """
 
 from __future__ import annotations
