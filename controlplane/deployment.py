@@ -98,3 +98,24 @@ def refuse_debug(debug: bool, env: str) -> None:
     """Raise ImproperlyConfigured when ``debug`` is on in production (DEBUG pages show settings and source)."""
     if debug and env == PRODUCTION:
         raise ImproperlyConfigured("DEBUG is on and CONTROLPLANE_ENV=production: unset DEBUG (or DEBUG=false).")
+
+
+#: What single sign-on needs besides OIDC_RP_CLIENT_ID (docs/adr/0032); OIDC_OP_JWKS_ENDPOINT too for the
+#: asymmetric algorithms (RS*, ES*, PS*), whose keys the provider publishes there.
+OIDC_REQUIRED = ("OIDC_RP_CLIENT_SECRET", "OIDC_OP_ISSUER", "OIDC_OP_AUTHORIZATION_ENDPOINT", "OIDC_OP_TOKEN_ENDPOINT",
+                 "OIDC_OP_USER_ENDPOINT")
+
+
+def refuse_partial_oidc(values: dict[str, str]) -> None:
+    """Raise ImproperlyConfigured when ``values`` (setting name -> value, "" when unset) set OIDC_RP_CLIENT_ID but
+    leave out any other setting single sign-on needs, naming them and where to read them."""
+    if not values.get("OIDC_RP_CLIENT_ID"):
+        return
+    needed = list(OIDC_REQUIRED)
+    if values.get("OIDC_RP_SIGN_ALGO", "")[:2] in ("RS", "ES", "PS"):
+        needed.append("OIDC_OP_JWKS_ENDPOINT")
+    missing = [name for name in needed if not values.get(name)]
+    if missing:
+        raise ImproperlyConfigured(f"OIDC_RP_CLIENT_ID is set but {', '.join(missing)} not: single sign-on needs "
+                                   "them all (the endpoints and issuer are in the provider's "
+                                   "<issuer>/.well-known/openid-configuration).")

@@ -11,6 +11,7 @@ from pathlib import Path
 import environ
 
 from controlplane import deployment
+from quotas import groupmap
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -475,6 +476,41 @@ SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {}).update(
      "ChangeRequestStateEnum": [("pending", "Pending"), ("approved", "Approved"), ("declined", "Declined"),
                                 ("withdrawn", "Withdrawn")]})
 # --- end Web UI ---------------------------------------------------------------
+
+# --- Single sign-on (OpenID Connect) -----------------------------------------------
+# The web UI's sign-in through an OpenID Connect provider (mozilla-django-oidc, authorization code flow with PKCE),
+# on when OIDC_RP_CLIENT_ID is set; local accounts keep signing in with their passwords. The endpoints and the issuer
+# are the provider's discovery document's (<issuer>/.well-known/openid-configuration); the provider must allow
+# <this site>/oidc/callback/ as a redirect URI. Accounts are found by (issuer, sub), never by email; each sign-in
+# sets the user's memberships and staff flag from the groups claim through OIDC_GROUP_MAP (quotas/groupmap.py,
+# docs/adr/0032, README "Single sign-on").
+OIDC_RP_CLIENT_ID = env("OIDC_RP_CLIENT_ID", default="")
+OIDC_RP_CLIENT_SECRET = (Path(env("OIDC_RP_CLIENT_SECRET_FILE")).read_text().strip()
+                         if env("OIDC_RP_CLIENT_SECRET_FILE", default="") else env("OIDC_RP_CLIENT_SECRET", default=""))
+OIDC_OP_ISSUER = env("OIDC_OP_ISSUER", default="")
+OIDC_OP_AUTHORIZATION_ENDPOINT = env("OIDC_OP_AUTHORIZATION_ENDPOINT", default="")
+OIDC_OP_TOKEN_ENDPOINT = env("OIDC_OP_TOKEN_ENDPOINT", default="")
+OIDC_OP_USER_ENDPOINT = env("OIDC_OP_USER_ENDPOINT", default="")
+OIDC_OP_JWKS_ENDPOINT = env("OIDC_OP_JWKS_ENDPOINT", default="")
+OIDC_RP_SIGN_ALGO = env("OIDC_RP_SIGN_ALGO", default="RS256")
+OIDC_RP_SCOPES = env("OIDC_RP_SCOPES", default="openid email profile")
+OIDC_USE_PKCE = True
+# The button of the sign-in page reads "Sign in with <OIDC_PROVIDER_NAME>".
+OIDC_PROVIDER_NAME = env("OIDC_PROVIDER_NAME", default="OpenID Connect")
+# The claims that carry the user's groups and the name a new account gets (made unique with -2, -3...).
+OIDC_GROUPS_CLAIM = env("OIDC_GROUPS_CLAIM", default="groups")
+OIDC_USERNAME_CLAIM = env("OIDC_USERNAME_CLAIM", default="preferred_username")
+# JSON object, group name -> "<team-slug>:<role>", "platform-admin", or a list of those (quotas/groupmap.py).
+OIDC_GROUP_MAP = groupmap.parse_group_map(env("OIDC_GROUP_MAP", default=""))
+# Seconds to wait for each call to the provider (token, userinfo, keys), and of clock difference accepted on the
+# ID token's exp and iat.
+OIDC_TIMEOUT = env.float("OIDC_TIMEOUT_SECONDS", default=10.0)
+OIDC_CLOCK_SKEW_SECONDS = env.int("OIDC_CLOCK_SKEW_SECONDS", default=60)
+OIDC_AUTHENTICATION_CALLBACK_URL = "frontend:oidc-callback"
+LOGIN_REDIRECT_URL_FAILURE = "/login/"
+AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend", "quotas.oidc.OidcBackend"]
+deployment.refuse_partial_oidc({name: value for name, value in globals().items() if name.startswith("OIDC_")})
+# --- end Single sign-on ------------------------------------------------------------
 
 # --- Observability ----------------------------------------------------------------
 # /metrics (Prometheus text format): django-prometheus' request metrics and jobs.metrics. Its

@@ -5,13 +5,14 @@ from django.templatetags.static import static
 from django.urls import path
 from django.views.generic import RedirectView
 
-from . import views
+from . import sso, views
 
 app_name = "frontend"
 
 urlpatterns = [
-    path("login/", auth_views.LoginView.as_view(template_name="frontend/login.html",
-                                                redirect_authenticated_user=True), name="login"),
+    path("login/", sso.SignInView.as_view(), name="login"),
+    path("oidc/authenticate/", sso.SsoStartView.as_view(), name="oidc-start"),
+    path("oidc/callback/", sso.SsoCallbackView.as_view(), name="oidc-callback"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", views.dashboard, name="dashboard"),
     path("jobs/", views.job_list, name="job-list"),

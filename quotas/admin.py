@@ -9,6 +9,7 @@ from .models import (
     ChangeRequest,
     Cohort,
     Membership,
+    OidcIdentity,
     PriorityClass,
     Quota,
     QuotaEvent,
@@ -116,6 +117,22 @@ class ChangeRequestAdmin(admin.ModelAdmin):
     list_display = ["id", "team", "kind", "target_id", "state", "requested_by", "created_at", "decided_by"]
     list_filter = ["state", "kind", "team"]
     readonly_fields = [f.name for f in ChangeRequest._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(OidcIdentity)
+class OidcIdentityAdmin(admin.ModelAdmin):
+    """Single sign-on identities: read only (a sign-in writes them, ADR 0032); deleting one makes that subject's
+    next sign-in create a new user."""
+
+    list_display = ["user", "issuer", "subject", "signed_in_at"]
+    search_fields = ["user__username", "subject"]
+    readonly_fields = [f.name for f in OidcIdentity._meta.fields]
 
     def has_add_permission(self, request):
         return False

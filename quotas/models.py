@@ -111,6 +111,31 @@ class Membership(models.Model):
         return f"{self.user} in {self.team} ({self.role})"
 
 
+class OidcIdentity(models.Model):
+    """The account a user of an OpenID Connect provider signs in to: one per (``issuer``, ``subject``).
+
+    ``subject`` is the provider's ``sub`` claim, the one identifier it promises never to reassign (OpenID Connect
+    Core 1.0, section 2); the email address is not one, so single sign-on never finds an account by email (ADR
+    0032). ``groups`` is the groups claim of the latest sign-in and ``signed_in_at`` its time (UTC): at each
+    sign-in ``quotas.sso`` sets the user's memberships and staff flag from it (``settings.OIDC_GROUP_MAP``).
+    """
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="oidc_identity")
+    issuer = models.CharField(max_length=255)
+    subject = models.CharField(max_length=255)
+    groups = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    signed_in_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "OpenID Connect identity"
+        verbose_name_plural = "OpenID Connect identities"
+        constraints = [models.UniqueConstraint(fields=["issuer", "subject"], name="oidc_identity_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.user} ({self.subject} at {self.issuer})"
+
+
 class ApiToken(models.Model):
     """A bearer token for ``Authorization: Token <key>``.
 
@@ -392,7 +417,8 @@ def priority_classes() -> dict[str, int]:
 
 
 class QuotaEvent(models.Model):
-    """An append-only record of a change to quotas, cohorts, team weights or priority classes: who, what, before, after."""
+    """An append-only record of a change to quotas, cohorts, team weights or priority classes, and of the memberships
+    and staff flag a single sign-on sets (``quotas.sso``, no actor): who, what, before, after."""
 
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
                               related_name="+")

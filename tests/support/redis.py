@@ -16,7 +16,7 @@ import pytest
 
 from controlplane.celery import app
 from jobs.scheduling import pacing
-from tests.support.net import free_port
+from tests.support.net import free_port, stop_process
 
 
 class PrivateRedis:
@@ -47,12 +47,7 @@ class PrivateRedis:
     def stop(self) -> None:
         """Stop the server as an operator does (SIGTERM: it closes every client connection and exits)."""
         if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+            stop_process(self.process)
         self.process = None
 
     def close(self) -> None:

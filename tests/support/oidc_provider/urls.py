@@ -1,0 +1,10 @@
+"""The test provider's URLs: django-oauth-toolkit under ``/o/`` (discovery at
+``/o/.well-known/openid-configuration``) and a username and password form at ``/accounts/login/``."""
+
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+
+urlpatterns = [
+    path("o/", include("oauth2_provider.urls", namespace="oauth2_provider")),
+    path("accounts/login/", auth_views.LoginView.as_view(template_name="provider/login.html"), name="login"),
+]
