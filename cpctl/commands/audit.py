@@ -3,6 +3,8 @@ cordon, membership or role, or decided which change request, when, from what to 
 
 from __future__ import annotations
 
+import json
+
 import click
 
 from cpctl.commands.costs import as_api_time
@@ -15,12 +17,17 @@ OBJECT_TYPES = ("quota", "budget", "team", "cohort", "priorityclass", "membershi
 ACTIONS = ("created", "updated", "deleted", "approved", "declined", "cordoned", "uncordoned", "cleared")
 
 
+def _shown(values: dict, name: str) -> str:
+    return json.dumps(values[name], ensure_ascii=False) if name in values else "-"
+
+
 def changed(record: dict) -> str:
-    """The fields a record changed, in one cell: ``nominal_gpus: 8 -> 16; reason_x: a -> b`` (``-`` for none)."""
+    """The fields a record changed, in one cell, values as JSON: ``nominal_gpus: 8 -> 16; amount_usd: "10.00" ->
+    "20.00"`` (``-``: absent, as before a creation; ``-`` alone: nothing changed)."""
     before, after = record.get("before") or {}, record.get("after") or {}
     names = list(before) + [name for name in after if name not in before]
-    parts = [f"{name}: {before.get(name, '-')} -> {after.get(name, '-')}" for name in names
-             if before.get(name) != after.get(name)]
+    parts = [f"{name}: {_shown(before, name)} -> {_shown(after, name)}" for name in names
+             if before.get(name) != after.get(name) or (name in before) != (name in after)]
     return "; ".join(parts) or "-"
 
 
