@@ -46,6 +46,14 @@ def fill_names(apps, schema_editor):
         AuditRecord.objects.filter(pk=row.pk).update(actor_name=names.get(row.actor_id, ""), team_id=team)
 
 
+def forget_deleted_actors(apps, schema_editor):
+    """Backwards: QuotaEvent's actor is a constrained foreign key again, so a deleted user's records lose the link
+    (their ``actor_name`` goes with the column)."""
+    AuditRecord = apps.get_model("quotas", "AuditRecord")
+    User = apps.get_model(*settings.AUTH_USER_MODEL.split("."))
+    AuditRecord.objects.exclude(actor_id__in=User.objects.values("pk")).update(actor_id=None)
+
+
 class Migration(migrations.Migration):
 
     dependencies = [
@@ -96,6 +104,6 @@ class Migration(migrations.Migration):
             model_name='auditrecord',
             index=models.Index(fields=['object_type', 'object_id'], name='auditrecord_object'),
         ),
-        migrations.RunPython(fill_names, migrations.RunPython.noop),
+        migrations.RunPython(fill_names, forget_deleted_actors),
         migrations.RunPython(refuse_changes, allow_changes),
     ]
