@@ -1,4 +1,8 @@
+"""Django admin of prices and the cost ledger; a change of a price appends an audit record (ADR 0031)."""
+
 from django.contrib import admin
+
+from quotas.admin import AuditedAdmin
 
 from .models import (
     BudgetAlert,
@@ -15,14 +19,14 @@ from .models import (
 
 
 @admin.register(Price)
-class PriceAdmin(admin.ModelAdmin):
+class PriceAdmin(AuditedAdmin):
     list_display = ["provider", "region", "accelerator", "capacity_type", "cluster", "usd_per_gpu_hour", "usd_per_vcpu_hour",
                     "usd_per_gib_hour", "effective_from"]
     list_filter = ["provider", "accelerator", "capacity_type"]
 
 
 @admin.register(ElectricityPrice)
-class ElectricityPriceAdmin(admin.ModelAdmin):
+class ElectricityPriceAdmin(AuditedAdmin):
     list_display = ["provider", "region", "cluster", "usd_per_kwh", "effective_from", "source"]
     list_filter = ["provider"]
 

@@ -32,13 +32,15 @@ Commands (one module each under ``cpctl.commands``)::
   build-report (--team T | --platform) --start S --end E
                                                a report of any period, built now (platform: staff)
   nodes [--cluster C] [--health H]             GPU nodes: health, whether they take work, the evidence
-  cordon ID [--note N] | uncordon ID | clear-health ID
+  cordon ID [--note N] | uncordon ID [--reason R] | clear-health ID [--reason R]
                                                staff: keep admission off a node, let it back, clear its health
   requests [--team T] [--state S]              quota and budget change requests
   request quota|budget --team T [--target ID] --set FIELD=VALUE ... --reason R
                                                a team admin asks staff for a change (ADR 0029)
   approve ID [--note N] | decline ID --note N  staff: apply a request, or refuse it with a reason
   withdraw ID                                  the requester takes back a pending request
+  audit [--team T] [--type X] [--object-id N] [--actor U] [--action A] [--since S] [--until U] [--limit N]
+                                               the audit trail: who changed what, when, before, after, why
 
 ``--json`` (every command) prints the API's JSON instead of a table; list
 commands print the API's page shape ``{"count", "next", "previous",
@@ -68,7 +70,7 @@ import sys
 
 import click
 
-from cpctl.commands import clusters, costs, jobs, nodes, quotas, reports, requests
+from cpctl.commands import audit, clusters, costs, jobs, nodes, quotas, reports, requests
 from cpctl.errors import EXIT_INTERRUPTED, EXIT_OK
 from cpctl.options import CONTEXT_SETTINGS, Connection, connection_params
 
@@ -116,7 +118,7 @@ main = CpctlGroup(
            "4 forbidden (403), 5 not found (404), 6 conflict (409), 7 unreachable, 8 unexpected answer, "
            "130 interrupted.",
 )
-for _module in (jobs, quotas, clusters, costs, reports, nodes, requests):
+for _module in (jobs, quotas, clusters, costs, reports, nodes, requests, audit):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 

@@ -4,7 +4,7 @@ exit code says what went wrong (see ``cpctl.errors``)."""
 from __future__ import annotations
 
 import json
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import requests
 
@@ -14,6 +14,9 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 API_PREFIX = "/api/v1/"
 USER_AGENT = "cpctl/1"
 MAX_PAGE = 1000  # the API's max_limit
+#: The header a write's reason goes in: UTF-8, percent-encoded (as Discord's ``X-Audit-Log-Reason``), since an
+#: HTTP header carries Latin-1 only.
+REASON_HEADER = "X-Audit-Reason"
 
 
 def flatten_errors(detail, prefix: str = "") -> list[tuple[str, str]]:
@@ -110,12 +113,14 @@ class Client:
         self.session.close()
 
     def request(self, method: str, path: str, *, params=None, data=None, content_type: str | None = None,
-                stream: bool = False, read_timeout: float | None | bool = False) -> requests.Response:
+                stream: bool = False, read_timeout: float | None | bool = False,
+                headers: dict | None = None) -> requests.Response:
         """Send ``method`` to ``/api/v1/<path>``; returns the 2xx response, raises CliError otherwise.
 
-        ``read_timeout``: seconds to wait for each answer (None: forever), False for the client's timeout.
+        ``read_timeout``: seconds to wait for each answer (None: forever), False for the client's timeout;
+        ``headers``: more request headers (``X-Audit-Reason``).
         """
-        headers = {"Content-Type": content_type} if content_type else {}
+        headers = {**(headers or {}), **({"Content-Type": content_type} if content_type else {})}
         timeout = (self.timeout, self.timeout if read_timeout is False else read_timeout)
         try:
             response = self.session.request(method, self.base_url + API_PREFIX + path, params=params, data=data,
@@ -146,11 +151,13 @@ class Client:
         """GET ``path`` and return its JSON."""
         return self.json("GET", path, params=params)
 
-    def post(self, path: str, body: dict | None = None):
-        """POST ``body`` (JSON; none when None) to ``path`` and return the answer's JSON."""
+    def post(self, path: str, body: dict | None = None, reason: str | None = None):
+        """POST ``body`` (JSON; none when None) to ``path`` and return the answer's JSON; ``reason`` goes in the
+        ``X-Audit-Reason`` header, which the audit trail keeps with the change (ADR 0031)."""
+        headers = {REASON_HEADER: quote(reason, safe=" ")} if reason else None
         if body is None:
-            return self.json("POST", path)
-        return self.json("POST", path, data=json.dumps(body), content_type="application/json")
+            return self.json("POST", path, headers=headers)
+        return self.json("POST", path, data=json.dumps(body), content_type="application/json", headers=headers)
 
     def get_pages(self, path: str, params=None, limit: int | None = None) -> dict:
         """Every item of a paginated list (at most ``limit``), as one page: ``{"count", "next", "previous", "results"}``.

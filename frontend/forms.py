@@ -169,7 +169,14 @@ class SubmitJobForm(forms.Form):
                     self.add_error(None, f"{path}: {message}")
 
 
-class QuotaForm(forms.ModelForm):
+class ReasonForm(forms.ModelForm):
+    """A staff edit form with the change's reason, which the audit record keeps (ADR 0031); optional."""
+
+    reason = forms.CharField(required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 2}),
+                             help_text="Why: kept in the audit trail with the change.")
+
+
+class QuotaForm(ReasonForm):
     """A team's quota for one accelerator: nominal, borrowing limit, lending limit and per-job cap, in GPUs; for a
     CPU quota (the CPU accelerator's row) the same four in vCPUs. The API's rules apply (``Quota.clean``: a
     lending limit at most nominal, numbers of one unit)."""
@@ -189,7 +196,7 @@ class QuotaForm(forms.ModelForm):
             del self.fields[name]  # a quota counts one unit
 
 
-class BudgetForm(forms.ModelForm):
+class BudgetForm(ReasonForm):
     """A team's budget: period, amount (USD), alert thresholds (percent, comma separated), action at 100 %."""
 
     alert_thresholds = forms.CharField(required=False, help_text="Percent of the amount, comma separated, e.g. 50, 80, 100")

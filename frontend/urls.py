@@ -33,6 +33,7 @@ urlpatterns = [
     path("teams/<slug:slug>/budgets/<int:pk>/request/", views.budget_request, name="budget-request"),
     path("requests/", views.request_list, name="request-list"),
     path("requests/<int:pk>/<slug:action>/", views.request_action, name="request-action"),
+    path("audit/", views.audit_list, name="audit-list"),
     path("clusters/", views.cluster_list, name="cluster-list"),
     path("nodes/<int:pk>/<slug:action>/", views.node_action, name="node-action"),
     path("costs/", views.costs, name="costs"),

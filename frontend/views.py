@@ -44,15 +44,15 @@ from jobs.scheduling.snapshot import cpu_used_milli
 from jobs.spec import validated_submission
 from jobs.states import StaleState
 from jobs.workload import job_efficiency
-from quotas import changes
+from quotas import audit, changes
+from quotas.audit import AuditFilterSet, reason_of, visible_records
 from quotas.models import (
+    AuditRecord,
     Budget,
     ChangeRequest,
     Membership,
     Quota,
-    QuotaEvent,
     Team,
-    audited_values,
     priority_classes,
     scope_to_teams,
 )
@@ -421,10 +421,15 @@ def team_list(request):
     return render(request, "frontend/team_list.html", {"teams": Team.objects.visible_to(request.user)})
 
 
+#: The team's latest audit records on its page; the audit page has them all.
+TEAM_CHANGES_SHOWN = 20
+AUDIT_PER_PAGE = 50
+
+
 @login_required
 def team_detail(request, slug: str):
-    """A team's quotas (with GPUs in use) and budgets (with spent, committed, forecast); edit links for staff,
-    request links for the team's admins (ADR 0029)."""
+    """A team's quotas (with GPUs in use) and budgets (with spent, committed, forecast), edit links for staff,
+    request links for the team's admins (ADR 0029), and its latest audited changes (ADR 0031)."""
     team = _visible_team(request, slug)
     teams = Team.objects.filter(pk=team.pk)
     members = team.memberships.select_related("user").order_by("role", "user__username")
@@ -435,6 +440,7 @@ def team_detail(request, slug: str):
         "members": members, "may_edit": may_change_entitlements(request.user),
         "may_request": not request.user.is_staff and may_request_changes(request.user, team.pk),
         "other_budgets": team.budgets.exclude(pk__in=[r["budget"].pk for r in budgets]),
+        "changes": visible_records(request.user).filter(team=team)[:TEAM_CHANGES_SHOWN],
     })
 
 
@@ -462,7 +468,7 @@ def _request_instead(request, slug: str, name: str, model=None, pk: int | None =
 @login_required
 @require_http_methods(["GET", "POST"])
 def quota_edit(request, slug: str, pk: int):
-    """Edit one quota of the team (staff only); the change is audited as a QuotaEvent. A team admin's GET goes to
+    """Edit one quota of the team (staff only); the change is audited with the form's reason. A team admin's GET goes to
     the request form; any other user's write is a 403 and changes nothing."""
     instead = _request_instead(request, slug, "frontend:quota-request", Quota, pk)
     if instead is not None:
@@ -470,12 +476,12 @@ def quota_edit(request, slug: str, pk: int):
     team = _visible_team(request, slug)
     quota = get_object_or_404(Quota.objects.select_related("accelerator"), team=team, pk=pk)
     _require_staff(request)
-    old = audited_values(quota)
+    before = audit.snapshot(quota)
     form = QuotaForm(request.POST or None, instance=quota)
     if request.method == "POST" and form.is_valid():
         with transaction.atomic():
             form.save()
-            QuotaEvent.record(request.user, quota, "updated", old, audited_values(quota))
+            audit.record(request.user, "updated", quota, before, audit.snapshot(quota), form.cleaned_data["reason"])
         messages.success(request, f"Quota {quota.accelerator.name} saved.")
         return redirect("frontend:team-detail", slug=team.slug)
     return render(request, "frontend/edit_form.html", {"team": team, "form": form,
@@ -485,17 +491,21 @@ def quota_edit(request, slug: str, pk: int):
 @login_required
 @require_http_methods(["GET", "POST"])
 def budget_edit(request, slug: str, pk: int | None = None):
-    """Create (no ``pk``) or edit a budget of the team (staff only). A team admin's GET goes to the request form;
-    any other user's write is a 403 and changes nothing."""
+    """Create (no ``pk``) or edit a budget of the team (staff only), audited with the form's reason. A team
+    admin's GET goes to the request form; any other user's write is a 403 and changes nothing."""
     instead = _request_instead(request, slug, "frontend:budget-request", Budget, pk)
     if instead is not None:
         return instead
     team = _visible_team(request, slug)
     budget = get_object_or_404(Budget, team=team, pk=pk) if pk is not None else Budget(team=team)
     _require_staff(request)
+    before = audit.snapshot(budget) if pk is not None else {}
     form = BudgetForm(request.POST or None, instance=budget)
     if request.method == "POST" and form.is_valid():
-        form.save()
+        with transaction.atomic():
+            form.save()
+            audit.record(request.user, "updated" if pk is not None else "created", budget, before,
+                         audit.snapshot(budget), form.cleaned_data["reason"])
         messages.success(request, "Budget saved.")
         return redirect("frontend:team-detail", slug=team.slug)
     title = f"Budget of {team.slug}" if pk is not None else f"New budget for {team.slug}"
@@ -619,6 +629,23 @@ def request_action(request, pk: int, action: str):
     return redirect("frontend:request-list")
 
 
+# --- the audit trail (ADR 0031) ------------------------------------------------------------------------------
+
+@login_required
+def audit_list(request):
+    """The audit trail, newest first, filtered by ``quotas.audit.AuditFilterSet`` (the API's): every record for
+    staff, the records of their own teams for anyone else; invalid filters give no rows."""
+    records = visible_records(request.user, AuditRecord.objects.select_related("team"))
+    filterset = AuditFilterSet(request.GET or None, queryset=records)
+    if filterset.is_bound:
+        records = filterset.qs if filterset.is_valid() else records.none()
+    page = Paginator(records, AUDIT_PER_PAGE).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    return render(request, "frontend/audit_list.html", {"filterset": filterset, "page": page,
+                                                        "query": query.urlencode()})
+
+
 # --- clusters ---------------------------------------------------------------------------------------------
 
 #: Health changes shown per cluster on the clusters page, newest first.
@@ -683,9 +710,9 @@ def capacity(request):
 
 
 #: The staff actions on a node from the clusters page, by name.
-NODE_ACTIONS = {"cordon": lambda node, user: node_health.cordon(node, user, "from the clusters page"),
-                "uncordon": lambda node, user: node_health.uncordon(node),
-                "clear": lambda node, user: node_health.clear(node)}
+NODE_ACTIONS = {"cordon": lambda node, user, reason: node_health.cordon(node, user, reason or "from the clusters page"),
+                "uncordon": lambda node, user, reason: node_health.uncordon(node, user, reason),
+                "clear": lambda node, user, reason: node_health.clear(node, user=user, reason=reason)}
 
 
 @login_required
@@ -697,7 +724,7 @@ def node_action(request, pk: int, action: str):
     if action not in NODE_ACTIONS:
         raise PermissionDenied(f"unknown node action {action!r}")
     node = get_object_or_404(Node.objects.select_related("cluster"), pk=pk)
-    NODE_ACTIONS[action](node, request.user)
+    NODE_ACTIONS[action](node, request.user, reason_of(request))
     messages.success(request, f"Node {node}: {action} done.")
     return redirect("frontend:cluster-list")
 

@@ -1,10 +1,13 @@
-"""Django admin of tenancy and entitlement; changes to quotas, cohorts, team fair share and priority classes are audited."""
+"""Django admin of tenancy and entitlement; every change of a governed object appends an audit record (ADR 0031)."""
 
+from django import forms
 from django.contrib import admin
 from django.db import transaction
 
+from .audit import record, snapshot
 from .models import (
     ApiToken,
+    AuditRecord,
     Budget,
     ChangeRequest,
     Cohort,
@@ -12,25 +15,62 @@ from .models import (
     OidcIdentity,
     PriorityClass,
     Quota,
-    QuotaEvent,
     Team,
-    audited_values,
 )
 
 
+class ReasonAdminForm(forms.ModelForm):
+    """An admin form with the change's reason, which the audit record keeps (not a field of the object)."""
+
+    audit_reason = forms.CharField(required=False, label="Reason", max_length=2000,
+                                   widget=forms.Textarea(attrs={"rows": 2}),
+                                   help_text="Why you make this change: kept in the audit trail.")
+
+
 class AuditedAdmin(admin.ModelAdmin):
-    """Saves and deletes that write a QuotaEvent in the same transaction."""
+    """Saves and deletes, of the object and of its inlines, that append an audit record (the staff user, the
+    values before and after, the form's reason) in the admin's own transaction; bulk deletes one by one."""
+
+    form = ReasonAdminForm
+
+    def get_fieldsets(self, request, obj=None):
+        fieldsets = super().get_fieldsets(request, obj)
+        if self.fieldsets:
+            fieldsets = [*fieldsets, ("Audit", {"fields": ["audit_reason"]})]
+        return fieldsets
 
     def save_model(self, request, obj, form, change):
         with transaction.atomic():
-            old = audited_values(type(obj).objects.get(pk=obj.pk)) if change else {}
+            before = snapshot(type(obj).objects.get(pk=obj.pk)) if change else {}
             super().save_model(request, obj, form, change)
-            QuotaEvent.record(request.user, obj, "updated" if change else "created", old, audited_values(obj))
+            record(request.user, "updated" if change else "created", obj, before, snapshot(obj),
+                   form.cleaned_data.get("audit_reason", ""))
 
     def delete_model(self, request, obj):
         with transaction.atomic():
-            QuotaEvent.record(request.user, obj, "deleted", audited_values(obj), {})
+            pk, before = obj.pk, snapshot(obj)
             super().delete_model(request, obj)
+            record(request.user, "deleted", obj, before, {}, object_id=pk)
+
+    def delete_queryset(self, request, queryset):
+        with transaction.atomic():
+            for obj in queryset:
+                self.delete_model(request, obj)
+
+    def save_formset(self, request, form, formset, change):
+        """Save an inline formset (memberships, node pools) and record each row created, changed or deleted."""
+        with transaction.atomic():
+            stored = {id(f.instance): f.instance.pk for f in formset.initial_forms if f.instance.pk}
+            before = {pk: snapshot(formset.model.objects.get(pk=pk)) for pk in stored.values()}
+            super().save_formset(request, form, formset, change)
+            reason = form.cleaned_data.get("audit_reason", "")
+            for obj in formset.new_objects:
+                record(request.user, "created", obj, {}, snapshot(obj), reason)
+            for obj, _ in formset.changed_objects:
+                record(request.user, "updated", obj, before[obj.pk], snapshot(obj), reason)
+            for obj in formset.deleted_objects:
+                pk = stored[id(obj)]
+                record(request.user, "deleted", obj, before[pk], {}, reason, object_id=pk)
 
 
 class MembershipInline(admin.TabularInline):
@@ -48,7 +88,7 @@ class TeamAdmin(AuditedAdmin):
 
 
 @admin.register(Membership)
-class MembershipAdmin(admin.ModelAdmin):
+class MembershipAdmin(AuditedAdmin):
     list_display = ["team", "user", "role"]
     list_filter = ["role", "team"]
 
@@ -78,7 +118,7 @@ class QuotaAdmin(AuditedAdmin):
 
 
 @admin.register(Budget)
-class BudgetAdmin(admin.ModelAdmin):
+class BudgetAdmin(AuditedAdmin):
     list_display = ["team", "period", "amount_usd", "action", "alert_thresholds"]
     list_filter = ["action", "period"]
 
@@ -94,18 +134,23 @@ class PriorityClassAdmin(AuditedAdmin):
     list_display = ["name", "value", "description"]
 
 
-@admin.register(QuotaEvent)
-class QuotaEventAdmin(admin.ModelAdmin):
-    """The audit trail: read only."""
+@admin.register(AuditRecord)
+class AuditRecordAdmin(admin.ModelAdmin):
+    """The audit trail: read only (no add, change or delete; the table refuses them too)."""
 
-    list_display = ["created_at", "actor", "action", "object_type", "object_repr"]
+    list_display = ["at", "actor_name", "action", "object_type", "object_repr", "team", "reason"]
     list_filter = ["object_type", "action"]
-    readonly_fields = ["created_at", "actor", "action", "object_type", "object_id", "object_repr", "old", "new"]
+    search_fields = ["actor_name", "object_repr", "reason"]
+    readonly_fields = ["at", "actor", "actor_name", "action", "object_type", "object_id", "object_repr", "team",
+                       "before", "after", "reason"]
 
     def has_add_permission(self, request):
         return False
 
     def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
         return False
 
 

@@ -14,8 +14,9 @@ both call these functions, so they answer alike.
   is gone), or values the rules now refuse, raise ``ChangeConflict`` (the API's 409) and nothing changes.
 - ``decline`` (staff, with a note) and ``withdraw`` (the requester) change nothing but the request.
 
-Every state change writes a ``ChangeRequestEvent`` in its transaction; an applied quota change also writes the
-``QuotaEvent`` any staff change writes. The requester is mailed the decision once it is committed (Django mail,
+Every state change writes a ``ChangeRequestEvent`` in its transaction; an approval or a decline also appends
+an audit record of the decision, and an applied change the audit record of the quota or budget it changed, with
+the requester's reason (``quotas.audit``, ADR 0031). The requester is mailed the decision once it is committed (Django mail,
 as budget alerts are: ``costs.budgets.check_budget``).
 """
 
@@ -27,7 +28,8 @@ from django.db import transaction
 from django.utils import timezone
 from rest_framework import serializers
 
-from .models import Budget, ChangeRequest, ChangeRequestEvent, Quota, QuotaEvent, audited_values
+from . import audit
+from .models import Budget, ChangeRequest, ChangeRequestEvent, Quota
 from .serializers import BudgetSerializer, QuotaSerializer
 
 #: The fields a request may set, by kind: the staff write path's writable fields but ``team`` (the request's own).
@@ -121,6 +123,13 @@ def _decide(change: ChangeRequest, user, to_state: str, note: str, **fields) -> 
     _record(change, user, ChangeRequest.State.PENDING, to_state, note)
 
 
+def _audit_decision(change: ChangeRequest, user, before: dict) -> None:
+    """Append the audit record of the decision on ``change`` (its values before, read before the compare-and-set),
+    with the requester's reason; inside the decision's transaction."""
+    change.refresh_from_db()
+    audit.record(user, change.state, change, before, audit.snapshot(change), change.reason)
+
+
 def _apply(change: ChangeRequest, user):
     """Apply ``change``'s payload as ``user`` (staff) to its locked target, or create the new object; the applied
     object. ``ChangeConflict`` when the target is gone, changed since the request, or the values fail the rules
@@ -141,11 +150,15 @@ def _apply(change: ChangeRequest, user):
         serializer = _validated(kind, change.team, target, change.payload, user)
     except serializers.ValidationError as exc:
         raise ChangeConflict(exc.detail) from exc
-    old = audited_values(target) if kind == ChangeRequest.Kind.QUOTA and target is not None else {}
+    before = audit.snapshot(target) if target is not None else {}
     applied = serializer.save()
-    if kind == ChangeRequest.Kind.QUOTA:
-        QuotaEvent.record(user, applied, "updated" if target is not None else "created", old, audited_values(applied))
+    audit.record(user, "updated" if target is not None else "created", applied, before, audit.snapshot(applied),
+                 f"change request {change.pk} by {_requester(change)}: {change.reason}")
     return applied
+
+
+def _requester(change: ChangeRequest) -> str:
+    return change.requested_by.get_username() if change.requested_by else "a deleted user"
 
 
 def approve(change_id: int, user, note: str = "") -> ChangeRequest:
@@ -156,10 +169,12 @@ def approve(change_id: int, user, note: str = "") -> ChangeRequest:
     row lock and then finds it approved."""
     change = ChangeRequest.objects.select_related("team", "requested_by").get(pk=change_id)
     with transaction.atomic():
+        before = audit.snapshot(change)
         _decide(change, user, ChangeRequest.State.APPROVED, note, decided_by=user, decided_at=timezone.now(),
                 decision_note=note)
         applied = _apply(change, user)
         ChangeRequest.objects.filter(pk=change.pk).update(applied_id=applied.pk)
+        _audit_decision(change, user, before)
         transaction.on_commit(lambda: notify_requester(change.pk))
     change.refresh_from_db()
     return change
@@ -173,8 +188,10 @@ def decline(change_id: int, user, note: str) -> ChangeRequest:
         raise serializers.ValidationError({"note": ["say why the request is declined"]})
     change = ChangeRequest.objects.get(pk=change_id)
     with transaction.atomic():
+        before = audit.snapshot(change)
         _decide(change, user, ChangeRequest.State.DECLINED, note.strip(), decided_by=user,
                 decided_at=timezone.now(), decision_note=note.strip())
+        _audit_decision(change, user, before)
         transaction.on_commit(lambda: notify_requester(change.pk))
     change.refresh_from_db()
     return change

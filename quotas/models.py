@@ -416,51 +416,75 @@ def priority_classes() -> dict[str, int]:
     return dict(DEFAULT_PRIORITY_CLASSES)
 
 
-class QuotaEvent(models.Model):
-    """An append-only record of a change to quotas, cohorts, team weights or priority classes, and of the memberships
-    and staff flag a single sign-on sets (``quotas.sso``, no actor): who, what, before, after."""
+class AuditRecordQuerySet(models.QuerySet):
+    """Bulk changes of audit records are refused too: ``update`` and ``delete`` raise ``AuditRecord.AppendOnly``."""
 
-    actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
-                              related_name="+")
+    def update(self, **kwargs):
+        raise AuditRecord.AppendOnly("audit records are append-only: they cannot be changed")
+
+    def delete(self):
+        raise AuditRecord.AppendOnly("audit records are append-only: they cannot be deleted")
+
+
+class AuditRecord(models.Model):
+    """One change of a governed object, append-only: who (``actor``, and ``actor_name`` kept as text), when
+    (``at``, UTC), what (``action`` on ``object_type`` ``object_id``, ``object_repr``), whose (``team``: the
+    team the object belongs to, null for platform-wide objects), the audited values ``before`` and ``after``
+    (``quotas.audit.snapshot``: money as Decimal strings, credentials never, only the fact that they changed)
+    and the ``reason`` given. ADR 0031.
+
+    Rows are written by ``quotas.audit.record`` in the change's own transaction and never changed or deleted:
+    ``save`` of a stored row and ``delete`` raise ``AuditRecord.AppendOnly``; on PostgreSQL a trigger refuses
+    UPDATE and DELETE as well (migration 0008). ``actor`` and ``team`` have no database constraint and no
+    cascade: deleting a user or a team keeps their records (``actor_name`` and ``object_repr`` still say who and
+    what).
+    """
+
+    class AppendOnly(Exception):
+        """Raised on an attempt to change or delete a stored audit record."""
+
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.DO_NOTHING, db_constraint=False,
+                              null=True, blank=True, related_name="+")
+    actor_name = models.CharField(max_length=150, blank=True, help_text="the actor's username; empty: the system")
+    action = models.CharField(max_length=16)
     object_type = models.CharField(max_length=32)
     object_id = models.PositiveBigIntegerField()
     object_repr = models.CharField(max_length=200)
-    action = models.CharField(max_length=16)
-    old = models.JSONField(default=dict, blank=True)
-    new = models.JSONField(default=dict, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
+    team = models.ForeignKey(Team, on_delete=models.DO_NOTHING, db_constraint=False, null=True, blank=True,
+                             related_name="+")
+    before = models.JSONField(default=dict, blank=True)
+    after = models.JSONField(default=dict, blank=True)
+    reason = models.TextField(max_length=2000, blank=True)
+
+    objects = AuditRecordQuerySet.as_manager()
 
     class Meta:
-        ordering = ["-created_at", "-id"]
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["team", "at"], name="auditrecord_team_at"),
+                   models.Index(fields=["object_type", "object_id"], name="auditrecord_object")]
 
     def __str__(self) -> str:
         return f"{self.action} {self.object_type} {self.object_repr}"
 
-    @classmethod
-    def record(cls, actor, obj, action: str, old: dict, new: dict) -> "QuotaEvent":
-        """Write one change of ``obj`` (``created``, ``updated``, ``deleted``); call it inside the change's transaction."""
-        return cls.objects.create(actor=actor if actor is not None and actor.is_authenticated else None,
-                                  object_type=obj._meta.model_name, object_id=obj.pk, object_repr=str(obj)[:200],
-                                  action=action, old=old, new=new)
+    @property
+    def changes(self) -> list[tuple[str, object, object]]:
+        """``(field, before, after)`` of every audited field whose value differs (a creation: every field, before
+        None; a deletion: every field, after None), in field order."""
+        names = list(self.before) + [name for name in self.after if name not in self.before]
+        return [(name, self.before.get(name), self.after.get(name)) for name in names
+                if self.before.get(name) != self.after.get(name)]
 
+    def save(self, *args, **kwargs):
+        """Insert a new record; ``AuditRecord.AppendOnly`` for a stored one."""
+        if self.pk is not None:
+            raise self.AppendOnly(f"audit record {self.pk} is append-only: it cannot be changed")
+        kwargs["force_insert"] = True
+        super().save(*args, **kwargs)
 
-# The fields whose changes QuotaEvent records, by model.
-AUDITED_FIELDS = {
-    "quota": ["nominal_gpus", "borrowing_limit_gpus", "lending_limit_gpus", "max_gpus_per_job",
-              "nominal_vcpus", "borrowing_limit_vcpus", "lending_limit_vcpus", "max_vcpus_per_job"],
-    "team": ["cohort_id", "weight", "queueing_strategy"],
-    "cohort": ["name"],
-    "priorityclass": ["name", "value", "description"],
-}
-
-
-def audited_values(obj) -> dict:
-    """The audited fields of ``obj`` as JSON-ready values (Decimal weights as strings)."""
-    values = {}
-    for name in AUDITED_FIELDS[obj._meta.model_name]:
-        value = getattr(obj, name)
-        values[name] = str(value) if isinstance(value, Decimal) else value
-    return values
+    def delete(self, *args, **kwargs):
+        """Always ``AuditRecord.AppendOnly``: records are kept."""
+        raise self.AppendOnly(f"audit record {self.pk} is append-only: it cannot be deleted")
 
 
 class ChangeRequest(models.Model):

@@ -32,6 +32,7 @@ from .models import (
     CPU_FLAVOR,
     GPU_QUOTA_FIELDS,
     VCPU_QUOTA_FIELDS,
+    AuditRecord,
     Budget,
     ChangeRequest,
     ChangeRequestEvent,
@@ -406,3 +407,32 @@ class ChangeDecisionSerializer(serializers.Serializer):
     """A decision's ``note``: optional on an approval, required on a decline (what the requester is told)."""
 
     note = StrictCharField(max_length=2000, required=False, allow_blank=True, default="")
+
+
+class AuditRecordSerializer(serializers.ModelSerializer):
+    """One audit record (ADR 0031): ``at`` (UTC), ``actor`` (username; null: the system), ``action``, the object
+    (``object_type``, ``object_id``, ``object_repr``), ``team`` (slug; null: a platform-wide object), its audited
+    values ``before`` and ``after`` (money as decimal strings; credentials as ``set``, ``empty`` or ``credential
+    changed``) and the ``reason`` given. Read only."""
+
+    actor = serializers.SerializerMethodField()
+    team = serializers.SerializerMethodField()
+
+    class Meta:
+        model = AuditRecord
+        fields = ["id", "at", "actor", "action", "object_type", "object_id", "object_repr", "team", "before", "after",
+                  "reason"]
+        read_only_fields = fields
+
+    @extend_schema_field({"type": "string", "nullable": True})
+    def get_actor(self, record: AuditRecord) -> str | None:
+        """The actor's username as it was (the user may be deleted since); null for the system."""
+        return record.actor_name or None
+
+    @extend_schema_field({"type": "string", "nullable": True})
+    def get_team(self, record: AuditRecord) -> str | None:
+        """The team's slug; null for a platform-wide object or a team deleted since."""
+        try:
+            return record.team.slug if record.team_id else None
+        except Team.DoesNotExist:
+            return None

@@ -10,7 +10,7 @@ it never takes over a local account of the same name.
 The groups claim is the whole truth about a single sign-on user's access: at every sign-in, in one transaction,
 the memberships of the teams it grants are created or given the granted role, every other membership of that user
 is removed (also one an administrator added by hand), and ``is_staff`` is set or cleared. Each membership change
-and each change of ``is_staff`` writes a ``QuotaEvent`` in the same transaction. Teams the map names that do not
+and each change of ``is_staff`` writes an audit record (``quotas.audit.record``) in the same transaction. Teams the map names that do not
 exist are logged and skipped, never created. Local accounts (no ``OidcIdentity``) are never touched.
 ``is_superuser`` is never granted or removed, and a user deactivated locally (``is_active`` false) stays refused
 and signed out (``quotas.oidc.OidcBackend``).
@@ -26,13 +26,16 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
+from . import audit
 from .groupmap import entitlements
-from .models import Membership, OidcIdentity, QuotaEvent, Team
+from .models import Membership, OidcIdentity, Team
 
 logger = logging.getLogger(__name__)
 
-#: The source a QuotaEvent of a membership change made at sign-in names.
+#: The source an audit record of a membership change made at sign-in names.
 EVENT_SOURCE = "oidc-groups"
+#: The reason the audit records of a sign-in give.
+SSO_REASON = "single sign-on: the groups claim of the latest sign-in"
 # Characters Django's username validator accepts (UnicodeUsernameValidator: letters, digits and @.+-_).
 _NOT_USERNAME = re.compile(r"[^\w.@+-]")
 _USERNAME_MAX = 150 - 4  # room for a "-999" suffix
@@ -82,8 +85,8 @@ def _profile(user, claims: Mapping) -> list[str]:
 
 
 def _sync_memberships(user, roles: Mapping[str, str]) -> None:
-    """Make ``user``'s memberships exactly ``roles`` ({team slug: role}) for the teams that exist; a QuotaEvent
-    per change. Call inside the sign-in's transaction."""
+    """Make ``user``'s memberships exactly ``roles`` ({team slug: role}) for the teams that exist; an audit
+    record per change. Call inside the sign-in's transaction."""
     teams = {team.slug: team for team in Team.objects.filter(slug__in=roles)}
     for slug in sorted(set(roles) - set(teams)):
         logger.warning(
@@ -95,14 +98,14 @@ def _sync_memberships(user, roles: Mapping[str, str]) -> None:
         membership = current.pop(team.pk, None)
         if membership is None:
             membership = Membership.objects.create(team=team, user=user, role=role)
-            QuotaEvent.record(None, membership, "created", {}, {"role": role, "source": EVENT_SOURCE})
+            audit.record(None, "created", membership, {}, {"role": role, "source": EVENT_SOURCE}, SSO_REASON)
         elif membership.role != role:
             old = membership.role
             membership.role = role
             membership.save(update_fields=["role"])
-            QuotaEvent.record(None, membership, "updated", {"role": old}, {"role": role, "source": EVENT_SOURCE})
+            audit.record(None, "updated", membership, {"role": old}, {"role": role, "source": EVENT_SOURCE}, SSO_REASON)
     for membership in current.values():
-        QuotaEvent.record(None, membership, "deleted", {"role": membership.role}, {"source": EVENT_SOURCE})
+        audit.record(None, "deleted", membership, {"role": membership.role}, {"source": EVENT_SOURCE}, SSO_REASON)
         membership.delete()
 
 
@@ -146,8 +149,9 @@ def sign_in(
             if changed:
                 user.save(update_fields=changed)
         if user.is_staff != staff:
-            QuotaEvent.record(
-                None, user, "updated", {"is_staff": user.is_staff}, {"is_staff": staff, "source": EVENT_SOURCE}
+            audit.record(
+                None, "updated", user, {"is_staff": user.is_staff}, {"is_staff": staff, "source": EVENT_SOURCE},
+                SSO_REASON,
             )
             user.is_staff = staff
             user.save(update_fields=["is_staff"])

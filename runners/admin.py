@@ -1,5 +1,9 @@
+"""Django admin of the fleet; a change of a cluster or its node pools appends an audit record (ADR 0031)."""
+
 from django import forms
 from django.contrib import admin
+
+from quotas.admin import AuditedAdmin, ReasonAdminForm
 
 from .models import Accelerator, Cluster, ClusterEvent, NodePool
 
@@ -27,7 +31,7 @@ class ClusterEventInline(admin.TabularInline):
 
 
 @admin.register(Cluster)
-class ClusterAdmin(admin.ModelAdmin):
+class ClusterAdmin(AuditedAdmin):
     list_display = ["name", "provider", "region", "backend", "emulated", "health", "health_since", "last_contact_at"]
     list_filter = ["provider", "backend", "health"]
     readonly_fields = ["health", "health_reason", "health_since"]
@@ -39,7 +43,7 @@ class ClusterAdmin(admin.ModelAdmin):
         return super().get_form(request, obj, **kwargs)
 
 
-class ClusterAdminForm(forms.ModelForm):
+class ClusterAdminForm(ReasonAdminForm):
     """Cluster form whose credential fields are write-only: empty on display, kept when left empty on save."""
 
     api_token = forms.CharField(required=False, widget=forms.PasswordInput(render_value=False),
@@ -74,6 +78,6 @@ CREDENTIAL_FIELDS = ("api_token", "ca_cert", "kubeconfig", "prometheus_auth")
 
 
 @admin.register(NodePool)
-class NodePoolAdmin(admin.ModelAdmin):
+class NodePoolAdmin(AuditedAdmin):
     list_display = ["__str__", "accelerator", "capacity_type", "nodes", "gpus_per_node"]
     list_filter = ["accelerator", "capacity_type", "cluster"]

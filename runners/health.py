@@ -55,6 +55,7 @@ from costs.models import ClusterMetrics
 from jobs.lifecycle import preempt_attempt
 from jobs.models import NODE_FAULT_END_REASONS, Job, JobAttempt, JobState
 from jobs.states import InvalidTransition, StaleState
+from quotas import audit
 
 from .base import each_cluster
 from .credentials import CredentialUnreadable
@@ -303,28 +304,35 @@ def check_all() -> list[dict]:
 
 # --- staff -------------------------------------------------------------------------------------------------------
 
+def _audited(node: Node, user, action: str, reason: str, **values) -> Node:
+    """Write ``values`` on ``node`` and append the audit record of ``action`` by ``user`` with ``reason``, in one
+    transaction (ADR 0031); ``node`` refreshed."""
+    with transaction.atomic():
+        before = audit.snapshot(Node.objects.select_for_update().get(pk=node.pk))
+        Node.objects.filter(pk=node.pk).update(**values)
+        node.refresh_from_db()
+        audit.record(user, action, node, before, audit.snapshot(node), reason)
+    return node
+
+
 def cordon(node: Node, user, note: str = "") -> Node:
-    """Cordon ``node`` in the platform (admission keeps off it; Kubernetes is not touched), noting who and why."""
+    """Cordon ``node`` in the platform (admission keeps off it; Kubernetes is not touched), noting who and why
+    (``note``, also the audit record's reason)."""
     who = getattr(user, "username", "") or "staff"
-    Node.objects.filter(pk=node.pk).update(cordoned=True, cordon_note=f"by {who}: {note}".strip()[:500])
-    node.refresh_from_db()
-    return node
+    return _audited(node, user, "cordoned", note, cordoned=True, cordon_note=f"by {who}: {note}".strip()[:500])
 
 
-def uncordon(node: Node) -> Node:
-    """Let admission use ``node`` again (a staff cordon lifted)."""
-    Node.objects.filter(pk=node.pk).update(cordoned=False, cordon_note="")
-    node.refresh_from_db()
-    return node
+def uncordon(node: Node, user=None, reason: str = "") -> Node:
+    """Let admission use ``node`` again (a staff cordon lifted by ``user``, for ``reason``)."""
+    return _audited(node, user, "uncordoned", reason, cordoned=False, cordon_note="")
 
 
-def clear(node: Node, now: dt.datetime | None = None) -> Node:
-    """Clear ``node``'s health: healthy, the values of its evidence kept as the baseline (the same XID code, a
-    count not above it, the same condition reason, and the attempts ended before now no longer count)."""
+def clear(node: Node, now: dt.datetime | None = None, user=None, reason: str = "") -> Node:
+    """Clear ``node``'s health (by ``user``, for ``reason``: audited): healthy, the values of its evidence kept as
+    the baseline (the same XID code, a count not above it, the same condition reason, and the attempts ended
+    before now no longer count)."""
     now = now or timezone.now()
     baseline = {**node.health_baseline, **{f["key"]: f["value"] for f in node.health_evidence
                                            if f.get("key") and f["source"] in ("dcgm", "kubernetes")}}
-    Node.objects.filter(pk=node.pk).update(health=HEALTHY, health_evidence=[], health_baseline=baseline,
-                                           health_cleared_at=now, health_changed_at=now)
-    node.refresh_from_db()
-    return node
+    return _audited(node, user, "cleared", reason, health=HEALTHY, health_evidence=[], health_baseline=baseline,
+                    health_cleared_at=now, health_changed_at=now)

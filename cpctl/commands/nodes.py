@@ -29,9 +29,10 @@ def nodes(api: Api, cluster: str | None, health: str | None) -> int:
     return EXIT_OK
 
 
-def node_action(api: Api, node: int, action: str, note: str | None = None) -> int:
-    """POST ``nodes/<node>/<action>/`` (staff: cordon, uncordon, clear) and print the node's health afterwards."""
-    body = api.client.post(f"nodes/{node}/{action}/", {"note": note} if note else {})
+def node_action(api: Api, node: int, action: str, note: str | None = None, reason: str | None = None) -> int:
+    """POST ``nodes/<node>/<action>/`` (staff: cordon, uncordon, clear; ``reason`` for the audit trail) and print
+    the node's health afterwards."""
+    body = api.client.post(f"nodes/{node}/{action}/", {"note": note} if note else {}, reason=reason)
     if api.json:
         print_json(body)
     else:
@@ -48,7 +49,7 @@ def node_id(fn):
 
 @api_command("cordon", "staff: keep admission off a node (Kubernetes untouched)")
 @node_id
-@click.option("--note", help="why, shown next to the node")
+@click.option("--note", help="why, shown next to the node and kept in the audit trail")
 def cordon(api: Api, id: int, note: str | None) -> int:  # noqa: A002 - the argument's name in the usage line
     """Keep admission off node ``id``; ``note`` says why."""
     return node_action(api, id, "cordon", note)
@@ -56,16 +57,18 @@ def cordon(api: Api, id: int, note: str | None) -> int:  # noqa: A002 - the argu
 
 @api_command("uncordon", "staff: let admission use a cordoned node again")
 @node_id
-def uncordon(api: Api, id: int) -> int:  # noqa: A002
+@click.option("--reason", help="why, kept in the audit trail")
+def uncordon(api: Api, id: int, reason: str | None) -> int:  # noqa: A002
     """Let admission use node ``id`` again."""
-    return node_action(api, id, "uncordon")
+    return node_action(api, id, "uncordon", reason=reason)
 
 
 @api_command("clear-health", "staff: clear a node's health evidence")
 @node_id
-def clear_health(api: Api, id: int) -> int:  # noqa: A002
+@click.option("--reason", help="why, kept in the audit trail")
+def clear_health(api: Api, id: int, reason: str | None) -> int:  # noqa: A002
     """Clear node ``id``'s health evidence (it becomes healthy)."""
-    return node_action(api, id, "clear")
+    return node_action(api, id, "clear", reason=reason)
 
 
 COMMANDS = [nodes, cordon, uncordon, clear_health]

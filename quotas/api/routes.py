@@ -1,14 +1,17 @@
 """The quotas app's resources on the ``/api/v1/`` router."""
 
+from .audit import AuditRecordViewSet
 from .change_requests import ChangeRequestViewSet
 from .views import BudgetViewSet, CohortViewSet, PriorityClassViewSet, QuotaViewSet, TeamViewSet
 
 
 def register_routes(router) -> None:
-    """Mount ``teams/``, ``quotas/``, ``budgets/``, ``cohorts/``, ``priority-classes/`` and ``change-requests/`` on ``router``."""
+    """Mount ``teams/``, ``quotas/``, ``budgets/``, ``cohorts/``, ``priority-classes/``, ``change-requests/`` and
+    ``audit/`` on ``router``."""
     router.register("teams", TeamViewSet)
     router.register("quotas", QuotaViewSet)
     router.register("budgets", BudgetViewSet)
     router.register("cohorts", CohortViewSet)
     router.register("priority-classes", PriorityClassViewSet)
     router.register("change-requests", ChangeRequestViewSet)
+    router.register("audit", AuditRecordViewSet)

@@ -5,20 +5,20 @@ or change them (403 for the team's members, its admins included, who ask
 through ``change-requests/`` instead; 404 for outsiders, who cannot see them
 at all; ADR 0029). Cohorts, team weights and cohort
 membership, and priority classes are read by everyone and changed by staff.
-Every change of a quota, cohort, team's fair share or priority class writes
-a ``QuotaEvent`` in the same transaction.
+Every change of a quota, budget, cohort, team's fair share or priority class
+appends an audit record in the same transaction (``quotas.audit``, ADR 0031).
 """
 
 from __future__ import annotations
 
-from django.db import transaction
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, permissions, viewsets
 
 from core.permissions import IsStaffOrReadOnly
 from core.viewsets import ScopedGenericViewSet, ScopedReadOnlyViewSet, ScopedViewSetMixin
 
-from ..models import Budget, Cohort, PriorityClass, Quota, QuotaEvent, Team, audited_values, scope_to_teams
+from ..audit import AuditedWriteMixin
+from ..models import Budget, Cohort, PriorityClass, Quota, Team, scope_to_teams
 from ..permissions import StaffWritePermission
 from ..serializers import (
     BudgetSerializer,
@@ -43,26 +43,6 @@ class StaffWriteTeamObjectViewSet(mixins.ListModelMixin, mixins.RetrieveModelMix
 
     def scope_queryset(self, queryset, user):
         return scope_to_teams(queryset, user)
-
-
-class AuditedWriteMixin:
-    """Create, update and delete that record a QuotaEvent (who, what, old and new values) in the same transaction."""
-
-    def perform_create(self, serializer):
-        with transaction.atomic():
-            super().perform_create(serializer)
-            QuotaEvent.record(self.request.user, serializer.instance, "created", {}, audited_values(serializer.instance))
-
-    def perform_update(self, serializer):
-        with transaction.atomic():
-            old = audited_values(serializer.instance)
-            serializer.save()
-            QuotaEvent.record(self.request.user, serializer.instance, "updated", old, audited_values(serializer.instance))
-
-    def perform_destroy(self, instance):
-        with transaction.atomic():
-            QuotaEvent.record(self.request.user, instance, "deleted", audited_values(instance), {})
-            instance.delete()
 
 
 @extend_schema(tags=["teams"])
@@ -94,7 +74,7 @@ class QuotaViewSet(AuditedWriteMixin, StaffWriteTeamObjectViewSet):
 
 
 @extend_schema(tags=["teams"])
-class BudgetViewSet(StaffWriteTeamObjectViewSet):
+class BudgetViewSet(AuditedWriteMixin, StaffWriteTeamObjectViewSet):
     """Money budgets of the user's teams; staff write them."""
 
     queryset = Budget.objects.select_related("team")

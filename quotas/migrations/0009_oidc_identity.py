@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("quotas", "0007_change_requests"),
+        ("quotas", "0008_audit_record"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

@@ -2,7 +2,9 @@
 
 Clusters, their pools and nodes are platform infrastructure, not team
 objects, so every authenticated user sees all of them; only staff create or
-update clusters, and cordon, uncordon or clear the health of a node.
+update clusters, and cordon, uncordon or clear the health of a node. Each of
+those writes appends an audit record in its transaction, with the reason of
+the ``X-Audit-Reason`` header (a cordon's note is its reason; ADR 0031).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from rest_framework.response import Response
 
 from core.permissions import IsStaffOrReadOnly
 from core.viewsets import ScopedGenericViewSet, ScopedReadOnlyViewSet
+from quotas.audit import AuditedWriteMixin, reason_of
 
 from .. import health
 from ..models import Accelerator, Cluster, Node, NodePool
@@ -34,7 +37,7 @@ class AcceleratorViewSet(ScopedReadOnlyViewSet):
 
 
 @extend_schema(tags=["fleet"])
-class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+class ClusterViewSet(AuditedWriteMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
                      mixins.UpdateModelMixin, ScopedGenericViewSet):
     """Clusters with their node pools, free GPUs and prices now; staff create and update, others read."""
 
@@ -80,18 +83,19 @@ class NodeViewSet(ScopedReadOnlyViewSet):
         """Cordon the node in the platform: admission keeps off it (Kubernetes is not touched). Staff only."""
         body = CordonSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        node = health.cordon(self.get_object(), request.user, body.validated_data["note"])
+        node = health.cordon(self.get_object(), request.user, body.validated_data["note"] or reason_of(request))
         return Response(NodeSerializer(node).data)
 
     @extend_schema(request=None, responses=NodeSerializer)
     @action(detail=True, methods=["post"], filter_backends=[])
     def uncordon(self, request, pk=None):
         """Lift a staff cordon: admission may use the node again. Staff only."""
-        return Response(NodeSerializer(health.uncordon(self.get_object())).data)
+        return Response(NodeSerializer(health.uncordon(self.get_object(), request.user, reason_of(request))).data)
 
     @extend_schema(request=None, responses=NodeSerializer)
     @action(detail=True, methods=["post"], filter_backends=[])
     def clear(self, request, pk=None):
         """Clear the node's health: healthy again; the evidence seen so far no longer counts (a new XID code, a
         count that grows, a new condition reason or a new lost attempt does). Staff only."""
-        return Response(NodeSerializer(health.clear(self.get_object())).data)
+        node = health.clear(self.get_object(), user=request.user, reason=reason_of(request))
+        return Response(NodeSerializer(node).data)

@@ -18,13 +18,16 @@ from django.utils import timezone
 from controlplane.urls import api_router
 from costs.models import Price
 from costs.reports.build import generate_report
+from quotas.audit import record, snapshot
 from quotas.changes import request_change
 from quotas.models import Cohort, PriorityClass
 from runners.models import Node
 from tests.support.factories import VALID_SPEC
 
 #: A user sees only their teams' objects: another team's object is a 404, not a 403 (docs/design.md, Interfaces).
-TEAM_SCOPED = {"jobs", "teams", "quotas", "budgets", "budget-status", "reports", "change-requests"}
+#: The audit trail (ADR 0031) is read like a team's objects: a record of another team, or of the platform's own
+#: objects, is staff's only.
+TEAM_SCOPED = {"jobs", "teams", "quotas", "budgets", "budget-status", "reports", "change-requests", "audit"}
 #: The fleet and the platform's settings: every authenticated user reads them.
 PLATFORM_WIDE = {"accelerators", "clusters", "node-pools", "nodes", "prices", "cohorts", "priority-classes"}
 #: Aggregates over the user's teams' ledger and samples: lists only.
@@ -109,7 +112,10 @@ def world(teams, owner, teammate, outsider, aws_cluster, alpha_objects, beta_obj
                for i in (1, 2)]  # the pool's 2 nodes, as a sync records them
     change = request_change(user=owner.user, team=teams[0], kind="quota", target_id=alpha_objects["quota"].pk,
                             payload={"nominal_gpus": 24}, reason="a second training run")
+    quota = alpha_objects["quota"]
+    audited = record(None, "updated", quota, snapshot(quota), snapshot(quota), "a sample record of alpha's quota")
     return {
+        "audit": audited.pk,
         "change-requests": change.pk,
         "jobs": alpha_objects["job"].pk,
         "teams": "alpha",

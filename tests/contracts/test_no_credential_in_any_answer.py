@@ -199,3 +199,40 @@ def test_no_admin_page_of_the_cluster_shows_a_credential(planted):
         answer = client.get(url)
         assert answer.status_code == 200, url
         assert leaks(answer.content.decode()) == [], url
+
+
+def test_no_audit_record_of_a_credential_change_shows_the_credential(planted, staff):
+    """Staff rotate every credential of the cluster through the API and the Django admin; the audit trail says
+    that they changed, and neither its API, its page, nor its admin pages show the old or the new values."""
+    pk = planted["cluster"].pk
+    rotated = {"api_token": f"{TOKEN}-rotated", "ca_cert": CA.replace("bundle", "bundle-rotated"),
+               "kubeconfig": kubeconfig("https://127.0.0.1:1").replace(KUBECONFIG_MARK, f"{KUBECONFIG_MARK}-2"),
+               "prometheus_url": f"http://{PROMETHEUS_USER}:{PROMETHEUS_PASSWORD}-2@127.0.0.1:1/"}
+    answer = staff.client.patch(f"/api/v1/clusters/{pk}/", rotated, format="json",
+                                headers={"X-Audit-Reason": "rotation"})
+    assert answer.status_code == 200, answer.content[:300]
+    root = Client()
+    root.force_login(get_user_model().objects.create_superuser("root", "root@example.com", "pw-root"))
+    form = root.get(f"/admin/runners/cluster/{pk}/change/").context["adminform"].form
+    data = {name: ("" if value is None else value) for name, value in form.initial.items()
+            if name in form.fields and not isinstance(value, (list, dict))}
+    data.update({"api_token": TOKEN, "emulated": "", "audit_reason": "rotated back",
+                 "node_pools-TOTAL_FORMS": "0", "node_pools-INITIAL_FORMS": "0",
+                 "events-TOTAL_FORMS": "0", "events-INITIAL_FORMS": "0"})
+    saved = root.post(f"/admin/runners/cluster/{pk}/change/", data)
+    assert saved.status_code == 302, saved.content.decode()[:2000]
+    from quotas.models import AuditRecord
+
+    records = list(AuditRecord.objects.filter(object_type="cluster", object_id=pk).order_by("id"))
+    assert [(r.actor_name, r.reason) for r in records] == [(staff.user.username, "rotation"), ("root", "rotated back")]
+    assert {name: records[0].after[name] for name in ("api_token", "ca_cert", "kubeconfig", "prometheus_auth")} == \
+        dict.fromkeys(("api_token", "ca_cert", "kubeconfig", "prometheus_auth"), "credential changed")
+    assert records[1].after["api_token"] == "credential changed" and records[1].after["kubeconfig"] == "set"
+    for client, url in [(staff.client, "/api/v1/audit/"), (staff.client, f"/api/v1/audit/{records[0].pk}/"),
+                        (signed_in(staff), "/audit/"), (signed_in(staff), "/audit/?object_type=cluster"),
+                        (root, "/admin/quotas/auditrecord/"), (root, f"/admin/quotas/auditrecord/{records[0].pk}/change/"),
+                        (root, f"/admin/quotas/auditrecord/{records[1].pk}/change/")]:
+        answer = client.get(url)
+        assert answer.status_code == 200, url
+        assert leaks(answer.content.decode()) == [], url
+    assert "credential changed" in signed_in(staff).get("/audit/").content.decode()

@@ -20,7 +20,7 @@ from .test_submit import EXAMPLE
 UNREACHABLE = "http://127.0.0.1:9"
 COMMANDS = ["submit", "jobs", "job", "events", "efficiency", "cancel", "logs", "quotas", "clusters", "budgets",
             "costs", "utilization", "capacity", "reports", "report", "build-report", "nodes", "cordon", "uncordon",
-            "clear-health", "requests", "request", "approve", "decline", "withdraw"]
+            "clear-health", "requests", "request", "approve", "decline", "withdraw", "audit"]
 
 
 def test_help_lists_every_command_and_exits_0():
@@ -51,6 +51,8 @@ def test_help_lists_every_command_and_exits_0():
     ["reports", "--kind", "yearly"],
     ["submit", str(EXAMPLE), "--interval", "inf"],
     ["cordon"],
+    ["audit", "--action", "renamed"],
+    ["audit", "--object-id", "0"],
 ])
 def test_a_bad_command_line_is_a_usage_message_and_exit_2_before_any_request(argv):
     result = invoke(["--url", UNREACHABLE, *argv])

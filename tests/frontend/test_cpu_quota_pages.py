@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from jobs.models import JobAttempt
-from quotas.models import Quota, QuotaEvent
+from quotas.models import AuditRecord, Quota
 from runners.models import cpu_flavor
 from tests.support.factories import make_attempt, make_cluster, make_job_row
 from tests.support.personas import signed_in
@@ -55,5 +55,5 @@ def test_staff_edit_a_cpu_quota_in_vcpus_and_it_is_audited(staff, cpu_quota):
     assert ok.status_code == 302
     cpu_quota.refresh_from_db()
     assert (cpu_quota.nominal_vcpus, cpu_quota.borrowing_limit_vcpus, cpu_quota.max_vcpus_per_job) == (16, 2, 4)
-    event = QuotaEvent.objects.get(object_type="quota", object_id=cpu_quota.pk)
-    assert (event.old["nominal_vcpus"], event.new["nominal_vcpus"]) == (8, 16)
+    event = AuditRecord.objects.get(object_type="quota", object_id=cpu_quota.pk)
+    assert (event.before["nominal_vcpus"], event.after["nominal_vcpus"]) == (8, 16)

@@ -30,7 +30,7 @@ from playwright.sync_api import expect
 
 from frontend.sso import SSO_FAILED
 from quotas.groupmap import parse_group_map
-from quotas.models import Membership, OidcIdentity, QuotaEvent, Team
+from quotas.models import AuditRecord, Membership, OidcIdentity, Team
 from quotas.oidc import OidcBackend
 from tests.support.oidc import start_provider
 
@@ -107,7 +107,7 @@ def test_a_user_signs_in_through_the_provider_and_gets_the_teams_its_groups_map_
     expect(page.locator("header form.logout span")).to_have_text("alice-2 (staff)")
     user.refresh_from_db()
     assert roles_of(user) == {"alpha": "admin"} and user.is_staff
-    assert QuotaEvent.objects.filter(object_type="membership", action="deleted", object_repr__contains="beta").exists()
+    assert AuditRecord.objects.filter(object_type="membership", action="deleted", object_repr__contains="beta").exists()
 
     # Local accounts still sign in with their password beside the provider's button.
     page.get_by_role("button", name="Sign out").click()

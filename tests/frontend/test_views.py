@@ -16,7 +16,7 @@ from django.utils import timezone
 from costs.models import CostEntry, Report
 from costs.reports.build import generate_report
 from jobs.models import Job, JobState
-from quotas.models import Budget, Quota, QuotaEvent
+from quotas.models import AuditRecord, Budget, Quota
 from runners.models import NodePool
 from tests.support.factories import make_attempt, make_cluster, make_cost_entry, make_job, make_job_row
 from tests.support.personas import signed_in
@@ -51,7 +51,7 @@ def alpha_pages(objects) -> list[str]:
 
 
 LIST_PAGES = ["/", "/jobs/", "/jobs/rows/", "/jobs/new/", "/teams/", "/clusters/", "/costs/", "/costs.csv", "/capacity/",
-              "/reports/", "/requests/"]
+              "/reports/", "/requests/", "/audit/"]
 
 
 def test_every_page_sends_anonymous_users_to_sign_in(client, objects):
@@ -242,8 +242,8 @@ def test_staff_edit_quotas_and_budgets_and_it_is_audited(staff, owner_web, teamm
     assert response.status_code == 302
     quota.refresh_from_db()
     assert (quota.nominal_gpus, quota.borrowing_limit_gpus) == (24, 8)
-    event = QuotaEvent.objects.get(object_type="quota", object_id=quota.pk)
-    assert event.old["nominal_gpus"] == 16 and event.new["nominal_gpus"] == 24
+    event = AuditRecord.objects.get(object_type="quota", object_id=quota.pk)
+    assert event.before["nominal_gpus"] == 16 and event.after["nominal_gpus"] == 24
     response = staff_web.post(f"/teams/alpha/budgets/{budget.pk}/edit/",
                               {"period": "monthly", "amount_usd": "2500.00", "alert_thresholds": "90, 50",
                                "action": "alert"})

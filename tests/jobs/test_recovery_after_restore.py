@@ -21,7 +21,7 @@ import time
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection, connections
+from django.db import ProgrammingError, connection, connections
 from django.utils import timezone
 
 from costs.ledger import accrue_running
@@ -33,6 +33,8 @@ from jobs.models import Job, JobAttempt, JobState
 from jobs.reconcile import expire_end_records, reconcile_all
 from jobs.recovery import decide
 from jobs.scheduling.snapshot import team_used_gpus
+from quotas.audit import record, snapshot
+from quotas.models import AuditRecord, Team
 from runners.api.serializers import pool_statuses
 from runners.kubernetes.manifests import LABEL_ATTEMPT_UID
 from runners.models import Installation, NodePool, installation
@@ -106,8 +108,11 @@ def test_a_restore_from_a_backup_adopts_what_runs_and_ends_what_ended(live_clust
     team, accelerator = world.team.pk, world.accelerator.pk
     finished, cancelled, kept = (start(world, name) for name in ("aws-use1", "gcp-usc1", "aws-use1"))
     accrue_running()
+    audited = Team.objects.get(pk=team)
+    kept_record = record(None, "updated", audited, snapshot(audited), snapshot(audited), "before the backup")
     backup(tmp_path / "cp.dump")
     time.sleep(1.0)
+    lost_record = record(None, "updated", audited, snapshot(audited), snapshot(audited), "after the backup")
 
     later = [start(world, name) for name in ("gcp-usc1", "aws-use1", "gcp-usc1")]
     before = {a.pk: str(a.uid) for a in [finished, cancelled, kept, *later]}
@@ -127,6 +132,12 @@ def test_a_restore_from_a_backup_adopts_what_runs_and_ends_what_ended(live_clust
 
     restore(tmp_path / "cp.dump")
     assert not JobAttempt.objects.filter(uid__in=[str(a.uid) for a in later]).exists()  # lost with the gap
+    # The audit trail is part of the backup: the record of before it is back as it was, the later one is gone
+    # with the change it described, and the restored table still refuses changes (ADR 0031).
+    assert list(AuditRecord.objects.filter(pk__in=[kept_record.pk, lost_record.pk]).values_list("pk", "reason")) \
+        == [(kept_record.pk, "before the backup")]
+    with pytest.raises(ProgrammingError, match="append-only"), connection.cursor() as cursor:
+        cursor.execute("UPDATE quotas_auditrecord SET reason = 'rewritten' WHERE id = %s", [kept_record.pk])
     boundary = {str(a.uid): a.accrued_until.timestamp() for a in JobAttempt.objects.all()}
     assert set(boundary) == {str(finished.uid), str(cancelled.uid), str(kept.uid)}
 

@@ -14,11 +14,11 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from costs.models import Price
-from quotas.models import Budget, ChangeRequest, Cohort, PriorityClass, Quota, QuotaEvent
+from quotas.models import AuditRecord, Budget, ChangeRequest, Cohort, PriorityClass, Quota
 from runners.models import Cluster
 from tests.support.personas import signed_in
 
-MODELS = (Quota, Budget, Cohort, PriorityClass, Price, Cluster, QuotaEvent, ChangeRequest)
+MODELS = (Quota, Budget, Cohort, PriorityClass, Price, Cluster, AuditRecord, ChangeRequest)
 PERSONAS = ("owner", "teammate", "viewer", "outsider")
 
 

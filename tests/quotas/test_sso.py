@@ -15,7 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 from controlplane import deployment
 from quotas import sso
 from quotas.groupmap import PLATFORM_ADMIN, ROLES, entitlements, parse_group_map
-from quotas.models import Membership, OidcIdentity, QuotaEvent, Team
+from quotas.models import AuditRecord, Membership, OidcIdentity, Team
 
 ISSUER = "https://id.example.com"
 GROUP_MAP = parse_group_map(
@@ -102,8 +102,8 @@ def test_the_first_sign_in_creates_the_user_with_the_granted_memberships(teams, 
         "sub-1",
         ["ml-alpha", "ml-beta-readers", "ml-gamma"],
     )
-    created = QuotaEvent.objects.filter(object_type="membership", action="created")
-    assert sorted(event.new["role"] for event in created) == ["member", "viewer"]
+    created = AuditRecord.objects.filter(object_type="membership", action="created")
+    assert sorted(event.after["role"] for event in created) == ["member", "viewer"]
 
 
 def test_a_later_sign_in_changes_roles_removes_teams_and_sets_staff_from_the_new_claim(teams):
@@ -119,9 +119,9 @@ def test_a_later_sign_in_changes_roles_removes_teams_and_sets_staff_from_the_new
     third.refresh_from_db()
     assert roles_of(third) == {"beta": "viewer"} and not third.is_staff
     events = list(
-        QuotaEvent.objects.filter(object_type__in=["membership", "user"])
+        AuditRecord.objects.filter(object_type__in=["membership", "user"])
         .order_by("id")
-        .values_list("object_type", "action", "old", "new")
+        .values_list("object_type", "action", "before", "after")
     )
     assert events[2:] == [
         ("user", "updated", {"is_staff": False}, {"is_staff": True, "source": sso.EVENT_SOURCE}),

@@ -11,7 +11,7 @@ import pytest
 from django.core import mail
 
 from quotas import changes
-from quotas.models import Budget, ChangeRequest, ChangeRequestEvent, Quota, QuotaEvent
+from quotas.models import AuditRecord, Budget, ChangeRequest, ChangeRequestEvent, Quota
 from tests.support.personas import signed_in
 from tests.support.racing import run_concurrently
 
@@ -49,8 +49,8 @@ def test_a_team_admin_asks_staff_approve_and_exactly_the_requested_values_are_ap
     assert r.status_code == 200, r.content
     assert (r.json()["state"], r.json()["decided_by"], r.json()["applied"]) == ("approved", "staff", quota.pk)
     assert quota_values(quota.pk) == {**before, "nominal_gpus": 24, "borrowing_limit_gpus": 4}
-    event = QuotaEvent.objects.get(object_type="quota", object_id=quota.pk)
-    assert (event.actor, event.old["nominal_gpus"], event.new["nominal_gpus"]) == (staff.user, 16, 24)
+    event = AuditRecord.objects.get(object_type="quota", object_id=quota.pk)
+    assert (event.actor, event.before["nominal_gpus"], event.after["nominal_gpus"]) == (staff.user, 16, 24)
     assert list(ChangeRequestEvent.objects.filter(request_id=body["id"]).values_list("from_state", "to_state")) == [
         ("", "pending"), ("pending", "approved")]
     assert len(mail.outbox) == 1 and mail.outbox[0].to == ["owner@example.com"]
@@ -127,7 +127,10 @@ def test_decline_needs_a_note_changes_nothing_but_the_request_and_mails_the_requ
                               format="json")
     assert r.status_code == 200 and r.json()["state"] == "declined"
     assert r.json()["decision_note"] == "the fleet has 16 H100s"
-    assert quota_values(quota.pk) == before and not QuotaEvent.objects.exists()
+    assert quota_values(quota.pk) == before
+    # the decline is in the audit trail, the quota untouched is not
+    assert list(AuditRecord.objects.values_list("object_type", "action", "actor_name")) == [
+        ("changerequest", "declined", staff.user.username)]
     assert len(mail.outbox) == 1 and "declined" in mail.outbox[0].subject
     assert "the fleet has 16 H100s" in mail.outbox[0].body
     assert staff.client.post(f"{REQUESTS}{change['id']}/approve/", {}, format="json").status_code == 409
@@ -181,7 +184,7 @@ def test_two_approvals_at_once_apply_the_change_once(owner, staff, alpha_objects
     assert len(errors) == 1 and isinstance(errors[0], changes.ChangeConflict), errors
     assert "is approved already" in str(errors[0])
     assert Quota.objects.get(pk=quota.pk).nominal_gpus == 24
-    assert QuotaEvent.objects.filter(object_type="quota", object_id=quota.pk).count() == 1
+    assert AuditRecord.objects.filter(object_type="quota", object_id=quota.pk).count() == 1
     assert list(ChangeRequestEvent.objects.values_list("to_state", flat=True)) == ["pending", "approved"]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from jobs.models import Job
-from quotas.models import Quota, QuotaEvent
+from quotas.models import AuditRecord, Quota
 
 QUOTAS = "/api/v1/quotas/"
 JOBS = "/api/v1/jobs/"
@@ -27,8 +27,8 @@ def test_staff_set_a_cpu_quota_in_vcpus_and_the_team_sees_the_limit_it_can_reach
             body["lending_limit_vcpus"]) == (16, 8, 12, None)
     assert (body["limit_vcpus"], body["reachable_vcpus"]) == (24, 16 + 5)  # borrowing 8 capped by beta's 5
     assert (body["nominal_gpus"], body["limit_gpus"], body["reachable_gpus"]) == (0, 0, 0)
-    event = QuotaEvent.objects.get(action="created")
-    assert (event.new["nominal_vcpus"], event.new["borrowing_limit_vcpus"]) == (16, 8)
+    event = AuditRecord.objects.get(action="created")
+    assert (event.after["nominal_vcpus"], event.after["borrowing_limit_vcpus"]) == (16, 8)
     listed = teammate.client.get(QUOTAS).json()["results"]
     assert [(q["accelerator"], q["nominal_vcpus"]) for q in listed] == [("CPU", 16)]
 
@@ -55,7 +55,7 @@ def test_a_bad_cpu_quota_is_400_on_its_field_and_stores_nothing(staff, cpu, docu
 
     assert r.status_code == 400, r.content
     assert field in r.json(), r.json()
-    assert not Quota.objects.exists() and not QuotaEvent.objects.exists()
+    assert not Quota.objects.exists() and not AuditRecord.objects.exists()
 
 
 def test_a_gpu_quota_cannot_count_vcpus(staff, h100):

@@ -1,12 +1,12 @@
 """Fair-share settings through the API, audited: lending limits, cohorts, team weights and priority classes by
-staff only (a team admin asks through a change request, ADR 0029); every change recorded as a QuotaEvent."""
+staff only (a team admin asks through a change request, ADR 0029); every change recorded in the audit trail."""
 
 from decimal import Decimal
 
 import pytest
 
 from jobs.models import Job
-from quotas.models import Cohort, PriorityClass, Quota, QuotaEvent, Team
+from quotas.models import AuditRecord, Cohort, PriorityClass, Quota, Team
 
 pytestmark = pytest.mark.django_db
 
@@ -17,12 +17,12 @@ def test_staff_set_a_lending_limit_and_the_change_is_recorded(h100, alpha, quota
     r = admin.client.patch(f"/api/v1/quotas/{quota.pk}/", {"lending_limit_gpus": 2}, format="json")
     assert r.status_code == 200, r.content
     assert Quota.objects.get(pk=quota.pk).lending_limit_gpus == 2
-    event = QuotaEvent.objects.get(object_type="quota", object_id=quota.pk)
+    event = AuditRecord.objects.get(object_type="quota", object_id=quota.pk)
     assert (event.actor, event.action) == (admin.user, "updated")
-    assert (event.old["lending_limit_gpus"], event.new["lending_limit_gpus"]) == (None, 2)
+    assert (event.before["lending_limit_gpus"], event.after["lending_limit_gpus"]) == (None, 2)
     r = admin.client.patch(f"/api/v1/quotas/{quota.pk}/", {"lending_limit_gpus": 9}, format="json")
     assert r.status_code == 400 and "lending_limit_gpus" in r.json()
-    assert QuotaEvent.objects.count() == 1
+    assert AuditRecord.objects.count() == 1
 
 
 def test_staff_set_a_teams_cohort_and_weight_and_members_may_not(alpha, staff, owner):
@@ -33,9 +33,10 @@ def test_staff_set_a_teams_cohort_and_weight_and_members_may_not(alpha, staff, o
     assert r.status_code == 200, r.content
     team = Team.objects.get(pk=alpha.pk)
     assert (team.cohort.name, team.weight) == ("research", Decimal("2.5"))
-    event = QuotaEvent.objects.get(object_type="team")
-    assert event.old == {"cohort_id": None, "weight": "1.000", "queueing_strategy": "BestEffortFIFO"}
-    assert event.new["weight"] == "2.500"
+    event = AuditRecord.objects.get(object_type="team")
+    assert event.before == {"slug": "alpha", "name": alpha.name, "cost_center": alpha.cost_center, "cohort_id": None,
+                            "weight": "1.000", "queueing_strategy": "BestEffortFIFO"}
+    assert event.after["weight"] == "2.500"
     body = member.client.get("/api/v1/teams/alpha/").json()
     assert (body["cohort"], body["weight"]) == ("research", "2.500")
     assert staff.client.patch("/api/v1/teams/alpha/", {"weight": "0"}, format="json").status_code == 400
@@ -60,7 +61,7 @@ def test_cohorts_and_priority_classes_are_edited_by_staff_and_audited(alpha, sta
     assert [(c["name"], c["value"]) for c in classes] == [("low", 100), ("normal", 500), ("high", 1000)]
     r = staff.client.post("/api/v1/priority-classes/", {"name": "urgent", "value": 2000}, format="json")
     assert r.status_code == 201, r.content
-    assert set(QuotaEvent.objects.values_list("object_type", "action")) == {("cohort", "created"),
+    assert set(AuditRecord.objects.values_list("object_type", "action")) == {("cohort", "created"),
                                                                            ("priorityclass", "created")}
     # the new class is accepted by job validation at once, with its value
     cluster_factory("aws-use1", "aws", "us-east-1", h100)

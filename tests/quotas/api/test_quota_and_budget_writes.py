@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from quotas.models import Budget, Quota, QuotaEvent
+from quotas.models import AuditRecord, Budget, Quota
 from tests.support.factories import make_attempt, make_job
 
 
@@ -20,12 +20,12 @@ from tests.support.factories import make_attempt, make_job
 ])
 def test_bad_quota_patch_is_400(staff, alpha_objects, beta_objects, field, value):
     quota = alpha_objects["quota"]
-    events = QuotaEvent.objects.count()
+    events = AuditRecord.objects.count()
     response = staff.client.patch(f"/api/v1/quotas/{quota.pk}/", {field: value}, format="json")
     assert response.status_code == 400, (field, value, response.status_code, response.content[:300])
     assert field in response.json()
     assert Quota.objects.get(pk=quota.pk).nominal_gpus == 16
-    assert QuotaEvent.objects.count() == events
+    assert AuditRecord.objects.count() == events
 
 
 def test_quota_lowered_below_use_is_accepted_and_audited(staff, alpha_objects, aws_cluster, h100, teams, teammate):
@@ -33,7 +33,7 @@ def test_quota_lowered_below_use_is_accepted_and_audited(staff, alpha_objects, a
     make_attempt(job, aws_cluster["cluster"], aws_cluster["pool"])
     response = staff.client.patch(f"/api/v1/quotas/{alpha_objects['quota'].pk}/", {"nominal_gpus": 0}, format="json")
     assert response.status_code == 200
-    assert QuotaEvent.objects.filter(action="updated").exists()
+    assert AuditRecord.objects.filter(action="updated").exists()
 
 
 def test_member_viewer_and_outsider_cannot_edit_quota_or_budget(teammate, viewer, outsider, alpha_objects):
@@ -58,7 +58,7 @@ def test_member_cannot_create_quota_or_budget(teammate, viewer, alpha_objects, c
 
 
 def test_admin_of_alpha_cannot_touch_beta(owner, alpha_objects, beta_objects, catalog):
-    quotas, budgets, events = Quota.objects.count(), Budget.objects.count(), QuotaEvent.objects.count()
+    quotas, budgets, events = Quota.objects.count(), Budget.objects.count(), AuditRecord.objects.count()
     r = owner.client.post("/api/v1/quotas/", {"team": "beta", "accelerator": "L4", "nominal_gpus": 4}, format="json")
     assert r.status_code == 403  # no create by anyone but staff, whatever the team
     r = owner.client.post("/api/v1/budgets/", {"team": "beta", "amount_usd": "5"}, format="json")
@@ -69,7 +69,7 @@ def test_admin_of_alpha_cannot_touch_beta(owner, alpha_objects, beta_objects, ca
     assert r.status_code == 404
     r = owner.client.patch(f"/api/v1/budgets/{alpha_objects['budget'].pk}/", {"team": "beta"}, format="json")
     assert r.status_code == 403  # alpha's budget, which its admin sees but does not write
-    assert (Quota.objects.count(), Budget.objects.count(), QuotaEvent.objects.count()) == (quotas, budgets, events)
+    assert (Quota.objects.count(), Budget.objects.count(), AuditRecord.objects.count()) == (quotas, budgets, events)
     assert Quota.objects.get(pk=beta_objects["quota"].pk).nominal_gpus == 8
 
 
