@@ -1,0 +1,108 @@
+"""Serializers of ``/api/v1/subscriptions/`` and ``/api/v1/notifications/``."""
+
+from __future__ import annotations
+
+import urllib.parse
+
+from rest_framework import serializers
+
+from core.fields import ListedChoiceField, StrictBooleanField, StrictCharField
+from quotas.serializers import VisibleTeamField
+
+from ..delivery import WebhookUrlInvalid, check_webhook_url
+from ..models import Event, Notification, Subscription
+
+
+def shown_url(url: str) -> str:
+    """A webhook URL as answers show it: scheme and host only, the path (which holds Slack's key) left out."""
+    parts = urllib.parse.urlsplit(str(url))
+    return f"{parts.scheme}://{parts.netloc}/…" if parts.netloc else ""
+
+
+class SubscriptionSerializer(serializers.ModelSerializer):
+    """A user's or a team's subscription to notifications.
+
+    Input: ``team`` (slug of one of the user's teams: a team subscription, which only the team's admins and
+    staff make; left out or null: the user's own), ``channel`` (``email`` or ``webhook``, fixed after creation),
+    ``email`` (an e-mail subscription's address; a team's needs one, the user's own defaults to the user's
+    address), ``webhook_url`` (a webhook's http or https URL without ``user:password@``; never shown again:
+    ``webhook`` shows its scheme and host), ``secret`` (the HMAC-SHA256 key of the ``X-Controlplane-Signature-256``
+    header, at most 200 characters; never shown, ``has_secret`` says whether one is set), ``events`` (one or more
+    of ``job.succeeded``, ``job.failed``, ``job.cancelled``, ``job.preempted``, ``job.recovered``,
+    ``budget.threshold``), ``only_own_jobs`` (the user's own subscription only: job events of the jobs the user
+    submitted), ``active``, ``name``.
+    """
+
+    team = VisibleTeamField(required=False, allow_null=True, default=None)
+    user = serializers.CharField(source="user.username", read_only=True, default=None, allow_null=True)
+    channel = ListedChoiceField(choices=Subscription.Channel.choices)
+    name = StrictCharField(max_length=100, required=False, allow_blank=True)
+    email = serializers.EmailField(required=False, allow_blank=True)
+    webhook_url = StrictCharField(write_only=True, required=False, allow_blank=True, max_length=2000)
+    webhook = serializers.SerializerMethodField()
+    secret = StrictCharField(write_only=True, required=False, allow_blank=True, max_length=200,
+                             trim_whitespace=False)
+    has_secret = serializers.SerializerMethodField()
+    events = serializers.ListField(child=ListedChoiceField(choices=Event.choices), allow_empty=False, max_length=6)
+    only_own_jobs = StrictBooleanField(required=False)
+    active = StrictBooleanField(required=False)
+
+    class Meta:
+        model = Subscription
+        fields = ["id", "team", "user", "name", "channel", "email", "webhook_url", "webhook", "secret", "has_secret",
+                  "events", "only_own_jobs", "active", "created_at"]
+        read_only_fields = ["id", "user", "webhook", "has_secret", "created_at"]
+
+    def get_webhook(self, sub: Subscription) -> str:
+        return shown_url(sub.webhook_url) if sub.channel == Subscription.Channel.WEBHOOK else ""
+
+    def get_has_secret(self, sub: Subscription) -> bool:
+        return bool(str(sub.secret))
+
+    def validate_events(self, events: list) -> list:
+        if len(set(events)) != len(events):
+            raise serializers.ValidationError("each event once")
+        return events
+
+    def validate(self, attrs: dict) -> dict:
+        current = self.instance
+        merged = {f: attrs.get(f, getattr(current, f, None)) for f in
+                  ("team", "channel", "email", "webhook_url", "only_own_jobs")}
+        if current is not None:
+            for field in ("team", "channel"):
+                if field in attrs and attrs[field] != getattr(current, field):
+                    raise serializers.ValidationError({field: "fixed after creation; make a new subscription"})
+        if merged["channel"] == Subscription.Channel.WEBHOOK:
+            if not merged["webhook_url"]:
+                raise serializers.ValidationError({"webhook_url": "a webhook subscription needs a URL"})
+            if merged["email"]:
+                raise serializers.ValidationError({"email": "a webhook subscription has no e-mail address"})
+            try:
+                check_webhook_url(str(merged["webhook_url"]))
+            except WebhookUrlInvalid as exc:
+                raise serializers.ValidationError({"webhook_url": str(exc)}) from None
+        else:
+            if attrs.get("webhook_url") or attrs.get("secret"):
+                field = "webhook_url" if attrs.get("webhook_url") else "secret"
+                raise serializers.ValidationError({field: "only a webhook subscription has one"})
+            if merged["team"] is not None and not merged["email"]:
+                raise serializers.ValidationError({"email": "a team's e-mail subscription needs an address"})
+        if merged["team"] is not None and merged["only_own_jobs"]:
+            raise serializers.ValidationError({"only_own_jobs": "only for your own subscription, not a team's"})
+        return attrs
+
+
+class NotificationSerializer(serializers.ModelSerializer):
+    """One notification and how its delivery went: ``status`` ``pending`` (next try at ``next_attempt_at``),
+    ``queued``, ``sending``, ``sent`` (at ``sent_at``) or ``failed``; ``response_status`` is the webhook
+    receiver's last HTTP status, ``last_error`` the last failure. ``payload`` is the body sent (its ``text``
+    the e-mail's)."""
+
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    channel = serializers.CharField(source="subscription.channel", read_only=True)
+
+    class Meta:
+        model = Notification
+        fields = ["id", "subscription", "team", "event", "job", "channel", "recipient", "subject", "payload",
+                  "status", "attempts", "next_attempt_at", "sent_at", "response_status", "last_error", "created_at"]
+        read_only_fields = fields
