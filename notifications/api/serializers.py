@@ -23,7 +23,7 @@ class SubscriptionSerializer(serializers.ModelSerializer):
     """A user's or a team's subscription to notifications.
 
     Input: ``team`` (slug of one of the user's teams: a team subscription, which only the team's admins and
-    staff make; left out or null: the user's own), ``channel`` (``email`` or ``webhook``, fixed after creation),
+    staff make; left out: the user's own), ``channel`` (``email`` or ``webhook``, fixed after creation),
     ``email`` (an e-mail subscription's address; a team's needs one, the user's own defaults to the user's
     address), ``webhook_url`` (a webhook's http or https URL without ``user:password@``; never shown again:
     ``webhook`` shows its scheme and host), ``secret`` (the HMAC-SHA256 key of the ``X-Controlplane-Signature-256``
@@ -33,7 +33,7 @@ class SubscriptionSerializer(serializers.ModelSerializer):
     submitted), ``active``, ``name``.
     """
 
-    team = VisibleTeamField(required=False, allow_null=True, default=None)
+    team = VisibleTeamField(required=False)
     user = serializers.CharField(source="user.username", read_only=True, default=None, allow_null=True)
     channel = ListedChoiceField(choices=Subscription.Channel.choices)
     name = StrictCharField(max_length=100, required=False, allow_blank=True)
@@ -66,7 +66,10 @@ class SubscriptionSerializer(serializers.ModelSerializer):
 
     def validate(self, attrs: dict) -> dict:
         current = self.instance
-        merged = {f: attrs.get(f, getattr(current, f, None)) for f in
+        # A PATCH keeps what it leaves out; a PUT replaces the subscription, URL included (never shown, so never
+        # sent back unchanged by accident), and keeps only its team.
+        kept = ("team", "channel", "email", "webhook_url", "only_own_jobs") if self.partial else ("team",)
+        merged = {f: attrs.get(f, getattr(current, f, None) if f in kept else None) for f in
                   ("team", "channel", "email", "webhook_url", "only_own_jobs")}
         if current is not None:
             for field in ("team", "channel"):
