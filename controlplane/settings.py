@@ -494,7 +494,8 @@ SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {}).update(
     {"ReportKindEnum": ["daily", "weekly", "custom"], "KindEnum": [("training", "Training"), ("inference", "Inference")],
      "JobStateEnum": "jobs.models.JobState", "ChangeRequestKindEnum": [("quota", "Quota"), ("budget", "Budget")],
      "ChangeRequestStateEnum": [("pending", "Pending"), ("approved", "Approved"), ("declined", "Declined"),
-                                ("withdrawn", "Withdrawn")]})
+                                ("withdrawn", "Withdrawn")],
+     "NotificationEventEnum": "notifications.models.Event"})
 # --- end Web UI ---------------------------------------------------------------
 
 # --- Single sign-on (OpenID Connect) -----------------------------------------------

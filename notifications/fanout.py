@@ -59,13 +59,16 @@ class Audience:
 
     by_team: dict[int, list[Subscription]]
     personal_by_team: dict[int, list[Subscription]]
+    earliest: dt.datetime | None = None
 
     @classmethod
     def load(cls) -> "Audience":
         """Two queries: the active subscriptions, and the memberships of the users of the personal ones."""
         by_team, personal_by_team = defaultdict(list), defaultdict(list)
         personal = defaultdict(list)
+        earliest = None
         for sub in Subscription.objects.filter(active=True).select_related("user"):
+            earliest = sub.created_at if earliest is None else min(earliest, sub.created_at)
             if sub.team_id is not None:
                 by_team[sub.team_id].append(sub)
             else:
@@ -73,7 +76,7 @@ class Audience:
         for user_id, team_id in Membership.objects.filter(user_id__in=list(personal)).values_list("user_id",
                                                                                                     "team_id"):
             personal_by_team[team_id].extend(personal[user_id])
-        return cls(by_team, personal_by_team)
+        return cls(by_team, personal_by_team, earliest)
 
     @property
     def team_ids(self) -> set[int]:
@@ -187,7 +190,12 @@ def fan_out_source(source: str, audience: Audience, now: dt.datetime, batch: int
     model, time_field, team_field, rows_of, narrow = SOURCES[source]
     settled = now - dt.timedelta(seconds=settings.NOTIFY_SETTLE_SECONDS)
     with transaction.atomic():
-        FanoutCursor.objects.get_or_create(source=source)
+        if not FanoutCursor.objects.filter(source=source).exists():
+            # The first pass starts after the rows that can notify nobody: settled, and older than every
+            # subscription (one scan, once), so an install with a long history does not read it all again.
+            floor = min(settled, audience.earliest or settled)
+            start = model.objects.filter(**{f"{time_field}__lt": floor}).aggregate(m=Max("id"))["m"] or 0
+            FanoutCursor.objects.get_or_create(source=source, defaults={"last_id": start})
         cursor = FanoutCursor.objects.select_for_update().get(source=source)
         after = model.objects.filter(id__gt=cursor.last_id)
         rows = list(narrow(after.filter(**{f"{team_field}__in": audience.team_ids})).order_by("id")[:batch]) \

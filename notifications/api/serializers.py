@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import urllib.parse
 
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from rest_framework import serializers
 
 from core.fields import ListedChoiceField, StrictBooleanField, StrictCharField
@@ -17,6 +18,20 @@ def shown_url(url: str) -> str:
     """A webhook URL as answers show it: scheme and host only, the path (which holds Slack's key) left out."""
     parts = urllib.parse.urlsplit(str(url))
     return f"{parts.scheme}://{parts.netloc}/…" if parts.netloc else ""
+
+
+class SubscriptionTeamField(VisibleTeamField):
+    """A subscription's team: a slug of the user's teams on input (left out: the user's own subscription, never
+    null), the slug or null (the user's own) in answers."""
+
+
+class SubscriptionTeamFieldSchema(OpenApiSerializerFieldExtension):
+    """The OpenAPI schema of ``SubscriptionTeamField``: a string in requests, a nullable string in answers."""
+
+    target_class = SubscriptionTeamField
+
+    def map_serializer_field(self, auto_schema, direction):
+        return {"type": "string", "nullable": True} if direction == "response" else {"type": "string"}
 
 
 class SubscriptionSerializer(serializers.ModelSerializer):
@@ -33,7 +48,7 @@ class SubscriptionSerializer(serializers.ModelSerializer):
     submitted), ``active``, ``name``.
     """
 
-    team = VisibleTeamField(required=False)
+    team = SubscriptionTeamField(required=False)
     user = serializers.CharField(source="user.username", read_only=True, default=None, allow_null=True)
     channel = ListedChoiceField(choices=Subscription.Channel.choices)
     name = StrictCharField(max_length=100, required=False, allow_blank=True)

@@ -288,3 +288,16 @@ def test_events_before_the_settle_time_are_read_again_and_the_cursor_waits_for_t
     fanout.fan_out(now + dt.timedelta(seconds=121))
     assert FanoutCursor.objects.get(source="job_event").last_id == JobEvent.objects.latest("id").pk
     assert Notification.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_the_first_pass_starts_after_the_events_that_precede_every_subscription(quick, teams, teammate, h100,
+                                                                                aws_cluster):
+    old = ended_job(teams[0], teammate.user, h100, aws_cluster, name="before")
+    JobEvent.objects.filter(job=old).update(created_at=LONG_AGO - dt.timedelta(days=1))
+    last_old_event = JobEvent.objects.filter(job=old).latest("id").pk
+    subscribe(user=teammate.user, channel="email", email="t@example.com", events=[Event.JOB_SUCCEEDED])
+    ended_job(teams[0], teammate.user, h100, aws_cluster, name="after")
+    send_all()
+    assert [m.subject.split()[-2] for m in mail.outbox] == ["after"]
+    assert FanoutCursor.objects.get(source="job_event").last_id > last_old_event
