@@ -24,7 +24,6 @@ import hmac
 import json
 import logging
 import urllib.error
-import urllib.parse
 import urllib.request
 
 from django.conf import settings
@@ -36,30 +35,13 @@ from django.utils import timezone
 from jobs.enqueue import publish_or_keep
 
 from .models import Notification, Subscription
+from .rules import check_webhook_url
 
 log = logging.getLogger(__name__)
 
 DELIVER_TASK = "notifications.tasks.deliver"
 SIGNATURE_HEADER = "X-Controlplane-Signature-256"
 S = Notification.Status
-
-
-class WebhookUrlInvalid(ValueError):
-    """A webhook URL the platform will not POST to (the message says why)."""
-
-
-def check_webhook_url(url: str) -> str:
-    """``url`` when it is an absolute http or https URL with a host and no ``user:password@`` part (a credential
-    there would be shown in logs and answers; a receiver's secret goes in ``secret`` or in the path, as Slack's
-    incoming webhooks do). Raises WebhookUrlInvalid otherwise."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https"):
-        raise WebhookUrlInvalid("a webhook URL must start with http:// or https://")
-    if not parts.hostname:
-        raise WebhookUrlInvalid("a webhook URL must name a host")
-    if parts.username is not None or parts.password is not None:
-        raise WebhookUrlInvalid("a webhook URL may not hold user:password@; put the receiver's key in secret")
-    return url
 
 
 def signature(secret: str, body: bytes) -> str:

@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import urllib.parse
-
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from rest_framework import serializers
 
 from core.fields import ListedChoiceField, StrictBooleanField, StrictCharField
 from quotas.serializers import VisibleTeamField
 
-from ..delivery import WebhookUrlInvalid, check_webhook_url
 from ..models import Event, Notification, Subscription
-
-
-def shown_url(url: str) -> str:
-    """A webhook URL as answers show it: scheme and host only, the path (which holds Slack's key) left out."""
-    parts = urllib.parse.urlsplit(str(url))
-    return f"{parts.scheme}://{parts.netloc}/…" if parts.netloc else ""
+from ..rules import shown_url, subscription_errors
 
 
 class SubscriptionTeamField(VisibleTeamField):
@@ -90,23 +82,11 @@ class SubscriptionSerializer(serializers.ModelSerializer):
             for field in ("team", "channel"):
                 if field in attrs and attrs[field] != getattr(current, field):
                     raise serializers.ValidationError({field: "fixed after creation; make a new subscription"})
-        if merged["channel"] == Subscription.Channel.WEBHOOK:
-            if not merged["webhook_url"]:
-                raise serializers.ValidationError({"webhook_url": "a webhook subscription needs a URL"})
-            if merged["email"]:
-                raise serializers.ValidationError({"email": "a webhook subscription has no e-mail address"})
-            try:
-                check_webhook_url(str(merged["webhook_url"]))
-            except WebhookUrlInvalid as exc:
-                raise serializers.ValidationError({"webhook_url": str(exc)}) from None
-        else:
-            if attrs.get("webhook_url") or attrs.get("secret"):
-                field = "webhook_url" if attrs.get("webhook_url") else "secret"
-                raise serializers.ValidationError({field: "only a webhook subscription has one"})
-            if merged["team"] is not None and not merged["email"]:
-                raise serializers.ValidationError({"email": "a team's e-mail subscription needs an address"})
-        if merged["team"] is not None and merged["only_own_jobs"]:
-            raise serializers.ValidationError({"only_own_jobs": "only for your own subscription, not a team's"})
+        errors = subscription_errors(team=merged["team"], channel=merged["channel"], email=merged["email"],
+                                     webhook_url=merged["webhook_url"], secret=attrs.get("secret", ""),
+                                     only_own_jobs=merged["only_own_jobs"])
+        if errors:
+            raise serializers.ValidationError(errors)
         return attrs
 
 

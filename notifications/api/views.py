@@ -15,10 +15,8 @@ from core.viewsets import ScopedGenericViewSet, ScopedReadOnlyViewSet
 from quotas.permissions import may_administer
 
 from ..models import Notification, Subscription
+from ..rules import TEAM_ONLY_ADMINS, may_change, refusal
 from .serializers import NotificationSerializer, SubscriptionSerializer
-
-TEAM_ONLY_ADMINS = "only the team's admins and platform staff change a team's subscriptions"
-OWN_ONLY = "only its user changes a personal subscription"
 
 
 class SubscriptionWritePermission(permissions.BasePermission):
@@ -26,16 +24,9 @@ class SubscriptionWritePermission(permissions.BasePermission):
     team's admins and staff (a team's)."""
 
     def has_object_permission(self, request, view, obj: Subscription) -> bool:
-        if request.method in permissions.SAFE_METHODS:
+        if request.method in permissions.SAFE_METHODS or may_change(request.user, obj):
             return True
-        if obj.team_id is not None:
-            if may_administer(request.user, obj.team_id):
-                return True
-            self.message = TEAM_ONLY_ADMINS
-            return False
-        if obj.user_id == request.user.pk or request.user.is_staff:
-            return True
-        self.message = OWN_ONLY
+        self.message = refusal(obj)
         return False
 
 
