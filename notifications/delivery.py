@@ -13,7 +13,8 @@ answers holds one worker for at most ``NOTIFY_WEBHOOK_TIMEOUT_SECONDS`` and dela
   ``NOTIFY_RETRY_MAX_SECONDS``), or ``failed`` after ``NOTIFY_MAX_ATTEMPTS``.
 
 A worker that dies between the receiver's answer and the ``sent`` mark sends again after the lease: receivers
-that must not act twice read the ``X-Controlplane-Delivery`` header, the notification's id, which never changes.
+that must not act twice read the ``X-Controlplane-Delivery`` header, the notification's ``uid``, which never
+changes.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import urllib.error
 import urllib.request
 
 from django.conf import settings
-from django.core.mail import send_mail
+from django.core.mail import EmailMessage
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
@@ -73,7 +74,7 @@ def post_webhook(notification: Notification, sub: Subscription) -> int:
     any other answer, a redirect, a timeout (``NOTIFY_WEBHOOK_TIMEOUT_SECONDS``) or a connection error."""
     body = json.dumps(notification.payload, separators=(",", ":"), sort_keys=True).encode()
     headers = {"Content-Type": "application/json", "User-Agent": "controlplane-notifications/1",
-               "X-Controlplane-Event": notification.event, "X-Controlplane-Delivery": str(notification.pk)}
+               "X-Controlplane-Event": notification.event, "X-Controlplane-Delivery": str(notification.uid)}
     if str(sub.secret):
         headers[SIGNATURE_HEADER] = signature(str(sub.secret), body)
     request = urllib.request.Request(check_webhook_url(str(sub.webhook_url)), data=body, headers=headers,
@@ -89,11 +90,15 @@ def post_webhook(notification: Notification, sub: Subscription) -> int:
 
 
 def send_email(notification: Notification) -> None:
-    """Send the notification as a plain-text e-mail to its recipient (``EMAIL_BACKEND``); raises DeliveryFailed
-    when the backend refuses it."""
+    """Send the notification as a plain-text e-mail to its recipient (``EMAIL_BACKEND``), with the webhook's
+    ``X-Controlplane-Delivery`` and ``X-Controlplane-Event`` headers; raises DeliveryFailed when the backend
+    refuses it."""
+    message = EmailMessage(subject=notification.subject, body=notification.payload.get("text", "") + "\n",
+                           from_email=settings.DEFAULT_FROM_EMAIL, to=[notification.recipient],
+                           headers={"X-Controlplane-Delivery": str(notification.uid),
+                                    "X-Controlplane-Event": notification.event})
     try:
-        send_mail(subject=notification.subject, message=notification.payload.get("text", "") + "\n",
-                  from_email=settings.DEFAULT_FROM_EMAIL, recipient_list=[notification.recipient])
+        message.send()
     except Exception as exc:  # noqa: BLE001 - SMTP and socket errors alike: retried with backoff
         raise DeliveryFailed(f"the mail server refused it: {exc!r}"[:500]) from None
 

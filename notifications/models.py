@@ -3,6 +3,8 @@ subscription: the idempotency key), and the cursors of the fan-out (docs/adr/003
 
 from __future__ import annotations
 
+import uuid
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
@@ -97,6 +99,10 @@ class Notification(models.Model):
     ``payload`` is the webhook body (Slack-compatible: ``text`` plus structured fields), ``subject`` and the
     payload's ``text`` the e-mail, both fixed when the row is made so a retry sends the same bytes.
 
+    ``uid`` is the delivery id receivers deduplicate on (``X-Controlplane-Delivery``): the same on every try of
+    this notification, and never handed out again, even by a database restored from a backup (whose sequences
+    give out ids again, ADR 0011).
+
     ``status``: ``pending`` (due at ``next_attempt_at``), ``queued`` (a delivery task was published at
     ``claimed_at``), ``sending`` (a worker claimed it at ``claimed_at``), ``sent``, ``failed`` (gave up after
     ``NOTIFY_MAX_ATTEMPTS``, or nothing to send to). Every change is a compare-and-set on the status.
@@ -113,6 +119,7 @@ class Notification(models.Model):
         SENT = "sent"
         FAILED = "failed"
 
+    uid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     subscription = models.ForeignKey(Subscription, on_delete=models.CASCADE, related_name="notifications")
     source = models.CharField(max_length=16, choices=Source.choices)
     source_id = models.BigIntegerField()

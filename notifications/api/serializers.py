@@ -93,14 +93,14 @@ class SubscriptionSerializer(serializers.ModelSerializer):
 class NotificationSerializer(serializers.ModelSerializer):
     """One notification and how its delivery went: ``status`` ``pending`` (next try at ``next_attempt_at``),
     ``queued``, ``sending``, ``sent`` (at ``sent_at``) or ``failed``; ``response_status`` is the webhook
-    receiver's last HTTP status, ``last_error`` the last failure. ``payload`` is the body sent (its ``text``
-    the e-mail's)."""
+    receiver's last HTTP status, ``last_error`` the last failure; ``uid`` is the webhook's
+    ``X-Controlplane-Delivery``. ``payload`` is the body sent (its ``text`` the e-mail's)."""
 
     team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     channel = serializers.CharField(source="subscription.channel", read_only=True)
 
     class Meta:
         model = Notification
-        fields = ["id", "subscription", "team", "event", "job", "channel", "recipient", "subject", "payload",
+        fields = ["id", "uid", "subscription", "team", "event", "job", "channel", "recipient", "subject", "payload",
                   "status", "attempts", "next_attempt_at", "sent_at", "response_status", "last_error", "created_at"]
         read_only_fields = fields

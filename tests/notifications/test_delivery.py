@@ -90,7 +90,7 @@ def test_a_jobs_end_sends_one_signed_webhook_and_one_email(quick, teams, owner, 
         "reason": "all pods succeeded", "cost_usd": "0.00", "url": f"https://cp.example.com/jobs/{job.pk}/"}
     assert post["headers"]["X-Controlplane-Event"] == "job.succeeded"
     note = Notification.objects.get(subscription__channel="webhook")
-    assert post["headers"]["X-Controlplane-Delivery"] == str(note.pk)
+    assert post["headers"]["X-Controlplane-Delivery"] == str(note.uid)
     assert (note.status, note.attempts, note.response_status) == ("sent", 1, 200)
 
     assert len(mail.outbox) == 1
@@ -177,7 +177,7 @@ def test_a_receiver_that_answers_500_gets_it_once_after_a_retry_with_backoff(qui
         assert send_all(now + dt.timedelta(seconds=base)) == ["sent"]
         assert send_all(now + dt.timedelta(hours=1)) == []
 
-    assert [r["headers"]["X-Controlplane-Delivery"] for r in receiver.received] == [str(note.pk)] * 2
+    assert [r["headers"]["X-Controlplane-Delivery"] for r in receiver.received] == [str(note.uid)] * 2
     assert receiver.received[0]["body"] == receiver.received[1]["body"]  # the same bytes, signed the same
     note.refresh_from_db()
     assert (note.status, note.attempts, note.response_status, note.last_error) == ("sent", 2, 200, "")
