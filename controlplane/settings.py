@@ -68,6 +68,7 @@ INSTALLED_APPS = [
     "runners",
     "jobs",
     "costs",
+    "notifications",
     "frontend",
     "demo",
 ]
@@ -262,7 +263,8 @@ CELERY_TASK_ROUTES = {
                      "costs.tasks.collect_utilization", "costs.tasks.collect_ended_utilization",
                      "costs.tasks.check_ledger", "frontend.tasks.generate_reports", "costs.tasks.catch_up_reports",
                      "runners.tasks.check_node_health",
-                     "jobs.tasks.collect_workload_metrics", "celery.*"], {"queue": CELERY_SLOW_QUEUE}),
+                     "jobs.tasks.collect_workload_metrics", "notifications.tasks.notify",
+                     "notifications.tasks.deliver", "celery.*"], {"queue": CELERY_SLOW_QUEUE}),
 }
 # Pacing of scheduling passes under a storm of submissions (jobs.scheduling.passes.schedule_coalesced): after a pass
 # of d seconds the next waits min(d x FACTOR, MAX); none after a pass shorter than MIN seconds. FACTOR 6: the
@@ -338,6 +340,24 @@ REPORTS_MAX_PERIOD_DAYS = env.int("REPORTS_MAX_PERIOD_DAYS", default=92)
 CELERY_BEAT_SCHEDULE["catch-up-reports"] = {"task": "costs.tasks.catch_up_reports",
                                             "schedule": REPORTS_CATCHUP_INTERVAL_SECONDS}
 # --- end Costs and utilization -------------------------------------------------
+
+# --- Notifications (docs/adr/0035-notifications.md) ---------------------------
+# Each pass derives the notifications of new job events and budget alerts and queues the due ones, seconds.
+NOTIFY_INTERVAL_SECONDS = env.float("NOTIFY_INTERVAL_SECONDS", default=10.0)
+CELERY_BEAT_SCHEDULE["notify"] = {"task": "notifications.tasks.notify", "schedule": NOTIFY_INTERVAL_SECONDS}
+# How old an event must be before the fan-out's cursor moves past it, seconds: a transaction open longer than this
+# when a later event commits could have its event skipped (the control plane's transactions last milliseconds).
+NOTIFY_SETTLE_SECONDS = env.float("NOTIFY_SETTLE_SECONDS", default=120.0)
+# One webhook POST waits this long for the answer, seconds; redirects are never followed.
+NOTIFY_WEBHOOK_TIMEOUT_SECONDS = env.float("NOTIFY_WEBHOOK_TIMEOUT_SECONDS", default=5.0)
+# Tries per notification, and the backoff between them: BASE x 2^(tries - 1) seconds, at most MAX. The defaults
+# give up after about 17 hours (30 s, 1, 2, 4, 8, 16, 32 min, 1 h, then hourly).
+NOTIFY_MAX_ATTEMPTS = env.int("NOTIFY_MAX_ATTEMPTS", default=24)
+NOTIFY_RETRY_BASE_SECONDS = env.float("NOTIFY_RETRY_BASE_SECONDS", default=30.0)
+NOTIFY_RETRY_MAX_SECONDS = env.float("NOTIFY_RETRY_MAX_SECONDS", default=3600.0)
+# The UI's public address, put before the job and team links of notifications (empty: the paths alone).
+NOTIFY_BASE_URL = env("NOTIFY_BASE_URL", default="")
+# --- end Notifications ----------------------------------------------------------
 
 # --- Runners ------------------------------------------------------------------
 # Emulated GPUs offered by the local runner on a machine without NVIDIA GPUs.
@@ -474,7 +494,8 @@ SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {}).update(
     {"ReportKindEnum": ["daily", "weekly", "custom"], "KindEnum": [("training", "Training"), ("inference", "Inference")],
      "JobStateEnum": "jobs.models.JobState", "ChangeRequestKindEnum": [("quota", "Quota"), ("budget", "Budget")],
      "ChangeRequestStateEnum": [("pending", "Pending"), ("approved", "Approved"), ("declined", "Declined"),
-                                ("withdrawn", "Withdrawn")]})
+                                ("withdrawn", "Withdrawn")],
+     "NotificationEventEnum": "notifications.models.Event"})
 # --- end Web UI ---------------------------------------------------------------
 
 # --- Single sign-on (OpenID Connect) -----------------------------------------------

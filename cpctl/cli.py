@@ -41,6 +41,11 @@ Commands (one module each under ``cpctl.commands``)::
   withdraw ID                                  the requester takes back a pending request
   audit [--team T] [--type X] [--object-id N] [--actor U] [--action A] [--since S] [--until U] [--limit N]
                                                the audit trail: who changed what, when, before, after, why
+  subscriptions                                your and your teams' notification subscriptions
+  subscribe --event E ... [--team T] [--email A | --webhook URL [--secret K]] [--only-own-jobs]
+                                               be told of job ends and budget thresholds (a team's: its admins)
+  unsubscribe ID                               delete a subscription
+  notifications [--status S] [--limit N]       the delivery log: sent, pending, failed, the last error
 
 ``--json`` (every command) prints the API's JSON instead of a table; list
 commands print the API's page shape ``{"count", "next", "previous",
@@ -70,7 +75,7 @@ import sys
 
 import click
 
-from cpctl.commands import audit, clusters, costs, jobs, nodes, quotas, reports, requests
+from cpctl.commands import audit, clusters, costs, jobs, nodes, notifications, quotas, reports, requests
 from cpctl.errors import EXIT_INTERRUPTED, EXIT_OK
 from cpctl.options import CONTEXT_SETTINGS, Connection, connection_params
 
@@ -118,7 +123,7 @@ main = CpctlGroup(
            "4 forbidden (403), 5 not found (404), 6 conflict (409), 7 unreachable, 8 unexpected answer, "
            "130 interrupted.",
 )
-for _module in (jobs, quotas, clusters, costs, reports, nodes, requests, audit):
+for _module in (jobs, quotas, clusters, costs, reports, nodes, requests, audit, notifications):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 

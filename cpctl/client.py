@@ -159,6 +159,10 @@ class Client:
             return self.json("POST", path, headers=headers)
         return self.json("POST", path, data=json.dumps(body), content_type="application/json", headers=headers)
 
+    def delete(self, path: str) -> None:
+        """DELETE ``path`` (a 204 answer has no body)."""
+        self.request("DELETE", path)
+
     def get_pages(self, path: str, params=None, limit: int | None = None) -> dict:
         """Every item of a paginated list (at most ``limit``), as one page: ``{"count", "next", "previous", "results"}``.
 

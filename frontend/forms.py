@@ -1,4 +1,5 @@
-"""Web UI forms: job submission (validated as the API validates it), quota and budget edits, cost queries.
+"""Web UI forms: job submission (validated as the API validates it), quota and budget edits, cost queries,
+notification subscriptions.
 
 The submission form only collects text; every rule lives in ``jobs.spec`` so the UI and the API answer alike, and
 its choices, defaults, limits and help come from the models there (``jobs.spec.field_schema``).
@@ -20,6 +21,9 @@ from costs.capacity import GROUPS as CAPACITY_GROUPS
 from costs.capacity import MAX_WINDOW_DAYS
 from costs.reports.build import period_errors
 from jobs.spec import field_schema
+from notifications.models import Event as NotificationEvent
+from notifications.models import Subscription
+from notifications.rules import subscription_errors
 from quotas.models import GPU_QUOTA_FIELDS, VCPU_QUOTA_FIELDS, Budget, Quota
 from runners.models import CPU_ACCELERATOR, Accelerator
 
@@ -385,3 +389,33 @@ class ReportRequestForm(forms.Form):
     def chosen_team(self):
         """The chosen Team, or None for the platform."""
         return self.teams.get(self.cleaned_data["team"])
+
+
+class SubscriptionForm(forms.Form):
+    """A notification subscription: yours or one of the teams you administer (``teams``: the Team rows offered),
+    a channel with its address or URL and secret, the events. The rules are ``notifications.rules``, the API's."""
+
+    team = forms.ChoiceField(label="For", required=False)
+    channel = forms.ChoiceField(choices=Subscription.Channel.choices)
+    email = forms.EmailField(required=False, help_text="E-mail: blank sends to your own address (yours only)")
+    webhook_url = forms.CharField(required=False, max_length=2000, label="Webhook URL",
+                                  help_text="http(s); receives Slack-compatible JSON")
+    secret = forms.CharField(required=False, max_length=200, strip=False, widget=forms.PasswordInput,
+                             help_text="Signs each POST: X-Controlplane-Signature-256 (HMAC-SHA256)")
+    events = forms.MultipleChoiceField(choices=NotificationEvent.choices, widget=forms.CheckboxSelectMultiple)
+    only_own_jobs = forms.BooleanField(required=False, label="Only jobs I submitted (mine only)")
+
+    def __init__(self, *args, teams=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.teams = {t.slug: t for t in teams}
+        self.fields["team"].choices = [("", "Me")] + [(slug, f"team {slug}") for slug in self.teams]
+
+    def clean(self):
+        data = super().clean()
+        data["team"] = self.teams.get(data.get("team") or "")
+        for field, message in subscription_errors(
+                team=data["team"], channel=data.get("channel", ""), email=data.get("email", ""),
+                webhook_url=data.get("webhook_url", ""), secret=data.get("secret", ""),
+                only_own_jobs=data.get("only_own_jobs", False)).items():
+            self.add_error(field, message)
+        return data

@@ -5,7 +5,7 @@ from django.templatetags.static import static
 from django.urls import path
 from django.views.generic import RedirectView
 
-from . import sso, views
+from . import notification_pages, sso, views
 
 app_name = "frontend"
 
@@ -32,6 +32,8 @@ urlpatterns = [
     path("teams/<slug:slug>/budgets/request/", views.budget_request, name="budget-request"),
     path("teams/<slug:slug>/budgets/<int:pk>/request/", views.budget_request, name="budget-request"),
     path("requests/", views.request_list, name="request-list"),
+    path("notifications/", notification_pages.notification_list, name="notification-list"),
+    path("notifications/<int:pk>/delete/", notification_pages.subscription_delete, name="subscription-delete"),
     path("requests/<int:pk>/<slug:action>/", views.request_action, name="request-action"),
     path("audit/", views.audit_list, name="audit-list"),
     path("clusters/", views.cluster_list, name="cluster-list"),

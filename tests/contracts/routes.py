@@ -18,6 +18,7 @@ from django.utils import timezone
 from controlplane.urls import api_router
 from costs.models import Price
 from costs.reports.build import generate_report
+from notifications.models import Event, Notification, Subscription
 from quotas.audit import record, snapshot
 from quotas.changes import request_change
 from quotas.models import Cohort, PriorityClass
@@ -27,7 +28,8 @@ from tests.support.factories import VALID_SPEC
 #: A user sees only their teams' objects: another team's object is a 404, not a 403 (docs/design.md, Interfaces).
 #: The audit trail (ADR 0031) is read like a team's objects: a record of another team, or of the platform's own
 #: objects, is staff's only.
-TEAM_SCOPED = {"jobs", "teams", "quotas", "budgets", "budget-status", "reports", "change-requests", "audit"}
+TEAM_SCOPED = {"jobs", "teams", "quotas", "budgets", "budget-status", "reports", "change-requests", "audit",
+               "subscriptions", "notifications"}
 #: The fleet and the platform's settings: every authenticated user reads them.
 PLATFORM_WIDE = {"accelerators", "clusters", "node-pools", "nodes", "prices", "cohorts", "priority-classes"}
 #: Aggregates over the user's teams' ledger and samples: lists only.
@@ -41,6 +43,10 @@ STAFF_WRITES_OF_TEAM_OBJECTS = {"quotas", "budgets"}
 #: team's is refused on it, 400); decided by staff and withdrawn by the requester (403 for others who see it, 404
 #: for outsiders).
 TEAM_ADMIN_REQUESTS = {"change-requests"}
+#: A team's notification subscriptions are written by its admins and staff (docs/adr/0035): members and viewers
+#: who see one get 403; a create names the team as a field, so another team's is refused on it (400); a body
+#: without a team is the user's own subscription, which anyone may make.
+TEAM_ADMIN_WRITES = {"subscriptions"}
 #: Built on demand by any member of the team (viewers too: a report shows what costs/ shows them) and staff; the
 #: team is a field of the request, so another team's is refused on it (400), like an unknown team.
 MEMBER_BUILDS = {"reports"}
@@ -114,8 +120,15 @@ def world(teams, owner, teammate, outsider, aws_cluster, alpha_objects, beta_obj
                             payload={"nominal_gpus": 24}, reason="a second training run")
     quota = alpha_objects["quota"]
     audited = record(None, "updated", quota, snapshot(quota), snapshot(quota), "a sample record of alpha's quota")
+    subscription = Subscription.objects.create(team=teams[0], channel="webhook", events=[Event.JOB_FAILED],
+                                               webhook_url="https://hooks.example.com/services/T0/B0/alpha")
+    notification = Notification.objects.create(
+        subscription=subscription, source="job_event", source_id=1, event=Event.JOB_FAILED, team=teams[0],
+        job=alpha_objects["job"], subject="alpha-job failed", payload={"text": "alpha-job failed"}, next_attempt_at=now)
     return {
         "audit": audited.pk,
+        "subscriptions": subscription.pk,
+        "notifications": notification.pk,
         "change-requests": change.pk,
         "jobs": alpha_objects["job"].pk,
         "teams": "alpha",
@@ -167,5 +180,10 @@ VALID_BODIES = {
     ("change-requests", "approve"): lambda: {"note": "fits the fleet"},
     ("change-requests", "decline"): lambda: {"note": "no spare H100s this quarter"},
     ("change-requests", "withdraw"): lambda: {},
+    ("subscriptions", "create"): lambda: {"team": "alpha", "channel": "webhook", "events": ["job.failed"],
+                                          "webhook_url": "https://hooks.example.com/services/T0/B0/new"},
+    ("subscriptions", "update"): lambda: {"channel": "webhook", "events": ["job.failed", "budget.threshold"],
+                                          "webhook_url": "https://hooks.example.com/services/T0/B0/other"},
+    ("subscriptions", "partial_update"): lambda: {"events": ["job.succeeded"]},
     ("reports", "create"): lambda: {"team": "alpha", "start": "2026-03-10T00:00:00Z", "end": "2026-03-11T00:00:00Z"},
 }

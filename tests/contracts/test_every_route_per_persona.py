@@ -13,6 +13,8 @@ Team alpha's objects (or the platform's) stand behind the detail routes. The con
   change request for a team the user is not in;
 - quotas, budgets and the platform's objects are staff's to write (ADR 0029): alpha's admin and member get 403
   on every write to them too, and change nothing;
+- a team's notification subscriptions are its admins' and staff's to write: a viewer gets 403, the outsider's
+  create for alpha is refused on its ``team`` field (400);
 - a report is built on demand by any member of its team, a viewer too (what it shows, ``costs/`` shows them);
   the outsider's request for alpha is refused on its ``team`` field (400).
 """
@@ -31,6 +33,7 @@ from .routes import (
     STAFF_WRITES,
     STAFF_WRITES_OF_TEAM_OBJECTS,
     TEAM_ADMIN_REQUESTS,
+    TEAM_ADMIN_WRITES,
     TEAM_SCOPED,
     VALID_BODIES,
     world,
@@ -83,7 +86,7 @@ def expected_write(route, persona: str) -> int:
         return 400  # the team is a field of the submission: refused on it, like an unknown team
     if route.prefix in STAFF_WRITES_OF_TEAM_OBJECTS:
         return 403
-    if route.prefix in TEAM_ADMIN_REQUESTS:
+    if route.prefix in TEAM_ADMIN_REQUESTS | TEAM_ADMIN_WRITES:
         return 400 if persona == "outsider" else 403  # the outsider's body names a team it is not in
     raise AssertionError(f"no contract for {route.id}")
 
@@ -95,8 +98,8 @@ def test_every_route_is_classified_and_has_a_sample(lookups):
     assert {r.prefix for r in ROUTES if r.detail} <= set(lookups)
     assert not any(r.detail for r in ROUTES if r.prefix in AGGREGATES)
     writable = {r.prefix for r in WRITES}
-    assert writable == STAFF_WRITES | STAFF_WRITES_OF_TEAM_OBJECTS | TEAM_ADMIN_REQUESTS | MEMBER_BUILDS | {"jobs"}, \
-        writable
+    assert writable == (STAFF_WRITES | STAFF_WRITES_OF_TEAM_OBJECTS | TEAM_ADMIN_REQUESTS | TEAM_ADMIN_WRITES
+                        | MEMBER_BUILDS | {"jobs"}), writable
     for route in WRITES:
         if route.served and route.action not in ("destroy", "cancel"):
             assert (route.prefix, route.action) in VALID_BODIES, route.id

@@ -20,7 +20,8 @@ from .test_submit import EXAMPLE
 UNREACHABLE = "http://127.0.0.1:9"
 COMMANDS = ["submit", "jobs", "job", "events", "efficiency", "cancel", "logs", "quotas", "clusters", "budgets",
             "costs", "utilization", "capacity", "reports", "report", "build-report", "nodes", "cordon", "uncordon",
-            "clear-health", "requests", "request", "approve", "decline", "withdraw", "audit"]
+            "clear-health", "requests", "request", "approve", "decline", "withdraw", "audit",
+            "subscriptions", "subscribe", "unsubscribe", "notifications"]
 
 
 def test_help_lists_every_command_and_exits_0():

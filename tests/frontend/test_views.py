@@ -51,7 +51,7 @@ def alpha_pages(objects) -> list[str]:
 
 
 LIST_PAGES = ["/", "/jobs/", "/jobs/rows/", "/jobs/new/", "/teams/", "/clusters/", "/costs/", "/costs.csv", "/capacity/",
-              "/reports/", "/requests/", "/audit/"]
+              "/reports/", "/requests/", "/audit/", "/notifications/"]
 
 
 def test_every_page_sends_anonymous_users_to_sign_in(client, objects):

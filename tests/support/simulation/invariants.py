@@ -352,7 +352,41 @@ def unknown_cost_shown(world) -> list[str]:
     return out
 
 
-END = {f.__name__: f for f in (liveness, billed_once, no_duplicate_run, nothing_left_behind, unknown_cost_shown)}
+def notified_once(world) -> list[str]:
+    """Every job event team a's subscription asked for (all of them) has its notification and it was sent: none
+    missed by the fan-out under duplicate, late and lost task deliveries, worker kills, outages and restores, and
+    each one marked sent is in the mail outbox under its delivery id. (A second notification of one event cannot
+    exist: the unique key.)"""
+    from collections import Counter
+
+    from django.core import mail
+
+    from jobs.models import JobEvent
+    from notifications.fanout import job_event_kind
+    from notifications.models import Notification
+
+    sub = world.subscription
+    if sub is None:
+        return []
+    made = {n.source_id: n for n in Notification.objects.filter(subscription=sub, source="job_event")}
+    mailed = Counter(m.extra_headers.get("X-Controlplane-Delivery") for m in getattr(mail, "outbox", []))
+    out = []
+    for event in JobEvent.objects.filter(job__team=sub.team_id).select_related("attempt").order_by("id"):
+        kind = job_event_kind(event)
+        if kind is None or kind not in sub.events:
+            continue
+        note = made.get(event.pk)
+        if note is None:
+            out.append(f"event {event.pk} ({kind}) of job {event.job_id} was never notified")
+        elif note.status != Notification.Status.SENT:
+            out.append(f"notification {note.pk} of event {event.pk} ({kind}) is {note.status}: {note.last_error}")
+        elif not mailed[str(note.uid)]:
+            out.append(f"notification {note.pk} of event {event.pk} is marked sent but no mail carries it")
+    return out
+
+
+END = {f.__name__: f for f in (liveness, billed_once, no_duplicate_run, nothing_left_behind, unknown_cost_shown,
+                               notified_once)}
 
 #: Every invariant's name, in report order.
 NAMES = [*STEP, *END]

@@ -28,7 +28,7 @@ REGIONS = {"aws": "us-east-1", "gcp": "us-central1"}
 
 def configure(database_url: str, **overrides: str) -> None:
     """The environment of the control plane in this process (call before ``django.setup``): ``database_url``,
-    Celery's in-memory broker, client timeouts of 1 s (an injected timeout costs that much real time, while the
+    Celery's in-memory broker, Django's in-memory mail outbox, client timeouts of 1 s (an injected timeout costs that much real time, while the
     emulators answer in milliseconds even on a loaded machine, so the load does not change a replay),
     no client-side rate limit, quiet logs; ``overrides`` win (setting name -> value)."""
     if str(REPO) not in sys.path:
@@ -37,7 +37,8 @@ def configure(database_url: str, **overrides: str) -> None:
         "DATABASE_URL": database_url, "CELERY_BROKER_URL": "memory://", "DJANGO_SETTINGS_MODULE": "controlplane.settings",
         "K8S_CONNECT_TIMEOUT_SECONDS": "1.0", "K8S_READ_TIMEOUT_SECONDS": "1.0", "K8S_QPS": "100000",
         "K8S_BURST": "100000", "LOG_LEVEL": "CRITICAL", "LOOKUP_CACHE_SECONDS": "0", "CONN_MAX_AGE": "60",
-        "K8S_IMAGE_PULL_GRACE_SECONDS": "120", **overrides,
+        "K8S_IMAGE_PULL_GRACE_SECONDS": "120", "EMAIL_BACKEND": "django.core.mail.backends.locmem.EmailBackend",
+        **overrides,
     })
 
 
@@ -147,6 +148,7 @@ class World:
         self.backup: tuple[str, list[int]] | None = None  # the latest pg_dump and the jobs submitted by then
         self.after_restore_due = False  # a restore happened and ``manage.py after_restore`` has not yet passed
         self.restores = 0
+        self.subscription = None  # team a's e-mail subscription to every job event (invariants.notified_once)
 
     def _lifetime(self, pod: dict) -> float | None:
         return self.lifetimes.get((pod["metadata"].get("labels") or {}).get("controlplane.io/job"))
@@ -175,6 +177,10 @@ class World:
             self.initial_quotas[team.pk] = (nominal, borrowing)
             Membership.objects.create(team=team, user=user, role=Membership.Role.MEMBER)
             self.teams.append(team)
+        from notifications.models import JOB_EVENTS, Subscription
+
+        self.subscription = Subscription.objects.create(team=self.teams[0], channel="email",
+                                                        email="team-a@example.com", events=sorted(JOB_EVENTS))
         for c in self.config.clusters:
             emulator = self.emulators[c.name]
             emulator.start()
