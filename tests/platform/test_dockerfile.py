@@ -40,3 +40,19 @@ def test_an_install_from_the_image_is_production():
     steps = instructions((PLATFORM / "Dockerfile").read_text())
     env = " ".join(args for name, args in steps if name == "ENV")
     assert "CONTROLPLANE_ENV=production" in env.split()
+
+
+def test_the_image_runs_as_a_numeric_non_root_user_that_owns_only_var():
+    """The final stage's USER is numeric and not 0 (Kubernetes' runAsNonRoot verifies a numeric user without
+    reading /etc/passwd), set after every RUN, so no later step runs as root; the app user owns var/ only."""
+    text = (PLATFORM / "Dockerfile").read_text()
+    final = text[text.rindex("\nFROM "):]
+    steps = instructions(final)
+    users = [i for i, (name, _) in enumerate(steps) if name == "USER"]
+    assert users, "the final stage sets no USER: it would run as root"
+    uid, _, gid = steps[users[-1]][1].partition(":")
+    assert uid.isdigit() and int(uid) != 0 and (not gid or (gid.isdigit() and int(gid) != 0))
+    assert all(name != "RUN" for name, _ in steps[users[-1]:]), "a RUN after USER"
+    chowned = [args for name, args in steps if name == "RUN" and "chown" in args]
+    assert chowned and all(f"{uid}:" in args and "/app/var" in args for args in chowned)
+    assert not any(name == "COPY" and "--chown" in args for name, args in steps)  # code stays root's, read-only
