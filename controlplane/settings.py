@@ -72,6 +72,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # A body declared over REQUEST_BODY_MAX_BYTES answers 413 unread; what a view left unread of a smaller one is
+    # dropped after the answer, so a kept-alive connection stays usable (core/bodies.py, docs/adr/0033).
+    "core.bodies.RequestBodyMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -85,6 +88,12 @@ MIDDLEWARE = [
 ]
 # Seconds a 503 (database or broker unavailable) asks the client to wait before retrying (Retry-After).
 UNAVAILABLE_RETRY_AFTER_SECONDS = env.int("UNAVAILABLE_RETRY_AFTER_SECONDS", default=5)
+
+# Largest request body any page or API operation reads (bytes): the UI's YAML box at its cap, form-encoded, fits.
+# Larger ones answer 413 before they are read, and the connection closes (controlplane/gunicorn_conf.py). Django's
+# own form limit is the same.
+REQUEST_BODY_MAX_BYTES = env.int("REQUEST_BODY_MAX_BYTES", default=1024 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = REQUEST_BODY_MAX_BYTES
 
 # Benchmarks mount extra endpoints by pointing this at their own URLconf.
 ROOT_URLCONF = env("ROOT_URLCONF", default="controlplane.urls")
