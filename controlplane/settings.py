@@ -11,6 +11,7 @@ from pathlib import Path
 import environ
 
 from controlplane import deployment
+from core.limits import rate_or_none
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -81,6 +82,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # A sign-in POST from an address or for a username over its rate of failures answers 429 (quotas/signin.py).
+    "quotas.signin.SignInThrottleMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Database errors raised by a view answer 503 with Retry-After (JSON for the API, a page for the UI).
@@ -180,7 +183,29 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "COERCE_DECIMAL_TO_STRING": True,
+    # Client addresses (rate limits per address): REMOTE_ADDR, or with N trusted proxies in front (an ingress: 1)
+    # the address the Nth from the right put in X-Forwarded-For. Never the whole header, which a client can write.
+    "NUM_PROXIES": env.int("NUM_PROXIES", default=0),
+    # Rate limits ("N/s", "N/min", "N/h", "N/day"; "off": none), counted in the cache below (core/throttles.py,
+    # docs/adr/0033): 429 with Retry-After.
+    "DEFAULT_THROTTLE_RATES": {
+        # Job submissions (API and web form), per submitting user and per team (counted once the team is known).
+        "submit_user": rate_or_none(env("THROTTLE_SUBMIT_USER", default="300/min")),
+        "submit_team": rate_or_none(env("THROTTLE_SUBMIT_TEAM", default="1200/min")),
+        # Failed API token checks per client address; past it the address is refused before any lookup.
+        "token_failures": rate_or_none(env("THROTTLE_TOKEN_FAILURES", default="30/min")),
+        # Failed sign-ins (web UI and admin) per client address and per username.
+        "sign_in_address": rate_or_none(env("THROTTLE_SIGN_IN_ADDRESS", default="50/h")),
+        "sign_in_username": rate_or_none(env("THROTTLE_SIGN_IN_USERNAME", default="10/h")),
+    },
 }
+
+# Where rate limits are counted: Redis (CACHE_URL, e.g. redis://redis:6379/1: shared by every web pod, so a limit
+# holds across replicas), else each process's memory (the demo, one process).
+CACHE_URL = env("CACHE_URL", default="")
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CACHE_URL,
+                      "KEY_PREFIX": "controlplane"}
+          if CACHE_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 # Seconds the API keeps the rows every request reads (token and user, membership, accelerator, priority
 # classes) in each process; changes made in that process clear them at once, other processes see them
