@@ -32,6 +32,7 @@ BENCHMARKS = {
     "schedule": [],
     "trace_replay": [],
     "submit": [],
+    "bad_input": [],
     "dispatch": [],
     "cluster_faults": [],
     "costs": ["--gpus", "128", "--days", "4"],

@@ -50,6 +50,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.procstat import machine, tree_cpu_seconds  # noqa: E402
 from benchmarks.services import commands_missing, require  # noqa: E402
+from benchmarks.submit import NO_SUBMIT_LIMITS  # noqa: E402
 
 SEED = """
 from django.contrib.auth import get_user_model
@@ -97,7 +98,7 @@ def main() -> None:
                 conn.execute("CREATE DATABASE controlplane")
             db_url = f"postgres://postgres@127.0.0.1:{pg.port}/controlplane"
             port = free_port()
-            env = {**os.environ, "DATABASE_URL": db_url, "CELERY_BROKER_URL": redis_server.url,
+            env = {**os.environ, "DATABASE_URL": db_url, "CELERY_BROKER_URL": redis_server.url, **NO_SUBMIT_LIMITS,
                    "CONTROLPLANE_VAR_DIR": str(work / "var"), "DJANGO_SETTINGS_MODULE": "controlplane.settings",
                    "SCHEDULE_INTERVAL_SECONDS": "2", "RECONCILE_INTERVAL_SECONDS": "1", "ACCRUAL_INTERVAL_SECONDS": "10",
                    "OUTBOX_SWEEP_INTERVAL_SECONDS": "2", "LOG_FOLLOW_MAX_SECONDS": "2", "LOG_FOLLOW_POLL_SECONDS": "0.5",

@@ -11,6 +11,7 @@ from pathlib import Path
 import environ
 
 from controlplane import deployment
+from core.limits import rate_or_none
 from quotas import groupmap
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -74,12 +75,17 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # A body declared over REQUEST_BODY_MAX_BYTES answers 413 unread; what a view left unread of a smaller one is
+    # dropped after the answer, so a kept-alive connection stays usable (core/bodies.py, docs/adr/0033).
+    "core.bodies.RequestBodyMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # A sign-in POST from an address or for a username over its rate of failures answers 429 (quotas/signin.py).
+    "quotas.signin.SignInThrottleMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Database errors raised by a view answer 503 with Retry-After (JSON for the API, a page for the UI).
@@ -87,6 +93,12 @@ MIDDLEWARE = [
 ]
 # Seconds a 503 (database or broker unavailable) asks the client to wait before retrying (Retry-After).
 UNAVAILABLE_RETRY_AFTER_SECONDS = env.int("UNAVAILABLE_RETRY_AFTER_SECONDS", default=5)
+
+# Largest request body any page or API operation reads (bytes): the UI's YAML box at its cap, form-encoded, fits.
+# Larger ones answer 413 before they are read, and the connection closes (controlplane/gunicorn_conf.py). Django's
+# own form limit is the same.
+REQUEST_BODY_MAX_BYTES = env.int("REQUEST_BODY_MAX_BYTES", default=1024 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = REQUEST_BODY_MAX_BYTES
 
 # Benchmarks mount extra endpoints by pointing this at their own URLconf.
 ROOT_URLCONF = env("ROOT_URLCONF", default="controlplane.urls")
@@ -173,7 +185,29 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "COERCE_DECIMAL_TO_STRING": True,
+    # Client addresses (rate limits per address): REMOTE_ADDR, or with N trusted proxies in front (an ingress: 1)
+    # the address the Nth from the right put in X-Forwarded-For. Never the whole header, which a client can write.
+    "NUM_PROXIES": env.int("NUM_PROXIES", default=0),
+    # Rate limits ("N/s", "N/min", "N/h", "N/day"; "off": none), counted in the cache below (core/throttles.py,
+    # docs/adr/0033): 429 with Retry-After.
+    "DEFAULT_THROTTLE_RATES": {
+        # Job submissions (API and web form), per submitting user and per team (counted once the team is known).
+        "submit_user": rate_or_none(env("THROTTLE_SUBMIT_USER", default="300/min")),
+        "submit_team": rate_or_none(env("THROTTLE_SUBMIT_TEAM", default="1200/min")),
+        # Failed API token checks per client address; past it the address is refused before any lookup.
+        "token_failures": rate_or_none(env("THROTTLE_TOKEN_FAILURES", default="30/min")),
+        # Failed sign-ins (web UI and admin) per client address and per username.
+        "sign_in_address": rate_or_none(env("THROTTLE_SIGN_IN_ADDRESS", default="50/h")),
+        "sign_in_username": rate_or_none(env("THROTTLE_SIGN_IN_USERNAME", default="10/h")),
+    },
 }
+
+# Where rate limits are counted: Redis (CACHE_URL, e.g. redis://redis:6379/1: shared by every web pod, so a limit
+# holds across replicas), else each process's memory (the demo, one process).
+CACHE_URL = env("CACHE_URL", default="")
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CACHE_URL,
+                      "KEY_PREFIX": "controlplane"}
+          if CACHE_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 # Seconds the API keeps the rows every request reads (token and user, membership, accelerator, priority
 # classes) in each process; changes made in that process clear them at once, other processes see them

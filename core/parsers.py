@@ -1,11 +1,13 @@
 """Request parsers that answer 400 instead of 500 for hostile bodies.
 
-JSON and YAML (``application/yaml`` and ``text/yaml``), each refusing lone
-surrogates and nesting too deep to decode; YAML through libyaml's safe loader,
+JSON and YAML (``application/yaml`` and ``text/yaml``), each refusing bodies over
+``core.limits.yaml_max_bytes()``, lone surrogates and nesting too deep to decode; YAML through libyaml's safe loader,
 refusing aliases and node floods before the document is built.
 """
 
 from __future__ import annotations
+
+import io
 
 import yaml
 from django.conf import settings
@@ -40,11 +42,16 @@ def refuse_unencodable_text(data):
 
 
 class JSONParser(DRFJSONParser):
-    """DRF's JSON parser that answers 400 (not 500) for nesting too deep to decode and for lone surrogates."""
+    """DRF's JSON parser that answers 400 (not 500) for nesting too deep to decode and for lone surrogates, and
+    refuses a body over ``core.limits.yaml_max_bytes()`` without reading past it (what is left is dropped by
+    ``core.bodies.RequestBodyMiddleware``)."""
 
     def parse(self, stream, media_type=None, parser_context=None):
+        raw = stream.read(yaml_max_bytes() + 1) if stream is not None else b""
+        if too_large := yaml_too_large(raw, "JSON"):
+            raise ParseError(too_large)
         try:
-            data = super().parse(stream, media_type, parser_context)
+            data = super().parse(io.BytesIO(raw), media_type, parser_context)
         except RecursionError as exc:
             raise ParseError("JSON parse error - nesting too deep") from exc
         return refuse_unencodable_text(data)

@@ -17,7 +17,9 @@ operation does before what the resource is:
 - 400 (bad input: a field and its reason, or ``detail``), 401 (no or a bad token) and 403 (not allowed),
 - 404 for an operation with a path parameter or a ``job`` query parameter (no such object, or another team's),
 - 409 for an action on an object that changes it (POST to ``.../{id}/<action>/``: a state that forbids it),
-- 415 for an operation with a request body (a media type it does not parse, or a malformed multipart body),
+- 413 and 415 for an operation with a request body (over ``REQUEST_BODY_MAX_BYTES``, refused unread; a media
+  type it does not parse, or a malformed multipart body),
+- 429 with ``Retry-After`` (rate limits: failed token checks from the address, submissions; docs/adr/0033),
 - 503 with ``Retry-After`` (``core.middleware``: the database or a cluster unavailable).
 
 Bodies are JSON objects: ``{"detail": "..."}`` or ``{"<field>": ["<reason>", ...]}``.
@@ -106,7 +108,10 @@ ERROR_SCHEMA = {"type": "object", "additionalProperties": True,
 REASONS = {"400": "Bad input: each field with its reason", "401": "No or an unknown API token",
            "403": "Not allowed for this user", "404": "No such object (or one of another team)",
            "409": "The object's state does not allow this",
-           "415": "A request body of a media type this operation does not parse", "503": "A dependency is unavailable; retry later"}
+           "413": "A request body over the size limit, refused unread",
+           "415": "A request body of a media type this operation does not parse",
+           "429": "Over a rate limit; retry after the Retry-After seconds",
+           "503": "A dependency is unavailable; retry later"}
 
 
 def declare_error_responses(result: dict, generator, request, public) -> dict:
@@ -117,14 +122,14 @@ def declare_error_responses(result: dict, generator, request, public) -> dict:
         for method, operation in item.items():
             if method not in ("get", "post", "put", "patch", "delete"):
                 continue
-            codes = ["400", "401", "403", "503"]
+            codes = ["400", "401", "403", "429", "503"]
             if "{" in path or any(p.get("in") == "query" and p.get("name") == "job"
                                   for p in operation.get("parameters", [])):
                 codes.append("404")  # a path id, or ?job=ID naming a job the user may not see
             if method != "get" and "{" in path:
                 codes.append("409")
             if "requestBody" in operation:
-                codes.append("415")
+                codes.extend(["413", "415"])
             responses = operation.setdefault("responses", {})
             for code in codes:
                 if code not in responses:

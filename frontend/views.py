@@ -43,6 +43,7 @@ from jobs.scheduling.preview import preview_submission
 from jobs.scheduling.snapshot import cpu_used_milli
 from jobs.spec import validated_submission
 from jobs.states import StaleState
+from jobs.throttles import submitter_retry_after, team_retry_after
 from jobs.workload import job_efficiency
 from quotas import audit, changes
 from quotas.audit import AuditFilterSet, reason_of, visible_records
@@ -389,14 +390,28 @@ def job_submit(request):
     """The submission form; POST validates as the API does, stores the job and opens its page."""
     if request.method == "POST":
         form = _submit_form(request, request.POST)
+        if (wait := submitter_retry_after(request.user)) is not None:
+            return _submission_throttled(request, form, wait, "you sent")
         args = _validate_submission(request, form)
         if args is not None:
+            if (wait := team_retry_after(args["team"])) is not None:
+                return _submission_throttled(request, form, wait, f"team {args['team'].slug} received")
             job = submit_job(**args)
             messages.success(request, f"Job {job.pk} ({job.name}) submitted.")
             return redirect("frontend:job-detail", pk=job.pk)
     else:
         form = _submit_form(request)
     return render(request, "frontend/job_submit.html", {"form": form})
+
+
+def _submission_throttled(request, form: SubmitJobForm, wait: int, who: str) -> HttpResponse:
+    """The form again, answered 429 with ``Retry-After: wait`` (seconds) and the reason above the fields (the
+    submission rates of ``jobs.throttles``); the form keeps what was typed."""
+    form.is_valid()
+    form.add_error(None, f"Too many submissions: {who} more than the rate allows. Try again in {wait} s.")
+    response = render(request, "frontend/job_submit.html", {"form": form}, status=429)
+    response["Retry-After"] = str(wait)
+    return response
 
 
 @login_required

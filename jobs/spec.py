@@ -669,18 +669,36 @@ def _message(error: dict) -> str:
     return template.format(**ctx) if template is not None else error["msg"]
 
 
+#: The most errors one answer lists, and the longest field path it shows (characters): a document with thousands
+#: of unknown or bad keys costs a bounded answer, never one that echoes the document (docs/adr/0033).
+MAX_ERRORS_SHOWN = 50
+MAX_PATH_SHOWN = 120
+
+
+def _shown_path(path: str) -> str:
+    return path if len(path) <= MAX_PATH_SHOWN else f"{path[:MAX_PATH_SHOWN]}..."
+
+
 def error_paths(exc: ValidationError) -> dict[str, list[str]]:
     """``exc``'s errors as ``{"a.b.c": [messages]}`` (``non_field_errors``: the document as a whole); a model's
-    rules give their errors by the fields they name."""
+    rules give their errors by the fields they name. At most ``MAX_ERRORS_SHOWN`` errors are listed (the rest are
+    counted in one ``non_field_errors`` message), each path cut to ``MAX_PATH_SHOWN`` characters."""
     flat: dict[str, list[str]] = {}
+    shown = 0
     for error in exc.errors(include_url=False):
+        if shown >= MAX_ERRORS_SHOWN:
+            break
         path = ".".join(str(key) for key in error["loc"])
         if error["type"] == "rules":
             for sub_path, messages in error["ctx"]["errors"].items():
                 key = f"{path}.{sub_path}" if path and sub_path else (path or sub_path)
-                flat.setdefault(key or api_settings.NON_FIELD_ERRORS_KEY, []).extend(messages)
+                flat.setdefault(_shown_path(key) or api_settings.NON_FIELD_ERRORS_KEY, []).extend(messages)
         else:
-            flat.setdefault(path or api_settings.NON_FIELD_ERRORS_KEY, []).append(_message(error))
+            flat.setdefault(_shown_path(path) or api_settings.NON_FIELD_ERRORS_KEY, []).append(_message(error))
+        shown += 1
+    if (hidden := exc.error_count() - shown) > 0:
+        flat.setdefault(api_settings.NON_FIELD_ERRORS_KEY, []).append(
+            f"{hidden} more error(s) not listed; fix the ones above first.")
     return flat
 
 

@@ -1,12 +1,17 @@
-"""``Authorization: Token <key>`` (or ``Bearer <key>``) authentication against hashed ApiToken rows."""
+"""``Authorization: Token <key>`` (or ``Bearer <key>``) authentication against hashed ApiToken rows.
+
+Failed checks are counted per client address (rate ``token_failures``); past the rate the address gets 429 with
+``Retry-After`` before its token is looked up, so guessing keys is bounded (docs/adr/0033).
+"""
 
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions
-from rest_framework.authentication import TokenAuthentication
+from rest_framework.authentication import TokenAuthentication, get_authorization_header
 
 from core.lookups import LookupCache
+from core.throttles import RateLimit, client_address
 
 from .models import ApiToken
 
@@ -24,6 +29,22 @@ class ApiTokenAuthentication(TokenAuthentication):
     """
 
     keyword = "Token"
+
+    def authenticate(self, request):
+        """DRF's token check, refused (Throttled, 429) while the client's address has ``token_failures`` failed
+        checks within the rate's period; a failure (AuthenticationFailed, 401) is counted against the address."""
+        words = get_authorization_header(request).split()
+        if not words or words[0].lower() != self.keyword.lower().encode():
+            return None  # another scheme's header, or none: not this scheme's check
+        failures = RateLimit("token_failures")
+        address = client_address(request)
+        if (wait := failures.retry_after(address)) is not None:
+            raise exceptions.Throttled(wait, detail="Too many failed token checks from this address.")
+        try:
+            return super().authenticate(request)
+        except exceptions.AuthenticationFailed:
+            failures.record(address)
+            raise
 
     def authenticate_credentials(self, key: str):
         digest = ApiToken.hash_key(key)

@@ -5,6 +5,7 @@ The personas, builders and emulators live in ``tests/support``; see its package 
 """
 
 import pytest
+from django.core.cache import cache
 
 from core.lookups import clear_all
 from jobs.scheduling import pacing
@@ -39,6 +40,15 @@ def fresh_lookup_caches():
         client.delete(pacing.SCHEDULE_LAST_PASS_KEY)
     yield
     clear_all()
+
+
+@pytest.fixture(autouse=True)
+def no_rate_limits_counted():
+    """Every test starts with no rate limit counted (the cache is each process's memory in the tests): the
+    sign-ins, token checks and submissions of one test never count against another's."""
+    cache.clear()
+    yield
+    cache.clear()
 
 
 @pytest.fixture

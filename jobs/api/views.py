@@ -28,6 +28,7 @@ from ..models import Job
 from ..permissions import CANCEL_REFUSED, may_cancel
 from ..spec import JobSubmission, validated_submission
 from ..states import StaleState
+from ..throttles import SubmitterThrottle, refuse_team_flood
 from ..workload import job_efficiency
 from .serializers import (
     EFFICIENCY_SCHEMA,
@@ -58,6 +59,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
     filter_backends = [DjangoFilterBackend]
     filterset_class = JobFilterSet
     parser_classes = [JSONParser, YAMLParser, TextYAMLParser]
+    throttle_classes = [SubmitterThrottle]  # submissions per user, before the body is parsed
     schema_summaries = {"create": "Submit a job", "attempts": "List a job's attempts", "cancel": "Cancel a job",
                         "events": "List a job's events (its timeline)", "logs": "Read or follow a node's log"}
 
@@ -75,6 +77,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
     def create(self, request, *args, **kwargs):
         """Validate a submission and store it as a QUEUED job (nothing is stored when it is rejected)."""
         fields = validated_submission(request.data, request.user)
+        refuse_team_flood(fields["team"])  # counted once the team is known to accept this user's submissions
         # The new job carries its team, submitter and accelerator instances: no need to read it back.
         job = submit_job(**fields)
         # The router's detail route is the list route plus "<pk>/" (what reverse_action("detail") answers,

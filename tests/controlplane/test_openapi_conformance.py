@@ -34,6 +34,10 @@ def world(staff, alpha_objects, h100, settings, tmp_path):
     """
     settings.LOG_FOLLOW_MAX_SECONDS, settings.LOG_FOLLOW_POLL_SECONDS = 1.0, 0.2
     settings.LOCAL_RUNNER_DIR = tmp_path
+    # The fuzzer sends hundreds of submissions per operation in one test: the submission rates are not its subject
+    # (tests/jobs/api/test_submission_rate_limits.py checks them at their defaults).
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {
+        **settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], "submit_user": None, "submit_team": None}}
     job = alpha_objects["job"]
     make_attempt(job, *make_cluster("here", "local", "local", h100, backend="local"))
     JobEvent.objects.create(job=job, kind="state", from_state="STARTING", to_state="RUNNING", reason="all nodes running")

@@ -179,9 +179,13 @@ YAML_BODIES = [
 
 
 @pytest.mark.parametrize("case,body", YAML_BODIES, ids=[b[0] for b in YAML_BODIES])
-def test_hostile_yaml_is_400(owner, aws_cluster, case, body):
+def test_hostile_yaml_is_400(owner, aws_cluster, case, body, settings):
     before = counts()
-    assert_rejected(post_raw(owner, body, "application/yaml"), before)
+    response = post_raw(owner, body, "application/yaml")
+    if len(body) > settings.REQUEST_BODY_MAX_BYTES:  # deep-block's 9 MB: refused (413) before any parser reads it
+        assert response.status_code == 413 and counts() == before
+    else:
+        assert_rejected(response, before)
 
 
 def yaml_submission(spec_extra: str = "", top_extra: str = "") -> str:
@@ -261,7 +265,7 @@ def test_multibyte_env_counts_bytes_not_characters(owner, aws_cluster, submissio
 
 
 def test_very_long_command_list_is_refused_by_size(owner, aws_cluster, submission):
-    submission["spec"]["command"] = ["x"] * 100_000
+    submission["spec"]["command"] = ["x"] * 30_000  # 150 KB: under the body cap, over the spec's
     before = counts()
     assert_rejected(owner.client.post(JOBS, submission, format="json"), before, "spec")
 
@@ -430,3 +434,29 @@ def test_a_node_flood_under_the_size_cap_is_refused_with_its_reason_and_stores_n
     assert r.status_code == 400
     assert "nodes" in r.json()["detail"]
     assert (Job.objects.count(), JobEvent.objects.count()) == before
+
+
+def test_thousands_of_unknown_keys_answer_a_bounded_list_of_errors(teammate, aws_cluster, submission):
+    before = counts()
+    document = {**submission, **{f"k{i}": 1 for i in range(5000)}}
+    response = post_raw(teammate, json.dumps(document))
+    assert_rejected(response, before)
+    errors = response.json()
+    assert len(errors) == 51  # 50 listed, and the count of the rest
+    assert errors["k0"] == ["unknown field; expected one of team, name, kind, spec"]
+    assert errors["non_field_errors"] == ["4950 more error(s) not listed; fix the ones above first."]
+
+
+def test_a_long_unknown_key_is_shown_cut(teammate, aws_cluster, submission):
+    before = counts()
+    response = post_raw(teammate, json.dumps({**submission, "k" * 5000: 1}))
+    assert_rejected(response, before)
+    assert list(response.json()) == ["k" * 120 + "..."]
+
+
+def test_a_json_body_over_the_cap_is_refused_unparsed(teammate, submission, settings):
+    before = counts()
+    padding = " " * (4 * settings.JOB_SPEC_MAX_BYTES)  # whitespace: valid JSON, only its size is wrong
+    response = post_raw(teammate, json.dumps(submission) + padding)
+    assert_rejected(response, before)
+    assert response.json() == {"detail": f"JSON body over {4 * settings.JOB_SPEC_MAX_BYTES} bytes"}

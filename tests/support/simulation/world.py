@@ -191,6 +191,9 @@ class World:
             Price.objects.create(provider=c.provider, region=REGIONS[c.provider], accelerator=h100,
                                  capacity_type=c.capacity, cluster=cluster, usd_per_gpu_hour=Decimal(c.price),
                                  effective_from=self.clock.now() - dt.timedelta(days=1))
+        from django.core.cache import cache
+
+        cache.clear()  # a new world: no rate limit counted in an earlier one (user ids repeat across worlds)
         self.client = Client(raise_request_exception=False)
         self.client.force_login(user)
         self.worker.app.tasks["runners.tasks.sync_node_pools"].run()
