@@ -4,7 +4,7 @@ from django import forms
 from django.contrib import admin
 from django.db import transaction
 
-from .audit import record, snapshot
+from .audit import deletion_snapshots, record, record_deletions, snapshot
 from .models import (
     ApiToken,
     AuditRecord,
@@ -48,9 +48,9 @@ class AuditedAdmin(admin.ModelAdmin):
 
     def delete_model(self, request, obj):
         with transaction.atomic():
-            pk, before = obj.pk, snapshot(obj)
+            snapshots = deletion_snapshots(obj)
             super().delete_model(request, obj)
-            record(request.user, "deleted", obj, before, {}, object_id=pk)
+            record_deletions(request.user, obj, snapshots)
 
     def delete_queryset(self, request, queryset):
         with transaction.atomic():

@@ -15,7 +15,8 @@ import urllib.parse
 from decimal import Decimal
 
 import django_filters
-from django.db import transaction
+from django.db import router, transaction
+from django.db.models.deletion import Collector
 
 from .models import AuditRecord
 
@@ -131,6 +132,33 @@ def record(actor, action: str, obj, before: dict, after: dict, reason: str = "",
         reason=(reason or "").strip()[:REASON_MAX])
 
 
+def deletion_snapshots(obj) -> list[tuple[object, int, dict]]:
+    """``[(instance, pk, snapshot)]`` of ``obj`` and of every governed object (``AUDITED_FIELDS``) its deletion
+    deletes with it by cascade (a cluster's node pools, quotas and prices; a team's quotas, budgets and
+    memberships), read before the delete with Django's own deletion ``Collector``. Call before deleting; pass
+    the result to ``record_deletions`` after. Class: a change made by a cascade that no record says."""
+    collector = Collector(using=router.db_for_write(type(obj)), origin=obj)
+    collector.collect([obj])
+    found: dict[tuple[str, int], object] = {(obj._meta.label, obj.pk): obj}
+    for model, instances in collector.data.items():
+        if model._meta.model_name in AUDITED_FIELDS:
+            found.update(((model._meta.label, i.pk), i) for i in instances)
+    for queryset in collector.fast_deletes:
+        if queryset.model._meta.model_name in AUDITED_FIELDS:
+            found.update(((queryset.model._meta.label, i.pk), i) for i in queryset)
+    for instance in found.values():
+        str(instance)  # loads what its name reads (a pool's cluster) while it exists, for the record after
+    return [(instance, pk, snapshot(instance)) for (_, pk), instance in found.items()]
+
+
+def record_deletions(actor, obj, snapshots: list[tuple[object, int, dict]], reason: str = "") -> None:
+    """Append a ``deleted`` record for ``obj`` and each object deleted with it (``deletion_snapshots``, taken
+    before the delete); those deleted with it say so in their reason. Call in the delete's transaction."""
+    for instance, pk, before in snapshots:
+        why = reason if instance is obj else f"{reason} (deleted with {obj._meta.model_name} {obj})".strip()
+        record(actor, "deleted", instance, before, {}, why, object_id=pk)
+
+
 def reason_of(request) -> str:
     """The reason an HTTP request gives for its change: the ``X-Audit-Reason`` header (API, cpctl ``--reason``;
     percent-encoded UTF-8) or the ``reason`` form field (the web UI's forms); empty when none."""
@@ -159,9 +187,9 @@ class AuditedWriteMixin:
 
     def perform_destroy(self, instance):
         with transaction.atomic():
-            pk, before = instance.pk, snapshot(instance)
+            snapshots = deletion_snapshots(instance)
             super().perform_destroy(instance)
-            record(self.request.user, "deleted", instance, before, {}, reason_of(self.request), object_id=pk)
+            record_deletions(self.request.user, instance, snapshots, reason_of(self.request))
 
 
 def visible_records(user, records=None):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import urllib.parse
+from decimal import Decimal
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -216,6 +217,24 @@ def test_deleting_the_actor_or_the_team_keeps_their_records(staff, h100):
     assert (rec.actor_name, rec.team_id, rec.object_id, rec.after["nominal_gpus"]) == ("staff", team_pk, quota_pk, 6)
     assert rec.object_repr.startswith("gamma H100")
     assert staff.client.get(f"{AUDIT}{pk}/").status_code == 401  # the deleted user's token is gone with it
+
+
+def test_deleting_a_cluster_records_each_governed_object_its_cascade_deletes(root, aws_cluster, alpha, h100):
+    """A cluster's deletion deletes its node pools, per-cluster quotas and price overrides with it (CASCADE): each
+    gets a ``deleted`` record saying with what, in the same transaction, not only the cluster."""
+    cluster, pool = aws_cluster["cluster"], aws_cluster["pool"]
+    quota = Quota.objects.create(team=alpha, accelerator=h100, cluster=cluster, nominal_gpus=4)
+    price = Price.objects.create(provider="aws", region="us-east-1", accelerator=h100, capacity_type="on-demand",
+                                 cluster=cluster, usd_per_gpu_hour="5.00", effective_from=timezone.now())
+    r = root.post(f"/admin/runners/cluster/{cluster.pk}/delete/", {"post": "yes"})  # the admin's confirmation
+    assert r.status_code == 302, r.content
+    deleted = {(rec.object_type, rec.object_id): rec for rec in AuditRecord.objects.filter(action="deleted")}
+    assert set(deleted) == {("cluster", cluster.pk), ("nodepool", pool.pk), ("quota", quota.pk),
+                            ("price", price.pk)}
+    assert deleted[("cluster", cluster.pk)].reason == "" and deleted[("cluster", cluster.pk)].actor_name == "root"
+    assert deleted[("quota", quota.pk)].reason == "(deleted with cluster aws-use1)"
+    assert (deleted[("quota", quota.pk)].team_id, deleted[("quota", quota.pk)].before["nominal_gpus"]) == (alpha.pk, 4)
+    assert Decimal(deleted[("price", price.pk)].before["usd_per_gpu_hour"]) == Decimal("5.00")
 
 
 # --- append-only -------------------------------------------------------------------------------------------------
