@@ -136,7 +136,7 @@ def test_energy_and_memory_add_up_over_adjacent_windows_cut_anywhere(source):
     cuts = sorted(lo + dt.timedelta(milliseconds=rng.randint(1, 3 * 3600 * 1000)) for _ in range(5))
     edges = [lo, *cuts]
     whole = read(source, lo, edges[-1], True)  # three hours and more: pushed down
-    parts = [read(source, a, b, (b - a) > prometheus.RAW_WINDOW) for a, b in zip(edges, edges[1:])]
+    parts = [read(source, a, b, (b - a) > prometheus.RAW_WINDOW) for a, b in zip(edges, edges[1:], strict=False)]
     for gpu, usage in whole.items():
         summed = [p[gpu] for p in parts if gpu in p]
         # (Which counter makes the utilization sums is chosen per window: a profiling counter appearing
