@@ -8,7 +8,9 @@ days; the other half run 6-hour jobs back to back (a start and an end every 6 ho
 day is the third: the passes at ``D + 7.5 min + k x 15 min``. Before: each pass re-reads the lookback (2 days
 from a UTC midnight) per attempt and day (``collect_utilization(lookback_start(now), now)``, what the pass did
 before). After: ``periodic_pass(now)``, from the rows a pass 15 minutes before the day left (the steady state;
-the previous day is sealed during the measured day, as every day is once). Each phase is measured on the same
+the previous day's rows are sealed during the measured day, as every day's are once, without another read; each
+15-minute window is one raw read of the GPU series summed in Python, docs/adr/0034). The fixture has no profiling
+or energy series, so a raw read here holds two series per GPU where a full exporter has four. Each phase is measured on the same
 Prometheus in the same run: CPU seconds of its process (``/proc``), its own count of instant queries
 (``prometheus_http_requests_total``), wall time. ``projected_1024_gpus_cpu_s``: the after figure scaled by
 GPUs (an upper bound: the per-query overhead does not grow with the fleet).

@@ -342,8 +342,12 @@ COSTS_LIVE_TIMEOUT_SECONDS = env.float("COSTS_LIVE_TIMEOUT_SECONDS", default=5.0
 COSTS_DISCREPANCY_TOLERANCE_PERCENT = env.float("COSTS_DISCREPANCY_TOLERANCE_PERCENT", default=1.0)
 # How far back each collection pass re-reads utilization (late scrapes are picked up), seconds.
 COSTS_COLLECT_LOOKBACK_SECONDS = env.int("COSTS_COLLECT_LOOKBACK_SECONDS", default=2 * 86400)
-# A rollup's day (its part of the run) is re-read whole once, this long after it ended, seconds: scrapes that came in
-# late since the periodic passes read it are counted, and its energy is the day's exact increase (docs/adr/0026).
+# How long after a scrape's instant it is in Prometheus, seconds (at least two scrape intervals): collection reads no
+# closer to the clock and never reads a window again, so a scrape later than this is not counted. Raise it where
+# samples arrive late (remote write from the clusters, an agent's backlog) (docs/adr/0034).
+COSTS_COLLECT_SETTLE_SECONDS = env.float("COSTS_COLLECT_SETTLE_SECONDS", default=30.0)
+# A rollup's day (its part of the run) is sealed this long after it ended, seconds: final, never read again
+# (docs/adr/0026, 0034).
 COSTS_SEAL_AFTER_SECONDS = env.int("COSTS_SEAL_AFTER_SECONDS", default=3600)
 # Budget forecast: complete UTC days whose median daily spend is the rate (costs.forecast).
 COSTS_FORECAST_WINDOW_DAYS = env.int("COSTS_FORECAST_WINDOW_DAYS", default=7)

@@ -201,8 +201,9 @@ def day_part(attempt: JobAttempt, day: dt.date) -> tuple[dt.datetime, dt.datetim
 
 
 def seal_after() -> dt.timedelta:
-    """How long after a day's part of a run ends it is read whole once and sealed: ``COSTS_SEAL_AFTER_SECONDS``,
-    at least ``settle_seconds()``."""
+    """How long after a day's part of a run ends its row is sealed (final: no pass reads it again; it is not read
+    whole again either, as its sums add up over the windows that made it): ``COSTS_SEAL_AFTER_SECONDS``, at least
+    ``settle_seconds()``."""
     return dt.timedelta(seconds=max(settings.COSTS_SEAL_AFTER_SECONDS, settle_seconds()))
 
 
@@ -311,8 +312,9 @@ def pass_pieces(now: dt.datetime) -> list[Piece]:
     up to ``collection_target(now)``, the part its row does not hold yet.
 
     A row not sealed whose part of the day ended at least ``seal_after()``
-    before ``now``: the whole part, replacing the row and sealing it. A row
-    missing, or whose watermark is unknown or past the part's end: from the
+    before ``now``: what it lacks of the part (nothing, usually: an empty
+    piece), added and sealed; the whole part, replacing the row, where its
+    watermark is unknown. A row missing, or whose watermark is unknown or past the part's end: from the
     part's start (an attempt's first read starts at ``started_at``). Else
     from the row's watermark. Sealed rows and rows already at the target
     are left alone, so a pass repeated at the same ``now`` reads nothing.
@@ -322,23 +324,32 @@ def pass_pieces(now: dt.datetime) -> list[Piece]:
     rows = {(r["attempt_id"], r["day"]): r for r in UtilizationRollup.objects.filter(
         attempt__in=[a.pk for a in attempts], day__gte=start.date()).values("attempt_id", "day", "covered_until",
                                                                              "sealed")}
+    return [piece for attempt in attempts for piece in attempt_pieces(attempt, rows, start, target, now)]
+
+
+def attempt_pieces(attempt: JobAttempt, rows: dict, start: dt.datetime, target: dt.datetime,
+                   now: dt.datetime) -> list[Piece]:
+    """The pieces of ``attempt``'s run in ``[start, target)`` that its rows lack, by the rules of ``pass_pieces``;
+    ``rows``: ``{(attempt id, day): {"covered_until": ..., "sealed": ...}}`` of its rows."""
+    interval = running_interval(attempt, start, target)
+    if interval is None:
+        return []  # no running time inside the window (e.g. ended at a last contact before it started)
     pieces = []
-    for attempt in attempts:
-        interval = running_interval(attempt, start, target)
-        if interval is None:
-            continue  # no running time inside the window (e.g. ended at a last contact before it started)
-        for day, _, hi in utc_days(*interval):
-            lo, part_end = day_part(attempt, day)
-            row = rows.get((attempt.pk, day))
-            covered = row and row["covered_until"]
-            if row and row["sealed"]:
-                continue
-            if part_end <= now - seal_after():
+    for day, _, hi in utc_days(*interval):
+        lo, part_end = day_part(attempt, day)
+        row = rows.get((attempt.pk, day))
+        covered = row and row["covered_until"]
+        if row and row["sealed"]:
+            continue
+        if part_end <= now - seal_after():
+            if covered and lo <= covered <= part_end:  # what it lacks, if anything, then sealed
+                pieces.append(Piece(attempt, day, lo, covered, part_end, covered=covered, seal=True))
+            else:
                 pieces.append(Piece(attempt, day, lo, lo, part_end, seal=True))
-            elif not covered or covered > part_end or covered < lo:
-                pieces.append(Piece(attempt, day, lo, lo, hi))
-            elif covered < hi:
-                pieces.append(Piece(attempt, day, lo, covered, hi, covered=covered))
+        elif not covered or covered > part_end or covered < lo:
+            pieces.append(Piece(attempt, day, lo, lo, hi))
+        elif covered < hi:
+            pieces.append(Piece(attempt, day, lo, covered, hi, covered=covered))
     return pieces
 
 
@@ -353,6 +364,8 @@ def _group_reads(pieces: list[Piece], sources: _Sources, now: dt.datetime):
         groups.setdefault((piece.attempt.cluster_id, piece.start, piece.end), []).append(piece)
     for (cluster_id, start, end), members in groups.items():
         def read(members=members, start=start, end=end):
+            if start >= end:  # a seal of a row read to its end: nothing to read
+                return [(p, prometheus.NO_USAGE, False, "") for p in members]
             source, client, shape = sources.get(members[0].attempt.cluster, now)
             if source is None:
                 return []
@@ -380,8 +393,9 @@ def _group_reads(pieces: list[Piece], sources: _Sources, now: dt.datetime):
 
 def _add(piece: Piece, usage: prometheus.WindowUsage, attributable: bool, shape_kind: str) -> int:
     """Add ``usage`` (the sums of ``[piece.start, piece.end)``) to the row whose watermark is still
-    ``piece.covered`` and move the watermark to ``piece.end``, in one compare-and-set UPDATE; 1 if it applied, 0
-    if the row moved on (a duplicate or concurrent read: nothing is added twice). Allocated and expected samples
+    ``piece.covered`` and move the watermark to ``piece.end`` (sealing the row if ``piece.seal``), in one
+    compare-and-set UPDATE; 1 if it applied, 0 if the row moved on (a duplicate or concurrent read: nothing is
+    added twice). Allocated and expected samples
     are those of ``[piece.lo, piece.end)``; the averages and the counter name are recomputed from the new sums."""
     gpu_seconds = piece.attempt.gpus * (piece.end - piece.lo).total_seconds()
     n, p = usage.samples, usage.prof_samples
@@ -391,7 +405,7 @@ def _add(piece: Piece, usage: prometheus.WindowUsage, attributable: bool, shape_
         samples=F("samples") + n, util_sum=F("util_sum") + usage.util_sum, prof_samples=F("prof_samples") + p,
         memory_samples=F("memory_samples") + usage.memory_samples, memory_sum=F("memory_sum") + usage.memory_sum,
         observed_gpu_seconds=Least(F("observed_gpu_seconds") + usage.observed_seconds, Value(gpu_seconds)),
-        collected_at=timezone.now(),
+        collected_at=timezone.now(), sealed=piece.seal,
     )
     if n:
         values["avg_gpu_util_percent"] = ExpressionWrapper((F("util_sum") + usage.util_sum) / (F("samples") + n),
@@ -411,8 +425,8 @@ def _add(piece: Piece, usage: prometheus.WindowUsage, attributable: bool, shape_
         values["energy_kwh"] = Coalesce(F("energy_kwh"), Value(0.0)) + usage.energy_kwh
     if attributable:
         values["label_shape"] = shape_kind
-    return UtilizationRollup.objects.filter(attempt=piece.attempt, day=piece.day,
-                                            covered_until=piece.covered).update(**values)
+    return UtilizationRollup.objects.filter(attempt=piece.attempt, day=piece.day, covered_until=piece.covered,
+                                            sealed=False).update(**values)
 
 
 def _replace(piece: Piece, usage: prometheus.WindowUsage, attributable: bool, shape_kind: str) -> int:
@@ -437,17 +451,18 @@ def periodic_pass(now: dt.datetime) -> int:
     ``COSTS_COLLECT_LOOKBACK_SECONDS`` lacks up to ``collection_target(now)`` and add it (``pass_pieces``,
     docs/adr/0026). Returns rollup rows written.
 
-    Sums of samples, utilization, memory, observed and idle instants add up
-    exactly over windows cut on the scrape-step grid, so a row grows by its
-    new window only (compare-and-set on its watermark: a repeated or
-    concurrent pass adds nothing twice). Energy (``increase``, extrapolated
-    to each window's edges) adds up only nearly, and a scrape that arrives
-    later than ``settle_seconds()`` is missed by the window that passed it:
-    the seal, one whole read of the day's part ``seal_after()`` after it
-    ended, restores both exactly. Windows shared by a pod-labelled
+    Sums of samples, utilization, memory, observed and idle instants and
+    energy add up exactly over windows cut on the scrape-step grid, so a row
+    grows by its new window only (compare-and-set on its watermark: a
+    repeated or concurrent pass adds nothing twice). A window reads up to
+    ``settle_seconds()`` before ``now``: a scrape that arrives later than
+    that is missed (``COSTS_COLLECT_SETTLE_SECONDS`` covers remote-write
+    backlogs). The seal marks a row final ``seal_after()`` after its part
+    ended, without reading it again. Windows shared by a pod-labelled
     cluster's attempts (every row at the last pass's target, the usual case)
-    cost one grouped query per cluster. A cluster whose reads fail is
-    skipped for the rest of the pass (``_Sources.run``).
+    cost one grouped query per cluster, of raw samples summed in Python for
+    a window up to ``prometheus.RAW_WINDOW`` (``read_usage_by``). A cluster
+    whose reads fail is skipped for the rest of the pass (``_Sources.run``).
     """
     return apply_reads(read_pieces(pass_pieces(now), now))
 
@@ -474,8 +489,9 @@ def apply_reads(reads: list[list[tuple]]) -> int:
 
 
 def settle_seconds() -> float:
-    """How long after an attempt's end its last scrape is in Prometheus: two scrape intervals, seconds."""
-    return 2 * settings.COSTS_SCRAPE_INTERVAL_SECONDS
+    """How long after a scrape's instant it is in Prometheus, seconds: ``COSTS_COLLECT_SETTLE_SECONDS``, at least
+    two scrape intervals. Collection reads no closer to the clock than this, and never reads a window again."""
+    return max(settings.COSTS_COLLECT_SETTLE_SECONDS, 2 * settings.COSTS_SCRAPE_INTERVAL_SECONDS)
 
 
 def collect_ended(now: dt.datetime | None = None) -> int:
@@ -484,10 +500,11 @@ def collect_ended(now: dt.datetime | None = None) -> int:
 
     Runs every minute, so a job of a few minutes, a cancelled one, has its
     utilization as soon as its last scrape is in. "Collected" means its
-    last row's watermark (``covered_until``) is its end: its rows replaced
-    here hold their pieces whole (``collect_attempt``); the periodic pass
-    seals the last day later (``seal_after()``), with the scrapes that came
-    in late.
+    last row's watermark (``covered_until``) is its end. Each day's row
+    gets what it lacks up to the end, by the rules of the periodic pass
+    (``attempt_pieces``): a row the passes read up to their last target
+    gets the minutes since, a missing row its whole part; the periodic pass
+    seals the last day later (``seal_after()``).
     """
     now = now or timezone.now()
     settle = dt.timedelta(seconds=settle_seconds())
@@ -501,9 +518,13 @@ def collect_ended(now: dt.datetime | None = None) -> int:
         # watermark past the end (a live read before the end was known) is read again.
         if attempt.last == attempt.ended_at:
             continue
-        if sources.isolated(attempt, lambda a=attempt: collect_attempt(a, a.started_at, a.ended_at, sources,
-                                                                       now)) is None:
+        rows = {(attempt.pk, r["day"]): r for r in attempt.utilization_rollups.values("day", "covered_until",
+                                                                                        "sealed")}
+        reads = read_pieces(attempt_pieces(attempt, rows, attempt.started_at, attempt.ended_at, now), now, sources)
+        if attempt.cluster_id in sources.failed:
             continue  # its cluster failed: read again by the next pass (not collected since)
+        with transaction.atomic():
+            apply_reads(reads)
         count += 1
     return count
 
@@ -514,10 +535,10 @@ def refresh_running(attempts, now: dt.datetime | None = None) -> int:
     at most ``COSTS_LIVE_TIMEOUT_SECONDS``, without retry; a Prometheus error is logged and leaves the rollups as
     they were (the page still answers).
 
-    Today's row is replaced by the read of its part up to ``now``, its
-    watermark set to ``now``: the periodic pass goes on from there (off
-    the scrape-step grid once, and without the scrapes of the last
-    ``settle_seconds()`` that were not in yet; the seal counts them)."""
+    Today's row is replaced by the read of its part up to
+    ``collection_target(now)`` (the scrapes settled by then, on the
+    scrape-step grid), its watermark set there: the periodic pass goes on
+    from there."""
     now = now or timezone.now()
     fresh_after = now - dt.timedelta(seconds=settings.COSTS_LIVE_CACHE_SECONDS)
     sources, count = _Sources(timeout=settings.COSTS_LIVE_TIMEOUT_SECONDS), 0
@@ -529,7 +550,8 @@ def refresh_running(attempts, now: dt.datetime | None = None) -> int:
             continue
         midnight = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
         try:
-            collect_attempt(attempt, attempt.started_at if last is None else midnight, now, sources, now)
+            collect_attempt(attempt, attempt.started_at if last is None else midnight, collection_target(now),
+                            sources, now)
         except Exception as exc:  # noqa: BLE001 (Prometheus down: the stored rollups answer)
             log.warning("live utilization of %s not read: %s", attempt, exc)
             continue

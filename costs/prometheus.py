@@ -6,8 +6,10 @@ as OpenCost does; ``DCGM_FI_DEV_FB_USED``, MiB;
 ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION``, a counter of mJ) and kube-state-metrics
 (``kube_pod_container_resource_requests{resource="nvidia_com_gpu"}`` joined
 with ``kube_pod_status_phase`` and ``kube_pod_info``). Each query returns a few
-sums per window (``sum_over_time``, ``count_over_time``, ``sum``, subqueries);
-raw series are never pulled.
+sums per window (``sum_over_time``, ``count_over_time``, ``sum``, subqueries); a
+window of at most ``RAW_WINDOW`` (a periodic pass) is read as the raw samples of
+its GPU series in one selector and summed in Python by the same rules, which
+costs Prometheus a third of the pushed-down sums (docs/adr/0034).
 
 DCGM series reach Prometheus in one of three label shapes (``SHAPES``):
 ``namespace``/``pod`` of the workload, ``exported_namespace``/``exported_pod``
@@ -23,6 +25,7 @@ import datetime as dt
 import math
 import re
 
+import numpy as np
 from django.conf import settings
 from prometheus_api_client import PrometheusConnect
 from urllib3.util.retry import Retry
@@ -108,6 +111,13 @@ def attempts_pod_matchers(attempts: list[tuple[str, str]], shape: str = "pod") -
     return f'{ns_label}=~"{namespaces}",{pod_label}=~"({names})-.*"'
 
 
+# Prometheus gzips an answer when asked to, and requests asks by default: compressing the raw samples of a window
+# costs Prometheus more CPU than reading them (a day of 15-minute windows at 64 GPUs: 0.75 s with gzip, 0.30 s
+# without; docs/adr/0034). The answers travel uncompressed (a 15-minute window of 1,024 GPUs: about 3 MB per series
+# kind).
+UNCOMPRESSED = {"Accept-Encoding": "identity"}
+
+
 @dataclasses.dataclass(frozen=True)
 class Source:
     """Where a cluster's metrics live: a Prometheus URL and the extra matcher selecting the cluster there."""
@@ -116,11 +126,14 @@ class Source:
     cluster_matcher: str  # '' or ',cluster="name"'
 
     def client(self, timeout: float | None = None) -> PrometheusConnect:
-        """A client of this Prometheus; ``timeout`` (seconds) given: that timeout and no retry (a page waiting
-        on it), else ``COSTS_PROMETHEUS_TIMEOUT_SECONDS`` with the library's retries."""
+        """A client of this Prometheus, asking for uncompressed answers (``UNCOMPRESSED``); ``timeout`` (seconds)
+        given: that timeout and no retry (a page waiting on it), else ``COSTS_PROMETHEUS_TIMEOUT_SECONDS`` with the
+        library's retries."""
         if timeout is not None:
-            return PrometheusConnect(url=self.url, disable_ssl=True, timeout=timeout, retry=Retry(total=0))
-        return PrometheusConnect(url=self.url, disable_ssl=True, timeout=settings.COSTS_PROMETHEUS_TIMEOUT_SECONDS)
+            return PrometheusConnect(url=self.url, disable_ssl=True, timeout=timeout, retry=Retry(total=0),
+                                     headers=UNCOMPRESSED)
+        return PrometheusConnect(url=self.url, disable_ssl=True, timeout=settings.COSTS_PROMETHEUS_TIMEOUT_SECONDS,
+                                 headers=UNCOMPRESSED)
 
 
 def source_for(cluster) -> Source | None:
@@ -289,9 +302,15 @@ class WindowUsage:
     scrape interval); ``idle_seconds``: the part of it whose sample is under
     the idle threshold. ``observed_seconds == 0`` means no data: ``idle``
     is then None, never 0; ``samples == 0`` makes the averages None.
-    ``energy_mj``: millijoules the GPUs drew (``increase`` of
-    ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION``); None where the exporter
-    reports no energy (not measured, never 0).
+    ``energy_mj``: millijoules the GPUs drew, from
+    ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION``: at each multiple ``p`` of the
+    scrape interval in the window, the counter's value seen at ``p`` less
+    the one seen at ``p - step`` (each the latest sample within the
+    lookback, as for observed time; both must be seen), a drop being a
+    reset that counts from zero (the value seen at ``p``). Each rise
+    belongs to exactly one instant, so windows cut anywhere add up exactly
+    (docs/adr/0034). None where no instant of the window saw the counter
+    twice (not measured, never 0).
     """
 
     samples: int
@@ -467,6 +486,23 @@ def _lookback_parts(gr: str, util: str, start: dt.datetime, end: dt.datetime, st
     return parts
 
 
+def _energy_parts(energy: str, start: dt.datetime, end: dt.datetime, step_seconds: float, lookback_seconds: float,
+                  left_open: bool) -> list[str]:
+    """PromQL expressions (per GPU series, millijoules, to be summed) of the energy of ``[start, end)`` under
+    ``WindowUsage.energy_mj``, one per run of ``lookback_pieces``: at each multiple ``p`` of the step the counter's value
+    seen at ``p`` (``last_over_time`` over the lookback) less the one seen at ``p - step`` (the same, ``offset``
+    one step); a negative difference is a reset and counts the value seen at ``p`` (from zero)."""
+    step_ms = round(step_seconds * 1000)
+    step = f"{step_ms}ms"
+    inner = f"{lookback_range_ms(lookback_seconds, left_open)}ms"
+    seen, before = f"last_over_time({energy}[{inner}])", f"last_over_time({energy}[{inner}] offset {step})"
+    # (``last_over_time`` keeps the metric name: the reset's value is taken by arithmetic, which drops it, so that
+    # both cases are one series in the subquery.)
+    rise = f"({seen} - {before}) >= 0 or ({seen} - {before} < 0) * 0 + {seen}"
+    return [f"sum_over_time(({rise})[{outer}ms:{step}] @ {last.timestamp()!r})"
+            for _, last, outer in lookback_pieces(start, end, step_seconds, left_open)]
+
+
 def usage_query(matchers: str, start: dt.datetime, end: dt.datetime, step_seconds: float, idle_percent: float,
                 by: tuple[str, ...] = (), fields: tuple[str, ...] | None = None, left_open: bool = False,
                 lookback_seconds: float = LOOKBACK_DELTA_SECONDS) -> tuple[str, float]:
@@ -480,10 +516,8 @@ def usage_query(matchers: str, start: dt.datetime, end: dt.datetime, step_second
     ``left_open``); observed and idle GPU-seconds are subqueries at the
     scrape interval and instant reads at the window's edges, each with
     ``lookback_seconds`` (``_lookback_parts``; stats ``observed_seconds:<n>``
-    and ``idle_seconds:<n>``, to be added up). Energy is Prometheus'
-    ``increase`` of the energy counter over the window, per GPU series: a
-    drop is a counter reset and counts from zero (never negative), and the
-    rise is extrapolated to the window's edges as ``increase`` does.
+    and ``idle_seconds:<n>``, to be added up). Energy follows the rule of ``WindowUsage.energy_mj``
+    (``_energy_parts``; stats ``energy_mj:<n>``).
     """
     at, r = range_for(start, end, left_open)
     gr, util, fb, energy = (f"{m}{{{matchers}}}" for m in (GR_ENGINE_ACTIVE, UTIL_PERCENT, FB_USED_MIB, ENERGY_MJ))
@@ -496,10 +530,135 @@ def usage_query(matchers: str, start: dt.datetime, end: dt.datetime, step_second
         "prof_samples": [_stat("prof_samples", f"count_over_time({gr}[{r}])", by)],
         "memory_sum": [_stat("memory_sum", f"sum_over_time({fb}[{r}])", by)],
         "memory_samples": [_stat("memory_samples", f"count_over_time({fb}[{r}])", by)],
-        "energy_mj": [_stat("energy_mj", f"increase({energy}[{r}])", by)],
+        "energy_mj": [_stat(f"energy_mj:{n}", expr, by) for n, expr in enumerate(
+            _energy_parts(energy, start, end, step_seconds, lookback_seconds, left_open))],
         **{name: [_stat(f"{name}:{n}", expr, by) for n, expr in enumerate(exprs)] for name, exprs in steps.items()},
     }
     return " or ".join(q for f in wanted for q in parts[f]), at
+
+
+# A window at most this long is read as the raw samples of its GPU series (one selector, ``raw_query``) and summed
+# in Python (``usage_from_series``); a longer one (a catch-up, a whole run, a month) by the pushed-down sums of
+# ``usage_query``, which return a few numbers per group whatever the window. Both follow the same rules. At 1,024
+# GPUs scraped every 15 s an hour is about 1.2 M samples (some 60 MB of JSON).
+RAW_WINDOW = dt.timedelta(hours=1)
+GPU_METRICS = (GR_ENGINE_ACTIVE, UTIL_PERCENT, FB_USED_MIB, ENERGY_MJ)
+
+
+def raw_query(matchers: str, start: dt.datetime, end: dt.datetime, step_seconds: float, left_open: bool,
+              lookback_seconds: float = LOOKBACK_DELTA_SECONDS) -> tuple[str, float]:
+    """One range selector of every GPU series (``GPU_METRICS``) matching ``matchers``, returning their raw samples
+    in ``(start - step - lookback, end)``: the window and what the lookback instants of its first step read
+    (``usage_from_series``). Returns ``(query, evaluation time in unix seconds)``."""
+    names = "|".join(GPU_METRICS)
+    at, r = range_for(start - dt.timedelta(seconds=step_seconds + lookback_seconds) + EPSILON, end, left_open)
+    return f'{{__name__=~"{names}",{matchers}}}[{r}]', at
+
+
+def _window_instants(start: dt.datetime, end: dt.datetime, step_seconds: float):
+    """``(instants_ms, seconds)`` arrays of ``lookback_instants`` (each instant and how long it stands for)."""
+    pieces, edges = lookback_instants(start, end, step_seconds, False, max_points=1 << 62)
+    step = round(step_seconds * 1000)
+    instants, seconds = [], []
+    for first, last, _ in pieces:
+        whole = range(_ms(first), _ms(last) + 1, step)
+        instants += whole
+        seconds += [step_seconds] * len(whole)
+    for at, length in edges:
+        instants.append(_ms(at))
+        seconds.append(length)
+    return np.array(instants, dtype=np.int64), np.array(seconds, dtype=float)
+
+
+def _seen(times: np.ndarray, values: np.ndarray, instants: np.ndarray, lookback_ms: int):
+    """``(present, value)`` at each of ``instants`` (ms): the latest sample at or before it and after
+    ``instant - lookback_ms``, as an instant selector under ``--query.lookback-delta`` reads it."""
+    idx = np.searchsorted(times, instants, side="right") - 1
+    safe = np.maximum(idx, 0)
+    present = (idx >= 0) & (times[safe] > instants - lookback_ms)
+    return present, values[safe]
+
+
+def _usage(totals: dict[str, float]) -> WindowUsage:
+    """A ``WindowUsage`` of ``{field: sum}`` (fields of ``USAGE_FIELDS``; missing: 0, energy None)."""
+    return WindowUsage(samples=int(totals.get("samples", 0)), util_sum=totals.get("util_sum", 0.0),
+                       memory_samples=int(totals.get("memory_samples", 0)), memory_sum=totals.get("memory_sum", 0.0),
+                       observed_seconds=totals.get("observed_seconds", 0.0),
+                       idle_seconds=totals.get("idle_seconds", 0.0), prof_samples=int(totals.get("prof_samples", 0)),
+                       energy_mj=totals.get("energy_mj"))
+
+
+def usage_from_series(series: list[dict], start: dt.datetime, end: dt.datetime, step_seconds: float,
+                      idle_percent: float, lookback_seconds: float,
+                      by: tuple[str, ...] = ()) -> dict[tuple, WindowUsage]:
+    """The sums of ``usage_query`` over ``[start, end)``, grouped ``by`` labels, from raw samples: ``series`` as
+    Prometheus' matrix result of ``raw_query`` (``[{"metric": {...}, "values": [[unix s, "value"], ...]}]``).
+
+    Per GPU (a label set without the metric name), by the rules of
+    ``usage_query``: the samples with timestamps in ``[start, end)`` make the
+    sums (``GR_ENGINE_ACTIVE x 100`` where the profiling counter has one in
+    the window, else ``GPU_UTIL``; ``FB_USED``); the value seen at each
+    instant of ``lookback_instants`` (the latest sample no older than the
+    lookback) makes observed and idle time, from the profiling counter where
+    it has a sample within ``(start - lookback, end)``; energy is the rule
+    of ``WindowUsage.energy_mj``. Groups without any series are absent.
+    """
+    lookback_ms = round(lookback_seconds * 1000)
+    s, e, step = _ms(start), _ms(end), round(step_seconds * 1000)
+    instants, weights = _window_instants(start, end, step_seconds)
+    multiples = np.arange(-(-s // step) * step, (e - 1) // step * step + 1, step, dtype=np.int64)
+    gpus: dict[tuple, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+    for row in series:
+        labels = dict(row["metric"])
+        name = labels.pop("__name__", "")
+        points = np.array(row["values"], dtype=float).reshape(-1, 2)
+        gpus.setdefault(tuple(sorted(labels.items())), {})[name] = (np.rint(points[:, 0] * 1000).astype(np.int64),
+                                                                     points[:, 1])
+    totals: dict[tuple, dict[str, float]] = {}
+    for key, metrics in gpus.items():
+        labels = dict(key)
+        t = totals.setdefault(tuple(labels.get(label, "") for label in by), {})
+
+        def window(name, metrics=metrics):
+            times, values = metrics[name]
+            inside = (times >= s) & (times < e)
+            return values[inside]
+
+        gr = window(GR_ENGINE_ACTIVE) if GR_ENGINE_ACTIVE in metrics else np.empty(0)
+        if gr.size:
+            t["util_sum"] = t.get("util_sum", 0.0) + float(gr.sum()) * 100
+            t["samples"] = t.get("samples", 0) + gr.size
+            t["prof_samples"] = t.get("prof_samples", 0) + gr.size
+        elif UTIL_PERCENT in metrics and (util := window(UTIL_PERCENT)).size:
+            t["util_sum"] = t.get("util_sum", 0.0) + float(util.sum())
+            t["samples"] = t.get("samples", 0) + util.size
+        if FB_USED_MIB in metrics and (fb := window(FB_USED_MIB)).size:
+            t["memory_sum"] = t.get("memory_sum", 0.0) + float(fb.sum())
+            t["memory_samples"] = t.get("memory_samples", 0) + fb.size
+        preferred, scale = None, 1.0
+        if GR_ENGINE_ACTIVE in metrics:
+            times = metrics[GR_ENGINE_ACTIVE][0]
+            if ((times > s - lookback_ms) & (times < e)).any():
+                preferred, scale = GR_ENGINE_ACTIVE, 100.0
+        if preferred is None and UTIL_PERCENT in metrics:
+            preferred = UTIL_PERCENT
+        if preferred is not None and instants.size:
+            present, values = _seen(*metrics[preferred], instants, lookback_ms)
+            if present.any():
+                t["observed_seconds"] = t.get("observed_seconds", 0.0) + float(weights[present].sum())
+                idle = present & (values * scale < idle_percent)
+                t["idle_seconds"] = t.get("idle_seconds", 0.0) + float(weights[idle].sum())
+        if ENERGY_MJ in metrics and multiples.size:
+            now, now_value = _seen(*metrics[ENERGY_MJ], multiples, lookback_ms)
+            prev, prev_value = _seen(*metrics[ENERGY_MJ], multiples - step, lookback_ms)
+            both = now & prev
+            if both.any():
+                rise = now_value[both] - prev_value[both]
+                t["energy_mj"] = t.get("energy_mj", 0.0) + float(np.where(rise >= 0, rise, now_value[both]).sum())
+    return {
+        key: _usage(t)
+        for key, t in totals.items() if t
+    }
 
 
 def read_usage_by(source: Source, matchers: str, start: dt.datetime, end: dt.datetime, by: tuple[str, ...] = (), *,
@@ -509,13 +668,20 @@ def read_usage_by(source: Source, matchers: str, start: dt.datetime, end: dt.dat
     """``read_usage`` grouped by the labels ``by`` (e.g. ``("namespace",)``): ``{label values: WindowUsage}``.
 
     ``fields`` limits the sums computed (see ``usage_query``); the others stay 0.
-    Groups without any series are absent (no data).
+    Groups without any series are absent (no data). A window of at most
+    ``RAW_WINDOW`` (all fields) is read as raw samples in one selector and
+    summed in Python (``usage_from_series``), a longer one by the pushed-down
+    sums of ``usage_query``; both follow the same rules.
     """
     step_seconds = step_seconds or settings.COSTS_SCRAPE_INTERVAL_SECONDS
     idle_percent = settings.COSTS_IDLE_UTIL_PERCENT if idle_percent is None else idle_percent
     lookback_seconds = lookback_seconds or settings.COSTS_QUERY_LOOKBACK_DELTA_SECONDS
     client = client or source.client()
     left_open = range_left_open(source, client=client)
+    if fields is None and end - start <= RAW_WINDOW:
+        query, at = raw_query(matchers + source.cluster_matcher, start, end, step_seconds, left_open, lookback_seconds)
+        return usage_from_series(client.custom_query(query, params={"time": at}), start, end, step_seconds,
+                                 idle_percent, lookback_seconds, by)
     totals: dict[tuple, dict[str, float]] = {}
     for w_start, w_end in split_window(start, end, step_seconds):
         query, at = usage_query(matchers + source.cluster_matcher, w_start, w_end, step_seconds, idle_percent, by,
@@ -526,10 +692,7 @@ def read_usage_by(source: Source, matchers: str, start: dt.datetime, end: dt.dat
             stat = row["metric"]["stat"].split(":")[0]
             group[stat] = group.get(stat, 0.0) + float(row["value"][1])
     return {
-        key: WindowUsage(samples=int(t.get("samples", 0)), util_sum=t.get("util_sum", 0.0),
-                         memory_samples=int(t.get("memory_samples", 0)), memory_sum=t.get("memory_sum", 0.0),
-                         observed_seconds=t.get("observed_seconds", 0.0), idle_seconds=t.get("idle_seconds", 0.0),
-                         prof_samples=int(t.get("prof_samples", 0)), energy_mj=t.get("energy_mj"))
+        key: _usage(t)
         for key, t in totals.items()
     }
 

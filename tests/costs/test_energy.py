@@ -2,21 +2,25 @@
 
 Class: a counter that restarts from zero (driver or exporter restart) read
 as a plain difference gives a negative or a giant energy. Invariant: the kWh
-of an attempt are the counter's rise over its run with every drop counted
-from zero (Prometheus' ``increase``), never negative; only the energy drawn
-between a reset and the last scrape before it is lost. Clusters whose
-exporter reports no energy answer null (not measured), never 0; an unknown
-electricity price leaves the energy cost null, never $0, and the energy
-cost is never part of the GPU cost.
+of an attempt are the counter's rise between consecutive scrape-step
+instants of its run (the value each instant sees under the lookback, as for
+observed time), every drop counted from zero, never negative; only the
+energy drawn between a reset and the last scrape before it is lost. The
+figures of adjacent windows (UTC days) add up to the run's exactly.
+Clusters whose exporter reports no energy answer null (not measured), never
+0; an unknown electricity price leaves the energy cost null, never $0, and
+the energy cost is never part of the GPU cost.
 
-Each GPU draws a constant power, so its energy over a run is power x time,
-less what each reset lost; expected figures are computed here from that.
+Each GPU draws a constant power, so its counter at each scrape is power x
+time since its last reset; expected figures are computed here from the
+scrapes by that rule (the API shows kWh to 6 decimals).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import math
 import random
 from datetime import UTC
 from decimal import Decimal
@@ -67,17 +71,20 @@ class Run:
         return gpu.watts * 1000 * (t - booted)
 
     def expected_kwh(self, lo: dt.datetime | None = None, hi: dt.datetime | None = None) -> float:
-        """Power x time inside the run and ``[lo, hi)``, less what each reset there lost (from the last scrape
-        before it to the reset)."""
+        """The energy inside the run and ``[lo, hi)``: at each multiple ``p`` of the scrape interval there, the
+        counter at the latest scrape at or before ``p`` less the one at or before ``p - STEP`` (scrapes are 30 s
+        apart, well inside the 5-minute lookback), or the former alone where it dropped (a reset)."""
         a, b = max(self.start, lo or self.start).timestamp(), min(self.end, hi or self.end).timestamp()
         scrapes = self.scrapes()
-        joules = 0.0
+        millijoules = 0.0
         for gpu in self.gpus:
-            joules += gpu.watts * max(0.0, b - a)
-            for r in gpu.resets:
-                if a <= r < b:
-                    joules -= gpu.watts * (r - max(t for t in scrapes if t < r))
-        return joules / J_PER_KWH
+            p = math.ceil(a / STEP) * STEP
+            while p < b:
+                now, before = (float(f"{self.counter_mj(gpu, max(t for t in scrapes if t <= at)):.0f}")  # as exported
+                               for at in (p, p - STEP))
+                millijoules += now - before if now >= before else now
+                p += STEP
+        return millijoules / 1000 / J_PER_KWH
 
 
 def generated_runs(seed: int = 7) -> list[Run]:
@@ -168,7 +175,7 @@ def test_a_counter_reset_mid_job_gives_the_energy_drawn_never_a_negative_or_a_ju
     by_job = {r["job_name"]: r for r in costs(collected, group_by="job")["results"]}
     for name, run in runs.items():
         if run.energy:
-            assert by_job[name]["energy_kwh"] == pytest.approx(run.expected_kwh(), rel=1e-3), name
+            assert by_job[name]["energy_kwh"] == pytest.approx(run.expected_kwh(), abs=1e-6), name
             # The GPU cost alone: energy is never folded into it.
             assert by_job[name]["cost_usd"] == f"{5 * len(utc_days(run.start, run.end))}.00"
     assert sum(len(g.resets) for r in runs.values() for g in r.gpus) >= 4
@@ -180,7 +187,7 @@ def test_energy_per_team_and_day_and_its_cost_at_the_clusters_price(collected):
     by_day = {r["day"]: r for r in costs(collected, group_by="day")["results"]}
     for day in (DAY0, DAY0 + dt.timedelta(days=1)):
         want = sum(r.expected_kwh(day, day + dt.timedelta(days=1)) for r in runs.values() if r.energy)
-        assert by_day[day.date().isoformat()]["energy_kwh"] == pytest.approx(want, rel=1e-3)
+        assert by_day[day.date().isoformat()]["energy_kwh"] == pytest.approx(want, abs=1e-6)
     by_team = {r["team"]: r for r in costs(collected, group_by="team")["results"]}
     for run in metered:
         row = by_team[run.name]
@@ -191,7 +198,7 @@ def test_energy_per_team_and_day_and_its_cost_at_the_clusters_price(collected):
     assert total["cost_usd"] == f"{sum(5 * len(utc_days(r.start, r.end)) for r in runs.values())}.00"
     assert Decimal(total["energy_cost_usd"]) == pytest.approx(
         sum(Decimal(repr(r.expected_kwh())) * PRICE for r in metered), abs=Decimal("0.02"))
-    assert total["energy_unpriced_kwh"] == pytest.approx(runs["unpriced"].expected_kwh(), rel=1e-3)
+    assert total["energy_unpriced_kwh"] == pytest.approx(runs["unpriced"].expected_kwh(), abs=1e-6)
 
 
 def test_no_energy_series_is_not_measured_and_no_price_is_unknown_never_zero(collected):
@@ -200,5 +207,5 @@ def test_no_energy_series_is_not_measured_and_no_price_is_unknown_never_zero(col
         dict.fromkeys(("energy_kwh", "energy_cost_usd", "energy_unpriced_kwh"))
     assert UtilizationRollup.objects.get(attempt=collected["attempts"]["unmetered"]).energy_kwh is None
     unpriced = by_team["unpriced"]
-    assert unpriced["energy_kwh"] == pytest.approx(collected["runs"]["unpriced"].expected_kwh(), rel=1e-3)
+    assert unpriced["energy_kwh"] == pytest.approx(collected["runs"]["unpriced"].expected_kwh(), abs=1e-6)
     assert unpriced["energy_cost_usd"] is None and unpriced["energy_unpriced_kwh"] == unpriced["energy_kwh"]

@@ -5,8 +5,8 @@ and day costs Prometheus each sample about 200 times a day. Invariants:
 after any sequence of passes (repeated, or the same reads delivered twice)
 a row holds exactly what one read of ``[day part start, covered_until)``
 holds (samples, utilization, memory, observed and idle instants); once its
-day's part has settled the row is read whole and sealed, equal to one read
-of the whole part in every field; a pass over pod-labelled clusters whose
+day's part has settled the row is sealed, equal to one read of the whole
+part in every field, energy included; a pass over pod-labelled clusters whose
 rows share a watermark asks each cluster one query, whatever the number of
 attempts. Expected values come from plain ``read_usage`` calls over the
 same interval and from the generators' own samples; queries are counted on
@@ -118,7 +118,7 @@ def pass_twice(now: dt.datetime) -> None:
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-def test_passes_at_random_instants_hold_what_one_read_holds_and_the_seal_makes_them_exact(
+def test_passes_at_random_instants_hold_what_one_read_holds_and_sealed_rows_hold_it_whole(
         synthetic_fleet, fleet_db, seed):
     UtilizationRollup.objects.all().delete()  # the fixture's whole-window collection: start from nothing
     attempts = {a.pk: a for a in fleet_db["attempts"].values()}
@@ -236,7 +236,8 @@ def test_a_pass_asks_each_pod_labelled_cluster_one_query_whatever_the_number_of_
         queries = query_prometheus.queries()
         per_pass.append(sorted(next(c for c in PODS if f'cluster="{c}"' in q) for q in queries))
         assert written == sum(PODS.values()) * 1  # every attempt's row of the day, one window each
-        assert all("util_sum" in q and "observed_seconds" in q for q in queries)
+        # Each a read of the window's GPU series (raw samples: a 15-minute window, prometheus.RAW_WINDOW).
+        assert all(prometheus.UTIL_PERCENT in q and prometheus.ENERGY_MJ in q for q in queries)
     assert per_pass == [sorted(PODS)] * 3
     target = collection_target(now)
     assert set(UtilizationRollup.objects.filter(day=QDAY.date()).values_list("covered_until", flat=True)) == {target}
