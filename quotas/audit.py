@@ -18,6 +18,8 @@ import django_filters
 from django.db import router, transaction
 from django.db.models.deletion import Collector
 
+from runners.credentials import CredentialUnreadable
+
 from .models import AuditRecord
 
 #: The fields recorded, by model name (``Model._meta.model_name``): the ones that govern who gets what and what it
@@ -78,7 +80,7 @@ def _digest(value) -> str:
 def snapshot(obj) -> dict:
     """The audited values of ``obj`` (a governed model instance; ``AUDITED_FIELDS``) as a JSON-ready dict.
 
-    Credential fields hold ``set`` or ``empty``; ``record`` compares them through a digest kept only in memory
+    Credential fields hold ``set``, ``empty`` or ``unreadable`` (stored under a key no longer configured); ``record`` compares them through a digest kept only in memory
     (the ``_credentials`` entry, which ``record`` removes before anything is stored).
     """
     secret = CREDENTIAL_FIELDS.get(obj._meta.model_name, ())
@@ -86,8 +88,11 @@ def snapshot(obj) -> dict:
     for name in _fields(obj):
         value = getattr(obj, name)
         if name in secret:
-            values[name] = "set" if value else "empty"
-            digests[name] = _digest(value)
+            try:
+                digests[name] = _digest(value)
+                values[name] = "set" if value else "empty"
+            except CredentialUnreadable:  # under a key no longer configured: a change of it is still a change
+                values[name], digests[name] = "unreadable", "unreadable"
         else:
             values[name] = _json(value)
     if digests:

@@ -97,6 +97,10 @@ def test_an_unreadable_credential_on_one_cluster_stops_no_other_cluster(live_clu
 
     answer = staff.client.patch(f"/api/v1/clusters/{broken.pk}/", {"api_token": f"token-of-{BROKEN}"}, format="json")
     assert answer.status_code == 200, answer.content
+    from quotas.models import AuditRecord
+
+    (changed,) = AuditRecord.objects.filter(object_type="cluster", object_id=broken.pk, action="updated")
+    assert (changed.before["api_token"], changed.after["api_token"]) == ("unreadable", "credential changed")
     reconcile.reconcile_all()
     healed = Cluster.objects.get(name=BROKEN)
     assert (healed.health, healed.health_reason) == (Cluster.Health.HEALTHY, "")
