@@ -20,8 +20,9 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from core.money import usd_cents
+from core.money import shown_usd, usd_cents
 from costs.models import BudgetAlert
+from costs.unknown import unpriced_hours
 from jobs.models import JobAttempt, JobEvent, JobState
 from quotas.models import Membership
 
@@ -119,19 +120,27 @@ def absolute(path: str) -> str:
 def job_message(event: JobEvent, kind: str) -> tuple[str, dict]:
     """The subject and the Slack-compatible body of a job event: ``text`` for people, then the fields for
     programs (``event``, ``occurred_at``, ``team``, ``job_id``, ``job_name``, ``state``, ``reason``, ``cost_usd``:
-    the job's accrued cost so far in USD rounded to cents, ``url``: its page)."""
+    the job's accrued cost so far as its page and the API show it (``core.money.shown_usd``: USD rounded to cents,
+    null when none of it is priced), ``unpriced_gpu_hours`` and ``unpriced_vcpu_hours`` beside it, ``url``: its
+    page). Class: unknown money shown as $0; invariant: a money figure is the same on every surface, and never 0
+    where its price is unknown."""
     job = event.job
     words = {Event.JOB_SUCCEEDED: "succeeded", Event.JOB_FAILED: "failed", Event.JOB_CANCELLED: "was cancelled",
              Event.JOB_PREEMPTED: "was preempted", Event.JOB_RECOVERED: "is running again"}[kind]
     url = absolute(f"/jobs/{job.pk}/")
-    cost = usd_cents(job.accrued_cost_usd)
+    gpu_hours, vcpu_hours = unpriced_hours(job=job)
+    cost = shown_usd(job.accrued_cost_usd, gpu_hours + vcpu_hours)
     subject = f"[controlplane] {job.team.slug}: job {job.pk} {job.name} {words}"
     text = f"Job {job.pk} {job.name} of team {job.team.slug} {words}"
     text += f": {event.reason}." if event.reason else "."
-    text += f" Cost so far: ${cost}. {url}"
+    text += " Cost so far: " + ("unknown" if cost is None else f"${cost}")
+    if gpu_hours or vcpu_hours:
+        text += f" (and {gpu_hours:g} GPU-hours, {vcpu_hours:g} vCPU-hours without a price)"
+    text += f". {url}"
     return subject, {"text": text, "event": kind, "occurred_at": event.created_at.isoformat(), "team": job.team.slug,
                      "job_id": job.pk, "job_name": job.name, "state": event.to_state, "reason": event.reason,
-                     "cost_usd": cost, "url": url}
+                     "cost_usd": cost, "unpriced_gpu_hours": gpu_hours, "unpriced_vcpu_hours": vcpu_hours,
+                     "url": url}
 
 
 def budget_message(alert: BudgetAlert) -> tuple[str, dict]:

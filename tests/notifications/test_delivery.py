@@ -301,3 +301,28 @@ def test_the_first_pass_starts_after_the_events_that_precede_every_subscription(
     send_all()
     assert [m.subject.split()[-2] for m in mail.outbox] == ["after"]
     assert FanoutCursor.objects.get(source="job_event").last_id > last_old_event
+
+
+@pytest.mark.django_db
+def test_a_jobs_cost_in_a_notification_is_the_apis_and_unknown_never_zero(quick, teams, owner, teammate, h100,
+                                                                           aws_cluster):
+    """Class: unknown money shown as $0. A job whose only price disappeared before it ran accrued 2 GPU-hours with
+    no price: its notification's cost is the API's figure (null, "unknown"), with the same unpriced hours beside
+    it, never "$0.00"."""
+    from costs.models import Price
+
+    with Receiver() as receiver:
+        subscribe(team=teams[0], url=receiver.url, events=[Event.JOB_SUCCEEDED])
+        job = make_job(teams[0], teammate.user, h100, name="unpriced", gpus_per_node=2)
+        start = timezone.now() - dt.timedelta(hours=1)
+        attempt = make_attempt(job, aws_cluster["cluster"], aws_cluster["pool"], started_at=start)
+        Price.objects.all().delete()
+        end_attempt(fresh(job), attempt, JobState.SUCCEEDED, reason="all pods succeeded",
+                    end_reason=JobAttempt.EndReason.SUCCEEDED, exit_code=0, ended_at=start + dt.timedelta(hours=1))
+        accrue_attempt(attempt.pk)
+        assert send_all() == ["sent"]
+    body = receiver.received[0]["json"]
+    api = owner.client.get(f"/api/v1/jobs/{job.pk}/").json()
+    assert api["accrued_cost_usd"] is None and api["unpriced_gpu_hours"] == 2.0  # 2 GPUs x 1 h, independently
+    assert (body["cost_usd"], body["unpriced_gpu_hours"]) == (api["accrued_cost_usd"], api["unpriced_gpu_hours"])
+    assert "$0.00" not in body["text"] and "Cost so far: unknown (and 2 GPU-hours" in body["text"]
