@@ -24,6 +24,7 @@ import dataclasses
 import datetime as dt
 import math
 import re
+from collections import defaultdict
 
 import numpy as np
 from django.conf import settings
@@ -614,10 +615,10 @@ def usage_from_series(series: list[dict], start: dt.datetime, end: dt.datetime, 
         points = np.array(row["values"], dtype=float).reshape(-1, 2)
         gpus.setdefault(tuple(sorted(labels.items())), {})[name] = (np.rint(points[:, 0] * 1000).astype(np.int64),
                                                                      points[:, 1])
-    totals: dict[tuple, dict[str, float]] = {}
+    totals: dict[tuple, defaultdict[str, float]] = {}
     for key, metrics in gpus.items():
         labels = dict(key)
-        t = totals.setdefault(tuple(labels.get(label, "") for label in by), {})
+        t = totals.setdefault(tuple(labels.get(label, "") for label in by), defaultdict(float))
 
         def window(name, metrics=metrics):
             times, values = metrics[name]
@@ -626,15 +627,15 @@ def usage_from_series(series: list[dict], start: dt.datetime, end: dt.datetime, 
 
         gr = window(GR_ENGINE_ACTIVE) if GR_ENGINE_ACTIVE in metrics else np.empty(0)
         if gr.size:
-            t["util_sum"] = t.get("util_sum", 0.0) + float(gr.sum()) * 100
-            t["samples"] = t.get("samples", 0) + gr.size
-            t["prof_samples"] = t.get("prof_samples", 0) + gr.size
+            t["util_sum"] += float(gr.sum()) * 100
+            t["samples"] += gr.size
+            t["prof_samples"] += gr.size
         elif UTIL_PERCENT in metrics and (util := window(UTIL_PERCENT)).size:
-            t["util_sum"] = t.get("util_sum", 0.0) + float(util.sum())
-            t["samples"] = t.get("samples", 0) + util.size
+            t["util_sum"] += float(util.sum())
+            t["samples"] += util.size
         if FB_USED_MIB in metrics and (fb := window(FB_USED_MIB)).size:
-            t["memory_sum"] = t.get("memory_sum", 0.0) + float(fb.sum())
-            t["memory_samples"] = t.get("memory_samples", 0) + fb.size
+            t["memory_sum"] += float(fb.sum())
+            t["memory_samples"] += fb.size
         preferred, scale = None, 1.0
         if GR_ENGINE_ACTIVE in metrics:
             times = metrics[GR_ENGINE_ACTIVE][0]
@@ -645,20 +646,17 @@ def usage_from_series(series: list[dict], start: dt.datetime, end: dt.datetime, 
         if preferred is not None and instants.size:
             present, values = _seen(*metrics[preferred], instants, lookback_ms)
             if present.any():
-                t["observed_seconds"] = t.get("observed_seconds", 0.0) + float(weights[present].sum())
+                t["observed_seconds"] += float(weights[present].sum())
                 idle = present & (values * scale < idle_percent)
-                t["idle_seconds"] = t.get("idle_seconds", 0.0) + float(weights[idle].sum())
+                t["idle_seconds"] += float(weights[idle].sum())
         if ENERGY_MJ in metrics and multiples.size:
             now, now_value = _seen(*metrics[ENERGY_MJ], multiples, lookback_ms)
             prev, prev_value = _seen(*metrics[ENERGY_MJ], multiples - step, lookback_ms)
             both = now & prev
             if both.any():
                 rise = now_value[both] - prev_value[both]
-                t["energy_mj"] = t.get("energy_mj", 0.0) + float(np.where(rise >= 0, rise, now_value[both]).sum())
-    return {
-        key: _usage(t)
-        for key, t in totals.items() if t
-    }
+                t["energy_mj"] += float(np.where(rise >= 0, rise, now_value[both]).sum())  # present: measured
+    return {key: _usage(t) for key, t in totals.items() if t}
 
 
 def read_usage_by(source: Source, matchers: str, start: dt.datetime, end: dt.datetime, by: tuple[str, ...] = (), *,
