@@ -19,7 +19,7 @@ from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import transaction
 from django.db.models import Sum
-from django.http import HttpResponse
+from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
@@ -41,7 +41,7 @@ from jobs.scheduling.core import price_text
 from jobs.scheduling.offers import pool_offers
 from jobs.scheduling.preview import preview_submission
 from jobs.scheduling.snapshot import cpu_used_milli
-from jobs.spec import validated_submission
+from jobs.spec import SpecError, resubmission, team_for_submission, validated_submission
 from jobs.states import StaleState
 from jobs.throttles import submitter_retry_after, team_retry_after
 from jobs.workload import job_efficiency
@@ -285,6 +285,7 @@ def job_detail(request, pk: int):
         has_utilization=any(r["avg_gpu_util_percent"] is not None for r in rollups),
         # Emulated GPUs are processes on the CPU: their "utilization" is CPU use, not a GPU's.
         emulated_only=job.attempts.exists() and not job.attempts.filter(cluster__emulated=False).exists(),
+        may_resubmit=_may_submit_for(request.user, job.team.slug),
     )
     efficiency = job_efficiency(job, series=True)
     series = next((a["series"] for a in reversed(efficiency["attempts"]) if a["series"]), [])
@@ -352,8 +353,31 @@ def _submit_teams(user):
                                memberships__role__in=[Membership.Role.ADMIN, Membership.Role.MEMBER])
 
 
-def _submit_form(request, data=None) -> SubmitJobForm:
-    return SubmitJobForm(data, teams=_submit_teams(request.user), priorities=list(priority_classes()))
+def _submit_form(request, data=None, initial=None) -> SubmitJobForm:
+    return SubmitJobForm(data, initial=initial, teams=_submit_teams(request.user), priorities=list(priority_classes()))
+
+
+def _may_submit_for(user, slug: str) -> bool:
+    """Whether ``user`` may submit jobs for team ``slug`` (its admin or member, or staff)."""
+    try:
+        team_for_submission(user, slug)
+    except SpecError:
+        return False
+    return True
+
+
+def _resubmission_initial(request) -> dict | None:
+    """The submit form's initial values for ``?from=<job id>``: the job's team and its whole submission as YAML
+    (``jobs.spec.resubmission``), to edit and submit as a new job; None without ``from``. Http404 for a job the
+    user cannot see or an id that is not a number."""
+    ref = request.GET.get("from")
+    if ref is None:
+        return None
+    if not ref.isdigit():
+        raise Http404(f"no job {ref!r}")
+    job = _visible_job(request, int(ref))
+    return {"team": job.team.slug,
+            "spec_yaml": yaml.safe_dump(resubmission(job), sort_keys=False, default_flow_style=False)}
 
 
 def _validate_submission(request, form: SubmitJobForm) -> dict | None:
@@ -400,8 +424,8 @@ def job_submit(request):
             messages.success(request, f"Job {job.pk} ({job.name}) submitted.")
             return redirect("frontend:job-detail", pk=job.pk)
     else:
-        form = _submit_form(request)
-    return render(request, "frontend/job_submit.html", {"form": form})
+        form = _submit_form(request, initial=_resubmission_initial(request))
+    return render(request, "frontend/job_submit.html", {"form": form, "resubmitting": request.GET.get("from")})
 
 
 def _submission_throttled(request, form: SubmitJobForm, wait: int, who: str) -> HttpResponse:
