@@ -409,17 +409,22 @@ def utilization_window(rollups, group_by: str, start: dt.datetime | None, end: d
         row = by_key.get(key)
         if row is None:
             row = by_key[key] = {**{k: ledger_row[k] for k in keys}, **_present(_unseen())}
-        row["gpu_hours"] = ledger_row["gpu_hours"]
-        row["unobserved_gpu_hours"] = round(max(0.0, row["gpu_hours"] - row["observed_gpu_hours"]), 6)
-        row["unobserved_cost_usd"] = unobserved_cost(ledger_row["cost_usd"], row)
+        billed_share(row, ledger_row)
     for row in by_key.values():
         row.setdefault("unobserved_cost_usd", None)
     total["unobserved_cost_usd"] = None
     if billed:
-        total["gpu_hours"] = billed_total["gpu_hours"]
-        total["unobserved_gpu_hours"] = round(max(0.0, total["gpu_hours"] - total["observed_gpu_hours"]), 6)
-        total["unobserved_cost_usd"] = unobserved_cost(billed_total["cost_usd"], total)
+        billed_share(total, billed_total)
     return sorted(by_key.values(), key=lambda r: group_order(tuple(r[k] for k in keys))), total
+
+
+def billed_share(row: dict, ledger_row: dict) -> None:
+    """Put the ledger's billed GPU-hours of a group (``ledger_row``, a row of ``aggregate_costs``) on its utilization
+    ``row``, in place: ``gpu_hours``, ``unobserved_gpu_hours`` (billed minus observed) and ``unobserved_cost_usd``
+    (``coverage`` stays that of the rolled-up attempts' time)."""
+    row["gpu_hours"] = ledger_row["gpu_hours"]
+    row["unobserved_gpu_hours"] = round(max(0.0, row["gpu_hours"] - row["observed_gpu_hours"]), 6)
+    row["unobserved_cost_usd"] = unobserved_cost(ledger_row["cost_usd"], row)
 
 
 def unobserved_cost(cost_usd: str | None, row: dict) -> str | None:

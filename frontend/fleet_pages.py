@@ -172,12 +172,12 @@ def stacked_bars(bars: list[tuple[str, list[float]]], series: list[tuple[str, st
         for (_, colour), v in zip(series, values, strict=True):
             h = (height - bottom - top) * v / biggest
             y -= h
-            rects.append(format_html('<rect x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{:.1f}" fill="{}"/>',
-                                     x, y, bar, h, colour))
+            rects.append(format_html('<rect x="{}" y="{}" width="{}" height="{}" fill="{}"/>',
+                                     f"{x:.1f}", f"{y:.1f}", f"{bar:.1f}", f"{h:.1f}", colour))
         parts.append(format_html('<g class="bar"><title>{}</title>{}</g>', tip, SafeString("".join(rects))))
         if len(bars) <= 16 or i % max(len(bars) // 10, 1) == 0:
-            parts.append(format_html('<text x="{:.1f}" y="{}" font-size="11" text-anchor="middle">{}</text>',
-                                     x + bar / 2, height - bottom + 14, label[-10:]))
+            parts.append(format_html('<text x="{}" y="{}" font-size="11" text-anchor="middle">{}</text>',
+                                     f"{x + bar / 2:.1f}", height - bottom + 14, label[-10:]))
     legend = format_html_join("", '<rect x="{}" y="4" width="12" height="12" fill="{}"/>'
                               '<text x="{}" y="14" font-size="12">{}</text>',
                               ((left + 170 * i, c, left + 170 * i + 16, n) for i, (n, c) in enumerate(series)))
@@ -214,11 +214,12 @@ def utilization(request):
     day as a chart and a table, and per team, cluster and job, each with GPU-hours, average utilization, coverage,
     idle and unobserved GPU-hours and their cost (the figures of ``/api/v1/utilization/`` for the same days). A
     bad ``window`` or ``sort`` is a 400 with the error next to the field."""
-    form = UtilizationForm(request.GET or None)
-    if form.is_bound and not form.is_valid():
+    query = request.GET.copy()
+    query.setdefault("window", DEFAULT_WINDOW)
+    form = UtilizationForm(query)
+    if not form.is_valid():
         return render(request, "frontend/utilization.html", {"form": form, "tables": []}, status=400)
-    data = form.cleaned_data if form.is_bound else {}
-    key, column = data.get("window") or DEFAULT_WINDOW, data.get("sort") or ""
+    key, column = form.cleaned_data["window"] or DEFAULT_WINDOW, form.cleaned_data["sort"]
     start, end = window_of(key, timezone.now().astimezone(dt.UTC).date())
     user = request.user
     rollups = filter_days(scope_to_teams(UtilizationRollup.objects.all(), user), start, end)
