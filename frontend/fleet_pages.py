@@ -20,6 +20,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from costs.aggregation import filter_days, utilization_window
+from costs.capacity import capacity_reports, with_rounding
 from costs.models import UtilizationRollup
 from costs.spend import utc_midnight
 from jobs.scheduling.offers import free_on_nodes
@@ -203,6 +204,18 @@ def gpu_hour_parts(row: dict) -> list[float]:
     return [max(row["observed_gpu_hours"] - idle, 0.0), idle, row["unobserved_gpu_hours"]]
 
 
+#: The parts of each node's bar: its capacity allocated to jobs, unallocated while it took work, and cordoned.
+NODE_SERIES = [("allocated GPU-hours", "#1f5fa8"), ("unallocated GPU-hours", "#e8a200"),
+               ("cordoned GPU-hours", "#9a9a9a")]
+
+
+def node_parts(row: dict) -> list[float]:
+    """A capacity row of one node split as ``NODE_SERIES``: allocated, unallocated less cordoned, cordoned."""
+    cordoned = float(row["cordoned_gpu_hours"] or 0)
+    return [float(row["allocated_gpu_hours"] or 0), max(float(row["unallocated_gpu_hours"] or 0) - cordoned, 0.0),
+            cordoned]
+
+
 def row_label(row: dict, group_by: str) -> str:
     """A utilization row's name: the day, team, cluster, or ``#id name`` of a job."""
     return f"#{row['job']} {row['job_name']}" if group_by == "job" else str(row[group_by])
@@ -212,8 +225,10 @@ def row_label(row: dict, group_by: str) -> str:
 def utilization(request):
     """GPU utilization of the user's teams (all for staff) over a window of whole UTC days (``WINDOWS``): per UTC
     day as a chart and a table, and per team, cluster and job, each with GPU-hours, average utilization, coverage,
-    idle and unobserved GPU-hours and their cost (the figures of ``/api/v1/utilization/`` for the same days). A
-    bad ``window`` or ``sort`` is a 400 with the error next to the field."""
+    idle and unobserved GPU-hours and their cost (the figures of ``/api/v1/utilization/`` for the same days); per
+    node, the fleet's capacity, allocated, unallocated and cordoned GPU-hours and the unallocated cost (those of
+    ``/api/v1/capacity/?group_by=node``: DCGM samples are read per job attempt, not per node). A bad ``window`` or
+    ``sort`` is a 400 with the error next to the field."""
     query = request.GET.copy()
     query.setdefault("window", DEFAULT_WINDOW)
     form = UtilizationForm(query)
@@ -236,7 +251,12 @@ def utilization(request):
                        "chart": None if group_by in ("day", "job") or not rows else stacked_bars(
                            [(row_label(r, group_by), gpu_hour_parts(r)) for r in shown], GPU_HOUR_SERIES, "GPU-hours",
                            f"GPU-hours by {group_by}: busy, idle and unobserved")})
+    nodes, node_total = with_rounding(*capacity_reports({"node": None}, start, end)["node"])
+    nodes = [r for r in nodes if r["capacity_gpu_hours"] is not None]
     return render(request, "frontend/utilization.html", {
         "form": form, "window": key, "window_label": WINDOWS[key][1], "sort": column, "start": start,
         "last_day": (end - dt.timedelta(days=1)).date(), "tables": tables, "total": total, "chart": chart,
-        "windows": [(k, v[1]) for k, v in WINDOWS.items()], "columns": list(SORTABLE.items())})
+        "windows": [(k, v[1]) for k, v in WINDOWS.items()], "columns": list(SORTABLE.items()),
+        "nodes": nodes, "node_total": node_total, "node_chart": stacked_bars(
+            [(f"{r['cluster']}/{r['node']}", node_parts(r)) for r in nodes], NODE_SERIES, "GPU-hours",
+            "GPU-hours per node: allocated, unallocated and cordoned") if nodes else None})

@@ -3,12 +3,16 @@ the field, GPU and CPU nodes counted apart with each pool's vCPU and memory, and
 
 from __future__ import annotations
 
+import datetime as dt
 import re
+from decimal import Decimal
 
 import pytest
+import time_machine
 
 from jobs.models import JobAttempt
-from runners.models import Node
+from runners.models import Cluster, Node
+from tests.costs.test_capacity import allocate, sync_fleet
 from tests.support.personas import signed_in
 
 from .fleet_data import make_fleet, make_use
@@ -119,3 +123,38 @@ def test_sorting_by_a_figure_puts_the_largest_first(owner, used):
     assert job_keys(web.get("/utilization/").content.decode()) == [small, big]  # by job id
     # small: 3 unobserved GPU-hours, big: 16 - 12 = 4
     assert job_keys(web.get("/utilization/", {"sort": "unobserved_gpu_hours"}).content.decode()) == [big, small]
+
+
+@pytest.fixture
+def inventoried(catalog, teams, user, h100):
+    """The capacity page's fleet (``tests/frontend/test_capacity_page.py``): aws-use1's node-a and node-b, 8 GPUs
+    each, seen 4 hours from 2026-03-02 22:30 UTC, 8 GPUs held 1 h on node-a and 30 min on node-b at $6.88; lab's
+    node-z, 4 GPUs for 1 h, unpriced."""
+    aws = Cluster.objects.create(name="aws-use1", provider="aws", region="us-east-1", backend="kubernetes")
+    sync_fleet(aws, {i: {"node-a": ("on-demand", 8, True), "node-b": ("on-demand", 8, True)} for i in range(241)})
+    allocate(aws, teams, user, h100, [(0, ["node-a"], 8, 60, 120), (0, ["node-b"], 8, 60, 90)])
+    lab = Cluster.objects.create(name="lab", provider="onprem", region="lab", backend="kubernetes")
+    sync_fleet(lab, {i: {"node-z": ("on-demand", 4, True)} for i in range(61)})
+
+
+def cells(html: str, table: str) -> dict[str, list[str]]:
+    """``{row key: its cells' text}`` of the table ``table`` of a page."""
+    body = re.search(rf'<table id="{table}">(.*?)</table>', html, re.S).group(1)
+    return {key: [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+            for key, row in re.findall(r'<tr data-key="([^"]+)">(.*?)</tr>', body, re.S)}
+
+
+def test_the_nodes_allocation_is_the_capacity_apis_for_the_same_days(owner, inventoried):
+    with time_machine.travel(dt.datetime(2026, 3, 4, 12, tzinfo=dt.UTC), tick=False):
+        page = signed_in(owner).get("/utilization/").content.decode()  # the last 7 UTC days: 02-26 to 03-04
+        api = owner.client.get("/api/v1/capacity/", {"group_by": "node", "start": "2026-02-26T00:00:00Z",
+                                                     "end": "2026-03-05T00:00:00Z"}).json()["results"]
+    # 8 GPUs x 4 h each; node-a held 8 x 1 h, node-b 8 x 0.5 h; the rest at $6.88; node-z 4 x 1 h, no price
+    expected = {"aws-use1/node-a": ["32.00", "8.00", "24.00", "0.00", "$165.12"],
+                "aws-use1/node-b": ["32.00", "4.00", "28.00", "0.00", "$192.64"],
+                "lab/node-z": ["4.00", "0.00", "4.00", "0.00", "unknown"]}
+    from_api = {f"{r['cluster']}/{r['node']}": [
+        *(f"{Decimal(r[k]):.2f}" for k in ("capacity_gpu_hours", "allocated_gpu_hours", "unallocated_gpu_hours",
+                                           "cordoned_gpu_hours")),
+        "unknown" if r["unallocated_cost_usd"] is None else f"${r['unallocated_cost_usd']}"] for r in api}
+    assert cells(page, "utilization-node") == from_api == expected
