@@ -178,7 +178,8 @@ def stacked_bars(bars: list[tuple[str, list[float]]], series: list[tuple[str, st
         parts.append(format_html('<g class="bar"><title>{}</title>{}</g>', tip, SafeString("".join(rects))))
         if len(bars) <= 16 or i % max(len(bars) // 10, 1) == 0:
             parts.append(format_html('<text x="{}" y="{}" font-size="11" text-anchor="middle">{}</text>',
-                                     f"{x + bar / 2:.1f}", height - bottom + 14, label[-10:]))
+                                     f"{x + bar / 2:.1f}", height - bottom + 14,
+                                     label if len(label) <= 16 else label[:15] + "…"))
     legend = format_html_join("", '<rect x="{}" y="4" width="12" height="12" fill="{}"/>'
                               '<text x="{}" y="14" font-size="12">{}</text>',
                               ((left + 170 * i, c, left + 170 * i + 16, n) for i, (n, c) in enumerate(series)))
