@@ -7,7 +7,6 @@ import datetime as dt
 from decimal import Decimal
 
 import time_machine
-
 from django.utils import timezone
 
 from costs.models import NodeUtilizationRollup, UtilizationRollup
