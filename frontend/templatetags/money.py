@@ -15,6 +15,7 @@ register = template.Library()
 
 @register.filter
 def usd(amount) -> str:
-    """``amount`` (Decimal USD, or a cents string) rounded to cents half to even, without the ``$``; None: ``unknown``."""
+    """``amount`` (Decimal USD, or a cents string) rounded to cents half to even, without the ``$`` (an amount
+    above 0 below half a cent to two significant digits: ``core.money.usd_cents``); None: ``unknown``."""
     shown = usd_cents(amount) if amount is not None and amount != "" else None
     return "unknown" if shown is None else shown
