@@ -30,6 +30,7 @@ from core.money import shown_usd
 from costs.aggregation import aggregate_window, utilization_window
 from costs.budgets import budget_status
 from costs.capacity import capacity_reports, with_rounding
+from costs.catalog import NoPrice, Rates, rates_at
 from costs.collection import refresh_running
 from costs.models import ClusterMetrics, Report, UtilizationRollup
 from costs.reports.build import generate_report
@@ -41,7 +42,7 @@ from jobs.permissions import CANCEL_REFUSED, may_cancel
 from jobs.scheduling.core import price_text
 from jobs.scheduling.offers import pool_offers
 from jobs.scheduling.preview import preview_submission
-from jobs.scheduling.snapshot import cpu_used_milli
+from jobs.scheduling.snapshot import cpu_used_milli, per_node_request, pods_of
 from jobs.spec import SpecError, resubmission, team_for_submission, validated_submission
 from jobs.states import StaleState
 from jobs.throttles import submitter_retry_after, team_retry_after
@@ -207,15 +208,16 @@ def job_estimate(job: Job) -> dict:
     Once placed: the stored estimate (GPUs x max runtime x the placed pool's price), ``{"usd", "pool": None,
     "placed": True}``. Before: the preview's (``jobs.scheduling.preview.preview_submission``: the pool the
     scheduler would pick now and its price), ``{"usd", "pool": <offer or None>, "placed": False}``; ``usd`` is
-    None when no pool has a price.
+    None when no pool has a price. ``asks``: what the worst case counts (``job_asks``: GPUs, or vCPUs and GiB).
     """
+    asks = job_asks(job.kind, job.nodes, job.gpus_per_node, job.replicas, (job.spec or {}).get("resources"))
     if job.admitted_at or job.current_attempt_id or job.estimated_cost_usd:
-        return {"usd": job.estimated_cost_usd, "pool": None, "placed": True}
+        return {"usd": job.estimated_cost_usd, "pool": None, "placed": True, "asks": asks}
     resources = {"accelerator": job.accelerator, "gpus_per_node": job.gpus_per_node, "nodes": job.nodes,
                  "replicas": job.replicas, "priority": job.priority, "preemptible": job.preemptible,
                  "max_runtime_seconds": job.max_runtime_seconds, **per_node_asks(job.spec)}
     assessment = preview_submission(job.team, resources, (job.spec or {}).get("placement") or {}, kind=job.kind)
-    return {"usd": assessment.estimate_usd, "pool": assessment.offer, "placed": False}
+    return {"usd": assessment.estimate_usd, "pool": assessment.offer, "placed": False, "asks": asks}
 
 
 def per_node_asks(spec) -> dict:
@@ -223,6 +225,28 @@ def per_node_asks(spec) -> dict:
     price a CPU-only one); absent ones left out."""
     resources = (spec or {}).get("resources") or {}
     return {k: resources[k] for k in ("cpu", "memory_gib") if resources.get(k) is not None}
+
+
+def job_asks(kind: str, nodes: int, gpus_per_node: int, replicas: int, resources) -> dict:
+    """What a whole job holds, as its worst-case estimate counts it (``money.worst_case`` words it): ``{"gpus": int,
+    "vcpus": Decimal (cores), "gib": Decimal}``; vCPUs and GiB are the pods' (``snapshot.pods_of``) per-node
+    ``cpu`` and ``memory_gib`` of ``resources`` (a spec's), rounded up as placement counts them."""
+    pods, _ = pods_of(kind, nodes, replicas)
+    cpu_milli, memory_mib = per_node_request(resources)
+    return {"gpus": total_gpus(nodes, gpus_per_node, replicas), "vcpus": Decimal(pods * cpu_milli) / 1000,
+            "gib": Decimal(pods * memory_mib) / 1024}
+
+
+def _attempt_rates(attempt: JobAttempt):
+    """The prices an attempt is charged at (``costs.catalog.Rates``: USD per GPU-hour, per vCPU-hour and per
+    GiB-hour), from the catalog at its start (its admission when it has not started); for a GPU attempt the price
+    stored at admission. None: no price in force."""
+    if attempt.gpus:
+        return Rates(attempt.usd_per_gpu_hour)
+    try:
+        return rates_at(attempt.node_pool, attempt.started_at or attempt.created_at)
+    except NoPrice:
+        return None
 
 
 def queue_facts(queue_info: dict) -> list[tuple[str, str]]:
@@ -251,12 +275,15 @@ def _job_status_context(job: Job, user) -> dict:
     ledger = job.cost_entries.aggregate(s=Sum("amount_usd"))["s"] or Decimal(0)
     gpu_unpriced, vcpu_unpriced = unpriced_hours(job=job)
     queue_info = job.queue_info if job.state in (JobState.QUEUED, JobState.RECOVERING) else {}
+    attempts = list(job.attempts.select_related("cluster", "node_pool").order_by("number"))
+    for attempt in attempts:
+        attempt.rates = _attempt_rates(attempt)  # its price column: per GPU-hour, or per vCPU-hour and GiB-hour
     return {
         "job": job,
         "live": job.state not in FINAL_STATES,
         "may_cancel": job.state not in FINAL_STATES and may_cancel(user, job),
         "events": job.events.select_related("actor", "attempt").order_by("created_at", "id"),
-        "attempts": job.attempts.select_related("cluster", "node_pool").order_by("number"),
+        "attempts": attempts,
         "cost": {"usd": shown_usd(max(ledger, job.accrued_cost_usd), gpu_unpriced + vcpu_unpriced),
                  "unpriced_gpu_hours": gpu_unpriced, "unpriced_vcpu_hours": vcpu_unpriced},
         "cost_unknown": unknown_cost(job=job),
@@ -405,6 +432,8 @@ def submission_preview(args: dict) -> dict:
     assessment = preview_submission(team, resources, args["spec"]["placement"], kind=args["kind"])
     return {"team": team, "accelerator": resources["accelerator"].name,
             "total_gpus": total_gpus(resources["nodes"], resources["gpus_per_node"], resources.get("replicas", 1)),
+            "asks": job_asks(args["kind"], resources["nodes"], resources["gpus_per_node"], resources.get("replicas", 1),
+                             args["spec"].get("resources")),
             "pool": assessment.offer,
             "fits_now": assessment.fits_now, "estimate_usd": assessment.estimate_usd, "quota": assessment.quota,
             "budget": assessment.budget}
