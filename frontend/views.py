@@ -34,7 +34,7 @@ from costs.catalog import NoPrice, Rates, rates_at
 from costs.collection import refresh_running
 from costs.models import ClusterMetrics, Report, UtilizationRollup
 from costs.reports.build import generate_report
-from costs.unknown import unknown_cost, unpriced_hours
+from costs.unknown import HAS_UNPRICED, unknown_cost, unpriced_hours
 from jobs.filters import JobFilterSet
 from jobs.lifecycle import NotCancellable, cancel_job, submit_job
 from jobs.models import FINAL_STATES, Job, JobAttempt, JobState, total_gpus
@@ -42,7 +42,7 @@ from jobs.permissions import CANCEL_REFUSED, may_cancel
 from jobs.scheduling.core import price_text
 from jobs.scheduling.offers import pool_offers
 from jobs.scheduling.preview import preview_submission
-from jobs.scheduling.snapshot import cpu_used_milli, per_node_request, pods_of
+from jobs.scheduling.snapshot import cpu_used_milli
 from jobs.spec import SpecError, resubmission, team_for_submission, validated_submission
 from jobs.states import StaleState
 from jobs.throttles import submitter_retry_after, team_retry_after
@@ -76,10 +76,13 @@ from .forms import (
     SubmitJobForm,
     requested_values,
 )
+from .templatetags.job_terms import job_asks
 
 LIVE_STATES = [JobState.QUEUED, JobState.ADMITTED, JobState.STARTING, JobState.RUNNING, JobState.RECOVERING,
                JobState.CANCELLING]
 JOBS_PER_PAGE = 50
+#: The user's own latest jobs the dashboard lists, in every state (a rejected one included).
+RECENT_JOBS_SHOWN = 10
 
 
 def _chart(labels: list, values: list, label: str, kind: str = "bar", *, x_title: str = "", y_title: str = "") -> dict:
@@ -144,7 +147,8 @@ def _budget_rows(teams) -> list[dict]:
 
 @login_required
 def dashboard(request):
-    """My teams, running and queued jobs, GPUs in use against quota, budgets and the last 30 days of cost."""
+    """My teams, running and queued jobs, my recent jobs in every state, GPUs in use against quota, budgets and the
+    last 30 days of cost."""
     user = request.user
     teams = Team.objects.visible_to(user)
     jobs = (Job.objects.visible_to(user).filter(state__in=LIVE_STATES)
@@ -158,6 +162,8 @@ def dashboard(request):
         "teams": teams,
         "running": [j for j in live if j.state != JobState.QUEUED],
         "queued": [j for j in live if j.state == JobState.QUEUED],
+        "recent": list(Job.objects.filter(submitter=user).select_related("team", "accelerator")[:RECENT_JOBS_SHOWN]),
+        "recent_shown": RECENT_JOBS_SHOWN,
         "gpu_usage": _gpu_usage(teams),
         "budgets": _budget_rows(teams),
         "cost_total": total,
@@ -169,13 +175,20 @@ def dashboard(request):
 # --- jobs -----------------------------------------------------------------------------------------
 
 def _filtered_jobs(request):
-    """``(filterset, page)`` of the user's jobs through ``jobs.filters.JobFilterSet`` (the API's); invalid filters give no rows."""
+    """``(filterset, page)`` of the user's jobs through ``jobs.filters.JobFilterSet`` (the API's); invalid filters give
+    no rows. Each job of the page carries ``shown_cost`` (its accrued USD as the API shows it: None, unknown, when
+    none of it is priced) and ``run_seconds`` (from its start to its end, or to now while it runs; None before it
+    started)."""
     queryset = Job.objects.visible_to(request.user).select_related(
-        "team", "submitter", "accelerator", "current_attempt__cluster")
+        "team", "submitter", "accelerator", "current_attempt__cluster").annotate(has_unpriced_cost=HAS_UNPRICED)
     filterset = JobFilterSet(request.GET or None, queryset=queryset)
     jobs = filterset.qs if filterset.is_bound and filterset.is_valid() else (queryset if not filterset.is_bound
                                                                                else queryset.none())
     page = Paginator(jobs, JOBS_PER_PAGE).get_page(request.GET.get("page"))
+    now = timezone.now()
+    for job in page:
+        job.shown_cost = shown_usd(job.accrued_cost_usd, 1 if job.has_unpriced_cost else 0)
+        job.run_seconds = None if job.started_at is None else ((job.ended_at or now) - job.started_at).total_seconds()
     return filterset, page
 
 
@@ -225,16 +238,6 @@ def per_node_asks(spec) -> dict:
     price a CPU-only one); absent ones left out."""
     resources = (spec or {}).get("resources") or {}
     return {k: resources[k] for k in ("cpu", "memory_gib") if resources.get(k) is not None}
-
-
-def job_asks(kind: str, nodes: int, gpus_per_node: int, replicas: int, resources) -> dict:
-    """What a whole job holds, as its worst-case estimate counts it (``money.worst_case`` words it): ``{"gpus": int,
-    "vcpus": Decimal (cores), "gib": Decimal}``; vCPUs and GiB are the pods' (``snapshot.pods_of``) per-node
-    ``cpu`` and ``memory_gib`` of ``resources`` (a spec's), rounded up as placement counts them."""
-    pods, _ = pods_of(kind, nodes, replicas)
-    cpu_milli, memory_mib = per_node_request(resources)
-    return {"gpus": total_gpus(nodes, gpus_per_node, replicas), "vcpus": Decimal(pods * cpu_milli) / 1000,
-            "gib": Decimal(pods * memory_mib) / 1024}
 
 
 def _attempt_rates(attempt: JobAttempt):

@@ -15,6 +15,8 @@ from django import template
 from core.money import CENT, usd_cents
 from costs.catalog import Rates
 
+from .job_terms import number
+
 register = template.Library()
 
 
@@ -52,11 +54,6 @@ def rate(prices) -> str:
     return " + ".join(parts) or "no price"
 
 
-def _amount(value) -> str:
-    exact = Decimal(str(value)).normalize()
-    return format(exact, "f")
-
-
 @register.filter
 def worst_case(asks: dict) -> str:
     """What a worst-case estimate counts, for its label: ``2 GPUs × max runtime``, or for a job without GPUs
@@ -65,5 +62,5 @@ def worst_case(asks: dict) -> str:
     if asks.get("gpus"):
         count = asks["gpus"]
         return f"{count} GPU{'' if count == 1 else 's'} × max runtime"
-    vcpus, gib = _amount(asks.get("vcpus") or 0), _amount(asks.get("gib") or 0)
+    vcpus, gib = number(asks.get("vcpus") or 0), number(asks.get("gib") or 0)
     return f"{vcpus} vCPU{'' if vcpus == '1' else 's'} and {gib} GiB × max runtime"
