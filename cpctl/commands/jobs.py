@@ -376,7 +376,7 @@ def cancel(api: Api, id: int) -> int:  # noqa: A002
     if api.json:
         print_json(body)
     elif body["state"] == "CANCELLING":
-        out(f"job {body['id']}: CANCELLING (its cluster is deleting it; `job {body['id']}` shows when it is "
+        out(f"job {body['id']}: CANCELLING (its cluster is deleting it; `cpctl job {body['id']}` shows when it is "
             "CANCELLED)")
     else:
         out(f"job {body['id']}: {body['state']}")

@@ -110,6 +110,10 @@ def test_cancel_then_events_show_the_timeline(run_cli, owner, teammate, jobs):
     assert again.code == 6 and f"job {queued.pk} is already CANCELLED (HTTP 409)" in again.err
     stopping = run_cli("cancel", str(running.pk), persona=owner)
     assert stopping.code == 0 and stopping.out.startswith(f"job {running.pk}: CANCELLING")
+    suggested = stopping.out.split("`")[1]  # the command it suggests must be one that runs
+    assert suggested.split()[0] == "cpctl", stopping.out
+    shown = run_cli(*suggested.split()[1:], persona=owner)
+    assert shown.code == 0 and "CANCELLING" in shown.out, shown.err
 
     events = run_cli("events", str(queued.pk), persona=teammate)
     assert events.code == 0, events.err
