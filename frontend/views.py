@@ -18,7 +18,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import OuterRef, Subquery, Sum
 from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
@@ -37,7 +37,7 @@ from costs.reports.build import generate_report
 from costs.unknown import HAS_UNPRICED, unknown_cost, unpriced_hours
 from jobs.filters import JobFilterSet
 from jobs.lifecycle import NotCancellable, cancel_job, submit_job
-from jobs.models import FINAL_STATES, Job, JobAttempt, JobState, total_gpus
+from jobs.models import FINAL_STATES, Job, JobAttempt, JobEvent, JobState, total_gpus
 from jobs.permissions import CANCEL_REFUSED, may_cancel
 from jobs.scheduling.core import price_text
 from jobs.scheduling.offers import pool_offers
@@ -211,8 +211,13 @@ def job_rows(request):
 
 
 def _visible_job(request, pk: int) -> Job:
+    """The job ``pk`` if ``request.user`` may see it (else 404), with ``last_event_id``: its newest event's id read in
+    the same statement, so its page shows the timeline up to the state it shows (one snapshot, never a state and a
+    newer timeline)."""
+    last_event = JobEvent.objects.filter(job=OuterRef("pk")).order_by("-id").values("id")[:1]
     return get_object_or_404(Job.objects.visible_to(request.user).select_related(
-        "team", "submitter", "accelerator", "current_attempt__cluster", "current_attempt__node_pool"), pk=pk)
+        "team", "submitter", "accelerator", "current_attempt__cluster", "current_attempt__node_pool")
+        .annotate(last_event_id=Subquery(last_event)), pk=pk)
 
 
 def job_estimate(job: Job) -> dict:
@@ -272,6 +277,15 @@ def queue_facts(queue_info: dict) -> list[tuple[str, str]]:
     return facts
 
 
+def _events_up_to(job: Job):
+    """``job``'s timeline, oldest first, up to the event that brought it to the state it was read in: events are
+    written with the state change in one transaction and a job's changes are compare-and-set on its row, so its
+    events commit in id order and those up to ``last_event_id`` (``_visible_job``) are the ones the read state has."""
+    events = job.events.select_related("actor", "attempt").order_by("created_at", "id")
+    last = getattr(job, "last_event_id", None)
+    return events.filter(id__lte=last) if last is not None else events
+
+
 def _job_status_context(job: Job, user) -> dict:
     """What the live part of a job page shows: state, why it waits, timeline, attempts, cost (USD: so far while
     the job lives, final once it ended), and the cancel link while ``user`` may still cancel."""
@@ -285,7 +299,7 @@ def _job_status_context(job: Job, user) -> dict:
         "job": job,
         "live": job.state not in FINAL_STATES,
         "may_cancel": job.state not in FINAL_STATES and may_cancel(user, job),
-        "events": job.events.select_related("actor", "attempt").order_by("created_at", "id"),
+        "events": _events_up_to(job),
         "attempts": attempts,
         "cost": {"usd": shown_usd(max(ledger, job.accrued_cost_usd), gpu_unpriced + vcpu_unpriced),
                  "unpriced_gpu_hours": gpu_unpriced, "unpriced_vcpu_hours": vcpu_unpriced},

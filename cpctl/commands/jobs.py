@@ -355,17 +355,19 @@ def stream_log(client: Client, job: int, params: dict) -> int:
 
 
 def empty_log_hint(client: Client, job: int, node: int, attempt: int) -> str:
-    """What to tell a user whose node log is empty: that the node printed nothing (yet), and which nodes there are
-    (in distributed training often only rank 0 logs)."""
+    """What to tell a user whose node log is empty: that the node printed nothing (``yet`` while the job lives, ``in
+    this attempt`` once it ended), and which nodes there are: from another node, rank 0 (in distributed training
+    often only rank 0 prints); from rank 0, the next node."""
     try:
-        nodes = client.get(f"jobs/{job}/").get("nodes") or 1
+        body = client.get(f"jobs/{job}/")
+        nodes, final = body.get("nodes") or 1, body.get("state") in FINAL_STATES
     except CliError:
-        nodes = None
+        nodes, final = None, False
     others = ""
     if nodes and nodes > 1:
-        others = (f"; the job has {nodes} nodes (0 to {nodes - 1}) and often only rank 0 prints: "
-                  f"try --node {0 if node else 1}")
-    return f"(node {node} of attempt {attempt} has printed nothing yet{others})"
+        others = (f"; the job has {nodes} nodes (0 to {nodes - 1}) and often only rank 0 prints: try --node 0"
+                  if node else f"; the job has {nodes} nodes (0 to {nodes - 1}): try --node 1")
+    return f"(node {node} of attempt {attempt} has printed nothing {'in this attempt' if final else 'yet'}{others})"
 
 
 @api_command("cancel", "cancel a job")

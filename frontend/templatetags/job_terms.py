@@ -1,5 +1,6 @@
 """``{% load job_terms %}``: ``{{ seconds|duration }}``, a length of time as a person reads it; ``{{ job|job_size }}``,
-what a job holds (GPUs, or for a CPU-only job vCPUs and GiB); ``job_asks``, the same as numbers."""
+what a job holds (GPUs, or for a CPU-only job vCPUs and GiB); ``job_asks``, the same as numbers;
+``{{ event|timeline_sentence }}``, a timeline line as a sentence."""
 
 from __future__ import annotations
 
@@ -55,3 +56,25 @@ def job_size(job) -> str:
         return f"{asks['gpus']} × {job.accelerator.name}"
     vcpus = number(asks["vcpus"])
     return f"{vcpus} vCPU{'' if vcpus == '1' else 's'}, {number(asks['gib'])} GiB"
+
+
+@register.filter
+def timeline_sentence(event) -> str:
+    """A job event's reason (``JobEvent``) as a sentence: first letter capitalized, ``— by <username>`` when the
+    actor is not named in it already, a full stop at the end (``all nodes running`` -> ``All nodes running.``);
+    empty when it has no reason."""
+    text = (event.reason or "").strip()
+    if not text:
+        return ""
+    actor = getattr(event.actor, "username", "") if event.actor_id else ""
+    if actor and actor not in text:
+        text += f" — by {actor}"
+    text = text[:1].upper() + text[1:]
+    return text if text.endswith((".", "!", "?")) else text + "."
+
+
+@register.filter
+def kind_said(event) -> bool:
+    """Whether a job event's reason begins with its kind (``submitted``: "submitted by alice"), so the timeline need
+    not show the kind before it."""
+    return bool(event.kind) and (event.reason or "").strip().lower().startswith(event.kind.lower())
