@@ -27,7 +27,7 @@ import socket
 import subprocess
 import sys
 import time
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import requests
@@ -354,6 +354,22 @@ def cpu_ledger(job_id: int) -> tuple[Decimal, Decimal, Decimal | None]:
     return vcpu_hours, gib_hours, usd
 
 
+def efficiency_text(efficiency: dict) -> str:
+    """The summary's words for a training job's ``efficiency`` (the API's, as its page shows it): throughput
+    (tokens/s), MFU (percent, or why none) and USD per million tokens, each when known (beat collects them every
+    15 s: maybe not yet); empty when none is."""
+    text = ""
+    if efficiency.get("tokens_per_s") is not None:
+        mfu = efficiency.get("mfu_percent")
+        text += f"  {efficiency['tokens_per_s']:.0f} tokens/s, MFU " + (
+            "n/a (CPU)" if mfu is None and "CPU" in efficiency.get("mfu_reason", "") else
+            "n/a" if mfu is None else f"{mfu:.2f}%")
+    if efficiency.get("usd_per_million_tokens") is not None:
+        per_million = Decimal(efficiency["usd_per_million_tokens"]).quantize(Decimal("0.0001"), ROUND_HALF_UP)
+        text += f"  ${per_million} per million tokens"  # 4 decimals rounded half up, as the job's page shows it
+    return text
+
+
 def losses(log_text: str) -> tuple[float, float] | None:
     """The first and last training loss printed as ``step=N loss=X`` lines, or None."""
     found = LOSS_LINE.findall(log_text)
@@ -500,12 +516,7 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
                 if pair:
                     line += f"  loss {pair[0]:.4f} -> {pair[1]:.4f}"
                 trained = view["state"] == "SUCCEEDED" and pair is not None and pair[1] < pair[0]
-                efficiency = api.get(f"jobs/{job_id}/").get("efficiency") or {}
-                if efficiency.get("tokens_per_s") is not None:  # collected by beat (every 15 s): maybe not yet
-                    mfu = efficiency.get("mfu_percent")
-                    line += f"  {efficiency['tokens_per_s']:.0f} tokens/s, MFU " + (
-                        "n/a (CPU)" if mfu is None and "CPU" in efficiency.get("mfu_reason", "") else
-                        "n/a" if mfu is None else f"{mfu:.2f}%")
+                line += efficiency_text(api.get(f"jobs/{job_id}/").get("efficiency") or {})
             if emulated:  # the exporter's "GPU" figure is CPU use of the job's processes: no GPU was observed
                 line += "  GPU util not observed (emulated GPUs)"
             elif monitoring is not None and view.get("current_attempt"):
