@@ -27,7 +27,7 @@ import socket
 import subprocess
 import sys
 import time
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 from pathlib import Path
 
 import requests
@@ -36,6 +36,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
+from core.money import usd_cents
 from quotas.models import ApiToken, Budget, Membership, Quota, Team
 from runners.models import Accelerator
 
@@ -365,8 +366,7 @@ def efficiency_text(efficiency: dict) -> str:
             "n/a (CPU)" if mfu is None and "CPU" in efficiency.get("mfu_reason", "") else
             "n/a" if mfu is None else f"{mfu:.2f}%")
     if efficiency.get("usd_per_million_tokens") is not None:
-        per_million = Decimal(efficiency["usd_per_million_tokens"]).quantize(Decimal("0.0001"), ROUND_HALF_UP)
-        text += f"  ${per_million} per million tokens"  # 4 decimals rounded half up, as the job's page shows it
+        text += f"  ${usd_cents(Decimal(efficiency['usd_per_million_tokens']))} per million tokens"  # as its page
     return text
 
 

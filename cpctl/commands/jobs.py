@@ -7,7 +7,6 @@ import datetime as dt
 import json
 import sys
 import time
-from decimal import Decimal
 from pathlib import Path
 
 import click
@@ -16,7 +15,7 @@ import requests
 from cpctl.client import Client, redact
 from cpctl.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_JOB_NOT_SUCCEEDED, EXIT_OK, EXIT_UNREACHABLE, CliError
 from cpctl.options import POSITIVE_INT, Api, PositiveFloat, api_command
-from cpctl.output import age, duration, err, fields, money, out, print_json, table, usd, when
+from cpctl.output import age, duration, err, fields, money, out, print_json, shown_amount, table, usd, when
 
 FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED", "REJECTED")
 
@@ -260,7 +259,7 @@ def efficiency_fields(efficiency: dict) -> list[tuple[str, str]]:
     if efficiency.get("tokens") is not None:
         per_million = efficiency.get("usd_per_million_tokens")
         pairs.append(("tokens", f"{efficiency['tokens']:,}" + (
-            "" if per_million is None else f", ${Decimal(per_million):.4f} per million")))
+            "" if per_million is None else f", ${shown_amount(per_million)} per million")))  # as its page
     return pairs
 
 
