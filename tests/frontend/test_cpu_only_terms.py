@@ -57,3 +57,10 @@ def test_a_gpu_job_keeps_its_price_per_gpu_hour(teammate_web, alpha_objects, aws
     assert "<td>$6.88/GPU-hour</td>" in status, status
     page = teammate_web.get(f"/jobs/{job.pk}/").content.decode()
     assert f"worst case: {job.total_gpus} GPU" in page and "vCPU" not in page.split('id="job-estimate"')[1][:300]
+
+
+def test_the_clusters_page_prices_a_cpu_pool_per_vcpu_and_gib(teammate_web, alpha_objects, cpu):
+    page = teammate_web.get("/clusters/").content.decode()
+    assert '<th scope="col">Price</th>' in page and "Price (USD/GPU-hour)" not in page
+    assert f"${VCPU_PRICE}/vCPU-h + ${GIB_PRICE}/GiB-h" in page, page
+    assert "$6.88/GPU-hour" in page  # the H100 pool of aws us-east-1, at the catalog's price
