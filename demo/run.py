@@ -530,7 +530,7 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
         prepared = prepared and cpu_usd is not None and cpu_usd > 0
         out.write(f"  job {prep['id']} {views[prep['id']]['name']:<20} {views[prep['id']]['state']:<10} "
                   f"vCPU-hours {vcpu_hours:.6f}  GiB-hours {gib_hours:.6f}  cost "
-                  + ("unpriced" if cpu_usd is None else f"${cpu_usd:.6f}") + " (CPU pool, per vCPU-hour and GiB-hour)\n")
+                  + ("unpriced" if cpu_usd is None else f"${usd_cents(cpu_usd)}") + " (CPU pool, per vCPU-hour and GiB-hour)\n")
         if served is not None:
             gpu_hours, cost = job_cost(research, served["id"]) if served.get("current_attempt") else (0.0, "0.00")
             out.write(f"  job {served['id']} {served['name']:<20} {served['state']:<10} GPU-hours {gpu_hours:.4f}  "
