@@ -60,6 +60,18 @@ def test_jobs_filters_by_state_and_team(run_cli, teammate, jobs):
     assert bad.code == 2 and bad.err.splitlines()[1].startswith("state: ")
 
 
+def test_jobs_filters_by_kind(run_cli, teammate, jobs):
+    Job.objects.filter(pk=jobs["running"].pk).update(kind=Job.Kind.INFERENCE)
+    serving = run_cli("jobs", "--kind", "inference", persona=teammate)
+    assert [r[2] for r in rows(serving.out)[1:]] == ["running-one"]
+    training = run_cli("jobs", "--kind", "training", persona=teammate)
+    assert [r[2] for r in rows(training.out)[1:]] == ["queued-one"]
+    running = run_cli("jobs", "--kind", "any", "--state", "RUNNING", persona=teammate)  # the state keeps every kind
+    assert [r[2] for r in rows(running.out)[1:]] == ["running-one"]
+    bad = run_cli("jobs", "--kind", "batch", persona=teammate)
+    assert bad.code == 2 and "'batch' is not one of 'training', 'inference', 'any'" in bad.err
+
+
 def test_jobs_json_is_the_apis_page(run_cli, teammate, jobs):
     result = run_cli("jobs", "--json", "--state", "QUEUED", persona=teammate)
     page = json.loads(result.out)
