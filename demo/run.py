@@ -36,6 +36,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
+from core.money import usd_cents
 from quotas.models import ApiToken, Budget, Membership, Quota, Team
 from runners.models import Accelerator
 
@@ -354,6 +355,21 @@ def cpu_ledger(job_id: int) -> tuple[Decimal, Decimal, Decimal | None]:
     return vcpu_hours, gib_hours, usd
 
 
+def efficiency_text(efficiency: dict) -> str:
+    """The summary's words for a training job's ``efficiency`` (the API's, as its page shows it): throughput
+    (tokens/s), MFU (percent, or why none) and USD per million tokens, each when known (beat collects them every
+    15 s: maybe not yet); empty when none is."""
+    text = ""
+    if efficiency.get("tokens_per_s") is not None:
+        mfu = efficiency.get("mfu_percent")
+        text += f"  {efficiency['tokens_per_s']:.0f} tokens/s, MFU " + (
+            "n/a (CPU)" if mfu is None and "CPU" in efficiency.get("mfu_reason", "") else
+            "n/a" if mfu is None else f"{mfu:.2f}%")
+    if efficiency.get("usd_per_million_tokens") is not None:
+        text += f"  ${usd_cents(Decimal(efficiency['usd_per_million_tokens']))} per million tokens"  # as its page
+    return text
+
+
 def losses(log_text: str) -> tuple[float, float] | None:
     """The first and last training loss printed as ``step=N loss=X`` lines, or None."""
     found = LOSS_LINE.findall(log_text)
@@ -500,12 +516,7 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
                 if pair:
                     line += f"  loss {pair[0]:.4f} -> {pair[1]:.4f}"
                 trained = view["state"] == "SUCCEEDED" and pair is not None and pair[1] < pair[0]
-                efficiency = api.get(f"jobs/{job_id}/").get("efficiency") or {}
-                if efficiency.get("tokens_per_s") is not None:  # collected by beat (every 15 s): maybe not yet
-                    mfu = efficiency.get("mfu_percent")
-                    line += f"  {efficiency['tokens_per_s']:.0f} tokens/s, MFU " + (
-                        "n/a (CPU)" if mfu is None and "CPU" in efficiency.get("mfu_reason", "") else
-                        "n/a" if mfu is None else f"{mfu:.2f}%")
+                line += efficiency_text(api.get(f"jobs/{job_id}/").get("efficiency") or {})
             if emulated:  # the exporter's "GPU" figure is CPU use of the job's processes: no GPU was observed
                 line += "  GPU util not observed (emulated GPUs)"
             elif monitoring is not None and view.get("current_attempt"):
@@ -519,7 +530,7 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
         prepared = prepared and cpu_usd is not None and cpu_usd > 0
         out.write(f"  job {prep['id']} {views[prep['id']]['name']:<20} {views[prep['id']]['state']:<10} "
                   f"vCPU-hours {vcpu_hours:.6f}  GiB-hours {gib_hours:.6f}  cost "
-                  + ("unpriced" if cpu_usd is None else f"${cpu_usd:.6f}") + " (CPU pool, per vCPU-hour and GiB-hour)\n")
+                  + ("unpriced" if cpu_usd is None else f"${usd_cents(cpu_usd)}") + " (CPU pool, per vCPU-hour and GiB-hour)\n")
         if served is not None:
             gpu_hours, cost = job_cost(research, served["id"]) if served.get("current_attempt") else (0.0, "0.00")
             out.write(f"  job {served['id']} {served['name']:<20} {served['state']:<10} GPU-hours {gpu_hours:.4f}  "

@@ -75,6 +75,12 @@ def _help(path: str) -> str:
     return text[:1].upper() + text[1:] + "."
 
 
+#: A command the form's help and its error for an empty Command box give as the example.
+COMMAND_EXAMPLE = "python train.py --steps 10"
+#: The error for an empty Command box.
+EMPTY_COMMAND = f"Type the command the job runs, as you would in a shell, e.g. {COMMAND_EXAMPLE}."
+
+
 class SubmitJobForm(forms.Form):
     """A job submission as form fields, or as a whole YAML document (``examples/jobs/*.yaml``) that wins when given.
 
@@ -89,7 +95,7 @@ class SubmitJobForm(forms.Form):
                              initial=_initial("kind"))
     image = forms.CharField(required=False, max_length=field_schema("spec.image")["maxLength"],
                             initial=_initial("spec.image"))
-    command = forms.CharField(required=False, max_length=4000, help_text="Shell words, e.g. python train.py --steps 10")
+    command = forms.CharField(required=False, max_length=4000, help_text=f"Shell words, e.g. {COMMAND_EXAMPLE}")
     accelerator = forms.ChoiceField(required=False)
     gpus_per_node = forms.CharField(required=False, initial=_initial("spec.resources.gpus_per_node"),
                                     label="GPUs per node")
@@ -164,6 +170,8 @@ class SubmitJobForm(forms.Form):
         yaml_mode = bool(self.cleaned_data.get("spec_yaml", "").strip())
         for path, messages in errors.items():
             field = None if yaml_mode else ERROR_FIELDS.get(path)
+            if field == "command" and not (self.cleaned_data.get("command") or "").strip():
+                messages = [EMPTY_COMMAND]  # the box was left empty: say what to type, not the API's list rule
             for message in messages:
                 if field is not None:
                     self.add_error(field, message)

@@ -470,7 +470,8 @@ def apply_observation(job: Job, attempt: JobAttempt, obs: Observation) -> None:
             mark_started(job, attempt, state, reason=f"objects found on {attempt.cluster.name}: adopted "
                                                      f"(the dispatch that created them did not finish)")
         if obs.phase in ("running", "succeeded", "failed") and job.state == S.STARTING:
-            transition(job, S.RUNNING, reason="all nodes running" if obs.phase == "running" else f"observed {obs.phase}",
+            transition(job, S.RUNNING, reason="all nodes running" if obs.phase == "running" else
+                       f"it ran and had already {obs.phase} when first observed on {attempt.cluster.name}",
                        attempt=attempt)
         if obs.phase == "succeeded" and job.state == S.RUNNING:
             end_attempt(job, attempt, S.SUCCEEDED, reason="all nodes exited 0", end_reason=JobAttempt.EndReason.SUCCEEDED,
@@ -561,7 +562,8 @@ def end_as_recorded(job: Job, attempt: JobAttempt, obs: Observation) -> None:
                         ended_at=obs.ended_at)
         return
     if target == S.SUCCEEDED and job.state == S.STARTING:
-        transition(job, S.RUNNING, reason="observed succeeded (end record)", attempt=attempt)
+        transition(job, S.RUNNING, reason=f"it ran and succeeded, as its end record on {attempt.cluster.name} says",
+                   attempt=attempt)
     if target not in (S.SUCCEEDED, S.FAILED):
         target = S.RECOVERING
     end_attempt(job, attempt, target, reason=reason, end_reason=obs.end_reason or JobAttempt.EndReason.DELETED,

@@ -292,6 +292,9 @@ class WorkloadMetrics(models.Model):
     complete = models.BooleanField(default=False)
     updated_at = models.DateTimeField(auto_now=True)
 
+    class Meta:
+        verbose_name_plural = "workload metrics"
+
     def __str__(self) -> str:
         return f"metrics of attempt {self.attempt_id}"
 

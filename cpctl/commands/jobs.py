@@ -7,7 +7,6 @@ import datetime as dt
 import json
 import sys
 import time
-from decimal import Decimal
 from pathlib import Path
 
 import click
@@ -16,7 +15,7 @@ import requests
 from cpctl.client import Client, redact
 from cpctl.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_JOB_NOT_SUCCEEDED, EXIT_OK, EXIT_UNREACHABLE, CliError
 from cpctl.options import POSITIVE_INT, Api, PositiveFloat, api_command
-from cpctl.output import age, duration, err, fields, money, out, print_json, table, usd, when
+from cpctl.output import age, duration, err, fields, money, out, print_json, shown_amount, table, usd, when
 
 FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED", "REJECTED")
 
@@ -152,10 +151,15 @@ def follow_job(client: Client, job: dict, interval: float, say) -> dict:
 @api_command("jobs", "list jobs, newest first")
 @click.option("--team", help="team slug")
 @click.option("--state", "states", multiple=True, help="state (repeat, or comma-separated: QUEUED,RUNNING)")
+@click.option("--kind", type=click.Choice(["training", "inference", "any"]), default="any", show_default=True,
+              help="job kind")
 @click.option("--limit", type=POSITIVE_INT, default=50, help="at most this many jobs (default 50)")
-def jobs(api: Api, team: str | None, states: tuple[str, ...], limit: int) -> int:
-    """The job list (newest first), filtered by team and state: id, team, name, state, GPUs, accelerator, cost, age."""
+def jobs(api: Api, team: str | None, states: tuple[str, ...], kind: str, limit: int) -> int:
+    """The job list (newest first), filtered by team, state and kind: id, team, name, state, GPUs, accelerator, cost,
+    age."""
     params: dict = {"team": team} if team else {}
+    if kind != "any":
+        params["kind"] = kind
     wanted = [s.strip().upper() for value in states for s in value.split(",") if s.strip()]
     if wanted:
         params["state"] = wanted
@@ -260,7 +264,7 @@ def efficiency_fields(efficiency: dict) -> list[tuple[str, str]]:
     if efficiency.get("tokens") is not None:
         per_million = efficiency.get("usd_per_million_tokens")
         pairs.append(("tokens", f"{efficiency['tokens']:,}" + (
-            "" if per_million is None else f", ${Decimal(per_million):.4f} per million")))
+            "" if per_million is None else f", ${shown_amount(per_million)} per million")))  # as its page
     return pairs
 
 
@@ -355,17 +359,19 @@ def stream_log(client: Client, job: int, params: dict) -> int:
 
 
 def empty_log_hint(client: Client, job: int, node: int, attempt: int) -> str:
-    """What to tell a user whose node log is empty: that the node printed nothing (yet), and which nodes there are
-    (in distributed training often only rank 0 logs)."""
+    """What to tell a user whose node log is empty: that the node printed nothing (``yet`` while the job lives, ``in
+    this attempt`` once it ended), and which nodes there are: from another node, rank 0 (in distributed training
+    often only rank 0 prints); from rank 0, the next node."""
     try:
-        nodes = client.get(f"jobs/{job}/").get("nodes") or 1
+        body = client.get(f"jobs/{job}/")
+        nodes, final = body.get("nodes") or 1, body.get("state") in FINAL_STATES
     except CliError:
-        nodes = None
+        nodes, final = None, False
     others = ""
     if nodes and nodes > 1:
-        others = (f"; the job has {nodes} nodes (0 to {nodes - 1}) and often only rank 0 prints: "
-                  f"try --node {0 if node else 1}")
-    return f"(node {node} of attempt {attempt} has printed nothing yet{others})"
+        others = (f"; the job has {nodes} nodes (0 to {nodes - 1}) and often only rank 0 prints: try --node 0"
+                  if node else f"; the job has {nodes} nodes (0 to {nodes - 1}): try --node 1")
+    return f"(node {node} of attempt {attempt} has printed nothing {'in this attempt' if final else 'yet'}{others})"
 
 
 @api_command("cancel", "cancel a job")
@@ -376,7 +382,7 @@ def cancel(api: Api, id: int) -> int:  # noqa: A002
     if api.json:
         print_json(body)
     elif body["state"] == "CANCELLING":
-        out(f"job {body['id']}: CANCELLING (its cluster is deleting it; `job {body['id']}` shows when it is "
+        out(f"job {body['id']}: CANCELLING (its cluster is deleting it; `cpctl job {body['id']}` shows when it is "
             "CANCELLED)")
     else:
         out(f"job {body['id']}: {body['state']}")

@@ -71,7 +71,7 @@ def test_a_finished_job_shows_its_cost_and_names_the_submitter_once(live_server,
     expect(status).to_contain_text("Cost: $0.00")
     expect(status).not_to_contain_text("Cost so far")
     submitted = page.locator(".timeline li").first
-    expect(submitted).to_contain_text("submitted by owner")
+    expect(submitted).to_contain_text("Submitted by owner.")
     assert submitted.text_content().count("owner") == 1, submitted.text_content()
 
 

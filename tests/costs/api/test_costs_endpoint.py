@@ -140,7 +140,8 @@ def test_decimal_sums_are_exact(owner, alpha_ledger):
     response = owner.client.get("/api/v1/costs/", {"group_by": "day"})
     assert response.status_code == 200
     body = response.json()
-    assert [r["cost_usd"] for r in body["results"]] == ["3.00", "0.00"]
+    # A day of half a cent: cents would read 0.00, so it shows two significant digits, never a zero.
+    assert [r["cost_usd"] for r in body["results"]] == ["3.00", "0.005"]
     assert body["total"]["cost_usd"] == "3.00"  # 3.005 rounded half-even once
     for group_by in ("team", "cluster", "accelerator", "job"):
         assert owner.client.get("/api/v1/costs/", {"group_by": group_by}).json()["total"]["cost_usd"] == "3.00"
