@@ -9,7 +9,7 @@ accelerators, divided by the team's weight), then the earliest submission.
 
 from __future__ import annotations
 
-from .types import QueuedJob, TeamState, Waiting
+from .types import OVERTAKEN_SHOWN, Admission, QueuedJob, TeamState, Waiting
 
 
 def dominant_share(team: TeamState, lendable: dict[tuple, int]) -> float:
@@ -62,3 +62,19 @@ def behind(job: QueuedJob, blocked: Waiting, message: str | None = None) -> Wait
     return Waiting(job, "priority", message or behind_message(blocked),
                    {"request_gpus": job.nodes * job.gpus_per_node, "behind_job_id": blocked.job.job_id,
                     "behind_reason": blocked.reason})
+
+
+def note_overtaking(admission: Admission, heads: dict[int, Waiting]) -> None:
+    """Record on each waiting head of ``heads`` (team id -> its first waiting job in this run) that comes before
+    ``admission``'s job in the queue's overall order (priority, submission, id) and accepts the admitted
+    accelerator that this job was admitted ahead of it (``Waiting.overtaken_by``, at most ``OVERTAKEN_SHOWN``):
+    Kueue's BestEffortFIFO lets a job that fits pass one that does not, and the passed job is told so."""
+    job = admission.job
+    key, acc = job.key, admission.accelerator_id or job.accelerator_id
+    for w in heads.values():
+        if w.job.key < key and acc in w.job.accelerator_ids:
+            seen = w.overtaken_by
+            if seen is None:
+                w.overtaken_by = [job]
+            elif len(seen) < OVERTAKEN_SHOWN:
+                seen.append(job)

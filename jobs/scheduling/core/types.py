@@ -41,6 +41,9 @@ class Verdict:
 
 OK = Verdict(True)
 
+#: How many of the jobs admitted ahead of a waiting job it is told of.
+OVERTAKEN_SHOWN = 5
+
 
 @dataclasses.dataclass(frozen=True)
 class QuotaView:
@@ -270,6 +273,9 @@ class Waiting:
     detail: dict
     team_position: int = 0
     overall_position: int = 0
+    #: Later jobs (in the queue's overall order) of the same accelerator that the pass admitted while this job
+    #: waited, as the decision loop saw them (``cycle.FairShareScheduler``; at most ``OVERTAKEN_SHOWN``); None: none.
+    overtaken_by: list[QueuedJob] | None = None
 
     @classmethod
     def because(cls, job: QueuedJob, verdict: Verdict) -> Waiting:
