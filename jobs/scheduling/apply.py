@@ -283,10 +283,13 @@ def store_waiting(infos: dict[int, tuple[str, str, dict]], rows: dict[int, dict]
         old = loaded["queue_info"] or {}
         if old == info:
             continue
+        said = []
         if old.get("reason") != reason and reason != "priority":
-            events.append((job_id, info, message[:500], loaded["state"], message[:500]))
-        elif info.get("overtaken") and info["overtaken"] != old.get("overtaken"):  # on its timeline too
-            events.append((job_id, info, message[:500], loaded["state"], info["overtaken"][:500]))
+            said.append(message[:500])
+        if info.get("overtaken") and info["overtaken"] != old.get("overtaken"):  # on its timeline too
+            said.append(info["overtaken"][:500])
+        if said:
+            events.extend((job_id, info, message[:500], loaded["state"], text) for text in said)
         else:
             plain.append((job_id, info, message[:500], None))
     if connection.vendor != "postgresql":
@@ -301,7 +304,7 @@ def store_waiting(infos: dict[int, tuple[str, str, dict]], rows: dict[int, dict]
     for start in range(0, len(events), 2000):
         chunk = events[start:start + 2000]
         with transaction.atomic():
-            updated = set(_update_waiting_rows([row[:4] for row in chunk]))
+            updated = set(_update_waiting_rows(list({row[0]: row[:4] for row in chunk}.values())))
             JobEvent.objects.bulk_create([
                 JobEvent(job_id=job_id, kind="waiting", reason=said, data=info, from_state=state, to_state=state)
                 for job_id, info, _, state, said in chunk if job_id in updated

@@ -66,13 +66,16 @@ def behind(job: QueuedJob, blocked: Waiting, message: str | None = None) -> Wait
 
 def note_overtaking(admission: Admission, heads: dict[int, Waiting]) -> None:
     """Record on each waiting head of ``heads`` (team id -> its first waiting job in this run) that comes before
-    ``admission``'s job in the queue's overall order (priority, submission, id) and accepts the admitted
-    accelerator that this job was admitted ahead of it (``Waiting.overtaken_by``, at most ``OVERTAKEN_SHOWN``):
+    ``admission``'s job in the queue's overall order (priority, submission, id), accepts the admitted
+    accelerator and waits for what the admission takes (nodes: any team's; quota or budget: its own team's)
+    that this job was admitted ahead of it (``Waiting.overtaken_by``, at most ``OVERTAKEN_SHOWN``):
     Kueue's BestEffortFIFO lets a job that fits pass one that does not, and the passed job is told so."""
     job = admission.job
-    key, acc = job.key, admission.accelerator_id or job.accelerator_id
+    key, acc, tid = job.key, admission.accelerator_id or job.accelerator_id, job.team_id
     for w in heads.values():
-        if w.job.key < key and acc in w.job.accelerator_ids:
+        # a head waiting for nodes is passed by any team's admission; one waiting for its team's quota or budget
+        # only by its own team's, which takes what it waits for
+        if w.job.key < key and acc in w.job.accelerator_ids and (w.reason == "capacity" or w.job.team_id == tid):
             seen = w.overtaken_by
             if seen is None:
                 w.overtaken_by = [job]

@@ -91,6 +91,15 @@ class Room:
         short = "health" if sick or bad else "cordon" if open_ < whole and whole >= job.nodes else "nodes"
         return "; ".join(parts), short
 
+    def whole_fleet_pool(self, job: QueuedJob, acc: int) -> PoolOffer | None:
+        """The cheapest priced pool of ``acc`` that ``job``'s placement and spot rules allow and whose nodes, healthy
+        or not, cordoned or not, could hold it (``capable_nodes`` over all its nodes), or None: the price it would
+        run at once the fleet takes it back, for an estimate while no pool matches now."""
+        request = job.placement()
+        whole = [o for o in self.pools.get(acc, ()) if allowed(request, o) and request.gpus_per_node <= o.gpus_per_node
+                 and capable_nodes(request, o, schedulable_only=False) >= request.nodes]
+        return min(whole, key=price_order, default=None)
+
     def no_price(self, job: QueuedJob, acc: int, fleet: Verdict) -> Verdict:
         """Why no pool matches ``job`` on ``acc``: some would but have no price (``rules.no_price``), else ``fleet``."""
         request = job.placement()

@@ -178,3 +178,12 @@ def test_two_jobs_ahead_are_both_named():
     _, sentence = overtaken_note(head, "capacity", [a, b])
     assert sentence == (f"Jobs {a.job_id} (1 GPU) and {b.job_id} (2 GPUs) were admitted ahead because they fit now; "
                         f"this job needs 2 nodes with 8 GPUs free.")
+
+
+def test_a_head_waiting_for_its_teams_quota_is_not_passed_by_another_teams_job():
+    p = pool(1, 16)
+    head = job(1, 2, at=1.0)  # team 1 uses all its 4 GPUs: waits for quota
+    other = job(2, 1, at=2.0)
+    d, _ = decide([team(1, 4, used=4), team(2, 8)], [p], [head, other])
+    assert admitted(d) == [other.job_id] and d.waiting[head.job_id].reason == "quota"
+    assert d.waiting[head.job_id].overtaken_by is None
