@@ -50,7 +50,7 @@ def alpha_pages(objects) -> list[str]:
             f"/api/v1/reports/{report.pk}/"]
 
 
-LIST_PAGES = ["/", "/jobs/", "/jobs/rows/", "/jobs/new/", "/teams/", "/clusters/", "/costs/", "/costs.csv", "/capacity/",
+LIST_PAGES = ["/", "/jobs/", "/jobs/rows/", "/jobs/new/", "/queue/", "/teams/", "/clusters/", "/costs/", "/costs.csv", "/capacity/",
               "/reports/", "/requests/", "/audit/", "/notifications/"]
 
 
