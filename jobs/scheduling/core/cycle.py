@@ -158,7 +158,8 @@ class FairShareScheduler:
         share = cohorts.share
         evaluate, evaluate_on, stamp = self.evaluator.evaluate, self.evaluator.evaluate_on, memo.stamp
         waiting = out.waiting
-        heads: dict[int, Waiting] = {}  # team id -> its first waiting job in this run
+        heads: dict[int, Waiting] = {}  # team id -> its first waiting job in this run (``note_overtaking``)
+        headed: set[int] = set()  # the teams that had one
         heappop, heappushpop = heapq.heappop, heapq.heappushpop
         entry = heappop(heap) if heap else None
         while entry is not None:
@@ -195,7 +196,8 @@ class FairShareScheduler:
                         decided[dkey] = (*stamp(job, team_gen[tid], decision, cohorts, amount, q, preempts), decision)
                 if isinstance(decision, Waiting):  # step 4
                     waiting[job.job_id] = decision
-                    if tid not in heads and not decision.detail.get("never_placeable"):
+                    if tid not in headed and not decision.detail.get("never_placeable"):
+                        headed.add(tid)
                         heads[tid] = decision  # the team's first waiting job: what a later admission overtakes
                     if strict and not decision.detail.get("never_placeable"):
                         tq.blocked = decision

@@ -65,19 +65,27 @@ def behind(job: QueuedJob, blocked: Waiting, message: str | None = None) -> Wait
 
 
 def note_overtaking(admission: Admission, heads: dict[int, Waiting]) -> None:
-    """Record on each waiting head of ``heads`` (team id -> its first waiting job in this run) that comes before
+    """Record on each waiting head of ``heads`` (team id -> its first waiting job in this run; removed once it was
+    told of ``OVERTAKEN_SHOWN`` jobs) that comes before
     ``admission``'s job in the queue's overall order (priority, submission, id), accepts the admitted
     accelerator and waits for what the admission takes (nodes: any team's; quota or budget: its own team's)
     that this job was admitted ahead of it (``Waiting.overtaken_by``, at most ``OVERTAKEN_SHOWN``):
     Kueue's BestEffortFIFO lets a job that fits pass one that does not, and the passed job is told so."""
     job = admission.job
     key, acc, tid = job.key, admission.accelerator_id or job.accelerator_id, job.team_id
-    for w in heads.values():
+    full = []
+    for team_id, w in heads.items():
+        head = w.job
         # a head waiting for nodes is passed by any team's admission; one waiting for its team's quota or budget
         # only by its own team's, which takes what it waits for
-        if w.job.key < key and acc in w.job.accelerator_ids and (w.reason == "capacity" or w.job.team_id == tid):
+        if head.key < key and (acc == head.accelerator_id or acc in head.alternatives) and (
+                team_id == tid or w.reason == "capacity"):
             seen = w.overtaken_by
             if seen is None:
                 w.overtaken_by = [job]
-            elif len(seen) < OVERTAKEN_SHOWN:
+            else:
                 seen.append(job)
+                if len(seen) >= OVERTAKEN_SHOWN:
+                    full.append(team_id)
+    for team_id in full:  # told of as many as it is shown
+        del heads[team_id]
