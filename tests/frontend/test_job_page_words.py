@@ -178,3 +178,13 @@ def test_a_job_that_has_not_started_is_not_collected_yet(teammate_web, alpha_obj
     job = alpha_objects["job"]
     text = " ".join(visible_text(teammate_web.get(f"/jobs/{job.pk}/").content.decode()).split())
     assert "Not collected yet: the job has not started running." in text
+
+
+def test_a_cpu_only_job_that_ran_says_nothing_about_gpu_utilization(teammate, teammate_web, alpha):
+    from runners.models import cpu_flavor
+
+    cluster, pool = make_cluster("gcp-cpu", "gcp", "us-central1", cpu_flavor(), nodes=2, gpus_per_node=0)
+    job = make_job_row(alpha, teammate.user, cpu_flavor(), name="prep", gpus_per_node=0)
+    make_attempt(job, cluster, pool, ended_at=timezone.now(), state=JobState.SUCCEEDED)
+    page = teammate_web.get(f"/jobs/{job.pk}/").content.decode()
+    assert 'id="util-h"' not in page and "emulated" not in page and 'id="job-util-empty"' not in page
