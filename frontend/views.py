@@ -382,7 +382,8 @@ def submission_preview(args: dict) -> dict:
             "total_gpus": total_gpus(resources["nodes"], resources["gpus_per_node"], resources.get("replicas", 1)),
             "pool": assessment.offer,
             "fits_now": assessment.fits_now, "estimate_usd": assessment.estimate_usd, "quota": assessment.quota,
-            "budget": assessment.budget}
+            "budget": assessment.budget,
+            "unplaced": estimate_caveats(assessment, resources["accelerator"].name)["unplaced"]}
 
 
 @login_required

@@ -188,3 +188,15 @@ def test_a_cpu_only_job_that_ran_says_nothing_about_gpu_utilization(teammate, te
     make_attempt(job, cluster, pool, ended_at=timezone.now(), state=JobState.SUCCEEDED)
     page = teammate_web.get(f"/jobs/{job.pk}/").content.decode()
     assert 'id="util-h"' not in page and "emulated" not in page and 'id="job-util-empty"' not in page
+
+
+def test_the_preview_of_a_job_a_cordon_keeps_out_says_so_and_gives_the_estimate(teammate_web, alpha_objects,
+                                                                                 aws_cluster):
+    nodes(aws_cluster["pool"], 2, cordoned=(0,))
+    form = {"team": "alpha", "name": "gang", "kind": "training", "image": "python:3.11",
+            "command": "python -c 'print(1)'", "accelerator": "H100-80GB", "gpus_per_node": "8", "nodes": "2",
+            "max_runtime_seconds": "7200", "priority": "normal"}
+    page = " ".join(visible_text(teammate_web.post("/jobs/new/preview/", form).content.decode()).split())
+    usd = (16 * 2 * CATALOG_H100_AWS_USE1).quantize(Decimal("0.01"))  # 16 GPUs x 2 h
+    assert ("No node pool can hold it as the fleet is now; it waits for cordoned nodes back in service." in page)
+    assert f"${usd}" in page and "No healthy cluster matches" not in page
