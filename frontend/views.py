@@ -76,6 +76,7 @@ from .forms import (
     SubmitJobForm,
     requested_values,
 )
+from .readable import queue_facts, short_of_words, utilization_note
 from .templatetags.job_terms import job_asks
 
 LIVE_STATES = [JobState.QUEUED, JobState.ADMITTED, JobState.STARTING, JobState.RUNNING, JobState.RECOVERING,
@@ -225,8 +226,9 @@ def job_estimate(job: Job) -> dict:
 
     Once placed: the stored estimate (GPUs x max runtime x the placed pool's price), ``{"usd", "pool": None,
     "placed": True}``. Before: the preview's (``jobs.scheduling.preview.preview_submission``: the pool the
-    scheduler would pick now and its price), ``{"usd", "pool": <offer or None>, "placed": False}``; ``usd`` is
-    None when no pool has a price. ``asks``: what the worst case counts (``job_asks``: GPUs, or vCPUs and GiB).
+    scheduler would pick now and its price), ``{"usd", "pool": <offer or None>, "placed": False, "unplaced",
+    "unknown_why"}`` (``estimate_caveats``); ``usd`` is None when no pool with a price could hold it. ``asks``:
+    what the worst case counts (``job_asks``: GPUs, or vCPUs and GiB).
     """
     asks = job_asks(job.kind, job.nodes, job.gpus_per_node, job.replicas, (job.spec or {}).get("resources"))
     if job.admitted_at or job.current_attempt_id or job.estimated_cost_usd:
@@ -235,7 +237,26 @@ def job_estimate(job: Job) -> dict:
                  "replicas": job.replicas, "priority": job.priority, "preemptible": job.preemptible,
                  "max_runtime_seconds": job.max_runtime_seconds, **per_node_asks(job.spec)}
     assessment = preview_submission(job.team, resources, (job.spec or {}).get("placement") or {}, kind=job.kind)
-    return {"usd": assessment.estimate_usd, "pool": assessment.offer, "placed": False, "asks": asks}
+    return {"usd": assessment.estimate_usd, "pool": assessment.offer or assessment.estimate_offer, "placed": False,
+            "asks": asks, **estimate_caveats(assessment, job.accelerator.name)}
+
+
+def estimate_caveats(assessment, accelerator: str) -> dict:
+    """Why an estimate is not at a pool that could take the job now (``jobs.scheduling.core.Assessment``):
+    ``unplaced``, a sentence when no pool can hold it as the fleet is now (a cordoned or unhealthy node, an
+    unhealthy cluster: the estimate is then at the price of the pool it would run on once they are back), and
+    ``unknown_why`` when there is no estimate: no priced pool offers the accelerator, or none its rules allow
+    could ever hold it. Both "" when they do not apply."""
+    verdict = assessment.unplaced
+    detail = verdict.detail if verdict is not None else {}
+    unplaced = (f"no node pool can hold it as the fleet is now; it waits for {short_of_words(detail)}"
+                if verdict is not None and detail.get("short_of") != "price" else "")
+    unknown = ""
+    if assessment.estimate_usd is None:
+        unknown = (f"no node pool with a price offers {accelerator}" if verdict is None or
+                   detail.get("short_of") == "price" else
+                   f"no node pool its placement rules allow could hold it: {verdict.message}")
+    return {"unplaced": unplaced, "unknown_why": unknown}
 
 
 def per_node_asks(spec) -> dict:
@@ -255,26 +276,6 @@ def _attempt_rates(attempt: JobAttempt):
         return rates_at(attempt.node_pool, attempt.started_at or attempt.created_at)
     except NoPrice:
         return None
-
-
-def queue_facts(queue_info: dict) -> list[tuple[str, str]]:
-    """The numbers of a waiting job's ``queue_info`` as ``(label, value)`` pairs a person reads: keys made words
-    (``request_gpus`` -> "Request GPUs"), None as "no limit", lists joined; the reason, message and position
-    are shown elsewhere."""
-    facts = []
-    for key, value in queue_info.items():
-        if key in ("reason", "message", "position") or isinstance(value, dict):
-            continue
-        label = key.replace("_usd", " (USD)").replace("_gpus", " GPUs").replace("_", " ")
-        label = label[:1].upper() + label[1:]
-        if value is None:
-            text = "no limit"
-        elif isinstance(value, (list, tuple)):
-            text = ", ".join(str(v) for v in value) or "none"
-        else:
-            text = str(value)
-        facts.append((label, text))
-    return facts
 
 
 def _events_up_to(job: Job):
@@ -307,6 +308,7 @@ def _job_status_context(job: Job, user) -> dict:
         "final": job.state in FINAL_STATES,
         "queue_info": queue_info,
         "queue_facts": queue_facts(queue_info),
+        "waits_for": short_of_words(queue_info) if queue_info else "",
         "poll_seconds": settings.UI_POLL_SECONDS,
     }
 
@@ -329,8 +331,8 @@ def job_detail(request, pk: int):
         utilization_chart=_chart([f"{r['day']} #{r['attempt__number']}" for r in rollups],
                                  [r["avg_gpu_util_percent"] for r in rollups], "Average GPU utilization (%)"),
         has_utilization=any(r["avg_gpu_util_percent"] is not None for r in rollups),
-        # Emulated GPUs are processes on the CPU: their "utilization" is CPU use, not a GPU's.
-        emulated_only=job.attempts.exists() and not job.attempts.filter(cluster__emulated=False).exists(),
+        # shown whenever collected (emulated GPUs too, as the API answers it); else the true reason
+        utilization=utilization_note(job, usage, any(r["avg_gpu_util_percent"] is not None for r in rollups)),
         may_resubmit=_may_submit_for(request.user, job.team.slug),
     )
     efficiency = job_efficiency(job, series=True)
@@ -453,7 +455,8 @@ def submission_preview(args: dict) -> dict:
                              args["spec"].get("resources")),
             "pool": assessment.offer,
             "fits_now": assessment.fits_now, "estimate_usd": assessment.estimate_usd, "quota": assessment.quota,
-            "budget": assessment.budget}
+            "budget": assessment.budget,
+            "unplaced": estimate_caveats(assessment, resources["accelerator"].name)["unplaced"]}
 
 
 @login_required

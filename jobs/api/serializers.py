@@ -91,7 +91,11 @@ class JobSerializer(SharedFieldsMixin, serializers.ModelSerializer):
     """A job as the API shows it.
 
     ``queue_info`` says why a QUEUED job waits (``{"reason": "quota" |
-    "budget" | "capacity" | "priority", "message": ..., numbers}``);
+    "budget" | "capacity" | "priority", "message": ..., numbers}``; for
+    capacity also ``short_of``: ``gpu``, ``cpu``, ``memory``, ``nodes``,
+    ``cordon``, ``health``, ``price`` or ``placement``, and ``pools``: the node
+    counts of the pools named; ``overtaken_by`` (job id, team id, GPUs, vCPU)
+    and ``overtaken`` (a sentence) once a later job was admitted ahead of it);
     ``position`` is its 1-based place in its team's queue and among all
     waiting jobs (``{"team": n, "overall": m}``) as of the last scheduling
     pass, null before one and once the job no longer waits. ``priority`` is

@@ -42,5 +42,7 @@ def preview_submission(team: Team, resources: dict, placement: dict, now: dt.dat
         providers=tuple(placement.get("providers") or ()), regions=tuple(placement.get("regions") or ()),
         clusters=tuple(placement.get("clusters") or ()), cpu_milli=cpu, memory_mib=memory,
     )
-    snapshot = job_snapshot(team, job, now, pool_offers(accelerator.pk, now, lock=False))
+    unpriced: list = []
+    snapshot = job_snapshot(team, job, now, pool_offers(accelerator.pk, now, lock=False, unpriced=unpriced))
+    snapshot.unpriced = {accelerator.pk: unpriced}  # so a job only unpriced pools could hold is told so
     return assess(snapshot, job)

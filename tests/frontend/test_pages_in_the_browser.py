@@ -244,7 +244,7 @@ def test_why_it_waits_reads_as_words_and_stays_inside_the_page(live_server, flee
     expect(box).to_contain_text("Queue position 3 overall, 2 within the team.")
     expect(box.locator("#queue-message")).to_contain_text("it runs when job 41 ends")
     facts = dict(zip(box.locator("dt").all_text_contents(), box.locator("dd").all_text_contents(), strict=True))
-    assert facts["Request GPUs"] == "8" and facts["Lending limit GPUs"] == "no limit"
+    assert facts["GPUs asked"] == "8" and facts["Lending limit (GPUs)"] == "no limit"
     assert facts["Blocking job ids"] == "41, 42"
     assert "request_gpus" not in box.text_content() and "None" not in box.text_content()
     overflow = page.evaluate("""() => { const b = document.getElementById('queue-info');

@@ -50,8 +50,8 @@ def alpha_pages(objects) -> list[str]:
             f"/api/v1/reports/{report.pk}/"]
 
 
-LIST_PAGES = ["/", "/jobs/", "/jobs/rows/", "/jobs/new/", "/teams/", "/clusters/", "/nodes/", "/costs/", "/costs.csv",
-              "/capacity/", "/utilization/", "/reports/", "/requests/", "/audit/", "/notifications/"]
+LIST_PAGES = ["/", "/jobs/", "/jobs/rows/", "/jobs/new/", "/queue/", "/teams/", "/clusters/", "/nodes/", "/costs/",
+              "/costs.csv", "/capacity/", "/utilization/", "/reports/", "/requests/", "/audit/", "/notifications/"]
 
 
 def test_every_page_sends_anonymous_users_to_sign_in(client, objects):
@@ -127,7 +127,7 @@ def test_the_job_page_shows_why_it_waits_and_its_queue_position(teammate_web, ob
     page = teammate_web.get(f"/jobs/{job.pk}/").content.decode()
     assert "Why it waits" in page and 'id="queue-position">5<' in page and "2 within the team" in page
     assert "16 of 16 GPUs in use" in page
-    assert "No data: no GPU utilization metrics" in page
+    assert "Not collected yet: the job has not started running." in page
     assert 'hx-get="/jobs/%d/status/"' % job.pk in page  # live while not final
 
 
@@ -326,11 +326,12 @@ def test_a_job_on_emulated_gpus_shows_utilization_as_not_observed(teammate_web, 
     job = objects["alpha"]["job"]
     cluster, pool = make_cluster("emu", "local", "local", h100, nodes=1, gpus_per_node=4, price="0.50")
     cluster.emulated = True
+    cluster.prometheus_url = "http://prometheus.example:9090"  # read, but no GPU sample of the job in it
     cluster.save()
     make_attempt(job, cluster, pool)
     page = teammate_web.get(f"/jobs/{job.pk}/").content.decode()
-    assert 'id="job-util-emulated"' in page and "Not observed: the job ran on emulated GPUs" in page
-    assert "No data: no GPU utilization metrics" not in page and 'id="job-usage"' not in page
+    assert 'id="job-util-empty"' in page and "Not observed: the job ran on emulated GPUs" in page
+    assert 'id="job-usage"' not in page
 
 
 def test_the_form_submits_and_previews_a_cpu_only_job(teammate_web, objects):

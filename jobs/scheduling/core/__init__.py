@@ -45,7 +45,10 @@ from .rules import (
     cohort_has_room,
     estimate_cost,
     job_estimate,
+    needs_phrase,
+    overtaken_note,
     price_text,
+    short_resource,
 )
 from .types import (
     OK,
@@ -72,6 +75,6 @@ __all__ = [
     "PlacementRequest", "PoolOffer", "QueuedJob", "QuotaView", "Rejection", "RunningJob", "Snapshot", "TeamQuota",
     "TeamState", "Verdict", "Waiting", "assess", "check_budgets", "check_cpu_quota", "check_quota", "choose_pool", "cohort_has_room",
     "decide", "estimate_cost", "fits_now", "fragment_gpus", "job_estimate", "matches", "pods_held", "pods_on",
-    "price_text", "recheck",
+    "needs_phrase", "overtaken_note", "price_text", "recheck", "short_resource",
     "workload_of",
 ]
