@@ -35,8 +35,9 @@ from costs.reports.build import generate_report
 from costs.unknown import unknown_cost, unpriced_hours
 from jobs.filters import JobFilterSet
 from jobs.lifecycle import NotCancellable, cancel_job, submit_job
-from jobs.models import FINAL_STATES, Job, JobAttempt, JobState, total_gpus
+from jobs.models import FINAL_STATES, Job, JobAttempt, JobState
 from jobs.permissions import CANCEL_REFUSED, may_cancel
+from jobs.preview import per_node_asks, refuse_unaffordable, submission_preview
 from jobs.scheduling.core import price_text
 from jobs.scheduling.offers import pool_offers
 from jobs.scheduling.preview import preview_submission
@@ -216,13 +217,6 @@ def job_estimate(job: Job) -> dict:
     return {"usd": assessment.estimate_usd, "pool": assessment.offer, "placed": False}
 
 
-def per_node_asks(spec) -> dict:
-    """The ``cpu`` (cores) and ``memory_gib`` per node a stored spec asks, for the preview (they place a job, and
-    price a CPU-only one); absent ones left out."""
-    resources = (spec or {}).get("resources") or {}
-    return {k: resources[k] for k in ("cpu", "memory_gib") if resources.get(k) is not None}
-
-
 def queue_facts(queue_info: dict) -> list[tuple[str, str]]:
     """The numbers of a waiting job's ``queue_info`` as ``(label, value)`` pairs a person reads: keys made words
     (``request_gpus`` -> "Request GPUs"), None as "no limit", lists joined; the reason, message and position
@@ -371,19 +365,6 @@ def _validate_submission(request, form: SubmitJobForm) -> dict | None:
         return None
 
 
-def submission_preview(args: dict) -> dict:
-    """Before submitting: where the job would run now, its estimated cost (USD), and whether quota and budget allow it,
-    as the scheduler's rules say (``jobs.scheduling.preview.preview_submission``). ``args``: ``submit_job``'s
-    keyword arguments."""
-    resources, team = {**args["resources"], **per_node_asks(args["spec"])}, args["team"]
-    assessment = preview_submission(team, resources, args["spec"]["placement"], kind=args["kind"])
-    return {"team": team, "accelerator": resources["accelerator"].name,
-            "total_gpus": total_gpus(resources["nodes"], resources["gpus_per_node"], resources.get("replicas", 1)),
-            "pool": assessment.offer,
-            "fits_now": assessment.fits_now, "estimate_usd": assessment.estimate_usd, "quota": assessment.quota,
-            "budget": assessment.budget}
-
-
 @login_required
 @require_http_methods(["GET", "POST"])
 def job_submit(request):
@@ -396,12 +377,25 @@ def job_submit(request):
         if args is not None:
             if (wait := team_retry_after(args["team"])) is not None:
                 return _submission_throttled(request, form, wait, f"team {args['team'].slug} received")
+            args = _affordable(form, args)
+        if args is not None:
             job = submit_job(**args)
             messages.success(request, f"Job {job.pk} ({job.name}) submitted.")
             return redirect("frontend:job-detail", pk=job.pk)
     else:
         form = _submit_form(request)
     return render(request, "frontend/job_submit.html", {"form": form})
+
+
+def _affordable(form: SubmitJobForm, args: dict) -> dict | None:
+    """``args`` when the job's budget can cover it; None, with the refusal on the form, when it never can
+    (``jobs.preview.refuse_unaffordable``, ADR 0036: refused at submission like a job over its quota)."""
+    try:
+        refuse_unaffordable(submission_preview(args))
+    except ValidationError as exc:
+        form.add_serializer_errors(exc.detail)
+        return None
+    return args
 
 
 def _submission_throttled(request, form: SubmitJobForm, wait: int, who: str) -> HttpResponse:

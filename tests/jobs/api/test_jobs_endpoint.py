@@ -37,16 +37,19 @@ def test_it_submits_a_json_job_as_queued(teammate, aws_cluster, submission, h100
     assert job.preemptible is True and job.max_runtime_seconds == 3600 and job.max_retries == 1
     assert list(job.events.values_list("kind", flat=True)) == ["submitted"]
     assert job.events.get().actor == teammate.user
-    assert body["estimated_cost_usd"] is None  # not placed yet: no price, and 0.00 would read as free
+    # Not placed yet: the preview's estimate, 2 x 8 GPUs x 1 h at the pool's 6.88 USD/GPU-h (aws_cluster).
+    assert body["estimated_cost_usd"] == "110.08"
 
 
-def test_the_estimate_is_null_until_the_job_is_placed_then_gpus_x_runtime_x_price(
+def test_the_estimate_is_the_previews_until_the_job_is_placed_then_gpus_x_runtime_x_price(
         teammate, teams, aws_cluster, submission, h100):
     from jobs.scheduling.passes import schedule_pending
 
     submission["spec"]["max_runtime_seconds"] = 5400  # 1.5 h
     job_id = teammate.client.post(JOBS, submission, format="json").json()["id"]
-    assert teammate.client.get(f"{JOBS}{job_id}/").json()["estimated_cost_usd"] is None
+    # Before placement, the job's own answer gives the preview's estimate (the pool it would run on); the list null.
+    assert teammate.client.get(f"{JOBS}{job_id}/").json()["estimated_cost_usd"] == "165.12"
+    assert teammate.client.get(JOBS).json()["results"][0]["estimated_cost_usd"] is None
     schedule_pending()
     body = teammate.client.get(f"{JOBS}{job_id}/").json()
     assert body["state"] == "ADMITTED"
