@@ -546,8 +546,9 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
             return 1
         return 0 if ok else 1
     except KeyboardInterrupt:
-        out.write("\nInterrupted.\n")
-        return 130
+        # Ctrl-C is how the README stops the demo: a normal end, exit status 0 (make then reports no error).
+        out.write("\nStopped by Ctrl-C.\n")
+        return 0
     finally:
         # Shutting down must finish: make passes a group's SIGTERM on to us a second time, and a Ctrl-C
         # pressed twice would otherwise abort the cleanup and leave the servers and training running.

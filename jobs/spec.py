@@ -348,9 +348,11 @@ class JobSpec(SpecModel):
     preemptible: bool = Field(False, description="may run on spot capacity, and be preempted")
     placement: JobPlacement = Field(default_factory=JobPlacement,
                                     description="where the job may run; absent: anywhere")
-    max_retries: Int32 = Field(0, description="new attempts after a lost one (spot preemption, node or cluster "
-                               "loss); for inference also after the server exits with an error or is OOM-killed "
-                               "(a training job that exits non-zero fails)")
+    max_retries: Int32 = Field(0, description="new attempts after a failed one: a lost attempt (node or cluster "
+                               "loss, eviction) or a container that exits non-zero; for inference also one "
+                               "OOM-killed. 1: at most 2 attempts. Preemption, spot reclaim, an unhealthy node and "
+                               "an unschedulable or undispatched attempt use no retry; a training job OOM-killed, "
+                               "past its max runtime or whose image cannot be pulled fails at once")
     model: JobModel = _optional("the model trained, for the memory-fit check at submission (training jobs) and MFU; "
                                 "absent: no check")
     parallelism: JobParallelism = _optional("how the model is split over the job's GPUs; absent: DDP")
