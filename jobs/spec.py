@@ -411,7 +411,7 @@ class JobSubmission(SpecModel):
     @model_validator(mode="after")
     def _kind_and_fit(self, info: ValidationInfo) -> JobSubmission:
         spec, lookups = self.spec, info.context
-        errors = kind_errors(self.kind, spec)
+        errors = kind_errors(self.kind, spec) or serving_errors(self.kind, spec)
         if errors or lookups is None:
             if errors:
                 raise _rules_failed({f"spec.{k}": v for k, v in errors.items()})
@@ -577,6 +577,38 @@ def kind_errors(kind: str, spec: JobSpec) -> dict[str, list[str]]:
     for name, kinds in KIND_SPECIFIC.items():
         if kind not in kinds and name in spec.model_fields_set:
             errors[name] = [f"{name} applies to {' and '.join(kinds)} jobs only"]
+    return errors
+
+
+#: Commands that load a checkpoint before they serve, and exit without one (``examples/serve.py`` exits 2,
+#: "cannot load checkpoint"): an inference job running one must name the training job it serves
+#: (``checkpoint_from``) unless its arguments or environment point it at a checkpoint themselves.
+CHECKPOINT_LOADERS = ("examples/serve.py",)
+#: Arguments and environment variables through which a loader is given a checkpoint directly.
+CHECKPOINT_ARGS = ("--checkpoint-dir", "--checkpoint-uri")
+CHECKPOINT_ENV = ("CHECKPOINT_URI",)
+
+
+def serving_errors(kind: str, spec: JobSpec) -> dict[str, list[str]]:
+    """Errors by spec field of an inference ``spec`` that could never start: several ``resources.nodes`` for one
+    server (each replica is one server on one node; the runners start ``replicas`` pods), or a checkpoint loader
+    (:data:`CHECKPOINT_LOADERS`) with no ``checkpoint_from`` and no checkpoint given in its arguments or
+    environment (the job's own checkpoint directory is empty: nothing trained it). Empty for a training job."""
+    if kind != INFERENCE:
+        return {}
+    errors: dict[str, list[str]] = {}
+    if spec.resources.nodes > 1:
+        errors["resources.nodes"] = [
+            f"an inference server runs on one node, so nodes must be 1 (got {spec.resources.nodes}); for more "
+            f"servers ask for more replicas, each on a node of its own or sharing one"]
+    words = [*spec.command, *spec.args]
+    loader = next((w for w in words for name in CHECKPOINT_LOADERS if w == name or w.endswith("/" + name)), None)
+    given = any(w.split("=", 1)[0] in CHECKPOINT_ARGS for w in words) or any(k in spec.env for k in CHECKPOINT_ENV)
+    if loader is not None and spec.checkpoint_from is None and not given:
+        errors["checkpoint_from"] = [
+            f"{loader} loads a checkpoint before it serves, and this job names none: set checkpoint_from to the "
+            f"training job whose checkpoint it serves (its id or name), or pass --checkpoint-dir or "
+            f"--checkpoint-uri; without one the server would exit at start (cannot load checkpoint)"]
     return errors
 
 
