@@ -326,7 +326,8 @@ def _for_kinds(*kinds: str) -> dict:
 class JobSpec(SpecModel):
     """``spec``: what to run (image, command, args, env), on what (resources), how (priority, limits, placement).
 
-    ``max_runtime_seconds`` is required: it bounds the cost estimate that admission checks against the budget.
+    ``max_runtime_seconds`` is required for training jobs: it bounds the cost estimate that admission checks
+    against the budget; a serving job without one runs until cancelled.
     ``replicas``, ``port`` and ``checkpoint_from`` apply to inference jobs only (``x-job-kinds``).
     """
 
@@ -343,7 +344,9 @@ class JobSpec(SpecModel):
         "normal", validate_default=True, description=f"priority class name (quotas.PriorityClass; by default {', '.join(PRIORITY_CLASSES)});"
         " higher values go first")
     max_runtime_seconds: Count = Field(
-        description="run-time limit, seconds; bounds the cost estimate that admission checks against the budget",
+        None, description="run-time limit, seconds; bounds the cost estimate that admission checks against the "
+        "budget. Required for training jobs; for inference optional: absent, the server runs until cancelled "
+        "(its estimate then counts 30 days, jobs.models.UNBOUNDED_ESTIMATE_SECONDS)",
         json_schema_extra=_example(3600))
     preemptible: bool = Field(False, description="may run on spot capacity, and be preempted")
     placement: JobPlacement = Field(default_factory=JobPlacement,
@@ -568,10 +571,13 @@ def alternative_errors(accelerator: Accelerator, alternatives: list[str]) -> dic
 
 
 def kind_errors(kind: str, spec: JobSpec) -> dict[str, list[str]]:
-    """Errors by spec field of the kind rules: a field of other kinds only (:data:`KIND_SPECIFIC`) given, and a
-    spec with neither ``command`` nor ``args`` (nothing would say what to run: a container with ``args`` and no
+    """Errors by spec field of the kind rules: a training job without ``max_runtime_seconds``, a field of other
+    kinds only (:data:`KIND_SPECIFIC`) given, and a spec with neither ``command`` nor ``args`` (nothing would say what to run: a container with ``args`` and no
     ``command`` runs the image's ENTRYPOINT with them, Kubernetes "Define a command and arguments")."""
     errors = {}
+    if kind != INFERENCE and spec.max_runtime_seconds is None:
+        errors["max_runtime_seconds"] = ["required for training jobs: it bounds the run and the cost estimate that "
+                                         "admission checks against the budget (a serving job may leave it out)"]
     if not spec.command and not spec.args:
         errors["command"] = ["required unless args are given (the image's ENTRYPOINT then runs with them)"]
     for name, kinds in KIND_SPECIFIC.items():

@@ -146,7 +146,8 @@ def show_preview(preview: dict) -> None:
     budget = preview["refusal"]["message"] if preview.get("refusal") else _verdict(preview["budget"])
     fields([("Where", where),
             ("Estimate", f"{usd(preview['estimated_cost_usd'])} (worst case: {preview['total_gpus']} GPUs x "
-                         f"{preview['max_runtime_seconds']} s)"),
+                         + (f"{preview['max_runtime_seconds']} s)" if preview["max_runtime_seconds"] else
+                            "30 days: no max runtime, it runs until cancelled)")),
             ("Quota", _verdict(preview["quota"])), ("Budget", budget),
             ("Outcome", OUTCOMES.get(preview["outcome"], preview["outcome"]))])
     if preview["candidates"]:
@@ -230,7 +231,7 @@ def job_fields(job: dict) -> list[tuple[str, str]]:
         ("resources", resources_line(job)),
         ("priority", f"{job.get('priority_class') or '-'} ({job.get('priority')})"
                      + (", preemptible" if job.get("preemptible") else "")),
-        ("limits", (f"max runtime {duration(job.get('max_runtime_seconds') or 0)}, "
+        ("limits", (f"max runtime {duration(job['max_runtime_seconds']) if job.get('max_runtime_seconds') else 'none'}, "
                     f"max retries {job.get('max_retries')}")),
     ]
     attempt = job.get("current_attempt")

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from quotas.models import Team
 
+from ..models import estimated_runtime
 from .core import (
     Assessment,
     BudgetView,
@@ -36,7 +37,7 @@ def _queued_job(team: Team, resources: dict, placement: dict, now: dt.datetime, 
     return QueuedJob(
         job_id=0, team_id=team.pk, accelerator_id=accelerator.pk, nodes=pods, share_nodes=share,
         gpus_per_node=resources["gpus_per_node"], priority=resources["priority"], submitted=now.timestamp(),
-        preemptible=resources["preemptible"], max_runtime_seconds=resources["max_runtime_seconds"],
+        preemptible=resources["preemptible"], max_runtime_seconds=estimated_runtime(resources["max_runtime_seconds"]),
         providers=tuple(placement.get("providers") or ()), regions=tuple(placement.get("regions") or ()),
         clusters=tuple(placement.get("clusters") or ()), cpu_milli=cpu, memory_mib=memory,
     )
