@@ -364,7 +364,7 @@ def test_the_form_opens_without_a_max_runtime_and_a_serving_job_from_it_runs_unb
     budget.save()
     response = teammate_web.post("/jobs/new/", form_data(kind="inference", name="serve-it", max_runtime_seconds="",
                                                          gpus_per_node="1"))
-    assert response.status_code == 302, [l for l in response.content.decode().splitlines() if "error" in l]
+    assert response.status_code == 302, [line for line in response.content.decode().splitlines() if "error" in line]
     assert Job.objects.get(name="serve-it").max_runtime_seconds is None
     refused = teammate_web.post("/jobs/new/", form_data(name="train-it", max_runtime_seconds="")).content.decode()
     assert "required for training jobs" in refused and not Job.objects.filter(name="train-it").exists()
