@@ -75,6 +75,9 @@ def test_the_cli_the_api_and_the_form_show_the_same_dry_run(run_cli, owner, fund
         assert escape(row["why_not"] or "chosen") in html
     assert "disabled" not in html
     assert not Job.objects.exists()
+    # Submitting it answers the preview's estimate.
+    submitted = owner.client.post("/api/v1/jobs/", doc, format="json")
+    assert submitted.status_code == 201 and submitted.json()["estimated_cost_usd"] == body["estimated_cost_usd"]
 
 
 def test_a_job_its_budget_can_never_cover_is_refused_by_all_three(run_cli, owner, funded_aws_cluster, h100,
