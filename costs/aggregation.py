@@ -68,6 +68,13 @@ UTILIZATION_COLUMNS = ("avg_gpu_util_percent", "observed_gpu_hours", "idle_gpu_h
                        "idle_unpriced_vcpu_hours")
 
 
+def group_order(group: tuple) -> tuple:
+    """The sort key of a group key (team slug, job id, day...): numbers in numeric order (job 2 before job 10), other
+    values as text after them, None last."""
+    return tuple((0, x, "") if isinstance(x, int | float) and not isinstance(x, bool) else
+                 (1 if x is not None else 2, 0, str(x)) for x in group)
+
+
 def _zero() -> list:
     """An empty group: [GPU-seconds, USD (priced), unpriced GPU-seconds, unpriced vCPU-seconds]."""
     return [Decimal(0), Decimal(0), Decimal(0), Decimal(0)]
@@ -359,7 +366,7 @@ def aggregate_utilization(rollups, group_by: str) -> tuple[list[dict], dict]:
             if r["util_metric"]:
                 s["metrics"].add(r["util_metric"])
     rows = []
-    for group in sorted((g for g in sums if g is not None), key=lambda g: tuple(str(x) for x in g)):
+    for group in sorted((g for g in sums if g is not None), key=group_order):
         row = dict(zip(keys, group, strict=True))
         if group_by == "day":
             row["day"] = row["day"].isoformat()
@@ -402,12 +409,32 @@ def utilization_window(rollups, group_by: str, start: dt.datetime | None, end: d
         row = by_key.get(key)
         if row is None:
             row = by_key[key] = {**{k: ledger_row[k] for k in keys}, **_present(_unseen())}
-        row["gpu_hours"] = ledger_row["gpu_hours"]
-        row["unobserved_gpu_hours"] = round(max(0.0, row["gpu_hours"] - row["observed_gpu_hours"]), 6)
+        billed_share(row, ledger_row)
+    for row in by_key.values():
+        row.setdefault("unobserved_cost_usd", None)
+    total["unobserved_cost_usd"] = None
     if billed:
-        total["gpu_hours"] = billed_total["gpu_hours"]
-        total["unobserved_gpu_hours"] = round(max(0.0, total["gpu_hours"] - total["observed_gpu_hours"]), 6)
-    return sorted(by_key.values(), key=lambda r: tuple(str(r[k]) for k in keys)), total
+        billed_share(total, billed_total)
+    return sorted(by_key.values(), key=lambda r: group_order(tuple(r[k] for k in keys))), total
+
+
+def billed_share(row: dict, ledger_row: dict) -> None:
+    """Put the ledger's billed GPU-hours of a group (``ledger_row``, a row of ``aggregate_costs``) on its utilization
+    ``row``, in place: ``gpu_hours``, ``unobserved_gpu_hours`` (billed minus observed) and ``unobserved_cost_usd``
+    (``coverage`` stays that of the rolled-up attempts' time)."""
+    row["gpu_hours"] = ledger_row["gpu_hours"]
+    row["unobserved_gpu_hours"] = round(max(0.0, row["gpu_hours"] - row["observed_gpu_hours"]), 6)
+    row["unobserved_cost_usd"] = unobserved_cost(ledger_row["cost_usd"], row)
+
+
+def unobserved_cost(cost_usd: str | None, row: dict) -> str | None:
+    """The USD (cents, half-even) of a utilization ``row``'s unobserved GPU-hours: its ledger cost ``cost_usd``
+    (cents as a string; None: unknown) times the unobserved share of its billed ``gpu_hours``. None when the
+    cost is unknown or nothing was billed in GPU-hours."""
+    if cost_usd is None or not row["gpu_hours"]:
+        return None
+    share = Decimal(repr(row["unobserved_gpu_hours"])) / Decimal(repr(row["gpu_hours"]))
+    return usd_cents(Decimal(cost_usd) * share)
 
 
 def _unseen() -> dict:

@@ -5,7 +5,7 @@ from django.templatetags.static import static
 from django.urls import path
 from django.views.generic import RedirectView
 
-from . import notification_pages, sso, views
+from . import fleet_pages, notification_pages, sso, views
 
 app_name = "frontend"
 
@@ -37,7 +37,9 @@ urlpatterns = [
     path("requests/<int:pk>/<slug:action>/", views.request_action, name="request-action"),
     path("audit/", views.audit_list, name="audit-list"),
     path("clusters/", views.cluster_list, name="cluster-list"),
+    path("nodes/", fleet_pages.nodes, name="node-list"),
     path("nodes/<int:pk>/<slug:action>/", views.node_action, name="node-action"),
+    path("utilization/", fleet_pages.utilization, name="utilization"),
     path("costs/", views.costs, name="costs"),
     path("costs.csv", views.costs_csv, name="costs-csv"),
     path("capacity/", views.capacity, name="capacity"),

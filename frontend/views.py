@@ -19,9 +19,10 @@ from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import transaction
 from django.db.models import Sum
-from django.http import HttpResponse
+from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST
 from rest_framework.exceptions import ValidationError
 
@@ -42,7 +43,7 @@ from jobs.scheduling.core import price_text
 from jobs.scheduling.offers import pool_offers
 from jobs.scheduling.preview import preview_submission
 from jobs.scheduling.snapshot import cpu_used_milli
-from jobs.spec import validated_submission
+from jobs.spec import SpecError, resubmission, team_for_submission, validated_submission
 from jobs.states import StaleState
 from jobs.throttles import submitter_retry_after, team_retry_after
 from jobs.workload import job_efficiency
@@ -63,6 +64,7 @@ from runners import health as node_health
 from runners.base import ClusterUnreachable, UnknownBackend, backend_for
 from runners.models import Cluster, Node
 
+from .fleet_pages import pool_resources
 from .forms import (
     BudgetForm,
     BudgetRequestForm,
@@ -279,6 +281,7 @@ def job_detail(request, pk: int):
         has_utilization=any(r["avg_gpu_util_percent"] is not None for r in rollups),
         # Emulated GPUs are processes on the CPU: their "utilization" is CPU use, not a GPU's.
         emulated_only=job.attempts.exists() and not job.attempts.filter(cluster__emulated=False).exists(),
+        may_resubmit=_may_submit_for(request.user, job.team.slug),
     )
     efficiency = job_efficiency(job, series=True)
     series = next((a["series"] for a in reversed(efficiency["attempts"]) if a["series"]), [])
@@ -346,8 +349,31 @@ def _submit_teams(user):
                                memberships__role__in=[Membership.Role.ADMIN, Membership.Role.MEMBER])
 
 
-def _submit_form(request, data=None) -> SubmitJobForm:
-    return SubmitJobForm(data, teams=_submit_teams(request.user), priorities=list(priority_classes()))
+def _submit_form(request, data=None, initial=None) -> SubmitJobForm:
+    return SubmitJobForm(data, initial=initial, teams=_submit_teams(request.user), priorities=list(priority_classes()))
+
+
+def _may_submit_for(user, slug: str) -> bool:
+    """Whether ``user`` may submit jobs for team ``slug`` (its admin or member, or staff)."""
+    try:
+        team_for_submission(user, slug)
+    except SpecError:
+        return False
+    return True
+
+
+def _resubmission_initial(request) -> dict | None:
+    """The submit form's initial values for ``?from=<job id>``: the job's team and its whole submission as YAML
+    (``jobs.spec.resubmission``), to edit and submit as a new job; None without ``from``. Http404 for a job the
+    user cannot see or an id that is not a number."""
+    ref = request.GET.get("from")
+    if ref is None:
+        return None
+    if not ref.isdigit():
+        raise Http404(f"no job {ref!r}")
+    job = _visible_job(request, int(ref))
+    return {"team": job.team.slug,
+            "spec_yaml": yaml.safe_dump(resubmission(job), sort_keys=False, default_flow_style=False)}
 
 
 def _validate_submission(request, form: SubmitJobForm) -> dict | None:
@@ -383,8 +409,8 @@ def job_submit(request):
             messages.success(request, f"Job {job.pk} ({job.name}) submitted.")
             return redirect("frontend:job-detail", pk=job.pk)
     else:
-        form = _submit_form(request)
-    return render(request, "frontend/job_submit.html", {"form": form})
+        form = _submit_form(request, initial=_resubmission_initial(request))
+    return render(request, "frontend/job_submit.html", {"form": form, "resubmitting": request.GET.get("from")})
 
 
 def _affordable(form: SubmitJobForm, args: dict) -> dict | None:
@@ -664,16 +690,19 @@ CLUSTER_EVENTS_SHOWN = 5
 @login_required
 def cluster_list(request):
     """Every cluster: health (why it is not healthy, since when, its last health changes), last contact, emulated
-    flag, per node pool capacity, free GPUs and price now, and its nodes that do not take work or are suspect
+    flag, its GPU and CPU nodes counted apart, per node pool capacity, free GPUs, vCPU and memory (GiB) with what
+    is free of them, and price now, and its nodes that do not take work or are suspect
     (health with its evidence, cordons; staff cordon and clear them)."""
     now = timezone.now()
     clusters = list(Cluster.objects.prefetch_related("node_pools__accelerator"))
-    counted: dict[int, int] = {}
+    counted: dict[int, list[int]] = {}
     flagged: dict[int, list] = {}
-    for node in Node.objects.select_related("node_pool").order_by("cluster_id", "name"):
-        counted[node.cluster_id] = counted.get(node.cluster_id, 0) + 1
+    all_nodes = list(Node.objects.select_related("node_pool").order_by("cluster_id", "name"))
+    for node in all_nodes:
+        counted.setdefault(node.cluster_id, [0, 0])[0 if node.gpus else 1] += 1
         if node.health != Node.Health.HEALTHY or node.cordoned or not node.schedulable:
             flagged.setdefault(node.cluster_id, []).append(node)
+    resources = pool_resources(all_nodes)
     shapes = {m.cluster_id: m for m in ClusterMetrics.objects.filter(cluster__in=clusters)}
     accelerator_ids = {p.accelerator_id for c in clusters for p in c.node_pools.all()}
     offers = {o.node_pool_id: o for acc in accelerator_ids for o in pool_offers(acc, now, lock=False)}
@@ -685,9 +714,11 @@ def cluster_list(request):
             pools.append({"pool": pool, "capacity": pool.capacity_gpus,
                           "free": offer.free_gpus if offer else None,
                           "price": offer.usd_per_gpu_hour if offer else None,
-                          "cpu_price": price_text(offer) if offer and offer.usd_per_vcpu_hour is not None else None})
-        rows.append({"cluster": cluster, "pools": pools, "dcgm": shapes.get(cluster.pk),
-                     "nodes": counted.get(cluster.pk, 0), "flagged": flagged.get(cluster.pk, []),
+                          "cpu_price": price_text(offer) if offer and offer.usd_per_vcpu_hour is not None else None,
+                          "resources": resources.get(pool.pk)})
+        gpu_nodes, cpu_nodes = counted.get(cluster.pk, (0, 0))
+        rows.append({"cluster": cluster, "pools": pools, "dcgm": shapes.get(cluster.pk), "gpu_nodes": gpu_nodes,
+                     "cpu_nodes": cpu_nodes, "nodes": gpu_nodes + cpu_nodes, "flagged": flagged.get(cluster.pk, []),
                      "events": list(cluster.events.all()[:CLUSTER_EVENTS_SHOWN])})
     return render(request, "frontend/cluster_list.html", {"rows": rows})
 
@@ -718,23 +749,29 @@ def capacity(request):
                                                       "group_by": group_by, "unpriced": unpriced})
 
 
-#: The staff actions on a node from the clusters page, by name.
+#: The staff actions on a node from the clusters and nodes pages, by name.
 NODE_ACTIONS = {"cordon": lambda node, user, reason: node_health.cordon(node, user, reason or "from the clusters page"),
                 "uncordon": lambda node, user, reason: node_health.uncordon(node, user, reason),
+                "drain": lambda node, user, reason: node_health.drain(node, user, reason or "drained from the UI"),
                 "clear": lambda node, user, reason: node_health.clear(node, user=user, reason=reason)}
 
 
 @login_required
 @require_POST
 def node_action(request, pk: int, action: str):
-    """Cordon, uncordon or clear the health of a node (staff only: 403 for others); back to the clusters page."""
+    """Cordon, uncordon, drain (cordon and move its running work elsewhere) or clear the health of a node (staff
+    only: 403 for others); back to the page in ``next`` (a path of this site), else the clusters page."""
     if not request.user.is_staff:
-        raise PermissionDenied("only platform staff cordon, uncordon or clear nodes")
+        raise PermissionDenied("only platform staff cordon, uncordon, drain or clear nodes")
     if action not in NODE_ACTIONS:
         raise PermissionDenied(f"unknown node action {action!r}")
     node = get_object_or_404(Node.objects.select_related("cluster"), pk=pk)
-    NODE_ACTIONS[action](node, request.user, reason_of(request))
+    back = request.POST.get("next", "")
+    NODE_ACTIONS[action](node, request.user,
+                         reason_of(request) or ("from the nodes page" if back.startswith("/nodes/") else ""))
     messages.success(request, f"Node {node}: {action} done.")
+    if back and url_has_allowed_host_and_scheme(back, allowed_hosts=None) and back.startswith("/"):
+        return redirect(back)
     return redirect("frontend:cluster-list")
 
 

@@ -225,31 +225,62 @@ def mark_started(job: Job, attempt: JobAttempt, runner_state: dict, *, reason: s
     return job
 
 
-def bill_objects(attempt_id: int, created, *, held_until=None) -> None:
+#: How far past the timeline line that ended an attempt its billing must run before the timeline says why: the
+#: timeline shows whole seconds, so a deletion accepted a few milliseconds after the end is the same instant there.
+EXPLAINED_AFTER = dt.timedelta(seconds=1)
+
+
+def _ended_on_timeline(attempt: JobAttempt) -> dt.datetime:
+    """When ``attempt``'s end shows on its job's timeline: the state event that ended it (its ``end_reason``), else
+    its recorded end."""
+    shown = (JobEvent.objects.filter(attempt_id=attempt.pk, kind="state", data__has_key="end_reason")
+             .order_by("created_at", "id").values_list("created_at", flat=True).first())
+    return shown or attempt.ended_at
+
+
+def bill_objects(attempt_id: int, created, *, held_until=None, evidence: str = "") -> None:
     """Bill objects that exist for ``attempt_id`` although it ended (a dispatch that lost a race to a cancel or a
     release, objects of an ended attempt still running until deleted): billing starts at their creation
     ``created`` unless it started before, and its end moves to ``held_until`` when that is later: a time the
     cluster's evidence says their pods still held their GPUs (their owner's deletion accepted then, a look that
     saw them running then) or stopped (their own times). The ledger picks the extra time up (it accrues to
-    ``ended_at``).
+    ``ended_at``). ``evidence``: what the cluster said, in words, for the job's timeline.
 
     Class of failure: an end moved by a repeated delivery (a second DELETE of objects still terminating moved the
     end to its own time). Invariant: once recorded, an attempt's end moves only to the cluster's evidence, never
     to when a task happened to run, and the same evidence gives the same end however often it is delivered
     (``Greatest`` of the end and a time the cluster reported; docs/adr/0021). A time past now (a cluster clock
-    ahead of ours) counts as now."""
+    ahead of ours) counts as now.
+
+    Class of failure: billing past a job's end without a word. Invariant: every move of an attempt's end to at
+    least ``EXPLAINED_AFTER`` past the timeline line that ended it writes, in the same transaction, one
+    ``billed_past_end`` event on the job's timeline that gives the old and the new end and the evidence
+    (``data``: ``from``, ``to`` as ISO 8601 UTC, ``seconds`` added); a delivery that moves nothing writes
+    nothing."""
     now = timezone.now()
     changes = {"started_at": Coalesce(F("started_at"), Value(created or now, output_field=DateTimeField()))}
-    moved = False
-    if held_until is not None:
-        until = Value(min(held_until, now), output_field=DateTimeField())
-        changes["ended_at"] = Greatest(Coalesce(F("ended_at"), until), until)
-        moved = JobAttempt.objects.filter(pk=attempt_id, ended_at__lt=min(held_until, now)).exists()
+    until = min(held_until, now) if held_until is not None else None
+    if until is not None:
+        value = Value(until, output_field=DateTimeField())
+        changes["ended_at"] = Greatest(Coalesce(F("ended_at"), value), value)
     with transaction.atomic():
-        if JobAttempt.objects.filter(pk=attempt_id, ended_at__isnull=False).update(**changes):
-            enqueue_final_accrual(attempt_id)
-            if moved:  # the cluster's end record follows (``record_end``), so a restored database bills the same
-                enqueue_record_end(attempt_id)
+        row = (JobAttempt.objects.select_for_update(of=("self",)).select_related("job")
+               .only("ended_at", "number", "job__state")
+               .filter(pk=attempt_id, ended_at__isnull=False).first())
+        if row is None:
+            return
+        JobAttempt.objects.filter(pk=attempt_id).update(**changes)
+        enqueue_final_accrual(attempt_id)
+        if until is not None and until > row.ended_at and until >= _ended_on_timeline(row) + EXPLAINED_AFTER:
+            added = (until - row.ended_at).total_seconds()
+            record_event(row.job, "billed_past_end",
+                         f"attempt #{row.number}: billed until {until:%Y-%m-%d %H:%M:%S} UTC, {added:.0f} s past its "
+                         f"recorded end, because its pods still held their GPUs then"
+                         f"{': ' + evidence if evidence else ''}",
+                         attempt=row, data={"from": row.ended_at.isoformat(), "to": until.isoformat(),
+                                            "seconds": added})
+            # the cluster's end record follows (``record_end``), so a restored database bills the same
+            enqueue_record_end(attempt_id)
 
 
 #: The attempt's cluster and node pool (with its accelerator) by id, for dispatch: rows every dispatch to a
@@ -393,7 +424,8 @@ def _bill_until_deleted(attempt: JobAttempt) -> None:
     accepted = getattr(attempt, "deletion_accepted_at", None)
     if accepted is not None and attempt.end_reason in (JobAttempt.EndReason.PREEMPTED,
                                                         JobAttempt.EndReason.NODE_UNHEALTHY):
-        bill_objects(attempt.pk, None, held_until=accepted)
+        bill_objects(attempt.pk, None, held_until=accepted,
+                     evidence=f"the cluster accepted the deletion of their owner at {accepted:%H:%M:%S} UTC")
 
 
 def failure_text(end_reason: str, exit_code: int | None) -> str:
@@ -722,8 +754,9 @@ def finish_cancel(job_id: int) -> bool:
             # Billing ends at the cluster's latest evidence of the pods holding their GPUs, whichever call learned it
             # (``_cancel_evidence``: their owner's deletion accepted, a look that saw them run out their grace), or
             # now when no call saw anything of them.
-            end_attempt(job, attempt, S.CANCELLED, reason=reason, end_reason=JobAttempt.EndReason.CANCELLED,
-                        ended_at=getattr(attempt, "deletion_accepted_at", None))
+            ended_at = getattr(attempt, "deletion_accepted_at", None)
+            end_attempt(job, attempt, S.CANCELLED, reason=reason + _billed_past_cancel(job, attempt, ended_at),
+                        end_reason=JobAttempt.EndReason.CANCELLED, ended_at=ended_at)
             # The end record was written at the first DELETE, with that instant as the end: it follows the end
             # recorded now (``record_end``), so a restored database ends and bills the attempt as this one did.
             enqueue_record_end(attempt.pk)
@@ -732,6 +765,24 @@ def finish_cancel(job_id: int) -> bool:
     except StaleState:
         return False
     return True
+
+
+def _billed_past_cancel(job: Job, attempt: JobAttempt, ended_at) -> str:
+    """The words a cancel's end adds to its timeline line when ``attempt`` is billed past the cancel's request
+    (``ended_at``, the cluster's evidence, ``EXPLAINED_AFTER`` or more after the CANCELLING event): until when and
+    why; "" otherwise.
+
+    Class of failure: billing past a job's end without a word. Invariant: a job billed after the instant its
+    owner asked it to end says on its timeline until when and on what evidence."""
+    asked = (JobEvent.objects.filter(job_id=job.pk, to_state=S.CANCELLING).exclude(from_state=S.CANCELLING)
+             .order_by("-created_at").values_list("created_at", flat=True).first())
+    if ended_at is None or asked is None:
+        return ""
+    end = billing_end(attempt, ended_at)
+    if end < asked + EXPLAINED_AFTER:
+        return ""
+    return (f"; billed until {end:%Y-%m-%d %H:%M:%S} UTC, {(end - asked).total_seconds():.0f} s after the cancel "
+            f"was requested: the cluster's evidence shows its pods holding their GPUs until then")
 
 
 def _cancel_evidence(attempt: JobAttempt) -> dt.datetime | None:

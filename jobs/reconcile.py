@@ -289,11 +289,15 @@ def _delete_orphans(cluster: Cluster, backend: Backend, candidates: dict[int, Ow
         if owned.holding:
             # They ran until the look saw them, or until the deletion of their owner was accepted, if later (a later
             # call may have failed); the acceptance is the owner's own time, the same on every pass.
-            bill_objects(attempt.pk, owned.created_at, held_until=max(t for t in (seen_at, accepted) if t))
+            held = max(t for t in (seen_at, accepted) if t)
+            bill_objects(attempt.pk, owned.created_at, held_until=held,
+                         evidence=("the cluster accepted the deletion of their owner then" if held == accepted
+                                   else f"a look at {cluster.name} saw them still running then"))
         elif owned.stopped_at is not None:
             # They stopped by themselves, possibly after the end recorded while the cluster could not be asked (a
             # cancel on an unreachable cluster ends the attempt at its last contact): billed up to their stop.
-            bill_objects(attempt.pk, owned.created_at, held_until=owned.stopped_at)
+            bill_objects(attempt.pk, owned.created_at, held_until=owned.stopped_at,
+                         evidence=f"{cluster.name} reports they stopped then")
         if failure is not None:
             break
         orphans += 1

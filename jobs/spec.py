@@ -803,6 +803,23 @@ def submission_fields(submission: JobSubmission, lookups: Lookups) -> dict:
     }
 
 
+def resubmission(job) -> dict:
+    """The submission document that stored ``job`` (a ``jobs.models.Job``): ``{"team": slug, "name", "kind",
+    "spec"}``, its stored spec as submitted and validated then, ready for ``validated_submission`` again (a
+    resubmission is validated against today's quotas, pools and rules like any submission). A
+    ``checkpoint_from`` stored as a job id stays that id. Fields stored as null or as an empty list (an optional
+    field left out, ``stored_spec``) are left out again, since a submission that gives them must give a value:
+    the document validates to the same stored spec."""
+    return {"team": job.team.slug, "name": job.name, "kind": job.kind, "spec": _given(dict(job.spec or {}))}
+
+
+def _given(value):
+    """``value`` (a stored spec or part of one) without the keys whose value is None or ``[]``, at every level."""
+    if isinstance(value, dict):
+        return {k: _given(v) for k, v in value.items() if v is not None and v != []}
+    return value
+
+
 def validated_submission(data, user) -> dict:
     """``submit_job``'s keyword arguments for the submission ``data`` (parsed JSON or YAML) by ``user``.
 

@@ -30,13 +30,17 @@ def refuse_team_flood(team) -> None:
         raise Throttled(wait, detail=f"Too many submissions for team {team.slug}.")
 
 
+#: The viewset actions that store a new job: each counts as one submission.
+SUBMITTING_ACTIONS = ("create", "resubmit")
+
+
 class SubmitterThrottle(BaseThrottle):
-    """DRF throttle of a viewset's ``create`` action by the authenticated user (``submit_user``); other actions
-    pass."""
+    """DRF throttle of a viewset's submitting actions (``SUBMITTING_ACTIONS``: ``create``, ``resubmit``) by the
+    authenticated user (``submit_user``); other actions pass."""
 
     def allow_request(self, request, view) -> bool:
         self.retry = None
-        if getattr(view, "action", None) != "create" or not request.user.is_authenticated:
+        if getattr(view, "action", None) not in SUBMITTING_ACTIONS or not request.user.is_authenticated:
             return True
         self.retry = submitter_retry_after(request.user)
         return self.retry is None

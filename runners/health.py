@@ -271,10 +271,12 @@ def store_health(node: Node, health: str, evidence: list[dict], now: dt.datetime
     return changed
 
 
-def recover_attempts_on(node: Node) -> int:
-    """End the live attempts placed on ``node`` (``NodeUnhealthy``, no retry used) and send their jobs back to
-    admission, whose placement keeps off the node; their objects are deleted. Returns how many."""
+def recover_attempts_on(node: Node, drained_by: str = "") -> int:
+    """End the live attempts placed on ``node`` (``NodeUnhealthy``, no retry used; ``Preempted`` when staff drain
+    it, ``drained_by`` naming who and why) and send their jobs back to admission, whose placement keeps off the
+    node; their objects are deleted. Returns how many."""
     why = "; ".join(f["message"] for f in node.health_evidence if f["severity"] == UNHEALTHY)
+    end_reason = JobAttempt.EndReason.PREEMPTED if drained_by else JobAttempt.EndReason.NODE_UNHEALTHY
     done = 0
     live = (JobAttempt.objects.filter(cluster_id=node.cluster_id, ended_at__isnull=True,
                                       job__current_attempt_id=F("pk"), job__state__in=LIVE_STATES)
@@ -285,10 +287,11 @@ def recover_attempts_on(node: Node) -> int:
         job = Job.objects.get(pk=attempt.job_id)
         try:
             with transaction.atomic():
-                preempt_attempt(job, attempt, end_reason=JobAttempt.EndReason.NODE_UNHEALTHY, bad_nodes=(node.name,),
-                                reason=(f"NodeUnhealthy: node {node.name} of {node.cluster.name} is unhealthy ({why}): "
-                                        f"attempt {attempt.number} stopped and placed again elsewhere, no retry used"
-                                        )[:500])
+                cause = (f"Preempted: node {node.name} of {node.cluster.name} drained {drained_by}" if drained_by
+                         else f"NodeUnhealthy: node {node.name} of {node.cluster.name} is unhealthy ({why})")
+                preempt_attempt(job, attempt, end_reason=end_reason, bad_nodes=(node.name,),
+                                reason=(f"{cause}: attempt {attempt.number} stopped and placed again elsewhere, "
+                                        "no retry used")[:500])
         except (StaleState, InvalidTransition):
             continue  # the job moved on meanwhile: its new state is the winner's
         done += 1
@@ -320,6 +323,15 @@ def cordon(node: Node, user, note: str = "") -> Node:
     (``note``, also the audit record's reason)."""
     who = getattr(user, "username", "") or "staff"
     return _audited(node, user, "cordoned", note, cordoned=True, cordon_note=f"by {who}: {note}".strip()[:500])
+
+
+def drain(node: Node, user, note: str = "") -> tuple[Node, int]:
+    """Cordon ``node`` (``cordon``) and move the work placed on it elsewhere: its live attempts end as
+    ``Preempted`` (no retry used) and their jobs go back to admission, which keeps off the node. Returns the node
+    and how many attempts were moved."""
+    node = cordon(node, user, note)
+    who = getattr(user, "username", "") or "staff"
+    return node, recover_attempts_on(node, drained_by=f"by {who}" + (f" ({note})" if note else ""))
 
 
 def uncordon(node: Node, user=None, reason: str = "") -> Node:

@@ -163,6 +163,10 @@ class UtilizationRowSerializer(serializers.Serializer):
     idle_percent = serializers.FloatField(allow_null=True,
                                           help_text="idle share of the observed GPU-hours, percent; null: no data")
     unobserved_gpu_hours = serializers.FloatField(help_text="allocated GPU-hours without samples, never estimated")
+    unobserved_cost_usd = serializers.DecimalField(
+        max_digits=20, decimal_places=2, allow_null=True,
+        help_text="USD of the unobserved GPU-hours: the group's ledger cost times their share of its GPU-hours; "
+                  "null: unknown cost, or nothing billed")
     idle_cost_usd = serializers.DecimalField(max_digits=20, decimal_places=2, allow_null=True,
                                              help_text="priced USD of the idle GPU-hours; null: no data, or none "
                                                        "of it priced")

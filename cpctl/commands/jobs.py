@@ -1,4 +1,4 @@
-"""Job commands: ``submit``, ``jobs``, ``job``, ``events``, ``efficiency``, ``logs``, ``cancel``."""
+"""Job commands: ``submit``, ``resubmit``, ``jobs``, ``job``, ``events``, ``efficiency``, ``logs``, ``cancel``."""
 
 from __future__ import annotations
 
@@ -107,12 +107,19 @@ def submit(api: Api, file: str, team: str | None, name: str | None, wait: bool, 
             show_preview(preview)
         return EXIT_BAD_INPUT if preview["outcome"] == "refused" else EXIT_OK
     job = api.client.json("POST", "jobs/", data=raw, content_type=media_type)
+    return report_submitted(api, job, "submitted", wait, interval)
+
+
+def report_submitted(api: Api, job: dict, how: str, wait: bool, interval: float) -> int:
+    """Print the new ``job`` (the API's answer; ``how``: the words after its id, ``submitted``) and, with ``wait``,
+    follow it to a final state every ``interval`` seconds. Returns the exit status: 0, or with ``wait``
+    ``EXIT_JOB_NOT_SUCCEEDED`` unless it SUCCEEDED. CliError (``EXIT_INTERRUPTED``) on Ctrl-C while following."""
     if api.json and not wait:
         print_json(job)
         return EXIT_OK
     say = err if api.json else out
     try:  # from here on, Ctrl-C leaves a submitted job behind: say so
-        say(f"job {job['id']} submitted: {job['name']} (team {job['team']}), {state_line(job)}")
+        say(f"job {job['id']} {how}: {job['name']} (team {job['team']}), {state_line(job)}")
         if not wait:
             return EXIT_OK
         job = follow_job(api.client, job, interval, say)
@@ -156,6 +163,20 @@ def show_preview(preview: dict) -> None:
               [[c["cluster"], c["pool"], c["accelerator"], c["nodes"], c["usd_per_hour"] or "no price",
                 usd(c["estimated_cost_usd"]), "chosen" if c["chosen"] else c["why_not"]]
                for c in preview["candidates"]], right=("NODES", "USD/HOUR", "ESTIMATE"))
+
+
+@api_command("resubmit", "submit a job's submission again as a new job")
+@job_id
+@click.option("--name", help="name of the new job (default: the job's)")
+@click.option("--wait", is_flag=True, help="follow the new job to a final state; exit 0 only on SUCCEEDED")
+@click.option("--interval", type=PositiveFloat(), default=2.0, show_default=True,
+              help="seconds between polls with --wait")
+def resubmit(api: Api, id: int, name: str | None, wait: bool, interval: float) -> int:  # noqa: A002
+    """POST ``jobs/ID/resubmit/``: the job's stored submission again, as a new job validated against today's rules;
+    print the new job's id and state, and with ``--wait`` follow it to a final state."""
+    job = api.client.json("POST", f"jobs/{id}/resubmit/", data=json.dumps({"name": name} if name else {}).encode(),
+                          content_type="application/json")
+    return report_submitted(api, job, f"submitted from job {id}", wait, interval)
 
 
 def follow_job(client: Client, job: dict, interval: float, say) -> dict:
@@ -409,4 +430,4 @@ def cancel(api: Api, id: int) -> int:  # noqa: A002
     return EXIT_OK
 
 
-COMMANDS = [submit, jobs, job, events, efficiency, cancel, logs]
+COMMANDS = [submit, resubmit, jobs, job, events, efficiency, cancel, logs]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 
 from django.http import StreamingHttpResponse
+from django.urls import reverse
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
@@ -28,7 +29,7 @@ from ..lifecycle import NotCancellable, cancel_job, submit_job
 from ..models import Job, JobState
 from ..permissions import CANCEL_REFUSED, may_cancel
 from ..preview import preview_json, refuse_unaffordable, stored_job_args, submission_preview
-from ..spec import JobSubmission, validated_submission
+from ..spec import JobSubmission, SpecError, resubmission, team_for_submission, validated_submission
 from ..states import StaleState
 from ..throttles import SubmitterThrottle, refuse_team_flood
 from ..workload import job_efficiency
@@ -64,7 +65,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
     throttle_classes = [SubmitterThrottle]  # submissions per user, before the body is parsed
     schema_summaries = {"create": "Submit a job", "attempts": "List a job's attempts", "cancel": "Cancel a job",
                         "preview": "Preview a submission (dry run)",
-                        "events": "List a job's events (its timeline)", "logs": "Read or follow a node's log"}
+                        "events": "List a job's events (its timeline)", "logs": "Read or follow a node's log",
+                        "resubmit": "Submit a job's submission again"}
 
     def scope_queryset(self, queryset, user):
         return queryset.visible_to(user)
@@ -93,7 +95,33 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
         ``spec.max_runtime_seconds`` naming the budget and the numbers (ADR 0036). The answer's
         ``estimated_cost_usd`` is the preview's estimate (``POST /jobs/preview/``) until the job is placed.
         """
-        fields = validated_submission(request.data, request.user)
+        return self._submitted(request, request.data, request.path)
+
+    @extend_schema(
+        request=inline_serializer("Resubmission", fields={"name": serializers.CharField(required=False)}),
+        responses={201: JobDetailSerializer, 400: OpenApiResponse(description="Field errors keyed by dotted path"),
+                   403: DETAIL_RESPONSE},
+    )
+    @action(detail=True, methods=["post"], filter_backends=[])
+    def resubmit(self, request, pk=None):
+        """Submit the job's stored submission again as a new QUEUED job of its team, by the caller (optionally
+        under a new ``name``): validated like any submission against today's quotas, pools and rules (400 with
+        dotted field paths when it no longer passes), throttled like one; 403 for a viewer of its team. The job
+        itself is not changed."""
+        document = resubmission(self.get_object())
+        try:  # a viewer sees the job but may not submit for its team: refused like a cancel, before the body
+            team_for_submission(request.user, document["team"])
+        except SpecError as exc:
+            raise PermissionDenied(str(exc)) from None
+        name = request.data.get("name") if isinstance(request.data, dict) else None
+        if name is not None:
+            document["name"] = name
+        return self._submitted(request, document, reverse("job-list"))
+
+    def _submitted(self, request, document, list_path: str):
+        """Validate ``document`` (a submission) as ``request.user``'s, store it and answer 201 with the new job and
+        its ``Location`` (under ``list_path``, the jobs list's path)."""
+        fields = validated_submission(document, request.user)
         refuse_team_flood(fields["team"])  # counted once the team is known to accept this user's submissions
         preview = submission_preview(fields)
         refuse_unaffordable(preview)
@@ -101,7 +129,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
         job = submit_job(**fields)
         # The router's detail route is the list route plus "<pk>/" (what reverse_action("detail") answers,
         # without resolving the URLconf on every submission).
-        location = request.build_absolute_uri(f"{request.path.rstrip('/')}/{job.pk}/")
+        location = request.build_absolute_uri(f"{list_path.rstrip('/')}/{job.pk}/")
         data = self.get_serializer(job).data
         if data.get("estimated_cost_usd") is None:
             data["estimated_cost_usd"] = usd_cents(preview["estimate_usd"])

@@ -110,3 +110,18 @@ def lock_pools(*accelerator_ids: int) -> None:
     query."""
     list(NodePool.objects.filter(accelerator_id__in=accelerator_ids).order_by("pk").select_for_update()
          .values_list("pk", flat=True))
+
+
+def free_on_nodes(nodes: list[Node]) -> dict[int, tuple[int, int, int]]:
+    """What is free on each of ``nodes`` (Node rows) now, as admission counts it (``node_rooms``): by node id,
+    ``(GPUs, CPU millicores, memory MiB)``, each never below 0. A node outside any pool has its allocatable resources
+    minus the requests of pods the platform does not own (no attempt is placed on it). Three queries."""
+    pools = list(NodePool.objects.filter(pk__in={n.node_pool_id for n in nodes if n.node_pool_id}))
+    rooms = {(pid, r.name): r for pid, lst in node_rooms(pools).items() for r in lst}
+    free = {}
+    for n in nodes:
+        room = rooms.get((n.node_pool_id, n.name))
+        left = ((room.free_gpus, room.free_cpu_milli, room.free_memory_mib) if room is not None else
+                (n.gpus - n.foreign_gpus, n.cpu_milli - n.foreign_cpu_milli, n.memory_mib - n.foreign_memory_mib))
+        free[n.pk] = tuple(max(0, int(x)) for x in left)
+    return free

@@ -19,6 +19,7 @@ from core.fields import StrictCharField
 from costs.catalog import NoPrice, Rates, prices_by_pool, rates_at
 from costs.models import Price
 from jobs.models import JobAttempt
+from jobs.scheduling.offers import free_on_nodes
 
 from ..credentials import InvalidKubeconfig, split_userinfo, validate_kubeconfig, without_userinfo
 from ..models import Accelerator, Cluster, Node, NodePool
@@ -229,16 +230,26 @@ class NodeSerializer(serializers.ModelSerializer):
     elsewhere). ``health_evidence``: ``[{source, signal, severity, message,
     value}]``. ``takes_work``: whether admission may place work on it now
     (schedulable in Kubernetes, not cordoned by staff, not unhealthy).
+    ``free_gpus``, ``free_cpu_milli`` (millicores) and ``free_memory_mib``
+    (MiB): what is free on it now as admission counts it (allocatable minus
+    the live attempts placed on it and the pods the platform does not own;
+    ``jobs.scheduling.offers.free_on_nodes``); ``allocated_gpus`` the rest of
+    its allocatable GPUs.
     """
 
     cluster = serializers.CharField(source="cluster.name", read_only=True)
     node_pool = serializers.CharField(source="node_pool.name", read_only=True, default=None, allow_null=True)
     takes_work = serializers.SerializerMethodField()
+    allocated_gpus = serializers.SerializerMethodField()
+    free_gpus = serializers.SerializerMethodField()
+    free_cpu_milli = serializers.SerializerMethodField()
+    free_memory_mib = serializers.SerializerMethodField()
 
     class Meta:
         model = Node
         fields = ["id", "cluster", "node_pool", "name", "accelerator_label", "capacity_type", "gpus", "cpu_milli",
-                  "memory_mib", "zone", "topology_domain", "taints", "unschedulable", "schedulable",
+                  "memory_mib", "allocated_gpus", "free_gpus", "free_cpu_milli", "free_memory_mib", "zone",
+                  "topology_domain", "taints", "unschedulable", "schedulable",
                   "problem_conditions", "cordoned", "cordon_note", "health", "health_evidence", "health_changed_at",
                   "health_checked_at", "health_cleared_at", "takes_work", "seen_at"]
         read_only_fields = fields
@@ -246,6 +257,33 @@ class NodeSerializer(serializers.ModelSerializer):
     @extend_schema_field(serializers.BooleanField())
     def get_takes_work(self, node: Node) -> bool:
         return node.schedulable and not node.cordoned and node.health != Node.Health.UNHEALTHY
+
+    def _free(self, node: Node) -> tuple[int, int, int]:
+        """``(GPUs, millicores, MiB)`` free on ``node``; counted for the serialized nodes at once on first use (for
+        a list page, its nodes; three queries), kept in the serializer context."""
+        free = self.context.get("free_on_nodes")
+        if free is None or node.pk not in free:
+            nodes = list(self.parent.instance) if self.parent is not None and self.parent.instance is not None \
+                else [node]
+            free = self.context["free_on_nodes"] = {**(free or {}), **free_on_nodes(nodes)}
+        return free[node.pk]
+
+    @extend_schema_field(serializers.IntegerField())
+    def get_allocated_gpus(self, node: Node) -> int:
+        """Allocatable GPUs not free now (held by live attempts or by pods the platform does not own)."""
+        return node.gpus - self._free(node)[0]
+
+    @extend_schema_field(serializers.IntegerField())
+    def get_free_gpus(self, node: Node) -> int:
+        return self._free(node)[0]
+
+    @extend_schema_field(serializers.IntegerField())
+    def get_free_cpu_milli(self, node: Node) -> int:
+        return self._free(node)[1]
+
+    @extend_schema_field(serializers.IntegerField())
+    def get_free_memory_mib(self, node: Node) -> int:
+        return self._free(node)[2]
 
 
 class CordonSerializer(serializers.Serializer):

@@ -155,6 +155,7 @@ def submission() -> dict:
 VALID_BODIES = {
     ("jobs", "create"): submission,
     ("jobs", "preview"): submission,
+    ("jobs", "resubmit"): lambda: {"name": "train-again"},
     ("quotas", "create"): lambda: {"team": "alpha", "accelerator": "A100-80GB", "nominal_gpus": 8},
     ("quotas", "update"): lambda: {"team": "alpha", "accelerator": "H100-80GB", "nominal_gpus": 8},
     ("quotas", "partial_update"): lambda: {"nominal_gpus": 8},

@@ -178,3 +178,19 @@ def test_a_cpu_only_document_is_submitted_and_shown_by_its_cpu_and_memory(run_cl
     assert (job.accelerator.name, job.gpus_per_node, job.total_gpus) == ("CPU", 0, 0)
     shown = run_cli("job", str(job.pk), persona=owner)
     assert "1 node(s) x 1 CPU cores, 2 GiB (CPU-only, no GPUs)" in shown.out, shown.out
+
+
+def test_resubmit_submits_the_jobs_submission_again_as_a_new_job(run_cli, owner, teammate, funded_aws_cluster):
+    """``cpctl resubmit ID``: a new job of the same team and spec by the caller, under ``--name`` if given; a job
+    the caller cannot see exits non-zero with the API's word and stores nothing."""
+    assert run_cli("submit", str(EXAMPLE), "--team", "alpha", persona=owner).code == 0
+    first = Job.objects.get()
+    result = run_cli("resubmit", str(first.pk), "--name", "again", persona=teammate)
+    assert result.code == 0, result.err
+    again = Job.objects.exclude(pk=first.pk).get()
+    assert (again.name, again.team_id, again.spec, again.submitter) == ("again", first.team_id, first.spec,
+                                                                        teammate.user)
+    assert result.out == f"job {again.pk} submitted from job {first.pk}: again (team alpha), QUEUED\n"
+    missing = run_cli("resubmit", str(again.pk + 100), persona=owner)
+    assert missing.code != 0 and "HTTP 404" in missing.err, missing.err
+    assert Job.objects.count() == 2

@@ -50,8 +50,8 @@ def alpha_pages(objects) -> list[str]:
             f"/api/v1/reports/{report.pk}/"]
 
 
-LIST_PAGES = ["/", "/jobs/", "/jobs/rows/", "/jobs/new/", "/teams/", "/clusters/", "/costs/", "/costs.csv", "/capacity/",
-              "/reports/", "/requests/", "/audit/", "/notifications/"]
+LIST_PAGES = ["/", "/jobs/", "/jobs/rows/", "/jobs/new/", "/teams/", "/clusters/", "/nodes/", "/costs/", "/costs.csv",
+              "/capacity/", "/utilization/", "/reports/", "/requests/", "/audit/", "/notifications/"]
 
 
 def test_every_page_sends_anonymous_users_to_sign_in(client, objects):

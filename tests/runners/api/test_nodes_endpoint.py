@@ -1,11 +1,14 @@
-"""``/api/v1/nodes/``: every user reads each GPU node's health with its evidence; staff cordon, uncordon and clear."""
+"""``/api/v1/nodes/``: every user reads each GPU node's health with its evidence and what is allocated and free on it;
+staff cordon, uncordon and clear."""
 
 from __future__ import annotations
 
 from django.utils import timezone
 
+from jobs.models import JobAttempt
 from runners import health
 from runners.models import Node
+from tests.support.factories import make_attempt, make_job
 
 XID_79 = health.finding("dcgm", "xid", "unhealthy", "GPU 3 (GPU-n1-3): XID 79 (GPU has fallen off the bus)",
                         key="dcgm:xid:GPU-n1-3", value=79, gpu="3", uuid="GPU-n1-3")
@@ -53,3 +56,19 @@ def test_staff_cordon_uncordon_and_clear_a_node_and_no_one_else_may(owner, staff
     assert (body["health"], body["health_evidence"], body["takes_work"]) == ("healthy", [], True)
     assert Node.objects.get(pk=n1).health_baseline == {"dcgm:xid:GPU-n1-3": 79}
     assert staff.client.post("/api/v1/nodes/999999/clear/").status_code == 404
+
+
+def test_each_node_says_what_is_allocated_and_free_on_it(owner, aws_cluster, teams, h100):
+    made = make_nodes(aws_cluster)
+    Node.objects.filter(pk=made["n0"].pk).update(foreign_gpus=2, foreign_cpu_milli=4_000, foreign_memory_mib=1024)
+    job = make_job(teams[0], owner.user, h100, name="on-n0", gpus_per_node=3)
+    attempt = make_attempt(job, aws_cluster["cluster"], aws_cluster["pool"], gpus=3)
+    JobAttempt.objects.filter(pk=attempt.pk).update(placement={"nodes": ["n0"], "gpus_per_node": 3,
+                                                               "cpu_milli": 12_000, "memory_mib": 32 * 1024})
+    rows = {n["name"]: n for n in owner.client.get("/api/v1/nodes/").json()["results"]}
+    figures = ("allocated_gpus", "free_gpus", "free_cpu_milli", "free_memory_mib")
+    # n0: 8 GPUs - 3 placed - 2 of other pods; 64 000 - 12 000 - 4 000 millicores; 512 GiB - 32 GiB - 1 GiB in MiB
+    assert tuple(rows["n0"][k] for k in figures) == (5, 3, 48_000, 512 * 1024 - 32 * 1024 - 1024)
+    assert tuple(rows["n1"][k] for k in figures) == (0, 8, 64_000, 512 * 1024)
+    one = owner.client.get(f"/api/v1/nodes/{made['n0'].pk}/").json()
+    assert tuple(one[k] for k in figures) == (5, 3, 48_000, 512 * 1024 - 32 * 1024 - 1024)

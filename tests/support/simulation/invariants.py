@@ -385,8 +385,38 @@ def notified_once(world) -> list[str]:
     return out
 
 
+def billed_past_end_explained(world) -> list[str]:
+    """A job billed past its end says why on its timeline: an attempt whose end lies ``EXPLAINED_AFTER`` (1 s) or
+    more after the event that ended it (its end moved later on the cluster's evidence) has a ``billed_past_end`` event to exactly that end, and a
+    cancelled attempt billed past the cancel's request says until when on its CANCELLED line."""
+    from jobs.lifecycle import EXPLAINED_AFTER
+    from jobs.models import JobAttempt, JobEvent, JobState
+
+    out = []
+    for attempt in JobAttempt.objects.filter(ended_at__isnull=False):
+        events = list(JobEvent.objects.filter(attempt_id=attempt.pk).order_by("created_at", "id"))
+        ending = next((e for e in events if e.kind == "state" and "end_reason" in (e.data or {})), None)
+        if ending is None:
+            continue
+        if attempt.ended_at >= ending.created_at + EXPLAINED_AFTER:
+            moved = [e for e in events if e.kind == "billed_past_end"]
+            if not moved or moved[-1].data.get("to") != attempt.ended_at.isoformat():
+                out.append(f"attempt {attempt.pk} (job {attempt.job_id}) ends at {attempt.ended_at:%H:%M:%S}, after "
+                           f"the event that ended it ({ending.created_at:%H:%M:%S}), with no billed_past_end to it")
+        if ending.to_state == JobState.CANCELLED:
+            asked = (JobEvent.objects.filter(job_id=attempt.job_id, to_state=JobState.CANCELLING,
+                                             created_at__lte=ending.created_at)
+                     .exclude(from_state=JobState.CANCELLING).order_by("-created_at").first())
+            later = [e for e in events if e.kind == "billed_past_end" and e.created_at >= ending.created_at]
+            billed_to = dt.datetime.fromisoformat(later[0].data["from"]) if later else attempt.ended_at
+            if asked is not None and billed_to >= asked.created_at + EXPLAINED_AFTER and "billed until" not in ending.reason:
+                out.append(f"job {attempt.job_id}'s cancel, asked at {asked.created_at:%H:%M:%S}, was billed to "
+                           f"{billed_to:%H:%M:%S} with no word on its CANCELLED line")
+    return out
+
+
 END = {f.__name__: f for f in (liveness, billed_once, no_duplicate_run, nothing_left_behind, unknown_cost_shown,
-                               notified_once)}
+                               notified_once, billed_past_end_explained)}
 
 #: Every invariant's name, in report order.
 NAMES = [*STEP, *END]
