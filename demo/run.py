@@ -227,6 +227,15 @@ class Api:
             raise RuntimeError(f"POST {path} answered {r.status_code}: {r.text}")
         return r.json()
 
+    def refusal(self, path: str, document: dict) -> str:
+        """POST ``document`` that submission must refuse; its 400's messages, joined. RuntimeError when it is
+        accepted (a job was stored) or answered otherwise."""
+        r = self.session.post(self.base + path, data=yaml.safe_dump(document),
+                              headers={"Content-Type": "application/yaml"}, timeout=30)
+        if r.status_code != 400:
+            raise RuntimeError(f"POST {path} should have been refused (400) but answered {r.status_code}: {r.text}")
+        return "; ".join(f"{field}: {' '.join(messages)}" for field, messages in r.json().items())
+
     def post_json(self, path: str, body: dict) -> dict:
         """POST ``body`` as JSON; raises RuntimeError on an error status."""
         r = self.session.post(self.base + path, json=body, timeout=60)
@@ -488,12 +497,15 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
             out.write(f"Cluster {c['name']} [{c['provider']}/{c['region']}]{note}\n")
         train = research.post_yaml("jobs/", training_document(steps, nodes))
         prep = research.post_yaml("jobs/", cpu_document())
-        sweep = applied.post_yaml("jobs/", over_budget_document())
-        submitted += [train["id"], prep["id"], sweep["id"]]
-        out.write(f"Submitted job {train['id']} ({train['name']}), CPU-only job {prep['id']} ({prep['name']}) and "
-                  f"job {sweep['id']} ({sweep['name']}).\n")
+        # Its budget can never cover it: refused at submission, as a job over its quota is (ADR 0036).
+        sweep = over_budget_document()
+        outcome = applied.post_yaml("jobs/preview/", sweep)["outcome"]
+        refused = applied.refusal("jobs/", sweep)
+        submitted += [train["id"], prep["id"]]
+        out.write(f"Submitted job {train['id']} ({train['name']}) and CPU-only job {prep['id']} ({prep['name']}); "
+                  f"{sweep['name']} was refused at submission (its preview said {outcome}).\n")
         started = time.monotonic()
-        views = follow({train["id"]: research, prep["id"]: research, sweep["id"]: applied}, timeout, out)
+        views = follow({train["id"]: research, prep["id"]: research}, timeout, out)
 
         served, endpoint, answer, answered = None, None, "not served: training did not succeed", False
         if views[train["id"]]["state"] == "SUCCEEDED":
@@ -506,7 +518,8 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
 
         trained = False
         out.write("\nSummary\n")
-        for job_id, api in ((train["id"], research), (sweep["id"], applied)):
+        out.write(f"  {sweep['name']:<27} REFUSED    at submission: {refused}\n")
+        for job_id, api in ((train["id"], research),):
             view = views[job_id]
             gpu_hours, cost = job_cost(api, job_id) if view.get("current_attempt") else (0.0, "0.00")
             line = f"  job {job_id} {view['name']:<20} {view['state']:<10} GPU-hours {gpu_hours:.4f}  cost ${cost}"
@@ -557,8 +570,9 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
             return 1
         return 0 if ok else 1
     except KeyboardInterrupt:
-        out.write("\nInterrupted.\n")
-        return 130
+        # Ctrl-C is how the README stops the demo: a normal end, exit status 0 (make then reports no error).
+        out.write("\nStopped by Ctrl-C.\n")
+        return 0
     finally:
         # Shutting down must finish: make passes a group's SIGTERM on to us a second time, and a Ctrl-C
         # pressed twice would otherwise abort the cleanup and leave the servers and training running.

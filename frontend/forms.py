@@ -103,8 +103,11 @@ class SubmitJobForm(forms.Form):
     cpu = forms.CharField(required=False, label="CPU cores per node",
                           help_text="Optional; required for a CPU-only job (accelerator CPU, 0 GPUs per node).")
     memory_gib = forms.CharField(required=False, label="Memory per node (GiB)", help_text="Optional.")
-    max_runtime_seconds = forms.CharField(required=False, initial=_initial("spec.max_runtime_seconds"),
-                                          label="Max runtime (seconds)", help_text=_help("spec.max_runtime_seconds"))
+    # Opens empty: a serving job without one runs until cancelled; a training job must give one.
+    max_runtime_seconds = forms.CharField(
+        required=False, initial=_initial("spec.max_runtime_seconds"), label="Max runtime (seconds)",
+        help_text=_help("spec.max_runtime_seconds"),
+        widget=forms.TextInput(attrs={"placeholder": "e.g. 3600; required for training, empty for serving: no limit"}))
     priority = forms.ChoiceField(required=False, initial=_initial("spec.priority"))
     preemptible = forms.BooleanField(required=False, initial=_initial("spec.preemptible"),
                                      help_text=_help("spec.preemptible"))
@@ -158,7 +161,8 @@ class SubmitJobForm(forms.Form):
                               "gpus_per_node": _number(data.get("gpus_per_node")),
                               "nodes": _number(data.get("nodes")),
                               **{k: _quantity(data[k]) for k in ("cpu", "memory_gib") if (data.get(k) or "").strip()}},
-                "max_runtime_seconds": _number(data.get("max_runtime_seconds")),
+                **({"max_runtime_seconds": _number(data["max_runtime_seconds"])}
+                   if (data.get("max_runtime_seconds") or "").strip() else {}),  # empty: none (serving only)
                 "priority": data.get("priority") or _initial("spec.priority"),
                 "preemptible": bool(data.get("preemptible")),
             },

@@ -37,8 +37,9 @@ from costs.reports.build import generate_report
 from costs.unknown import HAS_UNPRICED, unknown_cost, unpriced_hours
 from jobs.filters import JobFilterSet
 from jobs.lifecycle import NotCancellable, cancel_job, submit_job
-from jobs.models import FINAL_STATES, Job, JobAttempt, JobEvent, JobState, total_gpus
+from jobs.models import FINAL_STATES, Job, JobAttempt, JobEvent, JobState
 from jobs.permissions import CANCEL_REFUSED, may_cancel
+from jobs.preview import per_node_asks, refuse_unaffordable, submission_preview
 from jobs.scheduling.core import price_text
 from jobs.scheduling.offers import pool_offers
 from jobs.scheduling.preview import preview_submission
@@ -259,13 +260,6 @@ def estimate_caveats(assessment, accelerator: str) -> dict:
     return {"unplaced": unplaced, "unknown_why": unknown}
 
 
-def per_node_asks(spec) -> dict:
-    """The ``cpu`` (cores) and ``memory_gib`` per node a stored spec asks, for the preview (they place a job, and
-    price a CPU-only one); absent ones left out."""
-    resources = (spec or {}).get("resources") or {}
-    return {k: resources[k] for k in ("cpu", "memory_gib") if resources.get(k) is not None}
-
-
 def _attempt_rates(attempt: JobAttempt):
     """The prices an attempt is charged at (``costs.catalog.Rates``: USD per GPU-hour, per vCPU-hour and per
     GiB-hour), from the catalog at its start (its admission when it has not started); for a GPU attempt the price
@@ -443,20 +437,16 @@ def _validate_submission(request, form: SubmitJobForm) -> dict | None:
         return None
 
 
-def submission_preview(args: dict) -> dict:
-    """Before submitting: where the job would run now, its estimated cost (USD), and whether quota and budget allow it,
-    as the scheduler's rules say (``jobs.scheduling.preview.preview_submission``). ``args``: ``submit_job``'s
-    keyword arguments."""
-    resources, team = {**args["resources"], **per_node_asks(args["spec"])}, args["team"]
-    assessment = preview_submission(team, resources, args["spec"]["placement"], kind=args["kind"])
-    return {"team": team, "accelerator": resources["accelerator"].name,
-            "total_gpus": total_gpus(resources["nodes"], resources["gpus_per_node"], resources.get("replicas", 1)),
-            "asks": job_asks(args["kind"], resources["nodes"], resources["gpus_per_node"], resources.get("replicas", 1),
-                             args["spec"].get("resources")),
-            "pool": assessment.offer,
-            "fits_now": assessment.fits_now, "estimate_usd": assessment.estimate_usd, "quota": assessment.quota,
-            "budget": assessment.budget,
-            "unplaced": estimate_caveats(assessment, resources["accelerator"].name)["unplaced"]}
+def form_preview(args: dict) -> dict:
+    """The submit form's preview of ``args`` (``submit_job``'s keyword arguments): ``jobs.preview.submission_preview``
+    with what the form words from it: ``asks`` (what the worst case counts: GPUs, or vCPUs and GiB) and
+    ``unplaced`` (``estimate_caveats``: why no pool can hold it as the fleet is now, or "")."""
+    preview = submission_preview(args)
+    resources = args["resources"]
+    preview["asks"] = job_asks(args["kind"], resources["nodes"], resources["gpus_per_node"],
+                               resources.get("replicas", 1), args["spec"].get("resources"))
+    preview["unplaced"] = estimate_caveats(preview["assessment"], preview["accelerator"])["unplaced"]
+    return preview
 
 
 @login_required
@@ -471,12 +461,25 @@ def job_submit(request):
         if args is not None:
             if (wait := team_retry_after(args["team"])) is not None:
                 return _submission_throttled(request, form, wait, f"team {args['team'].slug} received")
+            args = _affordable(form, args)
+        if args is not None:
             job = submit_job(**args)
             messages.success(request, f"Job {job.pk} ({job.name}) submitted.")
             return redirect("frontend:job-detail", pk=job.pk)
     else:
         form = _submit_form(request, initial=_resubmission_initial(request))
     return render(request, "frontend/job_submit.html", {"form": form, "resubmitting": request.GET.get("from")})
+
+
+def _affordable(form: SubmitJobForm, args: dict) -> dict | None:
+    """``args`` when the job's budget can cover it; None, with the refusal on the form, when it never can
+    (``jobs.preview.refuse_unaffordable``, ADR 0036: refused at submission like a job over its quota)."""
+    try:
+        refuse_unaffordable(submission_preview(args))
+    except ValidationError as exc:
+        form.add_serializer_errors(exc.detail)
+        return None
+    return args
 
 
 def _submission_throttled(request, form: SubmitJobForm, wait: int, who: str) -> HttpResponse:
@@ -495,7 +498,7 @@ def job_preview(request):
     """The submission preview partial (htmx): field errors, or placement, estimated cost, quota and budget."""
     form = _submit_form(request, request.POST)
     args = _validate_submission(request, form)
-    preview = submission_preview(args) if args is not None else None
+    preview = form_preview(args) if args is not None else None
     return render(request, "frontend/partials/job_preview.html", {"form": form, "preview": preview})
 
 

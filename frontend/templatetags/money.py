@@ -55,12 +55,15 @@ def rate(prices) -> str:
 
 
 @register.filter
-def worst_case(asks: dict) -> str:
+def worst_case(asks: dict, max_runtime_seconds="given") -> str:
     """What a worst-case estimate counts, for its label: ``2 GPUs × max runtime``, or for a job without GPUs
     ``4 vCPUs and 8 GiB × max runtime``. ``asks``: ``{"gpus": int, "vcpus": number, "gib": number}``, the whole
-    job's GPUs, vCPUs (cores) and memory (GiB), as ``job_asks`` gives them."""
+    job's GPUs, vCPUs (cores) and memory (GiB), as ``job_asks`` gives them. ``max_runtime_seconds``: the job's
+    (seconds); when given as None or 0 (a serving job without one), the span is the 30 days its estimate counts
+    (``jobs.models.estimated_runtime``)."""
+    span = "max runtime" if max_runtime_seconds else "30 days (no max runtime: it runs until cancelled)"
     if asks.get("gpus"):
         count = asks["gpus"]
-        return f"{count} GPU{'' if count == 1 else 's'} × max runtime"
+        return f"{count} GPU{'' if count == 1 else 's'} × {span}"
     vcpus, gib = number(asks.get("vcpus") or 0), number(asks.get("gib") or 0)
-    return f"{vcpus} vCPU{'' if vcpus == '1' else 's'} and {gib} GiB × max runtime"
+    return f"{vcpus} vCPU{'' if vcpus == '1' else 's'} and {gib} GiB × {span}"

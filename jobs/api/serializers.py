@@ -101,8 +101,9 @@ class JobSerializer(SharedFieldsMixin, serializers.ModelSerializer):
     pass, null before one and once the job no longer waits. ``priority`` is
     the numeric priority (higher first), ``priority_class`` its name. Costs
     are USD strings rounded to cents: ``estimated_cost_usd`` is the worst case
-    (GPUs x max runtime x price), null until the job is first placed (or
-    refused by a budget: then the refused estimate);
+    (GPUs x max runtime x price), null in a list until the job is first placed (or
+    refused by a budget: then the refused estimate); the submission's answer and a GET of one QUEUED job not
+    yet placed give the preview's estimate (``POST /jobs/preview/``) instead;
     ``accrued_cost_usd`` what the ledger holds; ``cost_unknown`` is null, or
     says since when and for how many GPU-hours the job ran where the catalog
     had no price (those hours are not in ``accrued_cost_usd``). ``endpoint`` is the URL an

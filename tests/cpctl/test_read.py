@@ -91,7 +91,8 @@ def test_job_shows_why_it_waits_and_its_queue_position(run_cli, teammate, jobs):
     assert fields["queue position"] == "1 in team alpha, 2 overall"
     assert fields["resources"] == "1 node(s) x 2 H100-80GB = 2 GPUs"
     assert fields["team"] == "alpha (submitted by teammate)"
-    assert fields["cost"] == "$0.00 accrued, estimated once placed"  # never placed: no price yet
+    # Never placed: the preview's estimate, 2 GPUs x 1 h (make_job's max runtime) x 6.88 USD/GPU-h on aws-use1.
+    assert fields["cost"] == "$0.00 accrued, $13.76 estimated (worst case)"
 
 
 def test_job_shows_the_current_attempt_and_json_parses(run_cli, teammate, jobs):

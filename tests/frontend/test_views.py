@@ -199,7 +199,9 @@ def test_the_yaml_field_submits_a_whole_submission(teammate_web, objects):
     assert Job.objects.get(name="from-yaml").max_runtime_seconds == 60
     bad = teammate_web.post("/jobs/new/", {"spec_yaml": yaml_text.replace("max_runtime_seconds: 60", "colour: red")})
     page = bad.content.decode()
-    assert "spec.max_runtime_seconds: This field is required." in page and "spec.colour: unknown field" in page
+    assert "spec.colour: unknown field" in page
+    without = teammate_web.post("/jobs/new/", {"spec_yaml": yaml_text.replace("  max_runtime_seconds: 60\n", "")})
+    assert "spec.max_runtime_seconds: required for training jobs" in without.content.decode()
 
 
 def test_the_outsider_cannot_submit_for_another_team(outsider_web, objects):
@@ -352,3 +354,18 @@ def test_the_form_submits_and_previews_a_cpu_only_job(teammate_web, objects):
     assert response.status_code == 302 and job.total_gpus == 0 and job.spec["resources"]["cpu"] == 4
     missing = teammate_web.post("/jobs/new/", {**cpu_only, "name": "prep-2", "cpu": ""}).content.decode()
     assert "required for a CPU-only job" in missing
+
+
+def test_the_form_opens_without_a_max_runtime_and_a_serving_job_from_it_runs_unbounded(teammate_web, objects):
+    page = teammate_web.get("/jobs/new/").content.decode()
+    field = page.split('name="max_runtime_seconds"')[1].split(">")[0]
+    assert "value=" not in field  # no training default that would stop a server
+    budget = objects["alpha"]["budget"]  # 30 days of a GPU (ADR 0036) would be over the 1000 USD block budget
+    budget.amount_usd = Decimal("100000")
+    budget.save()
+    response = teammate_web.post("/jobs/new/", form_data(kind="inference", name="serve-it", max_runtime_seconds="",
+                                                         gpus_per_node="1"))
+    assert response.status_code == 302, [line for line in response.content.decode().splitlines() if "error" in line]
+    assert Job.objects.get(name="serve-it").max_runtime_seconds is None
+    refused = teammate_web.post("/jobs/new/", form_data(name="train-it", max_runtime_seconds="")).content.decode()
+    assert "required for training jobs" in refused and not Job.objects.filter(name="train-it").exists()

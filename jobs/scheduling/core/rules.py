@@ -394,3 +394,29 @@ def overtaken_note(job: QueuedJob, reason: str, by: list[QueuedJob]) -> tuple[li
              "quota": "this job waits for its team's quota (or its cohort's) to have room",
              "budget": "this job waits for room in its team's budget"}.get(reason, f"this job waits ({reason})")
     return rows, f"{who} admitted ahead because {fits} now; {needs}."
+
+
+def budget_refusal(cheapest_estimate_usd: Decimal, budgets: list[BudgetView]) -> Verdict | None:
+    """The verdict that refuses a submission its ``block`` budgets can never cover, or None (ADR 0036).
+
+    ``cheapest_estimate_usd``: the job's lowest estimate over every pool that could hold it (USD). Refused when it
+    is over a block budget's whole amount, or over what the budget can still give in its period (amount - spent:
+    money the ledger has spent does not come back before the period ends). Money committed to running jobs is
+    not counted: it comes back when they end, so a job that fits once they end waits (``check_budgets``).
+    ``detail``: the budget's id and the numbers (USD strings), with ``can_give_usd`` = amount - spent.
+    """
+    for b in budgets:
+        if b.action != "block":
+            continue
+        can_give = b.amount_usd - b.spent_usd
+        if cheapest_estimate_usd <= can_give and cheapest_estimate_usd <= b.amount_usd:
+            continue
+        whole = cheapest_estimate_usd > b.amount_usd
+        detail = {"budget_id": b.budget_id, "estimate_usd": str(cheapest_estimate_usd),
+                  "amount_usd": str(b.amount_usd), "spent_usd": str(b.spent_usd),
+                  "can_give_usd": str(max(can_give, Decimal(0)))}
+        message = (f"estimated ${cheapest_estimate_usd:.2f} is over the whole budget of ${b.amount_usd:.2f}" if whole
+                   else f"estimated ${cheapest_estimate_usd:.2f} is over the ${max(can_give, Decimal(0)):.2f} the "
+                        f"budget can still give this period (${b.amount_usd:.2f}, ${b.spent_usd:.2f} spent)")
+        return Verdict(False, "budget", message, detail, never=True)
+    return None
