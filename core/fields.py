@@ -45,6 +45,8 @@ class StrictCharField(serializers.CharField):
 
 
 DATETIME_FORMAT_HINT = "YYYY-MM-DDThh:mm[:ss[.uuuuuu]][+HH:MM|-HH:MM|Z], e.g. 2026-11-01T00:00:00Z"
+#: A date alone, read as its midnight UTC.
+_PLAIN_DATE = re.compile(r"^\d{4}-\d\d-\d\d$")
 # An offset whose "+" a query string turned into a space: "2026-11-01T00:00:00 01:00".
 _SPACE_OFFSET = re.compile(r"^\d{4}-\d\d-\d\d[T ]\d\d:\d\d(:\d\d(\.\d+)?)? \d\d:?\d\d$")
 
@@ -71,16 +73,23 @@ class ListedChoiceField(serializers.ChoiceField):
 
 
 class AwareDateTimeField(serializers.DateTimeField):
-    """An ISO 8601 datetime that must carry its UTC offset (``Z`` or ``+02:00``); naive input is refused.
+    """An ISO 8601 datetime that must carry its UTC offset (``Z`` or ``+02:00``); naive input is refused. A plain
+    date (``2026-11-01``) is that day's midnight UTC, as ``cpctl`` and the job and audit filters read it.
 
     Errors give the format; an offset whose ``+`` arrived as a space (a query string's ``+``) gets the hint to
-    percent-encode it as ``%2B``.
+    percent-encode it as ``%2B``; an impossible date (``2026-02-30``) is a format error.
     """
 
     default_error_messages = {"naive": "Datetime has no timezone; add Z or an offset such as +00:00.",
                               "bad_format": "Datetime has wrong format. Use {format}{hint}."}
 
     def to_internal_value(self, value):
+        if isinstance(value, str) and _PLAIN_DATE.match(value.strip()):
+            try:
+                day = dt.date.fromisoformat(value.strip())
+            except ValueError:
+                self.fail("bad_format", format=DATETIME_FORMAT_HINT, hint="")
+            return dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC)
         if isinstance(value, str):
             hint = plus_sign_hint(value)
             if hint:

@@ -12,11 +12,22 @@ LEDGER_QUANTUM = Decimal("0.000000001")
 CENT = Decimal("0.01")
 
 
+#: Significant digits a non-zero amount below half a cent keeps when shown (``usd_cents``).
+SMALL_AMOUNT_DIGITS = 2
+
+
 def usd_cents(amount: Decimal | None) -> str | None:
-    """A USD amount as a string rounded to cents, half to even (the presentation rule of docs/design.md, Units)."""
+    """A USD amount as a string rounded to cents, half to even (the presentation rule of docs/design.md, Units);
+    a non-zero amount that cents would show as ``0.00`` keeps its first ``SMALL_AMOUNT_DIGITS`` significant digits
+    instead (``0.0000394`` -> ``"0.000039"``), so a cost that is not zero never reads as zero. None: None."""
     if amount is None:
         return None
-    return str(Decimal(amount).quantize(CENT, ROUND_HALF_EVEN))
+    exact = Decimal(amount)
+    cents = exact.quantize(CENT, ROUND_HALF_EVEN)
+    if cents or not exact:
+        return str(cents)
+    small = exact.quantize(Decimal(1).scaleb(exact.adjusted() - SMALL_AMOUNT_DIGITS + 1), ROUND_HALF_EVEN)
+    return format(small.normalize(), "f")
 
 
 def shown_usd(amount: Decimal | None, unpriced_hours: float | Decimal = 0) -> str | None:
@@ -31,8 +42,8 @@ def shown_usd(amount: Decimal | None, unpriced_hours: float | Decimal = 0) -> st
 
 def rounding_difference(total: str | None, rows: list[str | None]) -> str:
     """``total`` (cents string) minus the sum of the shown ``rows`` (cents strings; None, an unknown figure, counts
-    0), as a USD string: what a table's rows, each its exact sum rounded once, miss or exceed of its total, itself
-    the table's exact sum rounded once (the table rule of docs/design.md "Cost ledger"). ``"0.00"`` when they add
-    up."""
+    0), as a USD string to cents: what a table's rows, each its exact sum rounded once, miss or exceed of its total,
+    itself the table's exact sum rounded once (the table rule of docs/design.md "Cost ledger"). ``"0.00"`` when they
+    add up, or miss by less than half a cent (rows below a cent are shown to two significant digits)."""
     shown = sum((Decimal(r) for r in rows if r is not None), Decimal(0))
     return str((Decimal(total or 0) - shown).quantize(CENT))

@@ -370,6 +370,9 @@ class ClusterMetrics(models.Model):
     series = models.JSONField(default=dict, blank=True, help_text="DCGM series counted per candidate at detection")
     detected_at = models.DateTimeField(null=True, blank=True)
 
+    class Meta:
+        verbose_name_plural = "cluster metrics"
+
     def __str__(self) -> str:
         return f"{self.cluster_id}: {self.shape or 'unknown'} ({self.util_metric or 'no counter'})"
 

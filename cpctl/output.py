@@ -10,7 +10,7 @@ import datetime as dt
 import io
 import json
 import sys
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal
 
 import click
 from rich.console import Console
@@ -100,6 +100,15 @@ def age(value: str | None, now: dt.datetime | None = None) -> str:
     if parsed is None:
         return "-"
     return duration(((now or dt.datetime.now(dt.timezone.utc)) - parsed).total_seconds())
+
+
+def shown_amount(value) -> str:
+    """A USD amount the API gives with more digits (a decimal string) as the server's pages show money: to cents,
+    half to even; an amount above 0 that cents would read as 0.00 to two significant digits (``"0.000125"`` ->
+    ``0.00012``), never a zero for a cost that is not."""
+    exact = Decimal(str(value))
+    cents = exact.quantize(Decimal("0.01"), ROUND_HALF_EVEN)
+    return str(cents) if cents or not exact else format(Decimal(format(exact, ".2g")).normalize(), "f")
 
 
 def usd(value) -> str:

@@ -36,6 +36,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
+from core.money import usd_cents
 from quotas.models import ApiToken, Budget, Membership, Quota, Team
 from runners.models import Accelerator
 
@@ -226,6 +227,15 @@ class Api:
             raise RuntimeError(f"POST {path} answered {r.status_code}: {r.text}")
         return r.json()
 
+    def refusal(self, path: str, document: dict) -> str:
+        """POST ``document`` that submission must refuse; its 400's messages, joined. RuntimeError when it is
+        accepted (a job was stored) or answered otherwise."""
+        r = self.session.post(self.base + path, data=yaml.safe_dump(document),
+                              headers={"Content-Type": "application/yaml"}, timeout=30)
+        if r.status_code != 400:
+            raise RuntimeError(f"POST {path} should have been refused (400) but answered {r.status_code}: {r.text}")
+        return "; ".join(f"{field}: {' '.join(messages)}" for field, messages in r.json().items())
+
     def post_json(self, path: str, body: dict) -> dict:
         """POST ``body`` as JSON; raises RuntimeError on an error status."""
         r = self.session.post(self.base + path, json=body, timeout=60)
@@ -354,6 +364,21 @@ def cpu_ledger(job_id: int) -> tuple[Decimal, Decimal, Decimal | None]:
     return vcpu_hours, gib_hours, usd
 
 
+def efficiency_text(efficiency: dict) -> str:
+    """The summary's words for a training job's ``efficiency`` (the API's, as its page shows it): throughput
+    (tokens/s), MFU (percent, or why none) and USD per million tokens, each when known (beat collects them every
+    15 s: maybe not yet); empty when none is."""
+    text = ""
+    if efficiency.get("tokens_per_s") is not None:
+        mfu = efficiency.get("mfu_percent")
+        text += f"  {efficiency['tokens_per_s']:.0f} tokens/s, MFU " + (
+            "n/a (CPU)" if mfu is None and "CPU" in efficiency.get("mfu_reason", "") else
+            "n/a" if mfu is None else f"{mfu:.2f}%")
+    if efficiency.get("usd_per_million_tokens") is not None:
+        text += f"  ${usd_cents(Decimal(efficiency['usd_per_million_tokens']))} per million tokens"  # as its page
+    return text
+
+
 def losses(log_text: str) -> tuple[float, float] | None:
     """The first and last training loss printed as ``step=N loss=X`` lines, or None."""
     found = LOSS_LINE.findall(log_text)
@@ -472,12 +497,15 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
             out.write(f"Cluster {c['name']} [{c['provider']}/{c['region']}]{note}\n")
         train = research.post_yaml("jobs/", training_document(steps, nodes))
         prep = research.post_yaml("jobs/", cpu_document())
-        sweep = applied.post_yaml("jobs/", over_budget_document())
-        submitted += [train["id"], prep["id"], sweep["id"]]
-        out.write(f"Submitted job {train['id']} ({train['name']}), CPU-only job {prep['id']} ({prep['name']}) and "
-                  f"job {sweep['id']} ({sweep['name']}).\n")
+        # Its budget can never cover it: refused at submission, as a job over its quota is (ADR 0036).
+        sweep = over_budget_document()
+        outcome = applied.post_yaml("jobs/preview/", sweep)["outcome"]
+        refused = applied.refusal("jobs/", sweep)
+        submitted += [train["id"], prep["id"]]
+        out.write(f"Submitted job {train['id']} ({train['name']}) and CPU-only job {prep['id']} ({prep['name']}); "
+                  f"{sweep['name']} was refused at submission (its preview said {outcome}).\n")
         started = time.monotonic()
-        views = follow({train["id"]: research, prep["id"]: research, sweep["id"]: applied}, timeout, out)
+        views = follow({train["id"]: research, prep["id"]: research}, timeout, out)
 
         served, endpoint, answer, answered = None, None, "not served: training did not succeed", False
         if views[train["id"]]["state"] == "SUCCEEDED":
@@ -490,7 +518,8 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
 
         trained = False
         out.write("\nSummary\n")
-        for job_id, api in ((train["id"], research), (sweep["id"], applied)):
+        out.write(f"  {sweep['name']:<27} REFUSED    at submission: {refused}\n")
+        for job_id, api in ((train["id"], research),):
             view = views[job_id]
             gpu_hours, cost = job_cost(api, job_id) if view.get("current_attempt") else (0.0, "0.00")
             line = f"  job {job_id} {view['name']:<20} {view['state']:<10} GPU-hours {gpu_hours:.4f}  cost ${cost}"
@@ -500,12 +529,7 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
                 if pair:
                     line += f"  loss {pair[0]:.4f} -> {pair[1]:.4f}"
                 trained = view["state"] == "SUCCEEDED" and pair is not None and pair[1] < pair[0]
-                efficiency = api.get(f"jobs/{job_id}/").get("efficiency") or {}
-                if efficiency.get("tokens_per_s") is not None:  # collected by beat (every 15 s): maybe not yet
-                    mfu = efficiency.get("mfu_percent")
-                    line += f"  {efficiency['tokens_per_s']:.0f} tokens/s, MFU " + (
-                        "n/a (CPU)" if mfu is None and "CPU" in efficiency.get("mfu_reason", "") else
-                        "n/a" if mfu is None else f"{mfu:.2f}%")
+                line += efficiency_text(api.get(f"jobs/{job_id}/").get("efficiency") or {})
             if emulated:  # the exporter's "GPU" figure is CPU use of the job's processes: no GPU was observed
                 line += "  GPU util not observed (emulated GPUs)"
             elif monitoring is not None and view.get("current_attempt"):
@@ -519,7 +543,7 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
         prepared = prepared and cpu_usd is not None and cpu_usd > 0
         out.write(f"  job {prep['id']} {views[prep['id']]['name']:<20} {views[prep['id']]['state']:<10} "
                   f"vCPU-hours {vcpu_hours:.6f}  GiB-hours {gib_hours:.6f}  cost "
-                  + ("unpriced" if cpu_usd is None else f"${cpu_usd:.6f}") + " (CPU pool, per vCPU-hour and GiB-hour)\n")
+                  + ("unpriced" if cpu_usd is None else f"${usd_cents(cpu_usd)}") + " (CPU pool, per vCPU-hour and GiB-hour)\n")
         if served is not None:
             gpu_hours, cost = job_cost(research, served["id"]) if served.get("current_attempt") else (0.0, "0.00")
             out.write(f"  job {served['id']} {served['name']:<20} {served['state']:<10} GPU-hours {gpu_hours:.4f}  "
@@ -546,8 +570,9 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
             return 1
         return 0 if ok else 1
     except KeyboardInterrupt:
-        out.write("\nInterrupted.\n")
-        return 130
+        # Ctrl-C is how the README stops the demo: a normal end, exit status 0 (make then reports no error).
+        out.write("\nStopped by Ctrl-C.\n")
+        return 0
     finally:
         # Shutting down must finish: make passes a group's SIGTERM on to us a second time, and a Ctrl-C
         # pressed twice would otherwise abort the cleanup and leave the servers and training running.

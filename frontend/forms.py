@@ -75,6 +75,12 @@ def _help(path: str) -> str:
     return text[:1].upper() + text[1:] + "."
 
 
+#: A command the form's help and its error for an empty Command box give as the example.
+COMMAND_EXAMPLE = "python train.py --steps 10"
+#: The error for an empty Command box.
+EMPTY_COMMAND = f"Type the command the job runs, as you would in a shell, e.g. {COMMAND_EXAMPLE}."
+
+
 class SubmitJobForm(forms.Form):
     """A job submission as form fields, or as a whole YAML document (``examples/jobs/*.yaml``) that wins when given.
 
@@ -89,7 +95,7 @@ class SubmitJobForm(forms.Form):
                              initial=_initial("kind"))
     image = forms.CharField(required=False, max_length=field_schema("spec.image")["maxLength"],
                             initial=_initial("spec.image"))
-    command = forms.CharField(required=False, max_length=4000, help_text="Shell words, e.g. python train.py --steps 10")
+    command = forms.CharField(required=False, max_length=4000, help_text=f"Shell words, e.g. {COMMAND_EXAMPLE}")
     accelerator = forms.ChoiceField(required=False)
     gpus_per_node = forms.CharField(required=False, initial=_initial("spec.resources.gpus_per_node"),
                                     label="GPUs per node")
@@ -97,8 +103,11 @@ class SubmitJobForm(forms.Form):
     cpu = forms.CharField(required=False, label="CPU cores per node",
                           help_text="Optional; required for a CPU-only job (accelerator CPU, 0 GPUs per node).")
     memory_gib = forms.CharField(required=False, label="Memory per node (GiB)", help_text="Optional.")
-    max_runtime_seconds = forms.CharField(required=False, initial=_initial("spec.max_runtime_seconds"),
-                                          label="Max runtime (seconds)", help_text=_help("spec.max_runtime_seconds"))
+    # Opens empty: a serving job without one runs until cancelled; a training job must give one.
+    max_runtime_seconds = forms.CharField(
+        required=False, initial=_initial("spec.max_runtime_seconds"), label="Max runtime (seconds)",
+        help_text=_help("spec.max_runtime_seconds"),
+        widget=forms.TextInput(attrs={"placeholder": "e.g. 3600; required for training, empty for serving: no limit"}))
     priority = forms.ChoiceField(required=False, initial=_initial("spec.priority"))
     preemptible = forms.BooleanField(required=False, initial=_initial("spec.preemptible"),
                                      help_text=_help("spec.preemptible"))
@@ -152,7 +161,8 @@ class SubmitJobForm(forms.Form):
                               "gpus_per_node": _number(data.get("gpus_per_node")),
                               "nodes": _number(data.get("nodes")),
                               **{k: _quantity(data[k]) for k in ("cpu", "memory_gib") if (data.get(k) or "").strip()}},
-                "max_runtime_seconds": _number(data.get("max_runtime_seconds")),
+                **({"max_runtime_seconds": _number(data["max_runtime_seconds"])}
+                   if (data.get("max_runtime_seconds") or "").strip() else {}),  # empty: none (serving only)
                 "priority": data.get("priority") or _initial("spec.priority"),
                 "preemptible": bool(data.get("preemptible")),
             },
@@ -164,6 +174,8 @@ class SubmitJobForm(forms.Form):
         yaml_mode = bool(self.cleaned_data.get("spec_yaml", "").strip())
         for path, messages in errors.items():
             field = None if yaml_mode else ERROR_FIELDS.get(path)
+            if field == "command" and not (self.cleaned_data.get("command") or "").strip():
+                messages = [EMPTY_COMMAND]  # the box was left empty: say what to type, not the API's list rule
             for message in messages:
                 if field is not None:
                     self.add_error(field, message)

@@ -18,7 +18,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import OuterRef, Subquery, Sum
 from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
@@ -30,14 +30,16 @@ from core.money import shown_usd
 from costs.aggregation import aggregate_window, utilization_window
 from costs.budgets import budget_status
 from costs.capacity import capacity_reports, with_rounding
+from costs.catalog import NoPrice, Rates, rates_at
 from costs.collection import refresh_running
 from costs.models import ClusterMetrics, Report, UtilizationRollup
 from costs.reports.build import generate_report
-from costs.unknown import unknown_cost, unpriced_hours
+from costs.unknown import HAS_UNPRICED, unknown_cost, unpriced_hours
 from jobs.filters import JobFilterSet
 from jobs.lifecycle import NotCancellable, cancel_job, submit_job
-from jobs.models import FINAL_STATES, Job, JobAttempt, JobState, total_gpus
+from jobs.models import FINAL_STATES, Job, JobAttempt, JobEvent, JobState
 from jobs.permissions import CANCEL_REFUSED, may_cancel
+from jobs.preview import per_node_asks, refuse_unaffordable, submission_preview
 from jobs.scheduling.core import price_text
 from jobs.scheduling.offers import pool_offers
 from jobs.scheduling.preview import preview_submission
@@ -75,10 +77,14 @@ from .forms import (
     SubmitJobForm,
     requested_values,
 )
+from .readable import queue_facts, short_of_words, utilization_note
+from .templatetags.job_terms import job_asks
 
 LIVE_STATES = [JobState.QUEUED, JobState.ADMITTED, JobState.STARTING, JobState.RUNNING, JobState.RECOVERING,
                JobState.CANCELLING]
 JOBS_PER_PAGE = 50
+#: The user's own latest jobs the dashboard lists, in every state (a rejected one included).
+RECENT_JOBS_SHOWN = 10
 
 
 def _chart(labels: list, values: list, label: str, kind: str = "bar", *, x_title: str = "", y_title: str = "") -> dict:
@@ -143,7 +149,8 @@ def _budget_rows(teams) -> list[dict]:
 
 @login_required
 def dashboard(request):
-    """My teams, running and queued jobs, GPUs in use against quota, budgets and the last 30 days of cost."""
+    """My teams, running and queued jobs, my recent jobs in every state, GPUs in use against quota, budgets and the
+    last 30 days of cost."""
     user = request.user
     teams = Team.objects.visible_to(user)
     jobs = (Job.objects.visible_to(user).filter(state__in=LIVE_STATES)
@@ -157,6 +164,8 @@ def dashboard(request):
         "teams": teams,
         "running": [j for j in live if j.state != JobState.QUEUED],
         "queued": [j for j in live if j.state == JobState.QUEUED],
+        "recent": list(Job.objects.filter(submitter=user).select_related("team", "accelerator")[:RECENT_JOBS_SHOWN]),
+        "recent_shown": RECENT_JOBS_SHOWN,
         "gpu_usage": _gpu_usage(teams),
         "budgets": _budget_rows(teams),
         "cost_total": total,
@@ -168,13 +177,20 @@ def dashboard(request):
 # --- jobs -----------------------------------------------------------------------------------------
 
 def _filtered_jobs(request):
-    """``(filterset, page)`` of the user's jobs through ``jobs.filters.JobFilterSet`` (the API's); invalid filters give no rows."""
+    """``(filterset, page)`` of the user's jobs through ``jobs.filters.JobFilterSet`` (the API's); invalid filters give
+    no rows. Each job of the page carries ``shown_cost`` (its accrued USD as the API shows it: None, unknown, when
+    none of it is priced) and ``run_seconds`` (from its start to its end, or to now while it runs; None before it
+    started)."""
     queryset = Job.objects.visible_to(request.user).select_related(
-        "team", "submitter", "accelerator", "current_attempt__cluster")
+        "team", "submitter", "accelerator", "current_attempt__cluster").annotate(has_unpriced_cost=HAS_UNPRICED)
     filterset = JobFilterSet(request.GET or None, queryset=queryset)
     jobs = filterset.qs if filterset.is_bound and filterset.is_valid() else (queryset if not filterset.is_bound
                                                                                else queryset.none())
     page = Paginator(jobs, JOBS_PER_PAGE).get_page(request.GET.get("page"))
+    now = timezone.now()
+    for job in page:
+        job.shown_cost = shown_usd(job.accrued_cost_usd, 1 if job.has_unpriced_cost else 0)
+        job.run_seconds = None if job.started_at is None else ((job.ended_at or now) - job.started_at).total_seconds()
     return filterset, page
 
 
@@ -197,8 +213,13 @@ def job_rows(request):
 
 
 def _visible_job(request, pk: int) -> Job:
+    """The job ``pk`` if ``request.user`` may see it (else 404), with ``last_event_id``: its newest event's id read in
+    the same statement, so its page shows the timeline up to the state it shows (one snapshot, never a state and a
+    newer timeline)."""
+    last_event = JobEvent.objects.filter(job=OuterRef("pk")).order_by("-id").values("id")[:1]
     return get_object_or_404(Job.objects.visible_to(request.user).select_related(
-        "team", "submitter", "accelerator", "current_attempt__cluster", "current_attempt__node_pool"), pk=pk)
+        "team", "submitter", "accelerator", "current_attempt__cluster", "current_attempt__node_pool")
+        .annotate(last_event_id=Subquery(last_event)), pk=pk)
 
 
 def job_estimate(job: Job) -> dict:
@@ -206,43 +227,58 @@ def job_estimate(job: Job) -> dict:
 
     Once placed: the stored estimate (GPUs x max runtime x the placed pool's price), ``{"usd", "pool": None,
     "placed": True}``. Before: the preview's (``jobs.scheduling.preview.preview_submission``: the pool the
-    scheduler would pick now and its price), ``{"usd", "pool": <offer or None>, "placed": False}``; ``usd`` is
-    None when no pool has a price.
+    scheduler would pick now and its price), ``{"usd", "pool": <offer or None>, "placed": False, "unplaced",
+    "unknown_why"}`` (``estimate_caveats``); ``usd`` is None when no pool with a price could hold it. ``asks``:
+    what the worst case counts (``job_asks``: GPUs, or vCPUs and GiB).
     """
+    asks = job_asks(job.kind, job.nodes, job.gpus_per_node, job.replicas, (job.spec or {}).get("resources"))
     if job.admitted_at or job.current_attempt_id or job.estimated_cost_usd:
-        return {"usd": job.estimated_cost_usd, "pool": None, "placed": True}
+        return {"usd": job.estimated_cost_usd, "pool": None, "placed": True, "asks": asks}
     resources = {"accelerator": job.accelerator, "gpus_per_node": job.gpus_per_node, "nodes": job.nodes,
                  "replicas": job.replicas, "priority": job.priority, "preemptible": job.preemptible,
                  "max_runtime_seconds": job.max_runtime_seconds, **per_node_asks(job.spec)}
     assessment = preview_submission(job.team, resources, (job.spec or {}).get("placement") or {}, kind=job.kind)
-    return {"usd": assessment.estimate_usd, "pool": assessment.offer, "placed": False}
+    return {"usd": assessment.estimate_usd, "pool": assessment.offer or assessment.estimate_offer, "placed": False,
+            "asks": asks, **estimate_caveats(assessment, job.accelerator.name)}
 
 
-def per_node_asks(spec) -> dict:
-    """The ``cpu`` (cores) and ``memory_gib`` per node a stored spec asks, for the preview (they place a job, and
-    price a CPU-only one); absent ones left out."""
-    resources = (spec or {}).get("resources") or {}
-    return {k: resources[k] for k in ("cpu", "memory_gib") if resources.get(k) is not None}
+def estimate_caveats(assessment, accelerator: str) -> dict:
+    """Why an estimate is not at a pool that could take the job now (``jobs.scheduling.core.Assessment``):
+    ``unplaced``, a sentence when no pool can hold it as the fleet is now (a cordoned or unhealthy node, an
+    unhealthy cluster: the estimate is then at the price of the pool it would run on once they are back), and
+    ``unknown_why`` when there is no estimate: no priced pool offers the accelerator, or none its rules allow
+    could ever hold it. Both "" when they do not apply."""
+    verdict = assessment.unplaced
+    detail = verdict.detail if verdict is not None else {}
+    unplaced = (f"no node pool can hold it as the fleet is now; it waits for {short_of_words(detail)}"
+                if verdict is not None and detail.get("short_of") != "price" else "")
+    unknown = ""
+    if assessment.estimate_usd is None:
+        unknown = (f"no node pool with a price offers {accelerator}" if verdict is None or
+                   detail.get("short_of") == "price" else
+                   f"no node pool its placement rules allow could hold it: {verdict.message}")
+    return {"unplaced": unplaced, "unknown_why": unknown}
 
 
-def queue_facts(queue_info: dict) -> list[tuple[str, str]]:
-    """The numbers of a waiting job's ``queue_info`` as ``(label, value)`` pairs a person reads: keys made words
-    (``request_gpus`` -> "Request GPUs"), None as "no limit", lists joined; the reason, message and position
-    are shown elsewhere."""
-    facts = []
-    for key, value in queue_info.items():
-        if key in ("reason", "message", "position") or isinstance(value, dict):
-            continue
-        label = key.replace("_usd", " (USD)").replace("_gpus", " GPUs").replace("_", " ")
-        label = label[:1].upper() + label[1:]
-        if value is None:
-            text = "no limit"
-        elif isinstance(value, (list, tuple)):
-            text = ", ".join(str(v) for v in value) or "none"
-        else:
-            text = str(value)
-        facts.append((label, text))
-    return facts
+def _attempt_rates(attempt: JobAttempt):
+    """The prices an attempt is charged at (``costs.catalog.Rates``: USD per GPU-hour, per vCPU-hour and per
+    GiB-hour), from the catalog at its start (its admission when it has not started); for a GPU attempt the price
+    stored at admission. None: no price in force."""
+    if attempt.gpus:
+        return Rates(attempt.usd_per_gpu_hour)
+    try:
+        return rates_at(attempt.node_pool, attempt.started_at or attempt.created_at)
+    except NoPrice:
+        return None
+
+
+def _events_up_to(job: Job):
+    """``job``'s timeline, oldest first, up to the event that brought it to the state it was read in: events are
+    written with the state change in one transaction and a job's changes are compare-and-set on its row, so its
+    events commit in id order and those up to ``last_event_id`` (``_visible_job``) are the ones the read state has."""
+    events = job.events.select_related("actor", "attempt").order_by("created_at", "id")
+    last = getattr(job, "last_event_id", None)
+    return events.filter(id__lte=last) if last is not None else events
 
 
 def _job_status_context(job: Job, user) -> dict:
@@ -251,18 +287,22 @@ def _job_status_context(job: Job, user) -> dict:
     ledger = job.cost_entries.aggregate(s=Sum("amount_usd"))["s"] or Decimal(0)
     gpu_unpriced, vcpu_unpriced = unpriced_hours(job=job)
     queue_info = job.queue_info if job.state in (JobState.QUEUED, JobState.RECOVERING) else {}
+    attempts = list(job.attempts.select_related("cluster", "node_pool").order_by("number"))
+    for attempt in attempts:
+        attempt.rates = _attempt_rates(attempt)  # its price column: per GPU-hour, or per vCPU-hour and GiB-hour
     return {
         "job": job,
         "live": job.state not in FINAL_STATES,
         "may_cancel": job.state not in FINAL_STATES and may_cancel(user, job),
-        "events": job.events.select_related("actor", "attempt").order_by("created_at", "id"),
-        "attempts": job.attempts.select_related("cluster", "node_pool").order_by("number"),
+        "events": _events_up_to(job),
+        "attempts": attempts,
         "cost": {"usd": shown_usd(max(ledger, job.accrued_cost_usd), gpu_unpriced + vcpu_unpriced),
                  "unpriced_gpu_hours": gpu_unpriced, "unpriced_vcpu_hours": vcpu_unpriced},
         "cost_unknown": unknown_cost(job=job),
         "final": job.state in FINAL_STATES,
         "queue_info": queue_info,
         "queue_facts": queue_facts(queue_info),
+        "waits_for": short_of_words(queue_info) if queue_info else "",
         "poll_seconds": settings.UI_POLL_SECONDS,
     }
 
@@ -285,8 +325,8 @@ def job_detail(request, pk: int):
         utilization_chart=_chart([f"{r['day']} #{r['attempt__number']}" for r in rollups],
                                  [r["avg_gpu_util_percent"] for r in rollups], "Average GPU utilization (%)"),
         has_utilization=any(r["avg_gpu_util_percent"] is not None for r in rollups),
-        # Emulated GPUs are processes on the CPU: their "utilization" is CPU use, not a GPU's.
-        emulated_only=job.attempts.exists() and not job.attempts.filter(cluster__emulated=False).exists(),
+        # shown whenever collected (emulated GPUs too, as the API answers it); else the true reason
+        utilization=utilization_note(job, usage, any(r["avg_gpu_util_percent"] is not None for r in rollups)),
         may_resubmit=_may_submit_for(request.user, job.team.slug),
     )
     efficiency = job_efficiency(job, series=True)
@@ -397,17 +437,16 @@ def _validate_submission(request, form: SubmitJobForm) -> dict | None:
         return None
 
 
-def submission_preview(args: dict) -> dict:
-    """Before submitting: where the job would run now, its estimated cost (USD), and whether quota and budget allow it,
-    as the scheduler's rules say (``jobs.scheduling.preview.preview_submission``). ``args``: ``submit_job``'s
-    keyword arguments."""
-    resources, team = {**args["resources"], **per_node_asks(args["spec"])}, args["team"]
-    assessment = preview_submission(team, resources, args["spec"]["placement"], kind=args["kind"])
-    return {"team": team, "accelerator": resources["accelerator"].name,
-            "total_gpus": total_gpus(resources["nodes"], resources["gpus_per_node"], resources.get("replicas", 1)),
-            "pool": assessment.offer,
-            "fits_now": assessment.fits_now, "estimate_usd": assessment.estimate_usd, "quota": assessment.quota,
-            "budget": assessment.budget}
+def form_preview(args: dict) -> dict:
+    """The submit form's preview of ``args`` (``submit_job``'s keyword arguments): ``jobs.preview.submission_preview``
+    with what the form words from it: ``asks`` (what the worst case counts: GPUs, or vCPUs and GiB) and
+    ``unplaced`` (``estimate_caveats``: why no pool can hold it as the fleet is now, or "")."""
+    preview = submission_preview(args)
+    resources = args["resources"]
+    preview["asks"] = job_asks(args["kind"], resources["nodes"], resources["gpus_per_node"],
+                               resources.get("replicas", 1), args["spec"].get("resources"))
+    preview["unplaced"] = estimate_caveats(preview["assessment"], preview["accelerator"])["unplaced"]
+    return preview
 
 
 @login_required
@@ -422,12 +461,25 @@ def job_submit(request):
         if args is not None:
             if (wait := team_retry_after(args["team"])) is not None:
                 return _submission_throttled(request, form, wait, f"team {args['team'].slug} received")
+            args = _affordable(form, args)
+        if args is not None:
             job = submit_job(**args)
             messages.success(request, f"Job {job.pk} ({job.name}) submitted.")
             return redirect("frontend:job-detail", pk=job.pk)
     else:
         form = _submit_form(request, initial=_resubmission_initial(request))
     return render(request, "frontend/job_submit.html", {"form": form, "resubmitting": request.GET.get("from")})
+
+
+def _affordable(form: SubmitJobForm, args: dict) -> dict | None:
+    """``args`` when the job's budget can cover it; None, with the refusal on the form, when it never can
+    (``jobs.preview.refuse_unaffordable``, ADR 0036: refused at submission like a job over its quota)."""
+    try:
+        refuse_unaffordable(submission_preview(args))
+    except ValidationError as exc:
+        form.add_serializer_errors(exc.detail)
+        return None
+    return args
 
 
 def _submission_throttled(request, form: SubmitJobForm, wait: int, who: str) -> HttpResponse:
@@ -446,7 +498,7 @@ def job_preview(request):
     """The submission preview partial (htmx): field errors, or placement, estimated cost, quota and budget."""
     form = _submit_form(request, request.POST)
     args = _validate_submission(request, form)
-    preview = submission_preview(args) if args is not None else None
+    preview = form_preview(args) if args is not None else None
     return render(request, "frontend/partials/job_preview.html", {"form": form, "preview": preview})
 
 

@@ -99,11 +99,16 @@ class AwareDateTimeFilter(UTCIsoDateTimeFilter):
     field_class = AwareDateTimeFormField
 
 
+#: The job list's ``kind`` that keeps every kind (the web form's default, so filtering by state keeps every job).
+ANY_KIND = "any"
+
+
 class JobFilterSet(django_filters.FilterSet):
     """Job list filters; every value is a name, never a database id.
 
     ``team`` (slug), ``state`` (repeatable or comma-separated:
-    ``?state=QUEUED&state=RUNNING`` or ``?state=QUEUED,RUNNING``), ``kind``,
+    ``?state=QUEUED&state=RUNNING`` or ``?state=QUEUED,RUNNING``), ``kind``
+    (training, inference, or ``any``: both, as without it),
     ``accelerator`` (name), ``cluster`` (name of the cluster of the current
     attempt), ``submitter`` (username), ``created_after`` / ``created_before``
     (ISO 8601 datetimes, ``[after, before)``; without an offset: UTC), and
@@ -114,13 +119,17 @@ class JobFilterSet(django_filters.FilterSet):
 
     team = django_filters.CharFilter(field_name="team__slug", label="Team (slug)")
     state = CommaMultipleChoiceFilter(choices=JobState.choices, label="State")
-    kind = ListedChoiceFilter(choices=Job.Kind.choices, label="Kind")
+    kind = ListedChoiceFilter(choices=[(ANY_KIND, "Any"), *Job.Kind.choices], label="Kind", method="filter_kind")
     accelerator = django_filters.CharFilter(field_name="accelerator__name", label="Accelerator")
     cluster = django_filters.CharFilter(field_name="current_attempt__cluster__name", label="Cluster")
     submitter = django_filters.CharFilter(field_name="submitter__username", label="Submitted by (username)")
     created_after = AwareDateTimeFilter(field_name="created_at", lookup_expr="gte", label="Submitted from (UTC)")
     created_before = AwareDateTimeFilter(field_name="created_at", lookup_expr="lt", label="Submitted before (UTC)")
     ordering = django_filters.OrderingFilter(fields=("created_at", "priority"), label="Order by")
+
+    def filter_kind(self, queryset, name, value):
+        """``kind``: training or inference; ``any`` (the form's first choice) or empty keeps both."""
+        return queryset if value in ("", ANY_KIND) else queryset.filter(kind=value)
 
     class Meta:
         model = Job

@@ -428,8 +428,6 @@ def _bill_until_deleted(attempt: JobAttempt) -> None:
                      evidence=f"the cluster accepted the deletion of their owner at {accepted:%H:%M:%S} UTC")
 
 
-#: How a serving attempt may end and be started again (within ``max_retries``): its server crashed or ran out of
-#: memory. A deadline, a cancel or an image that cannot be pulled would only repeat.
 def failure_text(end_reason: str, exit_code: int | None) -> str:
     """The reason a FAILED job shows, read after its state (``FAILED: exited with code 134``), so it does not
     repeat it: the exit code for a plain failure, the end reason (``OOMKilled``, ``ImagePullBackOff``) with
@@ -439,7 +437,10 @@ def failure_text(end_reason: str, exit_code: int | None) -> str:
     return end_reason + (f" (exit code {exit_code})" if exit_code is not None else "")
 
 
-RESTARTED_SERVING_ENDS = frozenset({JobAttempt.EndReason.FAILED, JobAttempt.EndReason.OOM_KILLED})
+#: How an attempt may end and be started again (within ``max_retries``): its container exited non-zero (a serving
+#: job's server crashed; a training job's process failed) or, for a serving job, ran out of memory. A deadline, a cancel or an image that cannot be pulled would only
+#: repeat: those fail the job whatever ``max_retries`` says.
+RESTARTED_ENDS = frozenset({JobAttempt.EndReason.FAILED, JobAttempt.EndReason.OOM_KILLED})
 
 
 def apply_observation(job: Job, attempt: JobAttempt, obs: Observation) -> None:
@@ -452,9 +453,10 @@ def apply_observation(job: Job, attempt: JobAttempt, obs: Observation) -> None:
     reason names the cause (Evicted, PodDeleted, NodeLost, Preempted...).
     ``absent`` is not handled here: reconcile acts on it only after a second
     look (``confirm_absent``).
-    Inference attempts whose server exited with an error
-    (``RESTARTED_SERVING_ENDS``) are recovered the same way; a training job
-    that exits non-zero fails.
+    Attempts whose container exited with an error or was OOM-killed
+    (``RESTARTED_ENDS``) are recovered the same way, a serving job's always
+    and a training job's that exited non-zero when it has ``max_retries``; a
+    training job without retries that exits non-zero, or OOM-killed, fails.
     An unschedulable attempt (STARTING) goes back to the queue (RECOVERING).
     ``ended`` (the objects are gone, the cluster's end record says how the
     attempt ended) ends it as recorded (``end_as_recorded``).
@@ -470,17 +472,21 @@ def apply_observation(job: Job, attempt: JobAttempt, obs: Observation) -> None:
             mark_started(job, attempt, state, reason=f"objects found on {attempt.cluster.name}: adopted "
                                                      f"(the dispatch that created them did not finish)")
         if obs.phase in ("running", "succeeded", "failed") and job.state == S.STARTING:
-            transition(job, S.RUNNING, reason="all nodes running" if obs.phase == "running" else f"observed {obs.phase}",
+            transition(job, S.RUNNING, reason="all nodes running" if obs.phase == "running" else
+                       f"it ran and had already {obs.phase} when first observed on {attempt.cluster.name}",
                        attempt=attempt)
         if obs.phase == "succeeded" and job.state == S.RUNNING:
             end_attempt(job, attempt, S.SUCCEEDED, reason="all nodes exited 0", end_reason=JobAttempt.EndReason.SUCCEEDED,
                         exit_code=0, ended_at=obs.ended_at)
-        elif (obs.phase == "failed" and job.state in (S.RUNNING, S.STARTING) and job.kind == Job.Kind.INFERENCE
-              and obs.end_reason in RESTARTED_SERVING_ENDS):
-            # A server that crashed is restarted (as a Deployment restarts its pods) while max_retries allows.
+        elif (obs.phase == "failed" and job.state in (S.RUNNING, S.STARTING) and obs.end_reason in RESTARTED_ENDS
+              and (job.kind == Job.Kind.INFERENCE or (job.max_retries > 0 and obs.end_reason == JobAttempt.EndReason.FAILED))):
+            # A server that crashed is restarted (as a Deployment restarts its pods), and a training container that
+            # exited non-zero runs again (a Kubernetes Job's backoffLimit), while max_retries allows; a training
+            # job OOM-killed fails (the same memory would be exceeded again).
             code = f" (exit code {obs.exit_code})" if obs.exit_code is not None else ""
             recover_or_fail(job, attempt, end_reason=obs.end_reason, message=obs.message,
-                            what=f"server exited{code}", ended_at=obs.ended_at, exit_code=obs.exit_code)
+                            what=f"{'server ' if job.kind == Job.Kind.INFERENCE else ''}exited{code}",
+                            ended_at=obs.ended_at, exit_code=obs.exit_code)
         elif obs.phase == "failed" and job.state in (S.RUNNING, S.STARTING) and (sick := unhealthy_nodes(attempt)):
             # It failed on a node marked unhealthy: the node's fault, not the job's; placed again elsewhere.
             code = f" (exit code {obs.exit_code})" if obs.exit_code is not None else ""
@@ -561,7 +567,8 @@ def end_as_recorded(job: Job, attempt: JobAttempt, obs: Observation) -> None:
                         ended_at=obs.ended_at)
         return
     if target == S.SUCCEEDED and job.state == S.STARTING:
-        transition(job, S.RUNNING, reason="observed succeeded (end record)", attempt=attempt)
+        transition(job, S.RUNNING, reason=f"it ran and succeeded, as its end record on {attempt.cluster.name} says",
+                   attempt=attempt)
     if target not in (S.SUCCEEDED, S.FAILED):
         target = S.RECOVERING
     end_attempt(job, attempt, target, reason=reason, end_reason=obs.end_reason or JobAttempt.EndReason.DELETED,

@@ -38,6 +38,17 @@ ACTIVE_STATES = frozenset({JobState.ADMITTED, JobState.STARTING, JobState.RUNNIN
 PRIORITY_CLASSES = DEFAULT_PRIORITY_CLASSES
 
 
+#: The run time (s) a job without a max runtime (a serving job that runs until cancelled) is estimated and committed
+#: against its budgets for: 30 days, a monthly budget's period. The ledger bills what it runs, with no cap.
+UNBOUNDED_ESTIMATE_SECONDS = 30 * 24 * 3600
+
+
+def estimated_runtime(max_runtime_seconds: int | None) -> int:
+    """The seconds a job's cost estimate counts: its ``max_runtime_seconds``, or for none (no limit)
+    :data:`UNBOUNDED_ESTIMATE_SECONDS`."""
+    return max_runtime_seconds if max_runtime_seconds else UNBOUNDED_ESTIMATE_SECONDS
+
+
 class JobQuerySet(models.QuerySet):
     def visible_to(self, user) -> "JobQuerySet":
         """Jobs of the teams ``user`` belongs to; all jobs for staff."""
@@ -68,7 +79,8 @@ class Job(models.Model):
     nodes = models.PositiveIntegerField()
     priority = models.IntegerField(default=PRIORITY_CLASSES["normal"])
     preemptible = models.BooleanField(default=False)
-    max_runtime_seconds = models.PositiveIntegerField()
+    # None: no limit (a serving job runs until cancelled); its estimate then covers UNBOUNDED_ESTIMATE_SECONDS.
+    max_runtime_seconds = models.PositiveIntegerField(null=True, blank=True)
     max_retries = models.PositiveIntegerField(default=0)
     # Pods per node of the job: serving replicas of an inference job (each a copy of the node), 1 for training.
     replicas = models.PositiveIntegerField(default=1)
@@ -291,6 +303,9 @@ class WorkloadMetrics(models.Model):
     tokens = models.BigIntegerField(null=True, blank=True, help_text="Training tokens processed")
     complete = models.BooleanField(default=False)
     updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "workload metrics"
 
     def __str__(self) -> str:
         return f"metrics of attempt {self.attempt_id}"

@@ -180,7 +180,7 @@ def adopt_one(cluster: Cluster, item: dict, now: dt.datetime) -> JobAttempt:
                   kind=r.get("kind") or Job.Kind.TRAINING, spec=r.get("spec") or {}, accelerator=pool.accelerator,
                   gpus_per_node=int(r.get("gpus_per_node") or 0), nodes=int(r.get("nodes") or 1),
                   replicas=int(r.get("replicas") or 1), priority=int(r.get("priority") or 0),
-                  preemptible=bool(r.get("preemptible")), max_runtime_seconds=int(r.get("max_runtime_seconds") or 0),
+                  preemptible=bool(r.get("preemptible")), max_runtime_seconds=int(r.get("max_runtime_seconds") or 0) or None,
                   max_retries=int(r.get("max_retries") or 0), state=JobState.ADMITTED, admitted_at=made,
                   estimated_cost_usd=_decimal(r.get("estimated_cost_usd")),
                   state_reason="adopted after a restore of the database")

@@ -326,7 +326,8 @@ def _for_kinds(*kinds: str) -> dict:
 class JobSpec(SpecModel):
     """``spec``: what to run (image, command, args, env), on what (resources), how (priority, limits, placement).
 
-    ``max_runtime_seconds`` is required: it bounds the cost estimate that admission checks against the budget.
+    ``max_runtime_seconds`` is required for training jobs: it bounds the cost estimate that admission checks
+    against the budget; a serving job without one runs until cancelled.
     ``replicas``, ``port`` and ``checkpoint_from`` apply to inference jobs only (``x-job-kinds``).
     """
 
@@ -343,14 +344,18 @@ class JobSpec(SpecModel):
         "normal", validate_default=True, description=f"priority class name (quotas.PriorityClass; by default {', '.join(PRIORITY_CLASSES)});"
         " higher values go first")
     max_runtime_seconds: Count = Field(
-        description="run-time limit, seconds; bounds the cost estimate that admission checks against the budget",
+        None, description="run-time limit, seconds; bounds the cost estimate that admission checks against the "
+        "budget. Required for training jobs; for inference optional: absent, the server runs until cancelled "
+        "(its estimate then counts 30 days, jobs.models.UNBOUNDED_ESTIMATE_SECONDS)",
         json_schema_extra=_example(3600))
     preemptible: bool = Field(False, description="may run on spot capacity, and be preempted")
     placement: JobPlacement = Field(default_factory=JobPlacement,
                                     description="where the job may run; absent: anywhere")
-    max_retries: Int32 = Field(0, description="new attempts after a lost one (spot preemption, node or cluster "
-                               "loss); for inference also after the server exits with an error or is OOM-killed "
-                               "(a training job that exits non-zero fails)")
+    max_retries: Int32 = Field(0, description="new attempts after a failed one: a lost attempt (node or cluster "
+                               "loss, eviction) or a container that exits non-zero; for inference also one "
+                               "OOM-killed. 1: at most 2 attempts. Preemption, spot reclaim, an unhealthy node and "
+                               "an unschedulable or undispatched attempt use no retry; a training job OOM-killed, "
+                               "past its max runtime or whose image cannot be pulled fails at once")
     model: JobModel = _optional("the model trained, for the memory-fit check at submission (training jobs) and MFU; "
                                 "absent: no check")
     parallelism: JobParallelism = _optional("how the model is split over the job's GPUs; absent: DDP")
@@ -409,7 +414,7 @@ class JobSubmission(SpecModel):
     @model_validator(mode="after")
     def _kind_and_fit(self, info: ValidationInfo) -> JobSubmission:
         spec, lookups = self.spec, info.context
-        errors = kind_errors(self.kind, spec)
+        errors = kind_errors(self.kind, spec) or serving_errors(self.kind, spec)
         if errors or lookups is None:
             if errors:
                 raise _rules_failed({f"spec.{k}": v for k, v in errors.items()})
@@ -566,15 +571,50 @@ def alternative_errors(accelerator: Accelerator, alternatives: list[str]) -> dic
 
 
 def kind_errors(kind: str, spec: JobSpec) -> dict[str, list[str]]:
-    """Errors by spec field of the kind rules: a field of other kinds only (:data:`KIND_SPECIFIC`) given, and a
-    spec with neither ``command`` nor ``args`` (nothing would say what to run: a container with ``args`` and no
+    """Errors by spec field of the kind rules: a training job without ``max_runtime_seconds``, a field of other
+    kinds only (:data:`KIND_SPECIFIC`) given, and a spec with neither ``command`` nor ``args`` (nothing would say what to run: a container with ``args`` and no
     ``command`` runs the image's ENTRYPOINT with them, Kubernetes "Define a command and arguments")."""
     errors = {}
+    if kind != INFERENCE and spec.max_runtime_seconds is None:
+        errors["max_runtime_seconds"] = ["required for training jobs: it bounds the run and the cost estimate that "
+                                         "admission checks against the budget (a serving job may leave it out)"]
     if not spec.command and not spec.args:
         errors["command"] = ["required unless args are given (the image's ENTRYPOINT then runs with them)"]
     for name, kinds in KIND_SPECIFIC.items():
         if kind not in kinds and name in spec.model_fields_set:
             errors[name] = [f"{name} applies to {' and '.join(kinds)} jobs only"]
+    return errors
+
+
+#: Commands that load a checkpoint before they serve, and exit without one (``examples/serve.py`` exits 2,
+#: "cannot load checkpoint"): an inference job running one must name the training job it serves
+#: (``checkpoint_from``) unless its arguments or environment point it at a checkpoint themselves.
+CHECKPOINT_LOADERS = ("examples/serve.py",)
+#: Arguments and environment variables through which a loader is given a checkpoint directly.
+CHECKPOINT_ARGS = ("--checkpoint-dir", "--checkpoint-uri")
+CHECKPOINT_ENV = ("CHECKPOINT_URI",)
+
+
+def serving_errors(kind: str, spec: JobSpec) -> dict[str, list[str]]:
+    """Errors by spec field of an inference ``spec`` that could never start: several ``resources.nodes`` for one
+    server (each replica is one server on one node; the runners start ``replicas`` pods), or a checkpoint loader
+    (:data:`CHECKPOINT_LOADERS`) with no ``checkpoint_from`` and no checkpoint given in its arguments or
+    environment (the job's own checkpoint directory is empty: nothing trained it). Empty for a training job."""
+    if kind != INFERENCE:
+        return {}
+    errors: dict[str, list[str]] = {}
+    if spec.resources.nodes > 1:
+        errors["resources.nodes"] = [
+            f"an inference server runs on one node, so nodes must be 1 (got {spec.resources.nodes}); for more "
+            f"servers ask for more replicas, each on a node of its own or sharing one"]
+    words = [*spec.command, *spec.args]
+    loader = next((w for w in words for name in CHECKPOINT_LOADERS if w == name or w.endswith("/" + name)), None)
+    given = any(w.split("=", 1)[0] in CHECKPOINT_ARGS for w in words) or any(k in spec.env for k in CHECKPOINT_ENV)
+    if loader is not None and spec.checkpoint_from is None and not given:
+        errors["checkpoint_from"] = [
+            f"{loader} loads a checkpoint before it serves, and this job names none: set checkpoint_from to the "
+            f"training job whose checkpoint it serves (its id or name), or pass --checkpoint-dir or "
+            f"--checkpoint-uri; without one the server would exit at start (cannot load checkpoint)"]
     return errors
 
 

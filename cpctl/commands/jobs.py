@@ -7,7 +7,6 @@ import datetime as dt
 import json
 import sys
 import time
-from decimal import Decimal
 from pathlib import Path
 
 import click
@@ -16,7 +15,7 @@ import requests
 from cpctl.client import Client, redact
 from cpctl.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_JOB_NOT_SUCCEEDED, EXIT_OK, EXIT_UNREACHABLE, CliError
 from cpctl.options import POSITIVE_INT, Api, PositiveFloat, api_command
-from cpctl.output import age, duration, err, fields, money, out, print_json, table, usd, when
+from cpctl.output import age, duration, err, fields, money, out, print_json, shown_amount, table, usd, when
 
 FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED", "REJECTED")
 
@@ -87,12 +86,25 @@ def state_line(job: dict) -> str:
 @click.option("--wait", is_flag=True, help="follow the job to a final state; exit 0 only on SUCCEEDED")
 @click.option("--interval", type=PositiveFloat(), default=2.0, show_default=True,
               help="seconds between polls with --wait")
-def submit(api: Api, file: str, team: str | None, name: str | None, wait: bool, interval: float) -> int:
-    """POST the job document; print the job's id and state, and with ``--wait`` follow it to a final state."""
+@click.option("--dry-run", is_flag=True, help="submit nothing: show where the job would run, every candidate node "
+              "pool with its price, the estimate, quota and budget; exit 2 when submission would refuse it")
+def submit(api: Api, file: str, team: str | None, name: str | None, wait: bool, interval: float,
+           dry_run: bool) -> int:
+    """POST the job document; print the job's id and state, and with ``--wait`` follow it to a final state. With
+    ``--dry-run``, POST it to ``jobs/preview/`` instead and print the answer (exit 2 when it would be refused)."""
+    if dry_run and wait:
+        raise click.UsageError("--dry-run submits nothing, so there is nothing to --wait for")
     raw, media_type = read_document(file)
     overrides = {key: value for key, value in (("team", team), ("name", name)) if value is not None}
     if overrides:
         raw = override_document(raw, media_type, file, overrides)
+    if dry_run:
+        preview = api.client.json("POST", "jobs/preview/", data=raw, content_type=media_type)
+        if api.json:
+            print_json(preview)
+        else:
+            show_preview(preview)
+        return EXIT_BAD_INPUT if preview["outcome"] == "refused" else EXIT_OK
     job = api.client.json("POST", "jobs/", data=raw, content_type=media_type)
     return report_submitted(api, job, "submitted", wait, interval)
 
@@ -116,6 +128,40 @@ def report_submitted(api: Api, job: dict, how: str, wait: bool, interval: float)
     if api.json:
         print_json(job)
     return EXIT_OK if job["state"] == "SUCCEEDED" else EXIT_JOB_NOT_SUCCEEDED
+
+
+def _verdict(verdict: dict | None) -> str:
+    if verdict is None:
+        return "unknown (no estimate)"
+    return "allows it now" if verdict["ok"] else verdict["message"]
+
+
+OUTCOMES = {"admit": "it would be admitted now", "wait": "it would be queued: it waits for what is named above",
+            "refused": "submission would refuse it"}
+
+
+def show_preview(preview: dict) -> None:
+    """Print a dry run (``POST /jobs/preview/``) as the web form shows it: the placement, the estimate, quota and
+    budget, then every candidate node pool with its price and why it was not chosen, then the outcome."""
+    chosen = preview.get("placement")
+    where = "no healthy cluster matches this accelerator and placement"
+    if chosen is not None:
+        room = "room now" if preview["fits_now"] else "no room now: it would wait for capacity"
+        where = (f"{chosen['cluster']} pool {chosen['pool']} ({chosen['provider']}/{chosen['region']}, "
+                 f"{chosen['capacity_type']}, {chosen['accelerator']}), {room}")
+    budget = preview["refusal"]["message"] if preview.get("refusal") else _verdict(preview["budget"])
+    fields([("Where", where),
+            ("Estimate", f"{usd(preview['estimated_cost_usd'])} (worst case: {preview['total_gpus']} GPUs x "
+                         + (f"{preview['max_runtime_seconds']} s)" if preview["max_runtime_seconds"] else
+                            "30 days: no max runtime, it runs until cancelled)")),
+            ("Quota", _verdict(preview["quota"])), ("Budget", budget),
+            ("Outcome", OUTCOMES.get(preview["outcome"], preview["outcome"]))])
+    if preview["candidates"]:
+        out()
+        table(["CLUSTER", "POOL", "ACCELERATOR", "NODES", "USD/HOUR", "ESTIMATE", "CHOSEN / WHY NOT"],
+              [[c["cluster"], c["pool"], c["accelerator"], c["nodes"], c["usd_per_hour"] or "no price",
+                usd(c["estimated_cost_usd"]), "chosen" if c["chosen"] else c["why_not"]]
+               for c in preview["candidates"]], right=("NODES", "USD/HOUR", "ESTIMATE"))
 
 
 @api_command("resubmit", "submit a job's submission again as a new job")
@@ -152,10 +198,15 @@ def follow_job(client: Client, job: dict, interval: float, say) -> dict:
 @api_command("jobs", "list jobs, newest first")
 @click.option("--team", help="team slug")
 @click.option("--state", "states", multiple=True, help="state (repeat, or comma-separated: QUEUED,RUNNING)")
+@click.option("--kind", type=click.Choice(["training", "inference", "any"]), default="any", show_default=True,
+              help="job kind")
 @click.option("--limit", type=POSITIVE_INT, default=50, help="at most this many jobs (default 50)")
-def jobs(api: Api, team: str | None, states: tuple[str, ...], limit: int) -> int:
-    """The job list (newest first), filtered by team and state: id, team, name, state, GPUs, accelerator, cost, age."""
+def jobs(api: Api, team: str | None, states: tuple[str, ...], kind: str, limit: int) -> int:
+    """The job list (newest first), filtered by team, state and kind: id, team, name, state, GPUs, accelerator, cost,
+    age."""
     params: dict = {"team": team} if team else {}
+    if kind != "any":
+        params["kind"] = kind
     wanted = [s.strip().upper() for value in states for s in value.split(",") if s.strip()]
     if wanted:
         params["state"] = wanted
@@ -205,7 +256,7 @@ def job_fields(job: dict) -> list[tuple[str, str]]:
         ("resources", resources_line(job)),
         ("priority", f"{job.get('priority_class') or '-'} ({job.get('priority')})"
                      + (", preemptible" if job.get("preemptible") else "")),
-        ("limits", (f"max runtime {duration(job.get('max_runtime_seconds') or 0)}, "
+        ("limits", (f"max runtime {duration(job['max_runtime_seconds']) if job.get('max_runtime_seconds') else 'none'}, "
                     f"max retries {job.get('max_retries')}")),
     ]
     attempt = job.get("current_attempt")
@@ -260,7 +311,7 @@ def efficiency_fields(efficiency: dict) -> list[tuple[str, str]]:
     if efficiency.get("tokens") is not None:
         per_million = efficiency.get("usd_per_million_tokens")
         pairs.append(("tokens", f"{efficiency['tokens']:,}" + (
-            "" if per_million is None else f", ${Decimal(per_million):.4f} per million")))
+            "" if per_million is None else f", ${shown_amount(per_million)} per million")))  # as its page
     return pairs
 
 
@@ -355,17 +406,19 @@ def stream_log(client: Client, job: int, params: dict) -> int:
 
 
 def empty_log_hint(client: Client, job: int, node: int, attempt: int) -> str:
-    """What to tell a user whose node log is empty: that the node printed nothing (yet), and which nodes there are
-    (in distributed training often only rank 0 logs)."""
+    """What to tell a user whose node log is empty: that the node printed nothing (``yet`` while the job lives, ``in
+    this attempt`` once it ended), and which nodes there are: from another node, rank 0 (in distributed training
+    often only rank 0 prints); from rank 0, the next node."""
     try:
-        nodes = client.get(f"jobs/{job}/").get("nodes") or 1
+        body = client.get(f"jobs/{job}/")
+        nodes, final = body.get("nodes") or 1, body.get("state") in FINAL_STATES
     except CliError:
-        nodes = None
+        nodes, final = None, False
     others = ""
     if nodes and nodes > 1:
-        others = (f"; the job has {nodes} nodes (0 to {nodes - 1}) and often only rank 0 prints: "
-                  f"try --node {0 if node else 1}")
-    return f"(node {node} of attempt {attempt} has printed nothing yet{others})"
+        others = (f"; the job has {nodes} nodes (0 to {nodes - 1}) and often only rank 0 prints: try --node 0"
+                  if node else f"; the job has {nodes} nodes (0 to {nodes - 1}): try --node 1")
+    return f"(node {node} of attempt {attempt} has printed nothing {'in this attempt' if final else 'yet'}{others})"
 
 
 @api_command("cancel", "cancel a job")
@@ -376,7 +429,7 @@ def cancel(api: Api, id: int) -> int:  # noqa: A002
     if api.json:
         print_json(body)
     elif body["state"] == "CANCELLING":
-        out(f"job {body['id']}: CANCELLING (its cluster is deleting it; `job {body['id']}` shows when it is "
+        out(f"job {body['id']}: CANCELLING (its cluster is deleting it; `cpctl job {body['id']}` shows when it is "
             "CANCELLED)")
     else:
         out(f"job {body['id']}: {body['state']}")

@@ -91,14 +91,19 @@ class JobSerializer(SharedFieldsMixin, serializers.ModelSerializer):
     """A job as the API shows it.
 
     ``queue_info`` says why a QUEUED job waits (``{"reason": "quota" |
-    "budget" | "capacity" | "priority", "message": ..., numbers}``);
+    "budget" | "capacity" | "priority", "message": ..., numbers}``; for
+    capacity also ``short_of``: ``gpu``, ``cpu``, ``memory``, ``nodes``,
+    ``cordon``, ``health``, ``price`` or ``placement``, and ``pools``: the node
+    counts of the pools named; ``overtaken_by`` (job id, team id, GPUs, vCPU)
+    and ``overtaken`` (a sentence) once a later job was admitted ahead of it);
     ``position`` is its 1-based place in its team's queue and among all
     waiting jobs (``{"team": n, "overall": m}``) as of the last scheduling
     pass, null before one and once the job no longer waits. ``priority`` is
     the numeric priority (higher first), ``priority_class`` its name. Costs
     are USD strings rounded to cents: ``estimated_cost_usd`` is the worst case
-    (GPUs x max runtime x price), null until the job is first placed (or
-    refused by a budget: then the refused estimate);
+    (GPUs x max runtime x price), null in a list until the job is first placed (or
+    refused by a budget: then the refused estimate); the submission's answer and a GET of one QUEUED job not
+    yet placed give the preview's estimate (``POST /jobs/preview/``) instead;
     ``accrued_cost_usd`` what the ledger holds; ``cost_unknown`` is null, or
     says since when and for how many GPU-hours the job ran where the catalog
     had no price (those hours are not in ``accrued_cost_usd``). ``endpoint`` is the URL an

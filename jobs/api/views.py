@@ -18,6 +18,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 
+from core.money import usd_cents
 from core.parsers import JSONParser, TextYAMLParser, YAMLParser
 from core.viewsets import ScopedGenericViewSet
 from costs.unknown import HAS_UNPRICED
@@ -25,8 +26,9 @@ from runners.base import ClusterUnreachable, UnknownBackend, backend_for
 
 from ..filters import JobFilterSet
 from ..lifecycle import NotCancellable, cancel_job, submit_job
-from ..models import Job
+from ..models import Job, JobState
 from ..permissions import CANCEL_REFUSED, may_cancel
+from ..preview import preview_json, refuse_unaffordable, stored_job_args, submission_preview
 from ..spec import JobSubmission, SpecError, resubmission, team_for_submission, validated_submission
 from ..states import StaleState
 from ..throttles import SubmitterThrottle, refuse_team_flood
@@ -62,6 +64,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
     parser_classes = [JSONParser, YAMLParser, TextYAMLParser]
     throttle_classes = [SubmitterThrottle]  # submissions per user, before the body is parsed
     schema_summaries = {"create": "Submit a job", "attempts": "List a job's attempts", "cancel": "Cancel a job",
+                        "preview": "Preview a submission (dry run)",
                         "events": "List a job's events (its timeline)", "logs": "Read or follow a node's log",
                         "resubmit": "Submit a job's submission again"}
 
@@ -72,12 +75,26 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
         # One job (a GET, the answer to a submission or a cancel) carries its efficiency; a list does not.
         return super().get_serializer_class() if self.action == "list" else JobDetailSerializer
 
+    def retrieve(self, request, *args, **kwargs):
+        """One job; a QUEUED job not yet placed carries the preview's estimate as ``estimated_cost_usd`` (what
+        submitting it answered), the list null."""
+        job = self.get_object()
+        data = self.get_serializer(job).data
+        if data.get("estimated_cost_usd") is None and job.state == JobState.QUEUED:
+            data["estimated_cost_usd"] = usd_cents(submission_preview(stored_job_args(job))["estimate_usd"])
+        return Response(data)
+
     @extend_schema(
         request={"application/json": JobSubmission, "application/yaml": JobSubmission},
         responses={201: JobDetailSerializer, 400: OpenApiResponse(description="Field errors keyed by dotted path")},
     )
     def create(self, request, *args, **kwargs):
-        """Validate a submission and store it as a QUEUED job (nothing is stored when it is rejected)."""
+        """Validate a submission and store it as a QUEUED job (nothing is stored when it is rejected).
+
+        A job its block budget can never cover is refused like one over its quota: 400 on
+        ``spec.max_runtime_seconds`` naming the budget and the numbers (ADR 0036). The answer's
+        ``estimated_cost_usd`` is the preview's estimate (``POST /jobs/preview/``) until the job is placed.
+        """
         return self._submitted(request, request.data, request.path)
 
     @extend_schema(
@@ -106,12 +123,31 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
         its ``Location`` (under ``list_path``, the jobs list's path)."""
         fields = validated_submission(document, request.user)
         refuse_team_flood(fields["team"])  # counted once the team is known to accept this user's submissions
+        preview = submission_preview(fields)
+        refuse_unaffordable(preview)
         # The new job carries its team, submitter and accelerator instances: no need to read it back.
         job = submit_job(**fields)
         # The router's detail route is the list route plus "<pk>/" (what reverse_action("detail") answers,
         # without resolving the URLconf on every submission).
         location = request.build_absolute_uri(f"{list_path.rstrip('/')}/{job.pk}/")
-        return Response(self.get_serializer(job).data, status=status.HTTP_201_CREATED, headers={"Location": location})
+        data = self.get_serializer(job).data
+        if data.get("estimated_cost_usd") is None:
+            data["estimated_cost_usd"] = usd_cents(preview["estimate_usd"])
+        return Response(data, status=status.HTTP_201_CREATED, headers={"Location": location})
+
+    @extend_schema(
+        request={"application/json": JobSubmission, "application/yaml": JobSubmission},
+        responses={200: OpenApiResponse(description="The dry run: placement with every candidate pool and its price "
+                                                    "(why each other one was not chosen), the estimate (USD), the "
+                                                    "quota and budget verdicts, the refusal if any, and the outcome "
+                                                    "(admit, wait or refused)"),
+                   400: OpenApiResponse(description="Field errors keyed by dotted path")},
+    )
+    @action(detail=False, methods=["post"], filter_backends=[], pagination_class=None)
+    def preview(self, request):
+        """Validate a submission as ``POST /jobs/`` does and answer what submitting it now would do, storing
+        nothing: what the web form's preview shows (``jobs.preview.submission_preview``)."""
+        return Response(preview_json(submission_preview(validated_submission(request.data, request.user))))
 
     @extend_schema(request=None, responses={200: JobDetailSerializer, 403: DETAIL_RESPONSE, 409: DETAIL_RESPONSE})
     @action(detail=True, methods=["post"], filter_backends=[])

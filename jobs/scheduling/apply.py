@@ -45,7 +45,18 @@ from ..enqueue import enqueue_dispatch
 from ..lifecycle import preempt_attempt
 from ..models import Job, JobAttempt, JobEvent, JobState, attempt_object_name
 from ..states import Move, transition, transition_many
-from .core import Admission, Decision, FairShareScheduler, QueuedJob, Rejection, Verdict, Waiting, price_text, recheck
+from .core import (
+    Admission,
+    Decision,
+    FairShareScheduler,
+    QueuedJob,
+    Rejection,
+    Verdict,
+    Waiting,
+    overtaken_note,
+    price_text,
+    recheck,
+)
 from .offers import lock_pools, pool_offers
 from .snapshot import WAITING_STATES, job_snapshot, queued_job, teams_snapshot
 
@@ -258,7 +269,8 @@ def apply_rejection(decision: Rejection) -> bool:
 
 def store_waiting(infos: dict[int, tuple[str, str, dict]], rows: dict[int, dict]) -> None:
     """Write ``queue_info`` of waiting jobs whose info changed: a ``waiting`` event where the reason changed (except
-    ``priority``, which only says a job is behind its team's head), a plain update for the rest.
+    ``priority``, which only says a job is behind its team's head) or where jobs were newly admitted ahead of it
+    (the event says which: ``queue_info["overtaken"]``), a plain update for the rest.
 
     On PostgreSQL each kind is one statement per 2,000 jobs, whatever the queue's length: a burst of
     submissions that all wait for quota costs one UPDATE and one INSERT of events, not a transaction per job.
@@ -271,15 +283,20 @@ def store_waiting(infos: dict[int, tuple[str, str, dict]], rows: dict[int, dict]
         old = loaded["queue_info"] or {}
         if old == info:
             continue
+        said = []
         if old.get("reason") != reason and reason != "priority":
-            events.append((job_id, info, message[:500], loaded["state"]))
+            said.append(message[:500])
+        if info.get("overtaken") and info["overtaken"] != old.get("overtaken"):  # on its timeline too
+            said.append(info["overtaken"][:500])
+        if said:
+            events.extend((job_id, info, message[:500], loaded["state"], text) for text in said)
         else:
             plain.append((job_id, info, message[:500], None))
     if connection.vendor != "postgresql":
-        for job_id, info, message, state in events:
+        for job_id, info, message, state, said in events:
             with transaction.atomic():
                 if Job.objects.filter(pk=job_id, state=state).update(queue_info=info, state_reason=message):
-                    JobEvent.objects.create(job_id=job_id, kind="waiting", reason=message, data=info,
+                    JobEvent.objects.create(job_id=job_id, kind="waiting", reason=said, data=info,
                                             from_state=state, to_state=state)
         for job_id, info, message, _ in plain:
             Job.objects.filter(pk=job_id, state__in=WAITING_STATES).update(queue_info=info, state_reason=message)
@@ -287,10 +304,10 @@ def store_waiting(infos: dict[int, tuple[str, str, dict]], rows: dict[int, dict]
     for start in range(0, len(events), 2000):
         chunk = events[start:start + 2000]
         with transaction.atomic():
-            updated = set(_update_waiting_rows(chunk))
+            updated = set(_update_waiting_rows(list({row[0]: row[:4] for row in chunk}.values())))
             JobEvent.objects.bulk_create([
-                JobEvent(job_id=job_id, kind="waiting", reason=message, data=info, from_state=state, to_state=state)
-                for job_id, info, message, state in chunk if job_id in updated
+                JobEvent(job_id=job_id, kind="waiting", reason=said, data=info, from_state=state, to_state=state)
+                for job_id, info, _, state, said in chunk if job_id in updated
             ])
     for start in range(0, len(plain), 2000):
         _update_waiting_rows(plain[start:start + 2000])
@@ -323,13 +340,24 @@ def _has_live_attempt(job: Job) -> bool:
     return job.attempts.filter(ended_at__isnull=True).exists()
 
 
-def waiting_info(w: Waiting, keep_position: dict | None = None) -> tuple[str, str, dict]:
+def waiting_info(w: Waiting, keep_position: dict | None = None, admitted: set[int] | None = None,
+                 stored: dict | None = None) -> tuple[str, str, dict]:
     """(reason, message, queue_info) of a waiting job; ``keep_position``: its stored info, whose position is kept
-    (an incremental pass does not renumber the queue)."""
+    (an incremental pass does not renumber the queue).
+
+    ``admitted``: the ids of the jobs the pass's admissions committed. Of the jobs the scheduler saw overtake this
+    one (``Waiting.overtaken_by``), those committed are named in ``overtaken_by`` (job id, team id, GPUs, vCPU)
+    and ``overtaken`` (the sentence of ``core.overtaken_note``); without any, the ones of ``stored`` (its stored
+    info) are kept: it was overtaken while it waits, and says so until it leaves the queue."""
     info = w.info()
     if keep_position is not None:
         if keep_position.get("position"):
             info["position"] = keep_position["position"]
         else:
             info.pop("position")
+    by = [j for j in w.overtaken_by or () if admitted is not None and j.job_id in admitted]
+    if by:
+        info["overtaken_by"], info["overtaken"] = overtaken_note(w.job, w.reason, by)
+    elif stored and stored.get("overtaken"):
+        info["overtaken_by"], info["overtaken"] = stored.get("overtaken_by", []), stored["overtaken"]
     return w.reason, w.message, info

@@ -58,9 +58,11 @@ def run_pass(loaded: Loaded, decisions: Decisions, now: dt.datetime, *, position
             metrics.REJECTIONS.labels(reason=decision.verdict.reason).inc()
         else:
             result.skipped += 1
+    admitted = set(result.admitted)
     for job_id, w in decisions.waiting.items():
         result.waiting += 1
-        infos[job_id] = waiting_info(w, None if positions else loaded.rows[job_id]["queue_info"] or {})
+        old = loaded.rows[job_id]["queue_info"] or {}
+        infos[job_id] = waiting_info(w, None if positions else old, admitted, old)
     store_waiting(infos, loaded.rows)
     return result
 

@@ -30,7 +30,7 @@ from costs.spend import highest_prices, lock_team_spends, period_spend, unpriced
 from quotas.models import Budget, Quota, Team
 from runners.models import CPU_ACCELERATOR, Accelerator
 
-from ..models import Job, JobAttempt, JobState, committed_by_team
+from ..models import Job, JobAttempt, JobState, committed_by_team, estimated_runtime
 from .core import UNLIMITED, BudgetView, PoolOffer, QueuedJob, RunningJob, Snapshot, TeamQuota, TeamState
 from .offers import pool_offers
 
@@ -214,7 +214,7 @@ def _queued_job(row: dict) -> QueuedJob:
     return QueuedJob(
         job_id=row["pk"], team_id=row["team_id"], accelerator_id=row["accelerator_id"], nodes=pods,
         gpus_per_node=row["gpus_per_node"], priority=row["priority"], submitted=row["created_at"].timestamp(),
-        preemptible=row["preemptible"], max_runtime_seconds=row["max_runtime_seconds"],
+        preemptible=row["preemptible"], max_runtime_seconds=estimated_runtime(row["max_runtime_seconds"]),
         providers=providers, regions=regions, clusters=clusters, recovering=row["state"] == JobState.RECOVERING,
         cpu_milli=cpu, memory_mib=memory, alternatives=tuple(a for a in alternatives if a != row["accelerator_id"]),
         share_nodes=share,
@@ -233,7 +233,7 @@ def queued_job(job: Job, now: dt.datetime | None = None) -> QueuedJob:
     return QueuedJob(
         job_id=job.pk, team_id=job.team_id, accelerator_id=job.accelerator_id, nodes=pods,
         gpus_per_node=job.gpus_per_node, priority=job.priority, submitted=job.created_at.timestamp(),
-        preemptible=job.preemptible, max_runtime_seconds=job.max_runtime_seconds,
+        preemptible=job.preemptible, max_runtime_seconds=estimated_runtime(job.max_runtime_seconds),
         providers=providers, regions=regions, clusters=clusters, recovering=recovering,
         cpu_milli=cpu, memory_mib=memory, alternatives=tuple(a for a in alternatives if a != job.accelerator_id),
         share_nodes=share, avoid_clusters=avoid,

@@ -395,7 +395,7 @@ class LocalBackend(Backend):
             with open(node_path(directory, node, "log"), "ab") as log:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "runners.local.launcher", "--attempt-dir", str(directory),
-                     "--node", str(node), "--max-runtime", str(attempt.job.max_runtime_seconds),
+                     "--node", str(node), "--max-runtime", str(attempt.job.max_runtime_seconds or 0),
                      "--grace", str(settings.LOCAL_RUNNER_KILL_GRACE_SECONDS), "--", *argv],
                     cwd=settings.BASE_DIR, env=node_env(attempt, meta, node), stdin=subprocess.DEVNULL,
                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,

@@ -154,6 +154,7 @@ def submission() -> dict:
 #: at a time, so a 400 is the answer to that part alone.
 VALID_BODIES = {
     ("jobs", "create"): submission,
+    ("jobs", "preview"): submission,
     ("jobs", "resubmit"): lambda: {"name": "train-again"},
     ("quotas", "create"): lambda: {"team": "alpha", "accelerator": "A100-80GB", "nominal_gpus": 8},
     ("quotas", "update"): lambda: {"team": "alpha", "accelerator": "H100-80GB", "nominal_gpus": 8},

@@ -179,7 +179,8 @@ def test_no_api_answer_shows_a_credential(planted, lookups, persona, request):
 def test_no_page_that_shows_the_cluster_or_its_jobs_shows_a_credential(planted, persona, request):
     client = signed_in(request.getfixturevalue(persona))
     job = planted["job"]
-    for url in ["/", "/clusters/", "/nodes/", "/capacity/", "/utilization/", "/jobs/", f"/jobs/{job.pk}/", f"/jobs/{job.pk}/status/",
+    for url in ["/", "/clusters/", "/nodes/", "/capacity/", "/utilization/", "/queue/", "/jobs/", f"/jobs/{job.pk}/",
+                f"/jobs/{job.pk}/status/",
                 f"/jobs/{job.pk}/logs/", "/costs/", "/costs.csv", "/teams/alpha/"]:
         answer = client.get(url)
         assert answer.status_code == 200, url

@@ -3,7 +3,7 @@ estimate bounds the bill, the burn rate is what runs now, and utilization shows 
 
 Classes and invariants:
 - one thing, two figures (a row re-rounded to make a table add up): every figure is its exact Decimal sum
-  rounded once, half to even, to cents; a table's total is its exact sum rounded once and the table states the
+  rounded once, half to even, to cents (an amount above 0 below half a cent to two significant digits, never 0.00); a table's total is its exact sum rounded once and the table states the
   difference when its rows miss it;
 - a worst case below the bill: an attempt is billed at most its max runtime, so billed <= estimate;
 - a rate of the past shown as the rate now: the burn rate is the running attempts' GPUs x price;
@@ -33,7 +33,21 @@ CENT = Decimal("0.01")
 
 
 def cents(amount: Decimal) -> str:
-    return str(amount.quantize(CENT, ROUND_HALF_EVEN))
+    """Cents, half to even; an amount above 0 that would read ``0.00`` keeps two significant digits (Python's
+    ``g`` format, the context's half-even rounding)."""
+    rounded = amount.quantize(CENT, ROUND_HALF_EVEN)
+    if rounded or not amount:
+        return str(rounded)
+    return format(Decimal(format(amount, ".2g")).normalize(), "f")
+
+
+def test_a_cost_below_a_cent_is_never_shown_as_zero():
+    from core.money import usd_cents
+
+    assert usd_cents(Decimal("0.000039")) == "0.000039"  # a CPU-only job of a few seconds
+    assert usd_cents(Decimal("0.0000395")) == "0.00004"
+    assert usd_cents(Decimal("0.0049")) == "0.0049" and usd_cents(Decimal("0.0051")) == "0.01"
+    assert usd_cents(Decimal("0")) == "0.00" and usd_cents(Decimal("12.345")) == "12.34"
 
 
 amounts = st.decimals(min_value=0, max_value=100, places=9, allow_nan=False, allow_infinity=False)
@@ -47,7 +61,8 @@ def test_rows_and_total_are_each_rounded_once_and_the_difference_is_stated(costs
     assert [r["cost_usd"] for r in rows] == [cents(c) for c in costs]
     assert total["cost_usd"] == cents(sum(costs, Decimal(0)))
     shown = sum((Decimal(r["cost_usd"]) for r in rows), Decimal(0))
-    assert Decimal(total["rounding_difference_usd"]) == Decimal(total["cost_usd"]) - shown
+    # The difference is itself stated to cents: what amounts below a cent shown exactly miss is no difference.
+    assert Decimal(total["rounding_difference_usd"]) == (Decimal(total["cost_usd"]) - shown).quantize(CENT)
     assert abs(Decimal(total["rounding_difference_usd"])) <= CENT * len(costs) / 2
 
 

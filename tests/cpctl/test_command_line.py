@@ -51,6 +51,7 @@ def test_help_lists_every_command_and_exits_0():
     ["nodes", "--health", "sick"],
     ["reports", "--kind", "yearly"],
     ["submit", str(EXAMPLE), "--interval", "inf"],
+    ["submit", str(EXAMPLE), "--dry-run", "--wait"],
     ["cordon"],
     ["drain", "n0"],
     ["audit", "--action", "renamed"],

@@ -32,7 +32,7 @@ def test_job_shows_throughput_mfu_and_cost_per_million_tokens(run_cli, teammate,
     lines = dict(row for row in rows(result.out)[1:] if len(row) == 2)
     assert lines["throughput"] == "120,000.0 tokens/s"
     assert lines["MFU"] == f"{100 * 1.2e5 * 43.2e9 / (8 * 989e12):.2f} %"  # 65.52 %
-    assert lines["tokens"] == "50,000,000, $2.7520 per million"  # 137.60 USD / 50 M tokens
+    assert lines["tokens"] == "50,000,000, $2.75 per million"  # 137.60 USD / 50 M tokens: 2.752, to cents
 
 
 def test_efficiency_tables_each_attempt(run_cli, teammate, reported):

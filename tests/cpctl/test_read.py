@@ -60,6 +60,18 @@ def test_jobs_filters_by_state_and_team(run_cli, teammate, jobs):
     assert bad.code == 2 and bad.err.splitlines()[1].startswith("state: ")
 
 
+def test_jobs_filters_by_kind(run_cli, teammate, jobs):
+    Job.objects.filter(pk=jobs["running"].pk).update(kind=Job.Kind.INFERENCE)
+    serving = run_cli("jobs", "--kind", "inference", persona=teammate)
+    assert [r[2] for r in rows(serving.out)[1:]] == ["running-one"]
+    training = run_cli("jobs", "--kind", "training", persona=teammate)
+    assert [r[2] for r in rows(training.out)[1:]] == ["queued-one"]
+    running = run_cli("jobs", "--kind", "any", "--state", "RUNNING", persona=teammate)  # the state keeps every kind
+    assert [r[2] for r in rows(running.out)[1:]] == ["running-one"]
+    bad = run_cli("jobs", "--kind", "batch", persona=teammate)
+    assert bad.code == 2 and "'batch' is not one of 'training', 'inference', 'any'" in bad.err
+
+
 def test_jobs_json_is_the_apis_page(run_cli, teammate, jobs):
     result = run_cli("jobs", "--json", "--state", "QUEUED", persona=teammate)
     page = json.loads(result.out)
@@ -79,7 +91,8 @@ def test_job_shows_why_it_waits_and_its_queue_position(run_cli, teammate, jobs):
     assert fields["queue position"] == "1 in team alpha, 2 overall"
     assert fields["resources"] == "1 node(s) x 2 H100-80GB = 2 GPUs"
     assert fields["team"] == "alpha (submitted by teammate)"
-    assert fields["cost"] == "$0.00 accrued, estimated once placed"  # never placed: no price yet
+    # Never placed: the preview's estimate, 2 GPUs x 1 h (make_job's max runtime) x 6.88 USD/GPU-h on aws-use1.
+    assert fields["cost"] == "$0.00 accrued, $13.76 estimated (worst case)"
 
 
 def test_job_shows_the_current_attempt_and_json_parses(run_cli, teammate, jobs):
@@ -110,6 +123,10 @@ def test_cancel_then_events_show_the_timeline(run_cli, owner, teammate, jobs):
     assert again.code == 6 and f"job {queued.pk} is already CANCELLED (HTTP 409)" in again.err
     stopping = run_cli("cancel", str(running.pk), persona=owner)
     assert stopping.code == 0 and stopping.out.startswith(f"job {running.pk}: CANCELLING")
+    suggested = stopping.out.split("`")[1]  # the command it suggests must be one that runs
+    assert suggested.split()[0] == "cpctl", stopping.out
+    shown = run_cli(*suggested.split()[1:], persona=owner)
+    assert shown.code == 0 and "CANCELLING" in shown.out, shown.err
 
     events = run_cli("events", str(queued.pk), persona=teammate)
     assert events.code == 0, events.err

@@ -12,6 +12,7 @@ import pytest
 
 from costs.models import UtilizationRollup
 from costs.reports.build import generate_report
+from jobs.models import Job, JobState
 from runners.models import Cluster
 from tests.costs.test_capacity import T0, allocate, sync_fleet
 from tests.support.factories import make_attempt, make_cost_entry, make_job
@@ -93,6 +94,11 @@ def test_an_empty_node_log_gets_a_hint_naming_the_other_nodes(run_cli, owner, fu
     assert (result.code, result.out) == (0, "")
     assert result.err == (f"(node 1 of attempt {attempt.number} has printed nothing yet; the job has 2 nodes (0 to 1) "
                           "and often only rank 0 prints: try --node 0)\n")
+    rank0 = run_cli("logs", str(job.pk), "--node", "0", persona=owner)  # rank 0 is pointed to the next node
+    assert rank0.err == f"(node 0 of attempt {attempt.number} has printed nothing yet; the job has 2 nodes (0 to 1): try --node 1)\n"
+    Job.objects.filter(pk=job.pk).update(state=JobState.SUCCEEDED)
+    ended = run_cli("logs", str(job.pk), "--node", "1", persona=owner)
+    assert ended.err.startswith(f"(node 1 of attempt {attempt.number} has printed nothing in this attempt;"), ended.err
 
 
 def test_capacity_is_a_table_with_a_total_and_team_shares(run_cli, owner, catalog, teams, h100):

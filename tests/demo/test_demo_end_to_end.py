@@ -51,7 +51,8 @@ def test_demo_once_trains_and_charges_with_real_workers(tmp_path):
     assert proc.returncode == 0, out[-4000:]
     assert "Demo OK" in out
     assert re.search(r"train-gpt\s+SUCCEEDED", out), out
-    assert re.search(r"too-expensive-sweep\s+REJECTED", out), out
+    assert re.search(r"too-expensive-sweep\s+REFUSED\s+at submission: spec.max_runtime_seconds: team applied-ml's "
+                     r"monthly budget #\d+ \(block\) can never cover this job", out), out
     # The trained model was served from the training job's checkpoint and answered; --once then cancelled it.
     served = re.search(r"serve-gpt\s+CANCELLED .* endpoint (http://127\.0\.0\.1:(\d+))\n", out)
     assert served, out

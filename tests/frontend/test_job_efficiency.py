@@ -26,7 +26,7 @@ def test_the_job_page_shows_throughput_mfu_and_cost_per_million_tokens(teammate_
     page = teammate_web.get(f"/jobs/{job.pk}/").content.decode()
     assert '<dd id="job-throughput">120000.0 tokens/s</dd>' in page
     assert f'<dd id="job-mfu">{100 * 1.2e5 * 43.2e9 / (8 * 989e12):.2f} %</dd>' in page
-    assert '<dd id="job-usd-per-million-tokens">$2.7520</dd>' in page  # 137.60 USD over 5e7 tokens
+    assert '<dd id="job-usd-per-million-tokens">$2.75</dd>' in page  # 137.60 USD over 5e7 tokens: 2.752
     chart = json.loads(re.search(r'<script id="job-throughput-chart-data" type="application/json">(.*?)</script>',
                                  page).group(1))
     assert chart["labels"] == [1, 50] and chart["datasets"][0]["data"] == [100000.0, 120000.0]

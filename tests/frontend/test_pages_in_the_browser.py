@@ -71,7 +71,7 @@ def test_a_finished_job_shows_its_cost_and_names_the_submitter_once(live_server,
     expect(status).to_contain_text("Cost: $0.00")
     expect(status).not_to_contain_text("Cost so far")
     submitted = page.locator(".timeline li").first
-    expect(submitted).to_contain_text("submitted by owner")
+    expect(submitted).to_contain_text("Submitted by owner.")
     assert submitted.text_content().count("owner") == 1, submitted.text_content()
 
 
@@ -244,7 +244,7 @@ def test_why_it_waits_reads_as_words_and_stays_inside_the_page(live_server, flee
     expect(box).to_contain_text("Queue position 3 overall, 2 within the team.")
     expect(box.locator("#queue-message")).to_contain_text("it runs when job 41 ends")
     facts = dict(zip(box.locator("dt").all_text_contents(), box.locator("dd").all_text_contents(), strict=True))
-    assert facts["Request GPUs"] == "8" and facts["Lending limit GPUs"] == "no limit"
+    assert facts["GPUs asked"] == "8" and facts["Lending limit (GPUs)"] == "no limit"
     assert facts["Blocking job ids"] == "41, 42"
     assert "request_gpus" not in box.text_content() and "None" not in box.text_content()
     overflow = page.evaluate("""() => { const b = document.getElementById('queue-info');

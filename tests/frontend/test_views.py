@@ -50,8 +50,8 @@ def alpha_pages(objects) -> list[str]:
             f"/api/v1/reports/{report.pk}/"]
 
 
-LIST_PAGES = ["/", "/jobs/", "/jobs/rows/", "/jobs/new/", "/teams/", "/clusters/", "/nodes/", "/costs/", "/costs.csv",
-              "/capacity/", "/utilization/", "/reports/", "/requests/", "/audit/", "/notifications/"]
+LIST_PAGES = ["/", "/jobs/", "/jobs/rows/", "/jobs/new/", "/queue/", "/teams/", "/clusters/", "/nodes/", "/costs/",
+              "/costs.csv", "/capacity/", "/utilization/", "/reports/", "/requests/", "/audit/", "/notifications/"]
 
 
 def test_every_page_sends_anonymous_users_to_sign_in(client, objects):
@@ -127,7 +127,7 @@ def test_the_job_page_shows_why_it_waits_and_its_queue_position(teammate_web, ob
     page = teammate_web.get(f"/jobs/{job.pk}/").content.decode()
     assert "Why it waits" in page and 'id="queue-position">5<' in page and "2 within the team" in page
     assert "16 of 16 GPUs in use" in page
-    assert "No data: no GPU utilization metrics" in page
+    assert "Not collected yet: the job has not started running." in page
     assert 'hx-get="/jobs/%d/status/"' % job.pk in page  # live while not final
 
 
@@ -199,7 +199,9 @@ def test_the_yaml_field_submits_a_whole_submission(teammate_web, objects):
     assert Job.objects.get(name="from-yaml").max_runtime_seconds == 60
     bad = teammate_web.post("/jobs/new/", {"spec_yaml": yaml_text.replace("max_runtime_seconds: 60", "colour: red")})
     page = bad.content.decode()
-    assert "spec.max_runtime_seconds: This field is required." in page and "spec.colour: unknown field" in page
+    assert "spec.colour: unknown field" in page
+    without = teammate_web.post("/jobs/new/", {"spec_yaml": yaml_text.replace("  max_runtime_seconds: 60\n", "")})
+    assert "spec.max_runtime_seconds: required for training jobs" in without.content.decode()
 
 
 def test_the_outsider_cannot_submit_for_another_team(outsider_web, objects):
@@ -326,11 +328,12 @@ def test_a_job_on_emulated_gpus_shows_utilization_as_not_observed(teammate_web, 
     job = objects["alpha"]["job"]
     cluster, pool = make_cluster("emu", "local", "local", h100, nodes=1, gpus_per_node=4, price="0.50")
     cluster.emulated = True
+    cluster.prometheus_url = "http://prometheus.example:9090"  # read, but no GPU sample of the job in it
     cluster.save()
     make_attempt(job, cluster, pool)
     page = teammate_web.get(f"/jobs/{job.pk}/").content.decode()
-    assert 'id="job-util-emulated"' in page and "Not observed: the job ran on emulated GPUs" in page
-    assert "No data: no GPU utilization metrics" not in page and 'id="job-usage"' not in page
+    assert 'id="job-util-empty"' in page and "Not observed: the job ran on emulated GPUs" in page
+    assert 'id="job-usage"' not in page
 
 
 def test_the_form_submits_and_previews_a_cpu_only_job(teammate_web, objects):
@@ -351,3 +354,18 @@ def test_the_form_submits_and_previews_a_cpu_only_job(teammate_web, objects):
     assert response.status_code == 302 and job.total_gpus == 0 and job.spec["resources"]["cpu"] == 4
     missing = teammate_web.post("/jobs/new/", {**cpu_only, "name": "prep-2", "cpu": ""}).content.decode()
     assert "required for a CPU-only job" in missing
+
+
+def test_the_form_opens_without_a_max_runtime_and_a_serving_job_from_it_runs_unbounded(teammate_web, objects):
+    page = teammate_web.get("/jobs/new/").content.decode()
+    field = page.split('name="max_runtime_seconds"')[1].split(">")[0]
+    assert "value=" not in field  # no training default that would stop a server
+    budget = objects["alpha"]["budget"]  # 30 days of a GPU (ADR 0036) would be over the 1000 USD block budget
+    budget.amount_usd = Decimal("100000")
+    budget.save()
+    response = teammate_web.post("/jobs/new/", form_data(kind="inference", name="serve-it", max_runtime_seconds="",
+                                                         gpus_per_node="1"))
+    assert response.status_code == 302, [line for line in response.content.decode().splitlines() if "error" in line]
+    assert Job.objects.get(name="serve-it").max_runtime_seconds is None
+    refused = teammate_web.post("/jobs/new/", form_data(name="train-it", max_runtime_seconds="")).content.decode()
+    assert "required for training jobs" in refused and not Job.objects.filter(name="train-it").exists()

@@ -265,7 +265,7 @@ def alpha_objects(teams, owner, teammate, aws_cluster, h100):
 def alpha_ledger(alpha_objects, aws_cluster):
     """Twenty one-minute ledger rows of alpha's job on 2026-03-10 from 12:00 UTC (returned), 0.10 and 0.20 USD
     alternately: exactly 3.00 in Decimals, where binary floats would drift; and 0.005 alone a day later, which
-    rounds half-even to 0.00 on its own and leaves the total at 3.00."""
+    rounds half-even to 0.00 (shown as 0.005 on its own, being above 0) and leaves the total at 3.00."""
     attempt = make_attempt(alpha_objects["job"], aws_cluster["cluster"], aws_cluster["pool"])
     base = dt.datetime(2026, 3, 10, 12, 0, tzinfo=dt.timezone.utc)
     minute = dt.timedelta(minutes=1)

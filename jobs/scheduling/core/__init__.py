@@ -36,16 +36,31 @@ from .nodebook import (
     fragment_gpus,
     workload_of,
 )
-from .placement import UNLIMITED, NodeRoom, PlacementRequest, PoolOffer, matches, pods_held, pods_on
+from .placement import (
+    UNLIMITED,
+    NodeRoom,
+    PlacementRequest,
+    PoolOffer,
+    allowed,
+    capable_nodes,
+    matches,
+    pods_held,
+    pods_on,
+    price_order,
+)
 from .rules import (
     ESTIMATE_QUANTUM,
+    budget_refusal,
     check_budgets,
     check_cpu_quota,
     check_quota,
     cohort_has_room,
     estimate_cost,
     job_estimate,
+    needs_phrase,
+    overtaken_note,
     price_text,
+    short_resource,
 )
 from .types import (
     OK,
@@ -70,8 +85,8 @@ __all__ = [
     "ESTIMATE_QUANTUM", "OK", "Admission", "Assessment", "BudgetView", "DecisionMemo", "Decision", "Decisions",
     "FairShareScheduler", "NullMemo",
     "PlacementRequest", "PoolOffer", "QueuedJob", "QuotaView", "Rejection", "RunningJob", "Snapshot", "TeamQuota",
-    "TeamState", "Verdict", "Waiting", "assess", "check_budgets", "check_cpu_quota", "check_quota", "choose_pool", "cohort_has_room",
+    "TeamState", "Verdict", "Waiting", "allowed", "assess", "budget_refusal", "capable_nodes", "check_budgets", "check_cpu_quota", "check_quota", "choose_pool", "cohort_has_room",
     "decide", "estimate_cost", "fits_now", "fragment_gpus", "job_estimate", "matches", "pods_held", "pods_on",
-    "price_text", "recheck",
+    "needs_phrase", "overtaken_note", "price_order", "price_text", "recheck", "short_resource",
     "workload_of",
 ]

@@ -40,7 +40,7 @@ from .cohort import CohortBook
 from .evaluate import Evaluator, amount_of, may_preempt
 from .memo import DecisionMemo
 from .nodebook import DEFAULT_PACKING_POLICY, NodeBook, workload_of
-from .order import TeamQueue, behind, behind_message, team_key
+from .order import TeamQueue, behind, behind_message, note_overtaking, team_key
 from .positions import Positions
 from .preemption import VictimSearch, victims_were_borrowing
 from .room import Room
@@ -158,6 +158,8 @@ class FairShareScheduler:
         share = cohorts.share
         evaluate, evaluate_on, stamp = self.evaluator.evaluate, self.evaluator.evaluate_on, memo.stamp
         waiting = out.waiting
+        heads: dict[int, Waiting] = {}  # team id -> its first waiting job in this run (``note_overtaking``)
+        headed: set[int] = set()  # the teams that had one
         heappop, heappushpop = heapq.heappop, heapq.heappushpop
         entry = heappop(heap) if heap else None
         while entry is not None:
@@ -194,6 +196,9 @@ class FairShareScheduler:
                         decided[dkey] = (*stamp(job, team_gen[tid], decision, cohorts, amount, q, preempts), decision)
                 if isinstance(decision, Waiting):  # step 4
                     waiting[job.job_id] = decision
+                    if tid not in headed and not decision.detail.get("never_placeable"):
+                        headed.add(tid)
+                        heads[tid] = decision  # the team's first waiting job: what a later admission overtakes
                     if strict and not decision.detail.get("never_placeable"):
                         tq.blocked = decision
                         entry = heappop(heap) if heap else None
@@ -202,6 +207,8 @@ class FairShareScheduler:
                 elif isinstance(decision, Admission):
                     self.admit(decision)
                     out.admissions.append(decision)
+                    if heads:
+                        note_overtaking(decision, heads)
                 else:
                     out.rejections.append(decision)
                 pos += 1

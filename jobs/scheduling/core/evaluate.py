@@ -222,13 +222,15 @@ class Evaluator:
         borrowing limit, at most what its cohort can lend; what the cohort lends now is decided at admission)."""
         team = self.teams[job.team_id]
         acc = job.accelerator_id
-        pools, _, pids = self.room.matching_entry(job, acc)
+        pools, fleet, pids = self.room.matching_entry(job, acc)
         found = self.room.place(job, acc, pools, pids)
         fits_now = found is not None
         offer = found[0] if found else (pools[0] if pools else None)  # else where it would wait for capacity
-        estimate = job_estimate(job, offer) if offer is not None else None
+        priced = offer if offer is not None else self.room.whole_fleet_pool(job, acc)
+        estimate = job_estimate(job, priced) if priced is not None else None
         budget = check_budgets(estimate, team.budgets) if estimate is not None else None
         q = team.quotas.get(acc)
         quota = quota_verdict(job, amount_of(job, acc, team), team.used.get(acc, 0),
                               q.view() if q is not None else None)
-        return Assessment(offer, fits_now, estimate, quota, budget)
+        unplaced = None if pools else self.room.no_price(job, acc, fleet)
+        return Assessment(offer, fits_now, estimate, quota, budget, unplaced, priced)

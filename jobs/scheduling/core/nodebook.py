@@ -202,6 +202,27 @@ class NodeBook:
         g, c, m = request.gpus_per_node, request.cpu_milli, request.memory_mib
         return sum(1 for k in range(g, len(p.buckets)) for fc, fm, _ in p.buckets[k] if fc >= c and fm >= m)
 
+    def room_by_resource(self, pool_id: int, request: PlacementRequest) -> tuple[int, int, int, int, int]:
+        """Which resource keeps the pool's schedulable nodes from holding one node of ``request`` now:
+        ``(with GPUs, with GPUs and CPU, with GPUs, CPU and memory, most free CPU millicores on a node that has the
+        GPUs but too little CPU (0: none such), most free memory MiB on a node that has the GPUs and CPU but too
+        little memory (0: none such))``, counts in nodes."""
+        p = self.pools[pool_id]
+        g, c, m = request.gpus_per_node, request.cpu_milli, request.memory_mib
+        with_g = with_c = with_all = most_c = most_m = 0
+        for k in range(g, len(p.buckets)):
+            for fc, fm, _ in p.buckets[k]:
+                with_g += 1
+                if fc < c:
+                    most_c = max(most_c, fc)
+                    continue
+                with_c += 1
+                if fm < m:
+                    most_m = max(most_m, fm)
+                    continue
+                with_all += 1
+        return with_g, with_c, with_all, most_c, most_m
+
     def fit(self, pool_id: int, request: PlacementRequest) -> list[int] | None:
         """Node indexes of the pool for every node of ``request`` (distinct nodes, each with room), or None.
 

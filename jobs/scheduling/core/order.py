@@ -9,7 +9,7 @@ accelerators, divided by the team's weight), then the earliest submission.
 
 from __future__ import annotations
 
-from .types import QueuedJob, TeamState, Waiting
+from .types import OVERTAKEN_SHOWN, Admission, QueuedJob, TeamState, Waiting
 
 
 def dominant_share(team: TeamState, lendable: dict[tuple, int]) -> float:
@@ -62,3 +62,30 @@ def behind(job: QueuedJob, blocked: Waiting, message: str | None = None) -> Wait
     return Waiting(job, "priority", message or behind_message(blocked),
                    {"request_gpus": job.nodes * job.gpus_per_node, "behind_job_id": blocked.job.job_id,
                     "behind_reason": blocked.reason})
+
+
+def note_overtaking(admission: Admission, heads: dict[int, Waiting]) -> None:
+    """Record on each waiting head of ``heads`` (team id -> its first waiting job in this run; removed once it was
+    told of ``OVERTAKEN_SHOWN`` jobs) that comes before
+    ``admission``'s job in the queue's overall order (priority, submission, id), accepts the admitted
+    accelerator and waits for what the admission takes (nodes: any team's; quota or budget: its own team's)
+    that this job was admitted ahead of it (``Waiting.overtaken_by``, at most ``OVERTAKEN_SHOWN``):
+    Kueue's BestEffortFIFO lets a job that fits pass one that does not, and the passed job is told so."""
+    job = admission.job
+    key, acc, tid = job.key, admission.accelerator_id or job.accelerator_id, job.team_id
+    full = []
+    for team_id, w in heads.items():
+        head = w.job
+        # a head waiting for nodes is passed by any team's admission; one waiting for its team's quota or budget
+        # only by its own team's, which takes what it waits for
+        if head.key < key and (acc == head.accelerator_id or acc in head.alternatives) and (
+                team_id == tid or w.reason == "capacity"):
+            seen = w.overtaken_by
+            if seen is None:
+                w.overtaken_by = [job]
+            else:
+                seen.append(job)
+                if len(seen) >= OVERTAKEN_SHOWN:
+                    full.append(team_id)
+    for team_id in full:  # told of as many as it is shown
+        del heads[team_id]

@@ -51,7 +51,7 @@ class Room:
                 in_order = sorted(offers, key=price_order)
                 self._by_price[acc] = in_order
             pools = [o for o in in_order if matches(request, o)]
-            found = (pools, None if pools else never_placeable(job, self.why_none(job, request, offers)),
+            found = (pools, None if pools else never_placeable(job, *self.fleet_reason(job, request, offers)),
                      tuple(o.node_pool_id for o in pools))
             self._matching[key] = found
         return found
@@ -59,9 +59,16 @@ class Room:
     @staticmethod
     def why_none(job: QueuedJob, request, offers) -> str:
         """What keeps every pool from holding ``job``, in words with the numbers (for the fleet-change reason)."""
+        return Room.fleet_reason(job, request, offers)[0]
+
+    @staticmethod
+    def fleet_reason(job: QueuedJob, request, offers) -> tuple[str, str]:
+        """``(why_none's words, what is short)``: ``placement`` (no pool allowed), ``health`` (an unhealthy cluster
+        or node among those that could hold it), ``cordon`` (large enough nodes cordoned or tainted) or ``nodes``
+        (too few nodes large enough)."""
         allowed_pools = [o for o in offers if allowed(request, o)]
         if not allowed_pools:
-            return "none of the accelerator's pools is allowed by its placement and spot rules"
+            return "none of the accelerator's pools is allowed by its placement and spot rules", "placement"
         sick = sorted({o.cluster_name for o in allowed_pools if not o.healthy})
         whole = max((capable_nodes(request, o, schedulable_only=False) for o in allowed_pools), default=0)
         open_ = max((capable_nodes(request, o, schedulable_only=True) for o in allowed_pools if o.healthy), default=0)
@@ -81,7 +88,17 @@ class Room:
         else:
             parts.append(f"at most {open_} schedulable nodes of one healthy pool can hold a node of it, "
                          f"{job.nodes} needed")
-        return "; ".join(parts)
+        short = "health" if sick or bad else "cordon" if open_ < whole and whole >= job.nodes else "nodes"
+        return "; ".join(parts), short
+
+    def whole_fleet_pool(self, job: QueuedJob, acc: int) -> PoolOffer | None:
+        """The cheapest priced pool of ``acc`` that ``job``'s placement and spot rules allow and whose nodes, healthy
+        or not, cordoned or not, could hold it (``capable_nodes`` over all its nodes), or None: the price it would
+        run at once the fleet takes it back, for an estimate while no pool matches now."""
+        request = job.placement()
+        whole = [o for o in self.pools.get(acc, ()) if allowed(request, o) and request.gpus_per_node <= o.gpus_per_node
+                 and capable_nodes(request, o, schedulable_only=False) >= request.nodes]
+        return min(whole, key=price_order, default=None)
 
     def no_price(self, job: QueuedJob, acc: int, fleet: Verdict) -> Verdict:
         """Why no pool matches ``job`` on ``acc``: some would but have no price (``rules.no_price``), else ``fleet``."""
@@ -170,7 +187,8 @@ class Room:
         verdict = no_room(job, pools, {pid: nodes[pid].free_total for pid in pids},
                           {o.node_pool_id: book.most_free(o.node_pool_id) for o in shown},
                           {o.node_pool_id: book.nodes_with_room(o.node_pool_id, request) for o in shown},
-                          self.unhealthy_sentence(job, acc, request))
+                          self.unhealthy_sentence(job, acc, request),
+                          {o.node_pool_id: book.room_by_resource(o.node_pool_id, request) for o in shown})
         self._no_room[key] = (taken, verdict)
         return verdict
 

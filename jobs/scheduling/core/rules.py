@@ -210,6 +210,8 @@ def _shape(job: QueuedJob) -> str:
     if job.memory_mib:
         per.append(f"{job.memory_mib / 1024:g} GiB")
     nodes = f"{job.nodes} node{'s' if job.nodes != 1 else ''}"
+    if job.cpu_only:  # no GPU to name: vCPU and GiB per node
+        return f"{nodes} x " + (" + ".join(per).replace(" CPU", " vCPU") or "no resources")
     return f"{nodes} x {job.gpus_per_node} GPUs" + (f" ({', '.join(per)} per node)" if per else "")
 
 
@@ -219,18 +221,19 @@ def no_price(job: QueuedJob, unpriced: list[PoolOffer]) -> Verdict:
     names = ", ".join(f"{o.cluster_name} ({o.provider} {o.region}, {o.capacity_type})" for o in unpriced)
     return Verdict(False, "capacity", f"no price for node pool {names}: the price catalog has none in force",
                    {"request_gpus": job.total_gpus, "free_gpus_by_pool": {}, "never_placeable": True,
-                    "unpriced_pools": [o.node_pool_id for o in unpriced]})
+                    "unpriced_pools": [o.node_pool_id for o in unpriced], "short_of": "price"})
 
 
-def never_placeable(job: QueuedJob, why: str = "") -> Verdict:
+def never_placeable(job: QueuedJob, why: str = "", short_of: str = "nodes") -> Verdict:
     """No node pool can hold ``job`` as the fleet is now, even once its work ends: it waits for the fleet to change (a
-    cordoned node back, an unreachable cluster healthy again, a new pool), without blocking its team."""
+    cordoned node back, an unreachable cluster healthy again, a new pool), without blocking its team. ``short_of``:
+    what keeps it out (``room.Room.fleet_reason``: placement, health, cordon or nodes), in the detail."""
     message = (f"Asks {_shape(job)}, which no node pool can hold as the fleet is now"
                + (f": {why}" if why else "") + ". It waits for the fleet to change and does not hold up the team's "
                "other jobs.")
     return Verdict(False, "capacity", message,
                    {"request_gpus": job.total_gpus, "free_gpus_by_pool": {}, "never_placeable": True,
-                    "fleet_change": True})
+                    "fleet_change": True, "short_of": short_of})
 
 
 def unhealthy_nodes(request, pools: list[PoolOffer], shown: int = 5) -> str:
@@ -244,22 +247,95 @@ def unhealthy_nodes(request, pools: list[PoolOffer], shown: int = 5) -> str:
             f"(GPU errors or attempts lost there): {', '.join(names[:shown])}{more}")
 
 
+def _gib(mib: int) -> str:
+    """Memory MiB as GiB for messages: ``131072`` -> ``128``, ``1536`` -> ``1.5``."""
+    return f"{mib / 1024:g}"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def needs_phrase(job: QueuedJob) -> str:
+    """What one node of ``job`` needs free, for messages: ``2 nodes with 8 GPUs, 32 vCPU and 128 GiB free`` (a
+    CPU-only job names only vCPU and GiB; a job whose pods may share a node says pods)."""
+    asks = [f"{job.gpus_per_node} GPUs"] if job.gpus_per_node else []
+    if job.cpu_milli:
+        asks.append(f"{_vcpus(job.cpu_milli)} vCPU")
+    if job.memory_mib:
+        asks.append(f"{_gib(job.memory_mib)} GiB")
+    what = " and ".join([", ".join(asks[:-1]), asks[-1]] if len(asks) > 1 else asks) or "room"
+    unit = "pod" if job.share_nodes else "node"
+    return f"{_plural(job.nodes, unit)} with {what} free" + (" each" if job.share_nodes and job.nodes > 1 else "")
+
+
+def short_resource(job: QueuedJob, with_gpus: int, with_cpu: int, with_room: int, most_cpu_milli: int,
+                   most_memory_mib: int) -> tuple[str, str]:
+    """Which resource of one pool keeps ``job`` waiting, and a sentence with the numbers: ``("gpu" | "cpu" |
+    "memory" | "nodes", text)``. The counts are the pool's schedulable nodes with room now for one node of the job
+    (``NodeBook.room_by_resource``): ``with_gpus`` with its GPUs free, ``with_cpu`` of those also its CPU,
+    ``with_room`` of those also its memory; ``most_cpu_milli`` / ``most_memory_mib``: the most CPU (millicores) /
+    memory (MiB) free on a node short of it only. A CPU-only job is told in vCPU and GiB alone."""
+    need = job.nodes
+    gpu = job.gpus_per_node > 0
+    if gpu and with_gpus < need:
+        return "gpu", f"{with_gpus} of the {need} nodes needed have {job.gpus_per_node} GPUs free"
+    have = f"{_plural(with_gpus, 'node')} {'has' if with_gpus == 1 else 'have'} the GPUs" if gpu else \
+        f"{_plural(with_gpus, 'schedulable node')}"
+    if with_cpu < need:
+        tail = (f" but only {with_cpu} of them {'has' if with_cpu == 1 else 'have'} {_vcpus(job.cpu_milli)} vCPU free "
+                f"(the others at most {_vcpus(most_cpu_milli)} vCPU)" if with_cpu else
+                f" but only {_vcpus(most_cpu_milli)} vCPU free at most")
+        return "cpu", have + tail
+    if with_room < need:
+        tail = (f" and CPU but only {with_room} of them {'has' if with_room == 1 else 'have'} "
+                f"{_gib(job.memory_mib)} GiB free (the others at most {_gib(most_memory_mib)} GiB)" if with_room else
+                f" and CPU but only {_gib(most_memory_mib)} GiB memory free at most")
+        if not gpu:
+            tail = tail.replace(" and CPU", " with the vCPU", 1)
+        return "memory", have + tail
+    return "nodes", f"{with_room} of the {need} nodes needed have room"
+
+
 def no_room(job: QueuedJob, pools: list[PoolOffer], free: dict[int, int], most_free: dict[int, int] | None = None,
-            with_room: dict[int, int] | None = None, unhealthy: str = "") -> Verdict:
+            with_room: dict[int, int] | None = None, unhealthy: str = "",
+            resources: dict[int, tuple[int, int, int, int, int]] | None = None) -> Verdict:
     """Pools match ``job`` but none has ``job.nodes`` nodes with room now. ``free``: free GPUs by node pool id;
     ``most_free``: the most free GPUs on one node, ``with_room``: nodes with room for one node of the job, by id
     (for the pools named in the message, the first three: the detail gives ``most_free`` for those only);
-    ``unhealthy``: the sentence of ``unhealthy_nodes`` over the pools allowed to it, added to the message."""
+    ``resources``: ``NodeBook.room_by_resource`` by id for those pools, which name the resource that is short (GPU,
+    CPU, memory or whole nodes: ``short_resource``); ``unhealthy``: the sentence of ``unhealthy_nodes`` over the
+    pools allowed to it, added to the message.
+
+    The detail keeps ``free_gpus_by_pool`` and ``most_free_gpus_on_a_node_by_pool`` and adds ``short_of`` (the
+    first pool's short resource), ``request_vcpu_per_node``, ``request_gib_per_node`` and ``pools``: per pool named,
+    its label, ``short_of``, free GPUs and the node counts."""
     most_free = most_free or {}
     with_room = with_room or {}
-    parts = [f"{o.label}: {free[o.node_pool_id]} GPUs free, at most {most_free.get(o.node_pool_id, 0)} on one node, "
-             f"{with_room.get(o.node_pool_id, 0)} of the {job.nodes} nodes needed have room" for o in pools[:3]]
+    resources = resources or {}
+    parts, shown, kinds = [], [], []
+    for o in pools[:3]:
+        pid = o.node_pool_id
+        counts = resources.get(pid)
+        if counts is None:  # no per-resource numbers: the nodes with room for one node of the job
+            n = with_room.get(pid, 0)
+            counts = (n, n, n, 0, 0)
+        kind, sentence = short_resource(job, *counts)
+        kinds.append(kind)
+        gpus = (f"{free[pid]} GPUs free, at most {most_free.get(pid, 0)} on one node; " if job.gpus_per_node else "")
+        parts.append(f"{o.label}: {gpus}{sentence}")
+        shown.append({"pool": o.label, "short_of": kind, "free_gpus": free[pid],
+                      "nodes_with_gpus": counts[0], "nodes_with_cpu": counts[1], "nodes_with_room": counts[2],
+                      "most_free_vcpu_when_short": _vcpus(counts[3]),
+                      "most_free_gib_when_short": float(_gib(counts[4]))})
     more = f" and {len(pools) - 3} more pools" if len(pools) > 3 else ""
-    message = (f"Asks {_shape(job)}; no matching node pool has {job.nodes} node{'s' if job.nodes != 1 else ''} "
-               f"with room now ({'; '.join(parts)}{more}). It waits for running work to end"
+    message = (f"Needs {needs_phrase(job)} ({_shape(job)}); no matching node pool has them now "
+               f"({'; '.join(parts)}{more}). It waits for running work to end"
                + (f"; {unhealthy}." if unhealthy else "."))
     return Verdict(False, "capacity", message,
                    {"request_gpus": job.total_gpus, "nodes": job.nodes, "gpus_per_node": job.gpus_per_node,
+                    "request_vcpu_per_node": _vcpus(job.cpu_milli), "request_gib_per_node": float(_gib(job.memory_mib)),
+                    "short_of": kinds[0] if kinds else "nodes", "pools": shown,
                     "free_gpus_by_pool": {str(o.node_pool_id): free[o.node_pool_id] for o in pools},
                     "most_free_gpus_on_a_node_by_pool": {str(pid): n for pid, n in most_free.items()}})
 
@@ -289,4 +365,58 @@ def budget_never(cheapest_estimate_usd: Decimal, budgets: list[BudgetView]) -> V
     for b in budgets:
         if b.action == "block" and cheapest_estimate_usd > b.amount_usd:
             return dataclasses.replace(check_budgets(cheapest_estimate_usd, [b]), never=True)
+    return None
+
+
+# --- overtaking -------------------------------------------------------------------------------------------
+
+def size_phrase(job: QueuedJob) -> str:
+    """A job's size for messages: ``1 GPU``, ``16 GPUs``, or for a CPU-only job ``4 vCPU`` (all its pods)."""
+    if job.cpu_only:
+        return f"{_vcpus(job.total_cpu_milli)} vCPU"
+    return _plural(job.total_gpus, "GPU")
+
+
+def overtaken_note(job: QueuedJob, reason: str, by: list[QueuedJob]) -> tuple[list[dict], str]:
+    """Why jobs ``by`` (admitted by the pass, later than ``job`` in the queue's order) went ahead of ``job``, which
+    waits for ``reason`` (``capacity``, ``quota``, ``budget``): ``([{"job_id", "team_id", "gpus", "vcpu"}...],
+    "Job 12 (1 GPU) was admitted ahead because it fits now; this job needs 2 nodes with 8 GPUs free.")``. Raises
+    ValueError when ``by`` is empty."""
+    if not by:
+        raise ValueError("no job was admitted ahead")
+    rows = [{"job_id": j.job_id, "team_id": j.team_id, "gpus": j.total_gpus, "vcpu": _vcpus(j.total_cpu_milli)}
+            for j in by]
+    names = [f"{j.job_id} ({size_phrase(j)})" for j in by]
+    who = (f"Job {names[0]} was" if len(names) == 1 else
+           f"Jobs {', '.join(names[:-1])} and {names[-1]} were")
+    fits = "it fits" if len(names) == 1 else "they fit"
+    needs = {"capacity": f"this job needs {needs_phrase(job)}",
+             "quota": "this job waits for its team's quota (or its cohort's) to have room",
+             "budget": "this job waits for room in its team's budget"}.get(reason, f"this job waits ({reason})")
+    return rows, f"{who} admitted ahead because {fits} now; {needs}."
+
+
+def budget_refusal(cheapest_estimate_usd: Decimal, budgets: list[BudgetView]) -> Verdict | None:
+    """The verdict that refuses a submission its ``block`` budgets can never cover, or None (ADR 0036).
+
+    ``cheapest_estimate_usd``: the job's lowest estimate over every pool that could hold it (USD). Refused when it
+    is over a block budget's whole amount, or over what the budget can still give in its period (amount - spent:
+    money the ledger has spent does not come back before the period ends). Money committed to running jobs is
+    not counted: it comes back when they end, so a job that fits once they end waits (``check_budgets``).
+    ``detail``: the budget's id and the numbers (USD strings), with ``can_give_usd`` = amount - spent.
+    """
+    for b in budgets:
+        if b.action != "block":
+            continue
+        can_give = b.amount_usd - b.spent_usd
+        if cheapest_estimate_usd <= can_give and cheapest_estimate_usd <= b.amount_usd:
+            continue
+        whole = cheapest_estimate_usd > b.amount_usd
+        detail = {"budget_id": b.budget_id, "estimate_usd": str(cheapest_estimate_usd),
+                  "amount_usd": str(b.amount_usd), "spent_usd": str(b.spent_usd),
+                  "can_give_usd": str(max(can_give, Decimal(0)))}
+        message = (f"estimated ${cheapest_estimate_usd:.2f} is over the whole budget of ${b.amount_usd:.2f}" if whole
+                   else f"estimated ${cheapest_estimate_usd:.2f} is over the ${max(can_give, Decimal(0)):.2f} the "
+                        f"budget can still give this period (${b.amount_usd:.2f}, ${b.spent_usd:.2f} spent)")
+        return Verdict(False, "budget", message, detail, never=True)
     return None

@@ -41,6 +41,9 @@ class Verdict:
 
 OK = Verdict(True)
 
+#: How many of the jobs admitted ahead of a waiting job it is told of.
+OVERTAKEN_SHOWN = 5
+
 
 @dataclasses.dataclass(frozen=True)
 class QuotaView:
@@ -270,6 +273,9 @@ class Waiting:
     detail: dict
     team_position: int = 0
     overall_position: int = 0
+    #: Later jobs (in the queue's overall order) of the same accelerator that the pass admitted while this job
+    #: waited, as the decision loop saw them (``cycle.FairShareScheduler``; at most ``OVERTAKEN_SHOWN``); None: none.
+    overtaken_by: list[QueuedJob] | None = None
 
     @classmethod
     def because(cls, job: QueuedJob, verdict: Verdict) -> Waiting:
@@ -307,10 +313,17 @@ class Decisions:
 class Assessment:
     """What the rules say of one job before it is submitted: the pool it would run on (``fits_now``: it has room
     now; otherwise the cheapest that could ever hold it; None when none can), the estimated cost at that pool's
-    price (USD, None without a pool), and the quota and budget verdicts (``budget`` None without an estimate)."""
+    price (USD, None without a pool), and the quota and budget verdicts (``budget`` None without an estimate).
+
+    When no pool can hold it as the fleet is now (cordoned or unhealthy nodes, an unhealthy cluster), ``unplaced``
+    is the verdict that says why, and the estimate is at the price of ``estimate_offer``: the cheapest priced pool
+    its rules allow that could hold it once those nodes take work again (None: none could; then the estimate is
+    None, and ``unplaced`` says whether a pool without a price would)."""
 
     offer: PoolOffer | None
     fits_now: bool
     estimate_usd: Decimal | None
     quota: Verdict
     budget: Verdict | None
+    unplaced: Verdict | None = None
+    estimate_offer: PoolOffer | None = None

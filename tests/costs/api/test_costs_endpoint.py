@@ -116,7 +116,7 @@ def test_an_outsider_sees_only_their_team(outsider, ledger):
 @pytest.mark.parametrize("params, field", [
     ({"group_by": "week"}, "group_by"),
     ({"start": "2025-03-01T00:00:00"}, "start"),
-    ({"end": "2025-03-01"}, "end"),
+    ({"end": "2025-02-30"}, "end"),  # a plain date is midnight UTC; an impossible one is refused
     ({"start": "yesterday"}, "start"),
     ({"start": "2025-03-02T00:00:00Z", "end": "2025-03-01T00:00:00Z"}, "end"),
     ({"start": "2025-03-02T00:00:00Z", "end": "2025-03-02T00:00:00Z"}, "end"),
@@ -140,7 +140,8 @@ def test_decimal_sums_are_exact(owner, alpha_ledger):
     response = owner.client.get("/api/v1/costs/", {"group_by": "day"})
     assert response.status_code == 200
     body = response.json()
-    assert [r["cost_usd"] for r in body["results"]] == ["3.00", "0.00"]
+    # A day of half a cent: cents would read 0.00, so it shows two significant digits, never a zero.
+    assert [r["cost_usd"] for r in body["results"]] == ["3.00", "0.005"]
     assert body["total"]["cost_usd"] == "3.00"  # 3.005 rounded half-even once
     for group_by in ("team", "cluster", "accelerator", "job"):
         assert owner.client.get("/api/v1/costs/", {"group_by": group_by}).json()["total"]["cost_usd"] == "3.00"
@@ -158,7 +159,8 @@ def test_offsets_select_the_same_utc_window(owner, alpha_ledger, start, end):
 
 @pytest.mark.parametrize("params,field", [
     ({"start": "2026-03-10T12:00:00"}, "start"),  # naive
-    ({"end": "2026-03-10"}, "end"),
+    ({"end": "2026-02-29"}, "end"),  # not a leap year
+    ({"start": "2026-03-10", "end": "2026-03-10T00:00:00Z"}, "end"),  # the same instant: a date is midnight UTC
     ({"start": "2026-03-10T12:00:00Z", "end": "2026-03-10T12:00:00Z"}, "end"),
     ({"start": "2026-03-10T12:00:00Z", "end": "2026-03-10T11:00:00Z"}, "end"),
     ({"start": "2026-03-10T17:30:00+05:30", "end": "2026-03-10T12:00:00Z"}, "end"),  # the same instant
@@ -187,3 +189,12 @@ def test_far_past_and_far_future_windows_answer_200(owner, alpha_ledger, params)
     for url in ("/api/v1/costs/", "/api/v1/utilization/"):
         response = owner.client.get(url, params)
         assert response.status_code == 200, (url, params, response.content[:300])
+
+
+def test_a_plain_date_is_midnight_utc_as_the_cli_reads_it(teammate, ledger):
+    dated = teammate.client.get(COSTS, {"group_by": "day", "start": "2025-03-02", "end": "2025-03-03"})
+    timed = teammate.client.get(COSTS, {"group_by": "day", "start": "2025-03-02T00:00:00Z",
+                                        "end": "2025-03-03T00:00:00Z"})
+    assert dated.status_code == 200, dated.content
+    assert dated.json() == timed.json()
+    assert dated.json()["start"] == "2025-03-02T00:00:00+00:00"

@@ -72,3 +72,28 @@ def test_a_training_job_cannot_name_one(teammate, aws_cluster, submission, train
     r = teammate.client.post(JOBS, submission, format="json")
     assert r.status_code == 400
     assert r.json()["spec.checkpoint_from"] == ["checkpoint_from applies to inference jobs only"]
+
+
+def test_the_checkpoint_server_without_a_checkpoint_is_refused_on_checkpoint_from(teammate, aws_cluster, serving,
+                                                                                   trained):
+    serving["spec"].update(command=["python", "examples/serve.py"], args=["--host", "0.0.0.0"])
+    r = teammate.client.post(JOBS, serving, format="json")
+    assert r.status_code == 400
+    assert list(r.json()) == ["spec.checkpoint_from"]
+    assert "examples/serve.py loads a checkpoint before it serves" in r.json()["spec.checkpoint_from"][0]
+    assert not Job.objects.filter(kind="inference").exists()
+    serving["spec"]["checkpoint_from"] = "train-gpt"
+    assert teammate.client.post(JOBS, serving, format="json").status_code == 201
+    given = copy.deepcopy(serving)
+    del given["spec"]["checkpoint_from"]
+    given["spec"]["args"] = ["--checkpoint-uri=file:///data/ckpt"]
+    assert teammate.client.post(JOBS, given, format="json").status_code == 201  # a checkpoint given directly
+
+
+def test_a_serving_job_on_several_nodes_is_refused_on_nodes(teammate, aws_cluster, serving):
+    serving["spec"]["resources"]["nodes"] = 2
+    r = teammate.client.post(JOBS, serving, format="json")
+    assert r.status_code == 400
+    assert list(r.json()) == ["spec.resources.nodes"]
+    assert "an inference server runs on one node, so nodes must be 1 (got 2)" in r.json()["spec.resources.nodes"][0]
+    assert not Job.objects.exists()

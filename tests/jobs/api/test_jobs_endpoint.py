@@ -3,7 +3,9 @@ the response of a submission is what a read of the stored job shows. Cancelling 
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -37,16 +39,19 @@ def test_it_submits_a_json_job_as_queued(teammate, aws_cluster, submission, h100
     assert job.preemptible is True and job.max_runtime_seconds == 3600 and job.max_retries == 1
     assert list(job.events.values_list("kind", flat=True)) == ["submitted"]
     assert job.events.get().actor == teammate.user
-    assert body["estimated_cost_usd"] is None  # not placed yet: no price, and 0.00 would read as free
+    # Not placed yet: the preview's estimate, 2 x 8 GPUs x 1 h at the pool's 6.88 USD/GPU-h (aws_cluster).
+    assert body["estimated_cost_usd"] == "110.08"
 
 
-def test_the_estimate_is_null_until_the_job_is_placed_then_gpus_x_runtime_x_price(
+def test_the_estimate_is_the_previews_until_the_job_is_placed_then_gpus_x_runtime_x_price(
         teammate, teams, aws_cluster, submission, h100):
     from jobs.scheduling.passes import schedule_pending
 
     submission["spec"]["max_runtime_seconds"] = 5400  # 1.5 h
     job_id = teammate.client.post(JOBS, submission, format="json").json()["id"]
-    assert teammate.client.get(f"{JOBS}{job_id}/").json()["estimated_cost_usd"] is None
+    # Before placement, the job's own answer gives the preview's estimate (the pool it would run on); the list null.
+    assert teammate.client.get(f"{JOBS}{job_id}/").json()["estimated_cost_usd"] == "165.12"
+    assert teammate.client.get(JOBS).json()["results"][0]["estimated_cost_usd"] is None
     schedule_pending()
     body = teammate.client.get(f"{JOBS}{job_id}/").json()
     assert body["state"] == "ADMITTED"
@@ -251,6 +256,8 @@ def test_a_session_user_can_submit(aws_cluster, submission, client, teams):
 @pytest.mark.parametrize("kind", ["training", "inference"])
 def test_the_submit_response_is_what_a_get_of_the_stored_row_shows(cached, teammate, aws_cluster, submission, kind):
     submission["kind"] = kind
+    if kind == "inference":
+        submission["spec"]["resources"]["nodes"] = 1  # a server runs on one node
     submission["name"] = "z9-" + "é".encode().hex() + "-" + kind
     submission["spec"]["env"] = {"A": "it's \"q\" \\ ünï 🚀"}
     r = teammate.client.post(JOBS, submission, format="json")
@@ -258,3 +265,25 @@ def test_the_submit_response_is_what_a_get_of_the_stored_row_shows(cached, teamm
     posted = r.json()
     got = teammate.client.get(f"{JOBS}{posted['id']}/").json()
     assert posted == got
+
+
+def test_a_serving_job_without_a_max_runtime_runs_unbounded_and_is_estimated_for_30_days(teammate, aws_cluster,
+                                                                                          submission):
+    """No max runtime: stored as none (no deadline, no billing cap), estimated over 30 days; training needs one."""
+    from costs.ledger import billing_stop
+
+    submission.update(kind="inference", name="serve-forever")
+    submission["spec"]["resources"].update(nodes=1, gpus_per_node=1)
+    del submission["spec"]["max_runtime_seconds"]
+    r = teammate.client.post(JOBS, submission, format="json")
+    assert r.status_code == 201, r.content
+    job = Job.objects.get(pk=r.json()["id"])
+    assert job.max_runtime_seconds is None and r.json()["max_runtime_seconds"] is None
+    assert billing_stop(job.created_at, job.max_runtime_seconds) is None
+    # 1 GPU x 720 h x 6.88 USD/GPU-h (aws_cluster's price)
+    assert r.json()["estimated_cost_usd"] == f"{Decimal(720) * Decimal('6.88'):.2f}"
+    training = copy.deepcopy(submission)
+    training.update(kind="training", name="train-forever")
+    refused = teammate.client.post(JOBS, training, format="json")
+    assert refused.status_code == 400
+    assert list(refused.json()) == ["spec.max_runtime_seconds"]

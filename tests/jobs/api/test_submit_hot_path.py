@@ -28,12 +28,25 @@ pytestmark = pytest.mark.usefixtures("alpha_h100_quota")
 JOBS = "/api/v1/jobs/"
 
 
-def test_a_warm_submission_is_one_statement(cached, teammate, aws_cluster, submission):
+def _writes(queries) -> list[str]:
+    return [q["sql"][:80] for q in queries.captured_queries
+            if q["sql"].lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE", "WITH"))]
+
+
+def test_a_warm_submission_is_one_write_and_reads_that_do_not_grow_with_the_queue(
+        cached, teammate, aws_cluster, submission):
+    """The job and its event are one statement; the estimate and budget check (ADR 0036) read the fleet, the
+    team's quotas and budgets in a fixed number of queries, however many jobs wait."""
     assert teammate.client.post(JOBS, submission, format="json").status_code == 201  # warms the caches
+    with CaptureQueriesContext(connection) as first:
+        assert teammate.client.post(JOBS, submission, format="json").status_code == 201
+    for _ in range(20):
+        assert teammate.client.post(JOBS, submission, format="json").status_code == 201
     with CaptureQueriesContext(connection) as queries:
         r = teammate.client.post(JOBS, submission, format="json")
     assert r.status_code == 201, r.content
-    assert len(queries.captured_queries) == 1, [q["sql"][:80] for q in queries.captured_queries]
+    assert len(_writes(queries)) == 1, _writes(queries)
+    assert len(queries.captured_queries) == len(first.captured_queries)
     job = Job.objects.get(pk=r.json()["id"])
     event = JobEvent.objects.get(job=job)
     assert (event.kind, event.from_state, event.to_state, event.actor) == ("submitted", "QUEUED", "QUEUED", teammate.user)

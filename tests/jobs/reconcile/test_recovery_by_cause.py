@@ -92,3 +92,24 @@ def test_an_oom_kill_still_fails_the_job(live_clusters):
     world.reconcile("gcp-usc1")
     ended = load(attempt.pk)
     assert state(attempt) == S.FAILED and (ended.end_reason, ended.exit_code) == ("OOMKilled", 137)
+
+
+def test_a_training_exit_code_uses_a_retry_so_max_retries_1_makes_2_attempts(live_clusters):
+    world = live_clusters
+    attempt = world.admit(cluster="gcp-usc1", max_retries=1)
+    job_id, numbers = attempt.job_id, []
+    while True:
+        assert dispatch(attempt.pk) == "dispatched"
+        world.reconcile("gcp-usc1")
+        gcp = world.emulators["gcp-usc1"]
+        gcp.finish_pod(gcp.pods(attempt.pk)[0]["metadata"]["name"], 3)
+        world.reconcile("gcp-usc1")
+        numbers.append(load(attempt.pk).number)
+        assert load(attempt.pk).exit_code == 3
+        if state(attempt) == S.FAILED:
+            break
+        assert state(attempt) == S.RECOVERING
+        assert try_admit(job_id) == "admitted"
+        attempt = load(Job.objects.get(pk=job_id).current_attempt_id)
+    assert numbers == [1, 2]
+    assert Job.objects.get(pk=job_id).state_reason == "attempt 2 exited (exit code 3) and 1 retries used"

@@ -80,7 +80,10 @@ def test_a_crashing_server_is_started_again_as_max_retries_says(admitted):
     assert json.loads((attempt_dir(attempt) / "attempt.json").read_text())["ports"]
 
 
-def test_a_training_job_that_exits_non_zero_is_not_retried(admitted):
+def test_a_training_job_that_exits_non_zero_uses_a_retry_and_without_retries_fails(admitted):
     attempt = dispatched(admitted(["python", "-c", "import sys; sys.exit(2)"], nodes=1, max_retries=2))
+    job = reconcile_until(attempt, {JobState.RECOVERING, JobState.FAILED})
+    assert job.state == JobState.RECOVERING and job.state_reason == "attempt 1 exited (exit code 2), retry 1 of 2"
+    attempt = dispatched(admitted(["python", "-c", "import sys; sys.exit(2)"], nodes=1, max_retries=0))
     job = reconcile_until(attempt, {JobState.RECOVERING, JobState.FAILED})
     assert job.state == JobState.FAILED and job.attempts.count() == 1

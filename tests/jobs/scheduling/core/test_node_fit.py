@@ -33,6 +33,7 @@ def test_a_fragmented_pool_alone_makes_the_job_wait_with_the_numbers():
     assert w.reason == "capacity" and w.detail["free_gpus_by_pool"] == {"1": 8}
     assert w.detail["most_free_gpus_on_a_node_by_pool"] == {"1": 2}
     assert "1 node x 8 GPUs" in w.message and "8 GPUs free, at most 2 on one node" in w.message
+    assert w.detail["short_of"] == "gpu" and "0 of the 1 nodes needed have 8 GPUs free" in w.message
 
 
 def test_a_two_by_eight_gang_does_not_fit_on_four_half_free_nodes():

@@ -1,0 +1,80 @@
+"""``{% load job_terms %}``: ``{{ seconds|duration }}``, a length of time as a person reads it; ``{{ job|job_size }}``,
+what a job holds (GPUs, or for a CPU-only job vCPUs and GiB); ``job_asks``, the same as numbers;
+``{{ event|timeline_sentence }}``, a timeline line as a sentence."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django import template
+
+from jobs.models import total_gpus
+from jobs.scheduling.snapshot import per_node_request, pods_of
+
+register = template.Library()
+
+
+@register.filter
+def duration(seconds) -> str:
+    """``seconds`` (a number of seconds, at least 0) as ``2 d 3 h``, ``1 h 05 min``, ``4 min 09 s`` or ``12 s``
+    (the two largest units, the rest truncated); None: ``—`` (it never started)."""
+    if seconds is None or seconds == "":
+        return "—"
+    total = max(int(seconds), 0)
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days} d {hours} h"
+    if hours:
+        return f"{hours} h {minutes:02d} min"
+    if minutes:
+        return f"{minutes} min {secs:02d} s"
+    return f"{secs} s"
+
+
+def job_asks(kind: str, nodes: int, gpus_per_node: int, replicas: int, resources) -> dict:
+    """What a whole job holds, as its worst-case estimate counts it (``money.worst_case`` words it): ``{"gpus": int,
+    "vcpus": Decimal (cores), "gib": Decimal}``; vCPUs and GiB are the pods' (``snapshot.pods_of``) per-node
+    ``cpu`` and ``memory_gib`` of ``resources`` (a spec's), rounded up as placement counts them."""
+    pods, _ = pods_of(kind, nodes, replicas)
+    cpu_milli, memory_mib = per_node_request(resources)
+    return {"gpus": total_gpus(nodes, gpus_per_node, replicas), "vcpus": Decimal(pods * cpu_milli) / 1000,
+            "gib": Decimal(pods * memory_mib) / 1024}
+
+
+def number(value) -> str:
+    """A Decimal count without trailing zeros: ``Decimal("2.000")`` -> ``"2"``, ``Decimal("0.5")`` -> ``"0.5"``."""
+    return format(Decimal(str(value)).normalize(), "f")
+
+
+@register.filter
+def job_size(job) -> str:
+    """What ``job`` (a ``Job``) holds, for lists: ``2 × H100-80GB``, or for a CPU-only job ``2 vCPUs, 4 GiB``."""
+    asks = job_asks(job.kind, job.nodes, job.gpus_per_node, job.replicas, (job.spec or {}).get("resources"))
+    if asks["gpus"] or not (asks["vcpus"] or asks["gib"]):
+        return f"{asks['gpus']} × {job.accelerator.name}"
+    vcpus = number(asks["vcpus"])
+    return f"{vcpus} vCPU{'' if vcpus == '1' else 's'}, {number(asks['gib'])} GiB"
+
+
+@register.filter
+def timeline_sentence(event) -> str:
+    """A job event's reason (``JobEvent``) as a sentence: first letter capitalized, ``— by <username>`` when the
+    actor is not named in it already, a full stop at the end (``all nodes running`` -> ``All nodes running.``);
+    empty when it has no reason."""
+    text = (event.reason or "").strip()
+    if not text:
+        return ""
+    actor = getattr(event.actor, "username", "") if event.actor_id else ""
+    if actor and actor not in text:
+        text += f" — by {actor}"
+    text = text[:1].upper() + text[1:]
+    return text if text.endswith((".", "!", "?")) else text + "."
+
+
+@register.filter
+def kind_said(event) -> bool:
+    """Whether a job event's reason begins with its kind (``submitted``: "submitted by alice"), so the timeline need
+    not show the kind before it."""
+    return bool(event.kind) and (event.reason or "").strip().lower().startswith(event.kind.lower())

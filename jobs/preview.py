@@ -1,0 +1,126 @@
+"""The dry run of a submission, one function for the web form, the API (``POST /api/v1/jobs/preview/``) and
+``cpctl submit --dry-run``: where the job would run with every candidate pool and its price, the estimate, the
+quota and budget verdicts, and whether submission would refuse it. Nothing is stored.
+
+A job its budget can never cover is refused at submission like one over its quota (ADR 0036):
+``refuse_unaffordable`` raises the 400 that the API and the form show.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from rest_framework.exceptions import ValidationError
+
+from core.money import usd_cents
+from quotas.models import Budget
+
+from .models import total_gpus
+from .scheduling.core import budget_refusal
+from .scheduling.preview import Candidate, preview_placement
+from .spec import accelerator_named
+
+#: The field a budget refusal is reported on: the run-time limit bounds the estimate the budget is checked against.
+BUDGET_FIELD = "spec.max_runtime_seconds"
+
+
+def per_node_asks(spec) -> dict:
+    """The ``cpu`` (cores) and ``memory_gib`` per node a stored spec asks, for the preview (they place a job, and
+    price a CPU-only one); absent ones left out."""
+    resources = (spec or {}).get("resources") or {}
+    return {k: resources[k] for k in ("cpu", "memory_gib") if resources.get(k) is not None}
+
+
+def _budget_name(budget_id: int) -> str:
+    """``team alpha's monthly budget #3`` for messages (the id alone when the row is gone)."""
+    budget = Budget.objects.select_related("team").filter(pk=budget_id).first()
+    if budget is None:
+        return f"budget #{budget_id}"
+    return f"team {budget.team.slug}'s {budget.period} budget #{budget.pk} (block)"
+
+
+def submission_preview(args: dict) -> dict:
+    """Before submitting: the dry run of ``args`` (``submit_job``'s keyword arguments, from
+    ``jobs.spec.validated_submission``).
+
+    Returns ``{"team", "kind", "accelerator" (name of the chosen one), "total_gpus", "max_runtime_seconds" (s),
+    "pool" (the chosen ``PoolOffer`` or None), "fits_now", "estimate_usd" (Decimal USD or None), "quota" and
+    "budget" (``core.Verdict``; budget None without an estimate), "candidates" (``scheduling.preview.Candidate``
+    list), "refusal" (None, or ``{"field", "message"}``: submission would answer 400), "assessment" (the chosen
+    accelerator's ``core.Assessment``)}``.
+    """
+    resources, team = {**args["resources"], **per_node_asks(args["spec"])}, args["team"]
+    names = (args["spec"].get("resources") or {}).get("alternatives") or []
+    found = preview_placement(team, resources, args["spec"].get("placement") or {}, kind=args["kind"],
+                              alternatives=tuple(accelerator_named(n) for n in names))
+    assessment, refusal = found.assessment, None
+    cheapest = found.cheapest_usd
+    verdict = budget_refusal(cheapest, found.budgets) if cheapest is not None else None
+    if verdict is not None:
+        refusal = {"field": BUDGET_FIELD,
+                   "message": f"{_budget_name(verdict.detail['budget_id'])} can never cover this job: "
+                              f"{verdict.message}. Lower max_runtime_seconds or the resources, or ask for a larger "
+                              f"budget.",
+                   "detail": verdict.detail}
+    return {"team": team, "kind": args["kind"], "accelerator": found.accelerator,
+            "total_gpus": total_gpus(resources["nodes"], resources["gpus_per_node"], resources.get("replicas", 1)),
+            "max_runtime_seconds": resources["max_runtime_seconds"],
+            "pool": assessment.offer, "fits_now": assessment.fits_now, "estimate_usd": assessment.estimate_usd,
+            "quota": assessment.quota, "budget": assessment.budget, "candidates": found.candidates,
+            "refusal": refusal, "assessment": assessment}
+
+
+def refuse_unaffordable(preview: dict) -> None:
+    """Raise DRF's ValidationError (a 400 naming ``spec.max_runtime_seconds``, the budget and the numbers) when
+    ``preview`` (``submission_preview``) says the job's budget can never cover it; else nothing."""
+    if preview["refusal"] is not None:
+        raise ValidationError({preview["refusal"]["field"]: [preview["refusal"]["message"]]})
+
+
+def _money(amount: Decimal | None) -> str | None:
+    return None if amount is None else str(amount)
+
+
+def _candidate_json(row: Candidate) -> dict:
+    o = row.offer
+    return {"cluster": o.cluster_name, "pool": o.name or str(o.node_pool_id), "provider": o.provider,
+            "region": o.region, "capacity_type": o.capacity_type, "accelerator": row.accelerator,
+            "nodes": row.pods, "free_gpus": o.free_gpus, "usd_per_hour": _money(row.usd_per_hour),
+            "estimated_cost_usd": usd_cents(row.estimate_usd), "fits_now": row.fits_now, "chosen": row.chosen,
+            "why_not": row.why_not}
+
+
+def _verdict_json(verdict) -> dict | None:
+    if verdict is None:
+        return None
+    return {"ok": verdict.ok, "reason": verdict.reason, "message": verdict.message, "never": verdict.never}
+
+
+def outcome(preview: dict) -> str:
+    """``refused`` (submission answers 400), ``admit`` (it would be admitted now), or ``wait`` (it would queue:
+    for capacity, quota or budget)."""
+    if preview["refusal"] is not None or preview["quota"].never or (preview["budget"] and preview["budget"].never):
+        return "refused"
+    budget_ok = preview["budget"] is None or preview["budget"].ok
+    return "admit" if preview["fits_now"] and preview["quota"].ok and budget_ok else "wait"
+
+
+def preview_json(preview: dict) -> dict:
+    """``submission_preview``'s answer as the API gives it: names for objects, USD as strings (estimates rounded to
+    cents as every figure shown; per-hour prices exact), the candidate pools as rows, and ``outcome``."""
+    chosen = next((c for c in preview["candidates"] if c.chosen), None)
+    return {"team": preview["team"].slug, "kind": preview["kind"], "accelerator": preview["accelerator"],
+            "total_gpus": preview["total_gpus"], "max_runtime_seconds": preview["max_runtime_seconds"],
+            "placement": _candidate_json(chosen) if chosen is not None else None,
+            "fits_now": preview["fits_now"], "estimated_cost_usd": usd_cents(preview["estimate_usd"]),
+            "candidates": [_candidate_json(c) for c in preview["candidates"]],
+            "quota": _verdict_json(preview["quota"]), "budget": _verdict_json(preview["budget"]),
+            "refusal": preview["refusal"], "outcome": outcome(preview)}
+
+
+def stored_job_args(job) -> dict:
+    """``submission_preview``'s argument for a stored ``job`` (Job): its team, kind, spec and resources columns."""
+    return {"team": job.team, "kind": job.kind, "spec": job.spec or {},
+            "resources": {"accelerator": job.accelerator, "gpus_per_node": job.gpus_per_node, "nodes": job.nodes,
+                          "replicas": job.replicas, "priority": job.priority, "preemptible": job.preemptible,
+                          "max_runtime_seconds": job.max_runtime_seconds}}
