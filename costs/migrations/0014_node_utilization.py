@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('costs', '0012_utilization_watermark'),
+        ('costs', '0013_plural_names'),
         ('jobs', '0009_job_preempted_before_run'),
         ('quotas', '0009_oidc_identity'),
         ('runners', '0009_node_spans'),
