@@ -45,10 +45,10 @@ from django.db.models import Sum
 from core.money import LEDGER_QUANTUM, rounding_difference, usd_cents
 from jobs.models import JobAttempt
 from quotas.models import Team
-from runners.models import Accelerator, Cluster, NodePool, NodeSpan
+from runners.models import Accelerator, Cluster, Node, NodePool, NodeSpan
 
 from .catalog import NoPrice, prices_by_pool, row_at
-from .models import AttemptDailyCost, CostEntry, Price, UtilizationRollup
+from .models import AttemptDailyCost, CostEntry, NodeUtilizationRollup, Price, UtilizationRollup
 from .spend import ENTRY_SPAN, exact_seconds, utc_midnight
 
 #: The longest window one capacity query may cover, days: a bound on the server time of one answer.
@@ -615,3 +615,78 @@ def with_rounding(rows: list[dict], total: dict) -> tuple[list[dict], dict]:
                 differences[key] = difference
     whole["rounding_difference_usd"] = differences
     return shown, whole
+
+
+# --- GPU utilization per node --------------------------------------------------------------------------------
+
+#: The rule of the per-node utilization figures, as the API documents it and the pages state it.
+NODE_UTILIZATION_RULE = (
+    "Per node: GPU-hours allocated are the ledger's, split over the nodes of each attempt's placement; observed "
+    "GPU-hours count, per GPU the platform's attempts held there, each scrape instant at which dcgm-exporter had a "
+    "sample within Prometheus' lookback (one scrape interval each); idle GPU-hours are the observed ones under the "
+    "idle threshold; average utilization is the mean of the utilization samples. A GPU is counted once per "
+    "instant, inside one attempt's run; GPUs no attempt held are unallocated, never also idle.")
+
+
+def node_utilization(start: dt.datetime, end: dt.datetime, *, team_ids=None) -> tuple[list[dict], dict]:
+    """GPU utilization per node over the whole UTC days that ``[start, end)`` (aware) touches: ``(rows, total)``.
+
+    Each row: ``cluster`` (name), ``node`` (the node's name; ``node_id``,
+    the platform's ``runners.Node`` of that name in the cluster, or None),
+    ``gpu_hours`` (allocated GPU-hours, ``_allocation_rows`` by node: the
+    capacity figures' allocation), ``observed_gpu_hours``,
+    ``idle_gpu_hours``, ``unobserved_gpu_hours`` (allocated minus observed,
+    at least 0), ``idle_percent`` (idle share of observed, percent),
+    ``coverage`` and ``coverage_percent`` (observed share of allocated, 0-1 and percent, at most 100 %)
+    and ``avg_gpu_util_percent`` (sample weighted, percent), from the
+    ``NodeUtilizationRollup`` rows (``NODE_UTILIZATION_RULE``). Without any
+    observed time the idle figures are None, without any sample the average
+    ("no data", never 0). ``team_ids``: only these teams' attempts (None:
+    all). Rows ordered by cluster and node; a node allocated and never
+    observed is a row with its GPU-hours all unobserved. Raises ValueError
+    when ``end <= start``.
+    """
+    if end <= start:
+        raise ValueError("end must be after start")
+    first = start.astimezone(dt.UTC).date()
+    last = (end - dt.timedelta(microseconds=1)).astimezone(dt.UTC).date()
+    lo, hi = utc_midnight(first), utc_midnight(last + dt.timedelta(days=1))
+    names = dict(Cluster.objects.values_list("pk", "name"))
+    sums: dict[tuple, dict] = defaultdict(lambda: dict.fromkeys(
+        ("allocated", "observed", "idle", "samples", "util_sum"), 0.0))
+    for cluster_id, _pool, _acc, _ctype, node, share, gpus, _day, team_id, gpu_s, _usd, _unpriced in \
+            _allocation_rows(lo, hi, None, Resolution(True, False), team_ids is not None):
+        if team_ids is not None and team_id not in team_ids:
+            continue
+        sums[(cluster_id, node)]["allocated"] += float(gpu_s * share / gpus if share != gpus else gpu_s)
+    rollups = NodeUtilizationRollup.objects.filter(day__gte=first, day__lte=last)
+    if team_ids is not None:
+        rollups = rollups.filter(team_id__in=team_ids)
+    for row in rollups.values("cluster_id", "node").annotate(
+            observed=Sum("observed_gpu_seconds"), idle=Sum("idle_gpu_seconds"), samples=Sum("samples"),
+            util_sum=Sum("util_sum")).order_by():
+        s = sums[(row["cluster_id"], row["node"])]
+        for field in ("observed", "idle", "samples", "util_sum"):
+            s[field] += row[field]
+    node_ids = {(c, n): pk for pk, c, n in Node.objects.values_list("pk", "cluster_id", "name")}
+    total = dict.fromkeys(("allocated", "observed", "idle", "samples", "util_sum"), 0.0)
+    rows = []
+    for (cluster_id, node), s in sorted(sums.items(), key=lambda kv: (names.get(kv[0][0], ""), kv[0][1])):
+        for field in total:
+            total[field] += s[field]
+        rows.append({"cluster": names.get(cluster_id), "node": node or "(no node recorded)",
+                     "node_id": node_ids.get((cluster_id, node)), **_node_figures(s)})
+    return rows, _node_figures(total)
+
+
+def _node_figures(s: dict) -> dict:
+    """The figures of ``node_utilization`` from its sums (GPU-seconds, samples, percent sums)."""
+    allocated, observed, idle = s["allocated"], s["observed"], s["idle"]
+    share = min(1.0, observed / allocated) if allocated else None
+    figures = {"gpu_hours": allocated, "observed_gpu_hours": observed, "idle_gpu_hours": idle if observed else None,
+               "unobserved_gpu_hours": max(0.0, allocated - observed)}
+    return {**{k: None if v is None else round(v / 3600, 6) for k, v in figures.items()},
+            "idle_percent": round(100 * idle / observed, 2) if observed else None,
+            "coverage": None if share is None else round(share, 4),
+            "coverage_percent": None if share is None else round(100 * share, 2),
+            "avg_gpu_util_percent": round(s["util_sum"] / s["samples"], 3) if s["samples"] else None}

@@ -42,7 +42,7 @@ from jobs.models import JobAttempt
 from runners.models import Cluster
 
 from . import prometheus
-from .models import ClusterMetrics, UtilizationRollup
+from .models import ClusterMetrics, NodeUtilizationRollup, UtilizationRollup
 
 log = logging.getLogger(__name__)
 DAY = dt.timedelta(days=1)
@@ -144,6 +144,38 @@ def attempt_matchers(attempt: JobAttempt, shape: prometheus.Shape, source: prome
     return prometheus.shape_matchers(shape, team, name, tuple(hosts), uuids)
 
 
+def read_by_node(source: prometheus.Source, shape: prometheus.Shape, matchers: str | None, lo: dt.datetime,
+                 hi: dt.datetime, client) -> tuple[prometheus.WindowUsage, dict[str, prometheus.WindowUsage]]:
+    """``(usage, {node: usage})`` of the series matching ``matchers`` in ``[lo, hi)``: one read
+    (``prometheus.read_usage_by``) grouped by the shape's host label (``Hostname`` or ``hostname``, the node
+    dcgm-exporter runs on), the whole its sum. ``matchers`` None (not attributable): nothing read, ``NO_USAGE``
+    and ``{}``. Series without a host label count in the whole only. Raises what ``read_usage`` raises."""
+    if matchers is None:
+        return prometheus.NO_USAGE, {}
+    groups = prometheus.read_usage_by(source, matchers, lo, hi, (shape.host_label,), client=client)
+    return sum(groups.values(), prometheus.NO_USAGE), {host: usage for (host,), usage in groups.items()}
+
+
+def write_nodes(attempt: JobAttempt, day: dt.date, nodes: dict[str, prometheus.WindowUsage], *,
+                replace: bool) -> None:
+    """Store ``nodes`` (``{node name: usage}``, a read of ``attempt`` on UTC ``day``) in its NodeUtilizationRollup
+    rows: ``replace``: the read is the day's part from its start, and the rows become it; else the read follows
+    what the rows hold, and is added to them. Call it in the transaction that wrote the attempt's
+    UtilizationRollup row, and only when that write applied (its compare-and-set holds the attempt's row, so
+    no other pass adds the same window)."""
+    rows = NodeUtilizationRollup.objects.filter(attempt=attempt, day=day)
+    if replace:
+        rows.delete()
+    for node, usage in nodes.items():
+        if not node or not (usage.samples or usage.observed_seconds):
+            continue
+        sums = {"samples": usage.samples, "util_sum": usage.util_sum,
+                "observed_gpu_seconds": usage.observed_seconds, "idle_gpu_seconds": usage.idle_seconds}
+        if replace or not rows.filter(node=node).update(**{f: F(f) + v for f, v in sums.items()}):
+            NodeUtilizationRollup.objects.create(attempt=attempt, team_id=attempt.job.team_id,
+                                                 cluster_id=attempt.cluster_id, day=day, node=node, **sums)
+
+
 # --- collection -----------------------------------------------------------------------------------------------
 
 class _Sources:
@@ -241,11 +273,10 @@ def collect_attempt(attempt: JobAttempt, start: dt.datetime, end: dt.datetime, s
     source, client, shape = sources.get(attempt.cluster, end)
     if source is None or interval is None:
         return 0
-    rows = {}
+    rows, nodes = {}, {}
     for day, lo, hi in utc_days(*interval):
         matchers = attempt_matchers(attempt, shape, source, lo, hi, client)
-        usage = prometheus.NO_USAGE if matchers is None else prometheus.read_usage(source, matchers, lo, hi,
-                                                                                    client=client)
+        usage, nodes[day] = read_by_node(source, shape, matchers, lo, hi, client)
         part_lo, part_hi = day_part(attempt, day)
         rows[day] = dict(_row_values(attempt, shape.kind, matchers is not None, lo, hi, usage),
                          covered_until=hi if lo == part_lo else None,
@@ -255,6 +286,7 @@ def collect_attempt(attempt: JobAttempt, start: dt.datetime, end: dt.datetime, s
     with transaction.atomic():
         for day, defaults in rows.items():
             UtilizationRollup.objects.update_or_create(attempt=attempt, day=day, defaults=defaults)
+            write_nodes(attempt, day, nodes[day], replace=True)
     return len(rows)
 
 
@@ -354,18 +386,19 @@ def attempt_pieces(attempt: JobAttempt, rows: dict, start: dt.datetime, target: 
 
 
 def _group_reads(pieces: list[Piece], sources: _Sources, now: dt.datetime):
-    """``(cluster id, [(piece, usage, attributable, shape kind)])`` per read: the pieces of a pod-labelled cluster
-    that share a window are read in one query grouped by the pod labels (``read_usage_by``) and told apart in
-    Python (``prometheus.pod_of_attempt``, the semantics of ``attempt_pod_matchers``); a host-shaped cluster's
-    pieces are read one by one (their hosts and GPUs are the attempt's). Yields lazily, so that a failed read
-    costs only its own cluster (``_Sources.run``)."""
+    """``(cluster id, [(piece, usage, attributable, shape kind, {node: usage})])`` per read: the pieces of a
+    pod-labelled cluster that share a window are read in one query grouped by the pod labels and the host label
+    (``read_usage_by``) and told apart in Python (``prometheus.pod_of_attempt``, the semantics of
+    ``attempt_pod_matchers``); a host-shaped cluster's pieces are read one by one (their hosts and GPUs are the
+    attempt's), grouped by the host label. A piece's usage is the sum of its nodes'. Yields lazily, so that a
+    failed read costs only its own cluster (``_Sources.run``)."""
     groups: dict[tuple, list[Piece]] = {}
     for piece in pieces:
         groups.setdefault((piece.attempt.cluster_id, piece.start, piece.end), []).append(piece)
     for (cluster_id, start, end), members in groups.items():
         def read(members=members, start=start, end=end):
             if start >= end:  # a seal of a row read to its end: nothing to read
-                return [(p, prometheus.NO_USAGE, False, "") for p in members]
+                return [(p, prometheus.NO_USAGE, False, "", {}) for p in members]
             source, client, shape = sources.get(members[0].attempt.cluster, now)
             if source is None:
                 return []
@@ -373,20 +406,20 @@ def _group_reads(pieces: list[Piece], sources: _Sources, now: dt.datetime):
                 out = []
                 for p in members:
                     matchers = attempt_matchers(p.attempt, shape, source, start, end, client)
-                    usage = prometheus.NO_USAGE if matchers is None else prometheus.read_usage(
-                        source, matchers, start, end, client=client)
-                    out.append((p, usage, matchers is not None, shape.kind))
+                    usage, nodes = read_by_node(source, shape, matchers, start, end, client)
+                    out.append((p, usage, matchers is not None, shape.kind, nodes))
                 return out
             names = [(p.attempt.job.team.slug, p.attempt.object_name) for p in members]
             found = prometheus.read_usage_by(source, prometheus.attempts_pod_matchers(names, shape.kind), start, end,
-                                             prometheus.POD_LABELS[shape.kind], client=client)
+                                             (*prometheus.POD_LABELS[shape.kind], shape.host_label), client=client)
             out = []
             for p, (team, name) in zip(members, names, strict=True):
-                usage = prometheus.NO_USAGE
-                for (namespace, pod), group in found.items():
+                usage, nodes = prometheus.NO_USAGE, {}
+                for (namespace, pod, host), group in found.items():
                     if prometheus.pod_of_attempt(namespace, pod, team, name):
                         usage = usage + group
-                out.append((p, usage, True, shape.kind))
+                        nodes[host] = nodes.get(host, prometheus.NO_USAGE) + group
+                out.append((p, usage, True, shape.kind, nodes))
             return out
         yield cluster_id, read
 
@@ -469,7 +502,7 @@ def periodic_pass(now: dt.datetime) -> int:
 
 def read_pieces(pieces: list[Piece], now: dt.datetime, sources: _Sources | None = None) -> list[list[tuple]]:
     """Read ``pieces`` (``pass_pieces``) from Prometheus, grouped (``_group_reads``): per read, a list of
-    ``(piece, WindowUsage, attributable, shape kind)``. A cluster whose read fails is logged and left out with
+    ``(piece, WindowUsage, attributable, shape kind, {node: WindowUsage})``. A cluster whose read fails is logged and left out with
     its other reads (``_Sources.run``); nothing is written."""
     sources = sources or _Sources()
     return [found for cluster_id, read in _group_reads(pieces, sources, now) if (found := sources.run(cluster_id, read))]
@@ -477,14 +510,17 @@ def read_pieces(pieces: list[Piece], now: dt.datetime, sources: _Sources | None 
 
 def apply_reads(reads: list[list[tuple]]) -> int:
     """Write ``reads`` (``read_pieces``), each read's rows in one transaction: added to their row if its
-    watermark is still where the read began, else replacing it. Applying the same reads twice (a duplicate or
-    concurrent pass) writes nothing the second time. Returns rows written."""
+    watermark is still where the read began, else replacing it, and the per-node rows with them
+    (``write_nodes``). Applying the same reads twice (a duplicate or concurrent pass) writes nothing the second
+    time. Returns attempt rows written."""
     written = 0
     for found in reads:
         with transaction.atomic():
-            for piece, usage, attributable, shape_kind in found:
-                write = _add if piece.covered is not None else _replace
-                written += write(piece, usage, attributable, shape_kind)
+            for piece, usage, attributable, shape_kind, nodes in found:
+                adding = piece.covered is not None
+                if (_add if adding else _replace)(piece, usage, attributable, shape_kind):
+                    write_nodes(piece.attempt, piece.day, nodes, replace=not adding)
+                    written += 1
     return written
 
 

@@ -312,6 +312,42 @@ class UtilizationRollup(models.Model):
         return f"attempt {self.attempt_id} {self.day}: {self.avg_gpu_util_percent}%"
 
 
+class NodeUtilizationRollup(models.Model):
+    """The GPU utilization of one attempt on one node on one UTC day: its ``UtilizationRollup`` split by the node
+    whose DCGM series carried the samples (dcgm-exporter's ``Hostname``, or ``hostname``, label; the platform's
+    ``runners.Node`` of that name in the attempt's cluster).
+
+    Written by the same read and in the same transaction as the attempt's
+    row, and only when that row's compare-and-set applies, so a node's sums
+    over the attempts that ran on it count each GPU at each scrape instant
+    once (an attempt's windows never overlap, and a GPU series belongs to
+    one attempt). ``observed_gpu_seconds``: scrape instants at which a GPU
+    had a sample within the lookback, each standing for one scrape interval
+    (seconds); ``idle_gpu_seconds``: those under the idle threshold;
+    ``util_sum``/``samples``: the utilization samples (percent) whose
+    average is the node's. GPUs no attempt held are not read here: the
+    capacity figures count them as unallocated, never also as idle.
+    """
+
+    attempt = models.ForeignKey("jobs.JobAttempt", on_delete=models.CASCADE, related_name="node_utilization_rollups")
+    team = models.ForeignKey("quotas.Team", on_delete=models.CASCADE, related_name="node_utilization_rollups")
+    cluster = models.ForeignKey("runners.Cluster", on_delete=models.CASCADE, related_name="node_utilization_rollups")
+    day = models.DateField()
+    node = models.CharField(max_length=253, help_text="the node's name, from the DCGM series' host label")
+    samples = models.PositiveIntegerField(default=0, help_text="DCGM utilization samples found")
+    util_sum = models.FloatField(default=0.0, help_text="sum of utilization samples, percent")
+    observed_gpu_seconds = models.FloatField(default=0.0, help_text="GPU-seconds covered by DCGM samples")
+    idle_gpu_seconds = models.FloatField(default=0.0, help_text="observed GPU-seconds under the idle threshold")
+
+    class Meta:
+        ordering = ["day", "node", "attempt_id"]
+        constraints = [models.UniqueConstraint(fields=["attempt", "day", "node"], name="nodeutilrollup_unique")]
+        indexes = [models.Index(fields=["cluster", "day"])]
+
+    def __str__(self) -> str:
+        return f"attempt {self.attempt_id} on {self.node} {self.day}"
+
+
 class ClusterMetrics(models.Model):
     """How a cluster's DCGM series are read: their label shape (detected, or set by an operator) and counter.
 

@@ -20,11 +20,11 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from costs.aggregation import filter_days, utilization_window
-from costs.capacity import capacity_reports, with_rounding
+from costs.capacity import NODE_UTILIZATION_RULE, capacity_reports, node_utilization, with_rounding
 from costs.models import UtilizationRollup
 from costs.spend import utc_midnight
 from jobs.scheduling.offers import free_on_nodes
-from quotas.models import scope_to_teams
+from quotas.models import Team, scope_to_teams
 from runners.models import Cluster, Node
 
 MIB_PER_GIB = 1024
@@ -228,8 +228,10 @@ def utilization(request):
     day as a chart and a table, and per team, cluster and job, each with GPU-hours, average utilization, coverage,
     idle and unobserved GPU-hours and their cost (the figures of ``/api/v1/utilization/`` for the same days); per
     node, the fleet's capacity, allocated, unallocated and cordoned GPU-hours and the unallocated cost (those of
-    ``/api/v1/capacity/?group_by=node``: DCGM samples are read per job attempt, not per node). A bad ``window`` or
-    ``sort`` is a 400 with the error next to the field."""
+    ``/api/v1/capacity/?group_by=node``) beside the observed and idle GPU-hours and the average utilization of the
+    GPUs the user's teams' attempts held there (all teams' for staff; those of
+    ``/api/v1/utilization/?group_by=node``). A bad ``window`` or ``sort`` is a 400 with the error next to the
+    field."""
     query = request.GET.copy()
     query.setdefault("window", DEFAULT_WINDOW)
     form = UtilizationForm(query)
@@ -254,10 +256,14 @@ def utilization(request):
                            f"GPU-hours by {group_by}: busy, idle and unobserved")})
     nodes, node_total = with_rounding(*capacity_reports({"node": None}, start, end)["node"])
     nodes = [r for r in nodes if r["capacity_gpu_hours"] is not None]
+    teams = None if user.is_staff else set(Team.objects.visible_to(user).values_list("pk", flat=True))
+    used = {(r["cluster"], r["node"]): r for r in node_utilization(start, end, team_ids=teams)[0]}
+    for r in nodes:
+        r["use"] = used.get((r["cluster"], r["node"]))
     return render(request, "frontend/utilization.html", {
         "form": form, "window": key, "window_label": WINDOWS[key][1], "sort": column, "start": start,
         "last_day": (end - dt.timedelta(days=1)).date(), "tables": tables, "total": total, "chart": chart,
         "windows": [(k, v[1]) for k, v in WINDOWS.items()], "columns": list(SORTABLE.items()),
-        "nodes": nodes, "node_total": node_total, "node_chart": stacked_bars(
+        "nodes": nodes, "node_total": node_total, "node_rule": NODE_UTILIZATION_RULE, "node_chart": stacked_bars(
             [(f"{r['cluster']}/{r['node']}", node_parts(r)) for r in nodes], NODE_SERIES, "GPU-hours",
             "GPU-hours per node: allocated, unallocated and cordoned") if nodes else None})

@@ -64,6 +64,19 @@ class CostQuerySerializer(serializers.Serializer):
         return attrs
 
 
+class UtilizationQuerySerializer(CostQuerySerializer):
+    """Query parameters of ``utilization/``: those of ``costs/`` and ``group_by=node`` (GPU utilization per node,
+    ``costs.capacity.node_utilization``; not with ``job``)."""
+
+    group_by = ListedChoiceField(choices=[*GROUP_BY_CHOICES, "node"], default="team")
+
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        if attrs["group_by"] == "node" and "job" in attrs:
+            raise serializers.ValidationError({"job": ["cannot be combined with group_by=node"]})
+        return attrs
+
+
 class CostRowSerializer(serializers.Serializer):
     """One group of ledger entries: its key (the field named by ``group_by``), GPU-hours and USD."""
 
@@ -150,6 +163,9 @@ class UtilizationRowSerializer(serializers.Serializer):
     attempt = serializers.IntegerField(required=False)
     attempt_number = serializers.IntegerField(required=False)
     day = serializers.DateField(required=False)
+    node = serializers.CharField(required=False, help_text="group_by=node: the node's name")
+    node_id = serializers.IntegerField(required=False, allow_null=True,
+                                       help_text="group_by=node: the node's id in nodes/ (null: not in the inventory)")
     gpu_hours = serializers.FloatField(help_text="GPUs x hours running (allocation)")
     avg_gpu_util_percent = serializers.FloatField(allow_null=True, help_text="sample-weighted mean, percent 0-100")
     coverage = serializers.FloatField(allow_null=True, help_text="observed / allocated GPU time, 0-1")

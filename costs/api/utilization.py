@@ -6,6 +6,8 @@ rollups are per UTC day, so ``start``/``end`` select whole days).
 
 from __future__ import annotations
 
+import datetime as dt
+
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework.exceptions import NotFound
@@ -13,13 +15,19 @@ from rest_framework.response import Response
 
 from core.viewsets import ScopedGenericViewSet
 from jobs.models import Job
-from quotas.models import Budget, scope_to_teams
+from quotas.models import Budget, Team, scope_to_teams
 
 from ..aggregation import filter_days, utilization_window
 from ..budgets import budget_status
+from ..capacity import node_utilization
 from ..collection import refresh_running
-from ..models import UtilizationRollup
-from .serializers import BudgetStatusSerializer, CostQuerySerializer, UtilizationReportSerializer
+from ..models import AttemptDailyCost, NodeUtilizationRollup, UtilizationRollup
+from ..spend import utc_midnight
+from .serializers import BudgetStatusSerializer, UtilizationQuerySerializer, UtilizationReportSerializer
+
+#: What a node row has no figure for (money and memory are per attempt): null, "no data".
+NODE_ROW_NULLS = ("avg_memory_used_mib", "unobserved_cost_usd", "idle_cost_usd", "idle_unpriced_gpu_hours",
+                  "idle_unpriced_vcpu_hours", "util_metric")
 
 
 @extend_schema(tags=["costs"])
@@ -30,21 +38,27 @@ class UtilizationViewSet(ScopedGenericViewSet):
     filter_backends = []
     pagination_class = None
     serializer_class = UtilizationReportSerializer
-    schema_summaries = {"list": "GPU utilization by team, cluster, accelerator, job or UTC day"}
+    schema_summaries = {"list": "GPU utilization by team, cluster, accelerator, job, UTC day or node"}
 
     def scope_queryset(self, queryset, user):
         return scope_to_teams(queryset, user)
 
-    @extend_schema(parameters=[CostQuerySerializer], responses=UtilizationReportSerializer)
+    @extend_schema(parameters=[UtilizationQuerySerializer], responses=UtilizationReportSerializer)
     def list(self, request):
         """Allocated (billed, from the ledger: also without Prometheus), observed, idle and unobserved GPU-hours, average utilization (%), coverage, memory and idle USD
-        per group over UTC days. With ``job``, that job only, its running attempts read live.
+        per group over UTC days. With ``job``, that job only, its running attempts read live. ``group_by=node``:
+        per node (``costs.capacity.node_utilization``: allocated GPU-hours split over each placement's nodes,
+        observed and idle GPU-hours and the average utilization of the GPUs the attempts held there, from
+        dcgm-exporter's host label), the money and memory figures null.
 
-        400 with field errors for a bad ``group_by``, a naive or malformed datetime, or ``end <= start``.
+        400 with field errors for a bad ``group_by``, a naive or malformed datetime, ``end <= start``, or ``job``
+        with ``group_by=node``.
         """
-        query = CostQuerySerializer(data=request.query_params)
+        query = UtilizationQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         params = query.validated_data
+        if params["group_by"] == "node":
+            return self._by_node(request, params)
         rollups = filter_days(self.get_queryset(), params.get("start"), params.get("end"))
         if "team" in params:
             rollups = rollups.filter(team__slug=params["team"])
@@ -67,6 +81,31 @@ class UtilizationViewSet(ScopedGenericViewSet):
             "results": rows,
             "total": total,
         })
+
+
+    def _by_node(self, request, params) -> Response:
+        """The ``group_by=node`` answer: the user's teams' attempts (every team's for staff; ``team`` keeps one)
+        over the UTC days of ``[start, end)``; an open start is the first day of the ledger or the node rollups,
+        an open end now."""
+        teams = None if request.user.is_staff else set(Team.objects.visible_to(request.user)
+                                                       .values_list("pk", flat=True))
+        if "team" in params:
+            wanted = set(Team.objects.filter(slug=params["team"]).values_list("pk", flat=True))
+            teams = wanted if teams is None else teams & wanted
+        end = params.get("end") or timezone.now()
+        start = params.get("start")
+        if start is None:
+            days = [d for d in (AttemptDailyCost.objects.order_by("day").values_list("day", flat=True).first(),
+                                NodeUtilizationRollup.objects.order_by("day").values_list("day", flat=True).first())
+                    if d is not None]
+            start = utc_midnight(min(days)) if days else end - dt.timedelta(days=1)
+        start = min(start, end - dt.timedelta(microseconds=1))
+        rows, total = node_utilization(start, end, team_ids=teams)
+        for row in (*rows, total):
+            row.update(dict.fromkeys(NODE_ROW_NULLS))
+        return Response({"group_by": "node", "start": params["start"].isoformat() if "start" in params else None,
+                         "end": params["end"].isoformat() if "end" in params else None, "results": rows,
+                         "total": total})
 
 
 @extend_schema(tags=["costs"])

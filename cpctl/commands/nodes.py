@@ -1,4 +1,5 @@
-"""Node commands: ``nodes`` (health and its evidence); staff's ``cordon``, ``uncordon`` and ``clear-health``."""
+"""Node commands: ``nodes`` (health and its evidence); staff's ``cordon``, ``drain``, ``uncordon`` and
+``clear-health``."""
 
 from __future__ import annotations
 
@@ -30,15 +31,17 @@ def nodes(api: Api, cluster: str | None, health: str | None) -> int:
 
 
 def node_action(api: Api, node: int, action: str, note: str | None = None, reason: str | None = None) -> int:
-    """POST ``nodes/<node>/<action>/`` (staff: cordon, uncordon, clear; ``reason`` for the audit trail) and print
-    the node's health afterwards."""
+    """POST ``nodes/<node>/<action>/`` (staff: cordon, drain, uncordon, clear; ``reason`` for the audit trail) and
+    print the node's health afterwards (after a drain, also how many attempts were preempted)."""
     body = api.client.post(f"nodes/{node}/{action}/", {"note": note} if note else {}, reason=reason)
     if api.json:
         print_json(body)
     else:
         out(f"node {body['cluster']}/{body['name']}: {body['health']}, "
             + ("cordoned" if body.get("cordoned") else "not cordoned")
-            + (", takes work" if body.get("takes_work") else ", takes no work"))
+            + (", takes work" if body.get("takes_work") else ", takes no work")
+            + (f"; {body['preempted_attempts']} attempt(s) preempted, no retry used"
+               if "preempted_attempts" in body else ""))
     return EXIT_OK
 
 
@@ -53,6 +56,15 @@ def node_id(fn):
 def cordon(api: Api, id: int, note: str | None) -> int:  # noqa: A002 - the argument's name in the usage line
     """Keep admission off node ``id``; ``note`` says why."""
     return node_action(api, id, "cordon", note)
+
+
+@api_command("drain", "staff: cordon a node and preempt the work on it (no retry used)")
+@node_id
+@click.option("--note", help="why, shown next to the node and kept in the audit trail")
+@click.option("--reason", help="why, kept in the audit trail (when no --note is given)")
+def drain(api: Api, id: int, note: str | None, reason: str | None) -> int:  # noqa: A002
+    """Cordon node ``id`` and end its live attempts as Preempted; their jobs go back to admission elsewhere."""
+    return node_action(api, id, "drain", note, reason=reason)
 
 
 @api_command("uncordon", "staff: let admission use a cordoned node again")
@@ -71,4 +83,4 @@ def clear_health(api: Api, id: int, reason: str | None) -> int:  # noqa: A002
     return node_action(api, id, "clear", reason=reason)
 
 
-COMMANDS = [nodes, cordon, uncordon, clear_health]
+COMMANDS = [nodes, cordon, drain, uncordon, clear_health]

@@ -290,3 +290,14 @@ class CordonSerializer(serializers.Serializer):
     """A staff cordon: why (shown next to the node)."""
 
     note = StrictCharField(required=False, allow_blank=True, max_length=400, default="")
+
+
+class DrainedNodeSerializer(NodeSerializer):
+    """The node after a staff drain, with ``preempted_attempts``: how many live attempts placed on it ended as
+    ``Preempted`` (no retry used) and went back to admission."""
+
+    preempted_attempts = serializers.IntegerField(read_only=True)
+
+    class Meta(NodeSerializer.Meta):
+        fields = [*NodeSerializer.Meta.fields, "preempted_attempts"]
+        read_only_fields = fields

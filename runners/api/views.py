@@ -2,7 +2,7 @@
 
 Clusters, their pools and nodes are platform infrastructure, not team
 objects, so every authenticated user sees all of them; only staff create or
-update clusters, and cordon, uncordon or clear the health of a node. Each of
+update clusters, and cordon, drain, uncordon or clear the health of a node. Each of
 those writes appends an audit record in its transaction, with the reason of
 the ``X-Audit-Reason`` header (a cordon's note is its reason; ADR 0031).
 """
@@ -21,7 +21,14 @@ from quotas.audit import AuditedWriteMixin, reason_of
 from .. import health
 from ..models import Accelerator, Cluster, Node, NodePool
 from .filtersets import ClusterFilterSet, NodeFilterSet, NodePoolFilterSet
-from .serializers import AcceleratorSerializer, ClusterSerializer, CordonSerializer, NodePoolSerializer, NodeSerializer
+from .serializers import (
+    AcceleratorSerializer,
+    ClusterSerializer,
+    CordonSerializer,
+    DrainedNodeSerializer,
+    NodePoolSerializer,
+    NodeSerializer,
+)
 
 
 @extend_schema(tags=["fleet"])
@@ -66,7 +73,7 @@ class NodePoolViewSet(ScopedReadOnlyViewSet):
 
 @extend_schema(tags=["fleet"])
 class NodeViewSet(ScopedReadOnlyViewSet):
-    """GPU nodes of every cluster with their health and its evidence; staff cordon, uncordon and clear them."""
+    """GPU nodes of every cluster with their health and its evidence; staff cordon, drain, uncordon and clear them."""
 
     queryset = Node.objects.select_related("cluster", "node_pool")
     serializer_class = NodeSerializer
@@ -85,6 +92,18 @@ class NodeViewSet(ScopedReadOnlyViewSet):
         body.is_valid(raise_exception=True)
         node = health.cordon(self.get_object(), request.user, body.validated_data["note"] or reason_of(request))
         return Response(NodeSerializer(node).data)
+
+    @extend_schema(request=CordonSerializer, responses=DrainedNodeSerializer)
+    @action(detail=True, methods=["post"], filter_backends=[])
+    def drain(self, request, pk=None):
+        """Drain the node: cordon it (audited as a cordon, the note or else ``X-Audit-Reason`` its reason), then end
+        the live attempts placed on it as ``Preempted`` (no retry used) and send their jobs back to admission, which
+        keeps off the node. Staff only."""
+        body = CordonSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        node, moved = health.drain(self.get_object(), request.user, body.validated_data["note"] or reason_of(request))
+        node.preempted_attempts = moved
+        return Response(DrainedNodeSerializer(node).data)
 
     @extend_schema(request=None, responses=NodeSerializer)
     @action(detail=True, methods=["post"], filter_backends=[])

@@ -175,6 +175,7 @@ VALID_BODIES = {
                                      "backend": "kubernetes"},
     ("clusters", "partial_update"): lambda: {"region": "us-east-2"},
     ("nodes", "cordon"): lambda: {"note": "reseating GPU 3"},
+    ("nodes", "drain"): lambda: {"note": "replacing GPU 3"},
     ("nodes", "uncordon"): lambda: {},
     ("nodes", "clear"): lambda: {},
     ("change-requests", "create"): lambda: {"team": "alpha", "kind": "budget", "payload": {"amount_usd": "20.00"},

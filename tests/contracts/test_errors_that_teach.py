@@ -40,10 +40,11 @@ def test_an_unknown_state_lists_the_valid_ones(owner, finished):
 
 
 def test_group_by_lists_the_valid_choices(owner):
-    for path in ("/api/v1/costs/", "/api/v1/utilization/"):
+    for path, choices in (("/api/v1/costs/", "team, cluster, accelerator, job, attempt, day"),
+                          ("/api/v1/utilization/", "team, cluster, accelerator, job, attempt, day, node")):
         r = owner.client.get(path, {"group_by": "week"})
         assert r.status_code == 400
-        assert r.json()["group_by"] == ['"week" is not a valid choice; one of team, cluster, accelerator, job, attempt, day']
+        assert r.json()["group_by"] == [f'"week" is not a valid choice; one of {choices}']
 
 
 @pytest.mark.parametrize("path, name", [("/api/v1/costs/", "start"), (JOBS, "created_after")])

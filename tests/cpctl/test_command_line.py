@@ -19,7 +19,7 @@ from .test_submit import EXAMPLE
 
 UNREACHABLE = "http://127.0.0.1:9"
 COMMANDS = ["submit", "resubmit", "jobs", "job", "events", "efficiency", "cancel", "logs", "quotas", "clusters", "budgets",
-            "costs", "utilization", "capacity", "reports", "report", "build-report", "nodes", "cordon", "uncordon",
+            "costs", "utilization", "capacity", "reports", "report", "build-report", "nodes", "cordon", "drain", "uncordon",
             "clear-health", "requests", "request", "approve", "decline", "withdraw", "audit",
             "subscriptions", "subscribe", "unsubscribe", "notifications"]
 
@@ -53,6 +53,7 @@ def test_help_lists_every_command_and_exits_0():
     ["submit", str(EXAMPLE), "--interval", "inf"],
     ["submit", str(EXAMPLE), "--dry-run", "--wait"],
     ["cordon"],
+    ["drain", "n0"],
     ["audit", "--action", "renamed"],
     ["audit", "--object-id", "0"],
 ])

@@ -1,9 +1,12 @@
-"""``cpctl nodes`` shows each GPU node's health and evidence; ``cordon``, ``uncordon`` and ``clear-health`` are staff's."""
+"""``cpctl nodes`` shows each GPU node's health and evidence; ``cordon``, ``drain``, ``uncordon`` and ``clear-health`` are
+staff's."""
 
 from __future__ import annotations
 
+from jobs.models import JobAttempt
 from runners.models import Node
 from tests.runners.api.test_nodes_endpoint import XID_79, make_nodes
+from tests.support.factories import make_attempt, make_job
 
 from .test_read import rows
 
@@ -29,3 +32,19 @@ def test_staff_cordon_and_clear_a_node_and_a_member_gets_403(run_cli, owner, sta
     assert result.out.strip() == "node aws-use1/n1: healthy, not cordoned, takes work"
     assert run_cli("uncordon", str(made["n0"].pk), persona=staff).out.strip() == (
         "node aws-use1/n0: healthy, not cordoned, takes work")
+
+
+def test_staff_drain_a_node_from_the_command_line_and_a_member_gets_403(run_cli, owner, staff, aws_cluster, teams, h100):
+    made = make_nodes(aws_cluster)
+    attempt = make_attempt(make_job(teams[0], owner.user, h100, name="on-n0", gpus_per_node=4), aws_cluster["cluster"],
+                           aws_cluster["pool"], gpus=4)
+    JobAttempt.objects.filter(pk=attempt.pk).update(placement={"nodes": ["n0"], "gpus_per_node": 4})
+    refused = run_cli("drain", str(made["n0"].pk), persona=owner)
+    assert refused.code == 4 and not Node.objects.get(pk=made["n0"].pk).cordoned
+    result = run_cli("drain", str(made["n0"].pk), "--note", "replacing GPU 3", persona=staff)
+    assert result.code == 0, result.err
+    assert result.out.strip() == ("node aws-use1/n0: healthy, cordoned, takes no work; 1 attempt(s) preempted, "
+                                  "no retry used")
+    assert JobAttempt.objects.get(pk=attempt.pk).end_reason == "Preempted"
+    again = run_cli("drain", str(made["n0"].pk), "--json", persona=staff)
+    assert again.code == 0 and '"preempted_attempts": 0' in again.out

@@ -6,11 +6,14 @@ from __future__ import annotations
 import datetime as dt
 from decimal import Decimal
 
+import time_machine
 from django.utils import timezone
 
-from costs.models import UtilizationRollup
+from costs.models import NodeUtilizationRollup, UtilizationRollup
 from jobs.models import JobAttempt
 from runners import health
+from runners.base import NodeInfo, PoolCapacity
+from runners.kubernetes.sync import apply_pools
 from runners.models import Node
 from tests.runners.api.test_nodes_endpoint import XID_79
 from tests.support.factories import make_attempt, make_cost_entry, make_job, make_job_row
@@ -80,3 +83,23 @@ def make_use(aws_cluster, teams, user, h100) -> dict:
         gpu_seconds=16 * 3600, samples=432, expected_samples=576, util_sum=432 * 40.0, avg_gpu_util_percent=40.0,
         observed_gpu_seconds=12 * 3600, idle_gpu_seconds=3 * 3600, util_metric="DCGM_FI_DEV_GPU_UTIL")
     return {name: job for name, (job, _) in made.items()}
+
+
+def make_node_use(aws_cluster, big_job) -> str:
+    """Node ``n-big`` of aws-use1 (8 GPUs) as node sync saw it yesterday from 10:00 to 12:00 UTC, every 15 minutes,
+    with ``make_use``'s "big" placed on it and its per-node rollup as dcgm-exporter's ``Hostname`` gives it: its 12
+    observed GPU-hours at 40 % on average, 3 of them idle. Returns the node's row key on the Utilization page."""
+    cluster, pool = aws_cluster["cluster"], aws_cluster["pool"]
+    start = yesterday()
+    node = NodeInfo(name="n-big", gpus=8, cpu_milli=96_000, memory_mib=1 << 20)
+    found = [PoolCapacity(name=pool.name, accelerator=pool.accelerator.name, capacity_type=pool.capacity_type,
+                          nodes=1, gpus_per_node=8, node_list=(node,))]
+    for quarter in range(9):
+        with time_machine.travel(start + dt.timedelta(minutes=15 * quarter), tick=False):
+            apply_pools(cluster, found)
+    attempt = JobAttempt.objects.get(job=big_job)
+    JobAttempt.objects.filter(pk=attempt.pk).update(placement={"nodes": ["n-big"], "gpus_per_node": 8})
+    NodeUtilizationRollup.objects.create(attempt=attempt, team_id=big_job.team_id, cluster=cluster, day=start.date(),
+                                         node="n-big", samples=432, util_sum=432 * 40.0,
+                                         observed_gpu_seconds=12 * 3600, idle_gpu_seconds=3 * 3600)
+    return f"{cluster.name}/n-big"

@@ -157,4 +157,8 @@ def test_the_nodes_allocation_is_the_capacity_apis_for_the_same_days(owner, inve
         *(f"{Decimal(r[k]):.2f}" for k in ("capacity_gpu_hours", "allocated_gpu_hours", "unallocated_gpu_hours",
                                            "cordoned_gpu_hours")),
         "unknown" if r["unallocated_cost_usd"] is None else f"${r['unallocated_cost_usd']}"] for r in api}
-    assert cells(page, "utilization-node") == from_api == expected
+    # No DCGM sample on any node: nothing observed, no average, no idle (n/a) beside the allocation.
+    shown = {key: [*c[:2], *c[5:]] for key, c in cells(page, "utilization-node").items()}
+    assert shown == from_api == expected
+    assert {key: c[2:5] for key, c in cells(page, "utilization-node").items()} == dict.fromkeys(
+        expected, ["0.00", "n/a", "n/a"])

@@ -13,7 +13,7 @@ from playwright.sync_api import expect
 from tests.support.personas import signed_in
 
 from .conftest import shoot, sign_in
-from .fleet_data import make_fleet, make_use
+from .fleet_data import make_fleet, make_node_use, make_use
 
 FIGURES = slice(3, 10)  # GPUs, allocated, free, vCPU, vCPU free, GiB, GiB free (after cluster, pool, accelerator)
 
@@ -99,3 +99,24 @@ def test_the_utilization_page_shows_the_apis_figures_by_job_and_team(live_server
     bars = page.locator("#utilization-over-time svg g.bar title").all_text_contents()
     assert len(bars) == 7
     assert f"{yesterday}: busy GPU-hours 9.00, idle GPU-hours 3.00, unobserved GPU-hours 7.00" in bars
+
+
+def test_a_nodes_utilization_cells_are_the_apis_per_node_figures(live_server, page, owner, aws_cluster, teams, h100):
+    used = make_use(aws_cluster, teams, owner.user, h100)
+    key = make_node_use(aws_cluster, used["big"])
+    today = timezone.now().astimezone(dt.UTC).date()
+    window = {"start": f"{today - dt.timedelta(days=6)}T00:00:00Z", "end": f"{today + dt.timedelta(days=1)}T00:00:00Z"}
+    api = {f"{r['cluster']}/{r['node']}": r
+           for r in owner.client.get("/api/v1/utilization/", {"group_by": "node", **window}).json()["results"]}
+    sign_in(page, live_server.url, "owner")
+    page.goto(f"{live_server.url}/utilization/")
+    expect(page.locator("#node-utilization-rule")).to_contain_text("never also idle")
+    row = page.locator(f'#utilization-node tr[data-key="{key}"]')
+    read = [row.locator(f'td[data-column="{c}"]').inner_text() for c in ("observed", "utilization", "idle")]
+    mine = api[key]
+    from_api = [f"{mine['observed_gpu_hours']:.2f}", f"{mine['avg_gpu_util_percent']:.1f}",
+                f"{mine['idle_gpu_hours']:.2f}"]
+    # by hand: big's 12 observed GPU-hours at 40 %, 3 idle, all on n-big; its 16 GPU-hours allocated there
+    assert read == from_api == ["12.00", "40.0", "3.00"]
+    assert mine["gpu_hours"] == 16.0
+    assert row.locator("td").nth(1).inner_text() == "16.00"  # allocated, from the capacity figures

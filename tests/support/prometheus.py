@@ -8,6 +8,7 @@ oci-ash's own one without that label. Their TSDBs are built with
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import shutil
 import subprocess
@@ -61,6 +62,17 @@ def start_prometheus(workdir, text: str) -> tuple[subprocess.Popen, str]:
             proc.kill()
             raise RuntimeError(f"prometheus did not start: {(workdir / 'prometheus.log').read_text()[-2000:]}")
         time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def serving(workdir, text: str):
+    """``start_prometheus(workdir, text)`` as a context: its URL, the server stopped on leaving."""
+    proc, url = start_prometheus(workdir, text)
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,12 @@
 """``/api/v1/nodes/``: every user reads each GPU node's health with its evidence and what is allocated and free on it;
-staff cordon, uncordon and clear."""
+staff cordon, drain, uncordon and clear."""
 
 from __future__ import annotations
 
 from django.utils import timezone
 
-from jobs.models import JobAttempt
+from jobs.models import FREE_RETRY_END_REASONS, JobAttempt
+from quotas.models import AuditRecord
 from runners import health
 from runners.models import Node
 from tests.support.factories import make_attempt, make_job
@@ -72,3 +73,42 @@ def test_each_node_says_what_is_allocated_and_free_on_it(owner, aws_cluster, tea
     assert tuple(rows["n1"][k] for k in figures) == (0, 8, 64_000, 512 * 1024)
     one = owner.client.get(f"/api/v1/nodes/{made['n0'].pk}/").json()
     assert tuple(one[k] for k in figures) == (5, 3, 48_000, 512 * 1024 - 32 * 1024 - 1024)
+
+
+def test_staff_drain_a_node_its_attempts_end_preempted_and_a_member_changes_nothing(owner, staff, aws_cluster, teams,
+                                                                                       h100):
+    made = make_nodes(aws_cluster)
+    n0 = made["n0"].pk
+    on_n0 = make_attempt(make_job(teams[0], owner.user, h100, name="on-n0", gpus_per_node=4), aws_cluster["cluster"],
+                         aws_cluster["pool"], gpus=4)
+    on_n1 = make_attempt(make_job(teams[0], owner.user, h100, name="on-n1", gpus_per_node=2), aws_cluster["cluster"],
+                         aws_cluster["pool"], gpus=2)
+    for attempt, node in ((on_n0, "n0"), (on_n1, "n1")):
+        JobAttempt.objects.filter(pk=attempt.pk).update(placement={"nodes": [node], "gpus_per_node": attempt.gpus})
+
+    refused = owner.client.post(f"/api/v1/nodes/{n0}/drain/", {"note": "x"}, content_type="application/json")
+    assert refused.status_code == 403
+    assert not Node.objects.get(pk=n0).cordoned
+    assert JobAttempt.objects.get(pk=on_n0.pk).ended_at is None
+    assert not AuditRecord.objects.filter(object_type="node").exists()
+
+    answer = staff.client.post(f"/api/v1/nodes/{n0}/drain/", {}, content_type="application/json",
+                               headers={"X-Audit-Reason": "replacing GPU 3"})
+    assert answer.status_code == 200, answer.content
+    body = answer.json()
+    assert (body["cordoned"], body["takes_work"], body["cordon_note"], body["preempted_attempts"]) == (
+        True, False, "by staff: replacing GPU 3", 1)
+    ended = JobAttempt.objects.get(pk=on_n0.pk)
+    assert (ended.ended_at is not None, ended.end_reason, ended.job.state) == (True, "Preempted", "RECOVERING")
+    assert ended.end_reason in FREE_RETRY_END_REASONS  # no retry used
+    assert JobAttempt.objects.get(pk=on_n1.pk).ended_at is None  # another node's work stays
+    got = [(r.action, r.reason, r.before["cordoned"], r.after["cordoned"], r.actor_name)
+           for r in AuditRecord.objects.filter(object_type="node", object_id=n0)]
+    assert got == [("cordoned", "replacing GPU 3", False, True, "staff")]
+
+
+def test_a_drain_note_must_be_text(staff, aws_cluster):
+    n0 = make_nodes(aws_cluster)["n0"].pk
+    answer = staff.client.post(f"/api/v1/nodes/{n0}/drain/", {"note": 7}, content_type="application/json")
+    assert answer.status_code == 400 and "note" in answer.json()
+    assert not Node.objects.get(pk=n0).cordoned
