@@ -45,7 +45,7 @@ AUDITED_FIELDS = {
 }
 
 #: What a record says happened.
-ACTIONS = ("created", "updated", "deleted", "approved", "declined", "cordoned", "uncordoned", "cleared")
+ACTIONS = ("created", "updated", "deleted", "approved", "declined", "cordoned", "drained", "uncordoned", "cleared")
 
 #: Credential fields, by model name: recorded as ``set``/``empty`` and ``credential changed``, never their value.
 CREDENTIAL_FIELDS = {"cluster": ("api_token", "ca_cert", "kubeconfig", "prometheus_auth")}
@@ -120,7 +120,7 @@ def _team_id(obj):
 def record(actor, action: str, obj, before: dict, after: dict, reason: str = "", *,
            object_id: int | None = None) -> AuditRecord:
     """Append one audit record of ``action`` (``created``, ``updated``, ``deleted``, ``approved``, ``declined``,
-    ``withdrawn``, ``cordoned``, ``uncordoned``, ``cleared``) on ``obj`` by ``actor`` (a user; None or anonymous:
+    ``withdrawn``, ``cordoned``, ``drained``, ``uncordoned``, ``cleared``) on ``obj`` by ``actor`` (a user; None or anonymous:
     the system), with ``before`` and ``after`` from ``snapshot`` (``{}`` for a creation's before and a
     deletion's after) and ``reason`` (text, at most 2,000 characters kept).
 

@@ -318,18 +318,18 @@ def _audited(node: Node, user, action: str, reason: str, **values) -> Node:
     return node
 
 
-def cordon(node: Node, user, note: str = "") -> Node:
+def cordon(node: Node, user, note: str = "", *, action: str = "cordoned") -> Node:
     """Cordon ``node`` in the platform (admission keeps off it; Kubernetes is not touched), noting who and why
-    (``note``, also the audit record's reason)."""
+    (``note``, also the audit record's reason); ``action``: the audit record's (``drained`` for ``drain``)."""
     who = getattr(user, "username", "") or "staff"
-    return _audited(node, user, "cordoned", note, cordoned=True, cordon_note=f"by {who}: {note}".strip()[:500])
+    return _audited(node, user, action, note, cordoned=True, cordon_note=f"by {who}: {note}".strip()[:500])
 
 
 def drain(node: Node, user, note: str = "") -> tuple[Node, int]:
     """Cordon ``node`` (``cordon``) and move the work placed on it elsewhere: its live attempts end as
     ``Preempted`` (no retry used) and their jobs go back to admission, which keeps off the node. Returns the node
-    and how many attempts were moved."""
-    node = cordon(node, user, note)
+    and how many attempts were moved. The audit record says ``drained``, so the trail tells a drain from a cordon."""
+    node = cordon(node, user, note, action="drained")
     who = getattr(user, "username", "") or "staff"
     return node, recover_attempts_on(node, drained_by=f"by {who}" + (f" ({note})" if note else ""))
 

@@ -14,7 +14,7 @@ from cpctl.output import err, table, when
 
 OBJECT_TYPES = ("quota", "budget", "team", "cohort", "priorityclass", "membership", "price", "electricityprice",
                 "cluster", "nodepool", "node", "changerequest")
-ACTIONS = ("created", "updated", "deleted", "approved", "declined", "cordoned", "uncordoned", "cleared")
+ACTIONS = ("created", "updated", "deleted", "approved", "declined", "cordoned", "drained", "uncordoned", "cleared")
 
 
 def _shown(values: dict, name: str) -> str:

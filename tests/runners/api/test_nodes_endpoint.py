@@ -104,7 +104,7 @@ def test_staff_drain_a_node_its_attempts_end_preempted_and_a_member_changes_noth
     assert JobAttempt.objects.get(pk=on_n1.pk).ended_at is None  # another node's work stays
     got = [(r.action, r.reason, r.before["cordoned"], r.after["cordoned"], r.actor_name)
            for r in AuditRecord.objects.filter(object_type="node", object_id=n0)]
-    assert got == [("cordoned", "replacing GPU 3", False, True, "staff")]
+    assert got == [("drained", "replacing GPU 3", False, True, "staff")]
 
 
 def test_a_drain_note_must_be_text(staff, aws_cluster):
