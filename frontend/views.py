@@ -439,12 +439,8 @@ def _validate_submission(request, form: SubmitJobForm) -> dict | None:
 
 def form_preview(args: dict) -> dict:
     """The submit form's preview of ``args`` (``submit_job``'s keyword arguments): ``jobs.preview.submission_preview``
-    with what the form words from it: ``asks`` (what the worst case counts: GPUs, or vCPUs and GiB) and
-    ``unplaced`` (``estimate_caveats``: why no pool can hold it as the fleet is now, or "")."""
+    with what the form words from it: ``unplaced`` (``estimate_caveats``: why no pool can hold it as the fleet is now, or "")."""
     preview = submission_preview(args)
-    resources = args["resources"]
-    preview["asks"] = job_asks(args["kind"], resources["nodes"], resources["gpus_per_node"],
-                               resources.get("replicas", 1), args["spec"].get("resources"))
     preview["unplaced"] = estimate_caveats(preview["assessment"], preview["accelerator"])["unplaced"]
     return preview
 
