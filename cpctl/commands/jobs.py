@@ -286,7 +286,7 @@ def job_fields(job: dict) -> list[tuple[str, str]]:
     estimate = job.get("estimated_cost_usd")
     pairs.append(("cost", f"{money(job, 'accrued_cost_usd')} accrued, " + (
         "estimated once placed" if estimate is None else f"{usd(estimate)} estimated (worst case)")))
-    if (job.get("efficiency") or {}).get("attempts"):
+    if job.get("kind") == "training" and (job.get("efficiency") or {}).get("attempts"):  # a server trains nothing
         pairs += efficiency_fields(job["efficiency"])
     for name in ("created", "admitted", "started", "ended"):
         value = job.get(f"{name}_at")

@@ -316,6 +316,9 @@ def test_a_serving_jobs_page_shows_its_endpoint_and_training_job_while_it_runs(t
     attempt = make_attempt(serving, funded_aws_cluster["cluster"], funded_aws_cluster["pool"])
     attempt.runner_state = {"endpoint": "http://serve.cp-alpha.svc:8000"}
     attempt.save(update_fields=["runner_state"])
+    whole = teammate_web.get(f"/jobs/{serving.pk}/").content.decode()
+    assert "Training efficiency" not in whole and 'id="job-efficiency' not in whole  # a server trains nothing
+    assert "Training efficiency" in teammate_web.get(f"/jobs/{trained.pk}/").content.decode()
     page = teammate_web.get(f"/jobs/{serving.pk}/status/").content.decode()
     assert '<dd id="job-endpoint"><a href="http://serve.cp-alpha.svc:8000/healthz">' in page
     assert f'training job <a href="/jobs/{trained.pk}/">#{trained.pk}</a>' in page
