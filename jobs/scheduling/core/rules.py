@@ -182,9 +182,12 @@ def cohort_has_room(pool_gpus: int, borrowed_gpus: int, team_used: int, team_gua
 
 
 def cohort_full(job: QueuedJob, used: int, q: TeamQuota, lendable: int, borrowed: int) -> Verdict:
-    """The verdict for a job the cohort's lendable pool cannot take (``cohort_has_room`` said no): reason ``quota``."""
+    """The verdict for a job the cohort's lendable pool cannot take (``cohort_has_room`` said no): reason ``quota``.
+    The message says "in use", not "borrowed": with no lending limit a team's own nominal is in the pool too, so
+    a team within its nominal draws from it while the quota tables show it borrowing nothing."""
     gpus = job.total_gpus
-    return Verdict(False, "quota", f"the cohort lends {lendable} GPUs and {borrowed} are borrowed; {gpus} more do not fit",
+    return Verdict(False, "quota", f"the cohort's shared pool holds {lendable} GPUs and {borrowed} of them are in use; "
+                                   f"{gpus} more do not fit",
                    {"request_gpus": gpus, "used_gpus": used, "nominal_gpus": q.nominal_gpus,
                     "borrowing_limit_gpus": q.borrowing_limit_gpus, "lending_limit_gpus": q.lending_limit_gpus,
                     "cohort_lendable_gpus": lendable, "cohort_borrowed_gpus": borrowed})
@@ -195,8 +198,8 @@ def cpu_cohort_full(job: QueuedJob, used_milli: int, q: TeamQuota, lendable_mill
     """``cohort_full`` of a CPU-only job on its team's CPU quota (all numbers CPU millicores; the message and the
     detail say vCPUs): the cohort's unused CPU nominal cannot lend it what it needs above its own."""
     asks = _vcpus(job.total_cpu_milli)
-    return Verdict(False, "quota", f"Over CPU quota: the cohort lends {_vcpus(lendable_milli)} vCPUs and "
-                                   f"{_vcpus(borrowed_milli)} are borrowed; {asks} more do not fit",
+    return Verdict(False, "quota", f"Over CPU quota: the cohort's shared pool holds {_vcpus(lendable_milli)} vCPUs "
+                                   f"and {_vcpus(borrowed_milli)} of them are in use; {asks} more do not fit",
                    {"request_vcpus": asks, "used_vcpus": _vcpus(used_milli), "nominal_vcpus": _vcpus(q.nominal_gpus),
                     "borrowing_limit_vcpus": _vcpus(q.borrowing_limit_gpus),
                     "lending_limit_vcpus": None if q.lending_limit_gpus is None else _vcpus(q.lending_limit_gpus),

@@ -93,6 +93,16 @@ def test_one_node_of_several_with_the_gpus_reads_has():
     assert "1 of the 2 nodes needed has 1 GPU free" in w.message
 
 
+def test_a_team_within_its_nominal_is_not_told_the_cohort_is_borrowed():
+    # team 1 (nominal 4, borrowing up to 4) uses its 4; team 2 (nominal 2) uses 1: neither borrows anything, yet
+    # without lending limits both nominals form the shared pool (6), 5 of it in use: 2 more for team 1 do not fit
+    teams = [team(1, 4, 4, cohort=0, used=4), team(2, 2, cohort=0, used=1)]
+    w = waiting_for([pool(1, 32)], job(1, 2), teams=teams)
+    assert w.reason == "quota"
+    assert "the cohort's shared pool holds 6 GPUs and 5 of them are in use; 2 more do not fit" in w.message
+    assert "borrowed" not in w.message
+
+
 def test_a_cpu_only_job_is_told_in_vcpu_and_gib_alone():
     cpu_acc = 7
     nodes = tuple(NodeRoom(f"9-{i}", 0, 0, 16 * VCPU, c, 64 * GIB, 64 * GIB) for i, c in enumerate((2 * VCPU, 3 * VCPU)))
