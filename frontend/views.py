@@ -194,6 +194,11 @@ def _filtered_jobs(request):
     return filterset, page
 
 
+#: The job list's order (its ``ordering`` filter) in words, for the table's caption; unknown or none: the default.
+JOB_ORDER_WORDS = {"created_at": "oldest first", "-created_at": "newest first", "priority": "lowest priority first",
+                   "-priority": "highest priority first"}
+
+
 @login_required
 def job_list(request):
     """Jobs filtered by team, state, kind, accelerator, cluster, submitter and dates; rows refresh by htmx polling."""
@@ -201,6 +206,8 @@ def job_list(request):
     query = request.GET.copy()
     query.pop("page", None)
     return render(request, "frontend/job_list.html", {"filterset": filterset, "page": page,
+                                                      "order_words": JOB_ORDER_WORDS.get(request.GET.get("ordering", ""),
+                                                                                         "newest first"),
                                                       "query": query.urlencode(),
                                                       "poll_seconds": settings.UI_POLL_SECONDS})
 

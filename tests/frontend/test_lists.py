@@ -56,6 +56,13 @@ def test_the_job_list_shows_duration_and_cost(teammate_web, running_pair):
     assert "<th scope=\"col\">Duration</th>" in page and "<th scope=\"col\">Cost</th>" in page
 
 
+def test_the_job_lists_caption_says_the_order_it_shows(teammate_web, running_pair):
+    assert "<caption>Jobs, newest first" in teammate_web.get("/jobs/").content.decode()
+    page = teammate_web.get("/jobs/", {"ordering": "-priority"}).content.decode()
+    assert "<caption>Jobs, highest priority first" in page and "newest first" not in page
+    assert "<caption>Jobs, oldest first" in teammate_web.get("/jobs/", {"ordering": "created_at"}).content.decode()
+
+
 def test_the_dashboard_lists_my_rejected_job_and_not_other_peoples(teammate_web, teammate, owner, teams, h100):
     alpha = teams[0]
     rejected = make_job_row(alpha, teammate.user, h100, name="too-expensive",
