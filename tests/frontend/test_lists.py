@@ -86,3 +86,11 @@ def test_use_of_limit_names_what_it_divides_by(teammate_web, teammate, teams, h1
     # alpha can reach 4 nominal + min(4 borrowing, 2 lendable) = 6 GPUs; 2 in use is 33 % of them.
     assert '<th scope="col">Limit it can reach</th>' in table and "<td>6 GPUs</td>" in table, table
     assert "33 % of 6 GPUs" in table, table
+
+
+def test_one_gpu_in_use_reads_in_the_singular(teammate_web, teammate, teams, h100, aws_cluster):
+    Quota.objects.create(team=teams[0], accelerator=h100, nominal_gpus=4)
+    job = make_job_row(teams[0], teammate.user, h100, name="one", gpus_per_node=1)
+    make_attempt(job, aws_cluster["cluster"], aws_cluster["pool"])
+    table = teammate_web.get("/").content.decode().split('class="quota-use"')[1].split("</table>")[0]
+    assert "<td>1 GPU</td>" in table and "1 GPUs" not in table, table
