@@ -44,7 +44,8 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
-DATETIME_FORMAT_HINT = "YYYY-MM-DDThh:mm[:ss[.uuuuuu]][+HH:MM|-HH:MM|Z], e.g. 2026-11-01T00:00:00Z"
+DATETIME_FORMAT_HINT = ("YYYY-MM-DDThh:mm[:ss[.uuuuuu]][+HH:MM|-HH:MM|Z], e.g. 2026-11-01T00:00:00Z, or a date "
+                        "YYYY-MM-DD (its midnight UTC)")
 #: A date alone, read as its midnight UTC.
 _PLAIN_DATE = re.compile(r"^\d{4}-\d\d-\d\d$")
 # An offset whose "+" a query string turned into a space: "2026-11-01T00:00:00 01:00".

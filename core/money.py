@@ -30,6 +30,13 @@ def usd_cents(amount: Decimal | None) -> str | None:
     return format(small.normalize(), "f")
 
 
+def price_per_hour(price: Decimal | str) -> str:
+    """A price (Decimal USD per GPU-, vCPU- or GiB-hour, or its decimal string) with every digit it has, at least to
+    cents, without the ``$``: ``6.880000`` -> ``"6.88"``, ``2.5`` -> ``"2.50"``, ``0.031611`` -> ``"0.031611"``."""
+    exact = Decimal(price).normalize()
+    return str(exact.quantize(CENT)) if exact.as_tuple().exponent > -2 else format(exact, "f")
+
+
 def shown_usd(amount: Decimal | None, unpriced_hours: float | Decimal = 0) -> str | None:
     """The one rounding of a money figure for display: ``usd_cents`` of the exact priced ``amount`` (USD), or None
     ("unknown") when nothing of it is priced: ``amount`` None or 0 while ``unpriced_hours`` (GPU- or vCPU-hours

@@ -393,7 +393,8 @@ def utilization_window(rollups, group_by: str, start: dt.datetime | None, end: d
     allocation taken from the ledger: ``gpu_hours`` is the GPU-hours billed over the same whole UTC days (the
     figure the costs show), ``unobserved_gpu_hours`` what of it no DCGM sample covers. A group the ledger bills and
     Prometheus never saw (no Prometheus at all, a cluster without DCGM) is a row with its GPU-hours, all of them
-    unobserved, and nulls for the averages ("no data"), never 0 GPU-hours. Arguments as ``window_sums``;
+    unobserved, and nulls for the averages ("no data"), never 0 GPU-hours; a group that billed no GPU-hour and has
+    no rollup (CPU-only jobs alone) is no row. Arguments as ``window_sums``;
     ``job_id`` keeps one job (read from its ledger entries)."""
     rows, total = aggregate_utilization(rollups, group_by)
     lo, hi = day_window(start, end)
@@ -408,6 +409,8 @@ def utilization_window(rollups, group_by: str, start: dt.datetime | None, end: d
         key = tuple(ledger_row[k] for k in keys)
         row = by_key.get(key)
         if row is None:
+            if not ledger_row["gpu_hours"]:  # billed no GPU-hour (a CPU-only job's group): no GPU to utilize
+                continue
             row = by_key[key] = {**{k: ledger_row[k] for k in keys}, **_present(_unseen())}
         billed_share(row, ledger_row)
     for row in by_key.values():

@@ -379,6 +379,18 @@ def efficiency_text(efficiency: dict) -> str:
     return text
 
 
+def utilization_text(util: float | None, *, emulated: bool, monitored: bool) -> str:
+    """The summary's words for a job's average GPU utilization ``util`` (percent, the figure its page and the API
+    show; None: none collected): shown whenever collected, on emulated GPUs with what it measures there (the CPU use
+    of the job's processes, as the local exporter reports it); else why there is none. ``monitored``: Prometheus
+    runs (``prometheus`` on PATH)."""
+    if util is not None:
+        return f"  GPU util {util:.1f}%" + (" (emulated GPUs: the CPU use of its processes)" if emulated else "")
+    if not monitored:
+        return "  GPU util not observed (no prometheus on PATH)"
+    return "  GPU util no data"
+
+
 def losses(log_text: str) -> tuple[float, float] | None:
     """The first and last training loss printed as ``step=N loss=X`` lines, or None."""
     found = LOSS_LINE.findall(log_text)
@@ -530,11 +542,9 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
                     line += f"  loss {pair[0]:.4f} -> {pair[1]:.4f}"
                 trained = view["state"] == "SUCCEEDED" and pair is not None and pair[1] < pair[0]
                 line += efficiency_text(api.get(f"jobs/{job_id}/").get("efficiency") or {})
-            if emulated:  # the exporter's "GPU" figure is CPU use of the job's processes: no GPU was observed
-                line += "  GPU util not observed (emulated GPUs)"
-            elif monitoring is not None and view.get("current_attempt"):
-                util = job_average_utilization(job_id)
-                line += "  GPU util no data" if util is None else f"  GPU util {util:.1f}%"
+            util = (job_average_utilization(job_id) if monitoring is not None and view.get("current_attempt")
+                    else None)
+            line += utilization_text(util, emulated=emulated, monitored=monitoring is not None)
             out.write(line + "\n")
         prepared = views[prep["id"]]["state"] == "SUCCEEDED"
         if views[prep["id"]].get("current_attempt"):

@@ -38,8 +38,8 @@ FACT_LABELS = {
     "lending_limit_gpus": "Lending limit (GPUs)",
     "max_gpus_per_job": "Per-job cap (GPUs)",
     "limit_gpus": "Most the team can reach (GPUs)",
-    "cohort_lendable_gpus": "GPUs the cohort lends",
-    "cohort_borrowed_gpus": "GPUs borrowed in the cohort",
+    "cohort_lendable_gpus": "GPUs in the cohort's shared pool",
+    "cohort_borrowed_gpus": "GPUs of the shared pool in use",
     "request_vcpus": "vCPU asked",
     "used_vcpus": "vCPU the team uses",
     "nominal_vcpus": "Nominal CPU quota (vCPU)",
@@ -47,8 +47,8 @@ FACT_LABELS = {
     "lending_limit_vcpus": "CPU lending limit (vCPU)",
     "max_vcpus_per_job": "Per-job CPU cap (vCPU)",
     "limit_vcpus": "Most the team can reach (vCPU)",
-    "cohort_lendable_vcpus": "vCPU the cohort lends",
-    "cohort_borrowed_vcpus": "vCPU borrowed in the cohort",
+    "cohort_lendable_vcpus": "vCPU in the cohort's shared pool",
+    "cohort_borrowed_vcpus": "vCPU of the shared pool in use",
     "budget_id": "Budget",
     "estimate_usd": "Estimate (USD)",
     "amount_usd": "Budget amount (USD)",
@@ -119,8 +119,8 @@ def utilization_note(job, usage: list[dict], has_rollups: bool) -> dict:
     whether any daily rollup has an average. Utilization is shown whenever it was collected (``{"show": True}``),
     emulated GPUs or not. Otherwise ``{"show": False, "reason": <sentence>}``: a CPU-only job is not told about
     GPUs at all (``{"show": False, "cpu_only": True, "reason": ""}``); else the job has not run, no Prometheus is
-    configured for its clusters, it ran on emulated GPUs only, it runs and the first samples are not collected
-    yet, or Prometheus had no samples of it."""
+    configured for its clusters, it runs and the first samples are not collected yet (on emulated GPUs too), it
+    ran on emulated GPUs only, or Prometheus had no samples of it."""
     if has_rollups or any(u.get("avg_gpu_util_percent") is not None for u in usage):
         return {"show": True, "reason": ""}
     if job.accelerator.is_cpu:
@@ -133,13 +133,13 @@ def utilization_note(job, usage: list[dict], has_rollups: bool) -> dict:
     if len(unread) == len(clusters):
         return {"show": False, "reason": f"Not observed: no Prometheus is configured for cluster "
                                          f"{', '.join(unread)}, so no GPU samples are read."}
-    if all(c.emulated for c in clusters):
-        return {"show": False, "reason": "Not observed: the job ran on emulated GPUs (processes on the CPU) and no "
-                                         "GPU samples were collected for it."}
-    if any(a.ended_at is None for a in attempts):
+    if any(a.ended_at is None for a in attempts):  # emulated GPUs too: a local DCGM exporter may sample them
         every = _collection_minutes()
         return {"show": False, "reason": f"Not collected yet: the job is running and its first samples are not in "
                                          f"(utilization is collected every {every} min)."}
+    if all(c.emulated for c in clusters):
+        return {"show": False, "reason": "Not observed: the job ran on emulated GPUs (processes on the CPU) and no "
+                                         "GPU samples were collected for it."}
     return {"show": False, "reason": "No data: Prometheus had no GPU samples of this job's pods."}
 
 

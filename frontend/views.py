@@ -194,6 +194,11 @@ def _filtered_jobs(request):
     return filterset, page
 
 
+#: The job list's order (its ``ordering`` filter) in words, for the table's caption; unknown or none: the default.
+JOB_ORDER_WORDS = {"created_at": "oldest first", "-created_at": "newest first", "priority": "lowest priority first",
+                   "-priority": "highest priority first"}
+
+
 @login_required
 def job_list(request):
     """Jobs filtered by team, state, kind, accelerator, cluster, submitter and dates; rows refresh by htmx polling."""
@@ -201,6 +206,8 @@ def job_list(request):
     query = request.GET.copy()
     query.pop("page", None)
     return render(request, "frontend/job_list.html", {"filterset": filterset, "page": page,
+                                                      "order_words": JOB_ORDER_WORDS.get(request.GET.get("ordering", ""),
+                                                                                         "newest first"),
                                                       "query": query.urlencode(),
                                                       "poll_seconds": settings.UI_POLL_SECONDS})
 
@@ -439,12 +446,8 @@ def _validate_submission(request, form: SubmitJobForm) -> dict | None:
 
 def form_preview(args: dict) -> dict:
     """The submit form's preview of ``args`` (``submit_job``'s keyword arguments): ``jobs.preview.submission_preview``
-    with what the form words from it: ``asks`` (what the worst case counts: GPUs, or vCPUs and GiB) and
-    ``unplaced`` (``estimate_caveats``: why no pool can hold it as the fleet is now, or "")."""
+    with what the form words from it: ``unplaced`` (``estimate_caveats``: why no pool can hold it as the fleet is now, or "")."""
     preview = submission_preview(args)
-    resources = args["resources"]
-    preview["asks"] = job_asks(args["kind"], resources["nodes"], resources["gpus_per_node"],
-                               resources.get("replicas", 1), args["spec"].get("resources"))
     preview["unplaced"] = estimate_caveats(preview["assessment"], preview["accelerator"])["unplaced"]
     return preview
 

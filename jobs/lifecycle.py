@@ -734,7 +734,7 @@ def finish_cancel(job_id: int) -> bool:
     if job.state != S.CANCELLING:
         return job.state == S.CANCELLED
     attempt = job.current_attempt
-    reason = "objects deleted"
+    reason = f"{_cancelled_by(job)}: objects deleted"
     try:
         gone = attempt is None or attempt.ended_at is not None or backend_for(attempt.cluster).delete(attempt)
         if attempt is not None and attempt.ended_at is None:
@@ -742,8 +742,8 @@ def finish_cancel(job_id: int) -> bool:
     except ClusterUnreachable as exc:
         log.warning("job %s: cluster %s unreachable, cancelled with deletion pending: %s", job_id,
                     attempt.cluster.name, exc)
-        gone, reason = True, (f"cluster {attempt.cluster.name} unreachable: objects will be deleted when it "
-                              f"answers again (deletion pending)")
+        gone, reason = True, (f"{_cancelled_by(job)}: cluster {attempt.cluster.name} unreachable, objects will be "
+                              f"deleted when it answers again (deletion pending)")
         # Billed up to the last time the cluster answered, the last instant its pods are known to have held their
         # GPUs; reconcile's orphan cleanup bills on to their real stop once the cluster answers again.
         seen = [t for t in (attempt.cluster.last_contact_at, attempt.started_at, _cancel_evidence(attempt))
@@ -767,6 +767,14 @@ def finish_cancel(job_id: int) -> bool:
     except StaleState:
         return False
     return True
+
+
+def _cancelled_by(job: Job) -> str:
+    """``cancelled by alice`` (the user who asked, from the CANCELLING event), or ``cancelled`` when nobody is named
+    (a cancel the platform made): the start of a cancelled job's last reason, which its lists show."""
+    actor = (JobEvent.objects.filter(job_id=job.pk, to_state=S.CANCELLING).exclude(from_state=S.CANCELLING)
+             .order_by("-created_at").values_list("actor__username", flat=True).first())
+    return f"cancelled by {actor}" if actor else "cancelled"
 
 
 def _billed_past_cancel(job: Job, attempt: JobAttempt, ended_at) -> str:

@@ -12,16 +12,27 @@ from decimal import Decimal
 
 from rest_framework.exceptions import ValidationError
 
-from core.money import usd_cents
+from core.money import price_per_hour, usd_cents
 from quotas.models import Budget
 
 from .models import total_gpus
 from .scheduling.core import budget_refusal
 from .scheduling.preview import Candidate, preview_placement
+from .scheduling.snapshot import per_node_request, pods_of
 from .spec import accelerator_named
 
 #: The field a budget refusal is reported on: the run-time limit bounds the estimate the budget is checked against.
 BUDGET_FIELD = "spec.max_runtime_seconds"
+
+
+def job_asks(kind: str, nodes: int, gpus_per_node: int, replicas: int, resources) -> dict:
+    """What a whole job holds, as its worst-case estimate counts it: ``{"gpus": int, "vcpus": Decimal (cores),
+    "gib": Decimal}``; vCPUs and GiB are the pods' (``snapshot.pods_of``) per-node ``cpu`` and ``memory_gib`` of
+    ``resources`` (a spec's), rounded up as placement counts them."""
+    pods, _ = pods_of(kind, nodes, replicas)
+    cpu_milli, memory_mib = per_node_request(resources)
+    return {"gpus": total_gpus(nodes, gpus_per_node, replicas), "vcpus": Decimal(pods * cpu_milli) / 1000,
+            "gib": Decimal(pods * memory_mib) / 1024}
 
 
 def per_node_asks(spec) -> dict:
@@ -44,7 +55,7 @@ def submission_preview(args: dict) -> dict:
     ``jobs.spec.validated_submission``).
 
     Returns ``{"team", "kind", "accelerator" (name of the chosen one), "total_gpus", "max_runtime_seconds" (s),
-    "pool" (the chosen ``PoolOffer`` or None), "fits_now", "estimate_usd" (Decimal USD or None), "quota" and
+    "asks" (``job_asks``: what its worst case counts, GPUs or vCPUs and GiB), "pool" (the chosen ``PoolOffer`` or None), "fits_now", "estimate_usd" (Decimal USD or None), "quota" and
     "budget" (``core.Verdict``; budget None without an estimate), "candidates" (``scheduling.preview.Candidate``
     list), "refusal" (None, or ``{"field", "message"}``: submission would answer 400), "assessment" (the chosen
     accelerator's ``core.Assessment``)}``.
@@ -65,6 +76,8 @@ def submission_preview(args: dict) -> dict:
     return {"team": team, "kind": args["kind"], "accelerator": found.accelerator,
             "total_gpus": total_gpus(resources["nodes"], resources["gpus_per_node"], resources.get("replicas", 1)),
             "max_runtime_seconds": resources["max_runtime_seconds"],
+            "asks": job_asks(args["kind"], resources["nodes"], resources["gpus_per_node"], resources.get("replicas", 1),
+                             args["spec"].get("resources")),
             "pool": assessment.offer, "fits_now": assessment.fits_now, "estimate_usd": assessment.estimate_usd,
             "quota": assessment.quota, "budget": assessment.budget, "candidates": found.candidates,
             "refusal": refusal, "assessment": assessment}
@@ -77,15 +90,17 @@ def refuse_unaffordable(preview: dict) -> None:
         raise ValidationError({preview["refusal"]["field"]: [preview["refusal"]["message"]]})
 
 
-def _money(amount: Decimal | None) -> str | None:
-    return None if amount is None else str(amount)
+def _price(per_hour: Decimal | None) -> str | None:
+    """A pool's USD per hour for the job as the pages show it (``core.money.price_per_hour``: ``"13.76"``, not
+    ``"13.760000"``); None: no price."""
+    return None if per_hour is None else price_per_hour(per_hour)
 
 
 def _candidate_json(row: Candidate) -> dict:
     o = row.offer
     return {"cluster": o.cluster_name, "pool": o.name or str(o.node_pool_id), "provider": o.provider,
             "region": o.region, "capacity_type": o.capacity_type, "accelerator": row.accelerator,
-            "nodes": row.pods, "free_gpus": o.free_gpus, "usd_per_hour": _money(row.usd_per_hour),
+            "nodes": row.pods, "free_gpus": o.free_gpus, "usd_per_hour": _price(row.usd_per_hour),
             "estimated_cost_usd": usd_cents(row.estimate_usd), "fits_now": row.fits_now, "chosen": row.chosen,
             "why_not": row.why_not}
 
@@ -107,10 +122,12 @@ def outcome(preview: dict) -> str:
 
 def preview_json(preview: dict) -> dict:
     """``submission_preview``'s answer as the API gives it: names for objects, USD as strings (estimates rounded to
-    cents as every figure shown; per-hour prices exact), the candidate pools as rows, and ``outcome``."""
+    cents as every figure shown; per-hour prices exact, with every digit they have and at least to cents), the whole
+    job's ``total_vcpus`` (cores) and ``total_memory_gib`` beside ``total_gpus``, the candidate pools as rows, and ``outcome``."""
     chosen = next((c for c in preview["candidates"] if c.chosen), None)
     return {"team": preview["team"].slug, "kind": preview["kind"], "accelerator": preview["accelerator"],
-            "total_gpus": preview["total_gpus"], "max_runtime_seconds": preview["max_runtime_seconds"],
+            "total_gpus": preview["total_gpus"], "total_vcpus": float(preview["asks"]["vcpus"]),
+            "total_memory_gib": float(preview["asks"]["gib"]), "max_runtime_seconds": preview["max_runtime_seconds"],
             "placement": _candidate_json(chosen) if chosen is not None else None,
             "fits_now": preview["fits_now"], "estimated_cost_usd": usd_cents(preview["estimate_usd"]),
             "candidates": [_candidate_json(c) for c in preview["candidates"]],

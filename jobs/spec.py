@@ -52,7 +52,7 @@ from quotas.models import Membership, Team, priority_classes
 from runners.models import CPU_ACCELERATOR, Accelerator, Cluster, NodePool
 
 from .efficiency.memory import Layout, declaration_errors, fit_errors
-from .models import PRIORITY_CLASSES, Job
+from .models import PRIORITY_CLASSES, UNBOUNDED_ESTIMATE_SECONDS, Job
 
 SUBMIT_ROLES = (Membership.Role.ADMIN, Membership.Role.MEMBER)
 
@@ -346,7 +346,7 @@ class JobSpec(SpecModel):
     max_runtime_seconds: Count = Field(
         None, description="run-time limit, seconds; bounds the cost estimate that admission checks against the "
         "budget. Required for training jobs; for inference optional: absent, the server runs until cancelled "
-        "(its estimate then counts 30 days, jobs.models.UNBOUNDED_ESTIMATE_SECONDS)",
+        f"(its estimate then counts {UNBOUNDED_ESTIMATE_SECONDS // 86400} days)",
         json_schema_extra=_example(3600))
     preemptible: bool = Field(False, description="may run on spot capacity, and be preempted")
     placement: JobPlacement = Field(default_factory=JobPlacement,

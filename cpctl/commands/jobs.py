@@ -136,6 +136,15 @@ def _verdict(verdict: dict | None) -> str:
     return "allows it now" if verdict["ok"] else verdict["message"]
 
 
+def _asks(preview: dict) -> str:
+    """What a dry run's worst case counts: ``1 GPU``, ``8 GPUs``, or a CPU-only job's ``2 vCPUs and 4 GiB``."""
+    gpus = preview["total_gpus"]
+    if gpus or not (preview.get("total_vcpus") or preview.get("total_memory_gib")):
+        return f"{gpus} GPU{'' if gpus == 1 else 's'}"
+    vcpus = preview["total_vcpus"]
+    return f"{vcpus:g} vCPU{'' if vcpus == 1 else 's'} and {preview['total_memory_gib']:g} GiB"
+
+
 OUTCOMES = {"admit": "it would be admitted now", "wait": "it would be queued: it waits for what is named above",
             "refused": "submission would refuse it"}
 
@@ -151,7 +160,7 @@ def show_preview(preview: dict) -> None:
                  f"{chosen['capacity_type']}, {chosen['accelerator']}), {room}")
     budget = preview["refusal"]["message"] if preview.get("refusal") else _verdict(preview["budget"])
     fields([("Where", where),
-            ("Estimate", f"{usd(preview['estimated_cost_usd'])} (worst case: {preview['total_gpus']} GPUs x "
+            ("Estimate", f"{usd(preview['estimated_cost_usd'])} (worst case: {_asks(preview)} x "
                          + (f"{preview['max_runtime_seconds']} s)" if preview["max_runtime_seconds"] else
                             "30 days: no max runtime, it runs until cancelled)")),
             ("Quota", _verdict(preview["quota"])), ("Budget", budget),
@@ -159,7 +168,7 @@ def show_preview(preview: dict) -> None:
     if preview["candidates"]:
         out()
         table(["CLUSTER", "POOL", "ACCELERATOR", "NODES", "USD/HOUR", "ESTIMATE", "CHOSEN / WHY NOT"],
-              [[c["cluster"], c["pool"], c["accelerator"], c["nodes"], c["usd_per_hour"] or "no price",
+              [[c["cluster"], c["pool"], c["accelerator"], c["nodes"], usd(c["usd_per_hour"]) if c["usd_per_hour"] else "no price",
                 usd(c["estimated_cost_usd"]), "chosen" if c["chosen"] else c["why_not"]]
                for c in preview["candidates"]], right=("NODES", "USD/HOUR", "ESTIMATE"))
 
@@ -277,7 +286,7 @@ def job_fields(job: dict) -> list[tuple[str, str]]:
     estimate = job.get("estimated_cost_usd")
     pairs.append(("cost", f"{money(job, 'accrued_cost_usd')} accrued, " + (
         "estimated once placed" if estimate is None else f"{usd(estimate)} estimated (worst case)")))
-    if (job.get("efficiency") or {}).get("attempts"):
+    if job.get("kind") == "training" and (job.get("efficiency") or {}).get("attempts"):  # a server trains nothing
         pairs += efficiency_fields(job["efficiency"])
     for name in ("created", "admitted", "started", "ended"):
         value = job.get(f"{name}_at")

@@ -8,8 +8,7 @@ from decimal import Decimal
 
 from django import template
 
-from jobs.models import total_gpus
-from jobs.scheduling.snapshot import per_node_request, pods_of
+from jobs.preview import job_asks  # noqa: F401  (the templates' and views' name for it)
 
 register = template.Library()
 
@@ -31,16 +30,6 @@ def duration(seconds) -> str:
     if minutes:
         return f"{minutes} min {secs:02d} s"
     return f"{secs} s"
-
-
-def job_asks(kind: str, nodes: int, gpus_per_node: int, replicas: int, resources) -> dict:
-    """What a whole job holds, as its worst-case estimate counts it (``money.worst_case`` words it): ``{"gpus": int,
-    "vcpus": Decimal (cores), "gib": Decimal}``; vCPUs and GiB are the pods' (``snapshot.pods_of``) per-node
-    ``cpu`` and ``memory_gib`` of ``resources`` (a spec's), rounded up as placement counts them."""
-    pods, _ = pods_of(kind, nodes, replicas)
-    cpu_milli, memory_mib = per_node_request(resources)
-    return {"gpus": total_gpus(nodes, gpus_per_node, replicas), "vcpus": Decimal(pods * cpu_milli) / 1000,
-            "gib": Decimal(pods * memory_mib) / 1024}
 
 
 def number(value) -> str:

@@ -8,11 +8,9 @@ could show another cent than the API for the same amount.
 
 from __future__ import annotations
 
-from decimal import Decimal
-
 from django import template
 
-from core.money import CENT, usd_cents
+from core.money import price_per_hour, usd_cents
 from costs.catalog import Rates
 
 from .job_terms import number
@@ -28,11 +26,11 @@ def usd(amount) -> str:
     return "unknown" if shown is None else shown
 
 
-def price_per_hour(price) -> str:
-    """A price (Decimal USD per unit-hour) with every digit it has, at least to cents: ``2.5`` -> ``"2.50"``,
-    ``0.031611`` -> ``"0.031611"``."""
-    exact = Decimal(price).normalize()
-    return str(exact.quantize(CENT)) if exact.as_tuple().exponent > -2 else format(exact, "f")
+@register.filter
+def hourly(price) -> str:
+    """A price per hour (Decimal USD, or its string) as ``$6.88`` (``core.money.price_per_hour``); None: ``no
+    price``."""
+    return "no price" if price is None or price == "" else f"${price_per_hour(price)}"
 
 
 @register.filter

@@ -10,6 +10,7 @@ from decimal import Decimal
 
 from django.utils import timezone
 
+from core.money import price_per_hour
 from quotas.models import Team
 
 from ..models import estimated_runtime
@@ -157,7 +158,8 @@ def _why_not(row: Candidate, chosen: Candidate) -> str:
     if chosen.fits_now and not row.fits_now:
         return f"no room now ({row.offer.free_gpus} GPUs free)"
     if row.usd_per_hour is not None and chosen.usd_per_hour is not None and row.usd_per_hour > chosen.usd_per_hour:
-        return f"${row.usd_per_hour}/hour, more than the chosen ${chosen.usd_per_hour}/hour"
+        return (f"${price_per_hour(row.usd_per_hour)}/hour, more than the chosen "
+                f"${price_per_hour(chosen.usd_per_hour)}/hour")
     return f"same price; {chosen.offer.label} comes first (cluster name, then pool)"
 
 

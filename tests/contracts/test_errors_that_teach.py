@@ -65,6 +65,15 @@ def test_a_bad_datetime_names_the_format(owner, path, name):
     assert "YYYY-MM-DDThh:mm" in message and "2026-11-01T00:00:00Z" in message and "%2B" not in message
 
 
+@pytest.mark.parametrize("path, name", [("/api/v1/costs/", "start"), (JOBS, "created_after")])
+def test_a_bad_date_says_a_plain_date_is_taken_too(owner, path, name):
+    r = owner.client.get(path, {name: "2026-13-01"})  # no 13th month
+    assert r.status_code == 400
+    (message,) = r.json()[name]
+    assert "or a date YYYY-MM-DD (its midnight UTC)" in message, message
+    assert owner.client.get(path, {name: "2026-11-01"}).status_code == 200
+
+
 def test_yaml_without_its_content_type_answers_415_naming_what_is_accepted(owner, aws_cluster):
     before = Job.objects.count()
     body = b"team: alpha\nname: x\n"

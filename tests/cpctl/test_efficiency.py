@@ -46,3 +46,13 @@ def test_efficiency_tables_each_attempt(run_cli, teammate, reported):
 
 def test_efficiency_of_another_team_s_job_is_not_found(run_cli, outsider, reported):
     assert run_cli("efficiency", str(reported.pk), persona=outsider).code == 5
+
+
+def test_a_serving_job_shows_no_training_efficiency(run_cli, teammate, funded_aws_cluster, teams, owner, h100):
+    serving = make_job(teams[0], owner.user, h100, name="serving")
+    Job.objects.filter(pk=serving.pk).update(kind="inference")
+    make_attempt(serving, funded_aws_cluster["cluster"], funded_aws_cluster["pool"])  # running
+    result = run_cli("job", str(serving.pk), persona=teammate)
+    assert result.code == 0, result.err
+    assert "endpoint" in result.out  # the serving job's lines
+    assert "throughput" not in result.out and "MFU" not in result.out, result.out

@@ -56,6 +56,13 @@ def test_the_job_list_shows_duration_and_cost(teammate_web, running_pair):
     assert "<th scope=\"col\">Duration</th>" in page and "<th scope=\"col\">Cost</th>" in page
 
 
+def test_the_job_lists_caption_says_the_order_it_shows(teammate_web, running_pair):
+    assert "<caption>Jobs, newest first" in teammate_web.get("/jobs/").content.decode()
+    page = teammate_web.get("/jobs/", {"ordering": "-priority"}).content.decode()
+    assert "<caption>Jobs, highest priority first" in page and "newest first" not in page
+    assert "<caption>Jobs, oldest first" in teammate_web.get("/jobs/", {"ordering": "created_at"}).content.decode()
+
+
 def test_the_dashboard_lists_my_rejected_job_and_not_other_peoples(teammate_web, teammate, owner, teams, h100):
     alpha = teams[0]
     rejected = make_job_row(alpha, teammate.user, h100, name="too-expensive",
@@ -79,3 +86,11 @@ def test_use_of_limit_names_what_it_divides_by(teammate_web, teammate, teams, h1
     # alpha can reach 4 nominal + min(4 borrowing, 2 lendable) = 6 GPUs; 2 in use is 33 % of them.
     assert '<th scope="col">Limit it can reach</th>' in table and "<td>6 GPUs</td>" in table, table
     assert "33 % of 6 GPUs" in table, table
+
+
+def test_one_gpu_in_use_reads_in_the_singular(teammate_web, teammate, teams, h100, aws_cluster):
+    Quota.objects.create(team=teams[0], accelerator=h100, nominal_gpus=4)
+    job = make_job_row(teams[0], teammate.user, h100, name="one", gpus_per_node=1)
+    make_attempt(job, aws_cluster["cluster"], aws_cluster["pool"])
+    table = teammate_web.get("/").content.decode().split('class="quota-use"')[1].split("</table>")[0]
+    assert "<td>1 GPU</td>" in table and "1 GPUs" not in table, table

@@ -147,7 +147,8 @@ def test_the_job_filters_have_human_labels_date_inputs_and_say_the_format(live_s
     expect(page.get_by_label("Submitted from (UTC)")).to_have_attribute("type", "datetime-local")
     page.goto(f"{live_server.url}/jobs/?created_after=last+tuesday")
     expect(page.locator("form.filters .errors")).to_have_text(
-        "Enter a date/time as YYYY-MM-DDThh:mm[:ss[.uuuuuu]][+HH:MM|-HH:MM|Z], e.g. 2026-11-01T00:00:00Z")
+        "Enter a date/time as YYYY-MM-DDThh:mm[:ss[.uuuuuu]][+HH:MM|-HH:MM|Z], e.g. 2026-11-01T00:00:00Z, or a date "
+        "YYYY-MM-DD (its midnight UTC)")
 
 
 def test_a_missing_page_is_the_styled_404_and_the_favicon_exists(live_server, fleet, page, owner):

@@ -4,6 +4,8 @@ lines are sentences, and the state a page shows is the one its timeline ends on.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from jobs.models import Job, JobState
@@ -20,6 +22,14 @@ def test_an_empty_command_box_says_what_to_type(teammate_web, alpha_objects):
     assert "non-empty list of strings" not in page
     preview = teammate_web.post("/jobs/new/preview/", form_data(command="")).content.decode()
     assert "Command: Type the command the job runs" in preview, preview
+
+
+def test_the_submit_form_help_names_no_python_object(teammate_web, alpha_objects):
+    page = teammate_web.get("/jobs/new/").content.decode()
+    helps = re.findall(r'<small id="[^"]*_helptext" class="help">([^<]*)</small>', page)
+    assert any("its estimate then counts 30 days" in h for h in helps), helps  # 30 x 24 h for a serving job
+    dotted = [h for h in helps if re.search(r"\b[a-z_]+\.[a-z_]+\.[A-Za-z_]+\b", h)]
+    assert dotted == [], dotted
 
 
 def test_the_log_hint_points_each_node_the_right_way(owner_web, funded_local_cluster, teams, owner):

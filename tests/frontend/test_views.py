@@ -316,6 +316,9 @@ def test_a_serving_jobs_page_shows_its_endpoint_and_training_job_while_it_runs(t
     attempt = make_attempt(serving, funded_aws_cluster["cluster"], funded_aws_cluster["pool"])
     attempt.runner_state = {"endpoint": "http://serve.cp-alpha.svc:8000"}
     attempt.save(update_fields=["runner_state"])
+    whole = teammate_web.get(f"/jobs/{serving.pk}/").content.decode()
+    assert "Training efficiency" not in whole and 'id="job-efficiency' not in whole  # a server trains nothing
+    assert "Training efficiency" in teammate_web.get(f"/jobs/{trained.pk}/").content.decode()
     page = teammate_web.get(f"/jobs/{serving.pk}/status/").content.decode()
     assert '<dd id="job-endpoint"><a href="http://serve.cp-alpha.svc:8000/healthz">' in page
     assert f'training job <a href="/jobs/{trained.pk}/">#{trained.pk}</a>' in page
@@ -324,16 +327,16 @@ def test_a_serving_jobs_page_shows_its_endpoint_and_training_job_while_it_runs(t
     assert "none: it serves only while RUNNING" in page and "svc:8000" not in page
 
 
-def test_a_job_on_emulated_gpus_shows_utilization_as_not_observed(teammate_web, objects, h100):
+def test_a_job_running_on_emulated_gpus_without_samples_yet_says_they_are_not_in_yet(teammate_web, objects, h100):
     job = objects["alpha"]["job"]
     cluster, pool = make_cluster("emu", "local", "local", h100, nodes=1, gpus_per_node=4, price="0.50")
     cluster.emulated = True
-    cluster.prometheus_url = "http://prometheus.example:9090"  # read, but no GPU sample of the job in it
+    cluster.prometheus_url = "http://prometheus.example:9090"  # read (a local DCGM exporter may sample), none yet
     cluster.save()
-    make_attempt(job, cluster, pool)
+    make_attempt(job, cluster, pool)  # running: not ended
     page = teammate_web.get(f"/jobs/{job.pk}/").content.decode()
-    assert 'id="job-util-empty"' in page and "Not observed: the job ran on emulated GPUs" in page
-    assert 'id="job-usage"' not in page
+    assert 'id="job-util-empty"' in page and "Not collected yet: the job is running" in page
+    assert "ran on emulated GPUs" not in page and 'id="job-usage"' not in page
 
 
 def test_the_form_submits_and_previews_a_cpu_only_job(teammate_web, objects):

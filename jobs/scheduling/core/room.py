@@ -78,16 +78,18 @@ class Room:
             parts.append(f"cluster{'s' if len(sick) > 1 else ''} {', '.join(sick)} "
                          f"{'are' if len(sick) > 1 else 'is'} not healthy")
         if open_ < whole:
-            parts.append(f"{whole - open_} large enough nodes are cordoned, tainted or unhealthy" if bad else
-                         f"{whole - open_} large enough nodes are cordoned or tainted")
+            kept_out = whole - open_
+            are = "node is" if kept_out == 1 else "nodes are"
+            parts.append(f"{kept_out} large enough {are} cordoned, tainted or unhealthy" if bad else
+                         f"{kept_out} large enough {are} cordoned or tainted")
         if bad:
             parts.append(bad)
         if job.share_nodes:
             parts.append(f"the schedulable nodes of one healthy pool hold at most {open_} of its pods, "
                          f"{job.nodes} needed")
         else:
-            parts.append(f"at most {open_} schedulable nodes of one healthy pool can hold a node of it, "
-                         f"{job.nodes} needed")
+            parts.append(f"at most {open_} schedulable node{'' if open_ == 1 else 's'} of one healthy pool can hold a "
+                         f"node of it, {job.nodes} needed")
         short = "health" if sick or bad else "cordon" if open_ < whole and whole >= job.nodes else "nodes"
         return "; ".join(parts), short
 

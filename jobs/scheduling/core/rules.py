@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 from decimal import ROUND_CEILING, Decimal
 
+from core.money import price_per_hour
+
 from .placement import PoolOffer
 from .types import OK, BudgetView, QueuedJob, QuotaView, TeamQuota, TeamState, Verdict
 
@@ -41,11 +43,12 @@ def job_estimate(job: QueuedJob, offer: PoolOffer) -> Decimal:
 
 
 def price_text(offer: PoolOffer) -> str:
-    """``$2.50/GPU-h``, or for a CPU node pool ``$0.031611/vCPU-h + $0.004237/GiB-h``, for messages."""
+    """``$2.50/GPU-h``, or for a CPU node pool ``$0.031611/vCPU-h + $0.004237/GiB-h``, for messages (each price with
+    every digit it has, at least to cents: ``core.money.price_per_hour``)."""
     if offer.usd_per_vcpu_hour is None and offer.usd_per_gib_hour is None:
-        return f"${offer.usd_per_gpu_hour}/GPU-h"
-    parts = [f"${offer.usd_per_gpu_hour}/GPU-h"] if offer.usd_per_gpu_hour else []
-    parts += [f"${p}/{unit}-h" for p, unit in ((offer.usd_per_vcpu_hour, "vCPU"), (offer.usd_per_gib_hour, "GiB"))
+        return f"${price_per_hour(offer.usd_per_gpu_hour)}/GPU-h"
+    parts = [f"${price_per_hour(offer.usd_per_gpu_hour)}/GPU-h"] if offer.usd_per_gpu_hour else []
+    parts += [f"${price_per_hour(p)}/{unit}-h" for p, unit in ((offer.usd_per_vcpu_hour, "vCPU"), (offer.usd_per_gib_hour, "GiB"))
               if p is not None]
     return " + ".join(parts)
 
@@ -179,9 +182,12 @@ def cohort_has_room(pool_gpus: int, borrowed_gpus: int, team_used: int, team_gua
 
 
 def cohort_full(job: QueuedJob, used: int, q: TeamQuota, lendable: int, borrowed: int) -> Verdict:
-    """The verdict for a job the cohort's lendable pool cannot take (``cohort_has_room`` said no): reason ``quota``."""
+    """The verdict for a job the cohort's lendable pool cannot take (``cohort_has_room`` said no): reason ``quota``.
+    The message says "in use", not "borrowed": with no lending limit a team's own nominal is in the pool too, so
+    a team within its nominal draws from it while the quota tables show it borrowing nothing."""
     gpus = job.total_gpus
-    return Verdict(False, "quota", f"the cohort lends {lendable} GPUs and {borrowed} are borrowed; {gpus} more do not fit",
+    return Verdict(False, "quota", f"the cohort's shared pool holds {lendable} GPUs and {borrowed} of them are in use; "
+                                   f"{gpus} more do not fit",
                    {"request_gpus": gpus, "used_gpus": used, "nominal_gpus": q.nominal_gpus,
                     "borrowing_limit_gpus": q.borrowing_limit_gpus, "lending_limit_gpus": q.lending_limit_gpus,
                     "cohort_lendable_gpus": lendable, "cohort_borrowed_gpus": borrowed})
@@ -192,8 +198,8 @@ def cpu_cohort_full(job: QueuedJob, used_milli: int, q: TeamQuota, lendable_mill
     """``cohort_full`` of a CPU-only job on its team's CPU quota (all numbers CPU millicores; the message and the
     detail say vCPUs): the cohort's unused CPU nominal cannot lend it what it needs above its own."""
     asks = _vcpus(job.total_cpu_milli)
-    return Verdict(False, "quota", f"Over CPU quota: the cohort lends {_vcpus(lendable_milli)} vCPUs and "
-                                   f"{_vcpus(borrowed_milli)} are borrowed; {asks} more do not fit",
+    return Verdict(False, "quota", f"Over CPU quota: the cohort's shared pool holds {_vcpus(lendable_milli)} vCPUs "
+                                   f"and {_vcpus(borrowed_milli)} of them are in use; {asks} more do not fit",
                    {"request_vcpus": asks, "used_vcpus": _vcpus(used_milli), "nominal_vcpus": _vcpus(q.nominal_gpus),
                     "borrowing_limit_vcpus": _vcpus(q.borrowing_limit_gpus),
                     "lending_limit_vcpus": None if q.lending_limit_gpus is None else _vcpus(q.lending_limit_gpus),
@@ -203,16 +209,16 @@ def cpu_cohort_full(job: QueuedJob, used_milli: int, q: TeamQuota, lendable_mill
 # --- capacity ---------------------------------------------------------------------------------------------
 
 def _shape(job: QueuedJob) -> str:
-    """``2 nodes x 8 GPUs (16 CPU, 64 GiB per node)`` for messages."""
+    """``2 nodes x 8 GPUs (16 vCPU, 64 GiB per node)``, ``1 node x 1 GPU``, for messages."""
     per = []
     if job.cpu_milli:
-        per.append(f"{job.cpu_milli / 1000:g} CPU")
+        per.append(f"{job.cpu_milli / 1000:g} vCPU")
     if job.memory_mib:
         per.append(f"{job.memory_mib / 1024:g} GiB")
     nodes = f"{job.nodes} node{'s' if job.nodes != 1 else ''}"
     if job.cpu_only:  # no GPU to name: vCPU and GiB per node
-        return f"{nodes} x " + (" + ".join(per).replace(" CPU", " vCPU") or "no resources")
-    return f"{nodes} x {job.gpus_per_node} GPUs" + (f" ({', '.join(per)} per node)" if per else "")
+        return f"{nodes} x " + (" + ".join(per) or "no resources")
+    return f"{nodes} x {_plural(job.gpus_per_node, 'GPU')}" + (f" ({', '.join(per)} per node)" if per else "")
 
 
 def no_price(job: QueuedJob, unpriced: list[PoolOffer]) -> Verdict:
@@ -256,10 +262,15 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
+def _of_needed(count: int, need: int) -> str:
+    """``1 of the 2 nodes needed has`` / ``0 of the 2 nodes needed have``, for messages."""
+    return f"{count} of the {need} nodes needed {'has' if count == 1 else 'have'}"
+
+
 def needs_phrase(job: QueuedJob) -> str:
     """What one node of ``job`` needs free, for messages: ``2 nodes with 8 GPUs, 32 vCPU and 128 GiB free`` (a
     CPU-only job names only vCPU and GiB; a job whose pods may share a node says pods)."""
-    asks = [f"{job.gpus_per_node} GPUs"] if job.gpus_per_node else []
+    asks = [_plural(job.gpus_per_node, "GPU")] if job.gpus_per_node else []
     if job.cpu_milli:
         asks.append(f"{_vcpus(job.cpu_milli)} vCPU")
     if job.memory_mib:
@@ -279,7 +290,7 @@ def short_resource(job: QueuedJob, with_gpus: int, with_cpu: int, with_room: int
     need = job.nodes
     gpu = job.gpus_per_node > 0
     if gpu and with_gpus < need:
-        return "gpu", f"{with_gpus} of the {need} nodes needed have {job.gpus_per_node} GPUs free"
+        return "gpu", f"{_of_needed(with_gpus, need)} {_plural(job.gpus_per_node, 'GPU')} free"
     have = f"{_plural(with_gpus, 'node')} {'has' if with_gpus == 1 else 'have'} the GPUs" if gpu else \
         f"{_plural(with_gpus, 'schedulable node')}"
     if with_cpu < need:
@@ -294,7 +305,7 @@ def short_resource(job: QueuedJob, with_gpus: int, with_cpu: int, with_room: int
         if not gpu:
             tail = tail.replace(" and CPU", " with the vCPU", 1)
         return "memory", have + tail
-    return "nodes", f"{with_room} of the {need} nodes needed have room"
+    return "nodes", f"{_of_needed(with_room, need)} room"
 
 
 def no_room(job: QueuedJob, pools: list[PoolOffer], free: dict[int, int], most_free: dict[int, int] | None = None,
@@ -322,7 +333,8 @@ def no_room(job: QueuedJob, pools: list[PoolOffer], free: dict[int, int], most_f
             counts = (n, n, n, 0, 0)
         kind, sentence = short_resource(job, *counts)
         kinds.append(kind)
-        gpus = (f"{free[pid]} GPUs free, at most {most_free.get(pid, 0)} on one node; " if job.gpus_per_node else "")
+        gpus = (f"{_plural(free[pid], 'GPU')} free, at most {most_free.get(pid, 0)} on one node; "
+                if job.gpus_per_node else "")
         parts.append(f"{o.label}: {gpus}{sentence}")
         shown.append({"pool": o.label, "short_of": kind, "free_gpus": free[pid],
                       "nodes_with_gpus": counts[0], "nodes_with_cpu": counts[1], "nodes_with_room": counts[2],

@@ -28,3 +28,20 @@ def test_job_rows_come_in_numeric_order_with_the_cost_of_their_unobserved_hours(
     assert [(r["unobserved_gpu_hours"], r["unobserved_cost_usd"]) for r in body["results"]] == [
         (1.0, "6.88"), (2.0, "13.76")]
     assert body["total"]["unobserved_cost_usd"] == "20.64"
+
+
+def test_a_cpu_only_job_is_no_row_of_gpu_utilization(owner, aws_cluster, cpu, teams, h100):
+    from runners.models import NodePool
+
+    gpu_job = make_job_row(teams[0], owner.user, h100, name="gpu-job", gpus_per_node=1)
+    gpu_attempt = make_attempt(gpu_job, aws_cluster["cluster"], aws_cluster["pool"], started_at=DAY,
+                               ended_at=DAY + dt.timedelta(hours=1), state="SUCCEEDED")
+    make_cost_entry(gpu_attempt, DAY, dt.timedelta(hours=1), Decimal("6.88"), gpus=1)
+    cpu_pool = NodePool.objects.get(accelerator=cpu)
+    cpu_job = make_job_row(teams[0], owner.user, cpu, name="prep", gpus_per_node=0)
+    cpu_attempt = make_attempt(cpu_job, cpu_pool.cluster, cpu_pool, started_at=DAY,
+                               ended_at=DAY + dt.timedelta(hours=1), state="SUCCEEDED")
+    make_cost_entry(cpu_attempt, DAY, dt.timedelta(hours=1), Decimal("0.04"), gpus=0, usd_per_gpu_hour="0")
+    body = owner.client.get("/api/v1/utilization/", {"group_by": "job", **WINDOW}).json()
+    assert [r["job"] for r in body["results"]] == [gpu_job.pk], body["results"]
+    assert body["results"][0]["unobserved_cost_usd"] == "6.88"

@@ -109,7 +109,7 @@ def test_a_job_that_needs_a_cordoned_node_is_accepted_and_waits_for_the_fleet(
     schedule_pending()
     job = fresh(Job.objects.get())
     assert job.state == "QUEUED" and job.queue_info["fleet_change"] is True
-    assert "1 large enough nodes are cordoned" in job.queue_info["message"]
+    assert "1 large enough node is cordoned" in job.queue_info["message"]
 
 
 def test_a_team_without_any_quota_for_the_accelerator_is_refused_on_the_accelerator(

@@ -116,7 +116,8 @@ def test_borrowing_is_capped_by_what_the_cohort_lends_and_the_lender_then_waits(
     schedule_pending()
     info = fresh(b1).queue_info
     assert fresh(b1).state == S.QUEUED and info["reason"] == "quota"
-    assert info["message"] == "Over CPU quota: the cohort lends 6 vCPUs and 6 are borrowed; 2 more do not fit"
+    assert info["message"] == ("Over CPU quota: the cohort's shared pool holds 6 vCPUs and 6 of them are in use; 2 more "
+                               "do not fit")
 
 
 def test_a_lending_limit_keeps_the_lenders_vcpus_for_itself(cpu, cpu_job, alpha, beta):

@@ -22,5 +22,5 @@ def test_a_job_pinned_to_an_unpriced_pool_waits_for_its_price_by_name(cluster_fa
     assert pinned.queue_info["message"] == ("no price for node pool moved (aws eu-nowhere-1, on-demand): "
                                             "the price catalog has none in force")
     assert pinned.queue_info["unpriced_pools"] == [moved_pool.pk]
-    assert anywhere.queue_info["message"].startswith("Asks 1 node x 1 GPUs, which no node pool can hold")
+    assert anywhere.queue_info["message"].startswith("Asks 1 node x 1 GPU, which no node pool can hold")
     assert "price" not in anywhere.queue_info["message"]

@@ -164,7 +164,7 @@ def test_a_cordoned_node_keeps_a_gang_waiting_for_the_fleet_and_the_job_behind_i
     schedule_pending()
     gang, single = fresh(gang), fresh(single)
     assert gang.state == JobState.QUEUED and gang.queue_info["fleet_change"] is True
-    assert "1 large enough nodes are cordoned" in gang.queue_info["message"]
+    assert "1 large enough node is cordoned" in gang.queue_info["message"]
     attempt = single.current_attempt
     assert single.state == JobState.ADMITTED and attempt.placement["nodes"] == ["w0"]
     assert dispatch_and_schedule(emulators, "cheap", attempt) == {f"{attempt.object_name}-0-p": "w0"}

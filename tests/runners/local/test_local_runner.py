@@ -185,12 +185,14 @@ def test_cancel_kills_the_process_group(admitted):
     records = [pid_record(attempt, n) for n in range(2)]
     job = reconcile_until(attempt, {JobState.RUNNING})
 
-    cancel_job(job)
+    cancel_job(job, actor=job.submitter)
     assert job.state == JobState.CANCELLING
     wait_until(lambda: finish_cancel(job.pk), timeout=15, what="the cancel to finish")
 
     job.refresh_from_db()
     assert job.state == JobState.CANCELLED
+    # its lists show who cancelled it, not the runner's words alone
+    assert job.state_reason == f"cancelled by {job.submitter.username}: objects deleted", job.state_reason
     for record in records:  # they ignored SIGTERM, so SIGKILL after the grace ended them
         assert not alive(record, "child") and not alive(record, "supervisor")
     assert read_json(node_path(attempt_dir(attempt), 0, "exit"))["reason"] == "cancelled"

@@ -73,7 +73,8 @@ def test_a_cordoned_node_makes_a_job_wait_for_the_fleet_without_blocking_its_tea
     d, _ = decide([team(1, 16, strategy="StrictFIFO")], [offer], [gang, single])
     assert [a.node_names for a in d.admissions] == [("1-0",)]
     w = d.waiting[gang.job_id]
-    assert w.detail["fleet_change"] and "1 large enough nodes are cordoned" in w.message
+    assert w.detail["fleet_change"] and "1 large enough node is cordoned" in w.message
+    assert "at most 1 schedulable node of one healthy pool can hold a node of it, 2 needed" in w.message, w.message
 
 
 def test_an_unhealthy_cluster_makes_a_job_wait_for_the_fleet():

@@ -126,7 +126,7 @@ def test_a_cohort_full_wait_gives_the_cohort_numbers_when_it_is_decided():
     for waiting, borrowed in ((b, c.total_gpus), (d_, c.total_gpus + e.total_gpus)):
         w = d.waiting[waiting.job_id]
         assert w.reason == "quota" and w.detail["cohort_borrowed_gpus"] == borrowed
-        assert f"{borrowed} are borrowed" in w.message
+        assert f"{borrowed} of them are in use" in w.message
 
 
 def test_a_capacity_wait_becomes_a_cohort_wait_once_the_cohort_cannot_lend():

@@ -39,4 +39,4 @@ def test_a_gang_that_needs_the_unhealthy_node_waits_for_the_fleet_to_change_with
     assert admitted(d) == [small.job_id]
     w = d.waiting[gang.job_id]
     assert w.detail["fleet_change"]
-    assert "1 large enough nodes are cordoned, tainted or unhealthy" in w.message and "eks/1/1-1" in w.message
+    assert "1 large enough node is cordoned, tainted or unhealthy" in w.message and "eks/1/1-1" in w.message

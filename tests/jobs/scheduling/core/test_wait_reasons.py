@@ -74,7 +74,33 @@ def test_too_few_free_gpus_are_named_as_gpus():
     p = nodes_pool(1, [(8, 64 * VCPU, 512 * GIB), (4, 64 * VCPU, 512 * GIB), (2, 64 * VCPU, 512 * GIB)])
     w = waiting_for([p], job(1, 8, nodes=2))
     assert w.detail["short_of"] == "gpu"
-    assert "14 GPUs free, at most 8 on one node; 1 of the 2 nodes needed have 8 GPUs free" in w.message
+    assert "14 GPUs free, at most 8 on one node; 1 of the 2 nodes needed has 8 GPUs free" in w.message
+
+
+def test_one_gpu_and_one_node_read_in_the_singular():
+    # 1 node with 1 GPU free of 8 but only 2 of 64 vCPU free: a 1-GPU, 4-vCPU job waits for CPU
+    p = nodes_pool(1, [(1, 2 * VCPU, 512 * GIB)], cpu=64 * VCPU)
+    w = waiting_for([p], job(1, 1, nodes=1, cpu=4 * VCPU))
+    assert w.detail["short_of"] == "cpu"
+    assert "Needs 1 node with 1 GPU and 4 vCPU free (1 node x 1 GPU (4 vCPU per node))" in w.message
+    assert "c1/gpu: 1 GPU free, at most 1 on one node;" in w.message
+    assert "1 GPUs" not in w.message and " CPU per node" not in w.message
+
+
+def test_one_node_of_several_with_the_gpus_reads_has():
+    p = nodes_pool(1, [(2, 64 * VCPU, 512 * GIB), (0, 64 * VCPU, 512 * GIB)])
+    w = waiting_for([p], job(1, 1, nodes=2))
+    assert "1 of the 2 nodes needed has 1 GPU free" in w.message
+
+
+def test_a_team_within_its_nominal_is_not_told_the_cohort_is_borrowed():
+    # team 1 (nominal 4, borrowing up to 4) uses its 4; team 2 (nominal 2) uses 1: neither borrows anything, yet
+    # without lending limits both nominals form the shared pool (6), 5 of it in use: 2 more for team 1 do not fit
+    teams = [team(1, 4, 4, cohort=0, used=4), team(2, 2, cohort=0, used=1)]
+    w = waiting_for([pool(1, 32)], job(1, 2), teams=teams)
+    assert w.reason == "quota"
+    assert "the cohort's shared pool holds 6 GPUs and 5 of them are in use; 2 more do not fit" in w.message
+    assert "borrowed" not in w.message
 
 
 def test_a_cpu_only_job_is_told_in_vcpu_and_gib_alone():

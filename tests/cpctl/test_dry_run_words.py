@@ -1,0 +1,57 @@
+"""The dry run speaks as the pages do: a pool's price per hour with the digits it has (``$6.88``, not
+``6.880000``) in the API, cpctl and the form, one GPU in the singular, and a CPU-only job's worst case in vCPUs
+and GiB, never ``0 GPUs``; a placement's timeline line names the price the same way."""
+
+from __future__ import annotations
+
+import yaml
+
+from jobs.models import Job, JobEvent
+from tests.support.personas import signed_in
+
+from .test_dry_run import PREVIEW, document, written
+
+
+def test_a_pool_price_reads_with_its_digits_in_the_api_the_cli_and_the_form(run_cli, owner, funded_aws_cluster,
+                                                                               tmp_path):
+    doc = document()
+    doc["spec"]["resources"].update(nodes=1, gpus_per_node=1)
+    body = owner.client.post(PREVIEW, doc, format="json").json()
+    # 1 GPU at the catalog's 6.88 USD/GPU-h (aws-use1), for 900 s: 6.88 / 4 = 1.72
+    assert body["placement"]["usd_per_hour"] == "6.88"
+    assert body["estimated_cost_usd"] == "1.72"
+
+    shown = run_cli("submit", str(written(tmp_path, doc)), "--dry-run", persona=owner)
+    assert shown.code == 0, shown.err
+    assert "$1.72 (worst case: 1 GPU x 900 s)" in shown.out, shown.out
+    assert "$6.88" in shown.out and "6.880000" not in shown.out and "1 GPUs" not in shown.out, shown.out
+
+    html = signed_in(owner).post("/jobs/new/preview/", {"team": "alpha", "spec_yaml": yaml.safe_dump(doc)})
+    page = html.content.decode()
+    assert "<td>$6.88</td>" in page and "6.880000" not in page, page
+
+
+def test_a_cpu_only_dry_run_counts_vcpus_and_gib(run_cli, owner, funded_aws_cluster, cpu, tmp_path):
+    doc = document(max_runtime_seconds=3600)
+    doc["spec"]["resources"] = {"accelerator": "CPU", "gpus_per_node": 0, "nodes": 2, "cpu": 4, "memory_gib": 8}
+    body = owner.client.post(PREVIEW, doc, format="json").json()
+    assert (body["total_gpus"], body["total_vcpus"], body["total_memory_gib"]) == (0, 8.0, 16.0)
+    # 8 vCPU x 0.031611 + 16 GiB x 0.004237 USD per hour (costs/data/cpu_prices.csv, gcp us-central1)
+    assert body["placement"]["usd_per_hour"] == "0.32068"
+
+    shown = run_cli("submit", str(written(tmp_path, doc)), "--dry-run", persona=owner)
+    assert shown.code == 0, shown.err
+    assert "(worst case: 8 vCPUs and 16 GiB x 3600 s)" in shown.out, shown.out
+    assert "0 GPUs" not in shown.out, shown.out
+
+
+def test_the_placement_line_of_the_timeline_names_the_price_with_its_digits(owner, funded_aws_cluster):
+    from jobs.scheduling.passes import schedule_pending
+
+    created = owner.client.post("/api/v1/jobs/", document(), format="json")
+    assert created.status_code == 201, created.content
+    schedule_pending()
+    job = Job.objects.get()
+    assert job.state == "ADMITTED"
+    placed = JobEvent.objects.get(job=job, to_state="ADMITTED")
+    assert "at $6.88/GPU-h" in placed.reason and "6.880000" not in placed.reason, placed.reason
