@@ -137,6 +137,24 @@ def seed_demo() -> dict[str, DemoTeam]:
     return teams
 
 
+def lift_cordons(out) -> list[str]:
+    """Uncordon the nodes of the demo's local cluster that an earlier run left cordoned (a staff cordon outlives
+    the demo's processes), saying so on ``out``: the demo's training job needs every node of that cluster, and
+    would otherwise wait, never placeable, until its timeout. Each lift is audited with its reason. Returns the
+    names of the nodes lifted."""
+    from runners import health
+    from runners.local.capacity import ensure_local_cluster
+    from runners.models import Node
+
+    lifted = []
+    for node in Node.objects.filter(cluster=ensure_local_cluster(), cordoned=True).order_by("name"):
+        health.uncordon(node, None, reason="the demo needs every node of its local cluster")
+        out.write(f"Node {node.name} was left cordoned ({node.cordon_note or 'no note'}); the demo uncordoned it, "
+                  f"since its training job needs every node of the local cluster.\n")
+        lifted.append(node.name)
+    return lifted
+
+
 class PortInUse(RuntimeError):
     """The demo's web port is taken; the message says which and what to do."""
 
@@ -474,6 +492,7 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
     platform.check_port_free()  # before any work: a busy port is the commonest reason a demo cannot start
     call_command("migrate", verbosity=0)
     teams = seed_demo()
+    lift_cordons(out)
     staff_password = seed_staff()
     seed_reports()
     from runners.local.exporter import (
