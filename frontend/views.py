@@ -473,9 +473,11 @@ def _validate_submission(request, form: SubmitJobForm) -> dict | None:
 
 def form_preview(args: dict) -> dict:
     """The submit form's preview of ``args`` (``submit_job``'s keyword arguments): ``jobs.preview.submission_preview``
-    with what the form words from it: ``unplaced`` (``estimate_caveats``: why no pool can hold it as the fleet is now, or "")."""
+    with what the form words from it: ``unplaced`` (``estimate_caveats``: why no pool can hold it as the fleet is now, or "")
+    and ``waits_for`` (what it would wait for while no pool has room now, ``short_of_words``, or "")."""
     preview = submission_preview(args)
     preview["unplaced"] = estimate_caveats(preview["assessment"], preview["accelerator"])["unplaced"]
+    preview["waits_for"] = short_of_words(preview["capacity"].detail) if preview["capacity"] else ""
     return preview
 
 
