@@ -155,6 +155,16 @@ def lift_cordons(out) -> list[str]:
     return lifted
 
 
+def use_own_address_for_links(port: int) -> str:
+    """Make the links in notifications point at this demo's web server when ``NOTIFY_BASE_URL`` is not set:
+    ``http://127.0.0.1:<port>`` in the settings and in the environment its web server, workers and beat inherit.
+    ``port``: the web server's TCP port. Returns the base URL in force (a configured one is kept)."""
+    if not settings.NOTIFY_BASE_URL:
+        settings.NOTIFY_BASE_URL = f"http://127.0.0.1:{port}"
+    os.environ["NOTIFY_BASE_URL"] = settings.NOTIFY_BASE_URL
+    return settings.NOTIFY_BASE_URL
+
+
 class PortInUse(RuntimeError):
     """The demo's web port is taken; the message says which and what to do."""
 
@@ -175,6 +185,7 @@ class Platform:
     def start(self) -> None:
         py = sys.executable
         celery = [py, "-m", "celery", "-A", "controlplane"]
+        use_own_address_for_links(self.port)
         if settings.EMBEDDED_BROKER:
             port = settings.EMBEDDED_BROKER_PORT
             broker = self.supervisor.start("broker", embedded_broker_command(port, Path(settings.VAR_DIR) / "celery"))

@@ -417,9 +417,10 @@ class SubscriptionForm(forms.Form):
     events = forms.MultipleChoiceField(choices=NotificationEvent.choices, widget=forms.CheckboxSelectMultiple)
     only_own_jobs = forms.BooleanField(required=False, label="Only jobs I submitted (mine only)")
 
-    def __init__(self, *args, teams=(), **kwargs):
+    def __init__(self, *args, teams=(), owner_email: str = "", **kwargs):
         super().__init__(*args, **kwargs)
         self.teams = {t.slug: t for t in teams}
+        self.owner_email = owner_email
         self.fields["team"].choices = [("", "Me")] + [(slug, f"team {slug}") for slug in self.teams]
 
     def clean(self):
@@ -428,6 +429,6 @@ class SubscriptionForm(forms.Form):
         for field, message in subscription_errors(
                 team=data["team"], channel=data.get("channel", ""), email=data.get("email", ""),
                 webhook_url=data.get("webhook_url", ""), secret=data.get("secret", ""),
-                only_own_jobs=data.get("only_own_jobs", False)).items():
+                only_own_jobs=data.get("only_own_jobs", False), owner_email=self.owner_email).items():
             self.add_error(field, message)
         return data

@@ -32,7 +32,8 @@ def administered_teams(user):
 def notification_list(request):
     """List the subscriptions the user sees (with a Delete for those they may change), the form for a new one
     (POST makes it: yours, or a team's you administer), and the last ``LOG_ROWS`` notifications."""
-    form = SubscriptionForm(request.POST or None, teams=administered_teams(request.user))
+    form = SubscriptionForm(request.POST or None, teams=administered_teams(request.user),
+                            owner_email=request.user.email)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         team = data["team"]

@@ -32,7 +32,7 @@ from costs.budgets import budget_status
 from costs.capacity import capacity_reports, with_rounding
 from costs.catalog import NoPrice, Rates, rates_at
 from costs.collection import refresh_running
-from costs.models import ClusterMetrics, Report, UtilizationRollup
+from costs.models import ClusterMetrics, CostEntry, Report, UtilizationRollup
 from costs.reports.build import generate_report
 from costs.unknown import HAS_UNPRICED, unknown_cost, unpriced_hours
 from jobs.filters import JobFilterSet
@@ -78,7 +78,7 @@ from .forms import (
     requested_values,
 )
 from .readable import queue_facts, short_of_words, utilization_note
-from .templatetags.job_terms import job_asks
+from .templatetags.job_terms import job_asks, number
 
 LIVE_STATES = [JobState.QUEUED, JobState.ADMITTED, JobState.STARTING, JobState.RUNNING, JobState.RECOVERING,
                JobState.CANCELLING]
@@ -147,6 +147,29 @@ def _budget_rows(teams) -> list[dict]:
     return rows
 
 
+def _cpu_only_vcpu_hours(user, since: dt.datetime) -> Decimal:
+    """The vCPU-hours of CPU-only work (ledger rows with no GPUs) billed to ``user``'s teams since ``since`` (aware
+    UTC): to 0.01 vCPU-hour, below 0.1 to 0.0001 (seconds of one vCPU are not 0); what a cost without GPU-hours
+    paid for."""
+    rows = scope_to_teams(CostEntry.objects.filter(interval_start__gte=since, gpus=0, cpu_milli__gt=0), user)
+    milli_seconds = sum(milli * (end - start).total_seconds()
+                        for milli, start, end in rows.values_list("cpu_milli", "interval_start", "interval_end"))
+    hours = Decimal(milli_seconds) / 1000 / 3600
+    return hours.quantize(Decimal("0.01") if hours >= Decimal("0.1") else Decimal("0.0001"))
+
+
+def _pool_size(pool, resources: dict | None) -> tuple[str, str]:
+    """A node pool's size and capacity as its row shows them: ``("2 × 8 GPUs", "16 GPUs")``, or for a CPU pool
+    (no GPUs) its nodes × vCPU per node, ``("2 × 4 vCPU", "8 vCPU")``, from its synced nodes (``resources``, a
+    ``pool_resources`` row: ``nodes``, ``vcpu``; None: not synced yet, its node count alone)."""
+    if pool.gpus_per_node:
+        return f"{pool.nodes} × {pool.gpus_per_node} GPUs", f"{pool.capacity_gpus} GPUs"
+    if not resources or not resources["nodes"]:
+        return f"{pool.nodes} node{'' if pool.nodes == 1 else 's'}", "not synced"
+    per_node = number(Decimal(resources["vcpu"]) / resources["nodes"])
+    return f"{resources['nodes']} × {per_node} vCPU", f"{number(resources['vcpu'])} vCPU"
+
+
 @login_required
 def dashboard(request):
     """My teams, running and queued jobs, my recent jobs in every state, GPUs in use against quota, budgets and the
@@ -169,6 +192,7 @@ def dashboard(request):
         "gpu_usage": _gpu_usage(teams),
         "budgets": _budget_rows(teams),
         "cost_total": total,
+        "cost_vcpu_hours": _cpu_only_vcpu_hours(user, since) if total else Decimal(0),
         "cost_chart": daily_chart(by_day, first, today) if by_day else _chart([], [], "USD per day"),
     }
     return render(request, "frontend/dashboard.html", context)
@@ -338,7 +362,10 @@ def job_detail(request, pk: int):
     )
     efficiency = job_efficiency(job, series=True)
     series = next((a["series"] for a in reversed(efficiency["attempts"]) if a["series"]), [])
-    context.update(efficiency=efficiency, throughput_chart=_chart(
+    # A training job's section; a CPU-only one (data preparation) gets it only once its workload reported throughput.
+    reported = any(a["tokens_per_s"] is not None or a.get("series") for a in efficiency["attempts"])
+    context.update(efficiency=efficiency, show_efficiency=job.kind == "training" and (job.gpus_per_node or reported),
+                   throughput_chart=_chart(
         [point[1] for point in series], [point[2] for point in series], "Training throughput (tokens/s)", "line"))
     return render(request, "frontend/job_detail.html", context)
 
@@ -446,9 +473,11 @@ def _validate_submission(request, form: SubmitJobForm) -> dict | None:
 
 def form_preview(args: dict) -> dict:
     """The submit form's preview of ``args`` (``submit_job``'s keyword arguments): ``jobs.preview.submission_preview``
-    with what the form words from it: ``unplaced`` (``estimate_caveats``: why no pool can hold it as the fleet is now, or "")."""
+    with what the form words from it: ``unplaced`` (``estimate_caveats``: why no pool can hold it as the fleet is now, or "")
+    and ``waits_for`` (what it would wait for while no pool has room now, ``short_of_words``, or "")."""
     preview = submission_preview(args)
     preview["unplaced"] = estimate_caveats(preview["assessment"], preview["accelerator"])["unplaced"]
+    preview["waits_for"] = short_of_words(preview["capacity"].detail) if preview["capacity"] else ""
     return preview
 
 
@@ -772,7 +801,8 @@ def cluster_list(request):
         pools = []
         for pool in cluster.node_pools.all():
             offer = offers.get(pool.pk)
-            pools.append({"pool": pool, "capacity": pool.capacity_gpus,
+            size, capacity = _pool_size(pool, resources.get(pool.pk))
+            pools.append({"pool": pool, "capacity": capacity, "size": size, "cpu_only": not pool.gpus_per_node,
                           "free": offer.free_gpus if offer else None,
                           "price": offer.usd_per_gpu_hour if offer else None,
                           "cpu_price": price_text(offer) if offer and offer.usd_per_vcpu_hour is not None else None,

@@ -57,8 +57,9 @@ def submission_preview(args: dict) -> dict:
     Returns ``{"team", "kind", "accelerator" (name of the chosen one), "total_gpus", "max_runtime_seconds" (s),
     "asks" (``job_asks``: what its worst case counts, GPUs or vCPUs and GiB), "pool" (the chosen ``PoolOffer`` or None), "fits_now", "estimate_usd" (Decimal USD or None), "quota" and
     "budget" (``core.Verdict``; budget None without an estimate), "candidates" (``scheduling.preview.Candidate``
-    list), "refusal" (None, or ``{"field", "message"}``: submission would answer 400), "assessment" (the chosen
-    accelerator's ``core.Assessment``)}``.
+    list), "refusal" (None, or ``{"field", "message"}``: submission would answer 400), "capacity" (None, or while
+    it has no room now the ``core.Verdict`` a waiting job shows: its message names the short resource with
+    numbers, ``detail["short_of"]`` which one), "assessment" (the chosen accelerator's ``core.Assessment``)}``.
     """
     resources, team = {**args["resources"], **per_node_asks(args["spec"])}, args["team"]
     names = (args["spec"].get("resources") or {}).get("alternatives") or []
@@ -80,7 +81,7 @@ def submission_preview(args: dict) -> dict:
                              args["spec"].get("resources")),
             "pool": assessment.offer, "fits_now": assessment.fits_now, "estimate_usd": assessment.estimate_usd,
             "quota": assessment.quota, "budget": assessment.budget, "candidates": found.candidates,
-            "refusal": refusal, "assessment": assessment}
+            "refusal": refusal, "capacity": assessment.capacity, "assessment": assessment}
 
 
 def refuse_unaffordable(preview: dict) -> None:
@@ -123,7 +124,9 @@ def outcome(preview: dict) -> str:
 def preview_json(preview: dict) -> dict:
     """``submission_preview``'s answer as the API gives it: names for objects, USD as strings (estimates rounded to
     cents as every figure shown; per-hour prices exact, with every digit they have and at least to cents), the whole
-    job's ``total_vcpus`` (cores) and ``total_memory_gib`` beside ``total_gpus``, the candidate pools as rows, and ``outcome``."""
+    job's ``total_vcpus`` (cores) and ``total_memory_gib`` beside ``total_gpus``, the candidate pools as rows,
+    ``capacity`` (null, or while it has no room now ``{"short_of": "gpu" | "cpu" | "memory" | "nodes", "message"}``,
+    as the waiting job's page words it) and ``outcome``."""
     chosen = next((c for c in preview["candidates"] if c.chosen), None)
     return {"team": preview["team"].slug, "kind": preview["kind"], "accelerator": preview["accelerator"],
             "total_gpus": preview["total_gpus"], "total_vcpus": float(preview["asks"]["vcpus"]),
@@ -132,7 +135,14 @@ def preview_json(preview: dict) -> dict:
             "fits_now": preview["fits_now"], "estimated_cost_usd": usd_cents(preview["estimate_usd"]),
             "candidates": [_candidate_json(c) for c in preview["candidates"]],
             "quota": _verdict_json(preview["quota"]), "budget": _verdict_json(preview["budget"]),
-            "refusal": preview["refusal"], "outcome": outcome(preview)}
+            "refusal": preview["refusal"], "capacity": _capacity_json(preview.get("capacity")),
+            "outcome": outcome(preview)}
+
+
+def _capacity_json(verdict) -> dict | None:
+    if verdict is None:
+        return None
+    return {"short_of": verdict.detail.get("short_of", "nodes"), "message": verdict.message}
 
 
 def stored_job_args(job) -> dict:

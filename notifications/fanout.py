@@ -23,7 +23,7 @@ from django.utils import timezone
 from core.money import shown_usd, usd_cents
 from costs.models import BudgetAlert
 from costs.unknown import unpriced_hours
-from jobs.models import JobAttempt, JobEvent, JobState
+from jobs.models import FINAL_STATES, JobAttempt, JobEvent, JobState
 from quotas.models import Membership
 
 from .models import Event, FanoutCursor, Notification, Subscription
@@ -112,17 +112,25 @@ def notification(sub: Subscription, source: str, source_id: int, kind: str, team
                         last_error="no e-mail address to send to" if missing else "")
 
 
-def absolute(path: str) -> str:
-    """``path`` under ``NOTIFY_BASE_URL`` (the UI's public address); the path alone when that is empty."""
-    return settings.NOTIFY_BASE_URL.rstrip("/") + path
+def absolute(path: str) -> str | None:
+    """``path`` under ``NOTIFY_BASE_URL`` (the UI's public address, e.g. ``https://cp.example.com``); None when
+    that setting is empty: a path alone is no link a chat tool or a mail reader can follow."""
+    base = settings.NOTIFY_BASE_URL.rstrip("/")
+    return base + path if base else None
+
+
+def link_words(url: str | None) -> str:
+    """The closing words of a message's text: `` <url>`` when there is a link, else a note that the setting that
+    makes one is missing."""
+    return f" {url}" if url else " (no link: NOTIFY_BASE_URL is not set)"
 
 
 def job_message(event: JobEvent, kind: str) -> tuple[str, dict]:
     """The subject and the Slack-compatible body of a job event: ``text`` for people, then the fields for
     programs (``event``, ``occurred_at``, ``team``, ``job_id``, ``job_name``, ``state``, ``reason``, ``cost_usd``:
     the job's accrued cost so far as its page and the API show it (``core.money.shown_usd``: USD rounded to cents,
-    null when none of it is priced), ``unpriced_gpu_hours`` and ``unpriced_vcpu_hours`` beside it, ``url``: its
-    page). Class: unknown money shown as $0; invariant: a money figure is the same on every surface, and never 0
+    null when none of it is priced; "Cost" once the job ended, "Cost so far" before), ``unpriced_gpu_hours`` and
+    ``unpriced_vcpu_hours`` beside it, ``url``: its page, null when ``NOTIFY_BASE_URL`` is empty). Class: unknown money shown as $0; invariant: a money figure is the same on every surface, and never 0
     where its price is unknown."""
     job = event.job
     words = {Event.JOB_SUCCEEDED: "succeeded", Event.JOB_FAILED: "failed", Event.JOB_CANCELLED: "was cancelled",
@@ -133,10 +141,11 @@ def job_message(event: JobEvent, kind: str) -> tuple[str, dict]:
     subject = f"[controlplane] {job.team.slug}: job {job.pk} {job.name} {words}"
     text = f"Job {job.pk} {job.name} of team {job.team.slug} {words}"
     text += f": {event.reason}." if event.reason else "."
-    text += " Cost so far: " + ("unknown" if cost is None else f"${cost}")
+    text += (" Cost: " if event.to_state in FINAL_STATES else " Cost so far: ") + (
+        "unknown" if cost is None else f"${cost}")
     if gpu_hours or vcpu_hours:
         text += f" (and {gpu_hours:g} GPU-hours, {vcpu_hours:g} vCPU-hours without a price)"
-    text += f". {url}"
+    text += "." + link_words(url)
     return subject, {"text": text, "event": kind, "occurred_at": event.created_at.isoformat(), "team": job.team.slug,
                      "job_id": job.pk, "job_name": job.name, "state": event.to_state, "reason": event.reason,
                      "cost_usd": cost, "unpriced_gpu_hours": gpu_hours, "unpriced_vcpu_hours": vcpu_hours,
@@ -146,14 +155,14 @@ def job_message(event: JobEvent, kind: str) -> tuple[str, dict]:
 def budget_message(alert: BudgetAlert) -> tuple[str, dict]:
     """The subject and the Slack-compatible body of a budget threshold crossed (``event``, ``occurred_at``,
     ``team``, ``budget_id``, ``threshold_percent``, ``spent_usd`` and ``amount_usd`` in USD rounded to cents,
-    ``period_start``, ``url``: the team's page)."""
+    ``period_start``, ``url``: the team's page, null when ``NOTIFY_BASE_URL`` is empty)."""
     budget = alert.budget
     team = budget.team.slug
     url = absolute(f"/teams/{team}/")
     spent, amount = usd_cents(alert.spent_usd), usd_cents(alert.amount_usd)
     subject = f"[controlplane] {team}: {alert.threshold_percent}% of the {budget.period} budget reached"
     text = (f"Team {team} reached {alert.threshold_percent}% of its {budget.period} budget: ${spent} of ${amount} "
-            f"spent in the period from {alert.period_start:%Y-%m-%d}. {url}")
+            f"spent in the period from {alert.period_start:%Y-%m-%d}." + link_words(url))
     return subject, {"text": text, "event": Event.BUDGET_THRESHOLD.value, "occurred_at": alert.fired_at.isoformat(),
                      "team": team, "budget_id": budget.pk, "threshold_percent": alert.threshold_percent,
                      "spent_usd": spent, "amount_usd": amount, "period_start": alert.period_start.isoformat(),

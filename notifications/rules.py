@@ -39,12 +39,13 @@ def shown_url(url: str) -> str:
 
 
 def subscription_errors(*, team, channel: str, email: str, webhook_url: str, secret: str,
-                        only_own_jobs: bool) -> dict[str, str]:
+                        only_own_jobs: bool, owner_email: str = "") -> dict[str, str]:
     """Why a subscription with these values could not be sent, by field (empty: it can).
 
     ``team`` is a Team or None (the user's own); ``channel`` ``email`` or ``webhook``. A webhook needs a valid
-    URL (``check_webhook_url``) and no address; an e-mail one no URL or secret, and an address when it is a
-    team's; ``only_own_jobs`` is for a user's own subscription.
+    URL (``check_webhook_url``) and no address; an e-mail one no URL or secret, and an address to send to: a
+    team's its own ``email``, a user's own ``email`` or else ``owner_email`` (the address of the account it belongs
+    to; "" when the account has none); ``only_own_jobs`` is for a user's own subscription.
     """
     errors = {}
     if channel == Subscription.Channel.WEBHOOK:
@@ -62,6 +63,9 @@ def subscription_errors(*, team, channel: str, email: str, webhook_url: str, sec
             errors["webhook_url" if webhook_url else "secret"] = "only a webhook subscription has one"
         if team is not None and not email:
             errors["email"] = "a team's e-mail subscription needs an address"
+        elif team is None and not email and not owner_email:
+            errors["channel"] = ("your account has no e-mail address to send to: give one in email, or add one to "
+                                 "the account")
     if team is not None and only_own_jobs:
         errors["only_own_jobs"] = "only for your own subscription, not a team's"
     return errors

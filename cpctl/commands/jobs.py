@@ -145,6 +145,10 @@ def _asks(preview: dict) -> str:
     return f"{vcpus:g} vCPU{'' if vcpus == 1 else 's'} and {preview['total_memory_gib']:g} GiB"
 
 
+#: What a dry run that has no room now waits for, by the ``short_of`` of its ``capacity``.
+SHORT_OF = {"gpu": "free GPUs", "cpu": "free CPU (vCPU)", "memory": "free memory (GiB)",
+            "nodes": "enough whole nodes"}
+
 OUTCOMES = {"admit": "it would be admitted now", "wait": "it would be queued: it waits for what is named above",
             "refused": "submission would refuse it"}
 
@@ -155,7 +159,10 @@ def show_preview(preview: dict) -> None:
     chosen = preview.get("placement")
     where = "no healthy cluster matches this accelerator and placement"
     if chosen is not None:
-        room = "room now" if preview["fits_now"] else "no room now: it would wait for capacity"
+        short = preview.get("capacity")
+        room = "room now" if preview["fits_now"] else (
+            f"no room now: it would wait for {SHORT_OF.get(short['short_of'], short['short_of'])}. {short['message']}"
+            if short else "no room now: it would wait for capacity")
         where = (f"{chosen['cluster']} pool {chosen['pool']} ({chosen['provider']}/{chosen['region']}, "
                  f"{chosen['capacity_type']}, {chosen['accelerator']}), {room}")
     budget = preview["refusal"]["message"] if preview.get("refusal") else _verdict(preview["budget"])

@@ -139,8 +139,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
         request={"application/json": JobSubmission, "application/yaml": JobSubmission},
         responses={200: OpenApiResponse(description="The dry run: placement with every candidate pool and its price "
                                                     "(why each other one was not chosen), the estimate (USD), the "
-                                                    "quota and budget verdicts, the refusal if any, and the outcome "
-                                                    "(admit, wait or refused)"),
+                                                    "quota and budget verdicts, the refusal if any, the short "
+                                                    "resource with numbers while no pool has room now "
+                                                    "(capacity), and the outcome (admit, wait or refused)"),
                    400: OpenApiResponse(description="Field errors keyed by dotted path")},
     )
     @action(detail=False, methods=["post"], filter_backends=[], pagination_class=None)

@@ -84,7 +84,9 @@ class SubscriptionSerializer(serializers.ModelSerializer):
                     raise serializers.ValidationError({field: "fixed after creation; make a new subscription"})
         errors = subscription_errors(team=merged["team"], channel=merged["channel"], email=merged["email"],
                                      webhook_url=merged["webhook_url"], secret=attrs.get("secret", ""),
-                                     only_own_jobs=merged["only_own_jobs"])
+                                     only_own_jobs=merged["only_own_jobs"],
+                                     owner_email=(current.user if current is not None and current.user_id
+                                                  else self.context["request"].user).email)
         if errors:
             raise serializers.ValidationError(errors)
         return attrs

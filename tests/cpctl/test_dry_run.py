@@ -120,3 +120,29 @@ def test_a_job_that_fits_once_running_work_ends_is_previewed_as_waiting_not_refu
     body = owner.client.post(PREVIEW, {**doc, "name": "second"}, format="json").json()
     assert body["outcome"] == "wait" and body["refusal"] is None and body["budget"]["ok"] is False
     assert owner.client.post("/api/v1/jobs/", {**doc, "name": "second"}, format="json").status_code == 201
+
+
+def test_a_cpu_only_job_short_of_memory_is_told_which_resource_and_by_how_much(run_cli, owner, cpu, tmp_path):
+    """The dry run names the short resource with numbers, as the waiting job's page would: here memory (each of
+    the CPU pool's 4 nodes of 64 GiB has 60 GiB taken by pods not ours, 4 GiB free; the job needs 8 GiB)."""
+    from runners.models import Node
+
+    Node.objects.filter(node_pool__accelerator=cpu).update(foreign_memory_mib=60 * 1024)
+    doc = document()
+    doc["spec"]["resources"] = {"gpus_per_node": 0, "nodes": 1, "cpu": 2, "memory_gib": 8}
+    doc["spec"]["placement"], doc["spec"]["preemptible"] = {}, False
+    body = owner.client.post(PREVIEW, doc, format="json").json()
+    assert body["fits_now"] is False and body["outcome"] == "wait", body
+    assert body["capacity"]["short_of"] == "memory", body["capacity"]
+    message = body["capacity"]["message"]
+    assert "1 node with 2 vCPU and 8 GiB free" in message and "only 4 GiB memory free at most" in message, message
+
+    shown = run_cli("submit", str(written(tmp_path, doc)), "--dry-run", persona=owner)
+    assert shown.code == 0, shown.err
+    assert "it would wait for free memory (GiB)" in shown.out and "8 GiB" in shown.out, shown.out
+    assert "wait for capacity" not in shown.out
+
+    html = signed_in(owner).post("/jobs/new/preview/", {"team": "alpha", "spec_yaml": yaml.safe_dump(doc)})
+    page = html.content.decode()
+    assert "the job would wait for free memory (GiB)" in page and escape(message) in page, page
+    assert not Job.objects.exists()

@@ -61,3 +61,19 @@ def test_a_cordon_left_by_an_earlier_run_is_lifted_and_said(settings, tmp_path):
     record = AuditRecord.objects.filter(object_type="node", object_id=left.pk).latest("at")
     assert (record.action, record.reason) == ("uncordoned", "the demo needs every node of its local cluster")
     assert lift_cordons(io.StringIO()) == []
+
+
+def test_the_demo_links_notifications_to_its_own_web_server(settings, monkeypatch):
+    """A webhook's link must be absolute to be followed from a chat tool: with no NOTIFY_BASE_URL configured, the
+    demo's processes get its own address; a configured one is kept."""
+    import os
+
+    from demo.run import use_own_address_for_links
+
+    monkeypatch.setenv("NOTIFY_BASE_URL", "")
+    settings.NOTIFY_BASE_URL = ""
+    assert use_own_address_for_links(8123) == "http://127.0.0.1:8123"
+    assert (settings.NOTIFY_BASE_URL, os.environ["NOTIFY_BASE_URL"]) == ("http://127.0.0.1:8123",) * 2
+    settings.NOTIFY_BASE_URL = "https://cp.example.com"
+    assert use_own_address_for_links(8123) == "https://cp.example.com"
+    assert os.environ["NOTIFY_BASE_URL"] == "https://cp.example.com"

@@ -64,3 +64,38 @@ def test_the_clusters_page_prices_a_cpu_pool_per_vcpu_and_gib(teammate_web, alph
     assert '<th scope="col">Price</th>' in page and "Price (USD/GPU-hour)" not in page
     assert f"${VCPU_PRICE}/vCPU-h + ${GIB_PRICE}/GiB-h" in page, page
     assert "$6.88/GPU-hour" in page  # the H100 pool of aws us-east-1, at the catalog's price
+
+
+def test_a_cpu_only_jobs_attempts_dashboard_spend_and_pool_read_in_vcpu(teammate_web, alpha_objects, cpu):
+    """No "0 GPUs" for work that holds none: the attempt row says what it holds, the dashboard's 30-day cost names
+    the vCPU-hours it paid for, and the CPU pool reads as nodes × vCPU."""
+    from costs.models import CostEntry
+
+    team, user = alpha_objects["job"].team, alpha_objects["job"].submitter
+    job = cpu_job(team, user, cpu, cpu=2, memory_gib=4)
+    pool = NodePool.objects.get(accelerator=cpu)
+    start = timezone.now() - dt.timedelta(seconds=30)
+    attempt = make_attempt(job, pool.cluster, pool, gpus=0, started_at=start, usd_per_gpu_hour="0")
+    entry = make_cost_entry(attempt, start, dt.timedelta(seconds=18), Decimal("0.000077"), gpus=0,
+                            usd_per_gpu_hour="0")
+    CostEntry.objects.filter(pk=entry.pk).update(cpu_milli=2000)  # 2 vCPU x 18 s = 0.01 vCPU-hours
+    status = teammate_web.get(f"/jobs/{job.pk}/status/").content.decode()
+    assert '<th scope="col">Holds</th>' in status and "<td>2 vCPUs, 4 GiB</td>" in status, status
+    assert '<th scope="col">GPUs</th>' not in status
+    dashboard = teammate_web.get("/").content.decode()
+    assert "for 0.0100 vCPU-hours of CPU-only work" in dashboard, dashboard
+    assert "0.00 GPU-hours" not in dashboard
+    clusters = teammate_web.get("/clusters/").content.decode()
+    row = clusters.split(f'<tr id="pool-{pool.pk}">')[1].split("</tr>")[0]
+    assert "<td>4 × 16 vCPU</td><td>64 vCPU</td>" in row, row  # the fixture's 4 synced nodes of 16 cores
+    assert "× 0<" not in row
+
+
+def test_a_cpu_only_training_job_that_reported_nothing_has_no_training_efficiency(teammate_web, alpha_objects,
+                                                                                  cpu):
+    team, user = alpha_objects["job"].team, alpha_objects["job"].submitter
+    job = cpu_job(team, user, cpu)
+    pool = NodePool.objects.get(accelerator=cpu)
+    make_attempt(job, pool.cluster, pool, gpus=0, started_at=timezone.now(), usd_per_gpu_hour="0")
+    page = teammate_web.get(f"/jobs/{job.pk}/").content.decode()
+    assert job.kind == "training" and "Training efficiency" not in page

@@ -39,6 +39,10 @@ def test_a_team_admin_subscribes_the_team_and_a_member_cannot_delete_it(owner, t
 
 def test_a_member_subscribes_themselves_by_email_to_their_own_jobs(teammate):
     web = signed_in(teammate)
+    response = web.post("/notifications/", {"channel": "email", "events": ["job.failed"]})
+    assert response.status_code == 400 and "no e-mail address" in response.content.decode()  # none to send to
+    teammate.user.email = "teammate@example.com"
+    teammate.user.save(update_fields=["email"])
     response = web.post("/notifications/", {"team": "alpha", "channel": "email", "events": ["job.failed"]})
     assert response.status_code == 400  # not an admin of alpha: not a choice
     response = web.post("/notifications/", {"channel": "email", "events": ["job.failed", "job.succeeded"],

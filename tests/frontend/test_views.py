@@ -274,7 +274,7 @@ def test_clusters_show_capacity_free_gpus_and_price(owner_web, objects, h100):
     pool.cluster.save()
     page = owner_web.get("/clusters/").content.decode()
     assert "aws-use1" in page and "emulated GPUs" in page and "$0.50" in page
-    assert "<td>16</td>" in page  # aws-use1: 2 nodes x 8 GPUs, nothing running
+    assert "<td>2 × 8 GPUs</td><td>16 GPUs</td>" in page  # aws-use1: 2 nodes x 8 GPUs, nothing running
 
 
 def test_costs_are_scoped_grouped_and_downloadable(owner_web, outsider_web, objects):

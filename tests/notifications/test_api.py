@@ -13,6 +13,13 @@ pytestmark = pytest.mark.django_db
 HOOK = "https://hooks.slack.com/services/T000/B000/XXXXSECRETPATH"
 
 
+def with_address(persona, email: str):
+    """``persona`` with an e-mail address on the account (what a personal e-mail subscription sends to)."""
+    persona.user.email = email
+    persona.user.save(update_fields=["email"])
+    return persona
+
+
 def team_hook(**changes) -> dict:
     return {"team": "alpha", "channel": "webhook", "webhook_url": HOOK, "secret": "s3cret-key",
             "events": ["job.failed", "budget.threshold"], **changes}
@@ -42,6 +49,7 @@ def test_members_and_viewers_read_the_teams_subscriptions_but_write_none(owner, 
 
 
 def test_a_user_manages_their_own_subscription_which_nobody_else_sees(owner, teammate, outsider, staff):
+    with_address(teammate, "teammate@example.com")
     response = teammate.client.post("/api/v1/subscriptions/", {"channel": "email", "events": ["job.succeeded"],
                                                                "only_own_jobs": True}, format="json")
     assert response.status_code == 201, response.content
@@ -84,8 +92,26 @@ def test_a_webhook_url_that_is_not_plain_http_is_refused(owner, url, why):
      "only_own_jobs"),
 ])
 def test_a_subscription_that_cannot_be_sent_is_refused_on_its_field(owner, body, field):
+    with_address(owner, "owner@example.com")
     response = owner.client.post("/api/v1/subscriptions/", body, format="json")
     assert response.status_code == 400 and field in response.json(), response.json()
+
+
+def test_an_email_subscription_of_an_account_without_an_address_is_refused(owner, teammate):
+    """Every notification of it would fail: refused on ``channel`` unless it gives its own address; a team's
+    sends to its own ``email`` only, and is refused on that field without one."""
+    mine = {"channel": "email", "events": ["job.failed"]}
+    response = teammate.client.post("/api/v1/subscriptions/", mine, format="json")
+    assert response.status_code == 400 and "no e-mail address" in response.json()["channel"][0], response.json()
+    assert not Subscription.objects.exists()
+    given = teammate.client.post("/api/v1/subscriptions/", {**mine, "email": "me@example.com"}, format="json")
+    assert given.status_code == 201, given.json()
+    cleared = teammate.client.patch(f"/api/v1/subscriptions/{given.json()['id']}/", {"email": ""}, format="json")
+    assert cleared.status_code == 400 and "channel" in cleared.json()
+    with_address(owner, "owner@example.com")  # a team's subscription is not sent to its maker's address
+    team = owner.client.post("/api/v1/subscriptions/", {**mine, "team": "alpha"}, format="json")
+    assert team.status_code == 400 and "address" in team.json()["email"][0]
+    assert owner.client.post("/api/v1/subscriptions/", mine, format="json").status_code == 201
 
 
 def test_the_channel_and_team_are_fixed_after_creation(owner):

@@ -84,7 +84,8 @@ def test_a_jobs_end_sends_one_signed_webhook_and_one_email(quick, teams, owner, 
     assert post["path"] == "/hooks/T000/B000/key" and signed_by(post, SECRET)
     assert not signed_by(post, SECRET + "x")
     body = post["json"]
-    assert body["text"].startswith(f"Job {job.pk} train-small of team alpha succeeded: all pods succeeded.")
+    assert body["text"].startswith(f"Job {job.pk} train-small of team alpha succeeded: all pods succeeded. Cost: $")
+    assert body["text"].endswith(f" https://cp.example.com/jobs/{job.pk}/")
     assert {k: body[k] for k in ("event", "job_id", "team", "state", "reason", "cost_usd", "url")} == {
         "event": "job.succeeded", "job_id": job.pk, "team": "alpha", "state": "SUCCEEDED",
         "reason": "all pods succeeded", "cost_usd": "0.00", "url": f"https://cp.example.com/jobs/{job.pk}/"}
@@ -250,6 +251,21 @@ def test_preemption_and_recovery_notify_the_subscribers_that_asked(quick, teams,
         send_all()
     assert [r["json"]["event"] for r in receiver.received] == ["job.preempted", "job.recovered"]
     assert receiver.received[0]["json"]["reason"] == "preempted by job 7 (priority 1000)"
+    assert [" Cost so far: " in r["json"]["text"] for r in receiver.received] == [True, True]  # not over yet
+
+
+@pytest.mark.django_db
+def test_without_a_base_url_a_message_gives_no_relative_link(quick, teams, teammate, h100, aws_cluster):
+    """A path alone ("/jobs/8/") is no link in a chat tool: with NOTIFY_BASE_URL empty the message has no URL and
+    says which setting gives one."""
+    quick.NOTIFY_BASE_URL = ""
+    with Receiver() as receiver:
+        subscribe(team=teams[0], url=receiver.url, events=[Event.JOB_SUCCEEDED])
+        job = ended_job(teams[0], teammate.user, h100, aws_cluster)
+        assert send_all() == ["sent"]
+    body = receiver.received[0]["json"]
+    assert body["url"] is None
+    assert f"/jobs/{job.pk}/" not in body["text"] and body["text"].endswith("(no link: NOTIFY_BASE_URL is not set)")
 
 
 @pytest.mark.django_db
@@ -325,4 +341,4 @@ def test_a_jobs_cost_in_a_notification_is_the_apis_and_unknown_never_zero(quick,
     api = owner.client.get(f"/api/v1/jobs/{job.pk}/").json()
     assert api["accrued_cost_usd"] is None and api["unpriced_gpu_hours"] == 2.0  # 2 GPUs x 1 h, independently
     assert (body["cost_usd"], body["unpriced_gpu_hours"]) == (api["accrued_cost_usd"], api["unpriced_gpu_hours"])
-    assert "$0.00" not in body["text"] and "Cost so far: unknown (and 2 GPU-hours" in body["text"]
+    assert "$0.00" not in body["text"] and " Cost: unknown (and 2 GPU-hours" in body["text"]

@@ -233,4 +233,5 @@ class Evaluator:
         quota = quota_verdict(job, amount_of(job, acc, team), team.used.get(acc, 0),
                               q.view() if q is not None else None)
         unplaced = None if pools else self.room.no_price(job, acc, fleet)
-        return Assessment(offer, fits_now, estimate, quota, budget, unplaced, priced)
+        capacity = None if fits_now or not pools else self.room.no_room_verdict(job, acc, pools, pids)
+        return Assessment(offer, fits_now, estimate, quota, budget, unplaced, priced, capacity)

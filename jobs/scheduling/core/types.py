@@ -318,7 +318,11 @@ class Assessment:
     When no pool can hold it as the fleet is now (cordoned or unhealthy nodes, an unhealthy cluster), ``unplaced``
     is the verdict that says why, and the estimate is at the price of ``estimate_offer``: the cheapest priced pool
     its rules allow that could hold it once those nodes take work again (None: none could; then the estimate is
-    None, and ``unplaced`` says whether a pool without a price would)."""
+    None, and ``unplaced`` says whether a pool without a price would).
+
+    When a pool could hold it but none has room now, ``capacity`` is the verdict a waiting job's page shows
+    (``rules.no_room``: its message names the short resource with numbers, its detail's ``short_of`` which one:
+    ``gpu``, ``cpu``, ``memory`` or ``nodes``); None otherwise."""
 
     offer: PoolOffer | None
     fits_now: bool
@@ -327,3 +331,4 @@ class Assessment:
     budget: Verdict | None
     unplaced: Verdict | None = None
     estimate_offer: PoolOffer | None = None
+    capacity: Verdict | None = None
