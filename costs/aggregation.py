@@ -42,7 +42,7 @@ from django.db.models import DurationField, ExpressionWrapper, F, Sum
 from django.db.models.functions import TruncDate
 
 from core.money import LEDGER_QUANTUM, rounding_difference, shown_usd, usd_cents
-from runners.models import Cluster
+from runners.models import CPU_ACCELERATOR, Cluster
 
 from .catalog import electricity_price_at, electricity_rows
 from .models import CostEntry, DailyCostRollup, JobDailyCost
@@ -163,19 +163,29 @@ def aggregate_costs(entries, group_by: str) -> tuple[list[dict], dict]:
     return present_sums(sums, group_by)
 
 
+def gpu_priced(qs):
+    """``qs`` (CostEntry, DailyCostRollup or JobDailyCost rows) without those of the CPU flavor: what is priced per
+    GPU-hour. A CPU node pool bills vCPU and GiB-hours (``usd_per_gpu_hour`` 0); a GPU pool's price includes its
+    host (``costs.models.Price``), so the rest is the GPU-priced part of the ledger's cost."""
+    return qs.exclude(**{("job__accelerator__name" if qs.model is JobDailyCost else "accelerator__name"):
+                         CPU_ACCELERATOR})
+
+
 def window_sums(group_by: str, start: dt.datetime | None, end: dt.datetime | None, *, scope=None,
-                team_slug: str | None = None) -> dict[tuple, list]:
+                team_slug: str | None = None, gpus_only: bool = False) -> dict[tuple, list]:
     """Exact ``[GPU-seconds, USD]`` per group key of ``group_by`` over ``[start, end)`` (None: open).
 
     Whole UTC days from the rollups, partial edge days from the ledger
     (``costs.spend.window_parts``). ``scope`` narrows a queryset with a
     ``team`` field (e.g. ``lambda qs: scope_to_teams(qs, user)``); ``team_slug``
-    keeps one team. Raises KeyError for a ``group_by`` not in ``GROUP_KEYS``.
+    keeps one team; ``gpus_only`` keeps the GPU-priced rows (``gpu_priced``). Raises KeyError for a ``group_by``
+    not in ``GROUP_KEYS``.
     """
     GROUP_KEYS[group_by]  # noqa: B018  (KeyError before any query)
 
     def narrow(qs):
         qs = scope(qs) if scope is not None else qs
+        qs = gpu_priced(qs) if gpus_only else qs
         return qs.filter(team__slug=team_slug) if team_slug else qs
 
     sums: dict[tuple, list] = {}
@@ -195,10 +205,12 @@ def window_sums(group_by: str, start: dt.datetime | None, end: dt.datetime | Non
 
 
 def aggregate_window(group_by: str, start: dt.datetime | None, end: dt.datetime | None, *, scope=None,
-                     team_slug: str | None = None) -> tuple[list[dict], dict]:
+                     team_slug: str | None = None, gpus_only: bool = False) -> tuple[list[dict], dict]:
     """Costs by ``group_by`` over ``[start, end)``: ``(rows, total)`` as ``aggregate_costs`` gives for the entries
-    whose ``interval_start`` lies in the window, read from the rollups and the edge days (``window_sums``)."""
-    return present_sums(window_sums(group_by, start, end, scope=scope, team_slug=team_slug), group_by)
+    whose ``interval_start`` lies in the window, read from the rollups and the edge days (``window_sums``; its
+    ``gpus_only`` keeps the GPU-priced part)."""
+    return present_sums(window_sums(group_by, start, end, scope=scope, team_slug=team_slug, gpus_only=gpus_only),
+                        group_by)
 
 
 def add_utilization(rows: list[dict], total: dict, rollups, group_by: str) -> None:
@@ -394,15 +406,17 @@ def utilization_window(rollups, group_by: str, start: dt.datetime | None, end: d
     figure the costs show), ``unobserved_gpu_hours`` what of it no DCGM sample covers. A group the ledger bills and
     Prometheus never saw (no Prometheus at all, a cluster without DCGM) is a row with its GPU-hours, all of them
     unobserved, and nulls for the averages ("no data"), never 0 GPU-hours; a group that billed no GPU-hour and has
-    no rollup (CPU-only jobs alone) is no row. Arguments as ``window_sums``;
-    ``job_id`` keeps one job (read from its ledger entries)."""
+    no rollup (CPU-only jobs alone) is no row. The unobserved cost is a share of the GPU-priced part of the
+    ledger's cost only (``gpu_priced``): the vCPU and GiB-hours of CPU-only jobs in the same team, cluster or day
+    are no GPU-hours and are not in it. Arguments as ``window_sums``; ``job_id`` keeps one job (read from its
+    ledger entries)."""
     rows, total = aggregate_utilization(rollups, group_by)
     lo, hi = day_window(start, end)
     if job_id is not None:
-        entries = entries_in(CostEntry.objects.filter(job_id=job_id), lo, hi)
+        entries = gpu_priced(entries_in(CostEntry.objects.filter(job_id=job_id), lo, hi))
         billed, billed_total = aggregate_costs(scope(entries) if scope is not None else entries, group_by)
     else:
-        billed, billed_total = aggregate_window(group_by, lo, hi, scope=scope, team_slug=team_slug)
+        billed, billed_total = aggregate_window(group_by, lo, hi, scope=scope, team_slug=team_slug, gpus_only=True)
     keys = list(GROUP_KEYS[group_by])
     by_key = {tuple(r[k] for k in keys): r for r in rows}
     for ledger_row in billed:
@@ -422,8 +436,9 @@ def utilization_window(rollups, group_by: str, start: dt.datetime | None, end: d
 
 
 def billed_share(row: dict, ledger_row: dict) -> None:
-    """Put the ledger's billed GPU-hours of a group (``ledger_row``, a row of ``aggregate_costs``) on its utilization
-    ``row``, in place: ``gpu_hours``, ``unobserved_gpu_hours`` (billed minus observed) and ``unobserved_cost_usd``
+    """Put the ledger's billed GPU-hours of a group (``ledger_row``, a row of ``aggregate_costs`` over the GPU-priced
+    ledger rows only, ``gpu_priced``: its ``cost_usd`` is what the GPU-hours cost) on its utilization ``row``, in
+    place: ``gpu_hours``, ``unobserved_gpu_hours`` (billed minus observed) and ``unobserved_cost_usd``
     (``coverage`` stays that of the rolled-up attempts' time)."""
     row["gpu_hours"] = ledger_row["gpu_hours"]
     row["unobserved_gpu_hours"] = round(max(0.0, row["gpu_hours"] - row["observed_gpu_hours"]), 6)
@@ -431,8 +446,8 @@ def billed_share(row: dict, ledger_row: dict) -> None:
 
 
 def unobserved_cost(cost_usd: str | None, row: dict) -> str | None:
-    """The USD (cents, half-even) of a utilization ``row``'s unobserved GPU-hours: its ledger cost ``cost_usd``
-    (cents as a string; None: unknown) times the unobserved share of its billed ``gpu_hours``. None when the
+    """The USD (cents, half-even) of a utilization ``row``'s unobserved GPU-hours: the GPU-priced part of its ledger
+    cost, ``cost_usd`` (cents as a string; None: unknown; ``gpu_priced``) times the unobserved share of its billed ``gpu_hours``. None when the
     cost is unknown or nothing was billed in GPU-hours."""
     if cost_usd is None or not row["gpu_hours"]:
         return None

@@ -2,7 +2,8 @@
 
 - **Capacity**: allocatable GPUs x the time each node was present, from the node inventory over time
   (``runners.NodeSpan``: what node sync saw; time nobody observed is not capacity). Cordoned capacity (the node was
-  not schedulable: cordoned, not Ready or tainted against the platform's pods) is part of capacity and shown apart.
+  not schedulable: cordoned in Kubernetes or by staff in the platform, from the instant of the staff cordon, not
+  Ready or tainted against the platform's pods) is part of capacity and shown apart.
 - **Allocated**: the GPU-seconds and USD the ledger charged on that cluster, pool, node and day, read from the
   attempt-day rollups the ledger keeps (``AttemptDailyCost``) for whole UTC days and from the entries, clipped, at a
   window's edges; an attempt's GPUs are split over the nodes placement chose for it (``JobAttempt.placement``).

@@ -23,7 +23,7 @@ from costs.aggregation import filter_days, utilization_window
 from costs.capacity import NODE_UTILIZATION_RULE, capacity_reports, node_utilization, with_rounding
 from costs.models import UtilizationRollup
 from costs.spend import utc_midnight
-from jobs.scheduling.offers import free_on_nodes
+from jobs.scheduling.offers import free_on_nodes, unheld_on_nodes, why_no_work
 from quotas.models import Team, scope_to_teams
 from runners.models import Cluster, Node
 
@@ -62,16 +62,19 @@ def vcpus(milli: int) -> Decimal:
 def node_rows(nodes: list[Node]) -> list[dict]:
     """Each of ``nodes`` (cluster and pool with its accelerator selected) with what is free on it now: ``node``,
     ``accelerator`` (the pool's accelerator, else the node's GPU product label), ``gpus_free``/``gpus_allocated``
-    (GPUs), ``vcpu``/``vcpu_free`` (vCPU), ``memory_gib``/``memory_free_gib`` (GiB) and ``kubernetes`` (its state
-    in Kubernetes, in words). Three queries."""
-    free = free_on_nodes(nodes)
+    (GPUs), ``vcpu``/``vcpu_free`` (vCPU), ``memory_gib``/``memory_free_gib`` (GiB), ``no_work`` (why admission
+    places nothing there, "" when it takes work: its free figures are then 0) and ``kubernetes`` (its state in
+    Kubernetes, in words). Three queries."""
+    unheld = unheld_on_nodes(nodes)
+    free = free_on_nodes(nodes, unheld)
     rows = []
     for n in nodes:
         gpus, cpu, mem = free[n.pk]
         rows.append({
             "node": n, "accelerator": n.node_pool.accelerator.name if n.node_pool else (n.accelerator_label or "—"),
-            "gpus_free": gpus, "gpus_allocated": n.gpus - gpus, "vcpu": vcpus(n.cpu_milli), "vcpu_free": vcpus(cpu),
-            "memory_gib": gib(n.memory_mib), "memory_free_gib": gib(mem),
+            "gpus_free": gpus, "gpus_allocated": n.gpus - unheld[n.pk][0], "vcpu": vcpus(n.cpu_milli),
+            "vcpu_free": vcpus(cpu), "memory_gib": gib(n.memory_mib), "memory_free_gib": gib(mem),
+            "no_work": why_no_work(n),
             "kubernetes": ("schedulable" if n.schedulable else "cordoned" if n.unschedulable
                            else "not schedulable (not Ready or tainted)"),
         })
@@ -80,8 +83,8 @@ def node_rows(nodes: list[Node]) -> list[dict]:
 
 def pool_resources(nodes: list[Node]) -> dict[int, dict]:
     """Per node pool id, the vCPU and memory (GiB) of its synced ``nodes`` and what is free of them now:
-    ``{"nodes", "gpu_nodes", "vcpu", "vcpu_free", "memory_gib", "memory_free_gib"}``. Pools without node rows
-    are absent (registered by hand, not synced: their CPU and memory are unknown)."""
+    ``{"nodes", "gpu_nodes", "vcpu", "vcpu_free", "memory_gib", "memory_free_gib"}`` (nothing is free on a node that
+    takes no work: ``free_on_nodes``). Pools without node rows are absent (registered by hand, not synced: their CPU and memory are unknown)."""
     free = free_on_nodes(nodes)
     sums: dict[int, list[int]] = {}
     for n in nodes:
@@ -115,6 +118,7 @@ def nodes(request):
     totals = {key: sum(r[key] for r in rows) for key in ("gpus_allocated", "gpus_free", "vcpu", "vcpu_free",
                                                          "memory_gib", "memory_free_gib")}
     totals["gpus"] = sum(r["node"].gpus for r in rows)
+    totals["gpus_no_work"] = totals["gpus"] - totals["gpus_allocated"] - totals["gpus_free"]
     return render(request, "frontend/node_list.html",
                   {"form": form, "rows": rows, "totals": totals, "filtered": form.is_bound and any(
                       form.data.get(k) for k in ("cluster", "health")),

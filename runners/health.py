@@ -59,7 +59,7 @@ from quotas import audit
 
 from .base import each_cluster
 from .credentials import CredentialUnreadable
-from .models import Cluster, Node
+from .models import Cluster, Node, cut_node_span
 
 log = logging.getLogger(__name__)
 
@@ -309,11 +309,14 @@ def check_all() -> list[dict]:
 
 def _audited(node: Node, user, action: str, reason: str, **values) -> Node:
     """Write ``values`` on ``node`` and append the audit record of ``action`` by ``user`` with ``reason``, in one
-    transaction (ADR 0031); ``node`` refreshed."""
+    transaction (ADR 0031); ``node`` refreshed. A change of the staff cordon cuts the node inventory there
+    (``runners.models.cut_node_span``): cordoned capacity counts from that instant."""
     with transaction.atomic():
         before = audit.snapshot(Node.objects.select_for_update().get(pk=node.pk))
         Node.objects.filter(pk=node.pk).update(**values)
         node.refresh_from_db()
+        if before["cordoned"] != node.cordoned:
+            cut_node_span(node, timezone.now())
         audit.record(user, action, node, before, audit.snapshot(node), reason)
     return node
 

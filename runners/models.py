@@ -270,7 +270,9 @@ class NodeSpan(models.Model):
     capacity GPU-hours are counted (``costs.capacity``, OpenCost's node "minutes" as the platform observes them).
 
     ``gpus`` are the node's allocatable GPUs and ``schedulable`` whether the platform's pods could land on it (False:
-    cordoned, not Ready or tainted, shown apart as cordoned capacity); ``start`` is the sync that first saw the node
+    cordoned in Kubernetes or by staff in the platform (``Node.cordoned``), not Ready or tainted, shown apart as
+    cordoned capacity); a staff cordon or uncordon ends the open span and opens the next one at that instant
+    (``cut_node_span``), so cordoned time counts from the cordon itself, not from the next sync; ``start`` is the sync that first saw the node
     in this state and ``end`` the last sync that saw it so (UTC). A sync that sees the same state again within
     ``NODE_INVENTORY_MAX_GAP_SECONDS`` of ``end`` extends the span to now; a changed state ends the span at that sync
     and opens the next one there, so a node's time is counted once and continuously; a node no longer reported, or
@@ -287,7 +289,8 @@ class NodeSpan(models.Model):
     accelerator = models.ForeignKey(Accelerator, on_delete=models.PROTECT, related_name="node_spans")
     capacity_type = models.CharField(max_length=16, choices=NodePool.CapacityType.choices)
     gpus = models.PositiveIntegerField(help_text="allocatable GPUs")
-    schedulable = models.BooleanField(help_text="False: cordoned, not Ready or tainted against the platform's pods")
+    schedulable = models.BooleanField(help_text="False: cordoned (in Kubernetes or by staff), not Ready or tainted "
+                                                "against the platform's pods")
     start = models.DateTimeField()
     end = models.DateTimeField()
     open = models.BooleanField(default=True)
@@ -307,17 +310,20 @@ class NodeSpan(models.Model):
 
 def record_node_spans(cluster: Cluster, nodes: list, now) -> None:
     """Extend, end or open ``cluster``'s NodeSpan rows for one node sync at ``now`` (aware UTC): ``nodes`` as
-    ``store_nodes`` takes them; nodes without GPUs are not capacity and are skipped. Idempotent: a span is never moved
+    ``store_nodes`` takes them; nodes without GPUs are not capacity and are skipped. A node cordoned by staff
+    (``Node.cordoned``) is not schedulable whatever Kubernetes says. Idempotent: a span is never moved
     backwards (``end`` only grows, to ``now``), and an overlapping sync that opened the same node's span first wins
     (the partial unique constraint), so no node-second is counted twice."""
     gap = dt.timedelta(seconds=settings.NODE_INVENTORY_MAX_GAP_SECONDS)
     spans = {s.node_name: s for s in NodeSpan.objects.filter(cluster=cluster, open=True)}
+    staff_cordoned = set(Node.objects.filter(cluster=cluster, cordoned=True).values_list("name", flat=True))
     extend, cut, close, fresh = [], [], [], []
     for info, row, _label, ctype in nodes:
         if info.gpus <= 0:
             continue
         span = spans.pop(info.name, None)
-        state = (row.pk, row.accelerator_id, ctype, info.gpus, bool(info.schedulable))
+        schedulable = bool(info.schedulable) and info.name not in staff_cordoned
+        state = (row.pk, row.accelerator_id, ctype, info.gpus, schedulable)
         if span is not None:
             recent = now - span.end <= gap
             if recent and (span.node_pool_id, span.accelerator_id, span.capacity_type, span.gpus,
@@ -327,7 +333,7 @@ def record_node_spans(cluster: Cluster, nodes: list, now) -> None:
             (cut if recent else close).append(span.pk)
         fresh.append(NodeSpan(cluster=cluster, node_name=info.name[:253], node_pool_id=row.pk, pool_name=row.name,
                               accelerator_id=row.accelerator_id, capacity_type=ctype, gpus=info.gpus,
-                              schedulable=bool(info.schedulable), start=now, end=now))
+                              schedulable=schedulable, start=now, end=now))
     close += [s.pk for s in spans.values()]  # no longer reported: its time ends at its last sighting
     if extend:
         NodeSpan.objects.filter(pk__in=extend, open=True).update(end=Greatest("end", models.Value(now)))
@@ -336,6 +342,26 @@ def record_node_spans(cluster: Cluster, nodes: list, now) -> None:
     if close:
         NodeSpan.objects.filter(pk__in=close, open=True).update(open=False)
     NodeSpan.objects.bulk_create(fresh, ignore_conflicts=True)
+
+
+def cut_node_span(node: Node, now: dt.datetime) -> None:
+    """After a staff cordon or uncordon of ``node`` (a Node row, saved) at ``now`` (aware UTC): end its open NodeSpan
+    at ``now`` and open the next one there in the node's new state (schedulable: schedulable in Kubernetes and not
+    cordoned by staff), so cordoned capacity counts from the cordon itself. Nothing is done when the span's state is
+    already that one, when there is no open span, or when its last sighting is older than
+    ``NODE_INVENTORY_MAX_GAP_SECONDS`` (time nobody observed is not capacity; the next sync opens the span). Call it
+    in the transaction that writes the cordon."""
+    schedulable = node.schedulable and not node.cordoned
+    span = NodeSpan.objects.select_for_update().filter(cluster_id=node.cluster_id, node_name=node.name,
+                                                       open=True).first()
+    if span is None or span.schedulable == schedulable or \
+            now - span.end > dt.timedelta(seconds=settings.NODE_INVENTORY_MAX_GAP_SECONDS):
+        return
+    NodeSpan.objects.filter(pk=span.pk).update(end=Greatest("end", models.Value(now)), open=False)
+    NodeSpan.objects.create(cluster_id=span.cluster_id, node_name=span.node_name, node_pool_id=span.node_pool_id,
+                            pool_name=span.pool_name, accelerator_id=span.accelerator_id,
+                            capacity_type=span.capacity_type, gpus=span.gpus, schedulable=schedulable,
+                            start=max(now, span.end), end=max(now, span.end))
 
 
 #: The Node fields a sync rewrites.

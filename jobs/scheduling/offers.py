@@ -112,16 +112,43 @@ def lock_pools(*accelerator_ids: int) -> None:
          .values_list("pk", flat=True))
 
 
-def free_on_nodes(nodes: list[Node]) -> dict[int, tuple[int, int, int]]:
-    """What is free on each of ``nodes`` (Node rows) now, as admission counts it (``node_rooms``): by node id,
-    ``(GPUs, CPU millicores, memory MiB)``, each never below 0. A node outside any pool has its allocatable resources
-    minus the requests of pods the platform does not own (no attempt is placed on it). Three queries."""
+def takes_work(node: Node) -> bool:
+    """Whether admission may place work on ``node`` (a Node row) now: Kubernetes may schedule on it, staff have not
+    cordoned it and its health is not unhealthy (as ``node_rooms`` counts it)."""
+    return node.schedulable and not node.cordoned and node.health != Node.Health.UNHEALTHY
+
+
+def why_no_work(node: Node) -> str:
+    """Why admission places nothing on ``node`` (a Node row), in words: "cordoned" (by staff), "unhealthy" or "not
+    schedulable" (in Kubernetes: cordoned there, not Ready or tainted); "" when it takes work (``takes_work``)."""
+    if node.cordoned:
+        return "cordoned"
+    if node.health == Node.Health.UNHEALTHY:
+        return "unhealthy"
+    return "" if node.schedulable else "not schedulable"
+
+
+def unheld_on_nodes(nodes: list[Node]) -> dict[int, tuple[int, int, int]]:
+    """What is not held on each of ``nodes`` (Node rows) now, counted as ``node_rooms`` counts it, whether or not the
+    node takes work: by node id, ``(GPUs, CPU millicores, memory MiB)``, each never below 0. A node outside any pool
+    has its allocatable resources minus the requests of pods the platform does not own (no attempt is placed on it).
+    Its allocatable resources less these are what is allocated on it. Three queries."""
     pools = list(NodePool.objects.filter(pk__in={n.node_pool_id for n in nodes if n.node_pool_id}))
     rooms = {(pid, r.name): r for pid, lst in node_rooms(pools).items() for r in lst}
-    free = {}
+    unheld = {}
     for n in nodes:
         room = rooms.get((n.node_pool_id, n.name))
         left = ((room.free_gpus, room.free_cpu_milli, room.free_memory_mib) if room is not None else
                 (n.gpus - n.foreign_gpus, n.cpu_milli - n.foreign_cpu_milli, n.memory_mib - n.foreign_memory_mib))
-        free[n.pk] = tuple(max(0, int(x)) for x in left)
-    return free
+        unheld[n.pk] = tuple(max(0, int(x)) for x in left)
+    return unheld
+
+
+def free_on_nodes(nodes: list[Node], unheld: dict[int, tuple[int, int, int]] | None = None
+                  ) -> dict[int, tuple[int, int, int]]:
+    """What is free on each of ``nodes`` (Node rows) now, as admission counts it: by node id, ``(GPUs, CPU
+    millicores, memory MiB)``, what is not held there (``unheld_on_nodes``, or ``unheld`` when given) on a node that
+    takes work (``takes_work``), ``(0, 0, 0)`` on one that does not (cordoned, not schedulable or unhealthy), as on
+    the clusters page and in admission. Three queries unless ``unheld`` is given."""
+    unheld = unheld_on_nodes(nodes) if unheld is None else unheld
+    return {n.pk: unheld[n.pk] if takes_work(n) else (0, 0, 0) for n in nodes}

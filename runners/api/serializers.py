@@ -19,7 +19,7 @@ from core.fields import StrictCharField
 from costs.catalog import NoPrice, Rates, prices_by_pool, rates_at
 from costs.models import Price
 from jobs.models import JobAttempt
-from jobs.scheduling.offers import free_on_nodes
+from jobs.scheduling.offers import free_on_nodes, takes_work, unheld_on_nodes
 
 from ..credentials import InvalidKubeconfig, split_userinfo, validate_kubeconfig, without_userinfo
 from ..models import Accelerator, Cluster, Node, NodePool
@@ -233,8 +233,9 @@ class NodeSerializer(serializers.ModelSerializer):
     ``free_gpus``, ``free_cpu_milli`` (millicores) and ``free_memory_mib``
     (MiB): what is free on it now as admission counts it (allocatable minus
     the live attempts placed on it and the pods the platform does not own;
-    ``jobs.scheduling.offers.free_on_nodes``); ``allocated_gpus`` the rest of
-    its allocatable GPUs.
+    ``jobs.scheduling.offers.free_on_nodes``), 0 on a node that does not take
+    work; ``allocated_gpus``: its allocatable GPUs held by those attempts and
+    pods, whether or not it takes work.
     """
 
     cluster = serializers.CharField(source="cluster.name", read_only=True)
@@ -256,22 +257,26 @@ class NodeSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(serializers.BooleanField())
     def get_takes_work(self, node: Node) -> bool:
-        return node.schedulable and not node.cordoned and node.health != Node.Health.UNHEALTHY
+        return takes_work(node)
 
-    def _free(self, node: Node) -> tuple[int, int, int]:
-        """``(GPUs, millicores, MiB)`` free on ``node``; counted for the serialized nodes at once on first use (for
-        a list page, its nodes; three queries), kept in the serializer context."""
-        free = self.context.get("free_on_nodes")
-        if free is None or node.pk not in free:
+    def _unheld(self, node: Node) -> tuple[int, int, int]:
+        """``(GPUs, millicores, MiB)`` not held on ``node`` (``unheld_on_nodes``); counted for the serialized nodes
+        at once on first use (for a list page, its nodes; three queries), kept in the serializer context."""
+        unheld = self.context.get("unheld_on_nodes")
+        if unheld is None or node.pk not in unheld:
             nodes = list(self.parent.instance) if self.parent is not None and self.parent.instance is not None \
                 else [node]
-            free = self.context["free_on_nodes"] = {**(free or {}), **free_on_nodes(nodes)}
-        return free[node.pk]
+            unheld = self.context["unheld_on_nodes"] = {**(unheld or {}), **unheld_on_nodes(nodes)}
+        return unheld[node.pk]
+
+    def _free(self, node: Node) -> tuple[int, int, int]:
+        """``(GPUs, millicores, MiB)`` free on ``node`` as admission counts it (``free_on_nodes``)."""
+        return free_on_nodes([node], {node.pk: self._unheld(node)})[node.pk]
 
     @extend_schema_field(serializers.IntegerField())
     def get_allocated_gpus(self, node: Node) -> int:
-        """Allocatable GPUs not free now (held by live attempts or by pods the platform does not own)."""
-        return node.gpus - self._free(node)[0]
+        """Allocatable GPUs held now (by live attempts or by pods the platform does not own)."""
+        return node.gpus - self._unheld(node)[0]
 
     @extend_schema_field(serializers.IntegerField())
     def get_free_gpus(self, node: Node) -> int:

@@ -412,3 +412,24 @@ def test_a_cluster_without_node_inventory_has_unknown_capacity_not_a_negative_on
     assert total["uninventoried_allocated_gpu_hours"] == Decimal(1)
     assert total["capacity_gpu_seconds"] == (total["allocated_gpu_seconds"] - total["uninventoried_allocated_gpu_seconds"]
                                              + total["unallocated_gpu_seconds"])
+
+
+def test_a_staff_cordon_is_cordoned_capacity_from_the_cordon_to_the_uncordon(fleet, staff):
+    """node-a (8 GPUs) seen every minute for an hour; staff cordon it in the platform (Kubernetes still schedules on
+    it) 20 s after the 10th sync and lift the cordon 40 s after the 25th: 8 GPUs x 920 s are cordoned capacity."""
+    from runners import health
+    from runners.models import Node
+
+    node = {"node-a": ("on-demand", 8, True)}
+    cordoned_at, uncordoned_at = T0 + 10 * SYNC + dt.timedelta(seconds=20), T0 + 25 * SYNC + dt.timedelta(seconds=40)
+    sync_fleet(fleet, {i: node for i in range(0, 11)})
+    with time_machine.travel(cordoned_at, tick=False):
+        health.cordon(Node.objects.get(cluster=fleet, name="node-a"), staff.user, "reseat GPU 3")
+    sync_fleet(fleet, {i: node for i in range(11, 26)})
+    with time_machine.travel(uncordoned_at, tick=False):
+        health.uncordon(Node.objects.get(cluster=fleet, name="node-a"), staff.user)
+    sync_fleet(fleet, {i: node for i in range(26, 61)})
+    rows, total = capacity_report("node", T0, T0 + dt.timedelta(hours=1))
+    want = 8 * Decimal((uncordoned_at - cordoned_at).total_seconds())
+    assert (total["capacity_gpu_seconds"], total["cordoned_gpu_seconds"]) == (8 * Decimal(3600), want)
+    assert [(r["node"], r["cordoned_gpu_seconds"]) for r in rows] == [("node-a", want)]

@@ -13,6 +13,7 @@ import time_machine
 from jobs.models import JobAttempt
 from runners.models import Cluster, Node
 from tests.costs.test_capacity import allocate, sync_fleet
+from tests.support.factories import make_attempt, make_job
 from tests.support.personas import signed_in
 
 from .fleet_data import make_fleet, make_use
@@ -162,3 +163,22 @@ def test_the_nodes_allocation_is_the_capacity_apis_for_the_same_days(owner, inve
     assert shown == from_api == expected
     assert {key: c[2:5] for key, c in cells(page, "utilization-node").items()} == dict.fromkeys(
         expected, ["0.00", "n/a", "n/a"])
+
+
+def test_a_cordoned_nodes_gpus_are_not_free_on_the_nodes_page_nor_in_the_api(owner, staff, aws_cluster, teams, h100):
+    node = Node.objects.create(cluster=aws_cluster["cluster"], node_pool=aws_cluster["pool"], name="n0", gpus=8,
+                               cpu_milli=64_000, memory_mib=512 * 1024, seen_at=aws_cluster["cluster"].created_at)
+    held = 5
+    job = make_job(teams[0], owner.user, h100, name="on-n0", gpus_per_node=held)
+    attempt = make_attempt(job, aws_cluster["cluster"], aws_cluster["pool"], gpus=held)
+    JobAttempt.objects.filter(pk=attempt.pk).update(placement={"nodes": ["n0"], "gpus_per_node": held})
+    web = signed_in(owner)
+    assert f"8 GPUs, {held} allocated and {8 - held} free;" in web.get("/nodes/").content.decode()
+    assert signed_in(staff).post(f"/nodes/{node.pk}/cordon/", {"reason": "reseat"}).status_code == 302
+    page = web.get("/nodes/").content.decode()
+    assert f"8 GPUs, {held} allocated and 0 free ({8 - held} more unallocated on nodes that take no work now);" in page
+    row = re.search(rf'<tr id="node-{node.pk}"(.*?)</tr>', page, re.S).group(1)
+    assert '<td class="num">0 <span class="hint">(cordoned)</span></td>' in row
+    body = owner.client.get(f"/api/v1/nodes/{node.pk}/").json()
+    figures = ("allocated_gpus", "free_gpus", "free_cpu_milli", "free_memory_mib", "takes_work")
+    assert tuple(body[k] for k in figures) == (held, 0, 0, 0, False)
