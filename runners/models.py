@@ -289,8 +289,8 @@ class NodeSpan(models.Model):
     accelerator = models.ForeignKey(Accelerator, on_delete=models.PROTECT, related_name="node_spans")
     capacity_type = models.CharField(max_length=16, choices=NodePool.CapacityType.choices)
     gpus = models.PositiveIntegerField(help_text="allocatable GPUs")
-    schedulable = models.BooleanField(help_text="False: cordoned (in Kubernetes or by staff), not Ready or tainted "
-                                                "against the platform's pods")
+    # False also for a node cordoned by staff (``Node.cordoned``), whatever Kubernetes says (``record_node_spans``).
+    schedulable = models.BooleanField(help_text="False: cordoned, not Ready or tainted against the platform's pods")
     start = models.DateTimeField()
     end = models.DateTimeField()
     open = models.BooleanField(default=True)
