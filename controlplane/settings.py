@@ -533,7 +533,7 @@ SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {}).update(
      "JobStateEnum": "jobs.models.JobState", "ChangeRequestKindEnum": [("quota", "Quota"), ("budget", "Budget")],
      "ChangeRequestStateEnum": [("pending", "Pending"), ("approved", "Approved"), ("declined", "Declined"),
                                 ("withdrawn", "Withdrawn")],
-     "NotificationEventEnum": "notifications.models.Event"})
+     "NotificationEventEnum": "notifications.models.Event", "NodeHealthEnum": "runners.models.Node.Health"})
 # --- end Web UI ---------------------------------------------------------------
 
 # --- Single sign-on (OpenID Connect) -----------------------------------------------
