@@ -39,10 +39,9 @@ from jobs.filters import JobFilterSet
 from jobs.lifecycle import NotCancellable, cancel_job, submit_job
 from jobs.models import FINAL_STATES, Job, JobAttempt, JobEvent, JobState
 from jobs.permissions import CANCEL_REFUSED, may_cancel
-from jobs.preview import per_node_asks, refuse_unaffordable, submission_preview
+from jobs.preview import refuse_unaffordable, stored_job_args, submission_preview
 from jobs.scheduling.core import price_text
 from jobs.scheduling.offers import pool_offers
-from jobs.scheduling.preview import preview_submission
 from jobs.scheduling.snapshot import cpu_used_milli
 from jobs.spec import SpecError, resubmission, team_for_submission, validated_submission
 from jobs.states import StaleState
@@ -257,20 +256,20 @@ def job_estimate(job: Job) -> dict:
     """The estimated cost (USD) a job page shows, worded as the submission preview words it.
 
     Once placed: the stored estimate (GPUs x max runtime x the placed pool's price), ``{"usd", "pool": None,
-    "placed": True}``. Before: the preview's (``jobs.scheduling.preview.preview_submission``: the pool the
-    scheduler would pick now and its price), ``{"usd", "pool": <offer or None>, "placed": False, "unplaced",
+    "placed": True}``. Before: the preview's (``jobs.preview.submission_preview``, what the API's answer for the
+    job and ``cpctl job`` show: the pool the scheduler would pick now, over the job's alternatives too, and its
+    price), ``{"usd", "pool": <offer or None>, "placed": False, "unplaced",
     "unknown_why"}`` (``estimate_caveats``); ``usd`` is None when no pool with a price could hold it. ``asks``:
     what the worst case counts (``job_asks``: GPUs, or vCPUs and GiB).
     """
     asks = job_asks(job.kind, job.nodes, job.gpus_per_node, job.replicas, (job.spec or {}).get("resources"))
     if job.admitted_at or job.current_attempt_id or job.estimated_cost_usd:
         return {"usd": job.estimated_cost_usd, "pool": None, "placed": True, "asks": asks}
-    resources = {"accelerator": job.accelerator, "gpus_per_node": job.gpus_per_node, "nodes": job.nodes,
-                 "replicas": job.replicas, "priority": job.priority, "preemptible": job.preemptible,
-                 "max_runtime_seconds": job.max_runtime_seconds, **per_node_asks(job.spec)}
-    assessment = preview_submission(job.team, resources, (job.spec or {}).get("placement") or {}, kind=job.kind)
-    return {"usd": assessment.estimate_usd, "pool": assessment.offer or assessment.estimate_offer, "placed": False,
-            "asks": asks, **estimate_caveats(assessment, job.accelerator.name)}
+    # The API's answer for this job and ``cpctl job`` read the same preview (``jobs.preview``): one figure.
+    preview = submission_preview(stored_job_args(job))
+    assessment = preview["assessment"]
+    return {"usd": preview["estimate_usd"], "pool": assessment.offer or assessment.estimate_offer, "placed": False,
+            "asks": asks, **estimate_caveats(assessment, preview["accelerator"])}
 
 
 def estimate_caveats(assessment, accelerator: str) -> dict:

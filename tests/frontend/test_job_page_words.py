@@ -200,3 +200,29 @@ def test_the_preview_of_a_job_a_cordon_keeps_out_says_so_and_gives_the_estimate(
     usd = (16 * 2 * CATALOG_H100_AWS_USE1).quantize(Decimal("0.01"))  # 16 GPUs x 2 h
     assert ("No node pool can hold it as the fleet is now; it waits for cordoned nodes back in service." in page)
     assert f"${usd}" in page and "No healthy cluster matches" not in page
+
+
+def test_a_queued_jobs_page_and_api_answer_give_one_estimate_over_its_alternatives(teammate, teammate_web, alpha,
+                                                                                     h100):
+    """A job asking for H100-80GB or else A100-80GB, where only an A100 pool (3.00 USD/GPU-hour) exists: the
+    preview places it on the alternative, and the job's page, its API answer and what submitting it answered give
+    that one estimate: 2 GPUs x 1 h x 3.00 = $6.00."""
+    from runners.models import Accelerator
+
+    a100 = Accelerator.objects.get(name="A100-80GB")
+    _, pool = make_cluster("gcp-usc1", "gcp", "us-central1", a100, nodes=1, price="3.00")
+    nodes(pool, 1)
+    for accelerator in (h100, a100):
+        Quota.objects.create(team=alpha, accelerator=accelerator, nominal_gpus=8)
+    submission = {"team": "alpha", "name": "either", "kind": "training",
+                  "spec": {"image": "python:3.11", "command": ["python", "train.py"], "max_runtime_seconds": 3600,
+                           "resources": {"accelerator": "H100-80GB", "gpus_per_node": 2, "nodes": 1,
+                                         "alternatives": ["A100-80GB"]}}}
+    r = teammate.client.post("/api/v1/jobs/", submission, format="json")
+    assert r.status_code == 201, r.content
+    job = r.json()["id"]
+    expected = "6.00"
+    assert r.json()["estimated_cost_usd"] == expected
+    assert teammate.client.get(f"/api/v1/jobs/{job}/").json()["estimated_cost_usd"] == expected
+    page = " ".join(visible_text(teammate_web.get(f"/jobs/{job}/").content.decode()).split())
+    assert f"× max runtime): ${expected} at gcp-usc1's" in page, page[:1500]
