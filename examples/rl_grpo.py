@@ -35,7 +35,7 @@ Roles
     One program, two roles, chosen by ``--role`` (default env ``CONTROLPLANE_ROLE``); the platform's runners set:
 
     * ``CONTROLPLANE_ROLE`` (``learner`` or ``rollout``), ``CONTROLPLANE_ROLE_INDEX`` (0-based index within the
-      role; a rollout's sampling seeds derive from it), ``CONTROLPLANE_ROLES`` (comma-separated role names; the
+      role, named in the rollout's log), ``CONTROLPLANE_ROLES`` (comma-separated role names; the
       learner checks ``rollout`` is among them);
     * ``CONTROLPLANE_ROLE_<R>_ADDRESSES``: comma-separated ``host:port`` of every pod of role ``R`` (upper-cased,
       ``-`` as ``_``) that declares a port: the learner finds the rollouts in
@@ -73,6 +73,8 @@ Output and workload metrics (``examples/workload_metrics.py``; protocol: ``jobs/
 
         step=<n> reward=<mean reward> tokens_per_s=<float> loss=<float> tokens=<int> logprob_gap=<float> [kl=...]
 
+    and every ``--sample-every`` steps one completion (``sample after <n> steps: '<text>'``). The loss reads about
+    0 by construction (the advantages of a group average to 0 and ``rho`` is 1); its gradient is what counts.
     ``tokens_per_s``: the tokens (prompt + completion) the learner ran forward and backward in the step, per
     second of the whole step (weights push, generation and update), and at the end ``final step=<n> reward=<last>
     first_reward=<first> tokens_per_s=<run> loss=<last> ...``. Each rollout reports for itself (as rank 0
@@ -331,6 +333,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--n-embd", type=_positive_int, default=64, help="fresh model only")
     g.add_argument("--n-head", type=_positive_int, default=4, help="fresh model only")
     g.add_argument("--block-size", type=_positive_int, default=64, help="fresh model only")
+    g.add_argument("--sample-every", type=int, default=10,
+                   help="print one completion every this many steps (0: never)")
     g.add_argument("--connect-timeout", type=_positive_float, default=300.0,
                    help="seconds to wait for every rollout's /healthz")
     g.add_argument("--request-timeout", type=_positive_float, default=120.0, help="seconds per request")
@@ -370,8 +374,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 class Rollout:
     """A rollout's state: the weights it was given, its counters, and the reporter of its throughput."""
 
-    def __init__(self, seed: int, metrics: WorkloadMetrics) -> None:
-        self.seed = seed
+    def __init__(self, metrics: WorkloadMetrics) -> None:
         self.metrics = metrics
         self.model: GPT | None = None
         self.version: int | None = None
@@ -519,7 +522,7 @@ def open_metrics(rank: int | None, extra_keys: tuple[str, ...], **declared: floa
 def run_rollout(args: argparse.Namespace) -> int:
     """Serve until ``/shutdown`` (0) or ``--learner-timeout`` seconds without a request (4)."""
     metrics = open_metrics(0, ("version",))
-    rollout = Rollout(args.seed + 7919 * (args.role_index + 1), metrics)
+    rollout = Rollout(metrics)
     # One thread serves and runs the model: a rollout answers one learner, one request after another.
     server = HTTPServer((args.host, args.port), RolloutHandler)
     server.rollout = rollout  # type: ignore[attr-defined]
@@ -620,6 +623,79 @@ def initial_model(args: argparse.Namespace) -> tuple[GPT, str]:
     return GPT(config).train(), "fresh"
 
 
+def push_weights(pool: ThreadPoolExecutor, rollouts: list[str], model: GPT, version: int, timeout: float) -> None:
+    """Send ``model``'s weights as ``version`` to every rollout at once; RolloutError when one fails or takes
+    another version."""
+    payload = weights_to_bytes(model, version)
+
+    def push(address: str) -> None:
+        answer = http_call(f"http://{address}/weights", payload, "application/octet-stream", timeout)
+        if not isinstance(answer, dict) or answer.get("version") != version:
+            raise RolloutError(f"{address} answered {answer!r} to weights version {version}")
+
+    list(pool.map(push, rollouts))
+
+
+def request_groups(pool: ThreadPoolExecutor, rollouts: list[str], prompts: list[list[int]], body: dict[str, Any],
+                   seed: int, timeout: float) -> list[dict[str, Any]]:
+    """Sample a group for each of ``prompts`` (token ids): prompt ``j`` on rollout ``j mod R``, the rollouts in
+    parallel, each with ``body`` (``n``, ``max_new_tokens``, ``temperature``, ``version``) and the sampling seed
+    ``seed + r``. Returns ``{"tokens", "logprobs"}`` per prompt, in order; RolloutError when a rollout fails or
+    sampled with other weights than ``body["version"]``."""
+    shares = [list(range(r, len(prompts), len(rollouts))) for r in range(len(rollouts))]
+
+    def ask(r: int) -> list[dict[str, Any]]:
+        if not shares[r]:
+            return []
+        request = dict(body, prompts=[prompts[j] for j in shares[r]], seed=seed + r)
+        answer = http_call(f"http://{rollouts[r]}/generate", json.dumps(request).encode(), "application/json",
+                           timeout)
+        if not isinstance(answer, dict) or answer.get("version") != body["version"]:
+            raise RolloutError(f"{rollouts[r]} did not sample with weights version {body['version']}: "
+                               f"{str(answer)[:200]}")
+        if len(answer.get("groups") or []) != len(shares[r]):
+            raise RolloutError(f"{rollouts[r]} answered {len(answer.get('groups') or [])} groups, "
+                               f"not {len(shares[r])}")
+        return answer["groups"]
+
+    groups: list[dict[str, Any]] = [{} for _ in prompts]
+    for share, answer in zip(shares, pool.map(ask, range(len(rollouts))), strict=True):
+        for j, group in zip(share, answer, strict=True):
+            groups[j] = group
+    return groups
+
+
+def policy_step(model: GPT, optimizer: torch.optim.Optimizer, reference: GPT | None, prompts: list[list[int]],
+                groups: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, float]:
+    """One GRPO update of ``model`` from the sampled ``groups`` (one per prompt of ``prompts``).
+
+    Returns ``reward`` (mean over all samples), ``loss`` and ``kl`` (means over the groups), ``logprob_gap``
+    (largest ``|logp_new - logp_sampled|``, nats) and ``tokens`` (prompt + completion tokens run forward and
+    backward)."""
+    rewards = torch.tensor([[reward(s) for s in g["tokens"]] for g in groups], dtype=torch.float32)
+    advantages = group_advantages(rewards)
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum, kl_sum, gap, tokens = 0.0, 0.0, 0.0, 0
+    for prompt, group, adv in zip(prompts, groups, advantages, strict=True):
+        completions = torch.tensor(group["tokens"], dtype=torch.long)
+        old = torch.tensor(group["logprobs"], dtype=torch.float32)
+        logp = completion_logprobs(model, prompt, completions, args.temperature)
+        ref = None
+        if reference is not None:
+            with torch.no_grad():
+                ref = completion_logprobs(reference, prompt, completions, args.temperature)
+        loss, kl = grpo_loss(logp, old, adv, args.clip_eps, ref, args.kl_coef)
+        (loss / len(groups)).backward()
+        loss_sum += loss.item()
+        kl_sum += kl.item()
+        gap = max(gap, (logp.detach() - old).abs().max().item())
+        tokens += completions.size(0) * (len(prompt) + completions.size(1))
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return {"reward": rewards.mean().item(), "loss": loss_sum / len(groups), "kl": kl_sum / len(groups),
+            "logprob_gap": gap, "tokens": tokens}
+
+
 def run_learner(args: argparse.Namespace) -> int:
     """Train for ``--steps`` steps against the rollouts, then stop them; the exit status."""
     if not os.environ.get("OMP_NUM_THREADS"):
@@ -653,71 +729,31 @@ def run_learner(args: argparse.Namespace) -> int:
     status = 0
     try:
         wait_healthy(rollouts, args.connect_timeout)
-        first_reward = mean_reward = loss_value = None
+        first_reward = None
         total_tokens = 0
         run_start = time.perf_counter()
         for step in range(1, args.steps + 1):
             start = time.perf_counter()
             version = step - 1  # the weights after step - 1 updates
-            payload = weights_to_bytes(model, version)
-            for answer in pool.map(lambda a: http_call(f"http://{a}/weights", payload, "application/octet-stream",
-                                                       args.request_timeout), rollouts):
-                if answer.get("version") != version:
-                    raise RolloutError(f"a rollout took weights version {answer.get('version')}, not {version}")
-            chosen = [rng.randrange(len(prompts)) for _ in range(args.prompts_per_step)]
-            shares = [[j for j in range(len(chosen)) if j % len(rollouts) == r] for r in range(len(rollouts))]
-
-            def ask(r: int) -> list[dict[str, Any]]:
-                if not shares[r]:
-                    return []
-                body = {"prompts": [prompts[chosen[j]] for j in shares[r]], "n": args.group_size,
-                        "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-                        "seed": args.seed * 1_000_003 + step * len(rollouts) + r, "version": version}
-                answer = http_call(f"http://{rollouts[r]}/generate", json.dumps(body).encode(),
-                                   "application/json", args.request_timeout)
-                if answer.get("version") != version:
-                    raise RolloutError(f"{rollouts[r]} sampled with weights {answer.get('version')}, not {version}")
-                return answer["groups"]
-
-            groups: list[dict[str, Any]] = [{}] * len(chosen)
-            for r, answer in zip(range(len(rollouts)), pool.map(ask, range(len(rollouts))), strict=True):
-                for j, group in zip(shares[r], answer, strict=True):
-                    groups[j] = group
-            rewards = torch.tensor([[reward(s) for s in g["tokens"]] for g in groups], dtype=torch.float32)
-            advantages = group_advantages(rewards)
-
-            optimizer.zero_grad(set_to_none=True)
-            loss_sum, kl_sum, gap, tokens = 0.0, 0.0, 0.0, 0
-            for j, group in enumerate(groups):
-                completions = torch.tensor(group["tokens"], dtype=torch.long)
-                old = torch.tensor(group["logprobs"], dtype=torch.float32)
-                prompt = prompts[chosen[j]]
-                logp = completion_logprobs(model, prompt, completions, args.temperature)
-                ref = None
-                if reference is not None:
-                    with torch.no_grad():
-                        ref = completion_logprobs(reference, prompt, completions, args.temperature)
-                loss, kl = grpo_loss(logp, old, advantages[j], args.clip_eps, ref, args.kl_coef)
-                (loss / len(groups)).backward()
-                loss_sum += loss.item()
-                kl_sum += kl.item()
-                gap = max(gap, (logp.detach() - old).abs().max().item())
-                tokens += completions.size(0) * (len(prompt) + completions.size(1))
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-
+            push_weights(pool, rollouts, model, version, args.request_timeout)
+            chosen = [prompts[rng.randrange(len(prompts))] for _ in range(args.prompts_per_step)]
+            body = {"n": args.group_size, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+                    "version": version}
+            groups = request_groups(pool, rollouts, chosen, body, (args.seed * 1_000_003 + step) * 64,
+                                    args.request_timeout)
+            stats = policy_step(model, optimizer, reference, chosen, groups, args)
             seconds = max(time.perf_counter() - start, 1e-9)
-            total_tokens += tokens
-            mean_reward = rewards.mean().item()
-            first_reward = mean_reward if first_reward is None else first_reward
-            loss_value = loss_sum / len(groups)
-            metrics.report(step, reward=round(mean_reward, 4), tokens_per_s=round(tokens / seconds, 1),
-                           loss=loss_value, tokens=total_tokens, logprob_gap=round(gap, 6),
-                           kl=round(kl_sum / len(groups), 6) if reference is not None else None)
+            total_tokens += stats["tokens"]
+            first_reward = stats["reward"] if first_reward is None else first_reward
+            metrics.report(step, reward=round(stats["reward"], 4), tokens_per_s=round(stats["tokens"] / seconds, 1),
+                           loss=stats["loss"], tokens=total_tokens, logprob_gap=round(stats["logprob_gap"], 6),
+                           kl=round(stats["kl"], 6) if reference is not None else None)
+            if args.sample_every > 0 and (step == 1 or step % args.sample_every == 0):
+                text = tokenizer.decode(chosen[0] + groups[0]["tokens"][0])
+                print(f"sample after {step} steps: {text!r}", flush=True)
         run_seconds = max(time.perf_counter() - run_start, 1e-9)
-        metrics.final(args.steps, reward=round(mean_reward, 4), first_reward=round(first_reward, 4),
-                      tokens_per_s=round(total_tokens / run_seconds, 1), loss=loss_value,
-                      tokens=total_tokens)
+        metrics.final(args.steps, reward=round(stats["reward"], 4), first_reward=round(first_reward, 4),
+                      tokens_per_s=round(total_tokens / run_seconds, 1), loss=stats["loss"], tokens=total_tokens)
     except RolloutError as exc:
         print(f"error: rollout: {exc}", file=sys.stderr, flush=True)
         status = EXIT_FAILURE
