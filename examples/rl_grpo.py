@@ -111,6 +111,7 @@ import io
 import json
 import math
 import os
+import pickle
 import random
 import sys
 import threading
@@ -252,7 +253,7 @@ def weights_from_bytes(data: bytes) -> tuple[int, GPTConfig, dict[str, torch.Ten
     try:
         payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         return int(payload["version"]), GPTConfig.from_dict(payload["model_config"]), payload["model"]
-    except (KeyError, TypeError, RuntimeError, EOFError, ValueError) as exc:
+    except (KeyError, TypeError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
         raise ValueError(f"not a weights payload: {exc}") from None
 
 
@@ -501,6 +502,9 @@ class RolloutHandler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.CONFLICT, {"error": "wrong_weights", "reason": str(exc)})
         except ValueError as exc:  # json.JSONDecodeError included
             self._send(HTTPStatus.BAD_REQUEST, {"error": "invalid_request", "reason": str(exc)})
+        except Exception as exc:  # noqa: BLE001 - answer and keep serving; the learner decides
+            print(f"error: {path}: {exc!r}", file=sys.stderr, flush=True)
+            self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": "internal_error", "reason": repr(exc)})
         finally:
             rollout.last_contact = time.monotonic()
 
