@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from examples.gpt import GPT, GPTConfig
-from examples.rl_grpo import grpo_loss, group_advantages, parse_args, reward
+from examples.rl_grpo import group_advantages, grpo_loss, parse_args, reward
 from examples.workload_metrics import WorkloadMetrics
 from jobs.efficiency.protocol import parse_exposition, parse_line
 from tests.support.net import free_port
