@@ -185,6 +185,16 @@ def test_learner_refuses_a_missing_checkpoint(tmp_path: Path) -> None:
     assert "no checkpoint at" in proc.stderr
 
 
+def test_learner_gives_up_on_a_rollout_that_never_answers() -> None:
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    proc = subprocess.run([sys.executable, str(RL), "--role", "learner", "--rollouts", address,
+                           "--connect-timeout", "1", *TINY],
+                          cwd=REPO, env=role_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"not healthy after 1 s: {address}" in proc.stderr
+    assert not re.search(r"^step=", proc.stdout, re.MULTILINE)
+
+
 def test_rollout_answers_conflict_without_weights_and_stops_without_a_learner(tmp_path: Path) -> None:
     port = free_port()
     log = open(tmp_path / "rollout.log", "w+")
