@@ -6,5 +6,9 @@
   standard ``MASTER_ADDR``/``RANK``/... environment.
 * :mod:`examples.serve` -- stdlib-only HTTP inference server for the checkpoint
   written by ``train_gpt``.
-* ``examples/jobs/*.yaml`` -- control-plane job specs for both.
+* :mod:`examples.rl_grpo` -- GRPO fine-tuning of the GPT as a job of three roles:
+  a learner and two rollouts exchanging weights and samples over HTTP.
+* :mod:`examples.workload_metrics` -- progress reports in the platform's
+  workload-metrics protocol, from any training script.
+* ``examples/jobs/*.yaml`` -- control-plane job specs for them.
 """

@@ -21,6 +21,10 @@ Only global rank 0 (env ``RANK``, default 0) reports; on the other ranks every c
     metrics.final(steps, tokens_per_s=run_tokens / run_seconds, loss=loss)
     metrics.close()
 
+A workload may add figures of its own (``extra_keys``, e.g. an RL run's mean ``reward``): they are printed on the
+same lines and exposed as gauges ``workload_<key>``; the platform ignores them (unknown keys and metric names are
+skipped by the protocol's parsers), so they are for people reading the log or their own Prometheus.
+
 ``flops_per_token`` is the model FLOPs per training token, ``6N + 12·L·H·Q·T`` (PaLM, Chowdhery et al. 2022,
 appendix B: N parameters, L layers, H heads, Q head dimension, T sequence length); the platform divides it by
 the accelerator's peak for MFU. Throughputs are over all ranks (global), per second; times in seconds.
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -47,6 +52,8 @@ METRICS = {
     "tokens": ("workload_tokens_total", "counter", "Training tokens processed by this run."),
 }
 KEYS = ("tokens_per_s", "samples_per_s", "step_time_s", "loss", "tokens")
+#: What an extra key must look like: a log-line key the protocol's parser reads as a word, a valid metric name.
+_EXTRA_KEY = re.compile(r"[a-z][a-z0-9_]*")
 
 
 def _format(value: float) -> str:
@@ -61,12 +68,18 @@ class WorkloadMetrics:
 
     ``flops_per_token``/``tokens_per_step``: declared once (also printed, as a ``config`` line); ``port``: the
     exposition port (default env ``CONTROLPLANE_METRICS_PORT``; None or 0: no server); ``log_lines``: print the
-    log lines (default True); ``stream``: where they go (stdout); ``rank``: default env ``RANK`` (only 0 reports).
+    log lines (default True); ``stream``: where they go (stdout); ``rank``: default env ``RANK`` (only 0 reports);
+    ``extra_keys``: the workload's own report keys besides :data:`KEYS` (lower-case words; ValueError for one that
+    is not, or that is a protocol key).
     """
 
     def __init__(self, *, flops_per_token: float | None = None, tokens_per_step: int | None = None,
                  port: int | None = None, log_lines: bool = True, stream: TextIO | None = None,
-                 rank: int | None = None):
+                 rank: int | None = None, extra_keys: tuple[str, ...] = ()):
+        for key in extra_keys:
+            if not _EXTRA_KEY.fullmatch(key) or key in METRICS or key in ("steps", "mfu"):
+                raise ValueError(f"extra key {key!r}: must be a lower-case word that is not a protocol key")
+        self.extra_keys = tuple(extra_keys)
         self.enabled = (int(os.environ.get("RANK", "0")) if rank is None else rank) == 0
         self.log_lines = log_lines
         self.stream = stream or sys.stdout
@@ -87,7 +100,8 @@ class WorkloadMetrics:
 
     def report(self, step: int, **values: float | None) -> None:
         """A progress report after optimizer step ``step``: ``tokens_per_s``, ``samples_per_s``,
-        ``step_time_s``, ``loss``, ``tokens`` (any subset; None and non-finite values are left out)."""
+        ``step_time_s``, ``loss``, ``tokens`` and the ``extra_keys`` (any subset; None and non-finite values are left
+        out; TypeError for another key)."""
         self._emit("", step, values)
 
     def final(self, step: int, **values: float | None) -> None:
@@ -103,6 +117,11 @@ class WorkloadMetrics:
             if key in values:
                 family = name[:-len("_total")] if kind == "counter" else name
                 lines += [f"# HELP {family} {help_text}", f"# TYPE {family} {kind}", f"{name} {_format(values[key])}"]
+        for key in self.extra_keys:
+            if key in values:
+                name = f"workload_{key}"
+                lines += [f"# HELP {name} The workload's own figure {key} (not read by the platform).",
+                          f"# TYPE {name} gauge", f"{name} {_format(values[key])}"]
         return "\n".join(lines) + "\n"
 
     def close(self) -> None:
@@ -116,9 +135,10 @@ class WorkloadMetrics:
         if not self.enabled:
             return
         kept = {k: v for k, v in values.items() if v is not None and math.isfinite(v)}
-        unknown = set(kept) - set(KEYS)
+        unknown = set(kept) - set(KEYS) - set(self.extra_keys)
         if unknown:
-            raise TypeError(f"unknown report keys: {', '.join(sorted(unknown))}; known: {', '.join(KEYS)}")
+            known = ", ".join(KEYS + self.extra_keys)
+            raise TypeError(f"unknown report keys: {', '.join(sorted(unknown))}; known: {known}")
         if not prefix:
             with self._lock:
                 self.values.update(kept, step=step)
