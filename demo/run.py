@@ -3,15 +3,17 @@
 ``manage.py demo`` (``make demo``) migrates, seeds two teams with quotas and
 budgets, the local cluster, the price catalog, a staff account and the
 daily reports, starts the web server, a Celery worker for each queue (fast
-and slow) and Celery beat as child processes, submits a PyTorch training
-job, a CPU-only data-preparation job for the local CPU pool (and a job the budget must refuse) through the
-REST API with a real token, follows them to a final state, then serves the trained model as an inference job that names the
-training job (``spec.checkpoint_from``), sends its endpoint a request,
+and slow) and Celery beat as child processes, submits a pipeline at once through the REST API with a real
+token: a PyTorch training job, its evaluation on a held-out text (``after`` the training SUCCEEDED) and the
+serving of the trained model (an inference job naming the training job, ``spec.checkpoint_from``, ``after``
+the evaluation SUCCEEDED: ADR 0037), with a CPU-only data-preparation job for the local CPU pool (and a job
+the budget must refuse); follows them to a final state as the scheduler runs them in order, sends the served
+model's endpoint a request,
 asks the API for ml-research's report of the day (on demand) and prints a
 summary with the endpoint, the answer and the report. With ``--once`` it then
 cancels the serving job, stops, and exits 0 only if training SUCCEEDED with
-a lower final loss, the CPU-only job SUCCEEDED billed at the CPU price, and
-the served model answered.
+a lower final loss, the evaluation passed its threshold, the CPU-only job
+SUCCEEDED billed at the CPU price, and the served model answered.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from .processes import Supervisor, embedded_broker_command, wait_for_port
 
 FINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "REJECTED"}
 LOSS_LINE = re.compile(r"^step=(\d+) loss=([0-9.]+)", re.MULTILINE)
+EVAL_LINE = re.compile(r"^eval_loss=([0-9.]+) perplexity=([0-9.]+)", re.MULTILINE)
 
 
 @dataclasses.dataclass
@@ -290,13 +293,30 @@ def training_document(steps: int, nodes: int) -> dict:
     return doc
 
 
-def serving_document(training_job_id: int) -> dict:
+def evaluation_document(training_job_id: int) -> dict:
+    """The example evaluation job spec (examples/jobs/evaluate-gpt.yaml) for the demo: it runs ``after`` training
+    job ``training_job_id`` SUCCEEDED and reads that job's checkpoint from the local runner's directory of it
+    (``EVAL_CHECKPOINT_DIR``), on the local accelerator."""
+    from runners.local.runner import checkpoint_dir
+
+    doc = yaml.safe_load((Path(settings.BASE_DIR) / "examples/jobs/evaluate-gpt.yaml").read_text())
+    doc["team"] = "ml-research"
+    doc["after"] = [{"job": training_job_id, "condition": "succeeded"}]
+    doc["spec"]["env"]["EVAL_CHECKPOINT_DIR"] = str(checkpoint_dir(training_job_id))
+    doc["spec"]["resources"]["accelerator"] = settings.LOCAL_RUNNER_ACCELERATOR
+    return doc
+
+
+def serving_document(training_job_id: int, after_job_id: int | None = None) -> dict:
     """The example serving job spec (examples/jobs/serve-gpt.yaml) for the demo: it serves the checkpoint of
-    training job ``training_job_id`` (``spec.checkpoint_from``) on the local accelerator."""
+    training job ``training_job_id`` (``spec.checkpoint_from``) on the local accelerator, ``after`` job
+    ``after_job_id`` (the evaluation) SUCCEEDED when one is given."""
     doc = yaml.safe_load((Path(settings.BASE_DIR) / "examples/jobs/serve-gpt.yaml").read_text())
     doc["team"] = "ml-research"
     doc["spec"]["checkpoint_from"] = training_job_id
     doc["spec"]["resources"]["accelerator"] = settings.LOCAL_RUNNER_ACCELERATOR
+    if after_job_id is not None:
+        doc["after"] = [{"job": after_job_id, "condition": "succeeded"}]
     return doc
 
 
@@ -321,13 +341,11 @@ def ask(endpoint: str, timeout: float, prompt: str = DEMO_PROMPT) -> str:
     raise RuntimeError(f"{endpoint} did not answer within {timeout:g} s: {last}")
 
 
-def serve(api: Api, training_job_id: int, timeout: float, out) -> tuple[dict, str | None, str, bool]:
-    """Submit the serving job of ``training_job_id``, wait for it to run, and ask its endpoint one question.
+def serve(api: Api, job: dict, timeout: float, out) -> tuple[dict, str | None, str, bool]:
+    """Wait for the submitted serving job ``job`` (its view) to run, and ask its endpoint one question.
 
     Returns ``(the job's last view, its endpoint or None, the answer or why there is none, whether it answered)``.
     """
-    job = api.post_yaml("jobs/", serving_document(training_job_id))
-    out.write(f"Submitted job {job['id']} ({job['name']}): serving the checkpoint of job {training_job_id}.\n")
     deadline = time.monotonic() + timeout
     seen = None
     while time.monotonic() < deadline:
@@ -537,23 +555,26 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
         for c in clusters:
             note = " (emulated GPUs: jobs run on the CPU)" if c.get("emulated") else ""
             out.write(f"Cluster {c['name']} [{c['provider']}/{c['region']}]{note}\n")
+        # The pipeline at once: the scheduler admits each job only once the one before it SUCCEEDED (ADR 0037).
         train = research.post_yaml("jobs/", training_document(steps, nodes))
+        evaluation = research.post_yaml("jobs/", evaluation_document(train["id"]))
+        serving = research.post_yaml("jobs/", serving_document(train["id"], evaluation["id"]))
         prep = research.post_yaml("jobs/", cpu_document())
         # Its budget can never cover it: refused at submission, as a job over its quota is (ADR 0036).
         sweep = over_budget_document()
         outcome = applied.post_yaml("jobs/preview/", sweep)["outcome"]
         refused = applied.refusal("jobs/", sweep)
-        submitted += [train["id"], prep["id"]]
-        out.write(f"Submitted job {train['id']} ({train['name']}) and CPU-only job {prep['id']} ({prep['name']}); "
-                  f"{sweep['name']} was refused at submission (its preview said {outcome}).\n")
+        submitted += [train["id"], evaluation["id"], serving["id"], prep["id"]]
+        out.write(f"Submitted the pipeline at once: job {train['id']} ({train['name']}), job {evaluation['id']} "
+                  f"({evaluation['name']}) after it succeeds, job {serving['id']} ({serving['name']}, serving the "
+                  f"checkpoint of job {train['id']}) after that succeeds; and CPU-only job {prep['id']} "
+                  f"({prep['name']}); {sweep['name']} was refused at submission (its preview said {outcome}).\n"
+                  f"  job {serving['id']} {serving['name']}: QUEUED ({serving['state_reason']})\n")
         started = time.monotonic()
-        views = follow({train["id"]: research, prep["id"]: research}, timeout, out)
+        views = follow({train["id"]: research, evaluation["id"]: research, prep["id"]: research}, timeout, out)
 
-        served, endpoint, answer, answered = None, None, "not served: training did not succeed", False
-        if views[train["id"]]["state"] == "SUCCEEDED":
-            served, endpoint, answer, answered = serve(
-                research, train["id"], max(60.0, timeout - (time.monotonic() - started)), out)
-            submitted.append(served["id"])
+        served, endpoint, answer, answered = serve(research, serving, max(60.0, timeout - (time.monotonic() - started)),
+                                                   out)
         if served is not None and once and served["state"] not in FINAL:
             research.post(f"jobs/{served['id']}/cancel/")  # the demo is over: stop serving, as a user would
             served = follow({served["id"]: research}, 60, out)[served["id"]]
@@ -576,6 +597,15 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
                     else None)
             line += utilization_text(util, emulated=emulated, monitored=monitoring is not None)
             out.write(line + "\n")
+        evaluated = views[evaluation["id"]]["state"] == "SUCCEEDED"
+        scored = None
+        if views[evaluation["id"]].get("current_attempt"):
+            scored = EVAL_LINE.search(research.get(f"jobs/{evaluation['id']}/logs/", node=0, tail=1000)["text"])
+        out.write(f"  job {evaluation['id']} {views[evaluation['id']]['name']:<20} "
+                  f"{views[evaluation['id']]['state']:<10} "
+                  + (f"held-out loss {scored.group(1)} (perplexity {scored.group(2)}), threshold "
+                     f"{evaluation['spec']['env']['EVAL_MAX_LOSS']}" if scored
+                     else views[evaluation["id"]]["state_reason"]) + "\n")
         prepared = views[prep["id"]]["state"] == "SUCCEEDED"
         if views[prep["id"]].get("current_attempt"):
             job_cost(research, prep["id"])  # waits for its final accrual
@@ -594,9 +624,9 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
         else:
             out.write(f"  serving FAILED: {answer}\n")
         out.write(report_on_demand(research, port) + "\n")
-        ok = trained and answered and prepared
-        out.write("Demo OK: training succeeded, its loss fell, the CPU-only job succeeded and was billed, and the "
-                  "served model answered.\n" if ok else "Demo FAILED.\n")
+        ok = trained and evaluated and answered and prepared
+        out.write("Demo OK: training succeeded, its loss fell, the evaluation passed, the CPU-only job succeeded and "
+                  "was billed, and the served model answered.\n" if ok else "Demo FAILED.\n")
         if not once:
             serving = f"  Serving job {served['id']} answers at {endpoint}/generate\n" if answered else ""
             out.write(f"\nThe platform keeps running at http://127.0.0.1:{port}/ (API /api/v1/, docs /api/docs/).\n"

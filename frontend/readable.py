@@ -23,6 +23,7 @@ SHORT_OF_WORDS = {
     "budget": "room in its team's budget",
     "priority": "the jobs ahead of it in its team's queue",
     "capacity": "free capacity",
+    "dependency": "the jobs it runs after to end as it asks",
 }
 
 #: Labels of the numbers a waiting job's ``queue_info`` holds (the scheduler's rules: ``jobs.scheduling.core.rules``).
@@ -61,7 +62,7 @@ FACT_LABELS = {
 }
 
 #: Keys shown elsewhere on the page, or only machine-readable: never a fact row.
-_NOT_FACTS = {"reason", "message", "position", "overtaken", "overtaken_by", "pools", "free_gpus_by_pool",
+_NOT_FACTS = {"reason", "message", "waits_for", "position", "overtaken", "overtaken_by", "pools", "free_gpus_by_pool",
               "most_free_gpus_on_a_node_by_pool", "cluster_quota_gpus", "cluster_used_gpus", "fleet_change"}
 
 

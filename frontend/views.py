@@ -35,6 +35,7 @@ from costs.collection import refresh_running
 from costs.models import ClusterMetrics, CostEntry, Report, UtilizationRollup
 from costs.reports.build import generate_report
 from costs.unknown import HAS_UNPRICED, unknown_cost, unpriced_hours
+from jobs.dependencies import edges_of
 from jobs.filters import JobFilterSet
 from jobs.lifecycle import NotCancellable, cancel_job, submit_job
 from jobs.models import FINAL_STATES, Job, JobAttempt, JobEvent, JobState
@@ -312,8 +313,9 @@ def _events_up_to(job: Job):
 
 
 def _job_status_context(job: Job, user) -> dict:
-    """What the live part of a job page shows: state, why it waits, timeline, attempts, cost (USD: so far while
-    the job lives, final once it ended), and the cancel link while ``user`` may still cancel."""
+    """What the live part of a job page shows: state, why it waits, the jobs it runs after (``after``, with
+    whether each condition holds), timeline, attempts, cost (USD: so far while the job lives, final once it
+    ended), and the cancel link while ``user`` may still cancel."""
     ledger = job.cost_entries.aggregate(s=Sum("amount_usd"))["s"] or Decimal(0)
     gpu_unpriced, vcpu_unpriced = unpriced_hours(job=job)
     queue_info = job.queue_info if job.state in (JobState.QUEUED, JobState.RECOVERING) else {}
@@ -333,6 +335,7 @@ def _job_status_context(job: Job, user) -> dict:
         "queue_info": queue_info,
         "queue_facts": queue_facts(queue_info),
         "waits_for": short_of_words(queue_info) if queue_info else "",
+        "after": edges_of(job),
         "poll_seconds": settings.UI_POLL_SECONDS,
     }
 

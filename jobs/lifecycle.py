@@ -27,7 +27,8 @@ from runners.base import (
 from runners.cluster_health import set_health
 from runners.models import Accelerator, Cluster, Installation, Node, NodePool
 
-from . import metrics
+from . import dependencies, metrics
+from .dependencies import check_and_record
 from .enqueue import (
     enqueue_cancel,
     enqueue_delete_attempt,
@@ -48,14 +49,17 @@ class NotCancellable(Exception):
     """The job already reached a final state."""
 
 
-def submit_job(*, team, submitter, name: str, kind: str, spec: dict, resources: dict) -> Job:
+def submit_job(*, team, submitter, name: str, kind: str, spec: dict, resources: dict, after=()) -> Job:
     """Store a validated job as QUEUED, write its first event, and enqueue a scheduling pass on commit.
 
     ``spec`` must already be validated (``jobs.spec``); ``resources`` holds the
-    accelerator instance and integer fields copied to columns.
+    accelerator instance and integer fields copied to columns; ``after`` the
+    upstream jobs it waits for, ``(Job, condition)`` pairs (``jobs.dependencies``).
+    Raises ``jobs.dependencies.DependencyRefused`` (nothing stored) when an upstream
+    ended meanwhile in a way its condition no longer accepts.
     """
-    fields = dict(team=team, submitter=submitter, name=name, kind=kind, spec=spec, resources=resources)
-    if connection.vendor == "postgresql":
+    fields = dict(team=team, submitter=submitter, name=name, kind=kind, spec=spec, resources=resources, after=after)
+    if connection.vendor == "postgresql" and not after:
         job = store_submitted_job(**fields)  # one statement, committed on its own: on_commit runs at once
         enqueue_schedule(background=True)
         return job
@@ -65,12 +69,14 @@ def submit_job(*, team, submitter, name: str, kind: str, spec: dict, resources: 
     return job
 
 
-def store_submitted_job(*, team, submitter, name: str, kind: str, spec: dict, resources: dict) -> Job:
-    """Insert the QUEUED job and its ``submitted`` event, and nothing else (no scheduling pass).
+def store_submitted_job(*, team, submitter, name: str, kind: str, spec: dict, resources: dict, after=()) -> Job:
+    """Insert the QUEUED job and its ``submitted`` event, and its dependencies when ``after`` lists any (then in
+    one transaction with them, ``jobs.dependencies.check_and_record``), and nothing else (no scheduling pass).
 
     On PostgreSQL one statement (``_insert_job_with_event``), atomic by itself;
     elsewhere one transaction of two ORM inserts. ``submit_job`` is this plus admission's pass;
-    ``benchmarks/submit.py`` times this alone to show what admission adds.
+    ``benchmarks/submit.py`` times this alone to show what admission adds. The job carries ``after_edges``
+    (its ``after`` as the API shows it, ``jobs.dependencies.edges_of``), so the answer reads nothing back.
     """
     job = Job(
         team=team, submitter=submitter, name=name, kind=kind, spec=spec,
@@ -80,14 +86,30 @@ def store_submitted_job(*, team, submitter, name: str, kind: str, spec: dict, re
         replicas=resources.get("replicas", 1),
     )
     reason = f"submitted by {submitter}"
+    if after:
+        with transaction.atomic():
+            _store(job, submitter, reason)
+            info = check_and_record(job, list(after))
+            if info:
+                Job.objects.filter(pk=job.pk).update(queue_info=info, state_reason=info["message"][:500])
+                job.queue_info, job.state_reason = info, info["message"][:500]
+        job.after_edges = [{"job": u.pk, "name": u.name, "condition": c, "state": u.state,
+                            "met": dependencies.holds(c, u.state)} for u, c in after]
+        return job
+    _store(job, submitter, reason)
+    job.after_edges = []
+    return job
+
+
+def _store(job: Job, submitter, reason: str) -> None:
+    """Insert ``job`` and its ``submitted`` event (one statement on PostgreSQL, else one transaction)."""
     if connection.vendor == "postgresql":
         _insert_job_with_event(job, JobEvent(kind="submitted", reason=reason[:500], actor=submitter, data={},
                                              from_state=job.state, to_state=job.state))
-        return job
+        return
     with transaction.atomic():
         job.save(force_insert=True)
         record_event(job, "submitted", reason, actor=submitter)
-    return job
 
 
 def _insert_params(obj, fields: list) -> list:

@@ -243,6 +243,37 @@ class JobEvent(models.Model):
         return f"{self.job_id}: {self.from_state}->{self.to_state} {self.reason}"
 
 
+class JobDependency(models.Model):
+    """One edge of a pipeline: ``job`` waits for ``upstream`` (a job of the same team, older than it) to end in a way
+    ``condition`` accepts (docs/adr/0037). ``position`` is the edge's place in the submission's ``after`` list.
+
+    ``succeeded``: the upstream SUCCEEDED (Slurm's ``afterok``); ``ended``: it reached any final state
+    (``afterany``); ``failed``: it reached a final state other than SUCCEEDED (``afternotok``: FAILED, CANCELLED or
+    REJECTED). Edges only point from a new job to existing ones, and a condition once met stays met (final states
+    are final), so the scheduler reads them without locks (``jobs.dependencies``).
+    """
+
+    class Condition(models.TextChoices):
+        SUCCEEDED = "succeeded"
+        ENDED = "ended"
+        FAILED = "failed"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="dependencies")
+    upstream = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="dependents")
+    condition = models.CharField(max_length=16, choices=Condition.choices, default=Condition.SUCCEEDED)
+    position = models.PositiveSmallIntegerField(default=0)
+
+    class Meta:
+        ordering = ["job_id", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "upstream"], name="dependency_unique_upstream"),
+            models.CheckConstraint(condition=~models.Q(job=models.F("upstream")), name="dependency_not_self"),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} after {self.condition} of job {self.upstream_id}"
+
+
 #: End reasons that do not use up a retry: the scheduler's preemption or its unschedulable placement, an attempt
 #: that never created objects, one stopped or failed on a node marked unhealthy (the node's fault, and admission
 #: keeps off that node from then on, so the retries this gives are bounded by the fleet's bad nodes), and a spot

@@ -51,8 +51,10 @@ from core.lookups import LookupCache
 from quotas.models import Membership, Team, priority_classes
 from runners.models import CPU_ACCELERATOR, Accelerator, Cluster, NodePool
 
+from .dependencies import MAX_AFTER
+from .dependencies import resolve as resolve_after
 from .efficiency.memory import Layout, declaration_errors, fit_errors
-from .models import PRIORITY_CLASSES, UNBOUNDED_ESTIMATE_SECONDS, Job
+from .models import PRIORITY_CLASSES, UNBOUNDED_ESTIMATE_SECONDS, Job, JobDependency
 
 SUBMIT_ROLES = (Membership.Role.ADMIN, Membership.Role.MEMBER)
 
@@ -93,13 +95,14 @@ class Lookups:
     """The validation context of a submission: the submitter, and the rows its validators look up.
 
     ``user``: the submitting user. Filled by validation: ``team`` (Team), ``accelerator`` (Accelerator with
-    ``largest_pool_gpus``), ``classes`` (priority class name -> value).
+    ``largest_pool_gpus``), ``classes`` (priority class name -> value), ``after`` (the upstream jobs of the
+    submission's ``after``: ``(Job, condition)`` pairs, ``jobs.dependencies.resolve``).
     """
 
-    __slots__ = ("user", "team", "accelerator", "classes")
+    __slots__ = ("user", "team", "accelerator", "classes", "after")
 
     def __init__(self, user):
-        self.user, self.team, self.accelerator, self.classes = user, None, None, None
+        self.user, self.team, self.accelerator, self.classes, self.after = user, None, None, None, []
 
 
 # --- Field types: strict scalars, and the few types with messages of their own.
@@ -201,6 +204,17 @@ JobReference = Annotated[int | str | None, PlainValidator(_job_reference), WithJ
     {"oneOf": [{"type": "integer", "minimum": 1, "maximum": INT32_MAX},
                {"type": "string", "maxLength": DNS_1123_LABEL_MAX, "pattern": DNS_1123_LABEL.pattern}],
      "nullable": True})]
+
+
+def _upstream_reference(value):
+    if value is None:
+        raise PydanticCustomError("job_reference", "This field may not be null.")
+    return _job_reference(value)
+
+
+UpstreamReference = Annotated[int | str, PlainValidator(_upstream_reference), WithJsonSchema(
+    {"oneOf": [{"type": "integer", "minimum": 1, "maximum": INT32_MAX},
+               {"type": "string", "maxLength": DNS_1123_LABEL_MAX, "pattern": DNS_1123_LABEL.pattern}]})]
 
 
 def _optional(description: str, example=None):
@@ -379,6 +393,17 @@ KIND_SPECIFIC: dict[str, tuple[str, ...]] = {
 DECLARATIONS = ("model", "parallelism")
 
 
+class JobAfter(SpecModel):
+    """One entry of a submission's ``after``: a job of the same team this one waits for, and the condition."""
+
+    job: UpstreamReference = Field(
+        description="the job waited for: its id, or its name (the team's most recent job of that name); it must "
+        "exist already, in the submitter's team", json_schema_extra=_example("train-gpt"))
+    condition: choice(*JobDependency.Condition.values) = Field(
+        JobDependency.Condition.SUCCEEDED.value, description="succeeded (it SUCCEEDED), ended (any final state) or "
+        "failed (FAILED, CANCELLED or REJECTED); when it can no longer hold, this job ends REJECTED")
+
+
 def _job_name(name: str) -> str:
     if not DNS_1123_LABEL.fullmatch(name):
         raise _refused(DNS_1123_LABEL_ERROR)
@@ -400,6 +425,10 @@ class JobSubmission(SpecModel):
     kind: choice(*Job.Kind.values) = Field(
         Job.Kind.TRAINING.value, description="training (a batch/v1 Job) or inference (a Deployment and its Service)")
     spec: JobSpec = Field(description="what to run, on what, and how")
+    after: list[JobAfter] = Field(
+        default_factory=list, max_length=MAX_AFTER,
+        description="jobs of the team this one waits for (a pipeline): it stays QUEUED, never admitted, until "
+        f"every condition holds, and ends REJECTED once one can no longer hold; at most {MAX_AFTER}")
 
     @field_validator("team")
     @classmethod
@@ -431,6 +460,16 @@ class JobSubmission(SpecModel):
         if errors:
             raise _rules_failed({f"spec.{k}" if k in ("replicas", "preemptible") else f"spec.resources.{k}" if k
                                  else "spec.resources": v for k, v in errors.items()})
+        return self
+
+    @model_validator(mode="after")
+    def _upstreams(self, info: ValidationInfo) -> JobSubmission:
+        lookups = info.context
+        if lookups is None or not self.after:
+            return self
+        lookups.after, errors = resolve_after(lookups.team, [(a.job, a.condition) for a in self.after])
+        if errors:
+            raise _rules_failed(errors)
         return self
 
 
@@ -675,7 +714,7 @@ _MESSAGES = {
     "string_unicode": "Not a valid string (not Unicode text: a lone surrogate?).",
     "string_too_short": "This field may not be blank.",
     "string_too_long": "Ensure this field has no more than {max_length} characters.",
-    "too_long": "Ensure this field has no more than {max_length} characters.",
+    "too_long": "Ensure this list has no more than {max_length} items.",
     "greater_than_equal": "Ensure this value is greater than or equal to {ge}.",
     "less_than_equal": "Ensure this value is less than or equal to {le}.",
 }
@@ -778,9 +817,9 @@ def stored_spec(spec: JobSpec, kind: str) -> dict:
 
 def submission_fields(submission: JobSubmission, lookups: Lookups) -> dict:
     """``submit_job``'s keyword arguments from a ``submission`` validated with ``lookups``: team, submitter,
-    name, kind, the stored spec, and the columns admission reads (``resources``: accelerator row, GPUs per
+    name, kind, the stored spec, the columns admission reads (``resources``: accelerator row, GPUs per
     node, nodes, numeric priority, preemptible, max runtime in seconds, max retries, replicas: 1 for
-    training)."""
+    training), and ``after``: the upstream jobs, ``(Job, condition)`` pairs (``jobs.dependencies``)."""
     spec, kind = submission.spec, submission.kind
     resources = spec.resources
     classes = lookups.classes if lookups.classes is not None else priority_classes()
@@ -800,6 +839,7 @@ def submission_fields(submission: JobSubmission, lookups: Lookups) -> dict:
             "max_retries": spec.max_retries,
             "replicas": spec.replicas if kind in KIND_SPECIFIC["replicas"] else 1,
         },
+        "after": list(lookups.after),
     }
 
 
@@ -809,8 +849,14 @@ def resubmission(job) -> dict:
     resubmission is validated against today's quotas, pools and rules like any submission). A
     ``checkpoint_from`` stored as a job id stays that id. Fields stored as null or as an empty list (an optional
     field left out, ``stored_spec``) are left out again, since a submission that gives them must give a value:
-    the document validates to the same stored spec."""
-    return {"team": job.team.slug, "name": job.name, "kind": job.kind, "spec": _given(dict(job.spec or {}))}
+    the document validates to the same stored spec. Its dependencies come back as ``after`` by job id (left out
+    when it has none)."""
+    document = {"team": job.team.slug, "name": job.name, "kind": job.kind, "spec": _given(dict(job.spec or {}))}
+    after = [{"job": upstream, "condition": condition} for upstream, condition in
+             job.dependencies.order_by("position").values_list("upstream_id", "condition")]
+    if after:
+        document["after"] = after
+    return document
 
 
 def _given(value):

@@ -3,6 +3,9 @@
 Every change is a compare-and-set UPDATE on the job's current state (as in
 healthchecks' ``sendalerts``) with a JobEvent written in the same
 transaction; an impossible transition raises instead of doing nothing.
+A job that reaches a final state settles its QUEUED dependents in the same
+transaction (``jobs.dependencies.settle``: REJECTED when their condition can
+no longer hold, down the chain; otherwise their ``queue_info`` brought up to date).
 """
 
 import dataclasses
@@ -11,6 +14,7 @@ from django.db import models, transaction
 from django.db.models import Case, Value, When
 from django.utils import timezone
 
+from . import dependencies
 from .models import FINAL_STATES, Job, JobEvent, JobState
 
 S = JobState
@@ -88,6 +92,8 @@ def transition(job: Job, to_state: str, *, reason: str = "", actor=None, attempt
                 actor=actor,
                 data=data or {},
             )
+            if to_state in FINAL_STATES:
+                settle_dependents([job.pk])
     if updated != 1:
         raise StaleState(job.pk, from_state)
     job.state = to_state
@@ -152,12 +158,31 @@ def transition_many(moves: list[Move], to_state: str, *, actor=None) -> list[Job
         JobEvent.objects.bulk_create([
             JobEvent(job_id=m.job.pk, attempt=m.attempt, kind="state", from_state=m.job.state, to_state=to_state,
                      reason=m.reason[:500], actor=actor, data=m.data or {}) for m in moved])
+        if to_state in FINAL_STATES and moved:
+            settle_dependents([m.job.pk for m in moved])
     for m in moved:
         m.job.state = to_state
         m.job.updated_at = now
         for name, value in m.fields.items():
             setattr(m.job, name, value)
     return [m.job for m in moved]
+
+
+def settle_dependents(ended_ids: list[int]) -> int:
+    """Settle the QUEUED dependents of the jobs ``ended_ids``, which just reached a final state, inside the caller's
+    transaction (``jobs.dependencies.settle``): REJECT those whose condition can no longer hold, with the reason
+    naming the upstream and how it ended (``transition_many``, which settles their own dependents in turn), and
+    write the others' ``queue_info`` (compare-and-set on QUEUED). Returns how many it rejected (their own
+    dependents, rejected in turn, not counted). One query when no job depends on them."""
+    rejections, infos = dependencies.settle(ended_ids)
+    for job_id, info in infos.items():
+        message = info.get("message", "its dependencies are met; it waits for the next scheduling pass")
+        Job.objects.filter(pk=job_id, state=S.QUEUED).update(queue_info=info, state_reason=message[:500])
+    if not rejections:
+        return 0
+    moved = transition_many([Move(job, reason=reason, data=data, fields={"queue_info": {}})
+                             for job, reason, data in rejections], S.REJECTED)
+    return len(moved)
 
 
 def _per_job(chunk: list[Move], name: str):

@@ -255,7 +255,7 @@ def resources_line(job: dict) -> str:
 
 
 def job_fields(job: dict) -> list[tuple[str, str]]:
-    """``cpctl job``'s lines: team, kind, state, why it waits, resources, priority, limits, attempt, cost, times."""
+    """``cpctl job``'s lines: team, kind, state, why it waits, the jobs it runs after, resources, priority, limits, attempt, cost, times."""
     pairs: list[tuple[str, str]] = [
         ("team", f"{job['team']} (submitted by {job.get('submitter')})"),
         ("kind", job.get("kind")),
@@ -264,6 +264,11 @@ def job_fields(job: dict) -> list[tuple[str, str]]:
     info = job.get("queue_info") or {}
     if job["state"] in ("QUEUED", "RECOVERING") and (info.get("reason") or info.get("message")):
         pairs.append(("waiting for", f"{info.get('reason', '?')}: {info.get('message', '')}".rstrip(": ")))
+    if job.get("after"):  # the jobs it runs after (a pipeline), each with whether its condition holds
+        pairs.append(("after", "; ".join(
+            f"job {a['job']} ({a.get('name')}) {a.get('condition')}: {a.get('state')}, "
+            + ("met" if a.get("met") else "never met" if job["state"] == "REJECTED" else "not met yet")
+            for a in job["after"])))
     position = job.get("position")
     if position:
         pairs.append(("queue position", (f"{position.get('team', '?')} in team {job['team']}, "

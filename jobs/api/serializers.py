@@ -13,6 +13,7 @@ from core.fields import SharedFieldsMixin, UsdCentsField
 from core.money import shown_usd
 from costs.unknown import unknown_cost, unknown_cost_json, unpriced_hours
 
+from ..dependencies import edges_of
 from ..models import PRIORITY_CLASSES, Job, JobAttempt, JobEvent
 from ..workload import job_efficiency
 
@@ -208,16 +209,30 @@ EFFICIENCY_SCHEMA = {
 }
 
 
+AFTER_SCHEMA = {"type": "array", "items": {"type": "object", "properties": {
+    "job": {"type": "integer", "description": "the id of the job waited for"},
+    "name": {"type": "string"},
+    "condition": {"type": "string", "enum": ["succeeded", "ended", "failed"]},
+    "state": {"type": "string", "description": "the state of the job waited for"},
+    "met": {"type": "boolean", "description": "whether the condition holds"}}}}
+
+
 class JobDetailSerializer(JobSerializer):
     """A job with its training ``efficiency`` (``jobs.workload.job_efficiency``): throughput, MFU (null with the
     reason on the CPU or without a catalog peak), tokens and USD per million tokens, and each attempt's last and
-    mean reports."""
+    mean reports; and ``after``: the jobs it waits for (``jobs.dependencies.edges_of``), empty without any."""
 
     efficiency = serializers.SerializerMethodField()
+    after = serializers.SerializerMethodField()
 
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "efficiency"]
+        fields = [*JobSerializer.Meta.fields, "after", "efficiency"]
         read_only_fields = fields
+
+    @extend_schema_field(AFTER_SCHEMA)
+    def get_after(self, job: Job) -> list[dict]:
+        known = job.__dict__.get("after_edges")  # set on a job just submitted: no query
+        return known if known is not None else edges_of(job)
 
     @extend_schema_field(EFFICIENCY_SCHEMA)
     def get_efficiency(self, job: Job) -> dict:

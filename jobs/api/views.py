@@ -24,6 +24,7 @@ from core.viewsets import ScopedGenericViewSet
 from costs.unknown import HAS_UNPRICED
 from runners.base import ClusterUnreachable, UnknownBackend, backend_for
 
+from ..dependencies import DependencyRefused
 from ..filters import JobFilterSet
 from ..lifecycle import NotCancellable, cancel_job, submit_job
 from ..models import Job, JobState
@@ -126,7 +127,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
         preview = submission_preview(fields)
         refuse_unaffordable(preview)
         # The new job carries its team, submitter and accelerator instances: no need to read it back.
-        job = submit_job(**fields)
+        try:
+            job = submit_job(**fields)
+        except DependencyRefused as exc:  # an upstream ended meanwhile: refused like at validation
+            raise serializers.ValidationError({exc.path: [str(exc)]}) from None
         # The router's detail route is the list route plus "<pk>/" (what reverse_action("detail") answers,
         # without resolving the URLconf on every submission).
         location = request.build_absolute_uri(f"{list_path.rstrip('/')}/{job.pk}/")

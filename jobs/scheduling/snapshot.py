@@ -30,6 +30,7 @@ from costs.spend import highest_prices, lock_team_spends, period_spend, unpriced
 from quotas.models import Budget, Quota, Team
 from runners.models import CPU_ACCELERATOR, Accelerator
 
+from ..dependencies import unmet_dependency
 from ..models import Job, JobAttempt, JobState, committed_by_team, estimated_runtime
 from .core import UNLIMITED, BudgetView, PoolOffer, QueuedJob, RunningJob, Snapshot, TeamQuota, TeamState
 from .offers import pool_offers
@@ -343,9 +344,11 @@ def _waiting_rows(qs, limit: int | None) -> list[dict]:
 
 def load_snapshot(now: dt.datetime, *, job_ids: list[int] | None = None, limit: int | None = None) -> Loaded:
     """Read everything a pass needs, without locks: waiting jobs (in admission order, first ``limit``, or just
-    ``job_ids``), every team with its cohort, weight, quotas (all clusters), live usage and budgets in force, node pools
+    ``job_ids``; a job waiting for its dependencies is left out), every team with its cohort, weight, quotas (all clusters), live usage and budgets in force, node pools
     of the accelerators asked for (free GPUs, price now), and the live attempts of preemptible jobs."""
-    qs = Job.objects.filter(state__in=WAITING_STATES).order_by("-priority", "created_at", "pk")
+    # A job whose dependencies do not all hold yet is not in the queue at all (jobs.dependencies, ADR 0037).
+    qs = (Job.objects.filter(state__in=WAITING_STATES).filter(~unmet_dependency())
+          .order_by("-priority", "created_at", "pk"))
     if job_ids is not None:
         rows = _full_rows(qs.filter(pk__in=job_ids))
     else:

@@ -150,10 +150,15 @@ def submission() -> dict:
     return {"team": "alpha", "name": "train-small", "kind": "training", "spec": copy.deepcopy(VALID_SPEC)}
 
 
+def pipeline_submission() -> dict:
+    """A submission that runs after alpha's QUEUED job ``alpha-job`` (``world``) succeeds: ``after`` by name."""
+    return {**submission(), "after": [{"job": "alpha-job", "condition": "succeeded"}]}
+
+
 #: A valid body for every writable (prefix, action), accepted from staff: the contract tests break one part of it
 #: at a time, so a 400 is the answer to that part alone.
 VALID_BODIES = {
-    ("jobs", "create"): submission,
+    ("jobs", "create"): pipeline_submission,
     ("jobs", "preview"): submission,
     ("jobs", "resubmit"): lambda: {"name": "train-again"},
     ("quotas", "create"): lambda: {"team": "alpha", "accelerator": "A100-80GB", "nominal_gpus": 8},

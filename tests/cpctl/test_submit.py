@@ -194,3 +194,24 @@ def test_resubmit_submits_the_jobs_submission_again_as_a_new_job(run_cli, owner,
     missing = run_cli("resubmit", str(again.pk + 100), persona=owner)
     assert missing.code != 0 and "HTTP 404" in missing.err, missing.err
     assert Job.objects.count() == 2
+
+
+def test_after_in_the_yaml_makes_a_pipeline_and_cpctl_job_shows_what_it_waits_for(
+        run_cli, owner, funded_aws_cluster, tmp_path):
+    assert run_cli("submit", str(write_yaml(tmp_path)), persona=owner).code == 0
+    train = Job.objects.get()
+    result = run_cli("submit", str(write_yaml(tmp_path, name="evaluate-gpt", after=[{"job": "train-gpt"}])),
+                     persona=owner)
+    assert result.code == 0, result.err
+    evaluate = Job.objects.get(name="evaluate-gpt")
+    shown = run_cli("job", str(evaluate.pk), persona=owner)
+    assert shown.code == 0, shown.err
+    assert f"waits for job {train.pk} (train-gpt) to succeed" in shown.out
+    assert f"job {train.pk} (train-gpt) succeeded: QUEUED, not met yet" in shown.out
+
+
+def test_an_unknown_job_in_after_is_refused_on_its_path_with_exit_2(run_cli, owner, funded_aws_cluster, tmp_path):
+    result = run_cli("submit", str(write_yaml(tmp_path, after=[{"job": "no-such-job"}])), persona=owner)
+    assert result.code == 2 and result.out == ""
+    assert 'after.0.job: no job named "no-such-job" in team "alpha"' in result.err
+    assert Job.objects.count() == 0

@@ -1,8 +1,9 @@
 """The main job end to end: ``manage.py demo --once`` with real Celery worker and beat on Redis and PostgreSQL.
 
 The demo starts the web server, a worker and beat as separate processes,
-submits through the REST API and exits 0 only if training succeeded with a
-falling loss. Afterwards the test checks the ledger independently: the cost
+submits through the REST API (train, evaluate and serve at once, a pipeline
+the scheduler runs in order) and exits 0 only if training succeeded with a
+falling loss and its evaluation passed. Afterwards the test checks the ledger independently: the cost
 entries of the training attempt tile its running interval and each amount
 is GPUs x seconds x price, computed here from the rows' own times; the
 CPU-only job ran on the local CPU pool and each of its entries is (vCPUs x
@@ -59,6 +60,9 @@ def test_demo_once_trains_and_charges_with_real_workers(tmp_path):
     assert int(served.group(2)) != port  # its own PORT, not the demo's web port
     assert re.search(r"answer\s+\".+\"", out), out
     assert "Staff: admin / " in out
+    # The pipeline was submitted at once; each job was admitted only after the one it runs after SUCCEEDED.
+    assert "Submitted the pipeline at once" in out
+    assert re.search(r"evaluate-gpt\s+SUCCEEDED\s+held-out loss [0-9.]+ \(perplexity [0-9.]+\), threshold 4\.0", out), out
     on_demand = re.search(r"report (\d+) \(on demand, ml-research, [0-9-]+ UTC\): [0-9.]+ GPU-hours, \$([0-9.]+)", out)
     assert on_demand, out
 
@@ -73,6 +77,8 @@ def test_demo_once_trains_and_charges_with_real_workers(tmp_path):
             "WHERE t.slug = 'ml-research' AND e.interval_start >= %s AND e.interval_start < %s",
             [report_start, report_end]).fetchall()
         reports = conn.execute("SELECT count(*) FROM frontend_report WHERE kind = 'daily'").fetchone()[0]
+        pipeline = conn.execute("SELECT name, ended_at, admitted_at FROM jobs_job WHERE name IN "
+                                "('train-gpt', 'evaluate-gpt', 'serve-gpt') ORDER BY id").fetchall()
         (job_id, accrued), = conn.execute("SELECT id, accrued_cost_usd FROM jobs_job WHERE name = 'train-gpt'").fetchall()
         (attempt_id, gpus, started, ended), = conn.execute(
             "SELECT id, gpus, started_at, ended_at FROM jobs_jobattempt WHERE job_id = %s", [job_id]).fetchall()
@@ -89,6 +95,8 @@ def test_demo_once_trains_and_charges_with_real_workers(tmp_path):
             "e.usd_per_gib_hour, e.amount_usd FROM costs_costentry e JOIN jobs_job j ON j.id = e.job_id "
             "WHERE j.name = 'prepare-data' ORDER BY e.interval_start").fetchall()
     assert events == ["ADMITTED", "STARTING", "RUNNING", "SUCCEEDED"]
+    assert [r[0] for r in pipeline] == ["train-gpt", "evaluate-gpt", "serve-gpt"]
+    assert pipeline[0][1] <= pipeline[1][2] and pipeline[1][1] <= pipeline[2][2]  # each ended before the next was admitted
     assert int(serving_from) == job_id  # the serving job names the training job, not a path
     assert reports == 3  # the daily reports of both teams and the platform, made when the demo started
     # The report asked for on demand: alice's, its total the ledger's over its day (every ml-research job so far).

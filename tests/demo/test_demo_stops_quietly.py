@@ -28,9 +28,9 @@ def test_ctrl_c_stops_the_demo_with_exit_status_0(tmp_path):
         deadline = time.monotonic() + 300
         for line in proc.stdout:  # the platform is up once it submits
             seen.append(line)
-            if line.startswith("Submitted job") or time.monotonic() > deadline:
+            if line.startswith("Submitted the pipeline") or time.monotonic() > deadline:
                 break
-        assert any(line.startswith("Submitted job") for line in seen), "".join(seen)[-4000:]
+        assert any(line.startswith("Submitted the pipeline") for line in seen), "".join(seen)[-4000:]
         proc.send_signal(signal.SIGINT)  # what Ctrl-C sends (make passes it on to the demo)
         rest, _ = proc.communicate(timeout=120)
     finally:

@@ -136,12 +136,18 @@ def answer(document: dict, user) -> tuple[dict | None, dict]:
 
 
 def present_or_missing(document, path: tuple) -> bool:
-    """Whether ``path`` is a key the document holds, or a key missing from an object it holds."""
+    """Whether ``path`` is a key the document holds, or a key missing from an object it holds; in a list (``after``)
+    a key is an index of an item it holds."""
     node = document
     for key in path[:-1]:
+        if isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            node = node[int(key)]
+            continue
         if not isinstance(node, dict) or key not in node:
             return False
         node = node[key]
+    if isinstance(node, list):
+        return path[-1].isdigit() and int(path[-1]) < len(node)
     return isinstance(node, dict)
 
 

@@ -443,7 +443,7 @@ def test_thousands_of_unknown_keys_answer_a_bounded_list_of_errors(teammate, aws
     assert_rejected(response, before)
     errors = response.json()
     assert len(errors) == 51  # 50 listed, and the count of the rest
-    assert errors["k0"] == ["unknown field; expected one of team, name, kind, spec"]
+    assert errors["k0"] == ["unknown field; expected one of team, name, kind, spec, after"]
     assert errors["non_field_errors"] == ["4950 more error(s) not listed; fix the ones above first."]
 
 

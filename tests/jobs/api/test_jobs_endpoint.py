@@ -84,18 +84,22 @@ def example_yaml(name: str) -> str:
 
 
 @pytest.mark.parametrize("content_type", ["application/yaml", "text/yaml"])
-@pytest.mark.parametrize("example, kind", [("train-gpt.yaml", "training"), ("serve-gpt.yaml", "inference")])
+@pytest.mark.parametrize("example, kind", [("train-gpt.yaml", "training"), ("serve-gpt.yaml", "inference"),
+                                           ("evaluate-gpt.yaml", "training")])
 def test_it_submits_the_yaml_examples(teammate, aws_cluster, example, kind, content_type):
     trained = None
-    if kind == "inference":  # it serves the checkpoint of the example training job, named in the document
+    if example != "train-gpt.yaml":  # it names the example training job: its checkpoint, or the job it runs after
         trained = teammate.client.post(JOBS, data=example_yaml("train-gpt.yaml"), content_type=content_type).json()
     r = teammate.client.post(JOBS, data=example_yaml(example), content_type=content_type)
     assert r.status_code == 201, r.content
     body = r.json()
     assert body["state"] == "QUEUED" and body["kind"] == kind
     assert JobEvent.objects.filter(job_id=body["id"], kind="submitted").exists()
-    if trained is not None:
+    if kind == "inference":
         assert body["spec"]["checkpoint_from"] == trained["id"]
+    if example == "evaluate-gpt.yaml":
+        assert [(a["job"], a["condition"]) for a in body["after"]] == [(trained["id"], "succeeded")]
+        assert body["queue_info"]["message"] == f"waits for job {trained['id']} (train-gpt) to succeed"
 
 
 def test_it_submits_an_inline_yaml_document(teammate, aws_cluster):
