@@ -538,7 +538,9 @@ SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {}).update(
      "JobStateEnum": "jobs.models.JobState", "ChangeRequestKindEnum": [("quota", "Quota"), ("budget", "Budget")],
      "ChangeRequestStateEnum": [("pending", "Pending"), ("approved", "Approved"), ("declined", "Declined"),
                                 ("withdrawn", "Withdrawn")],
-     "NotificationEventEnum": "notifications.models.Event", "NodeHealthEnum": "runners.models.Node.Health"})
+     "NotificationEventEnum": "notifications.models.Event", "NodeHealthEnum": "runners.models.Node.Health",
+     # A submission's kind (its pydantic schema, shared by the job and the array submission): values without labels.
+     "JobSubmissionKindEnum": ["training", "inference"]})
 # --- end Web UI ---------------------------------------------------------------
 
 # --- Single sign-on (OpenID Connect) -----------------------------------------------

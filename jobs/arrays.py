@@ -232,8 +232,9 @@ def _materialize(array: JobArray, n: int) -> int:
     if connection.vendor == "postgresql":
         _insert_elements_sql(array, start, stop)
     else:
-        template = _element(array, 0)
-        jobs = Job.objects.bulk_create([_element(array, i, template) for i in range(start, stop)])
+        jobs = Job.objects.bulk_create([_element(array, i) for i in range(start, stop)])
+        # ``auto_now_add`` stamped each row with the time of the insert: the elements carry the array's.
+        Job.objects.filter(pk__in=[job.pk for job in jobs]).update(created_at=array.created_at)
         reason = _submitted_reason(array)
         JobEvent.objects.bulk_create([
             JobEvent(job_id=job.pk, kind="submitted", from_state=S.QUEUED, to_state=S.QUEUED, reason=reason,
@@ -245,7 +246,7 @@ def _materialize(array: JobArray, n: int) -> int:
     return n
 
 
-def _element(array: JobArray, index: int, template: Job | None = None) -> Job:
+def _element(array: JobArray, index: int) -> Job:
     """Element ``index`` of ``array`` as an unsaved QUEUED Job: the template's columns, named ``<name>-<index>``,
     created at the array's submission (so admission's first-come order counts the array's place in the queue)."""
     job = Job(team_id=array.team_id, submitter_id=array.submitter_id, name=f"{array.name}-{index}", kind=array.kind,

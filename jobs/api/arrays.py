@@ -7,6 +7,7 @@ Thin views over ``jobs.arrays``: the template is validated once as a job submiss
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Annotated
 
 import django_filters
 from django_filters.rest_framework import DjangoFilterBackend
@@ -46,17 +47,25 @@ CANCEL_ARRAY_REFUSED = "only the submitter, a team admin or staff may cancel thi
 COUNT_KEYS = [s.lower() for s in JobState.values]
 
 
+def _absent_default(schema: dict) -> None:
+    schema.pop("default", None)
+
+
 class ArrayField(SpecModel):
     """The ``array`` field of an array submission (documentation of the schema; ``jobs.arrays.validated_array``
-    checks it)."""
+    checks it): ``count`` or ``grid``, and ``parallelism``."""
 
-    count: int | None = Field(None, ge=1, description="number of elements (1 to ARRAY_MAX_ELEMENTS, 10000 by "
-                                                      "default); with a grid, optional, and then equal to its size")
-    parallelism: int | None = Field(None, ge=1, description="most elements queued or running at once (default: "
-                                                            "count)")
-    grid: dict[str, list[str | int | float | bool]] | None = Field(
-        None, description="parameters to sweep, each a list of values: the cartesian product gives the elements, "
-                          "the last parameter varying fastest; each element gets SWEEP_<NAME>=<value>")
+    count: Annotated[int, Field(ge=1)] = Field(
+        None, json_schema_extra=_absent_default,
+        description="number of elements (1 to ARRAY_MAX_ELEMENTS, 10000 by default); with a grid, optional, and then "
+                    "equal to its size")
+    parallelism: Annotated[int, Field(ge=1)] = Field(
+        None, json_schema_extra=_absent_default, description="most elements queued or running at once (default: "
+                                                             "count)")
+    grid: dict[str, list[str | int | float | bool]] = Field(
+        None, json_schema_extra=_absent_default,
+        description="parameters to sweep, each a list of values: the cartesian product gives the elements, the last "
+                    "parameter varying fastest; each element gets SWEEP_<NAME upper-cased>=<value>")
 
 
 class ArraySubmission(JobSubmission):
