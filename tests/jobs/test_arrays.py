@@ -347,3 +347,17 @@ def test_the_elements_list_is_paginated_by_index_and_filters_by_state(teammate, 
     running = teammate.client.get(f"{ARRAYS}{array_id}/elements/?state=running").json()["results"]
     assert [j["array_index"] for j in running] == [3]
     assert teammate.client.get(f"{ARRAYS}{array_id}/elements/?state=nope").status_code == 400
+
+
+def test_the_sweep_example_submits_as_a_six_element_grid(teammate, cluster_factory, h100):
+    import yaml
+    from django.conf import settings as django_settings
+
+    cluster_factory("any", "aws", "us-east-1", h100, nodes=2, gpus_per_node=8, price="2.00")
+    document = yaml.safe_load((django_settings.BASE_DIR / "examples" / "jobs" / "sweep-gpt.yaml").read_text())
+    document["team"] = "alpha"
+    r = teammate.client.generic("POST", ARRAYS, yaml.safe_dump(document, sort_keys=False),
+                                content_type="application/yaml")
+    assert r.status_code == 201, r.content
+    assert (r.json()["count"], r.json()["parallelism"], list(r.json()["grid"])) == (6, 2, ["lr", "batch_size"])
+    assert array_env(r.json()["id"], 3, 6, JobArray.objects.get(pk=r.json()["id"]).grid)["SWEEP_LR"] == "0.006"
