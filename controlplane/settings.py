@@ -508,6 +508,11 @@ FIELD_ENCRYPTION_KEYS = deployment.encryption_keys(
 
 # Largest accepted job spec, in bytes of its JSON encoding.
 JOB_SPEC_MAX_BYTES = 64 * 1024
+# Job arrays (docs/adr/0038): the most elements one array may have, and the most of an array's elements that wait
+# in QUEUED as rows at once (the scheduling passes materialize more as these are admitted, never more than the
+# array's parallelism live).
+ARRAY_MAX_ELEMENTS = env.int("ARRAY_MAX_ELEMENTS", default=10000)
+ARRAY_QUEUED_WINDOW = env.int("ARRAY_QUEUED_WINDOW", default=500)
 
 LOGGING = {
     "version": 1,
@@ -533,7 +538,9 @@ SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {}).update(
      "JobStateEnum": "jobs.models.JobState", "ChangeRequestKindEnum": [("quota", "Quota"), ("budget", "Budget")],
      "ChangeRequestStateEnum": [("pending", "Pending"), ("approved", "Approved"), ("declined", "Declined"),
                                 ("withdrawn", "Withdrawn")],
-     "NotificationEventEnum": "notifications.models.Event", "NodeHealthEnum": "runners.models.Node.Health"})
+     "NotificationEventEnum": "notifications.models.Event", "NodeHealthEnum": "runners.models.Node.Health",
+     # A submission's kind (its pydantic schema, shared by the job and the array submission): values without labels.
+     "JobSubmissionKindEnum": ["training", "inference"]})
 # --- end Web UI ---------------------------------------------------------------
 
 # --- Single sign-on (OpenID Connect) -----------------------------------------------

@@ -14,13 +14,16 @@ Configuration (an option wins over the environment; ``--url``, ``--token``,
 
 Commands (one module each under ``cpctl.commands``)::
 
-  submit FILE [--team T] [--name N] [--wait]   YAML (application/yaml) or JSON (.json); "-" reads stdin
+  submit FILE [--team T] [--name N] [--wait]   YAML (application/yaml) or JSON (.json); "-" reads stdin;
+                                               a document with array: (count or grid) submits a job array
   jobs [--team T] [--state S ...] [--limit N]  a table: id, team, name, state, GPUs, accelerator, cost, age
   job ID                                       details, with why a queued job waits and its queue position
   events ID                                    the job's timeline
   efficiency ID                                the job's throughput (last, run), loss, MFU, tokens per attempt
   logs ID [--node N] [--tail N] [--follow]     the current attempt's log of one node
   cancel ID
+  arrays [--team T] [--limit N]                job arrays: status, elements, parallelism, counts, cost
+  array ID | array cancel ID                   one array's status, counts, cost and grid; or cancel it all
   quotas [--team T]                            GPU quotas and CPU quotas (vCPUs)
   clusters                                     clusters: health, since when and why, last contact, GPUs
   budgets [--team T]                           budgets' current period: spent, committed, remaining, forecast
@@ -75,7 +78,7 @@ import sys
 
 import click
 
-from cpctl.commands import audit, clusters, costs, jobs, nodes, notifications, quotas, reports, requests
+from cpctl.commands import arrays, audit, clusters, costs, jobs, nodes, notifications, quotas, reports, requests
 from cpctl.errors import EXIT_INTERRUPTED, EXIT_OK
 from cpctl.options import CONTEXT_SETTINGS, Connection, connection_params
 
@@ -123,7 +126,7 @@ main = CpctlGroup(
            "4 forbidden (403), 5 not found (404), 6 conflict (409), 7 unreachable, 8 unexpected answer, "
            "130 interrupted.",
 )
-for _module in (jobs, quotas, clusters, costs, reports, nodes, requests, audit, notifications):
+for _module in (jobs, arrays, quotas, clusters, costs, reports, nodes, requests, audit, notifications):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 

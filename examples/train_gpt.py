@@ -173,19 +173,34 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _sweep(name: str, parse, fallback):
+    """The default of an option a parameter sweep may set: env ``SWEEP_<NAME>`` (a job array's grid value, see
+    examples/jobs/sweep-gpt.yaml) parsed by ``parse``, else ``fallback``. A bad value is argparse's error."""
+    text = os.environ.get(f"SWEEP_{name}")
+    if not text:
+        return fallback
+    try:
+        return parse(text)
+    except (ValueError, argparse.ArgumentTypeError) as exc:
+        raise SystemExit(f"train_gpt.py: error: SWEEP_{name}={text!r}: {exc}") from None
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse command-line arguments (``--checkpoint-dir`` defaults to env ``CHECKPOINT_DIR``)."""
+    """Parse command-line arguments (``--checkpoint-dir`` defaults to env ``CHECKPOINT_DIR``; ``--lr`` and
+    ``--batch-size`` to env ``SWEEP_LR`` and ``SWEEP_BATCH_SIZE``, set for the elements of a sweep)."""
     p = argparse.ArgumentParser(
         description="Train a tiny byte-level GPT with DDP on pydoc_data topics.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--steps", type=_positive_int, default=200, help="total optimizer steps")
-    p.add_argument("--batch-size", type=_positive_int, default=48, help="sequences per rank per step")
+    p.add_argument("--batch-size", type=_positive_int, default=_sweep("BATCH_SIZE", _positive_int, 48),
+                   help="sequences per rank per step (default: env SWEEP_BATCH_SIZE, else 48)")
     p.add_argument("--block-size", type=_positive_int, default=128, help="context length, tokens")
     p.add_argument("--n-layer", type=_positive_int, default=4)
     p.add_argument("--n-embd", type=_positive_int, default=64)
     p.add_argument("--n-head", type=_positive_int, default=4)
-    p.add_argument("--lr", type=_positive_float, default=6e-3, help="peak learning rate")
+    p.add_argument("--lr", type=_positive_float, default=_sweep("LR", _positive_float, 6e-3),
+                   help="peak learning rate (default: env SWEEP_LR, else 0.006)")
     p.add_argument(
         "--warmup-steps", type=int, default=10,
         help="linear LR warm-up steps (capped at 10%% of --steps)",

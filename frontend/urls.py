@@ -5,7 +5,7 @@ from django.templatetags.static import static
 from django.urls import path
 from django.views.generic import RedirectView
 
-from . import fleet_pages, notification_pages, queue_pages, sso, views
+from . import array_pages, fleet_pages, notification_pages, queue_pages, sso, views
 
 app_name = "frontend"
 
@@ -23,6 +23,8 @@ urlpatterns = [
     path("jobs/<int:pk>/status/", views.job_status, name="job-status"),
     path("jobs/<int:pk>/logs/", views.job_logs, name="job-logs"),
     path("jobs/<int:pk>/cancel/", views.job_cancel, name="job-cancel"),
+    path("arrays/<int:pk>/", array_pages.array_detail, name="array-detail"),
+    path("arrays/<int:pk>/cancel/", array_pages.array_cancel, name="array-cancel"),
     path("queue/", queue_pages.queue, name="queue"),
     path("teams/", views.team_list, name="team-list"),
     path("teams/<slug:slug>/", views.team_detail, name="team-detail"),

@@ -87,6 +87,11 @@ class Job(models.Model):
     # Preemptions of this job's attempts in a row before one of them ran (reached RUNNING); a preemption of a running
     # attempt sets it back to 0. At PREEMPTION_BEFORE_RUN_LIMIT the next attempt is protected (docs/adr/0015).
     preempted_before_run = models.PositiveIntegerField(default=0)
+    # An element of a job array (``JobArray``): the array and its 0-based index there; None for a job of its own.
+    # Indexed by the partial indexes below only (most jobs are no element).
+    array = models.ForeignKey("JobArray", on_delete=models.PROTECT, null=True, blank=True, related_name="elements",
+                              db_index=False)
+    array_index = models.PositiveIntegerField(null=True, blank=True)
 
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.QUEUED, db_index=True)
     state_reason = models.CharField(max_length=500, blank=True)
@@ -106,7 +111,15 @@ class Job(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        indexes = [models.Index(fields=["state", "-priority", "created_at"]), models.Index(fields=["team", "state"])]
+        indexes = [models.Index(fields=["state", "-priority", "created_at"]), models.Index(fields=["team", "state"]),
+                   # An array's live elements, counted by every top-up and roll-up.
+                   models.Index(fields=["array", "state"], name="job_array_state",
+                                condition=models.Q(array__isnull=False))]
+        constraints = [
+            # One row per index of an array: a second materialization of an index is refused by the database.
+            models.UniqueConstraint(fields=["array", "array_index"], name="job_array_unique_index",
+                                    condition=models.Q(array__isnull=False)),
+        ]
 
     def __str__(self) -> str:
         return f"job {self.pk} {self.name} ({self.state})"
@@ -133,6 +146,60 @@ class Job(models.Model):
         if attempt is None or attempt.ended_at is not None:
             return None
         return (attempt.runner_state or {}).get("endpoint")
+
+
+class JobArray(models.Model):
+    """A job array (a parameter sweep): ``count`` elements of one validated submission, at most ``parallelism``
+    of them queued or running at once (Slurm's ``sbatch --array=0-<count-1>%<parallelism>``).
+
+    One row holds the whole array; its element ``Job`` rows are materialized lazily (docs/adr/0038):
+    ``materialized`` elements (indexes ``0 .. materialized-1``) exist, the rest are written by the scheduling
+    passes (``jobs.arrays.top_up_arrays``) while the array's live elements stay under ``parallelism``. The
+    template's columns (``spec``, ``accelerator``, GPUs, priority...) are copied onto every element. ``grid``:
+    for a sweep, ``[[parameter name, [values...]], ...]`` in the submitted order (a list, since a JSON object's
+    key order is not kept by PostgreSQL's jsonb); element ``i`` takes the ``i``-th point of the cartesian
+    product, the last parameter varying fastest (``jobs.arrays.grid_point``). ``state``: ``open`` (elements
+    still to materialize), ``materialized`` (every element row exists), ``cancelled`` (no more are made).
+    """
+
+    class State(models.TextChoices):
+        OPEN = "open"
+        MATERIALIZED = "materialized"
+        CANCELLED = "cancelled"
+
+    team = models.ForeignKey("quotas.Team", on_delete=models.PROTECT, related_name="job_arrays")
+    submitter = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="job_arrays")
+    name = models.CharField(max_length=63)
+    kind = models.CharField(max_length=16, choices=Job.Kind.choices, default=Job.Kind.TRAINING)
+    spec = models.JSONField()
+    accelerator = models.ForeignKey("runners.Accelerator", on_delete=models.PROTECT, related_name="job_arrays")
+    gpus_per_node = models.PositiveIntegerField()
+    nodes = models.PositiveIntegerField()
+    priority = models.IntegerField(default=PRIORITY_CLASSES["normal"])
+    preemptible = models.BooleanField(default=False)
+    max_runtime_seconds = models.PositiveIntegerField(null=True, blank=True)
+    max_retries = models.PositiveIntegerField(default=0)
+    replicas = models.PositiveIntegerField(default=1)
+
+    count = models.PositiveIntegerField()
+    parallelism = models.PositiveIntegerField()
+    grid = models.JSONField(default=list, blank=True)
+    materialized = models.PositiveIntegerField(default=0)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.OPEN, db_index=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+    cancelled_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+                                     related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["team", "created_at"], name="jobarray_team_created")]
+
+    def __str__(self) -> str:
+        return f"array {self.pk} {self.name} ({self.count} elements)"
 
 
 class JobAttempt(models.Model):

@@ -45,7 +45,8 @@ def schedule_pending() -> dict:
     result = schedule_coalesced()
     if result is None:
         return {"coalesced": True}
-    return {"admitted": len(result.admitted), "waiting": result.waiting, "rejected": result.rejected}
+    return {"admitted": len(result.admitted), "waiting": result.waiting, "rejected": result.rejected,
+            "materialized": result.materialized}
 
 
 # About 91 s at worst with the default client timeouts (settings: CELERY_BROKER_TRANSPORT_OPTIONS); the hard limit

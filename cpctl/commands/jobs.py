@@ -13,6 +13,7 @@ import click
 import requests
 
 from cpctl.client import Client, redact
+from cpctl.commands.arrays import parsed_document, submit_array
 from cpctl.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_JOB_NOT_SUCCEEDED, EXIT_OK, EXIT_UNREACHABLE, CliError
 from cpctl.options import POSITIVE_INT, Api, PositiveFloat, api_command
 from cpctl.output import age, duration, err, fields, money, out, print_json, shown_amount, table, usd, when
@@ -91,13 +92,18 @@ def state_line(job: dict) -> str:
 def submit(api: Api, file: str, team: str | None, name: str | None, wait: bool, interval: float,
            dry_run: bool) -> int:
     """POST the job document; print the job's id and state, and with ``--wait`` follow it to a final state. With
-    ``--dry-run``, POST it to ``jobs/preview/`` instead and print the answer (exit 2 when it would be refused)."""
+    ``--dry-run``, POST it to ``jobs/preview/`` instead and print the answer (exit 2 when it would be refused). A
+    document with ``array:`` (count or grid, parallelism) is a job array, POSTed to ``arrays/``
+    (``cpctl.commands.arrays.submit_array``)."""
     if dry_run and wait:
         raise click.UsageError("--dry-run submits nothing, so there is nothing to --wait for")
     raw, media_type = read_document(file)
     overrides = {key: value for key, value in (("team", team), ("name", name)) if value is not None}
     if overrides:
         raw = override_document(raw, media_type, file, overrides)
+    document = parsed_document(raw, media_type)
+    if document is not None and "array" in document:  # a job array or parameter sweep: one request for all
+        return submit_array(api, raw, media_type, document, wait, interval, dry_run, show_preview)
     if dry_run:
         preview = api.client.json("POST", "jobs/preview/", data=raw, content_type=media_type)
         if api.json:

@@ -107,7 +107,9 @@ class JobSerializer(SharedFieldsMixin, serializers.ModelSerializer):
     yet placed give the preview's estimate (``POST /jobs/preview/``) instead;
     ``accrued_cost_usd`` what the ledger holds; ``cost_unknown`` is null, or
     says since when and for how many GPU-hours the job ran where the catalog
-    had no price (those hours are not in ``accrued_cost_usd``). ``endpoint`` is the URL an
+    had no price (those hours are not in ``accrued_cost_usd``). ``array`` and ``array_index``: the job array
+    (``/arrays/{id}/``) the job is element ``array_index`` (0-based) of, both null for a job of its own.
+    ``endpoint`` is the URL an
     inference job serves on while its current attempt runs (see
     :attr:`jobs.models.Job.endpoint`), null otherwise.
     """
@@ -132,7 +134,7 @@ class JobSerializer(SharedFieldsMixin, serializers.ModelSerializer):
             "id", "team", "submitter", "name", "kind", "spec", "state", "state_reason", "queue_info", "position",
             "current_attempt", "endpoint", "estimated_cost_usd", "accrued_cost_usd", "accelerator", "nodes",
             "gpus_per_node", "total_gpus", "priority", "priority_class", "preemptible", "max_runtime_seconds",
-            "max_retries",
+            "max_retries", "array", "array_index",
             "created_at", "admitted_at", "started_at", "ended_at", "updated_at", "cost_unknown",
             "unpriced_gpu_hours", "unpriced_vcpu_hours",
         ]

@@ -16,7 +16,7 @@
 Lock order of the platform (every writer: submission, admission, cancel, the
 end of an attempt, preemption, accrual, the node pool sync):
 
-    team row -> job row -> attempt row -> node pool rows (ascending id)
+    team row -> job array row -> job row -> attempt row -> node pool rows (ascending id)
     -> budget / spend totals rows -> cost entry inserts
 
 A transaction takes the locks it needs in this order and never one earlier in
@@ -26,7 +26,8 @@ would lock the joined cluster, accelerator and job rows too), and a row whose
 key it does not change with ``no_key=True`` (FOR NO KEY UPDATE): inserts that
 reference the row (a job of the team, a cost entry of the job) take only FOR
 KEY SHARE on it, which that lock does not block, so a submission never waits
-for an admission holding its team. Rows of one kind are locked in ascending
+for an admission holding its team. A job array's row (``jobs.arrays``: its top-up and its
+cancel) is locked before its element jobs. Rows of one kind are locked in ascending
 id order; a job another writer holds is skipped (SKIP LOCKED) by the
 scheduler rather than waited for. ``tests/jobs/test_lock_order_no_deadlocks.py``
 runs the writers together on PostgreSQL and checks its deadlock counter.

@@ -16,6 +16,7 @@ from django.db import connection
 from django.utils import timezone
 
 from .. import metrics
+from ..arrays import top_up_arrays
 from ..models import Job, JobState
 from .apply import apply_admissions, apply_rejection, store_waiting, waiting_info
 from .core import Decisions, decide
@@ -33,6 +34,8 @@ class PassResult:
     waiting: int = 0
     rejected: int = 0
     skipped: int = 0
+    #: Array elements the pass materialized before reading the queue (``jobs.arrays.top_up_arrays``).
+    materialized: int = 0
 
 
 def run_pass(loaded: Loaded, decisions: Decisions, now: dt.datetime, *, positions: bool = True) -> PassResult:
@@ -89,14 +92,18 @@ def try_admit(job_id: int, now: dt.datetime | None = None) -> str:
 def schedule_pending(limit: int | None = None) -> PassResult:
     """One scheduling pass over every waiting job (or the first ``limit`` in priority order); safe to run concurrently.
 
-    The core decides on a snapshot; the admissions are then verified under
-    locks and committed (``apply``).
+    First every open job array is topped up (``jobs.arrays.top_up_arrays``: more QUEUED elements, as many as
+    keep its live ones within its parallelism), so the pass sees them. The core decides on a snapshot; the
+    admissions are then verified under locks and committed (``apply``).
     """
+    materialized = top_up_arrays()
     now = timezone.now()
     loaded = load_snapshot(now, limit=limit)
     if not loaded.snapshot.queue:
-        return PassResult()
-    return run_pass(loaded, decide(loaded.snapshot), now)
+        return PassResult(materialized=materialized)
+    result = run_pass(loaded, decide(loaded.snapshot), now)
+    result.materialized = materialized
+    return result
 
 
 def schedule_coalesced() -> PassResult | None:
@@ -150,7 +157,8 @@ def schedule_coalesced() -> PassResult | None:
             pause = record_pass(time.monotonic() - started)
             total.admitted += result.admitted
             total.waiting, total.rejected = result.waiting, total.rejected + result.rejected
-            if not Job.objects.filter(state=JobState.QUEUED, pk__gt=newest).exists():
+            # Array elements made by the pass's own top-up were read by it: only jobs submitted meanwhile count.
+            if not Job.objects.filter(state=JobState.QUEUED, pk__gt=newest, array__isnull=True).exists():
                 return total
             if pause > 0:  # jobs arrived: a paced pass serves them, and this worker is free meanwhile
                 defer_schedule(pause, own_flag=False)

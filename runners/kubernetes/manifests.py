@@ -92,6 +92,8 @@ class Workload:
     serving job's ``spec.checkpoint_from``; None: ``job_id``).
     ``node_names`` the nodes admission chose (empty: any node the selectors allow).
     ``metrics_port`` the port a training pod may serve its workload metrics on (0: none declared).
+    ``array_env`` the variables of a job array's element (``jobs.arrays.element_env``: its array, index, count
+    and sweep parameters; empty for a job of its own).
     """
 
     name: str
@@ -124,6 +126,7 @@ class Workload:
     installation: str = ""  # the installation's uid
     record: str = ""  # RECORD_ANNOTATION's JSON ("": none)
     metrics_port: int = 0  # training pods' workload-metrics port (settings.K8S_METRICS_PORT); 0: none
+    array_env: tuple[tuple[str, str], ...] = ()  # CONTROLPLANE_ARRAY_* and SWEEP_* of an array's element
 
     @property
     def labels(self) -> dict[str, str]:
@@ -251,6 +254,7 @@ def _platform_env(w: Workload) -> list[dict]:
         {"name": "CONTROLPLANE_JOB_ID", "value": str(w.job_id)},
         {"name": "CONTROLPLANE_ATTEMPT", "value": str(w.attempt_number)},
         {"name": "CONTROLPLANE_TEAM", "value": w.team},
+        *({"name": name, "value": value} for name, value in w.array_env),
     ]
     if w.peak_tflops:
         env.append({"name": "PEAK_TFLOPS", "value": w.peak_tflops})

@@ -30,6 +30,7 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from core.namespaces import team_namespace
+from jobs.arrays import element_env
 
 from ..base import (
     ABSENT,
@@ -93,6 +94,7 @@ def workload(attempt) -> m.Workload:
         installation="" if attempt.legacy_name else installation_uid(),
         record="" if attempt.legacy_name else json.dumps(dispatch_record(attempt), sort_keys=True),
         metrics_port=int(settings.K8S_METRICS_PORT or 0) if job.kind == "training" else 0,
+        array_env=tuple(element_env(job).items()),
     )
 
 

@@ -27,6 +27,8 @@ from pathlib import Path
 
 from django.conf import settings
 
+from jobs.arrays import element_env
+
 from ..base import (
     ABSENT,
     Backend,
@@ -148,6 +150,7 @@ def node_env(attempt, meta: dict, node: int) -> dict[str, str]:
         "CONTROLPLANE_JOB_ID": str(job.pk),
         "CONTROLPLANE_ATTEMPT": str(attempt.number),
         "CONTROLPLANE_TEAM": job.team.slug,
+        **element_env(job),  # an array's element: CONTROLPLANE_ARRAY_ID, _INDEX, _COUNT and its SWEEP_* values
         "CUDA_VISIBLE_DEVICES": "" if devices is None else ",".join(str(d) for d in devices[node]),
     })
     if node == 0 and meta.get("metrics_port"):

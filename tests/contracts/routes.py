@@ -18,6 +18,8 @@ from django.utils import timezone
 from controlplane.urls import api_router
 from costs.models import Price
 from costs.reports.build import generate_report
+from jobs.arrays import submit_array
+from jobs.spec import validated_submission
 from notifications.models import Event, Notification, Subscription
 from quotas.audit import record, snapshot
 from quotas.changes import request_change
@@ -28,7 +30,7 @@ from tests.support.factories import VALID_SPEC
 #: A user sees only their teams' objects: another team's object is a 404, not a 403 (docs/design.md, Interfaces).
 #: The audit trail (ADR 0031) is read like a team's objects: a record of another team, or of the platform's own
 #: objects, is staff's only.
-TEAM_SCOPED = {"jobs", "teams", "quotas", "budgets", "budget-status", "reports", "change-requests", "audit",
+TEAM_SCOPED = {"jobs", "arrays", "teams", "quotas", "budgets", "budget-status", "reports", "change-requests", "audit",
                "subscriptions", "notifications"}
 #: The fleet and the platform's settings: every authenticated user reads them.
 PLATFORM_WIDE = {"accelerators", "clusters", "node-pools", "nodes", "prices", "cohorts", "priority-classes"}
@@ -113,6 +115,7 @@ def world(teams, owner, teammate, outsider, aws_cluster, alpha_objects, beta_obj
     generate_report(teams[1], now - dt.timedelta(days=1), now)
     cohort = Cohort.objects.create(name="research")
     spare = PriorityClass.objects.create(name="spare", value=300)
+    array = submit_array(**validated_submission(submission(), teammate.user), count=3, parallelism=2, grid=[])
     node, _ = [Node.objects.create(cluster=aws_cluster["cluster"], node_pool=aws_cluster["pool"], name=f"ip-10-0-0-{i}",
                                    gpus=8, cpu_milli=64_000, memory_mib=512 * 1024, seen_at=now)
                for i in (1, 2)]  # the pool's 2 nodes, as a sync records them
@@ -131,6 +134,7 @@ def world(teams, owner, teammate, outsider, aws_cluster, alpha_objects, beta_obj
         "notifications": notification.pk,
         "change-requests": change.pk,
         "jobs": alpha_objects["job"].pk,
+        "arrays": array.pk,
         "teams": "alpha",
         "quotas": alpha_objects["quota"].pk,
         "budgets": alpha_objects["budget"].pk,
@@ -161,6 +165,8 @@ VALID_BODIES = {
     ("jobs", "create"): pipeline_submission,
     ("jobs", "preview"): submission,
     ("jobs", "resubmit"): lambda: {"name": "train-again"},
+    ("arrays", "create"): lambda: {**submission(), "array": {"grid": {"lr": [0.1, 0.01], "batch": [16, 32]},
+                                                             "parallelism": 2}},
     ("quotas", "create"): lambda: {"team": "alpha", "accelerator": "A100-80GB", "nominal_gpus": 8},
     ("quotas", "update"): lambda: {"team": "alpha", "accelerator": "H100-80GB", "nominal_gpus": 8},
     ("quotas", "partial_update"): lambda: {"nominal_gpus": 8},

@@ -53,7 +53,8 @@ BAD_VALUES = {
 
 #: Fields that may be left out, with the value the API stores then (a report without a team is the platform's,
 #: which staff, who send these bodies, may build; a subscription without one is the user's own).
-DEFAULTS = {("jobs", "kind"): "training", ("jobs", "after"): [], ("reports", "team"): None, ("subscriptions", "team"): None}
+DEFAULTS = {("jobs", "kind"): "training", ("jobs", "after"): [], ("arrays", "kind"): "training",
+            ("reports", "team"): None, ("subscriptions", "team"): None}
 #: Text fields that take a JSON number as its decimal text, and the bad values that are then valid text.
 NUMBER_AS_TEXT = {("cohorts", "name"), ("priority-classes", "name"), ("clusters", "name"), ("clusters", "region")}
 VALID_AS_TEXT = {"past-int64", "past-a-float"}  # 9223372036854775808 and inf; 400 digits are over the length

@@ -9,7 +9,7 @@ Team alpha's objects (or the platform's) stand behind the detail routes. The con
   that does not exist, and reads the platform-wide objects;
 - a viewer writes nothing: 403 on every write to alpha's objects; staff-only writes are a 403 for any other user
   before any lookup (so for the outsider too, whatever the team), and so is a quota or budget created by anyone
-  but staff; a job submitted for a team the user may not submit to is refused on its ``team`` field (400), as a
+  but staff; a job (or a job array) submitted for a team the user may not submit to is refused on its ``team`` field (400), as a
   change request for a team the user is not in;
 - quotas, budgets and the platform's objects are staff's to write (ADR 0029): alpha's admin and member get 403
   on every write to them too, and change nothing;
@@ -40,6 +40,8 @@ from .routes import (
 )
 
 READS = [r for r in ROUTES if not r.writes]
+#: Where any member submits for a team: a job, an array of jobs.
+SUBMISSIONS = {"jobs", "arrays"}
 WRITES = [r for r in ROUTES if r.writes]
 
 
@@ -82,7 +84,7 @@ def expected_write(route, persona: str) -> int:
         return 404 if persona == "outsider" else 403
     if route.prefix in MEMBER_BUILDS:
         return 400 if persona == "outsider" else 201
-    if route.prefix == "jobs":
+    if route.prefix in SUBMISSIONS:
         return 400  # the team is a field of the submission: refused on it, like an unknown team
     if route.prefix in STAFF_WRITES_OF_TEAM_OBJECTS:
         return 403
@@ -99,7 +101,7 @@ def test_every_route_is_classified_and_has_a_sample(lookups):
     assert not any(r.detail for r in ROUTES if r.prefix in AGGREGATES)
     writable = {r.prefix for r in WRITES}
     assert writable == (STAFF_WRITES | STAFF_WRITES_OF_TEAM_OBJECTS | TEAM_ADMIN_REQUESTS | TEAM_ADMIN_WRITES
-                        | MEMBER_BUILDS | {"jobs"}), writable
+                        | MEMBER_BUILDS | SUBMISSIONS), writable
     for route in WRITES:
         if route.served and route.action not in ("destroy", "cancel"):
             assert (route.prefix, route.action) in VALID_BODIES, route.id

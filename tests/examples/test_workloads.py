@@ -284,3 +284,27 @@ def test_job_specs_parse(name: str, kind: str) -> None:
         assert spec["replicas"] >= 1 and 0 < spec["port"] < 65536
     else:
         assert spec["resources"]["nodes"] == 2
+
+
+def test_a_sweeps_values_are_the_defaults_of_lr_and_batch_size(monkeypatch) -> None:
+    from examples.train_gpt import parse_args
+
+    monkeypatch.delenv("SWEEP_LR", raising=False)
+    monkeypatch.delenv("SWEEP_BATCH_SIZE", raising=False)
+    assert (parse_args([]).lr, parse_args([]).batch_size) == (6e-3, 48)
+    monkeypatch.setenv("SWEEP_LR", "0.012")
+    monkeypatch.setenv("SWEEP_BATCH_SIZE", "64")
+    assert (parse_args([]).lr, parse_args([]).batch_size) == (0.012, 64)
+    assert parse_args(["--lr", "0.1"]).lr == 0.1  # the command line still wins
+    monkeypatch.setenv("SWEEP_LR", "-1")
+    with pytest.raises(SystemExit, match="SWEEP_LR"):
+        parse_args([])
+
+
+def test_the_sweep_example_is_a_grid_over_the_training_example() -> None:
+    import yaml
+
+    doc = yaml.safe_load((JOBS / "sweep-gpt.yaml").read_text())
+    assert doc["array"]["grid"] == {"lr": [0.003, 0.006, 0.012], "batch_size": [32, 64]}
+    assert doc["array"]["parallelism"] == 2 and doc["kind"] == "training"
+    assert (REPO / doc["spec"]["command"][-1]) == TRAIN
