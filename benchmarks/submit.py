@@ -28,8 +28,11 @@ over loopback for ``--seconds`` per phase:
   array of ``--array-count`` elements (default 1,000) in one request,
   ``POST /api/v1/arrays/`` with ``array: {count, parallelism}``
   (``--array-parallelism``, default the count), against its peer, one
-  ``sbatch --hold --array=0-999``, ``--array-rounds`` times each (default 3),
-  one after the other in each round. The platform's window: from before
+  ``sbatch --hold --array=0-999``: ``--array-rounds`` rounds (default 3) of
+  the platform's array and of its floor (the same array at parallelism 1:
+  one element row, the request's and the pass's fixed cost), and
+  ``--array-slurm-rounds`` of Slurm's (default 30: slurmctld records a held
+  array in about one 10 ms clock tick), in rotating order. The platform's window: from before
   the request is sent until the scheduling pass that the submission
   published has ended (its end time, ``controlplane:schedule-last-pass``,
   after the 201; the passes' queue empty) and a further second has passed:
@@ -37,15 +40,18 @@ over loopback for ``--seconds`` per phase:
   ``min(parallelism, ARRAY_QUEUED_WINDOW)`` element rows with their events
   in one transaction, the 201, and the first pass (it tops the array up
   within its window and decides its queued elements; the quota is full
-  from an unmeasured warm-up array, so that pass admits none, the same in
-  every round). Slurm's window: from before ``sbatch`` starts until a
+  from an unmeasured warm-up array, whose admitted elements are then
+  marked RUNNING so that their dispatch to the benchmark's unreachable
+  cluster stops retrying; that pass admits none, the same in every
+  round). Slurm's window: from before ``sbatch`` starts until a
   second after it exits: its authentication by munged, slurmctld recording
   the held array as one job record; no element is split off or started.
   Neither window runs an element. Results: CPU milliseconds per element of
   each process (``array.platform_cpu_ms_per_element`` with its parts,
   ``array.slurm_cpu_ms_per_element``: slurmctld, munged apart) and
   ``array.ratio_vs_slurm_cpu_per_element`` (the platform's processes
-  together over slurmctld's). Admission of every element is not measured:
+  together over slurmctld's; ``array.floor_parallelism_1`` the same for
+  the floor array). Admission of every element is not measured:
   the benchmark's cluster and quota (16 GPUs) admit 16 one-GPU elements at
   a time, and the rest wait for them to run, which this benchmark does not.
 
@@ -260,6 +266,18 @@ def cancel_waiting(database_url: str) -> None:
         conn.execute("UPDATE jobs_job SET state = 'CANCELLED' WHERE state = 'QUEUED'")
 
 
+def mark_admitted_running(database_url: str) -> int:
+    """Move every ADMITTED job to RUNNING (the array phase, after its warm-up, unmeasured); returns how many.
+
+    The benchmark's cluster is not reachable, so each admitted job's dispatch fails and retries with backoff for
+    minutes inside the measured windows; a dispatch finds a job no longer ADMITTED and skips it. RUNNING jobs still
+    hold the team's quota, so each measured pass admits nothing, as the phase intends."""
+    import psycopg
+
+    with psycopg.connect(database_url.replace("postgres://", "postgresql://"), autocommit=True) as conn:
+        return conn.execute("UPDATE jobs_job SET state = 'RUNNING' WHERE state = 'ADMITTED'").rowcount
+
+
 def wait_pass_after(broker_url: str, since: float, timeout: float = 120) -> None:
     """Wait until a scheduling pass ended after ``since`` (Unix seconds; the pass records its end time under
     ``controlplane:schedule-last-pass``) and no further pass is queued or flagged: the first pass over what was
@@ -426,6 +444,7 @@ def run_arrays(args, parallelism: int, port: int, token: str, procs: dict, serve
 
     idle(True)
     array_phase(port, token, args.array_count, parallelism, procs, servers, broker)  # warm-up
+    mark_admitted_running(env["DATABASE_URL"])
     if slurm:
         slurm.array_phase(args.array_count, settle=0)
     ran = True
@@ -457,7 +476,8 @@ def main() -> None:
     parser.add_argument("--phases", default=",".join(DEFAULT_PHASES),
                         help=f"comma-separated phases to run, of {', '.join(ALL_PHASES)} (default "
                              f"{','.join(DEFAULT_PHASES)}; array: the platform's array and sbatch --array)")
-    parser.add_argument("--array-rounds", type=int, default=3, help="arrays submitted on each side (default 3)")
+    parser.add_argument("--array-rounds", type=int, default=3,
+                        help="rounds of the platform's array and of its floor array (default 3)")
     parser.add_argument("--array-slurm-rounds", type=int, default=30,
                         help="Slurm's arrays (default 30: one costs slurmctld about one 10 ms clock tick)")
     parser.add_argument("--array-count", type=int, default=1000, help="elements of each array (default 1000)")
