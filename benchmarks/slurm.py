@@ -15,6 +15,13 @@ what Slurm's own advice for high throughput says (``SchedulerParameters=defer``:
 no scheduling attempt per submission; logging at ``error``). Submissions are
 ``sbatch --hold --wrap true``: held jobs are stored and answered, never
 started, like the platform's submissions that the benchmark measures.
+
+Job arrays (``array_phase``): one ``sbatch --hold --array=0-<count - 1>``,
+the peer of the platform's one-request array (``POST /api/v1/arrays/``).
+Slurm stores a pending array as one job record and splits elements off only
+when it starts them, so a held array is recorded once. ``MaxArraySize``
+(Slurm's default 1001: indices 0-1000) is raised to ``max_array_size(count)``
+when the benchmark asks for more elements.
 """
 
 from __future__ import annotations
@@ -35,6 +42,24 @@ from benchmarks.procstat import client_cpu_seconds, cpu_seconds
 COMMANDS = {"munged": "munge", "munge": "munge", "slurmctld": "slurm-wlm", "slurmd": "slurm-wlm",
             "sbatch": "slurm-wlm", "scancel": "slurm-wlm", "sinfo": "slurm-wlm", "squeue": "slurm-wlm"}
 DAEMONS = ("slurmctld", "slurmd", "munged")
+#: Slurm's default ``MaxArraySize``: array indices 0 to 1000.
+DEFAULT_MAX_ARRAY_SIZE = 1001
+
+
+def array_indices(count: int, parallelism: int | None = None) -> str:
+    """``sbatch --array``'s value for ``count`` elements indexed from 0, with ``%parallelism`` when the elements
+    running at once are limited: ``array_indices(1000)`` is ``"0-999"``, ``array_indices(50, 8)`` ``"0-49%8"``.
+    Raises ValueError for a count or parallelism under 1."""
+    if count < 1 or (parallelism is not None and parallelism < 1):
+        raise ValueError(f"an array needs count >= 1 and parallelism >= 1, not {count} and {parallelism}")
+    indices = f"0-{count - 1}" if count > 1 else "0"
+    return f"{indices}%{parallelism}" if parallelism is not None and parallelism < count else indices
+
+
+def max_array_size(count: int) -> int:
+    """The ``MaxArraySize`` a ``slurm.conf`` needs for arrays of ``count`` elements indexed from 0: Slurm takes
+    indices up to ``MaxArraySize - 1``, so at least ``count``, and never under Slurm's default (1001)."""
+    return max(DEFAULT_MAX_ARRAY_SIZE, count)
 
 
 def missing() -> str | None:
@@ -55,10 +80,12 @@ def free_port() -> int:
 class SlurmPeer:
     """One private Slurm cluster of one node; ``with SlurmPeer() as slurm: slurm.phase(...)``.
 
-    Raises ``RuntimeError`` (with the daemon's log) when a daemon does not come up within ``timeout`` seconds.
+    ``array_count``: the largest job array the benchmark will submit (``MaxArraySize`` is raised to
+    ``max_array_size(array_count)``; 0: Slurm's default). Raises ``RuntimeError`` (with the daemon's log) when a
+    daemon does not come up within ``timeout`` seconds.
     """
 
-    def __init__(self, timeout: float = 60):
+    def __init__(self, timeout: float = 60, array_count: int = 0):
         self.timeout = timeout
         self.dir = Path(tempfile.mkdtemp(prefix="bench-slurm-"))
         self.procs: dict[str, subprocess.Popen] = {}
@@ -105,6 +132,7 @@ class SlurmPeer:
             "SwitchType=switch/none",
             "ReturnToService=2",
             "MaxJobCount=1000000",
+            f"MaxArraySize={max_array_size(array_count)}",
             "SchedulerParameters=defer",
             f"NodeName=bench NodeAddr=127.0.0.1 NodeHostname={host} CPUs={os.cpu_count()} RealMemory=1000 "
             "State=UNKNOWN",
@@ -184,6 +212,35 @@ class SlurmPeer:
     def sbatch_argv(self, name: str) -> list[str]:
         """One held batch job that would run ``true``: stored and answered by slurmctld, never started."""
         return ["sbatch", "--hold", "--parsable", "-J", name, "-o", "/dev/null", "--wrap", "true"]
+
+    def sbatch_array_argv(self, name: str, count: int, parallelism: int | None = None) -> list[str]:
+        """One held job array of ``count`` elements (``--array=0-<count - 1>``, ``%parallelism`` when given) that
+        would each run ``true``: recorded by slurmctld as one pending array job, no element started."""
+        return ["sbatch", "--hold", "--parsable", f"--array={array_indices(count, parallelism)}", "-J", name,
+                "-o", "/dev/null", "--wrap", "true"]
+
+    def array_phase(self, count: int, parallelism: int | None = None, name: str = "bench-array",
+                    settle: float = 1.0) -> dict:
+        """One ``sbatch --hold --array`` of ``count`` elements; the raw sample: ``elements`` (``count`` when
+        accepted, 0 when not), ``errors``, ``error_sample``, ``elapsed`` (s, the sbatch process from start to exit),
+        the CPU seconds of slurmctld, slurmd and munged from before sbatch started until ``settle`` seconds after
+        it exited (the submission, its authentication and slurmctld recording the array; held, nothing runs), and
+        of the client (this process and the sbatch child).
+        """
+        argv = self.sbatch_array_argv(name, count, parallelism)
+        before, client_before = self.cpu(), client_cpu_seconds()
+        t0 = time.monotonic()
+        r = subprocess.run(argv, cwd=self.dir, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE)
+        elapsed = time.monotonic() - t0
+        client_used = client_cpu_seconds() - client_before
+        time.sleep(settle)
+        after = self.cpu()
+        cpu = {key: (after[key] - before[key]) if None not in (after[key], before[key]) else 0.0 for key in DAEMONS}
+        ok = r.returncode == 0
+        return {"elements": count if ok else 0, "errors": 0 if ok else 1,
+                "error_sample": [] if ok else [r.stderr.decode(errors="replace").strip()], "elapsed": elapsed,
+                "cpu": cpu, "client_cpu": client_used}
 
     def cancel_all(self) -> None:
         """Cancel every job of the benchmark's user and wait until none is pending (between phases, unmeasured)."""

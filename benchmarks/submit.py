@@ -24,6 +24,37 @@ over loopback for ``--seconds`` per phase:
   after another (a process per job, as a Slurm user submits), answered by
   the private slurmctld.
 
+- ``array`` (``--phases array``; not among the default phases): a job
+  array of ``--array-count`` elements (default 1,000) in one request,
+  ``POST /api/v1/arrays/`` with ``array: {count, parallelism}``
+  (``--array-parallelism``, default the count), against its peer, one
+  ``sbatch --hold --array=0-999``: ``--array-rounds`` rounds (default 3) of
+  the platform's array and of its floor (the same array at parallelism 1:
+  one element row, the request's and the pass's fixed cost), and
+  ``--array-slurm-rounds`` of Slurm's (default 30: slurmctld records a held
+  array in about one 10 ms clock tick), in rotating order. The platform's window: from before
+  the request is sent until the scheduling pass that the submission
+  published has ended (its end time, ``controlplane:schedule-last-pass``,
+  after the 201; the passes' queue empty) and a further second has passed:
+  validation of the template once, the array row and its first
+  ``min(parallelism, ARRAY_QUEUED_WINDOW)`` element rows with their events
+  in one transaction, the 201, and the first pass (it tops the array up
+  within its window and decides its queued elements; the quota is full
+  from an unmeasured warm-up array, whose admitted elements are then
+  marked RUNNING so that their dispatch to the benchmark's unreachable
+  cluster stops retrying; that pass admits none, the same in every
+  round). Slurm's window: from before ``sbatch`` starts until a
+  second after it exits: its authentication by munged, slurmctld recording
+  the held array as one job record; no element is split off or started.
+  Neither window runs an element. Results: CPU milliseconds per element of
+  each process (``array.platform_cpu_ms_per_element`` with its parts,
+  ``array.slurm_cpu_ms_per_element``: slurmctld, munged apart) and
+  ``array.ratio_vs_slurm_cpu_per_element`` (the platform's processes
+  together over slurmctld's; ``array.floor_parallelism_1`` the same for
+  the floor array). Admission of every element is not measured:
+  the benchmark's cluster and quota (16 GPUs) admit 16 one-GPU elements at
+  a time, and the rest wait for them to run, which this benchmark does not.
+
 The phases run in rotating order each round, each one with both queues
 emptied first (the platform's QUEUED jobs cancelled, Slurm's jobs
 scancelled). When Slurm's commands are missing the peer phase is left out:
@@ -225,12 +256,110 @@ def summarize(samples: list[dict]) -> dict:
 
 
 def cancel_waiting(database_url: str) -> None:
-    """Cancel every QUEUED job (between phases, unmeasured): each phase starts with an empty queue, and the
-    validated phase's rows, which no pass was published for, never reach a later admission phase's passes."""
+    """Cancel every QUEUED job and every open array (between phases, unmeasured): each phase starts with an empty
+    queue, the validated phase's rows, which no pass was published for, never reach a later admission phase's
+    passes, and no pass tops up an earlier round's array."""
     import psycopg
 
     with psycopg.connect(database_url.replace("postgres://", "postgresql://"), autocommit=True) as conn:
+        conn.execute("UPDATE jobs_jobarray SET state = 'cancelled' WHERE state = 'open'")
         conn.execute("UPDATE jobs_job SET state = 'CANCELLED' WHERE state = 'QUEUED'")
+
+
+def mark_admitted_running(database_url: str) -> int:
+    """Move every ADMITTED job to RUNNING (the array phase, after its warm-up, unmeasured); returns how many.
+
+    The benchmark's cluster is not reachable, so each admitted job's dispatch fails and retries with backoff for
+    minutes inside the measured windows; a dispatch finds a job no longer ADMITTED and skips it. RUNNING jobs still
+    hold the team's quota, so each measured pass admits nothing, as the phase intends."""
+    import psycopg
+
+    with psycopg.connect(database_url.replace("postgres://", "postgresql://"), autocommit=True) as conn:
+        return conn.execute("UPDATE jobs_job SET state = 'RUNNING' WHERE state = 'ADMITTED'").rowcount
+
+
+def wait_pass_after(broker_url: str, since: float, timeout: float = 120) -> None:
+    """Wait until a scheduling pass ended after ``since`` (Unix seconds; the pass records its end time under
+    ``controlplane:schedule-last-pass``) and no further pass is queued or flagged: the first pass over what was
+    committed before ``since`` has run. Raises RuntimeError after ``timeout`` seconds."""
+    import redis
+
+    client = redis.Redis.from_url(broker_url)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        last = client.get("controlplane:schedule-last-pass")
+        ended = float(last.split()[0]) if last else 0.0
+        if ended > since and client.llen("fast") == 0 and not client.exists("controlplane:schedule-pending"):
+            return
+        time.sleep(0.05)
+    raise RuntimeError("no scheduling pass ran after the array's submission")
+
+
+def array_phase(port: int, token: str, count: int, parallelism: int, procs: dict, servers: Servers,
+                broker_url: str, settle: float = 1.0) -> dict:
+    """One array of ``count`` elements submitted in one request (``POST /api/v1/arrays/``); the raw sample in the
+    shape of ``SlurmPeer.array_phase``: ``elements`` (``count`` when answered 201, else 0), ``errors``, ``elapsed``
+    (s, the request), the CPU seconds of each process tree of ``procs`` and of ``servers`` from before the request
+    until the first scheduling pass after it has ended (``wait_pass_after``) and ``settle`` seconds more, and of
+    the client (this process: the request and the polling of Redis).
+    """
+    body = json.dumps({**JOB, "name": "bench-array", "array": {"count": count, "parallelism": parallelism}}).encode()
+    headers = {"Authorization": f"Token {token}", "Content-Type": "application/json"}
+    cpu_before = {key: tree_cpu_seconds(p.pid) for key, p in procs.items()}
+    servers_before = servers.snapshot()
+    client_before = client_cpu_seconds()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    t0 = time.monotonic()
+    conn.request("POST", "/api/v1/arrays/", body=body, headers=headers)
+    resp = conn.getresponse()
+    answer = resp.read()
+    elapsed = time.monotonic() - t0
+    conn.close()
+    ok = resp.status == 201
+    if ok and "scheduler" in procs:
+        wait_pass_after(broker_url, time.time())
+    time.sleep(settle)
+    cpu = {key: tree_cpu_seconds(p.pid) - cpu_before[key] for key, p in procs.items()}
+    cpu.update(servers.used(servers_before, servers.snapshot()))
+    return {"elements": count if ok else 0, "errors": 0 if ok else 1,
+            "error_sample": [] if ok else [f"{resp.status} {answer[:300].decode(errors='replace')}"],
+            "elapsed": elapsed, "cpu": cpu, "client_cpu": client_cpu_seconds() - client_before}
+
+
+def summarize_array(samples: list[dict]) -> dict | None:
+    """One side's array results over its rounds (``array_phase`` samples): elements accepted, errors, CPU
+    milliseconds per element of each measured process (``cpu_ms_per_element``, summed in
+    ``cpu_ms_per_element_total``), of the client apart, and the submission's wall time (ms, mean of the rounds).
+    None without samples."""
+    if not samples:
+        return None
+    elements = sum(s["elements"] for s in samples)
+    cpu = {key: round(sum(s["cpu"][key] for s in samples) * 1000 / max(1, elements), 4) for key in samples[0]["cpu"]}
+    return {"elements": elements, "errors": sum(s["errors"] for s in samples),
+            "error_sample": next((e for s in samples for e in s["error_sample"]), None),
+            "cpu_ms_per_element": cpu, "cpu_ms_per_element_total": round(sum(cpu.values()), 4),
+            "client_cpu_ms_per_element": round(sum(s["client_cpu"] for s in samples) * 1000 / max(1, elements), 4),
+            "submit_ms": round(statistics.fmean(s["elapsed"] for s in samples) * 1000, 1)}
+
+
+def array_versus_slurm(platform: dict | None, slurm: dict | None) -> dict:
+    """The ``array`` result keys: the platform's CPU ms per element (its processes together, and each part: the API
+    server, the scheduler's worker, PostgreSQL's backends, Redis), Slurm's (slurmctld; munged and slurmd apart) and
+    ``ratio_vs_slurm_cpu_per_element``: the platform's total over slurmctld's (<= 1: the platform uses less);
+    ``ratio_vs_slurm_cpu_per_element_with_munged`` over slurmctld and munged together. Ratios are None where a
+    side is missing or Slurm's figure is 0."""
+    p_total = platform["cpu_ms_per_element_total"] if platform else None
+    s_cpu = slurm["cpu_ms_per_element"] if slurm else None
+    return {
+        "platform_cpu_ms_per_element": p_total,
+        "platform_cpu_ms_per_element_parts": platform["cpu_ms_per_element"] if platform else None,
+        "slurm_cpu_ms_per_element": s_cpu["slurmctld"] if s_cpu else None,
+        "slurm_munged_cpu_ms_per_element": s_cpu["munged"] if s_cpu else None,
+        "slurm_slurmd_cpu_ms_per_element": s_cpu["slurmd"] if s_cpu else None,
+        "ratio_vs_slurm_cpu_per_element": ratio(p_total, s_cpu["slurmctld"]) if s_cpu else None,
+        "ratio_vs_slurm_cpu_per_element_with_munged": (ratio(p_total, s_cpu["slurmctld"] + s_cpu["munged"])
+                                                       if s_cpu else None),
+    }
 
 
 def wait_worker_ready(broker_url: str, timeout: float = 180) -> None:
@@ -290,6 +419,49 @@ def versus_slurm(admission: dict, slurm: dict | None) -> dict:
     }
 
 
+#: The job phases (``--phases``' default, with Slurm's single submissions) and every phase.
+DEFAULT_PHASES = ("bare", "admission", "validated", "floor", "slurm")
+ALL_PHASES = (*DEFAULT_PHASES, "array")
+
+
+def run_arrays(args, parallelism: int, port: int, token: str, procs: dict, servers: Servers, slurm, env: dict,
+               out: dict[str, list[dict]]) -> None:
+    """The array phase: an unmeasured warm-up array (it fills the team's quota, so every measured round's first
+    pass admits nothing and decides the same queue), then rounds of: the platform's array (``parallelism``), the
+    platform's floor array (parallelism 1: one element row made, the request's and the pass's fixed cost) for
+    ``args.array_rounds`` rounds, and Slurm's array for ``args.array_slurm_rounds`` rounds (more by default: one
+    held array costs slurmctld about one 10 ms clock tick, so its figure needs many rounds to read); the sides'
+    order rotates each round, each side starts from empty queues. Samples appended to ``out["platform"]``,
+    ``out["platform_floor"]`` and ``out["slurm"]``."""
+    broker = env["CELERY_BROKER_URL"]
+
+    def idle(platform_ran: bool) -> None:
+        if "scheduler" in procs and platform_ran:
+            wait_worker_ready(broker)
+        cancel_waiting(env["DATABASE_URL"])
+        if slurm:
+            slurm.cancel_all()
+
+    idle(True)
+    array_phase(port, token, args.array_count, parallelism, procs, servers, broker)  # warm-up
+    mark_admitted_running(env["DATABASE_URL"])
+    if slurm:
+        slurm.array_phase(args.array_count, settle=0)
+    ran = True
+    for round_number in range(max(args.array_rounds, args.array_slurm_rounds if slurm else 0)):
+        sides = [*(["platform", "platform_floor"] if round_number < args.array_rounds else []),
+                 *(["slurm"] if slurm and round_number < args.array_slurm_rounds else [])]
+        shift = round_number % len(sides)
+        for side in sides[shift:] + sides[:shift]:
+            idle(ran)
+            ran = side != "slurm"
+            if side == "slurm":
+                out[side].append(slurm.array_phase(args.array_count))
+            else:
+                out[side].append(array_phase(port, token, args.array_count,
+                                             parallelism if side == "platform" else 1, procs, servers, broker))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10, help="duration of each phase (default 10)")
@@ -301,7 +473,29 @@ def main() -> None:
     parser.add_argument("--no-scheduler", action="store_true",
                         help="run no Celery worker (submissions are only enqueued), to isolate the API's own cost")
     parser.add_argument("--no-slurm", action="store_true", help="leave out the Slurm peer phase")
+    parser.add_argument("--phases", default=",".join(DEFAULT_PHASES),
+                        help=f"comma-separated phases to run, of {', '.join(ALL_PHASES)} (default "
+                             f"{','.join(DEFAULT_PHASES)}; array: the platform's array and sbatch --array)")
+    parser.add_argument("--array-rounds", type=int, default=3,
+                        help="rounds of the platform's array and of its floor array (default 3)")
+    parser.add_argument("--array-slurm-rounds", type=int, default=30,
+                        help="Slurm's arrays (default 30: one costs slurmctld about one 10 ms clock tick)")
+    parser.add_argument("--array-count", type=int, default=1000, help="elements of each array (default 1000)")
+    parser.add_argument("--array-parallelism", type=int, default=None,
+                        help="the platform's array parallelism (default: the count, as sbatch --array without %%)")
     args = parser.parse_args()
+    phases = [p.strip() for p in args.phases.split(",") if p.strip()]
+    unknown = sorted(set(phases) - set(ALL_PHASES))
+    if unknown or not phases:
+        parser.error(f"--phases: unknown phase(s) {', '.join(unknown) or '(none given)'}; the phases are "
+                     f"{', '.join(ALL_PHASES)}")
+    job_phases = {"bare", "admission", "validated", "floor"}
+    if job_phases & set(phases) and not job_phases <= set(phases):
+        parser.error("--phases: the job phases bare, admission, validated and floor run together, or none of them")
+    if args.array_count < 1 or args.array_rounds < 1 or args.array_slurm_rounds < 1 or (args.array_parallelism is not None
+                                                        and args.array_parallelism < 1):
+        parser.error("--array-count, --array-rounds and --array-parallelism must be at least 1")
+    array_parallelism = args.array_parallelism or args.array_count
 
     env = dict(os.environ)
     env["DATABASE_URL"] = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/controlplane_bench")
@@ -311,8 +505,10 @@ def main() -> None:
     env.update(NO_SUBMIT_LIMITS)
     env["CONN_MAX_AGE"] = "3600"  # a backend that exits takes its CPU time with it (see procstat.DatabaseBackends)
     require("submit", [postgres_missing(env["DATABASE_URL"]), redis_missing(env["CELERY_BROKER_URL"])])
-    slurm_missing = "left out (--no-slurm)" if args.no_slurm else slurm_peer.missing()
-    if slurm_missing and not args.no_slurm:
+    wants_slurm = "slurm" in phases or "array" in phases
+    slurm_missing = ("left out (--no-slurm)" if args.no_slurm else None if wants_slurm else "left out (--phases)")
+    slurm_missing = slurm_missing or slurm_peer.missing()
+    if slurm_missing and not args.no_slurm and wants_slurm:
         print(f"submit: Slurm peer phase left out: {slurm_missing}", file=sys.stderr)
     # SIGTERM unwinds like Ctrl-C, so every process started below is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -322,6 +518,7 @@ def main() -> None:
     procs: dict[str, subprocess.Popen] = {}
     servers = slurm = None
     samples: dict[str, list[dict]] = {"bare": [], "admission": [], "validated": [], "floor": [], "slurm": []}
+    array_samples: dict[str, list[dict]] = {"platform": [], "platform_floor": [], "slurm": []}
     try:
         procs["api"] = subprocess.Popen(
             [sys.executable, "-m", "gunicorn", "controlplane.wsgi", "-b", f"127.0.0.1:{port}", "-k", "gthread",
@@ -333,7 +530,7 @@ def main() -> None:
                  "--loglevel=WARNING", "--without-gossip", "--without-mingle"], cwd=ROOT, env=env)
         if not slurm_missing:
             try:
-                slurm = slurm_peer.SlurmPeer().__enter__()  # stopped in the finally below
+                slurm = slurm_peer.SlurmPeer(array_count=args.array_count).__enter__()  # stopped in the finally
             except RuntimeError as exc:  # it stopped what it had started
                 print(f"submit: Slurm peer phase left out: {exc}", file=sys.stderr)
                 slurm_missing = f"did not start: {str(exc).splitlines()[0]}"
@@ -347,8 +544,8 @@ def main() -> None:
             slurm.phase(2, 1.0, settle=0)
         paths = {"bare": ("/bench/bare-jobs/", "bench-job"), "admission": ("/api/v1/jobs/", "bench-job"),
                  "validated": ("/bench/validated-jobs/", "bench-validated"), "floor": ("/bench/floor/", "bench-floor")}
-        order = [*paths, *(["slurm"] if slurm else [])]
-        for round_number in range(args.rounds):
+        order = [*(p for p in paths if p in phases), *(["slurm"] if slurm and "slurm" in phases else [])]
+        for round_number in range(args.rounds if order else 0):
             # The order rotates each round: on this machine a phase run later in a round measured up to 30 %
             # more CPU per job for the same work (the VM's clock), which favoured whichever ran first.
             shift = round_number % len(order)
@@ -364,6 +561,8 @@ def main() -> None:
                     path, job_name = paths[name]
                     samples[name].append(phase(port, path, token, args.clients, args.seconds, procs, name=job_name,
                                                servers=servers))
+        if "array" in phases:
+            run_arrays(args, array_parallelism, port, token, procs, servers, slurm, env, array_samples)
     finally:
         if slurm:
             slurm.stop()
@@ -373,7 +572,28 @@ def main() -> None:
             p.terminate()
         for p in procs.values():
             p.wait(timeout=30)
-    bare, admission, validated, floor = (summarize(samples[k]) for k in ("bare", "admission", "validated", "floor"))
+    array_result = None
+    if "array" in phases:
+        platform_array, slurm_array = summarize_array(array_samples["platform"]), summarize_array(array_samples["slurm"])
+        floor_array = summarize_array(array_samples["platform_floor"])
+        floor_vs = array_versus_slurm(floor_array, slurm_array)
+        array_result = {"elements": args.array_count, "rounds": args.array_rounds,
+                        "slurm_rounds": args.array_slurm_rounds if slurm else 0, "parallelism": array_parallelism,
+                        **array_versus_slurm(platform_array, slurm_array),
+                        "floor_parallelism_1": {"platform_cpu_ms_per_element": floor_vs["platform_cpu_ms_per_element"],
+                                                "platform_cpu_ms_per_element_parts":
+                                                    floor_vs["platform_cpu_ms_per_element_parts"],
+                                                "ratio_vs_slurm_cpu_per_element":
+                                                    floor_vs["ratio_vs_slurm_cpu_per_element"]},
+                        "platform": platform_array, "platform_floor": floor_array, "slurm": slurm_array,
+                        "all_elements_admitted": None, "goal": {"ratio_vs_slurm_cpu_per_element_max": 1.0}}
+    if not any(samples[k] for k in paths):
+        print(json.dumps({"benchmark": "submit", "phases": phases, **machine(), "scheduler_worker": not args.no_scheduler,
+                          "postgres_cpu_of": servers.postgres_of, "slurm_missing": slurm_missing,
+                          "array": array_result}))
+        return
+    bare, admission, validated, floor = (summarize(samples[k]) if samples[k] else None
+                                         for k in ("bare", "admission", "validated", "floor"))
     slurm_result = summarize(samples["slurm"]) if samples["slurm"] else None
     if slurm_result:
         slurm_result["error_sample"] = next((e for s in samples["slurm"] for e in s["error_sample"]), None)
@@ -394,6 +614,7 @@ def main() -> None:
                                              if slurm_result else None),
         "goal": {"jobs_per_s": 500, "overhead_pct_max": 25, "ratio_vs_slurm_jobs_per_s_min": 1.0,
                  "ratio_vs_slurm_cpu_per_job_max": 1.0},
+        **({"array": array_result} if array_result else {}),
     }))
 
 
