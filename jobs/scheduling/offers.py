@@ -88,6 +88,14 @@ def node_rooms(pools: list[NodePool]) -> dict[int, tuple[NodeRoom, ...]]:
                                  .values_list("node_pool_id", "gpus", "placement")):
         on = free[pid]
         names = (placement or {}).get("nodes") or []
+        if names and placement.get("roles"):  # a multi-role attempt: each role's pods with their own shape
+            for role in placement["roles"].values():
+                for name in role.get("nodes") or ():
+                    if name in on:
+                        on[name][0] -= int(role.get("gpus_per_node") or 0)
+                        on[name][1] -= int(role.get("cpu_milli") or 0)
+                        on[name][2] -= int(role.get("memory_mib") or 0)
+            continue
         if names:
             for name in names:
                 if name in on:

@@ -54,8 +54,9 @@ def amount_of(job: QueuedJob, acc: int, team: TeamState) -> int:
 
 def may_preempt(job: QueuedJob, used: int, amount: int, quota: TeamQuota) -> bool:
     """Whether ``job`` (``amount`` GPUs, its team using ``used`` of ``quota``'s accelerator) may preempt: only a job
-    that stays within its team's nominal quota does (``preemption``); a CPU-only job never does (ADR 0012)."""
-    return not job.cpu_only and used + amount <= quota.nominal_gpus
+    that stays within its team's nominal quota does (``preemption``); a CPU-only job never does (ADR 0012), nor a
+    multi-role job (ADR 0039)."""
+    return not job.cpu_only and not job.roles and used + amount <= quota.nominal_gpus
 
 
 class Evaluator:
@@ -196,6 +197,8 @@ class Evaluator:
             pids = tuple(o.node_pool_id for o in pools)
         cohort_ok = amount == 0 or cohort_has_room(self._lendable.get(ckey, 0), self._borrowed.get(ckey, 0), used,
                                                    q.guaranteed_gpus, amount)
+        if job.roles:
+            return self._place_gang(job, acc, pools, team, q, used, ckey, cohort_ok)
         found = room.place(job, acc, pools, pids) if cohort_ok else None
         victims = ()
         if found is None and preempts:
@@ -215,6 +218,25 @@ class Evaluator:
         if not verdict.ok:
             return Waiting.because(job, verdict)
         return Admission(job, offer, estimate, victims, room.book.names(offer.node_pool_id, nodes), acc)
+
+    def _place_gang(self, job: QueuedJob, acc: int, pools, team: TeamState, q: TeamQuota, used: int, ckey: tuple,
+                    cohort_ok: bool) -> Decision:
+        """Steps 5 and 6 for a multi-role job: every role on one pool at once (``room.Room.place_gang``), else it
+        waits naming the role that fits nowhere (holding nothing); no victims. Then the budget, on the sum."""
+        room = self.room
+        if not cohort_ok:
+            full = cpu_cohort_full if job.cpu_only else cohort_full
+            return Waiting.because(job, full(job, used, q, self._lendable.get(ckey, 0), self._borrowed.get(ckey, 0)))
+        found, failed = room.place_gang(job, pools)
+        if found is None:
+            return Waiting.because(job, room.gang_no_room(job, acc, pools, failed))
+        offer, by_role = found
+        estimate = room.estimate(job, offer)
+        verdict = check_budgets(estimate, team.budgets)
+        if not verdict.ok:
+            return Waiting.because(job, verdict)
+        names = tuple((name, room.book.names(offer.node_pool_id, list(nodes))) for name, nodes in by_role)
+        return Admission(job, offer, estimate, (), tuple(n for _, ns in names for n in ns), acc, names)
 
     def assess(self, job: QueuedJob) -> Assessment:
         """What the rules say of ``job`` before it is submitted (nothing changes): where it would run, its estimate,

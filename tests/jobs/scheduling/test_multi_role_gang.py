@@ -1,0 +1,130 @@
+"""Multi-role jobs admitted as one gang (ADR 0039): every role node-exact on one pool of one cluster, quota and
+budget on the sum of the roles, and a job whose one role cannot be placed holds nothing, its queue reason naming
+that role.
+
+The fleet: aws-use1's H100 pool of 2 synced nodes x 8 GPUs at the catalog price (6.88 USD/GPU-h); alpha has 32
+H100 GPUs of quota unless a test says otherwise.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from django.utils import timezone
+
+from jobs.models import Job, JobAttempt, JobState
+from jobs.scheduling.passes import schedule_pending
+from runners.models import Node
+from tests.support.factories import fresh, make_cluster
+
+JOBS = "/api/v1/jobs/"
+S = JobState
+
+
+@pytest.fixture
+def nodes(aws_cluster):
+    """The two H100 nodes of aws-use1's pool, synced (8 GPUs, 96 cores, 1 TiB each)."""
+    pool = aws_cluster["pool"]
+    for i in range(2):
+        Node.objects.create(cluster=pool.cluster, node_pool=pool, name=f"h100-{i}", gpus=8, cpu_milli=96000,
+                            memory_mib=1024 * 1024, seen_at=timezone.now())
+    return pool
+
+
+def role(gpus: int, nodes: int = 1, **extra) -> dict:
+    return {"image": "python:3.11", "command": ["python", "rl.py"],
+            "resources": {"accelerator": "H100-80GB", "gpus_per_node": gpus, "nodes": nodes}, **extra}
+
+
+def submit(client, roles: dict, *, runtime: int = 3600, name: str = "grpo") -> Job:
+    body = {"team": "alpha", "name": name, "kind": "multi-role",
+            "spec": {"roles": roles, "max_runtime_seconds": runtime}}
+    r = client.post(JOBS, body, format="json")
+    assert r.status_code == 201, r.content
+    return Job.objects.get(pk=r.json()["id"])
+
+
+def held_gpus(team) -> int:
+    return sum(JobAttempt.objects.filter(job__team=team, ended_at__isnull=True).values_list("gpus", flat=True))
+
+
+def test_the_roles_are_admitted_together_each_on_nodes_of_its_own_shape(teammate, alpha, nodes, alpha_h100_quota):
+    job = submit(teammate.client, {"learner": role(4), "rollout": role(4, nodes=2, port=8000, completion=False)})
+
+    assert schedule_pending().admitted == [job.pk]
+
+    job = fresh(job)
+    attempt = job.current_attempt
+    assert job.state == S.ADMITTED
+    assert attempt.gpus == 4 + 2 * 4 == held_gpus(alpha)
+    roles = attempt.placement["roles"]
+    assert list(roles) == ["learner", "rollout"]
+    assert len(roles["learner"]["nodes"]) == 1 and roles["learner"]["gpus_per_node"] == 4
+    assert sorted(roles["rollout"]["nodes"]) == ["h100-0", "h100-1"]  # a rollout on each node: distinct nodes
+    assert attempt.placement["nodes"] == roles["learner"]["nodes"] + roles["rollout"]["nodes"]
+    # 12 GPUs x 6.88 USD/GPU-h x 1 h, worked out by hand
+    assert job.estimated_cost_usd == Decimal("82.56")
+
+
+def test_a_role_that_cannot_be_placed_holds_nothing_and_the_reason_names_it(teammate, alpha, nodes,
+                                                                            alpha_h100_quota):
+    # The two rollouts (placed first: the role of most pods) take 4 GPUs on each node; the learner needs a whole
+    # node of 8: none is left. Each role alone would fit.
+    job = submit(teammate.client, {"learner": role(8), "rollout": role(4, nodes=2, port=8000, completion=False)})
+
+    assert schedule_pending().admitted == []
+
+    job = fresh(job)
+    assert job.state == S.QUEUED and job.current_attempt is None
+    assert not JobAttempt.objects.filter(job=job).exists()
+    assert held_gpus(alpha) == 0
+    info = job.queue_info
+    assert info["reason"] == "capacity" and info["role"] == "learner"
+    assert info["message"].startswith("Role learner cannot be placed with the job's other roles on one pool")
+    assert "holds nothing meanwhile" in info["message"]
+    # the nodes are free for others: a single-role job of one whole node is admitted at once
+    other = submit(teammate.client, {"learner": role(8)}, name="alone")
+    assert schedule_pending().admitted == [other.pk]
+
+
+def test_every_role_runs_on_one_cluster(teammate, alpha, catalog, alpha_h100_quota):
+    # Two clusters of one 8-GPU node each: each could hold either role alone, none both.
+    for name in ("aws-use1-a", "aws-use1-b"):
+        cluster, pool = make_cluster(name, "aws", "us-east-1", catalog["H100-80GB"], nodes=1, gpus_per_node=8)
+        Node.objects.create(cluster=cluster, node_pool=pool, name=f"{name}-0", gpus=8, cpu_milli=96000,
+                            memory_mib=1024 * 1024, seen_at=timezone.now())
+    job = submit(teammate.client, {"learner": role(8), "rollout": role(8, port=8000, completion=False)})
+
+    assert schedule_pending().admitted == []
+
+    info = fresh(job).queue_info
+    assert held_gpus(alpha) == 0
+    assert info["role"] == "rollout"
+    assert "cannot be placed with the job's other roles on one pool" in info["message"]
+
+
+def test_quota_counts_the_sum_of_the_roles(teammate, alpha, nodes, quota_factory, h100):
+    quota_factory(alpha, h100, 14)
+    first = submit(teammate.client, {"learner": role(4)}, name="first")
+    assert schedule_pending().admitted == [first.pk]
+    # 4 in use + 12 = 16 > 14, though each role alone (4, 8) would fit
+    job = submit(teammate.client, {"learner": role(4), "rollout": role(4, nodes=2, port=8000, completion=False)})
+
+    assert schedule_pending().admitted == []
+
+    info = fresh(job).queue_info
+    assert info["reason"] == "quota" and info["request_gpus"] == 12
+    assert held_gpus(alpha) == 4
+
+
+def test_the_budget_counts_the_sum_of_the_roles(teammate, alpha, nodes, alpha_h100_quota, budget_factory):
+    # A first job commits 4 x 6.88 = 27.52 of 100 USD; 72.48 is left: the gang's 12 GPUs x 6.88 x 1 h = 82.56 USD
+    # is over it, though each role alone (27.52, 55.04) is within it.
+    budget_factory(alpha, "100.00")
+    first = submit(teammate.client, {"learner": role(4)}, name="first")
+    assert schedule_pending().admitted == [first.pk]
+    job = submit(teammate.client, {"learner": role(4), "rollout": role(4, nodes=2, port=8000, completion=False)})
+
+    assert schedule_pending().admitted == []
+    assert fresh(job).queue_info["reason"] == "budget"
