@@ -182,7 +182,8 @@ class Evaluator:
 
     def _place_or_wait(self, job: QueuedJob, acc: int, only_pool: int | None, team: TeamState, q: TeamQuota,
                        used: int, amount: int, ckey: tuple, preempts: bool) -> Decision:
-        """Steps 3 to 6 of ``job`` on ``acc`` once its quota allows it."""
+        """Steps 3 to 6 of ``job`` on ``acc`` once its quota allows it. A multi-role job is placed as one gang
+        (``room.Room.place_gang``: every role on one pool, or nothing), never with victims."""
         room = self.room
         pools, fleet, pids = room.matching_entry(job, acc)
         if not pools:
@@ -197,9 +198,11 @@ class Evaluator:
             pids = tuple(o.node_pool_id for o in pools)
         cohort_ok = amount == 0 or cohort_has_room(self._lendable.get(ckey, 0), self._borrowed.get(ckey, 0), used,
                                                    q.guaranteed_gpus, amount)
-        if job.roles:
-            return self._place_gang(job, acc, pools, team, q, used, ckey, cohort_ok)
-        found = room.place(job, acc, pools, pids) if cohort_ok else None
+        failed_role = None
+        if job.roles:  # a multi-role job: every role on one pool at once, else the role that fits nowhere
+            found, failed_role = room.place_gang(job, pools) if cohort_ok else (None, None)
+        else:
+            found = room.place(job, acc, pools, pids) if cohort_ok else None
         victims = ()
         if found is None and preempts:
             chosen = self.victims.find(job, acc, team, q.guaranteed_gpus, pools, pids, fits_nowhere=cohort_ok)
@@ -211,32 +214,18 @@ class Evaluator:
                 full = cpu_cohort_full if job.cpu_only else cohort_full
                 return Waiting.because(job, full(job, used, q, self._lendable.get(ckey, 0),
                                                  self._borrowed.get(ckey, 0)))
+            if failed_role is not None:  # it holds nothing meanwhile, and its reason names the role
+                return Waiting.because(job, room.gang_no_room(job, acc, pools, failed_role))
             return Waiting.because(job, room.no_room_verdict(job, acc, pools, pids))
         offer, nodes = found
         estimate = room.estimate(job, offer)
         verdict = check_budgets(estimate, team.budgets)
         if not verdict.ok:
             return Waiting.because(job, verdict)
+        if job.roles:
+            by_role = tuple((name, room.book.names(offer.node_pool_id, list(n))) for name, n in nodes)
+            return Admission(job, offer, estimate, (), tuple(x for _, names in by_role for x in names), acc, by_role)
         return Admission(job, offer, estimate, victims, room.book.names(offer.node_pool_id, nodes), acc)
-
-    def _place_gang(self, job: QueuedJob, acc: int, pools, team: TeamState, q: TeamQuota, used: int, ckey: tuple,
-                    cohort_ok: bool) -> Decision:
-        """Steps 5 and 6 for a multi-role job: every role on one pool at once (``room.Room.place_gang``), else it
-        waits naming the role that fits nowhere (holding nothing); no victims. Then the budget, on the sum."""
-        room = self.room
-        if not cohort_ok:
-            full = cpu_cohort_full if job.cpu_only else cohort_full
-            return Waiting.because(job, full(job, used, q, self._lendable.get(ckey, 0), self._borrowed.get(ckey, 0)))
-        found, failed = room.place_gang(job, pools)
-        if found is None:
-            return Waiting.because(job, room.gang_no_room(job, acc, pools, failed))
-        offer, by_role = found
-        estimate = room.estimate(job, offer)
-        verdict = check_budgets(estimate, team.budgets)
-        if not verdict.ok:
-            return Waiting.because(job, verdict)
-        names = tuple((name, room.book.names(offer.node_pool_id, list(nodes))) for name, nodes in by_role)
-        return Admission(job, offer, estimate, (), tuple(n for _, ns in names for n in ns), acc, names)
 
     def assess(self, job: QueuedJob) -> Assessment:
         """What the rules say of ``job`` before it is submitted (nothing changes): where it would run, its estimate,

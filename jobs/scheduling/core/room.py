@@ -95,15 +95,8 @@ class Room:
         detail's ``role``. Nothing of it is held meanwhile: the job is admitted whole or not at all."""
         single = _role_job(job, role)
         request = single.placement()
-        pids = tuple(o.node_pool_id for o in pools)
         book = self.book
-        shown = pools[:3]
-        nodes = book.pools
-        verdict = no_room(single, pools, {pid: nodes[pid].free_total for pid in pids},
-                          {o.node_pool_id: book.most_free(o.node_pool_id) for o in shown},
-                          {o.node_pool_id: book.nodes_with_room(o.node_pool_id, request) for o in shown},
-                          self.unhealthy_sentence(single, acc, request),
-                          {o.node_pool_id: book.room_by_resource(o.node_pool_id, request) for o in shown})
+        verdict = self._no_room_of(single, acc, pools, tuple(o.node_pool_id for o in pools))
         fits_alone = any(book.fit(o.node_pool_id, request) is not None for o in pools)
         message = (f"Role {role} cannot be placed with the job's other roles on one pool"
                    if fits_alone else f"Role {role}: {verdict.message}")
@@ -241,6 +234,12 @@ class Room:
 
     def _no_room_now(self, job: QueuedJob, acc: int, pools: list[PoolOffer], pids: tuple[int, ...], key: tuple,
                      taken: int) -> Verdict:
+        verdict = self._no_room_of(job, acc, pools, pids)
+        self._no_room[key] = (taken, verdict)
+        return verdict
+
+    def _no_room_of(self, job: QueuedJob, acc: int, pools: list[PoolOffer], pids: tuple[int, ...]) -> Verdict:
+        """``rules.no_room`` for ``job`` on ``pools`` (ids ``pids``) with the nodes' numbers now."""
         book = self.book
         request = job.placement()
         shown = pools[:3]
@@ -250,7 +249,6 @@ class Room:
                           {o.node_pool_id: book.nodes_with_room(o.node_pool_id, request) for o in shown},
                           self.unhealthy_sentence(job, acc, request),
                           {o.node_pool_id: book.room_by_resource(o.node_pool_id, request) for o in shown})
-        self._no_room[key] = (taken, verdict)
         return verdict
 
     def start_run(self) -> None:
