@@ -822,10 +822,14 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
     the spec's model; a role's name, a role)."""
     model: Any = JobSubmission
     for index, key in enumerate(loc):
+        if index == 0 and key == "spec" and len(loc) > 1 and loc[1] in SPEC_TAGS:
+            continue  # the tag that follows names the model
         if index == 1 and loc[0] == "spec" and key in SPEC_TAGS:
             model = SPEC_TAGS[key]
             continue
-        if model is MultiRoleSpec and index > 0 and loc[index - 1] == "roles":
+        if model is MultiRoleSpec and key == "roles":
+            continue  # the role's name follows
+        if model is MultiRoleSpec and loc[index - 1] == "roles":
             model = JobRole
             continue
         field = model.model_fields.get(key) if isinstance(key, str) else None

@@ -234,7 +234,11 @@ class Evaluator:
         team = self.teams[job.team_id]
         acc = job.accelerator_id
         pools, fleet, pids = self.room.matching_entry(job, acc)
-        found = self.room.place(job, acc, pools, pids)
+        failed_role = None
+        if job.roles:  # a multi-role job: every role on one pool (``room.Room.place_gang``)
+            found, failed_role = self.room.place_gang(job, pools)
+        else:
+            found = self.room.place(job, acc, pools, pids)
         fits_now = found is not None
         offer = found[0] if found else (pools[0] if pools else None)  # else where it would wait for capacity
         priced = offer if offer is not None else self.room.whole_fleet_pool(job, acc)
@@ -244,5 +248,6 @@ class Evaluator:
         quota = quota_verdict(job, amount_of(job, acc, team), team.used.get(acc, 0),
                               q.view() if q is not None else None)
         unplaced = None if pools else self.room.no_price(job, acc, fleet)
-        capacity = None if fits_now or not pools else self.room.no_room_verdict(job, acc, pools, pids)
+        capacity = (None if fits_now or not pools else self.room.gang_no_room(job, acc, pools, failed_role)
+                    if failed_role is not None else self.room.no_room_verdict(job, acc, pools, pids))
         return Assessment(offer, fits_now, estimate, quota, budget, unplaced, priced, capacity)

@@ -71,7 +71,7 @@ class Room:
             return pools, None, tuple(o.node_pool_id for o in pools)
         for name, request in requests:
             if not any(matches(request, o) for o in in_order):
-                single = _role_job(job, name)
+                single = job.role_job(name)
                 why, short = self.fleet_reason(single, request, offers)
                 verdict = never_placeable(job, f"role {name}: {why}", short)
                 verdict.detail["role"] = name
@@ -93,7 +93,7 @@ class Room:
         """Why a multi-role job waits for capacity: the no-room verdict of its ``role`` that fitted nowhere (its
         pods alone, with the nodes' numbers now, after what this pass booked), named in the message and in the
         detail's ``role``. Nothing of it is held meanwhile: the job is admitted whole or not at all."""
-        single = _role_job(job, role)
+        single = job.role_job(role)
         request = single.placement()
         book = self.book
         verdict = self._no_room_of(single, acc, pools, tuple(o.node_pool_id for o in pools))
@@ -303,10 +303,3 @@ class Room:
             self._estimates[key] = found
         return found[1]
 
-
-def _role_job(job: QueuedJob, name: str) -> QueuedJob:
-    """The pods of ``job``'s role ``name`` as a job of one shape (for the verdicts that name what is short)."""
-    role = next(r for r in job.roles if r.name == name)
-    return QueuedJob(job.job_id, job.team_id, job.accelerator_id, role.nodes, role.gpus_per_node, job.priority,
-                     job.submitted, job.preemptible, job.max_runtime_seconds, job.providers, job.regions,
-                     job.clusters, job.recovering, role.cpu_milli, role.memory_mib)

@@ -157,6 +157,16 @@ class QueuedJob:
             return sum(r.nodes * r.memory_mib for r in self.roles)
         return self.nodes * self.memory_mib
 
+    def role_job(self, name: str) -> QueuedJob:
+        """The pods of role ``name`` as a job of one shape (for the verdicts and reasons that name what is
+        short). KeyError for an unknown role."""
+        role = next((r for r in self.roles if r.name == name), None)
+        if role is None:
+            raise KeyError(name)
+        return QueuedJob(self.job_id, self.team_id, self.accelerator_id, role.nodes, role.gpus_per_node,
+                         self.priority, self.submitted, self.preemptible, self.max_runtime_seconds, self.providers,
+                         self.regions, self.clusters, self.recovering, role.cpu_milli, role.memory_mib)
+
     def role_requests(self) -> tuple[tuple[str, PlacementRequest], ...]:
         """``(role name, what placement reads of it)`` for each role of a multi-role job (its placement rules and
         spot rule are the job's); empty for a job of one shape."""

@@ -8,14 +8,16 @@ H100 GPUs of quota unless a test says otherwise.
 
 from __future__ import annotations
 
+import datetime as dt
 from decimal import Decimal
 
 import pytest
 from django.utils import timezone
 
+from costs.ledger import accrue_attempt
 from jobs.models import Job, JobAttempt, JobState
 from jobs.scheduling.passes import schedule_pending
-from runners.models import Node
+from runners.models import Cluster, Node
 from tests.support.factories import fresh, make_cluster
 
 JOBS = "/api/v1/jobs/"
@@ -128,3 +130,31 @@ def test_the_budget_counts_the_sum_of_the_roles(teammate, alpha, nodes, alpha_h1
 
     assert schedule_pending().admitted == []
     assert fresh(job).queue_info["reason"] == "budget"
+
+
+def test_each_roles_cost_is_its_own_gpu_hours_at_the_price_and_they_add_up_to_the_ledger(teammate, alpha, nodes,
+                                                                                        alpha_h100_quota):
+    job = submit(teammate.client, {"learner": role(4), "rollout": role(1, nodes=2, port=8000, completion=False)},
+                 runtime=7200)
+    assert schedule_pending().admitted == [job.pk]
+    attempt = fresh(job).current_attempt
+    t0 = timezone.now().replace(microsecond=0) - dt.timedelta(hours=2)
+    JobAttempt.objects.filter(pk=attempt.pk).update(started_at=t0)
+    Job.objects.filter(pk=job.pk).update(state=S.RUNNING, started_at=t0)
+    Cluster.objects.filter(pk=attempt.cluster_id).update(last_contact_at=t0 + dt.timedelta(minutes=90))
+    accrue_attempt(attempt.pk, until=t0 + dt.timedelta(minutes=90))
+
+    answer = teammate.client.get(f"{JOBS}{job.pk}/").json()
+
+    roles = answer["roles"]
+    assert list(roles) == ["learner", "rollout"]
+    # by hand: 4 GPUs x 1.5 h x 6.88 USD/GPU-h = 41.28; 2 pods x 1 GPU x 1.5 h x 6.88 = 20.64
+    assert (roles["learner"]["gpu_hours"], roles["learner"]["cost_usd"]) == (6.0, "41.28")
+    assert (roles["rollout"]["gpu_hours"], roles["rollout"]["cost_usd"]) == (3.0, "20.64")
+    assert (roles["rollout"]["pods"], roles["rollout"]["gpus"], roles["rollout"]["completion"]) == (2, 2, False)
+    assert answer["accrued_cost_usd"] == "61.92"  # the ledger's line for the whole attempt
+    # a job of another kind has none
+    r = teammate.client.post(JOBS, {"team": "alpha", "name": "single", "spec": {**role(1), "max_runtime_seconds": 60}},
+                             format="json")
+    assert r.status_code == 201, r.content
+    assert teammate.client.get(f"{JOBS}{r.json()['id']}/").json()["roles"] is None
