@@ -487,6 +487,8 @@ class JobSubmission(SpecModel):
         multi, has_roles = data.get("kind") == MULTI_ROLE, "roles" in data["spec"]
         if multi and not has_roles:
             raise _rules_failed({"spec.roles": ["required for a multi-role job: the roles by name"]})
+        if has_roles and "kind" not in data:
+            raise _rules_failed({"kind": [f"required for a job with spec.roles: {MULTI_ROLE}"]})
         if has_roles and not multi:
             raise _rules_failed({"spec.roles": [f"roles apply to multi-role jobs only (kind: {MULTI_ROLE})"]})
         return data
