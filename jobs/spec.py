@@ -389,8 +389,8 @@ def _role_name(name) -> str:
     return name
 
 
-RoleName = Annotated[str, PlainValidator(_role_name), WithJsonSchema(
-    {"type": "string", "maxLength": ROLE_NAME_MAX, "pattern": DNS_1123_LABEL.pattern})]
+# Its schema is a plain string: OpenAPI 3.0 has no propertyNames or patternProperties (the description says the rule).
+RoleName = Annotated[str, PlainValidator(_role_name), WithJsonSchema({"type": "string"})]
 
 
 class JobRole(SpecModel):

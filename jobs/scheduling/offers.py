@@ -22,6 +22,7 @@ from django.db.models import Sum
 
 from costs.catalog import NoPrice, prices_by_pool, rates_at
 from costs.models import Price
+from runners.base import MULTI_ROLE_BACKENDS
 from runners.models import Cluster, Node, NodePool
 
 from ..models import JobAttempt
@@ -66,7 +67,7 @@ def pool_offers(accelerator_id: int, now: dt.datetime, lock: bool,
                            else pool.capacity_gpus - in_use.get(pool.pk, 0)),
                 usd_per_gpu_hour=price, healthy=pool.cluster.health == Cluster.Health.HEALTHY,
                 node_rooms=rooms.get(pool.pk, ()), name=pool.name, usd_per_vcpu_hour=per_vcpu,
-                usd_per_gib_hour=per_gib,
+                usd_per_gib_hour=per_gib, multi_role=pool.cluster.backend in MULTI_ROLE_BACKENDS,
             )
         )
     return offers

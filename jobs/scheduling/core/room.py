@@ -61,9 +61,13 @@ class Room:
 
     def _gang_matching(self, job: QueuedJob, acc: int):
         """``matching_entry`` of a multi-role job: the pools that could hold every one of its roles (each role's
-        pods on nodes of its own; a pool is one cluster, so the roles share a cluster), in price order; with none,
-        the fleet-change verdict names the first role no pool could hold, or says that no pool holds them all."""
-        offers = self.pools.get(acc, ())
+        pods on nodes of its own; a pool is one cluster, so the roles share a cluster), in price order, among the
+        pools whose cluster's runner starts multi-role jobs (``PoolOffer.multi_role``); with none, the fleet-change
+        verdict names the first role no pool could hold, or says that no pool holds them all."""
+        offers = [o for o in self.pools.get(acc, ()) if o.multi_role]
+        if not offers:
+            return [], never_placeable(job, "no cluster of the accelerator has a runner that starts multi-role jobs "
+                                            "(the local runner does; the Kubernetes runner not yet)", "placement"), ()
         in_order = sorted(offers, key=price_order)
         requests = job.role_requests()
         pools = [o for o in in_order if all(matches(r, o) for _, r in requests)]

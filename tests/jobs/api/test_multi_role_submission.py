@@ -2,7 +2,7 @@
 written, the job's columns and preview count the sum of its roles, and every bad role answers 400 keyed by its
 field path (``spec.roles.<name>.<field>``), storing nothing.
 
-The fleet: aws-use1's H100 pool (2 nodes x 8 GPUs, 6.88 USD/GPU-h) and gcp-usc1's CPU pool (4 nodes x 16 cores,
+The fleet: aws-use1's H100 pool (a cluster of the local runner, 2 nodes x 8 GPUs, 6.88 USD/GPU-h) and gcp-usc1's CPU pool (4 nodes x 16 cores,
 64 GiB); alpha has 32 H100 GPUs of quota.
 """
 
@@ -14,8 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 from django.conf import settings
+from django.utils import timezone
 
 from jobs.models import Job
+from runners.models import Node
+from tests.support.factories import make_cluster
 
 JOBS = "/api/v1/jobs/"
 EXAMPLE = Path(settings.BASE_DIR) / "examples" / "jobs" / "rl-grpo.yaml"
@@ -33,8 +36,14 @@ def body(**roles) -> dict:
 
 
 @pytest.fixture
-def fleet(aws_cluster, cpu, alpha_h100_quota):
-    return aws_cluster
+def fleet(catalog, cpu, alpha_h100_quota):
+    """aws-use1 (backend local: its runner starts multi-role jobs) with its 2 H100 nodes synced."""
+    cluster, pool = make_cluster("aws-use1", "aws", "us-east-1", catalog["H100-80GB"], nodes=2, gpus_per_node=8,
+                                 backend="local")
+    for i in range(2):
+        Node.objects.create(cluster=cluster, node_pool=pool, name=f"h100-{i}", gpus=8, cpu_milli=96000,
+                            memory_mib=1024 * 1024, seen_at=timezone.now())
+    return pool
 
 
 def test_the_example_grpo_job_is_accepted_as_written(teammate, fleet):

@@ -2,8 +2,9 @@
 budget on the sum of the roles, and a job whose one role cannot be placed holds nothing, its queue reason naming
 that role.
 
-The fleet: aws-use1's H100 pool of 2 synced nodes x 8 GPUs at the catalog price (6.88 USD/GPU-h); alpha has 32
-H100 GPUs of quota unless a test says otherwise.
+The fleet: a cluster whose runner starts multi-role jobs (backend ``local``) in aws us-east-1, its H100 pool of 2
+synced nodes x 8 GPUs at the catalog price (6.88 USD/GPU-h); alpha has 32 H100 GPUs of quota unless a test says
+otherwise.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ S = JobState
 
 
 @pytest.fixture
-def nodes(aws_cluster):
-    """The two H100 nodes of aws-use1's pool, synced (8 GPUs, 96 cores, 1 TiB each)."""
-    pool = aws_cluster["pool"]
+def nodes(catalog):
+    """The H100 pool of aws-use1 (backend local) with its two nodes synced (8 GPUs, 96 cores, 1 TiB each)."""
+    _, pool = make_cluster("aws-use1", "aws", "us-east-1", catalog["H100-80GB"], nodes=2, gpus_per_node=8,
+                           backend="local")
     for i in range(2):
         Node.objects.create(cluster=pool.cluster, node_pool=pool, name=f"h100-{i}", gpus=8, cpu_milli=96000,
                             memory_mib=1024 * 1024, seen_at=timezone.now())
@@ -93,7 +95,8 @@ def test_a_role_that_cannot_be_placed_holds_nothing_and_the_reason_names_it(team
 def test_every_role_runs_on_one_cluster(teammate, alpha, catalog, alpha_h100_quota):
     # Two clusters of one 8-GPU node each: each could hold either role alone, none both.
     for name in ("aws-use1-a", "aws-use1-b"):
-        cluster, pool = make_cluster(name, "aws", "us-east-1", catalog["H100-80GB"], nodes=1, gpus_per_node=8)
+        cluster, pool = make_cluster(name, "aws", "us-east-1", catalog["H100-80GB"], nodes=1, gpus_per_node=8,
+                                     backend="local")
         Node.objects.create(cluster=cluster, node_pool=pool, name=f"{name}-0", gpus=8, cpu_milli=96000,
                             memory_mib=1024 * 1024, seen_at=timezone.now())
     job = submit(teammate.client, {"learner": role(8), "rollout": role(8, port=8000, completion=False)})
@@ -158,3 +161,18 @@ def test_each_roles_cost_is_its_own_gpu_hours_at_the_price_and_they_add_up_to_th
                              format="json")
     assert r.status_code == 201, r.content
     assert teammate.client.get(f"{JOBS}{r.json()['id']}/").json()["roles"] is None
+
+
+def test_a_cluster_whose_runner_cannot_start_roles_is_never_chosen(teammate, alpha, aws_cluster, alpha_h100_quota):
+    # aws_cluster's backend is kubernetes: its pools are not offered to a multi-role job, which waits for a
+    # fleet change without holding anything, while a training job of the same size is placed there.
+    job = submit(teammate.client, {"learner": role(1)})
+    r = teammate.client.post(JOBS, {"team": "alpha", "name": "single", "spec": {**role(1), "max_runtime_seconds": 60}},
+                             format="json")
+
+    assert schedule_pending().admitted == [r.json()["id"]]
+
+    info = fresh(job).queue_info
+    assert info["reason"] == "capacity" and info["never_placeable"] is True and info["short_of"] == "placement"
+    assert "runner that starts multi-role jobs" in info["message"]
+    assert not JobAttempt.objects.filter(job=job).exists()
