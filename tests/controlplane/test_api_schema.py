@@ -79,7 +79,6 @@ def models_in(annotation) -> list:
 def test_the_submission_components_list_exactly_the_models_fields(db):
     """The request body of ``POST /api/v1/jobs/`` is ``JobSubmission``, and it and every model below it list the
     fields of the pydantic models in ``jobs.spec``: their names, in order, and which are required."""
-    from pydantic import BaseModel
 
     from jobs.spec import JobSubmission
 
