@@ -20,6 +20,7 @@ from jobs.models import Job, JobAttempt, JobState
 from jobs.scheduling.passes import schedule_pending
 from runners.models import Cluster, Node
 from tests.support.factories import fresh, make_cluster
+from tests.support.personas import signed_in
 
 JOBS = "/api/v1/jobs/"
 S = JobState
@@ -176,3 +177,21 @@ def test_a_cluster_whose_runner_cannot_start_roles_is_never_chosen(teammate, alp
     assert info["reason"] == "capacity" and info["never_placeable"] is True and info["short_of"] == "placement"
     assert "runner that starts multi-role jobs" in info["message"]
     assert not JobAttempt.objects.filter(job=job).exists()
+
+
+def test_the_job_page_shows_each_roles_cost(teammate, alpha, nodes, alpha_h100_quota):
+    job = submit(teammate.client, {"learner": role(4), "rollout": role(1, nodes=2, port=8000, completion=False)},
+                 runtime=7200)
+    assert schedule_pending().admitted == [job.pk]
+    attempt = fresh(job).current_attempt
+    t0 = timezone.now().replace(microsecond=0) - dt.timedelta(hours=2)
+    JobAttempt.objects.filter(pk=attempt.pk).update(started_at=t0)
+    Cluster.objects.filter(pk=attempt.cluster_id).update(last_contact_at=t0 + dt.timedelta(hours=1))
+    accrue_attempt(attempt.pk, until=t0 + dt.timedelta(hours=1))
+
+    response = signed_in(teammate).get(f"/jobs/{job.pk}/")
+    assert response.status_code == 200
+    page = response.content.decode()
+
+    # 4 GPUs x 1 h x 6.88 = 27.52; 2 x 1 GPU x 1 h x 6.88 = 13.76
+    assert 'id="role-cost-learner">$27.52<' in page and 'id="role-cost-rollout">$13.76<' in page
