@@ -136,17 +136,23 @@ def test_the_budget_counts_the_sum_of_the_roles(teammate, alpha, nodes, alpha_h1
     assert fresh(job).queue_info["reason"] == "budget"
 
 
-def test_each_roles_cost_is_its_own_gpu_hours_at_the_price_and_they_add_up_to_the_ledger(teammate, alpha, nodes,
-                                                                                        alpha_h100_quota):
-    job = submit(teammate.client, {"learner": role(4), "rollout": role(1, nodes=2, port=8000, completion=False)},
+def billed_for(client, held: dt.timedelta) -> Job:
+    """A learner of 4 GPUs and 2 rollouts of 1 GPU admitted, run and billed by the ledger for ``held``."""
+    job = submit(client, {"learner": role(4), "rollout": role(1, nodes=2, port=8000, completion=False)},
                  runtime=7200)
     assert schedule_pending().admitted == [job.pk]
     attempt = fresh(job).current_attempt
     t0 = timezone.now().replace(microsecond=0) - dt.timedelta(hours=2)
     JobAttempt.objects.filter(pk=attempt.pk).update(started_at=t0)
     Job.objects.filter(pk=job.pk).update(state=S.RUNNING, started_at=t0)
-    Cluster.objects.filter(pk=attempt.cluster_id).update(last_contact_at=t0 + dt.timedelta(minutes=90))
-    accrue_attempt(attempt.pk, until=t0 + dt.timedelta(minutes=90))
+    Cluster.objects.filter(pk=attempt.cluster_id).update(last_contact_at=t0 + held)
+    accrue_attempt(attempt.pk, until=t0 + held)
+    return job
+
+
+def test_each_roles_cost_is_its_own_gpu_hours_at_the_price_and_they_add_up_to_the_ledger(teammate, alpha, nodes,
+                                                                                        alpha_h100_quota):
+    job = billed_for(teammate.client, dt.timedelta(minutes=90))
 
     answer = teammate.client.get(f"{JOBS}{job.pk}/").json()
 
@@ -180,14 +186,7 @@ def test_a_cluster_whose_runner_cannot_start_roles_is_never_chosen(teammate, alp
 
 
 def test_the_job_page_shows_each_roles_cost(teammate, alpha, nodes, alpha_h100_quota):
-    job = submit(teammate.client, {"learner": role(4), "rollout": role(1, nodes=2, port=8000, completion=False)},
-                 runtime=7200)
-    assert schedule_pending().admitted == [job.pk]
-    attempt = fresh(job).current_attempt
-    t0 = timezone.now().replace(microsecond=0) - dt.timedelta(hours=2)
-    JobAttempt.objects.filter(pk=attempt.pk).update(started_at=t0)
-    Cluster.objects.filter(pk=attempt.cluster_id).update(last_contact_at=t0 + dt.timedelta(hours=1))
-    accrue_attempt(attempt.pk, until=t0 + dt.timedelta(hours=1))
+    job = billed_for(teammate.client, dt.timedelta(hours=1))
 
     response = signed_in(teammate).get(f"/jobs/{job.pk}/")
     assert response.status_code == 200
