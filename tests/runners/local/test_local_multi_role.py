@@ -133,3 +133,25 @@ def test_a_failed_role_restarts_every_role_by_the_jobs_retries(multi_role):
                         .get(pk=job.current_attempt_id))
     assert second.number == 2 and set(second.placement["roles"]) == {"learner", "rollout"}
     assert reconcile_until(second, {JobState.SUCCEEDED}).state == JobState.SUCCEEDED
+
+
+def test_the_grpo_example_runs_as_three_roles_and_its_reward_rises(multi_role):
+    """examples/rl_grpo.py, unchanged, finds its rollouts through the runner's variables alone."""
+    def grpo(args: list[str], **extra) -> dict:
+        spec = role("", **extra)
+        spec.update(command=["python", "examples/rl_grpo.py"], args=args)
+        return spec
+
+    attempt = multi_role({
+        "learner": grpo(["--steps", "12", "--connect-timeout", "60"]),
+        "rollout": grpo(["--learner-timeout", "60"], nodes=2, port=8000, completion=False),
+    })
+    job = reconcile_until(attempt, {JobState.SUCCEEDED, JobState.FAILED}, timeout=120)
+
+    log = backend_for(attempt.cluster).logs(attempt, 0, 400)
+    assert job.state == JobState.SUCCEEDED, log
+    final = next(line for line in log.splitlines() if line.startswith("final step="))
+    fields = dict(word.split("=", 1) for word in final.split() if "=" in word)
+    assert float(fields["reward"]) > float(fields["first_reward"]), final
+    for node in (1, 2):  # each rollout served generations
+        assert "tokens_per_s=" in backend_for(attempt.cluster).logs(attempt, node, 400)
