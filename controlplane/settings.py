@@ -534,13 +534,14 @@ UI_LOG_TAIL_LINES = env.int("UI_LOG_TAIL_LINES", default=200)
 # Report.kind (daily/weekly/custom) and Job.kind (training/inference) share a field name: name both enums
 # in the OpenAPI schema, or drf-spectacular warns about the collision.
 SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {}).update(
-    {"ReportKindEnum": ["daily", "weekly", "custom"], "KindEnum": [("training", "Training"), ("inference", "Inference")],
+    {"ReportKindEnum": ["daily", "weekly", "custom"], "KindEnum": [("training", "Training"), ("inference", "Inference"),
+                                                                               ("multi-role", "Multi-role")],
      "JobStateEnum": "jobs.models.JobState", "ChangeRequestKindEnum": [("quota", "Quota"), ("budget", "Budget")],
      "ChangeRequestStateEnum": [("pending", "Pending"), ("approved", "Approved"), ("declined", "Declined"),
                                 ("withdrawn", "Withdrawn")],
      "NotificationEventEnum": "notifications.models.Event", "NodeHealthEnum": "runners.models.Node.Health",
      # A submission's kind (its pydantic schema, shared by the job and the array submission): values without labels.
-     "JobSubmissionKindEnum": ["training", "inference"]})
+     "JobSubmissionKindEnum": ["training", "inference", "multi-role"]})
 # --- end Web UI ---------------------------------------------------------------
 
 # --- Single sign-on (OpenID Connect) -----------------------------------------------

@@ -176,6 +176,10 @@ def held_cpu(placement) -> tuple[int, int]:
     """``(CPU millicores, memory MiB)`` an attempt holds over all its pods, from its ``placement`` (per node x its
     nodes; ``{}``: nothing recorded, 0)."""
     placement = placement or {}
+    if placement.get("roles"):  # a multi-role attempt: summed over its roles
+        roles = placement["roles"].values()
+        return (sum(int(r.get("cpu_milli") or 0) * len(r.get("nodes") or ()) for r in roles),
+                sum(int(r.get("memory_mib") or 0) * len(r.get("nodes") or ()) for r in roles))
     nodes = len(placement.get("nodes") or ())
     return int(placement.get("cpu_milli") or 0) * nodes, int(placement.get("memory_mib") or 0) * nodes
 

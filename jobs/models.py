@@ -68,6 +68,9 @@ class Job(models.Model):
     class Kind(models.TextChoices):
         TRAINING = "training"
         INFERENCE = "inference"
+        #: Several roles (a learner, rollout workers, a reward server...), each its own pod shape, admitted together
+        #: on one cluster (``spec.roles``; docs/adr/0039-multi-role-jobs.md).
+        MULTI_ROLE = "multi-role", "Multi-role"
 
     team = models.ForeignKey("quotas.Team", on_delete=models.PROTECT, related_name="jobs")
     submitter = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
@@ -127,7 +130,11 @@ class Job(models.Model):
     @property
     def total_gpus(self) -> int:
         """GPUs the whole job holds: nodes x GPUs per node x replicas (an inference job's pods each hold
-        ``gpus_per_node``; training jobs have one replica)."""
+        ``gpus_per_node``; training jobs have one replica); for a multi-role job the sum over its roles of nodes x
+        GPUs per node (``spec.roles``)."""
+        if self.kind == self.Kind.MULTI_ROLE:
+            return sum(total_gpus(r["resources"]["nodes"], r["resources"]["gpus_per_node"])
+                       for r in (self.spec or {}).get("roles", {}).values())
         return total_gpus(self.nodes, self.gpus_per_node, self.replicas)
 
     @property
@@ -332,6 +339,7 @@ class JobDependency(models.Model):
 
     class Meta:
         ordering = ["job_id", "position"]
+        verbose_name_plural = "job dependencies"
         constraints = [
             models.UniqueConstraint(fields=["job", "upstream"], name="dependency_unique_upstream"),
             models.CheckConstraint(condition=~models.Q(job=models.F("upstream")), name="dependency_not_self"),

@@ -15,10 +15,10 @@ from rest_framework.exceptions import ValidationError
 from core.money import price_per_hour, usd_cents
 from quotas.models import Budget
 
-from .models import total_gpus
+from .models import Job, total_gpus
 from .scheduling.core import budget_refusal
 from .scheduling.preview import Candidate, preview_placement
-from .scheduling.snapshot import per_node_request, pods_of
+from .scheduling.snapshot import per_node_request, pods_of, role_shapes
 from .spec import accelerator_named
 
 #: The field a budget refusal is reported on: the run-time limit bounds the estimate the budget is checked against.
@@ -62,6 +62,8 @@ def submission_preview(args: dict) -> dict:
     numbers, ``detail["short_of"]`` which one), "assessment" (the chosen accelerator's ``core.Assessment``)}``.
     """
     resources, team = {**args["resources"], **per_node_asks(args["spec"])}, args["team"]
+    if args["kind"] == Job.Kind.MULTI_ROLE:  # a gang of its roles' shapes, placed and priced as admission does
+        resources["roles"] = role_shapes(args["spec"].get("roles"))
     names = (args["spec"].get("resources") or {}).get("alternatives") or []
     found = preview_placement(team, resources, args["spec"].get("placement") or {}, kind=args["kind"],
                               alternatives=tuple(accelerator_named(n) for n in names))
@@ -74,11 +76,16 @@ def submission_preview(args: dict) -> dict:
                               f"{verdict.message}. Lower max_runtime_seconds or the resources, or ask for a larger "
                               f"budget.",
                    "detail": verdict.detail}
+    if resources.get("roles"):
+        roles = resources["roles"]
+        asks = {"gpus": sum(r.nodes * r.gpus_per_node for r in roles),
+                "vcpus": Decimal(sum(r.nodes * r.cpu_milli for r in roles)) / 1000,
+                "gib": Decimal(sum(r.nodes * r.memory_mib for r in roles)) / 1024}
+    else:
+        asks = job_asks(args["kind"], resources["nodes"], resources["gpus_per_node"], resources.get("replicas", 1),
+                        args["spec"].get("resources"))
     return {"team": team, "kind": args["kind"], "accelerator": found.accelerator,
-            "total_gpus": total_gpus(resources["nodes"], resources["gpus_per_node"], resources.get("replicas", 1)),
-            "max_runtime_seconds": resources["max_runtime_seconds"],
-            "asks": job_asks(args["kind"], resources["nodes"], resources["gpus_per_node"], resources.get("replicas", 1),
-                             args["spec"].get("resources")),
+            "total_gpus": asks["gpus"], "max_runtime_seconds": resources["max_runtime_seconds"], "asks": asks,
             "pool": assessment.offer, "fits_now": assessment.fits_now, "estimate_usd": assessment.estimate_usd,
             "quota": assessment.quota, "budget": assessment.budget, "candidates": found.candidates,
             "refusal": refusal, "capacity": assessment.capacity, "assessment": assessment}

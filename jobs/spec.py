@@ -33,9 +33,11 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     PlainValidator,
     StringConstraints,
+    Tag,
     ValidationError,
     ValidationInfo,
     WithJsonSchema,
@@ -75,6 +77,13 @@ PORT_MAX = 65535
 #: The most parameters a declared model may have (10^15: far above any trained model).
 MODEL_MAX_PARAMETERS = 10 ** 15
 INFERENCE = Job.Kind.INFERENCE.value
+MULTI_ROLE = Job.Kind.MULTI_ROLE.value
+#: A role's name is a DNS-1123 label of at most this many characters: it names the role's Kubernetes objects
+#: (``<attempt object name, at most 44>-<role>``, and the pods ``<that>-<index>-<5>``, within 63).
+ROLE_NAME_MAX = 12
+#: The most roles one multi-role job may have (a learner, rollouts, a reward server, a reference model... with
+#: room to spare; bounds the work of validating and placing one job).
+ROLES_MAX = 8
 
 
 class SpecError(ValueError):
@@ -384,6 +393,59 @@ class JobSpec(SpecModel):
         "checkpoints; null: the job's own", json_schema_extra=_for_kinds(INFERENCE))
 
 
+# --- A multi-role job (kind ``multi-role``): several roles, each its own pod shape, admitted together.
+
+def _role_name(name) -> str:
+    if type(name) is not str or len(name) > ROLE_NAME_MAX or not DNS_1123_LABEL.fullmatch(name):
+        raise _refused(f'invalid role name "{name}": a role name must be a DNS-1123 label of at most {ROLE_NAME_MAX} '
+                       f"characters (lowercase letters, digits and '-', starting and ending with a letter or digit; "
+                       f"it names the role's Kubernetes objects)")
+    return name
+
+
+# Its schema is a plain string: OpenAPI 3.0 has no propertyNames or patternProperties (the description says the rule).
+RoleName = Annotated[str, PlainValidator(_role_name), WithJsonSchema({"type": "string"})]
+
+
+class JobRole(SpecModel):
+    """``spec.roles.<name>``: one role of a multi-role job: what its pods run, on what, and whether the job waits
+    for it to finish (``completion``)."""
+
+    image: Annotated[Text, Field(max_length=IMAGE_MAX_LENGTH)] = Field(
+        description="container image reference", json_schema_extra=_example("python:3.11"))
+    command: string_list(allow_empty=False) = Field(
+        default_factory=list, description="the container's command; absent: the image's ENTRYPOINT runs with args "
+        "(then required)")
+    args: string_list() = Field(default_factory=list, description="arguments after the command")
+    env: Env = Field(default_factory=dict, description="environment variables, name to value")
+    resources: JobResources = Field(description="what each of the role's pods runs on: nodes is the role's pods, "
+                                    "each on a node of its own")
+    port: Annotated[int, Field(ge=1, le=PORT_MAX)] = _optional(
+        "the port the role's pods listen on (env PORT); the other roles find them in "
+        "CONTROLPLANE_ROLE_<ROLE>_ADDRESSES; absent: the role serves nothing", example=8000)
+    completion: bool = Field(True, description="the job succeeds when every role with completion true has "
+                             "succeeded (the others, e.g. rollout servers, are then stopped); false: a server role "
+                             "whose exit with status 0 ends nothing")
+
+
+class MultiRoleSpec(SpecModel):
+    """``spec`` of a ``multi-role`` job: its ``roles`` (name -> ``JobRole``) and what applies to the job as a whole
+    (priority, limits, placement). Every role runs on one accelerator and all of them on one cluster, admitted
+    together or not at all (docs/adr/0039-multi-role-jobs.md)."""
+
+    roles: Annotated[dict[RoleName, JobRole], Field(min_length=1, max_length=ROLES_MAX)] = Field(description=f"the roles by name (DNS-1123 labels of at most {ROLE_NAME_MAX} "
+                               f"characters), at most {ROLES_MAX}")
+    priority: Annotated[str, AfterValidator(_priority)] = Field(
+        "normal", validate_default=True, description="priority class name (quotas.PriorityClass)")
+    max_runtime_seconds: Count = Field(description="run-time limit of the whole job, seconds; bounds its cost "
+                                       "estimate", json_schema_extra=_example(3600))
+    preemptible: bool = Field(False, description="must be false: a multi-role job is neither preempted nor "
+                              "preempts (docs/adr/0039-multi-role-jobs.md)")
+    placement: JobPlacement = Field(default_factory=JobPlacement, description="where the job may run; absent: "
+                                    "anywhere")
+    max_retries: Int32 = Field(0, description="new attempts of the whole job (every role) after a failed one")
+
+
 #: Spec fields of some job kinds only, with those kinds: given for another kind they are refused, and they are
 #: stored for their kinds only.
 KIND_SPECIFIC: dict[str, tuple[str, ...]] = {
@@ -410,6 +472,20 @@ def _job_name(name: str) -> str:
     return name
 
 
+def _spec_shape(value) -> str:
+    """The tag of the spec model ``value`` is validated with: a spec with ``roles`` is a multi-role job's."""
+    if isinstance(value, MultiRoleSpec) or isinstance(value, Mapping) and "roles" in value:
+        return MULTI_ROLE
+    return "single-role"
+
+
+#: The tags of the spec models (``_spec_shape``), which pydantic puts in an error's location after ``spec``.
+SPEC_TAGS = {"single-role": JobSpec, MULTI_ROLE: MultiRoleSpec}
+
+SubmittedSpec = Annotated[Annotated[JobSpec, Tag("single-role")] | Annotated[MultiRoleSpec, Tag(MULTI_ROLE)],
+                          Discriminator(_spec_shape)]
+
+
 class JobSubmission(SpecModel):
     """A job submission: ``{"team", "name", "kind", "spec"}`` as in ``examples/jobs/*.yaml``.
 
@@ -423,12 +499,28 @@ class JobSubmission(SpecModel):
     name: Annotated[Text, Field(max_length=DNS_1123_LABEL_MAX), AfterValidator(_job_name)] = Field(
         description="the job's name; it names Kubernetes objects (a DNS-1123 label)")
     kind: choice(*Job.Kind.values) = Field(
-        Job.Kind.TRAINING.value, description="training (a batch/v1 Job) or inference (a Deployment and its Service)")
-    spec: JobSpec = Field(description="what to run, on what, and how")
+        Job.Kind.TRAINING.value, description="training (a batch/v1 Job), inference (a Deployment and its Service) "
+        "or multi-role (several roles admitted together: spec.roles)")
+    spec: SubmittedSpec = Field(description="what to run, on what, and how; for a multi-role job its roles")
     after: list[JobAfter] = Field(
         default_factory=list, max_length=MAX_AFTER,
         description="jobs of the team this one waits for (a pipeline): it stays QUEUED, never admitted, until "
         f"every condition holds, and ends REJECTED once one can no longer hold; at most {MAX_AFTER}")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _roles_with_kind(cls, data):
+        """A multi-role job's spec has ``roles``, and only its does (refused on ``spec.roles`` otherwise)."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("spec"), Mapping):
+            return data
+        multi, has_roles = data.get("kind") == MULTI_ROLE, "roles" in data["spec"]
+        if multi and not has_roles:
+            raise _rules_failed({"spec.roles": ["required for a multi-role job: the roles by name"]})
+        if has_roles and "kind" not in data:
+            raise _rules_failed({"kind": [f"required for a job with spec.roles: {MULTI_ROLE}"]})
+        if has_roles and not multi:
+            raise _rules_failed({"spec.roles": [f"roles apply to multi-role jobs only (kind: {MULTI_ROLE})"]})
+        return data
 
     @field_validator("team")
     @classmethod
@@ -443,6 +535,11 @@ class JobSubmission(SpecModel):
     @model_validator(mode="after")
     def _kind_and_fit(self, info: ValidationInfo) -> JobSubmission:
         spec, lookups = self.spec, info.context
+        if isinstance(spec, MultiRoleSpec):
+            errors = role_errors(spec, lookups)
+            if errors:
+                raise _rules_failed({f"spec.{k}": v for k, v in errors.items()})
+            return self
         errors = kind_errors(self.kind, spec) or serving_errors(self.kind, spec)
         if errors or lookups is None:
             if errors:
@@ -609,6 +706,46 @@ def alternative_errors(accelerator: Accelerator, alternatives: list[str]) -> dic
     return {"alternatives": problems} if problems else {}
 
 
+def role_errors(spec: MultiRoleSpec, lookups: Lookups | None) -> dict[str, list[str]]:
+    """Errors by spec field (``roles.<name>.<field>``) of a validated multi-role ``spec``: a role with neither
+    command nor args, with accelerator ``alternatives``, or on another accelerator than the first role (every role
+    runs on one accelerator); no role with ``completion`` (the job could never succeed); ``preemptible`` true (a
+    multi-role job is neither preempted nor preempts). With ``lookups`` (the submission's), each role that can
+    never run on the fleet as ``never_errors`` judges a single-role job of its shape; ``lookups.accelerator`` is
+    then the roles' accelerator."""
+    errors: dict[str, list[str]] = {}
+    if spec.preemptible:
+        errors["preemptible"] = ["a multi-role job is neither preempted nor preempts (its roles are admitted and "
+                                 "ended together): preemptible must be false"]
+    if not any(role.completion for role in spec.roles.values()):
+        errors["roles"] = ["at least one role must have completion: true, or the job could never succeed"]
+    first = None
+    for name, role in spec.roles.items():
+        at = f"roles.{name}"
+        if not role.command and not role.args:
+            errors[f"{at}.command"] = ["required unless args are given (the image's ENTRYPOINT then runs with them)"]
+        if role.resources.alternatives:
+            errors[f"{at}.resources.alternatives"] = ["a role of a multi-role job runs on one accelerator: no "
+                                                      "alternatives"]
+        accelerator = role.resources.accelerator
+        if first is None:
+            first = (name, accelerator)
+        elif accelerator is not None and first[1] is not None and accelerator != first[1]:
+            errors[f"{at}.resources.accelerator"] = [
+                f"every role of a multi-role job runs on one accelerator: role {first[0]} asks {first[1]}, this one "
+                f"{accelerator}"]
+    if errors or lookups is None:
+        return errors
+    accelerator = accelerator_named(first[1])
+    lookups.accelerator = accelerator
+    for name, role in spec.roles.items():
+        single = JobSpec.model_construct(resources=role.resources, placement=spec.placement, preemptible=False)
+        for key, messages in never_errors(lookups.team, single, accelerator).items():
+            errors[f"roles.{name}.resources.{key}" if key and key != "preemptible" else
+                   f"roles.{name}.resources" if not key else "preemptible"] = messages
+    return errors
+
+
 def kind_errors(kind: str, spec: JobSpec) -> dict[str, list[str]]:
     """Errors by spec field of the kind rules: a training job without ``max_runtime_seconds``, a field of other
     kinds only (:data:`KIND_SPECIFIC`) given, and a spec with neither ``command`` nor ``args`` (nothing would say what to run: a container with ``args`` and no
@@ -722,9 +859,20 @@ _NOT_A_MAPPING = ("model_type", "model_attributes_type", "dict_type")
 
 
 def _model_at(loc: tuple) -> type[BaseModel] | None:
-    """The model of the object at ``loc`` below the submission, or None."""
+    """The model of the object at ``loc`` below the submission, or None (a tag of ``SPEC_TAGS`` in ``loc`` names
+    the spec's model; a role's name, a role)."""
     model: Any = JobSubmission
-    for key in loc:
+    for index, key in enumerate(loc):
+        if index == 0 and key == "spec" and len(loc) > 1 and loc[1] in SPEC_TAGS:
+            continue  # the tag that follows names the model
+        if index == 1 and loc[0] == "spec" and key in SPEC_TAGS:
+            model = SPEC_TAGS[key]
+            continue
+        if model is MultiRoleSpec and key == "roles":
+            continue  # the role's name follows
+        if model is MultiRoleSpec and loc[index - 1] == "roles":
+            model = JobRole
+            continue
         field = model.model_fields.get(key) if isinstance(key, str) else None
         if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
             return None
@@ -758,6 +906,14 @@ def _shown_path(path: str) -> str:
     return path if len(path) <= MAX_PATH_SHOWN else f"{path[:MAX_PATH_SHOWN]}..."
 
 
+def _field_loc(loc: tuple) -> tuple:
+    """``loc`` without what pydantic adds that names no field: the spec model's tag after ``spec``
+    (``SPEC_TAGS``) and a mapping key's ``[key]``."""
+    if len(loc) > 1 and loc[0] == "spec" and loc[1] in SPEC_TAGS:
+        loc = (loc[0], *loc[2:])
+    return tuple(key for key in loc if key != "[key]")
+
+
 def error_paths(exc: ValidationError) -> dict[str, list[str]]:
     """``exc``'s errors as ``{"a.b.c": [messages]}`` (``non_field_errors``: the document as a whole); a model's
     rules give their errors by the fields they name. At most ``MAX_ERRORS_SHOWN`` errors are listed (the rest are
@@ -767,7 +923,7 @@ def error_paths(exc: ValidationError) -> dict[str, list[str]]:
     for error in exc.errors(include_url=False):
         if shown >= MAX_ERRORS_SHOWN:
             break
-        path = ".".join(str(key) for key in error["loc"])
+        path = ".".join(str(key) for key in _field_loc(error["loc"]))
         if error["type"] == "rules":
             for sub_path, messages in error["ctx"]["errors"].items():
                 key = f"{path}.{sub_path}" if path and sub_path else (path or sub_path)
@@ -810,6 +966,8 @@ def stored_spec(spec: JobSpec, kind: str) -> dict:
     """The validated ``spec`` as stored on the Job, in the model's field order: every field present (an optional
     one without default as null) except those of other job kinds and absent declarations (``model``,
     ``parallelism``)."""
+    if isinstance(spec, MultiRoleSpec):
+        return spec.model_dump()
     leave_out = {name for name, kinds in KIND_SPECIFIC.items() if kind not in kinds}
     leave_out.update(name for name in DECLARATIONS if getattr(spec, name) is None)
     return spec.model_dump(exclude=leave_out)
@@ -819,10 +977,27 @@ def submission_fields(submission: JobSubmission, lookups: Lookups) -> dict:
     """``submit_job``'s keyword arguments from a ``submission`` validated with ``lookups``: team, submitter,
     name, kind, the stored spec, the columns admission reads (``resources``: accelerator row, GPUs per
     node, nodes, numeric priority, preemptible, max runtime in seconds, max retries, replicas: 1 for
-    training), and ``after``: the upstream jobs, ``(Job, condition)`` pairs (``jobs.dependencies``)."""
+    training; for a multi-role job the roles' accelerator, their largest GPUs per pod and all their pods), and
+    ``after``: the upstream jobs, ``(Job, condition)`` pairs (``jobs.dependencies``)."""
     spec, kind = submission.spec, submission.kind
-    resources = spec.resources
     classes = lookups.classes if lookups.classes is not None else priority_classes()
+    if isinstance(spec, MultiRoleSpec):
+        roles = [role.resources for role in spec.roles.values()]
+        return {
+            "team": lookups.team, "submitter": lookups.user, "name": submission.name, "kind": kind,
+            "spec": stored_spec(spec, kind),
+            "resources": {
+                "accelerator": lookups.accelerator,
+                # the columns of a single shape: the largest pod's GPUs and every role's pods; admission reads the
+                # roles (jobs.scheduling.snapshot.role_shapes) and Job.total_gpus sums them
+                "gpus_per_node": max(r.gpus_per_node for r in roles),
+                "nodes": sum(r.nodes for r in roles),
+                "priority": classes[spec.priority], "preemptible": False,
+                "max_runtime_seconds": spec.max_runtime_seconds, "max_retries": spec.max_retries, "replicas": 1,
+            },
+            "after": list(lookups.after),
+        }
+    resources = spec.resources
     return {
         "team": lookups.team,
         "submitter": lookups.user,
@@ -888,9 +1063,18 @@ def field_schema(path: str) -> dict:
     resolved: its ``type``, ``default``, ``enum``, bounds, ``maxLength``, ``example`` and ``description``.
     KeyError when there is no such field."""
     schema = root = _schema()
-    for key in path.split("."):
-        schema = schema["properties"][key]
+
+    def resolved(schema: dict) -> dict:
         while "$ref" in schema:
             schema = {**root["$defs"][schema["$ref"].rsplit("/", 1)[1]],
                       **{k: v for k, v in schema.items() if k != "$ref"}}
+        return schema
+
+    for key in path.split("."):
+        choices = schema.get("oneOf") or schema.get("anyOf")
+        if "properties" not in schema and choices:  # the spec: the first model with the field
+            schema = next((c for c in map(resolved, choices) if key in c.get("properties", {})), None)
+            if schema is None:
+                raise KeyError(key)
+        schema = resolved(schema["properties"][key])
     return schema

@@ -314,6 +314,11 @@ def overlap(sent: list[str], now: list[str]) -> int:
 
 _BACKENDS: dict[str, Backend] = {}
 
+#: The backends whose runner starts a multi-role job's roles (docs/adr/0039-multi-role-jobs.md): admission places such
+#: a job only on their clusters' pools. The Kubernetes runner's per-role Services and Indexed Jobs are not written
+#: yet, so a multi-role job waits for a cluster of these, saying so, rather than being dispatched where it cannot run.
+MULTI_ROLE_BACKENDS = frozenset({"local"})
+
 
 def register(backend: Backend) -> Backend:
     """Make ``backend`` serve clusters whose ``backend`` field equals ``backend.name``."""

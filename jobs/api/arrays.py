@@ -202,6 +202,8 @@ class JobArrayViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGe
             fields = validated_submission(template, request.user)
         except ValidationError as exc:
             raise ValidationError({**exc.detail, **errors}) from None
+        if fields["kind"] == Job.Kind.MULTI_ROLE:  # an element's env names its array, not its roles' peers
+            errors["kind"] = ["a job array's runs are training or inference jobs; submit a multi-role job on its own"]
         if fields["after"]:  # elements are made by the passes, outside the dependency check's transaction
             errors["after"] = ["a job array cannot wait for other jobs: submit the array once they have ended, or "
                                "make each of its runs a job with after"]

@@ -15,6 +15,7 @@ from costs.unknown import unknown_cost, unknown_cost_json, unpriced_hours
 
 from ..dependencies import edges_of
 from ..models import PRIORITY_CLASSES, Job, JobAttempt, JobEvent
+from ..roles import role_costs
 from ..workload import job_efficiency
 
 PRIORITY_NAMES = {value: name for name, value in PRIORITY_CLASSES.items()}
@@ -217,18 +218,34 @@ AFTER_SCHEMA = {"type": "array", "items": {"type": "object", "properties": {
     "condition": {"type": "string", "enum": ["succeeded", "ended", "failed"]},
     "state": {"type": "string", "description": "the state of the job waited for"},
     "met": {"type": "boolean", "description": "whether the condition holds"}}}}
+ROLES_SCHEMA = {
+    "type": "object", "nullable": True,
+    "description": "multi-role jobs: each role by name (jobs.roles.role_costs); null for other kinds",
+    "additionalProperties": {"type": "object", "properties": {
+        "pods": {"type": "integer"}, "gpus_per_pod": {"type": "integer"}, "gpus": {"type": "integer"},
+        "completion": {"type": "boolean"},
+        "gpu_hours": {"type": "number", "description": "GPU-hours its pods held, every attempt"},
+        "vcpu_hours": {"type": "number", "description": "vCPU-hours its pods requested, every attempt"},
+        "cost_usd": {"type": "string", "format": "decimal", "nullable": True,
+                     "description": "its share of the ledger: its GPU-hours, vCPU-hours and GiB-hours at the prices "
+                                    "of each ledger entry, cents; null while none of it is priced"},
+        "unpriced_hours": {"type": "number", "description": "hours without a price in force, not in cost_usd"},
+    }},
+}
 
 
 class JobDetailSerializer(JobSerializer):
     """A job with its training ``efficiency`` (``jobs.workload.job_efficiency``): throughput, MFU (null with the
     reason on the CPU or without a catalog peak), tokens and USD per million tokens, and each attempt's last and
-    mean reports; and ``after``: the jobs it waits for (``jobs.dependencies.edges_of``), empty without any."""
+    mean reports; ``after``: the jobs it waits for (``jobs.dependencies.edges_of``), empty without any; for a
+    multi-role job its ``roles`` with each one's GPU-hours and cost (``jobs.roles``)."""
 
     efficiency = serializers.SerializerMethodField()
     after = serializers.SerializerMethodField()
+    roles = serializers.SerializerMethodField()
 
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "after", "efficiency"]
+        fields = [*JobSerializer.Meta.fields, "after", "efficiency", "roles"]
         read_only_fields = fields
 
     @extend_schema_field(AFTER_SCHEMA)
@@ -239,6 +256,10 @@ class JobDetailSerializer(JobSerializer):
     @extend_schema_field(EFFICIENCY_SCHEMA)
     def get_efficiency(self, job: Job) -> dict:
         return job_efficiency(job)
+
+    @extend_schema_field(ROLES_SCHEMA)
+    def get_roles(self, job: Job) -> dict | None:
+        return role_costs(job)
 
 
 class LogQuerySerializer(serializers.Serializer):

@@ -22,6 +22,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 'ordering': ['job_id', 'position'],
+                'verbose_name_plural': 'job dependencies',
                 'constraints': [models.UniqueConstraint(fields=('job', 'upstream'), name='dependency_unique_upstream'), models.CheckConstraint(condition=models.Q(('job', models.F('upstream')), _negated=True), name='dependency_not_self')],
             },
         ),

@@ -216,11 +216,27 @@ def _commit(admitted: list[tuple[Job, Admission]], victims=()) -> set[int]:
 def attempt_placement(admission: Admission) -> dict:
     """What ``JobAttempt.placement`` records of an admission: its nodes and what each node holds (GPUs, CPU
     millicores, memory MiB); {} on a pool without node rows (the pool's shape stands for its nodes there)."""
+    job = admission.job
+    if job.roles:
+        return multi_role_placement(admission)
     if not admission.offer.node_rooms:
         return {}
-    job = admission.job
     return {"nodes": list(admission.node_names), "gpus_per_node": job.gpus_per_node, "cpu_milli": job.cpu_milli,
             "memory_mib": job.memory_mib}
+
+
+def multi_role_placement(admission: Admission) -> dict:
+    """``JobAttempt.placement`` of a multi-role job's admission: ``roles``, by role name in the spec's order, its
+    nodes (one per pod) and what each pod holds (GPUs, CPU millicores, memory MiB), and ``nodes``, all of them
+    in that order, when the pool has node rows (a pool without them: its shape stands for its nodes)."""
+    shapes = {r.name: r for r in admission.job.roles}
+    roles = {name: {"nodes": list(names), "gpus_per_node": shapes[name].gpus_per_node,
+                    "cpu_milli": shapes[name].cpu_milli, "memory_mib": shapes[name].memory_mib}
+             for name, names in admission.role_nodes}
+    placement: dict = {"roles": roles}
+    if admission.offer.node_rooms:
+        placement["nodes"] = list(admission.node_names)
+    return placement
 
 
 def _queued_on(job: Job, decision: Admission, now: dt.datetime) -> QueuedJob:

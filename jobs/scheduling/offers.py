@@ -22,6 +22,7 @@ from django.db.models import Sum
 
 from costs.catalog import NoPrice, prices_by_pool, rates_at
 from costs.models import Price
+from runners.base import MULTI_ROLE_BACKENDS
 from runners.models import Cluster, Node, NodePool
 
 from ..models import JobAttempt
@@ -66,7 +67,7 @@ def pool_offers(accelerator_id: int, now: dt.datetime, lock: bool,
                            else pool.capacity_gpus - in_use.get(pool.pk, 0)),
                 usd_per_gpu_hour=price, healthy=pool.cluster.health == Cluster.Health.HEALTHY,
                 node_rooms=rooms.get(pool.pk, ()), name=pool.name, usd_per_vcpu_hour=per_vcpu,
-                usd_per_gib_hour=per_gib,
+                usd_per_gib_hour=per_gib, multi_role=pool.cluster.backend in MULTI_ROLE_BACKENDS,
             )
         )
     return offers
@@ -88,6 +89,14 @@ def node_rooms(pools: list[NodePool]) -> dict[int, tuple[NodeRoom, ...]]:
                                  .values_list("node_pool_id", "gpus", "placement")):
         on = free[pid]
         names = (placement or {}).get("nodes") or []
+        if names and placement.get("roles"):  # a multi-role attempt: each role's pods with their own shape
+            for role in placement["roles"].values():
+                for name in role.get("nodes") or ():
+                    if name in on:
+                        on[name][0] -= int(role.get("gpus_per_node") or 0)
+                        on[name][1] -= int(role.get("cpu_milli") or 0)
+                        on[name][2] -= int(role.get("memory_mib") or 0)
+            continue
         if names:
             for name in names:
                 if name in on:

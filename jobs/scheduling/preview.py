@@ -41,6 +41,7 @@ def _queued_job(team: Team, resources: dict, placement: dict, now: dt.datetime, 
         preemptible=resources["preemptible"], max_runtime_seconds=estimated_runtime(resources["max_runtime_seconds"]),
         providers=tuple(placement.get("providers") or ()), regions=tuple(placement.get("regions") or ()),
         clusters=tuple(placement.get("clusters") or ()), cpu_milli=cpu, memory_mib=memory,
+        roles=resources.get("roles") or (),
     )
 
 
@@ -107,7 +108,14 @@ class Placement:
 
 
 def _unmatched_reason(job: QueuedJob, offer: PoolOffer) -> str:
-    """Why ``offer`` could never hold ``job`` as the fleet stands (placement, spot rule, health, size), or ""."""
+    """Why ``offer`` could never hold ``job`` as the fleet stands (placement, spot rule, health, size), or "" (a
+    multi-role job: the first role it could not, named)."""
+    for role in job.roles:
+        reason = _unmatched_reason(job.role_job(role.name), offer)
+        if reason:
+            return f"role {role.name}: {reason}"
+    if job.roles:
+        return ""
     request = job.placement()
     if job.providers and offer.provider not in job.providers:
         return f"provider {offer.provider} is not in spec.placement.providers"
@@ -142,7 +150,10 @@ def _candidates(scheduler: FairShareScheduler, job: QueuedJob, accelerator: str,
     room, rows = scheduler.evaluator.room, []
     for offer in sorted(offers, key=price_order):
         reason = _unmatched_reason(job, offer)
-        fits = not reason and room.place(job, job.accelerator_id, [offer], (offer.node_pool_id,)) is not None
+        if job.roles:
+            fits = not reason and room.place_gang(job, [offer])[0] is not None
+        else:
+            fits = not reason and room.place(job, job.accelerator_id, [offer], (offer.node_pool_id,)) is not None
         rows.append(Candidate(offer, accelerator, job.nodes, _per_hour(job, offer), job_estimate(job, offer),
                               could_hold=not reason, fits_now=fits, why_not=reason))
     for offer in unpriced:

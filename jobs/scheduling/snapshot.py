@@ -32,7 +32,7 @@ from runners.models import CPU_ACCELERATOR, Accelerator
 
 from ..dependencies import unmet_dependency
 from ..models import Job, JobAttempt, JobState, committed_by_team, estimated_runtime
-from .core import UNLIMITED, BudgetView, PoolOffer, QueuedJob, RunningJob, Snapshot, TeamQuota, TeamState
+from .core import UNLIMITED, BudgetView, PoolOffer, QueuedJob, RoleShape, RunningJob, Snapshot, TeamQuota, TeamState
 from .offers import pool_offers
 
 #: The states of a job that waits for admission.
@@ -63,6 +63,8 @@ def attempt_cpu_milli(placement: dict | None, nodes: int, replicas: int, resourc
     per pod, as admission recorded them); without a recorded placement (an attempt adopted after a restore) the
     job's ``nodes x replicas`` pods x the spec's ``resources.cpu`` (``per_node_request``)."""
     placement = placement or {}
+    if placement.get("roles"):
+        return sum(int(r.get("cpu_milli") or 0) * len(r.get("nodes") or ()) for r in placement["roles"].values())
     if placement.get("nodes") and placement.get("cpu_milli") is not None:
         return int(placement["cpu_milli"]) * len(placement["nodes"])
     return nodes * replicas * per_node_request(resources)[0]
@@ -208,6 +210,21 @@ def spot_avoidance(job_ids, now: dt.datetime) -> dict[int, tuple[int, ...]]:
     return {job_id: tuple(sorted(ids)) for job_id, ids in found.items()}
 
 
+def role_shapes(roles) -> tuple[RoleShape, ...]:
+    """A multi-role job's stored ``spec.roles`` (name -> role) as the core's ``RoleShape``s, in the spec's order:
+    each role's pods (``resources.nodes``), GPUs, CPU millicores and memory MiB per pod (``per_node_request``);
+    anything but a mapping: none."""
+    if not isinstance(roles, dict):
+        return ()
+    shapes = []
+    for name, role in roles.items():
+        resources = (role or {}).get("resources") or {}
+        cpu, memory = per_node_request(resources)
+        shapes.append(RoleShape(name, int(resources.get("nodes") or 0), int(resources.get("gpus_per_node") or 0),
+                                cpu, memory))
+    return tuple(shapes)
+
+
 def _queued_job(row: dict) -> QueuedJob:
     providers, regions, clusters = row["placement"]
     cpu, memory, alternatives = row["resources"]
@@ -218,7 +235,7 @@ def _queued_job(row: dict) -> QueuedJob:
         preemptible=row["preemptible"], max_runtime_seconds=estimated_runtime(row["max_runtime_seconds"]),
         providers=providers, regions=regions, clusters=clusters, recovering=row["state"] == JobState.RECOVERING,
         cpu_milli=cpu, memory_mib=memory, alternatives=tuple(a for a in alternatives if a != row["accelerator_id"]),
-        share_nodes=share,
+        share_nodes=share, roles=row.get("roles") or (),
     )
 
 
@@ -229,6 +246,7 @@ def queued_job(job: Job, now: dt.datetime | None = None) -> QueuedJob:
     providers, regions, clusters = _constraints(spec.get("placement"))
     cpu, memory, alternatives = _resources_fields(spec.get("resources"), None)
     pods, share = pods_of(job.kind, job.nodes, job.replicas)
+    roles = role_shapes(spec.get("roles")) if job.kind == Job.Kind.MULTI_ROLE else ()
     recovering = job.state == JobState.RECOVERING
     avoid = spot_avoidance([job.pk], now or timezone.now()).get(job.pk, ()) if recovering else ()
     return QueuedJob(
@@ -237,7 +255,7 @@ def queued_job(job: Job, now: dt.datetime | None = None) -> QueuedJob:
         preemptible=job.preemptible, max_runtime_seconds=estimated_runtime(job.max_runtime_seconds),
         providers=providers, regions=regions, clusters=clusters, recovering=recovering,
         cpu_milli=cpu, memory_mib=memory, alternatives=tuple(a for a in alternatives if a != job.accelerator_id),
-        share_nodes=share, avoid_clusters=avoid,
+        share_nodes=share, avoid_clusters=avoid, roles=roles,
     )
 
 
@@ -293,7 +311,8 @@ def _full_rows(qs, *, with_version: bool = False) -> list[dict]:
     """
     extra = {"version": _row_version()} if with_version else {}
     rows = list(qs.values(*_ROW_COLUMNS, placement=Cast(KeyTransform("placement", "spec"), TextField()),
-                          resources=Cast(KeyTransform("resources", "spec"), TextField()), **extra))
+                          resources=Cast(KeyTransform("resources", "spec"), TextField()),
+                          roles=Cast(KeyTransform("roles", "spec"), TextField()), **extra))
     placements: dict[str | None, tuple] = {}
     resources: dict[str | None, tuple] = {}
     names = None
@@ -309,6 +328,7 @@ def _full_rows(qs, *, with_version: bool = False) -> list[dict]:
                 names = _accelerator_ids()
             resources[text] = _resources_fields(decoded, names)
         r["resources"] = resources[text]
+        r["roles"] = role_shapes(json.loads(r["roles"])) if r["roles"] else ()
         r["queued"] = _queued_job(r)
     return rows
 

@@ -128,11 +128,13 @@ def node_env(attempt, meta: dict, node: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k in INHERITED_ENV or k.startswith("LC_")}
     env["PYTHONUNBUFFERED"] = "1"  # so node logs show output as it happens
     devices = meta.get("devices")
+    role = role_of(meta, node)
     if devices is None:
         # CPU work: split this machine's cores among the node processes, as torchrun does (OMP_NUM_THREADS).
-        # A CPU-only job gets the cores it asked for per node (``cpu_threads``).
-        env["OMP_NUM_THREADS"] = str(meta.get("cpu_threads") or max(1, (os.cpu_count() or 1) // max(1, meta["nodes"])))
-    env.update(spec_env(job.spec))
+        # A CPU-only job gets the cores it asked for per node (``cpu_threads``; a role's, for a multi-role job).
+        threads = role["cpu_threads"] if role is not None else meta.get("cpu_threads")
+        env["OMP_NUM_THREADS"] = str(threads or max(1, (os.cpu_count() or 1) // max(1, meta["nodes"])))
+    env.update(spec_env(job.spec if role is None else job.spec["roles"][role["name"]]))
     if devices is not None and meta.get("peak_tflops"):
         # Real GPUs: their peak from the accelerator catalog, so the workload can report MFU. Emulated GPUs run
         # on the CPU, whose peak nobody measured: no PEAK_TFLOPS, and the workload says MFU is n/a.
@@ -157,7 +159,57 @@ def node_env(attempt, meta: dict, node: int) -> dict[str, str]:
         # The port where rank 0 may serve its workload metrics (jobs.efficiency.protocol); a job that serves
         # none leaves it unused.
         env["CONTROLPLANE_METRICS_PORT"] = str(meta["metrics_port"])
+    if role is not None:
+        env.update(role_env(meta, node))
     return env
+
+
+def role_of(meta: dict, node: int) -> dict | None:
+    """The role (an entry of ``attempt.json``'s ``roles``) whose pod is node ``node`` of a multi-role attempt;
+    None for an attempt of one role."""
+    for role in meta.get("roles") or ():
+        if role["first"] <= node < role["first"] + role["count"]:
+            return role
+    return None
+
+
+def role_env(meta: dict, node: int) -> dict[str, str]:
+    """The platform's variables of node ``node`` of a multi-role attempt (``meta``: its ``attempt.json``): its role
+    (``CONTROLPLANE_ROLE``), its index within the role (``CONTROLPLANE_ROLE_INDEX``), every role's name
+    (``CONTROLPLANE_ROLES``, comma-separated, in the spec's order), ``CONTROLPLANE_ROLE_<R>_ADDRESSES`` of every
+    role that declares a port (``R``: its name upper-cased, ``-`` as ``_``; ``127.0.0.1:<PORT>`` of each of its
+    pods, comma-separated, in index order) and the role's own rendezvous: ``MASTER_PORT`` of its own,
+    ``WORLD_SIZE`` its pods, ``RANK`` / ``NODE_RANK`` the index (a role of several pods is one process group)."""
+    role = role_of(meta, node)
+    index = node - role["first"]
+    env = {"CONTROLPLANE_ROLE": role["name"], "CONTROLPLANE_ROLE_INDEX": str(index),
+           "CONTROLPLANE_ROLES": ",".join(r["name"] for r in meta["roles"]),
+           "MASTER_PORT": str(role["master_port"]), "WORLD_SIZE": str(role["count"]), "RANK": str(index),
+           "NODE_RANK": str(index)}
+    for other in meta["roles"]:
+        if other.get("port") is not None:
+            env[role_addresses_variable(other["name"])] = ",".join(
+                f"127.0.0.1:{node_port(meta, n)}" for n in range(other["first"], other["first"] + other["count"]))
+    return env
+
+
+def role_addresses_variable(name: str) -> str:
+    """``CONTROLPLANE_ROLE_<NAME>_ADDRESSES`` of role ``name`` (upper-cased, ``-`` as ``_``)."""
+    return f"CONTROLPLANE_ROLE_{name.upper().replace('-', '_')}_ADDRESSES"
+
+
+def role_layout(spec: dict) -> list[dict]:
+    """A multi-role ``spec``'s roles as the local runner numbers their pods: one entry per role in the spec's
+    order, ``{"name", "first" (its first node index), "count" (its pods), "gpus", "port" (declared or None),
+    "completion", "cpu_threads"}``."""
+    layout, first = [], 0
+    for name, role in spec["roles"].items():
+        resources = role["resources"]
+        layout.append({"name": name, "first": first, "count": resources["nodes"], "gpus": resources["gpus_per_node"],
+                       "port": role.get("port"), "completion": bool(role.get("completion", True)),
+                       "cpu_threads": _cpu_threads(role)})
+        first += resources["nodes"]
+    return layout
 
 
 def free_ports(count: int) -> list[int]:
@@ -244,13 +296,29 @@ def read_node(directory: Path, node: int, table: dict[int, ProcInfo], now: float
     return NodeStatus(node, "lost" if now - since > LAUNCH_TIMEOUT_SECONDS else "waiting")
 
 
-def summarise(statuses: list[NodeStatus], stop_reason: str | None) -> Observation:
+def summarise(statuses: list[NodeStatus], stop_reason: str | None, roles: list[dict] | None = None) -> Observation:
     """One Observation from the nodes of an attempt (see ``Backend.observe`` for the phases).
 
     A node's own failure wins over the stop of its siblings that it caused:
     deadline, then a non-zero exit, then death by a signal, then a lost
     supervisor, then a stop.
+
+    A multi-role attempt (``roles``: ``attempt.json``'s) succeeds once every pod of every role with
+    ``completion`` exited 0, whatever the others do then (they are stopped); until then any pod's failure is the
+    attempt's (named by role and index), and a pod of a role without completion that exits 0 ends nothing.
     """
+    if roles:
+        done = [s for r in roles if r["completion"] for s in statuses[r["first"]:r["first"] + r["count"]]]
+        if all(s.state == "ended" and s.exit.get("reason") == "exited" and s.exit.get("exit_code") == 0
+               for s in done):
+            return Observation("succeeded", exit_code=0)
+
+    def label(node: int) -> str:
+        for r in roles or ():
+            if r["first"] <= node < r["first"] + r["count"]:
+                return f"role {r['name']} pod {node - r['first']}"
+        return f"node {node}"
+
     ended = sorted((s for s in statuses if s.state == "ended"), key=lambda s: s.exit.get("ended_at") or 0)
 
     def first(reason: str, test=lambda r: True) -> NodeStatus | None:
@@ -259,24 +327,24 @@ def summarise(statuses: list[NodeStatus], stop_reason: str | None) -> Observatio
 
     if (s := first("deadline")) is not None:
         return Observation("failed", "DeadlineExceeded", s.exit.get("exit_code"),
-                           f"node {s.node} ran past max_runtime_seconds and was stopped")
+                           f"{label(s.node)} ran past max_runtime_seconds and was stopped")
     if (s := first("exited", lambda r: r.get("exit_code") != 0)) is not None:
         code = s.exit.get("exit_code")
         detail = f": {s.exit['error']}" if s.exit.get("error") else ""
-        return Observation("failed", "Failed", code, f"node {s.node} exited with code {code}{detail}")
+        return Observation("failed", "Failed", code, f"{label(s.node)} exited with code {code}{detail}")
     if (s := first("signal")) is not None:
         sig = s.exit.get("signal")
         if sig == signal.SIGKILL:
             return Observation("failed", "OOMKilled", 128 + sig,
-                               f"node {s.node} was killed by SIGKILL (the kernel's OOM killer sends it when memory runs out)")
-        return Observation("failed", "Failed", 128 + sig if sig else None, f"node {s.node} was killed by {signal_name(sig)}")
+                               f"{label(s.node)} was killed by SIGKILL (the kernel's OOM killer sends it when memory runs out)")
+        return Observation("failed", "Failed", 128 + sig if sig else None, f"{label(s.node)} was killed by {signal_name(sig)}")
     if (s := next((s for s in statuses if s.state == "lost"), None)) is not None:
-        return Observation("lost", "NodeLost", None, f"the supervisor of node {s.node} died without recording an exit")
+        return Observation("lost", "NodeLost", None, f"the supervisor of {label(s.node)} died without recording an exit")
     if (s := first("cancelled")) is not None:
         if stop_reason:
             return Observation("failed", "Cancelled", s.exit.get("exit_code"), f"stopped by the control plane: {stop_reason}")
         return Observation("lost", "Evicted", s.exit.get("exit_code"),
-                           f"node {s.node} was stopped by a signal from outside the control plane")
+                           f"{label(s.node)} was stopped by a signal from outside the control plane")
     if all(s.state == "ended" for s in statuses):
         return Observation("succeeded", exit_code=0)
     if all(s.state in ("running", "ended") for s in statuses):
@@ -321,7 +389,9 @@ class LocalBackend(Backend):
         (``ports``: each node's ``PORT``; ``endpoint``: the URL an inference
         attempt serves on, node 0's port, None for training; ``metrics_url``:
         where node 0 may serve its workload metrics, the port given to it in
-        ``CONTROLPLANE_METRICS_PORT``).
+        ``CONTROLPLANE_METRICS_PORT``); a multi-role attempt also ``roles``:
+        by role, its node indexes (``pods``) and, for a role with a port, the
+        ``addresses`` given to the others (``role_env``).
 
         Raises PermanentDispatchError for an invalid command or env, a missing
         executable or an attempt already stopped; TransientDispatchError for
@@ -329,8 +399,13 @@ class LocalBackend(Backend):
         other processes.
         """
         job = attempt.job
-        argv = build_command(job.spec)
-        spec_env(job.spec)
+        if job.kind == "multi-role":
+            argvs = {name: build_command(role) for name, role in job.spec["roles"].items()}
+            for role in job.spec["roles"].values():
+                spec_env(role)
+        else:
+            argv = build_command(job.spec)
+            spec_env(job.spec)
         directory = attempt_dir(attempt)
         try:
             directory.mkdir(parents=True, exist_ok=True)
@@ -339,7 +414,8 @@ class LocalBackend(Backend):
             if (directory / STOP_FILE).exists():
                 raise PermanentDispatchError(f"{attempt.object_name} was stopped; it cannot start again")
             for node in range(meta["nodes"]):
-                self._launch_node(attempt, directory, meta, node, argv)
+                role = role_of(meta, node)
+                self._launch_node(attempt, directory, meta, node, argv if role is None else argvs[role["name"]])
         except OSError as exc:
             raise TransientDispatchError(f"cannot start {attempt.object_name}: {exc}") from exc
         return self._runner_state(directory, meta, attempt.job.kind)
@@ -355,7 +431,10 @@ class LocalBackend(Backend):
             meta = read_json(path)
             if meta is None:
                 nodes = attempt.job.nodes
-                master_port, metrics_port, *ports = free_ports(2 + nodes)
+                roles = role_layout(attempt.job.spec) if attempt.job.kind == "multi-role" else None
+                master_port, metrics_port, *ports = free_ports(2 + nodes + len(roles or ()))
+                for role in roles or ():
+                    role["master_port"] = ports.pop()
                 meta = {
                     "attempt_id": attempt.pk, "job_id": attempt.job_id, "number": attempt.number,
                     "uid": attempt_key(attempt) if not attempt.legacy_name else None,
@@ -365,16 +444,20 @@ class LocalBackend(Backend):
                     # None: no GPU devices (emulated GPUs, or a CPU-only job on the CPU pool)
                     "devices": (None if attempt.cluster.emulated or not attempt.job.gpus_per_node
                                 else self._pick_devices(attempt, nodes)),
-                    "cpu_threads": _cpu_threads(attempt.job.spec),
+                    "cpu_threads": None if roles else _cpu_threads(attempt.job.spec),
                     "peak_tflops": None if attempt.cluster.emulated else _peak_tflops(attempt),
                     "created_at": time.time(),
                 }
+                if roles is not None:
+                    meta["roles"] = roles
                 write_json_atomic(path, meta)
         return meta
 
     def _pick_devices(self, attempt, nodes: int) -> list[list[int]]:
         """GPU indices per node, from the pool's GPUs that no live attempt holds. Raises TransientDispatchError."""
-        per_node = attempt.job.gpus_per_node
+        job = attempt.job
+        counts = ([r["resources"]["gpus_per_node"] for r in job.spec["roles"].values()
+                   for _ in range(r["resources"]["nodes"])] if job.kind == "multi-role" else [job.gpus_per_node] * nodes)
         total = attempt.node_pool.nodes * attempt.node_pool.gpus_per_node
         table = proc_table()
         held: set[int] = set()
@@ -383,9 +466,13 @@ class LocalBackend(Backend):
                     _live_pids(directory, meta["nodes"], table):
                 held.update(d for node_devices in meta["devices"] for d in node_devices)
         free = [d for d in range(total) if d not in held]
-        if len(free) < nodes * per_node:
-            raise TransientDispatchError(f"{nodes * per_node} GPUs needed, {len(free)} free on this machine")
-        return [free[i * per_node:(i + 1) * per_node] for i in range(nodes)]
+        if len(free) < sum(counts):
+            raise TransientDispatchError(f"{sum(counts)} GPUs needed, {len(free)} free on this machine")
+        out, at = [], 0
+        for count in counts:  # each node (a multi-role job: each pod of each role) its own GPUs
+            out.append(free[at:at + count])
+            at += count
+        return out
 
     def _launch_node(self, attempt, directory: Path, meta: dict, node: int, argv: list[str]) -> None:
         """Start node ``node``'s supervisor if this call wins its claim file; a lost claim means it started elsewhere."""
@@ -424,7 +511,13 @@ class LocalBackend(Backend):
                 time.sleep(0.02)
             pids.append(ref.pid if ref else None)
         devices = meta.get("devices")
+        roles = {r["name"]: {"pods": list(range(r["first"], r["first"] + r["count"])),
+                             "addresses": [f"127.0.0.1:{node_port(meta, n)}"
+                                           for n in range(r["first"], r["first"] + r["count"])]
+                             if r.get("port") is not None else []}
+                 for r in meta.get("roles") or ()}
         return {
+            **({"roles": roles} if roles else {}),
             "attempt_dir": str(directory), "master_port": meta["master_port"],
             "ports": [node_port(meta, n) for n in range(meta["nodes"])], "endpoint": endpoint(meta, kind),
             "nodes": meta["nodes"], "pids": pids,
@@ -457,12 +550,16 @@ class LocalBackend(Backend):
             if not directory.is_dir():
                 result[attempt.pk] = ABSENT
                 continue
-            nodes = (read_json(directory / ATTEMPT_FILE) or {}).get("nodes") or attempt.job.nodes
+            meta = read_json(directory / ATTEMPT_FILE) or {}
+            nodes = meta.get("nodes") or attempt.job.nodes
             statuses = [read_node(directory, node, table, now) for node in range(nodes)]
             stop = read_json(directory / STOP_FILE)
-            obs = summarise(statuses, stop.get("reason") if stop else None)
+            obs = summarise(statuses, stop.get("reason") if stop else None, meta.get("roles"))
             if obs.phase in ("failed", "lost"):
                 self._stop_nodes(directory, statuses, table, reason=f"{obs.end_reason}: {obs.message}")
+            elif obs.phase == "succeeded" and meta.get("roles"):
+                # every role with completion succeeded: the servers (roles without completion) are stopped
+                self._stop_nodes(directory, statuses, table, reason="every role with completion succeeded")
             result[attempt.pk] = obs
         return result
 
@@ -545,8 +642,8 @@ class LocalBackend(Backend):
 
 
 def _cpu_threads(spec: dict | None) -> int | None:
-    """The threads of a CPU-only job's node: its ``resources.cpu`` cores rounded up (at least 1), for
-    ``OMP_NUM_THREADS``; None for a job with GPUs or without ``cpu``."""
+    """The threads of a CPU-only job's node (or a role's pod: ``spec`` is then the role): its ``resources.cpu``
+    cores rounded up (at least 1), for ``OMP_NUM_THREADS``; None for a job with GPUs or without ``cpu``."""
     resources = (spec or {}).get("resources") or {}
     cpu = resources.get("cpu")
     if resources.get("gpus_per_node") or isinstance(cpu, bool) or not isinstance(cpu, (int, float)) or cpu <= 0:

@@ -159,6 +159,23 @@ def pipeline_submission() -> dict:
     return {**submission(), "after": [{"job": "alpha-job", "condition": "succeeded"}]}
 
 
+def multi_role_submission() -> dict:
+    """A multi-role job (ADR 0039): a learner and a rollout server on the world's H100 pool."""
+    role = {"image": "python:3.11", "command": ["python", "examples/rl_grpo.py"], "env": {"PYTHONUNBUFFERED": "1"},
+            "resources": {"accelerator": "H100-80GB", "gpus_per_node": 1, "nodes": 1}}
+    return {"team": "alpha", "name": "rl-grpo", "kind": "multi-role",
+            "spec": {"roles": {"learner": copy.deepcopy(role), "rollout": {**copy.deepcopy(role), "port": 8000,
+                                                                           "completion": False}},
+                     "max_runtime_seconds": 600}}
+
+
+#: Further valid bodies of some routes, each held to the same contracts as the route's ``VALID_BODIES`` one.
+MORE_BODIES = {
+    ("jobs", "create"): [multi_role_submission],
+    ("jobs", "preview"): [multi_role_submission],
+}
+
+
 #: A valid body for every writable (prefix, action), accepted from staff: the contract tests break one part of it
 #: at a time, so a 400 is the answer to that part alone.
 VALID_BODIES = {

@@ -36,7 +36,7 @@ def test_an_unknown_state_lists_the_valid_ones(owner, finished):
     assert message.startswith("unknown SLEEPING; one of QUEUED, ADMITTED,")
     assert all(state in message for state in JobState.values)
     r = owner.client.get(JOBS + "?kind=batch")
-    assert r.json() == {"kind": ['unknown value "batch"; one of any, training, inference']}
+    assert r.json() == {"kind": ['unknown value "batch"; one of any, training, inference, multi-role']}
 
 
 def test_group_by_lists_the_valid_choices(owner):

@@ -65,10 +65,20 @@ def test_every_operation_has_a_summary_of_its_own_and_a_description(db):
     assert schema["paths"]["/api/v1/quotas/{id}/"]["patch"]["description"].startswith("Changes the fields given")
 
 
+def models_in(annotation) -> list:
+    """The pydantic models named by ``annotation``: itself, or those inside a union, ``Annotated`` or ``dict``."""
+    import typing
+
+    from pydantic import BaseModel
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in models_in(arg)]
+
+
 def test_the_submission_components_list_exactly_the_models_fields(db):
     """The request body of ``POST /api/v1/jobs/`` is ``JobSubmission``, and it and every model below it list the
     fields of the pydantic models in ``jobs.spec``: their names, in order, and which are required."""
-    from pydantic import BaseModel
 
     from jobs.spec import JobSubmission
 
@@ -86,6 +96,8 @@ def test_the_submission_components_list_exactly_the_models_fields(db):
         assert sorted(component.get("required", [])) == sorted(
             name for name, field in model.model_fields.items() if field.is_required()), model.__name__
         assert component["additionalProperties"] is False
-        models += [field.annotation for field in model.model_fields.values() if isinstance(field.annotation, type)
-                   and issubclass(field.annotation, BaseModel) and field.annotation not in seen]
-    assert len(seen) == 6  # the submission, its spec, and the spec's resources, placement, model, parallelism
+        models += [found for field in model.model_fields.values() for found in models_in(field.annotation)
+                   if found not in seen and found not in models]
+    # the submission, its two specs (one role, several: MultiRoleSpec) and the role, the resources, placement,
+    # model, parallelism and an after entry (JobAfter)
+    assert len(seen) == 9

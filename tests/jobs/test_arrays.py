@@ -231,6 +231,16 @@ def test_an_array_that_would_wait_for_a_job_is_refused_on_after(teammate, roomy)
     assert JobArray.objects.count() == 1
 
 
+def test_an_array_of_multi_role_jobs_is_refused_on_kind(teammate, roomy):
+    role = {"image": "python:3.11", "command": ["python", "learn.py"],
+            "resources": {"accelerator": "H100-80GB", "gpus_per_node": 1, "nodes": 1}}
+    body = {"team": "alpha", "name": "rl", "kind": "multi-role", "array": {"count": 2},
+            "spec": {"roles": {"learner": role, "rollout": {**role, "completion": False}}, "max_runtime_seconds": 600}}
+    r = teammate.client.post(ARRAYS, body, format="json")
+    assert r.status_code == 400 and list(r.json()) == ["kind"], r.content
+    assert not JobArray.objects.exists()
+
+
 # --- team scoping ----------------------------------------------------------------------------------------------
 
 

@@ -38,11 +38,23 @@ TEMPLATES = [MINIMAL, TRAINING, INFERENCE]
 
 
 def _fields(schema: dict, defs: dict, prefix: tuple = ()) -> dict[tuple, dict]:
-    """Every property below ``schema`` by its path, parents before children, references resolved."""
-    fields = {}
-    for name, field in schema.get("properties", {}).items():
+    """Every property below ``schema`` by its path, parents before children, references resolved. A field of
+    several models (the spec: a single-role or a multi-role job's) is its first model's, with the fields of
+    every one below it."""
+    def resolved(field: dict) -> dict:
         while "$ref" in field:
             field = {**defs[field["$ref"].rsplit("/", 1)[1]], **{k: v for k, v in field.items() if k != "$ref"}}
+        return field
+
+    fields = {}
+    for name, field in schema.get("properties", {}).items():
+        field = resolved(field)
+        choices = [resolved(c) for c in field.get("oneOf") or field.get("anyOf") or ()]
+        if choices and all("properties" in c for c in choices):
+            fields[prefix + (name,)] = choices[0]
+            for choice in reversed(choices):
+                fields.update(_fields(choice, defs, prefix + (name,)))
+            continue
         fields[prefix + (name,)] = field
         fields.update(_fields(field, defs, prefix + (name,)))
     return fields

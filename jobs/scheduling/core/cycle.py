@@ -120,7 +120,12 @@ class FairShareScheduler:
             if ckey in owner.cluster_used:
                 owner.cluster_used[ckey] -= v.gpus
         pool = book.pools[a.offer.node_pool_id]
-        book.take(a.offer.node_pool_id, [pool.index[n] for n in a.node_names], job.placement())
+        if job.roles:  # a multi-role job: each role's nodes with its own shape
+            requests = dict(job.role_requests())
+            for name, names in a.role_nodes:
+                book.take(a.offer.node_pool_id, [pool.index[n] for n in names], requests[name])
+        else:
+            book.take(a.offer.node_pool_id, [pool.index[n] for n in a.node_names], job.placement())
         cohorts.book(acc)
         team = teams[job.team_id]
         amount = amount_of(job, acc, team)

@@ -54,8 +54,9 @@ def amount_of(job: QueuedJob, acc: int, team: TeamState) -> int:
 
 def may_preempt(job: QueuedJob, used: int, amount: int, quota: TeamQuota) -> bool:
     """Whether ``job`` (``amount`` GPUs, its team using ``used`` of ``quota``'s accelerator) may preempt: only a job
-    that stays within its team's nominal quota does (``preemption``); a CPU-only job never does (ADR 0012)."""
-    return not job.cpu_only and used + amount <= quota.nominal_gpus
+    that stays within its team's nominal quota does (``preemption``); a CPU-only job never does (ADR 0012), nor a
+    multi-role job (ADR 0039)."""
+    return not job.cpu_only and not job.roles and used + amount <= quota.nominal_gpus
 
 
 class Evaluator:
@@ -181,7 +182,8 @@ class Evaluator:
 
     def _place_or_wait(self, job: QueuedJob, acc: int, only_pool: int | None, team: TeamState, q: TeamQuota,
                        used: int, amount: int, ckey: tuple, preempts: bool) -> Decision:
-        """Steps 3 to 6 of ``job`` on ``acc`` once its quota allows it."""
+        """Steps 3 to 6 of ``job`` on ``acc`` once its quota allows it. A multi-role job is placed as one gang
+        (``room.Room.place_gang``: every role on one pool, or nothing), never with victims."""
         room = self.room
         pools, fleet, pids = room.matching_entry(job, acc)
         if not pools:
@@ -196,7 +198,11 @@ class Evaluator:
             pids = tuple(o.node_pool_id for o in pools)
         cohort_ok = amount == 0 or cohort_has_room(self._lendable.get(ckey, 0), self._borrowed.get(ckey, 0), used,
                                                    q.guaranteed_gpus, amount)
-        found = room.place(job, acc, pools, pids) if cohort_ok else None
+        failed_role = None
+        if job.roles:  # a multi-role job: every role on one pool at once, else the role that fits nowhere
+            found, failed_role = room.place_gang(job, pools) if cohort_ok else (None, None)
+        else:
+            found = room.place(job, acc, pools, pids) if cohort_ok else None
         victims = ()
         if found is None and preempts:
             chosen = self.victims.find(job, acc, team, q.guaranteed_gpus, pools, pids, fits_nowhere=cohort_ok)
@@ -208,12 +214,17 @@ class Evaluator:
                 full = cpu_cohort_full if job.cpu_only else cohort_full
                 return Waiting.because(job, full(job, used, q, self._lendable.get(ckey, 0),
                                                  self._borrowed.get(ckey, 0)))
+            if failed_role is not None:  # it holds nothing meanwhile, and its reason names the role
+                return Waiting.because(job, room.gang_no_room(job, acc, pools, failed_role))
             return Waiting.because(job, room.no_room_verdict(job, acc, pools, pids))
         offer, nodes = found
         estimate = room.estimate(job, offer)
         verdict = check_budgets(estimate, team.budgets)
         if not verdict.ok:
             return Waiting.because(job, verdict)
+        if job.roles:
+            by_role = tuple((name, room.book.names(offer.node_pool_id, list(n))) for name, n in nodes)
+            return Admission(job, offer, estimate, (), tuple(x for _, names in by_role for x in names), acc, by_role)
         return Admission(job, offer, estimate, victims, room.book.names(offer.node_pool_id, nodes), acc)
 
     def assess(self, job: QueuedJob) -> Assessment:
@@ -223,7 +234,11 @@ class Evaluator:
         team = self.teams[job.team_id]
         acc = job.accelerator_id
         pools, fleet, pids = self.room.matching_entry(job, acc)
-        found = self.room.place(job, acc, pools, pids)
+        failed_role = None
+        if job.roles:  # a multi-role job: every role on one pool (``room.Room.place_gang``)
+            found, failed_role = self.room.place_gang(job, pools)
+        else:
+            found = self.room.place(job, acc, pools, pids)
         fits_now = found is not None
         offer = found[0] if found else (pools[0] if pools else None)  # else where it would wait for capacity
         priced = offer if offer is not None else self.room.whole_fleet_pool(job, acc)
@@ -233,5 +248,6 @@ class Evaluator:
         quota = quota_verdict(job, amount_of(job, acc, team), team.used.get(acc, 0),
                               q.view() if q is not None else None)
         unplaced = None if pools else self.room.no_price(job, acc, fleet)
-        capacity = None if fits_now or not pools else self.room.no_room_verdict(job, acc, pools, pids)
+        capacity = (None if fits_now or not pools else self.room.gang_no_room(job, acc, pools, failed_role)
+                    if failed_role is not None else self.room.no_room_verdict(job, acc, pools, pids))
         return Assessment(offer, fits_now, estimate, quota, budget, unplaced, priced, capacity)

@@ -443,6 +443,37 @@ class NodeBook:
                 best = (o, nodes, score)
         return (best[0], best[1]) if best else None
 
+    def place_gang(self, roles, offers: list[PoolOffer]):
+        """The pool and each role's nodes for a gang of several pod shapes (``roles``: ``(name, PlacementRequest)``
+        pairs, a multi-role job's) among ``offers`` (in ``price_order``, each matching every role): the first pool
+        where every role fits at once, each role's pods on distinct nodes (``fit``) after the roles placed before it
+        took theirs (roles may share a node). The roles are placed hardest first (most pods, then most GPUs, CPU and
+        memory per pod: a role of several distinct nodes is the one a greedy order strands), and answered in their
+        own order. Returns ``((offer, ((name, node indexes), ...)), None)``, or ``(None, the
+        name of the role that fitted on no pool)``, the first role that failed on the cheapest pool. Nothing is
+        booked: the tentative takes are given back, and each pool's remembered failures are as before."""
+        first_failed = None
+        order = sorted(roles, key=lambda r: (-r[1].nodes, -r[1].gpus_per_node, -r[1].cpu_milli, -r[1].memory_mib))
+        rank = {name: i for i, (name, _) in enumerate(roles)}
+        for o in offers:
+            p = self.pools[o.node_pool_id]
+            failed, taken, found = list(p.failed), [], []
+            for name, request in order:
+                nodes = self.fit(o.node_pool_id, request)
+                if nodes is None:
+                    first_failed = first_failed or name
+                    break
+                self.take(o.node_pool_id, nodes, request)
+                taken.append((nodes, request))
+                found.append((name, tuple(nodes)))
+            for nodes, request in taken:
+                for i in nodes:
+                    p.move(i, request.gpus_per_node, request.cpu_milli, request.memory_mib)
+            p.failed = failed
+            if len(found) == len(roles):
+                return (o, tuple(sorted(found, key=lambda f: rank[f[0]]))), None
+        return None, first_failed or roles[0][0]
+
     def take(self, pool_id: int, nodes: list[int], request: PlacementRequest) -> None:
         """Book one node of ``request`` on each of ``nodes`` (indexes from ``fit``)."""
         p = self.pools[pool_id]

@@ -69,6 +69,9 @@ class PoolOffer:
     #: A CPU node pool's prices per vCPU-hour and per GiB-hour of memory (None: priced by GPU only).
     usd_per_vcpu_hour: Decimal | None = None
     usd_per_gib_hour: Decimal | None = None
+    #: Whether the cluster's runner starts multi-role jobs (``runners.base.MULTI_ROLE_BACKENDS``); only such pools
+    #: are offered to one (``room.Room.matching_entry``).
+    multi_role: bool = True
 
     def rooms(self) -> tuple[NodeRoom, ...]:
         """The pool's nodes: ``node_rooms``, or ``nodes`` nodes named ``<pool id>-<i>`` with the used GPUs packed

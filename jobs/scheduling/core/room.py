@@ -43,6 +43,9 @@ class Room:
         fleet-change verdict that says why none matches, ())."""
         key = (acc, job.shape)
         found = self._matching.get(key)
+        if found is None and job.roles:
+            found = self._gang_matching(job, acc)
+            self._matching[key] = found
         if found is None:
             request = job.placement()
             offers = self.pools.get(acc, ())
@@ -55,6 +58,59 @@ class Room:
                      tuple(o.node_pool_id for o in pools))
             self._matching[key] = found
         return found
+
+    def _gang_matching(self, job: QueuedJob, acc: int):
+        """``matching_entry`` of a multi-role job: the pools that could hold every one of its roles (each role's
+        pods on nodes of its own; a pool is one cluster, so the roles share a cluster), in price order, among the
+        pools whose cluster's runner starts multi-role jobs (``PoolOffer.multi_role``); with none, the fleet-change
+        verdict names the first role no pool could hold, or says that no pool holds them all."""
+        offers = [o for o in self.pools.get(acc, ()) if o.multi_role]
+        if not offers:
+            return [], never_placeable(job, "no cluster of the accelerator has a runner that starts multi-role jobs "
+                                            "(the local runner does; the Kubernetes runner not yet)", "placement"), ()
+        in_order = sorted(offers, key=price_order)
+        requests = job.role_requests()
+        pools = [o for o in in_order if all(matches(r, o) for _, r in requests)]
+        if pools:
+            return pools, None, tuple(o.node_pool_id for o in pools)
+        for name, request in requests:
+            if not any(matches(request, o) for o in in_order):
+                single = job.role_job(name)
+                why, short = self.fleet_reason(single, request, offers)
+                verdict = never_placeable(job, f"role {name}: {why}", short)
+                verdict.detail["role"] = name
+                return [], verdict, ()
+        verdict = never_placeable(job, "each role fits some pool, but no one pool (one cluster) holds every role",
+                                  "nodes")
+        return [], verdict, ()
+
+    def place_gang(self, job: QueuedJob, pools: list[PoolOffer]):
+        """``(offer, ((role, node indexes), ...))`` for a multi-role job among ``pools`` now (every role on the one
+        pool: ``NodeBook.place_gang``), or ``(None, the role that fitted nowhere)``. Pools of clusters the job
+        avoids are tried last (``place``)."""
+        avoid = job.avoid_clusters
+        if avoid:
+            pools = [o for o in pools if o.cluster_id not in avoid] + [o for o in pools if o.cluster_id in avoid]
+        return self.book.place_gang(job.role_requests(), pools)
+
+    def gang_no_room(self, job: QueuedJob, acc: int, pools: list[PoolOffer], role: str) -> Verdict:
+        """Why a multi-role job waits for capacity: the no-room verdict of its ``role`` that fitted nowhere (its
+        pods alone, with the nodes' numbers now, after what this pass booked), named in the message and in the
+        detail's ``role``. Nothing of it is held meanwhile: the job is admitted whole or not at all."""
+        single = job.role_job(role)
+        request = single.placement()
+        book = self.book
+        verdict = self._no_room_of(single, acc, pools, tuple(o.node_pool_id for o in pools))
+        fits_alone = any(book.fit(o.node_pool_id, request) is not None for o in pools)
+        message = (f"Role {role} cannot be placed with the job's other roles on one pool"
+                   if fits_alone else f"Role {role}: {verdict.message}")
+        if fits_alone:
+            message += (": there is room for it alone, not with the roles before it. The job is admitted with all "
+                        "its roles or not at all, and holds nothing meanwhile.")
+        else:
+            message += " The job is admitted with all its roles or not at all, and holds nothing meanwhile."
+        return Verdict(False, "capacity", message, {**verdict.detail, "role": role,
+                                                    "request_gpus": job.total_gpus})
 
     @staticmethod
     def why_none(job: QueuedJob, request, offers) -> str:
@@ -182,6 +238,12 @@ class Room:
 
     def _no_room_now(self, job: QueuedJob, acc: int, pools: list[PoolOffer], pids: tuple[int, ...], key: tuple,
                      taken: int) -> Verdict:
+        verdict = self._no_room_of(job, acc, pools, pids)
+        self._no_room[key] = (taken, verdict)
+        return verdict
+
+    def _no_room_of(self, job: QueuedJob, acc: int, pools: list[PoolOffer], pids: tuple[int, ...]) -> Verdict:
+        """``rules.no_room`` for ``job`` on ``pools`` (ids ``pids``) with the nodes' numbers now."""
         book = self.book
         request = job.placement()
         shown = pools[:3]
@@ -191,7 +253,6 @@ class Room:
                           {o.node_pool_id: book.nodes_with_room(o.node_pool_id, request) for o in shown},
                           self.unhealthy_sentence(job, acc, request),
                           {o.node_pool_id: book.room_by_resource(o.node_pool_id, request) for o in shown})
-        self._no_room[key] = (taken, verdict)
         return verdict
 
     def start_run(self) -> None:
@@ -237,11 +298,12 @@ class Room:
 
     def estimate(self, job: QueuedJob, offer: PoolOffer):
         """``rules.job_estimate`` of ``job`` on ``offer`` (one of the snapshot's pools), USD, remembered by what it
-        reads: the job's nodes, GPUs, CPU and memory per node and run time, and the pool."""
+        reads: the job's nodes, GPUs, CPU and memory per node (or its roles) and run time, and the pool."""
         key = (job.nodes, job.gpus_per_node, job.cpu_milli, job.memory_mib, job.max_runtime_seconds,
-               offer.node_pool_id)
+               offer.node_pool_id, job.roles)
         found = self._estimates.get(key)
         if found is None or found[0] is not offer:
             found = (offer, job_estimate(job, offer))
             self._estimates[key] = found
         return found[1]
+

@@ -33,12 +33,13 @@ def estimate_cost(total_gpus: int, max_runtime_seconds: int, usd_per_gpu_hour: D
 def job_estimate(job: QueuedJob, offer: PoolOffer) -> Decimal:
     """Worst-case cost of ``job`` on ``offer``, USD: ``estimate_cost`` of its GPUs, plus on a pool priced by CPU
     (``offer.usd_per_vcpu_hour`` / ``usd_per_gib_hour`` set: a CPU node pool) its CPU (vCPUs) and memory (GiB)
-    over all its nodes x max_runtime / 3600 x those prices, as the ledger bills them; rounded up to 1e-6."""
+    over all its nodes (a multi-role job: all its roles' pods) x max_runtime / 3600 x those prices, as the ledger
+    bills them; rounded up to 1e-6."""
     per_hour = Decimal(job.total_gpus) * offer.usd_per_gpu_hour
     if offer.usd_per_vcpu_hour is not None:
-        per_hour += Decimal(job.nodes * job.cpu_milli) / 1000 * offer.usd_per_vcpu_hour
+        per_hour += Decimal(job.total_cpu_milli) / 1000 * offer.usd_per_vcpu_hour
     if offer.usd_per_gib_hour is not None:
-        per_hour += Decimal(job.nodes * job.memory_mib) / 1024 * offer.usd_per_gib_hour
+        per_hour += Decimal(job.total_memory_mib) / 1024 * offer.usd_per_gib_hour
     return (per_hour * Decimal(job.max_runtime_seconds) / _3600).quantize(ESTIMATE_QUANTUM, ROUND_CEILING)
 
 

@@ -77,6 +77,18 @@ class BudgetView:
         return self.amount_usd - self.spent_usd - self.committed_usd
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class RoleShape:
+    """One role of a multi-role job (a gang of several pod shapes): ``nodes`` pods, each on a node of its own, with
+    ``gpus_per_node`` GPUs, ``cpu_milli`` CPU (millicores) and ``memory_mib`` memory (MiB)."""
+
+    name: str
+    nodes: int
+    gpus_per_node: int
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+
 @dataclasses.dataclass(slots=True)
 class QueuedJob:
     """A waiting job: ``nodes`` x ``gpus_per_node`` GPUs of one accelerator (or of one of ``alternatives``, accelerator
@@ -105,6 +117,10 @@ class QueuedJob:
     #: Cluster ids whose spot capacity reclaimed one of its attempts within ``SPOT_RECLAIM_AVOID_SECONDS``: its
     #: placement tries every other cluster's pools first (``room.Room.place``; ADR 0018).
     avoid_clusters: tuple[int, ...] = ()
+    #: A multi-role job's roles (empty: one shape, the fields above): admitted all together or not at all, every
+    #: role node-exact on one pool (``nodebook.NodeBook.place_gang``); ``nodes`` is then all their pods and
+    #: ``total_gpus`` / ``total_cpu_milli`` their sums. Such a job is neither preempted nor preempts (ADR 0039).
+    roles: tuple[RoleShape, ...] = ()
     key: tuple = dataclasses.field(init=False, repr=False, compare=False)
     #: What placement depends on, whatever the accelerator: size per node, spot rule and constraints (a cache key).
     shape: tuple = dataclasses.field(init=False, repr=False, compare=False)
@@ -118,14 +134,45 @@ class QueuedJob:
     def __post_init__(self):
         self.key = (-self.priority, self.submitted, self.job_id)
         self.shape = (self.nodes, self.gpus_per_node, self.cpu_milli, self.memory_mib, self.preemptible,
-                      self.providers, self.regions, self.clusters, self.share_nodes, self.avoid_clusters)
-        self.total_gpus = self.nodes * self.gpus_per_node
-        self.cpu_only = self.gpus_per_node == 0
+                      self.providers, self.regions, self.clusters, self.share_nodes, self.avoid_clusters, self.roles)
+        if self.roles:
+            self.total_gpus = sum(r.nodes * r.gpus_per_node for r in self.roles)
+            self.cpu_only = all(r.gpus_per_node == 0 for r in self.roles)
+        else:
+            self.total_gpus = self.nodes * self.gpus_per_node
+            self.cpu_only = self.gpus_per_node == 0
 
     @property
     def total_cpu_milli(self) -> int:
-        """CPU millicores of all its pods: nodes (replicas included) x cpu_milli, as the pods request them."""
+        """CPU millicores of all its pods: nodes (replicas included) x cpu_milli, as the pods request them (a
+        multi-role job: summed over its roles)."""
+        if self.roles:
+            return sum(r.nodes * r.cpu_milli for r in self.roles)
         return self.nodes * self.cpu_milli
+
+    @property
+    def total_memory_mib(self) -> int:
+        """Memory (MiB) of all its pods, as ``total_cpu_milli`` counts CPU."""
+        if self.roles:
+            return sum(r.nodes * r.memory_mib for r in self.roles)
+        return self.nodes * self.memory_mib
+
+    def role_job(self, name: str) -> QueuedJob:
+        """The pods of role ``name`` as a job of one shape (for the verdicts and reasons that name what is
+        short). KeyError for an unknown role."""
+        role = next((r for r in self.roles if r.name == name), None)
+        if role is None:
+            raise KeyError(name)
+        return QueuedJob(self.job_id, self.team_id, self.accelerator_id, role.nodes, role.gpus_per_node,
+                         self.priority, self.submitted, self.preemptible, self.max_runtime_seconds, self.providers,
+                         self.regions, self.clusters, self.recovering, role.cpu_milli, role.memory_mib)
+
+    def role_requests(self) -> tuple[tuple[str, PlacementRequest], ...]:
+        """``(role name, what placement reads of it)`` for each role of a multi-role job (its placement rules and
+        spot rule are the job's); empty for a job of one shape."""
+        return tuple((r.name, PlacementRequest(r.nodes, r.gpus_per_node, self.preemptible, self.providers,
+                                               self.regions, self.clusters, r.cpu_milli, r.memory_mib, False))
+                     for r in self.roles)
 
     def order_key(self) -> tuple:
         """A team's queue order: priority high first, then submission time, then id."""
@@ -252,6 +299,9 @@ class Admission:
     victims: tuple[RunningJob, ...] = ()
     node_names: tuple[str, ...] = ()
     accelerator_id: int = 0
+    #: A multi-role job's nodes by role, ``(role name, node names)`` in the job's role order (``node_names``: all of
+    #: them, in that order).
+    role_nodes: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 @dataclasses.dataclass(slots=True)
