@@ -6,14 +6,15 @@ daily reports, starts the web server, a Celery worker for each queue (fast
 and slow) and Celery beat as child processes, submits a pipeline at once through the REST API with a real
 token: a PyTorch training job, its evaluation on a held-out text (``after`` the training SUCCEEDED) and the
 serving of the trained model (an inference job naming the training job, ``spec.checkpoint_from``, ``after``
-the evaluation SUCCEEDED: ADR 0037), with a CPU-only data-preparation job for the local CPU pool (and a job
-the budget must refuse); follows them to a final state as the scheduler runs them in order, sends the served
+the evaluation SUCCEEDED: ADR 0037), with a CPU-only data-preparation job for the local CPU pool, a GRPO job of
+a learner and two rollouts admitted as one (a multi-role job: ADR 0039), and a job the budget must refuse; follows them to a final state as the scheduler runs them in order, sends the served
 model's endpoint a request,
 asks the API for ml-research's report of the day (on demand) and prints a
 summary with the endpoint, the answer and the report. With ``--once`` it then
 cancels the serving job, stops, and exits 0 only if training SUCCEEDED with
 a lower final loss, the evaluation passed its threshold, the CPU-only job
-SUCCEEDED billed at the CPU price, and the served model answered.
+SUCCEEDED billed at the CPU price, the GRPO job SUCCEEDED with its reward
+risen, and the served model answered.
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ from .processes import Supervisor, embedded_broker_command, wait_for_port
 FINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "REJECTED"}
 LOSS_LINE = re.compile(r"^step=(\d+) loss=([0-9.]+)", re.MULTILINE)
 EVAL_LINE = re.compile(r"^eval_loss=([0-9.]+) perplexity=([0-9.]+)", re.MULTILINE)
+#: The GRPO learner's last line (examples/rl_grpo.py): its last and its first mean reward.
+RL_FINAL_LINE = re.compile(r"^final step=\d+ reward=([-0-9.]+) first_reward=([-0-9.]+)", re.MULTILINE)
+#: Learner steps of the demo's GRPO job: enough for its reward to rise from a fresh model, a few seconds of CPU.
+RL_STEPS = 20
 
 
 @dataclasses.dataclass
@@ -320,6 +325,35 @@ def serving_document(training_job_id: int, after_job_id: int | None = None) -> d
     return doc
 
 
+def rl_document(steps: int = RL_STEPS) -> dict:
+    """The GRPO example (examples/jobs/rl-grpo.yaml) for the demo: a multi-role job of one learner and two rollouts
+    on the CPU pool, admitted as one (ADR 0039), its learner taking ``steps`` policy-gradient steps."""
+    doc = yaml.safe_load((Path(settings.BASE_DIR) / "examples/jobs/rl-grpo.yaml").read_text())
+    doc["team"] = "ml-research"
+    args = doc["spec"]["roles"]["learner"]["args"]
+    args[args.index("--steps") + 1] = str(steps)
+    return doc
+
+
+def rl_text(api: Api, view: dict) -> tuple[str, bool]:
+    """The GRPO job's summary after its state: the learner's first and last mean reward (its pod is node 0, the
+    first role's) and each role's pods and cost (``roles`` of the job's answer, USD); and whether its reward rose."""
+    text, rose = "", False
+    if view.get("current_attempt"):
+        job_cost(api, view["id"])  # waits for the final accrual, so each role's cost is whole
+        found = RL_FINAL_LINE.search(api.get(f"jobs/{view['id']}/logs/", node=0, tail=1000)["text"])
+        if found:
+            last, first = float(found.group(1)), float(found.group(2))
+            rose = last > first
+            text += f"  reward {first:.3f} -> {last:.3f}"
+    roles = api.get(f"jobs/{view['id']}/").get("roles") or {}
+    parts = [f"{name} {r['pods']} pod{'s' if r['pods'] != 1 else ''} "
+             + ("unpriced" if r.get("cost_usd") is None else f"${r['cost_usd']}") for name, r in roles.items()]
+    if parts:
+        text += "  per role: " + ", ".join(parts)
+    return text, rose
+
+
 DEMO_PROMPT = "To be, or not to be"
 
 
@@ -560,18 +594,21 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
         evaluation = research.post_yaml("jobs/", evaluation_document(train["id"]))
         serving = research.post_yaml("jobs/", serving_document(train["id"], evaluation["id"]))
         prep = research.post_yaml("jobs/", cpu_document())
+        rl = research.post_yaml("jobs/", rl_document())  # three roles admitted as one (ADR 0039)
         # Its budget can never cover it: refused at submission, as a job over its quota is (ADR 0036).
         sweep = over_budget_document()
         outcome = applied.post_yaml("jobs/preview/", sweep)["outcome"]
         refused = applied.refusal("jobs/", sweep)
-        submitted += [train["id"], evaluation["id"], serving["id"], prep["id"]]
+        submitted += [train["id"], evaluation["id"], serving["id"], prep["id"], rl["id"]]
         out.write(f"Submitted the pipeline at once: job {train['id']} ({train['name']}), job {evaluation['id']} "
                   f"({evaluation['name']}) after it succeeds, job {serving['id']} ({serving['name']}, serving the "
                   f"checkpoint of job {train['id']}) after that succeeds; and CPU-only job {prep['id']} "
-                  f"({prep['name']}); {sweep['name']} was refused at submission (its preview said {outcome}).\n"
+                  f"({prep['name']}); job {rl['id']} ({rl['name']}: a GRPO learner and two rollouts admitted as one); "
+                  f"{sweep['name']} was refused at submission (its preview said {outcome}).\n"
                   f"  job {serving['id']} {serving['name']}: QUEUED ({serving['state_reason']})\n")
         started = time.monotonic()
-        views = follow({train["id"]: research, evaluation["id"]: research, prep["id"]: research}, timeout, out)
+        views = follow({train["id"]: research, evaluation["id"]: research, prep["id"]: research, rl["id"]: research},
+                       timeout, out)
 
         served, endpoint, answer, answered = serve(research, serving, max(60.0, timeout - (time.monotonic() - started)),
                                                    out)
@@ -614,6 +651,10 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
         out.write(f"  job {prep['id']} {views[prep['id']]['name']:<20} {views[prep['id']]['state']:<10} "
                   f"vCPU-hours {vcpu_hours:.6f}  GiB-hours {gib_hours:.6f}  cost "
                   + ("unpriced" if cpu_usd is None else f"${usd_cents(cpu_usd)}") + " (CPU pool, per vCPU-hour and GiB-hour)\n")
+        rl_line, rl_rose = rl_text(research, views[rl["id"]])
+        reinforced = views[rl["id"]]["state"] == "SUCCEEDED" and rl_rose
+        out.write(f"  job {rl['id']} {views[rl['id']]['name']:<20} {views[rl['id']]['state']:<10}"
+                  + (rl_line or f"  {views[rl['id']]['state_reason']}") + "\n")
         if served is not None:
             gpu_hours, cost = job_cost(research, served["id"]) if served.get("current_attempt") else (0.0, "0.00")
             out.write(f"  job {served['id']} {served['name']:<20} {served['state']:<10} GPU-hours {gpu_hours:.4f}  "
@@ -624,9 +665,10 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
         else:
             out.write(f"  serving FAILED: {answer}\n")
         out.write(report_on_demand(research, port) + "\n")
-        ok = trained and evaluated and answered and prepared
+        ok = trained and evaluated and answered and prepared and reinforced
         out.write("Demo OK: training succeeded, its loss fell, the evaluation passed, the CPU-only job succeeded and "
-                  "was billed, and the served model answered.\n" if ok else "Demo FAILED.\n")
+                  "was billed, the GRPO job's reward rose, and the served model answered.\n" if ok
+                  else "Demo FAILED.\n")
         if not once:
             serving = f"  Serving job {served['id']} answers at {endpoint}/generate\n" if answered else ""
             out.write(f"\nThe platform keeps running at http://127.0.0.1:{port}/ (API /api/v1/, docs /api/docs/).\n"

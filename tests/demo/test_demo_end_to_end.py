@@ -63,6 +63,11 @@ def test_demo_once_trains_and_charges_with_real_workers(tmp_path):
     # The pipeline was submitted at once; each job was admitted only after the one it runs after SUCCEEDED.
     assert "Submitted the pipeline at once" in out
     assert re.search(r"evaluate-gpt\s+SUCCEEDED\s+held-out loss [0-9.]+ \(perplexity [0-9.]+\), threshold 4\.0", out), out
+    # The GRPO job: three roles admitted as one, its reward rose, each role's cost shown.
+    rl = re.search(r"rl-grpo\s+SUCCEEDED\s+reward ([0-9.]+) -> ([0-9.]+)\s+per role: learner 1 pod \$([0-9.]+), "
+                   r"rollout 2 pods \$([0-9.]+)", out)
+    assert rl, out
+    assert float(rl.group(2)) > float(rl.group(1))
     on_demand = re.search(r"report (\d+) \(on demand, ml-research, [0-9-]+ UTC\): [0-9.]+ GPU-hours, \$([0-9.]+)", out)
     assert on_demand, out
 
@@ -94,7 +99,17 @@ def test_demo_once_trains_and_charges_with_real_workers(tmp_path):
             "SELECT e.interval_start, e.interval_end, e.gpus, e.cpu_milli, e.memory_mib, e.usd_per_vcpu_hour, "
             "e.usd_per_gib_hour, e.amount_usd FROM costs_costentry e JOIN jobs_job j ON j.id = e.job_id "
             "WHERE j.name = 'prepare-data' ORDER BY e.interval_start").fetchall()
+        rl_admissions = conn.execute(
+            "SELECT count(*) FROM jobs_jobevent e JOIN jobs_job j ON j.id = e.job_id WHERE j.name = 'rl-grpo' "
+            "AND e.kind = 'state' AND e.to_state = 'ADMITTED'").fetchone()[0]
+        (rl_pods, rl_accrued), = conn.execute(  # one attempt (the join gives one row per attempt)
+            "SELECT j.nodes, j.accrued_cost_usd FROM jobs_job j JOIN jobs_jobattempt a ON a.job_id = j.id "
+            "WHERE j.name = 'rl-grpo'").fetchall()
     assert events == ["ADMITTED", "STARTING", "RUNNING", "SUCCEEDED"]
+    # One admission for the whole gang: a learner and two rollouts in one attempt of 3 pods.
+    assert (rl_admissions, rl_pods) == (1, 3)
+    # The roles' costs (each rounded to cents) add up to the job's ledger total.
+    assert abs(Decimal(rl.group(3)) + Decimal(rl.group(4)) - rl_accrued) <= Decimal("0.01")
     assert [r[0] for r in pipeline] == ["train-gpt", "evaluate-gpt", "serve-gpt"]
     assert pipeline[0][1] <= pipeline[1][2] and pipeline[1][1] <= pipeline[2][2]  # each ended before the next was admitted
     assert int(serving_from) == job_id  # the serving job names the training job, not a path
