@@ -35,7 +35,7 @@ from costs.collection import refresh_running
 from costs.models import ClusterMetrics, CostEntry, Report, UtilizationRollup
 from costs.reports.build import generate_report
 from costs.unknown import HAS_UNPRICED, unknown_cost, unpriced_hours
-from jobs.dependencies import edges_of
+from jobs.dependencies import DependencyRefused, edges_of
 from jobs.filters import JobFilterSet
 from jobs.lifecycle import NotCancellable, cancel_job, submit_job
 from jobs.models import FINAL_STATES, Job, JobAttempt, JobEvent, JobState
@@ -499,9 +499,13 @@ def job_submit(request):
                 return _submission_throttled(request, form, wait, f"team {args['team'].slug} received")
             args = _affordable(form, args)
         if args is not None:
-            job = submit_job(**args)
-            messages.success(request, f"Job {job.pk} ({job.name}) submitted.")
-            return redirect("frontend:job-detail", pk=job.pk)
+            try:
+                job = submit_job(**args)
+            except DependencyRefused as exc:  # an upstream ended meanwhile: refused as at validation, on its field
+                form.add_serializer_errors({exc.path: [str(exc)]})
+            else:
+                messages.success(request, f"Job {job.pk} ({job.name}) submitted.")
+                return redirect("frontend:job-detail", pk=job.pk)
     else:
         form = _submit_form(request, initial=_resubmission_initial(request))
     return render(request, "frontend/job_submit.html", {"form": form, "resubmitting": request.GET.get("from")})
