@@ -220,13 +220,16 @@ def follow_job(client: Client, job: dict, interval: float, say) -> dict:
 @api_command("jobs", "list jobs, newest first")
 @click.option("--team", help="team slug")
 @click.option("--state", "states", multiple=True, help="state (repeat, or comma-separated: QUEUED,RUNNING)")
-@click.option("--kind", type=click.Choice(["training", "inference", "any"]), default="any", show_default=True,
-              help="job kind")
+@click.option("--kind", type=click.Choice(["training", "inference", "multi-role", "any"]), default="any",
+              show_default=True, help="job kind")
+@click.option("--array", "array_id", type=POSITIVE_INT, help="only the elements of this array (its id)")
 @click.option("--limit", type=POSITIVE_INT, default=50, help="at most this many jobs (default 50)")
-def jobs(api: Api, team: str | None, states: tuple[str, ...], kind: str, limit: int) -> int:
-    """The job list (newest first), filtered by team, state and kind: id, team, name, state, GPUs, accelerator, cost,
-    age."""
+def jobs(api: Api, team: str | None, states: tuple[str, ...], kind: str, array_id: int | None, limit: int) -> int:
+    """The job list (newest first), filtered by team, state, kind and array: id, team, name, state, GPUs,
+    accelerator, cost, age."""
     params: dict = {"team": team} if team else {}
+    if array_id is not None:
+        params["array"] = array_id
     if kind != "any":
         params["kind"] = kind
     wanted = [s.strip().upper() for value in states for s in value.split(",") if s.strip()]
