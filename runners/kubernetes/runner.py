@@ -31,6 +31,7 @@ from django.utils import timezone
 
 from core.namespaces import team_namespace
 from jobs.arrays import element_env
+from jobs.models import JobArray
 
 from ..base import (
     ABSENT,
@@ -101,10 +102,16 @@ def workload(attempt) -> m.Workload:
 def dispatch_record(attempt) -> dict:
     """What a restored control plane needs to rebuild ``attempt``'s job and attempt rows (``jobs.recovery``):
     team slug, submitter's username, the job's name, kind, spec, resource columns, creation time (ISO 8601) and
-    estimate (USD), the attempt's id, number, uid, node pool name, GPUs, price (USD/GPU-h) and placement."""
+    estimate (USD), the attempt's id, number, uid, node pool name, GPUs, price (USD/GPU-h) and placement; for an
+    element of a job array, ``array`` (``{"id", "index", "created_at"}``: which array and element it is, the
+    array's submission time telling that array from a later one that took the same id)."""
     job = attempt.job
     submitter = get_user_model().objects.filter(pk=job.submitter_id).values_list("username", flat=True).first()
-    return {"team": job.team.slug, "submitter": submitter or "", "job_id": job.pk, "job_name": job.name,
+    array = None
+    if job.array_id is not None:
+        made = JobArray.objects.filter(pk=job.array_id).values_list("created_at", flat=True).first()
+        array = {"id": job.array_id, "index": job.array_index, "created_at": made.isoformat() if made else ""}
+    return {"array": array, "team": job.team.slug, "submitter": submitter or "", "job_id": job.pk, "job_name": job.name,
             "kind": job.kind, "spec": job.spec, "accelerator": attempt.node_pool.accelerator.name,
             "gpus_per_node": job.gpus_per_node, "nodes": job.nodes, "replicas": job.replicas,
             "priority": job.priority, "preemptible": job.preemptible, "max_runtime_seconds": job.max_runtime_seconds,
