@@ -21,6 +21,9 @@ import datetime as dt
 from datetime import UTC
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as examples
+from hypothesis import strategies as st
 
 from costs.collection import collect_utilization, periodic_pass, seal_after
 from costs.ledger import accrue_attempt
@@ -323,3 +326,41 @@ def test_time_of_series_without_a_node_is_split_by_the_roles_gpus_in_the_attempt
     assert got["learner"]["idle"] == pytest.approx(450)
     assert got["rollout"]["samples"] == pytest.approx(2.5) and got["rollout"]["observed"] == pytest.approx(150)
     assert got["learner"]["rules"] == {"node", "gpu-share"} and got["rollout"]["rules"] == {"gpu-share"}
+
+
+NODES = ("n1", "n2", "n3")
+
+
+@st.composite
+def attempts(draw):
+    """A multi-role placement over a few nodes (each role's pods on distinct nodes), node rows with and without a
+    role, and attempt totals holding at least the node rows (more: series without a host label)."""
+    roles = {}
+    for name in draw(st.lists(st.sampled_from(("learner", "rollout", "reward")), min_size=1, max_size=3,
+                              unique=True)):
+        nodes = draw(st.lists(st.sampled_from(NODES), min_size=1, max_size=3, unique=True))
+        roles[name] = {"nodes": nodes, "gpus_per_node": draw(st.integers(1, 4))}
+    sums = st.fixed_dictionaries({"samples": st.integers(0, 500), "util_sum": st.floats(0, 5e4),
+                                  "observed": st.floats(0, 1e5), "idle": st.floats(0, 1e5)})
+    rows = draw(st.lists(st.tuples(st.sampled_from(NODES + ("elsewhere",)), st.sampled_from(["", *roles]), sums),
+                         max_size=6, unique_by=lambda r: (r[0], r[1])))
+    extra = draw(sums)
+    total = {k: extra[k] + sum(r[2][k] for r in rows) for k in extra}
+    return {"roles": roles}, total, rows
+
+
+@examples(max_examples=200, deadline=None)
+@given(attempts())
+def test_every_rows_time_goes_to_the_roles_once(case):
+    placement, total, rows = case
+    got = attribute_attempt(placement, total, rows)
+    assert set(got) == set(placement["roles"])
+    for key in total:
+        assert sum(r[key] for r in got.values()) == pytest.approx(total[key], rel=1e-9, abs=1e-6)
+        assert all(r[key] >= -1e-6 for r in got.values())
+    for node, role, _sums in rows:
+        if role:
+            assert "pod" in got[role]["rules"]
+        holders = [name for name, r in placement["roles"].items() if node in r["nodes"]]
+        if not role and len(holders) == 1:
+            assert "node" in got[holders[0]]["rules"]
