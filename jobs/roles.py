@@ -161,7 +161,8 @@ def role_utilization(job: Job) -> dict[str, dict]:
     (``attribute_attempt`` per attempt): role -> ``gpu_utilization_percent`` (sample-weighted, percent; null
     when never observed), ``observed_gpu_hours``, ``idle_gpu_hours`` (observed hours under the idle threshold,
     ``COSTS_IDLE_UTIL_PERCENT``; null when never observed) and ``attribution`` (the least exact of
-    ``ATTRIBUTIONS`` any of its time needed; null when never observed). Two queries."""
+    ``ATTRIBUTIONS`` any of its time needed; null when never observed). Two queries (three when an attempt has
+    figures but no node row)."""
     totals: dict[int, dict[str, float]] = {}
     for attempt_id, samples, util_sum, observed, idle in UtilizationRollup.objects.filter(job=job).values_list(
             "attempt_id", "samples", "util_sum", "observed_gpu_seconds", "idle_gpu_seconds"):
