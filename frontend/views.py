@@ -41,7 +41,7 @@ from jobs.lifecycle import NotCancellable, cancel_job, submit_job
 from jobs.models import FINAL_STATES, Job, JobAttempt, JobEvent, JobState
 from jobs.permissions import CANCEL_REFUSED, may_cancel
 from jobs.preview import refuse_unaffordable, stored_job_args, submission_preview
-from jobs.roles import role_costs
+from jobs.roles import job_roles
 from jobs.scheduling.core import price_text
 from jobs.scheduling.offers import pool_offers
 from jobs.scheduling.snapshot import cpu_used_milli
@@ -367,7 +367,7 @@ def job_detail(request, pk: int):
     series = next((a["series"] for a in reversed(efficiency["attempts"]) if a["series"]), [])
     # A training job's section; a CPU-only one (data preparation) gets it only once its workload reported throughput.
     reported = any(a["tokens_per_s"] is not None or a.get("series") for a in efficiency["attempts"])
-    context.update(roles=role_costs(job), efficiency=efficiency,
+    context.update(roles=job_roles(job), efficiency=efficiency,
                    show_efficiency=job.kind == "training" and (job.gpus_per_node or reported),
                    throughput_chart=_chart(
         [point[1] for point in series], [point[2] for point in series], "Training throughput (tokens/s)", "line"))

@@ -393,7 +393,9 @@ class WorkloadMetrics(models.Model):
     series); ``tokens_per_s`` (the run's throughput: its summary, else the mean), ``flops_per_token`` and
     ``tokens`` (training tokens the attempt processed) are copied to columns for reports. ``source`` is
     ``log`` or ``prometheus``; ``complete`` is set by the first collection after the attempt ended (nothing
-    more will come).
+    more will come). ``pods``: a multi-role attempt's last throughput per pod, read from each pod's log:
+    role name -> pod index within the role (text) -> ``jobs.efficiency.protocol.last_throughput`` with ``at``
+    (seconds since the epoch, when it was read); ``{}`` for an attempt of one role.
     """
 
     class Source(models.TextChoices):
@@ -408,6 +410,7 @@ class WorkloadMetrics(models.Model):
     flops_per_token = models.FloatField(null=True, blank=True, help_text="Model FLOPs per training token")
     tokens = models.BigIntegerField(null=True, blank=True, help_text="Training tokens processed")
     complete = models.BooleanField(default=False)
+    pods = models.JSONField(default=dict, blank=True, help_text="multi-role: last throughput per role and pod")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

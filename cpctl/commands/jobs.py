@@ -16,7 +16,21 @@ from cpctl.client import Client, redact
 from cpctl.commands.arrays import parsed_document, submit_array
 from cpctl.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_JOB_NOT_SUCCEEDED, EXIT_OK, EXIT_UNREACHABLE, CliError
 from cpctl.options import POSITIVE_INT, Api, PositiveFloat, api_command
-from cpctl.output import age, duration, err, fields, money, out, print_json, shown_amount, table, usd, when
+from cpctl.output import (
+    age,
+    duration,
+    err,
+    fields,
+    gpu_hours,
+    money,
+    out,
+    percent,
+    print_json,
+    shown_amount,
+    table,
+    usd,
+    when,
+)
 
 FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED", "REJECTED")
 
@@ -325,7 +339,34 @@ def job(api: Api, id: int) -> int:  # noqa: A002 - the argument's name in the us
         return EXIT_OK
     out(f"job {body['id']}  {body['name']}")
     fields(job_fields(body))
+    if body.get("roles"):
+        out()
+        roles_table(body["roles"])
     return EXIT_OK
+
+
+def throughput_text(role: dict) -> str:
+    """A role's throughput (API ``roles.<name>``): ``1,234.5 tok/s``, with each pod's for a role of several pods
+    (``-`` for a pod that reported none); ``-`` when none reported."""
+    total = role.get("tokens_per_s")
+    if total is None:
+        return "-"
+    text = f"{total:,.1f} tok/s"
+    pods = role.get("pod_tokens_per_s") or []
+    if len(pods) > 1:
+        text += " (" + ", ".join("-" if t is None else f"{t:,.1f}" for t in pods) + ")"
+    return text
+
+
+def roles_table(roles: dict) -> None:
+    """A multi-role job's ``roles`` (API) as a table: pods, GPUs, GPU-hours, cost, GPU utilization, idle
+    GPU-hours, how utilization was attributed, and throughput, as the job page shows them."""
+    table(["ROLE", "PODS", "GPUS", "GPU-H", "COST", "GPU UTIL", "IDLE GPU-H", "ATTRIBUTED BY", "THROUGHPUT"],
+          [[name, r.get("pods"), r.get("gpus"), gpu_hours(r.get("gpu_hours")), usd(r.get("cost_usd")),
+            percent(r.get("gpu_utilization_percent")),
+            "n/a" if r.get("idle_gpu_hours") is None else gpu_hours(r["idle_gpu_hours"]),
+            r.get("attribution") or "-", throughput_text(r)] for name, r in roles.items()],
+          right=("PODS", "GPUS", "GPU-H", "COST", "GPU UTIL", "IDLE GPU-H", "THROUGHPUT"))
 
 
 def mfu_text(mfu, reason: str) -> str:
