@@ -1,5 +1,5 @@
 """Kubernetes manifests of an attempt, as plain dicts: training Job (+ headless Service), inference Deployment + Service,
-and for a multi-role job an Indexed Job and a headless Service per role.
+and for a multi-role job an Indexed Job and a headless Service per role, or one JobSet of them.
 
 Pure functions of a ``Workload`` (no database, no network), so tests can
 validate every shape against the official schema (``kubernetes-validate``).
@@ -123,6 +123,8 @@ class Workload:
     and sweep parameters; empty for a job of its own).
     ``roles`` a multi-role attempt's roles in the spec's order (``kind`` ``multi-role``; empty otherwise);
     ``role`` the name of the role a per-role workload stands for (``role_workload``; "": the whole attempt).
+    ``jobset``: the multi-role attempt is one JobSet (``jobset``) rather than a Job and a Service per role.
+    ``subdomain``: the headless Service whose subdomain the pods are named under ("": the one named ``name``).
     """
 
     name: str
@@ -158,6 +160,8 @@ class Workload:
     array_env: tuple[tuple[str, str], ...] = ()  # CONTROLPLANE_ARRAY_* and SWEEP_* of an array's element
     roles: tuple[Role, ...] = ()  # a multi-role attempt's roles, in the spec's order
     role: str = ""  # the role a per-role workload stands for (``role_workload``)
+    jobset: bool = False  # a multi-role attempt as one JobSet (the cluster serves ``JOBSET_API_VERSION``)
+    subdomain: str = ""  # the headless Service the pods are named under ("": ``name``)
 
     @property
     def labels(self) -> dict[str, str]:
@@ -185,7 +189,7 @@ class Workload:
         """DNS name of the pod of completion index 0: ``<job>-0.<headless service>.<namespace>.svc``."""
         if self.nodes == 1:
             return "127.0.0.1"
-        return f"{self.name}-0.{self.name}.{self.namespace}.svc"
+        return f"{self.name}-0.{self.subdomain or self.name}.{self.namespace}.svc"
 
 
 def namespace(name: str, team: str) -> dict:
@@ -464,7 +468,7 @@ def _indexed_job(w: Workload, env: list[dict], ports: list[dict], annotations: d
     pod_spec = {"restartPolicy": "Never", "containers": [_container(w, env, ports)],
                 "volumes": [checkpoint_volume(w)], **_scheduling(w)}
     if subdomain:
-        pod_spec["subdomain"] = w.name
+        pod_spec["subdomain"] = w.subdomain or w.name
     return {
         "apiVersion": "batch/v1", "kind": "Job", "metadata": _metadata(w, owner=True),
         "spec": {
@@ -525,23 +529,36 @@ def role_object_name(attempt_name: str, role: str) -> str:
     return f"{attempt_name}-{role}"
 
 
+def role_job_name(w: Workload, role: str) -> str:
+    """The name of the Job of ``role``: ``role_object_name``; in a JobSet its one child Job, which the JobSet
+    controller names ``<jobset>-<replicated job>-<job index>`` (JobSet docs, "JobSet with network"): ``-0``."""
+    name = role_object_name(w.name, role)
+    return f"{name}-0" if w.jobset else name
+
+
+def role_service_name(w: Workload, role: str) -> str:
+    """The headless Service the pods of ``role`` are named under: the role's own (``role_object_name``); in a
+    JobSet the one the JobSet controller makes for all roles, named by ``spec.network.subdomain`` (the attempt's
+    name)."""
+    return w.name if w.jobset else role_object_name(w.name, role)
+
+
 def role_workload(w: Workload, role: Role) -> Workload:
     """The workload of one role of the multi-role ``w``: the role's image, command, env, pods, resources and nodes
-    under the role's object name (``role_object_name``), labelled with the role."""
+    under its Job's name (``role_job_name``) and Service (``role_service_name``), labelled with the role."""
     return dataclasses.replace(
-        w, name=role_object_name(w.name, role.name), kind="training", image=role.image, command=role.command,
-        args=role.args, env=role.env, nodes=role.pods, gpus_per_node=role.gpus_per_node, cpu=role.cpu,
-        memory_gib=role.memory_gib, node_names=role.node_names, port=role.port or 0, metrics_port=0,
-        role=role.name, roles=())
+        w, name=role_job_name(w, role.name), subdomain=role_service_name(w, role.name), kind="training",
+        image=role.image, command=role.command, args=role.args, env=role.env, nodes=role.pods,
+        gpus_per_node=role.gpus_per_node, cpu=role.cpu, memory_gib=role.memory_gib, node_names=role.node_names,
+        port=role.port or 0, metrics_port=0, role=role.name, roles=(), jobset=False)
 
 
 def pod_dns_name(w: Workload, role: Role, index: int) -> str:
-    """The stable DNS name of pod ``index`` of ``role``: ``<job>-<index>.<service>.<namespace>.svc`` (the Job and
-    its headless Service share ``role_object_name``; an Indexed Job's pod has hostname ``<job>-<index>`` and
-    the Service as subdomain, Kubernetes docs "DNS for Services and Pods"). It resolves once the pod exists,
+    """The stable DNS name of pod ``index`` of ``role``: ``<job>-<index>.<service>.<namespace>.svc`` (an Indexed
+    Job's pod has hostname ``<job>-<index>`` and its headless Service as subdomain, Kubernetes docs "DNS for
+    Services and Pods"; in a JobSet ``<jobset>-<role>-0-<index>.<jobset>``). It resolves once the pod exists,
     ready or not (``publishNotReadyAddresses``)."""
-    name = role_object_name(w.name, role.name)
-    return f"{name}-{index}.{name}.{w.namespace}.svc"
+    return f"{role_job_name(w, role.name)}-{index}.{role_service_name(w, role.name)}.{w.namespace}.svc"
 
 
 def role_addresses_variable(name: str) -> str:
@@ -600,8 +617,39 @@ def role_service(w: Workload, role: Role) -> dict:
                      "ports": ports}}
 
 
+# JobSet (kubernetes-sigs/jobset): one object whose controller makes a child Job per replicated Job and one
+# headless Service for them all.
+JOBSET_GROUP = "jobset.x-k8s.io"
+JOBSET_VERSION = "v1alpha2"
+JOBSET_API_VERSION = f"{JOBSET_GROUP}/{JOBSET_VERSION}"
+
+
+def jobset(w: Workload) -> dict:
+    """The multi-role ``w`` (with ``jobset``) as one ``jobset.x-k8s.io/v1alpha2`` JobSet named after the attempt: a
+    replicated Job per role (1 replica, its template the role's Job: ``role_job``, labels and annotations
+    included, which the JobSet controller copies to the child Job), ``network.enableDNSHostnames`` with the
+    attempt's name as subdomain (the controller makes that headless Service; not-ready addresses published),
+    ``failurePolicy.maxRestarts`` 0 (the platform owns retries: a failed child Job fails the JobSet) and a
+    ``successPolicy`` of ``All`` the roles with completion (the JobSet completes when they have, and the
+    controller then deletes the servers' Jobs). Field names and defaults: JobSet API reference (v1alpha2) and
+    its "JobSet with network" example."""
+    replicated = []
+    for role in w.roles:
+        job = role_job(w, role)
+        meta = {k: v for k, v in job["metadata"].items() if k in ("labels", "annotations")}
+        replicated.append({"name": role.name, "replicas": 1, "template": {"metadata": meta, "spec": job["spec"]}})
+    waited = [r.name for r in w.roles if r.completion]
+    return {"apiVersion": JOBSET_API_VERSION, "kind": "JobSet", "metadata": _metadata(w, owner=True),
+            "spec": {"network": {"enableDNSHostnames": True, "subdomain": w.name, "publishNotReadyAddresses": True},
+                     "failurePolicy": {"maxRestarts": 0},
+                     "successPolicy": {"operator": "All", "targetReplicatedJobs": waited},
+                     "replicatedJobs": replicated}}
+
+
 def manifests(w: Workload) -> list[dict]:
     """Every object of the attempt in creation order (Services first, so DNS exists when pods start)."""
+    if w.kind == "multi-role" and w.jobset:
+        return [jobset(w)]
     if w.kind == "multi-role":
         return [role_service(w, r) for r in w.roles] + [role_job(w, r) for r in w.roles]
     if w.kind == "inference":

@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 
 MULTI_ROLE = "multi-role"  # ``jobs.models.Job.Kind.MULTI_ROLE``: one Job and headless Service per role
 SELECTOR = m.LABEL_JOB  # "label exists": every object the platform created
+# The label the JobSet controller puts on its child Jobs and pods: the JobSet's name (JobSet docs, "JobSet labels").
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 IMAGE_PULL_REASONS = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName"})
 # Pod status reasons and condition reasons that mean the node or the pod was taken away, not that the work failed
 # (Kubernetes docs "Pod disruption conditions": DisruptionTarget with PreemptionByScheduler,
@@ -144,11 +146,13 @@ def dispatch_record(attempt) -> dict:
 _COLLECTIONS = {"Job": "/apis/batch/v1/namespaces/{namespace}/jobs",
                 "Deployment": "/apis/apps/v1/namespaces/{namespace}/deployments",
                 "Service": "/api/v1/namespaces/{namespace}/services",
-                "ConfigMap": "/api/v1/namespaces/{namespace}/configmaps"}
+                "ConfigMap": "/api/v1/namespaces/{namespace}/configmaps",
+                "JobSet": f"/apis/{m.JOBSET_API_VERSION}/namespaces/{{namespace}}/jobsets"}
 
 
 def _api(c: ClusterClient, kind: str):
-    """``(create, read, delete, list_all)`` client methods for ``kind`` (Job, Deployment, Service)."""
+    """``(create, read, delete, list_all)`` client methods for ``kind`` (Job, Deployment, Service, ConfigMap, JobSet:
+    created through ``ClusterClient.create``, so no create method)."""
     if kind == "Job":
         return (c.batch.create_namespaced_job, c.batch.read_namespaced_job, c.batch.delete_namespaced_job,
                 c.batch.list_job_for_all_namespaces)
@@ -161,6 +165,14 @@ def _api(c: ClusterClient, kind: str):
     if kind == "ConfigMap":
         return (c.core.create_namespaced_config_map, c.core.read_namespaced_config_map,
                 c.core.delete_namespaced_config_map, c.core.list_config_map_for_all_namespaces)
+    if kind == "JobSet":  # a custom resource: the generic client, in the (name, namespace) order of the others
+        group, version, plural = m.JOBSET_GROUP, m.JOBSET_VERSION, "jobsets"
+        return (None,
+                lambda name, namespace, **kw: c.custom.get_namespaced_custom_object(
+                    group, version, namespace, plural, name, **kw),
+                lambda name, namespace, **kw: c.custom.delete_namespaced_custom_object(
+                    group, version, namespace, plural, name, **kw),
+                lambda **kw: c.custom.list_cluster_custom_object(group, version, plural, **kw))
     raise ValueError(kind)
 
 
@@ -461,23 +473,26 @@ def _role_failure(name: str, pod: dict, failure: Observation) -> Observation:
 
 
 def observe_multi_role(jobs: dict[str, dict], pods: list[dict], roles: list[tuple[str, int]], now: dt.datetime,
-                       grace: float, unschedulable_grace: float = float("inf")) -> Observation:
+                       grace: float, unschedulable_grace: float = float("inf"), *,
+                       jobset: dict | None = None) -> Observation:
     """The phase of a multi-role attempt (docs/adr/0039-multi-role-jobs.md) from its Jobs by role name (``jobs``),
-    all its pods (``pods``, labelled with their role) and its roles (``role_shapes``: name, pods; whether the
-    attempt waits for a role its Job says, ``waits_for``).
+    all its pods (``pods``, labelled with their role), its roles (``role_shapes``: name, pods; whether the
+    attempt waits for a role its Job says, ``waits_for``) and, when it runs as one, its JobSet (``jobset``).
 
     In this order: a pod taken away (evicted, node lost, spot reclaimed) makes the whole attempt ``lost``; the
-    attempt succeeds once every role with ``completion`` has its Job Complete (every pod exited 0), whatever the
-    others do (they are then deleted; a server role whose pods exited 0 early ends nothing); a role past its
-    deadline fails it; then a pod whose container failed (``role rollout pod 1 exited with code 3``); then any
-    role's other end (a pod deleted, a Job failed without a pod's failure, image pulls), named by its role. A
-    role's Job missing while another's exists was deleted from outside: ``lost PodDeleted``. It runs once every
-    role's pods run (or a server role's exited 0), is ``unschedulable`` when a role's pod is, else pending.
+    attempt succeeds once every role with ``completion`` has its Job Complete (every pod exited 0), or its JobSet
+    says Completed, whatever the others do (they are then deleted; a server role whose pods exited 0 early ends
+    nothing); a role past its deadline fails it; then a pod whose container failed (``role rollout pod 1 exited
+    with code 3``); then a JobSet that says Failed; then any role's other end (a pod deleted, a Job failed
+    without a pod's failure, image pulls), named by its role. A role's Job missing while another's exists was
+    deleted from outside (``lost PodDeleted``), unless a JobSet runs the attempt (its controller has yet to make
+    it: pending). It runs once every role's pods run (or a server role's exited 0), is ``unschedulable`` when a
+    role's pod is, else pending. No Job and no JobSet: ``absent``.
 
-    ``created_at``: the earliest creation of its Jobs and pods (billing starts with the first role);
+    ``created_at``: the earliest creation of its JobSet, Jobs and pods (billing starts with the first role);
     ``ended_at``: when the last pod stopped, None while any still holds its GPUs (the platform deletes them
     and bills until the deletion is accepted or the pods are seen gone, as for a crashed server)."""
-    if not jobs:
+    if not jobs and jobset is None:
         return ABSENT
     by_role: dict[str, list[dict]] = defaultdict(list)
     for pod in pods:
@@ -485,22 +500,25 @@ def observe_multi_role(jobs: dict[str, dict], pods: list[dict], roles: list[tupl
     for name in by_role:
         by_role[name].sort(key=lambda p: (int(_index_of(p)) if _index_of(p).isdigit() else -1,
                                           (p.get("metadata") or {}).get("name", "")))
-    phase = _multi_role_phase(jobs, by_role, roles, now, grace, unschedulable_grace)
+    phase = _multi_role_phase(jobs, by_role, roles, now, grace, unschedulable_grace, _conditions(jobset or {}),
+                              jobset is not None)
     ended = None
     if not _holding(pods):
         stops = [stopped_at(jobs.get(name), by_role.get(name, [])) for name, _ in roles]
         ended = max((t for t in stops if t is not None), default=None)
-    return dataclasses.replace(phase, created_at=created_at(None, [*jobs.values(), *pods]), ended_at=ended)
+    made = created_at(None, [*([jobset] if jobset else []), *jobs.values(), *pods])
+    return dataclasses.replace(phase, created_at=made, ended_at=ended)
 
 
 def _multi_role_phase(jobs: dict[str, dict], by_role: dict[str, list[dict]], roles: list[tuple[str, int]],
-                      now: dt.datetime, grace: float, unschedulable_grace: float) -> Observation:
+                      now: dt.datetime, grace: float, unschedulable_grace: float, jobset: dict[str, dict],
+                      in_jobset: bool) -> Observation:
     for name, _ in roles:
         for pod in by_role.get(name, []):
             if (lost := pod_lost(pod)) is not None:
                 return dataclasses.replace(lost, message=f"role {name} pod {_index_of(pod)}: {lost.message}")
     complete = {name for name, job in jobs.items() if {"Complete", "SuccessCriteriaMet"} & set(_conditions(job))}
-    if all(name in complete for name, _ in roles if waits_for(jobs.get(name))):
+    if "Completed" in jobset or all(name in complete for name, _ in roles if waits_for(jobs.get(name))):
         return Observation("succeeded", exit_code=0)
     for name, _ in roles:
         failed = _conditions(jobs.get(name) or {})
@@ -512,9 +530,15 @@ def _multi_role_phase(jobs: dict[str, dict], by_role: dict[str, list[dict]], rol
         for pod in by_role.get(name, []):
             if not (pod.get("metadata") or {}).get("deletionTimestamp") and (failure := pod_failure(pod)) is not None:
                 return _role_failure(name, pod, failure)
+    if (failed := jobset.get("Failed")) is not None:
+        return Observation("failed", "Failed", None, f"the JobSet failed: {failed.get('reason') or ''}: "
+                                                     f"{failed.get('message') or ''}".strip(": "))
     phases = {}
     for name, count in roles:
         job = jobs.get(name)
+        if job is None and in_jobset:
+            phases[name] = "pending"  # its controller has not made it yet
+            continue
         if job is None:
             return Observation("lost", "PodDeleted", None, f"role {name}: its Job is gone while the other roles' "
                                                            f"exist")
@@ -574,11 +598,14 @@ def observe_inference(deployment: dict | None, pods: list[dict], now: dt.datetim
 def owned_objects(attempt) -> list[tuple[str, str, str]]:
     """``(kind, name, deletion propagation policy)`` of every object dispatch may have made for ``attempt``: its
     Job, Deployment and Service, all named ``attempt.object_name``; for a multi-role attempt each role's Job
-    and headless Service (``manifests.role_object_name``), named from its placement's roles, so a restart of the
-    control plane finds them without the dispatch's ``runner_state``. Owners go Foreground (their pods first)."""
+    and headless Service (``manifests.role_object_name``), named from its placement's roles, or its JobSet (named
+    as the attempt; deleting it deletes the child Jobs and the Service its controller made), so a restart of
+    the control plane finds them without the dispatch's ``runner_state``. Owners go Foreground (their pods
+    first). A kind the cluster does not serve answers 404, as an object that is gone."""
     if attempt.job.kind == MULTI_ROLE:
         names = [m.role_object_name(attempt.object_name, name) for name, _ in role_shapes(attempt.placement)]
-        return [("Job", n, "Foreground") for n in names] + [("Service", n, "Background") for n in names]
+        return ([("JobSet", attempt.object_name, "Foreground")] + [("Job", n, "Foreground") for n in names]
+                + [("Service", n, "Background") for n in names])
     name = attempt.object_name
     return [("Job", name, "Foreground"), ("Deployment", name, "Foreground"), ("Service", name, "Background")]
 
@@ -629,6 +656,10 @@ class KubernetesBackend(Backend):
         (absent when none: ``K8S_METRICS_PORT`` 0, or a serving job);
         ``created_at`` (ISO 8601) is the creationTimestamp of the Job or
         Deployment, where billing starts (absent when the server reports none).
+        A multi-role attempt is a Job and a headless Service per role, or one
+        JobSet where the cluster serves ``jobset.x-k8s.io/v1alpha2``
+        (``ClusterClient.serves``; ``"jobset": true`` in the answer), billed
+        from the first role's Job's (the JobSet's) creation.
         """
         w = workload(attempt)
         if w.kind == MULTI_ROLE:
@@ -650,6 +681,8 @@ class KubernetesBackend(Backend):
             raise TransientDispatchError(f"cluster {attempt.cluster.name} unreachable: {exc}") from exc
 
     def _dispatch(self, c: ClusterClient, w: m.Workload) -> dict:
+        if w.kind == MULTI_ROLE and not w.jobset and c.serves(m.JOBSET_API_VERSION):
+            w = dataclasses.replace(w, jobset=True)  # one JobSet, which the cluster's JobSet controller runs
         self._ensure_namespace(c, w)
         created, times = [], []
         for manifest in m.manifests(w):
@@ -660,6 +693,8 @@ class KubernetesBackend(Backend):
         times = [t for t in times if t is not None]
         endpoint = f"http://{w.name}.{w.namespace}.svc:{w.port}" if w.kind == "inference" else None
         state = {"namespace": w.namespace, "objects": created, "endpoint": endpoint}
+        if w.jobset:
+            state["jobset"] = True
         if w.metrics_port:
             state["metrics_port"] = w.metrics_port
         if times:  # a server that reports no creationTimestamp: billing starts when dispatch records the start
@@ -760,7 +795,7 @@ class KubernetesBackend(Backend):
         pods = self._list(c, "Pod") if attempts else []
         if attempts:
             _check_pods_listed(jobs + deployments, pods)
-        return self._observations(c, attempts, jobs, deployments, pods)
+        return self._observations(c, attempts, jobs, deployments, pods, self._jobsets(c, attempts))
 
     def owned_attempt_ids(self, cluster) -> dict[int, Owned]:
         """Attempt ids labelled on any Job, Deployment or Service of the platform on ``cluster`` (four LISTs),
@@ -770,16 +805,26 @@ class KubernetesBackend(Backend):
         return _owned(jobs + deployments + services, self._list(c, "Pod"))
 
     def observe_all(self, cluster, attempts: Iterable) -> tuple[dict[int, Observation], dict[int, Owned]]:
-        """``observe`` and ``owned_attempt_ids`` from one LIST per kind (Job, Deployment, Service, Pod): four
-        LISTs instead of up to seven, each kind parsed once; GETs only for attempts missing from the LISTs."""
+        """``observe`` and ``owned_attempt_ids`` from one LIST per kind (Job, Deployment, Service, Pod, and
+        JobSet while a multi-role attempt is looked at on a cluster that serves it): four LISTs instead of up to
+        seven, each kind parsed once; GETs only for attempts missing from the LISTs."""
         attempts = list(attempts)
         c = client_for(cluster)
         jobs, deployments, services, pods = (self._list(c, kind) for kind in ("Job", "Deployment", "Service", "Pod"))
         _check_pods_listed(jobs + deployments, pods)
-        return self._observations(c, attempts, jobs, deployments, pods), _owned(jobs + deployments + services, pods)
+        jobsets = self._jobsets(c, attempts)
+        return (self._observations(c, attempts, jobs, deployments, pods, jobsets),
+                _owned(jobs + deployments + services + jobsets, pods))
+
+    def _jobsets(self, c: ClusterClient, attempts: list) -> list[dict]:
+        """The platform's JobSets on the cluster (one LIST) when ``attempts`` hold a multi-role one and the cluster
+        serves JobSets (``ClusterClient.serves``, its API group list remembered a while); else none, no call."""
+        if not any(a.job.kind == MULTI_ROLE for a in attempts) or not c.serves(m.JOBSET_API_VERSION):
+            return []
+        return self._list(c, "JobSet")
 
     def _observations(self, c: ClusterClient, attempts: list, jobs: list[dict], deployments: list[dict],
-                      pods: list[dict]) -> dict[int, Observation]:
+                      pods: list[dict], jobsets: list[dict] = ()) -> dict[int, Observation]:
         """An Observation per attempt id from the listed objects (see ``observe``).
 
         Evidence that outlives the pod: a training pod that vanished without a cause of its own (``PodDeleted``:
@@ -789,6 +834,7 @@ class KubernetesBackend(Backend):
         never a ``PodDeleted`` charged to the job's retries. Class: a verdict on missing evidence; invariant
         ``loss_counted_by_cause`` of the simulator."""
         by_attempt = {_key_of(o): o for o in jobs + deployments if m.LABEL_ROLE not in _labels(o)}
+        jobset_of = {_key_of(o): o for o in jobsets}
         role_jobs: dict[str | int | None, dict[str, dict]] = defaultdict(dict)
         for job in jobs:
             if m.LABEL_ROLE in _labels(job):
@@ -804,8 +850,8 @@ class KubernetesBackend(Backend):
         for attempt in attempts:
             key = attempt_key(attempt)
             if attempt.job.kind == MULTI_ROLE:
-                observed = self._observe_roles(c, attempt, role_jobs.get(key, {}), pods_of.get(key, []), now, grace,
-                                               unschedulable_grace)
+                observed = self._observe_roles(c, attempt, role_jobs.get(key, {}), pods_of.get(key, []),
+                                               jobset_of.get(key), now, grace, unschedulable_grace)
             else:
                 observed = self._observe_one(c, attempt, by_attempt.get(key), pods_of.get(key, []), now, grace,
                                              unschedulable_grace)
@@ -837,21 +883,28 @@ class KubernetesBackend(Backend):
                                      max_runtime_seconds=attempt.job.max_runtime_seconds)
         return observe_training(obj, pods, attempt.job.nodes, now, grace, unschedulable_grace)
 
-    def _observe_roles(self, c: ClusterClient, attempt, listed: dict[str, dict], pods: list[dict], now: dt.datetime,
-                       grace: float, unschedulable_grace: float) -> Observation:
-        """The Observation of a multi-role ``attempt`` (``observe_multi_role``) from its listed Jobs by role; when
-        the LIST has none of them, each role's Job is read by its own GET, and the attempt is ``absent`` only when
-        every one answers 404 and no end record of it exists (``ended`` when one does)."""
-        shapes = role_shapes(attempt.placement)
-        if not listed:
-            namespace = team_namespace(attempt.job.team.slug)
-            for name, _ in shapes:
-                obj = self._read(c, "Job", m.role_object_name(attempt.object_name, name), namespace)
-                if obj is not None and _key_of(obj) == attempt_key(attempt):
-                    listed[name] = obj
-            if not listed and (ended := self._end_record(c, attempt, namespace)) is not None:
+    def _observe_roles(self, c: ClusterClient, attempt, listed: dict[str, dict], pods: list[dict],
+                       jobset: dict | None, now: dt.datetime, grace: float, unschedulable_grace: float) -> Observation:
+        """The Observation of a multi-role ``attempt`` (``observe_multi_role``) from its listed Jobs by role and its
+        listed JobSet (None: none listed); when the LISTs have none of them, its JobSet (where served) and each
+        role's Job are read by their own GETs, and the attempt is ``absent`` only when every one answers 404 and
+        no end record of it exists (``ended`` when one does)."""
+        if not listed and jobset is None:
+            namespace, key = team_namespace(attempt.job.team.slug), attempt_key(attempt)
+            for kind, name, _ in owned_objects(attempt):
+                if kind == "Service" or (kind == "JobSet" and not c.serves(m.JOBSET_API_VERSION)):
+                    continue
+                obj = self._read(c, kind, name, namespace)
+                if obj is None or _key_of(obj) != key:
+                    continue
+                if kind == "JobSet":
+                    jobset = obj
+                else:
+                    listed[_labels(obj).get(m.LABEL_ROLE, "")] = obj
+            if not listed and jobset is None and (ended := self._end_record(c, attempt, namespace)) is not None:
                 return ended
-        return observe_multi_role(listed, pods, shapes, now, grace, unschedulable_grace)
+        return observe_multi_role(listed, pods, role_shapes(attempt.placement), now, grace, unschedulable_grace,
+                                  jobset=jobset)
 
     # --- deletion and logs -------------------------------------------------------------------------------------
 
@@ -1104,7 +1157,7 @@ class KubernetesBackend(Backend):
             elif m.LABEL_ROLE in labels:  # one of a multi-role attempt's Jobs: the attempt is all of them
                 obs = observe_multi_role(role_jobs[uid], attempt_pods, role_shapes(record.get("placement")), now,
                                          float("inf"))
-                name = name.removesuffix(f"-{labels[m.LABEL_ROLE]}")
+                name = labels.get(JOBSET_NAME_LABEL) or name.removesuffix(f"-{labels[m.LABEL_ROLE]}")
             else:
                 obs = observe_training(obj, attempt_pods, int(record.get("nodes") or 1), now, float("inf"))
             found[uid] = {"uid": uid, "record": record, "name": name, "namespace": meta.get("namespace", ""),

@@ -14,6 +14,7 @@ The job: a learner (1 pod x 2 GPUs, completion), two rollouts (1 GPU each, port 
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from decimal import Decimal
 
@@ -23,6 +24,7 @@ from jobs.lifecycle import cancel_job, dispatch, finish_cancel
 from jobs.models import Job, JobAttempt, JobState
 from jobs.reconcile import reconcile_cluster
 from jobs.scheduling.passes import try_admit
+from runners.base import backend_for
 from runners.kubernetes import client as kube_client
 from runners.kubernetes.sync import sync_cluster
 from runners.models import Cluster
@@ -33,6 +35,7 @@ from tests.support.factories import make_job_row
 from .steps import validate
 
 S = JobState
+NOTHING = {"JobSet": [], "Job": [], "Service": [], "Pod": []}
 ROLE_LABEL = "controlplane.io/role"
 INDEX = "batch.kubernetes.io/job-completion-index"
 LEARNER, ROLLOUT, REWARD = "learner", "rollout", "reward"
@@ -53,12 +56,15 @@ ROLES = {LEARNER: role("learn", gpus=2, env={"WHO": "learner"}),
          REWARD: role("reward", port=9000, completion=False)}
 
 
-@pytest.fixture
-def grpo(live_clusters):
-    """``grpo(max_retries=0)``: the three-role job admitted to gcp-usc1 (its nodes synced, its pods bound by the
-    test kube-scheduler) and dispatched; returns ``(world, attempt)``."""
+@pytest.fixture(params=["jobs", "jobset"])
+def grpo(request, live_clusters):
+    """``(world, make)``: ``make(max_retries=0)`` admits the three-role job to gcp-usc1 (its nodes synced, its pods
+    bound by the test kube-scheduler) and dispatches it, returning its attempt. Run twice: on a cluster without
+    the JobSet API (a Job and a Service per role) and on one that serves it (one JobSet; the emulator's JobSet
+    controller makes the child Jobs and the Service)."""
     world = live_clusters
     world.emulators["gcp-usc1"].bind = kube_scheduler.bind
+    world.emulators["gcp-usc1"].jobset = request.param == "jobset"
     sync_cluster(world.clusters["gcp-usc1"])
 
     def make(max_retries: int = 0) -> JobAttempt:
@@ -73,11 +79,35 @@ def grpo(live_clusters):
     return world, make
 
 
+def parse_time(value: str) -> float:
+    """Seconds since the epoch of an RFC 3339 timestamp the cluster wrote."""
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def in_jobset(world) -> bool:
+    """Whether gcp-usc1 serves the JobSet API in this run."""
+    return world.emulators["gcp-usc1"].jobset
+
+
+def names(world, attempt: JobAttempt, role_name: str) -> tuple[str, str]:
+    """``(Job, Service)`` names of ``role_name``'s pods: ``<attempt>-<role>`` both; in a JobSet the child Job
+    ``<jobset>-<replicated job>-0`` under the JobSet's Service, named as the JobSet (JobSet's naming rules)."""
+    if in_jobset(world):
+        return f"{attempt.object_name}-{role_name}-0", attempt.object_name
+    return f"{attempt.object_name}-{role_name}", f"{attempt.object_name}-{role_name}"
+
+
 def objects(emulator, attempt: JobAttempt) -> dict[str, list[str]]:
-    """The names of the attempt's Jobs, Services and pods on ``emulator`` (sorted)."""
-    return {kind: sorted(o["metadata"]["name"] for o in (emulator.pods(attempt.pk) if kind == "Pod"
-                                                         else emulator.objects(kind, attempt.pk)))
-            for kind in ("Job", "Service", "Pod")}
+    """The names of the attempt's JobSets, Jobs, Services and pods on ``emulator`` (sorted): those labelled with
+    the attempt, and the Service a JobSet's controller made (named as the JobSet, labelled by JobSet alone)."""
+    def of(kind: str) -> list[dict]:
+        if kind == "Pod":
+            return emulator.pods(attempt.pk)
+        found = emulator.objects(kind, attempt.pk)
+        if kind == "Service":
+            found += [o for o in emulator.objects(kind) if o["metadata"]["name"] == attempt.object_name]
+        return found
+    return {kind: sorted(o["metadata"]["name"] for o in of(kind)) for kind in ("JobSet", "Job", "Service", "Pod")}
 
 
 def pods_of(emulator, attempt: JobAttempt, name: str) -> list[dict]:
@@ -104,27 +134,41 @@ def test_each_role_is_an_indexed_job_with_a_headless_service_on_its_booked_nodes
     world, make = grpo
     attempt = make()
     gcp = world.emulators["gcp-usc1"]
-    name = attempt.object_name
     booked = attempt.placement["roles"]
 
     jobs = {j["metadata"]["labels"][ROLE_LABEL]: j for j in gcp.objects("Job", attempt.pk)}
-    services = {s["metadata"]["labels"][ROLE_LABEL]: s for s in gcp.objects("Service", attempt.pk)}
-    assert set(jobs) == set(services) == {LEARNER, ROLLOUT, REWARD}
+    services = {s["metadata"]["name"]: s for s in gcp.objects("Service")}
+    assert set(jobs) == {LEARNER, ROLLOUT, REWARD}
     for obj in [*jobs.values(), *services.values()]:
         validate({k: v for k, v in obj.items() if k != "status"})
     namespace = jobs[LEARNER]["metadata"]["namespace"]
+    if in_jobset(world):
+        (jobset,) = gcp.objects("JobSet", attempt.pk)
+        assert jobset["metadata"]["name"] == attempt.object_name
+        assert jobset["spec"]["network"] == {"enableDNSHostnames": True, "subdomain": attempt.object_name,
+                                             "publishNotReadyAddresses": True}
+        assert jobset["spec"]["failurePolicy"] == {"maxRestarts": 0}  # the platform owns retries
+        assert jobset["spec"]["successPolicy"] == {"operator": "All", "targetReplicatedJobs": [LEARNER]}
+        for replicated in jobset["spec"]["replicatedJobs"]:
+            assert replicated["replicas"] == 1
+            validate({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "x", **replicated["template"][
+                "metadata"]}, "spec": replicated["template"]["spec"]})
+    else:
+        assert gcp.objects("JobSet") == []
 
-    def dns(role_name: str, index: int) -> str:  # <job>-<index>.<service>.<namespace>.svc, Job and Service named alike
-        return f"{name}-{role_name}-{index}.{name}-{role_name}.{namespace}.svc"
+    def dns(role_name: str, index: int) -> str:  # <job>-<index>.<service>.<namespace>.svc
+        job, service = names(world, attempt, role_name)
+        return f"{job}-{index}.{service}.{namespace}.svc"
 
     # the spec's order is the order of the stored spec's roles (what the local runner and the job's answer use too)
     stored_order = list(attempt.job.spec["roles"])
     rollouts = f"{dns(ROLLOUT, 0)}:8000,{dns(ROLLOUT, 1)}:8000"
     reward = f"{dns(REWARD, 0)}:9000"
     for role_name, spec in ROLES.items():
-        job, service = jobs[role_name], services[role_name]
+        job_name, service_name = names(world, attempt, role_name)
+        job, service = jobs[role_name], services[service_name]
         pods = spec["resources"]["nodes"]
-        assert job["metadata"]["name"] == service["metadata"]["name"] == f"{name}-{role_name}"
+        assert job["metadata"]["name"] == job_name
         assert job["metadata"]["labels"]["controlplane.io/attempt-uid"] == str(attempt.uid)
         assert (job["spec"]["completionMode"], job["spec"]["completions"], job["spec"]["parallelism"],
                 job["spec"]["backoffLimit"]) == ("Indexed", pods, pods, 0)
@@ -138,10 +182,11 @@ def test_each_role_is_an_indexed_job_with_a_headless_service_on_its_booked_nodes
         assert len(running) == pods and all(p["status"]["phase"] == "Running" for p in running)
         # each pod on a node admission booked for its role, one pod of the role per node
         assert sorted(p["spec"]["nodeName"] for p in running) == sorted(booked[role_name]["nodes"])
-        # the role's Service selects its pods and no other role's
-        selected = [p for p in gcp.pods(attempt.pk)
-                    if all(p["metadata"]["labels"].get(k) == v for k, v in service["spec"]["selector"].items())]
-        assert sorted(p["metadata"]["name"] for p in selected) == sorted(p["metadata"]["name"] for p in running)
+        # the Service the pods are named under selects them (a role's own selects no other role's pods)
+        selected = {p["metadata"]["name"] for p in gcp.pods(attempt.pk)
+                    if all(p["metadata"]["labels"].get(k) == v for k, v in service["spec"]["selector"].items())}
+        assert {p["metadata"]["name"] for p in running} <= selected
+        assert in_jobset(world) or selected == {p["metadata"]["name"] for p in running}
         for index, pod in enumerate(running):
             assert f"{pod['spec']['hostname']}.{pod['spec']['subdomain']}.{namespace}.svc" == dns(role_name, index)
             env = resolved_env(pod)
@@ -173,9 +218,12 @@ def test_the_job_succeeds_when_the_learner_does_and_the_servers_are_deleted(grpo
 
     assert state(attempt) == S.SUCCEEDED
     assert load(attempt.pk).end_reason == JobAttempt.EndReason.SUCCEEDED
-    assert objects(gcp, attempt) == {"Job": [], "Service": [], "Pod": []}
+    assert objects(gcp, attempt) == NOTHING
     deleted = {(kind, labels.get(ROLE_LABEL)) for _, kind, _, labels in gcp.deletions}
-    assert {("Job", ROLLOUT), ("Job", REWARD), ("Service", ROLLOUT), ("Service", REWARD)} <= deleted
+    if in_jobset(world):  # the JobSet, and with it what its controller made
+        assert ("JobSet", None) in deleted
+    else:
+        assert {("Job", ROLLOUT), ("Job", REWARD), ("Service", ROLLOUT), ("Service", REWARD)} <= deleted
 
 
 def test_a_failed_rollout_pod_fails_the_job_naming_its_role_and_index_and_every_role_is_deleted(grpo):
@@ -191,7 +239,7 @@ def test_a_failed_rollout_pod_fails_the_job_naming_its_role_and_index_and_every_
     assert state(attempt) == S.FAILED
     assert (ended.end_reason, ended.exit_code) == (JobAttempt.EndReason.FAILED, 3)
     assert ended.message.startswith("role rollout pod 1 exited with code 3")
-    assert objects(gcp, attempt) == {"Job": [], "Service": [], "Pod": []}
+    assert objects(gcp, attempt) == NOTHING
 
 
 def test_a_retry_makes_a_new_attempt_of_every_role(grpo):
@@ -202,7 +250,7 @@ def test_a_retry_makes_a_new_attempt_of_every_role(grpo):
     gcp.finish_pod(pods_of(gcp, first, LEARNER)[0]["metadata"]["name"], 1)
     world.reconcile("gcp-usc1")
     assert state(first) == S.RECOVERING
-    assert objects(gcp, first) == {"Job": [], "Service": [], "Pod": []}
+    assert objects(gcp, first) == NOTHING
 
     assert try_admit(first.job_id) == "admitted"
     second = load(Job.objects.get(pk=first.job_id).current_attempt_id)
@@ -210,7 +258,9 @@ def test_a_retry_makes_a_new_attempt_of_every_role(grpo):
 
     assert second.number == 2 and second.object_name != first.object_name
     made = objects(gcp, second)
-    assert made["Job"] == made["Service"] == sorted(f"{second.object_name}-{r}" for r in ROLES)
+    assert made["Job"] == sorted(names(world, second, r)[0] for r in ROLES)
+    assert made["Service"] == sorted({names(world, second, r)[1] for r in ROLES})
+    assert made["JobSet"] == ([second.object_name] if in_jobset(world) else [])
     assert len(made["Pod"]) == 4
     assert {resolved_env(p)["CONTROLPLANE_ATTEMPT"] for p in gcp.pods(second.pk)} == {"2"}
     world.reconcile("gcp-usc1")
@@ -220,20 +270,33 @@ def test_a_retry_makes_a_new_attempt_of_every_role(grpo):
 
 
 def test_billing_runs_from_the_first_roles_creation_until_the_last_pod_stopped(grpo):
-    """Cancelled while every role runs: every pod held its GPUs from its creation until the deletion, so the
-    ledger's one line for the attempt equals the GPU-seconds the cluster itself counted."""
+    """Cancelled while every role runs. The ledger bills the attempt as one line, all its GPUs from the creation
+    of its first object that holds GPUs (the first role's Job, or the JobSet) until its last pod stopped; the
+    cluster counts each pod from its own creation to its own stop. They differ by exactly the GPU-seconds
+    between the first creation and each pod's creation, and between each pod's stop and the last one (the
+    roles are created and deleted one after the other, milliseconds apart), worked out from the cluster's own
+    times."""
     world, make = grpo
     attempt = make()
     gcp = world.emulators["gcp-usc1"]
+    owners = gcp.objects("JobSet", attempt.pk) + gcp.objects("Job", attempt.pk)
+    first = min(parse_time(o["metadata"]["creationTimestamp"]) for o in owners)
     world.reconcile("gcp-usc1")
     time.sleep(1.0)
 
     cancel_job(Job.objects.get(pk=attempt.job_id))
     assert finish_cancel(attempt.job_id) is True
 
-    assert state(attempt) == S.CANCELLED and objects(gcp, attempt) == {"Job": [], "Service": [], "Pod": []}
+    assert state(attempt) == S.CANCELLED and objects(gcp, attempt) == NOTHING
     billed, ran = ledger_gpu_seconds(attempt.pk), Decimal(str(gcp.pod_gpu_seconds(attempt.pk)))
-    assert ran > 5 * Decimal("1.0") and abs(billed - ran) < Decimal("0.1"), (billed, ran)
+    pods = [(gpus, made, stopped) for gpus, labels, made, stopped in gcp.pod_times.values()
+            if labels.get("controlplane.io/attempt") == str(attempt.pk)]
+    last = max(stopped for _, _, stopped in pods)
+    assert len(pods) == 4 and sum(gpus for gpus, _, _ in pods) == attempt.gpus == 5
+    skew = Decimal(str(sum(gpus * ((made - first) + (last - stopped)) for gpus, made, stopped in pods)))
+    assert ran > 5 * Decimal("1.0") and Decimal(0) <= skew < Decimal("1.0")
+    assert abs(billed - (ran + skew)) < Decimal("0.05"), (billed, ran, skew)
+    assert abs(billed - attempt.gpus * Decimal(str(last - first))) < Decimal("0.05")
 
 
 def test_a_restarted_control_plane_keeps_the_objects_of_a_running_multi_role_attempt(grpo):
@@ -252,3 +315,19 @@ def test_a_restarted_control_plane_keeps_the_objects_of_a_running_multi_role_att
     assert state(attempt) == S.RUNNING
     assert objects(gcp, attempt) == before and len(before["Pod"]) == 4
     assert not [d for d in gcp.deletions if d[3].get("controlplane.io/attempt") == str(attempt.pk)]
+
+
+def test_the_log_of_node_n_is_the_pod_the_local_runner_numbers_n(grpo):
+    """Nodes are numbered over the roles in the spec's order, each role's pods by index, as the local runner
+    numbers them (``GET /api/v1/jobs/<id>/logs?node=<n>``)."""
+    world, make = grpo
+    attempt = make()
+    gcp = world.emulators["gcp-usc1"]
+    numbered = [(role_name, index) for role_name, role_spec in attempt.job.spec["roles"].items()
+                for index in range(role_spec["resources"]["nodes"])]
+    for role_name, index in numbered:
+        gcp.write_log(pods_of(gcp, attempt, role_name)[index]["metadata"]["name"], f"{role_name} {index}\n")
+
+    backend = backend_for(attempt.cluster)
+    assert [backend.logs(attempt, node) for node in range(len(numbered))] == [f"{r} {i}\n" for r, i in numbered]
+    assert backend.logs(attempt, len(numbered)) == ""
