@@ -331,3 +331,21 @@ def test_the_log_of_node_n_is_the_pod_the_local_runner_numbers_n(grpo):
     backend = backend_for(attempt.cluster)
     assert [backend.logs(attempt, node) for node in range(len(numbered))] == [f"{r} {i}\n" for r, i in numbered]
     assert backend.logs(attempt, len(numbered)) == ""
+
+
+def test_an_evicted_pod_of_any_role_loses_the_attempt_and_every_role_is_deleted(grpo):
+    """A pod taken away (here a drain's eviction of a rollout) is a lost attempt, not a failed one: the job
+    recovers by its retries, the cause named with the role and index, and no role is left running."""
+    world, make = grpo
+    attempt = make(max_retries=1)
+    gcp = world.emulators["gcp-usc1"]
+    world.reconcile("gcp-usc1")
+
+    gcp.evict(pods_of(gcp, attempt, ROLLOUT)[0]["metadata"]["name"])
+    world.reconcile("gcp-usc1")
+
+    ended = load(attempt.pk)
+    assert state(attempt) == S.RECOVERING and ended.end_reason == JobAttempt.EndReason.EVICTED
+    assert ended.message.startswith("role rollout pod 0: pod ")
+    gcp.step()  # the evicted pod's termination ends
+    assert objects(gcp, attempt) == NOTHING
