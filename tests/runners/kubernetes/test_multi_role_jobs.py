@@ -1,9 +1,10 @@
-"""Multi-role jobs on a Kubernetes cluster (ADR 0039): a headless Service and an Indexed Job per role, pinned to the
-nodes admission booked for that role; every pod told its role, its index, every role's pods' stable DNS names and
-its role's own rendezvous. The attempt succeeds when the roles with completion succeed (the servers are then
-deleted), fails when any pod fails (named by role and index, every role deleted), starts every role again by the
+"""Multi-role jobs on a Kubernetes cluster (ADR 0039): a headless Service and an Indexed Job per role, or one JobSet
+of them where the cluster serves ``jobset.x-k8s.io/v1alpha2``, pinned to the nodes admission booked for each role;
+every pod told its role, its index, every role's pods' stable DNS names and its role's own rendezvous. The
+attempt succeeds when the roles with completion succeed (the servers are then deleted), fails when any pod fails
+(named by role and index, every role deleted), is lost when a pod is taken away, starts every role again by the
 job's retries, is billed from the first role's creation until its last pod stopped, and a control plane that
-restarts keeps a running attempt's objects.
+restarts keeps a running attempt's objects. Every test runs on both kinds of cluster.
 
 The cluster: ``gcp-usc1`` of ``live_clusters`` (``tests.support.clusters``: two Ready 8-GPU H100 nodes, emulated by
 ``ClusterEmulator``), its nodes synced so admission books node by node, its pods bound by the test kube-scheduler
@@ -349,3 +350,17 @@ def test_an_evicted_pod_of_any_role_loses_the_attempt_and_every_role_is_deleted(
     assert ended.message.startswith("role rollout pod 0: pod ")
     gcp.step()  # the evicted pod's termination ends
     assert objects(gcp, attempt) == NOTHING
+
+
+def test_the_inventory_after_a_restore_shows_a_running_multi_role_attempt_once_under_its_own_name(grpo):
+    """What a restored database learns from the cluster (``Backend.inventory``): the attempt, once, named as the
+    attempt (not as one of its roles), running, with its dispatch record."""
+    world, make = grpo
+    attempt = make()
+    world.reconcile("gcp-usc1")
+
+    found = backend_for(attempt.cluster).inventory(attempt.cluster)
+
+    (entry,) = [e for e in found if e["uid"] == str(attempt.uid)]
+    assert entry["name"] == attempt.object_name and entry["observation"].phase == "running"
+    assert entry["record"]["attempt_id"] == attempt.pk and entry["record"]["kind"] == "multi-role"
