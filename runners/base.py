@@ -315,9 +315,10 @@ def overlap(sent: list[str], now: list[str]) -> int:
 _BACKENDS: dict[str, Backend] = {}
 
 #: The backends whose runner starts a multi-role job's roles (docs/adr/0039-multi-role-jobs.md): admission places such
-#: a job only on their clusters' pools. The Kubernetes runner's per-role Services and Indexed Jobs are not written
-#: yet, so a multi-role job waits for a cluster of these, saying so, rather than being dispatched where it cannot run.
-MULTI_ROLE_BACKENDS = frozenset({"local"})
+#: a job only on their clusters' pools, so a backend added without roles makes such a job wait for a cluster of
+#: these, saying so, rather than be dispatched where it cannot run. The local runner starts each role's processes;
+#: the Kubernetes runner a headless Service and an Indexed Job per role (``runners.kubernetes.manifests.role_job``).
+MULTI_ROLE_BACKENDS = frozenset({"local", "kubernetes"})
 
 
 def register(backend: Backend) -> Backend:
