@@ -93,7 +93,7 @@ def scale_job(job: Job, now: dt.datetime) -> dict:
     else:
         state.refusal = {}
         if desired < current:
-            release_replicas(job.pk, current - desired, now, decision)
+            release_replicas(job.pk, now, decision)
     state.save()
     job.refresh_from_db(fields=["replicas"])
     if job.replicas != current:

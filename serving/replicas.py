@@ -55,14 +55,17 @@ def _locked_serving(job_id: int) -> tuple[Job, JobAttempt] | None:
 
 
 def add_replica(job_id: int, now: dt.datetime, decision: dict) -> Verdict | None:
-    """Admit one more replica of serving job ``job_id`` at ``now`` (module docstring); None when admitted, else the
-    verdict that refused it (``reason`` quota, budget or capacity, its message and numbers). ``decision``: the
-    autoscaler's numbers, kept on the ``scale`` event."""
+    """Admit one more replica of serving job ``job_id`` at ``now`` (module docstring) unless it already has
+    ``decision["desired"]`` (another pass got there first); None when admitted or not needed, else the verdict that
+    refused it (``reason`` quota, budget or capacity, its message and numbers). ``decision``: the autoscaler's
+    numbers, kept on the ``scale`` event."""
     with transaction.atomic():
         locked = _locked_serving(job_id)
         if locked is None:
             return Verdict(False, "state", "the job is not running")
         job, attempt = locked
+        if job.replicas >= decision["desired"]:
+            return None
         team = Team.objects.select_for_update(no_key=True).get(pk=job.team_id)
         request = replica_request(job, attempt, now)
         lock_pools(request.accelerator_id)
@@ -93,17 +96,17 @@ def add_replica(job_id: int, now: dt.datetime, decision: dict) -> Verdict | None
     return None
 
 
-def release_replicas(job_id: int, count: int, now: dt.datetime, decision: dict) -> int:
-    """Release ``count`` replicas of serving job ``job_id`` at ``now`` (never below one): the ledger accrues up to
-    now, the attempt's GPUs and its last pods' nodes are given back, the job's estimate shrinks by what those
-    replicas would still have cost at the attempt's price (never below what it accrued); a ``scale`` event says
-    so. Returns the replicas left (0 when the job is not running any more)."""
+def release_replicas(job_id: int, now: dt.datetime, decision: dict) -> int:
+    """Release replicas of serving job ``job_id`` at ``now`` down to ``decision["desired"]`` (at least one): the
+    ledger accrues up to now, the attempt's GPUs and its last pods' nodes are given back, the job's estimate
+    shrinks by what those replicas would still have cost at the attempt's price (never below what it accrued); a
+    ``scale`` event says so. Returns the replicas left (0 when the job is not running any more)."""
     with transaction.atomic():
         locked = _locked_serving(job_id)
         if locked is None:
             return 0
         job, attempt = locked
-        count = min(count, job.replicas - 1)
+        count = job.replicas - max(1, decision["desired"])
         if count <= 0:
             return job.replicas
         accrue_attempt(attempt.pk, now)

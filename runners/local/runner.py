@@ -52,7 +52,7 @@ from .procs import (
     signal_name,
     signal_process,
 )
-from .serving import DEFAULT_HEALTH_PATH, clear_replicas, endpoint_url, ensure_endpoint, metrics_url
+from .serving import DEFAULT_HEALTH_PATH, clear_replicas, endpoint_url, ensure_endpoint, metrics_url, stop_proxy
 
 log = logging.getLogger(__name__)
 
@@ -722,8 +722,11 @@ class LocalBackend(Backend):
         meta = read_json(directory / ATTEMPT_FILE) or {}
         nodes = meta.get("nodes") or attempt.job.nodes
         create_exclusive(directory / STOP_FILE, {"reason": "deleted", "at": time.time()})
-        if attempt.job.kind == "inference":
+        job = attempt.job
+        if job.kind == "inference":
             clear_replicas(attempt.job_id, attempt.object_name)  # the endpoint stops sending it requests first
+            if job.is_final or job.state == "CANCELLING":
+                stop_proxy(job.pk, signal.SIGTERM)  # no attempt of the job will follow: its endpoint goes too
         grace = float(settings.LOCAL_RUNNER_KILL_GRACE_SECONDS)
         statuses = self._statuses(directory, nodes)
         for status in statuses:

@@ -20,10 +20,14 @@ from django.utils import timezone
 
 from costs.ledger import accrue_attempt
 from costs.models import CostEntry
+from jobs.lifecycle import cancel_job
 from jobs.models import Job, JobAttempt, JobEvent, JobState, ServingScale
 from jobs.scheduling.passes import try_admit
+from jobs.tasks import cancel_job_objects
 from runners.local.layout import read_json
+from runners.local.procs import ProcessRef
 from runners.local.runner import attempt_dir
+from runners.local.serving import endpoint_dir
 from runners.models import Cluster
 from serving.autoscaler import autoscale
 from tests.examples.workloads import REPO, TIMEOUT_S, TRAIN, clean_env
@@ -115,7 +119,8 @@ class Load:
             thread.join(timeout=60)
 
 
-def test_the_endpoint_balances_over_the_ready_replicas_and_a_killed_one_fails_no_idempotent_request(serving_job):
+def test_the_endpoint_balances_over_the_ready_replicas_and_a_killed_one_fails_no_idempotent_request(serving_job,
+                                                                                                      owner):
     attempt = serving_job(2)
     endpoint = Job.objects.get(pk=attempt.job_id).endpoint
     assert endpoint == attempt.runner_state["endpoint"]
@@ -138,6 +143,12 @@ def test_the_endpoint_balances_over_the_ready_replicas_and_a_killed_one_fails_no
     assert {replica for _, replica in load.answers[before + 10:]} == {replicas[0]}  # the dead one gets none
     assert endpoint_metric(attempt, "controlplane_endpoint_failed_requests_total") == 0
     assert endpoint_metric(attempt, "controlplane_endpoint_ready_replicas") == 1
+
+    # cancelled, the job's endpoint goes with its replicas
+    proxy = ProcessRef.from_json(read_json(endpoint_dir(attempt.job_id) / "proxy.pid"))
+    cancel_job(Job.objects.get(pk=attempt.job_id), owner.user)
+    assert cancel_job_objects(attempt.job_id)
+    wait_until(lambda: not proxy.alive(), 15, "the endpoint to stop")
 
 
 def hpa_recommendation(current: int, metric: float, target: float) -> int:
