@@ -1,7 +1,8 @@
 """A serving job of the demo's model (``examples/serve.py``) on the local runner behind its endpoint: requests balanced
 over the ready replicas, a replica killed under load with no failed idempotent request, the replica count following a
-synthetic load from 1 to 3 and back by the HorizontalPodAutoscaler's rule (computed here), billed as it ran, and a
-scale-up the budget refuses leaving the job at its size with the reason in the API and on its page."""
+synthetic load from 1 to 3 and back by the HorizontalPodAutoscaler's rule (computed here), billed as it ran, a
+scale-up the budget refuses leaving the job at its size with the reason in the API and on its page, and a scale-up
+booked node-exactly within the team's quota and refused past it."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from runners.local.runner import attempt_dir
 from runners.local.serving import endpoint_dir
 from runners.models import Cluster
 from serving.autoscaler import autoscale
+from serving.replicas import add_replica, release_replicas
 from tests.examples.workloads import REPO, TIMEOUT_S, TRAIN, clean_env
 from tests.support.factories import make_job_row
 from tests.support.local_runner import dispatched, wait_until
@@ -269,3 +271,38 @@ def test_a_scale_up_the_budget_refuses_leaves_the_size_and_says_why(serving_job,
     assert answer["serving"]["autoscaling"]["refusal"]["message"] == refusal["message"]
     page = signed_in(owner).get(f"/jobs/{job.pk}/").content.decode()
     assert "Scale-up refused" in page and refusal["message"].split(":")[0] in page
+
+
+def test_a_scale_up_is_booked_node_exactly_within_the_quota_and_refused_past_it(two_node_local_cluster, teams, user,
+                                                                               catalog):
+    sleeper = {"image": "python:3.11", "command": ["python", "-c", "import time; time.sleep(120)"], "env": {},
+               "resources": {"accelerator": "H100-80GB", "gpus_per_node": 3, "nodes": 1}, "replicas": 1}
+    job = make_job_row(teams[0], user, catalog["H100-80GB"], name="serve", kind="inference", spec=sleeper,
+                       gpus_per_node=3, max_runtime=3600)
+    assert try_admit(job.pk) == "admitted"
+    job.refresh_from_db()
+    attempt = dispatched(JobAttempt.objects.get(pk=job.current_attempt_id))
+    reconcile_until(attempt, {JobState.RUNNING})
+    attempt.refresh_from_db()
+    before = Job.objects.get(pk=job.pk).estimated_cost_usd
+    now = timezone.now()
+
+    assert add_replica(job.pk, now, {"desired": 2}) is None
+    job.refresh_from_db()
+    grown = JobAttempt.objects.get(pk=attempt.pk)
+    assert job.replicas == 2 and grown.gpus == 6
+    assert grown.placement["nodes"][0] == attempt.placement["nodes"][0] and len(grown.placement["nodes"]) == 2
+    # the replica's estimate: 3 GPUs for the whole seconds left of the hour at the pool's price, rounded up to 1e-6
+    left = math.floor(3600 - (now - grown.started_at).total_seconds())
+    expected = (Decimal(3) * Decimal(left) * grown.usd_per_gpu_hour / 3600).quantize(Decimal("1e-6"), "ROUND_CEILING")
+    assert job.estimated_cost_usd - before == expected
+
+    refused = add_replica(job.pk, now, {"desired": 3})  # 9 GPUs: over alpha's 8-GPU quota
+    assert refused.reason == "quota"
+    assert refused.message.startswith("6 of 8 GPUs in use; 3 more would exceed the team's limit of 8 GPUs")
+    assert Job.objects.get(pk=job.pk).replicas == 2 and JobAttempt.objects.get(pk=attempt.pk).gpus == 6
+
+    assert release_replicas(job.pk, now, {"desired": 1}) == 1
+    shrunk = JobAttempt.objects.get(pk=attempt.pk)
+    assert shrunk.gpus == 3 and shrunk.placement["nodes"] == attempt.placement["nodes"]
+    assert JobEvent.objects.filter(job_id=job.pk, kind="scale").count() == 2
