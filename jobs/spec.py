@@ -398,7 +398,8 @@ class JobSpec(SpecModel):
 
     ``max_runtime_seconds`` is required for training jobs: it bounds the cost estimate that admission checks
     against the budget; a serving job without one runs until cancelled.
-    ``replicas``, ``port`` and ``checkpoint_from`` apply to inference jobs only (``x-job-kinds``).
+    ``replicas``, ``port``, ``health_path``, ``autoscaling`` and ``checkpoint_from`` apply to inference jobs only
+    (``x-job-kinds``).
     """
 
     image: Annotated[Text, Field(max_length=IMAGE_MAX_LENGTH)] = Field(
@@ -429,7 +430,8 @@ class JobSpec(SpecModel):
     model: JobModel = _optional("the model trained, for the memory-fit check at submission (training jobs) and MFU; "
                                 "absent: no check")
     parallelism: JobParallelism = _optional("how the model is split over the job's GPUs; absent: DDP")
-    replicas: Count = Field(1, description="serving replicas", json_schema_extra=_for_kinds(INFERENCE))
+    replicas: Count = Field(1, description="serving replicas, behind the job's one endpoint; with autoscaling the "
+                            "count it starts with (default: min_replicas)", json_schema_extra=_for_kinds(INFERENCE))
     port: Annotated[int, Field(ge=1, le=PORT_MAX)] = Field(
         INFERENCE_DEFAULT_PORT, description="the container port the Service targets (env PORT on Kubernetes; the "
         "local runner gives every attempt a free PORT of its own)", json_schema_extra=_for_kinds(INFERENCE))
