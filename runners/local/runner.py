@@ -410,7 +410,11 @@ class LocalBackend(Backend):
         ``attempt.node_pool``. Returns ``{"attempt_dir", "master_port",
         "ports", "endpoint", "nodes", "pids", "logs", "cuda_visible_devices", "metrics_url"}``
         (``ports``: each node's ``PORT``; ``endpoint``: the URL an inference
-        attempt serves on, node 0's port, None for training; ``metrics_url``:
+        job serves on, its endpoint (``runners.local.serving``: one per job,
+        over its replicas, each replica a node of its own), None for training;
+        an inference attempt also ``replicas`` (their ``host:port``),
+        ``retired`` (node indexes a scale-down stopped) and
+        ``endpoint_metrics_url``; ``metrics_url``:
         where node 0 may serve its workload metrics, the port given to it in
         ``CONTROLPLANE_METRICS_PORT``); a multi-role attempt also ``roles``:
         by role, its node indexes (``pods``) and, for a role with a port, the
@@ -442,7 +446,7 @@ class LocalBackend(Backend):
             conf = self._endpoint(attempt, meta)
         except OSError as exc:
             raise TransientDispatchError(f"cannot start {attempt.object_name}: {exc}") from exc
-        return self._runner_state(directory, meta, attempt.job.kind, conf)
+        return self._runner_state(directory, meta, conf)
 
     def _endpoint(self, attempt, meta: dict) -> dict | None:
         """Point a serving attempt's job endpoint at its live replicas, starting the proxy if needed
@@ -491,7 +495,7 @@ class LocalBackend(Backend):
             self._retire(directory, retiring)
         except OSError as exc:
             raise TransientDispatchError(f"cannot scale {attempt.object_name}: {exc}") from exc
-        return self._runner_state(directory, meta, job.kind, conf)
+        return self._runner_state(directory, meta, conf)
 
     def _retire(self, directory: Path, nodes: list[int]) -> None:
         """Stop the pods ``nodes`` of the attempt in ``directory`` (SIGTERM to their supervisors' groups, which
@@ -596,7 +600,7 @@ class LocalBackend(Backend):
         with os.fdopen(fd, "w") as fh:
             fh.write(json.dumps({"supervisor": ref.to_json(), "launched_at": time.time(), "dispatcher_pid": os.getpid()}))
 
-    def _runner_state(self, directory: Path, meta: dict, kind: str, conf: dict | None = None) -> dict:
+    def _runner_state(self, directory: Path, meta: dict, conf: dict | None = None) -> dict:
         pids = []
         for node in range(meta["nodes"]):
             deadline = time.monotonic() + 2.0  # a concurrent dispatcher may still be writing its claim
