@@ -45,6 +45,7 @@ from jobs.roles import job_roles
 from jobs.scheduling.core import price_text
 from jobs.scheduling.offers import pool_offers
 from jobs.scheduling.snapshot import cpu_used_milli
+from jobs.service import serving_status
 from jobs.spec import SpecError, resubmission, team_for_submission, validated_submission
 from jobs.states import StaleState
 from jobs.throttles import submitter_retry_after, team_retry_after
@@ -337,6 +338,7 @@ def _job_status_context(job: Job, user) -> dict:
         "queue_facts": queue_facts(queue_info),
         "waits_for": short_of_words(queue_info) if queue_info else "",
         "after": edges_of(job),
+        "serving": serving_status(job),
         "poll_seconds": settings.UI_POLL_SECONDS,
     }
 

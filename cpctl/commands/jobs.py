@@ -318,6 +318,7 @@ def job_fields(job: dict) -> list[tuple[str, str]]:
         if source:
             pairs.append(("serves", f"the checkpoint of job {source}"))
         pairs.append(("endpoint", job.get("endpoint") or "none (it serves only while RUNNING)"))
+        pairs += serving_fields(job.get("serving") or {})
     estimate = job.get("estimated_cost_usd")
     pairs.append(("cost", f"{money(job, 'accrued_cost_usd')} accrued, " + (
         "estimated once placed" if estimate is None else f"{usd(estimate)} estimated (worst case)")))
@@ -327,6 +328,30 @@ def job_fields(job: dict) -> list[tuple[str, str]]:
         value = job.get(f"{name}_at")
         if value:
             pairs.append((name, f"{when(value)} UTC ({age(value)} ago)"))
+    return pairs
+
+
+def serving_fields(serving: dict) -> list[tuple[str, str]]:
+    """A serving job's replicas and, with autoscaling, its bounds, target, last decision and the reason a scale-up
+    was refused (the API's ``serving``); [] without it."""
+    if not serving:
+        return []
+    pairs = [("replicas", str(serving.get("replicas")) + (
+        f" ({', '.join(serving['replica_addresses'])})" if serving.get("replica_addresses") else ""))]
+    scaling = serving.get("autoscaling")
+    if scaling:
+        metric = "in flight" if scaling.get("metric") == "in_flight" else "requests/s"
+        text = (f"{scaling['min_replicas']}..{scaling['max_replicas']} replicas, target "
+                f"{scaling['target_per_replica']} {metric} per replica")
+        if scaling.get("desired") is not None:
+            text += f"; last read {scaling['metric_per_replica']:.2f}, decided {scaling['desired']}"
+        if scaling.get("note"):
+            text += f"; {scaling['note']}"
+        pairs.append(("autoscaling", text))
+        refusal = scaling.get("refusal") or {}
+        if refusal:
+            pairs.append(("scale-up refused", f"{refusal.get('desired')} wanted, stays at {refusal.get('replicas')}: "
+                                              f"{refusal.get('message', '')}"))
     return pairs
 
 

@@ -16,6 +16,7 @@ from costs.unknown import unknown_cost, unknown_cost_json, unpriced_hours
 from ..dependencies import edges_of
 from ..models import PRIORITY_CLASSES, Job, JobAttempt, JobEvent
 from ..roles import job_roles
+from ..service import serving_status
 from ..workload import job_efficiency
 
 PRIORITY_NAMES = {value: name for name, value in PRIORITY_CLASSES.items()}
@@ -250,19 +251,46 @@ ROLES_SCHEMA = {
     }},
 }
 
+SERVING_SCHEMA = {
+    "type": "object", "nullable": True,
+    "description": "serving (inference) jobs: the endpoint, replicas and autoscaling (jobs.service.serving_status); "
+                   "null for other kinds",
+    "properties": {
+        "endpoint": {"type": "string", "nullable": True, "description": "the job's one address while it serves"},
+        "replicas": {"type": "integer", "description": "replicas now (each admitted, booked and billed)"},
+        "replica_addresses": {"type": "array", "items": {"type": "string"}},
+        "autoscaling": {"type": "object", "nullable": True, "properties": {
+            "min_replicas": {"type": "integer"}, "max_replicas": {"type": "integer"},
+            "metric": {"type": "string", "enum": ["in_flight", "rps"]},
+            "target_per_replica": {"type": "number"},
+            "scale_up_delay_seconds": {"type": "integer"}, "scale_down_delay_seconds": {"type": "integer"},
+            "metric_per_replica": {"type": "number", "nullable": True, "description": "the load last read"},
+            "desired": {"type": "integer", "nullable": True, "description": "the count last decided"},
+            "decided_at": {"type": "string", "format": "date-time", "nullable": True},
+            "refusal": {"type": "object", "description": "why the last scale-up was refused ({} if it was not): "
+                                                         "reason (quota, budget, capacity), message, replicas, "
+                                                         "desired, at, and the numbers"},
+            "note": {"type": "string", "description": "why the last pass could not decide; empty when it could"},
+        }},
+    },
+}
+
 
 class JobDetailSerializer(JobSerializer):
     """A job with its training ``efficiency`` (``jobs.workload.job_efficiency``): throughput, MFU (null with the
     reason on the CPU or without a catalog peak), tokens and USD per million tokens, and each attempt's last and
     mean reports; ``after``: the jobs it waits for (``jobs.dependencies.edges_of``), empty without any; for a
-    multi-role job its ``roles`` with each one's GPU-hours, cost, GPU utilization and throughput (``jobs.roles``)."""
+    multi-role job its ``roles`` with each one's GPU-hours, cost, GPU utilization and throughput (``jobs.roles``);
+    for a serving job ``serving``: its endpoint, replicas and autoscaling (``jobs.service.serving_status``), null for
+    other kinds."""
 
     efficiency = serializers.SerializerMethodField()
     after = serializers.SerializerMethodField()
     roles = serializers.SerializerMethodField()
+    serving = serializers.SerializerMethodField()
 
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "after", "efficiency", "roles"]
+        fields = [*JobSerializer.Meta.fields, "after", "efficiency", "roles", "serving"]
         read_only_fields = fields
 
     @extend_schema_field(AFTER_SCHEMA)
@@ -277,6 +305,10 @@ class JobDetailSerializer(JobSerializer):
     @extend_schema_field(ROLES_SCHEMA)
     def get_roles(self, job: Job) -> dict | None:
         return job_roles(job)
+
+    @extend_schema_field(SERVING_SCHEMA)
+    def get_serving(self, job: Job) -> dict | None:
+        return serving_status(job)
 
 
 class LogQuerySerializer(serializers.Serializer):

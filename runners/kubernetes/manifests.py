@@ -147,6 +147,7 @@ class Workload:
     max_runtime_seconds: int = 3600
     replicas: int = 1
     port: int = 8000
+    health_path: str = "/healthz"  # a serving pod's readiness path (spec.health_path)
     master_port: int = 29500
     checkpoint_claim: str = ""
     checkpoint_uri: str = ""
@@ -489,13 +490,17 @@ def headless_service(w: Workload) -> dict:
 
 
 def inference_deployment(w: Workload) -> dict:
-    """An apps/v1 Deployment of ``replicas`` pods serving on ``port`` (env PORT), ready once the port accepts TCP.
+    """An apps/v1 Deployment of ``replicas`` pods serving on ``port`` (env PORT), each ready while GET
+    ``health_path`` on that port answers 2xx or 3xx (an httpGet readiness probe): the Service sends requests to
+    ready pods only, so a starting or failing replica gets none (Kubernetes "Configure Liveness, Readiness and
+    Startup Probes").
 
     Checkpoints: ``/checkpoints`` read-only (``checkpoint_volume``).
     """
     env = _platform_env(w) + [{"name": "PORT", "value": str(w.port)}]
     container = _container(w, env, [{"name": "http", "containerPort": w.port}], read_only_checkpoints=True)
-    container["readinessProbe"] = {"tcpSocket": {"port": w.port}, "periodSeconds": 5, "failureThreshold": 3}
+    container["readinessProbe"] = {"httpGet": {"path": w.health_path, "port": w.port}, "periodSeconds": 5,
+                                   "failureThreshold": 3}
     return {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _metadata(w, owner=True),
         "spec": {
@@ -508,7 +513,8 @@ def inference_deployment(w: Workload) -> dict:
 
 
 def inference_service(w: Workload) -> dict:
-    """The v1 ClusterIP Service in front of the inference pods, on ``port``."""
+    """The v1 ClusterIP Service in front of the inference pods, on ``port``: the job's endpoint in the cluster; its
+    EndpointSlices list the ready pods only (the readiness probe), and kube-proxy balances connections over them."""
     return {
         "apiVersion": "v1", "kind": "Service", "metadata": _metadata(w),
         "spec": {"selector": dict(w.labels), "ports": [{"name": "http", "port": w.port, "targetPort": w.port}]},

@@ -88,7 +88,7 @@ def workload(attempt) -> m.Workload:
         cpu=resources.get("cpu"), memory_gib=resources.get("memory_gib"),
         gpu_product=attempt.node_pool.accelerator.product_label,
         spot=attempt.node_pool.capacity_type == "spot", max_runtime_seconds=job.max_runtime_seconds,
-        replicas=job.replicas, port=int(spec.get("port") or 8000),
+        replicas=job.replicas, port=int(spec.get("port") or 8000), health_path=spec.get("health_path") or "/healthz",
         master_port=settings.K8S_MASTER_PORT, checkpoint_claim=settings.K8S_CHECKPOINT_CLAIM,
         checkpoint_uri=m.checkpoint_uri(settings.CHECKPOINT_STORE_URI, job.team.slug, checkpoint_job),
         checkpoint_job_id=checkpoint_job,
