@@ -56,7 +56,7 @@ from runners.models import CPU_ACCELERATOR, Accelerator, Cluster, NodePool
 from .dependencies import MAX_AFTER
 from .dependencies import resolve as resolve_after
 from .efficiency.memory import Layout, declaration_errors, fit_errors
-from .models import PRIORITY_CLASSES, UNBOUNDED_ESTIMATE_SECONDS, Job, JobDependency
+from .models import PRIORITY_CLASSES, UNBOUNDED_ESTIMATE_SECONDS, Job, JobDependency, roles_in_order
 
 SUBMIT_ROLES = (Membership.Role.ADMIN, Membership.Role.MEMBER)
 
@@ -965,9 +965,10 @@ def submission_errors(data, lookups: Lookups) -> tuple[JobSubmission | None, dic
 def stored_spec(spec: JobSpec, kind: str) -> dict:
     """The validated ``spec`` as stored on the Job, in the model's field order: every field present (an optional
     one without default as null) except those of other job kinds and absent declarations (``model``,
-    ``parallelism``)."""
+    ``parallelism``); a multi-role spec's roles in name order (``jobs.models.roles_in_order``)."""
     if isinstance(spec, MultiRoleSpec):
-        return spec.model_dump()
+        stored = spec.model_dump()
+        return {**stored, "roles": roles_in_order(stored["roles"])}
     leave_out = {name for name, kinds in KIND_SPECIFIC.items() if kind not in kinds}
     leave_out.update(name for name in DECLARATIONS if getattr(spec, name) is None)
     return spec.model_dump(exclude=leave_out)

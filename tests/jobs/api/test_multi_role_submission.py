@@ -1,6 +1,9 @@
 """Submitting a multi-role job (``kind: multi-role``, ``spec.roles``; ADR 0039): the example GRPO job is accepted as
 written, the job's columns and preview count the sum of its roles, and every bad role answers 400 keyed by its
-field path (``spec.roles.<name>.<field>``), storing nothing.
+field path (``spec.roles.<name>.<field>``), storing nothing. The roles' order is their names' order everywhere,
+on PostgreSQL (whose jsonb orders an object's keys by length, then bytes) as on SQLite (which keeps them as
+written): roles written as ``rollout``, ``rm``, ``learner`` (jsonb stores ``rm``, ``learner``, ``rollout``) are
+``learner``, ``rm``, ``rollout`` in the answer, in admission and in both runners' numbering of pods.
 
 The fleet: aws-use1's H100 pool (a cluster of the local runner, 2 nodes x 8 GPUs, 6.88 USD/GPU-h) and gcp-usc1's CPU pool (4 nodes x 16 cores,
 64 GiB); alpha has 32 H100 GPUs of quota.
@@ -16,7 +19,14 @@ import yaml
 from django.conf import settings
 from django.utils import timezone
 
-from jobs.models import Job
+from costs.collection import attempt_roles
+from jobs.models import Job, JobAttempt
+from jobs.roles import role_pods
+from jobs.scheduling.passes import try_admit
+from jobs.scheduling.snapshot import queued_job, role_shapes
+from runners.kubernetes.runner import role_shapes as attempt_role_shapes
+from runners.kubernetes.runner import roles_of
+from runners.local.runner import role_layout
 from runners.models import Node
 from tests.support.factories import make_cluster
 
@@ -134,3 +144,47 @@ def test_a_bad_multi_role_submission_is_400_on_its_field(teammate, fleet, change
     assert field in errors, errors
     assert any(message in m for m in errors[field]), errors
     assert not Job.objects.exists()
+
+
+# --- the roles' order ---------------------------------------------------------------------------------------------
+
+SUBMITTED = ["rollout", "rm", "learner"]
+NAME_ORDER = sorted(SUBMITTED)  # learner, rm, rollout
+
+
+def unordered() -> dict:
+    """``body()`` with roles written in neither name order nor jsonb's (length, then bytes)."""
+    document = body(rollout=role(2, nodes=2, port=8000, completion=False), rm=role(1, port=9000, completion=False),
+                    learner=role(4))
+    assert list(document["spec"]["roles"]) == SUBMITTED
+    return document
+
+
+def test_the_api_answers_the_roles_in_name_order_when_submitted_and_when_read(teammate, fleet):
+    r = teammate.client.post(JOBS, unordered(), format="json")
+    assert r.status_code == 201, r.content
+    submitted = r.json()
+    read = teammate.client.get(f"{JOBS}{submitted['id']}/").json()
+
+    for answer in (submitted, read):
+        assert list(answer["roles"]) == NAME_ORDER
+        assert list(answer["spec"]["roles"]) == NAME_ORDER
+
+
+def test_admission_and_both_runners_number_the_roles_in_name_order(teammate, fleet):
+    r = teammate.client.post(JOBS, unordered(), format="json")
+    assert r.status_code == 201, r.content
+    job = Job.objects.get(pk=r.json()["id"])
+
+    assert [s.name for s in role_shapes(job.spec["roles"])] == NAME_ORDER
+    assert [s.name for s in queued_job(job).roles] == NAME_ORDER
+    assert try_admit(job.pk) == "admitted"
+    attempt = JobAttempt.objects.get(job=job)
+    assert [name for name, _ in attempt_role_shapes(attempt.placement)] == NAME_ORDER
+    assert list(attempt_roles(attempt)) == NAME_ORDER
+    # the runners number the pods role by role in the same order: learner 0, rm 1, rollout 2 and 3
+    pods = [("learner", 0), ("rm", 0), ("rollout", 0), ("rollout", 1)]
+    assert role_pods(job.spec) == pods
+    layout = role_layout(job.spec)
+    assert [(r["name"], r["first"], r["count"]) for r in layout] == [("learner", 0, 1), ("rm", 1, 1), ("rollout", 2, 2)]
+    assert [r.name for r in roles_of(job.spec, attempt.placement)] == NAME_ORDER
