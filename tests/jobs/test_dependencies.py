@@ -7,7 +7,9 @@ what it waits for."""
 from __future__ import annotations
 
 import copy
+import itertools
 import random
+import sys
 
 import pytest
 
@@ -321,3 +323,27 @@ def test_the_scheduler_never_admits_a_job_before_its_conditions_hold(teammate, t
     assert set(Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("state", flat=True)) <= FINAL_STATES
     assert JobEvent.objects.filter(job__in=jobs, to_state=S.REJECTED).count() == \
         Job.objects.filter(pk__in=[j.pk for j in jobs], state=S.REJECTED).count()
+
+
+def test_a_cancel_rejects_a_chain_longer_than_the_interpreters_recursion_limit(teammate, teams, h100):
+    """A pipeline of 1,200 jobs, each waiting for the one before: cancelling the first rejects every other one, down
+    the chain, in the cancel's transaction (settled level by level, not by a call per level)."""
+    length = 1200
+    assert length > sys.getrecursionlimit()
+    head = make_job_row(teams[0], teammate.user, h100, name="step-0")
+    rest = Job.objects.bulk_create([Job(team=teams[0], submitter=teammate.user, name=f"step-{i}", kind="training",
+                                        spec=head.spec, accelerator=h100, gpus_per_node=1, nodes=1, priority=500,
+                                        max_runtime_seconds=3600, state=S.QUEUED) for i in range(1, length)])
+    chain = [head, *rest]
+    JobDependency.objects.bulk_create([JobDependency(job=job, upstream=before, condition="succeeded")
+                                       for before, job in itertools.pairwise(chain)])
+
+    r = teammate.client.post(f"{JOBS}{head.pk}/cancel/")
+
+    assert r.status_code == 200, r.content
+    assert states(head.pk) == [S.CANCELLED]
+    assert Job.objects.filter(pk__in=[j.pk for j in rest], state=S.REJECTED).count() == length - 1
+    last = Job.objects.get(pk=chain[-1].pk)
+    assert last.state_reason == (f"job {chain[-2].pk} (step-{length - 2}) ended REJECTED; this job waited for it to "
+                                 f"succeed")
+    assert JobEvent.objects.filter(job_id__in=[j.pk for j in rest], to_state=S.REJECTED).count() == length - 1
