@@ -711,7 +711,9 @@ def role_errors(spec: MultiRoleSpec, lookups: Lookups | None) -> dict[str, list[
     command nor args, with accelerator ``alternatives``, or on another accelerator than the first role (every role
     runs on one accelerator); no role with ``completion`` (the job could never succeed); ``preemptible`` true (a
     multi-role job is neither preempted nor preempts). With ``lookups`` (the submission's), each role that can
-    never run on the fleet as ``never_errors`` judges a single-role job of its shape; ``lookups.accelerator`` is
+    never run on the fleet as ``never_errors`` judges a single-role job of its shape, then the roles that can never
+    run together (``jobs.scheduling.never.gang_never_fits``: over the team's quota or any pool's room, on
+    ``roles``); ``lookups.accelerator`` is
     then the roles' accelerator."""
     errors: dict[str, list[str]] = {}
     if spec.preemptible:
@@ -743,6 +745,14 @@ def role_errors(spec: MultiRoleSpec, lookups: Lookups | None) -> dict[str, list[
         for key, messages in never_errors(lookups.team, single, accelerator).items():
             errors[f"roles.{name}.resources.{key}" if key and key != "preemptible" else
                    f"roles.{name}.resources" if not key else "preemptible"] = messages
+    if not errors:
+        from .scheduling.never import gang_never_fits
+
+        together = gang_never_fits(lookups.team, accelerator, [
+            (name, role.resources.model_dump(include={"gpus_per_node", "nodes", "cpu", "memory_gib"}))
+            for name, role in roles_in_order(spec.roles).items()], spec.placement.model_dump())
+        if together:
+            errors["roles"] = [together]
     return errors
 
 

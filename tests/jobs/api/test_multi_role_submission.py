@@ -188,3 +188,34 @@ def test_admission_and_both_runners_number_the_roles_in_name_order(teammate, fle
     layout = role_layout(job.spec)
     assert [(r["name"], r["first"], r["count"]) for r in layout] == [("learner", 0, 1), ("rm", 1, 1), ("rollout", 2, 2)]
     assert [r.name for r in roles_of(job.spec, attempt.placement)] == NAME_ORDER
+
+
+# --- a gang that can never run as a whole -------------------------------------------------------------------------
+
+
+def test_roles_that_fit_alone_but_never_together_on_any_pool_are_refused_on_roles(teammate, fleet):
+    # each role fits the 2-node x 8-GPU pool alone; together they ask 8 + 2 x 8 = 24 GPUs of its 16
+    document = body(learner=role(8), rollout=role(8, nodes=2, port=8000, completion=False))
+
+    for url in (f"{JOBS}preview/", JOBS):
+        r = teammate.client.post(url, document, format="json")
+        assert r.status_code == 400, r.content
+        assert r.json() == {"spec.roles": [
+            "the roles ask 24 H100-80GB GPUs together (learner 1 x 8, rollout 2 x 8), more than any node pool the "
+            "job may use has (the largest has 16): admitted together or not at all, they could never run"]}
+    assert not Job.objects.exists()
+
+
+def test_roles_over_the_teams_quota_together_are_refused_on_roles(teammate, catalog, cpu, alpha_h100_quota):
+    # a pool of 8 nodes x 8 GPUs holds them; alpha reaches 32 H100 GPUs and the roles ask 4 x 8 + 1 x 8 = 40
+    cluster, pool = make_cluster("aws-use1", "aws", "us-east-1", catalog["H100-80GB"], nodes=8, gpus_per_node=8,
+                                 backend="local")
+    document = body(learner=role(8, nodes=4), rollout=role(8, port=8000, completion=False))
+
+    r = teammate.client.post(JOBS, document, format="json")
+
+    assert r.status_code == 400, r.content
+    assert list(r.json()) == ["spec.roles"]
+    assert r.json()["spec.roles"][0].startswith("the roles ask 40 H100-80GB GPUs together (learner 4 x 8, rollout "
+                                                "1 x 8), over the 32 team alpha can reach")
+    assert not Job.objects.exists()
