@@ -707,8 +707,9 @@ def alternative_errors(accelerator: Accelerator, alternatives: list[str]) -> dic
 
 
 def role_errors(spec: MultiRoleSpec, lookups: Lookups | None) -> dict[str, list[str]]:
-    """Errors by spec field (``roles.<name>.<field>``) of a validated multi-role ``spec``: a role with neither
-    command nor args, with accelerator ``alternatives``, or on another accelerator than the first role (every role
+    """Errors by spec field (``roles.<name>.<field>``) of a validated multi-role ``spec``: a role named another's
+    name, ``-`` and a digit (their pods' names would read alike: ``costs.prometheus.pod_role``), a role with
+    neither command nor args, with accelerator ``alternatives``, or on another accelerator than the first role (every role
     runs on one accelerator); no role with ``completion`` (the job could never succeed); ``preemptible`` true (a
     multi-role job is neither preempted nor preempts). With ``lookups`` (the submission's), each role that can
     never run on the fleet as ``never_errors`` judges a single-role job of its shape, then the roles that can never
@@ -724,6 +725,12 @@ def role_errors(spec: MultiRoleSpec, lookups: Lookups | None) -> dict[str, list[
     first = None
     for name, role in spec.roles.items():
         at = f"roles.{name}"
+        shadowed = next((other for other in spec.roles if re.match(rf"{re.escape(other)}-[0-9]", name)), None)
+        if shadowed is not None:
+            errors[at] = [f"role {name} is role {shadowed}'s name, '-' and a digit: on Kubernetes pod <index> of "
+                          f"role {shadowed} is named <attempt>-{shadowed}-<index>-<random suffix>, which the pods of "
+                          f"role {name} (<attempt>-{name}-...) cannot be told apart from by name (the per-role "
+                          f"utilization reads pod names); rename one, e.g. without the '-' before the digit"]
         if not role.command and not role.args:
             errors[f"{at}.command"] = ["required unless args are given (the image's ENTRYPOINT then runs with them)"]
         if role.resources.alternatives:

@@ -347,3 +347,22 @@ def test_a_cancel_rejects_a_chain_longer_than_the_interpreters_recursion_limit(t
     assert last.state_reason == (f"job {chain[-2].pk} (step-{length - 2}) ended REJECTED; this job waited for it to "
                                  f"succeed")
     assert JobEvent.objects.filter(job_id__in=[j.pk for j in rest], to_state=S.REJECTED).count() == length - 1
+
+
+def test_a_diamond_rejects_its_join_once_and_a_rejection_meets_ended_and_failed_conditions(teammate, teams, h100):
+    """a -> b, a -> c, (b, c) -> d; b -> e (failed), b -> f (ended). a fails: b and c are rejected in one round,
+    d once in the next (one REJECTED event, naming b, its first edge); e and f wait no more (a rejection is an end
+    and a failure)."""
+    team, user = teams[0], teammate.user
+    a, b, c, d, e, f = (make_job_row(team, user, h100, name=n) for n in "abcdef")
+    for job, edges in ((b, [(a, "succeeded")]), (c, [(a, "succeeded")]), (d, [(b, "succeeded"), (c, "succeeded")]),
+                       (e, [(b, "failed")]), (f, [(b, "ended")])):
+        check_and_record(job, edges)
+
+    cancel_job(a, actor=user)
+
+    assert states(a.pk, b.pk, c.pk, d.pk, e.pk, f.pk) == [S.CANCELLED, S.REJECTED, S.REJECTED, S.REJECTED,
+                                                          S.QUEUED, S.QUEUED]
+    events = JobEvent.objects.filter(job=d, to_state=S.REJECTED)
+    assert events.count() == 1 and events.get().data["upstream"] == b.pk
+    assert Job.objects.get(pk=e.pk).queue_info == {} and Job.objects.get(pk=f.pk).queue_info == {}

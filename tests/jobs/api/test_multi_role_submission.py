@@ -129,6 +129,12 @@ BAD = [
     ("no-runtime", lambda b: b["spec"].pop("max_runtime_seconds"), "spec.max_runtime_seconds",
      "This field is required."),
     ("roles-not-a-mapping", lambda b: b["spec"].update(roles=["learner"]), "spec.roles", "dictionary"),
+    # pod 1 of role rollout on Kubernetes is <attempt>-rollout-1-<5 random characters>, and pod 0 of a role
+    # rollout-1 <attempt>-rollout-1-0-<5>: a random suffix that starts with a digit reads as the other role's
+    ("role-name-a-pod-name-prefix", lambda b: b["spec"]["roles"].update({"rollout-1": role(1)}),
+     "spec.roles.rollout-1", "role rollout-1 is role rollout's name, '-' and a digit"),
+    ("role-name-a-pod-name-prefix-longer", lambda b: b["spec"]["roles"].update({"learner-0-b": role(1)}),
+     "spec.roles.learner-0-b", "role learner-0-b is role learner's name, '-' and a digit"),
 ]
 
 
