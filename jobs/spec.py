@@ -397,7 +397,9 @@ class JobSpec(SpecModel):
 
 def _role_name(name) -> str:
     if type(name) is not str or len(name) > ROLE_NAME_MAX or not DNS_1123_LABEL.fullmatch(name):
-        raise _refused(f'invalid role name "{name}": a role name must be a DNS-1123 label of at most {ROLE_NAME_MAX} '
+        # a bounded answer, never one that echoes the document (docs/adr/0033): the name cut as its path is
+        shown = name if len(str(name)) <= MAX_PATH_SHOWN else f"{str(name)[:MAX_PATH_SHOWN]}..."
+        raise _refused(f'invalid role name "{shown}": a role name must be a DNS-1123 label of at most {ROLE_NAME_MAX} '
                        f"characters (lowercase letters, digits and '-', starting and ending with a letter or digit; "
                        f"it names the role's Kubernetes objects)")
     return name

@@ -225,3 +225,17 @@ def test_roles_over_the_teams_quota_together_are_refused_on_roles(teammate, cata
     assert r.json()["spec.roles"][0].startswith("the roles ask 40 H100-80GB GPUs together (learner 4 x 8, rollout "
                                                 "1 x 8), over the 32 team alpha can reach")
     assert not Job.objects.exists()
+
+
+def test_a_long_bad_role_name_is_shown_cut_in_its_path_and_its_message(teammate, fleet):
+    document = body()
+    document["spec"]["roles"]["a" * 5000] = role()
+
+    r = teammate.client.post(JOBS, document, format="json")
+
+    assert r.status_code == 400, r.content
+    assert r.json() == {f"spec.roles.{'a' * 109}...": [
+        f'invalid role name "{"a" * 120}...": a role name must be a DNS-1123 label of at most 12 characters '
+        f"(lowercase letters, digits and '-', starting and ending with a letter or digit; it names the role's "
+        f"Kubernetes objects)"]}
+    assert not Job.objects.exists()
