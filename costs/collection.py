@@ -38,7 +38,7 @@ from django.db.models import Case, ExpressionWrapper, F, FloatField, Max, Q, Val
 from django.db.models.functions import Coalesce, Least
 from django.utils import timezone
 
-from jobs.models import JobAttempt
+from jobs.models import JobAttempt, roles_in_order
 from runners.models import Cluster
 
 from . import prometheus
@@ -147,7 +147,7 @@ def attempt_matchers(attempt: JobAttempt, shape: prometheus.Shape, source: prome
 def attempt_roles(attempt: JobAttempt) -> tuple[str, ...]:
     """The role names of a multi-role ``attempt`` (its ``placement["roles"]``); ``()`` for an attempt of one role."""
     roles = (attempt.placement or {}).get("roles") if isinstance(attempt.placement, dict) else None
-    return tuple(roles or ())
+    return tuple(roles_in_order(roles))
 
 
 def read_by_node(source: prometheus.Source, shape: prometheus.Shape, matchers: str | None, lo: dt.datetime,

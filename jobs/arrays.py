@@ -64,7 +64,12 @@ def _is_int(value) -> bool:
 
 
 def _scalar_error(value) -> str | None:
-    """Why ``value`` cannot be a grid value (a string, an integer, a finite number or a boolean), else None."""
+    """Why ``value`` cannot be a grid value (a string, an integer, a finite number or a boolean), else None.
+
+    A float must come back from the database as the same float, since its text is the element's ``SWEEP_``
+    value: PostgreSQL's jsonb stores numbers as ``numeric``, which keeps a written ``.0`` but not an exponent's
+    form or the sign of zero, so ``1e+20`` (every float of 1e16 or more, which JSON writes with an exponent)
+    would come back as the integer ``100000000000000000000`` and ``-0.0`` as ``0.0``; both are refused."""
     if type(value) is str:
         if "\x00" in value:
             return "a string value may not contain a NUL character (\\x00)"
@@ -74,7 +79,13 @@ def _scalar_error(value) -> str | None:
     if type(value) in (int, bool):
         return None
     if type(value) is float:
-        return None if math.isfinite(value) else "a number must be finite"
+        if not math.isfinite(value):
+            return "a number must be finite"
+        text = json.dumps(value)
+        if "e+" in text or text == "-0.0":
+            return (f"{text} would be stored as another number (PostgreSQL keeps numbers as numeric, without a "
+                    f'float\'s exponent or sign of zero); give it as a string ("{text}"), or as an integer')
+        return None
     return f"values must be strings, numbers or booleans, not {type(value).__name__ if value is not None else 'null'}"
 
 

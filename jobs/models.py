@@ -134,7 +134,7 @@ class Job(models.Model):
         GPUs per node (``spec.roles``)."""
         if self.kind == self.Kind.MULTI_ROLE:
             return sum(total_gpus(r["resources"]["nodes"], r["resources"]["gpus_per_node"])
-                       for r in (self.spec or {}).get("roles", {}).values())
+                       for r in roles_in_order((self.spec or {}).get("roles")).values())
         return total_gpus(self.nodes, self.gpus_per_node, self.replicas)
 
     @property
@@ -364,6 +364,17 @@ NODE_FAULT_END_REASONS = (JobAttempt.EndReason.NODE_LOST, JobAttempt.EndReason.N
 def total_gpus(nodes: int, gpus_per_node: int, replicas: int = 1) -> int:
     """GPUs a job holds: ``nodes`` x ``gpus_per_node`` x ``replicas`` (every pod holds ``gpus_per_node``)."""
     return nodes * gpus_per_node * max(1, replicas)
+
+
+def roles_in_order(roles) -> dict:
+    """A multi-role job's roles, name -> role (its stored ``spec["roles"]``, or an attempt's ``placement["roles"]``),
+    in name order (code point order): the one order of roles everywhere (``CONTROLPLANE_ROLES``, the runners'
+    numbering of pods, placement, the roles table, the API's answer). PostgreSQL's jsonb does not keep an object's
+    key order (it orders keys by length, then bytes) and SQLite keeps it as written, so the order a mapping comes
+    back in is never read. ``{}`` for anything but a mapping (no roles)."""
+    if not isinstance(roles, dict):
+        return {}
+    return dict(sorted(roles.items()))
 
 
 def committed_usd(team_id: int) -> Decimal:

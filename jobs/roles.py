@@ -25,7 +25,7 @@ from core.money import shown_usd
 from costs.models import CostEntry, NodeUtilizationRollup, UtilizationRollup
 from costs.spend import exact_seconds
 
-from .models import Job, WorkloadMetrics
+from .models import Job, WorkloadMetrics, roles_in_order
 
 _HOUR = Decimal(3600)
 
@@ -33,9 +33,8 @@ _HOUR = Decimal(3600)
 def role_units(placement: dict | None) -> dict[str, tuple[int, int, int, int]]:
     """By role name, ``(pods, GPUs, CPU millicores, memory MiB)`` over all its pods, from an attempt's
     ``placement`` (``jobs.scheduling.apply.multi_role_placement``); empty for an attempt of one role."""
-    roles = (placement or {}).get("roles") or {}
     out = {}
-    for name, role in roles.items():
+    for name, role in roles_in_order((placement or {}).get("roles")).items():
         pods = len(role.get("nodes") or ())
         out[name] = (pods, pods * int(role.get("gpus_per_node") or 0), pods * int(role.get("cpu_milli") or 0),
                      pods * int(role.get("memory_mib") or 0))
@@ -43,14 +42,14 @@ def role_units(placement: dict | None) -> dict[str, tuple[int, int, int, int]]:
 
 
 def role_costs(job: Job) -> dict[str, dict] | None:
-    """The roles of a multi-role ``job`` as its API answer shows them, by name in the spec's order: ``pods``,
+    """The roles of a multi-role ``job`` as its API answer shows them, by name in name order: ``pods``,
     ``gpus_per_pod``, ``completion``, ``gpus`` (all its pods), ``gpu_hours``, ``vcpu_hours`` and ``cost_usd`` (USD
     string to cents, over every attempt's ledger entries; null while none of its time is priced) and
     ``unpriced_hours`` (hours of entries without a price, not in ``cost_usd``). None for a job of one role. One
     query."""
     if job.kind != Job.Kind.MULTI_ROLE:
         return None
-    spec_roles = (job.spec or {}).get("roles") or {}
+    spec_roles = roles_in_order((job.spec or {}).get("roles"))
     totals = {name: {"gpu_hours": Decimal(0), "vcpu_hours": Decimal(0), "cost": Decimal(0), "unpriced": Decimal(0)}
               for name in spec_roles}
     rows = CostEntry.objects.filter(job=job).values_list(
@@ -88,9 +87,9 @@ def role_costs(job: Job) -> dict[str, dict] | None:
 
 def role_pods(spec: dict | None) -> list[tuple[str, int]]:
     """The pods of a multi-role ``spec`` in the order runners number them (node indexes): ``[(role, index in the
-    role)]``, the roles in the spec's order, each role's pods in index order (``runners.local.runner.role_layout``
+    role)]``, the roles in name order, each role's pods in index order (``runners.local.runner.role_layout``
     numbers them the same); empty for a spec without roles."""
-    roles = (spec or {}).get("roles") or {}
+    roles = roles_in_order((spec or {}).get("roles"))
     return [(name, index) for name, role in roles.items()
             for index in range(int(((role or {}).get("resources") or {}).get("nodes") or 0))]
 
@@ -107,7 +106,7 @@ def _node_gpus(placement: dict | None) -> tuple[dict[str, dict[str, int]], dict[
     """``({node: {role: GPUs it holds there}}, {role: GPUs in the attempt})`` from a multi-role ``placement``."""
     by_node: dict[str, dict[str, int]] = {}
     total: dict[str, int] = {}
-    for name, role in ((placement or {}).get("roles") or {}).items():
+    for name, role in roles_in_order((placement or {}).get("roles")).items():
         per_pod = int(role.get("gpus_per_node") or 0)
         total[name] = per_pod * len(role.get("nodes") or ())
         for node in role.get("nodes") or ():
@@ -212,7 +211,7 @@ def role_throughput(job: Job) -> tuple[int | None, dict[str, dict]]:
     if row is None:
         return None, {}
     number, pods = row
-    spec_roles = (job.spec or {}).get("roles") or {}
+    spec_roles = roles_in_order((job.spec or {}).get("roles"))
     out = {}
     for name, role in spec_roles.items():
         count = int(((role or {}).get("resources") or {}).get("nodes") or 0)

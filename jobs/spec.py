@@ -56,7 +56,7 @@ from runners.models import CPU_ACCELERATOR, Accelerator, Cluster, NodePool
 from .dependencies import MAX_AFTER
 from .dependencies import resolve as resolve_after
 from .efficiency.memory import Layout, declaration_errors, fit_errors
-from .models import PRIORITY_CLASSES, UNBOUNDED_ESTIMATE_SECONDS, Job, JobDependency
+from .models import PRIORITY_CLASSES, UNBOUNDED_ESTIMATE_SECONDS, Job, JobDependency, roles_in_order
 
 SUBMIT_ROLES = (Membership.Role.ADMIN, Membership.Role.MEMBER)
 
@@ -453,7 +453,9 @@ class JobSpec(SpecModel):
 
 def _role_name(name) -> str:
     if type(name) is not str or len(name) > ROLE_NAME_MAX or not DNS_1123_LABEL.fullmatch(name):
-        raise _refused(f'invalid role name "{name}": a role name must be a DNS-1123 label of at most {ROLE_NAME_MAX} '
+        # a bounded answer, never one that echoes the document (docs/adr/0033): the name cut as its path is
+        shown = name if len(str(name)) <= MAX_PATH_SHOWN else f"{str(name)[:MAX_PATH_SHOWN]}..."
+        raise _refused(f'invalid role name "{shown}": a role name must be a DNS-1123 label of at most {ROLE_NAME_MAX} '
                        f"characters (lowercase letters, digits and '-', starting and ending with a letter or digit; "
                        f"it names the role's Kubernetes objects)")
     return name
@@ -764,11 +766,14 @@ def alternative_errors(accelerator: Accelerator, alternatives: list[str]) -> dic
 
 
 def role_errors(spec: MultiRoleSpec, lookups: Lookups | None) -> dict[str, list[str]]:
-    """Errors by spec field (``roles.<name>.<field>``) of a validated multi-role ``spec``: a role with neither
-    command nor args, with accelerator ``alternatives``, or on another accelerator than the first role (every role
+    """Errors by spec field (``roles.<name>.<field>``) of a validated multi-role ``spec``: a role named another's
+    name, ``-`` and a digit (their pods' names would read alike: ``costs.prometheus.pod_role``), a role with
+    neither command nor args, with accelerator ``alternatives``, or on another accelerator than the first role (every role
     runs on one accelerator); no role with ``completion`` (the job could never succeed); ``preemptible`` true (a
     multi-role job is neither preempted nor preempts). With ``lookups`` (the submission's), each role that can
-    never run on the fleet as ``never_errors`` judges a single-role job of its shape; ``lookups.accelerator`` is
+    never run on the fleet as ``never_errors`` judges a single-role job of its shape, then the roles that can never
+    run together (``jobs.scheduling.never.gang_never_fits``: over the team's quota or any pool's room, on
+    ``roles``); ``lookups.accelerator`` is
     then the roles' accelerator."""
     errors: dict[str, list[str]] = {}
     if spec.preemptible:
@@ -779,6 +784,12 @@ def role_errors(spec: MultiRoleSpec, lookups: Lookups | None) -> dict[str, list[
     first = None
     for name, role in spec.roles.items():
         at = f"roles.{name}"
+        shadowed = next((other for other in spec.roles if re.match(rf"{re.escape(other)}-[0-9]", name)), None)
+        if shadowed is not None:
+            errors[at] = [f"role {name} is role {shadowed}'s name, '-' and a digit: on Kubernetes pod <index> of "
+                          f"role {shadowed} is named <attempt>-{shadowed}-<index>-<random suffix>, which the pods of "
+                          f"role {name} (<attempt>-{name}-...) cannot be told apart from by name (the per-role "
+                          f"utilization reads pod names); rename one, e.g. without the '-' before the digit"]
         if not role.command and not role.args:
             errors[f"{at}.command"] = ["required unless args are given (the image's ENTRYPOINT then runs with them)"]
         if role.resources.alternatives:
@@ -800,6 +811,14 @@ def role_errors(spec: MultiRoleSpec, lookups: Lookups | None) -> dict[str, list[
         for key, messages in never_errors(lookups.team, single, accelerator).items():
             errors[f"roles.{name}.resources.{key}" if key and key != "preemptible" else
                    f"roles.{name}.resources" if not key else "preemptible"] = messages
+    if not errors:
+        from .scheduling.never import gang_never_fits
+
+        together = gang_never_fits(lookups.team, accelerator, [
+            (name, role.resources.model_dump(include={"gpus_per_node", "nodes", "cpu", "memory_gib"}))
+            for name, role in roles_in_order(spec.roles).items()], spec.placement.model_dump())
+        if together:
+            errors["roles"] = [together]
     return errors
 
 
@@ -1043,9 +1062,10 @@ def submission_errors(data, lookups: Lookups) -> tuple[JobSubmission | None, dic
 def stored_spec(spec: JobSpec, kind: str) -> dict:
     """The validated ``spec`` as stored on the Job, in the model's field order: every field present (an optional
     one without default as null) except those of other job kinds and absent declarations (``model``,
-    ``parallelism``)."""
+    ``parallelism``); a multi-role spec's roles in name order (``jobs.models.roles_in_order``)."""
     if isinstance(spec, MultiRoleSpec):
-        return spec.model_dump()
+        stored = spec.model_dump()
+        return {**stored, "roles": roles_in_order(stored["roles"])}
     leave_out = {name for name, kinds in KIND_SPECIFIC.items() if kind not in kinds}
     leave_out.update(name for name in DECLARATIONS if getattr(spec, name) is None)
     return spec.model_dump(exclude=leave_out)

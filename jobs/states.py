@@ -126,6 +126,16 @@ def transition_many(moves: list[Move], to_state: str, *, actor=None) -> list[Job
     writes nothing) when one of the edges does not exist. For callers that hold the rows' locks (admission):
     otherwise the moved rows are found again with one more query.
     """
+    with transaction.atomic(savepoint=False):
+        moved = _move_many(moves, to_state, actor)
+        if to_state in FINAL_STATES and moved:
+            settle_dependents([job.pk for job in moved])
+    return moved
+
+
+def _move_many(moves: list[Move], to_state: str, actor) -> list[Job]:
+    """``transition_many`` without settling the dependents of the jobs it ends (``settle_dependents`` settles a
+    chain level by level, each level's ends settled by the next round of its loop)."""
     for m in moves:
         if not can_transition(m.job.state, to_state):
             raise InvalidTransition(m.job.pk, m.job.state, to_state)
@@ -158,8 +168,6 @@ def transition_many(moves: list[Move], to_state: str, *, actor=None) -> list[Job
         JobEvent.objects.bulk_create([
             JobEvent(job_id=m.job.pk, attempt=m.attempt, kind="state", from_state=m.job.state, to_state=to_state,
                      reason=m.reason[:500], actor=actor, data=m.data or {}) for m in moved])
-        if to_state in FINAL_STATES and moved:
-            settle_dependents([m.job.pk for m in moved])
     for m in moved:
         m.job.state = to_state
         m.job.updated_at = now
@@ -171,18 +179,21 @@ def transition_many(moves: list[Move], to_state: str, *, actor=None) -> list[Job
 def settle_dependents(ended_ids: list[int]) -> int:
     """Settle the QUEUED dependents of the jobs ``ended_ids``, which just reached a final state, inside the caller's
     transaction (``jobs.dependencies.settle``): REJECT those whose condition can no longer hold, with the reason
-    naming the upstream and how it ended (``transition_many``, which settles their own dependents in turn), and
-    write the others' ``queue_info`` (compare-and-set on QUEUED). Returns how many it rejected (their own
-    dependents, rejected in turn, not counted). One query when no job depends on them."""
-    rejections, infos = dependencies.settle(ended_ids)
-    for job_id, info in infos.items():
-        message = info.get("message", "its dependencies are met; it waits for the next scheduling pass")
-        Job.objects.filter(pk=job_id, state=S.QUEUED).update(queue_info=info, state_reason=message[:500])
-    if not rejections:
-        return 0
-    moved = transition_many([Move(job, reason=reason, data=data, fields={"queue_info": {}})
-                             for job, reason, data in rejections], S.REJECTED)
-    return len(moved)
+    naming the upstream and how it ended, and write the others' ``queue_info`` (compare-and-set on QUEUED); then
+    the same for the dependents of the jobs just rejected, and so on down the chain: one round per level, in a loop
+    (a pipeline may be longer than the interpreter's recursion limit). Returns how many it rejected, every level
+    counted. One query when no job depends on them."""
+    rejected = 0
+    while ended_ids:
+        rejections, infos = dependencies.settle(ended_ids)
+        for job_id, info in infos.items():
+            message = info.get("message", "its dependencies are met; it waits for the next scheduling pass")
+            Job.objects.filter(pk=job_id, state=S.QUEUED).update(queue_info=info, state_reason=message[:500])
+        moved = _move_many([Move(job, reason=reason, data=data, fields={"queue_info": {}})
+                            for job, reason, data in rejections], S.REJECTED, None) if rejections else []
+        rejected += len(moved)
+        ended_ids = [job.pk for job in moved]
+    return rejected
 
 
 def _per_job(chunk: list[Move], name: str):

@@ -14,7 +14,7 @@ from core.money import shown_usd
 from costs.unknown import unknown_cost, unknown_cost_json, unpriced_hours
 
 from ..dependencies import edges_of
-from ..models import PRIORITY_CLASSES, Job, JobAttempt, JobEvent
+from ..models import PRIORITY_CLASSES, Job, JobAttempt, JobEvent, roles_in_order
 from ..roles import job_roles
 from ..service import serving_status
 from ..workload import job_efficiency
@@ -111,7 +111,7 @@ class JobSerializer(SharedFieldsMixin, serializers.ModelSerializer):
     says since when and for how many GPU-hours the job ran where the catalog
     had no price (those hours are not in ``accrued_cost_usd``). ``array`` and ``array_index``: the job array
     (``/arrays/{id}/``) the job is element ``array_index`` (0-based) of, both null for a job of its own.
-    ``endpoint`` is the URL an
+    A multi-role job's ``spec.roles`` are in name order. ``endpoint`` is the URL an
     inference job serves on while its current attempt runs (see
     :attr:`jobs.models.Job.endpoint`), null otherwise.
     """
@@ -173,6 +173,15 @@ class JobSerializer(SharedFieldsMixin, serializers.ModelSerializer):
         if getattr(job, "has_unpriced_cost", True) is False or job.current_attempt_id is None:
             return None
         return unknown_cost_json(unknown_cost(job=job))
+
+    def to_representation(self, job: Job) -> dict:
+        """The job's fields; a multi-role spec's ``roles`` in name order (``jobs.models.roles_in_order``), the
+        order the stored spec does not keep on PostgreSQL."""
+        data = super().to_representation(job)
+        spec = data.get("spec")
+        if isinstance(spec, dict) and isinstance(spec.get("roles"), dict):
+            data["spec"] = {**spec, "roles": roles_in_order(spec["roles"])}
+        return data
 
     @extend_schema_field(serializers.CharField(allow_null=True, help_text=(
         "inference jobs: the URL the server answers on while the current attempt is STARTING or RUNNING "

@@ -226,8 +226,8 @@ def attempt_placement(admission: Admission) -> dict:
 
 
 def multi_role_placement(admission: Admission) -> dict:
-    """``JobAttempt.placement`` of a multi-role job's admission: ``roles``, by role name in the spec's order, its
-    nodes (one per pod) and what each pod holds (GPUs, CPU millicores, memory MiB), and ``nodes``, all of them
+    """``JobAttempt.placement`` of a multi-role job's admission: ``roles``, by role name in name
+    order (``jobs.models.roles_in_order``), its nodes (one per pod) and what each pod holds (GPUs, CPU millicores, memory MiB), and ``nodes``, all of them
     in that order, when the pool has node rows (a pool without them: its shape stands for its nodes)."""
     shapes = {r.name: r for r in admission.job.roles}
     roles = {name: {"nodes": list(names), "gpus_per_node": shapes[name].gpus_per_node,

@@ -121,6 +121,53 @@ def never_fits(team: Team, accelerator: Accelerator, resources: dict, placement:
     return errors
 
 
+def gang_never_fits(team: Team, accelerator: Accelerator, roles: list[tuple[str, dict]],
+                    placement: dict | None) -> str:
+    """Why a multi-role job's ``roles`` (``(name, resources)`` pairs, each validated ``resources`` as
+    ``never_fits`` reads them, each of which passed ``never_fits`` alone) can never run together on
+    ``accelerator``, or "". Admission takes every role at once on one pool and counts their sum against the
+    team's quota (ADR 0039), so the roles are refused together when:
+
+    - their GPUs together are over the team's per-job cap or over what it can ever reach of its quota
+      (``Quota.reachable_gpus``: nominal + what its cohort can lend), or
+    - their GPUs, CPU or memory together are more than any pool the job may use (non-spot: a multi-role job is
+      not preemptible) has allocatable in all its nodes, so no pool could hold them even empty.
+
+    The second is a necessary condition only: roles within every total that no packing of their pods onto
+    distinct nodes fits still wait, as placement's greedy fit decides, their queue reason naming the role."""
+    total_gpus = sum(r["gpus_per_node"] * r["nodes"] for _, r in roles)
+    asks = (f"the roles ask {total_gpus} {accelerator.name} GPUs together ("
+            + ", ".join(f"{name} {r['nodes']} x {r['gpus_per_node']}" for name, r in roles) + ")")
+    wide, reachable, _ = _team_quotas(team.pk, accelerator.pk)
+    if total_gpus and wide is not None:
+        if wide.max_gpus_per_job and total_gpus > wide.max_gpus_per_job:
+            return f"{asks}, over team {team.slug}'s per-job cap of {wide.max_gpus_per_job}"
+        if total_gpus > reachable:
+            return (f"{asks}, over the {reachable} team {team.slug} can reach of its quota: admitted together or "
+                    f"not at all, they could never run")
+    placement = placement or {}
+    pools = [p for p in fleet_shape(accelerator.pk) if p[4] != "spot"
+             and (not placement.get("providers") or p[2] in placement["providers"])
+             and (not placement.get("regions") or p[3] in placement["regions"])
+             and (not placement.get("clusters") or p[1] in placement["clusters"])]
+    if not pools:
+        return ""  # no pool it may use: it waits for one (a fleet change), as a single-role job does
+    demand = [0, 0, 0]
+    for _, r in roles:
+        cpu, memory = per_node_request(r)
+        for i, amount in enumerate((r["gpus_per_node"], cpu, memory)):
+            demand[i] += amount * r["nodes"]
+    room = [[sum(node[i] for node in p[5]) for i in range(3)] for p in pools]
+    if any(all(demand[i] <= r[i] for i in range(3)) for r in room):
+        return ""
+    if not any(demand[0] <= r[0] for r in room):
+        return (f"{asks}, more than any node pool the job may use has (the largest has {max(r[0] for r in room)}): "
+                f"admitted together or not at all, they could never run")
+    return (f"the roles ask {demand[1] / 1000:g} CPU cores and {demand[2] / 1024:g} GiB together, more than any "
+            f"{accelerator.name} node pool the job may use with room for their GPUs has: admitted together or not "
+            f"at all, they could never run")
+
+
 def _cpu_limit_error(team: Team, accelerator: Accelerator, pods: int, cpu_milli: int) -> str:
     """The reason when a CPU-only job of ``pods`` pods of ``cpu_milli`` millicores each asks more vCPUs than the
     team's CPU quota lets it ever hold (its per-job cap, or nominal + what it can borrow from its cohort:

@@ -31,7 +31,7 @@ from quotas.models import Budget, Quota, Team
 from runners.models import CPU_ACCELERATOR, Accelerator
 
 from ..dependencies import unmet_dependency
-from ..models import Job, JobAttempt, JobState, committed_by_team, estimated_runtime
+from ..models import Job, JobAttempt, JobState, committed_by_team, estimated_runtime, roles_in_order
 from .core import UNLIMITED, BudgetView, PoolOffer, QueuedJob, RoleShape, RunningJob, Snapshot, TeamQuota, TeamState
 from .offers import pool_offers
 
@@ -211,13 +211,12 @@ def spot_avoidance(job_ids, now: dt.datetime) -> dict[int, tuple[int, ...]]:
 
 
 def role_shapes(roles) -> tuple[RoleShape, ...]:
-    """A multi-role job's stored ``spec.roles`` (name -> role) as the core's ``RoleShape``s, in the spec's order:
+    """A multi-role job's stored ``spec.roles`` (name -> role) as the core's ``RoleShape``s, in name order
+    (``jobs.models.roles_in_order``):
     each role's pods (``resources.nodes``), GPUs, CPU millicores and memory MiB per pod (``per_node_request``);
     anything but a mapping: none."""
-    if not isinstance(roles, dict):
-        return ()
     shapes = []
-    for name, role in roles.items():
+    for name, role in roles_in_order(roles).items():
         resources = (role or {}).get("resources") or {}
         cpu, memory = per_node_request(resources)
         shapes.append(RoleShape(name, int(resources.get("nodes") or 0), int(resources.get("gpus_per_node") or 0),

@@ -121,7 +121,7 @@ class Workload:
     ``metrics_port`` the port a training pod may serve its workload metrics on (0: none declared).
     ``array_env`` the variables of a job array's element (``jobs.arrays.element_env``: its array, index, count
     and sweep parameters; empty for a job of its own).
-    ``roles`` a multi-role attempt's roles in the spec's order (``kind`` ``multi-role``; empty otherwise);
+    ``roles`` a multi-role attempt's roles in name order (``kind`` ``multi-role``; empty otherwise);
     ``role`` the name of the role a per-role workload stands for (``role_workload``; "": the whole attempt).
     ``jobset``: the multi-role attempt is one JobSet (``jobset``) rather than a Job and a Service per role.
     ``subdomain``: the headless Service whose subdomain the pods are named under ("": the one named ``name``).
@@ -159,7 +159,7 @@ class Workload:
     record: str = ""  # RECORD_ANNOTATION's JSON ("": none)
     metrics_port: int = 0  # training pods' workload-metrics port (settings.K8S_METRICS_PORT); 0: none
     array_env: tuple[tuple[str, str], ...] = ()  # CONTROLPLANE_ARRAY_* and SWEEP_* of an array's element
-    roles: tuple[Role, ...] = ()  # a multi-role attempt's roles, in the spec's order
+    roles: tuple[Role, ...] = ()  # a multi-role attempt's roles, in name order
     role: str = ""  # the role a per-role workload stands for (``role_workload``)
     jobset: bool = False  # a multi-role attempt as one JobSet (the cluster serves ``JOBSET_API_VERSION``)
     subdomain: str = ""  # the headless Service the pods are named under ("": ``name``)
@@ -576,7 +576,7 @@ def role_addresses_variable(name: str) -> str:
 def role_env(w: Workload, role: Role) -> list[dict]:
     """The role variables of ``role``'s pods, the contract the local runner gives (ADR 0039):
     ``CONTROLPLANE_ROLE``, ``CONTROLPLANE_ROLE_INDEX`` (the pod's completion index, by the downward API, as
-    JOB_COMPLETION_INDEX), ``CONTROLPLANE_ROLES`` (every role, spec order, comma-separated),
+    JOB_COMPLETION_INDEX), ``CONTROLPLANE_ROLES`` (every role, in name order, comma-separated),
     ``CONTROLPLANE_ROLE_<R>_ADDRESSES`` of every role that declares a port (``host:port`` of each of its pods in
     index order, ``pod_dns_name``) and, for a role with a port, ``PORT``."""
     index = {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}

@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from core.namespaces import team_namespace
 from jobs.arrays import element_env
-from jobs.models import JobArray
+from jobs.models import JobArray, roles_in_order
 
 from ..base import (
     ABSENT,
@@ -104,14 +104,14 @@ def workload(attempt) -> m.Workload:
 
 
 def roles_of(spec: dict, placement: dict | None) -> tuple[m.Role, ...]:
-    """The ``manifests.Role`` of each role of a multi-role job's ``spec``, in the spec's order, with the nodes
+    """The ``manifests.Role`` of each role of a multi-role job's ``spec``, in name order, with the nodes
     admission booked for its pods (``placement["roles"][name]["nodes"]``, ``jobs.scheduling.apply
     .multi_role_placement``) when the pool has node rows (``placement["nodes"]``; else any node the selectors
     allow, as for a job of one role). Raises PermanentDispatchError for a role's env that is not str -> str."""
     placed = (placement or {}).get("roles") or {}
     pinned = bool((placement or {}).get("nodes"))
     roles = []
-    for name, role in (spec.get("roles") or {}).items():
+    for name, role in roles_in_order(spec.get("roles")).items():
         env, resources = role.get("env") or {}, role.get("resources") or {}
         if not isinstance(env, dict):
             raise PermanentDispatchError(f"spec.roles.{name}.env must map strings to strings")
@@ -455,9 +455,10 @@ def _training_phase(job: dict, pods: list[dict], nodes: int, now: dt.datetime, g
 
 
 def role_shapes(placement: dict | None) -> list[tuple[str, int]]:
-    """``(name, pods)`` of each role of a multi-role attempt, in the spec's order, from its ``placement``
+    """``(name, pods)`` of each role of a multi-role attempt, in name order, from its ``placement``
     (``jobs.scheduling.apply.multi_role_placement``: a node per pod of each role)."""
-    return [(name, len(role.get("nodes") or ()) or 1) for name, role in ((placement or {}).get("roles") or {}).items()]
+    return [(name, len(role.get("nodes") or ()) or 1)
+            for name, role in roles_in_order((placement or {}).get("roles")).items()]
 
 
 def waits_for(job: dict | None) -> bool:
@@ -1378,7 +1379,7 @@ def _layout(attempt) -> list[tuple[str, int, bool]] | None:
 
 def pod_of_node(pods: list[dict], node: int, roles: list[tuple[str, int]] | None = None) -> dict | None:
     """The pod whose completion index annotation is ``node``; without indexes, the ``node``-th pod by name. With
-    ``roles`` (a multi-role attempt's ``role_shapes``) nodes are numbered over the roles in the spec's order, as
+    ``roles`` (a multi-role attempt's ``role_shapes``) nodes are numbered over the roles in name order, as
     the local runner numbers them: node ``n`` is the pod of the role it falls in, at its index within that role."""
     if roles is not None:
         first = 0

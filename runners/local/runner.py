@@ -29,6 +29,7 @@ from pathlib import Path
 from django.conf import settings
 
 from jobs.arrays import element_env
+from jobs.models import roles_in_order
 
 from ..base import (
     ABSENT,
@@ -180,7 +181,7 @@ def role_of(meta: dict, node: int) -> dict | None:
 def role_env(meta: dict, node: int) -> dict[str, str]:
     """The platform's variables of node ``node`` of a multi-role attempt (``meta``: its ``attempt.json``): its role
     (``CONTROLPLANE_ROLE``), its index within the role (``CONTROLPLANE_ROLE_INDEX``), every role's name
-    (``CONTROLPLANE_ROLES``, comma-separated, in the spec's order), ``CONTROLPLANE_ROLE_<R>_ADDRESSES`` of every
+    (``CONTROLPLANE_ROLES``, comma-separated, in name order), ``CONTROLPLANE_ROLE_<R>_ADDRESSES`` of every
     role that declares a port (``R``: its name upper-cased, ``-`` as ``_``; ``127.0.0.1:<PORT>`` of each of its
     pods, comma-separated, in index order) and the role's own rendezvous: ``MASTER_PORT`` of its own,
     ``WORLD_SIZE`` its pods, ``RANK`` / ``NODE_RANK`` the index (a role of several pods is one process group)."""
@@ -203,11 +204,11 @@ def role_addresses_variable(name: str) -> str:
 
 
 def role_layout(spec: dict) -> list[dict]:
-    """A multi-role ``spec``'s roles as the local runner numbers their pods: one entry per role in the spec's
-    order, ``{"name", "first" (its first node index), "count" (its pods), "gpus", "port" (declared or None),
+    """A multi-role ``spec``'s roles as the local runner numbers their pods: one entry per role in name
+    order (``jobs.models.roles_in_order``), ``{"name", "first" (its first node index), "count" (its pods), "gpus", "port" (declared or None),
     "completion", "cpu_threads"}``."""
     layout, first = [], 0
-    for name, role in spec["roles"].items():
+    for name, role in roles_in_order(spec["roles"]).items():
         resources = role["resources"]
         layout.append({"name": name, "first": first, "count": resources["nodes"], "gpus": resources["gpus_per_node"],
                        "port": role.get("port"), "completion": bool(role.get("completion", True)),
@@ -550,7 +551,7 @@ class LocalBackend(Backend):
     def _pick_devices(self, attempt, nodes: int) -> list[list[int]]:
         """GPU indices per node, from the pool's GPUs that no live attempt holds. Raises TransientDispatchError."""
         job = attempt.job
-        counts = ([r["resources"]["gpus_per_node"] for r in job.spec["roles"].values()
+        counts = ([r["resources"]["gpus_per_node"] for r in roles_in_order(job.spec["roles"]).values()
                    for _ in range(r["resources"]["nodes"])] if job.kind == "multi-role" else [job.gpus_per_node] * nodes)
         return self._free_devices(attempt, counts)
 

@@ -185,6 +185,31 @@ def test_a_bad_array_field_is_a_400_naming_it_and_stores_nothing(teammate, roomy
     assert not JobArray.objects.exists() and not Job.objects.exists()
 
 
+@pytest.mark.parametrize(("value", "text"), [(1e20, "1e+20"), (-0.0, "-0.0"), (1.5e300, "1.5e+300")])
+def test_a_grid_number_the_database_would_store_as_another_is_a_400_on_its_parameter(teammate, roomy, value, text):
+    # PostgreSQL's jsonb keeps numbers as numeric: 1e+20 comes back the integer 100000000000000000000 and -0.0 as
+    # 0.0, so an element's SWEEP_ value would depend on the database
+    r = teammate.client.post(ARRAYS, array_body({"grid": {"lr": [0.1, value]}}), format="json")
+
+    assert r.status_code == 400, r.content
+    assert r.json() == {"array.grid.lr": [f"item 1: {text} would be stored as another number (PostgreSQL keeps "
+                                          f"numbers as numeric, without a float's exponent or sign of zero); give "
+                                          f"it as a string (\"{text}\"), or as an integer"]}
+    assert not JobArray.objects.exists() and not Job.objects.exists()
+
+
+def test_grid_numbers_come_back_from_the_database_as_submitted(teammate, roomy):
+    values = [1e-05, 0.0003, 1.5e-07, 1.0, 1e15, 64, 10 ** 20, True]
+    r = teammate.client.post(ARRAYS, array_body({"grid": {"lr": values}}), format="json")
+    assert r.status_code == 201, r.content
+
+    stored = JobArray.objects.get(pk=r.json()["id"]).grid
+    assert stored == [["lr", values]]
+    assert [type(v) for v in stored[0][1]] == [type(v) for v in values]
+    texts = ["1e-05", "0.0003", "1.5e-07", "1.0", "1000000000000000.0", "64", "100000000000000000000", "true"]
+    assert [array_env(1, i, len(values), stored)["SWEEP_LR"] for i in range(len(values))] == texts
+
+
 def test_the_maximum_is_the_setting(teammate, roomy, settings):
     settings.ARRAY_MAX_ELEMENTS = 20
     assert teammate.client.post(ARRAYS, array_body({"count": 21}), format="json").status_code == 400

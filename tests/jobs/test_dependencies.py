@@ -7,7 +7,9 @@ what it waits for."""
 from __future__ import annotations
 
 import copy
+import itertools
 import random
+import sys
 
 import pytest
 
@@ -321,3 +323,46 @@ def test_the_scheduler_never_admits_a_job_before_its_conditions_hold(teammate, t
     assert set(Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("state", flat=True)) <= FINAL_STATES
     assert JobEvent.objects.filter(job__in=jobs, to_state=S.REJECTED).count() == \
         Job.objects.filter(pk__in=[j.pk for j in jobs], state=S.REJECTED).count()
+
+
+def test_a_cancel_rejects_a_chain_longer_than_the_interpreters_recursion_limit(teammate, teams, h100):
+    """A pipeline of 1,200 jobs, each waiting for the one before: cancelling the first rejects every other one, down
+    the chain, in the cancel's transaction (settled level by level, not by a call per level)."""
+    length = 1200
+    assert length > sys.getrecursionlimit()
+    head = make_job_row(teams[0], teammate.user, h100, name="step-0")
+    rest = Job.objects.bulk_create([Job(team=teams[0], submitter=teammate.user, name=f"step-{i}", kind="training",
+                                        spec=head.spec, accelerator=h100, gpus_per_node=1, nodes=1, priority=500,
+                                        max_runtime_seconds=3600, state=S.QUEUED) for i in range(1, length)])
+    chain = [head, *rest]
+    JobDependency.objects.bulk_create([JobDependency(job=job, upstream=before, condition="succeeded")
+                                       for before, job in itertools.pairwise(chain)])
+
+    r = teammate.client.post(f"{JOBS}{head.pk}/cancel/")
+
+    assert r.status_code == 200, r.content
+    assert states(head.pk) == [S.CANCELLED]
+    assert Job.objects.filter(pk__in=[j.pk for j in rest], state=S.REJECTED).count() == length - 1
+    last = Job.objects.get(pk=chain[-1].pk)
+    assert last.state_reason == (f"job {chain[-2].pk} (step-{length - 2}) ended REJECTED; this job waited for it to "
+                                 f"succeed")
+    assert JobEvent.objects.filter(job_id__in=[j.pk for j in rest], to_state=S.REJECTED).count() == length - 1
+
+
+def test_a_diamond_rejects_its_join_once_and_a_rejection_meets_ended_and_failed_conditions(teammate, teams, h100):
+    """a -> b, a -> c, (b, c) -> d; b -> e (failed), b -> f (ended). a fails: b and c are rejected in one round,
+    d once in the next (one REJECTED event, naming b, its first edge); e and f wait no more (a rejection is an end
+    and a failure)."""
+    team, user = teams[0], teammate.user
+    a, b, c, d, e, f = (make_job_row(team, user, h100, name=n) for n in "abcdef")
+    for job, edges in ((b, [(a, "succeeded")]), (c, [(a, "succeeded")]), (d, [(b, "succeeded"), (c, "succeeded")]),
+                       (e, [(b, "failed")]), (f, [(b, "ended")])):
+        check_and_record(job, edges)
+
+    cancel_job(a, actor=user)
+
+    assert states(a.pk, b.pk, c.pk, d.pk, e.pk, f.pk) == [S.CANCELLED, S.REJECTED, S.REJECTED, S.REJECTED,
+                                                          S.QUEUED, S.QUEUED]
+    events = JobEvent.objects.filter(job=d, to_state=S.REJECTED)
+    assert events.count() == 1 and events.get().data["upstream"] == b.pk
+    assert Job.objects.get(pk=e.pk).queue_info == {} and Job.objects.get(pk=f.pk).queue_info == {}

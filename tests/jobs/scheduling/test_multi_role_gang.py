@@ -20,7 +20,7 @@ from costs.ledger import accrue_attempt
 from jobs.models import Job, JobAttempt, JobState
 from jobs.scheduling.core import RoleShape
 from jobs.scheduling.passes import schedule_pending
-from runners.models import Cluster, Node
+from runners.models import Cluster, Node, NodePool
 from tests.support.factories import fresh, make_cluster
 from tests.support.personas import signed_in
 from tests.support.scheduling import admitted, decide
@@ -100,13 +100,19 @@ def test_a_role_that_cannot_be_placed_holds_nothing_and_the_reason_names_it(team
 
 
 def test_every_role_runs_on_one_cluster(teammate, alpha, catalog, alpha_h100_quota):
-    # Two clusters of one 8-GPU node each: each could hold either role alone, none both.
-    for name in ("aws-use1-a", "aws-use1-b"):
-        cluster, pool = make_cluster(name, "aws", "us-east-1", catalog["H100-80GB"], nodes=1, gpus_per_node=8,
+    # Two clusters of 8-GPU nodes; aws-use1-a has two when the job is submitted (it could hold both roles), then
+    # loses one: each cluster could hold either role alone, none both (a submission now is refused, never_fits).
+    pools = {}
+    for name, count in (("aws-use1-a", 2), ("aws-use1-b", 1)):
+        cluster, pool = make_cluster(name, "aws", "us-east-1", catalog["H100-80GB"], nodes=count, gpus_per_node=8,
                                      backend="local")
-        Node.objects.create(cluster=cluster, node_pool=pool, name=f"{name}-0", gpus=8, cpu_milli=96000,
-                            memory_mib=1024 * 1024, seen_at=timezone.now())
+        for i in range(count):
+            Node.objects.create(cluster=cluster, node_pool=pool, name=f"{name}-{i}", gpus=8, cpu_milli=96000,
+                                memory_mib=1024 * 1024, seen_at=timezone.now())
+        pools[name] = pool
     job = submit(teammate.client, {"learner": role(8), "rollout": role(8, port=8000, completion=False)})
+    Node.objects.filter(name="aws-use1-a-1").delete()
+    NodePool.objects.filter(pk=pools["aws-use1-a"].pk).update(nodes=1)
 
     assert schedule_pending().admitted == []
 

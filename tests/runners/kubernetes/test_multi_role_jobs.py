@@ -162,7 +162,7 @@ def test_each_role_is_an_indexed_job_with_a_headless_service_on_its_booked_nodes
         return f"{job}-{index}.{service}.{namespace}.svc"
 
     # the spec's order is the order of the stored spec's roles (what the local runner and the job's answer use too)
-    stored_order = list(attempt.job.spec["roles"])
+    name_order = sorted(ROLES)  # the roles in name order, on every database (jobs.models.roles_in_order)
     rollouts = f"{dns(ROLLOUT, 0)}:8000,{dns(ROLLOUT, 1)}:8000"
     reward = f"{dns(REWARD, 0)}:9000"
     for role_name, spec in ROLES.items():
@@ -192,7 +192,7 @@ def test_each_role_is_an_indexed_job_with_a_headless_service_on_its_booked_nodes
             assert f"{pod['spec']['hostname']}.{pod['spec']['subdomain']}.{namespace}.svc" == dns(role_name, index)
             env = resolved_env(pod)
             assert (env["CONTROLPLANE_ROLE"], env["CONTROLPLANE_ROLE_INDEX"]) == (role_name, str(index))
-            assert env["CONTROLPLANE_ROLES"] == ",".join(stored_order) and set(stored_order) == set(ROLES)
+            assert env["CONTROLPLANE_ROLES"] == ",".join(name_order) == "learner,reward,rollout"
             assert env["CONTROLPLANE_ROLE_ROLLOUT_ADDRESSES"] == rollouts
             assert env["CONTROLPLANE_ROLE_REWARD_ADDRESSES"] == reward
             assert "CONTROLPLANE_ROLE_LEARNER_ADDRESSES" not in env  # the learner declares no port
@@ -319,12 +319,12 @@ def test_a_restarted_control_plane_keeps_the_objects_of_a_running_multi_role_att
 
 
 def test_the_log_of_node_n_is_the_pod_the_local_runner_numbers_n(grpo):
-    """Nodes are numbered over the roles in the spec's order, each role's pods by index, as the local runner
+    """Nodes are numbered over the roles in name order, each role's pods by index, as the local runner
     numbers them (``GET /api/v1/jobs/<id>/logs?node=<n>``)."""
     world, make = grpo
     attempt = make()
     gcp = world.emulators["gcp-usc1"]
-    numbered = [(role_name, index) for role_name, role_spec in attempt.job.spec["roles"].items()
+    numbered = [(role_name, index) for role_name, role_spec in sorted(attempt.job.spec["roles"].items())
                 for index in range(role_spec["resources"]["nodes"])]
     for role_name, index in numbered:
         gcp.write_log(pods_of(gcp, attempt, role_name)[index]["metadata"]["name"], f"{role_name} {index}\n")

@@ -74,11 +74,12 @@ def test_each_role_gets_its_command_env_and_where_the_other_roles_listen(multi_r
     envs = [env_of(attempt, node) for node in range(4)]
     job = reconcile_until(attempt, {JobState.SUCCEEDED})
 
-    learner, rollout0, rollout1, reward = envs
-    assert [e["WHO"] for e in envs] == ["learner", "rollout", "rollout", "reward"]
+    # the roles in name order (jobs.models.roles_in_order), whatever the order they were written in
+    learner, reward, rollout0, rollout1 = envs
+    assert [e["WHO"] for e in envs] == ["learner", "reward", "rollout", "rollout"]
     assert [(e["CONTROLPLANE_ROLE"], e["CONTROLPLANE_ROLE_INDEX"]) for e in envs] == [
-        ("learner", "0"), ("rollout", "0"), ("rollout", "1"), ("reward-server", "0")]
-    assert {e["CONTROLPLANE_ROLES"] for e in envs} == {"learner,rollout,reward-server"}
+        ("learner", "0"), ("reward-server", "0"), ("rollout", "0"), ("rollout", "1")]
+    assert {e["CONTROLPLANE_ROLES"] for e in envs} == {"learner,reward-server,rollout"}
     # every pod is told where each serving role's pods listen: their own PORTs, in index order
     rollouts = f"127.0.0.1:{rollout0['PORT']},127.0.0.1:{rollout1['PORT']}"
     assert {e["CONTROLPLANE_ROLE_ROLLOUT_ADDRESSES"] for e in envs} == {rollouts}
