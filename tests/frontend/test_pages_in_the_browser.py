@@ -143,7 +143,7 @@ def test_the_job_filters_have_human_labels_date_inputs_and_say_the_format(live_s
     page.goto(f"{live_server.url}/jobs/")
     labels = page.locator("form.filters label").all_text_contents()
     assert labels == ["Team (slug)", "State", "Kind", "Accelerator", "Cluster", "Submitted by (username)",
-                      "Submitted from (UTC)", "Submitted before (UTC)", "Order by"]
+                      "Array (id)", "Submitted from (UTC)", "Submitted before (UTC)", "Order by"]
     expect(page.get_by_label("Submitted from (UTC)")).to_have_attribute("type", "datetime-local")
     page.goto(f"{live_server.url}/jobs/?created_after=last+tuesday")
     expect(page.locator("form.filters .errors")).to_have_text(
