@@ -22,13 +22,14 @@ SEEDS = 10
 
 
 def simulate(args: list[str], suffix: str, **env: str) -> dict:
-    """Run ``benchmarks/simulate.py args`` on its own database (the test server's, named ``cp_sim_<suffix>``)
-    and return its JSON line."""
-    server = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/controlplane").rsplit("/", 1)[0]
+    """Run ``benchmarks/simulate.py args`` on its own database (the test server's, named ``cp_sim_<suffix>``
+    after the suite's own database, so two suites on one server never share it) and return its JSON line."""
+    server, _, own = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/controlplane").rpartition("/")
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    own = "".join(c for c in own.split("?")[0] if c.isalnum() or c == "_")[:20]
     proc = subprocess.run([sys.executable, "benchmarks/simulate.py", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=1200, env={**os.environ, "BENCH_DATABASE_URL": f"{server}/cp_sim_{suffix}{worker}",
-                                             **env})
+                          timeout=1200, env={**os.environ,
+                                             "BENCH_DATABASE_URL": f"{server}/cp_sim_{own}_{suffix}{worker}", **env})
     lines = proc.stdout.strip().splitlines()
     assert lines, proc.stderr[-3000:]
     return json.loads(lines[-1])
