@@ -33,8 +33,8 @@ TOLERATED_TAINT_KEYS = frozenset({m.GPU_RESOURCE} | {row.key for row in m.SPOT_L
 
 
 #: GPU feature discovery's and the NVIDIA device plugin's node labels read for GPU sharing (ADR 0040; sources:
-#: NVIDIA/k8s-device-plugin README "Shared Access to GPUs" and "Catalog of Labels", and
-#: docs/gpu-feature-discovery/README.md "Generated Labels").
+#: NVIDIA/k8s-device-plugin README "Shared Access to GPUs" and "Catalog of Labels", and its GPU feature discovery
+#: README "Generated Labels").
 GPU_COUNT_LABEL = "nvidia.com/gpu.count"
 GPU_REPLICAS_LABEL = "nvidia.com/gpu.replicas"
 SHARING_STRATEGY_LABEL = "nvidia.com/gpu.sharing-strategy"
