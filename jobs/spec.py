@@ -901,7 +901,9 @@ def never_errors(team: Team, spec: JobSpec, accelerator: Accelerator,
     from .scheduling.never import never_fits
 
     resources = {"gpus_per_node": whole_gpus(spec.resources.gpus_per_node), "nodes": spec.resources.nodes,
-                 "cpu": spec.resources.cpu, "memory_gib": spec.resources.memory_gib}
+                 "cpu": spec.resources.cpu, "memory_gib": spec.resources.memory_gib,
+                 "share_milli": gpu_share_milli(spec.resources, accelerator) if not accelerator.is_cpu else 0,
+                 "mig_profile": spec.resources.mig_profile or ""}
     placement = {"providers": spec.placement.providers, "regions": spec.placement.regions,
                  "clusters": spec.placement.clusters}
     replicas = spec.replicas if "replicas" in spec.model_fields_set else 1

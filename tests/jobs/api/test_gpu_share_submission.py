@@ -7,13 +7,26 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
+from django.utils import timezone
 
 from core.gpus import MIG_PROFILES, gpus_of, milli_of
 from jobs.models import Job
 from quotas.models import Quota
+from runners.models import Node
 from tests.support.factories import make_cluster
 
-pytestmark = pytest.mark.usefixtures("alpha_h100_quota", "aws_cluster")
+pytestmark = pytest.mark.usefixtures("alpha_h100_quota", "shared_h100")
+
+
+@pytest.fixture
+def shared_h100(aws_cluster):
+    """``aws_cluster``'s H100 pool with its nodes synced: a time-sliced one (8 GPUs x 4 slices) and a plain one."""
+    pool, now = aws_cluster["pool"], timezone.now()
+    Node.objects.create(cluster=pool.cluster, node_pool=pool, name="ts", gpus=8, cpu_milli=96000, memory_mib=1 << 20,
+                        seen_at=now, gpu_sharing="time-slicing", gpu_replicas=4, whole_gpus=0,
+                        slice_resource="nvidia.com/gpu")
+    Node.objects.create(cluster=pool.cluster, node_pool=pool, name="plain", gpus=8, cpu_milli=96000,
+                        memory_mib=1 << 20, seen_at=now)
 
 JOBS = "/api/v1/jobs/"
 
@@ -45,8 +58,11 @@ def test_a_whole_gpu_job_has_no_share(teammate, submission):
 
 @pytest.fixture
 def a100(catalog, teams):
-    """An A100-80GB pool on AWS and alpha's quota for it."""
-    make_cluster("aws-a100", "aws", "us-east-1", catalog["A100-80GB"], nodes=1, gpus_per_node=8)
+    """An A100-80GB pool on AWS of one MIG mixed node (every profile of NVIDIA's table) and alpha's quota for it."""
+    cluster, pool = make_cluster("aws-a100", "aws", "us-east-1", catalog["A100-80GB"], nodes=1, gpus_per_node=8)
+    Node.objects.create(cluster=cluster, node_pool=pool, name="mig", gpus=8, cpu_milli=96000, memory_mib=1 << 20,
+                        seen_at=timezone.now(), gpu_sharing="mig-mixed", whole_gpus=0,
+                        mig_devices={p: 1 for p in MIG_PROFILES["A100-80GB"]})
     Quota.objects.create(team=teams[0], accelerator=catalog["A100-80GB"], nominal_gpus=8)
 
 
