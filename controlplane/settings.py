@@ -70,6 +70,7 @@ INSTALLED_APPS = [
     "jobs",
     "costs",
     "notifications",
+    "serving",
     "frontend",
     "demo",
 ]
@@ -291,7 +292,7 @@ CELERY_TASK_QUEUES = {CELERY_FAST_QUEUE: {}, CELERY_SLOW_QUEUE: {}}
 CELERY_TASK_ROUTES = {
     **dict.fromkeys(["jobs.tasks.schedule_pending", "jobs.tasks.dispatch_attempt", "jobs.tasks.cancel_job_objects",
                      "jobs.tasks.reconcile_all", "jobs.tasks.delete_attempt_objects", "jobs.tasks.record_attempt_end",
-                     "jobs.tasks.send_outbox",
+                     "jobs.tasks.send_outbox", "serving.tasks.autoscale_serving",
                      "runners.tasks.sync_node_pools"], {"queue": CELERY_FAST_QUEUE}),
     **dict.fromkeys(["costs.tasks.accrue_running_costs", "costs.tasks.accrue_attempt", "costs.tasks.check_budgets",
                      "costs.tasks.collect_utilization", "costs.tasks.collect_ended_utilization",
@@ -318,6 +319,9 @@ CELERY_BEAT_SCHEDULE = {
     # Tasks whose publish after commit failed while the broker was down (jobs.enqueue's outbox), sent again.
     "send-outbox": {"task": "jobs.tasks.send_outbox", "schedule": env.float("OUTBOX_SWEEP_INTERVAL_SECONDS", default=15.0)},
     "reconcile": {"task": "jobs.tasks.reconcile_all", "schedule": env.float("RECONCILE_INTERVAL_SECONDS", default=5.0)},
+    # Autoscaled serving (serving.autoscaler): 15 s, the HorizontalPodAutoscaler's default sync period.
+    "autoscale-serving": {"task": "serving.tasks.autoscale_serving",
+                          "schedule": env.float("AUTOSCALE_INTERVAL_SECONDS", default=15.0)},
     "accrue-costs": {"task": "costs.tasks.accrue_running_costs", "schedule": env.float("ACCRUAL_INTERVAL_SECONDS", default=60.0)},
     "collect-workload-metrics": {"task": "jobs.tasks.collect_workload_metrics",
                                  "schedule": env.float("WORKLOAD_METRICS_INTERVAL_SECONDS", default=15.0)},
@@ -405,6 +409,10 @@ LOCAL_RUNNER_ACCELERATOR = env("LOCAL_RUNNER_ACCELERATOR", default="H100-80GB")
 LOCAL_RUNNER_DIR = Path(env("LOCAL_RUNNER_DIR", default=str(VAR_DIR / "runs")))
 # Seconds between SIGTERM and SIGKILL when a job is cancelled or runs past max_runtime.
 LOCAL_RUNNER_KILL_GRACE_SECONDS = env.float("LOCAL_RUNNER_KILL_GRACE_SECONDS", default=10.0)
+# Seconds a serving job's local endpoint (runners.local.endpoint) stays up with no ready replica (its attempt ended and
+# no other took its place, or every replica is down) before it exits; the runner's next look at a live attempt starts
+# it again on the same port.
+LOCAL_ENDPOINT_IDLE_EXIT_SECONDS = env.float("LOCAL_ENDPOINT_IDLE_EXIT_SECONDS", default=60.0)
 
 # --- Kubernetes runner ---------------------------------------------------------
 # Seconds to open a TCP/TLS connection to a cluster's API server, and to wait for its answer.

@@ -144,36 +144,55 @@ def attempt_matchers(attempt: JobAttempt, shape: prometheus.Shape, source: prome
     return prometheus.shape_matchers(shape, team, name, tuple(hosts), uuids)
 
 
+def attempt_roles(attempt: JobAttempt) -> tuple[str, ...]:
+    """The role names of a multi-role ``attempt`` (its ``placement["roles"]``); ``()`` for an attempt of one role."""
+    roles = (attempt.placement or {}).get("roles") if isinstance(attempt.placement, dict) else None
+    return tuple(roles or ())
+
+
 def read_by_node(source: prometheus.Source, shape: prometheus.Shape, matchers: str | None, lo: dt.datetime,
-                 hi: dt.datetime, client) -> tuple[prometheus.WindowUsage, dict[str, prometheus.WindowUsage]]:
-    """``(usage, {node: usage})`` of the series matching ``matchers`` in ``[lo, hi)``: one read
+                 hi: dt.datetime, client, attempt: JobAttempt | None = None
+                 ) -> tuple[prometheus.WindowUsage, dict[tuple[str, str], prometheus.WindowUsage]]:
+    """``(usage, {(node, role): usage})`` of the series matching ``matchers`` in ``[lo, hi)``: one read
     (``prometheus.read_usage_by``) grouped by the shape's host label (``Hostname`` or ``hostname``, the node
-    dcgm-exporter runs on), the whole its sum. ``matchers`` None (not attributable): nothing read, ``NO_USAGE``
-    and ``{}``. Series without a host label count in the whole only. Raises what ``read_usage`` raises."""
+    dcgm-exporter runs on), the whole its sum. ``role`` is ``""`` unless ``attempt`` is a multi-role attempt on a
+    pod-labelled cluster: then the read is grouped by the pod label too, and each pod's series go to its role
+    (``prometheus.pod_role``). ``matchers`` None (not attributable): nothing read, ``NO_USAGE`` and ``{}``. Series
+    without a host label count in the whole only. Raises what ``read_usage`` raises."""
     if matchers is None:
         return prometheus.NO_USAGE, {}
-    groups = prometheus.read_usage_by(source, matchers, lo, hi, (shape.host_label,), client=client)
-    return sum(groups.values(), prometheus.NO_USAGE), {host: usage for (host,), usage in groups.items()}
+    roles = attempt_roles(attempt) if attempt is not None and shape.kind in prometheus.POD_LABELS else ()
+    if not roles:
+        groups = prometheus.read_usage_by(source, matchers, lo, hi, (shape.host_label,), client=client)
+        return sum(groups.values(), prometheus.NO_USAGE), {(host, ""): usage for (host,), usage in groups.items()}
+    pod_label = prometheus.POD_LABELS[shape.kind][1]
+    groups = prometheus.read_usage_by(source, matchers, lo, hi, (pod_label, shape.host_label), client=client)
+    nodes: dict[tuple[str, str], prometheus.WindowUsage] = {}
+    for (pod, host), usage in groups.items():
+        key = (host, prometheus.pod_role(pod, attempt.object_name, roles))
+        nodes[key] = nodes.get(key, prometheus.NO_USAGE) + usage
+    return sum(groups.values(), prometheus.NO_USAGE), nodes
 
 
-def write_nodes(attempt: JobAttempt, day: dt.date, nodes: dict[str, prometheus.WindowUsage], *,
+def write_nodes(attempt: JobAttempt, day: dt.date, nodes: dict[tuple[str, str], prometheus.WindowUsage], *,
                 replace: bool) -> None:
-    """Store ``nodes`` (``{node name: usage}``, a read of ``attempt`` on UTC ``day``) in its NodeUtilizationRollup
-    rows: ``replace``: the read is the day's part from its start, and the rows become it; else the read follows
+    """Store ``nodes`` (``{(node name, role): usage}``, a read of ``attempt`` on UTC ``day``; role ``""`` where the
+    series named no pod of a role) in its NodeUtilizationRollup rows: ``replace``: the read is the day's part from its start, and the rows become it; else the read follows
     what the rows hold, and is added to them. Call it in the transaction that wrote the attempt's
     UtilizationRollup row, and only when that write applied (its compare-and-set holds the attempt's row, so
     no other pass adds the same window)."""
     rows = NodeUtilizationRollup.objects.filter(attempt=attempt, day=day)
     if replace:
         rows.delete()
-    for node, usage in nodes.items():
+    for (node, role), usage in nodes.items():
         if not node or not (usage.samples or usage.observed_seconds):
             continue
         sums = {"samples": usage.samples, "util_sum": usage.util_sum,
                 "observed_gpu_seconds": usage.observed_seconds, "idle_gpu_seconds": usage.idle_seconds}
-        if replace or not rows.filter(node=node).update(**{f: F(f) + v for f, v in sums.items()}):
+        if replace or not rows.filter(node=node, role=role).update(**{f: F(f) + v for f, v in sums.items()}):
             NodeUtilizationRollup.objects.create(attempt=attempt, team_id=attempt.job.team_id,
-                                                 cluster_id=attempt.cluster_id, day=day, node=node, **sums)
+                                                 cluster_id=attempt.cluster_id, day=day, node=node, role=role,
+                                                 **sums)
 
 
 # --- collection -----------------------------------------------------------------------------------------------
@@ -276,7 +295,7 @@ def collect_attempt(attempt: JobAttempt, start: dt.datetime, end: dt.datetime, s
     rows, nodes = {}, {}
     for day, lo, hi in utc_days(*interval):
         matchers = attempt_matchers(attempt, shape, source, lo, hi, client)
-        usage, nodes[day] = read_by_node(source, shape, matchers, lo, hi, client)
+        usage, nodes[day] = read_by_node(source, shape, matchers, lo, hi, client, attempt)
         part_lo, part_hi = day_part(attempt, day)
         rows[day] = dict(_row_values(attempt, shape.kind, matchers is not None, lo, hi, usage),
                          covered_until=hi if lo == part_lo else None,
@@ -386,10 +405,10 @@ def attempt_pieces(attempt: JobAttempt, rows: dict, start: dt.datetime, target: 
 
 
 def _group_reads(pieces: list[Piece], sources: _Sources, now: dt.datetime):
-    """``(cluster id, [(piece, usage, attributable, shape kind, {node: usage})])`` per read: the pieces of a
+    """``(cluster id, [(piece, usage, attributable, shape kind, {(node, role): usage})])`` per read: the pieces of a
     pod-labelled cluster that share a window are read in one query grouped by the pod labels and the host label
     (``read_usage_by``) and told apart in Python (``prometheus.pod_of_attempt``, the semantics of
-    ``attempt_pod_matchers``); a host-shaped cluster's pieces are read one by one (their hosts and GPUs are the
+    ``attempt_pod_matchers``; a multi-role attempt's pods by role, ``prometheus.pod_role``); a host-shaped cluster's pieces are read one by one (their hosts and GPUs are the
     attempt's), grouped by the host label. A piece's usage is the sum of its nodes'. Yields lazily, so that a
     failed read costs only its own cluster (``_Sources.run``)."""
     groups: dict[tuple, list[Piece]] = {}
@@ -406,7 +425,7 @@ def _group_reads(pieces: list[Piece], sources: _Sources, now: dt.datetime):
                 out = []
                 for p in members:
                     matchers = attempt_matchers(p.attempt, shape, source, start, end, client)
-                    usage, nodes = read_by_node(source, shape, matchers, start, end, client)
+                    usage, nodes = read_by_node(source, shape, matchers, start, end, client, p.attempt)
                     out.append((p, usage, matchers is not None, shape.kind, nodes))
                 return out
             names = [(p.attempt.job.team.slug, p.attempt.object_name) for p in members]
@@ -414,11 +433,12 @@ def _group_reads(pieces: list[Piece], sources: _Sources, now: dt.datetime):
                                              (*prometheus.POD_LABELS[shape.kind], shape.host_label), client=client)
             out = []
             for p, (team, name) in zip(members, names, strict=True):
-                usage, nodes = prometheus.NO_USAGE, {}
+                usage, nodes, roles = prometheus.NO_USAGE, {}, attempt_roles(p.attempt)
                 for (namespace, pod, host), group in found.items():
                     if prometheus.pod_of_attempt(namespace, pod, team, name):
                         usage = usage + group
-                        nodes[host] = nodes.get(host, prometheus.NO_USAGE) + group
+                        key = (host, prometheus.pod_role(pod, name, roles) if roles else "")
+                        nodes[key] = nodes.get(key, prometheus.NO_USAGE) + group
                 out.append((p, usage, True, shape.kind, nodes))
             return out
         yield cluster_id, read
@@ -502,7 +522,7 @@ def periodic_pass(now: dt.datetime) -> int:
 
 def read_pieces(pieces: list[Piece], now: dt.datetime, sources: _Sources | None = None) -> list[list[tuple]]:
     """Read ``pieces`` (``pass_pieces``) from Prometheus, grouped (``_group_reads``): per read, a list of
-    ``(piece, WindowUsage, attributable, shape kind, {node: WindowUsage})``. A cluster whose read fails is logged and left out with
+    ``(piece, WindowUsage, attributable, shape kind, {(node, role): WindowUsage})``. A cluster whose read fails is logged and left out with
     its other reads (``_Sources.run``); nothing is written."""
     sources = sources or _Sources()
     return [found for cluster_id, read in _group_reads(pieces, sources, now) if (found := sources.run(cluster_id, read))]

@@ -327,6 +327,12 @@ class NodeUtilizationRollup(models.Model):
     ``util_sum``/``samples``: the utilization samples (percent) whose
     average is the node's. GPUs no attempt held are not read here: the
     capacity figures count them as unallocated, never also as idle.
+
+    ``role``: for a multi-role attempt whose series carry the pod labels, the
+    role of the pod that held the GPUs (``costs.prometheus.pod_role``), one
+    row per node and role; blank where the series name no pod (host shape) or
+    the attempt has one role. Per node the rows of its roles add up to the
+    node's (``jobs.roles.role_utilization`` attributes the blank ones).
     """
 
     attempt = models.ForeignKey("jobs.JobAttempt", on_delete=models.CASCADE, related_name="node_utilization_rollups")
@@ -334,18 +340,21 @@ class NodeUtilizationRollup(models.Model):
     cluster = models.ForeignKey("runners.Cluster", on_delete=models.CASCADE, related_name="node_utilization_rollups")
     day = models.DateField()
     node = models.CharField(max_length=253, help_text="the node's name, from the DCGM series' host label")
+    role = models.CharField(max_length=12, blank=True, default="", db_default="",
+                            help_text="the role of the pod the series named (a multi-role attempt); blank: not named")
     samples = models.PositiveIntegerField(default=0, help_text="DCGM utilization samples found")
     util_sum = models.FloatField(default=0.0, help_text="sum of utilization samples, percent")
     observed_gpu_seconds = models.FloatField(default=0.0, help_text="GPU-seconds covered by DCGM samples")
     idle_gpu_seconds = models.FloatField(default=0.0, help_text="observed GPU-seconds under the idle threshold")
 
     class Meta:
-        ordering = ["day", "node", "attempt_id"]
-        constraints = [models.UniqueConstraint(fields=["attempt", "day", "node"], name="nodeutilrollup_unique")]
+        ordering = ["day", "node", "role", "attempt_id"]
+        constraints = [models.UniqueConstraint(fields=["attempt", "day", "node", "role"],
+                                               name="nodeutilrollup_role_unique")]
         indexes = [models.Index(fields=["cluster", "day"])]
 
     def __str__(self) -> str:
-        return f"attempt {self.attempt_id} on {self.node} {self.day}"
+        return f"attempt {self.attempt_id} on {self.node} {self.day}" + (f" ({self.role})" if self.role else "")
 
 
 class ClusterMetrics(models.Model):

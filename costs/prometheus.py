@@ -102,6 +102,26 @@ def pod_of_attempt(namespace: str, pod: str, team_slug: str, object_name: str) -
     return namespace == team_namespace(team_slug) and pod.startswith(f"{object_name}-")
 
 
+def role_pod_name(object_name: str, role: str, index: int) -> str:
+    """The name of pod ``index`` of role ``role`` of a multi-role attempt: ``<object_name>-<role>-<index>``, the
+    prefix of what Kubernetes names it (an Indexed Job ``<object_name>-<role>`` names its pods
+    ``<job>-<index>-<suffix>``; docs/adr/0039-multi-role-jobs.md) and the local runner's pod
+    (``runners.local.exporter``). ``pod_role`` reads it back."""
+    return f"{object_name}-{role}-{index}"
+
+
+def pod_role(pod: str, object_name: str, roles) -> str:
+    """The role of a multi-role attempt's pod named ``pod`` (``role_pod_name``): the longest of ``roles`` (names)
+    such that ``pod`` is ``<object_name>-<role>-<digit>...``; ``""`` when none is (a pod of one role, or a name
+    this rule does not know). The longest wins so that roles ``a`` and ``a-b`` tell ``job-a-b-0`` apart."""
+    found = ""
+    for role in roles:
+        prefix = f"{object_name}-{role}-"
+        if pod.startswith(prefix) and pod[len(prefix):len(prefix) + 1].isdigit() and len(role) > len(found):
+            found = role
+    return found
+
+
 def attempts_pod_matchers(attempts: list[tuple[str, str]], shape: str = "pod") -> str:
     """PromQL label matchers selecting the pods of every ``(team_slug, object_name)`` in ``attempts`` (one query
     for many attempts, grouped by the pod labels and told apart with ``pod_of_attempt``). It may also select a pod

@@ -16,7 +16,8 @@ Commands (one module each under ``cpctl.commands``)::
 
   submit FILE [--team T] [--name N] [--wait]   YAML (application/yaml) or JSON (.json); "-" reads stdin;
                                                a document with array: (count or grid) submits a job array
-  jobs [--team T] [--state S ...] [--limit N]  a table: id, team, name, state, GPUs, accelerator, cost, age
+  jobs [--team T] [--state S ...] [--limit N]  a table: id, team, name, state, GPUs, accelerator, cost, age;
+                                               --kind K, --array ID (its elements)
   job ID                                       details, with why a queued job waits and its queue position
   events ID                                    the job's timeline
   efficiency ID                                the job's throughput (last, run), loss, MFU, tokens per attempt

@@ -86,8 +86,9 @@ Output and workload metrics (``examples/workload_metrics.py``; protocol: ``jobs/
     where ``tokens_per_s`` counts the bytes it generated since its previous report per second of wall-clock time
     (its first report: of that generation alone), and ``final step=<k> tokens_per_s=...`` (its generated tokens
     over the time from its first request's start to its last one's end) when told to stop. So the log of every
-    pod of every role carries that role's throughput in the protocol's format; the platform reads node 0's log
-    today. With env ``CONTROLPLANE_METRICS_PORT`` each process also serves the exposition on that port (a
+    pod of every role carries that role's throughput in the protocol's format; the platform reads every pod's
+    log and keeps each pod's last ``tokens_per_s`` by role (``roles.<name>.pod_tokens_per_s`` in the job's
+    answer). With env ``CONTROLPLANE_METRICS_PORT`` each process also serves the exposition on that port (a
     rollout that finds the port taken, as when the roles share a host, goes without and says so).
     ``reward``, ``first_reward``, ``kl``, ``logprob_gap`` and ``version`` are the example's own keys, which the
     platform ignores.

@@ -35,16 +35,17 @@ from costs.collection import refresh_running
 from costs.models import ClusterMetrics, CostEntry, Report, UtilizationRollup
 from costs.reports.build import generate_report
 from costs.unknown import HAS_UNPRICED, unknown_cost, unpriced_hours
-from jobs.dependencies import edges_of
+from jobs.dependencies import DependencyRefused, edges_of
 from jobs.filters import JobFilterSet
 from jobs.lifecycle import NotCancellable, cancel_job, submit_job
 from jobs.models import FINAL_STATES, Job, JobAttempt, JobEvent, JobState
 from jobs.permissions import CANCEL_REFUSED, may_cancel
 from jobs.preview import refuse_unaffordable, stored_job_args, submission_preview
-from jobs.roles import role_costs
+from jobs.roles import job_roles
 from jobs.scheduling.core import price_text
 from jobs.scheduling.offers import pool_offers
 from jobs.scheduling.snapshot import cpu_used_milli
+from jobs.service import serving_status
 from jobs.spec import SpecError, resubmission, team_for_submission, validated_submission
 from jobs.states import StaleState
 from jobs.throttles import submitter_retry_after, team_retry_after
@@ -337,6 +338,7 @@ def _job_status_context(job: Job, user) -> dict:
         "queue_facts": queue_facts(queue_info),
         "waits_for": short_of_words(queue_info) if queue_info else "",
         "after": edges_of(job),
+        "serving": serving_status(job),
         "poll_seconds": settings.UI_POLL_SECONDS,
     }
 
@@ -367,7 +369,7 @@ def job_detail(request, pk: int):
     series = next((a["series"] for a in reversed(efficiency["attempts"]) if a["series"]), [])
     # A training job's section; a CPU-only one (data preparation) gets it only once its workload reported throughput.
     reported = any(a["tokens_per_s"] is not None or a.get("series") for a in efficiency["attempts"])
-    context.update(roles=role_costs(job), efficiency=efficiency,
+    context.update(roles=job_roles(job), efficiency=efficiency,
                    show_efficiency=job.kind == "training" and (job.gpus_per_node or reported),
                    throughput_chart=_chart(
         [point[1] for point in series], [point[2] for point in series], "Training throughput (tokens/s)", "line"))
@@ -499,9 +501,13 @@ def job_submit(request):
                 return _submission_throttled(request, form, wait, f"team {args['team'].slug} received")
             args = _affordable(form, args)
         if args is not None:
-            job = submit_job(**args)
-            messages.success(request, f"Job {job.pk} ({job.name}) submitted.")
-            return redirect("frontend:job-detail", pk=job.pk)
+            try:
+                job = submit_job(**args)
+            except DependencyRefused as exc:  # an upstream ended meanwhile: refused as at validation, on its field
+                form.add_serializer_errors({exc.path: [str(exc)]})
+            else:
+                messages.success(request, f"Job {job.pk} ({job.name}) submitted.")
+                return redirect("frontend:job-detail", pk=job.pk)
     else:
         form = _submit_form(request, initial=_resubmission_initial(request))
     return render(request, "frontend/job_submit.html", {"form": form, "resubmitting": request.GET.get("from")})

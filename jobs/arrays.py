@@ -231,14 +231,19 @@ def submit_array(*, team, submitter, name: str, kind: str, spec: dict, resources
 
 def _materialize(array: JobArray, n: int) -> int:
     """Insert elements ``array.materialized .. + n - 1`` QUEUED with their ``submitted`` events, and move
-    ``array.materialized`` (row and instance) on; the caller holds the array row (or just created it). Returns n."""
+    ``array.materialized`` (row and instance) on; the caller holds the array row (or just created it). Returns
+    the number inserted: n, less any index that already has its row (an element a restored database adopted from
+    a cluster, ``jobs.recovery``, which must not run twice)."""
     if n <= 0:
         return 0
     start, stop = array.materialized, array.materialized + n
     if connection.vendor == "postgresql":
-        _insert_elements_sql(array, start, stop)
+        made = _insert_elements_sql(array, start, stop)
     else:
-        jobs = Job.objects.bulk_create([_element(array, i) for i in range(start, stop)])
+        taken = set(Job.objects.filter(array_id=array.pk, array_index__gte=start, array_index__lt=stop)
+                    .values_list("array_index", flat=True))
+        jobs = Job.objects.bulk_create([_element(array, i) for i in range(start, stop) if i not in taken])
+        made = len(jobs)
         # ``auto_now_add`` stamped each row with the time of the insert: the elements carry the array's.
         Job.objects.filter(pk__in=[job.pk for job in jobs]).update(created_at=array.created_at)
         reason = _submitted_reason(array)
@@ -249,7 +254,7 @@ def _materialize(array: JobArray, n: int) -> int:
     array.materialized = stop
     array.state = JobArray.State.MATERIALIZED if stop >= array.count else JobArray.State.OPEN
     JobArray.objects.filter(pk=array.pk).update(materialized=stop, state=array.state, updated_at=timezone.now())
-    return n
+    return made
 
 
 def _element(array: JobArray, index: int) -> Job:
@@ -269,11 +274,12 @@ def _submitted_reason(array: JobArray) -> str:
     return f"element of array {array.pk}, submitted by {array.submitter}"[:500]
 
 
-def _insert_elements_sql(array: JobArray, start: int, stop: int) -> None:
+def _insert_elements_sql(array: JobArray, start: int, stop: int) -> int:
     """Elements ``start .. stop - 1`` of ``array`` and their events in one PostgreSQL statement: ``WITH new AS
-    (INSERT INTO job (...) SELECT ... FROM generate_series(start, stop - 1) RETURNING id, array_index) INSERT INTO
-    event (...) SELECT ... FROM new``. Every column's parameter comes from the field's own ``get_db_prep_save``
-    (the ORM's types and defaults); the name and index are computed from the series, ``created_at`` is the array's.
+    (INSERT INTO job (...) SELECT ... FROM generate_series(start, stop - 1) WHERE no row has that index RETURNING
+    id, array_index) INSERT INTO event (...) SELECT ... FROM new``. Every column's parameter comes from the field's
+    own ``get_db_prep_save`` (the ORM's types and defaults); the name and index are computed from the series,
+    ``created_at`` is the array's. Returns the number of elements inserted.
     """
     qn = connection.ops.quote_name
     template = _element(array, 0)
@@ -305,14 +311,18 @@ def _insert_elements_sql(array: JobArray, start: int, stop: int) -> None:
             event_exprs.append("%s")
             event_params.append(field.get_db_prep_save(field.pre_save(event, True), connection=connection))
     sql = (f"WITH new_jobs AS (INSERT INTO {qn(Job._meta.db_table)} ({', '.join(columns)}) "
-           f"SELECT {', '.join(exprs)} FROM generate_series(%s::integer, %s::integer) AS gs(i) ORDER BY gs.i "
+           f"SELECT {', '.join(exprs)} FROM generate_series(%s::integer, %s::integer) AS gs(i) "
+           f"WHERE NOT EXISTS (SELECT 1 FROM {qn(Job._meta.db_table)} AS taken WHERE "
+           f"taken.{qn(Job._meta.get_field('array').column)} = %s "
+           f"AND taken.{qn(Job._meta.get_field('array_index').column)} = gs.i) ORDER BY gs.i "
            f"RETURNING {qn(Job._meta.pk.column)} AS id, {qn(Job._meta.get_field('array_index').column)} "
            f"AS array_index) "
            f"INSERT INTO {qn(JobEvent._meta.db_table)} ({qn(JobEvent._meta.get_field('job').column)}, "
            f"{', '.join(qn(f.column) for f in event_fields)}) "
            f"SELECT new_jobs.id, {', '.join(event_exprs)} FROM new_jobs")
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, start, stop - 1, *event_params])
+        cursor.execute(sql, [*params, start, stop - 1, array.pk, *event_params])
+        return cursor.rowcount
 
 
 def top_up_arrays() -> int:
@@ -420,9 +430,10 @@ def element_costs(array_ids: list[int]) -> dict[int, Decimal]:
 
 def rolled_up_counts(array: JobArray, materialized_counts: dict[str, int]) -> dict[str, int]:
     """The array's counts by state, its elements not yet materialized included: as ``queued`` while the array is
-    open, as ``cancelled`` once it was cancelled."""
+    open, as ``cancelled`` once it was cancelled. ``materialized_counts`` is ``element_counts``' (every element
+    row, so one adopted past ``array.materialized`` after a restore is counted once)."""
     counts = dict(materialized_counts)
-    pending = array.count - array.materialized
+    pending = array.count - sum(materialized_counts.values())
     key = "cancelled" if array.state == JobArray.State.CANCELLED else "queued"
     counts[key] = counts.get(key, 0) + max(pending, 0)
     return counts

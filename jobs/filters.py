@@ -103,14 +103,31 @@ class AwareDateTimeFilter(UTCIsoDateTimeFilter):
 ANY_KIND = "any"
 
 
+#: The largest id a filter takes: PostgreSQL's bigint (a larger number would be an error from the database).
+MAX_ID = 2 ** 63 - 1
+
+
+class IdFilter(django_filters.NumberFilter):
+    """An object's id: a whole number from 1 to ``MAX_ID`` (a fraction or a number past the database's integers is
+    refused with the bounds, not queried)."""
+
+    field_class = forms.IntegerField
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("min_value", 1)
+        kwargs.setdefault("max_value", MAX_ID)
+        super().__init__(*args, **kwargs)
+
+
 class JobFilterSet(django_filters.FilterSet):
     """Job list filters; every value is a name, never a database id.
 
     ``team`` (slug), ``state`` (repeatable or comma-separated:
     ``?state=QUEUED&state=RUNNING`` or ``?state=QUEUED,RUNNING``), ``kind``
-    (training, inference, or ``any``: both, as without it),
+    (training, inference, multi-role, or ``any``: every kind, as without it),
     ``accelerator`` (name), ``cluster`` (name of the cluster of the current
-    attempt), ``submitter`` (username), ``created_after`` / ``created_before``
+    attempt), ``submitter`` (username), ``array`` (an array's id: its elements),
+    ``created_after`` / ``created_before``
     (ISO 8601 datetimes, ``[after, before)``; without an offset: UTC), and
     ``ordering`` by ``created_at`` or ``priority`` (``-`` for descending).
     Unknown choices are refused with the valid ones listed. Scoping to the
@@ -123,14 +140,15 @@ class JobFilterSet(django_filters.FilterSet):
     accelerator = django_filters.CharFilter(field_name="accelerator__name", label="Accelerator")
     cluster = django_filters.CharFilter(field_name="current_attempt__cluster__name", label="Cluster")
     submitter = django_filters.CharFilter(field_name="submitter__username", label="Submitted by (username)")
+    array = IdFilter(field_name="array_id", label="Array (id)")
     created_after = AwareDateTimeFilter(field_name="created_at", lookup_expr="gte", label="Submitted from (UTC)")
     created_before = AwareDateTimeFilter(field_name="created_at", lookup_expr="lt", label="Submitted before (UTC)")
     ordering = django_filters.OrderingFilter(fields=("created_at", "priority"), label="Order by")
 
     def filter_kind(self, queryset, name, value):
-        """``kind``: training or inference; ``any`` (the form's first choice) or empty keeps both."""
+        """``kind``: one kind; ``any`` (the form's first choice) or empty keeps every kind."""
         return queryset if value in ("", ANY_KIND) else queryset.filter(kind=value)
 
     class Meta:
         model = Job
-        fields = ["team", "state", "kind", "accelerator", "cluster", "submitter", "created_after", "created_before"]
+        fields = ["team", "state", "kind", "accelerator", "cluster", "submitter", "array", "created_after", "created_before"]

@@ -407,7 +407,9 @@ class WorkloadMetrics(models.Model):
     series); ``tokens_per_s`` (the run's throughput: its summary, else the mean), ``flops_per_token`` and
     ``tokens`` (training tokens the attempt processed) are copied to columns for reports. ``source`` is
     ``log`` or ``prometheus``; ``complete`` is set by the first collection after the attempt ended (nothing
-    more will come).
+    more will come). ``pods``: a multi-role attempt's last throughput per pod, read from each pod's log:
+    role name -> pod index within the role (text) -> ``jobs.efficiency.protocol.last_throughput`` with ``at``
+    (seconds since the epoch, when it was read); ``{}`` for an attempt of one role.
     """
 
     class Source(models.TextChoices):
@@ -422,6 +424,7 @@ class WorkloadMetrics(models.Model):
     flops_per_token = models.FloatField(null=True, blank=True, help_text="Model FLOPs per training token")
     tokens = models.BigIntegerField(null=True, blank=True, help_text="Training tokens processed")
     complete = models.BooleanField(default=False)
+    pods = models.JSONField(default=dict, blank=True, help_text="multi-role: last throughput per role and pod")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -451,3 +454,28 @@ class OutboxTask(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task}{tuple(self.args)}"
+
+
+class ServingScale(models.Model):
+    """The autoscaler's memory of one serving job with ``spec.autoscaling`` (``jobs.serving``).
+
+    ``sample``: the last reading of the job's endpoint counters (``{"requests", "in_flight_seconds", "clock"}``:
+    totals and the endpoint's own clock, seconds), from which the next pass takes the load over the interval.
+    ``recommendations``: ``[[unix seconds, replicas], ...]``, the counts the formula recommended within the longer
+    stabilization window. ``metric``: the load per replica last read (requests in flight, or requests per second);
+    ``desired``: the count the last pass decided (stabilized, within min and max). ``refusal``: why the last
+    scale-up was refused (``{"reason", "message", "at", "replicas", ...numbers}``; {} when the last one was
+    admitted or none was tried); ``note``: why the last pass could not decide (no reading), "" when it could.
+    """
+
+    job = models.OneToOneField(Job, on_delete=models.CASCADE, primary_key=True, related_name="serving_scale")
+    sample = models.JSONField(default=dict, blank=True)
+    recommendations = models.JSONField(default=list, blank=True)
+    metric = models.FloatField(null=True, blank=True)
+    desired = models.PositiveIntegerField(null=True, blank=True)
+    refusal = models.JSONField(default=dict, blank=True)
+    note = models.CharField(max_length=500, blank=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"autoscaling of job {self.job_id}"

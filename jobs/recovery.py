@@ -15,11 +15,15 @@ beat start again) does, in order:
    an end record of, unknown to the database, gets its job and attempt rows
    back from the dispatch record its objects carry (team, submitter, spec,
    columns, node pool, price, ids), marked ``adopted_after_restore``, with
-   its original ids where they are free; what cannot be rebuilt (a team,
-   user or pool the database lacks; a later attempt of a job the database
-   knows) is listed for staff and left running, untouched.
-3. the sequences move past every id seen in the clusters, so new jobs and
-   attempts never repeat one;
+   its original ids where they are free. A job the database knows as still
+   waiting for that attempt (QUEUED, or RECOVERING between attempts) gets it
+   onto its own row, since it was admitted in the gap; an element of a job
+   array the database holds is linked to its array. What cannot be rebuilt (a
+   team, user or pool the database lacks; a later attempt of a job whose own
+   attempt the database holds live) is listed for staff and left running,
+   untouched.
+3. the sequences move past every id seen in the clusters, so new jobs,
+   attempts and arrays never repeat one;
 4. one reconcile pass: adopted attempts start from their objects' creation,
    attempts with an end record end as recorded (billed to the recorded end),
    live ones go on. Quota use and free capacity follow, as both are counted
@@ -47,9 +51,9 @@ from runners.base import ClusterUnreachable, UnknownBackend, backend_for
 from runners.models import Cluster, Installation, NodePool, installation
 
 from .lifecycle import end_attempt, mark_started
-from .models import Job, JobAttempt, JobEvent, JobState
+from .models import Job, JobArray, JobAttempt, JobEvent, JobState
 from .reconcile import reconcile_all
-from .states import StaleState, record_event
+from .states import StaleState, record_event, transition
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +114,9 @@ def recover(now: dt.datetime | None = None) -> Recovery:
         adopted, listed = adopt(cluster, found, row.restored_at)
         result.adopted += adopted
         result.listed += listed
-        seen_ids += [(int(i["record"].get("job_id") or 0), int(i["record"].get("attempt_id") or 0)) for i in found]
-    advance_sequences(max((j for j, _ in seen_ids), default=0), max((a for _, a in seen_ids), default=0))
+        seen_ids += [(int(i["record"].get("job_id") or 0), int(i["record"].get("attempt_id") or 0),
+                      _recorded_array_id(i["record"])) for i in found]
+    advance_sequences(*(max((ids[k] for ids in seen_ids), default=0) for k in range(3)))
     result.reconcile = reconcile_all()
     return result
 
@@ -152,14 +157,51 @@ def _time(value) -> dt.datetime | None:
     return made if made is not None and made.tzinfo is not None else None
 
 
+def _element_of(record: dict) -> tuple[int | None, int | None]:
+    """``(array id, index)`` of the element of a job array that a dispatch record names, when the database holds
+    that array (its id and submission time both match: a later array that took the id is another one); else
+    ``(None, None)``: a job of no array, or of an array submitted after the backup, which is gone with it (the
+    element is then adopted as a job of its own, its environment still naming the array). Raises CannotAdopt
+    when another job of the database already is that element."""
+    shown = record.get("array") or {}
+    try:
+        array_id, index = int(shown.get("id")), int(shown.get("index"))
+    except (TypeError, ValueError):
+        return None, None
+    made = _time(shown.get("created_at"))
+    array = JobArray.objects.filter(pk=array_id).values_list("created_at", "count").first()
+    if array is None or made is None or array[0] != made or not 0 <= index < array[1]:
+        return None, None
+    other = Job.objects.filter(array_id=array_id, array_index=index).values_list("pk", flat=True).first()
+    if other is not None:
+        raise CannotAdopt(f"element {index} of array {array_id} is job {other} in the database")
+    return array_id, index
+
+
+def _waiting_job(job_id: int, number: int) -> Job:
+    """Job ``job_id`` of the database, locked, when a cluster's attempt ``number`` of it can be adopted onto it:
+    the job waits for an attempt (QUEUED, or RECOVERING between attempts) and has no live attempt and none
+    numbered ``number`` or later, so the backup was taken before that attempt was made. Raises CannotAdopt
+    otherwise (a later attempt of a job whose own attempt the database still holds live: staff decide)."""
+    job = Job.objects.select_for_update().get(pk=job_id)
+    attempts = JobAttempt.objects.filter(job_id=job_id)
+    if job.state not in (JobState.QUEUED, JobState.RECOVERING) or attempts.filter(ended_at__isnull=True).exists() \
+            or attempts.filter(number__gte=number).exists():
+        raise CannotAdopt(f"a later attempt of job {job_id}, which the database knows as {job.state}")
+    return job
+
+
 def adopt_one(cluster: Cluster, item: dict, now: dt.datetime) -> JobAttempt:
-    """Job and attempt rows of one unknown attempt, from its dispatch record; the job STARTING with it as its
-    current attempt, started at its objects' creation, which reconcile then moves on (RUNNING, or ended as
+    """The attempt rows of one unknown attempt, from its dispatch record, and its job's: the job STARTING with it
+    as its current attempt, started at its objects' creation, which reconcile then moves on (RUNNING, or ended as
     its end record says).
 
-    The original job and attempt ids are kept where no row has them. Raises CannotAdopt when the record is
-    missing or names a team, user, accelerator or node pool the database lacks, or a job the database knows
-    (a later attempt of it: staff decide).
+    A job the database already knows (same id and submission time) that still waits for this attempt (QUEUED or
+    RECOVERING in the backup: the attempt was made after it) gets the attempt, ADMITTED -> STARTING, instead of
+    being admitted a second time; a job the database lacks is rebuilt from the record, an element of an array
+    the database holds linked to it (``_element_of``). The original job and attempt ids are kept where no row has
+    them. Raises CannotAdopt when the record is missing or names a team, user, accelerator or node pool the
+    database lacks, or a job whose own attempt the database still holds live (staff decide).
     """
     r = item.get("record") or {}
     if not r.get("uid") or r.get("uid") != item["uid"]:
@@ -172,22 +214,17 @@ def adopt_one(cluster: Cluster, item: dict, now: dt.datetime) -> JobAttempt:
             raise CannotAdopt(f"the {what} it names ({r.get(what.replace(' ', '_'))!r}) is not in the database")
     job_created = _time(r.get("job_created_at"))
     existing = Job.objects.filter(pk=r.get("job_id")).values_list("created_at", flat=True).first()
-    if existing is not None and existing == job_created:
-        raise CannotAdopt(f"a later attempt of job {r.get('job_id')}, which the database knows")
+    known = existing is not None and existing == job_created
     made = item.get("created_at") or now
+    number = int(r.get("number") or 1)
     with transaction.atomic():
-        job = Job(team=team, submitter=submitter, name=str(r.get("job_name") or item.get("name"))[:63],
-                  kind=r.get("kind") or Job.Kind.TRAINING, spec=r.get("spec") or {}, accelerator=pool.accelerator,
-                  gpus_per_node=int(r.get("gpus_per_node") or 0), nodes=int(r.get("nodes") or 1),
-                  replicas=int(r.get("replicas") or 1), priority=int(r.get("priority") or 0),
-                  preemptible=bool(r.get("preemptible")), max_runtime_seconds=int(r.get("max_runtime_seconds") or 0) or None,
-                  max_retries=int(r.get("max_retries") or 0), state=JobState.ADMITTED, admitted_at=made,
-                  estimated_cost_usd=_decimal(r.get("estimated_cost_usd")),
-                  state_reason="adopted after a restore of the database")
-        if existing is None and r.get("job_id"):
-            job.pk = int(r["job_id"])
-        job.save(force_insert=True)
-        attempt = JobAttempt(job=job, number=int(r.get("number") or 1), uid=item["uid"], cluster=cluster,
+        if known:
+            job = _waiting_job(int(r["job_id"]), number)
+            array_id, array_index = job.array_id, job.array_index
+        else:
+            array_id, array_index = _element_of(r)
+            job = _rebuilt_job(r, team, submitter, pool, item, made, array_id, array_index)
+        attempt = JobAttempt(job=job, number=number, uid=item["uid"], cluster=cluster,
                              node_pool=pool, gpus=int(r.get("gpus") or job.total_gpus),
                              object_name=item.get("name") or "", usd_per_gpu_hour=_decimal(r.get("usd_per_gpu_hour")),
                              placement=r.get("placement") or {}, adopted_after_restore=True,
@@ -197,13 +234,20 @@ def adopt_one(cluster: Cluster, item: dict, now: dt.datetime) -> JobAttempt:
         attempt.save(force_insert=True)
         # Its own times, not the adoption's: reconcile adopts objects only of attempts older than a dispatch.
         JobAttempt.objects.filter(pk=attempt.pk).update(created_at=made)
-        Job.objects.filter(pk=job.pk).update(current_attempt=attempt, created_at=job_created or made)
-        job.current_attempt = attempt
+        where = f"{item.get('namespace')}/{item.get('name')} found on {cluster.name} after a restore of the database"
+        if known:  # admitted in the gap: the admission the backup lacks, with its attempt
+            transition(job, JobState.ADMITTED, reason=f"admitted before the restore: {where}", attempt=attempt,
+                       current_attempt=attempt)
+        else:
+            Job.objects.filter(pk=job.pk).update(current_attempt=attempt, created_at=job_created or made)
+            job.current_attempt = attempt
         record_event(job, "adopted_after_restore",
-                     f"{item.get('namespace')}/{item.get('name')} found on {cluster.name} after a restore of the "
-                     f"database: job and attempt rebuilt from its labels and annotations", attempt=attempt,
+                     f"{where}: " + ("attempt rebuilt from its labels and annotations onto its waiting job" if known
+                                     else "job and attempt rebuilt from its labels and annotations"),
+                     attempt=attempt,
                      data={"uid": item["uid"], "cluster": cluster.name, "recorded_job_id": r.get("job_id"),
-                           "recorded_attempt_id": r.get("attempt_id")})
+                           "recorded_attempt_id": r.get("attempt_id"), "recorded_array": r.get("array"),
+                           "array": array_id, "array_index": array_index, "onto_known_job": known})
         # Billed from its objects' creation, as any adopted attempt (ADR 0008); reconcile moves it on from there.
         mark_started(job, attempt, {**attempt.runner_state, "created_at": made.isoformat()},
                      reason=f"adopted after a restore: objects created {made.isoformat()} on {cluster.name}")
@@ -211,13 +255,39 @@ def adopt_one(cluster: Cluster, item: dict, now: dt.datetime) -> JobAttempt:
     return attempt
 
 
-def advance_sequences(job_id: int = 0, attempt_id: int = 0) -> None:
-    """Move the job and attempt id sequences past their tables' largest id and past ``job_id`` / ``attempt_id``
-    (the largest seen in the clusters), so no new row repeats an id the clusters' objects carry (PostgreSQL)."""
+def _rebuilt_job(r: dict, team, submitter, pool, item: dict, made: dt.datetime, array_id, array_index) -> Job:
+    """The job row of dispatch record ``r``, ADMITTED, saved with its recorded id where no row has it."""
+    job = Job(array_id=array_id, array_index=array_index, team=team, submitter=submitter,
+              name=str(r.get("job_name") or item.get("name"))[:63],
+              kind=r.get("kind") or Job.Kind.TRAINING, spec=r.get("spec") or {}, accelerator=pool.accelerator,
+              gpus_per_node=int(r.get("gpus_per_node") or 0), nodes=int(r.get("nodes") or 1),
+              replicas=int(r.get("replicas") or 1), priority=int(r.get("priority") or 0),
+              preemptible=bool(r.get("preemptible")), max_runtime_seconds=int(r.get("max_runtime_seconds") or 0) or None,
+              max_retries=int(r.get("max_retries") or 0), state=JobState.ADMITTED, admitted_at=made,
+              estimated_cost_usd=_decimal(r.get("estimated_cost_usd")),
+              state_reason="adopted after a restore of the database")
+    if r.get("job_id") and not Job.objects.filter(pk=r["job_id"]).exists():
+        job.pk = int(r["job_id"])
+    job.save(force_insert=True)
+    return job
+
+
+def _recorded_array_id(record: dict) -> int:
+    """The array id a dispatch record names (0: none or unreadable)."""
+    try:
+        return int((record.get("array") or {}).get("id") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def advance_sequences(job_id: int = 0, attempt_id: int = 0, array_id: int = 0) -> None:
+    """Move the job, attempt and job array id sequences past their tables' largest id and past ``job_id`` /
+    ``attempt_id`` / ``array_id`` (the largest seen in the clusters), so no new row repeats an id the clusters'
+    objects carry (PostgreSQL)."""
     if connection.vendor != "postgresql":
         return
     with connection.cursor() as cursor:
-        for model, seen in ((Job, job_id), (JobAttempt, attempt_id)):
+        for model, seen in ((Job, job_id), (JobAttempt, attempt_id), (JobArray, array_id)):
             table = model._meta.db_table
             cursor.execute(f"SELECT setval(pg_get_serial_sequence(%s, 'id'), GREATEST(COALESCE(MAX(id), 0), %s, 1)) "
                            f'FROM "{table}"', [table, seen])

@@ -75,6 +75,9 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 IMAGE_MAX_LENGTH = 512
 INFERENCE_DEFAULT_PORT = 8000
 PORT_MAX = 65535
+HEALTH_PATH_MAX = 1024
+#: The longest autoscaling stabilization window, seconds (the HorizontalPodAutoscaler's limit: one hour).
+AUTOSCALING_DELAY_MAX = 3600
 #: The most parameters a declared model may have (10^15: far above any trained model).
 MODEL_MAX_PARAMETERS = 10 ** 15
 INFERENCE = Job.Kind.INFERENCE.value
@@ -378,6 +381,50 @@ class JobParallelism(SpecModel):
     sequence_parallel: bool = Field(False, description="sequence parallelism with the tensor parallelism")
 
 
+def _health_path(value: str) -> str:
+    if not value.startswith("/") or any(c.isspace() for c in value) or len(value) > HEALTH_PATH_MAX:
+        raise _refused(f"must be an absolute URL path without spaces, at most {HEALTH_PATH_MAX} characters "
+                       f'(e.g. "/healthz")')
+    return value
+
+
+class JobAutoscaling(SpecModel):
+    """``spec.autoscaling`` of a serving job: the replica count follows the load, by the rule of the Kubernetes
+    HorizontalPodAutoscaler (``jobs.serving``; docs/adr/0041-autoscaled-serving.md)."""
+
+    min_replicas: Count = Field(description="the fewest replicas; the job starts with this many unless replicas says "
+                                "otherwise", json_schema_extra=_example(1))
+    max_replicas: Count = Field(description="the most replicas; every replica beyond the running ones is admitted "
+                                "under the team's quota and budget", json_schema_extra=_example(3))
+    target_in_flight_per_replica: PositiveNumber = _optional(
+        "the mean number of requests in flight per replica the autoscaler aims at (read at the job's endpoint); "
+        "exactly one target is required")
+    target_rps_per_replica: PositiveNumber = _optional(
+        "the requests per second per replica the autoscaler aims at (read at the job's endpoint); exactly one "
+        "target is required")
+    scale_up_delay_seconds: Annotated[int, Field(ge=0, le=AUTOSCALING_DELAY_MAX)] = Field(
+        0, description="scale-up stabilization window, seconds: the replicas rise to the lowest count recommended "
+        "over this window (the HorizontalPodAutoscaler's behavior.scaleUp.stabilizationWindowSeconds; 0: at once)")
+    scale_down_delay_seconds: Annotated[int, Field(ge=0, le=AUTOSCALING_DELAY_MAX)] = Field(
+        300, description="scale-down stabilization window, seconds: the replicas fall to the highest count "
+        "recommended over this window (behavior.scaleDown.stabilizationWindowSeconds; the Kubernetes default 300)")
+
+    @model_validator(mode="after")
+    def _one_target_within_bounds(self) -> JobAutoscaling:
+        errors: dict[str, list[str]] = {}
+        if self.max_replicas < self.min_replicas:
+            errors["max_replicas"] = [f"must be at least min_replicas ({self.min_replicas}); got {self.max_replicas}"]
+        targets = [name for name in ("target_in_flight_per_replica", "target_rps_per_replica")
+                   if getattr(self, name) is not None]
+        if len(targets) != 1:
+            errors["target_in_flight_per_replica" if not targets else targets[1]] = [
+                "exactly one of target_in_flight_per_replica and target_rps_per_replica is required"
+                + (f" (got {' and '.join(targets)})" if targets else "")]
+        if errors:
+            raise _rules_failed(errors)
+        return self
+
+
 def _priority(name: str, info: ValidationInfo) -> str:
     # Read per submission (cached per process, core.lookups): the table may change.
     classes = priority_classes()
@@ -398,7 +445,8 @@ class JobSpec(SpecModel):
 
     ``max_runtime_seconds`` is required for training jobs: it bounds the cost estimate that admission checks
     against the budget; a serving job without one runs until cancelled.
-    ``replicas``, ``port`` and ``checkpoint_from`` apply to inference jobs only (``x-job-kinds``).
+    ``replicas``, ``port``, ``health_path``, ``autoscaling`` and ``checkpoint_from`` apply to inference jobs only
+    (``x-job-kinds``).
     """
 
     image: Annotated[Text, Field(max_length=IMAGE_MAX_LENGTH)] = Field(
@@ -429,10 +477,18 @@ class JobSpec(SpecModel):
     model: JobModel = _optional("the model trained, for the memory-fit check at submission (training jobs) and MFU; "
                                 "absent: no check")
     parallelism: JobParallelism = _optional("how the model is split over the job's GPUs; absent: DDP")
-    replicas: Count = Field(1, description="serving replicas", json_schema_extra=_for_kinds(INFERENCE))
+    replicas: Count = Field(1, description="serving replicas, behind the job's one endpoint; with autoscaling the "
+                            "count it starts with (default: min_replicas)", json_schema_extra=_for_kinds(INFERENCE))
     port: Annotated[int, Field(ge=1, le=PORT_MAX)] = Field(
         INFERENCE_DEFAULT_PORT, description="the container port the Service targets (env PORT on Kubernetes; the "
         "local runner gives every attempt a free PORT of its own)", json_schema_extra=_for_kinds(INFERENCE))
+    health_path: Annotated[Text, AfterValidator(_health_path)] = Field(
+        "/healthz", description="the path every replica answers readiness checks on (a 2xx or 3xx answer: ready); "
+        "a replica that is starting or failing them gets no requests (Kubernetes: the pods' httpGet readiness "
+        "probe; the local runner: its endpoint's checks)", json_schema_extra=_for_kinds(INFERENCE))
+    autoscaling: JobAutoscaling = Field(
+        None, description="replicas that follow the load between min_replicas and max_replicas; absent: a fixed "
+        "number of replicas", json_schema_extra=_for_kinds(INFERENCE))
     checkpoint_from: JobReference = Field(
         None, description="the training job of the same team whose checkpoint the server loads: its id, or its name "
         "(the team's latest SUCCEEDED training job of that name, else its latest); stored as the id. The runners "
@@ -602,7 +658,8 @@ class JobSubmission(SpecModel):
             raise _rules_failed({f"spec.{k}": v for k, v in errors.items()})
         errors = never_errors(lookups.team, spec, lookups.accelerator, self.kind)
         if errors:
-            raise _rules_failed({f"spec.{k}" if k in ("replicas", "preemptible") else f"spec.resources.{k}" if k
+            raise _rules_failed({f"spec.{k}" if k in ("replicas", "preemptible", "autoscaling.max_replicas")
+                                 else f"spec.resources.{k}" if k
                                  else "spec.resources": v for k, v in errors.items()})
         return self
 
@@ -853,6 +910,11 @@ def kind_errors(kind: str, spec: JobSpec) -> dict[str, list[str]]:
                                          "admission checks against the budget (a serving job may leave it out)"]
     if not spec.command and not spec.args:
         errors["command"] = ["required unless args are given (the image's ENTRYPOINT then runs with them)"]
+    scaling = spec.autoscaling
+    if kind == INFERENCE and scaling is not None and "replicas" in spec.model_fields_set and not (
+            scaling.min_replicas <= spec.replicas <= scaling.max_replicas):
+        errors["replicas"] = [f"must be within autoscaling's min_replicas and max_replicas ({scaling.min_replicas}.."
+                              f"{scaling.max_replicas}); got {spec.replicas}"]
     for name, kinds in KIND_SPECIFIC.items():
         if kind not in kinds and name in spec.model_fields_set:
             errors[name] = [f"{name} applies to {' and '.join(kinds)} jobs only"]
@@ -891,6 +953,14 @@ def serving_errors(kind: str, spec: JobSpec) -> dict[str, list[str]]:
     return errors
 
 
+def starting_replicas(spec: JobSpec) -> int:
+    """The replicas a serving job starts with: ``spec.replicas`` when given, else autoscaling's ``min_replicas``,
+    else 1."""
+    if "replicas" not in spec.model_fields_set and spec.autoscaling is not None:
+        return spec.autoscaling.min_replicas
+    return spec.replicas
+
+
 def never_errors(team: Team, spec: JobSpec, accelerator: Accelerator,
                  kind: str = Job.Kind.TRAINING.value) -> dict[str, list[str]]:
     """Why the validated ``spec`` of a ``kind`` job on ``accelerator`` can never run for ``team``, by
@@ -906,13 +976,21 @@ def never_errors(team: Team, spec: JobSpec, accelerator: Accelerator,
                  "mig_profile": spec.resources.mig_profile or ""}
     placement = {"providers": spec.placement.providers, "regions": spec.placement.regions,
                  "clusters": spec.placement.clusters}
-    replicas = spec.replicas if "replicas" in spec.model_fields_set else 1
+    replicas = starting_replicas(spec) if kind == INFERENCE else 1
     errors = never_fits(team, accelerator, resources, placement, spec.preemptible, replicas, kind)
     for name in spec.resources.alternatives:
         if not errors:
             break
         if not never_fits(team, accelerator_named(name), resources, placement, spec.preemptible, replicas, kind):
             errors = {}
+    if not errors and kind == INFERENCE and spec.autoscaling is not None \
+            and spec.autoscaling.max_replicas > replicas:
+        # every replica up to max_replicas must be placeable and within the team's limits, or a scale-up could
+        # never succeed: refused now, naming the field (the same rule as any submission, ADR 0019)
+        most = never_fits(team, accelerator, resources, placement, spec.preemptible, spec.autoscaling.max_replicas,
+                          kind)
+        if most:
+            errors = {"autoscaling.max_replicas": [m for messages in most.values() for m in messages]}
     return errors
 
 
@@ -1126,7 +1204,7 @@ def submission_fields(submission: JobSubmission, lookups: Lookups) -> dict:
             "preemptible": spec.preemptible,
             "max_runtime_seconds": spec.max_runtime_seconds,
             "max_retries": spec.max_retries,
-            "replicas": spec.replicas if kind in KIND_SPECIFIC["replicas"] else 1,
+            "replicas": starting_replicas(spec) if kind in KIND_SPECIFIC["replicas"] else 1,
         },
         "after": list(lookups.after),
     }

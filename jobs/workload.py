@@ -5,7 +5,8 @@ reports show: throughput (last, mean, the run's own), MFU, tokens and USD per mi
 The protocol and the arithmetic are pure (``jobs.efficiency``); this module reads and writes rows and asks the
 backends. Collection runs from beat (``jobs.tasks.collect_workload_metrics``) over the live attempts and, once,
 over each attempt that ended since, so the run's final lines are kept; node 0's log is read (rank 0 is the one
-that reports, the convention of ``examples/workload_metrics.py``), and where the runner declared a metrics port
+that reports, the convention of ``examples/workload_metrics.py``), and of a multi-role attempt every pod's, each
+pod's last throughput kept by role (``WorkloadMetrics.pods``: each role reports for itself), and where the runner declared a metrics port
 its ``/metrics`` is scraped while the attempt runs (``Backend.workload_exposition``: the local runner's
 ``runner_state["metrics_url"]``, the Kubernetes runner's node 0 pod through the API server's pod proxy). A scrape
 that fails, answers empty or not 200 is a failed observation: the figures kept stay, the log path still counts.
@@ -26,8 +27,9 @@ from costs.unknown import unpriced_hours
 from runners.base import ClusterUnreachable, UnknownBackend, backend_for
 
 from .efficiency.flops import model_flops_utilization, spec_flops_per_token, usd_per_million_tokens
-from .efficiency.protocol import RunStats, parse_exposition, parse_log
+from .efficiency.protocol import RunStats, last_throughput, later_throughput, parse_exposition, parse_log
 from .models import Job, JobAttempt, WorkloadMetrics
+from .roles import role_pods
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,8 @@ LOG_TAIL_LINES = 5000
 LOG_TAIL_LINES_RUNNING = 500
 #: Ended attempts are collected once more up to this long after their end (their logs may be gone after).
 ENDED_COLLECTION_WINDOW = dt.timedelta(hours=6)
+#: The kinds whose workloads report training progress (a multi-role job's roles each report their own).
+REPORTING_KINDS = (Job.Kind.TRAINING, Job.Kind.MULTI_ROLE)
 
 
 def collect_attempt(attempt: JobAttempt, now: dt.datetime | None = None, *,
@@ -50,7 +54,8 @@ def collect_attempt(attempt: JobAttempt, now: dt.datetime | None = None, *,
     scrape of the exposition on the port its runner declared (``Backend.workload_exposition``); a scrape that
     fails, or whose body is empty or not the exposition format, adds nothing. Reports already kept are not
     counted again (``_store``: collectors of the same attempt at once write one row, none loses the other's
-    reports). Raises ClusterUnreachable or UnknownBackend from the backend's log read.
+    reports). A multi-role attempt's pods are read too (``pod_throughputs``). Raises ClusterUnreachable or
+    UnknownBackend from the backend's log read.
     """
     now = now or timezone.now()
     seen = WorkloadMetrics.objects.filter(attempt=attempt).exists()
@@ -65,12 +70,40 @@ def collect_attempt(attempt: JobAttempt, now: dt.datetime | None = None, *,
             scraped = parse_exposition(body)
         except ValueError:
             scraped = None
-    return _store(attempt, logged, scraped, now.timestamp())
+    pods = pod_throughputs(attempt, backend, logged) if attempt.job.kind == Job.Kind.MULTI_ROLE else {}
+    return _store(attempt, logged, scraped, now.timestamp(), pods)
 
 
-def _store(attempt: JobAttempt, logged: list, scraped, at: float) -> WorkloadMetrics | None:
+def pod_throughputs(attempt: JobAttempt, backend, logged: list) -> dict[str, dict[str, dict]]:
+    """The last throughput each pod of the multi-role ``attempt`` reported in its log
+    (``protocol.last_throughput``): role -> pod index within the role (text) -> figures; pods that reported none
+    are absent. Node 0's reports are ``logged`` (read already); every other pod's log tail
+    (``LOG_TAIL_LINES_RUNNING`` lines: only its last report counts) is read through ``backend``. Raises
+    ClusterUnreachable from the backend's log read."""
+    found: dict[str, dict[str, dict]] = {}
+    for node, (role, index) in enumerate(role_pods(attempt.job.spec)):
+        reports = logged if node == 0 else parse_log(backend.logs(attempt, node, LOG_TAIL_LINES_RUNNING))
+        if (last := last_throughput(reports)) is not None:
+            found.setdefault(role, {})[str(index)] = last
+    return found
+
+
+def _merge_pods(kept: dict, found: dict, at: float) -> dict | None:
+    """``kept`` (``WorkloadMetrics.pods``) with each pod of ``found`` (``pod_throughputs``) that is later
+    (``protocol.later_throughput``), stamped ``at``; None when nothing moved."""
+    merged, changed = {role: dict(pods) for role, pods in (kept or {}).items()}, False
+    for role, pods in found.items():
+        for index, figures in pods.items():
+            if later_throughput(merged.get(role, {}).get(index), figures):
+                merged.setdefault(role, {})[index] = {**figures, "at": round(at, 3)}
+                changed = True
+    return merged if changed else None
+
+
+def _store(attempt: JobAttempt, logged: list, scraped, at: float, pods: dict | None = None) -> WorkloadMetrics | None:
     """Merge the reports read (``logged`` from the log, ``scraped`` from one scrape or None; received at ``at``,
-    seconds since the epoch) into ``attempt``'s row; returns it, or None when nothing was reported yet.
+    seconds since the epoch; ``pods``: a multi-role attempt's ``pod_throughputs``) into ``attempt``'s row;
+    returns it, or None when nothing was reported yet.
 
     Class of failure: concurrent writers of one derived row (beat's collection and reconcile's collection before
     a deletion, or a task delivered twice, read the same attempt at once). Invariant: the row is written
@@ -90,20 +123,23 @@ def _store(attempt: JobAttempt, logged: list, scraped, at: float) -> WorkloadMet
             source = row.source if row else WorkloadMetrics.Source.LOG
             if scraped is not None and stats.add(scraped, at):
                 changed, source = True, WorkloadMetrics.Source.PROMETHEUS
+            merged = _merge_pods(row.pods if row else {}, pods or {}, at)
             if row is not None:
-                if changed or complete != row.complete:
+                if changed or merged is not None or complete != row.complete:
                     row.stats, row.source, row.complete = stats.to_dict(), source, complete
                     row.tokens_per_s, row.flops_per_token, row.tokens = (stats.run_tokens_per_s,
                                                                          stats.flops_per_token, stats.tokens)
+                    row.pods = row.pods if merged is None else merged
                     row.save()
                 return row
-            if not stats.reports and not stats.final and not stats.declared:
+            if not stats.reports and not stats.final and not stats.declared and merged is None:
                 if not complete:
                     return None
                 fields = {"complete": True}  # nothing will come: remember that, so the attempt is not read again
             else:
                 fields = {"stats": stats.to_dict(), "source": source, "tokens_per_s": stats.run_tokens_per_s,
-                          "flops_per_token": stats.flops_per_token, "tokens": stats.tokens, "complete": complete}
+                          "flops_per_token": stats.flops_per_token, "tokens": stats.tokens, "complete": complete,
+                          "pods": merged or {}}
             try:
                 with transaction.atomic():  # a savepoint: a conflict rolls back only the insert
                     return WorkloadMetrics.objects.create(attempt=attempt, **fields)
@@ -119,7 +155,7 @@ def collect_before_delete(attempt: JobAttempt) -> None:
     is a failed scrape); ``attempt`` with its ``job``, ``job.team`` and ``cluster`` loaded.
     Nothing to do for a serving attempt, one that never started or one collected complete already; a cluster
     that does not answer is logged, not raised (the deletion is the caller's to try)."""
-    if attempt.job.kind != Job.Kind.TRAINING or attempt.started_at is None or attempt.ended_at is None:
+    if attempt.job.kind not in REPORTING_KINDS or attempt.started_at is None or attempt.ended_at is None:
         return
     if WorkloadMetrics.objects.filter(attempt=attempt, complete=True).exists():
         return
@@ -138,7 +174,7 @@ def collect_workload_metrics(now: dt.datetime | None = None) -> dict:
                 .filter(Q(ended_at__isnull=True) | Q(ended_at__gte=now - ENDED_COLLECTION_WINDOW,
                                                      workload_metrics__isnull=True)
                         | Q(ended_at__gte=now - ENDED_COLLECTION_WINDOW, workload_metrics__complete=False))
-                .filter(job__kind=Job.Kind.TRAINING).select_related("cluster", "job", "job__team"))
+                .filter(job__kind__in=REPORTING_KINDS).select_related("cluster", "job", "job__team"))
     collected = unreachable = 0
     down: set[int] = set()
     for attempt in attempts:

@@ -246,13 +246,32 @@ class Backend:
         (a failed observation, never raised). This default reads ``runner_state["metrics_url"]`` (the local
         runner's ``http://127.0.0.1:<port>/metrics``) directly."""
         url = (attempt.runner_state or {}).get("metrics_url")
-        if not url:
-            return None
+        return self.scrape(url, timeout) if url else None
+
+    @staticmethod
+    def scrape(url: str, timeout: float = SCRAPE_TIMEOUT_SECONDS) -> str | None:
+        """The body of a 200 answer to GET ``url`` (a runner-declared http URL) within ``timeout`` seconds, as
+        text; None for any other answer or failure (never raised)."""
         try:
             with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - a runner-declared http URL
                 return response.read().decode("utf-8", "replace") if response.status == 200 else None
         except (OSError, urllib.error.URLError, ValueError):
             return None
+
+    #: Whether the backend changes a running serving attempt's replicas (``scale``); the autoscaler acts only
+    #: where it does.
+    scales: ClassVar[bool] = False
+
+    def scale(self, attempt, replicas: int) -> dict:
+        """Make serving ``attempt`` run ``replicas`` replicas; idempotent; returns its new ``runner_state``.
+        Raises TransientDispatchError or PermanentDispatchError; NotImplementedError where ``scales`` is False."""
+        raise NotImplementedError
+
+    def endpoint_load(self, attempt) -> str | None:
+        """The Prometheus exposition of the counters of serving ``attempt``'s endpoint (requests, requests in
+        flight and their integral over time, the endpoint's clock: ``runners.local.endpoint``), or None when the
+        backend has none or it does not answer. This default: None."""
+        return None
 
     # Phases after which an attempt's log grows no more.
     FINAL_PHASES: ClassVar[frozenset[str]] = frozenset({"succeeded", "failed", "lost", "ended"})
@@ -336,9 +355,10 @@ def overlap(sent: list[str], now: list[str]) -> int:
 _BACKENDS: dict[str, Backend] = {}
 
 #: The backends whose runner starts a multi-role job's roles (docs/adr/0039-multi-role-jobs.md): admission places such
-#: a job only on their clusters' pools. The Kubernetes runner's per-role Services and Indexed Jobs are not written
-#: yet, so a multi-role job waits for a cluster of these, saying so, rather than being dispatched where it cannot run.
-MULTI_ROLE_BACKENDS = frozenset({"local"})
+#: a job only on their clusters' pools, so a backend added without roles makes such a job wait for a cluster of
+#: these, saying so, rather than be dispatched where it cannot run. The local runner starts each role's processes;
+#: the Kubernetes runner a headless Service and an Indexed Job per role (``runners.kubernetes.manifests.role_job``).
+MULTI_ROLE_BACKENDS = frozenset({"local", "kubernetes"})
 
 
 def register(backend: Backend) -> Backend:

@@ -16,7 +16,21 @@ from cpctl.client import Client, redact
 from cpctl.commands.arrays import parsed_document, submit_array
 from cpctl.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_JOB_NOT_SUCCEEDED, EXIT_OK, EXIT_UNREACHABLE, CliError
 from cpctl.options import POSITIVE_INT, Api, PositiveFloat, api_command
-from cpctl.output import age, duration, err, fields, money, out, print_json, shown_amount, table, usd, when
+from cpctl.output import (
+    age,
+    duration,
+    err,
+    fields,
+    gpu_hours,
+    money,
+    out,
+    percent,
+    print_json,
+    shown_amount,
+    table,
+    usd,
+    when,
+)
 
 FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED", "REJECTED")
 
@@ -220,13 +234,16 @@ def follow_job(client: Client, job: dict, interval: float, say) -> dict:
 @api_command("jobs", "list jobs, newest first")
 @click.option("--team", help="team slug")
 @click.option("--state", "states", multiple=True, help="state (repeat, or comma-separated: QUEUED,RUNNING)")
-@click.option("--kind", type=click.Choice(["training", "inference", "any"]), default="any", show_default=True,
-              help="job kind")
+@click.option("--kind", type=click.Choice(["training", "inference", "multi-role", "any"]), default="any",
+              show_default=True, help="job kind")
+@click.option("--array", "array_id", type=POSITIVE_INT, help="only the elements of this array (its id)")
 @click.option("--limit", type=POSITIVE_INT, default=50, help="at most this many jobs (default 50)")
-def jobs(api: Api, team: str | None, states: tuple[str, ...], kind: str, limit: int) -> int:
-    """The job list (newest first), filtered by team, state and kind: id, team, name, state, GPUs, accelerator, cost,
-    age."""
+def jobs(api: Api, team: str | None, states: tuple[str, ...], kind: str, array_id: int | None, limit: int) -> int:
+    """The job list (newest first), filtered by team, state, kind and array: id, team, name, state, GPUs,
+    accelerator, cost, age."""
     params: dict = {"team": team} if team else {}
+    if array_id is not None:
+        params["array"] = array_id
     if kind != "any":
         params["kind"] = kind
     wanted = [s.strip().upper() for value in states for s in value.split(",") if s.strip()]
@@ -301,6 +318,7 @@ def job_fields(job: dict) -> list[tuple[str, str]]:
         if source:
             pairs.append(("serves", f"the checkpoint of job {source}"))
         pairs.append(("endpoint", job.get("endpoint") or "none (it serves only while RUNNING)"))
+        pairs += serving_fields(job.get("serving") or {})
     estimate = job.get("estimated_cost_usd")
     pairs.append(("cost", f"{money(job, 'accrued_cost_usd')} accrued, " + (
         "estimated once placed" if estimate is None else f"{usd(estimate)} estimated (worst case)")))
@@ -313,6 +331,30 @@ def job_fields(job: dict) -> list[tuple[str, str]]:
     return pairs
 
 
+def serving_fields(serving: dict) -> list[tuple[str, str]]:
+    """A serving job's replicas and, with autoscaling, its bounds, target, last decision and the reason a scale-up
+    was refused (the API's ``serving``); [] without it."""
+    if not serving:
+        return []
+    pairs = [("replicas", str(serving.get("replicas")) + (
+        f" ({', '.join(serving['replica_addresses'])})" if serving.get("replica_addresses") else ""))]
+    scaling = serving.get("autoscaling")
+    if scaling:
+        metric = "in flight" if scaling.get("metric") == "in_flight" else "requests/s"
+        text = (f"{scaling['min_replicas']}..{scaling['max_replicas']} replicas, target "
+                f"{scaling['target_per_replica']} {metric} per replica")
+        if scaling.get("desired") is not None:
+            text += f"; last read {scaling['metric_per_replica']:.2f}, decided {scaling['desired']}"
+        if scaling.get("note"):
+            text += f"; {scaling['note']}"
+        pairs.append(("autoscaling", text))
+        refusal = scaling.get("refusal") or {}
+        if refusal:
+            pairs.append(("scale-up refused", f"{refusal.get('desired')} wanted, stays at {refusal.get('replicas')}: "
+                                              f"{refusal.get('message', '')}"))
+    return pairs
+
+
 @api_command("job", "show a job: state, why it waits, attempt, cost")
 @job_id
 def job(api: Api, id: int) -> int:  # noqa: A002 - the argument's name in the usage line
@@ -322,7 +364,34 @@ def job(api: Api, id: int) -> int:  # noqa: A002 - the argument's name in the us
         return EXIT_OK
     out(f"job {body['id']}  {body['name']}")
     fields(job_fields(body))
+    if body.get("roles"):
+        out()
+        roles_table(body["roles"])
     return EXIT_OK
+
+
+def throughput_text(role: dict) -> str:
+    """A role's throughput (API ``roles.<name>``): ``1,234.5 tok/s``, with each pod's for a role of several pods
+    (``-`` for a pod that reported none); ``-`` when none reported."""
+    total = role.get("tokens_per_s")
+    if total is None:
+        return "-"
+    text = f"{total:,.1f} tok/s"
+    pods = role.get("pod_tokens_per_s") or []
+    if len(pods) > 1:
+        text += " (" + ", ".join("-" if t is None else f"{t:,.1f}" for t in pods) + ")"
+    return text
+
+
+def roles_table(roles: dict) -> None:
+    """A multi-role job's ``roles`` (API) as a table: pods, GPUs, GPU-hours, cost, GPU utilization, idle
+    GPU-hours, how utilization was attributed, and throughput, as the job page shows them."""
+    table(["ROLE", "PODS", "GPUS", "GPU-H", "COST", "GPU UTIL", "IDLE GPU-H", "ATTRIBUTED BY", "THROUGHPUT"],
+          [[name, r.get("pods"), r.get("gpus"), gpu_hours(r.get("gpu_hours")), usd(r.get("cost_usd")),
+            percent(r.get("gpu_utilization_percent")),
+            "n/a" if r.get("idle_gpu_hours") is None else gpu_hours(r["idle_gpu_hours"]),
+            r.get("attribution") or "-", throughput_text(r)] for name, r in roles.items()],
+          right=("PODS", "GPUS", "GPU-H", "COST", "GPU UTIL", "IDLE GPU-H", "THROUGHPUT"))
 
 
 def mfu_text(mfu, reason: str) -> str:

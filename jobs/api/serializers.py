@@ -15,7 +15,8 @@ from costs.unknown import unknown_cost, unknown_cost_json, unpriced_hours
 
 from ..dependencies import edges_of
 from ..models import PRIORITY_CLASSES, Job, JobAttempt, JobEvent
-from ..roles import role_costs
+from ..roles import job_roles
+from ..service import serving_status
 from ..workload import job_efficiency
 
 PRIORITY_NAMES = {value: name for name, value in PRIORITY_CLASSES.items()}
@@ -223,7 +224,7 @@ AFTER_SCHEMA = {"type": "array", "items": {"type": "object", "properties": {
     "met": {"type": "boolean", "description": "whether the condition holds"}}}}
 ROLES_SCHEMA = {
     "type": "object", "nullable": True,
-    "description": "multi-role jobs: each role by name (jobs.roles.role_costs); null for other kinds",
+    "description": "multi-role jobs: each role by name (jobs.roles.job_roles); null for other kinds",
     "additionalProperties": {"type": "object", "properties": {
         "pods": {"type": "integer"}, "gpus_per_pod": {"type": "integer"}, "gpus": {"type": "integer"},
         "completion": {"type": "boolean"},
@@ -233,7 +234,48 @@ ROLES_SCHEMA = {
                      "description": "its share of the ledger: its GPU-hours, vCPU-hours and GiB-hours at the prices "
                                     "of each ledger entry, cents; null while none of it is priced"},
         "unpriced_hours": {"type": "number", "description": "hours without a price in force, not in cost_usd"},
+        "gpu_utilization_percent": {"type": "number", "nullable": True,
+                                    "description": "its GPUs' average DCGM utilization (sample weighted), every "
+                                                   "attempt; null when never observed"},
+        "observed_gpu_hours": {"type": "number", "description": "its GPU-hours covered by DCGM samples"},
+        "idle_gpu_hours": {"type": "number", "nullable": True,
+                           "description": "observed GPU-hours under the idle threshold; null when never observed"},
+        "attribution": {"type": "string", "nullable": True, "enum": ["pod", "node", "gpu-share", None],
+                        "description": "how its samples were told from the other roles' (the least exact rule any "
+                                       "needed): pod (the series' pod label), node (a node only it holds), "
+                                       "gpu-share (a node shared without pod labels, split by the GPUs each role "
+                                       "holds there); null when never observed"},
+        "tokens_per_s": {"type": "number", "nullable": True,
+                         "description": "the sum of its pods' last reported tokens/s; null when none reported"},
+        "pod_tokens_per_s": {"type": "array", "items": {"type": "number", "nullable": True},
+                             "description": "each pod's last reported tokens/s, by index in the role"},
+        "throughput_attempt": {"type": "integer", "nullable": True,
+                               "description": "the attempt the throughput is from (the latest that reported)"},
     }},
+}
+
+SERVING_SCHEMA = {
+    "type": "object", "nullable": True,
+    "description": "serving (inference) jobs: the endpoint, replicas and autoscaling (jobs.service.serving_status); "
+                   "null for other kinds",
+    "properties": {
+        "endpoint": {"type": "string", "nullable": True, "description": "the job's one address while it serves"},
+        "replicas": {"type": "integer", "description": "replicas now (each admitted, booked and billed)"},
+        "replica_addresses": {"type": "array", "items": {"type": "string"}},
+        "autoscaling": {"type": "object", "nullable": True, "properties": {
+            "min_replicas": {"type": "integer"}, "max_replicas": {"type": "integer"},
+            "metric": {"type": "string", "enum": ["in_flight", "rps"]},
+            "target_per_replica": {"type": "number"},
+            "scale_up_delay_seconds": {"type": "integer"}, "scale_down_delay_seconds": {"type": "integer"},
+            "metric_per_replica": {"type": "number", "nullable": True, "description": "the load last read"},
+            "desired": {"type": "integer", "nullable": True, "description": "the count last decided"},
+            "decided_at": {"type": "string", "format": "date-time", "nullable": True},
+            "refusal": {"type": "object", "description": "why the last scale-up was refused ({} if it was not): "
+                                                         "reason (quota, budget, capacity), message, replicas, "
+                                                         "desired, at, and the numbers"},
+            "note": {"type": "string", "description": "why the last pass could not decide; empty when it could"},
+        }},
+    },
 }
 
 
@@ -241,14 +283,17 @@ class JobDetailSerializer(JobSerializer):
     """A job with its training ``efficiency`` (``jobs.workload.job_efficiency``): throughput, MFU (null with the
     reason on the CPU or without a catalog peak), tokens and USD per million tokens, and each attempt's last and
     mean reports; ``after``: the jobs it waits for (``jobs.dependencies.edges_of``), empty without any; for a
-    multi-role job its ``roles`` with each one's GPU-hours and cost (``jobs.roles``)."""
+    multi-role job its ``roles`` with each one's GPU-hours, cost, GPU utilization and throughput (``jobs.roles``);
+    for a serving job ``serving``: its endpoint, replicas and autoscaling (``jobs.service.serving_status``), null for
+    other kinds."""
 
     efficiency = serializers.SerializerMethodField()
     after = serializers.SerializerMethodField()
     roles = serializers.SerializerMethodField()
+    serving = serializers.SerializerMethodField()
 
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "after", "efficiency", "roles"]
+        fields = [*JobSerializer.Meta.fields, "after", "efficiency", "roles", "serving"]
         read_only_fields = fields
 
     @extend_schema_field(AFTER_SCHEMA)
@@ -262,7 +307,11 @@ class JobDetailSerializer(JobSerializer):
 
     @extend_schema_field(ROLES_SCHEMA)
     def get_roles(self, job: Job) -> dict | None:
-        return role_costs(job)
+        return job_roles(job)
+
+    @extend_schema_field(SERVING_SCHEMA)
+    def get_serving(self, job: Job) -> dict | None:
+        return serving_status(job)
 
 
 class LogQuerySerializer(serializers.Serializer):

@@ -238,3 +238,27 @@ class RunStats:
         """The stats stored by :meth:`to_dict` (empty stats for None or ``{}``)."""
         data = dict(data or {})
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+def last_throughput(reports: Iterable[Report]) -> dict | None:
+    """The last of ``reports`` (in log order) that carries ``tokens_per_s``, as one pod's kept throughput:
+    ``{"step", "tokens_per_s", "samples_per_s" (or None), "final" (whether it is the run's summary)}``; None when
+    none carries it. What a multi-role job shows per pod (``jobs.roles``)."""
+    found = None
+    for report in reports:
+        if report.kind != "declaration" and report.values.get("tokens_per_s") is not None:
+            found = report
+    if found is None:
+        return None
+    return {"step": int(found.values["step"]), "tokens_per_s": found.values["tokens_per_s"],
+            "samples_per_s": found.values.get("samples_per_s"), "final": found.kind == "final"}
+
+
+def later_throughput(kept: Mapping | None, found: Mapping | None) -> bool:
+    """Whether ``found`` (``last_throughput``) is later than ``kept``, a pod's throughput kept before: a later step,
+    or the same step's summary over its progress report. A read of an older tail never moves it back."""
+    if found is None:
+        return False
+    if kept is None:
+        return True
+    return (found["step"], found["final"]) > (kept["step"], kept["final"])

@@ -195,7 +195,7 @@ def _commit(admitted: list[tuple[Job, Admission]], victims=()) -> set[int]:
     for (job, a), attempt in zip(admitted, attempts, strict=True):
         offer = a.offer
         data = {"cluster": offer.cluster_name, "node_pool_id": offer.node_pool_id, "estimate_usd": str(a.estimate_usd)}
-        if attempt.placement:
+        if attempt.placement.get("nodes"):  # a multi-role placement on a pool without node rows has roles alone
             data["nodes"] = attempt.placement["nodes"]
         if victims:
             data["preempted_job_ids"] = [v.job_id for v in victims]

@@ -73,8 +73,14 @@ def _server_message(exc: ApiException) -> tuple[str, str]:
     return str(body.get("reason") or exc.reason or ""), str(body.get("message") or exc.reason or "")
 
 
+#: Seconds a cluster's API group list is trusted (``ClusterClient.serves``) before it is read again: a CRD installed
+#: (JobSet's) is used within that long.
+DISCOVERY_MAX_AGE_SECONDS = 300.0
+
+
 class ClusterClient:
-    """The API groups of one cluster (``core``, ``batch``, ``apps``, ``version``) behind one rate limit and timeouts."""
+    """The API groups of one cluster (``core``, ``batch``, ``apps``, ``version``, ``custom`` for custom resources)
+    behind one rate limit and timeouts."""
 
     def __init__(self, api_client: k8s.ApiClient, limiter: RateLimiter, timeouts: tuple[float, float]):
         self.api_client = api_client
@@ -82,11 +88,37 @@ class ClusterClient:
         self.batch = k8s.BatchV1Api(api_client)
         self.apps = k8s.AppsV1Api(api_client)
         self.version = k8s.VersionApi(api_client)
+        self.custom = k8s.CustomObjectsApi(api_client)
         self.limiter = limiter
         self.timeouts = timeouts
         # Namespaces seen to exist on this cluster (created, or answered 409): dispatch skips their create. A new
         # client (endpoint or credentials changed) starts empty; the runner drops one whose objects answer 404.
         self.namespaces: set[str] = set()
+        # The group versions the API server listed (``serves``) and when (``time.monotonic()``); None: not asked yet.
+        self.group_versions: tuple[float, frozenset[str]] | None = None
+
+    def serves(self, group_version: str, max_age: float = DISCOVERY_MAX_AGE_SECONDS) -> bool:
+        """Whether the API server serves ``group_version`` (e.g. ``jobset.x-k8s.io/v1alpha2``), as a Kueue
+        integration finds an optional API: from the API group list (``GET /apis``, an APIGroupList; every group's
+        ``versions[].groupVersion``), read again after ``max_age`` seconds. A 404 answer lists none (a server or
+        proxy without aggregated discovery). Raises ClusterUnreachable for any other failure or a malformed list."""
+        now = time.monotonic()
+        if self.group_versions is None or now - self.group_versions[0] >= max_age:
+            try:
+                body = json.loads(self.call(self._send, "GET", "/apis", None) or b"{}")
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise ClusterUnreachable(f"listing API groups failed: {exc}") from exc
+                body = {"groups": []}
+            except ValueError as exc:
+                raise ClusterUnreachable(f"listing API groups: malformed answer: {exc}") from exc
+            groups = body.get("groups") if isinstance(body, dict) else None
+            if not isinstance(groups, list):
+                raise ClusterUnreachable("listing API groups: the answer is not an APIGroupList")
+            self.group_versions = (now, frozenset(
+                str(v.get("groupVersion")) for g in groups if isinstance(g, dict)
+                for v in g.get("versions") or () if isinstance(v, dict)))
+        return group_version in self.group_versions[1]
 
     def call(self, fn: Callable[..., Any], *args, **kwargs) -> Any:
         """``fn(*args, **kwargs)`` under the rate limit and timeouts.
@@ -132,7 +164,7 @@ class ClusterClient:
         Raises like ``call``."""
         return self.call(self._send, "PUT", path, body)
 
-    def _send(self, method: str, path: str, body: dict, _request_timeout=None) -> bytes:
+    def _send(self, method: str, path: str, body: dict | None, _request_timeout=None) -> bytes:
         method, url, headers, _, _ = self.api_client.param_serialize(
             method, path, header_params={"Accept": "application/json", "Content-Type": "application/json"},
             auth_settings=["BearerToken"])

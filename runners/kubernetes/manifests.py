@@ -1,4 +1,5 @@
-"""Kubernetes manifests of an attempt, as plain dicts: training Job (+ headless Service), inference Deployment + Service.
+"""Kubernetes manifests of an attempt, as plain dicts: training Job (+ headless Service), inference Deployment + Service,
+and for a multi-role job an Indexed Job and a headless Service per role, or one JobSet of them.
 
 Pure functions of a ``Workload`` (no database, no network), so tests can
 validate every shape against the official schema (``kubernetes-validate``).
@@ -15,6 +16,11 @@ import dataclasses
 LABEL_TEAM = "controlplane.io/team"
 LABEL_JOB = "controlplane.io/job"
 LABEL_ATTEMPT = "controlplane.io/attempt"
+# The role of a multi-role attempt an object or pod belongs to (docs/adr/0039-multi-role-jobs.md), and on a role's
+# Job whether the attempt waits for it ("true") or it is a server ("false"): the cluster's objects alone tell
+# the attempt's state.
+LABEL_ROLE = "controlplane.io/role"
+COMPLETION_ANNOTATION = "controlplane.io/completion"
 # The attempt's globally unique id and the installation's (ADR 0011): objects are matched to attempts by these.
 LABEL_ATTEMPT_UID = "controlplane.io/attempt-uid"
 LABEL_INSTALLATION = "controlplane.io/installation"
@@ -78,6 +84,27 @@ def is_spot(labels: dict) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
+class Role:
+    """One role of a multi-role attempt (``spec.roles.<name>``, docs/adr/0039-multi-role-jobs.md): what its pods run
+    (``image``, ``command``, ``args``, ``env``), how many (``pods``), what each holds (``gpus_per_node`` GPUs,
+    ``cpu`` cores, ``memory_gib`` GiB), the port they serve (``port``; None: none) and whether the job waits for it
+    (``completion``); ``node_names`` the nodes admission booked for its pods (empty: any node the selectors allow)."""
+
+    name: str
+    image: str
+    command: tuple[str, ...]
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    pods: int = 1
+    gpus_per_node: int = 1
+    cpu: float | None = None
+    memory_gib: float | None = None
+    port: int | None = None
+    completion: bool = True
+    node_names: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class Workload:
     """What an attempt runs, flattened from Job, JobAttempt, NodePool and Accelerator.
 
@@ -94,6 +121,10 @@ class Workload:
     ``metrics_port`` the port a training pod may serve its workload metrics on (0: none declared).
     ``array_env`` the variables of a job array's element (``jobs.arrays.element_env``: its array, index, count
     and sweep parameters; empty for a job of its own).
+    ``roles`` a multi-role attempt's roles in the spec's order (``kind`` ``multi-role``; empty otherwise);
+    ``role`` the name of the role a per-role workload stands for (``role_workload``; "": the whole attempt).
+    ``jobset``: the multi-role attempt is one JobSet (``jobset``) rather than a Job and a Service per role.
+    ``subdomain``: the headless Service whose subdomain the pods are named under ("": the one named ``name``).
     """
 
     name: str
@@ -119,6 +150,7 @@ class Workload:
     max_runtime_seconds: int = 3600
     replicas: int = 1
     port: int = 8000
+    health_path: str = "/healthz"  # a serving pod's readiness path (spec.health_path)
     master_port: int = 29500
     checkpoint_claim: str = ""
     checkpoint_uri: str = ""
@@ -130,27 +162,38 @@ class Workload:
     record: str = ""  # RECORD_ANNOTATION's JSON ("": none)
     metrics_port: int = 0  # training pods' workload-metrics port (settings.K8S_METRICS_PORT); 0: none
     array_env: tuple[tuple[str, str], ...] = ()  # CONTROLPLANE_ARRAY_* and SWEEP_* of an array's element
+    roles: tuple[Role, ...] = ()  # a multi-role attempt's roles, in the spec's order
+    role: str = ""  # the role a per-role workload stands for (``role_workload``)
+    jobset: bool = False  # a multi-role attempt as one JobSet (the cluster serves ``JOBSET_API_VERSION``)
+    subdomain: str = ""  # the headless Service the pods are named under ("": ``name``)
 
     @property
     def labels(self) -> dict[str, str]:
         """The platform labels every object and pod carries: team, job, attempt id, and (with a uid) the
-        attempt's uid and the installation's (UUIDs: 36 characters, valid label values)."""
+        attempt's uid and the installation's (UUIDs: 36 characters, valid label values); a role's objects and
+        pods also their role (``LABEL_ROLE``)."""
         labels = {LABEL_TEAM: self.team, LABEL_JOB: str(self.job_id), LABEL_ATTEMPT: str(self.attempt_id)}
         if self.attempt_uid:
             labels.update({LABEL_ATTEMPT_UID: self.attempt_uid, LABEL_INSTALLATION: self.installation})
+        if self.role:
+            labels[LABEL_ROLE] = self.role
         return labels
 
     @property
     def owner_selector(self) -> dict[str, str]:
-        """The one label that picks this attempt's pods: its uid (its id for an attempt made before uids)."""
-        return {LABEL_ATTEMPT_UID: self.attempt_uid} if self.attempt_uid else {LABEL_ATTEMPT: str(self.attempt_id)}
+        """The labels that pick this attempt's pods: its uid (its id for an attempt made before uids); a role's
+        pods also by their role (the pods of one role repel each other, those of different roles may share a node)."""
+        selector = {LABEL_ATTEMPT_UID: self.attempt_uid} if self.attempt_uid else {LABEL_ATTEMPT: str(self.attempt_id)}
+        if self.role:
+            selector[LABEL_ROLE] = self.role
+        return selector
 
     @property
     def master_addr(self) -> str:
         """DNS name of the pod of completion index 0: ``<job>-0.<headless service>.<namespace>.svc``."""
         if self.nodes == 1:
             return "127.0.0.1"
-        return f"{self.name}-0.{self.name}.{self.namespace}.svc"
+        return f"{self.name}-0.{self.subdomain or self.name}.{self.namespace}.svc"
 
 
 def namespace(name: str, team: str) -> dict:
@@ -424,15 +467,26 @@ def training_job(w: Workload) -> dict:
     """
     env = _platform_env(w) + rendezvous_env(w)
     ports = [{"name": "rendezvous", "containerPort": w.master_port}] if w.nodes > 1 else []
-    template_meta: dict = {"labels": dict(w.labels)}
+    annotations = {}
     if w.metrics_port:
         env.append({"name": METRICS_PORT_ENV, "value": str(w.metrics_port)})
         ports.append({"name": METRICS_PORT_NAME, "containerPort": w.metrics_port})
-        template_meta["annotations"] = metrics_annotations(w)
+        annotations = metrics_annotations(w)
+    return _indexed_job(w, env, ports, annotations, subdomain=w.nodes > 1)
+
+
+def _indexed_job(w: Workload, env: list[dict], ports: list[dict], annotations: dict, *, subdomain: bool) -> dict:
+    """The Indexed batch/v1 Job of ``w``: ``nodes`` completions, all in parallel, ``backoffLimit`` 0 (a failed pod
+    fails the Job: the platform owns retries), ``activeDeadlineSeconds`` = max runtime, pods pinned to
+    ``node_names`` (``_scheduling``); with ``subdomain`` the pods are named ``<name>-<index>`` under the headless
+    Service ``<name>`` (Kubernetes docs "DNS for Services and Pods", the Job's pod hostname rule)."""
+    template_meta: dict = {"labels": dict(w.labels)}
+    if annotations:
+        template_meta["annotations"] = annotations
     pod_spec = {"restartPolicy": "Never", "containers": [_container(w, env, ports)],
                 "volumes": [checkpoint_volume(w)], **_scheduling(w)}
-    if w.nodes > 1:
-        pod_spec["subdomain"] = w.name
+    if subdomain:
+        pod_spec["subdomain"] = w.subdomain or w.name
     return {
         "apiVersion": "batch/v1", "kind": "Job", "metadata": _metadata(w, owner=True),
         "spec": {
@@ -453,13 +507,17 @@ def headless_service(w: Workload) -> dict:
 
 
 def inference_deployment(w: Workload) -> dict:
-    """An apps/v1 Deployment of ``replicas`` pods serving on ``port`` (env PORT), ready once the port accepts TCP.
+    """An apps/v1 Deployment of ``replicas`` pods serving on ``port`` (env PORT), each ready while GET
+    ``health_path`` on that port answers 2xx or 3xx (an httpGet readiness probe): the Service sends requests to
+    ready pods only, so a starting or failing replica gets none (Kubernetes "Configure Liveness, Readiness and
+    Startup Probes").
 
     Checkpoints: ``/checkpoints`` read-only (``checkpoint_volume``).
     """
     env = _platform_env(w) + [{"name": "PORT", "value": str(w.port)}]
     container = _container(w, env, [{"name": "http", "containerPort": w.port}], read_only_checkpoints=True)
-    container["readinessProbe"] = {"tcpSocket": {"port": w.port}, "periodSeconds": 5, "failureThreshold": 3}
+    container["readinessProbe"] = {"httpGet": {"path": w.health_path, "port": w.port}, "periodSeconds": 5,
+                                   "failureThreshold": 3}
     return {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _metadata(w, owner=True),
         "spec": {
@@ -472,15 +530,151 @@ def inference_deployment(w: Workload) -> dict:
 
 
 def inference_service(w: Workload) -> dict:
-    """The v1 ClusterIP Service in front of the inference pods, on ``port``."""
+    """The v1 ClusterIP Service in front of the inference pods, on ``port``: the job's endpoint in the cluster; its
+    EndpointSlices list the ready pods only (the readiness probe), and kube-proxy balances connections over them."""
     return {
         "apiVersion": "v1", "kind": "Service", "metadata": _metadata(w),
         "spec": {"selector": dict(w.labels), "ports": [{"name": "http", "port": w.port, "targetPort": w.port}]},
     }
 
 
+# --- multi-role attempts (docs/adr/0039-multi-role-jobs.md) -----------------------------------------------------
+
+#: The container port name of a role's own port (env PORT), on its pods and its headless Service.
+ROLE_PORT_NAME = "serve"
+
+
+def role_object_name(attempt_name: str, role: str) -> str:
+    """The name of role ``role``'s Job and headless Service: ``<attempt object name>-<role>``. A role name is a
+    DNS-1123 label of at most 12 characters and an attempt's name ``job-<job id>-<number>-<8 hex digits>``, so
+    the pods' hostnames ``<name>-<index>`` stay DNS labels (63 characters at most) for any job id of up to 30
+    digits."""
+    return f"{attempt_name}-{role}"
+
+
+def role_job_name(w: Workload, role: str) -> str:
+    """The name of the Job of ``role``: ``role_object_name``; in a JobSet its one child Job, which the JobSet
+    controller names ``<jobset>-<replicated job>-<job index>`` (JobSet docs, "JobSet with network"): ``-0``."""
+    name = role_object_name(w.name, role)
+    return f"{name}-0" if w.jobset else name
+
+
+def role_service_name(w: Workload, role: str) -> str:
+    """The headless Service the pods of ``role`` are named under: the role's own (``role_object_name``); in a
+    JobSet the one the JobSet controller makes for all roles, named by ``spec.network.subdomain`` (the attempt's
+    name)."""
+    return w.name if w.jobset else role_object_name(w.name, role)
+
+
+def role_workload(w: Workload, role: Role) -> Workload:
+    """The workload of one role of the multi-role ``w``: the role's image, command, env, pods, resources and nodes
+    under its Job's name (``role_job_name``) and Service (``role_service_name``), labelled with the role."""
+    return dataclasses.replace(
+        w, name=role_job_name(w, role.name), subdomain=role_service_name(w, role.name), kind="training",
+        image=role.image, command=role.command, args=role.args, env=role.env, nodes=role.pods,
+        gpus_per_node=role.gpus_per_node, cpu=role.cpu, memory_gib=role.memory_gib, node_names=role.node_names,
+        port=role.port or 0, metrics_port=0, role=role.name, roles=(), jobset=False)
+
+
+def pod_dns_name(w: Workload, role: Role, index: int) -> str:
+    """The stable DNS name of pod ``index`` of ``role``: ``<job>-<index>.<service>.<namespace>.svc`` (an Indexed
+    Job's pod has hostname ``<job>-<index>`` and its headless Service as subdomain, Kubernetes docs "DNS for
+    Services and Pods"; in a JobSet ``<jobset>-<role>-0-<index>.<jobset>``). It resolves once the pod exists,
+    ready or not (``publishNotReadyAddresses``)."""
+    return f"{role_job_name(w, role.name)}-{index}.{role_service_name(w, role.name)}.{w.namespace}.svc"
+
+
+def role_addresses_variable(name: str) -> str:
+    """``CONTROLPLANE_ROLE_<NAME>_ADDRESSES`` of role ``name`` (upper-cased, ``-`` as ``_``), as the local runner
+    names it (``runners.local.runner.role_addresses_variable``)."""
+    return f"CONTROLPLANE_ROLE_{name.upper().replace('-', '_')}_ADDRESSES"
+
+
+def role_env(w: Workload, role: Role) -> list[dict]:
+    """The role variables of ``role``'s pods, the contract the local runner gives (ADR 0039):
+    ``CONTROLPLANE_ROLE``, ``CONTROLPLANE_ROLE_INDEX`` (the pod's completion index, by the downward API, as
+    JOB_COMPLETION_INDEX), ``CONTROLPLANE_ROLES`` (every role, spec order, comma-separated),
+    ``CONTROLPLANE_ROLE_<R>_ADDRESSES`` of every role that declares a port (``host:port`` of each of its pods in
+    index order, ``pod_dns_name``) and, for a role with a port, ``PORT``."""
+    index = {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}
+    env = [{"name": "CONTROLPLANE_ROLE", "value": role.name}, {"name": "CONTROLPLANE_ROLE_INDEX", "valueFrom": index},
+           {"name": "CONTROLPLANE_ROLES", "value": ",".join(r.name for r in w.roles)}]
+    for other in w.roles:
+        if other.port is not None:
+            env.append({"name": role_addresses_variable(other.name),
+                        "value": ",".join(f"{pod_dns_name(w, other, i)}:{other.port}" for i in range(other.pods))})
+    if role.port is not None:
+        env.append({"name": "PORT", "value": str(role.port)})
+    return env
+
+
+def _role_ports(rw: Workload, role: Role) -> list[dict]:
+    """The rendezvous port (``MASTER_PORT``) and the role's own, unless it is the same number."""
+    ports = [{"name": "rendezvous", "containerPort": rw.master_port}]
+    if role.port is not None and role.port != rw.master_port:
+        ports.append({"name": ROLE_PORT_NAME, "containerPort": role.port})
+    return ports
+
+
+def role_job(w: Workload, role: Role) -> dict:
+    """``role``'s Indexed batch/v1 Job: completions = parallelism = its pods, backoffLimit 0, each pod pinned to
+    the nodes admission booked for the role, its own image, command, args, env and resources, the role
+    variables (``role_env``) and its own rendezvous (``rendezvous_env``: MASTER_ADDR its pod 0, WORLD_SIZE its
+    pods, RANK its index); pods named ``<job>-<index>`` under its headless Service (``role_service``). The Job
+    says whether the attempt waits for the role (``COMPLETION_ANNOTATION``)."""
+    rw = role_workload(w, role)
+    env = _platform_env(rw) + role_env(w, role) + rendezvous_env(rw)
+    job = _indexed_job(rw, env, _role_ports(rw, role), {}, subdomain=True)
+    job["metadata"].setdefault("annotations", {})[COMPLETION_ANNOTATION] = "true" if role.completion else "false"
+    return job
+
+
+def role_service(w: Workload, role: Role) -> dict:
+    """``role``'s headless v1 Service (clusterIP None, not-ready addresses published) selecting that role's pods
+    alone: it gives each of them its DNS name (``pod_dns_name``)."""
+    rw = role_workload(w, role)
+    ports = [{"name": p["name"], "port": p["containerPort"], "targetPort": p["containerPort"]}
+             for p in _role_ports(rw, role)]
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _metadata(rw),
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": dict(rw.labels),
+                     "ports": ports}}
+
+
+# JobSet (kubernetes-sigs/jobset): one object whose controller makes a child Job per replicated Job and one
+# headless Service for them all.
+JOBSET_GROUP = "jobset.x-k8s.io"
+JOBSET_VERSION = "v1alpha2"
+JOBSET_API_VERSION = f"{JOBSET_GROUP}/{JOBSET_VERSION}"
+
+
+def jobset(w: Workload) -> dict:
+    """The multi-role ``w`` (with ``jobset``) as one ``jobset.x-k8s.io/v1alpha2`` JobSet named after the attempt: a
+    replicated Job per role (1 replica, its template the role's Job: ``role_job``, labels and annotations
+    included, which the JobSet controller copies to the child Job), ``network.enableDNSHostnames`` with the
+    attempt's name as subdomain (the controller makes that headless Service; not-ready addresses published),
+    ``failurePolicy.maxRestarts`` 0 (the platform owns retries: a failed child Job fails the JobSet) and a
+    ``successPolicy`` of ``All`` the roles with completion (the JobSet completes when they have, and the
+    controller then deletes the servers' Jobs). Field names and defaults: JobSet API reference (v1alpha2) and
+    its "JobSet with network" example."""
+    replicated = []
+    for role in w.roles:
+        job = role_job(w, role)
+        meta = {k: v for k, v in job["metadata"].items() if k in ("labels", "annotations")}
+        replicated.append({"name": role.name, "replicas": 1, "template": {"metadata": meta, "spec": job["spec"]}})
+    waited = [r.name for r in w.roles if r.completion]
+    return {"apiVersion": JOBSET_API_VERSION, "kind": "JobSet", "metadata": _metadata(w, owner=True),
+            "spec": {"network": {"enableDNSHostnames": True, "subdomain": w.name, "publishNotReadyAddresses": True},
+                     "failurePolicy": {"maxRestarts": 0},
+                     "successPolicy": {"operator": "All", "targetReplicatedJobs": waited},
+                     "replicatedJobs": replicated}}
+
+
 def manifests(w: Workload) -> list[dict]:
-    """Every object of the attempt in creation order (Service first, so DNS exists when pods start)."""
+    """Every object of the attempt in creation order (Services first, so DNS exists when pods start)."""
+    if w.kind == "multi-role" and w.jobset:
+        return [jobset(w)]
+    if w.kind == "multi-role":
+        return [role_service(w, r) for r in w.roles] + [role_job(w, r) for r in w.roles]
     if w.kind == "inference":
         return [inference_service(w), inference_deployment(w)]
     if w.nodes > 1:

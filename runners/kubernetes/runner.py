@@ -31,6 +31,7 @@ from django.utils import timezone
 
 from core.namespaces import team_namespace
 from jobs.arrays import element_env
+from jobs.models import JobArray
 
 from ..base import (
     ABSENT,
@@ -52,7 +53,10 @@ from .client import ApiError, ClusterClient, client_for
 
 log = logging.getLogger(__name__)
 
+MULTI_ROLE = "multi-role"  # ``jobs.models.Job.Kind.MULTI_ROLE``: one Job and headless Service per role
 SELECTOR = m.LABEL_JOB  # "label exists": every object the platform created
+# The label the JobSet controller puts on its child Jobs and pods: the JobSet's name (JobSet docs, "JobSet labels").
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 IMAGE_PULL_REASONS = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName"})
 # Pod status reasons and condition reasons that mean the node or the pod was taken away, not that the work failed
 # (Kubernetes docs "Pod disruption conditions": DisruptionTarget with PreemptionByScheduler,
@@ -85,7 +89,7 @@ def workload(attempt) -> m.Workload:
         cpu=resources.get("cpu"), memory_gib=resources.get("memory_gib"),
         gpu_product=gpu_product, gpu_resource=gpu_resource,
         spot=attempt.node_pool.capacity_type == "spot", max_runtime_seconds=job.max_runtime_seconds,
-        replicas=job.replicas, port=int(spec.get("port") or 8000),
+        replicas=job.replicas, port=int(spec.get("port") or 8000), health_path=spec.get("health_path") or "/healthz",
         master_port=settings.K8S_MASTER_PORT, checkpoint_claim=settings.K8S_CHECKPOINT_CLAIM,
         checkpoint_uri=m.checkpoint_uri(settings.CHECKPOINT_STORE_URI, job.team.slug, checkpoint_job),
         checkpoint_job_id=checkpoint_job,
@@ -96,6 +100,7 @@ def workload(attempt) -> m.Workload:
         record="" if attempt.legacy_name else json.dumps(dispatch_record(attempt), sort_keys=True),
         metrics_port=int(settings.K8S_METRICS_PORT or 0) if job.kind == "training" else 0,
         array_env=tuple(element_env(job).items()),
+        roles=roles_of(job.spec, attempt.placement) if job.kind == MULTI_ROLE else (),
     )
 
 
@@ -115,13 +120,42 @@ def shared_device(attempt) -> tuple[str, str]:
             m.shared_gpu_resource(node.gpu_sharing, node.slice_resource, job.mig_profile))
 
 
+def roles_of(spec: dict, placement: dict | None) -> tuple[m.Role, ...]:
+    """The ``manifests.Role`` of each role of a multi-role job's ``spec``, in the spec's order, with the nodes
+    admission booked for its pods (``placement["roles"][name]["nodes"]``, ``jobs.scheduling.apply
+    .multi_role_placement``) when the pool has node rows (``placement["nodes"]``; else any node the selectors
+    allow, as for a job of one role). Raises PermanentDispatchError for a role's env that is not str -> str."""
+    placed = (placement or {}).get("roles") or {}
+    pinned = bool((placement or {}).get("nodes"))
+    roles = []
+    for name, role in (spec.get("roles") or {}).items():
+        env, resources = role.get("env") or {}, role.get("resources") or {}
+        if not isinstance(env, dict):
+            raise PermanentDispatchError(f"spec.roles.{name}.env must map strings to strings")
+        roles.append(m.Role(
+            name=name, image=role.get("image") or "", command=tuple(role.get("command") or ()),
+            args=tuple(role.get("args") or ()), env=tuple(sorted((str(k), str(v)) for k, v in env.items())),
+            pods=int(resources.get("nodes") or 1), gpus_per_node=int(resources.get("gpus_per_node") or 0),
+            cpu=resources.get("cpu"), memory_gib=resources.get("memory_gib"),
+            port=int(role["port"]) if role.get("port") is not None else None,
+            completion=bool(role.get("completion", True)),
+            node_names=tuple((placed.get(name) or {}).get("nodes") or ()) if pinned else ()))
+    return tuple(roles)
+
+
 def dispatch_record(attempt) -> dict:
     """What a restored control plane needs to rebuild ``attempt``'s job and attempt rows (``jobs.recovery``):
     team slug, submitter's username, the job's name, kind, spec, resource columns, creation time (ISO 8601) and
-    estimate (USD), the attempt's id, number, uid, node pool name, GPUs, price (USD/GPU-h) and placement."""
+    estimate (USD), the attempt's id, number, uid, node pool name, GPUs, price (USD/GPU-h) and placement; for an
+    element of a job array, ``array`` (``{"id", "index", "created_at"}``: which array and element it is, the
+    array's submission time telling that array from a later one that took the same id)."""
     job = attempt.job
     submitter = get_user_model().objects.filter(pk=job.submitter_id).values_list("username", flat=True).first()
-    return {"team": job.team.slug, "submitter": submitter or "", "job_id": job.pk, "job_name": job.name,
+    array = None
+    if job.array_id is not None:
+        made = JobArray.objects.filter(pk=job.array_id).values_list("created_at", flat=True).first()
+        array = {"id": job.array_id, "index": job.array_index, "created_at": made.isoformat() if made else ""}
+    return {"array": array, "team": job.team.slug, "submitter": submitter or "", "job_id": job.pk, "job_name": job.name,
             "kind": job.kind, "spec": job.spec, "accelerator": attempt.node_pool.accelerator.name,
             "gpus_per_node": job.gpus_per_node, "nodes": job.nodes, "replicas": job.replicas,
             "priority": job.priority, "preemptible": job.preemptible, "max_runtime_seconds": job.max_runtime_seconds,
@@ -136,11 +170,13 @@ def dispatch_record(attempt) -> dict:
 _COLLECTIONS = {"Job": "/apis/batch/v1/namespaces/{namespace}/jobs",
                 "Deployment": "/apis/apps/v1/namespaces/{namespace}/deployments",
                 "Service": "/api/v1/namespaces/{namespace}/services",
-                "ConfigMap": "/api/v1/namespaces/{namespace}/configmaps"}
+                "ConfigMap": "/api/v1/namespaces/{namespace}/configmaps",
+                "JobSet": f"/apis/{m.JOBSET_API_VERSION}/namespaces/{{namespace}}/jobsets"}
 
 
 def _api(c: ClusterClient, kind: str):
-    """``(create, read, delete, list_all)`` client methods for ``kind`` (Job, Deployment, Service)."""
+    """``(create, read, delete, list_all)`` client methods for ``kind`` (Job, Deployment, Service, ConfigMap, JobSet:
+    created through ``ClusterClient.create``, so no create method)."""
     if kind == "Job":
         return (c.batch.create_namespaced_job, c.batch.read_namespaced_job, c.batch.delete_namespaced_job,
                 c.batch.list_job_for_all_namespaces)
@@ -153,6 +189,14 @@ def _api(c: ClusterClient, kind: str):
     if kind == "ConfigMap":
         return (c.core.create_namespaced_config_map, c.core.read_namespaced_config_map,
                 c.core.delete_namespaced_config_map, c.core.list_config_map_for_all_namespaces)
+    if kind == "JobSet":  # a custom resource: the generic client, in the (name, namespace) order of the others
+        group, version, plural = m.JOBSET_GROUP, m.JOBSET_VERSION, "jobsets"
+        return (None,
+                lambda name, namespace, **kw: c.custom.get_namespaced_custom_object(
+                    group, version, namespace, plural, name, **kw),
+                lambda name, namespace, **kw: c.custom.delete_namespaced_custom_object(
+                    group, version, namespace, plural, name, **kw),
+                lambda **kw: c.custom.list_cluster_custom_object(group, version, plural, **kw))
     raise ValueError(kind)
 
 
@@ -427,6 +471,113 @@ def _training_phase(job: dict, pods: list[dict], nodes: int, now: dt.datetime, g
     return unschedulable(pods, now, unschedulable_grace) or Observation("pending")
 
 
+def role_shapes(placement: dict | None) -> list[tuple[str, int]]:
+    """``(name, pods)`` of each role of a multi-role attempt, in the spec's order, from its ``placement``
+    (``jobs.scheduling.apply.multi_role_placement``: a node per pod of each role)."""
+    return [(name, len(role.get("nodes") or ()) or 1) for name, role in ((placement or {}).get("roles") or {}).items()]
+
+
+def waits_for(job: dict | None) -> bool:
+    """Whether the attempt waits for the role of the Job ``job`` (``manifests.COMPLETION_ANNOTATION``); a Job that
+    is missing or does not say counts as one it waits for (nothing succeeds on a role not seen)."""
+    annotations = ((job or {}).get("metadata") or {}).get("annotations") or {}
+    return annotations.get(m.COMPLETION_ANNOTATION) != "false"
+
+
+def _index_of(pod: dict) -> str:
+    """A pod's completion index ("?" when it carries none)."""
+    return ((pod.get("metadata") or {}).get("annotations") or {}).get(m.COMPLETION_INDEX_ANNOTATION, "?")
+
+
+def _role_failure(name: str, pod: dict, failure: Observation) -> Observation:
+    """``failure`` of pod ``pod`` of role ``name`` told by role and index: ``role rollout pod 1 exited with code 3``
+    (as the local runner says it), then the pod's own words."""
+    what = "ran out of memory (OOMKilled)" if failure.end_reason == "OOMKilled" else f"exited with code {failure.exit_code}"
+    return dataclasses.replace(failure, message=f"role {name} pod {_index_of(pod)} {what}: {failure.message}")
+
+
+def observe_multi_role(jobs: dict[str, dict], pods: list[dict], roles: list[tuple[str, int]], now: dt.datetime,
+                       grace: float, unschedulable_grace: float = float("inf"), *,
+                       jobset: dict | None = None) -> Observation:
+    """The phase of a multi-role attempt (docs/adr/0039-multi-role-jobs.md) from its Jobs by role name (``jobs``),
+    all its pods (``pods``, labelled with their role), its roles (``role_shapes``: name, pods; whether the
+    attempt waits for a role its Job says, ``waits_for``) and, when it runs as one, its JobSet (``jobset``).
+
+    In this order: a pod taken away (evicted, node lost, spot reclaimed) makes the whole attempt ``lost``; the
+    attempt succeeds once every role with ``completion`` has its Job Complete (every pod exited 0), or its JobSet
+    says Completed, whatever the others do (they are then deleted; a server role whose pods exited 0 early ends
+    nothing); a role past its deadline fails it; then a pod whose container failed (``role rollout pod 1 exited
+    with code 3``); then a JobSet that says Failed; then any role's other end (a pod deleted, a Job failed
+    without a pod's failure, image pulls), named by its role. A role's Job missing while another's exists was
+    deleted from outside (``lost PodDeleted``), unless a JobSet runs the attempt (its controller has yet to make
+    it: pending). It runs once every role's pods run (or a server role's exited 0), is ``unschedulable`` when a
+    role's pod is, else pending. No Job and no JobSet: ``absent``.
+
+    ``created_at``: the earliest creation of its JobSet, Jobs and pods (billing starts with the first role);
+    ``ended_at``: when the last pod stopped, None while any still holds its GPUs (the platform deletes them
+    and bills until the deletion is accepted or the pods are seen gone, as for a crashed server)."""
+    if not jobs and jobset is None:
+        return ABSENT
+    by_role: dict[str, list[dict]] = defaultdict(list)
+    for pod in pods:
+        by_role[_labels(pod).get(m.LABEL_ROLE, "")].append(pod)
+    for name in by_role:
+        by_role[name].sort(key=lambda p: (int(_index_of(p)) if _index_of(p).isdigit() else -1,
+                                          (p.get("metadata") or {}).get("name", "")))
+    phase = _multi_role_phase(jobs, by_role, roles, now, grace, unschedulable_grace, _conditions(jobset or {}),
+                              jobset is not None)
+    ended = None
+    if not _holding(pods):
+        stops = [stopped_at(jobs.get(name), by_role.get(name, [])) for name, _ in roles]
+        ended = max((t for t in stops if t is not None), default=None)
+    made = created_at(None, [*([jobset] if jobset else []), *jobs.values(), *pods])
+    return dataclasses.replace(phase, created_at=made, ended_at=ended)
+
+
+def _multi_role_phase(jobs: dict[str, dict], by_role: dict[str, list[dict]], roles: list[tuple[str, int]],
+                      now: dt.datetime, grace: float, unschedulable_grace: float, jobset: dict[str, dict],
+                      in_jobset: bool) -> Observation:
+    for name, _ in roles:
+        for pod in by_role.get(name, []):
+            if (lost := pod_lost(pod)) is not None:
+                return dataclasses.replace(lost, message=f"role {name} pod {_index_of(pod)}: {lost.message}")
+    complete = {name for name, job in jobs.items() if {"Complete", "SuccessCriteriaMet"} & set(_conditions(job))}
+    if "Completed" in jobset or all(name in complete for name, _ in roles if waits_for(jobs.get(name))):
+        return Observation("succeeded", exit_code=0)
+    for name, _ in roles:
+        failed = _conditions(jobs.get(name) or {})
+        failed = failed.get("Failed") or failed.get("FailureTarget")
+        if failed is not None and failed.get("reason") == "DeadlineExceeded":
+            return Observation("failed", "DeadlineExceeded", None, f"role {name}: " + (
+                failed.get("message") or "the Job ran past activeDeadlineSeconds (max_runtime_seconds)"))
+    for name, _ in roles:
+        for pod in by_role.get(name, []):
+            if not (pod.get("metadata") or {}).get("deletionTimestamp") and (failure := pod_failure(pod)) is not None:
+                return _role_failure(name, pod, failure)
+    if (failed := jobset.get("Failed")) is not None:
+        return Observation("failed", "Failed", None, f"the JobSet failed: {failed.get('reason') or ''}: "
+                                                     f"{failed.get('message') or ''}".strip(": "))
+    phases = {}
+    for name, count in roles:
+        job = jobs.get(name)
+        if job is None and in_jobset:
+            phases[name] = "pending"  # its controller has not made it yet
+            continue
+        if job is None:
+            return Observation("lost", "PodDeleted", None, f"role {name}: its Job is gone while the other roles' "
+                                                           f"exist")
+        phase = _training_phase(job, by_role.get(name, []), count, now, grace, unschedulable_grace)
+        if phase.phase in ("failed", "lost"):
+            return dataclasses.replace(phase, message=f"role {name}: {phase.message}")
+        phases[name] = phase.phase
+    if all(p in ("running", "succeeded") for p in phases.values()):
+        return Observation("running")
+    for name, _ in roles:
+        if (stuck := unschedulable(by_role.get(name, []), now, unschedulable_grace)) is not None:
+            return dataclasses.replace(stuck, message=f"role {name}: {stuck.message}")
+    return Observation("pending")
+
+
 def observe_inference(deployment: dict | None, pods: list[dict], now: dt.datetime, grace: float,
                       unschedulable_grace: float = float("inf"), *, started_at: dt.datetime | None = None,
                       max_runtime_seconds: float | None = None) -> Observation:
@@ -466,6 +617,21 @@ def observe_inference(deployment: dict | None, pods: list[dict], now: dt.datetim
     if ready >= wanted:
         return Observation("running", created_at=made)
     return dataclasses.replace(unschedulable(pods, now, unschedulable_grace) or Observation("pending"), created_at=made)
+
+
+def owned_objects(attempt) -> list[tuple[str, str, str]]:
+    """``(kind, name, deletion propagation policy)`` of every object dispatch may have made for ``attempt``: its
+    Job, Deployment and Service, all named ``attempt.object_name``; for a multi-role attempt each role's Job
+    and headless Service (``manifests.role_object_name``), named from its placement's roles, or its JobSet (named
+    as the attempt; deleting it deletes the child Jobs and the Service its controller made), so a restart of
+    the control plane finds them without the dispatch's ``runner_state``. Owners go Foreground (their pods
+    first). A kind the cluster does not serve answers 404, as an object that is gone."""
+    if attempt.job.kind == MULTI_ROLE:
+        names = [m.role_object_name(attempt.object_name, name) for name, _ in role_shapes(attempt.placement)]
+        return ([("JobSet", attempt.object_name, "Foreground")] + [("Job", n, "Foreground") for n in names]
+                + [("Service", n, "Background") for n in names])
+    name = attempt.object_name
+    return [("Job", name, "Foreground"), ("Deployment", name, "Foreground"), ("Service", name, "Background")]
 
 
 class KubernetesBackend(Backend):
@@ -514,9 +680,18 @@ class KubernetesBackend(Backend):
         (absent when none: ``K8S_METRICS_PORT`` 0, or a serving job);
         ``created_at`` (ISO 8601) is the creationTimestamp of the Job or
         Deployment, where billing starts (absent when the server reports none).
+        A multi-role attempt is a Job and a headless Service per role, or one
+        JobSet where the cluster serves ``jobset.x-k8s.io/v1alpha2``
+        (``ClusterClient.serves``; ``"jobset": true`` in the answer), billed
+        from the first role's Job's (the JobSet's) creation.
         """
         w = workload(attempt)
-        if not w.image or not (w.command or w.args):
+        if w.kind == MULTI_ROLE:
+            for role in w.roles:
+                if not role.image or not (role.command or role.args):
+                    raise PermanentDispatchError(f"spec.roles.{role.name}: image and command or args are required on "
+                                                 f"a Kubernetes cluster")
+        elif not w.image or not (w.command or w.args):
             raise PermanentDispatchError("spec.image and spec.command or spec.args are required on a Kubernetes cluster")
         try:
             c = client_for(attempt.cluster)  # an unreadable credential is this cluster's failure: retried like one
@@ -530,6 +705,8 @@ class KubernetesBackend(Backend):
             raise TransientDispatchError(f"cluster {attempt.cluster.name} unreachable: {exc}") from exc
 
     def _dispatch(self, c: ClusterClient, w: m.Workload) -> dict:
+        if w.kind == MULTI_ROLE and not w.jobset and c.serves(m.JOBSET_API_VERSION):
+            w = dataclasses.replace(w, jobset=True)  # one JobSet, which the cluster's JobSet controller runs
         self._ensure_namespace(c, w)
         created, times = [], []
         for manifest in m.manifests(w):
@@ -540,6 +717,8 @@ class KubernetesBackend(Backend):
         times = [t for t in times if t is not None]
         endpoint = f"http://{w.name}.{w.namespace}.svc:{w.port}" if w.kind == "inference" else None
         state = {"namespace": w.namespace, "objects": created, "endpoint": endpoint}
+        if w.jobset:
+            state["jobset"] = True
         if w.metrics_port:
             state["metrics_port"] = w.metrics_port
         if times:  # a server that reports no creationTimestamp: billing starts when dispatch records the start
@@ -565,12 +744,13 @@ class KubernetesBackend(Backend):
     def _create(self, c: ClusterClient, w: m.Workload, manifest: dict) -> dt.datetime | None:
         """Create ``manifest`` (or find it created before by this attempt); returns its creationTimestamp."""
         _, read, _, _ = _api(c, manifest["kind"])
-        what = f"creating {manifest['kind']} {w.namespace}/{w.name}"
+        name = manifest["metadata"]["name"]
+        what = f"creating {manifest['kind']} {w.namespace}/{name}"
         try:
             body = c.create(_COLLECTIONS[manifest["kind"]].format(namespace=quote(w.namespace, safe="")), manifest)
             made = _parse(body, what)
             meta = (made.get("metadata") if isinstance(made, dict) else None) or {}
-            if meta.get("name") != manifest["metadata"]["name"]:  # a 2xx that is not the object: nothing says it exists
+            if meta.get("name") != name:  # a 2xx that is not the object: nothing says it exists
                 raise ClusterUnreachable(f"{what}: the answer is not the created object")
             return _parse_time(meta.get("creationTimestamp"))
         except ApiError as exc:
@@ -580,7 +760,7 @@ class KubernetesBackend(Backend):
             if exc.status != 409:
                 raise _dispatch_error(exc, what) from exc
         try:
-            existing = _object(c.call(read, w.name, w.namespace, _preload_content=False), w.name, what)
+            existing = _object(c.call(read, name, w.namespace, _preload_content=False), name, what)
         except ApiError as exc:
             raise _dispatch_error(exc, f"{what} (reading the existing one)") from exc
         mine = w.attempt_uid or w.attempt_id
@@ -634,12 +814,12 @@ class KubernetesBackend(Backend):
         c = client_for(cluster)
         kinds = {a.job.kind for a in attempts}
         # With no attempt to look at, the Job LIST alone is the cluster's health probe.
-        jobs = self._list(c, "Job") if "training" in kinds or not attempts else []
+        jobs = self._list(c, "Job") if kinds & {"training", MULTI_ROLE} or not attempts else []
         deployments = self._list(c, "Deployment") if "inference" in kinds else []
         pods = self._list(c, "Pod") if attempts else []
         if attempts:
             _check_pods_listed(jobs + deployments, pods)
-        return self._observations(c, attempts, jobs, deployments, pods)
+        return self._observations(c, attempts, jobs, deployments, pods, self._jobsets(c, attempts))
 
     def owned_attempt_ids(self, cluster) -> dict[int, Owned]:
         """Attempt ids labelled on any Job, Deployment or Service of the platform on ``cluster`` (four LISTs),
@@ -649,16 +829,26 @@ class KubernetesBackend(Backend):
         return _owned(jobs + deployments + services, self._list(c, "Pod"))
 
     def observe_all(self, cluster, attempts: Iterable) -> tuple[dict[int, Observation], dict[int, Owned]]:
-        """``observe`` and ``owned_attempt_ids`` from one LIST per kind (Job, Deployment, Service, Pod): four
-        LISTs instead of up to seven, each kind parsed once; GETs only for attempts missing from the LISTs."""
+        """``observe`` and ``owned_attempt_ids`` from one LIST per kind (Job, Deployment, Service, Pod, and
+        JobSet while a multi-role attempt is looked at on a cluster that serves it): four LISTs instead of up to
+        seven, each kind parsed once; GETs only for attempts missing from the LISTs."""
         attempts = list(attempts)
         c = client_for(cluster)
         jobs, deployments, services, pods = (self._list(c, kind) for kind in ("Job", "Deployment", "Service", "Pod"))
         _check_pods_listed(jobs + deployments, pods)
-        return self._observations(c, attempts, jobs, deployments, pods), _owned(jobs + deployments + services, pods)
+        jobsets = self._jobsets(c, attempts)
+        return (self._observations(c, attempts, jobs, deployments, pods, jobsets),
+                _owned(jobs + deployments + services + jobsets, pods))
+
+    def _jobsets(self, c: ClusterClient, attempts: list) -> list[dict]:
+        """The platform's JobSets on the cluster (one LIST) when ``attempts`` hold a multi-role one and the cluster
+        serves JobSets (``ClusterClient.serves``, its API group list remembered a while); else none, no call."""
+        if not any(a.job.kind == MULTI_ROLE for a in attempts) or not c.serves(m.JOBSET_API_VERSION):
+            return []
+        return self._list(c, "JobSet")
 
     def _observations(self, c: ClusterClient, attempts: list, jobs: list[dict], deployments: list[dict],
-                      pods: list[dict]) -> dict[int, Observation]:
+                      pods: list[dict], jobsets: list[dict] = ()) -> dict[int, Observation]:
         """An Observation per attempt id from the listed objects (see ``observe``).
 
         Evidence that outlives the pod: a training pod that vanished without a cause of its own (``PodDeleted``:
@@ -667,7 +857,12 @@ class KubernetesBackend(Backend):
         node: ``NodeLost`` naming it (on a spot pool, ``jobs.lifecycle.spot_cause`` makes that ``SpotReclaimed``),
         never a ``PodDeleted`` charged to the job's retries. Class: a verdict on missing evidence; invariant
         ``loss_counted_by_cause`` of the simulator."""
-        by_attempt = {_key_of(o): o for o in jobs + deployments}
+        by_attempt = {_key_of(o): o for o in jobs + deployments if m.LABEL_ROLE not in _labels(o)}
+        jobset_of = {_key_of(o): o for o in jobsets}
+        role_jobs: dict[str | int | None, dict[str, dict]] = defaultdict(dict)
+        for job in jobs:
+            if m.LABEL_ROLE in _labels(job):
+                role_jobs[_key_of(job)][_labels(job)[m.LABEL_ROLE]] = job
         pods_of: dict[str | int | None, list[dict]] = defaultdict(list)
         for pod in pods:
             pods_of[_key_of(pod)].append(pod)
@@ -677,26 +872,14 @@ class KubernetesBackend(Backend):
         result = {}
         node_names: set[str] | None = None  # listed once, only if a pod vanished without a cause of its own
         for attempt in attempts:
-            kind = "Deployment" if attempt.job.kind == "inference" else "Job"
             key = attempt_key(attempt)
-            obj = by_attempt.get(key)
-            if obj is None:  # not in the LIST: only the object's own GET can say it is gone
-                namespace = team_namespace(attempt.job.team.slug)
-                obj = self._read(c, kind, attempt.object_name, namespace)
-                if obj is not None and _key_of(obj) != key:
-                    obj = None  # a namesake of another attempt: this attempt's object does not exist
-                if obj is None and (ended := self._end_record(c, attempt, namespace)) is not None:
-                    result[attempt.pk] = ended
-                    continue
-            attempt_pods = pods_of.get(key, [])
-            if kind == "Deployment":
-                result[attempt.pk] = observe_inference(obj, attempt_pods, now, grace, unschedulable_grace,
-                                                       started_at=attempt.started_at,
-                                                       max_runtime_seconds=attempt.job.max_runtime_seconds)
+            if attempt.job.kind == MULTI_ROLE:
+                observed = self._observe_roles(c, attempt, role_jobs.get(key, {}), pods_of.get(key, []),
+                                               jobset_of.get(key), now, grace, unschedulable_grace)
             else:
-                result[attempt.pk] = observe_training(obj, attempt_pods, attempt.job.nodes, now, grace,
-                                                      unschedulable_grace)
-            observed = result[attempt.pk]
+                observed = self._observe_one(c, attempt, by_attempt.get(key), pods_of.get(key, []), now, grace,
+                                             unschedulable_grace)
+            result[attempt.pk] = observed
             if observed.phase == "lost" and observed.end_reason == "PodDeleted" and not observed.nodes:
                 if node_names is None:
                     node_names = {(n.get("metadata") or {}).get("name") for n in self._nodes(c)}
@@ -707,17 +890,58 @@ class KubernetesBackend(Backend):
                         message=f"{observed.message}; its node {', '.join(gone)} is gone from the cluster".strip("; "))
         return result
 
+    def _observe_one(self, c: ClusterClient, attempt, obj: dict | None, pods: list[dict], now: dt.datetime,
+                     grace: float, unschedulable_grace: float) -> Observation:
+        """The Observation of a training or inference ``attempt`` from its listed Job or Deployment ``obj`` (None:
+        not listed: only the object's own GET can say it is gone, and an end record how it ended) and its pods."""
+        kind = "Deployment" if attempt.job.kind == "inference" else "Job"
+        if obj is None:
+            namespace = team_namespace(attempt.job.team.slug)
+            obj = self._read(c, kind, attempt.object_name, namespace)
+            if obj is not None and _key_of(obj) != attempt_key(attempt):
+                obj = None  # a namesake of another attempt: this attempt's object does not exist
+            if obj is None and (ended := self._end_record(c, attempt, namespace)) is not None:
+                return ended
+        if kind == "Deployment":
+            return observe_inference(obj, pods, now, grace, unschedulable_grace, started_at=attempt.started_at,
+                                     max_runtime_seconds=attempt.job.max_runtime_seconds)
+        return observe_training(obj, pods, attempt.job.nodes, now, grace, unschedulable_grace)
+
+    def _observe_roles(self, c: ClusterClient, attempt, listed: dict[str, dict], pods: list[dict],
+                       jobset: dict | None, now: dt.datetime, grace: float, unschedulable_grace: float) -> Observation:
+        """The Observation of a multi-role ``attempt`` (``observe_multi_role``) from its listed Jobs by role and its
+        listed JobSet (None: none listed); when the LISTs have none of them, its JobSet (where served) and each
+        role's Job are read by their own GETs, and the attempt is ``absent`` only when every one answers 404 and
+        no end record of it exists (``ended`` when one does)."""
+        if not listed and jobset is None:
+            namespace, key = team_namespace(attempt.job.team.slug), attempt_key(attempt)
+            for kind, name, _ in owned_objects(attempt):
+                if kind == "Service" or (kind == "JobSet" and not c.serves(m.JOBSET_API_VERSION)):
+                    continue
+                obj = self._read(c, kind, name, namespace)
+                if obj is None or _key_of(obj) != key:
+                    continue
+                if kind == "JobSet":
+                    jobset = obj
+                else:
+                    listed[_labels(obj).get(m.LABEL_ROLE, "")] = obj
+            if not listed and jobset is None and (ended := self._end_record(c, attempt, namespace)) is not None:
+                return ended
+        return observe_multi_role(listed, pods, role_shapes(attempt.placement), now, grace, unschedulable_grace,
+                                  jobset=jobset)
+
     # --- deletion and logs -------------------------------------------------------------------------------------
 
     def delete(self, attempt) -> bool:
-        """Delete the attempt's Job or Deployment (Foreground: pods first) and Service; True once all answer 404 and no pod is left.
+        """Delete the attempt's objects (``owned_objects``: its Job or Deployment, Foreground: pods first, and
+        Service; every role's Job and Service for a multi-role attempt); True once all answer 404 and no pod is left.
 
         Before the first DELETE of an object it owns, writes the attempt's end
         record (``write_end_record``; a failure to write it raises
         ClusterUnreachable and deletes nothing), so the end stays visible in the
         cluster after the objects are gone. Sets ``attempt.deletion_accepted_at``
         to when the API server accepted the first DELETE of the Job or
-        Deployment (its pods stop from then): the owner's own
+        Deployment (its pods stop from then; of several Jobs, the latest): the owner's own
         ``metadata.deletionTimestamp``, which a repeated DELETE leaves as it
         was, so every delivery of a deletion tells the same time; now only when
         the answer carries none (the owner went at once, and a later call finds
@@ -728,9 +952,9 @@ class KubernetesBackend(Backend):
         caller retries on reconnection).
         """
         c = client_for(attempt.cluster)
-        namespace, name, key = team_namespace(attempt.job.team.slug), attempt.object_name, attempt_key(attempt)
-        gone, recorded = True, False
-        for kind, policy in (("Job", "Foreground"), ("Deployment", "Foreground"), ("Service", "Background")):
+        namespace, key = team_namespace(attempt.job.team.slug), attempt_key(attempt)
+        gone, recorded, accepted = True, False, []
+        for kind, name, policy in owned_objects(attempt):
             _, read, delete, _ = _api(c, kind)
             try:
                 existing = _object(c.call(read, name, namespace, _preload_content=False), name,
@@ -752,10 +976,11 @@ class KubernetesBackend(Backend):
                     continue
                 raise ClusterUnreachable(f"deleting {kind} {namespace}/{name}: {exc}") from exc
             if kind != "Service":  # the pods are being stopped from then on: billing may end there
-                attempt.deletion_accepted_at = (deletion_time(existing) or deletion_time(_parse_or_none(answer))
-                                                or timezone.now())
+                accepted.append(deletion_time(existing) or deletion_time(_parse_or_none(answer)) or timezone.now())
+        if accepted:  # several Jobs (a multi-role attempt): every pod was being stopped once the last was accepted
+            attempt.deletion_accepted_at = max(accepted)
         if not gone:
-            return self._all_gone(c, attempt, namespace, name)
+            return self._all_gone(c, attempt, namespace)
         return self._no_pods(c, attempt, namespace, key)
 
     def write_end_record(self, c: ClusterClient, attempt, namespace: str, owner: dict) -> None:
@@ -878,9 +1103,9 @@ class KubernetesBackend(Backend):
                 moved += 1
         return {"deleted": deleted, "moved": moved}
 
-    def _all_gone(self, c: ClusterClient, attempt, namespace: str, name: str) -> bool:
+    def _all_gone(self, c: ClusterClient, attempt, namespace: str) -> bool:
         owner = False
-        for kind in ("Job", "Deployment", "Service"):
+        for kind, name, _ in owned_objects(attempt):
             try:
                 obj = _object(c.call(_api(c, kind)[1], name, namespace, _preload_content=False), name,
                               f"reading {kind} {namespace}/{name}")
@@ -936,24 +1161,31 @@ class KubernetesBackend(Backend):
         pods_of: dict[str | int | None, list[dict]] = defaultdict(list)
         for pod in pods:
             pods_of[_key_of(pod)].append(pod)
+        role_jobs: dict[str, dict[str, dict]] = defaultdict(dict)
+        for job in jobs:
+            if m.LABEL_ROLE in _labels(job):
+                role_jobs[_key_of(job)][_labels(job)[m.LABEL_ROLE]] = job
         now, found = timezone.now(), {}
         for obj in jobs + deployments:
             labels, meta = _labels(obj), obj.get("metadata") or {}
             uid = labels.get(m.LABEL_ATTEMPT_UID)
-            if not uid or labels.get(m.LABEL_INSTALLATION) != mine:
+            if not uid or labels.get(m.LABEL_INSTALLATION) != mine or uid in found:
                 continue
             try:
                 record = json.loads((meta.get("annotations") or {}).get(m.RECORD_ANNOTATION) or "{}")
             except ValueError:
                 record = {}
-            attempt_pods = pods_of.get(uid, [])
+            attempt_pods, name = pods_of.get(uid, []), meta.get("name", "")
             if obj.get("kind") == "Deployment":
                 obs = observe_inference(obj, attempt_pods, now, float("inf"))
+            elif m.LABEL_ROLE in labels:  # one of a multi-role attempt's Jobs: the attempt is all of them
+                obs = observe_multi_role(role_jobs[uid], attempt_pods, role_shapes(record.get("placement")), now,
+                                         float("inf"))
+                name = labels.get(JOBSET_NAME_LABEL) or name.removesuffix(f"-{labels[m.LABEL_ROLE]}")
             else:
                 obs = observe_training(obj, attempt_pods, int(record.get("nodes") or 1), now, float("inf"))
-            found[uid] = {"uid": uid, "record": record, "name": meta.get("name", ""),
-                          "namespace": meta.get("namespace", ""), "created_at": created_at(obj, attempt_pods),
-                          "observation": obs}
+            found[uid] = {"uid": uid, "record": record, "name": name, "namespace": meta.get("namespace", ""),
+                          "created_at": obs.created_at or created_at(obj, attempt_pods), "observation": obs}
         for uid, end in ends.items():
             if uid in found:
                 continue
@@ -975,7 +1207,7 @@ class KubernetesBackend(Backend):
         """
         c = client_for(attempt.cluster)
         namespace = team_namespace(attempt.job.team.slug)
-        pod = pod_of_node(self._pods(c, namespace, attempt_key(attempt)), node)
+        pod = pod_of_node(self._pods(c, namespace, attempt_key(attempt)), node, _layout(attempt))
         if pod is None:
             return ""
         try:
@@ -1034,7 +1266,7 @@ class KubernetesBackend(Backend):
         deadline = time.monotonic() + max_seconds
         c = client_for(attempt.cluster)
         namespace = team_namespace(attempt.job.team.slug)
-        pod = pod_of_node(self._pods(c, namespace, attempt_key(attempt)), node)  # ClusterUnreachable here is the caller's 503
+        pod = pod_of_node(self._pods(c, namespace, attempt_key(attempt)), node, _layout(attempt))  # ClusterUnreachable here is the caller's 503
         yield ""
         while True:
             try:
@@ -1047,7 +1279,7 @@ class KubernetesBackend(Backend):
                 if time.monotonic() + poll >= deadline or self.attempt_finished(attempt):
                     return
                 time.sleep(poll)
-                pod = pod_of_node(self._pods(c, namespace, attempt_key(attempt)), node)
+                pod = pod_of_node(self._pods(c, namespace, attempt_key(attempt)), node, _layout(attempt))
             except ClusterUnreachable as exc:
                 log.info("log follow of %s ended: %s", attempt.object_name, exc)
                 return
@@ -1156,8 +1388,22 @@ def _owned(objects: list[dict], pods: list[dict]) -> dict[str | int, Owned]:
     return owned
 
 
-def pod_of_node(pods: list[dict], node: int) -> dict | None:
-    """The pod whose completion index annotation is ``node``; without indexes, the ``node``-th pod by name."""
+def _layout(attempt) -> list[tuple[str, int, bool]] | None:
+    """The roles of a multi-role ``attempt`` (``role_shapes``), None for an attempt of one role."""
+    return role_shapes(attempt.placement) if attempt.job.kind == MULTI_ROLE else None
+
+
+def pod_of_node(pods: list[dict], node: int, roles: list[tuple[str, int]] | None = None) -> dict | None:
+    """The pod whose completion index annotation is ``node``; without indexes, the ``node``-th pod by name. With
+    ``roles`` (a multi-role attempt's ``role_shapes``) nodes are numbered over the roles in the spec's order, as
+    the local runner numbers them: node ``n`` is the pod of the role it falls in, at its index within that role."""
+    if roles is not None:
+        first = 0
+        for name, count in roles:
+            if node < first + count:
+                return pod_of_node([p for p in pods if _labels(p).get(m.LABEL_ROLE) == name], node - first)
+            first += count
+        return None
     indexed = {((p.get("metadata") or {}).get("annotations") or {}).get(m.COMPLETION_INDEX_ANNOTATION): p for p in pods}
     if str(node) in indexed:
         return indexed[str(node)]

@@ -7,8 +7,10 @@ Serves, on ``LOCAL_METRICS_PORT`` (9400, dcgm-exporter's port), per GPU:
   ``modelName``, ``Hostname``, plus ``namespace``, ``pod``, ``container`` on
   the GPUs a live attempt uses. The namespace is the team's
   (``core.namespaces.team_namespace``) and the pod is
-  ``<attempt object name>-<node>``, so ``costs.collection`` maps the series to
-  the attempt exactly as it maps a Kubernetes pod;
+  ``<attempt object name>-<node>``, or for a multi-role attempt
+  ``<attempt object name>-<role>-<index in the role>``
+  (``costs.prometheus.role_pod_name``), so ``costs.collection`` maps the series
+  to the attempt, and to the role, exactly as it maps a Kubernetes pod;
 * ``kube_pod_container_resource_requests{resource="nvidia_com_gpu",unit="integer"}``,
   ``kube_pod_status_phase{phase=...}`` and ``kube_pod_info{node=...}`` (every
   pod bound to this machine) per node ("pod") of each live attempt, so the
@@ -41,7 +43,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from .layout import ATTEMPT_FILE, read_json
 from .procs import PROC, proc_table
-from .runner import attempt_dir, read_node
+from .runner import attempt_dir, read_node, role_of
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -128,8 +130,10 @@ class CpuMeter:
 
 def live_pods(cluster_id: int | None = None) -> list[PodView]:
     """A PodView per node of every started, not ended attempt holding GPUs on a local cluster (``cluster_id``: only
-    that one); CPU-only attempts hold no GPU and are left out."""
+    that one); CPU-only attempts hold no GPU and are left out. A multi-role attempt's pod is named by its role
+    and holds its role's GPUs (``attempt.json``'s ``roles``)."""
     from core.namespaces import team_namespace
+    from costs.prometheus import role_pod_name
     from jobs.models import JobAttempt
     from runners.models import Cluster
 
@@ -145,16 +149,19 @@ def live_pods(cluster_id: int | None = None) -> list[PodView]:
         nodes = meta.get("nodes") or attempt.job.nodes
         per_node = max(1, attempt.gpus // max(1, nodes))
         for node in range(nodes):
+            role = role_of(meta, node)
+            count = per_node if role is None else int(role["gpus"])
             devices = meta.get("devices")
             if devices and node < len(devices):
                 gpus = list(devices[node])
             else:  # emulated: consecutive GPU numbers in attempt order
-                gpus = list(range(next_emulated, next_emulated + per_node))
-                next_emulated += per_node
+                gpus = list(range(next_emulated, next_emulated + count))
+                next_emulated += count
             status = read_node(directory, node, table, now)
-            pods.append(PodView(attempt.pk, node, team_namespace(attempt.job.team.slug),
-                                f"{attempt.object_name}-{node}", gpus, status.live_pids(table),
-                                status.state == "running"))
+            pod = (f"{attempt.object_name}-{node}" if role is None
+                   else role_pod_name(attempt.object_name, role["name"], node - role["first"]))
+            pods.append(PodView(attempt.pk, node, team_namespace(attempt.job.team.slug), pod, gpus,
+                                status.live_pids(table), status.state == "running"))
     return pods
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import json
+import logging
 import math
 import os
 import shutil
@@ -51,6 +52,9 @@ from .procs import (
     signal_name,
     signal_process,
 )
+from .serving import DEFAULT_HEALTH_PATH, clear_replicas, endpoint_url, ensure_endpoint, metrics_url, stop_proxy
+
+log = logging.getLogger(__name__)
 
 # A node claimed by a dispatch that never recorded its supervisor (the worker died in between) counts as
 # lost after this many seconds.
@@ -234,9 +238,27 @@ def node_port(meta: dict, node: int) -> int:
     return ports[node] if node < len(ports) else meta["master_port"] + 1 + node
 
 
-def endpoint(meta: dict, kind: str) -> str | None:
-    """Where an inference attempt serves: ``http://127.0.0.1:<PORT of node 0>``; None for training."""
-    return f"http://127.0.0.1:{node_port(meta, 0)}" if kind == "inference" else None
+def pods_of_attempt(job) -> int:
+    """The processes the local runner starts for ``job``'s attempt: an inference job's ``nodes x replicas``
+    servers (each replica its own process, with its own ``PORT``), any other job's ``nodes``."""
+    return job.nodes * max(1, job.replicas) if job.kind == "inference" else job.nodes
+
+
+def live_pods(meta: dict) -> list[int]:
+    """The node indexes of ``attempt.json`` ``meta`` that are not retired (a serving attempt's replicas that a
+    scale-down stopped are retired: they end nothing)."""
+    retired = set(meta.get("retired") or ())
+    return [n for n in range(meta["nodes"]) if n not in retired]
+
+
+def replica_addresses(meta: dict) -> list[str]:
+    """``127.0.0.1:<PORT>`` of every live pod of ``meta``: the replicas the job's endpoint balances over."""
+    return [f"127.0.0.1:{node_port(meta, n)}" for n in live_pods(meta)]
+
+
+def health_path(spec: dict) -> str:
+    """The path a serving job's replicas answer readiness checks on (``spec.health_path``, default ``/healthz``)."""
+    return (spec or {}).get("health_path") or DEFAULT_HEALTH_PATH
 
 
 def checkpoint_job_id(job) -> int:
@@ -360,6 +382,7 @@ class LocalBackend(Backend):
     """
 
     name = "local"
+    scales = True
 
     # --- discovery ---------------------------------------------------------------------------------------------
 
@@ -387,7 +410,11 @@ class LocalBackend(Backend):
         ``attempt.node_pool``. Returns ``{"attempt_dir", "master_port",
         "ports", "endpoint", "nodes", "pids", "logs", "cuda_visible_devices", "metrics_url"}``
         (``ports``: each node's ``PORT``; ``endpoint``: the URL an inference
-        attempt serves on, node 0's port, None for training; ``metrics_url``:
+        job serves on, its endpoint (``runners.local.serving``: one per job,
+        over its replicas, each replica a node of its own), None for training;
+        an inference attempt also ``replicas`` (their ``host:port``),
+        ``retired`` (node indexes a scale-down stopped) and
+        ``endpoint_metrics_url``; ``metrics_url``:
         where node 0 may serve its workload metrics, the port given to it in
         ``CONTROLPLANE_METRICS_PORT``); a multi-role attempt also ``roles``:
         by role, its node indexes (``pods``) and, for a role with a port, the
@@ -413,12 +440,77 @@ class LocalBackend(Backend):
             Path(meta["checkpoint_dir"]).mkdir(parents=True, exist_ok=True)
             if (directory / STOP_FILE).exists():
                 raise PermanentDispatchError(f"{attempt.object_name} was stopped; it cannot start again")
-            for node in range(meta["nodes"]):
+            for node in live_pods(meta):
                 role = role_of(meta, node)
                 self._launch_node(attempt, directory, meta, node, argv if role is None else argvs[role["name"]])
+            conf = self._endpoint(attempt, meta)
         except OSError as exc:
             raise TransientDispatchError(f"cannot start {attempt.object_name}: {exc}") from exc
-        return self._runner_state(directory, meta, attempt.job.kind)
+        return self._runner_state(directory, meta, conf)
+
+    def _endpoint(self, attempt, meta: dict) -> dict | None:
+        """Point a serving attempt's job endpoint at its live replicas, starting the proxy if needed
+        (``runners.local.serving``); its ``endpoint.json``, or None for other kinds. Raises OSError."""
+        if attempt.job.kind != "inference":
+            return None
+        return ensure_endpoint(attempt.job_id, attempt.object_name, replica_addresses(meta),
+                               meta.get("health_path") or DEFAULT_HEALTH_PATH, free_ports)
+
+    def scale(self, attempt, replicas: int) -> dict:
+        """Make serving ``attempt`` run ``replicas`` replicas (of ``job.nodes`` pods each): start new pods (fresh
+        ports, appended node indexes) or retire the last ones (taken out of the endpoint first, then stopped:
+        SIGTERM, the supervisor's grace, SIGKILL). Idempotent; returns the attempt's new ``runner_state``.
+
+        Raises PermanentDispatchError for an attempt that is stopped or not a serving one, TransientDispatchError
+        for OSError and for GPUs still held by other processes.
+        """
+        job = attempt.job
+        if job.kind != "inference":
+            raise PermanentDispatchError(f"{attempt.object_name} is not a serving attempt")
+        directory = attempt_dir(attempt)
+        if (directory / STOP_FILE).exists():
+            raise PermanentDispatchError(f"{attempt.object_name} was stopped; it cannot be scaled")
+        argv = build_command(job.spec)
+        wanted = job.nodes * max(1, replicas)
+        try:
+            with open(run_dir() / ".dispatch.lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # the same lock as first dispatches: port and GPU picks
+                meta = read_json(directory / ATTEMPT_FILE)
+                if meta is None:
+                    raise TransientDispatchError(f"{attempt.object_name} is not dispatched yet")
+                live = live_pods(meta)
+                retiring = live[wanted:]
+                if len(live) < wanted:
+                    added = wanted - len(live)
+                    meta["ports"] = [node_port(meta, n) for n in range(meta["nodes"])] + free_ports(added)
+                    if meta.get("devices") is not None:
+                        meta["devices"] = meta["devices"] + self._free_devices(attempt, [job.gpus_per_node] * added)
+                    meta["nodes"] += added
+                elif retiring:
+                    meta["retired"] = sorted(set(meta.get("retired") or ()) | set(retiring))
+                write_json_atomic(directory / ATTEMPT_FILE, meta)
+            conf = self._endpoint(attempt, meta)  # retired replicas leave rotation before they stop
+            for node in live_pods(meta):
+                self._launch_node(attempt, directory, meta, node, argv)
+            self._retire(directory, retiring)
+        except OSError as exc:
+            raise TransientDispatchError(f"cannot scale {attempt.object_name}: {exc}") from exc
+        return self._runner_state(directory, meta, conf)
+
+    def _retire(self, directory: Path, nodes: list[int]) -> None:
+        """Stop the pods ``nodes`` of the attempt in ``directory`` (SIGTERM to their supervisors' groups, which
+        escalate to SIGKILL after their grace); their exit records end nothing (``live_pods``)."""
+        table = proc_table()
+        for status in (read_node(directory, node, table, time.time()) for node in nodes):
+            if status.supervisor is not None:
+                signal_group(status.supervisor, signal.SIGTERM, table)
+            signal_process(status.child, signal.SIGTERM, table)
+
+    def endpoint_load(self, attempt) -> str | None:
+        """The Prometheus exposition of serving ``attempt``'s endpoint counters (``runners.local.endpoint``), or
+        None when it does not answer (``Backend.endpoint_load``)."""
+        url = (attempt.runner_state or {}).get("endpoint_metrics_url")
+        return self.scrape(url) if url else None
 
     def _ensure_meta(self, attempt, directory: Path) -> dict:
         """Read ``attempt.json``, writing it first if this is the attempt's first dispatch (under a run-dir lock)."""
@@ -430,7 +522,7 @@ class LocalBackend(Backend):
             fcntl.flock(lock, fcntl.LOCK_EX)  # serialises first dispatches: port and GPU picks do not collide
             meta = read_json(path)
             if meta is None:
-                nodes = attempt.job.nodes
+                nodes = pods_of_attempt(attempt.job)
                 roles = role_layout(attempt.job.spec) if attempt.job.kind == "multi-role" else None
                 master_port, metrics_port, *ports = free_ports(2 + nodes + len(roles or ()))
                 for role in roles or ():
@@ -450,6 +542,8 @@ class LocalBackend(Backend):
                 }
                 if roles is not None:
                     meta["roles"] = roles
+                if attempt.job.kind == "inference":
+                    meta["health_path"] = health_path(attempt.job.spec)  # observe reads no job row
                 write_json_atomic(path, meta)
         return meta
 
@@ -458,13 +552,19 @@ class LocalBackend(Backend):
         job = attempt.job
         counts = ([r["resources"]["gpus_per_node"] for r in job.spec["roles"].values()
                    for _ in range(r["resources"]["nodes"])] if job.kind == "multi-role" else [job.gpus_per_node] * nodes)
+        return self._free_devices(attempt, counts)
+
+    def _free_devices(self, attempt, counts: list[int]) -> list[list[int]]:
+        """``counts[i]`` GPU indices for each new pod ``i``, from the pool's GPUs that no live pod of any attempt
+        holds (a retired pod's are free). Raises TransientDispatchError."""
         total = attempt.node_pool.nodes * attempt.node_pool.gpus_per_node
         table = proc_table()
         held: set[int] = set()
         for directory, meta in _attempt_dirs():
             if meta.get("devices") and meta.get("cluster_id") == attempt.cluster_id and \
                     _live_pids(directory, meta["nodes"], table):
-                held.update(d for node_devices in meta["devices"] for d in node_devices)
+                retired = set(meta.get("retired") or ())
+                held.update(d for n, node_devices in enumerate(meta["devices"]) if n not in retired for d in node_devices)
         free = [d for d in range(total) if d not in held]
         if len(free) < sum(counts):
             raise TransientDispatchError(f"{sum(counts)} GPUs needed, {len(free)} free on this machine")
@@ -500,7 +600,7 @@ class LocalBackend(Backend):
         with os.fdopen(fd, "w") as fh:
             fh.write(json.dumps({"supervisor": ref.to_json(), "launched_at": time.time(), "dispatcher_pid": os.getpid()}))
 
-    def _runner_state(self, directory: Path, meta: dict, kind: str) -> dict:
+    def _runner_state(self, directory: Path, meta: dict, conf: dict | None = None) -> dict:
         pids = []
         for node in range(meta["nodes"]):
             deadline = time.monotonic() + 2.0  # a concurrent dispatcher may still be writing its claim
@@ -519,7 +619,10 @@ class LocalBackend(Backend):
         return {
             **({"roles": roles} if roles else {}),
             "attempt_dir": str(directory), "master_port": meta["master_port"],
-            "ports": [node_port(meta, n) for n in range(meta["nodes"])], "endpoint": endpoint(meta, kind),
+            "ports": [node_port(meta, n) for n in range(meta["nodes"])],
+            "endpoint": endpoint_url(conf) if conf else None,
+            **({"replicas": replica_addresses(meta), "retired": list(meta.get("retired") or ()),
+                "endpoint_metrics_url": metrics_url(conf)} if conf else {}),
             "nodes": meta["nodes"], "pids": pids,
             "logs": [str(node_path(directory, n, "log")) for n in range(meta["nodes"])],
             "cuda_visible_devices": None if devices is None else [",".join(map(str, d)) for d in devices],
@@ -552,7 +655,8 @@ class LocalBackend(Backend):
                 continue
             meta = read_json(directory / ATTEMPT_FILE) or {}
             nodes = meta.get("nodes") or attempt.job.nodes
-            statuses = [read_node(directory, node, table, now) for node in range(nodes)]
+            retired = set(meta.get("retired") or ())  # a scale-down's: their end is no end of the attempt
+            statuses = [read_node(directory, node, table, now) for node in range(nodes) if node not in retired]
             stop = read_json(directory / STOP_FILE)
             obs = summarise(statuses, stop.get("reason") if stop else None, meta.get("roles"))
             if obs.phase in ("failed", "lost"):
@@ -560,8 +664,21 @@ class LocalBackend(Backend):
             elif obs.phase == "succeeded" and meta.get("roles"):
                 # every role with completion succeeded: the servers (roles without completion) are stopped
                 self._stop_nodes(directory, statuses, table, reason="every role with completion succeeded")
+            if attempt.job.kind == "inference" and meta:
+                self._follow_endpoint(attempt, meta, obs.phase)
             result[attempt.pk] = obs
         return result
+
+    def _follow_endpoint(self, attempt, meta: dict, phase: str) -> None:
+        """Keep a serving attempt's endpoint with it: while it starts or runs, its proxy runs (started again if it
+        died) over its live replicas; once it ended, the endpoint lists none (``runners.local.serving``)."""
+        try:
+            if phase in ("pending", "running"):
+                self._endpoint(attempt, meta)
+            else:
+                clear_replicas(attempt.job_id, attempt.object_name)
+        except OSError:
+            log.warning("endpoint of %s: cannot follow it", attempt.object_name, exc_info=True)
 
     def _stop_nodes(self, directory: Path, statuses: list[NodeStatus], table: dict[int, ProcInfo], reason: str) -> bool:
         """Write the stop marker and signal every live node: SIGTERM to supervised groups, SIGKILL to unsupervised ones.
@@ -609,6 +726,11 @@ class LocalBackend(Backend):
         meta = read_json(directory / ATTEMPT_FILE) or {}
         nodes = meta.get("nodes") or attempt.job.nodes
         create_exclusive(directory / STOP_FILE, {"reason": "deleted", "at": time.time()})
+        job = attempt.job
+        if job.kind == "inference":
+            clear_replicas(attempt.job_id, attempt.object_name)  # the endpoint stops sending it requests first
+            if job.is_final or job.state == "CANCELLING":
+                stop_proxy(job.pk, signal.SIGTERM)  # no attempt of the job will follow: its endpoint goes too
         grace = float(settings.LOCAL_RUNNER_KILL_GRACE_SECONDS)
         statuses = self._statuses(directory, nodes)
         for status in statuses:

@@ -36,6 +36,7 @@ BIG = "9" * 25
     ("/api/v1/jobs/?created_after=2026-02-30T00:00:00Z", 400),
     ("/api/v1/jobs/?created_after=0001-01-01T00:00:00%2B05:30", 200),  # before datetime.min in UTC: all jobs
     ("/api/v1/jobs/?kind=batch", 400),
+    (f"/api/v1/jobs/?array={BIG}", 400), ("/api/v1/jobs/?array=1.5", 400), ("/api/v1/jobs/?array=1", 200),
     ("/api/v1/jobs/?ordering=secret_field", 400),
     ("/api/v1/jobs/?limit=-1", 200),
     (f"/api/v1/jobs/?limit={BIG}", 200),

@@ -99,5 +99,5 @@ def test_the_submission_components_list_exactly_the_models_fields(db):
         models += [found for field in model.model_fields.values() for found in models_in(field.annotation)
                    if found not in seen and found not in models]
     # the submission, its two specs (one role, several: MultiRoleSpec) and the role, the resources, placement,
-    # model, parallelism and an after entry (JobAfter)
-    assert len(seen) == 9
+    # model, parallelism, a serving job's autoscaling (JobAutoscaling) and an after entry (JobAfter)
+    assert len(seen) == 10

@@ -27,7 +27,7 @@ from runners.models import Node
 from tests.support import lookback
 from tests.support.factories import make_attempt, make_cluster, make_job_row
 from tests.support.personas import make_persona
-from tests.support.prometheus import serving
+from tests.support.prometheus import read_costs_from, serving
 
 pytestmark = pytest.mark.django_db
 STEP, LOOKBACK, IDLE = 60, 300, 5.0
@@ -106,10 +106,7 @@ def prometheus_url(tmp_path_factory):
 
 @pytest.fixture
 def fleet(settings, prometheus_url, catalog):
-    settings.COSTS_PROMETHEUS_URL = prometheus_url
-    settings.COSTS_SCRAPE_INTERVAL_SECONDS = STEP
-    settings.COSTS_IDLE_UTIL_PERCENT = IDLE
-    settings.COSTS_QUERY_LOOKBACK_DELTA_SECONDS = LOOKBACK
+    read_costs_from(settings, prometheus_url, step=STEP, idle_percent=IDLE, lookback=LOOKBACK)
     staff = make_persona("operator", staff=True)
     team = Team.objects.create(slug="nodeutil", name="Node util")
     h100 = catalog["H100-80GB"]

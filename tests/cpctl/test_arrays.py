@@ -61,3 +61,13 @@ def test_arrays_array_and_array_cancel(run_cli, owner, fleet, tmp_path):
     assert again.code == 6  # conflict: already cancelled
     assert run_cli("array", "nope", persona=owner).code == 2
     assert run_cli("array", "999999", persona=owner).code == 5
+
+
+def test_jobs_array_lists_only_that_arrays_elements(run_cli, owner, fleet, tmp_path):
+    run_cli("submit", str(write_sweep(tmp_path)), persona=owner)
+    array = JobArray.objects.get()
+    made = sorted(Job.objects.filter(array=array).values_list("pk", flat=True))
+    listed = run_cli("jobs", "--array", str(array.pk), persona=owner)
+    assert listed.code == 0, listed.err
+    assert sorted(int(line.split()[0]) for line in listed.out.strip().splitlines()[1:]) == made
+    assert run_cli("jobs", "--array", "0", persona=owner).code == 2

@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from jobs.models import Job
+from jobs.models import Job, ServingScale
 from tests.support.factories import make_attempt, make_job, make_workload_metrics
 
 from .test_read import rows
@@ -54,5 +54,19 @@ def test_a_serving_job_shows_no_training_efficiency(run_cli, teammate, funded_aw
     make_attempt(serving, funded_aws_cluster["cluster"], funded_aws_cluster["pool"])  # running
     result = run_cli("job", str(serving.pk), persona=teammate)
     assert result.code == 0, result.err
-    assert "endpoint" in result.out  # the serving job's lines
+    assert "endpoint" in result.out and "replicas" in result.out  # the serving job's lines
     assert "throughput" not in result.out and "MFU" not in result.out, result.out
+
+
+def test_a_serving_job_shows_its_autoscaling_and_a_refused_scale_up(run_cli, teammate, funded_aws_cluster, teams,
+                                                                    owner, h100):
+    scaling = {"min_replicas": 1, "max_replicas": 3, "target_in_flight_per_replica": 2}
+    serving = make_job(teams[0], owner.user, h100, name="serving")
+    Job.objects.filter(pk=serving.pk).update(kind="inference", spec={**serving.spec, "autoscaling": scaling})
+    make_attempt(serving, funded_aws_cluster["cluster"], funded_aws_cluster["pool"])
+    ServingScale.objects.create(job=serving, metric=2.5, desired=2, refusal={
+        "reason": "budget", "message": "over budget 7 by $3.00", "replicas": 1, "desired": 2})
+    result = run_cli("job", str(serving.pk), persona=teammate)
+    assert result.code == 0, result.err
+    assert "1..3 replicas, target 2 in flight per replica; last read 2.50, decided 2" in result.out, result.out
+    assert "2 wanted, stays at 1: over budget 7 by $3.00" in result.out, result.out

@@ -69,7 +69,10 @@ def test_jobs_filters_by_kind(run_cli, teammate, jobs):
     running = run_cli("jobs", "--kind", "any", "--state", "RUNNING", persona=teammate)  # the state keeps every kind
     assert [r[2] for r in rows(running.out)[1:]] == ["running-one"]
     bad = run_cli("jobs", "--kind", "batch", persona=teammate)
-    assert bad.code == 2 and "'batch' is not one of 'training', 'inference', 'any'" in bad.err
+    assert bad.code == 2 and "'batch' is not one of 'training', 'inference', 'multi-role', 'any'" in bad.err
+    Job.objects.filter(pk=jobs["queued"].pk).update(kind=Job.Kind.MULTI_ROLE)
+    gangs = run_cli("jobs", "--kind", "multi-role", persona=teammate)
+    assert [r[2] for r in rows(gangs.out)[1:]] == ["queued-one"]
 
 
 def test_jobs_json_is_the_apis_page(run_cli, teammate, jobs):

@@ -22,6 +22,7 @@ from jobs.models import Job, JobArray, JobEvent, JobState
 from jobs.scheduling.passes import schedule_pending
 from runners.local.runner import node_env
 from tests.support.factories import VALID_SPEC, make_attempt, make_cost_entry, run
+from tests.support.personas import signed_in
 
 ARRAYS = "/api/v1/arrays/"
 S = JobState
@@ -384,3 +385,21 @@ def test_the_sweep_example_submits_as_a_six_element_grid(teammate, cluster_facto
     assert r.status_code == 201, r.content
     assert (r.json()["count"], r.json()["parallelism"], list(r.json()["grid"])) == (6, 2, ["lr", "batch_size"])
     assert array_env(r.json()["id"], 3, 6, JobArray.objects.get(pk=r.json()["id"]).grid)["SWEEP_LR"] == "0.006"
+
+
+def test_the_job_list_filters_by_array_and_refuses_ids_that_are_not_whole_numbers(teammate, roomy):
+    first = teammate.client.post(ARRAYS, array_body({"count": 3, "parallelism": 3}), format="json").json()["id"]
+    second = teammate.client.post(ARRAYS, array_body({"count": 2, "parallelism": 2}), format="json").json()["id"]
+    schedule_pending()
+    single = copy.deepcopy(array_body({"count": 1}))
+    single.pop("array")
+    assert teammate.client.post("/api/v1/jobs/", single, format="json").status_code == 201
+    for array_id, count in ((first, 3), (second, 2)):
+        listed = teammate.client.get(f"/api/v1/jobs/?array={array_id}&limit=50").json()["results"]
+        assert sorted(j["array_index"] for j in listed) == list(range(count))
+        assert {j["array"] for j in listed} == {array_id}
+    for bad in ("1.5", "0", "-3", "x", str(2 ** 63)):
+        r = teammate.client.get(f"/api/v1/jobs/?array={bad}")
+        assert r.status_code == 400 and "array" in r.json(), (bad, r.content)
+    page = signed_in(teammate).get("/jobs/", {"array": first})
+    assert page.status_code == 200 and f'name="array" value="{first}"' in page.content.decode()

@@ -208,6 +208,47 @@ def test_an_upstream_that_already_ended_the_wrong_way_is_refused(teammate, teams
     assert states(view["id"]) == [S.ADMITTED]
 
 
+def _upstream_fails_at_the_lock(upstream_id: int):
+    """A query wrapper (Django's ``connection.execute_wrapper``) that marks job ``upstream_id`` FAILED just before
+    the submission's ``SELECT ... FOR UPDATE`` of its upstreams runs: the upstream ended between validation and
+    storing, as another worker's transition would make it."""
+    fired = []
+
+    def wrapper(execute, sql, params, many, context):
+        if not fired and "FOR UPDATE" in sql and '"jobs_job"' in sql and upstream_id in (params or ()):
+            fired.append(sql)
+            execute('UPDATE "jobs_job" SET "state" = %s WHERE "id" = %s', (S.FAILED, upstream_id), False, context)
+        return execute(sql, params, many, context)
+    return wrapper, fired
+
+
+@pytest.mark.parametrize("way", ["api", "web form"])
+def test_an_upstream_ending_during_the_submission_is_a_refusal_on_its_field(teammate, teams, h100, aws_cluster,
+                                                                             small, way):
+    from django.db import connection
+
+    upstream = make_job_row(teams[0], teammate.user, h100, name="train-gpt")
+    document = small("eval", [{"job": upstream.pk}])
+    before = Job.objects.count()
+    wrapper, fired = _upstream_fails_at_the_lock(upstream.pk)
+    with connection.execute_wrapper(wrapper):
+        if way == "api":
+            r = teammate.client.post(JOBS, document, format="json")
+        else:
+            import yaml
+            r = signed_in(teammate).post("/jobs/new/", {"team": document["team"],
+                                                                 "spec_yaml": yaml.safe_dump(document)})
+    assert fired, "the submission never locked its upstream"
+    expected = (f"job {upstream.pk} (train-gpt) already ended FAILED, so the condition succeeded can never hold")
+    if way == "api":
+        assert r.status_code == 400, r.content
+        assert r.json() == {"after.0.job": [expected]}
+    else:
+        assert r.status_code == 200  # the form again, with the refusal beside the document
+        assert f"after.0.job: {expected}" in r.content.decode()
+    assert Job.objects.count() == before and not JobDependency.objects.exists()
+
+
 def test_a_job_cannot_depend_on_itself_or_on_a_job_that_depends_on_it(teammate, teams, h100):
     a = make_job_row(teams[0], teammate.user, h100, name="a")
     b = make_job_row(teams[0], teammate.user, h100, name="b")

@@ -273,3 +273,100 @@ def test_what_cannot_be_adopted_is_listed_for_staff_and_left_running(live_cluste
     aws = world.emulators["aws-use1"]
     assert aws.deletions == [] and len(aws.objects("Job")) == 1  # untouched
     assert not JobAttempt.objects.filter(uid=unknown.uid).exists()
+
+
+def _array_of_four(world):
+    """An array of 4 two-GPU elements of alpha on aws-use1, at most 2 at once (``submit_array``, as the API
+    stores it); the array."""
+    from jobs.arrays import submit_array
+
+    spec = {"image": "registry.example/t:1", "command": ["python", "train.py"],
+            "resources": {"accelerator": world.accelerator.name, "gpus_per_node": 2, "nodes": 1},
+            "placement": {"clusters": ["aws-use1"]}, "max_runtime_seconds": 3600}
+    resources = {"accelerator": world.accelerator, "gpus_per_node": 2, "nodes": 1, "priority": 0,
+                 "preemptible": False, "max_runtime_seconds": 3600, "max_retries": 0}
+    return submit_array(team=world.team, submitter=world.user, name="sweep", kind="training", spec=spec,
+                        resources=resources, count=4, parallelism=2, grid=[])
+
+
+def _run_now(world, job_id: int) -> JobAttempt:
+    """Admit job ``job_id`` (QUEUED), dispatch it and see it RUNNING; its attempt."""
+    from jobs.scheduling.passes import try_admit
+
+    assert try_admit(job_id) == "admitted", Job.objects.get(pk=job_id).queue_info
+    attempt = load(Job.objects.get(pk=job_id).current_attempt_id)
+    assert dispatch(attempt.pk) == "dispatched"
+    world.reconcile(attempt.cluster.name)
+    assert Job.objects.get(pk=job_id).state == S.RUNNING
+    return load(attempt.pk)
+
+
+def test_work_started_in_the_gap_of_a_job_the_backup_knew_as_queued_runs_once(live_clusters, tmp_path):
+    """A job still QUEUED in the backup that started in the gap (an array's element materialized before the backup,
+    a plain job, an element materialized in the gap) is adopted onto its own row after the restore, never admitted
+    a second time; the array keeps every element once, within its parallelism, and still ends."""
+    from jobs.arrays import top_up_arrays
+    from jobs.models import JobArray
+    from jobs.scheduling.passes import schedule_pending
+    from tests.support.factories import make_job_row
+
+    world = live_clusters
+    array = _array_of_four(world)
+    elements = {j.array_index: j.pk for j in Job.objects.filter(array=array)}
+    assert sorted(elements) == [0, 1]
+    first = _run_now(world, elements[0])
+    spec = {"image": "registry.example/t:1", "command": ["python", "train.py"],
+            "resources": {"accelerator": world.accelerator.name, "gpus_per_node": 2, "nodes": 1},
+            "placement": {"clusters": ["gcp-usc1"]}, "max_runtime_seconds": 3600}
+    plain = make_job_row(world.team, world.user, world.accelerator, name="plain", spec=spec, gpus_per_node=2,
+                         nodes=1, max_runtime=3600)
+    backup(tmp_path / "cp.dump")
+    time.sleep(1.0)
+
+    # The gap: element 1 and the plain job start; element 0 ends; element 2 is made and starts.
+    second, started_plain = _run_now(world, elements[1]), _run_now(world, plain.pk)
+    aws = world.emulators["aws-use1"]
+    aws.finish_pod(aws.pods(first.pk)[0]["metadata"]["name"], 0)
+    reconcile_all()
+    assert Job.objects.get(pk=elements[0]).state == S.SUCCEEDED
+    assert top_up_arrays() == 1
+    third = _run_now(world, Job.objects.get(array=array, array_index=2).pk)
+    gap = {"element 1": second, "plain": started_plain, "element 2": third}
+    running = workloads(world)
+    time.sleep(1.0)
+
+    restore(tmp_path / "cp.dump")
+    assert Job.objects.get(pk=elements[1]).state == S.QUEUED and Job.objects.get(pk=plain.pk).state == S.QUEUED
+    out = io.StringIO()
+    call_command("after_restore", stdout=out)
+    report = json.loads(out.getvalue())
+    assert report["listed_for_staff"] == []
+    assert sorted(a["uid"] for a in report["adopted"]) == sorted(str(a.uid) for a in gap.values())
+    for what, attempt in gap.items():
+        row = JobAttempt.objects.select_related("job").get(uid=attempt.uid)
+        assert (row.job_id, row.pk, row.job.state) == (attempt.job_id, attempt.pk, S.RUNNING), what
+        assert row.job.current_attempt_id == row.pk and row.started_at == attempt.started_at, what
+    assert Job.objects.get(pk=third.job_id).array_id == array.pk
+    assert Job.objects.get(pk=third.job_id).array_index == 2
+
+    # The passes after the restore: nothing admitted twice; element 3 waits while elements 1 and 2 run (the
+    # parallelism counts the adopted ones), then is made once, past the index the restored array had made.
+    for _ in range(2):
+        schedule_pending()
+        reconcile_all()
+    assert workloads(world) == running  # element 0 done, elements 1 and 2 and the plain job still the only ones
+    indexed = list(Job.objects.filter(array=array).values_list("array_index", flat=True))
+    assert sorted(indexed) == [0, 1, 2]
+    for attempt in (second, third):
+        aws.finish_pod(aws.pods(attempt.pk)[0]["metadata"]["name"], 0)
+    reconcile_all()
+    schedule_pending()
+    last = Job.objects.get(array=array, array_index=3)
+    assert last.state == S.ADMITTED
+    assert dispatch(last.current_attempt_id) == "dispatched"
+    world.reconcile("aws-use1")
+    aws.finish_pod(aws.pods(last.current_attempt_id)[0]["metadata"]["name"], 0)
+    reconcile_all()
+    assert sorted(Job.objects.filter(array=array).values_list("state", flat=True)) == [S.SUCCEEDED] * 4
+    assert JobArray.objects.get(pk=array.pk).materialized == 4
+    assert JobAttempt.objects.filter(job__array=array).count() == 4  # each element ran once

@@ -8,7 +8,8 @@ status, garbage-collects pods of deleted Jobs).
 
 ``ClusterEmulator``: a cluster that behaves like one on its own, for the
 tests of what the control plane believes: an API server with a Job and a
-Deployment controller, nodes with a pluggable binding hook, pod phases and
+Deployment controller (and, when asked, the JobSet API and its controller),
+nodes with a pluggable binding hook, pod phases and
 reasons, the Eviction API, plain deletion, node loss and spot reclaims, and
 faults injected on any call for a count or a time window; it counts pod
 GPU-seconds itself, to check billing against.
@@ -317,7 +318,15 @@ KINDS = {
     ("api/v1", "pods"): ("Pod", True), ("api/v1", "services"): ("Service", True),
     ("apis/batch/v1", "jobs"): ("Job", True), ("apis/apps/v1", "deployments"): ("Deployment", True),
     ("api/v1", "configmaps"): ("ConfigMap", True),
+    ("apis/jobset.x-k8s.io/v1alpha2", "jobsets"): ("JobSet", True),
 }
+#: The API groups ``GET /apis`` lists (an APIGroupList), by name: their versions; JobSet's only where it is served.
+API_GROUPS = {"batch": ["v1"], "apps": ["v1"]}
+JOBSET_GROUP, JOBSET_VERSION = "jobset.x-k8s.io", "v1alpha2"
+# Labels the JobSet controller sets on its child Jobs and their pods (JobSet docs, "JobSet labels").
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
+JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
 GPU = "nvidia.com/gpu"
 ATTEMPT_LABEL = "controlplane.io/attempt"
 JOB_LABEL = "controlplane.io/job"
@@ -440,6 +449,13 @@ class ClusterEmulator:
       deleted before it finished as failed, recreates it while failures stay within ``backoffLimit`` (after
       ``backoff_seconds``), then fails the Job (BackoffLimitExceeded); Complete once every index succeeded;
       ``activeDeadlineSeconds`` fails it DeadlineExceeded;
+    - with ``jobset``, the ``jobset.x-k8s.io/v1alpha2`` API (listed by ``GET /apis``) and a JobSet controller: a
+      child Job ``<jobset>-<replicated job>-<i>`` per replica of each replicated Job (the template's labels and
+      annotations, plus the JobSet labels on it and its pods, the pods' subdomain the network's), the headless
+      Service named by ``spec.network.subdomain`` (default the JobSet's name) selecting every pod of the JobSet;
+      a failed child Job fails the JobSet (``failurePolicy.maxRestarts`` 0: no restart), its ``successPolicy``
+      (``All``/``Any`` of ``targetReplicatedJobs``, default all) completes it, and a finished JobSet's active
+      child Jobs are deleted; deleting a JobSet deletes its child Jobs and Service;
     - the Deployment controller keeps ``replicas`` pods (a deleted or evicted one is replaced), ``readyReplicas``
       counting the Ready ones; ``crash_pod`` makes a server exit by itself as the kubelet shows it under
       ``restartPolicy: Always`` (lastState, restartCount, CrashLoopBackOff, restarted after ``backoff_seconds``);
@@ -459,8 +475,10 @@ class ClusterEmulator:
     """
 
     def __init__(self, name: str = "cluster", *, bind: Callable | None = None,
-                 lifetime: Callable[[dict], float | None] | None = None, backoff_seconds: float = 0.0):
+                 lifetime: Callable[[dict], float | None] | None = None, backoff_seconds: float = 0.0,
+                 jobset: bool = False):
         self.name = name
+        self.jobset = jobset  # serve jobset.x-k8s.io/v1alpha2 and run its controller
         self.bind = bind or default_bind
         self.lifetime = lifetime or (lambda pod: None)
         self.backoff_seconds = backoff_seconds
@@ -626,7 +644,19 @@ class ClusterEmulator:
                 shown = self.pod_shown.setdefault(pod["metadata"]["uid"], [None, None])
                 shown[1] = max(shown[1] or 0.0, min(at, record[3]) if record[3] is not None else at)
 
+    def _discovery(self) -> dict:
+        """``GET /apis``: the APIGroupList of the groups served (JobSet's only with ``jobset``)."""
+        groups = {**API_GROUPS, **({JOBSET_GROUP: [JOBSET_VERSION]} if self.jobset else {})}
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+            {"name": name, "versions": [{"groupVersion": f"{name}/{v}", "version": v} for v in versions],
+             "preferredVersion": {"groupVersion": f"{name}/{versions[0]}", "version": versions[0]}}
+            for name, versions in groups.items()]}
+
     def _route(self, method: str, parts: list[str], query: dict, body) -> tuple[int, object]:
+        if parts == ["apis"] and method == "GET":
+            return 200, self._discovery()
+        if parts[:2] == ["apis", JOBSET_GROUP] and not self.jobset:
+            return 404, status(404, "NotFound", "the server could not find the requested resource")
         prefix_len = 2 if parts[:1] == ["api"] else 3 if parts[:1] == ["apis"] else None
         if prefix_len is None or len(parts) <= prefix_len:
             return 404, status(404, "NotFound", "the server could not find the requested resource")
@@ -824,8 +854,14 @@ class ClusterEmulator:
                 obj["metadata"].setdefault("deletionTimestamp", micro_time(now))
                 self.store[kind][key] = obj
                 self._touch(obj)
+        if cascade and kind == "JobSet":  # its child Jobs (and their pods) and its Service go with it
+            uid = obj["metadata"]["uid"]
+            for other in ("Job", "Service"):
+                for okey, owned in list(self.store[other].items()):
+                    if any(r.get("uid") == uid for r in owned["metadata"].get("ownerReferences") or []):
+                        self._delete(other, okey, cascade=True, now=now)
         if kind == "Namespace":
-            for other in ("Pod", "Service", "Job", "Deployment", "ConfigMap"):
+            for other in ("Pod", "Service", "Job", "Deployment", "ConfigMap", "JobSet"):
                 for okey in [k for k in self.store[other] if k[0] == key[1]]:
                     self._delete(other, okey, cascade=True, now=now)
 
@@ -1006,6 +1042,9 @@ class ClusterEmulator:
     def _control(self, now: float | None = None) -> None:
         now = now if now is not None else time.time()
         for _ in range(2):  # the second round records the status of the pods the first created and bound
+            for jobset in list(self.store["JobSet"].values()):
+                if not jobset["metadata"].get("deletionTimestamp"):
+                    self._control_jobset(jobset, now)
             for job in list(self.store["Job"].values()):
                 if not job["metadata"].get("deletionTimestamp"):  # being deleted: no new pods
                     self._control_job(job, now)
@@ -1094,6 +1133,70 @@ class ClusterEmulator:
                 active.append(pod)
         st.update(active=len(active), failed=failed, succeeded=len(succeeded))
         self._touch(job)
+
+    def _control_jobset(self, jobset: dict, now: float) -> None:
+        """The JobSet controller's one round for ``jobset`` (see the class docstring)."""
+        meta, spec, st = jobset["metadata"], jobset["spec"], jobset.setdefault("status", {})
+        if any(c.get("status") == "True" and c.get("type") in ("Completed", "Failed") for c in st.get("conditions") or []):
+            return
+        owner = [{"apiVersion": jobset["apiVersion"], "kind": "JobSet", "name": meta["name"], "uid": meta["uid"],
+                  "controller": True}]
+        network = spec.get("network") or {}
+        subdomain = network.get("subdomain") or meta["name"]
+        made = jobset.setdefault("_made", set())
+        if "service" not in made:
+            made.add("service")
+            self._create("Service", meta["namespace"], {
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": subdomain, "ownerReferences": owner, "labels": {JOBSET_NAME_LABEL: meta["name"]}},
+                "spec": {"clusterIP": "None", "selector": {JOBSET_NAME_LABEL: meta["name"]},
+                         "publishNotReadyAddresses": network.get("publishNotReadyAddresses", True)}}, now)
+        children: dict[str, list[dict]] = defaultdict(list)
+        for rjob in spec.get("replicatedJobs") or []:
+            for index in range(int(rjob.get("replicas", 1))):
+                name = f"{meta['name']}-{rjob['name']}-{index}"
+                key = (meta["namespace"], name)
+                if name not in made:  # created once: with maxRestarts 0 a child Job is never made again
+                    made.add(name)
+                    template = json.loads(json.dumps(rjob["template"]))
+                    ours = {JOBSET_NAME_LABEL: meta["name"], REPLICATED_JOB_LABEL: rjob["name"],
+                            JOB_INDEX_LABEL: str(index)}
+                    job_meta = template.get("metadata") or {}
+                    pod_template = template["spec"]["template"]
+                    pod_template.setdefault("metadata", {})["labels"] = {
+                        **((pod_template.get("metadata") or {}).get("labels") or {}), **ours}
+                    if network.get("enableDNSHostnames"):
+                        pod_template["spec"]["subdomain"] = subdomain
+                    self._create("Job", meta["namespace"], {
+                        "apiVersion": "batch/v1", "kind": "Job",
+                        "metadata": {"name": name, "labels": {**(job_meta.get("labels") or {}), **ours},
+                                     "annotations": dict(job_meta.get("annotations") or {}), "ownerReferences": owner},
+                        "spec": template["spec"]}, now)
+                if key in self.store["Job"]:
+                    children[rjob["name"]].append(self.store["Job"][key])
+
+        def has(job: dict, kind: str) -> bool:
+            return any(c.get("type") == kind and c.get("status") == "True"
+                       for c in (job.get("status") or {}).get("conditions") or [])
+
+        policy = spec.get("successPolicy") or {}
+        targets = policy.get("targetReplicatedJobs") or [r["name"] for r in spec.get("replicatedJobs") or []]
+        done = [all(has(j, "Complete") for j in children.get(t, [])) and bool(children.get(t)) for t in targets]
+        failed = next((j for jobs in children.values() for j in jobs if has(j, "Failed")), None)
+        if failed is not None:
+            condition = ("Failed", "FailedJobs", f"jobset failed due to reaching max number of restarts: "
+                                                 f"{failed['metadata']['name']} failed")
+        elif (all(done) if policy.get("operator", "All") == "All" else any(done)):
+            condition = ("Completed", "AllJobsCompleted", "jobset completed successfully")
+        else:
+            return
+        st["conditions"] = [{"type": condition[0], "status": "True", "reason": condition[1], "message": condition[2],
+                             "lastTransitionTime": micro_time(now)}]
+        self._touch(jobset)
+        for jobs in children.values():  # a finished JobSet's active child Jobs are deleted
+            for job in jobs:
+                if not (has(job, "Complete") or has(job, "Failed")):
+                    self._delete("Job", (meta["namespace"], job["metadata"]["name"]), cascade=True, now=now)
 
     def _fail_job(self, job: dict, active: list[dict], reason: str, message: str, now: float) -> list:
         job["status"]["conditions"] = [{"type": t, "status": "True", "reason": reason, "message": message,

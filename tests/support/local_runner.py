@@ -39,7 +39,8 @@ def emulated_local_cluster_for(settings, monkeypatch, team, accelerator, nodes: 
 
 
 def kill_everything_under(root: Path) -> None:
-    """SIGKILL every process group and command recorded under ``root`` (a runner directory)."""
+    """SIGKILL every process group and command recorded under ``root`` (a runner directory), and every serving
+    job's endpoint proxy."""
     if not root.is_dir():
         return
     table = proc_table()
@@ -49,6 +50,8 @@ def kill_everything_under(root: Path) -> None:
         if supervisor is not None:
             signal_group(supervisor, signal.SIGKILL, table)
         signal_process(ProcessRef.from_json(record.get("child")), signal.SIGKILL, table)
+    for path in root.glob("job-*/endpoint/proxy.pid"):  # serving jobs' endpoints (runners.local.serving)
+        signal_process(ProcessRef.from_json(read_json(path)), signal.SIGKILL, table)
 
 
 def wait_until(predicate, timeout: float = 15.0, what: str = "condition"):

@@ -150,6 +150,15 @@ def fleet_db(django_db_setup, django_db_blocker, synthetic_fleet, prometheus_url
             transaction.set_rollback(True)
 
 
+def read_costs_from(settings, url: str, *, step: float, idle_percent: float, lookback: float) -> None:
+    """Point the costs settings at the Prometheus at ``url``: its scrape interval ``step`` (seconds), the idle
+    threshold ``idle_percent`` (percent) and its ``--query.lookback-delta`` ``lookback`` (seconds)."""
+    settings.COSTS_PROMETHEUS_URL = url
+    settings.COSTS_SCRAPE_INTERVAL_SECONDS = step
+    settings.COSTS_IDLE_UTIL_PERCENT = idle_percent
+    settings.COSTS_QUERY_LOOKBACK_DELTA_SECONDS = lookback
+
+
 @pytest.fixture
 def costs_settings(settings, prometheus_urls):
     """The costs settings pointed at the shared Prometheus with the fleet's scrape interval and idle threshold."""

@@ -85,7 +85,7 @@ def example_yaml(name: str) -> str:
 
 @pytest.mark.parametrize("content_type", ["application/yaml", "text/yaml"])
 @pytest.mark.parametrize("example, kind", [("train-gpt.yaml", "training"), ("serve-gpt.yaml", "inference"),
-                                           ("evaluate-gpt.yaml", "training")])
+                                           ("evaluate-gpt.yaml", "training"), ("serve-gpt-autoscaled.yaml", "inference")])
 def test_it_submits_the_yaml_examples(teammate, aws_cluster, example, kind, content_type):
     trained = None
     if example != "train-gpt.yaml":  # it names the example training job: its checkpoint, or the job it runs after

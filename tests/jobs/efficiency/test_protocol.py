@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.efficiency.protocol import SERIES_MAX_POINTS, Report, RunStats, parse_exposition, parse_line, parse_log
+from jobs.efficiency.protocol import (
+    SERIES_MAX_POINTS,
+    Report,
+    RunStats,
+    last_throughput,
+    later_throughput,
+    parse_exposition,
+    parse_line,
+    parse_log,
+)
 
 LOG = """\
 config world_size=2 backend=gloo device=cpu params=199936 flops_per_token=1234567 tokens_per_step=12288 peak_tflops=1 (CPU nominal) threads=1
@@ -86,3 +95,22 @@ process_cpu_seconds_total 3.5
     assert report == Report("progress", {"step": 120.0, "tokens_per_s": 5120.5, "loss": 2.25,
                                          "flops_per_token": 1.5e6, "tokens": 614400.0})
     assert parse_exposition("# TYPE other gauge\nother 1\n") is None
+
+
+def test_a_pod_s_last_throughput_is_its_last_report_that_carries_one():
+    log = ("step=1 tokens_per_s=40 samples_per_s=2\nstep=2 tokens_per_s=42.5\nstep=3 loss=1.0\n"
+           "config flops_per_token=1e9\n")
+    assert last_throughput(parse_log(log)) == {"step": 2, "tokens_per_s": 42.5, "samples_per_s": None,
+                                               "final": False}
+    summary = last_throughput(parse_log(log + "final step=3 tokens_per_s=41.0\n"))
+    assert summary == {"step": 3, "tokens_per_s": 41.0, "samples_per_s": None, "final": True}
+    assert last_throughput(parse_log("step=1 loss=2\n")) is None
+
+
+def test_a_kept_throughput_moves_only_to_a_later_step_or_that_step_s_summary():
+    kept = {"step": 5, "tokens_per_s": 10.0, "final": False}
+    assert not later_throughput(kept, {"step": 4, "tokens_per_s": 99.0, "final": True})  # an older tail
+    assert not later_throughput(kept, {**kept, "tokens_per_s": 11.0})  # the same report read again
+    assert later_throughput(kept, {"step": 5, "tokens_per_s": 9.0, "final": True})
+    assert later_throughput(kept, {"step": 6, "tokens_per_s": 9.0, "final": False})
+    assert later_throughput(None, kept) and not later_throughput(kept, None)

@@ -2,13 +2,14 @@
 budget on the sum of the roles, and a job whose one role cannot be placed holds nothing, its queue reason naming
 that role.
 
-The fleet: a cluster whose runner starts multi-role jobs (backend ``local``) in aws us-east-1, its H100 pool of 2
-synced nodes x 8 GPUs at the catalog price (6.88 USD/GPU-h); alpha has 32 H100 GPUs of quota unless a test says
+The fleet: a cluster whose runner starts multi-role jobs (backend ``local``; ``kubernetes`` starts them too) in aws
+us-east-1, its H100 pool of 2 synced nodes x 8 GPUs at the catalog price (6.88 USD/GPU-h); alpha has 32 H100 GPUs of quota unless a test says
 otherwise.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from decimal import Decimal
 
@@ -17,10 +18,15 @@ from django.utils import timezone
 
 from costs.ledger import accrue_attempt
 from jobs.models import Job, JobAttempt, JobState
+from jobs.scheduling.core import RoleShape
 from jobs.scheduling.passes import schedule_pending
 from runners.models import Cluster, Node
 from tests.support.factories import fresh, make_cluster
 from tests.support.personas import signed_in
+from tests.support.scheduling import admitted, decide
+from tests.support.scheduling import job as core_job
+from tests.support.scheduling import pool as core_pool
+from tests.support.scheduling import team as core_team
 
 JOBS = "/api/v1/jobs/"
 S = JobState
@@ -170,19 +176,29 @@ def test_each_roles_cost_is_its_own_gpu_hours_at_the_price_and_they_add_up_to_th
     assert teammate.client.get(f"{JOBS}{r.json()['id']}/").json()["roles"] is None
 
 
-def test_a_cluster_whose_runner_cannot_start_roles_is_never_chosen(teammate, alpha, aws_cluster, alpha_h100_quota):
-    # aws_cluster's backend is kubernetes: its pools are not offered to a multi-role job, which waits for a
-    # fleet change without holding anything, while a training job of the same size is placed there.
-    job = submit(teammate.client, {"learner": role(1)})
-    r = teammate.client.post(JOBS, {"team": "alpha", "name": "single", "spec": {**role(1), "max_runtime_seconds": 60}},
-                             format="json")
+def test_a_kubernetes_cluster_is_offered_to_a_multi_role_job(teammate, alpha, aws_cluster, alpha_h100_quota):
+    # aws_cluster's backend is kubernetes, whose runner starts roles (a Service and an Indexed Job per role)
+    job = submit(teammate.client, {"learner": role(1), "rollout": role(1, nodes=2, port=8000, completion=False)})
 
-    assert schedule_pending().admitted == [r.json()["id"]]
+    assert schedule_pending().admitted == [job.pk]
 
-    info = fresh(job).queue_info
-    assert info["reason"] == "capacity" and info["never_placeable"] is True and info["short_of"] == "placement"
-    assert "runner that starts multi-role jobs" in info["message"]
-    assert not JobAttempt.objects.filter(job=job).exists()
+    attempt = fresh(job).current_attempt
+    assert attempt.cluster == aws_cluster["cluster"] and set(attempt.placement["roles"]) == {"learner", "rollout"}
+
+
+def test_a_pool_whose_runner_cannot_start_roles_is_never_chosen():
+    # The core's rule, for a backend without roles (``PoolOffer.multi_role`` false): such a pool is never offered
+    # to a multi-role job, which waits for a fleet change holding nothing, while a job of one role of the same
+    # size is placed there.
+    offer = dataclasses.replace(core_pool(1, 16), multi_role=False)
+    gang = dataclasses.replace(core_job(1, 1), roles=(RoleShape("learner", 1, 1),))
+    single = core_job(1, 1)
+
+    decisions, _ = decide([core_team(1, 64)], [offer], [gang, single])
+
+    assert admitted(decisions) == [single.job_id]
+    info = decisions.waiting[gang.job_id].info()
+    assert info["never_placeable"] is True and "runner that starts multi-role jobs" in info["message"]
 
 
 def test_the_job_page_shows_each_roles_cost(teammate, alpha, nodes, alpha_h100_quota):

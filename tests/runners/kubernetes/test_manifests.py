@@ -135,3 +135,15 @@ def test_without_a_metrics_port_or_for_serving_no_metrics_port_is_declared(kind,
             assert all(p["name"] != "metrics" for p in container.get("ports") or [])
             assert all(e["name"] != "CONTROLPLANE_METRICS_PORT" for e in container["env"])
             assert "annotations" not in template["metadata"]
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/v1/ready"])
+def test_serving_replicas_are_ready_only_while_their_health_path_answers(path):
+    w = workload(kind="inference", nodes=1, replicas=3, port=8080, health_path=path)
+    service, deployment = m.manifests(w)
+    validate(service)
+    validate(deployment)
+    probe = deployment["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]
+    assert probe["httpGet"] == {"path": path, "port": 8080}
+    assert service["spec"]["ports"][0]["targetPort"] == 8080 and "clusterIP" not in service["spec"]
+    assert service["spec"]["selector"] == deployment["spec"]["template"]["metadata"]["labels"]

@@ -8,16 +8,21 @@ The cluster: the emulated local cluster of 2 nodes x 8 H100 GPUs (``two_node_loc
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
+from costs.prometheus import pod_role
 from jobs.models import JobAttempt, JobState
 from jobs.scheduling.passes import try_admit
+from jobs.workload import collect_workload_metrics
 from runners.base import backend_for
+from runners.local.exporter import LocalGpuCollector, emulated_gpus, live_pods, render
 from runners.local.runner import attempt_dir
 from tests.runners.local.test_local_runner import observe, reconcile_until, state_chain
 from tests.support.factories import make_job_row
 from tests.support.local_runner import dispatched, wait_until
+from tests.support.personas import signed_in
 
 KEYS = ["CONTROLPLANE_ROLE", "CONTROLPLANE_ROLE_INDEX", "CONTROLPLANE_ROLES", "CONTROLPLANE_ROLE_ROLLOUT_ADDRESSES",
         "CONTROLPLANE_ROLE_LEARNER_ADDRESSES", "CONTROLPLANE_ROLE_REWARD_SERVER_ADDRESSES", "PORT", "WORLD_SIZE",
@@ -135,7 +140,59 @@ def test_a_failed_role_restarts_every_role_by_the_jobs_retries(multi_role):
     assert reconcile_until(second, {JobState.SUCCEEDED}).state == JobState.SUCCEEDED
 
 
-def test_the_grpo_example_runs_as_three_roles_and_its_reward_rises(multi_role):
+def last_tokens_per_s(log: str) -> float | None:
+    """The ``tokens_per_s`` of the last report line (``step=...`` or ``final step=...``) of ``log`` that has one."""
+    found = None
+    for line in log.splitlines():
+        match = re.match(r"^(?:final )?step=\d+\b.*\btokens_per_s=([0-9.]+)", line)
+        if match:
+            found = float(match.group(1))
+    return found
+
+
+def test_each_pod_s_last_reported_throughput_is_kept_by_role_and_shown_in_the_api(multi_role, teammate):
+    report = "import os; print({lines!r}[int(os.environ['CONTROLPLANE_ROLE_INDEX'])], flush=True)"
+    attempt = multi_role({
+        "learner": role(report.format(lines=["step=1 tokens_per_s=100.5 loss=2.0\nstep=2 tokens_per_s=120.25\n"
+                                             "final step=2 tokens_per_s=110.0 loss=1.5"])),
+        "rollout": role(report.format(lines=["step=1 tokens_per_s=40.0 samples_per_s=2\nstep=2 tokens_per_s=42.5",
+                                             "step=1 tokens_per_s=30.0\nnot a report tokens_per_s=99"]), nodes=2),
+    })
+    job = reconcile_until(attempt, {JobState.SUCCEEDED})
+    collect_workload_metrics()
+
+    roles = teammate.client.get(f"/api/v1/jobs/{job.pk}/").json()["roles"]
+    assert (roles["learner"]["tokens_per_s"], roles["learner"]["pod_tokens_per_s"]) == (110.0, [110.0])  # its summary
+    assert roles["rollout"]["pod_tokens_per_s"] == [42.5, 30.0]
+    assert roles["rollout"]["tokens_per_s"] == 72.5  # each rollout generates for itself: their sum
+    assert roles["rollout"]["throughput_attempt"] == 1
+    page = signed_in(teammate).get(f"/jobs/{job.pk}/").content.decode()
+    assert re.search(r'id="role-throughput-rollout">72\.5 tokens/s \(pods: 42\.5, 30\.0\)', page)
+    assert re.search(r'id="role-throughput-learner">110\.0 tokens/s<', page)
+
+
+def test_the_exporter_names_each_pod_by_its_role_and_gives_it_its_role_s_gpus(multi_role):
+    spec = role(SERVE, completion=True)
+    spec["resources"] = {**spec["resources"], "gpus_per_node": 2}
+    attempt = multi_role({"learner": spec, "rollout": role(SERVE, nodes=2, port=8000, completion=False)})
+    reconcile_until(attempt, {JobState.RUNNING})
+    name = attempt.object_name
+    pods = {p.pod: p for p in live_pods(attempt.cluster_id)}
+    assert {pod: len(p.gpus) for pod, p in pods.items()} == {
+        f"{name}-learner-0": 2, f"{name}-rollout-0": 1, f"{name}-rollout-1": 1}
+    assert len({g for p in pods.values() for g in p.gpus}) == 4  # no GPU in two pods
+
+    text = render(LocalGpuCollector(hostname="h", gpus=lambda: emulated_gpus("h")))
+    gpus_by_role: dict[str, int] = {}
+    for line in text.splitlines():
+        match = re.match(r'^DCGM_FI_DEV_GPU_UTIL\{.*\bpod="([^"]+)"', line)
+        if match:
+            found = pod_role(match.group(1), name, ("learner", "rollout"))
+            gpus_by_role[found] = gpus_by_role.get(found, 0) + 1
+    assert gpus_by_role == {"learner": 2, "rollout": 2}
+
+
+def test_the_grpo_example_runs_as_three_roles_and_its_reward_rises(multi_role, teammate):
     """examples/rl_grpo.py, unchanged, finds its rollouts through the runner's variables alone."""
     def grpo(args: list[str], **extra) -> dict:
         spec = role("", **extra)
@@ -155,3 +212,10 @@ def test_the_grpo_example_runs_as_three_roles_and_its_reward_rises(multi_role):
     assert float(fields["reward"]) > float(fields["first_reward"]), final
     for node in (1, 2):  # each rollout served generations
         assert "tokens_per_s=" in backend_for(attempt.cluster).logs(attempt, node, 400)
+    # Each role's last reported throughput, as its pods' logs say, in the job's answer.
+    collect_workload_metrics()
+    roles = teammate.client.get(f"/api/v1/jobs/{job.pk}/").json()["roles"]
+    logs = [backend_for(attempt.cluster).logs(attempt, node, 400) for node in range(3)]
+    assert None not in [last_tokens_per_s(log) for log in logs]
+    assert roles["learner"]["pod_tokens_per_s"] == [last_tokens_per_s(logs[0])]
+    assert roles["rollout"]["pod_tokens_per_s"] == [last_tokens_per_s(logs[1]), last_tokens_per_s(logs[2])]

@@ -48,8 +48,10 @@ def test_a_server_listens_on_its_own_port_and_the_api_shows_its_endpoint(admitte
 
     endpoint = JobSerializer(JobAttempt.objects.get(pk=first.pk).job).data["endpoint"]
     port = first.runner_state["ports"][0]
-    assert endpoint == first.runner_state["endpoint"] == f"http://127.0.0.1:{port}"
-    assert port != second.runner_state["ports"][0]
+    # The job's endpoint (its proxy) is not the replica's own port, and balances over the replica on that port.
+    assert endpoint == first.runner_state["endpoint"] and endpoint.startswith("http://127.0.0.1:")
+    assert first.runner_state["replicas"] == [f"127.0.0.1:{port}"]
+    assert port != second.runner_state["ports"][0] and endpoint != second.runner_state["endpoint"]
     seen = answer(endpoint)
     runs = Path(django_settings.LOCAL_RUNNER_DIR).resolve()
     # The serving job reads the training job's checkpoints, not a directory of its own.

@@ -327,6 +327,78 @@ def no_duplicate_run(world) -> list[str]:
     return out
 
 
+def _element_pods(world) -> dict[int, dict[int, list[tuple[int, float, float]]]]:
+    """``{array id: {index: [(job id, created, stopped), ...]}}``: every pod the clusters ran for an element of a
+    job array (virtual epoch seconds, ``inf`` while it runs), the element told by the pods' own environment
+    (``World.elements``), not by the database's rows (a restore may have lost or rebuilt them)."""
+    out: dict[int, dict[int, list]] = defaultdict(lambda: defaultdict(list))
+    for emulator in world.emulators.values():
+        for _gpus, labels, created, stopped in emulator.pod_times.values():
+            if labels.get(JOB_LABEL) in world.elements:
+                array, index = world.elements[labels[JOB_LABEL]]
+                out[array][index].append((int(labels[JOB_LABEL]), created,
+                                          stopped if stopped is not None else float("inf")))
+    return out
+
+
+def array_element_once(world) -> list[str]:
+    """Each element of a job array is one job: no index has two rows, and no index's pods belong to two jobs."""
+    from django.db.models import Count
+
+    from jobs.models import Job
+
+    out = [f"element {r['array_index']} of array {r['array_id']} has {r['n']} jobs"
+           for r in Job.objects.filter(array__isnull=False).values("array_id", "array_index")
+           .annotate(n=Count("id")).filter(n__gt=1)]
+    for array, indices in _element_pods(world).items():
+        for index, pods in indices.items():
+            jobs = sorted({job for job, _, _ in pods})
+            if len(jobs) > 1:
+                out.append(f"element {index} of array {array} ran as jobs {jobs}")
+    return out
+
+
+def array_within_parallelism(world) -> list[str]:
+    """A job array never has more elements with pods alive at once than its parallelism (the clusters' own
+    times: a pod counts from its creation to its stop)."""
+    from jobs.models import JobArray
+
+    limits = dict(JobArray.objects.values_list("pk", "parallelism"))
+    out = []
+    for array, indices in _element_pods(world).items():
+        spans = defaultdict(lambda: [float("inf"), 0.0])  # element -> its pods' first creation and last stop
+        for index, pods in indices.items():
+            for _job, created, stopped in pods:
+                spans[index][0] = min(spans[index][0], created)
+                spans[index][1] = max(spans[index][1], stopped)
+        edges = sorted([(lo, 1) for lo, _ in spans.values()] + [(hi, -1) for _, hi in spans.values()],
+                       key=lambda e: (e[0], e[1]))
+        alive = peak = 0
+        for _, step in edges:
+            alive += step
+            peak = max(peak, alive)
+        if array in limits and peak > limits[array]:
+            out.append(f"array {array} had {peak} elements running at once, more than its parallelism "
+                       f"{limits[array]}")
+    return out
+
+
+def array_completes(world) -> list[str]:
+    """Once settled, every job array is done: all its elements made and final, or it was cancelled and none of
+    its elements is live."""
+    from jobs.models import FINAL_STATES, Job, JobArray
+
+    out = []
+    for array in JobArray.objects.all():
+        rows = list(Job.objects.filter(array=array).values_list("state", flat=True))
+        live = [state for state in rows if state not in FINAL_STATES]
+        if live:
+            out.append(f"array {array.pk} still has {len(live)} live elements")
+        elif array.state != JobArray.State.CANCELLED and len(rows) < array.count:
+            out.append(f"array {array.pk} made {len(rows)} of its {array.count} elements and stopped")
+    return out
+
+
 def nothing_left_behind(world) -> list[str]:
     """Once settled, no cluster holds a pod, Job or Deployment of the platform's (every job is final)."""
     out = []
@@ -416,7 +488,8 @@ def billed_past_end_explained(world) -> list[str]:
 
 
 END = {f.__name__: f for f in (liveness, billed_once, no_duplicate_run, nothing_left_behind, unknown_cost_shown,
-                               notified_once, billed_past_end_explained)}
+                               notified_once, billed_past_end_explained, array_element_once,
+                               array_within_parallelism, array_completes)}
 
 #: Every invariant's name, in report order.
 NAMES = [*STEP, *END]

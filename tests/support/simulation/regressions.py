@@ -98,6 +98,24 @@ def end_record_behind_the_stop() -> tuple[WorldConfig, list[tuple]]:
                     ("cancel", 0), ("advance", 60), ("restore",), ("advance", 60)]
 
 
+def waiting_at_backup_started_in_the_gap() -> tuple[WorldConfig, list[tuple]]:
+    """One 8-GPU node; a job runs and a second one waits for it; the database is backed up; the first ends and the
+    second starts; the database is restored from the backup, where the second still waits: its running attempt
+    must be adopted onto it, not listed for staff while the scheduler admits it a second time."""
+    config = WorldConfig((ClusterConfig("c0", "aws", "on-demand", 1, 8, "2.00"),), nominal=(8, 8), borrowing=(0, 0))
+    return config, [("submit", 0, 3, 0, 0, 60, 0, 1), ("submit", 0, 3, 0, 0, 600, 0, 1), ("advance", 30),
+                    ("backup",), ("advance", 60), ("advance", 30), ("restore",), ("advance", 60), ("advance", 60)]
+
+
+def array_across_a_restore() -> tuple[WorldConfig, list[tuple]]:
+    """Two 8-GPU nodes; a sweep of 4 one-node 8-GPU elements, 2 at once; the database is backed up while the first
+    two run; they end and the next two start; the database is restored: the two started in the gap are adopted
+    as the array's elements, not made and run again, and the array still ends with each element run once."""
+    config = WorldConfig((ClusterConfig("c0", "aws", "on-demand", 2, 8, "2.00"),), nominal=(16, 16), borrowing=(0, 0))
+    return config, [("submit", 0, 3, 0, 0, 60, 0, 3), ("advance", 30), ("backup",), ("advance", 60), ("advance", 30),
+                    ("restore",), ("advance", 60), ("advance", 60), ("advance", 60)]
+
+
 #: name -> (scenario function, the invariants its failure broke).
 REGRESSIONS = {
     "admit_preempt_loop": (admit_preempt_loop, ("bounded_preemption_before_run",)),
@@ -109,4 +127,6 @@ REGRESSIONS = {
     "preempted_pods_still_stopping": (preempted_pods_still_stopping, ("no_duplicate_run",)),
     "restore_from_backup": (restore_from_backup, ("no_healthy_pod_deleted", "no_duplicate_run", "billed_once")),
     "end_record_behind_the_stop": (end_record_behind_the_stop, ("billed_once",)),
+    "waiting_at_backup_started_in_the_gap": (waiting_at_backup_started_in_the_gap, ("liveness", "nothing_left_behind")),
+    "array_across_a_restore": (array_across_a_restore, ("array_element_once",)),
 }

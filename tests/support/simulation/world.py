@@ -130,6 +130,9 @@ class World:
         self.config, self.clock = config, clock
         self.lifetimes: dict[str, float] = {}
         self.submitted: list[int] = []
+        self.arrays: dict[int, float] = {}  # job arrays the API accepted: id -> seconds each element's pods run
+        # job id (its pods' label) -> (array id, index) as its pods' environment said, for pods that ran
+        self.elements: dict[str, tuple[int, int]] = {}
         self.refused: list[tuple[int, dict]] = []
         self.emulators = {c.name: ClusterEmulator(c.name, lifetime=self._lifetime) for c in config.clusters}
         self.node_serial = 0
@@ -151,7 +154,16 @@ class World:
         self.subscription = None  # team a's e-mail subscription to every job event (invariants.notified_once)
 
     def _lifetime(self, pod: dict) -> float | None:
-        return self.lifetimes.get((pod["metadata"].get("labels") or {}).get("controlplane.io/job"))
+        job = (pod["metadata"].get("labels") or {}).get("controlplane.io/job")
+        if job in self.lifetimes:
+            return self.lifetimes[job]
+        env = {v.get("name"): v.get("value") for v in (pod["spec"]["containers"][0].get("env") or ())}
+        if "CONTROLPLANE_ARRAY_ID" not in env:
+            return None
+        # An array's element: it runs its array's lifetime, and the pod's own word says which element it is.
+        array = int(env["CONTROLPLANE_ARRAY_ID"])
+        self.elements[job] = (array, int(env["CONTROLPLANE_ARRAY_INDEX"]))
+        return self.arrays.get(array)
 
     # --- building ----------------------------------------------------------------------------------------------
 
@@ -243,6 +255,25 @@ class World:
         self.refused.append((r.status_code, body))
         return None
 
+    def submit_array(self, team: int, nodes: int, gpus: int, preemptible: bool, lifetime: float, max_retries: int,
+                     *, count: int, parallelism: int) -> int | None:
+        """POST a job array of ``count`` training elements, at most ``parallelism`` at once, through the REST API
+        as a member of team ``team``; its elements' pods run ``lifetime`` seconds. Returns the array's id (None:
+        refused, kept in ``refused``)."""
+        spec = {"image": "registry.example/sim:1", "command": ["python", "work.py"],
+                "resources": {"accelerator": "H100-80GB", "gpus_per_node": gpus, "nodes": nodes},
+                "max_runtime_seconds": 86400, "preemptible": preemptible, "max_retries": max_retries}
+        body = {"team": self.teams[team].slug, "name": f"a{len(self.arrays) + len(self.refused)}",
+                "kind": "training", "spec": spec, "array": {"count": count, "parallelism": parallelism}}
+        r = self.client.post("/api/v1/arrays/", body, content_type="application/json")
+        if r.status_code == 201:
+            self.arrays[r.json()["id"]] = lifetime
+            return r.json()["id"]
+        if r.status_code >= 500:
+            self.api_errors.append(f"POST /api/v1/arrays/ answered {r.status_code}")
+        self.refused.append((r.status_code, body))
+        return None
+
     def cancel(self, index: int) -> int | None:
         """Cancel the ``index``-th (modulo) unfinished job through the API; returns its id (None: none left)."""
         from jobs.models import FINAL_STATES, Job
@@ -301,8 +332,12 @@ class World:
         if self.after_restore_due:
             return False  # the platform is being restored: nobody reaches its API
         nodes, gpus = SHAPES[shape % len(SHAPES)]
-        self.submit(team % 2, nodes, gpus, "inference" if kind else "training", bool(preemptible), lifetime,
-                    max_retries, replicas)
+        if not kind and replicas >= 3:  # a training submission drawn with 3 replicas is a sweep: an array
+            self.submit_array(team % 2, nodes, gpus, bool(preemptible), lifetime, max_retries, count=replicas + 1,
+                              parallelism=2)
+        else:
+            self.submit(team % 2, nodes, gpus, "inference" if kind else "training", bool(preemptible), lifetime,
+                        max_retries, replicas)
         self.after_user_action()
         return False
 

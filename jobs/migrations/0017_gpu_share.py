@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0014_multi_role_kind'),
+        ('jobs', '0016_serving_scale'),
     ]
 
     operations = [

@@ -1,0 +1,41 @@
+"""What the API and the job's page show of a serving job: its endpoint, its replicas, and its autoscaling (the
+spec's bounds and target, the last decision, and why a scale-up was refused)."""
+
+from __future__ import annotations
+
+from .models import Job, ServingScale
+
+
+def serving_status(job: Job) -> dict | None:
+    """A serving ``job``'s ``{"endpoint", "replicas", "replica_addresses", "autoscaling"}``; None for other kinds.
+
+    ``endpoint``: ``Job.endpoint`` (stable for the job's life on the local runner; the Service's address on
+    Kubernetes). ``replica_addresses``: where the current attempt's replicas listen, as its runner reports them
+    ([] when it does not). ``autoscaling``: None without ``spec.autoscaling``; else its ``min_replicas``,
+    ``max_replicas``, ``metric`` (``in_flight`` or ``rps``), ``target_per_replica``, the delays (s), and from
+    the last pass (``jobs.models.ServingScale``) ``metric_per_replica``, ``desired``, ``decided_at``,
+    ``refusal`` ({} or ``{"reason", "message", "replicas", "desired", "at", ...}``) and ``note``. One query
+    for the autoscaler's row.
+    """
+    if job.kind != Job.Kind.INFERENCE:
+        return None
+    attempt = job.current_attempt if job.endpoint else None
+    status = {"endpoint": job.endpoint, "replicas": job.replicas,
+              "replica_addresses": list((attempt.runner_state or {}).get("replicas") or ()) if attempt else [],
+              "autoscaling": None}
+    scaling = (job.spec or {}).get("autoscaling")
+    if not scaling:
+        return status
+    in_flight = scaling.get("target_in_flight_per_replica") is not None
+    state = ServingScale.objects.filter(job_id=job.pk).first()
+    status["autoscaling"] = {
+        "min_replicas": scaling["min_replicas"], "max_replicas": scaling["max_replicas"],
+        "metric": "in_flight" if in_flight else "rps",
+        "target_per_replica": scaling["target_in_flight_per_replica" if in_flight else "target_rps_per_replica"],
+        "scale_up_delay_seconds": scaling.get("scale_up_delay_seconds", 0),
+        "scale_down_delay_seconds": scaling.get("scale_down_delay_seconds", 300),
+        "metric_per_replica": state.metric if state else None, "desired": state.desired if state else None,
+        "decided_at": state.decided_at if state else None, "refusal": state.refusal if state else {},
+        "note": state.note if state else "",
+    }
+    return status

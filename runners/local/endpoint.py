@@ -1,0 +1,284 @@
+"""The endpoint of a serving job on the local runner: one address that balances requests over the ready replicas.
+
+Started by ``runners.local.runner`` in a session of its own, once per serving job (not per attempt), so its
+address stays the same for the life of the job::
+
+    python -m runners.local.endpoint --dir DIR --port P --admin-port A [--idle-exit S] [--check-interval S]
+
+``DIR`` (``<LOCAL_RUNNER_DIR>/job-<id>/endpoint``) holds ``backends.json``, which the runner rewrites whenever
+the job's replicas change: ``{"replicas": ["127.0.0.1:<port>", ...], "health_path": "/healthz"}``. The proxy
+reads it again when it changes and checks every replica's health path every ``--check-interval`` seconds
+(a 2xx or 3xx answer within 1 s: ready; Kubernetes' httpGet readiness probe counts the same answers as success).
+Requests go round-robin to the ready replicas only, so a starting or failing replica gets none. A replica that
+refuses the connection is taken out of rotation until its next good check, and the request goes to another one
+(it never reached a server, so any method may be sent again); a replica that fails after the request was sent
+(the connection broke, no answer) is tried again on another replica only for an idempotent request: a method
+RFC 9110 section 9.2.2 calls idempotent (GET, HEAD, OPTIONS, TRACE, PUT, DELETE) or a request with an
+``Idempotency-Key`` header (IETF draft "The Idempotency-Key HTTP Header Field"). Without a ready replica the
+answer is ``503`` with ``Retry-After: 1``. Answers carry ``X-Controlplane-Replica``: the replica that served.
+
+``--admin-port`` serves ``GET /metrics`` (Prometheus exposition) with the endpoint's own counters, which the
+autoscaler reads (``jobs.serving``): ``controlplane_endpoint_requests_total``, ``..._in_flight``,
+``..._in_flight_seconds_total`` (the integral of requests in flight over time: its increase over an interval
+divided by the interval is the mean number in flight), ``..._clock_seconds`` (the proxy's monotonic clock, for
+those intervals), ``..._failed_requests_total`` (answered 502 or 503 by the proxy itself), ``..._retries_total``,
+``..._ready_replicas``, ``..._replicas`` and ``..._replica_requests_total{replica}``.
+
+With no replica ready for ``--idle-exit`` seconds (the job's attempt ended and no other took its place, or every
+replica is down) or its directory gone, the proxy exits 0 (the runner's next look at a live attempt starts it
+again, on the same port); on SIGTERM or SIGINT too. Built on aiohttp's server and client (aio-libs); no Django.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+from aiohttp import ClientConnectorError, ClientError, ClientSession, ClientTimeout, web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+BACKENDS_FILE = "backends.json"
+#: Headers that belong to one connection (RFC 9110 section 7.6.1), not forwarded; and those aiohttp sets itself.
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
+                        "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length"})
+#: Methods RFC 9110 section 9.2.2 defines as idempotent: sent again after a failure, the effect is the same.
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+IDEMPOTENCY_KEY = "Idempotency-Key"
+REPLICA_HEADER = "X-Controlplane-Replica"
+#: Seconds a health check may take before the replica counts as not ready.
+HEALTH_TIMEOUT_SECONDS = 1.0
+#: The largest request body forwarded, bytes.
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+def idempotent(method: str, headers) -> bool:
+    """Whether a request of ``method`` with ``headers`` may be sent again to another replica after a failure that
+    happened once it was sent: an RFC 9110 idempotent method, or an ``Idempotency-Key`` header."""
+    return method.upper() in IDEMPOTENT_METHODS or IDEMPOTENCY_KEY in headers
+
+
+class Replicas:
+    """The replicas of the job as ``backends.json`` lists them, which of them are ready, and the round-robin turn."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.addresses: list[str] = []
+        self.health_path = "/healthz"
+        self.ready: set[str] = set()
+        self.served: dict[str, int] = {}
+        self._turn = 0
+        self._stamp: tuple[int, int] | None = None
+        self.idle_since = time.monotonic()
+
+    def reload(self) -> None:
+        """Read ``backends.json`` again if it changed (size and mtime); a replica no longer listed leaves rotation."""
+        path = self.directory / BACKENDS_FILE
+        try:
+            stat = path.stat()
+            stamp = (stat.st_mtime_ns, stat.st_size)
+            if stamp == self._stamp:
+                return
+            data = json.loads(path.read_text() or "{}")
+        except (OSError, ValueError):
+            return
+        self._stamp = stamp
+        self.addresses = [a for a in data.get("replicas") or () if isinstance(a, str)]
+        self.health_path = data.get("health_path") or "/healthz"
+        self.ready &= set(self.addresses)
+
+    def idle_for(self) -> float:
+        """Seconds since a replica was last ready (0 while one is)."""
+        if self.ready:
+            self.idle_since = time.monotonic()
+        return time.monotonic() - self.idle_since
+
+    def pick(self, exclude: set[str]) -> str | None:
+        """The next ready replica in round-robin order, not in ``exclude``; None when there is none."""
+        candidates = [a for a in self.addresses if a in self.ready and a not in exclude]
+        if not candidates:
+            return None
+        self._turn += 1
+        return candidates[self._turn % len(candidates)]
+
+    def mark_down(self, address: str) -> None:
+        """Take ``address`` out of rotation until its next good health check."""
+        self.ready.discard(address)
+
+
+class Endpoint:
+    """The proxy's state: the replicas, the HTTP client, and the counters ``/metrics`` shows."""
+
+    def __init__(self, directory: Path, request_timeout: float):
+        self.replicas = Replicas(directory)
+        self.request_timeout = request_timeout
+        self.session: ClientSession | None = None
+        self.requests = 0
+        self.failed = 0
+        self.retries = 0
+        self.in_flight = 0
+        self._area = 0.0  # requests in flight integrated over seconds
+        self._area_at = time.monotonic()
+
+    def _in_flight_changes(self, by: int) -> None:
+        now = time.monotonic()
+        self._area += self.in_flight * (now - self._area_at)
+        self._area_at = now
+        self.in_flight += by
+
+    def in_flight_seconds(self) -> float:
+        """The integral of requests in flight over time up to now, request-seconds."""
+        return self._area + self.in_flight * (time.monotonic() - self._area_at)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """Forward ``request`` to a ready replica (see the module docstring for which, and when another is tried)."""
+        self.requests += 1
+        self._in_flight_changes(+1)
+        try:
+            return await self._forward(request)
+        finally:
+            self._in_flight_changes(-1)
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        again = idempotent(request.method, request.headers)
+        tried: set[str] = set()
+        while True:
+            address = self.replicas.pick(tried)
+            if address is None:
+                self.failed += 1
+                status = 502 if tried else 503
+                error = "replica_failed" if tried else "no_ready_replica"
+                return web.json_response({"error": error, "tried": sorted(tried)}, status=status,
+                                         headers={"Retry-After": "1"})
+            if tried:
+                self.retries += 1
+            tried.add(address)
+            try:
+                async with self.session.request(request.method, f"http://{address}{request.rel_url}",
+                                                headers=headers, data=body, allow_redirects=False) as answer:
+                    payload = await answer.read()
+                    out = {k: v for k, v in answer.headers.items() if k.lower() not in HOP_BY_HOP
+                           and k.lower() != "content-encoding"}
+                    out[REPLICA_HEADER] = address
+                    self.replicas.served[address] = self.replicas.served.get(address, 0) + 1
+                    return web.Response(status=answer.status, body=payload, headers=out)
+            except ClientConnectorError:
+                self.replicas.mark_down(address)  # never reached a server: any method may go elsewhere
+            except (ClientError, asyncio.TimeoutError):
+                self.replicas.mark_down(address)
+                if not again:
+                    self.failed += 1
+                    return web.json_response({"error": "replica_failed", "replica": address}, status=502)
+
+    async def check(self, address: str) -> None:
+        """One readiness check of ``address``: GET its health path; 2xx or 3xx within the timeout is ready."""
+        try:
+            async with self.session.get(f"http://{address}{self.replicas.health_path}", allow_redirects=False,
+                                        timeout=ClientTimeout(total=HEALTH_TIMEOUT_SECONDS)) as answer:
+                await answer.read()
+                ok = 200 <= answer.status < 400
+        except (ClientError, asyncio.TimeoutError, OSError):
+            ok = False
+        if ok and address in self.replicas.addresses:
+            self.replicas.ready.add(address)
+        elif not ok:
+            self.replicas.ready.discard(address)
+
+    async def check_loop(self, interval: float, idle_exit: float, stop: asyncio.Event) -> None:
+        """Reload the replicas and check each one every ``interval`` seconds; set ``stop`` once none has been
+        ready for ``idle_exit`` seconds, or the directory is gone."""
+        while not stop.is_set():
+            if not self.replicas.directory.is_dir():
+                stop.set()  # the job's files are gone
+                return
+            self.replicas.reload()
+            if self.replicas.addresses:
+                await asyncio.gather(*(self.check(a) for a in list(self.replicas.addresses)))
+            if self.replicas.idle_for() >= idle_exit:
+                stop.set()
+                return
+            try:
+                await asyncio.wait_for(stop.wait(), interval)
+            except asyncio.TimeoutError:
+                pass
+
+    def collect(self):
+        """The endpoint's metrics (a prometheus_client collector)."""
+        yield CounterMetricFamily("controlplane_endpoint_requests", "Requests the endpoint received",
+                                  value=self.requests)
+        yield CounterMetricFamily("controlplane_endpoint_failed_requests",
+                                  "Requests the endpoint answered 502 or 503 itself", value=self.failed)
+        yield CounterMetricFamily("controlplane_endpoint_retries", "Requests sent again to another replica",
+                                  value=self.retries)
+        yield GaugeMetricFamily("controlplane_endpoint_in_flight", "Requests in flight now", value=self.in_flight)
+        yield CounterMetricFamily("controlplane_endpoint_in_flight_seconds",
+                                  "Requests in flight integrated over time, request-seconds",
+                                  value=self.in_flight_seconds())
+        yield GaugeMetricFamily("controlplane_endpoint_clock_seconds", "The endpoint's monotonic clock, seconds",
+                                value=time.monotonic())
+        yield GaugeMetricFamily("controlplane_endpoint_replicas", "Replicas listed", value=len(self.replicas.addresses))
+        yield GaugeMetricFamily("controlplane_endpoint_ready_replicas", "Replicas ready (their health check passed)",
+                                value=len(self.replicas.ready))
+        served = CounterMetricFamily("controlplane_endpoint_replica_requests", "Requests each replica answered",
+                                     labels=["replica"])
+        for address, count in sorted(self.replicas.served.items()):
+            served.add_metric([address], count)
+        yield served
+
+
+async def serve(directory: Path, port: int, admin_port: int, idle_exit: float, check_interval: float,
+                request_timeout: float) -> int:
+    """Run the endpoint until SIGTERM/SIGINT or ``idle_exit`` seconds without replicas; returns the exit status."""
+    endpoint = Endpoint(directory, request_timeout)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(endpoint)
+    endpoint.session = ClientSession(timeout=ClientTimeout(total=request_timeout), auto_decompress=False)
+
+    async def metrics(_request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), content_type="text/plain", charset="utf-8")
+
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app.router.add_route("*", "/{tail:.*}", endpoint.handle)
+    admin = web.Application()
+    admin.router.add_get("/metrics", metrics)
+    runners = [web.AppRunner(app, access_log=None), web.AppRunner(admin, access_log=None)]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        for runner, at in zip(runners, (port, admin_port), strict=True):
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", at).start()
+        print(f"endpoint on http://127.0.0.1:{port} (metrics on :{admin_port}/metrics)", flush=True)
+        await endpoint.check_loop(check_interval, idle_exit, stop)
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+        await endpoint.session.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: serve the endpoint of the command line; returns the process exit status."""
+    p = argparse.ArgumentParser(prog="python -m runners.local.endpoint", description=__doc__.splitlines()[0])
+    p.add_argument("--dir", required=True, type=Path, help="the directory holding backends.json")
+    p.add_argument("--port", required=True, type=int)
+    p.add_argument("--admin-port", required=True, type=int)
+    p.add_argument("--idle-exit", type=float, default=60.0, help="seconds without a ready replica before exiting")
+    p.add_argument("--check-interval", type=float, default=0.5, help="seconds between readiness checks")
+    p.add_argument("--request-timeout", type=float, default=300.0, help="seconds a forwarded request may take")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    return asyncio.run(serve(args.dir, args.port, args.admin_port, args.idle_exit, args.check_interval,
+                             args.request_timeout))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""The autoscaling pass: for every RUNNING serving job with ``spec.autoscaling``, read its endpoint's load, decide
+the replica count by the HorizontalPodAutoscaler's rule (``serving.hpa``) and apply it: scale-ups admitted one
+replica at a time (``serving.replicas.add_replica``; a refusal leaves the job at its size and says why), scale-
+downs released (``release_replicas``), then the cluster's runner made to run that many (``Backend.scale``).
+
+Every step is kept on the job's ``ServingScale`` row (the page and the API read it) and, for a change, a ``scale``
+event; a refusal whose reason is new is a ``scale_refused`` event. One job's failure is logged and the others go
+on. Celery beat runs it every ``AUTOSCALE_INTERVAL_SECONDS`` (15 s: the HorizontalPodAutoscaler's default sync
+period).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+from django.db import transaction
+from django.utils import timezone
+
+from jobs.models import Job, JobAttempt, JobEvent, JobState, ServingScale
+from runners.base import Backend, PermanentDispatchError, TransientDispatchError, backend_for
+
+from .hpa import bounded, load, parse_reading, recommended, stabilized
+from .replicas import add_replica, release_replicas
+
+log = logging.getLogger(__name__)
+
+
+def autoscaled_jobs():
+    """The RUNNING serving jobs with ``spec.autoscaling`` (their current attempt and cluster selected)."""
+    jobs = (Job.objects.filter(kind=Job.Kind.INFERENCE, state=JobState.RUNNING, current_attempt__isnull=False)
+            .select_related("current_attempt__cluster", "team").order_by("pk"))
+    return [job for job in jobs if (job.spec or {}).get("autoscaling")]
+
+
+def autoscale(now: dt.datetime | None = None) -> list[dict]:
+    """One pass over ``autoscaled_jobs`` at ``now`` (default now); one dict per job: ``{"job", "replicas" (after
+    the pass), "desired", "note"}`` and, when it decided, the decision's numbers (``metric``, ``metric_per_replica``,
+    ``target``, ``current``, ``recommended``); or ``{"job", "error"}``."""
+    now = now or timezone.now()
+    results = []
+    for job in autoscaled_jobs():
+        try:
+            results.append(scale_job(job, now))
+        except Exception as exc:  # noqa: BLE001 - one job's fault must not stop the others
+            log.exception("autoscaling of job %s failed", job.pk)
+            results.append({"job": job.pk, "error": f"{type(exc).__name__}: {exc}"})
+    return results
+
+
+def target_of(scaling: dict) -> tuple[str, float]:
+    """``(metric, target per replica)`` of ``spec.autoscaling``: ``in_flight`` or ``rps``."""
+    if scaling.get("target_in_flight_per_replica") is not None:
+        return "in_flight", float(scaling["target_in_flight_per_replica"])
+    return "rps", float(scaling["target_rps_per_replica"])
+
+
+def scale_job(job: Job, now: dt.datetime) -> dict:
+    """Read, decide and apply for one serving ``job`` (module docstring); its result dict."""
+    scaling = job.spec["autoscaling"]
+    attempt = job.current_attempt
+    backend = backend_for(attempt.cluster)
+    state, _ = ServingScale.objects.get_or_create(job=job)
+    if not backend.scales:
+        return _noted(state, job, f"the {attempt.cluster.name} cluster's runner does not change a running job's "
+                                  f"replicas yet: it keeps {job.replicas}")
+    if len((attempt.runner_state or {}).get("replicas") or ()) != job.replicas * job.nodes:
+        apply_replicas(backend, attempt, job.replicas)  # a change the runner did not make yet (a failed call)
+    text = backend.endpoint_load(attempt)
+    reading = parse_reading(text) if text else None
+    if reading is None:
+        return _noted(state, job, "no reading of the endpoint's counters: the replica count stays")
+    metric, target = target_of(scaling)
+    total = load(reading, state.sample, metric)
+    state.sample = reading.as_sample()
+    if total is None:
+        return _noted(state, job, "a first reading: a rate needs two")
+    current = job.replicas
+    per_replica = total / current
+    raw = recommended(current, per_replica, target)
+    at = now.timestamp()
+    up, down = scaling.get("scale_up_delay_seconds", 0), scaling.get("scale_down_delay_seconds", 300)
+    history = [(float(t), int(n)) for t, n in state.recommendations or ()]
+    desired = bounded(stabilized(current, raw, history, at, up, down), scaling["min_replicas"],
+                      scaling["max_replicas"])
+    keep = max(up, down)
+    state.recommendations = [[t, n] for t, n in history if t > at - keep] + [[at, raw]]
+    state.metric, state.desired, state.note, state.decided_at = per_replica, desired, "", now
+    decision = {"metric": metric, "metric_per_replica": per_replica, "target": target, "current": current,
+                "recommended": raw, "desired": desired}
+    if desired > current:
+        _scale_up(state, job, desired - current, now, decision)
+    else:
+        state.refusal = {}
+        if desired < current:
+            release_replicas(job.pk, now, decision)
+    state.save()
+    job.refresh_from_db(fields=["replicas"])
+    if job.replicas != current:
+        apply_replicas(backend, JobAttempt.objects.select_related("job", "cluster").get(pk=attempt.pk), job.replicas)
+    return {**decision, "job": job.pk, "replicas": job.replicas, "note": ""}
+
+
+def _scale_up(state: ServingScale, job: Job, count: int, now: dt.datetime, decision: dict) -> None:
+    """Admit up to ``count`` replicas one by one; the first refusal stops, is kept on ``state`` and, when its reason
+    or message is new, written as a ``scale_refused`` event."""
+    for _ in range(count):
+        verdict = add_replica(job.pk, now, decision)
+        if verdict is None:
+            state.refusal = {}
+            continue
+        refusal = {**{k: v for k, v in verdict.detail.items() if _plain(v)}, "reason": verdict.reason,
+                   "message": verdict.message, "desired": decision["desired"],
+                   "replicas": Job.objects.values_list("replicas", flat=True).get(pk=job.pk)}
+        known = state.refusal or {}
+        if (known.get("reason"), known.get("message")) != (verdict.reason, verdict.message):
+            JobEvent.objects.create(job=job, kind="scale_refused", from_state=job.state, to_state=job.state,
+                                    reason=f"scale-up to {decision['desired']} replicas refused: {verdict.message}"[:500],
+                                    data={**decision, **refusal})
+        state.refusal = {**refusal, "at": now.isoformat()}
+        return
+
+
+def _plain(value) -> bool:
+    """Whether ``value`` can be kept in JSON as it is."""
+    return isinstance(value, (str, int, float, bool)) or value is None
+
+
+def _noted(state: ServingScale, job: Job, note: str) -> dict:
+    """Keep ``note`` (why the pass could not decide) on ``state``; the job's result dict."""
+    state.note = note
+    state.save()
+    return {"job": job.pk, "replicas": job.replicas, "desired": state.desired, "note": note}
+
+
+def apply_replicas(backend: Backend, attempt: JobAttempt, replicas: int) -> bool:
+    """Make the cluster run ``replicas`` replicas of ``attempt`` (``Backend.scale``) and keep its new runner state;
+    True when done. A refusal of the runner is logged; the next pass tries again."""
+    try:
+        runner_state = backend.scale(attempt, replicas)
+    except (TransientDispatchError, PermanentDispatchError) as exc:
+        log.warning("scaling %s to %s replicas failed: %s", attempt.object_name, replicas, exc)
+        return False
+    with transaction.atomic():
+        JobAttempt.objects.filter(pk=attempt.pk, ended_at__isnull=True).update(runner_state=runner_state)
+    return True
