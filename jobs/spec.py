@@ -905,6 +905,11 @@ def kind_errors(kind: str, spec: JobSpec) -> dict[str, list[str]]:
     if shared and kind == INFERENCE and spec.replicas > 1:
         errors["replicas"] = ["a server on part of a GPU (a fraction or a MIG profile) runs one replica: replicas "
                               f"must be 1 (got {spec.replicas}); submit one job per replica"]
+    scaling = getattr(spec, "autoscaling", None)
+    if shared and kind == INFERENCE and scaling is not None and scaling.max_replicas > 1:
+        errors["autoscaling.max_replicas"] = [
+            f"a server on part of a GPU (a fraction or a MIG profile) runs one replica, so it is not autoscaled: "
+            f"max_replicas must be 1 (got {scaling.max_replicas})"]
     if kind != INFERENCE and spec.max_runtime_seconds is None:
         errors["max_runtime_seconds"] = ["required for training jobs: it bounds the run and the cost estimate that "
                                          "admission checks against the budget (a serving job may leave it out)"]

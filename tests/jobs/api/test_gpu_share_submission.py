@@ -125,6 +125,17 @@ def test_a_fractional_server_runs_one_replica(teammate, submission):
     assert any("replicas must be 1 (got 2)" in m for m in r.json()["spec.replicas"])
 
 
+def test_a_fractional_server_is_not_autoscaled(teammate, submission):
+    document = shared(submission, kind="inference", gpus_per_node=0.5)
+    document["spec"].pop("max_runtime_seconds", None)
+    document["spec"]["autoscaling"] = {"min_replicas": 1, "max_replicas": 3, "target_in_flight_per_replica": 4}
+
+    r = teammate.client.post(JOBS, document, format="json")
+
+    assert r.status_code == 400, r.content
+    assert any("max_replicas must be 1 (got 3)" in m for m in r.json()["spec.autoscaling.max_replicas"])
+
+
 def test_a_role_of_a_multi_role_job_asks_whole_gpus(teammate):
     role = {"image": "python:3.11", "command": ["python", "x.py"],
             "resources": {"accelerator": "H100-80GB", "gpus_per_node": 0.5, "nodes": 1}}
