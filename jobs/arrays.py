@@ -229,7 +229,8 @@ def submit_array(*, team, submitter, name: str, kind: str, spec: dict, resources
     with transaction.atomic():
         array = JobArray.objects.create(
             team=team, submitter=submitter, name=name, kind=kind, spec=spec, accelerator=resources["accelerator"],
-            gpus_per_node=resources["gpus_per_node"], nodes=resources["nodes"], priority=resources["priority"],
+            gpus_per_node=resources["gpus_per_node"], gpu_share_milli=resources.get("gpu_share_milli", 0),
+            mig_profile=resources.get("mig_profile", ""), nodes=resources["nodes"], priority=resources["priority"],
             preemptible=resources["preemptible"], max_runtime_seconds=resources["max_runtime_seconds"],
             max_retries=resources["max_retries"], replicas=resources.get("replicas", 1), count=count,
             parallelism=parallelism, grid=grid)
@@ -272,6 +273,7 @@ def _element(array: JobArray, index: int) -> Job:
     created at the array's submission (so admission's first-come order counts the array's place in the queue)."""
     job = Job(team_id=array.team_id, submitter_id=array.submitter_id, name=f"{array.name}-{index}", kind=array.kind,
               spec=array.spec, accelerator_id=array.accelerator_id, gpus_per_node=array.gpus_per_node,
+              gpu_share_milli=array.gpu_share_milli, mig_profile=array.mig_profile,
               nodes=array.nodes, priority=array.priority, preemptible=array.preemptible,
               max_runtime_seconds=array.max_runtime_seconds, max_retries=array.max_retries, replicas=array.replicas,
               array_id=array.pk, array_index=index)

@@ -81,6 +81,7 @@ def store_submitted_job(*, team, submitter, name: str, kind: str, spec: dict, re
     job = Job(
         team=team, submitter=submitter, name=name, kind=kind, spec=spec,
         accelerator=resources["accelerator"], gpus_per_node=resources["gpus_per_node"], nodes=resources["nodes"],
+        gpu_share_milli=resources.get("gpu_share_milli", 0), mig_profile=resources.get("mig_profile", ""),
         priority=resources["priority"], preemptible=resources["preemptible"],
         max_runtime_seconds=resources["max_runtime_seconds"], max_retries=resources["max_retries"],
         replicas=resources.get("replicas", 1),

@@ -10,6 +10,7 @@ from decimal import Decimal
 from django.conf import settings
 from django.db import models
 
+from core.gpus import MILLI_PER_GPU
 from core.sql import as_decimal, fetch, placeholders
 from quotas.models import DEFAULT_PRIORITY_CLASSES, scope_to_teams
 
@@ -79,6 +80,11 @@ class Job(models.Model):
     spec = models.JSONField()
     accelerator = models.ForeignKey("runners.Accelerator", on_delete=models.PROTECT, related_name="jobs")
     gpus_per_node = models.PositiveIntegerField()
+    # GPU sharing (docs/adr/0040-gpu-sharing.md): the share of one GPU the job's pod holds when it asks less than a
+    # whole GPU, in milli-GPUs (1000 = one GPU): a fraction (spec gpus_per_node 0.25: 250) or a MIG profile's share
+    # (``core.gpus.MigProfile.share_milli``); gpus_per_node is then 1 (the one device its pod asks). 0: whole GPUs.
+    gpu_share_milli = models.PositiveIntegerField(default=0, help_text="share of one GPU, milli-GPU (0: whole GPUs)")
+    mig_profile = models.CharField(max_length=32, blank=True, default="", help_text="MIG profile, e.g. 1g.10gb")
     nodes = models.PositiveIntegerField()
     priority = models.IntegerField(default=PRIORITY_CLASSES["normal"])
     preemptible = models.BooleanField(default=False)
@@ -126,6 +132,12 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.pk} {self.name} ({self.state})"
+
+    @property
+    def gpu_milli_per_node(self) -> int:
+        """Milli-GPUs each pod of the job holds: its share of one GPU (``gpu_share_milli``) when it asks less than a
+        whole GPU, else ``gpus_per_node`` x 1000 (``core.gpus.MILLI_PER_GPU``)."""
+        return self.gpu_share_milli or self.gpus_per_node * MILLI_PER_GPU
 
     @property
     def total_gpus(self) -> int:
@@ -181,6 +193,8 @@ class JobArray(models.Model):
     spec = models.JSONField()
     accelerator = models.ForeignKey("runners.Accelerator", on_delete=models.PROTECT, related_name="job_arrays")
     gpus_per_node = models.PositiveIntegerField()
+    gpu_share_milli = models.PositiveIntegerField(default=0, help_text="share of one GPU, milli-GPU (0: whole GPUs)")
+    mig_profile = models.CharField(max_length=32, blank=True, default="", help_text="MIG profile, e.g. 1g.10gb")
     nodes = models.PositiveIntegerField()
     priority = models.IntegerField(default=PRIORITY_CLASSES["normal"])
     preemptible = models.BooleanField(default=False)

@@ -157,4 +157,5 @@ def stored_job_args(job) -> dict:
     return {"team": job.team, "kind": job.kind, "spec": job.spec or {},
             "resources": {"accelerator": job.accelerator, "gpus_per_node": job.gpus_per_node, "nodes": job.nodes,
                           "replicas": job.replicas, "priority": job.priority, "preemptible": job.preemptible,
-                          "max_runtime_seconds": job.max_runtime_seconds}}
+                          "max_runtime_seconds": job.max_runtime_seconds, "gpu_share_milli": job.gpu_share_milli,
+                          "mig_profile": job.mig_profile}}

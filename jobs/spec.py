@@ -49,6 +49,7 @@ from rest_framework import serializers
 from rest_framework.settings import api_settings
 
 from core.fields import INT32_MAX
+from core.gpus import MIG_PROFILES, MILLI_PER_GPU, mig_profile, milli_of
 from core.lookups import LookupCache
 from quotas.models import Membership, Team, priority_classes
 from runners.models import CPU_ACCELERATOR, Accelerator, Cluster, NodePool
@@ -143,6 +144,42 @@ def _positive_number(value):
     if value <= 0:
         raise PydanticCustomError("number_not_positive", "Must be greater than 0.")
     return value
+
+
+def _gpu_amount(value):
+    if type(value) is int:
+        if value < 0:
+            raise PydanticCustomError("gpu_amount", "Ensure this value is greater than or equal to 0.")
+        if value > INT32_MAX:
+            raise PydanticCustomError("gpu_amount", f"Ensure this value is less than or equal to {INT32_MAX}.")
+        return value
+    if type(value) is not float:
+        raise PydanticCustomError("gpu_amount", "A valid integer is required. A fraction of one GPU is a number "
+                                                "below 1, e.g. 0.25.")
+    try:
+        milli = milli_of(value)
+    except ValueError:
+        milli = None
+    if milli is None or not 0 < milli < MILLI_PER_GPU:
+        raise _refused(f"{value} is not a whole number of GPUs nor a fraction of one GPU: a fraction is between 0.01 "
+                       f"and 0.99 in steps of 0.01 (e.g. 0.25); more than one GPU is a whole number")
+    return value
+
+
+#: GPUs per node: a whole number, or a fraction of one GPU below 1 in steps of 0.01 (``core.gpus.milli_of``).
+GpuAmount = Annotated[int | float, PlainValidator(_gpu_amount), WithJsonSchema(
+    {"type": "number", "minimum": 0, "maximum": INT32_MAX, "multipleOf": 0.01})]
+
+
+def is_fraction(gpus_per_node) -> bool:
+    """Whether a validated ``gpus_per_node`` asks a fraction of one GPU (a float: ``GpuAmount`` keeps whole numbers
+    as int)."""
+    return type(gpus_per_node) is float
+
+
+def whole_gpus(gpus_per_node) -> int:
+    """The GPU devices a pod of a validated ``gpus_per_node`` asks: the number itself, or 1 for a fraction."""
+    return 1 if is_fraction(gpus_per_node) else gpus_per_node
 
 
 #: A finite int or float above 0, kept as given.
@@ -258,9 +295,16 @@ class JobResources(SpecModel):
     accelerator: Text = _optional(
         "accelerator name (e.g. H100-80GB), looked up; a node pool with nodes must offer it. Absent with "
         "gpus_per_node 0: CPU (a CPU-only job, on the nodes of CPU node pools)", example="H100-80GB")
-    gpus_per_node: Int32 = Field(description="GPUs on each node; at most the GPUs per node of the accelerator's "
-                                 "largest node pool; 0: a CPU-only job (then cpu is required, and it is placed and "
-                                 "billed by its CPU and memory)", json_schema_extra=_example(1))
+    gpus_per_node: GpuAmount = Field(
+        description="GPUs on each node; at most the GPUs per node of the accelerator's largest node pool; 0: a "
+        "CPU-only job (then cpu is required, and it is placed and billed by its CPU and memory). A fraction of one "
+        "GPU below 1, in steps of 0.01 (e.g. 0.25), is the way to ask part of a GPU: a job on one node (and one "
+        "replica) that shares a GPU with others, and is counted against quota and billed for that share only",
+        json_schema_extra=_example(1))
+    mig_profile: Text = _optional(
+        "a MIG profile of the accelerator (e.g. 1g.10gb on A100-80GB or H100-80GB): the job's pod gets one MIG "
+        "instance of it, counted and billed as the instance's share of its GPU (its memory slices over 8); with "
+        "gpus_per_node 1 and nodes 1", example="1g.10gb")
     nodes: Count = Field(description="nodes the job runs on, each a distinct node of one node pool", json_schema_extra=_example(1))
     cpu: PositiveNumber = _optional("CPU cores per node; absent: no request")
     memory_gib: PositiveNumber = _optional("memory per node, GiB; absent: no request")
@@ -283,12 +327,15 @@ class JobResources(SpecModel):
         if info.context is None:
             return self
         lookups = info.context
-        errors = cpu_only_errors(self, lookups)
+        errors = share_errors(self) or cpu_only_errors(self, lookups)
         if not errors:
             errors = alternative_errors(lookups.accelerator, self.alternatives)
         if not errors:
-            errors = pool_errors(lookups.accelerator, self.gpus_per_node)
-            if errors and any(not pool_errors(accelerator_named(a), self.gpus_per_node) for a in self.alternatives):
+            errors = mig_profile_errors(lookups.accelerator, self.mig_profile)
+        if not errors:
+            devices = whole_gpus(self.gpus_per_node)
+            errors = pool_errors(lookups.accelerator, devices)
+            if errors and any(not pool_errors(accelerator_named(a), devices) for a in self.alternatives):
                 errors = {}  # an alternative could hold it
         if errors:
             raise _rules_failed(errors)
@@ -719,6 +766,49 @@ def pool_errors(accelerator: Accelerator, gpus_per_node: int) -> dict[str, list[
     return {}
 
 
+def share_errors(resources: JobResources) -> dict[str, list[str]]:
+    """The rules of a job asking part of one GPU, errors by ``spec.resources`` field (docs/adr/0040-gpu-sharing.md):
+    a fraction (``gpus_per_node`` below 1) or a ``mig_profile`` runs on one node, one device, without
+    ``alternatives`` (a share is of one accelerator's GPU); not both at once. Empty for a whole-GPU job."""
+    fraction, profile = is_fraction(resources.gpus_per_node), resources.mig_profile
+    if not fraction and profile is None:
+        return {}
+    asked = (f"a fraction of one GPU (gpus_per_node {resources.gpus_per_node})" if fraction
+             else f"a MIG instance (mig_profile {profile})")
+    errors: dict[str, list[str]] = {}
+    if fraction and profile is not None:
+        errors["mig_profile"] = ["give either a fraction of a GPU (gpus_per_node below 1) or a MIG profile, not both"]
+    if profile is not None and resources.gpus_per_node != 1 and not fraction:
+        errors["gpus_per_node"] = [f"a job with a mig_profile gets one MIG instance: gpus_per_node must be 1 (got "
+                                   f"{resources.gpus_per_node})"]
+    if resources.nodes != 1:
+        errors["nodes"] = [f"{asked} runs on one node: nodes must be 1 (got {resources.nodes}); a job on several "
+                           f"nodes asks whole GPUs"]
+    if resources.alternatives:
+        errors["alternatives"] = [f"{asked} is a share of one accelerator's GPU: no alternatives"]
+    return errors
+
+
+def mig_profile_errors(accelerator: Accelerator, profile: str | None) -> dict[str, list[str]]:
+    """Errors of ``spec.resources.mig_profile`` on ``accelerator``: the profile must be one of the accelerator's in
+    NVIDIA's table (``core.gpus.MIG_PROFILES``); empty when it is, or when no profile is asked."""
+    if profile is None or mig_profile(accelerator.name, profile) is not None:
+        return {}
+    known = MIG_PROFILES.get(accelerator.name)
+    if not known:
+        return {"mig_profile": [f"{accelerator.name} has no MIG profiles; MIG is offered on "
+                                f"{', '.join(sorted(MIG_PROFILES))}"]}
+    return {"mig_profile": [f'{accelerator.name} has no MIG profile "{profile}"; its profiles: {", ".join(known)}']}
+
+
+def gpu_share_milli(resources: JobResources, accelerator: Accelerator) -> int:
+    """The share of one GPU a validated job's pod holds, in milli-GPUs: a fraction's (``core.gpus.milli_of``), a
+    MIG profile's (``MigProfile.share_milli``), or 0 for whole GPUs."""
+    if resources.mig_profile is not None:
+        return mig_profile(accelerator.name, resources.mig_profile).share_milli
+    return milli_of(resources.gpus_per_node) if is_fraction(resources.gpus_per_node) else 0
+
+
 def cpu_only_errors(resources: JobResources, lookups: Lookups) -> dict[str, list[str]]:
     """The rules of a CPU-only job on validated ``resources``, errors by field: an absent accelerator is CPU when
     ``gpus_per_node`` is 0 (then set, with ``lookups.accelerator``) and required otherwise; the CPU flavor has no
@@ -795,6 +885,9 @@ def role_errors(spec: MultiRoleSpec, lookups: Lookups | None) -> dict[str, list[
         if role.resources.alternatives:
             errors[f"{at}.resources.alternatives"] = ["a role of a multi-role job runs on one accelerator: no "
                                                       "alternatives"]
+        if is_fraction(role.resources.gpus_per_node) or role.resources.mig_profile is not None:
+            errors[f"{at}.resources.gpus_per_node"] = ["a role of a multi-role job asks whole GPUs (or none): "
+                                                       "fractions and MIG profiles are for single-role jobs"]
         accelerator = role.resources.accelerator
         if first is None:
             first = (name, accelerator)
@@ -827,6 +920,15 @@ def kind_errors(kind: str, spec: JobSpec) -> dict[str, list[str]]:
     kinds only (:data:`KIND_SPECIFIC`) given, and a spec with neither ``command`` nor ``args`` (nothing would say what to run: a container with ``args`` and no
     ``command`` runs the image's ENTRYPOINT with them, Kubernetes "Define a command and arguments")."""
     errors = {}
+    shared = is_fraction(spec.resources.gpus_per_node) or spec.resources.mig_profile is not None
+    if shared and kind == INFERENCE and spec.replicas > 1:
+        errors["replicas"] = ["a server on part of a GPU (a fraction or a MIG profile) runs one replica: replicas "
+                              f"must be 1 (got {spec.replicas}); submit one job per replica"]
+    scaling = getattr(spec, "autoscaling", None)
+    if shared and kind == INFERENCE and scaling is not None and scaling.max_replicas > 1:
+        errors["autoscaling.max_replicas"] = [
+            f"a server on part of a GPU (a fraction or a MIG profile) runs one replica, so it is not autoscaled: "
+            f"max_replicas must be 1 (got {scaling.max_replicas})"]
     if kind != INFERENCE and spec.max_runtime_seconds is None:
         errors["max_runtime_seconds"] = ["required for training jobs: it bounds the run and the cost estimate that "
                                          "admission checks against the budget (a serving job may leave it out)"]
@@ -892,8 +994,10 @@ def never_errors(team: Team, spec: JobSpec, accelerator: Accelerator,
     accelerator or on one of its alternatives (the accelerator's reasons are given)."""
     from .scheduling.never import never_fits
 
-    resources = {"gpus_per_node": spec.resources.gpus_per_node, "nodes": spec.resources.nodes,
-                 "cpu": spec.resources.cpu, "memory_gib": spec.resources.memory_gib}
+    resources = {"gpus_per_node": whole_gpus(spec.resources.gpus_per_node), "nodes": spec.resources.nodes,
+                 "cpu": spec.resources.cpu, "memory_gib": spec.resources.memory_gib,
+                 "share_milli": gpu_share_milli(spec.resources, accelerator) if not accelerator.is_cpu else 0,
+                 "mig_profile": spec.resources.mig_profile or ""}
     placement = {"providers": spec.placement.providers, "regions": spec.placement.regions,
                  "clusters": spec.placement.clusters}
     replicas = starting_replicas(spec) if kind == INFERENCE else 1
@@ -924,12 +1028,14 @@ def memory_errors(kind: str, spec: JobSpec, accelerator: Accelerator) -> dict[st
     if model is None and parallelism is None or not resources.gpus_per_node:
         return {}  # a CPU-only job: no GPU memory to fit, and no MFU (no accelerator peak)
     parallelism = parallelism or JobParallelism()
-    layout = Layout(resources.nodes * resources.gpus_per_node, parallelism.zero_stage, parallelism.tensor_parallel,
+    layout = Layout(resources.nodes * whole_gpus(resources.gpus_per_node), parallelism.zero_stage, parallelism.tensor_parallel,
                     parallelism.pipeline_parallel, parallelism.sequence_parallel)
     declared = model.model_dump() if model is not None else None
     errors = declaration_errors(declared, layout)
     if errors or declared is None or kind != Job.Kind.TRAINING:
         return errors
+    if is_fraction(resources.gpus_per_node) or resources.mig_profile is not None:
+        return {}  # the fit is of whole GPUs' memory; the memory of a share is not modelled (ADR 0040)
     others = Accelerator.objects.annotate(largest=Max("node_pools__gpus_per_node", filter=Q(node_pools__nodes__gt=0)))
     return fit_errors(declared, layout, accelerator.name, accelerator.memory_gib,
                       gpus_per_node=resources.gpus_per_node,
@@ -1061,14 +1167,25 @@ def submission_errors(data, lookups: Lookups) -> tuple[JobSubmission | None, dic
 
 def stored_spec(spec: JobSpec, kind: str) -> dict:
     """The validated ``spec`` as stored on the Job, in the model's field order: every field present (an optional
-    one without default as null) except those of other job kinds and absent declarations (``model``,
-    ``parallelism``); a multi-role spec's roles in name order (``jobs.models.roles_in_order``)."""
+    one without default as null) except those of other job kinds, absent declarations (``model``,
+    ``parallelism``) and an absent ``resources.mig_profile``; a multi-role spec's roles in name order
+    (``jobs.models.roles_in_order``)."""
     if isinstance(spec, MultiRoleSpec):
         stored = spec.model_dump()
+        for role in stored["roles"].values():
+            _without_absent_profile(role["resources"])
         return {**stored, "roles": roles_in_order(stored["roles"])}
     leave_out = {name for name, kinds in KIND_SPECIFIC.items() if kind not in kinds}
     leave_out.update(name for name in DECLARATIONS if getattr(spec, name) is None)
-    return spec.model_dump(exclude=leave_out)
+    stored = spec.model_dump(exclude=leave_out)
+    _without_absent_profile(stored["resources"])
+    return stored
+
+
+def _without_absent_profile(resources: dict) -> None:
+    """Drop ``mig_profile`` from stored ``resources`` when it was not given: only a MIG job's spec carries it."""
+    if resources.get("mig_profile") is None:
+        resources.pop("mig_profile", None)
 
 
 def submission_fields(submission: JobSubmission, lookups: Lookups) -> dict:
@@ -1104,7 +1221,9 @@ def submission_fields(submission: JobSubmission, lookups: Lookups) -> dict:
         "spec": stored_spec(spec, kind),
         "resources": {
             "accelerator": lookups.accelerator,
-            "gpus_per_node": resources.gpus_per_node,
+            "gpus_per_node": whole_gpus(resources.gpus_per_node),
+            "gpu_share_milli": gpu_share_milli(resources, lookups.accelerator),
+            "mig_profile": resources.mig_profile or "",
             "nodes": resources.nodes,
             "priority": classes[spec.priority],
             "preemptible": spec.preemptible,

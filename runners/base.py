@@ -117,7 +117,16 @@ class NodeInfo:
     pods on it that the platform does not own (same units); zone and finest topology domain (block, rack or zone;
     "" when unknown); labels; taints (``[{"key", "value", "effect"}]``); cordoned (``unschedulable``); and whether
     the platform's pods may land on it now (``schedulable``); its conditions other than Ready whose status is True
-    (``problem_conditions``: ``(type, reason, message)``)."""
+    (``problem_conditions``: ``(type, reason, message)``).
+
+    GPU sharing (ADR 0040, read from GPU feature discovery's labels by ``runners.kubernetes.nodepools``): ``gpus``
+    counts physical GPUs, never time-slicing replicas or MIG devices. ``sharing`` is one of ``core.gpus.SHARING_MODES``:
+    ``none``, ``time-slicing`` or ``mps`` (each physical GPU advertised as ``gpu_replicas`` slices of
+    ``slice_resource``), ``mig-single`` or ``mig-mixed`` (``mig_devices``: ``(profile, count)`` of the MIG devices
+    the node offers). ``whole_gpus``: the GPUs a pod can hold alone by asking ``nvidia.com/gpu`` (all of them
+    unshared, those without MIG under the mixed strategy, none on a time-sliced or MIG single node).
+    ``foreign_gpu_slices`` and ``foreign_mig_devices``: the slices and MIG devices pods the platform does not own
+    ask there."""
 
     name: str
     gpus: int
@@ -133,6 +142,18 @@ class NodeInfo:
     unschedulable: bool = False
     schedulable: bool = True
     problem_conditions: tuple[tuple[str, str, str], ...] = ()
+    sharing: str = "none"
+    gpu_replicas: int = 1
+    slice_resource: str = ""
+    mig_devices: tuple[tuple[str, int], ...] = ()
+    whole_gpus: int | None = None
+    foreign_gpu_slices: int = 0
+    foreign_mig_devices: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def exclusive_gpus(self) -> int:
+        """``whole_gpus``, or ``gpus`` when the backend does not say (an unshared node: every GPU is whole)."""
+        return self.gpus if self.whole_gpus is None else self.whole_gpus
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,6 +14,7 @@ from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from core import lookups
+from core.gpus import SHARING_MODES
 
 from .credentials import EncryptedTextField, split_userinfo, with_userinfo
 
@@ -218,6 +219,14 @@ class Node(models.Model):
     (``cordoned``: admission keeps off it; Kubernetes is not touched) and
     clear its health (``health_cleared_at``: evidence seen up to then no
     longer counts).
+
+    GPU sharing (ADR 0040, ``runners.base.NodeInfo``): ``gpus`` are its
+    physical GPUs; ``gpu_sharing`` how they are shared (``GPU_SHARING_MODES``),
+    ``gpu_replicas`` the slices of each under time-slicing or MPS (advertised
+    as ``slice_resource``), ``mig_devices`` ``{profile: count}`` of its MIG
+    devices, ``whole_gpus`` the GPUs a pod can hold alone;
+    ``foreign_gpu_slices`` and ``foreign_mig_devices`` what pods the platform
+    does not own ask of those.
     """
 
     class Health(models.TextChoices):
@@ -231,7 +240,7 @@ class Node(models.Model):
     accelerator_label = models.CharField(max_length=128, blank=True, help_text="nvidia.com/gpu.product")
     capacity_type = models.CharField(max_length=16, choices=NodePool.CapacityType.choices,
                                      default=NodePool.CapacityType.ON_DEMAND)
-    gpus = models.PositiveIntegerField(help_text="allocatable GPUs")
+    gpus = models.PositiveIntegerField(help_text="physical GPUs")
     cpu_milli = models.PositiveBigIntegerField(help_text="allocatable CPU, millicores")
     memory_mib = models.PositiveBigIntegerField(help_text="allocatable memory, MiB")
     foreign_gpus = models.PositiveIntegerField(default=0, help_text="GPUs requested by pods the platform does not own")
@@ -256,6 +265,16 @@ class Node(models.Model):
     health_baseline = models.JSONField(default=dict, blank=True)
     cordoned = models.BooleanField(default=False, help_text="cordoned by staff in the platform: admission keeps off it")
     cordon_note = models.CharField(max_length=500, blank=True)
+    gpu_sharing = models.CharField(max_length=16, choices=[(m, m) for m in SHARING_MODES], default="none",
+                                   help_text="how its GPUs are shared (GPU feature discovery's labels)")
+    gpu_replicas = models.PositiveSmallIntegerField(default=1, help_text="slices of each GPU (time-slicing, MPS)")
+    slice_resource = models.CharField(max_length=64, blank=True, help_text="the resource its slices are asked as")
+    mig_devices = models.JSONField(default=dict, blank=True, help_text="MIG devices: {profile: count}")
+    whole_gpus = models.PositiveIntegerField(null=True, blank=True,
+                                             help_text="GPUs a pod can hold alone (null: all of them)")
+    foreign_gpu_slices = models.PositiveIntegerField(default=0, help_text="slices asked by pods the platform does not own")
+    foreign_mig_devices = models.JSONField(default=dict, blank=True,
+                                           help_text="MIG devices asked by pods the platform does not own")
 
     class Meta:
         ordering = ["cluster__name", "name"]
@@ -367,7 +386,8 @@ def cut_node_span(node: Node, now: dt.datetime) -> None:
 #: The Node fields a sync rewrites.
 NODE_FIELDS = ["node_pool", "accelerator_label", "capacity_type", "gpus", "cpu_milli", "memory_mib", "foreign_gpus",
                "foreign_cpu_milli", "foreign_memory_mib", "zone", "topology_domain", "labels", "taints",
-               "unschedulable", "schedulable", "problem_conditions", "seen_at"]
+               "unschedulable", "schedulable", "problem_conditions", "seen_at", "gpu_sharing", "gpu_replicas",
+               "slice_resource", "mig_devices", "whole_gpus", "foreign_gpu_slices", "foreign_mig_devices"]
 
 
 def store_nodes(cluster: Cluster, nodes: list) -> int:
@@ -387,7 +407,10 @@ def store_nodes(cluster: Cluster, nodes: list) -> int:
                   "taints": [{"key": k, "value": v, "effect": e} for k, v, e in info.taints],
                   "unschedulable": info.unschedulable, "schedulable": info.schedulable,
                   "problem_conditions": [{"type": t, "reason": r, "message": m} for t, r, m in info.problem_conditions],
-                  "seen_at": now}
+                  "seen_at": now, "gpu_sharing": info.sharing, "gpu_replicas": info.gpu_replicas,
+                  "slice_resource": info.slice_resource, "mig_devices": dict(info.mig_devices),
+                  "whole_gpus": None if info.whole_gpus is None or info.whole_gpus == info.gpus else info.whole_gpus,
+                  "foreign_gpu_slices": info.foreign_gpu_slices, "foreign_mig_devices": dict(info.foreign_mig_devices)}
         node = existing.pop(info.name, None)
         if node is None:
             fresh.append(Node(cluster=cluster, name=info.name, **values))

@@ -111,7 +111,11 @@ class JobSerializer(SharedFieldsMixin, serializers.ModelSerializer):
     says since when and for how many GPU-hours the job ran where the catalog
     had no price (those hours are not in ``accrued_cost_usd``). ``array`` and ``array_index``: the job array
     (``/arrays/{id}/``) the job is element ``array_index`` (0-based) of, both null for a job of its own.
-    A multi-role job's ``spec.roles`` are in name order. ``endpoint`` is the URL an
+    A multi-role job's ``spec.roles`` are in name order.
+    ``gpu_share_milli``: for a job on part of one GPU, the share its pod holds in milli-GPUs (250: a quarter;
+    ``gpus_per_node`` is then 1, the one device it asks), with ``mig_profile`` for a MIG instance; 0 and "" for a
+    job of whole GPUs (docs/adr/0040-gpu-sharing.md).
+    ``endpoint`` is the URL an
     inference job serves on while its current attempt runs (see
     :attr:`jobs.models.Job.endpoint`), null otherwise.
     """
@@ -135,8 +139,8 @@ class JobSerializer(SharedFieldsMixin, serializers.ModelSerializer):
         fields = [
             "id", "team", "submitter", "name", "kind", "spec", "state", "state_reason", "queue_info", "position",
             "current_attempt", "endpoint", "estimated_cost_usd", "accrued_cost_usd", "accelerator", "nodes",
-            "gpus_per_node", "total_gpus", "priority", "priority_class", "preemptible", "max_runtime_seconds",
-            "max_retries", "array", "array_index",
+            "gpus_per_node", "gpu_share_milli", "mig_profile", "total_gpus", "priority", "priority_class",
+            "preemptible", "max_runtime_seconds", "max_retries", "array", "array_index",
             "created_at", "admitted_at", "started_at", "ended_at", "updated_at", "cost_unknown",
             "unpriced_gpu_hours", "unpriced_vcpu_hours",
         ]

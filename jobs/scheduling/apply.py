@@ -215,14 +215,18 @@ def _commit(admitted: list[tuple[Job, Admission]], victims=()) -> set[int]:
 
 def attempt_placement(admission: Admission) -> dict:
     """What ``JobAttempt.placement`` records of an admission: its nodes and what each node holds (GPUs, CPU
-    millicores, memory MiB); {} on a pool without node rows (the pool's shape stands for its nodes there)."""
+    millicores, memory MiB; for a job on part of one GPU also ``share_milli`` and ``mig_profile``); {} on a pool
+    without node rows (the pool's shape stands for its nodes there)."""
     job = admission.job
     if job.roles:
         return multi_role_placement(admission)
     if not admission.offer.node_rooms:
         return {}
-    return {"nodes": list(admission.node_names), "gpus_per_node": job.gpus_per_node, "cpu_milli": job.cpu_milli,
-            "memory_mib": job.memory_mib}
+    placement = {"nodes": list(admission.node_names), "gpus_per_node": job.gpus_per_node, "cpu_milli": job.cpu_milli,
+                 "memory_mib": job.memory_mib}
+    if job.share_milli or job.mig_profile:  # part of one GPU (ADR 0040): its share or MIG profile on that node
+        placement.update(share_milli=job.share_milli, mig_profile=job.mig_profile)
+    return placement
 
 
 def multi_role_placement(admission: Admission) -> dict:

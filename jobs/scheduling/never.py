@@ -19,7 +19,7 @@ from core.lookups import LookupCache
 from quotas.models import Quota, Team
 from runners.models import Accelerator, Cluster, Node, NodePool
 
-from .core import UNLIMITED, PlacementRequest, pods_held
+from .core import UNLIMITED, PlacementRequest, holds_share, pods_held
 from .snapshot import per_node_request, pods_of
 
 FLEET = LookupCache("never-fleet").invalidate_on(Node, NodePool, Cluster)
@@ -39,6 +39,41 @@ def fleet_shape(accelerator_id: int) -> list[tuple[int, str, str, str, str, list
         return [(p.cluster_id, p.cluster.name, p.cluster.provider, p.cluster.region, p.capacity_type,
                  by_pool.get(p.pk) or [(p.gpus_per_node, UNLIMITED, UNLIMITED)] * p.nodes) for p in pools]
     return FLEET.get(accelerator_id, load)
+
+
+def shared_fleet(accelerator_id: int) -> list[tuple[str, str, str, str, int, tuple[tuple[str, int], ...], int, int]]:
+    """The accelerator's synced nodes that share their GPUs (ADR 0040), in pools with nodes: ``(cluster name,
+    provider, region, capacity type, GPUs shared by time-slicing or MPS (0 on a MIG node), MIG devices by profile,
+    CPU millicores, memory MiB)``."""
+    def load():
+        rows = (Node.objects.filter(node_pool__accelerator_id=accelerator_id, node_pool__nodes__gt=0)
+                .exclude(gpu_sharing="none")
+                .values_list("cluster__name", "cluster__provider", "cluster__region", "node_pool__capacity_type",
+                             "gpu_sharing", "gpus", "mig_devices", "cpu_milli", "memory_mib"))
+        return [(c, pr, r, ct, g if mode in ("time-slicing", "mps") else 0,
+                 tuple(sorted((k, int(v)) for k, v in (mig or {}).items())), cpu, mem)
+                for c, pr, r, ct, mode, g, mig, cpu, mem in rows]
+    return FLEET.get(("shared", accelerator_id), load)
+
+
+def _share_errors(accelerator: Accelerator, request: PlacementRequest, placement: dict,
+                  preemptible: bool) -> dict[str, list[str]]:
+    """Why a job on part of one GPU (``request.shared``) can never run: no node of the accelerator it may use
+    shares GPUs as it asks (time-slicing or MPS for a fraction, a device of its profile for a MIG job) with its CPU
+    and memory (``holds_share``, as placement counts it); empty when one could."""
+    nodes = [x for x in shared_fleet(accelerator.pk)
+             if (preemptible or x[3] != "spot") and (not placement.get("providers") or x[1] in placement["providers"])
+             and (not placement.get("regions") or x[2] in placement["regions"])
+             and (not placement.get("clusters") or x[0] in placement["clusters"])]
+    if any(holds_share(request, x[4], x[5], x[6], x[7]) for x in nodes):
+        return {}
+    name = accelerator.name
+    if request.mig_profile:
+        return {"mig_profile": [f"no {name} node the job may use offers MIG devices of profile {request.mig_profile} "
+                                f"(with its CPU and memory), so the job could never run"]}
+    return {"gpus_per_node": [f"a fraction of a GPU runs on a node that shares its GPUs (time-slicing or MPS), and "
+                              f"no {name} node the job may use does (with its CPU and memory), so the job could "
+                              f"never run; ask for whole GPUs"]}
 
 
 def _team_quotas(team_id: int, accelerator_id: int) -> tuple[Quota | None, int | None, dict[int, int]]:
@@ -66,7 +101,9 @@ def never_fits(team: Team, accelerator: Accelerator, resources: dict, placement:
     g, n = resources["gpus_per_node"], resources["nodes"]
     cpu, memory = per_node_request(resources)
     pods, share = pods_of(kind, n, replicas)
-    request = PlacementRequest(pods, g, preemptible, cpu_milli=cpu, memory_mib=memory, share_nodes=share)
+    request = PlacementRequest(pods, g, preemptible, cpu_milli=cpu, memory_mib=memory, share_nodes=share,
+                               share_milli=int(resources.get("share_milli") or 0),
+                               mig_profile=resources.get("mig_profile") or "")
     placement = placement or {}
     pools = [p for p in fleet_shape(accelerator.pk)
              if (preemptible or p[4] != "spot") and (not placement.get("providers") or p[2] in placement["providers"])
@@ -78,6 +115,9 @@ def never_fits(team: Team, accelerator: Accelerator, resources: dict, placement:
     if no_quota:
         return {"accelerator": [no_quota]}
     nodes = [node for p in pools for node in p[5]]
+    if request.shared and pools:
+        errors = _share_errors(accelerator, request, placement, preemptible)
+        nodes = []  # a share is placed on shared nodes only: the whole-GPU counts below do not apply
     if not pools and not preemptible:
         constrained = [p for p in fleet_shape(accelerator.pk)
                        if (not placement.get("providers") or p[2] in placement["providers"])

@@ -20,6 +20,7 @@ import logging
 
 from django.db.models import Sum
 
+from core.gpus import MILLI_PER_GPU
 from costs.catalog import NoPrice, prices_by_pool, rates_at
 from costs.models import Price
 from runners.base import MULTI_ROLE_BACKENDS
@@ -83,12 +84,23 @@ def node_rooms(pools: list[NodePool]) -> dict[int, tuple[NodeRoom, ...]]:
         nodes.setdefault(n.node_pool_id, []).append(n)
     if not nodes:
         return {}
-    free = {pid: {n.name: [n.gpus - n.foreign_gpus, n.cpu_milli - n.foreign_cpu_milli,
-                           n.memory_mib - n.foreign_memory_mib] for n in lst} for pid, lst in nodes.items()}
+    free = {pid: {n.name: [whole_gpus(n) - (n.foreign_gpus if whole_gpus(n) else 0),
+                           n.cpu_milli - n.foreign_cpu_milli, n.memory_mib - n.foreign_memory_mib] for n in lst}
+            for pid, lst in nodes.items()}
+    shared = {pid: {n.name: shared_room(n) for n in lst if n.gpu_sharing != "none"} for pid, lst in nodes.items()}
     for pid, gpus, placement in (JobAttempt.objects.filter(node_pool_id__in=list(nodes), ended_at__isnull=True)
-                                 .values_list("node_pool_id", "gpus", "placement")):
+                                 .order_by("pk").values_list("node_pool_id", "gpus", "placement")):
         on = free[pid]
         names = (placement or {}).get("nodes") or []
+        if names and (placement.get("share_milli") or placement.get("mig_profile")):  # part of one GPU
+            for name in names:
+                if name in on:
+                    on[name][1] -= int(placement.get("cpu_milli") or 0)
+                    on[name][2] -= int(placement.get("memory_mib") or 0)
+                if name in shared[pid]:
+                    book_share(shared[pid][name], int(placement.get("share_milli") or 0),
+                               str(placement.get("mig_profile") or ""))
+            continue
         if names and placement.get("roles"):  # a multi-role attempt: each role's pods with their own shape
             for role in placement["roles"].values():
                 for name in role.get("nodes") or ():
@@ -108,10 +120,63 @@ def node_rooms(pools: list[NodePool]) -> dict[int, tuple[NodeRoom, ...]]:
             take = min(gpus, max(left[0], 0))
             left[0] -= take
             gpus -= take
-    return {pid: tuple(NodeRoom(n.name, n.gpus, free[pid][n.name][0], n.cpu_milli, free[pid][n.name][1], n.memory_mib,
-                                free[pid][n.name][2], n.topology_domain, n.schedulable and not n.cordoned,
-                                n.health != Node.Health.UNHEALTHY, n.health == Node.Health.SUSPECT) for n in lst)
+    return {pid: tuple(NodeRoom(n.name, whole_gpus(n), free[pid][n.name][0], n.cpu_milli, free[pid][n.name][1],
+                                n.memory_mib, free[pid][n.name][2], n.topology_domain, n.schedulable and not n.cordoned,
+                                n.health != Node.Health.UNHEALTHY, n.health == Node.Health.SUSPECT,
+                                *_shared_fields(shared[pid].get(n.name))) for n in lst)
             for pid, lst in nodes.items()}
+
+
+def whole_gpus(node: Node) -> int:
+    """GPUs of ``node`` (a Node row) a pod can hold alone: ``Node.whole_gpus``, or all of them when null."""
+    return node.gpus if node.whole_gpus is None else node.whole_gpus
+
+
+def shared_room(node: Node) -> dict:
+    """What a node that shares its GPUs offers shares of before the platform's attempts (ADR 0040): ``shares``,
+    free milli-GPUs of each physical GPU, and ``slices``, free replicas of each, on a time-sliced or MPS node
+    (each of ``gpu_replicas`` replicas of a GPU worth ``1000 // replicas``), less the slices pods the platform
+    does not own ask, laid on the GPUs in order (the device plugin does not say which it gave); ``mig``, free
+    devices by profile on a MIG node, less the devices those pods ask."""
+    if node.gpu_sharing in ("time-slicing", "mps"):
+        replicas = max(node.gpu_replicas, 1)
+        shares, slices = [MILLI_PER_GPU] * node.gpus, [replicas] * node.gpus
+        left = node.foreign_gpu_slices
+        for k in range(node.gpus):
+            taken = min(left, slices[k])
+            slices[k] -= taken
+            shares[k] -= taken * (MILLI_PER_GPU // replicas)
+            left -= taken
+        return {"shares": shares, "slices": slices, "mig": {}}
+    foreign = node.foreign_mig_devices or {}
+    return {"shares": [], "slices": [], "mig": {k: int(v) - int(foreign.get(k, 0))
+                                                for k, v in (node.mig_devices or {}).items()}}
+
+
+def book_share(room: dict, share_milli: int, mig_profile: str) -> None:
+    """Book a live attempt's share (milli-GPUs, one slice) on the GPU of ``room`` (``shared_room``) with the least
+    free share that holds it, or its MIG device of ``mig_profile``. Positions of shares on GPUs are the platform's
+    own model, re-derived on every read by booking live attempts in admission order (the device plugin chooses
+    the replica); a share that no GPU holds any more is booked on the GPU with the most free, never lost."""
+    if mig_profile:
+        room["mig"][mig_profile] = room["mig"].get(mig_profile, 0) - 1
+        return
+    shares, slices = room["shares"], room["slices"]
+    if not shares:
+        return
+    fits = [k for k in range(len(shares)) if shares[k] >= share_milli and slices[k] > 0]
+    k = min(fits, key=lambda k: (shares[k], k)) if fits else max(range(len(shares)), key=lambda k: (shares[k], -k))
+    shares[k] -= share_milli
+    slices[k] -= 1
+
+
+def _shared_fields(room: dict | None) -> tuple:
+    """``NodeRoom``'s ``shares``, ``slices`` and ``mig_free`` of a ``shared_room`` (empty for a node that does not
+    share its GPUs)."""
+    if room is None:
+        return (), (), ()
+    return (tuple(max(v, 0) for v in room["shares"]), tuple(max(v, 0) for v in room["slices"]),
+            tuple(sorted((k, max(v, 0)) for k, v in room["mig"].items())))
 
 
 def lock_pools(*accelerator_ids: int) -> None:

@@ -41,7 +41,8 @@ def _queued_job(team: Team, resources: dict, placement: dict, now: dt.datetime, 
         preemptible=resources["preemptible"], max_runtime_seconds=estimated_runtime(resources["max_runtime_seconds"]),
         providers=tuple(placement.get("providers") or ()), regions=tuple(placement.get("regions") or ()),
         clusters=tuple(placement.get("clusters") or ()), cpu_milli=cpu, memory_mib=memory,
-        roles=resources.get("roles") or (),
+        roles=resources.get("roles") or (), share_milli=int(resources.get("gpu_share_milli") or 0),
+        mig_profile=resources.get("mig_profile") or "",
     )
 
 

@@ -234,7 +234,8 @@ def _queued_job(row: dict) -> QueuedJob:
         preemptible=row["preemptible"], max_runtime_seconds=estimated_runtime(row["max_runtime_seconds"]),
         providers=providers, regions=regions, clusters=clusters, recovering=row["state"] == JobState.RECOVERING,
         cpu_milli=cpu, memory_mib=memory, alternatives=tuple(a for a in alternatives if a != row["accelerator_id"]),
-        share_nodes=share, roles=row.get("roles") or (),
+        share_nodes=share, roles=row.get("roles") or (), share_milli=row.get("gpu_share_milli") or 0,
+        mig_profile=row.get("mig_profile") or "",
     )
 
 
@@ -254,7 +255,8 @@ def queued_job(job: Job, now: dt.datetime | None = None) -> QueuedJob:
         preemptible=job.preemptible, max_runtime_seconds=estimated_runtime(job.max_runtime_seconds),
         providers=providers, regions=regions, clusters=clusters, recovering=recovering,
         cpu_milli=cpu, memory_mib=memory, alternatives=tuple(a for a in alternatives if a != job.accelerator_id),
-        share_nodes=share, avoid_clusters=avoid, roles=roles,
+        share_nodes=share, avoid_clusters=avoid, roles=roles, share_milli=job.gpu_share_milli,
+        mig_profile=job.mig_profile,
     )
 
 
@@ -267,7 +269,7 @@ class Loaded:
 
 
 _ROW_COLUMNS = ("pk", "team_id", "accelerator_id", "nodes", "gpus_per_node", "priority", "created_at", "preemptible",
-                "max_runtime_seconds", "state", "queue_info", "replicas", "kind")
+                "max_runtime_seconds", "state", "queue_info", "replicas", "kind", "gpu_share_milli", "mig_profile")
 
 
 class _RowCache:
@@ -435,7 +437,8 @@ def running_job(job_id: int, attempt_id: int, team_id: int, accelerator_id: int,
     placement = placement or {}
     return RunningJob(job_id, attempt_id, team_id, accelerator_id, pool_id, gpus, priority, admitted, True,
                       tuple(placement.get("nodes") or ()), int(placement.get("gpus_per_node") or 0),
-                      int(placement.get("cpu_milli") or 0), int(placement.get("memory_mib") or 0))
+                      int(placement.get("cpu_milli") or 0), int(placement.get("memory_mib") or 0),
+                      int(placement.get("share_milli") or 0), str(placement.get("mig_profile") or ""))
 
 
 def job_snapshot(team: Team, job: QueuedJob, now: dt.datetime, offers: list[PoolOffer], *, cohort: bool = True,

@@ -235,7 +235,9 @@ class NodeSerializer(serializers.ModelSerializer):
     the live attempts placed on it and the pods the platform does not own;
     ``jobs.scheduling.offers.free_on_nodes``), 0 on a node that does not take
     work; ``allocated_gpus``: its allocatable GPUs held by those attempts and
-    pods, whether or not it takes work.
+    pods, whether or not it takes work. ``gpus`` counts physical GPUs;
+    ``gpu_sharing``, ``gpu_replicas``, ``mig_devices`` and ``whole_gpus`` say
+    how they are shared (ADR 0040).
     """
 
     cluster = serializers.CharField(source="cluster.name", read_only=True)
@@ -252,7 +254,8 @@ class NodeSerializer(serializers.ModelSerializer):
                   "memory_mib", "allocated_gpus", "free_gpus", "free_cpu_milli", "free_memory_mib", "zone",
                   "topology_domain", "taints", "unschedulable", "schedulable",
                   "problem_conditions", "cordoned", "cordon_note", "health", "health_evidence", "health_changed_at",
-                  "health_checked_at", "health_cleared_at", "takes_work", "seen_at"]
+                  "health_checked_at", "health_cleared_at", "takes_work", "seen_at", "gpu_sharing", "gpu_replicas",
+                  "mig_devices", "whole_gpus"]
         read_only_fields = fields
 
     @extend_schema_field(serializers.BooleanField())

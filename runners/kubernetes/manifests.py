@@ -140,6 +140,9 @@ class Workload:
     env: tuple[tuple[str, str], ...] = ()
     nodes: int = 1
     gpus_per_node: int = 1
+    # The extended resource each pod asks ``gpus_per_node`` of: nvidia.com/gpu, or for a job on part of one GPU
+    # the slice or MIG device its node advertises (``shared_gpu_resource``, ADR 0040).
+    gpu_resource: str = GPU_RESOURCE
     cpu: float | None = None
     memory_gib: float | None = None
     gpu_product: str = ""
@@ -229,17 +232,31 @@ def _quantity_memory(gib: float) -> str:
     return f"{round(gib * 1024)}Mi"
 
 
+def shared_gpu_resource(sharing: str, slice_resource: str, mig_profile: str) -> str:
+    """The extended resource the one pod of a job on part of one GPU asks one of, on a node shared as ``sharing``
+    (``runners.Node.gpu_sharing``) whose slices are ``slice_resource`` (ADR 0040; NVIDIA device plugin README,
+    "Shared Access to GPUs", and GPU feature discovery's MIG strategies): under the MIG mixed strategy the profile's
+    own resource ``nvidia.com/mig-<profile>``; under the single strategy ``nvidia.com/gpu`` (every device is of the
+    one profile); on a time-sliced or MPS node one slice, ``nvidia.com/gpu`` or, renamed,
+    ``nvidia.com/gpu.shared``."""
+    if mig_profile and sharing == "mig-mixed":
+        return f"nvidia.com/mig-{mig_profile}"
+    if sharing in ("time-slicing", "mps") and slice_resource:
+        return slice_resource
+    return GPU_RESOURCE
+
+
 def _resources(w: Workload) -> dict:
     """GPU limits (extended resources must have limit == request), CPU and memory requests = limits."""
     limits: dict[str, str] = {}
     if w.gpus_per_node:
-        limits[GPU_RESOURCE] = str(w.gpus_per_node)
+        limits[w.gpu_resource] = str(w.gpus_per_node)
     if w.cpu:
         limits["cpu"] = _quantity_cpu(w.cpu)
     if w.memory_gib:
         limits["memory"] = _quantity_memory(w.memory_gib)
     resources: dict = {"limits": limits}
-    requests = {k: v for k, v in limits.items() if k != GPU_RESOURCE}
+    requests = {k: v for k, v in limits.items() if k != w.gpu_resource}
     if requests:
         resources["requests"] = requests
     return resources

@@ -47,7 +47,7 @@ from ..base import (
     attempt_key,
     register,
 )
-from ..models import installation_uid
+from ..models import Node, installation_uid
 from . import manifests as m
 from .client import ApiError, ClusterClient, client_for
 
@@ -80,13 +80,14 @@ def workload(attempt) -> m.Workload:
         raise PermanentDispatchError("spec.env must map strings to strings")
     # A serving job reads the checkpoints of the training job it names (spec.checkpoint_from), else its own.
     checkpoint_job = spec.get("checkpoint_from") or job.pk
+    gpu_product, gpu_resource = shared_device(attempt)
     return m.Workload(
         name=attempt.object_name, namespace=team_namespace(job.team.slug), team=job.team.slug, job_id=job.pk,
         attempt_id=attempt.pk, attempt_number=attempt.number, kind=job.kind, image=spec.get("image") or "",
         command=tuple(spec.get("command") or ()), args=tuple(spec.get("args") or ()),
         env=tuple(sorted((str(k), str(v)) for k, v in env.items())), nodes=job.nodes, gpus_per_node=job.gpus_per_node,
         cpu=resources.get("cpu"), memory_gib=resources.get("memory_gib"),
-        gpu_product=attempt.node_pool.accelerator.product_label,
+        gpu_product=gpu_product, gpu_resource=gpu_resource,
         spot=attempt.node_pool.capacity_type == "spot", max_runtime_seconds=job.max_runtime_seconds,
         replicas=job.replicas, port=int(spec.get("port") or 8000), health_path=spec.get("health_path") or "/healthz",
         master_port=settings.K8S_MASTER_PORT, checkpoint_claim=settings.K8S_CHECKPOINT_CLAIM,
@@ -101,6 +102,22 @@ def workload(attempt) -> m.Workload:
         array_env=tuple(element_env(job).items()),
         roles=roles_of(job.spec, attempt.placement) if job.kind == MULTI_ROLE else (),
     )
+
+
+def shared_device(attempt) -> tuple[str, str]:
+    """``(GPU product label the pods select, GPU resource they ask)`` for ``attempt``: the accelerator's product and
+    ``nvidia.com/gpu``; for a job on part of one GPU (ADR 0040), its node's own product label (``...-SHARED``,
+    ``...-MIG-<profile>``: the node it is pinned to carries it) and the slice or MIG device that node advertises
+    (``manifests.shared_gpu_resource``)."""
+    job, product = attempt.job, attempt.node_pool.accelerator.product_label
+    names = (attempt.placement or {}).get("nodes") or ()
+    if not (job.gpu_share_milli or job.mig_profile) or not names:
+        return product, m.GPU_RESOURCE
+    node = Node.objects.filter(cluster_id=attempt.cluster_id, name=names[0]).first()
+    if node is None:
+        return product, m.GPU_RESOURCE
+    return (str((node.labels or {}).get(m.GPU_PRODUCT_LABEL) or product),
+            m.shared_gpu_resource(node.gpu_sharing, node.slice_resource, job.mig_profile))
 
 
 def roles_of(spec: dict, placement: dict | None) -> tuple[m.Role, ...]:

@@ -43,6 +43,7 @@ from .placement import (
     PoolOffer,
     allowed,
     capable_nodes,
+    holds_share,
     matches,
     pods_held,
     pods_on,
@@ -87,7 +88,8 @@ __all__ = [
     "FairShareScheduler", "NullMemo",
     "PlacementRequest", "PoolOffer", "QueuedJob", "QuotaView", "RoleShape", "Rejection", "RunningJob", "Snapshot", "TeamQuota",
     "TeamState", "Verdict", "Waiting", "allowed", "assess", "budget_refusal", "capable_nodes", "check_budgets", "check_cpu_quota", "check_quota", "choose_pool", "cohort_has_room",
-    "decide", "estimate_cost", "fits_now", "fragment_gpus", "job_estimate", "matches", "pods_held", "pods_on",
+    "decide", "estimate_cost", "fits_now", "fragment_gpus", "holds_share", "job_estimate", "matches", "pods_held",
+    "pods_on",
     "needs_phrase", "overtaken_note", "price_order", "price_text", "recheck", "short_resource",
     "workload_of",
 ]

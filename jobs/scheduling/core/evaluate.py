@@ -55,8 +55,9 @@ def amount_of(job: QueuedJob, acc: int, team: TeamState) -> int:
 def may_preempt(job: QueuedJob, used: int, amount: int, quota: TeamQuota) -> bool:
     """Whether ``job`` (``amount`` GPUs, its team using ``used`` of ``quota``'s accelerator) may preempt: only a job
     that stays within its team's nominal quota does (``preemption``); a CPU-only job never does (ADR 0012), nor a
-    multi-role job (ADR 0039)."""
-    return not job.cpu_only and not job.roles and used + amount <= quota.nominal_gpus
+    multi-role job (ADR 0039), nor a job on part of one GPU (ADR 0040)."""
+    return (not job.cpu_only and not job.roles and not job.share_milli and not job.mig_profile
+            and used + amount <= quota.nominal_gpus)
 
 
 class Evaluator:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 
-from .placement import PlacementRequest, PoolOffer, matches, pods_on, price_order
+from core.gpus import MILLI_PER_GPU
+
+from .placement import UNLIMITED, PlacementRequest, PoolOffer, matches, pods_on, price_order
 
 
 def fits_now(request: PlacementRequest, offer: PoolOffer) -> bool:
@@ -76,7 +78,7 @@ class _PoolNodes:
     fits a request is the tightest on CPU, then memory)."""
 
     __slots__ = ("offer", "names", "index", "gpus", "free_g", "free_c", "free_m", "domain", "sched", "buckets",
-                 "failed", "domains", "free_total", "suspect")
+                 "failed", "domains", "free_total", "suspect", "shares", "slices", "mig")
 
     def __init__(self, offer: PoolOffer):
         rooms = offer.rooms()
@@ -102,6 +104,10 @@ class _PoolNodes:
             bucket.sort()
         # request shapes known not to fit now: (nodes, GPUs, CPU, memory, pods may share a node)
         self.failed: list[tuple[int, int, int, int, bool]] = []
+        # GPU sharing (ADR 0040): per node, free milli-GPUs and free slices of each shared GPU, free MIG devices
+        self.shares = [list(n.shares) for n in rooms]
+        self.slices = [list(n.slices) if n.slices else [UNLIMITED] * len(n.shares) for n in rooms]
+        self.mig = [dict(n.mig_free) for n in rooms]
 
     def move(self, i: int, dg: int, dc: int, dm: int) -> None:
         """Change node ``i``'s free resources by the deltas, keeping its bucket."""
@@ -240,6 +246,9 @@ class NodeBook:
         index may repeat: one entry per pod.
         """
         p = self.pools[pool_id]
+        if request.shared:
+            found = self._share_node(p, request)
+            return None if found is None else [found]
         n, g, c, m = request.nodes, request.gpus_per_node, request.cpu_milli, request.memory_mib
         share = request.share_nodes
         if g >= len(p.buckets):
@@ -268,6 +277,57 @@ class NodeBook:
                                                     and (share or not s[4]))]
             p.failed.append((n, g, c, m, share))
         return found
+
+    @staticmethod
+    def _gpu_for(p: _PoolNodes, i: int, request: PlacementRequest) -> int | None:
+        """The GPU of node ``i`` a share of ``request`` goes to: the one with the least free share that holds it
+        and has a free slice (best fit, then the lowest index); None when none has room."""
+        best = None
+        for k, free in enumerate(p.shares[i]):
+            if free >= request.share_milli and p.slices[i][k] > 0 and (best is None or free < p.shares[i][best]):
+                best = k
+        return best
+
+    def _share_node(self, p: _PoolNodes, request: PlacementRequest) -> int | None:
+        """The node for the one pod of a shared ``request`` (part of one GPU): among schedulable nodes with its CPU
+        and memory free, one with a free MIG device of its profile (the fewest such free first) or a GPU with room
+        for its share (``_gpu_for``: the least free share left first), healthy nodes before suspect ones, then
+        the least free CPU and memory, then the pool's order; None when none has room."""
+        c, m = request.cpu_milli, request.memory_mib
+        best, best_key = None, None
+        for i in range(len(p.names)):
+            if not p.sched[i] or p.free_c[i] < c or p.free_m[i] < m:
+                continue
+            if request.mig_profile:
+                room = p.mig[i].get(request.mig_profile, 0)
+                if room <= 0:
+                    continue
+            else:
+                k = self._gpu_for(p, i, request)
+                if k is None:
+                    continue
+                room = p.shares[i][k] - request.share_milli
+            key = (i in p.suspect, room, p.free_c[i], p.free_m[i], i)
+            if best_key is None or key < best_key:
+                best, best_key = i, key
+        return best
+
+    def _take_share(self, p: _PoolNodes, i: int, request: PlacementRequest, sign: int) -> None:
+        """Book (``sign`` -1) or give back (+1) the one pod of a shared ``request`` on node ``i``: its CPU and
+        memory, and its MIG device or its share and slice of one GPU (when booking, the ``_gpu_for`` GPU; when
+        giving back, the GPU with the least free share that has it booked)."""
+        p.move(i, 0, sign * request.cpu_milli, sign * request.memory_mib)
+        if request.mig_profile:
+            p.mig[i][request.mig_profile] = p.mig[i].get(request.mig_profile, 0) + sign
+            return
+        if sign < 0:
+            k = self._gpu_for(p, i, request)
+        else:
+            held = [k for k, free in enumerate(p.shares[i]) if MILLI_PER_GPU - free >= request.share_milli]
+            k = min(held, key=lambda k: (p.shares[i][k], k)) if held else None
+        if k is not None:
+            p.shares[i][k] += sign * request.share_milli
+            p.slices[i][k] += sign
 
     @staticmethod
     def _share(p: _PoolNodes, request: PlacementRequest) -> list[int] | None:
@@ -389,6 +449,11 @@ class NodeBook:
         """GPUs, CPU and memory left free on ``nodes`` once ``request`` takes them (the best-fit score, compared in
         that order: lower packs tighter)."""
         p = self.pools[pool_id]
+        if request.shared:  # what is left of the GPU (or of the profile's devices) it takes
+            i = nodes[0]
+            k = None if request.mig_profile else self._gpu_for(p, i, request)
+            room = p.mig[i].get(request.mig_profile, 0) - 1 if k is None else p.shares[i][k] - request.share_milli
+            return room, p.free_c[i] - request.cpu_milli, p.free_m[i] - request.memory_mib
         if len(nodes) == 1:
             i = nodes[0]
             return (p.free_g[i] - request.gpus_per_node, p.free_c[i] - request.cpu_milli,
@@ -415,7 +480,7 @@ class NodeBook:
             p = pools[o.node_pool_id]
             if p.free_total < need:  # fewer free GPUs on its open nodes than the job asks
                 continue
-            if best_fit and best is not None and not best[2][0] and not request.share_nodes:
+            if best_fit and best is not None and not best[2][0] and not request.share_nodes and not request.shared:
                 # Each node it would get has at least the fewest free GPUs at or above the job's: when even that
                 # leaves more GPUs than the best so far, which uses no suspect node, its score is worse (suspect
                 # nodes used, then GPUs left, come first).
@@ -434,7 +499,7 @@ class NodeBook:
             sick = len(p.suspect.intersection(nodes)) if p.suspect else 0
             if self.policy == "spread":
                 score = (sick, -left[0], -p.free_total)
-            elif self.policy == "fgd":
+            elif self.policy == "fgd" and not request.shared:
                 score = (sick, sum(self.fragment_growth(o.node_pool_id, i, request) for i in nodes), *left,
                          p.free_total)
             else:
@@ -477,19 +542,33 @@ class NodeBook:
     def take(self, pool_id: int, nodes: list[int], request: PlacementRequest) -> None:
         """Book one node of ``request`` on each of ``nodes`` (indexes from ``fit``)."""
         p = self.pools[pool_id]
+        if request.shared:
+            for i in nodes:
+                self._take_share(p, i, request, -1)
+            return
         for i in nodes:
             p.move(i, -request.gpus_per_node, -request.cpu_milli, -request.memory_mib)
 
     def release(self, pool_id: int, names: tuple[str, ...], gpus: int, gpus_per_node: int, cpu_milli: int,
-                memory_mib: int) -> list[int]:
+                memory_mib: int, share_milli: int = 0, mig_profile: str = "") -> list[int]:
         """Give back a running job's resources: per node of ``names`` its GPUs, CPU (millicores) and memory (MiB);
         a job without node names (admitted before nodes were recorded) gives its ``gpus`` back to the fullest nodes.
-        Returns the node indexes changed (``take``-able again with the same amounts)."""
+        A job on part of one GPU (``share_milli`` or ``mig_profile``) gives back its share or MIG device instead of
+        GPUs. Returns the node indexes changed (``take``-able again with the same amounts)."""
         p = self.pools.get(pool_id)
         if p is None:
             return []
         p.failed = []
         changed = []
+        if share_milli or mig_profile:
+            request = PlacementRequest(1, 1, cpu_milli=cpu_milli, memory_mib=memory_mib, share_milli=share_milli,
+                                       mig_profile=mig_profile)
+            for name in names:
+                i = p.index.get(name)
+                if i is not None:
+                    self._take_share(p, i, request, +1)
+                    changed.append(i)
+            return changed
         if names:
             for name in names:
                 i = p.index.get(name)

@@ -36,6 +36,12 @@ class NodeRoom:
     schedulable: bool = True
     healthy: bool = True
     suspect: bool = False
+    #: GPU sharing (ADR 0040): a time-sliced or MPS node's free share of each physical GPU (milli-GPUs) and free
+    #: slices of each (empty: the node takes no shares, and ``gpus`` are its whole GPUs); a MIG node's free devices
+    #: per profile, ``(profile, free)``. ``gpus``/``free_gpus`` count only GPUs a pod can hold alone.
+    shares: tuple[int, ...] = ()
+    slices: tuple[int, ...] = ()
+    mig_free: tuple[tuple[str, int], ...] = ()
 
     @property
     def takes_work(self) -> bool:
@@ -87,6 +93,13 @@ class PoolOffer:
         return tuple(out)
 
     @functools.cached_property
+    def share_nodes_ever(self) -> tuple[tuple[int, tuple[tuple[str, int], ...], int, int, bool], ...]:
+        """Its nodes that take shares of a GPU, as ``(GPUs shared, MIG devices by profile, CPU millicores, memory
+        MiB, takes work)``: what a share could ever have there (``holds_share``)."""
+        return tuple((len(n.shares), n.mig_free, n.cpu_milli, n.memory_mib, n.takes_work) for n in self.node_rooms
+                     if n.shares or n.mig_free)
+
+    @functools.cached_property
     def node_shapes(self) -> tuple[tuple[int, int, int, bool, int], ...]:
         """The distinct ``(GPUs, CPU millicores, memory MiB, takes work, how many)`` of the pool's nodes."""
         if not self.node_rooms:  # nodes synthesized from the pool's counts: all alike, schedulable
@@ -126,10 +139,19 @@ class PlacementRequest:
     cpu_milli: int = 0
     memory_mib: int = 0
     share_nodes: bool = False
+    #: Part of one GPU (ADR 0040): the share its one pod holds, milli-GPUs, on a GPU of a node that shares GPUs
+    #: (``NodeRoom.shares``); or ``mig_profile``, one free MIG device of that profile. ``gpus_per_node`` is then 1.
+    share_milli: int = 0
+    mig_profile: str = ""
+
+    @property
+    def shared(self) -> bool:
+        """Whether it asks part of one GPU (a share or a MIG device) rather than whole GPUs."""
+        return bool(self.share_milli or self.mig_profile)
 
     @property
     def total_gpus(self) -> int:
-        return self.nodes * self.gpus_per_node
+        return 0 if self.shared else self.nodes * self.gpus_per_node
 
     def holds(self, node: NodeRoom) -> bool:
         """Whether ``node``'s allocatable resources could ever hold one node of the request (cordon ignored)."""
@@ -173,9 +195,25 @@ def pods_held(request: PlacementRequest, shapes) -> int:
     return sum(pods_on(request, gpus, cpu, memory) * count for gpus, cpu, memory, count in shapes)
 
 
+def holds_share(request: PlacementRequest, gpus_shared: int, mig: tuple[tuple[str, int], ...], cpu_milli: int,
+                memory_mib: int) -> bool:
+    """Whether a node sharing ``gpus_shared`` GPUs (time-slicing or MPS) and offering the MIG devices ``mig``
+    (``(profile, count)``), with ``cpu_milli`` and ``memory_mib``, could ever hold the one pod of a shared
+    ``request``: a MIG profile among its devices, or a share on any GPU it shares (a share is below one GPU)."""
+    if cpu_milli < request.cpu_milli or memory_mib < request.memory_mib:
+        return False
+    if request.mig_profile:
+        return any(name == request.mig_profile and count > 0 for name, count in mig)
+    return gpus_shared > 0
+
+
 def capable_nodes(request: PlacementRequest, offer: PoolOffer, *, schedulable_only: bool) -> int:
     """How many pods of ``request`` ``offer``'s nodes could ever hold (``pods_held``; only nodes accepting pods, if
-    asked): for a job whose pods take distinct nodes, the nodes that could each hold one."""
+    asked): for a job whose pods take distinct nodes, the nodes that could each hold one; for a shared request
+    (one pod on part of a GPU) the nodes that share GPUs as it asks (``holds_share``)."""
+    if request.shared:
+        return sum(1 for gpus, mig, cpu, memory, open_ in offer.share_nodes_ever
+                   if (open_ or not schedulable_only) and holds_share(request, gpus, mig, cpu, memory))
     return pods_held(request, ((gpus, cpu, memory, count) for gpus, cpu, memory, open_, count in offer.node_shapes
                                if open_ or not schedulable_only))
 

@@ -252,7 +252,7 @@ class VictimSearch:
         self.preempted: set[int] = set()
         self.candidates: dict[tuple, list[RunningJob]] = {}
         for r in running:
-            if r.preemptible and r.team_id in teams:
+            if r.preemptible and r.team_id in teams and not (r.share_milli or r.mig_profile):
                 self.candidates.setdefault((teams[r.team_id].cohort, r.accelerator_id), []).append(r)
         for lst in self.candidates.values():
             lst.sort(key=victim_order)

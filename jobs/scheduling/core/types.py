@@ -121,6 +121,10 @@ class QueuedJob:
     #: role node-exact on one pool (``nodebook.NodeBook.place_gang``); ``nodes`` is then all their pods and
     #: ``total_gpus`` / ``total_cpu_milli`` their sums. Such a job is neither preempted nor preempts (ADR 0039).
     roles: tuple[RoleShape, ...] = ()
+    #: Part of one GPU (ADR 0040): its pod's share in milli-GPUs, or a MIG profile (``gpus_per_node`` is then 1,
+    #: the one device it asks, and quota counts that one GPU). Such a job neither preempts nor is preempted.
+    share_milli: int = 0
+    mig_profile: str = ""
     key: tuple = dataclasses.field(init=False, repr=False, compare=False)
     #: What placement depends on, whatever the accelerator: size per node, spot rule and constraints (a cache key).
     shape: tuple = dataclasses.field(init=False, repr=False, compare=False)
@@ -134,7 +138,8 @@ class QueuedJob:
     def __post_init__(self):
         self.key = (-self.priority, self.submitted, self.job_id)
         self.shape = (self.nodes, self.gpus_per_node, self.cpu_milli, self.memory_mib, self.preemptible,
-                      self.providers, self.regions, self.clusters, self.share_nodes, self.avoid_clusters, self.roles)
+                      self.providers, self.regions, self.clusters, self.share_nodes, self.avoid_clusters, self.roles,
+                      self.share_milli, self.mig_profile)
         if self.roles:
             self.total_gpus = sum(r.nodes * r.gpus_per_node for r in self.roles)
             self.cpu_only = all(r.gpus_per_node == 0 for r in self.roles)
@@ -184,7 +189,8 @@ class QueuedJob:
         if request is None:
             request = self._request = PlacementRequest(self.nodes, self.gpus_per_node, self.preemptible,
                                                        self.providers, self.regions, self.clusters, self.cpu_milli,
-                                                       self.memory_mib, self.share_nodes)
+                                                       self.memory_mib, self.share_nodes, self.share_milli,
+                                                       self.mig_profile)
         return request
 
     @property
@@ -212,6 +218,9 @@ class RunningJob:
     gpus_per_node: int = 0
     cpu_milli: int = 0
     memory_mib: int = 0
+    #: Part of one GPU (ADR 0040): the share (milli-GPUs) or MIG profile it holds on its node; never a victim.
+    share_milli: int = 0
+    mig_profile: str = ""
 
 
 @dataclasses.dataclass(slots=True)
