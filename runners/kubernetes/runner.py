@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from core.namespaces import team_namespace
 from jobs.arrays import element_env
-from jobs.models import JobArray, roles_in_order
+from jobs.models import roles_in_order
 
 from ..base import (
     ABSENT,
@@ -152,9 +152,9 @@ def dispatch_record(attempt) -> dict:
     job = attempt.job
     submitter = get_user_model().objects.filter(pk=job.submitter_id).values_list("username", flat=True).first()
     array = None
-    if job.array_id is not None:
-        made = JobArray.objects.filter(pk=job.array_id).values_list("created_at", flat=True).first()
-        array = {"id": job.array_id, "index": job.array_index, "created_at": made.isoformat() if made else ""}
+    if job.array_id is not None:  # an element carries its array's submission time as its own (jobs.arrays)
+        array = {"id": job.array_id, "index": job.array_index,
+                 "created_at": job.created_at.isoformat() if job.created_at else ""}
     return {"array": array, "team": job.team.slug, "submitter": submitter or "", "job_id": job.pk, "job_name": job.name,
             "kind": job.kind, "spec": job.spec, "accelerator": attempt.node_pool.accelerator.name,
             "gpus_per_node": job.gpus_per_node, "nodes": job.nodes, "replicas": job.replicas,
