@@ -1,13 +1,15 @@
-"""What the API and the job's page show of a serving job: its endpoint, its replicas, and its autoscaling (the
-spec's bounds and target, the last decision, and why a scale-up was refused)."""
+"""What the API and the job's page show of a serving job: its endpoint, its replicas, its autoscaling (the spec's
+bounds and target, the last decision, and why a scale-up was refused) and its figures (``jobs.serving_figures``)."""
 
 from __future__ import annotations
 
 from .models import Job, ServingScale
+from .serving_figures import recent_figures
 
 
 def serving_status(job: Job) -> dict | None:
-    """A serving ``job``'s ``{"endpoint", "replicas", "replica_addresses", "autoscaling"}``; None for other kinds.
+    """A serving ``job``'s ``{"endpoint", "replicas", "replica_addresses", "autoscaling", "figures"}``; None for other
+    kinds.
 
     ``endpoint``: ``Job.endpoint`` (stable for the job's life on the local runner; the Service's address on
     Kubernetes). ``replica_addresses``: where the current attempt's replicas listen, as its runner reports them
@@ -15,14 +17,16 @@ def serving_status(job: Job) -> dict | None:
     ``max_replicas``, ``metric`` (``in_flight`` or ``rps``), ``target_per_replica``, the delays (s), and from
     the last pass (``jobs.models.ServingScale``) ``metric_per_replica``, ``desired``, ``decided_at``,
     ``refusal`` ({} or ``{"reason", "message", "replicas", "desired", "at", ...}``) and ``note``. One query
-    for the autoscaler's row.
+    for the autoscaler's row. ``figures``: ``jobs.serving_figures.recent_figures`` (rates, latency percentiles,
+    error rate, replicas over time, GPU-hours and USD per million requests over the last hour it served), None
+    before the first sample.
     """
     if job.kind != Job.Kind.INFERENCE:
         return None
     attempt = job.current_attempt if job.endpoint else None
     status = {"endpoint": job.endpoint, "replicas": job.replicas,
               "replica_addresses": list((attempt.runner_state or {}).get("replicas") or ()) if attempt else [],
-              "autoscaling": None}
+              "autoscaling": None, "figures": recent_figures(job)}
     scaling = (job.spec or {}).get("autoscaling")
     if not scaling:
         return status
