@@ -51,7 +51,7 @@ def histogram_quantile(q: float, buckets: dict[str, float]) -> float | None:
     lower, below = (0.0, 0.0) if index == 0 else bounds[index - 1]
     if count == below:
         return upper
-    return lower + (upper - lower) * (rank - below) / (count - below)
+    return lower + (upper - lower) * ((rank - below) / (count - below))  # Prometheus' order of operations
 
 
 def _ledger_end(job: Job) -> dt.datetime | None:
@@ -99,7 +99,8 @@ def service_figures(job: Job, start: dt.datetime, end: dt.datetime, *, detail: b
     none of it is priced), ``gpu_hours_per_million_requests``,
     ``usd_per_million_requests``, ``usd_per_million_tokens`` (null without requests, tokens or a known cost);
     with ``detail``, ``latency_p50_ms`` and ``latency_p99_ms`` (null without requests) and ``replicas``
-    (``[[ISO time, count], ...]`` at each change). A sample counts when its interval ends within the window.
+    (``[[ISO time, count], ...]`` at each change). A sample covers ``(at - seconds, at]``, and counts when it ends
+    within ``(start, end]``.
     """
     ledger_end = _ledger_end(job)
     if ledger_end is not None and ledger_end < end:
@@ -146,5 +147,4 @@ def recent_figures(job: Job) -> dict | None:
     last = ServingSample.objects.filter(job_id=job.pk).aggregate(at=Max("at"))["at"]
     if last is None:
         return None
-    end = last + dt.timedelta(microseconds=1)  # the window holds the sample that ends at ``last``
-    return service_figures(job, end - FIGURES_WINDOW, end)
+    return service_figures(job, last - FIGURES_WINDOW, last)
