@@ -63,6 +63,19 @@ def served(teams, owner, catalog):
     return job
 
 
+def unpriced_serving_job(teams, owner, catalog):
+    """A serving job of alpha on a cluster without a price: 2 GPUs over [T, T+1h) of unknown cost, 50 requests."""
+    cluster, pool = make_cluster("moved", "aws", "eu-nowhere-1", catalog["H100-80GB"])
+    dark = make_job_row(teams[0], owner.user, catalog["H100-80GB"], name="dark", kind="inference",
+                        state=JobState.RUNNING, max_runtime=None)
+    attempt = make_attempt(dark, cluster, pool, gpus=2, started_at=T)
+    CostEntry.objects.create(attempt=attempt, job=dark, team=dark.team, cluster=cluster, accelerator=pool.accelerator,
+                             interval_start=T, interval_end=T + H, gpus=2, usd_per_gpu_hour=None, amount_usd=None)
+    ServingSample.objects.create(job=dark, at=T + H, seconds=3600, requests=50, tokens=0, replicas=2,
+                                 latency_buckets={"0.1": 50, "+Inf": 50})
+    return dark
+
+
 @pytest.mark.django_db
 def test_the_pass_keeps_each_intervals_increase_and_counts_a_restarted_endpoint_from_zero(served):
     ServingSample.objects.filter(job=served).delete()
@@ -156,14 +169,7 @@ def test_the_api_and_the_page_show_the_last_hour_served_and_an_unknown_price_as_
     page = signed_in(owner).get(f"/jobs/{served.pk}/").content.decode()
     assert "Per million requests" in page and "$24571.43" in page and "700 requests" in page
 
-    cluster, pool = make_cluster("moved", "aws", "eu-nowhere-1", catalog["H100-80GB"])
-    dark = make_job_row(teams[0], owner.user, catalog["H100-80GB"], name="dark", kind="inference",
-                        state=JobState.RUNNING, max_runtime=None)
-    attempt = make_attempt(dark, cluster, pool, gpus=2, started_at=T)
-    CostEntry.objects.create(attempt=attempt, job=dark, team=dark.team, cluster=cluster, accelerator=pool.accelerator,
-                             interval_start=T, interval_end=T + H, gpus=2, usd_per_gpu_hour=None, amount_usd=None)
-    ServingSample.objects.create(job=dark, at=T + H, seconds=3600, requests=50, tokens=0, replicas=2,
-                                 latency_buckets={"0.1": 50, "+Inf": 50})
+    dark = unpriced_serving_job(teams, owner, catalog)
     unknown = owner.client.get(f"/api/v1/jobs/{dark.pk}/").json()["serving"]["figures"]
     assert unknown["usd"] is None and unknown["usd_per_million_requests"] is None
     assert unknown["unpriced_gpu_hours"] == 2.0 and unknown["gpu_hours_per_million_requests"] == 2e6 / 50 * 1.0
