@@ -15,10 +15,14 @@ Load: a closed loop of at most ``--high`` client threads (default 4) on 127.0.0.
 of active clients steps 1 -> ``--high`` -> 1.
 
 1. Autoscaled service (``min_replicas`` 1, ``max_replicas`` 3, ``target_in_flight_per_replica`` 1, scale-up delay
-   0, scale-down delay ``--down-delay``, default 8 s): ``--low-seconds`` (default 10) at 1 client; at ``--high``
+   0, scale-down delay ``--down-delay``, default 8 s): ``--low-seconds`` (default 15) at 1 client; at ``--high``
    clients until the endpoint has 3 ready replicas (``scale_up_seconds``, from the step up), then
-   ``--hold-seconds`` more (default 10); at 1 client until the job is back at 1 replica and the endpoint lists
-   only it (``scale_down_seconds``, from the step down; it includes the delay), then 5 s more.
+   ``--hold-seconds`` more (default 8); at 1 client until the job is back at 1 replica and the endpoint lists
+   only it (``scale_down_seconds``, from the step down; it includes the delay), then ``--low-seconds`` more. A
+   service that follows its load saves in the low phases what the peak-sized one holds idle; on 2 cores the
+   replicas share the CPU, so the peak's throughput hardly grows with them, and the replicas that start at the
+   step up take CPU from those serving: the low phases must be long beside the transitions for the saving to
+   show, as a day's trough is long beside a scale-up.
 2. Fixed deployment of 3 replicas (the peak), the same load for the same phase lengths. Then ``failed_requests_
    replica_loss``: 3 clients for 4 s, one replica SIGKILLed, 6 s more; a request that did not answer 200 failed.
 3. Rolling update (``failed_requests_rolling_update``): when ``serving.rollout`` is installed, 2 clients while the
@@ -310,7 +314,7 @@ def run_profile(bench: Bench, attempt, load: Load, args, lengths: dict | None) -
         times["scale_down_seconds"] = bench.wait(
             lambda: Job.objects.get(pk=attempt.job_id).replicas == 1
             and metric(attempt, "controlplane_endpoint_replicas") == 1, 180, "back to 1 replica")
-        time.sleep(5)
+        time.sleep(args.low_seconds)
     else:
         time.sleep(lengths["low_after"])
     load.clients = 0
@@ -372,14 +376,14 @@ def per_million(gpu_s: float, requests: int) -> float | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--high", type=int, default=4, help="clients at the peak (default 4)")
-    parser.add_argument("--low-seconds", type=float, default=10.0)
-    parser.add_argument("--hold-seconds", type=float, default=10.0)
+    parser.add_argument("--low-seconds", type=float, default=15.0, help="each low phase at 1 client, s")
+    parser.add_argument("--hold-seconds", type=float, default=8.0, help="the peak once 3 replicas are ready, s")
     parser.add_argument("--down-delay", type=int, default=8, help="the autoscaled service's scale-down delay, s")
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between autoscaling passes")
-    parser.add_argument("--quick", action="store_true", help="short phases (4 s low, 4 s hold, 5 s delay)")
+    parser.add_argument("--quick", action="store_true", help="short phases (10 s low, 4 s hold, 5 s delay)")
     args = parser.parse_args()
     if args.quick:
-        args.low_seconds, args.hold_seconds, args.down_delay = 4.0, 4.0, 5
+        args.low_seconds, args.hold_seconds, args.down_delay = 10.0, 4.0, 5
     url = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/cp_bench_serving")
     require("serving", [postgres_missing(url)])
     started = time.monotonic()
