@@ -10,23 +10,25 @@ for the 15 s of ``AUTOSCALE_INTERVAL_SECONDS``) in a thread, the cluster's last 
 ledger's accrual (``accrue_attempt``) at each phase's end. The database is PostgreSQL ``BENCH_DATABASE_URL``
 (default ``cp_bench_serving``), dropped and recreated per run; Celery's in-memory broker.
 
-Load: a closed loop of at most ``--high`` client threads (default 4) on 127.0.0.1, each sending ``POST /generate``
-(``max_new_tokens`` 8, greedy, an ``Idempotency-Key``, as a client that may be retried) back to back; the number
-of active clients steps 1 -> ``--high`` -> 1.
+Load: per service, an open loop on 127.0.0.1: ``POST /generate`` (``max_new_tokens`` 8, greedy, an
+``Idempotency-Key``, as a client that may be retried) sent at a set rate by at most 16 client threads (a request
+due while all are busy waits, and its latency counts from when it was due), stepped ``--low-rps`` (default 1.5)
+-> ``--high-rps`` (default 6) -> low. The same offered requests to both services, so that GPU-hours per request
+compare the replicas each held, whatever the machine's load does to the requests' speed.
 
-1. Autoscaled service (``min_replicas`` 1, ``max_replicas`` 3, ``target_in_flight_per_replica`` 1, scale-up delay
-   0, scale-down delay ``--down-delay``, default 8 s): ``--low-seconds`` (default 15) at 1 client; at ``--high``
-   clients until the endpoint has 3 ready replicas (``scale_up_seconds``, from the step up), then
-   ``--hold-seconds`` more (default 8); at 1 client until the job is back at 1 replica and the endpoint lists
-   only it (``scale_down_seconds``, from the step down; it includes the delay), then ``--low-seconds`` more. A
-   service that follows its load saves in the low phases what the peak-sized one holds idle; on 2 cores the
-   replicas share the CPU, so the peak's throughput hardly grows with them, and the replicas that start at the
-   step up take CPU from those serving: the low phases must be long beside the transitions for the saving to
-   show, as a day's trough is long beside a scale-up.
-2. Fixed deployment of 3 replicas (the peak), the same load for the same phase lengths. Then ``failed_requests_
-   replica_loss``: 3 clients for 4 s, one replica SIGKILLed, 6 s more; a request that did not answer 200 failed.
-3. Rolling update (``failed_requests_rolling_update``): when ``serving.rollout`` is installed, 2 clients while the
-   autoscaled service is rolled to a new checkpoint; without it the key is left out.
+1. Two services side by side, each under its own load stepped together: an autoscaled one (``min_replicas`` 1,
+   ``max_replicas`` 3, ``target_rps_per_replica`` 2, scale-up delay 0, scale-down delay ``--down-delay``,
+   default 8 s) and a fixed deployment of 3 replicas (the peak). ``--low-seconds`` (default 15) at the low rate;
+   at the high rate until the autoscaled endpoint has 3 ready replicas (``scale_up_seconds``, from the step up),
+   then ``--hold-seconds`` more (default 8); at the low rate until the autoscaled job is back at 1 replica and its
+   endpoint lists only it (``scale_down_seconds``, from the step down; it includes the delay), then
+   ``--low-seconds`` more. A service that follows its load saves in the low phases what the peak-sized one
+   holds idle, and pays for the time its replicas take to start: the low phases are long beside the
+   transitions, as a day's trough is long beside a scale-up.
+2. ``failed_requests_replica_loss``: the fixed deployment at the high rate for 4 s, one replica SIGKILLed, 6 s
+   more; a request that did not answer 200 failed.
+3. Rolling update (``failed_requests_rolling_update``): when ``serving.rollout`` is installed, the low rate while
+   the autoscaled service is rolled to another training job's checkpoint; without it the key is left out.
 
 Figures: ``gpu_hours_per_million_requests`` of each (the ledger's GPU-seconds of the job over its load phases,
 over the requests answered 200 then) and ``gpu_hours_per_million_requests_ratio_vs_fixed`` (autoscaled over fixed,
@@ -45,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,6 +55,7 @@ import tempfile
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,7 +67,9 @@ from benchmarks.procstat import cpu_seconds, machine  # noqa: E402
 from benchmarks.services import postgres_missing, require  # noqa: E402
 
 PROMPT = {"prompt": "To be, or not", "max_new_tokens": 8, "temperature": 0}
-SCALING = {"min_replicas": 1, "max_replicas": 3, "target_in_flight_per_replica": 1, "scale_up_delay_seconds": 0}
+SCALING = {"min_replicas": 1, "max_replicas": 3, "target_rps_per_replica": 2, "scale_up_delay_seconds": 0}
+#: Client threads per service at most: requests due beyond them wait.
+CONCURRENCY = 16
 
 
 def configure(database_url: str, run_dir: Path) -> None:
@@ -93,43 +99,53 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 class Load:
-    """Up to ``most`` client threads sending ``POST /generate`` to ``endpoint`` back to back; ``clients`` of them
-    are active. Every answer kept as ``(start monotonic, seconds, status)`` (status 0: no answer)."""
+    """An open loop against ``endpoint``: ``POST /generate`` sent at ``rate`` requests per second (0: none), each by
+    one of at most ``concurrency`` client threads (a request waits for a free one: the latency counts from when
+    it was due). Every answer kept as ``(due monotonic, seconds, status)`` (status 0: no answer)."""
 
-    def __init__(self, endpoint: str, most: int):
-        self.endpoint, self.clients, self.answers = endpoint, 0, []
-        self.lock, self.stopping = threading.Lock(), threading.Event()
-        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(most)]
-        for thread in self.threads:
-            thread.start()
+    def __init__(self, endpoint: str, concurrency: int):
+        self.endpoint, self.rate, self.answers = endpoint, 0.0, []
+        self.lock, self.stopping, self.local = threading.Lock(), threading.Event(), threading.local()
+        self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="client")
+        self.pacer = threading.Thread(target=self._pace, daemon=True)
+        self.pacer.start()
 
-    def _run(self, index: int) -> None:
+    def _pace(self) -> None:
+        due = time.monotonic()
+        while not self.stopping.is_set():
+            now = time.monotonic()
+            if self.rate <= 0:
+                due = now
+                time.sleep(0.02)
+            elif now < due:
+                time.sleep(min(due - now, 0.02))
+            else:
+                self.pool.submit(self._send, due)
+                due += 1 / self.rate
+
+    def _send(self, due: float) -> None:
         import requests
 
-        session = requests.Session()
-        while not self.stopping.is_set():
-            if index >= self.clients:
-                time.sleep(0.02)
-                continue
-            started = time.monotonic()
-            try:
-                status = session.post(f"{self.endpoint}/generate", json=PROMPT, timeout=60,
-                                      headers={"Idempotency-Key": uuid.uuid4().hex}).status_code
-            except requests.RequestException:
-                status = 0
-            with self.lock:
-                self.answers.append((started, time.monotonic() - started, status))
+        session = getattr(self.local, "session", None) or requests.Session()
+        self.local.session = session
+        try:
+            status = session.post(f"{self.endpoint}/generate", json=PROMPT, timeout=60,
+                                  headers={"Idempotency-Key": uuid.uuid4().hex}).status_code
+        except requests.RequestException:
+            status = 0
+        with self.lock:
+            self.answers.append((due, time.monotonic() - due, status))
 
     def since(self, t0: float, t1: float | None = None) -> list[tuple[float, float, int]]:
-        """The answers to requests sent within ``[t0, t1)``."""
+        """The answers to requests due within ``[t0, t1)``."""
         with self.lock:
             return [a for a in self.answers if a[0] >= t0 and (t1 is None or a[0] < t1)]
 
     def stop(self) -> None:
-        self.clients = 0
+        self.rate = 0
         self.stopping.set()
-        for thread in self.threads:
-            thread.join(timeout=90)
+        self.pacer.join(timeout=10)
+        self.pool.shutdown(wait=True)
 
 
 class Passes(threading.Thread):
@@ -181,9 +197,24 @@ class Bench:
         self.user = get_user_model().objects.create_user(username="bench", password="x")
         Quota.objects.create(team=self.team, accelerator=self.pool.accelerator, nominal_gpus=16)
 
-    def start(self, name: str, replicas: int, autoscaling: dict | None, checkpoint: Path):
-        """A serving job of ``examples/serve.py`` admitted, dispatched and RUNNING with ``replicas`` ready replicas
-        behind its endpoint; returns its attempt."""
+    def trained(self, checkpoint: Path, count: int) -> list[int]:
+        """``count`` SUCCEEDED training jobs of the team, each with a copy of ``checkpoint`` where the local runner
+        keeps its checkpoints (what a serving job's ``checkpoint_from`` loads); their ids."""
+        from jobs.models import JobState
+        from runners.local.runner import checkpoint_dir
+        from tests.support.factories import make_job_row
+
+        ids = []
+        for i in range(count):
+            job = make_job_row(self.team, self.user, self.pool.accelerator, name=f"train-gpt-{i + 1}",
+                               state=JobState.SUCCEEDED)
+            shutil.copytree(checkpoint, checkpoint_dir(job.pk), dirs_exist_ok=True)
+            ids.append(job.pk)
+        return ids
+
+    def start(self, name: str, replicas: int, autoscaling: dict | None, checkpoint_from: int):
+        """A serving job of ``examples/serve.py`` serving training job ``checkpoint_from``'s checkpoint, admitted,
+        dispatched and RUNNING with ``replicas`` ready replicas behind its endpoint; returns its attempt."""
         from jobs.models import JobAttempt, JobState
         from jobs.reconcile import reconcile_cluster
         from jobs.scheduling.passes import try_admit
@@ -191,7 +222,7 @@ class Bench:
         from tests.support.factories import make_job_row
 
         spec = {"image": "python:3.11", "command": ["python", "examples/serve.py"],
-                "args": ["--checkpoint-dir", str(checkpoint), "--host", "127.0.0.1"], "env": {"OMP_NUM_THREADS": "1"},
+                "args": ["--host", "127.0.0.1"], "env": {"OMP_NUM_THREADS": "1"}, "checkpoint_from": checkpoint_from,
                 "resources": {"accelerator": self.pool.accelerator.name, "gpus_per_node": 1, "nodes": 1},
                 "replicas": replicas, "port": 8000, "health_path": "/healthz", "autoscaling": autoscaling}
         job = make_job_row(self.team, self.user, self.pool.accelerator, name=name, kind="inference", spec=spec,
@@ -285,79 +316,81 @@ def summary(answers: list[tuple[float, float, int]]) -> dict:
             "p99_ms": round(percentile(ok, 0.99), 1) if ok else None}
 
 
-def run_profile(bench: Bench, attempt, load: Load, args, lengths: dict | None) -> dict:
-    """The load profile against ``attempt``'s service: 1 client, ``args.high``, 1 again. With ``lengths`` None
-    (the autoscaled service) the high and second low phases last until the scale-up and scale-down are seen (plus
-    the hold); otherwise each lasts ``lengths``' seconds. Returns the phases' lengths, the scale times, the
-    answers' summary, the ledger's GPU-seconds over the load and the proxy's CPU seconds."""
+def run_profile(bench: Bench, services: dict, args) -> dict:
+    """The load profile against every service of ``services`` (``{"autoscaled": (attempt, Load), "fixed": ...}``)
+    at once, each with its own load stepped together: ``args.low_rps``, ``args.high_rps``, low again; the autoscaled service's
+    scale-up and scale-down (plus the hold and the low phase) set the phases' lengths. Returns the phases' lengths,
+    the scale times, and per service the answers' summary, the ledger's GPU-seconds over the load and its proxy's
+    CPU seconds."""
     from django.utils import timezone
 
     from jobs.models import Job
 
-    pid = proxy_pid(attempt.job_id)
-    cpu0 = cpu_seconds(pid) if pid else None
+    scaled = services["autoscaled"][0]
+    pids = {name: proxy_pid(attempt.job_id) for name, (attempt, _) in services.items()}
+    cpu0 = {name: cpu_seconds(pid) if pid else None for name, pid in pids.items()}
+
+    def rate(rps: float) -> None:
+        for _, load in services.values():
+            load.rate = rps
+
     wall0, t0 = timezone.now(), time.monotonic()
-    load.clients = 1
+    rate(args.low_rps)
     time.sleep(args.low_seconds)
-    load.clients = args.high
+    rate(args.high_rps)
     high_at = time.monotonic()
-    times = {}
-    if lengths is None:
-        times["scale_up_seconds"] = bench.wait(
-            lambda: metric(attempt, "controlplane_endpoint_ready_replicas") == 3, 180, "3 ready replicas")
-        time.sleep(args.hold_seconds)
-    else:
-        time.sleep(lengths["high"])
-    load.clients = 1
+    up = bench.wait(lambda: metric(scaled, "controlplane_endpoint_ready_replicas") == 3, 180, "3 ready replicas")
+    time.sleep(args.hold_seconds)
+    rate(args.low_rps)
     low_at = time.monotonic()
-    if lengths is None:
-        times["scale_down_seconds"] = bench.wait(
-            lambda: Job.objects.get(pk=attempt.job_id).replicas == 1
-            and metric(attempt, "controlplane_endpoint_replicas") == 1, 180, "back to 1 replica")
-        time.sleep(args.low_seconds)
-    else:
-        time.sleep(lengths["low_after"])
-    load.clients = 0
+    down = bench.wait(lambda: Job.objects.get(pk=scaled.job_id).replicas == 1
+                      and metric(scaled, "controlplane_endpoint_replicas") == 1, 180, "back to 1 replica")
+    time.sleep(args.low_seconds)
+    rate(0)
     t1 = time.monotonic()
-    time.sleep(0.5)  # the last requests answer
+    time.sleep(1.0)  # the last requests answer
     wall1 = timezone.now()
-    bench.accrue(attempt)
-    cpu1 = cpu_seconds(pid) if pid else None
-    answers = load.since(t0, t1)
-    return {"lengths": {"high": low_at - high_at, "low_after": t1 - low_at}, **times, "answers": summary(answers),
-            "gpu_seconds": gpu_seconds(attempt.job_id, wall0, wall1), "window": (wall0, wall1),
-            "proxy_cpu_s": None if cpu0 is None or cpu1 is None else cpu1 - cpu0}
+    out = {"lengths": {"high": low_at - high_at, "low_after": t1 - low_at}, "scale_up_seconds": up,
+           "scale_down_seconds": down, "window": (wall0, wall1)}
+    for name, (attempt, load) in services.items():
+        bench.accrue(attempt)
+        cpu1 = cpu_seconds(pids[name]) if pids[name] else None
+        out[name] = {"answers": summary(load.since(t0, t1)),
+                     "gpu_seconds": gpu_seconds(attempt.job_id, wall0, wall1),
+                     "proxy_cpu_s": None if cpu0[name] is None or cpu1 is None else cpu1 - cpu0[name]}
+    return out
 
 
-def replica_loss(attempt, load: Load) -> dict:
-    """3 clients for 4 s, then one replica of ``attempt`` SIGKILLed, 6 s more: the answers that were not 200."""
+def replica_loss(attempt, load: Load, rps: float) -> dict:
+    """``rps`` requests per second for 4 s, then one replica of ``attempt`` SIGKILLed, 6 s more: the answers that
+    were not 200."""
     from runners.local.layout import read_json
     from runners.local.runner import attempt_dir
 
-    load.clients = 3
+    load.rate = rps
     t0 = time.monotonic()
     time.sleep(4)
     child = read_json(attempt_dir(attempt) / "node-1.pid")["child"]["pid"]
     os.kill(child, signal.SIGKILL)
     time.sleep(6)
-    load.clients = 0
-    answers = load.since(t0, time.monotonic())
-    time.sleep(0.5)
+    load.rate = 0
+    t1 = time.monotonic()
+    time.sleep(1.0)
+    answers = load.since(t0, t1)
     return summary(answers)
 
 
-def rolling_update(bench: Bench, attempt, load: Load, checkpoint_job_id: int | None) -> int | None:
+def rolling_update(bench: Bench, attempt, load: Load, checkpoint_job_id: int, rps: float) -> int | None:
     """Failed requests while ``attempt``'s service is rolled to the checkpoint of ``checkpoint_job_id``
-    (``serving.rollout.start_rollout``), under 2 clients; None when the product has no rolling update."""
+    (``serving.rollout.start_rollout``), under ``rps`` requests per second; None when the product has no rolling
+    update."""
     try:
         from serving.rollout import start_rollout
     except ImportError:
         return None
-    if checkpoint_job_id is None:
-        return None
     from jobs.models import Job, JobState
 
-    load.clients = 2
+    load.rate = rps
     t0 = time.monotonic()
     time.sleep(2)
     start_rollout(attempt.job_id, checkpoint_from_job_id=checkpoint_job_id, actor=bench.user)
@@ -365,8 +398,10 @@ def rolling_update(bench: Bench, attempt, load: Load, checkpoint_job_id: int | N
                and metric(attempt, "controlplane_endpoint_ready_replicas") == Job.objects.get(pk=attempt.job_id).replicas,
                180, "the rolling update")
     time.sleep(3)
-    load.clients = 0
-    return summary(load.since(t0, time.monotonic()))["failed"]
+    load.rate = 0
+    t1 = time.monotonic()
+    time.sleep(1.0)
+    return summary(load.since(t0, t1))["failed"]
 
 
 def per_million(gpu_s: float, requests: int) -> float | None:
@@ -375,7 +410,8 @@ def per_million(gpu_s: float, requests: int) -> float | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--high", type=int, default=4, help="clients at the peak (default 4)")
+    parser.add_argument("--low-rps", type=float, default=1.5, help="requests per second off the peak")
+    parser.add_argument("--high-rps", type=float, default=6.0, help="requests per second at the peak")
     parser.add_argument("--low-seconds", type=float, default=15.0, help="each low phase at 1 client, s")
     parser.add_argument("--hold-seconds", type=float, default=8.0, help="the peak once 3 replicas are ready, s")
     parser.add_argument("--down-delay", type=int, default=8, help="the autoscaled service's scale-down delay, s")
@@ -413,30 +449,30 @@ def measure(bench: Bench, passes: Passes, args, checkpoint: Path) -> dict:
     """Both services under the same load, the replica loss and the rolling update; the result line's keys."""
     from jobs.serving_figures import service_figures
 
-    scaled = bench.start("serve-autoscaled", 1, {**SCALING, "scale_down_delay_seconds": args.down_delay}, checkpoint)
-    load = Load(scaled.runner_state["endpoint"], args.high)
-    auto = run_profile(bench, scaled, load, args, None)
-    figures = service_figures(scaled.job, *auto["window"])
-    rolled = rolling_update(bench, scaled, load, None)
-    load.stop()
-    bench.stop(scaled)
-
-    fixed_attempt = bench.start("serve-fixed", 3, None, checkpoint)
-    load = Load(fixed_attempt.runner_state["endpoint"], args.high)
-    fixed = run_profile(bench, fixed_attempt, load, args, auto["lengths"])
-    lost = replica_loss(fixed_attempt, load)
-    load.stop()
+    first, second = bench.trained(checkpoint, 2)
+    scaled = bench.start("serve-autoscaled", 1, {**SCALING, "scale_down_delay_seconds": args.down_delay}, first)
+    fixed_attempt = bench.start("serve-fixed", 3, None, first)
+    services = {"autoscaled": (scaled, Load(scaled.runner_state["endpoint"], CONCURRENCY)),
+                "fixed": (fixed_attempt, Load(fixed_attempt.runner_state["endpoint"], CONCURRENCY))}
+    profile = run_profile(bench, services, args)
+    auto, fixed = profile["autoscaled"], profile["fixed"]
+    figures = service_figures(scaled.job, *profile["window"])
+    lost = replica_loss(fixed_attempt, services["fixed"][1], args.high_rps)
+    services["fixed"][1].stop()
     bench.stop(fixed_attempt)
+    rolled = rolling_update(bench, scaled, services["autoscaled"][1], second, args.low_rps)
+    services["autoscaled"][1].stop()
+    bench.stop(scaled)
 
     auto_pm = per_million(auto["gpu_seconds"], auto["answers"]["ok"])
     fixed_pm = per_million(fixed["gpu_seconds"], fixed["answers"]["ok"])
     served = auto["answers"]["requests"] + fixed["answers"]["requests"]
     proxy_cpu = [x for x in (auto["proxy_cpu_s"], fixed["proxy_cpu_s"]) if x is not None]
-    print(f"autoscaled: up {auto['scale_up_seconds']:.1f} s, down {auto['scale_down_seconds']:.1f} s, "
+    print(f"autoscaled: up {profile['scale_up_seconds']:.1f} s, down {profile['scale_down_seconds']:.1f} s, "
           f"{auto['answers']}; fixed {fixed['answers']}; replica loss {lost}", file=sys.stderr)
     result = {
-        "scale_up_seconds": round(auto["scale_up_seconds"], 2),
-        "scale_down_seconds": round(auto["scale_down_seconds"], 2),
+        "scale_up_seconds": round(profile["scale_up_seconds"], 2),
+        "scale_down_seconds": round(profile["scale_down_seconds"], 2),
         "scale_down_delay_seconds": args.down_delay,
         "autoscale_interval_seconds": args.interval,
         "replicas_seen": passes.seen.get(scaled.job_id, []),
@@ -452,8 +488,8 @@ def measure(bench: Bench, passes: Passes, args, checkpoint: Path) -> dict:
         "figures_autoscaled": {k: figures[k] for k in ("requests", "errors", "requests_per_second", "latency_p50_ms",
                                                         "latency_p99_ms", "gpu_hours_per_million_requests",
                                                         "usd_per_million_requests", "replicas")},
-        "phase_seconds": {"low": args.low_seconds, "high": round(auto["lengths"]["high"], 1),
-                          "low_after": round(auto["lengths"]["low_after"], 1)},
+        "phase_seconds": {"low": args.low_seconds, "high": round(profile["lengths"]["high"], 1),
+                          "low_after": round(profile["lengths"]["low_after"], 1)},
     }
     if rolled is not None:
         result["failed_requests_rolling_update"] = rolled
