@@ -29,7 +29,9 @@ def test_the_quick_serving_benchmark_follows_the_load_and_costs_less_than_the_pe
     auto, fixed = result["gpu_hours_per_million_requests"]["autoscaled"], result["gpu_hours_per_million_requests"]["fixed"]
     assert result["gpu_hours_per_million_requests_ratio_vs_fixed"] == round(auto / fixed, 3) < 1
     figures = result["figures_autoscaled"]
-    assert 0 < figures["requests"] <= result["requests"]["autoscaled"]["requests"] and figures["errors"] == 0
+    # the product's samples end at its passes (every 2 s), not where the load starts and stops: a few requests of the
+    # low rate at either edge may fall on the other side
+    assert abs(figures["requests"] - result["requests"]["autoscaled"]["requests"]) <= 10 and figures["errors"] == 0
     assert figures["latency_p50_ms"] <= figures["latency_p99_ms"]
     assert [n for _, n in figures["replicas"]][0] == 1 and 3 in [n for _, n in figures["replicas"]]
     assert result["proxy_cpu_ms_per_request"] > 0
