@@ -291,7 +291,7 @@ CELERY_TASK_DEFAULT_QUEUE = CELERY_FAST_QUEUE
 CELERY_TASK_QUEUES = {CELERY_FAST_QUEUE: {}, CELERY_SLOW_QUEUE: {}}
 CELERY_TASK_ROUTES = {
     **dict.fromkeys(["jobs.tasks.schedule_pending", "jobs.tasks.dispatch_attempt", "jobs.tasks.cancel_job_objects",
-                     "jobs.tasks.reconcile_all", "jobs.tasks.delete_attempt_objects", "jobs.tasks.record_attempt_end",
+                     "jobs.tasks.reconcile_all", "jobs.tasks.reconcile_cluster", "jobs.tasks.delete_attempt_objects", "jobs.tasks.record_attempt_end",
                      "jobs.tasks.send_outbox", "serving.tasks.autoscale_serving",
                      "runners.tasks.sync_node_pools"], {"queue": CELERY_FAST_QUEUE}),
     **dict.fromkeys(["costs.tasks.accrue_running_costs", "costs.tasks.accrue_attempt", "costs.tasks.check_budgets",
