@@ -78,6 +78,11 @@ class Observation:
     ``record`` is that record (``job_state``, ``end_reason``, ``ended_at``...),
     ``ended_at`` its end. A restored database learns from it how the attempt
     ended instead of restarting it.
+
+    ``lost_replicas`` (a serving attempt on a backend that ``replaces_replicas``): the replicas that died while
+    the others serve (crashed, killed, evicted, their supervisor lost); the phase is then the survivors' (``pending``
+    when none survives). Reconcile replaces each within the job's retry budget (``Backend.replace_replica``) or
+    ends the attempt with the replica's own failure (``jobs.replica_loss``).
     """
 
     phase: str
@@ -88,6 +93,21 @@ class Observation:
     ended_at: dt.datetime | None = None
     nodes: tuple[str, ...] = ()
     record: dict | None = None
+    lost_replicas: tuple[LostReplica, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class LostReplica:
+    """One replica of a serving attempt that died while the others serve. ``key``: the backend's name for the
+    replica (what ``Backend.replace_replica`` takes; the local runner's: its pods' node indexes, ``"3"`` or
+    ``"3,4"``); ``phase`` ``failed`` or ``lost`` with ``end_reason``, ``exit_code`` and ``message`` as an
+    ``Observation`` of the attempt would say them had that replica been the attempt."""
+
+    key: str
+    phase: str
+    end_reason: str
+    exit_code: int | None = None
+    message: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,6 +285,19 @@ class Backend:
     def scale(self, attempt, replicas: int) -> dict:
         """Make serving ``attempt`` run ``replicas`` replicas; idempotent; returns its new ``runner_state``.
         Raises TransientDispatchError or PermanentDispatchError; NotImplementedError where ``scales`` is False."""
+        raise NotImplementedError
+
+    #: Whether the backend reports a serving attempt's dead replicas apart (``Observation.lost_replicas``) and
+    #: starts one again in the same booked slot (``replace_replica``) while the others serve. Where it is False,
+    #: a replica that dies ends the attempt.
+    replaces_replicas: ClassVar[bool] = False
+
+    def replace_replica(self, attempt, key: str) -> dict:
+        """Start a new replica of serving ``attempt`` in place of the lost replica ``key`` (a
+        ``LostReplica.key``), on the same booked nodes and GPUs, and take the lost one out of the endpoint;
+        idempotent (a key replaced already changes nothing); returns the attempt's new ``runner_state``.
+        Raises TransientDispatchError or PermanentDispatchError; NotImplementedError where ``replaces_replicas``
+        is False."""
         raise NotImplementedError
 
     def endpoint_load(self, attempt) -> str | None:

@@ -34,6 +34,7 @@ from jobs.models import roles_in_order
 from ..base import (
     ABSENT,
     Backend,
+    LostReplica,
     Observation,
     PermanentDispatchError,
     PoolCapacity,
@@ -375,6 +376,34 @@ def summarise(statuses: list[NodeStatus], stop_reason: str | None, roles: list[d
     return Observation("pending")
 
 
+#: Exit reasons of a serving replica's pod that make the replica lost (replaced while the others serve): a crash, a
+#: kill, a stop from outside. A deadline is the attempt's (its max runtime), and an exit 0 is a server that
+#: chose to end: those stay the attempt's, as for any job.
+REPLICA_LOSS_REASONS = frozenset({"exited", "signal", "cancelled"})
+
+
+def lost_replicas(statuses: list[NodeStatus], pods_per_replica: int) -> tuple[list[NodeStatus], tuple[LostReplica, ...]]:
+    """Split the live pods' ``statuses`` of a serving attempt (in node order; every ``pods_per_replica`` of them
+    one replica) into the survivors' statuses and the replicas lost: a replica one of whose pods crashed (a
+    non-zero exit), was killed by a signal, was stopped from outside the control plane (``cancelled`` with no
+    stop of the attempt) or whose supervisor died (``lost``). Each lost replica is named by its pods' node
+    indexes and described as ``summarise`` describes an attempt of those pods alone."""
+    survivors: list[NodeStatus] = []
+    lost: list[LostReplica] = []
+    size = max(1, pods_per_replica)
+    for at in range(0, len(statuses), size):
+        group = statuses[at:at + size]
+        dead = any(s.state == "lost" or (s.state == "ended" and s.exit.get("reason") in REPLICA_LOSS_REASONS and not (
+            s.exit.get("reason") == "exited" and s.exit.get("exit_code") == 0)) for s in group)
+        if not dead:
+            survivors.extend(group)
+            continue
+        ended = summarise([s for s in group if s.state in ("ended", "lost")], None)
+        lost.append(LostReplica(",".join(str(s.node) for s in group), ended.phase, ended.end_reason, ended.exit_code,
+                                ended.message))
+    return survivors, tuple(lost)
+
+
 class LocalBackend(Backend):
     """Runs attempts as processes on this machine: one supervised process group per node.
 
@@ -384,6 +413,7 @@ class LocalBackend(Backend):
 
     name = "local"
     scales = True
+    replaces_replicas = True
 
     # --- discovery ---------------------------------------------------------------------------------------------
 
@@ -496,6 +526,53 @@ class LocalBackend(Backend):
             self._retire(directory, retiring)
         except OSError as exc:
             raise TransientDispatchError(f"cannot scale {attempt.object_name}: {exc}") from exc
+        return self._runner_state(directory, meta, conf)
+
+    def replace_replica(self, attempt, key: str) -> dict:
+        """Start a new replica of serving ``attempt`` in place of the lost one ``key`` (its pods' node indexes,
+        comma-separated: ``LostReplica.key``): its pods are retired (taken out of the endpoint; any of them still
+        alive stopped) and as many new pods appended on the same GPU devices (the booked slot: nothing is admitted
+        or released), each with a fresh ``PORT``. Idempotent: pods retired already are not replaced again.
+        Returns the attempt's new ``runner_state``.
+
+        Raises PermanentDispatchError for a bad key, an attempt that is stopped or not a serving one,
+        TransientDispatchError for OSError or an attempt not dispatched yet.
+        """
+        job = attempt.job
+        if job.kind != "inference":
+            raise PermanentDispatchError(f"{attempt.object_name} is not a serving attempt")
+        try:
+            pods = sorted({int(word) for word in key.split(",")})
+        except ValueError:
+            raise PermanentDispatchError(f"{key!r} names no replica of {attempt.object_name}") from None
+        directory = attempt_dir(attempt)
+        if (directory / STOP_FILE).exists():
+            raise PermanentDispatchError(f"{attempt.object_name} was stopped; its replicas are not replaced")
+        argv = build_command(job.spec)
+        try:
+            with open(run_dir() / ".dispatch.lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # the same lock as dispatches and scaling: port and device picks
+                meta = read_json(directory / ATTEMPT_FILE)
+                if meta is None:
+                    raise TransientDispatchError(f"{attempt.object_name} is not dispatched yet")
+                if any(not 0 <= pod < meta["nodes"] for pod in pods):
+                    raise PermanentDispatchError(f"{key!r} names no replica of {attempt.object_name}")
+                fresh = [pod for pod in pods if pod not in set(meta.get("retired") or ())]
+                if fresh:
+                    meta["ports"] = [node_port(meta, n) for n in range(meta["nodes"])] + free_ports(len(fresh))
+                    if meta.get("devices") is not None:
+                        meta["devices"] = meta["devices"] + [meta["devices"][pod] for pod in fresh]
+                    meta["nodes"] += len(fresh)
+                    meta["retired"] = sorted(set(meta.get("retired") or ()) | set(fresh))
+                    meta["replaced"] = {**(meta.get("replaced") or {}),
+                                        **{str(pod): meta["nodes"] - len(fresh) + i for i, pod in enumerate(fresh)}}
+                    write_json_atomic(directory / ATTEMPT_FILE, meta)
+            conf = self._endpoint(attempt, meta)  # the lost pods leave rotation, the new ones join once ready
+            for node in live_pods(meta):
+                self._launch_node(attempt, directory, meta, node, argv)
+            self._retire(directory, pods)  # a pod of the lost replica that still runs
+        except OSError as exc:
+            raise TransientDispatchError(f"cannot replace a replica of {attempt.object_name}: {exc}") from exc
         return self._runner_state(directory, meta, conf)
 
     def _retire(self, directory: Path, nodes: list[int]) -> None:
@@ -659,7 +736,12 @@ class LocalBackend(Backend):
             retired = set(meta.get("retired") or ())  # a scale-down's: their end is no end of the attempt
             statuses = [read_node(directory, node, table, now) for node in range(nodes) if node not in retired]
             stop = read_json(directory / STOP_FILE)
+            lost: tuple[LostReplica, ...] = ()
+            if attempt.job.kind == "inference" and stop is None and meta and not meta.get("roles"):
+                statuses, lost = lost_replicas(statuses, attempt.job.nodes)
             obs = summarise(statuses, stop.get("reason") if stop else None, meta.get("roles"))
+            if lost:
+                obs = dataclasses.replace(obs if statuses else Observation("pending"), lost_replicas=lost)
             if obs.phase in ("failed", "lost"):
                 self._stop_nodes(directory, statuses, table, reason=f"{obs.end_reason}: {obs.message}")
             elif obs.phase == "succeeded" and meta.get("roles"):

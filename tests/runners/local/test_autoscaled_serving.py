@@ -55,17 +55,17 @@ def checkpoint(tmp_path_factory) -> str:
 
 @pytest.fixture
 def serving_job(two_node_local_cluster, teams, user, catalog, checkpoint):
-    """``make(replicas, autoscaling=None)``: a serving job of ``examples/serve.py`` (1 emulated GPU per replica, no
-    max runtime) admitted, dispatched and RUNNING on the local cluster; returns its attempt once the endpoint
-    has every replica ready."""
+    """``make(replicas, autoscaling=None, max_retries=0)``: a serving job of ``examples/serve.py`` (1 emulated GPU
+    per replica, no max runtime) admitted, dispatched and RUNNING on the local cluster; returns its attempt once the
+    endpoint has every replica ready."""
 
-    def make(replicas: int, autoscaling: dict | None = None) -> JobAttempt:
+    def make(replicas: int, autoscaling: dict | None = None, max_retries: int = 0) -> JobAttempt:
         spec = {"image": "python:3.11", "command": ["python", "examples/serve.py"],
                 "args": ["--checkpoint-dir", checkpoint, "--host", "127.0.0.1"], "env": {},
                 "resources": {"accelerator": "H100-80GB", "gpus_per_node": 1, "nodes": 1},
                 "replicas": replicas, "port": 8000, "health_path": "/healthz", "autoscaling": autoscaling}
         job = make_job_row(teams[0], user, catalog["H100-80GB"], name="serve-gpt", kind="inference", spec=spec,
-                           max_runtime=None, replicas=replicas)
+                           max_runtime=None, replicas=replicas, max_retries=max_retries)
         assert try_admit(job.pk) == "admitted"
         job.refresh_from_db()
         attempt = dispatched(JobAttempt.objects.get(pk=job.current_attempt_id))
