@@ -300,6 +300,37 @@ class Backend:
         is False."""
         raise NotImplementedError
 
+    #: Whether the backend moves a running serving attempt to another checkpoint replica by replica (the four
+    #: methods below, driven by ``serving.rollout``).
+    rolls_out: ClassVar[bool] = False
+
+    def replica_keys(self, attempt) -> list[str]:
+        """The keys of serving ``attempt``'s live replicas, oldest first (a ``LostReplica.key`` each)."""
+        raise NotImplementedError
+
+    def start_rollout_replica(self, attempt, checkpoint_job_id: int, *, in_place_of: str | None = None) -> str:
+        """Start one new replica of serving ``attempt`` loading the checkpoint of training job
+        ``checkpoint_job_id``: on capacity the caller booked for it already (a surge), or in the slot of the live
+        replica ``in_place_of``, which is retired first. The new replica joins the endpoint once ready; until
+        ``settle_rollout_replica`` calls it ready, its death is the rollout's to judge, not a lost replica.
+        Returns its key. Raises TransientDispatchError or PermanentDispatchError."""
+        raise NotImplementedError
+
+    def settle_rollout_replica(self, attempt, key: str) -> str:
+        """Where the new replica ``key`` stands: ``starting``, ``failed`` (it ended) or ``ready`` (its health path
+        answered 2xx/3xx; from then on it is an ordinary replica)."""
+        raise NotImplementedError
+
+    def retire_replica(self, attempt, key: str) -> dict:
+        """Take replica ``key`` of serving ``attempt`` out of the endpoint, then stop it; idempotent; returns the
+        attempt's new ``runner_state``. Its end is no end of the attempt."""
+        raise NotImplementedError
+
+    def finish_rollout(self, attempt, checkpoint_job_id: int) -> dict:
+        """Make replicas started from now on (scale-ups, replacements) load the checkpoint of training job
+        ``checkpoint_job_id``; returns the attempt's new ``runner_state``."""
+        raise NotImplementedError
+
     def endpoint_load(self, attempt) -> str | None:
         """The Prometheus exposition of the counters of serving ``attempt``'s endpoint (requests, requests in
         flight and their integral over time, the endpoint's clock: ``runners.local.endpoint``), or None when the

@@ -17,7 +17,7 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
-from jobs.models import Job, JobAttempt, JobEvent, JobState, ServingScale
+from jobs.models import Job, JobAttempt, JobEvent, JobState, ServingRollout, ServingScale
 from runners.base import Backend, PermanentDispatchError, TransientDispatchError, backend_for
 
 from .hpa import bounded, load, parse_reading, recommended, stabilized
@@ -61,6 +61,8 @@ def scale_job(job: Job, now: dt.datetime) -> dict:
     attempt = job.current_attempt
     backend = backend_for(attempt.cluster)
     state, _ = ServingScale.objects.get_or_create(job=job)
+    if ServingRollout.objects.filter(job=job, state=ServingRollout.State.ROLLING).exists():
+        return _noted(state, job, "a rollout to another checkpoint is under way: the replica count stays")
     if not backend.scales:
         return _noted(state, job, f"the {attempt.cluster.name} cluster's runner does not change a running job's "
                                   f"replicas yet: it keeps {job.replicas}")

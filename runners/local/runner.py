@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -153,7 +154,7 @@ def node_env(attempt, meta: dict, node: int) -> dict[str, str]:
         "RANK": str(node),
         "LOCAL_RANK": "0",
         "LOCAL_WORLD_SIZE": "1",
-        "CHECKPOINT_DIR": meta["checkpoint_dir"],
+        "CHECKPOINT_DIR": (meta.get("pod_checkpoints") or {}).get(str(node), meta["checkpoint_dir"]),
         "PORT": str(node_port(meta, node)),
         "CONTROLPLANE_JOB_ID": str(job.pk),
         "CONTROLPLANE_ATTEMPT": str(attempt.number),
@@ -414,6 +415,7 @@ class LocalBackend(Backend):
     name = "local"
     scales = True
     replaces_replicas = True
+    rolls_out = True
 
     # --- discovery ---------------------------------------------------------------------------------------------
 
@@ -566,6 +568,11 @@ class LocalBackend(Backend):
                     meta["retired"] = sorted(set(meta.get("retired") or ()) | set(fresh))
                     meta["replaced"] = {**(meta.get("replaced") or {}),
                                         **{str(pod): meta["nodes"] - len(fresh) + i for i, pod in enumerate(fresh)}}
+                    checkpoints = meta.get("pod_checkpoints") or {}
+                    for pod, new in meta["replaced"].items():  # a new pod serves what the lost one served
+                        if pod in checkpoints:
+                            checkpoints[str(new)] = checkpoints[pod]
+                    meta["pod_checkpoints"] = checkpoints
                     write_json_atomic(directory / ATTEMPT_FILE, meta)
             conf = self._endpoint(attempt, meta)  # the lost pods leave rotation, the new ones join once ready
             for node in live_pods(meta):
@@ -574,6 +581,119 @@ class LocalBackend(Backend):
         except OSError as exc:
             raise TransientDispatchError(f"cannot replace a replica of {attempt.object_name}: {exc}") from exc
         return self._runner_state(directory, meta, conf)
+
+    # --- rollouts (serving.rollout) ------------------------------------------------------------------------------
+
+    def replica_keys(self, attempt) -> list[str]:
+        """The live pods of serving ``attempt``, oldest first, as keys (``"<node index>"``; a serving replica is one
+        pod), the rollout's new ones still on probation left out."""
+        meta = read_json(attempt_dir(attempt) / ATTEMPT_FILE) or {}
+        probation = set(meta.get("rollout_pods") or ())
+        return [str(n) for n in live_pods(meta) if n not in probation] if meta else []
+
+    def start_rollout_replica(self, attempt, checkpoint_job_id: int, *, in_place_of: str | None = None) -> str:
+        """One new pod of serving ``attempt`` with ``CHECKPOINT_DIR`` the checkpoint directory of job
+        ``checkpoint_job_id`` (``Backend.start_rollout_replica``): on GPU devices no live pod holds (a surge the
+        caller admitted) or on those of pod ``in_place_of``, retired first. Its node index is its key; it stays on
+        probation (``rollout_pods``: observe leaves it to the rollout) until ``settle_rollout_replica`` finds it
+        ready. Raises PermanentDispatchError (not a serving attempt, stopped, a bad key), TransientDispatchError
+        (OSError, not dispatched, no free devices)."""
+        job = attempt.job
+        directory = attempt_dir(attempt)
+        if job.kind != "inference" or (directory / STOP_FILE).exists():
+            raise PermanentDispatchError(f"{attempt.object_name} is not a running serving attempt")
+        argv = build_command(job.spec)
+        try:
+            with open(run_dir() / ".dispatch.lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                meta = read_json(directory / ATTEMPT_FILE)
+                if meta is None:
+                    raise TransientDispatchError(f"{attempt.object_name} is not dispatched yet")
+                old = None if in_place_of is None else int(in_place_of)
+                if old is not None and old not in live_pods(meta):
+                    raise PermanentDispatchError(f"{in_place_of!r} is no live replica of {attempt.object_name}")
+                new = meta["nodes"]
+                meta["ports"] = [node_port(meta, n) for n in range(new)] + free_ports(1)
+                if meta.get("devices") is not None:
+                    meta["devices"] = meta["devices"] + ([meta["devices"][old]] if old is not None else
+                                                         self._free_devices(attempt, [job.gpus_per_node]))
+                meta["nodes"] = new + 1
+                if old is not None:
+                    meta["retired"] = sorted({*(meta.get("retired") or ()), old})
+                meta["rollout_pods"] = sorted({*(meta.get("rollout_pods") or ()), new})
+                meta["pod_checkpoints"] = {**(meta.get("pod_checkpoints") or {}),
+                                           str(new): str(checkpoint_dir(checkpoint_job_id))}
+                write_json_atomic(directory / ATTEMPT_FILE, meta)
+            self._endpoint(attempt, meta)  # listed, it gets requests once its health check passes
+            self._launch_node(attempt, directory, meta, new, argv)
+            if old is not None:
+                self._retire(directory, [old])
+        except (OSError, ValueError) as exc:
+            raise TransientDispatchError(f"cannot start a replica of {attempt.object_name}: {exc}") from exc
+        return str(new)
+
+    def settle_rollout_replica(self, attempt, key: str) -> str:
+        """``starting``, ``failed`` (its pod ended or its supervisor died) or ``ready`` (its health path answered
+        2xx or 3xx within 1 s, as the endpoint counts it; it leaves probation) of the rollout's pod ``key``."""
+        directory = attempt_dir(attempt)
+        node = int(key)
+        status = read_node(directory, node, proc_table(), time.time())
+        if status.state in ("ended", "lost"):
+            return "failed"
+        if status.state != "running":
+            return "starting"
+        meta = read_json(directory / ATTEMPT_FILE) or {}
+        url = f"http://127.0.0.1:{node_port(meta, node)}{meta.get('health_path') or DEFAULT_HEALTH_PATH}"
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as answer:  # noqa: S310 - our own replica's port
+                ready = 200 <= answer.status < 400
+        except (OSError, ValueError):
+            ready = False
+        if not ready:
+            return "starting"
+        self._change_meta(attempt, lambda meta: meta.update(
+            rollout_pods=[n for n in meta.get("rollout_pods") or () if n != node]))
+        return "ready"
+
+    def retire_replica(self, attempt, key: str) -> dict:
+        """Retire pod ``key`` of serving ``attempt``: out of the endpoint, then stopped (``_retire``)."""
+        node = int(key)
+        meta = self._change_meta(attempt, lambda meta: meta.update(
+            retired=sorted({*(meta.get("retired") or ()), node}),
+            rollout_pods=[n for n in meta.get("rollout_pods") or () if n != node]))
+        try:
+            conf = self._endpoint(attempt, meta)
+            self._retire(attempt_dir(attempt), [node])
+        except OSError as exc:
+            raise TransientDispatchError(f"cannot retire a replica of {attempt.object_name}: {exc}") from exc
+        return self._runner_state(attempt_dir(attempt), meta, conf)
+
+    def finish_rollout(self, attempt, checkpoint_job_id: int) -> dict:
+        """Point ``attempt.json``'s ``checkpoint_dir`` (what pods started from now on load) at job
+        ``checkpoint_job_id``'s checkpoints."""
+        meta = self._change_meta(attempt, lambda meta: meta.update(
+            checkpoint_dir=str(checkpoint_dir(checkpoint_job_id))))
+        try:
+            conf = self._endpoint(attempt, meta)
+        except OSError as exc:
+            raise TransientDispatchError(f"cannot finish the rollout of {attempt.object_name}: {exc}") from exc
+        return self._runner_state(attempt_dir(attempt), meta, conf)
+
+    def _change_meta(self, attempt, change) -> dict:
+        """Apply ``change(meta)`` to ``attempt``'s ``attempt.json`` under the dispatch lock; the new meta. Raises
+        TransientDispatchError for an attempt not dispatched yet and for OSError."""
+        path = attempt_dir(attempt) / ATTEMPT_FILE
+        try:
+            with open(run_dir() / ".dispatch.lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                meta = read_json(path)
+                if meta is None:
+                    raise TransientDispatchError(f"{attempt.object_name} is not dispatched yet")
+                change(meta)
+                write_json_atomic(path, meta)
+        except OSError as exc:
+            raise TransientDispatchError(f"cannot change {attempt.object_name}: {exc}") from exc
+        return meta
 
     def _retire(self, directory: Path, nodes: list[int]) -> None:
         """Stop the pods ``nodes`` of the attempt in ``directory`` (SIGTERM to their supervisors' groups, which
@@ -734,7 +854,9 @@ class LocalBackend(Backend):
             meta = read_json(directory / ATTEMPT_FILE) or {}
             nodes = meta.get("nodes") or attempt.job.nodes
             retired = set(meta.get("retired") or ())  # a scale-down's: their end is no end of the attempt
-            statuses = [read_node(directory, node, table, now) for node in range(nodes) if node not in retired]
+            probation = set(meta.get("rollout_pods") or ())  # a rollout's new replicas: the rollout judges them
+            statuses = [read_node(directory, node, table, now) for node in range(nodes)
+                        if node not in retired and node not in probation]
             stop = read_json(directory / STOP_FILE)
             lost: tuple[LostReplica, ...] = ()
             if attempt.job.kind == "inference" and stop is None and meta and not meta.get("roles"):
