@@ -282,8 +282,10 @@ class Backend:
     #: where it does.
     scales: ClassVar[bool] = False
 
-    def scale(self, attempt, replicas: int) -> dict:
-        """Make serving ``attempt`` run ``replicas`` replicas; idempotent; returns its new ``runner_state``.
+    def scale(self, attempt, replicas: int, *, refusal: str = "") -> dict:
+        """Make serving ``attempt`` run ``replicas`` replicas (0: a job scaled to zero, whose endpoint holds the
+        next request); idempotent; returns its new ``runner_state``. ``refusal``: why the scale-up a held request
+        asked for was refused ("" for none), which the endpoint answers held requests with (503).
         Raises TransientDispatchError or PermanentDispatchError; NotImplementedError where ``scales`` is False."""
         raise NotImplementedError
 

@@ -487,12 +487,14 @@ class LocalBackend(Backend):
         if attempt.job.kind != "inference":
             return None
         return ensure_endpoint(attempt.job_id, attempt.object_name, replica_addresses(meta),
-                               meta.get("health_path") or DEFAULT_HEALTH_PATH, free_ports)
+                               meta.get("health_path") or DEFAULT_HEALTH_PATH, free_ports,
+                               meta.get("hold_seconds") or 0.0, meta.get("refusal") or "")
 
-    def scale(self, attempt, replicas: int) -> dict:
-        """Make serving ``attempt`` run ``replicas`` replicas (of ``job.nodes`` pods each): start new pods (fresh
-        ports, appended node indexes) or retire the last ones (taken out of the endpoint first, then stopped:
-        SIGTERM, the supervisor's grace, SIGKILL). Idempotent; returns the attempt's new ``runner_state``.
+    def scale(self, attempt, replicas: int, *, refusal: str = "") -> dict:
+        """Make serving ``attempt`` run ``replicas`` replicas (of ``job.nodes`` pods each; 0 for a job that scales
+        to zero): start new pods (fresh ports, appended node indexes) or retire the last ones (taken out of the
+        endpoint first, then stopped: SIGTERM, the supervisor's grace, SIGKILL). ``refusal`` is kept for the
+        endpoint (``Backend.scale``). Idempotent; returns the attempt's new ``runner_state``.
 
         Raises PermanentDispatchError for an attempt that is stopped or not a serving one, TransientDispatchError
         for OSError and for GPUs still held by other processes.
@@ -504,7 +506,7 @@ class LocalBackend(Backend):
         if (directory / STOP_FILE).exists():
             raise PermanentDispatchError(f"{attempt.object_name} was stopped; it cannot be scaled")
         argv = build_command(job.spec)
-        wanted = job.nodes * max(1, replicas)
+        wanted = job.nodes * max(0, replicas)
         try:
             with open(run_dir() / ".dispatch.lock", "a") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # the same lock as first dispatches: port and GPU picks
@@ -521,6 +523,7 @@ class LocalBackend(Backend):
                     meta["nodes"] += added
                 elif retiring:
                     meta["retired"] = sorted(set(meta.get("retired") or ()) | set(retiring))
+                meta["refusal"] = refusal
                 write_json_atomic(directory / ATTEMPT_FILE, meta)
             conf = self._endpoint(attempt, meta)  # retired replicas leave rotation before they stop
             for node in live_pods(meta):
@@ -742,6 +745,9 @@ class LocalBackend(Backend):
                     meta["roles"] = roles
                 if attempt.job.kind == "inference":
                     meta["health_path"] = health_path(attempt.job.spec)  # observe reads no job row
+                    scaling = (attempt.job.spec or {}).get("autoscaling") or {}
+                    # a job that scales to zero: how long its endpoint holds a request while no replica is ready
+                    meta["hold_seconds"] = float(settings.SERVING_HOLD_SECONDS) if scaling.get("scale_to_zero") else 0.0
                 write_json_atomic(path, meta)
         return meta
 
@@ -862,6 +868,8 @@ class LocalBackend(Backend):
             if attempt.job.kind == "inference" and stop is None and meta and not meta.get("roles"):
                 statuses, lost = lost_replicas(statuses, attempt.job.nodes)
             obs = summarise(statuses, stop.get("reason") if stop else None, meta.get("roles"))
+            if attempt.job.kind == "inference" and stop is None and meta and not live_pods(meta):
+                obs = Observation("running")  # scaled to zero: it runs on, holding no GPU, until a request comes
             if lost:
                 obs = dataclasses.replace(obs if statuses else Observation("pending"), lost_replicas=lost)
             if obs.phase in ("failed", "lost"):
