@@ -413,6 +413,12 @@ LOCAL_RUNNER_KILL_GRACE_SECONDS = env.float("LOCAL_RUNNER_KILL_GRACE_SECONDS", d
 # no other took its place, or every replica is down) before it exits; the runner's next look at a live attempt starts
 # it again on the same port.
 LOCAL_ENDPOINT_IDLE_EXIT_SECONDS = env.float("LOCAL_ENDPOINT_IDLE_EXIT_SECONDS", default=60.0)
+# Seconds a rolling update's new serving replica may take to become ready before the rollout is rolled back
+# (serving.rollout): 600, a Kubernetes Deployment's default progressDeadlineSeconds.
+SERVING_ROLLOUT_READY_SECONDS = env.float("SERVING_ROLLOUT_READY_SECONDS", default=600.0)
+# Seconds a serving job scaled to zero holds a request while one replica is admitted and starts; then 503
+# (serving.autoscaler; the local endpoint's hold, runners.local.endpoint).
+SERVING_HOLD_SECONDS = env.float("SERVING_HOLD_SECONDS", default=120.0)
 
 # --- Kubernetes runner ---------------------------------------------------------
 # Seconds to open a TCP/TLS connection to a cluster's API server, and to wait for its answer.

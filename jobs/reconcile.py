@@ -79,6 +79,7 @@ from .lifecycle import (
 )
 from .metrics import RECONCILE_SECONDS
 from .models import Job, JobAttempt, JobState
+from .replica_loss import follow_lost_replicas
 from .states import StaleState
 from .workload import collect_before_delete
 
@@ -218,6 +219,8 @@ def _apply(look: _Look, future: Future) -> dict:
                 continue  # a dispatch in flight records its own objects
             seen_again(attempt)
             apply_observation(job, attempt, obs)
+            if obs.lost_replicas and backend.replaces_replicas:
+                follow_lost_replicas(job, attempt, obs, backend, now)
         elif job.state == JobState.ADMITTED:
             redispatch_or_release(job, attempt, cluster_answers=True, now=now,
                                   deadline_seconds=settings.DISPATCH_DEADLINE_SECONDS)
