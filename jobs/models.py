@@ -375,6 +375,17 @@ FREE_RETRY_END_REASONS = (JobAttempt.EndReason.PREEMPTED, JobAttempt.EndReason.N
 NODE_FAULT_END_REASONS = (JobAttempt.EndReason.NODE_LOST, JobAttempt.EndReason.NODE_UNHEALTHY)
 
 
+def held_gpu_milli(gpus: int, share_milli: int) -> int:
+    """Milli-GPUs an attempt holds, as quotas count them and the ledger bills them (ADR 0040): the job's share of
+    one GPU (``Job.gpu_share_milli``, a MIG profile's too) when it has one, else its ``gpus`` whole GPUs x 1000."""
+    return share_milli or gpus * MILLI_PER_GPU
+
+
+#: ``held_gpu_milli`` of each row of a ``JobAttempt`` queryset, in SQL (its job joined): sum it for a team's usage.
+HELD_GPU_MILLI = models.Case(models.When(job__gpu_share_milli__gt=0, then=models.F("job__gpu_share_milli")),
+                             default=models.F("gpus") * MILLI_PER_GPU, output_field=models.BigIntegerField())
+
+
 def total_gpus(nodes: int, gpus_per_node: int, replicas: int = 1) -> int:
     """GPUs a job holds: ``nodes`` x ``gpus_per_node`` x ``replicas`` (every pod holds ``gpus_per_node``)."""
     return nodes * gpus_per_node * max(1, replicas)
