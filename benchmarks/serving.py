@@ -305,7 +305,7 @@ def gpu_seconds(job_id: int, t0, t1) -> float:
     total = 0.0
     for entry in CostEntry.objects.filter(job_id=job_id, interval_start__lt=t1, interval_end__gt=t0):
         inside = (min(entry.interval_end, t1) - max(entry.interval_start, t0)).total_seconds()
-        total += entry.gpus * max(0.0, inside)
+        total += entry.gpu_milli / 1000 * max(0.0, inside)
     return total
 
 

@@ -20,6 +20,7 @@ from decimal import Decimal
 
 from django.db.models import Max, Sum
 
+from core.gpus import MILLI_PER_GPU
 from core.money import LEDGER_QUANTUM, shown_usd
 from costs.models import CostEntry
 
@@ -64,8 +65,9 @@ def _cost(job: Job, start: dt.datetime, end: dt.datetime) -> tuple[Decimal, Deci
     each entry pro rata of its part inside the window."""
     gpu_seconds, usd, unpriced = Decimal(0), Decimal(0), Decimal(0)
     rows = CostEntry.objects.filter(job_id=job.pk, interval_start__lt=end, interval_end__gt=start).values_list(
-        "interval_start", "interval_end", "gpus", "amount_usd")
-    for lo, hi, gpus, amount in rows:
+        "interval_start", "interval_end", "gpu_milli", "amount_usd")
+    for lo, hi, milli, amount in rows:
+        gpus = Decimal(milli) / MILLI_PER_GPU  # a share of a GPU counts as its part (ADR 0040)
         length = Decimal(str((hi - lo).total_seconds()))
         inside = Decimal(str((min(hi, end) - max(lo, start)).total_seconds()))
         gpu_seconds += gpus * inside

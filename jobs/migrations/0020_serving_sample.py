@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0017_gpu_share'),
+        ('jobs', '0019_serving_rollout'),
     ]
 
     operations = [

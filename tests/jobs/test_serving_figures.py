@@ -70,7 +70,7 @@ def unpriced_serving_job(teams, owner, catalog):
                         state=JobState.RUNNING, max_runtime=None)
     attempt = make_attempt(dark, cluster, pool, gpus=2, started_at=T)
     CostEntry.objects.create(attempt=attempt, job=dark, team=dark.team, cluster=cluster, accelerator=pool.accelerator,
-                             interval_start=T, interval_end=T + H, gpus=2, usd_per_gpu_hour=None, amount_usd=None)
+                             interval_start=T, interval_end=T + H, gpu_milli=2000, usd_per_gpu_hour=None, amount_usd=None)
     ServingSample.objects.create(job=dark, at=T + H, seconds=3600, requests=50, tokens=0, replicas=2,
                                  latency_buckets={"0.1": 50, "+Inf": 50})
     return dark

@@ -52,7 +52,7 @@ def test_the_pass_keeps_what_the_demo_model_served_and_the_api_shows_its_figures
     assert figures["error_rate_percent"] == round(100 / 7, 4)
     assert 0 < figures["latency_p50_ms"] <= figures["latency_p99_ms"]
     entries = list(CostEntry.objects.filter(job_id=attempt.job_id))  # all within the hour before ``later``
-    gpu_hours = sum(Decimal(e.gpus) * Decimal(str((e.interval_end - e.interval_start).total_seconds()))
+    gpu_hours = sum(Decimal(e.gpu_milli) / 1000 * Decimal(str((e.interval_end - e.interval_start).total_seconds()))
                     for e in entries) / 3600
     assert figures["gpu_hours"] == round(float(gpu_hours), 6)
     usd = sum(e.amount_usd for e in entries)
