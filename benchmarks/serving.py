@@ -27,8 +27,9 @@ compare the replicas each held, whatever the machine's load does to the requests
    transitions, as a day's trough is long beside a scale-up.
 2. ``failed_requests_replica_loss``: the fixed deployment at the high rate for 4 s, one replica SIGKILLed, 6 s
    more; a request that did not answer 200 failed.
-3. Rolling update (``failed_requests_rolling_update``): when ``serving.rollout`` is installed, the low rate while
-   the autoscaled service is rolled to another training job's checkpoint; without it the key is left out.
+3. ``failed_requests_rolling_update``: the low rate while the autoscaled service is rolled to another training
+   job's checkpoint (``serving.rollout.start_rollout``, stepped by the passes as the serving task steps it);
+   ``rolling_update`` holds its requests, end state (``done``) and seconds.
 
 Figures: ``gpu_hours_per_million_requests`` of each (the ledger's GPU-seconds of the job over its load phases,
 over the requests answered 200 then) and ``gpu_hours_per_million_requests_ratio_vs_fixed`` (autoscaled over fixed,
@@ -149,8 +150,9 @@ class Load:
 
 
 class Passes(threading.Thread):
-    """The autoscaling pass every ``interval`` seconds (the cluster's last contact moved to now first, as a look
-    would), until stopped; the replica counts it left kept per job."""
+    """The serving task's work every ``interval`` seconds: a step of every rolling update, then the autoscaling pass
+    (the cluster's last contact moved to now first, as a look would), until stopped; the replica counts the pass
+    left kept per job."""
 
     def __init__(self, interval: float):
         super().__init__(daemon=True)
@@ -162,10 +164,12 @@ class Passes(threading.Thread):
 
         from runners.models import Cluster
         from serving.autoscaler import autoscale
+        from serving.rollout import step_rollouts
 
         try:
             while not self.stopping.wait(self.interval):
                 Cluster.objects.update(last_contact_at=timezone.now())
+                step_rollouts()  # as the serving task does, before the autoscaling pass
                 for result in autoscale():
                     counts = self.seen.setdefault(result["job"], [])
                     if "replicas" in result and (not counts or counts[-1] != result["replicas"]):
@@ -380,28 +384,25 @@ def replica_loss(attempt, load: Load, rps: float) -> dict:
     return summary(answers)
 
 
-def rolling_update(bench: Bench, attempt, load: Load, checkpoint_job_id: int, rps: float) -> int | None:
-    """Failed requests while ``attempt``'s service is rolled to the checkpoint of ``checkpoint_job_id``
-    (``serving.rollout.start_rollout``), under ``rps`` requests per second; None when the product has no rolling
-    update."""
-    try:
-        from serving.rollout import start_rollout
-    except ImportError:
-        return None
-    from jobs.models import Job, JobState
+def rolling_update(bench: Bench, attempt, load: Load, checkpoint_job_id: int, rps: float) -> dict:
+    """``rps`` requests per second while ``attempt``'s service is rolled to the checkpoint of ``checkpoint_job_id``
+    (``serving.rollout.start_rollout``; the passes step it, as the serving task does): the answers' summary, the
+    rollout's end state and the seconds from its start to that end."""
+    from jobs.models import ServingRollout
+    from serving.rollout import start_rollout
 
     load.rate = rps
     t0 = time.monotonic()
     time.sleep(2)
-    start_rollout(attempt.job_id, checkpoint_from_job_id=checkpoint_job_id, actor=bench.user)
-    bench.wait(lambda: Job.objects.get(pk=attempt.job_id).state == JobState.RUNNING
-               and metric(attempt, "controlplane_endpoint_ready_replicas") == Job.objects.get(pk=attempt.job_id).replicas,
-               180, "the rolling update")
+    rollout = start_rollout(attempt.job_id, checkpoint_from_job_id=checkpoint_job_id, actor=bench.user)
+    took = bench.wait(lambda: ServingRollout.objects.get(pk=rollout.pk).state != ServingRollout.State.ROLLING, 240,
+                      "the rolling update")
     time.sleep(3)
     load.rate = 0
     t1 = time.monotonic()
     time.sleep(1.0)
-    return summary(load.since(t0, t1))["failed"]
+    return {**summary(load.since(t0, t1)), "state": ServingRollout.objects.get(pk=rollout.pk).state,
+            "seconds": round(took, 2)}
 
 
 def per_million(gpu_s: float, requests: int) -> float | None:
@@ -491,11 +492,12 @@ def measure(bench: Bench, passes: Passes, args, checkpoint: Path) -> dict:
         "phase_seconds": {"low": args.low_seconds, "high": round(profile["lengths"]["high"], 1),
                           "low_after": round(profile["lengths"]["low_after"], 1)},
     }
-    if rolled is not None:
-        result["failed_requests_rolling_update"] = rolled
+    result["failed_requests_rolling_update"] = rolled["failed"]
+    result["rolling_update"] = rolled
     result["goal_met"] = bool(result["gpu_hours_per_million_requests_ratio_vs_fixed"] is not None
                               and result["gpu_hours_per_million_requests_ratio_vs_fixed"] < 1
-                              and lost["failed"] == 0 and result["failed_requests"] == 0)
+                              and lost["failed"] == 0 and result["failed_requests"] == 0
+                              and rolled["failed"] == 0 and rolled["state"] == "done")
     return result
 
 
