@@ -406,6 +406,7 @@ def rolling_update(bench: Bench, attempt, load: Load, checkpoint_job_id: int, rp
 
 
 def per_million(gpu_s: float, requests: int) -> float | None:
+    """GPU-hours per million requests of ``gpu_s`` GPU-seconds over ``requests`` (None without any)."""
     return round(gpu_s / 3600 / requests * 1e6, 3) if requests else None
 
 
@@ -413,7 +414,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--low-rps", type=float, default=1.5, help="requests per second off the peak")
     parser.add_argument("--high-rps", type=float, default=6.0, help="requests per second at the peak")
-    parser.add_argument("--low-seconds", type=float, default=15.0, help="each low phase at 1 client, s")
+    parser.add_argument("--low-seconds", type=float, default=15.0, help="each low phase at the low rate, s")
     parser.add_argument("--hold-seconds", type=float, default=8.0, help="the peak once 3 replicas are ready, s")
     parser.add_argument("--down-delay", type=int, default=8, help="the autoscaled service's scale-down delay, s")
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between autoscaling passes")
