@@ -99,9 +99,9 @@ def test_a_serving_pod_evicted_by_its_kubelet_is_replaced_not_counted_as_a_crash
         {"name": "server", "restartCount": 0, "state": {"terminated": {"exitCode": 137, "reason": "Error"}}}]}}
     replacement = {"metadata": {"name": "s-2"}, "status": {"phase": "Running", "containerStatuses": [
         {"name": "server", "restartCount": 0, "state": {"running": {"startedAt": "2026-12-01T11:59:00Z"}}}]}}
-    assert observe_inference(deployment, [evicted, replacement], now, 600.0).phase == "running"
+    assert observe_inference([deployment], [evicted, replacement], now, 600.0).phase == "running"
     crashed = {"metadata": {"name": "s-2"}, "status": {"phase": "Running", "containerStatuses": [
         {"name": "server", "restartCount": 1, "lastState": {"terminated": {"exitCode": 2, "reason": "Error"}},
          "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}}
-    seen = observe_inference(deployment, [evicted, crashed], now, 600.0)
+    seen = observe_inference([deployment], [evicted, crashed], now, 600.0)
     assert (seen.phase, seen.end_reason, seen.exit_code) == ("failed", "Failed", 2)
