@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from jobs.lifecycle import cancel_job, dispatch, finish_cancel
 from jobs.models import Job, JobAttempt, JobEvent, JobState
-from jobs.reconcile import reconcile_cluster
+from jobs.reconcile import expire_end_records, reconcile_cluster
 from jobs.scheduling.passes import try_admit
 from quotas.models import Quota
 from runners.base import backend_for
@@ -221,3 +221,22 @@ def test_a_replica_s_pod_deleted_or_evicted_is_replaced_on_its_node_while_the_at
     assert {k: [p["spec"]["nodeName"] for p in v] for k, v in replica_pods(emulator, attempt).items()} == {
         "0": [booked[0]], "1": [booked[1]]}
     assert JobAttempt.objects.filter(job_id=attempt.job_id).count() == 1
+
+
+def test_the_endpoint_of_a_job_that_ended_while_queued_is_swept_and_a_live_one_s_kept(cluster, teams, user, catalog,
+                                                                                       settings):
+    """A serving job that ends while it waits in the queue for its next attempt has no attempt whose deletion
+    takes its Service: the end record sweep deletes it; a running job's Service is kept."""
+    emulator, row = cluster
+    settings.END_RECORD_SWEEP_SECONDS = 0
+    waiting = serving(teams, user, catalog, emulator, row, max_retries=1)
+    emulator.crash_pod(emulator.pods(waiting.pk)[0]["metadata"]["name"], exit_code=1)
+    reconcile_cluster(row)
+    assert state(waiting) == S.RECOVERING
+    running = serving(teams, user, catalog, emulator, row)
+    cancel_job(Job.objects.get(pk=waiting.job_id))  # nothing runs: CANCELLED at once, no deletion to make
+    assert state(waiting) == S.CANCELLED
+    assert {s["metadata"]["name"] for s in emulator.objects("Service")} == {f"job-{waiting.job_id}",
+                                                                           f"job-{running.job_id}"}
+    expire_end_records()
+    assert [s["metadata"]["name"] for s in emulator.objects("Service")] == [f"job-{running.job_id}"]
