@@ -781,9 +781,11 @@ class KubernetesBackend(Backend):
 
     scales = True
 
-    def scale(self, attempt, replicas: int) -> dict:
+    def scale(self, attempt, replicas: int, *, refusal: str = "") -> dict:
         """Make serving ``attempt`` run ``replicas`` replicas (``Backend.scale``); idempotent; returns its new
-        ``runner_state`` (``replicas``: its replicas' Deployments, by index).
+        ``runner_state`` (``replicas``: its replicas' Deployments, by index). Zero is refused: no endpoint of the
+        platform's stands in front of the Service to hold a request while a replica starts (``refusal`` is then
+        unused), and with no Deployment left the attempt would read as gone.
 
         Each replica is a Deployment of its own (``manifests.inference_deployment``) pinned to the node admission
         booked for it: replica ``i`` to ``placement["nodes"][i]``, which ``serving.replicas.add_replica`` appends
@@ -798,7 +800,10 @@ class KubernetesBackend(Backend):
         """
         if attempt.job.kind != "inference":
             raise PermanentDispatchError(f"{attempt.object_name} is not a serving attempt")
-        w = dataclasses.replace(workload(attempt), replicas=max(1, replicas))
+        if replicas < 1:
+            raise PermanentDispatchError(f"{attempt.object_name}: a Kubernetes cluster does not scale a serving job "
+                                         f"to zero")
+        w = dataclasses.replace(workload(attempt), replicas=replicas)
         try:
             return self._scale(client_for(attempt.cluster), attempt, w)
         except _NamespaceMissing as exc:
