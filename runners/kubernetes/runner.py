@@ -39,6 +39,7 @@ from ..base import (
     Backend,
     ClusterUnreachable,
     InvalidCredentials,
+    LostReplica,
     Observation,
     Owned,
     PermanentDispatchError,
@@ -601,15 +602,17 @@ def observe_inference(deployments: list[dict], pods: list[dict], now: dt.datetim
     """The phase of an inference attempt from its Deployments (one per replica, ``manifests.inference_deployment``;
     one of all its replicas for an attempt made before) and pods: running once the ready replicas of the
     Deployments not being deleted reach what they ask; image pull failures fail it, and so does a server that
-    exited (``serving_crash``), so that the platform, not the kubelet's endless CrashLoopBackOff, decides on a
-    restart by ``max_retries``. A crash's observation has no end time: the crashed pod is restarted in place and
-    holds its GPUs until the attempt's objects are deleted, so billing runs until the crash is seen (the same
-    pass deletes the objects).
+    exited 0 (it chose to end: the attempt's end, as on the local runner).
+
+    A replica that died while the others serve (``lost_replicas``: its server crashed or ran out of memory, the
+    kubelet restarting it in place; its pod evicted, deleted from outside or disrupted) does not end the attempt:
+    it is reported apart (``Observation.lost_replicas``), the phase being the survivors', and reconcile replaces
+    it in its booked slot within the job's retry budget or ends the attempt with its failure
+    (``jobs.replica_loss``; docs/adr/0041). A replica's pod lost with its node (DisruptionTarget DeletionByPodGC)
+    ends the attempt ``lost NodeLost``: its replacement would be pinned to a node that is gone.
 
     The pods of a replica a scale-down released (their Deployment being deleted, or gone) are no part of the
-    attempt: their end, whatever their exit code, is no end of it. A pod taken away (evicted, deleted, its node
-    lost) is its Deployment's to replace, on the node the replica is pinned to: the attempt runs on (pending
-    while the replacement starts).
+    attempt: their end, whatever their exit code, is no end of it.
 
     A Deployment has no ``activeDeadlineSeconds``: past ``max_runtime_seconds`` after ``started_at`` (the
     attempt's start, default the objects' creation; None: no limit) the attempt fails ``DeadlineExceeded``,
@@ -627,10 +630,13 @@ def observe_inference(deployments: list[dict], pods: list[dict], now: dt.datetim
         if (pull := image_pull_failure(pod, now, grace)) is not None:
             return dataclasses.replace(pull, created_at=made, ended_at=stopped_at(None, serving))
     for pod in serving:
-        # A pod taken away (evicted, deleted, its node lost) is the Deployment's to replace, not a crash.
+        if (lost := pod_lost(pod)) is not None and lost.end_reason == "NodeLost":
+            # Its replacement would be pinned to the node that is gone: the attempt is lost with the node.
+            return dataclasses.replace(lost, created_at=made)
+    for pod in serving:
         if (not (pod.get("metadata") or {}).get("deletionTimestamp") and pod_lost(pod) is None
-                and (crash := serving_crash(pod)) is not None):
-            return dataclasses.replace(crash, created_at=made)
+                and (crash := serving_crash(pod)) is not None and crash.exit_code == 0):
+            return dataclasses.replace(crash, created_at=made)  # a server that chose to end: the attempt's end
     start = started_at or made
     if max_runtime_seconds is not None and start is not None:
         deadline = start + dt.timedelta(seconds=max_runtime_seconds)
@@ -639,12 +645,31 @@ def observe_inference(deployments: list[dict], pods: list[dict], now: dt.datetim
                                f"the server ran its max runtime ({max_runtime_seconds:g} s, until "
                                f"{deadline.isoformat()}); its Deployment is deleted", created_at=made,
                                ended_at=deadline)
+    lost = lost_replicas(serving)
     wanted = sum((d.get("spec") or {}).get("replicas") or 1 for d in live)
     ready = sum((d.get("status") or {}).get("readyReplicas") or 0 for d in live)
-    if live and ready >= wanted:
-        return Observation("running", created_at=made)
+    if live and ready >= wanted:  # the survivors' phase: a lost replica's new pod may be ready already
+        return Observation("running", created_at=made, lost_replicas=lost)
     return dataclasses.replace(unschedulable(serving, now, unschedulable_grace) or Observation("pending"),
-                               created_at=made)
+                               created_at=made, lost_replicas=lost)
+
+
+def lost_replicas(pods: list[dict]) -> tuple[LostReplica, ...]:
+    """The replicas of a serving attempt lost while the others serve, one per pod of ``pods`` (the pods of its
+    replicas that serve on, ``observe_inference``) that died (``docs/adr/0041``): taken away (evicted, deleted from
+    outside, disrupted: ``pod_lost``, ``pod_deleted``) or whose server crashed (``serving_crash`` with a non-zero
+    exit or OOMKilled: the kubelet restarts it in place, in CrashLoopBackOff). Key: ``<replica>/<pod name>``, a pod's
+    own, so a replica lost again later (its new pod) is a new loss; ``replace_replica`` takes it. A pod of the
+    platform's own replacement (deleted by ``replace_replica``) keeps its key: the same loss, seen again."""
+    lost = []
+    for pod in pods:
+        name = (pod.get("metadata") or {}).get("name", "?")
+        seen = pod_lost(pod) or pod_deleted(pod) or serving_crash(pod)
+        if seen is None or (seen.phase == "failed" and seen.exit_code == 0):
+            continue
+        key = f"{_replica_of(pod) if _replica_of(pod) is not None else '-'}/{name}"
+        lost.append(LostReplica(key, seen.phase, seen.end_reason, seen.exit_code, seen.message))
+    return tuple(lost)
 
 
 def pinned_nodes(deployment: dict) -> set[str]:
@@ -843,6 +868,34 @@ class KubernetesBackend(Backend):
                             + [["Deployment", name] for name in names])
         return state
 
+    replaces_replicas = True
+
+    def replace_replica(self, attempt, key: str) -> dict:
+        """Replace the lost replica ``key`` of serving ``attempt`` (``LostReplica.key``: ``<replica>/<pod name>``,
+        ``lost_replicas``) in its booked slot: its pod, when it still exists and is not being deleted (a crashed
+        server the kubelet keeps restarting in place, or a pod Failed by a kubelet's eviction), is deleted, and
+        the replica's Deployment makes a new one pinned to the same node; a pod taken away already is being
+        replaced by it. Nothing is admitted or released. Idempotent: a pod gone or going changes nothing.
+        Returns the attempt's ``runner_state`` as it is. Raises PermanentDispatchError for a key that names no pod
+        of this attempt's shape, TransientDispatchError when the cluster does not answer."""
+        _, _, pod_name = key.partition("/")
+        if attempt.job.kind != "inference" or not pod_name:
+            raise PermanentDispatchError(f"{key!r} names no replica of {attempt.object_name}")
+        namespace = team_namespace(attempt.job.team.slug)
+        try:
+            c = client_for(attempt.cluster)
+            pod = next((p for p in self._pods(c, namespace, attempt_key(attempt))
+                        if p["metadata"].get("name") == pod_name), None)
+            if pod is not None and not pod["metadata"].get("deletionTimestamp"):
+                try:
+                    c.call(c.core.delete_namespaced_pod, pod_name, namespace, _preload_content=False)
+                except ApiError as exc:
+                    if exc.status != 404:
+                        raise _dispatch_error(exc, f"deleting pod {namespace}/{pod_name}") from exc
+        except ClusterUnreachable as exc:
+            raise TransientDispatchError(f"cluster {attempt.cluster.name} unreachable: {exc}") from exc
+        return dict(attempt.runner_state or {})
+
     def _delete_deployment(self, c: ClusterClient, namespace: str, name: str) -> None:
         """DELETE the Deployment ``namespace/name``, Foreground (its pods first); one gone already is left."""
         try:
@@ -1015,6 +1068,16 @@ class KubernetesBackend(Backend):
                 observed = self._observe_one(c, attempt, by_attempt.get(key, []), pods_of.get(key, []), now, grace,
                                              unschedulable_grace)
             result[attempt.pk] = observed
+            if attempt.job.kind == "inference" and observed.phase in ("pending", "unschedulable"):
+                pinned = set().union(*(pinned_nodes(d) for d in serving_replicas(by_attempt.get(key, []))))
+                if pinned and node_names is None:
+                    node_names = {(n.get("metadata") or {}).get("name") for n in self._nodes(c)}
+                if gone := sorted(pinned - (node_names or set())):
+                    # A replica pinned to a node that is gone never starts again there: lost with its node.
+                    result[attempt.pk] = Observation(
+                        "lost", "NodeLost", None, f"a replica is pinned to node {', '.join(gone)}, which is gone "
+                        f"from the cluster", created_at=observed.created_at, nodes=tuple(gone))
+                continue
             if observed.phase == "lost" and observed.end_reason == "PodDeleted" and not observed.nodes:
                 if node_names is None:
                     node_names = {(n.get("metadata") or {}).get("name") for n in self._nodes(c)}

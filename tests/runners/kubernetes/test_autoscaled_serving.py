@@ -93,6 +93,18 @@ def run(emulator, row, attempt_id: int) -> JobAttempt:
     return attempt
 
 
+def crash_until_ended(emulator, row, attempt: JobAttempt) -> int:
+    """Crash ``attempt``'s server (exit 134) and reconcile, again on each replacement, until the retry budget is
+    spent and the attempt ends; how many crashes that took."""
+    for crashes in range(1, 10):
+        pod = next(p for p in emulator.pods(attempt.pk) if not p["metadata"].get("deletionTimestamp"))
+        emulator.crash_pod(pod["metadata"]["name"], exit_code=134)
+        reconcile_cluster(row)
+        if load(attempt.pk).ended_at is not None:
+            return crashes
+    raise AssertionError("the attempt never ended")
+
+
 def replica_pods(emulator, attempt: JobAttempt) -> dict[str, list[dict]]:
     """The attempt's pods not being deleted, by replica index label."""
     out: dict[str, list[dict]] = {}
@@ -125,9 +137,8 @@ def test_the_endpoint_is_the_job_s_service_and_stays_across_a_recovery(cluster, 
     (service,) = emulator.objects("Service")
     assert service["metadata"]["name"] == f"job-{job_id}" and service["spec"]["type"] == "ClusterIP"
 
-    emulator.crash_pod(emulator.pods(attempt.pk)[0]["metadata"]["name"], exit_code=134)  # the server dies
-    reconcile_cluster(row)
-    assert state(attempt) == S.RECOVERING and load(attempt.pk).ended_at is not None
+    assert crash_until_ended(emulator, row, attempt) == 2  # replaced once (max_retries 1), then the attempt ends
+    assert state(attempt) == S.RECOVERING
     assert emulator.objects("Deployment", attempt.pk) == []  # the attempt's replicas went with it...
     (kept,) = emulator.objects("Service")
     assert kept["metadata"]["uid"] == service["metadata"]["uid"]  # ...its job's endpoint did not
@@ -198,10 +209,13 @@ def test_replicas_scale_1_3_1_on_their_booked_nodes_and_a_released_replica_s_end
             .order_by("id")] == [2, 3, 1]
 
 
-def test_a_replica_s_pod_deleted_or_evicted_is_replaced_on_its_node_while_the_attempt_serves_on(
+def test_a_replica_s_pod_deleted_evicted_or_crashed_is_replaced_on_its_node_within_the_retry_budget(
         cluster, teams, user, catalog):
+    """docs/adr/0041: a lost replica is replaced in its booked slot (its Deployment's new pod on the same node)
+    while the other serves, a ``replica_replaced`` event each, at most ``max_retries`` in 600 s; the next loss
+    ends the attempt with that replica's failure."""
     emulator, row = cluster
-    attempt = serving(teams, user, catalog, emulator, row, replicas=2)
+    attempt = serving(teams, user, catalog, emulator, row, replicas=2, max_retries=3)
     booked = attempt.placement["nodes"]
     lost = replica_pods(emulator, attempt)["1"][0]
     emulator.delete_pod(lost["metadata"]["name"])  # someone's kubectl delete pod
@@ -213,14 +227,52 @@ def test_a_replica_s_pod_deleted_or_evicted_is_replaced_on_its_node_while_the_at
     assert replacement["metadata"]["uid"] != lost["metadata"]["uid"]
     assert replacement["spec"]["nodeName"] == booked[1] and replacement["status"]["phase"] == "Running"
 
-    emulator.evict(replica_pods(emulator, attempt)["0"][0]["metadata"]["name"])  # a drain
+    evicted = replica_pods(emulator, attempt)["0"][0]
+    emulator.evict(evicted["metadata"]["name"])  # a drain
     reconcile_cluster(row)
     emulator.step()
+    reconcile_cluster(row)
+
+    crashed = replica_pods(emulator, attempt)["1"][0]
+    emulator.crash_pod(crashed["metadata"]["name"], exit_code=137, reason="OOMKilled")  # the kubelet restarts it
+    reconcile_cluster(row)  # the platform replaces it: the pod is deleted, its Deployment makes another
+    assert crashed["metadata"]["uid"] not in {p["metadata"]["uid"] for p in emulator.pods(attempt.pk)}
     reconcile_cluster(row)
     assert state(attempt) == S.RUNNING and load(attempt.pk).ended_at is None
     assert {k: [p["spec"]["nodeName"] for p in v] for k, v in replica_pods(emulator, attempt).items()} == {
         "0": [booked[0]], "1": [booked[1]]}
-    assert JobAttempt.objects.filter(job_id=attempt.job_id).count() == 1
+    events = list(JobEvent.objects.filter(attempt_id=attempt.pk, kind="replica_replaced").order_by("id"))
+    assert [(e.data["replica"], e.data["end_reason"], e.data["used"]) for e in events] == [
+        (f"1/{lost['metadata']['name']}", "PodDeleted", 1), (f"0/{evicted['metadata']['name']}", "Evicted", 2),
+        (f"1/{crashed['metadata']['name']}", "OOMKilled", 3)]
+    ended = load(attempt.pk)
+    assert ended.gpus == 16 and ended.placement["nodes"] == booked  # the same booked slots: nothing admitted
+
+    last = replica_pods(emulator, attempt)["0"][0]
+    emulator.crash_pod(last["metadata"]["name"], exit_code=2)  # a fourth loss in 600 s: past max_retries 3
+    reconcile_cluster(row)
+    ended = load(attempt.pk)
+    assert ended.ended_at is not None and (ended.end_reason, ended.exit_code) == ("Failed", 2)
+    assert "3 replica replacement(s) in the last 600 s used" in ended.message
+    assert state(attempt) == S.RECOVERING  # a failed serving attempt: a new one while retries allow
+
+
+@pytest.mark.parametrize("seen", ["the disruption", "the pinned replacement"])
+def test_a_replica_whose_node_is_gone_ends_the_attempt_lost_with_its_node(cluster, teams, user, catalog, seen):
+    """Its replacement would be pinned to a node that no longer exists: the attempt is lost ``NodeLost`` naming
+    the node (placed again, off that node), whether a look saw its pod's disruption or only the pinned
+    replacement waiting."""
+    emulator, row = cluster
+    attempt = serving(teams, user, catalog, emulator, row, replicas=2, max_retries=1)
+    gone = attempt.placement["nodes"][1]
+    emulator.delete_node(gone)  # its pod: DisruptionTarget DeletionByPodGC, Terminating
+    if seen == "the pinned replacement":
+        emulator.step()  # the pod GC took the pod before any look: only its pinned replacement is seen, pending
+        assert any(not p["spec"].get("nodeName") for p in emulator.pods(attempt.pk))
+    reconcile_cluster(row)
+    ended = load(attempt.pk)
+    assert ended.ended_at is not None and ended.end_reason == "NodeLost" and ended.bad_nodes == [gone]
+    assert state(attempt) == S.RECOVERING
 
 
 def test_the_endpoint_of_a_job_that_ended_while_queued_is_swept_and_a_live_one_s_kept(cluster, teams, user, catalog,
@@ -230,8 +282,7 @@ def test_the_endpoint_of_a_job_that_ended_while_queued_is_swept_and_a_live_one_s
     emulator, row = cluster
     settings.END_RECORD_SWEEP_SECONDS = 0
     waiting = serving(teams, user, catalog, emulator, row, max_retries=1)
-    emulator.crash_pod(emulator.pods(waiting.pk)[0]["metadata"]["name"], exit_code=1)
-    reconcile_cluster(row)
+    crash_until_ended(emulator, row, waiting)
     assert state(waiting) == S.RECOVERING
     running = serving(teams, user, catalog, emulator, row)
     cancel_job(Job.objects.get(pk=waiting.job_id))  # nothing runs: CANCELLED at once, no deletion to make
