@@ -21,7 +21,7 @@ from jobs.models import Job, JobAttempt, JobEvent, JobState
 from jobs.reconcile import expire_end_records, reconcile_cluster
 from jobs.scheduling.passes import try_admit
 from quotas.models import Quota
-from runners.base import backend_for
+from runners.base import PermanentDispatchError, backend_for
 from runners.kubernetes import manifests as m
 from runners.kubernetes.runner import workload
 from runners.kubernetes.sync import sync_cluster
@@ -291,3 +291,32 @@ def test_the_endpoint_of_a_job_that_ended_while_queued_is_swept_and_a_live_one_s
                                                                            f"job-{running.job_id}"}
     expire_end_records()
     assert [s["metadata"]["name"] for s in emulator.objects("Service")] == [f"job-{running.job_id}"]
+
+
+def test_a_slot_booked_again_while_its_old_replica_still_goes_is_made_anew_on_the_new_booking(
+        cluster, teams, user, catalog):
+    """Scaled 3 -> 1, the released replicas' pods run out their grace; a scale-up to 2 meanwhile books replica 1
+    again: its old Deployment, still being deleted, is not taken for the new one (the runner says to try again),
+    and once it is gone the new one is made, pinned to the node the new booking names. Scale to zero is refused."""
+    emulator, row = cluster
+    emulator.termination_grace = 30.0
+    attempt = serving(teams, user, catalog, emulator, row)
+    backend = backend_for(attempt.cluster)
+    now = timezone.now()
+    for _ in range(2):
+        assert add_replica(attempt.job_id, now, {"desired": 3}) is None
+    assert apply_replicas(backend, load(attempt.pk), 3)
+    assert release_replicas(attempt.job_id, now, {"desired": 1}) == 1
+    assert apply_replicas(backend, load(attempt.pk), 1)
+
+    assert add_replica(attempt.job_id, now, {"desired": 2}) is None
+    attempt = load(attempt.pk)
+    rebooked = attempt.placement["nodes"][1]
+    assert not apply_replicas(backend, attempt, 2)  # replica 1's old Deployment is still being deleted
+    emulator.step(now=time.time() + 31)  # the old pods' grace is over: they and their Deployments are gone
+    assert apply_replicas(backend, attempt, 2)
+    (deployment,) = [d for d in live_deployments(emulator, attempt) if d["metadata"]["name"].endswith("-1")]
+    assert hostnames(deployment) == [rebooked]
+    assert [p["spec"]["nodeName"] for p in replica_pods(emulator, attempt)["1"]] == [rebooked]
+    with pytest.raises(PermanentDispatchError):
+        backend.scale(attempt, 0)
