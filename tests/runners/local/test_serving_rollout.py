@@ -4,22 +4,25 @@ never gets ready rolled back with no failed request; bad requests answered 400 w
 
 from __future__ import annotations
 
+import datetime as dt
 import shutil
 import threading
 from pathlib import Path
 
 import pytest
 import requests
+from django.utils import timezone
 
 from jobs.models import Job, JobAttempt, JobEvent, JobState, ServingRollout
 from jobs.reconcile import reconcile_cluster
+from quotas.models import Quota
 from runners.local.runner import checkpoint_dir
-from serving.rollout import step_rollouts
+from serving.rollout import start_rollout, step_rollouts
 from tests.support.factories import make_job_row
 from tests.support.local_runner import wait_until
 
 from . import test_autoscaled_serving as serving
-from .test_autoscaled_serving import Load
+from .test_autoscaled_serving import PROMPT, Load
 
 checkpoint = serving.checkpoint  # the fixtures of the demo's model served on the local runner
 serving_job = serving.serving_job
@@ -159,3 +162,46 @@ def test_a_rollout_request_is_checked_field_by_field(two_node_local_cluster, tea
     assert post(teammate.client, {"checkpoint_from_job": running.pk}).status_code == 403  # not its submitter
     assert post(outsider.client, {"checkpoint_from_job": theirs.pk}).status_code == 404  # another team's job
     assert not ServingRollout.objects.exists()
+
+
+def test_without_room_for_a_surge_each_old_replica_is_replaced_in_place_with_no_failed_request(
+        serving_job, trained, owner, teams):
+    old, new = trained("train-v1"), trained("train-v2")
+    attempt = serving_job(2, checkpoint_from=old.pk)
+    Quota.objects.filter(team=teams[0]).update(nominal_gpus=2, borrowing_limit_gpus=0)  # the two replicas: all
+    load = Load(attempt.runner_state["endpoint"], clients=3, header="X-Checkpoint")
+    wait_until(lambda: len(load.answers) >= 10, 30, "answers under load")
+    start_rollout(attempt.job_id, checkpoint_from_job_id=new.pk, actor=owner.user)
+    rollout = roll(attempt)
+    seen = len(load.answers)
+    wait_until(lambda: len(load.answers) >= seen + 20, 60, "answers after the rollout")
+    load.stop()
+
+    assert rollout.state == "done" and rollout.replicas_updated == 2, rollout.reason
+    assert load.errors == [] and {status for status, _ in load.answers} == {200}
+    assert {c for _, c in load.answers[seen:]} == {served_by(new)}
+    job = Job.objects.get(pk=attempt.job_id)
+    assert job.replicas == 2 and JobAttempt.objects.get(pk=attempt.pk).gpus == 2
+    # nothing was admitted or released: each new replica took an old one's slot
+    assert not JobEvent.objects.filter(job=job, kind="scale").exists()
+
+
+def test_a_new_replica_not_ready_within_the_deadline_rolls_the_rollout_back(serving_job, trained, owner, settings):
+    settings.SERVING_ROLLOUT_READY_SECONDS = 600
+    old, new = trained("train-v1"), trained("train-v2")
+    attempt = serving_job(1, checkpoint_from=old.pk)
+    started = start_rollout(attempt.job_id, checkpoint_from_job_id=new.pk, actor=owner.user)
+    now = timezone.now()
+    assert [r["action"] for r in step_rollouts(now)] == ["started"]
+    pending = ServingRollout.objects.get(pk=started.pk).progress["pending"]
+    assert pending["surge"] and Job.objects.get(pk=attempt.job_id).replicas == 2  # admitted as a scale-up
+    # 601 s on, by the rollout's clock, the new replica still starting (a model that loads too slowly)
+    [result] = step_rollouts(now + dt.timedelta(seconds=601))
+    assert result["action"] == "rolled_back"
+    rollout = ServingRollout.objects.get(pk=started.pk)
+    assert rollout.state == "rolled_back" and f"new replica {pending['key']} not ready within 600 s" in rollout.reason
+    job = Job.objects.get(pk=attempt.job_id)
+    assert job.replicas == 1 and JobAttempt.objects.get(pk=attempt.pk).gpus == 1  # the surge released
+    assert job.spec["checkpoint_from"] == old.pk
+    assert requests.post(f"{attempt.runner_state['endpoint']}/generate", json=PROMPT, timeout=60).headers[
+        "X-Checkpoint"] == served_by(old)
