@@ -62,29 +62,36 @@ def roll(attempt: JobAttempt) -> ServingRollout:
     return wait_until(ended, 180, "the rollout to end")
 
 
-def test_a_rollout_under_load_moves_every_replica_to_the_new_checkpoint_with_no_failed_request(
-        serving_job, trained, owner):
-    old, new = trained("train-v1"), trained("train-v2")
-    attempt = serving_job(2, checkpoint_from=old.pk)
-    endpoint = attempt.runner_state["endpoint"]
-    load = Load(endpoint, clients=3, header="X-Checkpoint")
+def roll_under_load(attempt: JobAttempt, start) -> tuple[ServingRollout, list]:
+    """Under a load of 3 clients on the job's endpoint: ``start()`` a rollout, step it to its end, take 20 answers
+    more; the rollout and the ``X-Checkpoint`` of each answer after it. Every answer was a 200."""
+    load = Load(attempt.runner_state["endpoint"], clients=3, header="X-Checkpoint")
     wait_until(lambda: len(load.answers) >= 10, 30, "answers under load")
-    assert {c for _, c in load.answers} == {served_by(old)}
-
-    answer = owner.client.post(f"/api/v1/jobs/{attempt.job_id}/rollout/", {"checkpoint_from_job": new.pk},
-                               format="json")
-    assert answer.status_code == 202, answer.content
-    assert answer.json()["state"] == "rolling" and (answer.json()["from"], answer.json()["to"]) == (old.pk, new.pk)
+    start()
     rollout = roll(attempt)
     seen = len(load.answers)
     wait_until(lambda: len(load.answers) >= seen + 20, 60, "answers after the rollout")
     load.stop()
-
-    assert rollout.state == "done" and rollout.replicas_updated == 2, rollout.reason
     assert load.errors == [] and {status for status, _ in load.answers} == {200}
+    return rollout, [c for _, c in load.answers[seen:]]
+
+
+def test_a_rollout_under_load_moves_every_replica_to_the_new_checkpoint_with_no_failed_request(
+        serving_job, trained, owner):
+    old, new = trained("train-v1"), trained("train-v2")
+    attempt = serving_job(2, checkpoint_from=old.pk)
+
+    def start():
+        answer = owner.client.post(f"/api/v1/jobs/{attempt.job_id}/rollout/", {"checkpoint_from_job": new.pk},
+                                   format="json")
+        assert answer.status_code == 202, answer.content
+        body = answer.json()
+        assert body["state"] == "rolling" and (body["from"], body["to"]) == (old.pk, new.pk)
+
+    rollout, after = roll_under_load(attempt, start)
+    assert rollout.state == "done" and rollout.replicas_updated == 2, rollout.reason
     assert serving.endpoint_metric(attempt, "controlplane_endpoint_failed_requests_total") == 0
-    assert {c for _, c in load.answers[seen:]} == {served_by(new)}
-    assert {c for _, c in load.answers} == {served_by(old), served_by(new)}
+    assert set(after) == {served_by(new)}
     # every replica listed serves the new model
     state = JobAttempt.objects.get(pk=attempt.pk).runner_state
     assert len(state["replicas"]) == 2 and not set(state["replicas"]) & set(attempt.runner_state["replicas"])
@@ -119,18 +126,13 @@ def test_a_rollout_to_a_checkpoint_that_never_gets_ready_rolls_back_with_no_fail
         assert (refused.status_code, refused.json()) == (400, {"checkpoint_from_job": [reason]})
     assert not ServingRollout.objects.exists()
 
-    load = Load(attempt.runner_state["endpoint"], clients=3, header="X-Checkpoint")
-    wait_until(lambda: len(load.answers) >= 10, 30, "answers under load")
-    answer = owner.client.post(url, {"checkpoint_from_job": empty.pk}, format="json")
-    assert answer.status_code == 202, answer.content
-    rollout = roll(attempt)
-    seen = len(load.answers)
-    wait_until(lambda: len(load.answers) >= seen + 10, 60, "answers after the roll back")
-    load.stop()
+    def start():
+        answer = owner.client.post(url, {"checkpoint_from_job": empty.pk}, format="json")
+        assert answer.status_code == 202, answer.content
 
+    rollout, after = roll_under_load(attempt, start)
     assert rollout.state == "rolled_back" and "ended before it was ready" in rollout.reason
-    assert load.errors == [] and {status for status, _ in load.answers} == {200}
-    assert {c for _, c in load.answers} == {served_by(old)}
+    assert set(after) == {served_by(old)}
     assert serving.endpoint_metric(attempt, "controlplane_endpoint_failed_requests_total") == 0
     job = Job.objects.get(pk=attempt.job_id)
     assert job.state == JobState.RUNNING and job.replicas == 2 and job.spec["checkpoint_from"] == old.pk
@@ -169,17 +171,10 @@ def test_without_room_for_a_surge_each_old_replica_is_replaced_in_place_with_no_
     old, new = trained("train-v1"), trained("train-v2")
     attempt = serving_job(2, checkpoint_from=old.pk)
     Quota.objects.filter(team=teams[0]).update(nominal_gpus=2, borrowing_limit_gpus=0)  # the two replicas: all
-    load = Load(attempt.runner_state["endpoint"], clients=3, header="X-Checkpoint")
-    wait_until(lambda: len(load.answers) >= 10, 30, "answers under load")
-    start_rollout(attempt.job_id, checkpoint_from_job_id=new.pk, actor=owner.user)
-    rollout = roll(attempt)
-    seen = len(load.answers)
-    wait_until(lambda: len(load.answers) >= seen + 20, 60, "answers after the rollout")
-    load.stop()
-
+    rollout, after = roll_under_load(
+        attempt, lambda: start_rollout(attempt.job_id, checkpoint_from_job_id=new.pk, actor=owner.user))
     assert rollout.state == "done" and rollout.replicas_updated == 2, rollout.reason
-    assert load.errors == [] and {status for status, _ in load.answers} == {200}
-    assert {c for _, c in load.answers[seen:]} == {served_by(new)}
+    assert set(after) == {served_by(new)}
     job = Job.objects.get(pk=attempt.job_id)
     assert job.replicas == 2 and JobAttempt.objects.get(pk=attempt.pk).gpus == 2
     # nothing was admitted or released: each new replica took an old one's slot
