@@ -20,6 +20,7 @@ from runners.local.runner import checkpoint_dir
 from serving.rollout import start_rollout, step_rollouts
 from tests.support.factories import make_job_row
 from tests.support.local_runner import wait_until
+from tests.support.personas import signed_in
 
 from . import test_autoscaled_serving as serving
 from .test_autoscaled_serving import PROMPT, Load
@@ -106,6 +107,9 @@ def test_a_rollout_under_load_moves_every_replica_to_the_new_checkpoint_with_no_
     shown = owner.client.get(f"/api/v1/jobs/{job.pk}/").json()["serving"]["rollout"]
     assert {k: shown[k] for k in ("state", "from", "to", "replicas_updated")} == {
         "state": "done", "from": old.pk, "to": new.pk, "replicas_updated": 2}
+    page = signed_in(owner).get(f"/jobs/{job.pk}/").content.decode()
+    assert (f'done: from the checkpoint of job <a href="/jobs/{old.pk}/">#{old.pk}</a> to that of job '
+            f'<a href="/jobs/{new.pk}/">#{new.pk}</a>, 2 replicas updated') in page
 
 
 def test_a_rollout_to_a_checkpoint_that_never_gets_ready_rolls_back_with_no_failed_request(serving_job, trained,
