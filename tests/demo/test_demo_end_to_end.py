@@ -68,6 +68,14 @@ def test_demo_once_trains_and_charges_with_real_workers(tmp_path):
                    r"rollout 2 pods \$([0-9.]+)", out)
     assert rl, out
     assert float(rl.group(2)) > float(rl.group(1))
+    # Part of a GPU, a MIG device and a whole GPU side by side on the emulated cluster's shared and whole nodes, each
+    # told what it holds.
+    assert re.search(r"gpu-quarter\s+SUCCEEDED\s+holds sharing=time-slicing share=0\.25 node=local-time-slicing-0 "
+                     r"gpu=0 ", out), out
+    assert re.search(r"gpu-mig-1g10gb\s+SUCCEEDED\s+holds sharing=mig-mixed share=0\.125 node=local-mig-mixed-0 "
+                     r"gpu=0 mig_profile=1g\.10gb mig_instance=[12] ", out), out
+    assert re.search(r"gpu-whole\s+SUCCEEDED\s+holds sharing=none share=whole ", out), out
+    assert "the three ran side by side on one cluster" in out
     on_demand = re.search(r"report (\d+) \(on demand, ml-research, [0-9-]+ UTC\): [0-9.]+ GPU-hours, \$([0-9.]+)", out)
     assert on_demand, out
 
@@ -105,6 +113,16 @@ def test_demo_once_trains_and_charges_with_real_workers(tmp_path):
         (rl_pods, rl_accrued), = conn.execute(  # one attempt (the join gives one row per attempt)
             "SELECT j.nodes, j.accrued_cost_usd FROM jobs_job j JOIN jobs_jobattempt a ON a.job_id = j.id "
             "WHERE j.name = 'rl-grpo'").fetchall()
+        shared = {name: (nodes, share, profile, started_at, ended_at) for name, nodes, share, profile, started_at, ended_at
+                  in conn.execute(
+                      "SELECT j.name, a.placement->'nodes', j.gpu_share_milli, j.mig_profile, a.started_at, a.ended_at "
+                      "FROM jobs_job j JOIN jobs_jobattempt a ON a.job_id = j.id WHERE j.name IN "
+                      "('gpu-quarter', 'gpu-mig-1g10gb', 'gpu-whole')")}
+    assert {name: row[:3] for name, row in shared.items()} == {
+        "gpu-quarter": (["local-time-slicing-0"], 250, ""), "gpu-mig-1g10gb": (["local-mig-mixed-0"], 125, "1g.10gb"),
+        "gpu-whole": (shared["gpu-whole"][0], 0, "")}
+    assert shared["gpu-whole"][0][0] in ("local-node-0", "local-node-1")
+    assert max(r[3] for r in shared.values()) < min(r[4] for r in shared.values())  # all three running at once
     assert events == ["ADMITTED", "STARTING", "RUNNING", "SUCCEEDED"]
     # One admission for the whole gang: a learner and two rollouts in one attempt of 3 pods.
     assert (rl_admissions, rl_pods) == (1, 3)
