@@ -1,7 +1,8 @@
 """GPU sharing end to end on an emulated Kubernetes cluster (ADR 0040): a node whose GPU the device plugin
 time-slices four ways, a node under the MIG mixed strategy and a node of whole GPUs, labelled as GPU feature
 discovery labels them. A quarter of a GPU, a 1g.10gb MIG device and a whole GPU are submitted through the API,
-admitted side by side, dispatched (each pod pinned to its node, asking what the node advertises), bound by a
+admitted side by side, dispatched (each pod pinned to its node, asking what the node advertises, told what it
+holds), bound by a
 kube-scheduler that counts every extended resource, run and ended with exit code 0: all three SUCCEEDED.
 A second 1g.10gb job fits the node's other device; a third finds none there and waits."""
 
@@ -104,15 +105,25 @@ def test_a_fraction_a_mig_device_and_a_whole_gpu_run_side_by_side_to_success(sha
     bound = KubeScheduler(url).schedule()
 
     # Each pod asks one device of what its node advertises and the kube-scheduler binds it there.
-    asked = {}
+    asked, told = {}, {}
     for key, job in jobs.items():
         attempt = job.current_attempt
         (pod,) = k.pods(attempt.pk)
-        limits = pod["spec"]["containers"][0]["resources"]["limits"]
-        asked[key] = {r: v for r, v in limits.items() if r.startswith("nvidia.com/")}
+        container = pod["spec"]["containers"][0]
+        asked[key] = {r: v for r, v in container["resources"]["limits"].items() if r.startswith("nvidia.com/")}
+        told[key] = {e["name"]: e.get("value") for e in container.get("env") or []
+                     if e["name"].startswith(("CONTROLPLANE_GPU", "CONTROLPLANE_MIG"))}
         assert bound[pod["metadata"]["name"]] == attempt.placement["nodes"][0]
     assert asked == {"quarter": {"nvidia.com/gpu": "1"}, "mig": {"nvidia.com/mig-1g.10gb": "1"},
                      "whole": {"nvidia.com/gpu": "1"}}
+    # Each pod is told what it holds, as the local runner tells its processes.
+    assert told == {
+        "quarter": {"CONTROLPLANE_GPU_SHARING": "time-slicing", "CONTROLPLANE_GPU_SHARE": "0.25",
+                    "CONTROLPLANE_GPU_SHARE_MILLI": "250", "CONTROLPLANE_GPU_NODE": "sliced"},
+        "mig": {"CONTROLPLANE_GPU_SHARING": "mig-mixed", "CONTROLPLANE_GPU_SHARE": "0.125",
+                "CONTROLPLANE_GPU_SHARE_MILLI": "125", "CONTROLPLANE_GPU_NODE": "migged",
+                "CONTROLPLANE_MIG_PROFILE": "1g.10gb"},
+        "whole": {}}
 
     reconcile_cluster(cluster)
     assert {key: Job.objects.get(pk=pk).state for key, pk in ids.items()} == dict.fromkeys(ids, JobState.RUNNING)
