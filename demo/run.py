@@ -225,10 +225,11 @@ SHARING_EXPECTED = {"gpu-quarter": {"sharing": "time-slicing", "share": "0.25"},
                     "gpu-whole": {"sharing": "none", "share": "whole"}}
 
 
-def sharing_text(api: Api, views: dict[int, dict]) -> tuple[list[str], bool]:
+def sharing_text(api: Api, views: dict[int, dict], utilization=None) -> tuple[list[str], bool]:
     """The summary's lines of the GPU-sharing jobs (``views``: id -> last view): per job its state, what it printed
-    it holds, its GPU-hours and cost; then whether they ran side by side (every attempt started before any ended).
-    The bool: all SUCCEEDED, each held what ``SHARING_EXPECTED`` says, side by side."""
+    it holds, its GPU-hours and cost, and the words of ``utilization(job id)`` when given (``utilization_text``);
+    then whether they ran side by side (every attempt started before any ended). The bool: all SUCCEEDED, each
+    held what ``SHARING_EXPECTED`` says, side by side."""
     lines, ok, spans = [], True, []
     for job_id, view in views.items():
         held: dict[str, str] = {}
@@ -245,7 +246,8 @@ def sharing_text(api: Api, views: dict[int, dict]) -> tuple[list[str], bool]:
         where = " ".join(f"{k}={held[k]}" for k in ("sharing", "share", "node", "gpu", "mig_profile", "mig_instance")
                          if held.get(k, "-") != "-")
         lines.append(f"  job {job_id} {view['name']:<20} {view['state']:<10} holds {where or 'nothing said'}  "
-                     f"GPU-hours {gpu_hours:.4f}  cost ${cost}")
+                     f"GPU-hours {gpu_hours:.4f}  cost ${cost}"
+                     + (utilization(job_id) if utilization is not None and view.get("current_attempt") else ""))
     side_by_side = len(spans) == len(views) and max(s for s, _ in spans) < min(e for _, e in spans)
     lines.append("  the three ran side by side on one cluster" if side_by_side
                  else "  the three did NOT all run at the same time")
@@ -746,7 +748,10 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
                   + (rl_line or f"  {views[rl['id']]['state_reason']}") + "\n")
         shared_ok = True
         if sharing:
-            lines, shared_ok = sharing_text(research, {job["id"]: views[job["id"]] for job in sharing})
+            lines, shared_ok = sharing_text(
+                research, {job["id"]: views[job["id"]] for job in sharing},
+                lambda job_id: utilization_text(job_average_utilization(job_id) if monitoring is not None else None,
+                                                emulated=emulated, monitored=monitoring is not None))
             out.write("\n".join(lines) + "\n")
         if served is not None:
             gpu_hours, cost = job_cost(research, served["id"]) if served.get("current_attempt") else (0.0, "0.00")
