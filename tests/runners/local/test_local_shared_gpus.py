@@ -8,14 +8,18 @@ import json
 import sys
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from core.gpus import MILLI_PER_GPU
 from jobs.models import JobAttempt
+from jobs.scheduling.offers import book_share
 from jobs.scheduling.passes import try_admit
 from runners.kubernetes.nodepools import gpu_inventory
 from runners.local.exporter import LocalGpuCollector, emulated_gpus, render
 from runners.local.runner import LocalBackend
-from runners.local.sharing import SharedNodesError, parse_shared_nodes
+from runners.local.sharing import SharedNode, SharedNodesError, parse_shared_nodes, place_share
 from runners.models import Node
 from tests.support.factories import make_job_row
 from tests.support.local_runner import dispatched, emulated_local_cluster_for, wait_until
@@ -143,3 +147,25 @@ def test_fractional_mig_and_whole_jobs_run_side_by_side_each_told_what_it_holds(
                 for s in f.samples if s.name == "kube_pod_container_resource_requests"}
     assert requests[f"{mig.object_name}-0"] == "nvidia_com_mig_1g_10gb"
     assert requests[f"{quarter.object_name}-0"] == "nvidia_com_gpu"
+
+
+@given(gpus=st.integers(1, 3), replicas=st.integers(2, 5),
+       asks=st.lists(st.integers(1, 60).map(lambda x: x * 10), min_size=1, max_size=12))
+def test_a_share_is_laid_on_the_gpu_admission_books_it_on(gpus, replicas, asks):
+    """The runner's pick of a time-sliced GPU for each new share is the one admission's model books it on
+    (``jobs.scheduling.offers.book_share``, fed the same shares in the same order), so the device a process is told
+    it holds is the one the platform counts; a share that fits nowhere is refused, never squeezed in."""
+    node = SharedNode("local-time-slicing-0", "time-slicing", gpus, replicas)
+    room = {"shares": [MILLI_PER_GPU] * gpus, "slices": [replicas] * gpus, "mig": {}}
+    taken = []
+    for milli in asks:
+        fits = any(room["shares"][k] >= milli and room["slices"][k] > 0 for k in range(gpus))
+        share = place_share(node, milli, "", taken)
+        if not fits:
+            assert share is None
+            continue
+        before = list(room["shares"])
+        book_share(room, milli, "")
+        booked = next(k for k in range(gpus) if room["shares"][k] != before[k])
+        assert share is not None and share.gpu == booked
+        taken.append(share)
