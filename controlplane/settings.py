@@ -291,7 +291,7 @@ CELERY_TASK_DEFAULT_QUEUE = CELERY_FAST_QUEUE
 CELERY_TASK_QUEUES = {CELERY_FAST_QUEUE: {}, CELERY_SLOW_QUEUE: {}}
 CELERY_TASK_ROUTES = {
     **dict.fromkeys(["jobs.tasks.schedule_pending", "jobs.tasks.dispatch_attempt", "jobs.tasks.cancel_job_objects",
-                     "jobs.tasks.reconcile_all", "jobs.tasks.delete_attempt_objects", "jobs.tasks.record_attempt_end",
+                     "jobs.tasks.reconcile_all", "jobs.tasks.reconcile_cluster", "jobs.tasks.delete_attempt_objects", "jobs.tasks.record_attempt_end",
                      "jobs.tasks.send_outbox", "serving.tasks.autoscale_serving",
                      "runners.tasks.sync_node_pools"], {"queue": CELERY_FAST_QUEUE}),
     **dict.fromkeys(["costs.tasks.accrue_running_costs", "costs.tasks.accrue_attempt", "costs.tasks.check_budgets",
@@ -417,6 +417,12 @@ LOCAL_RUNNER_KILL_GRACE_SECONDS = env.float("LOCAL_RUNNER_KILL_GRACE_SECONDS", d
 # no other took its place, or every replica is down) before it exits; the runner's next look at a live attempt starts
 # it again on the same port.
 LOCAL_ENDPOINT_IDLE_EXIT_SECONDS = env.float("LOCAL_ENDPOINT_IDLE_EXIT_SECONDS", default=60.0)
+# Seconds a rolling update's new serving replica may take to become ready before the rollout is rolled back
+# (serving.rollout): 600, a Kubernetes Deployment's default progressDeadlineSeconds.
+SERVING_ROLLOUT_READY_SECONDS = env.float("SERVING_ROLLOUT_READY_SECONDS", default=600.0)
+# Seconds a serving job scaled to zero holds a request while one replica is admitted and starts; then 503
+# (serving.autoscaler; the local endpoint's hold, runners.local.endpoint).
+SERVING_HOLD_SECONDS = env.float("SERVING_HOLD_SECONDS", default=120.0)
 
 # --- Kubernetes runner ---------------------------------------------------------
 # Seconds to open a TCP/TLS connection to a cluster's API server, and to wait for its answer.
