@@ -39,7 +39,7 @@ from django.db.models.functions import Coalesce, Least
 from django.utils import timezone
 
 from core.gpus import MILLI_PER_GPU
-from jobs.models import JobAttempt, roles_in_order
+from jobs.models import JobAttempt, held_gpu_milli, roles_in_order
 from runners.models import Cluster
 
 from . import prometheus
@@ -146,19 +146,17 @@ def attempt_matchers(attempt: JobAttempt, shape: prometheus.Shape, source: prome
 
 
 def gpu_share(attempt: JobAttempt) -> float | None:
-    """The fraction of one GPU the pod of ``attempt`` holds when its job asks part of a GPU (ADR 0040): the
-    ``share_milli`` of its placement, else its job's ``gpu_share_milli``, over ``core.gpus.MILLI_PER_GPU`` (a
-    quarter: 0.25; a MIG device: its memory slices over eight); None for whole GPUs."""
-    placement = attempt.placement if isinstance(attempt.placement, dict) else {}
-    milli = int(placement.get("share_milli") or 0) or int(getattr(attempt.job, "gpu_share_milli", 0) or 0)
+    """The fraction of one GPU the pod of ``attempt`` holds when its job asks part of a GPU (ADR 0040): its job's
+    ``gpu_share_milli`` over ``core.gpus.MILLI_PER_GPU`` (a quarter: 0.25; a MIG device: its memory slices over
+    eight), the share the ledger bills; None for whole GPUs."""
+    milli = int(attempt.job.gpu_share_milli or 0)
     return milli / MILLI_PER_GPU if milli else None
 
 
 def allocated_gpus(attempt: JobAttempt) -> float:
-    """The GPUs ``attempt`` is allocated, for its allocated GPU-seconds: its share of one GPU (``gpu_share``), else
-    its whole GPUs (``JobAttempt.gpus``)."""
-    share = gpu_share(attempt)
-    return attempt.gpus if share is None else share
+    """The GPUs ``attempt`` is allocated, for its allocated GPU-seconds: what the ledger bills it
+    (``jobs.models.held_gpu_milli``: its share of one GPU, else its whole GPUs) in GPUs."""
+    return held_gpu_milli(attempt.gpus, attempt.job.gpu_share_milli) / MILLI_PER_GPU
 
 
 def attributed(attempt: JobAttempt | None, usage: prometheus.WindowUsage,

@@ -228,11 +228,13 @@ SHARING_EXPECTED = {"gpu-quarter": {"sharing": "time-slicing", "share": "0.25"},
 def sharing_text(api: Api, views: dict[int, dict], utilization=None) -> tuple[list[str], bool]:
     """The summary's lines of the GPU-sharing jobs (``views``: id -> last view): per job its state, what it printed
     it holds, its GPU-hours and cost, and the words of ``utilization(job id)`` when given (``utilization_text``);
-    then whether they ran side by side (every attempt started before any ended). The bool: all SUCCEEDED, each
-    held what ``SHARING_EXPECTED`` says, side by side."""
+    then whether they ran side by side (every attempt started before any ended). Each is billed its share:
+    ``billed <GPU-hours> = <share> x <hours run>``. The bool: all SUCCEEDED, each held what ``SHARING_EXPECTED``
+    says and was billed its share (``billed_share``), side by side."""
     lines, ok, spans = [], True, []
     for job_id, view in views.items():
         held: dict[str, str] = {}
+        hours = 0.0
         if view.get("current_attempt"):
             found = HOLDS_LINE.search(api.get(f"jobs/{job_id}/logs/", node=0, tail=200)["text"])
             held = dict(part.split("=", 1) for part in found.group(1).split()) if found else {}
@@ -240,18 +242,29 @@ def sharing_text(api: Api, views: dict[int, dict], utilization=None) -> tuple[li
                 if attempt["started_at"] and attempt["ended_at"]:
                     spans.append((dt.datetime.fromisoformat(attempt["started_at"]),
                                   dt.datetime.fromisoformat(attempt["ended_at"])))
+                    hours += (spans[-1][1] - spans[-1][0]).total_seconds() / 3600
         gpu_hours, cost = job_cost(api, job_id) if view.get("current_attempt") else (0.0, "0.00")
+        share = Decimal(view.get("gpu_share_milli") or 1000 * view["gpus_per_node"]) / 1000
+        billed = billed_share(gpu_hours, share, hours)
         want = SHARING_EXPECTED.get(view["name"], {})
-        ok = ok and view["state"] == "SUCCEEDED" and all(held.get(k) == v for k, v in want.items())
+        ok = ok and view["state"] == "SUCCEEDED" and all(held.get(k) == v for k, v in want.items()) and billed
         where = " ".join(f"{k}={held[k]}" for k in ("sharing", "share", "node", "gpu", "mig_profile", "mig_instance")
                          if held.get(k, "-") != "-")
         lines.append(f"  job {job_id} {view['name']:<20} {view['state']:<10} holds {where or 'nothing said'}  "
-                     f"GPU-hours {gpu_hours:.4f}  cost ${cost}"
+                     f"billed {gpu_hours:.6f} GPU-h {'=' if billed else 'is NOT'} {share.normalize()} x {hours:.6f} h  "
+                     f"cost ${cost}"
                      + (utilization(job_id) if utilization is not None and view.get("current_attempt") else ""))
     side_by_side = len(spans) == len(views) and max(s for s, _ in spans) < min(e for _, e in spans)
     lines.append("  the three ran side by side on one cluster" if side_by_side
                  else "  the three did NOT all run at the same time")
     return lines, ok and side_by_side
+
+
+def billed_share(gpu_hours: float, share: Decimal, hours: float) -> bool:
+    """Whether a job was billed its share: ``gpu_hours`` (the costs API's, 6 decimals) is ``share`` (GPUs: 0.25, a
+    MIG device's eighths, 1 for a whole GPU) x ``hours`` its attempts ran, to the API's rounding (half of 1e-6, and
+    as much again for the attempts' times, which the API gives to the microsecond)."""
+    return abs(gpu_hours - float(share) * hours) <= 1e-6
 
 
 class PortInUse(RuntimeError):
