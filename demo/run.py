@@ -779,7 +779,7 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
         ok = trained and evaluated and answered and prepared and reinforced and shared_ok
         out.write("Demo OK: training succeeded, its loss fell, the evaluation passed, the CPU-only job succeeded and "
                   "was billed, the GRPO job's reward rose, "
-                  + ("the GPU-sharing jobs ran side by side, " if sharing else "")
+                  + ("the GPU-sharing jobs ran side by side, each billed its share, " if sharing else "")
                   + "and the served model answered.\n" if ok
                   else "Demo FAILED.\n")
         if not once:
