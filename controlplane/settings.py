@@ -450,6 +450,13 @@ K8S_CHECKPOINT_CLAIM = env("K8S_CHECKPOINT_CLAIM", default="")
 # recovered on another cluster or cloud resumes too (docs/adr/0006). The images need fsspec plus s3fs/gcsfs/adlfs
 # and the pods the store's credentials. Empty: no CHECKPOINT_URI, only /checkpoints (above).
 CHECKPOINT_STORE_URI = env("CHECKPOINT_STORE_URI", default="")
+# The type of a serving job's Service (its endpoint, named job-<job id>, kept across the job's attempts):
+# ClusterIP (reachable in the cluster only: http://job-<id>.<namespace>.svc:<port>), NodePort (also on a port of
+# every node) or LoadBalancer (also behind the cloud's load balancer, one per serving job, at the address the
+# Service's status.loadBalancer.ingress shows). For an Ingress, keep ClusterIP and route to that Service.
+K8S_SERVICE_TYPE = env("K8S_SERVICE_TYPE", default="ClusterIP")
+if K8S_SERVICE_TYPE not in ("ClusterIP", "NodePort", "LoadBalancer"):
+    raise ValueError(f"K8S_SERVICE_TYPE must be ClusterIP, NodePort or LoadBalancer, not {K8S_SERVICE_TYPE!r}")
 # Seconds a pod may wait on ImagePullBackOff/ErrImagePull before the attempt fails (a registry hiccup heals).
 K8S_IMAGE_PULL_GRACE_SECONDS = env.float("K8S_IMAGE_PULL_GRACE_SECONDS", default=120.0)
 # Seconds after admission (or a re-dispatch) an attempt may stay without objects on its cluster: then reconcile

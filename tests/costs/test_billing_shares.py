@@ -14,7 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from costs.aggregation import aggregate_window
+from costs.budgets import burn_rate
 from costs.ledger import accrue_attempt
+from costs.ledgercheck import ledger_gpu_hours
 from costs.models import AttemptDailyCost, CostEntry, TeamSpend
 from costs.rollups import rebuild_totals
 from costs.unknown import unpriced_hours
@@ -127,3 +129,24 @@ def test_ledger_gpu_hours_are_the_sum_of_share_times_seconds(teams, user, pool, 
     rebuild_totals()
     assert TeamSpend.objects.get(team=team).gpu_seconds - before == spent
     assert AttemptDailyCost.objects.filter(attempt__in=attempts).aggregate(s=Sum("gpu_seconds"))["s"] == by_attempt
+
+
+def test_the_burn_rate_counts_a_running_share_and_unpriced_shares_apart(teams, user, pool, h100):
+    onprem = make_cluster("onprem-shares", "onprem", "dc-1", h100)[1]  # no price in force there
+    for where, share in ((pool, 250), (pool, 500), (onprem, 750)):
+        job = make_job_row(teams[0], user, h100, name="s", spec={}, gpus_per_node=1, max_runtime=86400,
+                           state=JobState.RUNNING, gpu_share_milli=share)
+        make_attempt(job, where.cluster, where, gpus=1, started_at=T0)
+
+    usd, unpriced = burn_rate(teams[0].pk, T0 + H)
+
+    assert usd == D("3.15")  # (0.25 + 0.5) GPU x $4.20 per hour
+    assert unpriced == D("0.75")
+
+
+def test_the_ledger_check_counts_the_device_a_shared_pod_asks(teams, user, pool):
+    for attempt in (ended_attempt(teams[0], user, pool, share_milli=250),  # asks nvidia.com/gpu: 1 for an hour
+                    ended_attempt(teams[0], user, pool, gpus=2, seconds=1800)):  # 2 GPUs for half an hour
+        accrue_attempt(attempt.pk, T0 + 2 * H)
+
+    assert ledger_gpu_hours(pool.cluster, T0, T0 + 2 * H) == 2.0  # what kube-state-metrics counts: 1 + 1

@@ -91,7 +91,7 @@ def test_an_idle_job_scales_to_zero_and_its_next_request_is_held_until_a_replica
     accrue_attempt(attempt.pk, later)
     after = CostEntry.objects.filter(attempt_id=attempt.pk, interval_start__gte=released.created_at)
     assert sum((e.amount_usd for e in after), Decimal(0)) == 0
-    assert CostEntry.objects.filter(attempt_id=attempt.pk, gpus=1).exists()  # what ran before was billed
+    assert CostEntry.objects.filter(attempt_id=attempt.pk, gpu_milli=1000).exists()  # what ran before was billed
 
     held = HeldRequest(attempt.runner_state["endpoint"])
     wait_until(lambda: endpoint_metric(attempt, "controlplane_endpoint_in_flight") == 1, 30, "the request held")
