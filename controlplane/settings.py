@@ -406,6 +406,10 @@ NOTIFY_BASE_URL = env("NOTIFY_BASE_URL", default="")
 LOCAL_RUNNER_EMULATED_GPUS = env.int("LOCAL_RUNNER_EMULATED_GPUS", default=8)
 LOCAL_RUNNER_NODES = env.int("LOCAL_RUNNER_NODES", default=2)
 LOCAL_RUNNER_ACCELERATOR = env("LOCAL_RUNNER_ACCELERATOR", default="H100-80GB")
+# Shared nodes of the emulated cluster beside its whole-GPU nodes (ADR 0040; runners.local.sharing): entries separated
+# by ";", "time-slicing:<gpus>x<replicas>" (or "mps:..."), "mig-mixed:<gpus>x<profile>=<count>,...[+<whole gpus>]",
+# e.g. "time-slicing:1x4;mig-mixed:1x1g.10gb=2,3g.40gb=1". Empty: none (the demo sets its own, demo.run.DEMO_SHARED_NODES).
+LOCAL_RUNNER_SHARED_NODES = env("LOCAL_RUNNER_SHARED_NODES", default="")
 LOCAL_RUNNER_DIR = Path(env("LOCAL_RUNNER_DIR", default=str(VAR_DIR / "runs")))
 # Seconds between SIGTERM and SIGKILL when a job is cancelled or runs past max_runtime.
 LOCAL_RUNNER_KILL_GRACE_SECONDS = env.float("LOCAL_RUNNER_KILL_GRACE_SECONDS", default=10.0)
@@ -446,6 +450,13 @@ K8S_CHECKPOINT_CLAIM = env("K8S_CHECKPOINT_CLAIM", default="")
 # recovered on another cluster or cloud resumes too (docs/adr/0006). The images need fsspec plus s3fs/gcsfs/adlfs
 # and the pods the store's credentials. Empty: no CHECKPOINT_URI, only /checkpoints (above).
 CHECKPOINT_STORE_URI = env("CHECKPOINT_STORE_URI", default="")
+# The type of a serving job's Service (its endpoint, named job-<job id>, kept across the job's attempts):
+# ClusterIP (reachable in the cluster only: http://job-<id>.<namespace>.svc:<port>), NodePort (also on a port of
+# every node) or LoadBalancer (also behind the cloud's load balancer, one per serving job, at the address the
+# Service's status.loadBalancer.ingress shows). For an Ingress, keep ClusterIP and route to that Service.
+K8S_SERVICE_TYPE = env("K8S_SERVICE_TYPE", default="ClusterIP")
+if K8S_SERVICE_TYPE not in ("ClusterIP", "NodePort", "LoadBalancer"):
+    raise ValueError(f"K8S_SERVICE_TYPE must be ClusterIP, NodePort or LoadBalancer, not {K8S_SERVICE_TYPE!r}")
 # Seconds a pod may wait on ImagePullBackOff/ErrImagePull before the attempt fails (a registry hiccup heals).
 K8S_IMAGE_PULL_GRACE_SECONDS = env.float("K8S_IMAGE_PULL_GRACE_SECONDS", default=120.0)
 # Seconds after admission (or a re-dispatch) an attempt may stay without objects on its cluster: then reconcile

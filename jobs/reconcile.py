@@ -500,7 +500,8 @@ def expire_end_records(now: dt.datetime | None = None, clusters: Iterable[Cluste
     """Sweep the end records of each cluster whose backend keeps them, at most once per
     ``END_RECORD_SWEEP_SECONDS`` per cluster in this process: delete those older than
     ``settings.END_RECORD_RETENTION_SECONDS``, and move forward those behind their attempt's end (``latest_ends``:
-    a ``record_end`` that ran out of retries while the cluster did not answer is made good once it answers).
+    a ``record_end`` that ran out of retries while the cluster did not answer is made good once it answers); and,
+    where the backend keeps serving endpoints of their own (``sweep_endpoints``), delete those of jobs that ended.
     Returns how many were deleted. A cluster that does not answer is left for the next sweep. ``clusters``: those
     to sweep (default: every cluster not unreachable)."""
     now = now or timezone.now()
@@ -522,6 +523,11 @@ def expire_end_records(now: dt.datetime | None = None, clusters: Iterable[Cluste
         except ClusterUnreachable as exc:
             log.info("cluster %s: end records not swept: %s", cluster.name, exc)
             return {"deleted": 0}
+        endpoints = getattr(backend, "sweep_endpoints", None)  # serving Services of jobs that ended meanwhile
+        try:
+            swept["endpoints"] = endpoints(cluster) if endpoints else 0
+        except ClusterUnreachable as exc:
+            log.info("cluster %s: serving endpoints not swept: %s", cluster.name, exc)
         LAST_SWEEP[cluster.pk] = time.monotonic()
         if swept["moved"]:
             log.info("cluster %s: %d end record(s) moved forward to their attempt's end", cluster.name, swept["moved"])
