@@ -127,7 +127,7 @@ class FairShareScheduler:
             for name, names in a.role_nodes:
                 book.take(a.offer.node_pool_id, [pool.index[n] for n in names], requests[name])
         else:
-            book.take(a.offer.node_pool_id, [pool.index[n] for n in a.node_names], job.placement())
+            book.take(a.offer.node_pool_id, [pool.index[n] for n in a.node_names], job.placement(), a.gpu_index)
         cohorts.book(acc)
         team = teams[job.team_id]
         amount = amount_of(job, acc, team)

@@ -304,6 +304,10 @@ class NodeBook:
             return None if found is None else found[2]
         return self._gpu_for(p, i, request)
 
+    def share_gpu(self, pool_id: int, i: int, request: PlacementRequest) -> int | None:
+        """The GPU index of node ``i`` of the pool a share of ``request`` is booked on (``_share_gpu``)."""
+        return self._share_gpu(self.pools[pool_id], i, request)
+
     def _mixed_growth(self, p: _PoolNodes, i: int, request: PlacementRequest) -> float:
         """Fragmentation growth (GPUs) of a node that takes whole GPUs and shares when one node of a whole-GPU
         ``request`` lands on it, at milli-GPU grain for the shapes seen."""
@@ -464,7 +468,8 @@ class NodeBook:
                 best, best_key = i, key
         return best
 
-    def _take_share(self, p: _PoolNodes, i: int, request: PlacementRequest, sign: int) -> None:
+    def _take_share(self, p: _PoolNodes, i: int, request: PlacementRequest, sign: int, gpu: int | None = None
+                    ) -> None:
         """Book (``sign`` -1) or give back (+1) the one pod of a shared ``request`` on node ``i``: its CPU and
         memory, and its MIG device or its share and slice of one GPU (when booking, the ``_gpu_for`` GPU; when
         giving back, the GPU with the least free share that has it booked)."""
@@ -473,7 +478,7 @@ class NodeBook:
             p.mig[i][request.mig_profile] = p.mig[i].get(request.mig_profile, 0) + sign
             return
         if sign < 0:
-            k = self._share_gpu(p, i, request)
+            k = self._share_gpu(p, i, request) if gpu is None else gpu
         else:
             whole = p.held.get(i, ())
             held = [k for k, free in enumerate(p.shares[i])
@@ -699,12 +704,13 @@ class NodeBook:
                 return (o, tuple(sorted(found, key=lambda f: rank[f[0]]))), None
         return None, first_failed or roles[0][0]
 
-    def take(self, pool_id: int, nodes: list[int], request: PlacementRequest) -> None:
-        """Book one node of ``request`` on each of ``nodes`` (indexes from ``fit``)."""
+    def take(self, pool_id: int, nodes: list[int], request: PlacementRequest, gpu: int | None = None) -> None:
+        """Book one node of ``request`` on each of ``nodes`` (indexes from ``fit``); a share on GPU ``gpu`` of its
+        node when given (``Admission.gpu_index``), else on the one ``share_gpu`` chooses."""
         p = self.pools[pool_id]
         if request.shared:
             for i in nodes:
-                self._take_share(p, i, request, -1)
+                self._take_share(p, i, request, -1, gpu)
             return
         for i in nodes:
             self._whole(p, i, request.gpus_per_node, request.cpu_milli, request.memory_mib, -1)
