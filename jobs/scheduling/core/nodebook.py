@@ -39,6 +39,10 @@ def choose_pool(request: PlacementRequest, offers: list[PoolOffer], policy: str 
 PACKING_POLICIES = ("best-fit", "first-fit", "spread", "fgd")
 DEFAULT_PACKING_POLICY = "best-fit"
 
+#: Decimal digits (of a milli-GPU) growths are compared at, so equal growths reached by different float sums tie
+#: and best fit decides between them.
+GROWTH_DIGITS = 6
+
 #: Seen jobs between two refreshes of the shapes FGD scores shares for (``NodeBook.milli_shapes``).
 SHAPE_REFRESH = 32
 
@@ -82,7 +86,8 @@ class _PoolNodes:
     fits a request is the tightest on CPU, then memory)."""
 
     __slots__ = ("offer", "names", "index", "gpus", "free_g", "free_c", "free_m", "domain", "sched", "buckets",
-                 "failed", "domains", "free_total", "suspect", "shares", "slices", "mig", "mixed", "held")
+                 "failed", "domains", "free_total", "suspect", "shares", "slices", "mig", "mixed", "held",
+                 "any_mixed")
 
     def __init__(self, offer: PoolOffer):
         rooms = offer.rooms()
@@ -101,6 +106,7 @@ class _PoolNodes:
                                                          if f >= MILLI_PER_GPU and s > 0))
         # mixed nodes' GPUs held whole: GPU index -> its free slices before (given back with it)
         self.held: dict[int, dict[int, int]] = {}
+        self.any_mixed = any(self.mixed)
         self.free_c = [n.free_cpu_milli for n in rooms]
         self.free_m = [n.free_memory_mib for n in rooms]
         self.domain = [n.domain for n in rooms]
@@ -254,6 +260,12 @@ class NodeBook:
             self._milli_fragment.clear()
         return self._milli_shapes
 
+    def whole_scored(self, p: _PoolNodes) -> bool:
+        """Whether FGD places a whole-GPU request on pool ``p`` under best-fit: the pool has nodes that take whole
+        GPUs and shares (``_PoolNodes.mixed``) and shapes were seen; there a whole job is scored at milli-GPU grain
+        as a share is (fgd scores every pool so)."""
+        return self.policy == "best-fit" and p.any_mixed and bool(self.milli_shapes())
+
     def share_scored(self, request: PlacementRequest) -> bool:
         """Whether FGD places ``request``'s share: a share (not a MIG device), under best-fit or fgd, with shapes
         seen; otherwise best-fit's least room left."""
@@ -289,8 +301,8 @@ class NodeBook:
             after_s, after_l = list(shares), list(slices)
             after_s[k] -= d
             after_l[k] -= 1
-            growth = self.node_fragment(after_s, after_l, c - request.cpu_milli, m - request.memory_mib,
-                                        whole_ok) - before
+            growth = round(self.node_fragment(after_s, after_l, c - request.cpu_milli, m - request.memory_mib,
+                                              whole_ok) - before, GROWTH_DIGITS)
             choice = (growth, free - d, k)
             if best is None or choice < best:
                 best = choice
@@ -319,7 +331,7 @@ class NodeBook:
                 shares[k], slices[k], g = 0, 0, g - 1
         after = self.node_fragment(shares, slices, p.free_c[i] - request.cpu_milli, p.free_m[i] - request.memory_mib,
                                    True)
-        return (after - before) / MILLI_PER_GPU
+        return round(after - before, GROWTH_DIGITS) / MILLI_PER_GPU
 
     def _whole(self, p: _PoolNodes, i: int, g: int, c: int, m: int, sign: int) -> None:
         """Book (``sign`` -1) or give back (+1) ``g`` whole GPUs, ``c`` CPU and ``m`` memory on node ``i``; on a node
@@ -402,14 +414,15 @@ class NodeBook:
             # A shared request that failed covers a distinct-node one of at least its size, not the reverse.
             if n >= fn and g >= fg and c >= fc and m >= fm and (fs or not share):
                 return None
-        if n == 1 and self.policy == "best-fit" and not p.suspect:
+        scored = self.whole_scored(p)
+        if n == 1 and self.policy == "best-fit" and not p.suspect and not scored:
             found = self._tightest(p, g, c, m)
         elif sum(map(len, p.buckets[g:])) < n:
             found = None  # fewer nodes with room than pods: only sharing (below) can hold it
         elif self.policy == "first-fit":
             found = self._first_fit(p, n, g, c, m)
         else:
-            if self.policy == "fgd":
+            if self.policy == "fgd" or scored:
                 candidates = self._by_fragment(pool_id, request)
             else:
                 levels = range(g, len(p.buckets)) if self.policy == "best-fit" else range(len(p.buckets) - 1, g - 1, -1)
@@ -559,7 +572,8 @@ class NodeBook:
     def _by_fragment(self, pool_id: int, request: PlacementRequest) -> list[int]:
         """The schedulable nodes with room for one node of ``request``, least fragmentation growth first (FGD),
         then best-fit's order (fewest free GPUs, CPU, memory), then index."""
-        self._learn(request)
+        if self.policy == "fgd":
+            self._learn(request)
         p = self.pools[pool_id]
         g, c, m = request.gpus_per_node, request.cpu_milli, request.memory_mib
         scored = [(self.fragment_growth(pool_id, i, request), k, fc, fm, i)
@@ -642,7 +656,8 @@ class NodeBook:
             p = pools[o.node_pool_id]
             if p.free_total < need:  # fewer free GPUs on its open nodes than the job asks
                 continue
-            if best_fit and best is not None and not best[2][0] and not request.share_nodes and not request.shared:
+            if (best_fit and best is not None and not best[2][0] and not request.share_nodes and not request.shared
+                    and not p.any_mixed and not best[3]):
                 # Each node it would get has at least the fewest free GPUs at or above the job's: when even that
                 # leaves more GPUs than the best so far, which uses no suspect node, its score is worse (suspect
                 # nodes used, then GPUs left, come first).
@@ -661,7 +676,7 @@ class NodeBook:
             sick = len(p.suspect.intersection(nodes)) if p.suspect else 0
             if self.policy == "spread":
                 score = (sick, -left[0], -p.free_total)
-            elif self.policy == "fgd" and not request.shared:
+            elif (self.policy == "fgd" or self.whole_scored(p)) and not request.shared:
                 score = (sick, sum(self.fragment_growth(o.node_pool_id, i, request) for i in nodes), *left,
                          p.free_total)
             elif request.shared and self.share_scored(request):
@@ -670,7 +685,7 @@ class NodeBook:
             else:
                 score = (sick, *left, p.free_total)
             if best is None or score < best[2]:
-                best = (o, nodes, score)
+                best = (o, nodes, score, p.any_mixed)
         return (best[0], best[1]) if best else None
 
     def place_gang(self, roles, offers: list[PoolOffer]):
