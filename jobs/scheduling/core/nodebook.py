@@ -87,7 +87,7 @@ class _PoolNodes:
 
     __slots__ = ("offer", "names", "index", "gpus", "free_g", "free_c", "free_m", "domain", "sched", "buckets",
                  "failed", "domains", "free_total", "suspect", "shares", "slices", "mig", "mixed", "held",
-                 "any_mixed")
+                 "any_mixed", "ver", "choices")
 
     def __init__(self, offer: PoolOffer):
         rooms = offer.rooms()
@@ -107,6 +107,10 @@ class _PoolNodes:
         # mixed nodes' GPUs held whole: GPU index -> its free slices before (given back with it)
         self.held: dict[int, dict[int, int]] = {}
         self.any_mixed = any(self.mixed)
+        # per node, a count bumped by every change (``move``), and FGD's share choices remembered against it:
+        # (node, share, CPU, memory) -> (count, shapes' version, ``NodeBook._share_choice``)
+        self.ver = [0] * len(rooms)
+        self.choices: dict[tuple[int, int, int, int], tuple] = {}
         self.free_c = [n.free_cpu_milli for n in rooms]
         self.free_m = [n.free_memory_mib for n in rooms]
         self.domain = [n.domain for n in rooms]
@@ -131,6 +135,7 @@ class _PoolNodes:
 
     def move(self, i: int, dg: int, dc: int, dm: int) -> None:
         """Change node ``i``'s free resources by the deltas, keeping its bucket."""
+        self.ver[i] += 1
         if self.sched[i]:
             bucket = self.buckets[self.free_g[i]]
             del bucket[bisect.bisect_left(bucket, (self.free_c[i], self.free_m[i], i))]
@@ -287,6 +292,10 @@ class NodeBook:
         that GPU, GPU index)``, the least growth, then the least room (best fit), then the lowest index; None when
         no GPU has the share free and a slice."""
         d, shares, slices = request.share_milli, p.shares[i], p.slices[i]
+        key = (i, d, request.cpu_milli, request.memory_mib)
+        known = p.choices.get(key)
+        if known is not None and known[0] == p.ver[i] and known[1] == self._milli_version:
+            return known[2]
         c, m, whole_ok = p.free_c[i], p.free_m[i], p.mixed[i]
         before = None
         best = None
@@ -306,6 +315,7 @@ class NodeBook:
             choice = (growth, free - d, k)
             if best is None or choice < best:
                 best = choice
+        p.choices[key] = (p.ver[i], self._milli_version, best)
         return best
 
     def _share_gpu(self, p: _PoolNodes, i: int, request: PlacementRequest) -> int | None:
@@ -496,7 +506,7 @@ class NodeBook:
             whole = p.held.get(i, ())
             held = [k for k, free in enumerate(p.shares[i])
                     if MILLI_PER_GPU - free >= request.share_milli and k not in whole]
-            k = min(held, key=lambda k: (p.shares[i][k], k)) if held else None
+            k = gpu if gpu in held else min(held, key=lambda k: (p.shares[i][k], k)) if held else None
         if k is not None:
             was_whole = p.shares[i][k] >= MILLI_PER_GPU
             p.shares[i][k] += sign * request.share_milli
@@ -731,11 +741,14 @@ class NodeBook:
             self._whole(p, i, request.gpus_per_node, request.cpu_milli, request.memory_mib, -1)
 
     def release(self, pool_id: int, names: tuple[str, ...], gpus: int, gpus_per_node: int, cpu_milli: int,
-                memory_mib: int, share_milli: int = 0, mig_profile: str = "") -> list[int]:
+                memory_mib: int, share_milli: int = 0, mig_profile: str = "", gpu: int | None = None) -> list[int]:
         """Give back a running job's resources: per node of ``names`` its GPUs, CPU (millicores) and memory (MiB);
         a job without node names (admitted before nodes were recorded) gives its ``gpus`` back to the fullest nodes.
         A job on part of one GPU (``share_milli`` or ``mig_profile``) gives back its share or MIG device instead of
-        GPUs. Returns the node indexes changed (``take``-able again with the same amounts)."""
+        GPUs: on GPU ``gpu`` of its node when given (its admission's ``gpu_index``), else on the GPU with the least
+        free share that has it booked. On a node giving whole GPUs and shares, whole GPUs given back are the
+        lowest-numbered held whole (which whole GPU a pod holds is the device plugin's choice, not recorded).
+        Returns the node indexes changed (``take``-able again with the same amounts)."""
         p = self.pools.get(pool_id)
         if p is None:
             return []
@@ -747,7 +760,7 @@ class NodeBook:
             for name in names:
                 i = p.index.get(name)
                 if i is not None:
-                    self._take_share(p, i, request, +1)
+                    self._take_share(p, i, request, +1, gpu)
                     changed.append(i)
             return changed
         if names:
