@@ -3,7 +3,8 @@
 100,000 queued jobs, 40 teams, 50 clusters with 200 node pools (4 accelerators) of 25 nodes each: 5,000 nodes
 of 8 GPUs, 96 CPU cores and 1 TiB, in 5 racks per pool, a third of them partly busy with running jobs pinned to
 their nodes; jobs ask CPU and memory per node. Built as plain data; no database. Prints a few lines and ends
-with one JSON line. Run: ``.venv/bin/python benchmarks/schedule.py``.
+with one JSON line. Run: ``.venv/bin/python benchmarks/schedule.py [--fractional-share 0.33]`` (that share of the
+queued jobs ask part of one GPU, placed on time-sliced pools: ``build``).
 
 Next to the wall times, the CPU time of this process (the only one involved) per pass and per job decided,
 and two ratios that hold on a shared machine: the full pass over a baseline measured in the same run (the

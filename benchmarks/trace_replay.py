@@ -1,20 +1,23 @@
-"""Replay of a production GPU trace through the scheduling core, node by node, against two reference placers.
+"""Replay of a production GPU trace through the scheduling core, node by node, against reference placers.
 
 Trace: Alibaba's ``cluster-trace-gpu-v2023`` (alibaba/clusterdata), ``openb_node_list_gpu_node.csv`` (1,213 GPU
 nodes) and ``openb_pod_list_multigpu50.csv`` (9,061 tasks), published with "Beware of Fragmentation: Scheduling
-GPU-Sharing Workloads with Fragmentation Gradient Descent" (Weng et al., USENIX ATC 2023). The trace is not part of
-the repository: ``--trace DIR`` (default ``var/traces/openb-multigpu50``) holds the two files of
-``cluster-trace-gpu-v2023/csv/`` as ``nodes.csv`` and ``tasks.csv`` (columns are read by name: ``sn``,
-``cpu_milli``, ``memory_mib``, ``gpu``, ``model``; ``cpu_milli``, ``memory_mib``, ``num_gpu``, ``gpu_milli``). Only
-whole-GPU tasks are replayed (the platform allocates whole GPUs); fractional-GPU and CPU-only tasks are counted and
-left out.
+GPU-Sharing Workloads with Fragmentation Gradient Descent" (Weng et al., USENIX ATC 2023), kept in
+``benchmarks/data/openb-multigpu50`` (``--trace DIR`` for another copy) as ``nodes.csv`` and ``tasks.csv`` (columns are
+read by name: ``sn``, ``cpu_milli``, ``memory_mib``, ``gpu``, ``model``; ``cpu_milli``, ``memory_mib``, ``num_gpu``,
+``gpu_milli``). CPU-only tasks are counted and left out: the platform runs them on CPU pools, not on GPU nodes.
 
-The fleet is one accelerator whose node pools are the trace's (GPU model, GPUs per node) groups, all at one price,
-each node with its CPU and memory; four teams in one cohort whose nominal quotas sum to the fleet's GPUs, each
-allowed to borrow up to the whole fleet. Every task is a one-node job asking its GPUs, CPU and memory.
+The shared fill (``shared_fill``, ``benchmarks/trace_shares.py``) replays every GPU task, whole and fractional, on
+nodes whose GPUs are taken whole or in shares, through the core and against first-fit, best-fit and the paper's FGD
+written in ``trace_shares``; its allocation at 130 % demand over the best reference's is ``ratio_vs_best_reference``.
 
-Two runs, both through ``FairShareScheduler`` as the platform calls it (a pass when a job arrives, a full pass
-from a fresh snapshot when one ends):
+The fleet of the runs below is one accelerator whose node pools are the trace's (GPU model, GPUs per node) groups,
+all at one price, each node with its CPU and memory, GPUs whole only; four teams in one cohort whose nominal quotas
+sum to the fleet's GPUs, each allowed to borrow up to the whole fleet. Every task is a one-node job asking its GPUs,
+CPU and memory.
+
+Two runs of whole-GPU tasks, both through ``FairShareScheduler`` as the platform calls it (a pass when a job
+arrives, a full pass from a fresh snapshot when one ends):
 
 - fill (the paper's method): tasks sampled in random order (with replacement), never ending, arrive until their
   demand reaches 100 % and then 130 % of the fleet's GPUs; allocation = allocated GPUs / all GPUs, at both
@@ -33,7 +36,8 @@ from a fresh snapshot when one ends):
 An independent checker keeps its own books of every node (GPUs, CPU, memory) from the admissions and preemptions
 alone, and counts any admission onto a node without room, onto an unknown node or twice onto one node.
 
-Run: ``.venv/bin/python benchmarks/trace_replay.py [--seeds 3] [--churn-jobs 20000]``; a few minutes on 2 cores.
+Run: ``.venv/bin/python benchmarks/trace_replay.py [--shared-seeds 3] [--seeds 3] [--churn-jobs 20000]``; a few
+minutes on 2 cores.
 Prints a few lines and ends with one JSON line.
 """
 
