@@ -75,6 +75,8 @@ TRACE = Path(__file__).resolve().parent / "data" / "openb-multigpu50"
 TRACE_FILES = {"nodes.csv": "openb_node_list_gpu_node.csv", "tasks.csv": "openb_pod_list_multigpu50.csv"}
 ACC, TEAMS, PRICE = 1, 4, Decimal("2.00")
 MILLI = shares.MILLI
+#: Tasks a warm platform has seen the day before the shared fill (``platform-warm``).
+WARM_TASKS = 2000
 CHURN_MEDIAN_S, CHURN_SIGMA, CHURN_LOAD, CHURN_PREEMPTIBLE = 1800.0, 1.5, 1.6, 0.3
 #: The periodic full pass (``SCHEDULE_INTERVAL_SECONDS``): jobs that end within one interval share one pass.
 PASS_INTERVAL_S = 10.0
@@ -237,20 +239,26 @@ def fill_sequence(tasks, fleet_gpus: int, share: float, rng: random.Random, gpus
 def shared_fill(nodes, whole, fractional, seeds: int) -> dict:
     """The fill on nodes that give whole GPUs and shares (``trace_shares``): every GPU task of the trace, whole and
     fractional, sampled until 130 % of the fleet's GPUs; the core with its default packing (best-fit, shares
-    scored by FGD for the shapes it has seen) and with ``fgd``, against first-fit, best-fit and the paper's FGD
-    written in ``trace_shares``, same sequences, same process."""
+    scored by FGD for the shapes it has seen, starting with none) and with ``fgd``, and the default again after a
+    day of ``WARM_TASKS`` other tasks of the trace (``platform-warm``: a platform that ran before), against
+    first-fit, best-fit and the paper's FGD written in ``trace_shares``, same sequences, same process."""
     tasks = [(g, 0, c, m) for g, c, m in whole] + list(fractional)
     fleet_gpus = sum(n[2] for n in nodes)
     marks = (fleet_gpus * MILLI, math.ceil(1.3 * fleet_gpus * MILLI))
     workload = shares.Workload(tasks)
-    runs: dict[str, list] = {name: [] for name in ("platform", "platform-fgd", "first-fit", "best-fit", "fgd")}
+    names = ("platform", "platform-fgd", "platform-warm", "first-fit", "best-fit", "fgd")
+    runs: dict[str, list] = {name: [] for name in names}
     stranded: dict[str, list] = {name: [] for name in runs}
     bad, replayed, passes = 0, 0, []
     for seed in range(seeds):
         sequence = fill_sequence(tasks, fleet_gpus * MILLI, 1.3, random.Random(100 + seed), shares.milli_of)
         replayed += sum(1 for t in sequence if t[1])
-        for name, policy in (("platform", "best-fit"), ("platform-fgd", "fgd")):
-            alloc, checker, fill_passes, _ = shares.platform(nodes, sequence, marks, ACC, PRICE, TEAMS, policy)
+        # platform-warm: the platform after a day of other submissions (WARM_TASKS drawn from the trace)
+        warm = fill_sequence(tasks, WARM_TASKS * MILLI, 1.0, random.Random(900 + seed), lambda t: MILLI)
+        for name, policy, before in (("platform", "best-fit", ()), ("platform-fgd", "fgd", ()),
+                                     ("platform-warm", "best-fit", warm)):
+            alloc, checker, fill_passes, _ = shares.platform(nodes, sequence, marks, ACC, PRICE, TEAMS, policy,
+                                                             before)
             runs[name].append(alloc)
             bad += checker.without_room
             stranded[name].append(shares.stranded_gpus(checker.state(), workload))
@@ -277,6 +285,9 @@ def shared_fill(nodes, whole, fractional, seeds: int) -> dict:
         "ratio_vs_best_reference": round(at["platform"][1] / at[best_ref][1], 4) if at[best_ref][1] else None,
         "fgd_policy_ratio_vs_best_reference": (round(at["platform-fgd"][1] / at[best_ref][1], 4)
                                                if at[best_ref][1] else None),
+        "warm_ratio_vs_best_reference": (round(at["platform-warm"][1] / at[best_ref][1], 4)
+                                         if at[best_ref][1] else None),
+        "warm_tasks_seen_before": WARM_TASKS,
         "fill_pass_p50_ms": round(median(passes), 3), "fill_pass_p99_ms": round(percentile(passes, 99), 3),
     }
 

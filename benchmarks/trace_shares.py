@@ -22,6 +22,9 @@ MILLI = 1000
 #: comparison with the references (which know no slices) is of placement alone.
 REPLICAS = 20
 
+#: How long before the fill the tasks of a warm platform were seen (one day, the shapes' half-life).
+SEEN_BEFORE_S = 86_400.0
+
 #: A task: (whole GPUs, share in milli-GPUs (0: whole GPUs), CPU millicores, memory MiB).
 Task = tuple[int, int, int, int]
 
@@ -47,15 +50,20 @@ def offers(nodes, acc: int, price) -> list[PoolOffer]:
     return out
 
 
-def platform(nodes, sequence: list[Task], marks, acc: int, price, teams: int, policy: str = "best-fit"):
+def platform(nodes, sequence: list[Task], marks, acc: int, price, teams: int, policy: str = "best-fit",
+             seen_before: list[Task] = ()):
     """The core placing ``sequence`` (one incremental pass per arrival, nothing ends) with packing ``policy``:
     allocation at each demand mark (milli-GPUs asked), the checker, the CPU milliseconds of each pass, the
     checker's books at the end (for the fragmentation left) and how many shares were placed. Quotas never bind
-    here (each team's nominal quota is the whole fleet twice over): placement is what is compared."""
+    here (each team's nominal quota is the whole fleet twice over): placement is what is compared.
+    ``seen_before``: tasks the platform saw a day (``SEEN_BEFORE_S``) before the fill, as a platform that ran
+    before would have counted them (``NodeBook.observe``); none by default, a platform starting empty."""
     fleet_gpus = sum(n[2] for n in nodes)
     state = {t: TeamState(t, cohort="trace", quotas={acc: TeamQuota(2 * fleet_gpus, 2 * fleet_gpus)})
              for t in range(teams)}
     scheduler = FairShareScheduler(Snapshot(state, {acc: offers(nodes, acc, price)}, [], policy=policy))
+    for g, share, cpu, memory in seen_before:
+        scheduler.book.observe(g, share, cpu, memory, -SEEN_BEFORE_S)
     checker = ShareChecker(nodes)
     allocated = demand = mark = shares = 0
     out, passes = [], []
