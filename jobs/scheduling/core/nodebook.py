@@ -185,6 +185,14 @@ class NodeBook:
     ``workload`` (``fgd`` only): the expected jobs' shapes and weights
     (``WorkloadShape``); a shape the book is asked to place that is not in it
     joins it with weight 1, so an empty workload is the shapes asked so far.
+
+    Shares of a GPU, and whole GPUs on nodes that also give shares, are
+    placed by FGD at milli-GPU grain under ``best-fit`` and ``fgd``
+    (``share_scored``, ``whole_scored``) for the shapes seen: ``history``
+    (a ``fragmentation.ShapeHistory``), else one built on first use from
+    ``seen`` (a callable giving ``(milli-GPUs, CPU millicores, memory MiB,
+    seen at)`` per job: ``cycle.seen_shapes`` of the snapshot), with what
+    ``observe`` counted since; with no shape seen, best fit.
     """
 
     def __init__(self, offers, policy: str = DEFAULT_PACKING_POLICY, workload: tuple[WorkloadShape, ...] = (),
