@@ -493,6 +493,8 @@ def main() -> None:
         "best_reference": shared["best_reference"],
         "best_reference_allocation_130": shared["allocation"][shared["best_reference"]]["at_130"],
         "ratio_vs_best_reference": shared["ratio_vs_best_reference"],
+        "stranded_gpus_130": shared["allocation"]["platform"]["stranded_gpus_130"],
+        "best_reference_stranded_gpus_130": shared["allocation"][shared["best_reference"]]["stranded_gpus_130"],
         "shared_fill": shared,
         "whole_gpu_fill": {
             "nodes": "whole GPUs only (no sharing)", "seeds": args.seeds,
