@@ -230,9 +230,9 @@ class Soak:
         stuck = sum(1 for j in jobs if j.state not in FINAL_STATES)
         attempts = {a.pk: a for a in JobAttempt.objects.select_related("job")}
         ledger: dict[int, Decimal] = defaultdict(Decimal)
-        for attempt_id, gpus, start, end in CostEntry.objects.values_list("attempt_id", "gpus", "interval_start",
-                                                                          "interval_end"):
-            ledger[attempt_id] += Decimal(gpus) * Decimal(str((end - start).total_seconds()))
+        for attempt_id, milli, start, end in CostEntry.objects.values_list("attempt_id", "gpu_milli", "interval_start",
+                                                                           "interval_end"):
+            ledger[attempt_id] += Decimal(milli) / 1000 * Decimal(str((end - start).total_seconds()))
         counted: dict[int, float] = defaultdict(float)
         pods_of_job: dict[int, list[tuple[float, float | None]]] = defaultdict(list)
         deletions = []

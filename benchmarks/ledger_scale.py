@@ -154,7 +154,7 @@ def load_history(hours: int, now: dt.datetime) -> int:
         cursor.execute(f'UPDATE "{JobAttempt._meta.db_table}" SET accrued_until = %s, started_at = %s',
                        [accrued, first])
         columns = ("attempt_id", "job_id", "team_id", "cluster_id", "accelerator_id", "interval_start",
-                   "interval_end", "gpus", "usd_per_gpu_hour", "amount_usd", "created_at")
+                   "interval_end", "gpu_milli", "usd_per_gpu_hour", "amount_usd", "created_at")
         written = 0
         with cursor.cursor.copy(f'COPY "{CostEntry._meta.db_table}" ({", ".join(columns)}) FROM STDIN') as copy:
             lo = first
@@ -165,7 +165,7 @@ def load_history(hours: int, now: dt.datetime) -> int:
                 for pk, job, team, cluster, acc, gpus in attempts:
                     p = price[cluster]
                     amount = (gpus * seconds * p / 3600).quantize(LEDGER_QUANTUM)
-                    buf.write(f"{pk}\t{job}\t{team}\t{cluster}\t{acc}\t{lo.isoformat()}\t{hi.isoformat()}\t{gpus}\t"
+                    buf.write(f"{pk}\t{job}\t{team}\t{cluster}\t{acc}\t{lo.isoformat()}\t{hi.isoformat()}\t{gpus * 1000}\t"
                               f"{p}\t{amount}\t{hi.isoformat()}\n")
                 copy.write(buf.getvalue())
                 written += len(attempts)

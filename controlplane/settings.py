@@ -291,7 +291,7 @@ CELERY_TASK_DEFAULT_QUEUE = CELERY_FAST_QUEUE
 CELERY_TASK_QUEUES = {CELERY_FAST_QUEUE: {}, CELERY_SLOW_QUEUE: {}}
 CELERY_TASK_ROUTES = {
     **dict.fromkeys(["jobs.tasks.schedule_pending", "jobs.tasks.dispatch_attempt", "jobs.tasks.cancel_job_objects",
-                     "jobs.tasks.reconcile_all", "jobs.tasks.delete_attempt_objects", "jobs.tasks.record_attempt_end",
+                     "jobs.tasks.reconcile_all", "jobs.tasks.reconcile_cluster", "jobs.tasks.delete_attempt_objects", "jobs.tasks.record_attempt_end",
                      "jobs.tasks.send_outbox", "serving.tasks.autoscale_serving",
                      "runners.tasks.sync_node_pools"], {"queue": CELERY_FAST_QUEUE}),
     **dict.fromkeys(["costs.tasks.accrue_running_costs", "costs.tasks.accrue_attempt", "costs.tasks.check_budgets",
@@ -413,6 +413,12 @@ LOCAL_RUNNER_KILL_GRACE_SECONDS = env.float("LOCAL_RUNNER_KILL_GRACE_SECONDS", d
 # no other took its place, or every replica is down) before it exits; the runner's next look at a live attempt starts
 # it again on the same port.
 LOCAL_ENDPOINT_IDLE_EXIT_SECONDS = env.float("LOCAL_ENDPOINT_IDLE_EXIT_SECONDS", default=60.0)
+# Seconds a rolling update's new serving replica may take to become ready before the rollout is rolled back
+# (serving.rollout): 600, a Kubernetes Deployment's default progressDeadlineSeconds.
+SERVING_ROLLOUT_READY_SECONDS = env.float("SERVING_ROLLOUT_READY_SECONDS", default=600.0)
+# Seconds a serving job scaled to zero holds a request while one replica is admitted and starts; then 503
+# (serving.autoscaler; the local endpoint's hold, runners.local.endpoint).
+SERVING_HOLD_SECONDS = env.float("SERVING_HOLD_SECONDS", default=120.0)
 
 # --- Kubernetes runner ---------------------------------------------------------
 # Seconds to open a TCP/TLS connection to a cluster's API server, and to wait for its answer.
@@ -440,6 +446,13 @@ K8S_CHECKPOINT_CLAIM = env("K8S_CHECKPOINT_CLAIM", default="")
 # recovered on another cluster or cloud resumes too (docs/adr/0006). The images need fsspec plus s3fs/gcsfs/adlfs
 # and the pods the store's credentials. Empty: no CHECKPOINT_URI, only /checkpoints (above).
 CHECKPOINT_STORE_URI = env("CHECKPOINT_STORE_URI", default="")
+# The type of a serving job's Service (its endpoint, named job-<job id>, kept across the job's attempts):
+# ClusterIP (reachable in the cluster only: http://job-<id>.<namespace>.svc:<port>), NodePort (also on a port of
+# every node) or LoadBalancer (also behind the cloud's load balancer, one per serving job, at the address the
+# Service's status.loadBalancer.ingress shows). For an Ingress, keep ClusterIP and route to that Service.
+K8S_SERVICE_TYPE = env("K8S_SERVICE_TYPE", default="ClusterIP")
+if K8S_SERVICE_TYPE not in ("ClusterIP", "NodePort", "LoadBalancer"):
+    raise ValueError(f"K8S_SERVICE_TYPE must be ClusterIP, NodePort or LoadBalancer, not {K8S_SERVICE_TYPE!r}")
 # Seconds a pod may wait on ImagePullBackOff/ErrImagePull before the attempt fails (a registry hiccup heals).
 K8S_IMAGE_PULL_GRACE_SECONDS = env.float("K8S_IMAGE_PULL_GRACE_SECONDS", default=120.0)
 # Seconds after admission (or a re-dispatch) an attempt may stay without objects on its cluster: then reconcile

@@ -17,7 +17,7 @@ from . import views
 
 #: Apps whose ``api.routes`` mount resources under ``/api/v1/``, in order. Jobs first: URL resolution tries the
 #: routes in order, and job submission is the hottest endpoint.
-API_APPS = ("jobs", "quotas", "runners", "costs", "notifications")
+API_APPS = ("jobs", "quotas", "runners", "costs", "notifications", "serving")
 
 
 def api_router() -> DefaultRouter:

@@ -37,6 +37,19 @@ def gpus_of(milli: int) -> Decimal:
     return (Decimal(milli) / MILLI_PER_GPU).normalize() if milli % MILLI_PER_GPU else Decimal(milli // MILLI_PER_GPU)
 
 
+def exact_gpus(milli: int) -> int | Decimal:
+    """Milli-GPUs as the number of GPUs quotas count: an ``int`` when whole (``2000`` -> ``2``), else an exact
+    Decimal (``250`` -> ``Decimal("0.25")``). Whole-GPU usage stays integer arithmetic; a share adds exactly, so a
+    request equal to what is left compares equal (no float drift)."""
+    return milli // MILLI_PER_GPU if milli % MILLI_PER_GPU == 0 else gpus_of(milli)
+
+
+def shown_gpus(gpus) -> int | float:
+    """A GPU amount (int or Decimal) as a JSON number for messages and API details: an int when whole
+    (``Decimal("1.00")`` -> ``1``), else a float (``Decimal("0.25")`` -> ``0.25``); never used in arithmetic."""
+    return int(gpus) if gpus == int(gpus) else float(gpus)
+
+
 #: How a node's GPUs are shared (``runners.base.NodeInfo.sharing``, ``runners.Node.gpu_sharing``): the NVIDIA device
 #: plugin's ``nvidia.com/gpu.sharing-strategy`` values (none, time-slicing, mps) and GPU feature discovery's
 #: ``nvidia.com/mig.strategy`` values (single, mixed) as ``mig-single`` and ``mig-mixed``.

@@ -46,7 +46,7 @@ from runners.models import CPU_ACCELERATOR, Cluster
 
 from .catalog import electricity_price_at, electricity_rows
 from .models import CostEntry, DailyCostRollup, JobDailyCost
-from .spend import entries_in, exact_seconds, rollups_in, utc_midnight, window_parts
+from .spend import entries_in, exact_seconds, gpu_seconds, rollups_in, utc_midnight, window_parts
 
 # Output key -> lookup, per group_by (the ledger and the rollups name them alike; the ledger's "day" is annotated).
 GROUP_KEYS = {
@@ -60,7 +60,7 @@ GROUP_KEYS = {
 # The ledger's keys: the public ones and, inside, per attempt and UTC day (beside the utilization rollups).
 LEDGER_KEYS = {**GROUP_KEYS, "attempt_day": {"attempt": "attempt_id", "day": "day"}}
 UTC_DAY = TruncDate("interval_start", tzinfo=UTC)
-# Summed per (group, gpus) and multiplied by gpus in Python: SQLite cannot multiply a duration in SQL.
+# Summed per (group, milli-GPUs) and multiplied by the GPUs in Python: SQLite cannot multiply a duration in SQL.
 HELD_TIME = ExpressionWrapper(F("interval_end") - F("interval_start"), output_field=DurationField())
 # The columns ``add_utilization`` puts on cost rows.
 UTILIZATION_COLUMNS = ("avg_gpu_util_percent", "observed_gpu_hours", "idle_gpu_hours", "unobserved_gpu_hours",
@@ -85,9 +85,9 @@ def _ledger_sums(entries, group_by: str, sums: dict[tuple, list]) -> None:
     if group_by in ("day", "attempt_day"):
         entries = entries.annotate(day=UTC_DAY)
     lookups = list(LEDGER_KEYS[group_by].values())
-    for part in entries.values(*lookups, "gpus").annotate(held=Sum(HELD_TIME), cost=Sum("amount_usd")).order_by():
+    for part in entries.values(*lookups, "gpu_milli").annotate(held=Sum(HELD_TIME), cost=Sum("amount_usd")).order_by():
         row = sums.setdefault(tuple(part[lookup] for lookup in lookups), _zero())
-        row[0] += part["gpus"] * exact_seconds(part["held"] or dt.timedelta())
+        row[0] += gpu_seconds(part["gpu_milli"], exact_seconds(part["held"] or dt.timedelta()))
         row[1] += part["cost"] or Decimal(0)
 
 
@@ -98,10 +98,10 @@ def _unpriced_sums(entries, group_by: str, sums: dict[tuple, list]) -> None:
     if group_by in ("day", "attempt_day"):
         entries = entries.annotate(day=UTC_DAY)
     lookups = list(LEDGER_KEYS[group_by].values())
-    for part in entries.values(*lookups, "gpus", "cpu_milli").annotate(held=Sum(HELD_TIME)).order_by():
+    for part in entries.values(*lookups, "gpu_milli", "cpu_milli").annotate(held=Sum(HELD_TIME)).order_by():
         row = sums.setdefault(tuple(part[lookup] for lookup in lookups), _zero())
         held = exact_seconds(part["held"] or dt.timedelta())
-        row[2] += part["gpus"] * held
+        row[2] += gpu_seconds(part["gpu_milli"], held)
         row[3] += Decimal(part["cpu_milli"]) / 1000 * held
 
 

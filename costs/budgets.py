@@ -22,7 +22,8 @@ from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from jobs.models import JobAttempt, committed_usd
+from core.gpus import exact_gpus
+from jobs.models import JobAttempt, committed_usd, held_gpu_milli
 from quotas.models import Budget, Membership
 
 from .catalog import NoPrice, prices_by_pool, rates_at
@@ -64,7 +65,7 @@ class BudgetStatus:
     unpriced_usd: Decimal = Decimal(0)
     basis: Forecast | None = None
     unpriced_vcpu_hours: Decimal = Decimal(0)
-    burn_rate_unpriced_gpus: int = 0
+    burn_rate_unpriced_gpus: int | Decimal = 0
 
     @property
     def remaining_usd(self) -> Decimal:
@@ -94,12 +95,14 @@ def budget_status(budget: Budget, at: dt.datetime | None = None) -> BudgetStatus
 def burn_rate(team_id: int, at: dt.datetime) -> tuple[Decimal, int]:
     """What the team's running attempts cost per hour at ``at``: ``(USD per hour, GPUs without a price)``.
 
-    The sum over its attempts started and not ended of GPUs x USD per GPU-hour (plus vCPUs x USD per vCPU-hour
+    The sum over its attempts started and not ended of GPUs (a share of one GPU as its share, as the ledger bills
+    it: ``jobs.models.held_gpu_milli``; GPUs without a price an int, or an exact Decimal with a share) x USD per
+    GPU-hour (plus vCPUs x USD per vCPU-hour
     and GiB x USD per GiB-hour on a CPU node pool) at the price in force at ``at``, the ledger's formula
     (docs/design.md, Cost ledger); an attempt with no price in force counts its GPUs apart. Two queries.
     """
     attempts = list(JobAttempt.objects.filter(job__team_id=team_id, started_at__isnull=False, started_at__lte=at,
-                                              ended_at__isnull=True).select_related("node_pool__cluster"))
+                                              ended_at__isnull=True).select_related("node_pool__cluster", "job"))
     if not attempts:
         return Decimal(0), 0
     pools = {a.node_pool_id: a.node_pool for a in attempts}
@@ -107,13 +110,13 @@ def burn_rate(team_id: int, at: dt.datetime) -> tuple[Decimal, int]:
         accelerator_id__in={p.accelerator_id for p in pools.values()}))
     usd, unpriced = Decimal(0), 0
     for attempt in attempts:
+        gpus = exact_gpus(held_gpu_milli(attempt.gpus, attempt.job.gpu_share_milli))
         try:
             rates = rates_at(attempt.node_pool, at, rows[attempt.node_pool_id])
         except NoPrice:
-            unpriced += attempt.gpus
+            unpriced += gpus
             continue
-        usd += interval_cost(attempt.gpus, Decimal(3600), rates.gpu, *held_cpu(attempt.placement), rates.vcpu,
-                             rates.gib)
+        usd += interval_cost(gpus, Decimal(3600), rates.gpu, *held_cpu(attempt.placement), rates.vcpu, rates.gib)
     return usd, unpriced
 
 

@@ -50,7 +50,7 @@ from runners.models import Accelerator, Cluster, Node, NodePool, NodeSpan
 
 from .catalog import NoPrice, prices_by_pool, row_at
 from .models import AttemptDailyCost, CostEntry, NodeUtilizationRollup, Price, UtilizationRollup
-from .spend import ENTRY_SPAN, exact_seconds, utc_midnight
+from .spend import ENTRY_SPAN, exact_seconds, gpu_seconds, utc_midnight
 
 #: The longest window one capacity query may cover, days: a bound on the server time of one answer.
 MAX_WINDOW_DAYS = 93
@@ -246,15 +246,15 @@ WITH alloc AS (
   WHERE d.day >= %(first)s AND d.day < %(last)s AND d.gpu_seconds > 0 {rollup_clusters}
   UNION ALL
   SELECT e.attempt_id, (e.interval_start AT TIME ZONE 'UTC')::date, e.cluster_id, e.accelerator_id, e.team_id,
-         e.gpus * k.kept,
+         e.gpu_milli * k.kept * 0.001,
          CASE WHEN e.amount_usd IS NULL THEN 0 WHEN k.kept = k.whole THEN e.amount_usd
               ELSE (e.amount_usd * k.kept)::numeric(65, 30) / k.whole END,
-         CASE WHEN e.amount_usd IS NULL THEN e.gpus * k.kept ELSE 0 END
+         CASE WHEN e.amount_usd IS NULL THEN e.gpu_milli * k.kept * 0.001 ELSE 0 END
   FROM unnest(%(lo)s::timestamptz[], %(hi)s::timestamptz[]) AS w(lo, hi)
   JOIN {entries} AS e ON e.interval_start >= w.lo - %(span)s AND e.interval_start < w.hi AND e.interval_end > w.lo
   CROSS JOIN LATERAL (SELECT EXTRACT(EPOCH FROM LEAST(e.interval_end, w.hi) - GREATEST(e.interval_start, w.lo)) AS kept,
                              EXTRACT(EPOCH FROM e.interval_end - e.interval_start) AS whole) AS k
-  WHERE e.gpus > 0 {entry_clusters}
+  WHERE e.gpu_milli > 0 {entry_clusters}
 ){split}
 """
 
@@ -343,16 +343,16 @@ def _allocation_rows_python(first: dt.date, last: dt.date, edges: list, cluster_
         add(*row)
     for lo, hi in edges:
         entries = CostEntry.objects.filter(interval_start__gte=lo - ENTRY_SPAN, interval_start__lt=hi,
-                                           interval_end__gt=lo, gpus__gt=0)
+                                           interval_end__gt=lo, gpu_milli__gt=0)
         if cluster_ids is not None:
             entries = entries.filter(cluster_id__in=cluster_ids)
-        for attempt_id, cluster_id, acc_id, team_id, gpus, a, b, amount in entries.values_list(
-                "attempt_id", "cluster_id", "accelerator_id", "team_id", "gpus", "interval_start", "interval_end",
+        for attempt_id, cluster_id, acc_id, team_id, milli, a, b, amount in entries.values_list(
+                "attempt_id", "cluster_id", "accelerator_id", "team_id", "gpu_milli", "interval_start", "interval_end",
                 "amount_usd"):
             kept, whole = exact_seconds(min(b, hi) - max(a, lo)), exact_seconds(b - a)
             usd = ZERO if amount is None else amount if kept == whole else amount * kept / whole
-            add(attempt_id, cluster_id, acc_id, a.astimezone(dt.UTC).date(), team_id, gpus * kept, usd,
-                gpus * kept if amount is None else ZERO)
+            add(attempt_id, cluster_id, acc_id, a.astimezone(dt.UTC).date(), team_id, gpu_seconds(milli, kept), usd,
+                gpu_seconds(milli, kept) if amount is None else ZERO)
     attempts = {pk: row for pk, *row in JobAttempt.objects.filter(pk__in={k[0] for k in per_attempt}).values_list(
         "pk", "node_pool__name", "node_pool__capacity_type", "gpus", "placement")}
     out: dict[tuple, list] = defaultdict(lambda: [ZERO, ZERO, ZERO])

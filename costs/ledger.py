@@ -1,7 +1,8 @@
 """The cost ledger: turning attempts' held GPUs into CostEntry rows, with the running totals beside them.
 
 Formula (OpenCost's allocation cost): ``amount = GPUs x seconds / 3600 x
-USD per GPU-hour``. Rounding rule: each entry's amount is its whole
+USD per GPU-hour``, the GPUs exact in milli-GPUs (``CostEntry.gpu_milli``): a job on part of one GPU is billed its
+share (a quarter for an hour: 0.25 GPU-h; ADR 0040). Rounding rule: each entry's amount is its whole
 interval's cost rounded half to even to 1e-9 USD; sums are exact Decimals,
 and money is rounded to cents only when shown.
 
@@ -48,14 +49,15 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from core.gpus import gpus_of
 from core.money import LEDGER_QUANTUM
-from jobs.models import Job, JobAttempt
+from jobs.models import Job, JobAttempt, held_gpu_milli
 from quotas.models import Team
 from runners.models import Cluster, NodePool
 
 from .catalog import NoPrice, Rates, prices_by_pool, rates_at
 from .models import ATTEMPT_DAY_KEYS, AttemptDailyCost, CostEntry, DailyCostRollup, JobDailyCost, Price, TeamSpend
-from .spend import ENTRY_SPAN, exact_seconds
+from .spend import ENTRY_SPAN, exact_seconds, gpu_seconds
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +66,11 @@ SECONDS_PER_HOUR = Decimal(3600)
 CHUNK = 2000
 
 
-def interval_cost(gpus: int, seconds: Decimal, usd_per_gpu_hour: Decimal | None, cpu_milli: int = 0,
+def interval_cost(gpus: int | Decimal, seconds: Decimal, usd_per_gpu_hour: Decimal | None, cpu_milli: int = 0,
                   memory_mib: int = 0, usd_per_vcpu_hour: Decimal | None = None,
                   usd_per_gib_hour: Decimal | None = None) -> Decimal | None:
-    """USD for ``gpus`` GPUs held ``seconds`` seconds at ``usd_per_gpu_hour``, plus, where the pool is priced by CPU,
+    """USD for ``gpus`` GPUs (an int, or an exact Decimal share: ``Decimal("0.25")``) held ``seconds`` seconds at
+    ``usd_per_gpu_hour``, plus, where the pool is priced by CPU,
     ``cpu_milli`` millicores at ``usd_per_vcpu_hour`` and ``memory_mib`` MiB at ``usd_per_gib_hour`` (GCP's
     per-vCPU and per-GiB billing), rounded to 1e-9 half-even.
 
@@ -84,10 +87,10 @@ def interval_cost(gpus: int, seconds: Decimal, usd_per_gpu_hour: Decimal | None,
 
 
 def _cost(row_units: tuple[int, int, int], seconds: Decimal, rates: Rates | None) -> Decimal | None:
-    """``interval_cost`` of ``(GPUs, CPU millicores, memory MiB)`` at ``rates`` (None: unknown)."""
+    """``interval_cost`` of ``(milli-GPUs, CPU millicores, memory MiB)`` at ``rates`` (None: unknown)."""
     if rates is None:
         return None
-    return interval_cost(row_units[0], seconds, rates.gpu, row_units[1], row_units[2], rates.vcpu, rates.gib)
+    return interval_cost(gpus_of(row_units[0]), seconds, rates.gpu, row_units[1], row_units[2], rates.vcpu, rates.gib)
 
 
 def hour_floor(at: dt.datetime) -> dt.datetime:
@@ -169,7 +172,8 @@ class _Batch:
         """Append a ledger row (``entry``, unsaved) with its totals."""
         self.insert.append(entry)
         self.count(entry.interval_start, entry.team_id, entry.cluster_id, entry.accelerator_id, entry.job_id,
-                   entry.attempt_id, entry.amount_usd, entry.gpus * exact_seconds(entry.interval_end - entry.interval_start), 1)
+                   entry.attempt_id, entry.amount_usd,
+                   gpu_seconds(entry.gpu_milli, exact_seconds(entry.interval_end - entry.interval_start)), 1)
 
 
 def held_cpu(placement) -> tuple[int, int]:
@@ -186,16 +190,17 @@ def held_cpu(placement) -> tuple[int, int]:
 
 def _locked_rows(attempts) -> list[tuple]:
     """The attempts of ``attempts`` (a JobAttempt queryset, locks included) as plain tuples for ``_plan``:
-    (id, job, team, cluster, node pool, accelerator, GPUs, started_at, ended_at, accrued_until, CPU millicores,
+    (id, job, team, cluster, node pool, accelerator, milli-GPUs billed (``jobs.models.held_gpu_milli``: a job's share
+    of one GPU, else its GPUs x 1000), started_at, ended_at, accrued_until, CPU millicores,
     memory MiB, the cluster's last contact, the job's max runtime in seconds); CPU and memory (``held_cpu``) are
     billed on CPU node pools only."""
-    return [(a.pk, a.job_id, a.job.team_id, a.cluster_id, a.node_pool_id, a.node_pool.accelerator_id, a.gpus,
-             a.started_at, a.ended_at, a.accrued_until, *held_cpu(a.placement), a.cluster.last_contact_at,
-             a.job.max_runtime_seconds)
+    return [(a.pk, a.job_id, a.job.team_id, a.cluster_id, a.node_pool_id, a.node_pool.accelerator_id,
+             held_gpu_milli(a.gpus, a.job.gpu_share_milli), a.started_at, a.ended_at, a.accrued_until,
+             *held_cpu(a.placement), a.cluster.last_contact_at, a.job.max_runtime_seconds)
             for a in attempts.select_related("job", "node_pool", "cluster").only(
                 "pk", "job_id", "job__team_id", "cluster_id", "node_pool_id", "node_pool__accelerator_id", "gpus",
-                "started_at", "ended_at", "accrued_until", "placement", "cluster__last_contact_at",
-                "job__max_runtime_seconds")]
+                "job__gpu_share_milli", "started_at", "ended_at", "accrued_until", "placement",
+                "cluster__last_contact_at", "job__max_runtime_seconds")]
 
 
 def billing_stop(started_at: dt.datetime, max_runtime_seconds: int | None) -> dt.datetime | None:
@@ -230,8 +235,8 @@ def _give_back(batch: _Batch, row: tuple, entries: list[CostEntry]) -> None:
     the end reconcile learns later (the pods' own finish time, e.g. from a pod deleted between two looks) may lie
     before that. Invariant (the simulator's ``billed_once``): no pod-second past the pods' end stays billed. The
     job's events say what was given back (``_note_given_back``)."""
-    attempt_id, job_id, team_id, cluster_id, _pool, accelerator_id, gpus, _started, ended_at = row[:9]
-    units = (gpus, *row[10:12])
+    attempt_id, job_id, team_id, cluster_id, _pool, accelerator_id, milli, _started, ended_at = row[:9]
+    units = (milli, *row[10:12])
     seconds, usd, priced = Decimal(0), Decimal(0), True
     for entry in entries:
         if entry.interval_start >= ended_at:
@@ -239,15 +244,15 @@ def _give_back(batch: _Batch, row: tuple, entries: list[CostEntry]) -> None:
             cut = exact_seconds(entry.interval_end - entry.interval_start)
             delta = None if entry.amount_usd is None else -entry.amount_usd
             batch.count(entry.interval_start, team_id, cluster_id, accelerator_id, job_id, attempt_id, delta,
-                        -gpus * cut, -1)
+                        -gpu_seconds(milli, cut), -1)
         else:
             cut = exact_seconds(entry.interval_end - ended_at)
             amount = _cost(units, exact_seconds(ended_at - entry.interval_start), _entry_rates(entry))
             delta = None if amount is None else amount - entry.amount_usd
             batch.extend.append((entry.pk, ended_at, amount))
             batch.count(entry.interval_start, team_id, cluster_id, accelerator_id, job_id, attempt_id, delta,
-                        -gpus * cut, 0)
-        seconds += gpus * cut
+                        -gpu_seconds(milli, cut), 0)
+        seconds += gpu_seconds(milli, cut)
         if delta is None:
             priced = False
         else:
@@ -269,8 +274,8 @@ def _plan(batch: _Batch, row: tuple, open_entry: CostEntry | None, pool, rows, u
 
     ``reconstructed``: the time is rebuilt after a restore (``reconstruct_gap``): new entries only, each flagged,
     never an extension of an entry the restored ledger had."""
-    attempt_id, job_id, team_id, cluster_id, _pool_id, accelerator_id, gpus, started_at, ended_at, accrued = row[:10]
-    units, observed = (gpus, *row[10:12]), row[12]
+    attempt_id, job_id, team_id, cluster_id, _pool_id, accelerator_id, milli, started_at, ended_at, accrued = row[:10]
+    units, observed = (milli, *row[10:12]), row[12]
     stop = billing_stop(started_at, row[13] if len(row) > 13 else None)
     # A live attempt is billed up to the last time its cluster answered, never on belief: while the cluster (or the
     # control plane) cannot look, nobody knows whether its pods still run. Once a look comes back, the attempt's
@@ -292,19 +297,19 @@ def _plan(batch: _Batch, row: tuple, open_entry: CostEntry | None, pool, rows, u
     pieces = ledger_pieces(pool, rows, start, end)
     first_start, first_end, first_price = pieces[0]
     if (open_entry is not None and not reconstructed and open_entry.interval_end == start
-            and (open_entry.gpus, open_entry.cpu_milli, open_entry.memory_mib) == units
+            and (open_entry.gpu_milli, open_entry.cpu_milli, open_entry.memory_mib) == units
             and _entry_rates(open_entry) == first_price
             and hour_floor(open_entry.interval_start) == hour_floor(first_start)):
         amount = _cost(units, exact_seconds(first_end - open_entry.interval_start), first_price)
         delta = None if amount is None else amount - open_entry.amount_usd
         batch.extend.append((open_entry.pk, first_end, amount))
         batch.count(open_entry.interval_start, team_id, cluster_id, accelerator_id, job_id, attempt_id, delta,
-                    gpus * exact_seconds(first_end - first_start), 0)
+                    gpu_seconds(milli, exact_seconds(first_end - first_start)), 0)
         added += delta or 0
         pieces = pieces[1:]
     for lo, hi, price in pieces:
         entry = CostEntry(attempt_id=attempt_id, job_id=job_id, team_id=team_id, cluster_id=cluster_id,
-                          accelerator_id=accelerator_id, interval_start=lo, interval_end=hi, gpus=gpus,
+                          accelerator_id=accelerator_id, interval_start=lo, interval_end=hi, gpu_milli=milli,
                           usd_per_gpu_hour=price and price.gpu, amount_usd=_cost(units, exact_seconds(hi - lo), price),
                           cpu_milli=units[1], memory_mib=units[2], usd_per_vcpu_hour=price and price.vcpu,
                           usd_per_gib_hour=price and price.gib, reconstructed=reconstructed)

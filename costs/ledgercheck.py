@@ -16,6 +16,7 @@ import datetime as dt
 
 from django.conf import settings
 
+from core.gpus import MILLI_PER_GPU
 from runners.models import Cluster
 
 from . import prometheus
@@ -25,13 +26,16 @@ from .spend import ENTRY_SPAN
 
 
 def ledger_gpu_hours(cluster: Cluster, start: dt.datetime, end: dt.datetime) -> float:
-    """GPU-hours the ledger charged on ``cluster`` within ``[start, end)``: entries' GPUs x their time inside the window."""
+    """GPU-hours the ledger charged on ``cluster`` within ``[start, end)``, as kube-state-metrics counts them:
+    entries' GPUs (``gpu_milli`` / 1000) x their time inside the window; an entry of a job on part of one GPU counts
+    the device its pod asks (its attempt's ``gpus``, one), not its billed share (ADR 0040): kube-state-metrics counts
+    the ``nvidia.com/gpu`` a time-sliced or MIG-single pod requests, whole."""
     seconds = 0.0
     # Entries are cut at every UTC hour (``costs.spend.ENTRY_SPAN``): none that overlaps the window starts earlier.
-    for lo, hi, gpus in CostEntry.objects.filter(cluster=cluster, interval_start__gte=start - ENTRY_SPAN,
-                                                 interval_start__lt=end, interval_end__gt=start) \
-            .values_list("interval_start", "interval_end", "gpus"):
-        seconds += gpus * (min(hi, end) - max(lo, start)).total_seconds()
+    for lo, hi, milli, share, devices in CostEntry.objects.filter(
+            cluster=cluster, interval_start__gte=start - ENTRY_SPAN, interval_start__lt=end, interval_end__gt=start) \
+            .values_list("interval_start", "interval_end", "gpu_milli", "job__gpu_share_milli", "attempt__gpus"):
+        seconds += (devices if share else milli / MILLI_PER_GPU) * (min(hi, end) - max(lo, start)).total_seconds()
     return seconds / 3600
 
 

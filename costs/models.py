@@ -1,8 +1,12 @@
 """Money: the effective-dated price catalog and the append-only cost ledger, its rollups, utilization and reports."""
 
+from decimal import Decimal
+
 from django.conf import settings
 from django.db import models
 from django.db.models.functions import Coalesce
+
+from core.gpus import MILLI_PER_GPU, exact_gpus
 
 
 class Price(models.Model):
@@ -69,7 +73,9 @@ class ElectricityPrice(models.Model):
 class CostEntry(models.Model):
     """One line of the ledger: an attempt's GPUs held over ``[interval_start, interval_end)`` at one price.
 
-    ``amount_usd = gpus * seconds / 3600 * usd_per_gpu_hour``, plus on a CPU
+    ``gpu_milli``: the GPUs billed, in milli-GPUs (``core.gpus``: 1000 = one GPU): whole GPUs x 1000, or a job's
+    share of one GPU (a quarter: 250; a MIG profile's memory eighths), exactly (ADR 0040).
+    ``amount_usd = gpu_milli / 1000 * seconds / 3600 * usd_per_gpu_hour``, plus on a CPU
     node pool ``cpu_milli / 1000 * seconds / 3600 * usd_per_vcpu_hour +
     memory_mib / 1024 * seconds / 3600 * usd_per_gib_hour``, rounded half
     to even to 1e-9 USD (see ``costs.ledger``). An entry never crosses a UTC
@@ -92,7 +98,7 @@ class CostEntry(models.Model):
     accelerator = models.ForeignKey("runners.Accelerator", on_delete=models.PROTECT, related_name="cost_entries")
     interval_start = models.DateTimeField()
     interval_end = models.DateTimeField()
-    gpus = models.PositiveIntegerField()
+    gpu_milli = models.PositiveBigIntegerField(help_text="GPUs billed, milli-GPU (1000 = one GPU; 250 = a quarter)")
     usd_per_gpu_hour = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True,
                                            help_text="null: no price was in force (cost unknown)")
     amount_usd = models.DecimalField(max_digits=20, decimal_places=9, null=True, blank=True)
@@ -133,17 +139,24 @@ class CostEntry(models.Model):
         return f"{self.job_id}#{self.attempt_id} {self.interval_start:%Y-%m-%d %H:%M}..{self.interval_end:%H:%M} ${self.amount_usd}"
 
     @property
+    def gpus(self) -> int | Decimal:
+        """The GPUs billed (``gpu_milli`` / 1000), exactly: an int when whole, ``Decimal("0.25")`` for a quarter of
+        one GPU (``core.gpus.exact_gpus``)."""
+        return exact_gpus(self.gpu_milli)
+
+    @property
     def gpu_seconds(self) -> float:
-        return self.gpus * (self.interval_end - self.interval_start).total_seconds()
+        return self.gpu_milli * (self.interval_end - self.interval_start).total_seconds() / MILLI_PER_GPU
 
 
 class LedgerTotals(models.Model):
     """The sums a totals row keeps of its ledger entries: GPU-seconds (all), USD (priced), GPU-seconds of unknown
-    cost (no price in force, not in ``cost_usd``) and the number of entries."""
+    cost (no price in force, not in ``cost_usd``) and the number of entries. GPU-seconds keep 9 decimals: an entry
+    adds milli-GPUs x microseconds (``CostEntry.gpu_milli``), exact at 1e-9."""
 
-    gpu_seconds = models.DecimalField(max_digits=24, decimal_places=6)
+    gpu_seconds = models.DecimalField(max_digits=27, decimal_places=9)
     cost_usd = models.DecimalField(max_digits=20, decimal_places=9)
-    unpriced_gpu_seconds = models.DecimalField(max_digits=24, decimal_places=6, default=0)
+    unpriced_gpu_seconds = models.DecimalField(max_digits=27, decimal_places=9, default=0)
     entries = models.PositiveIntegerField()
     rebuilt_at = models.DateTimeField(auto_now=True)
 
@@ -232,8 +245,8 @@ class TeamSpend(models.Model):
 
     team = models.OneToOneField("quotas.Team", on_delete=models.CASCADE, primary_key=True, related_name="spend")
     cost_usd = models.DecimalField(max_digits=24, decimal_places=9, default=0)
-    gpu_seconds = models.DecimalField(max_digits=28, decimal_places=6, default=0)
-    unpriced_gpu_seconds = models.DecimalField(max_digits=28, decimal_places=6, default=0)
+    gpu_seconds = models.DecimalField(max_digits=31, decimal_places=9, default=0)
+    unpriced_gpu_seconds = models.DecimalField(max_digits=31, decimal_places=9, default=0)
     entries = models.BigIntegerField(default=0)
     updated_at = models.DateTimeField(auto_now=True)
 

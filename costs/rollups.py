@@ -18,8 +18,10 @@ from decimal import Decimal
 
 from django.db import connection, transaction
 
+from core.gpus import MILLI_PER_GPU
+
 from .models import ATTEMPT_DAY_KEYS, AttemptDailyCost, CostEntry, DailyCostRollup, JobDailyCost, TeamSpend
-from .spend import exact_seconds, utc_midnight
+from .spend import exact_seconds, gpu_seconds, utc_midnight
 
 _SUMS = ("gpu_seconds", "cost_usd", "unpriced_gpu_seconds", "entries")
 #: The key of each level of totals, in the ledger's column names.
@@ -29,6 +31,13 @@ JOB_DAY_KEYS = ("day", "job_id", "team_id")
 
 def _zero() -> list:
     return [Decimal(0), Decimal(0), Decimal(0), 0]
+
+
+def _milli_column(entry_model) -> tuple[str, int]:
+    """The ledger's column of billed GPUs and milli-GPUs per unit of it: ``gpu_milli`` (1), or on the historical
+    model of a migration before it (``costs`` 0016) ``gpus``, whole GPUs (1000)."""
+    names = {f.name for f in entry_model._meta.get_fields()}
+    return ("gpu_milli", 1) if "gpu_milli" in names else ("gpus", MILLI_PER_GPU)
 
 
 def ledger_sums(entry_model=CostEntry, start_day: dt.date | None = None, end_day: dt.date | None = None
@@ -43,11 +52,12 @@ def ledger_sums(entry_model=CostEntry, start_day: dt.date | None = None, end_day
     rollups: dict[tuple, list] = defaultdict(_zero)
     job_days: dict[tuple, list] = defaultdict(_zero)
     attempt_days: dict[tuple, list] = defaultdict(_zero)
-    for team, cluster, acc, job, attempt, gpus, lo, hi, amount in entries.values_list(
-            "team_id", "cluster_id", "accelerator_id", "job_id", "attempt_id", "gpus", "interval_start", "interval_end",
-            "amount_usd").iterator():
+    column, per = _milli_column(entry_model)
+    for team, cluster, acc, job, attempt, amount_held, lo, hi, amount in entries.values_list(
+            "team_id", "cluster_id", "accelerator_id", "job_id", "attempt_id", column, "interval_start",
+            "interval_end", "amount_usd").iterator():
         day = lo.astimezone(UTC).date()
-        held = gpus * exact_seconds(hi - lo)
+        held = gpu_seconds(amount_held * per, exact_seconds(hi - lo))
         for s in (rollups[(day, team, cluster, acc)], job_days[(day, job, team)],
                   attempt_days[(day, attempt, team, cluster, acc)]):
             s[0] += held
@@ -57,7 +67,7 @@ def ledger_sums(entry_model=CostEntry, start_day: dt.date | None = None, end_day
     return rollups, job_days, attempt_days
 
 
-def _rebuild_postgresql(tables, start_day, end_day) -> int:
+def _rebuild_postgresql(tables, start_day, end_day, column: str = "gpu_milli") -> int:
     entry_t, rollup_t, job_day_t, spend_t, attempt_day_t = (*tables, None)[:5]
     where, params = ["TRUE"], []
     if start_day:
@@ -67,7 +77,9 @@ def _rebuild_postgresql(tables, start_day, end_day) -> int:
         where.append("interval_start < %s")
         params.append(utc_midnight(end_day + dt.timedelta(days=1)))
     days = [f"day {op} %s" for op, d in ((">=", start_day), ("<=", end_day)) if d] or ["TRUE"]
-    held = "e.gpus * EXTRACT(EPOCH FROM e.interval_end - e.interval_start)"
+    # milli-GPUs x seconds x 0.001: exact (a product, no division); whole GPUs before ``costs`` 0016
+    scale = " * 0.001" if column == "gpu_milli" else ""
+    held = f"e.{column} * EXTRACT(EPOCH FROM e.interval_end - e.interval_start){scale}"
     sums = (f"SUM({held}), COALESCE(SUM(e.amount_usd), 0), "
             f"COALESCE(SUM({held}) FILTER (WHERE e.amount_usd IS NULL), 0), COUNT(*), now()")
     day = "(e.interval_start AT TIME ZONE 'UTC')::date"
@@ -115,7 +127,8 @@ def rebuild_totals(start_day: dt.date | None = None, end_day: dt.date | None = N
     attempt_day_model = models[4] if len(models) > 4 else None
     with transaction.atomic():
         if connection.vendor == "postgresql":
-            return _rebuild_postgresql([m._meta.db_table for m in models], start_day, end_day)
+            return _rebuild_postgresql([m._meta.db_table for m in models], start_day, end_day,
+                                       _milli_column(entry_model)[0])
         rollups, job_days, attempt_days = ledger_sums(entry_model, start_day, end_day)
         levels = [(rollup_model, ROLLUP_KEYS, rollups), (job_day_model, JOB_DAY_KEYS, job_days)]
         if attempt_day_model is not None:

@@ -29,6 +29,7 @@ from decimal import ROUND_HALF_EVEN, Decimal
 
 from django.db.models import Max, Q, Sum
 
+from core.gpus import MILLI_PER_GPU
 from core.money import LEDGER_QUANTUM
 from core.sql import as_decimal, fetch, placeholders
 
@@ -41,6 +42,12 @@ ENTRY_SPAN = dt.timedelta(hours=1)
 def exact_seconds(delta: dt.timedelta) -> Decimal:
     """A timedelta as an exact Decimal number of seconds (microsecond resolution)."""
     return Decimal(delta.days * 86400 + delta.seconds) + Decimal(delta.microseconds) / Decimal(1_000_000)
+
+
+def gpu_seconds(gpu_milli: int, seconds: Decimal) -> Decimal:
+    """GPU-seconds of ``gpu_milli`` milli-GPUs (``CostEntry.gpu_milli``) held ``seconds`` seconds (exact Decimal):
+    a quarter of one GPU for an hour is 900 (ADR 0040)."""
+    return gpu_milli * seconds / MILLI_PER_GPU
 
 
 def utc_midnight(day: dt.date) -> dt.datetime:
@@ -143,16 +150,16 @@ def period_spend(team_ids, start: dt.datetime, end: dt.datetime) -> dict[int, Sp
                 + "".join(f" AND {c}" for c, _ in bounds) + " GROUP BY team_id, accelerator_id",
                 [*team_ids, *(d for _, d in bounds)]):
             found[team_id].cost_usd += as_decimal(cost, 9) or 0
-            unpriced = as_decimal(unpriced, 6)
+            unpriced = as_decimal(unpriced, 9)
             if unpriced:
                 found[team_id].unpriced_gpu_seconds[acc] += unpriced
     for lo, hi in parts.edges:
         edge = entries_in(CostEntry.objects.filter(team_id__in=team_ids), lo, hi)
         for team_id, cost in edge.order_by().values_list("team_id").annotate(c=Sum("amount_usd")):
             found[team_id].cost_usd += cost or 0
-        for team_id, acc, gpus, lo_, hi_ in edge.filter(usd_per_gpu_hour__isnull=True).values_list(
-                "team_id", "accelerator_id", "gpus", "interval_start", "interval_end"):
-            found[team_id].unpriced_gpu_seconds[acc] += gpus * exact_seconds(hi_ - lo_)
+        for team_id, acc, milli, lo_, hi_ in edge.filter(usd_per_gpu_hour__isnull=True).values_list(
+                "team_id", "accelerator_id", "gpu_milli", "interval_start", "interval_end"):
+            found[team_id].unpriced_gpu_seconds[acc] += gpu_seconds(milli, exact_seconds(hi_ - lo_))
     cpu = entries_in(CostEntry.objects.filter(team_id__in=team_ids, usd_per_gpu_hour__isnull=True, cpu_milli__gt=0),
                      start, end)
     for team_id, milli, lo_, hi_ in cpu.values_list("team_id", "cpu_milli", "interval_start", "interval_end"):
@@ -259,11 +266,11 @@ def unpriced_usage(*, team_ids=None, job_ids=None, by: str = "job") -> list[Unpr
     if job_ids is not None:
         rows = rows.filter(job_id__in=list(job_ids))
     sums: dict[tuple, list] = {}
-    for team_id, job_id, gpus, lo, hi in rows.values_list("team_id", "job_id", "gpus", "interval_start",
-                                                          "interval_end"):
+    for team_id, job_id, milli, lo, hi in rows.values_list("team_id", "job_id", "gpu_milli", "interval_start",
+                                                           "interval_end"):
         key = (team_id, job_id if by == "job" else None)
         s = sums.setdefault(key, [Decimal(0), lo, hi])
-        s[0] += gpus * exact_seconds(hi - lo)
+        s[0] += gpu_seconds(milli, exact_seconds(hi - lo))
         s[1], s[2] = min(s[1], lo), max(s[2], hi)
     return [UnpricedUsage(team, job, seconds / 3600, since, until)
             for (team, job), (seconds, since, until) in sorted(sums.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0))]

@@ -19,6 +19,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
+from core.gpus import MILLI_PER_GPU
 from quotas.models import Membership
 
 from .models import CostEntry, UnknownCostAlert
@@ -56,15 +57,15 @@ def unpriced_entries(team=None, job=None, until: dt.datetime | None = None):
     return entries
 
 
-ENTRY_FIELDS = ("interval_start", "interval_end", "gpus", "attempt_id", "cluster__name", "attempt__node_pool__name",
+ENTRY_FIELDS = ("interval_start", "interval_end", "gpu_milli", "attempt_id", "cluster__name", "attempt__node_pool__name",
                 "accelerator__name", "attempt__node_pool__capacity_type")
 
 
 def _summarize_rows(rows, until: dt.datetime | None) -> UnknownCost | None:
     since, seconds, attempts, pools = None, 0.0, set(), set()
-    for start, end, gpus, attempt, cluster, pool, acc, capacity in rows:
+    for start, end, milli, attempt, cluster, pool, acc, capacity in rows:
         since = start if since is None else min(since, start)
-        seconds += gpus * ((min(end, until) if until else end) - start).total_seconds()
+        seconds += milli / MILLI_PER_GPU * ((min(end, until) if until else end) - start).total_seconds()
         attempts.add(attempt)
         pools.add(f"{cluster}/{pool} ({acc}, {capacity})")
     if since is None:
@@ -92,10 +93,10 @@ def unpriced_hours(team=None, job=None, until: dt.datetime | None = None) -> tup
     """``(GPU-hours, vCPU-hours)`` that ``team`` and/or ``job`` (rows or ids) accrued without a price before
     ``until`` (default: all), 6 decimals: what a money figure of theirs leaves out and shows beside it."""
     gpu = vcpu = 0.0
-    for start, end, gpus, milli in unpriced_entries(team, job, until).values_list(
-            "interval_start", "interval_end", "gpus", "cpu_milli"):
+    for start, end, gpu_milli, milli in unpriced_entries(team, job, until).values_list(
+            "interval_start", "interval_end", "gpu_milli", "cpu_milli"):
         seconds = ((min(end, until) if until else end) - start).total_seconds()
-        gpu += gpus * seconds
+        gpu += gpu_milli / MILLI_PER_GPU * seconds
         vcpu += milli / 1000 * seconds
     return round(gpu / 3600, 6), round(vcpu / 3600, 6)
 

@@ -23,6 +23,7 @@ Commands (one module each under ``cpctl.commands``)::
   efficiency ID                                the job's throughput (last, run), loss, MFU, tokens per attempt
   logs ID [--node N] [--tail N] [--follow]     the current attempt's log of one node
   cancel ID
+  rollout ID --checkpoint-from-job N          a serving job to another training job's checkpoint, replica by replica
   arrays [--team T] [--limit N]                job arrays: status, elements, parallelism, counts, cost
   array ID | array cancel ID                   one array's status, counts, cost and grid; or cancel it all
   quotas [--team T]                            GPU quotas and CPU quotas (vCPUs)

@@ -9,6 +9,10 @@ Endpoints
     ``GET /healthz``
         ``200`` with body ``ok`` (the model is loaded before the socket is
         bound, so any answer means ready).
+
+    Every answer carries ``X-Checkpoint`` (the checkpoint file or store URL
+    the model was loaded from) and ``X-Checkpoint-Step`` (its training step),
+    so a client, or a rolling update, can tell which model served it.
     ``POST /generate``
         Request JSON::
 
@@ -21,7 +25,7 @@ Endpoints
 
             {"text": str,                 # the generated continuation (prompt excluded)
              "prompt": str, "max_new_tokens": int, "temperature": float,
-             "checkpoint_step": int}
+             "checkpoint_step": int, "checkpoint": str}
 
         Invalid input gives ``400`` JSON
         ``{"error": "invalid_request", "field": <name>, "reason": <text>}``
@@ -158,10 +162,11 @@ def validate_generate_request(body: Any) -> dict[str, Any]:
 class Generator:
     """Thread-safe wrapper around a loaded :class:`GPT` for text completion."""
 
-    def __init__(self, model: GPT, device: torch.device, checkpoint_step: int) -> None:
+    def __init__(self, model: GPT, device: torch.device, checkpoint_step: int, checkpoint: str = "") -> None:
         self.model = model
         self.device = device
         self.checkpoint_step = checkpoint_step
+        self.checkpoint = checkpoint  # the file (or store URL) the model was loaded from
         self.tokenizer = ByteTokenizer()
         self._lock = threading.Lock()
 
@@ -188,6 +193,9 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
+        generator: Generator = self.server.generator  # type: ignore[attr-defined]
+        self.send_header("X-Checkpoint", generator.checkpoint)
+        self.send_header("X-Checkpoint-Step", str(generator.checkpoint_step))
         for key, value in (headers or {}).items():
             self.send_header(key, value)
         self.end_headers()
@@ -263,6 +271,7 @@ class Handler(BaseHTTPRequestHandler):
                 "max_new_tokens": request["max_new_tokens"],
                 "temperature": request["temperature"],
                 "checkpoint_step": generator.checkpoint_step,
+                "checkpoint": generator.checkpoint,
                 "latency_s": round(time.perf_counter() - started, 4),
             },
         )
@@ -321,13 +330,14 @@ def load_generator(checkpoint_dir: str, wait_seconds: float = 0.0, store: Checkp
     "not found".
     """
     path = checkpoint_path(checkpoint_dir)
+    source = os.path.abspath(path)
     deadline = time.monotonic() + wait_seconds
     while not os.path.exists(path):
         if store is not None:
             target = path if _writable_directory(checkpoint_dir) else store_cache_path(store.uri)
             if store.download(CHECKPOINT_FILENAME, target):
                 print(f"fetched checkpoint from {store.url(CHECKPOINT_FILENAME)} to {target}", flush=True)
-                path = target
+                path, source = target, store.url(CHECKPOINT_FILENAME)
                 break
         if time.monotonic() >= deadline:
             where = f" or {store.url(CHECKPOINT_FILENAME)}" if store is not None else ""
@@ -336,7 +346,7 @@ def load_generator(checkpoint_dir: str, wait_seconds: float = 0.0, store: Checkp
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     ckpt = load_checkpoint(path)
     model = model_from_checkpoint(ckpt, device)
-    return Generator(model, device, int(ckpt.get("step", 0)))
+    return Generator(model, device, int(ckpt.get("step", 0)), source)
 
 
 def main(argv: list[str] | None = None) -> int:

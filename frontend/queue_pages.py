@@ -16,6 +16,7 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import Cast
 from django.shortcuts import render
 
+from core.gpus import exact_gpus
 from jobs.models import Job, JobState
 from jobs.scheduling.snapshot import cpu_used_milli, team_used_gpus
 from quotas.models import Quota
@@ -47,12 +48,13 @@ def _share(team, accelerator, quotas: dict, used_cache: dict) -> dict:
 
 
 def _asks(job: Job) -> tuple[int | float, str]:
-    """What a job counts against its quota: its GPUs, or for a CPU-only job its pods' vCPU."""
+    """What a job counts against its quota: its GPUs (a share of one GPU exactly, ADR 0040), or for a CPU-only job
+    its pods' vCPU."""
     if job.accelerator.is_cpu:
         per_node = ((job.spec or {}).get("resources") or {}).get("cpu") or 0
         total = per_node * job.nodes * max(1, job.replicas)
         return (int(total) if total == int(total) else total), "vCPU"
-    return job.total_gpus, "GPUs"
+    return (exact_gpus(job.gpu_share_milli) if job.gpu_share_milli else job.total_gpus), "GPUs"
 
 
 def borrowing_text(asks: int | float, share: dict) -> str:

@@ -26,6 +26,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST
 from rest_framework.exceptions import ValidationError
 
+from core.gpus import exact_gpus
 from core.money import shown_usd
 from costs.aggregation import aggregate_window, utilization_window
 from costs.budgets import budget_status
@@ -38,7 +39,7 @@ from costs.unknown import HAS_UNPRICED, unknown_cost, unpriced_hours
 from jobs.dependencies import DependencyRefused, edges_of
 from jobs.filters import JobFilterSet
 from jobs.lifecycle import NotCancellable, cancel_job, submit_job
-from jobs.models import FINAL_STATES, Job, JobAttempt, JobEvent, JobState
+from jobs.models import FINAL_STATES, HELD_GPU_MILLI, Job, JobAttempt, JobEvent, JobState
 from jobs.permissions import CANCEL_REFUSED, may_cancel
 from jobs.preview import refuse_unaffordable, stored_job_args, submission_preview
 from jobs.roles import job_roles
@@ -112,10 +113,10 @@ def _gpu_usage(teams) -> list[dict]:
     the team can reach (``Quota.reachable_gpus``: what admission uses), GPUs; for a CPU quota the same in vCPUs (the
     CPU its live CPU-only attempts' pods request: ``jobs.scheduling.snapshot.cpu_used_milli``). ``unit``: ``GPUs``
     or ``vCPUs``."""
-    in_use = {
-        (row["job__team_id"], row["node_pool__accelerator_id"]): row["n"]
+    in_use = {  # shares of a GPU counted exactly, as admission counts them (ADR 0040)
+        (row["job__team_id"], row["node_pool__accelerator_id"]): exact_gpus(row["n"])
         for row in JobAttempt.objects.filter(ended_at__isnull=True, job__team__in=teams)
-        .values("job__team_id", "node_pool__accelerator_id").annotate(n=Sum("gpus"))
+        .values("job__team_id", "node_pool__accelerator_id").annotate(n=Sum(HELD_GPU_MILLI))
     }
     quotas = list(Quota.objects.filter(team__in=teams, cluster__isnull=True).select_related("team", "accelerator"))
     cpu_milli = cpu_used_milli({q.team_id for q in quotas if q.is_cpu}) if any(q.is_cpu for q in quotas) else {}
@@ -153,7 +154,7 @@ def _cpu_only_vcpu_hours(user, since: dt.datetime) -> Decimal:
     """The vCPU-hours of CPU-only work (ledger rows with no GPUs) billed to ``user``'s teams since ``since`` (aware
     UTC): to 0.01 vCPU-hour, below 0.1 to 0.0001 (seconds of one vCPU are not 0); what a cost without GPU-hours
     paid for."""
-    rows = scope_to_teams(CostEntry.objects.filter(interval_start__gte=since, gpus=0, cpu_milli__gt=0), user)
+    rows = scope_to_teams(CostEntry.objects.filter(interval_start__gte=since, gpu_milli=0, cpu_milli__gt=0), user)
     milli_seconds = sum(milli * (end - start).total_seconds()
                         for milli, start, end in rows.values_list("cpu_milli", "interval_start", "interval_end"))
     hours = Decimal(milli_seconds) / 1000 / 3600

@@ -375,6 +375,17 @@ FREE_RETRY_END_REASONS = (JobAttempt.EndReason.PREEMPTED, JobAttempt.EndReason.N
 NODE_FAULT_END_REASONS = (JobAttempt.EndReason.NODE_LOST, JobAttempt.EndReason.NODE_UNHEALTHY)
 
 
+def held_gpu_milli(gpus: int, share_milli: int) -> int:
+    """Milli-GPUs an attempt holds, as quotas count them and the ledger bills them (ADR 0040): the job's share of
+    one GPU (``Job.gpu_share_milli``, a MIG profile's too) when it has one, else its ``gpus`` whole GPUs x 1000."""
+    return share_milli or gpus * MILLI_PER_GPU
+
+
+#: ``held_gpu_milli`` of each row of a ``JobAttempt`` queryset, in SQL (its job joined): sum it for a team's usage.
+HELD_GPU_MILLI = models.Case(models.When(job__gpu_share_milli__gt=0, then=models.F("job__gpu_share_milli")),
+                             default=models.F("gpus") * MILLI_PER_GPU, output_field=models.BigIntegerField())
+
+
 def total_gpus(nodes: int, gpus_per_node: int, replicas: int = 1) -> int:
     """GPUs a job holds: ``nodes`` x ``gpus_per_node`` x ``replicas`` (every pod holds ``gpus_per_node``)."""
     return nodes * gpus_per_node * max(1, replicas)
@@ -490,3 +501,41 @@ class ServingScale(models.Model):
 
     def __str__(self) -> str:
         return f"autoscaling of job {self.job_id}"
+
+
+class ServingRollout(models.Model):
+    """A serving job's move to the checkpoint of another training job, replica by replica (``serving.rollout``).
+
+    ``from_job_id`` / ``to_job_id``: the training jobs whose checkpoints the replicas served before and serve
+    after (``from_job_id`` None: the serving job loaded a checkpoint of its own arguments). ``state``:
+    ``rolling`` until every old replica was replaced, then ``done``; ``rolled_back`` when a new replica failed
+    readiness within the deadline or the attempt ended (``reason`` says why). ``replicas_updated``: new replicas
+    ready and in the endpoint with an old one retired. ``progress``: the step's bookkeeping: the attempt,
+    ``old`` and ``new`` replica keys (``runners.base.LostReplica.key``'s), ``pending`` (the new replica waiting
+    for readiness, with ``since`` and whether it was admitted as a ``surge``), ``note`` (why a step waits).
+    """
+
+    class State(models.TextChoices):
+        ROLLING = "rolling"
+        DONE = "done"
+        ROLLED_BACK = "rolled_back"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="rollouts")
+    from_job_id = models.BigIntegerField(null=True, blank=True)
+    to_job_id = models.BigIntegerField()
+    state = models.CharField(max_length=16, choices=State.choices, default=State.ROLLING, db_index=True)
+    replicas_updated = models.PositiveIntegerField(default=0)
+    reason = models.CharField(max_length=500, blank=True)
+    progress = models.JSONField(default=dict, blank=True)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+                              related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["job_id", "-id"]
+        constraints = [models.UniqueConstraint(fields=["job"], condition=models.Q(state="rolling"),
+                                               name="rollout_one_rolling_per_job")]
+
+    def __str__(self) -> str:
+        return f"rollout of job {self.job_id} to the checkpoint of job {self.to_job_id} ({self.state})"

@@ -52,7 +52,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import connections, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from runners.base import (
@@ -79,6 +79,7 @@ from .lifecycle import (
 )
 from .metrics import RECONCILE_SECONDS
 from .models import Job, JobAttempt, JobState
+from .replica_loss import follow_lost_replicas
 from .states import StaleState
 from .workload import collect_before_delete
 
@@ -218,6 +219,8 @@ def _apply(look: _Look, future: Future) -> dict:
                 continue  # a dispatch in flight records its own objects
             seen_again(attempt)
             apply_observation(job, attempt, obs)
+            if obs.lost_replicas and backend.replaces_replicas:
+                follow_lost_replicas(job, attempt, obs, backend, now)
         elif job.state == JobState.ADMITTED:
             redispatch_or_release(job, attempt, cluster_answers=True, now=now,
                                   deadline_seconds=settings.DISPATCH_DEADLINE_SECONDS)
@@ -233,8 +236,8 @@ def _apply(look: _Look, future: Future) -> dict:
         log.warning("cluster %s runs objects of %d attempt(s) the database does not know: %s (manage.py "
                     "after_restore adopts them)", cluster.name, len(unknown), ", ".join(sorted(map(str, unknown))))
     orphans = _delete_orphans(cluster, backend, candidates, answered)
-    return {"cluster": cluster.name, "observed": len(attempts), "orphans_deleted": orphans,
-            "unknown": len(unknown), "seconds": round(time.monotonic() - look.started, 4)}
+    return {"cluster": cluster.name, "observed": len(attempts), "ended": len(attempts) - len(live),
+            "orphans_deleted": orphans, "unknown": len(unknown), "seconds": round(time.monotonic() - look.started, 4)}
 
 
 def _resolve(held: dict) -> tuple[dict[int, Owned], list]:
@@ -413,12 +416,65 @@ def _finish_cancel(job_id: int) -> None:
         log.warning("job %s: cancel not finished: %s", job_id, exc)
 
 
+#: How long one cluster's reconcile holds its lease at most (seconds): the hard time limit of the task that runs it
+#: (``jobs.tasks.reconcile_cluster``), so a lease outlives its holder only when that holder was killed, and then
+#: the cluster's next reconcile waits at most this long. The lost-cluster grace counts watched time only
+#: (docs/adr/0017), so a cluster nobody looked at meanwhile is never judged on that time.
+RECONCILE_LEASE_SECONDS = 90
+
+
+def take_reconcile_lease(cluster_id: int, holder: str, now: dt.datetime) -> bool:
+    """Take cluster ``cluster_id``'s reconcile lease for ``holder`` (a task id) at ``now`` (aware UTC), for
+    ``RECONCILE_LEASE_SECONDS``: one compare-and-set update, so of two workers that try at once exactly one gets
+    it. Returns False while another holder's lease runs, or when the cluster is gone."""
+    until = now + dt.timedelta(seconds=RECONCILE_LEASE_SECONDS)
+    free = Q(reconcile_lease_until__isnull=True) | Q(reconcile_lease_until__lte=now)
+    return Cluster.objects.filter(free, pk=cluster_id).update(reconcile_lease_until=until,
+                                                              reconcile_lease_holder=holder) == 1
+
+
+def give_back_reconcile_lease(cluster_id: int, holder: str) -> None:
+    """End ``holder``'s reconcile lease on cluster ``cluster_id`` (compare-and-set on the holder: a lease that
+    expired and was taken by another worker is left to it)."""
+    Cluster.objects.filter(pk=cluster_id, reconcile_lease_holder=holder).update(reconcile_lease_until=None,
+                                                                                reconcile_lease_holder="")
+
+
+def reconcile_leased(cluster_id: int, holder: str) -> dict:
+    """One reconcile pass over cluster ``cluster_id`` under its lease (``take_reconcile_lease``), then the sweep of
+    its end records (``expire_end_records``); the result of ``reconcile_clusters`` for it.
+
+    Invariant: one cluster's reconcile never runs twice at once. A second call while the lease is held returns at
+    once with ``skipped`` (the running pass reads the cluster's newest state anyway); so does a call for a cluster
+    deleted since it was asked. The lease is given back however the pass ends.
+    """
+    if not take_reconcile_lease(cluster_id, holder, timezone.now()):
+        return {"cluster_id": cluster_id, "skipped": "lease held by another reconcile, or no such cluster"}
+    try:
+        cluster = Cluster.objects.filter(pk=cluster_id).first()
+        if cluster is None:
+            return {"cluster_id": cluster_id, "skipped": "no such cluster"}
+        result = reconcile_clusters([cluster])[0]
+        expire_end_records(clusters=[cluster])
+        return result
+    finally:
+        give_back_reconcile_lease(cluster_id, holder)
+
+
+def finish_unstarted_cancels() -> int:
+    """Finish the cancels of CANCELLING jobs whose objects are known gone or were never created (an attempt
+    never dispatched has no cluster to look at); returns how many jobs were looked at."""
+    job_ids = list(Job.objects.filter(state=JobState.CANCELLING).values_list("pk", flat=True))
+    for job_id in job_ids:
+        _finish_cancel(job_id)
+    return len(job_ids)
+
+
 def reconcile_all() -> list[dict]:
     """Reconcile every cluster in one concurrent pass (``reconcile_clusters``), then finish cancels whose attempt
     never started, then expire old end records (``expire_end_records``). Returns the per-cluster results."""
     results = reconcile_clusters(Cluster.objects.all())
-    for job_id in Job.objects.filter(state=JobState.CANCELLING).values_list("pk", flat=True):
-        _finish_cancel(job_id)
+    finish_unstarted_cancels()
     expire_end_records()
     return results
 
@@ -440,12 +496,14 @@ def latest_ends(uids: list[str]) -> dict[str, dt.datetime]:
     return {str(uid): ended for uid, ended in rows}
 
 
-def expire_end_records(now: dt.datetime | None = None) -> int:
+def expire_end_records(now: dt.datetime | None = None, clusters: Iterable[Cluster] | None = None) -> int:
     """Sweep the end records of each cluster whose backend keeps them, at most once per
     ``END_RECORD_SWEEP_SECONDS`` per cluster in this process: delete those older than
     ``settings.END_RECORD_RETENTION_SECONDS``, and move forward those behind their attempt's end (``latest_ends``:
-    a ``record_end`` that ran out of retries while the cluster did not answer is made good once it answers).
-    Returns how many were deleted. A cluster that does not answer is left for the next sweep."""
+    a ``record_end`` that ran out of retries while the cluster did not answer is made good once it answers); and,
+    where the backend keeps serving endpoints of their own (``sweep_endpoints``), delete those of jobs that ended.
+    Returns how many were deleted. A cluster that does not answer is left for the next sweep. ``clusters``: those
+    to sweep (default: every cluster not unreachable)."""
     now = now or timezone.now()
     cutoff = now - dt.timedelta(seconds=settings.END_RECORD_RETENTION_SECONDS)
 
@@ -465,11 +523,19 @@ def expire_end_records(now: dt.datetime | None = None) -> int:
         except ClusterUnreachable as exc:
             log.info("cluster %s: end records not swept: %s", cluster.name, exc)
             return {"deleted": 0}
+        endpoints = getattr(backend, "sweep_endpoints", None)  # serving Services of jobs that ended meanwhile
+        try:
+            swept["endpoints"] = endpoints(cluster) if endpoints else 0
+        except ClusterUnreachable as exc:
+            log.info("cluster %s: serving endpoints not swept: %s", cluster.name, exc)
         LAST_SWEEP[cluster.pk] = time.monotonic()
         if swept["moved"]:
             log.info("cluster %s: %d end record(s) moved forward to their attempt's end", cluster.name, swept["moved"])
         return swept
 
     # Failure domain: one cluster (runners.base.each_cluster): a sweep that fails in any way skips that cluster only.
-    clusters = Cluster.objects.exclude(health=Cluster.Health.UNREACHABLE)
+    if clusters is None:
+        clusters = Cluster.objects.exclude(health=Cluster.Health.UNREACHABLE)
+    else:
+        clusters = [c for c in clusters if c.health != Cluster.Health.UNREACHABLE]
     return sum(r.get("deleted", 0) for r in each_cluster(clusters, one, "end record expiry"))

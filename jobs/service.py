@@ -3,11 +3,12 @@ spec's bounds and target, the last decision, and why a scale-up was refused)."""
 
 from __future__ import annotations
 
-from .models import Job, ServingScale
+from .models import Job, ServingRollout, ServingScale
 
 
 def serving_status(job: Job) -> dict | None:
-    """A serving ``job``'s ``{"endpoint", "replicas", "replica_addresses", "autoscaling"}``; None for other kinds.
+    """A serving ``job``'s ``{"endpoint", "replicas", "replica_addresses", "autoscaling", "rollout"}``; None for
+    other kinds.
 
     ``endpoint``: ``Job.endpoint`` (stable for the job's life on the local runner; the Service's address on
     Kubernetes). ``replica_addresses``: where the current attempt's replicas listen, as its runner reports them
@@ -15,14 +16,21 @@ def serving_status(job: Job) -> dict | None:
     ``max_replicas``, ``metric`` (``in_flight`` or ``rps``), ``target_per_replica``, the delays (s), and from
     the last pass (``jobs.models.ServingScale``) ``metric_per_replica``, ``desired``, ``decided_at``,
     ``refusal`` ({} or ``{"reason", "message", "replicas", "desired", "at", ...}``) and ``note``. One query
-    for the autoscaler's row.
+    for the autoscaler's row. ``rollout``: None, or the job's latest rolling update to another checkpoint
+    (``jobs.models.ServingRollout``): ``{"state" (rolling, done, rolled_back), "from", "to" (training job ids),
+    "replicas_updated", "reason", "note" (why a step waits), "started_at"}``; one query.
     """
     if job.kind != Job.Kind.INFERENCE:
         return None
     attempt = job.current_attempt if job.endpoint else None
+    rollout = ServingRollout.objects.filter(job_id=job.pk).order_by("-id").first()
     status = {"endpoint": job.endpoint, "replicas": job.replicas,
               "replica_addresses": list((attempt.runner_state or {}).get("replicas") or ()) if attempt else [],
-              "autoscaling": None}
+              "autoscaling": None,
+              "rollout": None if rollout is None else {
+                  "state": rollout.state, "from": rollout.from_job_id, "to": rollout.to_job_id,
+                  "replicas_updated": rollout.replicas_updated, "reason": rollout.reason,
+                  "note": (rollout.progress or {}).get("note", ""), "started_at": rollout.created_at}}
     scaling = (job.spec or {}).get("autoscaling")
     if not scaling:
         return status

@@ -392,8 +392,13 @@ class JobAutoscaling(SpecModel):
     """``spec.autoscaling`` of a serving job: the replica count follows the load, by the rule of the Kubernetes
     HorizontalPodAutoscaler (``jobs.serving``; docs/adr/0041-autoscaled-serving.md)."""
 
-    min_replicas: Count = Field(description="the fewest replicas; the job starts with this many unless replicas says "
-                                "otherwise", json_schema_extra=_example(1))
+    min_replicas: Annotated[int, Field(ge=0, le=INT32_MAX)] = Field(
+        description="the fewest replicas; the job starts with this many (at least 1) unless replicas says otherwise; "
+        "0 only with scale_to_zero", json_schema_extra=_example(1))
+    scale_to_zero: bool = Field(
+        False, description="with min_replicas 0: after scale_down_delay_seconds without requests the last replica "
+        "is released (its GPUs and billing stop); the endpoint holds the next request while one replica is admitted "
+        "and starts (up to SERVING_HOLD_SECONDS, then 503), and answers 503 with the reason if it is refused")
     max_replicas: Count = Field(description="the most replicas; every replica beyond the running ones is admitted "
                                 "under the team's quota and budget", json_schema_extra=_example(3))
     target_in_flight_per_replica: PositiveNumber = _optional(
@@ -414,6 +419,11 @@ class JobAutoscaling(SpecModel):
         errors: dict[str, list[str]] = {}
         if self.max_replicas < self.min_replicas:
             errors["max_replicas"] = [f"must be at least min_replicas ({self.min_replicas}); got {self.max_replicas}"]
+        if self.min_replicas == 0 and not self.scale_to_zero:
+            errors["min_replicas"] = ["0 only with scale_to_zero: true (the last replica released when idle, the "
+                                      "first request held while one starts)"]
+        if self.scale_to_zero and self.min_replicas != 0:
+            errors["scale_to_zero"] = [f"applies with min_replicas 0; got min_replicas {self.min_replicas}"]
         targets = [name for name in ("target_in_flight_per_replica", "target_rps_per_replica")
                    if getattr(self, name) is not None]
         if len(targets) != 1:
@@ -936,8 +946,8 @@ def kind_errors(kind: str, spec: JobSpec) -> dict[str, list[str]]:
         errors["command"] = ["required unless args are given (the image's ENTRYPOINT then runs with them)"]
     scaling = spec.autoscaling
     if kind == INFERENCE and scaling is not None and "replicas" in spec.model_fields_set and not (
-            scaling.min_replicas <= spec.replicas <= scaling.max_replicas):
-        errors["replicas"] = [f"must be within autoscaling's min_replicas and max_replicas ({scaling.min_replicas}.."
+            max(1, scaling.min_replicas) <= spec.replicas <= scaling.max_replicas):
+        errors["replicas"] = [f"must be within autoscaling's min_replicas and max_replicas ({max(1, scaling.min_replicas)}.."
                               f"{scaling.max_replicas}); got {spec.replicas}"]
     for name, kinds in KIND_SPECIFIC.items():
         if kind not in kinds and name in spec.model_fields_set:
@@ -981,7 +991,7 @@ def starting_replicas(spec: JobSpec) -> int:
     """The replicas a serving job starts with: ``spec.replicas`` when given, else autoscaling's ``min_replicas``,
     else 1."""
     if "replicas" not in spec.model_fields_set and spec.autoscaling is not None:
-        return spec.autoscaling.min_replicas
+        return max(1, spec.autoscaling.min_replicas)  # a job that scales to zero starts with one
     return spec.replicas
 
 

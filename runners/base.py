@@ -78,6 +78,11 @@ class Observation:
     ``record`` is that record (``job_state``, ``end_reason``, ``ended_at``...),
     ``ended_at`` its end. A restored database learns from it how the attempt
     ended instead of restarting it.
+
+    ``lost_replicas`` (a serving attempt on a backend that ``replaces_replicas``): the replicas that died while
+    the others serve (crashed, killed, evicted, their supervisor lost); the phase is then the survivors' (``pending``
+    when none survives). Reconcile replaces each within the job's retry budget (``Backend.replace_replica``) or
+    ends the attempt with the replica's own failure (``jobs.replica_loss``).
     """
 
     phase: str
@@ -88,6 +93,21 @@ class Observation:
     ended_at: dt.datetime | None = None
     nodes: tuple[str, ...] = ()
     record: dict | None = None
+    lost_replicas: tuple[LostReplica, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class LostReplica:
+    """One replica of a serving attempt that died while the others serve. ``key``: the backend's name for the
+    replica (what ``Backend.replace_replica`` takes; the local runner's: its pods' node indexes, ``"3"`` or
+    ``"3,4"``); ``phase`` ``failed`` or ``lost`` with ``end_reason``, ``exit_code`` and ``message`` as an
+    ``Observation`` of the attempt would say them had that replica been the attempt."""
+
+    key: str
+    phase: str
+    end_reason: str
+    exit_code: int | None = None
+    message: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,9 +282,55 @@ class Backend:
     #: where it does.
     scales: ClassVar[bool] = False
 
-    def scale(self, attempt, replicas: int) -> dict:
-        """Make serving ``attempt`` run ``replicas`` replicas; idempotent; returns its new ``runner_state``.
+    def scale(self, attempt, replicas: int, *, refusal: str = "") -> dict:
+        """Make serving ``attempt`` run ``replicas`` replicas (0: a job scaled to zero, whose endpoint holds the
+        next request); idempotent; returns its new ``runner_state``. ``refusal``: why the scale-up a held request
+        asked for was refused ("" for none), which the endpoint answers held requests with (503).
         Raises TransientDispatchError or PermanentDispatchError; NotImplementedError where ``scales`` is False."""
+        raise NotImplementedError
+
+    #: Whether the backend reports a serving attempt's dead replicas apart (``Observation.lost_replicas``) and
+    #: starts one again in the same booked slot (``replace_replica``) while the others serve. Where it is False,
+    #: a replica that dies ends the attempt.
+    replaces_replicas: ClassVar[bool] = False
+
+    def replace_replica(self, attempt, key: str) -> dict:
+        """Start a new replica of serving ``attempt`` in place of the lost replica ``key`` (a
+        ``LostReplica.key``), on the same booked nodes and GPUs, and take the lost one out of the endpoint;
+        idempotent (a key replaced already changes nothing); returns the attempt's new ``runner_state``.
+        Raises TransientDispatchError or PermanentDispatchError; NotImplementedError where ``replaces_replicas``
+        is False."""
+        raise NotImplementedError
+
+    #: Whether the backend moves a running serving attempt to another checkpoint replica by replica (the four
+    #: methods below, driven by ``serving.rollout``).
+    rolls_out: ClassVar[bool] = False
+
+    def replica_keys(self, attempt) -> list[str]:
+        """The keys of serving ``attempt``'s live replicas, oldest first (a ``LostReplica.key`` each)."""
+        raise NotImplementedError
+
+    def start_rollout_replica(self, attempt, checkpoint_job_id: int, *, in_place_of: str | None = None) -> str:
+        """Start one new replica of serving ``attempt`` loading the checkpoint of training job
+        ``checkpoint_job_id``: on capacity the caller booked for it already (a surge), or in the slot of the live
+        replica ``in_place_of``, which is retired first. The new replica joins the endpoint once ready; until
+        ``settle_rollout_replica`` calls it ready, its death is the rollout's to judge, not a lost replica.
+        Returns its key. Raises TransientDispatchError or PermanentDispatchError."""
+        raise NotImplementedError
+
+    def settle_rollout_replica(self, attempt, key: str) -> str:
+        """Where the new replica ``key`` stands: ``starting``, ``failed`` (it ended) or ``ready`` (its health path
+        answered 2xx/3xx; from then on it is an ordinary replica)."""
+        raise NotImplementedError
+
+    def retire_replica(self, attempt, key: str) -> dict:
+        """Take replica ``key`` of serving ``attempt`` out of the endpoint, then stop it; idempotent; returns the
+        attempt's new ``runner_state``. Its end is no end of the attempt."""
+        raise NotImplementedError
+
+    def finish_rollout(self, attempt, checkpoint_job_id: int) -> dict:
+        """Make replicas started from now on (scale-ups, replacements) load the checkpoint of training job
+        ``checkpoint_job_id``; returns the attempt's new ``runner_state``."""
         raise NotImplementedError
 
     def endpoint_load(self, attempt) -> str | None:

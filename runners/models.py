@@ -113,6 +113,10 @@ class Cluster(models.Model):
                                          help_text="start of the failed looks watched without a gap (UTC)")
     health_reason = models.TextField(blank=True, default="", help_text="why it is not healthy (the last failure)")
     health_since = models.DateTimeField(null=True, blank=True, help_text="when its current health began")
+    # One reconcile of a cluster at a time (jobs.reconcile.reconcile_leased): the holder (a task id) and the end of
+    # its lease; empty and null when no reconcile runs.
+    reconcile_lease_holder = models.CharField(max_length=64, blank=True, default="")
+    reconcile_lease_until = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

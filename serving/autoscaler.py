@@ -17,7 +17,7 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
-from jobs.models import Job, JobAttempt, JobEvent, JobState, ServingScale
+from jobs.models import Job, JobAttempt, JobEvent, JobState, ServingRollout, ServingScale
 from runners.base import Backend, PermanentDispatchError, TransientDispatchError, backend_for
 
 from .hpa import bounded, load, parse_reading, recommended, stabilized
@@ -61,6 +61,8 @@ def scale_job(job: Job, now: dt.datetime) -> dict:
     attempt = job.current_attempt
     backend = backend_for(attempt.cluster)
     state, _ = ServingScale.objects.get_or_create(job=job)
+    if ServingRollout.objects.filter(job=job, state=ServingRollout.State.ROLLING).exists():
+        return _noted(state, job, "a rollout to another checkpoint is under way: the replica count stays")
     if not backend.scales:
         return _noted(state, job, f"the {attempt.cluster.name} cluster's runner does not change a running job's "
                                   f"replicas yet: it keeps {job.replicas}")
@@ -71,8 +73,12 @@ def scale_job(job: Job, now: dt.datetime) -> dict:
     if reading is None:
         return _noted(state, job, "no reading of the endpoint's counters: the replica count stays")
     metric, target = target_of(scaling)
-    total = load(reading, state.sample, metric)
+    previous = state.sample
+    total = load(reading, previous, metric)
     state.sample = reading.as_sample()
+    if job.replicas == 0:
+        return _from_zero(state, job, backend, attempt, now, asked=reading.in_flight > 0 or bool(total) or bool(
+            previous and reading.requests > previous.get("requests", 0)), metric=metric, target=target)
     if total is None:
         return _noted(state, job, "a first reading: a rate needs two")
     current = job.replicas
@@ -99,6 +105,30 @@ def scale_job(job: Job, now: dt.datetime) -> dict:
     if job.replicas != current:
         apply_replicas(backend, JobAttempt.objects.select_related("job", "cluster").get(pk=attempt.pk), job.replicas)
     return {**decision, "job": job.pk, "replicas": job.replicas, "note": ""}
+
+
+def _from_zero(state: ServingScale, job: Job, backend: Backend, attempt: JobAttempt, now: dt.datetime, *,
+               asked: bool, metric: str, target: float) -> dict:
+    """A job scaled to zero: one replica admitted when a request came (``asked``: one in flight, held by the
+    endpoint, or received since the last reading), as KEDA activates a scaled object from zero on any load above
+    its activation threshold of 0 (KEDA documentation, "Scaling Deployments", activation); else it stays at zero.
+    A refusal is handed to the endpoint, which answers the held requests 503 with it."""
+    desired = 1 if asked else 0
+    decision = {"metric": metric, "metric_per_replica": None, "target": target, "current": 0, "recommended": desired,
+                "desired": desired}
+    state.metric, state.desired, state.note, state.decided_at = None, desired, "", now
+    state.recommendations = [*(state.recommendations or ()), [now.timestamp(), desired]][-50:]
+    if asked:
+        _scale_up(state, job, 1, now, decision)
+    else:
+        state.refusal = {}
+    state.save()
+    job.refresh_from_db(fields=["replicas"])
+    refusal = state.refusal if asked and not job.replicas else {}
+    words = f"{refusal['reason']}: {refusal['message']}" if refusal else ""
+    apply_replicas(backend, JobAttempt.objects.select_related("job", "cluster").get(pk=attempt.pk), job.replicas,
+                   refusal=words)
+    return {**decision, "job": job.pk, "replicas": job.replicas, "note": words}
 
 
 def _scale_up(state: ServingScale, job: Job, count: int, now: dt.datetime, decision: dict) -> None:
@@ -133,11 +163,13 @@ def _noted(state: ServingScale, job: Job, note: str) -> dict:
     return {"job": job.pk, "replicas": job.replicas, "desired": state.desired, "note": note}
 
 
-def apply_replicas(backend: Backend, attempt: JobAttempt, replicas: int) -> bool:
-    """Make the cluster run ``replicas`` replicas of ``attempt`` (``Backend.scale``) and keep its new runner state;
-    True when done. A refusal of the runner is logged; the next pass tries again."""
+def apply_replicas(backend: Backend, attempt: JobAttempt, replicas: int, refusal: str = "") -> bool:
+    """Make the cluster run ``replicas`` replicas of ``attempt`` (``Backend.scale``; at zero, with ``refusal``: why
+    the replica a held request asked for was refused, "" for none) and keep its new runner state; True when done.
+    A refusal of the runner is logged; the next pass tries again."""
     try:
-        runner_state = backend.scale(attempt, replicas)
+        runner_state = (backend.scale(attempt, replicas, refusal=refusal) if replicas == 0 else
+                        backend.scale(attempt, replicas))
     except (TransientDispatchError, PermanentDispatchError) as exc:
         log.warning("scaling %s to %s replicas failed: %s", attempt.object_name, replicas, exc)
         return False

@@ -96,8 +96,14 @@ def add_replica(job_id: int, now: dt.datetime, decision: dict) -> Verdict | None
     return None
 
 
+def fewest_replicas(job: Job) -> int:
+    """The fewest replicas ``job`` may run: 0 when its ``spec.autoscaling`` has ``scale_to_zero``, else 1."""
+    return 0 if ((job.spec or {}).get("autoscaling") or {}).get("scale_to_zero") else 1
+
+
 def release_replicas(job_id: int, now: dt.datetime, decision: dict) -> int:
-    """Release replicas of serving job ``job_id`` at ``now`` down to ``decision["desired"]`` (at least one): the
+    """Release replicas of serving job ``job_id`` at ``now`` down to ``decision["desired"]`` (at least
+    ``fewest_replicas``: one, or none for a job that scales to zero, whose GPUs and billing then stop): the
     ledger accrues up to now, the attempt's GPUs and its last pods' nodes are given back, the job's estimate
     shrinks by what those replicas would still have cost at the attempt's price (never below what it accrued); a
     ``scale`` event says so. Returns the replicas left (0 when the job is not running any more)."""
@@ -106,7 +112,7 @@ def release_replicas(job_id: int, now: dt.datetime, decision: dict) -> int:
         if locked is None:
             return 0
         job, attempt = locked
-        count = job.replicas - max(1, decision["desired"])
+        count = job.replicas - max(fewest_replicas(job), decision["desired"])
         if count <= 0:
             return job.replicas
         accrue_attempt(attempt.pk, now)

@@ -10,6 +10,7 @@ from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
 from core.fields import AwareDateTimeField, ListedChoiceField
+from core.gpus import shown_gpus
 from core.money import shown_usd
 
 from ..aggregation import GROUP_KEYS
@@ -226,8 +227,9 @@ class BudgetStatusSerializer(serializers.Serializer):
     burn_rate_usd_per_hour = serializers.DecimalField(
         max_digits=20, decimal_places=2, help_text="what the team's running attempts cost per hour now: their GPUs "
                                                    "(and CPU) x the price in force")
-    burn_rate_unpriced_gpus = serializers.IntegerField(help_text="GPUs running with no price in force, not in "
-                                                                 "burn_rate_usd_per_hour")
+    burn_rate_unpriced_gpus = serializers.SerializerMethodField(
+        help_text="GPUs running with no price in force, not in burn_rate_usd_per_hour (an integer, or a number with "
+                  "decimals where shares of a GPU run: 0.25)")
     forecast_method = serializers.CharField(source="basis.method", help_text="how forecast_usd is computed")
     forecast_rate_usd_per_day = serializers.DecimalField(source="basis.rate_usd_per_day", max_digits=20,
                                                          decimal_places=2)
@@ -238,6 +240,10 @@ class BudgetStatusSerializer(serializers.Serializer):
     @extend_schema_field(serializers.DecimalField(max_digits=20, decimal_places=2, allow_null=True))
     def get_spent_usd(self, status) -> str | None:
         return shown_usd(status.spent_usd, status.unpriced_gpu_hours + status.unpriced_vcpu_hours)
+
+    @extend_schema_field(serializers.FloatField())
+    def get_burn_rate_unpriced_gpus(self, status) -> int | float:
+        return shown_gpus(status.burn_rate_unpriced_gpus)
 
     def get_forecast_window(self, status) -> dict:
         return {"first_day": status.basis.window_start.isoformat(), "last_day": status.basis.window_end.isoformat()}

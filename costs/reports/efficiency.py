@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from decimal import Decimal
 
+from core.gpus import MILLI_PER_GPU
 from jobs.efficiency.flops import LOW_MFU_PERCENT, MFU_BANDS, UNKNOWN_BAND, band_label, mfu_band
 from jobs.models import JobAttempt, WorkloadMetrics
 from jobs.workload import attempt_efficiency
@@ -24,8 +25,9 @@ TOP_JOBS = 10
 
 
 def _hours(entry: dict) -> Decimal:
+    """GPU-hours of a ledger row (``gpu_milli``: milli-GPUs billed, a share of one GPU exactly)."""
     seconds = Decimal(str((entry["interval_end"] - entry["interval_start"]).total_seconds()))
-    return entry["gpus"] * seconds / Decimal(3600)
+    return entry["gpu_milli"] * seconds / MILLI_PER_GPU / Decimal(3600)
 
 
 def _zero_money() -> dict:
@@ -56,7 +58,7 @@ def training_efficiency(entries, utilization: dict) -> dict:
     ``lowest_mfu_jobs`` (the same rows for the ``TOP_JOBS`` jobs with an MFU, lowest MFU first, then costliest:
     where the money bought the least model FLOPs).
     """
-    rows = list(entries.values("attempt_id", "job_id", "job__name", "team__slug", "gpus", "interval_start",
+    rows = list(entries.values("attempt_id", "job_id", "job__name", "team__slug", "gpu_milli", "interval_start",
                                "interval_end", "amount_usd", "cpu_milli"))
     per_attempt: dict[int, dict] = {}
     for row in rows:
@@ -68,9 +70,9 @@ def training_efficiency(entries, utilization: dict) -> dict:
         item["cost"] += row["amount_usd"] or Decimal(0)
         if row["amount_usd"] is None:  # unpriced hours: cost unknown, shown beside the cost
             item["unpriced"] += _hours(row)
-            item["vunpriced"] += _hours({**row, "gpus": Decimal(row["cpu_milli"]) / 1000})
+            item["vunpriced"] += _hours({**row, "gpu_milli": row["cpu_milli"]})  # millicores: vCPU-hours
     billed = defaultdict(Decimal)  # all of each attempt's billed GPU-hours, in and out of the period
-    for row in CostEntry.objects.filter(attempt_id__in=per_attempt).values("attempt_id", "gpus", "interval_start",
+    for row in CostEntry.objects.filter(attempt_id__in=per_attempt).values("attempt_id", "gpu_milli", "interval_start",
                                                                           "interval_end"):
         billed[row["attempt_id"]] += _hours(row)
     attempts = JobAttempt.objects.filter(pk__in=per_attempt).select_related(

@@ -1,4 +1,5 @@
-"""Job commands: ``submit``, ``resubmit``, ``jobs``, ``job``, ``events``, ``efficiency``, ``logs``, ``cancel``."""
+"""Job commands: ``submit``, ``resubmit``, ``jobs``, ``job``, ``events``, ``efficiency``, ``logs``, ``cancel``,
+``rollout``."""
 
 from __future__ import annotations
 
@@ -532,4 +533,20 @@ def cancel(api: Api, id: int) -> int:  # noqa: A002
     return EXIT_OK
 
 
-COMMANDS = [submit, resubmit, jobs, job, events, efficiency, cancel, logs]
+@api_command("rollout", "move a serving job to the checkpoint of another training job, replica by replica")
+@job_id
+@click.option("--checkpoint-from-job", "checkpoint_from_job", type=POSITIVE_INT, required=True,
+              help="the SUCCEEDED training job of the same team whose checkpoint the replicas load")
+def rollout(api: Api, id: int, checkpoint_from_job: int) -> int:  # noqa: A002
+    """Start a rolling update of serving job ID (``POST /jobs/ID/rollout/``): one new replica at a time, ready
+    before an old one retires, rolled back if a new one fails readiness; ``cpctl job ID`` follows it."""
+    body = api.client.post(f"jobs/{id}/rollout/", {"checkpoint_from_job": checkpoint_from_job})
+    if api.json:
+        print_json(body)
+    else:
+        out(f"job {id}: rolling from the checkpoint of job {body['from']} to that of job {body['to']} "
+            f"({body['state']}; `cpctl job {id}` shows its progress)")
+    return EXIT_OK
+
+
+COMMANDS = [submit, resubmit, jobs, job, events, efficiency, cancel, logs, rollout]

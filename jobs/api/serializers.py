@@ -285,6 +285,17 @@ SERVING_SCHEMA = {
                                                          "desired, at, and the numbers"},
             "note": {"type": "string", "description": "why the last pass could not decide; empty when it could"},
         }},
+        "rollout": {"type": "object", "nullable": True,
+                    "description": "the latest rolling update to another checkpoint (serving.rollout); null if none",
+                    "properties": {
+                        "state": {"type": "string", "enum": ["rolling", "done", "rolled_back"]},
+                        "from": {"type": "integer", "description": "the training job whose checkpoint was served"},
+                        "to": {"type": "integer", "description": "the training job whose checkpoint is rolled out"},
+                        "replicas_updated": {"type": "integer"},
+                        "reason": {"type": "string", "description": "why it ended; empty while rolling"},
+                        "note": {"type": "string", "description": "why a step waits; empty when it does not"},
+                        "started_at": {"type": "string", "format": "date-time"},
+                    }},
     },
 }
 

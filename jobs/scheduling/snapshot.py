@@ -16,6 +16,7 @@ import datetime as dt
 import json
 import math
 import threading
+from decimal import Decimal
 
 from django.conf import settings
 from django.db import connection
@@ -25,13 +26,22 @@ from django.db.models.fields.json import KeyTransform
 from django.db.models.functions import Cast
 from django.utils import timezone
 
+from core.gpus import exact_gpus
 from core.lookups import register
 from costs.spend import highest_prices, lock_team_spends, period_spend, unpriced_bound_usd
 from quotas.models import Budget, Quota, Team
 from runners.models import CPU_ACCELERATOR, Accelerator
 
 from ..dependencies import unmet_dependency
-from ..models import Job, JobAttempt, JobState, committed_by_team, estimated_runtime, roles_in_order
+from ..models import (
+    HELD_GPU_MILLI,
+    Job,
+    JobAttempt,
+    JobState,
+    committed_by_team,
+    estimated_runtime,
+    roles_in_order,
+)
 from .core import UNLIMITED, BudgetView, PoolOffer, QueuedJob, RoleShape, RunningJob, Snapshot, TeamQuota, TeamState
 from .offers import pool_offers
 
@@ -39,11 +49,12 @@ from .offers import pool_offers
 WAITING_STATES = (JobState.QUEUED, JobState.RECOVERING)
 
 
-def team_used_gpus(team_id: int, accelerator_id: int) -> int:
-    """GPUs of ``accelerator_id`` held by the team's live attempts (an attempt holds GPUs until it ends)."""
-    return (
+def team_used_gpus(team_id: int, accelerator_id: int) -> int | Decimal:
+    """GPUs of ``accelerator_id`` held by the team's live attempts (an attempt holds GPUs until it ends), as quotas
+    count them: an int, or an exact Decimal where shares of a GPU are held (``jobs.models.held_gpu_milli``)."""
+    return exact_gpus(
         JobAttempt.objects.filter(job__team_id=team_id, node_pool__accelerator_id=accelerator_id, ended_at__isnull=True)
-        .aggregate(n=Sum("gpus"))["n"]
+        .aggregate(n=Sum(HELD_GPU_MILLI))["n"]
         or 0
     )
 
@@ -387,15 +398,15 @@ def load_snapshot(now: dt.datetime, *, job_ids: list[int] | None = None, limit: 
     teams = {t.pk: TeamState(t.pk, cohort=t.cohort_id, weight=float(t.weight), strategy=t.queueing_strategy)
              for t in Team.objects.all()}
     for team_id, acc, gpus in (JobAttempt.objects.filter(ended_at__isnull=True)
-                               .values_list("job__team_id", "node_pool__accelerator_id").annotate(n=Sum("gpus"))):
-        teams[team_id].used[acc] = gpus
+                               .values_list("job__team_id", "node_pool__accelerator_id").annotate(n=Sum(HELD_GPU_MILLI))):
+        teams[team_id].used[acc] = exact_gpus(gpus)
     _load_quotas(teams, Quota.objects.select_related("accelerator"))
     if any(t.cluster_caps for t in teams.values()):
         for team_id, acc, cluster_id, gpus in (
                 JobAttempt.objects.filter(ended_at__isnull=True)
-                .values_list("job__team_id", "node_pool__accelerator_id", "cluster_id").annotate(n=Sum("gpus"))):
+                .values_list("job__team_id", "node_pool__accelerator_id", "cluster_id").annotate(n=Sum(HELD_GPU_MILLI))):
             if (acc, cluster_id) in teams[team_id].cluster_caps:
-                teams[team_id].cluster_used[(acc, cluster_id)] = gpus
+                teams[team_id].cluster_used[(acc, cluster_id)] = exact_gpus(gpus)
     queued_teams = {j.team_id for j in queue}
     for team_id, views in budget_views_by_team(queued_teams, now).items():
         if views:
@@ -483,16 +494,16 @@ def teams_snapshot(locked: dict[int, Team], offers: dict[int, list[PoolOffer]], 
         teams[team.pk] = TeamState(team.pk, cohort=team.cohort_id, weight=float(team.weight),
                                    strategy=team.queueing_strategy)
     live = JobAttempt.objects.filter(job__team_id__in=teams, node_pool__accelerator_id__in=accs, ended_at__isnull=True)
-    for team_id, acc, gpus in live.values_list("job__team_id", "node_pool__accelerator_id").annotate(n=Sum("gpus")):
-        teams[team_id].used[acc] = gpus
+    for team_id, acc, gpus in live.values_list("job__team_id", "node_pool__accelerator_id").annotate(n=Sum(HELD_GPU_MILLI)):
+        teams[team_id].used[acc] = exact_gpus(gpus)
     _load_quotas(teams, Quota.objects.filter(team_id__in=teams, accelerator_id__in=accs).select_related("accelerator"))
     capped = [pk for pk in locked if teams[pk].cluster_caps]
     if capped:
         for team_id, acc, cluster_id, gpus in (live.filter(job__team_id__in=capped)
                                                .values_list("job__team_id", "node_pool__accelerator_id", "cluster_id")
-                                               .annotate(n=Sum("gpus"))):
+                                               .annotate(n=Sum(HELD_GPU_MILLI))):
             if (acc, cluster_id) in teams[team_id].cluster_caps:
-                teams[team_id].cluster_used[(acc, cluster_id)] = gpus
+                teams[team_id].cluster_used[(acc, cluster_id)] = exact_gpus(gpus)
     for team_id, views in budget_views_by_team(sorted(locked), now, lock=lock_spend).items():
         teams[team_id].budgets = views
     return Snapshot(teams, dict(offers), list(queue or ()), policy=settings.SCHEDULING_PACKING_POLICY)

@@ -21,6 +21,14 @@ LABEL_ATTEMPT = "controlplane.io/attempt"
 # the attempt's state.
 LABEL_ROLE = "controlplane.io/role"
 COMPLETION_ANNOTATION = "controlplane.io/completion"
+# A serving attempt's replica index on its Deployment and pods (docs/adr/0041-autoscaled-serving.md): each replica is
+# a Deployment of its own, pinned to the node admission booked for it, so a scale-down deletes exactly the released
+# replicas. And on a serving job's Service (named for the job, kept across its attempts), that it is the endpoint.
+LABEL_REPLICA = "controlplane.io/replica"
+LABEL_ENDPOINT = "controlplane.io/endpoint"
+#: The Service types a serving job's endpoint may have (``settings.K8S_SERVICE_TYPE``): in the cluster only, on a
+#: port of every node, or behind the cloud's load balancer (Kubernetes "Service", "Publishing Services").
+SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 # The attempt's globally unique id and the installation's (ADR 0011): objects are matched to attempts by these.
 LABEL_ATTEMPT_UID = "controlplane.io/attempt-uid"
 LABEL_INSTALLATION = "controlplane.io/installation"
@@ -125,6 +133,8 @@ class Workload:
     ``role`` the name of the role a per-role workload stands for (``role_workload``; "": the whole attempt).
     ``jobset``: the multi-role attempt is one JobSet (``jobset``) rather than a Job and a Service per role.
     ``subdomain``: the headless Service whose subdomain the pods are named under ("": the one named ``name``).
+    ``service_type``: the serving job's Service type (``SERVICE_TYPES``; ``settings.K8S_SERVICE_TYPE``).
+    ``replica``: the replica index a per-replica workload stands for (``replica_workload``; None: the whole attempt).
     """
 
     name: str
@@ -166,26 +176,33 @@ class Workload:
     role: str = ""  # the role a per-role workload stands for (``role_workload``)
     jobset: bool = False  # a multi-role attempt as one JobSet (the cluster serves ``JOBSET_API_VERSION``)
     subdomain: str = ""  # the headless Service the pods are named under ("": ``name``)
+    service_type: str = "ClusterIP"  # a serving job's Service type (settings.K8S_SERVICE_TYPE)
+    replica: int | None = None  # the replica a per-replica workload stands for (``replica_workload``)
 
     @property
     def labels(self) -> dict[str, str]:
         """The platform labels every object and pod carries: team, job, attempt id, and (with a uid) the
         attempt's uid and the installation's (UUIDs: 36 characters, valid label values); a role's objects and
-        pods also their role (``LABEL_ROLE``)."""
+        pods also their role (``LABEL_ROLE``), a serving replica's its index (``LABEL_REPLICA``)."""
         labels = {LABEL_TEAM: self.team, LABEL_JOB: str(self.job_id), LABEL_ATTEMPT: str(self.attempt_id)}
         if self.attempt_uid:
             labels.update({LABEL_ATTEMPT_UID: self.attempt_uid, LABEL_INSTALLATION: self.installation})
         if self.role:
             labels[LABEL_ROLE] = self.role
+        if self.replica is not None:
+            labels[LABEL_REPLICA] = str(self.replica)
         return labels
 
     @property
     def owner_selector(self) -> dict[str, str]:
         """The labels that pick this attempt's pods: its uid (its id for an attempt made before uids); a role's
-        pods also by their role (the pods of one role repel each other, those of different roles may share a node)."""
+        pods also by their role (the pods of one role repel each other, those of different roles may share a node),
+        a serving replica's by its index (each replica's Deployment selects its own pod alone)."""
         selector = {LABEL_ATTEMPT_UID: self.attempt_uid} if self.attempt_uid else {LABEL_ATTEMPT: str(self.attempt_id)}
         if self.role:
             selector[LABEL_ROLE] = self.role
+        if self.replica is not None:
+            selector[LABEL_REPLICA] = str(self.replica)
         return selector
 
     @property
@@ -274,11 +291,11 @@ def _scheduling(w: Workload) -> dict:
     there and on-demand pods may not. With
     ``node_names``, every term also requires ``kubernetes.io/hostname`` in
     them. The pods of a multi-node training attempt repel each other per
-    node (required), so each lands on a distinct chosen node; the replicas of
+    node (required), so each lands on a distinct chosen node. The replicas of
     an inference attempt may share a node, as placement may have put them
-    (``PlacementRequest.share_nodes``, ADR 0019): their repulsion is only
-    preferred, so the kube-scheduler spreads them over the chosen nodes and
-    never refuses what placement promised.
+    (``PlacementRequest.share_nodes``, ADR 0019): each is a Deployment of its
+    own (``replica_workload``) pinned to its one booked node, so the
+    kube-scheduler puts every replica where admission booked it.
     """
     out: dict = {}
     if w.gpu_product:
@@ -299,10 +316,7 @@ def _scheduling(w: Workload) -> dict:
         terms = [{"matchExpressions": t["matchExpressions"] + [pin]} for t in terms]
     out["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
     repel = {"labelSelector": {"matchLabels": w.owner_selector}, "topologyKey": HOSTNAME_LABEL}
-    if w.kind == "inference" and len(w.node_names) > 1:  # replicas may share a node: spread them, never refuse
-        out["affinity"]["podAntiAffinity"] = {"preferredDuringSchedulingIgnoredDuringExecution": [
-            {"weight": 100, "podAffinityTerm": repel}]}
-    elif len(names) > 1:  # one pod per node
+    if len(names) > 1:  # one pod per node
         out["affinity"]["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [repel]}
     if tolerations:
         out["tolerations"] = tolerations
@@ -506,35 +520,87 @@ def headless_service(w: Workload) -> dict:
     }
 
 
-def inference_deployment(w: Workload) -> dict:
-    """An apps/v1 Deployment of ``replicas`` pods serving on ``port`` (env PORT), each ready while GET
-    ``health_path`` on that port answers 2xx or 3xx (an httpGet readiness probe): the Service sends requests to
-    ready pods only, so a starting or failing replica gets none (Kubernetes "Configure Liveness, Readiness and
-    Startup Probes").
+def replica_name(attempt_name: str, index: int) -> str:
+    """The Deployment of replica ``index`` of a serving attempt: ``<attempt object name>-<index>`` (at most 44 + 4
+    characters for up to 999 replicas; its pods' names, 17 more, are cut to 63 as their hostname by Kubernetes)."""
+    return f"{attempt_name}-{index}"
+
+
+def replica_workload(w: Workload, index: int) -> Workload:
+    """Replica ``index`` of the serving ``w``: one pod (``nodes`` is 1 for a server) under the Deployment
+    ``replica_name``, labelled with its index, pinned to the node admission booked for it (``node_names[index]``;
+    none when the pool has no node rows: any node the selectors allow)."""
+    per = max(1, w.nodes)
+    nodes = w.node_names[index * per:(index + 1) * per]
+    return dataclasses.replace(w, name=replica_name(w.name, index), replicas=1, node_names=nodes, replica=index)
+
+
+def inference_deployment(w: Workload, index: int = 0) -> dict:
+    """The apps/v1 Deployment of replica ``index`` of the serving ``w`` (``replica_workload``): one pod serving on
+    ``port`` (env PORT), ready while GET ``health_path`` on that port answers 2xx or 3xx (an httpGet readiness
+    probe): the Service sends requests to ready pods only, so a starting or failing replica gets none
+    (Kubernetes "Configure Liveness, Readiness and Startup Probes").
+
+    A Deployment per replica, not one of ``replicas`` pods: each replica's pod is pinned to the node admission
+    booked for it, which one template for all cannot say, and a scale-down deletes the Deployments of exactly the
+    released replicas, whose nodes the booking gave back (a Deployment scaled down picks the pods to delete by
+    its own ranking, ``controller.kubernetes.io/pod-deletion-cost`` only a hint). A lost pod (evicted, deleted,
+    its node drained) is replaced by its Deployment on the same node. ``strategy: Recreate``: the template never
+    changes, and if it did no surge pod would ask for GPUs the booking does not hold.
 
     Checkpoints: ``/checkpoints`` read-only (``checkpoint_volume``).
     """
-    env = _platform_env(w) + [{"name": "PORT", "value": str(w.port)}]
-    container = _container(w, env, [{"name": "http", "containerPort": w.port}], read_only_checkpoints=True)
-    container["readinessProbe"] = {"httpGet": {"path": w.health_path, "port": w.port}, "periodSeconds": 5,
+    r = replica_workload(w, index)
+    env = _platform_env(r) + [{"name": "PORT", "value": str(r.port)}]
+    container = _container(r, env, [{"name": "http", "containerPort": r.port}], read_only_checkpoints=True)
+    container["readinessProbe"] = {"httpGet": {"path": r.health_path, "port": r.port}, "periodSeconds": 5,
                                    "failureThreshold": 3}
     return {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _metadata(w, owner=True),
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _metadata(r, owner=True),
         "spec": {
-            "replicas": w.replicas, "selector": {"matchLabels": dict(w.labels)},
-            "template": {"metadata": {"labels": dict(w.labels)},
-                         "spec": {"containers": [container], "volumes": [checkpoint_volume(w, read_only=True)],
-                                  **_scheduling(w)}},
+            "replicas": 1, "selector": {"matchLabels": r.owner_selector}, "strategy": {"type": "Recreate"},
+            "template": {"metadata": {"labels": dict(r.labels)},
+                         "spec": {"containers": [container], "volumes": [checkpoint_volume(r, read_only=True)],
+                                  **_scheduling(r)}},
         },
     }
 
 
+def serving_service_name(job_id: int) -> str:
+    """The name of a serving job's Service: ``job-<job id>``, the job's and not an attempt's (an attempt's objects
+    are ``job-<job id>-<number>-<uid>``), so its address is the job's for its life."""
+    return f"job-{job_id}"
+
+
+def serving_endpoint(w: Workload) -> str:
+    """The in-cluster URL of the serving ``w``'s job: ``http://job-<job id>.<namespace>.svc:<port>``."""
+    return f"http://{serving_service_name(w.job_id)}.{w.namespace}.svc:{w.port}"
+
+
+def serving_selector(w: Workload) -> dict[str, str]:
+    """The pods a serving job's Service sends requests to: every pod of the job (``LABEL_JOB``) of this
+    installation, whatever its attempt, so the pods of the attempt that replaces one after a recovery are behind
+    the same address without changing the Service."""
+    selector = {LABEL_JOB: str(w.job_id)}
+    if w.installation:
+        selector[LABEL_INSTALLATION] = w.installation
+    return selector
+
+
 def inference_service(w: Workload) -> dict:
-    """The v1 ClusterIP Service in front of the inference pods, on ``port``: the job's endpoint in the cluster; its
-    EndpointSlices list the ready pods only (the readiness probe), and kube-proxy balances connections over them."""
+    """The serving job's v1 Service on ``port``, named for the job (``serving_service_name``), created by its first
+    attempt's dispatch and kept across its attempts until the job ends: its endpoint. Its EndpointSlices list the
+    ready pods only (the readiness probe), and kube-proxy balances connections over them. Its type is
+    ``service_type`` (``ClusterIP``: in the cluster; ``NodePort`` or ``LoadBalancer`` to reach it from outside).
+    Labels: team, job, installation and ``LABEL_ENDPOINT``; no attempt's, so no attempt's deletion takes it."""
+    labels = {LABEL_TEAM: w.team, LABEL_JOB: str(w.job_id), LABEL_ENDPOINT: "true"}
+    if w.installation:
+        labels[LABEL_INSTALLATION] = w.installation
     return {
-        "apiVersion": "v1", "kind": "Service", "metadata": _metadata(w),
-        "spec": {"selector": dict(w.labels), "ports": [{"name": "http", "port": w.port, "targetPort": w.port}]},
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": serving_service_name(w.job_id), "namespace": w.namespace, "labels": labels},
+        "spec": {"type": w.service_type, "selector": serving_selector(w),
+                 "ports": [{"name": "http", "port": w.port, "targetPort": w.port}]},
     }
 
 
@@ -676,7 +742,7 @@ def manifests(w: Workload) -> list[dict]:
     if w.kind == "multi-role":
         return [role_service(w, r) for r in w.roles] + [role_job(w, r) for r in w.roles]
     if w.kind == "inference":
-        return [inference_service(w), inference_deployment(w)]
+        return [inference_service(w)] + [inference_deployment(w, i) for i in range(max(1, w.replicas))]
     if w.nodes > 1:
         return [headless_service(w), training_job(w)]
     return [training_job(w)]

@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from core.namespaces import team_namespace
 from jobs.arrays import element_env
-from jobs.models import roles_in_order
+from jobs.models import FINAL_STATES, JobState, roles_in_order
 
 from ..base import (
     ABSENT,
@@ -39,6 +39,7 @@ from ..base import (
     Backend,
     ClusterUnreachable,
     InvalidCredentials,
+    LostReplica,
     Observation,
     Owned,
     PermanentDispatchError,
@@ -54,6 +55,9 @@ from .client import ApiError, ClusterClient, client_for
 log = logging.getLogger(__name__)
 
 MULTI_ROLE = "multi-role"  # ``jobs.models.Job.Kind.MULTI_ROLE``: one Job and headless Service per role
+# The job states in which a serving job's endpoint goes with its attempt's objects (``jobs.models.FINAL_STATES`` and
+# CANCELLING: the job will not run again); in RECOVERING the next attempt's pods come behind the same Service.
+ENDPOINT_ENDS = FINAL_STATES | {JobState.CANCELLING}
 SELECTOR = m.LABEL_JOB  # "label exists": every object the platform created
 # The label the JobSet controller puts on its child Jobs and pods: the JobSet's name (JobSet docs, "JobSet labels").
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
@@ -101,6 +105,7 @@ def workload(attempt) -> m.Workload:
         metrics_port=int(settings.K8S_METRICS_PORT or 0) if job.kind == "training" else 0,
         array_env=tuple(element_env(job).items()),
         roles=roles_of(job.spec, attempt.placement) if job.kind == MULTI_ROLE else (),
+        service_type=settings.K8S_SERVICE_TYPE,
     )
 
 
@@ -579,14 +584,35 @@ def _multi_role_phase(jobs: dict[str, dict], by_role: dict[str, list[dict]], rol
     return Observation("pending")
 
 
-def observe_inference(deployment: dict | None, pods: list[dict], now: dt.datetime, grace: float,
+def serving_replicas(deployments: list[dict]) -> list[dict]:
+    """The replica Deployments of a serving attempt that serve on: those not being deleted (a scale-down deletes
+    the released replicas' ones, Foreground, their pods first)."""
+    return [d for d in deployments if not (d.get("metadata") or {}).get("deletionTimestamp")]
+
+
+def _replica_of(obj: dict) -> str | None:
+    """The replica index label of a serving attempt's Deployment or pod (None: an attempt made with one
+    Deployment of all its replicas)."""
+    return _labels(obj).get(m.LABEL_REPLICA)
+
+
+def observe_inference(deployments: list[dict], pods: list[dict], now: dt.datetime, grace: float,
                       unschedulable_grace: float = float("inf"), *, started_at: dt.datetime | None = None,
                       max_runtime_seconds: float | None = None) -> Observation:
-    """The phase of an inference attempt: running once ``readyReplicas`` reaches ``replicas``; image pull failures
-    fail it, and so does a server that exited (``serving_crash``), so that the platform, not the kubelet's
-    endless CrashLoopBackOff, decides on a restart by ``max_retries``. A crash's observation has no end time:
-    the crashed pod is restarted in place and holds its GPUs until the attempt's objects are deleted, so
-    billing runs until the crash is seen (the same pass deletes the objects).
+    """The phase of an inference attempt from its Deployments (one per replica, ``manifests.inference_deployment``;
+    one of all its replicas for an attempt made before) and pods: running once the ready replicas of the
+    Deployments not being deleted reach what they ask; image pull failures fail it, and so does a server that
+    exited 0 (it chose to end: the attempt's end, as on the local runner).
+
+    A replica that died while the others serve (``lost_replicas``: its server crashed or ran out of memory, the
+    kubelet restarting it in place; its pod evicted, deleted from outside or disrupted) does not end the attempt:
+    it is reported apart (``Observation.lost_replicas``), the phase being the survivors', and reconcile replaces
+    it in its booked slot within the job's retry budget or ends the attempt with its failure
+    (``jobs.replica_loss``; docs/adr/0041). A replica's pod lost with its node (DisruptionTarget DeletionByPodGC)
+    ends the attempt ``lost NodeLost``: its replacement would be pinned to a node that is gone.
+
+    The pods of a replica a scale-down released (their Deployment being deleted, or gone) are no part of the
+    attempt: their end, whatever their exit code, is no end of it.
 
     A Deployment has no ``activeDeadlineSeconds``: past ``max_runtime_seconds`` after ``started_at`` (the
     attempt's start, default the objects' creation; None: no limit) the attempt fails ``DeadlineExceeded``,
@@ -594,17 +620,23 @@ def observe_inference(deployment: dict | None, pods: list[dict], now: dt.datetim
     deletes its objects. Class: a limit enforced on one runner and not another (a server ran and was billed
     past the max runtime its worst-case estimate counted). Invariant: every attempt, whatever its kind and
     runner, ends at its max runtime (docs/adr/0024)."""
-    if deployment is None:
+    if not deployments:
         return ABSENT
-    made = created_at(deployment, pods)
-    for pod in pods:
+    made = created_at(None, [*deployments, *pods])
+    live = serving_replicas(deployments)
+    replicas = {_replica_of(d) for d in live}
+    serving = [p for p in pods if _replica_of(p) in replicas]
+    for pod in serving:
         if (pull := image_pull_failure(pod, now, grace)) is not None:
-            return dataclasses.replace(pull, created_at=made, ended_at=stopped_at(deployment, pods))
-    for pod in pods:
-        # A pod taken away (evicted, deleted, its node lost) is the Deployment's to replace, not a crash.
+            return dataclasses.replace(pull, created_at=made, ended_at=stopped_at(None, serving))
+    for pod in serving:
+        if (lost := pod_lost(pod)) is not None and lost.end_reason == "NodeLost":
+            # Its replacement would be pinned to the node that is gone: the attempt is lost with the node.
+            return dataclasses.replace(lost, created_at=made)
+    for pod in serving:
         if (not (pod.get("metadata") or {}).get("deletionTimestamp") and pod_lost(pod) is None
-                and (crash := serving_crash(pod)) is not None):
-            return dataclasses.replace(crash, created_at=made)
+                and (crash := serving_crash(pod)) is not None and crash.exit_code == 0):
+            return dataclasses.replace(crash, created_at=made)  # a server that chose to end: the attempt's end
     start = started_at or made
     if max_runtime_seconds is not None and start is not None:
         deadline = start + dt.timedelta(seconds=max_runtime_seconds)
@@ -613,11 +645,41 @@ def observe_inference(deployment: dict | None, pods: list[dict], now: dt.datetim
                                f"the server ran its max runtime ({max_runtime_seconds:g} s, until "
                                f"{deadline.isoformat()}); its Deployment is deleted", created_at=made,
                                ended_at=deadline)
-    wanted = (deployment.get("spec") or {}).get("replicas") or 1
-    ready = (deployment.get("status") or {}).get("readyReplicas") or 0
-    if ready >= wanted:
-        return Observation("running", created_at=made)
-    return dataclasses.replace(unschedulable(pods, now, unschedulable_grace) or Observation("pending"), created_at=made)
+    lost = lost_replicas(serving)
+    wanted = sum((d.get("spec") or {}).get("replicas") or 1 for d in live)
+    ready = sum((d.get("status") or {}).get("readyReplicas") or 0 for d in live)
+    if live and ready >= wanted:  # the survivors' phase: a lost replica's new pod may be ready already
+        return Observation("running", created_at=made, lost_replicas=lost)
+    return dataclasses.replace(unschedulable(serving, now, unschedulable_grace) or Observation("pending"),
+                               created_at=made, lost_replicas=lost)
+
+
+def lost_replicas(pods: list[dict]) -> tuple[LostReplica, ...]:
+    """The replicas of a serving attempt lost while the others serve, one per pod of ``pods`` (the pods of its
+    replicas that serve on, ``observe_inference``) that died (``docs/adr/0041``): taken away (evicted, deleted from
+    outside, disrupted: ``pod_lost``, ``pod_deleted``) or whose server crashed (``serving_crash`` with a non-zero
+    exit or OOMKilled: the kubelet restarts it in place, in CrashLoopBackOff). Key: ``<replica>/<pod name>``, a pod's
+    own, so a replica lost again later (its new pod) is a new loss; ``replace_replica`` takes it. A pod of the
+    platform's own replacement (deleted by ``replace_replica``) keeps its key: the same loss, seen again."""
+    lost = []
+    for pod in pods:
+        name = (pod.get("metadata") or {}).get("name", "?")
+        seen = pod_lost(pod) or pod_deleted(pod) or serving_crash(pod)
+        if seen is None or (seen.phase == "failed" and seen.exit_code == 0):
+            continue
+        key = f"{_replica_of(pod) if _replica_of(pod) is not None else '-'}/{name}"
+        lost.append(LostReplica(key, seen.phase, seen.end_reason, seen.exit_code, seen.message))
+    return tuple(lost)
+
+
+def pinned_nodes(deployment: dict) -> set[str]:
+    """The nodes a Deployment's pods are pinned to (``kubernetes.io/hostname`` In of its required node affinity,
+    ``manifests._scheduling``); empty when they are not pinned."""
+    spec = ((deployment.get("spec") or {}).get("template") or {}).get("spec") or {}
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution") or {}
+    return {v for term in required.get("nodeSelectorTerms") or () for e in term.get("matchExpressions") or ()
+            if e.get("key") == m.HOSTNAME_LABEL and e.get("operator") == "In" for v in e.get("values") or ()}
 
 
 def owned_objects(attempt) -> list[tuple[str, str, str]]:
@@ -633,6 +695,15 @@ def owned_objects(attempt) -> list[tuple[str, str, str]]:
                 + [("Service", n, "Background") for n in names])
     name = attempt.object_name
     return [("Job", name, "Foreground"), ("Deployment", name, "Foreground"), ("Service", name, "Background")]
+
+
+def endpoint_owned(service: dict, job_id: int, installation: str) -> bool:
+    """Whether ``service`` is the endpoint Service of serving job ``job_id`` of this installation
+    (``installation``: its uid; "" for a job whose attempts predate uids): a Service of that name made by another
+    installation's namesake job is never this job's to keep or delete."""
+    labels = _labels(service)
+    return (labels.get(m.LABEL_ENDPOINT) == "true" and labels.get(m.LABEL_JOB) == str(job_id)
+            and labels.get(m.LABEL_INSTALLATION, "") == installation)
 
 
 class KubernetesBackend(Backend):
@@ -675,8 +746,11 @@ class KubernetesBackend(Backend):
         the server's message (a 404 or 410 is transient: a proxy in front of a
         healthy API server answers them too). Returns ``{"namespace",
         "objects": [[kind, name]...], "endpoint", "created_at", "metrics_port"}``: ``endpoint``
-        is the inference Service's in-cluster URL
-        ``http://<name>.<namespace>.svc:<port>`` (None for training);
+        is the serving job's Service's in-cluster URL
+        ``http://job-<job id>.<namespace>.svc:<port>`` (``manifests.serving_endpoint``; the
+        Service is the job's, made by its first attempt and found by the next, so the address does not change
+        when an attempt is replaced; None for training), and for a serving
+        attempt ``replicas`` its replicas' Deployments, by index;
         ``metrics_port`` the workload-metrics port the training pods declare
         (absent when none: ``K8S_METRICS_PORT`` 0, or a serving job);
         ``created_at`` (ISO 8601) is the creationTimestamp of the Job or
@@ -716,8 +790,10 @@ class KubernetesBackend(Backend):
                 times.append(made)
             created.append([manifest["kind"], manifest["metadata"]["name"]])
         times = [t for t in times if t is not None]
-        endpoint = f"http://{w.name}.{w.namespace}.svc:{w.port}" if w.kind == "inference" else None
+        endpoint = m.serving_endpoint(w) if w.kind == "inference" else None
         state = {"namespace": w.namespace, "objects": created, "endpoint": endpoint}
+        if w.kind == "inference":
+            state["replicas"] = [m.replica_name(w.name, i) for i in range(max(1, w.replicas))]
         if w.jobset:
             state["jobset"] = True
         if w.metrics_port:
@@ -725,6 +801,109 @@ class KubernetesBackend(Backend):
         if times:  # a server that reports no creationTimestamp: billing starts when dispatch records the start
             state["created_at"] = min(times).isoformat()
         return state
+
+    # --- scaling a serving attempt ----------------------------------------------------------------------------
+
+    scales = True
+
+    def scale(self, attempt, replicas: int, *, refusal: str = "") -> dict:
+        """Make serving ``attempt`` run ``replicas`` replicas (``Backend.scale``); idempotent; returns its new
+        ``runner_state`` (``replicas``: its replicas' Deployments, by index). Zero is refused: no endpoint of the
+        platform's stands in front of the Service to hold a request while a replica starts (``refusal`` is then
+        unused), and with no Deployment left the attempt would read as gone.
+
+        Each replica is a Deployment of its own (``manifests.inference_deployment``) pinned to the node admission
+        booked for it: replica ``i`` to ``placement["nodes"][i]``, which ``serving.replicas.add_replica`` appends
+        and ``release_replicas`` takes from the end. A scale-down deletes the Deployments of the replicas past
+        ``replicas`` (Foreground: their pods first, taken out of the Service as they terminate); a scale-up
+        creates the missing ones on their booked nodes. A replica's Deployment still being deleted, or pinned to
+        another node than its booking says (a scale-down whose deletion had not gone through when the slot was
+        booked again), is deleted and the call raises TransientDispatchError: the autoscaler's next pass makes
+        it anew. Raises PermanentDispatchError for an attempt that is not a serving one or was made with one
+        Deployment of all its replicas (it keeps its count until replaced), TransientDispatchError when the
+        cluster does not answer.
+        """
+        if attempt.job.kind != "inference":
+            raise PermanentDispatchError(f"{attempt.object_name} is not a serving attempt")
+        if replicas < 1:
+            raise PermanentDispatchError(f"{attempt.object_name}: a Kubernetes cluster does not scale a serving job "
+                                         f"to zero")
+        w = dataclasses.replace(workload(attempt), replicas=replicas)
+        try:
+            return self._scale(client_for(attempt.cluster), attempt, w)
+        except _NamespaceMissing as exc:
+            raise TransientDispatchError(f"namespace {w.namespace} is gone; {w.name} cannot be scaled") from exc
+        except ClusterUnreachable as exc:
+            raise TransientDispatchError(f"cluster {attempt.cluster.name} unreachable: {exc}") from exc
+
+    def _scale(self, c: ClusterClient, attempt, w: m.Workload) -> dict:
+        key = attempt_key(attempt)
+        try:
+            answer = c.call(c.apps.list_namespaced_deployment, w.namespace, label_selector=_selector_of(key),
+                            _preload_content=False)
+        except ApiError as exc:
+            raise _dispatch_error(exc, f"listing the Deployments of {w.name}") from exc
+        listed = {d["metadata"]["name"]: d for d in _list_items(answer, "listing Deployments")
+                  if _key_of(d) == key and (d.get("metadata") or {}).get("name")}
+        if any(_replica_of(d) is None for d in listed.values()):
+            raise PermanentDispatchError(f"{w.name} runs one Deployment of all its replicas; it keeps "
+                                         f"{attempt.job.replicas} until an attempt replaces it")
+        stale = [name for name, d in listed.items() if not d["metadata"].get("deletionTimestamp")
+                 and (int(_replica_of(d)) >= w.replicas
+                      or pinned_nodes(d) != set(m.replica_workload(w, int(_replica_of(d))).node_names))]
+        for name in stale:  # released replicas, and any whose pinning is not its booking's
+            self._delete_deployment(c, w.namespace, name)
+        waiting = sorted(name for name, d in listed.items() if int(_replica_of(d)) < w.replicas
+                         and (name in stale or d["metadata"].get("deletionTimestamp")))
+        for index in range(w.replicas):
+            if m.replica_name(w.name, index) not in listed:
+                self._create(c, w, m.inference_deployment(w, index))
+        if waiting:
+            raise TransientDispatchError(f"the Deployments {', '.join(waiting)} of {w.name} are being deleted; "
+                                         f"they are made anew on their booked nodes once gone")
+        names = [m.replica_name(w.name, i) for i in range(w.replicas)]
+        state = dict(attempt.runner_state or {})
+        state["replicas"] = names
+        state["objects"] = ([o for o in state.get("objects") or () if o[0] != "Deployment"]
+                            + [["Deployment", name] for name in names])
+        return state
+
+    replaces_replicas = True
+
+    def replace_replica(self, attempt, key: str) -> dict:
+        """Replace the lost replica ``key`` of serving ``attempt`` (``LostReplica.key``: ``<replica>/<pod name>``,
+        ``lost_replicas``) in its booked slot: its pod, when it still exists and is not being deleted (a crashed
+        server the kubelet keeps restarting in place, or a pod Failed by a kubelet's eviction), is deleted, and
+        the replica's Deployment makes a new one pinned to the same node; a pod taken away already is being
+        replaced by it. Nothing is admitted or released. Idempotent: a pod gone or going changes nothing.
+        Returns the attempt's ``runner_state`` as it is. Raises PermanentDispatchError for a key that names no pod
+        of this attempt's shape, TransientDispatchError when the cluster does not answer."""
+        _, _, pod_name = key.partition("/")
+        if attempt.job.kind != "inference" or not pod_name:
+            raise PermanentDispatchError(f"{key!r} names no replica of {attempt.object_name}")
+        namespace = team_namespace(attempt.job.team.slug)
+        try:
+            c = client_for(attempt.cluster)
+            pod = next((p for p in self._pods(c, namespace, attempt_key(attempt))
+                        if p["metadata"].get("name") == pod_name), None)
+            if pod is not None and not pod["metadata"].get("deletionTimestamp"):
+                try:
+                    c.call(c.core.delete_namespaced_pod, pod_name, namespace, _preload_content=False)
+                except ApiError as exc:
+                    if exc.status != 404:
+                        raise _dispatch_error(exc, f"deleting pod {namespace}/{pod_name}") from exc
+        except ClusterUnreachable as exc:
+            raise TransientDispatchError(f"cluster {attempt.cluster.name} unreachable: {exc}") from exc
+        return dict(attempt.runner_state or {})
+
+    def _delete_deployment(self, c: ClusterClient, namespace: str, name: str) -> None:
+        """DELETE the Deployment ``namespace/name``, Foreground (its pods first); one gone already is left."""
+        try:
+            c.call(c.apps.delete_namespaced_deployment, name, namespace, propagation_policy="Foreground",
+                   _preload_content=False)
+        except ApiError as exc:
+            if exc.status != 404:
+                raise _dispatch_error(exc, f"deleting Deployment {namespace}/{name}") from exc
 
     def _ensure_namespace(self, c: ClusterClient, w: m.Workload) -> None:
         """Create the team namespace unless this cluster's client saw it exist before (``ClusterClient.namespaces``).
@@ -764,6 +943,11 @@ class KubernetesBackend(Backend):
             existing = _object(c.call(read, name, w.namespace, _preload_content=False), name, what)
         except ApiError as exc:
             raise _dispatch_error(exc, f"{what} (reading the existing one)") from exc
+        if m.LABEL_ENDPOINT in _labels(manifest):  # the job's Service, made by an earlier attempt: kept as it is
+            if endpoint_owned(existing, w.job_id, w.installation):
+                return _parse_time((existing.get("metadata") or {}).get("creationTimestamp"))
+            raise PermanentDispatchError(f"{what}: a Service of that name exists and is not this job's endpoint; "
+                                         f"refused")
         mine = w.attempt_uid or w.attempt_id
         if _key_of(existing) != mine:  # a namesake: refused, never taken for this attempt's own
             raise PermanentDispatchError(f"{what}: an object of that name exists and belongs to another attempt "
@@ -858,7 +1042,10 @@ class KubernetesBackend(Backend):
         node: ``NodeLost`` naming it (on a spot pool, ``jobs.lifecycle.spot_cause`` makes that ``SpotReclaimed``),
         never a ``PodDeleted`` charged to the job's retries. Class: a verdict on missing evidence; invariant
         ``loss_counted_by_cause`` of the simulator."""
-        by_attempt = {_key_of(o): o for o in jobs + deployments if m.LABEL_ROLE not in _labels(o)}
+        by_attempt: dict[str | int | None, list[dict]] = defaultdict(list)  # a Job, or a serving attempt's Deployments
+        for obj in jobs + deployments:
+            if m.LABEL_ROLE not in _labels(obj):
+                by_attempt[_key_of(obj)].append(obj)
         jobset_of = {_key_of(o): o for o in jobsets}
         role_jobs: dict[str | int | None, dict[str, dict]] = defaultdict(dict)
         for job in jobs:
@@ -878,9 +1065,19 @@ class KubernetesBackend(Backend):
                 observed = self._observe_roles(c, attempt, role_jobs.get(key, {}), pods_of.get(key, []),
                                                jobset_of.get(key), now, grace, unschedulable_grace)
             else:
-                observed = self._observe_one(c, attempt, by_attempt.get(key), pods_of.get(key, []), now, grace,
+                observed = self._observe_one(c, attempt, by_attempt.get(key, []), pods_of.get(key, []), now, grace,
                                              unschedulable_grace)
             result[attempt.pk] = observed
+            if attempt.job.kind == "inference" and observed.phase in ("pending", "unschedulable"):
+                pinned = set().union(*(pinned_nodes(d) for d in serving_replicas(by_attempt.get(key, []))))
+                if pinned and node_names is None:
+                    node_names = {(n.get("metadata") or {}).get("name") for n in self._nodes(c)}
+                if gone := sorted(pinned - (node_names or set())):
+                    # A replica pinned to a node that is gone never starts again there: lost with its node.
+                    result[attempt.pk] = Observation(
+                        "lost", "NodeLost", None, f"a replica is pinned to node {', '.join(gone)}, which is gone "
+                        f"from the cluster", created_at=observed.created_at, nodes=tuple(gone))
+                continue
             if observed.phase == "lost" and observed.end_reason == "PodDeleted" and not observed.nodes:
                 if node_names is None:
                     node_names = {(n.get("metadata") or {}).get("name") for n in self._nodes(c)}
@@ -891,22 +1088,29 @@ class KubernetesBackend(Backend):
                         message=f"{observed.message}; its node {', '.join(gone)} is gone from the cluster".strip("; "))
         return result
 
-    def _observe_one(self, c: ClusterClient, attempt, obj: dict | None, pods: list[dict], now: dt.datetime,
+    def _observe_one(self, c: ClusterClient, attempt, listed: list[dict], pods: list[dict], now: dt.datetime,
                      grace: float, unschedulable_grace: float) -> Observation:
-        """The Observation of a training or inference ``attempt`` from its listed Job or Deployment ``obj`` (None:
-        not listed: only the object's own GET can say it is gone, and an end record how it ended) and its pods."""
+        """The Observation of a training or inference ``attempt`` from its listed Job or Deployments ``listed``
+        (none listed: only the object's own GET can say it is gone, and an end record how it ended: a serving
+        attempt's replica 0 Deployment, which every scale keeps, or the one Deployment of an attempt made before
+        replicas had their own) and its pods."""
         kind = "Deployment" if attempt.job.kind == "inference" else "Job"
-        if obj is None:
+        if not listed:
             namespace = team_namespace(attempt.job.team.slug)
-            obj = self._read(c, kind, attempt.object_name, namespace)
-            if obj is not None and _key_of(obj) != attempt_key(attempt):
-                obj = None  # a namesake of another attempt: this attempt's object does not exist
-            if obj is None and (ended := self._end_record(c, attempt, namespace)) is not None:
+            names = ([m.replica_name(attempt.object_name, 0), attempt.object_name] if kind == "Deployment"
+                     else [attempt.object_name])
+            for name in names:
+                obj = self._read(c, kind, name, namespace)
+                if obj is not None and _key_of(obj) == attempt_key(attempt):  # never a namesake of another attempt
+                    listed = [obj]
+                    break
+            if not listed and (ended := self._end_record(c, attempt, namespace)) is not None:
                 return ended
         if kind == "Deployment":
-            return observe_inference(obj, pods, now, grace, unschedulable_grace, started_at=attempt.started_at,
+            return observe_inference(listed, pods, now, grace, unschedulable_grace, started_at=attempt.started_at,
                                      max_runtime_seconds=attempt.job.max_runtime_seconds)
-        return observe_training(obj, pods, attempt.job.nodes, now, grace, unschedulable_grace)
+        return observe_training(listed[0] if listed else None, pods, attempt.job.nodes, now, grace,
+                                unschedulable_grace)
 
     def _observe_roles(self, c: ClusterClient, attempt, listed: dict[str, dict], pods: list[dict],
                        jobset: dict | None, now: dt.datetime, grace: float, unschedulable_grace: float) -> Observation:
@@ -935,7 +1139,10 @@ class KubernetesBackend(Backend):
 
     def delete(self, attempt) -> bool:
         """Delete the attempt's objects (``owned_objects``: its Job or Deployment, Foreground: pods first, and
-        Service; every role's Job and Service for a multi-role attempt); True once all answer 404 and no pod is left.
+        Service; every role's Job and Service for a multi-role attempt; a serving attempt's replica Deployments,
+        ``_objects_of``); True once all answer 404 and no pod is left. A serving job's Service (its endpoint) is
+        the job's: it is deleted only when the job will not run again (``ENDPOINT_ENDS``), and is kept for the
+        attempt that follows a recovery.
 
         Before the first DELETE of an object it owns, writes the attempt's end
         record (``write_end_record``; a failure to write it raises
@@ -955,7 +1162,7 @@ class KubernetesBackend(Backend):
         c = client_for(attempt.cluster)
         namespace, key = team_namespace(attempt.job.team.slug), attempt_key(attempt)
         gone, recorded, accepted = True, False, []
-        for kind, name, policy in owned_objects(attempt):
+        for kind, name, policy in self._objects_of(c, attempt, namespace):
             _, read, delete, _ = _api(c, kind)
             try:
                 existing = _object(c.call(read, name, namespace, _preload_content=False), name,
@@ -980,6 +1187,8 @@ class KubernetesBackend(Backend):
                 accepted.append(deletion_time(existing) or deletion_time(_parse_or_none(answer)) or timezone.now())
         if accepted:  # several Jobs (a multi-role attempt): every pod was being stopped once the last was accepted
             attempt.deletion_accepted_at = max(accepted)
+        if attempt.job.kind == "inference" and attempt.job.state in ENDPOINT_ENDS:
+            self._delete_endpoint(c, attempt, namespace)
         if not gone:
             return self._all_gone(c, attempt, namespace)
         return self._no_pods(c, attempt, namespace, key)
@@ -1104,9 +1313,75 @@ class KubernetesBackend(Backend):
                 moved += 1
         return {"deleted": deleted, "moved": moved}
 
+    def _objects_of(self, c: ClusterClient, attempt, namespace: str) -> list[tuple[str, str, str]]:
+        """``owned_objects`` of ``attempt`` and, for a serving attempt, the Deployments of its replicas, found by
+        one LIST of its labels in ``namespace`` (a scale changes how many there are), first, so the end record
+        is written from a replica's (it carries the dispatch record). Raises ClusterUnreachable."""
+        objects = owned_objects(attempt)
+        if attempt.job.kind != "inference":
+            return objects
+        try:
+            answer = c.call(c.apps.list_namespaced_deployment, namespace,
+                            label_selector=_selector_of(attempt_key(attempt)), _preload_content=False)
+        except ApiError as exc:
+            raise ClusterUnreachable(f"listing Deployments in {namespace}: {exc}") from exc
+        names = sorted({(d.get("metadata") or {}).get("name") for d in _list_items(answer, "listing Deployments")
+                        if _key_of(d) == attempt_key(attempt)} - {None, attempt.object_name})
+        return [("Deployment", name, "Foreground") for name in names] + objects
+
+    def _delete_endpoint(self, c: ClusterClient, attempt, namespace: str) -> None:
+        """Delete the Service of ``attempt``'s serving job (its endpoint, ``manifests.inference_service``) when it
+        is that job's (``endpoint_owned``); one that is gone is left. Raises ClusterUnreachable."""
+        job = attempt.job
+        name = m.serving_service_name(job.pk)
+        found = self._read(c, "Service", name, namespace)
+        if found is None or not endpoint_owned(found, job.pk, "" if attempt.legacy_name else installation_uid()):
+            return
+        try:
+            c.call(c.core.delete_namespaced_service, name, namespace, _preload_content=False)
+        except ApiError as exc:
+            if exc.status != 404:
+                raise ClusterUnreachable(f"deleting Service {namespace}/{name}: {exc}") from exc
+
+    def sweep_endpoints(self, cluster) -> int:
+        """Delete this installation's serving Services (``manifests.inference_service``) on ``cluster`` whose job
+        will not run there again: the job has no row, has ended (its last attempt's deletion normally takes the
+        Service with it; a job that ended while waiting in the queue has no attempt to do so), or runs on another
+        cluster now. One LIST of Services by label, one query, a DELETE each; returns how many were deleted.
+        Raises ClusterUnreachable."""
+        from jobs.models import Job
+
+        c = client_for(cluster)
+        mine = installation_uid()
+        try:
+            answer = c.call(_api(c, "Service")[3], label_selector=f"{m.LABEL_ENDPOINT}=true", _preload_content=False)
+        except ApiError as exc:
+            raise ClusterUnreachable(f"listing Services failed: {exc}") from exc
+        found = {}
+        for svc in _list_items(answer, "listing Services"):
+            job_id = _labels(svc).get(m.LABEL_JOB, "")
+            if job_id.isdigit() and endpoint_owned(svc, int(job_id), mine):
+                found[int(job_id)] = svc
+        rows = Job.objects.filter(pk__in=found).exclude(state__in=FINAL_STATES).values_list(
+            "pk", "current_attempt__cluster_id", "current_attempt__ended_at")
+        kept = {pk for pk, where, ended in rows if where in (None, cluster.pk) or ended is not None}
+        deleted = 0
+        for job_id, svc in found.items():
+            if job_id in kept:
+                continue
+            meta = svc.get("metadata") or {}
+            try:
+                c.call(c.core.delete_namespaced_service, meta.get("name"), meta.get("namespace"),
+                       _preload_content=False)
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise ClusterUnreachable(f"deleting Service {meta.get('name')}: {exc}") from exc
+            deleted += 1
+        return deleted
+
     def _all_gone(self, c: ClusterClient, attempt, namespace: str) -> bool:
         owner = False
-        for kind, name, _ in owned_objects(attempt):
+        for kind, name, _ in self._objects_of(c, attempt, namespace):
             try:
                 obj = _object(c.call(_api(c, kind)[1], name, namespace, _preload_content=False), name,
                               f"reading {kind} {namespace}/{name}")
@@ -1166,6 +1441,9 @@ class KubernetesBackend(Backend):
         for job in jobs:
             if m.LABEL_ROLE in _labels(job):
                 role_jobs[_key_of(job)][_labels(job)[m.LABEL_ROLE]] = job
+        replicas_of: dict[str | int | None, list[dict]] = defaultdict(list)
+        for deployment in deployments:
+            replicas_of[_key_of(deployment)].append(deployment)
         now, found = timezone.now(), {}
         for obj in jobs + deployments:
             labels, meta = _labels(obj), obj.get("metadata") or {}
@@ -1177,8 +1455,9 @@ class KubernetesBackend(Backend):
             except ValueError:
                 record = {}
             attempt_pods, name = pods_of.get(uid, []), meta.get("name", "")
-            if obj.get("kind") == "Deployment":
-                obs = observe_inference(obj, attempt_pods, now, float("inf"))
+            if obj.get("kind") == "Deployment":  # a serving attempt is all its replicas' Deployments
+                obs = observe_inference(replicas_of[uid], attempt_pods, now, float("inf"))
+                name = name if m.LABEL_REPLICA not in labels else name.removesuffix(f"-{labels[m.LABEL_REPLICA]}")
             elif m.LABEL_ROLE in labels:  # one of a multi-role attempt's Jobs: the attempt is all of them
                 obs = observe_multi_role(role_jobs[uid], attempt_pods, role_shapes(record.get("placement")), now,
                                          float("inf"))

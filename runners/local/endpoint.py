@@ -15,7 +15,11 @@ refuses the connection is taken out of rotation until its next good check, and t
 (the connection broke, no answer) is tried again on another replica only for an idempotent request: a method
 RFC 9110 section 9.2.2 calls idempotent (GET, HEAD, OPTIONS, TRACE, PUT, DELETE) or a request with an
 ``Idempotency-Key`` header (IETF draft "The Idempotency-Key HTTP Header Field"). Without a ready replica the
-answer is ``503`` with ``Retry-After: 1``. Answers carry ``X-Controlplane-Replica``: the replica that served.
+answer is ``503`` with ``Retry-After: 1``, unless ``backends.json`` has ``hold_seconds`` (a job scaled to zero:
+``{"hold_seconds": 120, "refusal": ""}``): the request is then held, counted in flight (which is what makes the
+autoscaler admit a replica), until a replica is ready (sent there), ``hold_seconds`` pass (503,
+``no_ready_replica``) or the control plane writes a ``refusal`` (503, ``scale_from_zero_refused``, with the reason;
+later requests get it at once while it stays). Answers carry ``X-Controlplane-Replica``: the replica that served.
 
 ``--admin-port`` serves ``GET /metrics`` (Prometheus exposition) with the endpoint's own counters, which the
 autoscaler reads (``jobs.serving``): ``controlplane_endpoint_requests_total``, ``..._in_flight``,
@@ -25,7 +29,7 @@ those intervals), ``..._failed_requests_total`` (answered 502 or 503 by the prox
 ``..._ready_replicas``, ``..._replicas`` and ``..._replica_requests_total{replica}``.
 
 With no replica ready for ``--idle-exit`` seconds (the job's attempt ended and no other took its place, or every
-replica is down) or its directory gone, the proxy exits 0 (the runner's next look at a live attempt starts it
+replica is down; never while it holds requests for a job scaled to zero) or its directory gone, the proxy exits 0 (the runner's next look at a live attempt starts it
 again, on the same port); on SIGTERM or SIGINT too. Built on aiohttp's server and client (aio-libs); no Django.
 """
 
@@ -53,6 +57,8 @@ IDEMPOTENCY_KEY = "Idempotency-Key"
 REPLICA_HEADER = "X-Controlplane-Replica"
 #: Seconds a health check may take before the replica counts as not ready.
 HEALTH_TIMEOUT_SECONDS = 1.0
+#: Seconds between looks for a ready replica while a request is held (a job scaled to zero).
+HOLD_POLL_SECONDS = 0.1
 #: The largest request body forwarded, bytes.
 MAX_BODY_BYTES = 16 * 1024 * 1024
 
@@ -71,6 +77,8 @@ class Replicas:
         self.addresses: list[str] = []
         self.health_path = "/healthz"
         self.ready: set[str] = set()
+        self.hold_seconds = 0.0
+        self.refusal = ""
         self.served: dict[str, int] = {}
         self._turn = 0
         self._stamp: tuple[int, int] | None = None
@@ -90,6 +98,8 @@ class Replicas:
         self._stamp = stamp
         self.addresses = [a for a in data.get("replicas") or () if isinstance(a, str)]
         self.health_path = data.get("health_path") or "/healthz"
+        self.hold_seconds = float(data.get("hold_seconds") or 0)
+        self.refusal = str(data.get("refusal") or "")
         self.ready &= set(self.addresses)
 
     def idle_for(self) -> float:
@@ -149,8 +159,14 @@ class Endpoint:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         again = idempotent(request.method, request.headers)
         tried: set[str] = set()
+        self.replicas.reload()  # one stat: a replica retired a moment ago gets no new request
         while True:
             address = self.replicas.pick(tried)
+            if address is None and not tried and self.replicas.hold_seconds:
+                address = await self._held()
+                if address is None:
+                    self.failed += 1
+                    return self._not_held()
             if address is None:
                 self.failed += 1
                 status = 502 if tried else 503
@@ -177,6 +193,26 @@ class Endpoint:
                     self.failed += 1
                     return web.json_response({"error": "replica_failed", "replica": address}, status=502)
 
+    async def _held(self) -> str | None:
+        """Hold a request of a job scaled to zero until a replica is ready (its address), ``hold_seconds`` pass or
+        a refusal is written (None)."""
+        deadline = time.monotonic() + self.replicas.hold_seconds
+        while not self.replicas.refusal and time.monotonic() < deadline:
+            await asyncio.sleep(HOLD_POLL_SECONDS)
+            self.replicas.reload()
+            address = self.replicas.pick(set())
+            if address is not None:
+                return address
+        return None
+
+    def _not_held(self) -> web.Response:
+        """The 503 of a held request that no replica took: the refusal's reason, or the hold's end."""
+        if self.replicas.refusal:
+            return web.json_response({"error": "scale_from_zero_refused", "reason": self.replicas.refusal},
+                                     status=503, headers={"Retry-After": "15"})
+        return web.json_response({"error": "no_ready_replica", "held_seconds": self.replicas.hold_seconds},
+                                 status=503, headers={"Retry-After": "1"})
+
     async def check(self, address: str) -> None:
         """One readiness check of ``address``: GET its health path; 2xx or 3xx within the timeout is ready."""
         try:
@@ -201,7 +237,7 @@ class Endpoint:
             self.replicas.reload()
             if self.replicas.addresses:
                 await asyncio.gather(*(self.check(a) for a in list(self.replicas.addresses)))
-            if self.replicas.idle_for() >= idle_exit:
+            if self.replicas.idle_for() >= idle_exit and not self.replicas.hold_seconds:
                 stop.set()
                 return
             try:

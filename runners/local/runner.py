@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from jobs.models import roles_in_order
 from ..base import (
     ABSENT,
     Backend,
+    LostReplica,
     Observation,
     PermanentDispatchError,
     PoolCapacity,
@@ -152,7 +154,7 @@ def node_env(attempt, meta: dict, node: int) -> dict[str, str]:
         "RANK": str(node),
         "LOCAL_RANK": "0",
         "LOCAL_WORLD_SIZE": "1",
-        "CHECKPOINT_DIR": meta["checkpoint_dir"],
+        "CHECKPOINT_DIR": (meta.get("pod_checkpoints") or {}).get(str(node), meta["checkpoint_dir"]),
         "PORT": str(node_port(meta, node)),
         "CONTROLPLANE_JOB_ID": str(job.pk),
         "CONTROLPLANE_ATTEMPT": str(attempt.number),
@@ -375,6 +377,34 @@ def summarise(statuses: list[NodeStatus], stop_reason: str | None, roles: list[d
     return Observation("pending")
 
 
+#: Exit reasons of a serving replica's pod that make the replica lost (replaced while the others serve): a crash, a
+#: kill, a stop from outside. A deadline is the attempt's (its max runtime), and an exit 0 is a server that
+#: chose to end: those stay the attempt's, as for any job.
+REPLICA_LOSS_REASONS = frozenset({"exited", "signal", "cancelled"})
+
+
+def lost_replicas(statuses: list[NodeStatus], pods_per_replica: int) -> tuple[list[NodeStatus], tuple[LostReplica, ...]]:
+    """Split the live pods' ``statuses`` of a serving attempt (in node order; every ``pods_per_replica`` of them
+    one replica) into the survivors' statuses and the replicas lost: a replica one of whose pods crashed (a
+    non-zero exit), was killed by a signal, was stopped from outside the control plane (``cancelled`` with no
+    stop of the attempt) or whose supervisor died (``lost``). Each lost replica is named by its pods' node
+    indexes and described as ``summarise`` describes an attempt of those pods alone."""
+    survivors: list[NodeStatus] = []
+    lost: list[LostReplica] = []
+    size = max(1, pods_per_replica)
+    for at in range(0, len(statuses), size):
+        group = statuses[at:at + size]
+        dead = any(s.state == "lost" or (s.state == "ended" and s.exit.get("reason") in REPLICA_LOSS_REASONS and not (
+            s.exit.get("reason") == "exited" and s.exit.get("exit_code") == 0)) for s in group)
+        if not dead:
+            survivors.extend(group)
+            continue
+        ended = summarise([s for s in group if s.state in ("ended", "lost")], None)
+        lost.append(LostReplica(",".join(str(s.node) for s in group), ended.phase, ended.end_reason, ended.exit_code,
+                                ended.message))
+    return survivors, tuple(lost)
+
+
 class LocalBackend(Backend):
     """Runs attempts as processes on this machine: one supervised process group per node.
 
@@ -384,6 +414,8 @@ class LocalBackend(Backend):
 
     name = "local"
     scales = True
+    replaces_replicas = True
+    rolls_out = True
 
     # --- discovery ---------------------------------------------------------------------------------------------
 
@@ -455,12 +487,14 @@ class LocalBackend(Backend):
         if attempt.job.kind != "inference":
             return None
         return ensure_endpoint(attempt.job_id, attempt.object_name, replica_addresses(meta),
-                               meta.get("health_path") or DEFAULT_HEALTH_PATH, free_ports)
+                               meta.get("health_path") or DEFAULT_HEALTH_PATH, free_ports,
+                               meta.get("hold_seconds") or 0.0, meta.get("refusal") or "")
 
-    def scale(self, attempt, replicas: int) -> dict:
-        """Make serving ``attempt`` run ``replicas`` replicas (of ``job.nodes`` pods each): start new pods (fresh
-        ports, appended node indexes) or retire the last ones (taken out of the endpoint first, then stopped:
-        SIGTERM, the supervisor's grace, SIGKILL). Idempotent; returns the attempt's new ``runner_state``.
+    def scale(self, attempt, replicas: int, *, refusal: str = "") -> dict:
+        """Make serving ``attempt`` run ``replicas`` replicas (of ``job.nodes`` pods each; 0 for a job that scales
+        to zero): start new pods (fresh ports, appended node indexes) or retire the last ones (taken out of the
+        endpoint first, then stopped: SIGTERM, the supervisor's grace, SIGKILL). ``refusal`` is kept for the
+        endpoint (``Backend.scale``). Idempotent; returns the attempt's new ``runner_state``.
 
         Raises PermanentDispatchError for an attempt that is stopped or not a serving one, TransientDispatchError
         for OSError and for GPUs still held by other processes.
@@ -472,7 +506,7 @@ class LocalBackend(Backend):
         if (directory / STOP_FILE).exists():
             raise PermanentDispatchError(f"{attempt.object_name} was stopped; it cannot be scaled")
         argv = build_command(job.spec)
-        wanted = job.nodes * max(1, replicas)
+        wanted = job.nodes * max(0, replicas)
         try:
             with open(run_dir() / ".dispatch.lock", "a") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # the same lock as first dispatches: port and GPU picks
@@ -489,6 +523,7 @@ class LocalBackend(Backend):
                     meta["nodes"] += added
                 elif retiring:
                     meta["retired"] = sorted(set(meta.get("retired") or ()) | set(retiring))
+                meta["refusal"] = refusal
                 write_json_atomic(directory / ATTEMPT_FILE, meta)
             conf = self._endpoint(attempt, meta)  # retired replicas leave rotation before they stop
             for node in live_pods(meta):
@@ -497,6 +532,171 @@ class LocalBackend(Backend):
         except OSError as exc:
             raise TransientDispatchError(f"cannot scale {attempt.object_name}: {exc}") from exc
         return self._runner_state(directory, meta, conf)
+
+    def replace_replica(self, attempt, key: str) -> dict:
+        """Start a new replica of serving ``attempt`` in place of the lost one ``key`` (its pods' node indexes,
+        comma-separated: ``LostReplica.key``): its pods are retired (taken out of the endpoint; any of them still
+        alive stopped) and as many new pods appended on the same GPU devices (the booked slot: nothing is admitted
+        or released), each with a fresh ``PORT``. Idempotent: pods retired already are not replaced again.
+        Returns the attempt's new ``runner_state``.
+
+        Raises PermanentDispatchError for a bad key, an attempt that is stopped or not a serving one,
+        TransientDispatchError for OSError or an attempt not dispatched yet.
+        """
+        job = attempt.job
+        if job.kind != "inference":
+            raise PermanentDispatchError(f"{attempt.object_name} is not a serving attempt")
+        try:
+            pods = sorted({int(word) for word in key.split(",")})
+        except ValueError:
+            raise PermanentDispatchError(f"{key!r} names no replica of {attempt.object_name}") from None
+        directory = attempt_dir(attempt)
+        if (directory / STOP_FILE).exists():
+            raise PermanentDispatchError(f"{attempt.object_name} was stopped; its replicas are not replaced")
+        argv = build_command(job.spec)
+        try:
+            with open(run_dir() / ".dispatch.lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # the same lock as dispatches and scaling: port and device picks
+                meta = read_json(directory / ATTEMPT_FILE)
+                if meta is None:
+                    raise TransientDispatchError(f"{attempt.object_name} is not dispatched yet")
+                if any(not 0 <= pod < meta["nodes"] for pod in pods):
+                    raise PermanentDispatchError(f"{key!r} names no replica of {attempt.object_name}")
+                fresh = [pod for pod in pods if pod not in set(meta.get("retired") or ())]
+                if fresh:
+                    meta["ports"] = [node_port(meta, n) for n in range(meta["nodes"])] + free_ports(len(fresh))
+                    if meta.get("devices") is not None:
+                        meta["devices"] = meta["devices"] + [meta["devices"][pod] for pod in fresh]
+                    meta["nodes"] += len(fresh)
+                    meta["retired"] = sorted(set(meta.get("retired") or ()) | set(fresh))
+                    meta["replaced"] = {**(meta.get("replaced") or {}),
+                                        **{str(pod): meta["nodes"] - len(fresh) + i for i, pod in enumerate(fresh)}}
+                    checkpoints = meta.get("pod_checkpoints") or {}
+                    for pod, new in meta["replaced"].items():  # a new pod serves what the lost one served
+                        if pod in checkpoints:
+                            checkpoints[str(new)] = checkpoints[pod]
+                    meta["pod_checkpoints"] = checkpoints
+                    write_json_atomic(directory / ATTEMPT_FILE, meta)
+            conf = self._endpoint(attempt, meta)  # the lost pods leave rotation, the new ones join once ready
+            for node in live_pods(meta):
+                self._launch_node(attempt, directory, meta, node, argv)
+            self._retire(directory, pods)  # a pod of the lost replica that still runs
+        except OSError as exc:
+            raise TransientDispatchError(f"cannot replace a replica of {attempt.object_name}: {exc}") from exc
+        return self._runner_state(directory, meta, conf)
+
+    # --- rollouts (serving.rollout) ------------------------------------------------------------------------------
+
+    def replica_keys(self, attempt) -> list[str]:
+        """The live pods of serving ``attempt``, oldest first, as keys (``"<node index>"``; a serving replica is one
+        pod), the rollout's new ones still on probation left out."""
+        meta = read_json(attempt_dir(attempt) / ATTEMPT_FILE) or {}
+        probation = set(meta.get("rollout_pods") or ())
+        return [str(n) for n in live_pods(meta) if n not in probation] if meta else []
+
+    def start_rollout_replica(self, attempt, checkpoint_job_id: int, *, in_place_of: str | None = None) -> str:
+        """One new pod of serving ``attempt`` with ``CHECKPOINT_DIR`` the checkpoint directory of job
+        ``checkpoint_job_id`` (``Backend.start_rollout_replica``): on GPU devices no live pod holds (a surge the
+        caller admitted) or on those of pod ``in_place_of``, retired first. Its node index is its key; it stays on
+        probation (``rollout_pods``: observe leaves it to the rollout) until ``settle_rollout_replica`` finds it
+        ready. Raises PermanentDispatchError (not a serving attempt, stopped, a bad key), TransientDispatchError
+        (OSError, not dispatched, no free devices)."""
+        job = attempt.job
+        directory = attempt_dir(attempt)
+        if job.kind != "inference" or (directory / STOP_FILE).exists():
+            raise PermanentDispatchError(f"{attempt.object_name} is not a running serving attempt")
+        argv = build_command(job.spec)
+        try:
+            with open(run_dir() / ".dispatch.lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                meta = read_json(directory / ATTEMPT_FILE)
+                if meta is None:
+                    raise TransientDispatchError(f"{attempt.object_name} is not dispatched yet")
+                old = None if in_place_of is None else int(in_place_of)
+                if old is not None and old not in live_pods(meta):
+                    raise PermanentDispatchError(f"{in_place_of!r} is no live replica of {attempt.object_name}")
+                new = meta["nodes"]
+                meta["ports"] = [node_port(meta, n) for n in range(new)] + free_ports(1)
+                if meta.get("devices") is not None:
+                    meta["devices"] = meta["devices"] + ([meta["devices"][old]] if old is not None else
+                                                         self._free_devices(attempt, [job.gpus_per_node]))
+                meta["nodes"] = new + 1
+                if old is not None:
+                    meta["retired"] = sorted({*(meta.get("retired") or ()), old})
+                meta["rollout_pods"] = sorted({*(meta.get("rollout_pods") or ()), new})
+                meta["pod_checkpoints"] = {**(meta.get("pod_checkpoints") or {}),
+                                           str(new): str(checkpoint_dir(checkpoint_job_id))}
+                write_json_atomic(directory / ATTEMPT_FILE, meta)
+            self._endpoint(attempt, meta)  # listed, it gets requests once its health check passes
+            self._launch_node(attempt, directory, meta, new, argv)
+            if old is not None:
+                self._retire(directory, [old])
+        except (OSError, ValueError) as exc:
+            raise TransientDispatchError(f"cannot start a replica of {attempt.object_name}: {exc}") from exc
+        return str(new)
+
+    def settle_rollout_replica(self, attempt, key: str) -> str:
+        """``starting``, ``failed`` (its pod ended or its supervisor died) or ``ready`` (its health path answered
+        2xx or 3xx within 1 s, as the endpoint counts it; it leaves probation) of the rollout's pod ``key``."""
+        directory = attempt_dir(attempt)
+        node = int(key)
+        status = read_node(directory, node, proc_table(), time.time())
+        if status.state in ("ended", "lost"):
+            return "failed"
+        if status.state != "running":
+            return "starting"
+        meta = read_json(directory / ATTEMPT_FILE) or {}
+        url = f"http://127.0.0.1:{node_port(meta, node)}{meta.get('health_path') or DEFAULT_HEALTH_PATH}"
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as answer:  # noqa: S310 - our own replica's port
+                ready = 200 <= answer.status < 400
+        except (OSError, ValueError):
+            ready = False
+        if not ready:
+            return "starting"
+        self._change_meta(attempt, lambda meta: meta.update(
+            rollout_pods=[n for n in meta.get("rollout_pods") or () if n != node]))
+        return "ready"
+
+    def retire_replica(self, attempt, key: str) -> dict:
+        """Retire pod ``key`` of serving ``attempt``: out of the endpoint, then stopped (``_retire``)."""
+        node = int(key)
+        meta = self._change_meta(attempt, lambda meta: meta.update(
+            retired=sorted({*(meta.get("retired") or ()), node}),
+            rollout_pods=[n for n in meta.get("rollout_pods") or () if n != node]))
+        try:
+            conf = self._endpoint(attempt, meta)
+            self._retire(attempt_dir(attempt), [node])
+        except OSError as exc:
+            raise TransientDispatchError(f"cannot retire a replica of {attempt.object_name}: {exc}") from exc
+        return self._runner_state(attempt_dir(attempt), meta, conf)
+
+    def finish_rollout(self, attempt, checkpoint_job_id: int) -> dict:
+        """Point ``attempt.json``'s ``checkpoint_dir`` (what pods started from now on load) at job
+        ``checkpoint_job_id``'s checkpoints."""
+        meta = self._change_meta(attempt, lambda meta: meta.update(
+            checkpoint_dir=str(checkpoint_dir(checkpoint_job_id))))
+        try:
+            conf = self._endpoint(attempt, meta)
+        except OSError as exc:
+            raise TransientDispatchError(f"cannot finish the rollout of {attempt.object_name}: {exc}") from exc
+        return self._runner_state(attempt_dir(attempt), meta, conf)
+
+    def _change_meta(self, attempt, change) -> dict:
+        """Apply ``change(meta)`` to ``attempt``'s ``attempt.json`` under the dispatch lock; the new meta. Raises
+        TransientDispatchError for an attempt not dispatched yet and for OSError."""
+        path = attempt_dir(attempt) / ATTEMPT_FILE
+        try:
+            with open(run_dir() / ".dispatch.lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                meta = read_json(path)
+                if meta is None:
+                    raise TransientDispatchError(f"{attempt.object_name} is not dispatched yet")
+                change(meta)
+                write_json_atomic(path, meta)
+        except OSError as exc:
+            raise TransientDispatchError(f"cannot change {attempt.object_name}: {exc}") from exc
+        return meta
 
     def _retire(self, directory: Path, nodes: list[int]) -> None:
         """Stop the pods ``nodes`` of the attempt in ``directory`` (SIGTERM to their supervisors' groups, which
@@ -545,6 +745,9 @@ class LocalBackend(Backend):
                     meta["roles"] = roles
                 if attempt.job.kind == "inference":
                     meta["health_path"] = health_path(attempt.job.spec)  # observe reads no job row
+                    scaling = (attempt.job.spec or {}).get("autoscaling") or {}
+                    # a job that scales to zero: how long its endpoint holds a request while no replica is ready
+                    meta["hold_seconds"] = float(settings.SERVING_HOLD_SECONDS) if scaling.get("scale_to_zero") else 0.0
                 write_json_atomic(path, meta)
         return meta
 
@@ -657,9 +860,18 @@ class LocalBackend(Backend):
             meta = read_json(directory / ATTEMPT_FILE) or {}
             nodes = meta.get("nodes") or attempt.job.nodes
             retired = set(meta.get("retired") or ())  # a scale-down's: their end is no end of the attempt
-            statuses = [read_node(directory, node, table, now) for node in range(nodes) if node not in retired]
+            probation = set(meta.get("rollout_pods") or ())  # a rollout's new replicas: the rollout judges them
+            statuses = [read_node(directory, node, table, now) for node in range(nodes)
+                        if node not in retired and node not in probation]
             stop = read_json(directory / STOP_FILE)
+            lost: tuple[LostReplica, ...] = ()
+            if attempt.job.kind == "inference" and stop is None and meta and not meta.get("roles"):
+                statuses, lost = lost_replicas(statuses, attempt.job.nodes)
             obs = summarise(statuses, stop.get("reason") if stop else None, meta.get("roles"))
+            if attempt.job.kind == "inference" and stop is None and meta and not live_pods(meta):
+                obs = Observation("running")  # scaled to zero: it runs on, holding no GPU, until a request comes
+            if lost:
+                obs = dataclasses.replace(obs if statuses else Observation("pending"), lost_replicas=lost)
             if obs.phase in ("failed", "lost"):
                 self._stop_nodes(directory, statuses, table, reason=f"{obs.end_reason}: {obs.message}")
             elif obs.phase == "succeeded" and meta.get("roles"):

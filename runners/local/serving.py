@@ -40,9 +40,12 @@ def metrics_url(conf: dict) -> str:
     return f"http://127.0.0.1:{conf['admin_port']}/metrics"
 
 
-def ensure_endpoint(job_id: int, attempt_name: str, replicas: list[str], health_path: str, free_ports) -> dict:
+def ensure_endpoint(job_id: int, attempt_name: str, replicas: list[str], health_path: str, free_ports,
+                    hold_seconds: float = 0.0, refusal: str = "") -> dict:
     """Make the job's endpoint balance over ``replicas`` (``host:port`` each) of attempt ``attempt_name``, checked
     on ``health_path``; start its proxy if it does not run. Returns ``endpoint.json``: ``{"port", "admin_port"}``.
+    ``hold_seconds`` (a job that scales to zero): how long the proxy holds a request while no replica is ready;
+    ``refusal``: why a replica could not be admitted for it (held requests get 503 with it).
 
     ``free_ports(n)`` picks ``n`` free TCP ports (``runners.local.runner.free_ports``), used once per job. Under
     a lock of the endpoint directory, so concurrent callers start one proxy. Raises OSError.
@@ -56,7 +59,8 @@ def ensure_endpoint(job_id: int, attempt_name: str, replicas: list[str], health_
             port, admin_port = free_ports(2)
             conf = {"port": port, "admin_port": admin_port, "created_at": time.time()}
             write_json_atomic(directory / ENDPOINT_FILE, conf)
-        wanted = {"attempt": attempt_name, "replicas": list(replicas), "health_path": health_path}
+        wanted = {"attempt": attempt_name, "replicas": list(replicas), "health_path": health_path,
+                  "hold_seconds": hold_seconds, "refusal": refusal}
         current = read_json(directory / BACKENDS_FILE) or {}
         if {k: current.get(k) for k in wanted} != wanted:
             write_json_atomic(directory / BACKENDS_FILE, {**wanted, "updated_at": time.time()})

@@ -69,7 +69,7 @@ def test_an_acks_late_task_ends_before_the_broker_would_deliver_it_again(name):
 def test_the_lifecycle_is_fast_and_the_accounting_slow():
     fast, slow = settings.CELERY_FAST_QUEUE, settings.CELERY_SLOW_QUEUE
     for name in ("jobs.tasks.schedule_pending", "jobs.tasks.dispatch_attempt", "jobs.tasks.reconcile_all",
-                 "jobs.tasks.cancel_job_objects", "jobs.tasks.delete_attempt_objects"):
+                 "jobs.tasks.reconcile_cluster", "jobs.tasks.cancel_job_objects", "jobs.tasks.delete_attempt_objects"):
         assert explicit_queue(name) == fast, name
     for name in ("costs.tasks.accrue_running_costs", "costs.tasks.collect_utilization", "costs.tasks.check_ledger",
                  "frontend.tasks.generate_reports", "costs.tasks.check_budgets"):
@@ -78,6 +78,7 @@ def test_the_lifecycle_is_fast_and_the_accounting_slow():
 
 def test_the_reconcile_stops_well_before_minutes_and_a_report_may_take_them():
     assert app.tasks["jobs.tasks.reconcile_all"].time_limit <= 90
+    assert app.tasks["jobs.tasks.reconcile_cluster"].time_limit <= 90
     assert app.tasks["frontend.tasks.generate_reports"].soft_time_limit >= 120
 
 

@@ -36,7 +36,7 @@ def ran(team, user, pool, start: dt.datetime, gpus: int, hours: int, max_hours: 
                            state=JobState.SUCCEEDED)
     post_entries([
         CostEntry(attempt=attempt, job=job, team=team, cluster=pool.cluster, accelerator=pool.accelerator,
-                  interval_start=start + i * H, interval_end=start + (i + 1) * H, gpus=gpus, usd_per_gpu_hour=PRICE,
+                  interval_start=start + i * H, interval_end=start + (i + 1) * H, gpu_milli=gpus * 1000, usd_per_gpu_hour=PRICE,
                   amount_usd=gpus * PRICE) for i in range(hours)])  # with their running totals, as accrual
 
 

@@ -48,9 +48,9 @@ def layout(user, h100, cluster_factory):
     with connection.cursor() as cursor:
         cursor.execute(
             f'INSERT INTO "{entry_t}" (attempt_id, job_id, team_id, cluster_id, accelerator_id, interval_start, '
-            f"interval_end, gpus, usd_per_gpu_hour, amount_usd, created_at) "
+            f"interval_end, gpu_milli, usd_per_gpu_hour, amount_usd, created_at) "
             f"SELECT a.id, a.job_id, j.team_id, a.cluster_id, %s, %s + h * interval '1 hour', "
-            f"%s + (h + 1) * interval '1 hour', a.gpus, p.price, a.gpus * p.price, now() "
+            f"%s + (h + 1) * interval '1 hour', a.gpus * 1000, p.price, a.gpus * p.price, now() "
             f'FROM generate_series(0, %s) AS h CROSS JOIN "{attempt_t}" AS a JOIN jobs_job AS j ON j.id = a.job_id '
             f"CROSS JOIN LATERAL (SELECT CASE WHEN a.id %% 17 = 0 THEN NULL ELSE 6.88 END AS price) AS p "
             f"ORDER BY h, a.id", [h100.pk, start, start, HOURS - 1])

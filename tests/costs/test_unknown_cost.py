@@ -26,7 +26,8 @@ H = dt.timedelta(hours=1)
 def unpriced(attempt, start, hours, gpus):
     return CostEntry.objects.create(attempt=attempt, job=attempt.job, team=attempt.job.team, cluster=attempt.cluster,
                                     accelerator=attempt.node_pool.accelerator, interval_start=start,
-                                    interval_end=start + hours * H, gpus=gpus, usd_per_gpu_hour=None, amount_usd=None)
+                                    interval_end=start + hours * H, gpu_milli=gpus * 1000, usd_per_gpu_hour=None,
+                                    amount_usd=None)
 
 
 @pytest.fixture

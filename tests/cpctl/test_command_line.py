@@ -18,7 +18,7 @@ from .conftest import REPO, invoke, spawn_cli
 from .test_submit import EXAMPLE
 
 UNREACHABLE = "http://127.0.0.1:9"
-COMMANDS = ["submit", "resubmit", "jobs", "job", "events", "efficiency", "cancel", "logs", "arrays", "array", "quotas", "clusters", "budgets",
+COMMANDS = ["submit", "resubmit", "jobs", "job", "events", "efficiency", "cancel", "logs", "rollout", "arrays", "array", "quotas", "clusters", "budgets",
             "costs", "utilization", "capacity", "reports", "report", "build-report", "nodes", "cordon", "drain", "uncordon",
             "clear-health", "requests", "request", "approve", "decline", "withdraw", "audit",
             "subscriptions", "subscribe", "unsubscribe", "notifications"]

@@ -88,7 +88,7 @@ def test_demo_once_trains_and_charges_with_real_workers(tmp_path):
         (attempt_id, gpus, started, ended), = conn.execute(
             "SELECT id, gpus, started_at, ended_at FROM jobs_jobattempt WHERE job_id = %s", [job_id]).fetchall()
         entries = conn.execute(
-            "SELECT interval_start, interval_end, gpus, usd_per_gpu_hour, amount_usd FROM costs_costentry "
+            "SELECT interval_start, interval_end, gpu_milli / 1000, usd_per_gpu_hour, amount_usd FROM costs_costentry "
             "WHERE attempt_id = %s ORDER BY interval_start", [attempt_id]).fetchall()
         events = [r[0] for r in conn.execute(
             "SELECT to_state FROM jobs_jobevent WHERE job_id = %s AND kind = 'state' ORDER BY created_at, id", [job_id])]
@@ -96,7 +96,7 @@ def test_demo_once_trains_and_charges_with_real_workers(tmp_path):
             "SELECT j.state, j.accrued_cost_usd, p.name FROM jobs_job j JOIN jobs_jobattempt a ON a.job_id = j.id "
             "JOIN runners_nodepool p ON p.id = a.node_pool_id WHERE j.name = 'prepare-data'").fetchall()
         cpu_entries = conn.execute(
-            "SELECT e.interval_start, e.interval_end, e.gpus, e.cpu_milli, e.memory_mib, e.usd_per_vcpu_hour, "
+            "SELECT e.interval_start, e.interval_end, e.gpu_milli / 1000, e.cpu_milli, e.memory_mib, e.usd_per_vcpu_hour, "
             "e.usd_per_gib_hour, e.amount_usd FROM costs_costentry e JOIN jobs_job j ON j.id = e.job_id "
             "WHERE j.name = 'prepare-data' ORDER BY e.interval_start").fetchall()
         rl_admissions = conn.execute(

@@ -57,6 +57,17 @@ def h100(catalog):
     return catalog["H100-80GB"]
 
 
+def time_sliced_and_plain_nodes(pool, *, shared_gpus: int, replicas: int = 4, plain_gpus: int = 8) -> None:
+    """Two synced nodes in ``pool``: ``ts``, whose ``shared_gpus`` physical GPUs are time-sliced ``replicas`` ways
+    (no whole GPU to offer: ADR 0040), and ``plain``, with ``plain_gpus`` whole GPUs; 96 cores and 1 TiB each."""
+    now = timezone.now()
+    Node.objects.create(cluster=pool.cluster, node_pool=pool, name="ts", gpus=shared_gpus, cpu_milli=96000,
+                        memory_mib=1 << 20, seen_at=now, gpu_sharing="time-slicing", gpu_replicas=replicas,
+                        slice_resource="nvidia.com/gpu", whole_gpus=0)
+    Node.objects.create(cluster=pool.cluster, node_pool=pool, name="plain", gpus=plain_gpus, cpu_milli=96000,
+                        memory_mib=1 << 20, seen_at=now)
+
+
 def make_cluster(name, provider, region, accelerator, *, nodes=2, gpus_per_node=8, capacity_type="on-demand",
                  backend="kubernetes", price=None) -> tuple[Cluster, NodePool]:
     """A cluster with one node pool of ``nodes`` x ``gpus_per_node`` GPUs; returns ``(cluster, pool)``.
@@ -204,14 +215,17 @@ def make_attempt(job, cluster, pool, *, number=1, gpus=None, started_at=_NOW, en
     return attempt
 
 
-def make_cost_entry(attempt, start, duration: dt.timedelta, amount, *, gpus=None, usd_per_gpu_hour="6.88") -> CostEntry:
+def make_cost_entry(attempt, start, duration: dt.timedelta, amount, *, gpus=None, usd_per_gpu_hour="6.88",
+                    gpu_milli=None) -> CostEntry:
     """A ledger row written by hand: ``attempt`` (its job, team, cluster, pool's accelerator) over ``[start,
-    start + duration)``, ``gpus`` (default the attempt's) at ``usd_per_gpu_hour``, costing ``amount`` USD; posted
-    with its running totals (``costs.ledger.post_entries``), as accrual would."""
+    start + duration)``, ``gpus`` whole GPUs (default the attempt's) or ``gpu_milli`` milli-GPUs (a share) at
+    ``usd_per_gpu_hour``, costing ``amount`` USD; posted with its running totals (``costs.ledger.post_entries``), as
+    accrual would."""
     entry = CostEntry(
         attempt=attempt, job=attempt.job, team=attempt.job.team, cluster=attempt.cluster,
         accelerator=attempt.node_pool.accelerator, interval_start=start, interval_end=start + duration,
-        gpus=attempt.gpus if gpus is None else gpus, usd_per_gpu_hour=Decimal(usd_per_gpu_hour),
+        gpu_milli=gpu_milli if gpu_milli is not None else 1000 * (attempt.gpus if gpus is None else gpus),
+        usd_per_gpu_hour=Decimal(usd_per_gpu_hour),
         amount_usd=Decimal(amount),
     )
     post_entries([entry])

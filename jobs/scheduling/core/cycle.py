@@ -137,7 +137,7 @@ class FairShareScheduler:
             cohorts.touch(team.team_id)  # but its money is committed: what read the budgets is stale
         ckey = (acc, a.offer.cluster_id)
         if ckey in team.cluster_caps:
-            team.cluster_used[ckey] = team.cluster_used.get(ckey, 0) + job.total_gpus
+            team.cluster_used[ckey] = team.cluster_used.get(ckey, 0) + job.quota_gpus
         if team.budgets:
             team.budgets = [BudgetView(b.budget_id, b.amount_usd, b.spent_usd, b.committed_usd + a.estimate_usd,
                                        b.action) for b in team.budgets]

@@ -45,10 +45,11 @@ from .types import (
 
 
 def amount_of(job: QueuedJob, acc: int, team: TeamState) -> int:
-    """What ``job`` counts against ``team``'s quota of ``acc``: its GPUs; for a CPU-only job its pods' CPU
-    millicores when the team has a CPU quota, else 0 (quota-free)."""
+    """What ``job`` counts against ``team``'s quota of ``acc``: its GPUs (``QueuedJob.quota_gpus``: a share of one
+    GPU exactly, ADR 0040); for a CPU-only job its pods' CPU millicores when the team has a CPU quota, else 0
+    (quota-free)."""
     if not job.cpu_only:
-        return job.total_gpus
+        return job.quota_gpus
     return job.total_cpu_milli if acc in team.quotas else 0
 
 
@@ -140,7 +141,7 @@ class Evaluator:
         """
         team = self.teams[job.team_id]
         cpu_only = job.cpu_only
-        amount = job.total_gpus if not cpu_only else job.total_cpu_milli if acc in team.quotas else 0  # amount_of
+        amount = job.quota_gpus if not cpu_only else job.total_cpu_milli if acc in team.quotas else 0  # amount_of
         qkey = (job.team_id, acc, cpu_only, amount)  # also ``never_on``'s key for its quota never-rules
         never = self._never.get(qkey, self)
         if never is self or (never is None and team.budgets):

@@ -24,7 +24,7 @@ def dominant_share(team: TeamState, lendable: dict[tuple, int]) -> float:
         above = used - (q.nominal_gpus if q else 0)
         if above > 0:
             pool = lendable.get((team.cohort, acc), 0)
-            share = max(share, above / pool if pool else float("inf"))
+            share = max(share, float(above) / pool if pool else float("inf"))
     return share / team.weight if team.weight > 0 else float("inf")
 
 

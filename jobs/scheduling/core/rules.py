@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from decimal import ROUND_CEILING, Decimal
 
+from core.gpus import shown_gpus
 from core.money import price_per_hour
 
 from .placement import PoolOffer
@@ -31,11 +32,12 @@ def estimate_cost(total_gpus: int, max_runtime_seconds: int, usd_per_gpu_hour: D
 
 
 def job_estimate(job: QueuedJob, offer: PoolOffer) -> Decimal:
-    """Worst-case cost of ``job`` on ``offer``, USD: ``estimate_cost`` of its GPUs, plus on a pool priced by CPU
+    """Worst-case cost of ``job`` on ``offer``, USD: ``estimate_cost`` of its GPUs (a share of one GPU counts its
+    share, ``QueuedJob.quota_gpus``, as the ledger bills it: ADR 0040), plus on a pool priced by CPU
     (``offer.usd_per_vcpu_hour`` / ``usd_per_gib_hour`` set: a CPU node pool) its CPU (vCPUs) and memory (GiB)
     over all its nodes (a multi-role job: all its roles' pods) x max_runtime / 3600 x those prices, as the ledger
     bills them; rounded up to 1e-6."""
-    per_hour = Decimal(job.total_gpus) * offer.usd_per_gpu_hour
+    per_hour = Decimal(job.quota_gpus) * offer.usd_per_gpu_hour
     if offer.usd_per_vcpu_hour is not None:
         per_hour += Decimal(job.total_cpu_milli) / 1000 * offer.usd_per_vcpu_hour
     if offer.usd_per_gib_hour is not None:
@@ -65,9 +67,11 @@ def _limit_phrase(quota: QuotaView) -> str:
             f"{quota.borrowing_limit_gpus})")
 
 
-def check_quota(request_gpus: int, used_gpus: int, quota: QuotaView | None) -> Verdict:
+def check_quota(request_gpus: int | Decimal, used_gpus: int | Decimal, quota: QuotaView | None) -> Verdict:
     """Admit when ``used_gpus + request_gpus`` is within the team's limit: nominal + borrowing limit (Kueue's
-    ClusterQueue rule), capped by what its cohort can lend (``core.cohorts.reachable``).
+    ClusterQueue rule), capped by what its cohort can lend (``core.cohorts.reachable``). GPUs are ints, or exact
+    Decimals where shares of a GPU are counted (``QueuedJob.quota_gpus``): the sum is exact, so a request equal to
+    what is left is admitted; messages and ``detail`` show them as numbers (``core.gpus.shown_gpus``).
 
     A job larger than the per-job cap or than the whole limit can never run. A job that asks no GPUs (a CPU-only
     job) needs no GPU quota: it is always within it.
@@ -75,23 +79,25 @@ def check_quota(request_gpus: int, used_gpus: int, quota: QuotaView | None) -> V
     if request_gpus == 0:
         return OK
     if quota is None:
-        return Verdict(False, "quota", f"The team has no quota for this accelerator, so a job of {request_gpus} GPUs "
-                                       f"can never run.", {"request_gpus": request_gpus}, never=True)
+        asks = shown_gpus(request_gpus)
+        return Verdict(False, "quota", f"The team has no quota for this accelerator, so a job of {asks} GPUs "
+                                       f"can never run.", {"request_gpus": asks}, never=True)
     limit = quota.limit_gpus
     if used_gpus + request_gpus <= limit and not (quota.max_gpus_per_job and request_gpus > quota.max_gpus_per_job):
         return OK
+    shown_request, shown_used = shown_gpus(request_gpus), shown_gpus(used_gpus)
     # The per-job cap is in every verdict: a scheduling pass that skips jobs at least as large as one that
     # waited must still try (and reject) those over the cap.
-    detail = {"request_gpus": request_gpus, "used_gpus": used_gpus, "nominal_gpus": quota.nominal_gpus,
+    detail = {"request_gpus": shown_request, "used_gpus": shown_used, "nominal_gpus": quota.nominal_gpus,
               "borrowing_limit_gpus": quota.borrowing_limit_gpus, "max_gpus_per_job": quota.max_gpus_per_job,
               "limit_gpus": limit}
     if quota.max_gpus_per_job and request_gpus > quota.max_gpus_per_job:
-        return Verdict(False, "quota", f"job asks {request_gpus} GPUs, over the per-job cap of {quota.max_gpus_per_job}",
+        return Verdict(False, "quota", f"job asks {shown_request} GPUs, over the per-job cap of {quota.max_gpus_per_job}",
                        detail, never=True)
     if request_gpus > limit:
-        return Verdict(False, "quota", f"job asks {request_gpus} GPUs, over {_limit_phrase(quota)}", detail, never=True)
+        return Verdict(False, "quota", f"job asks {shown_request} GPUs, over {_limit_phrase(quota)}", detail, never=True)
     if used_gpus + request_gpus > limit:
-        return Verdict(False, "quota", f"{used_gpus} of {limit} GPUs in use; {request_gpus} more would exceed "
+        return Verdict(False, "quota", f"{shown_used} of {limit} GPUs in use; {shown_request} more would exceed "
                                        f"{_limit_phrase(quota)}", detail)
     return OK
 
@@ -156,17 +162,17 @@ def within_cluster_caps(team: TeamState, job: QueuedJob, pools: list[PoolOffer],
     """The pools of ``pools`` whose cluster has room for ``job`` (on ``accelerator_id``, default the job's) under the
     team's per-cluster caps, and OK; or no pools and the verdict that says so (reason ``quota``, with each capped
     cluster's cap and usage)."""
-    acc, gpus = job.accelerator_id if accelerator_id is None else accelerator_id, job.total_gpus
+    acc, gpus = job.accelerator_id if accelerator_id is None else accelerator_id, job.quota_gpus
     allowed = [o for o in pools if cluster_room(team, acc, o.cluster_id, gpus)]
     if allowed:
         return allowed, OK
     capped = sorted({o.cluster_name for o in pools})
-    return [], Verdict(False, "quota", f"the team's per-cluster quota leaves no room for {gpus} GPUs on "
+    return [], Verdict(False, "quota", f"the team's per-cluster quota leaves no room for {shown_gpus(gpus)} GPUs on "
                                        f"{', '.join(capped)}",
-                       {"request_gpus": gpus, "clusters": capped,
+                       {"request_gpus": shown_gpus(gpus), "clusters": capped,
                         "cluster_quota_gpus": {o.cluster_name: team.cluster_caps[(acc, o.cluster_id)]
                                                for o in pools if (acc, o.cluster_id) in team.cluster_caps},
-                        "cluster_used_gpus": {o.cluster_name: team.cluster_used.get((acc, o.cluster_id), 0)
+                        "cluster_used_gpus": {o.cluster_name: shown_gpus(team.cluster_used.get((acc, o.cluster_id), 0))
                                               for o in pools if (acc, o.cluster_id) in team.cluster_caps}})
 
 
@@ -186,10 +192,10 @@ def cohort_full(job: QueuedJob, used: int, q: TeamQuota, lendable: int, borrowed
     """The verdict for a job the cohort's lendable pool cannot take (``cohort_has_room`` said no): reason ``quota``.
     The message says "in use", not "borrowed": with no lending limit a team's own nominal is in the pool too, so
     a team within its nominal draws from it while the quota tables show it borrowing nothing."""
-    gpus = job.total_gpus
+    gpus, borrowed = shown_gpus(job.quota_gpus), shown_gpus(borrowed)
     return Verdict(False, "quota", f"the cohort's shared pool holds {lendable} GPUs and {borrowed} of them are in use; "
                                    f"{gpus} more do not fit",
-                   {"request_gpus": gpus, "used_gpus": used, "nominal_gpus": q.nominal_gpus,
+                   {"request_gpus": gpus, "used_gpus": shown_gpus(used), "nominal_gpus": q.nominal_gpus,
                     "borrowing_limit_gpus": q.borrowing_limit_gpus, "lending_limit_gpus": q.lending_limit_gpus,
                     "cohort_lendable_gpus": lendable, "cohort_borrowed_gpus": borrowed})
 
@@ -387,7 +393,7 @@ def size_phrase(job: QueuedJob) -> str:
     """A job's size for messages: ``1 GPU``, ``16 GPUs``, or for a CPU-only job ``4 vCPU`` (all its pods)."""
     if job.cpu_only:
         return f"{_vcpus(job.total_cpu_milli)} vCPU"
-    return _plural(job.total_gpus, "GPU")
+    return _plural(shown_gpus(job.quota_gpus), "GPU")
 
 
 def overtaken_note(job: QueuedJob, reason: str, by: list[QueuedJob]) -> tuple[list[dict], str]:
@@ -397,7 +403,7 @@ def overtaken_note(job: QueuedJob, reason: str, by: list[QueuedJob]) -> tuple[li
     ValueError when ``by`` is empty."""
     if not by:
         raise ValueError("no job was admitted ahead")
-    rows = [{"job_id": j.job_id, "team_id": j.team_id, "gpus": j.total_gpus, "vcpu": _vcpus(j.total_cpu_milli)}
+    rows = [{"job_id": j.job_id, "team_id": j.team_id, "gpus": shown_gpus(j.quota_gpus), "vcpu": _vcpus(j.total_cpu_milli)}
             for j in by]
     names = [f"{j.job_id} ({size_phrase(j)})" for j in by]
     who = (f"Job {names[0]} was" if len(names) == 1 else

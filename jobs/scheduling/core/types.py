@@ -19,6 +19,7 @@ import dataclasses
 from decimal import Decimal
 
 from core.cohorts import lendable
+from core.gpus import exact_gpus
 
 from .placement import PlacementRequest, PoolOffer
 
@@ -121,8 +122,9 @@ class QueuedJob:
     #: role node-exact on one pool (``nodebook.NodeBook.place_gang``); ``nodes`` is then all their pods and
     #: ``total_gpus`` / ``total_cpu_milli`` their sums. Such a job is neither preempted nor preempts (ADR 0039).
     roles: tuple[RoleShape, ...] = ()
-    #: Part of one GPU (ADR 0040): its pod's share in milli-GPUs, or a MIG profile (``gpus_per_node`` is then 1,
-    #: the one device it asks, and quota counts that one GPU). Such a job neither preempts nor is preempted.
+    #: Part of one GPU (ADR 0040): its pod's share in milli-GPUs (a MIG profile's share too), or a MIG profile
+    #: (``gpus_per_node`` is then 1, the one device it asks; quotas count the share: ``quota_gpus``). Such a job
+    #: neither preempts nor is preempted.
     share_milli: int = 0
     mig_profile: str = ""
     key: tuple = dataclasses.field(init=False, repr=False, compare=False)
@@ -133,6 +135,9 @@ class QueuedJob:
     total_gpus: int = dataclasses.field(init=False, repr=False, compare=False)
     #: Whether the job asks no GPUs (it runs on the CPU flavor).
     cpu_only: bool = dataclasses.field(init=False, repr=False, compare=False)
+    #: The GPUs it counts against quotas, cohorts, per-cluster caps and its estimate: ``total_gpus`` (an int), or
+    #: for a job on part of one GPU its share, exactly (``core.gpus.exact_gpus``: ``Decimal("0.25")``; ADR 0040).
+    quota_gpus: int | Decimal = dataclasses.field(init=False, repr=False, compare=False)
     _request: PlacementRequest | None = dataclasses.field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self):
@@ -146,6 +151,7 @@ class QueuedJob:
         else:
             self.total_gpus = self.nodes * self.gpus_per_node
             self.cpu_only = self.gpus_per_node == 0
+        self.quota_gpus = exact_gpus(self.share_milli) if self.share_milli else self.total_gpus
 
     @property
     def total_cpu_milli(self) -> int:
@@ -222,6 +228,11 @@ class RunningJob:
     share_milli: int = 0
     mig_profile: str = ""
 
+    @property
+    def quota_gpus(self) -> int | Decimal:
+        """The GPUs it counts against its team's quota: ``gpus``, or its share exactly (``core.gpus.exact_gpus``)."""
+        return exact_gpus(self.share_milli) if self.share_milli else self.gpus
+
 
 @dataclasses.dataclass(slots=True)
 class TeamQuota:
@@ -260,7 +271,8 @@ NO_QUOTA = TeamQuota(0)
 
 @dataclasses.dataclass(slots=True)
 class TeamState:
-    """A team: cohort key (None = the default cohort), weight (> 0), quotas and live usage by accelerator id (GPUs;
+    """A team: cohort key (None = the default cohort), weight (> 0), quotas and live usage by accelerator id (GPUs:
+    an int, or an exact Decimal once a job on part of one GPU counts its share, ``QueuedJob.quota_gpus``;
     CPU millicores of its CPU-only attempts for the CPU flavor, present only when it has a CPU quota),
     its budgets in force (USD) and its queueing strategy (Kueue's names: ``BestEffortFIFO``, the default, lets a
     job that can be admitted pass a head that cannot; ``StrictFIFO`` keeps the order)."""
@@ -269,13 +281,13 @@ class TeamState:
     cohort: object = None
     weight: float = 1.0
     quotas: dict[int, TeamQuota] = dataclasses.field(default_factory=dict)
-    used: dict[int, int] = dataclasses.field(default_factory=dict)
+    used: dict[int, int | Decimal] = dataclasses.field(default_factory=dict)
     budgets: list[BudgetView] = dataclasses.field(default_factory=list)
     #: Per-cluster caps, GPUs, by (accelerator id, cluster id): the team's nominal + borrowing limit there
     #: (a ``Quota`` row with a cluster). Only clusters listed are capped; the team-wide quota still applies.
     cluster_caps: dict[tuple[int, int], int] = dataclasses.field(default_factory=dict)
     #: Live GPUs by (accelerator id, cluster id), for the capped clusters.
-    cluster_used: dict[tuple[int, int], int] = dataclasses.field(default_factory=dict)
+    cluster_used: dict[tuple[int, int], int | Decimal] = dataclasses.field(default_factory=dict)
     strategy: str = "BestEffortFIFO"
 
 

@@ -79,7 +79,7 @@ def test_the_report_says_cost_unknown_since_when_for_how_many_gpu_hours(teams, o
                      state=JobState.RUNNING)
     CostEntry.objects.create(attempt=attempt, job=attempt.job, team=alpha, cluster=cluster, accelerator=pool.accelerator,
                              interval_start=DAY + dt.timedelta(hours=4), interval_end=DAY + dt.timedelta(hours=7),
-                             gpus=1, usd_per_gpu_hour=None, amount_usd=None)
+                             gpu_milli=1000, usd_per_gpu_hour=None, amount_usd=None)
     report, _ = generate_report(alpha, DAY, DAY + dt.timedelta(days=1))
     unknown = report.data["cost_unknown"]
     assert unknown["since"] == (DAY + dt.timedelta(hours=4)).isoformat() and unknown["gpu_hours"] == 3.0

@@ -31,8 +31,11 @@ def serving(submission: dict, **spec) -> dict:
     ({"scale_up_delay_seconds": 7200}, "spec.autoscaling.scale_up_delay_seconds", "less than or equal to 3600"),
     ({"max_replicas": 40}, "spec.autoscaling.max_replicas", "40 replicas of 1 x 1 GPUs"),
     ({"min_replica": 1}, "spec.autoscaling.min_replica", "unknown field; expected one of min_replicas"),
+    ({"min_replicas": 0}, "spec.autoscaling.min_replicas", "0 only with scale_to_zero: true"),
+    ({"scale_to_zero": True}, "spec.autoscaling.scale_to_zero", "applies with min_replicas 0; got min_replicas 1"),
+    ({"min_replicas": -1, "scale_to_zero": True}, "spec.autoscaling.min_replicas", "greater than or equal to 0"),
 ], ids=["max-zero", "max-below-min", "no-target", "two-targets", "target-zero", "negative-delay", "delay-over-an-hour",
-        "max-never-fits", "unknown-key"])
+        "max-never-fits", "unknown-key", "zero-without-scale-to-zero", "scale-to-zero-above-zero", "min-negative"])
 def test_it_refuses_a_bad_autoscaling_value_on_its_field(teammate, aws_cluster, submission, change, field, fragment):
     scaling = {k: v for k, v in {**GOOD, **change}.items() if v is not None}
     r = teammate.client.post(JOBS, serving(submission, autoscaling=scaling), format="json")
@@ -68,3 +71,15 @@ def test_a_good_autoscaling_is_stored_and_the_job_starts_with_min_replicas(teamm
     job = Job.objects.get()
     assert job.replicas == 2 and job.spec["autoscaling"]["max_replicas"] == 3
     assert job.spec["health_path"] == "/healthz"
+
+
+def test_a_job_that_scales_to_zero_starts_with_one_replica_and_may_not_ask_for_none(teammate, aws_cluster, submission):
+    scaling = {**GOOD, "min_replicas": 0, "scale_to_zero": True}
+    refused = teammate.client.post(JOBS, serving(submission, replicas=0, autoscaling=scaling), format="json")
+    assert refused.status_code == 400 and "spec.replicas" in refused.json(), refused.json()
+    assert Job.objects.count() == 0
+    del submission["spec"]["replicas"]
+    r = teammate.client.post(JOBS, serving(submission, autoscaling=scaling), format="json")
+    assert r.status_code == 201, r.content
+    job = Job.objects.get()
+    assert job.replicas == 1 and job.spec["autoscaling"]["scale_to_zero"] is True

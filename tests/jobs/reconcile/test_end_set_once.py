@@ -56,9 +56,9 @@ def end(attempt) -> dt.datetime:
 
 
 def ledger(attempt) -> tuple:
-    """The attempt's ledger entries (interval, GPUs, USD) and its job's accrued cost."""
+    """The attempt's ledger entries (interval, milli-GPUs, USD) and its job's accrued cost."""
     rows = tuple(CostEntry.objects.filter(attempt_id=attempt.pk).order_by("interval_start")
-                 .values_list("interval_start", "interval_end", "gpus", "amount_usd"))
+                 .values_list("interval_start", "interval_end", "gpu_milli", "amount_usd"))
     return rows, Job.objects.get(pk=attempt.job_id).accrued_cost_usd
 
 
@@ -105,7 +105,7 @@ def test_no_delivery_moves_an_ended_attempts_end_and_billing_follows_the_pods_by
         deliver(load(attempt.pk))
     assert end(attempt) == expected
     settled = ledger(attempt)
-    billed = sum((Decimal(g) * Decimal((hi - lo).total_seconds()) for lo, hi, g, _ in settled[0]), Decimal(0))
+    billed = sum((Decimal(g) / 1000 * Decimal((hi - lo).total_seconds()) for lo, hi, g, _ in settled[0]), Decimal(0))
     assert billed == 2 * Decimal((expected - START).total_seconds())
 
     clock.shift(600)

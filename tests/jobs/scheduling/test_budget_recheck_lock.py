@@ -40,7 +40,7 @@ def accrual_in_flight(cluster_factory, budget_factory, alpha, user, h100):
     def accrual():
         with transaction.atomic():
             post_entries([CostEntry(attempt=attempt, job=job, team=alpha, cluster=pool.cluster, accelerator=h100,
-                                    interval_start=start, interval_end=start + dt.timedelta(hours=1), gpus=4,
+                                    interval_start=start, interval_end=start + dt.timedelta(hours=1), gpu_milli=4000,
                                     usd_per_gpu_hour=D("6.88"), amount_usd=D("27.52"))])
             posted.set()
             release.wait(30)

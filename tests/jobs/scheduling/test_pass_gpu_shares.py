@@ -13,7 +13,7 @@ from jobs.models import Job, JobState
 from jobs.scheduling.passes import schedule_pending
 from quotas.models import Quota
 from runners.models import Node
-from tests.support.factories import fresh, make_cluster
+from tests.support.factories import fresh, make_cluster, time_sliced_and_plain_nodes
 
 JOBS = "/api/v1/jobs/"
 
@@ -22,13 +22,8 @@ JOBS = "/api/v1/jobs/"
 def fleet(catalog, teams):
     """aws-use1: an H100 pool of a time-sliced node (2 GPUs x 4 slices) and a plain node of 8 GPUs; alpha's quota."""
     h100 = catalog["H100-80GB"]
-    cluster, pool = make_cluster("aws-use1", "aws", "us-east-1", h100, nodes=2, gpus_per_node=2)
-    now = timezone.now()
-    Node.objects.create(cluster=cluster, node_pool=pool, name="ts", gpus=2, cpu_milli=96000, memory_mib=1 << 20,
-                        seen_at=now, gpu_sharing="time-slicing", gpu_replicas=4, slice_resource="nvidia.com/gpu",
-                        whole_gpus=0)
-    Node.objects.create(cluster=cluster, node_pool=pool, name="plain", gpus=8, cpu_milli=96000, memory_mib=1 << 20,
-                        seen_at=now)
+    _, pool = make_cluster("aws-use1", "aws", "us-east-1", h100, nodes=2, gpus_per_node=2)
+    time_sliced_and_plain_nodes(pool, shared_gpus=2)
     Quota.objects.create(team=teams[0], accelerator=h100, nominal_gpus=32)
     return pool
 

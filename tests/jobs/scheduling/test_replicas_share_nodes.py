@@ -95,16 +95,22 @@ def test_replicas_that_no_pool_could_ever_hold_are_refused_naming_replicas(teamm
     assert not Job.objects.exists()
 
 
-def test_a_deployment_pinned_to_shared_nodes_prefers_to_spread_and_lists_each_node_once():
-    w = workload(kind="inference", replicas=3, node_names=("gpu-a", "gpu-a", "gpu-b"))
-    spec = m.inference_deployment(w)["spec"]["template"]["spec"]
-    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert all({"key": "kubernetes.io/hostname", "operator": "In", "values": ["gpu-a", "gpu-b"]}
-               in t["matchExpressions"] for t in terms)
-    anti = spec["affinity"]["podAntiAffinity"]
-    assert "requiredDuringSchedulingIgnoredDuringExecution" not in anti
-    assert anti["preferredDuringSchedulingIgnoredDuringExecution"][0]["weight"] == 100
-    validate(m.inference_deployment(w))
+def test_each_replica_is_a_deployment_pinned_to_its_own_booked_node():
+    """Two replicas booked on gpu-a and one on gpu-b: each replica's Deployment pins its one pod to its own node,
+    so the kube-scheduler cannot put a second one on gpu-b, and no anti-affinity is needed to spread them."""
+    w = workload(kind="inference", nodes=1, replicas=3, node_names=("gpu-a", "gpu-a", "gpu-b"))
+    pinned = []
+    for index in range(3):
+        deployment = m.inference_deployment(w, index)
+        validate(deployment)
+        spec = deployment["spec"]["template"]["spec"]
+        terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"]
+        (values,) = {tuple(e["values"]) for t in terms for e in t["matchExpressions"]
+                     if e["key"] == "kubernetes.io/hostname"}
+        pinned.append(values)
+        assert "podAntiAffinity" not in spec["affinity"] and deployment["spec"]["replicas"] == 1
+    assert pinned == [("gpu-a",), ("gpu-a",), ("gpu-b",)]
 
 
 # --- the class: submission accepts iff placement on the empty fleet finds a place -----------------------------

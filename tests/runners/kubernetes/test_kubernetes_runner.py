@@ -231,7 +231,8 @@ def test_it_cancels_in_every_state(emulated_clusters, admitted, when):
         for obj in k.deployments() + k.jobs() + k.services():
             validate(obj)
     if when == "running":
-        k.start_pods(k.deployments()[0])
+        for deployment in k.deployments():  # a Deployment per replica
+            k.start_pods(deployment)
         reconcile_cluster(attempt.cluster)
         assert state(attempt) == S.RUNNING
     job = Job.objects.get(pk=attempt.job_id)

@@ -20,9 +20,14 @@ from .steps import validate, workload
 def test_it_builds_manifests_that_validate_for_1_33(spot, kind, nodes):
     for obj in m.manifests(workload(spot=spot, kind=kind, nodes=nodes)):
         validate(obj)
-        # docs/design.md, Kubernetes objects: every object carries the team, job and attempt labels
-        assert obj["metadata"]["labels"] == {"controlplane.io/team": "alpha", "controlplane.io/job": "7",
-                                             "controlplane.io/attempt": "11"}
+        # docs/design.md, Kubernetes objects: every object carries the team, job and attempt labels; a serving
+        # replica's also its index; a serving job's Service is the job's (no attempt's), marked as its endpoint
+        labels = {"controlplane.io/team": "alpha", "controlplane.io/job": "7", "controlplane.io/attempt": "11"}
+        if kind == "inference" and obj["kind"] == "Service":
+            labels = {"controlplane.io/team": "alpha", "controlplane.io/job": "7", "controlplane.io/endpoint": "true"}
+        elif kind == "inference":
+            labels["controlplane.io/replica"] = "0"
+        assert obj["metadata"]["labels"] == labels
     validate(m.namespace("cp-alpha", "alpha"))
 
 
@@ -140,10 +145,14 @@ def test_without_a_metrics_port_or_for_serving_no_metrics_port_is_declared(kind,
 @pytest.mark.parametrize("path", ["/healthz", "/v1/ready"])
 def test_serving_replicas_are_ready_only_while_their_health_path_answers(path):
     w = workload(kind="inference", nodes=1, replicas=3, port=8080, health_path=path)
-    service, deployment = m.manifests(w)
+    service, *deployments = m.manifests(w)
     validate(service)
-    validate(deployment)
-    probe = deployment["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]
-    assert probe["httpGet"] == {"path": path, "port": 8080}
+    assert len(deployments) == 3  # a Deployment per replica
+    for deployment in deployments:
+        validate(deployment)
+        probe = deployment["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]
+        assert probe["httpGet"] == {"path": path, "port": 8080}
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert service["spec"]["selector"].items() <= labels.items()  # every replica's pods are behind it
     assert service["spec"]["ports"][0]["targetPort"] == 8080 and "clusterIP" not in service["spec"]
-    assert service["spec"]["selector"] == deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["type"] == "ClusterIP"

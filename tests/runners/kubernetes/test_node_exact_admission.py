@@ -224,9 +224,8 @@ def test_an_unschedulable_pod_past_the_grace_period_releases_its_attempt_and_req
 def test_serving_replicas_share_the_cheap_nodes_and_the_kube_scheduler_binds_them_all(
         two_clusters, teams, user, catalog):
     """ADR 0019: cheap has 2 free 8-GPU nodes, dear 3. An inference job of 3 replicas x 2 GPUs fits cheap's two
-    nodes (replicas may share a node; spread first), so it goes there; its Deployment pins the pods to those
-    nodes with a preferred anti-affinity only, and a kube-scheduler binds every replica (a required one would
-    leave the third Unschedulable)."""
+    nodes (replicas may share a node; spread first), so it goes there; each replica's Deployment pins its pod to
+    the node booked for it, and a kube-scheduler binds every replica there."""
     emulators, clusters = two_clusters
     add(emulators, "cheap", gpu_node("c0"), gpu_node("c1"))
     add(emulators, "dear", gpu_node("d0"), gpu_node("d1"), gpu_node("d2"))
@@ -245,10 +244,13 @@ def test_serving_replicas_share_the_cheap_nodes_and_the_kube_scheduler_binds_the
 
     assert dispatch(attempt.pk) == "dispatched"
     url = emulators.url("cheap")
-    deployment = next(d for d in Kubelet(url).deployments()
-                      if d["metadata"]["labels"].get("controlplane.io/attempt") == str(attempt.pk))
-    as_pods = {"metadata": deployment["metadata"],
-               "spec": {"completions": deployment["spec"]["replicas"], "template": deployment["spec"]["template"]}}
-    create_pending_pods(url, as_pods)
+    deployments = [d for d in Kubelet(url).deployments()
+                   if d["metadata"]["labels"].get("controlplane.io/attempt") == str(attempt.pk)]
+    assert len(deployments) == 3  # a Deployment per replica
+    for deployment in deployments:
+        as_pods = {"metadata": deployment["metadata"],
+                   "spec": {"completions": deployment["spec"]["replicas"], "template": deployment["spec"]["template"]}}
+        create_pending_pods(url, as_pods)
     bound = KubeScheduler(url).schedule()
-    assert len(bound) == 3 and all(node in ("c0", "c1") for node in bound.values()), bound
+    booked = {f"{attempt.object_name}-{i}-0-p": node for i, node in enumerate(attempt.placement["nodes"])}
+    assert bound == booked

@@ -55,17 +55,21 @@ def checkpoint(tmp_path_factory) -> str:
 
 @pytest.fixture
 def serving_job(two_node_local_cluster, teams, user, catalog, checkpoint):
-    """``make(replicas, autoscaling=None)``: a serving job of ``examples/serve.py`` (1 emulated GPU per replica, no
-    max runtime) admitted, dispatched and RUNNING on the local cluster; returns its attempt once the endpoint
-    has every replica ready."""
+    """``make(replicas, autoscaling=None, max_retries=0, checkpoint_from=None)``: a serving job of
+    ``examples/serve.py`` (1 emulated GPU per replica, no max runtime) admitted, dispatched and RUNNING on the local
+    cluster, serving the module's checkpoint (``--checkpoint-dir``) or, with ``checkpoint_from``, that training
+    job's (``CHECKPOINT_DIR``); returns its attempt once the endpoint has every replica ready."""
 
-    def make(replicas: int, autoscaling: dict | None = None) -> JobAttempt:
+    def make(replicas: int, autoscaling: dict | None = None, max_retries: int = 0,
+             checkpoint_from: int | None = None) -> JobAttempt:
         spec = {"image": "python:3.11", "command": ["python", "examples/serve.py"],
                 "args": ["--checkpoint-dir", checkpoint, "--host", "127.0.0.1"], "env": {},
                 "resources": {"accelerator": "H100-80GB", "gpus_per_node": 1, "nodes": 1},
                 "replicas": replicas, "port": 8000, "health_path": "/healthz", "autoscaling": autoscaling}
+        if checkpoint_from is not None:
+            spec.update(args=["--host", "127.0.0.1"], checkpoint_from=checkpoint_from)
         job = make_job_row(teams[0], user, catalog["H100-80GB"], name="serve-gpt", kind="inference", spec=spec,
-                           max_runtime=None, replicas=replicas)
+                           max_runtime=None, replicas=replicas, max_retries=max_retries)
         assert try_admit(job.pk) == "admitted"
         job.refresh_from_db()
         attempt = dispatched(JobAttempt.objects.get(pk=job.current_attempt_id))
@@ -98,10 +102,10 @@ def generate(endpoint: str) -> requests.Response:
 
 class Load:
     """``clients`` threads sending ``generate`` back to back to ``endpoint`` until ``stop``; every answer's status
-    and replica kept."""
+    and ``header`` (default: the replica that served) kept."""
 
-    def __init__(self, endpoint: str, clients: int):
-        self.endpoint, self.answers, self.errors = endpoint, [], []
+    def __init__(self, endpoint: str, clients: int, header: str = "X-Controlplane-Replica"):
+        self.endpoint, self.header, self.answers, self.errors = endpoint, header, [], []
         self.stopping = threading.Event()
         self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
         for thread in self.threads:
@@ -111,7 +115,7 @@ class Load:
         while not self.stopping.is_set():
             try:
                 answer = generate(self.endpoint)
-                self.answers.append((answer.status_code, answer.headers.get("X-Controlplane-Replica")))
+                self.answers.append((answer.status_code, answer.headers.get(self.header)))
             except requests.RequestException as exc:
                 self.errors.append(exc)
 

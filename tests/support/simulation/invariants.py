@@ -281,9 +281,9 @@ def billed_once(world) -> list[str]:
     from jobs.models import JobAttempt
 
     ledger: dict[int, Decimal] = defaultdict(Decimal)
-    for attempt_id, gpus, start, end in CostEntry.objects.values_list("attempt_id", "gpus", "interval_start",
-                                                                      "interval_end"):
-        ledger[attempt_id] += Decimal(gpus) * Decimal(str((end - start).total_seconds()))
+    for attempt_id, milli, start, end in CostEntry.objects.values_list("attempt_id", "gpu_milli", "interval_start",
+                                                                       "interval_end"):
+        ledger[attempt_id] += Decimal(milli) / 1000 * Decimal(str((end - start).total_seconds()))
     pods: dict[int, list[PodHold]] = defaultdict(list)
     by_uid = {str(uid): pk for pk, uid in JobAttempt.objects.values_list("pk", "uid")}
     for emulator in world.emulators.values():

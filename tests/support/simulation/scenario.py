@@ -180,7 +180,7 @@ def outcome_digest(world) -> str:
              repr(list(JobAttempt.objects.order_by("pk").values_list("job_id", "number", "cluster__name", "end_reason",
                                                                      "created_at", "started_at", "ended_at"))),
              repr(list(CostEntry.objects.order_by("attempt_id", "interval_start").values_list(
-                 "attempt_id", "interval_start", "interval_end", "gpus"))),
+                 "attempt_id", "interval_start", "interval_end", "gpu_milli"))),
              str(world.worker.deliveries)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
