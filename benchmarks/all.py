@@ -39,6 +39,7 @@ BENCHMARKS = {
     "efficiency": [],
     "ledger_scale": [],
     "faults": [],
+    "serving": [],
     "simulate": ["--seeds", "24"],
 }
 

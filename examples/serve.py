@@ -25,7 +25,9 @@ Endpoints
 
             {"text": str,                 # the generated continuation (prompt excluded)
              "prompt": str, "max_new_tokens": int, "temperature": float,
-             "checkpoint_step": int, "checkpoint": str}
+             "checkpoint_step": int, "checkpoint": str,
+             "generated_tokens": int,     # tokens generated (also the X-Generated-Tokens header)
+             "latency_s": float}
 
         Invalid input gives ``400`` JSON
         ``{"error": "invalid_request", "field": <name>, "reason": <text>}``
@@ -171,15 +173,16 @@ class Generator:
         self.tokenizer = ByteTokenizer()
         self._lock = threading.Lock()
 
-    def complete(self, prompt: str, max_new_tokens: int, temperature: float, seed: int | None) -> str:
-        """Return the ``max_new_tokens``-byte continuation of ``prompt`` as text."""
+    def complete(self, prompt: str, max_new_tokens: int, temperature: float, seed: int | None) -> tuple[str, int]:
+        """Return the ``max_new_tokens``-byte continuation of ``prompt`` as text, and how many tokens it has."""
         ids = torch.tensor([self.tokenizer.encode(prompt)], dtype=torch.long, device=self.device)
         rng = None
         if seed is not None:
             rng = torch.Generator(device=self.device).manual_seed(seed)
         with self._lock:
             out = self.model.generate(ids, max_new_tokens, temperature=temperature, generator=rng)
-        return self.tokenizer.decode(out[0, ids.size(1) :].tolist())
+        generated = out[0, ids.size(1) :].tolist()
+        return self.tokenizer.decode(generated), len(generated)
 
 
 #: How long a stopping server waits for the requests it is answering (seconds): below the local runner's kill grace
@@ -315,7 +318,7 @@ class Handler(BaseHTTPRequestHandler):
         generator: Generator = self.server.generator  # type: ignore[attr-defined]
         started = time.perf_counter()
         try:
-            text = generator.complete(**request)
+            text, tokens = generator.complete(**request)
         except Exception as exc:  # noqa: BLE001 -- report, keep serving
             self.log_error("generation failed: %r", exc)
             self._send_json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": "internal_error", "reason": str(exc)})
@@ -329,8 +332,10 @@ class Handler(BaseHTTPRequestHandler):
                 "temperature": request["temperature"],
                 "checkpoint_step": generator.checkpoint_step,
                 "checkpoint": generator.checkpoint,
+                "generated_tokens": tokens,
                 "latency_s": round(time.perf_counter() - started, 4),
             },
+            {"X-Generated-Tokens": str(tokens)},  # read by the serving endpoint's token counter
         )
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002

@@ -539,3 +539,33 @@ class ServingRollout(models.Model):
 
     def __str__(self) -> str:
         return f"rollout of job {self.job_id} to the checkpoint of job {self.to_job_id} ({self.state})"
+
+
+class ServingSample(models.Model):
+    """What a serving job's endpoint served over one interval of the autoscaling pass (``serving.autoscaler``):
+    the increase of its counters since the pass before (``serving.figures.interval_sample``), from which the
+    service's figures are computed (``jobs.serving_figures``).
+
+    ``at``: the end of the interval (the pass's time, UTC); ``seconds``: its length. ``requests``, ``errors``
+    (answers with a 5xx status) and ``tokens`` (generated, as the replicas reported them) over the interval;
+    ``latency_buckets``: the increase of the endpoint's latency histogram, ``{"<le seconds>": count, ..., "+Inf":
+    count}``, cumulative as Prometheus' buckets are; ``replicas``: the job's replicas at the pass (admitted and
+    billed); ``ready_replicas``: those the endpoint found ready, None when it did not say.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="serving_samples")
+    at = models.DateTimeField()
+    seconds = models.FloatField()
+    requests = models.PositiveBigIntegerField(default=0)
+    errors = models.PositiveBigIntegerField(default=0)
+    tokens = models.PositiveBigIntegerField(default=0)
+    latency_buckets = models.JSONField(default=dict, blank=True)
+    replicas = models.PositiveIntegerField()
+    ready_replicas = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job", "at"]
+        indexes = [models.Index(fields=["job", "at"], name="servingsample_job_at")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} at {self.at:%Y-%m-%d %H:%M:%S}: {self.requests} requests"

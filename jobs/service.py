@@ -1,14 +1,15 @@
-"""What the API and the job's page show of a serving job: its endpoint, its replicas, and its autoscaling (the
-spec's bounds and target, the last decision, and why a scale-up was refused)."""
+"""What the API and the job's page show of a serving job: its endpoint, its replicas, its autoscaling (the spec's
+bounds and target, the last decision, and why a scale-up was refused) and its figures (``jobs.serving_figures``)."""
 
 from __future__ import annotations
 
 from .models import Job, ServingRollout, ServingScale
+from .serving_figures import recent_figures
 
 
 def serving_status(job: Job) -> dict | None:
-    """A serving ``job``'s ``{"endpoint", "replicas", "replica_addresses", "autoscaling", "rollout"}``; None for
-    other kinds.
+    """A serving ``job``'s ``{"endpoint", "replicas", "replica_addresses", "autoscaling", "rollout", "figures"}``;
+    None for other kinds.
 
     ``endpoint``: ``Job.endpoint`` (stable for the job's life on the local runner; the Service's address on
     Kubernetes). ``replica_addresses``: where the current attempt's replicas listen, as its runner reports them
@@ -18,7 +19,9 @@ def serving_status(job: Job) -> dict | None:
     ``refusal`` ({} or ``{"reason", "message", "replicas", "desired", "at", ...}``) and ``note``. One query
     for the autoscaler's row. ``rollout``: None, or the job's latest rolling update to another checkpoint
     (``jobs.models.ServingRollout``): ``{"state" (rolling, done, rolled_back), "from", "to" (training job ids),
-    "replicas_updated", "reason", "note" (why a step waits), "started_at"}``; one query.
+    "replicas_updated", "reason", "note" (why a step waits), "started_at"}``; one query. ``figures``:
+    ``jobs.serving_figures.recent_figures`` (rates, latency percentiles, error rate, replicas over time, GPU-hours
+    and USD per million requests over the last hour it served), None before the first sample.
     """
     if job.kind != Job.Kind.INFERENCE:
         return None
@@ -26,7 +29,7 @@ def serving_status(job: Job) -> dict | None:
     rollout = ServingRollout.objects.filter(job_id=job.pk).order_by("-id").first()
     status = {"endpoint": job.endpoint, "replicas": job.replicas,
               "replica_addresses": list((attempt.runner_state or {}).get("replicas") or ()) if attempt else [],
-              "autoscaling": None,
+              "autoscaling": None, "figures": recent_figures(job),
               "rollout": None if rollout is None else {
                   "state": rollout.state, "from": rollout.from_job_id, "to": rollout.to_job_id,
                   "replicas_updated": rollout.replicas_updated, "reason": rollout.reason,

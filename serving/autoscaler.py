@@ -1,5 +1,6 @@
-"""The autoscaling pass: for every RUNNING serving job with ``spec.autoscaling``, read its endpoint's load, decide
-the replica count by the HorizontalPodAutoscaler's rule (``serving.hpa``) and apply it: scale-ups admitted one
+"""The autoscaling pass: for every RUNNING serving job, read its endpoint's counters and keep what it served over the
+interval (a ``ServingSample``: requests, errors, tokens, latency histogram, replicas; ``serving.figures``); for one
+with ``spec.autoscaling``, also decide the replica count by the HorizontalPodAutoscaler's rule (``serving.hpa``) and apply it: scale-ups admitted one
 replica at a time (``serving.replicas.add_replica``; a refusal leaves the job at its size and says why), scale-
 downs released (``release_replicas``), then the cluster's runner made to run that many (``Backend.scale``).
 
@@ -17,29 +18,33 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
-from jobs.models import Job, JobAttempt, JobEvent, JobState, ServingRollout, ServingScale
+from jobs.models import Job, JobAttempt, JobEvent, JobState, ServingRollout, ServingSample, ServingScale
 from runners.base import Backend, PermanentDispatchError, TransientDispatchError, backend_for
 
+from .figures import interval_sample, parse_totals
 from .hpa import bounded, load, parse_reading, recommended, stabilized
 from .replicas import add_replica, release_replicas
 
 log = logging.getLogger(__name__)
 
+#: How long a serving job's samples are kept: a month's figures, and the weekly report's, with room to spare.
+SAMPLE_RETENTION = dt.timedelta(days=35)
 
-def autoscaled_jobs():
-    """The RUNNING serving jobs with ``spec.autoscaling`` (their current attempt and cluster selected)."""
-    jobs = (Job.objects.filter(kind=Job.Kind.INFERENCE, state=JobState.RUNNING, current_attempt__isnull=False)
-            .select_related("current_attempt__cluster", "team").order_by("pk"))
-    return [job for job in jobs if (job.spec or {}).get("autoscaling")]
+
+def serving_jobs():
+    """The RUNNING serving jobs (their current attempt and cluster selected), by id."""
+    return list(Job.objects.filter(kind=Job.Kind.INFERENCE, state=JobState.RUNNING, current_attempt__isnull=False)
+                .select_related("current_attempt__cluster", "team").order_by("pk"))
 
 
 def autoscale(now: dt.datetime | None = None) -> list[dict]:
-    """One pass over ``autoscaled_jobs`` at ``now`` (default now); one dict per job: ``{"job", "replicas" (after
-    the pass), "desired", "note"}`` and, when it decided, the decision's numbers (``metric``, ``metric_per_replica``,
-    ``target``, ``current``, ``recommended``); or ``{"job", "error"}``."""
+    """One pass over ``serving_jobs`` at ``now`` (default now): each one's sample kept, each autoscaled one's count
+    decided; one dict per job: ``{"job", "replicas" (after the pass), "desired", "note"}`` and, when it decided,
+    the decision's numbers (``metric``, ``metric_per_replica``, ``target``, ``current``, ``recommended``); or
+    ``{"job", "error"}``."""
     now = now or timezone.now()
     results = []
-    for job in autoscaled_jobs():
+    for job in serving_jobs():
         try:
             results.append(scale_job(job, now))
         except Exception as exc:  # noqa: BLE001 - one job's fault must not stop the others
@@ -55,13 +60,54 @@ def target_of(scaling: dict) -> tuple[str, float]:
     return "rps", float(scaling["target_rps_per_replica"])
 
 
+def sample_job(job: Job, backend: Backend, now: dt.datetime) -> dict:
+    """Read the endpoint of serving ``job`` without ``spec.autoscaling`` and keep its sample at ``now``; its result
+    dict."""
+    state, _ = ServingScale.objects.get_or_create(job=job)
+    read = keep_sample(state, job, backend, now)
+    state.save(update_fields=["sample"])
+    return {"job": job.pk, "replicas": job.replicas, "desired": None,
+            "note": "" if read else "no reading of the endpoint's counters"}
+
+
+def keep_sample(state: ServingScale, job: Job, backend: Backend, now: dt.datetime) -> bool:
+    """Read ``job``'s endpoint and keep its sample (``record_sample``), ``state.sample`` updated (not saved); False
+    when the endpoint did not answer."""
+    text = backend.endpoint_load(job.current_attempt)
+    if text:
+        state.sample = {**(state.sample or {}), **record_sample(state, job, text, now)}
+    return bool(text)
+
+
+def record_sample(state: ServingScale, job: Job, text: str, now: dt.datetime) -> dict:
+    """Keep what ``job``'s endpoint served since the last pass (``text``: its exposition; ``state.sample``: what the
+    last pass kept) as a ``ServingSample`` at ``now``, and drop the job's samples older than ``SAMPLE_RETENTION``.
+    Returns what to keep for the next pass: ``{"figures": Totals.as_kept(), "figures_at": unix seconds}``, or {}
+    when the exposition has no figures (an endpoint that does not count them)."""
+    totals = parse_totals(text)
+    if totals is None:
+        return {}
+    kept = state.sample or {}
+    since = kept.get("figures_at")
+    started = job.current_attempt.started_at or now
+    seconds = now.timestamp() - since if since is not None else (now - started).total_seconds()
+    sample = interval_sample(totals, kept.get("figures"))
+    ServingSample.objects.create(job=job, at=now, seconds=max(0.0, seconds), replicas=job.replicas,
+                                 ready_replicas=totals.ready_replicas, **sample)
+    ServingSample.objects.filter(job=job, at__lt=now - SAMPLE_RETENTION).delete()
+    return {"figures": totals.as_kept(), "figures_at": now.timestamp()}
+
+
 def scale_job(job: Job, now: dt.datetime) -> dict:
-    """Read, decide and apply for one serving ``job`` (module docstring); its result dict."""
-    scaling = job.spec["autoscaling"]
+    """Read, keep the sample, decide and apply for one serving ``job`` (module docstring); its result dict."""
+    scaling = (job.spec or {}).get("autoscaling")
     attempt = job.current_attempt
     backend = backend_for(attempt.cluster)
+    if not scaling:
+        return sample_job(job, backend, now)
     state, _ = ServingScale.objects.get_or_create(job=job)
     if ServingRollout.objects.filter(job=job, state=ServingRollout.State.ROLLING).exists():
+        keep_sample(state, job, backend, now)  # it serves meanwhile
         return _noted(state, job, "a rollout to another checkpoint is under way: the replica count stays")
     if not backend.scales:
         return _noted(state, job, f"the {attempt.cluster.name} cluster's runner does not change a running job's "
@@ -72,10 +118,11 @@ def scale_job(job: Job, now: dt.datetime) -> dict:
     reading = parse_reading(text) if text else None
     if reading is None:
         return _noted(state, job, "no reading of the endpoint's counters: the replica count stays")
+    kept = record_sample(state, job, text, now)
     metric, target = target_of(scaling)
     previous = state.sample
     total = load(reading, previous, metric)
-    state.sample = reading.as_sample()
+    state.sample = {**reading.as_sample(), **kept}
     if job.replicas == 0:
         return _from_zero(state, job, backend, attempt, now, asked=reading.in_flight > 0 or bool(total) or bool(
             previous and reading.requests > previous.get("requests", 0)), metric=metric, target=target)

@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from core.money import rounding_difference, usd_cents
 from jobs.models import Job
+from jobs.serving_figures import service_figures
 from quotas.models import CPU_FLAVOR, Budget, Quota, Team
 
 from ..aggregation import aggregate_window, filter_days, hours, money, utilization_window, window_sums
@@ -244,13 +245,37 @@ def _shared_idle(team: Team, start: dt.datetime, end: dt.datetime) -> dict:
             "unpriced_gpu_hours": row["unpriced_shared_idle_gpu_hours"], "basis": SHARED_IDLE_BASIS}
 
 
+#: The figures of a serving job a report keeps, from ``jobs.serving_figures.service_figures``.
+SERVING_KEYS = ("requests", "requests_per_second", "error_rate_percent", "tokens", "gpu_hours", "unpriced_gpu_hours",
+                "gpu_hours_per_million_requests", "usd_per_million_requests", "usd_per_million_tokens")
+
+
+def _serving(team: Team | None, start: dt.datetime, end: dt.datetime) -> list[dict]:
+    """The serving jobs of ``team`` (None: every team) that served within ``[start, end)``, costliest in GPU-hours
+    first: ``job``, ``job_name``, ``team``, ``cost_usd`` (the priced part, cents; null when none is priced) and the
+    figures of ``SERVING_KEYS`` over the period (``service_figures`` without latency: its ledger entries pro rata
+    of their part inside the period, so a job's GPU-hours here may differ from its top-jobs row by the part of an
+    entry at the period's edges). USD per million requests is null when any of its GPU-hours has no price."""
+    jobs = Job.objects.filter(kind=Job.Kind.INFERENCE, serving_samples__at__gt=start,
+                              serving_samples__at__lte=end).select_related("team").distinct()
+    if team is not None:
+        jobs = jobs.filter(team=team)
+    rows = []
+    for job in jobs:
+        figures = service_figures(job, start, end, detail=False)
+        rows.append({"job": job.pk, "job_name": job.name, "team": job.team.slug, "cost_usd": figures["usd"],
+                     **{key: figures[key] for key in SERVING_KEYS}})
+    return sorted(rows, key=lambda r: (-r["gpu_hours"], r["job"]))
+
+
 def build_report_data(team: Team | None, start: dt.datetime, end: dt.datetime) -> dict:
     """The numbers of a report for ``team`` (None: every team) over ``[start, end)``, JSON-ready.
 
     Keys: ``scope``, ``period_start``/``period_end`` (ISO), ``hours`` (period
     length), ``totals`` and ``by_accelerator``/``by_cluster``/``by_day``
     (GPU-hours, USD cents as strings), ``utilization`` (see ``_utilization``),
-    ``top_jobs``, ``training_efficiency`` (``costs.reports.efficiency``), ``quota_use``, ``budgets``,
+    ``top_jobs``, ``training_efficiency`` (``costs.reports.efficiency``), ``serving`` (``_serving``: each serving
+    job's requests and USD per million requests), ``quota_use``, ``budgets``,
     ``previous`` (the equal-length
     period before, with percent changes; null where the previous value is 0), and the fleet's capacity
     (``capacity``, platform reports: see ``_capacity``) or the team's share of its idle cost (``shared_idle``,
@@ -286,6 +311,7 @@ def build_report_data(team: Team | None, start: dt.datetime, end: dt.datetime) -
         "top_jobs": top_jobs,
         "rounding_difference_usd": rounding,
         "training_efficiency": training_efficiency(_ledger(team, start, end), utilization),
+        "serving": _serving(team, start, end),
         "quota_use": _quota_use(team, {r["accelerator"]: r["gpu_hours"] for r in by_accelerator}, hours),
         "budgets": _budgets(team, end),
         "cost_unknown": _unknown(team, end),

@@ -85,6 +85,15 @@ def render_csv(data: dict) -> str:
             item = f"{rank}:{job['job']}:{job['job_name']}"
             writer.writerow(["lowest_mfu_job", item, "mfu_percent", job["mfu_percent"]])
             _money(writer, "lowest_mfu_job", item, job)
+    for job in data.get("serving") or ():  # absent from reports stored before the section existed
+        item = f"{job['job']}:{job['job_name']}"
+        for metric in ("requests", "requests_per_second", "error_rate_percent", "tokens", "gpu_hours",
+                       "gpu_hours_per_million_requests"):
+            writer.writerow(["serving", item, metric, "" if job[metric] is None else job[metric]])
+        _money(writer, "serving", item, job)
+        for metric, count in (("usd_per_million_requests", "requests"), ("usd_per_million_tokens", "tokens")):
+            value = job[metric]  # none counted: empty; counted without a known price: unknown
+            writer.writerow(["serving", item, metric, "" if not job[count] else UNKNOWN if value is None else value])
     for row in data["quota_use"]:
         for metric in ("nominal_gpus", "borrowing_limit_gpus", "gpu_hours", "avg_gpus_in_use", "percent_of_nominal"):
             writer.writerow(["quota", row["accelerator"], metric, "" if row[metric] is None else row[metric]])

@@ -353,7 +353,41 @@ def serving_fields(serving: dict) -> list[tuple[str, str]]:
         if refusal:
             pairs.append(("scale-up refused", f"{refusal.get('desired')} wanted, stays at {refusal.get('replicas')}: "
                                               f"{refusal.get('message', '')}"))
+    return pairs + figures_fields(serving.get("figures"))
+
+
+def figures_fields(figures: dict | None) -> list[tuple[str, str]]:
+    """A serving job's figures over the last hour it served (the API's ``serving.figures``): requests, rate,
+    latency percentiles, error rate, GPU-hours, cost per million requests and tokens (``unknown`` without a price),
+    replicas over time; [] before the first sample."""
+    if not figures:
+        return []
+    text = f"{figures['requests']} requests"
+    if figures.get("requests_per_second") is not None:
+        text += f" ({figures['requests_per_second']:.2f}/s)"
+    if figures.get("latency_p50_ms") is not None:
+        text += f", p50 {figures['latency_p50_ms']:.1f} ms, p99 {figures['latency_p99_ms']:.1f} ms"
+    if figures.get("error_rate_percent") is not None:
+        text += f", errors {figures['error_rate_percent']:.2f} %"
+    if figures.get("tokens"):
+        text += f", {figures['tokens']} tokens"
+    pairs = [("served (last hour)", text + f"; {figures['gpu_hours']:.4f} GPU-h")]
+    if figures["requests"]:
+        cost = f"{_known(figures.get('usd_per_million_requests'))}, {figures['gpu_hours_per_million_requests']:.2f} GPU-h"
+        if figures.get("tokens"):
+            cost += f"; per million tokens {_known(figures.get('usd_per_million_tokens'))}"
+        if figures.get("unpriced_gpu_hours"):
+            cost += f" ({figures['unpriced_gpu_hours']:.2f} GPU-h without a price)"
+        pairs.append(("per million requests", cost))
+    series = figures.get("replicas") or []
+    if series:
+        pairs.append(("replicas over time", ", ".join(f"{n} from {when(at)}" for at, n in series) + " UTC"))
     return pairs
+
+
+def _known(value: str | None) -> str:
+    """An API money string as ``$1.23``; None (no price known) as ``unknown``, never ``$0``."""
+    return "unknown" if value is None else f"${value}"
 
 
 @api_command("job", "show a job: state, why it waits, attempt, cost")

@@ -296,6 +296,29 @@ SERVING_SCHEMA = {
                         "note": {"type": "string", "description": "why a step waits; empty when it does not"},
                         "started_at": {"type": "string", "format": "date-time"},
                     }},
+        "figures": {"type": "object", "nullable": True, "description": (
+            "the service's figures over the last hour it served (jobs.serving_figures), null before the first "
+            "sample: requests, errors (5xx), tokens, requests_per_second, error_rate_percent, latency_p50_ms and "
+            "latency_p99_ms (Prometheus' histogram_quantile over the endpoint's latency buckets), replicas "
+            "([[time, count], ...] at each change), gpu_hours, unpriced_gpu_hours, usd, "
+            "gpu_hours_per_million_requests, usd_per_million_requests and usd_per_million_tokens (null when "
+            "unknown: no requests or tokens, or GPU-hours without a price), window_start, window_end, seconds"),
+            "properties": {
+                "window_start": {"type": "string", "format": "date-time"},
+                "window_end": {"type": "string", "format": "date-time"},
+                "seconds": {"type": "number"}, "requests": {"type": "integer"}, "errors": {"type": "integer"},
+                "tokens": {"type": "integer"},
+                "requests_per_second": {"type": "number", "nullable": True},
+                "error_rate_percent": {"type": "number", "nullable": True},
+                "latency_p50_ms": {"type": "number", "nullable": True},
+                "latency_p99_ms": {"type": "number", "nullable": True},
+                "replicas": {"type": "array", "items": {"type": "array"}},
+                "gpu_hours": {"type": "number"}, "unpriced_gpu_hours": {"type": "number"},
+                "usd": {"type": "string", "nullable": True},
+                "gpu_hours_per_million_requests": {"type": "number", "nullable": True},
+                "usd_per_million_requests": {"type": "string", "nullable": True},
+                "usd_per_million_tokens": {"type": "string", "nullable": True},
+            }},
     },
 }
 
@@ -305,8 +328,8 @@ class JobDetailSerializer(JobSerializer):
     reason on the CPU or without a catalog peak), tokens and USD per million tokens, and each attempt's last and
     mean reports; ``after``: the jobs it waits for (``jobs.dependencies.edges_of``), empty without any; for a
     multi-role job its ``roles`` with each one's GPU-hours, cost, GPU utilization and throughput (``jobs.roles``);
-    for a serving job ``serving``: its endpoint, replicas and autoscaling (``jobs.service.serving_status``), null for
-    other kinds."""
+    for a serving job ``serving``: its endpoint, replicas, autoscaling and figures (``jobs.service.serving_status``),
+    null for other kinds."""
 
     efficiency = serializers.SerializerMethodField()
     after = serializers.SerializerMethodField()

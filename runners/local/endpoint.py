@@ -26,7 +26,12 @@ autoscaler reads (``jobs.serving``): ``controlplane_endpoint_requests_total``, `
 ``..._in_flight_seconds_total`` (the integral of requests in flight over time: its increase over an interval
 divided by the interval is the mean number in flight), ``..._clock_seconds`` (the proxy's monotonic clock, for
 those intervals), ``..._failed_requests_total`` (answered 502 or 503 by the proxy itself), ``..._retries_total``,
-``..._ready_replicas``, ``..._replicas`` and ``..._replica_requests_total{replica}``.
+``..._ready_replicas``, ``..._replicas`` and ``..._replica_requests_total{replica}``; for the service's figures
+(``jobs.serving_figures``), ``..._request_duration_seconds`` (a Prometheus histogram of the seconds from a request's
+arrival to its answer, cumulative ``_bucket{le}`` counts, ``_sum``, ``_count``; ``LATENCY_BUCKETS``),
+``..._errors_total`` (answers with a 5xx status: a replica's, or the proxy's own 502/503) and
+``..._generated_tokens_total`` (the sum of the ``X-Generated-Tokens`` header of the answers that carry one:
+``examples/serve.py`` says there how many tokens it generated).
 
 With no replica ready for ``--idle-exit`` seconds (the job's attempt ended and no other took its place, or every
 replica is down; never while it holds requests for a job scaled to zero) or its directory gone, the proxy exits 0 (the runner's next look at a live attempt starts it
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import json
 import signal
 import sys
@@ -45,7 +51,7 @@ from pathlib import Path
 
 from aiohttp import ClientConnectorError, ClientError, ClientSession, ClientTimeout, web
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 BACKENDS_FILE = "backends.json"
 #: Headers that belong to one connection (RFC 9110 section 7.6.1), not forwarded; and those aiohttp sets itself.
@@ -55,6 +61,13 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 IDEMPOTENCY_KEY = "Idempotency-Key"
 REPLICA_HEADER = "X-Controlplane-Replica"
+#: The header a replica names the tokens it generated for an answer with (``examples/serve.py``).
+TOKENS_HEADER = "X-Generated-Tokens"
+#: Upper bounds (seconds) of the latency histogram's buckets: prometheus_client's default buckets (client_python,
+#: ``Histogram.DEFAULT_BUCKETS``, 5 ms to 10 s) and 30, 60, 120 and 300 s for long generations, up to the default
+#: request timeout; ``+Inf`` is added when shown.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 30.0, 60.0,
+                   120.0, 300.0)
 #: Seconds a health check may take before the replica counts as not ready.
 HEALTH_TIMEOUT_SECONDS = 1.0
 #: Seconds between looks for a ready replica while a request is held (a job scaled to zero).
@@ -134,6 +147,10 @@ class Endpoint:
         self.in_flight = 0
         self._area = 0.0  # requests in flight integrated over seconds
         self._area_at = time.monotonic()
+        self.errors = 0
+        self.tokens = 0
+        self.latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)  # per bucket, not cumulative; the last is +Inf
+        self.latency_sum = 0.0
 
     def _in_flight_changes(self, by: int) -> None:
         now = time.monotonic()
@@ -149,10 +166,32 @@ class Endpoint:
         """Forward ``request`` to a ready replica (see the module docstring for which, and when another is tried)."""
         self.requests += 1
         self._in_flight_changes(+1)
+        started = time.monotonic()
+        status = 500  # an exception the server turns into a 500
         try:
-            return await self._forward(request)
+            answer = await self._forward(request)
+            status = answer.status
+            self._count_tokens(answer)
+            return answer
+        except asyncio.CancelledError:
+            status = 499  # the client went away (nginx's "client closed request"): no error of the service
+            raise
         finally:
             self._in_flight_changes(-1)
+            self.observe(time.monotonic() - started, status)
+
+    def observe(self, seconds: float, status: int) -> None:
+        """Count one answer of ``status`` given ``seconds`` after its request arrived: the latency histogram, and an
+        error for a 5xx."""
+        self.latency_counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.latency_sum += seconds
+        if status >= 500:
+            self.errors += 1
+
+    def _count_tokens(self, answer: web.StreamResponse) -> None:
+        value = answer.headers.get(TOKENS_HEADER, "")
+        if value.isdigit():
+            self.tokens += int(value)
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -262,6 +301,17 @@ class Endpoint:
         yield GaugeMetricFamily("controlplane_endpoint_replicas", "Replicas listed", value=len(self.replicas.addresses))
         yield GaugeMetricFamily("controlplane_endpoint_ready_replicas", "Replicas ready (their health check passed)",
                                 value=len(self.replicas.ready))
+        yield CounterMetricFamily("controlplane_endpoint_errors", "Answers with a 5xx status (a replica's or the "
+                                  "endpoint's own)", value=self.errors)
+        yield CounterMetricFamily("controlplane_endpoint_generated_tokens",
+                                  f"Tokens the replicas said they generated ({TOKENS_HEADER})", value=self.tokens)
+        cumulative, buckets = 0, []
+        for bound, count in zip((*LATENCY_BUCKETS, float("inf")), self.latency_counts, strict=True):
+            cumulative += count
+            buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
+        yield HistogramMetricFamily("controlplane_endpoint_request_duration_seconds",
+                                    "Seconds from a request's arrival to its answer", buckets=buckets,
+                                    sum_value=self.latency_sum)
         served = CounterMetricFamily("controlplane_endpoint_replica_requests", "Requests each replica answered",
                                      labels=["replica"])
         for address, count in sorted(self.replicas.served.items()):
