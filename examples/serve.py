@@ -193,9 +193,12 @@ DRAIN_SECONDS = 8.0
 class DrainingServer(ThreadingHTTPServer):
     """A ``ThreadingHTTPServer`` that counts the requests it is answering, so a stop can let them finish.
 
-    Stopping (``drain``): the listening socket is closed first, so a new connection is refused at once (a proxy
-    sends it to another replica, as a refused connection never reached this one), then the requests already read
-    are answered, each on a connection closed after it, for at most ``seconds``.
+    A request is in flight from its connection's accept (a new connection carries one) or, on a kept-alive
+    connection, from its request line, until its answer is written. Stopping (``drain``): the connections the
+    kernel already completed are accepted from the listen backlog, then the listening socket is closed, so a
+    later connection is refused at once (a proxy sends it to another replica, as a refused connection never
+    reached this one); then the requests in flight are answered, each on a connection closed after it, for at
+    most ``seconds``.
     """
 
     daemon_threads = True
@@ -215,9 +218,22 @@ class DrainingServer(ThreadingHTTPServer):
             self.in_flight -= 1
             self.idle.notify_all()
 
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self.request_started()  # given back when the connection's first request is answered (Handler)
+        super().process_request(request, client_address)
+
     def drain(self, seconds: float) -> int:
-        """Close the listener, wait up to ``seconds`` for the requests in flight; returns how many were left."""
+        """Take the backlog's connections, close the listener, wait up to ``seconds`` for the requests in flight;
+        returns how many were left."""
         self.draining = True
+        self.socket.setblocking(False)
+        while True:
+            try:
+                request, client_address = self.socket.accept()
+            except OSError:  # BlockingIOError: the backlog is empty
+                break
+            request.setblocking(True)
+            self.process_request(request, client_address)
         self.socket.close()
         with self.idle:
             self.idle.wait_for(lambda: self.in_flight == 0, timeout=seconds)
@@ -230,21 +246,25 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "gpt-serve/1"
     protocol_version = "HTTP/1.1"
 
+    def setup(self) -> None:
+        super().setup()
+        self._counted = True  # the connection's first request was counted at its accept (DrainingServer)
+
     def handle_one_request(self) -> None:
-        self._counted = False
         try:
             super().handle_one_request()
         finally:
             if self._counted:
+                self._counted = False
                 self.server.request_done()  # type: ignore[attr-defined]
 
     def parse_request(self) -> bool:
         parsed = super().parse_request()
-        if parsed:
+        if parsed and not self._counted:  # a later request on a kept-alive connection
             self.server.request_started()  # type: ignore[attr-defined]
             self._counted = True
-            if self.server.draining:  # type: ignore[attr-defined]
-                self.close_connection = True
+        if self.server.draining:  # type: ignore[attr-defined]
+            self.close_connection = True
         return parsed
 
     # -- helpers ------------------------------------------------------------ #
