@@ -437,6 +437,14 @@ def test_a_replica_that_does_not_answer_is_left_out_of_the_sum_and_said_so(clust
     assert "controlplane_endpoint_ready_replicas 1.0" in text and "controlplane_endpoint_replicas 2.0" in text
     assert second in caplog.text and "left out" in caplog.text
 
+    emulator.serve_metrics(second, server_metrics(4, 2, 2.5, 1001.0), port=8000)
+    slow = emulator.hold("GET", f"/pods/{second}")  # its node does not answer the API server in time
+    try:
+        reading = parse_reading(backend.endpoint_load(load(attempt.pk)))
+    finally:
+        slow.set()
+    assert (reading.requests, reading.in_flight, reading.in_flight_seconds, reading.clock) == (10, 1, 7.5, 1000)
+
     emulator.serve_metrics(second, "# a server that reports no counters\n", port=8000)
     emulator.stop_serving(first)
     assert backend.endpoint_load(load(attempt.pk)) is None  # none answered with counters: no reading
