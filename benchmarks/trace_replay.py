@@ -1,20 +1,23 @@
-"""Replay of a production GPU trace through the scheduling core, node by node, against two reference placers.
+"""Replay of a production GPU trace through the scheduling core, node by node, against reference placers.
 
 Trace: Alibaba's ``cluster-trace-gpu-v2023`` (alibaba/clusterdata), ``openb_node_list_gpu_node.csv`` (1,213 GPU
 nodes) and ``openb_pod_list_multigpu50.csv`` (9,061 tasks), published with "Beware of Fragmentation: Scheduling
-GPU-Sharing Workloads with Fragmentation Gradient Descent" (Weng et al., USENIX ATC 2023). The trace is not part of
-the repository: ``--trace DIR`` (default ``var/traces/openb-multigpu50``) holds the two files of
-``cluster-trace-gpu-v2023/csv/`` as ``nodes.csv`` and ``tasks.csv`` (columns are read by name: ``sn``,
-``cpu_milli``, ``memory_mib``, ``gpu``, ``model``; ``cpu_milli``, ``memory_mib``, ``num_gpu``, ``gpu_milli``). Only
-whole-GPU tasks are replayed (the platform allocates whole GPUs); fractional-GPU and CPU-only tasks are counted and
-left out.
+GPU-Sharing Workloads with Fragmentation Gradient Descent" (Weng et al., USENIX ATC 2023), kept in
+``benchmarks/data/openb-multigpu50`` (``--trace DIR`` for another copy) as ``nodes.csv`` and ``tasks.csv`` (columns are
+read by name: ``sn``, ``cpu_milli``, ``memory_mib``, ``gpu``, ``model``; ``cpu_milli``, ``memory_mib``, ``num_gpu``,
+``gpu_milli``). CPU-only tasks are counted and left out: the platform runs them on CPU pools, not on GPU nodes.
 
-The fleet is one accelerator whose node pools are the trace's (GPU model, GPUs per node) groups, all at one price,
-each node with its CPU and memory; four teams in one cohort whose nominal quotas sum to the fleet's GPUs, each
-allowed to borrow up to the whole fleet. Every task is a one-node job asking its GPUs, CPU and memory.
+The shared fill (``shared_fill``, ``benchmarks/trace_shares.py``) replays every GPU task, whole and fractional, on
+nodes whose GPUs are taken whole or in shares, through the core and against first-fit, best-fit and the paper's FGD
+written in ``trace_shares``; its allocation at 130 % demand over the best reference's is ``ratio_vs_best_reference``.
 
-Two runs, both through ``FairShareScheduler`` as the platform calls it (a pass when a job arrives, a full pass
-from a fresh snapshot when one ends):
+The fleet of the runs below is one accelerator whose node pools are the trace's (GPU model, GPUs per node) groups,
+all at one price, each node with its CPU and memory, GPUs whole only; four teams in one cohort whose nominal quotas
+sum to the fleet's GPUs, each allowed to borrow up to the whole fleet. Every task is a one-node job asking its GPUs,
+CPU and memory.
+
+Two runs of whole-GPU tasks, both through ``FairShareScheduler`` as the platform calls it (a pass when a job
+arrives, a full pass from a fresh snapshot when one ends):
 
 - fill (the paper's method): tasks sampled in random order (with replacement), never ending, arrive until their
   demand reaches 100 % and then 130 % of the fleet's GPUs; allocation = allocated GPUs / all GPUs, at both
@@ -33,7 +36,8 @@ from a fresh snapshot when one ends):
 An independent checker keeps its own books of every node (GPUs, CPU, memory) from the admissions and preemptions
 alone, and counts any admission onto a node without room, onto an unknown node or twice onto one node.
 
-Run: ``.venv/bin/python benchmarks/trace_replay.py [--seeds 3] [--churn-jobs 20000]``; a few minutes on 2 cores.
+Run: ``.venv/bin/python benchmarks/trace_replay.py [--shared-seeds 3] [--seeds 3] [--churn-jobs 20000]``; a few
+minutes on 2 cores.
 Prints a few lines and ends with one JSON line.
 """
 
@@ -53,6 +57,7 @@ from statistics import mean, median
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import trace_shares as shares  # noqa: E402
 from benchmarks.procstat import machine  # noqa: E402
 from jobs.scheduling.core import (  # noqa: E402
     FairShareScheduler,
@@ -66,9 +71,12 @@ from jobs.scheduling.core import (  # noqa: E402
     workload_of,
 )
 
-TRACE = Path(__file__).resolve().parents[1] / "var" / "traces" / "openb-multigpu50"
+TRACE = Path(__file__).resolve().parent / "data" / "openb-multigpu50"
 TRACE_FILES = {"nodes.csv": "openb_node_list_gpu_node.csv", "tasks.csv": "openb_pod_list_multigpu50.csv"}
 ACC, TEAMS, PRICE = 1, 4, Decimal("2.00")
+MILLI = shares.MILLI
+#: Tasks a warm platform has seen the day before the shared fill (``platform-warm``).
+WARM_TASKS = 2000
 CHURN_MEDIAN_S, CHURN_SIGMA, CHURN_LOAD, CHURN_PREEMPTIBLE = 1800.0, 1.5, 1.6, 0.3
 #: The periodic full pass (``SCHEDULE_INTERVAL_SECONDS``): jobs that end within one interval share one pass.
 PASS_INTERVAL_S = 10.0
@@ -83,16 +91,17 @@ def load_nodes(path: Path) -> list[tuple[str, str, int, int, int]]:
                 for r in csv.DictReader(f) if int(r["gpu"]) > 0]
 
 
-def load_tasks(path: Path) -> tuple[list[tuple[int, int, int]], int, int]:
-    """Whole-GPU tasks as ``(GPUs, CPU millicores, memory MiB)``, and how many fractional and CPU-only were left out."""
-    whole, fractional, cpu_only = [], 0, 0
+def load_tasks(path: Path) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int, int]], int]:
+    """Whole-GPU tasks as ``(GPUs, CPU millicores, memory MiB)``, fractional ones as ``(1, milli-GPUs, CPU
+    millicores, memory MiB)``, and how many CPU-only tasks were left out."""
+    whole, fractional, cpu_only = [], [], 0
     with path.open() as f:
         for r in csv.DictReader(f):
             gpus, milli = int(r["num_gpu"]), int(r["gpu_milli"])
             if gpus == 0:
                 cpu_only += 1
             elif gpus == 1 and milli < 1000:
-                fractional += 1
+                fractional.append((1, milli, int(r["cpu_milli"]), int(r["memory_mib"])))
             else:
                 whole.append((gpus, int(r["cpu_milli"]), int(r["memory_mib"])))
     return whole, fractional, cpu_only
@@ -216,14 +225,71 @@ def reference_fill(nodes, sequence, policy: str, marks: tuple[int, ...]) -> list
 
 # --- the fill run ----------------------------------------------------------------------------------------------
 
-def fill_sequence(tasks, fleet_gpus: int, share: float, rng: random.Random) -> list[tuple[int, int, int]]:
-    """Tasks sampled at random (with replacement) until their GPUs reach ``share`` of the fleet."""
+def fill_sequence(tasks, fleet_gpus: int, share: float, rng: random.Random, gpus=lambda t: t[0]) -> list:
+    """Tasks sampled at random (with replacement) until their GPUs (``gpus`` of a task) reach ``share`` of the
+    fleet."""
     out, demand = [], 0
     while demand < share * fleet_gpus:
         task = tasks[rng.randrange(len(tasks))]
         out.append(task)
-        demand += task[0]
+        demand += gpus(task)
     return out
+
+
+def shared_fill(nodes, whole, fractional, seeds: int) -> dict:
+    """The fill on nodes that give whole GPUs and shares (``trace_shares``): every GPU task of the trace, whole and
+    fractional, sampled until 130 % of the fleet's GPUs; the core with its default packing (best-fit, shares
+    scored by FGD for the shapes it has seen, starting with none) and with ``fgd``, and the default again after a
+    day of ``WARM_TASKS`` other tasks of the trace (``platform-warm``: a platform that ran before), against
+    first-fit, best-fit and the paper's FGD written in ``trace_shares``, same sequences, same process."""
+    tasks = [(g, 0, c, m) for g, c, m in whole] + list(fractional)
+    fleet_gpus = sum(n[2] for n in nodes)
+    marks = (fleet_gpus * MILLI, math.ceil(1.3 * fleet_gpus * MILLI))
+    workload = shares.Workload(tasks)
+    names = ("platform", "platform-fgd", "platform-warm", "first-fit", "best-fit", "fgd")
+    runs: dict[str, list] = {name: [] for name in names}
+    stranded: dict[str, list] = {name: [] for name in runs}
+    bad, replayed, passes = 0, 0, []
+    for seed in range(seeds):
+        sequence = fill_sequence(tasks, fleet_gpus * MILLI, 1.3, random.Random(100 + seed), shares.milli_of)
+        replayed += sum(1 for t in sequence if t[1])
+        # platform-warm: the platform after a day of other submissions (WARM_TASKS drawn from the trace)
+        warm = fill_sequence(tasks, WARM_TASKS * MILLI, 1.0, random.Random(900 + seed), lambda t: MILLI)
+        for name, policy, before in (("platform", "best-fit", ()), ("platform-fgd", "fgd", ()),
+                                     ("platform-warm", "best-fit", warm)):
+            alloc, checker, fill_passes, _ = shares.platform(nodes, sequence, marks, ACC, PRICE, TEAMS, policy,
+                                                             before)
+            runs[name].append(alloc)
+            bad += checker.without_room
+            stranded[name].append(shares.stranded_gpus(checker.state(), workload))
+            if name == "platform":
+                passes += fill_passes
+        for name in ("first-fit", "best-fit", "fgd"):
+            alloc, state = shares.reference(nodes, sequence, marks, name, workload if name == "fgd" else None)
+            runs[name].append(alloc)
+            stranded[name].append(shares.stranded_gpus(state, workload))
+        print(f"shared fill seed {seed}: " + ", ".join(f"{k} {v[-1][1]:.4f}" for k, v in runs.items())
+              + " at 130 %", file=sys.stderr)
+    at = {name: (mean(a[0] for a in v), mean(a[1] for a in v)) for name, v in runs.items()}
+    refs = ("first-fit", "best-fit", "fgd")
+    best_ref = max(refs, key=lambda r: at[r][1])
+    return {
+        "fractional_tasks_replayed": replayed, "seeds": seeds, "replicas_per_gpu": shares.REPLICAS,
+        "admitted_without_room": bad,
+        "allocation": {name: {"at_100": round(a[0], 4), "at_130": round(a[1], 4),
+                              "at_130_by_seed": [round(x[1], 4) for x in runs[name]],
+                              "stranded_gpus_130": round(mean(s[0] for s in stranded[name]), 1),
+                              "free_gpus_130": round(mean(s[1] for s in stranded[name]), 1)}
+                       for name, a in at.items()},
+        "best_reference": best_ref,
+        "ratio_vs_best_reference": round(at["platform"][1] / at[best_ref][1], 4) if at[best_ref][1] else None,
+        "fgd_policy_ratio_vs_best_reference": (round(at["platform-fgd"][1] / at[best_ref][1], 4)
+                                               if at[best_ref][1] else None),
+        "warm_ratio_vs_best_reference": (round(at["platform-warm"][1] / at[best_ref][1], 4)
+                                         if at[best_ref][1] else None),
+        "warm_tasks_seen_before": WARM_TASKS,
+        "fill_pass_p50_ms": round(median(passes), 3), "fill_pass_p99_ms": round(percentile(passes, 99), 3),
+    }
 
 
 def platform_fill(nodes, sequence, marks, rng: random.Random, policy: str = "best-fit",
@@ -368,6 +434,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=3, help="fill runs (random task orders)")
     parser.add_argument("--churn-jobs", type=int, default=20000, help="arrivals in the churn run")
+    parser.add_argument("--shared-seeds", type=int, default=3,
+                        help="fill runs of whole and fractional tasks on nodes that share their GPUs")
     parser.add_argument("--trace", type=Path, default=TRACE, help="directory holding nodes.csv and tasks.csv")
     args = parser.parse_args()
     missing = [f"{name} (the trace's {original})" for name, original in TRACE_FILES.items()
@@ -377,6 +445,7 @@ def main() -> None:
                  f"alibaba/clusterdata, cluster-trace-gpu-v2023/csv/, or pass --trace DIR")
     nodes = load_nodes(args.trace / "nodes.csv")
     tasks, fractional, cpu_only = load_tasks(args.trace / "tasks.csv")
+    shared = shared_fill(nodes, tasks, fractional, args.shared_seeds)
     fleet_gpus = sum(n[2] for n in nodes)
     marks = (fleet_gpus, math.ceil(1.3 * fleet_gpus))
     # fgd's expected workload: the trace's whole-GPU tasks, each (GPUs, CPU, memory) weighted by its count
@@ -397,7 +466,7 @@ def main() -> None:
         print(f"seed {seed}: platform best-fit {mine[-1][0]:.4f} / {mine[-1][1]:.4f}, fgd {fgd[-1][0]:.4f} / "
               f"{fgd[-1][1]:.4f}, first-fit {first[-1][1]:.4f}, best-fit {best[-1][1]:.4f} at 130 %", file=sys.stderr)
     run = churn(nodes, tasks, args.churn_jobs, random.Random(7))
-    bad += run["checker"].without_room
+    bad += run["checker"].without_room + shared["admitted_without_room"]
     pass_ms = [ms for _, ms in run["passes"]]
     by_queue = {}
     for low, high in ((0, 100), (100, 1000), (1000, 10**9)):
@@ -415,25 +484,37 @@ def main() -> None:
     print(json.dumps({
         "benchmark": "trace_replay", "trace": "alibaba cluster-trace-gpu-v2023 openb_pod_list_multigpu50",
         "nodes": len(nodes), "fleet_gpus": fleet_gpus, "whole_gpu_tasks": len(tasks),
-        "left_out_fractional_gpu_tasks": fractional, "left_out_cpu_only_tasks": cpu_only,
-        "seeds": args.seeds, "packing_policy": "best-fit",
+        "fractional_gpu_tasks": len(fractional), "left_out_cpu_only_tasks": cpu_only,
+        "fractional_tasks_replayed": shared["fractional_tasks_replayed"],
         "admitted_without_room": bad,
-        "allocation_100": round(a100, 4), "allocation_130": round(a130, 4),
-        "allocation_130_by_seed": [round(a[1], 4) for a in mine],
-        "first_fit_allocation_100": round(mean(a[0] for a in first), 4),
-        "first_fit_allocation_130": round(ref["first-fit"], 4),
-        "best_fit_allocation_100": round(mean(a[0] for a in best), 4),
-        "best_fit_allocation_130": round(ref["best-fit"], 4),
-        "best_reference": best_name, "best_reference_allocation_130": round(ref[best_name], 4),
-        "ratio_vs_best_reference": round(a130 / ref[best_name], 4) if ref[best_name] else None,
-        "fill_pass_p50_ms": round(median(fill_passes), 4), "fill_pass_p99_ms": round(percentile(fill_passes, 99), 4),
-        "fgd": {"workload_shapes": len(workload),
-                "allocation_100": round(f100, 4), "allocation_130": round(f130, 4),
-                "allocation_130_by_seed": [round(a[1], 4) for a in fgd],
-                "ratio_vs_best_fit_core": round(f130 / a130, 4) if a130 else None,
-                "ratio_vs_best_reference": round(f130 / ref[best_name], 4) if ref[best_name] else None,
-                "fill_pass_p50_ms": round(median(fgd_passes), 4),
-                "fill_pass_p99_ms": round(percentile(fgd_passes, 99), 4)},
+        "packing_policy": "best-fit",
+        "allocation_100": shared["allocation"]["platform"]["at_100"],
+        "allocation_130": shared["allocation"]["platform"]["at_130"],
+        "best_reference": shared["best_reference"],
+        "best_reference_allocation_130": shared["allocation"][shared["best_reference"]]["at_130"],
+        "ratio_vs_best_reference": shared["ratio_vs_best_reference"],
+        "stranded_gpus_130": shared["allocation"]["platform"]["stranded_gpus_130"],
+        "best_reference_stranded_gpus_130": shared["allocation"][shared["best_reference"]]["stranded_gpus_130"],
+        "shared_fill": shared,
+        "whole_gpu_fill": {
+            "nodes": "whole GPUs only (no sharing)", "seeds": args.seeds,
+            "allocation_100": round(a100, 4), "allocation_130": round(a130, 4),
+            "allocation_130_by_seed": [round(a[1], 4) for a in mine],
+            "first_fit_allocation_100": round(mean(a[0] for a in first), 4),
+            "first_fit_allocation_130": round(ref["first-fit"], 4),
+            "best_fit_allocation_100": round(mean(a[0] for a in best), 4),
+            "best_fit_allocation_130": round(ref["best-fit"], 4),
+            "best_reference": best_name, "best_reference_allocation_130": round(ref[best_name], 4),
+            "ratio_vs_best_reference": round(a130 / ref[best_name], 4) if ref[best_name] else None,
+            "fill_pass_p50_ms": round(median(fill_passes), 4),
+            "fill_pass_p99_ms": round(percentile(fill_passes, 99), 4),
+            "fgd": {"workload_shapes": len(workload),
+                    "allocation_100": round(f100, 4), "allocation_130": round(f130, 4),
+                    "allocation_130_by_seed": [round(a[1], 4) for a in fgd],
+                    "ratio_vs_best_fit_core": round(f130 / a130, 4) if a130 else None,
+                    "ratio_vs_best_reference": round(f130 / ref[best_name], 4) if ref[best_name] else None,
+                    "fill_pass_p50_ms": round(median(fgd_passes), 4),
+                    "fill_pass_p99_ms": round(percentile(fgd_passes, 99), 4)}},
         "churn": {"jobs": args.churn_jobs, "arrival_rate_per_s": round(run["rate"], 5),
                   "duration": f"log-normal, median {CHURN_MEDIAN_S:g} s, sigma {CHURN_SIGMA:g} "
                               f"(mean {run['mean_s']:.0f} s)",

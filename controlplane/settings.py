@@ -406,6 +406,10 @@ NOTIFY_BASE_URL = env("NOTIFY_BASE_URL", default="")
 LOCAL_RUNNER_EMULATED_GPUS = env.int("LOCAL_RUNNER_EMULATED_GPUS", default=8)
 LOCAL_RUNNER_NODES = env.int("LOCAL_RUNNER_NODES", default=2)
 LOCAL_RUNNER_ACCELERATOR = env("LOCAL_RUNNER_ACCELERATOR", default="H100-80GB")
+# Shared nodes of the emulated cluster beside its whole-GPU nodes (ADR 0040; runners.local.sharing): entries separated
+# by ";", "time-slicing:<gpus>x<replicas>" (or "mps:..."), "mig-mixed:<gpus>x<profile>=<count>,...[+<whole gpus>]",
+# e.g. "time-slicing:1x4;mig-mixed:1x1g.10gb=2,3g.40gb=1". Empty: none (the demo sets its own, demo.run.DEMO_SHARED_NODES).
+LOCAL_RUNNER_SHARED_NODES = env("LOCAL_RUNNER_SHARED_NODES", default="")
 LOCAL_RUNNER_DIR = Path(env("LOCAL_RUNNER_DIR", default=str(VAR_DIR / "runs")))
 # Seconds between SIGTERM and SIGKILL when a job is cancelled or runs past max_runtime.
 LOCAL_RUNNER_KILL_GRACE_SECONDS = env.float("LOCAL_RUNNER_KILL_GRACE_SECONDS", default=10.0)

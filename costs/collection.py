@@ -38,7 +38,8 @@ from django.db.models import Case, ExpressionWrapper, F, FloatField, Max, Q, Val
 from django.db.models.functions import Coalesce, Least
 from django.utils import timezone
 
-from jobs.models import JobAttempt, roles_in_order
+from core.gpus import MILLI_PER_GPU
+from jobs.models import JobAttempt, held_gpu_milli, roles_in_order
 from runners.models import Cluster
 
 from . import prometheus
@@ -144,6 +145,34 @@ def attempt_matchers(attempt: JobAttempt, shape: prometheus.Shape, source: prome
     return prometheus.shape_matchers(shape, team, name, tuple(hosts), uuids)
 
 
+def gpu_share(attempt: JobAttempt) -> float | None:
+    """The fraction of one GPU the pod of ``attempt`` holds when its job asks part of a GPU (ADR 0040): its job's
+    ``gpu_share_milli`` over ``core.gpus.MILLI_PER_GPU`` (a quarter: 0.25; a MIG device: its memory slices over
+    eight), the share the ledger bills; None for whole GPUs."""
+    milli = int(attempt.job.gpu_share_milli or 0)
+    return milli / MILLI_PER_GPU if milli else None
+
+
+def allocated_gpus(attempt: JobAttempt) -> float:
+    """The GPUs ``attempt`` is allocated, for its allocated GPU-seconds: what the ledger bills it
+    (``jobs.models.held_gpu_milli``: its share of one GPU, else its whole GPUs) in GPUs."""
+    return held_gpu_milli(attempt.gpus, attempt.job.gpu_share_milli) / MILLI_PER_GPU
+
+
+def attributed(attempt: JobAttempt | None, usage: prometheus.WindowUsage,
+               nodes: dict[tuple[str, str], prometheus.WindowUsage]):
+    """``(usage, nodes)`` of ``attempt``'s series as the attempt is given them: unchanged for whole GPUs; for a pod
+    on part of a GPU, its share of each (``WindowUsage.share``). The rule of a shared GPU (docs/design.md, "Shared
+    GPUs"): dcgm-exporter reports per physical GPU (a time-sliced one: a series per pod on it, each with the GPU's
+    value) or per MIG device (``GPU_I_ID``, the pod that holds it); a series goes to the pod its labels name, and
+    its GPU time counts at that pod's share of the GPU, so the pods on one GPU are given at most all of its time
+    and the rest is unallocated, never anyone's idle."""
+    share = gpu_share(attempt) if attempt is not None else None
+    if share is None:
+        return usage, nodes
+    return usage.share(share), {key: value.share(share) for key, value in nodes.items()}
+
+
 def attempt_roles(attempt: JobAttempt) -> tuple[str, ...]:
     """The role names of a multi-role ``attempt`` (its ``placement["roles"]``); ``()`` for an attempt of one role."""
     roles = (attempt.placement or {}).get("roles") if isinstance(attempt.placement, dict) else None
@@ -158,13 +187,15 @@ def read_by_node(source: prometheus.Source, shape: prometheus.Shape, matchers: s
     dcgm-exporter runs on), the whole its sum. ``role`` is ``""`` unless ``attempt`` is a multi-role attempt on a
     pod-labelled cluster: then the read is grouped by the pod label too, and each pod's series go to its role
     (``prometheus.pod_role``). ``matchers`` None (not attributable): nothing read, ``NO_USAGE`` and ``{}``. Series
-    without a host label count in the whole only. Raises what ``read_usage`` raises."""
+    without a host label count in the whole only. An attempt on part of a GPU is given its share (``attributed``).
+    Raises what ``read_usage`` raises."""
     if matchers is None:
         return prometheus.NO_USAGE, {}
     roles = attempt_roles(attempt) if attempt is not None and shape.kind in prometheus.POD_LABELS else ()
     if not roles:
         groups = prometheus.read_usage_by(source, matchers, lo, hi, (shape.host_label,), client=client)
-        return sum(groups.values(), prometheus.NO_USAGE), {(host, ""): usage for (host,), usage in groups.items()}
+        return attributed(attempt, sum(groups.values(), prometheus.NO_USAGE),
+                          {(host, ""): usage for (host,), usage in groups.items()})
     pod_label = prometheus.POD_LABELS[shape.kind][1]
     groups = prometheus.read_usage_by(source, matchers, lo, hi, (pod_label, shape.host_label), client=client)
     nodes: dict[tuple[str, str], prometheus.WindowUsage] = {}
@@ -260,8 +291,9 @@ def seal_after() -> dt.timedelta:
 
 def _row_values(attempt: JobAttempt, shape_kind: str, attributable: bool, lo: dt.datetime, hi: dt.datetime,
                 usage: prometheus.WindowUsage) -> dict:
-    """A rollup's fields holding ``usage``, the sums of ``[lo, hi)`` (the day's part of the run from its start)."""
-    gpu_seconds = attempt.gpus * (hi - lo).total_seconds()
+    """A rollup's fields holding ``usage``, the sums of ``[lo, hi)`` (the day's part of the run from its start);
+    allocated GPU-seconds count a share of one GPU as that share (``allocated_gpus``)."""
+    gpu_seconds = allocated_gpus(attempt) * (hi - lo).total_seconds()
     idle = usage.idle
     return dict(
         job_id=attempt.job_id, team_id=attempt.job.team_id, cluster_id=attempt.cluster_id,
@@ -439,6 +471,7 @@ def _group_reads(pieces: list[Piece], sources: _Sources, now: dt.datetime):
                         usage = usage + group
                         key = (host, prometheus.pod_role(pod, name, roles) if roles else "")
                         nodes[key] = nodes.get(key, prometheus.NO_USAGE) + group
+                usage, nodes = attributed(p.attempt, usage, nodes)
                 out.append((p, usage, True, shape.kind, nodes))
             return out
         yield cluster_id, read
@@ -450,7 +483,7 @@ def _add(piece: Piece, usage: prometheus.WindowUsage, attributable: bool, shape_
     compare-and-set UPDATE; 1 if it applied, 0 if the row moved on (a duplicate or concurrent read: nothing is
     added twice). Allocated and expected samples
     are those of ``[piece.lo, piece.end)``; the averages and the counter name are recomputed from the new sums."""
-    gpu_seconds = piece.attempt.gpus * (piece.end - piece.lo).total_seconds()
+    gpu_seconds = allocated_gpus(piece.attempt) * (piece.end - piece.lo).total_seconds()
     n, p = usage.samples, usage.prof_samples
     values = dict(
         covered_until=piece.end, gpu_seconds=gpu_seconds,

@@ -353,6 +353,14 @@ class WindowUsage:
                            self.observed_seconds + other.observed_seconds, self.idle_seconds + other.idle_seconds,
                            self.prof_samples + other.prof_samples, energy)
 
+    def share(self, fraction: float) -> WindowUsage:
+        """These sums as a pod holding ``fraction`` of the GPUs read (0-1: its share of each) is given them: observed
+        and idle GPU-seconds and energy times ``fraction``; the samples, their sums and memory as they are (the
+        device's utilization is what the pod saw). Docs/design.md, "Shared GPUs"."""
+        return dataclasses.replace(self, observed_seconds=self.observed_seconds * fraction,
+                                   idle_seconds=self.idle_seconds * fraction,
+                                   energy_mj=None if self.energy_mj is None else self.energy_mj * fraction)
+
     @property
     def energy_kwh(self) -> float | None:
         """``energy_mj`` in kWh; None: not measured."""

@@ -7,14 +7,17 @@ and slow) and Celery beat as child processes, submits a pipeline at once through
 token: a PyTorch training job, its evaluation on a held-out text (``after`` the training SUCCEEDED) and the
 serving of the trained model (an inference job naming the training job, ``spec.checkpoint_from``, ``after``
 the evaluation SUCCEEDED: ADR 0037), with a CPU-only data-preparation job for the local CPU pool, a GRPO job of
-a learner and two rollouts admitted as one (a multi-role job: ADR 0039), and a job the budget must refuse; follows them to a final state as the scheduler runs them in order, sends the served
+a learner and two rollouts admitted as one (a multi-role job: ADR 0039), three jobs side by side on shared and
+whole GPUs (a quarter of a time-sliced GPU, a 1g.10gb MIG device, a whole GPU: ADR 0040, on the shared nodes
+``DEMO_SHARED_NODES`` gives the emulated cluster), and a job the budget must refuse; follows them to a final state as the scheduler runs them in order, sends the served
 model's endpoint a request,
 asks the API for ml-research's report of the day (on demand) and prints a
 summary with the endpoint, the answer and the report. With ``--once`` it then
 cancels the serving job, stops, and exits 0 only if training SUCCEEDED with
 a lower final loss, the evaluation passed its threshold, the CPU-only job
 SUCCEEDED billed at the CPU price, the GRPO job SUCCEEDED with its reward
-risen, and the served model answered.
+risen, the three GPU-sharing jobs SUCCEEDED side by side each holding what it
+asked, and the served model answered.
 """
 
 from __future__ import annotations
@@ -52,6 +55,13 @@ EVAL_LINE = re.compile(r"^eval_loss=([0-9.]+) perplexity=([0-9.]+)", re.MULTILIN
 RL_FINAL_LINE = re.compile(r"^final step=\d+ reward=([-0-9.]+) first_reward=([-0-9.]+)", re.MULTILINE)
 #: Learner steps of the demo's GRPO job: enough for its reward to rise from a fresh model, a few seconds of CPU.
 RL_STEPS = 20
+#: The shared nodes the demo's emulated cluster gets unless ``LOCAL_RUNNER_SHARED_NODES`` is set (runners.local.sharing):
+#: one GPU time-sliced four ways, and one GPU cut into two 1g.10gb MIG devices and one 3g.40gb (mixed strategy).
+DEMO_SHARED_NODES = "time-slicing:1x4;mig-mixed:1x1g.10gb=2,3g.40gb=1"
+#: What examples/gpu_share.py prints of what it holds.
+HOLDS_LINE = re.compile(r"^holds (.*)$", re.MULTILINE)
+#: Seconds each GPU-sharing job works: long enough that the three overlap after their dispatches.
+SHARE_SECONDS = 20
 
 
 @dataclasses.dataclass
@@ -171,6 +181,90 @@ def use_own_address_for_links(port: int) -> str:
         settings.NOTIFY_BASE_URL = f"http://127.0.0.1:{port}"
     os.environ["NOTIFY_BASE_URL"] = settings.NOTIFY_BASE_URL
     return settings.NOTIFY_BASE_URL
+
+
+def use_shared_nodes() -> str:
+    """Give the demo's emulated cluster the shared nodes ``DEMO_SHARED_NODES`` unless ``LOCAL_RUNNER_SHARED_NODES``
+    is set (an empty value keeps none): in the settings and in the environment the web server, workers and beat
+    inherit. Returns the configuration in force."""
+    if "LOCAL_RUNNER_SHARED_NODES" not in os.environ:
+        settings.LOCAL_RUNNER_SHARED_NODES = DEMO_SHARED_NODES
+        os.environ["LOCAL_RUNNER_SHARED_NODES"] = DEMO_SHARED_NODES
+    return settings.LOCAL_RUNNER_SHARED_NODES
+
+
+def local_sharing() -> list[str]:
+    """The sharing modes of the local cluster's shared nodes (none: no GPU sharing job can be placed; a machine
+    with NVIDIA GPUs has none, ``runners.local.capacity``)."""
+    from runners.local.capacity import ensure_local_cluster
+    from runners.models import Node
+
+    return sorted(set(Node.objects.filter(cluster=ensure_local_cluster()).exclude(gpu_sharing="none")
+                      .values_list("gpu_sharing", flat=True)))
+
+
+def sharing_documents(seconds: float = SHARE_SECONDS) -> list[dict]:
+    """Three jobs of ml-research that run side by side for ``seconds`` (examples/gpu_share.py): a quarter of a GPU
+    (``gpus_per_node: 0.25``, placed on a time-sliced GPU), a MIG device (``mig_profile: 1g.10gb``) and a whole
+    GPU, on the local accelerator."""
+    def document(name: str, resources: dict) -> dict:
+        return {"team": "ml-research", "name": name, "kind": "training",
+                "spec": {"image": "python:3.11", "command": ["python", "examples/gpu_share.py"],
+                         "args": ["--seconds", str(seconds)],
+                         "resources": {"accelerator": settings.LOCAL_RUNNER_ACCELERATOR, "nodes": 1, **resources},
+                         "max_runtime_seconds": 600}}
+
+    return [document("gpu-quarter", {"gpus_per_node": 0.25}),
+            document("gpu-mig-1g10gb", {"gpus_per_node": 1, "mig_profile": "1g.10gb"}),
+            document("gpu-whole", {"gpus_per_node": 1})]
+
+
+#: What each GPU-sharing job must hold: its name -> the ``holds`` fields it must print.
+SHARING_EXPECTED = {"gpu-quarter": {"sharing": "time-slicing", "share": "0.25"},
+                    "gpu-mig-1g10gb": {"sharing": "mig-mixed", "share": "0.125", "mig_profile": "1g.10gb"},
+                    "gpu-whole": {"sharing": "none", "share": "whole"}}
+
+
+def sharing_text(api: Api, views: dict[int, dict], utilization=None) -> tuple[list[str], bool]:
+    """The summary's lines of the GPU-sharing jobs (``views``: id -> last view): per job its state, what it printed
+    it holds, its GPU-hours and cost, and the words of ``utilization(job id)`` when given (``utilization_text``);
+    then whether they ran side by side (every attempt started before any ended). Each is billed its share:
+    ``billed <GPU-hours> = <share> x <hours run>``. The bool: all SUCCEEDED, each held what ``SHARING_EXPECTED``
+    says and was billed its share (``billed_share``), side by side."""
+    lines, ok, spans = [], True, []
+    for job_id, view in views.items():
+        held: dict[str, str] = {}
+        hours = 0.0
+        if view.get("current_attempt"):
+            found = HOLDS_LINE.search(api.get(f"jobs/{job_id}/logs/", node=0, tail=200)["text"])
+            held = dict(part.split("=", 1) for part in found.group(1).split()) if found else {}
+            for attempt in api.get(f"jobs/{job_id}/attempts/")["results"]:
+                if attempt["started_at"] and attempt["ended_at"]:
+                    spans.append((dt.datetime.fromisoformat(attempt["started_at"]),
+                                  dt.datetime.fromisoformat(attempt["ended_at"])))
+                    hours += (spans[-1][1] - spans[-1][0]).total_seconds() / 3600
+        gpu_hours, cost = job_cost(api, job_id) if view.get("current_attempt") else (0.0, "0.00")
+        share = Decimal(view.get("gpu_share_milli") or 1000 * view["gpus_per_node"]) / 1000
+        billed = billed_share(gpu_hours, share, hours)
+        want = SHARING_EXPECTED.get(view["name"], {})
+        ok = ok and view["state"] == "SUCCEEDED" and all(held.get(k) == v for k, v in want.items()) and billed
+        where = " ".join(f"{k}={held[k]}" for k in ("sharing", "share", "node", "gpu", "mig_profile", "mig_instance")
+                         if held.get(k, "-") != "-")
+        lines.append(f"  job {job_id} {view['name']:<20} {view['state']:<10} holds {where or 'nothing said'}  "
+                     f"billed {gpu_hours:.6f} GPU-h {'=' if billed else 'is NOT'} {share.normalize()} x {hours:.6f} h  "
+                     f"cost ${cost}"
+                     + (utilization(job_id) if utilization is not None and view.get("current_attempt") else ""))
+    side_by_side = len(spans) == len(views) and max(s for s, _ in spans) < min(e for _, e in spans)
+    lines.append("  the three ran side by side on one cluster" if side_by_side
+                 else "  the three did NOT all run at the same time")
+    return lines, ok and side_by_side
+
+
+def billed_share(gpu_hours: float, share: Decimal, hours: float) -> bool:
+    """Whether a job was billed its share: ``gpu_hours`` (the costs API's, 6 decimals) is ``share`` (GPUs: 0.25, a
+    MIG device's eighths, 1 for a whole GPU) x ``hours`` its attempts ran, to the API's rounding (half of 1e-6, and
+    as much again for the attempts' times, which the API gives to the microsecond)."""
+    return abs(gpu_hours - float(share) * hours) <= 1e-6
 
 
 class PortInUse(RuntimeError):
@@ -554,6 +648,7 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
     platform = Platform(port, out)
     platform.check_port_free()  # before any work: a busy port is the commonest reason a demo cannot start
     call_command("migrate", verbosity=0)
+    use_shared_nodes()
     teams = seed_demo()
     lift_cordons(out)
     staff_password = seed_staff()
@@ -600,15 +695,24 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
         outcome = applied.post_yaml("jobs/preview/", sweep)["outcome"]
         refused = applied.refusal("jobs/", sweep)
         submitted += [train["id"], evaluation["id"], serving["id"], prep["id"], rl["id"]]
+        # Part of a GPU, a MIG device and a whole GPU side by side (ADR 0040), where the local cluster shares GPUs.
+        modes = local_sharing()
+        sharing = [research.post_yaml("jobs/", doc) for doc in sharing_documents()] if modes else []
+        submitted += [job["id"] for job in sharing]
         out.write(f"Submitted the pipeline at once: job {train['id']} ({train['name']}), job {evaluation['id']} "
                   f"({evaluation['name']}) after it succeeds, job {serving['id']} ({serving['name']}, serving the "
                   f"checkpoint of job {train['id']}) after that succeeds; and CPU-only job {prep['id']} "
                   f"({prep['name']}); job {rl['id']} ({rl['name']}: a GRPO learner and two rollouts admitted as one); "
                   f"{sweep['name']} was refused at submission (its preview said {outcome}).\n"
                   f"  job {serving['id']} {serving['name']}: QUEUED ({serving['state_reason']})\n")
+        named = ", ".join(f"{j['id']} ({j['name']})" for j in sharing)
+        out.write(f"Submitted GPU-sharing jobs {named} on the local "
+                  f"cluster's {' and '.join(modes)} nodes beside its whole GPUs.\n" if sharing else
+                  "No GPU-sharing jobs: the local cluster has no shared nodes (NVIDIA GPUs found, or "
+                  "LOCAL_RUNNER_SHARED_NODES empty).\n")
         started = time.monotonic()
-        views = follow({train["id"]: research, evaluation["id"]: research, prep["id"]: research, rl["id"]: research},
-                       timeout, out)
+        views = follow({train["id"]: research, evaluation["id"]: research, prep["id"]: research, rl["id"]: research,
+                        **{job["id"]: research for job in sharing}}, timeout, out)
 
         served, endpoint, answer, answered = serve(research, serving, max(60.0, timeout - (time.monotonic() - started)),
                                                    out)
@@ -655,6 +759,13 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
         reinforced = views[rl["id"]]["state"] == "SUCCEEDED" and rl_rose
         out.write(f"  job {rl['id']} {views[rl['id']]['name']:<20} {views[rl['id']]['state']:<10}"
                   + (rl_line or f"  {views[rl['id']]['state_reason']}") + "\n")
+        shared_ok = True
+        if sharing:
+            lines, shared_ok = sharing_text(
+                research, {job["id"]: views[job["id"]] for job in sharing},
+                lambda job_id: utilization_text(job_average_utilization(job_id) if monitoring is not None else None,
+                                                emulated=emulated, monitored=monitoring is not None))
+            out.write("\n".join(lines) + "\n")
         if served is not None:
             gpu_hours, cost = job_cost(research, served["id"]) if served.get("current_attempt") else (0.0, "0.00")
             out.write(f"  job {served['id']} {served['name']:<20} {served['state']:<10} GPU-hours {gpu_hours:.4f}  "
@@ -665,9 +776,11 @@ def run_demo(*, once: bool, port: int, steps: int, nodes: int, timeout: float, o
         else:
             out.write(f"  serving FAILED: {answer}\n")
         out.write(report_on_demand(research, port) + "\n")
-        ok = trained and evaluated and answered and prepared and reinforced
+        ok = trained and evaluated and answered and prepared and reinforced and shared_ok
         out.write("Demo OK: training succeeded, its loss fell, the evaluation passed, the CPU-only job succeeded and "
-                  "was billed, the GRPO job's reward rose, and the served model answered.\n" if ok
+                  "was billed, the GRPO job's reward rose, "
+                  + ("the GPU-sharing jobs ran side by side, each billed its share, " if sharing else "")
+                  + "and the served model answered.\n" if ok
                   else "Demo FAILED.\n")
         if not once:
             serving = f"  Serving job {served['id']} answers at {endpoint}/generate\n" if answered else ""

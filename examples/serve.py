@@ -54,7 +54,8 @@ Kubernetes runner mounts ``/checkpoints`` read-only in inference pods), into
 ``<tmp>/checkpoint-store/<hash of the URI>/`` instead.
 
 The process prints ``serving on http://HOST:PORT ...`` (flushed) once
-listening, and exits 0 on SIGTERM/SIGINT; it exits 2 if the checkpoint is
+listening; on SIGTERM/SIGINT it stops accepting connections, answers the
+requests it has read (at most ``DRAIN_SECONDS``) and exits 0; it exits 2 if the checkpoint is
 missing or unreadable.
 """
 
@@ -235,11 +236,67 @@ class Load:
         ).encode()
 
 
+#: How long a stopping server waits for the requests it is answering (seconds): below the local runner's kill grace
+#: (LOCAL_RUNNER_KILL_GRACE_SECONDS, 10 s) and Kubernetes' default terminationGracePeriodSeconds (30 s).
+DRAIN_SECONDS = 8.0
+
+
+class DrainingServer(ThreadingHTTPServer):
+    """A ``ThreadingHTTPServer`` that counts the requests it is answering, so a stop can let them finish.
+
+    Stopping (``drain``): the listening socket is closed first, so a new connection is refused at once (a proxy
+    sends it to another replica, as a refused connection never reached this one), then the requests already read
+    are answered, each on a connection closed after it, for at most ``seconds``.
+    """
+
+    daemon_threads = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.in_flight = 0
+        self.draining = False
+        self.idle = threading.Condition()
+
+    def request_started(self) -> None:
+        with self.idle:
+            self.in_flight += 1
+
+    def request_done(self) -> None:
+        with self.idle:
+            self.in_flight -= 1
+            self.idle.notify_all()
+
+    def drain(self, seconds: float) -> int:
+        """Close the listener, wait up to ``seconds`` for the requests in flight; returns how many were left."""
+        self.draining = True
+        self.socket.close()
+        with self.idle:
+            self.idle.wait_for(lambda: self.in_flight == 0, timeout=seconds)
+            return self.in_flight
+
+
 class Handler(BaseHTTPRequestHandler):
     """HTTP handler; the model lives on ``self.server.generator``."""
 
     server_version = "gpt-serve/1"
     protocol_version = "HTTP/1.1"
+
+    def handle_one_request(self) -> None:
+        self._counted = False
+        try:
+            super().handle_one_request()
+        finally:
+            if self._counted:
+                self.server.request_done()  # type: ignore[attr-defined]
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()
+        if parsed:
+            self.server.request_started()  # type: ignore[attr-defined]
+            self._counted = True
+            if self.server.draining:  # type: ignore[attr-defined]
+                self.close_connection = True
+        return parsed
 
     # -- helpers ------------------------------------------------------------ #
 
@@ -424,8 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot load checkpoint: {exc}", file=sys.stderr, flush=True)
         return 2
 
-    server = ThreadingHTTPServer((args.host, args.port), Handler)
-    server.daemon_threads = True
+    server = DrainingServer((args.host, args.port), Handler)
     server.generator = generator  # type: ignore[attr-defined]
     server.load = Load()  # type: ignore[attr-defined]
 
@@ -443,8 +499,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         server.serve_forever()
+        left = server.drain(DRAIN_SECONDS)
     finally:
         server.server_close()
+    if left:  # past the drain: end now, as the kill that would follow does (no wait on the threads still working)
+        print(f"shut down ({left} request(s) unanswered)", flush=True)
+        os._exit(0)
     print("shut down", flush=True)
     return 0
 

@@ -72,8 +72,9 @@ def add_replica(job_id: int, now: dt.datetime, decision: dict) -> Verdict | None
         snapshot = job_snapshot(team, request, now, pool_offers(request.accelerator_id, now, lock=True),
                                 lock_spend=True)
         quota = snapshot.teams[team.pk].quotas.get(request.accelerator_id)
-        if quota is not None and quota.max_gpus_per_job and job.total_gpus + request.total_gpus > quota.max_gpus_per_job:
-            return Verdict(False, "quota", f"{job.total_gpus + request.total_gpus} GPUs would be more than the "
+        held = attempt.gpus  # what the replicas hold now (job.total_gpus counts one replica at zero)
+        if quota is not None and quota.max_gpus_per_job and held + request.total_gpus > quota.max_gpus_per_job:
+            return Verdict(False, "quota", f"{held + request.total_gpus} GPUs would be more than the "
                            f"{quota.max_gpus_per_job} GPUs a job of team {team.slug} may hold",
                            {"max_gpus_per_job": quota.max_gpus_per_job})
         outcome = FairShareScheduler(snapshot).evaluate(request, only_pool=attempt.node_pool_id)

@@ -226,6 +226,8 @@ def attempt_placement(admission: Admission) -> dict:
                  "memory_mib": job.memory_mib}
     if job.share_milli or job.mig_profile:  # part of one GPU (ADR 0040): its share or MIG profile on that node
         placement.update(share_milli=job.share_milli, mig_profile=job.mig_profile)
+        if admission.gpu_index is not None:  # the GPU of its node the share was booked on
+            placement["gpu"] = admission.gpu_index
     return placement
 
 

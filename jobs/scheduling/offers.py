@@ -99,7 +99,7 @@ def node_rooms(pools: list[NodePool]) -> dict[int, tuple[NodeRoom, ...]]:
                     on[name][2] -= int(placement.get("memory_mib") or 0)
                 if name in shared[pid]:
                     book_share(shared[pid][name], int(placement.get("share_milli") or 0),
-                               str(placement.get("mig_profile") or ""))
+                               str(placement.get("mig_profile") or ""), placement.get("gpu"))
             continue
         if names and placement.get("roles"):  # a multi-role attempt: each role's pods with their own shape
             for role in placement["roles"].values():
@@ -153,9 +153,10 @@ def shared_room(node: Node) -> dict:
                                                 for k, v in (node.mig_devices or {}).items()}}
 
 
-def book_share(room: dict, share_milli: int, mig_profile: str) -> None:
-    """Book a live attempt's share (milli-GPUs, one slice) on the GPU of ``room`` (``shared_room``) with the least
-    free share that holds it, or its MIG device of ``mig_profile``. Positions of shares on GPUs are the platform's
+def book_share(room: dict, share_milli: int, mig_profile: str, gpu: int | None = None) -> None:
+    """Book a live attempt's share (milli-GPUs, one slice) on the GPU of ``room`` (``shared_room``) its admission
+    chose (``gpu``, the index its placement records) while that GPU still holds it, else on the one with the least
+    free share that holds it; or its MIG device of ``mig_profile``. Positions of shares on GPUs are the platform's
     own model, re-derived on every read by booking live attempts in admission order (the device plugin chooses
     the replica); a share that no GPU holds any more is booked on the GPU with the most free, never lost."""
     if mig_profile:
@@ -165,6 +166,8 @@ def book_share(room: dict, share_milli: int, mig_profile: str) -> None:
     if not shares:
         return
     fits = [k for k in range(len(shares)) if shares[k] >= share_milli and slices[k] > 0]
+    if isinstance(gpu, int) and gpu in fits:
+        fits = [gpu]
     k = min(fits, key=lambda k: (shares[k], k)) if fits else max(range(len(shares)), key=lambda k: (shares[k], -k))
     shares[k] -= share_milli
     slices[k] -= 1

@@ -172,6 +172,8 @@ class Workload:
     record: str = ""  # RECORD_ANNOTATION's JSON ("": none)
     metrics_port: int = 0  # training pods' workload-metrics port (settings.K8S_METRICS_PORT); 0: none
     array_env: tuple[tuple[str, str], ...] = ()  # CONTROLPLANE_ARRAY_* and SWEEP_* of an array's element
+    # What a pod on part of one GPU holds (ADR 0040; ``runners.kubernetes.runner.share_env``): CONTROLPLANE_GPU_*.
+    share_env: tuple[tuple[str, str], ...] = ()
     roles: tuple[Role, ...] = ()  # a multi-role attempt's roles, in name order
     role: str = ""  # the role a per-role workload stands for (``role_workload``)
     jobset: bool = False  # a multi-role attempt as one JobSet (the cluster serves ``JOBSET_API_VERSION``)
@@ -329,6 +331,7 @@ def _platform_env(w: Workload) -> list[dict]:
         {"name": "CONTROLPLANE_ATTEMPT", "value": str(w.attempt_number)},
         {"name": "CONTROLPLANE_TEAM", "value": w.team},
         *({"name": name, "value": value} for name, value in w.array_env),
+        *({"name": name, "value": value} for name, value in w.share_env),
     ]
     if w.peak_tflops:
         env.append({"name": "PEAK_TFLOPS", "value": w.peak_tflops})

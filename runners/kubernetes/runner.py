@@ -29,6 +29,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
+from core.gpus import gpus_of
 from core.namespaces import team_namespace
 from jobs.arrays import element_env
 from jobs.models import FINAL_STATES, JobState, roles_in_order
@@ -105,9 +106,28 @@ def workload(attempt) -> m.Workload:
         record="" if attempt.legacy_name else json.dumps(dispatch_record(attempt), sort_keys=True),
         metrics_port=int(settings.K8S_METRICS_PORT or 0) if job.kind == "training" else 0,
         array_env=tuple(element_env(job).items()),
+        share_env=share_env(attempt),
         roles=roles_of(job.spec, attempt.placement) if job.kind == MULTI_ROLE else (),
         service_type=settings.K8S_SERVICE_TYPE,
     )
+
+
+def share_env(attempt) -> tuple[tuple[str, str], ...]:
+    """What the pod of ``attempt``, a job on part of one GPU, is told it holds, as the local runner tells it
+    (``runners.local.runner.share_env``): ``CONTROLPLANE_GPU_SHARING`` (its node's sharing mode),
+    ``CONTROLPLANE_GPU_SHARE`` (GPUs, ``0.25``), ``CONTROLPLANE_GPU_SHARE_MILLI``, ``CONTROLPLANE_GPU_NODE`` (the
+    node it is pinned to) and ``CONTROLPLANE_MIG_PROFILE`` for a MIG device. The device itself (the GPU index, the
+    MIG instance) is the device plugin's pick, in ``NVIDIA_VISIBLE_DEVICES``. Empty for whole GPUs."""
+    job = attempt.job
+    names = (attempt.placement or {}).get("nodes") or ()
+    if not job.gpu_share_milli or not names:
+        return ()
+    node = Node.objects.filter(cluster_id=attempt.cluster_id, name=names[0]).values_list("gpu_sharing", flat=True)
+    env = {"CONTROLPLANE_GPU_SHARING": node.first() or "", "CONTROLPLANE_GPU_SHARE": str(gpus_of(job.gpu_share_milli)),
+           "CONTROLPLANE_GPU_SHARE_MILLI": str(job.gpu_share_milli), "CONTROLPLANE_GPU_NODE": names[0]}
+    if job.mig_profile:
+        env["CONTROLPLANE_MIG_PROFILE"] = job.mig_profile
+    return tuple(env.items())
 
 
 def shared_device(attempt) -> tuple[str, str]:

@@ -8,6 +8,12 @@ place and price jobs here like on any cloud cluster; and its ``cpu`` node
 pool of the CPU flavor (ADR 0012: ``LOCAL_RUNNER_NODES`` nodes
 ``local-cpu-<i>``, 0 GPUs, this machine's CPU and memory each) priced per
 vCPU-hour and GiB-hour, where CPU-only jobs run.
+
+The emulated cluster's ``gpu`` pool also holds the shared nodes of
+``LOCAL_RUNNER_SHARED_NODES`` (time-sliced, MPS and MIG nodes: ``runners.local.sharing``,
+ADR 0040), described as GPU feature discovery describes a Kubernetes node (physical GPUs,
+sharing mode, replicas, MIG devices per profile, and the labels themselves); the pool's
+shape (nodes x GPUs per node) stays that of its whole-GPU nodes.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from django.utils import timezone
 
 from ..base import NodeInfo, PoolCapacity
 from ..models import CPU_ACCELERATOR, Accelerator, Cluster, NodePool, cpu_flavor, store_nodes
+from .sharing import SharedNode, inventory, node_labels, parse_shared_nodes
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +147,24 @@ def local_nodes(nodes: int, gpus_per_node: int) -> tuple[NodeInfo, ...]:
                  for i in range(nodes))
 
 
+def shared_nodes(accelerator: str | None = None) -> list[SharedNode]:
+    """The emulated cluster's shared nodes: ``LOCAL_RUNNER_SHARED_NODES`` read for GPUs of ``accelerator`` (default
+    ``LOCAL_RUNNER_ACCELERATOR``; ``runners.local.sharing.parse_shared_nodes``). Raises SharedNodesError for a
+    configuration it cannot read."""
+    return parse_shared_nodes(getattr(settings, "LOCAL_RUNNER_SHARED_NODES", ""),
+                              accelerator or settings.LOCAL_RUNNER_ACCELERATOR)
+
+
+def shared_node_infos(product: str, accelerator: str | None = None) -> tuple[NodeInfo, ...]:
+    """The shared nodes (``shared_nodes``) as ``NodeInfo``: this machine's CPU and memory each (as ``local_nodes``),
+    their GPUs as ``runners.kubernetes.nodepools.gpu_inventory`` reads a node with the same labels, and those labels
+    (``sharing.node_labels`` with GPUs of ``product``, the accelerator's ``nvidia.com/gpu.product``)."""
+    cpu, memory = machine_resources()
+    return tuple(NodeInfo(n.name, cpu_milli=cpu, memory_mib=memory, zone=REGION, topology_domain=REGION,
+                          labels=tuple(sorted(node_labels(n, product).items())), **inventory(n))
+                 for n in shared_nodes(accelerator))
+
+
 def local_cpu_nodes() -> tuple[NodeInfo, ...]:
     """The local CPU pool's nodes, ``local-cpu-0`` ...: ``LOCAL_RUNNER_NODES`` (at least 1) nodes of 0 GPUs, each with
     this machine's CPU and memory (``machine_resources``; process groups of one machine, as ``local_nodes``)."""
@@ -171,8 +196,11 @@ def local_pools(emulated: bool | None = None, gpus: list[LocalGpu] | None = None
         if emulated is False:
             return [local_cpu_pool()]
     nodes, per_node = emulated_shape()
+    product = Accelerator.objects.filter(name=settings.LOCAL_RUNNER_ACCELERATOR).values_list("product_label",
+                                                                                             flat=True).first()
     return [PoolCapacity(POOL_NAME, settings.LOCAL_RUNNER_ACCELERATOR, NodePool.CapacityType.ON_DEMAND, nodes, per_node,
-                         node_list=local_nodes(nodes, per_node)), local_cpu_pool()]
+                         node_list=local_nodes(nodes, per_node) + shared_node_infos(product or "")),
+            local_cpu_pool()]
 
 
 def gpu_pool(cluster: Cluster) -> NodePool:
@@ -186,14 +214,16 @@ def ensure_local_cluster() -> Cluster:
     With NVML GPUs: cluster ``local`` with one pool of 1 node x (GPU count)
     GPUs of the first GPU's accelerator. Without: cluster ``local-emulated``
     (``emulated=True``) with ``LOCAL_RUNNER_NODES`` nodes x
-    ``LOCAL_RUNNER_EMULATED_GPUS // nodes`` GPUs of ``LOCAL_RUNNER_ACCELERATOR``.
+    ``LOCAL_RUNNER_EMULATED_GPUS // nodes`` GPUs of ``LOCAL_RUNNER_ACCELERATOR``, and the shared nodes of
+    ``LOCAL_RUNNER_SHARED_NODES`` beside them (``shared_node_infos``; the NVML cluster has none).
     The pool's nodes are stored as ``Node`` rows (``local_nodes``). The
     ``cpu`` pool of the CPU flavor has ``local_cpu_nodes``, priced by
     ``ensure_local_cpu_price``.
     The price is a cluster override (see ``ensure_local_price``).
     Idempotent: a second call with the same machine and settings writes
     nothing. Raises Accelerator.DoesNotExist when ``LOCAL_RUNNER_ACCELERATOR``
-    is neither in the database nor in ``costs/data/accelerators.csv``.
+    is neither in the database nor in ``costs/data/accelerators.csv``, and
+    SharedNodesError when ``LOCAL_RUNNER_SHARED_NODES`` cannot be read.
     """
     gpus = detect_gpus()
     with transaction.atomic():
@@ -213,8 +243,9 @@ def ensure_local_cluster() -> Cluster:
         cpu_pool = _update_or_create(NodePool, {"cluster": cluster, "name": CPU_POOL_NAME},
                                      {"accelerator": flavor, "capacity_type": NodePool.CapacityType.ON_DEMAND,
                                       "nodes": len(cpu_nodes), "gpus_per_node": 0})
+        shared = () if gpus else shared_node_infos(accelerator.product_label, accelerator.name)
         store_nodes(cluster, [(n, pool, accelerator.product_label, pool.capacity_type)
-                              for n in local_nodes(nodes, per_node)]
+                              for n in local_nodes(nodes, per_node) + shared]
                     + [(n, cpu_pool, "", cpu_pool.capacity_type) for n in cpu_nodes])
         ensure_local_price(cluster, accelerator)
         ensure_local_cpu_price(cluster, flavor)

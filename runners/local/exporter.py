@@ -25,6 +25,15 @@ supervisor's process group and the command, from ``utime + stime`` of
 ``/proc/<pid>/stat``) in percent of one core, capped at 100; its memory used is
 their resident memory divided among the node's GPUs. CPU usage is the rate
 since the previous scrape, or the process' lifetime average at its first one.
+
+**Shared GPUs** (``LOCAL_RUNNER_SHARED_NODES``, ``runners.local.sharing``; ADR 0040) are reported
+as dcgm-exporter reports them, per physical GPU or MIG instance, with ``Hostname`` their node's
+name: a time-sliced GPU has one series per pod holding a slice of it, each with the GPU's
+value (the CPU use of all of them, capped at 100; their memory summed), or one without pod
+labels when none does; a GPU cut into MIG devices has one series per device, labelled
+``GPU_I_PROFILE`` and ``GPU_I_ID`` (its GPU instance id), with the pod labels of the pod that
+holds it, its value that pod's. Their pods request ``nvidia_com_gpu`` 1 (a slice) or
+``nvidia_com_mig_<profile>`` 1 (dots as underscores), as kube-state-metrics names them.
 """
 
 from __future__ import annotations
@@ -44,12 +53,15 @@ from prometheus_client.core import GaugeMetricFamily
 from .layout import ATTEMPT_FILE, read_json
 from .procs import PROC, proc_table
 from .runner import attempt_dir, read_node, role_of
+from .sharing import MachineGpu, MigInstance, Share, machine_gpus
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 MIB = 1024 * 1024
 CONTAINER = "main"
 GPU_LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname"]
+#: dcgm-exporter's labels of a MIG device's series: its profile and GPU instance id.
+MIG_LABELS = ["GPU_I_PROFILE", "GPU_I_ID"]
 POD_LABELS = ["namespace", "pod", "container"]
 
 
@@ -64,6 +76,15 @@ class PodView:
     gpus: list[int]
     pids: list[int]
     running: bool
+    share: Share | None = None  # where its share sits, for a pod on part of a GPU
+
+    @property
+    def gpu_resource(self) -> str:
+        """kube-state-metrics' name of the GPU resource it requests: ``nvidia_com_gpu`` (whole GPUs or a slice),
+        ``nvidia_com_mig_<profile>`` for a MIG device (``.`` and ``-`` as ``_``)."""
+        if self.share is not None and self.share.profile:
+            return "nvidia_com_mig_" + self.share.profile.replace(".", "_").replace("-", "_")
+        return "nvidia_com_gpu"
 
     @property
     def uid(self) -> str:
@@ -143,10 +164,19 @@ def live_pods(cluster_id: int | None = None) -> list[PodView]:
         qs = qs.filter(cluster_id=cluster_id)
     table, now = proc_table(), time.time()
     pods, next_emulated = [], 0
+    shared = {(g.node, g.on_node): g.index for g in emulated_layout() if g.node}
     for attempt in qs:
         directory = attempt_dir(attempt)
         meta = read_json(directory / ATTEMPT_FILE) or {}
         nodes = meta.get("nodes") or attempt.job.nodes
+        share = Share.from_json(meta.get("share"))
+        if share is not None:  # a pod on part of a GPU: the physical GPU of its node that holds its share
+            status = read_node(directory, 0, table, now)
+            gpu = shared.get((share.node, share.gpu))
+            pods.append(PodView(attempt.pk, 0, team_namespace(attempt.job.team.slug), f"{attempt.object_name}-0",
+                                [] if gpu is None else [gpu], status.live_pids(table), status.state == "running",
+                                share))
+            continue
         per_node = max(1, attempt.gpus // max(1, nodes))
         for node in range(nodes):
             role = role_of(meta, node)
@@ -165,14 +195,34 @@ def live_pods(cluster_id: int | None = None) -> list[PodView]:
     return pods
 
 
+def emulated_layout() -> list[MachineGpu]:
+    """The emulated cluster's GPUs on this machine: ``LOCAL_RUNNER_EMULATED_GPUS`` whole ones, then the shared nodes'
+    (``sharing.machine_gpus``); none of the shared nodes when their configuration cannot be read."""
+    from .capacity import shared_nodes
+    from .sharing import SharedNodesError
+
+    try:
+        nodes = shared_nodes()
+    except SharedNodesError:
+        nodes = []
+    return machine_gpus(int(settings.LOCAL_RUNNER_EMULATED_GPUS), nodes)
+
+
 @dataclasses.dataclass
 class GpuReading:
+    """One GPU as the exporter reports it: index on this machine, UUID, PCI bus id, model, utilization (percent) and
+    memory used (MiB), None when read from the processes (emulated); for an emulated shared GPU its ``node`` (its
+    ``Hostname``), its node's ``sharing`` mode and its MIG ``instances``."""
+
     index: int
     uuid: str
     pci_bus_id: str
     model: str
     util_percent: float | None  # None: read from the processes (emulated)
     fb_used_mib: float | None
+    node: str = ""
+    sharing: str = "none"
+    instances: tuple[MigInstance, ...] = ()
 
 
 def nvml_gpus() -> list[GpuReading]:
@@ -199,11 +249,12 @@ def nvml_gpus() -> list[GpuReading]:
 
 
 def emulated_gpus(hostname: str) -> list[GpuReading]:
-    """The emulated GPUs (``LOCAL_RUNNER_EMULATED_GPUS`` of ``LOCAL_RUNNER_ACCELERATOR``); values come from processes."""
+    """The emulated GPUs (``LOCAL_RUNNER_EMULATED_GPUS`` of ``LOCAL_RUNNER_ACCELERATOR``, then the shared nodes':
+    ``emulated_layout``); values come from processes."""
     model = f"{settings.LOCAL_RUNNER_ACCELERATOR} (emulated)"
-    return [GpuReading(i, f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{hostname}.emulated-gpu-{i}')}",
-                       f"00000000:{i:02X}:00.0", model, None, None)
-            for i in range(int(settings.LOCAL_RUNNER_EMULATED_GPUS))]
+    return [GpuReading(g.index, f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{hostname}.emulated-gpu-{g.index}')}",
+                       f"00000000:{g.index:02X}:00.0", model, None, None, g.node, g.sharing, g.instances)
+            for g in emulated_layout()]
 
 
 class LocalGpuCollector:
@@ -221,7 +272,10 @@ class LocalGpuCollector:
     def collect(self):
         gpus = self._gpus()
         pods = self._pods()
-        by_gpu: dict[int, PodView] = {g: pod for pod in pods for g in pod.gpus}
+        by_gpu: dict[int, list[PodView]] = {}
+        for pod in pods:
+            for g in pod.gpus:
+                by_gpu.setdefault(g, []).append(pod)
         usage = {}
         for pod in pods:
             usage[pod.pod] = self.meter.measure(pod.pod, pod.pids)
@@ -229,25 +283,38 @@ class LocalGpuCollector:
 
         util = GaugeMetricFamily("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", labels=GPU_LABELS + POD_LABELS)
         fb = GaugeMetricFamily("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", labels=GPU_LABELS + POD_LABELS)
-        idle_util = GaugeMetricFamily("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", labels=GPU_LABELS)
-        idle_fb = GaugeMetricFamily("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", labels=GPU_LABELS)
+        other_util = GaugeMetricFamily("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", labels=GPU_LABELS)
+        other_fb = GaugeMetricFamily("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", labels=GPU_LABELS)
+
+        def emit(labels: list[str], extra: dict[str, str], holders: list[PodView], u: float, m: float) -> None:
+            """One series per pod in ``holders`` (none: one without pod labels, as dcgm-exporter), ``extra`` labels
+            (a MIG device's) after the GPU's."""
+            for pod in holders or [None]:
+                names = GPU_LABELS + list(extra) + (POD_LABELS if pod else [])
+                values = labels + list(extra.values()) + ([pod.namespace, pod.pod, CONTAINER] if pod else [])
+                (util if pod else other_util).samples.append(_sample("DCGM_FI_DEV_GPU_UTIL", names, values, u))
+                (fb if pod else other_fb).samples.append(_sample("DCGM_FI_DEV_FB_USED", names, values, m))
+
         for gpu in gpus:
-            labels = [str(gpu.index), gpu.uuid, gpu.pci_bus_id, f"nvidia{gpu.index}", gpu.model, self.hostname]
-            pod = by_gpu.get(gpu.index)
+            labels = [str(gpu.index), gpu.uuid, gpu.pci_bus_id, f"nvidia{gpu.index}", gpu.model,
+                      gpu.node or self.hostname]
+            holders = by_gpu.get(gpu.index, [])
+            if gpu.instances:  # cut into MIG devices: one series per device, its holder's
+                for device in gpu.instances:
+                    mine = [p for p in holders if p.share and p.share.instance == device.instance]
+                    cores, rss = usage[mine[0].pod] if mine else (0.0, 0)
+                    emit(labels, {"GPU_I_PROFILE": device.profile, "GPU_I_ID": str(device.instance)}, mine,
+                         min(100.0, 100.0 * cores), rss / MIB)
+                continue
             u, m = gpu.util_percent, gpu.fb_used_mib
-            if u is None:  # emulated: the node's CPU usage, percent of one core, capped at 100
-                cores, rss = usage[pod.pod] if pod else (0.0, 0)
+            if u is None:  # emulated: its pods' CPU usage, percent of one core, capped at 100
+                cores = sum(usage[p.pod][0] for p in holders)
                 u = min(100.0, 100.0 * cores)
-                m = rss / MIB / len(pod.gpus) if pod else 0.0
-            if pod is None:  # a GPU with no pod has no pod labels at all, as dcgm-exporter
-                idle_util.add_metric(labels, u)
-                idle_fb.add_metric(labels, m)
-            else:
-                util.add_metric(labels + [pod.namespace, pod.pod, CONTAINER], u)
-                fb.add_metric(labels + [pod.namespace, pod.pod, CONTAINER], m)
+                m = sum(usage[p.pod][1] / MIB / len(p.gpus) for p in holders)
+            emit(labels, {}, holders, u, m)
         # The text format allows one family per name: merge the samples with and without pod labels.
-        util.samples += idle_util.samples
-        fb.samples += idle_fb.samples
+        util.samples += other_util.samples
+        fb.samples += other_fb.samples
         yield util
         yield fb
 
@@ -258,14 +325,21 @@ class LocalGpuCollector:
                                   labels=["namespace", "pod", "uid", "phase"])
         info = GaugeMetricFamily("kube_pod_info", "Information about pod.", labels=["namespace", "pod", "uid", "node"])
         for pod in pods:
-            requests.add_metric([pod.namespace, pod.pod, pod.uid, CONTAINER, self.hostname, "nvidia_com_gpu", "integer"],
-                                len(pod.gpus))
+            requests.add_metric([pod.namespace, pod.pod, pod.uid, CONTAINER, pod.share.node if pod.share else self.hostname,
+                                 pod.gpu_resource, "integer"], len(pod.gpus))
             for name in ("Pending", "Running"):
                 phase.add_metric([pod.namespace, pod.pod, pod.uid, name], float((name == "Running") == pod.running))
-            info.add_metric([pod.namespace, pod.pod, pod.uid, self.hostname], 1.0)
+            info.add_metric([pod.namespace, pod.pod, pod.uid, pod.share.node if pod.share else self.hostname], 1.0)
         yield requests
         yield phase
         yield info
+
+
+def _sample(name: str, labels: list[str], values: list[str], value: float):
+    """A prometheus_client sample of ``name`` with its own label set (a family's samples may differ in labels)."""
+    from prometheus_client.samples import Sample
+
+    return Sample(name, dict(zip(labels, values, strict=True)), value)
 
 
 class _ClosingCollector:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from django.conf import settings
 
+from core.gpus import gpus_of
 from jobs.arrays import element_env
 from jobs.models import roles_in_order
 
@@ -56,6 +57,7 @@ from .procs import (
     signal_process,
 )
 from .serving import DEFAULT_HEALTH_PATH, clear_replicas, endpoint_url, ensure_endpoint, metrics_url, stop_proxy
+from .sharing import Share, place_share
 
 log = logging.getLogger(__name__)
 
@@ -162,12 +164,37 @@ def node_env(attempt, meta: dict, node: int) -> dict[str, str]:
         **element_env(job),  # an array's element: CONTROLPLANE_ARRAY_ID, _INDEX, _COUNT and its SWEEP_* values
         "CUDA_VISIBLE_DEVICES": "" if devices is None else ",".join(str(d) for d in devices[node]),
     })
+    share = Share.from_json(meta.get("share"))
+    if share is not None:
+        env.update(share_env(share, meta.get("share_sharing") or ""))
     if node == 0 and meta.get("metrics_port"):
         # The port where rank 0 may serve its workload metrics (jobs.efficiency.protocol); a job that serves
         # none leaves it unused.
         env["CONTROLPLANE_METRICS_PORT"] = str(meta["metrics_port"])
     if role is not None:
         env.update(role_env(meta, node))
+    return env
+
+
+#: The variables that tell a process on part of a GPU what it holds (ADR 0040; ``share_env``).
+SHARE_VARIABLES = ("CONTROLPLANE_GPU_SHARING", "CONTROLPLANE_GPU_SHARE", "CONTROLPLANE_GPU_SHARE_MILLI",
+                   "CONTROLPLANE_GPU_NODE", "CONTROLPLANE_GPU_INDEX", "CONTROLPLANE_MIG_PROFILE",
+                   "CONTROLPLANE_MIG_INSTANCE")
+
+
+def share_env(share: Share, sharing: str) -> dict[str, str]:
+    """What a pod on part of a GPU is told it holds (``SHARE_VARIABLES``): ``CONTROLPLANE_GPU_SHARING`` its node's
+    sharing mode (``time-slicing``, ``mps``, ``mig-mixed``), ``CONTROLPLANE_GPU_SHARE`` its share in GPUs
+    (``0.25``; a MIG device's memory slices over eight, ``core.gpus.MigProfile.share_milli``) and
+    ``CONTROLPLANE_GPU_SHARE_MILLI`` in milli-GPUs, ``CONTROLPLANE_GPU_NODE`` and ``CONTROLPLANE_GPU_INDEX`` the
+    node and the physical GPU there (what ``CUDA_VISIBLE_DEVICES`` names on a real node; emulated GPUs leave it
+    empty, the process runs on the CPU), and on a MIG device ``CONTROLPLANE_MIG_PROFILE`` and
+    ``CONTROLPLANE_MIG_INSTANCE`` (its GPU instance id, dcgm-exporter's ``GPU_I_ID``)."""
+    env = {"CONTROLPLANE_GPU_SHARING": sharing, "CONTROLPLANE_GPU_SHARE": str(gpus_of(share.milli)),
+           "CONTROLPLANE_GPU_SHARE_MILLI": str(share.milli), "CONTROLPLANE_GPU_NODE": share.node,
+           "CONTROLPLANE_GPU_INDEX": str(share.gpu)}
+    if share.profile:
+        env.update(CONTROLPLANE_MIG_PROFILE=share.profile, CONTROLPLANE_MIG_INSTANCE=str(share.instance))
     return env
 
 
@@ -447,7 +474,8 @@ class LocalBackend(Backend):
         over its replicas, each replica a node of its own), None for training;
         an inference attempt also ``replicas`` (their ``host:port``),
         ``retired`` (node indexes a scale-down stopped) and
-        ``endpoint_metrics_url``; ``metrics_url``:
+        ``endpoint_metrics_url``; a job on part of a GPU also ``gpu_share``
+        (its ``sharing.Share``: node, GPU, milli-GPUs, MIG profile and instance); ``metrics_url``:
         where node 0 may serve its workload metrics, the port given to it in
         ``CONTROLPLANE_METRICS_PORT``); a multi-role attempt also ``roles``:
         by role, its node indexes (``pods``) and, for a role with a port, the
@@ -743,6 +771,8 @@ class LocalBackend(Backend):
                 }
                 if roles is not None:
                     meta["roles"] = roles
+                if attempt.job.gpu_share_milli and attempt.cluster.emulated:
+                    meta["share"], meta["share_sharing"] = self._place_share(attempt)
                 if attempt.job.kind == "inference":
                     meta["health_path"] = health_path(attempt.job.spec)  # observe reads no job row
                     scaling = (attempt.job.spec or {}).get("autoscaling") or {}
@@ -750,6 +780,26 @@ class LocalBackend(Backend):
                     meta["hold_seconds"] = float(settings.SERVING_HOLD_SECONDS) if scaling.get("scale_to_zero") else 0.0
                 write_json_atomic(path, meta)
         return meta
+
+    def _place_share(self, attempt) -> tuple[dict, str]:
+        """Where the one pod of ``attempt``, a job on part of a GPU, sits on its node (``placement["nodes"][0]``, a
+        shared node of ``LOCAL_RUNNER_SHARED_NODES``): ``(Share as JSON, the node's sharing mode)``, next to the
+        shares the other attempts of the cluster hold there (``sharing.place_share``). Call under the dispatch
+        lock. Raises PermanentDispatchError when the node is not a shared node of this machine,
+        TransientDispatchError when none of its GPUs or devices is free (an attempt there still ending)."""
+        from .capacity import shared_nodes
+
+        job = attempt.job
+        names = (attempt.placement or {}).get("nodes") or []
+        node = next((n for n in shared_nodes(attempt.node_pool.accelerator.name) if names and n.name == names[0]), None)
+        if node is None:
+            raise PermanentDispatchError(f"{attempt.object_name} asks part of a GPU but its node "
+                                         f"{names[0] if names else '(none)'} is no shared node of this machine")
+        share = place_share(node, job.gpu_share_milli, job.mig_profile, held_shares(attempt.cluster_id))
+        if share is None:
+            what = f"MIG device {job.mig_profile}" if job.mig_profile else f"{gpus_of(job.gpu_share_milli)} GPU"
+            raise TransientDispatchError(f"no free {what} on {node.name} yet")
+        return share.to_json(), node.sharing
 
     def _pick_devices(self, attempt, nodes: int) -> list[list[int]]:
         """GPU indices per node, from the pool's GPUs that no live attempt holds. Raises TransientDispatchError."""
@@ -830,6 +880,7 @@ class LocalBackend(Backend):
             "nodes": meta["nodes"], "pids": pids,
             "logs": [str(node_path(directory, n, "log")) for n in range(meta["nodes"])],
             "cuda_visible_devices": None if devices is None else [",".join(map(str, d)) for d in devices],
+            **({"gpu_share": meta["share"]} if meta.get("share") else {}),
             "metrics_url": f"http://127.0.0.1:{meta['metrics_port']}/metrics" if meta.get("metrics_port") else None,
         }
 
@@ -997,6 +1048,21 @@ def _live_pids(directory: Path, nodes: int, table: dict[int, ProcInfo]) -> list[
     """Every live pid of the attempt in ``directory`` (all its nodes)."""
     now = time.time()
     return [pid for node in range(nodes) for pid in read_node(directory, node, table, now).live_pids(table)]
+
+
+def held_shares(cluster_id: int) -> list[Share]:
+    """The shares of GPUs held on cluster ``cluster_id`` by attempts that have not ended: every node of the
+    attempt's ``attempt.json`` still starting or running (a share is held from its dispatch, before its process
+    runs, so two dispatches never pick the same device)."""
+    table, now, held = proc_table(), time.time(), []
+    for directory, meta in _attempt_dirs():
+        share = Share.from_json(meta.get("share"))
+        if share is None or meta.get("cluster_id") != cluster_id:
+            continue
+        states = [read_node(directory, n, table, now).state for n in range(meta.get("nodes") or 1)]
+        if any(state in ("waiting", "running") for state in states):
+            held.append(share)
+    return held
 
 
 def _attempt_dirs() -> list[tuple[Path, dict]]:

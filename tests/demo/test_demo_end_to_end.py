@@ -68,6 +68,17 @@ def test_demo_once_trains_and_charges_with_real_workers(tmp_path):
                    r"rollout 2 pods \$([0-9.]+)", out)
     assert rl, out
     assert float(rl.group(2)) > float(rl.group(1))
+    # Part of a GPU, a MIG device and a whole GPU side by side on the emulated cluster's shared and whole nodes, each
+    # told what it holds.
+    assert re.search(r"gpu-quarter\s+SUCCEEDED\s+holds sharing=time-slicing share=0\.25 node=local-time-slicing-0 "
+                     r"gpu=0 ", out), out
+    assert re.search(r"gpu-mig-1g10gb\s+SUCCEEDED\s+holds sharing=mig-mixed share=0\.125 node=local-mig-mixed-0 "
+                     r"gpu=0 mig_profile=1g\.10gb mig_instance=[12] ", out), out
+    assert re.search(r"gpu-whole\s+SUCCEEDED\s+holds sharing=none share=whole ", out), out
+    assert "the three ran side by side on one cluster" in out
+    # Each billed its share x the hours it ran (the summary's own check; the ledger's rows are checked below).
+    for name, share in (("gpu-quarter", r"0\.25"), ("gpu-mig-1g10gb", r"0\.125"), ("gpu-whole", "1")):
+        assert re.search(rf"{name}\s+SUCCEEDED\s+holds .* billed [0-9.]+ GPU-h = {share} x [0-9.]+ h ", out), out
     on_demand = re.search(r"report (\d+) \(on demand, ml-research, [0-9-]+ UTC\): [0-9.]+ GPU-hours, \$([0-9.]+)", out)
     assert on_demand, out
 
@@ -105,6 +116,31 @@ def test_demo_once_trains_and_charges_with_real_workers(tmp_path):
         (rl_pods, rl_accrued), = conn.execute(  # one attempt (the join gives one row per attempt)
             "SELECT j.nodes, j.accrued_cost_usd FROM jobs_job j JOIN jobs_jobattempt a ON a.job_id = j.id "
             "WHERE j.name = 'rl-grpo'").fetchall()
+        shared = {name: (nodes, share, profile, started_at, ended_at) for name, nodes, share, profile, started_at, ended_at
+                  in conn.execute(
+                      "SELECT j.name, a.placement->'nodes', j.gpu_share_milli, j.mig_profile, a.started_at, a.ended_at "
+                      "FROM jobs_job j JOIN jobs_jobattempt a ON a.job_id = j.id WHERE j.name IN "
+                      "('gpu-quarter', 'gpu-mig-1g10gb', 'gpu-whole')")}
+        shared_entries = conn.execute(
+            "SELECT j.name, e.interval_start, e.interval_end, e.gpu_milli, e.usd_per_gpu_hour, e.amount_usd "
+            "FROM costs_costentry e JOIN jobs_job j ON j.id = e.job_id WHERE j.name IN "
+            "('gpu-quarter', 'gpu-mig-1g10gb', 'gpu-whole') ORDER BY j.name, e.interval_start").fetchall()
+    assert {name: row[:3] for name, row in shared.items()} == {
+        "gpu-quarter": (["local-time-slicing-0"], 250, ""), "gpu-mig-1g10gb": (["local-mig-mixed-0"], 125, "1g.10gb"),
+        "gpu-whole": (shared["gpu-whole"][0], 0, "")}
+    assert shared["gpu-whole"][0][0] in ("local-node-0", "local-node-1")
+    assert max(r[3] for r in shared.values()) < min(r[4] for r in shared.values())  # all three running at once
+    # The ledger bills each its share: a quarter, a 1g.10gb device's eighth, a whole GPU; over exactly its run.
+    billed: dict[str, list] = {}
+    for name, start, end, milli, price, amount in shared_entries:
+        assert milli == {"gpu-quarter": 250, "gpu-mig-1g10gb": 125, "gpu-whole": 1000}[name]
+        seconds = Decimal((end - start) // dt.timedelta(microseconds=1)) / Decimal(10**6)
+        expected = (Decimal(milli) / 1000 * seconds * price / Decimal(3600)).quantize(Decimal("1e-9"))
+        assert abs(amount - expected) <= Decimal("1e-9")
+        billed.setdefault(name, []).append((start, end))
+    for name, spans in billed.items():
+        assert spans[0][0] == shared[name][3] and spans[-1][1] == shared[name][4]
+        assert all(a[1] == b[0] for a, b in pairwise(spans))
     assert events == ["ADMITTED", "STARTING", "RUNNING", "SUCCEEDED"]
     # One admission for the whole gang: a learner and two rollouts in one attempt of 3 pods.
     assert (rl_admissions, rl_pods) == (1, 3)

@@ -13,6 +13,7 @@ Run with ``python -m pytest tests/examples -q``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -270,6 +271,69 @@ def test_serve_generates_and_rejects_bad_input(trained: dict[str, Any], tmp_path
     finally:
         kill(proc)
         log.close()
+
+
+def test_serve_answers_the_requests_in_flight_when_stopped_and_refuses_new_connections(
+        trained: dict[str, Any], tmp_path: Path) -> None:
+    """A replica retired by a scale-down or a rollout gets SIGTERM after the endpoint took it out of rotation: what
+    it was answering must still be answered (a POST is not retried by a proxy once sent), and a late connection
+    must be refused (which a proxy retries elsewhere), never accepted and dropped."""
+    import threading
+    from http.client import HTTPException
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = open(tmp_path / "serve.log", "w+")
+    proc = subprocess.Popen(
+        [sys.executable, str(SERVE), "--host", "127.0.0.1"],
+        cwd=REPO, env=clean_env(CHECKPOINT_DIR=str(trained["ckpt_dir"]), PORT=str(port)),
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    outcomes: list[tuple[float, float, str]] = []  # (sent, answered, outcome)
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            sent = time.monotonic()
+            try:
+                status, _ = http("POST", f"{base}/generate", {"prompt": "The ", "max_new_tokens": 48})
+                outcome = str(status)
+            except urllib.error.URLError as exc:
+                refused = isinstance(exc.reason, ConnectionRefusedError)
+                outcome = "refused" if refused else f"broken: {exc.reason!r}"
+            except (HTTPException, OSError) as exc:
+                outcome = f"broken: {exc!r}"
+            outcomes.append((sent, time.monotonic(), outcome))
+            if outcome == "refused":
+                return
+
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, f"server exited early: {(tmp_path / 'serve.log').read_text()}"
+            with contextlib.suppress(OSError):
+                if http("GET", f"{base}/healthz")[0] == 200:
+                    break
+            assert time.monotonic() < deadline, "server never became healthy"
+            time.sleep(0.2)
+        clients = [threading.Thread(target=client) for _ in range(4)]
+        for thread in clients:
+            thread.start()
+        while not any(outcome == "200" for _, _, outcome in outcomes):
+            time.sleep(0.05)
+        stopped = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        stop.set()
+        for thread in clients:
+            thread.join(60)
+    finally:
+        stop.set()
+        kill(proc)
+        log.close()
+    kinds = {outcome for _, _, outcome in outcomes}
+    assert kinds <= {"200", "refused"}, outcomes  # no request accepted and then dropped
+    assert any(sent < stopped < answered and outcome == "200" for sent, answered, outcome in outcomes), outcomes
 
 
 # --------------------------------------------------------------------------- #

@@ -12,8 +12,10 @@ A node fits a pod when it is not cordoned and Ready, the pod tolerates its NoSch
 ``nodeSelector`` and required node affinity (``In``/``NotIn``/``Exists``/``DoesNotExist``, terms ORed) match its
 labels (``kubernetes.io/hostname`` is the node's name), no pod it must repel (required pod anti-affinity on
 ``kubernetes.io/hostname``) is bound there, and the requests of every unfinished pod bound to it, plus this
-pod's, stay within its allocatable GPUs, CPU and memory (Kubernetes docs: "Resource Management for Pods and
-Containers", "Assigning Pods to Nodes", "Taints and Tolerations").
+pod's, stay within its allocatable GPUs, CPU and memory, and within its allocatable count of every other extended
+resource the pod asks (``nvidia.com/mig-1g.10gb``, ``nvidia.com/gpu.shared``: none advertised, none fits)
+(Kubernetes docs: "Resource Management for Pods and Containers", "Assigning Pods to Nodes", "Taints and
+Tolerations").
 """
 
 from __future__ import annotations
@@ -40,6 +42,18 @@ def pod_requests(pod: dict) -> tuple:
         asked = quantities({**(res.get("limits") or {}), **(res.get("requests") or {})})
         total = [a + b for a, b in zip(total, asked, strict=True)]
     return tuple(total)
+
+
+def extended_requests(pod: dict) -> dict[str, object]:
+    """The extended resources other than ``nvidia.com/gpu`` a pod asks (``nvidia.com/...``), summed over its
+    containers (a limit stands for a missing request), as Decimals."""
+    total: dict[str, object] = {}
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        res = c.get("resources") or {}
+        for key, value in {**(res.get("limits") or {}), **(res.get("requests") or {})}.items():
+            if key.startswith("nvidia.com/") and key not in RESOURCES:
+                total[key] = total.get(key, 0) + parse_quantity(value)
+    return total
 
 
 def _matches(expr: dict, labels: dict) -> bool:
@@ -158,6 +172,10 @@ class KubeScheduler(ApiClient):
             if resource not in alloc and resource != "nvidia.com/gpu":
                 continue  # an emulated node that states no CPU or memory limits neither
             if want[i] and used[i] + want[i] > have[i]:
+                return f"Insufficient {resource}"
+        for resource, asked in sorted(extended_requests(pod).items()):
+            taken = sum(extended_requests(p).get(resource, 0) for p in on_node)
+            if asked and taken + asked > parse_quantity(alloc.get(resource, "0")):
                 return f"Insufficient {resource}"
         return None
 

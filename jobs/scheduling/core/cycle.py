@@ -38,6 +38,7 @@ import heapq
 
 from .cohort import CohortBook
 from .evaluate import Evaluator, amount_of, may_preempt
+from .fragmentation import job_milli
 from .memo import DecisionMemo
 from .nodebook import DEFAULT_PACKING_POLICY, NodeBook, workload_of
 from .order import TeamQueue, behind, behind_message, note_overtaking, team_key
@@ -68,7 +69,8 @@ class FairShareScheduler:
         self.queues: dict[int, TeamQueue] = {tid: TeamQueue(t) for tid, t in snapshot.teams.items()}
         policy = policy or snapshot.policy or DEFAULT_PACKING_POLICY
         workload = snapshot.workload or (workload_of([*snapshot.queue, *snapshot.running]) if policy == "fgd" else ())
-        self.book = NodeBook([o for offers in snapshot.pools.values() for o in offers], policy, workload)
+        self.book = NodeBook([o for offers in snapshot.pools.values() for o in offers], policy, workload,
+                             seen=lambda: seen_shapes(snapshot))
         self.pool_cluster: dict[int, int] = {o.node_pool_id: o.cluster_id for offers in snapshot.pools.values()
                                              for o in offers}
         self.room = Room(snapshot.pools, snapshot.unpriced, self.book, self.cohorts, memo)
@@ -125,7 +127,7 @@ class FairShareScheduler:
             for name, names in a.role_nodes:
                 book.take(a.offer.node_pool_id, [pool.index[n] for n in names], requests[name])
         else:
-            book.take(a.offer.node_pool_id, [pool.index[n] for n in a.node_names], job.placement())
+            book.take(a.offer.node_pool_id, [pool.index[n] for n in a.node_names], job.placement(), a.gpu_index)
         cohorts.book(acc)
         team = teams[job.team_id]
         amount = amount_of(job, acc, team)
@@ -275,6 +277,7 @@ class FairShareScheduler:
         a blocked head keep their stored reason and position until the next full pass renumbers them.
         """
         out = Decisions()
+        self.book.observe(job.gpus_per_node, job.share_milli, job.cpu_milli, job.memory_mib, job.submitted)
         tid = job.team_id
         tq = self.queues.get(tid)
         if tq is None:
@@ -327,3 +330,17 @@ def recheck(snapshot: Snapshot, job: QueuedJob, admission: Admission) -> Decisio
 def assess(snapshot: Snapshot, job: QueuedJob) -> Assessment:
     """``FairShareScheduler.assess`` of a job not yet submitted, on ``snapshot`` (its team and the job's pools)."""
     return FairShareScheduler(snapshot).assess(job)
+
+
+def seen_shapes(snapshot: Snapshot):
+    """What the platform has seen of GPU task shapes, from a snapshot: ``(milli-GPUs per pod, CPU millicores per
+    pod, memory MiB per pod, seen at)`` of every waiting job (at its submission) and every live one (at its
+    admission), for ``fragmentation.ShapeHistory.of_jobs``. A multi-role job counts each role."""
+    for job in snapshot.queue:
+        if job.roles:
+            for r in job.roles:
+                yield r.gpus_per_node * 1000, r.cpu_milli, r.memory_mib, job.submitted
+        else:
+            yield job_milli(job.gpus_per_node, job.share_milli), job.cpu_milli, job.memory_mib, job.submitted
+    for r in snapshot.running:
+        yield job_milli(r.gpus_per_node, r.share_milli), r.cpu_milli, r.memory_mib, r.admitted

@@ -227,7 +227,8 @@ class Evaluator:
         if job.roles:
             by_role = tuple((name, room.book.names(offer.node_pool_id, list(n))) for name, n in nodes)
             return Admission(job, offer, estimate, (), tuple(x for _, names in by_role for x in names), acc, by_role)
-        return Admission(job, offer, estimate, victims, room.book.names(offer.node_pool_id, nodes), acc)
+        gpu = room.book.share_gpu(offer.node_pool_id, nodes[0], job.placement()) if job.share_milli else None
+        return Admission(job, offer, estimate, victims, room.book.names(offer.node_pool_id, nodes), acc, gpu_index=gpu)
 
     def assess(self, job: QueuedJob) -> Assessment:
         """What the rules say of ``job`` before it is submitted (nothing changes): where it would run, its estimate,

@@ -12,6 +12,7 @@ from collections import Counter
 
 from core.gpus import MILLI_PER_GPU
 
+from .fragmentation import NodeGpus, ShapeHistory, job_milli, share_fragment
 from .placement import UNLIMITED, PlacementRequest, PoolOffer, matches, pods_on, price_order
 
 
@@ -37,6 +38,13 @@ def choose_pool(request: PlacementRequest, offers: list[PoolOffer], policy: str 
 #: ``fgd`` takes the nodes whose fragmentation grows least for the expected workload (``fragment_gpus``).
 PACKING_POLICIES = ("best-fit", "first-fit", "spread", "fgd")
 DEFAULT_PACKING_POLICY = "best-fit"
+
+#: Decimal digits (of a milli-GPU) growths are compared at, so equal growths reached by different float sums tie
+#: and best fit decides between them.
+GROWTH_DIGITS = 6
+
+#: Seen jobs between two refreshes of the shapes FGD scores shares for (``NodeBook.milli_shapes``).
+SHAPE_REFRESH = 32
 
 #: One kind of job of the expected workload: ``(GPUs per node, CPU millicores per node, memory MiB per node,
 #: weight)``; a kind's popularity is its weight over the workload's total.
@@ -78,7 +86,8 @@ class _PoolNodes:
     fits a request is the tightest on CPU, then memory)."""
 
     __slots__ = ("offer", "names", "index", "gpus", "free_g", "free_c", "free_m", "domain", "sched", "buckets",
-                 "failed", "domains", "free_total", "suspect", "shares", "slices", "mig")
+                 "failed", "domains", "free_total", "suspect", "shares", "slices", "mig", "mixed", "held",
+                 "any_mixed", "ver", "choices")
 
     def __init__(self, offer: PoolOffer):
         rooms = offer.rooms()
@@ -87,6 +96,21 @@ class _PoolNodes:
         self.index = {n.name: i for i, n in enumerate(rooms)}
         self.gpus = [n.gpus for n in rooms]
         self.free_g = [min(max(0, n.free_gpus), n.gpus) for n in rooms]
+        # A node whose GPUs are taken whole or in shares (``NodeRoom.shares`` and ``gpus``): its whole GPUs are
+        # its wholly free shared ones, so a share on one takes it from whole-GPU jobs and a whole job empties it.
+        self.mixed = [bool(n.shares) and n.gpus > 0 for n in rooms]
+        for i, n in enumerate(rooms):
+            if self.mixed[i]:
+                slices = n.slices or (UNLIMITED,) * len(n.shares)
+                self.free_g[i] = min(self.free_g[i], sum(1 for f, s in zip(n.shares, slices, strict=True)
+                                                         if f >= MILLI_PER_GPU and s > 0))
+        # mixed nodes' GPUs held whole: GPU index -> its free slices before (given back with it)
+        self.held: dict[int, dict[int, int]] = {}
+        self.any_mixed = any(self.mixed)
+        # per node, a count bumped by every change (``move``), and FGD's share choices remembered against it:
+        # (node, share, CPU, memory) -> (count, shapes' version, ``NodeBook._share_choice``)
+        self.ver = [0] * len(rooms)
+        self.choices: dict[tuple[int, int, int, int], tuple] = {}
         self.free_c = [n.free_cpu_milli for n in rooms]
         self.free_m = [n.free_memory_mib for n in rooms]
         self.domain = [n.domain for n in rooms]
@@ -111,6 +135,7 @@ class _PoolNodes:
 
     def move(self, i: int, dg: int, dc: int, dm: int) -> None:
         """Change node ``i``'s free resources by the deltas, keeping its bucket."""
+        self.ver[i] += 1
         if self.sched[i]:
             bucket = self.buckets[self.free_g[i]]
             del bucket[bisect.bisect_left(bucket, (self.free_c[i], self.free_m[i], i))]
@@ -160,12 +185,30 @@ class NodeBook:
     ``workload`` (``fgd`` only): the expected jobs' shapes and weights
     (``WorkloadShape``); a shape the book is asked to place that is not in it
     joins it with weight 1, so an empty workload is the shapes asked so far.
+
+    Shares of a GPU, and whole GPUs on nodes that also give shares, are
+    placed by FGD at milli-GPU grain under ``best-fit`` and ``fgd``
+    (``share_scored``, ``whole_scored``) for the shapes seen: ``history``
+    (a ``fragmentation.ShapeHistory``), else one built on first use from
+    ``seen`` (a callable giving ``(milli-GPUs, CPU millicores, memory MiB,
+    seen at)`` per job: ``cycle.seen_shapes`` of the snapshot), with what
+    ``observe`` counted since; with no shape seen, best fit.
     """
 
-    def __init__(self, offers, policy: str = DEFAULT_PACKING_POLICY, workload: tuple[WorkloadShape, ...] = ()):
+    def __init__(self, offers, policy: str = DEFAULT_PACKING_POLICY, workload: tuple[WorkloadShape, ...] = (),
+                 history: ShapeHistory | None = None, seen=None):
         if policy not in PACKING_POLICIES:
             raise ValueError(f"unknown packing policy {policy!r}; one of {', '.join(PACKING_POLICIES)}")
         self.policy = policy
+        # Shares of a GPU (and whole GPUs on nodes that also take shares) are scored by FGD at milli-GPU grain
+        # for the shapes seen (``history``, else built from ``seen`` on first use), under best-fit and fgd; with
+        # nothing seen, best-fit.
+        self._history = history
+        self._seen = seen
+        self._pending: list[tuple[int, int, int, float]] = []
+        self._milli_shapes: tuple = ()
+        self._milli_version = -1
+        self._milli_fragment: dict[tuple, float] = {}
         self.pools: dict[int, _PoolNodes] = _LazyPools(offers)
         self.workload: list[WorkloadShape] = [s for s in workload if s[0] > 0]
         self._shapes = {s[:3] for s in self.workload}
@@ -183,6 +226,8 @@ class NodeBook:
         """How much node ``i`` of the pool's fragmentation (GPUs) grows if one node of ``request`` lands on it:
         FGD's score, lower is better (it may be negative)."""
         p = self.pools[pool_id]
+        if p.mixed[i] and self.milli_shapes():
+            return self._mixed_growth(p, i, request)
         g, c, m = p.free_g[i], p.free_c[i], p.free_m[i]
         return (self.fragment(g - request.gpus_per_node, c - request.cpu_milli, m - request.memory_mib)
                 - self.fragment(g, c, m))
@@ -193,6 +238,136 @@ class NodeBook:
             self._shapes.add(shape)
             self.workload.append((*shape, 1.0))
             self._fragment.clear()
+
+    # --- FGD for shares of a GPU (milli-GPU grain) ----------------------------------------------------
+
+    @property
+    def history(self) -> ShapeHistory:
+        """The shapes seen (``fragmentation.ShapeHistory``): the one given, or built from ``seen`` (a callable
+        giving ``(milli-GPUs, CPU millicores, memory MiB, seen at)`` per job) when first read, with the jobs
+        ``observe``d since."""
+        if self._history is None:
+            self._history = ShapeHistory.of_jobs(self._seen() if self._seen is not None else ())
+            for shape in self._pending:
+                self._history.observe(*shape)
+            self._pending = []
+        return self._history
+
+    def observe(self, gpus_per_node: int, share_milli: int, cpu_milli: int, memory_mib: int, at: float) -> None:
+        """Count a job's per-pod shape (GPUs per node, or its share in milli-GPUs; CPU millicores; memory MiB),
+        seen at ``at`` (seconds), in the history shares are scored for (kept aside until the history is read)."""
+        shape = (job_milli(gpus_per_node, share_milli), cpu_milli, memory_mib, at)
+        if self._history is None:
+            self._pending.append(shape)
+        else:
+            self._history.observe(*shape)
+
+    def milli_shapes(self) -> tuple:
+        """The shapes FGD scores shares for (``fragmentation.ShapeHistory.shapes``), refreshed from the history
+        once ``SHAPE_REFRESH`` more jobs were seen (or when empty), so the remembered scores stay valid between."""
+        history = self.history
+        if history.version != self._milli_version and (
+                not self._milli_shapes or history.version - self._milli_version >= SHAPE_REFRESH):
+            self._milli_shapes = history.shapes()
+            self._milli_version = history.version
+            self._milli_fragment.clear()
+        return self._milli_shapes
+
+    def whole_scored(self, p: _PoolNodes) -> bool:
+        """Whether FGD places a whole-GPU request on pool ``p`` under best-fit: the pool has nodes that take whole
+        GPUs and shares (``_PoolNodes.mixed``) and shapes were seen; there a whole job is scored at milli-GPU grain
+        as a share is (fgd scores every pool so)."""
+        return self.policy == "best-fit" and p.any_mixed and bool(self.milli_shapes())
+
+    def share_scored(self, request: PlacementRequest) -> bool:
+        """Whether FGD places ``request``'s share: a share (not a MIG device), under best-fit or fgd, with shapes
+        seen; otherwise best-fit's least room left."""
+        return (not request.mig_profile and self.policy in ("best-fit", "fgd") and bool(self.milli_shapes()))
+
+    def node_fragment(self, shares, slices, cpu_milli: int, memory_mib: int, whole_ok: bool) -> float:
+        """``fragmentation.share_fragment`` (milli-GPUs) of a node with these free shares and slices per GPU, free
+        CPU and memory, for the shapes seen (remembered by the node's state)."""
+        key = (tuple(sorted((f, s > 0) for f, s in zip(shares, slices, strict=True) if f > 0)), cpu_milli,
+               memory_mib, whole_ok)
+        found = self._milli_fragment.get(key)
+        if found is None:
+            found = self._milli_fragment[key] = share_fragment(
+                NodeGpus(shares, slices, cpu_milli, memory_mib, whole_ok), self._milli_shapes)
+        return found
+
+    def _share_choice(self, p: _PoolNodes, i: int, request: PlacementRequest) -> tuple[float, int, int] | None:
+        """FGD's GPU of node ``i`` for a share of ``request``: ``(fragmentation growth in milli-GPUs, room left on
+        that GPU, GPU index)``, the least growth, then the least room (best fit), then the lowest index; None when
+        no GPU has the share free and a slice."""
+        d, shares, slices = request.share_milli, p.shares[i], p.slices[i]
+        key = (i, d, request.cpu_milli, request.memory_mib)
+        known = p.choices.get(key)
+        if known is not None and known[0] == p.ver[i] and known[1] == self._milli_version:
+            return known[2]
+        c, m, whole_ok = p.free_c[i], p.free_m[i], p.mixed[i]
+        before = None
+        best = None
+        tried = set()
+        for k, free in enumerate(shares):
+            if free < d or slices[k] <= 0 or (free, slices[k]) in tried:
+                continue
+            tried.add((free, slices[k]))
+            if before is None:
+                self.milli_shapes()
+                before = self.node_fragment(shares, slices, c, m, whole_ok)
+            after_s, after_l = list(shares), list(slices)
+            after_s[k] -= d
+            after_l[k] -= 1
+            growth = round(self.node_fragment(after_s, after_l, c - request.cpu_milli, m - request.memory_mib,
+                                              whole_ok) - before, GROWTH_DIGITS)
+            choice = (growth, free - d, k)
+            if best is None or choice < best:
+                best = choice
+        p.choices[key] = (p.ver[i], self._milli_version, best)
+        return best
+
+    def _share_gpu(self, p: _PoolNodes, i: int, request: PlacementRequest) -> int | None:
+        """The GPU of node ``i`` a share of ``request`` goes to: FGD's (``_share_choice``) when shares are scored,
+        else the least free share that holds it (``_gpu_for``)."""
+        if self.share_scored(request):
+            found = self._share_choice(p, i, request)
+            return None if found is None else found[2]
+        return self._gpu_for(p, i, request)
+
+    def share_gpu(self, pool_id: int, i: int, request: PlacementRequest) -> int | None:
+        """The GPU index of node ``i`` of the pool a share of ``request`` is booked on (``_share_gpu``)."""
+        return self._share_gpu(self.pools[pool_id], i, request)
+
+    def _mixed_growth(self, p: _PoolNodes, i: int, request: PlacementRequest) -> float:
+        """Fragmentation growth (GPUs) of a node that takes whole GPUs and shares when one node of a whole-GPU
+        ``request`` lands on it, at milli-GPU grain for the shapes seen."""
+        g = request.gpus_per_node
+        shares, slices = list(p.shares[i]), list(p.slices[i])
+        before = self.node_fragment(shares, slices, p.free_c[i], p.free_m[i], True)
+        for k in range(len(shares)):
+            if g and shares[k] >= MILLI_PER_GPU and slices[k] > 0:
+                shares[k], slices[k], g = 0, 0, g - 1
+        after = self.node_fragment(shares, slices, p.free_c[i] - request.cpu_milli, p.free_m[i] - request.memory_mib,
+                                   True)
+        return round(after - before, GROWTH_DIGITS) / MILLI_PER_GPU
+
+    def _whole(self, p: _PoolNodes, i: int, g: int, c: int, m: int, sign: int) -> None:
+        """Book (``sign`` -1) or give back (+1) ``g`` whole GPUs, ``c`` CPU and ``m`` memory on node ``i``; on a node
+        that also takes shares, the GPUs taken are wholly free ones (lowest index first), emptied of their share
+        and slices until given back."""
+        p.move(i, sign * g, sign * c, sign * m)
+        if not p.mixed[i] or not g:
+            return
+        held = p.held.setdefault(i, {})
+        shares, slices = p.shares[i], p.slices[i]
+        if sign < 0:
+            for k in range(len(shares)):
+                if g and k not in held and shares[k] >= MILLI_PER_GPU and slices[k] > 0:
+                    held[k] = slices[k]
+                    shares[k], slices[k], g = 0, 0, g - 1
+        else:
+            for k in sorted(held)[:g]:
+                shares[k], slices[k] = MILLI_PER_GPU, held.pop(k)
 
     def free_gpus(self, pool_id: int) -> int:
         """Free GPUs of the pool's schedulable nodes."""
@@ -257,14 +432,15 @@ class NodeBook:
             # A shared request that failed covers a distinct-node one of at least its size, not the reverse.
             if n >= fn and g >= fg and c >= fc and m >= fm and (fs or not share):
                 return None
-        if n == 1 and self.policy == "best-fit" and not p.suspect:
+        scored = self.whole_scored(p)
+        if n == 1 and self.policy == "best-fit" and not p.suspect and not scored:
             found = self._tightest(p, g, c, m)
         elif sum(map(len, p.buckets[g:])) < n:
             found = None  # fewer nodes with room than pods: only sharing (below) can hold it
         elif self.policy == "first-fit":
             found = self._first_fit(p, n, g, c, m)
         else:
-            if self.policy == "fgd":
+            if self.policy == "fgd" or scored:
                 candidates = self._by_fragment(pool_id, request)
             else:
                 levels = range(g, len(p.buckets)) if self.policy == "best-fit" else range(len(p.buckets) - 1, g - 1, -1)
@@ -292,11 +468,22 @@ class NodeBook:
         """The node for the one pod of a shared ``request`` (part of one GPU): among schedulable nodes with its CPU
         and memory free, one with a free MIG device of its profile (the fewest such free first) or a GPU with room
         for its share (``_gpu_for``: the least free share left first), healthy nodes before suspect ones, then
-        the least free CPU and memory, then the pool's order; None when none has room."""
+        the least free CPU and memory, then the pool's order; None when none has room. When shares are scored
+        (``share_scored``), the node and GPU whose fragmentation grows least come first (``_share_choice``), then
+        the order above."""
         c, m = request.cpu_milli, request.memory_mib
         best, best_key = None, None
+        scored = self.share_scored(request)
         for i in range(len(p.names)):
             if not p.sched[i] or p.free_c[i] < c or p.free_m[i] < m:
+                continue
+            if scored:
+                found = self._share_choice(p, i, request)
+                if found is None:
+                    continue
+                key = (i in p.suspect, found[0], found[1], p.free_c[i], p.free_m[i], i)
+                if best_key is None or key < best_key:
+                    best, best_key = i, key
                 continue
             if request.mig_profile:
                 room = p.mig[i].get(request.mig_profile, 0)
@@ -312,7 +499,8 @@ class NodeBook:
                 best, best_key = i, key
         return best
 
-    def _take_share(self, p: _PoolNodes, i: int, request: PlacementRequest, sign: int) -> None:
+    def _take_share(self, p: _PoolNodes, i: int, request: PlacementRequest, sign: int, gpu: int | None = None
+                    ) -> None:
         """Book (``sign`` -1) or give back (+1) the one pod of a shared ``request`` on node ``i``: its CPU and
         memory, and its MIG device or its share and slice of one GPU (when booking, the ``_gpu_for`` GPU; when
         giving back, the GPU with the least free share that has it booked)."""
@@ -321,13 +509,18 @@ class NodeBook:
             p.mig[i][request.mig_profile] = p.mig[i].get(request.mig_profile, 0) + sign
             return
         if sign < 0:
-            k = self._gpu_for(p, i, request)
+            k = self._share_gpu(p, i, request) if gpu is None else gpu
         else:
-            held = [k for k, free in enumerate(p.shares[i]) if MILLI_PER_GPU - free >= request.share_milli]
-            k = min(held, key=lambda k: (p.shares[i][k], k)) if held else None
+            whole = p.held.get(i, ())
+            held = [k for k, free in enumerate(p.shares[i])
+                    if MILLI_PER_GPU - free >= request.share_milli and k not in whole]
+            k = gpu if gpu in held else min(held, key=lambda k: (p.shares[i][k], k)) if held else None
         if k is not None:
+            was_whole = p.shares[i][k] >= MILLI_PER_GPU
             p.shares[i][k] += sign * request.share_milli
             p.slices[i][k] += sign
+            if p.mixed[i] and was_whole != (p.shares[i][k] >= MILLI_PER_GPU):
+                p.move(i, sign, 0, 0)  # a wholly free GPU of a mixed node taken in part, or free again
 
     @staticmethod
     def _share(p: _PoolNodes, request: PlacementRequest) -> list[int] | None:
@@ -397,7 +590,8 @@ class NodeBook:
     def _by_fragment(self, pool_id: int, request: PlacementRequest) -> list[int]:
         """The schedulable nodes with room for one node of ``request``, least fragmentation growth first (FGD),
         then best-fit's order (fewest free GPUs, CPU, memory), then index."""
-        self._learn(request)
+        if self.policy == "fgd":
+            self._learn(request)
         p = self.pools[pool_id]
         g, c, m = request.gpus_per_node, request.cpu_milli, request.memory_mib
         scored = [(self.fragment_growth(pool_id, i, request), k, fc, fm, i)
@@ -451,7 +645,7 @@ class NodeBook:
         p = self.pools[pool_id]
         if request.shared:  # what is left of the GPU (or of the profile's devices) it takes
             i = nodes[0]
-            k = None if request.mig_profile else self._gpu_for(p, i, request)
+            k = None if request.mig_profile else self._share_gpu(p, i, request)
             room = p.mig[i].get(request.mig_profile, 0) - 1 if k is None else p.shares[i][k] - request.share_milli
             return room, p.free_c[i] - request.cpu_milli, p.free_m[i] - request.memory_mib
         if len(nodes) == 1:
@@ -480,7 +674,8 @@ class NodeBook:
             p = pools[o.node_pool_id]
             if p.free_total < need:  # fewer free GPUs on its open nodes than the job asks
                 continue
-            if best_fit and best is not None and not best[2][0] and not request.share_nodes and not request.shared:
+            if (best_fit and best is not None and not best[2][0] and not request.share_nodes and not request.shared
+                    and not p.any_mixed and not best[3]):
                 # Each node it would get has at least the fewest free GPUs at or above the job's: when even that
                 # leaves more GPUs than the best so far, which uses no suspect node, its score is worse (suspect
                 # nodes used, then GPUs left, come first).
@@ -499,13 +694,16 @@ class NodeBook:
             sick = len(p.suspect.intersection(nodes)) if p.suspect else 0
             if self.policy == "spread":
                 score = (sick, -left[0], -p.free_total)
-            elif self.policy == "fgd" and not request.shared:
+            elif (self.policy == "fgd" or self.whole_scored(p)) and not request.shared:
                 score = (sick, sum(self.fragment_growth(o.node_pool_id, i, request) for i in nodes), *left,
                          p.free_total)
+            elif request.shared and self.share_scored(request):
+                found = self._share_choice(p, nodes[0], request)
+                score = (sick, found[0] if found else 0.0, *left, p.free_total)
             else:
                 score = (sick, *left, p.free_total)
             if best is None or score < best[2]:
-                best = (o, nodes, score)
+                best = (o, nodes, score, p.any_mixed)
         return (best[0], best[1]) if best else None
 
     def place_gang(self, roles, offers: list[PoolOffer]):
@@ -533,28 +731,32 @@ class NodeBook:
                 found.append((name, tuple(nodes)))
             for nodes, request in taken:
                 for i in nodes:
-                    p.move(i, request.gpus_per_node, request.cpu_milli, request.memory_mib)
+                    self._whole(p, i, request.gpus_per_node, request.cpu_milli, request.memory_mib, +1)
             p.failed = failed
             if len(found) == len(roles):
                 return (o, tuple(sorted(found, key=lambda f: rank[f[0]]))), None
         return None, first_failed or roles[0][0]
 
-    def take(self, pool_id: int, nodes: list[int], request: PlacementRequest) -> None:
-        """Book one node of ``request`` on each of ``nodes`` (indexes from ``fit``)."""
+    def take(self, pool_id: int, nodes: list[int], request: PlacementRequest, gpu: int | None = None) -> None:
+        """Book one node of ``request`` on each of ``nodes`` (indexes from ``fit``); a share on GPU ``gpu`` of its
+        node when given (``Admission.gpu_index``), else on the one ``share_gpu`` chooses."""
         p = self.pools[pool_id]
         if request.shared:
             for i in nodes:
-                self._take_share(p, i, request, -1)
+                self._take_share(p, i, request, -1, gpu)
             return
         for i in nodes:
-            p.move(i, -request.gpus_per_node, -request.cpu_milli, -request.memory_mib)
+            self._whole(p, i, request.gpus_per_node, request.cpu_milli, request.memory_mib, -1)
 
     def release(self, pool_id: int, names: tuple[str, ...], gpus: int, gpus_per_node: int, cpu_milli: int,
-                memory_mib: int, share_milli: int = 0, mig_profile: str = "") -> list[int]:
+                memory_mib: int, share_milli: int = 0, mig_profile: str = "", gpu: int | None = None) -> list[int]:
         """Give back a running job's resources: per node of ``names`` its GPUs, CPU (millicores) and memory (MiB);
         a job without node names (admitted before nodes were recorded) gives its ``gpus`` back to the fullest nodes.
         A job on part of one GPU (``share_milli`` or ``mig_profile``) gives back its share or MIG device instead of
-        GPUs. Returns the node indexes changed (``take``-able again with the same amounts)."""
+        GPUs: on GPU ``gpu`` of its node when given (its admission's ``gpu_index``), else on the GPU with the least
+        free share that has it booked. On a node giving whole GPUs and shares, whole GPUs given back are the
+        lowest-numbered held whole (which whole GPU a pod holds is the device plugin's choice, not recorded).
+        Returns the node indexes changed (``take``-able again with the same amounts)."""
         p = self.pools.get(pool_id)
         if p is None:
             return []
@@ -566,14 +768,14 @@ class NodeBook:
             for name in names:
                 i = p.index.get(name)
                 if i is not None:
-                    self._take_share(p, i, request, +1)
+                    self._take_share(p, i, request, +1, gpu)
                     changed.append(i)
             return changed
         if names:
             for name in names:
                 i = p.index.get(name)
                 if i is not None:
-                    p.move(i, gpus_per_node, cpu_milli, memory_mib)
+                    self._whole(p, i, gpus_per_node, cpu_milli, memory_mib, +1)
                     changed.append(i)
             return changed
         left = gpus

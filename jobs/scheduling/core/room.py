@@ -191,7 +191,8 @@ class Room:
         at least as large in every resource does not fit either); so are the pools in front with fewer free GPUs
         than the job asks, which ``NodeBook.place`` would pass over.
         """
-        key = (acc, job.preemptible, job.share_nodes, pids)
+        # a share's misfits say nothing of a whole job's or another share's (nor the reverse): kept apart
+        key = (acc, job.preemptible, job.share_nodes, pids, job.share_milli, job.mig_profile)
         n, g, c, m = shape = (job.nodes, job.gpus_per_node, job.cpu_milli, job.memory_mib)
         released = self._released.get(acc, 0)
         failed = self._failed.get(key)
@@ -199,7 +200,7 @@ class Room:
             for fn, fg, fc, fm in failed[1]:
                 if n >= fn and g >= fg and c >= fc and m >= fm:
                     return None
-        need = job.total_gpus
+        need = 0 if job.share_milli or job.mig_profile else job.total_gpus  # a share needs no whole GPU free
         skey = (pids, need)
         skip = self._short.get(skey)
         start = skip[1] if skip is not None and skip[0] == released else 0

@@ -323,6 +323,9 @@ class Admission:
     #: A multi-role job's nodes by role, ``(role name, node names)`` in the job's role order (``node_names``: all of
     #: them, in that order).
     role_nodes: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    #: A job on a share of a GPU: the index of the physical GPU of its node the share is booked on (the platform's
+    #: model of where it sits, ADR 0040); None otherwise.
+    gpu_index: int | None = None
 
 
 @dataclasses.dataclass(slots=True)

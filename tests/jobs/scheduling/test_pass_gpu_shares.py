@@ -69,3 +69,22 @@ def test_a_fraction_without_a_shared_node_is_refused_at_submission(teammate, sub
 
     assert r.status_code == 400, r.content
     assert any("no H100-80GB node the job may use does" in m for m in r.json()["spec.resources.gpus_per_node"])
+
+
+@pytest.mark.usefixtures("fleet")
+def test_a_share_stays_on_the_gpu_its_placement_records(teammate, submission):
+    first = submit(teammate.client, copy.deepcopy(submission), 0.25, "quarter")
+    schedule_pending()
+    attempt = fresh(first).current_attempt
+    assert attempt.placement["gpu"] in (0, 1)  # the admission names the GPU of ts it booked
+    attempt.placement["gpu"] = 1  # say it was booked on the second GPU of ts
+    attempt.save(update_fields=["placement"])
+
+    second = submit(teammate.client, copy.deepcopy(submission), 0.75, "three-quarters")
+    schedule_pending()
+
+    # ts's GPUs are read as [1000, 750] free (the quarter on GPU 1, as recorded). A 750 share on GPU 1 leaves
+    # [1000, 0], where a 750 still fits on GPU 0: nothing lost. On GPU 0 it leaves 250 there, which no 750
+    # share can use: fragmentation grows. So GPU 1, exactly full; read as best fit would re-derive it (the
+    # quarter on GPU 0), the 750 would go to GPU 0 instead.
+    assert fresh(second).current_attempt.placement["gpu"] == 1

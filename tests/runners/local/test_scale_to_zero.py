@@ -14,11 +14,15 @@ from django.utils import timezone
 from costs.ledger import accrue_attempt
 from costs.models import CostEntry
 from jobs.models import Job, JobAttempt, JobEvent, JobState, ServingScale
+from jobs.scheduling.passes import try_admit
+from quotas.models import Quota
 from runners.local.layout import read_json
 from runners.local.runner import attempt_dir
 from runners.models import Cluster
 from serving.autoscaler import autoscale
-from tests.support.local_runner import wait_until
+from serving.replicas import add_replica, release_replicas
+from tests.support.factories import make_job_row
+from tests.support.local_runner import dispatched, wait_until
 
 from . import test_autoscaled_serving as serving
 from .test_autoscaled_serving import PROMPT, endpoint_metric
@@ -121,3 +125,25 @@ def test_a_scale_up_from_zero_the_budget_refuses_answers_the_held_request_503_wi
     assert answer.status_code == 503 and answer.json() == {"error": "scale_from_zero_refused",
                                                            "reason": f"budget: {refusal['message']}"}
     assert Job.objects.get(pk=attempt.job_id).replicas == 0 and JobAttempt.objects.get(pk=attempt.pk).gpus == 0
+
+
+def test_a_replica_admitted_from_zero_counts_only_itself_against_the_per_job_cap(two_node_local_cluster, teams, user,
+                                                                                catalog):
+    sleeper = {"image": "python:3.11", "command": ["python", "-c", "import time; time.sleep(120)"], "env": {},
+               "resources": {"accelerator": "H100-80GB", "gpus_per_node": 1, "nodes": 1}, "replicas": 1,
+               "autoscaling": SCALE_TO_ZERO}
+    job = make_job_row(teams[0], user, catalog["H100-80GB"], name="serve", kind="inference", spec=sleeper,
+                       max_runtime=3600)
+    assert try_admit(job.pk) == "admitted"
+    job.refresh_from_db()
+    attempt = dispatched(JobAttempt.objects.get(pk=job.current_attempt_id))
+    reconcile_until(attempt, {JobState.RUNNING})
+    now = timezone.now()
+    assert release_replicas(job.pk, now, {"desired": 0}) == 0
+    assert JobAttempt.objects.get(pk=attempt.pk).gpus == 0
+    Quota.objects.filter(team=teams[0]).update(max_gpus_per_job=1)  # one replica of 1 GPU is all a job may hold
+
+    assert add_replica(job.pk, now, {"desired": 1}) is None
+    assert Job.objects.get(pk=job.pk).replicas == 1 and JobAttempt.objects.get(pk=attempt.pk).gpus == 1
+    refused = add_replica(job.pk, now, {"desired": 2})
+    assert refused.reason == "quota" and refused.message.startswith("2 GPUs would be more than the 1 GPUs")

@@ -4,22 +4,26 @@ never gets ready rolled back with no failed request; bad requests answered 400 w
 
 from __future__ import annotations
 
+import datetime as dt
 import shutil
 import threading
 from pathlib import Path
 
 import pytest
 import requests
+from django.utils import timezone
 
 from jobs.models import Job, JobAttempt, JobEvent, JobState, ServingRollout
 from jobs.reconcile import reconcile_cluster
+from quotas.models import Quota
 from runners.local.runner import checkpoint_dir
-from serving.rollout import step_rollouts
+from serving.rollout import start_rollout, step_rollouts
 from tests.support.factories import make_job_row
 from tests.support.local_runner import wait_until
+from tests.support.personas import signed_in
 
 from . import test_autoscaled_serving as serving
-from .test_autoscaled_serving import Load
+from .test_autoscaled_serving import PROMPT, Load
 
 checkpoint = serving.checkpoint  # the fixtures of the demo's model served on the local runner
 serving_job = serving.serving_job
@@ -59,29 +63,36 @@ def roll(attempt: JobAttempt) -> ServingRollout:
     return wait_until(ended, 180, "the rollout to end")
 
 
-def test_a_rollout_under_load_moves_every_replica_to_the_new_checkpoint_with_no_failed_request(
-        serving_job, trained, owner):
-    old, new = trained("train-v1"), trained("train-v2")
-    attempt = serving_job(2, checkpoint_from=old.pk)
-    endpoint = attempt.runner_state["endpoint"]
-    load = Load(endpoint, clients=3, header="X-Checkpoint")
+def roll_under_load(attempt: JobAttempt, start) -> tuple[ServingRollout, list]:
+    """Under a load of 3 clients on the job's endpoint: ``start()`` a rollout, step it to its end, take 20 answers
+    more; the rollout and the ``X-Checkpoint`` of each answer after it. Every answer was a 200."""
+    load = Load(attempt.runner_state["endpoint"], clients=3, header="X-Checkpoint")
     wait_until(lambda: len(load.answers) >= 10, 30, "answers under load")
-    assert {c for _, c in load.answers} == {served_by(old)}
-
-    answer = owner.client.post(f"/api/v1/jobs/{attempt.job_id}/rollout/", {"checkpoint_from_job": new.pk},
-                               format="json")
-    assert answer.status_code == 202, answer.content
-    assert answer.json()["state"] == "rolling" and (answer.json()["from"], answer.json()["to"]) == (old.pk, new.pk)
+    start()
     rollout = roll(attempt)
     seen = len(load.answers)
     wait_until(lambda: len(load.answers) >= seen + 20, 60, "answers after the rollout")
     load.stop()
-
-    assert rollout.state == "done" and rollout.replicas_updated == 2, rollout.reason
     assert load.errors == [] and {status for status, _ in load.answers} == {200}
+    return rollout, [c for _, c in load.answers[seen:]]
+
+
+def test_a_rollout_under_load_moves_every_replica_to_the_new_checkpoint_with_no_failed_request(
+        serving_job, trained, owner):
+    old, new = trained("train-v1"), trained("train-v2")
+    attempt = serving_job(2, checkpoint_from=old.pk)
+
+    def start():
+        answer = owner.client.post(f"/api/v1/jobs/{attempt.job_id}/rollout/", {"checkpoint_from_job": new.pk},
+                                   format="json")
+        assert answer.status_code == 202, answer.content
+        body = answer.json()
+        assert body["state"] == "rolling" and (body["from"], body["to"]) == (old.pk, new.pk)
+
+    rollout, after = roll_under_load(attempt, start)
+    assert rollout.state == "done" and rollout.replicas_updated == 2, rollout.reason
     assert serving.endpoint_metric(attempt, "controlplane_endpoint_failed_requests_total") == 0
-    assert {c for _, c in load.answers[seen:]} == {served_by(new)}
-    assert {c for _, c in load.answers} == {served_by(old), served_by(new)}
+    assert set(after) == {served_by(new)}
     # every replica listed serves the new model
     state = JobAttempt.objects.get(pk=attempt.pk).runner_state
     assert len(state["replicas"]) == 2 and not set(state["replicas"]) & set(attempt.runner_state["replicas"])
@@ -96,6 +107,9 @@ def test_a_rollout_under_load_moves_every_replica_to_the_new_checkpoint_with_no_
     shown = owner.client.get(f"/api/v1/jobs/{job.pk}/").json()["serving"]["rollout"]
     assert {k: shown[k] for k in ("state", "from", "to", "replicas_updated")} == {
         "state": "done", "from": old.pk, "to": new.pk, "replicas_updated": 2}
+    page = signed_in(owner).get(f"/jobs/{job.pk}/").content.decode()
+    assert (f'done: from the checkpoint of job <a href="/jobs/{old.pk}/">#{old.pk}</a> to that of job '
+            f'<a href="/jobs/{new.pk}/">#{new.pk}</a>, 2 replicas updated') in page
 
 
 def test_a_rollout_to_a_checkpoint_that_never_gets_ready_rolls_back_with_no_failed_request(serving_job, trained,
@@ -116,18 +130,13 @@ def test_a_rollout_to_a_checkpoint_that_never_gets_ready_rolls_back_with_no_fail
         assert (refused.status_code, refused.json()) == (400, {"checkpoint_from_job": [reason]})
     assert not ServingRollout.objects.exists()
 
-    load = Load(attempt.runner_state["endpoint"], clients=3, header="X-Checkpoint")
-    wait_until(lambda: len(load.answers) >= 10, 30, "answers under load")
-    answer = owner.client.post(url, {"checkpoint_from_job": empty.pk}, format="json")
-    assert answer.status_code == 202, answer.content
-    rollout = roll(attempt)
-    seen = len(load.answers)
-    wait_until(lambda: len(load.answers) >= seen + 10, 60, "answers after the roll back")
-    load.stop()
+    def start():
+        answer = owner.client.post(url, {"checkpoint_from_job": empty.pk}, format="json")
+        assert answer.status_code == 202, answer.content
 
+    rollout, after = roll_under_load(attempt, start)
     assert rollout.state == "rolled_back" and "ended before it was ready" in rollout.reason
-    assert load.errors == [] and {status for status, _ in load.answers} == {200}
-    assert {c for _, c in load.answers} == {served_by(old)}
+    assert set(after) == {served_by(old)}
     assert serving.endpoint_metric(attempt, "controlplane_endpoint_failed_requests_total") == 0
     job = Job.objects.get(pk=attempt.job_id)
     assert job.state == JobState.RUNNING and job.replicas == 2 and job.spec["checkpoint_from"] == old.pk
@@ -159,3 +168,39 @@ def test_a_rollout_request_is_checked_field_by_field(two_node_local_cluster, tea
     assert post(teammate.client, {"checkpoint_from_job": running.pk}).status_code == 403  # not its submitter
     assert post(outsider.client, {"checkpoint_from_job": theirs.pk}).status_code == 404  # another team's job
     assert not ServingRollout.objects.exists()
+
+
+def test_without_room_for_a_surge_each_old_replica_is_replaced_in_place_with_no_failed_request(
+        serving_job, trained, owner, teams):
+    old, new = trained("train-v1"), trained("train-v2")
+    attempt = serving_job(2, checkpoint_from=old.pk)
+    Quota.objects.filter(team=teams[0]).update(nominal_gpus=2, borrowing_limit_gpus=0)  # the two replicas: all
+    rollout, after = roll_under_load(
+        attempt, lambda: start_rollout(attempt.job_id, checkpoint_from_job_id=new.pk, actor=owner.user))
+    assert rollout.state == "done" and rollout.replicas_updated == 2, rollout.reason
+    assert set(after) == {served_by(new)}
+    job = Job.objects.get(pk=attempt.job_id)
+    assert job.replicas == 2 and JobAttempt.objects.get(pk=attempt.pk).gpus == 2
+    # nothing was admitted or released: each new replica took an old one's slot
+    assert not JobEvent.objects.filter(job=job, kind="scale").exists()
+
+
+def test_a_new_replica_not_ready_within_the_deadline_rolls_the_rollout_back(serving_job, trained, owner, settings):
+    settings.SERVING_ROLLOUT_READY_SECONDS = 600
+    old, new = trained("train-v1"), trained("train-v2")
+    attempt = serving_job(1, checkpoint_from=old.pk)
+    started = start_rollout(attempt.job_id, checkpoint_from_job_id=new.pk, actor=owner.user)
+    now = timezone.now()
+    assert [r["action"] for r in step_rollouts(now)] == ["started"]
+    pending = ServingRollout.objects.get(pk=started.pk).progress["pending"]
+    assert pending["surge"] and Job.objects.get(pk=attempt.job_id).replicas == 2  # admitted as a scale-up
+    # 601 s on, by the rollout's clock, the new replica still starting (a model that loads too slowly)
+    [result] = step_rollouts(now + dt.timedelta(seconds=601))
+    assert result["action"] == "rolled_back"
+    rollout = ServingRollout.objects.get(pk=started.pk)
+    assert rollout.state == "rolled_back" and f"new replica {pending['key']} not ready within 600 s" in rollout.reason
+    job = Job.objects.get(pk=attempt.job_id)
+    assert job.replicas == 1 and JobAttempt.objects.get(pk=attempt.pk).gpus == 1  # the surge released
+    assert job.spec["checkpoint_from"] == old.pk
+    assert requests.post(f"{attempt.runner_state['endpoint']}/generate", json=PROMPT, timeout=60).headers[
+        "X-Checkpoint"] == served_by(old)
