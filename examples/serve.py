@@ -13,6 +13,16 @@ Endpoints
     Every answer carries ``X-Checkpoint`` (the checkpoint file or store URL
     the model was loaded from) and ``X-Checkpoint-Step`` (its training step),
     so a client, or a rolling update, can tell which model served it.
+    ``GET /metrics``
+        The server's load in the Prometheus text format, which the platform
+        reads through the Kubernetes API server's pod proxy and sums over the
+        replicas for the autoscaler (``runners/kubernetes/serving_load.py``):
+        ``controlplane_server_requests_total`` (POST requests received),
+        ``controlplane_server_in_flight`` (being answered now),
+        ``controlplane_server_in_flight_seconds_total`` (requests in flight
+        integrated over time) and ``controlplane_server_clock_seconds`` (Unix
+        seconds, when read).
+
     ``POST /generate``
         Request JSON::
 
@@ -185,6 +195,50 @@ class Generator:
         return self.tokenizer.decode(generated), len(generated)
 
 
+class Load:
+    """The server's load counters (``GET /metrics``); thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests = 0
+        self.in_flight = 0
+        self._integral = 0.0  # request-seconds in flight up to ``_since``
+        self._since = time.monotonic()
+
+    def _advance(self, by: int) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._integral += self.in_flight * (now - self._since)
+            self._since = now
+            self.in_flight += by
+            self.requests += max(by, 0)
+
+    def begin(self) -> None:
+        """A request came in."""
+        self._advance(1)
+
+    def end(self) -> None:
+        """A request was answered."""
+        self._advance(-1)
+
+    def exposition(self) -> bytes:
+        """The counters in the Prometheus text format (version 0.0.4)."""
+        now = time.monotonic()
+        with self._lock:
+            integral = self._integral + self.in_flight * (now - self._since)
+            requests, in_flight = self.requests, self.in_flight
+        return (
+            "# TYPE controlplane_server_requests counter\n"
+            f"controlplane_server_requests_total {requests}\n"
+            "# TYPE controlplane_server_in_flight gauge\n"
+            f"controlplane_server_in_flight {in_flight}\n"
+            "# TYPE controlplane_server_in_flight_seconds counter\n"
+            f"controlplane_server_in_flight_seconds_total {integral:.6f}\n"
+            "# TYPE controlplane_server_clock_seconds gauge\n"
+            f"controlplane_server_clock_seconds {time.time():.6f}\n"
+        ).encode()
+
+
 #: How long a stopping server waits for the requests it is answering (seconds): below the local runner's kill grace
 #: (LOCAL_RUNNER_KILL_GRACE_SECONDS, 10 s) and Kubernetes' default terminationGracePeriodSeconds (30 s).
 DRAIN_SECONDS = 8.0
@@ -310,10 +364,13 @@ class Handler(BaseHTTPRequestHandler):
     # -- routes ------------------------------------------------------------- #
 
     def do_GET(self) -> None:  # noqa: N802 (http.server naming)
-        """``GET /healthz``."""
+        """``GET /healthz``, ``GET /metrics``."""
         path = self.path.split("?", 1)[0]
         if path == "/healthz":
             self._send(HTTPStatus.OK, b"ok", "text/plain; charset=utf-8")
+        elif path == "/metrics":
+            load: Load = self.server.load  # type: ignore[attr-defined]
+            self._send(HTTPStatus.OK, load.exposition(), "text/plain; version=0.0.4; charset=utf-8")
         elif path == "/generate":
             self._send_json(HTTPStatus.METHOD_NOT_ALLOWED, {"error": "method_not_allowed"}, {"Allow": "POST"})
         else:
@@ -322,7 +379,15 @@ class Handler(BaseHTTPRequestHandler):
     do_HEAD = do_GET
 
     def do_POST(self) -> None:  # noqa: N802
-        """``POST /generate``."""
+        """``POST /generate``, counted in the server's load while it is answered."""
+        load: Load = self.server.load  # type: ignore[attr-defined]
+        load.begin()
+        try:
+            self._post()
+        finally:
+            load.end()
+
+    def _post(self) -> None:
         path = self.path.split("?", 1)[0]
         if path != "/generate":
             if path == "/healthz":
@@ -443,6 +508,7 @@ def main(argv: list[str] | None = None) -> int:
 
     server = DrainingServer((args.host, args.port), Handler)
     server.generator = generator  # type: ignore[attr-defined]
+    server.load = Load()  # type: ignore[attr-defined]
 
     def stop(signum: int, _frame: Any) -> None:
         # shutdown() blocks until serve_forever returns, so call it off this thread.

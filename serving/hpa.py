@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from prometheus_client.parser import text_string_to_metric_families
+from core.exposition import unlabelled_values
 
 #: The HorizontalPodAutoscaler's default tolerance: no change while the metric is within 10% of the target.
 TOLERANCE = 0.1
@@ -84,16 +84,8 @@ _FAMILIES = {"controlplane_endpoint_requests": "requests", "controlplane_endpoin
 def parse_reading(text: str) -> Reading | None:
     """A Reading from a Prometheus exposition of the endpoint's counters; None when one of them is missing or the
     text does not parse."""
-    found: dict[str, float] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:  # by sample name: a counter's is its family's with ``_total``
-                field = _FAMILIES.get(sample.name.removesuffix("_total"))
-                if field is not None and not sample.labels:
-                    found[field] = float(sample.value)
-    except ValueError:
-        return None
-    if set(found) != set(_FAMILIES.values()):
+    found = unlabelled_values(text, _FAMILIES)
+    if found is None:
         return None
     return Reading(**found)
 

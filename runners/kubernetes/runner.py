@@ -52,6 +52,7 @@ from ..base import (
 from ..models import Node, installation_uid
 from . import manifests as m
 from .client import ApiError, ClusterClient, client_for
+from .serving_load import endpoint_exposition, parse_server_counters
 
 log = logging.getLogger(__name__)
 
@@ -287,6 +288,12 @@ def _conditions(obj: dict) -> dict[str, dict]:
 def _container_statuses(pod: dict) -> list[dict]:
     status = pod.get("status") or {}
     return (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
+
+
+def _serves(pod: dict) -> bool:
+    """Whether a serving replica's pod gets the Service's requests: Running, Ready, not being deleted."""
+    return ((pod.get("status") or {}).get("phase") == "Running" and not (pod.get("metadata") or {}).get(
+        "deletionTimestamp") and "Ready" in _conditions(pod))
 
 
 def pod_lost(pod: dict) -> Observation | None:
@@ -1546,6 +1553,48 @@ class KubernetesBackend(Backend):
         except (ApiError, ClusterUnreachable, urllib3.exceptions.HTTPError, OSError) as exc:
             log.info("workload metrics of %s not scraped: %s", attempt.object_name, exc)
             return None
+
+    def endpoint_load(self, attempt, timeout: float = SCRAPE_TIMEOUT_SECONDS) -> str | None:
+        """The exposition of serving ``attempt``'s endpoint counters (``Backend.endpoint_load``): each ready replica's
+        server counters (``serving_load``: ``GET /metrics`` on its serving port, ``spec.port``) read through the
+        API server's pod proxy as ``workload_exposition`` reads a training pod's, and summed
+        (``serving_load.endpoint_exposition``). Ready: Running, its Ready condition True, not being deleted (the
+        pods the Service sends requests to). Bounded: one LIST of the attempt's pods, then one proxy call per
+        ready replica within the client's connect timeout and ``timeout`` seconds of reading. A replica that does
+        not answer, answers anything but 200, or reports no counters is left out of the sum and logged (the
+        exposition's ``controlplane_endpoint_ready_replicas`` counts those read, ``..._replicas`` those asked).
+        None when the attempt is not a serving one, no replica is ready, none answered or the cluster does not
+        answer."""
+        if attempt.job.kind != "inference":
+            return None
+        c = client_for(attempt.cluster)
+        namespace = team_namespace(attempt.job.team.slug)
+        port = int((attempt.job.spec or {}).get("port") or 8000)
+        try:
+            pods = [p for p in self._pods(c, namespace, attempt_key(attempt)) if _serves(p)]
+        except ClusterUnreachable as exc:
+            log.info("endpoint load of %s not read: %s", attempt.object_name, exc)
+            return None
+        read, missed = [], []
+        for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+            name = pod["metadata"]["name"]
+            try:
+                answer = c.call(c.core.connect_get_namespaced_pod_proxy_with_path, f"{name}:{port}", namespace,
+                                m.METRICS_PATH.lstrip("/"), _preload_content=False,
+                                _request_timeout=(c.timeouts[0], min(timeout, c.timeouts[1])))
+                counters = (parse_server_counters(answer.data.decode("utf-8", "replace"))
+                            if answer.status == 200 else None)
+            except (ApiError, ClusterUnreachable, urllib3.exceptions.HTTPError, OSError) as exc:
+                counters = None
+                log.info("replica pod %s of %s did not answer for its counters: %s", name, attempt.object_name, exc)
+            if counters is None:
+                missed.append(name)
+            else:
+                read.append(counters)
+        if missed:
+            log.warning("endpoint load of %s: %d of %d ready replicas left out of the sum (no counters): %s",
+                        attempt.object_name, len(missed), len(pods), ", ".join(missed))
+        return endpoint_exposition(read, len(pods))
 
     def follow_logs(self, attempt, node: int = 0, tail_lines: int = 200, *, max_seconds: float | None = None,
                     poll_seconds: float | None = None) -> Iterator[str]:

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from runners.kubernetes.serving_load import parse_server_counters
 from tests.support.net import free_port
 
 from .workloads import REPO, SERVE, TRAIN, clean_env, kill
@@ -237,6 +238,15 @@ def test_serve_generates_and_rejects_bad_input(trained: dict[str, Any], tmp_path
         greedy = {"prompt": "def ", "max_new_tokens": 16, "temperature": 0}
         texts = [json.loads(http("POST", f"{base}/generate", greedy)[1])["text"] for _ in range(2)]
         assert texts[0] == texts[1]  # temperature 0 is greedy, hence deterministic
+
+        # its load, as the platform reads it on Kubernetes: 3 requests received, none in flight now
+        before = time.time()
+        status, body = http("GET", f"{base}/metrics")
+        assert status == 200
+        counters = parse_server_counters(body.decode())
+        assert counters is not None and (counters.requests, counters.in_flight) == (3, 0)
+        assert counters.in_flight_seconds > 0  # the 3 generations took some time
+        assert before <= counters.clock <= time.time()  # the server's wall clock, Unix seconds
 
         bad_requests = [
             ({"prompt": "x", "max_new_tokens": 513, "temperature": 1.0}, "max_new_tokens"),

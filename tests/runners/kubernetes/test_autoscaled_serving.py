@@ -11,6 +11,8 @@ platform's node rows, so admission books nodes and the test sees where each pod 
 from __future__ import annotations
 
 import datetime as dt
+import logging
+import math
 import time
 
 import pytest
@@ -25,7 +27,9 @@ from runners.base import PermanentDispatchError, backend_for
 from runners.kubernetes import manifests as m
 from runners.kubernetes.runner import workload
 from runners.kubernetes.sync import sync_cluster
-from serving.autoscaler import apply_replicas
+from runners.models import Cluster
+from serving.autoscaler import apply_replicas, autoscale
+from serving.hpa import parse_reading
 from serving.replicas import add_replica, release_replicas
 from tests.support import kube_scheduler
 from tests.support.clusters import load, state
@@ -66,13 +70,13 @@ def cluster(settings, catalog, teams):
         emulator.stop()
 
 
-def serving(teams, user, catalog, emulator, row, *, replicas=1, max_retries=0) -> JobAttempt:
-    """A serving job of alpha (``replicas`` replicas of one 8-GPU pod, autoscaled 1..3) admitted, dispatched and
-    seen RUNNING; its attempt, loaded."""
+def serving(teams, user, catalog, emulator, row, *, replicas=1, max_retries=0, scaling=None) -> JobAttempt:
+    """A serving job of alpha (``replicas`` replicas of one 8-GPU pod, autoscaled 1..3, or as ``scaling`` says)
+    admitted, dispatched and seen RUNNING; its attempt, loaded."""
     spec = {"image": "registry.example/serve:1", "command": SLEEP, "args": [], "env": {}, "replicas": replicas,
             "port": 8000, "resources": {"accelerator": "H100-80GB", "gpus_per_node": 8, "nodes": 1},
             "placement": {}, "max_retries": max_retries,
-            "autoscaling": {"min_replicas": 1, "max_replicas": 3, "target_in_flight_per_replica": 4}}
+            "autoscaling": scaling or {"min_replicas": 1, "max_replicas": 3, "target_in_flight_per_replica": 4}}
     job = make_job_row(teams[0], user, catalog["H100-80GB"], name="serve", kind="inference", spec=spec,
                        gpus_per_node=8, nodes=1, max_retries=max_retries)
     assert try_admit(job.pk) == "admitted"
@@ -320,3 +324,127 @@ def test_a_slot_booked_again_while_its_old_replica_still_goes_is_made_anew_on_th
     assert [p["spec"]["nodeName"] for p in replica_pods(emulator, attempt)["1"]] == [rebooked]
     with pytest.raises(PermanentDispatchError):
         backend.scale(attempt, 0)
+
+
+class ReplicaServers:
+    """The servers of a serving attempt's emulated replicas: each ready pod reports its counters on its serving port
+    at ``/metrics`` (the names ``examples/serve.py`` serves), under a load the test sets, spread evenly over them."""
+
+    def __init__(self, emulator, attempt: JobAttempt):
+        self.emulator, self.attempt = emulator, attempt
+        self.totals: dict[str, list[float]] = {}  # pod name -> [requests, request-seconds in flight]
+
+    def ready(self) -> list[str]:
+        return sorted(p["metadata"]["name"] for p in self.emulator.pods(self.attempt.pk)
+                      if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp"))
+
+    def report(self, at: float, mean: float, now: float, seconds: float = 15.0) -> list[str]:
+        """The interval of ``seconds`` up to ``at`` (Unix seconds) had ``mean`` requests in flight on average over
+        all ready replicas (each served its share for the whole interval, as many requests as request-seconds) and
+        ``now`` are in flight at ``at``; the pods that report, by name."""
+        names = self.ready()
+        for name in names:
+            totals = self.totals.setdefault(name, [0.0, 0.0])
+            totals[0] += mean / len(names) * seconds
+            totals[1] += mean / len(names) * seconds
+            self.emulator.serve_metrics(name, server_metrics(totals[0], now / len(names), totals[1], at), port=8000)
+        return names
+
+
+def server_metrics(requests: float, in_flight: float, in_flight_seconds: float, clock: float) -> str:
+    """A replica server's ``/metrics`` body, written out here in the Prometheus text format."""
+    return (f"# TYPE controlplane_server_requests counter\ncontrolplane_server_requests_total {requests}\n"
+            f"# TYPE controlplane_server_in_flight gauge\ncontrolplane_server_in_flight {in_flight}\n"
+            f"# TYPE controlplane_server_in_flight_seconds counter\n"
+            f"controlplane_server_in_flight_seconds_total {in_flight_seconds}\n"
+            f"# TYPE controlplane_server_clock_seconds gauge\ncontrolplane_server_clock_seconds {clock}\n")
+
+
+def hpa_recommendation(current: int, metric: float, target: float) -> int:
+    """The HorizontalPodAutoscaler's formula, written out here: ceil(current x metric / target), unchanged within
+    a tolerance of 0.1 of the target (kubernetes.io, Horizontal Pod Autoscaling, Algorithm details)."""
+    ratio = metric / target
+    return current if abs(ratio - 1) <= 0.1 else math.ceil(round(current * ratio, 9))
+
+
+def test_the_autoscaler_reads_the_replicas_counters_and_scales_1_3_1_by_the_hpa_rule(cluster, teams, user, catalog):
+    emulator, row = cluster
+    scaling = {"min_replicas": 1, "max_replicas": 3, "target_in_flight_per_replica": 4, "scale_up_delay_seconds": 0,
+               "scale_down_delay_seconds": 30}
+    attempt = serving(teams, user, catalog, emulator, row, scaling=scaling)
+    servers = ReplicaServers(emulator, attempt)
+    clock = timezone.now()
+    history: list[tuple[dt.datetime, int]] = []
+    previous: list[str] = []
+
+    def step(mean: float, now: float) -> dict:
+        """The replicas report an interval of ``mean`` in flight and ``now`` at its end; one pass 15 s later; its
+        decision checked against the rule computed here from what they reported."""
+        nonlocal clock, previous
+        clock += dt.timedelta(seconds=15)
+        reporting = servers.report(clock.timestamp(), mean, now)
+        current = Job.objects.get(pk=attempt.job_id).replicas
+        assert len(reporting) == current
+        Cluster.objects.filter(pk=row.pk).update(last_contact_at=clock)  # the cluster answered
+        [result] = autoscale(clock)
+        assert result["current"] == current, result
+        # the sums went back (a replica left) or there is no earlier reading: the requests in flight now; else the
+        # mean over the interval, from the increase of the summed integral over the clock's
+        metric = now if not previous or not set(previous) <= set(reporting) else mean
+        assert result["metric_per_replica"] == pytest.approx(metric / current)
+        expected = hpa_recommendation(current, metric / current, 4)
+        assert result["recommended"] == expected
+        window = [n for at, n in history if at > clock - dt.timedelta(seconds=30)] + [expected]
+        assert result["desired"] == max(1, min(3, min(max(current, expected), max(window)))), (result, history)
+        history.append((clock, expected))
+        previous = reporting
+        attempt_now = load(attempt.pk)
+        assert len(attempt_now.runner_state["replicas"]) == result["replicas"] == Job.objects.get(
+            pk=attempt.job_id).replicas
+        return result
+
+    assert step(2, 2)["replicas"] == 1  # the first reading: 2 in flight, half the target
+    assert step(12, 12)["replicas"] == 3  # 12 in flight on one replica: ceil(1 x 12 / 4) = 3
+    booked = load(attempt.pk).placement["nodes"]
+    assert len(booked) == 3 and [hostnames(d) for d in live_deployments(emulator, attempt)] == [[n] for n in booked]
+    assert step(12, 12)["replicas"] == 3  # 4 per replica: the target
+    assert step(2, 2)["replicas"] == 3  # recommends 1, but 3 was recommended within the 30 s window
+    assert step(2, 2)["replicas"] == 1  # the window passed: down to 1
+    assert [d["metadata"]["name"] for d in live_deployments(emulator, attempt)] == [f"{attempt.object_name}-0"]
+    assert step(2, 3)["replicas"] == 1  # the sums went back: the 3 in flight now, on one replica
+    assert [e.data["replicas"] for e in JobEvent.objects.filter(job_id=attempt.job_id, kind="scale")
+            .order_by("id")] == [2, 3, 1]
+
+
+def test_a_replica_that_does_not_answer_is_left_out_of_the_sum_and_said_so(cluster, teams, user, catalog, caplog):
+    emulator, row = cluster
+    attempt = serving(teams, user, catalog, emulator, row)
+    backend = backend_for(attempt.cluster)
+    now = timezone.now()
+    assert add_replica(attempt.job_id, now, {"desired": 2}) is None
+    assert apply_replicas(backend, load(attempt.pk), 2)
+    first, second = ReplicaServers(emulator, attempt).ready()
+    emulator.serve_metrics(first, server_metrics(10, 1, 7.5, 1000.0), port=8000)
+    emulator.serve_metrics(second, server_metrics(4, 2, 2.5, 1001.0), port=8000)
+    reading = parse_reading(backend.endpoint_load(load(attempt.pk)))
+    assert (reading.requests, reading.in_flight, reading.in_flight_seconds, reading.clock) == (14, 3, 10, 1001)
+
+    emulator.stop_serving(second)  # its server stopped listening: the API server's proxy answers 503
+    with caplog.at_level(logging.WARNING, logger="runners.kubernetes.runner"):
+        text = backend.endpoint_load(load(attempt.pk))
+    reading = parse_reading(text)
+    assert (reading.requests, reading.in_flight, reading.in_flight_seconds, reading.clock) == (10, 1, 7.5, 1000)
+    assert "controlplane_endpoint_ready_replicas 1.0" in text and "controlplane_endpoint_replicas 2.0" in text
+    assert second in caplog.text and "left out" in caplog.text
+
+    emulator.serve_metrics(second, server_metrics(4, 2, 2.5, 1001.0), port=8000)
+    slow = emulator.hold("GET", f"/pods/{second}")  # its node does not answer the API server in time
+    try:
+        reading = parse_reading(backend.endpoint_load(load(attempt.pk)))
+    finally:
+        slow.set()
+    assert (reading.requests, reading.in_flight, reading.in_flight_seconds, reading.clock) == (10, 1, 7.5, 1000)
+
+    emulator.serve_metrics(second, "# a server that reports no counters\n", port=8000)
+    emulator.stop_serving(first)
+    assert backend.endpoint_load(load(attempt.pk)) is None  # none answered with counters: no reading
