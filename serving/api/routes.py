@@ -5,4 +5,4 @@ from .views import RolloutViewSet
 
 def register_routes(router) -> None:
     """Mount ``jobs/<id>/rollout/`` (POST: start a rolling update of a serving job) on ``router`` (a DRF router)."""
-    router.register(r"jobs/(?P<pk>[^/.]+)/rollout", RolloutViewSet, basename="job-rollout")
+    router.register(r"jobs", RolloutViewSet, basename="job-rollout")

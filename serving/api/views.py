@@ -4,7 +4,8 @@ replica (``serving.rollout``). The job's state shows the rollout under ``serving
 from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework import mixins, serializers, status
+from rest_framework import serializers, status
+from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 
@@ -41,12 +42,13 @@ class RolloutSerializer(serializers.ModelSerializer):
         return data
 
 
-class RolloutViewSet(mixins.CreateModelMixin, ScopedGenericViewSet):
-    """Rolling updates of the user's teams' serving jobs; another team's job is a 404."""
+class RolloutViewSet(ScopedGenericViewSet):
+    """Rolling updates of the user's teams' serving jobs; another team's job is a 404. One action on a job, as
+    ``cancel`` is (mounted under the ``jobs`` prefix beside the jobs' own viewset)."""
 
     queryset = Job.objects.all()
     serializer_class = RolloutRequestSerializer
-    schema_summaries = {"create": "Roll a serving job out to another checkpoint"}
+    schema_summaries = {"rollout": "Roll a serving job out to another checkpoint"}
 
     def scope_queryset(self, queryset, user):
         return queryset.visible_to(user)
@@ -54,7 +56,8 @@ class RolloutViewSet(mixins.CreateModelMixin, ScopedGenericViewSet):
     @extend_schema(request=RolloutRequestSerializer,
                    responses={202: RolloutSerializer, 400: OpenApiResponse(description="field and reason"),
                               403: OpenApiResponse(description="not the submitter, a team admin or staff")})
-    def create(self, request, pk=None):
+    @action(detail=True, methods=["post"])
+    def rollout(self, request, pk=None):
         """Start moving the serving job to the checkpoint of training job ``checkpoint_from_job``, one replica
         at a time (202 with the rollout's state). Allowed to whoever may cancel the job (403 otherwise); 400 names
         the field and the reason (not a RUNNING serving job, not a SUCCEEDED training job of the team, the

@@ -182,6 +182,7 @@ VALID_BODIES = {
     ("jobs", "create"): pipeline_submission,
     ("jobs", "preview"): submission,
     ("jobs", "resubmit"): lambda: {"name": "train-again"},
+    ("jobs", "rollout"): lambda: {"checkpoint_from_job": 1},
     ("arrays", "create"): lambda: {**submission(), "array": {"grid": {"lr": [0.1, 0.01], "batch": [16, 32]},
                                                              "parallelism": 2}},
     ("quotas", "create"): lambda: {"team": "alpha", "accelerator": "A100-80GB", "nominal_gpus": 8},
