@@ -81,9 +81,21 @@ class ShapeHistory:
         """A history from ``(milli-GPUs per pod, CPU millicores, memory MiB, seen at)`` of each job (the snapshot's
         queued and live jobs), in any order."""
         history = cls(half_life_s, most)
+        observe = history.observe
         for milli, cpu, memory, at in sorted(jobs, key=lambda j: j[3]):
-            history.observe(milli, cpu, memory, at)
+            observe(milli, cpu, memory, at)
         return history
+
+
+def step_down(steps: list[int], value: int) -> int:
+    """The largest of ``steps`` (ascending) at most ``value``, else ``value`` itself.
+
+    ``share_fragment`` reads a node's free CPU (or memory) only as ``shape's CPU > node's free CPU``: with ``steps``
+    the shapes' CPU values, every shape compares alike against ``value`` and against its step (a shape at most
+    ``value`` is at most the largest such step; one above ``value`` is above it too), so nodes whose free amounts
+    share a step have the same fragmentation and one computation serves them all."""
+    j = bisect.bisect_right(steps, value)
+    return steps[j - 1] if j else value
 
 
 def job_milli(gpus_per_node: int, share_milli: int) -> int:
