@@ -68,6 +68,7 @@ class Evaluator:
     def __init__(self, teams: dict[int, TeamState], cohorts: CohortBook, room: Room, victims: VictimSearch, memo):
         self.teams, self.cohorts, self.room, self.victims = teams, cohorts, room, victims
         self._never, self._cheapest, self._quota, self._waits = memo.never, memo.cheapest, memo.quota, memo.waits
+        self._full = memo.full
         # the cohort book's tables (it never replaces them), read in the hot path without an attribute look-up
         self._team_gen, self._released, self._cohort_gen = cohorts.team_gen, cohorts.released, cohorts.cohort_gen
         self._lendable, self._borrowed = cohorts.lendable, cohorts.borrowed
@@ -213,9 +214,15 @@ class Evaluator:
                 found = (offer, nodes)
         if found is None:
             if not cohort_ok:
-                full = cpu_cohort_full if job.cpu_only else cohort_full
-                return Waiting.because(job, full(job, used, q, self._lendable.get(ckey, 0),
-                                                 self._borrowed.get(ckey, 0)))
+                # the same verdict for every job of the team asking as much while the cohort's borrowed amount
+                # and the team's usage stay (the lendable pool and the team's quota are fixed)
+                borrowed = self._borrowed.get(ckey, 0)
+                fkey = (job.team_id, acc, job.cpu_only, amount, used, borrowed)
+                verdict = self._full.get(fkey)
+                if verdict is None:
+                    full = cpu_cohort_full if job.cpu_only else cohort_full
+                    verdict = self._full[fkey] = full(job, used, q, self._lendable.get(ckey, 0), borrowed)
+                return Waiting.because(job, verdict)
             if failed_role is not None:  # it holds nothing meanwhile, and its reason names the role
                 return Waiting.because(job, room.gang_no_room(job, acc, pools, failed_role))
             return Waiting.because(job, room.no_room_verdict(job, acc, pools, pids))

@@ -57,18 +57,26 @@ class ShapeHistory:
     def observe(self, milli: int, cpu_milli: int, memory_mib: int, at: float, weight: float = 1.0) -> None:
         """Count one task of ``milli`` milli-GPUs per pod (whole GPUs x 1000), ``cpu_milli`` and ``memory_mib`` per
         pod, seen at ``at`` (seconds). A task asking no GPU is not counted: it strands no GPU capacity."""
-        if milli <= 0:
-            return
-        if self.ref is None:
-            self.ref = at
-        age = (at - self.ref) / self.half_life_s
-        if age > RESCALE_HALF_LIVES:
-            fade = math.pow(0.5, age)
-            self.counts = {k: v * fade for k, v in self.counts.items() if v * fade >= FORGET_BELOW}
-            self.ref, age = at, 0.0
-        key = (milli, cpu_milli, memory_mib)
-        self.counts[key] = self.counts.get(key, 0.0) + weight * math.pow(2.0, age)
-        self.version += 1
+        self.observe_all(((milli, cpu_milli, memory_mib, at),), weight)
+
+    def observe_all(self, tasks, weight: float = 1.0) -> None:
+        """``observe`` each of ``tasks`` (``(milli-GPUs, CPU millicores, memory MiB, seen at)``), in their order."""
+        counts, ref, half_life_s, seen = self.counts, self.ref, self.half_life_s, 0
+        for milli, cpu_milli, memory_mib, at in tasks:
+            if milli <= 0:
+                continue
+            if ref is None:
+                ref = at
+            age = (at - ref) / half_life_s
+            if age > RESCALE_HALF_LIVES:
+                fade = math.pow(0.5, age)
+                counts = {k: v * fade for k, v in counts.items() if v * fade >= FORGET_BELOW}
+                ref, age = at, 0.0
+            key = (milli, cpu_milli, memory_mib)
+            counts[key] = counts.get(key, 0.0) + weight * math.pow(2.0, age)
+            seen += 1
+        self.counts, self.ref = counts, ref
+        self.version += seen
 
     def shapes(self) -> tuple[MilliShape, ...]:
         """The ``most`` heaviest shapes with their decayed counts (relative weights), heaviest first (ties by
@@ -81,9 +89,19 @@ class ShapeHistory:
         """A history from ``(milli-GPUs per pod, CPU millicores, memory MiB, seen at)`` of each job (the snapshot's
         queued and live jobs), in any order."""
         history = cls(half_life_s, most)
-        for milli, cpu, memory, at in sorted(jobs, key=lambda j: j[3]):
-            history.observe(milli, cpu, memory, at)
+        history.observe_all(sorted(jobs, key=lambda j: j[3]))
         return history
+
+
+def step_down(steps: list[int], value: int) -> int:
+    """The largest of ``steps`` (ascending) at most ``value``, else ``value`` itself.
+
+    ``share_fragment`` reads a node's free CPU (or memory) only as ``shape's CPU > node's free CPU``: with ``steps``
+    the shapes' CPU values, every shape compares alike against ``value`` and against its step (a shape at most
+    ``value`` is at most the largest such step; one above ``value`` is above it too), so nodes whose free amounts
+    share a step have the same fragmentation and one computation serves them all."""
+    j = bisect.bisect_right(steps, value)
+    return steps[j - 1] if j else value
 
 
 def job_milli(gpus_per_node: int, share_milli: int) -> int:
@@ -135,17 +153,19 @@ def share_fragment(node: NodeGpus, workload) -> float:
         return 0.0
     usable, prefix = node.usable, node.prefix
     top = usable[-1] if usable else 0
+    node_cpu, node_memory, lost, whole = node.cpu, node.memory, node.stranded, node.whole
+    partly = lost + prefix[len(usable) - whole]  # what a task of whole GPUs cannot use when it fits
     for milli, cpu, memory, weight in workload:
         total_weight += weight
-        if cpu > node.cpu or memory > node.memory:
+        if cpu > node_cpu or memory > node_memory:
             stranded += weight * free
         elif milli < MILLI_PER_GPU:
             if top < milli:
                 stranded += weight * free
             else:
-                stranded += weight * (node.stranded + prefix[bisect.bisect_left(usable, milli)])
-        elif node.whole >= milli // MILLI_PER_GPU:
-            stranded += weight * (node.stranded + prefix[len(usable) - node.whole])
+                stranded += weight * (lost + prefix[bisect.bisect_left(usable, milli)])
+        elif whole >= milli // MILLI_PER_GPU:
+            stranded += weight * partly
         else:
             stranded += weight * free
     return stranded / total_weight if total_weight > 0 else 0.0

@@ -31,6 +31,7 @@ TABLES = (
     "never",        # (team, accelerator, CPU-only, amount) -> verdict that rejects for good, or None (quotas fixed)
     "cheapest",     # (accelerator, run time, shape) -> estimate on its cheapest matching pool
     "estimates",    # (shape, run time, pool) -> (offer, USD)
+    "full",         # (team, accelerator, CPU-only, amount, team's usage, cohort's borrowed) -> the wait for the cohort
     # Facts stamped with generations.
     "no_room",      # ((accelerator, shape), pool ids) -> (taken[acc], capacity verdict); stamp None: this run's
     "failed",       # (accelerator, preemptible, pool ids) -> (released[acc], least shapes that did not fit)

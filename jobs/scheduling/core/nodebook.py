@@ -12,7 +12,7 @@ from collections import Counter
 
 from core.gpus import MILLI_PER_GPU
 
-from .fragmentation import NodeGpus, ShapeHistory, job_milli, share_fragment
+from .fragmentation import NodeGpus, ShapeHistory, job_milli, share_fragment, step_down
 from .placement import UNLIMITED, PlacementRequest, PoolOffer, matches, pods_on, price_order
 
 
@@ -87,7 +87,7 @@ class _PoolNodes:
 
     __slots__ = ("offer", "names", "index", "gpus", "free_g", "free_c", "free_m", "domain", "sched", "buckets",
                  "failed", "domains", "free_total", "suspect", "shares", "slices", "mig", "mixed", "held",
-                 "any_mixed", "ver", "choices")
+                 "any_mixed", "ver", "choices", "tick", "log", "ranks")
 
     def __init__(self, offer: PoolOffer):
         rooms = offer.rooms()
@@ -111,6 +111,11 @@ class _PoolNodes:
         # (node, share, CPU, memory) -> (count, shapes' version, ``NodeBook._share_choice``)
         self.ver = [0] * len(rooms)
         self.choices: dict[tuple[int, int, int, int], tuple] = {}
+        # the nodes changed, in order (``tick`` changes in all; the log keeps the latest ones), and per shape of a
+        # shared request the nodes' keys for it with the tick they were read at (``NodeBook._share_node``)
+        self.tick = 0
+        self.log: list[int] = []
+        self.ranks: dict[tuple, list] = {}
         self.free_c = [n.free_cpu_milli for n in rooms]
         self.free_m = [n.free_memory_mib for n in rooms]
         self.domain = [n.domain for n in rooms]
@@ -136,6 +141,10 @@ class _PoolNodes:
     def move(self, i: int, dg: int, dc: int, dm: int) -> None:
         """Change node ``i``'s free resources by the deltas, keeping its bucket."""
         self.ver[i] += 1
+        self.tick += 1
+        self.log.append(i)
+        if len(self.log) > 2 * len(self.names):
+            del self.log[:len(self.log) - len(self.names)]
         if self.sched[i]:
             bucket = self.buckets[self.free_g[i]]
             del bucket[bisect.bisect_left(bucket, (self.free_c[i], self.free_m[i], i))]
@@ -209,6 +218,11 @@ class NodeBook:
         self._milli_shapes: tuple = ()
         self._milli_version = -1
         self._milli_fragment: dict[tuple, float] = {}
+        # the CPU and memory values of the shapes scored, ascending (``fragmentation.step_down``)
+        self._cpu_steps: list[int] = []
+        self._memory_steps: list[int] = []
+        # a node's state and a share's shape -> ``_share_choice`` for the shapes scored now
+        self._choice_by_state: dict[tuple, tuple | None] = {}
         self.pools: dict[int, _PoolNodes] = _LazyPools(offers)
         self.workload: list[WorkloadShape] = [s for s in workload if s[0] > 0]
         self._shapes = {s[:3] for s in self.workload}
@@ -265,12 +279,18 @@ class NodeBook:
     def milli_shapes(self) -> tuple:
         """The shapes FGD scores shares for (``fragmentation.ShapeHistory.shapes``), refreshed from the history
         once ``SHAPE_REFRESH`` more jobs were seen (or when empty), so the remembered scores stay valid between."""
+        history = self._history
+        if history is not None and history.version == self._milli_version:  # nothing seen since: as they are
+            return self._milli_shapes
         history = self.history
         if history.version != self._milli_version and (
                 not self._milli_shapes or history.version - self._milli_version >= SHAPE_REFRESH):
             self._milli_shapes = history.shapes()
             self._milli_version = history.version
             self._milli_fragment.clear()
+            self._choice_by_state.clear()
+            self._cpu_steps = sorted({s[1] for s in self._milli_shapes})
+            self._memory_steps = sorted({s[2] for s in self._milli_shapes})
         return self._milli_shapes
 
     def whole_scored(self, p: _PoolNodes) -> bool:
@@ -286,9 +306,17 @@ class NodeBook:
 
     def node_fragment(self, shares, slices, cpu_milli: int, memory_mib: int, whole_ok: bool) -> float:
         """``fragmentation.share_fragment`` (milli-GPUs) of a node with these free shares and slices per GPU, free
-        CPU and memory, for the shapes seen (remembered by the node's state)."""
-        key = (tuple(sorted((f, s > 0) for f, s in zip(shares, slices, strict=True) if f > 0)), cpu_milli,
-               memory_mib, whole_ok)
+        CPU and memory, for the shapes seen (remembered by the node's state, its CPU and memory by their steps:
+        ``fragmentation.step_down``)."""
+        cpu_milli, memory_mib = step_down(self._cpu_steps, cpu_milli), step_down(self._memory_steps, memory_mib)
+        # what ``NodeGpus`` reads: the free shares of GPUs with a free slice (sorted; a GPU with none free adds
+        # nothing) and the free milli-GPUs of those without (stranded)
+        if min(slices, default=1) > 0:
+            key = (tuple(sorted(shares)), 0, cpu_milli, memory_mib, whole_ok)
+        else:
+            key = (tuple(sorted(f for f, s in zip(shares, slices, strict=True) if f > 0 and s > 0)),
+                   sum(f for f, s in zip(shares, slices, strict=True) if f > 0 and s <= 0), cpu_milli, memory_mib,
+                   whole_ok)
         found = self._milli_fragment.get(key)
         if found is None:
             found = self._milli_fragment[key] = share_fragment(
@@ -305,6 +333,22 @@ class NodeBook:
         if known is not None and known[0] == p.ver[i] and known[1] == self._milli_version:
             return known[2]
         c, m, whole_ok = p.free_c[i], p.free_m[i], p.mixed[i]
+        # nodes in the same state (the same free shares and slices per GPU, CPU and memory) choose alike: a
+        # pass's many nodes still empty, or filled alike, are read once
+        self.milli_shapes()
+        rc, rm, cpu, memory = request.cpu_milli, request.memory_mib, self._cpu_steps, self._memory_steps
+        state = (tuple(shares), tuple(slices), whole_ok, d, step_down(cpu, c), step_down(cpu, c - rc),
+                 step_down(memory, m), step_down(memory, m - rm))
+        best = self._choice_by_state.get(state, self)
+        if best is self:
+            best = self._choice_by_state[state] = self._share_choice_of(shares, slices, c, m, whole_ok, request)
+        p.choices[key] = (p.ver[i], self._milli_version, best)
+        return best
+
+    def _share_choice_of(self, shares, slices, c: int, m: int, whole_ok: bool, request: PlacementRequest
+                         ) -> tuple[float, int, int] | None:
+        """``_share_choice`` of a node with free ``shares`` and ``slices`` per GPU, ``c`` CPU and ``m`` memory free."""
+        d = request.share_milli
         before = None
         best = None
         tried = set()
@@ -313,7 +357,6 @@ class NodeBook:
                 continue
             tried.add((free, slices[k]))
             if before is None:
-                self.milli_shapes()
                 before = self.node_fragment(shares, slices, c, m, whole_ok)
             after_s, after_l = list(shares), list(slices)
             after_s[k] -= d
@@ -323,7 +366,6 @@ class NodeBook:
             choice = (growth, free - d, k)
             if best is None or choice < best:
                 best = choice
-        p.choices[key] = (p.ver[i], self._milli_version, best)
         return best
 
     def _share_gpu(self, p: _PoolNodes, i: int, request: PlacementRequest) -> int | None:
@@ -470,34 +512,77 @@ class NodeBook:
         for its share (``_gpu_for``: the least free share left first), healthy nodes before suspect ones, then
         the least free CPU and memory, then the pool's order; None when none has room. When shares are scored
         (``share_scored``), the node and GPU whose fragmentation grows least come first (``_share_choice``), then
-        the order above."""
-        c, m = request.cpu_milli, request.memory_mib
-        best, best_key = None, None
+        the order above.
+
+        Each node's key (``_share_key``) is remembered per request shape and read again only for the nodes changed
+        since (``_PoolNodes.log``) or, for all, when the shapes scored changed: the answer is ``_share_node_scan``'s,
+        the plain scan of every node, at a pass's cost of one key per node changed instead of one per node."""
         scored = self.share_scored(request)
+        shape = (scored, request.share_milli, request.mig_profile, request.cpu_milli, request.memory_mib)
+        rank = p.ranks.get(shape)
+        version = self._milli_version if scored else None
+        behind = None if rank is None or rank[1] != version else p.tick - rank[0]
+        if behind == 0:
+            return rank[3]
+        if behind is None or behind > len(p.log):
+            keys = self._share_keys(p, request, scored)
+        else:
+            keys = rank[2]
+            for i in set(p.log[len(p.log) - behind:]):
+                keys[i] = self._share_key(p, i, request, scored)
+        best = min(filter(None, keys), default=None)
+        found = None if best is None else best[-1]
+        p.ranks[shape] = (p.tick, version, keys, found)
+        return found
+
+    def _share_keys(self, p: _PoolNodes, request: PlacementRequest, scored: bool) -> list[tuple | None]:
+        """``_share_key`` of every node of the pool. When shares are scored, nodes in the same state (free shares
+        and slices per GPU, CPU, memory, whether they take work and whole GPUs) rank alike but for their index and
+        whether they are suspect: one is read, the others take its key."""
+        if not scored:
+            return [self._share_key(p, i, request, scored) for i in range(len(p.names))]
+        keys: list[tuple | None] = []
+        alike: dict[tuple, tuple | None] = {}
+        shares, slices, free_c, free_m, mixed, sched, suspect = (p.shares, p.slices, p.free_c, p.free_m, p.mixed,
+                                                                 p.sched, p.suspect)
         for i in range(len(p.names)):
-            if not p.sched[i] or p.free_c[i] < c or p.free_m[i] < m:
-                continue
-            if scored:
-                found = self._share_choice(p, i, request)
-                if found is None:
-                    continue
-                key = (i in p.suspect, found[0], found[1], p.free_c[i], p.free_m[i], i)
-                if best_key is None or key < best_key:
-                    best, best_key = i, key
-                continue
-            if request.mig_profile:
-                room = p.mig[i].get(request.mig_profile, 0)
-                if room <= 0:
-                    continue
-            else:
-                k = self._gpu_for(p, i, request)
-                if k is None:
-                    continue
-                room = p.shares[i][k] - request.share_milli
-            key = (i in p.suspect, room, p.free_c[i], p.free_m[i], i)
-            if best_key is None or key < best_key:
-                best, best_key = i, key
-        return best
+            state = (tuple(shares[i]), tuple(slices[i]), free_c[i], free_m[i], mixed[i], sched[i])
+            key = alike.get(state, self)
+            if key is self:
+                key = alike[state] = self._share_key(p, i, request, scored)
+            elif key is not None:
+                key = (i in suspect, *key[1:-1], i)
+            keys.append(key)
+        return keys
+
+    def _share_node_scan(self, p: _PoolNodes, request: PlacementRequest) -> int | None:
+        """``_share_node`` read from every node's key afresh, nothing remembered: the reference it must agree
+        with."""
+        scored = self.share_scored(request)
+        keys = [k for k in (self._share_key(p, i, request, scored) for i in range(len(p.names))) if k is not None]
+        return min(keys)[-1] if keys else None
+
+    def _share_key(self, p: _PoolNodes, i: int, request: PlacementRequest, scored: bool) -> tuple | None:
+        """Node ``i``'s rank for the one pod of a shared ``request`` (lower first; its index last), or None when it
+        cannot hold it now (``_share_node``)."""
+        c, m = request.cpu_milli, request.memory_mib
+        if not p.sched[i] or p.free_c[i] < c or p.free_m[i] < m:
+            return None
+        if scored:
+            found = self._share_choice(p, i, request)
+            if found is None:
+                return None
+            return (i in p.suspect, found[0], found[1], p.free_c[i], p.free_m[i], i)
+        if request.mig_profile:
+            room = p.mig[i].get(request.mig_profile, 0)
+            if room <= 0:
+                return None
+        else:
+            k = self._gpu_for(p, i, request)
+            if k is None:
+                return None
+            room = p.shares[i][k] - request.share_milli
+        return (i in p.suspect, room, p.free_c[i], p.free_m[i], i)
 
     def _take_share(self, p: _PoolNodes, i: int, request: PlacementRequest, sign: int, gpu: int | None = None
                     ) -> None:
