@@ -16,8 +16,8 @@ documentation, "Deployments", "Rolling Update Deployment"), the surge admitted l
    ``progressDeadlineSeconds``): rolled back: the pending replica is retired (its surge released, or an old one
    started again in its slot) and every new replica made ready so far is replaced in place by one on the old
    checkpoint; ``rollout_rolled_back``;
-4. no old replica left: a pinning backend's surge retired and released (below), the job's ``spec.checkpoint_from`` becomes the new job (a later attempt or replica loads
-   it), ``done``, ``rollout_done``.
+4. no old replica left: a pinning backend's surge retired and released (below), the job's
+   ``spec.checkpoint_from`` becomes the new job (a later attempt or replica loads it), ``done``, ``rollout_done``.
 
 On a backend that pins replica ``i`` to the node booked ``i``-th (``Backend.pins_replicas``: Kubernetes, a
 Deployment per replica), retiring the oldest replica while ``release_replicas`` gives back the last booking would
