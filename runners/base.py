@@ -305,6 +305,10 @@ class Backend:
     #: Whether the backend moves a running serving attempt to another checkpoint replica by replica (the four
     #: methods below, driven by ``serving.rollout``).
     rolls_out: ClassVar[bool] = False
+    #: Whether replica ``i`` of a serving attempt runs on the ``i``-th node of its booking
+    #: (``placement["nodes"]``), so that only the last replica may be released: a rollout then keeps its surge
+    #: and updates each old replica in its own slot (``serving.rollout``).
+    pins_replicas: ClassVar[bool] = False
 
     def replica_keys(self, attempt) -> list[str]:
         """The keys of serving ``attempt``'s live replicas, oldest first (a ``LostReplica.key`` each)."""

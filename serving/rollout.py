@@ -16,8 +16,15 @@ documentation, "Deployments", "Rolling Update Deployment"), the surge admitted l
    ``progressDeadlineSeconds``): rolled back: the pending replica is retired (its surge released, or an old one
    started again in its slot) and every new replica made ready so far is replaced in place by one on the old
    checkpoint; ``rollout_rolled_back``;
-4. no old replica left: the job's ``spec.checkpoint_from`` becomes the new job (a later attempt or replica loads
-   it), ``done``, ``rollout_done``.
+4. no old replica left: a pinning backend's surge retired and released (below), the job's
+   ``spec.checkpoint_from`` becomes the new job (a later attempt or replica loads it), ``done``, ``rollout_done``.
+
+On a backend that pins replica ``i`` to the node booked ``i``-th (``Backend.pins_replicas``: Kubernetes, a
+Deployment per replica), retiring the oldest replica while ``release_replicas`` gives back the last booking would
+leave a pod on a node its booking no longer holds. There, the surge (the last slot) stays once ready; each old
+replica in turn is updated in its own slot (``start_rollout_replica(..., in_place_of=old)``, its node and booking
+unchanged) and waited for; with none left the surge is retired and released (the last booking: its own). A roll
+back retires and releases the surge too.
 
 The autoscaler leaves a job alone while its rollout runs. Requests go to ready replicas only (the endpoint's
 rule), so a new replica gets none until ready and a retired one none once it is out of the list.
@@ -161,6 +168,10 @@ def step_rollout(rollout: ServingRollout, now: dt.datetime) -> str:
                                                                        f"within {ready_deadline_seconds():.0f} s")
             return _save(rollout, "waiting", note=f"new replica {pending['key']} starting")
         live = set(backend.replica_keys(attempt))
+        if pending.get("surge") and backend.pins_replicas:  # kept until every old replica is updated in place
+            progress["surge"] = pending["key"]
+            progress["pending"] = None
+            return _save(rollout, "updated")
         if pending.get("surge"):
             old = next((k for k in progress["old"] if k in live), None)
             if old is not None:
@@ -172,11 +183,19 @@ def step_rollout(rollout: ServingRollout, now: dt.datetime) -> str:
         rollout.replicas_updated += 1
         return _save(rollout, "updated")
     live = backend.replica_keys(attempt)
-    progress["old"] = [k for k in live if k not in progress["new"]]  # a lost old replica's replacement is old too
+    surge = progress.get("surge")
+    # A lost old replica's replacement is old too; a pinning backend's surge is neither old nor kept.
+    progress["old"] = [k for k in live if k not in progress["new"] and k != surge]
     if not progress["old"]:
+        _retire_surge(rollout, job, attempt, backend, now)
         _keep(attempt, backend.finish_rollout(attempt, rollout.to_job_id))
         return _finish(rollout, job, attempt, ServingRollout.State.DONE,
                        f"{rollout.replicas_updated} replica(s) serve the checkpoint of job {rollout.to_job_id}")
+    if surge:  # a pinning backend: the surge keeps the capacity while each old replica is updated in its slot
+        old = progress["old"].pop(0)
+        key = backend.start_rollout_replica(attempt, rollout.to_job_id, in_place_of=old)
+        progress["pending"] = {"key": key, "since": now.isoformat(), "surge": False, "in_place_of": old}
+        return _save(rollout, "started", note="")
     booked = progress.get("booked")
     if not booked:
         verdict = add_replica(job.pk, now, {"desired": job.replicas + 1, "rollout": rollout.pk})
@@ -213,8 +232,20 @@ def _roll_back(rollout: ServingRollout, job: Job, attempt: JobAttempt, backend, 
     for key in progress["new"]:
         _settled(backend, attempt, backend.start_rollout_replica(attempt, rollout.from_job_id, in_place_of=key))
     progress["pending"] = None
+    _retire_surge(rollout, job, attempt, backend, now)
     return _finish(rollout, job, attempt, ServingRollout.State.ROLLED_BACK,
                    f"{why}; the replicas serve the checkpoint of job {rollout.from_job_id} again")
+
+
+def _retire_surge(rollout: ServingRollout, job: Job, attempt: JobAttempt, backend, now: dt.datetime) -> None:
+    """A pinning backend's surge replica (``progress["surge"]``, the last slot), if any: retired, then its booking
+    released (``release_replicas`` gives back the last booked node: the surge's, so booking and pods agree)."""
+    surge = rollout.progress.get("surge")
+    if not surge:
+        return
+    _keep(attempt, backend.retire_replica(attempt, surge))
+    release_replicas(job.pk, now, {"desired": job.replicas - 1, "rollout": rollout.pk})
+    rollout.progress["surge"] = None
 
 
 def _settled(backend, attempt: JobAttempt, key: str) -> None:

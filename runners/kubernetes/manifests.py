@@ -35,6 +35,10 @@ LABEL_INSTALLATION = "controlplane.io/installation"
 # What a restored control plane needs to rebuild the attempt's rows (JSON: team, submitter, job spec and columns,
 # node pool, price), on the Job or Deployment; and the ConfigMap that records an attempt's end (``end_record``).
 RECORD_ANNOTATION = "controlplane.io/record"
+# A serving replica's pod template: the training job whose checkpoint it loads (what a rollout changes per replica).
+CHECKPOINT_ANNOTATION = "controlplane.io/checkpoint-job"
+# A serving replica's Deployment started by a rollout and not yet ready: its end is the rollout's to judge.
+PROBATION_ANNOTATION = "controlplane.io/rollout-probation"
 END_RECORD_LABEL = "controlplane.io/end-of"
 END_RECORD_PREFIX = "end-"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -548,10 +552,12 @@ def inference_deployment(w: Workload, index: int = 0) -> dict:
     booked for it, which one template for all cannot say, and a scale-down deletes the Deployments of exactly the
     released replicas, whose nodes the booking gave back (a Deployment scaled down picks the pods to delete by
     its own ranking, ``controller.kubernetes.io/pod-deletion-cost`` only a hint). A lost pod (evicted, deleted,
-    its node drained) is replaced by its Deployment on the same node. ``strategy: Recreate``: the template never
-    changes, and if it did no surge pod would ask for GPUs the booking does not hold.
+    its node drained) is replaced by its Deployment on the same node. ``strategy: Recreate``: when a rollout
+    changes the template (another checkpoint), the old pod goes before the new one is made on the same node, so no
+    surge pod asks for GPUs the booking does not hold.
 
-    Checkpoints: ``/checkpoints`` read-only (``checkpoint_volume``).
+    Checkpoints: ``/checkpoints`` read-only (``checkpoint_volume``), the job named by ``checkpoint_job_id``, also
+    in the pod template's ``CHECKPOINT_ANNOTATION``.
     """
     r = replica_workload(w, index)
     env = _platform_env(r) + [{"name": "PORT", "value": str(r.port)}]
@@ -562,7 +568,8 @@ def inference_deployment(w: Workload, index: int = 0) -> dict:
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _metadata(r, owner=True),
         "spec": {
             "replicas": 1, "selector": {"matchLabels": r.owner_selector}, "strategy": {"type": "Recreate"},
-            "template": {"metadata": {"labels": dict(r.labels)},
+            "template": {"metadata": {"labels": dict(r.labels),
+                                      "annotations": {CHECKPOINT_ANNOTATION: str(r.checkpoint_job_id or r.job_id)}},
                          "spec": {"containers": [container], "volumes": [checkpoint_volume(r, read_only=True)],
                                   **_scheduling(r)}},
         },

@@ -613,8 +613,16 @@ def _multi_role_phase(jobs: dict[str, dict], by_role: dict[str, list[dict]], rol
 
 def serving_replicas(deployments: list[dict]) -> list[dict]:
     """The replica Deployments of a serving attempt that serve on: those not being deleted (a scale-down deletes
-    the released replicas' ones, Foreground, their pods first)."""
-    return [d for d in deployments if not (d.get("metadata") or {}).get("deletionTimestamp")]
+    the released replicas' ones, Foreground, their pods first) nor on a rollout's probation (``_on_probation``:
+    the rollout judges its pod)."""
+    return [d for d in deployments if not (d.get("metadata") or {}).get("deletionTimestamp")
+            and not _on_probation(d)]
+
+
+def _on_probation(deployment: dict) -> bool:
+    """Whether a serving replica's Deployment was started by a rollout and is not ready yet
+    (``manifests.PROBATION_ANNOTATION``): its pod's end is the rollout's to judge, no loss of the attempt."""
+    return m.PROBATION_ANNOTATION in ((deployment.get("metadata") or {}).get("annotations") or {})
 
 
 def _replica_of(obj: dict) -> str | None:
@@ -922,6 +930,146 @@ class KubernetesBackend(Backend):
         except ClusterUnreachable as exc:
             raise TransientDispatchError(f"cluster {attempt.cluster.name} unreachable: {exc}") from exc
         return dict(attempt.runner_state or {})
+
+    # --- rollouts (serving.rollout) ------------------------------------------------------------------------------
+
+    rolls_out = True
+    pins_replicas = True
+
+    def replica_keys(self, attempt) -> list[str]:
+        """The replica indexes of serving ``attempt`` whose Deployments serve on (not being deleted, not on a
+        rollout's probation: ``PROBATION_ANNOTATION``), in index order (the slot booked first first), as strings.
+        Raises TransientDispatchError when the cluster does not answer."""
+        return [str(i) for i, d in sorted(self._replica_deployments(attempt).items())
+                if not d["metadata"].get("deletionTimestamp") and not _on_probation(d)]
+
+    def start_rollout_replica(self, attempt, checkpoint_job_id: int, *, in_place_of: str | None = None) -> str:
+        """A replica of serving ``attempt`` on the checkpoint of job ``checkpoint_job_id``
+        (``Backend.start_rollout_replica``; ``manifests.inference_deployment`` with that job's claim subPath,
+        CHECKPOINT_URI and ``CHECKPOINT_ANNOTATION``). Without ``in_place_of``: the Deployment of the last booked
+        slot (the surge ``serving.replicas.add_replica`` appended to ``placement["nodes"]``), created. With it: the
+        Deployment of slot ``in_place_of`` gets the new pod template (PUT at the version read, so a concurrent
+        change answers 409 and the step is tried again); ``strategy: Recreate`` stops its pod, then starts the new
+        one on the same booked node. A replica on another checkpoint than the job's own
+        (``spec.checkpoint_from``, else the job) is on probation (``PROBATION_ANNOTATION``: observe leaves its
+        end to the rollout) until ``settle_rollout_replica`` finds it ready; one back on the job's own (a roll
+        back) is not. Returns the slot's index. Raises PermanentDispatchError (not a serving attempt, a slot
+        that is not live), TransientDispatchError (the cluster does not answer, a conflict)."""
+        job = attempt.job
+        if job.kind != "inference":
+            raise PermanentDispatchError(f"{attempt.object_name} is not a serving attempt")
+        attempt.refresh_from_db(fields=["placement", "gpus"])  # the surge's booking is newer than the caller's copy
+        job.refresh_from_db(fields=["replicas", "spec"])
+        w = workload(attempt)
+        w = dataclasses.replace(
+            w, checkpoint_job_id=checkpoint_job_id,
+            checkpoint_uri=m.checkpoint_uri(settings.CHECKPOINT_STORE_URI, job.team.slug, checkpoint_job_id))
+        index = job.replicas - 1 if in_place_of is None else int(in_place_of)
+        manifest = m.inference_deployment(w, index)
+        if checkpoint_job_id != ((job.spec or {}).get("checkpoint_from") or job.pk):
+            manifest["metadata"].setdefault("annotations", {})[m.PROBATION_ANNOTATION] = "true"
+        name = manifest["metadata"]["name"]
+        try:
+            c = client_for(attempt.cluster)
+            if in_place_of is None:
+                self._create(c, w, manifest)
+                return str(index)
+            existing = self._read(c, "Deployment", name, w.namespace)
+            if existing is None or existing["metadata"].get("deletionTimestamp") or _key_of(existing) != _key_of(
+                    manifest):
+                raise PermanentDispatchError(f"{in_place_of!r} is no live replica of {attempt.object_name}")
+            manifest["metadata"]["resourceVersion"] = existing["metadata"].get("resourceVersion")
+            c.replace(f"/apis/apps/v1/namespaces/{quote(w.namespace, safe='')}/deployments/{quote(name, safe='')}",
+                      manifest)
+        except _NamespaceMissing as exc:
+            raise TransientDispatchError(f"namespace {w.namespace} is gone; {name} cannot be made") from exc
+        except ApiError as exc:
+            raise _dispatch_error(exc, f"updating Deployment {w.namespace}/{name}") from exc
+        except ClusterUnreachable as exc:
+            raise TransientDispatchError(f"cluster {attempt.cluster.name} unreachable: {exc}") from exc
+        return str(index)
+
+    def settle_rollout_replica(self, attempt, key: str) -> str:
+        """Where slot ``key`` of serving ``attempt`` stands (``Backend.settle_rollout_replica``), from the pod of
+        its Deployment's current template (the same ``CHECKPOINT_ANNOTATION``; a pod of the template before, still
+        terminating, is not it): ``ready`` (Running and Ready, not being deleted: the Service routes to it; it
+        leaves probation), ``failed`` (its Deployment gone or being deleted; its pod ended, taken away, crashed or
+        in CrashLoopBackOff, or its image not pulled), else ``starting``. Raises TransientDispatchError when the
+        cluster does not answer."""
+        deployment = self._replica_deployments(attempt).get(int(key))
+        if deployment is None or deployment["metadata"].get("deletionTimestamp"):
+            return "failed"
+        template = ((deployment.get("spec") or {}).get("template") or {}).get("metadata") or {}
+        wanted = (template.get("annotations") or {}).get(m.CHECKPOINT_ANNOTATION)
+        namespace = deployment["metadata"]["namespace"]
+        try:
+            c = client_for(attempt.cluster)
+            pods = [p for p in self._pods(c, namespace, attempt_key(attempt)) if _replica_of(p) == key
+                    and ((p["metadata"].get("annotations") or {}).get(m.CHECKPOINT_ANNOTATION) == wanted)]
+        except ClusterUnreachable as exc:
+            raise TransientDispatchError(f"cluster {attempt.cluster.name} unreachable: {exc}") from exc
+        now = timezone.now()
+        for pod in pods:
+            if (pod_lost(pod) or pod_deleted(pod) or serving_crash(pod) or pod_failure(pod)
+                    or image_pull_failure(pod, now, 0.0)) is not None:
+                return "failed"
+        if not any(_serves(p) for p in pods):
+            return "starting"
+        if _on_probation(deployment):
+            body = json.loads(json.dumps(deployment))
+            del body["metadata"]["annotations"][m.PROBATION_ANNOTATION]
+            body.pop("status", None)
+            name = deployment["metadata"]["name"]
+            try:
+                c.replace(f"/apis/apps/v1/namespaces/{quote(namespace, safe='')}/deployments/{quote(name, safe='')}",
+                          body)
+            except ApiError as exc:
+                raise _dispatch_error(exc, f"taking Deployment {namespace}/{name} off probation") from exc
+            except ClusterUnreachable as exc:
+                raise TransientDispatchError(f"cluster {attempt.cluster.name} unreachable: {exc}") from exc
+        return "ready"
+
+    def retire_replica(self, attempt, key: str) -> dict:
+        """Delete the Deployment of slot ``key`` of serving ``attempt`` (Foreground: its pod first, out of the
+        Service as it terminates); idempotent; its new ``runner_state`` without it. Its booking is the caller's
+        to release (``serving.replicas.release_replicas``: the last slot's). Raises TransientDispatchError when
+        the cluster does not answer."""
+        name = m.replica_name(attempt.object_name, int(key))
+        namespace = team_namespace(attempt.job.team.slug)
+        try:
+            self._delete_deployment(client_for(attempt.cluster), namespace, name)
+        except ClusterUnreachable as exc:
+            raise TransientDispatchError(f"cluster {attempt.cluster.name} unreachable: {exc}") from exc
+        state = dict(attempt.runner_state or {})
+        state["replicas"] = [n for n in state.get("replicas") or () if n != name]
+        state["objects"] = [o for o in state.get("objects") or () if list(o) != ["Deployment", name]]
+        return state
+
+    def finish_rollout(self, attempt, checkpoint_job_id: int) -> dict:
+        """Nothing to change on the cluster: each replica's Deployment names its checkpoint, and replicas made
+        from now on (scale-ups, the next attempt) take theirs from the job's ``spec.checkpoint_from``, which
+        ``serving.rollout`` sets when the rollout is done; ``runner_state`` records the checkpoint job."""
+        return {**(attempt.runner_state or {}), "checkpoint_job": checkpoint_job_id}
+
+    def _replica_deployments(self, attempt) -> dict[int, dict]:
+        """The replica Deployments of serving ``attempt``, by index (one LIST by label in its namespace). Raises
+        PermanentDispatchError for an attempt made with one Deployment of all its replicas, TransientDispatchError
+        when the cluster does not answer."""
+        namespace = team_namespace(attempt.job.team.slug)
+        key = attempt_key(attempt)
+        try:
+            c = client_for(attempt.cluster)
+            answer = c.call(c.apps.list_namespaced_deployment, namespace, label_selector=_selector_of(key),
+                            _preload_content=False)
+            listed = [d for d in _list_items(answer, "listing Deployments") if _key_of(d) == key]
+        except ApiError as exc:
+            raise _dispatch_error(exc, f"listing the Deployments of {attempt.object_name}") from exc
+        except ClusterUnreachable as exc:
+            raise TransientDispatchError(f"cluster {attempt.cluster.name} unreachable: {exc}") from exc
+        if any(_replica_of(d) is None for d in listed):
+            raise PermanentDispatchError(f"{attempt.object_name} runs one Deployment of all its replicas; it is not "
+                                         f"rolled out replica by replica")
+        return {int(_replica_of(d)): d for d in listed}
 
     def _delete_deployment(self, c: ClusterClient, namespace: str, name: str) -> None:
         """DELETE the Deployment ``namespace/name``, Foreground (its pods first); one gone already is left."""

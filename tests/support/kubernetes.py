@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
+import hashlib
 import http.server
 import json
 import random
@@ -1209,11 +1210,25 @@ class ClusterEmulator:
 
     def _control_deployment(self, deployment: dict, now: float) -> None:
         want = int(deployment["spec"].get("replicas", 1))
+        # The pod-template-hash: of the template, so a changed template is told from the pods made before it.
+        template_hash = hashlib.sha256(json.dumps(deployment["spec"]["template"], sort_keys=True).encode()
+                                       ).hexdigest()[:10]
+        owned = self._owned_pods(deployment)
+        stale = [p for p in owned if (p["metadata"].get("labels") or {}).get("pod-template-hash") != template_hash]
+        if stale:  # strategy Recreate (what the platform uses): the old pods go before a new one is made
+            for pod in stale:
+                if not pod["metadata"].get("deletionTimestamp"):
+                    self._retire_pod(pod, now)
+            if any((p["metadata"].get("labels") or {}).get("pod-template-hash") != template_hash
+                   for p in self._owned_pods(deployment)):
+                deployment["status"] = {"replicas": 0, "readyReplicas": 0, "availableReplicas": 0,
+                                        "updatedReplicas": 0, "observedGeneration": 1}
+                self._touch(deployment)
+                return
         pods = [p for p in self._owned_pods(deployment) if not p["metadata"].get("deletionTimestamp")
                 and p["status"].get("phase") in ("Pending", "Running")]
         for pod in pods[want:]:
             self._delete("Pod", (pod["metadata"]["namespace"], pod["metadata"]["name"]), cascade=False, now=now)
-        template_hash = deployment["metadata"]["uid"][:10]
         for _ in range(want - len(pods)):
             name = f"{deployment['metadata']['name']}-{template_hash}-{uuid.uuid4().hex[:5]}"
             pods.append(self._new_pod(deployment, name, deployment["spec"]["template"], now,
@@ -1223,6 +1238,18 @@ class ClusterEmulator:
         deployment["status"] = {"replicas": len(pods[:want]), "readyReplicas": ready, "availableReplicas": ready,
                                 "updatedReplicas": len(pods[:want]), "observedGeneration": 1}
         self._touch(deployment)
+
+    def _retire_pod(self, pod: dict, now: float) -> None:
+        """A controller deletes ``pod``: Terminating for ``termination_grace`` while it runs (its GPUs held until
+        ``step`` ends it), else gone at once."""
+        key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
+        if self.termination_grace > 0 and pod["status"].get("phase") == "Running":
+            pod["_grace_until"] = pod.get("_grace_until", now + self.termination_grace)
+            pod["metadata"].setdefault("deletionTimestamp", micro_time(pod["_grace_until"]))
+            pod["metadata"].setdefault("deletionGracePeriodSeconds", int(self.termination_grace))
+            self._touch(pod)
+            return
+        self._delete("Pod", key, cascade=False, now=now)
 
     # --- what the cluster saw ---------------------------------------------------------------------------------
 

@@ -139,7 +139,8 @@ def test_without_a_metrics_port_or_for_serving_no_metrics_port_is_declared(kind,
             (container,) = template["spec"]["containers"]
             assert all(p["name"] != "metrics" for p in container.get("ports") or [])
             assert all(e["name"] != "CONTROLPLANE_METRICS_PORT" for e in container["env"])
-            assert "annotations" not in template["metadata"]
+            # No scrape annotations (a serving replica's template names its checkpoint job, nothing else).
+            assert not any(k.startswith("prometheus.io/") for k in template["metadata"].get("annotations") or {})
 
 
 @pytest.mark.parametrize("path", ["/healthz", "/v1/ready"])
