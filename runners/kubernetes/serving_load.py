@@ -54,7 +54,7 @@ LATENCY_BUCKET = "controlplane_server_request_duration_seconds_bucket"
 @dataclasses.dataclass(frozen=True)
 class ServerCounters:
     """One replica's counters: ``requests`` (total), ``in_flight`` (now), ``in_flight_seconds`` (request-seconds,
-    total) and ``clock`` (Unix seconds); for the figures, None when the server does not report them: ``errors``
+    total) and ``clock`` (Unix seconds); ``replica``: its name (its pod's); for the figures, None when the server does not report them: ``errors``
     (5xx answers, total), ``tokens`` (generated, total) and ``buckets`` (its latency histogram, ``{le seconds
     (float, ``math.inf`` last): cumulative count}``)."""
 
@@ -65,6 +65,7 @@ class ServerCounters:
     errors: float | None = None
     tokens: float | None = None
     buckets: dict[float, float] | None = None
+    replica: str = ""
 
     def figures(self) -> bool:
         """Whether the server reports the figures' counters (all of them, with a ``+Inf`` bucket)."""
@@ -72,9 +73,9 @@ class ServerCounters:
                 and math.inf in self.buckets)
 
 
-def parse_server_counters(text: str) -> ServerCounters | None:
-    """A replica's ``ServerCounters`` from its ``/metrics`` body; None when one family is missing (a server that
-    does not report them) or the text does not parse."""
+def parse_server_counters(text: str, replica: str = "") -> ServerCounters | None:
+    """Replica ``replica``'s ``ServerCounters`` from its ``/metrics`` body; None when one of the load's families is
+    missing (a server that does not report them) or the text does not parse."""
     found = unlabelled_values(text, SERVER_FAMILIES)
     if found is None:
         return None
@@ -90,7 +91,7 @@ def parse_server_counters(text: str) -> ServerCounters | None:
                     buckets[float(sample.labels["le"])] = float(sample.value)
                 except ValueError:
                     return None
-    return ServerCounters(**found, **figures, buckets=buckets or None)
+    return ServerCounters(**found, **figures, buckets=buckets or None, replica=replica)
 
 
 def summed_buckets(counters: list[ServerCounters]) -> list[tuple[str, float]]:
@@ -129,9 +130,32 @@ class _Sum:
                                   value=sum(c.errors for c in self.counters))
         yield CounterMetricFamily("controlplane_endpoint_generated_tokens", "Tokens the ready replicas generated.",
                                   value=sum(c.tokens for c in self.counters))
+        shared = summed_buckets(self.counters)
         yield HistogramMetricFamily("controlplane_endpoint_request_duration_seconds",
                                     "Seconds from a request read to its answer written, summed over the ready "
-                                    "replicas by bound.", buckets=summed_buckets(self.counters), sum_value=None)
+                                    "replicas by bound.", buckets=shared, sum_value=None)
+        yield from _per_replica(self.counters, [le for le, _ in shared])
+
+
+def _per_replica(counters: list[ServerCounters], bounds: list[str]):
+    """Each replica's figures' counters, labelled ``replica``, over the shared ``bounds``: the sample recorder
+    takes each one's increase on its own (``serving.figures.interval_sample``), so one that leaves or restarts
+    does not read as a reset of the others."""
+    served = CounterMetricFamily("controlplane_endpoint_replica_requests", "Requests each replica received.",
+                                 labels=["replica"])
+    errors = CounterMetricFamily("controlplane_endpoint_replica_errors", "Answers of each replica with a 5xx status.",
+                                 labels=["replica"])
+    tokens = CounterMetricFamily("controlplane_endpoint_replica_generated_tokens", "Tokens each replica generated.",
+                                 labels=["replica"])
+    histogram = HistogramMetricFamily("controlplane_endpoint_replica_request_duration_seconds",
+                                      "Each replica's latency histogram.", labels=["replica"])
+    for c in counters:
+        served.add_metric([c.replica], c.requests)
+        errors.add_metric([c.replica], c.errors)
+        tokens.add_metric([c.replica], c.tokens)
+        histogram.add_metric([c.replica], [(le, c.buckets[math.inf if le == "+Inf" else float(le)]) for le in bounds],
+                             None)
+    yield from (served, errors, tokens, histogram)
 
 
 def endpoint_exposition(counters: list[ServerCounters], asked: int) -> str | None:

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from costs.ledger import accrue_attempt
 from jobs.lifecycle import cancel_job, dispatch, finish_cancel
-from jobs.models import Job, JobAttempt, JobEvent, JobState
+from jobs.models import Job, JobAttempt, JobEvent, JobState, ServingSample
 from jobs.reconcile import expire_end_records, reconcile_cluster
 from jobs.scheduling.passes import try_admit
 from quotas.models import Quota
@@ -515,3 +515,26 @@ def test_two_replicas_counters_are_summed_into_the_job_s_figures(cluster, teams,
     assert figures["latency_p50_ms"] == pytest.approx(1000 * quantile(0.5, answered), abs=1e-3)
     assert figures["latency_p99_ms"] == pytest.approx(1000 * quantile(0.99, answered), abs=1e-3)
     assert figures["error_rate_percent"] == pytest.approx(100 * 5 / 20, abs=1e-4)
+
+    def last_sample(served: dict[str, tuple[list[float], int, int]]) -> ServingSample:
+        """The replicas in ``served`` report ``(latencies, errors, tokens)``, the others do not answer; one pass."""
+        nonlocal clock
+        for name in (first, second):
+            if name in served:
+                emulator.serve_metrics(name, figure_metrics(*served[name], clock.timestamp()), port=8000)
+            else:
+                emulator.stop_serving(name)
+        clock += dt.timedelta(seconds=15)
+        Cluster.objects.filter(pk=row.pk).update(last_contact_at=clock)
+        autoscale(clock)
+        return ServingSample.objects.filter(job_id=attempt.job_id).latest("at")
+
+    # the second replica leaves: the sums go down, yet the first's increase alone is what was served (its 1 request
+    # not read yet and 2 more), not its whole count again as a reset of the sum would make it
+    left = last_sample({first: (fed[first] + [0.5, 0.5], errors[first], tokens[first])})
+    assert (left.requests, left.errors, left.tokens) == (3, 1, 64)
+    assert left.latency_buckets["0.1"] == 1 and left.latency_buckets["0.5"] == left.latency_buckets["+Inf"] == 3
+    # the first restarts: its counters begin again, and what it served since is counted from 0
+    restarted = last_sample({first: ([0.02, 9.0], 1, 5)})
+    assert (restarted.requests, restarted.errors, restarted.tokens) == (2, 1, 5)
+    assert restarted.latency_buckets["0.025"] == 1 and restarted.latency_buckets["10.0"] == 2
