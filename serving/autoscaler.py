@@ -95,7 +95,7 @@ def record_sample(state: ServingScale, job: Job, text: str, now: dt.datetime) ->
     ServingSample.objects.create(job=job, at=now, seconds=max(0.0, seconds), replicas=job.replicas,
                                  ready_replicas=totals.ready_replicas, **sample)
     ServingSample.objects.filter(job=job, at__lt=now - SAMPLE_RETENTION).delete()
-    return {"figures": totals.as_kept(), "figures_at": now.timestamp()}
+    return {"figures": totals.as_kept(kept.get("figures")), "figures_at": now.timestamp()}
 
 
 def scale_job(job: Job, now: dt.datetime) -> dict:

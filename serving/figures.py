@@ -25,6 +25,9 @@ _READY = "controlplane_endpoint_ready_replicas"
 _PER_REPLICA = {"controlplane_endpoint_replica_requests": "requests", "controlplane_endpoint_replica_errors": "errors",
                 "controlplane_endpoint_replica_generated_tokens": "tokens"}
 _REPLICA_BUCKET = "controlplane_endpoint_replica_request_duration_seconds_bucket"
+#: How many readings a replica not shown is kept for (20 passes of 15 s: 5 minutes); one gone longer that comes back
+#: is counted from 0 again.
+UNSEEN_KEPT = 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,11 +45,18 @@ class Totals:
     ready_replicas: int | None
     replicas: dict[str, dict] | None = None
 
-    def as_kept(self) -> dict:
+    def as_kept(self, previous: dict | None = None) -> dict:
         """What the pass keeps for the next interval: ``{"requests", "errors", "tokens", "buckets"}``, and
-        ``"replicas"`` when the endpoint showed them."""
+        ``"replicas"`` when the endpoint showed them: those shown now, and those of ``previous`` (what the pass
+        before kept) not shown now, each with ``"unseen"`` (readings since it was shown) up to ``UNSEEN_KEPT``, so
+        a replica left out of a reading (it did not answer) and back in the next is not counted from 0 again."""
         kept = {"requests": self.requests, "errors": self.errors, "tokens": self.tokens, "buckets": self.buckets}
-        return kept if self.replicas is None else {**kept, "replicas": self.replicas}
+        if self.replicas is None:
+            return kept
+        absent = {name: {**one, "unseen": one.get("unseen", 0) + 1}
+                  for name, one in ((previous or {}).get("replicas") or {}).items()
+                  if name not in self.replicas and one.get("unseen", 0) < UNSEEN_KEPT}
+        return {**kept, "replicas": {**absent, **self.replicas}}
 
 
 def parse_totals(text: str) -> Totals | None:

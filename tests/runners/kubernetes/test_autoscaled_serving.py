@@ -529,11 +529,17 @@ def test_two_replicas_counters_are_summed_into_the_job_s_figures(cluster, teams,
         autoscale(clock)
         return ServingSample.objects.filter(job_id=attempt.job_id).latest("at")
 
-    # the second replica leaves: the sums go down, yet the first's increase alone is what was served (its 1 request
-    # not read yet and 2 more), not its whole count again as a reset of the sum would make it
-    left = last_sample({first: (fed[first] + [0.5, 0.5], errors[first], tokens[first])})
+    # the second replica does not answer (as one that left): the sums go down, yet the first's increase alone is
+    # what was served (its 1 request not read yet and 2 more), not its whole count again as a reset of the sum
+    fed[first] += [0.5, 0.5]
+    left = last_sample({first: (fed[first], errors[first], tokens[first])})
     assert (left.requests, left.errors, left.tokens) == (3, 1, 64)
     assert left.latency_buckets["0.1"] == 1 and left.latency_buckets["0.5"] == left.latency_buckets["+Inf"] == 3
+    # it answers again: what it served since it was last read (2 requests, 1 error, 64 tokens), not its whole count
+    back = last_sample({first: (fed[first], errors[first], tokens[first]),
+                        second: (fed[second], errors[second], tokens[second])})
+    assert (back.requests, back.errors, back.tokens) == (2, 1, 64)
+    assert back.latency_buckets["0.25"] == 1 and back.latency_buckets["30.0"] == back.latency_buckets["+Inf"] == 2
     # the first restarts: its counters begin again, and what it served since is counted from 0
     restarted = last_sample({first: ([0.02, 9.0], 1, 5)})
     assert (restarted.requests, restarted.errors, restarted.tokens) == (2, 1, 5)
