@@ -27,8 +27,10 @@ it served. The clock is the latest of the replicas' clocks (wall clocks: the nod
 so intervals between two readings are the same on each); the autoscaler divides the sums' increase by the clock's.
 A replica that joined since the last reading brings what it served since it started, all within the interval; one
 that left (or did not answer) makes the sums go back, which the autoscaler takes as a fresh reading
-(``serving.hpa.load``: the requests in flight now); the sample recorder takes such a decrease as a restart
-(``serving.figures.interval_sample``, Prometheus' ``increase()``): docs/adr/0041 says what that costs. No Django here.
+(``serving.hpa.load``: the requests in flight now). For the figures the exposition also shows each replica's
+counters labelled ``replica`` (its pod's name), so the sample recorder takes each one's increase on its own
+(``serving.figures.interval_sample``) and a replica that leaves or restarts is no reset of the others; what is lost
+is in docs/adr/0041-autoscaled-serving.md. No Django here.
 """
 
 from __future__ import annotations
