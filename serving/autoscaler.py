@@ -82,8 +82,8 @@ def keep_sample(state: ServingScale, job: Job, backend: Backend, now: dt.datetim
 def record_sample(state: ServingScale, job: Job, text: str, now: dt.datetime) -> dict:
     """Keep what ``job``'s endpoint served since the last pass (``text``: its exposition; ``state.sample``: what the
     last pass kept) as a ``ServingSample`` at ``now``, and drop the job's samples older than ``SAMPLE_RETENTION``.
-    Returns what to keep for the next pass: ``{"figures": Totals.as_kept(), "figures_at": unix seconds}``, or {}
-    when the exposition has no figures (an endpoint that does not count them)."""
+    Returns what to keep for the next pass: ``{"figures": Totals.as_kept(what the last pass kept), "figures_at":
+    unix seconds}``, or {} when the exposition has no figures (an endpoint that does not count them)."""
     totals = parse_totals(text)
     if totals is None:
         return {}
