@@ -21,7 +21,12 @@ Endpoints
         ``controlplane_server_in_flight`` (being answered now),
         ``controlplane_server_in_flight_seconds_total`` (requests in flight
         integrated over time) and ``controlplane_server_clock_seconds`` (Unix
-        seconds, when read).
+        seconds, when read); for the service's figures,
+        ``controlplane_server_request_duration_seconds`` (a histogram of the
+        seconds from a POST request read to its answer written: cumulative
+        ``_bucket{le}`` counts over ``LATENCY_BUCKETS``, ``_sum``, ``_count``),
+        ``controlplane_server_errors_total`` (POST answers with a 5xx status)
+        and ``controlplane_server_generated_tokens_total`` (tokens generated).
 
     ``POST /generate``
         Request JSON::
@@ -110,6 +115,11 @@ MAX_TEMPERATURE = 10.0
 MAX_PROMPT_CHARS = 10_000
 MAX_BODY_BYTES = 64 * 1024
 ALLOWED_FIELDS = ("prompt", "max_new_tokens", "temperature", "seed")
+#: Upper bounds (seconds) of the latency histogram's buckets, the platform's endpoint's own
+#: (``runners/local/endpoint.py``, ``LATENCY_BUCKETS``: prometheus_client's default buckets, 5 ms to 10 s, and 30,
+#: 60, 120 and 300 s for long generations), so the replicas' buckets sum bound by bound; ``+Inf`` is added when shown.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 30.0, 60.0,
+                   120.0, 300.0)
 
 
 class RequestError(ValueError):
@@ -196,12 +206,16 @@ class Generator:
 
 
 class Load:
-    """The server's load counters (``GET /metrics``); thread-safe."""
+    """The server's load counters and its answers' figures (``GET /metrics``); thread-safe."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.requests = 0
         self.in_flight = 0
+        self.errors = 0
+        self.tokens = 0
+        self.latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)  # per bucket, not cumulative; the last is +Inf
+        self.latency_sum = 0.0
         self._integral = 0.0  # request-seconds in flight up to ``_since``
         self._since = time.monotonic()
 
@@ -221,12 +235,28 @@ class Load:
         """A request was answered."""
         self._advance(-1)
 
+    def observe(self, seconds: float, status: int, tokens: int = 0) -> None:
+        """Count one answer of ``status`` written ``seconds`` after its request was read, with ``tokens``
+        generated: the latency histogram (a bucket's bound is inclusive, Prometheus' ``le``), a 5xx as an error."""
+        index = next((i for i, bound in enumerate(LATENCY_BUCKETS) if seconds <= bound), len(LATENCY_BUCKETS))
+        with self._lock:
+            self.latency_counts[index] += 1
+            self.latency_sum += seconds
+            self.errors += status >= 500
+            self.tokens += tokens
+
     def exposition(self) -> bytes:
         """The counters in the Prometheus text format (version 0.0.4)."""
         now = time.monotonic()
         with self._lock:
             integral = self._integral + self.in_flight * (now - self._since)
-            requests, in_flight = self.requests, self.in_flight
+            requests, in_flight, errors, tokens = self.requests, self.in_flight, self.errors, self.tokens
+            counts, latency_sum = list(self.latency_counts), self.latency_sum
+        histogram, cumulative = [], 0
+        for bound, count in zip((*LATENCY_BUCKETS, math.inf), counts, strict=True):
+            cumulative += count
+            le = "+Inf" if math.isinf(bound) else repr(bound)
+            histogram.append(f'controlplane_server_request_duration_seconds_bucket{{le="{le}"}} {cumulative}\n')
         return (
             "# TYPE controlplane_server_requests counter\n"
             f"controlplane_server_requests_total {requests}\n"
@@ -236,6 +266,14 @@ class Load:
             f"controlplane_server_in_flight_seconds_total {integral:.6f}\n"
             "# TYPE controlplane_server_clock_seconds gauge\n"
             f"controlplane_server_clock_seconds {time.time():.6f}\n"
+            "# TYPE controlplane_server_errors counter\n"
+            f"controlplane_server_errors_total {errors}\n"
+            "# TYPE controlplane_server_generated_tokens counter\n"
+            f"controlplane_server_generated_tokens_total {tokens}\n"
+            "# TYPE controlplane_server_request_duration_seconds histogram\n"
+            + "".join(histogram)
+            + f"controlplane_server_request_duration_seconds_sum {latency_sum:.6f}\n"
+            f"controlplane_server_request_duration_seconds_count {cumulative}\n"
         ).encode()
 
 
@@ -302,6 +340,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        self._status = 0  # the status of the answer being written (send_response), 0 before one
+        self._tokens = 0  # tokens generated for it
         self._counted = True  # the connection's first request was counted at its accept (DrainingServer)
 
     def handle_one_request(self) -> None:
@@ -322,6 +362,10 @@ class Handler(BaseHTTPRequestHandler):
         return parsed
 
     # -- helpers ------------------------------------------------------------ #
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        self._status = code
+        super().send_response(code, message)
 
     def _send(self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
         self.send_response(status)
@@ -379,13 +423,17 @@ class Handler(BaseHTTPRequestHandler):
     do_HEAD = do_GET
 
     def do_POST(self) -> None:  # noqa: N802
-        """``POST /generate``, counted in the server's load while it is answered."""
+        """``POST /generate``, counted in the server's load while it is answered, and in the figures once answered
+        (from its request line and headers read to its answer written; an answer never written counts as a 500)."""
         load: Load = self.server.load  # type: ignore[attr-defined]
         load.begin()
+        started = time.monotonic()
+        self._status, self._tokens = 0, 0
         try:
             self._post()
         finally:
             load.end()
+            load.observe(time.monotonic() - started, self._status or 500, self._tokens)
 
     def _post(self) -> None:
         path = self.path.split("?", 1)[0]
@@ -404,6 +452,7 @@ class Handler(BaseHTTPRequestHandler):
         started = time.perf_counter()
         try:
             text, tokens = generator.complete(**request)
+            self._tokens = tokens
         except Exception as exc:  # noqa: BLE001 -- report, keep serving
             self.log_error("generation failed: %r", exc)
             self._send_json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": "internal_error", "reason": str(exc)})

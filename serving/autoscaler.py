@@ -82,8 +82,8 @@ def keep_sample(state: ServingScale, job: Job, backend: Backend, now: dt.datetim
 def record_sample(state: ServingScale, job: Job, text: str, now: dt.datetime) -> dict:
     """Keep what ``job``'s endpoint served since the last pass (``text``: its exposition; ``state.sample``: what the
     last pass kept) as a ``ServingSample`` at ``now``, and drop the job's samples older than ``SAMPLE_RETENTION``.
-    Returns what to keep for the next pass: ``{"figures": Totals.as_kept(), "figures_at": unix seconds}``, or {}
-    when the exposition has no figures (an endpoint that does not count them)."""
+    Returns what to keep for the next pass: ``{"figures": Totals.as_kept(what the last pass kept), "figures_at":
+    unix seconds}``, or {} when the exposition has no figures (an endpoint that does not count them)."""
     totals = parse_totals(text)
     if totals is None:
         return {}
@@ -95,7 +95,7 @@ def record_sample(state: ServingScale, job: Job, text: str, now: dt.datetime) ->
     ServingSample.objects.create(job=job, at=now, seconds=max(0.0, seconds), replicas=job.replicas,
                                  ready_replicas=totals.ready_replicas, **sample)
     ServingSample.objects.filter(job=job, at__lt=now - SAMPLE_RETENTION).delete()
-    return {"figures": totals.as_kept(), "figures_at": now.timestamp()}
+    return {"figures": totals.as_kept(kept.get("figures")), "figures_at": now.timestamp()}
 
 
 def scale_job(job: Job, now: dt.datetime) -> dict:

@@ -1730,7 +1730,7 @@ class KubernetesBackend(Backend):
                 answer = c.call(c.core.connect_get_namespaced_pod_proxy_with_path, f"{name}:{port}", namespace,
                                 m.METRICS_PATH.lstrip("/"), _preload_content=False,
                                 _request_timeout=(c.timeouts[0], min(timeout, c.timeouts[1])))
-                counters = (parse_server_counters(answer.data.decode("utf-8", "replace"))
+                counters = (parse_server_counters(answer.data.decode("utf-8", "replace"), name)
                             if answer.status == 200 else None)
             except (ApiError, ClusterUnreachable, urllib3.exceptions.HTTPError, OSError) as exc:
                 counters = None

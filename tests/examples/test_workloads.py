@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from runners.kubernetes.serving_load import parse_server_counters
+from runners.local.endpoint import LATENCY_BUCKETS
 from tests.support.net import free_port
 
 from .workloads import REPO, SERVE, TRAIN, clean_env, kill
@@ -228,16 +230,23 @@ def test_serve_generates_and_rejects_bad_input(trained: dict[str, Any], tmp_path
             time.sleep(0.2)
         assert body == b"ok"
 
-        status, body = http("POST", f"{base}/generate",
-                            {"prompt": "The ", "max_new_tokens": 32, "temperature": 0.8})
+        waited: list[float] = []  # each request's latency as the client saw it: at least the server's
+
+        def timed(payload: dict) -> tuple[int, bytes]:
+            started = time.monotonic()
+            answer = http("POST", f"{base}/generate", payload)
+            waited.append(time.monotonic() - started)
+            return answer
+
+        status, body = timed({"prompt": "The ", "max_new_tokens": 32, "temperature": 0.8})
         assert status == 200, body
         reply = json.loads(body)
         assert isinstance(reply["text"], str) and reply["text"]
         assert reply["checkpoint_step"] == 30
 
         greedy = {"prompt": "def ", "max_new_tokens": 16, "temperature": 0}
-        texts = [json.loads(http("POST", f"{base}/generate", greedy)[1])["text"] for _ in range(2)]
-        assert texts[0] == texts[1]  # temperature 0 is greedy, hence deterministic
+        replies = [json.loads(timed(greedy)[1]) for _ in range(2)]
+        assert replies[0]["text"] == replies[1]["text"]  # temperature 0 is greedy, hence deterministic
 
         # its load, as the platform reads it on Kubernetes: 3 requests received, none in flight now
         before = time.time()
@@ -247,6 +256,13 @@ def test_serve_generates_and_rejects_bad_input(trained: dict[str, Any], tmp_path
         assert counters is not None and (counters.requests, counters.in_flight) == (3, 0)
         assert counters.in_flight_seconds > 0  # the 3 generations took some time
         assert before <= counters.clock <= time.time()  # the server's wall clock, Unix seconds
+        # its figures: the platform endpoint's buckets, cumulative, each answer at or below the client's latency
+        assert sorted(counters.buckets) == [*LATENCY_BUCKETS, float("inf")]
+        for le, count in counters.buckets.items():
+            assert sum(1 for s in waited if s <= le) <= count <= 3, (le, counters.buckets, waited)
+        (duration,) = [f for f in text_string_to_metric_families(body.decode()) if f.type == "histogram"]
+        assert 0 < next(s.value for s in duration.samples if s.name.endswith("_sum")) <= sum(waited)
+        assert counters.errors == 0 and counters.tokens == sum(r["generated_tokens"] for r in [reply, *replies])
 
         bad_requests = [
             ({"prompt": "x", "max_new_tokens": 513, "temperature": 1.0}, "max_new_tokens"),

@@ -18,8 +18,9 @@ import time
 import pytest
 from django.utils import timezone
 
+from costs.ledger import accrue_attempt
 from jobs.lifecycle import cancel_job, dispatch, finish_cancel
-from jobs.models import Job, JobAttempt, JobEvent, JobState
+from jobs.models import Job, JobAttempt, JobEvent, JobState, ServingSample
 from jobs.reconcile import expire_end_records, reconcile_cluster
 from jobs.scheduling.passes import try_admit
 from quotas.models import Quota
@@ -448,3 +449,98 @@ def test_a_replica_that_does_not_answer_is_left_out_of_the_sum_and_said_so(clust
     emulator.serve_metrics(second, "# a server that reports no counters\n", port=8000)
     emulator.stop_serving(first)
     assert backend.endpoint_load(load(attempt.pk)) is None  # none answered with counters: no reading
+
+
+#: The bounds of the latency histogram the replicas and the endpoint show (seconds), written out here.
+BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+def figure_metrics(latencies: list[float], errors: int, tokens: int, clock: float) -> str:
+    """A replica server's ``/metrics`` body with its figures: it answered ``latencies`` (seconds, one a request),
+    ``errors`` of them with a 5xx, ``tokens`` generated; cumulative buckets counted here from the latencies."""
+    buckets = "".join(f'controlplane_server_request_duration_seconds_bucket{{le="{le}"}} '
+                      f"{sum(1 for s in latencies if s <= le)}\n" for le in BOUNDS)
+    return (server_metrics(len(latencies), 0, sum(latencies), clock)
+            + f"# TYPE controlplane_server_errors counter\ncontrolplane_server_errors_total {errors}\n"
+            f"# TYPE controlplane_server_generated_tokens counter\ncontrolplane_server_generated_tokens_total {tokens}\n"
+            "# TYPE controlplane_server_request_duration_seconds histogram\n" + buckets
+            + f'controlplane_server_request_duration_seconds_bucket{{le="+Inf"}} {len(latencies)}\n'
+            f"controlplane_server_request_duration_seconds_sum {sum(latencies)}\n"
+            f"controlplane_server_request_duration_seconds_count {len(latencies)}\n")
+
+
+def quantile(q: float, latencies: list[float]) -> float:
+    """Prometheus' ``histogram_quantile`` of ``latencies`` bucketed by ``BOUNDS``, written out here: the rank
+    ``q`` x count falls in the first bucket whose cumulative count reaches it, and is placed linearly between the
+    bucket's lower and upper bound by how far into the bucket's count it is."""
+    rank = q * len(latencies)
+    lower, below = 0.0, 0
+    for upper in BOUNDS:
+        count = sum(1 for s in latencies if s <= upper)
+        if count >= rank:
+            return lower + (upper - lower) * (rank - below) / (count - below)
+        lower, below = upper, count
+    return BOUNDS[-1]
+
+
+def test_two_replicas_counters_are_summed_into_the_job_s_figures(cluster, teams, user, catalog, owner):
+    emulator, row = cluster
+    scaling = {"min_replicas": 2, "max_replicas": 2, "target_in_flight_per_replica": 4}
+    attempt = serving(teams, user, catalog, emulator, row, scaling=scaling)
+    backend = backend_for(attempt.cluster)
+    clock = timezone.now()
+    assert add_replica(attempt.job_id, clock, {"desired": 2}) is None
+    assert apply_replicas(backend, load(attempt.pk), 2)
+    first, second = ReplicaServers(emulator, attempt).ready()
+    fed = {first: [0.004, 0.02, 0.02, 0.3, 0.6, 1.5, 1.5, 0.09], second: [0.03, 0.03, 0.08, 0.2, 8.0]}
+    errors, tokens = {first: 1, second: 2}, {first: 512, second: 320}
+    for more in ({first: [0.7, 0.7, 0.012], second: [0.04, 3.0, 0.3, 0.3]}, {first: [0.06], second: [20.0, 0.2]}):
+        for name in (first, second):
+            emulator.serve_metrics(name, figure_metrics(fed[name], errors[name], tokens[name], clock.timestamp()),
+                                   port=8000)
+        clock += dt.timedelta(seconds=15)
+        Cluster.objects.filter(pk=row.pk).update(last_contact_at=clock)
+        [result] = autoscale(clock)
+        assert "error" not in result, result
+        for name in (first, second):  # served more before the next pass
+            fed[name] += more[name]
+            errors[name] += 1
+            tokens[name] += 64
+
+    accrue_attempt(attempt.pk, clock)  # the ledger up to the last pass: the figures' window ends there
+    figures = owner.client.get(f"/api/v1/jobs/{attempt.job_id}/").json()["serving"]["figures"]
+    answered = [s for name in (first, second) for s in fed[name][:-len(more[name])]]  # what the last pass read
+    assert figures["requests"] == len(answered) == 8 + 5 + 3 + 4
+    assert figures["errors"] == 1 + 2 + 2 and figures["tokens"] == 512 + 320 + 2 * 64
+    assert figures["latency_p50_ms"] == pytest.approx(1000 * quantile(0.5, answered), abs=1e-3)
+    assert figures["latency_p99_ms"] == pytest.approx(1000 * quantile(0.99, answered), abs=1e-3)
+    assert figures["error_rate_percent"] == pytest.approx(100 * 5 / 20, abs=1e-4)
+
+    def last_sample(served: dict[str, tuple[list[float], int, int]]) -> ServingSample:
+        """The replicas in ``served`` report ``(latencies, errors, tokens)``, the others do not answer; one pass."""
+        nonlocal clock
+        for name in (first, second):
+            if name in served:
+                emulator.serve_metrics(name, figure_metrics(*served[name], clock.timestamp()), port=8000)
+            else:
+                emulator.stop_serving(name)
+        clock += dt.timedelta(seconds=15)
+        Cluster.objects.filter(pk=row.pk).update(last_contact_at=clock)
+        autoscale(clock)
+        return ServingSample.objects.filter(job_id=attempt.job_id).latest("at")
+
+    # the second replica does not answer (as one that left): the sums go down, yet the first's increase alone is
+    # what was served (its 1 request not read yet and 2 more), not its whole count again as a reset of the sum
+    fed[first] += [0.5, 0.5]
+    left = last_sample({first: (fed[first], errors[first], tokens[first])})
+    assert (left.requests, left.errors, left.tokens) == (3, 1, 64)
+    assert left.latency_buckets["0.1"] == 1 and left.latency_buckets["0.5"] == left.latency_buckets["+Inf"] == 3
+    # it answers again: what it served since it was last read (2 requests, 1 error, 64 tokens), not its whole count
+    back = last_sample({first: (fed[first], errors[first], tokens[first]),
+                        second: (fed[second], errors[second], tokens[second])})
+    assert (back.requests, back.errors, back.tokens) == (2, 1, 64)
+    assert back.latency_buckets["0.25"] == 1 and back.latency_buckets["30.0"] == back.latency_buckets["+Inf"] == 2
+    # the first restarts: its counters begin again, and what it served since is counted from 0
+    restarted = last_sample({first: ([0.02, 9.0], 1, 5)})
+    assert (restarted.requests, restarted.errors, restarted.tokens) == (2, 1, 5)
+    assert restarted.latency_buckets["0.025"] == 1 and restarted.latency_buckets["10.0"] == 2
