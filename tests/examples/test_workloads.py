@@ -312,7 +312,7 @@ def test_serve_answers_the_requests_in_flight_when_stopped_and_refuses_new_conne
         while not stop.is_set():
             sent = time.monotonic()
             try:
-                status, _ = http("POST", f"{base}/generate", {"prompt": "The ", "max_new_tokens": 48})
+                status, _ = http("POST", f"{base}/generate", {"prompt": "The ", "max_new_tokens": 16})
                 outcome = str(status)
             except urllib.error.URLError as exc:
                 refused = isinstance(exc.reason, ConnectionRefusedError)
@@ -332,7 +332,7 @@ def test_serve_answers_the_requests_in_flight_when_stopped_and_refuses_new_conne
                     break
             assert time.monotonic() < deadline, "server never became healthy"
             time.sleep(0.2)
-        clients = [threading.Thread(target=client) for _ in range(4)]
+        clients = [threading.Thread(target=client) for _ in range(2)]
         for thread in clients:
             thread.start()
         while not any(outcome == "200" for _, _, outcome in outcomes):
