@@ -206,8 +206,9 @@ def http(method: str, url: str, body: Any = None, raw: bytes | None = None) -> t
         return err.code, err.read()
 
 
-def test_serve_generates_and_rejects_bad_input(trained: dict[str, Any], tmp_path: Path) -> None:
-    assert_ok(trained["results"])
+def start_serve(trained: dict[str, Any], tmp_path: Path):
+    """``examples/serve.py`` on a free port over ``trained``'s checkpoint, its output in ``serve.log``, waited for
+    until ``/healthz`` answers 200 (60 s at most); returns ``(process, base URL, log file)``."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     log = open(tmp_path / "serve.log", "w+")
@@ -216,18 +217,27 @@ def test_serve_generates_and_rejects_bad_input(trained: dict[str, Any], tmp_path
         cwd=REPO, env=clean_env(CHECKPOINT_DIR=str(trained["ckpt_dir"]), PORT=str(port)),
         stdout=log, stderr=subprocess.STDOUT,
     )
+    deadline = time.monotonic() + 60
+    while True:
+        if proc.poll() is not None:
+            log.close()
+            raise AssertionError(f"server exited early: {(tmp_path / 'serve.log').read_text()}")
+        with contextlib.suppress(OSError):
+            if http("GET", f"{base}/healthz")[0] == 200:
+                return proc, base, log
+        if time.monotonic() >= deadline:
+            kill(proc)
+            log.close()
+            raise AssertionError("server never became healthy")
+        time.sleep(0.2)
+
+
+def test_serve_generates_and_rejects_bad_input(trained: dict[str, Any], tmp_path: Path) -> None:
+    assert_ok(trained["results"])
+    proc, base, log = start_serve(trained, tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, f"server exited early: {(tmp_path / 'serve.log').read_text()}"
-            try:
-                status, body = http("GET", f"{base}/healthz")
-                if status == 200:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "server never became healthy"
-            time.sleep(0.2)
+        status, body = http("GET", f"{base}/healthz")
+        assert status == 200
         assert body == b"ok"
 
         waited: list[float] = []  # each request's latency as the client saw it: at least the server's
@@ -297,14 +307,7 @@ def test_serve_answers_the_requests_in_flight_when_stopped_and_refuses_new_conne
     import threading
     from http.client import HTTPException
 
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    log = open(tmp_path / "serve.log", "w+")
-    proc = subprocess.Popen(
-        [sys.executable, str(SERVE), "--host", "127.0.0.1"],
-        cwd=REPO, env=clean_env(CHECKPOINT_DIR=str(trained["ckpt_dir"]), PORT=str(port)),
-        stdout=log, stderr=subprocess.STDOUT,
-    )
+    proc, base, log = start_serve(trained, tmp_path)
     outcomes: list[tuple[float, float, str]] = []  # (sent, answered, outcome)
     stop = threading.Event()
 
@@ -324,14 +327,6 @@ def test_serve_answers_the_requests_in_flight_when_stopped_and_refuses_new_conne
                 return
 
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, f"server exited early: {(tmp_path / 'serve.log').read_text()}"
-            with contextlib.suppress(OSError):
-                if http("GET", f"{base}/healthz")[0] == 200:
-                    break
-            assert time.monotonic() < deadline, "server never became healthy"
-            time.sleep(0.2)
         clients = [threading.Thread(target=client) for _ in range(2)]
         for thread in clients:
             thread.start()
