@@ -31,12 +31,14 @@ ENV_SERVER = ["python", "-c", (
 
 
 def answer(url: str) -> dict:
-    """The JSON the server at ``url`` answers, once it listens."""
+    """The JSON the server at ``url`` answers, once it listens and a replica behind it is ready (until then the
+    endpoint's proxy answers 503 itself, which is not the server's answer)."""
     def get():
         try:
-            return requests.get(url, timeout=2).json()
+            reply = requests.get(url, timeout=2)
         except requests.ConnectionError:
             return None
+        return reply.json() if reply.status_code == 200 else None
     return wait_until(get, 15, f"{url} to answer")
 
 
@@ -45,6 +47,7 @@ def test_a_server_listens_on_its_own_port_and_the_api_shows_its_endpoint(admitte
     first = dispatched(admitted(ENV_SERVER, nodes=1, kind="inference", spec={"checkpoint_from": training.pk}))
     second = dispatched(admitted(ENV_SERVER, nodes=1, kind="inference"))
     job = reconcile_until(first, {JobState.RUNNING})
+    reconcile_until(second, {JobState.RUNNING})
 
     endpoint = JobSerializer(JobAttempt.objects.get(pk=first.pk).job).data["endpoint"]
     port = first.runner_state["ports"][0]
