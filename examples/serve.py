@@ -343,6 +343,7 @@ class Handler(BaseHTTPRequestHandler):
         self._status = 0  # the status of the answer being written (send_response), 0 before one
         self._tokens = 0  # tokens generated for it
         self._counted = True  # the connection's first request was counted at its accept (DrainingServer)
+        self._load_started: float | None = None  # when the POST being answered was counted in the load, else None
 
     def handle_one_request(self) -> None:
         try:
@@ -376,6 +377,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("X-Checkpoint-Step", str(generator.checkpoint_step))
         for key, value in (headers or {}).items():
             self.send_header(key, value)
+        self._settle_load()  # before a byte goes out: a client holding the answer finds it counted
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
@@ -424,16 +426,26 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         """``POST /generate``, counted in the server's load while it is answered, and in the figures once answered
-        (from its request line and headers read to its answer written; an answer never written counts as a 500)."""
+        (from its request line and headers read until its answer starts out, so a client that has the answer reads
+        it counted in ``/metrics``; an answer never written counts as a 500)."""
         load: Load = self.server.load  # type: ignore[attr-defined]
         load.begin()
-        started = time.monotonic()
+        self._load_started = time.monotonic()
         self._status, self._tokens = 0, 0
         try:
             self._post()
         finally:
-            load.end()
-            load.observe(time.monotonic() - started, self._status or 500, self._tokens)
+            self._settle_load()
+
+    def _settle_load(self) -> None:
+        """Take the POST being answered out of the load and count its answer in the figures; once per request,
+        a no-op for any other."""
+        if self._load_started is None:
+            return
+        load: Load = self.server.load  # type: ignore[attr-defined]
+        started, self._load_started = self._load_started, None
+        load.end()
+        load.observe(time.monotonic() - started, self._status or 500, self._tokens)
 
     def _post(self) -> None:
         path = self.path.split("?", 1)[0]

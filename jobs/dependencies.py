@@ -13,6 +13,13 @@ ended (and that rejection settles their own dependents in turn, down the chain);
 ``queue_info`` brought up to date. A condition once met stays met (final states are final), so the scheduler
 reads the edges without locks.
 
+A serving job may also *follow* a training job (``spec.follow``, docs/adr/0041-autoscaled-serving.md): it serves
+the newest SUCCEEDED run of it and rolls out to each newer run that succeeds. That is no waiting edge (the serving job
+runs meanwhile) and is kept in the spec, not here; :func:`followed_runs`, :func:`newest_run` and
+:func:`follow_error` read and check it, and :func:`check_and_record` refuses a run that would wait, down its chain,
+for a serving job that follows it (a cycle: the server waits for the run to succeed to roll out to it, the run for
+the server to end).
+
 This module reads and decides; ``jobs.states`` performs the transitions (it sits below nothing here).
 """
 
@@ -164,6 +171,106 @@ def cycle_error(job: Job, upstreams: list[Job]) -> tuple[int, str] | None:
     return None
 
 
+#: Arguments and environment variables through which a program is given a checkpoint location of its own (rather than
+#: the job's checkpoint directory, env ``CHECKPOINT_DIR``, which is what a rollout points a replica at).
+CHECKPOINT_ARGS = ("--checkpoint-dir", "--checkpoint-uri")
+CHECKPOINT_ENV = ("CHECKPOINT_URI",)
+
+
+def own_checkpoint_location(spec: dict) -> str | None:
+    """The argument or environment variable through which the stored single-role ``spec`` names a checkpoint
+    location of its own (:data:`CHECKPOINT_ARGS`, :data:`CHECKPOINT_ENV`), or None when it uses the job's checkpoint
+    directory (``CHECKPOINT_DIR``)."""
+    words = [*(spec.get("command") or ()), *(spec.get("args") or ())]
+    named = next((w.split("=", 1)[0] for w in words if w.split("=", 1)[0] in CHECKPOINT_ARGS), None)
+    return named or next((k for k in CHECKPOINT_ENV if k in (spec.get("env") or {})), None)
+
+
+def followed_runs(team_id: int, ref: int | str):
+    """The training jobs of team ``team_id`` that a ``spec.follow.job`` of ``ref`` follows, as a queryset: the job
+    ``ref`` (an id), or every training job named ``ref`` (a name: each run of it, e.g. a nightly retraining
+    resubmitted under one name)."""
+    runs = Job.objects.filter(team_id=team_id, kind=Job.Kind.TRAINING)
+    return runs.filter(pk=ref) if isinstance(ref, int) else runs.filter(name=ref)
+
+
+def newest_run(team_id: int, ref: int | str) -> Job | None:
+    """The newest SUCCEEDED run of ``ref`` (:func:`followed_runs`): the highest id, ids growing with submission
+    time; None while none has succeeded."""
+    return (followed_runs(team_id, ref).filter(state=JobState.SUCCEEDED).only("pk", "name", "spec", "team_id")
+            .order_by("-pk").first())
+
+
+def follow_error(team, ref: int | str, waits_for: list[Job],
+                 start: int | None = None) -> tuple[int | None, str | None]:
+    """Check a serving job's ``spec.follow.job`` ``ref`` for ``team``: ``(checkpoint job id, None)``, the run it
+    starts from, or ``(None, reason)``.
+
+    Refused: no job ``ref`` in the team (another team's reads as unknown), one that is not a training job (a
+    checkpoint comes from a training job), one whose spec names its own checkpoint location
+    (:func:`own_checkpoint_location`: nothing would be in its checkpoint directory to roll out), and a ``ref``
+    none of whose runs has SUCCEEDED yet when the serving job names no checkpoint to start from (``start``, its
+    ``checkpoint_from``) and waits for none of them (``waits_for``, its ``after`` jobs): its replicas would have no
+    checkpoint to load. The run it starts from: the newest SUCCEEDED one, else ``start``, else the newest it waits
+    for.
+    """
+    runs = followed_runs(team.pk, ref)
+    latest = runs.only("pk", "name", "spec", "state").order_by("-pk").first()
+    if latest is None:
+        other = Job.objects.filter(team=team, **({"pk": ref} if isinstance(ref, int) else {"name": ref})).only(
+            "pk", "kind").order_by("-pk").first()
+        if other is not None:
+            return None, (f"job {other.pk} is not a training job ({other.kind}); follow names a training job, whose runs write "
+                          f"the checkpoints a serving job rolls out to")
+        return None, (f'no job {ref} in team "{team.slug}"' if isinstance(ref, int) else
+                      f'no training job named "{ref}" in team "{team.slug}"; submit it first (or give its id)')
+    own = own_checkpoint_location(latest.spec or {})
+    if own is not None:
+        return None, (f"job {latest.pk} ({latest.name}) writes its checkpoint where its {own} says, not to its "
+                      f"checkpoint directory (CHECKPOINT_DIR), so a run of it leaves nothing to roll out to")
+    newest = newest_run(team.pk, ref)
+    if newest is not None:
+        return newest.pk, None
+    if start is not None:
+        return start, None
+    waited = sorted((j.pk for j in waits_for if runs.filter(pk=j.pk).exists()), reverse=True)
+    if waited:
+        return waited[0], None
+    if latest.state in FINAL_STATES:
+        return None, (f"job {latest.pk} ({latest.name}) ended {latest.state} and no run of {ref} has SUCCEEDED, so "
+                      f"the replicas would have no checkpoint to load; give checkpoint_from, or follow a run that "
+                      f"will succeed")
+    return None, (f"no run of {ref} has SUCCEEDED yet, so the replicas would have no checkpoint to load; wait for "
+                  f"one (after: [{{job: {latest.pk}}}]) or give checkpoint_from")
+
+
+def follow_cycle_error(job: Job, upstreams: list[Job]) -> tuple[int, str] | None:
+    """``(index in upstreams, reason)`` when training job ``job`` waiting for ``upstreams`` would close a cycle
+    through a follow: one of them, or a job down its chain (its ``after`` edges, and the runs each serving job on
+    the way follows), is a serving job that follows ``job`` (by its name); None otherwise. One recursive query per
+    serving job that follows something on the way."""
+    if job.kind != Job.Kind.TRAINING:
+        return None
+    for index, upstream in enumerate(upstreams):
+        seen: set[int] = set()
+        frontier = {upstream.pk}
+        while frontier:
+            seen |= frontier
+            reached = frontier | upstream_closure(sorted(frontier))
+            seen |= reached
+            frontier = set()
+            for follower in (Job.objects.filter(pk__in=reached, kind=Job.Kind.INFERENCE, spec__has_key="follow")
+                             .only("pk", "name", "spec", "team_id")):
+                ref = (follower.spec.get("follow") or {}).get("job")
+                if follower.team_id == job.team_id and ref == job.name:
+                    return index, (f"job {follower.pk} ({follower.name}) follows the runs of {job.name} and job "
+                                   f"{upstream.pk} ({upstream.name}) is it or waits for it: this run would wait "
+                                   f"for a server that waits for this run to roll out to it (a cycle)")
+                if ref is not None:
+                    frontier |= set(followed_runs(follower.team_id, ref).values_list("pk", flat=True)) - seen
+    return None
+
+
 def check_and_record(job: Job, edges: list[tuple[Job, str]]) -> dict:
     """Record ``job``'s dependencies ``edges`` (``(upstream Job, condition)``, in ``after`` order) and return the
     ``queue_info`` it starts with. Call inside the transaction that stored ``job``.
@@ -171,13 +278,14 @@ def check_and_record(job: Job, edges: list[tuple[Job, str]]) -> dict:
     The upstream rows are locked (``FOR UPDATE``, in id order) and read again first: an upstream that reached a
     final state since validation and no longer meets its condition is refused like at validation, and one that
     ends after this commits waits for the lock, so its :func:`settle` sees these rows. Raises DependencyRefused
-    (path ``after.<i>.job``) for a cycle or a condition that can no longer hold; the caller's transaction then
+    (path ``after.<i>.job``) for a cycle (of ``after`` edges, or through a serving job that follows ``job``:
+    :func:`follow_cycle_error`) or a condition that can no longer hold; the caller's transaction then
     rolls back.
     """
     ids = [u.pk for u, _ in edges]
     states = dict(Job.objects.select_for_update().filter(pk__in=ids).order_by("pk")
                   .values_list("pk", "state")) if ids else {}
-    cycle = cycle_error(job, [u for u, _ in edges])
+    cycle = cycle_error(job, [u for u, _ in edges]) or follow_cycle_error(job, [u for u, _ in edges])
     if cycle is not None:
         raise DependencyRefused(f"after.{cycle[0]}.job", cycle[1])
     rows = []

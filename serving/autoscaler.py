@@ -3,6 +3,8 @@ interval (a ``ServingSample``: requests, errors, tokens, latency histogram, repl
 with ``spec.autoscaling``, also decide the replica count by the HorizontalPodAutoscaler's rule (``serving.hpa``) and apply it: scale-ups admitted one
 replica at a time (``serving.replicas.add_replica``; a refusal leaves the job at its size and says why), scale-
 downs released (``release_replicas``), then the cluster's runner made to run that many (``Backend.scale``).
+Before any of that, a replica lost with its node is answered (``serving.replacement``): its slot released and a
+replacement admitted off that node, the runner made to follow; a refusal is kept and shown as a scale-up's.
 
 Every step is kept on the job's ``ServingScale`` row (the page and the API read it) and, for a change, a ``scale``
 event; a refusal whose reason is new is a ``scale_refused`` event. One job's failure is logged and the others go
@@ -23,6 +25,7 @@ from runners.base import Backend, PermanentDispatchError, TransientDispatchError
 
 from .figures import interval_sample, parse_totals
 from .hpa import bounded, load, parse_reading, recommended, stabilized
+from .replacement import replace_lost
 from .replicas import add_replica, release_replicas
 
 log = logging.getLogger(__name__)
@@ -103,10 +106,13 @@ def scale_job(job: Job, now: dt.datetime) -> dict:
     scaling = (job.spec or {}).get("autoscaling")
     attempt = job.current_attempt
     backend = backend_for(attempt.cluster)
+    rolling = ServingRollout.objects.filter(job=job, state=ServingRollout.State.ROLLING).exists()
+    if backend.pins_replicas and backend.scales and not rolling:
+        follow_node_losses(job, backend, now, autoscaled=bool(scaling))
     if not scaling:
         return sample_job(job, backend, now)
     state, _ = ServingScale.objects.get_or_create(job=job)
-    if ServingRollout.objects.filter(job=job, state=ServingRollout.State.ROLLING).exists():
+    if rolling:
         keep_sample(state, job, backend, now)  # it serves meanwhile
         return _noted(state, job, "a rollout to another checkpoint is under way: the replica count stays")
     if not backend.scales:
@@ -154,6 +160,31 @@ def scale_job(job: Job, now: dt.datetime) -> dict:
     return {**decision, "job": job.pk, "replicas": job.replicas, "note": ""}
 
 
+def follow_node_losses(job: Job, backend: Backend, now: dt.datetime, *, autoscaled: bool) -> None:
+    """Answer ``job``'s replicas lost with their node (``serving.replacement.replace_lost``; retried at every
+    pass for a job without autoscaling, the autoscaler's own rule going on for one with it), make the runner
+    follow the booking when it changed or the runner's state does not show the booking's replica indexes yet
+    (``apply_replicas``; a call that failed is made again at the next pass) and keep a refusal as a scale-up's
+    (``_refused``). ``job.replicas`` and its current attempt are refreshed."""
+    before = job.replicas
+    released, refusal = replace_lost(job, now, retry=not autoscaled)
+    job.refresh_from_db(fields=["replicas"])
+    job.current_attempt.refresh_from_db(fields=["placement", "runner_state"])
+    slots = (job.current_attempt.placement or {}).get("slots")
+    behind = slots is not None and (job.current_attempt.runner_state or {}).get("slots") != slots
+    if released or job.replicas != before or behind:  # ``behind``: a runner call that failed at an earlier pass
+        job.current_attempt.refresh_from_db()
+        apply_replicas(backend, JobAttempt.objects.select_related("job", "cluster").get(pk=job.current_attempt_id),
+                       job.replicas)
+        job.current_attempt.refresh_from_db(fields=["runner_state"])
+    if released or refusal is not None or job.replicas != before:
+        state, _ = ServingScale.objects.get_or_create(job=job)
+        state.refusal = {} if refusal is None else state.refusal
+        if refusal is not None:
+            _refused(state, job, refusal, {"desired": job.replicas + 1, "replacement": True}, now)
+        state.save(update_fields=["refusal"])
+
+
 def _from_zero(state: ServingScale, job: Job, backend: Backend, attempt: JobAttempt, now: dt.datetime, *,
                asked: bool, metric: str, target: float) -> dict:
     """A job scaled to zero: one replica admitted when a request came (``asked``: one in flight, held by the
@@ -186,16 +217,22 @@ def _scale_up(state: ServingScale, job: Job, count: int, now: dt.datetime, decis
         if verdict is None:
             state.refusal = {}
             continue
-        refusal = {**{k: v for k, v in verdict.detail.items() if _plain(v)}, "reason": verdict.reason,
-                   "message": verdict.message, "desired": decision["desired"],
-                   "replicas": Job.objects.values_list("replicas", flat=True).get(pk=job.pk)}
-        known = state.refusal or {}
-        if (known.get("reason"), known.get("message")) != (verdict.reason, verdict.message):
-            JobEvent.objects.create(job=job, kind="scale_refused", from_state=job.state, to_state=job.state,
-                                    reason=f"scale-up to {decision['desired']} replicas refused: {verdict.message}"[:500],
-                                    data={**decision, **refusal})
-        state.refusal = {**refusal, "at": now.isoformat()}
+        _refused(state, job, verdict, decision, now)
         return
+
+
+def _refused(state: ServingScale, job: Job, verdict, decision: dict, now: dt.datetime) -> None:
+    """Keep ``verdict`` (a refused scale-up or replacement) on ``state`` (not saved) and, when its reason or
+    message is new, write it as a ``scale_refused`` event."""
+    refusal = {**{k: v for k, v in verdict.detail.items() if _plain(v)}, "reason": verdict.reason,
+               "message": verdict.message, "desired": decision["desired"],
+               "replicas": Job.objects.values_list("replicas", flat=True).get(pk=job.pk)}
+    known = state.refusal or {}
+    if (known.get("reason"), known.get("message")) != (verdict.reason, verdict.message):
+        JobEvent.objects.create(job=job, kind="scale_refused", from_state=job.state, to_state=job.state,
+                                reason=f"scale-up to {decision['desired']} replicas refused: {verdict.message}"[:500],
+                                data={**decision, **refusal})
+    state.refusal = {**refusal, "at": now.isoformat()}
 
 
 def _plain(value) -> bool:

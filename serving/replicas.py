@@ -18,9 +18,26 @@ import datetime as dt
 
 from django.db import transaction
 
+from costs import running
 from costs.ledger import accrue_attempt
 from jobs.models import UNBOUNDED_ESTIMATE_SECONDS, Job, JobAttempt, JobEvent, JobState
-from jobs.scheduling.core import Admission, FairShareScheduler, QueuedJob, Rejection, Verdict, estimate_cost
+from jobs.replica_loss import (
+    REPLACED,
+    REPLICA_RESTART_WINDOW_SECONDS,
+    replacements_in_window,
+    replica_slots,
+    with_slot,
+)
+from jobs.scheduling.core import (
+    Admission,
+    FairShareScheduler,
+    NodeRoom,
+    PoolOffer,
+    QueuedJob,
+    Rejection,
+    Verdict,
+    estimate_cost,
+)
 from jobs.scheduling.offers import lock_pools, pool_offers
 from jobs.scheduling.snapshot import job_snapshot, queued_job
 from quotas.models import Team
@@ -54,11 +71,18 @@ def _locked_serving(job_id: int) -> tuple[Job, JobAttempt] | None:
     return None if attempt is None else (job, attempt)
 
 
-def add_replica(job_id: int, now: dt.datetime, decision: dict) -> Verdict | None:
+def add_replica(job_id: int, now: dt.datetime, decision: dict, *, replacing: dict | None = None) -> Verdict | None:
     """Admit one more replica of serving job ``job_id`` at ``now`` (module docstring) unless it already has
     ``decision["desired"]`` (another pass got there first); None when admitted or not needed, else the verdict that
     refused it (``reason`` quota, budget or capacity, its message and numbers). ``decision``: the autoscaler's
-    numbers, kept on the ``scale`` event."""
+    numbers, kept on the ``scale`` event.
+
+    ``replacing``: the replacement of a replica lost with its node (``serving.replacement``): ``{"loss_event": id
+    of its ``replica_node_lost`` event, "slot", "nodes": the lost nodes}``. Then the admission avoids those nodes
+    (they take no work in the offer the core sees: the pool is the attempt's, its price and accelerator), is
+    counted against the job's replacement budget (``max_retries`` ``replica_replaced`` events in
+    ``REPLICA_RESTART_WINDOW_SECONDS``; spent: the verdict ``retries``), is not repeated for a loss replaced
+    already, and writes a ``replica_replaced`` event naming the lost nodes and the new ones instead of ``scale``."""
     with transaction.atomic():
         locked = _locked_serving(job_id)
         if locked is None:
@@ -66,11 +90,24 @@ def add_replica(job_id: int, now: dt.datetime, decision: dict) -> Verdict | None
         job, attempt = locked
         if job.replicas >= decision["desired"]:
             return None
+        used = 0
+        if replacing is not None:
+            if JobEvent.objects.filter(attempt=attempt, kind=REPLACED,
+                                       data__loss_event=replacing["loss_event"]).exists():
+                return None
+            used = replacements_in_window(attempt, now)
+            if used >= job.max_retries:
+                return Verdict(False, "retries", f"replica {replacing['slot']} lost with node "
+                               f"{', '.join(replacing['nodes'])} is not replaced: {job.max_retries} replica "
+                               f"replacement(s) in the last {REPLICA_RESTART_WINDOW_SECONDS} s used",
+                               {"max_retries": job.max_retries, "window_seconds": REPLICA_RESTART_WINDOW_SECONDS})
         team = Team.objects.select_for_update(no_key=True).get(pk=job.team_id)
         request = replica_request(job, attempt, now)
         lock_pools(request.accelerator_id)
-        snapshot = job_snapshot(team, request, now, pool_offers(request.accelerator_id, now, lock=True),
-                                lock_spend=True)
+        offers = pool_offers(request.accelerator_id, now, lock=True)
+        if replacing is not None:
+            offers = avoiding(offers, attempt.node_pool_id, set(replacing["nodes"]))
+        snapshot = job_snapshot(team, request, now, offers, lock_spend=True)
         quota = snapshot.teams[team.pk].quotas.get(request.accelerator_id)
         held = attempt.gpus  # what the replicas hold now (job.total_gpus counts one replica at zero)
         if quota is not None and quota.max_gpus_per_job and held + request.total_gpus > quota.max_gpus_per_job:
@@ -81,20 +118,51 @@ def add_replica(job_id: int, now: dt.datetime, decision: dict) -> Verdict | None
         if not isinstance(outcome, Admission):
             return outcome.verdict if isinstance(outcome, Rejection) else outcome.verdict()
         accrue_attempt(attempt.pk, now)  # what ran so far is billed at the replicas it ran with
-        placement = dict(attempt.placement or {})
-        if placement.get("nodes") is not None:
-            placement["nodes"] = [*placement["nodes"], *outcome.node_names]
-        JobAttempt.objects.filter(pk=attempt.pk).update(gpus=attempt.gpus + request.total_gpus, placement=placement)
+        placement, index = with_slot(attempt.placement, job.replicas, list(outcome.node_names))
+        updated = JobAttempt.objects.filter(pk=attempt.pk, ended_at__isnull=True, gpus=attempt.gpus).update(
+            gpus=attempt.gpus + request.total_gpus, placement=placement)
+        if updated != 1:
+            raise RuntimeError(f"attempt {attempt.pk} changed under its job row's lock")
+        running.reattribute(attempt.pk, attempt.gpus, attempt.placement)  # its node series follow the placement
         replicas = job.replicas + 1
         Job.objects.filter(pk=job.pk).update(replicas=replicas,
                                              estimated_cost_usd=job.estimated_cost_usd + outcome.estimate_usd)
-        JobEvent.objects.create(
-            job=job, attempt=attempt, kind="scale", from_state=job.state, to_state=job.state,
-            reason=f"scaled up to {replicas} replicas: one more admitted on {', '.join(outcome.node_names) or 'the pool'}"
-                   f" (estimate +${outcome.estimate_usd})"[:500],
-            data={**decision, "replicas": replicas, "nodes": list(outcome.node_names),
-                  "estimate_usd": str(outcome.estimate_usd)})
+        where = ", ".join(outcome.node_names) or "the pool"
+        if replacing is None:
+            JobEvent.objects.create(
+                job=job, attempt=attempt, kind="scale", from_state=job.state, to_state=job.state,
+                reason=f"scaled up to {replicas} replicas: one more admitted on {where}"
+                       f" (estimate +${outcome.estimate_usd})"[:500],
+                data={**decision, "replicas": replicas, "nodes": list(outcome.node_names),
+                      "estimate_usd": str(outcome.estimate_usd)})
+        else:
+            lost = ", ".join(replacing["nodes"])
+            JobEvent.objects.create(
+                job=job, attempt=attempt, kind=REPLACED, from_state=job.state, to_state=job.state,
+                reason=(f"replica {replacing['slot']} lost with node {lost}: replaced by replica {index} on {where}, "
+                        f"replacement {used + 1} of {job.max_retries} in {REPLICA_RESTART_WINDOW_SECONDS} s "
+                        f"(estimate +${outcome.estimate_usd})")[:500],
+                data={**decision, "replica": f"{replacing['slot']}@{lost}", "loss_event": replacing["loss_event"],
+                      "lost_slot": replacing["slot"], "lost_nodes": list(replacing["nodes"]), "slot": index,
+                      "nodes": list(outcome.node_names), "replicas": replicas, "end_reason": "NodeLost",
+                      "used": used + 1, "max_retries": job.max_retries,
+                      "window_seconds": REPLICA_RESTART_WINDOW_SECONDS, "estimate_usd": str(outcome.estimate_usd)})
     return None
+
+
+def avoiding(offers: list[PoolOffer], pool_id: int, nodes: set[str]) -> list[PoolOffer]:
+    """``offers`` with ``nodes`` of pool ``pool_id`` taking no work (``NodeRoom.schedulable`` False) and their free
+    GPUs taken off the pool's: a replacement is never placed on the node its replica was just lost with, even while
+    the node's row outlives it until the next inventory sync."""
+    out = []
+    for offer in offers:
+        if offer.node_pool_id == pool_id and any(r.name in nodes for r in offer.node_rooms):
+            rooms: tuple[NodeRoom, ...] = tuple(dataclasses.replace(r, schedulable=False) if r.name in nodes else r
+                                                for r in offer.node_rooms)
+            offer = dataclasses.replace(offer, node_rooms=rooms,
+                                        free_gpus=sum(r.free_gpus for r in rooms if r.takes_work))
+        out.append(offer)
+    return out
 
 
 def fewest_replicas(job: Job) -> int:
@@ -123,7 +191,10 @@ def release_replicas(job_id: int, now: dt.datetime, decision: dict) -> int:
         placement = dict(attempt.placement or {})
         if placement.get("nodes"):
             placement["nodes"] = placement["nodes"][:-pods]
+        if "slots" in placement:
+            placement["slots"] = replica_slots(placement, job.replicas)[:-count]
         JobAttempt.objects.filter(pk=attempt.pk).update(gpus=max(0, attempt.gpus - gpus), placement=placement)
+        running.reattribute(attempt.pk, attempt.gpus, attempt.placement)
         saved = estimate_cost(gpus, remaining_seconds(job, attempt, now), attempt.usd_per_gpu_hour)
         replicas = job.replicas - count
         Job.objects.filter(pk=job.pk).update(

@@ -71,9 +71,13 @@ def current_checkpoint_job(job: Job) -> int:
     return (job.spec or {}).get("checkpoint_from") or job.pk
 
 
-def start_rollout(job_id: int, *, checkpoint_from_job_id: int, actor) -> ServingRollout:
+def start_rollout(job_id: int, *, checkpoint_from_job_id: int, actor,
+                  trigger_job_id: int | None = None) -> ServingRollout:
     """Start moving serving job ``job_id`` to the checkpoint of training job ``checkpoint_from_job_id``; returns the
     ``rolling`` ServingRollout, written with a ``rollout_started`` event by ``actor`` (a user, or None).
+    ``trigger_job_id``: the followed training job whose success starts it (``serving.follow``; the event names it),
+    None for a request; such a rollout is refused when one to the same checkpoint was ever started for the job
+    (each run is rolled out to once: a roll back or a rollout by hand to another checkpoint is not undone).
 
     Raises RolloutError (nothing stored) for: no such job (``job``), not a RUNNING serving job, a job whose
     arguments or environment name its checkpoint themselves (``--checkpoint-dir``, ``--checkpoint-uri``,
@@ -117,13 +121,20 @@ def start_rollout(job_id: int, *, checkpoint_from_job_id: int, actor) -> Serving
         if rolling is not None:
             raise RolloutError("checkpoint_from_job", f"a rollout of job {job.pk} to the checkpoint of job "
                                                       f"{rolling.to_job_id} is under way")
+        if trigger_job_id is not None and ServingRollout.objects.filter(job=job, to_job_id=target.pk).exists():
+            raise RolloutError("checkpoint_from_job", f"job {job.pk} was rolled out to the checkpoint of job "
+                                                      f"{target.pk} before; a followed run is rolled out to once")
         old = backend.replica_keys(attempt)
         rollout = ServingRollout.objects.create(
-            job=job, from_job_id=current, to_job_id=target.pk, actor=actor,
+            job=job, from_job_id=current, to_job_id=target.pk, actor=actor, trigger_job_id=trigger_job_id,
             progress={"attempt": attempt.pk, "old": old, "new": [], "pending": None, "note": ""})
-        record_event(job, "rollout_started", f"rolling {len(old)} replica(s) from the checkpoint of job {current} "
-                                             f"to that of job {target.pk}", actor=actor, attempt=attempt,
-                     data={"rollout": rollout.pk, "from": current, "to": target.pk, "replicas": len(old)})
+        why = "" if trigger_job_id is None else f"job {trigger_job_id}, which this job follows, SUCCEEDED: "
+        data = {"rollout": rollout.pk, "from": current, "to": target.pk, "replicas": len(old)}
+        if trigger_job_id is not None:
+            data["trigger"] = trigger_job_id
+        record_event(job, "rollout_started", f"{why}rolling {len(old)} replica(s) from the checkpoint of job "
+                                             f"{current} to that of job {target.pk}", actor=actor, attempt=attempt,
+                     data=data)
     return rollout
 
 

@@ -24,21 +24,23 @@ class RolloutRequestSerializer(serializers.Serializer):
 
 class RolloutSerializer(serializers.ModelSerializer):
     """A rollout's state: ``state`` (rolling, done, rolled_back), ``from`` and ``to`` (training job ids),
-    ``replicas_updated``, ``reason`` (why it ended), ``note`` (why a step waits)."""
+    ``replicas_updated``, ``reason`` (why it ended), ``note`` (why a step waits), ``trigger`` (the followed training
+    job whose success started it, null for a request)."""
 
     note = serializers.SerializerMethodField()
 
     class Meta:
         model = ServingRollout
-        fields = ["id", "job", "state", "from_job_id", "to_job_id", "replicas_updated", "reason", "note",
-                  "created_at"]
+        fields = ["id", "job", "state", "from_job_id", "to_job_id", "trigger_job_id", "replicas_updated", "reason",
+                  "note", "created_at"]
 
     def get_note(self, rollout: ServingRollout) -> str:
         return (rollout.progress or {}).get("note", "")
 
     def to_representation(self, instance):
         data = super().to_representation(instance)
-        data["from"], data["to"] = data.pop("from_job_id"), data.pop("to_job_id")
+        data["from"], data["to"], data["trigger"] = (data.pop("from_job_id"), data.pop("to_job_id"),
+                                                     data.pop("trigger_job_id"))
         return data
 
 

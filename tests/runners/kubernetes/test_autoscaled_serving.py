@@ -11,6 +11,7 @@ platform's node rows, so admission books nodes and the test sees where each pod 
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import logging
 import math
 import time
@@ -19,10 +20,12 @@ import pytest
 from django.utils import timezone
 
 from costs.ledger import accrue_attempt
+from costs.models import CostEntry
 from jobs.lifecycle import cancel_job, dispatch, finish_cancel
 from jobs.models import Job, JobAttempt, JobEvent, JobState, ServingSample
 from jobs.reconcile import expire_end_records, reconcile_cluster
 from jobs.scheduling.passes import try_admit
+from jobs.service import serving_status
 from quotas.models import Quota
 from runners.base import PermanentDispatchError, backend_for
 from runners.kubernetes import manifests as m
@@ -71,13 +74,15 @@ def cluster(settings, catalog, teams):
         emulator.stop()
 
 
-def serving(teams, user, catalog, emulator, row, *, replicas=1, max_retries=0, scaling=None) -> JobAttempt:
-    """A serving job of alpha (``replicas`` replicas of one 8-GPU pod, autoscaled 1..3, or as ``scaling`` says)
-    admitted, dispatched and seen RUNNING; its attempt, loaded."""
+def serving(teams, user, catalog, emulator, row, *, replicas=1, max_retries=0, scaling=None,
+            autoscaled=True) -> JobAttempt:
+    """A serving job of alpha (``replicas`` replicas of one 8-GPU pod, autoscaled 1..3, or as ``scaling`` says, or
+    not at all without ``autoscaled``) admitted, dispatched and seen RUNNING; its attempt, loaded."""
     spec = {"image": "registry.example/serve:1", "command": SLEEP, "args": [], "env": {}, "replicas": replicas,
             "port": 8000, "resources": {"accelerator": "H100-80GB", "gpus_per_node": 8, "nodes": 1},
-            "placement": {}, "max_retries": max_retries,
-            "autoscaling": scaling or {"min_replicas": 1, "max_replicas": 3, "target_in_flight_per_replica": 4}}
+            "placement": {}, "max_retries": max_retries}
+    if autoscaled:
+        spec["autoscaling"] = scaling or {"min_replicas": 1, "max_replicas": 3, "target_in_flight_per_replica": 4}
     job = make_job_row(teams[0], user, catalog["H100-80GB"], name="serve", kind="inference", spec=spec,
                        gpus_per_node=8, nodes=1, max_retries=max_retries)
     assert try_admit(job.pk) == "admitted"
@@ -262,21 +267,169 @@ def test_a_replica_s_pod_deleted_evicted_or_crashed_is_replaced_on_its_node_with
     assert state(attempt) == S.RECOVERING  # a failed serving attempt: a new one while retries allow
 
 
-@pytest.mark.parametrize("seen", ["the disruption", "the pinned replacement"])
-def test_a_replica_whose_node_is_gone_ends_the_attempt_lost_with_its_node(cluster, teams, user, catalog, seen):
-    """Its replacement would be pinned to a node that no longer exists: the attempt is lost ``NodeLost`` naming
-    the node (placed again, off that node), whether a look saw its pod's disruption or only the pinned
-    replacement waiting."""
+def deployment_named(emulator, attempt: JobAttempt, index: int) -> dict:
+    """The live Deployment of replica ``index`` of ``attempt``."""
+    (found,) = [d for d in live_deployments(emulator, attempt)
+                if d["metadata"]["name"] == m.replica_name(attempt.object_name, index)]
+    return found
+
+
+def lose_node(emulator, name: str, seen: str) -> None:
+    """Node ``name`` goes as ``seen`` says: deleted (its pods DisruptionTarget DeletionByPodGC), reclaimed as spot
+    (TerminationByKubelet), or deleted with the pod GC taking its pods before any look (only the replica's pinned
+    new pod is seen, pending)."""
+    if seen == "a spot reclaim":
+        emulator.interrupt_spot(name)
+    else:
+        emulator.delete_node(name)
+    if seen == "the pinned replacement":
+        emulator.step()
+
+
+@pytest.mark.parametrize("seen", ["the disruption", "the pinned replacement", "a spot reclaim"])
+def test_a_replica_whose_node_is_gone_is_replaced_on_another_node_while_the_other_serves(
+        cluster, teams, user, catalog, seen):
+    """docs/adr/0041: the lost replica's slot leaves the booking (billing stops at the loss as seen), a
+    replacement is admitted off that node as a scale-up, a Deployment of its own pinned to its new node, counted
+    as a ``replica_replaced`` naming both nodes; the other replica's Deployment and pod are never touched."""
     emulator, row = cluster
     attempt = serving(teams, user, catalog, emulator, row, replicas=2, max_retries=1)
-    gone = attempt.placement["nodes"][1]
-    emulator.delete_node(gone)  # its pod: DisruptionTarget DeletionByPodGC, Terminating
-    if seen == "the pinned replacement":
-        emulator.step()  # the pod GC took the pod before any look: only its pinned replacement is seen, pending
-        assert any(not p["spec"].get("nodeName") for p in emulator.pods(attempt.pk))
+    kept_node, gone = attempt.placement["nodes"]
+    (spare,) = set(NODES) - {kept_node, gone}
+    kept = deployment_named(emulator, attempt, 0)
+    (kept_pod,) = replica_pods(emulator, attempt)["0"]
+
+    lose_node(emulator, gone, seen)
+    reconcile_cluster(row)
+    lost = load(attempt.pk)
+    assert state(attempt) == S.RUNNING and lost.ended_at is None
+    (loss,) = JobEvent.objects.filter(attempt_id=attempt.pk, kind="replica_node_lost")
+    assert (loss.data["slot"], loss.data["nodes"]) == (1, [gone])
+    assert not JobEvent.objects.filter(attempt_id=attempt.pk, kind="replica_replaced").exists()  # nothing counted
+    reconcile_cluster(row)  # seen again: recorded once
+    assert JobEvent.objects.filter(attempt_id=attempt.pk, kind="replica_node_lost").count() == 1
+
+    seen_at = dt.datetime.fromisoformat(loss.data["seen_at"])
+    later = seen_at + dt.timedelta(seconds=30)
+    Cluster.objects.filter(pk=row.pk).update(last_contact_at=later)  # the cluster answered up to then
+    autoscale(later)  # the serving pass: released at the loss, replaced at ``later``
+    replaced = load(attempt.pk)
+    job = Job.objects.get(pk=attempt.job_id)
+    assert replaced.placement["nodes"] == [kept_node, spare] and replaced.placement["slots"] == [0, 2]
+    assert replaced.gpus == 16 and job.replicas == 2
+    assert [d["metadata"]["name"] for d in live_deployments(emulator, attempt)] == [
+        m.replica_name(attempt.object_name, i) for i in (0, 2)]
+    untouched = deployment_named(emulator, attempt, 0)
+    assert (untouched["metadata"]["uid"], untouched["metadata"]["resourceVersion"]) == (
+        kept["metadata"]["uid"], kept["metadata"]["resourceVersion"])
+    assert hostnames(deployment_named(emulator, attempt, 2)) == [spare]
+    pods = replica_pods(emulator, attempt)
+    assert [p["metadata"]["uid"] for p in pods["0"]] == [kept_pod["metadata"]["uid"]]
+    assert [p["spec"]["nodeName"] for p in pods["2"]] == [spare]
+    (released,) = JobEvent.objects.filter(attempt_id=attempt.pk, kind="replica_slot_released")
+    assert (released.data["slot"], released.data["nodes"], released.data["released_gpus"]) == (1, [gone], 8)
+    (event,) = JobEvent.objects.filter(attempt_id=attempt.pk, kind="replica_replaced")
+    assert (event.data["lost_nodes"], event.data["nodes"], event.data["slot"], event.data["used"]) == (
+        [gone], [spare], 2, 1)
+    assert gone in event.reason and spare in event.reason
+
+    emulator.step()
+    reconcile_cluster(row)
+    assert state(attempt) == S.RUNNING and load(attempt.pk).ended_at is None
+    assert {k: [p["spec"]["nodeName"] for p in v] for k, v in replica_pods(emulator, attempt).items()} == {
+        "0": [kept_node], "2": [spare]}
+
+    # billed once at what was held: 16 GPUs until the loss was seen, 8 until the replacement, 16 again
+    end = later + dt.timedelta(seconds=30)
+    Cluster.objects.filter(pk=row.pk).update(last_contact_at=end)
+    accrue_attempt(attempt.pk, end)
+    entries = list(CostEntry.objects.filter(attempt_id=attempt.pk).order_by("interval_start"))
+    assert all(a.interval_end == b.interval_start for a, b in itertools.pairwise(entries))  # no instant twice
+    held = [(e.gpus, e.interval_start, e.interval_end) for e in entries]
+    assert held[-1][0] == 16
+    eight = [(s, e) for g, s, e in held if g == 8]
+    assert eight == [(seen_at, later)]
+    assert all(g == 16 for g, s, _ in held if s < seen_at or s >= later)
+
+
+@pytest.mark.parametrize("refused", ["capacity", "retries"])
+def test_a_replica_lost_with_its_node_and_not_replaceable_leaves_the_service_at_one_replica_and_says_why(
+        cluster, teams, user, catalog, refused):
+    """No free node (another job holds the third one), or the replacement budget spent (``max_retries`` 0): the
+    slot is released, the other replica serves on alone, and the refusal is kept and shown as a scale-up's."""
+    emulator, row = cluster
+    if refused == "capacity":
+        serving(teams, user, catalog, emulator, row, replicas=1)  # holds one of the three nodes
+    attempt = serving(teams, user, catalog, emulator, row, replicas=2, max_retries=0 if refused == "retries" else 1)
+    kept_node, gone = attempt.placement["nodes"]
+    kept = deployment_named(emulator, attempt, 0)
+    emulator.delete_node(gone)
+    reconcile_cluster(row)
+    autoscale()
+    autoscale()  # tried again: the refusal is said once
+    left = load(attempt.pk)
+    job = Job.objects.get(pk=attempt.job_id)
+    assert left.placement["nodes"] == [kept_node] and left.placement["slots"] == [0] and left.gpus == 8
+    assert job.replicas == 1 and left.ended_at is None
+    assert [d["metadata"]["uid"] for d in live_deployments(emulator, attempt)] == [kept["metadata"]["uid"]]
+    refusal = serving_status(job)["autoscaling"]["refusal"]
+    assert refusal["reason"] == refused and refusal["replicas"] == 1
+    (event,) = JobEvent.objects.filter(job_id=job.pk, kind="scale_refused")
+    assert event.data["reason"] == refused
+    assert not JobEvent.objects.filter(attempt_id=attempt.pk, kind="replica_replaced").exists()
+    emulator.step()
+    reconcile_cluster(row)
+    assert state(attempt) == S.RUNNING
+
+
+def test_a_fixed_size_service_replaces_its_lost_replica_once_room_comes_back(cluster, teams, user, catalog):
+    """Without autoscaling nothing else would ask for the replica again: the serving pass tries the replacement at
+    every pass, refused (said once) while another job holds the only free node, admitted on that node once the
+    other job is cancelled."""
+    emulator, row = cluster
+    other = serving(teams, user, catalog, emulator, row, replicas=1)
+    attempt = serving(teams, user, catalog, emulator, row, replicas=2, max_retries=1, autoscaled=False)
+    kept_node, gone = attempt.placement["nodes"]
+    (freed,) = other.placement["nodes"]
+    emulator.delete_node(gone)
+    reconcile_cluster(row)
+    autoscale()
+    autoscale()
+    job = Job.objects.get(pk=attempt.job_id)
+    assert job.replicas == 1 and load(attempt.pk).placement["nodes"] == [kept_node]
+    (refused,) = JobEvent.objects.filter(job_id=job.pk, kind="scale_refused")
+    assert refused.data["reason"] == "capacity"
+
+    cancel_job(Job.objects.get(pk=other.job_id))
+    finish_cancel(other.job_id)
+    emulator.step()
+    finish_cancel(other.job_id)
+    assert state(other) == S.CANCELLED
+    autoscale()
+    replaced = load(attempt.pk)
+    assert replaced.placement["nodes"] == [kept_node, freed] and replaced.gpus == 16
+    assert Job.objects.get(pk=job.pk).replicas == 2
+    (event,) = JobEvent.objects.filter(attempt_id=attempt.pk, kind="replica_replaced")
+    assert (event.data["lost_nodes"], event.data["nodes"]) == ([gone], [freed])
+    assert hostnames(deployment_named(emulator, attempt, 2)) == [freed]
+    emulator.step()
+    reconcile_cluster(row)
+    assert state(attempt) == S.RUNNING
+    assert {k: [p["spec"]["nodeName"] for p in v] for k, v in replica_pods(emulator, attempt).items()} == {
+        "0": [kept_node], "2": [freed]}
+
+
+def test_the_attempt_ends_lost_with_its_nodes_only_when_no_replica_is_left(cluster, teams, user, catalog):
+    """Both replicas' nodes gone: no replica serves, so the attempt is lost ``NodeLost`` naming both nodes and the
+    job is placed again, as any attempt lost with its node."""
+    emulator, row = cluster
+    attempt = serving(teams, user, catalog, emulator, row, replicas=2, max_retries=1)
+    booked = attempt.placement["nodes"]
+    for name in booked:
+        emulator.delete_node(name)
     reconcile_cluster(row)
     ended = load(attempt.pk)
-    assert ended.ended_at is not None and ended.end_reason == "NodeLost" and ended.bad_nodes == [gone]
+    assert ended.ended_at is not None and ended.end_reason == "NodeLost" and sorted(ended.bad_nodes) == sorted(booked)
     assert state(attempt) == S.RECOVERING
 
 

@@ -48,7 +48,10 @@ class Clock:
         return result
 
     def to_zero(self) -> None:
+        """Step until the last replica is released; ``released_at`` is then the autoscaler's time of that pass (the
+        ledger's boundary: it runs ahead of the wall clock, which stamps the ``scale`` event)."""
         wait_until(lambda: self.step()["replicas"] == 0, 60, "the job to scale to zero")
+        self.released_at = self.now
         wait_until(lambda: endpoint_metric(self.attempt, "controlplane_endpoint_replicas") == 0, 10,
                    "the endpoint to list no replica")
 
@@ -78,7 +81,7 @@ def test_an_idle_job_scales_to_zero_and_its_next_request_is_held_until_a_replica
     attempt = serving_job(1, SCALE_TO_ZERO)
     clock = Clock(attempt)
     clock.to_zero()
-    released = JobEvent.objects.get(job_id=attempt.job_id, kind="scale", data__replicas=0)
+    assert JobEvent.objects.filter(job_id=attempt.job_id, kind="scale", data__replicas=0).count() == 1
 
     job = Job.objects.get(pk=attempt.job_id)
     rattempt = JobAttempt.objects.get(pk=attempt.pk)
@@ -89,11 +92,13 @@ def test_an_idle_job_scales_to_zero_and_its_next_request_is_held_until_a_replica
     assert reconcile_until(attempt, {JobState.RUNNING}).state == JobState.RUNNING  # no replica ends nothing
     assert endpoint_metric(attempt, "controlplane_endpoint_ready_replicas") == 0
 
-    # billing stops at the release: nothing accrues after it, however long the job stays at zero
+    # billing stops at the release: nothing accrues after it, however long the job stays at zero; the boundary is
+    # the autoscaler's clock, not the event's wall-clock stamp, which lags it by the passes stepped ahead
     later = clock.now + dt.timedelta(seconds=60)
     Cluster.objects.filter(pk=attempt.cluster_id).update(last_contact_at=later)
     accrue_attempt(attempt.pk, later)
-    after = CostEntry.objects.filter(attempt_id=attempt.pk, interval_start__gte=released.created_at)
+    after = CostEntry.objects.filter(attempt_id=attempt.pk, interval_start__gte=clock.released_at)
+    assert after.exists()  # the minute at zero was accrued, at no GPU
     assert sum((e.amount_usd for e in after), Decimal(0)) == 0
     assert CostEntry.objects.filter(attempt_id=attempt.pk, gpu_milli=1000).exists()  # what ran before was billed
 

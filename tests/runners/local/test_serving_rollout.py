@@ -98,6 +98,11 @@ def test_a_rollout_under_load_moves_every_replica_to_the_new_checkpoint_with_no_
     assert len(state["replicas"]) == 2 and not set(state["replicas"]) & set(attempt.runner_state["replicas"])
     for address in state["replicas"]:
         assert requests.get(f"http://{address}/healthz", timeout=5).headers["X-Checkpoint"] == served_by(new)
+    # the job's logs are those of the replicas serving now, not of the ones the rollout retired
+    for node, address in enumerate(state["replicas"]):
+        text = owner.client.get(f"/api/v1/jobs/{attempt.job_id}/logs/?node={node}").json()["text"]
+        assert f"serving on http://{address} " in text, (node, address, text[-500:])
+    assert owner.client.get(f"/api/v1/jobs/{attempt.job_id}/logs/?node=2").status_code == 400
     # the job's size and booking are as before; it loads the new checkpoint from now on
     job = Job.objects.get(pk=attempt.job_id)
     assert job.state == JobState.RUNNING and job.replicas == 2 and job.spec["checkpoint_from"] == new.pk
