@@ -18,7 +18,12 @@ figures of the snapshot and the locked re-check's, the admitted jobs' teams read
 ``/api/v1/capacity/?group_by=cluster``, ``node`` and ``team`` over 30 days and the Capacity page by node over the
 30 UTC days to today (its table and its daily chart), the pools' GPUs as 8-GPU nodes seen for the whole month, each
 attempt placed on one of them (``capacity_nodes``, ``capacity_gpus``: 480 nodes at full size; ``--attempts 256``
-makes the 1,024-GPU fleet of 128 nodes).
+makes the 1,024-GPU fleet of 128 nodes). The capacity figures read a window's whole days from the running
+allocation totals (``costs.running``, ADR 0050: two rows per pool-and-team or node series, however long the
+history); beside them, for comparison (not goals): ``capacity_rollup_rows``, the attempt-day rollup rows of the
+30-day window (its edge days included), what the figures read before, and ``capacity_rollup_read_ms``, the
+database reading and summing them per attempt alone; its ratio is in ``growth_ratios`` but not in
+``growth_ratio_max``. History's build rebuilds the running allocation too; ``table_mib`` counts its tables.
 Each figure is measured in wall time (the goals) and in CPU time of this process and its PostgreSQL backend
 (``cpu_ms``, per operation); ``growth_ratios`` and ``growth_ratio_max`` compare CPU times, which other load
 on a shared machine moves far less than wall times (``wall_growth_ratios`` are given too). Ends with one JSON line: ``entries``, ``table_mib``, each figure per length,
@@ -57,6 +62,8 @@ GOALS = {"accrual_run_s": 2.0, "budget_status_ms": 10.0, "schedule_pass_s": 1.0,
 GROWTH = ("accrual_run_s", "budget_status_ms", "schedule_pass_s", "schedule_budget_reads_ms", "costs_by_team_s",
           "costs_by_day_s", "capacity_by_cluster_s", "capacity_by_node_s", "capacity_by_team_s",
           "capacity_page_by_node_s")
+#: Figures shown for comparison, not goals: what the capacity figures read per attempt-day before ADR 0050.
+FLOORS = ("capacity_rollup_read_ms",)
 #: GPUs per node of the fleet's node inventory (``runners.NodeSpan``): the capacity queries' nodes.
 NODE_GPUS = 8
 
@@ -181,7 +188,8 @@ def table_mib() -> float:
 
     with connection.cursor() as cursor:
         cursor.execute("SELECT sum(pg_total_relation_size(t)) FROM unnest(%s::regclass[]) AS t",
-                       [["costs_costentry", "costs_dailycostrollup", "costs_jobdailycost", "costs_teamspend"]])
+                       [["costs_costentry", "costs_dailycostrollup", "costs_jobdailycost", "costs_teamspend",
+                         "costs_allocationseries", "costs_allocationrunningtotal"]])
         return round(float(cursor.fetchone()[0]) / 2**20, 1)
 
 
@@ -286,15 +294,35 @@ def measure(now: dt.datetime, staff, acc, budgets, repeat: int) -> tuple[dict, d
         response = client.get("/capacity/", page)
         assert response.status_code == 200 and b"errorlist" not in response.content, response.content[:300]
     record("capacity_page_by_node_s", timed(meter, capacity_page, repeat, 1))
+    # What the capacity figures cannot read less of: the window's attempt-day rollup rows (its edge days' too),
+    # read and summed per attempt by the database alone.
+    from django.db import connection
+
+    from costs.models import AttemptDailyCost
+
+    days = [(at - dt.timedelta(days=30)).date(), at.date()]
+    read = (f'SELECT attempt_id, SUM(gpu_seconds), SUM(cost_usd), SUM(unpriced_gpu_seconds) '
+            f'FROM "{AttemptDailyCost._meta.db_table}" WHERE day >= %s AND day <= %s GROUP BY 1')
+
+    def rollup_read(i):
+        with connection.cursor() as cursor:
+            cursor.execute(read, days)
+            cursor.fetchall()
+    record("capacity_rollup_read_ms", timed(meter, rollup_read, repeat, 10), 1000)
+    wall["capacity_rollup_rows"] = AttemptDailyCost.objects.filter(day__gte=days[0], day__lte=days[1]).count()
     return wall, cpu
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--days-short", type=float, default=3.0)
-    parser.add_argument("--days-long", type=float, default=30.0)
-    parser.add_argument("--attempts", type=int, default=1000)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--days-short", type=float, default=3.0,
+                        help="days of ledger history of the shorter length (default 3)")
+    parser.add_argument("--days-long", type=float, default=30.0,
+                        help="days of ledger history of the longer length (default 30)")
+    parser.add_argument("--attempts", type=int, default=1000,
+                        help="running attempts of the fleet; fewer make a scaled-down run (default 1000)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="runs of each figure, the fastest counts; 10x as many for budget status (default 3)")
     args = parser.parse_args()
     url = os.environ.get("BENCH_DATABASE_URL", DEFAULT_URL)
     require("ledger_scale", [postgres_missing(url)])
@@ -326,9 +354,10 @@ def main() -> int:
         result[key] = {name: per_length[name][key] for name in per_length}
     result["cpu_ms"] = {key: {name: cpu[name][key] for name in cpu} for key in cpu["long"]}
     ratios = {k: cpu["long"][k] / cpu["short"][k] for k in GROWTH if cpu["short"][k]}
+    floor = {k: round(cpu["long"][k] / cpu["short"][k], 3) for k in FLOORS if cpu["short"][k]}
     result["wall_growth_ratios"] = {k: round(per_length["long"][k] / per_length["short"][k], 3) for k in GROWTH
                                     if per_length["short"][k]}
-    result["growth_ratios"] = {k: round(v, 3) for k, v in ratios.items()}
+    result["growth_ratios"] = {**{k: round(v, 3) for k, v in ratios.items()}, **floor}
     result["growth_ratio_max"] = round(max(ratios.values()), 3)
     result["goals"] = GOALS
     met = {k: per_length["long"][k] <= goal for k, goal in GOALS.items() if k != "growth_ratio_max"}

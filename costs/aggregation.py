@@ -6,8 +6,11 @@ the web UI's cost pages and the reports (``costs.reports``).
 Cost: ``aggregate_window`` reads the day rollups (``DailyCostRollup`` per
 team, cluster and accelerator; ``JobDailyCost`` per job; kept by the
 accrual) for the whole UTC days of a window and the ledger only for the
-partial days at its edges, so a 30-day query reads ~30 rollup rows per group
-whatever the ledger's length, with the same totals to the last
+partial days at its edges, each read from the side with less time: the
+entries inside the window, or the day's rollups less the entries outside it
+(a window ending now: today's rollups, no entries; ``spend.edge_outside``).
+So a 30-day query reads ~30 rollup rows per group and at most half a day of
+entries per edge, whatever the ledger's length, with the same totals to the last
 1e-9 USD as summing the entries (``aggregate_costs``, still used for a
 queryset of entries). Aggregation is pushed to the database (GROUP BY); an
 entry counts in the window that contains its ``interval_start``, the rule
@@ -38,15 +41,25 @@ from collections import defaultdict
 from datetime import UTC
 from decimal import ROUND_HALF_EVEN, Decimal
 
-from django.db.models import DurationField, ExpressionWrapper, F, Sum
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Sum
 from django.db.models.functions import TruncDate
+from django.utils import timezone
 
 from core.money import LEDGER_QUANTUM, rounding_difference, shown_usd, usd_cents
 from runners.models import CPU_ACCELERATOR, Cluster
 
 from .catalog import electricity_price_at, electricity_rows
 from .models import CostEntry, DailyCostRollup, JobDailyCost
-from .spend import entries_in, exact_seconds, gpu_seconds, rollups_in, utc_midnight, window_parts
+from .spend import (
+    edge_outside,
+    entries_in,
+    exact_seconds,
+    first_entry_since,
+    gpu_seconds,
+    rollups_in,
+    utc_midnight,
+    window_parts,
+)
 
 # Output key -> lookup, per group_by (the ledger and the rollups name them alike; the ledger's "day" is annotated).
 GROUP_KEYS = {
@@ -114,6 +127,36 @@ def _rollup_sums(rollups, group_by: str, sums: dict[tuple, list]) -> None:
         row[1] += part["cost"] or Decimal(0)
 
 
+def _edge_from_rollups(narrow, model, day: dt.date, outside, group_by: str, sums: dict[tuple, list]) -> None:
+    """Add the [GPU-seconds, USD] of the entries of UTC ``day`` outside the intervals ``outside``
+    (``spend.edge_outside``) per group key to ``sums``: the day's rollups (``model``, narrowed by ``narrow``) less the
+    entries of ``outside``, exact. A group keeps a row only where an entry is left (the rollups' ``entries`` less
+    those read), as when the edge's entries are summed (``_ledger_sums``)."""
+    lookups = list(GROUP_KEYS[group_by].values())
+    edge: dict[tuple, list] = {}
+    for part in narrow(model.objects.filter(day=day)).values(*lookups).annotate(
+            held=Sum("gpu_seconds"), cost=Sum("cost_usd"), n=Sum("entries")).order_by():
+        row = edge.setdefault(tuple(part[lookup] for lookup in lookups), [Decimal(0), Decimal(0), 0])
+        row[0] += part["held"] or Decimal(0)
+        row[1] += part["cost"] or Decimal(0)
+        row[2] += part["n"] or 0
+    for lo, hi in outside:
+        entries = entries_in(narrow(CostEntry.objects.all()), lo, hi)
+        if group_by == "day":
+            entries = entries.annotate(day=UTC_DAY)
+        for part in entries.values(*lookups, "gpu_milli").annotate(
+                held=Sum(HELD_TIME), cost=Sum("amount_usd"), n=Count("pk")).order_by():
+            row = edge.setdefault(tuple(part[lookup] for lookup in lookups), [Decimal(0), Decimal(0), 0])
+            row[0] -= gpu_seconds(part["gpu_milli"], exact_seconds(part["held"] or dt.timedelta()))
+            row[1] -= part["cost"] or Decimal(0)
+            row[2] -= part["n"]
+    for key, (held, cost, n) in edge.items():
+        if n > 0:
+            row = sums.setdefault(key, _zero())
+            row[0] += held
+            row[1] += cost
+
+
 def hours(seconds: Decimal | float) -> float:
     """Seconds (of GPUs or vCPUs) as hours, a float to 6 decimals: how the API shows GPU- and vCPU-hours."""
     return round(float(seconds) / 3600, 6)
@@ -172,16 +215,20 @@ def gpu_priced(qs):
 
 
 def window_sums(group_by: str, start: dt.datetime | None, end: dt.datetime | None, *, scope=None,
-                team_slug: str | None = None, gpus_only: bool = False) -> dict[tuple, list]:
+                team_slug: str | None = None, gpus_only: bool = False, edges: str = "auto") -> dict[tuple, list]:
     """Exact ``[GPU-seconds, USD]`` per group key of ``group_by`` over ``[start, end)`` (None: open).
 
     Whole UTC days from the rollups, partial edge days from the ledger
-    (``costs.spend.window_parts``). ``scope`` narrows a queryset with a
+    (``costs.spend.window_parts``): an edge day's entries inside the window,
+    or its rollups less its entries outside the window where those span less
+    time up to now (``costs.spend.edge_outside``, whose ``edges`` this
+    passes; the sums are the same either way). ``scope`` narrows a queryset with a
     ``team`` field (e.g. ``lambda qs: scope_to_teams(qs, user)``); ``team_slug``
     keeps one team; ``gpus_only`` keeps the GPU-priced rows (``gpu_priced``). Raises KeyError for a ``group_by``
     not in ``GROUP_KEYS``.
     """
     GROUP_KEYS[group_by]  # noqa: B018  (KeyError before any query)
+    edge_outside(None, None, timezone.now(), edges)  # ValueError for an unknown reading before any query
 
     def narrow(qs):
         qs = scope(qs) if scope is not None else qs
@@ -194,23 +241,32 @@ def window_sums(group_by: str, start: dt.datetime | None, end: dt.datetime | Non
         _unpriced_sums(entries_in(narrow(CostEntry.objects.all()), start, end), group_by, sums)
         return sums
     parts = window_parts(start, end)
+    model = JobDailyCost if group_by == "job" else DailyCostRollup
     if parts.has_days:
-        model = JobDailyCost if group_by == "job" else DailyCostRollup
         _rollup_sums(rollups_in(narrow(model.objects.all()), parts), group_by, sums)
+    # The job-day rollups leave out the CPU flavor by the job's accelerator, the ledger by the entry's: read the
+    # edges of GPU-priced costs by job from the entries alone.
+    now = timezone.now()
     for lo, hi in parts.edges:
-        _ledger_sums(entries_in(narrow(CostEntry.objects.all()), lo, hi), group_by, sums)
+        outside = None if gpus_only and group_by == "job" else edge_outside(
+            lo, hi, now, edges, first_entry_since(lo) if edges == "auto" and lo is not None else None)
+        if outside is None:
+            _ledger_sums(entries_in(narrow(CostEntry.objects.all()), lo, hi), group_by, sums)
+        else:
+            _edge_from_rollups(narrow, model, lo.astimezone(UTC).date(), outside, group_by, sums)
     # The unpriced part straight from the ledger's unpriced rows (few, with their own index): vCPU-seconds too.
     _unpriced_sums(entries_in(narrow(CostEntry.objects.all()), start, end), group_by, sums)
     return sums
 
 
 def aggregate_window(group_by: str, start: dt.datetime | None, end: dt.datetime | None, *, scope=None,
-                     team_slug: str | None = None, gpus_only: bool = False) -> tuple[list[dict], dict]:
+                     team_slug: str | None = None, gpus_only: bool = False,
+                     edges: str = "auto") -> tuple[list[dict], dict]:
     """Costs by ``group_by`` over ``[start, end)``: ``(rows, total)`` as ``aggregate_costs`` gives for the entries
     whose ``interval_start`` lies in the window, read from the rollups and the edge days (``window_sums``; its
-    ``gpus_only`` keeps the GPU-priced part)."""
-    return present_sums(window_sums(group_by, start, end, scope=scope, team_slug=team_slug, gpus_only=gpus_only),
-                        group_by)
+    ``gpus_only`` keeps the GPU-priced part; ``edges`` as ``costs.spend.edge_outside``)."""
+    return present_sums(window_sums(group_by, start, end, scope=scope, team_slug=team_slug, gpus_only=gpus_only,
+                                    edges=edges), group_by)
 
 
 def add_utilization(rows: list[dict], total: dict, rollups, group_by: str) -> None:
@@ -405,12 +461,14 @@ def utilization_window(rollups, group_by: str, start: dt.datetime | None, end: d
     allocation taken from the ledger: ``gpu_hours`` is the GPU-hours billed over the same whole UTC days (the
     figure the costs show), ``unobserved_gpu_hours`` what of it no DCGM sample covers. A group the ledger bills and
     Prometheus never saw (no Prometheus at all, a cluster without DCGM) is a row with its GPU-hours, all of them
-    unobserved, and nulls for the averages ("no data"), never 0 GPU-hours; a group that billed no GPU-hour and has
-    no rollup (CPU-only jobs alone) is no row. The unobserved cost is a share of the GPU-priced part of the
+    unobserved, and nulls for the averages ("no data"), never 0 GPU-hours; a group that billed no GPU-hour and
+    whose rollups hold no GPU time either (CPU-only jobs alone, single-role or multi-role, whether or not a
+    collection wrote them a rollup of 0 GPU-seconds: ``holds_gpu_time``) is no row. The unobserved cost is a share of the GPU-priced part of the
     ledger's cost only (``gpu_priced``): the vCPU and GiB-hours of CPU-only jobs in the same team, cluster or day
     are no GPU-hours and are not in it. Arguments as ``window_sums``; ``job_id`` keeps one job (read from its
     ledger entries)."""
     rows, total = aggregate_utilization(rollups, group_by)
+    rows = [row for row in rows if holds_gpu_time(row)]
     lo, hi = day_window(start, end)
     if job_id is not None:
         entries = gpu_priced(entries_in(CostEntry.objects.filter(job_id=job_id), lo, hi))
@@ -433,6 +491,15 @@ def utilization_window(rollups, group_by: str, start: dt.datetime | None, end: d
     if billed:
         billed_share(total, billed_total)
     return sorted(by_key.values(), key=lambda r: group_order(tuple(r[k] for k in keys))), total
+
+
+def holds_gpu_time(row: dict) -> bool:
+    """Whether a row of ``aggregate_utilization`` says anything of GPUs: allocated or observed GPU-hours, or a
+    utilization or memory average. False for the rollups of CPU-only attempts (0 GPUs x their running time, no
+    DCGM series), which a collection may or may not have written depending on when it ran: their group is a row
+    only if the ledger billed it GPU-hours (``utilization_window``)."""
+    return bool(row["gpu_hours"] or row["observed_gpu_hours"] or row["avg_gpu_util_percent"] is not None
+                or row["avg_memory_used_mib"] is not None)
 
 
 def billed_share(row: dict, ledger_row: dict) -> None:

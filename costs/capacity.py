@@ -35,13 +35,14 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import datetime as dt
-import json
+import decimal
 from collections import defaultdict
 from decimal import Decimal
 from typing import NamedTuple
 
 from django.db import connection, transaction
 from django.db.models import Sum
+from django.utils import timezone
 
 from core.money import LEDGER_QUANTUM, rounding_difference, usd_cents
 from jobs.models import JobAttempt
@@ -49,8 +50,17 @@ from quotas.models import Team
 from runners.models import Accelerator, Cluster, Node, NodePool, NodeSpan
 
 from .catalog import NoPrice, prices_by_pool, row_at
-from .models import AttemptDailyCost, CostEntry, NodeUtilizationRollup, Price, UtilizationRollup
-from .spend import ENTRY_SPAN, exact_seconds, gpu_seconds, utc_midnight
+from .models import (
+    AllocationRunningTotal,
+    AllocationSeries,
+    AttemptDailyCost,
+    CostEntry,
+    NodeUtilizationRollup,
+    Price,
+    UtilizationRollup,
+)
+from .running import node_shares as _node_shares
+from .spend import ENTRY_SPAN, edge_outside, exact_seconds, first_entry_since, gpu_seconds, utc_midnight
 
 #: The longest window one capacity query may cover, days: a bound on the server time of one answer.
 MAX_WINDOW_DAYS = 93
@@ -125,9 +135,11 @@ def _fetch(sql: str, params: dict) -> list[tuple]:
     """The rows of one of this module's aggregate queries, run with PostgreSQL's JIT off: the planner's row estimates
     for the set-returning functions in them (``unnest``, ``jsonb_array_elements_text``) are far above the few
     thousand rows they make, which crosses ``jit_above_cost``, and compiling the plan then took a second where
-    running it takes tens of milliseconds (``benchmarks/ledger_scale.py``)."""
+    running it takes tens of milliseconds (``benchmarks/ledger_scale.py``); and with no parallel workers: for the few
+    thousand rows these read, starting and gathering workers cost the backend more CPU than they share."""
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET LOCAL jit = off")
+        cursor.execute("SET LOCAL max_parallel_workers_per_gather = 0")
         cursor.execute(sql, params)
         return cursor.fetchall()
 
@@ -239,7 +251,7 @@ def _capacity(buckets: dict, start: dt.datetime, end: dt.datetime, cluster_ids, 
 #: and its amount prorated by the seconds kept (entries never cross a UTC hour, ``spend.ENTRY_SPAN``, which bounds
 #: the index range read).
 _ALLOCATION_SQL = """
-WITH alloc AS (
+WITH {edge_cte}alloc AS (
   SELECT d.attempt_id, d.day, d.cluster_id, d.accelerator_id, d.team_id,
          d.gpu_seconds AS g, d.cost_usd AS c, d.unpriced_gpu_seconds AS u
   FROM {rollups} AS d
@@ -255,8 +267,53 @@ WITH alloc AS (
   CROSS JOIN LATERAL (SELECT EXTRACT(EPOCH FROM LEAST(e.interval_end, w.hi) - GREATEST(e.interval_start, w.lo)) AS kept,
                              EXTRACT(EPOCH FROM e.interval_end - e.interval_start) AS whole) AS k
   WHERE e.gpu_milli > 0 {entry_clusters}
+  UNION ALL
+  SELECT * FROM edge
 ){split}
 """
+
+#: The entries of the edge days ``rday`` that reach outside the window, per edge (``o`` below): each entry's part
+#: inside the window less its whole (negative sums).
+_OUTSIDE_ENTRIES_SQL = """
+    SELECT e.attempt_id, (e.interval_start AT TIME ZONE 'UTC')::date, e.cluster_id, e.accelerator_id, e.team_id,
+           e.gpu_milli * (k.kept - k.whole) * 0.001,
+           CASE WHEN e.amount_usd IS NULL THEN 0 WHEN k.kept = 0 THEN -e.amount_usd
+                ELSE (e.amount_usd * k.kept)::numeric(65, 30) / k.whole - e.amount_usd END,
+           CASE WHEN e.amount_usd IS NULL THEN e.gpu_milli * (k.kept - k.whole) * 0.001 ELSE 0 END
+    FROM unnest(%(owlo)s::timestamptz[], %(owhi)s::timestamptz[], %(olo)s::timestamptz[], %(ohi)s::timestamptz[],
+                %(opast)s::boolean[]) AS o(wlo, whi, lo, hi, past)
+    JOIN {entries} AS e ON e.interval_start >= o.lo AND e.interval_start < o.hi
+                         AND (NOT o.past OR e.interval_end > o.whi)
+    CROSS JOIN LATERAL (
+      SELECT GREATEST(EXTRACT(EPOCH FROM LEAST(e.interval_end, o.whi) - GREATEST(e.interval_start, o.wlo)), 0)
+               AS kept,
+             EXTRACT(EPOCH FROM e.interval_end - e.interval_start) AS whole) AS k
+    WHERE e.gpu_milli > 0 {entry_clusters}
+"""
+
+#: The partial days at a window's edges read as their attempt-day rollups (days ``rday``) less the entries of those
+#: days that reach outside the window (``o``: per edge ``[wlo, whi)``, the entries starting in ``[lo, hi)``, with
+#: ``past`` those ending after ``whi`` only): each such entry's whole is taken off and its part inside the window
+#: added back as the entries' reading clips it, so the sums are the same, exactly; an attempt-day keeps a row only
+#: where GPU-seconds are left inside the window (``spend.edge_outside`` chooses this reading).
+_EDGE_FROM_ROLLUPS_SQL = """, edge AS (
+  SELECT x.attempt_id, x.day, x.cluster_id, x.accelerator_id, x.team_id, SUM(x.g) AS g, SUM(x.c) AS c, SUM(x.u) AS u
+  FROM (
+    SELECT d.attempt_id, d.day, d.cluster_id, d.accelerator_id, d.team_id,
+           d.gpu_seconds AS g, d.cost_usd AS c, d.unpriced_gpu_seconds AS u
+    FROM {rollups} AS d
+    WHERE d.day = ANY(%(rday)s::date[]) {rollup_clusters}
+    UNION ALL
+""" + _OUTSIDE_ENTRIES_SQL + """  ) AS x
+  GROUP BY 1, 2, 3, 4, 5
+  HAVING SUM(x.g) > 0
+)"""
+
+#: With the running totals (``_running_rows``), an edge day read from its side outside the window is its series' day
+#: row, read with the whole days, less this: its entries reaching outside the window (``o`` as above), each entry's
+#: whole taken off and its part inside the window added back, per attempt (negative sums).
+_EDGE_OUTSIDE_SQL = """, edge AS (
+""" + _OUTSIDE_ENTRIES_SQL + """)"""
 
 #: ``alloc`` per pool (and day or team as asked).
 _BY_POOL_SQL = """
@@ -295,33 +352,119 @@ GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9
 
 
 def _allocation_rows(start: dt.datetime, end: dt.datetime, cluster_ids, res: Resolution, by_team: bool,
-                     in_database: bool | None = None) -> list[tuple]:
+                     in_database: bool | None = None, edges: str = "auto", running: bool = True) -> list[tuple]:
     """The ledger's GPU allocation inside ``[start, end)`` per (cluster id, pool name, accelerator id, capacity type,
     node, the node's GPUs of the attempt, the attempt's GPUs, UTC day, team id): rows of those keys and
     ``GPU-seconds, USD (priced), GPU-seconds without a price`` (Decimal). Unless ``res.by_node`` the node is ``''``
     and both GPU counts None; the day is None unless ``res.by_day``, the team None unless ``by_team``. Summed by the
-    database (``_ALLOCATION_SQL``) unless ``in_database`` is False (default: ``_in_database()``)."""
+    database (``_ALLOCATION_SQL``) unless ``in_database`` is False (default: ``_in_database()``); the database reads
+    each partial edge day from the side with less time up to now (``spend.edge_outside``, whose ``edges`` this
+    passes): its entries inside the window, or its attempt-day rollups less its entries reaching outside
+    (``_EDGE_FROM_ROLLUPS_SQL``), the same sums where an attempt bills GPUs in every entry of a day or in none.
+    The whole days come from the running totals (``_running_rows``: two rows per series, however long the ledger's
+    history) unless ``running`` is False or the grouping is by node and by team or day (no series holds it), then from the
+    attempt-day rollups. Both count the entries billing GPUs; the running totals per entry, the attempt-day rows
+    where the attempt-day billed any GPU-seconds."""
     first = start.astimezone(dt.UTC).date()
     if utc_midnight(first) < start:
         first += dt.timedelta(days=1)
     last = end.astimezone(dt.UTC).date()  # whole days are [first, last)
     if first >= last:
-        edges = [(start, end)]
+        partial = [(start, end)]
     else:
-        edges = [(lo, hi) for lo, hi in ((start, utc_midnight(first)), (utc_midnight(last), end)) if lo < hi]
+        partial = [(lo, hi) for lo, hi in ((start, utc_midnight(first)), (utc_midnight(last), end)) if lo < hi]
     if not (in_database if in_database is not None else _in_database()):
-        return _allocation_rows_python(first, last, edges, cluster_ids, res, by_team)
+        return _allocation_rows_python(first, last, partial, cluster_ids, res, by_team)
     names = {"rollups": AttemptDailyCost._meta.db_table, "entries": CostEntry._meta.db_table,
              "attempts": JobAttempt._meta.db_table, "pools": NodePool._meta.db_table}
     split = (_BY_NODE_SQL if res.by_node else _BY_POOL_SQL).format(
         day=("al.day", "day")[res.by_node] if res.by_day else "NULL::date",
         team=("al.team_id", "team_id")[res.by_node] if by_team else "NULL::integer", **names)
     clusters = "" if cluster_ids is None else "AND {}.cluster_id = ANY(%(clusters)s)"
-    sql = _ALLOCATION_SQL.format(rollup_clusters=clusters.format("d"), entry_clusters=clusters.format("e"),
-                                 split=split, **names)
-    params = {"first": first, "last": last, "lo": [lo for lo, _hi in edges], "hi": [hi for _lo, hi in edges],
-              "span": ENTRY_SPAN, "clusters": list(cluster_ids or [])}
-    return _fetch(sql, params)
+    filters = {"rollup_clusters": clusters.format("d"), "entry_clusters": clusters.format("e")}
+    now = timezone.now()
+    direct, rday, outside = [], [], []
+    for lo, hi in partial:
+        if edge_outside(lo, hi, now, edges, first_entry_since(lo) if edges == "auto" else None) is None:
+            direct.append((lo, hi))
+            continue
+        day = lo.astimezone(dt.UTC).date()
+        rday.append(day)
+        # Entries starting before the window (crossing its start or not), and those from the window's start (or an
+        # entry's span before its end) on that end after it; entries never cross a UTC midnight.
+        outside.append((lo, hi, utc_midnight(day), lo, False))
+        outside.append((lo, hi, max(lo, hi - ENTRY_SPAN), utc_midnight(day + dt.timedelta(days=1)), True))
+    # Whole days from the running totals where a series holds the grouping (not nodes by team or by day); an edge
+    # day read from the side outside the window is then its series' day less the entries outside.
+    whole = running and not (res.by_node and (by_team or res.by_day))
+    edge_sql = _EDGE_OUTSIDE_SQL if whole else _EDGE_FROM_ROLLUPS_SQL
+    edge_cte = edge_sql.format(**names, **filters)[2:] + ",\n" if rday else ""
+    sql = _ALLOCATION_SQL.format(split=split, edge_cte=edge_cte, **filters, **names)
+    if not rday:
+        sql = sql.replace("  UNION ALL\n  SELECT * FROM edge\n", "")
+    params = {"first": last if whole else first, "last": last, "lo": [lo for lo, _hi in direct],
+              "hi": [hi for _lo, hi in direct], "span": ENTRY_SPAN, "clusters": list(cluster_ids or []), "rday": rday,
+              **{k: [o[i] for o in outside] for i, k in enumerate(("owlo", "owhi", "olo", "ohi", "opast"))}}
+    if not whole:
+        return _fetch(sql, params)
+    days = set(rday) | ({first, last - dt.timedelta(days=1)} if first < last else set())
+    rows = _fetch(sql, params) if direct or rday else []
+    if days:
+        rows += _running_rows(min(days), max(days) + dt.timedelta(days=1), cluster_ids, res, by_team)
+    merged: dict[tuple, list] = {}
+    with decimal.localcontext(prec=100):  # exact: the prorated edge amounts carry 30 decimals (numeric(65, 30))
+        for row in rows:
+            sums = merged.setdefault(tuple(row[:9]), [ZERO, ZERO, ZERO])
+            for i in range(3):
+                sums[i] += row[9 + i]
+    return [(*key, *sums) for key, sums in merged.items() if sums[0]]
+
+
+#: The running GPU allocation of whole UTC days ``[first, last)`` per series (``costs.running``): ``through_*`` of
+#: its last row before ``last`` less that of its last row before ``first``, two index reads per series that reaches
+#: the window, whatever the length of the ledger's history; the pool's name and capacity type as they are now.
+_RUNNING_SQL = """
+SELECT s.cluster_id, p.name, s.accelerator_id, p.capacity_type, {node}, {share}, {gpus}, NULL::date, {team},
+       SUM(COALESCE(hi.g, 0) - COALESCE(lo.g, 0)), SUM(COALESCE(hi.c, 0) - COALESCE(lo.c, 0)),
+       SUM(COALESCE(hi.u, 0) - COALESCE(lo.u, 0))
+FROM {series} AS s JOIN {pools} AS p ON p.id = s.node_pool_id
+LEFT JOIN LATERAL (SELECT r.through_gpu_seconds AS g, r.through_cost_usd AS c, r.through_unpriced_gpu_seconds AS u
+                   FROM {running} AS r WHERE r.series_id = s.id AND r.day < %(last)s ORDER BY r.day DESC LIMIT 1
+                  ) AS hi ON TRUE
+LEFT JOIN LATERAL (SELECT r.through_gpu_seconds AS g, r.through_cost_usd AS c, r.through_unpriced_gpu_seconds AS u
+                   FROM {running} AS r WHERE r.series_id = s.id AND r.day < %(first)s ORDER BY r.day DESC LIMIT 1
+                  ) AS lo ON TRUE
+WHERE s.by_node = %(by_node)s AND s.last_day >= %(first)s AND s.first_day < %(last)s {clusters}
+GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9
+HAVING SUM(COALESCE(hi.g, 0) - COALESCE(lo.g, 0)) <> 0
+"""
+
+#: The running GPU allocation per pool, team and UTC day of ``[first, last)``: the day rows of the pool series that
+#: reach the window (a day-resolved grouping needs each day).
+_RUNNING_DAYS_SQL = """
+SELECT s.cluster_id, p.name, s.accelerator_id, p.capacity_type, '', NULL::integer, NULL::integer, r.day, {team},
+       SUM(r.gpu_seconds), SUM(r.cost_usd), SUM(r.unpriced_gpu_seconds)
+FROM {series} AS s JOIN {pools} AS p ON p.id = s.node_pool_id
+JOIN {running} AS r ON r.series_id = s.id AND r.day >= %(first)s AND r.day < %(last)s
+WHERE NOT s.by_node AND s.last_day >= %(first)s AND s.first_day < %(last)s {clusters}
+GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9
+HAVING SUM(r.gpu_seconds) <> 0
+"""
+
+
+def _running_rows(first: dt.date, last: dt.date, cluster_ids, res: Resolution, by_team: bool) -> list[tuple]:
+    """``_allocation_rows``' rows of the whole UTC days ``[first, last)`` from the running totals
+    (``costs.running``): per pool (and team, ``by_team``) or per node of the placements (``res.by_node``, not with
+    ``by_team``), per day where ``res.by_day``. Only series with GPU-seconds in the window make rows, as the
+    attempt-day reading keeps only attempt-days with GPU-seconds."""
+    sql = _RUNNING_DAYS_SQL if res.by_day else _RUNNING_SQL
+    return _fetch(sql.format(
+        series=AllocationSeries._meta.db_table, running=AllocationRunningTotal._meta.db_table,
+        pools=NodePool._meta.db_table, node="s.node" if res.by_node else "''",
+        share="s.share" if res.by_node else "NULL::integer", gpus="s.gpus" if res.by_node else "NULL::integer",
+        team="s.team_id" if by_team else "NULL::integer",
+        clusters="" if cluster_ids is None else "AND s.cluster_id = ANY(%(clusters)s)"),
+        {"first": first, "last": last, "by_node": res.by_node, "clusters": list(cluster_ids or [])})
 
 
 def _allocation_rows_python(first: dt.date, last: dt.date, edges: list, cluster_ids, res: Resolution,
@@ -364,20 +507,6 @@ def _allocation_rows_python(first: dt.date, last: dt.date, edges: list, cluster_
             for k in range(3):
                 o[k] += sums[k]
     return [(*key, *sums) for key, sums in out.items()]
-
-
-def _node_shares(placement, gpus: int) -> list[tuple[str, int]]:
-    """An attempt's GPUs per node of its placement, as ``_BY_NODE_SQL`` computes them: whole GPUs each, the
-    remainder on the first node named, a node named twice holding both parts; ``[("", gpus)]`` when placement
-    names no nodes."""
-    names = (placement or {}).get("nodes") if isinstance(placement, dict) else None
-    if not isinstance(names, list) or not names:
-        return [("", gpus)]
-    each, rest = divmod(gpus, len(names))
-    shares: dict[str, int] = defaultdict(int)
-    for i, name in enumerate(names):
-        shares[name if isinstance(name, str) else json.dumps(name)] += each + (rest if i == 0 else 0)
-    return list(shares.items())
 
 
 def _allocated(buckets: dict, teams: dict | None, start: dt.datetime, end: dt.datetime, cluster_ids,

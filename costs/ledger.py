@@ -17,7 +17,7 @@ Totals: in the transaction that writes the entries, the team's
 ``TeamSpend`` row, the ``DailyCostRollup`` rows (UTC day x team x cluster x
 accelerator), the ``JobDailyCost`` rows (UTC day x job) and the job's
 ``accrued_cost_usd`` grow by exactly what
-the entries gained, so budgets and cost queries read totals, not entries.
+the entries gained (and the running GPU allocation per pool, team and node, ``costs.running``), so budgets and cost queries read totals, not entries.
 ``costs.rollups.rebuild_totals`` recomputes them from the entries.
 
 A live attempt is billed up to its cluster's last contact, not up to now: time no look observed (the cluster or the
@@ -55,6 +55,7 @@ from jobs.models import Job, JobAttempt, held_gpu_milli
 from quotas.models import Team
 from runners.models import Cluster, NodePool
 
+from . import running
 from .catalog import NoPrice, Rates, prices_by_pool, rates_at
 from .models import ATTEMPT_DAY_KEYS, AttemptDailyCost, CostEntry, DailyCostRollup, JobDailyCost, Price, TeamSpend
 from .spend import ENTRY_SPAN, exact_seconds, gpu_seconds
@@ -157,6 +158,8 @@ class _Batch:
     rollups: dict[tuple, _Totals] = dataclasses.field(default_factory=lambda: defaultdict(_Totals))
     job_days: dict[tuple, _Totals] = dataclasses.field(default_factory=lambda: defaultdict(_Totals))
     attempt_days: dict[tuple, _Totals] = dataclasses.field(default_factory=lambda: defaultdict(_Totals))
+    # the part billing GPUs, per attempt-day: [GPU-seconds, USD, unpriced GPU-seconds] (``costs.running``)
+    gpu_days: dict[tuple, list] = dataclasses.field(default_factory=lambda: defaultdict(lambda: [Decimal(0)] * 3))
 
     def count(self, entry_start: dt.datetime, team_id: int, cluster_id: int, accelerator_id: int, job_id: int,
               attempt_id: int, cost: Decimal | None, gpu_seconds: Decimal, new_rows: int) -> None:
@@ -165,6 +168,11 @@ class _Batch:
         self.rollups[(day, team_id, cluster_id, accelerator_id)].add(cost, gpu_seconds, new_rows)
         self.job_days[(day, job_id, team_id)].add(cost, gpu_seconds, new_rows)
         self.attempt_days[(day, attempt_id, team_id, cluster_id, accelerator_id)].add(cost, gpu_seconds, new_rows)
+        if gpu_seconds:
+            g = self.gpu_days[(day, attempt_id, team_id, cluster_id, accelerator_id)]
+            g[0], g[1] = g[0] + gpu_seconds, g[1] + (cost or 0)
+            if cost is None:
+                g[2] += gpu_seconds
         if cost:
             self.job_usd[job_id] += cost
 
@@ -411,6 +419,8 @@ def _write_postgresql(batch: _Batch) -> None:
                 match = " AND ".join(f"t.{k} = v.{k}" for k in keys[:conflict])
                 cursor.execute(f'UPDATE "{table}" AS t SET {shrunk}, {stamp} = v.{stamp} FROM (VALUES {values}) '
                                f"AS v({', '.join(keys)}, {', '.join(sums)}, {stamp}) WHERE {match}", params)
+    running.apply(batch.gpu_days)
+    with connection.cursor() as cursor:
         for chunk in _chunks(sorted(batch.extend)):
             values, params = _values(chunk, ("bigint", "timestamptz", "numeric"))
             cursor.execute(f'UPDATE "{entry_t}" AS e SET interval_end = v.e, amount_usd = v.a '
@@ -445,6 +455,7 @@ def _write_generic(batch: _Batch) -> None:
             row.unpriced_gpu_seconds += t.unpriced_gpu_seconds
             row.entries += t.entries
             row.save()
+    running.apply(batch.gpu_days)
     for entry_id, end, amount in sorted(batch.extend):
         CostEntry.objects.filter(pk=entry_id).update(interval_end=end, amount_usd=amount)
     if batch.delete:

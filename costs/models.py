@@ -232,6 +232,63 @@ class AttemptDailyCost(LedgerTotals):
         indexes = [models.Index(fields=["day", "cluster"], name="attemptdailycost_day_cluster")]
 
 
+class AllocationSeries(models.Model):
+    """One series of the ledger's running GPU allocation (``AllocationRunningTotal``): what the capacity figures sum
+    per pool and team (``by_node`` False: ``node`` ``''``, ``share`` and ``gpus`` 0) or per node of the placements
+    (``by_node`` True: the node's GPUs of each attempt, ``share``, out of the attempt's ``gpus``, as
+    ``costs.capacity`` splits them; ``node`` ``''`` where a placement names no nodes). ``first_day`` and
+    ``last_day`` bound the UTC days it has rows for, so a window's query reads only the series that reach it.
+    Kept by ``costs.running`` in the transaction that writes the entries; rebuilt from the ledger with the other
+    totals (``costs.rollups.rebuild_totals``)."""
+
+    by_node = models.BooleanField()
+    cluster = models.ForeignKey("runners.Cluster", on_delete=models.CASCADE, related_name="allocation_series")
+    # No database constraint on the accelerator and the pool: a new series' foreign-key check would take FOR KEY
+    # SHARE on their rows, so accrual (which must wait on no row but the totals, ``costs.ledger.accrue_running``)
+    # would wait behind an admission or an edit holding a pool or an accelerator FOR UPDATE. Team and cluster rows
+    # are key-shared first, in the platform's lock order, as the ledger's own entries need; deletes still cascade
+    # (Django's collector).
+    accelerator = models.ForeignKey("runners.Accelerator", on_delete=models.CASCADE,
+                                    related_name="allocation_series", db_constraint=False)
+    node_pool = models.ForeignKey("runners.NodePool", on_delete=models.CASCADE, related_name="allocation_series",
+                                  db_constraint=False)
+    team = models.ForeignKey("quotas.Team", on_delete=models.CASCADE, related_name="allocation_series")
+    node = models.CharField(max_length=253, blank=True)
+    share = models.PositiveIntegerField(help_text="the node's GPUs of each attempt (0 in a pool series)")
+    gpus = models.PositiveIntegerField(help_text="the attempts' GPUs (0 in a pool series)")
+    first_day = models.DateField()
+    last_day = models.DateField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(
+            fields=["by_node", "cluster", "accelerator", "node_pool", "team", "node", "share", "gpus"],
+            name="allocationseries_unique")]
+        indexes = [models.Index(fields=["by_node", "last_day"], name="allocationseries_last_day")]
+        verbose_name_plural = "allocation series"
+
+
+class AllocationRunningTotal(models.Model):
+    """The ledger's GPU allocation of one series (``AllocationSeries``) on one UTC day (``gpu_seconds``,
+    ``cost_usd``, ``unpriced_gpu_seconds``: the entries billing GPUs, ``gpu_milli`` > 0, starting that day) and
+    through it (``through_*``: every day of the series up to and including this one), exact to 1e-9.
+
+    A window's whole days ``[first, last)`` are ``through`` of the series' last row before ``last`` less that of
+    its last row before ``first``: two rows per series whatever the length of the ledger's history. A row exists
+    for each day the series was billed (a day with no row adds nothing)."""
+
+    series = models.ForeignKey(AllocationSeries, on_delete=models.CASCADE, related_name="days")
+    day = models.DateField()
+    gpu_seconds = models.DecimalField(max_digits=31, decimal_places=9, default=0)
+    cost_usd = models.DecimalField(max_digits=24, decimal_places=9, default=0)
+    unpriced_gpu_seconds = models.DecimalField(max_digits=31, decimal_places=9, default=0)
+    through_gpu_seconds = models.DecimalField(max_digits=31, decimal_places=9, default=0)
+    through_cost_usd = models.DecimalField(max_digits=24, decimal_places=9, default=0)
+    through_unpriced_gpu_seconds = models.DecimalField(max_digits=31, decimal_places=9, default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["series", "day"], name="allocationrunningtotal_unique")]
+
+
 class TeamSpend(models.Model):
     """A team's running ledger totals since its first entry, and the row that serialises its spend.
 

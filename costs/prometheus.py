@@ -41,7 +41,12 @@ FB_USED_MIB = "DCGM_FI_DEV_FB_USED"
 # nvmlDeviceGetTotalEnergyConsumption: "in millijoules (mJ) since the driver was last reloaded").
 ENERGY_MJ = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
 MJ_PER_KWH = 3.6e9  # 1 kWh = 3.6 MJ = 3.6e9 mJ
-GPU_REQUESTS = 'kube_pod_container_resource_requests{{resource="nvidia_com_gpu"{extra}}}'
+# The GPU devices a pod requests, whole or shared: ``nvidia.com/gpu`` (a whole GPU, or a time-sliced one under the
+# device plugin's default names), ``nvidia.com/gpu.shared`` (time-slicing with ``renameByDefault``) and
+# ``nvidia.com/mig-<profile>`` (MIG, mixed strategy), as kube-state-metrics names them (dots and dashes as
+# underscores); NVIDIA k8s-device-plugin README, "Shared Access to GPUs" and "MIG support". One request is one device.
+GPU_REQUESTS = ('kube_pod_container_resource_requests{{resource=~"nvidia_com_gpu|nvidia_com_gpu_shared|'
+                'nvidia_com_mig_.+"{extra}}}')
 # A pod that has not finished: Pending (pulling its image, running init containers, or not bound yet) or Running.
 POD_UNFINISHED = 'kube_pod_status_phase{{phase=~"Pending|Running"{extra}}}'
 # A pod not bound to a node yet: kube-state-metrics' kube_pod_info carries ``node`` (spec.nodeName) from binding on.

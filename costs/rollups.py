@@ -20,6 +20,7 @@ from django.db import connection, transaction
 
 from core.gpus import MILLI_PER_GPU
 
+from . import running
 from .models import ATTEMPT_DAY_KEYS, AttemptDailyCost, CostEntry, DailyCostRollup, JobDailyCost, TeamSpend
 from .spend import exact_seconds, gpu_seconds, utc_midnight
 
@@ -113,44 +114,60 @@ def _rebuild_postgresql(tables, start_day, end_day, column: str = "gpu_milli") -
 
 def rebuild_totals(start_day: dt.date | None = None, end_day: dt.date | None = None, *, models=None) -> int:
     """Recompute the day and job-day rollups of UTC days ``[start_day, end_day]`` (every day when left out) from
-    the ledger, then every team's ``TeamSpend`` from the day rollups; returns the number of rollup rows written.
+    the ledger, then every team's ``TeamSpend`` from the day rollups and, with the attempt-day rollups, the running
+    GPU allocation (``costs.running.rebuild``); returns the number of rollup rows written.
 
     One transaction; on PostgreSQL it locks the totals tables against
     writers first (accrual waits, readers see the old or the new totals,
     never half) and sums in SQL with exact numerics. ``models`` is
     ``(CostEntry, DailyCostRollup, JobDailyCost, TeamSpend[, AttemptDailyCost])``
     (a migration passes its historical models; without the fifth, attempt-day
-    rollups are left alone).
+    rollups are left alone; with them, the running allocation is left alone).
     """
+    current = models is None  # a migration's historical models: the running allocation is its own migration's
     models = models or (CostEntry, DailyCostRollup, JobDailyCost, TeamSpend, AttemptDailyCost)
+    with transaction.atomic():
+        written = _rebuild_levels(models, start_day, end_day)
+        if current:
+            if connection.vendor == "postgresql":
+                from .models import AllocationRunningTotal, AllocationSeries
+
+                with connection.cursor() as cursor:
+                    cursor.execute(f'LOCK TABLE "{AllocationSeries._meta.db_table}", '
+                                   f'"{AllocationRunningTotal._meta.db_table}" IN SHARE ROW EXCLUSIVE MODE')
+            written += running.rebuild(start_day, end_day)
+        return written
+
+
+def _rebuild_levels(models, start_day: dt.date | None, end_day: dt.date | None) -> int:
+    """``rebuild_totals``' day, job-day, attempt-day and team totals (in its transaction); rows written."""
     entry_model, rollup_model, job_day_model, spend_model = models[:4]
     attempt_day_model = models[4] if len(models) > 4 else None
-    with transaction.atomic():
-        if connection.vendor == "postgresql":
-            return _rebuild_postgresql([m._meta.db_table for m in models], start_day, end_day,
-                                       _milli_column(entry_model)[0])
-        rollups, job_days, attempt_days = ledger_sums(entry_model, start_day, end_day)
-        levels = [(rollup_model, ROLLUP_KEYS, rollups), (job_day_model, JOB_DAY_KEYS, job_days)]
-        if attempt_day_model is not None:
-            levels.append((attempt_day_model, ATTEMPT_DAY_KEYS, attempt_days))
-        for model, names, groups in levels:
-            stale = model.objects.all()
-            if start_day:
-                stale = stale.filter(day__gte=start_day)
-            if end_day:
-                stale = stale.filter(day__lte=end_day)
-            stale.delete()
-            model.objects.bulk_create(model(**dict(zip(names, key, strict=True)), **dict(zip(_SUMS, sums, strict=True)))
-                                      for key, sums in groups.items())
-        teams: dict[int, list] = defaultdict(_zero)
-        for row in rollup_model.objects.values_list("team_id", *_SUMS):
-            for i, value in enumerate(row[1:]):
-                teams[row[0]][i] += value
-        spend_model.objects.exclude(team_id__in=list(teams)).update(
-            cost_usd=0, gpu_seconds=0, unpriced_gpu_seconds=0, entries=0)
-        for team, sums in teams.items():
-            spend_model.objects.update_or_create(team_id=team, defaults=dict(zip(_SUMS, sums, strict=True)))
-        return sum(len(groups) for _model, _names, groups in levels)
+    if connection.vendor == "postgresql":
+        return _rebuild_postgresql([m._meta.db_table for m in models], start_day, end_day,
+                                   _milli_column(entry_model)[0])
+    rollups, job_days, attempt_days = ledger_sums(entry_model, start_day, end_day)
+    levels = [(rollup_model, ROLLUP_KEYS, rollups), (job_day_model, JOB_DAY_KEYS, job_days)]
+    if attempt_day_model is not None:
+        levels.append((attempt_day_model, ATTEMPT_DAY_KEYS, attempt_days))
+    for model, names, groups in levels:
+        stale = model.objects.all()
+        if start_day:
+            stale = stale.filter(day__gte=start_day)
+        if end_day:
+            stale = stale.filter(day__lte=end_day)
+        stale.delete()
+        model.objects.bulk_create(model(**dict(zip(names, key, strict=True)), **dict(zip(_SUMS, sums, strict=True)))
+                                  for key, sums in groups.items())
+    teams: dict[int, list] = defaultdict(_zero)
+    for row in rollup_model.objects.values_list("team_id", *_SUMS):
+        for i, value in enumerate(row[1:]):
+            teams[row[0]][i] += value
+    spend_model.objects.exclude(team_id__in=list(teams)).update(
+        cost_usd=0, gpu_seconds=0, unpriced_gpu_seconds=0, entries=0)
+    for team, sums in teams.items():
+        spend_model.objects.update_or_create(team_id=team, defaults=dict(zip(_SUMS, sums, strict=True)))
+    return sum(len(groups) for _model, _names, groups in levels)
 
 
 def rebuild_rollups(start_day: dt.date | None = None, end_day: dt.date | None = None) -> int:
@@ -162,7 +179,7 @@ def rebuild_rollups(start_day: dt.date | None = None, end_day: dt.date | None = 
 class Mismatch:
     """A totals row that disagrees with the ledger: which (``kind``, ``key``), and the stored and ledger sums."""
 
-    kind: str  # "rollup", "job-day", "attempt-day" or "team"
+    kind: str  # "rollup", "job-day", "attempt-day", "team" or "running" (``costs.running``: series key and day)
     key: tuple
     stored: tuple
     ledger: tuple
@@ -176,7 +193,8 @@ def _differences(kind: str, stored: dict, ledger: dict) -> list[Mismatch]:
 
 
 def totals_mismatches() -> list[Mismatch]:
-    """Every rollup, job-day and team totals row that differs from the sums of the ledger (exact comparison).
+    """Every rollup, job-day, team totals and running allocation row that differs from the sums of the ledger
+    (exact comparison).
 
     Reads the whole ledger (an audit, not a hot path). Empty when the running
     totals agree with the entries to the last 1e-9 USD and microsecond.
@@ -193,4 +211,5 @@ def totals_mismatches() -> list[Mismatch]:
                                       ("team", TeamSpend, ("team_id",), teams)):
         stored = {r[:len(keys)]: r[len(keys):] for r in model.objects.values_list(*keys, *_SUMS)}
         found += _differences(kind, stored, ledger)
+    found += [Mismatch("running", tuple(m[:-2]), m[-2] or (), m[-1] or ()) for m in running.running_mismatches()]
     return found

@@ -100,6 +100,49 @@ def rollups_in(rollups, parts: WindowParts):
     return rollups
 
 
+def edge_outside(lo: dt.datetime | None, hi: dt.datetime | None, now: dt.datetime, edges: str = "auto",
+                 since: dt.datetime | None = None) -> tuple[tuple[dt.datetime, dt.datetime], ...] | None:
+    """How to read the edge interval ``[lo, hi)`` of a window (``WindowParts.edges``): None to read its entries, or
+    the parts of its UTC day outside it, ``((midnight, lo), (hi, next midnight))`` less the empty ones, to read it
+    as that day's rollups less the entries of those parts (the same sums: an entry counts on the day of its
+    ``interval_start``, and the rollups hold exactly the day's entries, ``costs.rollups``).
+
+    ``edges``: ``"entries"`` or ``"rollups"`` force the reading (of an edge inside one UTC day; an open or
+    longer edge is always read from its entries), ``"auto"`` takes the side with less time in which the ledger
+    can hold entries: time from ``since`` (the first entry's start on or after the day's midnight,
+    ``first_entry_since``; None: the midnight) up to ``now`` (an aware datetime; accrual writes nothing later),
+    so the partial day of a window ending now is read from its rollups, not from a day of entries. Raises
+    ValueError for another ``edges``.
+    """
+    if edges not in ("auto", "entries", "rollups"):
+        raise ValueError(f"edges must be 'auto', 'entries' or 'rollups', not {edges!r}")
+    if lo is None or hi is None or edges == "entries":
+        return None
+    day = lo.astimezone(UTC).date()
+    if day == dt.date.max:  # no following midnight to bound the day by
+        return None
+    midnight = utc_midnight(day)
+    following = midnight + dt.timedelta(days=1)
+    if hi > following:
+        return None
+    outside = tuple((a, b) for a, b in ((midnight, lo), (hi, following)) if a < b)
+    if edges == "rollups":
+        return outside
+    zero, since = dt.timedelta(), max(since or midnight, midnight)
+    inside_time = max(zero, min(hi, now) - max(lo, since))
+    outside_time = sum((max(zero, min(b, now) - max(a, since)) for a, b in outside), zero)
+    return outside if outside_time < inside_time else None
+
+
+def first_entry_since(lo: dt.datetime) -> dt.datetime | None:
+    """The start of the ledger's first entry starting at or after the UTC midnight of ``lo``'s day (None: there is
+    none): before it the day holds no entries (``edge_outside``'s ``since``). One probe of the ``interval_start``
+    index."""
+    midnight = utc_midnight(lo.astimezone(UTC).date())
+    return CostEntry.objects.filter(interval_start__gte=midnight).order_by("interval_start").values_list(
+        "interval_start", flat=True).first()
+
+
 def entries_in(entries, lo: dt.datetime | None, hi: dt.datetime | None):
     """``entries`` (a CostEntry queryset) with ``interval_start`` in ``[lo, hi)`` (None: open)."""
     if lo is not None:

@@ -8,7 +8,7 @@ from django.apps import apps
 #: Apps whose models are the product's own.
 PRODUCT_APPS = ("costs", "jobs", "notifications", "quotas", "runners", "frontend")
 #: Nouns whose plural is the singular.
-SAME_IN_PLURAL = ("metrics",)
+SAME_IN_PLURAL = ("metrics", "series")
 
 
 def english_plural(singular: str) -> str:
@@ -33,6 +33,7 @@ def test_every_models_plural_name_is_english():
 
 def test_the_plural_rule_itself():
     assert english_plural("cluster metrics") == "cluster metrics"
+    assert english_plural("allocation series") == "allocation series"
     assert english_plural("ledger discrepancy") == "ledger discrepancies"
     assert english_plural("priority class") == "priority classes"
     assert english_plural("API token") == "API tokens" and english_plural("job attempt") == "job attempts"

@@ -35,6 +35,7 @@ from costs.capacity import (
 )
 from costs.models import CostEntry, Price
 from costs.rollups import totals_mismatches
+from costs.spend import edge_outside, window_parts
 from runners.base import NodeInfo, PoolCapacity
 from runners.kubernetes.sync import apply_pools
 from runners.models import Cluster, NodePool
@@ -324,8 +325,11 @@ def test_the_database_and_python_sum_the_same_rows(fleet, teams, user, h100, see
             assert keyed(_capacity_rows(lo, hi, None, res, cuts, in_database=True), 6) == keyed(
                 _capacity_rows(lo, hi, None, res, cuts, in_database=False), 6), res
             for by_team in (False, True):
-                sql = keyed(_allocation_rows(lo, hi, None, res, by_team, in_database=True), 9)
                 here = keyed(_allocation_rows(lo, hi, None, res, by_team, in_database=False), 9)
+                sql = keyed(_allocation_rows(lo, hi, None, res, by_team, in_database=True, edges="entries"), 9)
+                # The edge days read as their rollups less the entries reaching outside the window: the same sums.
+                assert keyed(_allocation_rows(lo, hi, None, res, by_team, in_database=True, edges="rollups"),
+                             9) == sql, (res, by_team)
                 assert set(sql) == set(here), (res, by_team)
                 for key, (gpu_s, usd, unpriced) in sql.items():
                     assert (gpu_s, unpriced) == (here[key][0], here[key][2]), (res, by_team, key)
@@ -433,3 +437,39 @@ def test_a_staff_cordon_is_cordoned_capacity_from_the_cordon_to_the_uncordon(fle
     want = 8 * Decimal((uncordoned_at - cordoned_at).total_seconds())
     assert (total["capacity_gpu_seconds"], total["cordoned_gpu_seconds"]) == (8 * Decimal(3600), want)
     assert [(r["node"], r["cordoned_gpu_seconds"]) for r in rows] == [("node-a", want)]
+
+
+#: Windows whose edge days hold entries cut by the window: at its start, at its end, at both ends of one entry (an
+#: attempt's 00:00-00:50 entry of the second day), and one after an attempt's last entry of that day.
+EDGE_WINDOWS = [(T0 + dt.timedelta(minutes=62), MIDNIGHT), (MIDNIGHT + dt.timedelta(minutes=10), MIDNIGHT +
+                 dt.timedelta(minutes=40, seconds=30)), (MIDNIGHT + dt.timedelta(minutes=35), MIDNIGHT +
+                 dt.timedelta(hours=2)), (T0 + dt.timedelta(minutes=49), T0 + dt.timedelta(minutes=61, seconds=7))]
+
+
+def test_edge_days_read_from_their_rollups_less_the_entries_reaching_outside_give_the_same_allocation(
+        fleet, teams, user, h100):
+    """The allocation of windows whose edges cut entries, the edge days read as their attempt-day rollups less the
+    entries reaching outside the window, equals the edges' entries clipped (exactly), the same rows summed in Python
+    (USD to 1e-18) and, in GPU-seconds, each planned attempt's GPUs x its run's seconds inside the window."""
+    _sightings, plan = used_generated_fleet(fleet, teams, user, h100, 0)
+    resolutions = [Resolution(by_node, by_day) for by_node in (False, True) for by_day in (False, True)]
+
+    def keyed(rows):
+        return {tuple(int(v) if isinstance(v, Decimal) else v for v in r[:9]): r[9:] for r in rows}
+
+    for lo, hi in EDGE_WINDOWS:
+        assert all(edge_outside(a, b, hi, "rollups") for a, b in window_parts(lo, hi).edges)  # read from rollups
+        planned = sum((gpus * seconds(max(lo, T0 + first * SYNC), min(hi, T0 + last * SYNC))
+                       for _team, _nodes, gpus, first, last, _shares in plan), Decimal(0))
+        for res in resolutions:
+            for by_team in (False, True):
+                rows = _allocation_rows(lo, hi, None, res, by_team, in_database=True, edges="rollups")
+                assert keyed(rows) == keyed(_allocation_rows(lo, hi, None, res, by_team, in_database=True,
+                                                             edges="entries")), (lo, res, by_team)
+                here = keyed(_allocation_rows(lo, hi, None, res, by_team, in_database=False))
+                assert set(keyed(rows)) == set(here), (lo, res, by_team)
+                for key, (gpu_s, usd, unpriced) in keyed(rows).items():
+                    assert (gpu_s, unpriced) == (here[key][0], here[key][2]), (lo, res, by_team, key)
+                    assert abs(usd - here[key][1]) <= Decimal("1e-18"), (lo, res, by_team, key)
+                share = {True: lambda r: r[9] * r[5] / r[6], False: lambda r: r[9]}[res.by_node]
+                assert sum((share(r) for r in rows), Decimal(0)) == planned, (lo, res, by_team)

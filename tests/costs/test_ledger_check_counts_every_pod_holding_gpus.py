@@ -44,7 +44,17 @@ PODS = [
     ("pull", "cp-beta", "job-4-1-0-oops", 1, [(10, "pending"), (20, "failed"), (80, "gone")]),
     ("rogue", "cp-alpha", "job-5-1-0-pull", 8, [(0, "pending"), (60, "gone")]),  # billed, as on ``pull``
     ("rogue", "default", "someone-else", 8, [(0, "pending"), (20, "running"), (60, "gone")]),  # never billed
+    # Pods on part of one GPU ask one device of the resource the node's sharing mode advertises (NVIDIA device
+    # plugin: a time-sliced GPU renamed ``nvidia.com/gpu.shared``, a MIG device of the mixed strategy
+    # ``nvidia.com/mig-<profile>``); kube-state-metrics names the resource with dots and dashes as underscores.
+    ("shared", "cp-alpha", "job-6-1-0-slice", 1, [(0, "running"), (90, "gone")]),
+    ("shared", "cp-alpha", "job-7-1-0-mig", 1, [(30, "running"), (150, "gone")]),
+    ("shared", "cp-alpha", "job-8-1-0-whole", 2, [(0, "running"), (60, "gone")]),
 ]
+
+#: The GPU resource each pod requests (``nvidia_com_gpu`` when not named); every pod also requests CPU, which is
+#: never counted as GPUs.
+RESOURCE = {"job-6-1-0-slice": "nvidia_com_gpu_shared", "job-7-1-0-mig": "nvidia_com_mig_1g_10gb"}
 
 
 def scrapes() -> list[float]:
@@ -80,9 +90,12 @@ def openmetrics() -> str:
                 families["kube_pod_status_phase"].append(
                     f'kube_pod_status_phase{{{base},phase="{name}"}} {int(name == phase)} {t:.0f}')
             families["kube_pod_info"].append(f'kube_pod_info{{{base}{node},created_by_kind="Job"}} 1 {t:.0f}')
-            families["kube_pod_container_resource_requests"].append(
-                f'kube_pod_container_resource_requests{{{base}{node},container="main",resource="nvidia_com_gpu",'
-                f'unit="integer"}} {gpus} {t:.0f}')
+            resource = RESOURCE.get(pod, "nvidia_com_gpu")
+            families["kube_pod_container_resource_requests"] += [
+                f'kube_pod_container_resource_requests{{{base}{node},container="main",resource="{resource}",'
+                f'unit="integer"}} {gpus} {t:.0f}',
+                f'kube_pod_container_resource_requests{{{base}{node},container="main",resource="cpu",'
+                f'unit="core"}} 4 {t:.0f}']
     lines = []
     for name, rows in families.items():
         lines += [f"# TYPE {name} gauge", *rows]
@@ -105,7 +118,7 @@ def prometheus_url(tmp_path_factory):
     proc.wait(timeout=30)
 
 
-@pytest.mark.parametrize("cluster", ["pull", "rogue"])
+@pytest.mark.parametrize("cluster", ["pull", "rogue", "shared"])
 def test_allocated_gpu_hours_count_every_bound_unfinished_pod_scrape_by_scrape(prometheus_url, cluster):
     source = prometheus.Source(prometheus_url, f',cluster="{cluster}"')
     got = prometheus.allocated_gpu_hours_by(source, START, END, ("pod",), step_seconds=STEP)
@@ -146,3 +159,28 @@ def test_a_pod_in_image_pull_billed_for_its_hour_is_no_discrepancy_and_a_pod_mis
     assert flagged.flagged
     assert flagged.ledger_gpu_hours == pytest.approx(8.0)
     assert flagged.metrics_gpu_hours == pytest.approx(held_gpu_hours("job-5-1-0-pull") + held_gpu_hours("someone-else"))
+
+
+def test_pods_on_shared_gpus_count_their_device_on_both_sides_of_the_check(prometheus_url, settings, catalog, teams,
+                                                                             user):
+    """A quarter of a time-sliced GPU, a MIG 1g.10gb device and two whole GPUs, each billed for exactly the time
+    its pod held them: the ledger bills the shares (0.25, 1/8), but kube-state-metrics counts each pod's one
+    device, so the check compares devices on both sides and is calm; its metrics side counts the renamed
+    time-slicing and MIG resources and never the CPU requests."""
+    settings.COSTS_PROMETHEUS_URL = prometheus_url
+    settings.COSTS_SCRAPE_INTERVAL_SECONDS = STEP
+    cluster, pool = make_cluster("shared", "aws", "us-east-1", catalog["H100-80GB"])
+    Cluster.objects.filter(pk=cluster.pk).update(last_contact_at=END)
+    held = {"job-6-1-0-slice": (250, 0, 90), "job-7-1-0-mig": (125, 30, 150), "job-8-1-0-whole": (0, 0, 60)}
+    for pod, (share, lo, hi) in held.items():
+        gpus = 2 if not share else 1
+        job = make_job_row(teams[0], user, catalog["H100-80GB"], name=pod[:20], spec={}, gpus_per_node=gpus,
+                           max_runtime=86400, state=JobState.SUCCEEDED, gpu_share_milli=share)
+        attempt = make_attempt(job, cluster, pool, gpus=gpus, started_at=T0 + lo * M, ended_at=T0 + hi * M,
+                               state=JobState.SUCCEEDED)
+        accrue_attempt(attempt.pk)
+
+    check = check_ledger(cluster, START, END)
+    assert check.ledger_gpu_hours == pytest.approx(1 * 90 / 60 + 1 * 120 / 60 + 2 * 1)
+    assert check.metrics_gpu_hours == pytest.approx(sum(held_gpu_hours(p) for p in held))
+    assert not check.flagged, (check.ledger_gpu_hours, check.metrics_gpu_hours)

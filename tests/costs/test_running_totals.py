@@ -15,10 +15,11 @@ from decimal import Decimal
 import pytest
 from django.core.management import CommandError, call_command
 
-from costs.aggregation import GROUP_KEYS, aggregate_costs, aggregate_window
+from costs.aggregation import GROUP_KEYS, aggregate_costs, aggregate_window, window_sums
 from costs.budgets import budget_status
 from costs.ledger import accrue_attempt, accrue_running
 from costs.models import CostEntry, DailyCostRollup, JobDailyCost, Price, TeamSpend
+from costs.spend import edge_outside
 from jobs.models import JobAttempt, JobState
 from quotas.models import Budget
 from tests.support.factories import make_attempt, make_job_row
@@ -139,3 +140,59 @@ def test_budget_spent_is_the_sum_of_the_periods_entries_also_for_a_period_cut_in
             team=teams[0], interval_start__gte=start, interval_start__lt=end)), D(0))
         assert budget_status(budget, at).spent_usd == expected
     assert JobAttempt.objects.filter(accrued_until__isnull=True).count() == 0
+
+
+#: Windows whose edge days hold entries on both sides of the cut: j1 ends on 10 March at 01:51, so a window from
+#: 05:00 that day leaves none of its entries (its rollup row of that day is all outside the window).
+EDGE_WINDOWS = [
+    (T0 + 3 * M, T0 + 27 * H + 41 * M), (T0 + 6 * H + 10 * M, T0 + 29 * H + 10 * M),
+    (T0 + 70 * M, T0 + 26 * H + 11 * M),  # from a midnight
+    (T0 + 2 * H, T0 + 5 * H), (T0 + 7 * H, T0 + 8 * H),  # inside one day
+    (T0 + 70 * M + 26 * H, T0 + 30 * H), (T0 + 10 * M, None), (None, T0 + 25 * H + 1 * M),
+]
+KEYS = {"team": lambda e: (e.team.slug,), "cluster": lambda e: (e.cluster.name,),
+        "accelerator": lambda e: (e.accelerator.name,), "job": lambda e: (e.job_id, e.job.name),
+        "day": lambda e: (e.interval_start.astimezone(UTC).date(),)}
+
+
+@pytest.mark.parametrize("window", EDGE_WINDOWS)
+@pytest.mark.parametrize("edges", ["rollups", "entries", "auto"])
+def test_edge_days_read_from_their_rollups_less_the_entries_outside_sum_as_the_windows_entries(history, window,
+                                                                                               edges):
+    start, end = window
+    inside = [e for e in CostEntry.objects.select_related("team", "cluster", "accelerator", "job")
+              if (start is None or e.interval_start >= start) and (end is None or e.interval_start < end)]
+    for group_by, key in KEYS.items():
+        expected = defaultdict(lambda: [D(0), D(0), D(0), D(0)])
+        for e in inside:
+            s = expected[key(e)]
+            s[0] += D(e.gpu_milli) * seconds(e) / 1000
+            s[1] += e.amount_usd or 0
+            s[2] += D(e.gpu_milli) * seconds(e) / 1000 if e.amount_usd is None else 0
+        for gpus_only in (False, True):
+            assert window_sums(group_by, start, end, edges=edges, gpus_only=gpus_only) == \
+                {k: list(v) for k, v in expected.items()}, (group_by, gpus_only)
+    beta = {("beta",): [v for k, v in window_sums("team", start, end).items() if k == ("beta",)]}
+    assert window_sums("team", start, end, edges=edges, team_slug="beta") == \
+        {k: v[0] for k, v in beta.items() if v}
+
+
+def test_an_edge_is_read_from_the_side_with_less_time_up_to_now():
+    day = dt.datetime(2026, 3, 10, tzinfo=UTC)
+    now = day + 10 * H
+    # A window ending now: the day's rollups, nothing outside up to now to read.
+    assert edge_outside(day, now, now) == ((now, day + 24 * H),)
+    assert edge_outside(day, day + 3 * H, now) is None  # 3 hours inside, 7 outside up to now
+    assert edge_outside(day + 2 * H, day + 24 * H, now) == ((day, day + 2 * H),)  # 8 hours inside up to now, 2 out
+    assert edge_outside(day + 7 * H, day + 24 * H, now) is None  # 3 hours inside up to now, 7 outside
+    assert edge_outside(day + 2 * H, day + 24 * H, now, "entries") is None
+    assert edge_outside(day + 2 * H, day + 26 * H, now, "rollups") is None  # crosses a midnight
+    assert edge_outside(None, day, now, "rollups") is None
+    # No entry before 06:00 that day: the 6 hours before the window hold none, the 4 inside it up to now some.
+    assert edge_outside(day + 6 * H, day + 24 * H, now, since=day + 6 * H) == ((day, day + 6 * H),)
+    assert edge_outside(day + 6 * H, day + 24 * H, now) is None
+    assert edge_outside(day + 6 * H, day + 24 * H, now, since=day + 11 * H) is None  # none up to now either side
+    last = dt.datetime.combine(dt.date.max, dt.time(), UTC)  # the last day has no following midnight
+    assert edge_outside(last, last + 12 * H, now, "rollups") is None
+    with pytest.raises(ValueError):
+        edge_outside(day, now, now, "both")

@@ -9,6 +9,7 @@ from decimal import Decimal
 import time_machine
 from django.utils import timezone
 
+from costs import running
 from costs.models import NodeUtilizationRollup, UtilizationRollup
 from jobs.models import JobAttempt
 from runners import health
@@ -99,6 +100,7 @@ def make_node_use(aws_cluster, big_job) -> str:
             apply_pools(cluster, found)
     attempt = JobAttempt.objects.get(job=big_job)
     JobAttempt.objects.filter(pk=attempt.pk).update(placement={"nodes": ["n-big"], "gpus_per_node": 8})
+    running.reattribute(attempt.pk, attempt.gpus, attempt.placement)  # its billed time moves to n-big (placement changes)
     NodeUtilizationRollup.objects.create(attempt=attempt, team_id=big_job.team_id, cluster=cluster, day=start.date(),
                                          node="n-big", samples=432, util_sum=432 * 40.0,
                                          observed_gpu_seconds=12 * 3600, idle_gpu_seconds=3 * 3600)

@@ -71,3 +71,58 @@ def test_the_unobserved_cost_of_a_team_and_a_day_is_a_share_of_its_gpu_cost_only
         assert [(r["gpu_hours"], r["unobserved_gpu_hours"], r["unobserved_cost_usd"]) for r in body["results"]] == [
             (2.0, 1.0, want)], group_by
         assert body["total"]["unobserved_cost_usd"] == want, group_by
+
+
+def _rl_grpo_spec() -> dict:
+    """examples/jobs/rl-grpo.yaml's shape: a learner and two rollouts, every role on CPUs (no GPU)."""
+    role = {"image": "python:3.11", "command": ["python", "examples/rl_grpo.py"], "env": {},
+            "resources": {"accelerator": "CPU", "gpus_per_node": 0, "nodes": 1, "cpu": 1, "memory_gib": 2}}
+    return {"roles": {"learner": role, "rollout": {**role, "resources": {**role["resources"], "nodes": 2},
+                                                   "completion": False}},
+            "priority": "normal", "max_runtime_seconds": 900, "preemptible": False, "placement": {},
+            "max_retries": 1}
+
+
+@pytest.mark.parametrize("collected", ["prepare-data", "rl-grpo", "both", "neither"])
+def test_cpu_only_jobs_single_or_multi_role_are_no_row_whichever_a_collection_reached(
+        collected, owner, aws_cluster, cpu, teams, h100):
+    """A GPU job of 1 GPU for an hour (6.88 USD) and two CPU-only jobs billed in vCPU and GiB-hours: a training job
+    of one pod and a multi-role job of three. A collection that ran while a CPU-only attempt was running writes it
+    a rollup of 0 GPU-seconds and no sample (``costs.collection``); one that did not writes none. Either way a
+    CPU-only job has no GPU to utilize: the rows by job, team and attempt are the GPU job's alone."""
+    gpu_job = make_job_row(teams[0], owner.user, h100, name="train", gpus_per_node=1)
+    gpu_attempt = make_attempt(gpu_job, aws_cluster["cluster"], aws_cluster["pool"], started_at=DAY,
+                               ended_at=DAY + dt.timedelta(hours=1), state="SUCCEEDED")
+    gpu_cost = Decimal("6.88")
+    make_cost_entry(gpu_attempt, DAY, dt.timedelta(hours=1), gpu_cost, gpus=1)
+    cpu_pool = NodePool.objects.get(accelerator=cpu)
+    prep = make_job_row(teams[0], owner.user, cpu, name="prepare-data", gpus_per_node=0)
+    grpo = make_job_row(teams[0], owner.user, cpu, name="rl-grpo", kind="multi-role", spec=_rl_grpo_spec(),
+                        nodes=3, gpus_per_node=0)
+    cpu_attempts = {}
+    for job, minutes, usd in ((prep, 10, Decimal("0.01")), (grpo, 20, Decimal("0.05"))):
+        attempt = make_attempt(job, cpu_pool.cluster, cpu_pool, gpus=0, started_at=DAY,
+                               ended_at=DAY + dt.timedelta(minutes=minutes), state="SUCCEEDED")
+        if job.kind == "multi-role":
+            attempt.placement = {"roles": {"learner": {"nodes": ["cpu-1"], "gpus_per_node": 0},
+                                           "rollout": {"nodes": ["cpu-2", "cpu-3"], "gpus_per_node": 0}}}
+            attempt.save(update_fields=["placement"])
+        make_cost_entry(attempt, DAY, dt.timedelta(minutes=minutes), usd, gpus=0, usd_per_gpu_hour="0")
+        cpu_attempts[job.name] = attempt
+    for name, attempt in cpu_attempts.items():
+        if collected in (name, "both"):  # what a collection writes for an attempt of 0 GPUs: nothing allocated, seen
+            UtilizationRollup.objects.create(
+                attempt=attempt, job=attempt.job, team=teams[0], cluster=cpu_pool.cluster, accelerator=cpu,
+                day=DAY.date(), gpu_seconds=0.0, samples=0, expected_samples=0.0, util_sum=0.0,
+                observed_gpu_seconds=0.0, idle_gpu_seconds=None, util_metric="")
+
+    by_job = owner.client.get("/api/v1/utilization/", {"group_by": "job", **WINDOW}).json()
+    assert [(r["job"], r["job_name"]) for r in by_job["results"]] == [(gpu_job.pk, "train")], by_job["results"]
+    row = by_job["results"][0]
+    assert (row["gpu_hours"], row["unobserved_gpu_hours"], row["unobserved_cost_usd"]) == (1.0, 1.0, str(gpu_cost))
+    assert (by_job["total"]["gpu_hours"], by_job["total"]["unobserved_cost_usd"]) == (1.0, str(gpu_cost))
+    by_team = owner.client.get("/api/v1/utilization/", {"group_by": "team", **WINDOW}).json()
+    assert [(r["team"], r["gpu_hours"]) for r in by_team["results"]] == [(teams[0].slug, 1.0)]
+    for job in (prep, grpo):  # one job's attempts (its page's table): none
+        by_attempt = owner.client.get("/api/v1/utilization/", {"group_by": "attempt", "job": job.pk, **WINDOW}).json()
+        assert by_attempt["results"] == [], (job.name, by_attempt["results"])
