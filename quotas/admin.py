@@ -11,11 +11,13 @@ from .models import (
     Budget,
     ChangeRequest,
     Cohort,
+    CohortQuota,
     Membership,
     OidcIdentity,
     PriorityClass,
     Quota,
     Team,
+    lock_cohort_tree,
 )
 
 
@@ -79,8 +81,29 @@ class MembershipInline(admin.TabularInline):
     autocomplete_fields = ["user"]
 
 
+class CohortTreeLockedAdmin(AuditedAdmin):
+    """An admin whose saves and deletes (a cohort's parent, a team's cohort) take the cohort rows' lock
+    (``lock_cohort_tree``) before the form is read and checked, as the API's writes do: two staff changing parents
+    at once cannot together close a loop, and a team cannot move into a cohort being deleted."""
+
+    def changeform_view(self, request, *args, **kwargs):
+        return self._tree_locked(request, super().changeform_view, *args, **kwargs)
+
+    def delete_view(self, request, *args, **kwargs):
+        return self._tree_locked(request, super().delete_view, *args, **kwargs)
+
+    @staticmethod
+    def _tree_locked(request, view, *args, **kwargs):
+        """``view(request, ...)``; a POST (a save or a delete) inside a transaction that holds the cohort rows."""
+        if request.method != "POST":
+            return view(request, *args, **kwargs)
+        with transaction.atomic():
+            lock_cohort_tree()
+            return view(request, *args, **kwargs)
+
+
 @admin.register(Team)
-class TeamAdmin(AuditedAdmin):
+class TeamAdmin(CohortTreeLockedAdmin):
     list_display = ["slug", "name", "cost_center", "cohort", "weight", "created_at"]
     list_filter = ["cohort"]
     search_fields = ["slug", "name", "cost_center"]
@@ -123,10 +146,21 @@ class BudgetAdmin(AuditedAdmin):
     list_filter = ["action", "period"]
 
 
+class CohortQuotaInline(admin.TabularInline):
+    """A cohort's own GPU quotas, one row per accelerator (ADR 0046)."""
+
+    model = CohortQuota
+    extra = 0
+
+
 @admin.register(Cohort)
-class CohortAdmin(AuditedAdmin):
-    list_display = ["name", "created_at"]
+class CohortAdmin(CohortTreeLockedAdmin):
+    """Cohorts nest (``parent``); ``Cohort.clean`` refuses a parent chain that loops (ADR 0046)."""
+
+    list_display = ["name", "parent", "weight", "created_at"]
+    list_filter = ["parent"]
     search_fields = ["name"]
+    inlines = [CohortQuotaInline]
 
 
 @admin.register(PriorityClass)

@@ -35,12 +35,19 @@ class TeamQuerySet(models.QuerySet):
 
 
 class Cohort(models.Model):
-    """A set of teams that lend each other their unused nominal quota (Kueue's Cohort).
+    """A set of teams that lend each other their unused nominal quota (Kueue's Cohort), and a level of an
+    organisation's tree of cohorts (Kueue's hierarchical cohorts: a Cohort's ``parentName``).
 
-    Teams without a cohort form the default cohort together.
+    Teams without a cohort form the default cohort together. ``parent`` (null: a root) nests it: an organisation
+    is a root, its departments its children, teams the leaves (``Team.cohort``); a parent chain never loops
+    (``parent_cycle``, checked by ``clean`` and the API). ``weight`` (> 0, default 1) is its fair-sharing weight
+    among its siblings (Kueue's ``fairSharing.weight``). Its own quotas are ``CohortQuota`` rows. ADR 0046.
     """
 
     name = models.SlugField(max_length=63, unique=True)
+    parent = models.ForeignKey("self", on_delete=models.PROTECT, null=True, blank=True, related_name="children")
+    weight = models.DecimalField(max_digits=8, decimal_places=3, default=Decimal("1"),
+                                 validators=[MinValueValidator(Decimal("0.001"))])
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -48,6 +55,149 @@ class Cohort(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self):
+        """``ValidationError`` on ``parent`` when the parent chain would come back to this cohort."""
+        loop = parent_cycle(self.pk, self.parent_id)
+        if loop:
+            raise ValidationError({"parent": [loop]})
+
+
+#: The most levels a tree of cohorts may have (an organisation, its departments, their groups, ...); a deeper
+#: chain is refused like a loop, so a parent walk always ends.
+MAX_COHORT_DEPTH = 8
+
+
+def parent_cycle(cohort_id: int | None, parent_id: int | None) -> str:
+    """Why cohort ``cohort_id`` (None: a new one) may not have parent ``parent_id``, or "" when it may: the parent
+    chain from ``parent_id`` reaches ``cohort_id`` (a loop), or the tree would have more than ``MAX_COHORT_DEPTH``
+    levels: the levels above the cohort (``parent_id`` and its ancestors) plus the cohort and the deepest chain of
+    its own descendants, which move with it. One query (all parent links)."""
+    if parent_id is None:
+        return ""
+    if cohort_id is not None and parent_id == cohort_id:
+        return "a cohort cannot be its own parent"
+    parents = dict(Cohort.objects.values_list("pk", "parent_id"))
+    chain, at = [parent_id], parents.get(parent_id)
+    while at is not None:
+        if at == cohort_id or at in chain:
+            names = dict(Cohort.objects.filter(pk__in=[*chain, at]).values_list("pk", "name"))
+            path = " > ".join(names.get(c, str(c)) for c in [*chain, at])
+            return f"the parent chain would loop back to this cohort: {path} (each cohort's parent after it)"
+        chain.append(at)
+        if len(chain) >= MAX_COHORT_DEPTH:
+            return f"a tree of cohorts has at most {MAX_COHORT_DEPTH} levels"
+        at = parents.get(at)
+    if len(chain) + _subtree_height(cohort_id, parents) > MAX_COHORT_DEPTH:
+        return (f"a tree of cohorts has at most {MAX_COHORT_DEPTH} levels: {len(chain)} above this cohort and "
+                f"{_subtree_height(cohort_id, parents)} from it down to its deepest descendant")
+    return ""
+
+
+def lock_cohort_tree() -> None:
+    """Lock every cohort row (``SELECT ... FOR UPDATE``, in id order, so two writers never deadlock) until the
+    caller's transaction ends. A change of a cohort's parent (or a new or deleted cohort) takes it before it reads
+    the parent links, so two concurrent changes cannot each pass ``parent_cycle`` on the links the other is about
+    to change and together close a loop or pass the depth limit. Must run inside ``transaction.atomic``."""
+    list(Cohort.objects.select_for_update().order_by("pk").values_list("pk", flat=True))
+
+
+def _subtree_height(cohort_id: int | None, parents: dict[int, int | None]) -> int:
+    """The levels from cohort ``cohort_id`` down to its deepest descendant, itself included (1: no children; a new
+    cohort has none). ``parents``: every cohort's parent id by id. A loop already stored is walked once."""
+    if cohort_id is None:
+        return 1
+    children: dict[int, list[int]] = {}
+    for pk, parent in parents.items():
+        if parent is not None:
+            children.setdefault(parent, []).append(pk)
+    height, level, seen = 0, [cohort_id], set()
+    while level:
+        height += 1
+        seen.update(level)
+        level = [kid for pk in level for kid in children.get(pk, []) if kid not in seen]
+    return height
+
+
+class CohortQuota(models.Model):
+    """A cohort's own GPUs of one accelerator, shared by its subtree (Kueue's Cohort ``resourceGroups``).
+
+    ``nominal_gpus`` adds to what the cohort's subtree holds; ``borrowing_limit_gpus`` is the most its subtree
+    may use above all the nominal quota inside it, borrowed from its parent (null: no limit, Kueue's default for
+    a Cohort); ``lending_limit_gpus`` is the most of its subtree's unused quota that teams outside it may use
+    (null: all of it). A root cohort borrows from nobody: its borrowing limit is moot. ADR 0046.
+    """
+
+    cohort = models.ForeignKey(Cohort, on_delete=models.CASCADE, related_name="quotas")
+    accelerator = models.ForeignKey("runners.Accelerator", on_delete=models.PROTECT, related_name="cohort_quotas")
+    nominal_gpus = models.PositiveIntegerField(default=0)
+    borrowing_limit_gpus = models.PositiveIntegerField(null=True, blank=True)
+    lending_limit_gpus = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["cohort__name", "accelerator__name"]
+        constraints = [models.UniqueConstraint(fields=["cohort", "accelerator"], name="cohort_quota_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.cohort} {self.accelerator}: {self.nominal_gpus}"
+
+
+# --- trees of cohorts as the scheduler and the API read them (ADR 0046) ---------------------------------------------
+# A cohort is in a tree when its root's tree has more than one cohort or a cohort quota (``CohortQuota``); a lone
+# cohort without quotas is a plain (flat) cohort and stays out, so its teams are decided exactly as before trees
+# existed. Levels (``core.cohorts.Level``) are keyed ``("cohort", id)``; amounts are whole GPUs by accelerator id.
+
+def cohort_key(cohort_id: int) -> tuple[str, int]:
+    """The key of cohort ``cohort_id`` in a tree (``core.cohorts.CohortTree``)."""
+    return ("cohort", cohort_id)
+
+
+def cohort_levels(*, every: bool = False) -> tuple[dict[tuple, cohorts.Level], dict[int, tuple]]:
+    """``(levels, root_of)``: the ``Level`` of every cohort in a tree, by key (its nominal quota, borrowing and
+    lending limits by accelerator id, its weight and name), and the root key of each such cohort by id. ``every``:
+    every cohort, lone plain ones too (for showing the forest). Two queries."""
+    rows = list(Cohort.objects.values_list("pk", "name", "parent_id", "weight"))
+    nominal: dict[int, dict] = {}
+    borrowing: dict[int, dict] = {}
+    lending: dict[int, dict] = {}
+    for cohort_id, acc, n, bl, ll in CohortQuota.objects.values_list(
+            "cohort_id", "accelerator_id", "nominal_gpus", "borrowing_limit_gpus", "lending_limit_gpus"):
+        nominal.setdefault(cohort_id, {})[acc] = n
+        borrowing.setdefault(cohort_id, {})[acc] = bl
+        lending.setdefault(cohort_id, {})[acc] = ll
+    parent = {pk: parent_id for pk, _, parent_id, _ in rows}
+    root: dict[int, int] = {}
+    for pk in parent:
+        at, seen = pk, set()
+        while parent.get(at) is not None and at not in seen:  # the API refuses loops; a stored one stops here
+            seen.add(at)
+            at = parent[at]
+        root[pk] = at
+    size: dict[int, int] = {}
+    with_quota: set[int] = set()
+    for pk, r in root.items():
+        size[r] = size.get(r, 0) + 1
+        if pk in nominal:
+            with_quota.add(r)
+    levels, root_of = {}, {}
+    for pk, name, parent_id, weight in rows:
+        r = root[pk]
+        if not every and size[r] == 1 and r not in with_quota:
+            continue
+        levels[cohort_key(pk)] = cohorts.Level(cohort_key(pk), cohort_key(parent_id) if parent_id and pk != r else None,
+                                       nominal.get(pk, {}), borrowing.get(pk, {}), lending.get(pk, {}),
+                                       default_borrowing_limit=None, weight=float(weight), name=name)
+        root_of[pk] = cohort_key(r)
+    return levels, root_of
+
+
+def team_level(team_id: int, cohort_id: int, quotas) -> cohorts.Level:
+    """The leaf ``Level`` of team ``team_id`` of cohort ``cohort_id``: its team-wide GPU quotas (``quotas``: Quota
+    rows) as nominal, borrowing and lending limits by accelerator id, keyed ``("team", id)``."""
+    rows = [q for q in quotas if q.cluster_id is None]
+    return cohorts.Level(("team", team_id), cohort_key(cohort_id), {q.accelerator_id: q.nominal_gpus for q in rows},
+                         {q.accelerator_id: q.borrowing_limit_gpus for q in rows},
+                         {q.accelerator_id: q.lending_limit_gpus for q in rows}, default_borrowing_limit=0)
 
 
 class QueueingStrategy(models.TextChoices):
@@ -275,15 +425,43 @@ class Quota(models.Model):
         others = others.filter(team__cohort_id=cohort_id) if cohort_id else others.filter(team__cohort__isnull=True)
         return sum(lendable(q) for q in others)
 
+    def _tree_reachable(self) -> int | None:
+        """The most the team can hold of this accelerator within every level of its tree of cohorts, nothing else in
+        use (``core.cohorts.CohortTree.available``), or None for a team of a plain cohort. One query for a team
+        without a cohort, three for one of a plain cohort, five in a tree."""
+        cohort_id = Team.objects.filter(pk=self.team_id).values_list("cohort_id", flat=True).first()
+        if cohort_id is None:  # the default cohort is never in a tree
+            return None
+        levels, root_of = cohort_levels()
+        if cohort_id not in root_of:
+            return None
+        members = [c for c, r in root_of.items() if r == root_of[cohort_id]]
+        rows = Quota.objects.filter(team__cohort_id__in=members, accelerator_id=self.accelerator_id,
+                                    cluster__isnull=True).values_list("team_id", "team__cohort_id").distinct()
+        by_team: dict[int, list] = {}
+        for q in Quota.objects.filter(team_id__in=[t for t, _ in rows], accelerator_id=self.accelerator_id,
+                                      cluster__isnull=True):
+            by_team.setdefault(q.team_id, []).append(q)
+        teams = dict(rows)
+        leaves = [team_level(t, teams[t], qs) for t, qs in by_team.items()]
+        if self.team_id not in teams:
+            leaves.append(team_level(self.team_id, cohort_id, [self]))
+        tree = cohorts.CohortTree([lv for k, lv in levels.items() if k[1] in members] + leaves)
+        return tree.available(("team", self.team_id), self.accelerator_id, idle=True)
+
     def reachable_gpus(self) -> int:
         """The most GPUs the team can actually hold: nominal + borrowing limit, at most nominal + what the other
-        teams of its cohort (all teams without one: ADR 0003) can lend of this accelerator. A per-cluster row
-        caps one cluster and borrows nothing: its limit. Two queries.
+        teams of its cohort (all teams without one: ADR 0003) can lend of this accelerator; in a tree of cohorts,
+        at most what every level above lets it hold (ADR 0046). A per-cluster row caps one cluster and borrows
+        nothing: its limit. Three queries without a cohort, five or seven with one.
 
         The scheduler's core computes it with the same function (``core.cohorts.reachable``) from its snapshot.
         """
         if self.cluster_id is not None:
             return self.limit_gpus
+        in_tree = self._tree_reachable()
+        if in_tree is not None:  # a tree of cohorts: every level above bounds it (ADR 0046)
+            return min(self.limit_gpus, in_tree)
         return cohorts.reachable(self.nominal_gpus, self.borrowing_limit_gpus,
                                  self._others_lendable(lambda q: q.lendable_gpus))
 
@@ -556,3 +734,24 @@ class ChangeRequestEvent(models.Model):
 
     def __str__(self) -> str:
         return f"request {self.request_id}: {self.from_state or 'new'} -> {self.to_state}"
+
+
+class TeamUsage(models.Model):
+    """A team's decayed GPU usage for fair sharing over time (docs/adr/0045-fair-sharing-over-time.md): ``gpu_seconds``
+    is the integral of the GPUs its attempts held (milli-GPU exact) weighted by ``2 ** (-age / half-life)``, as of
+    ``sampled_at`` (``jobs.scheduling.core.usage.advance``; the half-life is ``FAIR_SHARING_USAGE_HALF_LIFE_SECONDS``).
+
+    One row per team, moved forward by ``jobs.scheduling.usage.sample_usage`` with a compare-and-set on
+    ``sampled_at``; a team without a row has used nothing since sampling began.
+    """
+
+    team = models.OneToOneField(Team, on_delete=models.CASCADE, primary_key=True, related_name="usage")
+    gpu_seconds = models.DecimalField(max_digits=30, decimal_places=9, default=Decimal("0"),
+                                      validators=[MinValueValidator(Decimal("0"))])
+    sampled_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=models.Q(gpu_seconds__gte=0), name="teamusage_nonnegative")]
+
+    def __str__(self) -> str:
+        return f"{self.team_id}: {self.gpu_seconds} decayed GPU-seconds at {self.sampled_at.isoformat()}"

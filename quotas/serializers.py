@@ -37,11 +37,13 @@ from .models import (
     ChangeRequest,
     ChangeRequestEvent,
     Cohort,
+    CohortQuota,
     Membership,
     PriorityClass,
     QueueingStrategy,
     Quota,
     Team,
+    parent_cycle,
     quota_unit_errors,
 )
 
@@ -303,15 +305,121 @@ class BudgetSerializer(serializers.ModelSerializer):
         return (field.to_representation(start) if start else None, field.to_representation(end) if end else None)
 
 
-class CohortSerializer(serializers.ModelSerializer):
-    """A cohort (a slug ``name``) and the slugs of its teams; teams without a cohort share the default one."""
+class CohortQuotaViewSerializer(serializers.ModelSerializer):
+    """A cohort's own quota of one accelerator, as its cohort shows it (read only)."""
+
+    accelerator = serializers.SlugRelatedField(slug_field="name", read_only=True)
+
+    class Meta:
+        model = CohortQuota
+        fields = ["id", "accelerator", "nominal_gpus", "borrowing_limit_gpus", "lending_limit_gpus"]
+        read_only_fields = fields
+
+
+class LostRaceAnswers400Mixin:
+    """For a ModelSerializer whose model has unique fields: ``create`` and ``update`` save in a savepoint, and a
+    uniqueness race lost to another request (the serializer's checks passed, the insert or update met the other's
+    committed row: PostgreSQL's ``unique_violation``) answers 400 with ``lost_race_errors(data)`` (``{field:
+    [reason]}``, as the checks would have answered had they run after the other request), not an
+    ``IntegrityError`` and a 500. The savepoint keeps the caller's transaction usable."""
+
+    def lost_race_errors(self, data: dict) -> dict[str, list[str]]:
+        """The 400's errors for validated ``data`` whose save lost a uniqueness race; override per model."""
+        return {"non_field_errors": ["conflicts with another object saved at the same time"]}
+
+    def create(self, validated_data):
+        return self._saved(lambda: super(LostRaceAnswers400Mixin, self).create(validated_data), validated_data)
+
+    def update(self, instance, validated_data):
+        return self._saved(lambda: super(LostRaceAnswers400Mixin, self).update(instance, validated_data),
+                           validated_data)
+
+    def _saved(self, save, data: dict):
+        try:
+            with transaction.atomic():
+                return save()
+        except IntegrityError as exc:
+            raise serializers.ValidationError(self.lost_race_errors(data)) from exc
+
+
+class CohortSerializer(LostRaceAnswers400Mixin, serializers.ModelSerializer):
+    """A cohort (a slug ``name``), the slugs of its teams, its place in a tree of cohorts (ADR 0046): ``parent``
+    (a cohort's name, null: a root), ``children`` (names, read only), ``weight`` (> 0, its fair-sharing weight
+    among its siblings) and its own ``quotas`` (read only; written at ``cohort-quotas/``). Teams without a cohort
+    share the default one. 400 on ``parent`` when the parent chain would loop back to the cohort or be deeper than
+    ``quotas.models.MAX_COHORT_DEPTH``."""
 
     teams = serializers.SlugRelatedField(slug_field="slug", many=True, read_only=True)
+    parent = NamedField("cohort", queryset=Cohort.objects.all(), allow_null=True, required=False)
+    children = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
+    weight = serializers.DecimalField(max_digits=8, decimal_places=3, min_value=Decimal("0.001"), required=False)
+    quotas = CohortQuotaViewSerializer(many=True, read_only=True)
 
     class Meta:
         model = Cohort
-        fields = ["id", "name", "teams", "created_at"]
-        read_only_fields = ["id", "teams", "created_at"]
+        fields = ["id", "name", "parent", "children", "weight", "quotas", "teams", "created_at"]
+        read_only_fields = ["id", "teams", "children", "quotas", "created_at"]
+
+    def lost_race_errors(self, data: dict) -> dict[str, list[str]]:
+        """A cohort of this name was stored by another request since the check: 400 on ``name``."""
+        return {"name": ["cohort with this name already exists."]}
+
+    def validate_parent(self, parent: Cohort | None) -> Cohort | None:
+        loop = parent_cycle(self.instance.pk if self.instance is not None else None,
+                            parent.pk if parent is not None else None)
+        if loop:
+            raise serializers.ValidationError(loop)
+        return parent
+
+
+class CohortQuotaSerializer(LostRaceAnswers400Mixin, serializers.ModelSerializer):
+    """A cohort's own quota of one GPU accelerator (ADR 0046): ``cohort`` (name, fixed after creation),
+    ``accelerator`` (name; not the CPU flavor), ``nominal_gpus`` (whole GPUs its subtree shares),
+    ``borrowing_limit_gpus`` (the most its subtree may use above all the nominal inside it; null: no limit) and
+    ``lending_limit_gpus`` (the most of its subtree's idle quota teams outside it may use; null: all). 400 on a
+    duplicate (cohort, accelerator)."""
+
+    cohort = NamedField("cohort", queryset=Cohort.objects.all())
+    accelerator = NamedField("accelerator", queryset=Accelerator.objects.all())
+    nominal_gpus = StrictIntegerField(min_value=0, max_value=INT32_MAX)
+    borrowing_limit_gpus = StrictIntegerField(min_value=0, max_value=INT32_MAX, required=False, allow_null=True,
+                                              default=None)
+    lending_limit_gpus = StrictIntegerField(min_value=0, max_value=INT32_MAX, required=False, allow_null=True,
+                                            default=None)
+
+    class Meta:
+        model = CohortQuota
+        fields = ["id", "cohort", "accelerator", "nominal_gpus", "borrowing_limit_gpus", "lending_limit_gpus"]
+        validators = []  # uniqueness is checked in validate(), with a message that names the quota
+
+    def lost_race_errors(self, data: dict) -> dict[str, list[str]]:
+        """A quota of this cohort and accelerator was stored by another request since the check: 400 on
+        ``accelerator``, as ``validate`` answers."""
+        cohort = data.get("cohort", getattr(self.instance, "cohort", None))
+        accelerator = data.get("accelerator", getattr(self.instance, "accelerator", None))
+        return {"accelerator": [f"cohort {cohort} already has a quota of {getattr(accelerator, 'name', accelerator)}: "
+                                "change that one"]}
+
+    def validate_cohort(self, cohort: Cohort) -> Cohort:
+        if self.instance is not None and cohort.pk != self.instance.cohort_id:
+            raise serializers.ValidationError("a cohort quota's cohort is fixed: create one for the other cohort")
+        return cohort
+
+    def validate_accelerator(self, accelerator: Accelerator) -> Accelerator:
+        if accelerator.name == CPU_FLAVOR:
+            raise serializers.ValidationError("a cohort quota counts GPUs: the CPU flavor is not shared by cohorts")
+        return accelerator
+
+    def validate(self, attrs):
+        cohort = attrs.get("cohort", getattr(self.instance, "cohort", None))
+        accelerator = attrs.get("accelerator", getattr(self.instance, "accelerator", None))
+        same = CohortQuota.objects.filter(cohort=cohort, accelerator=accelerator)
+        if self.instance is not None:
+            same = same.exclude(pk=self.instance.pk)
+        if cohort is not None and accelerator is not None and same.exists():
+            raise serializers.ValidationError(
+                {"accelerator": [f"cohort {cohort} already has a quota of {accelerator.name}: change that one"]})
+        return attrs
 
 
 class TeamFairShareSerializer(serializers.ModelSerializer):

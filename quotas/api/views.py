@@ -11,17 +11,20 @@ appends an audit record in the same transaction (``quotas.audit``, ADR 0031).
 
 from __future__ import annotations
 
+from django.db import transaction
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, permissions, viewsets
+from rest_framework.exceptions import ValidationError
 
 from core.permissions import IsStaffOrReadOnly
 from core.viewsets import ScopedGenericViewSet, ScopedReadOnlyViewSet, ScopedViewSetMixin
 
 from ..audit import AuditedWriteMixin
-from ..models import Budget, Cohort, PriorityClass, Quota, Team, scope_to_teams
+from ..models import Budget, Cohort, CohortQuota, PriorityClass, Quota, Team, lock_cohort_tree, scope_to_teams
 from ..permissions import StaffWritePermission
 from ..serializers import (
     BudgetSerializer,
+    CohortQuotaSerializer,
     CohortSerializer,
     PriorityClassSerializer,
     QuotaSerializer,
@@ -59,6 +62,16 @@ class TeamViewSet(AuditedWriteMixin, mixins.UpdateModelMixin, ScopedReadOnlyView
     def get_serializer_class(self):
         return TeamFairShareSerializer if self.request.method == "PATCH" else TeamSerializer
 
+    def update(self, request, *args, **kwargs):
+        """PATCH a team; a body naming ``cohort`` takes the cohort rows' lock (``lock_cohort_tree``, as a cohort's
+        DELETE does) before the cohort is read, so a cohort deleted meanwhile answers 400 on ``cohort`` (no such
+        cohort) and a cohort's DELETE that comes after sees the team in it (400 on ``teams``), never an FK error."""
+        if not isinstance(request.data, dict) or "cohort" not in request.data:  # a body not an object: a 400 below
+            return super().update(request, *args, **kwargs)
+        with transaction.atomic():
+            lock_cohort_tree()
+            return super().update(request, *args, **kwargs)
+
     def scope_queryset(self, queryset, user):
         return queryset.visible_to(user)
 
@@ -94,11 +107,54 @@ class StaffWriteViewSet(AuditedWriteMixin, ScopedViewSetMixin, viewsets.ModelVie
 
 @extend_schema(tags=["teams"])
 class CohortViewSet(StaffWriteViewSet):
-    """Cohorts: sets of teams that lend each other unused nominal quota."""
+    """Cohorts: sets of teams that lend each other unused nominal quota, nested in trees (``parent``; ADR 0046).
+    A cohort with children or teams cannot be deleted (400 naming them)."""
 
-    queryset = Cohort.objects.prefetch_related("teams")
+    queryset = Cohort.objects.select_related("parent").prefetch_related("teams", "children",
+                                                                        "quotas__accelerator")
     serializer_class = CohortSerializer
     ordering_fields = ["name"]
+
+    def create(self, request, *args, **kwargs):
+        """Create a cohort with the parent links locked (``lock_cohort_tree``) while its parent is checked."""
+        with transaction.atomic():
+            lock_cohort_tree()
+            return super().create(request, *args, **kwargs)
+
+    def update(self, request, *args, **kwargs):
+        """PUT or PATCH a cohort with the parent links locked (``lock_cohort_tree``) from before the cohort is read
+        until its change commits, so concurrent parent changes are checked one after another."""
+        with transaction.atomic():
+            lock_cohort_tree()
+            return super().update(request, *args, **kwargs)
+
+    def destroy(self, request, *args, **kwargs):
+        """DELETE a cohort with the parent links locked, so no cohort becomes its child between the check and the
+        delete."""
+        with transaction.atomic():
+            lock_cohort_tree()
+            return super().destroy(request, *args, **kwargs)
+
+    def perform_destroy(self, instance):
+        children = list(instance.children.values_list("name", flat=True))
+        if children:
+            raise ValidationError({"parent": [f"cohort {instance} is the parent of {', '.join(children)}: "
+                                              "give them another parent first"]})
+        teams = list(instance.teams.order_by("slug").values_list("slug", flat=True))
+        if teams:
+            raise ValidationError({"teams": [f"cohort {instance} has the teams {', '.join(teams)}: "
+                                             "give them another cohort first"]})
+        super().perform_destroy(instance)
+
+
+@extend_schema(tags=["teams"])
+class CohortQuotaViewSet(StaffWriteViewSet):
+    """Cohorts' own GPU quotas (nominal, borrowing and lending limits of a level of a tree; ADR 0046); staff write
+    them, everyone reads."""
+
+    queryset = CohortQuota.objects.select_related("cohort", "accelerator")
+    serializer_class = CohortQuotaSerializer
+    ordering_fields = ["nominal_gpus"]
 
 
 @extend_schema(tags=["jobs"])
