@@ -126,9 +126,10 @@ def phase(pid: int, url: str, passes, work) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=8)
-    parser.add_argument("--passes", type=int, default=96)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=8, help="nodes of 8 GPUs scraped (default 8: 64 GPUs)")
+    parser.add_argument("--passes", type=int, default=96,
+                        help="passes of the measured day, every 15 minutes from 00:07:30 (default 96: the whole day)")
     args = parser.parse_args()
     url = os.environ.get("BENCH_DATABASE_URL", DEFAULT_URL)
     require("collect_passes", [postgres_missing(url), *commands_missing({"prometheus": "prometheus",

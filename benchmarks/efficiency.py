@@ -13,6 +13,7 @@ Run: ``.venv/bin/python benchmarks/efficiency.py``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -49,6 +50,7 @@ def cpu_ms(fn, repeat: int, rounds: int = 5) -> float:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     model, parallelism = SPEC["model"], SPEC["parallelism"]
     layout = Layout(32, parallelism["zero_stage"], parallelism["tensor_parallel"], 1, True)
     big = {**model, "micro_batch_size": 16}  # activations over 80 GiB: refused, with suggestions

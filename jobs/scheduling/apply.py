@@ -41,7 +41,7 @@ from django.db.models import Count
 
 from quotas.models import Team
 
-from ..enqueue import enqueue_dispatch
+from ..enqueue import enqueue_dispatches
 from ..lifecycle import preempt_attempt
 from ..models import Job, JobAttempt, JobEvent, JobState, attempt_object_name
 from ..states import Move, transition, transition_many
@@ -207,9 +207,8 @@ def _commit(admitted: list[tuple[Job, Admission]], victims=()) -> set[int]:
     stale = [attempt.pk for (job, _), attempt in zip(admitted, attempts, strict=True) if job.pk not in moved]
     if stale:
         JobAttempt.objects.filter(pk__in=stale).delete()
-    for (job, _), attempt in zip(admitted, attempts, strict=True):
-        if job.pk in moved:
-            enqueue_dispatch(attempt.pk)
+    enqueue_dispatches([(attempt.pk, attempt.cluster_id) for (job, _), attempt in zip(admitted, attempts, strict=True)
+                        if job.pk in moved])
     return moved
 
 
@@ -382,4 +381,7 @@ def waiting_info(w: Waiting, keep_position: dict | None = None, admitted: set[in
         info["overtaken_by"], info["overtaken"] = overtaken_note(w.job, w.reason, by)
     elif stored and stored.get("overtaken"):
         info["overtaken_by"], info["overtaken"] = stored.get("overtaken_by", []), stored["overtaken"]
-    return w.reason, w.message, info
+    message = w.message
+    if w.reservation is not None:  # backfill's hold for it (ADR 0044): which nodes, and when it expects to start
+        message = f"{info['reservation']['message']} Now: {message}"[:500]  # ``Job.state_reason`` holds 500
+    return w.reason, message, info

@@ -22,6 +22,7 @@ from .apply import apply_admissions, apply_rejection, store_waiting, waiting_inf
 from .core import Decisions, decide
 from .pacing import clear_schedule_flag, defer_schedule, pass_pause_remaining, record_pass, scheduler_lock
 from .snapshot import Loaded, load_snapshot
+from .usage import sample_usage
 
 __all__ = ["PassResult", "run_pass", "schedule_coalesced", "schedule_pending", "try_admit"]
 
@@ -93,11 +94,13 @@ def schedule_pending(limit: int | None = None) -> PassResult:
     """One scheduling pass over every waiting job (or the first ``limit`` in priority order); safe to run concurrently.
 
     First every open job array is topped up (``jobs.arrays.top_up_arrays``: more QUEUED elements, as many as
-    keep its live ones within its parallelism), so the pass sees them. The core decides on a snapshot; the
+    keep its live ones within its parallelism), so the pass sees them, and the teams' decayed usage is stored
+    when its sample is due (``usage.sample_usage``). The core decides on a snapshot; the
     admissions are then verified under locks and committed (``apply``).
     """
     materialized = top_up_arrays()
     now = timezone.now()
+    sample_usage(now)  # store the teams' decayed usage when its sample is due (ADR 0045)
     loaded = load_snapshot(now, limit=limit)
     if not loaded.snapshot.queue:
         return PassResult(materialized=materialized)

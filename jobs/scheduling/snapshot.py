@@ -2,7 +2,7 @@
 re-check and of the submission preview.
 
 A pass reads the waiting jobs (in admission order), every team with its
-cohort, weight, quotas (all clusters), live usage and budgets in force, the
+cohort, weight, quotas (all clusters), live and decayed usage and budgets in force, the
 node pools of the accelerators asked for (``offers``) and the live attempts
 of preemptible jobs. On PostgreSQL waiting rows are kept per process between
 passes and read again only when their row version changed (``ROW_CACHE``,
@@ -29,7 +29,7 @@ from django.utils import timezone
 from core.gpus import exact_gpus
 from core.lookups import register
 from costs.spend import highest_prices, lock_team_spends, period_spend, unpriced_bound_usd
-from quotas.models import Budget, Quota, Team
+from quotas.models import Budget, Quota, Team, cohort_key, cohort_levels
 from runners.models import CPU_ACCELERATOR, Accelerator
 
 from ..dependencies import unmet_dependency
@@ -44,6 +44,7 @@ from ..models import (
 )
 from .core import UNLIMITED, BudgetView, PoolOffer, QueuedJob, RoleShape, RunningJob, Snapshot, TeamQuota, TeamState
 from .offers import pool_offers
+from .usage import decayed_usage, pass_entry_penalty
 
 #: The states of a job that waits for admission.
 WAITING_STATES = (JobState.QUEUED, JobState.RECOVERING)
@@ -376,7 +377,7 @@ def _waiting_rows(qs, limit: int | None) -> list[dict]:
 
 def load_snapshot(now: dt.datetime, *, job_ids: list[int] | None = None, limit: int | None = None) -> Loaded:
     """Read everything a pass needs, without locks: waiting jobs (in admission order, first ``limit``, or just
-    ``job_ids``; a job waiting for its dependencies is left out), every team with its cohort, weight, quotas (all clusters), live usage and budgets in force, node pools
+    ``job_ids``; a job waiting for its dependencies is left out), every team with its cohort, weight, quotas (all clusters), live usage, decayed usage (``usage.decayed_usage``) and budgets in force, node pools
     of the accelerators asked for (free GPUs, price now), and the live attempts of preemptible jobs."""
     # A job whose dependencies do not all hold yet is not in the queue at all (jobs.dependencies, ADR 0037).
     qs = (Job.objects.filter(state__in=WAITING_STATES).filter(~unmet_dependency())
@@ -395,8 +396,11 @@ def load_snapshot(now: dt.datetime, *, job_ids: list[int] | None = None, limit: 
     queue = [dataclasses.replace(r["queued"], avoid_clusters=avoid[r["pk"]]) if r["pk"] in avoid else r["queued"]
              for r in rows]
 
-    teams = {t.pk: TeamState(t.pk, cohort=t.cohort_id, weight=float(t.weight), strategy=t.queueing_strategy)
-             for t in Team.objects.all()}
+    levels, root_of = cohort_levels()
+    teams = {t.pk: team_state(t.pk, t.cohort_id, t.weight, t.queueing_strategy, root_of) for t in Team.objects.all()}
+    for team_id, gpu_seconds in decayed_usage(now).items():  # fair sharing over time (ADR 0045)
+        if team_id in teams:
+            teams[team_id].fair_usage = gpu_seconds
     for team_id, acc, gpus in (JobAttempt.objects.filter(ended_at__isnull=True)
                                .values_list("job__team_id", "node_pool__accelerator_id").annotate(n=Sum(HELD_GPU_MILLI))):
         teams[team_id].used[acc] = exact_gpus(gpus)
@@ -425,7 +429,38 @@ def load_snapshot(now: dt.datetime, *, job_ids: list[int] | None = None, limit: 
         .values_list("pk", "job_id", "job__team_id", "node_pool__accelerator_id", "node_pool_id", "gpus",
                      "job__priority", "job__admitted_at", "created_at", "placement")
     ] if accelerators else []
-    return Loaded(Snapshot(teams, pools, queue, running, unpriced, settings.SCHEDULING_PACKING_POLICY), {r["pk"]: r for r in rows})
+    snapshot = Snapshot(teams, pools, queue, running, unpriced, settings.SCHEDULING_PACKING_POLICY,
+                        cohort_levels=tuple(levels.values()), entry_penalty=pass_entry_penalty())
+    if settings.SCHEDULING_BACKFILL and accelerators:
+        snapshot.now, snapshot.live = now.timestamp(), live_attempts(now)
+        snapshot.reserve_after_s = settings.SCHEDULING_BACKFILL_RESERVE_AFTER_SECONDS
+        snapshot.max_reservations = settings.SCHEDULING_BACKFILL_MAX_RESERVATIONS
+    return Loaded(snapshot, {r["pk"]: r for r in rows})
+
+
+def live_attempts(now: dt.datetime) -> list[RunningJob]:
+    """Every live current attempt as backfill plans with it (``Snapshot.live``): its nodes, and its max run time from
+    its start (one not started yet: from ``now``, the earliest it can start); a job without a max run time frees its
+    nodes at no planned time (``RunningJob.max_runtime_seconds`` 0)."""
+    rows = (JobAttempt.objects.filter(ended_at__isnull=True, job__current_attempt_id=F("pk"))
+            .values_list("pk", "job_id", "job__team_id", "node_pool__accelerator_id", "node_pool_id", "gpus",
+                         "job__priority", "started_at", "placement", "job__max_runtime_seconds", "job__preemptible"))
+    out = []
+    for attempt_id, job_id, team_id, acc, pool_id, gpus, priority, started, placement, limit, preemptible in rows:
+        r = running_job(job_id, attempt_id, team_id, acc, pool_id, gpus, priority, (started or now).timestamp(),
+                        placement)
+        out.append(dataclasses.replace(r, preemptible=preemptible, max_runtime_seconds=limit or 0))
+    return out
+
+
+def team_state(team_id: int, cohort_id: int | None, weight, strategy: str, root_of: dict[int, tuple]) -> TeamState:
+    """A team as the core sees it, without quotas and usage: of a plain cohort (key: the cohort id; None: the
+    default cohort), or of a tree of cohorts (``root_of``: ``quotas.hierarchy.cohort_levels``'s; key: the tree's
+    root, ``parent_cohort``: its own cohort's key)."""
+    if cohort_id in root_of:
+        return TeamState(team_id, cohort=root_of[cohort_id], weight=float(weight), strategy=strategy,
+                         parent_cohort=cohort_key(cohort_id))
+    return TeamState(team_id, cohort=cohort_id, weight=float(weight), strategy=strategy)
 
 
 def protected_attempts(attempts, now: dt.datetime, *, exclude: bool = False):
@@ -481,18 +516,20 @@ def teams_snapshot(locked: dict[int, Team], offers: dict[int, list[PoolOffer]], 
     """
     accs = list(offers)
     members = Q(pk__in=list(locked)) | Q(pk__in=also)
+    levels, root_of = cohort_levels() if cohort else ({}, {})
     if cohort:
         cohorts = {t.cohort_id for t in locked.values()}
+        roots = {root_of[c] for c in cohorts if c in root_of}
+        cohorts |= {c for c, r in root_of.items() if r in roots}  # a tree's every team lends and borrows in it
         if None in cohorts:
             members |= Q(cohort__isnull=True)
         if cohorts - {None}:
             members |= Q(cohort_id__in=cohorts - {None})
-    teams = {pk: TeamState(pk, cohort=cohort_id, weight=float(weight), strategy=strategy)
+    teams = {pk: team_state(pk, cohort_id, weight, strategy, root_of)
              for pk, cohort_id, weight, strategy in
              Team.objects.filter(members).values_list("pk", "cohort_id", "weight", "queueing_strategy")}
     for team in locked.values():  # the rows as locked
-        teams[team.pk] = TeamState(team.pk, cohort=team.cohort_id, weight=float(team.weight),
-                                   strategy=team.queueing_strategy)
+        teams[team.pk] = team_state(team.pk, team.cohort_id, team.weight, team.queueing_strategy, root_of)
     live = JobAttempt.objects.filter(job__team_id__in=teams, node_pool__accelerator_id__in=accs, ended_at__isnull=True)
     for team_id, acc, gpus in live.values_list("job__team_id", "node_pool__accelerator_id").annotate(n=Sum(HELD_GPU_MILLI)):
         teams[team_id].used[acc] = exact_gpus(gpus)
@@ -506,4 +543,6 @@ def teams_snapshot(locked: dict[int, Team], offers: dict[int, list[PoolOffer]], 
                 teams[team_id].cluster_used[(acc, cluster_id)] = exact_gpus(gpus)
     for team_id, views in budget_views_by_team(sorted(locked), now, lock=lock_spend).items():
         teams[team_id].budgets = views
-    return Snapshot(teams, dict(offers), list(queue or ()), policy=settings.SCHEDULING_PACKING_POLICY)
+    used_roots = {t.cohort for t in teams.values() if t.parent_cohort is not None}
+    return Snapshot(teams, dict(offers), list(queue or ()), policy=settings.SCHEDULING_PACKING_POLICY,
+                    cohort_levels=tuple(lv for k, lv in levels.items() if root_of[k[1]] in used_roots))

@@ -9,7 +9,9 @@ Split as Kueue decomposes scheduling:
   which pool has room now;
 - ``rules``: every admission rule, written once (quota, per-cluster caps,
   cohort borrowing, capacity, budgets, the cost estimate);
-- ``order``: priority, then fair share (dominant share), then submission;
+- ``order``: priority, then fair share (weighted decayed usage, then
+  dominant share), then submission; ``usage``: the decayed usage's
+  arithmetic (fair sharing over time, docs/adr/0045);
 - ``preemption``: victim selection within a cohort;
 - ``cohort``: cohort accounting (usage, lendable pools, shares) and the
   generation counters every usage change bumps;

@@ -28,6 +28,7 @@ from .rules import (
     cpu_cohort_full,
     job_estimate,
     quota_verdict,
+    tree_full,
     within_cluster_caps,
 )
 from .types import (
@@ -107,20 +108,21 @@ class Evaluator:
                 verdict = budget_never(cheapest, team.budgets)
         return verdict
 
-    def evaluate(self, job: QueuedJob, *, only_pool: int | None = None) -> Decision:
+    def evaluate(self, job: QueuedJob, *, only_pool: int | None = None, exclude: frozenset = frozenset()) -> Decision:
         """Admission, Rejection or Waiting for ``job`` as its team's head, on the current state (nothing changes).
 
         The job's accelerators are tried in its order of preference; the first admission wins; otherwise the
         preferred accelerator's reason (one that can never run is passed over). A Waiting whose detail says
         ``never_placeable`` never blocks its team. ``only_pool``: the job may go to that node pool only (a
-        preempting admission's re-check: its victims made room there).
+        preempting admission's re-check: its victims made room there). ``exclude``: node pool ids the job may not
+        go to (held for a job ahead of it in its StrictFIFO team: ``cycle.FairShareScheduler``).
         """
         if not job.alternatives:
-            return self.evaluate_on(job, job.accelerator_id, only_pool)
+            return self.evaluate_on(job, job.accelerator_id, only_pool, exclude)
         first_wait = None
         first_never = None
         for acc in job.accelerator_ids:
-            decision = self.evaluate_on(job, acc, only_pool)
+            decision = self.evaluate_on(job, acc, only_pool, exclude)
             if isinstance(decision, Admission):
                 return decision
             if isinstance(decision, Waiting):
@@ -131,14 +133,17 @@ class Evaluator:
                 first_never = decision
         return first_wait or first_never
 
-    def evaluate_on(self, job: QueuedJob, acc: int, only_pool: int | None) -> Decision:
+    def evaluate_on(self, job: QueuedJob, acc: int, only_pool: int | None,
+                    exclude: frozenset = frozenset()) -> Decision:
         """``evaluate`` on accelerator ``acc`` alone: steps 1 and 2, then a remembered capacity wait or the rest.
 
         A capacity wait depends only on the team's usage, on what was released since (preemptions) and, for a
         job that may preempt, on its cohort's usage: admissions only take nodes away, so it is remembered for
         the next job of the same team and shape until one of those changes. For a job that will not preempt,
         of a team without per-cluster caps, it depends on the nodes alone once the cohort has room for it: it
-        is remembered for every such team's job of the same shape until a release on the accelerator.
+        is remembered for every such team's job of the same shape until a release on the accelerator. With
+        ``exclude`` (pool ids it may not go to) nothing is remembered or read of capacity waits: they hold for the
+        whole fleet.
         """
         team = self.teams[job.team_id]
         cpu_only = job.cpu_only
@@ -161,7 +166,7 @@ class Evaluator:
         ckey = (team.cohort, acc)
         preempts = may_preempt(job, used, amount, q)
         released = self._released.get(acc, 0)
-        if only_pool is not None:
+        if only_pool is not None or exclude:
             wkey = stamp = None
         elif preempts or team.cluster_caps:
             wkey = (job.team_id, (acc, job.shape))
@@ -173,10 +178,21 @@ class Evaluator:
         # Without the cohort's generation in its stamp (a job that will not preempt), a capacity wait holds only
         # while the cohort still has room for the job (else it waits for the cohort: ``cohort_full``).
         if seen is not None and seen[0] == stamp and (
-                preempts or amount == 0 or cohort_has_room(self._lendable.get(ckey, 0), self._borrowed.get(ckey, 0),
-                                                           used, q.guaranteed_gpus, amount)):
+                preempts or amount == 0 or (cohort_has_room(self._lendable.get(ckey, 0), self._borrowed.get(ckey, 0),
+                                                            used, q.guaranteed_gpus, amount)
+                                            and self.cohorts.fits(team, acc, amount))):
             return Waiting.because(job, seen[1])
-        decision = self._place_or_wait(job, acc, only_pool, team, q, used, amount, ckey, preempts)
+        return self.place_and_remember(job, acc, only_pool, team, q, used, amount, ckey, preempts, wkey, stamp,
+                                       exclude)
+
+    def place_and_remember(self, job: QueuedJob, acc: int, only_pool: int | None, team: TeamState, q: TeamQuota,
+                           used, amount, ckey: tuple, preempts: bool, wkey: tuple | None, stamp: tuple | None,
+                           exclude: frozenset = frozenset()) -> Decision:
+        """``evaluate_on``'s steps 3 to 6 for ``job`` once its never-rules and quota passed and no capacity wait
+        was remembered: ``used`` and ``amount`` as ``amount_of`` counts them, ``ckey`` its (cohort, accelerator),
+        ``preempts`` as ``may_preempt`` says, off the pools of ``exclude``; a capacity wait is remembered under
+        ``wkey`` with ``stamp`` (None: not remembered, an ``only_pool`` or ``exclude`` evaluation)."""
+        decision = self._place_or_wait(job, acc, only_pool, team, q, used, amount, ckey, preempts, exclude)
         if wkey is not None and isinstance(decision, Waiting) and decision.reason == "capacity":
             self._waits[wkey] = (stamp, decision.verdict())
             if decision.message is DEFERRED:
@@ -184,9 +200,11 @@ class Evaluator:
         return decision
 
     def _place_or_wait(self, job: QueuedJob, acc: int, only_pool: int | None, team: TeamState, q: TeamQuota,
-                       used: int, amount: int, ckey: tuple, preempts: bool) -> Decision:
-        """Steps 3 to 6 of ``job`` on ``acc`` once its quota allows it. A multi-role job is placed as one gang
-        (``room.Room.place_gang``: every role on one pool, or nothing), never with victims."""
+                       used: int, amount: int, ckey: tuple, preempts: bool,
+                       exclude: frozenset = frozenset()) -> Decision:
+        """Steps 3 to 6 of ``job`` on ``acc`` once its quota allows it, on its pools but those of ``exclude``. A
+        multi-role job is placed as one gang (``room.Room.place_gang``: every role on one pool, or nothing), never
+        with victims."""
         room = self.room
         pools, fleet, pids = room.matching_entry(job, acc)
         if not pools:
@@ -199,8 +217,15 @@ class Evaluator:
         if only_pool is not None:
             pools = [o for o in pools if o.node_pool_id == only_pool]
             pids = tuple(o.node_pool_id for o in pools)
+        if exclude:
+            pools = [o for o in pools if o.node_pool_id not in exclude]
+            pids = tuple(o.node_pool_id for o in pools)
+            if not pools:  # every pool it could use is held: the caller says for which job
+                return Waiting(job, "capacity", "", {"request_gpus": job.total_gpus, "held_pools": True})
         cohort_ok = amount == 0 or cohort_has_room(self._lendable.get(ckey, 0), self._borrowed.get(ckey, 0), used,
                                                    q.guaranteed_gpus, amount)
+        tree_ok = amount == 0 or self.cohorts.fits(team, acc, amount)  # every level of a tree of cohorts (ADR 0046)
+        cohort_ok = cohort_ok and tree_ok
         failed_role = None
         if job.roles:  # a multi-role job: every role on one pool at once, else the role that fits nowhere
             found, failed_role = room.place_gang(job, pools) if cohort_ok else (None, None)
@@ -213,6 +238,9 @@ class Evaluator:
                 offer, victims, nodes = chosen
                 found = (offer, nodes)
         if found is None:
+            if not tree_ok:  # not remembered: a tree's room is not one borrowed sum
+                return Waiting.because(job, tree_full(job, used, q, self.cohorts.tree, ("team", team.team_id), acc,
+                                                      amount))
             if not cohort_ok:
                 # the same verdict for every job of the team asking as much while the cohort's borrowed amount
                 # and the team's usage stay (the lendable pool and the team's quota are fixed)

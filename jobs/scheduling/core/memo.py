@@ -25,7 +25,6 @@ from .types import Decision, QueuedJob, Rejection, TeamQuota
 TABLES = (
     # Facts of the snapshot, fixed for the scheduler's life (pools and node health do not change within it).
     "matching",     # (accelerator, shape) -> (pools that could ever hold it in price order, fleet verdict, ids)
-    "by_price",     # accelerator -> its pools in price order
     "unhealthy",    # (accelerator, shape) -> the sentence naming unhealthy nodes
     "sick_pools",   # accelerator -> its pools with an unhealthy node
     "never",        # (team, accelerator, CPU-only, amount) -> verdict that rejects for good, or None (quotas fixed)
@@ -35,7 +34,7 @@ TABLES = (
     # Facts stamped with generations.
     "no_room",      # ((accelerator, shape), pool ids) -> (taken[acc], capacity verdict); stamp None: this run's
     "failed",       # (accelerator, preemptible, pool ids) -> (released[acc], least shapes that did not fit)
-    "short",        # (pool ids, GPUs) -> (released[acc], pools in front with fewer free GPUs)
+    "short",        # (pool ids, GPUs) -> (released[acc], changes read, the pools with that many free, their ids)
     "no_victims",   # (team, accelerator, pool ids) -> ((cohort_gen, released), least shapes that found none)
     "quota",        # (team, accelerator, CPU-only, amount) -> (team_gen, quota verdict)
     "waits",        # capacity waits: see ``evaluate.Evaluator.evaluate_on`` (stamp: team_gen, released, cohort_gen, run)
@@ -85,7 +84,8 @@ class DecisionMemo:
         team = cohorts.teams[job.team_id]
         ckey = (team.cohort, acc)
         detail = decision.detail
-        if preempts or "cohort_lendable_gpus" in detail or "cohort_lendable_vcpus" in detail:
+        if (preempts or "cohort_lendable_gpus" in detail or "cohort_lendable_vcpus" in detail
+                or job.team_id in cohorts.tree_teams):  # a tree's room is not one borrowed sum: its generation
             return (team_gen, released, ckey, cohorts.cohort_gen.get(ckey, 0), None)
         if decision.reason == "capacity":
             used, g = team.used.get(acc, 0), quota.guaranteed_gpus

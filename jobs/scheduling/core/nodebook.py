@@ -8,12 +8,16 @@ call them in a tight loop and tests can compute expected choices by hand.
 from __future__ import annotations
 
 import bisect
+import itertools
+import math
+import operator
 from collections import Counter
 
 from core.gpus import MILLI_PER_GPU
 
-from .fragmentation import NodeGpus, ShapeHistory, job_milli, share_fragment, step_down
+from .fragmentation import NodeGpus, ShapeHistory, by_size, job_milli, node_kinds, share_fragment, step_down
 from .placement import UNLIMITED, PlacementRequest, PoolOffer, matches, pods_on, price_order
+from .scarcity import PRIOR_WEIGHT, PoolDemand, level
 
 
 def fits_now(request: PlacementRequest, offer: PoolOffer) -> bool:
@@ -43,8 +47,26 @@ DEFAULT_PACKING_POLICY = "best-fit"
 #: and best fit decides between them.
 GROWTH_DIGITS = 6
 
-#: Seen jobs between two refreshes of the shapes FGD scores shares for (``NodeBook.milli_shapes``).
+#: ``fgd`` on whole GPUs of nodes that do not share: growths of fragmentation (GPUs) are compared in steps of this
+#: size after the GPUs left, so a growth smaller than it leaves the choice to best fit's CPU and memory left.
+FIT_GROWTH_GPUS = 1.0
+
+#: Seen jobs between two refreshes of the shapes FGD scores shares for (``NodeBook.milli_shapes``), at most: a book
+#: that has seen fewer jobs than this refreshes once their number doubled (``refresh_after``).
 SHAPE_REFRESH = 32
+
+
+def refresh_after(seen: int) -> int:
+    """How many more jobs must be seen before the shapes FGD scores, read from a history of ``seen`` jobs (counted
+    observations, ``ShapeHistory.version``), are read again: ``seen`` itself, at least 1 and at most
+    ``SHAPE_REFRESH``.
+
+    Why: the shapes are an estimate of the workload from ``seen`` samples; the next ``n`` move it by about
+    ``n / (seen + n)`` of its weight, so a fixed interval leaves a young book's estimate stale (with 32, the first 32
+    jobs of a platform that saw none are scored by the first one's shape alone), while refreshing once the count
+    doubled bounds that drift at a half and costs a handful of refreshes (1, 2, 4, 8, 16, then every 32). A book
+    built from a snapshot that holds 32 jobs or more refreshes every 32, as before."""
+    return min(SHAPE_REFRESH, max(1, seen))
 
 #: One kind of job of the expected workload: ``(GPUs per node, CPU millicores per node, memory MiB per node,
 #: weight)``; a kind's popularity is its weight over the workload's total.
@@ -87,68 +109,62 @@ class _PoolNodes:
 
     __slots__ = ("offer", "names", "index", "gpus", "free_g", "free_c", "free_m", "domain", "sched", "buckets",
                  "failed", "domains", "free_total", "suspect", "shares", "slices", "mig", "mixed", "held",
-                 "any_mixed", "ver", "choices", "tick", "log", "ranks")
+                 "any_mixed", "ver", "choices", "tick", "log", "ranks", "cap", "free_cm", "changes", "fits", "narrow")
 
-    def __init__(self, offer: PoolOffer):
-        rooms = offer.rooms()
+    def __init__(self, offer: PoolOffer, changes: list[int] | None = None):
         self.offer = offer
-        self.names = [n.name for n in rooms]
-        self.index = {n.name: i for i, n in enumerate(rooms)}
-        self.gpus = [n.gpus for n in rooms]
-        self.free_g = [min(max(0, n.free_gpus), n.gpus) for n in rooms]
-        # A node whose GPUs are taken whole or in shares (``NodeRoom.shares`` and ``gpus``): its whole GPUs are
-        # its wholly free shared ones, so a share on one takes it from whole-GPU jobs and a whole job empties it.
-        self.mixed = [bool(n.shares) and n.gpus > 0 for n in rooms]
-        for i, n in enumerate(rooms):
-            if self.mixed[i]:
-                slices = n.slices or (UNLIMITED,) * len(n.shares)
-                self.free_g[i] = min(self.free_g[i], sum(1 for f, s in zip(n.shares, slices, strict=True)
-                                                         if f >= MILLI_PER_GPU and s > 0))
+        # the book's pools changed, in order (``_LazyPools.changes``): each ``move`` adds this pool's id
+        self.changes = [] if changes is None else changes
+        # the offer's nodes as laid out (``_layout``); from a layout kept with the offer, what the pass changes is
+        # copied and the rest (read only) shared with every other book of the same offer
+        layout, kept = _layout(offer)
+        (self.names, self.index, self.gpus, free_g, free_c, free_m, self.domain, self.sched, self.mixed, shares,
+         slices, mig, self.suspect, self.domains, self.any_mixed, buckets, self.free_total, self.cap,
+         free_cm) = layout
+        if kept:
+            free_g, free_c, free_m, buckets, free_cm = free_g[:], free_c[:], free_m[:], list(map(list.copy, buckets)), free_cm[:]
+            shares, slices, mig = list(map(list.copy, shares)), list(map(list.copy, slices)), list(map(dict.copy, mig))
+        self.free_g, self.free_c, self.free_m = free_g, free_c, free_m
+        # schedulable nodes by free GPUs: ``(free CPU, free memory, index)`` sorted in each
+        self.buckets: list[list[tuple[int, int, int]]] = buckets
+        # the open nodes' free CPU and memory, for ``room_share`` (``cap``: their allocatable GPUs, CPU and memory)
+        self.free_cm = free_cm
+        # GPU sharing (ADR 0040): per node, free milli-GPUs and free slices of each shared GPU, free MIG devices
+        self.shares, self.slices, self.mig = shares, slices, mig
         # mixed nodes' GPUs held whole: GPU index -> its free slices before (given back with it)
         self.held: dict[int, dict[int, int]] = {}
-        self.any_mixed = any(self.mixed)
         # per node, a count bumped by every change (``move``), and FGD's share choices remembered against it:
         # (node, share, CPU, memory) -> (count, shapes' version, ``NodeBook._share_choice``)
-        self.ver = [0] * len(rooms)
+        self.ver = [0] * len(free_g)
         self.choices: dict[tuple[int, int, int, int], tuple] = {}
         # the nodes changed, in order (``tick`` changes in all; the log keeps the latest ones), and per shape of a
         # shared request the nodes' keys for it with the tick they were read at (``NodeBook._share_node``)
         self.tick = 0
         self.log: list[int] = []
         self.ranks: dict[tuple, list] = {}
-        self.free_c = [n.free_cpu_milli for n in rooms]
-        self.free_m = [n.free_memory_mib for n in rooms]
-        self.domain = [n.domain for n in rooms]
-        self.sched = [n.takes_work for n in rooms]
-        self.suspect = frozenset(i for i, n in enumerate(rooms) if n.suspect)  # tried last; empty: no cost
-        self.domains = len(set(self.domain)) > 1
-        top = max(self.gpus, default=0)
-        self.buckets: list[list[tuple[int, int, int]]] = [[] for _ in range(top + 1)]
-        self.free_total = 0
-        for i, g in enumerate(self.free_g):
-            if self.sched[i]:
-                self.buckets[g].append((self.free_c[i], self.free_m[i], i))
-                self.free_total += g
-        for bucket in self.buckets:
-            bucket.sort()
         # request shapes known not to fit now: (nodes, GPUs, CPU, memory, pods may share a node)
         self.failed: list[tuple[int, int, int, int, bool]] = []
-        # GPU sharing (ADR 0040): per node, free milli-GPUs and free slices of each shared GPU, free MIG devices
-        self.shares = [list(n.shares) for n in rooms]
-        self.slices = [list(n.slices) if n.slices else [UNLIMITED] * len(n.shares) for n in rooms]
-        self.mig = [dict(n.mig_free) for n in rooms]
+        # best fit's answer per whole-GPU request shape (nodes, GPUs, CPU, memory, pods may share a node), read at
+        # ``tick``: (tick, node indexes or None, ``NodeBook.leftover``, suspect nodes among them)
+        self.fits: dict[tuple, tuple] = {}
+        # the narrower jobs' demand here (``scarcity.PoolDemand.exclusive``'s entry) and the pods of its mean shape
+        # the pool holds (``NodeBook.narrow_room``), read at ``tick``: (tick, demand, pods)
+        self.narrow: tuple | None = None
 
     def move(self, i: int, dg: int, dc: int, dm: int) -> None:
         """Change node ``i``'s free resources by the deltas, keeping its bucket."""
         self.ver[i] += 1
         self.tick += 1
         self.log.append(i)
+        self.changes.append(self.offer.node_pool_id)
         if len(self.log) > 2 * len(self.names):
             del self.log[:len(self.log) - len(self.names)]
         if self.sched[i]:
             bucket = self.buckets[self.free_g[i]]
             del bucket[bisect.bisect_left(bucket, (self.free_c[i], self.free_m[i], i))]
             self.free_total += dg
+            self.free_cm[0] += dc
+            self.free_cm[1] += dm
         self.free_g[i] += dg
         self.free_c[i] += dc
         self.free_m[i] += dm
@@ -158,12 +174,92 @@ class _PoolNodes:
     def free_gpus(self) -> int:
         return self.free_total
 
+    def room_share(self) -> float:
+        """The share of the open nodes' resources still free, by the scarcest of GPUs, CPU and memory (CPU or
+        memory left out when some node reports none): what is left of the pool for any job, 0 to 1."""
+        cap, share = self.cap, 1.0
+        if cap[0]:
+            share = self.free_total / cap[0]
+        if cap[1]:
+            share = min(share, self.free_cm[0] / cap[1])
+        if cap[2]:
+            share = min(share, self.free_cm[1] / cap[2])
+        return max(share, 0.0)
+
     def most_free(self) -> int:
         """The most free GPUs on one schedulable node."""
         for k in range(len(self.buckets) - 1, -1, -1):
             if self.buckets[k]:
                 return k
         return 0
+
+
+#: What ``_layout`` reads of each node (``placement.NodeRoom``), in its order.
+_NODE_FIELDS = operator.attrgetter("name", "gpus", "free_gpus", "free_cpu_milli", "free_memory_mib", "domain",
+                                   "schedulable", "healthy", "suspect", "shares", "slices", "mig_free", "cpu_milli",
+                                   "memory_mib")
+
+
+def _layout(offer: PoolOffer) -> tuple[tuple, bool]:
+    """``offer``'s nodes as a ``_PoolNodes`` of it starts: ``(names, index by name, GPUs, free GPUs, free CPU, free
+    memory, domains, takes work, mixed, free shares, free slices, free MIG devices, suspect indexes, several
+    domains, any mixed, buckets, free GPUs in all, allocatable (GPUs, CPU, memory) of the open nodes, their free
+    (CPU, memory))``, per node where a list; and whether it is kept with the offer (the caller must copy what it
+    changes) or the caller's own.
+
+    The first book of an offer gets a layout of its own (a pass over a new snapshot pays no copy); from the second
+    on, the layout is kept with the offer (``PoolOffer.derived``) and read from there. An offer is frozen, so what
+    is kept can never describe other nodes (a changed inventory is a new offer, laid out afresh); nothing kept is
+    ever changed: ``_PoolNodes`` copies what a pass changes (free resources, buckets, shares, slices, MIG
+    devices)."""
+    derived = offer.derived
+    found = derived.get("nodes")
+    if found is not None:
+        return found, True
+    keep = derived.get("laid out", False)
+    derived["laid out"] = True
+    rooms = offer.rooms()
+    count = len(rooms)
+    # column by column (the per-node work in C where it can be): the fields as read, then what they give
+    (names, gpus, free_g, free_c, free_m, domain, schedulable, healthy, suspect, shares, slices, mig_free, cpu,
+     memory) = map(list, zip(*map(_NODE_FIELDS, rooms), strict=True)) if rooms else ([] for _ in range(14))
+    sched = list(map(operator.and_, schedulable, healthy))  # ``NodeRoom.takes_work``
+    if any(shares):
+        # A node whose GPUs are taken whole or in shares (``NodeRoom.shares`` and ``gpus``): its whole GPUs are
+        # its wholly free shared ones, so a share on one takes it from whole-GPU jobs and a whole job empties it.
+        slices = [sl or (UNLIMITED,) * len(sh) for sh, sl in zip(shares, slices, strict=True)]
+        mixed = [bool(sh) and ng > 0 for sh, ng in zip(shares, gpus, strict=True)]
+        free_g = [min(min(max(0, g), ng), sum(1 for f, x in zip(sh, sl, strict=True) if f >= MILLI_PER_GPU and x > 0))
+                  if mix else min(max(0, g), ng)
+                  for g, ng, sh, sl, mix in zip(free_g, gpus, shares, slices, mixed, strict=True)]
+    else:
+        mixed = [False] * count
+        if min(free_g, default=0) < 0 or any(map(operator.gt, free_g, gpus)):
+            free_g = [min(max(0, g), ng) for g, ng in zip(free_g, gpus, strict=True)]
+    shares, slices, mig = list(map(list, shares)), list(map(list, slices)), list(map(dict, mig_free))
+    cpu_known = max(cpu, default=0) < UNLIMITED
+    memory_known = max(memory, default=0) < UNLIMITED
+    if all(sched):
+        free_total, cap_g, cap_c, cap_m, cm_c, cm_m = map(sum, (free_g, gpus, cpu, memory, free_c, free_m))
+    else:
+        free_total, cap_g, cap_c, cap_m, cm_c, cm_m = (sum(itertools.compress(column, sched))
+                                                       for column in (free_g, gpus, cpu, memory, free_c, free_m))
+    top = max(gpus, default=0)
+    buckets: list[list[tuple[int, int, int]]] = [[] for _ in range(top + 1)]
+    for g, c, m, i, open_ in zip(free_g, free_c, free_m, range(count), sched, strict=True):
+        if open_:
+            buckets[g].append((c, m, i))
+    for bucket in buckets:
+        bucket.sort()
+    suspect = list(itertools.compress(range(count), suspect))
+    found = (
+        names, {name: i for i, name in enumerate(names)}, gpus, free_g, free_c, free_m, domain, sched, mixed,
+        shares, slices, mig, frozenset(suspect), len(set(domain)) > 1, any(mixed), buckets, free_total,
+        # CPU or memory 0: some node reports none
+        [cap_g, cap_c if cpu_known else 0, cap_m if memory_known else 0], [cm_c, cm_m])
+    if keep:
+        derived["nodes"] = found
+    return found, keep
 
 
 class _LazyPools(dict):
@@ -173,13 +269,136 @@ class _LazyPools(dict):
     def __init__(self, offers):
         super().__init__()
         self._offers = {o.node_pool_id: o for o in offers}
+        #: the id of the pool of every change of a node, in order (``_PoolNodes.move``)
+        self.changes: list[int] = []
 
     def __missing__(self, pool_id: int) -> _PoolNodes:
-        built = self[pool_id] = _PoolNodes(self._offers[pool_id])
+        built = self[pool_id] = _PoolNodes(self._offers[pool_id], self.changes)
         return built
 
     def get(self, pool_id: int, default=None):
         return self[pool_id] if pool_id in self._offers else default
+
+    def offers(self):
+        """Every pool's offer, laid out or not."""
+        return self._offers.values()
+
+    def offer(self, pool_id: int) -> PoolOffer:
+        """The offer of pool ``pool_id``, laid out or not (KeyError when unknown)."""
+        return self._offers[pool_id]
+
+    def cluster_of(self, pool_id: int) -> int | None:
+        """The cluster id of pool ``pool_id``'s offer, laid out or not (None when unknown)."""
+        offer = self._offers.get(pool_id)
+        return None if offer is None else offer.cluster_id
+
+
+#: Shapes whose room ``_offered_fits`` keeps with an offer (the oldest forgotten beyond it).
+KEPT_FITS = 16
+
+#: What ``_offered_fits`` reads of each node of a pool without shares (``placement.NodeRoom``).
+_FIT_FIELDS = operator.attrgetter("schedulable", "healthy", "free_gpus", "gpus", "free_cpu_milli", "free_memory_mib")
+
+
+def _offered_fits(offer: PoolOffer, shape: tuple[float, float, float]) -> list[int]:
+    """``_pods_fits`` of ``offer``'s nodes as a ``_PoolNodes`` of it starts (free GPUs within 0 and the node's GPUs;
+    on a node giving whole GPUs and shares, its wholly free shared GPUs at most), without laying the pool out: from
+    the layout kept with the offer (``_layout``) when an earlier book made one, else from its nodes. A new list
+    (the caller changes it); the counts are kept with the offer (``PoolOffer.derived``, ``KEPT_FITS`` shapes), so a
+    pass over offers kept from the pass before reads them without a count."""
+    derived = offer.derived
+    key = ("fits", shape)
+    kept = derived.get(key)
+    if kept is not None:
+        return list(kept)
+    layout = derived.get("nodes")
+    if layout is not None:
+        out = _pods_fits(zip(layout[3], layout[4], layout[5], layout[7], strict=True), shape)
+    else:
+        out = _nodes_fits(offer.rooms(), shape)
+    # the keys copied at once (another thread's pass may add one meanwhile), the oldest shape forgotten
+    fits = [k for k in list(derived) if k.__class__ is tuple and k[0] == "fits"]
+    if len(fits) >= KEPT_FITS:
+        derived.pop(fits[0], None)
+    derived[key] = tuple(out)
+    return out
+
+
+def _nodes_fits(rooms, shape: tuple[float, float, float]) -> list[int]:
+    """``_offered_fits`` of nodes ``rooms`` (``placement.NodeRoom``) read one by one: nodes alike in what the count
+    reads (open, free and allocatable GPUs, free CPU and memory) are counted once."""
+    g, c, m = shape
+    g = max(g, 0.01)
+    if any(n.shares for n in rooms):
+        out = []
+        for n in rooms:
+            if not n.takes_work:
+                out.append(0)
+                continue
+            fg = min(max(0, n.free_gpus), n.gpus)
+            if n.shares and n.gpus > 0:
+                slices = n.slices or (UNLIMITED,) * len(n.shares)
+                fg = min(fg, sum(1 for f, s in zip(n.shares, slices, strict=True) if f >= MILLI_PER_GPU and s > 0))
+            fit = fg / g
+            if c > 0:
+                fit = min(fit, n.free_cpu_milli / c)
+            if m > 0:
+                fit = min(fit, n.free_memory_mib / m)
+            out.append(int(fit))
+        return out
+    states = list(map(_FIT_FIELDS, rooms))
+    counted: dict[tuple, int] = {}
+    for state in set(states):
+        schedulable, healthy, free_g, gpus, free_c, free_m = state
+        if not (schedulable and healthy):
+            counted[state] = 0
+            continue
+        fit = min(max(0, free_g), gpus) / g
+        if c > 0:
+            fit = min(fit, free_c / c)
+        if m > 0:
+            fit = min(fit, free_m / m)
+        counted[state] = int(fit)
+    return list(map(counted.__getitem__, states))
+
+
+def narrow_shape(asked: tuple[float, float, float, float]) -> tuple[float, float, float]:
+    """The mean pod of narrower jobs' decayed demand ``asked`` (pods, GPUs, CPU millicores, memory MiB), rounded
+    (GPUs to 0.01, CPU and memory to 100) so that nearly equal demands share one count of room; no pods: one
+    GPU and nothing else."""
+    n = asked[0]
+    g, c, m = (asked[1] / n, asked[2] / n, asked[3] / n) if n > 0 else (1.0, 0.0, 0.0)
+    return round(g, 2), round(c, -2), round(m, -2)
+
+
+def _pods_fits(nodes, shape: tuple[float, float, float]) -> list[int]:
+    """``_pods_fit`` of each of ``nodes`` (``(free GPUs, free CPU, free memory, open)``; a closed node holds 0)."""
+    g, c, m = shape
+    g = max(g, 0.01)
+    out = []
+    for fg, fc, fm, open_ in nodes:
+        if not open_:
+            out.append(0)
+            continue
+        fit = fg / g
+        if c > 0:
+            fit = min(fit, fc / c)
+        if m > 0:
+            fit = min(fit, fm / m)
+        out.append(int(fit))
+    return out
+
+
+def _pods_fit(free_g: int, free_c: int, free_m: int, shape: tuple[float, float, float]) -> int:
+    """Pods of ``shape`` (``narrow_shape``) one open node with these free GPUs, CPU and memory holds: each resource
+    divided by the shape's (GPUs at least 0.01), the least, floored (``placement.pods_on``'s rule)."""
+    g, c, m = shape
+    fit = free_g / max(g, 0.01)
+    if c > 0:
+        fit = min(fit, free_c / c)
+    if m > 0:
+        fit = min(fit, free_m / m)
+    return int(fit)
 
 
 class NodeBook:
@@ -202,18 +421,32 @@ class NodeBook:
     ``seen`` (a callable giving ``(milli-GPUs, CPU millicores, memory MiB,
     seen at)`` per job: ``cycle.seen_shapes`` of the snapshot), with what
     ``observe`` counted since; with no shape seen, best fit.
+
+    ``demand`` (a ``scarcity.PoolDemand``): the GPUs asked per pool set; under
+    ``best-fit`` and ``fgd``, ``place`` puts a job on the pool least wanted by
+    jobs narrower than it before anything else of the policy (ADR 0043).
     """
 
     def __init__(self, offers, policy: str = DEFAULT_PACKING_POLICY, workload: tuple[WorkloadShape, ...] = (),
-                 history: ShapeHistory | None = None, seen=None):
+                 history: ShapeHistory | None = None, seen=None, demand: PoolDemand | None = None):
         if policy not in PACKING_POLICIES:
             raise ValueError(f"unknown packing policy {policy!r}; one of {', '.join(PACKING_POLICIES)}")
         self.policy = policy
+        # Constraint-aware placement (ADR 0043): the GPUs asked per pool set, read by ``place`` under best-fit and fgd
+        self.demand = demand
+        # (pool id, narrow shape) -> (the pool's tick, pods of the shape it holds, those pods node by node)
+        self._narrow_rooms: dict[tuple, tuple[int, int, list[int]]] = {}
+        # a request's pool set -> [the exclusive demand read, {pool id: [its narrow shape, its room]}, the pods
+        # asked, the rooms summed, how many of the pools' changes they count]: ``_narrow_intensity``
+        self._shapes_of: dict[frozenset, list] = {}
         # Shares of a GPU (and whole GPUs on nodes that also take shares) are scored by FGD at milli-GPU grain
         # for the shapes seen (``history``, else built from ``seen`` on first use), under best-fit and fgd; with
         # nothing seen, best-fit.
         self._history = history
         self._seen = seen
+        # the fleet's prior (``fragmentation.node_kinds``) is still to be added to a history this book builds: once
+        # it holds a job (a history given is taken as it is)
+        self._prior_due = history is None
         self._pending: list[tuple[int, int, int, float]] = []
         self._milli_shapes: tuple = ()
         self._milli_version = -1
@@ -265,7 +498,15 @@ class NodeBook:
             for shape in self._pending:
                 self._history.observe(*shape)
             self._pending = []
+            self._add_prior()
         return self._history
+
+    def _add_prior(self) -> None:
+        """Add the fleet's prior (``fragmentation.node_kinds`` of the book's offers, ``ShapeHistory.add_prior``) to
+        the history this book built, once it has counted a job."""
+        if self._prior_due and self._history.counts:
+            self._prior_due = False
+            self._history.add_prior(node_kinds(self.pools.offers()))
 
     def observe(self, gpus_per_node: int, share_milli: int, cpu_milli: int, memory_mib: int, at: float) -> None:
         """Count a job's per-pod shape (GPUs per node, or its share in milli-GPUs; CPU millicores; memory MiB),
@@ -275,17 +516,20 @@ class NodeBook:
             self._pending.append(shape)
         else:
             self._history.observe(*shape)
+            if self._prior_due:
+                self._add_prior()
 
     def milli_shapes(self) -> tuple:
-        """The shapes FGD scores shares for (``fragmentation.ShapeHistory.shapes``), refreshed from the history
-        once ``SHAPE_REFRESH`` more jobs were seen (or when empty), so the remembered scores stay valid between."""
+        """The shapes FGD scores shares for (``fragmentation.ShapeHistory.shapes``, weighted by
+        ``fragmentation.by_size``), refreshed from the history once ``refresh_after`` more jobs were seen (or when
+        empty), so the remembered scores stay valid between."""
         history = self._history
         if history is not None and history.version == self._milli_version:  # nothing seen since: as they are
             return self._milli_shapes
         history = self.history
         if history.version != self._milli_version and (
-                not self._milli_shapes or history.version - self._milli_version >= SHAPE_REFRESH):
-            self._milli_shapes = history.shapes()
+                not self._milli_shapes or history.version - self._milli_version >= refresh_after(self._milli_version)):
+            self._milli_shapes = by_size(history.shapes())
             self._milli_version = history.version
             self._milli_fragment.clear()
             self._choice_by_state.clear()
@@ -679,8 +923,12 @@ class NodeBook:
             self._learn(request)
         p = self.pools[pool_id]
         g, c, m = request.gpus_per_node, request.cpu_milli, request.memory_mib
-        scored = [(self.fragment_growth(pool_id, i, request), k, fc, fm, i)
-                  for k in range(g, len(p.buckets)) for fc, fm, i in p.buckets[k] if fc >= c and fm >= m]
+        if self.policy == "fgd" and not p.any_mixed:  # whole GPUs: the fewest GPUs left first, FGD between them
+            scored = [(math.floor(self.fragment_growth(pool_id, i, request) / FIT_GROWTH_GPUS + 0.5), k, fc, fm, i)
+                      for k in range(g, len(p.buckets)) for fc, fm, i in p.buckets[k] if fc >= c and fm >= m]
+        else:
+            scored = [(self.fragment_growth(pool_id, i, request), k, fc, fm, i)
+                      for k in range(g, len(p.buckets)) for fc, fm, i in p.buckets[k] if fc >= c and fm >= m]
         scored.sort()
         return [s[-1] for s in scored]
 
@@ -744,7 +992,9 @@ class NodeBook:
 
     def place(self, request: PlacementRequest, offers: list[PoolOffer]) -> tuple[PoolOffer, list[int]] | None:
         """The pool and nodes for ``request`` among ``offers`` (already in ``price_order``, all matching): the
-        cheapest price with room; between pools of that price, the fewest suspect nodes chosen, then the tightest
+        cheapest price with room; between pools of that price, the fewest suspect nodes chosen, then (``best-fit``
+        and ``fgd``, with a ``demand``) the lowest scarcity level (``scarcity.level``: the pool least wanted by jobs
+        narrower than this one, ADR 0043; 0 everywhere when no job is narrower), then the tightest
         fit for ``best-fit`` (fewest GPUs left on the chosen nodes, then CPU, then memory, then fewest free GPUs in
         the pool, so emptier pools stay whole), for ``fgd`` the least fragmentation growth summed over the chosen
         nodes and then best-fit's score, the loosest for ``spread``, the first for ``first-fit``; then the offers'
@@ -753,14 +1003,33 @@ class NodeBook:
         pools, need = self.pools, request.total_gpus
         best_fit = self.policy == "best-fit"
         n, g = request.nodes, request.gpus_per_node
+        exclusive, intensity = self._exclusive(request, offers)
+        lvl = 0
+        # best fit of whole GPUs reads only the pool's nodes: its answer is kept per pool until the pool changes
+        kept = best_fit and not request.shared
+        rkey = (n, g, request.cpu_milli, request.memory_mib, request.share_nodes) if kept else None
         for o in offers:
             if best is not None and o.prices != best[0].prices:
                 break
             p = pools[o.node_pool_id]
             if p.free_total < need:  # fewer free GPUs on its open nodes than the job asks
                 continue
-            if (best_fit and best is not None and not best[2][0] and not request.share_nodes and not request.shared
-                    and not p.any_mixed and not best[3]):
+            if exclusive:  # ``_level``, with the pool's room for the narrower jobs' shape kept until it changes
+                asked = exclusive.get(o.node_pool_id)
+                if asked is None:
+                    lvl = level(intensity * p.free_total, p.free_total)
+                else:
+                    known = p.narrow
+                    if known is not None and known[0] == p.tick and known[1] is asked:
+                        room = known[2]
+                    else:
+                        room = self._room_for(o.node_pool_id, narrow_shape(asked))
+                        p.narrow = (p.tick, asked, room)
+                    lvl = level(asked[0] + intensity * room, room)
+                if best is not None and not best[2][0] and lvl > best[2][1]:
+                    continue  # more wanted by narrower jobs than the best so far, which uses no suspect node
+            if (best_fit and best is not None and not best[2][0] and lvl == best[2][1] and not request.share_nodes
+                    and not request.shared and not p.any_mixed and not best[3]):
                 # Each node it would get has at least the fewest free GPUs at or above the job's: when even that
                 # leaves more GPUs than the best so far, which uses no suspect node, its score is worse (suspect
                 # nodes used, then GPUs left, come first).
@@ -768,8 +1037,23 @@ class NodeBook:
                 k = g
                 while k < len(buckets) and not buckets[k]:
                     k += 1
-                if (k - g) * n > best[2][1]:
+                if (k - g) * n > best[2][2]:
                     continue
+            if kept and not p.any_mixed:  # ``whole_scored`` needs a mixed node
+                known = p.fits.get(rkey)
+                if known is not None and known[0] == p.tick:
+                    _, nodes, left, sick = known
+                else:
+                    nodes = self.fit(o.node_pool_id, request)
+                    left = None if nodes is None else self.leftover(o.node_pool_id, nodes, request)
+                    sick = len(p.suspect.intersection(nodes)) if p.suspect and nodes is not None else 0
+                    p.fits[rkey] = (p.tick, nodes, left, sick)
+                if nodes is None:
+                    continue
+                score = (sick, lvl, *left, p.free_total)
+                if best is None or score < best[2]:
+                    best = (o, nodes, score, False)
+                continue
             nodes = self.fit(o.node_pool_id, request)
             if nodes is None:
                 continue
@@ -778,18 +1062,113 @@ class NodeBook:
             left = self.leftover(o.node_pool_id, nodes, request)
             sick = len(p.suspect.intersection(nodes)) if p.suspect else 0
             if self.policy == "spread":
-                score = (sick, -left[0], -p.free_total)
+                score = (sick, 0, -left[0], -p.free_total)
+            elif self.policy == "fgd" and not request.shared and not p.any_mixed:
+                # whole GPUs on nodes that do not share: best fit's GPUs left first, then FGD's growth (ADR 0043)
+                score = (sick, lvl, math.floor(sum(self.fragment_growth(o.node_pool_id, i, request) for i in nodes)
+                                               / FIT_GROWTH_GPUS + 0.5), *left, p.free_total)
             elif (self.policy == "fgd" or self.whole_scored(p)) and not request.shared:
-                score = (sick, sum(self.fragment_growth(o.node_pool_id, i, request) for i in nodes), *left,
+                score = (sick, lvl, sum(self.fragment_growth(o.node_pool_id, i, request) for i in nodes), *left,
                          p.free_total)
             elif request.shared and self.share_scored(request):
                 found = self._share_choice(p, nodes[0], request)
-                score = (sick, found[0] if found else 0.0, *left, p.free_total)
+                score = (sick, lvl, found[0] if found else 0.0, *left, p.free_total)
             else:
-                score = (sick, *left, p.free_total)
+                score = (sick, lvl, *left, p.free_total)
             if best is None or score < best[2]:
                 best = (o, nodes, score, p.any_mixed)
-        return (best[0], best[1]) if best else None
+        return (best[0], list(best[1])) if best else None
+
+    def _exclusive(self, request: PlacementRequest, offers: list[PoolOffer]) -> tuple[dict, float]:
+        """What ``place`` scores pools by (ADR 0043): per pool id, what jobs narrower than ``request`` asked
+        (``scarcity.PoolDemand.exclusive``: pods, GPUs, CPU, memory), and their pods per pod the request's pool set
+        has room for (the prior each pool gets in proportion to its room, ``scarcity.level``). Empty and 0 (every
+        level equal: the policy's choice alone) unless a ``demand`` is given, the policy is best-fit or fgd, there are
+        several offers and some job seen is narrower than the request."""
+        demand = self.demand
+        if (demand is None or len(offers) < 2 or self.policy not in ("best-fit", "fgd") or not demand.narrowed()):
+            return {}, 0.0
+        wanted = demand.wanted(request, offers[0].node_pool_id)
+        exclusive = demand.exclusive(wanted)
+        if not exclusive:
+            return {}, 0.0
+        return exclusive, self._narrow_intensity(wanted, exclusive)
+
+    def _narrow_intensity(self, wanted: frozenset, exclusive: dict) -> float:
+        """``PRIOR_WEIGHT`` x the narrower jobs' pods (``exclusive``) per pod of their shapes that ``wanted``'s pools
+        hold now (``_room_for``, summed). The sum is kept per pool set and brought up to date from the pools changed
+        since (``_LazyPools.changes``)."""
+        known = self._shapes_of.get(wanted)
+        changes = self.pools.changes
+        if known is None or known[0] is not exclusive:
+            pairs = {}
+            for pid in wanted:
+                if pid in exclusive:
+                    shape = narrow_shape(exclusive[pid])
+                    pairs[pid] = [shape, self._room_for(pid, shape)]
+            known = [exclusive, pairs, sum(e[0] for e in exclusive.values()), sum(r for _, r in pairs.values()),
+                     len(changes)]
+            self._shapes_of[wanted] = known
+        elif known[4] != len(changes):
+            pairs, room = known[1], known[3]
+            for pid in set(changes[known[4]:]):
+                pair = pairs.get(pid)
+                if pair is not None:
+                    now = self._room_for(pid, pair[0])
+                    room += now - pair[1]
+                    pair[1] = now
+            known[3], known[4] = room, len(changes)
+        pods, room = known[2], known[3]
+        return PRIOR_WEIGHT * pods / room if room else 0.0
+
+    def narrow_room(self, pool_id: int, asked: tuple[float, float, float, float]) -> int:
+        """How many pods of the narrower jobs' mean shape (``asked``: their decayed pods, GPUs, CPU millicores,
+        memory MiB; ``narrow_shape``) the pool's open nodes hold now, node by node (``pods_on``'s rule: each
+        resource of the node divided by the shape's, the least, floored), remembered until the pool changes."""
+        return self._room_for(pool_id, narrow_shape(asked))
+
+    def _room_for(self, pool_id: int, shape: tuple[float, float, float]) -> int:
+        """``narrow_room`` of a shape from ``narrow_shape``. A pool not laid out yet (``_LazyPools``: nothing booked
+        there) is read from its offer without laying it out; a pool changed since the last answer recounts only
+        the nodes changed since (its ``log``), when the log still holds them all."""
+        key = (pool_id, shape)
+        known = self._narrow_rooms.get(key)
+        pools = self.pools
+        if pool_id not in pools:  # untouched: its nodes as offered (``_PoolNodes``' free figures, tick 0)
+            if known is None:
+                fits = _offered_fits(pools.offer(pool_id), shape)
+                known = self._narrow_rooms[key] = (0, sum(fits), fits)
+            return known[1]
+        p = pools[pool_id]
+        if known is not None:
+            tick, room, fits = known
+            if tick == p.tick:
+                return room
+            changes = p.tick - tick
+            if changes <= len(p.log):
+                free_g, free_c, free_m, sched = p.free_g, p.free_c, p.free_m, p.sched
+                for i in set(p.log[-changes:]):
+                    fit = _pods_fit(free_g[i], free_c[i], free_m[i], shape) if sched[i] else 0
+                    room += fit - fits[i]
+                    fits[i] = fit
+                self._narrow_rooms[key] = (p.tick, room, fits)
+                return room
+        if p.tick == 0:  # laid out, nothing changed since: its nodes as offered (kept with the offer)
+            fits = _offered_fits(p.offer, shape)
+        else:
+            fits = _pods_fits(zip(p.free_g, p.free_c, p.free_m, p.sched, strict=True), shape)
+        room = sum(fits)
+        self._narrow_rooms[key] = (p.tick, room, fits)
+        return room
+
+    def _level(self, p: _PoolNodes, asked, intensity: float) -> int:
+        """``scarcity.level`` of pool ``p`` for the narrower jobs' ``asked`` there (None: none) and the prior
+        ``intensity`` (their pods per pod of room over the request's pool set)."""
+        if asked is None:
+            room = p.free_total  # no narrower pod seen here: the prior alone, per free GPU
+            return level(intensity * room, room)
+        room = self._room_for(p.offer.node_pool_id, narrow_shape(asked))
+        return level(asked[0] + intensity * room, room)
 
     def place_gang(self, roles, offers: list[PoolOffer]):
         """The pool and each role's nodes for a gang of several pod shapes (``roles``: ``(name, PlacementRequest)``

@@ -2,14 +2,19 @@
 
 Within one team jobs keep their order (Kueue's StrictFIFO): priority high
 first, then submission time, then id. Between teams the next job comes from
-the team whose head has the highest priority, then the lowest dominant share
-(Kueue's DRS: borrowed GPUs over the cohort's lendable GPUs, max over
-accelerators, divided by the team's weight), then the earliest submission.
+the team whose head has the highest priority, then the lowest weighted decayed
+usage (Kueue's Admission Fair Sharing: decayed usage over the team's weight,
+``usage_key``; all 0 while fair sharing over time is off), then the lowest
+dominant share (Kueue's DRS: borrowed GPUs over the cohort's lendable GPUs, max
+over accelerators, divided by the team's weight), then the earliest submission.
 """
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from .types import OVERTAKEN_SHOWN, Admission, QueuedJob, TeamState, Waiting
+from .usage import ZERO, weighted_usage
 
 
 def dominant_share(team: TeamState, lendable: dict[tuple, int]) -> float:
@@ -28,9 +33,17 @@ def dominant_share(team: TeamState, lendable: dict[tuple, int]) -> float:
     return share / team.weight if team.weight > 0 else float("inf")
 
 
-def team_key(head: QueuedJob, share: float) -> tuple:
-    """The order between teams, by their head job: priority high first, lower share first, then submission and id."""
-    return (-head.priority, share, head.submitted, head.job_id)
+def usage_key(team: TeamState) -> Decimal:
+    """The team's weighted decayed usage, GPU-seconds per unit of weight: ``fair_usage / weight`` (Kueue's Admission
+    Fair Sharing, kueue.sigs.k8s.io/docs/concepts/admission_fair_sharing/; ``usage.weighted_usage``), 0 for a team
+    with no decayed usage (fair sharing over time off: every team ties and the order is the dominant share's)."""
+    return ZERO if not team.fair_usage else weighted_usage(team.fair_usage, team.weight)
+
+
+def team_key(head: QueuedJob, share: float, usage: Decimal = ZERO) -> tuple:
+    """The order between teams, by their head job: priority high first, lower weighted decayed usage (``usage_key``)
+    first, then lower share, then submission and id."""
+    return (-head.priority, usage, share, head.submitted, head.job_id)
 
 
 class TeamQueue:

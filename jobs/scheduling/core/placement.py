@@ -7,7 +7,7 @@ tight loop and tests can compute expected choices by hand.
 from __future__ import annotations
 
 import dataclasses
-import functools
+import operator
 from collections import Counter
 from decimal import Decimal
 
@@ -47,6 +47,29 @@ class NodeRoom:
     def takes_work(self) -> bool:
         """Whether admission may place work on it: schedulable and healthy."""
         return self.schedulable and self.healthy
+
+
+class kept:  # noqa: N801 -- a decorator, named as ``functools.cached_property`` is
+    """``functools.cached_property`` without its lock: the value, computed on the first read, is stored in the
+    instance's ``__dict__``, where every later read finds it without a call. Python 3.11's ``cached_property``
+    takes a lock on every first read, which a pass over a new snapshot pays for each figure of each offer it reads;
+    an offer is frozen, so two threads reading a figure at once compute the same value (one of them is kept)."""
+
+    def __init__(self, func):
+        self.func, self.name, self.__doc__ = func, func.__name__, func.__doc__
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        value = instance.__dict__[self.name] = self.func(instance)
+        return value
+
+
+#: What ``PoolOffer.node_shapes`` counts of each node.
+_SHAPE_FIELDS = operator.attrgetter("gpus", "cpu_milli", "memory_mib", "schedulable", "healthy")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,22 +115,36 @@ class PoolOffer:
             out.append(NodeRoom(f"{self.node_pool_id}-{i}", self.gpus_per_node, self.gpus_per_node - taken))
         return tuple(out)
 
-    @functools.cached_property
+    @kept
+    def derived(self) -> dict:
+        """Figures derived from the offer alone, each computed once and kept with it by whoever reads it (by name:
+        ``"nodes"``, the node book's layout of its nodes, ``nodebook._layout``; ``("fits", shape)``, its nodes' room
+        for a shape, ``nodebook._offered_fits``; ``"matching"``, the offers of a list it heads that match each
+        request, ``matching_offers``, kept with the offers themselves). The offer is frozen, so none can go stale:
+        an offer with other nodes or numbers is another object, with its own."""
+        return {}
+
+    @kept
     def share_nodes_ever(self) -> tuple[tuple[int, tuple[tuple[str, int], ...], int, int, bool], ...]:
         """Its nodes that take shares of a GPU, as ``(GPUs shared, MIG devices by profile, CPU millicores, memory
         MiB, takes work)``: what a share could ever have there (``holds_share``)."""
         return tuple((len(n.shares), n.mig_free, n.cpu_milli, n.memory_mib, n.takes_work) for n in self.node_rooms
                      if n.shares or n.mig_free)
 
-    @functools.cached_property
+    @kept
     def node_shapes(self) -> tuple[tuple[int, int, int, bool, int], ...]:
         """The distinct ``(GPUs, CPU millicores, memory MiB, takes work, how many)`` of the pool's nodes."""
         if not self.node_rooms:  # nodes synthesized from the pool's counts: all alike, schedulable
             return ((self.gpus_per_node, UNLIMITED, UNLIMITED, True, self.nodes),) if self.nodes > 0 else ()
-        counts = Counter((n.gpus, n.cpu_milli, n.memory_mib, n.takes_work) for n in self.rooms())
-        return tuple((*shape, count) for shape, count in counts.items())
+        # counted by (GPUs, CPU, memory, schedulable, healthy) in C, then merged by whether the node takes work
+        # (``NodeRoom.takes_work``), each shape where its first node is
+        shapes: dict[tuple, int] = {}
+        for (gpus, cpu, memory, schedulable, healthy), count in Counter(map(_SHAPE_FIELDS, self.rooms())).items():
+            shape = (gpus, cpu, memory, schedulable and healthy)
+            shapes[shape] = shapes.get(shape, 0) + count
+        return tuple((*shape, count) for shape, count in shapes.items())
 
-    @functools.cached_property
+    @kept
     def prices(self) -> tuple[Decimal, Decimal, Decimal]:
         """What pools are compared by: USD per GPU-hour, then (CPU node pools) per vCPU-hour and per GiB-hour
         (computed once: the offer is frozen)."""
@@ -218,11 +255,78 @@ def capable_nodes(request: PlacementRequest, offer: PoolOffer, *, schedulable_on
                                if open_ or not schedulable_only))
 
 
+#: Nodes beyond the request's count that ``matches`` reads one by one on an offer whose shapes are not counted yet,
+#: before it counts them all (``PoolOffer.node_shapes``): a pool whose nodes are alike is settled by its first ones.
+_FIRST_NODES = 2
+
+
 def matches(request: PlacementRequest, offer: PoolOffer) -> bool:
     """Whether ``offer`` could hold ``request`` once its running work ends: healthy, constraints, spot rule, and
     schedulable nodes large enough (GPUs, CPU, memory) for its ``nodes`` pods (``capable_nodes``)."""
-    return (offer.healthy and allowed(request, offer) and request.gpus_per_node <= offer.gpus_per_node
-            and capable_nodes(request, offer, schedulable_only=True) >= request.nodes)
+    if not offer.healthy or request.gpus_per_node > offer.gpus_per_node or not allowed(request, offer):
+        return False
+    need = request.nodes
+    if request.share_nodes or request.share_milli or request.mig_profile:
+        return capable_nodes(request, offer, schedulable_only=True) >= need
+    # pods on distinct nodes: ``capable_nodes``' count, stopped once it reaches ``need`` (every term is >= 0)
+    g, c, m, held = request.gpus_per_node, request.cpu_milli, request.memory_mib, 0
+    if held >= need:
+        return True
+    rooms = offer.node_rooms
+    if rooms and "node_shapes" not in offer.__dict__:
+        # an offer not counted yet: its first nodes usually settle it, without counting every node's shape
+        for n in rooms[:need + _FIRST_NODES]:
+            if n.schedulable and n.healthy and n.gpus >= g and n.cpu_milli >= c and n.memory_mib >= m:
+                held += 1
+                if held >= need:
+                    return True
+        held = 0
+    for gpus, cpu, memory, open_, count in offer.node_shapes:
+        if open_ and gpus >= g and cpu >= c and memory >= m:
+            held += count
+            if held >= need:
+                return True
+    return False
+
+
+#: Requests whose matching offers ``matching_offers`` keeps per list of offers (the oldest forgotten beyond it).
+KEPT_REQUESTS = 512
+
+
+def kept_for(offers, key, make) -> tuple[PoolOffer, ...]:
+    """``make(offers)`` (a tuple of some of ``offers``, a sequence of ``PoolOffer``: an accelerator's), kept under
+    ``key`` (hashable; it names ``make``, which must read the offers alone) with the list's first offer
+    (``PoolOffer.derived``: one list per offer, with every offer of it, compared by identity on each read). So a
+    pass over offers kept from the pass before (an inventory that did not change) finds it without reading the
+    offers again, and every reader of one pass finds it once made. Offers are frozen: a list with another offer
+    anywhere is another list. At most ``KEPT_REQUESTS`` keys per list are kept."""
+    if not offers:
+        return ()
+    derived = offers[0].derived
+    entry = derived.get("matching")
+    if entry is None or len(entry[0]) != len(offers) or not all(map(operator.is_, entry[0], offers)):
+        entry = derived["matching"] = (tuple(offers), {})
+    kept = entry[1]
+    found = kept.get(key)
+    if found is None:
+        if len(kept) >= KEPT_REQUESTS:
+            for old in list(kept)[:len(kept) - KEPT_REQUESTS + 1]:
+                kept.pop(old, None)
+        found = kept[key] = make(offers)
+    return found
+
+
+def matching_offers(request: PlacementRequest, offers) -> tuple[PoolOffer, ...]:
+    """The offers of ``offers`` that ``matches`` ``request``, in their order (``kept_for``: kept with the offers, so
+    every reader of one pass, and every pass over the same offers, matches them once)."""
+    return kept_for(offers, request, lambda offers: tuple(o for o in offers if matches(request, o)))
+
+
+def matching_in_price_order(request: PlacementRequest, offers) -> tuple[PoolOffer, ...]:
+    """``matching_offers`` in ``price_order`` (kept as they are). The sort is stable, so it is the accelerator's
+    pools sorted, then filtered."""
+    return kept_for(offers, ("price order", request),
+                    lambda offers: tuple(sorted(matching_offers(request, offers), key=price_order)))
 
 
 def price_order(offer: PoolOffer) -> tuple:

@@ -5,8 +5,10 @@ cohort's lendable pool or by capacity may preempt preemptible running jobs
 of other teams of its cohort. A victim is eligible while its team uses more
 than its nominal quota before the removal (Kueue's ``reclaimWithinCohort``
 rule), even if whole-job granularity then leaves that team below its
-nominal; lowest priority first, then most recently admitted; unneeded
-victims are pruned (Kueue's minimal set). The preemptor's nodes must have
+nominal; lowest priority first, then the team with the highest weighted
+decayed usage (``order.usage_key``; Kueue's fair-sharing preemption takes from
+the queue with the highest share first), then most recently admitted;
+unneeded victims are pruned (Kueue's minimal set). The preemptor's nodes must have
 room once the victims on its pool are gone (per node, all or nothing).
 
 No loop: a preemptor ends within its team's nominal quota, and a victim's
@@ -18,15 +20,19 @@ GPUs back to a team within its nominal.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from decimal import Decimal
 
 from .nodebook import NodeBook
 from .placement import PlacementRequest, PoolOffer, pods_on
 from .types import OK, QueuedJob, RunningJob, TeamState, Verdict
+from .usage import ZERO
 
 
-def victim_order(r: RunningJob) -> tuple:
-    """The order victims are taken in: lowest priority first, then the most recently admitted."""
-    return (r.priority, -r.admitted, -r.job_id)
+def victim_order(r: RunningJob, usage: Decimal = ZERO) -> tuple:
+    """The order victims are taken in: lowest priority first, then the highest weighted decayed usage of the
+    victim's team (``usage``: ``order.usage_key`` of it; 0 while fair sharing over time is off), then the most
+    recently admitted."""
+    return (r.priority, -usage, -r.admitted, -r.job_id)
 
 
 def borrowing_before(owner: TeamState, accelerator_id: int, used_before: int) -> bool:
@@ -235,11 +241,118 @@ def _pick(candidates, teams, acc, pool_id, book: NodeBook, request: PlacementReq
             pool.failed = saved + [s for s in pool.failed if s not in saved]
 
 
+def tree_order(candidates: list[RunningJob], tree, team: TeamState) -> list[RunningJob]:
+    """``candidates`` (in ``victim_order``) with the farthest first: by the depth of the lowest level of the tree of
+    cohorts that holds both the victim's team and ``team`` (shallower first), then as they were. So reclaiming a
+    level's nominal quota ends borrowers from outside that level's subtree before borrowers inside it (ADR
+    0046)."""
+    mine = {k: i for i, k in enumerate(tree.path(("team", team.team_id)))}
+    depth = tree.depth
+
+    def meet(c: RunningJob) -> int:
+        for k in tree.path(("team", c.team_id)):
+            if k in mine:
+                return depth[k]
+        return -1
+
+    return sorted(candidates, key=meet)  # stable: victim_order within one depth
+
+
+def choose_tree_victims(candidates: list[RunningJob], pools: list[PoolOffer], book: NodeBook,
+                        teams: dict[int, TeamState], acc: int, request: PlacementRequest, tree, team: TeamState,
+                        amount: int) -> tuple[PoolOffer, tuple[RunningJob, ...], list[int]] | None:
+    """``choose_victims`` for a team of a tree of cohorts (``tree``: the ``core.cohorts.CohortTree``, whose usage
+    and ``book`` are left as they were): per pool, take ``candidates`` in their order (``tree_order``), each while
+    its team uses more than its nominal quota and only when its end gives the job room it lacks (more of what
+    the tree lets ``team`` take of ``acc``, or nodes on the pool), until every level lets ``team`` take
+    ``amount`` more (``CohortTree.fits``) and ``request`` has nodes on the pool; then drop the victims not
+    needed, the last taken first. The pool needing the fewest victims wins (the first on a tie; one victim ends
+    the search); None when none can.
+
+    When the end of every borrowing candidate together does not let the tree take ``amount``, no pool can: that
+    is asked once, before any pool."""
+    key = ("team", team.team_id)
+    room_now = tree.available(key, acc)
+    eligible = [c for c in candidates if borrowing_before(teams[c.team_id], acc, teams[c.team_id].used.get(acc, 0))]
+    if not eligible:
+        return None
+    if room_now < amount:
+        for c in eligible:
+            tree.add(("team", c.team_id), acc, -c.gpus)
+        try:
+            if not tree.fits(key, acc, amount):
+                return None
+        finally:
+            for c in eligible:
+                tree.add(("team", c.team_id), acc, c.gpus)
+    best = None
+    for offer in pools:
+        pid = offer.node_pool_id
+        on_pool = [c for c in eligible if c.node_pool_id == pid]
+        if not could_fit(book, pid, request, on_pool):
+            continue
+        taken: dict[int, int] = {}
+        picked: list[tuple[RunningJob, list[int]]] = []
+        pool = book.pools.get(pid)
+        # as in ``_pick``: victims released and retaken by node name leave the pool as it was
+        saved = list(pool.failed) if pool is not None and all(c.node_names for c in on_pool) else None
+        nodes = book.fit(pid, request)
+        room = room_now
+        try:
+            for c in (eligible if room < amount else on_pool):
+                if room >= amount and nodes is not None:
+                    break
+                here = c.node_pool_id == pid
+                if room >= amount and not here:
+                    continue  # only room on the pool is missing: a job elsewhere gives none
+                owner = teams[c.team_id]
+                if not borrowing_before(owner, acc, owner.used.get(acc, 0) - taken.get(c.team_id, 0)):
+                    continue  # its team is within its nominal quota
+                tree.add(("team", c.team_id), acc, -c.gpus)
+                more = tree.available(key, acc)
+                if more <= room and not (here and nodes is None):
+                    tree.add(("team", c.team_id), acc, c.gpus)  # its end gives the job nothing it lacks
+                    continue
+                room = more
+                picked.append((c, _release(book, c) if here else []))
+                taken[c.team_id] = taken.get(c.team_id, 0) + c.gpus
+                if here and nodes is None:
+                    nodes = book.fit(pid, request)
+            if nodes is None or room < amount:
+                continue
+            for i in range(len(picked) - 1, -1, -1):  # drop victims not needed, the last taken first
+                c, changed = picked[i]
+                tree.add(("team", c.team_id), acc, c.gpus)
+                still = nodes
+                if c.node_pool_id == pid:
+                    _retake(book, c, changed)
+                    still = book.fit(pid, request)
+                if still is None or not tree.fits(key, acc, amount):
+                    tree.add(("team", c.team_id), acc, -c.gpus)
+                    if c.node_pool_id == pid:
+                        picked[i] = (c, _release(book, c))
+                    continue
+                nodes = still
+                del picked[i]
+            if best is None or len(picked) < len(best[1]):
+                best = (offer, tuple(c for c, _ in picked), nodes)
+        finally:
+            for c, changed in picked:
+                tree.add(("team", c.team_id), acc, c.gpus)
+                if c.node_pool_id == pid:
+                    _retake(book, c, changed)
+            if saved is not None:
+                pool.failed = saved
+        if best is not None and len(best[1]) <= 1:
+            break
+    return best
+
+
 class VictimSearch:
     """The preemption candidates of one scheduler and the search among them.
 
     ``running``: the snapshot's running jobs; the preemptible ones of known teams are candidates, by (cohort,
-    accelerator id), in ``victim_order``. ``cohorts``: the ``cohort.CohortBook``; ``memo``: the scheduler's memo,
+    accelerator id), in ``victim_order`` (with their team's weighted decayed usage). ``cohorts``: the ``cohort.CohortBook``; ``memo``: the scheduler's memo,
     whose ``no_victims`` table remembers a search that found nothing for the team and its pools until the usage
     of a team of its cohort changes or something is released on the accelerator (more borrowing makes more
     victims eligible; a preemption frees nodes): a job of the same team at least as large (nodes, GPUs, CPU,
@@ -250,12 +363,37 @@ class VictimSearch:
         self.teams, self.book, self.cohorts = teams, book, cohorts
         self._no_victims = memo.no_victims
         self.preempted: set[int] = set()
-        self.candidates: dict[tuple, list[RunningJob]] = {}
-        for r in running:
-            if r.preemptible and r.team_id in teams and not (r.share_milli or r.mig_profile):
-                self.candidates.setdefault((teams[r.team_id].cohort, r.accelerator_id), []).append(r)
-        for lst in self.candidates.values():
-            lst.sort(key=victim_order)
+        # grouped on the first search (a pass that preempts nothing never reads them), each group sorted on its
+        # first read by the teams' usage when the pass began (``cohort.CohortBook.usage`` grows with admissions)
+        self._running = tuple(running)
+        self._usage = dict(cohorts.usage)
+        self._groups: dict[tuple, list[RunningJob]] | None = None
+        self._sorted: set[tuple] = set()
+
+    def _of(self, ckey: tuple) -> list[RunningJob]:
+        """The candidates of (cohort, accelerator id) ``ckey`` in ``victim_order`` (the list itself; empty when
+        none)."""
+        groups = self._groups
+        if groups is None:
+            groups = self._groups = {}
+            teams = self.teams
+            for r in self._running:
+                if r.preemptible and r.team_id in teams and not (r.share_milli or r.mig_profile):
+                    groups.setdefault((teams[r.team_id].cohort, r.accelerator_id), []).append(r)
+        found = groups.get(ckey)
+        if found is None:
+            return []
+        if ckey not in self._sorted:
+            usage = self._usage
+            found.sort(key=lambda r: victim_order(r, usage[r.team_id]))
+            self._sorted.add(ckey)
+        return found
+
+    @property
+    def candidates(self) -> dict[tuple, list[RunningJob]]:
+        """The candidates by (cohort, accelerator id), each in ``victim_order``."""
+        self._of(())
+        return {ckey: self._of(ckey) for ckey in self._groups}
 
     def find(self, job: QueuedJob, acc: int, team: TeamState, guaranteed: int, pools: list[PoolOffer],
              pids: tuple[int, ...], fits_nowhere: bool = False):
@@ -272,10 +410,13 @@ class VictimSearch:
             for fn, fg, fc, fm in known[1]:
                 if n >= fn and g >= fg and c >= fc and m >= fm:
                     return None
-        candidates = [r for r in self.candidates.get(ckey, ()) if r.team_id != team.team_id
+        candidates = [r for r in self._of(ckey) if r.team_id != team.team_id
                       and r.job_id not in self.preempted]
         found = None
-        if candidates:
+        if candidates and team.team_id in self.cohorts.tree_teams:
+            found = choose_tree_victims(tree_order(candidates, self.cohorts.tree, team), pools, self.book, self.teams,
+                                        acc, job.placement(), self.cohorts.tree, team, job.total_gpus)
+        elif candidates:
             need = self.cohorts.need(ckey, team.used.get(acc, 0), guaranteed, job.total_gpus)
             found = choose_victims(candidates, pools, self.book, self.teams, acc, job.placement(), need,
                                    fits_nowhere)
@@ -289,4 +430,4 @@ class VictimSearch:
     def take(self, victim: RunningJob) -> None:
         """``victim`` is preempted: it is no candidate any more."""
         self.preempted.add(victim.job_id)
-        self.candidates[(self.teams[victim.team_id].cohort, victim.accelerator_id)].remove(victim)
+        self._of((self.teams[victim.team_id].cohort, victim.accelerator_id)).remove(victim)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .cohort import CohortBook
 from .nodebook import NodeBook
-from .placement import PoolOffer, allowed, capable_nodes, matches, price_order
+from .placement import PoolOffer, allowed, capable_nodes, matches, matching_in_price_order, price_order
 from .rules import job_estimate, never_placeable, no_price, no_room, unhealthy_nodes
 from .types import QueuedJob, Verdict
 
@@ -31,7 +31,7 @@ class Room:
         self.pools, self.unpriced, self.book, self.cohorts = pools, unpriced, book, cohorts
         self.memo = memo
         self._released, self._taken = cohorts.released, cohorts.taken  # the cohort book never replaces them
-        self._matching, self._by_price = memo.matching, memo.by_price
+        self._matching = memo.matching
         self._no_room, self._failed, self._short = memo.no_room, memo.failed, memo.short
         self._unhealthy, self._sick_pools, self._estimates = memo.unhealthy, memo.sick_pools, memo.estimates
         # Within a run of the loop: the no-room verdicts to fill in at its end; else None.
@@ -49,11 +49,7 @@ class Room:
         if found is None:
             request = job.placement()
             offers = self.pools.get(acc, ())
-            in_order = self._by_price.get(acc)
-            if in_order is None:  # the accelerator's pools sorted once: filtering keeps that (stable) order
-                in_order = sorted(offers, key=price_order)
-                self._by_price[acc] = in_order
-            pools = [o for o in in_order if matches(request, o)]
+            pools = list(matching_in_price_order(request, offers))  # kept with the offers
             found = (pools, None if pools else never_placeable(job, *self.fleet_reason(job, request, offers)),
                      tuple(o.node_pool_id for o in pools))
             self._matching[key] = found
@@ -201,21 +197,41 @@ class Room:
                 if n >= fn and g >= fg and c >= fc and m >= fm:
                     return None
         need = 0 if job.share_milli or job.mig_profile else job.total_gpus  # a share needs no whole GPU free
-        skey = (pids, need)
-        skip = self._short.get(skey)
-        start = skip[1] if skip is not None and skip[0] == released else 0
-        nodes = self.book.pools
-        end = len(pools)
-        while start < end and nodes[pools[start].node_pool_id].free_total < need:
-            start += 1
-        self._short[skey] = (released, start)
-        found = self.book.place(job.placement(), pools[start:] if start else pools)
+        found = self.book.place(job.placement(), self._with_room(pools, pids, need, released) if need else pools)
         if found is None:
             least = failed[1] if failed is not None and failed[0] == released else []
             # the least shapes known not to fit: one that covers another replaces it
             self._failed[key] = (released, [s for s in least if not (s[0] >= n and s[1] >= g and s[2] >= c
                                                                      and s[3] >= m)] + [shape])
         return found
+
+    def _with_room(self, pools: list[PoolOffer], pids: tuple[int, ...], need: int, released: int) -> list[PoolOffer]:
+        """``pools`` (ids ``pids``) less those laid out with fewer free GPUs on their open nodes than ``need``, which
+        ``NodeBook.place`` passes over: the same choice, without walking the full pools at every placement.
+
+        Kept per ``(pids, need)`` until a release on the accelerator (``released``; bookings only take GPUs away,
+        so a pool left out stays short) and brought up to date from the pools changed since
+        (``nodebook._LazyPools.changes``): ``(released, changes read, pools kept, their ids)``. A pool not laid
+        out yet is kept (its nodes are not read for this)."""
+        book = self.book.pools
+        changes = book.changes
+        known = self._short.get((pids, need))
+        if known is not None and known[0] == released:
+            _, seen, live, members = known
+            if seen == len(changes):
+                return live
+            if len(changes) - seen <= len(live):
+                gone = {pid for pid in changes[seen:] if pid in members and book[pid].free_total < need}
+            else:
+                gone = {pid for pid in members if pid in book and book[pid].free_total < need}
+            if gone:
+                live = [o for o in live if o.node_pool_id not in gone]
+                members = members - gone
+        else:
+            live = [o for o in pools if o.node_pool_id not in book or book[o.node_pool_id].free_total >= need]
+            members = {o.node_pool_id for o in live}
+        self._short[(pids, need)] = (released, len(changes), live, members)
+        return live
 
     def no_room_verdict(self, job: QueuedJob, acc: int, pools: list[PoolOffer], pids: tuple[int, ...]) -> Verdict:
         """``rules.no_room`` for ``job`` on ``pools`` (ids ``pids``) with the nodes' numbers now, remembered until

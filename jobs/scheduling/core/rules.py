@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from decimal import ROUND_CEILING, Decimal
 
+from core.cohorts import CohortTree
 from core.gpus import shown_gpus
 from core.money import price_per_hour
 
@@ -198,6 +199,32 @@ def cohort_full(job: QueuedJob, used: int, q: TeamQuota, lendable: int, borrowed
                    {"request_gpus": gpus, "used_gpus": shown_gpus(used), "nominal_gpus": q.nominal_gpus,
                     "borrowing_limit_gpus": q.borrowing_limit_gpus, "lending_limit_gpus": q.lending_limit_gpus,
                     "cohort_lendable_gpus": lendable, "cohort_borrowed_gpus": borrowed})
+
+
+def tree_full(job: QueuedJob, used, q: TeamQuota, tree: CohortTree, key, acc: int, amount) -> Verdict:
+    """The verdict for a job a level of its team's tree of cohorts cannot take (``CohortTree.fits`` said no):
+    reason ``quota``, naming the level with the least room (``CohortTree.short_level``) and giving, per level of
+    the path (the team first, the root last), its subtree quota, usage, guaranteed part and room (``levels``;
+    GPUs, or vCPUs for a CPU-only job: ``amount``, ``used`` and ``q`` in millicores then). ADR 0046."""
+    show = _vcpus if job.cpu_only else shown_gpus
+    unit = "vCPUs" if job.cpu_only else "GPUs"
+    short = tree.short_level(key, acc, amount)
+    levels = []
+    for k in tree.path(key):
+        room = tree.room(k, acc)
+        levels.append({"level": tree.levels[k].name, "subtree_quota": show(tree.subtree_quota(k, acc)),
+                       "usage": show(tree.usage(k, acc)), "guaranteed": show(tree.guaranteed(k, acc)),
+                       "room": None if room is None else show(max(0, room))})
+    name = tree.levels[short].name if short is not None else tree.levels[key].name
+    room = tree.room(short, acc) if short is not None else None
+    held = f" (room for {show(max(0, room))} more {unit} there)" if room is not None else ""
+    return Verdict(False, "quota", f"{'Over CPU quota: ' if job.cpu_only else ''}{show(amount)} more {unit} would "
+                                   f"exceed what level {name} of the team's tree of cohorts allows{held}; "
+                                   f"{show(tree.available(key, acc))} {unit} can be had now",
+                   {"request_gpus" if not job.cpu_only else "request_vcpus": show(amount),
+                    "used_gpus" if not job.cpu_only else "used_vcpus": show(used),
+                    "short_level": name, "available": show(tree.available(key, acc)), "levels": levels,
+                    "cohort_tree": True})
 
 
 def cpu_cohort_full(job: QueuedJob, used_milli: int, q: TeamQuota, lendable_milli: int,

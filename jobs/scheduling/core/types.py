@@ -227,6 +227,9 @@ class RunningJob:
     #: Part of one GPU (ADR 0040): the share (milli-GPUs) or MIG profile it holds on its node; never a victim.
     share_milli: int = 0
     mig_profile: str = ""
+    #: Its max run time (s) from ``admitted``: backfill plans its nodes free then (``backfill``); 0: unknown, its
+    #: nodes free at no planned time.
+    max_runtime_seconds: int = 0
 
     @property
     def quota_gpus(self) -> int | Decimal:
@@ -274,8 +277,9 @@ class TeamState:
     """A team: cohort key (None = the default cohort), weight (> 0), quotas and live usage by accelerator id (GPUs:
     an int, or an exact Decimal once a job on part of one GPU counts its share, ``QueuedJob.quota_gpus``;
     CPU millicores of its CPU-only attempts for the CPU flavor, present only when it has a CPU quota),
-    its budgets in force (USD) and its queueing strategy (Kueue's names: ``BestEffortFIFO``, the default, lets a
-    job that can be admitted pass a head that cannot; ``StrictFIFO`` keeps the order)."""
+    its budgets in force (USD), its queueing strategy (Kueue's names: ``BestEffortFIFO``, the default, lets a
+    job that can be admitted pass a head that cannot; ``StrictFIFO`` keeps the order) and its decayed usage
+    (``fair_usage``, ``usage``)."""
 
     team_id: int
     cohort: object = None
@@ -289,6 +293,12 @@ class TeamState:
     #: Live GPUs by (accelerator id, cluster id), for the capped clusters.
     cluster_used: dict[tuple[int, int], int | Decimal] = dataclasses.field(default_factory=dict)
     strategy: str = "BestEffortFIFO"
+    #: In a tree of cohorts (ADR 0046): the cohort the team belongs to, a key of ``Snapshot.cohort_levels``
+    #: (``cohort`` is then the tree's root); None: a plain (flat) cohort.
+    parent_cohort: object = None
+    #: Decayed usage as of the snapshot, GPU-seconds (``usage.advance``; 0 while fair sharing over time is off):
+    #: between teams, lower ``fair_usage / weight`` goes first and is preempted last (docs/adr/0045).
+    fair_usage: Decimal = Decimal(0)
 
 
 @dataclasses.dataclass
@@ -306,6 +316,20 @@ class Snapshot:
     unpriced: dict[int, list[PoolOffer]] = dataclasses.field(default_factory=dict)
     policy: str | None = None
     workload: tuple[tuple[int, int, int, float], ...] = ()
+    #: Backfill with reservations (``backfill``, ADR 0044): the pass's time (seconds, the submissions' epoch; None:
+    #: no reservations), every live attempt with its max run time (empty: ``running``), the wait (s since
+    #: submission) after which any job waiting for capacity gets a reservation (None: StrictFIFO heads only), and
+    #: the most reservations held.
+    now: float | None = None
+    live: list[RunningJob] = dataclasses.field(default_factory=list)
+    reserve_after_s: float | None = None
+    max_reservations: int = 16
+    #: The cohorts of trees of cohorts (``core.cohorts.Level``s keyed ``("cohort", id)``, GPUs per accelerator id;
+    #: ADR 0046), for the teams whose ``parent_cohort`` is set; empty: every cohort is plain (flat).
+    cohort_levels: tuple = ()
+    #: Fair sharing over time's entry penalty, GPU-seconds per GPU admitted (``usage.entry_penalty``; 0: none): an
+    #: admission adds it, times the job's GPUs, to its team's decayed usage for the rest of the pass.
+    entry_penalty: Decimal = Decimal(0)
 
 
 @dataclasses.dataclass(slots=True)
@@ -350,6 +374,8 @@ class Waiting:
     #: Later jobs (in the queue's overall order) of the same accelerator that the pass admitted while this job
     #: waited, as the decision loop saw them (``cycle.FairShareScheduler``; at most ``OVERTAKEN_SHOWN``); None: none.
     overtaken_by: list[QueuedJob] | None = None
+    #: The nodes held for it and its expected start (``backfill.Reservation``); None: none.
+    reservation: object = None
 
     @classmethod
     def because(cls, job: QueuedJob, verdict: Verdict) -> Waiting:
@@ -362,8 +388,11 @@ class Waiting:
 
     def info(self) -> dict:
         """The job's ``queue_info``: reason, message, numbers and ``position`` {team, overall}."""
-        return {"reason": self.reason, "message": self.message, **self.detail,
+        info = {"reason": self.reason, "message": self.message, **self.detail,
                 "position": {"team": self.team_position, "overall": self.overall_position}}
+        if self.reservation is not None:
+            info["reservation"] = self.reservation.info()
+        return info
 
 
 Decision = Admission | Rejection | Waiting
@@ -376,6 +405,8 @@ class Decisions:
     admissions: list[Admission] = dataclasses.field(default_factory=list)
     rejections: list[Rejection] = dataclasses.field(default_factory=list)
     waiting: dict[int, Waiting] = dataclasses.field(default_factory=dict)
+    #: Job id -> the ``backfill.Reservation`` the pass holds for it.
+    reservations: dict = dataclasses.field(default_factory=dict)
 
     @property
     def preemptions(self) -> list[tuple[RunningJob, int]]:

@@ -6,7 +6,8 @@ preemptible running work, CPU and memory per node, accelerator alternatives), ea
 pass over another queue rather than against the scheduler's own caches:
 
 - a job that waits admits nothing, so taking waiting jobs of BestEffortFIFO teams out of the queue changes no
-  other job's decision (the job after them of the same shape is then decided afresh);
+  other job's decision (the job after them of the same shape is then decided afresh), the demand seen being the
+  same (the jobs taken out were seen: constraint-aware placement counts them, ADR 0043);
 - a submission that comes last in every order is decided as a full pass over the queue with it would decide it,
   numbers included, even after earlier submissions were admitted.
 
@@ -35,6 +36,7 @@ from jobs.scheduling.core import (
     TeamQuota,
     TeamState,
 )
+from jobs.scheduling.core.scarcity import PoolDemand
 from tests.support import scheduling as pure
 from tests.support.scheduling_worlds import CPU, H100, NODE_CPU, NODE_MEMORY, build, by_job, queued, worlds
 
@@ -52,8 +54,10 @@ def test_taking_waiting_jobs_out_of_the_queue_changes_no_other_decision(memo, wo
     out = [jid for jid, d in full.items() if d[0] == "waiting" and strategy[next(j.team_id for j in queue
                                                                                if j.job_id == jid)] != "StrictFIFO"]
     removed = set(data.draw(st.lists(st.sampled_from(out), unique=True), label="removed")) if out else set()
-    rest = by_job(FairShareScheduler(build(world, [j for j in queue if j.job_id not in removed]),
-                                     memo=memo()).full_pass())
+    # the jobs taken out were seen all the same: the demand that orders pools (ADR 0043) counts them in both passes
+    snapshot = build(world, [j for j in queue if j.job_id not in removed])
+    seen = PoolDemand(snapshot.pools, queue)
+    rest = by_job(FairShareScheduler(snapshot, memo=memo(), demand=seen).full_pass())
     assert rest == {jid: d for jid, d in full.items() if jid not in removed}
 
 

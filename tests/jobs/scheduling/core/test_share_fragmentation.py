@@ -21,7 +21,7 @@ from jobs.scheduling.core import (
     TeamQuota,
     TeamState,
 )
-from jobs.scheduling.core.fragmentation import NodeGpus, ShapeHistory, share_fragment
+from jobs.scheduling.core.fragmentation import NodeGpus, ShapeHistory, node_kinds, share_fragment
 
 ACC = 1
 
@@ -237,3 +237,110 @@ def test_placements_never_exceed_a_gpus_thousand_milli_or_its_slices(policy):
                 else:
                     assert p.shares[i][k] == 1000 - book["milli"][k]
                     assert p.slices[i][k] == book["replicas"] - book["shares"][k]
+
+
+def test_shapes_weigh_by_their_count_over_the_square_root_of_their_size():
+    # Shapes seen: 1 x four whole GPUs (4000), 20 x a 500 share. A 400 share, on "whole" (four wholly free GPUs,
+    # taken whole or in shares) or on "sliver" (one GPU with 500 free):
+    #   whole  -> [600, 1000, 1000, 1000]: 4000 no longer fits, 0 -> 3600 lost; 500 still fits: 0 -> 0.
+    #   sliver -> [100]: 4000 never fits there, 500 -> 100 lost; 500 no longer fits: 0 -> 100.
+    # Weighted by count (the paper): whole 1 x 3600 = 3600, sliver 1 x -400 + 20 x 100 = 1600: sliver.
+    # By count / sqrt(size): 4000 weighs 1 / 63.25 = 0.01581, 500 weighs 20 / 22.36 = 0.8944:
+    #   whole 0.01581 x 3600 = 56.9, sliver 0.01581 x -400 + 0.8944 x 100 = 83.1: whole.
+    o = offer(NodeRoom("whole", 4, 4, shares=(1000,) * 4, slices=(10,) * 4),
+              NodeRoom("sliver", 1, 0, shares=(500,), slices=(10,)))
+    book = NodeBook([o], history=seen((4000, 0, 0, 1), (500, 0, 0, 20)))
+    found = book.place(PlacementRequest(1, 1, share_milli=400), [o])
+    assert book.names(1, found[1]) == ("whole",)
+    assert [round(s[3], 4) for s in sorted(book.milli_shapes())] == [0.8944, 0.0158]
+
+
+def test_a_share_takes_the_node_and_gpu_where_size_weighted_fragmentation_grows_least():
+    # Property: on random nodes (time-sliced, or giving whole GPUs and shares) and random shapes seen, the GPU a
+    # share is booked on grows the paper's fragmentation, with each shape weighing its count over the square root
+    # of its milli-GPUs, no more than any other GPU with room for it (computed here by ``paper_fragment``).
+    rng = random.Random(23)
+    for _ in range(400):
+        rooms, raw = [], []
+        for j in range(rng.randint(1, 6)):
+            n, mixed = rng.randint(1, 4), rng.random() < 0.5
+            free = tuple(rng.choice((0, 120, 300, 450, 700, 1000, 1000)) for _ in range(n))
+            slices = tuple(rng.choice((0, 2, 5)) for _ in range(n))
+            cpu, memory = rng.choice((4000, 16_000, 64_000)), rng.choice((8192, 65_536))
+            whole = sum(1 for f, s in zip(free, slices, strict=True) if f == 1000 and s > 0) if mixed else 0
+            rooms.append(NodeRoom(f"n{j}", n if mixed else 0, whole, cpu, cpu, memory, memory,
+                                  shares=free, slices=slices))
+            raw.append((list(free), list(slices), cpu, memory, mixed))
+        shapes = {(rng.choice((100, 250, 500, 800, 1000, 2000, 4000)), rng.choice((0, 2000, 8000)),
+                   rng.choice((0, 4096, 16_384))): rng.randint(1, 20) for _ in range(rng.randint(1, 6))}
+        workload = [(*k, c / k[0] ** 0.5) for k, c in shapes.items()]
+        request = PlacementRequest(1, 1, cpu_milli=rng.choice((0, 1000, 6000)), memory_mib=rng.choice((0, 2048)),
+                                   share_milli=rng.choice((100, 300, 450, 600)))
+        o = offer(*rooms)
+        book = NodeBook([o], history=seen(*((*k, c) for k, c in shapes.items())))
+        growths = {}
+        for j, (free, slices, cpu, memory, mixed) in enumerate(raw):
+            if cpu < request.cpu_milli or memory < request.memory_mib:
+                continue
+            before = paper_fragment(free, slices, cpu, memory, mixed, workload)
+            for k in range(len(free)):
+                if free[k] >= request.share_milli and slices[k] > 0:
+                    after_f, after_s = list(free), list(slices)
+                    after_f[k] -= request.share_milli
+                    after_s[k] -= 1
+                    growths[(j, k)] = paper_fragment(after_f, after_s, cpu - request.cpu_milli,
+                                                     memory - request.memory_mib, mixed, workload) - before
+        found = book.place(request, [o])
+        if not growths:
+            assert found is None
+            continue
+        j = found[1][0]
+        k = book.share_gpu(1, j, request)
+        assert growths[(j, k)] <= min(growths.values()) + 1e-6
+
+
+def test_a_young_book_reads_the_shapes_again_each_time_the_jobs_seen_doubled_then_every_32():
+    # Each job seen has a shape of its own (101, 102, ... milli-GPUs), so the shapes scored tell after how many jobs
+    # they were last read: after 1, 2, 4, 8, 16 and 32 jobs, then every 32 (64, 96). The one node's kind (one GPU:
+    # 1000) is the fleet's prior, there from the first job on.
+    book = NodeBook([offer(sliced("a", 1000))])
+    reads = (1, 2, 4, 8, 16, 32, 64, 96)
+    for seen_now in range(1, 101):
+        book.observe(1, 100 + seen_now, 0, 0, float(seen_now))
+        last_read = max(r for r in reads if r <= seen_now)
+        assert {s[0] for s in book.milli_shapes()} == {1000, *range(101, 101 + last_read)}, seen_now
+
+
+def test_a_book_built_from_a_snapshot_of_many_jobs_reads_the_shapes_again_every_32():
+    history = seen((500, 0, 0, 40))
+    book = NodeBook([offer(sliced("a", 1000))], history=history)
+    assert [s[0] for s in book.milli_shapes()] == [500]
+    for k in range(1, 33):
+        book.observe(1, 250, 0, 0, 0.0)
+        assert {s[0] for s in book.milli_shapes()} == ({500, 250} if k == 32 else {500}), k
+
+
+def test_the_fleets_prior_is_one_task_filling_a_node_of_each_kind_that_takes_shares():
+    # Kinds of the nodes that take shares: 2 GPUs x 16 cores x 64 GiB (twice: one kind), 4 GPUs x 32 cores x 128
+    # GiB; the whole-GPU node takes no shares and is no kind. One job seen, a 250 share of 1 core and 1 GiB.
+    rooms = (NodeRoom("a", 0, 0, 16_000, 16_000, 65_536, 65_536, shares=(1000, 1000), slices=(4, 4)),
+             NodeRoom("b", 0, 0, 16_000, 8_000, 65_536, 1_024, shares=(200, 1000), slices=(1, 4)),
+             NodeRoom("c", 4, 4, 32_000, 32_000, 131_072, 131_072, shares=(1000,) * 4, slices=(4,) * 4),
+             NodeRoom("d", 8, 8, 96_000, 96_000, 262_144, 262_144))
+    o = offer(*rooms)
+    assert node_kinds([o]) == ((2000, 16_000, 65_536), (4000, 32_000, 131_072))
+    book = NodeBook([o], seen=lambda: [(250, 1000, 1024, 5.0)])
+    # by count / sqrt(milli-GPUs): the job 1 / sqrt(250) = 0.063246; each kind half a task: 0.5 / sqrt(2000) =
+    # 0.011180 and 0.5 / sqrt(4000) = 0.007906
+    assert {s[:3]: round(s[3], 6) for s in book.milli_shapes()} == {
+        (250, 1000, 1024): 0.063246, (2000, 16_000, 65_536): 0.01118, (4000, 32_000, 131_072): 0.007906}
+    # the prior counts no job: the shapes are read again after one more job seen (the count doubled)
+    assert book.history.version == 1
+
+
+def test_with_no_job_seen_there_is_no_prior_and_a_share_goes_by_best_fit():
+    o = offer(sliced("roomy", 1000), sliced("tight", 400))
+    book = NodeBook([o], seen=lambda: [])
+    assert book.milli_shapes() == ()
+    found = book.place(PlacementRequest(1, 1, share_milli=300), [o])
+    assert book.names(1, found[1]) == ("tight",)
