@@ -28,6 +28,7 @@ from django.db import connection, transaction
 from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
+from core.lookups import LookupCache
 from costs.models import JobDailyCost
 
 from .enqueue import enqueue_schedule
@@ -59,6 +60,7 @@ class ArrayError(ValueError):
 
 # --- Validation of the ``array`` field.
 
+
 def _is_int(value) -> bool:
     return type(value) is int
 
@@ -83,8 +85,10 @@ def _scalar_error(value) -> str | None:
             return "a number must be finite"
         text = json.dumps(value)
         if "e+" in text or text == "-0.0":
-            return (f"{text} would be stored as another number (PostgreSQL keeps numbers as numeric, without a "
-                    f'float\'s exponent or sign of zero); give it as a string ("{text}"), or as an integer')
+            return (
+                f"{text} would be stored as another number (PostgreSQL keeps numbers as numeric, without a "
+                f'float\'s exponent or sign of zero); give it as a string ("{text}"), or as an integer'
+            )
         return None
     return f"values must be strings, numbers or booleans, not {type(value).__name__ if value is not None else 'null'}"
 
@@ -102,8 +106,14 @@ def validated_array(data, *, name: str | None = None) -> dict:
     """
     maximum = settings.ARRAY_MAX_ELEMENTS
     if not isinstance(data, Mapping):
-        raise ArrayError({ARRAY_FIELD: ['Expected an object: {"count": n, "parallelism": p} or {"grid": {NAME: '
-                                        '[values...]}, "parallelism": p}.']})
+        raise ArrayError(
+            {
+                ARRAY_FIELD: [
+                    'Expected an object: {"count": n, "parallelism": p} or {"grid": {NAME: '
+                    '[values...]}, "parallelism": p}.'
+                ]
+            }
+        )
     errors: dict[str, list[str]] = {}
     unknown = sorted(str(k) for k in data if k not in ("count", "parallelism", "grid"))
     if unknown:
@@ -122,18 +132,27 @@ def validated_array(data, *, name: str | None = None) -> dict:
         if grid and count is not None and "array.count" not in errors:
             size = math.prod(len(values) for _, values in grid)
             if size != count:
-                errors["array.count"] = [f"the grid has {size} points (the product of its value counts), not "
-                                         f"{count}: give the grid alone, or the count that matches it"]
+                errors["array.count"] = [
+                    f"the grid has {size} points (the product of its value counts), not "
+                    f"{count}: give the grid alone, or the count that matches it"
+                ]
     elif "count" not in data:
-        errors.setdefault(ARRAY_FIELD, []).append("give count (the number of elements) or grid (the parameters "
-                                                  "to sweep)")
+        errors.setdefault(ARRAY_FIELD, []).append(
+            "give count (the number of elements) or grid (the parameters to sweep)"
+        )
     if errors:
         raise ArrayError(errors)
     if grid:
         count = math.prod(len(values) for _, values in grid)
     if name is not None and len(f"{name}-{count - 1}") > DNS_1123_LABEL_MAX:
-        raise ArrayError({"name": [f"with {count} elements, named <name>-<index>, the name may have at most "
-                                   f"{DNS_1123_LABEL_MAX - 1 - len(str(count - 1))} characters"]})
+        raise ArrayError(
+            {
+                "name": [
+                    f"with {count} elements, named <name>-<index>, the name may have at most "
+                    f"{DNS_1123_LABEL_MAX - 1 - len(str(count - 1))} characters"
+                ]
+            }
+        )
     parallelism = min(parallelism if parallelism is not None else count, count)
     return {"count": count, "parallelism": parallelism, "grid": grid}
 
@@ -148,12 +167,15 @@ def _validated_grid(grid, maximum: int) -> tuple[list, dict[str, list[str]]]:
     for key, values in grid.items():
         path = f"array.grid.{str(key)[:PARAM_NAME_MAX]}"
         if type(key) is not str or len(key) > PARAM_NAME_MAX or not PARAM_NAME.fullmatch(key):
-            errors[path] = [f"invalid parameter name: names must match [A-Za-z_][A-Za-z0-9_]* (at most "
-                            f"{PARAM_NAME_MAX} characters); each is passed as the variable SWEEP_<NAME>"]
+            errors[path] = [
+                f"invalid parameter name: names must match [A-Za-z_][A-Za-z0-9_]* (at most "
+                f"{PARAM_NAME_MAX} characters); each is passed as the variable SWEEP_<NAME>"
+            ]
             continue
         if key.upper() in upper:
-            errors[path] = [f'"{key}" and "{upper[key.upper()]}" are both SWEEP_{key.upper()}: names must differ '
-                            f"once upper-cased"]
+            errors[path] = [
+                f'"{key}" and "{upper[key.upper()]}" are both SWEEP_{key.upper()}: names must differ once upper-cased'
+            ]
             continue
         upper[key.upper()] = key
         if type(values) is not list or not values:
@@ -172,6 +194,7 @@ def _validated_grid(grid, maximum: int) -> tuple[list, dict[str, list[str]]]:
 
 
 # --- Elements: their grid point and environment.
+
 
 def grid_point(grid: list, index: int) -> dict:
     """The parameters of element ``index`` of ``grid`` (``[[name, values], ...]``): the ``index``-th tuple of
@@ -199,25 +222,51 @@ def array_env(array_id: int, index: int, count: int, grid: list) -> dict[str, st
     """The variables the platform sets for element ``index`` of array ``array_id`` (of ``count`` elements, over
     ``grid``): ``CONTROLPLANE_ARRAY_ID``, ``CONTROLPLANE_ARRAY_INDEX`` (0-based), ``CONTROLPLANE_ARRAY_COUNT``,
     and for a sweep ``SWEEP_<NAME upper-cased>`` per parameter."""
-    env = {"CONTROLPLANE_ARRAY_ID": str(array_id), "CONTROLPLANE_ARRAY_INDEX": str(index),
-           "CONTROLPLANE_ARRAY_COUNT": str(count)}
+    env = {
+        "CONTROLPLANE_ARRAY_ID": str(array_id),
+        "CONTROLPLANE_ARRAY_INDEX": str(index),
+        "CONTROLPLANE_ARRAY_COUNT": str(count),
+    }
     env.update({f"SWEEP_{name.upper()}": env_value(value) for name, value in grid_point(grid, index).items()})
     return env
 
 
+#: An array's ``(count, grid)`` by id, for ``element_env``: columns written once, when the array is stored, and
+#: read again for every element a dispatch batch creates (up to ``jobs.enqueue.DISPATCH_BATCH`` of one array).
+ARRAY_SHAPES = LookupCache("array-shapes").invalidate_on(JobArray)
+
+
 def element_env(job: Job) -> dict[str, str]:
-    """``array_env`` of ``job`` when it is an array element (one query for its array's count and grid), else
-    ``{}``: what the runners add to a job's environment."""
+    """``array_env`` of ``job`` when it is an array element, else ``{}``: what the runners add to a job's
+    environment. Its array's count and grid come from ``ARRAY_SHAPES`` (one query per array while cached, not one
+    per element). Raises JobArray.DoesNotExist when the element's array row is gone."""
     if job.array_id is None or job.array_index is None:
         return {}
-    count, grid = JobArray.objects.filter(pk=job.array_id).values_list("count", "grid").get()
+    shape = ARRAY_SHAPES.get(
+        job.array_id, lambda: JobArray.objects.filter(pk=job.array_id).values_list("count", "grid").first()
+    )
+    if shape is None:
+        raise JobArray.DoesNotExist(f"array {job.array_id} of job {job.pk}")
+    count, grid = shape
     return array_env(job.array_id, job.array_index, count, grid or [])
 
 
 # --- Submission and materialization.
 
-def submit_array(*, team, submitter, name: str, kind: str, spec: dict, resources: dict, count: int,
-                 parallelism: int, grid: list, after=()) -> JobArray:
+
+def submit_array(
+    *,
+    team,
+    submitter,
+    name: str,
+    kind: str,
+    spec: dict,
+    resources: dict,
+    count: int,
+    parallelism: int,
+    grid: list,
+    after=(),
+) -> JobArray:
     """Store a validated array (``jobs.spec.validated_submission``'s fields and ``validated_array``'s) with its
     first ``min(parallelism, ARRAY_QUEUED_WINDOW)`` elements QUEUED, in one transaction, and enqueue a scheduling
     pass on commit. Returns the array.
@@ -228,12 +277,25 @@ def submit_array(*, team, submitter, name: str, kind: str, spec: dict, resources
         raise ValueError("a job array cannot wait for other jobs (after)")
     with transaction.atomic():
         array = JobArray.objects.create(
-            team=team, submitter=submitter, name=name, kind=kind, spec=spec, accelerator=resources["accelerator"],
-            gpus_per_node=resources["gpus_per_node"], gpu_share_milli=resources.get("gpu_share_milli", 0),
-            mig_profile=resources.get("mig_profile", ""), nodes=resources["nodes"], priority=resources["priority"],
-            preemptible=resources["preemptible"], max_runtime_seconds=resources["max_runtime_seconds"],
-            max_retries=resources["max_retries"], replicas=resources.get("replicas", 1), count=count,
-            parallelism=parallelism, grid=grid)
+            team=team,
+            submitter=submitter,
+            name=name,
+            kind=kind,
+            spec=spec,
+            accelerator=resources["accelerator"],
+            gpus_per_node=resources["gpus_per_node"],
+            gpu_share_milli=resources.get("gpu_share_milli", 0),
+            mig_profile=resources.get("mig_profile", ""),
+            nodes=resources["nodes"],
+            priority=resources["priority"],
+            preemptible=resources["preemptible"],
+            max_runtime_seconds=resources["max_runtime_seconds"],
+            max_retries=resources["max_retries"],
+            replicas=resources.get("replicas", 1),
+            count=count,
+            parallelism=parallelism,
+            grid=grid,
+        )
         first = min(parallelism, count, max(1, settings.ARRAY_QUEUED_WINDOW))
         _materialize(array, first)
         enqueue_schedule(background=True)
@@ -251,17 +313,30 @@ def _materialize(array: JobArray, n: int) -> int:
     if connection.vendor == "postgresql":
         made = _insert_elements_sql(array, start, stop)
     else:
-        taken = set(Job.objects.filter(array_id=array.pk, array_index__gte=start, array_index__lt=stop)
-                    .values_list("array_index", flat=True))
+        taken = set(
+            Job.objects.filter(array_id=array.pk, array_index__gte=start, array_index__lt=stop).values_list(
+                "array_index", flat=True
+            )
+        )
         jobs = Job.objects.bulk_create([_element(array, i) for i in range(start, stop) if i not in taken])
         made = len(jobs)
         # ``auto_now_add`` stamped each row with the time of the insert: the elements carry the array's.
         Job.objects.filter(pk__in=[job.pk for job in jobs]).update(created_at=array.created_at)
         reason = _submitted_reason(array)
-        JobEvent.objects.bulk_create([
-            JobEvent(job_id=job.pk, kind="submitted", from_state=S.QUEUED, to_state=S.QUEUED, reason=reason,
-                     actor_id=array.submitter_id, data={"array": array.pk, "index": job.array_index})
-            for job in jobs])
+        JobEvent.objects.bulk_create(
+            [
+                JobEvent(
+                    job_id=job.pk,
+                    kind="submitted",
+                    from_state=S.QUEUED,
+                    to_state=S.QUEUED,
+                    reason=reason,
+                    actor_id=array.submitter_id,
+                    data={"array": array.pk, "index": job.array_index},
+                )
+                for job in jobs
+            ]
+        )
     array.materialized = stop
     array.state = JobArray.State.MATERIALIZED if stop >= array.count else JobArray.State.OPEN
     JobArray.objects.filter(pk=array.pk).update(materialized=stop, state=array.state, updated_at=timezone.now())
@@ -271,12 +346,25 @@ def _materialize(array: JobArray, n: int) -> int:
 def _element(array: JobArray, index: int) -> Job:
     """Element ``index`` of ``array`` as an unsaved QUEUED Job: the template's columns, named ``<name>-<index>``,
     created at the array's submission (so admission's first-come order counts the array's place in the queue)."""
-    job = Job(team_id=array.team_id, submitter_id=array.submitter_id, name=f"{array.name}-{index}", kind=array.kind,
-              spec=array.spec, accelerator_id=array.accelerator_id, gpus_per_node=array.gpus_per_node,
-              gpu_share_milli=array.gpu_share_milli, mig_profile=array.mig_profile,
-              nodes=array.nodes, priority=array.priority, preemptible=array.preemptible,
-              max_runtime_seconds=array.max_runtime_seconds, max_retries=array.max_retries, replicas=array.replicas,
-              array_id=array.pk, array_index=index)
+    job = Job(
+        team_id=array.team_id,
+        submitter_id=array.submitter_id,
+        name=f"{array.name}-{index}",
+        kind=array.kind,
+        spec=array.spec,
+        accelerator_id=array.accelerator_id,
+        gpus_per_node=array.gpus_per_node,
+        gpu_share_milli=array.gpu_share_milli,
+        mig_profile=array.mig_profile,
+        nodes=array.nodes,
+        priority=array.priority,
+        preemptible=array.preemptible,
+        max_runtime_seconds=array.max_runtime_seconds,
+        max_retries=array.max_retries,
+        replicas=array.replicas,
+        array_id=array.pk,
+        array_index=index,
+    )
     job.created_at = array.created_at
     return job
 
@@ -309,10 +397,17 @@ def _insert_elements_sql(array: JobArray, start: int, stop: int) -> int:
         else:
             exprs.append("%s")
             params.append(field.get_db_prep_save(field.pre_save(template, True), connection=connection))
-    event_fields = [f for f in JobEvent._meta.local_concrete_fields
-                    if f is not JobEvent._meta.auto_field and f.name != "job"]
-    event = JobEvent(kind="submitted", from_state=S.QUEUED, to_state=S.QUEUED, reason=_submitted_reason(array),
-                     actor_id=array.submitter_id, data={"array": array.pk})
+    event_fields = [
+        f for f in JobEvent._meta.local_concrete_fields if f is not JobEvent._meta.auto_field and f.name != "job"
+    ]
+    event = JobEvent(
+        kind="submitted",
+        from_state=S.QUEUED,
+        to_state=S.QUEUED,
+        reason=_submitted_reason(array),
+        actor_id=array.submitter_id,
+        data={"array": array.pk},
+    )
     event_exprs, event_params = [], []
     for field in event_fields:
         if field.name == "data":
@@ -321,16 +416,18 @@ def _insert_elements_sql(array: JobArray, start: int, stop: int) -> int:
         else:
             event_exprs.append("%s")
             event_params.append(field.get_db_prep_save(field.pre_save(event, True), connection=connection))
-    sql = (f"WITH new_jobs AS (INSERT INTO {qn(Job._meta.db_table)} ({', '.join(columns)}) "
-           f"SELECT {', '.join(exprs)} FROM generate_series(%s::integer, %s::integer) AS gs(i) "
-           f"WHERE NOT EXISTS (SELECT 1 FROM {qn(Job._meta.db_table)} AS taken WHERE "
-           f"taken.{qn(Job._meta.get_field('array').column)} = %s "
-           f"AND taken.{qn(Job._meta.get_field('array_index').column)} = gs.i) ORDER BY gs.i "
-           f"RETURNING {qn(Job._meta.pk.column)} AS id, {qn(Job._meta.get_field('array_index').column)} "
-           f"AS array_index) "
-           f"INSERT INTO {qn(JobEvent._meta.db_table)} ({qn(JobEvent._meta.get_field('job').column)}, "
-           f"{', '.join(qn(f.column) for f in event_fields)}) "
-           f"SELECT new_jobs.id, {', '.join(event_exprs)} FROM new_jobs")
+    sql = (
+        f"WITH new_jobs AS (INSERT INTO {qn(Job._meta.db_table)} ({', '.join(columns)}) "
+        f"SELECT {', '.join(exprs)} FROM generate_series(%s::integer, %s::integer) AS gs(i) "
+        f"WHERE NOT EXISTS (SELECT 1 FROM {qn(Job._meta.db_table)} AS taken WHERE "
+        f"taken.{qn(Job._meta.get_field('array').column)} = %s "
+        f"AND taken.{qn(Job._meta.get_field('array_index').column)} = gs.i) ORDER BY gs.i "
+        f"RETURNING {qn(Job._meta.pk.column)} AS id, {qn(Job._meta.get_field('array_index').column)} "
+        f"AS array_index) "
+        f"INSERT INTO {qn(JobEvent._meta.db_table)} ({qn(JobEvent._meta.get_field('job').column)}, "
+        f"{', '.join(qn(f.column) for f in event_fields)}) "
+        f"SELECT new_jobs.id, {', '.join(event_exprs)} FROM new_jobs"
+    )
     with connection.cursor() as cursor:
         cursor.execute(sql, [*params, start, stop - 1, array.pk, *event_params])
         return cursor.rowcount
@@ -345,8 +442,9 @@ def top_up_arrays() -> int:
     array with room is then locked (SKIP LOCKED: a cancel or another pass holding it is left alone), counted again
     under its lock and topped up in one statement (``_materialize``), in a transaction of its own.
     """
-    arrays = list(JobArray.objects.filter(state=JobArray.State.OPEN)
-                  .values_list("pk", "count", "parallelism", "materialized"))
+    arrays = list(
+        JobArray.objects.filter(state=JobArray.State.OPEN).values_list("pk", "count", "parallelism", "materialized")
+    )
     if not arrays:
         return 0
     live = _live_counts([pk for pk, *_ in arrays])
@@ -356,8 +454,11 @@ def top_up_arrays() -> int:
         if _room(count, parallelism, materialized, *live.get(pk, (0, 0)), window) <= 0:
             continue
         with transaction.atomic():
-            array = (JobArray.objects.select_for_update(skip_locked=True, no_key=True)
-                     .filter(pk=pk, state=JobArray.State.OPEN).first())
+            array = (
+                JobArray.objects.select_for_update(skip_locked=True, no_key=True)
+                .filter(pk=pk, state=JobArray.State.OPEN)
+                .first()
+            )
             if array is None:
                 continue
             counted = _live_counts([pk]).get(pk, (0, 0))
@@ -373,12 +474,17 @@ def _room(count: int, parallelism: int, materialized: int, live: int, queued: in
 
 def _live_counts(array_ids: list[int]) -> dict[int, tuple[int, int]]:
     """``{array id: (live elements, QUEUED elements)}`` for the arrays ``array_ids`` having any live one."""
-    rows = (Job.objects.filter(array_id__in=array_ids, state__in=LIVE_STATES).values("array_id")
-            .annotate(live=Count("id"), queued=Count("id", filter=Q(state=S.QUEUED))).order_by())
+    rows = (
+        Job.objects.filter(array_id__in=array_ids, state__in=LIVE_STATES)
+        .values("array_id")
+        .annotate(live=Count("id"), queued=Count("id", filter=Q(state=S.QUEUED)))
+        .order_by()
+    )
     return {r["array_id"]: (r["live"], r["queued"]) for r in rows}
 
 
 # --- Cancel.
+
 
 def cancel_array(array: JobArray, actor=None) -> JobArray:
     """Cancel ``array``: no element is materialized any more, QUEUED (and RECOVERING, not running) elements end
@@ -389,17 +495,21 @@ def cancel_array(array: JobArray, actor=None) -> JobArray:
         locked = JobArray.objects.select_for_update(no_key=True).get(pk=array.pk)
         if locked.state == JobArray.State.CANCELLED:
             raise NotCancellable(f"array {array.pk} is already cancelled")
-        if locked.materialized >= locked.count and not Job.objects.filter(array_id=array.pk,
-                                                                           state__in=LIVE_STATES).exists():
+        if (
+            locked.materialized >= locked.count
+            and not Job.objects.filter(array_id=array.pk, state__in=LIVE_STATES).exists()
+        ):
             raise NotCancellable(f"array {array.pk} has ended: every element is final")
         now = timezone.now()
-        JobArray.objects.filter(pk=array.pk).update(state=JobArray.State.CANCELLED, cancelled_at=now,
-                                                    cancelled_by=actor, updated_at=now)
+        JobArray.objects.filter(pk=array.pk).update(
+            state=JobArray.State.CANCELLED, cancelled_at=now, cancelled_by=actor, updated_at=now
+        )
         array.state, array.cancelled_at, array.cancelled_by = JobArray.State.CANCELLED, now, actor
         reason = f"array {array.pk} cancelled by {actor}" if actor else f"array {array.pk} cancelled"
         waiting = list(Job.objects.filter(array_id=array.pk, state=S.QUEUED).only("pk", "state", "started_at"))
-        transition_many([Move(job, reason=reason, fields={"queue_info": {}}) for job in waiting], S.CANCELLED,
-                        actor=actor)
+        transition_many(
+            [Move(job, reason=reason, fields={"queue_info": {}}) for job in waiting], S.CANCELLED, actor=actor
+        )
     # The rest (admitted, running, recovering, or admitted between the read and the bulk move) one by one, each in
     # its own transaction, as a single job's cancel.
     for _ in range(3):
@@ -416,12 +526,12 @@ def cancel_array(array: JobArray, actor=None) -> JobArray:
 
 # --- Roll-ups.
 
+
 def element_counts(array_ids: list[int]) -> dict[int, dict[str, int]]:
     """``{array id: {state (lower case): materialized elements in it}}`` for ``array_ids``, every state present
     (0 when none), in one GROUP BY."""
     counts = {pk: {s.lower(): 0 for s in JobState.values} for pk in array_ids}
-    rows = (Job.objects.filter(array_id__in=array_ids).values("array_id", "state").annotate(n=Count("id"))
-            .order_by())
+    rows = Job.objects.filter(array_id__in=array_ids).values("array_id", "state").annotate(n=Count("id")).order_by()
     for row in rows:
         counts[row["array_id"]][row["state"].lower()] = row["n"]
     return counts
@@ -432,8 +542,12 @@ def element_costs(array_ids: list[int]) -> dict[int, Decimal]:
     (the ledger's totals per job and UTC day, written in the transactions that write the entries: ``costs.ledger``),
     one query whatever the ledger's length; 0 for an array without cost yet."""
     costs = {pk: Decimal(0) for pk in array_ids}
-    rows = (JobDailyCost.objects.filter(job__array_id__in=array_ids).values("job__array_id")
-            .annotate(usd=Sum("cost_usd")).order_by())
+    rows = (
+        JobDailyCost.objects.filter(job__array_id__in=array_ids)
+        .values("job__array_id")
+        .annotate(usd=Sum("cost_usd"))
+        .order_by()
+    )
     for row in rows:
         costs[row["job__array_id"]] = row["usd"] or Decimal(0)
     return costs
@@ -472,4 +586,3 @@ def array_status(array: JobArray, counts: dict[str, int]) -> str:
 def grid_object(grid: list) -> dict:
     """A stored grid (``[[name, values], ...]``) as the API shows it: ``{name: values}`` in the submitted order."""
     return {name: values for name, values in grid or []}
-

@@ -47,7 +47,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
@@ -101,12 +101,19 @@ _DEFERRED = ("runner_state", "message", "usd_per_gpu_hour", "accrued_until",
 
 @dataclasses.dataclass
 class _Look:
-    """One cluster's part of a pass: its live attempts (read here) and its backend's answer (read in a thread)."""
+    """One cluster's part of a pass: the attempts it looks at (read here) and its backend's answer (read in a
+    thread). ``full``: every live attempt, from full LISTs; else those ``_recheck`` picks, from the changes since
+    the versions in ``watch`` (the cluster's ``reconcile_watch``). ``versions``: where the next look resumes (None:
+    the backend does not follow changes)."""
 
     cluster: Cluster
     backend: Backend
     attempts: list[JobAttempt]
     started: float
+    full: bool = True
+    watch: dict = dataclasses.field(default_factory=dict)
+    versions: dict | None = None
+    changed: int = 0
 
 
 def reconcile_cluster(cluster: Cluster) -> dict:
@@ -139,7 +146,7 @@ def reconcile_clusters(clusters: Iterable[Cluster]) -> list[dict]:
     results: dict[int, dict] = {}
     with paused_gc(), ThreadPoolExecutor(max_workers=max(1, min(MAX_CONCURRENT_LOOKS, len(clusters))),
                                          thread_name_prefix="reconcile-look") as pool:
-        looks: dict[Future, _Look] = {}
+        looks: dict[Future, tuple[_Look, str]] = {}  # a look thread's future -> its look, and "changes" or "observe"
         for cluster in clusters:
             try:
                 backend = backend_for(cluster)
@@ -147,48 +154,169 @@ def reconcile_clusters(clusters: Iterable[Cluster]) -> list[dict]:
                 log.error("%s", exc)
                 results[cluster.pk] = {"cluster": cluster.name, "error": str(exc)}
                 continue
-            look = _Look(cluster, backend, _live_attempts(cluster), time.monotonic())
-            looks[pool.submit(_observe, backend, cluster, look.attempts)] = look
+            look = _Look(cluster, backend, [], time.monotonic(), watch=_resume_point(cluster, backend))
+            if look.watch:  # first the changes since the last look; what to look at follows from them
+                look.full = False
+                looks[pool.submit(_changes, backend, cluster, look.watch["versions"])] = (look, "changes")
+            else:
+                looks[_submit_observe(pool, look, ())] = (look, "observe")
         try:
-            for future in as_completed(looks):
-                look = looks[future]
-                try:
-                    results[look.cluster.pk] = _apply(look, future)
-                except SoftTimeLimitExceeded:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - failure domain: one cluster (docs/adr/0016)
-                    log.exception("cluster %s: applying its answer failed", look.cluster.name)
-                    results[look.cluster.pk] = {"cluster": look.cluster.name, "error": f"{type(exc).__name__}: {exc}"}
-                RECONCILE_SECONDS.labels(cluster=look.cluster.name).observe(time.monotonic() - look.started)
+            while looks:
+                done, _ = wait(looks, return_when=FIRST_COMPLETED)
+                for future in done:
+                    look, step = looks.pop(future)
+                    try:
+                        if step == "changes" and (follow := _after_changes(pool, look, future)) is not None:
+                            looks[follow] = (look, "observe")
+                            continue
+                        results[look.cluster.pk] = (_failed_look(look, future) if step == "changes"
+                                                    else _apply(look, future))
+                    except SoftTimeLimitExceeded:
+                        raise
+                    except Exception as exc:  # noqa: BLE001 - failure domain: one cluster (docs/adr/0016)
+                        log.exception("cluster %s: applying its answer failed", look.cluster.name)
+                        results[look.cluster.pk] = {"cluster": look.cluster.name,
+                                                    "error": f"{type(exc).__name__}: {exc}"}
+                    RECONCILE_SECONDS.labels(cluster=look.cluster.name).observe(time.monotonic() - look.started)
         except BaseException:  # e.g. the task's soft time limit: start no further look, wait only for those running
             pool.shutdown(wait=False, cancel_futures=True)
             raise
     return [results[cluster.pk] for cluster in clusters]
 
 
-def _live_attempts(cluster: Cluster) -> list[JobAttempt]:
-    """The not ended attempts on ``cluster`` (ADMITTED ones too) with their jobs (heavy columns deferred,
-    ``cluster`` set)."""
-    attempts = list(JobAttempt.objects.filter(cluster=cluster, ended_at__isnull=True)
-                    .select_related("job__team").defer(*_DEFERRED))
+def _live_attempts(cluster: Cluster, picked: Q | None = None) -> list[JobAttempt]:
+    """The not ended attempts on ``cluster`` (ADMITTED ones too; only those matching ``picked`` when given) with
+    their jobs (heavy columns deferred, ``cluster`` set)."""
+    rows = JobAttempt.objects.filter(cluster=cluster, ended_at__isnull=True)
+    if picked is not None:
+        rows = rows.filter(picked)
+    attempts = list(rows.select_related("job__team").defer(*_DEFERRED))
     for attempt in attempts:
         attempt.cluster = cluster  # the row just read: no join, no per-row decryption of its credentials
     return attempts
 
 
-def _observe(backend: Backend, cluster: Cluster, attempts: list[JobAttempt]) -> tuple[dict[int, Observation], set[int]]:
-    """``backend.observe_all`` in a look thread; closes any database connection the thread opened."""
+def _observe(backend: Backend, cluster: Cluster, attempts: list[JobAttempt], versions: dict | None,
+             keys: Iterable | None) -> tuple[dict[int, Observation], set[int]]:
+    """In a look thread: ``backend.observe_all`` (``keys`` None; ``versions``, when not None, filled with where the
+    next look resumes), or ``backend.observe_changed`` for ``attempts`` and the changed attempt ``keys``; closes
+    any database connection the thread opened."""
     try:
+        if keys is not None:
+            return backend.observe_changed(cluster, attempts, keys)
+        if versions is not None:
+            return backend.observe_all(cluster, attempts, versions)
         return backend.observe_all(cluster, attempts)
     finally:
         connections.close_all()  # per-thread connections: a backend that read the database must not leak one
 
 
-def _apply(look: _Look, future: Future) -> dict:
-    """Apply one cluster's answer in the calling thread: health, state changes, orphan deletion."""
-    cluster, backend, attempts = look.cluster, look.backend, look.attempts
+def _changes(backend: Backend, cluster: Cluster, versions: dict) -> tuple[set, dict] | None:
+    """``backend.changes`` in a look thread (closing any database connection it opened)."""
     try:
-        observations, owned = future.result()
+        return backend.changes(cluster, dict(versions))
+    finally:
+        connections.close_all()
+
+
+def _resume_point(cluster: Cluster, backend: Backend) -> dict:
+    """The cluster's ``reconcile_watch`` when this pass may look at its changes only; ``{}`` when it LISTs
+    everything: the backend does not follow changes, the setting ``RECONCILE_FULL_LIST_SECONDS`` is 0, no
+    look answered yet, the API endpoint changed, the last full LIST is ``RECONCILE_FULL_LIST_SECONDS`` old,
+    or the last look that answered is older than ``CLUSTER_LOST_OBSERVED_GAP_SECONDS`` (the control plane was
+    down or restored from a backup: whatever it kept is not trusted, as after the first contact)."""
+    every = float(settings.RECONCILE_FULL_LIST_SECONDS)
+    if not hasattr(backend, "changes") or every <= 0:
+        return {}
+    # Read here, not from the row as loaded: a caller may hold the row across passes.
+    watch = Cluster.objects.filter(pk=cluster.pk).values_list("reconcile_watch", flat=True).first() or {}
+    if not watch.get("versions") or not watch.get("listed_at") or watch.get("endpoint") != cluster.api_endpoint \
+            or not watch.get("looked_at"):
+        return {}
+    now = timezone.now()
+    try:
+        listed, looked = dt.datetime.fromisoformat(watch["listed_at"]), dt.datetime.fromisoformat(watch["looked_at"])
+    except (TypeError, ValueError):
+        return {}
+    if (now - listed).total_seconds() >= every or \
+            (now - looked).total_seconds() > settings.CLUSTER_LOST_OBSERVED_GAP_SECONDS:
+        return {}
+    return watch
+
+
+def _submit_observe(pool: ThreadPoolExecutor, look: _Look, keys: Iterable | None) -> Future:
+    """Start ``look``'s observation in a look thread: of every live attempt from full LISTs (``keys`` empty,
+    ``look.full`` set), or of ``look.attempts`` and the changed ``keys``."""
+    if look.full:
+        look.attempts = _live_attempts(look.cluster)
+        look.versions = {} if hasattr(look.backend, "changes") and settings.RECONCILE_FULL_LIST_SECONDS > 0 else None
+        keys = None
+    return pool.submit(_observe, look.backend, look.cluster, look.attempts, look.versions, keys)
+
+
+def _after_changes(pool: ThreadPoolExecutor, look: _Look, future: Future) -> Future | None:
+    """The observation to start after ``look``'s changes answered: of the attempts ``_recheck`` picks, or of
+    every live attempt from full LISTs when the server no longer keeps the changes since the versions kept (410
+    Gone). None when asking for the changes failed (``_failed_look`` records it)."""
+    try:
+        answer = future.result()
+    except SoftTimeLimitExceeded:
+        raise
+    except Exception:  # noqa: BLE001 - recorded by _failed_look, as a failed LIST is
+        return None
+    if answer is None:
+        log.info("cluster %s: its changes since the last look are no longer kept: listing everything",
+                 look.cluster.name)
+        look.full = True
+        return _submit_observe(pool, look, ())
+    keys, look.versions = answer
+    look.changed = len(keys)
+    look.attempts = _recheck(look.cluster, keys, look.watch)
+    return _submit_observe(pool, look, set(keys) | _ended_since(look.cluster, look.watch))
+
+
+def _recheck(cluster: Cluster, keys: Iterable, watch: dict) -> list[JobAttempt]:
+    """The live attempts on ``cluster`` a look between full LISTs looks at (as ``_live_attempts`` loads them):
+    those whose objects changed (attempt ``keys``: uid strings, ids of attempts made before uids), those the
+    last look found not steady (``watch["recheck"]``), every one whose job is not RUNNING (admitted, starting,
+    cancelling: deadlines and graces run on them), with a look that missed its objects (``absent_since``: the
+    second look decides), of several roles (their JobSet is not watched), or serving past its max runtime (a
+    Deployment has no deadline of its own). The time-based picks are database conditions (job state, absence
+    mark) and a read of the serving attempts with a max runtime, never work per running attempt."""
+    uids, ids = [], []
+    for key in keys:
+        if isinstance(key, str):
+            with contextlib.suppress(ValueError):
+                uids.append(uuid.UUID(key))
+        else:
+            ids.append(key)
+    now = timezone.now()
+    # Serving attempts with a max runtime: one narrow read (ids and two columns, no rows built), the deadline
+    # compared here (SQLite, the demo's database, has no interval arithmetic on a column).
+    overdue = [pk for pk, started, limit in JobAttempt.objects.filter(
+        cluster=cluster, ended_at__isnull=True, started_at__isnull=False, job__kind=Job.Kind.INFERENCE,
+        job__max_runtime_seconds__isnull=False).values_list("pk", "started_at", "job__max_runtime_seconds")
+        if (now - started).total_seconds() >= limit]
+    picked = (Q(pk__in=[*ids, *overdue, *(watch.get("recheck") or ())]) | Q(uid__in=uids)
+              | ~Q(job__state=JobState.RUNNING) | Q(absent_since__isnull=False) | Q(job__kind=Job.Kind.MULTI_ROLE))
+    return _live_attempts(cluster, picked)
+
+
+def _ended_since(cluster: Cluster, watch: dict) -> set:
+    """Attempt keys of the attempts on ``cluster`` that ended since its last look (``watch["looked_at"]``): their
+    objects, unchanged on the cluster, are deleted as orphans by this look."""
+    rows = JobAttempt.objects.filter(cluster=cluster, ended_at__gte=dt.datetime.fromisoformat(watch["looked_at"]))
+    return {attempt_key(a) for a in rows.only("pk", "uid", "job_id", "number", "object_name")}
+
+
+def _failed_look(look: _Look, future: Future) -> dict:
+    """Record the failure of ``look``'s call in ``future`` (it raised): counted in the cluster's health, and past
+    the grace its attempts recovered, all of its live attempts (loaded here when the look had only some). The
+    versions kept stay where they were: the next look asks for the same changes again."""
+    cluster = look.cluster
+    attempts = look.attempts if look.full else _live_attempts(cluster)
+    try:
+        future.result()
     except ClusterUnreachable as exc:
         log.warning("cluster %s did not answer: %s", cluster.name, exc)
         return _record_failure(cluster, attempts, str(exc))
@@ -198,12 +326,23 @@ def _apply(look: _Look, future: Future) -> dict:
         log.exception("cluster %s: observing failed", cluster.name)
         return {**_record_failure(cluster, attempts, f"{type(exc).__name__}: {exc}"),
                 "error": f"{type(exc).__name__}: {exc}"}
+    raise RuntimeError("_failed_look called for a call that succeeded")
+
+
+def _apply(look: _Look, future: Future) -> dict:
+    """Apply one cluster's answer in the calling thread: health, state changes, orphan deletion, and where the
+    next look resumes (``reconcile_watch``)."""
+    cluster, backend, attempts = look.cluster, look.backend, look.attempts
+    if future.exception() is not None:
+        return _failed_look(look, future)
+    observations, owned = future.result()
     answered = timezone.now()
     Cluster.objects.filter(pk=cluster.pk).update(last_contact_at=answered, last_look_at=answered, failing_since=None,
                                                  consecutive_failures=0)
     if cluster.health != Cluster.Health.HEALTHY:
         set_health(cluster, Cluster.Health.HEALTHY)
     now = timezone.now()
+    looked: list[tuple[JobAttempt, Observation]] = []
     for attempt in attempts:
         job = attempt.job
         if job.current_attempt_id != attempt.pk:
@@ -214,6 +353,7 @@ def _apply(look: _Look, future: Future) -> dict:
         obs = observations.get(attempt.pk)
         if obs is None:
             continue
+        looked.append((attempt, obs))
         if obs.phase != "absent":
             if job.state == JobState.ADMITTED and (now - attempt.created_at).total_seconds() < ADOPT_AFTER_SECONDS:
                 continue  # a dispatch in flight records its own objects
@@ -236,8 +376,17 @@ def _apply(look: _Look, future: Future) -> dict:
         log.warning("cluster %s runs objects of %d attempt(s) the database does not know: %s (manage.py "
                     "after_restore adopts them)", cluster.name, len(unknown), ", ".join(sorted(map(str, unknown))))
     orphans = _delete_orphans(cluster, backend, candidates, answered)
+    if look.versions is not None:
+        # Attempts the next look between full LISTs looks at again, changed or not: not RUNNING and running as
+        # observed after this look's changes (a grace or a second look pending), or with replicas lost.
+        unsteady = sorted(a.pk for a, obs in looked if a.ended_at is None and (
+            obs.phase != "running" or a.job.state != JobState.RUNNING or obs.lost_replicas))
+        Cluster.objects.filter(pk=cluster.pk).update(reconcile_watch={
+            "versions": look.versions, "endpoint": cluster.api_endpoint, "looked_at": answered.isoformat(),
+            "listed_at": answered.isoformat() if look.full else look.watch.get("listed_at"), "recheck": unsteady})
     return {"cluster": cluster.name, "observed": len(attempts), "ended": len(attempts) - len(live),
-            "orphans_deleted": orphans, "unknown": len(unknown), "seconds": round(time.monotonic() - look.started, 4)}
+            "orphans_deleted": orphans, "unknown": len(unknown), "full_list": look.full, "changed": look.changed,
+            "seconds": round(time.monotonic() - look.started, 4)}
 
 
 def _resolve(held: dict) -> tuple[dict[int, Owned], list]:

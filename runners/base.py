@@ -101,13 +101,17 @@ class LostReplica:
     """One replica of a serving attempt that died while the others serve. ``key``: the backend's name for the
     replica (what ``Backend.replace_replica`` takes; the local runner's: its pods' node indexes, ``"3"`` or
     ``"3,4"``); ``phase`` ``failed`` or ``lost`` with ``end_reason``, ``exit_code`` and ``message`` as an
-    ``Observation`` of the attempt would say them had that replica been the attempt."""
+    ``Observation`` of the attempt would say them had that replica been the attempt. ``nodes``: set only for a
+    replica lost with its node (``end_reason`` ``NodeLost``, on a backend that ``pins_replicas``): the booked nodes
+    that are gone, so its slot cannot be started again there; reconcile records the loss and the serving pass
+    releases the slot and admits a replacement elsewhere (``jobs.replica_loss``, ``serving.replicas``)."""
 
     key: str
     phase: str
     end_reason: str
     exit_code: int | None = None
     message: str = ""
+    nodes: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

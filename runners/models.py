@@ -117,6 +117,11 @@ class Cluster(models.Model):
     # its lease; empty and null when no reconcile runs.
     reconcile_lease_holder = models.CharField(max_length=64, blank=True, default="")
     reconcile_lease_until = models.DateTimeField(null=True, blank=True)
+    # Where reconcile resumes between full LISTs (jobs.reconcile, docs/adr/0042): ``versions`` ({kind:
+    # resourceVersion}, opaque strings the API server gave), ``listed_at`` (ISO time of the last full LIST),
+    # ``endpoint`` (the API endpoint they came from), ``looked_at`` (ISO time of the last look that answered) and
+    # ``recheck`` (ids of the attempts not yet steady at that look). Empty: the next pass LISTs everything.
+    reconcile_watch = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -184,6 +184,15 @@ class Workload:
     subdomain: str = ""  # the headless Service the pods are named under ("": ``name``)
     service_type: str = "ClusterIP"  # a serving job's Service type (settings.K8S_SERVICE_TYPE)
     replica: int | None = None  # the replica a per-replica workload stands for (``replica_workload``)
+    # A serving attempt's replica indexes in booking order (``jobs.replica_loss.replica_slots``): slot ``k`` of
+    # ``node_names`` is the Deployment of index ``replica_slots[k]``; empty: indexes 0..replicas-1 in order.
+    replica_slots: tuple[int, ...] = ()
+
+    @property
+    def slots(self) -> tuple[int, ...]:
+        """The replica indexes of a serving workload, in the order of its booked nodes (``replica_slots``, else
+        ``0 .. replicas-1``)."""
+        return self.replica_slots or tuple(range(max(1, self.replicas)))
 
     @property
     def labels(self) -> dict[str, str]:
@@ -500,11 +509,15 @@ def _indexed_job(w: Workload, env: list[dict], ports: list[dict], annotations: d
     """The Indexed batch/v1 Job of ``w``: ``nodes`` completions, all in parallel, ``backoffLimit`` 0 (a failed pod
     fails the Job: the platform owns retries), ``activeDeadlineSeconds`` = max runtime, pods pinned to
     ``node_names`` (``_scheduling``); with ``subdomain`` the pods are named ``<name>-<index>`` under the headless
-    Service ``<name>`` (Kubernetes docs "DNS for Services and Pods", the Job's pod hostname rule)."""
+    Service ``<name>`` (Kubernetes docs "DNS for Services and Pods", the Job's pod hostname rule). Every pod of the
+    platform has ``enableServiceLinks: false``: the kubelet would otherwise put ``<SERVICE>_PORT``-style variables of
+    every Service of the namespace in its environment (Kubernetes docs "Service", "Environment variables"), and the
+    platform makes a Service per multi-node job and per serving job, so a busy team namespace would give every
+    container thousands of variables (and one for each Service named like a variable the workload reads)."""
     template_meta: dict = {"labels": dict(w.labels)}
     if annotations:
         template_meta["annotations"] = annotations
-    pod_spec = {"restartPolicy": "Never", "containers": [_container(w, env, ports)],
+    pod_spec = {"restartPolicy": "Never", "enableServiceLinks": False, "containers": [_container(w, env, ports)],
                 "volumes": [checkpoint_volume(w)], **_scheduling(w)}
     if subdomain:
         pod_spec["subdomain"] = w.subdomain or w.name
@@ -535,10 +548,14 @@ def replica_name(attempt_name: str, index: int) -> str:
 
 def replica_workload(w: Workload, index: int) -> Workload:
     """Replica ``index`` of the serving ``w``: one pod (``nodes`` is 1 for a server) under the Deployment
-    ``replica_name``, labelled with its index, pinned to the node admission booked for it (``node_names[index]``;
-    none when the pool has no node rows: any node the selectors allow)."""
+    ``replica_name``, labelled with its index, pinned to the node admission booked for it (``node_names[k]`` where
+    ``k`` is the index's place in ``w.slots``, which is the index itself until a slot lost with its node was
+    released; none when the pool has no node rows, or the index is booked nowhere: any node the selectors
+    allow)."""
     per = max(1, w.nodes)
-    nodes = w.node_names[index * per:(index + 1) * per]
+    slots = w.slots
+    at = slots.index(index) if index in slots else len(slots)
+    nodes = w.node_names[at * per:(at + 1) * per]
     return dataclasses.replace(w, name=replica_name(w.name, index), replicas=1, node_names=nodes, replica=index)
 
 
@@ -570,7 +587,8 @@ def inference_deployment(w: Workload, index: int = 0) -> dict:
             "replicas": 1, "selector": {"matchLabels": r.owner_selector}, "strategy": {"type": "Recreate"},
             "template": {"metadata": {"labels": dict(r.labels),
                                       "annotations": {CHECKPOINT_ANNOTATION: str(r.checkpoint_job_id or r.job_id)}},
-                         "spec": {"containers": [container], "volumes": [checkpoint_volume(r, read_only=True)],
+                         "spec": {"enableServiceLinks": False, "containers": [container],
+                                  "volumes": [checkpoint_volume(r, read_only=True)],
                                   **_scheduling(r)}},
         },
     }
@@ -623,8 +641,9 @@ ROLE_PORT_NAME = "serve"
 def role_object_name(attempt_name: str, role: str) -> str:
     """The name of role ``role``'s Job and headless Service: ``<attempt object name>-<role>``. A role name is a
     DNS-1123 label of at most 12 characters and an attempt's name ``job-<job id>-<number>-<8 hex digits>``, so
-    the pods' hostnames ``<name>-<index>`` stay DNS labels (63 characters at most) for any job id of up to 30
-    digits."""
+    the pods' hostnames stay DNS labels (63 characters at most) for any job id (a bigint: 19 digits at most) and
+    attempt number below 1,000: ``<name>-<pod index>``, or in a JobSet ``<name>-0-<pod index>``, is at most
+    14 + 19 + 3 + 1 + 12 + 2 + 4 = 55 characters for up to 999 pods a role."""
     return f"{attempt_name}-{role}"
 
 
@@ -752,7 +771,7 @@ def manifests(w: Workload) -> list[dict]:
     if w.kind == "multi-role":
         return [role_service(w, r) for r in w.roles] + [role_job(w, r) for r in w.roles]
     if w.kind == "inference":
-        return [inference_service(w)] + [inference_deployment(w, i) for i in range(max(1, w.replicas))]
+        return [inference_service(w)] + [inference_deployment(w, i) for i in w.slots]
     if w.nodes > 1:
         return [headless_service(w), training_job(w)]
     return [training_job(w)]

@@ -22,6 +22,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import quote
 
 import urllib3
@@ -33,6 +34,7 @@ from core.gpus import gpus_of
 from core.namespaces import team_namespace
 from jobs.arrays import element_env
 from jobs.models import FINAL_STATES, JobState, roles_in_order
+from jobs.replica_loss import replica_slots
 
 from ..base import (
     ABSENT,
@@ -61,6 +63,11 @@ MULTI_ROLE = "multi-role"  # ``jobs.models.Job.Kind.MULTI_ROLE``: one Job and he
 # CANCELLING: the job will not run again); in RECOVERING the next attempt's pods come behind the same Service.
 ENDPOINT_ENDS = FINAL_STATES | {JobState.CANCELLING}
 SELECTOR = m.LABEL_JOB  # "label exists": every object the platform created
+# The kinds reconcile lists, and follows by watch between full LISTs (``KubernetesBackend.changes``).
+WATCHED_KINDS = ("Job", "Deployment", "Service", "Pod")
+# Attempt keys per set-based label selector of ``observe_changed``: 100 uids make a query string of about 4 KB,
+# well inside the 8 KB request line that common proxies accept.
+KEYS_PER_LIST = 100
 # The label the JobSet controller puts on its child Jobs and pods: the JobSet's name (JobSet docs, "JobSet labels").
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 IMAGE_PULL_REASONS = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName"})
@@ -109,6 +116,8 @@ def workload(attempt) -> m.Workload:
         share_env=share_env(attempt),
         roles=roles_of(job.spec, attempt.placement) if job.kind == MULTI_ROLE else (),
         service_type=settings.K8S_SERVICE_TYPE,
+        replica_slots=(tuple(replica_slots(attempt.placement, job.replicas))
+                       if job.kind == "inference" and "slots" in (attempt.placement or {}) else ()),
     )
 
 
@@ -176,7 +185,10 @@ def dispatch_record(attempt) -> dict:
     element of a job array, ``array`` (``{"id", "index", "created_at"}``: which array and element it is, the
     array's submission time telling that array from a later one that took the same id)."""
     job = attempt.job
-    submitter = get_user_model().objects.filter(pk=job.submitter_id).values_list("username", flat=True).first()
+    if job._meta.get_field("submitter").is_cached(job):  # read with the job (``jobs.lifecycle.dispatch_many``)
+        submitter = job.submitter.username if job.submitter is not None else None
+    else:
+        submitter = get_user_model().objects.filter(pk=job.submitter_id).values_list("username", flat=True).first()
     array = None
     if job.array_id is not None:  # an element carries its array's submission time as its own (jobs.arrays)
         array = {"id": job.array_id, "index": job.array_index,
@@ -633,7 +645,8 @@ def _replica_of(obj: dict) -> str | None:
 
 def observe_inference(deployments: list[dict], pods: list[dict], now: dt.datetime, grace: float,
                       unschedulable_grace: float = float("inf"), *, started_at: dt.datetime | None = None,
-                      max_runtime_seconds: float | None = None) -> Observation:
+                      max_runtime_seconds: float | None = None,
+                      gone_nodes: frozenset[str] | set[str] = frozenset()) -> Observation:
     """The phase of an inference attempt from its Deployments (one per replica, ``manifests.inference_deployment``;
     one of all its replicas for an attempt made before) and pods: running once the ready replicas of the
     Deployments not being deleted reach what they ask; image pull failures fail it, and so does a server that
@@ -643,8 +656,14 @@ def observe_inference(deployments: list[dict], pods: list[dict], now: dt.datetim
     kubelet restarting it in place; its pod evicted, deleted from outside or disrupted) does not end the attempt:
     it is reported apart (``Observation.lost_replicas``), the phase being the survivors', and reconcile replaces
     it in its booked slot within the job's retry budget or ends the attempt with its failure
-    (``jobs.replica_loss``; docs/adr/0041). A replica's pod lost with its node (DisruptionTarget DeletionByPodGC)
-    ends the attempt ``lost NodeLost``: its replacement would be pinned to a node that is gone.
+    (``jobs.replica_loss``; docs/adr/0041).
+
+    A replica lost with its node (its pod's DisruptionTarget DeletionByPodGC, or its Deployment pinned to one of
+    ``gone_nodes``: nodes the cluster no longer has, which the caller lists) is reported apart too, ``lost
+    NodeLost`` with ``LostReplica.nodes`` naming them, and left out of the phase: its slot cannot start again
+    there, so reconcile records the loss and the serving pass releases the slot and admits a replacement elsewhere
+    while the others serve. Only when every replica is lost with its node (or the attempt runs one Deployment of
+    all its replicas) is the attempt itself ``lost NodeLost``, naming the nodes.
 
     The pods of a replica a scale-down released (their Deployment being deleted, or gone) are no part of the
     attempt: their end, whatever their exit code, is no end of it.
@@ -659,15 +678,19 @@ def observe_inference(deployments: list[dict], pods: list[dict], now: dt.datetim
         return ABSENT
     made = created_at(None, [*deployments, *pods])
     live = serving_replicas(deployments)
+    with_node = node_lost_replicas(live, pods, gone_nodes)
+    if with_node and (None in with_node or len(with_node) >= len(live)):
+        gone = tuple(sorted({n for nodes in with_node.values() for n in nodes[0]}))
+        why = "; ".join(message for _, message in with_node.values())
+        return Observation("lost", "NodeLost", None, f"every replica lost its node: {', '.join(gone)} gone from "
+                           f"the cluster ({why})"[:4000],
+                           created_at=made, nodes=gone)
+    live = [d for d in live if _replica_of(d) not in with_node]
     replicas = {_replica_of(d) for d in live}
     serving = [p for p in pods if _replica_of(p) in replicas]
     for pod in serving:
         if (pull := image_pull_failure(pod, now, grace)) is not None:
             return dataclasses.replace(pull, created_at=made, ended_at=stopped_at(None, serving))
-    for pod in serving:
-        if (lost := pod_lost(pod)) is not None and lost.end_reason == "NodeLost":
-            # Its replacement would be pinned to the node that is gone: the attempt is lost with the node.
-            return dataclasses.replace(lost, created_at=made)
     for pod in serving:
         if (not (pod.get("metadata") or {}).get("deletionTimestamp") and pod_lost(pod) is None
                 and (crash := serving_crash(pod)) is not None and crash.exit_code == 0):
@@ -680,13 +703,37 @@ def observe_inference(deployments: list[dict], pods: list[dict], now: dt.datetim
                                f"the server ran its max runtime ({max_runtime_seconds:g} s, until "
                                f"{deadline.isoformat()}); its Deployment is deleted", created_at=made,
                                ended_at=deadline)
-    lost = lost_replicas(serving)
+    lost = lost_replicas(serving) + tuple(
+        LostReplica(str(replica), "lost", "NodeLost", None, message, nodes=nodes)
+        for replica, (nodes, message) in sorted(with_node.items(), key=lambda kv: int(kv[0])))
     wanted = sum((d.get("spec") or {}).get("replicas") or 1 for d in live)
     ready = sum((d.get("status") or {}).get("readyReplicas") or 0 for d in live)
     if live and ready >= wanted:  # the survivors' phase: a lost replica's new pod may be ready already
         return Observation("running", created_at=made, lost_replicas=lost)
     return dataclasses.replace(unschedulable(serving, now, unschedulable_grace) or Observation("pending"),
                                created_at=made, lost_replicas=lost)
+
+
+def node_lost_replicas(live: list[dict], pods: list[dict], gone_nodes: frozenset[str] | set[str]
+                       ) -> dict[str | None, tuple[tuple[str, ...], str]]:
+    """The replicas of a serving attempt lost with their node, by replica index label (None: the one Deployment
+    of all replicas of an attempt made before replicas had their own): ``(gone nodes, message)`` for each whose
+    Deployment among ``live`` is pinned to one of ``gone_nodes`` (``pinned_nodes``) or whose pod was deleted with
+    its node (``pod_lost`` ``NodeLost``: DisruptionTarget DeletionByPodGC, or the status reason NodeLost)."""
+    indexes = {_replica_of(d) for d in live}
+    out: dict[str | None, tuple[tuple[str, ...], str]] = {}
+    for d in live:
+        if gone := sorted(pinned_nodes(d) & set(gone_nodes)):
+            out[_replica_of(d)] = (tuple(gone), f"replica {_replica_of(d)} is pinned to node {', '.join(gone)}, "
+                                                f"which is gone from the cluster")
+    for pod in pods:
+        replica = _replica_of(pod)
+        if replica in indexes and replica not in out and (lost := pod_lost(pod)) is not None \
+                and lost.end_reason == "NodeLost":
+            nodes = lost.nodes or tuple(sorted(pinned_nodes(next(d for d in live if _replica_of(d) == replica))))
+            if nodes or replica is None:  # a replica's pod with no node named: an ordinary loss (``lost_replicas``)
+                out[replica] = (nodes, f"replica {replica}: {lost.message}")
+    return out
 
 
 def lost_replicas(pods: list[dict]) -> tuple[LostReplica, ...]:
@@ -828,7 +875,7 @@ class KubernetesBackend(Backend):
         endpoint = m.serving_endpoint(w) if w.kind == "inference" else None
         state = {"namespace": w.namespace, "objects": created, "endpoint": endpoint}
         if w.kind == "inference":
-            state["replicas"] = [m.replica_name(w.name, i) for i in range(max(1, w.replicas))]
+            state["replicas"] = [m.replica_name(w.name, i) for i in w.slots]
         if w.jobset:
             state["jobset"] = True
         if w.metrics_port:
@@ -883,22 +930,25 @@ class KubernetesBackend(Backend):
         if any(_replica_of(d) is None for d in listed.values()):
             raise PermanentDispatchError(f"{w.name} runs one Deployment of all its replicas; it keeps "
                                          f"{attempt.job.replicas} until an attempt replaces it")
+        slots = w.slots
         stale = [name for name, d in listed.items() if not d["metadata"].get("deletionTimestamp")
-                 and (int(_replica_of(d)) >= w.replicas
+                 and (int(_replica_of(d)) not in slots
                       or pinned_nodes(d) != set(m.replica_workload(w, int(_replica_of(d))).node_names))]
         for name in stale:  # released replicas, and any whose pinning is not its booking's
             self._delete_deployment(c, w.namespace, name)
-        waiting = sorted(name for name, d in listed.items() if int(_replica_of(d)) < w.replicas
+        waiting = sorted(name for name, d in listed.items() if int(_replica_of(d)) in slots
                          and (name in stale or d["metadata"].get("deletionTimestamp")))
-        for index in range(w.replicas):
+        for index in slots:
             if m.replica_name(w.name, index) not in listed:
                 self._create(c, w, m.inference_deployment(w, index))
         if waiting:
             raise TransientDispatchError(f"the Deployments {', '.join(waiting)} of {w.name} are being deleted; "
                                          f"they are made anew on their booked nodes once gone")
-        names = [m.replica_name(w.name, i) for i in range(w.replicas)]
+        names = [m.replica_name(w.name, i) for i in slots]
         state = dict(attempt.runner_state or {})
         state["replicas"] = names
+        if w.replica_slots:
+            state["slots"] = list(w.replica_slots)  # the booking's indexes it follows (``serving.autoscaler``)
         state["objects"] = ([o for o in state.get("objects") or () if o[0] != "Deployment"]
                             + [["Deployment", name] for name in names])
         return state
@@ -964,7 +1014,7 @@ class KubernetesBackend(Backend):
         w = dataclasses.replace(
             w, checkpoint_job_id=checkpoint_job_id,
             checkpoint_uri=m.checkpoint_uri(settings.CHECKPOINT_STORE_URI, job.team.slug, checkpoint_job_id))
-        index = job.replicas - 1 if in_place_of is None else int(in_place_of)
+        index = w.slots[-1] if in_place_of is None else int(in_place_of)
         manifest = m.inference_deployment(w, index)
         if checkpoint_job_id != ((job.spec or {}).get("checkpoint_from") or job.pk):
             manifest["metadata"].setdefault("annotations", {})[m.PROBATION_ANNOTATION] = "true"
@@ -1131,8 +1181,11 @@ class KubernetesBackend(Backend):
 
     # --- observation -------------------------------------------------------------------------------------------
 
-    def _list(self, c: ClusterClient, kind: str) -> list[dict]:
-        """Every object of ``kind`` carrying the platform's labels, in one LIST over all namespaces.
+    def _list(self, c: ClusterClient, kind: str, *, selector: str = SELECTOR,
+              versions: dict[str, str] | None = None) -> list[dict]:
+        """Every object of ``kind`` carrying the platform's labels (and matching ``selector``, a label selector),
+        in one LIST over all namespaces; the list's ``metadata.resourceVersion`` goes into ``versions[kind]``
+        when given (left out when the server sends none).
 
         Raises ClusterUnreachable for any answer that is not a well-formed
         list: an error status (a 404 too: behind a load balancer during an
@@ -1142,10 +1195,10 @@ class KubernetesBackend(Backend):
         """
         list_all = c.core.list_pod_for_all_namespaces if kind == "Pod" else _api(c, kind)[3]
         try:
-            answer = c.call(list_all, label_selector=SELECTOR, _preload_content=False)
+            answer = c.call(list_all, label_selector=selector, _preload_content=False)
         except ApiError as exc:
             raise _read_failure(exc, f"listing {kind}s") from exc
-        items = _list_items(answer, f"listing {kind}s")
+        items = _list_items(answer, f"listing {kind}s", versions, kind)
         # Filter here too: the selector is a request, and a proxy or an old server may ignore it.
         return [obj for obj in items if m.LABEL_JOB in _labels(obj)]
 
@@ -1188,15 +1241,109 @@ class KubernetesBackend(Backend):
         jobs, deployments, services = (self._list(c, kind) for kind in ("Job", "Deployment", "Service"))
         return _owned(jobs + deployments + services, self._list(c, "Pod"))
 
-    def observe_all(self, cluster, attempts: Iterable) -> tuple[dict[int, Observation], dict[int, Owned]]:
+    def observe_all(self, cluster, attempts: Iterable, versions: dict[str, str] | None = None,
+                    ) -> tuple[dict[int, Observation], dict[int, Owned]]:
         """``observe`` and ``owned_attempt_ids`` from one LIST per kind (Job, Deployment, Service, Pod, and
         JobSet while a multi-role attempt is looked at on a cluster that serves it): four LISTs instead of up to
-        seven, each kind parsed once; GETs only for attempts missing from the LISTs."""
+        seven, each kind parsed once; GETs only for attempts missing from the LISTs. ``versions``: filled with
+        each watched kind's list resourceVersion (``WATCHED_KINDS``), where ``changes`` resumes from."""
         attempts = list(attempts)
         c = client_for(cluster)
-        jobs, deployments, services, pods = (self._list(c, kind) for kind in ("Job", "Deployment", "Service", "Pod"))
+        jobs, deployments, services, pods = (self._list(c, kind, versions=versions) for kind in WATCHED_KINDS)
         _check_pods_listed(jobs + deployments, pods)
         jobsets = self._jobsets(c, attempts)
+        return (self._observations(c, attempts, jobs, deployments, pods, jobsets),
+                _owned(jobs + deployments + services + jobsets, pods))
+
+    def changes(self, cluster, versions: dict[str, str]) -> tuple[set, dict[str, str]] | None:
+        """The attempt keys (``attempt_key``) whose objects of a watched kind (``WATCHED_KINDS``) were added,
+        changed or deleted on ``cluster`` since ``versions`` (``{kind: resourceVersion}``, from ``observe_all`` or
+        an earlier call), and the versions to resume from next; None when a version is missing or the server no
+        longer keeps the changes since it (410 Gone, reason Expired) or has none that new (504 "Too large resource
+        version"): only a full LIST can say what exists.
+
+        One watch per kind, concurrent, resumed from its version with bookmarks and a server-side timeout of
+        ``K8S_WATCH_SECONDS``; the events the server has kept since that version come first, and what the
+        stream held when the server closed it is taken (Kubernetes API concepts, "Efficient detection of
+        changes", "Watch bookmarks", "410 Gone responses"). Resource versions are opaque: they are only sent
+        back, never compared. Raises ClusterUnreachable for any other error answer, a timeout or a malformed
+        event; a stream cut inside an event keeps the events before it (the next call resumes after them).
+        """
+        if any(not versions.get(kind) for kind in WATCHED_KINDS):
+            return None
+        c = client_for(cluster)
+        with ThreadPoolExecutor(max_workers=len(WATCHED_KINDS), thread_name_prefix="reconcile-watch") as pool:
+            answers = list(pool.map(lambda kind: self._watch(c, kind, versions[kind]), WATCHED_KINDS))
+        if any(answer is None for answer in answers):
+            return None
+        keys: set = set().union(*(found for found, _ in answers))
+        return keys, {kind: version for kind, (_, version) in zip(WATCHED_KINDS, answers, strict=True)}
+
+    def _watch(self, c: ClusterClient, kind: str, version: str) -> tuple[set, str] | None:
+        """One watch of ``kind`` from ``version``: ``(attempt keys of the changed objects, the version to resume
+        from)``, or None for 410 Gone (see ``changes``)."""
+        list_all = c.core.list_pod_for_all_namespaces if kind == "Pod" else _api(c, kind)[3]
+        what = f"watching {kind}s"
+        try:
+            answer = c.call(list_all, label_selector=SELECTOR, watch=True, resource_version=version,
+                            allow_watch_bookmarks=True, timeout_seconds=int(settings.K8S_WATCH_SECONDS),
+                            _preload_content=False)
+            data = answer.data
+        except ApiError as exc:
+            if exc.status == 410 or _too_large(exc.status, exc.message):
+                return None
+            raise _read_failure(exc, what) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ClusterUnreachable(f"{what}: {type(exc).__name__}: {exc}") from exc
+        keys: set = set()
+        lines = (data or b"").split(b"\n")
+        for line in lines[:-1] if not (data or b"").endswith(b"\n") else lines:  # a cut last event: not received
+            if not line.strip():
+                continue
+            try:
+                event = json.loads(line)
+                kind_of, obj = event["type"], event["object"]
+                if not isinstance(obj, dict):
+                    raise TypeError("object is not a JSON object")
+            except (ValueError, TypeError, KeyError) as exc:
+                raise ClusterUnreachable(f"{what}: malformed event: {exc}") from exc
+            if kind_of == "ERROR":
+                if obj.get("code") == 410 or _too_large(obj.get("code"), obj.get("message")):
+                    return None
+                raise ClusterUnreachable(f"{what}: HTTP {obj.get('code')} {obj.get('reason')}: {obj.get('message')}")
+            resumed = (obj.get("metadata") or {}).get("resourceVersion")
+            if not isinstance(resumed, str) or not resumed:
+                raise ClusterUnreachable(f"{what}: an event without a resourceVersion")
+            version = resumed
+            if kind_of in ("ADDED", "MODIFIED", "DELETED") and m.LABEL_JOB in _labels(obj):
+                if (key := _key_of(obj)) is not None:
+                    keys.add(key)
+        return keys, version
+
+    def observe_changed(self, cluster, attempts: Iterable, keys: Iterable) -> tuple[dict[int, Observation],
+                                                                                   dict[int, Owned]]:
+        """``observe_all`` for ``attempts`` only, and what the cluster holds of them and of the attempt keys
+        ``keys`` (objects changed since the last look, of attempts live or not): one LIST per watched kind and
+        chunk of ``KEYS_PER_LIST`` keys, selected by a set-based label selector (``attempt-uid in (...)``; the
+        attempt id for attempts made before uids), each answer filtered again here (a server may ignore the
+        selector). GETs only for attempts missing from the LISTs. Raises like ``observe_all``."""
+        attempts = list(attempts)
+        c = client_for(cluster)
+        wanted = {attempt_key(a) for a in attempts} | set(keys)
+        listed: dict[str, list[dict]] = {kind: [] for kind in WATCHED_KINDS}
+        ordered = sorted(wanted, key=str)
+        for start in range(0, len(ordered), KEYS_PER_LIST):
+            chunk = ordered[start:start + KEYS_PER_LIST]
+            uids = sorted(k for k in chunk if isinstance(k, str))
+            ids = sorted(str(k) for k in chunk if not isinstance(k, str))
+            selectors = ([f"{SELECTOR},{m.LABEL_ATTEMPT_UID} in ({','.join(uids)})"] if uids else []) + (
+                [f"{SELECTOR},{m.LABEL_ATTEMPT} in ({','.join(ids)})"] if ids else [])
+            for selector in selectors:
+                for kind in WATCHED_KINDS:
+                    listed[kind] += [o for o in self._list(c, kind, selector=selector) if _key_of(o) in wanted]
+        jobs, deployments, services, pods = (listed[kind] for kind in WATCHED_KINDS)
+        _check_pods_listed(jobs + deployments, pods)
+        jobsets = [o for o in self._jobsets(c, attempts) if _key_of(o) in wanted]
         return (self._observations(c, attempts, jobs, deployments, pods, jobsets),
                 _owned(jobs + deployments + services + jobsets, pods))
 
@@ -1243,15 +1390,18 @@ class KubernetesBackend(Backend):
                 observed = self._observe_one(c, attempt, by_attempt.get(key, []), pods_of.get(key, []), now, grace,
                                              unschedulable_grace)
             result[attempt.pk] = observed
-            if attempt.job.kind == "inference" and observed.phase in ("pending", "unschedulable"):
+            if attempt.job.kind == "inference" and (observed.phase in ("pending", "unschedulable")
+                                                    or observed.lost_replicas):
+                # A replica not ready, or one lost (a spot node's shutdown reads as a preemption), may be one whose
+                # node is gone: the Nodes are listed once per look, only then.
                 pinned = set().union(*(pinned_nodes(d) for d in serving_replicas(by_attempt.get(key, []))))
                 if pinned and node_names is None:
                     node_names = {(n.get("metadata") or {}).get("name") for n in self._nodes(c)}
-                if gone := sorted(pinned - (node_names or set())):
-                    # A replica pinned to a node that is gone never starts again there: lost with its node.
-                    result[attempt.pk] = Observation(
-                        "lost", "NodeLost", None, f"a replica is pinned to node {', '.join(gone)}, which is gone "
-                        f"from the cluster", created_at=observed.created_at, nodes=tuple(gone))
+                if gone := pinned - (node_names or set()):
+                    # A replica pinned to a node that is gone never starts again there: lost with its node, the
+                    # others serving on (``observe_inference``; every replica so lost: the attempt is).
+                    result[attempt.pk] = self._observe_one(c, attempt, by_attempt.get(key, []), pods_of.get(key, []),
+                                                           now, grace, unschedulable_grace, frozenset(gone))
                 continue
             if observed.phase == "lost" and observed.end_reason == "PodDeleted" and not observed.nodes:
                 if node_names is None:
@@ -1264,15 +1414,17 @@ class KubernetesBackend(Backend):
         return result
 
     def _observe_one(self, c: ClusterClient, attempt, listed: list[dict], pods: list[dict], now: dt.datetime,
-                     grace: float, unschedulable_grace: float) -> Observation:
+                     grace: float, unschedulable_grace: float, gone_nodes: frozenset[str] = frozenset()
+                     ) -> Observation:
         """The Observation of a training or inference ``attempt`` from its listed Job or Deployments ``listed``
         (none listed: only the object's own GET can say it is gone, and an end record how it ended: a serving
-        attempt's replica 0 Deployment, which every scale keeps, or the one Deployment of an attempt made before
-        replicas had their own) and its pods."""
+        attempt's first booked replica's Deployment, or the one Deployment of an attempt made before replicas had
+        their own) and its pods; ``gone_nodes``: nodes the cluster no longer has (``observe_inference``)."""
         kind = "Deployment" if attempt.job.kind == "inference" else "Job"
         if not listed:
             namespace = team_namespace(attempt.job.team.slug)
-            names = ([m.replica_name(attempt.object_name, 0), attempt.object_name] if kind == "Deployment"
+            first = replica_slots(attempt.placement, attempt.job.replicas)[:1] or [0]
+            names = ([m.replica_name(attempt.object_name, first[0]), attempt.object_name] if kind == "Deployment"
                      else [attempt.object_name])
             for name in names:
                 obj = self._read(c, kind, name, namespace)
@@ -1283,7 +1435,7 @@ class KubernetesBackend(Backend):
                 return ended
         if kind == "Deployment":
             return observe_inference(listed, pods, now, grace, unschedulable_grace, started_at=attempt.started_at,
-                                     max_runtime_seconds=attempt.job.max_runtime_seconds)
+                                     max_runtime_seconds=attempt.job.max_runtime_seconds, gone_nodes=gone_nodes)
         return observe_training(listed[0] if listed else None, pods, attempt.job.nodes, now, grace,
                                 unschedulable_grace)
 
@@ -1971,12 +2123,23 @@ def _object(answer, name: str, what: str) -> dict:
     return obj
 
 
-def _list_items(answer, what: str) -> list[dict]:
-    """The ``items`` of a LIST answer; ClusterUnreachable unless the body is an object with a list of objects."""
+def _too_large(code, message) -> bool:
+    """Whether an error is the API server's "Too large resource version" (504, a version newer than it has: the
+    cluster behind the endpoint was rebuilt, or the version came from elsewhere): only a full LIST helps."""
+    return code == 504 and "too large resource version" in str(message or "").lower()
+
+
+def _list_items(answer, what: str, versions: dict[str, str] | None = None, kind: str = "") -> list[dict]:
+    """The ``items`` of a LIST answer; ClusterUnreachable unless the body is an object with a list of objects.
+    With ``versions``: the list's ``metadata.resourceVersion`` (a non-empty string) is stored under ``kind``."""
     body = _parse(answer, what)
     items = body.get("items") if isinstance(body, dict) else None
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
         raise ClusterUnreachable(f"{what}: the answer is not a list of objects")
+    if versions is not None:
+        version = (body.get("metadata") or {}).get("resourceVersion")
+        if isinstance(version, str) and version:
+            versions[kind] = version
     return items
 
 

@@ -268,12 +268,6 @@ def node_port(meta: dict, node: int) -> int:
     return ports[node] if node < len(ports) else meta["master_port"] + 1 + node
 
 
-def pods_of_attempt(job) -> int:
-    """The processes the local runner starts for ``job``'s attempt: an inference job's ``nodes x replicas``
-    servers (each replica its own process, with its own ``PORT``), any other job's ``nodes``."""
-    return job.nodes * max(1, job.replicas) if job.kind == "inference" else job.nodes
-
-
 def live_pods(meta: dict) -> list[int]:
     """The node indexes of ``attempt.json`` ``meta`` that are not retired (a serving attempt's replicas that a
     scale-down stopped are retired: they end nothing)."""
@@ -751,7 +745,7 @@ class LocalBackend(Backend):
             fcntl.flock(lock, fcntl.LOCK_EX)  # serialises first dispatches: port and GPU picks do not collide
             meta = read_json(path)
             if meta is None:
-                nodes = pods_of_attempt(attempt.job)
+                nodes = attempt.job.pods
                 roles = role_layout(attempt.job.spec) if attempt.job.kind == "multi-role" else None
                 master_port, metrics_port, *ports = free_ports(2 + nodes + len(roles or ()))
                 for role in roles or ():
@@ -1023,8 +1017,18 @@ class LocalBackend(Backend):
             time.sleep(0.05)
 
     def logs(self, attempt, node: int = 0, tail_lines: int = 200) -> str:
-        """The last ``tail_lines`` lines of ``node-<node>.log`` of ``attempt`` ("" when there is no log)."""
-        return tail(node_path(attempt_dir(attempt), node, "log"), tail_lines)
+        """The last ``tail_lines`` lines of ``node-<node>.log`` of ``attempt`` ("" when there is no log). A serving
+        attempt's ``node`` counts its live pods only (``live_pods``: the replicas serving now, in the order they
+        started), so after a rolling update, a replacement or a scale-down node 0 is a replica that serves, not one
+        retired; "" past the last."""
+        directory = attempt_dir(attempt)
+        if attempt.job.kind == "inference":
+            meta = read_json(directory / ATTEMPT_FILE)
+            live = live_pods(meta) if meta else [node]
+            if node >= len(live):
+                return ""
+            node = live[node]
+        return tail(node_path(directory, node, "log"), tail_lines)
 
 
 def _cpu_threads(spec: dict | None) -> int | None:

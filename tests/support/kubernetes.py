@@ -1,6 +1,7 @@
 """Emulated Kubernetes clusters for the tests and benchmarks.
 
-``Emulators``: several kmock KubernetesEmulator servers on real TCP ports,
+``Emulators``: several kmock KubernetesEmulator servers on real TCP ports (with resource versions and watches
+resumed from one, ``Namespaces``, and set-based label selectors, ``SelectingEmulator``),
 run by a background event loop, each inside ``async with`` (errors come back
 as real Status objects); they store objects, and ``Kubelet`` plays the
 cluster's controllers over HTTP by hand (creates a Job's pods, moves their
@@ -42,6 +43,20 @@ import urllib3
 RESOURCES = ["v1/namespaces", "v1/services", "v1/pods", "v1/nodes", "batch/v1/jobs", "apps/v1/deployments"]
 
 
+class SelectingEmulator(kmock.KubernetesEmulator):
+    """kmock's emulator, whose LISTs apply a set-based label selector (``key in (a,b)``) before the answer is
+    made, as an API server filters its cache: kmock 0.8 ignores label selectors (the platform filters what it
+    lists anyway), and a selector that picks a few objects must not cost a serialization of all of them."""
+
+    async def _serve_list(self, request):
+        answer = await super()._serve_list(request)
+        selector = (request.params or {}).get("labelSelector", "")
+        if " in (" in selector:
+            answer["items"] = [o for o in answer["items"]
+                               if _selector_matches(selector, (o.get("metadata") or {}).get("labels") or {})]
+        return answer
+
+
 class Emulators:
     """``names`` emulated clusters; ``url(name)``, ``stop(name)``/``start(name)`` (an outage on the same port).
 
@@ -79,7 +94,7 @@ class Emulators:
         self.loop.close()
 
     async def _open(self, name: str) -> None:
-        handler = kmock.KubernetesEmulator()
+        handler = SelectingEmulator()
         for resource in RESOURCES:
             handler.resources[resource] = {}
         await handler.__aenter__()
@@ -160,6 +175,14 @@ class Namespaces:
         self.namespaces: dict[str, dict] = {}
         self.namespace_creates = 0  # POSTs to the namespaces collection, answered 201 or 409
         self.gate: Gate | None = None  # set by ``Emulators.hold``
+        # Resource versions, which kmock 0.8 does not keep: one counter for the cluster (etcd's revision), each
+        # write through the API one more; objects stored straight into the emulator count as written at 1. The
+        # changes since are logged for watches as (version, resource, ADDED/MODIFIED/DELETED, object); those up
+        # to ``compacted`` are no longer kept (``compact``): a watch from before answers 410 Gone.
+        self.version = 1
+        self.changes: list[tuple[int, str, str, dict]] = []
+        self.compacted = 0
+        self.keep_changes = 100000
 
     async def __call__(self, request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         if self.gate is not None:
@@ -171,9 +194,20 @@ class Namespaces:
                  "message": f'namespaces "{missing}" not found', "details": {"name": missing, "kind": "namespaces"}},
                 status=404)
         if parts[:3] != ["api", "v1", "namespaces"] or len(parts) > 4:
+            resource = _resource_of(parts)
+            if request.method == "GET" and resource and resource[2] is None and request.query.get("watch", "").lower() in (
+                    "true", "1"):
+                return self._watch(resource[0], resource[1], request.query)
             self.in_flight += 1
             try:
-                return await self.emulator(request)
+                answer = await self.emulator(request)
+                if resource and request.method != "GET" and answer.status < 300:
+                    self._record(request.method, resource[0], answer)
+                elif resource and resource[2] is None and request.method == "GET" and answer.status == 200:
+                    # the list's own version: the counter now (kmock answers "...")
+                    answer.body = answer.body.replace(b'"resourceVersion": "..."', b'"resourceVersion": "%d"'
+                                                      % self.version, 1)
+                return answer
             finally:
                 self.in_flight -= 1
                 if self.forget_requests and not self.in_flight:
@@ -200,6 +234,69 @@ class Namespaces:
                                          status=404)
 
 
+    def _record(self, method: str, resource: str, answer: aiohttp.web.Response) -> None:
+        """Log the write ``method`` to ``resource`` kmock answered with the object ``answer`` holds: one more
+        version, which the object in the answer carries."""
+        try:
+            obj = json.loads(answer.body)
+        except (TypeError, ValueError):
+            return
+        if not isinstance(obj, dict) or not isinstance(obj.get("metadata"), dict):
+            return
+        change = {"POST": "ADDED", "DELETE": "DELETED"}.get(method, "MODIFIED")
+        if change == "DELETED" and obj["metadata"].get("finalizers"):
+            change = "MODIFIED"  # marked for deletion; it goes when its finalizers do
+        self.log_change(resource, change, obj)
+        answer.body = json.dumps(obj).encode()
+
+    def log_change(self, resource: str, change: str, obj: dict) -> None:
+        """Log a write of ``obj`` (``change``: ADDED, MODIFIED or DELETED) to ``resource`` (``v1/pods``...): one
+        more version, which ``obj`` carries from now on. For writes through the API (``_record``) and for objects
+        a benchmark changes in the emulator's store directly."""
+        self.version += 1
+        obj["metadata"]["resourceVersion"] = str(self.version)
+        self.changes.append((self.version, resource, change, obj))
+        if len(self.changes) > self.keep_changes:
+            self.compact(len(self.changes) - self.keep_changes)
+
+    def compact(self, changes: int | None = None) -> None:
+        """Forget the oldest ``changes`` logged changes (default all), as etcd compaction does."""
+        drop = len(self.changes) if changes is None else min(changes, len(self.changes))
+        if drop:
+            self.compacted = self.changes[drop - 1][0]
+            del self.changes[:drop]
+        else:
+            self.compacted = self.version
+
+    def _watch(self, resource: str, namespace: str | None, query) -> aiohttp.web.Response:
+        """A watch resumed from ``resourceVersion``: the logged changes of ``resource`` since, matching the label
+        selector, one JSON event a line, then a BOOKMARK at the newest version (with ``allowWatchBookmarks``),
+        and the end of the stream (a server may end a watch at any time). A version no longer kept: an ERROR
+        event holding a 410 Gone Status, reason Expired; one newer than any: 504 "Too large resource version"; none
+        given: 400 (this emulator resumes watches only)."""
+        version = query.get("resourceVersion", "")
+        labels = query.get("labelSelector", "")
+
+        def line(change: str, obj: dict) -> str:
+            return json.dumps({"type": change, "object": obj}) + "\n"
+
+        if not version.isdigit():
+            return aiohttp.web.json_response(status(400, "BadRequest", "a watch needs a resourceVersion here"),
+                                             status=400)
+        if int(version) < self.compacted:
+            body = line("ERROR", status(410, "Expired", f"too old resource version: {version} ({self.compacted})"))
+        elif int(version) > self.version:
+            body = line("ERROR", status(504, "Timeout", f"Too large resource version: {version}, current: "
+                                                        f"{self.version}"))
+        else:
+            body = "".join(line(change, obj) for at, kind, change, obj in self.changes
+                           if kind == resource and at > int(version)
+                           and (namespace is None or obj["metadata"].get("namespace") == namespace)
+                           and _selector_matches(labels, obj["metadata"].get("labels") or {}))
+            if query.get("allowWatchBookmarks", "").lower() in ("true", "1"):
+                body += line("BOOKMARK", {"metadata": {"resourceVersion": str(self.version)}})
+        return aiohttp.web.Response(body=body.encode(), content_type="application/json")
+
     def _missing_namespace(self, parts: list[str]) -> str:
         """The namespace of a namespaced collection path (``/api/v1/namespaces/<ns>/<kind>``,
         ``/apis/<group>/<version>/namespaces/<ns>/<kind>``) when it does not exist, else ""."""
@@ -207,6 +304,18 @@ class Namespaces:
         if index is None or len(parts) != index + 3 or parts[index] != "namespaces":
             return ""
         return "" if parts[index + 1] in self.namespaces else parts[index + 1]
+
+
+def _resource_of(parts: list[str]) -> tuple[str, str | None, str | None] | None:
+    """``(resource, namespace, name)`` of an API path split at "/" (``v1/pods``, ``batch/v1/jobs``: kmock's
+    resource names); None for a path that names no resource."""
+    base = 2 if parts[:1] == ["api"] else 3 if parts[:1] == ["apis"] else None
+    if base is None or len(parts) <= base:
+        return None
+    rest, namespace = parts[base:], None
+    if rest[0] == "namespaces" and len(rest) >= 3:
+        namespace, rest = rest[1], rest[2:]
+    return "/".join(parts[1:base]) + "/" + rest[0], namespace, rest[1] if len(rest) > 1 else None
 
 
 def now_iso() -> str:
@@ -407,9 +516,30 @@ def pod_gpus(pod: dict) -> int:
                for c in (pod.get("spec") or {}).get("containers") or [])
 
 
+def _selector_terms(selector: str) -> list[str]:
+    """The comma-separated terms of a label selector, commas inside a set's parentheses kept."""
+    terms, depth, current = [], 0, ""
+    for char in selector:
+        depth += (char == "(") - (char == ")")
+        if char == "," and depth == 0:
+            terms.append(current.strip())
+            current = ""
+        else:
+            current += char
+    return [t for t in [*terms, current.strip()] if t]
+
+
 def _selector_matches(selector: str, labels: dict) -> bool:
-    for term in filter(None, (t.strip() for t in selector.split(","))):
-        if term.startswith("!"):
+    """Whether ``labels`` match a label selector: equality (``=``, ``==``, ``!=``), existence (``key``, ``!key``)
+    and set-based (``key in (a,b)``, ``key notin (a,b)``) terms (Kubernetes "Labels and Selectors")."""
+    for term in _selector_terms(selector):
+        words = term.split(None, 1)
+        if len(words) == 2 and words[1].split("(", 1)[0].strip() in ("in", "notin"):
+            operator, values = words[1].split("(", 1)
+            wanted = {v.strip() for v in values.rstrip(")").split(",")}
+            if (labels.get(words[0]) in wanted) != (operator.strip() == "in"):
+                return False
+        elif term.startswith("!"):
             if term[1:] in labels:
                 return False
         elif "!=" in term:
@@ -501,6 +631,14 @@ class ClusterEmulator:
         # read)]; either None until an answer showed it (``_note_shown``). What the platform could know of it.
         self.pod_shown: dict[str, list] = {}
         self._version = 0
+        # The change log the watch serves (Kubernetes API concepts, "Efficient detection of changes"): (resource
+        # version, kind, ADDED/MODIFIED/DELETED, the object then), oldest first; ``_seen``: (kind, key) -> (uid, the
+        # object as last logged). Versions up to ``_compacted`` are no longer kept: a watch from one is 410 Gone.
+        self._log: list[tuple[int, str, str, dict]] = []
+        self._seen: dict[tuple[str, tuple[str, str]], tuple[str, str, dict]] = {}  # -> (uid, body, snapshot)
+        self._compacted = 0
+        self.keep_changes = 10000  # changes kept for watches; older ones are compacted away
+        self.lists = self.watches = 0  # collection GETs served: LISTs, and watches
         self._failed_indexes: dict[str, dict[int, int]] = {}  # Job uid -> index -> failures counted
         self._retry_at: dict[tuple[str, int], float] = {}
         self._crashed: dict[str, float] = {}  # pod uid -> when its containers crashed (CrashLoopBackOff since)
@@ -677,6 +815,11 @@ class ClusterEmulator:
         key = (namespace or "", name or "")
         if name is None:
             if method == "GET":
+                self._log_changes()
+                if query.get("watch", "").lower() in ("true", "1"):
+                    self.watches += 1
+                    return 200, self._watch(kind, namespace, query)
+                self.lists += 1
                 return 200, self._list(kind, namespace, query)
             if method == "POST":
                 return self._create(kind, namespace, body or {})
@@ -788,6 +931,86 @@ class ClusterEmulator:
 
     def _public(self, obj: dict) -> dict:
         return {k: v for k, v in obj.items() if not k.startswith("_")}
+
+    def _log_changes(self) -> None:
+        """Log every object added, changed or deleted since the last call (what any controller or test changed in
+        place too, as the API server's storage sees every write): a change keeps the resourceVersion ``_touch``
+        gave it, and one made without is given a new one. Changes past ``keep_changes`` are compacted away."""
+        current, batch = set(), []
+        for kind, objects in self.store.items():
+            for key, obj in objects.items():
+                current.add((kind, key))
+                meta = obj["metadata"]
+                body = json.dumps(self._public(obj), sort_keys=True, default=str).replace(
+                    f'"resourceVersion": "{meta.get("resourceVersion")}"', "")
+                seen = self._seen.get((kind, key))
+                if seen is not None and seen[0] == meta.get("uid") and seen[1] == body:
+                    continue
+                if seen is not None and seen[0] != meta.get("uid"):
+                    self._record_change(kind, "DELETED", seen[2])
+                if not meta.get("resourceVersion") or (
+                        seen is not None and meta["resourceVersion"] == seen[2]["metadata"].get("resourceVersion")):
+                    self._version += 1  # changed in place, without a version of its own
+                    meta["resourceVersion"] = str(self._version)
+                snapshot = json.loads(json.dumps(self._public(obj), default=str))
+                batch.append((int(meta["resourceVersion"]), kind, "ADDED" if seen is None or seen[0] != meta.get(
+                    "uid") else "MODIFIED", snapshot))
+                self._seen[(kind, key)] = (meta.get("uid"), body, snapshot)
+        self._log.extend(sorted(batch, key=lambda change: change[0]))
+        for gone in [k for k in self._seen if k not in current]:
+            self._record_change(gone[0], "DELETED", self._seen.pop(gone)[2])
+        if len(self._log) > self.keep_changes:
+            self.compact(len(self._log) - self.keep_changes)
+
+    def _record_change(self, kind: str, change: str, snapshot: dict) -> None:
+        self._version += 1
+        snapshot = {**snapshot, "metadata": {**snapshot["metadata"], "resourceVersion": str(self._version)}}
+        self._log.append((self._version, kind, change, snapshot))
+
+    def compact(self, changes: int | None = None) -> None:
+        """Forget the oldest ``changes`` logged changes (default all), as etcd compaction does: a watch from a
+        version before what is kept answers 410 Gone."""
+        with self.lock:
+            self._log_changes()
+            drop = len(self._log) if changes is None else min(changes, len(self._log))
+            if drop:
+                self._compacted = self._log[drop - 1][0]
+                del self._log[:drop]
+
+    def _watch(self, kind: str, namespace: str | None, query: dict) -> str:
+        """A watch (``?watch=true``): the events since ``resourceVersion`` of ``kind`` matching the selectors, one
+        JSON object a line, then a BOOKMARK at the newest version when ``allowWatchBookmarks`` is set; the stream
+        ends there (a server may end a watch at any time; the client resumes from the last version it got). No
+        version (or "0"): every matching object as ADDED first. A version no longer kept: one ERROR event, a 410
+        Gone Status with reason Expired; a version newer than any: 504 "Too large resource version"."""
+        labels, fields = query.get("labelSelector", ""), query.get("fieldSelector", "")
+        version = query.get("resourceVersion", "")
+        api_version = "v1" if kind in ("Pod", "Service", "Namespace", "Node", "ConfigMap") else ""
+
+        def line(change: str, obj: dict) -> str:
+            return json.dumps({"type": change, "object": obj}) + "\n"
+
+        def matches(obj: dict) -> bool:
+            meta = obj.get("metadata") or {}
+            return ((namespace is None or meta.get("namespace") == namespace)
+                    and _selector_matches(labels, meta.get("labels") or {}) and _field_matches(fields, obj))
+
+        if version in ("", "0"):
+            out = [line("ADDED", self._public(o)) for o in self.store[kind].values() if matches(o)]
+        elif not version.isdigit():
+            return line("ERROR", status(400, "BadRequest", f"invalid resource version: {version}"))
+        elif int(version) < self._compacted:
+            return line("ERROR", status(410, "Expired", f"too old resource version: {version} ({self._compacted})"))
+        elif int(version) > self._version:
+            return line("ERROR", status(504, "Timeout", f"Too large resource version: {version}, current: "
+                                                        f"{self._version}"))
+        else:
+            out = [line(change, obj) for at, k, change, obj in self._log
+                   if k == kind and at > int(version) and matches(obj)]
+        if query.get("allowWatchBookmarks", "").lower() in ("true", "1"):
+            out.append(line("BOOKMARK", {"kind": kind, "apiVersion": api_version or "v1",
+                                         "metadata": {"resourceVersion": str(self._version)}}))
+        return "".join(out)
 
     def _list(self, kind: str, namespace: str | None, query: dict) -> dict:
         labels, fields = query.get("labelSelector", ""), query.get("fieldSelector", "")

@@ -1,6 +1,6 @@
 """Reconcile believes only what a cluster really says: failed, erroring, empty or malformed answers are failed
 looks (counted in the cluster's health) that change nothing; an attempt is gone only when its own object answers
-404 on two looks in a row; orphan cleanup never deletes objects of a live attempt.
+404 on two looks in a row; orphan cleanup never deletes objects of a live attempt. Every look here LISTs.
 
 On ``live_clusters`` (``tests/support/clusters.py``): emulated clusters with a Job controller, nodes and faults.
 """
@@ -16,6 +16,13 @@ from tests.support.clusters import load, state
 from tests.support.kubernetes import Fault
 
 S = JobState
+
+
+@pytest.fixture(autouse=True)
+def every_look_lists(settings):
+    """The faults here are injected into LIST answers: every look LISTs everything (the answers to the watches
+    of the looks between full LISTs: ``test_watched_changes.py``)."""
+    settings.RECONCILE_FULL_LIST_SECONDS = 0
 
 
 def running(world, **kw) -> JobAttempt:

@@ -13,6 +13,7 @@ import logging
 
 import pytest
 import time_machine
+import yaml
 from django.db import connection
 from django.utils import timezone
 
@@ -42,7 +43,8 @@ def test_it_dispatches_with_the_checkpoint_claim_of_the_setting(emulated_cluster
     pod = job["spec"]["template"]["spec"]
     assert pod["volumes"] == [{"name": "checkpoints", "persistentVolumeClaim": {"claimName": "team-checkpoints"}}]
     assert pod["containers"][0]["volumeMounts"] == [
-        {"name": "checkpoints", "mountPath": "/checkpoints", "subPath": f"job-{attempt.job_id}"}]
+        {"name": "checkpoints", "mountPath": "/checkpoints", "subPath": f"job-{attempt.job_id}"}
+    ]
 
 
 # --- placement, dispatch, end reasons -------------------------------------------------------------------------
@@ -73,6 +75,13 @@ def test_it_sends_the_bearer_token_of_each_cluster(emulated_clusters, admitted):
     assert headers and set(headers) == {"Bearer token-of-gcp-usc1"}
 
 
+def authorization_of_a_dispatch(emulators, admitted) -> set[str | None]:
+    """The Authorization headers of the requests that dispatching one newly admitted job sends to gcp-usc1."""
+    seen = len(emulators.requests("gcp-usc1"))
+    assert dispatch_attempt(admitted().pk) == "dispatched"
+    return {r.headers.get("Authorization") for r in emulators.requests("gcp-usc1")[seen:]}
+
+
 def test_a_rotated_token_is_sent_by_the_next_dispatch(emulated_clusters, admitted):
     """Dispatch reads the cluster from a per-process cache (``jobs.tasks.PLACEMENT_ROWS``); saving the cluster clears it."""
     emulators, clusters = emulated_clusters
@@ -80,10 +89,29 @@ def test_a_rotated_token_is_sent_by_the_next_dispatch(emulated_clusters, admitte
     cluster = Cluster.objects.get(pk=clusters["gcp-usc1"].pk)
     cluster.api_token = "rotated-token"
     cluster.save()
-    seen = len(emulators.requests("gcp-usc1"))
-    assert dispatch_attempt(admitted().pk) == "dispatched"
-    headers = {r.headers.get("Authorization") for r in emulators.requests("gcp-usc1")[seen:]}
+    headers = authorization_of_a_dispatch(emulators, admitted)
     assert headers == {"Bearer rotated-token"}
+
+
+def test_the_token_of_a_stored_kubeconfig_is_sent_by_dispatch(emulated_clusters, admitted):
+    """A cluster reached through its kubeconfig (no stored token): the kubeconfig user's token goes on every
+    request of the dispatch, as the client's own request building put it there."""
+    emulators, clusters = emulated_clusters
+    cluster = Cluster.objects.get(pk=clusters["gcp-usc1"].pk)
+    cluster.kubeconfig = yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "bench",
+            "clusters": [{"name": "gcp", "cluster": {"server": emulators.url("gcp-usc1")}}],
+            "users": [{"name": "dispatcher", "user": {"token": "token-from-kubeconfig"}}],
+            "contexts": [{"name": "bench", "context": {"cluster": "gcp", "user": "dispatcher"}}],
+        }
+    )
+    cluster.api_token = ""
+    cluster.save()
+    headers = authorization_of_a_dispatch(emulators, admitted)
+    assert headers == {"Bearer token-from-kubeconfig"}
 
 
 def test_it_redispatches_idempotently_and_refuses_objects_of_another_attempt(emulated_clusters, admitted):
@@ -91,9 +119,16 @@ def test_it_redispatches_idempotently_and_refuses_objects_of_another_attempt(emu
     backend = backend_for(attempt.cluster)
     first = backend.dispatch(attempt)
     second = backend.dispatch(attempt)  # every create answers 409 AlreadyExists: created before
-    assert first == second == {"namespace": "cp-alpha", "objects": [["Service", attempt.object_name],
-                                                                     ["Job", attempt.object_name]],
-                                 "endpoint": None, "metrics_port": 9464}
+    assert (
+        first
+        == second
+        == {
+            "namespace": "cp-alpha",
+            "objects": [["Service", attempt.object_name], ["Job", attempt.object_name]],
+            "endpoint": None,
+            "metrics_port": 9464,
+        }
+    )
     k = kubelet(emulated_clusters, attempt)
     assert len(k.jobs()) == 1 and len(k.services()) == 1
     assert dispatch_attempt(attempt.pk) == "dispatched"
@@ -118,8 +153,10 @@ def _fail_deadline(k, job, pods):
     k.finish_job(job, "Failed", "DeadlineExceeded", "Job was active longer than specified deadline")
 
 
-@pytest.mark.parametrize("fail,reason,code", [(_fail_oom, "OOMKilled", 137), (_fail_exit, "Failed", 3),
-                                              (_fail_deadline, "DeadlineExceeded", None)])
+@pytest.mark.parametrize(
+    "fail,reason,code",
+    [(_fail_oom, "OOMKilled", 137), (_fail_exit, "Failed", 3), (_fail_deadline, "DeadlineExceeded", None)],
+)
 def test_it_reads_the_end_reason_from_the_pods(emulated_clusters, admitted, fail, reason, code):
     attempt = admitted()
     k, job, pods = start(emulated_clusters, attempt)
@@ -135,9 +172,21 @@ def test_it_fails_an_image_that_cannot_be_pulled_after_the_grace_period(emulated
     assert dispatch_attempt(attempt.pk) == "dispatched"
     k = kubelet(emulated_clusters, attempt)
     (pod,) = k.start_pods(k.job(attempt.pk), phase="Pending")
-    k.patch_pod(pod, {"containerStatuses": [{"name": "main", "ready": False, "restartCount": 0, "image": "x",
-                                             "imageID": "", "state": {"waiting": {"reason": "ImagePullBackOff",
-                                                                                  "message": "not found"}}}]})
+    k.patch_pod(
+        pod,
+        {
+            "containerStatuses": [
+                {
+                    "name": "main",
+                    "ready": False,
+                    "restartCount": 0,
+                    "image": "x",
+                    "imageID": "",
+                    "state": {"waiting": {"reason": "ImagePullBackOff", "message": "not found"}},
+                }
+            ]
+        },
+    )
     settings.K8S_IMAGE_PULL_GRACE_SECONDS = 3600
     reconcile_cluster(attempt.cluster)
     assert state(attempt) == S.STARTING  # a registry hiccup may heal: still waiting
@@ -151,16 +200,34 @@ def test_it_fails_an_image_that_cannot_be_pulled_after_the_grace_period(emulated
 
 def test_it_recovers_a_spot_eviction_on_another_cluster(emulated_clusters, admitted, catalog):
     emulators, clusters = emulated_clusters
-    spot = NodePool.objects.create(cluster=clusters["aws-use1"], name="h100-spot", accelerator=catalog["H100-80GB"],
-                                   capacity_type="spot", nodes=2, gpus_per_node=8)
+    spot = NodePool.objects.create(
+        cluster=clusters["aws-use1"],
+        name="h100-spot",
+        accelerator=catalog["H100-80GB"],
+        capacity_type="spot",
+        nodes=2,
+        gpus_per_node=8,
+    )
     attempt = admitted(preemptible=True, max_retries=1)
     assert attempt.node_pool_id == spot.pk  # spot is the cheapest for a preemptible job
     k, job, pods = start(emulated_clusters, attempt)
     affinity = job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
     assert "karpenter.sh/capacity-type" in str(affinity)
-    k.patch_pod(pods[0], {"phase": "Failed", "reason": "", "conditions": [
-        {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
-         "message": "spot instance reclaimed"}]})
+    k.patch_pod(
+        pods[0],
+        {
+            "phase": "Failed",
+            "reason": "",
+            "conditions": [
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "TerminationByKubelet",
+                    "message": "spot instance reclaimed",
+                }
+            ],
+        },
+    )
     k.finish_job(job, "Failed", "PodFailurePolicy")
     reconcile_cluster(attempt.cluster)
     assert state(attempt) == S.RECOVERING
@@ -298,10 +365,19 @@ def test_it_deletes_objects_no_live_attempt_owns(emulated_clusters, admitted):
 def test_credentials_are_encrypted_write_only_and_never_logged(emulated_clusters, teams, caplog, admitted, staff):
     secret = "sup3r-s3cret-bearer-token"
     caplog.set_level(logging.DEBUG)
-    answer = staff.client.post("/api/v1/clusters/", {
-        "name": "oci-fra", "provider": "oci", "region": "eu-frankfurt-1", "backend": "kubernetes",
-        "api_endpoint": "https://k8s.example:6443", "api_token": secret, "ca_cert": "-----BEGIN CERTIFICATE-----"},
-        format="json")
+    answer = staff.client.post(
+        "/api/v1/clusters/",
+        {
+            "name": "oci-fra",
+            "provider": "oci",
+            "region": "eu-frankfurt-1",
+            "backend": "kubernetes",
+            "api_endpoint": "https://k8s.example:6443",
+            "api_token": secret,
+            "ca_cert": "-----BEGIN CERTIFICATE-----",
+        },
+        format="json",
+    )
     assert answer.status_code == 201, answer.content
     assert secret not in answer.content.decode() and "BEGIN CERTIFICATE" not in answer.content.decode()
     assert answer.json()["auth_configured"] is True
@@ -349,18 +425,35 @@ def test_it_discovers_gpu_node_pools_with_free_gpus(emulated_clusters):
         labels = {"nvidia.com/gpu.product": product}
         if spot:
             labels["kubernetes.azure.com/scalesetpriority"] = "spot"
-        return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
-                "status": {"allocatable": {"nvidia.com/gpu": str(gpus)},
-                           "conditions": [{"type": "Ready", "status": "True"}]}}
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "labels": labels},
+            "status": {
+                "allocatable": {"nvidia.com/gpu": str(gpus)},
+                "conditions": [{"type": "Ready", "status": "True"}],
+            },
+        }
 
-    for body in (node("n1", "NVIDIA-H100-80GB-HBM3", False, 8), node("n2", "NVIDIA-H100-80GB-HBM3", False, 8),
-                 node("n3", "NVIDIA-H100-80GB-HBM3", True, 8), node("cpu", "", False, 0)):
+    for body in (
+        node("n1", "NVIDIA-H100-80GB-HBM3", False, 8),
+        node("n2", "NVIDIA-H100-80GB-HBM3", False, 8),
+        node("n3", "NVIDIA-H100-80GB-HBM3", True, 8),
+        node("cpu", "", False, 0),
+    ):
         k._req("POST", "/api/v1/nodes", body)
     k._req("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "cp-x"}})
-    k._req("POST", "/api/v1/namespaces/cp-x/pods", {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "busy", "namespace": "cp-x"},
-        "spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "3"}}}]},
-        "status": {"phase": "Running"}})
+    k._req(
+        "POST",
+        "/api/v1/namespaces/cp-x/pods",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "busy", "namespace": "cp-x"},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "3"}}}]},
+            "status": {"phase": "Running"},
+        },
+    )
     pools = backend_for(clusters["azure-eastus"]).discover(clusters["azure-eastus"])
     shapes = {(p.accelerator, p.capacity_type): (p.nodes, p.gpus_per_node, p.free_gpus) for p in pools}
     assert shapes == {("NVIDIA-H100-80GB-HBM3", "on-demand"): (2, 8, 13), ("NVIDIA-H100-80GB-HBM3", "spot"): (1, 8, 8)}
@@ -377,7 +470,8 @@ def test_dispatch_errors_are_permanent_or_transient_by_status(emulated_clusters,
 
     async def refuse():
         emulators.handlers["gcp-usc1"]["post /apis/batch/v1/namespaces/cp-alpha/jobs"] << kmock.KubernetesError(
-            status=status, reason="Refused", message=f"the server says {status}")
+            status=status, reason="Refused", message=f"the server says {status}"
+        )
 
     emulators.run(refuse())
     if outcome == "retry":
@@ -391,9 +485,14 @@ def test_dispatch_errors_are_permanent_or_transient_by_status(emulated_clusters,
         assert f"the server says {status}" in ended.message
 
 
-def test_reconcile_of_attempts_that_stay_running_costs_a_constant_number_of_queries(emulated_clusters, admitted):
-    """Attempts whose state does not change cost no query of their own: the pass's queries do not grow with N."""
+def test_reconcile_of_attempts_that_stay_running_costs_a_constant_number_of_queries(
+    emulated_clusters, admitted, settings
+):
+    """Attempts whose state does not change cost no query of their own: the pass's queries do not grow with N, on
+    passes that LIST everything."""
     from django.test.utils import CaptureQueriesContext
+
+    settings.RECONCILE_FULL_LIST_SECONDS = 0
 
     only_aws = {"clusters": ["aws-use1"]}
 
@@ -422,7 +521,10 @@ def test_dispatch_creates_a_team_namespace_once_per_cluster_client(emulated_clus
         assert dispatch_attempt(admitted(placement=only_aws).pk) == "dispatched"
     assert emulators.fronts["aws-use1"].namespace_creates == 1
     assert list(emulators.fronts["aws-use1"].namespaces) == ["cp-alpha"]
-    assert len(kubelet(emulated_clusters, load(Job.objects.filter(state=S.STARTING).first().current_attempt_id)).jobs()) == 3
+    assert (
+        len(kubelet(emulated_clusters, load(Job.objects.filter(state=S.STARTING).first().current_attempt_id)).jobs())
+        == 3
+    )
 
 
 def test_dispatch_creates_the_namespace_again_when_it_was_deleted_behind_its_back(emulated_clusters, admitted):

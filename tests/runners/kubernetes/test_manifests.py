@@ -157,3 +157,52 @@ def test_serving_replicas_are_ready_only_while_their_health_path_answers(path):
         assert service["spec"]["selector"].items() <= labels.items()  # every replica's pods are behind it
     assert service["spec"]["ports"][0]["targetPort"] == 8080 and "clusterIP" not in service["spec"]
     assert service["spec"]["type"] == "ClusterIP"
+
+
+@pytest.mark.parametrize("jobset", [False, True])
+def test_a_role_pods_hostname_is_a_dns_label_for_the_largest_job_id_attempt_and_role_name(jobset):
+    """A pod of an Indexed Job is named by the kubelet ``<Job name>-<index>`` as its hostname, which must be a
+    DNS-1123 label (63 characters at most, Kubernetes docs "DNS for Services and Pods"). The longest case: the
+    largest bigint job id, attempt 999, a 12-character role name, pod index 998."""
+    import re
+    import uuid
+
+    from jobs.models import attempt_object_name
+
+    name = attempt_object_name(2**63 - 1, 999, uuid.uuid4())
+    w = workload(name=name, jobset=jobset)
+    hostname = f"{m.role_job_name(w, 'r' * 12)}-998"
+    assert len(hostname) <= 63, (len(hostname), hostname)
+    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", hostname)
+
+
+def _pod_templates(objects: list[dict]) -> list[dict]:
+    """The pod specs in ``objects``: a Job's or Deployment's template, each replicated Job's of a JobSet."""
+    specs = []
+    for obj in objects:
+        spec = obj.get("spec", {})
+        if "template" in spec:
+            specs.append(spec["template"]["spec"])
+        for replicated in spec.get("replicatedJobs", []):
+            specs.append(replicated["template"]["spec"]["template"]["spec"])
+    return specs
+
+
+@pytest.mark.parametrize("shape", ["one-node", "multi-node", "inference", "multi-role", "jobset"])
+def test_no_pod_gets_the_namespaces_service_links_in_its_environment(shape):
+    """The kubelet puts variables of every Service of a pod's namespace in its environment unless the pod says
+    ``enableServiceLinks: false``; the platform makes a Service per multi-node and serving job, so every pod template
+    it makes, of every shape, says so, and still validates."""
+    roles = (m.Role("learner", "img:1", ("python", "learn.py"), pods=2),
+             m.Role("rollout", "img:1", ("python", "serve.py"), pods=1, port=8000))
+    w = {"one-node": workload(nodes=1), "multi-node": workload(nodes=2),
+         "inference": workload(kind="inference", nodes=1, replicas=2, gpus_per_node=1),
+         "multi-role": workload(kind="multi-role", roles=roles),
+         "jobset": workload(kind="multi-role", roles=roles, jobset=True)}[shape]
+    objects = m.manifests(w)
+    pods = _pod_templates(objects)
+    assert pods, objects
+    assert all(p.get("enableServiceLinks") is False for p in pods), pods
+    for obj in objects:
+        if obj["kind"] in ("Job", "Deployment", "Service"):
+            validate(obj)

@@ -78,8 +78,10 @@ def test_an_unreachable_cluster_is_counted_while_the_others_are_reconciled(emula
     assert state(down) == S.STARTING  # one failed probe touches nothing
 
 
-def test_a_steady_pass_writes_nothing_but_each_clusters_last_contact(emulated_clusters, admitted):
-    """Attempts whose phase does not change cost no write: the pass's only writes are one health row per cluster."""
+def test_a_steady_pass_writes_nothing_but_each_clusters_last_contact(emulated_clusters, admitted, settings):
+    """Attempts whose phase does not change cost no write: the only writes of a pass that LISTs everything (every
+    pass: nothing kept for looks between) are one health row per cluster."""
+    settings.RECONCILE_FULL_LIST_SECONDS = 0
     for placement in ({"clusters": ["aws-use1"]}, {"clusters": ["gcp-usc1"]}, {"clusters": ["gcp-usc1"]}):
         start(emulated_clusters, admitted(placement=placement))
     reconcile_all()
@@ -91,3 +93,29 @@ def test_a_steady_pass_writes_nothing_but_each_clusters_last_contact(emulated_cl
     writes = [q["sql"] for q in captured.captured_queries
               if q["sql"].lstrip().split()[0].upper() in ("INSERT", "UPDATE", "DELETE")]
     assert len(writes) == 3 and all(sql.startswith('UPDATE "runners_cluster"') for sql in writes), writes
+
+
+def test_kmock_clusters_serve_changes_since_a_resource_version(emulated_clusters, admitted, settings):
+    """The kmock emulators keep resource versions: a look between full LISTs gets, by watch, only the pod a kubelet
+    changed since the last look, and ends its job; once the emulator forgot its changes (compaction) the watch
+    answers 410 Gone and the look LISTs everything."""
+    settings.RECONCILE_FULL_LIST_SECONDS = 3600
+    emulators, _ = emulated_clusters
+    finishing, staying = (admitted(placement={"clusters": ["gcp-usc1"]}) for _ in range(2))
+    pods = {}
+    for attempt in (finishing, staying):
+        _, _, pods[attempt.pk] = start(emulated_clusters, attempt)
+    steady = reconcile_all()
+    assert {r["cluster"]: (r["full_list"], r["observed"]) for r in steady}["gcp-usc1"] == (False, 0)
+
+    kubelet(emulated_clusters, finishing).terminate(pods[finishing.pk][0], exit_code=0)
+    kubelet(emulated_clusters, finishing).finish_job(kubelet(emulated_clusters, finishing).job(finishing.pk),
+                                                     "Complete")
+    changed = {r["cluster"]: r for r in reconcile_all()}["gcp-usc1"]
+    assert (changed["full_list"], changed["observed"], changed["changed"]) == (False, 1, 1)
+    assert (state(finishing), state(staying)) == (S.SUCCEEDED, S.RUNNING)
+
+    emulators.fronts["gcp-usc1"].compact()
+    relisted = {r["cluster"]: r for r in reconcile_all()}["gcp-usc1"]
+    assert relisted["full_list"] is True and relisted.get("unreachable") is None
+    assert relisted["observed"] == 1 and state(staying) == S.RUNNING
