@@ -30,10 +30,12 @@ ROOT = Path(__file__).resolve().parent.parent
 # name -> arguments: each benchmark's documented default, the costs benchmark and the simulation at their quick size.
 BENCHMARKS = {
     "schedule": [],
+    "fair_usage": [],
     "trace_replay": [],
     "submit": [],
     "bad_input": [],
     "dispatch": [],
+    "scale_out": [],
     "cluster_faults": [],
     "costs": ["--gpus", "128", "--days", "4"],
     "efficiency": [],

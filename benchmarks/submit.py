@@ -467,7 +467,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10, help="duration of each phase (default 10)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds of the phases in rotating order, results summed over them (default 3)")
-    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--clients", type=int, default=16,
+                        help="concurrent clients of each phase, the Slurm peer's included (default 16)")
     parser.add_argument("--workers", type=int, default=2, help="gunicorn worker processes (default 2)")
     parser.add_argument("--threads", type=int, default=8, help="threads per gunicorn worker (default 8)")
     parser.add_argument("--no-scheduler", action="store_true",

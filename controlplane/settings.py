@@ -9,6 +9,7 @@ at Redis.
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 from controlplane import deployment
 from core.limits import rate_or_none
@@ -290,7 +291,8 @@ CELERY_SLOW_QUEUE = "slow"
 CELERY_TASK_DEFAULT_QUEUE = CELERY_FAST_QUEUE
 CELERY_TASK_QUEUES = {CELERY_FAST_QUEUE: {}, CELERY_SLOW_QUEUE: {}}
 CELERY_TASK_ROUTES = {
-    **dict.fromkeys(["jobs.tasks.schedule_pending", "jobs.tasks.dispatch_attempt", "jobs.tasks.cancel_job_objects",
+    **dict.fromkeys(["jobs.tasks.schedule_pending", "jobs.tasks.dispatch_attempt", "jobs.tasks.dispatch_attempts",
+                     "jobs.tasks.cancel_job_objects",
                      "jobs.tasks.reconcile_all", "jobs.tasks.reconcile_cluster", "jobs.tasks.delete_attempt_objects", "jobs.tasks.record_attempt_end",
                      "jobs.tasks.send_outbox", "serving.tasks.autoscale_serving",
                      "runners.tasks.sync_node_pools"], {"queue": CELERY_FAST_QUEUE}),
@@ -310,6 +312,24 @@ CELERY_TASK_ROUTES = {
 # whole nodes free for large jobs; fgd takes the nodes whose expected fragmentation for the queued and live jobs'
 # shapes grows least (Weng et al., USENIX ATC 2023); first-fit and spread are for comparison.
 SCHEDULING_PACKING_POLICY = env("SCHEDULING_PACKING_POLICY", default="best-fit")
+# Backfill with reservations (jobs.scheduling.core.backfill, ADR 0044; Slurm's sched/backfill): a StrictFIFO head that
+# cannot fit, and any job waiting for capacity RESERVE_AFTER seconds or longer, holds the nodes that free first (by
+# the live attempts' max run times); jobs behind it run only where or while they cannot delay it. At most
+# MAX_RESERVATIONS per pass (Slurm bounds its search with bf_max_job_test). Off: StrictFIFO heads block their team.
+SCHEDULING_BACKFILL = env.bool("SCHEDULING_BACKFILL", default=True)
+SCHEDULING_BACKFILL_RESERVE_AFTER_SECONDS = env.float("SCHEDULING_BACKFILL_RESERVE_AFTER_SECONDS", default=3600.0)
+SCHEDULING_BACKFILL_MAX_RESERVATIONS = env.int("SCHEDULING_BACKFILL_MAX_RESERVATIONS", default=16)
+# Fair sharing over time (docs/adr/0045): each team's GPU usage decays with this half-life and between teams the one
+# with less decayed usage per unit of weight goes first. 604800 s (7 days): Slurm's default PriorityDecayHalfLife
+# ("7-0", slurm.schedmd.com/slurm.conf.html) and the usageHalfLifeTime of Kueue's Admission Fair Sharing example
+# ("168h", kueue.sigs.k8s.io/docs/concepts/admission_fair_sharing/). 0: off, the order reads only what runs now.
+FAIR_SHARING_USAGE_HALF_LIFE_SECONDS = env.int("FAIR_SHARING_USAGE_HALF_LIFE_SECONDS", default=604800)
+# How often a pass stores the decayed usage (the order always reads it as of the pass, exactly): 300 s, Kueue's
+# usageSamplingInterval ("5m") and Slurm's PriorityCalcPeriod default (5 minutes).
+FAIR_SHARING_USAGE_SAMPLING_SECONDS = env.int("FAIR_SHARING_USAGE_SAMPLING_SECONDS", default=300)
+if FAIR_SHARING_USAGE_HALF_LIFE_SECONDS < 0 or FAIR_SHARING_USAGE_SAMPLING_SECONDS < 0:
+    raise ImproperlyConfigured("FAIR_SHARING_USAGE_HALF_LIFE_SECONDS and FAIR_SHARING_USAGE_SAMPLING_SECONDS are "
+                               "seconds, 0 or more")
 SCHEDULE_PASS_PAUSE_FACTOR = env.float("SCHEDULE_PASS_PAUSE_FACTOR", default=6.0)
 SCHEDULE_PASS_PAUSE_MAX_SECONDS = env.float("SCHEDULE_PASS_PAUSE_MAX_SECONDS", default=2.0)
 SCHEDULE_PASS_PAUSE_MIN_SECONDS = env.float("SCHEDULE_PASS_PAUSE_MIN_SECONDS", default=0.02)
@@ -428,6 +448,9 @@ SERVING_HOLD_SECONDS = env.float("SERVING_HOLD_SECONDS", default=120.0)
 # Seconds to open a TCP/TLS connection to a cluster's API server, and to wait for its answer.
 K8S_CONNECT_TIMEOUT_SECONDS = env.float("K8S_CONNECT_TIMEOUT_SECONDS", default=3.0)
 K8S_READ_TIMEOUT_SECONDS = env.float("K8S_READ_TIMEOUT_SECONDS", default=10.0)
+# The server-side timeout of reconcile's watches (timeoutSeconds, whole seconds, at least 1): the API server sends the
+# changes it kept since the version asked at once, and closes the stream after this long. Less than the read timeout.
+K8S_WATCH_SECONDS = env.int("K8S_WATCH_SECONDS", default=1)
 # Client-side rate limit per cluster (token bucket: requests/s and burst), as client-go's QPS/Burst
 # defaults (5/10) scaled for a control plane; each cluster has its own bucket, so a slow one stalls no other.
 K8S_QPS = env.float("K8S_QPS", default=50.0)
@@ -497,6 +520,13 @@ SPOT_RECLAIM_AVOID_SECONDS = env.float("SPOT_RECLAIM_AVOID_SECONDS", default=180
 # memory, takes its first look after a restart as the probe ("Assuming now as a timestamp") and gives new nodes
 # --node-startup-grace-period (60 s) before any verdict.
 CLUSTER_LOST_OBSERVED_GAP_SECONDS = env.float("CLUSTER_LOST_OBSERVED_GAP_SECONDS", default=60.0)
+# Between full LISTs, reconcile fetches only what changed on a cluster since its last look (a watch resumed from the
+# resourceVersion it kept, docs/adr/0042) and looks again only at the attempts whose objects changed, plus those
+# not yet steady. Every this many seconds it LISTs everything anyway, so a change it could have missed does not
+# persist longer than that. Seconds; 0: a full LIST on every pass (what the tests of LIST answers use). 300: one
+# full look in 60 at the default RECONCILE_INTERVAL_SECONDS, while a missed change waits at most five minutes (a
+# change is never evidence alone: see the ADR).
+RECONCILE_FULL_LIST_SECONDS = env.float("RECONCILE_FULL_LIST_SECONDS", default=300.0)
 # How long a cluster keeps an attempt's end record (ADR 0011): longer than any backup a restore may use (RPO).
 END_RECORD_RETENTION_SECONDS = env.float("END_RECORD_RETENTION_SECONDS", default=14 * 86400.0)
 # How often reconcile deletes end records past their retention, per cluster (one ConfigMap LIST).

@@ -53,4 +53,4 @@ def rounding_difference(total: str | None, rows: list[str | None]) -> str:
     itself the table's exact sum rounded once (the table rule of docs/design.md "Cost ledger"). ``"0.00"`` when they
     add up, or miss by less than half a cent (rows below a cent are shown to two significant digits)."""
     shown = sum((Decimal(r) for r in rows if r is not None), Decimal(0))
-    return str((Decimal(total or 0) - shown).quantize(CENT))
+    return str((Decimal(total or 0) - shown).quantize(CENT) + 0)  # + 0: a difference below half a cent is 0.00, never -0.00

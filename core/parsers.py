@@ -73,7 +73,8 @@ _NODE_EVENTS = (yaml.ScalarEvent, yaml.SequenceStartEvent, yaml.MappingStartEven
 
 
 def _refuse_aliases_and_node_floods(text: str) -> None:
-    """Walk the YAML event stream of ``text`` (libyaml's parser) and raise ParseError at the first alias or past
+    """Walk the YAML event stream of ``text`` (libyaml's parser) and raise ParseError at the first alias, a key
+    named twice in one mapping (YAML 1.2 requires keys to be unique; PyYAML would keep the last silently) or past
     ``yaml_max_nodes()`` nodes, before any Python object of the document is built.
 
     Aliases are refused so that a small document cannot expand exponentially (or build a cycle). The walk stops
@@ -82,6 +83,8 @@ def _refuse_aliases_and_node_floods(text: str) -> None:
     """
     limit, nodes = yaml_max_nodes(), 0
     loader = SAFE_LOADER(text)
+    # one entry per open collection: a mapping's [keys seen, whether its next node is a key], None for a sequence
+    open_collections: list[list | None] = []
     try:
         while loader.check_event():
             event = loader.get_event()
@@ -92,6 +95,21 @@ def _refuse_aliases_and_node_floods(text: str) -> None:
                 if nodes > limit:
                     raise ParseError(f"YAML body has more than {limit} nodes (values, lists and mappings): "
                                      "no job spec is that large")
+                mapping = open_collections[-1] if open_collections else None
+                if mapping is not None:
+                    if mapping[1] and isinstance(event, yaml.ScalarEvent):
+                        if event.value in mapping[0]:
+                            mark = event.start_mark
+                            raise ParseError(f'YAML parse error: duplicate key "{event.value}" at line {mark.line + 1}, '
+                                             f"column {mark.column + 1}: a mapping names each key once")
+                        mapping[0].add(event.value)
+                    mapping[1] = not mapping[1]
+                if isinstance(event, yaml.MappingStartEvent):
+                    open_collections.append([set(), True])
+                elif isinstance(event, yaml.SequenceStartEvent):
+                    open_collections.append(None)
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                open_collections.pop()
     finally:
         loader.dispose()
 

@@ -27,6 +27,8 @@ Commands (one module each under ``cpctl.commands``)::
   arrays [--team T] [--limit N]                job arrays: status, elements, parallelism, counts, cost
   array ID | array cancel ID                   one array's status, counts, cost and grid; or cancel it all
   quotas [--team T]                            GPU quotas and CPU quotas (vCPUs)
+  cohorts [--cohort ID]                        trees of cohorts: each level's quota, limits and usage
+  fair-share                                   teams' decayed GPU-hours, weight and cohort share (queue order)
   clusters                                     clusters: health, since when and why, last contact, GPUs
   budgets [--team T]                           budgets' current period: spent, committed, remaining, forecast
   costs [--group-by team|cluster|accelerator|job|day] [--start S] [--end E] [--team T]

@@ -116,6 +116,14 @@ def usd(value) -> str:
     return "-" if value is None else f"${value}"
 
 
+def rounding_gap(difference) -> str:
+    """What a table's rows, each rounded to cents once, are off its total by, as words: ``difference`` is the API's
+    ``rounding_difference_usd`` (total minus the rows' sum, a cents string): ``"0.01"`` -> ``miss the total by
+    $0.01``, ``"-0.01"`` -> ``exceed the total by $0.01`` (never a ``$-0.01``)."""
+    amount = Decimal(str(difference))
+    return f"{'exceed' if amount < 0 else 'miss'} the total by ${abs(amount)}"
+
+
 def money(figures: dict, key: str = "cost_usd", prefix: str = "") -> str:
     """A money figure of an API answer with the hours it leaves out for want of a price beside it: ``$67.20``,
     ``$67.20 + 12.00 GPU-h unpriced``, ``unknown + 12.00 GPU-h unpriced`` (null USD: none of it priced; never

@@ -1,5 +1,6 @@
 """The Queue page: every waiting job the user may see, fleet-wide for staff, in the scheduler's order, with its
-position in its team's queue and overall, its team's fair share (weight, quota and what it uses now), whether it
+position in its team's queue and overall, its team's fair share (weight, quota and what it uses now, and its
+decayed usage over time: docs/adr/0045-fair-sharing-over-time.md), whether it
 would borrow from its cohort, what it waits for and why later jobs were admitted ahead of it (Kueue's pending
 workloads view, as KueueViz shows it).
 
@@ -15,11 +16,13 @@ from django.db.models import F, IntegerField
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast
 from django.shortcuts import render
+from django.utils import timezone
 
 from core.gpus import exact_gpus
 from jobs.models import Job, JobState
 from jobs.scheduling.snapshot import cpu_used_milli, team_used_gpus
-from quotas.models import Quota
+from jobs.scheduling.usage import fair_usage, half_life_seconds
+from quotas.models import Quota, Team
 
 from .readable import short_of_words
 
@@ -76,7 +79,8 @@ def borrowing_text(asks: int | float, share: dict) -> str:
 
 def queue_rows(user) -> tuple[list[dict], int]:
     """The waiting jobs ``user`` may see, in the scheduler's overall order (jobs not yet numbered last, by
-    submission), at most ``QUEUE_ROWS``, each with its team's share and its borrowing; and how many wait in all."""
+    submission), at most ``QUEUE_ROWS``, each with its team's share, its decayed usage (``over_time``:
+    ``jobs.scheduling.usage.FairUsage``) and its borrowing; and how many wait in all."""
     waiting = (Job.objects.visible_to(user).filter(state__in=[JobState.QUEUED, JobState.RECOVERING])
                .select_related("team", "accelerator")
                .annotate(overall=Cast(KT("queue_info__position__overall"), IntegerField()))
@@ -86,6 +90,9 @@ def queue_rows(user) -> tuple[list[dict], int]:
     quotas = {(q.team_id, q.accelerator_id): q for q in Quota.objects.filter(
         team_id__in={j.team_id for j in jobs}, accelerator_id__in={j.accelerator_id for j in jobs}, cluster=None)}
     used: dict = {}
+    over_time = {f.team_id: f for f in fair_usage(
+        Team.objects.filter(pk__in={j.team_id for j in jobs}).select_related("cohort"), timezone.now(),
+        None if user.is_staff else set(user.memberships.values_list("team_id", flat=True)))}
     rows = []
     for job in jobs:
         info = job.queue_info or {}
@@ -95,6 +102,7 @@ def queue_rows(user) -> tuple[list[dict], int]:
         rows.append({
             "job": job, "overall": position.get("overall"), "team_position": position.get("team"),
             "asks": asks, "unit": unit, "share": share, "borrowing": borrowing_text(asks, share),
+            "over_time": over_time.get(job.team_id),
             "waits_for": short_of_words(info) if info else "its first scheduling pass",
             "message": info.get("message") or job.state_reason, "overtaken": info.get("overtaken", ""),
         })
@@ -107,4 +115,5 @@ def queue(request):
     borrowing, what it waits for and why later jobs went ahead."""
     rows, count = queue_rows(request.user)
     return render(request, "frontend/queue.html", {"rows": rows, "count": count, "shown": len(rows),
+                                                   "half_life_days": half_life_seconds() / 86400,
                                                    "poll_seconds": settings.UI_POLL_SECONDS})

@@ -27,6 +27,7 @@ urlpatterns = [
     path("arrays/<int:pk>/cancel/", array_pages.array_cancel, name="array-cancel"),
     path("queue/", queue_pages.queue, name="queue"),
     path("teams/", views.team_list, name="team-list"),
+    path("cohorts/", views.cohort_tree, name="cohort-tree"),
     path("teams/<slug:slug>/", views.team_detail, name="team-detail"),
     path("teams/<slug:slug>/quotas/<int:pk>/edit/", views.quota_edit, name="quota-edit"),
     path("teams/<slug:slug>/budgets/new/", views.budget_edit, name="budget-new"),

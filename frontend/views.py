@@ -36,6 +36,7 @@ from costs.collection import refresh_running
 from costs.models import ClusterMetrics, CostEntry, Report, UtilizationRollup
 from costs.reports.build import generate_report
 from costs.unknown import HAS_UNPRICED, unknown_cost, unpriced_hours
+from jobs.cohort_trees import cohort_forest
 from jobs.dependencies import DependencyRefused, edges_of
 from jobs.filters import JobFilterSet
 from jobs.lifecycle import NotCancellable, cancel_job, submit_job
@@ -81,7 +82,7 @@ from .forms import (
     requested_values,
 )
 from .readable import queue_facts, short_of_words, utilization_note
-from .templatetags.job_terms import job_asks, number
+from .templatetags.job_terms import number, stored_job_asks
 
 LIVE_STATES = [JobState.QUEUED, JobState.ADMITTED, JobState.STARTING, JobState.RUNNING, JobState.RECOVERING,
                JobState.CANCELLING]
@@ -266,7 +267,7 @@ def job_estimate(job: Job) -> dict:
     "unknown_why"}`` (``estimate_caveats``); ``usd`` is None when no pool with a price could hold it. ``asks``:
     what the worst case counts (``job_asks``: GPUs, or vCPUs and GiB).
     """
-    asks = job_asks(job.kind, job.nodes, job.gpus_per_node, job.replicas, (job.spec or {}).get("resources"))
+    asks = stored_job_asks(job)
     if job.admitted_at or job.current_attempt_id or job.estimated_cost_usd:
         return {"usd": job.estimated_cost_usd, "pool": None, "placed": True, "asks": asks}
     # The API's answer for this job and ``cpctl job`` read the same preview (``jobs.preview``): one figure.
@@ -389,7 +390,7 @@ def _log_node(request, job: Job) -> int:
         node = int(request.GET.get("node", "0"))
     except ValueError:
         return 0
-    return node if 0 <= node < job.nodes else 0
+    return node if 0 <= node < job.pods else 0
 
 
 @login_required
@@ -405,7 +406,7 @@ def job_logs(request, pk: int):
         except (ClusterUnreachable, UnknownBackend) as exc:
             error = f"cluster {attempt.cluster.name} is unreachable: {exc}"
     return render(request, "frontend/partials/job_logs.html", {
-        "job": job, "attempt": attempt, "text": text, "error": error, "node": node, "nodes": range(job.nodes),
+        "job": job, "attempt": attempt, "text": text, "error": error, "node": node, "nodes": range(job.pods),
         "live": job.state not in FINAL_STATES, "poll_seconds": settings.UI_POLL_SECONDS})
 
 
@@ -555,6 +556,15 @@ def _visible_team(request, slug: str) -> Team:
 def team_list(request):
     """The user's teams (every team for staff), each linking to its quotas and budgets."""
     return render(request, "frontend/team_list.html", {"teams": Team.objects.visible_to(request.user)})
+
+
+@login_required
+def cohort_tree(request):
+    """Every tree of cohorts (organisation > department > team, ADR 0046): per level and accelerator its own nominal
+    quota, the nominal inside its subtree, its borrowing and lending limits and the GPUs its subtree holds; a
+    team's usage and room now only for its members and staff (``jobs.cohort_trees.cohort_forest``). Staff change
+    the tree in the admin or the API."""
+    return render(request, "frontend/cohort_tree.html", {"trees": cohort_forest(request.user)})
 
 
 #: The team's latest audit records on its page; the audit page has them all.

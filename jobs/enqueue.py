@@ -23,6 +23,7 @@ from .scheduling.pacing import SCHEDULE_NOTIFIER, publish_schedule, registered_t
 log = logging.getLogger(__name__)
 
 DISPATCH_TASK = "jobs.tasks.dispatch_attempt"
+DISPATCH_MANY_TASK = "jobs.tasks.dispatch_attempts"
 CANCEL_TASK = "jobs.tasks.cancel_job_objects"
 DELETE_ATTEMPT_TASK = "jobs.tasks.delete_attempt_objects"
 ACCRUE_ATTEMPT_TASK = "costs.tasks.accrue_attempt"
@@ -104,6 +105,28 @@ def enqueue_schedule(*, background: bool = False) -> None:
 def enqueue_dispatch(attempt_id: int) -> None:
     """Dispatch ``attempt_id`` after the current transaction commits."""
     _on_commit(DISPATCH_TASK, attempt_id)
+
+
+#: Attempts per ``dispatch_attempts`` message (docs/adr/0047): the task's fixed costs (a Celery message, the read of
+#: the rows, the transaction recording the started) shared by this many, while a scheduling pass that admits
+#: hundreds still spreads them over every worker of the fast queue (benchmarks/dispatch.py).
+DISPATCH_BATCH = 25
+
+
+def dispatch_batches(attempts: list[tuple[int, int]], size: int = DISPATCH_BATCH) -> list[list[int]]:
+    """``(attempt id, cluster id)`` pairs -> lists of at most ``size`` attempt ids, each of one cluster (so a
+    cluster that does not answer holds up its own attempts alone), in the order given within a cluster."""
+    by_cluster: dict[int, list[int]] = {}
+    for attempt_id, cluster_id in attempts:
+        by_cluster.setdefault(cluster_id, []).append(attempt_id)
+    return [ids[start:start + size] for ids in by_cluster.values() for start in range(0, len(ids), size)]
+
+
+def enqueue_dispatches(attempts: list[tuple[int, int]]) -> None:
+    """Dispatch the attempts of ``(attempt id, cluster id)`` pairs after the current transaction commits: one
+    ``dispatch_attempts`` task per batch of ``dispatch_batches``."""
+    for batch in dispatch_batches(attempts):
+        _on_commit(DISPATCH_MANY_TASK, batch)
 
 
 def enqueue_cancel(job_id: int) -> None:

@@ -8,6 +8,7 @@ since both are counted from live attempts) commit together or not at all.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 
 from django.db import connection, transaction
@@ -38,7 +39,7 @@ from .enqueue import (
     enqueue_schedule,
 )
 from .models import FREE_RETRY_END_REASONS, Job, JobAttempt, JobEvent, JobState
-from .states import StaleState, record_event, transition
+from .states import Move, StaleState, record_event, transition, transition_many
 from .workload import collect_before_delete
 
 log = logging.getLogger(__name__)
@@ -328,25 +329,78 @@ def attach_placement_rows(attempt: JobAttempt) -> None:
 def dispatch(attempt_id: int) -> str:
     """Create attempt ``attempt_id``'s objects on its cluster and move its job ADMITTED -> STARTING.
 
-    Returns ``dispatched``; ``skipped`` when the job moved on or the attempt
-    is not its current one; ``failed`` when the backend refused for good (or
+    Returns ``dispatched``; ``skipped`` when the job moved on, the attempt
+    is not its current one or no longer exists; ``failed`` when the backend refused for good (or
     no backend serves the cluster): the attempt ends and the job FAILS with
     the backend's message; ``raced`` when another dispatch or a cancel moved
     the job first (reconcile deletes orphans). Raises TransientDispatchError
-    for the caller to retry (the dispatch task does, with backoff).
+    for the caller to retry (the dispatch task does, with backoff). ``dispatch_many`` of one attempt.
     """
-    attempt = JobAttempt.objects.select_related("job__team").get(pk=attempt_id)
+    return dispatch_many([attempt_id])[attempt_id]
+
+
+def dispatch_many(attempt_ids: list[int]) -> dict[int, str]:
+    """Dispatch the attempts ``attempt_ids`` (any clusters) as ``dispatch`` does each, with one read of their rows
+    and, per cluster, one transaction recording those whose objects were created (docs/adr/0047).
+
+    Returns ``{attempt id: outcome}`` with ``dispatch``'s outcomes, and ``waiting`` for an attempt left ADMITTED
+    by a transient failure (its previous attempt's pods still stopping, its cluster unreachable, 408/429/5xx).
+    The clusters are independent: a cluster that does not answer stops the creates of its own attempts (each
+    would wait out the client's timeout), never another cluster's. When any attempt is ``waiting``, raises
+    TransientDispatchError after the others are recorded: the caller's retry dispatches the batch again, and
+    the attempts already STARTING are ``skipped`` then (their objects were created once; a create repeated
+    after a lost record finds them, 409 owned by the attempt, and adopts them).
+    """
+    ids = list(dict.fromkeys(attempt_ids))
+    outcomes = dict.fromkeys(ids, "skipped")
+    by_cluster: dict[int, list[JobAttempt]] = {}
+    for attempt in (JobAttempt.objects.select_related("job__team", "job__submitter").filter(pk__in=ids)
+                    .order_by("pk")):
+        job = attempt.job
+        if job.state == S.ADMITTED and job.current_attempt_id == attempt.pk and attempt.ended_at is None:
+            by_cluster.setdefault(attempt.cluster_id, []).append(attempt)
+    waiting: list[TransientDispatchError] = []
+    rows: dict[tuple[int, int], tuple] = {}  # (cluster id, pool id) -> the shared rows, looked up once a batch
+    for attempts in by_cluster.values():
+        created = []
+        for attempt in attempts:
+            key = (attempt.cluster_id, attempt.node_pool_id)
+            if key in rows:
+                attempt.cluster, attempt.node_pool = rows[key]
+            else:
+                attach_placement_rows(attempt)
+                rows[key] = attempt.cluster, attempt.node_pool
+            outcome = _create_objects(attempt, waiting)
+            if outcome == "unreachable":  # the rest of this cluster's attempts wait for the retry
+                for rest in attempts[attempts.index(attempt):]:
+                    outcomes[rest.pk] = "waiting"
+                break
+            if isinstance(outcome, dict):
+                created.append((attempt, outcome))
+            else:
+                outcomes[attempt.pk] = outcome
+        outcomes.update(record_started(created))
+    left = sum(1 for outcome in outcomes.values() if outcome == "waiting")
+    if left == 1:
+        raise waiting[0]
+    if waiting:
+        raise TransientDispatchError(f"{left} of {len(ids)} attempt(s) wait for a retry; first: {waiting[0]}")
+    return outcomes
+
+
+def _create_objects(attempt: JobAttempt, waiting: list) -> dict | str:
+    """Create ``attempt``'s objects through its cluster's backend: its ``runner_state``, or ``failed`` (the attempt
+    ended, the job FAILED), ``waiting`` (a transient failure of this attempt, appended to ``waiting``) or
+    ``unreachable`` (its cluster did not answer: appended too)."""
     job = attempt.job
-    if job.state != S.ADMITTED or job.current_attempt_id != attempt.pk or attempt.ended_at is not None:
-        return "skipped"
-    attach_placement_rows(attempt)
     try:
         wait_for_previous_attempt(attempt)
         with metrics.DISPATCH_SECONDS.time():
-            runner_state = backend_for(attempt.cluster).dispatch(attempt)
-    except TransientDispatchError:
+            return backend_for(attempt.cluster).dispatch(attempt)
+    except TransientDispatchError as exc:
         metrics.DISPATCH_ERRORS.labels(kind="transient").inc()
-        raise
+        waiting.append(exc)
+        return "unreachable" if isinstance(exc.__cause__, ClusterUnreachable) else "waiting"
     except (PermanentDispatchError, UnknownBackend) as exc:
         metrics.DISPATCH_ERRORS.labels(kind="unknown_backend" if isinstance(exc, UnknownBackend) else "permanent").inc()
         try:
@@ -355,14 +409,59 @@ def dispatch(attempt_id: int) -> str:
         except StaleState:
             pass
         return "failed"
-    try:
-        mark_started(job, attempt, runner_state)
-    except StaleState:
-        # A cancel or a release won: the objects exist all the same, and are billed from their creation until
-        # reconcile's orphan cleanup deletes them (it moves the attempt's end to then).
-        bill_objects(attempt.pk, objects_created_at(runner_state))
-        return "raced"
-    return "dispatched"
+
+
+def record_started(created: list[tuple[JobAttempt, dict]]) -> dict[int, str]:
+    """Record that the objects of each ``(attempt, runner_state)`` of ``created`` (attempts of one cluster) exist:
+    in one transaction, their jobs ADMITTED -> STARTING (one compare-and-set UPDATE and one INSERT of their events,
+    ``jobs.states.transition_many``), then their attempts' ``runner_state`` and billing start (one UPDATE; lock
+    order job, then attempt, as ``mark_started``). Returns ``{attempt id: "dispatched"}``, ``"raced"`` for one whose
+    job a cancel or a release moved first: its objects are billed from their creation until reconcile's orphan
+    cleanup deletes them (``bill_objects``)."""
+    if not created:
+        return {}
+    cluster = created[0][0].cluster
+    with transaction.atomic():
+        # Lock the rows in id order first (jobs, then attempts): a batch delivered twice at once, or two batches
+        # that share jobs, then wait for each other instead of locking in the order each UPDATE scans (a deadlock).
+        list(Job.objects.select_for_update(of=("self",)).filter(pk__in=[a.job_id for a, _ in created])
+             .order_by("pk").values_list("pk", flat=True))
+        list(JobAttempt.objects.select_for_update(of=("self",)).filter(pk__in=[a.pk for a, _ in created])
+             .order_by("pk").values_list("pk", flat=True))
+        moved = {job.pk for job in transition_many(
+            [Move(attempt.job, reason=f"objects created on {cluster.name}", attempt=attempt) for attempt, _ in created],
+            S.STARTING)}
+        rows = [(attempt, objects_created_at(state), state) for attempt, state in created if attempt.job_id in moved]
+        if rows:
+            _set_started(rows)
+    outcomes = {}
+    for attempt, state in created:
+        if attempt.job_id in moved:
+            outcomes[attempt.pk] = "dispatched"
+        else:
+            bill_objects(attempt.pk, objects_created_at(state))
+            outcomes[attempt.pk] = "raced"
+    return outcomes
+
+
+def _set_started(rows: list[tuple[JobAttempt, dt.datetime, dict]]) -> None:
+    """One UPDATE of the attempts of ``rows`` (``(attempt, created, runner_state)``): ``runner_state``, and
+    ``started_at`` unless set before (a repeated dispatch does not move billing's start)."""
+    if connection.vendor != "postgresql":  # SQLite (the demo): an UPDATE per attempt, the same values
+        for attempt, made, state in rows:
+            JobAttempt.objects.filter(pk=attempt.pk).update(started_at=Coalesce(F("started_at"), Value(made)),
+                                                            runner_state=state)
+    else:
+        table = JobAttempt._meta.db_table
+        values = ", ".join(["(%s::bigint, %s::timestamptz, %s::jsonb)"] * len(rows))
+        params = [p for attempt, made, state in rows for p in (attempt.pk, made, json.dumps(state))]
+        with connection.cursor() as cursor:
+            cursor.execute(f'UPDATE "{table}" AS a SET "started_at" = COALESCE(a."started_at", v.made), '
+                           f'"runner_state" = v.state FROM (VALUES {values}) AS v(id, made, state) '
+                           f'WHERE a."id" = v.id', params)
+    for attempt, made, state in rows:
+        attempt.started_at = attempt.started_at or made
+        attempt.runner_state = state
 
 
 #: End reasons of an attempt whose objects the platform itself deleted while they ran: their pods may still be
@@ -380,6 +479,8 @@ def wait_for_previous_attempt(attempt: JobAttempt) -> None:
     Invariant (the simulator's ``no_duplicate_run``): never more pods of a job alive than its nodes x replicas.
     A previous attempt on a cluster that does not answer does not hold the dispatch up (its recovery already
     judged that cluster). After the task's retries the dispatch deadline releases and places the job again."""
+    if attempt.number <= 1:  # a job's first attempt: no attempt before it (no query)
+        return
     for previous in (JobAttempt.objects.filter(job_id=attempt.job_id, number__lt=attempt.number,
                                                end_reason__in=DELETED_BY_PLATFORM, started_at__isnull=False)
                      .select_related("cluster", "job__team").order_by("-number")[:3]):  # those that had pods

@@ -150,6 +150,14 @@ class Job(models.Model):
         return total_gpus(self.nodes, self.gpus_per_node, self.replicas)
 
     @property
+    def pods(self) -> int:
+        """Pods an attempt of the job runs, numbered 0 to pods - 1 (the local runner's processes; the logs one reads
+        by index, ``GET .../logs/?node=N`` and the job page's picker): an inference job's nodes x replicas (each
+        replica its own server; for the logs, those serving now in the order they started), any other job's
+        nodes."""
+        return self.nodes * max(1, self.replicas) if self.kind == self.Kind.INFERENCE else self.nodes
+
+    @property
     def is_final(self) -> bool:
         return self.state in FINAL_STATES
 
@@ -513,6 +521,8 @@ class ServingRollout(models.Model):
     ready and in the endpoint with an old one retired. ``progress``: the step's bookkeeping: the attempt,
     ``old`` and ``new`` replica keys (``runners.base.LostReplica.key``'s), ``pending`` (the new replica waiting
     for readiness, with ``since`` and whether it was admitted as a ``surge``), ``note`` (why a step waits).
+    ``trigger_job_id``: the training job whose success started it through the serving job's ``spec.follow``
+    (``serving.follow``); None for a rollout started by request.
     """
 
     class State(models.TextChoices):
@@ -523,6 +533,7 @@ class ServingRollout(models.Model):
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="rollouts")
     from_job_id = models.BigIntegerField(null=True, blank=True)
     to_job_id = models.BigIntegerField()
+    trigger_job_id = models.BigIntegerField(null=True, blank=True)
     state = models.CharField(max_length=16, choices=State.choices, default=State.ROLLING, db_index=True)
     replicas_updated = models.PositiveIntegerField(default=0)
     reason = models.CharField(max_length=500, blank=True)

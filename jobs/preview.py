@@ -12,6 +12,7 @@ from decimal import Decimal
 
 from rest_framework.exceptions import ValidationError
 
+from core.gpus import exact_gpus, shown_gpus
 from core.money import price_per_hour, usd_cents
 from quotas.models import Budget
 
@@ -25,14 +26,32 @@ from .spec import accelerator_named
 BUDGET_FIELD = "spec.max_runtime_seconds"
 
 
-def job_asks(kind: str, nodes: int, gpus_per_node: int, replicas: int, resources) -> dict:
-    """What a whole job holds, as its worst-case estimate counts it: ``{"gpus": int, "vcpus": Decimal (cores),
-    "gib": Decimal}``; vCPUs and GiB are the pods' (``snapshot.pods_of``) per-node ``cpu`` and ``memory_gib`` of
-    ``resources`` (a spec's), rounded up as placement counts them."""
+def job_asks(kind: str, nodes: int, gpus_per_node: int, replicas: int, resources, share_milli: int = 0) -> dict:
+    """What a whole job holds, as its worst-case estimate counts it: ``{"gpus": int (a share of one GPU: an exact
+    Decimal, ``share_milli`` / 1000, as the ledger bills it), "vcpus": Decimal (cores), "gib": Decimal}``; vCPUs and
+    GiB are the pods' (``snapshot.pods_of``) per-node ``cpu`` and ``memory_gib`` of ``resources`` (a spec's), rounded
+    up as placement counts them."""
     pods, _ = pods_of(kind, nodes, replicas)
     cpu_milli, memory_mib = per_node_request(resources)
-    return {"gpus": total_gpus(nodes, gpus_per_node, replicas), "vcpus": Decimal(pods * cpu_milli) / 1000,
-            "gib": Decimal(pods * memory_mib) / 1024}
+    gpus = exact_gpus(share_milli) if share_milli else total_gpus(nodes, gpus_per_node, replicas)
+    return {"gpus": gpus, "vcpus": Decimal(pods * cpu_milli) / 1000, "gib": Decimal(pods * memory_mib) / 1024}
+
+
+def roles_asks(roles) -> dict:
+    """``job_asks`` of a multi-role job: the sums over its roles (``RoleShape``s: ``snapshot.role_shapes``) of each
+    role's pods x GPUs, CPU cores and memory GiB per pod."""
+    return {"gpus": sum(r.nodes * r.gpus_per_node for r in roles),
+            "vcpus": Decimal(sum(r.nodes * r.cpu_milli for r in roles)) / 1000,
+            "gib": Decimal(sum(r.nodes * r.memory_mib for r in roles)) / 1024}
+
+
+def stored_job_asks(job: Job) -> dict:
+    """``job_asks`` of a stored ``job``: a multi-role job's sums over its roles (``spec.roles``), any other job's
+    from its size and ``spec.resources``."""
+    if job.kind == Job.Kind.MULTI_ROLE:
+        return roles_asks(role_shapes((job.spec or {}).get("roles")))
+    return job_asks(job.kind, job.nodes, job.gpus_per_node, job.replicas, (job.spec or {}).get("resources"),
+                    job.gpu_share_milli)
 
 
 def per_node_asks(spec) -> dict:
@@ -77,13 +96,10 @@ def submission_preview(args: dict) -> dict:
                               f"budget.",
                    "detail": verdict.detail}
     if resources.get("roles"):
-        roles = resources["roles"]
-        asks = {"gpus": sum(r.nodes * r.gpus_per_node for r in roles),
-                "vcpus": Decimal(sum(r.nodes * r.cpu_milli for r in roles)) / 1000,
-                "gib": Decimal(sum(r.nodes * r.memory_mib for r in roles)) / 1024}
+        asks = roles_asks(resources["roles"])
     else:
         asks = job_asks(args["kind"], resources["nodes"], resources["gpus_per_node"], resources.get("replicas", 1),
-                        args["spec"].get("resources"))
+                        args["spec"].get("resources"), resources.get("gpu_share_milli") or 0)
     return {"team": team, "kind": args["kind"], "accelerator": found.accelerator,
             "total_gpus": asks["gpus"], "max_runtime_seconds": resources["max_runtime_seconds"], "asks": asks,
             "pool": assessment.offer, "fits_now": assessment.fits_now, "estimate_usd": assessment.estimate_usd,
@@ -136,7 +152,7 @@ def preview_json(preview: dict) -> dict:
     as the waiting job's page words it) and ``outcome``."""
     chosen = next((c for c in preview["candidates"] if c.chosen), None)
     return {"team": preview["team"].slug, "kind": preview["kind"], "accelerator": preview["accelerator"],
-            "total_gpus": preview["total_gpus"], "total_vcpus": float(preview["asks"]["vcpus"]),
+            "total_gpus": shown_gpus(preview["total_gpus"]), "total_vcpus": float(preview["asks"]["vcpus"]),
             "total_memory_gib": float(preview["asks"]["gib"]), "max_runtime_seconds": preview["max_runtime_seconds"],
             "placement": _candidate_json(chosen) if chosen is not None else None,
             "fits_now": preview["fits_now"], "estimated_cost_usd": usd_cents(preview["estimate_usd"]),

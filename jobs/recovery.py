@@ -117,6 +117,7 @@ def recover(now: dt.datetime | None = None) -> Recovery:
         seen_ids += [(int(i["record"].get("job_id") or 0), int(i["record"].get("attempt_id") or 0),
                       _recorded_array_id(i["record"])) for i in found]
     advance_sequences(*(max((ids[k] for ids in seen_ids), default=0) for k in range(3)))
+    Cluster.objects.update(reconcile_watch={})  # kept from before the restore: this reconcile LISTs everything
     result.reconcile = reconcile_all()
     return result
 

@@ -3,13 +3,14 @@ bounds and target, the last decision, and why a scale-up was refused) and its fi
 
 from __future__ import annotations
 
+from .dependencies import newest_run
 from .models import Job, ServingRollout, ServingScale
 from .serving_figures import recent_figures
 
 
 def serving_status(job: Job) -> dict | None:
-    """A serving ``job``'s ``{"endpoint", "replicas", "replica_addresses", "autoscaling", "rollout", "figures"}``;
-    None for other kinds.
+    """A serving ``job``'s ``{"endpoint", "replicas", "replica_addresses", "autoscaling", "rollout", "follow",
+    "figures"}``; None for other kinds.
 
     ``endpoint``: ``Job.endpoint`` (stable for the job's life on the local runner; the Service's address on
     Kubernetes). ``replica_addresses``: where the current attempt's replicas listen, as its runner reports them
@@ -19,7 +20,10 @@ def serving_status(job: Job) -> dict | None:
     ``refusal`` ({} or ``{"reason", "message", "replicas", "desired", "at", ...}``) and ``note``. One query
     for the autoscaler's row. ``rollout``: None, or the job's latest rolling update to another checkpoint
     (``jobs.models.ServingRollout``): ``{"state" (rolling, done, rolled_back), "from", "to" (training job ids),
-    "replicas_updated", "reason", "note" (why a step waits), "started_at"}``; one query. ``figures``:
+    "replicas_updated", "reason", "note" (why a step waits), "started_at", "trigger" (the followed training job
+    whose success started it; None: started by request)}``; one query. ``follow``: None without ``spec.follow``;
+    else ``{"job": the followed job's id or name as given, "newest_run": the id of its newest SUCCEEDED run or
+    None}`` (``jobs.dependencies.newest_run``, one query). ``figures``:
     ``jobs.serving_figures.recent_figures`` (rates, latency percentiles, error rate, replicas over time, GPU-hours
     and USD per million requests over the last hour it served), None before the first sample.
     """
@@ -33,7 +37,11 @@ def serving_status(job: Job) -> dict | None:
               "rollout": None if rollout is None else {
                   "state": rollout.state, "from": rollout.from_job_id, "to": rollout.to_job_id,
                   "replicas_updated": rollout.replicas_updated, "reason": rollout.reason,
-                  "note": (rollout.progress or {}).get("note", ""), "started_at": rollout.created_at}}
+                  "note": (rollout.progress or {}).get("note", ""), "started_at": rollout.created_at,
+                  "trigger": rollout.trigger_job_id}}
+    followed = ((job.spec or {}).get("follow") or {}).get("job")
+    newest = newest_run(job.team_id, followed) if followed is not None else None
+    status["follow"] = None if followed is None else {"job": followed, "newest_run": newest.pk if newest else None}
     scaling = (job.spec or {}).get("autoscaling")
     if not scaling:
         return status

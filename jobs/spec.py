@@ -54,7 +54,7 @@ from core.lookups import LookupCache
 from quotas.models import Membership, Team, priority_classes
 from runners.models import CPU_ACCELERATOR, Accelerator, Cluster, NodePool
 
-from .dependencies import MAX_AFTER
+from .dependencies import CHECKPOINT_ARGS, CHECKPOINT_ENV, MAX_AFTER, follow_error
 from .dependencies import resolve as resolve_after
 from .efficiency.memory import Layout, declaration_errors, fit_errors
 from .models import PRIORITY_CLASSES, UNBOUNDED_ESTIMATE_SECONDS, Job, JobDependency, roles_in_order
@@ -450,13 +450,25 @@ def _for_kinds(*kinds: str) -> dict:
     return {"x-job-kinds": list(kinds)}
 
 
+class JobFollow(SpecModel):
+    """``spec.follow``: the training job whose checkpoints a serving job follows (TensorFlow Serving's ``latest``
+    model version policy; KServe and Seldon serve a model version a pipeline's deploy step sets). The server starts
+    from the newest SUCCEEDED run (``checkpoint_from``, when not given) and rolls out to each newer run that
+    succeeds (docs/adr/0041-autoscaled-serving.md)."""
+
+    job: UpstreamReference = Field(
+        description="the training job followed: its name (every run of that name in the team, e.g. a retraining "
+        "resubmitted nightly) or its id (that job: one rollout when it succeeds); it must exist already and write "
+        "its checkpoint to its checkpoint directory (CHECKPOINT_DIR)", json_schema_extra=_example("train-gpt"))
+
+
 class JobSpec(SpecModel):
     """``spec``: what to run (image, command, args, env), on what (resources), how (priority, limits, placement).
 
     ``max_runtime_seconds`` is required for training jobs: it bounds the cost estimate that admission checks
     against the budget; a serving job without one runs until cancelled.
-    ``replicas``, ``port``, ``health_path``, ``autoscaling`` and ``checkpoint_from`` apply to inference jobs only
-    (``x-job-kinds``).
+    ``replicas``, ``port``, ``health_path``, ``autoscaling``, ``checkpoint_from`` and ``follow`` apply to inference jobs
+    only (``x-job-kinds``).
     """
 
     image: Annotated[Text, Field(max_length=IMAGE_MAX_LENGTH)] = Field(
@@ -504,6 +516,11 @@ class JobSpec(SpecModel):
         "(the team's latest SUCCEEDED training job of that name, else its latest); stored as the id. The runners "
         "point CHECKPOINT_DIR (and on Kubernetes the checkpoint mount and CHECKPOINT_URI) at that job's "
         "checkpoints; null: the job's own", json_schema_extra=_for_kinds(INFERENCE))
+    follow: JobFollow = Field(
+        None, description="a training job whose runs the server follows: each newer run of it that SUCCEEDS is "
+        "rolled out to (one surge replica at a time, rolled back if a new replica is not ready). It starts from "
+        "the newest SUCCEEDED run (while none has: checkpoint_from, else the run it waits for in after); absent: "
+        "the checkpoint changes only by an explicit rollout", json_schema_extra=_for_kinds(INFERENCE))
 
 
 # --- A multi-role job (kind ``multi-role``): several roles, each its own pod shape, admitted together.
@@ -567,7 +584,7 @@ KIND_SPECIFIC: dict[str, tuple[str, ...]] = {
     name: tuple(field.json_schema_extra["x-job-kinds"]) for name, field in JobSpec.model_fields.items()
     if isinstance(field.json_schema_extra, dict) and "x-job-kinds" in field.json_schema_extra}
 #: Spec objects stored only when given.
-DECLARATIONS = ("model", "parallelism")
+DECLARATIONS = ("model", "parallelism", "follow")
 
 
 class JobAfter(SpecModel):
@@ -683,6 +700,28 @@ class JobSubmission(SpecModel):
         lookups.after, errors = resolve_after(lookups.team, [(a.job, a.condition) for a in self.after])
         if errors:
             raise _rules_failed(errors)
+        return self
+
+    @model_validator(mode="after")
+    def _followed(self, info: ValidationInfo) -> JobSubmission:
+        """``spec.follow`` (an inference job's): the followed job checked (``jobs.dependencies.follow_error``, 400 on
+        ``spec.follow.job``), the server's own checkpoint arguments refused (a rollout points ``CHECKPOINT_DIR``
+        elsewhere), and ``checkpoint_from`` set to the run it starts from: the newest SUCCEEDED run of what it
+        follows; while none has succeeded, the ``checkpoint_from`` given, else the newest run it waits for."""
+        spec, lookups = self.spec, info.context
+        if lookups is None or isinstance(spec, MultiRoleSpec) or spec.follow is None or self.kind != INFERENCE:
+            return self
+        words = [*spec.command, *spec.args]
+        if any(w.split("=", 1)[0] in CHECKPOINT_ARGS for w in words) or any(k in spec.env for k in CHECKPOINT_ENV):
+            raise _rules_failed({"spec.follow": [
+                f"a server that follows a training job loads the checkpoint its runs wrote through CHECKPOINT_DIR, "
+                f"which each rollout points elsewhere; remove {', '.join((*CHECKPOINT_ARGS, *CHECKPOINT_ENV))} "
+                f"from its arguments and environment"]})
+        start, reason = follow_error(lookups.team, spec.follow.job, [job for job, _ in lookups.after],
+                                     spec.checkpoint_from)
+        if reason is not None:
+            raise _rules_failed({"spec.follow.job": [reason]})
+        spec.checkpoint_from = start
         return self
 
 
@@ -959,9 +998,8 @@ def kind_errors(kind: str, spec: JobSpec) -> dict[str, list[str]]:
 #: "cannot load checkpoint"): an inference job running one must name the training job it serves
 #: (``checkpoint_from``) unless its arguments or environment point it at a checkpoint themselves.
 CHECKPOINT_LOADERS = ("examples/serve.py",)
-#: Arguments and environment variables through which a loader is given a checkpoint directly.
-CHECKPOINT_ARGS = ("--checkpoint-dir", "--checkpoint-uri")
-CHECKPOINT_ENV = ("CHECKPOINT_URI",)
+# CHECKPOINT_ARGS, CHECKPOINT_ENV (jobs.dependencies): the arguments and environment through which a loader is given
+# a checkpoint directly.
 
 
 def serving_errors(kind: str, spec: JobSpec) -> dict[str, list[str]]:
@@ -979,7 +1017,7 @@ def serving_errors(kind: str, spec: JobSpec) -> dict[str, list[str]]:
     words = [*spec.command, *spec.args]
     loader = next((w for w in words for name in CHECKPOINT_LOADERS if w == name or w.endswith("/" + name)), None)
     given = any(w.split("=", 1)[0] in CHECKPOINT_ARGS for w in words) or any(k in spec.env for k in CHECKPOINT_ENV)
-    if loader is not None and spec.checkpoint_from is None and not given:
+    if loader is not None and spec.checkpoint_from is None and spec.follow is None and not given:
         errors["checkpoint_from"] = [
             f"{loader} loads a checkpoint before it serves, and this job names none: set checkpoint_from to the "
             f"training job whose checkpoint it serves (its id or name), or pass --checkpoint-dir or "

@@ -10,7 +10,7 @@ import click
 
 from cpctl.errors import EXIT_OK
 from cpctl.options import Api, api_command
-from cpctl.output import err, gpu_hours, money, out, percent, table, usd, when
+from cpctl.output import err, gpu_hours, money, out, percent, rounding_gap, table, usd, when
 
 GROUP_BY_CHOICES = ("team", "cluster", "accelerator", "job", "day")
 
@@ -108,7 +108,7 @@ def costs(api: Api, group_by: str, start: str | None, end: str | None, team: str
                   right=figures)
     difference = (report.get("total") or {}).get("rounding_difference_usd")
     if difference not in (None, "0.00"):  # each row and the total rounded once (docs/design.md, Cost ledger)
-        out(f"each row and the TOTAL are their exact sums rounded to cents: the rows miss the TOTAL by ${difference}")
+        out(f"each row and the TOTAL are their exact sums rounded to cents: the rows {rounding_gap(difference)}")
     return EXIT_OK
 
 
@@ -181,7 +181,7 @@ def capacity(api: Api, group_by: str, start: str | None, end: str | None, cluste
     rows.append(["TOTAL"] + [""] * (len(keys) - 1) + capacity_cells(report["total"]))
     table([k.replace("_", " ").upper() for k in keys] + list(figures), rows, right=figures)
     for key, difference in (report["total"].get("rounding_difference_usd") or {}).items():
-        out(f"rows miss the total's {key} by ${difference}: each figure is its exact sum rounded to cents once")
+        out(f"the rows' {key} {rounding_gap(difference)}: each figure is its exact sum rounded to cents once")
     return EXIT_OK
 
 

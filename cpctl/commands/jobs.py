@@ -67,8 +67,23 @@ def override_document(raw: bytes, media_type: str, path: str, overrides: dict) -
     CliError (exit 2) when it does not parse or is not a mapping."""
     import yaml  # PyYAML, a runtime dependency (requirements/runtime.in); only needed to rewrite a document
 
+    class UniqueKeyLoader(yaml.SafeLoader):
+        """PyYAML's safe loader refusing a key named twice in one mapping, as the API does: rewritten, the document
+        would otherwise lose the first value before the API could refuse it."""
+
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                if isinstance(key_node, yaml.ScalarNode):
+                    if key_node.value in seen:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f'duplicate key "{key_node.value}": a mapping names each key once',
+                            key_node.start_mark)
+                    seen.add(key_node.value)
+            return super().construct_mapping(node, deep)
+
     try:
-        document = json.loads(raw) if media_type == "application/json" else yaml.safe_load(raw)
+        document = json.loads(raw) if media_type == "application/json" else yaml.load(raw, Loader=UniqueKeyLoader)  # noqa: S506
     except (ValueError, yaml.YAMLError) as exc:  # ValueError: JSONDecodeError, UnicodeDecodeError
         kind = "JSON" if media_type == "application/json" else "YAML"
         raise CliError(EXIT_BAD_INPUT, f"error: {path} is not valid {kind}: {exc}") from None
@@ -158,8 +173,11 @@ def _verdict(verdict: dict | None) -> str:
 
 
 def _asks(preview: dict) -> str:
-    """What a dry run's worst case counts: ``1 GPU``, ``8 GPUs``, or a CPU-only job's ``2 vCPUs and 4 GiB``."""
+    """What a dry run's worst case counts: ``1 GPU``, ``8 GPUs``, a share ``0.25 of 1 GPU``, or a CPU-only job's
+    ``2 vCPUs and 4 GiB``."""
     gpus = preview["total_gpus"]
+    if gpus and gpus < 1:  # a share of one GPU, as the ledger bills it
+        return f"{gpus:g} of 1 GPU"
     if gpus or not (preview.get("total_vcpus") or preview.get("total_memory_gib")):
         return f"{gpus} GPU{'' if gpus == 1 else 's'}"
     vcpus = preview["total_vcpus"]
@@ -259,7 +277,7 @@ def jobs(api: Api, team: str | None, states: tuple[str, ...], kind: str, array_i
         return EXIT_OK
     now = dt.datetime.now(dt.timezone.utc)
     table(["ID", "TEAM", "NAME", "STATE", "GPUS", "ACCELERATOR", "COST", "AGE"],
-          [[job["id"], job["team"], job["name"], job["state"], job.get("total_gpus"), job.get("accelerator"),
+          [[job["id"], job["team"], job["name"], job["state"], gpus_held(job), job.get("accelerator"),
             money(job, "accrued_cost_usd"), age(job.get("created_at"), now)] for job in found],
           right=("ID", "GPUS", "COST", "AGE"))
     if page["count"] > len(found):
@@ -267,15 +285,42 @@ def jobs(api: Api, team: str | None, states: tuple[str, ...], kind: str, array_i
     return EXIT_OK
 
 
+def gpus_held(job: dict):
+    """The GPUs a job (its API answer) holds, for the GPUS column: ``total_gpus``, or for a share of one GPU the
+    share (``gpu_share_milli`` 250: ``0.25``; a MIG instance's share too)."""
+    milli = job.get("gpu_share_milli")
+    if isinstance(milli, int) and milli > 0:
+        return f"{milli / 1000:g}"
+    return job.get("total_gpus")
+
+
 def resources_line(job: dict) -> str:
-    """``2 node(s) x 8 H100-80GB = 16 GPUs``; a CPU-only job (0 GPUs per node) by its CPU and memory per node."""
+    """``2 node(s) x 8 H100-80GB = 16 GPUs``; a job on part of one GPU ``1 node x 0.25 of one H100-80GB`` or
+    ``1 node x MIG 1g.10gb of one A100-80GB``; a CPU-only job (0 GPUs per node) by its CPU and memory per node."""
+    if job.get("mig_profile"):
+        return f"1 node x MIG {job['mig_profile']} of one {job.get('accelerator')}"
+    if job.get("gpu_share_milli"):
+        return f"1 node x {gpus_held(job)} of one {job.get('accelerator')}"
+    if job.get("kind") == "multi-role":  # each role's pods, in name order (the platform's one order of roles)
+        roles = (job.get("spec") or {}).get("roles")
+        roles = roles if isinstance(roles, dict) else {}
+        return "; ".join(f"{name}: {_pods_line((roles[name] or {}).get('resources') or {}, job.get('accelerator'))}"
+                         for name in sorted(roles)) + f" = {job.get('total_gpus')} GPUs"
     if job.get("gpus_per_node") == 0:
-        res = ((job.get("spec") or {}).get("resources")) or {}
-        memory = f", {res['memory_gib']:g} GiB" if isinstance(res.get("memory_gib"), (int, float)) else ""
-        cpu = f"{res['cpu']:g}" if isinstance(res.get("cpu"), (int, float)) else "?"
-        return f"{job.get('nodes')} node(s) x {cpu} CPU cores{memory} (CPU-only, no GPUs)"
+        return _pods_line({**(((job.get("spec") or {}).get("resources")) or {}), "nodes": job.get("nodes")}, None)
     return (f"{job.get('nodes')} node(s) x {job.get('gpus_per_node')} {job.get('accelerator')} "
             f"= {job.get('total_gpus')} GPUs")
+
+
+def _pods_line(res: dict, accelerator: str | None) -> str:
+    """``2 node(s) x 8 H100-80GB``, or for pods without GPUs ``3 node(s) x 1 CPU cores, 2 GiB (CPU-only, no GPUs)``:
+    ``res`` a spec's (or a role's) ``resources``."""
+    gpus = res.get("gpus_per_node")
+    if isinstance(gpus, (int, float)) and gpus:
+        return f"{res.get('nodes')} node(s) x {gpus:g} {res.get('accelerator') or accelerator}"
+    memory = f", {res['memory_gib']:g} GiB" if isinstance(res.get("memory_gib"), (int, float)) else ""
+    cpu = f"{res['cpu']:g}" if isinstance(res.get("cpu"), (int, float)) else "?"
+    return f"{res.get('nodes')} node(s) x {cpu} CPU cores{memory} (CPU-only, no GPUs)"
 
 
 def job_fields(job: dict) -> list[tuple[str, str]]:
@@ -320,6 +365,7 @@ def job_fields(job: dict) -> list[tuple[str, str]]:
             pairs.append(("serves", f"the checkpoint of job {source}"))
         pairs.append(("endpoint", job.get("endpoint") or "none (it serves only while RUNNING)"))
         pairs += serving_fields(job.get("serving") or {})
+        pairs += rollout_fields(job.get("serving") or {})
     estimate = job.get("estimated_cost_usd")
     pairs.append(("cost", f"{money(job, 'accrued_cost_usd')} accrued, " + (
         "estimated once placed" if estimate is None else f"{usd(estimate)} estimated (worst case)")))
@@ -329,6 +375,30 @@ def job_fields(job: dict) -> list[tuple[str, str]]:
         value = job.get(f"{name}_at")
         if value:
             pairs.append((name, f"{when(value)} UTC ({age(value)} ago)"))
+    return pairs
+
+
+def rollout_fields(serving: dict) -> list[tuple[str, str]]:
+    """A serving job's followed training job and its latest rollout (the API's ``serving.follow`` and
+    ``serving.rollout``): what it follows, and the rollout's state, checkpoints, progress and what started it;
+    [] for neither."""
+    pairs = []
+    follow = serving.get("follow")
+    if follow:
+        what = (f"training job {follow['job']}" if isinstance(follow["job"], int)
+                else f"the runs of training job {follow['job']}")
+        newest = f" (newest succeeded: job {follow['newest_run']})" if follow.get("newest_run") else ""
+        pairs.append(("follows", f"{what}: each newer run that succeeds is rolled out to{newest}"))
+    rollout = serving.get("rollout")
+    if rollout:
+        text = (f"{rollout['state'].replace('_', ' ')}: from the checkpoint of job {rollout['from']} to that of job "
+                f"{rollout['to']}, {rollout['replicas_updated']} replica(s) updated")
+        if rollout.get("trigger"):
+            text += f"; started because job {rollout['trigger']}, which it follows, succeeded"
+        for key in ("note", "reason"):
+            if rollout.get(key):
+                text += f"; {rollout[key]}"
+        pairs.append(("rollout", text))
     return pairs
 
 

@@ -1,5 +1,5 @@
 """``{% load job_terms %}``: ``{{ seconds|duration }}``, a length of time as a person reads it; ``{{ job|job_size }}``,
-what a job holds (GPUs, or for a CPU-only job vCPUs and GiB); ``job_asks``, the same as numbers;
+what a job holds (GPUs, or for a CPU-only job vCPUs and GiB; a multi-role job its roles summed);
 ``{{ event|timeline_sentence }}``, a timeline line as a sentence."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from decimal import Decimal
 
 from django import template
 
-from jobs.preview import job_asks  # noqa: F401  (the templates' and views' name for it)
+from core.gpus import exact_gpus
+from jobs.preview import stored_job_asks
 
 register = template.Library()
 
@@ -39,12 +40,31 @@ def number(value) -> str:
 
 @register.filter
 def job_size(job) -> str:
-    """What ``job`` (a ``Job``) holds, for lists: ``2 × H100-80GB``, or for a CPU-only job ``2 vCPUs, 4 GiB``."""
-    asks = job_asks(job.kind, job.nodes, job.gpus_per_node, job.replicas, (job.spec or {}).get("resources"))
+    """What ``job`` (a ``Job``) holds, for lists: ``2 × H100-80GB``; a share of one GPU ``0.25 of 1 × H100-80GB``
+    (``Job.gpu_share_milli``), a MIG instance ``1 × A100-80GB MIG 1g.10gb``; for a CPU-only job ``2 vCPUs, 4 GiB``."""
+    if job.mig_profile:
+        return f"1 × {job.accelerator.name} MIG {job.mig_profile}"
+    if job.gpu_share_milli:
+        return f"{number(exact_gpus(job.gpu_share_milli))} of 1 × {job.accelerator.name}"
+    asks = stored_job_asks(job)
     if asks["gpus"] or not (asks["vcpus"] or asks["gib"]):
         return f"{asks['gpus']} × {job.accelerator.name}"
     vcpus = number(asks["vcpus"])
     return f"{vcpus} vCPU{'' if vcpus == '1' else 's'}, {number(asks['gib'])} GiB"
+
+
+@register.filter
+def attempt_gpus(attempt, job) -> str:
+    """What one attempt (a ``JobAttempt`` of ``job``) held, for the job page's attempt rows: its GPUs (``2``); for
+    a share of one GPU the share and, once booked, the GPU of its node (``0.25 of GPU 3``, ``placement["gpu"]``);
+    for a MIG instance its profile (``MIG 1g.10gb``)."""
+    if job.mig_profile:
+        return f"MIG {job.mig_profile}"
+    if job.gpu_share_milli:
+        gpu = (attempt.placement or {}).get("gpu")
+        share = number(exact_gpus(job.gpu_share_milli))
+        return f"{share} of GPU {gpu}" if gpu is not None else f"{share} of 1 GPU"
+    return str(attempt.gpus)
 
 
 @register.filter

@@ -8,6 +8,8 @@ could show another cent than the API for the same amount.
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from django import template
 
 from core.money import price_per_hour, usd_cents
@@ -24,6 +26,15 @@ def usd(amount) -> str:
     above 0 below half a cent to two significant digits: ``core.money.usd_cents``); None: ``unknown``."""
     shown = usd_cents(amount) if amount is not None and amount != "" else None
     return "unknown" if shown is None else shown
+
+
+@register.filter
+def rounding_gap(difference) -> str:
+    """What a table's rows, each rounded to cents once, are off its total by, as words: ``difference`` is a
+    ``rounding_difference_usd`` (total minus the rows' sum, a cents string): ``"0.01"`` -> ``miss the total by
+    $0.01``, ``"-0.01"`` -> ``exceed the total by $0.01`` (never a ``$-0.01``)."""
+    amount = Decimal(str(difference))
+    return f"{'exceed' if amount < 0 else 'miss'} the total by ${abs(amount)}"
 
 
 @register.filter
@@ -62,6 +73,8 @@ def worst_case(asks: dict, max_runtime_seconds="given") -> str:
     span = "max runtime" if max_runtime_seconds else "30 days (no max runtime: it runs until cancelled)"
     if asks.get("gpus"):
         count = asks["gpus"]
+        if count < 1:  # a share of one GPU, billed as that share
+            return f"{number(count)} of 1 GPU × {span}"
         return f"{count} GPU{'' if count == 1 else 's'} × {span}"
     vcpus, gib = number(asks.get("vcpus") or 0), number(asks.get("gib") or 0)
     return f"{vcpus} vCPU{'' if vcpus == '1' else 's'} and {gib} GiB × {span}"

@@ -295,7 +295,18 @@ SERVING_SCHEMA = {
                         "reason": {"type": "string", "description": "why it ended; empty while rolling"},
                         "note": {"type": "string", "description": "why a step waits; empty when it does not"},
                         "started_at": {"type": "string", "format": "date-time"},
+                        "trigger": {"type": "integer", "nullable": True,
+                                    "description": "the followed training job whose success started it "
+                                                   "(spec.follow); null: started by request"},
                     }},
+        "follow": {"type": "object", "nullable": True,
+                   "description": "the training job the server follows (spec.follow); null if none",
+                   "properties": {
+                       "job": {"oneOf": [{"type": "integer"}, {"type": "string"}],
+                               "description": "the followed job's id, or its name (every run of that name)"},
+                       "newest_run": {"type": "integer", "nullable": True,
+                                      "description": "its newest SUCCEEDED run; null while none succeeded"},
+                   }},
         "figures": {"type": "object", "nullable": True, "description": (
             "the service's figures over the last hour it served (jobs.serving_figures), null before the first "
             "sample: requests, errors (5xx), tokens, requests_per_second, error_rate_percent, latency_p50_ms and "

@@ -201,7 +201,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("node", int, description="Node index, 0-based (default 0)"),
+            OpenApiParameter("node", int, description="Node index, 0-based (default 0); for an inference job the "
+                                                        "pod's among its nodes x replicas serving now"),
             OpenApiParameter("tail", int, description="Trailing lines, 1 to 100000 (default 200)"),
             OpenApiParameter("follow", bool, description="Stream text/plain: the tail, then new lines until the "
                                                          "attempt ends or LOG_FOLLOW_MAX_SECONDS pass"),
@@ -224,8 +225,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ScopedGeneric
         query = LogQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         node, tail = query.validated_data["node"], query.validated_data["tail"]
-        if node >= job.nodes:
-            return Response({"node": [f"the job has {job.nodes} node(s): 0 to {job.nodes - 1}"]},
+        pods = job.pods
+        if node >= pods:
+            said = "pod(s) (nodes x replicas)" if job.kind == Job.Kind.INFERENCE else "node(s)"
+            return Response({"node": [f"the job has {pods} {said}: 0 to {pods - 1}"]},
                             status=status.HTTP_400_BAD_REQUEST)
         follow = str(request.query_params.get("follow", "")).lower() in ("1", "true", "yes", "on")
         attempt = job.current_attempt

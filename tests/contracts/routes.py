@@ -23,7 +23,7 @@ from jobs.spec import validated_submission
 from notifications.models import Event, Notification, Subscription
 from quotas.audit import record, snapshot
 from quotas.changes import request_change
-from quotas.models import Cohort, PriorityClass
+from quotas.models import Cohort, CohortQuota, PriorityClass
 from runners.models import Node
 from tests.support.factories import VALID_SPEC
 
@@ -33,11 +33,12 @@ from tests.support.factories import VALID_SPEC
 TEAM_SCOPED = {"jobs", "arrays", "teams", "quotas", "budgets", "budget-status", "reports", "change-requests", "audit",
                "subscriptions", "notifications"}
 #: The fleet and the platform's settings: every authenticated user reads them.
-PLATFORM_WIDE = {"accelerators", "clusters", "node-pools", "nodes", "prices", "cohorts", "priority-classes"}
-#: Aggregates over the user's teams' ledger and samples: lists only.
-AGGREGATES = {"costs", "utilization", "capacity"}
+PLATFORM_WIDE = {"accelerators", "clusters", "node-pools", "nodes", "prices", "cohorts", "cohort-quotas", "cohort-trees",
+                 "priority-classes"}
+#: Aggregates over the user's teams' ledger and samples (fair-sharing: their decayed usage, ADR 0045): lists only.
+AGGREGATES = {"costs", "utilization", "capacity", "fair-sharing"}
 #: Written by platform staff only; anyone else is refused before any lookup (403, whatever the object).
-STAFF_WRITES = {"teams", "cohorts", "priority-classes", "clusters", "nodes"}
+STAFF_WRITES = {"teams", "cohorts", "cohort-quotas", "priority-classes", "clusters", "nodes"}
 #: A team's objects written by platform staff only (ADR 0029): any member of the team, its admins included, gets
 #: 403 on one it sees and outsiders 404; a create by anyone but staff is a 403 before its body is read.
 STAFF_WRITES_OF_TEAM_OBJECTS = {"quotas", "budgets"}
@@ -146,6 +147,8 @@ def world(teams, owner, teammate, outsider, aws_cluster, alpha_objects, beta_obj
         "nodes": node.pk,
         "prices": Price.objects.filter(accelerator=h100).first().pk,
         "cohorts": cohort.pk,
+        "cohort-quotas": CohortQuota.objects.create(cohort=cohort, accelerator=h100, nominal_gpus=4).pk,
+        "cohort-trees": cohort.pk,
         "priority-classes": spare.pk,
     }
 
@@ -195,6 +198,9 @@ VALID_BODIES = {
     ("cohorts", "create"): lambda: {"name": "vision"},
     ("cohorts", "update"): lambda: {"name": "speech"},
     ("cohorts", "partial_update"): lambda: {"name": "speech"},
+    ("cohort-quotas", "create"): lambda: {"cohort": "research", "accelerator": "A100-80GB", "nominal_gpus": 8},
+    ("cohort-quotas", "update"): lambda: {"cohort": "research", "accelerator": "H100-80GB", "nominal_gpus": 8},
+    ("cohort-quotas", "partial_update"): lambda: {"nominal_gpus": 8},
     ("priority-classes", "create"): lambda: {"name": "urgent", "value": 2000},
     ("priority-classes", "update"): lambda: {"name": "spare", "value": 301},
     ("priority-classes", "partial_update"): lambda: {"value": 301},

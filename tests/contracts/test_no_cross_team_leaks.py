@@ -129,3 +129,40 @@ def test_outsider_dashboard_and_lists_do_not_show_beta(owner, beta_world):
         response = client.get(url)
         assert response.status_code == 200, url
         assert b"beta-job" not in response.content and b"beta secret" not in response.content, url
+
+
+def test_what_alpha_sees_of_shared_cohorts_does_not_change_when_beta_uses_more(owner, staff, beta_world, teams,
+                                                                                  aws_cluster):
+    """Non-interference: alpha and beta share a department of an organisation (a tree of cohorts, ADR 0046, and
+    one cohort for fair sharing, ADR 0045). Every figure alpha's admin reads from ``cohort-trees/`` and
+    ``fair-sharing/`` is the same before and after beta runs more and its decayed usage grows, so no sum, share or
+    difference of them can give beta's usage away. Staff, who may see beta, do see the change."""
+    from jobs.models import JobState
+    from quotas.models import Cohort, CohortQuota, Team, TeamUsage
+    from tests.support.factories import make_job_row
+
+    alpha, beta = teams
+    org = Cohort.objects.create(name="org")
+    dept = Cohort.objects.create(name="dept", parent=org)
+    CohortQuota.objects.create(cohort=dept, accelerator=aws_cluster["pool"].accelerator, nominal_gpus=2)
+    Team.objects.filter(pk__in=[alpha.pk, beta.pk]).update(cohort=dept)
+    now = timezone.now()
+    TeamUsage.objects.create(team=beta, gpu_seconds=3600, sampled_at=now)
+
+    def seen(persona):
+        trees = persona.client.get("/api/v1/cohort-trees/").json()
+        fair = persona.client.get("/api/v1/fair-sharing/").json()
+        fair.pop("at")
+        for row in fair["results"]:  # beta's own figures decay with the clock (only staff see beta's row)
+            if row["team"] == beta.slug:
+                del row["decayed_gpu_hours"], row["weighted_gpu_hours"]
+        return trees, fair
+
+    before, staff_before = seen(owner), seen(staff)
+    TeamUsage.objects.filter(team=beta).update(gpu_seconds=90 * 3600, sampled_at=now)
+    job = make_job_row(beta, beta_world["job"].submitter, aws_cluster["pool"].accelerator, name="more",
+                       gpus_per_node=4, state=JobState.RUNNING)
+    make_attempt(job, aws_cluster["cluster"], aws_cluster["pool"])
+
+    assert seen(owner) == before
+    assert seen(staff) != staff_before

@@ -99,5 +99,6 @@ def test_the_submission_components_list_exactly_the_models_fields(db):
         models += [found for field in model.model_fields.values() for found in models_in(field.annotation)
                    if found not in seen and found not in models]
     # the submission, its two specs (one role, several: MultiRoleSpec) and the role, the resources, placement,
-    # model, parallelism, a serving job's autoscaling (JobAutoscaling) and an after entry (JobAfter)
-    assert len(seen) == 10
+    # model, parallelism, a serving job's autoscaling (JobAutoscaling) and what it follows (JobFollow), and an after
+    # entry (JobAfter)
+    assert len(seen) == 11

@@ -18,7 +18,7 @@ from .conftest import REPO, invoke, spawn_cli
 from .test_submit import EXAMPLE
 
 UNREACHABLE = "http://127.0.0.1:9"
-COMMANDS = ["submit", "resubmit", "jobs", "job", "events", "efficiency", "cancel", "logs", "rollout", "arrays", "array", "quotas", "clusters", "budgets",
+COMMANDS = ["submit", "resubmit", "jobs", "job", "events", "efficiency", "cancel", "logs", "rollout", "arrays", "array", "quotas", "cohorts", "fair-share", "clusters", "budgets",
             "costs", "utilization", "capacity", "reports", "report", "build-report", "nodes", "cordon", "drain", "uncordon",
             "clear-health", "requests", "request", "approve", "decline", "withdraw", "audit",
             "subscriptions", "subscribe", "unsubscribe", "notifications"]
@@ -131,7 +131,8 @@ def test_a_piped_table_is_plain_text_one_line_per_row_however_long(run_cli, team
     assert result.code == 0, result.err
     assert "\x1b" not in result.out
     lines = result.out.splitlines()
-    assert len(lines) == 2 and all(line == line.rstrip() for line in lines)
+    assert len(lines) == 3 and all(line == line.rstrip() for line in lines)  # header, the cluster, what GPUS counts
+    assert lines[2].startswith("POOL GPUS: ")
     assert lines[1].startswith("aws-use1  ") and lines[1].endswith("  " + reason)
     assert lines[0].index("WHY") == lines[1].index(reason)  # the header stands over its column
 

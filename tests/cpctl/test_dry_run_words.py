@@ -55,3 +55,28 @@ def test_the_placement_line_of_the_timeline_names_the_price_with_its_digits(owne
     assert job.state == "ADMITTED"
     placed = JobEvent.objects.get(job=job, to_state="ADMITTED")
     assert "at $6.88/GPU-h" in placed.reason and "6.880000" not in placed.reason, placed.reason
+
+
+def test_a_share_of_one_gpu_is_counted_as_that_share_wherever_its_worst_case_is_worded(run_cli, owner,
+                                                                                         funded_aws_cluster, tmp_path):
+    """The estimate of a quarter GPU is the quarter's price; its words say a quarter too, never ``1 GPU``."""
+    from django.utils import timezone
+
+    from runners.models import Node
+
+    pool = funded_aws_cluster["pool"]  # a time-sliced node (8 GPUs x 4 slices) for the share to go to
+    Node.objects.create(cluster=pool.cluster, node_pool=pool, name="ts", gpus=8, cpu_milli=96000, memory_mib=1 << 20,
+                        seen_at=timezone.now(), gpu_sharing="time-slicing", gpu_replicas=4, whole_gpus=0,
+                        slice_resource="nvidia.com/gpu")
+    doc = document()
+    doc["spec"]["resources"].update(nodes=1, gpus_per_node=0.25)
+    body = owner.client.post(PREVIEW, doc, format="json").json()
+    # 0.25 GPU at 6.88 USD/GPU-h (aws-use1) for 900 s: 6.88 x 0.25 / 4 = 0.43
+    assert body["total_gpus"] == 0.25 and body["estimated_cost_usd"] == "0.43", body
+
+    shown = run_cli("submit", str(written(tmp_path, doc)), "--dry-run", persona=owner)
+    assert shown.code == 0, shown.err
+    assert "$0.43 (worst case: 0.25 of 1 GPU x 900 s)" in shown.out, shown.out
+
+    page = signed_in(owner).post("/jobs/new/preview/", {"team": "alpha", "spec_yaml": yaml.safe_dump(doc)})
+    assert "worst case: 0.25 of 1 GPU × max runtime" in page.content.decode(), page.content.decode()

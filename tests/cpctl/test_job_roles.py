@@ -52,3 +52,25 @@ def test_job_tables_each_roles_utilization_and_throughput(run_cli, teammate, fun
     # learner: 4000 / 100 = 40.0 %, 1800 s idle = 0.50 h; rollout: (600 + 1800) / 120 = 20.0 %, 0.50 h idle.
     assert table[1] == ["learner", "1", "2", "0.00", "$0.00", "40.0%", "0.50", "node", "1,234.5 tok/s"]
     assert table[2] == ["rollout", "2", "2", "0.00", "$0.00", "20.0%", "0.50", "node", "1,234.5 tok/s (600.0, 634.5)"]
+
+
+def test_a_cpu_only_multi_role_jobs_size_is_its_roles_summed_on_the_cli_and_the_page(run_cli, teams, owner, h100):
+    from tests.support.personas import signed_in
+
+    roles = {"learner": {"image": "python:3.11", "command": ["python", "rl.py"], "env": {},
+                         "resources": {"accelerator": "CPU", "gpus_per_node": 0, "nodes": 1, "cpu": 2,
+                                       "memory_gib": 4}},
+             "rollout": {"image": "python:3.11", "command": ["python", "rl.py"], "env": {},
+                         "resources": {"accelerator": "CPU", "gpus_per_node": 0, "nodes": 2, "cpu": 1,
+                                       "memory_gib": 2}, "completion": False}}
+    spec = {"roles": roles, "priority": "normal", "max_runtime_seconds": 600, "preemptible": False,
+            "placement": {}, "max_retries": 0}
+    job = make_job_row(teams[0], owner.user, h100, name="grpo-cpu", kind="multi-role", spec=spec, nodes=3,
+                       gpus_per_node=0)
+    out = run_cli("job", str(job.pk), persona=owner).out
+    (line,) = [line for line in out.splitlines() if line.split(None, 1)[:1] == ["resources"]] or [out]
+    assert line.split(None, 1)[1].strip() == ("learner: 1 node(s) x 2 CPU cores, 4 GiB (CPU-only, no GPUs); "
+                                          "rollout: 2 node(s) x 1 CPU cores, 2 GiB (CPU-only, no GPUs) = 0 GPUs")
+    # the jobs list: 1 x 2 + 2 x 1 = 4 vCPUs and 1 x 4 + 2 x 2 = 8 GiB
+    page = signed_in(owner).get("/jobs/").content.decode()
+    assert "4 vCPUs, 8 GiB" in page

@@ -16,4 +16,4 @@ def test_a_jobs_cost_in_the_cli_is_the_apis_and_the_table_states_its_rounding(se
         assert f"${api} accrued" in run_cli("job", str(job.pk), persona=owner).out
     (total,) = [line for line in table if line.startswith("TOTAL")]
     assert total.split()[2] == "$3.02"  # TOTAL, GPU-HOURS, COST, energy
-    assert table[-1] == "each row and the TOTAL are their exact sums rounded to cents: the rows miss the TOTAL by $0.02"
+    assert table[-1] == "each row and the TOTAL are their exact sums rounded to cents: the rows miss the total by $0.02"

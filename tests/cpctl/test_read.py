@@ -238,8 +238,24 @@ def test_clusters_table_says_since_when_and_why_a_cluster_is_not_healthy(run_cli
     set_health(cluster, "degraded", "1 failed probe(s) in a row, the last: listing Jobs failed: 503", now=since)
     result = run_cli("clusters", persona=teammate)
     assert result.code == 0, result.err
-    assert rows(result.out) == [["CLUSTER", "WHERE", "HEALTH", "SINCE", "LAST CONTACT", "GPUS", "WHY"],
-                                ["aws-use1", "aws/us-east-1", "degraded", "2026-03-04 05:06:07", "never", "16",
-                                 "1 failed probe(s) in a row, the last: listing Jobs failed: 503"]]
+    *table, note = rows(result.out)
+    assert table == [["CLUSTER", "WHERE", "HEALTH", "SINCE", "LAST CONTACT", "POOL GPUS", "WHY"],
+                     ["aws-use1", "aws/us-east-1", "degraded", "2026-03-04 05:06:07", "never", "16",
+                      "1 failed probe(s) in a row, the last: listing Jobs failed: 503"]]
+    assert note[0].startswith("POOL GPUS: each node pool's nodes x GPUs per node") and "cpctl nodes" in note[0], note
     body = json.loads(run_cli("clusters", "--json", persona=teammate).out)
     assert body["results"][0]["health_reason"].endswith("listing Jobs failed: 503")
+
+
+def test_job_and_jobs_show_a_share_of_one_gpu_as_that_share(run_cli, teammate, jobs):
+    queued = jobs["queued"]
+    Job.objects.filter(pk=queued.pk).update(gpus_per_node=1, gpu_share_milli=250)
+    result = run_cli("job", str(queued.pk), persona=teammate)
+    assert result.code == 0, result.err
+    fields = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in result.out.splitlines()[1:])
+    assert fields["resources"] == "1 node x 0.25 of one H100-80GB"
+    listing = run_cli("jobs", persona=teammate)
+    assert listing.code == 0, listing.err
+    header, *found = rows(listing.out)
+    row = next(r for r in found if r[0] == str(queued.pk))
+    assert row[header.index("GPUS")] == "0.25", listing.out

@@ -6,6 +6,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from jobs.lifecycle import cancel_job
@@ -41,6 +42,16 @@ def test_it_submits_the_example_as_is_with_team_and_name_overridden(run_cli, own
     job = Job.objects.get()
     assert (job.team.slug, job.name, job.state) == ("alpha", "my-run", "QUEUED")
     assert f"job {job.pk} submitted: my-run (team alpha), QUEUED" in result.out
+
+
+@pytest.mark.parametrize("overrides", [[], ["--name", "renamed"]], ids=["as-is", "rewritten-with-an-override"])
+def test_a_yaml_key_named_twice_is_refused_with_the_key_and_nothing_is_stored(run_cli, owner, funded_aws_cluster,
+                                                                              tmp_path, overrides):
+    path = write_yaml(tmp_path)
+    path.write_text(path.read_text().replace("spec:\n", "spec:\n  max_runtime_seconds: 60\n", 1))
+    result = run_cli("submit", str(path), *overrides, persona=owner)
+    assert result.code == 2 and 'duplicate key "max_runtime_seconds"' in result.err, (result.out, result.err)
+    assert not Job.objects.exists()
 
 
 def test_it_submits_json_and_json_output_parses(run_cli, teammate, funded_aws_cluster, tmp_path):

@@ -67,8 +67,10 @@ def assert_within_parallelism(array_id: int, parallelism: int) -> None:
 
 def test_grid_points_follow_itertools_product_over_the_parameters_as_submitted():
     grid = [["lr", [0.001, 0.0003, 1e-05]], ["batch", [16, 32]], ["opt", ["adam", "sgd"]], ["warm", [True]]]
-    expected = [dict(zip(["lr", "batch", "opt", "warm"], point, strict=True))
-                for point in itertools.product(*(values for _, values in grid))]
+    expected = [
+        dict(zip(["lr", "batch", "opt", "warm"], point, strict=True))
+        for point in itertools.product(*(values for _, values in grid))
+    ]
     assert [grid_point(grid, i) for i in range(12)] == expected
     assert grid_point(grid, 1) == {"lr": 0.001, "batch": 16, "opt": "sgd", "warm": True}  # the last varies fastest
     with pytest.raises(IndexError):
@@ -78,10 +80,19 @@ def test_grid_points_follow_itertools_product_over_the_parameters_as_submitted()
 def test_an_elements_environment_names_its_array_index_count_and_sweep_values():
     grid = [["lr", [0.001, 3e-05]], ["batch_size", [16, 32]], ["tag", ["a b"]], ["flag", [False]]]
     assert array_env(7, 2, 4, grid) == {
-        "CONTROLPLANE_ARRAY_ID": "7", "CONTROLPLANE_ARRAY_INDEX": "2", "CONTROLPLANE_ARRAY_COUNT": "4",
-        "SWEEP_LR": "3e-05", "SWEEP_BATCH_SIZE": "16", "SWEEP_TAG": "a b", "SWEEP_FLAG": "false"}
-    assert array_env(7, 0, 3, []) == {"CONTROLPLANE_ARRAY_ID": "7", "CONTROLPLANE_ARRAY_INDEX": "0",
-                                      "CONTROLPLANE_ARRAY_COUNT": "3"}
+        "CONTROLPLANE_ARRAY_ID": "7",
+        "CONTROLPLANE_ARRAY_INDEX": "2",
+        "CONTROLPLANE_ARRAY_COUNT": "4",
+        "SWEEP_LR": "3e-05",
+        "SWEEP_BATCH_SIZE": "16",
+        "SWEEP_TAG": "a b",
+        "SWEEP_FLAG": "false",
+    }
+    assert array_env(7, 0, 3, []) == {
+        "CONTROLPLANE_ARRAY_ID": "7",
+        "CONTROLPLANE_ARRAY_INDEX": "0",
+        "CONTROLPLANE_ARRAY_COUNT": "3",
+    }
 
 
 def test_the_local_runner_gives_each_element_its_sweep_values(teammate, roomy):
@@ -99,8 +110,14 @@ def test_the_local_runner_gives_each_element_its_sweep_values(teammate, roomy):
         assert env["MINE"] == "kept" and env["CONTROLPLANE_ARRAY_ID"] == str(array_id)
         assert env["CONTROLPLANE_ARRAY_COUNT"] == "6" and env["CONTROLPLANE_JOB_ID"] == str(job.pk)
         seen[int(env["CONTROLPLANE_ARRAY_INDEX"])] = (env["SWEEP_LR"], env["SWEEP_BATCH"])
-    assert seen == {0: ("0.1", "8"), 1: ("0.1", "16"), 2: ("0.1", "32"), 3: ("0.2", "8"), 4: ("0.2", "16"),
-                    5: ("0.2", "32")}
+    assert seen == {
+        0: ("0.1", "8"),
+        1: ("0.1", "16"),
+        2: ("0.1", "32"),
+        3: ("0.2", "8"),
+        4: ("0.2", "16"),
+        5: ("0.2", "32"),
+    }
 
 
 def test_the_kubernetes_pods_carry_the_elements_variables(teammate, roomy):
@@ -113,6 +130,32 @@ def test_the_kubernetes_pods_carry_the_elements_variables(teammate, roomy):
     env = {e["name"]: e["value"] for e in _platform_env(workload(job.current_attempt))}
     assert (env["CONTROLPLANE_ARRAY_ID"], env["CONTROLPLANE_ARRAY_INDEX"]) == (str(array_id), "1")
     assert (env["CONTROLPLANE_ARRAY_COUNT"], env["SWEEP_LR"]) == ("2", "0.25")
+
+
+def test_the_elements_of_one_array_read_its_count_and_grid_once(teammate, roomy):
+    """A dispatch batch holds up to 25 elements of one array: their manifests read the array's row once, not once
+    per element, and each still gets its own sweep values."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from runners.kubernetes.manifests import _platform_env
+    from runners.kubernetes.runner import workload
+
+    body = array_body({"grid": {"lr": [0.5, 0.25, 0.125, 0.0625]}, "parallelism": 4})
+    array_id = teammate.client.post(ARRAYS, body, format="json").json()["id"]
+    schedule_pending()
+    jobs = list(Job.objects.filter(array_id=array_id, current_attempt__isnull=False).order_by("array_index"))
+    assert len(jobs) == 4
+    attempts = [job.current_attempt for job in jobs]
+    with CaptureQueriesContext(connection) as queries:
+        envs = [{e["name"]: e["value"] for e in _platform_env(workload(attempt))} for attempt in attempts]
+    assert len([q for q in queries.captured_queries if '"jobs_jobarray"' in q["sql"]]) == 1
+    assert [(env["CONTROLPLANE_ARRAY_INDEX"], env["CONTROLPLANE_ARRAY_COUNT"], env["SWEEP_LR"]) for env in envs] == [
+        ("0", "4", "0.5"),
+        ("1", "4", "0.25"),
+        ("2", "4", "0.125"),
+        ("3", "4", "0.0625"),
+    ]
 
 
 # --- submission ------------------------------------------------------------------------------------------------
@@ -138,8 +181,7 @@ def test_a_grid_sets_the_count_and_a_count_that_matches_it_is_accepted(teammate,
     r = teammate.client.post(ARRAYS, array_body({"grid": {"lr": [1, 2, 3], "bs": [4, 5]}}), format="json")
     assert r.status_code == 201, r.content
     assert (r.json()["count"], r.json()["parallelism"], r.json()["grid"]) == (6, 6, {"lr": [1, 2, 3], "bs": [4, 5]})
-    r = teammate.client.post(ARRAYS, array_body({"grid": {"lr": [1, 2]}, "count": 2, "parallelism": 9}),
-                             format="json")
+    r = teammate.client.post(ARRAYS, array_body({"grid": {"lr": [1, 2]}, "count": 2, "parallelism": 9}), format="json")
     assert r.status_code == 201 and (r.json()["count"], r.json()["parallelism"]) == (2, 2)
 
 
@@ -152,31 +194,34 @@ def test_an_array_submitted_as_yaml_is_accepted(teammate, roomy):
     assert r.json()["grid"] == {"lr": [0.1, 0.01]}
 
 
-@pytest.mark.parametrize(("array", "field"), [
-    ({"count": 0}, "array.count"),
-    ({"count": -3}, "array.count"),
-    ({"count": "5"}, "array.count"),
-    ({"count": True}, "array.count"),
-    ({"count": 10001}, "array.count"),
-    ({"count": 5, "parallelism": 0}, "array.parallelism"),
-    ({"count": 5, "parallelism": 2.5}, "array.parallelism"),
-    ({"parallelism": 2}, "array"),
-    ({}, "array"),
-    ([5], "array"),
-    ({"count": 5, "every": 2}, "array"),
-    ({"grid": {}}, "array.grid"),
-    ({"grid": [["lr", [1]]]}, "array.grid"),
-    ({"grid": {"learning-rate": [1, 2]}}, "array.grid.learning-rate"),
-    ({"grid": {"1lr": [1, 2]}}, "array.grid.1lr"),
-    ({"grid": {"lr": [1], "LR": [2]}}, "array.grid.LR"),
-    ({"grid": {"lr": []}}, "array.grid.lr"),
-    ({"grid": {"lr": 0.1}}, "array.grid.lr"),
-    ({"grid": {"lr": [0.1, None]}}, "array.grid.lr"),
-    ({"grid": {"lr": [[0.1]]}}, "array.grid.lr"),
-    ({"grid": {"lr": [{"a": 1}]}}, "array.grid.lr"),
-    ({"grid": {"a": list(range(101)), "b": list(range(100))}}, "array.grid"),
-    ({"grid": {"lr": [1, 2], "bs": [1, 2, 3]}, "count": 5}, "array.count"),
-])
+@pytest.mark.parametrize(
+    ("array", "field"),
+    [
+        ({"count": 0}, "array.count"),
+        ({"count": -3}, "array.count"),
+        ({"count": "5"}, "array.count"),
+        ({"count": True}, "array.count"),
+        ({"count": 10001}, "array.count"),
+        ({"count": 5, "parallelism": 0}, "array.parallelism"),
+        ({"count": 5, "parallelism": 2.5}, "array.parallelism"),
+        ({"parallelism": 2}, "array"),
+        ({}, "array"),
+        ([5], "array"),
+        ({"count": 5, "every": 2}, "array"),
+        ({"grid": {}}, "array.grid"),
+        ({"grid": [["lr", [1]]]}, "array.grid"),
+        ({"grid": {"learning-rate": [1, 2]}}, "array.grid.learning-rate"),
+        ({"grid": {"1lr": [1, 2]}}, "array.grid.1lr"),
+        ({"grid": {"lr": [1], "LR": [2]}}, "array.grid.LR"),
+        ({"grid": {"lr": []}}, "array.grid.lr"),
+        ({"grid": {"lr": 0.1}}, "array.grid.lr"),
+        ({"grid": {"lr": [0.1, None]}}, "array.grid.lr"),
+        ({"grid": {"lr": [[0.1]]}}, "array.grid.lr"),
+        ({"grid": {"lr": [{"a": 1}]}}, "array.grid.lr"),
+        ({"grid": {"a": list(range(101)), "b": list(range(100))}}, "array.grid"),
+        ({"grid": {"lr": [1, 2], "bs": [1, 2, 3]}, "count": 5}, "array.count"),
+    ],
+)
 def test_a_bad_array_field_is_a_400_naming_it_and_stores_nothing(teammate, roomy, array, field):
     r = teammate.client.post(ARRAYS, array_body(array), format="json")
     assert r.status_code == 400, r.content
@@ -192,14 +237,18 @@ def test_a_grid_number_the_database_would_store_as_another_is_a_400_on_its_param
     r = teammate.client.post(ARRAYS, array_body({"grid": {"lr": [0.1, value]}}), format="json")
 
     assert r.status_code == 400, r.content
-    assert r.json() == {"array.grid.lr": [f"item 1: {text} would be stored as another number (PostgreSQL keeps "
-                                          f"numbers as numeric, without a float's exponent or sign of zero); give "
-                                          f"it as a string (\"{text}\"), or as an integer"]}
+    assert r.json() == {
+        "array.grid.lr": [
+            f"item 1: {text} would be stored as another number (PostgreSQL keeps "
+            f"numbers as numeric, without a float's exponent or sign of zero); give "
+            f'it as a string ("{text}"), or as an integer'
+        ]
+    }
     assert not JobArray.objects.exists() and not Job.objects.exists()
 
 
 def test_grid_numbers_come_back_from_the_database_as_submitted(teammate, roomy):
-    values = [1e-05, 0.0003, 1.5e-07, 1.0, 1e15, 64, 10 ** 20, True]
+    values = [1e-05, 0.0003, 1.5e-07, 1.0, 1e15, 64, 10**20, True]
     r = teammate.client.post(ARRAYS, array_body({"grid": {"lr": values}}), format="json")
     assert r.status_code == 201, r.content
 
@@ -258,10 +307,18 @@ def test_an_array_that_would_wait_for_a_job_is_refused_on_after(teammate, roomy)
 
 
 def test_an_array_of_multi_role_jobs_is_refused_on_kind(teammate, roomy):
-    role = {"image": "python:3.11", "command": ["python", "learn.py"],
-            "resources": {"accelerator": "H100-80GB", "gpus_per_node": 1, "nodes": 1}}
-    body = {"team": "alpha", "name": "rl", "kind": "multi-role", "array": {"count": 2},
-            "spec": {"roles": {"learner": role, "rollout": {**role, "completion": False}}, "max_runtime_seconds": 600}}
+    role = {
+        "image": "python:3.11",
+        "command": ["python", "learn.py"],
+        "resources": {"accelerator": "H100-80GB", "gpus_per_node": 1, "nodes": 1},
+    }
+    body = {
+        "team": "alpha",
+        "name": "rl",
+        "kind": "multi-role",
+        "array": {"count": 2},
+        "spec": {"roles": {"learner": role, "rollout": {**role, "completion": False}}, "max_runtime_seconds": 600},
+    }
     r = teammate.client.post(ARRAYS, body, format="json")
     assert r.status_code == 400 and list(r.json()) == ["kind"], r.content
     assert not JobArray.objects.exists()
@@ -306,8 +363,14 @@ def _finish_admitted(array_id: int, outcome_of) -> int:
     ended = 0
     for job in Job.objects.filter(array_id=array_id, state=S.RUNNING):
         to = outcome_of(job.array_index)
-        end_attempt(job, job.current_attempt, to, reason="done", end_reason="Succeeded" if to == S.SUCCEEDED
-                    else "Failed", exit_code=0 if to == S.SUCCEEDED else 1)
+        end_attempt(
+            job,
+            job.current_attempt,
+            to,
+            reason="done",
+            end_reason="Succeeded" if to == S.SUCCEEDED else "Failed",
+            exit_code=0 if to == S.SUCCEEDED else 1,
+        )
         ended += 1
     return ended
 
@@ -316,8 +379,10 @@ def test_an_array_of_50_with_parallelism_8_never_runs_more_than_8(teammate, room
     settings.ARRAY_QUEUED_WINDOW = 3  # fewer rows waiting than the parallelism: passes must top up repeatedly
     array_id = teammate.client.post(ARRAYS, array_body({"count": 50, "parallelism": 8}), format="json").json()["id"]
     most_running, passes = 0, 0
-    while Job.objects.filter(array_id=array_id, state__in=LIVE).exists() or \
-            JobArray.objects.get(pk=array_id).materialized < 50:
+    while (
+        Job.objects.filter(array_id=array_id, state__in=LIVE).exists()
+        or JobArray.objects.get(pk=array_id).materialized < 50
+    ):
         schedule_pending()
         passes += 1
         assert_within_parallelism(array_id, 8)
@@ -405,8 +470,9 @@ def test_the_sweep_example_submits_as_a_six_element_grid(teammate, cluster_facto
     cluster_factory("any", "aws", "us-east-1", h100, nodes=2, gpus_per_node=8, price="2.00")
     document = yaml.safe_load((django_settings.BASE_DIR / "examples" / "jobs" / "sweep-gpt.yaml").read_text())
     document["team"] = "alpha"
-    r = teammate.client.generic("POST", ARRAYS, yaml.safe_dump(document, sort_keys=False),
-                                content_type="application/yaml")
+    r = teammate.client.generic(
+        "POST", ARRAYS, yaml.safe_dump(document, sort_keys=False), content_type="application/yaml"
+    )
     assert r.status_code == 201, r.content
     assert (r.json()["count"], r.json()["parallelism"], list(r.json()["grid"])) == (6, 2, ["lr", "batch_size"])
     assert array_env(r.json()["id"], 3, 6, JobArray.objects.get(pk=r.json()["id"]).grid)["SWEEP_LR"] == "0.006"
@@ -423,7 +489,7 @@ def test_the_job_list_filters_by_array_and_refuses_ids_that_are_not_whole_number
         listed = teammate.client.get(f"/api/v1/jobs/?array={array_id}&limit=50").json()["results"]
         assert sorted(j["array_index"] for j in listed) == list(range(count))
         assert {j["array"] for j in listed} == {array_id}
-    for bad in ("1.5", "0", "-3", "x", str(2 ** 63)):
+    for bad in ("1.5", "0", "-3", "x", str(2**63)):
         r = teammate.client.get(f"/api/v1/jobs/?array={bad}")
         assert r.status_code == 400 and "array" in r.json(), (bad, r.content)
     page = signed_in(teammate).get("/jobs/", {"array": first})

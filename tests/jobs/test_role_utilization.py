@@ -356,7 +356,9 @@ def test_every_rows_time_goes_to_the_roles_once(case):
     got = attribute_attempt(placement, total, rows)
     assert set(got) == set(placement["roles"])
     for key in total:
-        assert sum(r[key] for r in got.values()) == pytest.approx(total[key], rel=1e-9, abs=1e-6)
+        # What the node rows leave of the attempt's totals is float rounding when within a millionth of the total
+        # (jobs.roles' noise rule), and then not split: the roles' sums match the total to that millionth.
+        assert sum(r[key] for r in got.values()) == pytest.approx(total[key], rel=2e-6, abs=1e-6)
         assert all(r[key] >= -1e-6 for r in got.values())
     for node, role, _sums in rows:
         if role:

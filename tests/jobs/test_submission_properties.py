@@ -23,7 +23,7 @@ from tests.support.factories import VALID_SPEC
 from tests.support.personas import make_persona
 
 # Spec objects stored only when given (absent: no declaration).
-DECLARATIONS = ("model", "parallelism")
+DECLARATIONS = ("model", "parallelism", "follow")
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("alpha_h100_quota")]
 

@@ -218,6 +218,35 @@ def test_yaml_odd_keys_and_values_are_400(owner, aws_cluster, case, extra):
     assert_rejected(post_raw(owner, body, "application/yaml"), before)
 
 
+@pytest.mark.parametrize("case,body", [
+    ("top-level", yaml_submission(top_extra="name: other\n")),
+    ("in-spec", yaml_submission("  max_runtime_seconds: 3600\n")),
+    ("in-a-flow-mapping", yaml_submission().replace("nodes: 1}", "nodes: 1, nodes: 2}")),
+], ids=lambda v: v if len(v) < 20 else "")
+def test_a_yaml_key_named_twice_in_one_mapping_is_400_with_its_line(owner, aws_cluster, case, body):
+    """PyYAML keeps the last of two equal keys without a word: the submitter's first value would be lost unseen."""
+    before = counts()
+    response = post_raw(owner, body, "application/yaml")
+    assert_rejected(response, before)
+    detail = response.json()["detail"]
+    key = {"top-level": "name", "in-spec": "max_runtime_seconds", "in-a-flow-mapping": "nodes"}[case]
+    seen, line = 0, None
+    for number, text in enumerate(body.splitlines(), 1):  # the line where the key is written a second time
+        seen += text.count(f"{key}:")
+        if seen >= 2:
+            line = number
+            break
+    assert f'duplicate key "{key}" at line {line},' in detail, detail
+
+
+def test_equal_keys_in_sibling_mappings_are_no_duplicates():
+    from core.parsers import load_yaml
+
+    body = "roles:\n  a: {image: x, nodes: 1}\n  b: {image: x, nodes: 2}\nlist: [{k: 1}, {k: 2}]\n"
+    assert load_yaml(body) == {"roles": {"a": {"image": "x", "nodes": 1}, "b": {"image": "x", "nodes": 2}},
+                               "list": [{"k": 1}, {"k": 2}]}
+
+
 def test_yaml_date_key_at_top_level_is_400(owner, aws_cluster):
     before = counts()
     assert_rejected(post_raw(owner, yaml_submission(top_extra="2024-01-01: x\n"), "application/yaml"), before)

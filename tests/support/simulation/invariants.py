@@ -18,6 +18,7 @@ from django.db.models import Q
 
 ATTEMPT_LABEL, JOB_LABEL = "controlplane.io/attempt", "controlplane.io/job"
 UID_LABEL = "controlplane.io/attempt-uid"
+REPLICA_LABEL = "controlplane.io/replica"
 
 
 def attempt_of(labels: dict):
@@ -27,6 +28,30 @@ def attempt_of(labels: dict):
     if labels.get(UID_LABEL):
         return JobAttempt.objects.filter(uid=labels[UID_LABEL]).first()
     return JobAttempt.objects.filter(pk=int(labels.get(ATTEMPT_LABEL) or 0)).first()
+def slot_released(attempt, replica: str | None, moment: dt.datetime) -> bool:
+    """Whether serving ``attempt`` gave back the slot of replica index ``replica`` (a ``replica_slot_released``
+    event that released it, ``serving.replacement``) at or before ``moment``."""
+    from jobs.models import JobEvent
+
+    return replica is not None and replica.isdigit() and JobEvent.objects.filter(
+        attempt=attempt, kind="replica_slot_released", created_at__lte=moment, data__slot=int(replica),
+        data__released=True).exists()
+
+
+def held_gpus(attempt) -> tuple[int, int]:
+    """The fewest and the most GPUs ``attempt`` held over its life: its ``gpus`` now, and for a serving attempt
+    that gave back slots of replicas lost with their node, what it held before each and after each
+    (``replica_slot_released``: ``replicas_before`` and ``replicas``, one replica = nodes x GPUs per node)."""
+    from jobs.models import JobEvent
+
+    per = attempt.job.nodes * attempt.job.gpus_per_node
+    counts = [attempt.gpus]
+    for data in JobEvent.objects.filter(attempt=attempt, kind="replica_slot_released",
+                                        data__released=True).values_list("data", flat=True):
+        counts += [int(data["replicas_before"]) * per, int(data["replicas"]) * per]
+    return min(counts), max(counts)
+
+
 #: Seconds of slack on the dispatch deadline: the release runs in a reconcile pass, one beat interval later at
 #: most, and the world's clock moves in steps of up to 5 s.
 DEADLINE_SLACK_SECONDS = 30.0
@@ -83,6 +108,8 @@ def no_healthy_pod_deleted(world) -> list[str]:
             if attempt is None:
                 continue
             moment = dt.datetime.fromtimestamp(at, dt.UTC)
+            if kind == "Deployment" and slot_released(attempt, labels.get(REPLICA_LABEL), moment):
+                continue  # a serving replica lost with its node: its slot given back first (docs/adr/0041)
             ended = attempt.ended_at is not None and attempt.ended_at <= moment
             ending = JobEvent.objects.filter(job_id=attempt.job_id, created_at__lte=moment, attempt=attempt,
                                              to_state__in=[JobState.RECOVERING, JobState.FAILED, JobState.CANCELLED,
@@ -240,7 +267,7 @@ class PodHold:
 
 
 def billing_violation(gpus: int, billed: Decimal, pods: list[PodHold], *, limit: float | None,
-                      look: float) -> str | None:
+                      look: float, fewest_gpus: int | None = None) -> str | None:
     """Whether ``billed`` GPU-seconds of an attempt of ``gpus`` GPUs are out of what its ``pods`` allow (None:
     within; else why). The attempt holds its GPUs from its first pod's creation to its last pod's stop (a gang's
     nodes are held as one until the attempt ends, docs/design.md "Cost ledger"), at most ``limit`` seconds (the
@@ -253,13 +280,17 @@ def billing_violation(gpus: int, billed: Decimal, pods: list[PodHold], *, limit:
       one) per GPU. Time after the last evidence the platform was given (pods running out a termination grace
       while the control plane is down or the cluster cannot be reached, then gone) is not billed
       (docs/adr/0021, docs/adr/0028), so it is not required either.
+
+    ``gpus`` is the most the attempt held; ``fewest_gpus`` (None: ``gpus``) the fewest, which the lower bound
+    counts: a serving attempt that gave back a lost replica's slot held fewer GPUs for a while.
     """
+    least = gpus if fewest_gpus is None else fewest_gpus
     first = min((p.created for p in pods), default=0.0)
     last = max((p.stopped for p in pods), default=first)
     shown = max((min(p.shown_until, p.stopped) for p in pods if p.shown_until is not None), default=first)
     cap = limit if limit is not None else float("inf")
     held = Decimal(gpus) * Decimal(str(round(min(last - first, cap), 6)))
-    seen = Decimal(gpus) * Decimal(str(round(max(0.0, min(shown - first, cap)), 6)))
+    seen = Decimal(least) * Decimal(str(round(max(0.0, min(shown - first, cap)), 6)))
     slack = BILLING_TOLERANCE_SECONDS * max(gpus, 1)
     if billed > held + slack:
         return f"over-billed: its pods held {held:.1f} GPU-s, the ledger {billed:.1f}"
@@ -299,8 +330,9 @@ def billed_once(world) -> list[str]:
         # Billing stops at the job's max runtime, which every runner enforces (docs/design.md, Cost ledger): the
         # span counts up to it.
         limit = attempt.job.max_runtime_seconds
-        why = billing_violation(attempt.gpus, ledger.get(attempt.pk, Decimal(0)), pods.get(attempt.pk, []),
-                                limit=limit, look=look)
+        fewest, most = held_gpus(attempt) if attempt.job.kind == "inference" else (attempt.gpus, attempt.gpus)
+        why = billing_violation(most, ledger.get(attempt.pk, Decimal(0)), pods.get(attempt.pk, []),
+                                limit=limit, look=look, fewest_gpus=fewest)
         if why:
             out.append(f"attempt {attempt.pk} (job {attempt.job_id}, {attempt.end_reason or 'live'}) {why}")
     return out
@@ -308,9 +340,12 @@ def billed_once(world) -> list[str]:
 
 def no_duplicate_run(world) -> list[str]:
     """No job ever had more pods alive at once than its nodes x replicas (it never ran twice)."""
-    from jobs.models import Job
+    from jobs.models import Job, JobEvent
 
     shape = {j.pk: j.nodes * j.replicas for j in Job.objects.all()}
+    for job_id, data in JobEvent.objects.filter(kind="replica_slot_released", data__released=True).values_list(
+            "job_id", "data"):  # a serving job that gave back a lost replica's slot had more replicas before
+        shape[job_id] = max(shape.get(job_id, 1), int(data["replicas_before"]) * Job.objects.get(pk=job_id).nodes)
     pods: dict[int, list[tuple[float, int]]] = defaultdict(list)
     for emulator in world.emulators.values():
         for _gpus, labels, created, stopped in emulator.pod_times.values():
