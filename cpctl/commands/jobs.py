@@ -305,11 +305,16 @@ def resources_line(job: dict) -> str:
         roles = (job.get("spec") or {}).get("roles")
         roles = roles if isinstance(roles, dict) else {}
         return "; ".join(f"{name}: {_pods_line((roles[name] or {}).get('resources') or {}, job.get('accelerator'))}"
-                         for name in sorted(roles)) + f" = {job.get('total_gpus')} GPUs"
+                         for name in sorted(roles)) + f" = {_gpus(job.get('total_gpus'))}"
     if job.get("gpus_per_node") == 0:
         return _pods_line({**(((job.get("spec") or {}).get("resources")) or {}), "nodes": job.get("nodes")}, None)
     return (f"{job.get('nodes')} node(s) x {job.get('gpus_per_node')} {job.get('accelerator')} "
-            f"= {job.get('total_gpus')} GPUs")
+            f"= {_gpus(job.get('total_gpus'))}")
+
+
+def _gpus(total) -> str:
+    """``1 GPU`` or ``16 GPUs``: ``total`` the job's ``total_gpus`` as the API gives it (a whole number)."""
+    return f"{total} GPU" if total == 1 else f"{total} GPUs"
 
 
 def _pods_line(res: dict, accelerator: str | None) -> str:

@@ -259,3 +259,12 @@ def test_job_and_jobs_show_a_share_of_one_gpu_as_that_share(run_cli, teammate, j
     header, *found = rows(listing.out)
     row = next(r for r in found if r[0] == str(queued.pk))
     assert row[header.index("GPUS")] == "0.25", listing.out
+
+
+def test_job_says_one_gpu_in_the_singular(run_cli, teammate, jobs):
+    queued = jobs["queued"]
+    Job.objects.filter(pk=queued.pk).update(gpus_per_node=1)
+    result = run_cli("job", str(queued.pk), persona=teammate)
+    assert result.code == 0, result.err
+    fields = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in result.out.splitlines()[1:])
+    assert fields["resources"] == "1 node(s) x 1 H100-80GB = 1 GPU"
