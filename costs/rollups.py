@@ -22,7 +22,7 @@ from core.gpus import MILLI_PER_GPU
 
 from . import running
 from .models import ATTEMPT_DAY_KEYS, AttemptDailyCost, CostEntry, DailyCostRollup, JobDailyCost, TeamSpend
-from .spend import exact_seconds, gpu_seconds, utc_midnight
+from .spend import entries_starting_on, exact_seconds, gpu_seconds, rows_of_days, sql_entries_starting_on
 
 _SUMS = ("gpu_seconds", "cost_usd", "unpriced_gpu_seconds", "entries")
 #: The key of each level of totals, in the ledger's column names.
@@ -45,11 +45,7 @@ def ledger_sums(entry_model=CostEntry, start_day: dt.date | None = None, end_day
                 ) -> tuple[dict[tuple, list], dict[tuple, list]]:
     """The sums of the ledger, in Python: ``(by ROLLUP_KEYS, by JOB_DAY_KEYS, by ATTEMPT_DAY_KEYS)``, each key -> [GPU-seconds, USD,
     unknown-cost GPU-seconds, entries], over the entries starting on UTC days ``[start_day, end_day]``."""
-    entries = entry_model.objects.all()
-    if start_day:
-        entries = entries.filter(interval_start__gte=utc_midnight(start_day))
-    if end_day:
-        entries = entries.filter(interval_start__lt=utc_midnight(end_day + dt.timedelta(days=1)))
+    entries = entries_starting_on(entry_model.objects.all(), start_day, end_day)
     rollups: dict[tuple, list] = defaultdict(_zero)
     job_days: dict[tuple, list] = defaultdict(_zero)
     attempt_days: dict[tuple, list] = defaultdict(_zero)
@@ -70,13 +66,8 @@ def ledger_sums(entry_model=CostEntry, start_day: dt.date | None = None, end_day
 
 def _rebuild_postgresql(tables, start_day, end_day, column: str = "gpu_milli") -> int:
     entry_t, rollup_t, job_day_t, spend_t, attempt_day_t = (*tables, None)[:5]
-    where, params = ["TRUE"], []
-    if start_day:
-        where.append("interval_start >= %s")
-        params.append(utc_midnight(start_day))
-    if end_day:
-        where.append("interval_start < %s")
-        params.append(utc_midnight(end_day + dt.timedelta(days=1)))
+    bounds, params = sql_entries_starting_on(start_day, end_day)
+    where = ["TRUE", *bounds]
     days = [f"day {op} %s" for op, d in ((">=", start_day), ("<=", end_day)) if d] or ["TRUE"]
     # milli-GPUs x seconds x 0.001: exact (a product, no division); whole GPUs before ``costs`` 0016
     scale = " * 0.001" if column == "gpu_milli" else ""
@@ -151,12 +142,7 @@ def _rebuild_levels(models, start_day: dt.date | None, end_day: dt.date | None) 
     if attempt_day_model is not None:
         levels.append((attempt_day_model, ATTEMPT_DAY_KEYS, attempt_days))
     for model, names, groups in levels:
-        stale = model.objects.all()
-        if start_day:
-            stale = stale.filter(day__gte=start_day)
-        if end_day:
-            stale = stale.filter(day__lte=end_day)
-        stale.delete()
+        rows_of_days(model.objects.all(), start_day, end_day).delete()
         model.objects.bulk_create(model(**dict(zip(names, key, strict=True)), **dict(zip(_SUMS, sums, strict=True)))
                                   for key, sums in groups.items())
     teams: dict[int, list] = defaultdict(_zero)

@@ -29,7 +29,7 @@ from django.db import connection
 
 from jobs.models import JobAttempt
 
-from .spend import exact_seconds, gpu_seconds, utc_midnight
+from .spend import entries_starting_on, exact_seconds, gpu_seconds, rows_of_days, sql_entries_starting_on
 
 ZERO = Decimal(0)
 #: A series' key in ``AllocationSeries``' column names.
@@ -199,13 +199,8 @@ def gpu_attempt_days(
     ``[GPU-seconds, USD (priced), unpriced GPU-seconds]`` (exact), over the UTC days ``[start_day, end_day]`` (all
     when left out) and, given ``attempt_id``, that attempt's entries only."""
     entry_model = entry_model or _models()[0]
-    where, params = ["e.gpu_milli > 0"], []
-    if start_day:
-        where.append("e.interval_start >= %s")
-        params.append(utc_midnight(start_day))
-    if end_day:
-        where.append("e.interval_start < %s")
-        params.append(utc_midnight(end_day + dt.timedelta(days=1)))
+    bounds, params = sql_entries_starting_on(start_day, end_day, "e.interval_start")
+    where = ["e.gpu_milli > 0", *bounds]
     if attempt_id is not None:
         where.append("e.attempt_id = %s")
         params.append(attempt_id)
@@ -223,11 +218,7 @@ def gpu_attempt_days(
             for *key, g, c, u in cursor.fetchall():
                 out[tuple(key)] = [Decimal(g), Decimal(c), Decimal(u)]
         return out
-    entries = entry_model.objects.filter(gpu_milli__gt=0)
-    if start_day:
-        entries = entries.filter(interval_start__gte=utc_midnight(start_day))
-    if end_day:
-        entries = entries.filter(interval_start__lt=utc_midnight(end_day + dt.timedelta(days=1)))
+    entries = entries_starting_on(entry_model.objects.filter(gpu_milli__gt=0), start_day, end_day)
     if attempt_id is not None:
         entries = entries.filter(attempt_id=attempt_id)
     for key, milli, lo, hi, amount in (
@@ -277,12 +268,7 @@ def rebuild(start_day: dt.date | None = None, end_day: dt.date | None = None) ->
     locks). Returns the day rows written."""
     _entry, series_model, running_model = _models()
     deltas = series_deltas(days := gpu_attempt_days(start_day, end_day), attempt_facts({k[1] for k in days}))
-    stale = running_model.objects.all()
-    if start_day:
-        stale = stale.filter(day__gte=start_day)
-    if end_day:
-        stale = stale.filter(day__lte=end_day)
-    stale.delete()
+    rows_of_days(running_model.objects.all(), start_day, end_day).delete()
     spans: dict[tuple, list] = {}
     for *key, day in deltas:
         span = spans.setdefault(tuple(key), [day, day])

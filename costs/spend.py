@@ -55,6 +55,46 @@ def utc_midnight(day: dt.date) -> dt.datetime:
     return dt.datetime(day.year, day.month, day.day, tzinfo=UTC)
 
 
+def day_bounds(start_day: dt.date | None, end_day: dt.date | None) -> tuple[dt.datetime | None, dt.datetime | None]:
+    """The instants ``[from, to)`` that hold the UTC days ``[start_day, end_day]``: the start of ``start_day`` and
+    of the day after ``end_day``, aware datetimes; an open side (``None``) stays ``None``."""
+    return (utc_midnight(start_day) if start_day else None,
+            utc_midnight(end_day + dt.timedelta(days=1)) if end_day else None)
+
+
+def entries_starting_on(entries, start_day: dt.date | None, end_day: dt.date | None):
+    """``entries`` (a ledger QuerySet) narrowed to those whose ``interval_start`` falls on the UTC days
+    ``[start_day, end_day]``; an open side (``None``) is not bounded."""
+    lo, hi = day_bounds(start_day, end_day)
+    if lo:
+        entries = entries.filter(interval_start__gte=lo)
+    if hi:
+        entries = entries.filter(interval_start__lt=hi)
+    return entries
+
+
+def sql_entries_starting_on(start_day: dt.date | None, end_day: dt.date | None, column: str = "interval_start"
+                            ) -> tuple[list[str], list[dt.datetime]]:
+    """The same bounds as ``entries_starting_on`` for raw SQL: ``(clauses, params)``, each clause on ``column``
+    with one ``%s`` placeholder, ``params`` in the clauses' order; both empty when neither side is bounded."""
+    clauses, params = [], []
+    for op, bound in zip((">=", "<"), day_bounds(start_day, end_day), strict=True):
+        if bound:
+            clauses.append(f"{column} {op} %s")
+            params.append(bound)
+    return clauses, params
+
+
+def rows_of_days(rows, start_day: dt.date | None, end_day: dt.date | None):
+    """``rows`` (a QuerySet of a model with a ``day`` date field) narrowed to the days ``[start_day, end_day]``;
+    an open side (``None``) is not bounded."""
+    if start_day:
+        rows = rows.filter(day__gte=start_day)
+    if end_day:
+        rows = rows.filter(day__lte=end_day)
+    return rows
+
+
 @dataclasses.dataclass(frozen=True)
 class WindowParts:
     """A window ``[start, end)`` split into whole UTC days ``[first_day, end_day)`` and partial edge intervals.
