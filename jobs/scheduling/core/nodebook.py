@@ -371,6 +371,16 @@ def narrow_shape(asked: tuple[float, float, float, float]) -> tuple[float, float
     return round(g, 2), round(c, -2), round(m, -2)
 
 
+def per_gpu(shape: tuple[float, float, float]) -> tuple[float, float, float]:
+    """The least of ``shape`` (a mean pod, ``narrow_shape``) a narrower job could still ask: one GPU with the CPU and
+    memory the shape asks per GPU (a mean pod of several GPUs averages 1-GPU pods with 8-GPU ones); a shape of at
+    most one GPU as it is."""
+    g, c, m = shape
+    if g <= 1:
+        return shape
+    return 1.0, round(c / g, -2), round(m / g, -2)
+
+
 def _pods_fits(nodes, shape: tuple[float, float, float]) -> list[int]:
     """``_pods_fit`` of each of ``nodes`` (``(free GPUs, free CPU, free memory, open)``; a closed node holds 0)."""
     g, c, m = shape
@@ -994,7 +1004,8 @@ class NodeBook:
         """The pool and nodes for ``request`` among ``offers`` (already in ``price_order``, all matching): the
         cheapest price with room; between pools of that price, the fewest suspect nodes chosen, then (``best-fit``
         and ``fgd``, with a ``demand``) the lowest scarcity level (``scarcity.level``: the pool least wanted by jobs
-        narrower than this one, ADR 0043; 0 everywhere when no job is narrower), then the tightest
+        narrower than this one, ADR 0043; 0 everywhere when no job is narrower; the prior's level where every node
+        chosen had room for no GPU of theirs, ``_takes_no_narrow_room``), then the tightest
         fit for ``best-fit`` (fewest GPUs left on the chosen nodes, then CPU, then memory, then fewest free GPUs in
         the pool, so emptier pools stay whole), for ``fgd`` the least fragmentation growth summed over the chosen
         nodes and then best-fit's score, the loosest for ``spread``, the first for ``first-fit``; then the offers'
@@ -1005,6 +1016,10 @@ class NodeBook:
         n, g = request.nodes, request.gpus_per_node
         exclusive, intensity = self._exclusive(request, offers)
         lvl = 0
+        # the level of a pool no narrower job was seen on (the prior alone), which is also what a placement that takes
+        # no room from the narrower jobs scores (``_takes_no_narrow_room``)
+        free_lvl = level(intensity, 1.0) if exclusive else 0
+        shape = None
         # best fit of whole GPUs reads only the pool's nodes: its answer is kept per pool until the pool changes
         kept = best_fit and not request.shared
         rkey = (n, g, request.cpu_milli, request.memory_mib, request.share_nodes) if kept else None
@@ -1026,9 +1041,14 @@ class NodeBook:
                         room = self._room_for(o.node_pool_id, narrow_shape(asked))
                         p.narrow = (p.tick, asked, room)
                     lvl = level(asked[0] + intensity * room, room)
-                if best is not None and not best[2][0] and lvl > best[2][1]:
+                # above the prior, the nodes chosen may still take nothing the narrower jobs could use: known once
+                # they are chosen
+                shape = (per_gpu(narrow_shape(asked)) if asked is not None and lvl > free_lvl and not request.shared
+                         else None)
+                if best is not None and not best[2][0] and (free_lvl if shape else lvl) > best[2][1]:
                     continue  # more wanted by narrower jobs than the best so far, which uses no suspect node
-            if (best_fit and best is not None and not best[2][0] and lvl == best[2][1] and not request.share_nodes
+            if (best_fit and best is not None and not best[2][0] and lvl == best[2][1] and shape is None
+                    and not request.share_nodes
                     and not request.shared and not p.any_mixed and not best[3]):
                 # Each node it would get has at least the fewest free GPUs at or above the job's: when even that
                 # leaves more GPUs than the best so far, which uses no suspect node, its score is worse (suspect
@@ -1050,13 +1070,16 @@ class NodeBook:
                     p.fits[rkey] = (p.tick, nodes, left, sick)
                 if nodes is None:
                     continue
-                score = (sick, lvl, *left, p.free_total)
+                lv = free_lvl if shape and self._takes_no_narrow_room(p, nodes, shape) else lvl
+                score = (sick, lv, *left, p.free_total)
                 if best is None or score < best[2]:
                     best = (o, nodes, score, False)
                 continue
             nodes = self.fit(o.node_pool_id, request)
             if nodes is None:
                 continue
+            if shape and self._takes_no_narrow_room(p, nodes, shape):
+                lvl = free_lvl
             if self.policy == "first-fit":
                 return o, nodes
             left = self.leftover(o.node_pool_id, nodes, request)
@@ -1078,6 +1101,15 @@ class NodeBook:
             if best is None or score < best[2]:
                 best = (o, nodes, score, p.any_mixed)
         return (best[0], list(best[1])) if best else None
+
+    @staticmethod
+    def _takes_no_narrow_room(p: _PoolNodes, nodes: list[int], shape: tuple[float, float, float]) -> bool:
+        """Whether every one of ``nodes`` (of pool ``p``) has, before the job comes, too little free for one pod of
+        ``shape`` (the least a narrower job asks, ``per_gpu``; ``_pods_fit``'s rule): such a leftover (a 2-GPU node of
+        16 cores with one GPU and 4 cores free, for jobs of 11 cores per GPU) is taken from no job that could run
+        only there, whatever takes it."""
+        free_g, free_c, free_m = p.free_g, p.free_c, p.free_m
+        return not any(_pods_fit(free_g[i], free_c[i], free_m[i], shape) for i in set(nodes))
 
     def _exclusive(self, request: PlacementRequest, offers: list[PoolOffer]) -> tuple[dict, float]:
         """What ``place`` scores pools by (ADR 0043): per pool id, what jobs narrower than ``request`` asked

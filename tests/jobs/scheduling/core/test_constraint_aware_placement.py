@@ -164,3 +164,66 @@ def test_a_fleet_without_rules_is_placed_as_plain_best_fit_whatever_its_node_siz
         assert (a[0].node_pool_id, a[1]) == (b[0].node_pool_id, b[1])
         with_demand.take(a[0].node_pool_id, a[1], request)
         plain.take(b[0].node_pool_id, b[1], request)
+
+
+# --- leftovers the narrower jobs cannot use ------------------------------------------------------------------------
+
+def old_and_new(old_free: list[int], old_cpu_free: list[int]) -> list[PoolOffer]:
+    """One price, two pools: ``old`` (pool 1: nodes of 2 GPUs and 16 cores, each with the free GPUs and CPU given) and
+    ``new`` (pool 2: one empty node of 8 GPUs and 96 cores)."""
+    return [pool(1, 2 * len(old_free), gpus_per_node=2, cluster="old", node_free=old_free, cpu=16_000,
+                 cpu_free=old_cpu_free),
+            pool(2, 8, gpus_per_node=8, cluster="new", cpu=96_000)]
+
+
+def narrow_jobs_seen(scheduler: FairShareScheduler, cpu: int, count: int = 20) -> None:
+    """``count`` one-GPU jobs of ``cpu`` millicores held to the old pool, seen before (submitted, then gone)."""
+    for i in range(count):
+        narrow = dataclasses.replace(held_to("old", 1, at=-100.0 - i, job_id=-1 - i), cpu_milli=cpu)
+        scheduler.demand.observe(narrow, narrow.submitted)
+
+
+def test_a_flexible_job_takes_a_leftover_of_the_old_pool_that_no_job_held_there_could_use():
+    # Jobs held to old ask 1 GPU and 11 cores. Node 1-0 has 1 GPU and 4 cores free: none of them fits there, now or
+    # while its work runs. A flexible job of 1 GPU and 3 cores fits it exactly (0 GPUs left, against 7 on the new
+    # node), and takes nothing the held jobs could use: it goes there. Node 1-1 (both GPUs, 16 cores free) holds one
+    # held job and stays untouched.
+    scheduler = FairShareScheduler(snapshot([team(1, 32)], old_and_new([1, 2], [4000, 16_000]), []))
+    narrow_jobs_seen(scheduler, 11_000)
+    d = scheduler.submit(job(1, 1, cpu=3000, at=1, job_id=1))
+    assert [(a.offer.node_pool_id, a.node_names) for a in d.admissions] == [(1, ("1-0",))]
+
+
+def test_a_leftover_that_a_held_job_could_use_is_still_left_to_it():
+    # the same, with 12 cores free on node 1-0: one held job of 11 cores fits there, so the flexible job goes to new
+    scheduler = FairShareScheduler(snapshot([team(1, 32)], old_and_new([1, 2], [12_000, 16_000]), []))
+    narrow_jobs_seen(scheduler, 11_000)
+    d = scheduler.submit(job(1, 1, cpu=3000, at=1, job_id=1))
+    assert [(a.offer.node_pool_id, a.node_names) for a in d.admissions] == [(2, ("2-0",))]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 160)), min_size=1, max_size=4),
+       st.integers(10, 160), st.integers(5, 80))
+def test_a_flexible_job_takes_a_leftover_of_the_old_pool_only_where_no_held_job_could_use_it(old_nodes, narrow_cpu,
+                                                                                              flexible_cpu):
+    # Jobs held to old are seen asking 1 GPU and ``narrow_cpu`` x 100 millicores; the new pool always has room for
+    # the flexible job (1 GPU, ``flexible_cpu`` x 100 millicores). Wherever it lands in old, that node had room for
+    # no held job before it came (fewer cores free than they ask, read off the nodes here). And when best fit's node
+    # in old (fewest free GPUs, then least free CPU, then the first) is such a leftover, it lands there: 0 or 1 GPU
+    # left against 7 on the new node.
+    free = [g for g, _ in old_nodes]
+    cpu_free = [min(c * 100, 16_000) for _, c in old_nodes]
+    narrow, flexible = narrow_cpu * 100, flexible_cpu * 100
+    scheduler = FairShareScheduler(snapshot([team(1, 32)], old_and_new(free, cpu_free), []))
+    narrow_jobs_seen(scheduler, narrow)
+    d = scheduler.submit(job(1, 1, cpu=flexible, at=1, job_id=1))
+    assert len(d.admissions) == 1
+    a = d.admissions[0]
+    if a.offer.node_pool_id == 1:
+        (name,) = a.node_names
+        i = int(name.split("-")[1])
+        assert cpu_free[i] < narrow, (name, free[i], cpu_free[i])
+    fitting = [(free[i], cpu_free[i], i) for i in range(len(free)) if free[i] >= 1 and cpu_free[i] >= flexible]
+    if fitting and min(fitting)[1] < narrow:
+        assert (a.offer.node_pool_id, a.node_names) == (1, (f"1-{min(fitting)[2]}",))
