@@ -13,7 +13,9 @@ Its baseline, ``bare create``, runs in the same round, before the
 dispatch in one round and after it in the next: the same number of
 batch/v1 Job manifests POSTed straight to an emulator of its own by 2
 client threads (urllib3, no database, broker or Celery): what creating
-the objects costs at least. ``dispatch_over_bare_cpu_per_job`` is the
+the objects costs at least. Each is the manifest dispatch builds for the
+first measured attempt (its labels, attempt uid and record annotation,
+2,586 bytes) with its own name, ids and uid. ``dispatch_over_bare_cpu_per_job`` is the
 median of the rounds' ratios (``..._rounds``): each round's two sides
 share the machine's load of that moment, and one round that other work
 disturbed moves the median least; ``..._pooled`` is the ratio of all
@@ -442,12 +444,20 @@ def total(ms: dict[str, float | None]) -> float | None:
     return None if None in ms.values() else round(sum(ms.values()), 3)
 
 
-def bare_create_phase(url: str, count: int, emulator_pid: int, threads: int = 2, prefix: str = "bare") -> dict:
+def bare_create_phase(
+    url: str, count: int, emulator_pid: int, threads: int = 2, prefix: str = "bare", like=None
+) -> dict:
     """Baseline of the dispatch phase: ``count`` batch/v1 Job manifests like the dispatched ones (built before the
     clock starts, named ``<prefix>-<i>``) POSTed to the emulator at ``url`` by ``threads`` client threads over one
-    urllib3 pool, after one namespace create (409 when made before). Returns the jobs created, the seconds and the
-    CPU seconds of the clients (this process) and of the emulator process (None where unreadable)."""
+    urllib3 pool, after one namespace create (409 when made before). ``like``: the ``manifests.Workload`` of a
+    dispatched attempt (``runners.kubernetes.runner.workload``), whose manifest each one copies but for its name,
+    job and attempt ids and attempt uid (in its labels and in its record annotation), so both sides send manifests
+    of the same shape and size; None: a training Workload without the attempt's uid, installation and record.
+    Returns the jobs created, the seconds and the CPU seconds of the clients (this process) and of the emulator
+    process (None where unreadable)."""
+    import dataclasses
     import threading
+    import uuid
 
     import urllib3
 
@@ -459,9 +469,9 @@ def bare_create_phase(url: str, count: int, emulator_pid: int, threads: int = 2,
         "POST", url + "/api/v1/namespaces", body=json.dumps(m.namespace(NAMESPACE, "bench")), headers=headers
     )
     assert answer.status in (200, 201, 409), answer.data
-    manifests = [
-        m.training_job(
-            m.Workload(
+    def workload(i: int) -> m.Workload:
+        if like is None:
+            return m.Workload(
                 name=f"{prefix}-{i}",
                 namespace=NAMESPACE,
                 team="bench",
@@ -474,9 +484,20 @@ def bare_create_phase(url: str, count: int, emulator_pid: int, threads: int = 2,
                 gpus_per_node=1,
                 gpu_product="NVIDIA-H100-80GB-HBM3",
             )
+        uid = str(uuid.uuid4())
+        record = {**json.loads(like.record), "job_id": i, "attempt_id": i, "uid": uid} if like.record else None
+        return dataclasses.replace(
+            like,
+            name=f"{prefix}-{i}",
+            namespace=NAMESPACE,
+            job_id=i,
+            attempt_id=i,
+            attempt_uid=uid if like.attempt_uid else "",
+            record="" if record is None else json.dumps(record, sort_keys=True),
         )
-        for i in range(count)
-    ]
+
+    manifests = [m.manifests(workload(i))[0] for i in range(count)]
+    assert all(manifest["kind"] == "Job" for manifest in manifests)
     path = f"{url}/apis/batch/v1/namespaces/{NAMESPACE}/jobs"
     todo, errors = iter(manifests), []
 
@@ -576,6 +597,18 @@ def median(values: list[float]) -> float:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
+def dispatched_workload(attempt_id: int):
+    """The ``manifests.Workload`` dispatch builds for admitted attempt ``attempt_id`` (its job, team, submitter,
+    cluster and node pool read as ``jobs.lifecycle.dispatch_many`` reads them), for the bare create to copy."""
+    from jobs.lifecycle import attach_placement_rows
+    from jobs.models import JobAttempt
+    from runners.kubernetes.runner import workload
+
+    attempt = JobAttempt.objects.select_related("job__team", "job__submitter").get(pk=attempt_id)
+    attach_placement_rows(attempt)
+    return workload(attempt)
+
+
 #: Attempts dispatched before the measured rounds, one task each (``dispatch_phase``).
 WARM_UP = 4
 
@@ -634,6 +667,7 @@ def dispatch_phase(
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the {len(warm)} warm-up dispatches did not start in {timeout:g} s")
             time.sleep(0.05)
+        like = dispatched_workload(attempt_ids[0])
         for number, part in enumerate(parts):
             for side in ("dispatch", "bare") if number % 2 == 0 else ("bare", "dispatch"):
                 if clear is not None:
@@ -642,7 +676,9 @@ def dispatch_phase(
                 if side == "dispatch":
                     dispatched.append(dispatch_round(env, part, cluster_id, timeout, pids, emulator_pid, per_attempt))
                 else:
-                    bare.append(bare_create_phase(bare_url, len(part), emulator_pid, prefix=f"bare{number}"))
+                    bare.append(
+                        bare_create_phase(bare_url, len(part), emulator_pid, prefix=f"bare{number}", like=like)
+                    )
     finally:
         stop_workers(workers)
     bare_ms = per_op(_summed(bare), sum(r["jobs"] for r in bare))
