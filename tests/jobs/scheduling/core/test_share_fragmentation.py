@@ -320,7 +320,7 @@ def test_a_book_built_from_a_snapshot_of_many_jobs_reads_the_shapes_again_every_
         assert {s[0] for s in book.milli_shapes()} == ({500, 250} if k == 32 else {500}), k
 
 
-def test_the_fleets_prior_is_one_task_filling_a_node_of_each_kind_that_takes_shares():
+def test_the_fleets_prior_is_two_tasks_filling_a_node_of_each_kind_that_takes_shares():
     # Kinds of the nodes that take shares: 2 GPUs x 16 cores x 64 GiB (twice: one kind), 4 GPUs x 32 cores x 128
     # GiB; the whole-GPU node takes no shares and is no kind. One job seen, a 250 share of 1 core and 1 GiB.
     rooms = (NodeRoom("a", 0, 0, 16_000, 16_000, 65_536, 65_536, shares=(1000, 1000), slices=(4, 4)),
@@ -330,10 +330,10 @@ def test_the_fleets_prior_is_one_task_filling_a_node_of_each_kind_that_takes_sha
     o = offer(*rooms)
     assert node_kinds([o]) == ((2000, 16_000, 65_536), (4000, 32_000, 131_072))
     book = NodeBook([o], seen=lambda: [(250, 1000, 1024, 5.0)])
-    # by count / sqrt(milli-GPUs): the job 1 / sqrt(250) = 0.063246; each kind half a task: 0.5 / sqrt(2000) =
-    # 0.011180 and 0.5 / sqrt(4000) = 0.007906
+    # by count / sqrt(milli-GPUs): the job 1 / sqrt(250) = 0.063246; each kind one task of the two: 1 / sqrt(2000) =
+    # 0.022361 and 1 / sqrt(4000) = 0.015811
     assert {s[:3]: round(s[3], 6) for s in book.milli_shapes()} == {
-        (250, 1000, 1024): 0.063246, (2000, 16_000, 65_536): 0.01118, (4000, 32_000, 131_072): 0.007906}
+        (250, 1000, 1024): 0.063246, (2000, 16_000, 65_536): 0.022361, (4000, 32_000, 131_072): 0.015811}
     # the prior counts no job: the shapes are read again after one more job seen (the count doubled)
     assert book.history.version == 1
 
