@@ -262,6 +262,13 @@ def _layout(offer: PoolOffer) -> tuple[tuple, bool]:
     return found, keep
 
 
+def _free_milli(p: _PoolNodes, i: int) -> int:
+    """Node ``i``'s free GPU capacity in milli-GPUs: its GPUs' free shares on a node that gives whole GPUs and shares
+    (partly used GPUs counted), else its free whole GPUs x 1000. What FGD's ties read after the growth, as best fit
+    reads free GPUs."""
+    return sum(p.shares[i]) if p.mixed[i] else p.free_g[i] * MILLI_PER_GPU
+
+
 class _LazyPools(dict):
     """Pool id -> ``_PoolNodes``, each built on first use: a re-check of one admission touches one or two of the
     accelerator's pools, so the others' nodes are never laid out. An unknown pool id raises KeyError."""
@@ -766,7 +773,8 @@ class NodeBook:
         for its share (``_gpu_for``: the least free share left first), healthy nodes before suspect ones, then
         the least free CPU and memory, then the pool's order; None when none has room. When shares are scored
         (``share_scored``), the node and GPU whose fragmentation grows least come first (``_share_choice``), then
-        the order above.
+        best fit's order: the least room left on the GPU, then on the node's GPUs (its free milli-GPUs), then the
+        order above.
 
         Each node's key (``_share_key``) is remembered per request shape and read again only for the nodes changed
         since (``_PoolNodes.log``) or, for all, when the shapes scored changed: the answer is ``_share_node_scan``'s,
@@ -826,7 +834,9 @@ class NodeBook:
             found = self._share_choice(p, i, request)
             if found is None:
                 return None
-            return (i in p.suspect, found[0], found[1], p.free_c[i], p.free_m[i], i)
+            # ties as best fit's: the least room left on the GPU, then on the node's GPUs, then CPU, memory
+            return (i in p.suspect, found[0], found[1], sum(p.shares[i]) - request.share_milli, p.free_c[i],
+                    p.free_m[i], i)
         if request.mig_profile:
             room = p.mig[i].get(request.mig_profile, 0)
             if room <= 0:
@@ -928,13 +938,17 @@ class NodeBook:
 
     def _by_fragment(self, pool_id: int, request: PlacementRequest) -> list[int]:
         """The schedulable nodes with room for one node of ``request``, least fragmentation growth first (FGD),
-        then best-fit's order (fewest free GPUs, CPU, memory), then index."""
+        then best-fit's order (fewest free GPUs, CPU, memory; on a pool with nodes that give whole GPUs and shares,
+        the fewest free milli-GPUs, ``_free_milli``, instead of GPUs), then index."""
         if self.policy == "fgd":
             self._learn(request)
         p = self.pools[pool_id]
         g, c, m = request.gpus_per_node, request.cpu_milli, request.memory_mib
         if self.policy == "fgd" and not p.any_mixed:  # whole GPUs: the fewest GPUs left first, FGD between them
             scored = [(math.floor(self.fragment_growth(pool_id, i, request) / FIT_GROWTH_GPUS + 0.5), k, fc, fm, i)
+                      for k in range(g, len(p.buckets)) for fc, fm, i in p.buckets[k] if fc >= c and fm >= m]
+        elif p.any_mixed:  # ties by the node's free milli-GPUs (partly used GPUs too), then CPU, memory
+            scored = [(self.fragment_growth(pool_id, i, request), _free_milli(p, i), fc, fm, i)
                       for k in range(g, len(p.buckets)) for fc, fm, i in p.buckets[k] if fc >= c and fm >= m]
         else:
             scored = [(self.fragment_growth(pool_id, i, request), k, fc, fm, i)
@@ -1091,11 +1105,15 @@ class NodeBook:
                 score = (sick, lvl, math.floor(sum(self.fragment_growth(o.node_pool_id, i, request) for i in nodes)
                                                / FIT_GROWTH_GPUS + 0.5), *left, p.free_total)
             elif (self.policy == "fgd" or self.whole_scored(p)) and not request.shared:
+                if p.any_mixed and len(nodes) == 1:  # ties by the node's free milli-GPUs left, as ``_by_fragment``
+                    left = (_free_milli(p, nodes[0]) - request.gpus_per_node * MILLI_PER_GPU, *left[1:])
                 score = (sick, lvl, sum(self.fragment_growth(o.node_pool_id, i, request) for i in nodes), *left,
                          p.free_total)
             elif request.shared and self.share_scored(request):
                 found = self._share_choice(p, nodes[0], request)
-                score = (sick, lvl, found[0] if found else 0.0, *left, p.free_total)
+                # ties as ``_share_key``'s: room left on the GPU, then on the node's GPUs (milli-GPUs), CPU, memory
+                score = (sick, lvl, found[0] if found else 0.0, left[0],
+                         sum(p.shares[nodes[0]]) - request.share_milli, *left[1:], p.free_total)
             else:
                 score = (sick, lvl, *left, p.free_total)
             if best is None or score < best[2]:

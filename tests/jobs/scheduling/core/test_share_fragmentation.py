@@ -320,7 +320,7 @@ def test_a_book_built_from_a_snapshot_of_many_jobs_reads_the_shapes_again_every_
         assert {s[0] for s in book.milli_shapes()} == ({500, 250} if k == 32 else {500}), k
 
 
-def test_the_fleets_prior_is_one_task_filling_a_node_of_each_kind_that_takes_shares():
+def test_the_fleets_prior_is_two_tasks_filling_a_node_of_each_kind_that_takes_shares():
     # Kinds of the nodes that take shares: 2 GPUs x 16 cores x 64 GiB (twice: one kind), 4 GPUs x 32 cores x 128
     # GiB; the whole-GPU node takes no shares and is no kind. One job seen, a 250 share of 1 core and 1 GiB.
     rooms = (NodeRoom("a", 0, 0, 16_000, 16_000, 65_536, 65_536, shares=(1000, 1000), slices=(4, 4)),
@@ -330,10 +330,10 @@ def test_the_fleets_prior_is_one_task_filling_a_node_of_each_kind_that_takes_sha
     o = offer(*rooms)
     assert node_kinds([o]) == ((2000, 16_000, 65_536), (4000, 32_000, 131_072))
     book = NodeBook([o], seen=lambda: [(250, 1000, 1024, 5.0)])
-    # by count / sqrt(milli-GPUs): the job 1 / sqrt(250) = 0.063246; each kind half a task: 0.5 / sqrt(2000) =
-    # 0.011180 and 0.5 / sqrt(4000) = 0.007906
+    # by count / sqrt(milli-GPUs): the job 1 / sqrt(250) = 0.063246; each kind one task of the two: 1 / sqrt(2000) =
+    # 0.022361 and 1 / sqrt(4000) = 0.015811
     assert {s[:3]: round(s[3], 6) for s in book.milli_shapes()} == {
-        (250, 1000, 1024): 0.063246, (2000, 16_000, 65_536): 0.01118, (4000, 32_000, 131_072): 0.007906}
+        (250, 1000, 1024): 0.063246, (2000, 16_000, 65_536): 0.022361, (4000, 32_000, 131_072): 0.015811}
     # the prior counts no job: the shapes are read again after one more job seen (the count doubled)
     assert book.history.version == 1
 
@@ -344,3 +344,30 @@ def test_with_no_job_seen_there_is_no_prior_and_a_share_goes_by_best_fit():
     assert book.milli_shapes() == ()
     found = book.place(PlacementRequest(1, 1, share_milli=300), [o])
     assert book.names(1, found[1]) == ("tight",)
+
+
+def test_a_share_whose_growth_and_gpu_room_tie_goes_to_the_node_with_the_least_gpu_capacity_left():
+    # Shapes seen: 100 shares. A 500 share on "wide" ([1000, 1000] -> [500, 1000]) or on "narrow" ([1000] -> [500])
+    # strands nothing for a 100 share either way (growth 0) and leaves 500 on its GPU either way; best fit's next
+    # measure, the node's free GPU capacity left, is 1,500 on "wide" and 500 on "narrow": "narrow", although
+    # "wide" comes first in the pool (and in the offers' order when each is a pool of its own).
+    together = offer(sliced("wide", 1000, 1000), sliced("narrow", 1000))
+    book = NodeBook([together], history=seen((100, 0, 0, 2)))
+    request = PlacementRequest(1, 1, share_milli=500)
+    assert book.names(1, book.place(request, [together])[1]) == ("narrow",)
+    apart = [offer(sliced("wide", 1000, 1000), pool=1), offer(sliced("narrow", 1000), pool=2)]
+    book = NodeBook(apart, history=seen((100, 0, 0, 2)))
+    found = book.place(request, apart)
+    assert (found[0].node_pool_id, book.names(2, found[1])) == (2, ("narrow",))
+
+
+def test_a_whole_gpu_whose_growth_ties_goes_to_the_node_with_the_least_milli_gpus_left_not_whole_gpus():
+    # Nodes giving whole GPUs and shares; shapes seen: 100 shares. One whole GPU taken from "parted" ([1000, 1000,
+    # 900, 900], 2 wholly free) or from "whole" ([1000, 1000, 1000], 3 wholly free) strands nothing for a 100 share
+    # (no GPU is left with less than 100 free but the one taken): growth 0 on both. Counted in whole GPUs "parted"
+    # has fewer free (2 against 3); counted in milli-GPUs, as the shares see them, it has more (3,800 against
+    # 3,000): "whole".
+    o = offer(NodeRoom("parted", 4, 2, shares=(1000, 1000, 900, 900), slices=(4,) * 4),
+              NodeRoom("whole", 3, 3, shares=(1000,) * 3, slices=(4,) * 3))
+    book = NodeBook([o], history=seen((100, 0, 0, 2)))
+    assert book.names(1, book.place(PlacementRequest(1, 1), [o])[1]) == ("whole",)

@@ -5,8 +5,8 @@ a share is placed, never where.
 Differential: random pools of nodes that share their GPUs (time-sliced, or whole and shared), random shares taken
 and given back, whole GPUs taken on mixed nodes and shapes seen meanwhile; after every step the book's node and GPU
 for each of several requests must be the plain reference's, written here from the rule (``NodeBook._share_node``'s
-order: healthy first, least fragmentation growth, least room left on the GPU, least free CPU, then memory, then the
-node's index) with the fragmentation computed afresh by ``fragmentation.share_fragment`` on the raw numbers."""
+order: healthy first, least fragmentation growth, least room left on the GPU, then on the node's GPUs, least free
+CPU, then memory, then the node's index) with the fragmentation computed afresh by ``fragmentation.share_fragment`` on the raw numbers."""
 
 from __future__ import annotations
 
@@ -52,10 +52,11 @@ def reference(book: NodeBook, request: PlacementRequest) -> tuple[int, int] | No
             after_l[k] -= 1
             after = share_fragment(NodeGpus(after_s, after_l, c - request.cpu_milli, m - request.memory_mib,
                                             p.mixed[i]), shapes)
-            key = (i in p.suspect, round(after - before, GROWTH_DIGITS), free - request.share_milli, c, m, i, k)
+            key = (i in p.suspect, round(after - before, GROWTH_DIGITS), free - request.share_milli,
+                   sum(shares) - request.share_milli, c, m, i, k)
             if best is None or key < best:
                 best = key
-    return None if best is None else (best[5], best[6])
+    return None if best is None else (best[6], best[7])
 
 
 @pytest.mark.parametrize("seed", range(12))
