@@ -389,8 +389,9 @@ class FairShareScheduler:
                   exclude=()) -> Decision:
         """``decision`` for ``job`` with the reservations held: an admission that would delay one waits; a capacity
         wait is admitted on held nodes it leaves by their reservation's start (``Backfill.window``), else gets a
-        reservation if it is owed one (``Backfill.wants``: ``strict_head``, or waited long enough); never on the
-        pools of ``exclude`` (held for a job ahead of it in its StrictFIFO team)."""
+        reservation if it is owed one (``Backfill.wants``: ``strict_head``, or waited long enough, and not behind a
+        head holding pools from it); never on the pools of ``exclude`` (held for a job ahead of it in its StrictFIFO
+        team)."""
         backfill = self.backfill
         end = backfill.now + job.max_runtime_seconds
         if isinstance(decision, Admission):
@@ -410,7 +411,10 @@ class FairShareScheduler:
             return decision  # no reservation's start is after its end, and it is owed none
         wkey = (acc, job.shape, job.max_runtime_seconds, job.team_id if team.cluster_caps else None)
         windows = end <= backfill.latest and backfill.misses.get(wkey) != backfill.version
-        wants = backfill.wants(job, strict_head)
+        # a job behind its StrictFIFO team's head that holds pools from it (``exclude``) is owed no reservation: its
+        # capacity wait is shown as a wait behind that head (``_held_decision``), and a reservation it held would
+        # keep nodes from the pass that no Waiting names
+        wants = backfill.wants(job, strict_head) and not exclude
         if not windows and not wants:
             return decision
         pools = self.room.matching_entry(job, acc)[0]

@@ -6,8 +6,10 @@ Properties, each checked against books kept here from the snapshot and the pass'
   what runs there past the start (live attempts by admitted + max run time, the pass's admissions by now + max
   run time);
 - node-exactness: no admission onto a node without room, reservations on distinct nodes, one per pod;
-- StrictFIFO order: behind a team's first waiting job, the team admits nothing unless that job holds a
-  reservation, and then only what leaves the job its quota at the reservation's start;
+- StrictFIFO order: behind a team's first waiting job, the team admits only what leaves the job its quota at the
+  reservation's start when it holds a reservation; without one, nothing when it waits for anything but nodes, and
+  when it waits for nodes only on pools that could never hold it (too few nodes, or too few GPUs on each), inside
+  the quota that leaves it its own;
 - the memo changes nothing: the pass with ``DecisionMemo`` and with ``NullMemo`` decides the same.
 """
 
@@ -86,6 +88,11 @@ def ends_after(world, decisions, pool_id: int, name: str, at: float) -> int:
                       and name in a.node_names and NOW + a.job.max_runtime_seconds > at)
 
 
+def pool_shape(world, pool_id: int) -> tuple[int, int]:
+    """``(GPUs per node, nodes)`` of the world's pool ``pool_id``."""
+    return next((gpn, n) for pid, gpn, n, _ in world[1] if pid == pool_id)
+
+
 def capacity(world) -> dict[tuple[int, str], int]:
     return {(pid, f"{pid}-{i}"): gpn for pid, gpn, n, _ in world[1] for i in range(n)}
 
@@ -145,7 +152,19 @@ def test_strict_fifo_admits_behind_its_head_only_what_cannot_delay_it(world):
         behind = [j for j in order if j.key > head.key and j.job_id in admitted]
         held = decisions.reservations.get(head.job_id)
         if held is None:
-            assert not behind, (head.job_id, [j.job_id for j in behind])
+            if decisions.waiting[head.job_id].reason != "capacity":
+                assert not behind, (head.job_id, [j.job_id for j in behind])
+                continue
+            # waiting for nodes with no reservation, the head holds from its team the pools that could ever hold it
+            # (as many nodes as it asks, each with its GPUs): what runs behind it runs elsewhere, inside the quota
+            # that leaves the head its own
+            for j in behind:
+                gpn, n_nodes = pool_shape(world, admitted[j.job_id].offer.node_pool_id)
+                assert n_nodes < head.nodes or gpn < head.gpus_per_node, (head.job_id, j.job_id)
+            live = sum(r.gpus for r in world[2] if r.team_id == tid)
+            ahead = sum(j.total_gpus for j in order if j.key < head.key and j.job_id in admitted)
+            taken = sum(j.total_gpus for j in behind)
+            assert live + ahead + taken + head.total_gpus <= nominal + borrowing or not behind
             continue
         live = sum(r.gpus for r in world[2] if r.team_id == tid)
         ahead = sum(j.total_gpus for j in order if j.key < head.key and j.job_id in admitted)
@@ -198,3 +217,26 @@ def test_without_a_pass_time_a_strict_fifo_head_blocks_its_team():
     decisions = FairShareScheduler(snap).full_pass()
     assert not decisions.admissions and not decisions.reservations
     assert decisions.waiting[2].reason == "priority"
+
+
+def test_a_job_behind_a_head_that_holds_pools_from_it_gets_no_reservation_of_its_own():
+    """Team 0 queues StrictFIFO: pool 1 (two 4-GPU nodes, full until 1 s from now) is reserved for team 1's 2-node
+    job, so team 0's 2-node job 6 waits with no reservation and holds pool 1 from the team; pool 2 (one node) takes
+    team 0's four 1-GPU jobs. Job 7 behind job 6 waits behind it, and no reservation holds a node for it: every
+    reservation the pass keeps is one a waiting job shows."""
+    live = [RunningJob(10_001 + i, i + 1, 0, pure.H100, 1, gpus, admitted=NOW, node_names=(node,), gpus_per_node=gpus,
+                       max_runtime_seconds=1)
+            for i, (node, gpus) in enumerate([("1-0", 4), ("1-1", 2), ("1-1", 2)])]
+    jobs = [(1, 0, 1, 1, 500, 0.0, 60), (2, 1, 2, 1, 500, 0.0, 60), (3, 0, 1, 1, 500, 0.0, 60),
+            (4, 0, 1, 1, 500, 0.0, 60), (5, 0, 1, 1, 500, 0.0, 60), (6, 0, 2, 1, 500, 0.0, 60),
+            (7, 0, 1, 1, 500, 0.0, 60)]
+    world = ([(0, 10, 4, "StrictFIFO"), (1, 2, 0, "StrictFIFO"), (2, 2, 0, "StrictFIFO")],
+             [(1, 4, 2, [0, 0]), (2, 4, 1, [4])], live, jobs, 0.0, 2)
+    decisions = decide(world, DecisionMemo)
+    assert sorted((a.job.job_id, a.node_names) for a in decisions.admissions) == [
+        (1, ("2-0",)), (3, ("2-0",)), (4, ("2-0",)), (5, ("2-0",))]
+    assert {j: r.node_names for j, r in decisions.reservations.items()} == {2: ("1-0", "1-1")}
+    assert decisions.waiting[6].reason == "capacity" and decisions.waiting[6].reservation is None
+    assert decisions.waiting[7].reason == "priority" and decisions.waiting[7].detail["behind_job_id"] == 6
+    assert decisions.waiting[7].reservation is None
+    assert all(decisions.waiting[j].reservation is r for j, r in decisions.reservations.items())
