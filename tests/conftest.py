@@ -2,13 +2,26 @@
 
 ``make test`` runs the suite on PostgreSQL and Redis (DATABASE_URL and CELERY_BROKER_URL set by the Makefile).
 The personas, builders and emulators live in ``tests/support``; see its package docstring.
+
+Property tests (Hypothesis) search new random examples on every run, and a failure found is kept in the local
+example database (``.hypothesis/``) and tried first next time. With ``CI`` set (the gate a change must pass) they
+run the ``ci`` profile instead: ``derandomize``, the same examples on every run of the same test code (seeded from
+the test), so a gate's verdict is the one a run here with ``CI=true`` gives, and the search for new failures stays
+with the runs here; ``print_blob`` prints how to replay a failure.
 """
+
+import os
 
 import pytest
 from django.core.cache import cache
+from hypothesis import settings as hypothesis_settings
 
 from core.lookups import clear_all
 from jobs.scheduling import pacing
+
+hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    hypothesis_settings.load_profile("ci")
 
 pytest.register_assert_rewrite("tests.support")  # before pytest_plugins imports them: plain asserts explain failures
 
