@@ -35,8 +35,8 @@ arrives, a full pass from a fresh snapshot when one ends):
 - backlog (part of churn): arrivals faster than the fleet drains (``BACKLOG_PREFILL`` x the fleet's GPUs at once,
   then ``BACKLOG_LOAD``), every team StrictFIFO and then BestEffortFIFO, each without and with backfill with
   reservations (ADR 0044) on the same arrivals and run times; reports the allocation while jobs waited and queue
-  wait p50/p95/p99 overall and for 8-GPU and 1-GPU jobs, and ``wait_p99_ratio_8gpu_vs_1gpu``
-  (``--backlog-only`` runs it alone).
+  wait p50/p95/p99 overall and for 8-GPU and 1-GPU jobs, ``wait_p99_ratio_8gpu_vs_1gpu``, and the 8-GPU
+  jobs' by how many nodes could ever hold them (``gpus_8_by_nodes_able``) (``--backlog-only`` runs it alone).
 
 - constrained fill (``constrained``): the whole-GPU fill with a share (``CONSTRAINED_SHARE``, 30 %) of the tasks held
   to one GPU model of the trace (each pool's cluster name is its model; the task's clusters rule names it), the
@@ -432,9 +432,9 @@ def churn(nodes, tasks, jobs: int, rng: random.Random, load: float = CHURN_LOAD,
           backfill: bool = False, reserve_after_s: float | None = None, prefill: float = 0.0,
           max_reservations: int = 16) -> dict:
     """Poisson arrivals, log-normal run times, a full pass from a fresh snapshot whenever a job ends (or is
-    preempted), a pass per arrival; returns waits (with each job's GPUs), preemptions, pass times by queue length,
-    the checker and the allocation while jobs waited (GPU-seconds allocated over fleet GPU-seconds, over the time
-    the queue was not empty).
+    preempted), a pass per arrival; returns waits (with each job's GPUs, and its GPUs, CPU and memory per node in
+    ``shapes``), preemptions, pass times by queue length, the checker and the allocation while jobs waited
+    (GPU-seconds allocated over fleet GPU-seconds, over the time the queue was not empty).
 
     ``load``: offered load (x the fleet's GPUs); ``strategy``: every team's queueing strategy. With ``backfill``
     every job's max run time is its run time times a uniform factor from 1 to ``LIMIT_OVER_RUN`` (users ask more
@@ -472,6 +472,7 @@ def churn(nodes, tasks, jobs: int, rng: random.Random, load: float = CHURN_LOAD,
     running: dict[int, tuple[RunningJob, float]] = {}  # job id -> (live attempt, end time)
     ends: dict[int, float] = {}
     waits, preemptions, passes = [], 0, []
+    shapes: list[tuple[int, int, int]] = []  # per entry of ``waits``: the job's GPUs, CPU and memory per node
     tstate = teams(fleet.gpus)
     scheduler = None
     attempt = 0
@@ -506,6 +507,7 @@ def churn(nodes, tasks, jobs: int, rng: random.Random, load: float = CHURN_LOAD,
             heapq.heappush(events, (end, 0, j.job_id))
             if j.job_id not in waited:
                 waits.append((now - spec[j.job_id][2], j.total_gpus))
+                shapes.append((j.gpus_per_node, j.cpu_milli, j.memory_mib))
                 waited.add(j.job_id)
 
     waited: set[int] = set()
@@ -544,8 +546,8 @@ def churn(nodes, tasks, jobs: int, rng: random.Random, load: float = CHURN_LOAD,
         if pass_at is None and queue:
             pass_at = (math.floor(now / PASS_INTERVAL_S) + 1) * PASS_INTERVAL_S
             heapq.heappush(events, (pass_at, 2, 0))
-    return {"waits": [w for w, _ in waits], "waits_by_gpus": waits, "preemptions": preemptions, "passes": passes,
-            "checker": checker, "rate": rate, "mean_s": mean_s, "left_waiting": len(queue),
+    return {"waits": [w for w, _ in waits], "waits_by_gpus": waits, "shapes": shapes, "preemptions": preemptions,
+            "passes": passes, "checker": checker, "rate": rate, "mean_s": mean_s, "left_waiting": len(queue),
             "allocation_while_waiting": held_gpu_s / (busy_s * fleet.gpus) if busy_s else None}
 
 
@@ -556,13 +558,20 @@ def wait_stats(waits: list[tuple[float, int]], gpus: int | None = None) -> dict:
                                     for p in (50, 95, 99)}}
 
 
+def nodes_able(nodes, gpus_per_node: int, cpu_milli: int, memory_mib: int) -> int:
+    """How many of ``nodes`` (``load_nodes``' tuples) could ever hold one pod of the shape (GPUs, CPU millicores,
+    memory MiB)."""
+    return sum(1 for n in nodes if n[2] >= gpus_per_node and n[3] >= cpu_milli and n[4] >= memory_mib)
+
+
 def backlog(nodes, tasks, jobs: int) -> dict:
     """The backlog scenario: ``jobs`` arrivals, ``BACKLOG_PREFILL`` x the fleet's GPUs at once (``churn``'s
     ``prefill``) and the rest at
     ``BACKLOG_LOAD`` x what the fleet drains, every team StrictFIFO and
     then every team BestEffortFIFO, each without and with backfill (same arrivals, same run times); per run the
-    allocation while jobs waited and the queue wait percentiles overall and of 8-GPU and 1-GPU jobs, and
-    ``wait_p99_ratio_8gpu_vs_1gpu``."""
+    allocation while jobs waited and the queue wait percentiles overall and of 8-GPU and 1-GPU jobs,
+    ``wait_p99_ratio_8gpu_vs_1gpu``, and the 8-GPU jobs' percentiles by how many of the fleet's nodes could ever
+    hold them (``gpus_8_by_nodes_able``: the trace's 120-core 8-GPU tasks fit only its 39 G3 nodes)."""
     out = {"jobs": jobs, "offered_load": BACKLOG_LOAD, "prefill": BACKLOG_PREFILL, "limit_over_run": LIMIT_OVER_RUN,
            "reserve_after_s": RESERVE_AFTER_S, "max_reservations": MAX_RESERVATIONS}
     for strategy in ("StrictFIFO", "BestEffortFIFO"):
@@ -573,11 +582,16 @@ def backlog(nodes, tasks, jobs: int) -> dict:
                         prefill=BACKLOG_PREFILL, max_reservations=MAX_RESERVATIONS)
             by = run["waits_by_gpus"]
             eight, one = wait_stats(by, 8), wait_stats(by, 1)
+            by_able: dict[int, list[tuple[float, int]]] = {}
+            for (w, g), (gpn, cpu, memory) in zip(by, run["shapes"], strict=True):
+                if g == 8:
+                    by_able.setdefault(nodes_able(nodes, gpn, cpu, memory), []).append((w, g))
             runs[name] = {
                 "allocation_while_waiting": round(run["allocation_while_waiting"], 4),
                 **wait_stats(by), "gpus_8": eight, "gpus_1": one,
                 "wait_p99_ratio_8gpu_vs_1gpu": (round(eight["wait_p99_s"] / one["wait_p99_s"], 3)
                                                 if eight["wait_p99_s"] and one["wait_p99_s"] else None),
+                "gpus_8_by_nodes_able": {str(k): wait_stats(v) for k, v in sorted(by_able.items())},
                 "left_waiting": run["left_waiting"], "admitted_without_room": run["checker"].without_room,
                 "pass_p99_ms": round(percentile([ms for _, ms in run["passes"]], 99), 3),
                 "cpu_s": round(time.process_time() - c0, 1)}
