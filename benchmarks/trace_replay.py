@@ -587,7 +587,9 @@ def backlog(nodes, tasks, jobs: int) -> dict:
                 if g == 8:
                     by_able.setdefault(nodes_able(nodes, gpn, cpu, memory), []).append((w, g))
             runs[name] = {
-                "allocation_while_waiting": round(run["allocation_while_waiting"], 4),
+                # None: no job ever waited (arrivals fewer than the prefill's)
+                "allocation_while_waiting": (None if run["allocation_while_waiting"] is None
+                                             else round(run["allocation_while_waiting"], 4)),
                 **wait_stats(by), "gpus_8": eight, "gpus_1": one,
                 "wait_p99_ratio_8gpu_vs_1gpu": (round(eight["wait_p99_s"] / one["wait_p99_s"], 3)
                                                 if eight["wait_p99_s"] and one["wait_p99_s"] else None),
@@ -598,7 +600,8 @@ def backlog(nodes, tasks, jobs: int) -> dict:
             print(f"backlog {strategy} {name}: allocation {runs[name]['allocation_while_waiting']}, wait p99 "
                   f"{runs[name]['wait_p99_s']} s, 8-GPU p99 {eight['wait_p99_s']} s, 1-GPU p99 {one['wait_p99_s']} s",
                   file=sys.stderr)
-        runs["allocation_kept"] = runs["backfill"]["allocation_while_waiting"] >= runs["plain"]["allocation_while_waiting"]
+        kept = (runs["backfill"]["allocation_while_waiting"], runs["plain"]["allocation_while_waiting"])
+        runs["allocation_kept"] = None if None in kept else kept[0] >= kept[1]
         out[strategy] = runs
     return out
 
