@@ -12,6 +12,7 @@ import itertools
 import math
 import operator
 from collections import Counter
+from types import MappingProxyType
 
 from core.gpus import MILLI_PER_GPU
 
@@ -120,10 +121,14 @@ class _PoolNodes:
         layout, kept = _layout(offer)
         (self.names, self.index, self.gpus, free_g, free_c, free_m, self.domain, self.sched, self.mixed, shares,
          slices, mig, self.suspect, self.domains, self.any_mixed, buckets, self.free_total, self.cap,
-         free_cm) = layout
+         free_cm, sharing, has_mig) = layout
         if kept:
             free_g, free_c, free_m, buckets, free_cm = free_g[:], free_c[:], free_m[:], list(map(list.copy, buckets)), free_cm[:]
-            shares, slices, mig = list(map(list.copy, shares)), list(map(list.copy, slices)), list(map(dict.copy, mig))
+            # a pool whose nodes share no GPU keeps empty tuples there (nothing to change); one without MIG devices
+            # the read-only ``_NO_MIG`` per node, which ``NodeBook._take_share`` replaces in this book's own list
+            if sharing:
+                shares, slices = list(map(list.copy, shares)), list(map(list.copy, slices))
+            mig = list(map(dict.copy, mig)) if has_mig else mig[:]
         self.free_g, self.free_c, self.free_m = free_g, free_c, free_m
         # schedulable nodes by free GPUs: ``(free CPU, free memory, index)`` sorted in each
         self.buckets: list[list[tuple[int, int, int]]] = buckets
@@ -194,6 +199,10 @@ class _PoolNodes:
         return 0
 
 
+#: A node's free MIG devices in a pool without any (``_PoolNodes.mig``): read-only, shared by every such node, until a
+#: device given back there makes it a dict of its own (``NodeBook._take_share``).
+_NO_MIG = MappingProxyType({})
+
 #: What ``_layout`` reads of each node (``placement.NodeRoom``), in its order.
 _NODE_FIELDS = operator.attrgetter("name", "gpus", "free_gpus", "free_cpu_milli", "free_memory_mib", "domain",
                                    "schedulable", "healthy", "suspect", "shares", "slices", "mig_free", "cpu_milli",
@@ -204,8 +213,10 @@ def _layout(offer: PoolOffer) -> tuple[tuple, bool]:
     """``offer``'s nodes as a ``_PoolNodes`` of it starts: ``(names, index by name, GPUs, free GPUs, free CPU, free
     memory, domains, takes work, mixed, free shares, free slices, free MIG devices, suspect indexes, several
     domains, any mixed, buckets, free GPUs in all, allocatable (GPUs, CPU, memory) of the open nodes, their free
-    (CPU, memory))``, per node where a list; and whether it is kept with the offer (the caller must copy what it
-    changes) or the caller's own.
+    (CPU, memory), whether some node shares GPUs, whether some node has MIG devices)``, per node where a list; and
+    whether it is kept with the offer (the caller must copy what it changes) or the caller's own. A pool whose nodes
+    share no GPU has an empty tuple of shares and slices per node (no list per node to make or copy); one without
+    MIG devices ``_NO_MIG`` per node.
 
     The first book of an offer gets a layout of its own (a pass over a new snapshot pays no copy); from the second
     on, the layout is kept with the offer (``PoolOffer.derived``) and read from there. An offer is frozen, so what
@@ -220,10 +231,13 @@ def _layout(offer: PoolOffer) -> tuple[tuple, bool]:
     derived["laid out"] = True
     rooms = offer.rooms()
     count = len(rooms)
-    # column by column (the per-node work in C where it can be): the fields as read, then what they give
+    # column by column (the per-node work in C where it can be): the fields as read (tuples: a list only where a
+    # pass changes it), then what they give
     (names, gpus, free_g, free_c, free_m, domain, schedulable, healthy, suspect, shares, slices, mig_free, cpu,
-     memory) = map(list, zip(*map(_NODE_FIELDS, rooms), strict=True)) if rooms else ([] for _ in range(14))
-    sched = list(map(operator.and_, schedulable, healthy))  # ``NodeRoom.takes_work``
+     memory) = zip(*map(_NODE_FIELDS, rooms), strict=True) if rooms else ((),) * 14
+    free_g, free_c, free_m = list(free_g), list(free_c), list(free_m)
+    sched = schedulable if all(healthy) else tuple(map(operator.and_, schedulable, healthy))  # ``takes_work``
+    sharing = any(shares) or any(slices)
     if any(shares):
         # A node whose GPUs are taken whole or in shares (``NodeRoom.shares`` and ``gpus``): its whole GPUs are
         # its wholly free shared ones, so a share on one takes it from whole-GPU jobs and a whole job empties it.
@@ -236,7 +250,12 @@ def _layout(offer: PoolOffer) -> tuple[tuple, bool]:
         mixed = [False] * count
         if min(free_g, default=0) < 0 or any(map(operator.gt, free_g, gpus)):
             free_g = [min(max(0, g), ng) for g, ng in zip(free_g, gpus, strict=True)]
-    shares, slices, mig = list(map(list, shares)), list(map(list, slices)), list(map(dict, mig_free))
+    if sharing:
+        shares, slices = list(map(list, shares)), list(map(list, slices))
+    else:
+        shares = slices = [()] * count
+    has_mig = any(mig_free)
+    mig = list(map(dict, mig_free)) if has_mig else [_NO_MIG] * count
     cpu_known = max(cpu, default=0) < UNLIMITED
     memory_known = max(memory, default=0) < UNLIMITED
     if all(sched):
@@ -253,10 +272,10 @@ def _layout(offer: PoolOffer) -> tuple[tuple, bool]:
         bucket.sort()
     suspect = list(itertools.compress(range(count), suspect))
     found = (
-        names, {name: i for i, name in enumerate(names)}, gpus, free_g, free_c, free_m, domain, sched, mixed,
+        names, dict(zip(names, range(count), strict=True)), gpus, free_g, free_c, free_m, domain, sched, mixed,
         shares, slices, mig, frozenset(suspect), len(set(domain)) > 1, any(mixed), buckets, free_total,
         # CPU or memory 0: some node reports none
-        [cap_g, cap_c if cpu_known else 0, cap_m if memory_known else 0], [cm_c, cm_m])
+        [cap_g, cap_c if cpu_known else 0, cap_m if memory_known else 0], [cm_c, cm_m], sharing, has_mig)
     if keep:
         derived["nodes"] = found
     return found, keep
@@ -855,7 +874,10 @@ class NodeBook:
         giving back, the GPU with the least free share that has it booked)."""
         p.move(i, 0, sign * request.cpu_milli, sign * request.memory_mib)
         if request.mig_profile:
-            p.mig[i][request.mig_profile] = p.mig[i].get(request.mig_profile, 0) + sign
+            mig = p.mig[i]
+            if mig is _NO_MIG:  # a node without MIG devices: a dict of its own from the first one given back
+                mig = p.mig[i] = {}
+            mig[request.mig_profile] = mig.get(request.mig_profile, 0) + sign
             return
         if sign < 0:
             k = self._share_gpu(p, i, request) if gpu is None else gpu

@@ -14,6 +14,9 @@ from decimal import Decimal
 #: CPU or memory of a node that nobody reported (a pool registered by hand): no limit.
 UNLIMITED = 1 << 62
 
+#: The price of what a pool does not charge for (``PoolOffer.prices``), made once.
+_NO_PRICE = Decimal(0)
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class NodeRoom:
@@ -148,7 +151,7 @@ class PoolOffer:
     def prices(self) -> tuple[Decimal, Decimal, Decimal]:
         """What pools are compared by: USD per GPU-hour, then (CPU node pools) per vCPU-hour and per GiB-hour
         (computed once: the offer is frozen)."""
-        return (self.usd_per_gpu_hour, self.usd_per_vcpu_hour or Decimal(0), self.usd_per_gib_hour or Decimal(0))
+        return (self.usd_per_gpu_hour, self.usd_per_vcpu_hour or _NO_PRICE, self.usd_per_gib_hour or _NO_PRICE)
 
     @property
     def label(self) -> str:
@@ -324,9 +327,18 @@ def matching_offers(request: PlacementRequest, offers) -> tuple[PoolOffer, ...]:
 
 def matching_in_price_order(request: PlacementRequest, offers) -> tuple[PoolOffer, ...]:
     """``matching_offers`` in ``price_order`` (kept as they are). The sort is stable, so it is the accelerator's
-    pools sorted, then filtered."""
-    return kept_for(offers, ("price order", request),
-                    lambda offers: tuple(sorted(matching_offers(request, offers), key=price_order)))
+    pools sorted (once per list, ``in_price_order``), then filtered: a pass's requests share one sort."""
+    def make(offers):
+        matching = {id(o) for o in matching_offers(request, offers)}
+        return tuple(o for o in in_price_order(offers) if id(o) in matching)
+
+    return kept_for(offers, ("price order", request), make)
+
+
+def in_price_order(offers) -> tuple[PoolOffer, ...]:
+    """``offers`` (a sequence of ``PoolOffer``: an accelerator's) sorted by ``price_order``, kept with them
+    (``kept_for``)."""
+    return kept_for(offers, "price order", lambda offers: tuple(sorted(offers, key=price_order)))
 
 
 def price_order(offer: PoolOffer) -> tuple:

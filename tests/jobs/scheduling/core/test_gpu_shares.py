@@ -97,6 +97,20 @@ def test_a_mig_job_takes_a_free_device_of_its_profile_and_gives_it_back():
     assert book.place(small, [o]) is not None
 
 
+def test_a_mig_device_given_back_on_a_pool_without_any_counts_on_its_node_alone():
+    # every node offers no MIG device (all taken): a running MIG job's device given back on "a" is "a"'s only, and
+    # neither the other node nor a later book of the same offer (its layout kept with the offer) sees it
+    o = offer(NodeRoom("a", 2, 2), NodeRoom("b", 2, 2))
+    small = PlacementRequest(1, 1, mig_profile="1g.10gb")
+    for _ in range(3):  # the first book lays the offer out, the second keeps the layout, the third reads it kept
+        book = NodeBook([o])
+        assert book.place(small, [o]) is None
+        book.release(1, ("a",), 1, 1, 0, 0, mig_profile="1g.10gb")
+        assert [dict(m) for m in book.pools[1].mig] == [{"1g.10gb": 1}, {}]
+        assert place_and_take(book, o, small) == "a"
+        assert [dict(m) for m in book.pools[1].mig] == [{"1g.10gb": 0}, {}]
+
+
 def test_a_released_share_makes_room_again():
     o = offer(sliced("ts", 1000))
     book = NodeBook([o])
