@@ -497,21 +497,12 @@ _START_MANY = (
 
 
 def _set_started(rows: list[tuple[JobAttempt, dt.datetime, dict]]) -> None:
-    """One UPDATE of the attempts of ``rows`` (``(attempt, created, runner_state)``): ``runner_state``, and
+    """The attempts' part of ``record_started`` off PostgreSQL (SQLite, the demo; ``_start_many`` on PostgreSQL): an
+    UPDATE per attempt of ``rows`` (``(attempt, created, runner_state)``) setting ``runner_state``, and
     ``started_at`` unless set before (a repeated dispatch does not move billing's start)."""
-    if connection.vendor != "postgresql":  # SQLite (the demo): an UPDATE per attempt, the same values
-        for attempt, made, state in rows:
-            JobAttempt.objects.filter(pk=attempt.pk).update(started_at=Coalesce(F("started_at"), Value(made)),
-                                                            runner_state=state)
-    else:
-        table = JobAttempt._meta.db_table
-        values = ", ".join(["(%s::bigint, %s::timestamptz, %s::jsonb)"] * len(rows))
-        params = [p for attempt, made, state in rows for p in (attempt.pk, made, json.dumps(state))]
-        with connection.cursor() as cursor:
-            cursor.execute(f'UPDATE "{table}" AS a SET "started_at" = COALESCE(a."started_at", v.made), '
-                           f'"runner_state" = v.state FROM (VALUES {values}) AS v(id, made, state) '
-                           f'WHERE a."id" = v.id', params)
     for attempt, made, state in rows:
+        JobAttempt.objects.filter(pk=attempt.pk).update(started_at=Coalesce(F("started_at"), Value(made)),
+                                                        runner_state=state)
         attempt.started_at = attempt.started_at or made
         attempt.runner_state = state
 
