@@ -26,8 +26,8 @@ emulators are emptied before each measured side (an emulator's CPU per
 create grows with the objects it holds; its change log, kept for watches,
 is compacted with them, as etcd compacts its history). The clusters of
 (b) are filled after the dispatch rounds: held during them, their 20,000
-objects made each full collection of the emulator process's heap cost
-about 0.3 s, which fell on one side of a round (0.6 ms per create).
+objects make each full collection of the emulator process's heap cost
+about 0.3 s, which lands on one side of a round (0.6 ms per create).
 (b) reconcile: one ``jobs.reconcile.reconcile_clusters`` pass (clusters
 looked at concurrently, as in ``reconcile_all``) over ``--clusters``
 clusters (default 10) holding ``--attempts`` RUNNING attempts in all
