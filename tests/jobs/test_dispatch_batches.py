@@ -10,7 +10,7 @@ import datetime as dt
 import pytest
 
 from jobs.enqueue import dispatch_batches
-from jobs.lifecycle import dispatch_many
+from jobs.lifecycle import attach_placement_rows, dispatch_many, record_started
 from jobs.models import Job, JobAttempt, JobEvent, JobState
 from runners.base import TransientDispatchError, backend_for
 from tests.support.clusters import load, state
@@ -114,6 +114,35 @@ def test_a_job_that_moved_on_is_skipped(live_clusters):
     assert dispatch_many([a.pk for a in attempts] + [10 ** 9]) == {attempts[0].pk: "skipped",
                                                                     attempts[1].pk: "dispatched", 10 ** 9: "skipped"}
     assert world.emulators["gcp-usc1"].objects("Job", attempts[0].pk) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_moved_between_its_create_and_the_record_is_left_as_moved_and_the_rest_start(live_clusters):
+    """The record's compare-and-set: of a batch whose objects were created, the job a cancel moved meanwhile keeps
+    the cancel's state, gets no STARTING event and its attempt no start; the others start, each with one event
+    naming its attempt and the reason, in the database and in memory."""
+    world = live_clusters
+    attempts = [world.admit(cluster="gcp-usc1") for _ in range(3)]
+    rows = list(JobAttempt.objects.select_related("job__team", "job__submitter")
+                .filter(pk__in=[a.pk for a in attempts]).order_by("pk"))
+    created = []
+    for row in rows:
+        attach_placement_rows(row)
+        created.append((row, backend_for(row.cluster).dispatch(row)))
+    raced = rows[1]
+    before = load(raced.pk)
+    Job.objects.filter(pk=raced.job_id).update(state=JobState.CANCELLING)  # a cancel, after the create
+
+    assert record_started(created) == {rows[0].pk: "dispatched", raced.pk: "raced", rows[2].pk: "dispatched"}
+
+    for row in (rows[0], rows[2]):
+        assert_started_once(world, row)
+        assert Job.objects.get(pk=row.job_id).state_reason == "objects created on gcp-usc1"
+        assert (row.job.state, row.started_at) == (JobState.STARTING, created_at(world, row))
+    assert state(raced) == JobState.CANCELLING and starting_events(raced) == []
+    after = load(raced.pk)
+    assert (after.started_at, after.runner_state) == (before.started_at, before.runner_state)
+    assert raced.job.state == JobState.ADMITTED and raced.started_at is None
 
 
 def test_batches_hold_one_cluster_each_and_at_most_the_batch_size():
