@@ -218,6 +218,8 @@ def fan_out_source(source: str, audience: Audience, now: dt.datetime, batch: int
             FanoutCursor.objects.get_or_create(source=source, defaults={"last_id": start})
             cursor = FanoutCursor.objects.select_for_update().get(source=source)
         after = model.objects.filter(id__gt=cursor.last_id)
+        if not after.exists():
+            return 0  # no row after the cursor: nothing to read, and the cursor stays where it is
         rows = list(narrow(after.filter(**{f"{team_field}__in": audience.team_ids})).order_by("id")[:batch]) \
             if audience.team_ids else []
         made = [n for row in rows for n in rows_of(row, audience, now)]
