@@ -125,8 +125,11 @@ def reconcile_cluster(cluster: Cluster) -> dict:
     return reconcile_clusters([cluster])[0]
 
 
-def reconcile_clusters(clusters: Iterable[Cluster]) -> list[dict]:
+def reconcile_clusters(clusters: Iterable[Cluster], *, fresh: bool = False) -> list[dict]:
     """One reconcile pass over ``clusters``, their LISTs concurrent; a result dict per cluster, in input order.
+
+    ``fresh``: the caller read each row just now, under the cluster's reconcile lease (``reconcile_leased``), so
+    its ``reconcile_watch`` is current and is not read again; otherwise it is read again per cluster.
 
     Each result holds ``observed``, ``orphans_deleted`` and ``seconds`` (this
     cluster's time from its database read to its last change), or
@@ -154,7 +157,7 @@ def reconcile_clusters(clusters: Iterable[Cluster]) -> list[dict]:
                 log.error("%s", exc)
                 results[cluster.pk] = {"cluster": cluster.name, "error": str(exc)}
                 continue
-            look = _Look(cluster, backend, [], time.monotonic(), watch=_resume_point(cluster, backend))
+            look = _Look(cluster, backend, [], time.monotonic(), watch=_resume_point(cluster, backend, fresh=fresh))
             if look.watch:  # first the changes since the last look; what to look at follows from them
                 look.full = False
                 looks[pool.submit(_changes, backend, cluster, look.watch["versions"])] = (look, "changes")
@@ -219,17 +222,21 @@ def _changes(backend: Backend, cluster: Cluster, versions: dict) -> tuple[set, d
         connections.close_all()
 
 
-def _resume_point(cluster: Cluster, backend: Backend) -> dict:
+def _resume_point(cluster: Cluster, backend: Backend, *, fresh: bool = False) -> dict:
     """The cluster's ``reconcile_watch`` when this pass may look at its changes only; ``{}`` when it LISTs
     everything: the backend does not follow changes, the setting ``RECONCILE_FULL_LIST_SECONDS`` is 0, no
     look answered yet, the API endpoint changed, the last full LIST is ``RECONCILE_FULL_LIST_SECONDS`` old,
     or the last look that answered is older than ``CLUSTER_LOST_OBSERVED_GAP_SECONDS`` (the control plane was
-    down or restored from a backup: whatever it kept is not trusted, as after the first contact)."""
+    down or restored from a backup: whatever it kept is not trusted, as after the first contact). ``fresh``: the
+    row was read just now under the cluster's reconcile lease, and its own ``reconcile_watch`` is used."""
     every = float(settings.RECONCILE_FULL_LIST_SECONDS)
     if not hasattr(backend, "changes") or every <= 0:
         return {}
-    # Read here, not from the row as loaded: a caller may hold the row across passes.
-    watch = Cluster.objects.filter(pk=cluster.pk).values_list("reconcile_watch", flat=True).first() or {}
+    # Read here, not from the row as loaded, unless that row is fresh: a caller may hold the row across passes.
+    if fresh:
+        watch = cluster.reconcile_watch or {}
+    else:
+        watch = Cluster.objects.filter(pk=cluster.pk).values_list("reconcile_watch", flat=True).first() or {}
     if not watch.get("versions") or not watch.get("listed_at") or watch.get("endpoint") != cluster.api_endpoint \
             or not watch.get("looked_at"):
         return {}
@@ -603,7 +610,7 @@ def reconcile_leased(cluster_id: int, holder: str) -> dict:
         cluster = Cluster.objects.filter(pk=cluster_id).first()
         if cluster is None:
             return {"cluster_id": cluster_id, "skipped": "no such cluster"}
-        result = reconcile_clusters([cluster])[0]
+        result = reconcile_clusters([cluster], fresh=True)[0]  # the row just read, under the lease
         expire_end_records(clusters=[cluster])
         return result
     finally:

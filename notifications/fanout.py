@@ -208,14 +208,18 @@ def fan_out_source(source: str, audience: Audience, now: dt.datetime, batch: int
     model, time_field, team_field, rows_of, narrow = SOURCES[source]
     settled = now - dt.timedelta(seconds=settings.NOTIFY_SETTLE_SECONDS)
     with transaction.atomic():
-        if not FanoutCursor.objects.filter(source=source).exists():
+        # One read locks the cursor on every pass but the first (no row yet).
+        cursor = FanoutCursor.objects.select_for_update().filter(source=source).first()
+        if cursor is None:
             # The first pass starts after the rows that can notify nobody: settled, and older than every
             # subscription (one scan, once), so an install with a long history does not read it all again.
             floor = min(settled, audience.earliest or settled)
             start = model.objects.filter(**{f"{time_field}__lt": floor}).aggregate(m=Max("id"))["m"] or 0
             FanoutCursor.objects.get_or_create(source=source, defaults={"last_id": start})
-        cursor = FanoutCursor.objects.select_for_update().get(source=source)
+            cursor = FanoutCursor.objects.select_for_update().get(source=source)
         after = model.objects.filter(id__gt=cursor.last_id)
+        if not after.exists():
+            return 0  # no row after the cursor: nothing to read, and the cursor stays where it is
         rows = list(narrow(after.filter(**{f"{team_field}__in": audience.team_ids})).order_by("id")[:batch]) \
             if audience.team_ids else []
         made = [n for row in rows for n in rows_of(row, audience, now)]

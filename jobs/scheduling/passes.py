@@ -79,7 +79,7 @@ def try_admit(job_id: int, now: dt.datetime | None = None) -> str:
     queue positions are kept until the next pass.
     """
     now = now or timezone.now()
-    loaded = load_snapshot(now, job_ids=[job_id])
+    loaded = load_snapshot(now, job_ids=[job_id], skip_empty=True)
     if not loaded.snapshot.queue:
         return "skipped"
     result = run_pass(loaded, decide(loaded.snapshot), now, positions=False)
@@ -101,7 +101,7 @@ def schedule_pending(limit: int | None = None) -> PassResult:
     materialized = top_up_arrays()
     now = timezone.now()
     sample_usage(now)  # store the teams' decayed usage when its sample is due (ADR 0045)
-    loaded = load_snapshot(now, limit=limit)
+    loaded = load_snapshot(now, limit=limit, skip_empty=True)
     if not loaded.snapshot.queue:
         return PassResult(materialized=materialized)
     result = run_pass(loaded, decide(loaded.snapshot), now)

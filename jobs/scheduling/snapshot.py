@@ -375,10 +375,15 @@ def _waiting_rows(qs, limit: int | None) -> list[dict]:
                 if (entry := cache.get(pk)) is not None and entry[1]["state"] in WAITING_STATES]
 
 
-def load_snapshot(now: dt.datetime, *, job_ids: list[int] | None = None, limit: int | None = None) -> Loaded:
+def load_snapshot(now: dt.datetime, *, job_ids: list[int] | None = None, limit: int | None = None,
+                  skip_empty: bool = False) -> Loaded:
     """Read everything a pass needs, without locks: waiting jobs (in admission order, first ``limit``, or just
     ``job_ids``; a job waiting for its dependencies is left out), every team with its cohort, weight, quotas (all clusters), live usage, decayed usage (``usage.decayed_usage``) and budgets in force, node pools
-    of the accelerators asked for (free GPUs, price now), and the live attempts of preemptible jobs."""
+    of the accelerators asked for (free GPUs, price now), and the live attempts of preemptible jobs.
+
+    ``skip_empty``: when no job waits, read nothing more and return a snapshot with an empty queue and no teams,
+    pools or attempts (a pass over an empty queue decides nothing; callers that read the teams of an empty queue
+    leave it False)."""
     # A job whose dependencies do not all hold yet is not in the queue at all (jobs.dependencies, ADR 0037).
     qs = (Job.objects.filter(state__in=WAITING_STATES).filter(~unmet_dependency())
           .order_by("-priority", "created_at", "pk"))
@@ -395,6 +400,8 @@ def load_snapshot(now: dt.datetime, *, job_ids: list[int] | None = None, limit: 
     # The cached rows' jobs stay as read: the clusters a job avoids change with the clock, not with its row.
     queue = [dataclasses.replace(r["queued"], avoid_clusters=avoid[r["pk"]]) if r["pk"] in avoid else r["queued"]
              for r in rows]
+    if skip_empty and not queue:
+        return Loaded(Snapshot({}, {}, [], [], {}, settings.SCHEDULING_PACKING_POLICY), {})
 
     levels, root_of = cohort_levels()
     teams = {t.pk: team_state(t.pk, t.cohort_id, t.weight, t.queueing_strategy, root_of) for t in Team.objects.all()}

@@ -217,6 +217,8 @@ def recovery_avoids_reclaimed(world) -> list[str]:
     from jobs.models import JobAttempt
 
     window = dt.timedelta(seconds=settings.SPOT_RECLAIM_AVOID_SECONDS)
+    if not JobAttempt.objects.filter(end_reason=JobAttempt.EndReason.SPOT_RECLAIMED).exists():
+        return []  # no spot reclaim yet: no attempt to follow one (one narrow read instead of every attempt)
     attempts = list(JobAttempt.objects.select_related("cluster", "job").order_by("job_id", "number"))
     out = []
     for before, after in zip(attempts, attempts[1:], strict=False):
