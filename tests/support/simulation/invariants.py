@@ -497,12 +497,14 @@ def notified_once(world) -> list[str]:
 def billed_past_end_explained(world) -> list[str]:
     """A job billed past its end says why on its timeline: an attempt whose end lies ``EXPLAINED_AFTER`` (1 s) or
     more after the event that ended it (its end moved later on the cluster's evidence) has a ``billed_past_end`` event to exactly that end, and a
-    cancelled attempt billed past the cancel's request says until when on its CANCELLED line."""
+    cancelled attempt billed past the cancel's request says until when on its CANCELLED line. An attempt that
+    never started (no objects ever created: ``started_at`` unset) is billed nothing, whatever its end says: the
+    ledger accrues from the start."""
     from jobs.lifecycle import EXPLAINED_AFTER
     from jobs.models import JobAttempt, JobEvent, JobState
 
     out = []
-    for attempt in JobAttempt.objects.filter(ended_at__isnull=False):
+    for attempt in JobAttempt.objects.filter(ended_at__isnull=False, started_at__isnull=False):
         events = list(JobEvent.objects.filter(attempt_id=attempt.pk).order_by("created_at", "id"))
         ending = next((e for e in events if e.kind == "state" and "end_reason" in (e.data or {})), None)
         if ending is None:
