@@ -473,14 +473,29 @@ def _room(count: int, parallelism: int, materialized: int, live: int, queued: in
 
 
 def _live_counts(array_ids: list[int]) -> dict[int, tuple[int, int]]:
-    """``{array id: (live elements, QUEUED elements)}`` for the arrays ``array_ids`` having any live one."""
+    """``{array id: (live elements, QUEUED elements)}`` for the arrays ``array_ids`` having any live one.
+
+    An element that ended while its pods may still run (its last attempt's ``deletion_pending_since`` set: a
+    cancel on an unreachable cluster) counts as live until a look finds them gone: the parallelism bounds the
+    elements running on the clusters, not the rows in a live state."""
     rows = (
         Job.objects.filter(array_id__in=array_ids, state__in=LIVE_STATES)
         .values("array_id")
         .annotate(live=Count("id"), queued=Count("id", filter=Q(state=S.QUEUED)))
         .order_by()
     )
-    return {r["array_id"]: (r["live"], r["queued"]) for r in rows}
+    counts = {r["array_id"]: (r["live"], r["queued"]) for r in rows}
+    stopping = (
+        Job.objects.filter(array_id__in=array_ids, current_attempt__deletion_pending_since__isnull=False)
+        .exclude(state__in=LIVE_STATES)
+        .values("array_id")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    for r in stopping:
+        live, queued = counts.get(r["array_id"], (0, 0))
+        counts[r["array_id"]] = (live + r["n"], queued)
+    return counts
 
 
 # --- Cancel.

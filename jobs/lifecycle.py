@@ -893,15 +893,17 @@ def finish_cancel(job_id: int) -> bool:
 
     On an unreachable cluster the attempt ends at once (end reason
     Cancelled, so billing stops) with a reason saying the deletion is
-    pending: reconcile's orphan cleanup deletes the objects of ended
-    attempts when the cluster answers again. Returns True when the job
-    reached CANCELLED. Safe to call repeatedly.
+    pending, and ``deletion_pending_since`` set: reconcile's orphan cleanup
+    deletes the objects of ended attempts when the cluster answers again,
+    and the first look that finds them gone clears the mark. Returns True
+    when the job reached CANCELLED. Safe to call repeatedly.
     """
     job = Job.objects.select_related("current_attempt__cluster").get(pk=job_id)
     if job.state != S.CANCELLING:
         return job.state == S.CANCELLED
     attempt = job.current_attempt
     reason = f"{_cancelled_by(job)}: objects deleted"
+    pending = False
     try:
         gone = attempt is None or attempt.ended_at is not None or backend_for(attempt.cluster).delete(attempt)
         if attempt is not None and attempt.ended_at is None:
@@ -909,7 +911,7 @@ def finish_cancel(job_id: int) -> bool:
     except ClusterUnreachable as exc:
         log.warning("job %s: cluster %s unreachable, cancelled with deletion pending: %s", job_id,
                     attempt.cluster.name, exc)
-        gone, reason = True, (f"{_cancelled_by(job)}: cluster {attempt.cluster.name} unreachable, objects will be "
+        gone, pending, reason = True, True, (f"{_cancelled_by(job)}: cluster {attempt.cluster.name} unreachable, objects will be "
                               f"deleted when it answers again (deletion pending)")
         # Billed up to the last time the cluster answered, the last instant its pods are known to have held their
         # GPUs; reconcile's orphan cleanup bills on to their real stop once the cluster answers again.
@@ -924,8 +926,13 @@ def finish_cancel(job_id: int) -> bool:
             # (``_cancel_evidence``: their owner's deletion accepted, a look that saw them run out their grace), or
             # now when no call saw anything of them.
             ended_at = getattr(attempt, "deletion_accepted_at", None)
-            end_attempt(job, attempt, S.CANCELLED, reason=reason + _billed_past_cancel(job, attempt, ended_at),
-                        end_reason=JobAttempt.EndReason.CANCELLED, ended_at=ended_at)
+            with transaction.atomic():
+                end_attempt(job, attempt, S.CANCELLED, reason=reason + _billed_past_cancel(job, attempt, ended_at),
+                            end_reason=JobAttempt.EndReason.CANCELLED, ended_at=ended_at)
+                if pending:
+                    # Its pods may still run: until a look at the cluster finds them gone they count as running
+                    # where a limit is on running work (``JobAttempt.deletion_pending_since``).
+                    JobAttempt.objects.filter(pk=attempt.pk).update(deletion_pending_since=timezone.now())
             # The end record was written at the first DELETE, with that instant as the end: it follows the end
             # recorded now (``record_end``), so a restored database ends and bills the attempt as this one did.
             enqueue_record_end(attempt.pk)

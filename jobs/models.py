@@ -293,11 +293,19 @@ class JobAttempt(models.Model):
     # The nodes whose fault ended this attempt (NodeLost, NodeUnhealthy): named in its recovery and counted in
     # their health (runners.health).
     bad_nodes = models.JSONField(default=list, blank=True)
+    # Set while this attempt has ended but its cluster may still run its objects: ended with the cluster
+    # unreachable (a cancel whose DELETE could not be sent), or a look found its objects after its end (orphans
+    # being deleted). Cleared by the first look that answers without them, or by the verdict that the cluster is
+    # lost. While set, what the attempt's pods hold still counts where a limit is on running work (a job array's
+    # parallelism).
+    deletion_pending_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["job_id", "number"]
         constraints = [models.UniqueConstraint(fields=["job", "number"], name="attempt_unique_number")]
-        indexes = [models.Index(fields=["cluster", "ended_at"])]
+        indexes = [models.Index(fields=["cluster", "ended_at"]),
+                   models.Index(fields=["cluster"], condition=models.Q(deletion_pending_since__isnull=False),
+                                name="attempt_deletion_pending")]
 
     def __str__(self) -> str:
         return self.object_name

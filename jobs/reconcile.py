@@ -68,6 +68,7 @@ from runners.base import (
 from runners.cluster_health import set_health
 from runners.models import Cluster
 
+from .enqueue import enqueue_schedule
 from .lifecycle import (
     apply_observation,
     bill_objects,
@@ -114,6 +115,7 @@ class _Look:
     watch: dict = dataclasses.field(default_factory=dict)
     versions: dict | None = None
     changed: int = 0
+    asked_at: dt.datetime | None = None
 
 
 def reconcile_cluster(cluster: Cluster) -> dict:
@@ -258,6 +260,7 @@ def _submit_observe(pool: ThreadPoolExecutor, look: _Look, keys: Iterable | None
         look.attempts = _live_attempts(look.cluster)
         look.versions = {} if hasattr(look.backend, "changes") and settings.RECONCILE_FULL_LIST_SECONDS > 0 else None
         keys = None
+    look.asked_at = timezone.now()
     return pool.submit(_observe, look.backend, look.cluster, look.attempts, look.versions, keys)
 
 
@@ -310,9 +313,11 @@ def _recheck(cluster: Cluster, keys: Iterable, watch: dict) -> list[JobAttempt]:
 
 
 def _ended_since(cluster: Cluster, watch: dict) -> set:
-    """Attempt keys of the attempts on ``cluster`` that ended since its last look (``watch["looked_at"]``): their
-    objects, unchanged on the cluster, are deleted as orphans by this look."""
-    rows = JobAttempt.objects.filter(cluster=cluster, ended_at__gte=dt.datetime.fromisoformat(watch["looked_at"]))
+    """Attempt keys of the attempts on ``cluster`` that ended since its last look (``watch["looked_at"]``), or
+    whose objects' deletion is pending: their objects, unchanged on the cluster, are deleted as orphans by this
+    look, and a pending one found gone is cleared (``_track_pending_deletions``)."""
+    rows = JobAttempt.objects.filter(Q(ended_at__gte=dt.datetime.fromisoformat(watch["looked_at"]))
+                                     | Q(deletion_pending_since__isnull=False), cluster=cluster)
     return {attempt_key(a) for a in rows.only("pk", "uid", "job_id", "number", "object_name")}
 
 
@@ -382,7 +387,9 @@ def _apply(look: _Look, future: Future) -> dict:
     if unknown:  # objects of attempts the database does not know (a restore lost them): never touched here
         log.warning("cluster %s runs objects of %d attempt(s) the database does not know: %s (manage.py "
                     "after_restore adopts them)", cluster.name, len(unknown), ", ".join(sorted(map(str, unknown))))
-    orphans = _delete_orphans(cluster, backend, candidates, answered)
+    orphans, ended = _delete_orphans(cluster, backend, candidates, answered)
+    _track_pending_deletions(cluster, {pk for pk in ended if candidates[pk].holding}, look.asked_at or answered,
+                             answered)
     if look.versions is not None:
         # Attempts the next look between full LISTs looks at again, changed or not: not RUNNING and running as
         # observed after this look's changes (a grace or a second look pending), or with replicas lost.
@@ -394,6 +401,28 @@ def _apply(look: _Look, future: Future) -> dict:
     return {"cluster": cluster.name, "observed": len(attempts), "ended": len(attempts) - len(live),
             "orphans_deleted": orphans, "unknown": len(unknown), "full_list": look.full, "changed": look.changed,
             "seconds": round(time.monotonic() - look.started, 4)}
+
+
+def _track_pending_deletions(cluster: Cluster, found: set[int], asked: dt.datetime, answered: dt.datetime) -> None:
+    """After a look at ``cluster`` sent at ``asked`` that answered at ``answered``: the ended attempts whose pods
+    it found holding their GPUs (``found``, ids; the look asked for every attempt marked pending,
+    ``_ended_since``) are pending deletion from then, unless marked already; every other attempt of the cluster
+    marked pending before the look was sent is cleared, its pods gone or stopped (one marked while the look was
+    out, by a cancel that could not reach the cluster, waits for the next look).
+
+    Class of failure: work counted as ended while its pods still run. A cancel on an unreachable cluster ends the
+    attempt at once, and a job array then started its next element beside the old pods, one more than its
+    parallelism. Invariant: an attempt's ``deletion_pending_since`` is set from its end (or from the look that
+    found its objects after it) until a look finds them gone or the cluster is judged lost; limits on running
+    work count it (``jobs.arrays``). A steady look reads the partial index of marked attempts and writes nothing."""
+    if found:
+        JobAttempt.objects.filter(pk__in=found, deletion_pending_since__isnull=True).update(
+            deletion_pending_since=answered)
+    gone = list(JobAttempt.objects.filter(cluster=cluster, deletion_pending_since__lt=asked).exclude(pk__in=found)
+                .values_list("pk", flat=True))  # a read, not a write, on a steady pass
+    if gone and JobAttempt.objects.filter(pk__in=gone, deletion_pending_since__lt=asked).update(
+            deletion_pending_since=None):
+        enqueue_schedule()  # an array held back by those pods may start its next element
 
 
 def _resolve(held: dict) -> tuple[dict[int, Owned], list]:
@@ -415,8 +444,9 @@ def _resolve(held: dict) -> tuple[dict[int, Owned], list]:
     return found, [k for k in uids if k not in known] + [k for k in ids if k not in legacy]
 
 
-def _delete_orphans(cluster: Cluster, backend: Backend, candidates: dict[int, Owned], seen_at) -> int:
-    """Delete the objects on ``cluster`` of the attempts in ``candidates`` that ended; returns how many were deleted.
+def _delete_orphans(cluster: Cluster, backend: Backend, candidates: dict[int, Owned], seen_at) -> tuple[int, set[int]]:
+    """Delete the objects on ``cluster`` of the attempts in ``candidates`` that ended; returns how many were deleted
+    and the ids of the ended attempts among ``candidates`` (their objects were still there).
 
     ``candidates``: attempt ids seen on the cluster that the pass did not
     load as live (so a steady pass asks nothing), with what the cluster
@@ -431,10 +461,11 @@ def _delete_orphans(cluster: Cluster, backend: Backend, candidates: dict[int, Ow
     same end.
     """
     if not candidates:
-        return 0
+        return 0, set()
     live_ids = set(JobAttempt.objects.filter(pk__in=candidates, ended_at__isnull=True).values_list("pk", flat=True))
     orphans = 0
-    for attempt in JobAttempt.objects.filter(pk__in=set(candidates) - live_ids).select_related("job__team", "cluster"):
+    ended = set(candidates) - live_ids
+    for attempt in JobAttempt.objects.filter(pk__in=ended).select_related("job__team", "cluster"):
         log.info("deleting orphaned objects of %s on %s", attempt.object_name, cluster.name)
         collect_before_delete(attempt)  # its pods' logs go with them: keep the run's final report first
         failure = None
@@ -460,7 +491,7 @@ def _delete_orphans(cluster: Cluster, backend: Backend, candidates: dict[int, Ow
         if failure is not None:
             break
         orphans += 1
-    return orphans
+    return orphans, ended
 
 
 @contextlib.contextmanager
@@ -550,6 +581,11 @@ def recover_lost_cluster(cluster: Cluster, attempts: list[JobAttempt], now: dt.d
     if since is None or (now - since).total_seconds() < settings.CLUSTER_LOST_GRACE_SECONDS:
         return 0
     watched = f"watched failing for {(now - since).total_seconds():.0f} s since {since.isoformat()}"
+    # The verdict: what ran there is taken as gone, the ended attempts' objects with it (their jobs' limits on
+    # running work no longer count them); they are deleted as orphans if the cluster answers again.
+    if JobAttempt.objects.filter(cluster=cluster, deletion_pending_since__isnull=False).update(
+            deletion_pending_since=None):
+        enqueue_schedule()
     recovered = 0
     for attempt in attempts:
         job = attempt.job

@@ -50,11 +50,16 @@ class JobAttemptSerializer(serializers.ModelSerializer):
     nodes = serializers.SerializerMethodField()
     bad_nodes = serializers.ListField(child=serializers.CharField(), read_only=True,
                                       help_text="the nodes whose fault ended it (NodeLost, NodeUnhealthy)")
+    deletion_pending_since = serializers.DateTimeField(
+        read_only=True, allow_null=True,
+        help_text="set while the attempt has ended but its cluster may still run its pods (a cancel sent while the "
+                  "cluster did not answer, objects found after the end); null once a look found them gone")
 
     class Meta:
         model = JobAttempt
         fields = ["id", "number", "cluster", "node_pool", "gpus", "object_name", "usd_per_gpu_hour", "created_at",
-                  "started_at", "ended_at", "accrued_until", "end_reason", "exit_code", "message", "nodes", "bad_nodes"]
+                  "started_at", "ended_at", "accrued_until", "end_reason", "exit_code", "message", "nodes", "bad_nodes",
+                  "deletion_pending_since"]
         read_only_fields = fields
 
     @extend_schema_field(serializers.ListField(child=serializers.CharField()))

@@ -2014,8 +2014,8 @@ def _check_pods_listed(owners: list[dict], pods: list[dict]) -> None:
 
 
 def _owned(objects: list[dict], pods: list[dict]) -> dict[str | int, Owned]:
-    """Attempt keys (``attempt_key``) labelled on the listed objects, with whether their pods hold GPUs, their
-    creation time and, when they hold none, when they stopped."""
+    """Attempt keys (``attempt_key``) labelled on the listed objects or on pods left without them, with whether
+    their pods hold GPUs, their creation time and, when they hold none, when they stopped."""
     pods_of: dict[str | int | None, list[dict]] = defaultdict(list)
     for pod in pods:
         pods_of[_key_of(pod)].append(pod)
@@ -2034,6 +2034,12 @@ def _owned(objects: list[dict], pods: list[dict]) -> dict[str | int, Owned]:
         if before is not None and before.stopped_at is not None and (stopped is None or before.stopped_at > stopped):
             stopped = before.stopped_at
         owned[attempt_id] = Owned(holding, made, stopped)
+    # Pods whose owner is gone already (deleted, the garbage collector not yet through its dependents): the cluster
+    # still holds them, and while they run their GPUs.
+    for attempt_id, left in pods_of.items():
+        if attempt_id is not None and attempt_id not in owned:
+            holding = _holding(left)
+            owned[attempt_id] = Owned(holding, created_at(None, left), None if holding else stopped_at(None, left))
     return owned
 
 

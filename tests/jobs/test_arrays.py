@@ -17,8 +17,8 @@ import pytest
 from django.utils import timezone
 
 from jobs.arrays import array_env, grid_point
-from jobs.lifecycle import end_attempt, finish_cancel
-from jobs.models import Job, JobArray, JobEvent, JobState
+from jobs.lifecycle import cancel_job, end_attempt, finish_cancel
+from jobs.models import Job, JobArray, JobAttempt, JobEvent, JobState
 from jobs.scheduling.passes import schedule_pending
 from runners.local.runner import node_env
 from tests.support.factories import VALID_SPEC, make_attempt, make_cost_entry, run
@@ -449,6 +449,29 @@ def test_a_cancel_stops_running_elements_and_every_one_not_yet_made(teammate, ro
     body = teammate.client.get(f"{ARRAYS}{array_id}/").json()
     assert body["status"] == "cancelled" and body["counts"]["cancelled"] == 50
     assert teammate.client.post(f"{ARRAYS}{array_id}/cancel/").status_code == 409
+
+
+def test_an_element_cancelled_with_its_deletion_pending_keeps_its_slot_until_its_pods_are_gone(teammate, roomy):
+    array_id = teammate.client.post(ARRAYS, array_body({"count": 3, "parallelism": 2}), format="json").json()["id"]
+    schedule_pending()
+    for job in Job.objects.filter(array_id=array_id, state=S.ADMITTED):
+        run(job)
+    first = Job.objects.get(array_id=array_id, array_index=0)
+    cancel_job(first)
+    finish_cancel(first.pk)  # the cluster (none answers here) cannot confirm: cancelled, deletion pending
+    first.refresh_from_db()
+    assert first.state == S.CANCELLED and first.current_attempt.deletion_pending_since is not None
+    shown = teammate.client.get(f"/api/v1/jobs/{first.pk}/attempts/").json()["results"][0]
+    assert shown["end_reason"] == "Cancelled" and shown["deletion_pending_since"] is not None
+    for _ in range(3):
+        schedule_pending()
+    assert sorted(Job.objects.filter(array_id=array_id).values_list("array_index", flat=True)) == [0, 1]
+
+    JobAttempt.objects.filter(pk=first.current_attempt_id).update(deletion_pending_since=None)  # a look found none
+    schedule_pending()
+
+    assert sorted(Job.objects.filter(array_id=array_id).values_list("array_index", flat=True)) == [0, 1, 2]
+    assert Job.objects.get(array_id=array_id, array_index=2).state == S.ADMITTED
 
 
 def test_the_elements_list_is_paginated_by_index_and_filters_by_state(teammate, roomy):

@@ -327,13 +327,35 @@ def test_a_cancel_on_an_unreachable_cluster_ends_at_once_and_deletes_the_objects
     assert ended.ended_at is not None and ended.end_reason == "Cancelled"  # billing stops now
     event = Job.objects.get(pk=attempt.job_id).events.filter(to_state=S.CANCELLED).get()
     assert "deletion pending" in event.reason
+    assert ended.deletion_pending_since is not None  # its pods may still run
     emulators.start("gcp-usc1")
     assert k.job(attempt.pk) is not None and len(k.pods(attempt.pk)) == 1  # kept while the cluster was away
     result = reconcile_cluster(attempt.cluster)  # the orphan cleanup retries the deletion
     assert result["orphans_deleted"] == 1
+    assert load(attempt.pk).deletion_pending_since is not None  # the look found them: deleted, maybe not yet gone
     k.gc()
     assert k.jobs() == [] and k.services() == [] and k.pods() == []
     assert state(attempt) == S.CANCELLED
+    reconcile_cluster(attempt.cluster)
+    assert load(attempt.pk).deletion_pending_since is None  # a look found them gone
+
+
+@pytest.mark.parametrize("full_list_seconds", [0, 3600], ids=["full LISTs", "watched changes"])
+def test_objects_found_after_their_attempt_ended_are_pending_until_a_look_finds_them_gone(
+        emulated_clusters, admitted, settings, full_list_seconds):
+    settings.RECONCILE_FULL_LIST_SECONDS = full_list_seconds
+    attempt = admitted()
+    k, job, pods = start(emulated_clusters, attempt)
+    other = admitted()
+    start(emulated_clusters, other)  # a look: later ones may follow the changes since it
+    JobAttempt.objects.filter(pk=attempt.pk).update(ended_at=timezone.now())  # e.g. ended by an operator
+    assert reconcile_cluster(attempt.cluster)["orphans_deleted"] == 1
+    assert load(attempt.pk).deletion_pending_since is not None and load(other.pk).deletion_pending_since is None
+    reconcile_cluster(attempt.cluster)  # the deleted Job's pods have not been collected yet
+    assert load(attempt.pk).deletion_pending_since is not None
+    k.gc()
+    reconcile_cluster(attempt.cluster)
+    assert load(attempt.pk).deletion_pending_since is None
 
 
 def test_it_cancels_a_recovering_job_without_a_live_attempt(emulated_clusters, admitted):

@@ -116,6 +116,25 @@ def array_across_a_restore() -> tuple[WorldConfig, list[tuple]]:
                     ("restore",), ("advance", 60), ("advance", 60), ("advance", 60)]
 
 
+def cancel_before_any_start() -> tuple[WorldConfig, list[tuple]]:
+    """Two clusters; the cheaper one refuses the control plane's credential (401) for its first calls, and a job
+    placed there is cancelled before its objects could be created: the cancel finishes once the cluster
+    answers, a few seconds after it was asked. Nothing started, so nothing is billed past the cancel."""
+    config = WorldConfig((ClusterConfig("c0", "aws", "on-demand", 1, 4, "2.29"),
+                          ClusterConfig("c1", "gcp", "on-demand", 1, 8, "1.94")), nominal=(5, 4), borrowing=(5, 4))
+    return config, [("credential_rejected", 1, 4), ("submit", 0, 0, 1, 1, 20, 1, 1)]
+
+
+def array_element_cancelled_unreachable() -> tuple[WorldConfig, list[tuple]]:
+    """A sweep of 3 one-GPU elements, 2 at once, both on the cheaper cluster, whose API server then stops
+    answering for 30 s; one element is cancelled meanwhile (it ends at once, its deletion pending): the third
+    element must wait until a look finds the cancelled element's pods gone, not start beside them."""
+    config = WorldConfig((ClusterConfig("c0", "aws", "on-demand", 1, 4, "1.45"),
+                          ClusterConfig("c1", "aws", "on-demand", 2, 4, "1.05")), nominal=(6, 6), borrowing=(12, 3))
+    return config, [("submit", 0, 0, 0, 1, 20, 2, 3), ("cluster_outage", 1, 30), ("advance", 10), ("cancel", 1),
+                    ("advance", 30), ("advance", 60)]
+
+
 #: name -> (scenario function, the invariants its failure broke).
 REGRESSIONS = {
     "admit_preempt_loop": (admit_preempt_loop, ("bounded_preemption_before_run",)),
@@ -129,4 +148,7 @@ REGRESSIONS = {
     "end_record_behind_the_stop": (end_record_behind_the_stop, ("billed_once",)),
     "waiting_at_backup_started_in_the_gap": (waiting_at_backup_started_in_the_gap, ("liveness", "nothing_left_behind")),
     "array_across_a_restore": (array_across_a_restore, ("array_element_once",)),
+    "cancel_before_any_start": (cancel_before_any_start, ("billed_past_end_explained",)),
+    "array_element_cancelled_unreachable": (array_element_cancelled_unreachable,
+                                            ("array_within_parallelism", "array_completes")),
 }
