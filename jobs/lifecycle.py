@@ -911,8 +911,9 @@ def finish_cancel(job_id: int) -> bool:
     except ClusterUnreachable as exc:
         log.warning("job %s: cluster %s unreachable, cancelled with deletion pending: %s", job_id,
                     attempt.cluster.name, exc)
-        gone, pending, reason = True, True, (f"{_cancelled_by(job)}: cluster {attempt.cluster.name} unreachable, objects will be "
-                              f"deleted when it answers again (deletion pending)")
+        gone, pending = True, True
+        reason = (f"{_cancelled_by(job)}: cluster {attempt.cluster.name} unreachable, objects will be deleted when "
+                  f"it answers again (deletion pending)")
         # Billed up to the last time the cluster answered, the last instant its pods are known to have held their
         # GPUs; reconcile's orphan cleanup bills on to their real stop once the cluster answers again.
         seen = [t for t in (attempt.cluster.last_contact_at, attempt.started_at, _cancel_evidence(attempt))
